@@ -1,0 +1,12 @@
+// kiln/kiln.h — the umbrella header: everything a training program uses.
+//
+//   #include <kiln/kiln.h>
+//   using namespace kiln;
+//   Tensor x = randn({2, 3});
+//   std::cout << (x * 2).sum() << "\n";
+#pragma once
+
+#include "kiln/tensor/tensor.h"     // Tensor, DType, Device, Scalar, TensorOptions
+#include "kiln/tensor/functions.h"  // kiln::zeros, kiln::matmul, kiln::softmax, ...
+#include "kiln/tensor/generator.h"  // Generator, manual_seed
+#include "kiln/version.h"           // KILN_VERSION_STRING

@@ -1,0 +1,124 @@
+// kiln/tensor/backend.h — the backend contract: the few primitive kernels a device must provide.
+//
+// Every op in ops.h checks its arguments, promotes types, broadcasts and allocates its output once,
+// in shared code, and then calls these primitives on the backend of the inputs' device. A backend
+// therefore never sees a shape mismatch or a wrong dtype; what it may assume is written beside each
+// primitive. tensor/README.md lists the contract and the conformance suite (tests/tensor) that every
+// backend passes. The CPU backend lives in tensor/cpu/, the CUDA backend in tensor/cuda/.
+//
+// Shared rules for all primitives:
+//  - All tensors passed are on this backend's device type (copy() is the one exception, below).
+//  - Inputs of elementwise primitives already have the output's shape (broadcast inputs carry stride 0).
+//  - Outputs never overlap themselves (no stride 0 in an output); an output may be the same tensor
+//    as an input (in-place ops), at the same positions, but never a shifted alias of it.
+//  - Strides are arbitrary (negative strides do not occur); zero-element tensors do not reach a backend.
+//  - Float16 and BFloat16 compute in float32 (reductions accumulate in float32, float64 in float64,
+//    integers in int64) and round once when they store.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kiln/tensor/generator.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln {
+
+enum class UnaryOp : uint8_t {
+  Neg, Abs, Exp, Expm1, Log, Log1p, Log2, Sqrt, Rsqrt, Sin, Cos, Tanh, Erf, Sigmoid, Relu,
+  GeluErf,   // x * Φ(x)
+  GeluTanh,  // 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))
+  Silu, Sign, Floor, Ceil, Round, Square, Reciprocal,
+  Clamp,       // min(max(x, params.a), params.b); a = -inf or b = +inf when absent; NaN stays NaN
+  LogicalNot,  // output Bool
+  IsNan, IsInf, IsFinite,  // output Bool
+};
+
+enum class BinaryOp : uint8_t {
+  Add, Sub, Mul, Div, Remainder, Pow, Maximum, Minimum,  // output dtype = input dtype
+  Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, LogicalXor,  // output Bool
+};
+
+enum class ReduceOp : uint8_t { Sum, Mean, Prod, Max, Min, All, Any };
+
+enum class RandomKind : uint8_t { Uniform, Normal, Randint, Bernoulli };
+
+struct UnaryParams {
+  double a = 0;  // Clamp: lower bound
+  double b = 0;  // Clamp: upper bound
+};
+
+struct RandomParams {
+  RandomKind kind = RandomKind::Uniform;
+  double a = 0, b = 1;        // Uniform [a, b); Normal mean a, std b; Bernoulli probability a
+  int64_t low = 0, high = 2;  // Randint [low, high)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceType device_type() const = 0;
+  virtual int device_count() const = 0;
+  virtual Allocator& allocator(int device_index) = 0;
+  virtual void synchronize(int device_index) = 0;
+
+  // ---- data movement ----
+  // dst = src converted to dst's dtype; src has dst's shape. Either side may be on the CPU when this
+  // backend is not the CPU's (host <-> device copies are done by the device's backend).
+  virtual void copy(const Tensor& dst, const Tensor& src, bool non_blocking) = 0;
+  virtual void fill(const Tensor& dst, Scalar value) = 0;
+  // 1-D dst: dst[i] = start + i * step, computed in dst's dtype (double for floating dtypes).
+  virtual void arange(const Tensor& dst, Scalar start, Scalar step) = 0;
+  // 1-D dst of n >= 2 elements, symmetric as PyTorch: start + i*step for i < n/2, else end - (n-1-i)*step.
+  virtual void linspace(const Tensor& dst, double start, double end) = 0;
+
+  // ---- elementwise ----
+  // out and a have the same dtype, except for ops whose output is Bool.
+  virtual void unary(UnaryOp op, const Tensor& out, const Tensor& a, const UnaryParams& params) = 0;
+  // a and b have the same dtype; out has it too, or Bool for comparisons and logical ops.
+  virtual void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  // cond is Bool; a, b and out share one dtype.
+  virtual void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) = 0;
+
+  // ---- reductions ----
+  // out has in's rank with size 1 in each reduced dim (keepdim form); reduce[d] says whether dim d is
+  // reduced. Sum/Mean/Prod: out's dtype may be wider than in's (int32 -> int64). Max/Min: same dtype,
+  // NaN propagates. All/Any: in is Bool, out is Bool. At least one element per output.
+  virtual void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce) = 0;
+  // Max or Min along one dim with the index of the first extreme (NaN counts as the extreme).
+  // values (in's dtype) and indices (Int64) are in keepdim form.
+  virtual void arg_reduce(ReduceOp op, const Tensor& values, const Tensor& indices, const Tensor& in, int64_t dim) = 0;
+  // Softmax (or log-softmax) along dim; out has in's shape and dtype.
+  virtual void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) = 0;
+
+  // ---- matrix multiply ----
+  // out = alpha * a @ b + beta * out, batched: a (B, M, K), b (B, K, N), out (B, M, N), one dtype.
+  // In a and b one of the two matrix dims has stride 1 (row- or column-major); batch strides may be 0.
+  // out is contiguous. beta == 0 ignores out's previous contents (NaN included).
+  virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) = 0;
+
+  // ---- indexing (indices are Int64; backends check bounds and throw kiln::Error naming the op) ----
+  // out = a.index_select(dim, index), index 1-D.
+  virtual void index_select(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) = 0;
+  // out[i][j][k] = a[index[i][j][k]][j][k] for dim 0, etc.; out and index share a shape.
+  virtual void gather(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) = 0;
+  // In place: out[index[i][j][k]][j][k] = src[i][j][k] (or +=, when accumulate); index and src share a shape.
+  virtual void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) = 0;
+  // The indices of the nonzero elements of a, as a new (count, rank) Int64 tensor, in row-major order.
+  virtual Tensor nonzero(const Tensor& a) = 0;
+  // Sorts along dim; values (a's dtype) and indices (Int64) have a's shape. NaN sorts as the largest.
+  virtual void sort(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t dim, bool descending, bool stable) = 0;
+  // The k largest (or smallest) along dim; values and indices have a's shape with size k at dim.
+  virtual void topk(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t k, int64_t dim, bool largest,
+                    bool sorted) = 0;
+
+  // ---- random numbers: the numbering of generator.h, element i being the i-th in row-major order ----
+  virtual void random(const Tensor& out, const RandomParams& params, GeneratorState draw) = 0;
+};
+
+// The backend of a device type. CUDA throws a kiln::Error when kiln was built without CUDA.
+Backend& backend(DeviceType type);
+inline Backend& backend(Device device) { return backend(device.type()); }
+
+}  // namespace kiln

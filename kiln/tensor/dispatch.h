@@ -1,0 +1,70 @@
+// kiln/tensor/dispatch.h — calling a template with the C++ type of a run-time DType (backend-internal).
+//
+//   visit_dtype(t.dtype(), [&](auto tag) { using T = typename decltype(tag)::type; ...; });
+//
+// visit_floating_dtype / visit_numeric_dtype restrict the set and throw a kiln::Error naming `op`
+// for the rest.
+#pragma once
+
+#include <string_view>
+
+#include "kiln/tensor/dtype.h"
+#include "kiln/tensor/error.h"
+
+namespace kiln {
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+template <typename F>
+decltype(auto) visit_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::Bool: return f(TypeTag<bool>{});
+    case DType::UInt8: return f(TypeTag<uint8_t>{});
+    case DType::Int32: return f(TypeTag<int32_t>{});
+    case DType::Int64: return f(TypeTag<int64_t>{});
+    case DType::Float16: return f(TypeTag<Half>{});
+    case DType::BFloat16: return f(TypeTag<BFloat16>{});
+    case DType::Float32: return f(TypeTag<float>{});
+    case DType::Float64: return f(TypeTag<double>{});
+  }
+  KILN_FAIL("visit_dtype: invalid dtype value ", static_cast<int>(t));
+}
+
+// Every dtype but Bool.
+template <typename F>
+decltype(auto) visit_numeric_dtype(DType t, std::string_view op, F&& f) {
+  KILN_CHECK_AS(NotImplementedError, t != DType::Bool, op, ": not supported for bool tensors; convert with .to(DType::Int64) or .to(DType::Float32) first");
+  return visit_dtype(t, std::forward<F>(f));
+}
+
+template <typename F>
+decltype(auto) visit_floating_dtype(DType t, std::string_view op, F&& f) {
+  switch (t) {
+    case DType::Float16: return f(TypeTag<Half>{});
+    case DType::BFloat16: return f(TypeTag<BFloat16>{});
+    case DType::Float32: return f(TypeTag<float>{});
+    case DType::Float64: return f(TypeTag<double>{});
+    default: break;
+  }
+  throw NotImplementedError(detail::str_cat(op, ": expected a floating-point tensor, got ", t,
+                                            "; convert it with .to(DType::Float32) first"));
+}
+
+// The type arithmetic on T is done in: float for Half/BFloat16, T otherwise.
+template <typename T> struct ComputeType { using type = T; };
+template <> struct ComputeType<Half> { using type = float; };
+template <> struct ComputeType<BFloat16> { using type = float; };
+template <typename T> using compute_t = typename ComputeType<T>::type;
+
+// The type reductions accumulate in: float for 16-bit floats and float, double for double, int64 for integers.
+template <typename T> struct AccType { using type = int64_t; };
+template <> struct AccType<Half> { using type = float; };
+template <> struct AccType<BFloat16> { using type = float; };
+template <> struct AccType<float> { using type = float; };
+template <> struct AccType<double> { using type = double; };
+template <typename T> using acc_t = typename AccType<T>::type;
+
+}  // namespace kiln

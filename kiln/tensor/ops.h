@@ -1,0 +1,241 @@
+// kiln/tensor/ops.h — every op of the tensor core, as free functions in kiln::ops.
+//
+//   Tensor c = ops::add(a, b);               // broadcasting, type promotion
+//   Tensor s = ops::sum(x, {0, 2}, true);    // keepdim
+//
+// These are the raw ops: they know nothing of gradients. They check their arguments (shapes, dtypes,
+// devices) once, here, for every backend, then call the backend of the inputs' device (backend.h).
+// Users call the same functions through namespace kiln (functions.h) and Tensor's methods; the
+// autograd module makes those differentiable.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kiln/tensor/generator.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::ops {
+
+using Dims = std::vector<int64_t>;
+
+// ---------------------------------------------------------------- factories (factory.cpp)
+Tensor empty(const Shape& shape, const TensorOptions& options = {});
+Tensor empty_strided(const Shape& shape, const Strides& strides, const TensorOptions& options = {});
+Tensor zeros(const Shape& shape, const TensorOptions& options = {});
+Tensor ones(const Shape& shape, const TensorOptions& options = {});
+Tensor full(const Shape& shape, Scalar value, const TensorOptions& options = {});
+// Like the given tensor (shape, dtype, device, and its memory format unless one is given).
+Tensor empty_like(const Tensor& t, std::optional<DType> dtype = {}, MemoryFormat format = MemoryFormat::Preserve);
+Tensor zeros_like(const Tensor& t, std::optional<DType> dtype = {});
+Tensor ones_like(const Tensor& t, std::optional<DType> dtype = {});
+Tensor full_like(const Tensor& t, Scalar value, std::optional<DType> dtype = {});
+// [start, end) in steps; dtype Int64 when all three are integers, else the default float, unless given.
+Tensor arange(Scalar end, const TensorOptions& options = {});
+Tensor arange(Scalar start, Scalar end, Scalar step = 1, std::optional<TensorOptions> options = {});
+Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options = {});
+Tensor eye(int64_t n, std::optional<int64_t> m = {}, const TensorOptions& options = {});
+// Copies host data (row-major, numel(shape) elements) into a new tensor of dtype_of<T>() on options.device.
+template <typename T>
+Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device = Device::cpu());
+Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device device = Device::cpu());  // copies
+Tensor scalar_tensor(Scalar value, const TensorOptions& options = {});  // 0-d
+
+// ---------------------------------------------------------------- random (random.cpp)
+// Every draw comes from a Philox generator (the device's default one unless given), so the same seed
+// gives the same numbers on every backend.
+Tensor rand(const Shape& shape, const TensorOptions& options = {}, Generator* gen = nullptr);   // U[0, 1)
+Tensor randn(const Shape& shape, const TensorOptions& options = {}, Generator* gen = nullptr);  // N(0, 1)
+Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options = {.dtype = DType::Int64},
+               Generator* gen = nullptr);  // [low, high)
+Tensor bernoulli(const Tensor& p, Generator* gen = nullptr);  // 1 with probability p, in p's dtype
+Tensor bernoulli(const Shape& shape, double p, const TensorOptions& options = {}, Generator* gen = nullptr);
+Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& options = {}, Generator* gen = nullptr);
+Tensor& uniform_(Tensor& t, double from = 0, double to = 1, Generator* gen = nullptr);
+Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);
+Tensor randperm(int64_t n, const TensorOptions& options = {.dtype = DType::Int64}, Generator* gen = nullptr);
+
+// ---------------------------------------------------------------- copy and cast (copy.cpp)
+Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);
+Tensor to(const Tensor& t, Device device, std::optional<DType> dtype = {}, bool non_blocking = false);
+Tensor cast(const Tensor& t, DType dtype);
+Tensor contiguous(const Tensor& t, MemoryFormat format = MemoryFormat::Contiguous);
+Tensor clone(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
+Tensor& fill_(Tensor& t, Scalar value);
+
+// ---------------------------------------------------------------- views (view.cpp)
+Tensor view(const Tensor& t, const Shape& shape);
+Tensor reshape(const Tensor& t, const Shape& shape);
+Tensor permute(const Tensor& t, const Dims& dims);
+Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1);
+Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length);
+Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step = 1);
+Tensor select(const Tensor& t, int64_t dim, int64_t index);
+Tensor expand(const Tensor& t, const Shape& shape);
+Tensor squeeze(const Tensor& t);
+Tensor squeeze(const Tensor& t, int64_t dim);
+Tensor unsqueeze(const Tensor& t, int64_t dim);
+Tensor flatten(const Tensor& t, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes);
+Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides, std::optional<int64_t> offset = {});
+Tensor diagonal(const Tensor& t, int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1);
+std::vector<Tensor> split(const Tensor& t, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> split_with_sizes(const Tensor& t, const std::vector<int64_t>& sizes, int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
+std::vector<Tensor> unbind(const Tensor& t, int64_t dim = 0);
+// Inferred -1 and validity of a target shape for numel elements; throws naming op.
+Shape infer_shape(const Shape& shape, int64_t numel, std::string_view op);
+
+// ---------------------------------------------------------------- elementwise (elementwise.cpp)
+// Unary ops keep floating dtypes; integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat.
+Tensor neg(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor expm1(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor log1p(const Tensor& a);
+Tensor log2(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor sin(const Tensor& a);
+Tensor cos(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor erf(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+Tensor gelu(const Tensor& a, bool tanh_approximation = false);
+Tensor silu(const Tensor& a);
+Tensor sign(const Tensor& a);
+Tensor floor(const Tensor& a);
+Tensor ceil(const Tensor& a);
+Tensor round(const Tensor& a);  // half to even
+Tensor square(const Tensor& a);
+Tensor reciprocal(const Tensor& a);
+Tensor logical_not(const Tensor& a);
+Tensor isnan(const Tensor& a);
+Tensor isinf(const Tensor& a);
+Tensor isfinite(const Tensor& a);
+Tensor pow(const Tensor& a, const Tensor& exponent);
+Tensor pow(const Tensor& a, Scalar exponent);
+Tensor pow(Scalar base, const Tensor& exponent);
+Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
+
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);  // a + alpha * b
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor rsub(const Tensor& a, Scalar b);  // b - a
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give kDefaultFloat
+Tensor div(const Tensor& a, Scalar b);
+Tensor div(Scalar a, const Tensor& b);
+Tensor remainder(const Tensor& a, const Tensor& b);  // Python's %, sign of the divisor
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, Scalar b);
+Tensor ne(const Tensor& a, Scalar b);
+Tensor lt(const Tensor& a, Scalar b);
+Tensor le(const Tensor& a, Scalar b);
+Tensor gt(const Tensor& a, Scalar b);
+Tensor ge(const Tensor& a, Scalar b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_xor(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, Scalar a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, Scalar b);
+Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
+Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight);  // a + weight * (b - a)
+
+// In-place forms write into `a`; the promoted type must be castable to a's dtype (float into int is an error).
+Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor& add_(Tensor& a, Scalar b);
+Tensor& sub_(Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor& sub_(Tensor& a, Scalar b);
+Tensor& mul_(Tensor& a, const Tensor& b);
+Tensor& mul_(Tensor& a, Scalar b);
+Tensor& div_(Tensor& a, const Tensor& b);
+Tensor& div_(Tensor& a, Scalar b);
+Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
+Tensor& relu_(Tensor& a);
+Tensor& neg_(Tensor& a);
+Tensor& exp_(Tensor& a);
+Tensor& sqrt_(Tensor& a);
+Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value);
+
+// The dtype PyTorch would compute a binary op in (0-d tensors and scalars count less than dimensioned tensors).
+DType result_type(const Tensor& a, const Tensor& b);
+DType result_type(const Tensor& a, Scalar b);
+
+// ---------------------------------------------------------------- reductions (reduce.cpp)
+// `dims` empty means all dims. Integer and bool sums give Int64, as in PyTorch.
+Tensor sum(const Tensor& a, const Dims& dims = {}, bool keepdim = false, std::optional<DType> dtype = {});
+Tensor mean(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
+Tensor prod(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& a);  // over all elements, 0-d
+Tensor min(const Tensor& a);
+std::tuple<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim = false);  // values, Int64 indices
+std::tuple<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& a, std::optional<int64_t> dim = {}, bool keepdim = false);
+Tensor argmin(const Tensor& a, std::optional<int64_t> dim = {}, bool keepdim = false);
+Tensor var(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor std(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
+std::tuple<Tensor, Tensor> var_mean(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor norm(const Tensor& a, double p = 2, const Dims& dims = {}, bool keepdim = false);  // p may be INFINITY
+Tensor logsumexp(const Tensor& a, const Dims& dims, bool keepdim = false);
+Tensor all(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
+Tensor any(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
+Tensor count_nonzero(const Tensor& a, const Dims& dims = {});
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+
+// ---------------------------------------------------------------- linear algebra (linalg.cpp)
+// matmul follows torch.matmul: 1-D operands are promoted and squeezed, batch dims broadcast.
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor mm(const Tensor& a, const Tensor& b);                                      // (M,K) x (K,N)
+Tensor bmm(const Tensor& a, const Tensor& b);                                     // (B,M,K) x (B,K,N)
+Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1, Scalar alpha = 1);  // beta*c + alpha*a@b
+Tensor dot(const Tensor& a, const Tensor& b);
+Tensor outer(const Tensor& a, const Tensor& b);
+
+// ---------------------------------------------------------------- indexing (index.cpp)
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, Scalar value);
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor& scatter_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor masked_select(const Tensor& a, const Tensor& mask);  // 1-D
+Tensor nonzero(const Tensor& a);                             // (count, rank) Int64
+Tensor one_hot(const Tensor& index, int64_t num_classes = -1);  // Int64 output, (..., num_classes)
+Tensor embedding(const Tensor& weight, const Tensor& index);  // weight (V, D), index (...) -> (..., D)
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false, bool stable = true);
+Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);
+std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
+Tensor tril(const Tensor& a, int64_t diagonal = 0);
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
+
+// ---------------------------------------------------------------- comparison helpers (compare.cpp)
+// |a - b| <= atol + rtol * |b| elementwise, NaNs equal when equal_nan; shapes must broadcast.
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
+bool equal(const Tensor& a, const Tensor& b);  // same shape and same values (and dtype category)
+
+}  // namespace kiln::ops

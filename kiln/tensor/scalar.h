@@ -1,0 +1,66 @@
+// kiln/tensor/scalar.h — a number passed to an op beside tensors (x + 2, x.clamp(0, 6), full({2}, 1.5)).
+//
+// A Scalar remembers whether it was written as a bool, an integer or a floating-point number, because
+// type promotion depends on it: int_tensor + 2 stays int, int_tensor + 2.5 becomes float32.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <type_traits>
+
+#include "kiln/tensor/dtype.h"  // DType, Half, BFloat16
+
+namespace kiln {
+
+class Scalar {
+ public:
+  enum class Kind : uint8_t { Bool, Integral, Floating };
+
+  Scalar() : Scalar(int64_t{0}) {}
+  Scalar(bool v) : kind_(Kind::Bool), i_(v) {}  // NOLINT: implicit, like a literal
+  template <typename T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
+  Scalar(T v) : kind_(Kind::Integral), i_(static_cast<int64_t>(v)) {}  // NOLINT
+  template <typename T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
+  Scalar(T v) : kind_(Kind::Floating), d_(static_cast<double>(v)) {}  // NOLINT
+  Scalar(Half v) : Scalar(static_cast<float>(v)) {}                    // NOLINT
+  Scalar(BFloat16 v) : Scalar(static_cast<float>(v)) {}                // NOLINT
+
+  Kind kind() const { return kind_; }
+  bool is_floating_point() const { return kind_ == Kind::Floating; }
+  bool is_integral() const { return kind_ == Kind::Integral; }
+  bool is_bool() const { return kind_ == Kind::Bool; }
+
+  double to_double() const { return kind_ == Kind::Floating ? d_ : static_cast<double>(i_); }
+  int64_t to_int64() const { return kind_ == Kind::Floating ? static_cast<int64_t>(d_) : i_; }
+  bool to_bool() const { return kind_ == Kind::Floating ? d_ != 0.0 : i_ != 0; }
+
+  // Converts to an element type, e.g. to<float>() or to<Half>().
+  template <typename T>
+  T to() const {
+    if constexpr (std::is_same_v<T, bool>) {
+      return to_bool();
+    } else if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(to_int64());
+    } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      return T(static_cast<float>(to_double()));
+    } else {
+      return static_cast<T>(to_double());
+    }
+  }
+
+  // The dtype a tensor made from this scalar alone would have: Bool, Int64 or kDefaultFloat.
+  DType natural_dtype() const {
+    return kind_ == Kind::Bool ? DType::Bool : kind_ == Kind::Integral ? DType::Int64 : kDefaultFloat;
+  }
+
+ private:
+  Kind kind_;
+  union {
+    int64_t i_;
+    double d_;
+  };
+};
+
+std::ostream& operator<<(std::ostream& os, const Scalar& s);
+
+}  // namespace kiln

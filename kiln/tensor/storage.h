@@ -1,0 +1,50 @@
+// kiln/tensor/storage.h — reference-counted memory that tensors view, and the allocator interface.
+//
+//   auto storage = std::make_shared<Storage>(nbytes, cpu_allocator());
+//   void* p = storage->data();
+//
+// Backends provide allocators: aligned host memory here; pinned host memory and the caching CUDA
+// allocator come with the CUDA backend. A Storage frees its memory through the allocator that made it.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "kiln/tensor/device.h"
+
+namespace kiln {
+
+// Owning pointer to raw memory; the deleter returns it to whoever allocated it.
+using DataPtr = std::unique_ptr<void, std::function<void(void*)>>;
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns at least nbytes of memory on device(), or throws (OutOfMemoryError for exhaustion).
+  // nbytes == 0 may return a null DataPtr.
+  virtual DataPtr allocate(size_t nbytes) = 0;
+  virtual Device device() const = 0;
+};
+
+// 64-byte aligned host memory (cache lines; the widest vector loads).
+Allocator& cpu_allocator();
+
+class Storage {
+ public:
+  Storage(size_t nbytes, Allocator& allocator) : data_(allocator.allocate(nbytes)), nbytes_(nbytes), device_(allocator.device()) {}
+  // Wraps memory someone else owns; `deleter` (may be empty) runs when the last tensor lets go.
+  Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
+      : data_(data, deleter ? std::move(deleter) : [](void*) {}), nbytes_(nbytes), device_(device) {}
+
+  void* data() const { return data_.get(); }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  DataPtr data_;
+  size_t nbytes_;
+  Device device_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,28 @@
+// kiln/tensor/tensor_options.h — what a factory makes: dtype, device, memory format, pinned host memory.
+//
+//   auto x = kiln::zeros({8, 3, 32, 32}, {.dtype = DType::Float16, .device = Device::cuda(0),
+//                                         .memory_format = MemoryFormat::ChannelsLast});
+#pragma once
+
+#include "kiln/tensor/device.h"
+#include "kiln/tensor/dtype.h"
+
+namespace kiln {
+
+// How the elements of a tensor are laid out in memory. The logical shape is always NCHW (row-major
+// indexing); ChannelsLast only changes strides: a 4-D (N, C, H, W) tensor gets strides (H*W*C, 1, W*C, C).
+enum class MemoryFormat : uint8_t {
+  Contiguous,    // row-major
+  ChannelsLast,  // NHWC in memory, 4-D tensors only
+  Preserve,      // keep the input's format (for *_like factories, clone, contiguous)
+};
+std::ostream& operator<<(std::ostream& os, MemoryFormat f);
+
+struct TensorOptions {
+  DType dtype = kDefaultFloat;
+  Device device = Device::cpu();
+  MemoryFormat memory_format = MemoryFormat::Contiguous;
+  bool pinned_memory = false;  // page-locked host memory, for asynchronous copies to a GPU
+};
+
+}  // namespace kiln

@@ -1,0 +1,115 @@
+#include "support/test_support.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "kiln/tensor/backend.h"
+
+namespace kiln::testing {
+
+std::vector<Device> test_devices() {
+  std::vector<Device> devices{Device::cpu()};
+  try {
+    if (backend(DeviceType::CUDA).device_count() > 0) devices.push_back(Device::cuda(0));
+  } catch (const Error&) {
+    // no CUDA backend in this build, or no GPU visible
+  }
+  return devices;
+}
+
+std::string device_param_name(const ::testing::TestParamInfo<Device>& info) {
+  return info.param.is_cpu() ? "cpu" : "cuda" + std::to_string(info.param.index());
+}
+
+std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+
+double default_rtol(DType dtype) {
+  switch (dtype) {
+    case DType::Float64: return 1e-12;
+    case DType::Float32: return 1e-5;
+    case DType::Float16: return 2e-3;
+    case DType::BFloat16: return 1.6e-2;
+    default: return 0;
+  }
+}
+double default_atol(DType dtype) {
+  switch (dtype) {
+    case DType::Float64: return 1e-12;
+    case DType::Float32: return 1e-6;
+    case DType::Float16: return 1e-3;
+    case DType::BFloat16: return 1e-2;
+    default: return 0;
+  }
+}
+
+void expect_values(const Tensor& actual, const Shape& shape, const std::vector<double>& expected, double rtol,
+                   double atol) {
+  ASSERT_TRUE(actual.defined()) << "the tensor is undefined";
+  ASSERT_EQ(actual.shape(), shape) << "shape mismatch";
+  ASSERT_EQ(static_cast<size_t>(actual.numel()), expected.size()) << "reference has the wrong number of elements";
+  if (rtol < 0) rtol = default_rtol(actual.dtype());
+  if (atol < 0) atol = default_atol(actual.dtype());
+  const std::vector<double> got = values(actual);
+  int reported = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double e = expected[i], g = got[i];
+    bool ok;
+    if (std::isnan(e)) ok = std::isnan(g);
+    else if (std::isinf(e)) ok = g == e;
+    else ok = std::abs(g - e) <= atol + rtol * std::abs(e);
+    if (!ok && reported++ < 8) {
+      ADD_FAILURE() << "element " << i << " (index " << ::testing::PrintToString(unravel(static_cast<int64_t>(i), shape))
+                    << ") of a " << actual.dtype() << " tensor on " << actual.device() << ": got " << g
+                    << ", expected " << e << " (rtol " << rtol << ", atol " << atol << ")";
+    }
+  }
+}
+
+Tensor make(const std::vector<double>& data, const Shape& shape, const TensorOptions& options) {
+  Tensor t = ops::from_vector<double>(data, shape);
+  return t.to(options.device, options.dtype);
+}
+
+Tensor non_contiguous(const Tensor& t) {
+  // Lay the data out in a buffer twice as long along the last dim and take every other element.
+  if (t.dim() == 0) return t;
+  Shape wide = t.shape();
+  wide.back() *= 2;
+  Tensor buffer = ops::zeros(wide, {.dtype = t.dtype(), .device = t.device()});
+  Tensor view = buffer.slice(-1, 0, std::nullopt, 2);
+  view.copy_(t);
+  return view;
+}
+
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& fragments) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& f : fragments) {
+      EXPECT_NE(msg.find(f), std::string::npos) << "the error message lacks \"" << f << "\":\n  " << msg;
+    }
+    return;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected a kiln::Error, got another exception: " << e.what();
+    return;
+  }
+  ADD_FAILURE() << "expected a kiln::Error, but nothing was thrown";
+}
+
+std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    index[d] = shape[d] == 0 ? 0 : flat % shape[d];
+    flat = shape[d] == 0 ? 0 : flat / shape[d];
+  }
+  return index;
+}
+
+int64_t ravel(const std::vector<int64_t>& index, const Shape& shape) {
+  int64_t flat = 0;
+  for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + index[d];
+  return flat;
+}
+
+}  // namespace kiln::testing

@@ -1,0 +1,60 @@
+// tests/support/test_support.h — what every kiln test uses.
+//
+//   class MyOpTest : public kiln::testing::BackendTest {};
+//   TEST_P(MyOpTest, Adds) { auto x = kiln::ones({2}, opts()); ... }
+//   KILN_INSTANTIATE_BACKENDS(MyOpTest);        // runs on cpu, and on cuda:0 where a GPU is visible
+//
+// References are computed independently of kiln's backends: plain loops in double, or hand-derived
+// values. expect_values() compares a tensor (any device, dtype, layout) with such a reference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+
+namespace kiln::testing {
+
+// cpu, plus cuda:0 when the build has a CUDA backend and a GPU is visible.
+std::vector<Device> test_devices();
+
+class BackendTest : public ::testing::TestWithParam<Device> {
+ protected:
+  Device dev() const { return GetParam(); }
+  TensorOptions opts(DType dtype = DType::Float32) const { return {.dtype = dtype, .device = dev()}; }
+};
+
+std::string device_param_name(const ::testing::TestParamInfo<Device>& info);
+
+// The tensor's elements in row-major order as doubles (copied to the host, converted).
+std::vector<double> values(const Tensor& t);
+
+// Tolerances that match a dtype's precision (tight for float64/float32, looser for 16-bit floats).
+double default_rtol(DType dtype);
+double default_atol(DType dtype);
+
+// Checks shape and every element against a reference; NaNs must match NaNs. Reports the first mismatches.
+void expect_values(const Tensor& actual, const Shape& shape, const std::vector<double>& expected, double rtol = -1,
+                   double atol = -1);
+
+// Builds a tensor from doubles (row-major) in the given dtype and device, e.g. make({1, 2, 3, 4}, {2, 2}, opts()).
+Tensor make(const std::vector<double>& data, const Shape& shape, const TensorOptions& options = {});
+
+// A non-contiguous tensor with the same values as `t` (a transposed copy transposed back, or a strided slice).
+Tensor non_contiguous(const Tensor& t);
+
+// Runs `fn` and checks that it throws kiln::Error (or a subclass) whose message contains every fragment.
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& fragments);
+
+// Row-major index helpers for references: the multi-index of a flat index, and back.
+std::vector<int64_t> unravel(int64_t flat, const Shape& shape);
+int64_t ravel(const std::vector<int64_t>& index, const Shape& shape);
+
+}  // namespace kiln::testing
+
+#define KILN_INSTANTIATE_BACKENDS(Suite)                                                                 \
+  INSTANTIATE_TEST_SUITE_P(Backends, Suite, ::testing::ValuesIn(::kiln::testing::test_devices()), \
+                           ::kiln::testing::device_param_name)
