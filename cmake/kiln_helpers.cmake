@@ -1,0 +1,35 @@
+# Helpers the module folders use while declaring their targets.
+
+# kiln_package_dependency(<find_package arguments>)
+#
+# Records a package that kiln's exported targets refer to, so the generated kilnConfig.cmake calls
+# find_dependency(<arguments>) before it loads the targets. Needed for every external target that
+# appears in a kiln library's link interface: PUBLIC dependencies, and PRIVATE ones of static
+# libraries (CMake exports those as $<LINK_ONLY:...> because the final link still needs them).
+# Header-only private dependencies (Eigen) need none: link them as $<BUILD_INTERFACE:...> instead.
+# The install test (tests/install/) fails when an entry is missing.
+function(kiln_package_dependency)
+  list(JOIN ARGN " " _args)
+  get_property(_deps GLOBAL PROPERTY KILN_PACKAGE_DEPENDENCIES)
+  if(NOT _args IN_LIST _deps)
+    set_property(GLOBAL APPEND PROPERTY KILN_PACKAGE_DEPENDENCIES "${_args}")
+  endif()
+endfunction()
+
+# kiln_use_privately(<target> <interface target>...)
+#
+# Gives <target> the compile-time usage requirements (include folders, definitions, options) of
+# header-only or flag-only INTERFACE targets such as Eigen3::Eigen or kiln_warnings, without adding
+# them to its link interface. target_link_libraries(... PRIVATE) would put them there as
+# $<LINK_ONLY:...> for a static library, and the exported targets would then require every user
+# to find Eigen. (CMake 3.26's $<BUILD_LOCAL_INTERFACE:...> does the same; kiln supports 3.24.)
+function(kiln_use_privately target)
+  foreach(dep IN LISTS ARGN)
+    if(NOT TARGET ${dep})
+      message(FATAL_ERROR "kiln_use_privately(${target}): ${dep} is not a target")
+    endif()
+    target_include_directories(${target} SYSTEM PRIVATE $<TARGET_PROPERTY:${dep},INTERFACE_INCLUDE_DIRECTORIES>)
+    target_compile_definitions(${target} PRIVATE $<TARGET_PROPERTY:${dep},INTERFACE_COMPILE_DEFINITIONS>)
+    target_compile_options(${target} PRIVATE $<TARGET_PROPERTY:${dep},INTERFACE_COMPILE_OPTIONS>)
+  endforeach()
+endfunction()

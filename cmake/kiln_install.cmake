@@ -1,0 +1,71 @@
+# Install rules and the CMake package (kilnConfig.cmake) for find_package(kiln), from an install
+# prefix and from the build tree. Included by the top-level CMakeLists.txt after the targets exist.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(KILN_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/kiln" CACHE STRING
+    "Where kilnConfig.cmake is installed, relative to the prefix")
+mark_as_advanced(KILN_INSTALL_CMAKEDIR)
+
+# ---- libraries ----
+install(TARGETS ${KILN_LIBRARY_TARGETS} EXPORT kilnTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+# ---- headers: kiln/**/*.h with their paths, except the backends' internals ----
+# Public headers include only kiln/<module>/*.h; the backend folders hold implementation headers
+# that may pull in Eigen or CUDA, which must never reach a user's compiler.
+set(KILN_PRIVATE_HEADER_DIRS kiln/tensor/cpu kiln/tensor/cuda)
+file(GLOB_RECURSE _kiln_headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/kiln/*.h)
+foreach(_header IN LISTS _kiln_headers)
+  get_filename_component(_dir ${_header} DIRECTORY)
+  set(_private FALSE)
+  foreach(_private_dir IN LISTS KILN_PRIVATE_HEADER_DIRS)
+    if(_dir STREQUAL _private_dir OR _dir MATCHES "^${_private_dir}/")
+      set(_private TRUE)
+    endif()
+  endforeach()
+  if(NOT _private)
+    install(FILES ${PROJECT_SOURCE_DIR}/${_header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${_dir})
+  endif()
+endforeach()
+install(FILES ${PROJECT_BINARY_DIR}/include/kiln/version.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln)
+
+# ---- package configuration ----
+set(KILN_FIND_DEPENDENCIES "")
+get_property(_kiln_deps GLOBAL PROPERTY KILN_PACKAGE_DEPENDENCIES)
+foreach(_dep IN LISTS _kiln_deps)
+  string(APPEND KILN_FIND_DEPENDENCIES "find_dependency(${_dep})\n")
+endforeach()
+
+# Installed package: relocatable (paths relative to kilnConfig.cmake), find modules copied beside it.
+set(KILN_CONFIG_MODULE_DIR "${KILN_INSTALL_CMAKEDIR}/modules")
+configure_package_config_file(cmake/kilnConfig.cmake.in ${PROJECT_BINARY_DIR}/install-config/kilnConfig.cmake
+  INSTALL_DESTINATION ${KILN_INSTALL_CMAKEDIR}
+  PATH_VARS KILN_CONFIG_MODULE_DIR)
+# 0.x: a minor release may break the API, so only the same minor version satisfies a request.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/kilnConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/install-config/kilnConfig.cmake ${PROJECT_BINARY_DIR}/kilnConfigVersion.cmake
+  DESTINATION ${KILN_INSTALL_CMAKEDIR})
+install(FILES cmake/FindCUDNN.cmake cmake/FindNCCL.cmake DESTINATION ${KILN_CONFIG_MODULE_DIR})
+install(EXPORT kilnTargets NAMESPACE kiln:: DESTINATION ${KILN_INSTALL_CMAKEDIR})
+
+# Build-tree package: find_package(kiln) with kiln_DIR=<this build folder> uses the targets in
+# place (headers from the source tree, libraries from the build tree), without installing.
+set(KILN_CONFIG_MODULE_DIR "${PROJECT_SOURCE_DIR}/cmake")
+configure_package_config_file(cmake/kilnConfig.cmake.in ${PROJECT_BINARY_DIR}/kilnConfig.cmake
+  INSTALL_DESTINATION ${PROJECT_BINARY_DIR}
+  INSTALL_PREFIX ${PROJECT_BINARY_DIR}
+  PATH_VARS KILN_CONFIG_MODULE_DIR)
+export(EXPORT kilnTargets NAMESPACE kiln:: FILE ${PROJECT_BINARY_DIR}/kilnTargets.cmake)
+
+# ---- a source-free binary archive: `cmake --build build --target package` ----
+set(CPACK_PACKAGE_NAME kiln)
+set(CPACK_PACKAGE_VENDOR "kiln")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "C++20 deep-learning training framework")
+set(CPACK_GENERATOR TGZ)
+set(CPACK_SOURCE_GENERATOR "")
+include(CPack)
