@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Sets up a Debian 12 (or Ubuntu) machine to build kiln, then configures and builds it.
+#
+#   scripts/setup.sh                      install what is missing, configure build/, build everything
+#   scripts/setup.sh -DKILN_MPI=OFF       any -D... argument goes to CMake as is
+#   scripts/setup.sh --no-deps            skip the package step (a machine set up by hand)
+#   scripts/setup.sh --deps-only          only install the packages
+#   scripts/setup.sh --no-build           install and configure, but do not build
+#   scripts/setup.sh --target quickstart  build one target instead of everything
+#
+# Environment (all optional):
+#   KILN_BUILD_DIR           build folder (default: build, in the repository root)
+#   KILN_BUILD_TYPE          CMake build type on first configure (default: Release)
+#   KILN_JOBS                parallel compile jobs (default: the number of cores)
+#   KILN_CUDA                ON, OFF or auto (default: auto = ON when nvcc is found)
+#   KILN_CUDA_ARCHITECTURES  CMAKE_CUDA_ARCHITECTURES when CUDA is on (default: 90, the H200)
+#
+# Packages come from apt, only those missing; it runs apt as root, or through sudo when not root.
+# Running it again is cheap: nothing is installed twice, and an existing build folder keeps its
+# settings (only -D arguments given now change them).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+say() { echo "setup.sh: $*"; }
+die() { echo "setup.sh: error: $*" >&2; exit 1; }
+
+do_deps=1
+do_configure=1
+do_build=1
+target=""
+cmake_args=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --no-deps) do_deps=0 ;;
+    --deps-only) do_configure=0; do_build=0 ;;
+    --no-build) do_build=0 ;;
+    --target) [[ $# -ge 2 ]] || die "--target needs a target name"; target="$2"; shift ;;
+    -D*) cmake_args+=("$1") ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (try --help)" ;;
+  esac
+  shift
+done
+
+build_dir="${KILN_BUILD_DIR:-build}"
+build_type="${KILN_BUILD_TYPE:-Release}"
+jobs="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+
+# ---------------------------------------------------------------- packages
+# Debian package -> a probe that says it is already there without asking dpkg, so that a machine
+# with tools installed another way (CMake from pip or Kitware, say) is not sent to apt for them.
+packages=(cmake ninja-build g++ make pkg-config ccache git clang-format
+          libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin libgtest-dev googletest)
+
+cmake_is_recent() {
+  local v
+  v="$(cmake --version 2>/dev/null | head -n1 | grep -oE '[0-9]+\.[0-9]+' | head -n1)" || return 1
+  [[ -n "$v" ]] || return 1
+  local major="${v%%.*}" minor="${v#*.}"
+  (( major > 3 || (major == 3 && minor >= 24) ))
+}
+
+have_file() { local f; for f in "$@"; do [[ -e "$f" ]] && return 0; done; return 1; }
+
+probe() {
+  case "$1" in
+    cmake) cmake_is_recent ;;
+    ninja-build) command -v ninja >/dev/null ;;
+    g++) command -v g++ >/dev/null ;;
+    make) command -v make >/dev/null ;;
+    pkg-config) command -v pkg-config >/dev/null ;;
+    ccache) command -v ccache >/dev/null ;;
+    git) command -v git >/dev/null ;;
+    clang-format) compgen -c clang-format | grep -qE '^clang-format(-[0-9]+)?$' ;;
+    libeigen3-dev) have_file /usr/include/eigen3/Eigen/Core /usr/local/include/eigen3/Eigen/Core ;;
+    libhdf5-dev) have_file /usr/include/hdf5/serial/hdf5.h /usr/include/hdf5.h /usr/local/include/hdf5.h ;;
+    libopenmpi-dev) command -v mpicxx >/dev/null ;;
+    openmpi-bin) command -v mpirun >/dev/null ;;
+    libgtest-dev | googletest)
+      compgen -G '/usr/lib/*/cmake/GTest/GTestConfig.cmake' >/dev/null ||
+        compgen -G '/usr/local/lib*/cmake/GTest/GTestConfig.cmake' >/dev/null ||
+        have_file /usr/lib/cmake/GTest/GTestConfig.cmake ;;
+    *) return 1 ;;
+  esac
+}
+
+installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' || probe "$1"
+}
+
+install_packages() {
+  local missing=() p
+  for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done
+  if [[ ${#missing[@]} -eq 0 ]]; then
+    say "all build dependencies are already installed"
+    return
+  fi
+  say "installing: ${missing[*]}"
+  command -v apt-get >/dev/null || die "apt-get not found; install these by hand: ${missing[*]}"
+  local as_root=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || die "not root and no sudo; as root run: apt-get install ${missing[*]}"
+    as_root=(sudo)
+  fi
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q ||
+    die "apt-get update failed (no network or no package source?)"
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+    die "apt-get install failed for: ${missing[*]}"
+}
+
+if [[ $do_deps -eq 1 ]]; then install_packages; fi
+
+# ---------------------------------------------------------------- configure
+if [[ $do_configure -eq 1 ]]; then
+  command -v cmake >/dev/null || die "cmake not found (run without --no-deps to install it)"
+  args=(-S . -B "$build_dir")
+  if [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
+    # First configure: choose generator, build type, compiler cache and CUDA. Later runs keep them.
+    command -v ninja >/dev/null && args+=(-G Ninja)
+    args+=("-DCMAKE_BUILD_TYPE=$build_type")
+
+    # ccache speeds up rebuilds, but only where its cache folder is writable (CI sandboxes may not be).
+    if command -v ccache >/dev/null; then
+      cache_dir="$(ccache -k cache_dir 2>/dev/null || true)"
+      if [[ -n "$cache_dir" ]] && mkdir -p "$cache_dir" 2>/dev/null && [[ -w "$cache_dir" ]]; then
+        say "compiler cache: ccache ($cache_dir)"
+      else
+        say "ccache's folder '${cache_dir}' is not writable: building without ccache"
+        args+=(-DKILN_CCACHE=OFF)
+      fi
+    fi
+
+    nvcc="$(command -v nvcc || true)"
+    [[ -z "$nvcc" && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
+    cuda="${KILN_CUDA:-auto}"
+    for a in "${cmake_args[@]}"; do
+      if [[ "$a" == -DKILN_CUDA=* || "$a" == -DKILN_CUDA:BOOL=* ]]; then cuda="${a#*=}"; fi
+    done
+    case "${cuda^^}" in
+      ON | TRUE | YES | 1) cuda=ON ;;
+      OFF | FALSE | NO | 0) cuda=OFF ;;
+      AUTO) cuda=auto ;;
+      *) die "KILN_CUDA must be ON, OFF or auto, not '$cuda'" ;;
+    esac
+    if [[ "$cuda" == auto ]]; then
+      if [[ -n "$nvcc" ]]; then cuda=ON; else cuda=OFF; fi
+    fi
+    args+=("-DKILN_CUDA=$cuda")
+    if [[ "$cuda" == ON ]]; then
+      [[ -n "$nvcc" ]] || die "KILN_CUDA=ON but nvcc was not found (PATH or /usr/local/cuda/bin)"
+      args+=("-DCMAKE_CUDA_COMPILER=$nvcc")
+      if [[ " ${cmake_args[*]} " != *" -DCMAKE_CUDA_ARCHITECTURES="* ]]; then
+        args+=("-DCMAKE_CUDA_ARCHITECTURES=${KILN_CUDA_ARCHITECTURES:-90}")
+      fi
+      say "CUDA: on ($nvcc; a GPU is not needed to build)"
+    else
+      say "CUDA: off (nvcc not found, or KILN_CUDA=OFF)"
+    fi
+  fi
+  say "configuring $build_dir"
+  cmake "${args[@]}" "${cmake_args[@]}" || die "CMake configure failed (see the messages above)"
+fi
+
+# ---------------------------------------------------------------- build
+if [[ $do_build -eq 1 ]]; then
+  build_args=(--build "$build_dir" --parallel "$jobs")
+  [[ -n "$target" ]] && build_args+=(--target "$target")
+  say "building ${target:-everything} in $build_dir with $jobs jobs"
+  cmake "${build_args[@]}" || die "build failed (see the compiler messages above)"
+  say "done: $build_dir is built"
+fi

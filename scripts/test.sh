@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds kiln if needed and runs the whole test suite with CTest. Exits non-zero when anything fails.
+#
+#   scripts/test.sh                 set up (first time) or rebuild, then run every test
+#   scripts/test.sh -R Softmax      extra arguments go to ctest (-R regex, -L label, -E exclude, ...)
+#
+# Environment (all optional):
+#   KILN_BUILD_DIR     build folder (default: build); configured by scripts/setup.sh if it is not yet
+#   KILN_TEST_JOBS     tests run at once (default: 2)
+#   KILN_TEST_TIMEOUT  seconds a test may take when it sets no timeout of its own (default: 300)
+# Plus those of scripts/setup.sh (KILN_JOBS, KILN_CUDA, ...) for the first configure.
+#
+# The full ctest output is also written to <build>/Testing/test.log.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+say() { echo "test.sh: $*"; }
+
+build_dir="${KILN_BUILD_DIR:-build}"
+test_jobs="${KILN_TEST_JOBS:-2}"
+timeout="${KILN_TEST_TIMEOUT:-300}"
+export KILN_BUILD_DIR="$build_dir"
+
+start=$SECONDS
+if [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
+  say "$build_dir is not configured: running scripts/setup.sh"
+  scripts/setup.sh
+else
+  say "building $build_dir"
+  cmake --build "$build_dir" --parallel "${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
+fi
+say "build took $((SECONDS - start)) s"
+
+mkdir -p "$build_dir/Testing"
+log="$build_dir/Testing/test.log"
+say "running the tests ($test_jobs at a time, ${timeout} s per test unless it sets its own)"
+start=$SECONDS
+set +e
+ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout "$timeout" "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+if [[ $status -eq 0 ]]; then
+  say "PASSED in $((SECONDS - start)) s (log: $log)"
+else
+  say "FAILED (ctest exit $status) after $((SECONDS - start)) s (log: $log)"
+fi
+exit "$status"
