@@ -1,0 +1,75 @@
+// examples/quickstart/quickstart.cpp — a first look at kiln's tensor core.
+//
+// The forward pass of a tiny linear classifier on random data, then a few reductions and views.
+// Everything runs on the CPU backend; the program checks its own results and exits with 1 when one
+// is wrong, so CTest runs it as a smoke test.
+#include <kiln/kiln.h>  // Tensor, kiln::randn, kiln::matmul, kiln::softmax, ..., KILN_VERSION_STRING
+
+#include <cstdlib>   // EXIT_SUCCESS, EXIT_FAILURE
+#include <iostream>  // std::cout
+#include <string>
+
+using namespace kiln;
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  std::cout << (ok ? "  ok:     " : "  FAILED: ") << what << "\n";
+  if (!ok) ++failures;
+}
+
+}  // namespace
+
+int main() {
+  std::cout << "kiln " << KILN_VERSION_STRING << " quick start\n\n";
+  manual_seed(42);  // the same numbers on every run, on every backend
+
+  // A batch of 4 examples with 3 features, scored against 5 classes.
+  const int64_t batch = 4, features = 3, classes = 5;
+  Tensor x = randn({batch, features});    // (B, F)
+  Tensor w = randn({features, classes});  // (F, C)
+  Tensor b = full({classes}, 0.1);        // (C), broadcast over the batch
+
+  Tensor logits = matmul(x, w) + b;      // (B, C)
+  Tensor probs = softmax(logits, -1);    // (B, C), each row sums to 1
+  Tensor predicted = probs.argmax(-1);   // (B), Int64 class indices
+  Tensor confidence = probs.amax({-1});  // (B)
+
+  std::cout << "x = " << x << "\n\n";
+  std::cout << "logits = x @ w + b = " << logits << "\n\n";
+  std::cout << "softmax(logits, -1) = " << probs << "\n\n";
+  std::cout << "predicted class = " << predicted << "\n";
+  std::cout << "confidence      = " << confidence << "\n\n";
+
+  // Reductions over the whole tensor and along one dim.
+  std::cout << "logits: sum " << logits.sum().item<float>() << ", mean " << logits.mean().item<float>()
+            << ", max " << logits.max().item<float>() << ", min " << logits.min().item<float>() << "\n";
+  std::cout << "per-class mean of x @ w: " << matmul(x, w).mean({0}) << "\n\n";
+
+  // Views share memory with the tensor they come from; contiguous() copies when the layout needs it.
+  Tensor xt = x.t();  // (F, B), a view
+  std::cout << "x.t() is a view of x: " << std::boolalpha << xt.is_alias_of(x)
+            << ", contiguous: " << xt.is_contiguous() << "\n";
+  Tensor grid = arange(12).reshape({3, 4});  // (3, 4) Int64: 0..11
+  std::cout << "arange(12).reshape({3, 4}) = " << grid << "\n";
+  std::cout << "column sums = " << grid.sum({0}) << "\n\n";
+
+  std::cout << "checks:\n";
+  check(logits.shape() == Shape{batch, classes}, "logits have shape (4, 5)");
+  check(allclose(probs.sum({-1}), ones({batch}), 1e-5, 1e-6), "softmax rows sum to 1");
+  check(probs.min().item<float>() > 0.0f, "softmax outputs are positive");
+  check(equal(predicted, logits.argmax(-1)), "softmax keeps the argmax of the logits");
+  check(allclose(matmul(x, w), (x.unsqueeze(2) * w.unsqueeze(0)).sum({1}), 1e-5, 1e-5),
+        "matmul equals the broadcast multiply-and-sum");
+  check(grid.sum().item<int64_t>() == 66, "0 + 1 + ... + 11 == 66");
+  check(xt.is_alias_of(x) && !xt.is_contiguous(), "transpose is a non-contiguous view");
+
+  if (failures > 0) {
+    std::cout << "\n" << failures << " check(s) failed\n";
+    return EXIT_FAILURE;
+  }
+  std::cout << "\nall checks passed\n";
+  return EXIT_SUCCESS;
+}
