@@ -44,14 +44,14 @@ int main() {
   std::cout << "confidence      = " << confidence << "\n\n";
 
   // Reductions over the whole tensor and along one dim.
-  std::cout << "logits: sum " << logits.sum().item<float>() << ", mean " << logits.mean().item<float>()
-            << ", max " << logits.max().item<float>() << ", min " << logits.min().item<float>() << "\n";
+  std::cout << "logits: sum " << logits.sum().item<float>() << ", mean " << logits.mean().item<float>() << ", max "
+            << logits.max().item<float>() << ", min " << logits.min().item<float>() << "\n";
   std::cout << "per-class mean of x @ w: " << matmul(x, w).mean({0}) << "\n\n";
 
   // Views share memory with the tensor they come from; contiguous() copies when the layout needs it.
   Tensor xt = x.t();  // (F, B), a view
-  std::cout << "x.t() is a view of x: " << std::boolalpha << xt.is_alias_of(x)
-            << ", contiguous: " << xt.is_contiguous() << "\n";
+  std::cout << "x.t() is a view of x: " << std::boolalpha << xt.is_alias_of(x) << ", contiguous: " << xt.is_contiguous()
+            << "\n";
   Tensor grid = arange(12).reshape({3, 4});  // (3, 4) Int64: 0..11
   std::cout << "arange(12).reshape({3, 4}) = " << grid << "\n";
   std::cout << "column sums = " << grid.sum({0}) << "\n\n";
