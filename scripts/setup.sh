@@ -51,8 +51,10 @@ jobs="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # ---------------------------------------------------------------- packages
 # Debian package -> a probe that says it is already there without asking dpkg, so that a machine
 # with tools installed another way (CMake from pip or Kitware, say) is not sent to apt for them.
-packages=(cmake ninja-build g++ make pkg-config ccache git clang-format
-          libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin libgtest-dev googletest)
+# Required to build and test; the optional ones only speed up or tidy (ccache, clang-format, git).
+required=(cmake ninja-build g++ make pkg-config libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin
+          libgtest-dev googletest)
+optional=(ccache clang-format git)
 
 cmake_is_recent() {
   local v
@@ -90,24 +92,52 @@ installed() {
   dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed' || probe "$1"
 }
 
+missing_from() {
+  local p
+  for p in "$@"; do installed "$p" || echo "$p"; done
+}
+
 install_packages() {
-  local missing=() p
-  for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done
+  local missing
+  mapfile -t missing < <(missing_from "${required[@]}" "${optional[@]}")
   if [[ ${#missing[@]} -eq 0 ]]; then
     say "all build dependencies are already installed"
     return
   fi
   say "installing: ${missing[*]}"
-  command -v apt-get >/dev/null || die "apt-get not found; install these by hand: ${missing[*]}"
+  if apt_install "${missing[@]}"; then return; fi
+  # A machine without a package source (the GPU machine, say) can still build when only optional
+  # tools are missing.
+  local still_missing
+  mapfile -t still_missing < <(missing_from "${required[@]}")
+  if [[ ${#still_missing[@]} -gt 0 ]]; then
+    die "could not install ${still_missing[*]}; install them by hand (as root: apt-get install ${still_missing[*]})"
+  fi
+  say "warning: could not install the optional ${missing[*]}; building without them"
+}
+
+# apt-get update + install, as root or through sudo. Returns non-zero (with a message) on failure.
+apt_install() {
+  if ! command -v apt-get >/dev/null; then
+    echo "setup.sh: apt-get not found" >&2
+    return 1
+  fi
   local as_root=()
   if [[ $(id -u) -ne 0 ]]; then
-    command -v sudo >/dev/null || die "not root and no sudo; as root run: apt-get install ${missing[*]}"
+    if ! command -v sudo >/dev/null; then
+      echo "setup.sh: not root and no sudo to run apt-get with" >&2
+      return 1
+    fi
     as_root=(sudo)
   fi
-  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q ||
-    die "apt-get update failed (no network or no package source?)"
-  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
-    die "apt-get install failed for: ${missing[*]}"
+  if ! "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q; then
+    echo "setup.sh: apt-get update failed (no network or no package source?)" >&2
+    return 1
+  fi
+  if ! "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"; then
+    echo "setup.sh: apt-get install failed for: $*" >&2
+    return 1
+  fi
 }
 
 if [[ $do_deps -eq 1 ]]; then install_packages; fi
