@@ -70,9 +70,7 @@ void usage(const char* program) {
   std::printf("usage: %s [--quick] [--sizes N,N,...] [--elements N] [--reps N] [--min-time SECONDS]\n", program);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Options opt;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -138,4 +136,16 @@ int main(int argc, char** argv) {
   }
   std::printf("\n(elementwise tensors: %.0f MB each)\n", mb);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const kiln::Error& e) {  // a clear message instead of an abort (an op not written yet, say)
+    std::fflush(stdout);
+    std::fprintf(stderr, "bench_tensor: error: %s\n", e.what());
+    return EXIT_FAILURE;
+  }
 }

@@ -6,7 +6,7 @@
 #include <kiln/kiln.h>  // Tensor, kiln::randn, kiln::matmul, kiln::softmax, ..., KILN_VERSION_STRING
 
 #include <cstdlib>   // EXIT_SUCCESS, EXIT_FAILURE
-#include <iostream>  // std::cout
+#include <iostream>  // std::cout, std::cerr
 #include <string>
 
 using namespace kiln;
@@ -20,9 +20,7 @@ void check(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
-}  // namespace
-
-int main() {
+int run() {
   std::cout << "kiln " << KILN_VERSION_STRING << " quick start\n\n";
   manual_seed(42);  // the same numbers on every run, on every backend
 
@@ -72,4 +70,18 @@ int main() {
   }
   std::cout << "\nall checks passed\n";
   return EXIT_SUCCESS;
+}
+
+}  // namespace
+
+int main() {
+  // kiln reports misuse (and ops not written yet) as kiln::Error, with a message that says what
+  // went wrong and what to do: print it rather than let the program abort.
+  try {
+    return run();
+  } catch (const kiln::Error& e) {
+    std::cout << std::flush;
+    std::cerr << "\nquickstart: error: " << e.what() << "\n";
+    return EXIT_FAILURE;
+  }
 }
