@@ -148,7 +148,7 @@ if [[ $do_configure -eq 1 ]]; then
   args=(-S . -B "$build_dir")
   if [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
     # First configure: choose generator, build type, compiler cache and CUDA. Later runs keep them.
-    command -v ninja >/dev/null && args+=(-G Ninja)
+    if command -v ninja >/dev/null; then args+=(-G Ninja); fi
     args+=("-DCMAKE_BUILD_TYPE=$build_type")
 
     # ccache speeds up rebuilds, but only where its cache folder is writable (CI sandboxes may not be).
@@ -163,7 +163,7 @@ if [[ $do_configure -eq 1 ]]; then
     fi
 
     nvcc="$(command -v nvcc || true)"
-    [[ -z "$nvcc" && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
+    if [[ -z "$nvcc" && -x /usr/local/cuda/bin/nvcc ]]; then nvcc=/usr/local/cuda/bin/nvcc; fi
     cuda="${KILN_CUDA:-auto}"
     for a in "${cmake_args[@]}"; do
       if [[ "$a" == -DKILN_CUDA=* || "$a" == -DKILN_CUDA:BOOL=* ]]; then cuda="${a#*=}"; fi
