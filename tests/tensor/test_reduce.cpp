@@ -206,6 +206,30 @@ TEST_P(ReduceTest, ColumnPathShapes) {
   expect_values(y.prod({0}), {2}, {kNaN, 0});
 }
 
+// var, norms and logsumexp of outer dims (channels-last statistics) take the column path too.
+TEST_P(ReduceTest, StatisticsOnTheColumnPath) {
+  for (DType dt : {DType::Float32, DType::Float64, DType::Float16}) {
+    Tensor cl = testing::make(uniform(2 * 3 * 4 * 5, -2, 2, 12), {2, 3, 4, 5}, opts(dt)).contiguous(MemoryFormat::ChannelsLast);
+    Tensor tall = testing::make(uniform(50000 * 3, -2, 2, 13), {50000, 3}, opts(dt));  // split rows, in float16 range
+    Tensor wide = testing::make(uniform(40 * 700, -2, 2, 14), {40, 700}, opts(dt));      // several tiles
+    for (const auto& [x, dims] : std::vector<std::pair<Tensor, std::vector<int64_t>>>{
+             {cl, {0, 2, 3}}, {cl, {2, 3}}, {tall, {0}}, {wide, {0}}}) {
+      SCOPED_TRACE(::testing::Message() << dt << " shape " << ::testing::PrintToString(x.shape()));
+      const Groups g = groups(x, dims, false);
+      const double n = static_cast<double>(g.members[0].size());
+      const double rtol = dt == DType::Float32 ? 1e-5 : -1;
+      expect_values(x.var(dims), g.shape, g.apply([](const auto& v) { return ref_var(v, 1); }), rtol);
+      expect_values(x.std(dims, 0), g.shape, g.apply([](const auto& v) { return std::sqrt(ref_var(v, 0)); }), rtol);
+      expect_values(x.logsumexp(dims), g.shape, g.apply(ref_logsumexp), rtol);
+      for (double p : {2.0, 1.0, kInf, -kInf, 0.0, 3.0}) {
+        SCOPED_TRACE(::testing::Message() << "p " << p);
+        expect_values(x.norm(p, dims), g.shape, g.apply([p](const auto& v) { return ref_norm(v, p); }), rtol,
+                      p == 0 ? 0.5 : 1e-6 * n);
+      }
+    }
+  }
+}
+
 TEST_P(ReduceTest, LargeFloat32SumsStayAccurate) {
   // 10 million values of float(0.1): a naive float accumulator drifts to ~1.09e6.
   const int64_t n = 10'000'000;

@@ -73,7 +73,7 @@ template <typename Acc>
 struct SumColumns {
   static constexpr bool kPairwise = true;
   static Acc identity() { return 0; }
-  static void combine(Acc* acc, const Acc* x, int64_t n) {
+  static void accumulate(Acc* acc, const Acc* x, int64_t n, const Acc*) {
     for (int64_t j = 0; j < n; ++j) acc[j] += x[j];
   }
   static Acc merge(Acc a, Acc b) { return a + b; }
@@ -83,7 +83,7 @@ template <typename Acc>
 struct ProdColumns {
   static constexpr bool kPairwise = false;
   static Acc identity() { return 1; }
-  static void combine(Acc* acc, const Acc* x, int64_t n) {
+  static void accumulate(Acc* acc, const Acc* x, int64_t n, const Acc*) {
     for (int64_t j = 0; j < n; ++j) acc[j] = ProdBlock<Acc>::merge(acc[j], x[j]);
   }
   static Acc merge(Acc a, Acc b) { return ProdBlock<Acc>::merge(a, b); }
@@ -93,7 +93,7 @@ template <typename Acc>
 struct MaxColumns {
   static constexpr bool kPairwise = false;
   static Acc identity() { return MaxBlock<Acc>{}.best; }
-  static void combine(Acc* acc, const Acc* x, int64_t n) {
+  static void accumulate(Acc* acc, const Acc* x, int64_t n, const Acc*) {
     for (int64_t j = 0; j < n; ++j) acc[j] = nan_max(acc[j], x[j]);
   }
   static Acc merge(Acc a, Acc b) { return nan_max(a, b); }
@@ -103,7 +103,7 @@ template <typename Acc>
 struct MinColumns {
   static constexpr bool kPairwise = false;
   static Acc identity() { return MinBlock<Acc>{}.best; }
-  static void combine(Acc* acc, const Acc* x, int64_t n) {
+  static void accumulate(Acc* acc, const Acc* x, int64_t n, const Acc*) {
     for (int64_t j = 0; j < n; ++j) acc[j] = nan_min(acc[j], x[j]);
   }
   static Acc merge(Acc a, Acc b) { return nan_min(a, b); }
@@ -122,7 +122,7 @@ void reduce_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::v
     using Block = typename decltype(block_tag)::type;
     using Columns = typename decltype(columns_tag)::type;
     if (columns) {
-      reduce_columns<T, Acc, Columns>(src, g, [&](int64_t off, Acc v) { dst[off] = from_acc<O>(scale(v)); });
+      reduce_columns<T, Acc, Columns>(src, g, [&](int64_t, int64_t off, Acc v) { dst[off] = from_acc<O>(scale(v)); });
     } else {
       reduce_rows<T, Acc>(
           src, g, [](int64_t) { return Block{}; },

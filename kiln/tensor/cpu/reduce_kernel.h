@@ -67,12 +67,12 @@ inline O from_acc(Acc v) {
 // max/min that let NaN win (as PyTorch's max, amax): once NaN, always NaN.
 template <typename Acc>
 inline Acc nan_max(Acc a, Acc b) {
-  if constexpr (std::is_floating_point_v<Acc>) return (b > a || b != b) ? b : a;
+  if constexpr (std::is_floating_point_v<Acc>) return ((b > a) | (b != b)) ? b : a;
   else return b > a ? b : a;
 }
 template <typename Acc>
 inline Acc nan_min(Acc a, Acc b) {
-  if constexpr (std::is_floating_point_v<Acc>) return (b < a || b != b) ? b : a;
+  if constexpr (std::is_floating_point_v<Acc>) return ((b < a) | (b != b)) ? b : a;
   else return b < a ? b : a;
 }
 
@@ -241,11 +241,14 @@ void reduce_rows(const T* in, const Geometry& g, const Make& make, const Finish&
   }
 }
 
-// The column path, for ops whose accumulation is elementwise: Op::identity(), Op::combine(acc*, x*, n)
-// (acc[j] = acc[j] (+) x[j]), Op::merge(Acc, Acc), Op::kPairwise (sum-like: rows are cascaded).
-// finish(out_offset, total) stores one output.
+// The column path, for ops whose accumulation is elementwise:
+//   Op::identity(); Op::accumulate(acc*, x*, n, center*) folds one row in (acc[j] = acc[j] (+) f(x[j]),
+//   where f may use center[j], the output's value from a first pass, or ignore it);
+//   Op::merge(Acc, Acc) joins partial results; Op::kPairwise (sum-like: row blocks are cascaded).
+// center, when given, holds one value per output (row-major over the kept dims).
+// finish(o, out_offset, total) stores output o.
 template <typename T, typename Acc, typename Op, typename Finish>
-void reduce_columns(const T* in, const Geometry& g, const Finish& finish) {
+void reduce_columns(const T* in, const Geometry& g, const Finish& finish, const Acc* center = nullptr) {
   const int64_t width = g.kept_sizes.back(), out_step = g.kept_out.back();
   const int64_t groups = g.n_out / width, tiles = ceil_div(width, kTile);
   const size_t outer_kept = g.kept_sizes.size() - 1;
@@ -256,11 +259,15 @@ void reduce_columns(const T* in, const Geometry& g, const Finish& finish) {
   const int64_t items = groups * tiles * splits;
   // Partial results of item (group, tile, split): kTile accumulators each.
   std::vector<Acc> partial(splits > 1 ? static_cast<size_t>(items * kTile) : 0);
+  auto merge_into = [](Acc* acc, const Acc* x, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) acc[j] = Op::merge(acc[j], x[j]);
+  };
 
   auto run_item = [&](int64_t item, Acc* acc) {
     const int64_t s = item % splits, tile = (item / splits) % tiles, group = item / (splits * tiles);
     const int64_t k0 = tile * kTile, w = std::min(kTile, width - k0);
     const T* base = in + offset_of(group, g.kept_sizes.data(), g.kept_in.data(), outer_kept) + k0;
+    const Acc* c = center ? center + group * width + k0 : nullptr;
     alignas(64) Acc row[kTile];
     alignas(64) Acc block[kTile];
     std::fill(acc, acc + w, Op::identity());
@@ -278,11 +285,11 @@ void reduce_columns(const T* in, const Geometry& g, const Finish& finish) {
         for (int64_t j = 0; j < w; ++j) row[j] = to_acc<Acc>(src[j]);
         x = row;
       }
-      Op::combine(block, x, w);
+      Op::accumulate(block, x, w, c);
       if (Op::kPairwise && ++rows_in_block == kRowsPerBlock) {
         std::vector<Acc> v(block, block + w);
         int k = 0;
-        for (; (count >> k) & 1u; ++k) Op::combine(v.data(), levels[k].data(), w);
+        for (; (count >> k) & 1u; ++k) merge_into(v.data(), levels[k].data(), w);
         if (levels.size() <= static_cast<size_t>(k)) levels.resize(k + 1);
         levels[k] = std::move(v);
         ++count;
@@ -291,9 +298,9 @@ void reduce_columns(const T* in, const Geometry& g, const Finish& finish) {
       }
     }
     for (size_t k = 0; k < levels.size(); ++k) {
-      if ((count >> k) & 1u) Op::combine(acc, levels[k].data(), w);
+      if ((count >> k) & 1u) merge_into(acc, levels[k].data(), w);
     }
-    Op::combine(acc, block, w);
+    merge_into(acc, block, w);
     return w;
   };
 
@@ -308,7 +315,7 @@ void reduce_columns(const T* in, const Geometry& g, const Finish& finish) {
       const int64_t tile = item % tiles, group = item / tiles;
       const int64_t w = run_item(item, acc);
       const int64_t out0 = offset_of(group, g.kept_sizes.data(), g.kept_out.data(), outer_kept) + tile * kTile * out_step;
-      for (int64_t j = 0; j < w; ++j) finish(out0 + j * out_step, acc[j]);
+      for (int64_t j = 0; j < w; ++j) finish(group * width + tile * kTile + j, out0 + j * out_step, acc[j]);
     }
   });
   if (splits == 1) return;
@@ -319,7 +326,7 @@ void reduce_columns(const T* in, const Geometry& g, const Finish& finish) {
     for (int64_t j = 0; j < w; ++j) {
       Acc total = partial[(gt * splits) * kTile + j];
       for (int64_t s = 1; s < splits; ++s) total = Op::merge(total, partial[(gt * splits + s) * kTile + j]);
-      finish(out0 + j * out_step, total);
+      finish(group * width + k0 + j, out0 + j * out_step, total);
     }
   }
 }
