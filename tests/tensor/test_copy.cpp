@@ -151,6 +151,35 @@ TEST_P(CopyTest, LargeCopiesSplitOverThreads) {
   expect_values(a.transpose(0, 1).to(DType::Int32), {cols, rows}, tv, 0, 0);
 }
 
+TEST_P(CopyTest, TransposingCopiesOfEveryShape) {
+  // Sizes that are not multiples of the tile, with an outer dim, same dtype and converting.
+  const Shape shape = {3, 41, 67};
+  std::vector<double> v(numel(shape));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i % 251);
+  for (DType to : {DType::Float32, DType::BFloat16, DType::Int64, DType::UInt8}) {
+    SCOPED_TRACE(::testing::Message() << to);
+    Tensor p = make(v, shape, opts()).permute({0, 2, 1});  // (3, 67, 41)
+    std::vector<double> pv;
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t j = 0; j < 67; ++j)
+        for (int64_t i = 0; i < 41; ++i) pv.push_back(v[(b * 41 + i) * 67 + j]);
+    Tensor out = empty({3, 67, 41}, opts(to));
+    out.copy_(p);
+    expect_values(out, {3, 67, 41}, pv, 0, 0);
+  }
+  // NCHW <-> NHWC with C = 20 and H * W = 323.
+  const Shape nchw = {2, 20, 17, 19};
+  std::vector<double> w(numel(nchw));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<double>(i % 239) - 100;
+  Tensor x = make(w, nchw, opts());
+  Tensor cl = x.contiguous(MemoryFormat::ChannelsLast);
+  expect_values(cl, nchw, w, 0, 0);
+  expect_values(cl.contiguous(), nchw, w, 0, 0);
+  Tensor cl16 = empty(nchw, {.dtype = DType::Float16, .device = dev(), .memory_format = MemoryFormat::ChannelsLast});
+  cl16.copy_(x);
+  expect_values(cl16, nchw, w, 0, 0);
+}
+
 TEST_P(CopyTest, FillWritesEveryElementOfAnyLayout) {
   for (DType dt : kAllTypes) {
     SCOPED_TRACE(::testing::Message() << dt);

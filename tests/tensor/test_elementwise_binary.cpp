@@ -251,6 +251,14 @@ TEST_P(ElementwiseBinaryTest, LargeBroadcastUsesEveryThread) {
     Tensor b = make(bv, {cols, 1}, opts(dt));
     Tensor r = a * b;
     expect_values(r, {cols, rows}, broadcast_ref(a, b, {cols, rows}, [](double x, double y) { return x * y; }));
+    // A contiguous tensor with a scalar, and a 0-d tensor first: many blocks of one broadcast value.
+    Tensor c = make(av, {rows * cols}, opts(dt));
+    const std::vector<double> cv = testing::values(c);
+    std::vector<double> scaled, shifted;
+    for (double v : cv) scaled.push_back(v * 0.75);
+    for (double v : cv) shifted.push_back(2 - v);
+    expect_values(c * 0.75, {rows * cols}, scaled);
+    expect_values(make({2}, {}, opts(dt)) - c, {rows * cols}, shifted);
   }
 }
 

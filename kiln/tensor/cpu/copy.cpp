@@ -1,5 +1,6 @@
 // CPU kernels: copy with dtype conversion, fill, arange, linspace.
-#include <cstring>  // std::memcpy
+#include <algorithm>  // std::min, std::max
+#include <cstring>    // std::memcpy
 
 #include "kiln/tensor/cpu/convert.h"  // convert<To>(From)
 #include "kiln/tensor/cpu/cpu_backend.h"
@@ -29,12 +30,59 @@ void copy_bits(char* const* p, const int64_t* s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * s[0], src + i * s[1], kSize);
 }
 
+// A transpose: the destination runs along geometry dim 0 while the source runs along dim 1 (2-D
+// transposes, NCHW <-> NHWC). Element-by-element, one side would stride through memory and miss the cache
+// on every element; kTile x kTile tiles keep both sides' lines in L1.
+bool is_transpose(const LoopGeometry<2>& g, int64_t dst_size, int64_t src_size) {
+  constexpr int64_t kMinSide = 16;
+  return g.ndim() >= 2 && g.strides[0][0] == dst_size && g.strides[1][1] == src_size && g.strides[1][0] != src_size &&
+         g.sizes[0] >= kMinSide && g.sizes[1] >= kMinSide;
+}
+
+template <typename To, typename From>
+void copy_tiled(const LoopGeometry<2>& g) {
+  constexpr int64_t kTile = 32;
+  const int64_t n0 = g.sizes[0], n1 = g.sizes[1];
+  const int64_t tiles1 = (n1 + kTile - 1) / kTile, outer = g.numel / (n0 * n1);
+  const int64_t ds0 = g.strides[0][0], ds1 = g.strides[0][1], ss0 = g.strides[1][0], ss1 = g.strides[1][1];
+  // Work item = (outer index, band of kTile along dim 1): kTile * n0 elements.
+  const int64_t grain = std::max<int64_t>(1, kGrainSize / (kTile * n0));
+  parallel_for(0, outer * tiles1, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      int64_t rest = item / tiles1;
+      char* dst = g.base[0];
+      const char* src = g.base[1];
+      for (int d = 2; d < g.ndim(); ++d) {  // the outer dims' offsets
+        const int64_t i = rest % g.sizes[d];
+        rest /= g.sizes[d];
+        dst += i * g.strides[0][d];
+        src += i * g.strides[1][d];
+      }
+      const int64_t b1 = (item % tiles1) * kTile, e1 = std::min(n1, b1 + kTile);
+      for (int64_t b0 = 0; b0 < n0; b0 += kTile) {
+        const int64_t e0 = std::min(n0, b0 + kTile);
+        for (int64_t i1 = b1; i1 < e1; ++i1)
+          for (int64_t i0 = b0; i0 < e0; ++i0)
+            *reinterpret_cast<To*>(dst + i0 * ds0 + i1 * ds1) =
+                convert<To>(*reinterpret_cast<const From*>(src + i0 * ss0 + i1 * ss1));
+      }
+    }
+  });
+}
+
+template <typename Bits>
+void copy_bits_any(const Tensor& dst, const Tensor& src) {
+  const LoopGeometry<2> g({dst, src});
+  if (is_transpose(g, sizeof(Bits), sizeof(Bits))) return copy_tiled<Bits, Bits>(g);
+  for_each_run(g, copy_bits<Bits>);
+}
+
 void copy_same_dtype(const Tensor& dst, const Tensor& src) {
   switch (dst.element_size()) {
-    case 1: return for_each_run<2>({dst, src}, copy_bits<uint8_t>);
-    case 2: return for_each_run<2>({dst, src}, copy_bits<uint16_t>);
-    case 4: return for_each_run<2>({dst, src}, copy_bits<uint32_t>);
-    case 8: return for_each_run<2>({dst, src}, copy_bits<uint64_t>);
+    case 1: return copy_bits_any<uint8_t>(dst, src);
+    case 2: return copy_bits_any<uint16_t>(dst, src);
+    case 4: return copy_bits_any<uint32_t>(dst, src);
+    case 8: return copy_bits_any<uint64_t>(dst, src);
   }
   KILN_FAIL("cpu::copy: unexpected element size ", dst.element_size());
 }
@@ -70,7 +118,9 @@ void CpuBackend::copy(const Tensor& dst, const Tensor& src, bool non_blocking) {
     using To = typename decltype(to_tag)::type;
     visit_dtype(src.dtype(), [&](auto from_tag) {
       using From = typename decltype(from_tag)::type;
-      for_each_run<2>({dst, src}, convert_run<To, From>);
+      const LoopGeometry<2> g({dst, src});
+      if (is_transpose(g, sizeof(To), sizeof(From))) return copy_tiled<To, From>(g);
+      for_each_run(g, convert_run<To, From>);
     });
   });
 }

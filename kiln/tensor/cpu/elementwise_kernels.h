@@ -7,9 +7,10 @@
 //
 // The functor receives Eigen::Map'ed 1-D arrays in the compute type (compute_t<T>: float for the 16-bit
 // floats) and assigns its result to the output map, so Eigen vectorises the arithmetic. Runs whose
-// operands are already of the compute type with unit strides are mapped in place; every other run
-// (16-bit floats, strided or broadcast operands) goes through small stack buffers of kBlock elements:
-// load and convert, compute, convert and store. The same functor instantiation serves both paths.
+// operands are all of the compute type with unit strides are mapped in place, whole. Otherwise the run
+// goes in blocks of kBlock elements, each operand on its own terms (BlockReader/BlockWriter): mapped in
+// place when it can be, a buffer filled once for a broadcast operand, converted or gathered into a small
+// stack buffer otherwise. The same functor instantiation serves every path.
 //
 // Backend-internal: include it only from tensor/cpu/*.cpp.
 #pragma once
@@ -58,6 +59,47 @@ inline void store_block(char* dst, int64_t stride, const C* buf, int64_t n) {
   }
 }
 
+// One input of a run, read kBlock elements at a time in the compute type C: mapped in place when the
+// memory already holds C's with unit stride, one buffer filled once for a broadcast (stride 0) operand
+// (the scalar of x * 2, a bias), converted or gathered into the buffer per block otherwise.
+template <typename T, typename C>
+class BlockReader {
+ public:
+  BlockReader(const char* base, int64_t stride, C* buffer, int64_t n)
+      : base_(base), stride_(stride), buffer_(buffer), direct_(std::is_same_v<T, C> && stride == sizeof(T)) {
+    if (stride == 0) load_block<T>(buffer_, base_, 0, std::min(kBlock, n));
+  }
+  const C* block(int64_t i, int64_t m) const {
+    if (direct_) return reinterpret_cast<const C*>(base_ + i * stride_);
+    if (stride_ != 0) load_block<T>(buffer_, base_ + i * stride_, stride_, m);
+    return buffer_;
+  }
+
+ private:
+  const char* base_;
+  int64_t stride_;
+  C* buffer_;
+  bool direct_;
+};
+
+// The output of a run: written in place when it holds C's with unit stride, else through the buffer.
+template <typename T, typename C>
+class BlockWriter {
+ public:
+  BlockWriter(char* base, int64_t stride, C* buffer)
+      : base_(base), stride_(stride), buffer_(buffer), direct_(std::is_same_v<T, C> && stride == sizeof(T)) {}
+  C* block(int64_t i) const { return direct_ ? reinterpret_cast<C*>(base_ + i * stride_) : buffer_; }
+  void commit(int64_t i, int64_t m) const {
+    if (!direct_) store_block<T>(base_ + i * stride_, stride_, buffer_, m);
+  }
+
+ private:
+  char* base_;
+  int64_t stride_;
+  C* buffer_;
+  bool direct_;
+};
+
 // out (Out) = f(a (In)); f(ConstArrayMap<compute_t<In>>, ArrayMap<compute_t<Out>>).
 template <typename In, typename Out, typename F>
 void unary_kernel(const Tensor& out, const Tensor& a, const F& f) {
@@ -65,18 +107,19 @@ void unary_kernel(const Tensor& out, const Tensor& a, const F& f) {
   using CO = compute_t<Out>;
   for_each_run<2>({out, a}, [&](char* const* p, const int64_t* s, int64_t n) {
     if constexpr (std::is_same_v<In, CI> && std::is_same_v<Out, CO>) {
-      if (s[0] == sizeof(Out) && s[1] == sizeof(In)) {
+      if (s[0] == sizeof(Out) && s[1] == sizeof(In)) {  // the whole run in one expression
         f(ConstArrayMap<CI>(reinterpret_cast<const CI*>(p[1]), n), ArrayMap<CO>(reinterpret_cast<CO*>(p[0]), n));
         return;
       }
     }
     alignas(64) CI x[kBlock];
     alignas(64) CO o[kBlock];
+    const BlockReader<In, CI> rx(p[1], s[1], x, n);
+    const BlockWriter<Out, CO> wo(p[0], s[0], o);
     for (int64_t i = 0; i < n; i += kBlock) {
       const int64_t m = std::min(kBlock, n - i);
-      load_block<In>(x, p[1] + i * s[1], s[1], m);
-      f(ConstArrayMap<CI>(x, m), ArrayMap<CO>(o, m));
-      store_block<Out>(p[0] + i * s[0], s[0], o, m);
+      f(ConstArrayMap<CI>(rx.block(i, m), m), ArrayMap<CO>(wo.block(i), m));
+      wo.commit(i, m);
     }
   });
 }
@@ -88,7 +131,7 @@ void binary_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const F&
   using CO = compute_t<Out>;
   for_each_run<3>({out, a, b}, [&](char* const* p, const int64_t* s, int64_t n) {
     if constexpr (std::is_same_v<In, CI> && std::is_same_v<Out, CO>) {
-      if (s[0] == sizeof(Out) && s[1] == sizeof(In) && s[2] == sizeof(In)) {
+      if (s[0] == sizeof(Out) && s[1] == sizeof(In) && s[2] == sizeof(In)) {  // the whole run in one expression
         f(ConstArrayMap<CI>(reinterpret_cast<const CI*>(p[1]), n),
           ConstArrayMap<CI>(reinterpret_cast<const CI*>(p[2]), n), ArrayMap<CO>(reinterpret_cast<CO*>(p[0]), n));
         return;
@@ -97,12 +140,12 @@ void binary_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const F&
     alignas(64) CI x[kBlock];
     alignas(64) CI y[kBlock];
     alignas(64) CO o[kBlock];
+    const BlockReader<In, CI> rx(p[1], s[1], x, n), ry(p[2], s[2], y, n);
+    const BlockWriter<Out, CO> wo(p[0], s[0], o);
     for (int64_t i = 0; i < n; i += kBlock) {
       const int64_t m = std::min(kBlock, n - i);
-      load_block<In>(x, p[1] + i * s[1], s[1], m);
-      load_block<In>(y, p[2] + i * s[2], s[2], m);
-      f(ConstArrayMap<CI>(x, m), ConstArrayMap<CI>(y, m), ArrayMap<CO>(o, m));
-      store_block<Out>(p[0] + i * s[0], s[0], o, m);
+      f(ConstArrayMap<CI>(rx.block(i, m), m), ConstArrayMap<CI>(ry.block(i, m), m), ArrayMap<CO>(wo.block(i), m));
+      wo.commit(i, m);
     }
   });
 }

@@ -117,12 +117,17 @@ void for_each_run_in_range(const LoopGeometry<N>& g, int64_t begin, int64_t end,
   }
 }
 
+// Runs fn over every element of a geometry, spread over the thread pool.
+template <size_t N, typename F>
+void for_each_run(const LoopGeometry<N>& g, const F& fn, int64_t grain = kGrainSize) {
+  if (g.numel == 0) return;
+  parallel_for(0, g.numel, grain, [&](int64_t begin, int64_t end) { for_each_run_in_range(g, begin, end, fn); });
+}
+
 // Runs fn over every element of the operands (operand 0 is the output), spread over the thread pool.
 template <size_t N, typename F>
 void for_each_run(const std::array<Tensor, N>& operands, const F& fn, int64_t grain = kGrainSize) {
-  const LoopGeometry<N> g(operands);
-  if (g.numel == 0) return;
-  parallel_for(0, g.numel, grain, [&](int64_t begin, int64_t end) { for_each_run_in_range(g, begin, end, fn); });
+  for_each_run(LoopGeometry<N>(operands), fn, grain);
 }
 
 }  // namespace kiln::cpu
