@@ -35,8 +35,9 @@ Tensor zeros_like(const Tensor& t, std::optional<DType> dtype = {});
 Tensor ones_like(const Tensor& t, std::optional<DType> dtype = {});
 Tensor full_like(const Tensor& t, Scalar value, std::optional<DType> dtype = {});
 // [start, end) in steps; dtype Int64 when all three are integers, else the default float, unless given.
-Tensor arange(Scalar end, const TensorOptions& options = {});
-Tensor arange(Scalar start, Scalar end, Scalar step = 1, std::optional<TensorOptions> options = {});
+// full() without a dtype takes it from the value (Int64 for integers, Bool for bools), as in PyTorch.
+Tensor arange(Scalar end, const TensorOptions& options = {});  // see TensorOptions::dtype for the dtype
+Tensor arange(Scalar start, Scalar end, Scalar step = 1, const TensorOptions& options = {});
 Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options = {});
 Tensor eye(int64_t n, std::optional<int64_t> m = {}, const TensorOptions& options = {});
 // Copies host data (row-major, numel(shape) elements) into a new tensor of dtype_of<T>() on options.device.

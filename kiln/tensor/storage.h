@@ -7,7 +7,9 @@
 // allocator come with the CUDA backend. A Storage frees its memory through the allocator that made it.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -41,10 +43,16 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // Counts writes through any view of this storage; autograd compares it to detect in-place changes
+  // to tensors that backward still needs.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
  private:
   DataPtr data_;
   size_t nbytes_;
   Device device_;
+  std::atomic<uint64_t> version_{0};
 };
 
 }  // namespace kiln

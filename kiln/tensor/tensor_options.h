@@ -4,6 +4,8 @@
 //                                         .memory_format = MemoryFormat::ChannelsLast});
 #pragma once
 
+#include <optional>
+
 #include "kiln/tensor/device.h"
 #include "kiln/tensor/dtype.h"
 
@@ -19,7 +21,9 @@ enum class MemoryFormat : uint8_t {
 std::ostream& operator<<(std::ostream& os, MemoryFormat f);
 
 struct TensorOptions {
-  DType dtype = kDefaultFloat;
+  // Unset means the factory's default: kDefaultFloat, except where the values decide (arange and full
+  // of integers give Int64, of bools Bool).
+  std::optional<DType> dtype;
   Device device = Device::cpu();
   MemoryFormat memory_format = MemoryFormat::Contiguous;
   bool pinned_memory = false;  // page-locked host memory, for asynchronous copies to a GPU

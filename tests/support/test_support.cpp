@@ -67,7 +67,7 @@ void expect_values(const Tensor& actual, const Shape& shape, const std::vector<d
 
 Tensor make(const std::vector<double>& data, const Shape& shape, const TensorOptions& options) {
   Tensor t = ops::from_vector<double>(data, shape);
-  return t.to(options.device, options.dtype);
+  return t.to(options.device, options.dtype.value_or(kDefaultFloat));
 }
 
 Tensor non_contiguous(const Tensor& t) {

@@ -1,68 +1,182 @@
-// Frontend of the factory ops: argument checks, promotion, output allocation, then the backend.
-#include "kiln/tensor/ops.h"
+// Factories: new tensors of a shape, dtype, device and memory format.
+#include <cmath>
+#include <cstring>
 
 #include "kiln/tensor/backend.h"
+#include "kiln/tensor/dispatch.h"
+#include "kiln/tensor/ops.h"
 
 namespace kiln::ops {
+namespace {
 
-Tensor empty(const Shape& shape, const TensorOptions& options) {
-  throw NotImplementedError("ops::empty: not implemented yet");
+void check_shape(const Shape& shape, std::string_view op) {
+  for (int64_t s : shape) {
+    KILN_CHECK(s >= 0, op, ": negative size in shape ", shape, "; sizes must be >= 0");
+  }
 }
 
+// Strides for a memory format: NHWC order for ChannelsLast (4-D only).
+Strides strides_for(const Shape& shape, MemoryFormat format, std::string_view op) {
+  if (format != MemoryFormat::ChannelsLast) return contiguous_strides(shape);
+  KILN_CHECK(shape.size() == 4, op, ": MemoryFormat::ChannelsLast needs a 4-D (N, C, H, W) shape, got ", shape);
+  const int64_t c = std::max<int64_t>(shape[1], 1), h = std::max<int64_t>(shape[2], 1),
+                w = std::max<int64_t>(shape[3], 1);
+  return {h * w * c, 1, w * c, c};
+}
+
+Allocator& allocator_for(const TensorOptions& options, std::string_view op) {
+  if (options.pinned_memory) {
+    KILN_CHECK(options.device.is_cpu(), op, ": pinned_memory is page-locked host memory, but device ",
+               options.device, " was asked for; use device cpu with pinned_memory, then .to(cuda, true)");
+    KILN_FAIL(op, ": pinned host memory needs kiln's CUDA backend, which this build does not have; "
+                  "leave pinned_memory false on machines without CUDA");
+  }
+  Backend& b = backend(options.device);
+  KILN_CHECK(options.device.index() < b.device_count(), op, ": device ", options.device, " does not exist (",
+             b.device_count(), " device(s) of that type are visible)");
+  return b.allocator(options.device.index());
+}
+
+}  // namespace
+
 Tensor empty_strided(const Shape& shape, const Strides& strides, const TensorOptions& options) {
-  throw NotImplementedError("ops::empty_strided: not implemented yet");
+  check_shape(shape, "empty_strided");
+  KILN_CHECK(shape.size() == strides.size(), "empty_strided: shape ", shape, " and strides ", strides,
+             " have different lengths");
+  const DType dtype = options.dtype.value_or(kDefaultFloat);
+  int64_t extent = numel(shape) == 0 ? 0 : 1;
+  for (size_t i = 0; i < shape.size() && extent > 0; ++i) {
+    KILN_CHECK(strides[i] >= 0, "empty_strided: negative stride in ", strides);
+    extent += (shape[i] - 1) * strides[i];
+  }
+  auto storage = std::make_shared<Storage>(static_cast<size_t>(extent) * element_size(dtype),
+                                           allocator_for(options, "empty"));
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), dtype, shape, strides, 0));
+}
+
+Tensor empty(const Shape& shape, const TensorOptions& options) {
+  check_shape(shape, "empty");
+  return empty_strided(shape, strides_for(shape, options.memory_format, "empty"), options);
 }
 
 Tensor zeros(const Shape& shape, const TensorOptions& options) {
-  throw NotImplementedError("ops::zeros: not implemented yet");
+  Tensor t = empty(shape, options);
+  return fill_(t, 0);
 }
 
 Tensor ones(const Shape& shape, const TensorOptions& options) {
-  throw NotImplementedError("ops::ones: not implemented yet");
+  Tensor t = empty(shape, options);
+  return fill_(t, 1);
 }
 
 Tensor full(const Shape& shape, Scalar value, const TensorOptions& options) {
-  throw NotImplementedError("ops::full: not implemented yet");
+  TensorOptions o = options;
+  if (!o.dtype) o.dtype = value.natural_dtype();
+  Tensor t = empty(shape, o);
+  return fill_(t, value);
 }
 
 Tensor empty_like(const Tensor& t, std::optional<DType> dtype, MemoryFormat format) {
-  throw NotImplementedError("ops::empty_like: not implemented yet");
+  KILN_CHECK(t.defined(), "empty_like: the tensor is undefined");
+  if (format == MemoryFormat::Preserve) format = t.suggest_memory_format();
+  return empty(t.shape(), {.dtype = dtype.value_or(t.dtype()), .device = t.device(), .memory_format = format});
 }
 
 Tensor zeros_like(const Tensor& t, std::optional<DType> dtype) {
-  throw NotImplementedError("ops::zeros_like: not implemented yet");
+  Tensor out = empty_like(t, dtype);
+  return fill_(out, 0);
 }
 
 Tensor ones_like(const Tensor& t, std::optional<DType> dtype) {
-  throw NotImplementedError("ops::ones_like: not implemented yet");
+  Tensor out = empty_like(t, dtype);
+  return fill_(out, 1);
 }
 
 Tensor full_like(const Tensor& t, Scalar value, std::optional<DType> dtype) {
-  throw NotImplementedError("ops::full_like: not implemented yet");
+  Tensor out = empty_like(t, dtype);
+  return fill_(out, value);
 }
 
-Tensor arange(Scalar end, const TensorOptions& options) {
-  throw NotImplementedError("ops::arange: not implemented yet");
-}
+Tensor arange(Scalar end, const TensorOptions& options) { return arange(0, end, 1, options); }
 
-Tensor arange(Scalar start, Scalar end, Scalar step, std::optional<TensorOptions> options) {
-  throw NotImplementedError("ops::arange: not implemented yet");
+Tensor arange(Scalar start, Scalar end, Scalar step, const TensorOptions& options) {
+  const bool all_integral = !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
+  TensorOptions o = options;
+  if (!o.dtype) o.dtype = all_integral ? DType::Int64 : kDefaultFloat;
+  KILN_CHECK(*o.dtype != DType::Bool, "arange: bool is not a valid dtype for a range");
+  int64_t n;
+  if (all_integral) {
+    const int64_t a = start.to_int64(), b = end.to_int64(), s = step.to_int64();
+    KILN_CHECK(s != 0, "arange: step must be nonzero");
+    KILN_CHECK((s > 0 && b >= a) || (s < 0 && b <= a), "arange: the range [", a, ", ", b, ") cannot be walked with step ",
+               s, "; upper bound and step must have the same sign");
+    n = s > 0 ? (b - a + s - 1) / s : (a - b - s - 1) / (-s);
+  } else {
+    const double a = start.to_double(), b = end.to_double(), s = step.to_double();
+    KILN_CHECK(std::isfinite(a) && std::isfinite(b), "arange: start and end must be finite, got ", a, " and ", b);
+    KILN_CHECK(s != 0, "arange: step must be nonzero");
+    KILN_CHECK((s > 0 && b >= a) || (s < 0 && b <= a), "arange: the range [", a, ", ", b, ") cannot be walked with step ",
+               s, "; upper bound and step must have the same sign");
+    n = static_cast<int64_t>(std::ceil((b - a) / s));
+  }
+  Tensor t = empty({n}, o);
+  if (n > 0) backend(t.device()).arange(t, start, step);
+  return t;
 }
 
 Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options) {
-  throw NotImplementedError("ops::linspace: not implemented yet");
+  KILN_CHECK(steps >= 0, "linspace: number of steps must be non-negative, got ", steps);
+  Tensor t = empty({steps}, options);
+  if (steps == 1) fill_(t, start);
+  if (steps >= 2) backend(t.device()).linspace(t, start, end);
+  return t;
 }
 
 Tensor eye(int64_t n, std::optional<int64_t> m, const TensorOptions& options) {
-  throw NotImplementedError("ops::eye: not implemented yet");
+  const int64_t cols = m.value_or(n);
+  KILN_CHECK(n >= 0 && cols >= 0, "eye: sizes must be non-negative, got ", n, " x ", cols);
+  Tensor t = zeros({n, cols}, options);
+  const int64_t k = std::min(n, cols);
+  if (k > 0) {
+    Tensor diag = as_strided(t, {k}, {cols + 1}, 0);
+    fill_(diag, 1);
+  }
+  return t;
 }
 
 Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device device) {
-  throw NotImplementedError("ops::from_blob: not implemented yet");
+  check_shape(shape, "from_blob");
+  Tensor host = empty(shape, {.dtype = dtype});
+  if (host.numel() > 0) {
+    KILN_CHECK(data != nullptr, "from_blob: null data pointer for ", host.numel(), " elements");
+    std::memcpy(host.data_ptr(), data, host.nbytes());
+  }
+  return device.is_cpu() ? host : to(host, device);
 }
 
-Tensor scalar_tensor(Scalar value, const TensorOptions& options) {
-  throw NotImplementedError("ops::scalar_tensor: not implemented yet");
+template <typename T>
+Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device) {
+  check_shape(shape, "from_vector");
+  KILN_CHECK(static_cast<int64_t>(data.size()) == numel(shape), "from_vector: ", data.size(),
+             " values cannot fill shape ", shape, " (", numel(shape), " elements)");
+  if constexpr (std::is_same_v<T, bool>) {  // std::vector<bool> is packed: copy element by element
+    Tensor host = empty(shape, {.dtype = DType::Bool});
+    bool* p = host.data_ptr<bool>();
+    for (size_t i = 0; i < data.size(); ++i) p[i] = data[i];
+    return device.is_cpu() ? host : to(host, device);
+  } else {
+    return from_blob(data.data(), shape, dtype_of<T>(), device);
+  }
 }
+template Tensor from_vector<bool>(const std::vector<bool>&, const Shape&, Device);
+template Tensor from_vector<uint8_t>(const std::vector<uint8_t>&, const Shape&, Device);
+template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, Device);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, Device);
+template Tensor from_vector<Half>(const std::vector<Half>&, const Shape&, Device);
+template Tensor from_vector<BFloat16>(const std::vector<BFloat16>&, const Shape&, Device);
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, Device);
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, Device);
+
+Tensor scalar_tensor(Scalar value, const TensorOptions& options) { return full({}, value, options); }
 
 }  // namespace kiln::ops
