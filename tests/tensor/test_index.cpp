@@ -150,11 +150,11 @@ TEST_P(IndexTest, ScatterAssignsAndAccumulates) {
 TEST_P(IndexTest, ScatterInPlace) {
   Tensor a = ops::ones({2, 3}, opts());
   const Tensor src = make(iota(6, 10), {2, 3}, opts());
-  Tensor& r = ops::scatter_(a, 1, idx({2, 1, 0, 0}, {2, 2}), src);
+  Tensor& r = ops::scatter_(a, 1, idx({2, 1, 0, 2}, {2, 2}), src);
   EXPECT_TRUE(r.is_same(a));
-  expect_values(a, {2, 3}, {1, 11, 10, 13, 1, 1});
+  expect_values(a, {2, 3}, {1, 11, 10, 13, 1, 14});
   ops::scatter_add_(a, 0, idx({1, 1, 1}, {1, 3}), src);
-  expect_values(a, {2, 3}, {1, 11, 10, 23, 12, 13});
+  expect_values(a, {2, 3}, {1, 11, 10, 23, 12, 26});
   // Writing into a view writes through to its base.
   Tensor base = ops::zeros({2, 4}, opts());
   Tensor view = base.narrow(1, 1, 2);

@@ -62,7 +62,14 @@ void scatter_into(std::string_view op, Tensor& out, int64_t dim, const Tensor& i
   Tensor src_view = as_strided(src, index.shape(), src.strides(), src.offset());
   if (src_view.is_alias_of(out)) src_view = clone(src_view, MemoryFormat::Contiguous);
   Tensor idx = index.is_alias_of(out) ? clone(index) : index;
-  backend(out.device()).scatter(out, dim, idx, src_view, accumulate);
+  try {
+    backend(out.device()).scatter(out, dim, idx, src_view, accumulate);
+  } catch (const Error& e) {
+    // The kernel names itself (scatter or scatter_add); ops built on it (index_add, one_hot) say so too.
+    const std::string_view base = op.substr(0, op.find_last_not_of('_') + 1);
+    if (std::string_view(e.what()).starts_with(base)) throw;
+    KILN_FAIL(op, ": ", e.what());
+  }
   out.impl().storage()->bump_version();
 }
 
