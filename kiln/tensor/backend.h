@@ -39,13 +39,25 @@ enum class BinaryOp : uint8_t {
   Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, LogicalXor,  // output Bool
 };
 
-enum class ReduceOp : uint8_t { Sum, Mean, Prod, Max, Min, All, Any };
+enum class ReduceOp : uint8_t {
+  Sum, Mean, Prod, Max, Min, All, Any,
+  // Floating only, computed in acc_t and rounded once:
+  Var,        // sum((x - mean)^2) / max(n - params.correction, 0), two-pass
+  Std,        // sqrt(Var)
+  Norm,       // (sum |x|^p)^(1/p), p = params.p; p = 0 counts nonzeros, p = +-inf gives max/min |x|
+  LogSumExp,  // max + log(sum(exp(x - max))); all -inf gives -inf, +inf gives +inf
+};
 
 enum class RandomKind : uint8_t { Uniform, Normal, Randint, Bernoulli };
 
 struct UnaryParams {
   double a = 0;  // Clamp: lower bound
   double b = 0;  // Clamp: upper bound
+};
+
+struct ReduceParams {
+  int64_t correction = 1;  // Var: the divisor is n - correction (Bessel's correction by default)
+  double p = 2;            // Norm: the order
 };
 
 struct RandomParams {
@@ -84,8 +96,10 @@ class Backend {
   // ---- reductions ----
   // out has in's rank with size 1 in each reduced dim (keepdim form); reduce[d] says whether dim d is
   // reduced. Sum/Mean/Prod: out's dtype may be wider than in's (int32 -> int64). Max/Min: same dtype,
-  // NaN propagates. All/Any: in is Bool, out is Bool. At least one element per output.
-  virtual void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce) = 0;
+  // NaN propagates. All/Any: in is Bool, out is Bool. Var/Norm/LogSumExp: one floating dtype, params
+  // apply. At least one element per output.
+  virtual void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce,
+                      const ReduceParams& params) = 0;
   // Max or Min along one dim with the index of the first extreme (NaN counts as the extreme).
   // values (in's dtype) and indices (Int64) are in keepdim form.
   virtual void arg_reduce(ReduceOp op, const Tensor& values, const Tensor& indices, const Tensor& in, int64_t dim) = 0;

@@ -25,7 +25,8 @@ class CpuBackend final : public Backend {
   void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) override;
 
   // reduce.cpp
-  void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce) override;
+  void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce,
+              const ReduceParams& params) override;
   void arg_reduce(ReduceOp op, const Tensor& values, const Tensor& indices, const Tensor& in, int64_t dim) override;
   void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) override;
 

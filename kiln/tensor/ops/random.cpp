@@ -1,44 +1,94 @@
-// Frontend of the random ops: argument checks, promotion, output allocation, then the backend.
-#include "kiln/tensor/ops.h"
+// Random factories and in-place samplers; every draw takes one offset from a Philox generator.
+#include <cmath>
 
 #include "kiln/tensor/backend.h"
+#include "kiln/tensor/ops.h"
 
 namespace kiln::ops {
+namespace {
 
-Tensor rand(const Shape& shape, const TensorOptions& options, Generator* gen) {
-  throw NotImplementedError("ops::rand: not implemented yet");
+Generator& generator_for(Generator* gen, Device device) { return gen ? *gen : default_generator(device); }
+
+void check_floating(DType dtype, std::string_view op) {
+  KILN_CHECK(is_floating_point(dtype), op, ": needs a floating-point dtype, got ", dtype,
+             "; use randint for integers");
 }
 
-Tensor randn(const Shape& shape, const TensorOptions& options, Generator* gen) {
-  throw NotImplementedError("ops::randn: not implemented yet");
+// Fills t with one draw; t may be any layout (element i is the i-th in row-major order).
+Tensor& sample_(Tensor& t, const RandomParams& params, Generator* gen) {
+  KILN_CHECK(t.defined(), "random: the tensor is undefined");
+  if (t.numel() == 0) return t;
+  const GeneratorState draw = generator_for(gen, t.device()).next_draw();
+  backend(t.device()).random(t, params, draw);
+  t.impl().storage()->bump_version();
+  return t;
 }
 
-Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options, Generator* gen) {
-  throw NotImplementedError("ops::randint: not implemented yet");
-}
-
-Tensor bernoulli(const Tensor& p, Generator* gen) {
-  throw NotImplementedError("ops::bernoulli: not implemented yet");
-}
-
-Tensor bernoulli(const Shape& shape, double p, const TensorOptions& options, Generator* gen) {
-  throw NotImplementedError("ops::bernoulli: not implemented yet");
-}
-
-Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& options, Generator* gen) {
-  throw NotImplementedError("ops::normal: not implemented yet");
-}
+}  // namespace
 
 Tensor& uniform_(Tensor& t, double from, double to, Generator* gen) {
-  throw NotImplementedError("ops::uniform_: not implemented yet");
+  KILN_CHECK(t.defined(), "uniform_: the tensor is undefined");
+  check_floating(t.dtype(), "uniform_");
+  KILN_CHECK(from <= to, "uniform_: expects from <= to, got from=", from, " and to=", to);
+  return sample_(t, {.kind = RandomKind::Uniform, .a = from, .b = to}, gen);
 }
 
 Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
-  throw NotImplementedError("ops::normal_: not implemented yet");
+  KILN_CHECK(t.defined(), "normal_: the tensor is undefined");
+  check_floating(t.dtype(), "normal_");
+  KILN_CHECK(std >= 0 && std::isfinite(std), "normal_: std must be finite and >= 0, got ", std);
+  return sample_(t, {.kind = RandomKind::Normal, .a = mean, .b = std}, gen);
+}
+
+Tensor rand(const Shape& shape, const TensorOptions& options, Generator* gen) {
+  Tensor t = empty(shape, options);
+  return uniform_(t, 0, 1, gen);
+}
+
+Tensor randn(const Shape& shape, const TensorOptions& options, Generator* gen) {
+  Tensor t = empty(shape, options);
+  return normal_(t, 0, 1, gen);
+}
+
+Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& options, Generator* gen) {
+  Tensor t = empty(shape, options);
+  return normal_(t, mean, std, gen);
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options, Generator* gen) {
+  KILN_CHECK(low < high, "randint: expects low < high, got low=", low, " and high=", high);
+  TensorOptions o = options;
+  if (!o.dtype) o.dtype = DType::Int64;
+  KILN_CHECK(*o.dtype != DType::Bool || (low >= 0 && high <= 2), "randint: range [", low, ", ", high,
+             ") does not fit dtype bool");
+  Tensor t = empty(shape, o);
+  return sample_(t, {.kind = RandomKind::Randint, .low = low, .high = high}, gen);
+}
+
+Tensor bernoulli(const Shape& shape, double p, const TensorOptions& options, Generator* gen) {
+  KILN_CHECK(p >= 0 && p <= 1, "bernoulli: probability must be in [0, 1], got ", p);
+  Tensor t = empty(shape, options);
+  return sample_(t, {.kind = RandomKind::Bernoulli, .a = p}, gen);
+}
+
+Tensor bernoulli(const Tensor& p, Generator* gen) {
+  KILN_CHECK(p.defined(), "bernoulli: the probability tensor is undefined");
+  check_floating(p.dtype(), "bernoulli");
+  // One uniform draw in p's layout, compared with p: element i of the result is u_i < p_i.
+  Tensor u = empty(p.shape(), {.dtype = p.dtype(), .device = p.device()});
+  uniform_(u, 0, 1, gen);
+  return cast(lt(u, p), p.dtype());
 }
 
 Tensor randperm(int64_t n, const TensorOptions& options, Generator* gen) {
-  throw NotImplementedError("ops::randperm: not implemented yet");
+  KILN_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  TensorOptions o = options;
+  if (!o.dtype) o.dtype = DType::Int64;
+  // Sorting n random keys gives a uniform permutation on every backend; 64-bit keys make ties negligible
+  // and the stable sort breaks the rare tie by position.
+  Tensor keys = randint(0, INT64_MAX, {n}, {.dtype = DType::Int64, .device = o.device}, gen);
+  auto [sorted, order] = sort(keys, 0, false, true);
+  return cast(order, *o.dtype);
 }
 
 }  // namespace kiln::ops
