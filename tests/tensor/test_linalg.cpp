@@ -198,6 +198,9 @@ TEST_P(MatmulTest, BatchedRankCombinations) {
       for (int l = 0; l < 2 * m * k; ++l) a5p.push_back(a5[(j * 2 + i) * 2 * m * k + l]);
   expect_values(ops::matmul(a5t, make(b2, {k, n}, opts(DType::Float64))), {2, 3, 2, m, n},
                 ref_matmul(a5p, {2, 3, 2}, b2, {}, {2, 3, 2}, m, k, n));
+  // Batch dims of size 1 only: (1, M, K) @ (1, 1, K, N) -> (1, 1, M, N)
+  expect_values(ops::matmul(make(a2, {1, m, k}, opts()), make(b2, {1, 1, k, n}, opts())), {1, 1, m, n},
+                ref_mm(a2, b2, m, k, n));
   // Non-contiguous batched operands
   expect_values(ops::matmul(testing::non_contiguous(make(a3, {5, m, k}, opts())),
                             testing::non_contiguous(make(b3, {5, k, n}, opts()))),

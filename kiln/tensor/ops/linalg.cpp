@@ -119,7 +119,7 @@ Tensor matmul_batched(const Tensor& a, const Tensor& b, const Tensor& a_orig, co
   for (size_t g = 0; g + 1 < groups.size(); ++g) outer_count *= groups[g].size;
   for (int64_t i = 0; i < outer_count; ++i) {
     int64_t off_a = ae.offset(), off_b = be.offset(), off_out = out.offset(), rest = i;
-    for (size_t g = groups.size() - 1; g-- > 0;) {
+    for (size_t g = groups.empty() ? 0 : groups.size() - 1; g-- > 0;) {
       const int64_t idx = rest % groups[g].size;
       rest /= groups[g].size;
       off_a += idx * groups[g].stride_a;
