@@ -28,14 +28,20 @@ enum class UnaryOp : uint8_t {
   Neg, Abs, Exp, Expm1, Log, Log1p, Log2, Sqrt, Rsqrt, Sin, Cos, Tanh, Erf, Sigmoid, Relu,
   GeluErf,   // x * Φ(x)
   GeluTanh,  // 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))
-  Silu, Sign, Floor, Ceil, Round, Square, Reciprocal,
+  Silu,
+  Sign,  // -1, 0 or 1; NaN gives 0 (as PyTorch); Bool is its own sign
+  Floor, Ceil, Round,  // integers unchanged; Round is half to even
+  Square, Reciprocal,
   Clamp,       // min(max(x, params.a), params.b); a = -inf or b = +inf when absent; NaN stays NaN
   LogicalNot,  // output Bool
   IsNan, IsInf, IsFinite,  // output Bool
 };
 
 enum class BinaryOp : uint8_t {
-  Add, Sub, Mul, Div, Remainder, Pow, Maximum, Minimum,  // output dtype = input dtype
+  // Output dtype = input dtype. Bool: Add is or, Mul is and. Integers: Remainder is Python's % (the
+  // divisor's sign) and Pow wraps like multiplication; a zero divisor or negative exponent throws kiln::Error.
+  // Maximum and Minimum propagate NaN.
+  Add, Sub, Mul, Div, Remainder, Pow, Maximum, Minimum,
   Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, LogicalXor,  // output Bool
 };
 

@@ -1,328 +1,182 @@
-// Frontend of the elementwise ops: argument checks, promotion, output allocation, then the backend.
-#include "kiln/tensor/ops.h"
+// Frontend of the binary elementwise ops, where, masked_fill, lerp and the in-place arithmetic.
+// Promotion, devices and broadcasting are shared with the unary ops (elementwise_common.h).
+#include <cmath>  // std::abs
 
-#include "kiln/tensor/backend.h"
+#include "kiln/tensor/ops/elementwise_common.h"  // binary, binary_, Operand, ResultKind
 
 namespace kiln::ops {
 
-Tensor neg(const Tensor& a) {
-  throw NotImplementedError("ops::neg: not implemented yet");
-}
-
-Tensor abs(const Tensor& a) {
-  throw NotImplementedError("ops::abs: not implemented yet");
-}
-
-Tensor exp(const Tensor& a) {
-  throw NotImplementedError("ops::exp: not implemented yet");
-}
-
-Tensor expm1(const Tensor& a) {
-  throw NotImplementedError("ops::expm1: not implemented yet");
-}
-
-Tensor log(const Tensor& a) {
-  throw NotImplementedError("ops::log: not implemented yet");
-}
-
-Tensor log1p(const Tensor& a) {
-  throw NotImplementedError("ops::log1p: not implemented yet");
-}
-
-Tensor log2(const Tensor& a) {
-  throw NotImplementedError("ops::log2: not implemented yet");
-}
-
-Tensor sqrt(const Tensor& a) {
-  throw NotImplementedError("ops::sqrt: not implemented yet");
-}
-
-Tensor rsqrt(const Tensor& a) {
-  throw NotImplementedError("ops::rsqrt: not implemented yet");
-}
-
-Tensor sin(const Tensor& a) {
-  throw NotImplementedError("ops::sin: not implemented yet");
-}
-
-Tensor cos(const Tensor& a) {
-  throw NotImplementedError("ops::cos: not implemented yet");
-}
-
-Tensor tanh(const Tensor& a) {
-  throw NotImplementedError("ops::tanh: not implemented yet");
-}
-
-Tensor erf(const Tensor& a) {
-  throw NotImplementedError("ops::erf: not implemented yet");
-}
-
-Tensor sigmoid(const Tensor& a) {
-  throw NotImplementedError("ops::sigmoid: not implemented yet");
-}
-
-Tensor relu(const Tensor& a) {
-  throw NotImplementedError("ops::relu: not implemented yet");
-}
-
-Tensor gelu(const Tensor& a, bool tanh_approximation) {
-  throw NotImplementedError("ops::gelu: not implemented yet");
-}
-
-Tensor silu(const Tensor& a) {
-  throw NotImplementedError("ops::silu: not implemented yet");
-}
-
-Tensor sign(const Tensor& a) {
-  throw NotImplementedError("ops::sign: not implemented yet");
-}
-
-Tensor floor(const Tensor& a) {
-  throw NotImplementedError("ops::floor: not implemented yet");
-}
-
-Tensor ceil(const Tensor& a) {
-  throw NotImplementedError("ops::ceil: not implemented yet");
-}
-
-Tensor round(const Tensor& a) {
-  throw NotImplementedError("ops::round: not implemented yet");
-}
-
-Tensor square(const Tensor& a) {
-  throw NotImplementedError("ops::square: not implemented yet");
-}
-
-Tensor reciprocal(const Tensor& a) {
-  throw NotImplementedError("ops::reciprocal: not implemented yet");
-}
-
-Tensor logical_not(const Tensor& a) {
-  throw NotImplementedError("ops::logical_not: not implemented yet");
-}
-
-Tensor isnan(const Tensor& a) {
-  throw NotImplementedError("ops::isnan: not implemented yet");
-}
-
-Tensor isinf(const Tensor& a) {
-  throw NotImplementedError("ops::isinf: not implemented yet");
-}
-
-Tensor isfinite(const Tensor& a) {
-  throw NotImplementedError("ops::isfinite: not implemented yet");
-}
-
-Tensor pow(const Tensor& a, const Tensor& exponent) {
-  throw NotImplementedError("ops::pow: not implemented yet");
-}
-
-Tensor pow(const Tensor& a, Scalar exponent) {
-  throw NotImplementedError("ops::pow: not implemented yet");
-}
-
-Tensor pow(Scalar base, const Tensor& exponent) {
-  throw NotImplementedError("ops::pow: not implemented yet");
-}
-
-Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max) {
-  throw NotImplementedError("ops::clamp: not implemented yet");
-}
-
-Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
-  throw NotImplementedError("ops::add: not implemented yet");
-}
-
-Tensor add(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::add: not implemented yet");
-}
-
-Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
-  throw NotImplementedError("ops::sub: not implemented yet");
-}
-
-Tensor sub(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::sub: not implemented yet");
-}
-
-Tensor rsub(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::rsub: not implemented yet");
-}
-
-Tensor mul(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::mul: not implemented yet");
-}
-
-Tensor mul(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::mul: not implemented yet");
-}
-
-Tensor div(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::div: not implemented yet");
-}
-
-Tensor div(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::div: not implemented yet");
-}
-
-Tensor div(Scalar a, const Tensor& b) {
-  throw NotImplementedError("ops::div: not implemented yet");
-}
-
-Tensor remainder(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::remainder: not implemented yet");
-}
-
-Tensor maximum(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::maximum: not implemented yet");
-}
-
-Tensor minimum(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::minimum: not implemented yet");
-}
-
-Tensor eq(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::eq: not implemented yet");
-}
-
-Tensor ne(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::ne: not implemented yet");
-}
-
-Tensor lt(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::lt: not implemented yet");
-}
-
-Tensor le(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::le: not implemented yet");
-}
-
-Tensor gt(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::gt: not implemented yet");
-}
-
-Tensor ge(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::ge: not implemented yet");
-}
-
-Tensor eq(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::eq: not implemented yet");
-}
-
-Tensor ne(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::ne: not implemented yet");
-}
-
-Tensor lt(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::lt: not implemented yet");
-}
-
-Tensor le(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::le: not implemented yet");
-}
-
-Tensor gt(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::gt: not implemented yet");
-}
-
-Tensor ge(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::ge: not implemented yet");
-}
-
-Tensor logical_and(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::logical_and: not implemented yet");
-}
-
-Tensor logical_or(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::logical_or: not implemented yet");
-}
-
-Tensor logical_xor(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::logical_xor: not implemented yet");
-}
-
-Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::where: not implemented yet");
-}
-
-Tensor where(const Tensor& condition, Scalar a, const Tensor& b) {
-  throw NotImplementedError("ops::where: not implemented yet");
-}
-
-Tensor where(const Tensor& condition, const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::where: not implemented yet");
-}
-
-Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value) {
-  throw NotImplementedError("ops::masked_fill: not implemented yet");
-}
-
-Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight) {
-  throw NotImplementedError("ops::lerp: not implemented yet");
-}
-
-Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha) {
-  throw NotImplementedError("ops::add_: not implemented yet");
-}
-
-Tensor& add_(Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::add_: not implemented yet");
-}
-
-Tensor& sub_(Tensor& a, const Tensor& b, Scalar alpha) {
-  throw NotImplementedError("ops::sub_: not implemented yet");
-}
-
-Tensor& sub_(Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::sub_: not implemented yet");
-}
-
-Tensor& mul_(Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::mul_: not implemented yet");
-}
-
-Tensor& mul_(Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::mul_: not implemented yet");
-}
-
-Tensor& div_(Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::div_: not implemented yet");
-}
-
-Tensor& div_(Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::div_: not implemented yet");
-}
-
-Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max) {
-  throw NotImplementedError("ops::clamp_: not implemented yet");
-}
-
-Tensor& relu_(Tensor& a) {
-  throw NotImplementedError("ops::relu_: not implemented yet");
-}
-
-Tensor& neg_(Tensor& a) {
-  throw NotImplementedError("ops::neg_: not implemented yet");
-}
-
-Tensor& exp_(Tensor& a) {
-  throw NotImplementedError("ops::exp_: not implemented yet");
-}
-
-Tensor& sqrt_(Tensor& a) {
-  throw NotImplementedError("ops::sqrt_: not implemented yet");
-}
-
-Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value) {
-  throw NotImplementedError("ops::masked_fill_: not implemented yet");
-}
+using detail::Operand;
+using detail::ResultKind;
 
 DType result_type(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::result_type: not implemented yet");
+  const Operand x(a), y(b);
+  detail::check_defined("result_type", {&x, &y});
+  return detail::result_type_of({&x, &y});
 }
 
 DType result_type(const Tensor& a, Scalar b) {
-  throw NotImplementedError("ops::result_type: not implemented yet");
+  const Operand x(a), y(b);
+  detail::check_defined("result_type", {&x});
+  return detail::result_type_of({&x, &y});
+}
+
+// ---------------------------------------------------------------- add and sub with alpha
+
+namespace {
+bool is_one(const Scalar& s) { return !s.is_bool() && s.to_double() == 1.0; }
+
+// alpha * b in b's promoted dtype, so that alpha never changes the result type of a + alpha * b.
+Operand scaled(std::string_view op, const Tensor& a, const Tensor& b, const Scalar& alpha) {
+  if (is_one(alpha)) return b;
+  const Operand x(a), y(b);
+  detail::check_defined(op, {&x, &y});
+  const DType dtype = detail::result_type_of({&x, &y});
+  KILN_CHECK(is_floating_point(dtype) || !alpha.is_floating_point(), op, ": for integer tensors (", dtype,
+             "), alpha must be an integer, got ", alpha);
+  KILN_CHECK(dtype != DType::Bool || alpha.is_bool(), op, ": for bool tensors, alpha must be a bool, got ", alpha);
+  const Tensor bb = to(b, b.device(), dtype);
+  return detail::binary(op, BinaryOp::Mul, bb, scalar_tensor(alpha, {.dtype = dtype, .device = Device::cpu()}),
+                        ResultKind::Same);
+}
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
+  return detail::binary("add", BinaryOp::Add, a, scaled("add", a, b, alpha), ResultKind::Same);
+}
+Tensor add(const Tensor& a, Scalar b) { return detail::binary("add", BinaryOp::Add, a, b, ResultKind::Same); }
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
+  return detail::binary("sub", BinaryOp::Sub, a, scaled("sub", a, b, alpha), ResultKind::Same);
+}
+Tensor sub(const Tensor& a, Scalar b) { return detail::binary("sub", BinaryOp::Sub, a, b, ResultKind::Same); }
+Tensor rsub(const Tensor& a, Scalar b) { return detail::binary("rsub", BinaryOp::Sub, b, a, ResultKind::Same); }
+
+Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha) {
+  return detail::binary_("add_", BinaryOp::Add, a, scaled("add_", a, b, alpha), ResultKind::Same);
+}
+Tensor& add_(Tensor& a, Scalar b) { return detail::binary_("add_", BinaryOp::Add, a, b, ResultKind::Same); }
+Tensor& sub_(Tensor& a, const Tensor& b, Scalar alpha) {
+  return detail::binary_("sub_", BinaryOp::Sub, a, scaled("sub_", a, b, alpha), ResultKind::Same);
+}
+Tensor& sub_(Tensor& a, Scalar b) { return detail::binary_("sub_", BinaryOp::Sub, a, b, ResultKind::Same); }
+
+// ---------------------------------------------------------------- mul, div and friends
+
+Tensor mul(const Tensor& a, const Tensor& b) { return detail::binary("mul", BinaryOp::Mul, a, b, ResultKind::Same); }
+Tensor mul(const Tensor& a, Scalar b) { return detail::binary("mul", BinaryOp::Mul, a, b, ResultKind::Same); }
+Tensor div(const Tensor& a, const Tensor& b) { return detail::binary("div", BinaryOp::Div, a, b, ResultKind::Float); }
+Tensor div(const Tensor& a, Scalar b) { return detail::binary("div", BinaryOp::Div, a, b, ResultKind::Float); }
+Tensor div(Scalar a, const Tensor& b) { return detail::binary("div", BinaryOp::Div, a, b, ResultKind::Float); }
+Tensor remainder(const Tensor& a, const Tensor& b) {
+  return detail::binary("remainder", BinaryOp::Remainder, a, b, ResultKind::Same);
+}
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return detail::binary("maximum", BinaryOp::Maximum, a, b, ResultKind::Same);
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return detail::binary("minimum", BinaryOp::Minimum, a, b, ResultKind::Same);
+}
+
+Tensor& mul_(Tensor& a, const Tensor& b) { return detail::binary_("mul_", BinaryOp::Mul, a, b, ResultKind::Same); }
+Tensor& mul_(Tensor& a, Scalar b) { return detail::binary_("mul_", BinaryOp::Mul, a, b, ResultKind::Same); }
+Tensor& div_(Tensor& a, const Tensor& b) { return detail::binary_("div_", BinaryOp::Div, a, b, ResultKind::Float); }
+Tensor& div_(Tensor& a, Scalar b) { return detail::binary_("div_", BinaryOp::Div, a, b, ResultKind::Float); }
+
+// ---------------------------------------------------------------- comparisons and logical ops (Bool results)
+
+#define KILN_COMPARISON(name, Op)                                                                         \
+  Tensor name(const Tensor& a, const Tensor& b) { return detail::binary(#name, Op, a, b, ResultKind::Bool); } \
+  Tensor name(const Tensor& a, Scalar b) { return detail::binary(#name, Op, a, b, ResultKind::Bool); }
+KILN_COMPARISON(eq, BinaryOp::Eq)
+KILN_COMPARISON(ne, BinaryOp::Ne)
+KILN_COMPARISON(lt, BinaryOp::Lt)
+KILN_COMPARISON(le, BinaryOp::Le)
+KILN_COMPARISON(gt, BinaryOp::Gt)
+KILN_COMPARISON(ge, BinaryOp::Ge)
+#undef KILN_COMPARISON
+
+Tensor logical_and(const Tensor& a, const Tensor& b) {
+  return detail::binary("logical_and", BinaryOp::LogicalAnd, a, b, ResultKind::Bool);
+}
+Tensor logical_or(const Tensor& a, const Tensor& b) {
+  return detail::binary("logical_or", BinaryOp::LogicalOr, a, b, ResultKind::Bool);
+}
+Tensor logical_xor(const Tensor& a, const Tensor& b) {
+  return detail::binary("logical_xor", BinaryOp::LogicalXor, a, b, ResultKind::Bool);
+}
+
+// ---------------------------------------------------------------- where and masked_fill
+
+namespace {
+void check_bool_mask(std::string_view op, const Tensor& mask, std::string_view what) {
+  KILN_CHECK(mask.defined(), op, ": the ", what, " is an undefined tensor");
+  KILN_CHECK(mask.dtype() == DType::Bool, op, ": expected the ", what, " to be a bool tensor, got ", mask.dtype(),
+             " (shape ", mask.shape(), "); make one with a comparison (e.g. x > 0) or .to(DType::Bool)");
+}
+
+Tensor where_impl(const Tensor& condition, const Operand& a, const Operand& b) {
+  check_bool_mask("where", condition, "condition");
+  const Operand c(condition);
+  detail::check_defined("where", {&c, &a, &b});
+  const Device device = detail::common_device("where", {&c, &a, &b});
+  const DType dtype = detail::result_type_of({&a, &b});
+  const Shape shape = broadcast_shapes(broadcast_shapes(condition.shape(), a.shape(), "where"), b.shape(), "where");
+  Tensor out = empty(shape, {.dtype = dtype, .device = device, .memory_format = detail::output_format(shape, {&c, &a, &b})});
+  if (out.numel() == 0) return out;
+  backend(device).where(out, detail::prepare(c, DType::Bool, device, shape), detail::prepare(a, dtype, device, shape),
+                        detail::prepare(b, dtype, device, shape));
+  return out;
+}
+}  // namespace
+
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) { return where_impl(condition, a, b); }
+Tensor where(const Tensor& condition, Scalar a, const Tensor& b) { return where_impl(condition, a, b); }
+Tensor where(const Tensor& condition, const Tensor& a, Scalar b) { return where_impl(condition, a, b); }
+
+Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value) {
+  KILN_CHECK(a.defined(), "masked_fill: the tensor is an undefined tensor");
+  check_bool_mask("masked_fill", mask, "mask");
+  // The value takes a's dtype (masked_fill never promotes); a and mask broadcast together, as in PyTorch.
+  const Operand x(a), m(mask);
+  const Device device = detail::common_device("masked_fill", {&x, &m});
+  const Shape shape = broadcast_shapes(a.shape(), mask.shape(), "masked_fill");
+  Tensor out = empty(shape, {.dtype = a.dtype(), .device = device, .memory_format = detail::output_format(shape, {&x})});
+  if (out.numel() == 0) return out;
+  backend(device).where(out, detail::prepare(m, DType::Bool, device, shape),
+                        detail::prepare(Operand(value), a.dtype(), device, shape),
+                        detail::prepare(x, a.dtype(), device, shape));
+  return out;
+}
+
+Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value) {
+  KILN_CHECK(a.defined(), "masked_fill_: the tensor is an undefined tensor");
+  check_bool_mask("masked_fill_", mask, "mask");
+  const Operand x(a), m(mask);
+  const Device device = detail::common_device("masked_fill_", {&x, &m});
+  KILN_CHECK(a.device() == device, "masked_fill_: the tensor is on ", a.device(), " but the mask is on ", device,
+             "; move them to one device with .to(device) first");
+  detail::check_inplace_destination("masked_fill_", a, broadcast_shapes(a.shape(), mask.shape(), "masked_fill_"));
+  if (a.numel() == 0) return a;
+  backend(device).where(a, detail::prepare(m, DType::Bool, device, a.shape()),
+                        detail::prepare(Operand(value), a.dtype(), device, a.shape()), a);
+  detail::bump_version(a);
+  return a;
+}
+
+// ---------------------------------------------------------------- lerp
+
+Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight) {
+  const DType dtype = result_type(a, b);
+  KILN_CHECK(is_floating_point(dtype), "lerp: expected floating-point tensors, got ", a.dtype(), " and ", b.dtype(),
+             "; convert them with .to(DType::Float32) first");
+  // 16-bit floats interpolate in float32 and round once. Near weight 1 the formula runs from b, so that
+  // both ends are exact (PyTorch's form).
+  const DType op_dtype = is_reduced_float(dtype) ? DType::Float32 : dtype;
+  const Tensor x = to(a, a.device(), op_dtype), y = to(b, b.device(), op_dtype);
+  const Tensor diff = sub(y, x);
+  const double w = weight.to_double();
+  const Tensor r = std::abs(w) < 0.5 ? add(x, diff, w) : sub(y, diff, 1.0 - w);
+  return to(r, r.device(), dtype);
 }
 
 }  // namespace kiln::ops

@@ -1,32 +1,247 @@
-// Frontend of the linalg ops: argument checks, promotion, output allocation, then the backend.
-#include "kiln/tensor/ops.h"
+// Frontend of the linear-algebra ops: matmul (torch.matmul semantics), mm, bmm, addmm, dot, outer.
+//
+// Every op reduces to one primitive, Backend::matmul on (B, M, K) x (B, K, N) -> (B, M, N) views. This
+// file checks shapes, dtypes and devices, turns 1-D operands and broadcast batch dims into such views
+// (no copies: broadcast batches get stride 0), and handles the cases the contract keeps from backends
+// (empty outputs, K = 0, operands with no unit stride in their matrix dims).
+#include <string>
+#include <vector>
 
 #include "kiln/tensor/backend.h"
+#include "kiln/tensor/ops.h"
+#include "kiln/tensor/ops/index_checks.h"  // dtype_enum_name
 
 namespace kiln::ops {
+namespace {
+
+void check_operands(std::string_view op, const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.defined() && b.defined(), op, ": ", a.defined() ? "the second" : "the first",
+             " operand is an undefined tensor");
+  KILN_CHECK(a.device() == b.device(), op, ": expected both operands on the same device, got ", a.device(), " and ",
+             b.device(), "; move one with .to(Device(\"", a.device().str(), "\"))");
+  KILN_CHECK(a.dtype() == b.dtype(), op, ": expected both operands to have the same dtype, got ", a.dtype(), " and ",
+             b.dtype(), " (shapes ", a.shape(), " and ", b.shape(), "); matmul does not promote, convert one with .to(DType::",
+             dtype_enum_name(promote_types(a.dtype(), b.dtype())), ")");
+  KILN_CHECK_AS(NotImplementedError, a.dtype() != DType::Bool, op,
+                ": not supported for bool tensors; convert them with .to(DType::Float32) or .to(DType::Int64) first");
+}
+
+void check_inner(std::string_view op, const Tensor& a, const Tensor& b, int64_t ka, int64_t kb) {
+  KILN_CHECK(ka == kb, op, ": shapes ", a.shape(), " and ", b.shape(), " cannot be multiplied (", ka, " != ", kb, ")");
+}
+
+// A (B, R, C) operand whose matrix dims have no unit stride gets copied (one matrix only when the
+// batch is broadcast with stride 0), because the backend reads matrices as row- or column-major.
+Tensor with_unit_stride(const Tensor& t) {
+  if (t.size(1) <= 1 || t.size(2) <= 1 || t.stride(1) == 1 || t.stride(2) == 1) return t;
+  if (t.stride(0) == 0 || t.size(0) == 1) {
+    Tensor m = contiguous(narrow(t, 0, 0, 1));
+    return as_strided(m, t.shape(), {0, m.stride(1), m.stride(2)});
+  }
+  return contiguous(t);
+}
+
+// out (B, M, N) contiguous = alpha * a (B, M, K) @ b (B, K, N) + beta * out.
+void run_batched(const Tensor& out, Tensor a, Tensor b, double alpha, double beta) {
+  if (out.numel() == 0) return;
+  if (a.size(2) == 0) {
+    // K = 0: the product is zeros. Multiply by a zero inner dim of 1 instead, which keeps beta * out
+    // on the backend and hands it no zero-element tensor.
+    const int64_t m = a.size(1), n = b.size(2), batches = out.size(0);
+    Tensor za = zeros({1, m, 1}, out.options()), zb = zeros({1, 1, n}, out.options());
+    a = as_strided(za, {batches, m, 1}, {0, 1, 1});
+    b = as_strided(zb, {batches, 1, n}, {0, n, 1});
+  }
+  backend(out.device()).matmul(out, with_unit_stride(a), with_unit_stride(b), alpha, beta);
+  out.impl().storage()->bump_version();
+}
+
+// A 2-D tensor as a (1, R, C) batch of one.
+Tensor as_batch(const Tensor& t) { return as_strided(t, {1, t.size(0), t.size(1)}, {0, t.stride(0), t.stride(1)}); }
+
+// (M, K) @ (K, N) -> new (M, N), after the checks.
+Tensor matmul_2d(const Tensor& a, const Tensor& b) {
+  Tensor out = empty({a.size(0), b.size(1)}, a.options());
+  run_batched(as_batch(out), as_batch(a), as_batch(b), 1, 0);
+  return out;
+}
+
+// One run of batch dims that can be walked with a single stride in each of a, b and out.
+struct BatchGroup {
+  int64_t size, stride_a, stride_b, stride_out;
+};
+
+// Merges the batch dims of a, b and out (already broadcast to one batch shape) into as few groups as
+// the strides allow; size-1 dims vanish. Contiguous outputs and plain broadcasts usually give one group.
+std::vector<BatchGroup> batch_groups(const Shape& batch, const Tensor& a, const Tensor& b, const Tensor& out) {
+  std::vector<BatchGroup> groups;
+  for (size_t d = 0; d < batch.size(); ++d) {
+    if (batch[d] == 1) continue;
+    BatchGroup g{batch[d], a.stride(d), b.stride(d), out.stride(d)};
+    if (!groups.empty()) {
+      BatchGroup& last = groups.back();
+      if (last.stride_a == g.stride_a * g.size && last.stride_b == g.stride_b * g.size &&
+          last.stride_out == g.stride_out * g.size) {
+        last = {last.size * g.size, g.stride_a, g.stride_b, g.stride_out};
+        continue;
+      }
+    }
+    groups.push_back(g);
+  }
+  return groups;
+}
+
+// Batched matmul of a (..., M, K) and b (..., K, N) with broadcast batch dims into a new tensor of
+// shape (batch..., M, N).
+Tensor matmul_batched(const Tensor& a, const Tensor& b, const Tensor& a_orig, const Tensor& b_orig) {
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  const Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
+  Shape batch;
+  try {
+    batch = broadcast_shapes(batch_a, batch_b, "matmul");
+  } catch (const Error&) {
+    KILN_FAIL("matmul: the batch dims ", batch_a, " and ", batch_b, " of shapes ", a_orig.shape(), " and ",
+              b_orig.shape(), " cannot be broadcast together; sizes must be equal or 1, counting from the last");
+  }
+  Shape a_shape = batch, b_shape = batch, out_shape = batch;
+  a_shape.insert(a_shape.end(), {m, k});
+  b_shape.insert(b_shape.end(), {k, n});
+  out_shape.insert(out_shape.end(), {m, n});
+  const Tensor ae = expand(a, a_shape), be = expand(b, b_shape);
+  Tensor out = empty(out_shape, a.options());
+  if (out.numel() == 0) return out;
+
+  const std::vector<BatchGroup> groups = batch_groups(batch, ae, be, out);
+  const int64_t r = static_cast<int64_t>(batch.size());
+  // The last group becomes the backend's batch dim; the ones before it are walked here.
+  const BatchGroup inner = groups.empty() ? BatchGroup{1, 0, 0, 0} : groups.back();
+  int64_t outer_count = 1;
+  for (size_t g = 0; g + 1 < groups.size(); ++g) outer_count *= groups[g].size;
+  for (int64_t i = 0; i < outer_count; ++i) {
+    int64_t off_a = ae.offset(), off_b = be.offset(), off_out = out.offset(), rest = i;
+    for (size_t g = groups.empty() ? 0 : groups.size() - 1; g-- > 0;) {
+      const int64_t idx = rest % groups[g].size;
+      rest /= groups[g].size;
+      off_a += idx * groups[g].stride_a;
+      off_b += idx * groups[g].stride_b;
+      off_out += idx * groups[g].stride_out;
+    }
+    Tensor a3 = as_strided(ae, {inner.size, m, k}, {inner.stride_a, ae.stride(r), ae.stride(r + 1)}, off_a);
+    Tensor b3 = as_strided(be, {inner.size, k, n}, {inner.stride_b, be.stride(r), be.stride(r + 1)}, off_b);
+    Tensor o3 = as_strided(out, {inner.size, m, n}, {inner.stride_out, n, 1}, off_out);
+    run_batched(o3, a3, b3, 1, 0);
+  }
+  return out;
+}
+
+// Folds the leading dims of a (..., M, K) into the rows when they collapse to one stride, so that
+// a (B, T, K) @ w (K, N) runs as one (B*T, K) @ (K, N) product. Returns an undefined tensor otherwise.
+Tensor fold_rows(const Tensor& a) {
+  int64_t rows = 1, stride = a.size(-1), inner_rows = 1;
+  for (int64_t d = a.dim() - 2; d >= 0; --d) {
+    rows *= a.size(d);
+    if (a.size(d) == 1) continue;
+    if (inner_rows == 1) stride = a.stride(d);  // the innermost dim of more than one row sets the stride
+    else if (a.stride(d) != stride * inner_rows) return {};
+    inner_rows *= a.size(d);
+  }
+  return as_strided(a, {rows, a.size(-1)}, {stride, a.stride(-1)});
+}
+
+}  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::matmul: not implemented yet");
+  check_operands("matmul", a, b);
+  KILN_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, got shapes ", a.shape(),
+             " and ", b.shape(), "; multiply by a 0-d tensor with mul() instead");
+  const int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  check_inner("matmul", a, b, ka, kb);
+  if (a.dim() == 1 && b.dim() == 1) return dot(a, b);
+  if (a.dim() <= 2 && b.dim() <= 2) {
+    // 1-D operands become a row (on the left) or a column (on the right), squeezed afterwards.
+    const Tensor a2 = a.dim() == 1 ? unsqueeze(a, 0) : a, b2 = b.dim() == 1 ? unsqueeze(b, 1) : b;
+    Tensor out = matmul_2d(a2, b2);
+    if (a.dim() == 1) return squeeze(out, 0);
+    if (b.dim() == 1) return squeeze(out, 1);
+    return out;
+  }
+  if (a.dim() >= 3 && b.dim() <= 2) {
+    const Tensor b2 = b.dim() == 1 ? unsqueeze(b, 1) : b;
+    if (Tensor rows = fold_rows(a); rows.defined()) {
+      Tensor out = matmul_2d(rows, b2);  // (rows, N)
+      Shape shape(a.shape().begin(), a.shape().end() - 1);
+      if (b.dim() == 2) shape.push_back(b.size(1));
+      return view(out, shape);
+    }
+  }
+  const Tensor a2 = a.dim() == 1 ? unsqueeze(a, 0) : a, b2 = b.dim() == 1 ? unsqueeze(b, 1) : b;
+  Tensor out = matmul_batched(a2, b2, a, b);
+  if (a.dim() == 1) return squeeze(out, -2);
+  if (b.dim() == 1) return squeeze(out, -1);
+  return out;
 }
 
 Tensor mm(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::mm: not implemented yet");
+  check_operands("mm", a, b);
+  KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected two 2-D tensors, got shapes ", a.shape(), " and ", b.shape(),
+             "; use matmul() for other ranks");
+  check_inner("mm", a, b, a.size(1), b.size(0));
+  return matmul_2d(a, b);
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::bmm: not implemented yet");
+  check_operands("bmm", a, b);
+  KILN_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected two 3-D tensors, got shapes ", a.shape(), " and ",
+             b.shape(), "; use matmul() for other ranks or broadcast batches");
+  KILN_CHECK(a.size(0) == b.size(0), "bmm: shapes ", a.shape(), " and ", b.shape(), " have different batch sizes (",
+             a.size(0), " != ", b.size(0), "); use matmul() to broadcast batch dims");
+  check_inner("bmm", a, b, a.size(2), b.size(1));
+  Tensor out = empty({a.size(0), a.size(1), b.size(2)}, a.options());
+  run_batched(out, a, b, 1, 0);
+  return out;
 }
 
 Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha) {
-  throw NotImplementedError("ops::addmm: not implemented yet");
+  check_operands("addmm", a, b);
+  KILN_CHECK(c.defined(), "addmm: the input c is an undefined tensor");
+  KILN_CHECK(c.device() == a.device(), "addmm: expected c on the operands' device ", a.device(), ", got ", c.device());
+  KILN_CHECK(c.dtype() == a.dtype(), "addmm: expected c to have the operands' dtype ", a.dtype(), ", got ", c.dtype(),
+             "; convert it with .to(DType::", dtype_enum_name(a.dtype()), ")");
+  KILN_CHECK(a.dim() == 2 && b.dim() == 2, "addmm: expected 2-D operands, got shapes ", a.shape(), " and ", b.shape());
+  check_inner("addmm", a, b, a.size(1), b.size(0));
+  const Shape shape{a.size(0), b.size(1)};
+  KILN_CHECK(c.dim() <= 2 && broadcast_shapes(c.shape(), shape, "addmm") == shape, "addmm: c of shape ", c.shape(),
+             " cannot be broadcast to the product's shape ", shape);
+  KILN_CHECK(is_floating_point(a.dtype()) || (!beta.is_floating_point() && !alpha.is_floating_point()),
+             "addmm: beta and alpha must be integers for ", a.dtype(), " tensors, got ", beta, " and ", alpha);
+  Tensor out = empty(shape, a.options());
+  const double beta_v = beta.to_double();
+  if (beta_v != 0) copy_(out, c);  // beta == 0 ignores c entirely (NaN included), as PyTorch does
+  run_batched(as_batch(out), as_batch(a), as_batch(b), alpha.to_double(), beta_v);
+  return out;
 }
 
 Tensor dot(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::dot: not implemented yet");
+  check_operands("dot", a, b);
+  KILN_CHECK(a.dim() == 1 && b.dim() == 1, "dot: expected two 1-D tensors, got shapes ", a.shape(), " and ", b.shape());
+  KILN_CHECK(a.size(0) == b.size(0), "dot: shapes ", a.shape(), " and ", b.shape(),
+             " have different lengths (", a.size(0), " != ", b.size(0), ")");
+  Tensor out = empty({}, a.options());
+  // (1, 1, K) @ (1, K, 1) -> (1, 1, 1)
+  run_batched(as_strided(out, {1, 1, 1}, {0, 1, 1}), as_strided(a, {1, 1, a.size(0)}, {0, 0, a.stride(0)}),
+              as_strided(b, {1, b.size(0), 1}, {0, b.stride(0), 0}), 1, 0);
+  return out;
 }
 
 Tensor outer(const Tensor& a, const Tensor& b) {
-  throw NotImplementedError("ops::outer: not implemented yet");
+  check_operands("outer", a, b);
+  KILN_CHECK(a.dim() == 1 && b.dim() == 1, "outer: expected two 1-D tensors, got shapes ", a.shape(), " and ",
+             b.shape());
+  Tensor out = empty({a.size(0), b.size(0)}, a.options());
+  // (1, M, 1) @ (1, 1, N) -> (1, M, N)
+  run_batched(as_batch(out), as_strided(a, {1, a.size(0), 1}, {0, a.stride(0), 1}),
+              as_strided(b, {1, 1, b.size(0)}, {0, 1, b.stride(0)}), 1, 0);
+  return out;
 }
 
 }  // namespace kiln::ops

@@ -1,0 +1,156 @@
+// CPU kernels: unary elementwise ops, as Eigen array expressions (see elementwise_kernels.h).
+#include <cmath>    // std::isnan
+#include <limits>   // std::numeric_limits
+#include <string_view>
+
+#include <unsupported/Eigen/SpecialFunctions>  // the vectorised erf behind ArrayBase::erf
+
+#include "kiln/tensor/cpu/cpu_backend.h"
+#include "kiln/tensor/cpu/elementwise_kernels.h"  // unary_kernel, ArrayMap
+
+namespace kiln::cpu {
+namespace {
+
+// The scalar type of a mapped Eigen array (what a functor computes in).
+template <typename M>
+using scalar_of = typename std::decay_t<M>::Scalar;
+
+template <typename F>
+void floating(std::string_view name, const Tensor& out, const Tensor& a, const F& f) {
+  visit_floating_dtype(a.dtype(), name, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    unary_kernel<T, T>(out, a, f);
+  });
+}
+
+template <typename F>
+void numeric(std::string_view name, const Tensor& out, const Tensor& a, const F& f) {
+  visit_numeric_dtype(a.dtype(), name, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    unary_kernel<T, T>(out, a, f);
+  });
+}
+
+// Any input dtype, Bool output.
+template <typename F>
+void predicate(const Tensor& out, const Tensor& a, const F& f) {
+  visit_dtype(a.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    unary_kernel<T, bool>(out, a, f);
+  });
+}
+
+// A clamp bound in the compute type; integer types saturate (a missing bound is +-inf).
+template <typename C>
+C clamp_bound(double v) {
+  if constexpr (std::is_integral_v<C>) {
+    if (v <= static_cast<double>(std::numeric_limits<C>::lowest())) return std::numeric_limits<C>::lowest();
+    if (v >= static_cast<double>(std::numeric_limits<C>::max())) return std::numeric_limits<C>::max();
+  }
+  return static_cast<C>(v);
+}
+
+constexpr double kSqrtHalf = 0.70710678118654752440;   // 1/sqrt(2), GELU's erf argument scale
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi), GELU's tanh approximation
+
+}  // namespace
+
+void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& a, const UnaryParams& params) {
+  if (out.numel() == 0) return;
+  switch (op) {
+    case UnaryOp::Neg: return numeric("neg", out, a, [](auto x, auto o) { o = -x; });
+    case UnaryOp::Abs: return numeric("abs", out, a, [](auto x, auto o) { o = x.abs(); });
+    case UnaryOp::Exp: return floating("exp", out, a, [](auto x, auto o) { o = x.exp(); });
+    case UnaryOp::Expm1: return floating("expm1", out, a, [](auto x, auto o) { o = x.expm1(); });
+    case UnaryOp::Log: return floating("log", out, a, [](auto x, auto o) { o = x.log(); });
+    case UnaryOp::Log1p: return floating("log1p", out, a, [](auto x, auto o) { o = x.log1p(); });
+    case UnaryOp::Log2: return floating("log2", out, a, [](auto x, auto o) { o = x.log2(); });
+    case UnaryOp::Sqrt: return floating("sqrt", out, a, [](auto x, auto o) { o = x.sqrt(); });
+    case UnaryOp::Rsqrt: return floating("rsqrt", out, a, [](auto x, auto o) { o = x.rsqrt(); });
+    case UnaryOp::Sin: return floating("sin", out, a, [](auto x, auto o) { o = x.sin(); });
+    case UnaryOp::Cos: return floating("cos", out, a, [](auto x, auto o) { o = x.cos(); });
+    case UnaryOp::Tanh: return floating("tanh", out, a, [](auto x, auto o) { o = x.tanh(); });
+    case UnaryOp::Erf: return floating("erf", out, a, [](auto x, auto o) { o = x.erf(); });
+    case UnaryOp::Sigmoid: return floating("sigmoid", out, a, [](auto x, auto o) { o = x.logistic(); });
+    case UnaryOp::Silu: return floating("silu", out, a, [](auto x, auto o) { o = x * x.logistic(); });
+    case UnaryOp::GeluErf:
+      return floating("gelu", out, a, [](auto x, auto o) {
+        using C = scalar_of<decltype(x)>;
+        o = x * C(0.5) * (C(1) + (x * C(kSqrtHalf)).erf());
+      });
+    case UnaryOp::GeluTanh:
+      return floating("gelu", out, a, [](auto x, auto o) {
+        using C = scalar_of<decltype(x)>;
+        o = C(0.5) * x * (C(1) + (C(kSqrt2OverPi) * (x + C(0.044715) * x.cube())).tanh());
+      });
+    case UnaryOp::Relu:
+      // select keeps NaN (NaN < 0 is false), as PyTorch's relu does.
+      return numeric("relu", out, a, [](auto x, auto o) {
+        using C = scalar_of<decltype(x)>;
+        o = (x < C(0)).select(C(0), x);
+      });
+    case UnaryOp::Sign:
+      // NaN gives 0, as PyTorch's sign does (neither NaN > 0 nor NaN < 0). Bool is its own sign.
+      return visit_dtype(a.dtype(), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        unary_kernel<T, T>(out, a, [](auto x, auto o) {
+          using C = scalar_of<decltype(x)>;
+          if constexpr (std::is_same_v<C, bool>) {
+            o = x;
+          } else {
+            o = (x > C(0)).template cast<C>() - (x < C(0)).template cast<C>();
+          }
+        });
+      });
+    case UnaryOp::Floor:
+    case UnaryOp::Ceil:
+    case UnaryOp::Round:
+      // Integers are already whole: a copy, as in PyTorch. Round is half to even (rint).
+      return numeric(op == UnaryOp::Floor ? "floor" : op == UnaryOp::Ceil ? "ceil" : "round", out, a, [op](auto x, auto o) {
+        using C = scalar_of<decltype(x)>;
+        if constexpr (std::is_floating_point_v<C>) {
+          if (op == UnaryOp::Floor) o = x.floor();
+          else if (op == UnaryOp::Ceil) o = x.ceil();
+          else o = x.rint();
+        } else {
+          o = x;
+        }
+      });
+    case UnaryOp::Square: return numeric("square", out, a, [](auto x, auto o) { o = x.square(); });
+    case UnaryOp::Reciprocal: return floating("reciprocal", out, a, [](auto x, auto o) { o = x.inverse(); });
+    case UnaryOp::Clamp:
+      return numeric("clamp", out, a, [&params](auto x, auto o) {
+        using C = scalar_of<decltype(x)>;
+        const C lo = clamp_bound<C>(params.a), hi = clamp_bound<C>(params.b);
+        if constexpr (std::is_floating_point_v<C>) {
+          if (std::isnan(lo) || std::isnan(hi)) {  // a NaN bound makes every result NaN, as in PyTorch
+            o.setConstant(std::numeric_limits<C>::quiet_NaN());
+            return;
+          }
+        }
+        // min(max(x, lo), hi) in two selects, which keep a NaN x (comparisons with NaN are false).
+        o = (x < lo).select(lo, x);
+        o = (o > hi).select(hi, o);
+      });
+    case UnaryOp::LogicalNot:
+      return predicate(out, a, [](auto x, auto o) { o = x == scalar_of<decltype(x)>(0); });
+    case UnaryOp::IsNan:
+      return predicate(out, a, [](auto x, auto o) {
+        if constexpr (std::is_floating_point_v<scalar_of<decltype(x)>>) o = x.isNaN();
+        else o.setConstant(false);
+      });
+    case UnaryOp::IsInf:
+      return predicate(out, a, [](auto x, auto o) {
+        if constexpr (std::is_floating_point_v<scalar_of<decltype(x)>>) o = x.isInf();
+        else o.setConstant(false);
+      });
+    case UnaryOp::IsFinite:
+      return predicate(out, a, [](auto x, auto o) {
+        if constexpr (std::is_floating_point_v<scalar_of<decltype(x)>>) o = x.isFinite();
+        else o.setConstant(true);
+      });
+  }
+  KILN_FAIL("cpu::unary: unknown op ", static_cast<int>(op));
+}
+
+}  // namespace kiln::cpu

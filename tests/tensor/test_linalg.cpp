@@ -1,0 +1,327 @@
+// Conformance tests of the linear-algebra ops: matmul (every rank combination, broadcast batches),
+// mm, bmm, addmm, dot, outer. References are plain double loops written here.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "support/test_support.h"
+
+namespace kiln {
+namespace {
+
+using testing::expect_error;
+using testing::expect_values;
+using testing::make;
+
+class MatmulTest : public testing::BackendTest {};
+
+// Multiples of 0.25 in [-1, 1]: exact in every float dtype, and their products sum exactly in float32
+// for the sizes used here, so float32/float64/integer results can be compared tightly.
+std::vector<double> quarters(int64_t n, uint32_t seed) {
+  std::vector<double> v(static_cast<size_t>(n));
+  uint32_t s = seed * 2654435761u + 12345u;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<double>(static_cast<int>((s >> 16) % 9) - 4) / 4.0;
+  }
+  return v;
+}
+
+// Small integers in [-4, 4] for the integer dtypes.
+std::vector<double> small_ints(int64_t n, uint32_t seed) {
+  std::vector<double> v = quarters(n, seed);
+  for (auto& x : v) x *= 4;
+  return v;
+}
+
+std::vector<double> data_for(DType dtype, int64_t n, uint32_t seed) {
+  return is_floating_point(dtype) ? quarters(n, seed) : small_ints(n, seed);
+}
+
+// Batched reference with NumPy broadcasting of the batch dims:
+// a (batch_a..., M, K), b (batch_b..., K, N) -> (batch..., M, N), all row-major.
+std::vector<double> ref_matmul(const std::vector<double>& a, const Shape& batch_a, const std::vector<double>& b,
+                               const Shape& batch_b, const Shape& batch, int64_t m, int64_t k, int64_t n) {
+  const int64_t count = numel(batch);
+  std::vector<double> out(static_cast<size_t>(count * m * n), 0.0);
+  for (int64_t bi = 0; bi < count; ++bi) {
+    const std::vector<int64_t> idx = testing::unravel(bi, batch);
+    auto source = [&](const Shape& own) {  // the batch of an operand that broadcasts to idx
+      std::vector<int64_t> own_idx(own.size());
+      for (size_t d = 0; d < own.size(); ++d) {
+        const size_t bd = d + batch.size() - own.size();
+        own_idx[d] = own[d] == 1 ? 0 : idx[bd];
+      }
+      return testing::ravel(own_idx, own);
+    };
+    const int64_t ab = source(batch_a), bb = source(batch_b);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t p = 0; p < k; ++p) acc += a[(ab * m + i) * k + p] * b[(bb * k + p) * n + j];
+        out[(bi * m + i) * n + j] = acc;
+      }
+  }
+  return out;
+}
+
+std::vector<double> ref_mm(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t k, int64_t n) {
+  return ref_matmul(a, {}, b, {}, {}, m, k, n);
+}
+
+// 16-bit results: the default relative tolerance plus an absolute one that grows with K (each of the
+// K products carries the inputs' rounding, and the result is rounded once more).
+double matmul_atol(DType dtype, int64_t k) {
+  return testing::default_atol(dtype) * std::max<double>(1.0, static_cast<double>(k) / 4.0);
+}
+
+const std::vector<DType> kAllMatmulDTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16,
+                                             DType::Int32,   DType::Int64,   DType::UInt8};
+
+TEST_P(MatmulTest, MmMatchesReferenceInEveryDType) {
+  const int64_t m = 5, k = 7, n = 3;
+  for (DType dt : kAllMatmulDTypes) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    std::vector<double> a = data_for(dt, m * k, 1), b = data_for(dt, k * n, 2);
+    if (dt == DType::UInt8) {  // unsigned: keep inputs non-negative, results wrap modulo 256 like PyTorch
+      for (auto& x : a) x = std::abs(x);
+      for (auto& x : b) x = std::abs(x);
+    }
+    Tensor c = ops::mm(make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)));
+    EXPECT_EQ(c.dtype(), dt);
+    expect_values(c, {m, n}, ref_mm(a, b, m, k, n), -1, matmul_atol(dt, k));
+  }
+}
+
+TEST_P(MatmulTest, TransposedAndStridedOperands) {
+  const int64_t m = 4, k = 6, n = 5;
+  for (DType dt : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int64}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    const std::vector<double> a = data_for(dt, m * k, 3), b = data_for(dt, k * n, 4);
+    const std::vector<double> want = ref_mm(a, b, m, k, n);
+    const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
+    // Column-major views: the transpose of a contiguous (K, M) tensor.
+    const Tensor at = ops::contiguous(ac.t()).t(), bt = ops::contiguous(bc.t()).t();
+    ASSERT_EQ(at.stride(0), 1);
+    // No unit stride in either matrix dim: the frontend copies.
+    const Tensor as = testing::non_contiguous(ac), bs = testing::non_contiguous(bc);
+    ASSERT_NE(as.stride(1), 1);
+    for (const auto& [x, y] : std::vector<std::pair<Tensor, Tensor>>{{at, bc}, {ac, bt}, {at, bt}, {as, bs}, {as, bt}}) {
+      expect_values(ops::matmul(x, y), {m, n}, want, -1, matmul_atol(dt, k));
+    }
+  }
+}
+
+TEST_P(MatmulTest, ExpandedOperandWithZeroStride) {
+  // a is one row repeated: stride 0 across rows.
+  const std::vector<double> row = quarters(3, 5), b = quarters(3 * 2, 6);
+  const Tensor a = make(row, {1, 3}, opts()).expand({4, 3});
+  std::vector<double> a_full;
+  for (int i = 0; i < 4; ++i) a_full.insert(a_full.end(), row.begin(), row.end());
+  expect_values(ops::matmul(a, make(b, {3, 2}, opts())), {4, 2}, ref_mm(a_full, b, 4, 3, 2));
+}
+
+TEST_P(MatmulTest, LargeProductsSplitAcrossThreads) {
+  // Large enough that the CPU backend cuts the output into row blocks (one product) or batches.
+  const int64_t m = 301, k = 67, n = 129;
+  for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16, DType::Int32}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    const std::vector<double> a = data_for(dt, m * k, 7), b = data_for(dt, k * n, 8);
+    expect_values(ops::mm(make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt))), {m, n}, ref_mm(a, b, m, k, n), -1,
+                  matmul_atol(dt, k));
+  }
+  const int64_t batches = 6, bm = 70, bk = 40, bn = 50;
+  const std::vector<double> a = quarters(batches * bm * bk, 9), b = quarters(batches * bk * bn, 10);
+  expect_values(ops::bmm(make(a, {batches, bm, bk}, opts()), make(b, {batches, bk, bn}, opts())), {batches, bm, bn},
+                ref_matmul(a, {batches}, b, {batches}, {batches}, bm, bk, bn));
+}
+
+TEST_P(MatmulTest, SixteenBitToleranceGrowsWithK) {
+  // Inputs that 16-bit floats cannot hold exactly: their rounding error accumulates over K products.
+  const int64_t m = 3, k = 256, n = 4;
+  std::vector<double> a(m * k), b(k * n);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37 * static_cast<double>(i));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.11 * static_cast<double>(i));
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    const double eps = dt == DType::Float16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+    // Each product carries two input roundings; sums of K such errors stay below K * 2 * eps (|a|, |b| <= 1).
+    expect_values(ops::matmul(make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt))), {m, n}, ref_mm(a, b, m, k, n),
+                  testing::default_rtol(dt), 2.0 * eps * static_cast<double>(k) / 4.0);
+  }
+}
+
+TEST_P(MatmulTest, VectorCombinationsFollowTorchMatmul) {
+  const std::vector<double> v3 = quarters(3, 11), v3b = quarters(3, 12), m23 = quarters(6, 13), m32 = quarters(6, 14);
+  // 1-D x 1-D: dot product, 0-d
+  Tensor d = ops::matmul(make(v3, {3}, opts()), make(v3b, {3}, opts()));
+  expect_values(d, {}, ref_mm(v3, v3b, 1, 3, 1));
+  // 2-D x 1-D: (2, 3) @ (3,) -> (2,)
+  expect_values(ops::matmul(make(m23, {2, 3}, opts()), make(v3, {3}, opts())), {2}, ref_mm(m23, v3, 2, 3, 1));
+  // 1-D x 2-D: (3,) @ (3, 2) -> (2,)
+  expect_values(ops::matmul(make(v3, {3}, opts()), make(m32, {3, 2}, opts())), {2}, ref_mm(v3, m32, 1, 3, 2));
+  // 3-D x 1-D: (4, 2, 3) @ (3,) -> (4, 2)
+  const std::vector<double> b423 = quarters(24, 15);
+  expect_values(ops::matmul(make(b423, {4, 2, 3}, opts()), make(v3, {3}, opts())), {4, 2},
+                ref_matmul(b423, {4}, v3, {}, {4}, 2, 3, 1));
+  // 1-D x 3-D: (2,) @ (4, 2, 3) -> (4, 3)
+  const std::vector<double> v2 = quarters(2, 16);
+  expect_values(ops::matmul(make(v2, {2}, opts()), make(b423, {4, 2, 3}, opts())), {4, 3},
+                ref_matmul(v2, {}, b423, {4}, {4}, 1, 2, 3));
+}
+
+TEST_P(MatmulTest, BatchedRankCombinations) {
+  const int64_t m = 3, k = 4, n = 2;
+  // 3-D x 2-D (rows folded into one product), 2-D x 3-D, 3-D x 3-D
+  const std::vector<double> a3 = quarters(5 * m * k, 17), b2 = quarters(k * n, 18), a2 = quarters(m * k, 19),
+                            b3 = quarters(5 * k * n, 20);
+  expect_values(ops::matmul(make(a3, {5, m, k}, opts()), make(b2, {k, n}, opts())), {5, m, n},
+                ref_matmul(a3, {5}, b2, {}, {5}, m, k, n));
+  expect_values(ops::matmul(make(a2, {m, k}, opts()), make(b3, {5, k, n}, opts())), {5, m, n},
+                ref_matmul(a2, {}, b3, {5}, {5}, m, k, n));
+  expect_values(ops::matmul(make(a3, {5, m, k}, opts()), make(b3, {5, k, n}, opts())), {5, m, n},
+                ref_matmul(a3, {5}, b3, {5}, {5}, m, k, n));
+  // 4-D x 3-D with a broadcast batch: (2, 1, M, K) @ (3, K, N) -> (2, 3, M, N)
+  const std::vector<double> a4 = quarters(2 * m * k, 21), b33 = quarters(3 * k * n, 22);
+  expect_values(ops::matmul(make(a4, {2, 1, m, k}, opts()), make(b33, {3, k, n}, opts())), {2, 3, m, n},
+                ref_matmul(a4, {2, 1}, b33, {3}, {2, 3}, m, k, n));
+  // 4-D x 4-D broadcasting both ways: (2, 1, M, K) @ (1, 3, K, N): batch dims cannot merge into one stride
+  expect_values(ops::matmul(make(a4, {2, 1, m, k}, opts()), make(b33, {1, 3, k, n}, opts())), {2, 3, m, n},
+                ref_matmul(a4, {2, 1}, b33, {1, 3}, {2, 3}, m, k, n));
+  // 5-D x 2-D with a permuted (non-foldable) batch in float64
+  const std::vector<double> a5 = quarters(2 * 3 * 2 * m * k, 23);
+  Tensor a5t = make(a5, {3, 2, 2, m, k}, opts(DType::Float64)).permute({1, 0, 2, 3, 4});  // (2, 3, 2, M, K)
+  std::vector<double> a5p;  // a5t's values in row-major order
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int l = 0; l < 2 * m * k; ++l) a5p.push_back(a5[(j * 2 + i) * 2 * m * k + l]);
+  expect_values(ops::matmul(a5t, make(b2, {k, n}, opts(DType::Float64))), {2, 3, 2, m, n},
+                ref_matmul(a5p, {2, 3, 2}, b2, {}, {2, 3, 2}, m, k, n));
+  // Batch dims of size 1 only: (1, M, K) @ (1, 1, K, N) -> (1, 1, M, N)
+  expect_values(ops::matmul(make(a2, {1, m, k}, opts()), make(b2, {1, 1, k, n}, opts())), {1, 1, m, n},
+                ref_mm(a2, b2, m, k, n));
+  // Non-contiguous batched operands
+  expect_values(ops::matmul(testing::non_contiguous(make(a3, {5, m, k}, opts())),
+                            testing::non_contiguous(make(b3, {5, k, n}, opts()))),
+                {5, m, n}, ref_matmul(a3, {5}, b3, {5}, {5}, m, k, n));
+}
+
+TEST_P(MatmulTest, ZeroSizedDims) {
+  // K = 0: sums over nothing are zeros.
+  expect_values(ops::matmul(ops::empty({3, 0}, opts()), ops::empty({0, 2}, opts())), {3, 2}, std::vector<double>(6, 0));
+  expect_values(ops::bmm(ops::empty({2, 3, 0}, opts(DType::Float16)), ops::empty({2, 0, 2}, opts(DType::Float16))),
+                {2, 3, 2}, std::vector<double>(12, 0));
+  expect_values(ops::dot(ops::empty({0}, opts()), ops::empty({0}, opts())), {}, {0});
+  // M = 0, N = 0 or B = 0: empty results.
+  expect_values(ops::matmul(ops::empty({0, 3}, opts()), ops::ones({3, 2}, opts())), {0, 2}, {});
+  expect_values(ops::matmul(ops::ones({2, 3}, opts()), ops::ones({3, 0}, opts())), {2, 0}, {});
+  expect_values(ops::matmul(ops::empty({0, 2, 3}, opts()), ops::ones({3, 4}, opts())), {0, 2, 4}, {});
+  expect_values(ops::outer(ops::empty({0}, opts()), ops::ones({3}, opts())), {0, 3}, {});
+  // addmm with K = 0 is beta * c.
+  expect_values(ops::addmm(ops::full({2, 2}, 3.0, opts()), ops::empty({2, 0}, opts()), ops::empty({0, 2}, opts()), 0.5),
+                {2, 2}, {1.5, 1.5, 1.5, 1.5});
+}
+
+TEST_P(MatmulTest, BmmAndOuterAndDot) {
+  const std::vector<double> a = quarters(2 * 3 * 4, 24), b = quarters(2 * 4 * 5, 25);
+  for (DType dt : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int64}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    const std::vector<double> ad = data_for(dt, 24, 24), bd = data_for(dt, 40, 25);
+    expect_values(ops::bmm(make(ad, {2, 3, 4}, opts(dt)), make(bd, {2, 4, 5}, opts(dt))), {2, 3, 5},
+                  ref_matmul(ad, {2}, bd, {2}, {2}, 3, 4, 5), -1, matmul_atol(dt, 4));
+    const std::vector<double> u = data_for(dt, 4, 26), v = data_for(dt, 3, 27);
+    std::vector<double> want;
+    for (double x : u)
+      for (double y : v) want.push_back(x * y);
+    expect_values(ops::outer(make(u, {4}, opts(dt)), make(v, {3}, opts(dt))), {4, 3}, want);
+    const std::vector<double> w = data_for(dt, 4, 28);
+    double dotv = 0;
+    for (int i = 0; i < 4; ++i) dotv += u[i] * w[i];
+    expect_values(ops::dot(make(u, {4}, opts(dt)), make(w, {4}, opts(dt))), {}, {dotv});
+  }
+  // Strided vectors
+  const std::vector<double> u = quarters(6, 29), w = quarters(6, 30);
+  double dotv = 0;
+  for (int i = 0; i < 6; ++i) dotv += u[i] * w[i];
+  expect_values(ops::dot(testing::non_contiguous(make(u, {6}, opts())), testing::non_contiguous(make(w, {6}, opts()))),
+                {}, {dotv});
+}
+
+TEST_P(MatmulTest, AddmmScalesAndBroadcastsC) {
+  const int64_t m = 3, k = 4, n = 2;
+  const std::vector<double> a = quarters(m * k, 31), b = quarters(k * n, 32);
+  const std::vector<double> ab = ref_mm(a, b, m, k, n);
+  const std::vector<double> c_row = {0.5, -1.0};  // (N,) broadcast over rows
+  for (DType dt : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    std::vector<double> want(m * n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) want[i * n + j] = 2.0 * c_row[j] + 0.5 * ab[i * n + j];
+    expect_values(ops::addmm(make(c_row, {n}, opts(dt)), make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)), 2.0, 0.5),
+                  {m, n}, want, -1, matmul_atol(dt, k));
+  }
+  // c of shape (M, 1) and (M, N), default beta = alpha = 1, transposed a
+  const std::vector<double> c_col = {1, 2, 3};
+  std::vector<double> want(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) want[i * n + j] = c_col[i] + ab[i * n + j];
+  const Tensor at = ops::contiguous(make(a, {m, k}, opts()).t()).t();
+  expect_values(ops::addmm(make(c_col, {m, 1}, opts()), at, make(b, {k, n}, opts())), {m, n}, want);
+  expect_values(ops::addmm(make(want, {m, n}, opts()), make(a, {m, k}, opts()), make(b, {k, n}, opts()), 1, -1), {m, n},
+                {1, 1, 2, 2, 3, 3});
+  // beta = 0 ignores c, NaN included
+  const Tensor nan_c = ops::full({m, n}, std::numeric_limits<double>::quiet_NaN(), opts());
+  expect_values(ops::addmm(nan_c, make(a, {m, k}, opts()), make(b, {k, n}, opts()), 0), {m, n}, ab);
+  // integers
+  const std::vector<double> ai = small_ints(m * k, 33), bi = small_ints(k * n, 34);
+  const std::vector<double> abi = ref_mm(ai, bi, m, k, n);
+  std::vector<double> wi(m * n);
+  for (int64_t i = 0; i < m * n; ++i) wi[i] = 3 * 7 + 2 * abi[i];
+  expect_values(ops::addmm(ops::full({1}, 7, opts(DType::Int32)), make(ai, {m, k}, opts(DType::Int32)),
+                           make(bi, {k, n}, opts(DType::Int32)), 3, 2),
+                {m, n}, wi);
+}
+
+TEST_P(MatmulTest, ErrorsNameTheOpShapesAndDTypes) {
+  const Tensor a23 = ops::ones({2, 3}, opts()), a45 = ops::ones({4, 5}, opts());
+  expect_error([&] { ops::matmul(a23, a45); }, {"matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)"});
+  expect_error([&] { ops::mm(a23, a45); }, {"mm: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)"});
+  expect_error([&] { ops::matmul(ops::ones({3}, opts()), ops::ones({4}, opts())); }, {"matmul", "[3]", "[4]", "3 != 4"});
+  expect_error([&] { ops::matmul(ops::ones({2, 5, 3}, opts()), ops::ones({5}, opts())); }, {"matmul", "[2, 5, 3]", "3 != 5"});
+  expect_error([&] { ops::matmul(a23, ops::ones({3, 2}, opts(DType::Float64))); },
+               {"matmul", "float32", "float64", ".to(DType::Float64)"});
+  expect_error([&] { ops::mm(a23.to(DType::Int32), ops::ones({3, 2}, opts(DType::Float16))); },
+               {"mm", "int32", "float16", ".to("});
+  expect_error([&] { ops::matmul(a23.to(DType::Bool), ops::ones({3, 2}, opts(DType::Bool))); }, {"matmul", "bool"});
+  expect_error([&] { ops::matmul(ops::ones({}, opts()), a23); }, {"matmul", "at least 1 dim", "[]", "[2, 3]"});
+  expect_error([&] { ops::mm(ops::ones({3}, opts()), a23); }, {"mm", "2-D", "[3]", "[2, 3]"});
+  expect_error([&] { ops::bmm(a23, a23); }, {"bmm", "3-D", "[2, 3]"});
+  expect_error([&] { ops::bmm(ops::ones({2, 2, 3}, opts()), ops::ones({3, 3, 2}, opts())); },
+               {"bmm", "batch", "2 != 3"});
+  expect_error([&] { ops::bmm(ops::ones({2, 2, 3}, opts()), ops::ones({2, 4, 2}, opts())); }, {"bmm", "3 != 4"});
+  expect_error([&] { ops::matmul(ops::ones({2, 2, 3}, opts()), ops::ones({3, 3, 2}, opts())); },
+               {"matmul", "batch", "[2]", "[3]", "[2, 2, 3]", "[3, 3, 2]"});
+  expect_error([&] { ops::addmm(ops::ones({3}, opts()), a23, ops::ones({3, 2}, opts())); }, {"addmm", "[3]", "[2, 2]"});
+  expect_error([&] { ops::addmm(ops::ones({2}, opts(DType::Float64)), a23, ops::ones({3, 2}, opts())); },
+               {"addmm", "float64", "float32"});
+  expect_error([&] { ops::dot(ops::ones({3}, opts()), ops::ones({4}, opts())); }, {"dot", "[3]", "[4]", "3 != 4"});
+  expect_error([&] { ops::dot(a23, a23); }, {"dot", "1-D", "[2, 3]"});
+  expect_error([&] { ops::outer(a23, ops::ones({2}, opts())); }, {"outer", "1-D", "[2, 3]"});
+  expect_error([&] { ops::matmul(Tensor(), a23); }, {"matmul", "undefined"});
+}
+
+TEST_P(MatmulTest, DevicesMustMatch) {
+  if (dev().is_cpu()) {
+    if (testing::test_devices().size() < 2) GTEST_SKIP() << "needs a second device";
+    expect_error([&] { ops::matmul(ops::ones({2, 2}, opts()), ops::ones({2, 2}, {.dtype = DType::Float32, .device = Device::cuda(0)})); },
+                 {"matmul", "same device", "cpu", "cuda:0"});
+    return;
+  }
+  expect_error([&] { ops::mm(ops::ones({2, 2}, opts()), ops::ones({2, 2})); }, {"mm", "same device", "cpu", "cuda"});
+}
+
+KILN_INSTANTIATE_BACKENDS(MatmulTest);
+
+}  // namespace
+}  // namespace kiln
