@@ -13,8 +13,6 @@
 //   a.sum() (float32):              GB/s = 4 n / time
 #include <kiln/kiln.h>  // Tensor, kiln::randn, kiln::matmul, kiln::manual_seed, KILN_VERSION_STRING
 
-#include "kiln/tensor/cpu/parallel.h"  // kiln::cpu::num_threads: backend-internal, for the report only
-
 #include <algorithm>  // std::min
 #include <chrono>     // std::chrono::steady_clock
 #include <cstdint>
@@ -97,7 +95,7 @@ int run(int argc, char** argv) {
     }
   }
 
-  std::printf("kiln %s, CPU backend: %d threads (hardware: %u)\n", KILN_VERSION_STRING, kiln::cpu::num_threads(),
+  std::printf("kiln %s, CPU backend: %d threads (hardware: %u)\n", KILN_VERSION_STRING, kiln::num_threads(),
               std::thread::hardware_concurrency());
   std::printf("best of >= %d runs and >= %.1f s per case, after one warm-up run\n\n", opt.reps, opt.min_time);
   kiln::manual_seed(0);

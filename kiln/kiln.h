@@ -6,7 +6,8 @@
 //   std::cout << (x * 2).sum() << "\n";
 #pragma once
 
-#include "kiln/tensor/tensor.h"     // Tensor, DType, Device, Scalar, TensorOptions
 #include "kiln/tensor/functions.h"  // kiln::zeros, kiln::matmul, kiln::softmax, ...
 #include "kiln/tensor/generator.h"  // Generator, manual_seed
+#include "kiln/tensor/tensor.h"     // Tensor, DType, Device, Scalar, TensorOptions
+#include "kiln/tensor/threads.h"    // num_threads, set_num_threads
 #include "kiln/version.h"           // KILN_VERSION_STRING

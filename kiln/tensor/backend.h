@@ -25,28 +25,68 @@
 namespace kiln {
 
 enum class UnaryOp : uint8_t {
-  Neg, Abs, Exp, Expm1, Log, Log1p, Log2, Sqrt, Rsqrt, Sin, Cos, Tanh, Erf, Sigmoid, Relu,
+  Neg,
+  Abs,
+  Exp,
+  Expm1,
+  Log,
+  Log1p,
+  Log2,
+  Sqrt,
+  Rsqrt,
+  Sin,
+  Cos,
+  Tanh,
+  Erf,
+  Sigmoid,
+  Relu,
   GeluErf,   // x * Φ(x)
   GeluTanh,  // 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))
   Silu,
   Sign,  // -1, 0 or 1; NaN gives 0 (as PyTorch); Bool is its own sign
-  Floor, Ceil, Round,  // integers unchanged; Round is half to even
-  Square, Reciprocal,
+  Floor,
+  Ceil,
+  Round,  // integers unchanged; Round is half to even
+  Square,
+  Reciprocal,
   Clamp,       // min(max(x, params.a), params.b); a = -inf or b = +inf when absent; NaN stays NaN
   LogicalNot,  // output Bool
-  IsNan, IsInf, IsFinite,  // output Bool
+  IsNan,
+  IsInf,
+  IsFinite,  // output Bool
 };
 
 enum class BinaryOp : uint8_t {
   // Output dtype = input dtype. Bool: Add is or, Mul is and. Integers: Remainder is Python's % (the
   // divisor's sign) and Pow wraps like multiplication; a zero divisor or negative exponent throws kiln::Error.
   // Maximum and Minimum propagate NaN.
-  Add, Sub, Mul, Div, Remainder, Pow, Maximum, Minimum,
-  Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr, LogicalXor,  // output Bool
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Remainder,
+  Pow,
+  Maximum,
+  Minimum,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  LogicalAnd,
+  LogicalOr,
+  LogicalXor,  // output Bool
 };
 
 enum class ReduceOp : uint8_t {
-  Sum, Mean, Prod, Max, Min, All, Any,
+  Sum,
+  Mean,
+  Prod,
+  Max,
+  Min,
+  All,
+  Any,
   // Floating only, computed in acc_t and rounded once:
   Var,        // sum((x - mean)^2) / max(n - params.correction, 0), two-pass
   Std,        // sqrt(Var)
@@ -128,7 +168,8 @@ class Backend {
   // The indices of the nonzero elements of a, as a new (count, rank) Int64 tensor, in row-major order.
   virtual Tensor nonzero(const Tensor& a) = 0;
   // Sorts along dim; values (a's dtype) and indices (Int64) have a's shape. NaN sorts as the largest.
-  virtual void sort(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t dim, bool descending, bool stable) = 0;
+  virtual void sort(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t dim, bool descending,
+                    bool stable) = 0;
   // The k largest (or smallest) along dim; values and indices have a's shape with size k at dim.
   virtual void topk(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t k, int64_t dim, bool largest,
                     bool sorted) = 0;

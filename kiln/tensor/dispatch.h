@@ -36,7 +36,8 @@ decltype(auto) visit_dtype(DType t, F&& f) {
 // Every dtype but Bool.
 template <typename F>
 decltype(auto) visit_numeric_dtype(DType t, std::string_view op, F&& f) {
-  KILN_CHECK_AS(NotImplementedError, t != DType::Bool, op, ": not supported for bool tensors; convert with .to(DType::Int64) or .to(DType::Float32) first");
+  KILN_CHECK_AS(NotImplementedError, t != DType::Bool, op,
+                ": not supported for bool tensors; convert with .to(DType::Int64) or .to(DType::Float32) first");
   return visit_dtype(t, std::forward<F>(f));
 }
 
@@ -54,17 +55,43 @@ decltype(auto) visit_floating_dtype(DType t, std::string_view op, F&& f) {
 }
 
 // The type arithmetic on T is done in: float for Half/BFloat16, T otherwise.
-template <typename T> struct ComputeType { using type = T; };
-template <> struct ComputeType<Half> { using type = float; };
-template <> struct ComputeType<BFloat16> { using type = float; };
-template <typename T> using compute_t = typename ComputeType<T>::type;
+template <typename T>
+struct ComputeType {
+  using type = T;
+};
+template <>
+struct ComputeType<Half> {
+  using type = float;
+};
+template <>
+struct ComputeType<BFloat16> {
+  using type = float;
+};
+template <typename T>
+using compute_t = typename ComputeType<T>::type;
 
 // The type reductions accumulate in: float for 16-bit floats and float, double for double, int64 for integers.
-template <typename T> struct AccType { using type = int64_t; };
-template <> struct AccType<Half> { using type = float; };
-template <> struct AccType<BFloat16> { using type = float; };
-template <> struct AccType<float> { using type = float; };
-template <> struct AccType<double> { using type = double; };
-template <typename T> using acc_t = typename AccType<T>::type;
+template <typename T>
+struct AccType {
+  using type = int64_t;
+};
+template <>
+struct AccType<Half> {
+  using type = float;
+};
+template <>
+struct AccType<BFloat16> {
+  using type = float;
+};
+template <>
+struct AccType<float> {
+  using type = float;
+};
+template <>
+struct AccType<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename AccType<T>::type;
 
 }  // namespace kiln

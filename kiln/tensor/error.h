@@ -61,19 +61,19 @@ std::string str_cat(const Args&... args) {
 }  // namespace kiln
 
 // Throws kiln::Error with the concatenated message when cond is false.
-#define KILN_CHECK(cond, ...)                                      \
-  do {                                                             \
-    if (!(cond)) [[unlikely]] {                                    \
-      throw ::kiln::Error(::kiln::detail::str_cat(__VA_ARGS__));   \
-    }                                                              \
+#define KILN_CHECK(cond, ...)                                    \
+  do {                                                           \
+    if (!(cond)) [[unlikely]] {                                  \
+      throw ::kiln::Error(::kiln::detail::str_cat(__VA_ARGS__)); \
+    }                                                            \
   } while (false)
 
 // Same, with a chosen exception type.
-#define KILN_CHECK_AS(ExceptionType, cond, ...)                          \
-  do {                                                                   \
-    if (!(cond)) [[unlikely]] {                                          \
-      throw ExceptionType(::kiln::detail::str_cat(__VA_ARGS__));         \
-    }                                                                    \
+#define KILN_CHECK_AS(ExceptionType, cond, ...)                  \
+  do {                                                           \
+    if (!(cond)) [[unlikely]] {                                  \
+      throw ExceptionType(::kiln::detail::str_cat(__VA_ARGS__)); \
+    }                                                            \
   } while (false)
 
 #define KILN_FAIL(...) throw ::kiln::Error(::kiln::detail::str_cat(__VA_ARGS__))

@@ -73,11 +73,17 @@ KILN_HOST_DEVICE void block(uint64_t seed, uint64_t index, uint64_t offset, uint
     mulhilo(kM0, c0, hi0, lo0);
     mulhilo(kM1, c2, hi1, lo1);
     uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
     k0 += kW0;
     k1 += kW1;
   }
-  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
 }
 
 // A 32-bit word to a float in [0, 1) with 24 random bits; to a double in [0, 1) with 53 bits from two words.

@@ -68,7 +68,7 @@ inline float bfloat16_bits_to_float(uint16_t b) { return bits_float(static_cast<
 struct Half {
   uint16_t bits = 0;
   Half() = default;
-  Half(float f) : bits(detail::float_to_half_bits(f)) {}  // NOLINT: implicit like a builtin float type
+  Half(float f) : bits(detail::float_to_half_bits(f)) {}               // NOLINT: implicit like a builtin float type
   operator float() const { return detail::half_bits_to_float(bits); }  // NOLINT
   static Half from_bits(uint16_t b) {
     Half h;
@@ -80,7 +80,7 @@ struct Half {
 struct BFloat16 {
   uint16_t bits = 0;
   BFloat16() = default;
-  BFloat16(float f) : bits(detail::float_to_bfloat16_bits(f)) {}  // NOLINT
+  BFloat16(float f) : bits(detail::float_to_bfloat16_bits(f)) {}           // NOLINT
   operator float() const { return detail::bfloat16_bits_to_float(bits); }  // NOLINT
   static BFloat16 from_bits(uint16_t b) {
     BFloat16 h;

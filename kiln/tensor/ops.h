@@ -44,7 +44,7 @@ Tensor eye(int64_t n, std::optional<int64_t> m = {}, const TensorOptions& option
 template <typename T>
 Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device = Device::cpu());
 Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device device = Device::cpu());  // copies
-Tensor scalar_tensor(Scalar value, const TensorOptions& options = {});  // 0-d
+Tensor scalar_tensor(Scalar value, const TensorOptions& options = {});                               // 0-d
 
 // ---------------------------------------------------------------- random (random.cpp)
 // Every draw comes from a Philox generator (the device's default one unless given), so the same seed
@@ -52,7 +52,7 @@ Tensor scalar_tensor(Scalar value, const TensorOptions& options = {});  // 0-d
 Tensor rand(const Shape& shape, const TensorOptions& options = {}, Generator* gen = nullptr);   // U[0, 1)
 Tensor randn(const Shape& shape, const TensorOptions& options = {}, Generator* gen = nullptr);  // N(0, 1)
 Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options = {.dtype = DType::Int64},
-               Generator* gen = nullptr);  // [low, high)
+               Generator* gen = nullptr);                     // [low, high)
 Tensor bernoulli(const Tensor& p, Generator* gen = nullptr);  // 1 with probability p, in p's dtype
 Tensor bernoulli(const Shape& shape, double p, const TensorOptions& options = {}, Generator* gen = nullptr);
 Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& options = {}, Generator* gen = nullptr);
@@ -194,7 +194,8 @@ Tensor argmax(const Tensor& a, std::optional<int64_t> dim = {}, bool keepdim = f
 Tensor argmin(const Tensor& a, std::optional<int64_t> dim = {}, bool keepdim = false);
 Tensor var(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
 Tensor std(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
-std::tuple<Tensor, Tensor> var_mean(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
+std::tuple<Tensor, Tensor> var_mean(const Tensor& a, const Dims& dims = {}, int64_t correction = 1,
+                                    bool keepdim = false);
 Tensor norm(const Tensor& a, double p = 2, const Dims& dims = {}, bool keepdim = false);  // p may be INFINITY
 Tensor logsumexp(const Tensor& a, const Dims& dims, bool keepdim = false);
 Tensor all(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
@@ -206,9 +207,10 @@ Tensor log_softmax(const Tensor& a, int64_t dim);
 // ---------------------------------------------------------------- linear algebra (linalg.cpp)
 // matmul follows torch.matmul: 1-D operands are promoted and squeezed, batch dims broadcast.
 Tensor matmul(const Tensor& a, const Tensor& b);
-Tensor mm(const Tensor& a, const Tensor& b);                                      // (M,K) x (K,N)
-Tensor bmm(const Tensor& a, const Tensor& b);                                     // (B,M,K) x (B,K,N)
-Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1, Scalar alpha = 1);  // beta*c + alpha*a@b
+Tensor mm(const Tensor& a, const Tensor& b);   // (M,K) x (K,N)
+Tensor bmm(const Tensor& a, const Tensor& b);  // (B,M,K) x (B,K,N)
+Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1,
+             Scalar alpha = 1);  // beta*c + alpha*a@b
 Tensor dot(const Tensor& a, const Tensor& b);
 Tensor outer(const Tensor& a, const Tensor& b);
 
@@ -221,10 +223,10 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
 Tensor& scatter_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor masked_select(const Tensor& a, const Tensor& mask);  // 1-D
-Tensor nonzero(const Tensor& a);                             // (count, rank) Int64
+Tensor masked_select(const Tensor& a, const Tensor& mask);      // 1-D
+Tensor nonzero(const Tensor& a);                                // (count, rank) Int64
 Tensor one_hot(const Tensor& index, int64_t num_classes = -1);  // Int64 output, (..., num_classes)
-Tensor embedding(const Tensor& weight, const Tensor& index);  // weight (V, D), index (...) -> (..., D)
+Tensor embedding(const Tensor& weight, const Tensor& index);    // weight (V, D), index (...) -> (..., D)
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false, bool stable = true);

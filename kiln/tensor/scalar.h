@@ -22,8 +22,8 @@ class Scalar {
   Scalar(T v) : kind_(Kind::Integral), i_(static_cast<int64_t>(v)) {}  // NOLINT
   template <typename T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
   Scalar(T v) : kind_(Kind::Floating), d_(static_cast<double>(v)) {}  // NOLINT
-  Scalar(Half v) : Scalar(static_cast<float>(v)) {}                    // NOLINT
-  Scalar(BFloat16 v) : Scalar(static_cast<float>(v)) {}                // NOLINT
+  Scalar(Half v) : Scalar(static_cast<float>(v)) {}                   // NOLINT
+  Scalar(BFloat16 v) : Scalar(static_cast<float>(v)) {}               // NOLINT
 
   Kind kind() const { return kind_; }
   bool is_floating_point() const { return kind_ == Kind::Floating; }

@@ -26,8 +26,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {
   for (size_t i = 0; i < n; ++i) {
     const int64_t sa = i < n - a.size() ? 1 : a[i - (n - a.size())];
     const int64_t sb = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    KILN_CHECK(sa == sb || sa == 1 || sb == 1, op, ": shapes ", a, " and ", b,
-               " cannot be broadcast together (dim ", i, " of the broadcast shape has sizes ", sa, " and ", sb,
+    KILN_CHECK(sa == sb || sa == 1 || sb == 1, op, ": shapes ", a, " and ", b, " cannot be broadcast together (dim ", i,
+               " of the broadcast shape has sizes ", sa, " and ", sb,
                "); sizes must be equal or 1 in each dim, counting from the last");
     out[i] = sa == 1 ? sb : sa;
   }

@@ -34,10 +34,14 @@ Allocator& cpu_allocator();
 
 class Storage {
  public:
-  Storage(size_t nbytes, Allocator& allocator) : data_(allocator.allocate(nbytes)), nbytes_(nbytes), device_(allocator.device()) {}
+  Storage(size_t nbytes, Allocator& allocator)
+      : data_(allocator.allocate(nbytes)), nbytes_(nbytes), device_(allocator.device()) {}
   // Wraps memory someone else owns; `deleter` (may be empty) runs when the last tensor lets go.
   Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
-      : data_(data, deleter ? std::move(deleter) : [](void*) {}), nbytes_(nbytes), device_(device) {}
+      : data_(
+            data, deleter ? std::move(deleter) : [](void*) {}),
+        nbytes_(nbytes),
+        device_(device) {}
 
   void* data() const { return data_.get(); }
   size_t nbytes() const { return nbytes_; }

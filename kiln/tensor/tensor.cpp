@@ -56,8 +56,7 @@ bool Tensor::is_contiguous(MemoryFormat format) const {
       for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int>(i);
       return contiguous_in_order(s, strides(), perm);
     }
-    case MemoryFormat::ChannelsLast:
-      return s.size() == 4 && contiguous_in_order(s, strides(), {0, 2, 3, 1});
+    case MemoryFormat::ChannelsLast: return s.size() == 4 && contiguous_in_order(s, strides(), {0, 2, 3, 1});
   }
   return false;
 }
@@ -90,8 +89,8 @@ template float* Tensor::data_ptr<float>() const;
 template double* Tensor::data_ptr<double>() const;
 
 Scalar Tensor::item() const {
-  KILN_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape(),
-             " (", numel(), " elements); reduce it first, e.g. with sum() or select()");
+  KILN_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape(), " (", numel(),
+             " elements); reduce it first, e.g. with sum() or select()");
   Tensor host = is_cpu() ? *this : to(Device::cpu());
   return visit_dtype(dtype(), [&](auto tag) -> Scalar {
     using T = typename decltype(tag)::type;

@@ -76,7 +76,7 @@ class Tensor {
   const Shape& shape() const { return impl().sizes(); }
   const Shape& sizes() const { return impl().sizes(); }
   const Strides& strides() const { return impl().strides(); }
-  int64_t size(int64_t dim) const;    // negative dims count from the end
+  int64_t size(int64_t dim) const;  // negative dims count from the end
   int64_t stride(int64_t dim) const;
   int64_t dim() const { return static_cast<int64_t>(impl().sizes().size()); }
   int64_t numel() const { return impl().numel(); }
@@ -108,7 +108,7 @@ class Tensor {
   Tensor to(Device device, bool non_blocking = false) const;  // returns *this when already there
   Tensor to(DType dtype) const;                               // returns *this when already that dtype
   Tensor to(Device device, DType dtype, bool non_blocking = false) const;
-  Tensor to(MemoryFormat format) const;                       // same as contiguous(format)
+  Tensor to(MemoryFormat format) const;  // same as contiguous(format)
   Tensor cpu() const { return to(Device::cpu()); }
   Tensor cuda(int index = 0) const { return to(Device::cuda(index)); }
   Tensor contiguous(MemoryFormat format = MemoryFormat::Contiguous) const;

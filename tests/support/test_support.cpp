@@ -58,9 +58,10 @@ void expect_values(const Tensor& actual, const Shape& shape, const std::vector<d
     else if (std::isinf(e)) ok = g == e;
     else ok = std::abs(g - e) <= atol + rtol * std::abs(e);
     if (!ok && reported++ < 8) {
-      ADD_FAILURE() << "element " << i << " (index " << ::testing::PrintToString(unravel(static_cast<int64_t>(i), shape))
-                    << ") of a " << actual.dtype() << " tensor on " << actual.device() << ": got " << g
-                    << ", expected " << e << " (rtol " << rtol << ", atol " << atol << ")";
+      ADD_FAILURE() << "element " << i << " (index "
+                    << ::testing::PrintToString(unravel(static_cast<int64_t>(i), shape)) << ") of a " << actual.dtype()
+                    << " tensor on " << actual.device() << ": got " << g << ", expected " << e << " (rtol " << rtol
+                    << ", atol " << atol << ")";
     }
   }
 }
@@ -95,6 +96,16 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
     return;
   }
   ADD_FAILURE() << "expected a kiln::Error, but nothing was thrown";
+}
+
+std::vector<double> uniform(int64_t n, double lo, double hi, uint64_t seed) {
+  std::vector<double> v(static_cast<size_t>(n));
+  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = lo + (hi - lo) * static_cast<double>(s >> 11) / 9007199254740992.0;
+  }
+  return v;
 }
 
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {

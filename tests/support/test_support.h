@@ -10,13 +10,22 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "kiln/kiln.h"
 
 namespace kiln::testing {
+
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
+inline const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
+
+// Deterministic values in [lo, hi) from a small LCG, so references do not depend on kiln's generator.
+std::vector<double> uniform(int64_t n, double lo, double hi, uint64_t seed = 1);
 
 // cpu, plus cuda:0 when the build has a CUDA backend and a GPU is visible.
 std::vector<Device> test_devices();
@@ -55,6 +64,6 @@ int64_t ravel(const std::vector<int64_t>& index, const Shape& shape);
 
 }  // namespace kiln::testing
 
-#define KILN_INSTANTIATE_BACKENDS(Suite)                                                                 \
+#define KILN_INSTANTIATE_BACKENDS(Suite)                                                          \
   INSTANTIATE_TEST_SUITE_P(Backends, Suite, ::testing::ValuesIn(::kiln::testing::test_devices()), \
                            ::kiln::testing::device_param_name)

@@ -62,7 +62,8 @@ TEST_P(CopyTest, RoundsToHalfAndBFloat16ToNearestEven) {
   Tensor x = make({0.1, 1.0 / 3, 65519, 70000, -1e-8, 1 + std::ldexp(1.0, -11)}, {6}, opts(DType::Float64));
   expect_values(x.to(DType::Float16), {6},
                 {0.0999755859375, 0.333251953125, 65504, std::numeric_limits<double>::infinity(), -0.0, 1}, 0, 0);
-  Tensor y = make({0.1, 1 + std::ldexp(1.0, -8), 1 + 3 * std::ldexp(1.0, -8), std::numeric_limits<float>::max()}, {4}, opts(DType::Float32));
+  Tensor y = make({0.1, 1 + std::ldexp(1.0, -8), 1 + 3 * std::ldexp(1.0, -8), std::numeric_limits<float>::max()}, {4},
+                  opts(DType::Float32));
   expect_values(y.to(DType::BFloat16), {4},
                 {0.10009765625, 1, 1 + std::ldexp(1.0, -6), std::numeric_limits<double>::infinity()}, 0, 0);
   // NaN survives every floating conversion, and is true as a bool.
@@ -115,7 +116,8 @@ TEST_P(CopyTest, CopiesBetweenLayouts) {
         for (int w = 0; w < 4; ++w) memory[(h * 4 + w) * 2 + c] = v[(c * 3 + h) * 4 + w];
     expect_values(ops::as_strided(cl, {24}, {1}), {24}, memory);
     // Conversion into a channels-last destination.
-    Tensor cl32 = empty({1, 2, 3, 4}, {.dtype = DType::Float32, .device = dev(), .memory_format = MemoryFormat::ChannelsLast});
+    Tensor cl32 =
+        empty({1, 2, 3, 4}, {.dtype = DType::Float32, .device = dev(), .memory_format = MemoryFormat::ChannelsLast});
     cl32.copy_(x);
     expect_values(cl32, {1, 2, 3, 4}, v);
   }

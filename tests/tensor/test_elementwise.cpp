@@ -12,11 +12,11 @@ namespace {
 
 using testing::expect_error;
 using testing::expect_values;
+using testing::kFloatTypes;
+using testing::kInf;
+using testing::kNaN;
 using testing::make;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
+using testing::uniform;
 
 std::vector<double> map_values(const std::vector<double>& in, const std::function<double(double)>& f) {
   std::vector<double> out;
@@ -74,7 +74,8 @@ std::vector<UnaryCase> unary_cases() {
       {"round", [](const Tensor& x) { return round(x); }, round_half_even},
       {"square", [](const Tensor& x) { return square(x); }, [](double x) { return x * x; }},
       {"reciprocal", [](const Tensor& x) { return reciprocal(x); }, [](double x) { return 1.0 / x; }},
-      {"clamp", [](const Tensor& x) { return clamp(x, -1.0, 2.0); }, [](double x) { return std::min(std::max(x, -1.0), 2.0); }},
+      {"clamp", [](const Tensor& x) { return clamp(x, -1.0, 2.0); },
+       [](double x) { return std::min(std::max(x, -1.0), 2.0); }},
       {"pow_scalar", [](const Tensor& x) { return pow(x, 3); }, [](double x) { return x * x * x; }},
       {"pow_half", [](const Tensor& x) { return pow(x, 0.5); }, [](double x) { return std::sqrt(x); }, true},
   };
@@ -84,8 +85,8 @@ class ElementwiseUnaryTest : public testing::BackendTest {};
 
 // The reference is computed from the input as the dtype holds it (rounded), so only the op's own error counts.
 void check_unary(const UnaryCase& c, const Tensor& x, const Shape& shape) {
-  SCOPED_TRACE(::testing::Message() << c.name << " on " << x.dtype() << " " << ::testing::PrintToString(x.shape()) << " strides "
-                                    << ::testing::PrintToString(x.strides()));
+  SCOPED_TRACE(::testing::Message() << c.name << " on " << x.dtype() << " " << ::testing::PrintToString(x.shape())
+                                    << " strides " << ::testing::PrintToString(x.strides()));
   Tensor y = c.op(x);
   EXPECT_EQ(y.dtype(), x.dtype());
   expect_values(y, shape, map_values(testing::values(x), c.ref));

@@ -12,11 +12,11 @@ namespace {
 
 using testing::expect_error;
 using testing::expect_values;
+using testing::kFloatTypes;
+using testing::kInf;
+using testing::kNaN;
 using testing::make;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
+using testing::uniform;
 
 double python_mod(double a, double b) {
   const double r = std::fmod(a, b);
@@ -47,12 +47,18 @@ std::vector<BinaryCase> binary_cases() {
        [](double a, double b) { return std::max(a, b); }},
       {"minimum", [](const Tensor& a, const Tensor& b) { return minimum(a, b); },
        [](double a, double b) { return std::min(a, b); }},
-      {"eq", [](const Tensor& a, const Tensor& b) { return a == b; }, [](double a, double b) { return double(a == b); }, true},
-      {"ne", [](const Tensor& a, const Tensor& b) { return a != b; }, [](double a, double b) { return double(a != b); }, true},
-      {"lt", [](const Tensor& a, const Tensor& b) { return a < b; }, [](double a, double b) { return double(a < b); }, true},
-      {"le", [](const Tensor& a, const Tensor& b) { return a <= b; }, [](double a, double b) { return double(a <= b); }, true},
-      {"gt", [](const Tensor& a, const Tensor& b) { return a > b; }, [](double a, double b) { return double(a > b); }, true},
-      {"ge", [](const Tensor& a, const Tensor& b) { return a >= b; }, [](double a, double b) { return double(a >= b); }, true},
+      {"eq", [](const Tensor& a, const Tensor& b) { return a == b; }, [](double a, double b) { return double(a == b); },
+       true},
+      {"ne", [](const Tensor& a, const Tensor& b) { return a != b; }, [](double a, double b) { return double(a != b); },
+       true},
+      {"lt", [](const Tensor& a, const Tensor& b) { return a < b; }, [](double a, double b) { return double(a < b); },
+       true},
+      {"le", [](const Tensor& a, const Tensor& b) { return a <= b; }, [](double a, double b) { return double(a <= b); },
+       true},
+      {"gt", [](const Tensor& a, const Tensor& b) { return a > b; }, [](double a, double b) { return double(a > b); },
+       true},
+      {"ge", [](const Tensor& a, const Tensor& b) { return a >= b; }, [](double a, double b) { return double(a >= b); },
+       true},
       {"logical_and", [](const Tensor& a, const Tensor& b) { return logical_and(a, b); },
        [](double a, double b) { return double(a != 0 && b != 0); }, true},
       {"logical_or", [](const Tensor& a, const Tensor& b) { return logical_or(a, b); },
@@ -87,9 +93,11 @@ class ElementwiseBinaryTest : public testing::BackendTest {};
 TEST_P(ElementwiseBinaryTest, EveryOpMatchesItsReferenceWithBroadcasting) {
   const std::vector<double> av = {-3.5, -2, -0.75, 0, 0.5, 1, 2.25, 3, 4.5, -1.25, 0.125, 6};
   const std::vector<double> bv = {1.5, -2, 0.5, 3};
-  struct Shapes { Shape a, b, out; };
-  const std::vector<Shapes> shapes = {{{3, 4}, {4}, {3, 4}}, {{3, 1, 4}, {1, 4}, {3, 1, 4}},
-                                      {{3, 4, 1}, {1, 4}, {3, 4, 4}}, {{12}, {}, {12}}};
+  struct Shapes {
+    Shape a, b, out;
+  };
+  const std::vector<Shapes> shapes = {
+      {{3, 4}, {4}, {3, 4}}, {{3, 1, 4}, {1, 4}, {3, 1, 4}}, {{3, 4, 1}, {1, 4}, {3, 4, 4}}, {{12}, {}, {12}}};
   for (const auto& c : binary_cases()) {
     for (DType dt : kFloatTypes) {
       for (const auto& s : shapes) {
@@ -185,7 +193,7 @@ TEST_P(ElementwiseBinaryTest, TypePromotionFollowsPyTorch) {
   expect_values(i32 + i64_0d, {2}, {4, 5});
   EXPECT_EQ((f16 + f64_0d).dtype(), DType::Float16);
   EXPECT_EQ((u8 + 300).dtype(), DType::UInt8);
-  expect_values(u8 + 300, {2}, {45, 46});  // 300 wraps to 44 in uint8
+  expect_values(u8 + 300, {2}, {45, 46});             // 300 wraps to 44 in uint8
   EXPECT_EQ((i32 + f64_0d).dtype(), DType::Float64);  // a 0-d tensor of a higher category counts
   EXPECT_EQ((i32 + i64).dtype(), DType::Int64);
   EXPECT_EQ((u8 + i32).dtype(), DType::Int32);
@@ -339,7 +347,7 @@ TEST_P(ElementwiseBinaryTest, IsCloseAllCloseAndEqual) {
   expect_values(isclose(a, b, 0.1, 0, true), {5}, {1, 1, 1, 1, 0});
   EXPECT_FALSE(allclose(a, b));
   EXPECT_TRUE(allclose(make({1, 2}, {2}, opts()), make({1.000001, 2}, {2}, opts())));
-  EXPECT_TRUE(allclose(make({1, 2}, {2}, opts()), make({1.5}, {}, opts()), 0, 0.5));  // broadcasts
+  EXPECT_TRUE(allclose(make({1, 2}, {2}, opts()), make({1.5}, {}, opts()), 0, 0.5));      // broadcasts
   EXPECT_FALSE(allclose(make({1}, {1}, opts()), make({kInf}, {1}, opts()), 1e-5, kInf));  // inf error is never close
   EXPECT_TRUE(allclose(make({3, 4}, {2}, opts(DType::Int64)), make({3, 5}, {2}, opts(DType::Int64)), 0, 1));
   EXPECT_TRUE(equal(make({1, 2}, {2}, opts()), make({1, 2}, {2}, opts())));
@@ -376,10 +384,17 @@ TEST_P(ElementwiseBinaryTest, ErrorsNameTheOpShapesAndDtypes) {
   expect_error([&] { masked_fill(a, make({1, 0, 1}, {3}, opts()), 0); }, {"masked_fill", "mask", "bool", "float32"});
   expect_error([&] { masked_fill_(a, make({1, 0, 1}, {3}, opts(DType::UInt8)), 0); }, {"masked_fill_", "uint8"});
   expect_error([&] { where(make({1, 0, 1}, {3}, opts(DType::Int64)), a, a); }, {"where", "condition", "int64"});
-  expect_error([&] { masked_fill_(small, make({1, 0, 1, 0, 1, 0}, {2, 3}, opts(DType::Bool)), 0); },
-               {"masked_fill_", "[3]", "[2, 3]"});
+  expect_error(
+      [&] {
+        masked_fill_(small, make({1, 0, 1, 0, 1, 0}, {2, 3}, opts(DType::Bool)), 0);
+      },
+      {"masked_fill_", "[3]", "[2, 3]"});
   // Integer division by zero and negative integer powers are errors, not crashes.
-  expect_error([&] { remainder(i, make({0, 1}, {2}, opts(DType::Int64))); }, {"remainder", "division by zero", "int64"});
+  expect_error(
+      [&] {
+        remainder(i, make({0, 1}, {2}, opts(DType::Int64)));
+      },
+      {"remainder", "division by zero", "int64"});
   expect_error([&] { remainder(make({1}, {1}, opts(DType::Int32)), make({0}, {}, opts(DType::Int32))); },
                {"remainder", "zero", "int32"});
   expect_error([&] { pow(i, make({-1, 1}, {2}, opts(DType::Int64))); }, {"pow", "negative", "int64"});

@@ -91,8 +91,11 @@ TEST_P(FactoryTest, ChannelsLastLayout) {
   EXPECT_EQ(x.suggest_memory_format(), MemoryFormat::ChannelsLast);
   Tensor like = zeros_like(x);
   EXPECT_EQ(like.strides(), x.strides());
-  expect_error([&] { empty({2, 3}, {.device = dev(), .memory_format = MemoryFormat::ChannelsLast}); },
-               {"ChannelsLast", "4-D", "[2, 3]"});
+  expect_error(
+      [&] {
+        empty({2, 3}, {.device = dev(), .memory_format = MemoryFormat::ChannelsLast});
+      },
+      {"ChannelsLast", "4-D", "[2, 3]"});
 }
 
 TEST_P(FactoryTest, LikeFactoriesKeepShapeDeviceAndDType) {

@@ -66,7 +66,8 @@ std::vector<double> ref_matmul(const std::vector<double>& a, const Shape& batch_
   return out;
 }
 
-std::vector<double> ref_mm(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t k, int64_t n) {
+std::vector<double> ref_mm(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t k,
+                           int64_t n) {
   return ref_matmul(a, {}, b, {}, {}, m, k, n);
 }
 
@@ -107,7 +108,8 @@ TEST_P(MatmulTest, TransposedAndStridedOperands) {
     // No unit stride in either matrix dim: the frontend copies.
     const Tensor as = testing::non_contiguous(ac), bs = testing::non_contiguous(bc);
     ASSERT_NE(as.stride(1), 1);
-    for (const auto& [x, y] : std::vector<std::pair<Tensor, Tensor>>{{at, bc}, {ac, bt}, {at, bt}, {as, bs}, {as, bt}}) {
+    for (const auto& [x, y] :
+         std::vector<std::pair<Tensor, Tensor>>{{at, bc}, {ac, bt}, {at, bt}, {as, bs}, {as, bt}}) {
       expect_values(ops::matmul(x, y), {m, n}, want, -1, matmul_atol(dt, k));
     }
   }
@@ -258,8 +260,9 @@ TEST_P(MatmulTest, AddmmScalesAndBroadcastsC) {
     std::vector<double> want(m * n);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) want[i * n + j] = 2.0 * c_row[j] + 0.5 * ab[i * n + j];
-    expect_values(ops::addmm(make(c_row, {n}, opts(dt)), make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)), 2.0, 0.5),
-                  {m, n}, want, -1, matmul_atol(dt, k));
+    expect_values(
+        ops::addmm(make(c_row, {n}, opts(dt)), make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)), 2.0, 0.5), {m, n},
+        want, -1, matmul_atol(dt, k));
   }
   // c of shape (M, 1) and (M, N), default beta = alpha = 1, transposed a
   const std::vector<double> c_col = {1, 2, 3};
@@ -287,24 +290,44 @@ TEST_P(MatmulTest, ErrorsNameTheOpShapesAndDTypes) {
   const Tensor a23 = ops::ones({2, 3}, opts()), a45 = ops::ones({4, 5}, opts());
   expect_error([&] { ops::matmul(a23, a45); }, {"matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)"});
   expect_error([&] { ops::mm(a23, a45); }, {"mm: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)"});
-  expect_error([&] { ops::matmul(ops::ones({3}, opts()), ops::ones({4}, opts())); }, {"matmul", "[3]", "[4]", "3 != 4"});
-  expect_error([&] { ops::matmul(ops::ones({2, 5, 3}, opts()), ops::ones({5}, opts())); }, {"matmul", "[2, 5, 3]", "3 != 5"});
-  expect_error([&] { ops::matmul(a23, ops::ones({3, 2}, opts(DType::Float64))); },
-               {"matmul", "float32", "float64", ".to(DType::Float64)"});
-  expect_error([&] { ops::mm(a23.to(DType::Int32), ops::ones({3, 2}, opts(DType::Float16))); },
-               {"mm", "int32", "float16", ".to("});
+  expect_error([&] { ops::matmul(ops::ones({3}, opts()), ops::ones({4}, opts())); },
+               {"matmul", "[3]", "[4]", "3 != 4"});
+  expect_error(
+      [&] {
+        ops::matmul(ops::ones({2, 5, 3}, opts()), ops::ones({5}, opts()));
+      },
+      {"matmul", "[2, 5, 3]", "3 != 5"});
+  expect_error(
+      [&] {
+        ops::matmul(a23, ops::ones({3, 2}, opts(DType::Float64)));
+      },
+      {"matmul", "float32", "float64", ".to(DType::Float64)"});
+  expect_error(
+      [&] {
+        ops::mm(a23.to(DType::Int32), ops::ones({3, 2}, opts(DType::Float16)));
+      },
+      {"mm", "int32", "float16", ".to("});
   expect_error([&] { ops::matmul(a23.to(DType::Bool), ops::ones({3, 2}, opts(DType::Bool))); }, {"matmul", "bool"});
   expect_error([&] { ops::matmul(ops::ones({}, opts()), a23); }, {"matmul", "at least 1 dim", "[]", "[2, 3]"});
   expect_error([&] { ops::mm(ops::ones({3}, opts()), a23); }, {"mm", "2-D", "[3]", "[2, 3]"});
   expect_error([&] { ops::bmm(a23, a23); }, {"bmm", "3-D", "[2, 3]"});
-  expect_error([&] { ops::bmm(ops::ones({2, 2, 3}, opts()), ops::ones({3, 3, 2}, opts())); },
-               {"bmm", "batch", "2 != 3"});
+  expect_error(
+      [&] {
+        ops::bmm(ops::ones({2, 2, 3}, opts()), ops::ones({3, 3, 2}, opts()));
+      },
+      {"bmm", "batch", "2 != 3"});
   expect_error([&] { ops::bmm(ops::ones({2, 2, 3}, opts()), ops::ones({2, 4, 2}, opts())); }, {"bmm", "3 != 4"});
-  expect_error([&] { ops::matmul(ops::ones({2, 2, 3}, opts()), ops::ones({3, 3, 2}, opts())); },
-               {"matmul", "batch", "[2]", "[3]", "[2, 2, 3]", "[3, 3, 2]"});
+  expect_error(
+      [&] {
+        ops::matmul(ops::ones({2, 2, 3}, opts()), ops::ones({3, 3, 2}, opts()));
+      },
+      {"matmul", "batch", "[2]", "[3]", "[2, 2, 3]", "[3, 3, 2]"});
   expect_error([&] { ops::addmm(ops::ones({3}, opts()), a23, ops::ones({3, 2}, opts())); }, {"addmm", "[3]", "[2, 2]"});
-  expect_error([&] { ops::addmm(ops::ones({2}, opts(DType::Float64)), a23, ops::ones({3, 2}, opts())); },
-               {"addmm", "float64", "float32"});
+  expect_error(
+      [&] {
+        ops::addmm(ops::ones({2}, opts(DType::Float64)), a23, ops::ones({3, 2}, opts()));
+      },
+      {"addmm", "float64", "float32"});
   expect_error([&] { ops::dot(ops::ones({3}, opts()), ops::ones({4}, opts())); }, {"dot", "[3]", "[4]", "3 != 4"});
   expect_error([&] { ops::dot(a23, a23); }, {"dot", "1-D", "[2, 3]"});
   expect_error([&] { ops::outer(a23, ops::ones({2}, opts())); }, {"outer", "1-D", "[2, 3]"});
@@ -314,8 +337,12 @@ TEST_P(MatmulTest, ErrorsNameTheOpShapesAndDTypes) {
 TEST_P(MatmulTest, DevicesMustMatch) {
   if (dev().is_cpu()) {
     if (testing::test_devices().size() < 2) GTEST_SKIP() << "needs a second device";
-    expect_error([&] { ops::matmul(ops::ones({2, 2}, opts()), ops::ones({2, 2}, {.dtype = DType::Float32, .device = Device::cuda(0)})); },
-                 {"matmul", "same device", "cpu", "cuda:0"});
+    expect_error(
+        [&] {
+          ops::matmul(ops::ones({2, 2}, opts()),
+                      ops::ones({2, 2}, {.dtype = DType::Float32, .device = Device::cuda(0)}));
+        },
+        {"matmul", "same device", "cpu", "cuda:0"});
     return;
   }
   expect_error([&] { ops::mm(ops::ones({2, 2}, opts()), ops::ones({2, 2})); }, {"mm", "same device", "cpu", "cuda"});

@@ -11,22 +11,11 @@ namespace {
 
 using testing::expect_error;
 using testing::expect_values;
+using testing::kFloatTypes;
+using testing::kInf;
+using testing::kNaN;
+using testing::uniform;
 using testing::values;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
-
-// Deterministic values in [lo, hi) (a small LCG, so tests do not depend on kiln's generator).
-std::vector<double> uniform(int64_t n, double lo, double hi, uint64_t seed = 1) {
-  std::vector<double> v(static_cast<size_t>(n));
-  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
-  for (auto& x : v) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x = lo + (hi - lo) * static_cast<double>(s >> 11) / 9007199254740992.0;
-  }
-  return v;
-}
 
 // The input values each output of a reduction sees, and the output's shape: the reference side.
 struct Groups {
@@ -127,7 +116,8 @@ TEST_P(ReduceTest, SumMeanAmaxAminOverDimSets) {
     Tensor x = testing::make(uniform(60, -2, 2), {3, 4, 5}, opts(dt));
     for (const auto& dims : kDimSets) {
       for (bool keepdim : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << dt << " dims " << ::testing::PrintToString(dims) << " keepdim " << keepdim);
+        SCOPED_TRACE(::testing::Message()
+                     << dt << " dims " << ::testing::PrintToString(dims) << " keepdim " << keepdim);
         const Groups g = groups(x, dims, keepdim);
         const size_t n = g.members[0].size();
         Tensor s = x.sum(dims, keepdim);
@@ -209,9 +199,10 @@ TEST_P(ReduceTest, ColumnPathShapes) {
 // var, norms and logsumexp of outer dims (channels-last statistics) take the column path too.
 TEST_P(ReduceTest, StatisticsOnTheColumnPath) {
   for (DType dt : {DType::Float32, DType::Float64, DType::Float16}) {
-    Tensor cl = testing::make(uniform(2 * 3 * 4 * 5, -2, 2, 12), {2, 3, 4, 5}, opts(dt)).contiguous(MemoryFormat::ChannelsLast);
+    Tensor cl =
+        testing::make(uniform(2 * 3 * 4 * 5, -2, 2, 12), {2, 3, 4, 5}, opts(dt)).contiguous(MemoryFormat::ChannelsLast);
     Tensor tall = testing::make(uniform(50000 * 3, -2, 2, 13), {50000, 3}, opts(dt));  // split rows, in float16 range
-    Tensor wide = testing::make(uniform(40 * 700, -2, 2, 14), {40, 700}, opts(dt));      // several tiles
+    Tensor wide = testing::make(uniform(40 * 700, -2, 2, 14), {40, 700}, opts(dt));    // several tiles
     for (const auto& [x, dims] : std::vector<std::pair<Tensor, std::vector<int64_t>>>{
              {cl, {0, 2, 3}}, {cl, {2, 3}}, {tall, {0}}, {wide, {0}}}) {
       SCOPED_TRACE(::testing::Message() << dt << " shape " << ::testing::PrintToString(x.shape()));
@@ -343,8 +334,8 @@ TEST_P(ReduceTest, VarStdVarMean) {
     Tensor x = testing::make(uniform(60, -2, 2, 4), {3, 4, 5}, opts(dt));
     for (const auto& dims : kDimSets) {
       for (int64_t correction : {0, 1, 2}) {
-        SCOPED_TRACE(::testing::Message() << dt << " dims " << ::testing::PrintToString(dims) << " correction "
-                                          << correction);
+        SCOPED_TRACE(::testing::Message()
+                     << dt << " dims " << ::testing::PrintToString(dims) << " correction " << correction);
         const Groups g = groups(x, dims, false);
         const auto var = g.apply([&](const auto& v) { return ref_var(v, correction); });
         std::vector<double> sd;

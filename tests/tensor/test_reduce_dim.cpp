@@ -10,21 +10,11 @@ namespace {
 
 using testing::expect_error;
 using testing::expect_values;
+using testing::kFloatTypes;
+using testing::kInf;
+using testing::kNaN;
+using testing::uniform;
 using testing::values;
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
-
-std::vector<double> uniform(int64_t n, double lo, double hi, uint64_t seed = 1) {
-  std::vector<double> v(static_cast<size_t>(n));
-  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
-  for (auto& x : v) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x = lo + (hi - lo) * static_cast<double>(s >> 11) / 9007199254740992.0;
-  }
-  return v;
-}
 
 // The lines of x along dim: line o holds the values at every index of dim, for one position of the others.
 struct Lines {
@@ -185,7 +175,8 @@ TEST_P(SoftmaxTest, MatchesReferenceAlongEveryDim) {
 }
 
 TEST_P(SoftmaxTest, ChannelsLastAndLongRows) {
-  Tensor x = testing::make(uniform(2 * 3 * 4 * 5, -3, 3, 4), {2, 3, 4, 5}, opts()).contiguous(MemoryFormat::ChannelsLast);
+  Tensor x =
+      testing::make(uniform(2 * 3 * 4 * 5, -3, 3, 4), {2, 3, 4, 5}, opts()).contiguous(MemoryFormat::ChannelsLast);
   const Lines l = lines_of(x, 1);
   std::vector<std::vector<double>> per_line;
   for (const auto& line : l.lines) per_line.push_back(ref_softmax(line, false));

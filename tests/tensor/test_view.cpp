@@ -8,7 +8,9 @@ using testing::expect_error;
 using testing::expect_values;
 
 // 0..n-1 as float64 values in `shape`.
-Tensor iota(const Shape& shape, const TensorOptions& o) { return arange(numel(shape), o).to(DType::Float64).reshape(shape); }
+Tensor iota(const Shape& shape, const TensorOptions& o) {
+  return arange(numel(shape), o).to(DType::Float64).reshape(shape);
+}
 
 std::vector<double> range(int n) {
   std::vector<double> v(n);
@@ -32,7 +34,7 @@ TEST_P(ViewTest, ViewAndReshapeShareStorage) {
 
 TEST_P(ViewTest, ViewOfNonContiguousNeedsCompatibleStrides) {
   Tensor x = iota({2, 3, 4}, {.device = dev()});
-  Tensor t = x.transpose(0, 1);  // (3, 2, 4), strides (4, 12, 1)
+  Tensor t = x.transpose(0, 1);                      // (3, 2, 4), strides (4, 12, 1)
   EXPECT_TRUE(t.view({3, 2, 2, 2}).is_alias_of(x));  // splitting the last dim works
   expect_error([&] { t.view({6, 4}); }, {"view", "not compatible", "reshape"});
   Tensor r = t.reshape({6, 4});  // copies

@@ -13,8 +13,8 @@ using ConstMatrixMap =
     Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, Eigen::Unaligned, Eigen::OuterStride<>>;
 
 template <typename T>
-using OutMatrixMap =
-    Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, Eigen::Unaligned, Eigen::OuterStride<>>;
+using OutMatrixMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, Eigen::Unaligned,
+                                Eigen::OuterStride<>>;
 
 // Row-major when the columns are adjacent (or there is one column); column-major when the rows are.
 template <typename T>
@@ -62,5 +62,6 @@ void gemm(const MatrixRef<const T>& a, const MatrixRef<const T>& b, const Matrix
 }
 }  // namespace kiln::cpu
 
-#define KILN_INSTANTIATE_GEMM(T) \
-  template void gemm<T>(const MatrixRef<const T>& a, const MatrixRef<const T>& b, const MatrixRef<T>& c, T alpha, T beta);
+#define KILN_INSTANTIATE_GEMM(T)                                                                                  \
+  template void gemm<T>(const MatrixRef<const T>& a, const MatrixRef<const T>& b, const MatrixRef<T>& c, T alpha, \
+                        T beta);

@@ -17,12 +17,13 @@ namespace kiln::cpu {
 namespace {
 
 [[noreturn]] void throw_out_of_range(const char* op, int64_t value, int64_t dim, int64_t size) {
-  KILN_FAIL(op, ": index ", value, " is out of range for dim ", dim, " of size ", size,
-            " (expected 0 <= index < ", size, ")");
+  KILN_FAIL(op, ": index ", value, " is out of range for dim ", dim, " of size ", size, " (expected 0 <= index < ",
+            size, ")");
 }
 
 inline void check_index(const char* op, int64_t value, int64_t dim, int64_t size) {
-  if (value < 0 || value >= size) [[unlikely]] throw_out_of_range(op, value, dim, size);
+  if (value < 0 || value >= size) [[unlikely]]
+    throw_out_of_range(op, value, dim, size);
 }
 
 // out[p] = a[p with coordinate `dim` replaced by index[p]] for every position p of `shape`.
@@ -87,25 +88,27 @@ void scatter_kernel(const Tensor& out, int64_t dim, const Tensor& index, const T
   T* o = out.data_ptr<T>();
   const int64_t* idx = index.data_ptr<int64_t>();
   const T* s = src.data_ptr<T>();
-  parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(steps, 1)), [&](int64_t begin, int64_t end) {
-    StridedWalker<3> w(rows_shape, {erase_dim(og.strides, dim), erase_dim(ig.strides, dim), erase_dim(sg.strides, dim)});
-    for (int64_t t = 0; t < steps; ++t) {
-      w.seek(begin);
-      for (int64_t r = begin; r < end; ++r, w.next()) {
-        const int64_t v = idx[w.offset(1) + t * i_stride];
-        check_index(accumulate ? "scatter_add" : "scatter", v, dim, out_size);
-        T& target = o[w.offset(0) + v * out_stride];
-        const T value = s[w.offset(2) + t * s_stride];
-        if (accumulate) {
-          using C = compute_t<T>;
-          if constexpr (std::is_same_v<T, bool>) target = target || value;
-          else target = T(static_cast<C>(static_cast<C>(target) + static_cast<C>(value)));
-        } else {
-          target = value;
-        }
-      }
-    }
-  });
+  parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(steps, 1)),
+               [&](int64_t begin, int64_t end) {
+                 StridedWalker<3> w(
+                     rows_shape, {erase_dim(og.strides, dim), erase_dim(ig.strides, dim), erase_dim(sg.strides, dim)});
+                 for (int64_t t = 0; t < steps; ++t) {
+                   w.seek(begin);
+                   for (int64_t r = begin; r < end; ++r, w.next()) {
+                     const int64_t v = idx[w.offset(1) + t * i_stride];
+                     check_index(accumulate ? "scatter_add" : "scatter", v, dim, out_size);
+                     T& target = o[w.offset(0) + v * out_stride];
+                     const T value = s[w.offset(2) + t * s_stride];
+                     if (accumulate) {
+                       using C = compute_t<T>;
+                       if constexpr (std::is_same_v<T, bool>) target = target || value;
+                       else target = T(static_cast<C>(static_cast<C>(target) + static_cast<C>(value)));
+                     } else {
+                       target = value;
+                     }
+                   }
+                 }
+               });
 }
 
 template <typename T>
@@ -148,14 +151,17 @@ Tensor CpuBackend::nonzero(const Tensor& a) {
   // Two passes over fixed chunks: count per chunk, then each chunk writes its coordinates from its
   // prefix-sum position, so the rows come out in row-major order.
   const int64_t total = a.numel(), rank = a.dim();
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>((total + kGrainSize - 1) / kGrainSize, 4 * num_threads()));
+  const int64_t chunks =
+      std::max<int64_t>(1, std::min<int64_t>((total + kGrainSize - 1) / kGrainSize, 4 * num_threads()));
   std::vector<int64_t> counts(static_cast<size_t>(chunks) + 1, 0);
   Tensor result;
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     Geometry g = geometry_of(a.shape(), a.strides());
     const T* p = a.data_ptr<T>();
-    auto chunk_range = [&](int64_t c) { return std::pair<int64_t, int64_t>{total * c / chunks, total * (c + 1) / chunks}; };
+    auto chunk_range = [&](int64_t c) {
+      return std::pair<int64_t, int64_t>{total * c / chunks, total * (c + 1) / chunks};
+    };
     parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
         auto [begin, end] = chunk_range(c);

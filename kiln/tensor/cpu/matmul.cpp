@@ -34,8 +34,8 @@ BatchedRef<T> batched_ref(const Tensor& t) {
 // Tasks are (batch, row block) pairs: many batches give one task each, a single large product is cut
 // into row blocks of the output, which are independent.
 template <typename T>
-void batched_gemm(BatchedRef<const T> a, BatchedRef<const T> b, BatchedRef<T> c, int64_t batches, int64_t m,
-                  int64_t n, int64_t k, T alpha, T beta) {
+void batched_gemm(BatchedRef<const T> a, BatchedRef<const T> b, BatchedRef<T> c, int64_t batches, int64_t m, int64_t n,
+                  int64_t k, T alpha, T beta) {
   const int64_t threads = num_threads();
   int64_t blocks_per_batch = 1;
   if (batches < threads && m >= 2 * kMinBlockRows) {
@@ -52,8 +52,7 @@ void batched_gemm(BatchedRef<const T> a, BatchedRef<const T> b, BatchedRef<T> c,
       const int64_t batch = task / blocks_per_batch;
       const int64_t row0 = (task % blocks_per_batch) * block_rows;
       const int64_t rows = std::min(block_rows, m - row0);
-      MatrixRef<const T> am{a.data + batch * a.batch_stride + row0 * a.row_stride, rows, k, a.row_stride,
-                            a.col_stride};
+      MatrixRef<const T> am{a.data + batch * a.batch_stride + row0 * a.row_stride, rows, k, a.row_stride, a.col_stride};
       MatrixRef<const T> bm{b.data + batch * b.batch_stride, k, n, b.row_stride, b.col_stride};
       MatrixRef<T> cm{c.data + batch * c.batch_stride + row0 * c.row_stride, rows, n, c.row_stride, 1};
       gemm<T>(am, bm, cm, alpha, beta);

@@ -160,3 +160,8 @@ void parallel_for_impl(int64_t begin, int64_t end, int64_t grain, const std::fun
 }
 
 }  // namespace kiln::cpu
+
+namespace kiln {
+int num_threads() { return cpu::num_threads(); }
+void set_num_threads(int n) { cpu::set_num_threads(n); }
+}  // namespace kiln

@@ -1,6 +1,7 @@
 // CPU kernels: random numbers with the element numbering of generator.h, so CUDA can reproduce them.
 #include "kiln/tensor/cpu/cpu_backend.h"
 #include "kiln/tensor/cpu/parallel.h"
+#include "kiln/tensor/cpu/strided_loop.h"  // StridedWalker
 #include "kiln/tensor/dispatch.h"
 
 namespace kiln::cpu {
@@ -9,7 +10,6 @@ void CpuBackend::random(const Tensor& out, const RandomParams& params, Generator
   const Shape& sizes = out.shape();
   const Strides& strides = out.strides();
   const int64_t n = out.numel();
-  const size_t rank = sizes.size();
   visit_dtype(out.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* base = out.data_ptr<T>();
@@ -39,25 +39,9 @@ void CpuBackend::random(const Tensor& out, const RandomParams& params, Generator
       return T{};
     };
     parallel_for(0, n, kGrainSize / 8, [&](int64_t begin, int64_t end) {
-      // Walk row-major logical indices, tracking the memory offset.
-      std::vector<int64_t> idx(rank);
-      int64_t rem = begin, off = 0;
-      for (size_t d = rank; d-- > 0;) {
-        idx[d] = rem % sizes[d];
-        rem /= sizes[d];
-        off += idx[d] * strides[d];
-      }
-      for (int64_t i = begin; i < end; ++i) {
-        base[off] = value(static_cast<uint64_t>(i));
-        for (size_t d = rank; d-- > 0;) {
-          if (++idx[d] < sizes[d]) {
-            off += strides[d];
-            break;
-          }
-          off -= strides[d] * (sizes[d] - 1);
-          idx[d] = 0;
-        }
-      }
+      StridedWalker<1> walker(sizes, {strides});  // row-major logical order, whatever the layout
+      walker.seek(begin);
+      for (int64_t i = begin; i < end; ++i, walker.next()) base[walker.offset(0)] = value(static_cast<uint64_t>(i));
     });
   });
 }

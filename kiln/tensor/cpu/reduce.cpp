@@ -13,14 +13,6 @@ using namespace reduce_detail;
 // ---- block reducers (row path): one Eigen call per block of contiguous Acc values ----
 
 template <typename Acc>
-struct SumBlock {
-  PairwiseSum<Acc> sum;
-  void block(const Acc* x, int64_t n) { sum.add(ArrayMap<Acc>(x, n).sum()); }
-  Acc value() const { return sum.total(); }
-  static Acc merge(Acc a, Acc b) { return a + b; }
-};
-
-template <typename Acc>
 struct ProdBlock {
   Acc prod = 1;
   void block(const Acc* x, int64_t n) {
@@ -54,8 +46,8 @@ struct MaxBlock {
 
 template <typename Acc>
 struct MinBlock {
-  Acc best = std::numeric_limits<Acc>::has_infinity ? std::numeric_limits<Acc>::infinity()
-                                                    : std::numeric_limits<Acc>::max();
+  Acc best =
+      std::numeric_limits<Acc>::has_infinity ? std::numeric_limits<Acc>::infinity() : std::numeric_limits<Acc>::max();
   void block(const Acc* x, int64_t n) {
     if constexpr (std::is_floating_point_v<Acc>) {
       best = nan_min(best, ArrayMap<Acc>(x, n).template minCoeff<Eigen::PropagateNaN>());

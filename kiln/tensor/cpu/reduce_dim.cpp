@@ -17,7 +17,7 @@ namespace {
 
 // Offsets of line o in up to three tensors sharing a shape, over every dim but `dim`.
 struct Lines {
-  Shape sizes;                  // the other dims, outermost first
+  Shape sizes;                   // the other dims, outermost first
   std::vector<Strides> strides;  // per tensor
   int64_t count = 1;
 

@@ -18,8 +18,8 @@
 
 #include <Eigen/Core>  // Eigen::Map, Eigen::Array: vectorised block reductions
 
-#include <algorithm>    // std::min, std::stable_sort
-#include <cmath>        // std::isnan
+#include <algorithm>  // std::min, std::stable_sort
+#include <cmath>      // std::isnan
 #include <cstdint>
 #include <limits>       // std::numeric_limits
 #include <type_traits>  // std::is_same_v
@@ -314,7 +314,8 @@ void reduce_columns(const T* in, const Geometry& g, const Finish& finish, const 
       }
       const int64_t tile = item % tiles, group = item / tiles;
       const int64_t w = run_item(item, acc);
-      const int64_t out0 = offset_of(group, g.kept_sizes.data(), g.kept_out.data(), outer_kept) + tile * kTile * out_step;
+      const int64_t out0 =
+          offset_of(group, g.kept_sizes.data(), g.kept_out.data(), outer_kept) + tile * kTile * out_step;
       for (int64_t j = 0; j < w; ++j) finish(group * width + tile * kTile + j, out0 + j * out_step, acc[j]);
     }
   });
@@ -334,5 +335,14 @@ void reduce_columns(const T* in, const Geometry& g, const Finish& finish, const 
 // Var, Std, Norm and LogSumExp (reduce_stats.cpp): floating dtypes, out has in's dtype.
 void reduce_stats(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce,
                   const ReduceParams& params);
+
+// Sums a row block by block (one Eigen call each), adding the block sums pairwise.
+template <typename Acc>
+struct SumBlock {
+  PairwiseSum<Acc> sum;
+  void block(const Acc* x, int64_t n) { sum.add(ArrayMap<Acc>(x, n).sum()); }
+  Acc value() const { return sum.total(); }
+  static Acc merge(Acc a, Acc b) { return a + b; }
+};
 
 }  // namespace kiln::cpu::reduce_detail

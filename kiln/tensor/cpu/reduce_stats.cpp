@@ -13,14 +13,6 @@ namespace kiln::cpu::reduce_detail {
 namespace {
 
 template <typename Acc>
-struct SumBlock {
-  PairwiseSum<Acc> sum;
-  void block(const Acc* x, int64_t n) { sum.add(ArrayMap<Acc>(x, n).sum()); }
-  Acc value() const { return sum.total(); }
-  static Acc merge(Acc a, Acc b) { return a + b; }
-};
-
-template <typename Acc>
 struct MaxBlock {
   Acc best = -std::numeric_limits<Acc>::infinity();
   void block(const Acc* x, int64_t n) {
@@ -103,28 +95,48 @@ struct SumLikeColumns {  // acc += f(x, center)
   static Acc merge(Acc a, Acc b) { return a + b; }
 };
 struct Identity {
-  template <typename Acc> static Acc apply(Acc x, Acc) { return x; }
+  template <typename Acc>
+  static Acc apply(Acc x, Acc) {
+    return x;
+  }
 };
 struct SquaredDeviation {
-  template <typename Acc> static Acc apply(Acc x, Acc c) { return (x - c) * (x - c); }
+  template <typename Acc>
+  static Acc apply(Acc x, Acc c) {
+    return (x - c) * (x - c);
+  }
 };
 struct ShiftedExp {  // nothing to add when the max is not finite: the result is the max itself
-  template <typename Acc> static Acc apply(Acc x, Acc c) { return std::isfinite(c) ? std::exp(x - c) : Acc(0); }
+  template <typename Acc>
+  static Acc apply(Acc x, Acc c) {
+    return std::isfinite(c) ? std::exp(x - c) : Acc(0);
+  }
 };
 struct Abs {
-  template <typename Acc> static Acc apply(Acc x, Acc) { return std::abs(x); }
+  template <typename Acc>
+  static Acc apply(Acc x, Acc) {
+    return std::abs(x);
+  }
 };
 struct Square {
-  template <typename Acc> static Acc apply(Acc x, Acc) { return x * x; }
+  template <typename Acc>
+  static Acc apply(Acc x, Acc) {
+    return x * x;
+  }
 };
 struct NonZero {
-  template <typename Acc> static Acc apply(Acc x, Acc) { return x != Acc(0) ? Acc(1) : Acc(0); }
+  template <typename Acc>
+  static Acc apply(Acc x, Acc) {
+    return x != Acc(0) ? Acc(1) : Acc(0);
+  }
 };
 
 template <typename Acc, bool kMax, bool kAbs>
 struct ExtremeColumns {  // max or min of x (or |x|), NaN winning
   static constexpr bool kPairwise = false;
-  static Acc identity() { return kMax ? (kAbs ? Acc(0) : -std::numeric_limits<Acc>::infinity()) : std::numeric_limits<Acc>::infinity(); }
+  static Acc identity() {
+    return kMax ? (kAbs ? Acc(0) : -std::numeric_limits<Acc>::infinity()) : std::numeric_limits<Acc>::infinity();
+  }
   static void accumulate(Acc* acc, const Acc* x, int64_t n, const Acc*) {
     for (int64_t j = 0; j < n; ++j) {
       const Acc v = kAbs ? std::abs(x[j]) : x[j];
@@ -154,11 +166,14 @@ void stats_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::ve
     case ReduceOp::Std: {
       const Acc n = static_cast<Acc>(g.n_red);
       std::vector<Acc> mean(static_cast<size_t>(g.n_out));
-      run(TypeTag<SumLikeColumns<Acc, Identity>>{}, [](int64_t) { return SumBlock<Acc>{}; },
+      run(
+          TypeTag<SumLikeColumns<Acc, Identity>>{}, [](int64_t) { return SumBlock<Acc>{}; },
           [&](int64_t o, int64_t, Acc v) { mean[o] = v / n; });
       const Acc divisor = static_cast<Acc>(std::max<int64_t>(g.n_red - params.correction, 0));
       const bool root = op == ReduceOp::Std;
-      run(TypeTag<SumLikeColumns<Acc, SquaredDeviation>>{}, [&](int64_t o) { return SquaredDeviationBlock<Acc>(mean[o]); },
+      run(
+          TypeTag<SumLikeColumns<Acc, SquaredDeviation>>{},
+          [&](int64_t o) { return SquaredDeviationBlock<Acc>(mean[o]); },
           [&](int64_t, int64_t off, Acc m2) {
             const Acc var = m2 / divisor;
             store(off, root ? std::sqrt(var) : var);
@@ -168,9 +183,11 @@ void stats_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::ve
     }
     case ReduceOp::LogSumExp: {
       std::vector<Acc> max(static_cast<size_t>(g.n_out));
-      run(TypeTag<ExtremeColumns<Acc, true, false>>{}, [](int64_t) { return MaxBlock<Acc>{}; },
+      run(
+          TypeTag<ExtremeColumns<Acc, true, false>>{}, [](int64_t) { return MaxBlock<Acc>{}; },
           [&](int64_t o, int64_t, Acc v) { max[o] = v; });
-      run(TypeTag<SumLikeColumns<Acc, ShiftedExp>>{}, [&](int64_t o) { return ExpBlock<Acc>(max[o]); },
+      run(
+          TypeTag<SumLikeColumns<Acc, ShiftedExp>>{}, [&](int64_t o) { return ExpBlock<Acc>(max[o]); },
           [&](int64_t o, int64_t off, Acc s) { store(off, std::isfinite(max[o]) ? max[o] + std::log(s) : max[o]); },
           max.data());
       return;
@@ -179,15 +196,20 @@ void stats_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::ve
       const double p = params.p;
       auto plain = [&](int64_t, int64_t off, Acc v) { store(off, v); };
       if (std::isinf(p) && p > 0) {
-        run(TypeTag<ExtremeColumns<Acc, true, true>>{}, [](int64_t) { return MaxAbsBlock<Acc>{}; }, plain);
+        run(
+            TypeTag<ExtremeColumns<Acc, true, true>>{}, [](int64_t) { return MaxAbsBlock<Acc>{}; }, plain);
       } else if (std::isinf(p)) {
-        run(TypeTag<ExtremeColumns<Acc, false, true>>{}, [](int64_t) { return MinAbsBlock<Acc>{}; }, plain);
+        run(
+            TypeTag<ExtremeColumns<Acc, false, true>>{}, [](int64_t) { return MinAbsBlock<Acc>{}; }, plain);
       } else if (p == 0) {
-        run(TypeTag<SumLikeColumns<Acc, NonZero>>{}, [](int64_t) { return PowerSumBlock<Acc, 0>{}; }, plain);
+        run(
+            TypeTag<SumLikeColumns<Acc, NonZero>>{}, [](int64_t) { return PowerSumBlock<Acc, 0>{}; }, plain);
       } else if (p == 1) {
-        run(TypeTag<SumLikeColumns<Acc, Abs>>{}, [](int64_t) { return PowerSumBlock<Acc, 1>{}; }, plain);
+        run(
+            TypeTag<SumLikeColumns<Acc, Abs>>{}, [](int64_t) { return PowerSumBlock<Acc, 1>{}; }, plain);
       } else if (p == 2) {
-        run(TypeTag<SumLikeColumns<Acc, Square>>{}, [](int64_t) { return PowerSumBlock<Acc, 2>{}; },
+        run(
+            TypeTag<SumLikeColumns<Acc, Square>>{}, [](int64_t) { return PowerSumBlock<Acc, 2>{}; },
             [&](int64_t, int64_t off, Acc v) { store(off, std::sqrt(v)); });
       } else {
         // A general order is rare: the row path serves every layout.
@@ -206,8 +228,8 @@ void stats_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::ve
 
 void reduce_stats(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce,
                   const ReduceParams& params) {
-  KILN_CHECK(out.dtype() == in.dtype(), "cpu::reduce: var/norm/logsumexp expect one dtype, got ", in.dtype(),
-             " into ", out.dtype());
+  KILN_CHECK(out.dtype() == in.dtype(), "cpu::reduce: var/norm/logsumexp expect one dtype, got ", in.dtype(), " into ",
+             out.dtype());
   visit_floating_dtype(in.dtype(), "reduce", [&](auto tag) {
     using T = typename decltype(tag)::type;
     stats_typed<T>(op, out, in, reduce, params);

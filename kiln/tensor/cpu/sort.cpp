@@ -57,7 +57,8 @@ void for_each_row(const Tensor& values, const Tensor& indices, const Tensor& a, 
   const int64_t rows = numel(rows_shape), n = ag.shape[dim];
   const int64_t grain = std::max<int64_t>(1, kGrainSize / 8 / std::max<int64_t>(n, 1));
   parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    StridedWalker<3> w(rows_shape, {erase_dim(ag.strides, dim), erase_dim(vg.strides, dim), erase_dim(ig.strides, dim)});
+    StridedWalker<3> w(rows_shape,
+                       {erase_dim(ag.strides, dim), erase_dim(vg.strides, dim), erase_dim(ig.strides, dim)});
     w.seek(begin);
     std::vector<std::pair<compute_t<T>, int64_t>> scratch(static_cast<size_t>(n));
     for (int64_t r = begin; r < end; ++r, w.next()) fn(scratch, w.offset(0), w.offset(1), w.offset(2));

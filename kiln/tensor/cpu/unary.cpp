@@ -1,6 +1,6 @@
 // CPU kernels: unary elementwise ops, as Eigen array expressions (see elementwise_kernels.h).
-#include <cmath>    // std::isnan
-#include <limits>   // std::numeric_limits
+#include <cmath>   // std::isnan
+#include <limits>  // std::numeric_limits
 #include <string_view>
 
 #include <unsupported/Eigen/SpecialFunctions>  // the vectorised erf behind ArrayBase::erf
@@ -50,7 +50,7 @@ C clamp_bound(double v) {
   return static_cast<C>(v);
 }
 
-constexpr double kSqrtHalf = 0.70710678118654752440;   // 1/sqrt(2), GELU's erf argument scale
+constexpr double kSqrtHalf = 0.70710678118654752440;     // 1/sqrt(2), GELU's erf argument scale
 constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi), GELU's tanh approximation
 
 }  // namespace
@@ -106,16 +106,19 @@ void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& a, const Una
     case UnaryOp::Ceil:
     case UnaryOp::Round:
       // Integers are already whole: a copy, as in PyTorch. Round is half to even (rint).
-      return numeric(op == UnaryOp::Floor ? "floor" : op == UnaryOp::Ceil ? "ceil" : "round", out, a, [op](auto x, auto o) {
-        using C = scalar_of<decltype(x)>;
-        if constexpr (std::is_floating_point_v<C>) {
-          if (op == UnaryOp::Floor) o = x.floor();
-          else if (op == UnaryOp::Ceil) o = x.ceil();
-          else o = x.rint();
-        } else {
-          o = x;
-        }
-      });
+      return numeric(op == UnaryOp::Floor  ? "floor"
+                     : op == UnaryOp::Ceil ? "ceil"
+                                           : "round",
+                     out, a, [op](auto x, auto o) {
+                       using C = scalar_of<decltype(x)>;
+                       if constexpr (std::is_floating_point_v<C>) {
+                         if (op == UnaryOp::Floor) o = x.floor();
+                         else if (op == UnaryOp::Ceil) o = x.ceil();
+                         else o = x.rint();
+                       } else {
+                         o = x;
+                       }
+                     });
     case UnaryOp::Square: return numeric("square", out, a, [](auto x, auto o) { o = x.square(); });
     case UnaryOp::Reciprocal: return floating("reciprocal", out, a, [](auto x, auto o) { o = x.inverse(); });
     case UnaryOp::Clamp:
@@ -132,8 +135,7 @@ void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& a, const Una
         o = (x < lo).select(lo, x);
         o = (o > hi).select(hi, o);
       });
-    case UnaryOp::LogicalNot:
-      return predicate(out, a, [](auto x, auto o) { o = x == scalar_of<decltype(x)>(0); });
+    case UnaryOp::LogicalNot: return predicate(out, a, [](auto x, auto o) { o = x == scalar_of<decltype(x)>(0); });
     case UnaryOp::IsNan:
       return predicate(out, a, [](auto x, auto o) {
         if constexpr (std::is_floating_point_v<scalar_of<decltype(x)>>) o = x.isNaN();

@@ -22,9 +22,10 @@ void check_pair(std::string_view op, const Tensor& a, const Tensor& b) {
 
 Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
   check_pair("isclose", a, b);
-  KILN_CHECK(a.dtype() == b.dtype(), "isclose: expected both tensors to have the same dtype, got ", a.dtype(),
-             " and ", b.dtype(), "; convert one with .to(dtype) first");
-  KILN_CHECK(rtol >= 0 && atol >= 0, "isclose: rtol and atol must be non-negative, got rtol ", rtol, " and atol ", atol);
+  KILN_CHECK(a.dtype() == b.dtype(), "isclose: expected both tensors to have the same dtype, got ", a.dtype(), " and ",
+             b.dtype(), "; convert one with .to(dtype) first");
+  KILN_CHECK(rtol >= 0 && atol >= 0, "isclose: rtol and atol must be non-negative, got rtol ", rtol, " and atol ",
+             atol);
   broadcast_shapes(a.shape(), b.shape(), "isclose");
   // Equal values are close (infinities included); otherwise |a - b| <= atol + rtol * |b| with a finite
   // difference, computed in a floating dtype (float64 for integers, so large ones stay exact enough).

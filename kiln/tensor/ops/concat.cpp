@@ -73,8 +73,9 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   parts.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     KILN_CHECK(tensors[i].defined(), "stack: tensor ", i, " is undefined");
-    KILN_CHECK(tensors[i].shape() == tensors[0].shape(), "stack: all tensors must have the same shape, but tensor 0 has ",
-               "shape ", tensors[0].shape(), " and tensor ", i, " has shape ", tensors[i].shape());
+    KILN_CHECK(tensors[i].shape() == tensors[0].shape(),
+               "stack: all tensors must have the same shape, but tensor 0 has ", "shape ", tensors[0].shape(),
+               " and tensor ", i, " has shape ", tensors[i].shape());
     parts.push_back(unsqueeze(tensors[i], d));
   }
   return cat(parts, d);

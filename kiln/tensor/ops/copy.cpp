@@ -26,7 +26,8 @@ bool may_overlap(const Tensor& a, const Tensor& b) {
 void check_no_internal_overlap(const Tensor& t, std::string_view op) {
   for (int64_t d = 0; d < t.dim(); ++d) {
     KILN_CHECK(t.stride(d) != 0 || t.size(d) <= 1, op, ": the destination has several elements at one memory ",
-               "location (stride 0 in dim ", d, ", shape ", t.shape(), ", e.g. from expand()); write into a "
+               "location (stride 0 in dim ", d, ", shape ", t.shape(),
+               ", e.g. from expand()); write into a "
                "contiguous tensor instead (call .contiguous() or .clone() first)");
   }
 }
@@ -36,8 +37,8 @@ void check_no_internal_overlap(const Tensor& t, std::string_view op) {
 Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   check_defined(dst, "copy_", "the destination");
   check_defined(src, "copy_", "the source");
-  KILN_CHECK(broadcast_shapes(dst.shape(), src.shape(), "copy_") == dst.shape(), "copy_: source of shape ",
-             src.shape(), " cannot be broadcast to the destination's shape ", dst.shape());
+  KILN_CHECK(broadcast_shapes(dst.shape(), src.shape(), "copy_") == dst.shape(), "copy_: source of shape ", src.shape(),
+             " cannot be broadcast to the destination's shape ", dst.shape());
   check_no_internal_overlap(dst, "copy_");
   if (dst.numel() == 0 || dst.is_same(src)) return dst;
   Tensor source = expand(src, dst.shape());
@@ -46,8 +47,8 @@ Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   }
   // Host <-> device copies are done by the device's backend; same-device copies by that device's.
   const Device dev = dst.is_cpu() ? source.device() : dst.device();
-  KILN_CHECK(dst.is_cpu() || source.is_cpu() || dst.device().type() == source.device().type(), "copy_: cannot copy from ",
-             source.device(), " to ", dst.device());
+  KILN_CHECK(dst.is_cpu() || source.is_cpu() || dst.device().type() == source.device().type(),
+             "copy_: cannot copy from ", source.device(), " to ", dst.device());
   backend(dev).copy(dst, source, non_blocking);
   dst.impl().storage()->bump_version();
   return dst;

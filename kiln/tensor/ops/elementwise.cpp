@@ -84,7 +84,7 @@ Tensor& div_(Tensor& a, Scalar b) { return detail::binary_("div_", BinaryOp::Div
 
 // ---------------------------------------------------------------- comparisons and logical ops (Bool results)
 
-#define KILN_COMPARISON(name, Op)                                                                         \
+#define KILN_COMPARISON(name, Op)                                                                             \
   Tensor name(const Tensor& a, const Tensor& b) { return detail::binary(#name, Op, a, b, ResultKind::Bool); } \
   Tensor name(const Tensor& a, Scalar b) { return detail::binary(#name, Op, a, b, ResultKind::Bool); }
 KILN_COMPARISON(eq, BinaryOp::Eq)
@@ -121,7 +121,8 @@ Tensor where_impl(const Tensor& condition, const Operand& a, const Operand& b) {
   const Device device = detail::common_device("where", {&c, &a, &b});
   const DType dtype = detail::result_type_of({&a, &b});
   const Shape shape = broadcast_shapes(broadcast_shapes(condition.shape(), a.shape(), "where"), b.shape(), "where");
-  Tensor out = empty(shape, {.dtype = dtype, .device = device, .memory_format = detail::output_format(shape, {&c, &a, &b})});
+  Tensor out =
+      empty(shape, {.dtype = dtype, .device = device, .memory_format = detail::output_format(shape, {&c, &a, &b})});
   if (out.numel() == 0) return out;
   backend(device).where(out, detail::prepare(c, DType::Bool, device, shape), detail::prepare(a, dtype, device, shape),
                         detail::prepare(b, dtype, device, shape));
@@ -140,7 +141,8 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value) {
   const Operand x(a), m(mask);
   const Device device = detail::common_device("masked_fill", {&x, &m});
   const Shape shape = broadcast_shapes(a.shape(), mask.shape(), "masked_fill");
-  Tensor out = empty(shape, {.dtype = a.dtype(), .device = device, .memory_format = detail::output_format(shape, {&x})});
+  Tensor out =
+      empty(shape, {.dtype = a.dtype(), .device = device, .memory_format = detail::output_format(shape, {&x})});
   if (out.numel() == 0) return out;
   backend(device).where(out, detail::prepare(m, DType::Bool, device, shape),
                         detail::prepare(Operand(value), a.dtype(), device, shape),

@@ -55,8 +55,8 @@ Device common_device(std::string_view op, std::initializer_list<const Operand*> 
   const Device device = first->tensor.device();
   for (const Operand* o : operands) {
     if (o->is_scalar() || o->tensor.device() == device || is_cpu_number(o)) continue;
-    KILN_FAIL(op, ": expected all tensors on one device, but found ", device, " (shape ", first->tensor.shape(),
-              ", ", first->tensor.dtype(), ") and ", o->tensor.device(), " (shape ", o->tensor.shape(), ", ",
+    KILN_FAIL(op, ": expected all tensors on one device, but found ", device, " (shape ", first->tensor.shape(), ", ",
+              first->tensor.dtype(), ") and ", o->tensor.device(), " (shape ", o->tensor.shape(), ", ",
               o->tensor.dtype(), "); move them to one device with .to(device) first");
   }
   return device;
@@ -64,7 +64,8 @@ Device common_device(std::string_view op, std::initializer_list<const Operand*> 
 
 MemoryFormat output_format(const Shape& shape, std::initializer_list<const Operand*> operands) {
   for (const Operand* o : operands) {
-    if (!o->is_scalar() && o->tensor.shape() == shape && o->tensor.suggest_memory_format() == MemoryFormat::ChannelsLast)
+    if (!o->is_scalar() && o->tensor.shape() == shape &&
+        o->tensor.suggest_memory_format() == MemoryFormat::ChannelsLast)
       return MemoryFormat::ChannelsLast;
   }
   return MemoryFormat::Contiguous;
@@ -81,7 +82,8 @@ void check_can_cast(std::string_view op, DType result, DType destination) {
                   !(result != DType::Bool && destination == DType::Bool);
   KILN_CHECK(ok, op, ": result type ", result, " can't be cast to the desired output type ", destination,
              " (in-place ops keep the destination's dtype); use the out-of-place op, or convert the destination "
-             "first, e.g. with .to(DType::", result == DType::Bool ? "Bool" : "Float32", ")");
+             "first, e.g. with .to(DType::",
+             result == DType::Bool ? "Bool" : "Float32", ")");
 }
 
 void check_inplace_destination(std::string_view op, const Tensor& self, const Shape& broadcast_shape) {

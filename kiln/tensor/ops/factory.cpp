@@ -26,10 +26,11 @@ Strides strides_for(const Shape& shape, MemoryFormat format, std::string_view op
 
 Allocator& allocator_for(const TensorOptions& options, std::string_view op) {
   if (options.pinned_memory) {
-    KILN_CHECK(options.device.is_cpu(), op, ": pinned_memory is page-locked host memory, but device ",
-               options.device, " was asked for; use device cpu with pinned_memory, then .to(cuda, true)");
-    KILN_FAIL(op, ": pinned host memory needs kiln's CUDA backend, which this build does not have; "
-                  "leave pinned_memory false on machines without CUDA");
+    KILN_CHECK(options.device.is_cpu(), op, ": pinned_memory is page-locked host memory, but device ", options.device,
+               " was asked for; use device cpu with pinned_memory, then .to(cuda, true)");
+    KILN_FAIL(op,
+              ": pinned host memory needs kiln's CUDA backend, which this build does not have; "
+              "leave pinned_memory false on machines without CUDA");
   }
   Backend& b = backend(options.device);
   KILN_CHECK(options.device.index() < b.device_count(), op, ": device ", options.device, " does not exist (",
@@ -49,8 +50,8 @@ Tensor empty_strided(const Shape& shape, const Strides& strides, const TensorOpt
     KILN_CHECK(strides[i] >= 0, "empty_strided: negative stride in ", strides);
     extent += (shape[i] - 1) * strides[i];
   }
-  auto storage = std::make_shared<Storage>(static_cast<size_t>(extent) * element_size(dtype),
-                                           allocator_for(options, "empty"));
+  auto storage =
+      std::make_shared<Storage>(static_cast<size_t>(extent) * element_size(dtype), allocator_for(options, "empty"));
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), dtype, shape, strides, 0));
 }
 
@@ -108,15 +109,15 @@ Tensor arange(Scalar start, Scalar end, Scalar step, const TensorOptions& option
   if (all_integral) {
     const int64_t a = start.to_int64(), b = end.to_int64(), s = step.to_int64();
     KILN_CHECK(s != 0, "arange: step must be nonzero");
-    KILN_CHECK((s > 0 && b >= a) || (s < 0 && b <= a), "arange: the range [", a, ", ", b, ") cannot be walked with step ",
-               s, "; upper bound and step must have the same sign");
+    KILN_CHECK((s > 0 && b >= a) || (s < 0 && b <= a), "arange: the range [", a, ", ", b,
+               ") cannot be walked with step ", s, "; upper bound and step must have the same sign");
     n = s > 0 ? (b - a + s - 1) / s : (a - b - s - 1) / (-s);
   } else {
     const double a = start.to_double(), b = end.to_double(), s = step.to_double();
     KILN_CHECK(std::isfinite(a) && std::isfinite(b), "arange: start and end must be finite, got ", a, " and ", b);
     KILN_CHECK(s != 0, "arange: step must be nonzero");
-    KILN_CHECK((s > 0 && b >= a) || (s < 0 && b <= a), "arange: the range [", a, ", ", b, ") cannot be walked with step ",
-               s, "; upper bound and step must have the same sign");
+    KILN_CHECK((s > 0 && b >= a) || (s < 0 && b <= a), "arange: the range [", a, ", ", b,
+               ") cannot be walked with step ", s, "; upper bound and step must have the same sign");
     n = static_cast<int64_t>(std::ceil((b - a) / s));
   }
   Tensor t = empty({n}, o);

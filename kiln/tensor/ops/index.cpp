@@ -32,16 +32,17 @@ void check_scatter_shapes(std::string_view op, const Tensor& out, int64_t dim, c
   KILN_CHECK(index.dim() == out.dim(), op, ": the index (shape ", index.shape(), ") must have the rank of self (shape ",
              out.shape(), ")");
   if (src) {
-    KILN_CHECK(src->dim() == index.dim(), op, ": src (shape ", src->shape(), ") must have the rank of the index (shape ",
-               index.shape(), ")");
+    KILN_CHECK(src->dim() == index.dim(), op, ": src (shape ", src->shape(),
+               ") must have the rank of the index (shape ", index.shape(), ")");
   }
   for (int64_t i = 0; i < index.dim(); ++i) {
     KILN_CHECK(i == dim || index.size(i) <= out.size(i), op, ": the index of shape ", index.shape(),
                " is larger than self of shape ", out.shape(), " in dim ", i, " (", index.size(i), " > ", out.size(i),
                "); only dim ", dim, " may differ");
     if (src) {
-      KILN_CHECK(index.size(i) <= src->size(i), op, ": the index of shape ", index.shape(), " is larger than src of shape ",
-                 src->shape(), " in dim ", i, " (", index.size(i), " > ", src->size(i), ")");
+      KILN_CHECK(index.size(i) <= src->size(i), op, ": the index of shape ", index.shape(),
+                 " is larger than src of shape ", src->shape(), " in dim ", i, " (", index.size(i), " > ", src->size(i),
+                 ")");
     }
   }
 }
@@ -170,9 +171,9 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
   // source has self's shape with index.numel() at dim (0-d self: source 0-d or of one element).
   Shape expected = a.dim() == 0 ? Shape{} : a.shape();
   if (a.dim() > 0) expected[d] = idx.numel();
-  KILN_CHECK(src.shape() == expected || (a.dim() == 0 && src.numel() == 1 && idx.numel() == 1), "index_add: source of shape ",
-             src.shape(), " does not match self of shape ", a.shape(), " with ", idx.numel(), " indices in dim ", d,
-             " (expected ", expected, ")");
+  KILN_CHECK(src.shape() == expected || (a.dim() == 0 && src.numel() == 1 && idx.numel() == 1),
+             "index_add: source of shape ", src.shape(), " does not match self of shape ", a.shape(), " with ",
+             idx.numel(), " indices in dim ", d, " (expected ", expected, ")");
   Tensor out = clone(a);
   if (src.numel() == 0) return out;
   // index_add is a scatter_add whose index is the 1-D index seen along `dim` (stride 0 elsewhere).

@@ -41,8 +41,7 @@ inline Tensor index_tensor(std::string_view op, const Tensor& index, Device devi
   KILN_CHECK(index.device() == device, op, ": expected the index on the input's device ", device, ", got ",
              index.device(), "; move it with .to(Device(\"", device.str(), "\"))");
   KILN_CHECK(index.dtype() == DType::Int64 || index.dtype() == DType::Int32, op,
-             ": expected an Int64 or Int32 index tensor, got ", index.dtype(),
-             "; convert it with .to(DType::Int64)");
+             ": expected an Int64 or Int32 index tensor, got ", index.dtype(), "; convert it with .to(DType::Int64)");
   return index.dtype() == DType::Int64 ? index : cast(index, DType::Int64);
 }
 

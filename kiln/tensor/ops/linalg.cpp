@@ -20,7 +20,8 @@ void check_operands(std::string_view op, const Tensor& a, const Tensor& b) {
   KILN_CHECK(a.device() == b.device(), op, ": expected both operands on the same device, got ", a.device(), " and ",
              b.device(), "; move one with .to(Device(\"", a.device().str(), "\"))");
   KILN_CHECK(a.dtype() == b.dtype(), op, ": expected both operands to have the same dtype, got ", a.dtype(), " and ",
-             b.dtype(), " (shapes ", a.shape(), " and ", b.shape(), "); matmul does not promote, convert one with .to(DType::",
+             b.dtype(), " (shapes ", a.shape(), " and ", b.shape(),
+             "); matmul does not promote, convert one with .to(DType::",
              dtype_enum_name(promote_types(a.dtype(), b.dtype())), ")");
   KILN_CHECK_AS(NotImplementedError, a.dtype() != DType::Bool, op,
                 ": not supported for bool tensors; convert them with .to(DType::Float32) or .to(DType::Int64) first");
@@ -152,8 +153,8 @@ Tensor fold_rows(const Tensor& a) {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   check_operands("matmul", a, b);
-  KILN_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, got shapes ", a.shape(),
-             " and ", b.shape(), "; multiply by a 0-d tensor with mul() instead");
+  KILN_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, got shapes ", a.shape(), " and ",
+             b.shape(), "; multiply by a 0-d tensor with mul() instead");
   const int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
   check_inner("matmul", a, b, ka, kb);
   if (a.dim() == 1 && b.dim() == 1) return dot(a, b);
@@ -191,8 +192,8 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
   check_operands("bmm", a, b);
-  KILN_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected two 3-D tensors, got shapes ", a.shape(), " and ",
-             b.shape(), "; use matmul() for other ranks or broadcast batches");
+  KILN_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected two 3-D tensors, got shapes ", a.shape(), " and ", b.shape(),
+             "; use matmul() for other ranks or broadcast batches");
   KILN_CHECK(a.size(0) == b.size(0), "bmm: shapes ", a.shape(), " and ", b.shape(), " have different batch sizes (",
              a.size(0), " != ", b.size(0), "); use matmul() to broadcast batch dims");
   check_inner("bmm", a, b, a.size(2), b.size(1));
@@ -224,8 +225,8 @@ Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta, Sca
 Tensor dot(const Tensor& a, const Tensor& b) {
   check_operands("dot", a, b);
   KILN_CHECK(a.dim() == 1 && b.dim() == 1, "dot: expected two 1-D tensors, got shapes ", a.shape(), " and ", b.shape());
-  KILN_CHECK(a.size(0) == b.size(0), "dot: shapes ", a.shape(), " and ", b.shape(),
-             " have different lengths (", a.size(0), " != ", b.size(0), ")");
+  KILN_CHECK(a.size(0) == b.size(0), "dot: shapes ", a.shape(), " and ", b.shape(), " have different lengths (",
+             a.size(0), " != ", b.size(0), ")");
   Tensor out = empty({}, a.options());
   // (1, 1, K) @ (1, K, 1) -> (1, 1, 1)
   run_batched(as_strided(out, {1, 1, 1}, {0, 1, 1}), as_strided(a, {1, 1, a.size(0)}, {0, 0, a.stride(0)}),

@@ -10,8 +10,7 @@ namespace {
 Generator& generator_for(Generator* gen, Device device) { return gen ? *gen : default_generator(device); }
 
 void check_floating(DType dtype, std::string_view op) {
-  KILN_CHECK(is_floating_point(dtype), op, ": needs a floating-point dtype, got ", dtype,
-             "; use randint for integers");
+  KILN_CHECK(is_floating_point(dtype), op, ": needs a floating-point dtype, got ", dtype, "; use randint for integers");
 }
 
 // Fills t with one draw; t may be any layout (element i is the i-th in row-major order).

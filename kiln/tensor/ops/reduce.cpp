@@ -21,8 +21,8 @@ std::vector<bool> reduce_mask(const Tensor& a, const Dims& dims, std::string_vie
   std::vector<bool> mask(static_cast<size_t>(std::max<int64_t>(rank, 1)), dims.empty());
   for (int64_t d : dims) {
     const int64_t w = wrap_dim(d, rank, op);
-    KILN_CHECK(!mask[w], op, ": dim ", w, " appears more than once in dims ", dims,
-               " of a tensor of shape ", a.shape(), "; list each dim once");
+    KILN_CHECK(!mask[w], op, ": dim ", w, " appears more than once in dims ", dims, " of a tensor of shape ", a.shape(),
+               "; list each dim once");
     mask[w] = true;
   }
   mask.resize(static_cast<size_t>(rank));
@@ -57,11 +57,13 @@ int64_t reduced_count(const Shape& shape, const std::vector<bool>& mask) {
 
 // A contiguous tensor seen with another shape of as many elements (a view on the same storage).
 Tensor reshaped(const Tensor& t, const Shape& shape) {
-  return Tensor(std::make_shared<TensorImpl>(t.impl().storage(), t.dtype(), shape, contiguous_strides(shape),
-                                             t.offset()));
+  return Tensor(
+      std::make_shared<TensorImpl>(t.impl().storage(), t.dtype(), shape, contiguous_strides(shape), t.offset()));
 }
 
-std::string dims_str(const Dims& dims) { return dims.empty() ? std::string("all dims") : detail::str_cat("dims ", dims); }
+std::string dims_str(const Dims& dims) {
+  return dims.empty() ? std::string("all dims") : detail::str_cat("dims ", dims);
+}
 
 // The shared path: out (out_dtype) = op over the masked dims of in, identity for empty reductions.
 Tensor reduce_into(ReduceOp op, const Tensor& in, const std::vector<bool>& mask, bool keepdim, DType out_dtype,
@@ -69,7 +71,8 @@ Tensor reduce_into(ReduceOp op, const Tensor& in, const std::vector<bool>& mask,
   const Shape kept = keepdim_shape(in.shape(), mask);
   const Shape shape = result_shape(in.shape(), mask, keepdim);
   if (numel(shape) == 0) return empty(shape, {.dtype = out_dtype, .device = in.device()});
-  if (reduced_count(in.shape(), mask) == 0) return full(shape, empty_value, {.dtype = out_dtype, .device = in.device()});
+  if (reduced_count(in.shape(), mask) == 0)
+    return full(shape, empty_value, {.dtype = out_dtype, .device = in.device()});
   Tensor out = empty(kept, {.dtype = out_dtype, .device = in.device()});
   backend(in.device()).reduce(op, out, in, mask, params);
   return keepdim ? out : reshaped(out, shape);
@@ -129,7 +132,8 @@ Tensor arg_extreme(ReduceOp op, const Tensor& a, std::optional<int64_t> dim, boo
   return keepdim ? reshaped(index, Shape(static_cast<size_t>(a.dim()), 1)) : index;
 }
 
-Tensor variance(ReduceOp op, const Tensor& a, const Dims& dims, int64_t correction, bool keepdim, std::string_view name) {
+Tensor variance(ReduceOp op, const Tensor& a, const Dims& dims, int64_t correction, bool keepdim,
+                std::string_view name) {
   check_floating(a, name);
   const auto mask = reduce_mask(a, dims, name);
   return reduce_into(op, a, mask, keepdim, a.dtype(), std::numeric_limits<double>::quiet_NaN(),
@@ -161,8 +165,12 @@ Tensor prod(const Tensor& a, const Dims& dims, bool keepdim) {
   return reduce_into(ReduceOp::Prod, a, mask, keepdim, out_dtype, 1);
 }
 
-Tensor amax(const Tensor& a, const Dims& dims, bool keepdim) { return extreme(ReduceOp::Max, a, dims, keepdim, "amax"); }
-Tensor amin(const Tensor& a, const Dims& dims, bool keepdim) { return extreme(ReduceOp::Min, a, dims, keepdim, "amin"); }
+Tensor amax(const Tensor& a, const Dims& dims, bool keepdim) {
+  return extreme(ReduceOp::Max, a, dims, keepdim, "amax");
+}
+Tensor amin(const Tensor& a, const Dims& dims, bool keepdim) {
+  return extreme(ReduceOp::Min, a, dims, keepdim, "amin");
+}
 Tensor max(const Tensor& a) { return extreme_all(ReduceOp::Max, a, "max"); }
 Tensor min(const Tensor& a) { return extreme_all(ReduceOp::Min, a, "min"); }
 
@@ -225,8 +233,8 @@ Tensor count_nonzero(const Tensor& a, const Dims& dims) {
 namespace {
 Tensor softmax_impl(const Tensor& a, int64_t dim, bool log) {
   const std::string_view name = log ? "log_softmax" : "softmax";
-  KILN_CHECK(a.is_floating_point(), name, ": expected a floating-point tensor, got ", a.dtype(), " (shape ",
-             a.shape(), "); convert it first with .to(DType::Float32)");
+  KILN_CHECK(a.is_floating_point(), name, ": expected a floating-point tensor, got ", a.dtype(), " (shape ", a.shape(),
+             "); convert it first with .to(DType::Float32)");
   const int64_t d = wrap_dim(dim, a.dim(), name);
   Tensor out = empty(a.shape(), a.options());
   if (a.numel() == 0) return out;

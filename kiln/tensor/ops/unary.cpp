@@ -1,5 +1,5 @@
 // Frontend of the unary elementwise ops (and pow, clamp): dtype rules, then the backend's unary primitive.
-#include <cmath>   // INFINITY
+#include <cmath>  // INFINITY
 #include <limits>
 
 #include "kiln/tensor/ops/elementwise_common.h"  // unary, unary_, binary, ResultKind, Operand
@@ -11,8 +11,8 @@ using detail::ResultKind;
 
 namespace {
 void check_not_bool(std::string_view op, const Tensor& a, std::string_view instead) {
-  KILN_CHECK(!a.defined() || a.dtype() != DType::Bool, op, ": not supported on a bool tensor (shape ", a.shape(),
-             ")", instead);
+  KILN_CHECK(!a.defined() || a.dtype() != DType::Bool, op, ": not supported on a bool tensor (shape ", a.shape(), ")",
+             instead);
 }
 }  // namespace
 
@@ -76,8 +76,8 @@ namespace {
 // An integer result with a negative integer exponent has no integer answer (PyTorch refuses it too).
 void check_integer_exponent(DType result, const Scalar& exponent) {
   KILN_CHECK(!(is_integral(result, true) && exponent.is_integral() && exponent.to_int64() < 0),
-             "pow: integers to negative integer powers are not allowed (", result, " tensor to the power ",
-             exponent, "); convert the base to a floating dtype first, e.g. with .to(DType::Float32)");
+             "pow: integers to negative integer powers are not allowed (", result, " tensor to the power ", exponent,
+             "); convert the base to a floating dtype first, e.g. with .to(DType::Float32)");
 }
 }  // namespace
 

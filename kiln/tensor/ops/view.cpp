@@ -8,12 +8,11 @@ namespace kiln::ops {
 namespace {
 
 Tensor make_view(const Tensor& t, Shape sizes, Strides strides, int64_t offset) {
-  return Tensor(std::make_shared<TensorImpl>(t.impl().storage(), t.dtype(), std::move(sizes), std::move(strides), offset));
+  return Tensor(
+      std::make_shared<TensorImpl>(t.impl().storage(), t.dtype(), std::move(sizes), std::move(strides), offset));
 }
 
-void check_defined(const Tensor& t, std::string_view op) {
-  KILN_CHECK(t.defined(), op, ": the tensor is undefined");
-}
+void check_defined(const Tensor& t, std::string_view op) { KILN_CHECK(t.defined(), op, ": the tensor is undefined"); }
 
 // Strides that let `new_shape` view memory laid out as (old_shape, old_strides), or nothing when a copy is
 // needed. Walks both shapes from the innermost dim, matching runs of old dims that are contiguous with
@@ -63,7 +62,8 @@ Shape infer_shape(const Shape& shape, int64_t n, std::string_view op) {
     KILN_CHECK(known != 0 && n % known == 0, op, ": shape ", shape, " is invalid for a tensor of ", n, " elements");
     out[*infer] = n / known;
   } else {
-    KILN_CHECK(known == n, op, ": shape ", shape, " is invalid for a tensor of ", n, " elements (it holds ", known, ")");
+    KILN_CHECK(known == n, op, ": shape ", shape, " is invalid for a tensor of ", n, " elements (it holds ", known,
+               ")");
   }
   return out;
 }
@@ -73,7 +73,8 @@ Tensor view(const Tensor& t, const Shape& shape) {
   Shape target = infer_shape(shape, t.numel(), "view");
   auto strides = view_strides(t.shape(), t.strides(), target);
   KILN_CHECK(strides.has_value(), "view: shape ", target, " is not compatible with the strides ", t.strides(),
-             " of a tensor of shape ", t.shape(), " (a view cannot span non-contiguous dims); use reshape(), "
+             " of a tensor of shape ", t.shape(),
+             " (a view cannot span non-contiguous dims); use reshape(), "
              "which copies when it must, or call .contiguous() first");
   return make_view(t, std::move(target), std::move(*strides), t.offset());
 }
@@ -306,8 +307,8 @@ std::vector<Tensor> split_with_sizes(const Tensor& t, const std::vector<int64_t>
     KILN_CHECK(s >= 0, "split_with_sizes: negative size in ", sizes);
     total += s;
   }
-  KILN_CHECK(total == t.size(d), "split_with_sizes: sizes ", sizes, " add up to ", total, " but dim ", d,
-             " has size ", t.size(d));
+  KILN_CHECK(total == t.size(d), "split_with_sizes: sizes ", sizes, " add up to ", total, " but dim ", d, " has size ",
+             t.size(d));
   std::vector<Tensor> parts;
   int64_t start = 0;
   for (int64_t s : sizes) {
