@@ -2,12 +2,34 @@
 #include "kiln/tensor/backend.h"
 
 #include "kiln/tensor/cpu/cpu_backend.h"
+#if defined(KILN_WITH_CUDA)
+#include "kiln/tensor/cuda.h"  // cuda::is_available
+#endif
 
 namespace kiln {
 
+#if defined(KILN_WITH_CUDA)
+namespace cuda {
+Backend& backend_instance();     // tensor/cuda/device.cpp
+Allocator& pinned_allocator();  // tensor/cuda/pinned_allocator.cpp
+}  // namespace cuda
+#endif
+
 Backend& backend(DeviceType type) {
   if (type == DeviceType::CPU) return cpu::cpu_backend();
-  KILN_FAIL("kiln has no CUDA backend in this build; keep tensors on Device::cpu()");
+#if defined(KILN_WITH_CUDA)
+  return cuda::backend_instance();
+#else
+  KILN_FAIL("this build of kiln has no CUDA backend (it was configured with KILN_CUDA=OFF or without a CUDA "
+            "toolkit); keep tensors on Device::cpu(), or rebuild with -DKILN_CUDA=ON");
+#endif
+}
+
+Allocator* pinned_host_allocator() {
+#if defined(KILN_WITH_CUDA)
+  if (cuda::is_available()) return &cuda::pinned_allocator();
+#endif
+  return nullptr;
 }
 
 }  // namespace kiln

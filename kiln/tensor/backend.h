@@ -182,4 +182,7 @@ class Backend {
 Backend& backend(DeviceType type);
 inline Backend& backend(Device device) { return backend(device.type()); }
 
+// Page-locked host memory for asynchronous copies to and from GPUs; null when no GPU can be used.
+Allocator* pinned_host_allocator();
+
 }  // namespace kiln

@@ -1,0 +1,121 @@
+// kiln/tensor/cuda.h — GPUs as kiln sees them: devices, streams, events and the caching allocator.
+//
+//   if (kiln::cuda::is_available()) {
+//     kiln::cuda::DeviceGuard guard(1);                  // current device 1 in this scope
+//     auto s = kiln::cuda::Stream::create(1);
+//     { kiln::cuda::StreamGuard sg(s); y = x.to(Device::cuda(1), /*non_blocking=*/true); }
+//     kiln::cuda::Event done;  done.record(s);  done.synchronize();
+//     std::cout << kiln::cuda::memory_summary(1);
+//   }
+//
+// No CUDA header is included: streams and events are opaque handles, so programs that use kiln compile
+// with a plain C++ compiler. On a build without CUDA, or a machine without a GPU, is_available() is
+// false and device_count() is 0; everything else throws a kiln::Error that says so.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::cuda {
+
+bool is_available();     // built with CUDA, a driver loaded, and at least one GPU visible
+int device_count();      // 0 when unavailable (never throws)
+int current_device();    // of the calling thread
+void set_device(int device);
+void synchronize(int device = -1);  // -1: the current device; waits for all its streams
+
+// Makes `device` current for the scope (restores the previous one on exit).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_;
+};
+
+// A CUDA stream. Copies of a Stream refer to the same stream; streams made by create() live until the
+// last copy goes. The default stream of each device is the legacy default stream.
+class Stream {
+ public:
+  static Stream create(int device = -1, bool high_priority = false);
+  static Stream default_stream(int device = -1);
+
+  int device() const { return device_; }
+  void* handle() const { return handle_; }  // a cudaStream_t
+  void synchronize() const;
+  bool query() const;  // true when all work on it has finished
+  friend bool operator==(const Stream& a, const Stream& b) { return a.handle_ == b.handle_ && a.device_ == b.device_; }
+
+ private:
+  Stream(int device, void* handle, std::shared_ptr<void> owner) : device_(device), handle_(handle), owner_(std::move(owner)) {}
+  int device_ = 0;
+  void* handle_ = nullptr;
+  std::shared_ptr<void> owner_;  // destroys created streams
+};
+
+// The stream kiln's ops on `device` launch on, for the calling thread (the default stream until set).
+Stream current_stream(int device = -1);
+void set_current_stream(const Stream& stream);
+
+// Makes `stream` current on its device for the scope.
+class StreamGuard {
+ public:
+  explicit StreamGuard(const Stream& stream);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Stream previous_;
+};
+
+// A CUDA event: record it on a stream, make another stream wait for it, or time between two events.
+class Event {
+ public:
+  explicit Event(bool enable_timing = false);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void record(const Stream& stream);
+  void record();                    // on the current stream of the current device
+  void wait(const Stream& stream);  // `stream` waits (on the GPU) until this event has happened
+  void synchronize() const;         // the host waits
+  bool query() const;
+  float elapsed_ms(const Event& end) const;  // both recorded with enable_timing
+
+ private:
+  void* handle_ = nullptr;  // a cudaEvent_t, created at the first record
+  int device_ = -1;
+  bool timing_;
+};
+
+// Marks that `t`'s memory is in use on `stream` (besides the stream it was allocated on): the caching
+// allocator will not hand it out again before the work queued on `stream` so far has finished.
+void record_stream(const Tensor& t, const Stream& stream);
+
+// ---- the caching allocator ----
+struct MemoryStats {
+  int64_t allocated_bytes = 0;       // in tensors now
+  int64_t reserved_bytes = 0;        // obtained from cudaMalloc and not released
+  int64_t peak_allocated_bytes = 0;  // since start or reset_peak_memory_stats()
+  int64_t peak_reserved_bytes = 0;
+  int64_t active_blocks = 0;
+  int64_t cached_blocks = 0;         // free blocks kept for reuse
+  int64_t num_device_mallocs = 0;    // cudaMalloc calls so far
+  int64_t num_device_frees = 0;
+  int64_t num_ooms = 0;              // allocations that failed even after the cache was released
+  int64_t num_alloc_retries = 0;     // allocations that succeeded only after releasing the cache
+};
+MemoryStats memory_stats(int device = -1);
+std::string memory_summary(int device = -1);  // a printable table of the stats
+void reset_peak_memory_stats(int device = -1);
+void empty_cache();  // returns every cached, unused block to the driver (all devices)
+
+}  // namespace kiln::cuda
