@@ -1,8 +1,184 @@
 // The caching allocator of page-locked host memory.
+//
+// cudaHostAlloc pins pages and maps them for every GPU, which costs far more than the copies it speeds
+// up, so freed buffers are kept and reused. A freed buffer may still be the source or target of an
+// asynchronous copy, so an event is recorded on the current stream at free time and the buffer is
+// handed out again only once that event has completed.
+#include <cuda_runtime.h>
+
+#include <bit>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cuda_backend.h"
+#include "kiln/tensor/cuda/cuda_check.h"
 
 namespace kiln::cuda {
+namespace {
 
-Allocator& pinned_allocator() { throw NotImplementedError("cuda::pinned_allocator: not implemented yet"); }
+constexpr size_t kMinSize = 512;
+constexpr size_t kPowerOfTwoLimit = size_t{16} << 20;  // above: multiples of 2 MiB, not powers of two
+constexpr size_t kLargeRound = size_t{2} << 20;
+constexpr size_t kMaxRequest = size_t{1} << 62;
+
+// Size classes make reuse likely: powers of two up to 16 MiB, then 2 MiB steps (doubling a 1 GiB
+// buffer would waste too much pinned memory, which the OS cannot page out).
+size_t size_class(size_t n) {
+  if (n <= kMinSize) return kMinSize;
+  if (n <= kPowerOfTwoLimit) return std::bit_ceil(n);
+  return (n + kLargeRound - 1) / kLargeRound * kLargeRound;
+}
+
+struct HostBlock {
+  void* ptr = nullptr;
+  size_t size = 0;
+};
+
+class PinnedAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::cpu(); }
+
+  DataPtr allocate(size_t nbytes) override {
+    if (nbytes == 0) return DataPtr(nullptr, [](void*) {});
+    KILN_CHECK_AS(OutOfMemoryError, nbytes <= kMaxRequest, "pinned host allocator: cannot allocate ", nbytes,
+                  " bytes of page-locked memory");
+    const size_t size = size_class(nbytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    process_events();
+    HostBlock* block = take_cached(size);
+    if (block == nullptr) block = host_alloc(size);
+    return DataPtr(block->ptr, [this, block](void*) { free(block); });
+  }
+
+ private:
+  HostBlock* take_cached(size_t size) {
+    // Best fit, but never a block more than twice the size class (a tiny tensor must not pin a huge one).
+    auto it = free_.lower_bound(size);
+    if (it == free_.end() || it->first > 2 * size) return nullptr;
+    HostBlock* b = it->second;
+    free_.erase(it);
+    cached_bytes_ -= b->size;
+    return b;
+  }
+
+  HostBlock* host_alloc(size_t size) {
+    void* ptr = nullptr;
+    // Portable: pinned for every device, so copies to any GPU run asynchronously.
+    cudaError_t err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      synchronize_events();
+      release_cached();
+      err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
+      if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        throw OutOfMemoryError(::kiln::detail::str_cat(
+            "pinned host allocator: out of page-locked memory allocating ", size, " bytes (", cached_bytes_,
+            " bytes cached); use smaller pinned buffers, or raise the locked-memory limit (ulimit -l)"));
+      }
+    }
+    KILN_CUDA_CHECK(err, "pinned host allocator");
+    return new HostBlock{ptr, size};
+  }
+
+  // The DataPtr's deleter: must not throw. If no event can be recorded (a broken context, or the runtime
+  // unloading at exit), the block is leaked rather than reused while a copy might still read it.
+  void free(HostBlock* block) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      const int device = current_device();
+      const cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device).handle());
+      cudaEvent_t e = get_event(device);
+      const cudaError_t err = cudaEventRecord(e, stream);
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        events_[device].push_back(e);
+        return;
+      }
+      pending_.push_back({e, device, block});
+    } catch (...) {
+    }
+  }
+
+  cudaEvent_t get_event(int device) {
+    auto& pool = events_[device];
+    if (!pool.empty()) {
+      cudaEvent_t e = pool.back();
+      pool.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;  // `device` is current (the caller asked current_device())
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "pinned host allocator");
+    return e;
+  }
+
+  void done(size_t i) {
+    events_[pending_[i].device].push_back(pending_[i].event);
+    free_.emplace(pending_[i].block->size, pending_[i].block);
+    cached_bytes_ += pending_[i].block->size;
+  }
+
+  void process_events() {
+    size_t kept = 0;
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      const cudaError_t err = cudaEventQuery(pending_[i].event);
+      if (err == cudaSuccess) {
+        done(i);
+        continue;
+      }
+      if (err == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+      } else {
+        // A failed event cannot say when the copy ended: keep the block out (leaked), report nothing here;
+        // the next checked CUDA call reports the broken context.
+        (void)cudaGetLastError();
+        continue;
+      }
+      pending_[kept++] = pending_[i];
+    }
+    pending_.resize(kept);
+  }
+
+  void synchronize_events() {
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      KILN_CUDA_CHECK(cudaEventSynchronize(pending_[i].event), "pinned host allocator");
+      done(i);
+    }
+    pending_.clear();
+  }
+
+  void release_cached() {
+    for (auto& [size, b] : free_) {
+      KILN_CUDA_CHECK(cudaFreeHost(b->ptr), "pinned host allocator");
+      cached_bytes_ -= b->size;
+      delete b;
+    }
+    free_.clear();
+  }
+
+  struct Pending {
+    cudaEvent_t event;
+    int device;
+    HostBlock* block;
+  };
+
+  std::mutex mutex_;
+  std::multimap<size_t, HostBlock*> free_;  // reusable now, by size
+  std::vector<Pending> pending_;           // freed, waiting for the copies queued before the free
+  std::map<int, std::vector<cudaEvent_t>> events_;  // spare events of each device
+  size_t cached_bytes_ = 0;
+};
+
+}  // namespace
+
+// Never destroyed: pinned tensors that outlive main() still free into a live allocator.
+Allocator& pinned_allocator() {
+  static PinnedAllocator* instance = new PinnedAllocator;
+  return *instance;
+}
 
 }  // namespace kiln::cuda
