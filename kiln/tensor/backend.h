@@ -159,6 +159,9 @@ class Backend {
   virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) = 0;
 
   // ---- indexing (indices are Int64; backends check bounds and throw kiln::Error naming the op) ----
+  // The CUDA backend checks bounds on the device and reads the result back, so index_select, gather and
+  // scatter synchronise the stream once per call (nonzero must anyway, for its output size). A later
+  // optimisation may make the check asynchronous (report at the next synchronisation point instead).
   // out = a.index_select(dim, index), index 1-D.
   virtual void index_select(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) = 0;
   // out[i][j][k] = a[index[i][j][k]][j][k] for dim 0, etc.; out and index share a shape.

@@ -96,6 +96,11 @@ class Event {
   bool timing_;
 };
 
+// Whether float32 matmuls may use TF32 tensor cores (10-bit mantissa inputs, float32 accumulation), as
+// PyTorch's torch.backends.cuda.matmul.allow_tf32. On by default; turn it off for full float32 products.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
 // Marks that `t`'s memory is in use on `stream` (besides the stream it was allocated on): the caching
 // allocator will not hand it out again before the work queued on `stream` so far has finished.
 void record_stream(const Tensor& t, const Stream& stream);

@@ -1,22 +1,335 @@
-// CUDA kernels: index.
+// CUDA backend: index_select, gather, scatter (assign and accumulate) and nonzero over arbitrary strides.
+//
+// Bounds: a kernel cannot throw, so each kernel records the first out-of-range index it meets in a
+// small device buffer {flag, value}; the host reads it back once (one synchronising copy) and throws the
+// same kiln::Error as the CPU backend. Out-of-range indices are skipped by the kernel, so nothing is
+// written outside the tensor.
+//
+// gather and index_select only move elements, so they run on unsigned integers of the element's size
+// (4 instantiations in all); scatter with accumulate adds in the real type with atomics.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cub/device/device_select.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <type_traits>
+
 #include "kiln/tensor/cuda/cuda_backend.h"
+#include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/dispatch.h"
+#include "kiln/tensor/ops.h"
 
 namespace kiln::cuda {
+namespace {
+
+constexpr int kMaxDims = 16;
+constexpr int kThreads = 256;
+
+// A shape walked in row-major order with the strides of up to three tensors (in elements).
+// A 0-d tensor is seen as 1-D of one element.
+struct Walk {
+  int rank = 0;
+  int64_t sizes[kMaxDims];
+  int64_t strides[3][kMaxDims];
+};
+
+// Offsets of the three tensors at row-major position i of the walk.
+__device__ __forceinline__ void walk_offsets(const Walk& w, int64_t i, int64_t (&off)[3]) {
+  off[0] = off[1] = off[2] = 0;
+  for (int d = w.rank - 1; d >= 0; --d) {
+    const int64_t size = w.sizes[d];
+    const int64_t c = i % size;
+    i /= size;
+    off[0] += c * w.strides[0][d];
+    off[1] += c * w.strides[1][d];
+    off[2] += c * w.strides[2][d];
+  }
+}
+
+Walk make_walk(const char* op, const Shape& shape, const Strides& s0, const Strides& s1, const Strides& s2) {
+  KILN_CHECK_AS(NotImplementedError, static_cast<int>(shape.size()) <= kMaxDims, op, ": tensors of more than ",
+                kMaxDims, " dims are not supported on CUDA (got ", shape.size(), ")");
+  Walk w{};
+  if (shape.empty()) {
+    w.rank = 1;
+    w.sizes[0] = 1;
+    w.strides[0][0] = w.strides[1][0] = w.strides[2][0] = 0;
+    return w;
+  }
+  w.rank = static_cast<int>(shape.size());
+  for (int d = 0; d < w.rank; ++d) {
+    w.sizes[d] = shape[d];
+    w.strides[0][d] = s0.empty() ? 0 : s0[d];
+    w.strides[1][d] = s1.empty() ? 0 : s1[d];
+    w.strides[2][d] = s2.empty() ? 0 : s2[d];
+  }
+  return w;
+}
+
+Strides strides_or_empty(const Tensor& t) { return t.dim() == 0 ? Strides{} : t.strides(); }
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::min<int64_t>(b, int64_t{1} << 30));
+}
+
+// Records the first bad index: err = {flag, value}.
+__device__ __forceinline__ void report_bad_index(int64_t* err, int64_t v) {
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, 1ull) == 0ull) err[1] = v;
+}
+
+// The device-side bounds flag of one op call: zeroed on the stream, read back once after the kernel.
+class IndexCheck {
+ public:
+  IndexCheck(const Tensor& like, cudaStream_t stream) : stream_(stream) {
+    buffer_ = ops::empty({2}, {.dtype = DType::Int64, .device = like.device()});
+    KILN_CUDA_CHECK(cudaMemsetAsync(buffer_.data_ptr(), 0, 2 * sizeof(int64_t), stream_), "index");
+  }
+  int64_t* data() const { return buffer_.data_ptr<int64_t>(); }
+  // Synchronises the stream; throws the CPU backend's message when an index was out of range.
+  void check(const char* op, int64_t dim, int64_t size) const {
+    int64_t host[2] = {0, 0};
+    KILN_CUDA_CHECK(cudaMemcpyAsync(host, buffer_.data_ptr(), sizeof host, cudaMemcpyDeviceToHost, stream_), op);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_), op);
+    if (host[0] != 0) {
+      KILN_FAIL(op, ": index ", host[1], " is out of range for dim ", dim, " of size ", size,
+                " (expected 0 <= index < ", size, ")");
+    }
+  }
+
+ private:
+  cudaStream_t stream_;
+  Tensor buffer_;
+};
+
+// out[p] = a[p with coordinate `dim` replaced by index[p]]; walk tensors: 0 out, 1 a (dim stride 0), 2 index.
+template <typename U>
+__global__ void gather_kernel(Walk w, int64_t n, U* out, const U* a, const int64_t* index, int64_t a_dim_stride,
+                              int64_t a_dim_size, int64_t* err) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t off[3];
+    walk_offsets(w, i, off);
+    const int64_t v = index[off[2]];
+    if (v < 0 || v >= a_dim_size) {
+      report_bad_index(err, v);
+      continue;
+    }
+    out[off[0]] = a[off[1] + v * a_dim_stride];
+  }
+}
+
+template <typename F>
+void visit_element_size(size_t size, F&& f) {
+  switch (size) {
+    case 1: f(TypeTag<uint8_t>{}); return;
+    case 2: f(TypeTag<uint16_t>{}); return;
+    case 4: f(TypeTag<uint32_t>{}); return;
+    case 8: f(TypeTag<uint64_t>{}); return;
+    default: KILN_FAIL("cuda index: unexpected element size ", size);
+  }
+}
+
+// Shared by gather and index_select: index_strides has out's rank (0 where the index does not vary).
+void run_gather(const char* op, const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index,
+                const Strides& index_strides) {
+  cudaStream_t stream = stream_for(out);
+  const int64_t a_dim_size = a.dim() == 0 ? 1 : a.size(dim);
+  const int64_t a_dim_stride = a.dim() == 0 ? 0 : a.stride(dim);
+  Strides a_strides = strides_or_empty(a);
+  if (!a_strides.empty()) a_strides[dim] = 0;  // the index supplies this coordinate
+  const Walk w = make_walk(op, out.shape(), strides_or_empty(out), a_strides, index_strides);
+  const int64_t n = out.numel();
+  IndexCheck check(out, stream);
+  visit_element_size(out.element_size(), [&](auto tag) {
+    using U = typename decltype(tag)::type;
+    gather_kernel<U><<<blocks_for(n), kThreads, 0, stream>>>(w, n, static_cast<U*>(out.data_ptr()),
+                                                            static_cast<const U*>(a.data_ptr()),
+                                                            index.data_ptr<int64_t>(), a_dim_stride, a_dim_size,
+                                                            check.data());
+    KILN_CUDA_CHECK_LAUNCH(op);
+  });
+  check.check(op, dim, a_dim_size);
+}
+
+// ---- scatter ----
+
+// The device type that holds a kiln element for arithmetic.
+template <typename T>
+struct DeviceType_ {
+  using type = T;
+};
+template <>
+struct DeviceType_<Half> {
+  using type = __half;
+};
+template <>
+struct DeviceType_<BFloat16> {
+  using type = __nv_bfloat16;
+};
+template <typename T>
+using device_t = typename DeviceType_<T>::type;
+
+// Byte add through a compare-and-swap on the aligned 32-bit word holding it (allocations are at least
+// 4-byte aligned, so the word lies inside the tensor's allocation). Wraps modulo 256 as the CPU does.
+__device__ __forceinline__ void atomic_add_u8(uint8_t* address, uint8_t value) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(address);
+  unsigned int* word = reinterpret_cast<unsigned int*>(addr & ~uintptr_t{3});
+  const unsigned int shift = static_cast<unsigned int>(addr & 3) * 8;
+  unsigned int old = *word, assumed;
+  do {
+    assumed = old;
+    const unsigned int byte = ((assumed >> shift) + value) & 0xffu;
+    const unsigned int next = (assumed & ~(0xffu << shift)) | (byte << shift);
+    old = atomicCAS(word, assumed, next);
+  } while (old != assumed);
+}
+
+template <typename D>
+__device__ __forceinline__ void atomic_accumulate(D* target, D value) {
+  if constexpr (std::is_same_v<D, bool>) {
+    if (value) *target = true;  // Bool "+" is or: every racing writer stores the same value
+  } else if constexpr (std::is_same_v<D, uint8_t>) {
+    atomic_add_u8(target, value);
+  } else if constexpr (std::is_same_v<D, int64_t>) {
+    // Two's complement: unsigned addition wraps to the same bits as signed addition.
+    atomicAdd(reinterpret_cast<unsigned long long*>(target), static_cast<unsigned long long>(value));
+  } else {
+    atomicAdd(target, value);  // int, float, double, __half, __nv_bfloat16 (sm_80+)
+  }
+}
+
+// For every position q of index's shape: out[q with coordinate dim = index[q]] (+)= src[q].
+// walk tensors: 0 out (dim stride 0), 1 index, 2 src.
+template <typename D, bool kAccumulate>
+__global__ void scatter_kernel(Walk w, int64_t n, D* out, const int64_t* index, const D* src, int64_t out_dim_stride,
+                               int64_t out_dim_size, int64_t* err) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t off[3];
+    walk_offsets(w, i, off);
+    const int64_t v = index[off[1]];
+    if (v < 0 || v >= out_dim_size) {
+      report_bad_index(err, v);
+      continue;
+    }
+    D* target = out + off[0] + v * out_dim_stride;
+    if constexpr (kAccumulate) atomic_accumulate(target, src[off[2]]);
+    else *target = src[off[2]];  // duplicates: one of the writers wins, as in PyTorch
+  }
+}
+
+// ---- nonzero ----
+
+// Whether the element at row-major position i is nonzero, on the raw bits: floats ignore the sign bit
+// (so -0 is zero and NaN is nonzero), integers and Bool use every bit.
+template <typename U>
+struct NonzeroAt {
+  Walk w;
+  const U* data;
+  U mask;
+  __device__ bool operator()(int64_t i) const {
+    int64_t off[3];
+    walk_offsets(w, i, off);
+    return (data[off[0]] & mask) != 0;
+  }
+};
+
+// coords[r][d] = the row-major coordinates in `w` of linear position positions[r].
+__global__ void unravel_kernel(Walk w, const int64_t* positions, int64_t count, int64_t* coords) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < count; r += int64_t{gridDim.x} * blockDim.x) {
+    int64_t i = positions[r];
+    for (int d = w.rank - 1; d >= 0; --d) {
+      coords[r * w.rank + d] = i % w.sizes[d];
+      i /= w.sizes[d];
+    }
+  }
+}
+
+}  // namespace
 
 void CudaBackend::index_select(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) {
-  throw NotImplementedError("cuda::index_select: not implemented yet");
+  // a (..., S, ...), index (n,), out (..., n, ...): index strides are 0 except along dim.
+  Strides index_strides(static_cast<size_t>(std::max<int64_t>(out.dim(), 1)), 0);
+  index_strides[dim] = index.dim() == 0 ? 0 : index.stride(0);
+  if (out.dim() == 0) index_strides.clear();
+  run_gather("index_select", out, a, dim, index, index_strides);
 }
 
 void CudaBackend::gather(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) {
-  throw NotImplementedError("cuda::gather: not implemented yet");
+  // out and index share a shape; a may be larger in dims other than dim.
+  run_gather("gather", out, a, dim, index, strides_or_empty(index));
 }
 
 void CudaBackend::scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) {
-  throw NotImplementedError("cuda::scatter: not implemented yet");
+  // index and src share a shape (src may be a view into a larger tensor); out may be larger outside dim.
+  const char* op = accumulate ? "scatter_add" : "scatter";
+  cudaStream_t stream = stream_for(out);
+  const int64_t out_dim_size = out.dim() == 0 ? 1 : out.size(dim);
+  const int64_t out_dim_stride = out.dim() == 0 ? 0 : out.stride(dim);
+  Strides out_strides = strides_or_empty(out);
+  if (!out_strides.empty()) out_strides[dim] = 0;
+  const Walk w = make_walk(op, index.shape(), out_strides, strides_or_empty(index), strides_or_empty(src));
+  const int64_t n = index.numel();
+  IndexCheck check(out, stream);
+  if (!accumulate) {
+    visit_element_size(out.element_size(), [&](auto tag) {
+      using U = typename decltype(tag)::type;
+      scatter_kernel<U, false><<<blocks_for(n), kThreads, 0, stream>>>(
+          w, n, static_cast<U*>(out.data_ptr()), index.data_ptr<int64_t>(), static_cast<const U*>(src.data_ptr()),
+          out_dim_stride, out_dim_size, check.data());
+      KILN_CUDA_CHECK_LAUNCH(op);
+    });
+  } else {
+    visit_dtype(out.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      using D = std::conditional_t<std::is_same_v<T, int32_t>, int, device_t<T>>;
+      scatter_kernel<D, true><<<blocks_for(n), kThreads, 0, stream>>>(
+          w, n, static_cast<D*>(out.data_ptr()), index.data_ptr<int64_t>(), static_cast<const D*>(src.data_ptr()),
+          out_dim_stride, out_dim_size, check.data());
+      KILN_CUDA_CHECK_LAUNCH(op);
+    });
+  }
+  check.check(op, dim, out_dim_size);
 }
 
 Tensor CudaBackend::nonzero(const Tensor& a) {
-  throw NotImplementedError("cuda::nonzero: not implemented yet");
+  // Select the row-major positions i of nonzero elements with CUB (order kept), read the count back
+  // (nonzero's output shape depends on it, so it synchronises by nature), then turn positions into
+  // (count, rank) coordinates.
+  cudaStream_t stream = stream_for(a);
+  const int64_t total = a.numel(), rank = a.dim();
+  if (total == 0) return ops::empty({0, rank}, {.dtype = DType::Int64, .device = a.device()});
+  const Walk w = make_walk("nonzero", a.shape(), strides_or_empty(a), {}, {});
+  Tensor positions = ops::empty({total}, {.dtype = DType::Int64, .device = a.device()});
+  Tensor count_buf = ops::empty({1}, {.dtype = DType::Int64, .device = a.device()});
+  const bool floating = is_floating_point(a.dtype());
+  visit_element_size(a.element_size(), [&](auto tag) {
+    using U = typename decltype(tag)::type;
+    const U all = static_cast<U>(~U{0});
+    const U mask = floating ? static_cast<U>(all >> 1) : all;  // drop the sign bit of floats
+    NonzeroAt<U> pred{w, static_cast<const U*>(a.data_ptr()), mask};
+    thrust::counting_iterator<int64_t> first(0);
+    size_t temp_bytes = 0;
+    KILN_CUDA_CHECK(cub::DeviceSelect::If(nullptr, temp_bytes, first, positions.data_ptr<int64_t>(),
+                                          count_buf.data_ptr<int64_t>(), total, pred, stream),
+                    "nonzero");
+    Tensor temp = ops::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))},
+                             {.dtype = DType::UInt8, .device = a.device()});
+    KILN_CUDA_CHECK(cub::DeviceSelect::If(temp.data_ptr(), temp_bytes, first, positions.data_ptr<int64_t>(),
+                                          count_buf.data_ptr<int64_t>(), total, pred, stream),
+                    "nonzero");
+  });
+  int64_t count = 0;
+  KILN_CUDA_CHECK(
+      cudaMemcpyAsync(&count, count_buf.data_ptr(), sizeof count, cudaMemcpyDeviceToHost, stream), "nonzero");
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream), "nonzero");
+  Tensor result = ops::empty({count, rank}, {.dtype = DType::Int64, .device = a.device()});
+  if (count == 0 || rank == 0) return result;
+  unravel_kernel<<<blocks_for(count), kThreads, 0, stream>>>(w, positions.data_ptr<int64_t>(), count,
+                                                            result.data_ptr<int64_t>());
+  KILN_CUDA_CHECK_LAUNCH("nonzero");
+  return result;
 }
 
 }  // namespace kiln::cuda

@@ -1,10 +1,376 @@
-// CUDA kernels: matmul.
+// CUDA backend: batched matrix multiply through cuBLASLt (cuBLAS as the fallback).
+//
+// kiln's tensors are row-major; cuBLAS is column-major. A row-major (M, N) matrix is, read as
+// column-major, its transpose (N, M), so out = a @ b is computed as out^T = b^T a^T: cuBLAS's "A" is
+// kiln's b and cuBLAS's "B" is kiln's a, with m' = N, n' = M, k' = K. Each operand is either row-major
+// (column stride 1: read as column-major it already is the transpose cuBLAS wants, op N) or column-major
+// (row stride 1: op T); anything else (a zero row stride from expand(), say) is copied first.
+//
+// The algorithm for each (shape, dtypes, layouts, alignments) is chosen once by cuBLASLt's heuristic
+// and cached; the workspace is one 32 MiB kiln tensor per (device, stream) from the caching allocator.
+// Where cuBLASLt offers no algorithm, cublasGemmStridedBatchedEx (or a loop of cublasGemmEx when a
+// batch stride is 0) does the product.
+#include <array>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cuda_backend.h"
+#include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/ops.h"
 
 namespace kiln::cuda {
 
+namespace {
+std::atomic<bool> g_allow_tf32{true};
+}  // namespace
+
+void set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
+bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
+
+namespace {
+
+constexpr uint64_t kWorkspaceBytes = uint64_t{32} << 20;
+
+// One operand as cuBLAS sees it: op(X) is the (cols of kiln's matrix) x (rows of kiln's matrix)
+// transpose of kiln's matrix. `trans` says whether the stored column-major matrix must be transposed.
+struct CublasOperand {
+  const void* ptr = nullptr;
+  bool trans = false;
+  int64_t rows = 0, cols = 0, ld = 0;  // of the stored column-major matrix
+  int64_t batch_stride = 0;            // in elements
+  Tensor keep;                         // a copy made here, kept alive until the product is queued
+};
+
+// t is (B, R, C) on the GPU. Returns the cuBLAS description of t^T (C x R), copying t when its matrix
+// dims are neither row- nor column-major with a valid leading dimension.
+CublasOperand describe(const Tensor& t) {
+  const int64_t rows = t.size(1), cols = t.size(2);
+  const int64_t rs = t.stride(1), cs = t.stride(2);
+  CublasOperand op;
+  op.batch_stride = t.size(0) == 1 ? 0 : t.stride(0);
+  // Row-major R x C with leading dim rs: stored column-major it is C x R, op N.
+  if ((cs == 1 || cols == 1) && (rows == 1 || rs >= std::max<int64_t>(cols, 1))) {
+    op.ptr = t.data_ptr();
+    op.trans = false;
+    op.rows = cols;
+    op.cols = rows;
+    op.ld = rows == 1 ? std::max<int64_t>(cols, 1) : rs;
+    return op;
+  }
+  // Column-major R x C with leading dim cs: stored column-major it is R x C, op T.
+  if ((rs == 1 || rows == 1) && (cols == 1 || cs >= std::max<int64_t>(rows, 1))) {
+    op.ptr = t.data_ptr();
+    op.trans = true;
+    op.rows = rows;
+    op.cols = cols;
+    op.ld = cols == 1 ? std::max<int64_t>(rows, 1) : cs;
+    return op;
+  }
+  // A zero or overlapping stride (e.g. one row expanded over M rows): copy to row-major. A broadcast
+  // batch (stride 0) stays one matrix.
+  Tensor copy = (t.size(0) == 1 || t.stride(0) == 0) ? ops::contiguous(ops::narrow(t, 0, 0, 1)) : ops::contiguous(t);
+  op.keep = copy;
+  op.ptr = copy.data_ptr();
+  op.trans = false;
+  op.rows = cols;
+  op.cols = rows;
+  op.ld = std::max<int64_t>(cols, 1);
+  op.batch_stride = (t.size(0) == 1 || t.stride(0) == 0) ? 0 : rows * cols;
+  return op;
+}
+
+int64_t pointer_alignment(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t low = v & (~v + 1);  // the lowest set bit
+  return static_cast<int64_t>(low == 0 || low > 256 ? 256 : low);
+}
+
+struct Types {
+  cudaDataType_t data;
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+};
+
+Types types_for(DType dtype) {
+  switch (dtype) {
+    case DType::Float16: return {CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::BFloat16: return {CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::Float32:
+      return {CUDA_R_32F, allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
+    case DType::Float64: return {CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
+    default: break;
+  }
+  throw NotImplementedError(kiln::detail::str_cat("matmul: integer matmul is not supported on CUDA; convert to float "
+                                                  "with .to(DType::Float32) first (got ",
+                                                  dtype, ")"));
+}
+
+// ---- per-device handles and per-stream workspaces (never destroyed: they may be used during static
+// destruction, and the driver reclaims everything at exit) ----
+std::mutex g_mutex;
+
+cublasLtHandle_t lt_handle(int device) {
+  static auto* handles = new std::map<int, cublasLtHandle_t>();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = handles->find(device);
+  if (it != handles->end()) return it->second;
+  cublasLtHandle_t h = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtCreate(&h), "matmul");
+  handles->emplace(device, h);
+  return h;
+}
+
+// The cuBLAS (non-Lt) handle of a device; callers hold g_cublas_mutex while they set its stream and use it.
+std::mutex g_cublas_mutex;
+cublasHandle_t cublas_handle(int device) {
+  static auto* handles = new std::map<int, cublasHandle_t>();
+  auto it = handles->find(device);
+  if (it != handles->end()) return it->second;
+  cublasHandle_t h = nullptr;
+  KILN_CUBLAS_CHECK(cublasCreate(&h), "matmul");
+  handles->emplace(device, h);
+  return h;
+}
+
+// One workspace per (device, stream): products queued on one stream run one after another, so they can
+// share it; two streams must not.
+void* workspace(int device, cudaStream_t stream) {
+  static auto* spaces = new std::map<std::pair<int, cudaStream_t>, Tensor>();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto key = std::make_pair(device, stream);
+  auto it = spaces->find(key);
+  if (it == spaces->end()) {
+    Tensor ws = ops::empty({static_cast<int64_t>(kWorkspaceBytes)}, {.dtype = DType::UInt8, .device = Device::cuda(device)});
+    it = spaces->emplace(key, std::move(ws)).first;
+  }
+  return it->second.data_ptr();
+}
+
+// ---- the algorithm cache ----
+using AlgoKey = std::array<int64_t, 22>;
+struct AlgoEntry {
+  bool lt_ok = false;  // false: cuBLASLt has no algorithm for this problem, use the cuBLAS fallback
+  cublasLtMatmulAlgo_t algo{};
+};
+
+std::mutex g_algo_mutex;
+std::map<AlgoKey, AlgoEntry>& algo_cache() {
+  static auto* cache = new std::map<AlgoKey, AlgoEntry>();
+  return *cache;
+}
+
+// RAII holders for the cuBLASLt descriptors of one call.
+struct MatmulDesc {
+  cublasLtMatmulDesc_t d = nullptr;
+  ~MatmulDesc() {
+    if (d) cublasLtMatmulDescDestroy(d);
+  }
+};
+struct LayoutDesc {
+  cublasLtMatrixLayout_t d = nullptr;
+  ~LayoutDesc() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+struct PreferenceDesc {
+  cublasLtMatmulPreference_t d = nullptr;
+  ~PreferenceDesc() {
+    if (d) cublasLtMatmulPreferenceDestroy(d);
+  }
+};
+
+void make_layout(LayoutDesc& layout, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batches,
+                 int64_t batch_stride) {
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout.d, type, static_cast<uint64_t>(rows),
+                                               static_cast<uint64_t>(cols), ld),
+                    "matmul");
+  if (batches > 1) {
+    const int32_t count = static_cast<int32_t>(batches);
+    KILN_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout.d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "matmul");
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout.d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                       &batch_stride, sizeof batch_stride),
+                      "matmul");
+  }
+}
+
+// The whole problem, in cuBLAS's terms: D (m x n, ld ldc) = alpha op(A) op(B) + beta C, C == D.
+struct Problem {
+  int device;
+  cudaStream_t stream;
+  Types types;
+  CublasOperand A, B;  // A = kiln's b, B = kiln's a
+  void* c;
+  int64_t m, n, k, ldc, batches, c_batch_stride;
+  const void* alpha;
+  const void* beta;
+};
+
+// Returns false when cuBLASLt cannot run this problem.
+bool run_lt(const Problem& p) {
+  const AlgoKey key = {p.device,
+                       static_cast<int64_t>(p.types.data),
+                       static_cast<int64_t>(p.types.compute),
+                       p.A.trans,
+                       p.B.trans,
+                       p.m,
+                       p.n,
+                       p.k,
+                       p.A.ld,
+                       p.B.ld,
+                       p.ldc,
+                       p.batches,
+                       p.A.batch_stride,
+                       p.B.batch_stride,
+                       p.c_batch_stride,
+                       pointer_alignment(p.A.ptr),
+                       pointer_alignment(p.B.ptr),
+                       pointer_alignment(p.c),
+                       0,
+                       0,
+                       0,
+                       0};
+
+  MatmulDesc op;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, p.types.compute, p.types.scale), "matmul");
+  const cublasOperation_t ta = p.A.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.B.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "matmul");
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "matmul");
+  LayoutDesc a_layout, b_layout, c_layout;
+  make_layout(a_layout, p.types.data, p.A.rows, p.A.cols, p.A.ld, p.batches, p.A.batch_stride);
+  make_layout(b_layout, p.types.data, p.B.rows, p.B.cols, p.B.ld, p.batches, p.B.batch_stride);
+  make_layout(c_layout, p.types.data, p.m, p.n, p.ldc, p.batches, p.c_batch_stride);
+
+  AlgoEntry entry;
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> lock(g_algo_mutex);
+    auto it = algo_cache().find(key);
+    if (it != algo_cache().end()) {
+      entry = it->second;
+      cached = true;
+    }
+  }
+  cublasLtHandle_t handle = lt_handle(p.device);
+  if (!cached) {
+    PreferenceDesc pref;
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), "matmul");
+    const uint64_t ws = kWorkspaceBytes;
+    KILN_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "matmul");
+    // Views may start anywhere: tell the heuristic how aligned the pointers are (it assumes 256 bytes).
+    const uint32_t align_a = static_cast<uint32_t>(key[15]), align_b = static_cast<uint32_t>(key[16]),
+                   align_c = static_cast<uint32_t>(key[17]);
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                           sizeof align_a),
+                      "matmul");
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                           sizeof align_b),
+                      "matmul");
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                                           sizeof align_c),
+                      "matmul");
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                                           sizeof align_c),
+                      "matmul");
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op.d, a_layout.d, b_layout.d, c_layout.d,
+                                                                 c_layout.d, pref.d, 1, &result, &returned);
+    entry.lt_ok = status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (entry.lt_ok) entry.algo = result.algo;
+    std::lock_guard<std::mutex> lock(g_algo_mutex);
+    algo_cache()[key] = entry;
+  }
+  if (!entry.lt_ok) return false;
+  const cublasStatus_t status =
+      cublasLtMatmul(handle, op.d, p.alpha, p.A.ptr, a_layout.d, p.B.ptr, b_layout.d, p.beta, p.c, c_layout.d, p.c,
+                     c_layout.d, &entry.algo, workspace(p.device, p.stream), kWorkspaceBytes, p.stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // remember, and let the fallback do it
+    std::lock_guard<std::mutex> lock(g_algo_mutex);
+    algo_cache()[key].lt_ok = false;
+    return false;
+  }
+  KILN_CUBLAS_CHECK(status, "matmul");
+  return true;
+}
+
+int to_int(int64_t v) {
+  KILN_CHECK_AS(NotImplementedError, v <= INT_MAX, "matmul: a dimension or stride of ", v,
+                " is too large for the cuBLAS fallback on CUDA");
+  return static_cast<int>(v);
+}
+
+// cuBLAS without Lt: strided-batched when every batch stride is real, else one call per batch.
+void run_cublas(const Problem& p) {
+  std::lock_guard<std::mutex> lock(g_cublas_mutex);
+  cublasHandle_t handle = cublas_handle(p.device);
+  KILN_CUBLAS_CHECK(cublasSetStream(handle, p.stream), "matmul");
+  KILN_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace(p.device, p.stream), kWorkspaceBytes), "matmul");
+  const cublasOperation_t ta = p.A.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.B.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int m = to_int(p.m), n = to_int(p.n), k = to_int(p.k);
+  const int lda = to_int(p.A.ld), ldb = to_int(p.B.ld), ldc = to_int(p.ldc);
+  const bool broadcast = p.batches > 1 && (p.A.batch_stride == 0 || p.B.batch_stride == 0);
+  if (!broadcast) {
+    KILN_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, ta, tb, m, n, k, p.alpha, p.A.ptr, p.types.data, lda,
+                                                 p.A.batch_stride, p.B.ptr, p.types.data, ldb, p.B.batch_stride,
+                                                 p.beta, p.c, p.types.data, ldc, p.c_batch_stride,
+                                                 to_int(p.batches), p.types.compute, CUBLAS_GEMM_DEFAULT),
+                      "matmul");
+    return;
+  }
+  const int64_t esize = p.types.data == CUDA_R_64F ? 8 : p.types.data == CUDA_R_32F ? 4 : 2;
+  for (int64_t i = 0; i < p.batches; ++i) {
+    const char* a = static_cast<const char*>(p.A.ptr) + i * p.A.batch_stride * esize;
+    const char* b = static_cast<const char*>(p.B.ptr) + i * p.B.batch_stride * esize;
+    char* c = static_cast<char*>(p.c) + i * p.c_batch_stride * esize;
+    KILN_CUBLAS_CHECK(cublasGemmEx(handle, ta, tb, m, n, k, p.alpha, a, p.types.data, lda, b, p.types.data, ldb,
+                                   p.beta, c, p.types.data, ldc, p.types.compute, CUBLAS_GEMM_DEFAULT),
+                      "matmul");
+  }
+}
+
+}  // namespace
+
 void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
-  throw NotImplementedError("cuda::matmul: not implemented yet");
+  // out (B, M, N) contiguous, a (B, M, K), b (B, K, N); batch strides of a and b may be 0.
+  KILN_CHECK(out.dim() == 3 && a.dim() == 3 && b.dim() == 3, "cuda::matmul: expected 3-D operands, got ", a.shape(),
+             ", ", b.shape(), " -> ", out.shape());
+  const Types types = types_for(out.dtype());
+  cudaStream_t stream = stream_for(out);
+  const int device = out.device().index();
+  const int64_t batches = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
+
+  Problem p{};
+  p.device = device;
+  p.stream = stream;
+  p.types = types;
+  p.A = describe(b);  // op(A) = b^T: N x K
+  p.B = describe(a);  // op(B) = a^T: K x M
+  p.c = out.data_ptr();
+  p.m = n;
+  p.n = m;
+  p.k = k;
+  p.ldc = std::max<int64_t>(n, 1);
+  p.batches = batches;
+  p.c_batch_stride = batches > 1 ? m * n : 0;
+  if (batches == 1) p.A.batch_stride = p.B.batch_stride = 0;
+
+  // Scalars in the compute type's scale type, on the host (the default pointer mode).
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  if (types.scale == CUDA_R_64F) {
+    p.alpha = &alpha;
+    p.beta = &beta;
+  } else {
+    p.alpha = &alpha_f;
+    p.beta = &beta_f;
+  }
+  if (!run_lt(p)) run_cublas(p);
 }
 
 }  // namespace kiln::cuda

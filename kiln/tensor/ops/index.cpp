@@ -211,9 +211,10 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
   check_defined("one_hot", index, "the index");
   const Tensor idx = index_tensor("one_hot", index, index.device());
   KILN_CHECK(num_classes >= -1, "one_hot: num_classes must be -1 (inferred) or non-negative, got ", num_classes);
-  // The class range is checked on the host (for -1 it is needed anyway); on a GPU with an explicit
-  // num_classes the kernel's bounds check reports bad values without a synchronisation.
-  if (num_classes == -1 || idx.is_cpu()) {
+  // The class range is checked on the host (for -1 it is needed anyway), on every device, so the
+  // message is one_hot's own (non-negative classes, num_classes) rather than scatter's. On a GPU this
+  // reads the index back; the CUDA scatter synchronises to check its indices anyway.
+  {
     KILN_CHECK(num_classes != -1 || idx.numel() > 0,
                "one_hot: cannot infer the number of classes from an empty index tensor; pass num_classes");
     const std::vector<int64_t> v = idx.to_vector<int64_t>();
