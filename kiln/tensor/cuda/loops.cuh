@@ -9,9 +9,9 @@
 // __nv_bfloat16, which have the same bits). Every launch goes on stream_for(out).
 //
 // Two kernels:
-//  - contiguous: every operand dense in the same order and aligned: each thread moves 16 bytes of the
-//    widest operand per access (kVec elements; narrower operands move kVec * their size), the DESIGN's
-//    rule for memory-bound kernels;
+//  - contiguous: every operand dense in the same order and aligned (an input may instead be one
+//    broadcast element): each thread moves 16 bytes of the widest operand per access (kVec elements;
+//    narrower operands move kVec * their size), the DESIGN's rule for memory-bound kernels;
 //  - strided: LoopGeometry (loop_geometry.h) orders and coalesces the dims; an offset calculator turns a
 //    flat index into byte offsets for up to 8 coalesced dims, in 32-bit arithmetic when the element
 //    count and every byte offset fit, else 64-bit. Each thread handles 4 elements, a block's worth apart.
@@ -136,6 +136,20 @@ __device__ __forceinline__ void store_vec(char* p, const Vec<T, V>& r) {
   else *reinterpret_cast<Vec<T, V>*>(p) = r;
 }
 
+// Vector v of a dense operand, or its one element repeated when it is a broadcast scalar (stride 0 over
+// the whole range: x * 2, a bias over a flat tensor).
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> load_or_splat(const char* base, int64_t v, bool splat) {
+  if (splat) {
+    Vec<T, V> r;
+    const T x = *reinterpret_cast<const T*>(base);
+#pragma unroll
+    for (int j = 0; j < V; ++j) r.v[j] = x;
+    return r;
+  }
+  return load_vec<T, V>(base + v * static_cast<int64_t>(V * sizeof(T)));
+}
+
 template <typename Out, typename... In>
 struct Elementwise {
   static constexpr int N = 1 + static_cast<int>(sizeof...(In));
@@ -150,11 +164,13 @@ struct Elementwise {
         from_compute<Out>(f(to_compute<In>(*reinterpret_cast<const device_t<In>*>(p[I + 1] + off[I + 1]))...));
   }
 
-  // Vector v (elements [v * kVec, (v + 1) * kVec)) of contiguous operands.
+  // Vector v (elements [v * kVec, (v + 1) * kVec)) of contiguous operands; bit k of `splat` marks input
+  // operand k as a broadcast scalar.
   template <typename F, size_t... I>
-  __device__ __forceinline__ static void vec(const F& f, char* const* p, int64_t v, std::index_sequence<I...>) {
+  __device__ __forceinline__ static void vec(const F& f, char* const* p, int64_t v, unsigned splat,
+                                             std::index_sequence<I...>) {
     ::cuda::std::tuple<Vec<device_t<In>, kVec>...> in{
-        load_vec<device_t<In>, kVec>(p[I + 1] + v * static_cast<int64_t>(kVec * sizeof(In)))...};
+        load_or_splat<device_t<In>, kVec>(p[I + 1], v, ((splat >> (I + 1)) & 1u) != 0)...};
     Vec<device_t<Out>, kVec> out;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) out.v[j] = from_compute<Out>(f(to_compute<In>(::cuda::std::get<I>(in).v[j])...));
@@ -163,9 +179,10 @@ struct Elementwise {
 
   // Element i of contiguous operands.
   template <typename F, size_t... I>
-  __device__ __forceinline__ static void dense(const F& f, char* const* p, int64_t i, std::index_sequence<I...>) {
-    reinterpret_cast<device_t<Out>*>(p[0])[i] =
-        from_compute<Out>(f(to_compute<In>(reinterpret_cast<const device_t<In>*>(p[I + 1])[i])...));
+  __device__ __forceinline__ static void dense(const F& f, char* const* p, int64_t i, unsigned splat,
+                                               std::index_sequence<I...>) {
+    reinterpret_cast<device_t<Out>*>(p[0])[i] = from_compute<Out>(
+        f(to_compute<In>(reinterpret_cast<const device_t<In>*>(p[I + 1])[((splat >> (I + 1)) & 1u) ? 0 : i])...));
   }
 };
 
@@ -187,15 +204,16 @@ __global__ void __launch_bounds__(kThreads)
 
 // numel = nvec * kVec + tail; the first `tail` threads of the grid also do one leftover element each.
 template <typename E, typename F>
-__global__ void __launch_bounds__(kThreads) contiguous_kernel(F f, Pointers<E::N> ptrs, int64_t nvec, int64_t tail) {
+__global__ void __launch_bounds__(kThreads) contiguous_kernel(F f, Pointers<E::N> ptrs, unsigned splat,
+                                                                       int64_t nvec, int64_t tail) {
   const int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kVecPerThread) + threadIdx.x;
 #pragma unroll
   for (int j = 0; j < kVecPerThread; ++j) {
     const int64_t v = base + j * kThreads;
-    if (v < nvec) E::vec(f, ptrs.p, v, typename E::Seq{});
+    if (v < nvec) E::vec(f, ptrs.p, v, splat, typename E::Seq{});
   }
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (t < tail) E::dense(f, ptrs.p, nvec * E::kVec + t, typename E::Seq{});
+  if (t < tail) E::dense(f, ptrs.p, nvec * E::kVec + t, splat, typename E::Seq{});
 }
 
 // ---- launcher ----
@@ -246,18 +264,25 @@ void launch_elementwise(const char* op, Types<Out, In...>, const std::array<Tens
   for (int k = 0; k < N; ++k) ptrs.p[k] = static_cast<char*>(ops[k].data_ptr());
 
   const LoopGeometry<N> g(ops);
-  // The contiguous path: one coalesced dim with every operand dense, and each base aligned to its access.
+  // The contiguous path: one coalesced dim with every operand dense (or an input broadcast from one
+  // element), and each dense base aligned to its access.
   constexpr size_t kSizes[N] = {sizeof(Out), sizeof(In)...};
   bool dense = g.ndim() == 1;
+  unsigned splat = 0;
   for (int k = 0; k < N && dense; ++k) {
+    if (k > 0 && g.strides[k][0] == 0) {
+      splat |= 1u << k;
+      continue;
+    }
     dense = g.strides[k][0] == static_cast<int64_t>(kSizes[k]) &&
             reinterpret_cast<uintptr_t>(ptrs.p[k]) % (kSizes[k] * E::kVec) == 0;
   }
+  if (numel == 1) splat = 0;  // one element: index 0 of every operand, whatever the strides
   if (dense || numel == 1) {
     const int64_t nvec = numel / E::kVec, tail = numel % E::kVec;
     const int64_t per_block = static_cast<int64_t>(kThreads) * kVecPerThread;
     const int64_t blocks = std::max<int64_t>(1, (nvec + per_block - 1) / per_block);
-    contiguous_kernel<E><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(f, ptrs, nvec, tail);
+    contiguous_kernel<E><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(f, ptrs, splat, nvec, tail);
     KILN_CUDA_CHECK_LAUNCH(op);
     return;
   }
