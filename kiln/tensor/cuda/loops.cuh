@@ -56,6 +56,8 @@ struct DeviceStorage<BFloat16> {
 };
 template <typename T>
 using device_t = typename DeviceStorage<T>::type;
+static_assert(sizeof(__half) == sizeof(Half) && sizeof(__nv_bfloat16) == sizeof(BFloat16),
+              "kiln's 16-bit floats must have the bits of CUDA's");
 
 template <typename T>
 __device__ __forceinline__ compute_t<T> to_compute(device_t<T> v) {
