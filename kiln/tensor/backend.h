@@ -58,7 +58,9 @@ enum class UnaryOp : uint8_t {
 
 enum class BinaryOp : uint8_t {
   // Output dtype = input dtype. Bool: Add is or, Mul is and. Integers: Remainder is Python's % (the
-  // divisor's sign) and Pow wraps like multiplication; a zero divisor or negative exponent throws kiln::Error.
+  // divisor's sign) and Pow wraps like multiplication; a zero divisor or negative exponent throws kiln::Error
+  // on the CPU. On CUDA a kernel cannot throw and checking first would synchronise the host, so there (as in
+  // PyTorch) those elements get an unspecified value and no error is raised.
   // Maximum and Minimum propagate NaN.
   Add,
   Sub,

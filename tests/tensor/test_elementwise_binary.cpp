@@ -389,15 +389,18 @@ TEST_P(ElementwiseBinaryTest, ErrorsNameTheOpShapesAndDtypes) {
         masked_fill_(small, make({1, 0, 1, 0, 1, 0}, {2, 3}, opts(DType::Bool)), 0);
       },
       {"masked_fill_", "[3]", "[2, 3]"});
-  // Integer division by zero and negative integer powers are errors, not crashes.
-  expect_error(
-      [&] {
-        remainder(i, make({0, 1}, {2}, opts(DType::Int64)));
-      },
-      {"remainder", "division by zero", "int64"});
-  expect_error([&] { remainder(make({1}, {1}, opts(DType::Int32)), make({0}, {}, opts(DType::Int32))); },
-               {"remainder", "zero", "int32"});
-  expect_error([&] { pow(i, make({-1, 1}, {2}, opts(DType::Int64))); }, {"pow", "negative", "int64"});
+  // Integer division by zero and negative integer powers are errors, not crashes. On CUDA they give an
+  // unspecified value instead (a kernel cannot throw without a host sync; see backend.h, as PyTorch).
+  if (dev().is_cpu()) {
+    expect_error(
+        [&] {
+          remainder(i, make({0, 1}, {2}, opts(DType::Int64)));
+        },
+        {"remainder", "division by zero", "int64"});
+    expect_error([&] { remainder(make({1}, {1}, opts(DType::Int32)), make({0}, {}, opts(DType::Int32))); },
+                 {"remainder", "zero", "int32"});
+    expect_error([&] { pow(i, make({-1, 1}, {2}, opts(DType::Int64))); }, {"pow", "negative", "int64"});
+  }
   expect_error([&] { lerp(i, i, 0.5); }, {"lerp", "int64"});
   expect_error([&] { add(a, Tensor()); }, {"add", "second", "undefined"});
   expect_error([&] { remainder(bl, bl); }, {"remainder", "bool"});

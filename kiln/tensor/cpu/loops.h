@@ -6,9 +6,8 @@
 //       *(float*)(p[0] + i * s[0]) = *(float*)(p[1] + i * s[1]) + *(float*)(p[2] + i * s[2]);
 //   });
 //
-// The operands' dims are put in the order of operand 0's strides (innermost first), so that a
-// channels-last output iterates its memory in order, then dims that are contiguous across every
-// operand are merged ("coalesced"). A contiguous tensor, or a channels-last one with channels-last
+// The operands' dims are ordered and coalesced by LoopGeometry (kiln/tensor/loop_geometry.h, shared with
+// the CUDA backend). A contiguous tensor, or a channels-last one with channels-last
 // inputs, becomes a single run; the kernel then sees long runs with stride == element size and can
 // hand them to Eigen. The flat range is split over the thread pool in chunks of at least kGrainSize
 // elements; a chunk may start or end in the middle of a run.
@@ -22,66 +21,12 @@
 #include <vector>
 
 #include "kiln/tensor/cpu/parallel.h"  // parallel_for, kGrainSize
+#include "kiln/tensor/loop_geometry.h"  // LoopGeometry
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::cpu {
 
-// The coalesced geometry of N operands of one shape: sizes and byte strides, innermost dim first.
-template <size_t N>
-struct LoopGeometry {
-  std::vector<int64_t> sizes;                   // (ndim), at least one dim
-  std::array<std::vector<int64_t>, N> strides;  // (N, ndim) in bytes
-  std::array<char*, N> base{};
-  int64_t numel = 0;
-
-  explicit LoopGeometry(const std::array<Tensor, N>& ops) {
-    const Shape& shape = ops[0].shape();
-    numel = ops[0].numel();
-    for (size_t k = 0; k < N; ++k) base[k] = static_cast<char*>(ops[k].data_ptr());
-    // Dims of size 1 do not move any pointer: drop them.
-    std::vector<int64_t> dims;
-    for (size_t d = 0; d < shape.size(); ++d)
-      if (shape[d] != 1) dims.push_back(static_cast<int64_t>(d));
-    // Innermost first, by operand 0's strides, ties broken by the next operands (stable insertion sort;
-    // ranks are small). A dim whose strides are all equal keeps its logical order.
-    auto inner_before = [&](int64_t x, int64_t y) {
-      for (size_t k = 0; k < N; ++k) {
-        const int64_t sx = ops[k].strides()[x], sy = ops[k].strides()[y];
-        if (sx != sy) return sx < sy;
-      }
-      return x > y;
-    };
-    std::reverse(dims.begin(), dims.end());  // logical order, innermost first
-    for (size_t i = 1; i < dims.size(); ++i)
-      for (size_t j = i; j > 0 && inner_before(dims[j], dims[j - 1]); --j) std::swap(dims[j], dims[j - 1]);
-    for (int64_t d : dims) {
-      const int64_t size = shape[d];
-      bool merge = !sizes.empty();
-      for (size_t k = 0; k < N && merge; ++k) {
-        const int64_t stride = ops[k].strides()[d] * static_cast<int64_t>(ops[k].element_size());
-        merge = stride == strides[k].back() * sizes.back();
-      }
-      if (merge) {
-        sizes.back() *= size;
-        continue;
-      }
-      sizes.push_back(size);
-      for (size_t k = 0; k < N; ++k)
-        strides[k].push_back(ops[k].strides()[d] * static_cast<int64_t>(ops[k].element_size()));
-    }
-    if (sizes.empty()) {  // 0-d, or all sizes 1: one element
-      sizes.push_back(1);
-      for (size_t k = 0; k < N; ++k) strides[k].push_back(0);
-    }
-  }
-
-  int ndim() const { return static_cast<int>(sizes.size()); }
-  std::array<int64_t, N> inner_strides() const {
-    std::array<int64_t, N> s{};
-    for (size_t k = 0; k < N; ++k) s[k] = strides[k][0];
-    return s;
-  }
-};
+using kiln::LoopGeometry;  // loop_geometry.h: dim ordering and coalescing, shared with the CUDA backend
 
 // Calls fn(ptrs, strides, n) over runs of the flat range [begin, end) of `g`: element i of a run of
 // operand k is at ptrs[k] + i * strides[k] (bytes); strides are those of the innermost coalesced dim.
