@@ -219,8 +219,15 @@ __global__ void reduce_kernel(const T* in, O* out, Acc* partial, const Acc* cent
       }
       for (int64_t j = head + nvec * V + lane; j < len; j += lanes) acc = op.combine(acc, op.map(load_as<Acc>(p + j), c));
     } else {
-#pragma unroll 4
-      for (int64_t r = r0 + lane; r < r1; r += lanes) acc = op.combine(acc, op.map(load_as<Acc>(base + g.red(r)), c));
+      // Four independent loads in flight per lane before they are combined (bandwidth, not latency).
+      int64_t r = r0 + lane;
+      for (; r + 3 * lanes < r1; r += 4 * lanes) {
+        const Acc a = load_as<Acc>(base + g.red(r)), b = load_as<Acc>(base + g.red(r + lanes));
+        const Acc d = load_as<Acc>(base + g.red(r + 2 * lanes)), e = load_as<Acc>(base + g.red(r + 3 * lanes));
+        acc = op.combine(op.combine(acc, op.map(a, c)), op.map(b, c));
+        acc = op.combine(op.combine(acc, op.map(d, c)), op.map(e, c));
+      }
+      for (; r < r1; r += lanes) acc = op.combine(acc, op.map(load_as<Acc>(base + g.red(r)), c));
     }
   }
   // Merge the lanes of each output.
