@@ -8,12 +8,12 @@
 // Shapes: a full sum, rows (sum over the last dim), columns (sum over dim 0), and a float32 var.
 #include <cuda_runtime.h>
 
+#include <kiln/kiln.h>
+#include <kiln/tensor/cuda.h>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>  // std::exit
 #include <functional>
-#include <kiln/kiln.h>
-#include <kiln/tensor/cuda.h>
 #include <string>
 
 namespace {
@@ -80,6 +80,10 @@ int main(int argc, char** argv) {
   report("var  (all, two passes: 2 reads)", time_ms(iters, [&] { total = kiln::var(x); }), 2 * gb);
   report("amax (all)", time_ms(iters, [&] { total = kiln::amax(x); }), gb);
   report("softmax (R, 1024) dim 1 (read + write)",
-         time_ms(iters, [&] { total = kiln::softmax(x.view({n / 1024, 1024}), 1); }), 2 * gb);
+         time_ms(iters,
+                 [&] {
+                   total = kiln::softmax(x.view({n / 1024, 1024}), 1);
+                 }),
+         2 * gb);
   return 0;
 }

@@ -130,7 +130,9 @@ TEST(RandomCuda, MatchesTheCpuForTheSameSeed) {
     return uniform_(t, -2.0, 6.0, g);
   });
   EXPECT_EQ(uc.to_vector<float>(), ug.to_vector<float>());
-  auto [dc, dg] = both([](Device d, Generator* g) { return rand({3, 333}, {.dtype = DType::Float64, .device = d}, g); });
+  auto [dc, dg] = both([](Device d, Generator* g) {
+    return rand({3, 333}, {.dtype = DType::Float64, .device = d}, g);
+  });
   EXPECT_EQ(dc.to_vector<double>(), dg.to_vector<double>());
   auto [hc, hg] = both([](Device d, Generator* g) { return rand({257}, {.dtype = DType::BFloat16, .device = d}, g); });
   EXPECT_EQ(hc.to_vector<float>(), hg.to_vector<float>());
@@ -147,7 +149,8 @@ TEST(RandomCuda, MatchesTheCpuForTheSameSeed) {
   auto [nc, ng] = both([](Device d, Generator* g) { return randn({1003}, {.device = d}, g); });
   const auto nf_c = nc.to_vector<float>(), nf_g = ng.to_vector<float>();
   for (size_t i = 0; i < nf_c.size(); ++i) EXPECT_NEAR(nf_g[i], nf_c[i], 1e-6 * std::max(1.0f, std::abs(nf_c[i]))) << i;
-  auto [nd_c, nd_g] = both([](Device d, Generator* g) { return randn({1003}, {.dtype = DType::Float64, .device = d}, g); });
+  auto [nd_c, nd_g] =
+      both([](Device d, Generator* g) { return randn({1003}, {.dtype = DType::Float64, .device = d}, g); });
   const auto vd_c = nd_c.to_vector<double>(), vd_g = nd_g.to_vector<double>();
   for (size_t i = 0; i < vd_c.size(); ++i) EXPECT_NEAR(vd_g[i], vd_c[i], 1e-12 * std::max(1.0, std::abs(vd_c[i]))) << i;
 }

@@ -20,7 +20,8 @@ __device__ __forceinline__ void draw_one(T* p, RandomParams params, GeneratorSta
         *p = __dadd_rn(params.a, __dmul_rn(params.b - params.a, u));
       } else {
         const float u = philox::uniform_float(draw.seed, draw.offset, i);
-        kdetail::store_as(p, __fadd_rn(static_cast<float>(params.a), __fmul_rn(static_cast<float>(params.b - params.a), u)));
+        kdetail::store_as(
+            p, __fadd_rn(static_cast<float>(params.a), __fmul_rn(static_cast<float>(params.b - params.a), u)));
       }
       return;
     }
@@ -57,7 +58,8 @@ __device__ __forceinline__ void draw_one(T* p, RandomParams params, GeneratorSta
 template <typename T>
 __global__ void random_kernel(T* out, Offsets layout, int64_t n, RandomParams params, GeneratorState draw) {
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
-  for (int64_t i = first; i < first + 4 && i < n; ++i) draw_one(out + layout(i), params, draw, static_cast<uint64_t>(i));
+  for (int64_t i = first; i < first + 4 && i < n; ++i)
+    draw_one(out + layout(i), params, draw, static_cast<uint64_t>(i));
 }
 
 }  // namespace
@@ -92,7 +94,8 @@ void CudaBackend::random(const Tensor& out, const RandomParams& params, Generato
   KILN_CHECK(blocks < (int64_t{1} << 31), "cuda::random: tensor too large (", n, " elements)");
   visit_dtype(out.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    random_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(out.data_ptr<T>(), layout, n, params, draw);
+    random_kernel<T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(out.data_ptr<T>(), layout, n, params, draw);
     KILN_CUDA_CHECK_LAUNCH("random");
   });
 }

@@ -217,7 +217,8 @@ __global__ void reduce_kernel(const T* in, O* out, Acc* partial, const Acc* cent
 #pragma unroll
         for (int k = 0; k < V; ++k) acc = op.combine(acc, op.map(load_as<Acc>(&a.v[k]), c));
       }
-      for (int64_t j = head + nvec * V + lane; j < len; j += lanes) acc = op.combine(acc, op.map(load_as<Acc>(p + j), c));
+      for (int64_t j = head + nvec * V + lane; j < len; j += lanes)
+        acc = op.combine(acc, op.map(load_as<Acc>(p + j), c));
     } else {
       // Four independent loads in flight per lane before they are combined (bandwidth, not latency).
       int64_t r = r0 + lane;
