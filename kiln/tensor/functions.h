@@ -112,6 +112,8 @@ using ops::ones;
 using ops::ones_like;
 using ops::outer;
 using ops::permute;
+using ops::pin_memory;
+using ops::is_pinned;
 using ops::pow;
 using ops::prod;
 using ops::rand;

@@ -66,6 +66,8 @@ Tensor to(const Tensor& t, Device device, std::optional<DType> dtype = {}, bool 
 Tensor cast(const Tensor& t, DType dtype);
 Tensor contiguous(const Tensor& t, MemoryFormat format = MemoryFormat::Contiguous);
 Tensor clone(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
+Tensor pin_memory(const Tensor& t);  // a CPU tensor copied into page-locked memory (t itself if it already is)
+bool is_pinned(const Tensor& t);
 Tensor& fill_(Tensor& t, Scalar value);
 
 // ---------------------------------------------------------------- views (view.cpp)

@@ -35,7 +35,7 @@ Allocator& cpu_allocator();
 class Storage {
  public:
   Storage(size_t nbytes, Allocator& allocator)
-      : data_(allocator.allocate(nbytes)), nbytes_(nbytes), device_(allocator.device()) {}
+      : data_(allocator.allocate(nbytes)), nbytes_(nbytes), device_(allocator.device()), allocator_(&allocator) {}
   // Wraps memory someone else owns; `deleter` (may be empty) runs when the last tensor lets go.
   Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
       : data_(
@@ -46,6 +46,8 @@ class Storage {
   void* data() const { return data_.get(); }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  // The allocator that made this memory; null for memory wrapped from elsewhere.
+  Allocator* allocator() const { return allocator_; }
 
   // Counts writes through any view of this storage; autograd compares it to detect in-place changes
   // to tensors that backward still needs.
@@ -56,6 +58,7 @@ class Storage {
   DataPtr data_;
   size_t nbytes_;
   Device device_;
+  Allocator* allocator_ = nullptr;
   std::atomic<uint64_t> version_{0};
 };
 

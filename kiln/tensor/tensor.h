@@ -113,6 +113,9 @@ class Tensor {
   Tensor cuda(int index = 0) const { return to(Device::cuda(index)); }
   Tensor contiguous(MemoryFormat format = MemoryFormat::Contiguous) const;
   Tensor clone(MemoryFormat format = MemoryFormat::Preserve) const;
+  // A copy in page-locked host memory (this tensor if it already is), for asynchronous copies to a GPU.
+  Tensor pin_memory() const;
+  bool is_pinned() const;
   Tensor& copy_(const Tensor& src, bool non_blocking = false);  // any layout, dtype and device; src broadcasts
   Tensor& fill_(Scalar value);
   Tensor& zero_() { return fill_(0); }

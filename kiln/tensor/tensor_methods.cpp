@@ -11,6 +11,8 @@ Tensor Tensor::to(Device device, DType dtype, bool non_blocking) const {
 Tensor Tensor::to(MemoryFormat format) const { return kiln::contiguous(*this, format); }
 Tensor Tensor::contiguous(MemoryFormat format) const { return kiln::contiguous(*this, format); }
 Tensor Tensor::clone(MemoryFormat format) const { return kiln::clone(*this, format); }
+Tensor Tensor::pin_memory() const { return kiln::pin_memory(*this); }
+bool Tensor::is_pinned() const { return kiln::is_pinned(*this); }
 Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) { return kiln::copy_(*this, src, non_blocking); }
 Tensor& Tensor::fill_(Scalar value) { return kiln::fill_(*this, value); }
 

@@ -194,6 +194,29 @@ TEST_F(CudaMemory, PinnedHostMemoryIsReused) {
   EXPECT_EQ(cudaHostGetFlags(&flags, again.data_ptr<void>()), cudaSuccess) << "not page-locked memory";
 }
 
+TEST_F(CudaMemory, PinMemoryAndNonBlockingCopiesRoundTrip) {
+  const int64_t n = 1 << 22;
+  Tensor host = arange(n, {.dtype = DType::Float32});
+  EXPECT_FALSE(host.is_pinned());
+  Tensor pinned = host.pin_memory();
+  EXPECT_TRUE(pinned.is_pinned());
+  EXPECT_TRUE(pinned.pin_memory().is_same(pinned));
+  cuda::Stream side = cuda::Stream::create(0);
+  Tensor back;
+  {
+    cuda::StreamGuard guard(side);
+    Tensor dev = pinned.to(Device::cuda(0), /*non_blocking=*/true);
+    dev.mul_(2);
+    back = empty({n}, {.dtype = DType::Float32, .pinned_memory = true});
+    back.copy_(dev, /*non_blocking=*/true);
+  }
+  side.synchronize();
+  const float* p = back.data_ptr<float>();
+  for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(p[i], 2.0f * static_cast<float>(i)) << i;
+  testing::expect_error([&] { zeros({2}, {.device = Device::cuda(0)}).pin_memory(); },
+                        {"pin_memory", "only CPU tensors", "cuda:0"});
+}
+
 TEST_F(CudaMemory, StreamsAndCurrentStream) {
   const cuda::Stream def = cuda::Stream::default_stream(0);
   EXPECT_EQ(def.handle(), nullptr);
@@ -269,12 +292,16 @@ TEST(CudaWithoutGpu, SaysNoDeviceIsVisible) {
   expect_error([] { (void)cuda::memory_stats(0); }, {"no CUDA device"});
   expect_error([] { (void)cuda::current_stream(0); }, {"no CUDA device"});
   expect_error([] { (void)cuda::Stream::create(0); }, {"no CUDA device"});
+  EXPECT_FALSE(ones({2}).is_pinned());
+  expect_error([] { (void)ones({2}).pin_memory(); }, {"pinned host memory needs a GPU"});
 }
 
 #else  // a build without the CUDA backend
 
 TEST(CudaWithoutGpu, SaysTheBuildHasNoCuda) {
   expect_error([] { (void)zeros({2}, {.device = Device::cuda(0)}); }, {"no CUDA backend"});
+  EXPECT_FALSE(ones({2}).is_pinned());
+  expect_error([] { (void)ones({2}).pin_memory(); }, {"pinned host memory needs a GPU"});
 }
 
 #endif

@@ -79,6 +79,21 @@ Tensor clone(const Tensor& t, MemoryFormat format) {
   return out;
 }
 
+bool is_pinned(const Tensor& t) {
+  check_defined(t, "is_pinned", "the tensor");
+  const Allocator* pinned = pinned_host_allocator();
+  return pinned != nullptr && t.impl().storage()->allocator() == pinned;
+}
+
+Tensor pin_memory(const Tensor& t) {
+  check_defined(t, "pin_memory", "the tensor");
+  KILN_CHECK(t.is_cpu(), "pin_memory: only CPU tensors can be pinned; this one is on ", t.device());
+  if (is_pinned(t)) return t;
+  Tensor out = empty(t.shape(), {.dtype = t.dtype(), .memory_format = t.suggest_memory_format(), .pinned_memory = true});
+  copy_(out, t);
+  return out;
+}
+
 Tensor& fill_(Tensor& t, Scalar value) {
   check_defined(t, "fill_", "the tensor");
   check_no_internal_overlap(t, "fill_");
