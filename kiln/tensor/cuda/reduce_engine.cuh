@@ -23,7 +23,8 @@
 #include <vector>
 
 #include "kiln/tensor/cuda/kernel_util.cuh"
-#include "kiln/tensor/ops.h"  // ops::empty for temporaries
+#include "kiln/tensor/ops.h"              // ops::empty for temporaries
+#include "kiln/tensor/reduce_geometry.h"  // plan_reduction
 
 namespace kiln::cuda::rdetail {
 
@@ -102,48 +103,25 @@ struct Geometry {
 
 inline Geometry make_geometry(const Shape& sizes, const Strides& in_strides, const Strides& out_strides,
                               const std::vector<bool>& reduce) {
-  struct D {
-    int64_t size, in, out;
-  };
-  std::vector<D> kept, red;
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] == 1) continue;
-    (reduce[d] ? red : kept).push_back({sizes[d], in_strides[d], reduce[d] ? 0 : out_strides[d]});
-  }
-  auto by_stride = [](const D& a, const D& b) { return a.in > b.in; };
-  std::stable_sort(kept.begin(), kept.end(), by_stride);
-  std::stable_sort(red.begin(), red.end(), by_stride);
-  auto coalesce = [](std::vector<D>& dims, bool check_out) {
-    std::vector<D> merged;
-    for (const D& d : dims) {
-      if (!merged.empty() && merged.back().in == d.in * d.size && (!check_out || merged.back().out == d.out * d.size)) {
-        merged.back() = {merged.back().size * d.size, d.in, d.out};
-      } else {
-        merged.push_back(d);
-      }
-    }
-    dims = std::move(merged);
-  };
-  coalesce(kept, true);
-  coalesce(red, false);
-  KILN_CHECK(kept.size() <= kMaxDims && red.size() <= kMaxDims, "cuda::reduce: too many dims (", sizes.size(), ")");
+  const ReduceGeometry plan = plan_reduction(sizes, in_strides, out_strides, reduce);  // shared with the CPU
+  const size_t n_kept = plan.kept_sizes.size(), n_red = plan.red_sizes.size();
+  KILN_CHECK(n_kept <= kMaxDims && n_red <= kMaxDims, "cuda::reduce: too many dims (", sizes.size(), ")");
   Geometry g;
-  g.kept_in.ndim = g.kept_out.ndim = static_cast<int>(kept.size());
-  for (size_t i = 0; i < kept.size(); ++i) {
-    g.kept_in.sizes[i] = g.kept_out.sizes[i] = kept[i].size;
-    g.kept_in.strides[i] = kept[i].in;
-    g.kept_out.strides[i] = kept[i].out;
-    g.n_out *= kept[i].size;
+  g.kept_in.ndim = g.kept_out.ndim = static_cast<int>(n_kept);
+  for (size_t i = 0; i < n_kept; ++i) {
+    g.kept_in.sizes[i] = g.kept_out.sizes[i] = plan.kept_sizes[i];
+    g.kept_in.strides[i] = plan.kept_in[i];
+    g.kept_out.strides[i] = plan.kept_out[i];
   }
-  g.red.ndim = static_cast<int>(red.size());
-  for (size_t i = 0; i < red.size(); ++i) {
-    g.red.sizes[i] = red[i].size;
-    g.red.strides[i] = red[i].in;
-    g.n_red *= red[i].size;
+  g.red.ndim = static_cast<int>(n_red);
+  for (size_t i = 0; i < n_red; ++i) {
+    g.red.sizes[i] = plan.red_sizes[i];
+    g.red.strides[i] = plan.red_in[i];
   }
-  const bool inner = !red.empty() && red.back().in == 1;
-  g.contiguous = red.size() == 1 && red[0].in == 1;
-  g.columns = !inner && !kept.empty() && kept.back().in == 1 && kept.back().size > 1;
+  g.n_out = plan.n_out;
+  g.n_red = plan.n_red;
+  g.contiguous = n_red == 1 && plan.red_in[0] == 1;
+  g.columns = !plan.inner_contiguous() && plan.columns_contiguous();
   return g;
 }
 

@@ -1,0 +1,49 @@
+// kiln/tensor/cuda.h in a build without the CUDA backend (KILN_CUDA=OFF): no GPU is ever available,
+// counting devices answers 0, and everything that needs a GPU throws a kiln::Error that says why.
+#include "kiln/tensor/cuda.h"
+
+namespace kiln::cuda {
+namespace {
+[[noreturn]] void no_cuda(const char* op) {
+  KILN_FAIL(op,
+            ": this build of kiln has no CUDA backend (configured with KILN_CUDA=OFF or without a CUDA "
+            "toolkit); rebuild with -DKILN_CUDA=ON to use GPUs");
+}
+}  // namespace
+
+bool is_available() { return false; }
+int device_count() { return 0; }
+int current_device() { no_cuda("current_device"); }
+void set_device(int) { no_cuda("set_device"); }
+void synchronize(int) { no_cuda("synchronize"); }
+
+DeviceGuard::DeviceGuard(int) : previous_(0) { no_cuda("DeviceGuard"); }
+DeviceGuard::~DeviceGuard() = default;
+
+Stream Stream::create(int, bool) { no_cuda("Stream::create"); }
+Stream Stream::default_stream(int) { no_cuda("Stream::default_stream"); }
+void Stream::synchronize() const { no_cuda("Stream::synchronize"); }
+bool Stream::query() const { no_cuda("Stream::query"); }
+Stream current_stream(int) { no_cuda("current_stream"); }
+void set_current_stream(const Stream&) { no_cuda("set_current_stream"); }
+StreamGuard::StreamGuard(const Stream& s) : previous_(s) { no_cuda("StreamGuard"); }
+StreamGuard::~StreamGuard() = default;
+
+Event::Event(bool enable_timing) : timing_(enable_timing) {}
+Event::~Event() = default;
+void Event::record(const Stream&) { no_cuda("Event::record"); }
+void Event::record() { no_cuda("Event::record"); }
+void Event::wait(const Stream&) { no_cuda("Event::wait"); }
+void Event::synchronize() const { no_cuda("Event::synchronize"); }
+bool Event::query() const { no_cuda("Event::query"); }
+float Event::elapsed_ms(const Event&) const { no_cuda("Event::elapsed_ms"); }
+
+void set_allow_tf32(bool) {}
+bool allow_tf32() { return true; }
+void record_stream(const Tensor&, const Stream&) { no_cuda("record_stream"); }
+MemoryStats memory_stats(int) { no_cuda("memory_stats"); }
+std::string memory_summary(int) { no_cuda("memory_summary"); }
+void reset_peak_memory_stats(int) { no_cuda("reset_peak_memory_stats"); }
+void empty_cache() {}
+
+}  // namespace kiln::cuda
