@@ -217,6 +217,22 @@ TEST_F(CudaMemory, PinMemoryAndNonBlockingCopiesRoundTrip) {
                         {"pin_memory", "only CPU tensors", "cuda:0"});
 }
 
+TEST(CudaPeer, CopiesBetweenTwoGpus) {
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  Tensor host = arange(1 << 20, {.dtype = DType::Float32}).reshape({1024, 1024});
+  Tensor a = host.to(Device::cuda(0));
+  Tensor b = a.to(Device::cuda(1));  // contiguous: a peer copy
+  EXPECT_EQ(b.device(), Device::cuda(1));
+  EXPECT_TRUE(equal(b.cpu(), host));
+  Tensor t = a.t().to(Device::cuda(1), DType::Float64);  // strided and cast on the way
+  EXPECT_TRUE(equal(t.cpu(), host.t().to(DType::Float64)));
+  Tensor back = zeros({1024, 1024}, {.device = Device::cuda(0)});
+  back.copy_(b, /*non_blocking=*/true);
+  cuda::synchronize(0);
+  cuda::synchronize(1);
+  EXPECT_TRUE(equal(back.cpu(), host));
+}
+
 TEST_F(CudaMemory, StreamsAndCurrentStream) {
   const cuda::Stream def = cuda::Stream::default_stream(0);
   EXPECT_EQ(def.handle(), nullptr);

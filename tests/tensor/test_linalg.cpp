@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "kiln/tensor/cuda.h"  // allow_tf32, set_allow_tf32
 #include "support/test_support.h"
 
 namespace kiln {
@@ -83,6 +84,23 @@ double matmul_atol(DType dtype, int64_t k) {
 
 const std::vector<DType> kAllMatmulDTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16,
                                              DType::Int32,   DType::Int64,   DType::UInt8};
+
+// TF32 keeps 10 mantissa bits: 1 + 2^-12 becomes 1 in a TF32 product, and stays exact without it.
+TEST_P(MatmulTest, Tf32SwitchControlsFloat32Precision) {
+  if (!dev().is_cuda()) GTEST_SKIP() << "TF32 applies to CUDA matmuls only";
+  const double x = 1.0 + std::ldexp(1.0, -12);
+  Tensor a = testing::make(std::vector<double>(64 * 64, x), {64, 64}, opts());
+  Tensor b = eye(64, {}, opts());
+  const bool before = cuda::allow_tf32();
+  cuda::set_allow_tf32(false);
+  EXPECT_FALSE(cuda::allow_tf32());
+  expect_values(mm(a, b), {64, 64}, std::vector<double>(64 * 64, x), 0, 0);  // exact in full float32
+  cuda::set_allow_tf32(true);
+  EXPECT_TRUE(cuda::allow_tf32());
+  const auto tf32 = mm(a, b).to_vector<double>();
+  EXPECT_EQ(tf32[0], 1.0) << "float32 matmul did not use TF32 with allow_tf32 on";
+  cuda::set_allow_tf32(before);
+}
 
 TEST_P(MatmulTest, MmMatchesReferenceInEveryDType) {
   const int64_t m = 5, k = 7, n = 3;
@@ -286,8 +304,11 @@ TEST_P(MatmulTest, AddmmScalesAndBroadcastsC) {
   expect_values(ops::addmm(nan_c, make(a, {m, k}, opts()), make(b, {k, n}, opts()), 0), {m, n}, ab);
   // integers
   if (unsupported(DType::Int32)) {
-    expect_error([&] { ops::mm(ops::ones({2, 2}, opts(DType::Int32)), ops::ones({2, 2}, opts(DType::Int32))); },
-                 {"matmul", "integer", "CUDA"});
+    expect_error(
+        [&] {
+          ops::mm(ops::ones({2, 2}, opts(DType::Int32)), ops::ones({2, 2}, opts(DType::Int32)));
+        },
+        {"matmul", "integer", "CUDA"});
     return;
   }
   const std::vector<double> ai = small_ints(m * k, 33), bi = small_ints(k * n, 34);
