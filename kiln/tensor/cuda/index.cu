@@ -18,6 +18,7 @@
 
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/cuda/device_types.cuh"  // device_t
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
 
@@ -155,21 +156,6 @@ void run_gather(const char* op, const Tensor& out, const Tensor& a, int64_t dim,
 
 // ---- scatter ----
 
-// The device type that holds a kiln element for arithmetic.
-template <typename T>
-struct DeviceType_ {
-  using type = T;
-};
-template <>
-struct DeviceType_<Half> {
-  using type = __half;
-};
-template <>
-struct DeviceType_<BFloat16> {
-  using type = __nv_bfloat16;
-};
-template <typename T>
-using device_t = typename DeviceType_<T>::type;
 
 // Byte add through a compare-and-swap on the aligned 32-bit word holding it (allocations are at least
 // 4-byte aligned, so the word lies inside the tensor's allocation). Wraps modulo 256 as the CPU does.

@@ -31,6 +31,7 @@
 
 #include "kiln/tensor/cuda/cuda_backend.h"  // stream_for
 #include "kiln/tensor/cuda/cuda_check.h"    // KILN_CUDA_CHECK_LAUNCH
+#include "kiln/tensor/cuda/device_types.cuh"  // device_t
 #include "kiln/tensor/dispatch.h"           // compute_t
 #include "kiln/tensor/loop_geometry.h"      // LoopGeometry
 
@@ -42,22 +43,7 @@ inline constexpr int kElemsPerThread = 4;  // strided kernel
 inline constexpr int kVecPerThread = 2;    // contiguous kernel: 16-byte accesses per operand per thread
 
 // ---- storage and compute types ----
-template <typename T>
-struct DeviceStorage {
-  using type = T;
-};
-template <>
-struct DeviceStorage<Half> {
-  using type = __half;
-};
-template <>
-struct DeviceStorage<BFloat16> {
-  using type = __nv_bfloat16;
-};
-template <typename T>
-using device_t = typename DeviceStorage<T>::type;
-static_assert(sizeof(__half) == sizeof(Half) && sizeof(__nv_bfloat16) == sizeof(BFloat16),
-              "kiln's 16-bit floats must have the bits of CUDA's");
+// device_t<T> (device_types.cuh): the storage type of a kiln element in CUDA code.
 
 template <typename T>
 __device__ __forceinline__ compute_t<T> to_compute(device_t<T> v) {
