@@ -10,7 +10,7 @@ namespace kiln {
 
 #if defined(KILN_WITH_CUDA)
 namespace cuda {
-Backend& backend_instance();     // tensor/cuda/device.cpp
+Backend& backend_instance();    // tensor/cuda/device.cpp
 Allocator& pinned_allocator();  // tensor/cuda/pinned_allocator.cpp
 }  // namespace cuda
 #endif
@@ -20,8 +20,9 @@ Backend& backend(DeviceType type) {
 #if defined(KILN_WITH_CUDA)
   return cuda::backend_instance();
 #else
-  KILN_FAIL("this build of kiln has no CUDA backend (it was configured with KILN_CUDA=OFF or without a CUDA "
-            "toolkit); keep tensors on Device::cpu(), or rebuild with -DKILN_CUDA=ON");
+  KILN_FAIL(
+      "this build of kiln has no CUDA backend (it was configured with KILN_CUDA=OFF or without a CUDA "
+      "toolkit); keep tensors on Device::cpu(), or rebuild with -DKILN_CUDA=ON");
 #endif
 }
 

@@ -21,9 +21,9 @@
 
 namespace kiln::cuda {
 
-bool is_available();     // built with CUDA, a driver loaded, and at least one GPU visible
-int device_count();      // 0 when unavailable (never throws)
-int current_device();    // of the calling thread
+bool is_available();   // built with CUDA, a driver loaded, and at least one GPU visible
+int device_count();    // 0 when unavailable (never throws)
+int current_device();  // of the calling thread
 void set_device(int device);
 void synchronize(int device = -1);  // -1: the current device; waits for all its streams
 
@@ -53,7 +53,8 @@ class Stream {
   friend bool operator==(const Stream& a, const Stream& b) { return a.handle_ == b.handle_ && a.device_ == b.device_; }
 
  private:
-  Stream(int device, void* handle, std::shared_ptr<void> owner) : device_(device), handle_(handle), owner_(std::move(owner)) {}
+  Stream(int device, void* handle, std::shared_ptr<void> owner)
+      : device_(device), handle_(handle), owner_(std::move(owner)) {}
   int device_ = 0;
   void* handle_ = nullptr;
   std::shared_ptr<void> owner_;  // destroys created streams
@@ -112,11 +113,11 @@ struct MemoryStats {
   int64_t peak_allocated_bytes = 0;  // since start or reset_peak_memory_stats()
   int64_t peak_reserved_bytes = 0;
   int64_t active_blocks = 0;
-  int64_t cached_blocks = 0;         // free blocks kept for reuse
-  int64_t num_device_mallocs = 0;    // cudaMalloc calls so far
+  int64_t cached_blocks = 0;       // free blocks kept for reuse
+  int64_t num_device_mallocs = 0;  // cudaMalloc calls so far
   int64_t num_device_frees = 0;
-  int64_t num_ooms = 0;              // allocations that failed even after the cache was released
-  int64_t num_alloc_retries = 0;     // allocations that succeeded only after releasing the cache
+  int64_t num_ooms = 0;           // allocations that failed even after the cache was released
+  int64_t num_alloc_retries = 0;  // allocations that succeeded only after releasing the cache
 };
 MemoryStats memory_stats(int device = -1);
 std::string memory_summary(int device = -1);  // a printable table of the stats

@@ -6,7 +6,7 @@
 
 namespace kiln {
 
-int num_threads();             // the calling thread plus the pool's workers
-void set_num_threads(int n);   // n >= 1; waits for running parallel work, then resizes the pool
+int num_threads();            // the calling thread plus the pool's workers
+void set_num_threads(int n);  // n >= 1; waits for running parallel work, then resizes the pool
 
 }  // namespace kiln

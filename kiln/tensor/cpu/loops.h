@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kiln/tensor/cpu/parallel.h"  // parallel_for, kGrainSize
+#include "kiln/tensor/cpu/parallel.h"   // parallel_for, kGrainSize
 #include "kiln/tensor/loop_geometry.h"  // LoopGeometry
 #include "kiln/tensor/tensor.h"
 

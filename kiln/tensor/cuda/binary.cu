@@ -103,9 +103,8 @@ void CudaBackend::binary(BinaryOp op, const Tensor& out, const Tensor& a, const 
     case BinaryOp::Sub: return numeric<BinaryOp::Sub>("sub", out, a, b);
     case BinaryOp::Mul: return any_dtype<BinaryOp::Mul>("mul", out, a, b);
     case BinaryOp::Div:
-      return visit_floating_dtype(a.dtype(), "div", [&](auto tag) {
-        launch<BinaryOp::Div, typename decltype(tag)::type>("div", out, a, b);
-      });
+      return visit_floating_dtype(
+          a.dtype(), "div", [&](auto tag) { launch<BinaryOp::Div, typename decltype(tag)::type>("div", out, a, b); });
     case BinaryOp::Remainder: return numeric<BinaryOp::Remainder>("remainder", out, a, b);
     case BinaryOp::Pow: return numeric<BinaryOp::Pow>("pow", out, a, b);
     case BinaryOp::Maximum: return any_dtype<BinaryOp::Maximum>("maximum", out, a, b);

@@ -91,10 +91,10 @@ struct Block {
   cudaStream_t stream = nullptr;  // the stream it was allocated on (its whole segment's)
   size_t size = 0;
   char* ptr = nullptr;
-  bool small = false;           // which pool
-  bool allocated = false;       // handed out to a tensor
-  int pending_events = 0;       // freed, but other streams may still use it
-  Block* prev = nullptr;        // neighbours inside the same segment
+  bool small = false;      // which pool
+  bool allocated = false;  // handed out to a tensor
+  int pending_events = 0;  // freed, but other streams may still use it
+  Block* prev = nullptr;   // neighbours inside the same segment
   Block* next = nullptr;
   std::vector<cudaStream_t> stream_uses;  // streams besides `stream` (record_stream)
 
@@ -415,7 +415,8 @@ class DeviceAllocator final : public Allocator {
 // ones) still free into a live allocator, and nothing calls into CUDA while the runtime shuts down.
 DeviceAllocator& device_allocator(int device) {
   const int n = device_count();
-  KILN_CHECK(n > 0, "CUDA allocator: cuda:", device, " was asked for, but no CUDA device is visible (0 GPUs); "
+  KILN_CHECK(n > 0, "CUDA allocator: cuda:", device,
+             " was asked for, but no CUDA device is visible (0 GPUs); "
              "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or keep tensors on Device::cpu()");
   KILN_CHECK(device >= 0 && device < n, "CUDA allocator: device cuda:", device, " does not exist; ", n,
              " GPU(s) are visible");

@@ -62,7 +62,7 @@ void device_to_host(const Tensor& dst, const Tensor& src, bool non_blocking) {
   if (direct && non_blocking && is_pinned(host.data_ptr())) return;
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream), "copy_ (device to host)");
   if (!direct) {
-    Tensor out = dst;  // shares dst's storage
+    Tensor out = dst;       // shares dst's storage
     ops::copy_(out, host);  // CPU relayout
   }
 }
@@ -105,16 +105,17 @@ struct FillF {
 
 // ---- arange / linspace: out[i * stride] for a 1-D destination of n elements ----
 template <typename T>
-__global__ void __launch_bounds__(kThreads) arange_int_kernel(char* out, int64_t stride, int64_t n, int64_t start,
-                                                              int64_t step) {
+__global__ void __launch_bounds__(kThreads)
+    arange_int_kernel(char* out, int64_t stride, int64_t n, int64_t start, int64_t step) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   // Integers step exactly in int64, as the CPU does.
-  if (i < n) *reinterpret_cast<device_t<T>*>(out + i * stride) = from_compute<T>(convert_value<T, int64_t>(start + i * step));
+  if (i < n)
+    *reinterpret_cast<device_t<T>*>(out + i * stride) = from_compute<T>(convert_value<T, int64_t>(start + i * step));
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) arange_float_kernel(char* out, int64_t stride, int64_t n, double start,
-                                                                double step) {
+__global__ void __launch_bounds__(kThreads)
+    arange_float_kernel(char* out, int64_t stride, int64_t n, double start, double step) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i < n)
     *reinterpret_cast<device_t<T>*>(out + i * stride) =
@@ -123,8 +124,8 @@ __global__ void __launch_bounds__(kThreads) arange_float_kernel(char* out, int64
 
 // Symmetric, as the CPU and PyTorch: the first half steps up from start, the second half down from end.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) linspace_kernel(char* out, int64_t stride, int64_t n, double start,
-                                                            double end, double step) {
+__global__ void __launch_bounds__(kThreads)
+    linspace_kernel(char* out, int64_t stride, int64_t n, double start, double end, double step) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= n) return;
   const double v = i < n / 2 ? start + static_cast<double>(i) * step : end - static_cast<double>(n - 1 - i) * step;

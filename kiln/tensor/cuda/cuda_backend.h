@@ -12,9 +12,9 @@ namespace kiln::cuda {
 class CudaBackend final : public Backend {
  public:
   DeviceType device_type() const override { return DeviceType::CUDA; }
-  int device_count() const override;                  // device.cpp
-  Allocator& allocator(int device_index) override;    // caching_allocator.cpp
-  void synchronize(int device_index) override;        // device.cpp
+  int device_count() const override;                // device.cpp
+  Allocator& allocator(int device_index) override;  // caching_allocator.cpp
+  void synchronize(int device_index) override;      // device.cpp
 
   // copy.cu
   void copy(const Tensor& dst, const Tensor& src, bool non_blocking) override;

@@ -20,20 +20,20 @@ namespace kiln::cuda::detail {
 
 }  // namespace kiln::cuda::detail
 
-#define KILN_CUDA_CHECK(call, op)                                                                   \
-  do {                                                                                              \
-    const cudaError_t kiln_err_ = (call);                                                           \
-    if (kiln_err_ != cudaSuccess) [[unlikely]]                                                      \
-      ::kiln::cuda::detail::throw_cuda_error(kiln_err_, #call, op, __FILE__, __LINE__);             \
+#define KILN_CUDA_CHECK(call, op)                                                       \
+  do {                                                                                  \
+    const cudaError_t kiln_err_ = (call);                                               \
+    if (kiln_err_ != cudaSuccess) [[unlikely]]                                          \
+      ::kiln::cuda::detail::throw_cuda_error(kiln_err_, #call, op, __FILE__, __LINE__); \
   } while (false)
 
 // After a kernel launch: catches bad launch configurations (asynchronous faults surface at the next
 // synchronising call, which is checked too).
 #define KILN_CUDA_CHECK_LAUNCH(op) KILN_CUDA_CHECK(cudaGetLastError(), op)
 
-#define KILN_CUBLAS_CHECK(call, op)                                                                 \
-  do {                                                                                              \
-    const cublasStatus_t kiln_status_ = (call);                                                     \
-    if (kiln_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                         \
-      ::kiln::cuda::detail::throw_cublas_error(kiln_status_, #call, op, __FILE__, __LINE__);        \
+#define KILN_CUBLAS_CHECK(call, op)                                                          \
+  do {                                                                                       \
+    const cublasStatus_t kiln_status_ = (call);                                              \
+    if (kiln_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                  \
+      ::kiln::cuda::detail::throw_cublas_error(kiln_status_, #call, op, __FILE__, __LINE__); \
   } while (false)

@@ -14,8 +14,8 @@
 namespace kiln::cuda {
 
 // The accurate CUDA math functions (no __expf-style intrinsics: results must match the CPU closely).
-#define KILN_CUDA_MATH(name, float_fn, double_fn)                            \
-  __device__ __forceinline__ float name(float x) { return float_fn(x); }    \
+#define KILN_CUDA_MATH(name, float_fn, double_fn)                        \
+  __device__ __forceinline__ float name(float x) { return float_fn(x); } \
   __device__ __forceinline__ double name(double x) { return double_fn(x); }
 KILN_CUDA_MATH(m_exp, expf, exp)
 KILN_CUDA_MATH(m_expm1, expm1f, expm1)

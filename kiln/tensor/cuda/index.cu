@@ -10,10 +10,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <thrust/iterator/counting_iterator.h>
 #include <algorithm>
 #include <cstdint>
 #include <cub/device/device_select.cuh>
-#include <thrust/iterator/counting_iterator.h>
 #include <type_traits>
 
 #include "kiln/tensor/cuda/cuda_backend.h"
@@ -145,17 +145,15 @@ void run_gather(const char* op, const Tensor& out, const Tensor& a, int64_t dim,
   IndexCheck check(out, stream);
   visit_element_size(out.element_size(), [&](auto tag) {
     using U = typename decltype(tag)::type;
-    gather_kernel<U><<<blocks_for(n), kThreads, 0, stream>>>(w, n, static_cast<U*>(out.data_ptr()),
-                                                            static_cast<const U*>(a.data_ptr()),
-                                                            index.data_ptr<int64_t>(), a_dim_stride, a_dim_size,
-                                                            check.data());
+    gather_kernel<U><<<blocks_for(n), kThreads, 0, stream>>>(
+        w, n, static_cast<U*>(out.data_ptr()), static_cast<const U*>(a.data_ptr()), index.data_ptr<int64_t>(),
+        a_dim_stride, a_dim_size, check.data());
     KILN_CUDA_CHECK_LAUNCH(op);
   });
   check.check(op, dim, a_dim_size);
 }
 
 // ---- scatter ----
-
 
 // Byte add through a compare-and-swap on the aligned 32-bit word holding it (allocations are at least
 // 4-byte aligned, so the word lies inside the tensor's allocation). Wraps modulo 256 as the CPU does.
@@ -307,13 +305,13 @@ Tensor CudaBackend::nonzero(const Tensor& a) {
                     "nonzero");
   });
   int64_t count = 0;
-  KILN_CUDA_CHECK(
-      cudaMemcpyAsync(&count, count_buf.data_ptr(), sizeof count, cudaMemcpyDeviceToHost, stream), "nonzero");
+  KILN_CUDA_CHECK(cudaMemcpyAsync(&count, count_buf.data_ptr(), sizeof count, cudaMemcpyDeviceToHost, stream),
+                  "nonzero");
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream), "nonzero");
   Tensor result = ops::empty({count, rank}, {.dtype = DType::Int64, .device = a.device()});
   if (count == 0 || rank == 0) return result;
   unravel_kernel<<<blocks_for(count), kThreads, 0, stream>>>(w, positions.data_ptr<int64_t>(), count,
-                                                            result.data_ptr<int64_t>());
+                                                             result.data_ptr<int64_t>());
   KILN_CUDA_CHECK_LAUNCH("nonzero");
   return result;
 }

@@ -29,11 +29,11 @@
 #include <type_traits>
 #include <utility>  // std::index_sequence
 
-#include "kiln/tensor/cuda/cuda_backend.h"  // stream_for
-#include "kiln/tensor/cuda/cuda_check.h"    // KILN_CUDA_CHECK_LAUNCH
+#include "kiln/tensor/cuda/cuda_backend.h"    // stream_for
+#include "kiln/tensor/cuda/cuda_check.h"      // KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/cuda/device_types.cuh"  // device_t
-#include "kiln/tensor/dispatch.h"           // compute_t
-#include "kiln/tensor/loop_geometry.h"      // LoopGeometry
+#include "kiln/tensor/dispatch.h"             // compute_t
+#include "kiln/tensor/loop_geometry.h"        // LoopGeometry
 
 namespace kiln::cuda {
 
@@ -192,8 +192,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // numel = nvec * kVec + tail; the first `tail` threads of the grid also do one leftover element each.
 template <typename E, typename F>
-__global__ void __launch_bounds__(kThreads) contiguous_kernel(F f, Pointers<E::N> ptrs, unsigned splat,
-                                                                       int64_t nvec, int64_t tail) {
+__global__ void __launch_bounds__(kThreads)
+    contiguous_kernel(F f, Pointers<E::N> ptrs, unsigned splat, int64_t nvec, int64_t tail) {
   const int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kVecPerThread) + threadIdx.x;
 #pragma unroll
   for (int j = 0; j < kVecPerThread; ++j) {
@@ -233,8 +233,8 @@ bool fits_32bit(const LoopGeometry<N>& g, const std::array<Tensor, N>& ops) {
 
 [[noreturn]] inline void throw_too_many_dims(const char* op, const Tensor& out, int ndim) {
   throw Error(kiln::detail::str_cat(op, ": the CUDA elementwise kernels handle at most ", kMaxDims,
-                                    " dims after merging contiguous ones, got ", ndim, " (output shape ",
-                                    out.shape(), "); make the operands contiguous first"));
+                                    " dims after merging contiguous ones, got ", ndim, " (output shape ", out.shape(),
+                                    "); make the operands contiguous first"));
 }
 
 }  // namespace detail

@@ -105,9 +105,10 @@ Types types_for(DType dtype) {
     case DType::Float64: return {CUDA_R_64F, CUBLAS_COMPUTE_64F, CUDA_R_64F};
     default: break;
   }
-  throw NotImplementedError(kiln::detail::str_cat("matmul: integer matmul is not supported on CUDA; convert to float "
-                                                  "with .to(DType::Float32) first (got ",
-                                                  dtype, ")"));
+  throw NotImplementedError(
+      kiln::detail::str_cat("matmul: integer matmul is not supported on CUDA; convert to float "
+                            "with .to(DType::Float32) first (got ",
+                            dtype, ")"));
 }
 
 // ---- per-device handles and per-stream workspaces (never destroyed: they may be used during static
@@ -145,7 +146,8 @@ void* workspace(int device, cudaStream_t stream) {
   auto key = std::make_pair(device, stream);
   auto it = spaces->find(key);
   if (it == spaces->end()) {
-    Tensor ws = ops::empty({static_cast<int64_t>(kWorkspaceBytes)}, {.dtype = DType::UInt8, .device = Device::cuda(device)});
+    Tensor ws =
+        ops::empty({static_cast<int64_t>(kWorkspaceBytes)}, {.dtype = DType::UInt8, .device = Device::cuda(device)});
     it = spaces->emplace(key, std::move(ws)).first;
   }
   return it->second.data_ptr();
@@ -186,9 +188,9 @@ struct PreferenceDesc {
 
 void make_layout(LayoutDesc& layout, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batches,
                  int64_t batch_stride) {
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout.d, type, static_cast<uint64_t>(rows),
-                                               static_cast<uint64_t>(cols), ld),
-                    "matmul");
+  KILN_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&layout.d, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld),
+      "matmul");
   if (batches > 1) {
     const int32_t count = static_cast<int32_t>(batches);
     KILN_CUBLAS_CHECK(
@@ -262,7 +264,8 @@ bool run_lt(const Problem& p) {
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), "matmul");
     const uint64_t ws = kWorkspaceBytes;
     KILN_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "matmul");
+        cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+        "matmul");
     // Views may start anywhere: tell the heuristic how aligned the pointers are (it assumes 256 bytes).
     const uint32_t align_a = static_cast<uint32_t>(key[15]), align_b = static_cast<uint32_t>(key[16]),
                    align_c = static_cast<uint32_t>(key[17]);
@@ -317,11 +320,11 @@ void run_cublas(const Problem& p) {
   const int lda = to_int(p.A.ld), ldb = to_int(p.B.ld), ldc = to_int(p.ldc);
   const bool broadcast = p.batches > 1 && (p.A.batch_stride == 0 || p.B.batch_stride == 0);
   if (!broadcast) {
-    KILN_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, ta, tb, m, n, k, p.alpha, p.A.ptr, p.types.data, lda,
-                                                 p.A.batch_stride, p.B.ptr, p.types.data, ldb, p.B.batch_stride,
-                                                 p.beta, p.c, p.types.data, ldc, p.c_batch_stride,
-                                                 to_int(p.batches), p.types.compute, CUBLAS_GEMM_DEFAULT),
-                      "matmul");
+    KILN_CUBLAS_CHECK(
+        cublasGemmStridedBatchedEx(handle, ta, tb, m, n, k, p.alpha, p.A.ptr, p.types.data, lda, p.A.batch_stride,
+                                   p.B.ptr, p.types.data, ldb, p.B.batch_stride, p.beta, p.c, p.types.data, ldc,
+                                   p.c_batch_stride, to_int(p.batches), p.types.compute, CUBLAS_GEMM_DEFAULT),
+        "matmul");
     return;
   }
   const int64_t esize = p.types.data == CUDA_R_64F ? 8 : p.types.data == CUDA_R_32F ? 4 : 2;
@@ -329,8 +332,8 @@ void run_cublas(const Problem& p) {
     const char* a = static_cast<const char*>(p.A.ptr) + i * p.A.batch_stride * esize;
     const char* b = static_cast<const char*>(p.B.ptr) + i * p.B.batch_stride * esize;
     char* c = static_cast<char*>(p.c) + i * p.c_batch_stride * esize;
-    KILN_CUBLAS_CHECK(cublasGemmEx(handle, ta, tb, m, n, k, p.alpha, a, p.types.data, lda, b, p.types.data, ldb,
-                                   p.beta, c, p.types.data, ldc, p.types.compute, CUBLAS_GEMM_DEFAULT),
+    KILN_CUBLAS_CHECK(cublasGemmEx(handle, ta, tb, m, n, k, p.alpha, a, p.types.data, lda, b, p.types.data, ldb, p.beta,
+                                   c, p.types.data, ldc, p.types.compute, CUBLAS_GEMM_DEFAULT),
                       "matmul");
   }
 }

@@ -167,8 +167,8 @@ class PinnedAllocator final : public Allocator {
   };
 
   std::mutex mutex_;
-  std::multimap<size_t, HostBlock*> free_;  // reusable now, by size
-  std::vector<Pending> pending_;           // freed, waiting for the copies queued before the free
+  std::multimap<size_t, HostBlock*> free_;          // reusable now, by size
+  std::vector<Pending> pending_;                    // freed, waiting for the copies queued before the free
   std::map<int, std::vector<cudaEvent_t>> events_;  // spare events of each device
   size_t cached_bytes_ = 0;
 };

@@ -143,7 +143,8 @@ void sort_rows(const Tensor& x, int64_t n, bool descending, const Tensor& values
     if constexpr (std::is_same_v<T, Half>) kind = KeyKind::Float, abs_inf = static_cast<U>(0x7c00u);
     else if constexpr (std::is_same_v<T, BFloat16>) kind = KeyKind::Float, abs_inf = static_cast<U>(0x7f80u);
     else if constexpr (std::is_same_v<T, float>) kind = KeyKind::Float, abs_inf = static_cast<U>(0x7f800000u);
-    else if constexpr (std::is_same_v<T, double>) kind = KeyKind::Float, abs_inf = static_cast<U>(0x7ff0000000000000ull);
+    else if constexpr (std::is_same_v<T, double>)
+      kind = KeyKind::Float, abs_inf = static_cast<U>(0x7ff0000000000000ull);
     else if constexpr (std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>) kind = KeyKind::Signed;
 
     Tensor keys_in = device_bytes(static_cast<size_t>(total) * sizeof(K), device);
@@ -155,11 +156,11 @@ void sort_rows(const Tensor& x, int64_t n, bool descending, const Tensor& values
     int64_t* pout = indices_out.data_ptr<int64_t>();
 
     make_keys_kernel<U, K><<<blocks_for(total), kThreads, 0, stream>>>(static_cast<const U*>(x.data_ptr()), total, n,
-                                                                      kind, abs_inf, descending, kin, pin);
+                                                                       kind, abs_inf, descending, kin, pin);
     KILN_CUDA_CHECK_LAUNCH("sort");
     sort_pairs<K>(kin, kout, pin, pout, total, rows, n, device, stream);
     take_kernel<U><<<blocks_for(total), kThreads, 0, stream>>>(static_cast<const U*>(x.data_ptr()), pout, total, n,
-                                                              static_cast<U*>(values_out.data_ptr()));
+                                                               static_cast<U*>(values_out.data_ptr()));
     KILN_CUDA_CHECK_LAUNCH("sort");
   });
 }

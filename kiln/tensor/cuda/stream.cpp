@@ -59,7 +59,8 @@ Stream Stream::create(int device, bool high_priority) {
   KILN_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least),
                   "Stream::create");
   // The destroyer ignores errors: it may run at process exit, after the driver has shut down.
-  std::shared_ptr<void> owner(static_cast<void*>(s), [](void* p) { (void)cudaStreamDestroy(static_cast<cudaStream_t>(p)); });
+  std::shared_ptr<void> owner(static_cast<void*>(s),
+                              [](void* p) { (void)cudaStreamDestroy(static_cast<cudaStream_t>(p)); });
   return Stream(device, static_cast<void*>(s), std::move(owner));
 }
 
@@ -98,8 +99,8 @@ cudaStream_t stream_for(const Tensor& t) {
   const int device = t.device().index();
   auto& streams = current_streams();
   KILN_CHECK(t.is_cuda() && device >= 0 && static_cast<size_t>(device) < streams.size(),
-             "stream_for: expected a tensor on a visible CUDA device, got one on ", t.device(), " (",
-             streams.size(), " GPU(s) are visible)");
+             "stream_for: expected a tensor on a visible CUDA device, got one on ", t.device(), " (", streams.size(),
+             " GPU(s) are visible)");
   // Called before every kernel: cudaGetDevice is cheap, cudaSetDevice is only paid when switching.
   int current = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&current), "stream_for");
@@ -129,8 +130,7 @@ void Event::record(const Stream& stream) {
   if (handle_ == nullptr) {
     // Created lazily, on the device of the first stream: an event belongs to one device.
     cudaEvent_t e = nullptr;
-    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing_ ? cudaEventDefault : cudaEventDisableTiming),
-                    "Event::record");
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing_ ? cudaEventDefault : cudaEventDisableTiming), "Event::record");
     handle_ = e;
     device_ = stream.device();
   }
@@ -162,13 +162,13 @@ bool Event::query() const {
 }
 
 float Event::elapsed_ms(const Event& end) const {
-  KILN_CHECK(timing_ && end.timing_, "Event::elapsed_ms: both events must be created with enable_timing=true "
+  KILN_CHECK(timing_ && end.timing_,
+             "Event::elapsed_ms: both events must be created with enable_timing=true "
              "(Event(true)); timing is off by default because it costs");
-  KILN_CHECK(handle_ != nullptr && end.handle_ != nullptr,
-             "Event::elapsed_ms: both events must be recorded first (", handle_ ? "" : "the start ",
-             end.handle_ ? "" : "the end ", "was not)");
-  KILN_CHECK(device_ == end.device_, "Event::elapsed_ms: the events were recorded on different devices (cuda:",
-             device_, " and cuda:", end.device_, ")");
+  KILN_CHECK(handle_ != nullptr && end.handle_ != nullptr, "Event::elapsed_ms: both events must be recorded first (",
+             handle_ ? "" : "the start ", end.handle_ ? "" : "the end ", "was not)");
+  KILN_CHECK(device_ == end.device_, "Event::elapsed_ms: the events were recorded on different devices (cuda:", device_,
+             " and cuda:", end.device_, ")");
   // cudaEventElapsedTime needs both completed; waiting here makes the call usable right after record.
   KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)), "Event::elapsed_ms");
   KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end.handle_)), "Event::elapsed_ms");

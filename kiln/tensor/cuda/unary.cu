@@ -70,7 +70,8 @@ struct PredicateF {
     if constexpr (kOp == UnaryOp::LogicalNot) return x == C(0);
     else if constexpr (!std::is_floating_point_v<C>) return kOp == UnaryOp::IsFinite;  // integers are finite
     else if constexpr (kOp == UnaryOp::IsNan) return x != x;
-    else if constexpr (kOp == UnaryOp::IsInf) return x == std::numeric_limits<C>::infinity() || x == -std::numeric_limits<C>::infinity();
+    else if constexpr (kOp == UnaryOp::IsInf)
+      return x == std::numeric_limits<C>::infinity() || x == -std::numeric_limits<C>::infinity();
     else if constexpr (kOp == UnaryOp::IsFinite) return x - x == C(0);  // false for inf (inf - inf = NaN) and NaN
     else static_assert(kOp == UnaryOp::IsNan, "not a predicate");
   }
@@ -80,7 +81,8 @@ template <UnaryOp kOp>
 void numeric(const char* name, const Tensor& out, const Tensor& a) {
   visit_numeric_dtype(a.dtype(), name, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if constexpr (!std::is_same_v<T, bool>) launch_same<T>(name, out, a, NumericF<kOp, compute_t<T>>{});  // Bool: rejected
+    if constexpr (!std::is_same_v<T, bool>)
+      launch_same<T>(name, out, a, NumericF<kOp, compute_t<T>>{});  // Bool: rejected
   });
 }
 

@@ -89,7 +89,8 @@ Tensor pin_memory(const Tensor& t) {
   check_defined(t, "pin_memory", "the tensor");
   KILN_CHECK(t.is_cpu(), "pin_memory: only CPU tensors can be pinned; this one is on ", t.device());
   if (is_pinned(t)) return t;
-  Tensor out = empty(t.shape(), {.dtype = t.dtype(), .memory_format = t.suggest_memory_format(), .pinned_memory = true});
+  Tensor out =
+      empty(t.shape(), {.dtype = t.dtype(), .memory_format = t.suggest_memory_format(), .pinned_memory = true});
   copy_(out, t);
   return out;
 }

@@ -26,16 +26,18 @@ Strides strides_for(const Shape& shape, MemoryFormat format, std::string_view op
 
 Allocator& allocator_for(const TensorOptions& options, std::string_view op) {
   if (options.pinned_memory) {
-    KILN_CHECK(options.device.is_cpu(), op, ": pinned_memory is page-locked host memory, but device ",
-               options.device, " was asked for; use device cpu with pinned_memory, then .to(cuda, true)");
+    KILN_CHECK(options.device.is_cpu(), op, ": pinned_memory is page-locked host memory, but device ", options.device,
+               " was asked for; use device cpu with pinned_memory, then .to(cuda, true)");
     Allocator* pinned = pinned_host_allocator();
-    KILN_CHECK(pinned != nullptr, op, ": pinned host memory needs a GPU and kiln's CUDA backend, and neither is "
+    KILN_CHECK(pinned != nullptr, op,
+               ": pinned host memory needs a GPU and kiln's CUDA backend, and neither is "
                "available here; leave pinned_memory false on machines without a GPU");
     return *pinned;
   }
   Backend& b = backend(options.device);
-  KILN_CHECK(options.device.index() < b.device_count(), op, ": device ", options.device, " is not available: ",
-             b.device_count(), " CUDA device(s) are visible; check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, "
+  KILN_CHECK(options.device.index() < b.device_count(), op, ": device ", options.device,
+             " is not available: ", b.device_count(),
+             " CUDA device(s) are visible; check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, "
              "or keep tensors on Device::cpu()");
   return b.allocator(options.device.index());
 }
