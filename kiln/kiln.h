@@ -6,7 +6,13 @@
 //   std::cout << (x * 2).sum() << "\n";
 #pragma once
 
-#include "kiln/tensor/functions.h"  // kiln::zeros, kiln::matmul, kiln::softmax, ...
+#include "kiln/autograd/autocast.h"    // autocast::Guard, the per-op policy table
+#include "kiln/autograd/checkpoint.h"  // autograd::checkpoint
+#include "kiln/autograd/engine.h"      // autograd::backward, autograd::grad
+#include "kiln/autograd/function.h"    // autograd::Function: custom forward + backward
+#include "kiln/autograd/functions.h"   // kiln::zeros, kiln::matmul, kiln::softmax, ... (differentiable)
+#include "kiln/autograd/gradcheck.h"   // autograd::gradcheck
+#include "kiln/autograd/grad_mode.h"   // NoGradGuard, EnableGradGuard
 #include "kiln/tensor/generator.h"  // Generator, manual_seed
 #include "kiln/tensor/tensor.h"     // Tensor, DType, Device, Scalar, TensorOptions
 #include "kiln/tensor/threads.h"    // num_threads, set_num_threads

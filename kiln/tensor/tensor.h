@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -26,6 +27,10 @@
 #include "kiln/tensor/tensor_options.h"
 
 namespace kiln {
+
+namespace autograd {
+class Node;
+}  // namespace autograd
 
 // The autograd module attaches its per-tensor state through this base class; the tensor core only
 // keeps it alive and never looks inside.
@@ -50,6 +55,12 @@ class TensorImpl {
   void set_geometry(Shape sizes, Strides strides, int64_t offset);
 
   std::shared_ptr<AutogradMetaBase>& autograd_meta() { return autograd_meta_; }
+  AutogradMetaBase* autograd_meta_ptr() const { return autograd_meta_.get(); }
+
+  // True for tensors made by a view op (view, slice, transpose, ...): they alias memory another tensor
+  // owns. Autograd refuses in-place writes through views while it records, since the base would miss them.
+  bool is_view() const { return is_view_; }
+  void set_is_view(bool v) { is_view_ = v; }
 
  private:
   std::shared_ptr<Storage> storage_;
@@ -58,6 +69,7 @@ class TensorImpl {
   Strides strides_;
   int64_t offset_;
   int64_t numel_;
+  bool is_view_ = false;
   std::shared_ptr<AutogradMetaBase> autograd_meta_;
 };
 
@@ -218,6 +230,27 @@ class Tensor {
   Tensor index_select(int64_t dim, const Tensor& index) const;
   Tensor gather(int64_t dim, const Tensor& index) const;
   Tensor masked_select(const Tensor& mask) const;
+
+  // ---- autograd (kiln/autograd; every method above records the graph when an input requires grad) ----
+  bool requires_grad() const;
+  Tensor& requires_grad_(bool requires_grad = true);  // leaves only: gradients accumulate into grad()
+  bool is_leaf() const;                                // not the result of a recorded op
+  const Tensor& grad() const;                          // undefined until a backward reaches this leaf
+  Tensor& mutable_grad();                              // assign or reset (set to Tensor()) the gradient
+  std::shared_ptr<autograd::Node> grad_fn() const;     // the backward node of a recorded result
+  Tensor detach() const;                               // same memory, no history, requires_grad false
+  Tensor& detach_();
+  // Backward from this tensor: gradient defaults to 1 for a one-element tensor. The graph's saved
+  // tensors are freed unless retain_graph.
+  void backward(const Tensor& gradient = {}, bool retain_graph = false) const;
+  void retain_grad() const;  // keep grad() on a non-leaf too
+  bool retains_grad() const;
+  // hook(grad) runs when this tensor's gradient is computed; returning a defined tensor replaces it.
+  uint64_t register_hook(std::function<Tensor(const Tensor&)> hook) const;
+  // hook(leaf) runs after a backward has accumulated into this leaf's grad().
+  uint64_t register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) const;
+  void remove_hook(uint64_t handle) const;
+  uint64_t version() const { return impl().storage()->version(); }  // counts in-place writes to the memory
 
  private:
   std::shared_ptr<TensorImpl> impl_;

@@ -8,8 +8,9 @@ namespace kiln::ops {
 namespace {
 
 Tensor make_view(const Tensor& t, Shape sizes, Strides strides, int64_t offset) {
-  return Tensor(
-      std::make_shared<TensorImpl>(t.impl().storage(), t.dtype(), std::move(sizes), std::move(strides), offset));
+  auto impl = std::make_shared<TensorImpl>(t.impl().storage(), t.dtype(), std::move(sizes), std::move(strides), offset);
+  impl->set_is_view(true);
+  return Tensor(std::move(impl));
 }
 
 void check_defined(const Tensor& t, std::string_view op) { KILN_CHECK(t.defined(), op, ": the tensor is undefined"); }

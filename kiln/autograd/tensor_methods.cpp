@@ -1,5 +1,6 @@
-// Tensor's methods and operators: thin forwards to the functions of namespace kiln (functions.h).
-#include "kiln/tensor/functions.h"
+// Tensor's methods and operators: thin forwards to the differentiable functions of namespace kiln
+// (functions.h), so that x.relu(), a + b and x.sum() record the graph as kiln::relu(x) does.
+#include "kiln/autograd/functions.h"
 
 namespace kiln {
 

@@ -1,0 +1,103 @@
+// The autocast policy table and the thread-local autocast state.
+#include "kiln/autograd/autocast.h"
+
+#include "kiln/tensor/ops.h"
+
+namespace kiln::autocast {
+namespace {
+
+using PolicyTable = std::array<Policy, static_cast<size_t>(Op::kCount)>;
+
+// The classes follow the usual mixed-precision practice: tensor-core ops run low, ops whose range or
+// accumulated error suffers in 16 bits run in float32, multi-input ops that must agree promote.
+PolicyTable make_default_table() {
+  PolicyTable t;
+  t.fill(Policy::Keep);
+  for (Op op : {Op::Matmul, Op::Mm, Op::Bmm, Op::Addmm, Op::Dot, Op::Outer, Op::Linear, Op::Conv, Op::Attention}) {
+    t[static_cast<size_t>(op)] = Policy::LowerPrecision;
+  }
+  for (Op op : {Op::Exp, Op::Expm1, Op::Log, Op::Log1p, Op::Log2, Op::Pow, Op::Rsqrt, Op::Reciprocal, Op::Sum,
+                Op::Prod, Op::Var, Op::Std, Op::Norm, Op::LogSumExp, Op::Softmax, Op::LogSoftmax, Op::LayerNorm,
+                Op::GroupNorm, Op::CrossEntropy, Op::NllLoss, Op::MseLoss, Op::BinaryCrossEntropyWithLogits}) {
+    t[static_cast<size_t>(op)] = Policy::Float32;
+  }
+  for (Op op : {Op::Cat, Op::Stack, Op::Where, Op::Lerp, Op::IndexAdd, Op::Scatter, Op::ScatterAdd}) {
+    t[static_cast<size_t>(op)] = Policy::Promote;
+  }
+  return t;
+}
+
+PolicyTable& table() {
+  static PolicyTable t = make_default_table();
+  return t;
+}
+
+void refresh_any(detail::State& s) {
+  s.any_enabled = false;
+  for (bool e : s.enabled) s.any_enabled = s.any_enabled || e;
+}
+
+}  // namespace
+
+Policy policy(Op op) { return table()[static_cast<size_t>(op)]; }
+void set_policy(Op op, Policy p) { table()[static_cast<size_t>(op)] = p; }
+
+bool is_enabled(DeviceType type) { return detail::state.enabled[static_cast<size_t>(type)]; }
+DType get_dtype(DeviceType type) { return detail::state.dtype[static_cast<size_t>(type)]; }
+
+void set_enabled(DeviceType type, bool enabled, DType dtype) {
+  KILN_CHECK(dtype == DType::Float16 || dtype == DType::BFloat16, "autocast: the lower-precision dtype must be ",
+             "Float16 or BFloat16, got ", dtype);
+  auto& s = detail::state;
+  s.enabled[static_cast<size_t>(type)] = enabled;
+  s.dtype[static_cast<size_t>(type)] = dtype;
+  refresh_any(s);
+}
+
+Guard::Guard(DeviceType type, DType dtype, bool enabled) : previous_(detail::state) { set_enabled(type, enabled, dtype); }
+Guard::~Guard() { detail::state = previous_; }
+
+DisableGuard::DisableGuard() : previous_(detail::state) {
+  detail::state.enabled.fill(false);
+  detail::state.any_enabled = false;
+}
+DisableGuard::~DisableGuard() { detail::state = previous_; }
+
+std::optional<DType> target_dtype(Op op, Device device, DType widest) {
+  const size_t type = static_cast<size_t>(device.type());
+  if (!detail::state.enabled[type]) return std::nullopt;
+  switch (policy(op)) {
+    case Policy::Keep: return std::nullopt;
+    case Policy::LowerPrecision: return detail::state.dtype[type];
+    case Policy::Float32: return DType::Float32;
+    case Policy::Promote: return widest;
+  }
+  return std::nullopt;
+}
+
+Tensor cast_to(const Tensor& t, DType dtype) {
+  if (!t.defined() || !is_floating_point(t.dtype()) || t.dtype() == dtype) return t;
+  return t.to(dtype);  // differentiable: the gradient flows back to t in its own dtype
+}
+
+std::vector<Tensor> inputs_list(Op op, const std::vector<Tensor>& ts) {
+  if (!detail::state.any_enabled) return ts;
+  const Tensor* first = nullptr;
+  DType widest = DType::Float16;
+  for (const Tensor& t : ts) {
+    if (!t.defined() || !is_floating_point(t.dtype())) continue;
+    if (first == nullptr) first = &t;
+    if (element_size(t.dtype()) > element_size(widest) || (t.dtype() == DType::BFloat16 && widest == DType::Float16)) {
+      widest = t.dtype();
+    }
+  }
+  if (first == nullptr) return ts;
+  const std::optional<DType> target = target_dtype(op, first->device(), widest);
+  if (!target) return ts;
+  std::vector<Tensor> out;
+  out.reserve(ts.size());
+  for (const Tensor& t : ts) out.push_back(cast_to(t, *target));
+  return out;
+}
+
+}  // namespace kiln::autocast

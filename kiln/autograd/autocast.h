@@ -1,0 +1,121 @@
+// kiln/autograd/autocast.h — the per-op dtype policy of automatic mixed precision, and the hook every
+// differentiable op calls.
+//
+//   {
+//     autocast::Guard cast(DeviceType::CUDA, DType::BFloat16);
+//     Tensor y = matmul(x, w);          // computed in bfloat16 (policy LowerPrecision)
+//     Tensor p = softmax(y, -1);        // computed in float32 (policy Float32)
+//   }
+//
+// Each differentiable op passes its inputs through autocast::inputs(Op::X, ...), which looks the op up
+// in one table (policy()) keyed by the Op enum, never by name, and casts floating-point inputs on an
+// autocast-enabled device. Outside autocast regions this costs one thread-local check.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::autocast {
+
+// Every op that has an autocast policy. Layers add theirs here (Conv, BatchNorm, ...) as they land.
+enum class Op : uint16_t {
+  // elementwise
+  Add, Sub, Mul, Div, Neg, Abs, Exp, Expm1, Log, Log1p, Log2, Sqrt, Rsqrt, Sin, Cos, Tanh, Erf, Sigmoid, Relu,
+  Gelu, Silu, Square, Reciprocal, Pow, Clamp, Maximum, Minimum, Where, MaskedFill, Lerp, Remainder, Cast,
+  // reductions
+  Sum, Mean, Prod, Amax, Amin, MaxMin, Var, Std, Norm, LogSumExp, Softmax, LogSoftmax,
+  // linear algebra
+  Matmul, Mm, Bmm, Addmm, Dot, Outer,
+  // shape and indexing
+  View, Cat, Stack, IndexSelect, Gather, Scatter, ScatterAdd, IndexAdd, Embedding, MaskedSelect, Sort, Topk,
+  Tril, Triu,
+  // layers and losses
+  Linear, Conv, BatchNorm, LayerNorm, GroupNorm, Dropout, Attention, CrossEntropy, NllLoss, MseLoss,
+  BinaryCrossEntropy, BinaryCrossEntropyWithLogits,
+  kCount
+};
+
+enum class Policy : uint8_t {
+  Keep,            // run in the inputs' dtypes
+  LowerPrecision,  // cast floating inputs to the autocast dtype (float16 / bfloat16): matmuls, convolutions
+  Float32,         // cast floating inputs to float32: ops that lose accuracy or overflow in 16 bits
+  Promote,         // cast floating inputs to the widest floating dtype among them
+};
+
+Policy policy(Op op);
+void set_policy(Op op, Policy p);
+
+namespace detail {
+struct State {
+  std::array<bool, kNumDeviceTypes> enabled{};
+  std::array<DType, kNumDeviceTypes> dtype{DType::BFloat16, DType::Float16};
+  bool any_enabled = false;
+};
+inline thread_local State state;
+}  // namespace detail
+
+bool is_enabled(DeviceType type);
+DType get_dtype(DeviceType type);
+// Turns autocast on (or off) for one device type on this thread, with the lower-precision dtype to use.
+void set_enabled(DeviceType type, bool enabled, DType dtype);
+
+// Autocast on for one device type during the guard's scope (float16 or bfloat16).
+class Guard {
+ public:
+  Guard(DeviceType type, DType dtype, bool enabled = true);
+  ~Guard();
+  Guard(const Guard&) = delete;
+  Guard& operator=(const Guard&) = delete;
+
+ private:
+  detail::State previous_;
+};
+
+// Autocast off for every device during the guard's scope (the backward engine uses it).
+class DisableGuard {
+ public:
+  DisableGuard();
+  ~DisableGuard();
+  DisableGuard(const DisableGuard&) = delete;
+  DisableGuard& operator=(const DisableGuard&) = delete;
+
+ private:
+  detail::State previous_;
+};
+
+// The dtype `op` computes in for floating inputs on `device`, or nothing (keep the inputs' dtypes).
+// `widest` is the widest floating dtype among the inputs, for Policy::Promote.
+std::optional<DType> target_dtype(Op op, Device device, DType widest);
+Tensor cast_to(const Tensor& t, DType dtype);  // floating tensors only; others unchanged
+
+// The inputs of `op`, cast as the policy says when autocast is on for their device.
+template <typename... Ts>
+std::tuple<Ts...> inputs(Op op, const Ts&... ts) {
+  if (!detail::state.any_enabled) return {ts...};
+  Device device = Device::cpu();
+  bool found = false;
+  DType widest = DType::Float16;
+  auto scan = [&](const Tensor& t) {
+    if (!t.defined() || !is_floating_point(t.dtype())) return;
+    if (!found) device = t.device();
+    found = true;
+    if (element_size(t.dtype()) > element_size(widest) || (t.dtype() == DType::BFloat16 && widest == DType::Float16)) {
+      widest = t.dtype();
+    }
+  };
+  (scan(ts), ...);
+  if (!found) return {ts...};
+  const std::optional<DType> target = target_dtype(op, device, widest);
+  if (!target) return {ts...};
+  return {cast_to(ts, *target)...};
+}
+
+// The same for a list of inputs (cat, stack).
+std::vector<Tensor> inputs_list(Op op, const std::vector<Tensor>& ts);
+
+}  // namespace kiln::autocast

@@ -1,0 +1,24 @@
+// kiln/autograd/checkpoint.h — gradient checkpointing: trade compute for memory.
+//
+//   // Keeps only x during forward; the activations inside block are recomputed during backward.
+//   Tensor y = autograd::checkpoint([&](const Tensor& x) { return block(x); }, x);
+//   TensorList ys = autograd::checkpoint([&](const TensorList& in) { return TensorList{f(in[0], in[1])}; }, {a, b});
+//
+// The recomputation replays the random numbers of the first run (the default generators of the CPU and
+// of the inputs' GPUs are saved and restored), so dropout masks match and gradients equal those without
+// checkpointing bit for bit. Parameters that fn uses (captured, not passed) get their gradients too:
+// they are accumulated into their grad() while backward recomputes fn. For that reason
+// autograd::grad() through a checkpoint returns the gradients of the checkpoint's inputs only, and
+// parameters inside receive theirs in grad() as with backward(). Checkpoints nest.
+#pragma once
+
+#include <functional>
+
+#include "kiln/autograd/node.h"
+
+namespace kiln::autograd {
+
+TensorList checkpoint(const std::function<TensorList(const TensorList&)>& fn, const TensorList& inputs);
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);
+
+}  // namespace kiln::autograd

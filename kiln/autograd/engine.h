@@ -1,0 +1,28 @@
+// kiln/autograd/engine.h — running backward.
+//
+//   Tensor loss = ((model_out - target).square()).mean();
+//   loss.backward();                                   // accumulates into the leaves' grad()
+//   auto [gx] = autograd::grad({y}, {x});              // or: gradients without touching grad()
+//
+// Nodes run in dependency order (each once all gradients for it have arrived), latest-created first
+// among those ready. Without retain_graph, each node's saved tensors are freed as soon as it has run.
+// Backward runs with grad mode and autocast off, on the calling thread and its current streams.
+#pragma once
+
+#include <vector>
+
+#include "kiln/autograd/node.h"
+
+namespace kiln::autograd {
+
+// Backward from `outputs`; grad_outputs[i] is the gradient of outputs[i] (may be omitted, or left
+// undefined, for one-element outputs: it is then 1). Accumulates into the grad() of every leaf reached.
+void backward(const TensorList& outputs, const TensorList& grad_outputs = {}, bool retain_graph = false);
+
+// Gradients of `outputs` with respect to `inputs`, returned in the order of inputs; no grad() changes.
+// Only the part of the graph that leads to inputs runs. An input that outputs do not depend on is an
+// error unless allow_unused (its gradient is then undefined).
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs = {},
+                bool retain_graph = false, bool allow_unused = false);
+
+}  // namespace kiln::autograd

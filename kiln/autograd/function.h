@@ -1,0 +1,157 @@
+// kiln/autograd/function.h — differentiable functions users write themselves: a forward and a
+// backward, with no change to kiln.
+//
+//   struct ScaledTanh : autograd::Function<ScaledTanh> {
+//     static Tensor forward(autograd::Context& ctx, const Tensor& x, double scale) {
+//       Tensor y = tanh(x);
+//       ctx.save_for_backward({y});
+//       ctx.set("scale", scale);
+//       return y * scale;
+//     }
+//     // One gradient per Tensor argument of forward, in order (undefined where none is needed).
+//     static TensorList backward(autograd::Context& ctx, const TensorList& grad_outputs) {
+//       Tensor y = ctx.saved()[0];
+//       return {grad_outputs[0] * ctx.get<double>("scale") * (1 - y * y)};
+//     }
+//   };
+//   Tensor out = ScaledTanh::apply(x, 2.0);
+//
+// forward runs without recording (its ops do not enter the graph) and returns a Tensor or a TensorList;
+// backward receives one gradient per output (zeros where no gradient reached it).
+#pragma once
+
+#include <any>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <unordered_map>
+#include <utility>
+
+#include "kiln/autograd/node.h"
+
+namespace kiln::autograd {
+
+class Context {
+ public:
+  // Tensors backward needs (inputs or outputs of forward); in-place changes to them are detected.
+  void save_for_backward(TensorList tensors) { to_save_ = std::move(tensors); }
+  TensorList saved() const;
+  // Non-tensor values for backward.
+  template <typename T>
+  void set(const std::string& key, T value) {
+    data_[key] = std::move(value);
+  }
+  template <typename T>
+  T get(const std::string& key) const {
+    auto it = data_.find(key);
+    KILN_CHECK(it != data_.end(), "Context::get: nothing was set under \"", key, "\" in forward");
+    const T* v = std::any_cast<T>(&it->second);
+    KILN_CHECK(v != nullptr, "Context::get: \"", key, "\" holds another type than the one asked for");
+    return *v;
+  }
+  // Whether backward must return a gradient for Tensor argument i of forward.
+  bool needs_input_grad(size_t i) const { return i < needs_input_grad_.size() && needs_input_grad_[i]; }
+
+  // Used by Function::apply.
+  void finish_forward(const Node* node, const TensorList& outputs);
+  void release() { saved_.clear(); released_ = true; }
+
+ private:
+  const Node* node_ = nullptr;
+  TensorList to_save_;
+  std::vector<SavedTensor> saved_;
+  bool released_ = false;
+  std::unordered_map<std::string, std::any> data_;
+  std::vector<bool> needs_input_grad_;
+  friend void set_needs_input_grad(Context& ctx, std::vector<bool> v);
+};
+
+inline void set_needs_input_grad(Context& ctx, std::vector<bool> v) { ctx.needs_input_grad_ = std::move(v); }
+
+std::string demangled_name(const char* mangled);
+
+template <typename F>
+class FunctionNode final : public Node {
+ public:
+  Context ctx;
+  std::string_view name() const override {
+    static const std::string n = demangled_name(typeid(F).name()) + "Backward";
+    return n;
+  }
+  TensorList apply(TensorList&& grads) override {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) grads[i] = zeros_for(i);
+    }
+    TensorList out = F::backward(ctx, grads);
+    KILN_CHECK(out.size() == next_edges().size(), name(), ": backward returned ", out.size(), " gradients, but forward ",
+               "took ", next_edges().size(), " Tensor arguments; return one per Tensor argument (an undefined ",
+               "Tensor() where there is none)");
+    return out;
+  }
+  void release_saved() override { ctx.release(); }
+
+ private:
+  Tensor zeros_for(size_t i) const;
+};
+
+Tensor zeros_from_meta(const InputMeta& meta);
+template <typename F>
+Tensor FunctionNode<F>::zeros_for(size_t i) const {
+  return zeros_from_meta(input_meta(i));
+}
+
+template <typename Derived>
+struct Function {
+  template <typename... Args>
+  static auto apply(Args&&... args) {
+    TensorList inputs;
+    auto collect = [&inputs](const auto& a) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(a)>, Tensor>) inputs.push_back(a);
+    };
+    (collect(args), ...);
+    std::shared_ptr<FunctionNode<Derived>> node;
+    Context local;
+    if (needs_grad_list(inputs)) {
+      node = std::make_shared<FunctionNode<Derived>>();
+      std::vector<bool> needs;
+      for (const Tensor& t : inputs) {
+        node->mutable_next_edges().push_back(gradient_edge(t));
+        needs.push_back(node->mutable_next_edges().back().valid());
+      }
+      set_needs_input_grad(node->ctx, std::move(needs));
+    }
+    Context& ctx = node ? node->ctx : local;
+    auto out = [&] {
+      AutoGradMode no_grad(false);
+      return Derived::forward(ctx, std::forward<Args>(args)...);
+    }();
+    using Out = decltype(out);
+    static_assert(std::is_same_v<Out, Tensor> || std::is_same_v<Out, TensorList>,
+                  "Function::forward must return a Tensor or a TensorList");
+    if (node) {
+      if constexpr (std::is_same_v<Out, Tensor>) {
+        out = attach(out, inputs, node);
+        ctx.finish_forward(node.get(), {out});
+      } else {
+        for (Tensor& o : out) o = attach(o, inputs, node);
+        ctx.finish_forward(node.get(), out);
+      }
+    }
+    return out;
+  }
+
+ private:
+  // An output that is one of the inputs is given as a new tensor on the same memory, so the input
+  // keeps its own history.
+  static Tensor attach(const Tensor& o, const TensorList& inputs, const std::shared_ptr<Node>& node) {
+    if (!o.defined()) return o;
+    Tensor out = o;
+    for (const Tensor& in : inputs) {
+      if (in.defined() && in.is_same(o)) out = o.detach();
+    }
+    if (is_floating_point(out.dtype())) set_history(out, node);
+    return out;
+  }
+};
+
+}  // namespace kiln::autograd

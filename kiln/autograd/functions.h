@@ -1,0 +1,222 @@
+// kiln/autograd/functions.h — the ops as users call them: kiln::add, kiln::matmul, kiln::zeros, ...
+//
+//   using namespace kiln;
+//   Tensor w = randn({8, 4}).requires_grad_();
+//   Tensor loss = softmax(matmul(x, w), -1).sum();
+//   loss.backward();                                 // w.grad() is (8, 4)
+//
+// Every op that has a gradient records itself in the graph when grad mode is on and an input requires
+// grad; otherwise it is the raw op of kiln/tensor/ops.h plus one thread-local check. Each family's
+// forward and backward live side by side in kiln/autograd/ops/. Ops without a gradient (factories,
+// random draws, comparisons, arg-reductions) are the raw ops themselves.
+#pragma once
+
+#include "kiln/tensor/ops.h"
+
+namespace kiln {
+
+using Dims = std::vector<int64_t>;
+
+// ---------------------------------------------------------------- not differentiable (kiln/tensor/ops.h)
+using ops::all;
+using ops::allclose;
+using ops::any;
+using ops::arange;
+using ops::argmax;
+using ops::argmin;
+using ops::argsort;
+using ops::bernoulli;
+using ops::count_nonzero;
+using ops::empty;
+using ops::empty_like;
+using ops::empty_strided;
+using ops::eq;
+using ops::equal;
+using ops::eye;
+using ops::from_blob;
+using ops::from_vector;
+using ops::full;
+using ops::full_like;
+using ops::ge;
+using ops::gt;
+using ops::infer_shape;
+using ops::is_pinned;
+using ops::isclose;
+using ops::isfinite;
+using ops::isinf;
+using ops::isnan;
+using ops::le;
+using ops::linspace;
+using ops::logical_and;
+using ops::logical_not;
+using ops::logical_or;
+using ops::logical_xor;
+using ops::lt;
+using ops::ne;
+using ops::nonzero;
+using ops::normal;
+using ops::one_hot;
+using ops::ones;
+using ops::ones_like;
+using ops::pin_memory;
+using ops::rand;
+using ops::randint;
+using ops::randn;
+using ops::randperm;
+using ops::result_type;
+using ops::scalar_tensor;
+using ops::zeros;
+using ops::zeros_like;
+
+using Dims = std::vector<int64_t>;
+
+// ---------------------------------------------------------------- in-place initialisation (ops/inplace.cpp)
+// The new values do not depend on the old ones: no gradient flows to what the tensor held before.
+Tensor& uniform_(Tensor& t, double from = 0, double to = 1, Generator* gen = nullptr);
+Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);
+
+// ---------------------------------------------------------------- copy and cast (ops/copy.cpp)
+Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);
+Tensor to(const Tensor& t, Device device, std::optional<DType> dtype = {}, bool non_blocking = false);
+Tensor cast(const Tensor& t, DType dtype);
+Tensor contiguous(const Tensor& t, MemoryFormat format = MemoryFormat::Contiguous);
+Tensor clone(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
+Tensor& fill_(Tensor& t, Scalar value);
+
+// ---------------------------------------------------------------- views (ops/view.cpp)
+Tensor view(const Tensor& t, const Shape& shape);
+Tensor reshape(const Tensor& t, const Shape& shape);
+Tensor permute(const Tensor& t, const Dims& dims);
+Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1);
+Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length);
+Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step = 1);
+Tensor select(const Tensor& t, int64_t dim, int64_t index);
+Tensor expand(const Tensor& t, const Shape& shape);
+Tensor squeeze(const Tensor& t);
+Tensor squeeze(const Tensor& t, int64_t dim);
+Tensor unsqueeze(const Tensor& t, int64_t dim);
+Tensor flatten(const Tensor& t, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes);
+Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides, std::optional<int64_t> offset = {});
+Tensor diagonal(const Tensor& t, int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1);
+std::vector<Tensor> split(const Tensor& t, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> split_with_sizes(const Tensor& t, const std::vector<int64_t>& sizes, int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
+std::vector<Tensor> unbind(const Tensor& t, int64_t dim = 0);
+
+// ---------------------------------------------------------------- elementwise (ops/unary.cpp, ops/binary.cpp)
+// Unary ops keep floating dtypes; integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat.
+Tensor neg(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor expm1(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor log1p(const Tensor& a);
+Tensor log2(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor sin(const Tensor& a);
+Tensor cos(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor erf(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+Tensor gelu(const Tensor& a, bool tanh_approximation = false);
+Tensor silu(const Tensor& a);
+Tensor sign(const Tensor& a);
+Tensor floor(const Tensor& a);
+Tensor ceil(const Tensor& a);
+Tensor round(const Tensor& a);  // half to even
+Tensor square(const Tensor& a);
+Tensor reciprocal(const Tensor& a);
+Tensor pow(const Tensor& a, const Tensor& exponent);
+Tensor pow(const Tensor& a, Scalar exponent);
+Tensor pow(Scalar base, const Tensor& exponent);
+Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
+
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);  // a + alpha * b
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor rsub(const Tensor& a, Scalar b);  // b - a
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give kDefaultFloat
+Tensor div(const Tensor& a, Scalar b);
+Tensor div(Scalar a, const Tensor& b);
+Tensor remainder(const Tensor& a, const Tensor& b);  // Python's %, sign of the divisor
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, Scalar a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, Scalar b);
+Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
+Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight);  // a + weight * (b - a)
+
+// In-place forms (ops/inplace.cpp) write into `a`; the promoted type must be castable to a's dtype (float into int is an error).
+Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor& add_(Tensor& a, Scalar b);
+Tensor& sub_(Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor& sub_(Tensor& a, Scalar b);
+Tensor& mul_(Tensor& a, const Tensor& b);
+Tensor& mul_(Tensor& a, Scalar b);
+Tensor& div_(Tensor& a, const Tensor& b);
+Tensor& div_(Tensor& a, Scalar b);
+Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
+Tensor& relu_(Tensor& a);
+Tensor& neg_(Tensor& a);
+Tensor& exp_(Tensor& a);
+Tensor& sqrt_(Tensor& a);
+Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value);
+
+
+// ---------------------------------------------------------------- reductions (ops/reduce.cpp, ops/softmax.cpp)
+// `dims` empty means all dims. Integer and bool sums give Int64, as in PyTorch.
+Tensor sum(const Tensor& a, const Dims& dims = {}, bool keepdim = false, std::optional<DType> dtype = {});
+Tensor mean(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
+Tensor prod(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& a);  // over all elements, 0-d
+Tensor min(const Tensor& a);
+std::tuple<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim = false);  // values, Int64 indices
+std::tuple<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor var(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor std(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
+std::tuple<Tensor, Tensor> var_mean(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor norm(const Tensor& a, double p = 2, const Dims& dims = {}, bool keepdim = false);  // p may be INFINITY
+Tensor logsumexp(const Tensor& a, const Dims& dims, bool keepdim = false);
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+
+// ---------------------------------------------------------------- linear algebra (ops/linalg.cpp)
+// matmul follows torch.matmul: 1-D operands are promoted and squeezed, batch dims broadcast.
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor mm(const Tensor& a, const Tensor& b);   // (M,K) x (K,N)
+Tensor bmm(const Tensor& a, const Tensor& b);  // (B,M,K) x (B,K,N)
+Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1, Scalar alpha = 1);  // beta*c + alpha*a@b
+Tensor dot(const Tensor& a, const Tensor& b);
+Tensor outer(const Tensor& a, const Tensor& b);
+
+// ---------------------------------------------------------------- indexing (ops/index.cpp, ops/concat.cpp)
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, Scalar value);
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor& scatter_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor masked_select(const Tensor& a, const Tensor& mask);      // 1-D
+Tensor embedding(const Tensor& weight, const Tensor& index);    // weight (V, D), index (...) -> (..., D)
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false, bool stable = true);
+std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
+Tensor tril(const Tensor& a, int64_t diagonal = 0);
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
+
+// ---------------------------------------------------------------- comparison helpers (compare.cpp)
+// |a - b| <= atol + rtol * |b| elementwise, NaNs equal when equal_nan; shapes must broadcast.
+
+}  // namespace kiln

@@ -1,0 +1,43 @@
+// kiln/autograd/grad_mode.h — whether ops record the graph, per thread.
+//
+//   {
+//     kiln::NoGradGuard no_grad;          // optimizer steps, evaluation, weight init
+//     w.sub_(w.grad() * lr);
+//   }
+//   kiln::EnableGradGuard on;             // switch recording back on inside a NoGradGuard region
+//
+// Grad mode is thread-local: a data-loader thread or a second training thread has its own.
+#pragma once
+
+namespace kiln {
+
+namespace autograd::detail {
+inline thread_local bool grad_mode_enabled = true;
+}  // namespace autograd::detail
+
+struct GradMode {
+  static bool is_enabled() { return autograd::detail::grad_mode_enabled; }
+  static void set_enabled(bool enabled) { autograd::detail::grad_mode_enabled = enabled; }
+};
+
+// Sets grad mode for the guard's scope, restoring the previous mode when it ends.
+class AutoGradMode {
+ public:
+  explicit AutoGradMode(bool enabled) : previous_(GradMode::is_enabled()) { GradMode::set_enabled(enabled); }
+  ~AutoGradMode() { GradMode::set_enabled(previous_); }
+  AutoGradMode(const AutoGradMode&) = delete;
+  AutoGradMode& operator=(const AutoGradMode&) = delete;
+
+ private:
+  bool previous_;
+};
+
+struct NoGradGuard : AutoGradMode {
+  NoGradGuard() : AutoGradMode(false) {}
+};
+
+struct EnableGradGuard : AutoGradMode {
+  EnableGradGuard() : AutoGradMode(true) {}
+};
+
+}  // namespace kiln

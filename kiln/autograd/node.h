@@ -1,0 +1,171 @@
+// kiln/autograd/node.h — the backward graph: nodes, edges, saved tensors, and the helpers a
+// differentiable op uses to record itself. Users who only train models never include this; it is for
+// writing new differentiable ops inside kiln (layers, fused kernels). Users write custom functions
+// with kiln/autograd/function.h instead.
+//
+// A differentiable op, forward and backward side by side (the pattern every op in kiln follows):
+//
+//   struct ExpBackward final : autograd::Node {
+//     autograd::SavedTensor result;
+//     std::string_view name() const override { return "ExpBackward"; }
+//     TensorList apply(TensorList&& grads) override { return {grads[0] * result.unpack(*this)}; }
+//     void release_saved() override { result.reset(); }
+//   };
+//   Tensor exp(const Tensor& x) {
+//     Tensor y = ops::exp(x);
+//     if (autograd::needs_grad(x)) {
+//       auto node = autograd::make_node<ExpBackward>(x);   // edges to x's gradient
+//       node->result = autograd::SavedTensor(y, /*is_output=*/true);
+//       autograd::set_history(y, node);                    // y.grad_fn() == node
+//     }
+//     return y;
+//   }
+//
+// Gradients that apply() returns may have the broadcast shape or another floating dtype: the engine
+// sums them down to each input's shape and casts them to its dtype (validate_gradient in engine.cpp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::autograd {
+
+class Node;
+using TensorList = std::vector<Tensor>;
+// A hook on a gradient: returns a replacement, or an undefined Tensor to keep the gradient as it is.
+using TensorHook = std::function<Tensor(const Tensor&)>;
+// A hook that runs after a leaf's .grad has been accumulated; gets the leaf.
+using PostAccumulateHook = std::function<void(const Tensor&)>;
+
+// Where a gradient goes: input number `input_nr` of node `fn`. Invalid (fn null) when the forward
+// input did not require grad.
+struct Edge {
+  std::shared_ptr<Node> fn;
+  uint32_t input_nr = 0;
+  bool valid() const { return fn != nullptr; }
+};
+
+// The shape, dtype and device that a gradient arriving at a node must have (those of the forward output).
+struct InputMeta {
+  Shape shape;
+  DType dtype;
+  Device device;
+};
+
+// A tensor that backward needs, with the storage version it had when it was saved. unpack() raises a
+// clear error if the tensor was modified in place since, or if an earlier backward released it.
+// Outputs of the op that saves them are kept without their autograd history (an alias of the same
+// memory), so a node never owns the tensor that owns it.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  SavedTensor(const Tensor& t, bool is_output);
+  Tensor unpack(const Node& owner) const;
+  void reset();  // frees the tensor; unpack() afterwards raises "graph freed"
+  bool defined() const { return data_.defined(); }
+
+ private:
+  Tensor data_;
+  uint64_t version_ = 0;
+  bool released_ = false;
+};
+
+// A backward function. It receives one gradient per output of its forward op (undefined where none
+// reached it) and returns one gradient per forward input, sent along next_edges() (undefined entries
+// are dropped).
+class Node {
+ public:
+  Node();
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  virtual std::string_view name() const = 0;
+  virtual TensorList apply(TensorList&& grads) = 0;
+  // Frees what forward saved; the engine calls it after apply() unless backward retains the graph.
+  virtual void release_saved() {}
+
+  // Order of creation: the engine runs later nodes first, which frees memory early and makes
+  // gradients of the last layers ready first (data-parallel training overlaps their all-reduce).
+  uint64_t sequence_nr() const { return sequence_nr_; }
+  const std::vector<Edge>& next_edges() const { return next_edges_; }
+  std::vector<Edge>& mutable_next_edges() { return next_edges_; }
+  // Whether backward must produce a gradient for forward input i.
+  bool needs_input_grad(size_t i) const { return i < next_edges_.size() && next_edges_[i].valid(); }
+  size_t num_inputs() const { return input_meta_.size(); }  // gradients it receives
+  const InputMeta& input_meta(size_t i) const { return input_meta_[i]; }
+  uint32_t add_input_meta(const Tensor& t);
+
+  // Hooks on the gradient arriving at input `input_nr` (a non-leaf tensor's register_hook).
+  uint64_t add_pre_hook(uint32_t input_nr, TensorHook hook);
+  bool remove_pre_hook(uint64_t id);
+  bool has_pre_hooks() const { return !pre_hooks_.empty(); }
+  void run_pre_hooks(TensorList& grads);
+
+ protected:
+  explicit Node(uint64_t sequence_nr) : sequence_nr_(sequence_nr) {}
+
+ private:
+  struct PreHook {
+    uint64_t id;
+    uint32_t input_nr;
+    TensorHook fn;
+  };
+  uint64_t sequence_nr_;
+  std::vector<Edge> next_edges_;
+  std::vector<InputMeta> input_meta_;
+  std::vector<PreHook> pre_hooks_;
+};
+
+// ---- recording helpers for differentiable ops ----
+
+// True when t takes part in autograd: a leaf with requires_grad, or the result of a recorded op.
+bool requires_grad(const Tensor& t);
+
+// True when an op on these inputs must record: grad mode is on and a defined input requires grad.
+template <typename... Ts>
+bool needs_grad(const Ts&... inputs) {
+  if (!GradMode::is_enabled()) return false;
+  return ((inputs.defined() && inputs.impl().autograd_meta_ptr() != nullptr && requires_grad(inputs)) || ...);
+}
+bool needs_grad_list(const std::vector<Tensor>& inputs);
+
+// The edge a gradient for t travels along: t's grad_fn, or the accumulator of a leaf that requires grad.
+Edge gradient_edge(const Tensor& t);
+
+// A node of type N whose next edges lead to the given forward inputs (Tensors or vectors of Tensors).
+template <typename N, typename... Inputs>
+std::shared_ptr<N> make_node(const Inputs&... inputs) {
+  auto node = std::make_shared<N>();
+  auto& edges = node->mutable_next_edges();
+  auto add = [&edges](const auto& in) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(in)>, Tensor>) {
+      edges.push_back(gradient_edge(in));
+    } else {
+      for (const Tensor& t : in) edges.push_back(gradient_edge(t));
+    }
+  };
+  (add(inputs), ...);
+  return node;
+}
+
+// Makes `out` the next output of `node` (its grad_fn; output number = inputs so far). For an in-place
+// op, `out` is the modified tensor and its previous history becomes one of node's edges.
+void set_history(const Tensor& out, const std::shared_ptr<Node>& node);
+
+// Before an in-place op on `self` records: rejects leaves that require grad, and views, with an error
+// naming `op`. Returns whether the op must record (grad mode on and self or an other input requires grad).
+bool check_inplace(const Tensor& self, bool others_require_grad, std::string_view op);
+
+// Sums g over broadcast dims down to `shape` (g's shape must broadcast from it).
+Tensor sum_to(const Tensor& g, const Shape& shape);
+
+}  // namespace kiln::autograd
