@@ -45,6 +45,26 @@ double chain_us_per_op(Device device, int steps, int reps) {
   return times[times.size() / 2];
 }
 
+// The same chain's forward without recording (NoGradGuard): the raw ops' own cost per op.
+double raw_forward_us_per_op(Device device, int steps, int reps) {
+  NoGradGuard no_grad;
+  Tensor x = randn({16}, {.device = device});
+  Tensor a = rand({16}, {.device = device});
+  Tensor b = randn({16}, {.device = device});
+  std::vector<double> times;
+  for (int r = 0; r < reps + 1; ++r) {
+    if (device.is_cuda()) cuda::synchronize(device.index());
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor y = x;
+    for (int i = 0; i < steps; ++i) y = y * a + b;
+    if (device.is_cuda()) cuda::synchronize(device.index());
+    const auto t1 = std::chrono::steady_clock::now();
+    if (r > 0) times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / (2.0 * steps));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,9 +73,11 @@ int main(int argc, char** argv) {
   const int reps = quick ? 2 : 20;
   std::printf("autograd overhead: y = y * a + b, %d times on 16 elements, then backward (us per op, fwd+bwd)\n",
               steps);
-  std::printf("kiln cpu     %8.2f us/op\n", chain_us_per_op(Device::cpu(), steps, reps));
+  std::printf("kiln cpu     %8.2f us/op   (forward alone, not recording: %.2f us/op)\n",
+              chain_us_per_op(Device::cpu(), steps, reps), raw_forward_us_per_op(Device::cpu(), steps, reps));
   if (cuda::is_available()) {
-    std::printf("kiln cuda:0  %8.2f us/op\n", chain_us_per_op(Device::cuda(0), steps, reps));
+    std::printf("kiln cuda:0  %8.2f us/op   (forward alone, not recording: %.2f us/op)\n",
+                chain_us_per_op(Device::cuda(0), steps, reps), raw_forward_us_per_op(Device::cuda(0), steps, reps));
   } else {
     std::printf("kiln cuda:0  (no GPU visible)\n");
   }

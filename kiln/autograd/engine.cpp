@@ -4,8 +4,6 @@
 #include "kiln/autograd/engine.h"
 
 #include <queue>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "kiln/autograd/autocast.h"
 #include "kiln/autograd/autograd_meta.h"
@@ -50,41 +48,54 @@ Tensor validate_gradient(Tensor g, const InputMeta& meta, const Node& producer, 
 
 struct ReadyEntry {
   uint64_t sequence_nr;
-  Node* node;
+  int32_t slot;
   bool operator<(const ReadyEntry& o) const { return sequence_nr < o.sequence_nr; }
 };
 
-// One run of backward. Captures (autograd::grad) take the gradient arriving at given node inputs
-// instead of running the nodes that only lead to them.
+// One run of backward. Every node reachable from the root gets a slot (an index into the task's
+// vectors), written into the node itself so that no hash map is needed; a nested task (checkpoint
+// recomputation) may reuse nodes, so each task restores the slots it overwrote when it ends.
+// Captures (autograd::grad) take the gradient arriving at given node inputs instead of running the
+// nodes that only lead to them.
 class GraphTask {
  public:
-  GraphTask(bool keep_graph) : keep_graph_(keep_graph) {}
+  explicit GraphTask(bool keep_graph) : keep_graph_(keep_graph) {}
+  ~GraphTask() {
+    for (size_t i = nodes_.size(); i-- > 0;) nodes_[i]->engine_slot() = old_slots_[i];
+  }
+  GraphTask(const GraphTask&) = delete;
+  GraphTask& operator=(const GraphTask&) = delete;
 
-  void add_capture(const Edge& e, size_t index) { captures_[e.fn.get()].push_back({e.input_nr, index}); }
+  void add_capture(const Edge& e, size_t index) { captures_.push_back({e.fn.get(), e.input_nr, index}); }
 
   // Runs everything reachable from root; with captures, only what leads to a captured input.
   void execute(const std::shared_ptr<Node>& root, size_t num_captures) {
-    count_dependencies(root.get());
+    discover(root.get());
     const bool prune = !captures_.empty();
-    if (prune) mark_needed(root.get());
+    std::vector<std::vector<std::pair<uint32_t, size_t>>> capture_at;
+    if (prune) {
+      capture_at.resize(nodes_.size());
+      for (const Capture& c : captures_) {
+        const int32_t s = slot_of(c.node);
+        if (s >= 0) capture_at[static_cast<size_t>(s)].push_back({c.input_nr, c.index});
+      }
+      mark_needed(capture_at);
+    }
     captured_.resize(num_captures);
 
     std::priority_queue<ReadyEntry> ready;
-    ready.push({root->sequence_nr(), root.get()});
+    ready.push({root->sequence_nr(), 0});
     while (!ready.empty()) {
-      Node* node = ready.top().node;
+      const int32_t slot = ready.top().slot;
       ready.pop();
-      TensorList grads;
-      if (auto it = buffers_.find(node); it != buffers_.end()) {
-        grads = std::move(it->second);
-        buffers_.erase(it);
-      }
+      Node* node = nodes_[static_cast<size_t>(slot)];
+      TensorList grads = std::move(buffers_[static_cast<size_t>(slot)]);
       grads.resize(node->num_inputs());
       if (node->has_pre_hooks()) node->run_pre_hooks(grads);
-      if (auto it = captures_.find(node); it != captures_.end()) {
-        for (auto [input_nr, index] : it->second) captured_[index] = grads[input_nr];
+      if (prune) {
+        for (auto [input_nr, index] : capture_at[static_cast<size_t>(slot)]) captured_[index] = grads[input_nr];
+        if (!needed_[static_cast<size_t>(slot)]) continue;
       }
-      if (prune && !needed_.count(node)) continue;
 
       TensorList outputs = node->apply(std::move(grads));
       if (!keep_graph_) node->release_saved();
@@ -95,15 +106,16 @@ class GraphTask {
         const Edge& e = edges[i];
         if (!e.valid()) continue;
         Node* next = e.fn.get();
+        const auto next_slot = static_cast<size_t>(next->engine_slot());
         if (outputs[i].defined()) {
           Tensor g = validate_gradient(std::move(outputs[i]), next->input_meta(e.input_nr), *node, i);
-          TensorList& buf = buffers_[next];
+          TensorList& buf = buffers_[next_slot];
           if (buf.empty()) buf.resize(next->num_inputs());
-          Tensor& slot = buf[e.input_nr];
+          Tensor& acc = buf[e.input_nr];
           // Out of place: the gradient already there may be shared with another node's buffer.
-          slot = slot.defined() ? ops::add(slot, g) : std::move(g);
+          acc = acc.defined() ? ops::add(acc, g) : std::move(g);
         }
-        if (--dependencies_[next] == 0) ready.push({next->sequence_nr(), next});
+        if (--dependencies_[next_slot] == 0) ready.push({next->sequence_nr(), static_cast<int32_t>(next_slot)});
       }
     }
   }
@@ -111,52 +123,72 @@ class GraphTask {
   TensorList& captured() { return captured_; }
 
  private:
-  void count_dependencies(Node* root) {
-    std::vector<Node*> stack{root};
-    std::unordered_set<Node*> seen{root};
-    while (!stack.empty()) {
-      Node* n = stack.back();
-      stack.pop_back();
-      for (const Edge& e : n->next_edges()) {
-        if (!e.valid()) continue;
-        ++dependencies_[e.fn.get()];
-        if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
-      }
-    }
+  struct Capture {
+    Node* node;
+    uint32_t input_nr;
+    size_t index;
+  };
+
+  int32_t slot_of(Node* n) {
+    const int32_t s = n->engine_slot();
+    return s >= 0 && static_cast<size_t>(s) < nodes_.size() && nodes_[static_cast<size_t>(s)] == n ? s : -1;
   }
 
-  // needed_: nodes that must run because a captured input lies below them.
-  void mark_needed(Node* root) {
-    // Iterative post-order: a node is needed when one of its children is captured or needed.
-    std::unordered_map<Node*, bool> done;
-    std::vector<std::pair<Node*, size_t>> stack{{root, 0}};
-    done[root] = false;
-    while (!stack.empty()) {
-      auto& [n, next] = stack.back();
-      const auto& edges = n->next_edges();
-      if (next < edges.size()) {
-        Node* child = edges[next++].fn.get();
-        if (child != nullptr && !done.count(child)) {
-          done[child] = false;
-          stack.push_back({child, 0});
+  int32_t add_node(Node* n) {
+    old_slots_.push_back(n->engine_slot());
+    n->engine_slot() = static_cast<int32_t>(nodes_.size());
+    nodes_.push_back(n);
+    return n->engine_slot();
+  }
+
+  // Slots for every node reachable from root (root gets 0) and their dependency counts.
+  void discover(Node* root) {
+    add_node(root);
+    dependencies_.push_back(0);
+    for (size_t i = 0; i < nodes_.size(); ++i) {  // breadth-first: nodes_ grows as we go
+      for (const Edge& e : nodes_[i]->next_edges()) {
+        if (!e.valid()) continue;
+        int32_t s = slot_of(e.fn.get());
+        if (s < 0) {
+          s = add_node(e.fn.get());
+          dependencies_.push_back(0);
         }
-        continue;
+        ++dependencies_[static_cast<size_t>(s)];
       }
-      bool need = false;
-      for (const Edge& e : edges) {
-        if (e.valid() && (captures_.count(e.fn.get()) || needed_.count(e.fn.get()))) need = true;
+    }
+    buffers_.resize(nodes_.size());
+  }
+
+  // needed_[s]: node s must run because a captured input lies below it. Children always have larger
+  // slots than a parent that discovered them, but a node reached from several parents may have a
+  // smaller slot than one of them, so iterate to a fixed point (graphs are shallow in this respect).
+  void mark_needed(const std::vector<std::vector<std::pair<uint32_t, size_t>>>& capture_at) {
+    needed_.assign(nodes_.size(), 0);
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      for (size_t i = nodes_.size(); i-- > 0;) {
+        if (needed_[i]) continue;
+        for (const Edge& e : nodes_[i]->next_edges()) {
+          if (!e.valid()) continue;
+          const auto c = static_cast<size_t>(e.fn->engine_slot());
+          if (!capture_at[c].empty() || needed_[c]) {
+            needed_[i] = 1;
+            changed = true;
+            break;
+          }
+        }
       }
-      if (need) needed_.insert(n);
-      done[n] = true;
-      stack.pop_back();
     }
   }
 
   bool keep_graph_;
-  std::unordered_map<Node*, int> dependencies_;
-  std::unordered_map<Node*, TensorList> buffers_;
-  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captures_;
-  std::unordered_set<Node*> needed_;
+  std::vector<Node*> nodes_;
+  std::vector<int32_t> old_slots_;
+  std::vector<int> dependencies_;
+  std::vector<TensorList> buffers_;
+  std::vector<Capture> captures_;
+  std::vector<char> needed_;
   TensorList captured_;
 };
 

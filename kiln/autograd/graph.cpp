@@ -2,6 +2,7 @@
 // recording helpers every differentiable op uses (node.h).
 #include <atomic>
 
+#include "kiln/tensor/small_alloc.h"
 #include "kiln/autograd/accumulate_grad.h"
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/tensor/ops.h"
@@ -54,7 +55,7 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   if (is_output && t.impl().autograd_meta_ptr() != nullptr) {
     // An alias without autograd state: the output's history points at the node that saves it.
     const TensorImpl& impl = t.impl();
-    data_ = Tensor(std::make_shared<TensorImpl>(impl.storage(), impl.dtype(), impl.sizes(), impl.strides(),
+    data_ = Tensor(make_pooled<TensorImpl>(impl.storage(), impl.dtype(), impl.sizes(), impl.strides(),
                                                 impl.offset()));
   } else {
     data_ = t;
@@ -83,7 +84,7 @@ void SavedTensor::reset() {
 // ---------------------------------------------------------------- recording helpers
 AutogradMeta& materialize_meta(const Tensor& t) {
   auto& slot = t.impl().autograd_meta();
-  if (!slot) slot = std::make_shared<AutogradMeta>();
+  if (!slot) slot = make_pooled<AutogradMeta>();
   return *static_cast<AutogradMeta*>(slot.get());
 }
 

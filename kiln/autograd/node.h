@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/tensor/small_alloc.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/tensor/tensor.h"
 
@@ -110,6 +111,9 @@ class Node {
   bool has_pre_hooks() const { return !pre_hooks_.empty(); }
   void run_pre_hooks(TensorList& grads);
 
+  // The engine's index of this node in the graph task that runs it (engine.cpp); meaningless elsewhere.
+  int32_t& engine_slot() { return engine_slot_; }
+
  protected:
   explicit Node(uint64_t sequence_nr) : sequence_nr_(sequence_nr) {}
 
@@ -120,6 +124,7 @@ class Node {
     TensorHook fn;
   };
   uint64_t sequence_nr_;
+  int32_t engine_slot_ = -1;
   std::vector<Edge> next_edges_;
   std::vector<InputMeta> input_meta_;
   std::vector<PreHook> pre_hooks_;
@@ -144,8 +149,9 @@ Edge gradient_edge(const Tensor& t);
 // A node of type N whose next edges lead to the given forward inputs (Tensors or vectors of Tensors).
 template <typename N, typename... Inputs>
 std::shared_ptr<N> make_node(const Inputs&... inputs) {
-  auto node = std::make_shared<N>();
+  auto node = make_pooled<N>();
   auto& edges = node->mutable_next_edges();
+  edges.reserve(sizeof...(Inputs));
   auto add = [&edges](const auto& in) {
     if constexpr (std::is_same_v<std::decay_t<decltype(in)>, Tensor>) {
       edges.push_back(gradient_edge(in));

@@ -1,4 +1,5 @@
 // Tensor's autograd methods: requires_grad, grad, grad_fn, detach, backward, hooks.
+#include "kiln/tensor/small_alloc.h"
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/autograd/engine.h"
 
@@ -41,7 +42,7 @@ std::shared_ptr<autograd::Node> Tensor::grad_fn() const {
 
 Tensor Tensor::detach() const {
   const TensorImpl& i = impl();
-  auto out = std::make_shared<TensorImpl>(i.storage(), i.dtype(), i.sizes(), i.strides(), i.offset());
+  auto out = make_pooled<TensorImpl>(i.storage(), i.dtype(), i.sizes(), i.strides(), i.offset());
   return Tensor(std::move(out));
 }
 

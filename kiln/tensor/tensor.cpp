@@ -91,7 +91,7 @@ template double* Tensor::data_ptr<double>() const;
 Scalar Tensor::item() const {
   KILN_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape(), " (", numel(),
              " elements); reduce it first, e.g. with sum() or select()");
-  Tensor host = is_cpu() ? *this : to(Device::cpu());
+  Tensor host = is_cpu() ? *this : ops::to(*this, Device::cpu());
   return visit_dtype(dtype(), [&](auto tag) -> Scalar {
     using T = typename decltype(tag)::type;
     return Scalar(*host.data_ptr<T>());

@@ -24,7 +24,10 @@ struct Operand {
   Operand(const Tensor& t) : tensor(t) {}  // NOLINT: implicit, so ops pass tensors and numbers alike
   Operand(Scalar s) : scalar(s) {}         // NOLINT
   bool is_scalar() const { return scalar.has_value(); }
-  Shape shape() const { return is_scalar() ? Shape{} : tensor.shape(); }
+  const Shape& shape() const {
+    static const Shape kScalarShape;
+    return is_scalar() ? kScalarShape : tensor.shape();
+  }
 };
 
 // What the result dtype of an op is, given the promoted dtype of its inputs.

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kiln/tensor/small_alloc.h"
 #include "kiln/tensor/backend.h"
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
@@ -55,8 +56,8 @@ Tensor empty_strided(const Shape& shape, const Strides& strides, const TensorOpt
     extent += (shape[i] - 1) * strides[i];
   }
   auto storage =
-      std::make_shared<Storage>(static_cast<size_t>(extent) * element_size(dtype), allocator_for(options, "empty"));
-  return Tensor(std::make_shared<TensorImpl>(std::move(storage), dtype, shape, strides, 0));
+      make_pooled<Storage>(static_cast<size_t>(extent) * element_size(dtype), allocator_for(options, "empty"));
+  return Tensor(make_pooled<TensorImpl>(std::move(storage), dtype, shape, strides, 0));
 }
 
 Tensor empty(const Shape& shape, const TensorOptions& options) {

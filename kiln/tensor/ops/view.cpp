@@ -2,13 +2,14 @@
 #include <algorithm>
 #include <numeric>
 
+#include "kiln/tensor/small_alloc.h"
 #include "kiln/tensor/ops.h"
 
 namespace kiln::ops {
 namespace {
 
 Tensor make_view(const Tensor& t, Shape sizes, Strides strides, int64_t offset) {
-  auto impl = std::make_shared<TensorImpl>(t.impl().storage(), t.dtype(), std::move(sizes), std::move(strides), offset);
+  auto impl = make_pooled<TensorImpl>(t.impl().storage(), t.dtype(), std::move(sizes), std::move(strides), offset);
   impl->set_is_view(true);
   return Tensor(std::move(impl));
 }
