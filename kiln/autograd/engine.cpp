@@ -46,6 +46,11 @@ Tensor validate_gradient(Tensor g, const InputMeta& meta, const Node& producer, 
   return g;
 }
 
+// Nothing else refers to t or its memory, so it may be updated in place.
+bool exclusively_owned(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.impl().storage().use_count() == 1 && !t.impl().is_view();
+}
+
 struct ReadyEntry {
   uint64_t sequence_nr;
   int32_t slot;
@@ -112,8 +117,13 @@ class GraphTask {
           TensorList& buf = buffers_[next_slot];
           if (buf.empty()) buf.resize(next->num_inputs());
           Tensor& acc = buf[e.input_nr];
-          // Out of place: the gradient already there may be shared with another node's buffer.
-          acc = acc.defined() ? ops::add(acc, g) : std::move(g);
+          if (!acc.defined()) {
+            acc = std::move(g);
+          } else if (exclusively_owned(acc)) {
+            ops::add_(acc, g);
+          } else {  // the gradient already there is shared (e.g. with another node's buffer): out of place
+            acc = ops::add(acc, g);
+          }
         }
         if (--dependencies_[next_slot] == 0) ready.push({next->sequence_nr(), static_cast<int32_t>(next_slot)});
       }

@@ -15,6 +15,7 @@
 
 #include <algorithm>  // std::reverse, std::swap
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -22,11 +23,42 @@
 
 namespace kiln {
 
+// A vector of dims that lives inline up to kInline entries (every realistic rank), so that planning a
+// loop allocates nothing; higher ranks spill to the heap.
+class DimVec {
+ public:
+  static constexpr size_t kInline = 8;
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  int64_t* data() { return heap_.empty() ? inline_.data() : heap_.data(); }
+  const int64_t* data() const { return heap_.empty() ? inline_.data() : heap_.data(); }
+  int64_t& operator[](size_t i) { return data()[i]; }
+  int64_t operator[](size_t i) const { return data()[i]; }
+  int64_t& back() { return data()[size_ - 1]; }
+  int64_t back() const { return data()[size_ - 1]; }
+  int64_t* begin() { return data(); }
+  int64_t* end() { return data() + size_; }
+  void push_back(int64_t v) {
+    if (heap_.empty() && size_ < kInline) {
+      inline_[size_++] = v;
+      return;
+    }
+    if (heap_.empty()) heap_.assign(inline_.begin(), inline_.begin() + static_cast<std::ptrdiff_t>(size_));
+    heap_.push_back(v);
+    ++size_;
+  }
+
+ private:
+  std::array<int64_t, kInline> inline_{};
+  std::vector<int64_t> heap_;
+  size_t size_ = 0;
+};
+
 // The coalesced geometry of N operands of one shape: sizes and byte strides, innermost dim first.
 template <size_t N>
 struct LoopGeometry {
-  std::vector<int64_t> sizes;                   // (ndim), at least one dim
-  std::array<std::vector<int64_t>, N> strides;  // (N, ndim) in bytes
+  DimVec sizes;                   // (ndim), at least one dim
+  std::array<DimVec, N> strides;  // (N, ndim) in bytes
   std::array<char*, N> base{};
   int64_t numel = 0;
 
@@ -35,7 +67,7 @@ struct LoopGeometry {
     numel = ops[0].numel();
     for (size_t k = 0; k < N; ++k) base[k] = static_cast<char*>(ops[k].data_ptr());
     // Dims of size 1 do not move any pointer: drop them.
-    std::vector<int64_t> dims;
+    DimVec dims;
     for (size_t d = 0; d < shape.size(); ++d)
       if (shape[d] != 1) dims.push_back(static_cast<int64_t>(d));
     // Innermost first, by operand 0's strides, ties broken by the next operands (stable insertion sort;

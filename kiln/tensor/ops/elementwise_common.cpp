@@ -2,8 +2,52 @@
 // unary and binary op drivers that end in the backend.
 #include "kiln/tensor/ops/elementwise_common.h"
 
+#include <cstring>
+#include <unordered_map>
+
+#include "kiln/tensor/cuda.h"
+
 namespace kiln::ops::detail {
 namespace {
+
+// A number written beside tensors (x * 0.5) becomes a 0-d tensor of the op's dtype on the op's device.
+// On a GPU, making one costs a kernel launch, as much as the op itself; so each thread keeps the
+// constants it used recently, per device and stream (stream order makes the fill complete before any
+// later read on that stream). They are internal: only ever read, as broadcast operands.
+struct ConstantKey {
+  Device device;
+  DType dtype;
+  Scalar::Kind kind;
+  uint64_t bits;
+  void* stream;
+  bool operator==(const ConstantKey& o) const {
+    return device == o.device && dtype == o.dtype && kind == o.kind && bits == o.bits && stream == o.stream;
+  }
+};
+struct ConstantKeyHash {
+  size_t operator()(const ConstantKey& k) const {
+    return std::hash<uint64_t>()(k.bits) ^ (std::hash<void*>()(k.stream) << 1) ^
+           (static_cast<size_t>(k.dtype) << 8) ^ (std::hash<Device>()(k.device) << 16);
+  }
+};
+
+Tensor constant_tensor(Scalar value, DType dtype, Device device) {
+  constexpr size_t kMaxConstants = 256;
+  thread_local std::unordered_map<ConstantKey, Tensor, ConstantKeyHash> cache;
+  ConstantKey key{device, dtype, value.kind(), 0, nullptr};
+  if (value.is_floating_point()) {
+    const double d = value.to_double();
+    std::memcpy(&key.bits, &d, sizeof d);
+  } else {
+    key.bits = static_cast<uint64_t>(value.to_int64());
+  }
+  if (device.is_cuda()) key.stream = cuda::current_stream(device.index()).handle();
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= kMaxConstants) cache.clear();
+  Tensor t = scalar_tensor(value, {.dtype = dtype, .device = device});
+  cache.emplace(key, t);
+  return t;
+}
 
 // PyTorch's combine_categories: `higher` comes from higher-priority operands; `lower` only wins when it
 // is of a higher category (an integer tensor with a float scalar), and a bool `higher` always promotes.
@@ -72,8 +116,10 @@ MemoryFormat output_format(const Shape& shape, std::initializer_list<const Opera
 }
 
 Tensor prepare(const Operand& operand, DType dtype, Device device, const Shape& shape) {
-  Tensor t = operand.is_scalar() ? scalar_tensor(*operand.scalar, {.dtype = dtype, .device = device})
-                                 : to(operand.tensor, device, dtype);
+  if (!operand.is_scalar() && operand.tensor.dtype() == dtype && operand.tensor.device() == device) {
+    return operand.tensor.shape() == shape ? operand.tensor : expand(operand.tensor, shape);
+  }
+  Tensor t = operand.is_scalar() ? constant_tensor(*operand.scalar, dtype, device) : to(operand.tensor, device, dtype);
   return t.shape() == shape ? t : expand(t, shape);
 }
 
