@@ -1,0 +1,190 @@
+// In-place elementwise ops (add_, mul_, relu_, fill_, ...). They reuse the backward nodes of their
+// out-of-place forms (elementwise_nodes.h), recorded in three steps:
+//   1. check_inplace: leaves that require grad and views may not be written while recording;
+//   2. the node takes its edges BEFORE the write, so that `a`'s previous history becomes its input;
+//   3. after the write, `a` gets the node as its new grad_fn (set_history).
+// What backward needs of `a`'s old values is cloned before the write (mul_, div_, clamp_); a result that
+// the formula uses (relu_, exp_, sqrt_) is saved after it, as the op's output.
+#include "kiln/autograd/functions.h"
+#include "kiln/autograd/node.h"
+#include "kiln/autograd/ops/elementwise_nodes.h"
+
+namespace kiln {
+
+using autograd::check_inplace;
+using autograd::make_node;
+using autograd::needs_grad;
+using autograd::Node;
+using autograd::SavedTensor;
+using autograd::set_history;
+using autograd::TensorList;
+using namespace elementwise;
+
+namespace {
+
+// A tensor that backward reads after `a` is overwritten: b itself, or a copy when b shares a's memory
+// (a.mul_(a)), whose version the write would change.
+SavedTensor save_other(const Tensor& b, const Tensor& a) {
+  return SavedTensor(b.is_alias_of(a) ? ops::clone(b) : b, false);
+}
+
+// ---------------------------------------------------------------- add_, sub_: a += alpha * b
+Tensor& add_impl(Tensor& a, const Tensor& b, Scalar alpha, bool subtract) {
+  const char* op = subtract ? "sub_" : "add_";
+  const bool record = check_inplace(a, needs_grad(b), op);
+  std::shared_ptr<AddBackward> node;
+  if (record) {
+    node = make_node<AddBackward>(a, b);
+    node->alpha = subtract ? negated(alpha) : alpha;
+  }
+  if (subtract) ops::sub_(a, b, alpha);
+  else ops::add_(a, b, alpha);
+  if (record) set_history(a, node);
+  return a;
+}
+
+Tensor& add_scalar_impl(Tensor& a, Scalar b, bool subtract) {
+  const bool record = check_inplace(a, false, subtract ? "sub_" : "add_");
+  auto node = record ? make_node<PassBackward>(a) : nullptr;
+  if (subtract) ops::sub_(a, b);
+  else ops::add_(a, b);
+  if (record) set_history(a, node);
+  return a;
+}
+
+// ---------------------------------------------------------------- mul_, div_ by a scalar
+Tensor& mul_scalar_impl(Tensor& a, Scalar s, bool divide) {
+  const bool record = check_inplace(a, false, divide ? "div_" : "mul_");
+  std::shared_ptr<MulScalarBackward> node;
+  if (record) {
+    node = make_node<MulScalarBackward>(a);
+    node->factor = s;
+    node->divide = divide;
+  }
+  if (divide) ops::div_(a, s);
+  else ops::mul_(a, s);
+  if (record) set_history(a, node);
+  return a;
+}
+
+// ---------------------------------------------------------------- relu_, neg_, exp_, sqrt_
+// `save_result`: the formula reads the op's result, saved after the write.
+Tensor& unary_impl(Tensor& a, const char* op, Tensor& (*forward)(Tensor&), std::string_view name,
+                   UnaryBackward::Formula formula, bool save_result) {
+  const bool record = check_inplace(a, false, op);
+  std::shared_ptr<UnaryBackward> node;
+  if (record) {
+    node = make_node<UnaryBackward>(a);
+    node->op_name = name;
+    node->formula = formula;
+  }
+  forward(a);
+  if (record) {
+    set_history(a, node);
+    if (save_result) node->saved = SavedTensor(a, /*is_output=*/true);
+  }
+  return a;
+}
+
+// ---------------------------------------------------------------- fill_, uniform_, normal_
+// The new values do not depend on the old ones: the node has no edges, so no gradient flows to what `a`
+// held before, and `a` (a non-leaf) still takes part in autograd from here on.
+struct OverwriteBackward final : Node {
+  std::string_view op_name;
+  std::string_view name() const override { return op_name; }
+  TensorList apply(TensorList&&) override { return {}; }
+};
+
+template <typename Write>
+Tensor& overwrite(Tensor& a, const char* op, std::string_view name, Write write) {
+  const bool record = check_inplace(a, false, op);
+  write();
+  if (record) {
+    auto node = std::make_shared<OverwriteBackward>();
+    node->op_name = name;
+    set_history(a, node);
+  }
+  return a;
+}
+
+}  // namespace
+
+Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha) { return add_impl(a, b, alpha, false); }
+Tensor& add_(Tensor& a, Scalar b) { return add_scalar_impl(a, b, false); }
+Tensor& sub_(Tensor& a, const Tensor& b, Scalar alpha) { return add_impl(a, b, alpha, true); }
+Tensor& sub_(Tensor& a, Scalar b) { return add_scalar_impl(a, b, true); }
+
+// a *= b: d/da = g * b, d/db = g * a_old (a clone from before the write).
+Tensor& mul_(Tensor& a, const Tensor& b) {
+  const bool record = check_inplace(a, needs_grad(b), "mul_");
+  std::shared_ptr<MulBackward> node;
+  if (record) {
+    node = make_node<MulBackward>(a, b);
+    if (node->needs_input_grad(1)) node->a = SavedTensor(ops::clone(a), false);
+    if (node->needs_input_grad(0)) node->b = save_other(b, a);
+  }
+  ops::mul_(a, b);
+  if (record) set_history(a, node);
+  return a;
+}
+Tensor& mul_(Tensor& a, Scalar b) { return mul_scalar_impl(a, b, false); }
+
+// a /= b: d/da = g / b, d/db = -g * a_old / b^2.
+Tensor& div_(Tensor& a, const Tensor& b) {
+  const bool record = check_inplace(a, needs_grad(b), "div_");
+  std::shared_ptr<DivBackward> node;
+  if (record) {
+    node = make_node<DivBackward>(a, b);
+    if (node->needs_input_grad(1)) node->a = SavedTensor(ops::clone(a), false);
+    node->b = save_other(b, a);
+  }
+  ops::div_(a, b);
+  if (record) set_history(a, node);
+  return a;
+}
+Tensor& div_(Tensor& a, Scalar b) { return mul_scalar_impl(a, b, true); }
+
+// The mask of where the gradient passes needs a's old values: a clone from before the write.
+Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max) {
+  const bool record = check_inplace(a, false, "clamp_");
+  std::shared_ptr<ClampBackward> node;
+  if (record) {
+    node = make_node<ClampBackward>(a);
+    node->input = SavedTensor(ops::clone(a), false);
+    node->min = min;
+    node->max = max;
+  }
+  ops::clamp_(a, min, max);
+  if (record) set_history(a, node);
+  return a;
+}
+
+Tensor& relu_(Tensor& a) { return unary_impl(a, "relu_", ops::relu_, "ReluBackward", relu_grad, true); }
+Tensor& neg_(Tensor& a) { return unary_impl(a, "neg_", ops::neg_, "NegBackward", neg_grad, false); }
+Tensor& exp_(Tensor& a) { return unary_impl(a, "exp_", ops::exp_, "ExpBackward", exp_grad, true); }
+Tensor& sqrt_(Tensor& a) { return unary_impl(a, "sqrt_", ops::sqrt_, "SqrtBackward", sqrt_grad, true); }
+
+// The mask is a bool tensor of its own (it cannot require grad); saved as it is.
+Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value) {
+  const bool record = check_inplace(a, false, "masked_fill_");
+  std::shared_ptr<MaskedFillBackward> node;
+  if (record) {
+    node = make_node<MaskedFillBackward>(a);
+    node->mask = save_other(mask, a);
+  }
+  ops::masked_fill_(a, mask, value);
+  if (record) set_history(a, node);
+  return a;
+}
+
+Tensor& fill_(Tensor& t, Scalar value) {
+  return overwrite(t, "fill_", "FillBackward", [&] { ops::fill_(t, value); });
+}
+Tensor& uniform_(Tensor& t, double from, double to, Generator* gen) {
+  return overwrite(t, "uniform_", "UniformBackward", [&] { ops::uniform_(t, from, to, gen); });
+}
+Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
+  return overwrite(t, "normal_", "NormalBackward", [&] { ops::normal_(t, mean, std, gen); });
+}
+
+}  // namespace kiln

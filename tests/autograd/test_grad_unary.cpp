@@ -1,0 +1,218 @@
+// Gradients of the unary elementwise ops, pow and clamp: gradcheck (float64, CPU, then GPU vs CPU) on
+// contiguous and strided inputs for every op, hand-derived values at the points where the gradient is
+// special (0 for relu/abs/sign, the bounds of clamp, 0^b for pow), and node names.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <ostream>
+#include <string>
+
+#include "support/grad_support.h"
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+// A strided (non-contiguous) float64 input requiring grad, with make_input's values.
+Tensor strided_input(const Shape& shape, double lo, double hi, uint64_t seed = 7) {
+  Tensor t = non_contiguous(make_input(shape, lo, hi, seed).detach());
+  EXPECT_FALSE(t.is_contiguous());
+  return t.requires_grad_();
+}
+
+// ---------------------------------------------------------------- gradcheck of every unary op
+struct UnaryCase {
+  std::string label;
+  Tensor (*fn)(const Tensor&);
+  double lo, hi;     // input range where the op is smooth (and defined)
+  std::string node;  // expected grad_fn name
+};
+
+Tensor gelu_exact(const Tensor& x) { return kiln::gelu(x, false); }
+Tensor gelu_tanh(const Tensor& x) { return kiln::gelu(x, true); }
+Tensor pow_2_5(const Tensor& x) { return kiln::pow(x, 2.5); }
+Tensor pow_3(const Tensor& x) { return kiln::pow(x, 3); }
+Tensor pow_neg_1_5(const Tensor& x) { return kiln::pow(x, -1.5); }
+Tensor pow_0(const Tensor& x) { return kiln::pow(x, 0); }
+Tensor exp2_of(const Tensor& x) { return kiln::pow(2.0, x); }
+Tensor clamp_both(const Tensor& x) { return kiln::clamp(x, -0.5, 0.5); }
+Tensor clamp_min(const Tensor& x) { return kiln::clamp(x, 0.1, std::nullopt); }
+Tensor clamp_max(const Tensor& x) { return kiln::clamp(x, std::nullopt, -0.2); }
+
+void PrintTo(const UnaryCase& c, std::ostream* os) { *os << c.label; }
+
+class UnaryGradTest : public ::testing::TestWithParam<UnaryCase> {};
+
+TEST_P(UnaryGradTest, MatchesFiniteDifferences) {
+  const UnaryCase& c = GetParam();
+  auto fn = [&c](const TensorList& in) { return TensorList{c.fn(in[0])}; };
+  check_gradients(fn, {make_input({3, 4}, c.lo, c.hi)});
+  check_gradients(fn, {strided_input({2, 3}, c.lo, c.hi, 11)});
+  check_gradients(fn, {make_input({}, c.lo, c.hi, 3)});  // 0-d
+}
+
+TEST_P(UnaryGradTest, RecordsItsNode) {
+  const UnaryCase& c = GetParam();
+  Tensor y = c.fn(make_input({2}, c.lo, c.hi));
+  ASSERT_NE(y.grad_fn(), nullptr);
+  EXPECT_EQ(y.grad_fn()->name(), c.node);
+  EXPECT_EQ(c.fn(make_input({2}, c.lo, c.hi).detach()).grad_fn(), nullptr);  // nothing requires grad
+}
+
+const UnaryCase kUnaryCases[] = {
+    {"neg", kiln::neg, -1, 1, "NegBackward"},
+    {"abs", kiln::abs, -1, 1, "AbsBackward"},
+    {"exp", kiln::exp, -2, 2, "ExpBackward"},
+    {"expm1", kiln::expm1, -2, 2, "Expm1Backward"},
+    {"log", kiln::log, 0.5, 3, "LogBackward"},
+    {"log1p", kiln::log1p, -0.5, 2, "Log1pBackward"},
+    {"log2", kiln::log2, 0.5, 3, "Log2Backward"},
+    {"sqrt", kiln::sqrt, 0.5, 3, "SqrtBackward"},
+    {"rsqrt", kiln::rsqrt, 0.5, 3, "RsqrtBackward"},
+    {"sin", kiln::sin, -3, 3, "SinBackward"},
+    {"cos", kiln::cos, -3, 3, "CosBackward"},
+    {"tanh", kiln::tanh, -2, 2, "TanhBackward"},
+    {"erf", kiln::erf, -2, 2, "ErfBackward"},
+    {"sigmoid", kiln::sigmoid, -3, 3, "SigmoidBackward"},
+    {"relu", kiln::relu, -1, 1, "ReluBackward"},
+    {"gelu", gelu_exact, -3, 3, "GeluBackward"},
+    {"gelu_tanh", gelu_tanh, -3, 3, "GeluBackward"},
+    {"silu", kiln::silu, -3, 3, "SiluBackward"},
+    {"sign", kiln::sign, -1, 1, "SignBackward"},
+    {"floor", kiln::floor, -3, 3, "FloorBackward"},
+    {"ceil", kiln::ceil, -3, 3, "CeilBackward"},
+    {"round", kiln::round, -3, 3, "RoundBackward"},
+    {"square", kiln::square, -2, 2, "SquareBackward"},
+    {"reciprocal", kiln::reciprocal, 0.5, 2, "ReciprocalBackward"},
+    {"reciprocal_negative", kiln::reciprocal, -2, -0.5, "ReciprocalBackward"},
+    {"pow_2_5", pow_2_5, 0.5, 2, "PowBackward"},
+    {"pow_3_negative_base", pow_3, -2, 2, "PowBackward"},
+    {"pow_negative_exponent", pow_neg_1_5, 0.5, 2, "PowBackward"},
+    {"pow_0", pow_0, -2, 2, "PowBackward"},
+    {"scalar_pow", exp2_of, -2, 2, "PowBackward"},
+    {"clamp", clamp_both, -1, 1, "ClampBackward"},
+    {"clamp_min", clamp_min, -1, 1, "ClampBackward"},
+    {"clamp_max", clamp_max, -1, 1, "ClampBackward"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Ops, UnaryGradTest, ::testing::ValuesIn(kUnaryCases),
+                         [](const ::testing::TestParamInfo<UnaryCase>& info) { return info.param.label; });
+
+// pow with two tensors: both gradients, broadcasting (3, 4) ^ (4), and strided operands.
+TEST(PowGradTest, TensorExponentMatchesFiniteDifferences) {
+  auto fn = [](const TensorList& in) { return TensorList{kiln::pow(in[0], in[1])}; };
+  check_gradients(fn, {make_input({3, 4}, 0.5, 2), make_input({4}, -2, 2, 9)});
+  check_gradients(fn, {make_input({4}, 0.5, 2, 5), make_input({2, 1, 4}, -2, 2, 13)});
+  check_gradients(fn, {strided_input({2, 3}, 0.5, 2), strided_input({2, 3}, -1, 1, 17)});
+  // Only one side requires grad.
+  check_gradients(fn, {make_input({3}, 0.5, 2), make_input({3}, -1, 1, 3).detach()});
+  check_gradients(fn, {make_input({3}, 0.5, 2).detach(), make_input({3}, -1, 1, 3)});
+}
+
+// ---------------------------------------------------------------- hand-derived values
+class UnaryGradValueTest : public BackendTest {};
+
+// Gradient of sum(f(x)) at x.
+Tensor grad_of(Tensor (*f)(const Tensor&), const Tensor& x_values) {
+  Tensor x = x_values.detach().requires_grad_();
+  f(x).sum().backward();
+  return x.grad();
+}
+
+TEST_P(UnaryGradValueTest, SmoothOpsAtKnownPoints) {
+  const Tensor x = make({0, 1, 4}, {3}, opts());
+  expect_values(grad_of(kiln::exp, x), {3}, {1, std::exp(1.0), std::exp(4.0)});
+  expect_values(grad_of(kiln::tanh, x), {3}, {1, 1 - std::pow(std::tanh(1.0), 2), 1 - std::pow(std::tanh(4.0), 2)});
+  expect_values(
+      grad_of(kiln::sigmoid, x), {3},
+      {0.25, std::exp(-1.0) / std::pow(1 + std::exp(-1.0), 2), std::exp(-4.0) / std::pow(1 + std::exp(-4.0), 2)});
+  expect_values(grad_of(kiln::square, x), {3}, {0, 2, 8});
+  expect_values(grad_of(kiln::erf, x), {3},
+                {2 / std::sqrt(kPi), 2 / std::sqrt(kPi) * std::exp(-1.0), 2 / std::sqrt(kPi) * std::exp(-16.0)});
+  expect_values(grad_of(gelu_exact, x), {3},
+                {0.5, 0.5 * (1 + std::erf(1 / std::sqrt(2.0))) + std::exp(-0.5) / std::sqrt(2 * kPi),
+                 0.5 * (1 + std::erf(4 / std::sqrt(2.0))) + 4 * std::exp(-8.0) / std::sqrt(2 * kPi)});
+  const double s1 = 1 / (1 + std::exp(-1.0));
+  expect_values(grad_of(kiln::silu, make({0, 1}, {2}, opts())), {2}, {0.5, s1 * (1 + (1 - s1))});
+  expect_values(grad_of(gelu_tanh, make({0}, {1}, opts())), {1}, {0.5});
+
+  const Tensor p = make({0.25, 1, 4}, {3}, opts());
+  expect_values(grad_of(kiln::sqrt, p), {3}, {1, 0.5, 0.25});
+  expect_values(grad_of(kiln::rsqrt, p), {3}, {-4, -0.5, -1.0 / 16});  // -x^(-3/2) / 2
+  expect_values(grad_of(kiln::reciprocal, p), {3}, {-16, -1, -1.0 / 16});
+  expect_values(grad_of(kiln::log, p), {3}, {4, 1, 0.25});
+  expect_values(grad_of(kiln::log2, p), {3}, {4 / std::log(2.0), 1 / std::log(2.0), 0.25 / std::log(2.0)});
+  expect_values(grad_of(kiln::log1p, p), {3}, {0.8, 0.5, 0.2});
+  expect_values(grad_of(kiln::expm1, p), {3}, {std::exp(0.25), std::exp(1.0), std::exp(4.0)});
+}
+
+// relu, abs and sign at 0 give 0, as in PyTorch; floor, ceil, round have zero gradient everywhere.
+TEST_P(UnaryGradValueTest, ZeroAndPiecewiseConstantGradients) {
+  const Tensor x = make({-1.5, 0, 2.5}, {3}, opts());
+  expect_values(grad_of(kiln::relu, x), {3}, {0, 0, 1});
+  expect_values(grad_of(kiln::abs, x), {3}, {-1, 0, 1});
+  expect_values(grad_of(kiln::neg, x), {3}, {-1, -1, -1});
+  for (auto f : {kiln::sign, kiln::floor, kiln::ceil, kiln::round}) {
+    const Tensor g = grad_of(f, x);
+    ASSERT_TRUE(g.defined());
+    expect_values(g, {3}, {0, 0, 0});
+  }
+}
+
+// At the bounds the gradient passes (PyTorch's convention); outside it is 0.
+TEST_P(UnaryGradValueTest, ClampPassesAtTheBounds) {
+  const Tensor x = make({-2, -1, 0, 1, 2}, {5}, opts());
+  expect_values(grad_of(clamp_both, make({-1, -0.5, 0, 0.5, 1}, {5}, opts())), {5}, {0, 1, 1, 1, 0});
+  Tensor a = x.detach().requires_grad_();
+  kiln::clamp(a, std::nullopt, 1).sum().backward();
+  expect_values(a.grad(), {5}, {1, 1, 1, 1, 0});
+  Tensor b = x.detach().requires_grad_();
+  kiln::clamp(b, -1, std::nullopt).sum().backward();
+  expect_values(b.grad(), {5}, {0, 1, 1, 1, 1});
+}
+
+TEST_P(UnaryGradValueTest, PowAtKnownPointsAndZeroBase) {
+  Tensor x = make({2, -1}, {2}, opts()).requires_grad_();
+  kiln::pow(x, 3).sum().backward();
+  expect_values(x.grad(), {2}, {12, 3});
+
+  Tensor e = make({3, 0}, {2}, opts()).requires_grad_();
+  kiln::pow(2.0, e).sum().backward();
+  expect_values(e.grad(), {2}, {8 * std::log(2.0), std::log(2.0)});
+
+  // 0^b: d/db would be 0 * log(0) = NaN; PyTorch (and kiln) give 0 where b >= 0. d/da at b == 0 is 0.
+  Tensor a = make({0, 0, 2}, {3}, opts()).requires_grad_();
+  Tensor b = make({2, 0, 0}, {3}, opts()).requires_grad_();
+  kiln::pow(a, b).sum().backward();
+  expect_values(a.grad(), {3}, {0, 0, 0});
+  expect_values(b.grad(), {3}, {0, 0, std::log(2.0)});
+  Tensor z = make({1, 0}, {2}, opts()).requires_grad_();
+  kiln::pow(0.0, z).sum().backward();
+  expect_values(z.grad(), {2}, {0, 0});
+}
+
+// Float32 on the backend: gradients keep the input's dtype and device.
+TEST_P(UnaryGradValueTest, GradientKeepsDtypeAndDevice) {
+  Tensor x = make({0.5, 2}, {2}, opts(DType::Float32)).requires_grad_();
+  (kiln::sqrt(x) + kiln::sigmoid(x) + kiln::pow(x, 2)).sum().backward();
+  EXPECT_EQ(x.grad().dtype(), DType::Float32);
+  EXPECT_EQ(x.grad().device(), dev());
+  const double s0 = 1 / (1 + std::exp(-0.5)), s1 = 1 / (1 + std::exp(-2.0));
+  expect_values(x.grad(), {2},
+                {1 / (2 * std::sqrt(0.5)) + s0 * (1 - s0) + 1, 1 / (2 * std::sqrt(2.0)) + s1 * (1 - s1) + 4});
+}
+
+// A graph freed by backward cannot run again through a node that saved a tensor.
+TEST_P(UnaryGradValueTest, SecondBackwardThroughAFreedNodeIsAnError) {
+  Tensor x = make({1, 2}, {2}, opts()).requires_grad_();
+  Tensor y = kiln::exp(x).sum();
+  y.backward();
+  expect_error([&] { y.backward(); }, {"ExpBackward", "retain_graph=true"});
+}
+
+KILN_INSTANTIATE_BACKENDS(UnaryGradValueTest);
+
+}  // namespace
+}  // namespace kiln::testing
