@@ -1,8 +1,9 @@
-// examples/quickstart/quickstart.cpp — a first look at kiln's tensor core.
+// examples/quickstart/quickstart.cpp — a first look at kiln: tensors, then training with autograd.
 //
-// The forward pass of a tiny linear classifier on random data, then a few reductions and views.
-// Everything runs on the CPU backend; the program checks its own results and exits with 1 when one
-// is wrong, so CTest runs it as a smoke test.
+// The forward pass of a tiny linear classifier on random data, a few reductions and views, then the
+// same classifier trained by gradient descent on generated data (labels from a hidden "teacher"),
+// with gradients from loss.backward(). Everything runs on the CPU backend; the program checks its own
+// results and exits with 1 when one is wrong, so CTest runs it as a smoke test.
 #include <kiln/kiln.h>  // Tensor, kiln::randn, kiln::matmul, kiln::softmax, ..., KILN_VERSION_STRING
 
 #include <cstdlib>   // EXIT_SUCCESS, EXIT_FAILURE
@@ -54,6 +55,34 @@ int run() {
   std::cout << "arange(12).reshape({3, 4}) = " << grid << "\n";
   std::cout << "column sums = " << grid.sum({0}) << "\n\n";
 
+  // Training: learn w and b so that argmax(x @ w + b) matches labels made by a hidden teacher.
+  // The gradients of the cross-entropy loss come from autograd; the update is plain SGD.
+  const int64_t n = 256;
+  Tensor teacher = randn({features, classes});
+  Tensor data = randn({n, features});                       // (N, F)
+  Tensor labels = matmul(data, teacher).argmax(-1);         // (N) Int64
+  Tensor target = one_hot(labels, classes).to(DType::Float32);  // (N, C)
+  Tensor tw = zeros({features, classes}).requires_grad_();  // parameters: gradients accumulate here
+  Tensor tb = zeros({classes}).requires_grad_();
+  auto loss_fn = [&] { return -(log_softmax(matmul(data, tw) + tb, -1) * target).sum({-1}).mean(); };
+  const float initial_loss = loss_fn().item<float>();
+  float loss_value = initial_loss;
+  for (int step = 0; step < 200; ++step) {
+    Tensor loss = loss_fn();  // records the graph: tw, tb -> matmul -> add -> log_softmax -> ... -> loss
+    loss.backward();          // fills tw.grad() and tb.grad()
+    {
+      NoGradGuard no_grad;  // the update itself is not part of any graph
+      tw.sub_(tw.grad() * 0.5);
+      tb.sub_(tb.grad() * 0.5);
+    }
+    tw.mutable_grad() = Tensor();  // zero the gradients for the next step
+    tb.mutable_grad() = Tensor();
+    loss_value = loss.item<float>();
+    if (step % 50 == 0 || step == 199) std::cout << "step " << step << ": loss " << loss_value << "\n";
+  }
+  const float accuracy = (matmul(data, tw) + tb).argmax(-1).eq(labels).to(DType::Float32).mean().item<float>();
+  std::cout << "training accuracy after 200 steps: " << accuracy << "\n\n";
+
   std::cout << "checks:\n";
   check(logits.shape() == Shape{batch, classes}, "logits have shape (4, 5)");
   check(allclose(probs.sum({-1}), ones({batch}), 1e-5, 1e-6), "softmax rows sum to 1");
@@ -63,6 +92,8 @@ int run() {
         "matmul equals the broadcast multiply-and-sum");
   check(grid.sum().item<int64_t>() == 66, "0 + 1 + ... + 11 == 66");
   check(xt.is_alias_of(x) && !xt.is_contiguous(), "transpose is a non-contiguous view");
+  check(loss_value < 0.5f * initial_loss, "training reduces the loss to less than half");
+  check(accuracy > 0.9f, "the trained classifier agrees with the teacher on > 90% of the data");
 
   if (failures > 0) {
     std::cout << "\n" << failures << " check(s) failed\n";
