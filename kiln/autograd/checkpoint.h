@@ -10,6 +10,8 @@
 // they are accumulated into their grad() while backward recomputes fn. For that reason
 // autograd::grad() through a checkpoint returns the gradients of the checkpoint's inputs only, and
 // parameters inside receive theirs in grad() as with backward(). Checkpoints nest.
+// Tensors that fn uses must be inputs or leaves (parameters): a captured tensor that is itself the
+// result of recorded ops outside fn would have its history run twice; pass it as an input instead.
 #pragma once
 
 #include <functional>

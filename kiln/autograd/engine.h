@@ -7,6 +7,8 @@
 // Nodes run in dependency order (each once all gradients for it have arrived), latest-created first
 // among those ready. Without retain_graph, each node's saved tensors are freed as soon as it has run.
 // Backward runs with grad mode and autocast off, on the calling thread and its current streams.
+// Limits: backward formulas do not record, so there are no higher-order gradients (no create_graph);
+// two threads may run backward at once only on graphs that share no node (e.g. no common leaf).
 #pragma once
 
 #include <vector>
