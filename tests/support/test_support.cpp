@@ -78,6 +78,8 @@ Tensor non_contiguous(const Tensor& t) {
   wide.back() *= 2;
   Tensor buffer = ops::zeros(wide, {.dtype = t.dtype(), .device = t.device()});
   Tensor view = buffer.slice(-1, 0, std::nullopt, 2);
+  // A raw copy: the result is a fresh leaf (callers make it require grad), whatever t's history.
+  NoGradGuard no_grad;
   view.copy_(t);
   return view;
 }

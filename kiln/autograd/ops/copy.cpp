@@ -1,0 +1,87 @@
+// Copy and cast, forward and backward side by side. The values pass through unchanged, so each gradient
+// is g itself, brought back to the input's device (the engine checks devices but does not move
+// gradients) and dtype. These ops skip autocast: their result dtype is the one the caller asked for.
+#include "kiln/autograd/functions.h"
+#include "kiln/autograd/node.h"
+
+namespace kiln {
+
+using autograd::make_node;
+using autograd::needs_grad;
+using autograd::Node;
+using autograd::set_history;
+using autograd::TensorList;
+
+namespace {
+
+// ---------------------------------------------------------------- to, cast, copy_
+// g moved back to the input's device and cast to its dtype (a no-op where both already match).
+struct ToBackward final : Node {
+  std::string_view op_name;
+  Device device = Device::cpu();
+  std::optional<DType> dtype;  // copy_ leaves the cast to the engine
+  std::string_view name() const override { return op_name; }
+  TensorList apply(TensorList&& grads) override {
+    if (!needs_input_grad(0)) return {Tensor()};  // copy_ from a src without grad
+    return {ops::to(grads[0], device, dtype)};
+  }
+};
+
+// ---------------------------------------------------------------- contiguous, clone
+struct IdentityBackward final : Node {
+  std::string_view op_name;
+  std::string_view name() const override { return op_name; }
+  TensorList apply(TensorList&& grads) override { return {grads[0]}; }
+};
+
+// Records out = a copy of t in another device or dtype. An integer result carries no gradient.
+Tensor record_to(Tensor out, const Tensor& t, std::string_view name) {
+  if (out.is_same(t) || !is_floating_point(out.dtype()) || !needs_grad(t)) return out;
+  auto node = make_node<ToBackward>(t);
+  node->op_name = name;
+  node->device = t.device();
+  node->dtype = t.dtype();
+  set_history(out, node);
+  return out;
+}
+
+Tensor record_identity(Tensor out, const Tensor& t, std::string_view name) {
+  if (out.is_same(t) || !needs_grad(t)) return out;
+  auto node = make_node<IdentityBackward>(t);
+  node->op_name = name;
+  set_history(out, node);
+  return out;
+}
+
+}  // namespace
+
+Tensor to(const Tensor& t, Device device, std::optional<DType> dtype, bool non_blocking) {
+  return record_to(ops::to(t, device, dtype, non_blocking), t, "ToBackward");
+}
+
+Tensor cast(const Tensor& t, DType dtype) { return record_to(ops::cast(t, dtype), t, "CastBackward"); }
+
+Tensor contiguous(const Tensor& t, MemoryFormat format) {
+  return record_identity(ops::contiguous(t, format), t, "ContiguousBackward");
+}
+
+Tensor clone(const Tensor& t, MemoryFormat format) {
+  return record_identity(ops::clone(t, format), t, "CloneBackward");
+}
+
+// dst's old values are overwritten: its previous history gets no gradient. src gets g (summed over the
+// dims it was broadcast along, and cast to its dtype, by the engine), moved to src's device.
+Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
+  const bool differentiable = dst.defined() && is_floating_point(dst.dtype());
+  if (!differentiable || !autograd::check_inplace(dst, needs_grad(src), "copy_")) {
+    return ops::copy_(dst, src, non_blocking);
+  }
+  auto node = make_node<ToBackward>(src);
+  node->op_name = "CopyBackward";
+  node->device = src.device();
+  ops::copy_(dst, src, non_blocking);
+  set_history(dst, node);
+  return dst;
+}
+
+}  // namespace kiln

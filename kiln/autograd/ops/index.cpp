@@ -1,0 +1,313 @@
+// Indexing ops, forward and backward side by side. Each gradient sends g back along the same index:
+// what gather/index_select read is summed back with scatter_add/index_add, what scatter wrote is
+// read back with gather. Index tensors and masks get no gradient.
+#include "kiln/autograd/autocast.h"
+#include "kiln/autograd/functions.h"
+#include "kiln/autograd/node.h"
+
+namespace kiln {
+
+using autocast::Op;
+using autograd::make_node;
+using autograd::needs_grad;
+using autograd::Node;
+using autograd::SavedTensor;
+using autograd::set_history;
+using autograd::TensorList;
+
+namespace {
+
+Tensor zeros_for(const Tensor& g, const Shape& shape) {
+  return ops::zeros(shape, {.dtype = g.dtype(), .device = g.device()});
+}
+
+// t placed in the leading block of zeros of `shape` (scatter reads only the leading index.shape()
+// block of a larger src; the rest of src gets no gradient).
+Tensor pad_to(const Tensor& t, const Shape& shape) {
+  if (t.shape() == shape) return t;
+  Tensor out = zeros_for(t, shape);
+  Tensor block = out;
+  for (int64_t d = 0; d < t.dim(); ++d) block = ops::narrow(block, d, 0, t.size(d));
+  ops::copy_(block, t);
+  return out;
+}
+
+// ---------------------------------------------------------------- index_select: out = a[..., index, ...]
+// d/da: g rows summed back into the selected rows (an index may repeat).
+struct IndexSelectBackward final : Node {
+  Shape input_shape;
+  int64_t dim = 0;
+  SavedTensor index;
+  std::string_view name() const override { return "IndexSelectBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    return {ops::index_add(zeros_for(grads[0], input_shape), dim, index.unpack(*this), grads[0])};
+  }
+  void release_saved() override { index.reset(); }
+};
+
+// ---------------------------------------------------------------- gather: out[i][j] = a[index[i][j]][j] (dim 0)
+// d/da: g summed back into the gathered positions.
+struct GatherBackward final : Node {
+  Shape input_shape;
+  int64_t dim = 0;
+  SavedTensor index;
+  std::string_view name() const override { return "GatherBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    return {ops::scatter_add(zeros_for(grads[0], input_shape), dim, index.unpack(*this), grads[0])};
+  }
+  void release_saved() override { index.reset(); }
+};
+
+// ---------------------------------------------------------------- scatter, scatter_add (and their in-place forms)
+// scatter: the written positions of a are overwritten, so a's gradient is g with them zeroed; src's is g
+// read at those positions. scatter_add: a passes g through; src's is the same gather.
+struct ScatterBackward final : Node {
+  bool accumulate = false;
+  bool has_src = true;  // false for scatter of a scalar value
+  int64_t dim = 0;
+  Shape src_shape;
+  SavedTensor index;
+  std::string_view name() const override { return accumulate ? "ScatterAddBackward" : "ScatterBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor idx = index.unpack(*this);
+    Tensor ga, gsrc;
+    if (needs_input_grad(0)) ga = accumulate ? g : ops::scatter(g, dim, idx, Scalar(0));
+    if (has_src && needs_input_grad(1)) gsrc = pad_to(ops::gather(g, dim, idx), src_shape);
+    if (!has_src) return {ga};
+    return {ga, gsrc};
+  }
+  void release_saved() override { index.reset(); }
+};
+
+// ---------------------------------------------------------------- index_add: out = a; out[index] += src (along dim)
+struct IndexAddBackward final : Node {
+  int64_t dim = 0;
+  Shape src_shape;
+  SavedTensor index;
+  std::string_view name() const override { return "IndexAddBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];
+    Tensor gsrc;
+    // A 0-d a takes a src of one element of any rank: reshape to it.
+    if (needs_input_grad(1)) gsrc = ops::reshape(ops::index_select(g, dim, index.unpack(*this)), src_shape);
+    return {needs_input_grad(0) ? g : Tensor(), gsrc};
+  }
+  void release_saved() override { index.reset(); }
+};
+
+// ---------------------------------------------------------------- masked_select: out = a[mask] (1-D, broadcast)
+// g goes back to the true positions of the broadcast mask, in row-major order; zeros elsewhere. The
+// gradient has the broadcast shape; the engine sums it down to a's.
+struct MaskedSelectBackward final : Node {
+  Shape shape;  // broadcast of a's and mask's shapes
+  SavedTensor mask;
+  std::string_view name() const override { return "MaskedSelectBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];
+    const int64_t n = numel(shape);
+    const Tensor flat_mask = ops::reshape(ops::contiguous(ops::expand(mask.unpack(*this), shape)), {n});
+    const Tensor positions = ops::nonzero(flat_mask);  // (count, 1)
+    const Tensor flat = ops::index_add(zeros_for(g, {n}), 0, ops::reshape(positions, {positions.size(0)}), g);
+    return {ops::reshape(flat, shape)};
+  }
+  void release_saved() override { mask.reset(); }
+};
+
+// ---------------------------------------------------------------- embedding: out[..., :] = weight[index[...], :]
+// d/dweight: the rows of g summed into the rows they were read from. index gets none.
+struct EmbeddingBackward final : Node {
+  Shape weight_shape;  // (V, D)
+  SavedTensor index;
+  std::string_view name() const override { return "EmbeddingBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor idx = index.unpack(*this);
+    const int64_t n = idx.numel();
+    const Tensor rows = ops::reshape(grads[0], {n, weight_shape[1]});  // (N, D)
+    return {ops::index_add(zeros_for(grads[0], weight_shape), 0, ops::reshape(idx, {n}), rows)};
+  }
+  void release_saved() override { index.reset(); }
+};
+
+// ---------------------------------------------------------------- sort, topk: values = a gathered at indices
+// Each value came from one input position (indices along dim are distinct): g is scattered back there.
+struct SortBackward final : Node {
+  std::string_view op_name;
+  Shape input_shape;
+  int64_t dim = 0;
+  SavedTensor indices;
+  std::string_view name() const override { return op_name; }
+  TensorList apply(TensorList&& grads) override {
+    return {ops::scatter(zeros_for(grads[0], input_shape), dim, indices.unpack(*this), grads[0])};
+  }
+  void release_saved() override { indices.reset(); }
+};
+
+// ---------------------------------------------------------------- tril, triu
+// The kept triangle passes g through; the zeroed one gets none: the same triangle of g.
+struct TriangleBackward final : Node {
+  bool lower = true;
+  int64_t diagonal = 0;
+  std::string_view name() const override { return lower ? "TrilBackward" : "TriuBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    return {lower ? ops::tril(grads[0], diagonal) : ops::triu(grads[0], diagonal)};
+  }
+};
+
+std::shared_ptr<ScatterBackward> scatter_node(const Tensor& a, int64_t dim, const Tensor& index, const Tensor* src,
+                                              bool accumulate) {
+  auto node = src ? make_node<ScatterBackward>(a, *src) : make_node<ScatterBackward>(a);
+  node->accumulate = accumulate;
+  node->has_src = src != nullptr;
+  node->dim = dim;
+  if (src) node->src_shape = src->shape();
+  const bool a_needs_index = !accumulate && node->needs_input_grad(0);
+  if (a_needs_index || (src && node->needs_input_grad(1))) node->index = SavedTensor(index, false);
+  return node;
+}
+
+Tensor scatter_impl(const Tensor& a_in, int64_t dim, const Tensor& index, const Tensor& src_in, bool accumulate) {
+  auto [a, src] = autocast::inputs(accumulate ? Op::ScatterAdd : Op::Scatter, a_in, src_in);
+  Tensor out = accumulate ? ops::scatter_add(a, dim, index, src) : ops::scatter(a, dim, index, src);
+  if (needs_grad(a, src)) set_history(out, scatter_node(a, dim, index, &src, accumulate));
+  return out;
+}
+
+// In place: the node is made before the op, so that its edge to a is a's history before the write.
+Tensor& scatter_inplace(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) {
+  const bool record = autograd::check_inplace(a, needs_grad(src), accumulate ? "scatter_add_" : "scatter_");
+  std::shared_ptr<ScatterBackward> node;
+  if (record) node = scatter_node(a, dim, index, &src, accumulate);
+  if (accumulate) ops::scatter_add_(a, dim, index, src);
+  else ops::scatter_(a, dim, index, src);
+  if (record) set_history(a, node);
+  return a;
+}
+
+std::tuple<Tensor, Tensor> record_sort(std::tuple<Tensor, Tensor> result, const Tensor& a, int64_t dim,
+                                       std::string_view name) {
+  auto& [values, indices] = result;
+  if (!needs_grad(a)) return result;
+  auto node = make_node<SortBackward>(a);
+  node->op_name = name;
+  node->input_shape = a.shape();
+  node->dim = dim;
+  node->indices = SavedTensor(indices, /*is_output=*/true);
+  set_history(values, node);  // indices are integers: not differentiable
+  return result;
+}
+
+Tensor triangle(const Tensor& a_in, int64_t diagonal, bool lower) {
+  auto [a] = autocast::inputs(lower ? Op::Tril : Op::Triu, a_in);
+  Tensor out = lower ? ops::tril(a, diagonal) : ops::triu(a, diagonal);
+  if (needs_grad(a)) {
+    auto node = make_node<TriangleBackward>(a);
+    node->lower = lower;
+    node->diagonal = diagonal;
+    set_history(out, node);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& a_in, int64_t dim, const Tensor& index) {
+  auto [a] = autocast::inputs(Op::IndexSelect, a_in);
+  Tensor out = ops::index_select(a, dim, index);
+  if (needs_grad(a)) {
+    auto node = make_node<IndexSelectBackward>(a);
+    node->input_shape = a.shape();
+    node->dim = dim;
+    node->index = SavedTensor(index, false);
+    set_history(out, node);
+  }
+  return out;
+}
+
+Tensor gather(const Tensor& a_in, int64_t dim, const Tensor& index) {
+  auto [a] = autocast::inputs(Op::Gather, a_in);
+  Tensor out = ops::gather(a, dim, index);
+  if (needs_grad(a)) {
+    auto node = make_node<GatherBackward>(a);
+    node->input_shape = a.shape();
+    node->dim = dim;
+    node->index = SavedTensor(index, false);
+    set_history(out, node);
+  }
+  return out;
+}
+
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  return scatter_impl(a, dim, index, src, false);
+}
+
+Tensor scatter(const Tensor& a_in, int64_t dim, const Tensor& index, Scalar value) {
+  auto [a] = autocast::inputs(Op::Scatter, a_in);
+  Tensor out = ops::scatter(a, dim, index, value);
+  if (needs_grad(a)) set_history(out, scatter_node(a, dim, index, nullptr, false));
+  return out;
+}
+
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  return scatter_impl(a, dim, index, src, true);
+}
+
+Tensor& scatter_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  return scatter_inplace(a, dim, index, src, false);
+}
+
+Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  return scatter_inplace(a, dim, index, src, true);
+}
+
+Tensor index_add(const Tensor& a_in, int64_t dim, const Tensor& index, const Tensor& src_in) {
+  auto [a, src] = autocast::inputs(Op::IndexAdd, a_in, src_in);
+  Tensor out = ops::index_add(a, dim, index, src);
+  if (needs_grad(a, src)) {
+    auto node = make_node<IndexAddBackward>(a, src);
+    node->dim = dim;
+    node->src_shape = src.shape();
+    if (node->needs_input_grad(1)) node->index = SavedTensor(index, false);
+    set_history(out, node);
+  }
+  return out;
+}
+
+Tensor masked_select(const Tensor& a_in, const Tensor& mask) {
+  auto [a] = autocast::inputs(Op::MaskedSelect, a_in);
+  Tensor out = ops::masked_select(a, mask);
+  if (needs_grad(a)) {
+    auto node = make_node<MaskedSelectBackward>(a);
+    node->shape = broadcast_shapes(a.shape(), mask.shape(), "masked_select");
+    node->mask = SavedTensor(mask, false);
+    set_history(out, node);
+  }
+  return out;
+}
+
+Tensor embedding(const Tensor& weight_in, const Tensor& index) {
+  auto [weight] = autocast::inputs(Op::Embedding, weight_in);
+  Tensor out = ops::embedding(weight, index);
+  if (needs_grad(weight)) {
+    auto node = make_node<EmbeddingBackward>(weight);
+    node->weight_shape = weight.shape();
+    node->index = SavedTensor(index, false);
+    set_history(out, node);
+  }
+  return out;
+}
+
+std::tuple<Tensor, Tensor> sort(const Tensor& a_in, int64_t dim, bool descending, bool stable) {
+  auto [a] = autocast::inputs(Op::Sort, a_in);
+  return record_sort(ops::sort(a, dim, descending, stable), a, dim, "SortBackward");
+}
+
+std::tuple<Tensor, Tensor> topk(const Tensor& a_in, int64_t k, int64_t dim, bool largest, bool sorted) {
+  auto [a] = autocast::inputs(Op::Topk, a_in);
+  return record_sort(ops::topk(a, k, dim, largest, sorted), a, dim, "TopkBackward");
+}
+
+Tensor tril(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, true); }
+Tensor triu(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, false); }
+
+}  // namespace kiln
