@@ -1,5 +1,8 @@
-// Reductions, forward and backward side by side.
+// Reductions, forward and backward side by side: sum, mean, prod, amax/amin, max/min, var/std/var_mean,
+// norm, logsumexp. Backward formulas keep the reduced dims (size 1) and let broadcasting bring them back
+// to the input's shape.
 #include <algorithm>
+#include <cmath>
 
 #include "kiln/autograd/autocast.h"
 #include "kiln/autograd/functions.h"
@@ -7,19 +10,23 @@
 
 namespace kiln {
 
+using autocast::Op;
 using autograd::make_node;
 using autograd::needs_grad;
 using autograd::Node;
 using autograd::SavedTensor;
 using autograd::set_history;
 using autograd::TensorList;
-using autocast::Op;
 
 namespace {
 
 // The reduced dims of a rank-`rank` input, wrapped and sorted (empty `dims` means all).
 Dims reduced_dims(const Dims& dims, int64_t rank, std::string_view op) {
   Dims out;
+  if (rank == 0) {
+    for (int64_t d : dims) wrap_dim(d, rank, op);  // a 0-d tensor has nothing to bring back
+    return out;
+  }
   if (dims.empty()) {
     for (int64_t d = 0; d < rank; ++d) out.push_back(d);
   } else {
@@ -29,13 +36,31 @@ Dims reduced_dims(const Dims& dims, int64_t rank, std::string_view op) {
   return out;
 }
 
+// A reduced-shape tensor with its reduced dims back as size 1 (what keepdim=true would have given).
+Tensor keep_reduced(const Tensor& t, const Dims& dims, bool keepdim) {
+  if (keepdim) return t;
+  Tensor r = t;
+  for (int64_t d : dims) r = ops::unsqueeze(r, d);
+  return r;
+}
+
 // A gradient of the reduced shape brought back to the input's shape (a broadcasting view, no copy).
 Tensor expand_reduced(const Tensor& g, const Shape& input_shape, const Dims& dims, bool keepdim) {
-  Tensor r = g;
-  if (!keepdim) {
-    for (int64_t d : dims) r = ops::unsqueeze(r, d);
-  }
-  return ops::expand(r, input_shape);
+  return ops::expand(keep_reduced(g, dims, keepdim), input_shape);
+}
+
+// The number of elements each output element reduces over.
+int64_t reduced_count(const Tensor& a, const Dims& dims) {
+  int64_t count = 1;
+  for (int64_t d : dims) count *= a.size(d);
+  return count;
+}
+
+// g spread evenly over the positions where `mask` holds within each reduced slice (ties of a max share
+// its gradient, as in PyTorch). g_keep and the count keep the reduced dims; mask has the input's shape.
+Tensor split_among(const Tensor& g_keep, const Tensor& mask, const Dims& dims) {
+  const Tensor count = ops::sum(mask, dims, /*keepdim=*/true);  // Int64, >= 1 where the slice has a match
+  return ops::where(mask, ops::div(g_keep, count), 0.0);
 }
 
 // ---------------------------------------------------------------- sum, mean
@@ -78,6 +103,331 @@ Tensor mean(const Tensor& a_in, const Dims& dims, bool keepdim) {
     int64_t count = 1;
     for (int64_t d : node->dims) count *= a.size(d);
     node->scale = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
+    set_history(out, node);
+  }
+  return out;
+}
+
+namespace {
+
+// ---------------------------------------------------------------- prod
+// d/da_i prod = product of the other elements of a_i's slice. Without zeros that is prod / a_i; with one
+// zero it is the product of the non-zeros at the zero and 0 elsewhere; with two or more zeros it is 0
+// everywhere. Never divides by a zero, so no inf or NaN appears where the answer is finite.
+struct ProdBackward final : Node {
+  SavedTensor input;
+  Dims dims;
+  bool keepdim = false;
+  std::string_view name() const override { return "ProdBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor a = input.unpack(*this);
+    const Tensor g = keep_reduced(grads[0], dims, keepdim);                         // reduced dims of size 1
+    const Tensor zero = ops::eq(a, 0.0);                                            // input shape
+    const Tensor zeros = ops::sum(zero, dims, /*keepdim=*/true);                    // zeros per slice, Int64
+    const Tensor nonzero = ops::where(zero, 1.0, a);                                // the zeros replaced by 1
+    const Tensor g_prod = ops::mul(g, ops::prod(nonzero, dims, /*keepdim=*/true));  // g * product of non-zeros
+    const Tensor no_zero = ops::div(g_prod, nonzero);                               // right for slices without zeros
+    const Tensor one_zero = ops::where(ops::logical_and(zero, ops::eq(zeros, 1)), g_prod, 0.0);
+    return {ops::where(ops::eq(zeros, 0), no_zero, one_zero)};
+  }
+  void release_saved() override { input.reset(); }
+};
+
+}  // namespace
+
+Tensor prod(const Tensor& a_in, const Dims& dims, bool keepdim) {
+  auto [a] = autocast::inputs(Op::Prod, a_in);
+  Tensor out = ops::prod(a, dims, keepdim);
+  if (needs_grad(a)) {
+    auto node = make_node<ProdBackward>(a);
+    node->input = SavedTensor(a, false);
+    node->dims = reduced_dims(dims, a.dim(), "prod");
+    node->keepdim = keepdim;
+    set_history(out, node);
+  }
+  return out;
+}
+
+namespace {
+
+// ---------------------------------------------------------------- amax, amin, max(), min()
+// The gradient goes to the elements equal to the result, split evenly among ties.
+struct ExtremumBackward final : Node {
+  SavedTensor input, result;
+  Dims dims;
+  bool keepdim = false;
+  std::string_view label;  // "AmaxBackward", "MaxBackward", ...
+  std::string_view name() const override { return label; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor a = input.unpack(*this);
+    const Tensor mask = ops::eq(a, keep_reduced(result.unpack(*this), dims, keepdim));  // input shape
+    return {split_among(keep_reduced(grads[0], dims, keepdim), mask, dims)};
+  }
+  void release_saved() override {
+    input.reset();
+    result.reset();
+  }
+};
+
+Tensor record_extremum(Tensor out, const Tensor& a, const Dims& dims, bool keepdim, std::string_view label,
+                       std::string_view op) {
+  if (needs_grad(a)) {
+    auto node = make_node<ExtremumBackward>(a);
+    node->input = SavedTensor(a, false);
+    node->result = SavedTensor(out, true);
+    node->dims = reduced_dims(dims, a.dim(), op);
+    node->keepdim = keepdim;
+    node->label = label;
+    set_history(out, node);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor amax(const Tensor& a_in, const Dims& dims, bool keepdim) {
+  auto [a] = autocast::inputs(Op::Amax, a_in);
+  return record_extremum(ops::amax(a, dims, keepdim), a, dims, keepdim, "AmaxBackward", "amax");
+}
+
+Tensor amin(const Tensor& a_in, const Dims& dims, bool keepdim) {
+  auto [a] = autocast::inputs(Op::Amin, a_in);
+  return record_extremum(ops::amin(a, dims, keepdim), a, dims, keepdim, "AminBackward", "amin");
+}
+
+Tensor max(const Tensor& a_in) {
+  auto [a] = autocast::inputs(Op::MaxMin, a_in);
+  return record_extremum(ops::max(a), a, {}, false, "MaxBackward", "max");
+}
+
+Tensor min(const Tensor& a_in) {
+  auto [a] = autocast::inputs(Op::MaxMin, a_in);
+  return record_extremum(ops::min(a), a, {}, false, "MinBackward", "min");
+}
+
+namespace {
+
+// ---------------------------------------------------------------- max, min along a dim (values, indices)
+// The gradient goes to the returned index only (the first of tied elements); indices get none.
+struct IndexedExtremumBackward final : Node {
+  SavedTensor indices;
+  Shape input_shape;
+  int64_t dim = 0;
+  bool keepdim = false;
+  bool is_max = true;
+  std::string_view name() const override { return is_max ? "MaxBackward" : "MinBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];
+    if (input_shape.empty()) return {g};  // a 0-d input is its own max
+    const Tensor idx = indices.unpack(*this);
+    const Tensor g_keep = keepdim ? g : ops::unsqueeze(g, dim);
+    const Tensor idx_keep = keepdim ? idx : ops::unsqueeze(idx, dim);
+    return {ops::scatter(ops::zeros(input_shape, g.options()), dim, idx_keep, g_keep)};
+  }
+  void release_saved() override { indices.reset(); }
+};
+
+std::tuple<Tensor, Tensor> indexed_extremum(const Tensor& a_in, int64_t dim, bool keepdim, bool is_max) {
+  auto [a] = autocast::inputs(Op::MaxMin, a_in);
+  auto [values, indices] = is_max ? ops::max(a, dim, keepdim) : ops::min(a, dim, keepdim);
+  if (needs_grad(a)) {
+    auto node = make_node<IndexedExtremumBackward>(a);
+    node->indices = SavedTensor(indices, true);
+    node->input_shape = a.shape();
+    node->dim = a.dim() == 0 ? 0 : wrap_dim(dim, a.dim(), is_max ? "max" : "min");
+    node->keepdim = keepdim;
+    node->is_max = is_max;
+    set_history(values, node);  // indices are integers: not differentiable
+  }
+  return {values, indices};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
+  return indexed_extremum(a, dim, keepdim, true);
+}
+
+std::tuple<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim) {
+  return indexed_extremum(a, dim, keepdim, false);
+}
+
+namespace {
+
+// ---------------------------------------------------------------- var, std, var_mean
+// var = sum((a - mean)^2) / (N - correction):
+//   d var / da = 2 (a - mean) / (N - correction)         (the mean's own dependence on a cancels)
+//   d std / da = (a - mean) / ((N - correction) * std)    (inf/NaN where std = 0, as in PyTorch)
+//   d mean / da = 1 / N
+// One node serves all three; var_mean's node has two outputs (var, mean), either of whose gradients may
+// be missing.
+struct VarianceBackward final : Node {
+  enum class Kind { Var, Std, VarMean };
+  Kind kind = Kind::Var;
+  SavedTensor input, result;  // result: std (Kind::Std only)
+  Dims dims;
+  bool keepdim = false;
+  int64_t correction = 1;
+  std::string_view name() const override {
+    return kind == Kind::Var ? "VarBackward" : kind == Kind::Std ? "StdBackward" : "VarMeanBackward";
+  }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor a = input.unpack(*this);
+    const double count = static_cast<double>(reduced_count(a, dims));
+    const double dof = count - static_cast<double>(correction);
+    Tensor grad;
+    if (grads[0].defined()) {
+      const Tensor centered = ops::sub(a, ops::mean(a, dims, /*keepdim=*/true));  // input shape
+      const Tensor g = keep_reduced(grads[0], dims, keepdim);
+      if (kind == Kind::Std) {
+        const Tensor s = keep_reduced(result.unpack(*this), dims, keepdim);
+        grad = ops::div(ops::mul(centered, g), ops::mul(s, dof));
+      } else {
+        grad = ops::mul(ops::mul(centered, g), 2.0 / dof);
+      }
+    }
+    if (kind == Kind::VarMean && grads.size() > 1 && grads[1].defined()) {
+      const Tensor gm = ops::expand(ops::div(keep_reduced(grads[1], dims, keepdim), count), a.shape());
+      grad = grad.defined() ? ops::add(grad, gm) : gm;
+    }
+    return {grad};
+  }
+  void release_saved() override {
+    input.reset();
+    result.reset();
+  }
+};
+
+std::shared_ptr<VarianceBackward> variance_node(const Tensor& a, const Dims& dims, int64_t correction, bool keepdim,
+                                                VarianceBackward::Kind kind, std::string_view op) {
+  auto node = make_node<VarianceBackward>(a);
+  node->kind = kind;
+  node->input = SavedTensor(a, false);
+  node->dims = reduced_dims(dims, a.dim(), op);
+  node->keepdim = keepdim;
+  node->correction = correction;
+  return node;
+}
+
+}  // namespace
+
+Tensor var(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdim) {
+  auto [a] = autocast::inputs(Op::Var, a_in);
+  Tensor out = ops::var(a, dims, correction, keepdim);
+  if (needs_grad(a)) {
+    set_history(out, variance_node(a, dims, correction, keepdim, VarianceBackward::Kind::Var, "var"));
+  }
+  return out;
+}
+
+Tensor std(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdim) {
+  auto [a] = autocast::inputs(Op::Std, a_in);
+  Tensor out = ops::std(a, dims, correction, keepdim);
+  if (needs_grad(a)) {
+    auto node = variance_node(a, dims, correction, keepdim, VarianceBackward::Kind::Std, "std");
+    node->result = SavedTensor(out, true);
+    set_history(out, node);
+  }
+  return out;
+}
+
+std::tuple<Tensor, Tensor> var_mean(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdim) {
+  auto [a] = autocast::inputs(Op::Var, a_in);
+  auto [v, m] = ops::var_mean(a, dims, correction, keepdim);
+  if (needs_grad(a)) {
+    auto node = variance_node(a, dims, correction, keepdim, VarianceBackward::Kind::VarMean, "var_mean");
+    set_history(v, node);  // output 0
+    set_history(m, node);  // output 1
+  }
+  return {v, m};
+}
+
+namespace {
+
+// ---------------------------------------------------------------- norm
+// n = (sum |a|^p)^(1/p):
+//   p = 2:    g * a / n                          (0 for a zero slice, as in PyTorch)
+//   p = 1:    g * sign(a)
+//   p = inf:  g * sign(a) at the elements with |a| = n, split evenly among ties (-inf: |a| = min)
+//   p = 0:    0 (n counts non-zeros)
+//   other p:  g * sign(a) |a|^(p-1) / n^(p-1)    (0 for a zero slice)
+struct NormBackward final : Node {
+  SavedTensor input, result;
+  Shape input_shape;
+  double p = 2;
+  Dims dims;
+  bool keepdim = false;
+  std::string_view name() const override { return "NormBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor g = keep_reduced(grads[0], dims, keepdim);
+    if (p == 0) return {ops::zeros(input_shape, g.options())};
+    const Tensor a = input.unpack(*this);
+    if (p == 1) return {ops::mul(g, ops::sign(a))};
+    const Tensor n = keep_reduced(result.unpack(*this), dims, keepdim);
+    if (std::isinf(p)) {
+      const Tensor mask = ops::eq(ops::abs(a), n);
+      return {ops::mul(split_among(g, mask, dims), ops::sign(a))};
+    }
+    const Tensor zero_norm = ops::eq(n, 0.0);
+    if (p == 2) return {ops::mul(g, ops::div(a, ops::where(zero_norm, 1.0, n)))};  // a = 0 where n = 0
+    const Tensor scale = ops::where(zero_norm, 0.0, ops::div(g, ops::pow(n, p - 1)));
+    return {ops::mul(ops::mul(scale, ops::sign(a)), ops::pow(ops::abs(a), p - 1))};
+  }
+  void release_saved() override {
+    input.reset();
+    result.reset();
+  }
+};
+
+}  // namespace
+
+Tensor norm(const Tensor& a_in, double p, const Dims& dims, bool keepdim) {
+  auto [a] = autocast::inputs(Op::Norm, a_in);
+  Tensor out = ops::norm(a, p, dims, keepdim);
+  if (needs_grad(a)) {
+    auto node = make_node<NormBackward>(a);
+    node->p = p;
+    node->input_shape = a.shape();
+    node->dims = reduced_dims(dims, a.dim(), "norm");
+    node->keepdim = keepdim;
+    if (p != 0) node->input = SavedTensor(a, false);
+    if (p != 0 && p != 1) node->result = SavedTensor(out, true);
+    set_history(out, node);
+  }
+  return out;
+}
+
+namespace {
+
+// ---------------------------------------------------------------- logsumexp
+// d/da log(sum exp a) = exp(a - out): the softmax of a over the reduced dims.
+struct LogSumExpBackward final : Node {
+  SavedTensor input, result;
+  Dims dims;
+  bool keepdim = false;
+  std::string_view name() const override { return "LogSumExpBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor a = input.unpack(*this);
+    const Tensor out = keep_reduced(result.unpack(*this), dims, keepdim);
+    return {ops::mul(keep_reduced(grads[0], dims, keepdim), ops::exp(ops::sub(a, out)))};
+  }
+  void release_saved() override {
+    input.reset();
+    result.reset();
+  }
+};
+
+}  // namespace
+
+Tensor logsumexp(const Tensor& a_in, const Dims& dims, bool keepdim) {
+  auto [a] = autocast::inputs(Op::LogSumExp, a_in);
+  Tensor out = ops::logsumexp(a, dims, keepdim);
+  if (needs_grad(a)) {
+    auto node = make_node<LogSumExpBackward>(a);
+    node->input = SavedTensor(a, false);
+    node->result = SavedTensor(out, true);
+    node->dims = reduced_dims(dims, a.dim(), "logsumexp");
+    node->keepdim = keepdim;
     set_history(out, node);
   }
   return out;

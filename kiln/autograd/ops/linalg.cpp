@@ -1,0 +1,208 @@
+// Linear algebra, forward and backward side by side: matmul (every case torch.matmul supports), mm, bmm,
+// addmm, dot, outer. For out = A @ B: dA = g @ B^T, dB = A^T @ g, with transposes as views. Gradients
+// with broadcast batch dims are summed down to each input's shape by the engine.
+#include "kiln/autograd/autocast.h"
+#include "kiln/autograd/functions.h"
+#include "kiln/autograd/node.h"
+
+namespace kiln {
+
+using autocast::Op;
+using autograd::make_node;
+using autograd::needs_grad;
+using autograd::Node;
+using autograd::SavedTensor;
+using autograd::set_history;
+using autograd::TensorList;
+
+namespace {
+
+Tensor mT(const Tensor& t) { return ops::transpose(t, -2, -1); }  // (..., M, K) -> (..., K, M)
+
+// Saves each operand only where the other one's gradient needs it.
+template <typename N>
+void save_operands(N& node, const Tensor& a, const Tensor& b) {
+  if (node.needs_input_grad(1)) node.a = SavedTensor(a, false);
+  if (node.needs_input_grad(0)) node.b = SavedTensor(b, false);
+}
+
+// ---------------------------------------------------------------- matmul
+// The 1-D cases follow from the promotions forward makes: a 1-D a is a row (1, K) whose dim is squeezed
+// from the result, a 1-D b a column (K, 1). g has the result's shape.
+struct MatmulBackward final : Node {
+  SavedTensor a, b;
+  int64_t a_dim = 0, b_dim = 0;
+  std::string_view name() const override { return "MatmulBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];
+    Tensor ga, gb;
+    const Tensor av = needs_input_grad(1) ? a.unpack(*this) : Tensor();
+    const Tensor bv = needs_input_grad(0) ? b.unpack(*this) : Tensor();
+    if (a_dim == 1 && b_dim == 1) {  // dot: g is 0-d
+      if (bv.defined()) ga = ops::mul(g, bv);
+      if (av.defined()) gb = ops::mul(g, av);
+    } else if (a_dim == 1) {  // (K) @ (..., K, N) -> (..., N)
+      if (bv.defined()) ga = ops::squeeze(ops::matmul(ops::unsqueeze(g, -2), mT(bv)), -2);  // (..., K)
+      if (av.defined()) gb = ops::matmul(ops::unsqueeze(av, -1), ops::unsqueeze(g, -2));    // (..., K, N)
+    } else if (b_dim == 1) {  // (..., M, K) @ (K) -> (..., M)
+      if (bv.defined()) ga = ops::matmul(ops::unsqueeze(g, -1), ops::unsqueeze(bv, 0));     // (..., M, K)
+      if (av.defined()) gb = ops::squeeze(ops::matmul(mT(av), ops::unsqueeze(g, -1)), -1);  // (..., K)
+    } else {
+      if (bv.defined()) ga = ops::matmul(g, mT(bv));  // (..., M, K)
+      if (av.defined()) {
+        if (b_dim == 2 && a_dim > 2) {
+          // (B, T, K) @ (K, N), as in a linear layer: fold the batch into the rows, one (K, N) product
+          // instead of a (B, K, N) one summed afterwards.
+          const int64_t k = av.size(-1), n = g.size(-1);
+          gb = ops::mm(mT(ops::reshape(av, {-1, k})), ops::reshape(g, {-1, n}));
+        } else {
+          gb = ops::matmul(mT(av), g);  // (..., K, N)
+        }
+      }
+    }
+    return {ga, gb};
+  }
+  void release_saved() override {
+    a.reset();
+    b.reset();
+  }
+};
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  auto [a, b] = autocast::inputs(Op::Matmul, a_in, b_in);
+  Tensor out = ops::matmul(a, b);
+  if (needs_grad(a, b)) {
+    auto node = make_node<MatmulBackward>(a, b);
+    save_operands(*node, a, b);
+    node->a_dim = a.dim();
+    node->b_dim = b.dim();
+    set_history(out, node);
+  }
+  return out;
+}
+
+namespace {
+
+// ---------------------------------------------------------------- mm, bmm: (M, K) @ (K, N), (B, M, K) @ (B, K, N)
+struct MmBackward final : Node {
+  SavedTensor a, b;
+  bool batched = false;
+  std::string_view name() const override { return batched ? "BmmBackward" : "MmBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];
+    auto product = [this](const Tensor& x, const Tensor& y) { return batched ? ops::bmm(x, y) : ops::mm(x, y); };
+    Tensor ga, gb;
+    if (needs_input_grad(0)) ga = product(g, mT(b.unpack(*this)));
+    if (needs_input_grad(1)) gb = product(mT(a.unpack(*this)), g);
+    return {ga, gb};
+  }
+  void release_saved() override {
+    a.reset();
+    b.reset();
+  }
+};
+
+Tensor mm_impl(const Tensor& a_in, const Tensor& b_in, bool batched) {
+  auto [a, b] = autocast::inputs(batched ? Op::Bmm : Op::Mm, a_in, b_in);
+  Tensor out = batched ? ops::bmm(a, b) : ops::mm(a, b);
+  if (needs_grad(a, b)) {
+    auto node = make_node<MmBackward>(a, b);
+    save_operands(*node, a, b);
+    node->batched = batched;
+    set_history(out, node);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor mm(const Tensor& a, const Tensor& b) { return mm_impl(a, b, false); }
+Tensor bmm(const Tensor& a, const Tensor& b) { return mm_impl(a, b, true); }
+
+namespace {
+
+// ---------------------------------------------------------------- addmm: beta * c + alpha * (a @ b)
+// dc = beta * g (summed to c's broadcast shape by the engine), da = alpha * g @ b^T, db = alpha * a^T @ g.
+struct AddmmBackward final : Node {
+  SavedTensor a, b;
+  Scalar beta = 1, alpha = 1;
+  std::string_view name() const override { return "AddmmBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];  // (M, N)
+    auto scaled = [](const Tensor& t, Scalar s) { return s.to_double() == 1.0 ? t : ops::mul(t, s); };
+    Tensor gc, ga, gb;
+    if (needs_input_grad(0)) gc = scaled(g, beta);
+    if (needs_input_grad(1)) ga = scaled(ops::mm(g, mT(b.unpack(*this))), alpha);
+    if (needs_input_grad(2)) gb = scaled(ops::mm(mT(a.unpack(*this)), g), alpha);
+    return {gc, ga, gb};
+  }
+  void release_saved() override {
+    a.reset();
+    b.reset();
+  }
+};
+
+}  // namespace
+
+Tensor addmm(const Tensor& c_in, const Tensor& a_in, const Tensor& b_in, Scalar beta, Scalar alpha) {
+  auto [c, a, b] = autocast::inputs(Op::Addmm, c_in, a_in, b_in);
+  Tensor out = ops::addmm(c, a, b, beta, alpha);
+  if (needs_grad(c, a, b)) {
+    auto node = make_node<AddmmBackward>(c, a, b);
+    if (node->needs_input_grad(2)) node->a = SavedTensor(a, false);
+    if (node->needs_input_grad(1)) node->b = SavedTensor(b, false);
+    node->beta = beta;
+    node->alpha = alpha;
+    set_history(out, node);
+  }
+  return out;
+}
+
+namespace {
+
+// ---------------------------------------------------------------- dot, outer
+// dot: out = sum a_i b_i (0-d): da = g * b, db = g * a.
+// outer: out_ij = a_i b_j (M, N): da = g @ b (M), db = g^T @ a (N).
+struct VectorProductBackward final : Node {
+  SavedTensor a, b;
+  bool is_outer = false;
+  std::string_view name() const override { return is_outer ? "OuterBackward" : "DotBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];
+    Tensor ga, gb;
+    if (needs_input_grad(0)) {
+      const Tensor bv = b.unpack(*this);
+      ga = is_outer ? ops::matmul(g, bv) : ops::mul(g, bv);
+    }
+    if (needs_input_grad(1)) {
+      const Tensor av = a.unpack(*this);
+      gb = is_outer ? ops::matmul(ops::transpose(g, 0, 1), av) : ops::mul(g, av);
+    }
+    return {ga, gb};
+  }
+  void release_saved() override {
+    a.reset();
+    b.reset();
+  }
+};
+
+Tensor vector_product(const Tensor& a_in, const Tensor& b_in, bool is_outer) {
+  auto [a, b] = autocast::inputs(is_outer ? Op::Outer : Op::Dot, a_in, b_in);
+  Tensor out = is_outer ? ops::outer(a, b) : ops::dot(a, b);
+  if (needs_grad(a, b)) {
+    auto node = make_node<VectorProductBackward>(a, b);
+    save_operands(*node, a, b);
+    node->is_outer = is_outer;
+    set_history(out, node);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor dot(const Tensor& a, const Tensor& b) { return vector_product(a, b, false); }
+Tensor outer(const Tensor& a, const Tensor& b) { return vector_product(a, b, true); }
+
+}  // namespace kiln

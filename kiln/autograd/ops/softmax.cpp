@@ -1,0 +1,55 @@
+// softmax and log_softmax, forward and backward side by side. Both save their result only.
+#include "kiln/autograd/autocast.h"
+#include "kiln/autograd/functions.h"
+#include "kiln/autograd/node.h"
+
+namespace kiln {
+
+using autocast::Op;
+using autograd::make_node;
+using autograd::needs_grad;
+using autograd::Node;
+using autograd::SavedTensor;
+using autograd::set_history;
+using autograd::TensorList;
+
+namespace {
+
+// Sums t over `dim` keeping it as size 1; a 0-d tensor is its own (one-element) sum.
+Tensor sum_keep(const Tensor& t, int64_t dim) { return t.dim() == 0 ? t : ops::sum(t, {dim}, /*keepdim=*/true); }
+
+// y = softmax(a) along dim:      da = y * (g - sum(g * y, dim))
+// y = log_softmax(a) along dim:  da = g - exp(y) * sum(g, dim)
+struct SoftmaxBackward final : Node {
+  SavedTensor result;
+  int64_t dim = 0;
+  bool log = false;
+  std::string_view name() const override { return log ? "LogSoftmaxBackward" : "SoftmaxBackward"; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor& g = grads[0];
+    const Tensor y = result.unpack(*this);
+    if (log) return {ops::sub(g, ops::mul(ops::exp(y), sum_keep(g, dim)))};
+    return {ops::mul(y, ops::sub(g, sum_keep(ops::mul(g, y), dim)))};
+  }
+  void release_saved() override { result.reset(); }
+};
+
+Tensor softmax_impl(const Tensor& a_in, int64_t dim, bool log) {
+  auto [a] = autocast::inputs(log ? Op::LogSoftmax : Op::Softmax, a_in);
+  Tensor out = log ? ops::log_softmax(a, dim) : ops::softmax(a, dim);
+  if (needs_grad(a)) {
+    auto node = make_node<SoftmaxBackward>(a);
+    node->result = SavedTensor(out, /*is_output=*/true);
+    node->dim = a.dim() == 0 ? 0 : wrap_dim(dim, a.dim(), log ? "log_softmax" : "softmax");
+    node->log = log;
+    set_history(out, node);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, false); }
+Tensor log_softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, true); }
+
+}  // namespace kiln
