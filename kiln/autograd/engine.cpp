@@ -4,6 +4,7 @@
 #include "kiln/autograd/engine.h"
 
 #include <queue>
+#include <unordered_map>
 
 #include "kiln/autograd/autocast.h"
 #include "kiln/autograd/autograd_meta.h"
@@ -94,6 +95,7 @@ class GraphTask {
       const int32_t slot = ready.top().slot;
       ready.pop();
       Node* node = nodes_[static_cast<size_t>(slot)];
+      flush_pending(static_cast<size_t>(slot));
       TensorList grads = std::move(buffers_[static_cast<size_t>(slot)]);
       grads.resize(node->num_inputs());
       if (node->has_pre_hooks()) node->run_pre_hooks(grads);
@@ -114,16 +116,7 @@ class GraphTask {
         const auto next_slot = static_cast<size_t>(next->engine_slot());
         if (outputs[i].defined()) {
           Tensor g = validate_gradient(std::move(outputs[i]), next->input_meta(e.input_nr), *node, i);
-          TensorList& buf = buffers_[next_slot];
-          if (buf.empty()) buf.resize(next->num_inputs());
-          Tensor& acc = buf[e.input_nr];
-          if (!acc.defined()) {
-            acc = std::move(g);
-          } else if (exclusively_owned(acc)) {
-            ops::add_(acc, g);
-          } else {  // the gradient already there is shared (e.g. with another node's buffer): out of place
-            acc = ops::add(acc, g);
-          }
+          add_to_buffer(next_slot, next->num_inputs(), e.input_nr, std::move(g));
         }
         if (--dependencies_[next_slot] == 0) ready.push({next->sequence_nr(), static_cast<int32_t>(next_slot)});
       }
@@ -138,6 +131,56 @@ class GraphTask {
     uint32_t input_nr;
     size_t index;
   };
+
+  // Gradients for one node input are summed as they arrive. On a GPU, small ones are collected first and
+  // summed in one stack + sum when the node is about to run (or when kMaxPending have gathered): a leaf
+  // used by a thousand small ops then costs a few kernel launches instead of a thousand, while large
+  // gradients, where the arithmetic dominates, are added at once so that memory stays bounded. On the
+  // CPU an addition of a small tensor costs less than collecting it, so they are added at once.
+  static constexpr int64_t kDeferBytes = 64 * 1024;
+  static constexpr size_t kMaxPending = 32;
+
+  void add_to_buffer(size_t slot, size_t num_inputs, uint32_t input_nr, Tensor g) {
+    TensorList& buf = buffers_[slot];
+    if (buf.empty()) buf.resize(num_inputs);
+    Tensor& acc = buf[input_nr];
+    if (!acc.defined()) {
+      acc = std::move(g);
+      return;
+    }
+    if (g.is_cuda() && static_cast<int64_t>(g.nbytes()) <= kDeferBytes) {
+      auto& pending = pending_[slot];
+      if (pending.empty()) pending.resize(num_inputs);
+      TensorList& list = pending[input_nr];
+      list.push_back(std::move(g));
+      if (list.size() >= kMaxPending) flush_one(acc, list);
+      return;
+    }
+    if (exclusively_owned(acc)) {
+      ops::add_(acc, g);
+    } else {  // the gradient already there is shared (e.g. with another node's buffer): out of place
+      acc = ops::add(acc, g);
+    }
+  }
+
+  static void flush_one(Tensor& acc, TensorList& list) {
+    if (list.empty()) return;
+    if (list.size() == 1) {
+      acc = exclusively_owned(acc) ? ops::add_(acc, list[0]) : ops::add(acc, list[0]);
+    } else {
+      list.push_back(acc);
+      acc = ops::sum(ops::stack(list, 0), {0});
+    }
+    list.clear();
+  }
+
+  void flush_pending(size_t slot) {
+    auto it = pending_.find(slot);
+    if (it == pending_.end()) return;
+    TensorList& buf = buffers_[slot];
+    for (size_t i = 0; i < it->second.size(); ++i) flush_one(buf[i], it->second[i]);
+    pending_.erase(it);
+  }
 
   int32_t slot_of(Node* n) {
     const int32_t s = n->engine_slot();
@@ -197,6 +240,7 @@ class GraphTask {
   std::vector<int32_t> old_slots_;
   std::vector<int> dependencies_;
   std::vector<TensorList> buffers_;
+  std::unordered_map<size_t, std::vector<TensorList>> pending_;  // slot -> per input, gradients not yet summed
   std::vector<Capture> captures_;
   std::vector<char> needed_;
   TensorList captured_;

@@ -6,20 +6,6 @@
 
 namespace kiln {
 
-size_t element_size(DType t) {
-  switch (t) {
-    case DType::Bool:
-    case DType::UInt8: return 1;
-    case DType::Float16:
-    case DType::BFloat16: return 2;
-    case DType::Int32:
-    case DType::Float32: return 4;
-    case DType::Int64:
-    case DType::Float64: return 8;
-  }
-  KILN_FAIL("element_size: invalid dtype value ", static_cast<int>(t));
-}
-
 std::string_view dtype_name(DType t) {
   switch (t) {
     case DType::Bool: return "bool";

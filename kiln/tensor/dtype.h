@@ -26,7 +26,19 @@ enum class DType : uint8_t {
 };
 inline constexpr int kNumDTypes = 8;
 
-size_t element_size(DType t);
+inline size_t element_size(DType t) {
+  switch (t) {
+    case DType::Bool:
+    case DType::UInt8: return 1;
+    case DType::Float16:
+    case DType::BFloat16: return 2;
+    case DType::Int32:
+    case DType::Float32: return 4;
+    case DType::Int64:
+    case DType::Float64: return 8;
+  }
+  return 0;  // unreachable for a valid DType
+}
 std::string_view dtype_name(DType t);  // "float32", "bfloat16", "int64", ...
 std::ostream& operator<<(std::ostream& os, DType t);
 

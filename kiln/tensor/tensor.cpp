@@ -1,6 +1,8 @@
 // Tensor metadata: geometry, contiguity, element access.
 #include "kiln/tensor/tensor.h"
 
+#include <initializer_list>
+
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
 
@@ -20,9 +22,8 @@ void TensorImpl::set_geometry(Shape sizes, Strides strides, int64_t offset) {
   numel_ = kiln::numel(sizes_);
 }
 
-TensorImpl& Tensor::impl() const {
-  KILN_CHECK(impl_ != nullptr, "this Tensor is undefined (default-constructed); assign it the result of an op first");
-  return *impl_;
+void Tensor::throw_undefined() {
+  KILN_FAIL("this Tensor is undefined (default-constructed); assign it the result of an op first");
 }
 
 int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
@@ -34,10 +35,10 @@ bool Tensor::is_alias_of(const Tensor& other) const {
 
 namespace {
 // Contiguity in the order given by `perm` (outermost first): sizes-1 dims are free.
-bool contiguous_in_order(const Shape& sizes, const Strides& strides, const std::vector<int>& perm) {
+bool contiguous_in_order(const Shape& sizes, const Strides& strides, std::initializer_list<int> perm) {
   int64_t expected = 1;
-  for (size_t k = perm.size(); k-- > 0;) {
-    const int d = perm[k];
+  for (auto it = perm.end(); it != perm.begin();) {
+    const int d = *--it;
     if (sizes[d] == 1) continue;
     if (strides[d] != expected) return false;
     expected *= sizes[d];
@@ -52,9 +53,14 @@ bool Tensor::is_contiguous(MemoryFormat format) const {
   switch (format) {
     case MemoryFormat::Contiguous:
     case MemoryFormat::Preserve: {
-      std::vector<int> perm(s.size());
-      for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int>(i);
-      return contiguous_in_order(s, strides(), perm);
+      const auto& st = strides();
+      int64_t expected = 1;
+      for (size_t d = s.size(); d-- > 0;) {
+        if (s[d] == 1) continue;
+        if (st[d] != expected) return false;
+        expected *= s[d];
+      }
+      return true;
     }
     case MemoryFormat::ChannelsLast: return s.size() == 4 && contiguous_in_order(s, strides(), {0, 2, 3, 1});
   }

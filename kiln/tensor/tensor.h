@@ -80,7 +80,10 @@ class Tensor {
 
   // ---- metadata ----
   bool defined() const { return impl_ != nullptr; }
-  TensorImpl& impl() const;  // throws on an undefined tensor
+  TensorImpl& impl() const {  // throws on an undefined tensor
+    if (impl_ == nullptr) throw_undefined();
+    return *impl_;
+  }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   DType dtype() const { return impl().dtype(); }
   Device device() const { return impl().device(); }
@@ -253,6 +256,7 @@ class Tensor {
   uint64_t version() const { return impl().storage()->version(); }  // counts in-place writes to the memory
 
  private:
+  [[noreturn]] static void throw_undefined();
   std::shared_ptr<TensorImpl> impl_;
 };
 

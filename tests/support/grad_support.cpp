@@ -38,7 +38,7 @@ TensorList device_gradients(const autograd::DifferentiableFn& fn, const TensorLi
       weights.push_back(make(uniform(o.numel(), -1, 1, 100 + w), o.shape(), {.dtype = o.dtype()}));
     }
     roots.push_back(o);
-    grads.push_back(weights[w].to(device, o.dtype()));
+    grads.push_back(weights[w].to(o.device(), o.dtype()));
     ++w;
   }
   return autograd::grad(roots, wrt, grads, false, /*allow_unused=*/true);

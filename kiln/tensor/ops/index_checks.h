@@ -42,7 +42,7 @@ inline Tensor index_tensor(std::string_view op, const Tensor& index, Device devi
              index.device(), "; move it with .to(Device(\"", device.str(), "\"))");
   KILN_CHECK(index.dtype() == DType::Int64 || index.dtype() == DType::Int32, op,
              ": expected an Int64 or Int32 index tensor, got ", index.dtype(), "; convert it with .to(DType::Int64)");
-  return index.dtype() == DType::Int64 ? index : cast(index, DType::Int64);
+  return index.dtype() == DType::Int64 ? index : ops::cast(index, DType::Int64);
 }
 
 }  // namespace kiln::ops
