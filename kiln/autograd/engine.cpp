@@ -133,7 +133,7 @@ class GraphTask {
   };
 
   // Gradients for one node input are summed as they arrive. On a GPU, small ones are collected first and
-  // summed in one stack + sum when the node is about to run (or when kMaxPending have gathered): a leaf
+  // summed by one add_n kernel when the node is about to run (or when kMaxPending have gathered): a leaf
   // used by a thousand small ops then costs a few kernel launches instead of a thousand, while large
   // gradients, where the arithmetic dominates, are added at once so that memory stays bounded. On the
   // CPU an addition of a small tensor costs less than collecting it, so they are added at once.
@@ -165,12 +165,8 @@ class GraphTask {
 
   static void flush_one(Tensor& acc, TensorList& list) {
     if (list.empty()) return;
-    if (list.size() == 1) {
-      acc = exclusively_owned(acc) ? ops::add_(acc, list[0]) : ops::add(acc, list[0]);
-    } else {
-      list.push_back(acc);
-      acc = ops::sum(ops::stack(list, 0), {0});
-    }
+    list.push_back(acc);
+    acc = ops::add_n(list);  // one kernel for all of them
     list.clear();
   }
 

@@ -152,6 +152,8 @@ Tensor where(const Tensor& condition, Scalar a, const Tensor& b);
 Tensor where(const Tensor& condition, const Tensor& a, Scalar b);
 Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
 Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight);  // a + weight * (b - a)
+// The sum of one or more tensors of one shape, dtype and device, in one pass (one kernel on a GPU).
+Tensor add_n(const std::vector<Tensor>& tensors);
 
 // In-place forms (ops/inplace.cpp) write into `a`; the promoted type must be castable to a's dtype (float into int is an error).
 Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha = 1);

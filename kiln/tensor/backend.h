@@ -140,6 +140,9 @@ class Backend {
   virtual void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   // cond is Bool; a, b and out share one dtype.
   virtual void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) = 0;
+  // out = inputs[0] + inputs[1] + ..., in one pass: out and at least two inputs, all contiguous, of one
+  // shape and one non-Bool dtype; summed in compute_t and rounded once.
+  virtual void add_n(const Tensor& out, const std::vector<Tensor>& inputs) = 0;
 
   // ---- reductions ----
   // out has in's rank with size 1 in each reduced dim (keepdim form); reduce[d] says whether dim d is

@@ -180,3 +180,22 @@ KILN_INSTANTIATE_BACKENDS(BinaryGradValueTest);
 
 }  // namespace
 }  // namespace kiln::testing
+
+namespace kiln::testing {
+namespace {
+
+TEST(AddNGrad, EveryInputGetsTheOutputGradient) {
+  Tensor a = make_input({2, 3}, -1, 1, 1), b = make_input({2, 3}, -1, 1, 2), c = make_input({2, 3}, -1, 1, 3);
+  Tensor y = add_n({a, b, c});
+  ASSERT_NE(y.grad_fn(), nullptr);
+  EXPECT_EQ(y.grad_fn()->name(), "AddNBackward");
+  (y * y).sum().backward();
+  const std::vector<double> expected = values((a + b + c).detach() * 2);
+  expect_values(a.grad(), {2, 3}, expected);
+  expect_values(c.grad(), {2, 3}, expected);
+  check_gradients([](const TensorList& in) { return TensorList{add_n({in[0], in[1], in[0]})}; },
+                  {make_input({3, 2}), non_contiguous(make_input({3, 2}, -1, 1, 9))});
+}
+
+}  // namespace
+}  // namespace kiln::testing

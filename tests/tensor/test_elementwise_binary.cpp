@@ -410,3 +410,50 @@ KILN_INSTANTIATE_BACKENDS(ElementwiseBinaryTest);
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln::testing {
+namespace {
+
+class AddNTest : public BackendTest {};
+
+// Reference: the double sum of each position, rounded once to the dtype by make().
+TEST_P(AddNTest, SumsManyTensorsInOnePass) {
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int64}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    for (int count : {2, 3, 40, 70}) {  // 40 and 70 need more than one round of 32 inputs
+      std::vector<Tensor> inputs;
+      std::vector<double> expected(6, 0.0);
+      for (int k = 0; k < count; ++k) {
+        std::vector<double> v = uniform(6, -4, 4, 10 + static_cast<uint64_t>(k));
+        if (!is_floating_point(dtype)) {
+          for (double& x : v) x = std::round(x);
+        }
+        Tensor t = make(v, {2, 3}, opts(dtype));
+        const std::vector<double> stored = values(t);  // after rounding to the dtype
+        for (size_t i = 0; i < 6; ++i) expected[i] += stored[i];
+        inputs.push_back(k % 2 == 1 ? non_contiguous(t) : t);
+      }
+      Tensor out = add_n(inputs);
+      EXPECT_EQ(out.dtype(), dtype);
+      // Accumulated in float32 for 16-bit floats and rounded once, so one rounding of the result.
+      const double rtol = dtype == DType::BFloat16 ? 8e-3 : dtype == DType::Float16 ? 1e-3 : 1e-6;
+      expect_values(out, {2, 3}, expected, rtol, 1e-5 * count);
+    }
+  }
+}
+
+TEST_P(AddNTest, OneTensorIsCopiedAndBadInputsAreErrors) {
+  Tensor a = make({1, 2}, {2}, opts());
+  Tensor copy = add_n({a});
+  EXPECT_FALSE(copy.is_alias_of(a));
+  expect_values(copy, {2}, {1, 2});
+  expect_error([&] { add_n({}); }, {"add_n", "at least one"});
+  expect_error([&] { add_n({a, make({1, 2, 3}, {3}, opts())}); }, {"add_n", "tensor 1", "[3]"});
+  expect_error([&] { add_n({a, make({1, 2}, {2}, opts(DType::Float64))}); }, {"add_n", "float64"});
+  expect_error([&] { add_n({a > 0, a > 1}); }, {"add_n", "bool"});
+}
+
+KILN_INSTANTIATE_BACKENDS(AddNTest);
+
+}  // namespace
+}  // namespace kiln::testing

@@ -331,4 +331,19 @@ Tensor lerp(const Tensor& a_in, const Tensor& b_in, Scalar weight) {
   return out;
 }
 
+// ---------------------------------------------------------------- add_n: out = sum_k x_k
+// Every input receives the output's gradient unchanged.
+namespace {
+struct AddNBackward final : Node {
+  std::string_view name() const override { return "AddNBackward"; }
+  TensorList apply(TensorList&& grads) override { return TensorList(next_edges().size(), grads[0]); }
+};
+}  // namespace
+
+Tensor add_n(const std::vector<Tensor>& tensors) {
+  Tensor out = ops::add_n(tensors);
+  if (autograd::needs_grad_list(tensors)) set_history(out, make_node<AddNBackward>(tensors));
+  return out;
+}
+
 }  // namespace kiln

@@ -3,8 +3,11 @@
 #include <cmath>  // std::fmod
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "kiln/tensor/cpu/cpu_backend.h"
+#include "kiln/tensor/dispatch.h"  // visit_numeric_dtype, compute_t
+#include "kiln/tensor/cpu/parallel.h"  // parallel_for
 #include "kiln/tensor/cpu/elementwise_kernels.h"  // binary_kernel, for_each_run
 
 namespace kiln::cpu {
@@ -181,6 +184,26 @@ void CpuBackend::where(const Tensor& out, const Tensor& cond, const Tensor& a, c
     case 8: return for_each_run<4>({out, cond, a, b}, select_run<uint64_t>);
   }
   KILN_FAIL("cpu::where: unexpected element size ", out.element_size());
+}
+
+void CpuBackend::add_n(const Tensor& out, const std::vector<Tensor>& inputs) {
+  const int64_t n = out.numel();
+  visit_numeric_dtype(out.dtype(), "add_n", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    std::vector<const T*> in;
+    in.reserve(inputs.size());
+    for (const Tensor& t : inputs) in.push_back(t.data_ptr<T>());
+    T* o = out.data_ptr<T>();
+    constexpr int64_t kGrain = 32768;
+    parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        C sum = static_cast<C>(in[0][i]);
+        for (size_t k = 1; k < in.size(); ++k) sum += static_cast<C>(in[k][i]);
+        o[i] = static_cast<T>(sum);
+      }
+    });
+  });
 }
 
 }  // namespace kiln::cpu

@@ -181,4 +181,27 @@ Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight) {
   return to(r, r.device(), dtype);
 }
 
+Tensor add_n(const std::vector<Tensor>& tensors) {
+  KILN_CHECK(!tensors.empty(), "add_n: needs at least one tensor");
+  const Tensor& first = tensors[0];
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    KILN_CHECK(t.defined(), "add_n: tensor ", i, " is undefined");
+    KILN_CHECK(t.shape() == first.shape() && t.dtype() == first.dtype() && t.device() == first.device(),
+               "add_n: every tensor must have the shape, dtype and device of the first (", first.shape(), ", ",
+               first.dtype(), ", ", first.device(), "), but tensor ", i, " is ", t.shape(), ", ", t.dtype(), ", ",
+               t.device(), "; use add() for broadcasting or mixed dtypes");
+  }
+  KILN_CHECK(first.dtype() != DType::Bool, "add_n: bool tensors cannot be summed; convert them first, e.g. with ",
+             ".to(DType::Int64)");
+  if (tensors.size() == 1) return clone(first, MemoryFormat::Contiguous);
+  Tensor out = empty(first.shape(), {.dtype = first.dtype(), .device = first.device()});
+  if (out.numel() == 0) return out;
+  std::vector<Tensor> inputs;
+  inputs.reserve(tensors.size());
+  for (const Tensor& t : tensors) inputs.push_back(contiguous(t));
+  backend(first.device()).add_n(out, inputs);
+  return out;
+}
+
 }  // namespace kiln::ops
