@@ -71,8 +71,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const int steps = quick ? 50 : 1000;
   const int reps = quick ? 2 : 20;
-  std::printf("autograd overhead: y = y * a + b, %d times on 16 elements, then backward (us per op, fwd+bwd)\n",
-              steps);
+  std::printf("autograd overhead: y = y * a + b, %d times on 16 elements, then backward (us per op, fwd+bwd)\n", steps);
   std::printf("kiln cpu     %8.2f us/op   (forward alone, not recording: %.2f us/op)\n",
               chain_us_per_op(Device::cpu(), steps, reps), raw_forward_us_per_op(Device::cpu(), steps, reps));
   if (cuda::is_available()) {

@@ -11,9 +11,9 @@
 #include "kiln/autograd/engine.h"      // autograd::backward, autograd::grad
 #include "kiln/autograd/function.h"    // autograd::Function: custom forward + backward
 #include "kiln/autograd/functions.h"   // kiln::zeros, kiln::matmul, kiln::softmax, ... (differentiable)
-#include "kiln/autograd/gradcheck.h"   // autograd::gradcheck
 #include "kiln/autograd/grad_mode.h"   // NoGradGuard, EnableGradGuard
-#include "kiln/tensor/generator.h"  // Generator, manual_seed
-#include "kiln/tensor/tensor.h"     // Tensor, DType, Device, Scalar, TensorOptions
-#include "kiln/tensor/threads.h"    // num_threads, set_num_threads
-#include "kiln/version.h"           // KILN_VERSION_STRING
+#include "kiln/autograd/gradcheck.h"   // autograd::gradcheck
+#include "kiln/tensor/generator.h"     // Generator, manual_seed
+#include "kiln/tensor/tensor.h"        // Tensor, DType, Device, Scalar, TensorOptions
+#include "kiln/tensor/threads.h"       // num_threads, set_num_threads
+#include "kiln/version.h"              // KILN_VERSION_STRING

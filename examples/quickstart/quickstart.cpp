@@ -59,10 +59,10 @@ int run() {
   // The gradients of the cross-entropy loss come from autograd; the update is plain SGD.
   const int64_t n = 256;
   Tensor teacher = randn({features, classes});
-  Tensor data = randn({n, features});                       // (N, F)
-  Tensor labels = matmul(data, teacher).argmax(-1);         // (N) Int64
+  Tensor data = randn({n, features});                           // (N, F)
+  Tensor labels = matmul(data, teacher).argmax(-1);             // (N) Int64
   Tensor target = one_hot(labels, classes).to(DType::Float32);  // (N, C)
-  Tensor tw = zeros({features, classes}).requires_grad_();  // parameters: gradients accumulate here
+  Tensor tw = zeros({features, classes}).requires_grad_();      // parameters: gradients accumulate here
   Tensor tb = zeros({classes}).requires_grad_();
   auto loss_fn = [&] { return -(log_softmax(matmul(data, tw) + tb, -1) * target).sum({-1}).mean(); };
   const float initial_loss = loss_fn().item<float>();

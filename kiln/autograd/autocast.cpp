@@ -16,9 +16,17 @@ PolicyTable make_default_table() {
   for (Op op : {Op::Matmul, Op::Mm, Op::Bmm, Op::Addmm, Op::Dot, Op::Outer, Op::Linear, Op::Conv, Op::Attention}) {
     t[static_cast<size_t>(op)] = Policy::LowerPrecision;
   }
-  for (Op op : {Op::Exp, Op::Expm1, Op::Log, Op::Log1p, Op::Log2, Op::Pow, Op::Rsqrt, Op::Reciprocal, Op::Sum,
-                Op::Prod, Op::Var, Op::Std, Op::Norm, Op::LogSumExp, Op::Softmax, Op::LogSoftmax, Op::LayerNorm,
-                Op::GroupNorm, Op::CrossEntropy, Op::NllLoss, Op::MseLoss, Op::BinaryCrossEntropyWithLogits}) {
+  for (Op op : {Op::Exp,          Op::Expm1,
+                Op::Log,          Op::Log1p,
+                Op::Log2,         Op::Pow,
+                Op::Rsqrt,        Op::Reciprocal,
+                Op::Sum,          Op::Prod,
+                Op::Var,          Op::Std,
+                Op::Norm,         Op::LogSumExp,
+                Op::Softmax,      Op::LogSoftmax,
+                Op::LayerNorm,    Op::GroupNorm,
+                Op::CrossEntropy, Op::NllLoss,
+                Op::MseLoss,      Op::BinaryCrossEntropyWithLogits}) {
     t[static_cast<size_t>(op)] = Policy::Float32;
   }
   for (Op op : {Op::Cat, Op::Stack, Op::Where, Op::Lerp, Op::IndexAdd, Op::Scatter, Op::ScatterAdd}) {
@@ -54,7 +62,9 @@ void set_enabled(DeviceType type, bool enabled, DType dtype) {
   refresh_any(s);
 }
 
-Guard::Guard(DeviceType type, DType dtype, bool enabled) : previous_(detail::state) { set_enabled(type, enabled, dtype); }
+Guard::Guard(DeviceType type, DType dtype, bool enabled) : previous_(detail::state) {
+  set_enabled(type, enabled, dtype);
+}
 Guard::~Guard() { detail::state = previous_; }
 
 DisableGuard::DisableGuard() : previous_(detail::state) {

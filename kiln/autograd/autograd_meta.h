@@ -13,20 +13,18 @@
 namespace kiln::autograd {
 
 struct AutogradMeta final : AutogradMetaBase {
-  bool requires_grad = false;  // set by the user on leaves
-  bool retains_grad = false;   // a non-leaf whose .grad is kept (retain_grad())
-  uint32_t output_nr = 0;      // which output of grad_fn this tensor is
-  std::shared_ptr<Node> grad_fn;          // null for leaves
-  std::weak_ptr<Node> grad_accumulator;   // leaves: the node that adds into .grad, while a graph holds it
-  uint64_t retain_hook_id = 0;  // the grad_fn pre-hook that keeps .grad of a non-leaf
+  bool requires_grad = false;            // set by the user on leaves
+  bool retains_grad = false;             // a non-leaf whose .grad is kept (retain_grad())
+  uint32_t output_nr = 0;                // which output of grad_fn this tensor is
+  std::shared_ptr<Node> grad_fn;         // null for leaves
+  std::weak_ptr<Node> grad_accumulator;  // leaves: the node that adds into .grad, while a graph holds it
+  uint64_t retain_hook_id = 0;           // the grad_fn pre-hook that keeps .grad of a non-leaf
   Tensor grad;
   std::vector<std::pair<uint64_t, TensorHook>> leaf_hooks;  // leaves: run before accumulation
   std::vector<std::pair<uint64_t, PostAccumulateHook>> post_accumulate_hooks;
 };
 
-inline AutogradMeta* get_meta(const Tensor& t) {
-  return static_cast<AutogradMeta*>(t.impl().autograd_meta_ptr());
-}
+inline AutogradMeta* get_meta(const Tensor& t) { return static_cast<AutogradMeta*>(t.impl().autograd_meta_ptr()); }
 AutogradMeta& materialize_meta(const Tensor& t);
 
 // The node that accumulates into a leaf's .grad (made on first use, shared while a graph holds it).

@@ -245,8 +245,8 @@ class GraphTask {
 // The root node for `outputs`, with their gradients (ones for one-element outputs when not given).
 std::shared_ptr<Node> make_root(const TensorList& outputs, const TensorList& grad_outputs, std::string_view api) {
   KILN_CHECK(!outputs.empty(), api, ": no outputs to differentiate");
-  KILN_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), api, ": ", outputs.size(),
-             " outputs but ", grad_outputs.size(), " gradients; give one gradient per output (or none)");
+  KILN_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), api, ": ", outputs.size(), " outputs but ",
+             grad_outputs.size(), " gradients; give one gradient per output (or none)");
   TensorList grads;
   std::vector<Edge> edges;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -291,8 +291,8 @@ void backward(const TensorList& outputs, const TensorList& grad_outputs, bool re
   task.execute(root, 0);
 }
 
-TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
-                bool retain_graph, bool allow_unused) {
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs, bool retain_graph,
+                bool allow_unused) {
   auto root = make_root(outputs, grad_outputs, "autograd::grad");
   KILN_CHECK(!inputs.empty(), "autograd::grad: no inputs given to differentiate with respect to");
   GraphTask task(retain_graph);

@@ -54,7 +54,10 @@ class Context {
 
   // Used by Function::apply.
   void finish_forward(const Node* node, const TensorList& outputs);
-  void release() { saved_.clear(); released_ = true; }
+  void release() {
+    saved_.clear();
+    released_ = true;
+  }
 
  private:
   const Node* node_ = nullptr;
@@ -83,9 +86,9 @@ class FunctionNode final : public Node {
       if (!grads[i].defined()) grads[i] = zeros_for(i);
     }
     TensorList out = F::backward(ctx, grads);
-    KILN_CHECK(out.size() == next_edges().size(), name(), ": backward returned ", out.size(), " gradients, but forward ",
-               "took ", next_edges().size(), " Tensor arguments; return one per Tensor argument (an undefined ",
-               "Tensor() where there is none)");
+    KILN_CHECK(out.size() == next_edges().size(), name(), ": backward returned ", out.size(),
+               " gradients, but forward ", "took ", next_edges().size(),
+               " Tensor arguments; return one per Tensor argument (an undefined ", "Tensor() where there is none)");
     return out;
   }
   void release_saved() override { ctx.release(); }

@@ -155,7 +155,8 @@ Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight);  // a + weight * (
 // The sum of one or more tensors of one shape, dtype and device, in one pass (one kernel on a GPU).
 Tensor add_n(const std::vector<Tensor>& tensors);
 
-// In-place forms (ops/inplace.cpp) write into `a`; the promoted type must be castable to a's dtype (float into int is an error).
+// In-place forms (ops/inplace.cpp) write into `a`; the promoted type must be castable to a's dtype (float into int is
+// an error).
 Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha = 1);
 Tensor& add_(Tensor& a, Scalar b);
 Tensor& sub_(Tensor& a, const Tensor& b, Scalar alpha = 1);
@@ -171,7 +172,6 @@ Tensor& exp_(Tensor& a);
 Tensor& sqrt_(Tensor& a);
 Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value);
 
-
 // ---------------------------------------------------------------- reductions (ops/reduce.cpp, ops/softmax.cpp)
 // `dims` empty means all dims. Integer and bool sums give Int64, as in PyTorch.
 Tensor sum(const Tensor& a, const Dims& dims = {}, bool keepdim = false, std::optional<DType> dtype = {});
@@ -185,7 +185,8 @@ std::tuple<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim = fals
 std::tuple<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor var(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
 Tensor std(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
-std::tuple<Tensor, Tensor> var_mean(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
+std::tuple<Tensor, Tensor> var_mean(const Tensor& a, const Dims& dims = {}, int64_t correction = 1,
+                                    bool keepdim = false);
 Tensor norm(const Tensor& a, double p = 2, const Dims& dims = {}, bool keepdim = false);  // p may be INFINITY
 Tensor logsumexp(const Tensor& a, const Dims& dims, bool keepdim = false);
 Tensor softmax(const Tensor& a, int64_t dim);
@@ -196,7 +197,8 @@ Tensor log_softmax(const Tensor& a, int64_t dim);
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor mm(const Tensor& a, const Tensor& b);   // (M,K) x (K,N)
 Tensor bmm(const Tensor& a, const Tensor& b);  // (B,M,K) x (B,K,N)
-Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1, Scalar alpha = 1);  // beta*c + alpha*a@b
+Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1,
+             Scalar alpha = 1);  // beta*c + alpha*a@b
 Tensor dot(const Tensor& a, const Tensor& b);
 Tensor outer(const Tensor& a, const Tensor& b);
 
@@ -209,8 +211,8 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
 Tensor& scatter_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor masked_select(const Tensor& a, const Tensor& mask);      // 1-D
-Tensor embedding(const Tensor& weight, const Tensor& index);    // weight (V, D), index (...) -> (..., D)
+Tensor masked_select(const Tensor& a, const Tensor& mask);    // 1-D
+Tensor embedding(const Tensor& weight, const Tensor& index);  // weight (V, D), index (...) -> (..., D)
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false, bool stable = true);

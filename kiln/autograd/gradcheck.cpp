@@ -38,8 +38,8 @@ bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const Gradc
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (!t.defined() || !t.requires_grad()) continue;
-    KILN_CHECK(t.dtype() == DType::Float64 && t.is_cpu(), "gradcheck: input ", i, " is ", t.dtype(), " on ",
-               t.device(), "; gradcheck needs CPU float64 inputs (finite differences in lower precision are too ",
+    KILN_CHECK(t.dtype() == DType::Float64 && t.is_cpu(), "gradcheck: input ", i, " is ", t.dtype(), " on ", t.device(),
+               "; gradcheck needs CPU float64 inputs (finite differences in lower precision are too ",
                "coarse). Use .to(DType::Float64) on the CPU");
     checked.push_back(i);
   }

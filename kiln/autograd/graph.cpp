@@ -2,10 +2,10 @@
 // recording helpers every differentiable op uses (node.h).
 #include <atomic>
 
-#include "kiln/tensor/small_alloc.h"
 #include "kiln/autograd/accumulate_grad.h"
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/tensor/ops.h"
+#include "kiln/tensor/small_alloc.h"
 
 namespace kiln::autograd {
 namespace {
@@ -55,8 +55,7 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   if (is_output && t.impl().autograd_meta_ptr() != nullptr) {
     // An alias without autograd state: the output's history points at the node that saves it.
     const TensorImpl& impl = t.impl();
-    data_ = Tensor(make_pooled<TensorImpl>(impl.storage(), impl.dtype(), impl.sizes(), impl.strides(),
-                                                impl.offset()));
+    data_ = Tensor(make_pooled<TensorImpl>(impl.storage(), impl.dtype(), impl.sizes(), impl.strides(), impl.offset()));
   } else {
     data_ = t;
   }
@@ -69,8 +68,8 @@ Tensor SavedTensor::unpack(const Node& owner) const {
   if (data_.defined()) {
     const uint64_t now = data_.impl().storage()->version();
     KILN_CHECK(now == version_, "a tensor that ", owner.name(), " saved for backward (shape ", data_.shape(), ", ",
-               data_.dtype(), ") was modified in place after the forward op used it: its version is ", now,
-               ", it was ", version_, " when saved. Use the out-of-place form of the later op (x = x + y instead of ",
+               data_.dtype(), ") was modified in place after the forward op used it: its version is ", now, ", it was ",
+               version_, " when saved. Use the out-of-place form of the later op (x = x + y instead of ",
                "x += y or x.add_(y)), or clone() the tensor before modifying it");
   }
   return data_;

@@ -33,8 +33,8 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/tensor/small_alloc.h"
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/tensor/small_alloc.h"
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::autograd {

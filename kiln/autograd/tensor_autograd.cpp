@@ -1,7 +1,7 @@
 // Tensor's autograd methods: requires_grad, grad, grad_fn, detach, backward, hooks.
-#include "kiln/tensor/small_alloc.h"
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/autograd/engine.h"
+#include "kiln/tensor/small_alloc.h"
 
 namespace kiln {
 
@@ -16,8 +16,9 @@ Tensor& Tensor::requires_grad_(bool requires_grad) {
              m && m->grad_fn ? m->grad_fn->name() : "", "; only leaves can stop requiring grad. Use detach() to get ",
              "a tensor without history");
   if (m != nullptr && m->grad_fn) return *this;  // a non-leaf requires grad already
-  KILN_CHECK(!requires_grad || kiln::is_floating_point(dtype()), "requires_grad_: only floating-point tensors can require ",
-             "gradients, this one is ", dtype(), "; convert it first, e.g. x.to(DType::Float32)");
+  KILN_CHECK(!requires_grad || kiln::is_floating_point(dtype()),
+             "requires_grad_: only floating-point tensors can require ", "gradients, this one is ", dtype(),
+             "; convert it first, e.g. x.to(DType::Float32)");
   if (requires_grad || m != nullptr) autograd::materialize_meta(*this).requires_grad = requires_grad;
   return *this;
 }

@@ -10,7 +10,7 @@ namespace {
 constexpr size_t kObjectGranule = 16;
 constexpr size_t kNumObjectClasses = kMaxPooledObject / kObjectGranule;  // 16 B ... 512 B
 constexpr size_t kBlockAlign = 64;
-constexpr size_t kNumBlockClasses = 10;           // 64 B << 0 ... 64 B << 9 = 32 KiB
+constexpr size_t kNumBlockClasses = 10;          // 64 B << 0 ... 64 B << 9 = 32 KiB
 constexpr size_t kCacheBytesPerClass = 1 << 20;  // at most 1 MiB kept per class and thread
 
 struct FreeList {

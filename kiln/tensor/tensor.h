@@ -237,11 +237,11 @@ class Tensor {
   // ---- autograd (kiln/autograd; every method above records the graph when an input requires grad) ----
   bool requires_grad() const;
   Tensor& requires_grad_(bool requires_grad = true);  // leaves only: gradients accumulate into grad()
-  bool is_leaf() const;                                // not the result of a recorded op
-  const Tensor& grad() const;                          // undefined until a backward reaches this leaf
-  Tensor& mutable_grad();                              // assign or reset (set to Tensor()) the gradient
-  std::shared_ptr<autograd::Node> grad_fn() const;     // the backward node of a recorded result
-  Tensor detach() const;                               // same memory, no history, requires_grad false
+  bool is_leaf() const;                               // not the result of a recorded op
+  const Tensor& grad() const;                         // undefined until a backward reaches this leaf
+  Tensor& mutable_grad();                             // assign or reset (set to Tensor()) the gradient
+  std::shared_ptr<autograd::Node> grad_fn() const;    // the backward node of a recorded result
+  Tensor detach() const;                              // same memory, no history, requires_grad false
   Tensor& detach_();
   // Backward from this tensor: gradient defaults to 1 for a one-element tensor. The graph's saved
   // tensors are freed unless retain_graph.

@@ -36,7 +36,7 @@ TEST_P(AutocastTest, OpsComputeInThePolicyDtype) {
   Tensor y = matmul(x, w);
   EXPECT_EQ(y.dtype(), DType::BFloat16);
   EXPECT_EQ(softmax(y, -1).dtype(), DType::Float32);  // Float32 policy: bf16 input computed in float32
-  EXPECT_EQ((y + y).dtype(), DType::BFloat16);         // Keep
+  EXPECT_EQ((y + y).dtype(), DType::BFloat16);        // Keep
   Tensor y32 = y.to(DType::Float32);
   EXPECT_EQ(cat({y, y32}, 0).dtype(), DType::Float32);  // Promote to the widest
   {

@@ -128,7 +128,10 @@ TEST_P(CheckpointTest, MixedInputsGetTheirOwnGradients) {
   Tensor b = make({4, 5, 6}, {3}, opts());
   Tensor c = make({7, 8, 9}, {3}, opts()).requires_grad_();
   TensorList out = autograd::checkpoint(
-      [](const TensorList& in) { return TensorList{in[0] * in[1] * in[2], in[0] + in[2]}; }, {a, b, c});
+      [](const TensorList& in) {
+        return TensorList{in[0] * in[1] * in[2], in[0] + in[2]};
+      },
+      {a, b, c});
   (out[0].sum() + out[1].sum() * 2).backward();
   expect_values(a.grad(), {3}, {4 * 7 + 2, 5 * 8 + 2, 6 * 9 + 2});
   expect_values(c.grad(), {3}, {1 * 4 + 2, 2 * 5 + 2, 3 * 6 + 2});

@@ -82,9 +82,9 @@ TEST_P(EngineTest, InPlaceChangeOfASavedTensorIsReportedAtBackward) {
   const uint64_t saved_version = b.version();
   b.add_(1.0);
   EXPECT_EQ(b.version(), saved_version + 1);
-  expect_error([&] { y.backward(); }, {"MulBackward", "modified in place",
-                                       "version is " + std::to_string(saved_version + 1),
-                                       "it was " + std::to_string(saved_version)});
+  expect_error([&] { y.backward(); },
+               {"MulBackward", "modified in place", "version is " + std::to_string(saved_version + 1),
+                "it was " + std::to_string(saved_version)});
 }
 
 TEST_P(EngineTest, NoGradGuardStopsRecordingPerThread) {

@@ -193,8 +193,11 @@ TEST(AddNGrad, EveryInputGetsTheOutputGradient) {
   const std::vector<double> expected = values((a + b + c).detach() * 2);
   expect_values(a.grad(), {2, 3}, expected);
   expect_values(c.grad(), {2, 3}, expected);
-  check_gradients([](const TensorList& in) { return TensorList{add_n({in[0], in[1], in[0]})}; },
-                  {make_input({3, 2}), non_contiguous(make_input({3, 2}, -1, 1, 9))});
+  check_gradients(
+      [](const TensorList& in) {
+        return TensorList{add_n({in[0], in[1], in[0]})};
+      },
+      {make_input({3, 2}), non_contiguous(make_input({3, 2}, -1, 1, 9))});
 }
 
 }  // namespace

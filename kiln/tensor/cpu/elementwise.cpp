@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "kiln/tensor/cpu/cpu_backend.h"
-#include "kiln/tensor/dispatch.h"  // visit_numeric_dtype, compute_t
-#include "kiln/tensor/cpu/parallel.h"  // parallel_for
 #include "kiln/tensor/cpu/elementwise_kernels.h"  // binary_kernel, for_each_run
+#include "kiln/tensor/cpu/parallel.h"             // parallel_for
+#include "kiln/tensor/dispatch.h"                 // visit_numeric_dtype, compute_t
 
 namespace kiln::cpu {
 namespace {

@@ -1,54 +1,69 @@
 // CudaBackend::add_n: the sum of many same-shaped contiguous tensors in one kernel. The backward engine
 // uses it to add up the gradients a tensor receives from many small ops with one launch instead of one
-// per gradient. Up to kMaxInputs pointers travel in the kernel's parameters; more are summed in rounds
-// that add into out.
+// per gradient. Up to kMaxInputs pointers travel in the kernel's parameters (2 KiB of the 4 KiB allowed);
+// more are summed in rounds into a compute-dtype buffer, so the result is still rounded once.
 #include <algorithm>
 
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"  // KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/cuda/loops.cuh"     // to_compute, from_compute, kThreads
 #include "kiln/tensor/dispatch.h"         // visit_numeric_dtype, compute_t
+#include "kiln/tensor/ops.h"              // ops::empty for the rounds' buffer
 
 namespace kiln::cuda {
 namespace {
 
-constexpr int kMaxInputs = 32;
+constexpr int kMaxInputs = 256;
 
 template <typename T>
 struct InputPointers {
   const device_t<T>* p[kMaxInputs];
 };
 
-// out[i] = (accumulate ? out[i] : 0) + sum_k in[k][i], in compute_t<T>.
-template <typename T>
-__global__ void add_n_kernel(device_t<T>* out, InputPointers<T> in, int count, bool accumulate, int64_t n) {
+// out[i] = (accumulate ? out[i] : 0) + sum_k in[k][i], summed in compute_t<In>, rounded once to Out.
+template <typename In, typename Out>
+__global__ void add_n_kernel(device_t<Out>* out, InputPointers<In> in, int count, bool accumulate, int64_t n) {
+  using C = compute_t<In>;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    compute_t<T> sum = accumulate ? to_compute<T>(out[i]) : compute_t<T>(0);
-    for (int k = 0; k < count; ++k) sum += to_compute<T>(in.p[k][i]);
-    out[i] = from_compute<T>(sum);
+    C sum = accumulate ? static_cast<C>(to_compute<Out>(out[i])) : C(0);
+    for (int k = 0; k < count; ++k) sum += to_compute<In>(in.p[k][i]);
+    out[i] = from_compute<Out>(static_cast<compute_t<Out>>(sum));
+  }
+}
+
+template <typename In, typename Out>
+void launch_rounds(const Tensor& out, const std::vector<Tensor>& inputs, cudaStream_t stream) {
+  const int64_t n = out.numel();
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535));
+  auto* o = static_cast<device_t<Out>*>(out.data_ptr());
+  for (size_t first = 0; first < inputs.size(); first += kMaxInputs) {
+    InputPointers<In> ptrs{};
+    const int count = static_cast<int>(std::min<size_t>(kMaxInputs, inputs.size() - first));
+    for (int k = 0; k < count; ++k) {
+      ptrs.p[k] = static_cast<const device_t<In>*>(inputs[first + static_cast<size_t>(k)].data_ptr());
+    }
+    add_n_kernel<In, Out><<<blocks, kThreads, 0, stream>>>(o, ptrs, count, first > 0, n);
+    KILN_CUDA_CHECK_LAUNCH("add_n");
   }
 }
 
 }  // namespace
 
 void CudaBackend::add_n(const Tensor& out, const std::vector<Tensor>& inputs) {
-  const int64_t n = out.numel();
-  if (n == 0) return;
+  if (out.numel() == 0) return;
   cudaStream_t stream = stream_for(out);
-  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65535);
   visit_numeric_dtype(out.dtype(), "add_n", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    auto* o = static_cast<device_t<T>*>(out.data_ptr());
-    for (size_t first = 0; first < inputs.size(); first += kMaxInputs) {
-      InputPointers<T> ptrs{};
-      const int count = static_cast<int>(std::min<size_t>(kMaxInputs, inputs.size() - first));
-      for (int k = 0; k < count; ++k) {
-        ptrs.p[k] = static_cast<const device_t<T>*>(inputs[first + static_cast<size_t>(k)].data_ptr());
-      }
-      add_n_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(o, ptrs, count, first > 0, n);
-      KILN_CUDA_CHECK_LAUNCH("add_n");
+    using C = compute_t<T>;
+    if (inputs.size() <= static_cast<size_t>(kMaxInputs) || std::is_same_v<T, C>) {
+      launch_rounds<T, T>(out, inputs, stream);
+      return;
     }
+    // 16-bit floats with many inputs: the rounds add into a float32 buffer, rounded once at the end.
+    Tensor acc = ops::empty(out.shape(), {.dtype = dtype_of<C>(), .device = out.device()});
+    launch_rounds<T, C>(acc, inputs, stream);
+    launch_rounds<C, T>(out, {acc}, stream);
   });
 }
 

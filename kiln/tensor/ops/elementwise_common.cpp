@@ -26,8 +26,8 @@ struct ConstantKey {
 };
 struct ConstantKeyHash {
   size_t operator()(const ConstantKey& k) const {
-    return std::hash<uint64_t>()(k.bits) ^ (std::hash<void*>()(k.stream) << 1) ^
-           (static_cast<size_t>(k.dtype) << 8) ^ (std::hash<Device>()(k.device) << 16);
+    return std::hash<uint64_t>()(k.bits) ^ (std::hash<void*>()(k.stream) << 1) ^ (static_cast<size_t>(k.dtype) << 8) ^
+           (std::hash<Device>()(k.device) << 16);
   }
 };
 

@@ -2,10 +2,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "kiln/tensor/small_alloc.h"
 #include "kiln/tensor/backend.h"
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
+#include "kiln/tensor/small_alloc.h"
 
 namespace kiln::ops {
 namespace {

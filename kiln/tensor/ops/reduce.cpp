@@ -8,9 +8,9 @@
 #include <cmath>
 #include <limits>
 
-#include "kiln/tensor/small_alloc.h"
 #include "kiln/tensor/backend.h"
 #include "kiln/tensor/ops.h"
+#include "kiln/tensor/small_alloc.h"
 
 namespace kiln::ops {
 namespace {
@@ -58,8 +58,7 @@ int64_t reduced_count(const Shape& shape, const std::vector<bool>& mask) {
 
 // A contiguous tensor seen with another shape of as many elements (a view on the same storage).
 Tensor reshaped(const Tensor& t, const Shape& shape) {
-  return Tensor(
-      make_pooled<TensorImpl>(t.impl().storage(), t.dtype(), shape, contiguous_strides(shape), t.offset()));
+  return Tensor(make_pooled<TensorImpl>(t.impl().storage(), t.dtype(), shape, contiguous_strides(shape), t.offset()));
 }
 
 std::string dims_str(const Dims& dims) {

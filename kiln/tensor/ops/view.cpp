@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <numeric>
 
-#include "kiln/tensor/small_alloc.h"
 #include "kiln/tensor/ops.h"
+#include "kiln/tensor/small_alloc.h"
 
 namespace kiln::ops {
 namespace {
