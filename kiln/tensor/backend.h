@@ -143,6 +143,9 @@ class Backend {
   // out = inputs[0] + inputs[1] + ..., in one pass: out and at least two inputs, all contiguous, of one
   // shape and one non-Bool dtype; summed in compute_t and rounded once.
   virtual void add_n(const Tensor& out, const std::vector<Tensor>& inputs) = 0;
+  // The gradients of a * b in one pass: ga = g * b, gb = g * a. All five contiguous, of one shape and
+  // one floating dtype; each product computed in compute_t and rounded once (as binary Mul does).
+  virtual void mul_backward(const Tensor& ga, const Tensor& gb, const Tensor& g, const Tensor& a, const Tensor& b) = 0;
 
   // ---- reductions ----
   // out has in's rank with size 1 in each reduced dim (keepdim form); reduce[d] says whether dim d is

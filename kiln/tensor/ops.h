@@ -162,6 +162,9 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
 Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight);  // a + weight * (b - a)
 // The sum of one or more tensors of one shape, dtype and device, in one pass (one kernel on a GPU).
 Tensor add_n(const std::vector<Tensor>& tensors);
+// (g * b, g * a): the gradients of a * b, in one pass (one kernel on a GPU) when g, a and b have one shape
+// and floating dtype; otherwise the two products with broadcasting and promotion.
+std::tuple<Tensor, Tensor> mul_backward(const Tensor& g, const Tensor& a, const Tensor& b);
 
 // In-place forms write into `a`; the promoted type must be castable to a's dtype (float into int is an error).
 Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha = 1);

@@ -457,3 +457,45 @@ KILN_INSTANTIATE_BACKENDS(AddNTest);
 
 }  // namespace
 }  // namespace kiln::testing
+
+namespace kiln::testing {
+namespace {
+
+class MulBackwardTest : public BackendTest {};
+
+// Reference: products in double of the values as stored, rounded by the expected-value tolerance.
+TEST_P(MulBackwardTest, BothGradientsInOnePass) {
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    Tensor g = make(uniform(12, -2, 2, 1), {3, 4}, opts(dtype));
+    Tensor a = make(uniform(12, -2, 2, 2), {3, 4}, opts(dtype));
+    Tensor b = non_contiguous(make(uniform(12, -2, 2, 3), {3, 4}, opts(dtype)));
+    auto [ga, gb] = ops::mul_backward(g, a, b);
+    const std::vector<double> vg = values(g), va = values(a), vb = values(b);
+    std::vector<double> ega(12), egb(12);
+    for (size_t i = 0; i < 12; ++i) {
+      ega[i] = vg[i] * vb[i];
+      egb[i] = vg[i] * va[i];
+    }
+    EXPECT_EQ(ga.dtype(), dtype);
+    expect_values(ga, {3, 4}, ega);
+    expect_values(gb, {3, 4}, egb);
+    // Exactly what two separate multiplications give.
+    EXPECT_TRUE(equal(ga, g * b));
+    EXPECT_TRUE(equal(gb, g * a));
+  }
+}
+
+TEST_P(MulBackwardTest, BroadcastOperandsFallBackToTwoProducts) {
+  Tensor g = make({1, 2, 3, 4}, {2, 2}, opts());
+  Tensor a = make({10, 20}, {2}, opts());  // broadcast along rows
+  Tensor b = make({2}, {}, opts());
+  auto [ga, gb] = ops::mul_backward(g, a, b);
+  expect_values(ga, {2, 2}, {2, 4, 6, 8});
+  expect_values(gb, {2, 2}, {10, 40, 30, 80});
+}
+
+KILN_INSTANTIATE_BACKENDS(MulBackwardTest);
+
+}  // namespace
+}  // namespace kiln::testing

@@ -69,6 +69,10 @@ Tensor rsub(const Tensor& a, Scalar b) { return pass_through(ops::rsub(a, b), a,
 // d/da = g * b, d/db = g * a.
 TensorList MulBackward::apply(TensorList&& grads) {
   const Tensor& g = grads[0];
+  if (needs_input_grad(0) && needs_input_grad(1)) {
+    auto [ga, gb] = ops::mul_backward(g, a.unpack(*this), b.unpack(*this));  // one pass for both
+    return {ga, gb};
+  }
   Tensor ga, gb;
   if (needs_input_grad(0)) ga = ops::mul(g, b.unpack(*this));
   if (needs_input_grad(1)) gb = ops::mul(g, a.unpack(*this));

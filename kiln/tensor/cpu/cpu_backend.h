@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) override;
   void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) override;
   void add_n(const Tensor& out, const std::vector<Tensor>& inputs) override;
+  void mul_backward(const Tensor& ga, const Tensor& gb, const Tensor& g, const Tensor& a, const Tensor& b) override;
 
   // reduce.cpp
   void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce,

@@ -206,4 +206,21 @@ void CpuBackend::add_n(const Tensor& out, const std::vector<Tensor>& inputs) {
   });
 }
 
+void CpuBackend::mul_backward(const Tensor& ga, const Tensor& gb, const Tensor& g, const Tensor& a, const Tensor& b) {
+  visit_floating_dtype(g.dtype(), "mul_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    const T *pg = g.data_ptr<T>(), *pa = a.data_ptr<T>(), *pb = b.data_ptr<T>();
+    T *pga = ga.data_ptr<T>(), *pgb = gb.data_ptr<T>();
+    constexpr int64_t kGrain = 32768;
+    parallel_for(0, g.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const C gi = static_cast<C>(pg[i]);
+        pga[i] = static_cast<T>(gi * static_cast<C>(pb[i]));
+        pgb[i] = static_cast<T>(gi * static_cast<C>(pa[i]));
+      }
+    });
+  });
+}
+
 }  // namespace kiln::cpu

@@ -1,6 +1,7 @@
 // Frontend of the binary elementwise ops, where, masked_fill, lerp and the in-place arithmetic.
 // Promotion, devices and broadcasting are shared with the unary ops (elementwise_common.h).
 #include <cmath>  // std::abs
+#include <tuple>
 
 #include "kiln/tensor/ops/elementwise_common.h"  // binary, binary_, Operand, ResultKind
 
@@ -179,6 +180,17 @@ Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight) {
   const double w = weight.to_double();
   const Tensor r = std::abs(w) < 0.5 ? add(x, diff, w) : sub(y, diff, 1.0 - w);
   return to(r, r.device(), dtype);
+}
+
+std::tuple<Tensor, Tensor> mul_backward(const Tensor& g, const Tensor& a, const Tensor& b) {
+  const bool fused = g.defined() && a.defined() && b.defined() && g.shape() == a.shape() && g.shape() == b.shape() &&
+                     g.dtype() == a.dtype() && g.dtype() == b.dtype() && is_floating_point(g.dtype()) &&
+                     g.device() == a.device() && g.device() == b.device();
+  if (!fused) return {mul(g, b), mul(g, a)};
+  Tensor ga = empty(g.shape(), {.dtype = g.dtype(), .device = g.device()});
+  Tensor gb = empty(g.shape(), {.dtype = g.dtype(), .device = g.device()});
+  if (g.numel() > 0) backend(g.device()).mul_backward(ga, gb, contiguous(g), contiguous(a), contiguous(b));
+  return {ga, gb};
 }
 
 Tensor add_n(const std::vector<Tensor>& tensors) {

@@ -1,13 +1,15 @@
-// CudaBackend::add_n: the sum of many same-shaped contiguous tensors in one kernel. The backward engine
-// uses it to add up the gradients a tensor receives from many small ops with one launch instead of one
-// per gradient. Up to kMaxInputs pointers travel in the kernel's parameters (2 KiB of the 4 KiB allowed);
-// more are summed in rounds into a compute-dtype buffer, so the result is still rounded once.
+// CudaBackend::add_n and mul_backward: fused kernels for the backward pass, where small ops are bound by
+// kernel launches. add_n sums many same-shaped contiguous tensors in one kernel: the engine uses it to add
+// up the gradients a tensor receives from many small ops with one launch instead of one per gradient. Up
+// to kMaxInputs pointers travel in the kernel's parameters (2 KiB of the 4 KiB allowed); more are summed
+// in rounds into a compute-dtype buffer, so the result is still rounded once. mul_backward computes both
+// gradients of a * b in one kernel.
 #include <algorithm>
 
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"  // KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/cuda/loops.cuh"     // to_compute, from_compute, kThreads
-#include "kiln/tensor/dispatch.h"         // visit_numeric_dtype, compute_t
+#include "kiln/tensor/dispatch.h"         // visit_numeric_dtype, visit_floating_dtype, compute_t
 #include "kiln/tensor/ops.h"              // ops::empty for the rounds' buffer
 
 namespace kiln::cuda {
@@ -48,7 +50,34 @@ void launch_rounds(const Tensor& out, const std::vector<Tensor>& inputs, cudaStr
   }
 }
 
+// ga = g * b, gb = g * a in compute_t<T>, each rounded once.
+template <typename T>
+__global__ void mul_backward_kernel(device_t<T>* ga, device_t<T>* gb, const device_t<T>* g, const device_t<T>* a,
+                                    const device_t<T>* b, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const compute_t<T> gi = to_compute<T>(g[i]);
+    ga[i] = from_compute<T>(gi * to_compute<T>(b[i]));
+    gb[i] = from_compute<T>(gi * to_compute<T>(a[i]));
+  }
+}
+
 }  // namespace
+
+void CudaBackend::mul_backward(const Tensor& ga, const Tensor& gb, const Tensor& g, const Tensor& a, const Tensor& b) {
+  const int64_t n = g.numel();
+  if (n == 0) return;
+  cudaStream_t stream = stream_for(g);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535));
+  visit_floating_dtype(g.dtype(), "mul_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using D = device_t<T>;
+    mul_backward_kernel<T><<<blocks, kThreads, 0, stream>>>(
+        static_cast<D*>(ga.data_ptr()), static_cast<D*>(gb.data_ptr()), static_cast<const D*>(g.data_ptr()),
+        static_cast<const D*>(a.data_ptr()), static_cast<const D*>(b.data_ptr()), n);
+    KILN_CUDA_CHECK_LAUNCH("mul_backward");
+  });
+}
 
 void CudaBackend::add_n(const Tensor& out, const std::vector<Tensor>& inputs) {
   if (out.numel() == 0) return;
