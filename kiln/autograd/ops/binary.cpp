@@ -2,20 +2,11 @@
 // backward side by side. Gradients come back in the broadcast shape and the computation dtype; the
 // engine sums them to each input's shape and casts them to its dtype. The nodes that the in-place forms
 // (inplace.cpp) share are declared in elementwise_nodes.h; their formulas are here.
-#include "kiln/autograd/autocast.h"
-#include "kiln/autograd/functions.h"
-#include "kiln/autograd/node.h"
 #include "kiln/autograd/ops/elementwise_nodes.h"
+#include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
 
-using autocast::Op;
-using autograd::make_node;
-using autograd::needs_grad;
-using autograd::Node;
-using autograd::SavedTensor;
-using autograd::set_history;
-using autograd::TensorList;
 using elementwise::AddBackward;
 using elementwise::DivBackward;
 using elementwise::MaskedFillBackward;

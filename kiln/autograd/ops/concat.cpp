@@ -1,15 +1,8 @@
 // cat and stack, forward and backward side by side: each input's gradient is its piece of g.
-#include "kiln/autograd/autocast.h"
-#include "kiln/autograd/functions.h"
-#include "kiln/autograd/node.h"
+
+#include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
-
-using autocast::Op;
-using autograd::make_node;
-using autograd::Node;
-using autograd::set_history;
-using autograd::TensorList;
 
 namespace {
 

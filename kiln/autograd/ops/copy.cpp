@@ -1,16 +1,10 @@
 // Copy and cast, forward and backward side by side. The values pass through unchanged, so each gradient
 // is g itself, brought back to the input's device (the engine checks devices but does not move
 // gradients) and dtype. These ops skip autocast: their result dtype is the one the caller asked for.
-#include "kiln/autograd/functions.h"
-#include "kiln/autograd/node.h"
+
+#include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
-
-using autograd::make_node;
-using autograd::needs_grad;
-using autograd::Node;
-using autograd::set_history;
-using autograd::TensorList;
 
 namespace {
 

@@ -9,13 +9,9 @@
 #include <optional>
 #include <string_view>
 
-#include "kiln/autograd/node.h"
+#include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln::elementwise {
-
-using autograd::Node;
-using autograd::SavedTensor;
-using autograd::TensorList;
 
 inline Scalar negated(Scalar s) { return s.is_floating_point() ? Scalar(-s.to_double()) : Scalar(-s.to_int64()); }
 

@@ -1,19 +1,10 @@
 // Indexing ops, forward and backward side by side. Each gradient sends g back along the same index:
 // what gather/index_select read is summed back with scatter_add/index_add, what scatter wrote is
 // read back with gather. Index tensors and masks get no gradient.
-#include "kiln/autograd/autocast.h"
-#include "kiln/autograd/functions.h"
-#include "kiln/autograd/node.h"
+
+#include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
-
-using autocast::Op;
-using autograd::make_node;
-using autograd::needs_grad;
-using autograd::Node;
-using autograd::SavedTensor;
-using autograd::set_history;
-using autograd::TensorList;
 
 namespace {
 

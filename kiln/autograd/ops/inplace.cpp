@@ -5,19 +5,11 @@
 //   3. after the write, `a` gets the node as its new grad_fn (set_history).
 // What backward needs of `a`'s old values is cloned before the write (mul_, div_, clamp_); a result that
 // the formula uses (relu_, exp_, sqrt_) is saved after it, as the op's output.
-#include "kiln/autograd/functions.h"
-#include "kiln/autograd/node.h"
 #include "kiln/autograd/ops/elementwise_nodes.h"
+#include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
 
-using autograd::check_inplace;
-using autograd::make_node;
-using autograd::needs_grad;
-using autograd::Node;
-using autograd::SavedTensor;
-using autograd::set_history;
-using autograd::TensorList;
 using namespace elementwise;
 
 namespace {

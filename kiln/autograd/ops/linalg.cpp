@@ -1,19 +1,10 @@
 // Linear algebra, forward and backward side by side: matmul (every case torch.matmul supports), mm, bmm,
 // addmm, dot, outer. For out = A @ B: dA = g @ B^T, dB = A^T @ g, with transposes as views. Gradients
 // with broadcast batch dims are summed down to each input's shape by the engine.
-#include "kiln/autograd/autocast.h"
-#include "kiln/autograd/functions.h"
-#include "kiln/autograd/node.h"
+
+#include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
-
-using autocast::Op;
-using autograd::make_node;
-using autograd::needs_grad;
-using autograd::Node;
-using autograd::SavedTensor;
-using autograd::set_history;
-using autograd::TensorList;
 
 namespace {
 

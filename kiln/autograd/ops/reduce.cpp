@@ -3,20 +3,9 @@
 // to the input's shape.
 #include <algorithm>
 #include <cmath>
-
-#include "kiln/autograd/autocast.h"
-#include "kiln/autograd/functions.h"
-#include "kiln/autograd/node.h"
+#include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
-
-using autocast::Op;
-using autograd::make_node;
-using autograd::needs_grad;
-using autograd::Node;
-using autograd::SavedTensor;
-using autograd::set_history;
-using autograd::TensorList;
 
 namespace {
 

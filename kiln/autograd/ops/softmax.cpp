@@ -1,17 +1,8 @@
 // softmax and log_softmax, forward and backward side by side. Both save their result only.
-#include "kiln/autograd/autocast.h"
-#include "kiln/autograd/functions.h"
-#include "kiln/autograd/node.h"
+
+#include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
-
-using autocast::Op;
-using autograd::make_node;
-using autograd::needs_grad;
-using autograd::Node;
-using autograd::SavedTensor;
-using autograd::set_history;
-using autograd::TensorList;
 
 namespace {
 

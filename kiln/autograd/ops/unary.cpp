@@ -3,21 +3,12 @@
 // f' is cheaper from it, its saved result (exp, sqrt, tanh, sigmoid, rsqrt, reciprocal, relu). All
 // shapes are those of the input; nothing broadcasts.
 #include <cmath>
+#include "kiln/autograd/ops/op_recording.h"
 
-#include "kiln/autograd/autocast.h"
-#include "kiln/autograd/functions.h"
-#include "kiln/autograd/node.h"
 #include "kiln/autograd/ops/elementwise_nodes.h"
 
 namespace kiln {
 
-using autocast::Op;
-using autograd::make_node;
-using autograd::needs_grad;
-using autograd::Node;
-using autograd::SavedTensor;
-using autograd::set_history;
-using autograd::TensorList;
 using elementwise::ClampBackward;
 using elementwise::UnaryBackward;
 

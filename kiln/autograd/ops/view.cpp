@@ -4,19 +4,9 @@
 // shape, ...) record nothing: the result is the input, with the input's history.
 #include <functional>
 #include <string_view>
-
-#include "kiln/autograd/autocast.h"
-#include "kiln/autograd/functions.h"
-#include "kiln/autograd/node.h"
+#include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
-
-using autocast::Op;
-using autograd::make_node;
-using autograd::needs_grad;
-using autograd::Node;
-using autograd::set_history;
-using autograd::TensorList;
 
 namespace {
 
