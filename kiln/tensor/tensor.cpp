@@ -22,6 +22,16 @@ void TensorImpl::set_geometry(Shape sizes, Strides strides, int64_t offset) {
   numel_ = kiln::numel(sizes_);
 }
 
+void TensorImpl::set_data(const TensorImpl& other) {
+  storage_ = other.storage_;
+  dtype_ = other.dtype_;
+  sizes_ = other.sizes_;
+  strides_ = other.strides_;
+  offset_ = other.offset_;
+  numel_ = other.numel_;
+  is_view_ = other.is_view_;
+}
+
 void Tensor::throw_undefined() {
   KILN_FAIL("this Tensor is undefined (default-constructed); assign it the result of an op first");
 }

@@ -53,6 +53,9 @@ class TensorImpl {
 
   // Replaces shape and strides in place (used by in-place view ops such as squeeze_ and resize).
   void set_geometry(Shape sizes, Strides strides, int64_t offset);
+  // Makes this tensor view other's memory, dtype and geometry, keeping its own autograd state: how a
+  // module moves its parameters to another device or dtype while every handle to them stays valid.
+  void set_data(const TensorImpl& other);
 
   std::shared_ptr<AutogradMetaBase>& autograd_meta() { return autograd_meta_; }
   AutogradMetaBase* autograd_meta_ptr() const { return autograd_meta_.get(); }
