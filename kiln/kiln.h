@@ -13,6 +13,8 @@
 #include "kiln/autograd/functions.h"   // kiln::zeros, kiln::matmul, kiln::softmax, ... (differentiable)
 #include "kiln/autograd/grad_mode.h"   // NoGradGuard, EnableGradGuard
 #include "kiln/autograd/gradcheck.h"   // autograd::gradcheck
+#include "kiln/layers/containers.h"    // nn::Sequential, nn::ModuleList, nn::ModuleDict
+#include "kiln/layers/module.h"        // nn::Module: parameters, buffers, children, to(), state_dict()
 #include "kiln/tensor/generator.h"     // Generator, manual_seed
 #include "kiln/tensor/tensor.h"        // Tensor, DType, Device, Scalar, TensorOptions
 #include "kiln/tensor/threads.h"       // num_threads, set_num_threads
