@@ -71,7 +71,7 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
   std::vector<ModulePtr> children() const;
   std::vector<std::pair<std::string, ModulePtr>> named_children() const;
-  std::vector<ModulePtr> modules();  // this module and every descendant
+  std::vector<ModulePtr> modules();                                // this module and every descendant
   std::vector<std::pair<std::string, ModulePtr>> named_modules();  // "" for this module
   // fn(module) on every module, children first then this one (as PyTorch's apply).
   Module& apply(const std::function<void(Module&)>& fn);

@@ -6,7 +6,10 @@
 #include <cuda_bf16.h>  // __nv_bfloat16
 #include <cuda_fp16.h>  // __half
 
-#include "kiln/tensor/half.h"  // Half, BFloat16
+#include <type_traits>
+
+#include "kiln/tensor/dispatch.h"  // compute_t
+#include "kiln/tensor/half.h"      // Half, BFloat16
 
 namespace kiln::cuda {
 
@@ -26,5 +29,21 @@ template <typename T>
 using device_t = typename DeviceStorage<T>::type;
 static_assert(sizeof(__half) == sizeof(Half) && sizeof(__nv_bfloat16) == sizeof(BFloat16),
               "kiln's 16-bit floats must have the bits of CUDA's");
+
+// A stored element in the precision kernels compute in (16-bit floats in float), and back, rounded once
+// to nearest even as half.h does. Every CUDA file converts through these two.
+template <typename T>
+__device__ __forceinline__ compute_t<T> to_compute(device_t<T> v) {
+  if constexpr (std::is_same_v<T, Half>) return __half2float(v);
+  else if constexpr (std::is_same_v<T, BFloat16>) return __bfloat162float(v);
+  else return v;
+}
+
+template <typename T>
+__device__ __forceinline__ device_t<T> from_compute(compute_t<T> v) {
+  if constexpr (std::is_same_v<T, Half>) return __float2half_rn(v);
+  else if constexpr (std::is_same_v<T, BFloat16>) return __float2bfloat16_rn(v);
+  else return v;
+}
 
 }  // namespace kiln::cuda

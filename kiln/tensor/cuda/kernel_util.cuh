@@ -12,23 +12,18 @@
 
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
-#include "kiln/tensor/dispatch.h"  // acc_t, compute_t, Half, BFloat16
+#include "kiln/tensor/cuda/device_types.cuh"  // device_t, to_compute, from_compute
+#include "kiln/tensor/dispatch.h"             // acc_t, compute_t, Half, BFloat16
 
 namespace kiln::cuda::kdetail {
 
 // Dims of a coalesced layout passed by value to kernels (kiln tensors have far fewer dims).
 inline constexpr int kMaxDims = 16;
 
-// A 16-bit float's bits as CUDA's own type: kiln::Half and __half share a layout (half.h).
+// *p in compute precision: kiln's 16-bit floats have the bits of CUDA's own types (device_types.cuh).
 template <typename T>
-__device__ __forceinline__ auto load_compute(const T* p) {
-  if constexpr (std::is_same_v<T, Half>) {
-    return __half2float(*reinterpret_cast<const __half*>(p));
-  } else if constexpr (std::is_same_v<T, BFloat16>) {
-    return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
-  } else {
-    return *p;
-  }
+__device__ __forceinline__ compute_t<T> load_compute(const T* p) {
+  return to_compute<T>(*reinterpret_cast<const device_t<T>*>(p));
 }
 
 // The value of *p in the accumulation type Acc (bool -> 0/1).
@@ -40,14 +35,10 @@ __device__ __forceinline__ Acc load_as(const T* p) {
 // Stores v rounded once into T (as the CPU's from_acc: 16-bit floats go through float).
 template <typename T, typename V>
 __device__ __forceinline__ void store_as(T* p, V v) {
-  if constexpr (std::is_same_v<T, Half>) {
-    *reinterpret_cast<__half*>(p) = __float2half_rn(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<T, BFloat16>) {
-    *reinterpret_cast<__nv_bfloat16*>(p) = __float2bfloat16_rn(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (std::is_same_v<T, bool>) {
     *p = v != V(0);
   } else {
-    *p = static_cast<T>(v);
+    *reinterpret_cast<device_t<T>*>(p) = from_compute<T>(static_cast<compute_t<T>>(v));
   }
 }
 

@@ -45,19 +45,7 @@ inline constexpr int kVecPerThread = 2;    // contiguous kernel: 16-byte accesse
 // ---- storage and compute types ----
 // device_t<T> (device_types.cuh): the storage type of a kiln element in CUDA code.
 
-template <typename T>
-__device__ __forceinline__ compute_t<T> to_compute(device_t<T> v) {
-  if constexpr (std::is_same_v<T, Half>) return __half2float(v);
-  else if constexpr (std::is_same_v<T, BFloat16>) return __bfloat162float(v);
-  else return v;
-}
-
-template <typename T>
-__device__ __forceinline__ device_t<T> from_compute(compute_t<T> v) {
-  if constexpr (std::is_same_v<T, Half>) return __float2half_rn(v);  // round to nearest even, as half.h
-  else if constexpr (std::is_same_v<T, BFloat16>) return __float2bfloat16_rn(v);
-  else return v;
-}
+// to_compute / from_compute (device_types.cuh) convert between stored and compute precision.
 
 template <typename Out, typename... In>
 struct Types {};
