@@ -1,7 +1,26 @@
 // nn::Module: registration, traversal, modes, placement, state and summary (module.h).
 #include "kiln/layers/module.h"
 
+#include <algorithm>      // std::max
+#include <array>          // std::array, the summary's cells
+#include <cstdio>         // std::snprintf, megabytes in the summary
+#include <set>            // std::set, to list each tensor and module once
+#include <sstream>        // std::ostringstream, to build summaries and error messages
+#include <unordered_map>  // std::unordered_map, state keys by name in load_state_dict
+
+#include "kiln/autograd/grad_mode.h"  // NoGradGuard: moves, resets and loads are not recorded
+
 namespace kiln::nn {
+
+namespace {
+
+std::string join_name(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+std::string shape_str(const Shape& shape) { return detail::str_cat(shape); }
+
+}  // namespace
 
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 
@@ -10,10 +29,375 @@ Tensor Module::forward(const Tensor&) {
                                             "its own forward with them"));
 }
 
+// ---------------------------------------------------------------------------------------------------
+// registration
+// ---------------------------------------------------------------------------------------------------
+
+void Module::check_new_name(const std::string& name, const char* what) const {
+  KILN_CHECK(!name.empty(), type_name_, ": cannot register a ", what, " with an empty name; give it a name such as \"",
+             "weight\"");
+  KILN_CHECK(name.find('.') == std::string::npos, type_name_, ": cannot register ", what, " \"", name,
+             "\": names must not contain '.', which separates the levels of dotted names (\"layer1.0.weight\"); "
+             "register a child module instead, or use '_'");
+  auto taken = [&](const char* kind) {
+    KILN_FAIL(type_name_, ": cannot register ", what, " \"", name, "\": this module already has a ", kind,
+              " of that name; names are unique across a module's parameters, buffers and children");
+  };
+  for (const auto& [n, t] : parameters_)
+    if (n == name) taken("parameter");
+  for (const auto& b : buffers_)
+    if (b.name == name) taken("buffer");
+  for (const auto& [n, c] : children_)
+    if (n == name) taken("child module");
+}
+
+Tensor& Module::register_parameter(const std::string& name, Tensor tensor, bool requires_grad) {
+  check_new_name(name, "parameter");
+  if (tensor.defined()) {
+    KILN_CHECK(tensor.is_floating_point(), type_name_, ": parameter \"", name, "\" must be floating point, got ",
+               tensor.dtype(), " of shape ", tensor.shape(),
+               "; convert it first (.to(DType::Float32)) or register it as a buffer");
+    KILN_CHECK(
+        tensor.is_leaf(), type_name_, ": parameter \"", name, "\" of shape ", tensor.shape(),
+        " is the result of a recorded op, not a leaf; register tensor.detach() (or create it under NoGradGuard)");
+    tensor.requires_grad_(requires_grad);
+  }
+  parameters_.emplace_back(name, std::move(tensor));
+  return parameters_.back().second;
+}
+
+Tensor& Module::register_buffer(const std::string& name, Tensor tensor, bool persistent) {
+  check_new_name(name, "buffer");
+  buffers_.push_back({name, std::move(tensor), persistent});
+  return buffers_.back().tensor;
+}
+
+void Module::add_child(const std::string& name, ModulePtr module) {
+  check_new_name(name, "child module");
+  KILN_CHECK(module != nullptr, type_name_, ": cannot register child module \"", name,
+             "\": the pointer is null; create it with std::make_shared first");
+  KILN_CHECK(module.get() != this, type_name_, ": cannot register child module \"", name,
+             "\": it is this module itself");
+  children_.emplace_back(name, std::move(module));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// traversal
+// ---------------------------------------------------------------------------------------------------
+
+namespace {
+
+// Depth first, this module's own entries first, then each child's, skipping undefined tensors and
+// tensors already listed (tied weights) and modules already visited (a child shared by two parents).
+template <typename Own>
+void collect_named(const Module& m, const std::string& prefix, bool recurse, const Own& own,
+                   std::set<const TensorImpl*>& seen_tensors, std::set<const Module*>& seen_modules,
+                   std::vector<std::pair<std::string, Tensor>>& out) {
+  if (!seen_modules.insert(&m).second) return;
+  for (const auto& [name, t] : own(m)) {
+    if (!t.defined() || !seen_tensors.insert(t.impl_ptr().get()).second) continue;
+    out.emplace_back(join_name(prefix, name), t);
+  }
+  if (!recurse) return;
+  for (const auto& [name, child] : m.named_children())
+    collect_named(*child, join_name(prefix, name), recurse, own, seen_tensors, seen_modules, out);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::set<const TensorImpl*> seen_tensors;
+  std::set<const Module*> seen_modules;
+  collect_named(
+      *this, "", recurse, [](const Module& m) -> const auto& { return m.parameters_; }, seen_tensors, seen_modules,
+      out);
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::set<const TensorImpl*> seen_tensors;
+  std::set<const Module*> seen_modules;
+  auto own = [](const Module& m) {
+    std::vector<std::pair<std::string, Tensor>> list;
+    for (const auto& b : m.buffers_) list.emplace_back(b.name, b.tensor);
+    return list;
+  };
+  collect_named(*this, "", recurse, own, seen_tensors, seen_modules, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters(recurse)) out.push_back(std::move(t));
+  return out;
+}
+
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_buffers(recurse)) out.push_back(std::move(t));
+  return out;
+}
+
+std::vector<std::pair<std::string, ModulePtr>> Module::named_children() const { return children_; }
+
+std::vector<ModulePtr> Module::children() const {
+  std::vector<ModulePtr> out;
+  for (const auto& [name, child] : children_) out.push_back(child);
+  return out;
+}
+
+std::vector<std::pair<std::string, ModulePtr>> Module::named_modules() {
+  std::vector<std::pair<std::string, ModulePtr>> out;
+  std::set<const Module*> seen;
+  // A module not held by a shared_ptr (one on the stack) is listed through a non-owning handle.
+  ModulePtr self = weak_from_this().lock();
+  if (self == nullptr) self = ModulePtr(this, [](Module*) {});
+  std::function<void(const std::string&, const ModulePtr&)> visit = [&](const std::string& prefix, const ModulePtr& m) {
+    if (!seen.insert(m.get()).second) return;
+    out.emplace_back(prefix, m);
+    for (const auto& [name, child] : m->children_) visit(join_name(prefix, name), child);
+  };
+  visit("", self);
+  return out;
+}
+
+std::vector<ModulePtr> Module::modules() {
+  std::vector<ModulePtr> out;
+  for (auto& [name, m] : named_modules()) out.push_back(std::move(m));
+  return out;
+}
+
+Module& Module::apply(const std::function<void(Module&)>& fn) {
+  for (auto& [name, child] : children_) child->apply(fn);
+  fn(*this);
+  return *this;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// modes and placement
+// ---------------------------------------------------------------------------------------------------
+
 Module& Module::train(bool on) {
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);
   return *this;
+}
+
+void Module::to_impl(std::optional<Device> device, std::optional<DType> dtype, std::optional<MemoryFormat> format,
+                     bool non_blocking) {
+  NoGradGuard no_grad;
+  // The moved tensor, computed from a detached alias so that nothing is recorded.
+  auto moved = [&](const Tensor& t) {
+    Tensor out = t.detach();
+    const bool cast = dtype.has_value() && t.is_floating_point() && *dtype != t.dtype();
+    if (device.has_value() && cast) {
+      out = out.to(*device, *dtype, non_blocking);
+    } else if (device.has_value()) {
+      out = out.to(*device, non_blocking);
+    } else if (cast) {
+      out = out.to(*dtype);
+    }
+    if (format.has_value() && out.dim() == 4) out = out.contiguous(*format);
+    return out;
+  };
+  // Swap the data under each handle: copies of it (in optimizers, in user code) see the move.
+  auto move_in_place = [&](const Tensor& t) {
+    Tensor m = moved(t);
+    const TensorImpl &a = m.impl(), &b = t.impl();
+    const bool unchanged = a.storage() == b.storage() && a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
+                           a.strides() == b.strides() && a.offset() == b.offset();
+    if (!unchanged) t.impl().set_data(a);
+  };
+  for (const auto& [name, p] : named_parameters()) {
+    move_in_place(p);
+    if (p.grad().defined()) move_in_place(p.grad());
+  }
+  for (const auto& [name, b] : named_buffers()) move_in_place(b);
+}
+
+Module& Module::to(Device device, bool non_blocking) {
+  to_impl(device, std::nullopt, std::nullopt, non_blocking);
+  return *this;
+}
+
+Module& Module::to(DType dtype) {
+  KILN_CHECK(is_floating_point(dtype), type_name_, ".to(", dtype,
+             "): modules can only be cast to a floating-point dtype (parameters must be floating point); use ",
+             "Float32, Float64, Float16 or BFloat16");
+  to_impl(std::nullopt, dtype, std::nullopt, false);
+  return *this;
+}
+
+Module& Module::to(Device device, DType dtype, bool non_blocking) {
+  KILN_CHECK(is_floating_point(dtype), type_name_, ".to(", device, ", ", dtype,
+             "): modules can only be cast to a floating-point dtype (parameters must be floating point); use ",
+             "Float32, Float64, Float16 or BFloat16");
+  to_impl(device, dtype, std::nullopt, non_blocking);
+  return *this;
+}
+
+Module& Module::to(MemoryFormat format) {
+  to_impl(std::nullopt, std::nullopt, format, false);
+  return *this;
+}
+
+Module& Module::to(Device device, MemoryFormat format) {
+  to_impl(device, std::nullopt, format, false);
+  return *this;
+}
+
+void Module::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (auto& p : parameters()) {
+    if (!p.grad().defined()) continue;
+    if (set_to_none) {
+      p.mutable_grad() = Tensor();
+    } else {
+      p.mutable_grad().zero_();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// state
+// ---------------------------------------------------------------------------------------------------
+
+namespace {
+
+// As PyTorch: every module's own parameters, then its persistent buffers, then its children's, with no
+// de-duplication, so tied weights appear under each of their names.
+void collect_state(const Module& m, const std::string& prefix, StateDict& out,
+                   const std::function<void(const Module&, const std::string&, StateDict&)>& own) {
+  own(m, prefix, out);
+  for (const auto& [name, child] : m.named_children()) collect_state(*child, join_name(prefix, name), out, own);
+}
+
+}  // namespace
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  collect_state(*this, "", out, [](const Module& m, const std::string& prefix, StateDict& o) {
+    for (const auto& [name, p] : m.parameters_)
+      if (p.defined()) o.emplace_back(join_name(prefix, name), p.detach());
+    for (const auto& b : m.buffers_)
+      if (b.persistent && b.tensor.defined()) o.emplace_back(join_name(prefix, b.name), b.tensor.detach());
+  });
+  return out;
+}
+
+Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) {
+  // The module's own tensors under their state-dict names (handles, not detached: values are copied in).
+  StateDict targets;
+  collect_state(*this, "", targets, [](const Module& m, const std::string& prefix, StateDict& o) {
+    for (const auto& [name, p] : m.parameters_)
+      if (p.defined()) o.emplace_back(join_name(prefix, name), p);
+    for (const auto& b : m.buffers_)
+      if (b.persistent && b.tensor.defined()) o.emplace_back(join_name(prefix, b.name), b.tensor);
+  });
+
+  std::unordered_map<std::string, const Tensor*> given;
+  for (const auto& [key, value] : state) {
+    KILN_CHECK(given.emplace(key, &value).second, type_name_, ".load_state_dict: key \"", key,
+               "\" appears twice in the given state; each key must appear once");
+    KILN_CHECK(value.defined(), type_name_, ".load_state_dict: the value of \"", key,
+               "\" is an undefined tensor; remove the key or give it a value");
+  }
+
+  LoadResult result;
+  std::vector<std::string> mismatched;
+  std::vector<std::pair<Tensor, const Tensor*>> to_copy;  // (destination, source)
+  std::set<std::string> expected;
+  for (const auto& [key, target] : targets) {
+    expected.insert(key);
+    auto it = given.find(key);
+    if (it == given.end()) {
+      result.missing_keys.push_back(key);
+    } else if (it->second->shape() != target.shape()) {
+      mismatched.push_back(detail::str_cat(key, ": expected shape ", shape_str(target.shape()), " vs given shape ",
+                                           shape_str(it->second->shape())));
+    } else {
+      to_copy.emplace_back(target, it->second);
+    }
+  }
+  for (const auto& [key, value] : state)
+    if (expected.count(key) == 0) result.unexpected_keys.push_back(key);
+
+  const bool failed =
+      !mismatched.empty() || (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()));
+  if (failed) {
+    std::ostringstream msg;
+    msg << type_name_ << ".load_state_dict: the state does not match the module; nothing was loaded.";
+    auto list = [&](const char* title, const std::vector<std::string>& items) {
+      if (items.empty()) return;
+      msg << "\n  " << title << " (" << items.size() << "):";
+      for (const auto& s : items) msg << "\n    " << s;
+    };
+    if (strict) {
+      list("missing keys", result.missing_keys);
+      list("unexpected keys", result.unexpected_keys);
+    }
+    list("shape mismatches", mismatched);
+    msg << "\n  Check that the state comes from the same architecture"
+        << (strict ? ", or pass strict = false to load only the keys that match." : ".");
+    throw Error(msg.str());
+  }
+
+  NoGradGuard no_grad;
+  for (auto& [dst, src] : to_copy) dst.copy_(*src);
+  return result;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// summary
+// ---------------------------------------------------------------------------------------------------
+
+int64_t Module::num_parameters(bool trainable_only) const {
+  int64_t n = 0;
+  for (const auto& p : parameters())
+    if (!trainable_only || p.requires_grad()) n += p.numel();
+  return n;
+}
+
+std::string Module::summary() {
+  auto rows = named_modules();
+  std::vector<std::array<std::string, 3>> cells;
+  cells.push_back({"name", "type", "parameters"});
+  for (const auto& [name, m] : rows) {
+    int64_t own = 0;
+    for (const auto& [pname, p] : m->parameters_)
+      if (p.defined()) own += p.numel();
+    cells.push_back({name.empty() ? "(root)" : name, m->type_name(), std::to_string(own)});
+  }
+  size_t width[3] = {0, 0, 0};
+  for (const auto& row : cells)
+    for (size_t c = 0; c < 3; ++c) width[c] = std::max(width[c], row[c].size());
+
+  std::ostringstream out;
+  for (const auto& row : cells) {
+    out << row[0] << std::string(width[0] - row[0].size() + 2, ' ') << row[1]
+        << std::string(width[1] - row[1].size() + 2, ' ') << std::string(width[2] - row[2].size(), ' ') << row[2]
+        << "\n";
+  }
+  int64_t trainable = 0, total = 0;
+  size_t trainable_bytes = 0, total_bytes = 0;
+  for (const auto& p : parameters()) {
+    total += p.numel();
+    total_bytes += p.nbytes();
+    if (p.requires_grad()) {
+      trainable += p.numel();
+      trainable_bytes += p.nbytes();
+    }
+  }
+  auto mb = [](size_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(bytes) / 1e6);
+    return std::string(buf);
+  };
+  out << "trainable parameters: " << trainable << " (" << mb(trainable_bytes) << " MB)\n";
+  out << "total parameters: " << total << " (" << mb(total_bytes) << " MB)\n";
+  return out.str();
 }
 
 }  // namespace kiln::nn

@@ -1,0 +1,114 @@
+// Sequential, ModuleList and ModuleDict (containers.h).
+#include "kiln/layers/containers.h"
+
+#include <sstream>  // std::ostringstream, to list keys in error messages
+
+namespace kiln::nn {
+
+namespace {
+
+// Wraps a possibly negative index into [0, size), or throws naming the container and its size.
+int64_t wrap_index(int64_t index, int64_t size, const std::string& type) {
+  KILN_CHECK(index >= -size && index < size, type, "[", index, "]: index out of range for a ", type, " of ", size,
+             " modules; valid indices are ", -size, " to ", size - 1);
+  return index < 0 ? index + size : index;
+}
+
+}  // namespace
+
+// ---- Sequential ----
+
+Sequential::Sequential() : Module("Sequential") {}
+
+Sequential::Sequential(const std::vector<ModulePtr>& modules) : Module("Sequential") {
+  for (const auto& m : modules) append(m);
+}
+
+Sequential& Sequential::append(ModulePtr module) { return append(std::to_string(modules_.size()), std::move(module)); }
+
+Sequential& Sequential::append(const std::string& name, ModulePtr module) {
+  add_child(name, module);  // checks the name and the pointer
+  modules_.push_back(std::move(module));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& m : modules_) x = m->forward(x);
+  return x;
+}
+
+const ModulePtr& Sequential::operator[](int64_t index) const {
+  return modules_[static_cast<size_t>(wrap_index(index, size(), type_name()))];
+}
+
+void Sequential::throw_bad_cast(int64_t index) const {
+  KILN_FAIL("Sequential::at(", index, "): the module there is a ", (*this)[index]->type_name(),
+            ", not the type asked for; use operator[] to get it as a ModulePtr");
+}
+
+// ---- ModuleList ----
+
+ModuleList::ModuleList() : Module("ModuleList") {}
+
+ModuleList::ModuleList(const std::vector<ModulePtr>& modules) : Module("ModuleList") {
+  for (const auto& m : modules) push_back(m);
+}
+
+ModuleList& ModuleList::push_back(ModulePtr module) {
+  add_child(std::to_string(modules_.size()), module);
+  modules_.push_back(std::move(module));
+  return *this;
+}
+
+Tensor ModuleList::forward(const Tensor&) {
+  KILN_FAIL("ModuleList has no forward: it does not know how to chain its ", size(),
+            " modules; iterate over it and call them yourself, or use a Sequential");
+}
+
+const ModulePtr& ModuleList::operator[](int64_t index) const {
+  return modules_[static_cast<size_t>(wrap_index(index, size(), type_name()))];
+}
+
+void ModuleList::throw_bad_cast(int64_t index) const {
+  KILN_FAIL("ModuleList::at(", index, "): the module there is a ", (*this)[index]->type_name(),
+            ", not the type asked for; use operator[] to get it as a ModulePtr");
+}
+
+// ---- ModuleDict ----
+
+ModuleDict::ModuleDict() : Module("ModuleDict") {}
+
+ModuleDict& ModuleDict::insert(const std::string& key, ModulePtr module) {
+  add_child(key, module);  // rejects empty, dotted and repeated keys, and null modules
+  entries_.emplace_back(key, std::move(module));
+  return *this;
+}
+
+Tensor ModuleDict::forward(const Tensor&) {
+  KILN_FAIL("ModuleDict has no forward: call the module you want, e.g. (*dict[\"",
+            entries_.empty() ? "key" : entries_[0].first, "\"])(x)");
+}
+
+const ModulePtr& ModuleDict::operator[](const std::string& key) const {
+  for (const auto& [k, m] : entries_)
+    if (k == key) return m;
+  std::ostringstream known;
+  for (size_t i = 0; i < entries_.size(); ++i) known << (i ? ", " : "") << '"' << entries_[i].first << '"';
+  KILN_FAIL("ModuleDict[\"", key, "\"]: no such key; the keys are [", known.str(),
+            "]; check the spelling, or test with contains() first");
+}
+
+bool ModuleDict::contains(const std::string& key) const {
+  for (const auto& [k, m] : entries_)
+    if (k == key) return true;
+  return false;
+}
+
+std::vector<std::string> ModuleDict::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [k, m] : entries_) out.push_back(k);
+  return out;
+}
+
+}  // namespace kiln::nn
