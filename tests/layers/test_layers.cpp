@@ -48,6 +48,13 @@ TEST(Layers, ParameterAndBufferNamesAndShapesAreTorchs) {
   for (const auto& [name, p] : fc.named_parameters()) EXPECT_TRUE(p.requires_grad()) << name;
 }
 
+TEST(Layers, StateDictKeysAreTorchs) {
+  nn::BatchNorm2d bn(3);
+  std::vector<std::string> keys;
+  for (const auto& [name, t] : bn.state_dict()) keys.push_back(name);
+  EXPECT_EQ(keys, (std::vector<std::string>{"weight", "bias", "running_mean", "running_var", "num_batches_tracked"}));
+}
+
 TEST(Layers, DefaultInitialisationIsTorchs) {
   nn::Linear fc(16, 200);
   const double bound = 1 / std::sqrt(16.0) * (1 + 1e-6);  // weight and bias alike (float32 rounding)
