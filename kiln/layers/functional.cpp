@@ -1,0 +1,168 @@
+// The layers as functions (functional.h), composed of kiln's differentiable ops.
+#include "kiln/layers/functional.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kiln/autograd/grad_mode.h"  // NoGradGuard for the running-statistics update
+#include "kiln/tensor/error.h"        // KILN_CHECK
+
+namespace kiln::nn {
+namespace {
+
+// (C) -> (1, C, 1, ..., 1) with `rank` dims, to broadcast a per-channel tensor over (N, C, *).
+Tensor per_channel(const Tensor& t, int64_t rank) {
+  Shape shape(static_cast<size_t>(rank), 1);
+  shape[1] = t.numel();
+  return reshape(t, shape);
+}
+
+// Every dim except the channel dim 1.
+Dims all_but_channel(int64_t rank) {
+  Dims dims{0};
+  for (int64_t d = 2; d < rank; ++d) dims.push_back(d);
+  return dims;
+}
+
+void check_affine(const char* op, const Tensor& t, const char* name, const Shape& expected) {
+  if (!t.defined()) return;
+  KILN_CHECK(t.shape() == expected, op, ": ", name, " has shape ", t.shape(), " but the input needs ", expected,
+             "; pass a ", name, " of shape ", expected, " (or none)");
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  KILN_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape ", weight.shape());
+  KILN_CHECK(x.dim() >= 1, "linear: the input must have at least 1 dim (..., in_features), got a 0-d tensor");
+  const int64_t in = weight.size(1), out = weight.size(0);
+  KILN_CHECK(x.size(-1) == in, "linear: the input's last dim must be in_features = ", in, " (weight shape ",
+             weight.shape(), "), got input shape ", x.shape());
+  if (bias.defined()) {
+    KILN_CHECK(bias.dim() == 1 && bias.size(0) == out, "linear: bias must have shape [", out, "] (out_features), got ",
+               bias.shape());
+  }
+  if (x.dim() == 2) {
+    // (N, in) x (in, out) -> (N, out), bias fused into the GEMM.
+    return bias.defined() ? addmm(bias, x, weight.t()) : mm(x, weight.t());
+  }
+  if (x.dim() == 1) {
+    Tensor y = matmul(x, weight.t());  // (in) -> (out)
+    return bias.defined() ? y + bias : y;
+  }
+  // (..., in) -> (M, in) -> (M, out) -> (..., out)
+  Shape out_shape = x.shape();
+  out_shape.back() = out;
+  Tensor x2 = reshape(x, {-1, in});
+  Tensor y = bias.defined() ? addmm(bias, x2, weight.t()) : mm(x2, weight.t());
+  return reshape(y, out_shape);
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  KILN_CHECK(p >= 0 && p < 1, "dropout: p must lie in [0, 1), got ", p,
+             " (p is the probability of zeroing an element)");
+  if (!training || p == 0) return x;
+  KILN_CHECK(x.is_floating_point(), "dropout: the input must be floating point, got ", x.dtype());
+  // The mask holds 0 or 1 / (1 - p), so the expected value of each element is unchanged.
+  Tensor mask = bernoulli(x.shape(), 1 - p, x.options(), gen);
+  mask.mul_(1.0 / (1.0 - p));
+  return x * mask;
+}
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  const auto k = static_cast<int64_t>(normalized_shape.size());
+  KILN_CHECK(k >= 1, "layer_norm: normalized_shape must name at least one dim");
+  bool match = x.dim() >= k;
+  for (int64_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == normalized_shape[static_cast<size_t>(i)];
+  KILN_CHECK(match, "layer_norm: the input's last ", k, " dims must be normalized_shape ", normalized_shape,
+             ", got input shape ", x.shape());
+  check_affine("layer_norm", weight, "weight", normalized_shape);
+  check_affine("layer_norm", bias, "bias", normalized_shape);
+  Dims dims;
+  for (int64_t d = x.dim() - k; d < x.dim(); ++d) dims.push_back(d);
+  Tensor centered = x - mean(x, dims, true);        // (..., *normalized_shape)
+  Tensor var = mean(square(centered), dims, true);  // biased, (..., 1, ..., 1)
+  Tensor y = centered * rsqrt(var + eps);
+  if (weight.defined()) y = y * weight;  // broadcasts over the leading dims
+  if (bias.defined()) y = y + bias;
+  return y;
+}
+
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias, double eps) {
+  KILN_CHECK(x.dim() >= 2, "group_norm: the input must be (N, C, *), got shape ", x.shape());
+  const int64_t n = x.size(0), c = x.size(1);
+  KILN_CHECK(num_groups > 0 && c % num_groups == 0, "group_norm: the number of channels C = ", c,
+             " must be divisible by num_groups = ", num_groups, " (input shape ", x.shape(), ")");
+  check_affine("group_norm", weight, "weight", {c});
+  check_affine("group_norm", bias, "bias", {c});
+  // (N, C, *) -> (N, G, C/G * prod(*)): each group of a sample is one row.
+  Tensor g = reshape(x, {n, num_groups, -1});
+  Tensor centered = g - mean(g, {2}, true);
+  Tensor var = mean(square(centered), {2}, true);
+  Tensor y = reshape(centered * rsqrt(var + eps), x.shape());
+  if (weight.defined()) y = y * per_channel(weight, x.dim());
+  if (bias.defined()) y = y + per_channel(bias, x.dim());
+  return y;
+}
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  KILN_CHECK(x.dim() >= 2, "batch_norm: the input must be (N, C) or (N, C, *), got shape ", x.shape());
+  const int64_t c = x.size(1);
+  check_affine("batch_norm", weight, "weight", {c});
+  check_affine("batch_norm", bias, "bias", {c});
+  check_affine("batch_norm", running_mean, "running_mean", {c});
+  check_affine("batch_norm", running_var, "running_var", {c});
+  KILN_CHECK(running_mean.defined() == running_var.defined(),
+             "batch_norm: pass both running_mean and running_var, or neither");
+  const Dims dims = all_but_channel(x.dim());
+  Tensor y;
+  if (training) {
+    const int64_t count = x.numel() / std::max<int64_t>(c, 1);  // values per channel
+    KILN_CHECK(count > 1, "batch_norm: training needs more than 1 value per channel, got input shape ", x.shape(),
+               "; use a larger batch or eval()");
+    Tensor batch_mean = mean(x, dims, true);  // (1, C, 1, ...)
+    Tensor centered = x - batch_mean;
+    Tensor batch_var = mean(square(centered), dims, true);  // biased
+    y = centered * rsqrt(batch_var + eps);
+    if (running_mean.defined()) {
+      NoGradGuard no_grad;
+      Tensor rm = running_mean, rv = running_var;  // handles share the buffers
+      Tensor m = reshape(batch_mean.detach(), {c}).to(rm.dtype());
+      Tensor v = (reshape(batch_var.detach(), {c}) * (static_cast<double>(count) / static_cast<double>(count - 1)))
+                     .to(rv.dtype());
+      rm.mul_(1 - momentum).add_(m, momentum);
+      rv.mul_(1 - momentum).add_(v, momentum);
+    }
+  } else {
+    KILN_CHECK(running_mean.defined(),
+               "batch_norm: eval mode needs running_mean and running_var; pass them, or training = true");
+    Tensor m = per_channel(running_mean, x.dim()).to(x.dtype());
+    Tensor v = per_channel(running_var, x.dim()).to(x.dtype());
+    y = (x - m) * rsqrt(v + eps);
+  }
+  if (weight.defined()) y = y * per_channel(weight, x.dim());
+  if (bias.defined()) y = y + per_channel(bias, x.dim());
+  return y;
+}
+
+Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx) {
+  KILN_CHECK(weight.dim() == 2, "embedding: weight must be 2-D (num_embeddings, embedding_dim), got shape ",
+             weight.shape());
+  KILN_CHECK(is_integral(index.dtype()), "embedding: indices must be Int64 or Int32, got ", index.dtype(),
+             "; cast them with .to(DType::Int64)");
+  Tensor out = kiln::embedding(weight, index);  // (..., D)
+  if (!padding_idx) return out;
+  const int64_t v = weight.size(0);
+  int64_t pad = *padding_idx;
+  KILN_CHECK(pad >= -v && pad < v, "embedding: padding_idx ", pad, " is out of range for ", v,
+             " embeddings; use a value in [-", v, ", ", v, ")");
+  if (pad < 0) pad += v;
+  // Lookups of the padding row take the detached value: the same numbers, but no gradient to that row.
+  Tensor is_pad = unsqueeze(index == Scalar(pad), -1);  // (..., 1)
+  return where(is_pad, out.detach(), out);
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,51 @@
+// kiln/layers/functional.h — the layers as functions: nn::linear, nn::dropout, the normalisations, nn::embedding.
+//
+//   using namespace kiln;
+//   Tensor h = nn::linear(x, w, b);                             // x (N, 784), w (256, 784), b (256) -> (N, 256)
+//   h = nn::dropout(relu(h), 0.1, /*training=*/true);
+//   Tensor y = nn::layer_norm(h, {256}, gamma, beta);
+//   Tensor e = nn::embedding(tokens, table, /*padding_idx=*/0);  // tokens (B, T) Int64, table (V, D) -> (B, T, D)
+//
+// Each is composed of the differentiable ops of kiln/autograd/functions.h, so gradients come from autograd.
+// Activations as functions are kiln::relu, kiln::gelu, kiln::silu, kiln::tanh, kiln::sigmoid, kiln::softmax.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "kiln/autograd/functions.h"  // the differentiable ops these compose
+#include "kiln/tensor/generator.h"    // Generator
+#include "kiln/tensor/tensor.h"       // Tensor, Shape
+
+namespace kiln::nn {
+
+// y = x @ weight^T + bias, weight (out, in) as PyTorch: x (..., in) -> (..., out). bias (out) may be undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+
+// Inverted dropout: zeroes each element with probability p and scales the rest by 1 / (1 - p), with a
+// bernoulli mask drawn from `gen` (the default generator of x's device when null). Identity when not
+// training or p == 0. p must lie in [0, 1).
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
+
+// Normalises over the last normalized_shape.size() dims (which must equal normalized_shape), with the
+// biased variance; weight and bias (of normalized_shape) may be undefined.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = {}, const Tensor& bias = {},
+                  double eps = 1e-5);
+
+// x (N, C, *): normalises each of num_groups groups of C / num_groups channels (and all of *) per sample;
+// weight and bias (C) may be undefined.
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {}, const Tensor& bias = {},
+                  double eps = 1e-5);
+
+// x (N, C) or (N, C, *), statistics per channel over every other dim. Training: normalises with the batch
+// mean and biased variance, and (when defined) updates running_mean and running_var in place, under
+// NoGradGuard: running = (1 - momentum) * running + momentum * batch, with the unbiased variance.
+// Eval: normalises with the running statistics, which must then be defined. weight, bias (C) may be undefined.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight = {},
+                  const Tensor& bias = {}, bool training = false, double momentum = 0.1, double eps = 1e-5);
+
+// Rows of weight (V, D) picked by integer index (...) -> (..., D). The padding row's lookups pass no
+// gradient to it (a negative padding_idx counts from V).
+Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx = {});
+
+}  // namespace kiln::nn

@@ -1,0 +1,66 @@
+// kiln/layers/init.h — weight initialisation as PyTorch's torch.nn.init: in place, without recording gradients.
+//
+//   using namespace kiln;
+//   nn::init::kaiming_normal_(conv_weight, 0, nn::init::FanMode::FanOut, nn::init::Nonlinearity::ReLU);
+//   nn::init::xavier_uniform_(w, nn::init::calculate_gain(nn::init::Nonlinearity::Tanh));
+//   nn::init::trunc_normal_(pos_embedding, 0, 0.02);       // values in [-2, 2] (absolute bounds, as PyTorch)
+//   nn::init::zeros_(bias);
+//
+// Each function runs under NoGradGuard on the tensor in place (so on parameters that require grad too)
+// and returns it; random ones draw from `gen`, or from the default generator of the tensor's device.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "kiln/tensor/generator.h"  // Generator
+#include "kiln/tensor/tensor.h"     // Tensor, Scalar
+
+namespace kiln::nn::init {
+
+enum class Nonlinearity {
+  Linear,
+  Conv1d,
+  Conv2d,
+  Conv3d,
+  ConvTranspose1d,
+  ConvTranspose2d,
+  ConvTranspose3d,
+  Sigmoid,
+  Tanh,
+  ReLU,
+  LeakyReLU,
+  SELU
+};
+enum class FanMode { FanIn, FanOut };
+
+// PyTorch's recommended gains: 1 for linear, conv and sigmoid; 5/3 for tanh; sqrt(2) for ReLU;
+// sqrt(2 / (1 + slope^2)) for leaky ReLU (slope defaults to 0.01); 3/4 for SELU.
+double calculate_gain(Nonlinearity nonlinearity, std::optional<double> param = {});
+
+// (fan_in, fan_out) of a weight with at least 2 dims: size(1) and size(0), times the receptive field
+// (the product of dims 2...), e.g. a conv weight (out, in, kh, kw) gives (in*kh*kw, out*kh*kw).
+std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t);
+
+Tensor& uniform_(Tensor& t, double a = 0, double b = 1, Generator* gen = nullptr);
+Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);
+Tensor& constant_(Tensor& t, Scalar value);
+Tensor& zeros_(Tensor& t);
+Tensor& ones_(Tensor& t);
+
+// U(-bound, bound) with bound = gain * sqrt(3 / fan), gain = calculate_gain(nonlinearity, a).
+Tensor& kaiming_uniform_(Tensor& t, double a = 0, FanMode mode = FanMode::FanIn,
+                         Nonlinearity nonlinearity = Nonlinearity::LeakyReLU, Generator* gen = nullptr);
+// N(0, std^2) with std = gain / sqrt(fan).
+Tensor& kaiming_normal_(Tensor& t, double a = 0, FanMode mode = FanMode::FanIn,
+                        Nonlinearity nonlinearity = Nonlinearity::LeakyReLU, Generator* gen = nullptr);
+// U(-a, a) with a = gain * sqrt(6 / (fan_in + fan_out)).
+Tensor& xavier_uniform_(Tensor& t, double gain = 1, Generator* gen = nullptr);
+// N(0, std^2) with std = gain * sqrt(2 / (fan_in + fan_out)).
+Tensor& xavier_normal_(Tensor& t, double gain = 1, Generator* gen = nullptr);
+// N(mean, std^2) truncated to [a, b] (absolute bounds), by inverting the normal CDF of a uniform draw.
+Tensor& trunc_normal_(Tensor& t, double mean = 0, double std = 1, double a = -2, double b = 2,
+                      Generator* gen = nullptr);
+
+}  // namespace kiln::nn::init

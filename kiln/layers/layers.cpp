@@ -1,0 +1,188 @@
+// The simple layers as modules (layers.h).
+#include "kiln/layers/layers.h"
+
+#include <cmath>
+#include <utility>
+
+#include "kiln/autograd/grad_mode.h"  // NoGradGuard for the batch counter
+#include "kiln/layers/functional.h"   // nn::linear, nn::batch_norm, ...
+#include "kiln/layers/init.h"         // PyTorch's default initialisation
+#include "kiln/tensor/error.h"        // KILN_CHECK
+
+namespace kiln::nn {
+
+// ---------------------------------------------------------------- Linear
+
+Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
+    : Module("Linear"), in_features(in_features), out_features(out_features) {
+  KILN_CHECK(in_features > 0 && out_features > 0, "Linear: in_features and out_features must be positive, got ",
+             in_features, " and ", out_features);
+  weight = register_parameter("weight", empty({out_features, in_features}));
+  if (options.bias) bias = register_parameter("bias", empty({out_features}));
+  reset_parameters();
+}
+
+void Linear::reset_parameters(Generator* gen) {
+  // PyTorch: kaiming_uniform_(a = sqrt(5)) gives U(-1/sqrt(in), 1/sqrt(in)); the bias the same bound.
+  init::kaiming_uniform_(weight, std::sqrt(5.0), init::FanMode::FanIn, init::Nonlinearity::LeakyReLU, gen);
+  if (bias.defined()) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+    init::uniform_(bias, -bound, bound, gen);
+  }
+}
+
+Tensor Linear::forward(const Tensor& input) {
+  KILN_CHECK(input.dim() >= 1 && input.size(-1) == in_features, "Linear: expected input of shape (..., ", in_features,
+             ") (in_features = ", in_features, "), got shape ", input.shape());
+  return linear(input, weight, bias);
+}
+
+// ---------------------------------------------------------------- Dropout
+
+Dropout::Dropout(DropoutOptions options) : Module("Dropout"), options(options) {
+  KILN_CHECK(options.p >= 0 && options.p < 1, "Dropout: p must lie in [0, 1), got ", options.p);
+}
+
+Tensor Dropout::forward(const Tensor& input) { return dropout(input, options.p, is_training()); }
+
+// ---------------------------------------------------------------- Embedding
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options)
+    : Module("Embedding"), num_embeddings(num_embeddings), embedding_dim(embedding_dim) {
+  KILN_CHECK(num_embeddings > 0 && embedding_dim > 0,
+             "Embedding: num_embeddings and embedding_dim must be positive, got ", num_embeddings, " and ",
+             embedding_dim);
+  if (options.padding_idx) {
+    int64_t pad = *options.padding_idx;
+    KILN_CHECK(pad >= -num_embeddings && pad < num_embeddings, "Embedding: padding_idx ", pad, " is out of range for ",
+               num_embeddings, " embeddings; use a value in [-", num_embeddings, ", ", num_embeddings, ")");
+    padding_idx = pad < 0 ? pad + num_embeddings : pad;
+  }
+  weight = register_parameter("weight", empty({num_embeddings, embedding_dim}));
+  reset_parameters();
+}
+
+void Embedding::reset_parameters(Generator* gen) {
+  init::normal_(weight, 0, 1, gen);
+  if (padding_idx) {
+    NoGradGuard no_grad;
+    Tensor row = weight.select(0, *padding_idx);
+    row.zero_();
+  }
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  KILN_CHECK(is_integral(indices.dtype()), "Embedding: expected integer indices (Int64), got ", indices.dtype(),
+             " of shape ", indices.shape());
+  return embedding(indices, weight, padding_idx);
+}
+
+// ---------------------------------------------------------------- LayerNorm, GroupNorm
+
+LayerNorm::LayerNorm(Shape normalized_shape_in, LayerNormOptions options)
+    : Module("LayerNorm"), normalized_shape(std::move(normalized_shape_in)), options(options) {
+  KILN_CHECK(!normalized_shape.empty(), "LayerNorm: normalized_shape must name at least one dim");
+  if (options.elementwise_affine) {
+    weight = register_parameter("weight", ones(normalized_shape));
+    if (options.bias) bias = register_parameter("bias", zeros(normalized_shape));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& input) {
+  const auto k = static_cast<int64_t>(normalized_shape.size());
+  bool match = input.dim() >= k;
+  for (int64_t i = 0; match && i < k; ++i) {
+    match = input.size(input.dim() - k + i) == normalized_shape[static_cast<size_t>(i)];
+  }
+  KILN_CHECK(match, "LayerNorm: expected input of shape (..., ", normalized_shape, ") ending in normalized_shape ",
+             normalized_shape, ", got shape ", input.shape());
+  return layer_norm(input, normalized_shape, weight, bias, options.eps);
+}
+
+GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, GroupNormOptions options)
+    : Module("GroupNorm"), num_groups(num_groups), num_channels(num_channels), options(options) {
+  KILN_CHECK(num_groups > 0 && num_channels % num_groups == 0, "GroupNorm: num_channels ", num_channels,
+             " must be divisible by num_groups ", num_groups);
+  if (options.affine) {
+    weight = register_parameter("weight", ones({num_channels}));
+    bias = register_parameter("bias", zeros({num_channels}));
+  }
+}
+
+Tensor GroupNorm::forward(const Tensor& input) {
+  KILN_CHECK(input.dim() >= 2 && input.size(1) == num_channels, "GroupNorm: expected input of shape (N, ", num_channels,
+             ", *) (num_channels = ", num_channels, "), got shape ", input.shape());
+  return group_norm(input, num_groups, weight, bias, options.eps);
+}
+
+// ---------------------------------------------------------------- BatchNorm
+
+BatchNorm::BatchNorm(const char* type_name, int64_t num_features, BatchNormOptions options)
+    : Module(type_name), num_features(num_features), options(options) {
+  KILN_CHECK(num_features > 0, type_name, ": num_features must be positive, got ", num_features);
+  if (options.affine) {
+    weight = register_parameter("weight", ones({num_features}));
+    bias = register_parameter("bias", zeros({num_features}));
+  }
+  if (options.track_running_stats) {
+    running_mean = register_buffer("running_mean", zeros({num_features}));
+    running_var = register_buffer("running_var", ones({num_features}));
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, {.dtype = DType::Int64}));
+  }
+}
+
+void BatchNorm::reset_running_stats() {
+  if (!options.track_running_stats) return;
+  NoGradGuard no_grad;
+  running_mean.zero_();
+  running_var.fill_(1);
+  num_batches_tracked.zero_();
+}
+
+void BatchNorm::reset_parameters() {
+  reset_running_stats();
+  if (options.affine) {
+    init::ones_(weight);
+    init::zeros_(bias);
+  }
+}
+
+Tensor BatchNorm::forward(const Tensor& input) {
+  check_input(input);
+  KILN_CHECK(input.size(1) == num_features, type_name(), ": expected ", num_features,
+             " channels (num_features) in dim 1, got input shape ", input.shape());
+  double factor = options.momentum.value_or(0.0);
+  if (is_training() && options.track_running_stats) {
+    NoGradGuard no_grad;
+    num_batches_tracked.add_(1);
+    // Without a momentum: the cumulative average, 1 / (batches so far). Reading the counter syncs with the GPU.
+    if (!options.momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
+  }
+  // Without running statistics, eval mode normalises with the batch's statistics too.
+  const bool use_batch_stats = is_training() || !running_mean.defined();
+  const bool update = !is_training() || options.track_running_stats;
+  return batch_norm(input, update ? running_mean : Tensor(), update ? running_var : Tensor(), weight, bias,
+                    use_batch_stats, factor, options.eps);
+}
+
+BatchNorm1d::BatchNorm1d(int64_t num_features, BatchNormOptions options)
+    : BatchNorm("BatchNorm1d", num_features, options) {}
+
+void BatchNorm1d::check_input(const Tensor& input) const {
+  KILN_CHECK(input.dim() == 2 || input.dim() == 3, "BatchNorm1d: expected a 2-D (N, ", num_features, ") or 3-D (N, ",
+             num_features, ", L) input, got shape ", input.shape());
+}
+
+BatchNorm2d::BatchNorm2d(int64_t num_features, BatchNormOptions options)
+    : BatchNorm("BatchNorm2d", num_features, options) {}
+
+void BatchNorm2d::check_input(const Tensor& input) const {
+  KILN_CHECK(input.dim() == 4, "BatchNorm2d: expected a 4-D input (N, ", num_features, ", H, W), got shape ",
+             input.shape());
+}
+
+// ---------------------------------------------------------------- Flatten
+
+Tensor Flatten::forward(const Tensor& input) { return flatten(input, options.start_dim, options.end_dim); }
+
+}  // namespace kiln::nn
