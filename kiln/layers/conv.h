@@ -1,0 +1,53 @@
+// kiln/layers/conv.h — 2-d convolution: the function and the Conv2d module.
+//
+//   auto conv = std::make_shared<nn::Conv2d>(3, 64, 7, nn::Conv2dOptions{.stride = 2, .padding = 3, .bias = false});
+//   Tensor y = (*conv)(x);                            // x (N, 3, 224, 224) -> y (N, 64, 112, 112)
+//   Tensor z = nn::conv2d(x, w, b, {.stride = 1, .padding = 1, .groups = 2});
+//
+// NCHW shapes; inputs in channels-last memory format give channels-last outputs. Parameter names and
+// default initialisation as PyTorch's ("weight" (out, in / groups, kh, kw), "bias" (out)).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "kiln/layers/module.h"
+#include "kiln/tensor/generator.h"
+
+namespace kiln::nn {
+
+// Per-dim settings are {height, width}; a single number means the same for both.
+struct Pair {
+  std::array<int64_t, 2> v;
+  Pair(int64_t both) : v{both, both} {}  // NOLINT: implicit, so {.stride = 2} reads naturally
+  Pair(int64_t h, int64_t w) : v{h, w} {}
+  int64_t operator[](size_t i) const { return v[i]; }
+};
+
+struct Conv2dOptions {
+  Pair stride = 1;
+  Pair padding = 0;  // zeros on each side
+  Pair dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+
+// input (N, C_in, H, W), weight (C_out, C_in / groups, KH, KW), bias (C_out) or undefined
+//   -> (N, C_out, (H + 2 pH - dH (KH - 1) - 1) / sH + 1, (W + ...) / sW + 1).
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, const Conv2dOptions& options = {});
+
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Pair kernel_size, Conv2dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  // PyTorch's default: kaiming_uniform_(a = sqrt(5)) on the weight, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) bias.
+  void reset_parameters(Generator* gen = nullptr);
+
+  int64_t in_channels, out_channels;
+  Pair kernel_size;
+  Conv2dOptions options;
+  Tensor weight;  // (out_channels, in_channels / groups, KH, KW)
+  Tensor bias;    // (out_channels); undefined without bias
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,54 @@
+// kiln/layers/pooling.h — 2-d pooling: max, average, adaptive average; functions and modules.
+//
+//   auto pool = std::make_shared<nn::MaxPool2d>(nn::Pool2dOptions{.kernel_size = 3, .stride = 2, .padding = 1});
+//   Tensor y = (*pool)(x);                                   // (N, C, 112, 112) -> (N, C, 56, 56)
+//   Tensor g = nn::adaptive_avg_pool2d(x, {1, 1});           // (N, C, H, W) -> (N, C, 1, 1)
+//
+// NCHW shapes (a 3-d input (C, H, W) is taken as one sample); output sizes and padding rules as PyTorch's
+// (ceil_mode included). Max pooling pads with -inf, average pooling with zeros (counted unless
+// count_include_pad is false).
+#pragma once
+
+#include <optional>
+
+#include "kiln/layers/conv.h"  // nn::Pair
+#include "kiln/layers/module.h"
+
+namespace kiln::nn {
+
+struct Pool2dOptions {
+  Pair kernel_size = 2;
+  std::optional<Pair> stride;  // default: kernel_size
+  Pair padding = 0;            // at most half the kernel size
+  bool ceil_mode = false;
+  bool count_include_pad = true;  // average pooling only
+};
+
+Tensor max_pool2d(const Tensor& input, const Pool2dOptions& options);
+Tensor avg_pool2d(const Tensor& input, const Pool2dOptions& options);
+// Output (N, C, out_h, out_w); cell (i, j) averages rows [floor(i H / out_h), ceil((i + 1) H / out_h)), and
+// columns likewise, as PyTorch.
+Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size);
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Pool2dOptions options);
+  Tensor forward(const Tensor& input) override;
+  Pool2dOptions options;
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Pool2dOptions options);
+  Tensor forward(const Tensor& input) override;
+  Pool2dOptions options;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Pair output_size);
+  Tensor forward(const Tensor& input) override;
+  Pair output_size;
+};
+
+}  // namespace kiln::nn
