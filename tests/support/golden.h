@@ -1,0 +1,30 @@
+// tests/support/golden.h — reading the golden files that tests/golden/make_golden.py writes with PyTorch.
+//
+//   Golden g = load_golden("linear");             // tests/golden/data/linear.golden
+//   Tensor x = g.leaf("x");                       // float64 CPU, requires grad
+//   expect_golden(kiln_out, g, "out");            // shape and values, float64 tolerances
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "kiln/kiln.h"
+
+namespace kiln::testing {
+
+struct Golden {
+  std::string name;
+  std::map<std::string, Tensor> tensors;  // float64, CPU
+  Tensor get(const std::string& key) const;                  // throws naming the file and key when absent
+  Tensor leaf(const std::string& key) const;                 // a fresh copy that requires grad
+  Tensor get(const std::string& key, DType dtype) const;     // converted, e.g. Int64 targets
+};
+
+// Reads tests/golden/data/<name>.golden (the folder is compiled in as KILN_GOLDEN_DIR).
+Golden load_golden(const std::string& name);
+
+// actual (any dtype/device) against the golden tensor `key`: same shape, values within rtol/atol.
+void expect_golden(const Tensor& actual, const Golden& golden, const std::string& key, double rtol = 1e-9,
+                   double atol = 1e-12);
+
+}  // namespace kiln::testing
