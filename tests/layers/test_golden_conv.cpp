@@ -1,0 +1,36 @@
+// Convolution against golden values computed by PyTorch (tests/golden/make_golden.py).
+#include <gtest/gtest.h>
+
+#include "kiln/layers/conv.h"
+#include "support/golden.h"
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+class GoldenConvAttentionTest : public BackendTest {
+ protected:
+  Tensor in(const Golden& g, const std::string& key) { return g.get(key).to(dev()).requires_grad_(); }
+  Tensor plain(const Golden& g, const std::string& key) { return g.get(key).to(dev()); }
+  void expect(const Tensor& t, const Golden& g, const std::string& key) {
+    expect_golden(t, g, key, dev().is_cpu() ? 1e-9 : 1e-7, 1e-10);
+  }
+};
+
+// groups 2, stride (2, 1), padding (1, 0), dilation (1, 2), bias.
+TEST_P(GoldenConvAttentionTest, Conv2dWithGroupsStrideDilationPadding) {
+  const Golden g = load_golden("conv2d");
+  Tensor x = in(g, "x"), w = in(g, "weight"), b = in(g, "bias");
+  Tensor y = nn::conv2d(x, w, b, {.stride = nn::Pair(2, 1), .padding = nn::Pair(1, 0), .dilation = nn::Pair(1, 2),
+                                  .groups = 2});
+  expect(y, g, "out");
+  (y * plain(g, "grad_out")).sum().backward();
+  expect(x.grad(), g, "grad_x");
+  expect(w.grad(), g, "grad_weight");
+  expect(b.grad(), g, "grad_bias");
+}
+
+KILN_INSTANTIATE_BACKENDS(GoldenConvAttentionTest);
+
+}  // namespace
+}  // namespace kiln::testing
