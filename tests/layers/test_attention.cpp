@@ -161,16 +161,21 @@ TEST_P(AttentionTest, DropoutZeroesAndRescalesProbabilities) {
 KILN_INSTANTIATE_BACKENDS(AttentionTest);
 
 TEST(Attention, SdpaGradients) {
+  // A mask, when given, is the fourth input (not differentiated), so it travels with the others to each device.
   auto sdpa = [](nn::AttentionOptions o) {
-    return [o](const TensorList& in) { return TensorList{nn::scaled_dot_product_attention(in[0], in[1], in[2], o)}; };
+    return [o](const TensorList& in) {
+      nn::AttentionOptions with_mask = o;
+      if (in.size() > 3) with_mask.attn_mask = in[3];
+      return TensorList{nn::scaled_dot_product_attention(in[0], in[1], in[2], with_mask)};
+    };
   };
   TensorList qkv = {make_input({2, 3, 4}, -1, 1, 1), make_input({2, 5, 4}, -1, 1, 2), make_input({2, 5, 3}, -1, 1, 3)};
   check_gradients(sdpa({}), qkv);
   check_gradients(sdpa({.is_causal = true, .scale = 0.8}), qkv);
-  // Bool mask with a fully masked row, and a float mask (not differentiated).
+  // Bool mask with a fully masked row, and a float mask.
   Tensor bm = make({1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1}, {3, 5}, {.dtype = DType::Bool});
-  check_gradients(sdpa({.attn_mask = bm}), qkv);
-  check_gradients(sdpa({.attn_mask = make(uniform(15, -1, 1, 4), {3, 5}, {.dtype = DType::Float64})}), qkv);
+  check_gradients(sdpa({}), {qkv[0], qkv[1], qkv[2], bm});
+  check_gradients(sdpa({}), {qkv[0], qkv[1], qkv[2], make(uniform(15, -1, 1, 4), {3, 5}, {.dtype = DType::Float64})});
 }
 
 TEST(Attention, SdpaBadInput) {
@@ -188,13 +193,13 @@ TEST(Attention, SdpaBadInput) {
       [] {
         nn::scaled_dot_product_attention(zeros({3, 4}), zeros({5, 4}, {.dtype = DType::Float64}), zeros({5, 4}));
       },
-      {"scaled_dot_product_attention", "Float32", "Float64"});
+      {"scaled_dot_product_attention", "float32", "float64"});
   expect_error(
       [] {
         nn::scaled_dot_product_attention(zeros({3, 4}), zeros({5, 4}), zeros({5, 4}),
                                          {.attn_mask = ones({3, 5}, {.dtype = DType::Int64})});
       },
-      {"scaled_dot_product_attention", "attn_mask", "Int64"});
+      {"scaled_dot_product_attention", "attn_mask", "int64"});
   expect_error(
       [] {
         nn::scaled_dot_product_attention(zeros({3, 4}), zeros({5, 4}), zeros({5, 4}), {.attn_mask = zeros({3, 4})});

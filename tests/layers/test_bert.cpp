@@ -180,7 +180,7 @@ TEST(Bert, MaskedLmLossIsFiniteAndDecreasesUnderSgd) {
   Tensor types = zeros({4, 5}, {.dtype = DType::Int64});
   Tensor mask = ones({4, 5}, {.dtype = DType::Int64});
   std::vector<double> losses;
-  for (int step = 0; step < 6; ++step) {
+  for (int step = 0; step < 8; ++step) {
     mlm.zero_grad();
     Tensor loss = mlm.forward(input, types, mask, labels).loss;
     ASSERT_EQ(loss.dim(), 0);
@@ -188,7 +188,7 @@ TEST(Bert, MaskedLmLossIsFiniteAndDecreasesUnderSgd) {
     loss.backward();
     NoGradGuard no_grad;
     for (Tensor& p : mlm.parameters())
-      if (p.grad().defined()) sub_(p, p.grad(), 0.5);
+      if (p.grad().defined()) sub_(p, p.grad(), 0.1);
   }
   for (double l : losses) EXPECT_TRUE(std::isfinite(l));
   EXPECT_NEAR(losses.front(), std::log(50.0), 0.5);  // near-uniform predictions at initialisation
@@ -252,7 +252,7 @@ TEST(Bert, BadInput) {
         model.forward(zeros({2, 17}, {.dtype = DType::Int64}), {}, {});
       },
       {"BertEmbeddings", "17", "max_position_embeddings = 16"});
-  expect_error([&] { model.forward(zeros({2, 5}), {}, {}); }, {"input_ids", "integer", "Float32"});
+  expect_error([&] { model.forward(zeros({2, 5}), {}, {}); }, {"input_ids", "integer", "float32"});
   expect_error(
       [&] {
         model.forward(zeros({2, 5}, {.dtype = DType::Int64}), zeros({2, 4}, {.dtype = DType::Int64}), {});
