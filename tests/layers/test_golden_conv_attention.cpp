@@ -1,6 +1,7 @@
-// Convolution against golden values computed by PyTorch (tests/golden/make_golden.py).
+// Convolution and attention against golden values computed by PyTorch (tests/golden/make_golden.py).
 #include <gtest/gtest.h>
 
+#include "kiln/layers/attention.h"
 #include "kiln/layers/conv.h"
 #include "support/golden.h"
 #include "support/test_support.h"
@@ -28,6 +29,18 @@ TEST_P(GoldenConvAttentionTest, Conv2dWithGroupsStrideDilationPadding) {
   expect(x.grad(), g, "grad_x");
   expect(w.grad(), g, "grad_weight");
   expect(b.grad(), g, "grad_bias");
+}
+
+TEST_P(GoldenConvAttentionTest, ScaledDotProductAttentionWithABoolMask) {
+  const Golden g = load_golden("attention");
+  Tensor q = in(g, "q"), k = in(g, "k"), v = in(g, "v");
+  Tensor mask = plain(g, "mask") > 0.5;
+  Tensor y = nn::scaled_dot_product_attention(q, k, v, {.attn_mask = mask});
+  expect(y, g, "out");
+  (y * plain(g, "grad_out")).sum().backward();
+  expect(q.grad(), g, "grad_q");
+  expect(k.grad(), g, "grad_k");
+  expect(v.grad(), g, "grad_v");
 }
 
 KILN_INSTANTIATE_BACKENDS(GoldenConvAttentionTest);

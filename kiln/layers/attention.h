@@ -1,0 +1,89 @@
+// kiln/layers/attention.h — scaled dot-product attention and nn::MultiheadAttention (PyTorch's semantics).
+//
+//   using namespace kiln;
+//   // q (N, H, L, E), k (N, H, S, E), v (N, H, S, Ev) -> (N, H, L, Ev)
+//   Tensor y = nn::scaled_dot_product_attention(q, k, v, {.is_causal = true});
+//   y = nn::scaled_dot_product_attention(q, k, v, {.attn_mask = allowed /* Bool (N, 1, 1, S) */, .dropout_p = 0.1});
+//
+//   auto mha = std::make_shared<nn::MultiheadAttention>(256, 8);   // batch_first: (N, L, E)
+//   auto [out, weights] = mha->forward(x, x, x, padding /* Bool (N, S), true = padding */, {}, true);
+//
+// The math path composes differentiable ops (softmax(q k^T * scale + mask) -> dropout -> @ v), so its
+// gradients come from autograd. scaled_dot_product_attention is the one entry point: a fused GPU kernel
+// (cuDNN / flash attention) is to be selected inside it for supported devices, dtypes and shapes, with the
+// same semantics, so callers (MultiheadAttention, BERT) need not change.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "kiln/layers/layers.h"     // nn::Linear
+#include "kiln/layers/module.h"     // nn::Module
+#include "kiln/tensor/generator.h"  // Generator
+#include "kiln/tensor/tensor.h"     // Tensor
+
+namespace kiln::nn {
+
+struct AttentionOptions {
+  // Bool: true = the query may attend to that key (PyTorch's sdpa convention); floating: added to the scores
+  // (use -inf to forbid). Broadcastable to (..., L, S). Undefined: no mask.
+  Tensor attn_mask;
+  // Dropout on the attention probabilities, applied whenever > 0 (as torch's functional sdpa: pass 0 in eval).
+  double dropout_p = 0;
+  // Query i may attend to keys j <= i (the top-left-aligned lower triangle, as PyTorch). Combines with
+  // attn_mask when both are given (PyTorch refuses the combination; kiln applies both).
+  bool is_causal = false;
+  std::optional<double> scale;     // default 1 / sqrt(E)
+  Generator* generator = nullptr;  // for dropout; null: the default generator of q's device
+};
+
+// q (..., L, E), k (..., S, E), v (..., S, Ev) -> (..., L, Ev); the leading dims broadcast as in matmul.
+// Rows in which every key is masked give zeros (and zero gradients), not NaN: this is PyTorch >= 2.5's
+// math path (_safe_softmax) and what padding on both sides of a causal mask needs.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& options = {});
+
+// The same computation, also returning the attention probabilities (..., L, S) after dropout (what
+// MultiheadAttention reports when asked for weights). Always the math path.
+struct AttentionResult {
+  Tensor output;   // (..., L, Ev)
+  Tensor weights;  // (..., L, S)
+};
+AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                          const AttentionOptions& options = {});
+
+// ---------------------------------------------------------------- MultiheadAttention
+struct MultiheadAttentionOptions {
+  double dropout = 0;       // on the attention probabilities, in training mode only
+  bool bias = true;         // "in_proj_bias" and "out_proj.bias"
+  bool batch_first = true;  // (N, L, E); false: (L, N, E) as PyTorch's default
+};
+
+// PyTorch's nn.MultiheadAttention with kdim = vdim = embed_dim: parameters "in_proj_weight" (3E, E) (query,
+// key and value projections stacked), "in_proj_bias" (3E), "out_proj.weight" (E, E), "out_proj.bias" (E).
+// Init as PyTorch: xavier_uniform_ in_proj_weight, zero biases, out_proj.weight as Linear's default.
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, MultiheadAttentionOptions options = {});
+
+  struct Output {
+    Tensor output;   // (N, L, E) (or (L, N, E) without batch_first)
+    Tensor weights;  // need_weights: (N, L, S) averaged over heads, or (N, num_heads, L, S); else undefined
+  };
+  // query (N, L, E), key and value (N, S, E) (batch_first). key_padding_mask (N, S): Bool true = padding
+  // (ignored key), or floating added to the scores. attn_mask (L, S) or (N * num_heads, L, S): Bool true =
+  // NOT allowed, or floating added — PyTorch's MultiheadAttention convention, the opposite of sdpa's Bool.
+  Output forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask = {},
+                 const Tensor& attn_mask = {}, bool need_weights = false, bool average_attn_weights = true);
+  // Self-attention without masks: forward(x, x, x).output.
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters(Generator* gen = nullptr);
+
+  int64_t embed_dim, num_heads, head_dim;
+  MultiheadAttentionOptions options;
+  Tensor in_proj_weight;  // (3E, E)
+  Tensor in_proj_bias;    // (3E); undefined without bias
+  std::shared_ptr<Linear> out_proj;
+};
+
+}  // namespace kiln::nn

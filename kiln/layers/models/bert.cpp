@@ -1,0 +1,300 @@
+// BERT with Hugging Face's module tree and names (bert.h).
+#include "kiln/layers/models/bert.h"
+
+#include <string>
+
+#include "kiln/autograd/grad_mode.h"  // NoGradGuard for initialisation
+#include "kiln/layers/attention.h"    // nn::scaled_dot_product_attention
+#include "kiln/layers/functional.h"   // nn::linear
+#include "kiln/layers/init.h"         // normal_, zeros_, ones_
+#include "kiln/layers/loss.h"         // cross_entropy, mse_loss
+#include "kiln/tensor/error.h"        // KILN_CHECK
+
+namespace kiln::nn {
+namespace {
+
+Tensor activate(const Tensor& x, BertActivation act) {
+  switch (act) {
+    case BertActivation::Gelu: return gelu(x);
+    case BertActivation::GeluTanh: return gelu(x, /*tanh_approximation=*/true);
+    case BertActivation::Relu: return relu(x);
+  }
+  return x;
+}
+
+void check_ids(const char* what, const Tensor& ids, const char* name) {
+  KILN_CHECK(ids.defined(), what, ": ", name, " is undefined; pass (N, S) integer token ids");
+  KILN_CHECK(ids.dim() == 2 && is_integral(ids.dtype()), what, ": expected ", name,
+             " of shape (N, S) with an integer dtype (Int64), got shape ", ids.shape(), " and dtype ", ids.dtype());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- config
+
+void BertConfig::validate() const {
+  KILN_CHECK(vocab_size > 0 && hidden_size > 0 && num_hidden_layers > 0 && num_attention_heads > 0 &&
+                 intermediate_size > 0 && max_position_embeddings > 0 && type_vocab_size > 0,
+             "BertConfig: every size must be positive, got vocab_size ", vocab_size, ", hidden_size ", hidden_size,
+             ", num_hidden_layers ", num_hidden_layers, ", num_attention_heads ", num_attention_heads,
+             ", intermediate_size ", intermediate_size, ", max_position_embeddings ", max_position_embeddings,
+             ", type_vocab_size ", type_vocab_size);
+  KILN_CHECK(hidden_size % num_attention_heads == 0, "BertConfig: hidden_size (", hidden_size,
+             ") must be divisible by num_attention_heads (", num_attention_heads, ")");
+  KILN_CHECK(hidden_dropout_prob >= 0 && hidden_dropout_prob < 1 && attention_probs_dropout_prob >= 0 &&
+                 attention_probs_dropout_prob < 1,
+             "BertConfig: dropout probabilities must lie in [0, 1), got hidden_dropout_prob ", hidden_dropout_prob,
+             " and attention_probs_dropout_prob ", attention_probs_dropout_prob);
+  KILN_CHECK(pad_token_id >= 0 && pad_token_id < vocab_size, "BertConfig: pad_token_id ", pad_token_id,
+             " must lie in [0, vocab_size = ", vocab_size, ")");
+}
+
+int64_t BertConfig::num_parameters(bool with_pooler) const {
+  const int64_t H = hidden_size, I = intermediate_size;
+  const int64_t embeddings = (vocab_size + max_position_embeddings + type_vocab_size) * H + 2 * H;  // + LayerNorm
+  const int64_t attention = 4 * (H * H + H) + 2 * H;               // query, key, value, output dense + LayerNorm
+  const int64_t feed_forward = (H * I + I) + (I * H + H) + 2 * H;  // intermediate, output dense + LayerNorm
+  const int64_t pooler = with_pooler ? H * H + H : 0;
+  return embeddings + num_hidden_layers * (attention + feed_forward) + pooler;
+}
+
+void bert_init_weights(Module& root, const BertConfig& config, Generator* gen) {
+  // Hugging Face's BertPreTrainedModel._init_weights.
+  for (const ModulePtr& m : root.modules()) {
+    if (auto* fc = dynamic_cast<Linear*>(m.get())) {
+      init::normal_(fc->weight, 0, config.initializer_range, gen);
+      if (fc->bias.defined()) init::zeros_(fc->bias);
+    } else if (auto* emb = dynamic_cast<Embedding*>(m.get())) {
+      init::normal_(emb->weight, 0, config.initializer_range, gen);
+      if (emb->padding_idx) {
+        NoGradGuard no_grad;
+        Tensor row = emb->weight.select(0, *emb->padding_idx);
+        row.zero_();
+      }
+    } else if (auto* ln = dynamic_cast<LayerNorm*>(m.get())) {
+      if (ln->weight.defined()) init::ones_(ln->weight);
+      if (ln->bias.defined()) init::zeros_(ln->bias);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- embeddings
+
+BertEmbeddings::BertEmbeddings(const BertConfig& c) : Module("BertEmbeddings") {
+  word_embeddings = register_module(
+      "word_embeddings", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, EmbeddingOptions{c.pad_token_id}));
+  position_embeddings =
+      register_module("position_embeddings", std::make_shared<Embedding>(c.max_position_embeddings, c.hidden_size));
+  token_type_embeddings =
+      register_module("token_type_embeddings", std::make_shared<Embedding>(c.type_vocab_size, c.hidden_size));
+  layer_norm = register_module(
+      "LayerNorm", std::make_shared<nn::LayerNorm>(Shape{c.hidden_size}, LayerNormOptions{.eps = c.layer_norm_eps}));
+  dropout = register_module("dropout", std::make_shared<Dropout>(c.hidden_dropout_prob));
+}
+
+Tensor BertEmbeddings::forward(const Tensor& input_ids, const Tensor& token_type_ids) {
+  check_ids("BertEmbeddings", input_ids, "input_ids");
+  const int64_t N = input_ids.size(0), S = input_ids.size(1);
+  KILN_CHECK(S <= position_embeddings->num_embeddings, "BertEmbeddings: sequence length ", S,
+             " exceeds max_position_embeddings = ", position_embeddings->num_embeddings,
+             "; truncate the input or build the model with a larger max_position_embeddings");
+  Tensor types = token_type_ids;
+  if (types.defined()) {
+    check_ids("BertEmbeddings", types, "token_type_ids");
+    KILN_CHECK(types.shape() == input_ids.shape(), "BertEmbeddings: token_type_ids has shape ", types.shape(),
+               " but input_ids has shape ", input_ids.shape(), "; they must match");
+  } else {
+    types = zeros({N, S}, {.dtype = DType::Int64, .device = input_ids.device()});
+  }
+  Tensor positions = arange(S, {.dtype = DType::Int64, .device = input_ids.device()});  // (S)
+  // (N, S, H) + (S, H) + (N, S, H)
+  Tensor x = (*word_embeddings)(input_ids) + (*position_embeddings)(positions) + (*token_type_embeddings)(types);
+  return (*dropout)((*layer_norm)(x));
+}
+
+// ---------------------------------------------------------------- one encoder layer
+
+BertSelfAttention::BertSelfAttention(const BertConfig& c)
+    : Module("BertSelfAttention"),
+      num_heads(c.num_attention_heads),
+      head_dim(c.hidden_size / c.num_attention_heads),
+      attention_dropout(c.attention_probs_dropout_prob) {
+  query = register_module("query", std::make_shared<Linear>(c.hidden_size, c.hidden_size));
+  key = register_module("key", std::make_shared<Linear>(c.hidden_size, c.hidden_size));
+  value = register_module("value", std::make_shared<Linear>(c.hidden_size, c.hidden_size));
+}
+
+Tensor BertSelfAttention::forward(const Tensor& hidden, const Tensor& mask) {
+  const int64_t N = hidden.size(0), S = hidden.size(1), H = hidden.size(2);
+  // (N, S, H) -> (N, S, heads, D) -> (N, heads, S, D)
+  auto heads = [&](const Tensor& x) { return permute(reshape(x, {N, S, num_heads, head_dim}), {0, 2, 1, 3}); };
+  Tensor context =
+      scaled_dot_product_attention(heads((*query)(hidden)), heads((*key)(hidden)), heads((*value)(hidden)),
+                                   {.attn_mask = mask, .dropout_p = is_training() ? attention_dropout : 0.0});
+  return reshape(permute(context, {0, 2, 1, 3}), {N, S, H});  // (N, heads, S, D) -> (N, S, H)
+}
+
+BertResidualOutput::BertResidualOutput(const BertConfig& c, int64_t in_features) : Module("BertOutput") {
+  dense = register_module("dense", std::make_shared<Linear>(in_features, c.hidden_size));
+  layer_norm = register_module(
+      "LayerNorm", std::make_shared<nn::LayerNorm>(Shape{c.hidden_size}, LayerNormOptions{.eps = c.layer_norm_eps}));
+  dropout = register_module("dropout", std::make_shared<Dropout>(c.hidden_dropout_prob));
+}
+
+Tensor BertResidualOutput::forward(const Tensor& x, const Tensor& residual) {
+  return (*layer_norm)((*dropout)((*dense)(x)) + residual);
+}
+
+BertAttention::BertAttention(const BertConfig& c) : Module("BertAttention") {
+  self = register_module("self", std::make_shared<BertSelfAttention>(c));
+  output = register_module("output", std::make_shared<BertResidualOutput>(c, c.hidden_size));
+}
+
+Tensor BertAttention::forward(const Tensor& hidden, const Tensor& mask) {
+  return output->forward(self->forward(hidden, mask), hidden);
+}
+
+BertIntermediate::BertIntermediate(const BertConfig& c) : Module("BertIntermediate"), act(c.hidden_act) {
+  dense = register_module("dense", std::make_shared<Linear>(c.hidden_size, c.intermediate_size));
+}
+
+Tensor BertIntermediate::forward(const Tensor& x) { return activate((*dense)(x), act); }
+
+BertLayer::BertLayer(const BertConfig& c) : Module("BertLayer") {
+  attention = register_module("attention", std::make_shared<BertAttention>(c));
+  intermediate = register_module("intermediate", std::make_shared<BertIntermediate>(c));
+  output = register_module("output", std::make_shared<BertResidualOutput>(c, c.intermediate_size));
+}
+
+Tensor BertLayer::forward(const Tensor& hidden, const Tensor& mask) {
+  Tensor a = attention->forward(hidden, mask);
+  return output->forward(intermediate->forward(a), a);
+}
+
+BertEncoder::BertEncoder(const BertConfig& c) : Module("BertEncoder") {
+  layer = register_module("layer", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layer->push_back(std::make_shared<BertLayer>(c));
+}
+
+Tensor BertEncoder::forward(const Tensor& hidden, const Tensor& mask) {
+  Tensor h = hidden;
+  for (int64_t i = 0; i < layer->size(); ++i) h = layer->at<BertLayer>(i)->forward(h, mask);
+  return h;
+}
+
+BertPooler::BertPooler(const BertConfig& c) : Module("BertPooler") {
+  dense = register_module("dense", std::make_shared<Linear>(c.hidden_size, c.hidden_size));
+}
+
+Tensor BertPooler::forward(const Tensor& hidden) {
+  return kiln::tanh((*dense)(select(hidden, 1, 0)));  // (N, S, H) -> [CLS] (N, H)
+}
+
+// ---------------------------------------------------------------- BertModel
+
+BertModel::BertModel(const BertConfig& c, bool add_pooling_layer) : Module("BertModel"), config(c) {
+  config.validate();
+  embeddings = register_module("embeddings", std::make_shared<BertEmbeddings>(c));
+  encoder = register_module("encoder", std::make_shared<BertEncoder>(c));
+  if (add_pooling_layer) pooler = register_module("pooler", std::make_shared<BertPooler>(c));
+  bert_init_weights(*this, config);
+}
+
+BertModel::Output BertModel::forward(const Tensor& input_ids, const Tensor& token_type_ids,
+                                     const Tensor& attention_mask) {
+  check_ids("BertModel", input_ids, "input_ids");
+  Tensor mask;  // (N, 1, 1, S) Bool, true = may attend: every query sees every real token.
+  if (attention_mask.defined()) {
+    KILN_CHECK(attention_mask.shape() == input_ids.shape(), "BertModel: attention_mask has shape ",
+               attention_mask.shape(), " but input_ids has shape ", input_ids.shape(),
+               "; give (N, S) with 1 for tokens and 0 for padding");
+    KILN_CHECK(attention_mask.device() == input_ids.device(), "BertModel: attention_mask is on ",
+               attention_mask.device(), " but input_ids on ", input_ids.device());
+    Tensor m = attention_mask.dtype() == DType::Bool ? attention_mask : ne(attention_mask, 0);
+    mask = reshape(m, {input_ids.size(0), 1, 1, input_ids.size(1)});
+  }
+  Output out;
+  out.sequence_output = encoder->forward(embeddings->forward(input_ids, token_type_ids), mask);
+  if (pooler) out.pooled_output = pooler->forward(out.sequence_output);
+  return out;
+}
+
+// ---------------------------------------------------------------- masked LM
+
+BertLMPredictionHead::BertLMPredictionHead(const BertConfig& c, const Tensor& word_embedding_weight)
+    : Module("BertLMPredictionHead"), act(c.hidden_act) {
+  KILN_CHECK(word_embedding_weight.defined() && word_embedding_weight.shape() == (Shape{c.vocab_size, c.hidden_size}),
+             "BertLMPredictionHead: the tied word-embedding weight must have shape (vocab_size, hidden_size) = ",
+             Shape{c.vocab_size, c.hidden_size});
+  // HF registers the bias before the children, so "cls.predictions.bias" is listed first.
+  bias = register_parameter("bias", zeros({c.vocab_size}));
+  transform = register_module("transform", std::make_shared<Module>("BertPredictionHeadTransform"));
+  transform_dense = transform->register_module("dense", std::make_shared<Linear>(c.hidden_size, c.hidden_size));
+  transform_layer_norm = transform->register_module(
+      "LayerNorm", std::make_shared<nn::LayerNorm>(Shape{c.hidden_size}, LayerNormOptions{.eps = c.layer_norm_eps}));
+  // The decoder holds the very same tensors: one parameter, listed once by named_parameters() (under its
+  // first name), present under both names in state_dict(), its gradient accumulated from both uses.
+  decoder = register_module("decoder", std::make_shared<Module>("Linear"));
+  decoder_weight = decoder->register_parameter("weight", word_embedding_weight);
+  decoder->register_parameter("bias", bias);
+}
+
+Tensor BertLMPredictionHead::forward(const Tensor& hidden) {
+  Tensor h = (*transform_layer_norm)(activate((*transform_dense)(hidden), act));  // (N, S, H)
+  return linear(h, decoder_weight, bias);                                         // (N, S, vocab)
+}
+
+BertForMaskedLM::BertForMaskedLM(const BertConfig& c) : Module("BertForMaskedLM") {
+  bert = register_module("bert", std::make_shared<BertModel>(c, /*add_pooling_layer=*/false));
+  cls = register_module("cls", std::make_shared<Module>("BertOnlyMLMHead"));
+  predictions = cls->register_module(
+      "predictions", std::make_shared<BertLMPredictionHead>(c, bert->embeddings->word_embeddings->weight));
+  bert_init_weights(*predictions->transform, c);
+}
+
+BertForMaskedLM::Output BertForMaskedLM::forward(const Tensor& input_ids, const Tensor& token_type_ids,
+                                                 const Tensor& attention_mask, const Tensor& labels) {
+  Output out;
+  out.logits = predictions->forward(bert->forward(input_ids, token_type_ids, attention_mask).sequence_output);
+  if (labels.defined()) {
+    KILN_CHECK(labels.shape() == input_ids.shape() && is_integral(labels.dtype()),
+               "BertForMaskedLM: labels must be integer token ids of the input's shape ", input_ids.shape(),
+               " (-100 where nothing is predicted), got shape ", labels.shape(), " and dtype ", labels.dtype());
+    const int64_t V = out.logits.size(-1);
+    out.loss = cross_entropy(reshape(out.logits, {-1, V}), reshape(labels, {-1}), {.ignore_index = -100});
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- sequence classification
+
+BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c, int64_t num_labels)
+    : Module("BertForSequenceClassification"), num_labels(num_labels) {
+  KILN_CHECK(num_labels > 0, "BertForSequenceClassification: num_labels must be positive, got ", num_labels);
+  bert = register_module("bert", std::make_shared<BertModel>(c));
+  dropout = register_module("dropout", std::make_shared<Dropout>(c.hidden_dropout_prob));
+  classifier = register_module("classifier", std::make_shared<Linear>(c.hidden_size, num_labels));
+  bert_init_weights(*classifier, c);
+}
+
+BertForSequenceClassification::Output BertForSequenceClassification::forward(const Tensor& input_ids,
+                                                                             const Tensor& token_type_ids,
+                                                                             const Tensor& attention_mask,
+                                                                             const Tensor& labels) {
+  Output out;
+  out.logits = (*classifier)((*dropout)(bert->forward(input_ids, token_type_ids, attention_mask).pooled_output));
+  if (labels.defined()) {
+    if (num_labels == 1) {
+      // Regression, as Hugging Face: MSE against float targets (N).
+      out.loss = mse_loss(reshape(out.logits, {-1}), cast(reshape(labels, {-1}), out.logits.dtype()));
+    } else {
+      KILN_CHECK(is_integral(labels.dtype()) && labels.dim() == 1 && labels.size(0) == input_ids.size(0),
+                 "BertForSequenceClassification: labels must be class indices of shape (N) = (", input_ids.size(0),
+                 ") with an integer dtype, got shape ", labels.shape(), " and dtype ", labels.dtype());
+      out.loss = cross_entropy(out.logits, labels);
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,223 @@
+// kiln/layers/models/bert.h — BERT (Devlin et al. 2018) with Hugging Face's module tree and parameter names.
+//
+//   using namespace kiln;
+//   auto mlm = std::make_shared<nn::BertForMaskedLM>(nn::BertConfig::base());
+//   auto out = mlm->forward(input_ids, token_type_ids, attention_mask, labels);  // (N, S) Int64 each
+//   out.loss.backward();                                                         // out.logits (N, S, vocab)
+//
+//   nn::BertConfig tiny{.vocab_size = 50, .hidden_size = 16, .num_hidden_layers = 2, .num_attention_heads = 2,
+//                       .intermediate_size = 32, .max_position_embeddings = 16};   // any custom size
+//   auto clf = std::make_shared<nn::BertForSequenceClassification>(tiny, /*num_labels=*/3);
+//
+// Names match transformers' BertModel / BertForMaskedLM / BertForSequenceClassification
+// ("bert.encoder.layer.0.attention.self.query.weight", "cls.predictions.transform.LayerNorm.weight", ...),
+// so Hugging Face state dicts load by name. Initialisation as Hugging Face's _init_weights: Linear and
+// Embedding weights N(0, initializer_range^2), biases zero, the padding row (id 0) of the word embeddings
+// zero, LayerNorm ones and zeros. Self-attention goes through nn::scaled_dot_product_attention.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kiln/layers/containers.h"  // nn::ModuleList
+#include "kiln/layers/layers.h"      // nn::Linear, nn::Embedding, nn::LayerNorm, nn::Dropout
+#include "kiln/layers/module.h"      // nn::Module
+#include "kiln/tensor/generator.h"   // Generator
+#include "kiln/tensor/tensor.h"      // Tensor
+
+namespace kiln::nn {
+
+enum class BertActivation { Gelu, GeluTanh, Relu };  // HF's "gelu", "gelu_new", "relu"
+
+// The defaults are bert-base-uncased's.
+struct BertConfig {
+  int64_t vocab_size = 30522;
+  int64_t hidden_size = 768;
+  int64_t num_hidden_layers = 12;
+  int64_t num_attention_heads = 12;
+  int64_t intermediate_size = 3072;
+  int64_t max_position_embeddings = 512;
+  int64_t type_vocab_size = 2;
+  double hidden_dropout_prob = 0.1;
+  double attention_probs_dropout_prob = 0.1;
+  double layer_norm_eps = 1e-12;
+  BertActivation hidden_act = BertActivation::Gelu;
+  double initializer_range = 0.02;
+  int64_t pad_token_id = 0;
+
+  static BertConfig base() { return {}; }
+  static BertConfig large() {
+    return {.hidden_size = 1024, .num_hidden_layers = 24, .num_attention_heads = 16, .intermediate_size = 4096};
+  }
+  // Any other size: the designated-initializer form above, or base() with fields changed.
+  static BertConfig custom(int64_t vocab_size, int64_t hidden_size, int64_t num_hidden_layers,
+                           int64_t num_attention_heads, int64_t intermediate_size, int64_t max_position_embeddings) {
+    return {.vocab_size = vocab_size,
+            .hidden_size = hidden_size,
+            .num_hidden_layers = num_hidden_layers,
+            .num_attention_heads = num_attention_heads,
+            .intermediate_size = intermediate_size,
+            .max_position_embeddings = max_position_embeddings};
+  }
+  // Throws kiln::Error naming the bad field (e.g. hidden_size not divisible by num_attention_heads).
+  void validate() const;
+  // Parameters of BertModel for this config, without building it (with_pooler: the pooler's dense layer).
+  // base(): 109,482,240, as Hugging Face's bert-base-uncased.
+  int64_t num_parameters(bool with_pooler = true) const;
+};
+
+// word + position + token_type embeddings -> LayerNorm -> dropout: (N, S) ids -> (N, S, H).
+class BertEmbeddings : public Module {
+ public:
+  explicit BertEmbeddings(const BertConfig& config);
+  // token_type_ids undefined: all type 0. Positions are 0 .. S-1.
+  Tensor forward(const Tensor& input_ids, const Tensor& token_type_ids);
+
+  std::shared_ptr<Embedding> word_embeddings, position_embeddings, token_type_embeddings;
+  std::shared_ptr<LayerNorm> layer_norm;  // registered as "LayerNorm", HF's name
+  std::shared_ptr<Dropout> dropout;
+};
+
+// "attention.self": query, key, value (H -> H) and multi-head scaled dot-product attention.
+class BertSelfAttention : public Module {
+ public:
+  explicit BertSelfAttention(const BertConfig& config);
+  // hidden (N, S, H), mask Bool broadcastable to (N, heads, S, S) (true = may attend) or undefined -> (N, S, H).
+  Tensor forward(const Tensor& hidden, const Tensor& mask);
+
+  int64_t num_heads, head_dim;
+  double attention_dropout;
+  std::shared_ptr<Linear> query, key, value;
+};
+
+// dense -> dropout -> LayerNorm(x + residual): "attention.output" (H -> H) and "output" (I -> H).
+class BertResidualOutput : public Module {
+ public:
+  BertResidualOutput(const BertConfig& config, int64_t in_features);
+  Tensor forward(const Tensor& x, const Tensor& residual);
+
+  std::shared_ptr<Linear> dense;
+  std::shared_ptr<LayerNorm> layer_norm;  // "LayerNorm"
+  std::shared_ptr<Dropout> dropout;
+};
+
+class BertAttention : public Module {
+ public:
+  explicit BertAttention(const BertConfig& config);
+  Tensor forward(const Tensor& hidden, const Tensor& mask);
+
+  std::shared_ptr<BertSelfAttention> self;
+  std::shared_ptr<BertResidualOutput> output;
+};
+
+// "intermediate": dense (H -> I) and the activation.
+class BertIntermediate : public Module {
+ public:
+  explicit BertIntermediate(const BertConfig& config);
+  Tensor forward(const Tensor& x) override;
+
+  BertActivation act;
+  std::shared_ptr<Linear> dense;
+};
+
+class BertLayer : public Module {
+ public:
+  explicit BertLayer(const BertConfig& config);
+  Tensor forward(const Tensor& hidden, const Tensor& mask);
+
+  std::shared_ptr<BertAttention> attention;
+  std::shared_ptr<BertIntermediate> intermediate;
+  std::shared_ptr<BertResidualOutput> output;
+};
+
+// dense + tanh on the first ([CLS]) token: (N, S, H) -> (N, H).
+class BertPooler : public Module {
+ public:
+  explicit BertPooler(const BertConfig& config);
+  Tensor forward(const Tensor& hidden) override;
+
+  std::shared_ptr<Linear> dense;
+};
+
+// "encoder": the stack of layers, under "layer.0", "layer.1", ...
+class BertEncoder : public Module {
+ public:
+  explicit BertEncoder(const BertConfig& config);
+  Tensor forward(const Tensor& hidden, const Tensor& mask);
+
+  std::shared_ptr<ModuleList> layer;
+};
+
+class BertModel : public Module {
+ public:
+  explicit BertModel(const BertConfig& config, bool add_pooling_layer = true);
+
+  struct Output {
+    Tensor sequence_output;  // (N, S, H)
+    Tensor pooled_output;    // (N, H); undefined without the pooling layer
+  };
+  // input_ids (N, S) integer; token_type_ids (N, S) integer or undefined (all 0); attention_mask (N, S)
+  // 1 / true = token, 0 / false = padding (any dtype), or undefined (all tokens).
+  Output forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask);
+
+  BertConfig config;
+  std::shared_ptr<BertEmbeddings> embeddings;
+  std::shared_ptr<BertEncoder> encoder;
+  std::shared_ptr<BertPooler> pooler;  // null without the pooling layer
+};
+
+// Hugging Face's _init_weights over every Linear, Embedding and LayerNorm under root (the constructors
+// call it); draws from gen, or the default CPU generator.
+void bert_init_weights(Module& root, const BertConfig& config, Generator* gen = nullptr);
+
+// "cls.predictions": transform (dense H -> H, activation, LayerNorm), then the decoder H -> vocab whose
+// weight is the word-embedding table itself (tied) and whose bias is "cls.predictions.bias".
+class BertLMPredictionHead : public Module {
+ public:
+  BertLMPredictionHead(const BertConfig& config, const Tensor& word_embedding_weight);
+  Tensor forward(const Tensor& hidden) override;  // (N, S, H) -> (N, S, vocab)
+
+  BertActivation act;
+  Tensor bias;  // (vocab), also registered as "decoder.bias"
+  std::shared_ptr<Module> transform;
+  std::shared_ptr<Linear> transform_dense;
+  std::shared_ptr<LayerNorm> transform_layer_norm;
+  std::shared_ptr<Module> decoder;  // holds "weight" (tied) and "bias"
+  Tensor decoder_weight;            // (vocab, H): the same Tensor as bert.embeddings.word_embeddings.weight
+};
+
+class BertForMaskedLM : public Module {
+ public:
+  explicit BertForMaskedLM(const BertConfig& config);
+
+  struct Output {
+    Tensor logits;  // (N, S, vocab)
+    Tensor loss;    // 0-d mean cross-entropy over labels != -100; undefined without labels
+  };
+  // labels (N, S) Int64: the token to predict, or -100 where nothing is predicted.
+  Output forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask,
+                 const Tensor& labels = {});
+
+  std::shared_ptr<BertModel> bert;  // without the pooler, as Hugging Face's
+  std::shared_ptr<Module> cls;
+  std::shared_ptr<BertLMPredictionHead> predictions;  // "cls.predictions"
+};
+
+class BertForSequenceClassification : public Module {
+ public:
+  BertForSequenceClassification(const BertConfig& config, int64_t num_labels = 2);
+
+  struct Output {
+    Tensor logits;  // (N, num_labels)
+    Tensor loss;    // cross-entropy (num_labels > 1, labels Int64 (N)) or MSE (num_labels == 1); or undefined
+  };
+  Output forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask,
+                 const Tensor& labels = {});
+
+  int64_t num_labels;
+  std::shared_ptr<BertModel> bert;
+  std::shared_ptr<Dropout> dropout;
+  std::shared_ptr<Linear> classifier;
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,275 @@
+// BERT: shapes of a tiny model, parameter counts (tiny by hand, base and large against Hugging Face's),
+// Hugging Face's parameter names and initialisation, the tied decoder weight and its gradient, the masked-LM
+// loss under a few SGD steps, padding independence, sequence classification, bad input.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kiln/layers/models/bert.h"
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+nn::BertConfig tiny_config(double dropout = 0.1) {
+  return {.vocab_size = 50,
+          .hidden_size = 16,
+          .num_hidden_layers = 2,
+          .num_attention_heads = 2,
+          .intermediate_size = 32,
+          .max_position_embeddings = 16,
+          .hidden_dropout_prob = dropout,
+          .attention_probs_dropout_prob = dropout};
+}
+
+Tensor ids(const std::vector<double>& v, const Shape& shape) { return make(v, shape, {.dtype = DType::Int64}); }
+
+TEST(Bert, ForwardShapes) {
+  manual_seed(1);
+  const int64_t N = 2, S = 5;
+  Tensor input = ids({2, 7, 9, 11, 3, 2, 41, 8, 0, 0}, {N, S});
+  Tensor types = ids({0, 0, 0, 1, 1, 0, 0, 1, 1, 1}, {N, S});
+  Tensor mask = ids({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {N, S});
+  nn::BertModel model(tiny_config());
+  auto out = model.forward(input, types, mask);
+  EXPECT_EQ(out.sequence_output.shape(), (Shape{N, S, 16}));
+  EXPECT_EQ(out.pooled_output.shape(), (Shape{N, 16}));
+  // The pooled output is tanh(dense([CLS])).
+  std::vector<double> pooled = values(out.pooled_output);
+  EXPECT_TRUE(std::all_of(pooled.begin(), pooled.end(), [](double x) { return std::abs(x) < 1; }));
+  EXPECT_EQ(model.forward(input, {}, {}).sequence_output.shape(), (Shape{N, S, 16}));
+  nn::BertForMaskedLM mlm(tiny_config());
+  EXPECT_EQ(mlm.forward(input, types, mask).logits.shape(), (Shape{N, S, 50}));
+  EXPECT_FALSE(mlm.forward(input, types, mask).loss.defined());
+  nn::BertForSequenceClassification clf(tiny_config(), 3);
+  EXPECT_EQ(clf.forward(input, types, mask).logits.shape(), (Shape{N, 3}));
+}
+
+TEST(Bert, ParameterCountsMatchTheFormulaAndHuggingFace) {
+  // Tiny, by hand: embeddings (50 + 16 + 2) * 16 + LayerNorm 32 = 1120; per layer: q, k, v, out 4 * 272 +
+  // LayerNorm 32 = 1120, intermediate 16 * 32 + 32 = 544, output 32 * 16 + 16 = 528, LayerNorm 32: 2224;
+  // pooler 272. 1120 + 2 * 2224 + 272 = 5840.
+  nn::BertConfig tiny = tiny_config();
+  EXPECT_EQ(tiny.num_parameters(), 5840);
+  EXPECT_EQ(nn::BertModel(tiny).num_parameters(), 5840);
+  EXPECT_EQ(nn::BertModel(tiny, false).num_parameters(), 5840 - 272);
+  EXPECT_EQ(tiny.num_parameters(false), 5840 - 272);
+  // Masked LM: no pooler; transform dense 272 + LayerNorm 32, decoder bias 50, decoder weight tied (not counted).
+  EXPECT_EQ(nn::BertForMaskedLM(tiny).num_parameters(), 5840 - 272 + 272 + 32 + 50);
+  EXPECT_EQ(nn::BertForSequenceClassification(tiny, 3).num_parameters(), 5840 + 16 * 3 + 3);
+  // Hugging Face's bert-base-uncased and bert-large-uncased BertModel.
+  EXPECT_EQ(nn::BertConfig::base().num_parameters(), 109482240);
+  EXPECT_EQ(nn::BertConfig::large().num_parameters(), 335141888);
+  nn::BertConfig c = nn::BertConfig::custom(100, 32, 3, 4, 64, 20);
+  EXPECT_EQ(nn::BertModel(c).num_parameters(), c.num_parameters());
+}
+
+TEST(Bert, ParameterNamesAreHuggingFaces) {
+  nn::BertForMaskedLM mlm(tiny_config());
+  std::set<std::string> names;
+  for (const auto& [name, p] : mlm.named_parameters()) names.insert(name);
+  const std::vector<std::string> expected = {
+      "bert.embeddings.word_embeddings.weight",
+      "bert.embeddings.position_embeddings.weight",
+      "bert.embeddings.token_type_embeddings.weight",
+      "bert.embeddings.LayerNorm.weight",
+      "bert.embeddings.LayerNorm.bias",
+      "bert.encoder.layer.0.attention.self.query.weight",
+      "bert.encoder.layer.0.attention.self.query.bias",
+      "bert.encoder.layer.0.attention.self.key.weight",
+      "bert.encoder.layer.0.attention.self.value.bias",
+      "bert.encoder.layer.0.attention.output.dense.weight",
+      "bert.encoder.layer.0.attention.output.LayerNorm.weight",
+      "bert.encoder.layer.0.attention.output.LayerNorm.bias",
+      "bert.encoder.layer.1.intermediate.dense.weight",
+      "bert.encoder.layer.1.intermediate.dense.bias",
+      "bert.encoder.layer.1.output.dense.weight",
+      "bert.encoder.layer.1.output.LayerNorm.weight",
+      "cls.predictions.bias",
+      "cls.predictions.transform.dense.weight",
+      "cls.predictions.transform.dense.bias",
+      "cls.predictions.transform.LayerNorm.weight",
+      "cls.predictions.transform.LayerNorm.bias",
+  };
+  for (const auto& n : expected) EXPECT_TRUE(names.count(n)) << n;
+  EXPECT_EQ(names.size(), 5u + 2 * 16 + 5);
+  EXPECT_FALSE(names.count("bert.pooler.dense.weight"));  // HF's masked LM has no pooler
+  EXPECT_FALSE(names.count("bert.encoder.layer.2.output.dense.weight"));
+  // state_dict() lists the tied decoder under its own names too, as PyTorch's.
+  std::set<std::string> keys;
+  for (const auto& [name, t] : mlm.state_dict()) keys.insert(name);
+  EXPECT_TRUE(keys.count("cls.predictions.decoder.weight"));
+  EXPECT_TRUE(keys.count("cls.predictions.decoder.bias"));
+
+  nn::BertForSequenceClassification clf(tiny_config(), 2);
+  std::vector<std::string> clf_names;
+  for (const auto& [name, p] : clf.named_parameters()) clf_names.push_back(name);
+  for (const char* n : {"bert.pooler.dense.weight", "bert.pooler.dense.bias", "classifier.weight", "classifier.bias"})
+    EXPECT_NE(std::find(clf_names.begin(), clf_names.end(), n), clf_names.end()) << n;
+  EXPECT_EQ(clf_names.front(), "bert.embeddings.word_embeddings.weight");
+  EXPECT_EQ(clf_names.back(), "classifier.bias");
+}
+
+TEST(Bert, InitialisationIsHuggingFaces) {
+  manual_seed(3);
+  nn::BertForSequenceClassification clf(tiny_config(), 2);
+  for (const auto& [name, p] : clf.named_parameters()) {
+    std::vector<double> v = values(p);
+    const bool is_ln = name.find("LayerNorm") != std::string::npos;
+    const bool is_bias = name.size() > 5 && name.substr(name.size() - 5) == ".bias";
+    if (is_ln && !is_bias) {
+      EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](double x) { return x == 1; })) << name;
+    } else if (is_bias) {
+      EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](double x) { return x == 0; })) << name;
+    } else {
+      double sq = 0;
+      for (double x : v) sq += x * x;
+      const double std = std::sqrt(sq / static_cast<double>(v.size()));
+      EXPECT_GT(std, 0.013) << name;  // N(0, 0.02^2); the smallest has 32 values
+      EXPECT_LT(std, 0.027) << name;
+    }
+  }
+  // The padding row (id 0) of the word embeddings starts at zero.
+  std::vector<double> row0 = values(clf.bert->embeddings->word_embeddings->weight.select(0, 0));
+  EXPECT_TRUE(std::all_of(row0.begin(), row0.end(), [](double x) { return x == 0; }));
+}
+
+TEST(Bert, TiedDecoderWeightIsOneTensorWithOneGradientFromBothUses) {
+  manual_seed(4);
+  nn::BertForMaskedLM mlm(tiny_config(0.0));
+  Tensor w = mlm.bert->embeddings->word_embeddings->weight;
+  EXPECT_TRUE(mlm.predictions->decoder_weight.is_same(w));
+  int64_t listed = 0;
+  for (const auto& p : mlm.parameters()) listed += p.is_same(w);
+  EXPECT_EQ(listed, 1);
+
+  Tensor input = ids({2, 7, 9, 11, 3, 2, 41, 8, 5, 4}, {2, 5});
+  Tensor labels = ids({-100, 7, -100, 12, -100, 30, -100, -100, 5, -100}, {2, 5});
+  auto grad_of_w = [&] {
+    mlm.zero_grad();
+    mlm.forward(input, {}, {}, labels).loss.backward();
+    return w.grad().clone();
+  };
+  Tensor both = grad_of_w();
+  // The same loss with one use at a time (the other sees a detached copy of the same values).
+  mlm.predictions->decoder_weight = w.detach();
+  Tensor from_embedding = grad_of_w();
+  mlm.predictions->decoder_weight = w;
+  mlm.bert->embeddings->word_embeddings->weight = w.detach();
+  Tensor from_decoder = grad_of_w();
+  mlm.bert->embeddings->word_embeddings->weight = w;
+  expect_values(both, {50, 16}, values(from_embedding + from_decoder), 1e-5, 1e-7);
+  // Token 45 is not in the input: only the decoder gives it a gradient; both uses give one to token 7.
+  EXPECT_EQ(values(from_embedding.select(0, 45).abs().sum())[0], 0.0);
+  EXPECT_GT(values(from_decoder.select(0, 45).abs().sum())[0], 0.0);
+  EXPECT_GT(values(from_embedding.select(0, 7).abs().sum())[0], 0.0);
+}
+
+TEST(Bert, MaskedLmLossIsFiniteAndDecreasesUnderSgd) {
+  manual_seed(5);
+  nn::BertForMaskedLM mlm(tiny_config(0.0));
+  Tensor input = ids({2, 7, 1, 11, 3, 2, 41, 8, 1, 4, 2, 9, 9, 1, 6, 2, 17, 1, 22, 4}, {4, 5});  // 1 = [MASK]
+  Tensor labels = ids(
+      {-100, -100, 9, -100, -100, -100, -100, -100, 13, -100, -100, -100, -100, 40, -100, -100, -100, 33, -100, -100},
+      {4, 5});
+  Tensor types = zeros({4, 5}, {.dtype = DType::Int64});
+  Tensor mask = ones({4, 5}, {.dtype = DType::Int64});
+  std::vector<double> losses;
+  for (int step = 0; step < 8; ++step) {
+    mlm.zero_grad();
+    Tensor loss = mlm.forward(input, types, mask, labels).loss;
+    ASSERT_EQ(loss.dim(), 0);
+    losses.push_back(loss.item<float>());
+    loss.backward();
+    NoGradGuard no_grad;
+    for (Tensor& p : mlm.parameters())
+      if (p.grad().defined()) sub_(p, p.grad(), 0.1);
+  }
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+  EXPECT_NEAR(losses.front(), std::log(50.0), 0.5);  // near-uniform predictions at initialisation
+  for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[i - 1]) << "step " << i;
+}
+
+TEST(Bert, RealTokensAreIndependentOfPaddedTokens) {
+  manual_seed(6);
+  nn::BertModel model(tiny_config());
+  model.eval();
+  Tensor mask = ids({1, 1, 1, 0, 0, 1, 1, 1, 1, 1}, {2, 5});
+  Tensor a = ids({2, 7, 9, 0, 0, 2, 41, 8, 5, 4}, {2, 5});
+  Tensor b = ids({2, 7, 9, 33, 12, 2, 41, 8, 5, 4}, {2, 5});  // other ids where sample 0 pads
+  Tensor types_b = ids({0, 0, 0, 1, 1, 0, 0, 1, 1, 1}, {2, 5});
+  auto oa = model.forward(a, {}, mask), ob = model.forward(b, types_b.masked_fill(eq(mask, 1), 0), mask);
+  // Sample 0's real tokens (positions 0..2) and its pooled output are unchanged.
+  expect_values(narrow(oa.sequence_output, 1, 0, 3), {2, 3, 16}, values(narrow(ob.sequence_output, 1, 0, 3)), 1e-6,
+                1e-6);
+  expect_values(oa.pooled_output, {2, 16}, values(ob.pooled_output), 1e-6, 1e-6);
+  // Without the mask the padded ids do change the real tokens' outputs.
+  auto ua = model.forward(a, {}, {}), ub = model.forward(b, {}, {});
+  EXPECT_GT(values((select(ua.sequence_output, 0, 0) - select(ub.sequence_output, 0, 0)).abs().max())[0], 1e-4);
+  // A Bool mask is the same as the 0/1 mask.
+  expect_values(model.forward(a, {}, ne(mask, 0)).sequence_output, {2, 5, 16}, values(oa.sequence_output), 1e-6, 1e-7);
+}
+
+TEST(Bert, DropoutOnlyInTraining) {
+  manual_seed(7);
+  nn::BertModel model(tiny_config(0.3));
+  Tensor input = ids({2, 7, 9, 11, 3}, {1, 5});
+  model.eval();
+  Tensor e1 = model.forward(input, {}, {}).sequence_output, e2 = model.forward(input, {}, {}).sequence_output;
+  expect_values(e1, e1.shape(), values(e2));
+  model.train();
+  Tensor t1 = model.forward(input, {}, {}).sequence_output;
+  EXPECT_GT(values((t1 - e1).abs().max())[0], 1e-3);
+}
+
+TEST(Bert, SequenceClassificationLossAndGradients) {
+  manual_seed(8);
+  nn::BertForSequenceClassification clf(tiny_config(), 3);
+  Tensor input = ids({2, 7, 9, 11, 3, 2, 41, 8, 5, 4}, {2, 5});
+  auto out = clf.forward(input, {}, {}, ids({2, 0}, {2}));
+  ASSERT_EQ(out.loss.dim(), 0);
+  EXPECT_TRUE(std::isfinite(out.loss.item<float>()));
+  out.loss.backward();
+  EXPECT_TRUE(clf.classifier->weight.grad().defined());
+  EXPECT_TRUE(clf.bert->pooler->dense->weight.grad().defined());
+  EXPECT_TRUE(clf.bert->encoder->layer->at<nn::BertLayer>(0)->attention->self->query->weight.grad().defined());
+  nn::BertForSequenceClassification reg(tiny_config(), 1);
+  EXPECT_EQ(reg.forward(input, {}, {}, make({0.5, -1}, {2})).loss.dim(), 0);
+}
+
+TEST(Bert, BadInput) {
+  nn::BertConfig bad = tiny_config();
+  bad.hidden_size = 15;
+  expect_error([&] { nn::BertModel m(bad); }, {"BertConfig", "hidden_size (15)", "num_attention_heads (2)"});
+  nn::BertModel model(tiny_config());
+  expect_error(
+      [&] {
+        model.forward(zeros({2, 17}, {.dtype = DType::Int64}), {}, {});
+      },
+      {"BertEmbeddings", "17", "max_position_embeddings = 16"});
+  expect_error([&] { model.forward(zeros({2, 5}), {}, {}); }, {"input_ids", "integer", "float32"});
+  expect_error(
+      [&] {
+        model.forward(zeros({2, 5}, {.dtype = DType::Int64}), zeros({2, 4}, {.dtype = DType::Int64}), {});
+      },
+      {"token_type_ids", "[2, 4]", "[2, 5]"});
+  expect_error(
+      [&] {
+        model.forward(zeros({2, 5}, {.dtype = DType::Int64}), {}, ones({2, 4}));
+      },
+      {"attention_mask", "[2, 4]", "[2, 5]"});
+  nn::BertForMaskedLM mlm(tiny_config());
+  expect_error(
+      [&] {
+        mlm.forward(zeros({2, 5}, {.dtype = DType::Int64}), {}, {}, zeros({2, 4}, {.dtype = DType::Int64}));
+      },
+      {"BertForMaskedLM", "labels", "[2, 4]"});
+}
+
+}  // namespace
+}  // namespace kiln::testing
