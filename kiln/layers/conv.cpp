@@ -1,0 +1,170 @@
+// 2-d convolution (conv.h) as im2col + matmul over differentiable ops, so it runs on every backend and
+// autograd derives its gradients. The window helpers (window_internal.h) are shared with pooling.cpp.
+#include "kiln/layers/conv.h"
+
+#include <cmath>
+
+#include "kiln/autograd/functions.h"  // kiln::cat, kiln::matmul, kiln::as_strided, ...
+#include "kiln/layers/init.h"         // PyTorch's default initialisation
+#include "kiln/layers/window_internal.h"
+#include "kiln/tensor/error.h"  // KILN_CHECK
+
+namespace kiln::nn {
+
+namespace detail {
+
+Tensor pad2d(const Tensor& input, std::array<int64_t, 4> tblr, double value) {
+  Tensor x = contiguous(input);
+  const auto [top, bottom, left, right] = tblr;
+  if (top == 0 && bottom == 0 && left == 0 && right == 0) return x;
+  const int64_t n = x.size(0), c = x.size(1), w = x.size(3);
+  const TensorOptions o = x.options();
+  // Rows first: (N, C, H, W) -> (N, C, top + H + bottom, W); then columns on the taller tensor.
+  if (top > 0 || bottom > 0) {
+    std::vector<Tensor> parts;
+    if (top > 0) parts.push_back(full({n, c, top, w}, value, o));
+    parts.push_back(x);
+    if (bottom > 0) parts.push_back(full({n, c, bottom, w}, value, o));
+    x = cat(parts, 2);
+  }
+  if (left > 0 || right > 0) {
+    const int64_t hp = x.size(2);
+    std::vector<Tensor> parts;
+    if (left > 0) parts.push_back(full({n, c, hp, left}, value, o));
+    parts.push_back(x);
+    if (right > 0) parts.push_back(full({n, c, hp, right}, value, o));
+    x = cat(parts, 3);
+  }
+  return contiguous(x);
+}
+
+Tensor windows2d(const Tensor& padded, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                 std::array<int64_t, 2> dilation, std::array<int64_t, 2> out_size) {
+  // Strides of the contiguous (N, C, Hp, Wp): (C Hp Wp, Hp Wp, Wp, 1).
+  const Strides& s = padded.strides();
+  return as_strided(padded, {padded.size(0), padded.size(1), out_size[0], out_size[1], kernel[0], kernel[1]},
+                    {s[0], s[1], s[2] * stride[0], s[3] * stride[1], s[2] * dilation[0], s[3] * dilation[1]});
+}
+
+MemoryFormat output_format(const Tensor& input) {
+  return input.dim() == 4 && !input.is_contiguous() && input.is_contiguous(MemoryFormat::ChannelsLast)
+             ? MemoryFormat::ChannelsLast
+             : MemoryFormat::Contiguous;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- conv2d
+
+Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, const Conv2dOptions& options) {
+  KILN_CHECK(input_in.defined() && weight.defined(), "conv2d: input and weight must be defined tensors");
+  KILN_CHECK(input_in.dim() == 4 || input_in.dim() == 3,
+             "conv2d: expected a 4-d input (N, C_in, H, W) or a 3-d unbatched input (C_in, H, W), got shape ",
+             input_in.shape());
+  KILN_CHECK(weight.dim() == 4, "conv2d: expected a 4-d weight (C_out, C_in / groups, KH, KW), got shape ",
+             weight.shape());
+  const int64_t groups = options.groups;
+  KILN_CHECK(groups > 0, "conv2d: groups must be positive, got ", groups);
+  for (size_t i = 0; i < 2; ++i) {
+    KILN_CHECK(options.stride[i] > 0 && options.dilation[i] > 0 && options.padding[i] >= 0,
+               "conv2d: stride and dilation must be positive and padding non-negative, got stride (", options.stride[0],
+               ", ", options.stride[1], "), dilation (", options.dilation[0], ", ", options.dilation[1], "), padding (",
+               options.padding[0], ", ", options.padding[1], ")");
+  }
+  KILN_CHECK(input_in.device() == weight.device() && (!bias.defined() || bias.device() == weight.device()),
+             "conv2d: input (", input_in.device(), "), weight (", weight.device(),
+             ") and bias must be on one device; move them with to()");
+  KILN_CHECK(input_in.dtype() == weight.dtype() && (!bias.defined() || bias.dtype() == weight.dtype()),
+             "conv2d: input (", input_in.dtype(), "), weight (", weight.dtype(),
+             ") and bias must have one dtype; cast them with to()");
+  KILN_CHECK(input_in.is_floating_point(), "conv2d: expected a floating-point input, got ", input_in.dtype());
+
+  const bool unbatched = input_in.dim() == 3;
+  const Tensor input = unbatched ? unsqueeze(input_in, 0) : input_in;
+  const int64_t n = input.size(0), c_in = input.size(1), h = input.size(2), w = input.size(3);
+  const int64_t c_out = weight.size(0), c_in_g = weight.size(1), kh = weight.size(2), kw = weight.size(3);
+  KILN_CHECK(c_out % groups == 0, "conv2d: the weight's ", c_out, " output channels (shape ", weight.shape(),
+             ") are not divisible by groups = ", groups);
+  KILN_CHECK(c_in == c_in_g * groups, "conv2d: input of shape ", input_in.shape(), " has ", c_in,
+             " channels, but the weight of shape ", weight.shape(), " with groups = ", groups, " expects ",
+             c_in_g * groups, " (weight.size(1) * groups)");
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == c_out), "conv2d: expected a bias of shape (", c_out,
+             "), got shape ", bias.shape());
+  const int64_t oh = (h + 2 * options.padding[0] - options.dilation[0] * (kh - 1) - 1) / options.stride[0] + 1;
+  const int64_t ow = (w + 2 * options.padding[1] - options.dilation[1] * (kw - 1) - 1) / options.stride[1] + 1;
+  const bool fits = h + 2 * options.padding[0] >= options.dilation[0] * (kh - 1) + 1 &&
+                    w + 2 * options.padding[1] >= options.dilation[1] * (kw - 1) + 1;
+  KILN_CHECK(fits && oh > 0 && ow > 0, "conv2d: the input of shape ", input_in.shape(), " with padding (",
+             options.padding[0], ", ", options.padding[1], ") is smaller than the dilated kernel (",
+             options.dilation[0] * (kh - 1) + 1, ", ", options.dilation[1] * (kw - 1) + 1,
+             "), so the output would be empty; use a larger input or more padding");
+
+  const MemoryFormat format = detail::output_format(input);
+
+  // im2col: (N, C_in, Hp, Wp) -> windows (N, C_in, OH, OW, KH, KW) -> (N OH OW, groups, C_in_g KH KW).
+  const int64_t ph = options.padding[0], pw = options.padding[1];
+  const Tensor padded = detail::pad2d(input, {ph, ph, pw, pw}, 0.0);
+  const Tensor win = detail::windows2d(padded, {kh, kw}, {options.stride[0], options.stride[1]},
+                                       {options.dilation[0], options.dilation[1]}, {oh, ow});
+  const int64_t m = n * oh * ow, k = c_in_g * kh * kw, c_out_g = c_out / groups;
+  Tensor cols = reshape(permute(win, {0, 2, 3, 1, 4, 5}), {m, groups, k});
+
+  Tensor out;  // (N OH OW, C_out)
+  if (groups == 1) {
+    out = matmul(reshape(cols, {m, k}), transpose(reshape(weight, {c_out, k}), 0, 1));
+  } else {
+    // Per group: (groups, M, K) x (groups, K, C_out_g) -> (groups, M, C_out_g) -> (M, groups C_out_g).
+    const Tensor wg = transpose(reshape(weight, {groups, c_out_g, k}), 1, 2);
+    out = reshape(permute(matmul(permute(cols, {1, 0, 2}), wg), {1, 0, 2}), {m, c_out});
+  }
+  if (bias.defined()) out = add(out, bias);
+  // (N, OH, OW, C_out) -> (N, C_out, OH, OW): a channels-last view; copy to the input's format.
+  Tensor y = contiguous(permute(reshape(out, {n, oh, ow, c_out}), {0, 3, 1, 2}), format);
+  return unbatched ? squeeze(y, 0) : y;
+}
+
+// ---------------------------------------------------------------- Conv2d
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Pair kernel_size, Conv2dOptions options)
+    : Module("Conv2d"),
+      in_channels(in_channels),
+      out_channels(out_channels),
+      kernel_size(kernel_size),
+      options(options) {
+  KILN_CHECK(in_channels > 0 && out_channels > 0, "Conv2d: in_channels and out_channels must be positive, got ",
+             in_channels, " and ", out_channels);
+  KILN_CHECK(kernel_size[0] > 0 && kernel_size[1] > 0, "Conv2d: kernel_size must be positive, got (", kernel_size[0],
+             ", ", kernel_size[1], ")");
+  KILN_CHECK(options.groups > 0 && in_channels % options.groups == 0 && out_channels % options.groups == 0,
+             "Conv2d: groups = ", options.groups, " must be positive and divide in_channels = ", in_channels,
+             " and out_channels = ", out_channels);
+  for (size_t i = 0; i < 2; ++i) {
+    KILN_CHECK(options.stride[i] > 0 && options.dilation[i] > 0 && options.padding[i] >= 0,
+               "Conv2d: stride and dilation must be positive and padding non-negative, got stride (", options.stride[0],
+               ", ", options.stride[1], "), dilation (", options.dilation[0], ", ", options.dilation[1], "), padding (",
+               options.padding[0], ", ", options.padding[1], ")");
+  }
+  weight =
+      register_parameter("weight", empty({out_channels, in_channels / options.groups, kernel_size[0], kernel_size[1]}));
+  if (options.bias) bias = register_parameter("bias", empty({out_channels}));
+  reset_parameters();
+}
+
+void Conv2d::reset_parameters(Generator* gen) {
+  // kaiming_uniform_(a = sqrt(5)) gives U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = C_in / groups * KH * KW.
+  init::kaiming_uniform_(weight, std::sqrt(5.0), init::FanMode::FanIn, init::Nonlinearity::LeakyReLU, gen);
+  if (bias.defined()) {
+    const auto [fan_in, fan_out] = init::calculate_fan_in_and_fan_out(weight);
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    init::uniform_(bias, -bound, bound, gen);
+  }
+}
+
+Tensor Conv2d::forward(const Tensor& input) {
+  KILN_CHECK((input.dim() == 4 || input.dim() == 3) && input.size(input.dim() - 3) == in_channels,
+             "Conv2d: expected input of shape (N, ", in_channels, ", H, W) or (", in_channels,
+             ", H, W) (in_channels = ", in_channels, "), got shape ", input.shape());
+  return conv2d(input, weight, bias, options);
+}
+
+}  // namespace kiln::nn
