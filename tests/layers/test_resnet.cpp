@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/layers/models/resnet.h"
+#include "support/grad_support.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -315,6 +316,36 @@ TEST(ResNet, ForwardAndBackwardGiveFiniteGradientsOnEveryParameter) {
   for (double g : values(model->fc->bias.grad())) EXPECT_NE(g, 0.0);
   model->zero_grad();
   EXPECT_FALSE(model->conv1->weight.grad().defined());
+}
+
+// The blocks compose differentiable ops; gradcheck in float64 on the input, through the projection shortcut and
+// training-mode BatchNorm (batch statistics depend on every sample).
+TEST(ResNet, BlockGradientsMatchFiniteDifferences) {
+  auto basic = std::make_shared<nn::models::BasicBlock>(
+      2, 3, 2,
+      std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+          std::make_shared<nn::Conv2d>(2, 3, 1, nn::Conv2dOptions{.stride = 2, .bias = false}),
+          std::make_shared<nn::BatchNorm2d>(3)}));
+  basic->to(DType::Float64);
+  check_gradients(
+      [&](const TensorList& in) {
+        basic->to(in[0].device());
+        return TensorList{(*basic)(in[0])};
+      },
+      {make_input({2, 2, 4, 4})});
+
+  auto bottleneck = std::make_shared<nn::models::Bottleneck>(
+      2, 1, 2,
+      std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+          std::make_shared<nn::Conv2d>(2, 4, 1, nn::Conv2dOptions{.stride = 2, .bias = false}),
+          std::make_shared<nn::BatchNorm2d>(4)}));
+  bottleneck->to(DType::Float64);
+  check_gradients(
+      [&](const TensorList& in) {
+        bottleneck->to(in[0].device());
+        return TensorList{(*bottleneck)(in[0])};
+      },
+      {make_input({2, 2, 4, 4}, -1, 1, 9)});
 }
 
 TEST(ResNet, TrainUsesBatchStatisticsAndEvalTheRunningOnes) {
