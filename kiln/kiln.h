@@ -6,24 +6,25 @@
 //   std::cout << (x * 2).sum() << "\n";
 #pragma once
 
-#include "kiln/autograd/autocast.h"    // autocast::Guard, the per-op policy table
-#include "kiln/autograd/checkpoint.h"  // autograd::checkpoint
-#include "kiln/autograd/engine.h"      // autograd::backward, autograd::grad
-#include "kiln/autograd/function.h"    // autograd::Function: custom forward + backward
-#include "kiln/autograd/functions.h"   // kiln::zeros, kiln::matmul, kiln::softmax, ... (differentiable)
-#include "kiln/autograd/grad_mode.h"   // NoGradGuard, EnableGradGuard
-#include "kiln/autograd/gradcheck.h"   // autograd::gradcheck
-#include "kiln/layers/attention.h"     // nn::scaled_dot_product_attention, nn::MultiheadAttention
-#include "kiln/layers/containers.h"    // nn::Sequential, nn::ModuleList, nn::ModuleDict
-#include "kiln/layers/conv.h"          // nn::conv2d, nn::Conv2d
-#include "kiln/layers/functional.h"    // nn::linear, nn::dropout, nn::layer_norm, nn::batch_norm, nn::embedding, ...
-#include "kiln/layers/init.h"          // nn::init::kaiming_uniform_, xavier_normal_, trunc_normal_, ...
-#include "kiln/layers/layers.h"        // nn::Linear, nn::Dropout, nn::Embedding, nn::LayerNorm, nn::BatchNorm2d, ...
-#include "kiln/layers/loss.h"          // nn::cross_entropy, nn::nll_loss, nn::mse_loss, nn::Reduction, ...
-#include "kiln/layers/models/bert.h"   // nn::BertConfig, nn::BertModel, nn::BertForMaskedLM, ...
-#include "kiln/layers/module.h"        // nn::Module: parameters, buffers, children, to(), state_dict()
-#include "kiln/layers/pooling.h"       // nn::max_pool2d, nn::avg_pool2d, nn::adaptive_avg_pool2d, nn::MaxPool2d, ...
-#include "kiln/tensor/generator.h"     // Generator, manual_seed
-#include "kiln/tensor/tensor.h"        // Tensor, DType, Device, Scalar, TensorOptions
-#include "kiln/tensor/threads.h"       // num_threads, set_num_threads
-#include "kiln/version.h"              // KILN_VERSION_STRING
+#include "kiln/autograd/autocast.h"     // autocast::Guard, the per-op policy table
+#include "kiln/autograd/checkpoint.h"   // autograd::checkpoint
+#include "kiln/autograd/engine.h"       // autograd::backward, autograd::grad
+#include "kiln/autograd/function.h"     // autograd::Function: custom forward + backward
+#include "kiln/autograd/functions.h"    // kiln::zeros, kiln::matmul, kiln::softmax, ... (differentiable)
+#include "kiln/autograd/grad_mode.h"    // NoGradGuard, EnableGradGuard
+#include "kiln/autograd/gradcheck.h"    // autograd::gradcheck
+#include "kiln/layers/attention.h"      // nn::scaled_dot_product_attention, nn::MultiheadAttention
+#include "kiln/layers/containers.h"     // nn::Sequential, nn::ModuleList, nn::ModuleDict
+#include "kiln/layers/conv.h"           // nn::conv2d, nn::Conv2d
+#include "kiln/layers/functional.h"     // nn::linear, nn::dropout, nn::layer_norm, nn::batch_norm, nn::embedding, ...
+#include "kiln/layers/init.h"           // nn::init::kaiming_uniform_, xavier_normal_, trunc_normal_, ...
+#include "kiln/layers/layers.h"         // nn::Linear, nn::Dropout, nn::Embedding, nn::LayerNorm, nn::BatchNorm2d, ...
+#include "kiln/layers/loss.h"           // nn::cross_entropy, nn::nll_loss, nn::mse_loss, nn::Reduction, ...
+#include "kiln/layers/models/bert.h"    // nn::BertConfig, nn::BertModel, nn::BertForMaskedLM, ...
+#include "kiln/layers/models/resnet.h"  // nn::models::resnet18/34/50/101/152, ResNet, BasicBlock, Bottleneck
+#include "kiln/layers/module.h"         // nn::Module: parameters, buffers, children, to(), state_dict()
+#include "kiln/layers/pooling.h"        // nn::max_pool2d, nn::avg_pool2d, nn::adaptive_avg_pool2d, nn::MaxPool2d, ...
+#include "kiln/tensor/generator.h"      // Generator, manual_seed
+#include "kiln/tensor/tensor.h"         // Tensor, DType, Device, Scalar, TensorOptions
+#include "kiln/tensor/threads.h"        // num_threads, set_num_threads
+#include "kiln/version.h"               // KILN_VERSION_STRING

@@ -58,8 +58,8 @@ TEST_P(GoldenTest, BatchNormTrainingUpdatesRunningStatistics) {
 TEST_P(GoldenTest, BatchNormEval) {
   const Golden g = load_golden("batch_norm_eval");
   Tensor x = in(g, "x");
-  Tensor y = nn::batch_norm(x, plain(g, "running_mean"), plain(g, "running_var"), plain(g, "weight"),
-                            plain(g, "bias"), /*training=*/false, 0.1, 1e-5);
+  Tensor y = nn::batch_norm(x, plain(g, "running_mean"), plain(g, "running_var"), plain(g, "weight"), plain(g, "bias"),
+                            /*training=*/false, 0.1, 1e-5);
   expect(y, g, "out");
   (y * plain(g, "grad_out")).sum().backward();
   expect(x.grad(), g, "grad_x");
@@ -69,8 +69,8 @@ TEST_P(GoldenTest, CrossEntropyWithIndicesWeightsIgnoreIndexAndSmoothing) {
   const Golden g = load_golden("cross_entropy_indices");
   Tensor logits = in(g, "logits");
   Tensor target = g.get("target", DType::Int64).to(dev());
-  Tensor y = nn::cross_entropy(logits, target,
-                               {.weight = plain(g, "weight"), .ignore_index = -100, .label_smoothing = 0.1});
+  Tensor y =
+      nn::cross_entropy(logits, target, {.weight = plain(g, "weight"), .ignore_index = -100, .label_smoothing = 0.1});
   expect(y, g, "out");
   (y * plain(g, "grad_out")).sum().backward();
   expect(logits.grad(), g, "grad_logits");
@@ -79,8 +79,7 @@ TEST_P(GoldenTest, CrossEntropyWithIndicesWeightsIgnoreIndexAndSmoothing) {
 TEST_P(GoldenTest, CrossEntropyWithProbabilitiesOverExtraDims) {
   const Golden g = load_golden("cross_entropy_probabilities");
   Tensor logits = in(g, "logits");
-  Tensor y = nn::cross_entropy(logits, plain(g, "target"),
-                               {.reduction = nn::Reduction::Sum, .label_smoothing = 0.2});
+  Tensor y = nn::cross_entropy(logits, plain(g, "target"), {.reduction = nn::Reduction::Sum, .label_smoothing = 0.2});
   expect(y, g, "out");
   (y * plain(g, "grad_out")).sum().backward();
   expect(logits.grad(), g, "grad_logits");

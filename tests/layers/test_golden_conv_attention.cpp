@@ -22,8 +22,8 @@ class GoldenConvAttentionTest : public BackendTest {
 TEST_P(GoldenConvAttentionTest, Conv2dWithGroupsStrideDilationPadding) {
   const Golden g = load_golden("conv2d");
   Tensor x = in(g, "x"), w = in(g, "weight"), b = in(g, "bias");
-  Tensor y = nn::conv2d(x, w, b, {.stride = nn::Pair(2, 1), .padding = nn::Pair(1, 0), .dilation = nn::Pair(1, 2),
-                                  .groups = 2});
+  Tensor y = nn::conv2d(x, w, b,
+                        {.stride = nn::Pair(2, 1), .padding = nn::Pair(1, 0), .dilation = nn::Pair(1, 2), .groups = 2});
   expect(y, g, "out");
   (y * plain(g, "grad_out")).sum().backward();
   expect(x.grad(), g, "grad_x");

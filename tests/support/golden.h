@@ -14,10 +14,10 @@ namespace kiln::testing {
 
 struct Golden {
   std::string name;
-  std::map<std::string, Tensor> tensors;  // float64, CPU
-  Tensor get(const std::string& key) const;                  // throws naming the file and key when absent
-  Tensor leaf(const std::string& key) const;                 // a fresh copy that requires grad
-  Tensor get(const std::string& key, DType dtype) const;     // converted, e.g. Int64 targets
+  std::map<std::string, Tensor> tensors;                  // float64, CPU
+  Tensor get(const std::string& key) const;               // throws naming the file and key when absent
+  Tensor leaf(const std::string& key) const;              // a fresh copy that requires grad
+  Tensor get(const std::string& key, DType dtype) const;  // converted, e.g. Int64 targets
 };
 
 // Reads tests/golden/data/<name>.golden (the folder is compiled in as KILN_GOLDEN_DIR).

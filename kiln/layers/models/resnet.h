@@ -1,0 +1,113 @@
+// kiln/layers/models/resnet.h — the ResNet family (18, 34, 50, 101, 152) as torchvision builds it.
+//
+//   using namespace kiln;
+//   auto model = nn::models::resnet50({.num_classes = 1000});
+//   model->to(Device::cuda(0), MemoryFormat::ChannelsLast);
+//   Tensor logits = (*model)(images);                     // (N, 3, 224, 224) -> (N, 1000)
+//   auto cifar = nn::models::resnet18({.num_classes = 10, .cifar_stem = true});   // (N, 3, 32, 32) -> (N, 10)
+//
+// Module, parameter and buffer names are torchvision's ("layer1.0.conv1.weight",
+// "layer2.0.downsample.1.running_mean", "fc.bias", ...), so a state dict converted from torchvision's
+// published weights loads with load_state_dict(). Bottleneck is "ResNet v1.5": its stride sits in the 3x3
+// conv (conv2), as torchvision's. Initialisation as torchvision's: kaiming_normal_(fan_out, relu) for every
+// conv, BatchNorm weight 1 and bias 0, the fc layer Linear's default.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kiln/layers/containers.h"  // nn::Sequential
+#include "kiln/layers/conv.h"        // nn::Conv2d
+#include "kiln/layers/layers.h"      // nn::BatchNorm2d, nn::ReLU, nn::Linear
+#include "kiln/layers/module.h"      // nn::Module
+#include "kiln/layers/pooling.h"     // nn::MaxPool2d, nn::AdaptiveAvgPool2d
+
+namespace kiln::nn::models {
+
+struct ResNetOptions {
+  int64_t num_classes = 1000;
+  // Start the last BatchNorm of each residual branch (bn2 of BasicBlock, bn3 of Bottleneck) with weight 0,
+  // so every block begins as the identity (Goyal et al. 2017); torchvision's zero_init_residual.
+  bool zero_init_residual = false;
+  // For 32x32 images (CIFAR): conv1 is 3x3 stride 1 padding 1 and there is no max-pool ("maxpool" is an
+  // Identity), so layer1 sees 32x32 rather than 8x8. Parameter names stay the same; conv1.weight is
+  // (64, 3, 3, 3) instead of (64, 3, 7, 7).
+  bool cifar_stem = false;
+};
+using ResNetConfig = ResNetOptions;
+
+// Two 3x3 convs (ResNet-18/34). x (N, in_planes, H, W) -> (N, planes, H / stride, W / stride).
+class BasicBlock : public Module {
+ public:
+  static constexpr int64_t kExpansion = 1;
+  // downsample: the projection of the shortcut (1x1 conv "0" + BatchNorm "1"), or null for the identity.
+  BasicBlock(int64_t in_planes, int64_t planes, int64_t stride = 1, std::shared_ptr<Sequential> downsample = nullptr);
+  Tensor forward(const Tensor& x) override;
+
+  std::shared_ptr<Conv2d> conv1;  // 3x3, stride `stride`
+  std::shared_ptr<BatchNorm2d> bn1;
+  std::shared_ptr<ReLU> relu;
+  std::shared_ptr<Conv2d> conv2;  // 3x3
+  std::shared_ptr<BatchNorm2d> bn2;
+  std::shared_ptr<Sequential> downsample;  // null: identity shortcut
+};
+
+// 1x1 reduce, 3x3 (with the stride: v1.5), 1x1 expand by 4 (ResNet-50/101/152).
+// x (N, in_planes, H, W) -> (N, 4 planes, H / stride, W / stride).
+class Bottleneck : public Module {
+ public:
+  static constexpr int64_t kExpansion = 4;
+  Bottleneck(int64_t in_planes, int64_t planes, int64_t stride = 1, std::shared_ptr<Sequential> downsample = nullptr);
+  Tensor forward(const Tensor& x) override;
+
+  std::shared_ptr<Conv2d> conv1;  // 1x1, in_planes -> planes
+  std::shared_ptr<BatchNorm2d> bn1;
+  std::shared_ptr<Conv2d> conv2;  // 3x3, stride `stride`, planes -> planes
+  std::shared_ptr<BatchNorm2d> bn2;
+  std::shared_ptr<Conv2d> conv3;  // 1x1, planes -> 4 planes
+  std::shared_ptr<BatchNorm2d> bn3;
+  std::shared_ptr<ReLU> relu;
+  std::shared_ptr<Sequential> downsample;  // null: identity shortcut
+};
+
+enum class ResNetBlock { Basic, Bottleneck };
+
+class ResNet : public Module {
+ public:
+  // blocks_per_stage: the number of blocks in layer1..layer4, e.g. {3, 4, 6, 3} for ResNet-50.
+  ResNet(ResNetBlock block, std::vector<int64_t> blocks_per_stage, ResNetOptions options = {});
+  // x (N, 3, H, W) -> logits (N, num_classes). Channels-last in, channels-last through the convolutions.
+  Tensor forward(const Tensor& x) override;
+  // The stem and the four stages, without pooling and fc: (N, 3, H, W) -> (N, 512 * expansion, H / 32, W / 32)
+  // (H / 8 with the CIFAR stem).
+  Tensor forward_features(const Tensor& x);
+
+  ResNetBlock block;
+  std::vector<int64_t> blocks_per_stage;
+  ResNetOptions options;
+  std::shared_ptr<Conv2d> conv1;
+  std::shared_ptr<BatchNorm2d> bn1;
+  std::shared_ptr<ReLU> relu;
+  ModulePtr maxpool;  // MaxPool2d(3, 2, 1), or Identity with the CIFAR stem
+  std::shared_ptr<Sequential> layer1, layer2, layer3, layer4;
+  std::shared_ptr<AdaptiveAvgPool2d> avgpool;
+  std::shared_ptr<Linear> fc;  // (num_classes, 512 * expansion)
+
+ private:
+  std::shared_ptr<Sequential> make_stage(int64_t planes, int64_t num_blocks, int64_t stride);
+  void init_weights();
+  int64_t in_planes_ = 64;
+};
+
+std::shared_ptr<ResNet> resnet18(ResNetOptions options = {});   // BasicBlock {2, 2, 2, 2}: 11,689,512 parameters
+std::shared_ptr<ResNet> resnet34(ResNetOptions options = {});   // BasicBlock {3, 4, 6, 3}: 21,797,672
+std::shared_ptr<ResNet> resnet50(ResNetOptions options = {});   // Bottleneck {3, 4, 6, 3}: 25,557,032
+std::shared_ptr<ResNet> resnet101(ResNetOptions options = {});  // Bottleneck {3, 4, 23, 3}: 44,549,160
+std::shared_ptr<ResNet> resnet152(ResNetOptions options = {});  // Bottleneck {3, 8, 36, 3}: 60,192,808
+
+}  // namespace kiln::nn::models
+
+namespace kiln {
+namespace models = nn::models;  // kiln::models::resnet50(...), as in the design sketch
+}  // namespace kiln
