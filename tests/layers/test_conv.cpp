@@ -12,7 +12,7 @@
 namespace kiln::testing {
 namespace {
 
-class ConvTest : public BackendTest {};
+class ConvTest : public ExactFloat32Test {};  // float32 references: no TF32
 
 struct ConvCase {
   int64_t n, c_in, h, w, c_out, kh, kw;

@@ -11,7 +11,7 @@
 namespace kiln::testing {
 namespace {
 
-class FunctionalTest : public BackendTest {};
+class FunctionalTest : public ExactFloat32Test {};  // float32 references: no TF32
 
 // y[r, o] = sum_i x[r, i] * w[o, i] + b[o] over rows r of x (..., in).
 std::vector<double> linear_ref(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& b,
@@ -200,8 +200,9 @@ TEST_P(FunctionalTest, BatchNormEvalUsesTheRunningStatistics) {
 TEST(Functional, BatchNormTrainingGradients) {
   check_gradients(
       [](const TensorList& in) {
-        return TensorList{nn::batch_norm(in[0], zeros({3}, {.dtype = DType::Float64}),
-                                         ones({3}, {.dtype = DType::Float64}), in[1], in[2], true)};
+        // Running statistics on the inputs' device: check_gradients repeats fn on every test device.
+        const TensorOptions on = {.dtype = DType::Float64, .device = in[0].device()};
+        return TensorList{nn::batch_norm(in[0], zeros({3}, on), ones({3}, on), in[1], in[2], true)};
       },
       {make_input({4, 3, 2}, -2, 2, 1), make_input({3}, 0.5, 1.5, 2), make_input({3}, -1, 1, 3)});
   check_gradients([](const TensorList& in) { return TensorList{nn::batch_norm(in[0], {}, {}, {}, {}, true)}; },
@@ -238,7 +239,7 @@ TEST_P(FunctionalTest, EmbeddingPicksRowsAndThePaddingRowGetsNoGradient) {
 
 TEST(Functional, EmbeddingGradients) {
   Tensor idx = from_vector<int64_t>({2, 0, 2, 1}, {2, 2});
-  check_gradients([idx](const TensorList& in) { return TensorList{nn::embedding(idx, in[0])}; },
+  check_gradients([idx](const TensorList& in) { return TensorList{nn::embedding(idx.to(in[0].device()), in[0])}; },
                   {make_input({3, 2}, -1, 1, 1)});
 }
 

@@ -1,5 +1,7 @@
 #include "support/test_support.h"
 
+#include "kiln/tensor/cuda.h"
+
 #include <cmath>
 #include <sstream>
 
@@ -124,5 +126,12 @@ int64_t ravel(const std::vector<int64_t>& index, const Shape& shape) {
   for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + index[d];
   return flat;
 }
+
+void ExactFloat32Test::SetUp() {
+  previous_tf32_ = cuda::allow_tf32();
+  cuda::set_allow_tf32(false);
+}
+
+void ExactFloat32Test::TearDown() { cuda::set_allow_tf32(previous_tf32_); }
 
 }  // namespace kiln::testing

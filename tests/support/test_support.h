@@ -36,6 +36,17 @@ class BackendTest : public ::testing::TestWithParam<Device> {
   TensorOptions opts(DType dtype = DType::Float32) const { return {.dtype = dtype, .device = dev()}; }
 };
 
+// A BackendTest whose float32 matrix products are full float32 on the GPU too (TF32 off for the test):
+// for tests that compare float32 layers built on matmul against references with float32 tolerances.
+class ExactFloat32Test : public BackendTest {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+ private:
+  bool previous_tf32_ = true;
+};
+
 std::string device_param_name(const ::testing::TestParamInfo<Device>& info);
 
 // The tensor's elements in row-major order as doubles (copied to the host, converted).
