@@ -16,7 +16,7 @@
 namespace kiln::testing {
 namespace {
 
-nn::BertConfig tiny_config(double dropout = 0.1) {
+models::BertConfig tiny_config(double dropout = 0.1) {
   return {.vocab_size = 50,
           .hidden_size = 16,
           .num_hidden_layers = 2,
@@ -35,7 +35,7 @@ TEST(Bert, ForwardShapes) {
   Tensor input = ids({2, 7, 9, 11, 3, 2, 41, 8, 0, 0}, {N, S});
   Tensor types = ids({0, 0, 0, 1, 1, 0, 0, 1, 1, 1}, {N, S});
   Tensor mask = ids({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {N, S});
-  nn::BertModel model(tiny_config());
+  models::BertModel model(tiny_config());
   auto out = model.forward(input, types, mask);
   EXPECT_EQ(out.sequence_output.shape(), (Shape{N, S, 16}));
   EXPECT_EQ(out.pooled_output.shape(), (Shape{N, 16}));
@@ -43,10 +43,10 @@ TEST(Bert, ForwardShapes) {
   std::vector<double> pooled = values(out.pooled_output);
   EXPECT_TRUE(std::all_of(pooled.begin(), pooled.end(), [](double x) { return std::abs(x) < 1; }));
   EXPECT_EQ(model.forward(input, {}, {}).sequence_output.shape(), (Shape{N, S, 16}));
-  nn::BertForMaskedLM mlm(tiny_config());
+  models::BertForMaskedLM mlm(tiny_config());
   EXPECT_EQ(mlm.forward(input, types, mask).logits.shape(), (Shape{N, S, 50}));
   EXPECT_FALSE(mlm.forward(input, types, mask).loss.defined());
-  nn::BertForSequenceClassification clf(tiny_config(), 3);
+  models::BertForSequenceClassification clf(tiny_config(), 3);
   EXPECT_EQ(clf.forward(input, types, mask).logits.shape(), (Shape{N, 3}));
 }
 
@@ -54,23 +54,23 @@ TEST(Bert, ParameterCountsMatchTheFormulaAndHuggingFace) {
   // Tiny, by hand: embeddings (50 + 16 + 2) * 16 + LayerNorm 32 = 1120; per layer: q, k, v, out 4 * 272 +
   // LayerNorm 32 = 1120, intermediate 16 * 32 + 32 = 544, output 32 * 16 + 16 = 528, LayerNorm 32: 2224;
   // pooler 272. 1120 + 2 * 2224 + 272 = 5840.
-  nn::BertConfig tiny = tiny_config();
+  models::BertConfig tiny = tiny_config();
   EXPECT_EQ(tiny.num_parameters(), 5840);
-  EXPECT_EQ(nn::BertModel(tiny).num_parameters(), 5840);
-  EXPECT_EQ(nn::BertModel(tiny, false).num_parameters(), 5840 - 272);
+  EXPECT_EQ(models::BertModel(tiny).num_parameters(), 5840);
+  EXPECT_EQ(models::BertModel(tiny, false).num_parameters(), 5840 - 272);
   EXPECT_EQ(tiny.num_parameters(false), 5840 - 272);
   // Masked LM: no pooler; transform dense 272 + LayerNorm 32, decoder bias 50, decoder weight tied (not counted).
-  EXPECT_EQ(nn::BertForMaskedLM(tiny).num_parameters(), 5840 - 272 + 272 + 32 + 50);
-  EXPECT_EQ(nn::BertForSequenceClassification(tiny, 3).num_parameters(), 5840 + 16 * 3 + 3);
+  EXPECT_EQ(models::BertForMaskedLM(tiny).num_parameters(), 5840 - 272 + 272 + 32 + 50);
+  EXPECT_EQ(models::BertForSequenceClassification(tiny, 3).num_parameters(), 5840 + 16 * 3 + 3);
   // Hugging Face's bert-base-uncased and bert-large-uncased BertModel.
-  EXPECT_EQ(nn::BertConfig::base().num_parameters(), 109482240);
-  EXPECT_EQ(nn::BertConfig::large().num_parameters(), 335141888);
-  nn::BertConfig c = nn::BertConfig::custom(100, 32, 3, 4, 64, 20);
-  EXPECT_EQ(nn::BertModel(c).num_parameters(), c.num_parameters());
+  EXPECT_EQ(models::BertConfig::base().num_parameters(), 109482240);
+  EXPECT_EQ(models::BertConfig::large().num_parameters(), 335141888);
+  models::BertConfig c = models::BertConfig::custom(100, 32, 3, 4, 64, 20);
+  EXPECT_EQ(models::BertModel(c).num_parameters(), c.num_parameters());
 }
 
 TEST(Bert, ParameterNamesAreHuggingFaces) {
-  nn::BertForMaskedLM mlm(tiny_config());
+  models::BertForMaskedLM mlm(tiny_config());
   std::set<std::string> names;
   for (const auto& [name, p] : mlm.named_parameters()) names.insert(name);
   const std::vector<std::string> expected = {
@@ -106,7 +106,7 @@ TEST(Bert, ParameterNamesAreHuggingFaces) {
   EXPECT_TRUE(keys.count("cls.predictions.decoder.weight"));
   EXPECT_TRUE(keys.count("cls.predictions.decoder.bias"));
 
-  nn::BertForSequenceClassification clf(tiny_config(), 2);
+  models::BertForSequenceClassification clf(tiny_config(), 2);
   std::vector<std::string> clf_names;
   for (const auto& [name, p] : clf.named_parameters()) clf_names.push_back(name);
   for (const char* n : {"bert.pooler.dense.weight", "bert.pooler.dense.bias", "classifier.weight", "classifier.bias"})
@@ -117,7 +117,7 @@ TEST(Bert, ParameterNamesAreHuggingFaces) {
 
 TEST(Bert, InitialisationIsHuggingFaces) {
   manual_seed(3);
-  nn::BertForSequenceClassification clf(tiny_config(), 2);
+  models::BertForSequenceClassification clf(tiny_config(), 2);
   for (const auto& [name, p] : clf.named_parameters()) {
     std::vector<double> v = values(p);
     const bool is_ln = name.find("LayerNorm") != std::string::npos;
@@ -141,7 +141,7 @@ TEST(Bert, InitialisationIsHuggingFaces) {
 
 TEST(Bert, TiedDecoderWeightIsOneTensorWithOneGradientFromBothUses) {
   manual_seed(4);
-  nn::BertForMaskedLM mlm(tiny_config(0.0));
+  models::BertForMaskedLM mlm(tiny_config(0.0));
   Tensor w = mlm.bert->embeddings->word_embeddings->weight;
   EXPECT_TRUE(mlm.predictions->decoder_weight.is_same(w));
   int64_t listed = 0;
@@ -172,7 +172,7 @@ TEST(Bert, TiedDecoderWeightIsOneTensorWithOneGradientFromBothUses) {
 
 TEST(Bert, MaskedLmLossIsFiniteAndDecreasesUnderSgd) {
   manual_seed(5);
-  nn::BertForMaskedLM mlm(tiny_config(0.0));
+  models::BertForMaskedLM mlm(tiny_config(0.0));
   Tensor input = ids({2, 7, 1, 11, 3, 2, 41, 8, 1, 4, 2, 9, 9, 1, 6, 2, 17, 1, 22, 4}, {4, 5});  // 1 = [MASK]
   Tensor labels = ids(
       {-100, -100, 9, -100, -100, -100, -100, -100, 13, -100, -100, -100, -100, 40, -100, -100, -100, 33, -100, -100},
@@ -197,7 +197,7 @@ TEST(Bert, MaskedLmLossIsFiniteAndDecreasesUnderSgd) {
 
 TEST(Bert, RealTokensAreIndependentOfPaddedTokens) {
   manual_seed(6);
-  nn::BertModel model(tiny_config());
+  models::BertModel model(tiny_config());
   model.eval();
   Tensor mask = ids({1, 1, 1, 0, 0, 1, 1, 1, 1, 1}, {2, 5});
   Tensor a = ids({2, 7, 9, 0, 0, 2, 41, 8, 5, 4}, {2, 5});
@@ -217,7 +217,7 @@ TEST(Bert, RealTokensAreIndependentOfPaddedTokens) {
 
 TEST(Bert, DropoutOnlyInTraining) {
   manual_seed(7);
-  nn::BertModel model(tiny_config(0.3));
+  models::BertModel model(tiny_config(0.3));
   Tensor input = ids({2, 7, 9, 11, 3}, {1, 5});
   model.eval();
   Tensor e1 = model.forward(input, {}, {}).sequence_output, e2 = model.forward(input, {}, {}).sequence_output;
@@ -229,7 +229,7 @@ TEST(Bert, DropoutOnlyInTraining) {
 
 TEST(Bert, SequenceClassificationLossAndGradients) {
   manual_seed(8);
-  nn::BertForSequenceClassification clf(tiny_config(), 3);
+  models::BertForSequenceClassification clf(tiny_config(), 3);
   Tensor input = ids({2, 7, 9, 11, 3, 2, 41, 8, 5, 4}, {2, 5});
   auto out = clf.forward(input, {}, {}, ids({2, 0}, {2}));
   ASSERT_EQ(out.loss.dim(), 0);
@@ -237,16 +237,16 @@ TEST(Bert, SequenceClassificationLossAndGradients) {
   out.loss.backward();
   EXPECT_TRUE(clf.classifier->weight.grad().defined());
   EXPECT_TRUE(clf.bert->pooler->dense->weight.grad().defined());
-  EXPECT_TRUE(clf.bert->encoder->layer->at<nn::BertLayer>(0)->attention->self->query->weight.grad().defined());
-  nn::BertForSequenceClassification reg(tiny_config(), 1);
+  EXPECT_TRUE(clf.bert->encoder->layer->at<models::BertLayer>(0)->attention->self->query->weight.grad().defined());
+  models::BertForSequenceClassification reg(tiny_config(), 1);
   EXPECT_EQ(reg.forward(input, {}, {}, make({0.5, -1}, {2})).loss.dim(), 0);
 }
 
 TEST(Bert, BadInput) {
-  nn::BertConfig bad = tiny_config();
+  models::BertConfig bad = tiny_config();
   bad.hidden_size = 15;
-  expect_error([&] { nn::BertModel m(bad); }, {"BertConfig", "hidden_size (15)", "num_attention_heads (2)"});
-  nn::BertModel model(tiny_config());
+  expect_error([&] { models::BertModel m(bad); }, {"BertConfig", "hidden_size (15)", "num_attention_heads (2)"});
+  models::BertModel model(tiny_config());
   expect_error(
       [&] {
         model.forward(zeros({2, 17}, {.dtype = DType::Int64}), {}, {});
@@ -263,7 +263,7 @@ TEST(Bert, BadInput) {
         model.forward(zeros({2, 5}, {.dtype = DType::Int64}), {}, ones({2, 4}));
       },
       {"attention_mask", "[2, 4]", "[2, 5]"});
-  nn::BertForMaskedLM mlm(tiny_config());
+  models::BertForMaskedLM mlm(tiny_config());
   expect_error(
       [&] {
         mlm.forward(zeros({2, 5}, {.dtype = DType::Int64}), {}, {}, zeros({2, 4}, {.dtype = DType::Int64}));

@@ -10,7 +10,7 @@
 #include "kiln/layers/loss.h"         // cross_entropy, mse_loss
 #include "kiln/tensor/error.h"        // KILN_CHECK
 
-namespace kiln::nn {
+namespace kiln::nn::models {
 namespace {
 
 Tensor activate(const Tensor& x, BertActivation act) {
@@ -297,4 +297,4 @@ BertForSequenceClassification::Output BertForSequenceClassification::forward(con
   return out;
 }
 
-}  // namespace kiln::nn
+}  // namespace kiln::nn::models

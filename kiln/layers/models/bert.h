@@ -1,13 +1,13 @@
 // kiln/layers/models/bert.h — BERT (Devlin et al. 2018) with Hugging Face's module tree and parameter names.
 //
 //   using namespace kiln;
-//   auto mlm = std::make_shared<nn::BertForMaskedLM>(nn::BertConfig::base());
+//   auto mlm = std::make_shared<models::BertForMaskedLM>(models::BertConfig::base());
 //   auto out = mlm->forward(input_ids, token_type_ids, attention_mask, labels);  // (N, S) Int64 each
 //   out.loss.backward();                                                         // out.logits (N, S, vocab)
 //
-//   nn::BertConfig tiny{.vocab_size = 50, .hidden_size = 16, .num_hidden_layers = 2, .num_attention_heads = 2,
+//   models::BertConfig tiny{.vocab_size = 50, .hidden_size = 16, .num_hidden_layers = 2, .num_attention_heads = 2,
 //                       .intermediate_size = 32, .max_position_embeddings = 16};   // any custom size
-//   auto clf = std::make_shared<nn::BertForSequenceClassification>(tiny, /*num_labels=*/3);
+//   auto clf = std::make_shared<models::BertForSequenceClassification>(tiny, /*num_labels=*/3);
 //
 // Names match transformers' BertModel / BertForMaskedLM / BertForSequenceClassification
 // ("bert.encoder.layer.0.attention.self.query.weight", "cls.predictions.transform.LayerNorm.weight", ...),
@@ -25,7 +25,7 @@
 #include "kiln/tensor/generator.h"   // Generator
 #include "kiln/tensor/tensor.h"      // Tensor
 
-namespace kiln::nn {
+namespace kiln::nn::models {
 
 enum class BertActivation { Gelu, GeluTanh, Relu };  // HF's "gelu", "gelu_new", "relu"
 
@@ -220,4 +220,8 @@ class BertForSequenceClassification : public Module {
   std::shared_ptr<Linear> classifier;
 };
 
-}  // namespace kiln::nn
+}  // namespace kiln::nn::models
+
+namespace kiln {
+namespace models = nn::models;  // kiln::models::BertModel, as resnet.h also declares
+}  // namespace kiln
