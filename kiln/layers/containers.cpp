@@ -1,7 +1,10 @@
 // Sequential, ModuleList and ModuleDict (containers.h).
 #include "kiln/layers/containers.h"
 
-#include <sstream>  // std::ostringstream, to list keys in error messages
+#include <algorithm>  // std::max
+#include <sstream>    // std::ostringstream, to list keys in error messages
+
+#include "kiln/autograd/checkpoint.h"
 
 namespace kiln::nn {
 
@@ -109,6 +112,26 @@ std::vector<std::string> ModuleDict::keys() const {
   std::vector<std::string> out;
   for (const auto& [k, m] : entries_) out.push_back(k);
   return out;
+}
+
+Tensor checkpoint_sequential(const Sequential& modules, int64_t segments, const Tensor& input) {
+  const int64_t n = modules.size();
+  KILN_CHECK(segments >= 1 && segments <= std::max<int64_t>(n, 1), "checkpoint_sequential: segments must be in [1, ",
+             std::max<int64_t>(n, 1), "] for a Sequential of ", n, " modules, got ", segments);
+  // Segment s holds modules [s * n / segments, (s + 1) * n / segments). Each checkpointed run keeps its own
+  // handles to its modules: backward recomputes it after this function has returned.
+  Tensor h = input;
+  for (int64_t s = 0; s < segments; ++s) {
+    const int64_t begin = s * n / segments, end = (s + 1) * n / segments;
+    std::vector<ModulePtr> run(modules.begin() + begin, modules.begin() + end);
+    auto forward = [run](const Tensor& x) {
+      Tensor y = x;
+      for (const ModulePtr& m : run) y = m->forward(y);
+      return y;
+    };
+    h = s + 1 == segments ? forward(h) : autograd::checkpoint(forward, h);
+  }
+  return h;
 }
 
 }  // namespace kiln::nn

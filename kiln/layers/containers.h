@@ -107,4 +107,11 @@ class ModuleDict : public Module {
   std::vector<std::pair<std::string, ModulePtr>> entries_;
 };
 
+// Gradient checkpointing over a Sequential: its modules are cut into `segments` runs of consecutive modules
+// (as even as possible); every run but the last goes through autograd::checkpoint, so forward keeps only
+// each run's input and backward recomputes the run, with the same random numbers. The last run executes
+// normally, since backward needs its activations first (as PyTorch's checkpoint_sequential).
+//   Tensor y = nn::checkpoint_sequential(*model, 4, x);
+Tensor checkpoint_sequential(const Sequential& modules, int64_t segments, const Tensor& input);
+
 }  // namespace kiln::nn
