@@ -21,61 +21,57 @@ int64_t wrap_index(int64_t index, int64_t size, const std::string& type) {
 
 // ---- Sequential ----
 
-Sequential::Sequential() : Module("Sequential") {}
+// ---------------------------------------------------------------- IndexedModules
+void IndexedModules::add_indexed(const std::string& name, ModulePtr module) {
+  add_child(name, module);  // checks the name and the pointer
+  modules_.push_back(std::move(module));
+}
 
-Sequential::Sequential(const std::vector<ModulePtr>& modules) : Module("Sequential") {
+const ModulePtr& IndexedModules::operator[](int64_t index) const {
+  return modules_[static_cast<size_t>(wrap_index(index, size(), type_name()))];
+}
+
+void IndexedModules::throw_bad_cast(int64_t index) const {
+  KILN_FAIL(type_name(), "::at(", index, "): the module there is a ", (*this)[index]->type_name(),
+            ", not the type asked for; use operator[] to get it as a ModulePtr");
+}
+
+// ---------------------------------------------------------------- Sequential
+Sequential::Sequential() : IndexedModules("Sequential") {}
+
+Sequential::Sequential(const std::vector<ModulePtr>& modules) : IndexedModules("Sequential") {
   for (const auto& m : modules) append(m);
 }
 
-Sequential& Sequential::append(ModulePtr module) { return append(std::to_string(modules_.size()), std::move(module)); }
+Sequential& Sequential::append(ModulePtr module) { return append(next_index(), std::move(module)); }
 
 Sequential& Sequential::append(const std::string& name, ModulePtr module) {
-  add_child(name, module);  // checks the name and the pointer
-  modules_.push_back(std::move(module));
+  add_indexed(name, std::move(module));
   return *this;
 }
 
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (const auto& m : modules_) x = m->forward(x);
+  for (const auto& m : *this) x = m->forward(x);
   return x;
-}
-
-const ModulePtr& Sequential::operator[](int64_t index) const {
-  return modules_[static_cast<size_t>(wrap_index(index, size(), type_name()))];
-}
-
-void Sequential::throw_bad_cast(int64_t index) const {
-  KILN_FAIL("Sequential::at(", index, "): the module there is a ", (*this)[index]->type_name(),
-            ", not the type asked for; use operator[] to get it as a ModulePtr");
 }
 
 // ---- ModuleList ----
 
-ModuleList::ModuleList() : Module("ModuleList") {}
+ModuleList::ModuleList() : IndexedModules("ModuleList") {}
 
-ModuleList::ModuleList(const std::vector<ModulePtr>& modules) : Module("ModuleList") {
+ModuleList::ModuleList(const std::vector<ModulePtr>& modules) : IndexedModules("ModuleList") {
   for (const auto& m : modules) push_back(m);
 }
 
 ModuleList& ModuleList::push_back(ModulePtr module) {
-  add_child(std::to_string(modules_.size()), module);
-  modules_.push_back(std::move(module));
+  add_indexed(next_index(), std::move(module));
   return *this;
 }
 
 Tensor ModuleList::forward(const Tensor&) {
   KILN_FAIL("ModuleList has no forward: it does not know how to chain its ", size(),
             " modules; iterate over it and call them yourself, or use a Sequential");
-}
-
-const ModulePtr& ModuleList::operator[](int64_t index) const {
-  return modules_[static_cast<size_t>(wrap_index(index, size(), type_name()))];
-}
-
-void ModuleList::throw_bad_cast(int64_t index) const {
-  KILN_FAIL("ModuleList::at(", index, "): the module there is a ", (*this)[index]->type_name(),
-            ", not the type asked for; use operator[] to get it as a ModulePtr");
 }
 
 // ---- ModuleDict ----

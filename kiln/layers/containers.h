@@ -27,20 +27,10 @@
 
 namespace kiln::nn {
 
-// Chains modules that each map one tensor to one tensor: forward(x) = m_n(... m_1(m_0(x))).
-class Sequential : public Module {
+// What Sequential and ModuleList share: children held by index, registered under "0", "1", ... (or a
+// name of the caller's choice), as PyTorch names them.
+class IndexedModules : public Module {
  public:
-  Sequential();
-  explicit Sequential(const std::vector<ModulePtr>& modules);
-  Sequential(std::initializer_list<ModulePtr> modules) : Sequential(std::vector<ModulePtr>(modules)) {}
-
-  // Appends under the next index ("0", "1", ...), or under a name of your choice.
-  Sequential& append(ModulePtr module);
-  Sequential& append(const std::string& name, ModulePtr module);
-
-  // An empty Sequential returns its input unchanged, as PyTorch's.
-  Tensor forward(const Tensor& input) override;
-
   // The i-th module (negative i counts from the end); at<T>(i) casts it to its concrete type.
   const ModulePtr& operator[](int64_t index) const;
   template <typename M>
@@ -54,36 +44,39 @@ class Sequential : public Module {
   std::vector<ModulePtr>::const_iterator begin() const { return modules_.begin(); }
   std::vector<ModulePtr>::const_iterator end() const { return modules_.end(); }
 
+ protected:
+  explicit IndexedModules(std::string type_name) : Module(std::move(type_name)) {}
+  void add_indexed(const std::string& name, ModulePtr module);  // registers and appends
+  std::string next_index() const { return std::to_string(modules_.size()); }
+
  private:
   [[noreturn]] void throw_bad_cast(int64_t index) const;
-
   std::vector<ModulePtr> modules_;
 };
 
+// Chains modules that each map one tensor to one tensor: forward(x) = m_n(... m_1(m_0(x))).
+class Sequential : public IndexedModules {
+ public:
+  Sequential();
+  explicit Sequential(const std::vector<ModulePtr>& modules);
+  Sequential(std::initializer_list<ModulePtr> modules) : Sequential(std::vector<ModulePtr>(modules)) {}
+
+  // Appends under the next index ("0", "1", ...), or under a name of your choice.
+  Sequential& append(ModulePtr module);
+  Sequential& append(const std::string& name, ModulePtr module);
+
+  // An empty Sequential returns its input unchanged, as PyTorch's.
+  Tensor forward(const Tensor& input) override;
+};
+
 // Holds modules by index for code that calls them itself (a stack of transformer blocks). No forward.
-class ModuleList : public Module {
+class ModuleList : public IndexedModules {
  public:
   ModuleList();
   explicit ModuleList(const std::vector<ModulePtr>& modules);
 
   ModuleList& push_back(ModulePtr module);       // registered under the next index
   Tensor forward(const Tensor& input) override;  // throws: a ModuleList does not know how to chain its modules
-
-  const ModulePtr& operator[](int64_t index) const;  // negative counts from the end
-  template <typename M>
-  std::shared_ptr<M> at(int64_t index) const {
-    auto out = std::dynamic_pointer_cast<M>((*this)[index]);
-    if (out == nullptr) throw_bad_cast(index);
-    return out;
-  }
-  int64_t size() const { return static_cast<int64_t>(modules_.size()); }
-  bool empty() const { return modules_.empty(); }
-  std::vector<ModulePtr>::const_iterator begin() const { return modules_.begin(); }
-  std::vector<ModulePtr>::const_iterator end() const { return modules_.end(); }
-
- private:
-  [[noreturn]] void throw_bad_cast(int64_t index) const;
-  std::vector<ModulePtr> modules_;
 };
 
 // Holds modules by name, in insertion order (task heads, per-language embeddings). No forward.
