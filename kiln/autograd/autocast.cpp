@@ -93,13 +93,11 @@ Tensor cast_to(const Tensor& t, DType dtype) {
 std::vector<Tensor> inputs_list(Op op, const std::vector<Tensor>& ts) {
   if (!detail::state.any_enabled) return ts;
   const Tensor* first = nullptr;
-  DType widest = DType::Float16;
+  DType widest = DType::Float32;
   for (const Tensor& t : ts) {
     if (!t.defined() || !is_floating_point(t.dtype())) continue;
+    widest = first != nullptr ? promote_types(widest, t.dtype()) : t.dtype();
     if (first == nullptr) first = &t;
-    if (element_size(t.dtype()) > element_size(widest) || (t.dtype() == DType::BFloat16 && widest == DType::Float16)) {
-      widest = t.dtype();
-    }
   }
   if (first == nullptr) return ts;
   const std::optional<DType> target = target_dtype(op, first->device(), widest);

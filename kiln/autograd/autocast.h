@@ -112,7 +112,7 @@ enum class Policy : uint8_t {
   Keep,            // run in the inputs' dtypes
   LowerPrecision,  // cast floating inputs to the autocast dtype (float16 / bfloat16): matmuls, convolutions
   Float32,         // cast floating inputs to float32: ops that lose accuracy or overflow in 16 bits
-  Promote,         // cast floating inputs to the widest floating dtype among them
+  Promote,         // cast floating inputs to their promoted dtype (promote_types: float16 + bfloat16 -> float32)
 };
 
 Policy policy(Op op);
@@ -157,7 +157,7 @@ class DisableGuard {
 };
 
 // The dtype `op` computes in for floating inputs on `device`, or nothing (keep the inputs' dtypes).
-// `widest` is the widest floating dtype among the inputs, for Policy::Promote.
+// `widest` is the promoted dtype of the floating inputs, for Policy::Promote.
 std::optional<DType> target_dtype(Op op, Device device, DType widest);
 Tensor cast_to(const Tensor& t, DType dtype);  // floating tensors only; others unchanged
 
@@ -167,14 +167,12 @@ std::tuple<Ts...> inputs(Op op, const Ts&... ts) {
   if (!detail::state.any_enabled) return {ts...};
   Device device = Device::cpu();
   bool found = false;
-  DType widest = DType::Float16;
+  DType widest = DType::Float32;
   auto scan = [&](const Tensor& t) {
     if (!t.defined() || !is_floating_point(t.dtype())) return;
+    widest = found ? promote_types(widest, t.dtype()) : t.dtype();
     if (!found) device = t.device();
     found = true;
-    if (element_size(t.dtype()) > element_size(widest) || (t.dtype() == DType::BFloat16 && widest == DType::Float16)) {
-      widest = t.dtype();
-    }
   };
   (scan(ts), ...);
   if (!found) return {ts...};

@@ -47,11 +47,6 @@ Tensor validate_gradient(Tensor g, const InputMeta& meta, const Node& producer, 
   return g;
 }
 
-// Nothing else refers to t or its memory, so it may be updated in place.
-bool exclusively_owned(const Tensor& t) {
-  return t.impl_ptr().use_count() == 1 && t.impl().storage().use_count() == 1 && !t.impl().is_view();
-}
-
 struct ReadyEntry {
   uint64_t sequence_nr;
   int32_t slot;

@@ -54,8 +54,7 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   version_ = t.impl().storage()->version();
   if (is_output && t.impl().autograd_meta_ptr() != nullptr) {
     // An alias without autograd state: the output's history points at the node that saves it.
-    const TensorImpl& impl = t.impl();
-    data_ = Tensor(make_pooled<TensorImpl>(impl.storage(), impl.dtype(), impl.sizes(), impl.strides(), impl.offset()));
+    data_ = t.detach();
   } else {
     data_ = t;
   }
@@ -85,6 +84,10 @@ AutogradMeta& materialize_meta(const Tensor& t) {
   auto& slot = t.impl().autograd_meta();
   if (!slot) slot = make_pooled<AutogradMeta>();
   return *static_cast<AutogradMeta*>(slot.get());
+}
+
+bool exclusively_owned(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.impl().storage().use_count() == 1 && !t.impl().is_view();
 }
 
 bool requires_grad(const Tensor& t) {
@@ -189,7 +192,7 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   if (!m.grad.defined()) {
     // Keep the incoming gradient when nothing else holds it and it is dense in the leaf's layout;
     // otherwise copy, so that in-place updates of .grad (zero_, clipping) cannot reach another tensor.
-    const bool owned = g.impl_ptr().use_count() == 1 && g.impl().storage().use_count() == 1 && !g.impl().is_view();
+    const bool owned = exclusively_owned(g);
     const bool dense = g.is_contiguous(layout == MemoryFormat::ChannelsLast ? layout : MemoryFormat::Contiguous);
     m.grad = owned && dense ? std::move(g) : ops::clone(g, layout);
   } else {

@@ -171,6 +171,10 @@ void set_history(const Tensor& out, const std::shared_ptr<Node>& node);
 // naming `op`. Returns whether the op must record (grad mode on and self or an other input requires grad).
 bool check_inplace(const Tensor& self, bool others_require_grad, std::string_view op);
 
+// Nothing else refers to t or its memory (one handle, one storage owner, not a view): it may be updated in
+// place or kept without a copy.
+bool exclusively_owned(const Tensor& t);
+
 // Sums g over broadcast dims down to `shape` (g's shape must broadcast from it).
 Tensor sum_to(const Tensor& g, const Shape& shape);
 

@@ -11,13 +11,7 @@
 namespace kiln::testing {
 namespace {
 
-class GoldenTest : public BackendTest {
- protected:
-  Tensor in(const Golden& g, const std::string& key) { return g.get(key).to(dev()).requires_grad_(); }
-  Tensor plain(const Golden& g, const std::string& key) { return g.get(key).to(dev()); }
-  double rtol() const { return dev().is_cpu() ? 1e-9 : 1e-7; }
-  void expect(const Tensor& t, const Golden& g, const std::string& key) { expect_golden(t, g, key, rtol(), 1e-10); }
-};
+class GoldenTest : public GoldenBackendTest {};
 
 TEST_P(GoldenTest, Linear) {
   const Golden g = load_golden("linear");

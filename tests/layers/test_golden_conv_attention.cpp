@@ -9,14 +9,7 @@
 namespace kiln::testing {
 namespace {
 
-class GoldenConvAttentionTest : public BackendTest {
- protected:
-  Tensor in(const Golden& g, const std::string& key) { return g.get(key).to(dev()).requires_grad_(); }
-  Tensor plain(const Golden& g, const std::string& key) { return g.get(key).to(dev()); }
-  void expect(const Tensor& t, const Golden& g, const std::string& key) {
-    expect_golden(t, g, key, dev().is_cpu() ? 1e-9 : 1e-7, 1e-10);
-  }
-};
+class GoldenConvAttentionTest : public GoldenBackendTest {};
 
 // groups 2, stride (2, 1), padding (1, 0), dilation (1, 2), bias.
 TEST_P(GoldenConvAttentionTest, Conv2dWithGroupsStrideDilationPadding) {

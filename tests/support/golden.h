@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kiln/kiln.h"
+#include "support/test_support.h"  // BackendTest
 
 namespace kiln::testing {
 
@@ -26,5 +27,16 @@ Golden load_golden(const std::string& name);
 // actual (any dtype/device) against the golden tensor `key`: same shape, values within rtol/atol.
 void expect_golden(const Tensor& actual, const Golden& golden, const std::string& key, double rtol = 1e-9,
                    double atol = 1e-12);
+
+// A golden test on each test device: golden tensors moved to dev(), compared with float64 tolerances
+// (looser on a GPU: other summation orders).
+class GoldenBackendTest : public BackendTest {
+ protected:
+  Tensor in(const Golden& g, const std::string& key) { return g.get(key).to(dev()).requires_grad_(); }
+  Tensor plain(const Golden& g, const std::string& key) { return g.get(key).to(dev()); }
+  void expect(const Tensor& t, const Golden& g, const std::string& key) {
+    expect_golden(t, g, key, dev().is_cpu() ? 1e-9 : 1e-7, 1e-10);
+  }
+};
 
 }  // namespace kiln::testing
