@@ -140,7 +140,49 @@ apt_install() {
   fi
 }
 
-if [[ $do_deps -eq 1 ]]; then install_packages; fi
+# cuDNN's fused attention is used through NVIDIA's header-only cudnn-frontend, taken from its PyPI
+# package (nvidia-cudnn-frontend): only its include/ folder is kept, in third_party/cudnn_frontend/
+# (git-ignored; scripts/gpu_check.sh users send it along to a machine without a package registry).
+cudnn_frontend_version="1.32.0"
+cudnn_frontend_dir="third_party/cudnn_frontend"
+install_cudnn_frontend() {
+  local stamp="$cudnn_frontend_dir/VERSION"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$cudnn_frontend_version" && -f "$cudnn_frontend_dir/include/cudnn_frontend.h" ]]; then
+    say "cudnn-frontend $cudnn_frontend_version is already in $cudnn_frontend_dir"
+    return
+  fi
+  local py
+  py="$(command -v python3 || true)"
+  if [[ -z "$py" ]] || ! "$py" -m pip --version >/dev/null 2>&1; then
+    say "warning: python3 with pip not found: cudnn-frontend not installed (GPUs use the math attention path)"
+    return
+  fi
+  local tmp
+  tmp="$(mktemp -d)"
+  say "installing cudnn-frontend $cudnn_frontend_version (headers only) from PyPI into $cudnn_frontend_dir"
+  if "$py" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "nvidia-cudnn-frontend==$cudnn_frontend_version" &&
+     "$py" - "$tmp" "$cudnn_frontend_dir" <<'PY'
+import glob, os, shutil, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
+shutil.rmtree(dest, ignore_errors=True)
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(dest, [n for n in z.namelist() if n.startswith("include/")])
+PY
+  then
+    echo "$cudnn_frontend_version" >"$stamp"
+  else
+    say "warning: could not fetch nvidia-cudnn-frontend from PyPI: GPUs will use the math attention path"
+  fi
+  rm -rf "$tmp"
+}
+
+if [[ $do_deps -eq 1 ]]; then
+  install_packages
+  if [[ "${KILN_CUDA:-auto}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
+    install_cudnn_frontend
+  fi
+fi
 
 # ---------------------------------------------------------------- configure
 if [[ $do_configure -eq 1 ]]; then
