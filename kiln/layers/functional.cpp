@@ -5,8 +5,13 @@
 #include <cmath>
 #include <string>
 
+#include "kiln/autograd/autocast.h"   // autocast::inputs for the fused GPU paths
+#include "kiln/autograd/function.h"   // autograd::Function: the fused GPU paths' nodes
 #include "kiln/autograd/grad_mode.h"  // NoGradGuard for the running-statistics update
 #include "kiln/tensor/error.h"        // KILN_CHECK
+#if KILN_WITH_CUDA
+#include "kiln/layers/cuda/layer_norm.h"  // the fused GPU layer norm
+#endif
 
 namespace kiln::nn {
 namespace {
@@ -30,6 +35,30 @@ void check_affine(const char* op, const Tensor& t, const char* name, const Shape
   KILN_CHECK(t.shape() == expected, op, ": ", name, " has shape ", t.shape(), " but the input needs ", expected,
              "; pass a ", name, " of shape ", expected, " (or none)");
 }
+
+#if KILN_WITH_CUDA
+// Layer norm on the GPU: one kernel forward, saving the per-row mean and 1/std for backward.
+struct LayerNormFunction : autograd::Function<LayerNormFunction> {
+  // x (..., *normalized), weight and bias (*normalized) or undefined.
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const Shape& normalized, double eps) {
+    const int64_t d = numel(normalized);
+    const Tensor xc = contiguous(x), wc = weight.defined() ? contiguous(weight) : weight;
+    auto saved = cuda_impl::layer_norm_forward(xc, d, wc, bias.defined() ? contiguous(bias) : bias, eps);
+    ctx.save_for_backward({xc, wc, saved.mean, saved.rstd});
+    ctx.set("normalized", normalized);
+    return saved.y;
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const autograd::TensorList s = ctx.saved();
+    const auto normalized = ctx.get<Shape>("normalized");
+    auto g = cuda_impl::layer_norm_backward(contiguous(grads[0]), s[0], numel(normalized), s[2], s[3], s[1],
+                                            ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2));
+    return {g.dx, g.dweight.defined() ? reshape(g.dweight, normalized) : Tensor(),
+            g.dbias.defined() ? reshape(g.dbias, normalized) : Tensor()};
+  }
+};
+#endif
 
 }  // namespace
 
@@ -80,6 +109,15 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
              ", got input shape ", x.shape());
   check_affine("layer_norm", weight, "weight", normalized_shape);
   check_affine("layer_norm", bias, "bias", normalized_shape);
+#if KILN_WITH_CUDA
+  if (x.is_cuda() && x.is_floating_point() && (!weight.defined() || weight.device() == x.device()) &&
+      (!bias.defined() || bias.device() == x.device())) {
+    auto [xc, wc, bc] = autocast::inputs(autocast::Op::LayerNorm, x, weight, bias);
+    if ((!wc.defined() || wc.dtype() == xc.dtype()) && (!bc.defined() || bc.dtype() == xc.dtype())) {
+      return LayerNormFunction::apply(xc, wc, bc, normalized_shape, eps);
+    }
+  }
+#endif
   Dims dims;
   for (int64_t d = x.dim() - k; d < x.dim(); ++d) dims.push_back(d);
   Tensor centered = x - mean(x, dims, true);        // (..., *normalized_shape)
