@@ -12,10 +12,10 @@
 #include "kiln/tensor/error.h"  // KILN_CHECK
 
 #if KILN_WITH_CUDA
-#include "kiln/autograd/autocast.h"         // autocast::inputs
-#include "kiln/autograd/node.h"             // Node, SavedTensor, make_node, set_history
-#include "kiln/layers/cuda/conv_cudnn.h"    // cuda_impl::conv2d_forward, ...
-#include "kiln/tensor/ops.h"                // raw ops: the node's work is not recorded
+#include "kiln/autograd/autocast.h"       // autocast::inputs
+#include "kiln/autograd/node.h"           // Node, SavedTensor, make_node, set_history
+#include "kiln/layers/cuda/conv_cudnn.h"  // cuda_impl::conv2d_forward, ...
+#include "kiln/tensor/ops.h"              // raw ops: the node's work is not recorded
 #endif
 
 namespace kiln::nn {
@@ -116,9 +116,9 @@ Tensor conv2d_cudnn(const Tensor& input_arg, const Tensor& weight_arg, const Ten
   const auto [input, weight, bias] = autocast::inputs(autocast::Op::Conv, input_arg, weight_arg, bias_arg);
   const MemoryFormat format = detail::output_format(input);
   // cuDNN wants input, weight and output in one layout: the weight follows the input, as in PyTorch.
-  const Tensor x = ops::contiguous(input, format);   // (N, C_in, H, W)
-  const Tensor w = ops::contiguous(weight, format);  // (C_out, C_in / groups, KH, KW)
-  Tensor y = cuda_impl::conv2d_forward(x, w, geometry, format);  // (N, C_out, OH, OW)
+  const Tensor x = ops::contiguous(input, format);                                // (N, C_in, H, W)
+  const Tensor w = ops::contiguous(weight, format);                               // (C_out, C_in / groups, KH, KW)
+  Tensor y = cuda_impl::conv2d_forward(x, w, geometry, format);                   // (N, C_out, OH, OW)
   if (bias.defined()) ops::add_(y, ops::reshape(bias, {1, bias.size(0), 1, 1}));  // one broadcast add, in place
   if (autograd::needs_grad(input, weight, bias)) {
     auto node = autograd::make_node<CudnnConvolutionBackward>(input, weight, bias);
@@ -185,10 +185,8 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
 
 #if KILN_WITH_CUDA
   if (input.is_cuda()) {
-    const cuda_impl::ConvGeometry geometry{.stride = options.stride.v,
-                                           .padding = options.padding.v,
-                                           .dilation = options.dilation.v,
-                                           .groups = groups};
+    const cuda_impl::ConvGeometry geometry{
+        .stride = options.stride.v, .padding = options.padding.v, .dilation = options.dilation.v, .groups = groups};
     if (cuda_impl::conv2d_supported(input, weight, geometry)) {
       Tensor y = conv2d_cudnn(input, weight, bias, geometry);
       return unbatched ? squeeze(y, 0) : y;

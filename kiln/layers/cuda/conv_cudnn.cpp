@@ -14,12 +14,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kiln/layers/conv.h"               // nn::cudnn_benchmark
-#include "kiln/layers/cuda/cudnn_util.h"    // cudnn_handle, workspace, cudnn_dtype, KILN_CUDNN_CHECK
-#include "kiln/tensor/cuda.h"               // cuda::allow_tf32, cuda::memory_stats
-#include "kiln/tensor/cuda/cuda_check.h"    // KILN_CUDA_CHECK
-#include "kiln/tensor/error.h"              // KILN_CHECK, OutOfMemoryError
-#include "kiln/tensor/ops.h"                // ops::empty, ops::contiguous
+#include "kiln/layers/conv.h"             // nn::cudnn_benchmark
+#include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace, cudnn_dtype, KILN_CUDNN_CHECK
+#include "kiln/tensor/cuda.h"             // cuda::allow_tf32, cuda::memory_stats
+#include "kiln/tensor/cuda/cuda_check.h"  // KILN_CUDA_CHECK
+#include "kiln/tensor/error.h"            // KILN_CHECK, OutOfMemoryError
+#include "kiln/tensor/ops.h"              // ops::empty, ops::contiguous
 
 namespace kiln::nn::cuda_impl {
 
@@ -50,7 +50,9 @@ using ConvDescriptor =
 
 int to_int(int64_t v) { return static_cast<int>(v); }  // conv2d_supported() has checked that every extent fits
 
-int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; }
+int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
 
 // input (N, C_in, H, W), weight (C_out, C_in / groups, KH, KW) -> (N, C_out, OH, OW).
 Shape output_shape(const Shape& x, const Shape& w, const ConvGeometry& g) {
@@ -102,8 +104,8 @@ int64_t alignment(const void* p) {
 // One convolution as cuDNN sees it: x (N, C_in, H, W), w (C_out, C_in / groups, KH, KW), y (N, C_out, OH, OW),
 // all of one dtype and one memory format, and the three data pointers (the pass writes one of them).
 struct Problem {
-  Problem(const Tensor& like, const Shape& x_shape, const Shape& w_shape, const ConvGeometry& g,
-          bool channels_last, Pass pass, void* x_ptr, void* w_ptr, void* y_ptr)
+  Problem(const Tensor& like, const Shape& x_shape, const Shape& w_shape, const ConvGeometry& g, bool channels_last,
+          Pass pass, void* x_ptr, void* w_ptr, void* y_ptr)
       : handle(cudnn_handle(like)),
         dtype(cudnn_dtype(like.dtype(), kOp)),
         math(base_math(like.dtype())),
@@ -114,10 +116,10 @@ struct Problem {
     const Shape y_shape = output_shape(x_shape, w_shape, g);
     set_tensor(x.get(), dtype, x_shape, channels_last);
     set_tensor(y.get(), dtype, y_shape, channels_last);
-    KILN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w.get(), dtype, channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
-                                                to_int(w_shape[0]), to_int(w_shape[1]), to_int(w_shape[2]),
-                                                to_int(w_shape[3])),
-                     kOp);
+    KILN_CUDNN_CHECK(
+        cudnnSetFilter4dDescriptor(w.get(), dtype, channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                   to_int(w_shape[0]), to_int(w_shape[1]), to_int(w_shape[2]), to_int(w_shape[3])),
+        kOp);
     // Half types accumulate in float; float64 in double.
     const cudnnDataType_t compute = dtype == CUDNN_DATA_DOUBLE ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
     KILN_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv.get(), to_int(g.padding[0]), to_int(g.padding[1]),
@@ -173,8 +175,8 @@ struct ForwardPass {  // y = conv(x, w)
     return cudnnGetConvolutionForwardAlgorithmMaxCount(p.handle, n);
   }
   static cudnnStatus_t heuristics(const Problem& p, int requested, int* n, Perf* out) {
-    return cudnnGetConvolutionForwardAlgorithm_v7(p.handle, p.x.get(), p.w.get(), p.conv.get(), p.y.get(), requested,
-                                                  n, out);
+    return cudnnGetConvolutionForwardAlgorithm_v7(p.handle, p.x.get(), p.w.get(), p.conv.get(), p.y.get(), requested, n,
+                                                  out);
   }
   static cudnnStatus_t find(const Problem& p, int requested, int* n, Perf* out, void* ws, size_t bytes) {
     return cudnnFindConvolutionForwardAlgorithmEx(p.handle, p.x.get(), p.x_data, p.w.get(), p.w_data, p.conv.get(),
@@ -201,8 +203,8 @@ struct BackwardDataPass {  // dx = conv_backward_data(dy, w); x_data is dx, y_da
                                                        requested, n, out);
   }
   static cudnnStatus_t find(const Problem& p, int requested, int* n, Perf* out, void* ws, size_t bytes) {
-    return cudnnFindConvolutionBackwardDataAlgorithmEx(p.handle, p.w.get(), p.w_data, p.y.get(), p.y_data,
-                                                       p.conv.get(), p.x.get(), p.x_data, requested, n, out, ws, bytes);
+    return cudnnFindConvolutionBackwardDataAlgorithmEx(p.handle, p.w.get(), p.w_data, p.y.get(), p.y_data, p.conv.get(),
+                                                       p.x.get(), p.x_data, requested, n, out, ws, bytes);
   }
   static cudnnStatus_t workspace_size(const Problem& p, Algo a, size_t* bytes) {
     return cudnnGetConvolutionBackwardDataWorkspaceSize(p.handle, p.w.get(), p.y.get(), p.conv.get(), p.x.get(), a,
@@ -333,7 +335,8 @@ std::vector<typename P::Perf> benchmark_candidates(const Problem& p, const Tenso
   size_t free_bytes = 0, total_bytes = 0;
   KILN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes), kOp);
   const cuda::MemoryStats stats = cuda::memory_stats(like.device().index());
-  const size_t reachable = free_bytes + static_cast<size_t>(std::max<int64_t>(0, stats.reserved_bytes - stats.allocated_bytes));
+  const size_t reachable =
+      free_bytes + static_cast<size_t>(std::max<int64_t>(0, stats.reserved_bytes - stats.allocated_bytes));
   Tensor ws;
   size_t ws_bytes = 0;
   for (size_t bytes : sizes) {
@@ -367,9 +370,8 @@ void run_pass(const Problem& p, const Tensor& like) {
   if (const std::optional<Choice> c = cached_choice(p.key)) {
     KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv.get(), c->math), kOp);
     const Tensor ws = workspace(like, c->workspace_bytes);
-    KILN_CUDNN_CHECK(P::run(p, static_cast<typename P::Algo>(c->algo), workspace_ptr(ws), c->workspace_bytes, alpha,
-                            beta),
-                     kOp);
+    KILN_CUDNN_CHECK(
+        P::run(p, static_cast<typename P::Algo>(c->algo), workspace_ptr(ws), c->workspace_bytes, alpha, beta), kOp);
     return;
   }
 
@@ -394,8 +396,9 @@ void run_pass(const Problem& p, const Tensor& like) {
     return;
   }
   throw NotImplementedError(::kiln::detail::str_cat(
-      "conv2d: cuDNN offers no ", P::kName, " algorithm that runs for input ", Shape{p.key[7], p.key[8], p.key[9], p.key[10]},
-      ", weight ", Shape{p.key[11], p.key[12], p.key[13], p.key[14]}, " (", like.dtype(), ", groups ", p.key[21],
+      "conv2d: cuDNN offers no ", P::kName, " algorithm that runs for input ",
+      Shape{p.key[7], p.key[8], p.key[9], p.key[10]}, ", weight ", Shape{p.key[11], p.key[12], p.key[13], p.key[14]},
+      " (", like.dtype(), ", groups ", p.key[21],
       ") within the memory available; free memory (kiln::cuda::empty_cache()) or use a smaller batch"));
 }
 
@@ -425,7 +428,7 @@ bool conv2d_supported(const Tensor& input, const Tensor& weight, const ConvGeome
 
 Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const ConvGeometry& g, MemoryFormat format) {
   check_operands(input, weight, "forward");
-  const Tensor x = ops::contiguous(input, format);  // (N, C_in, H, W)
+  const Tensor x = ops::contiguous(input, format);   // (N, C_in, H, W)
   const Tensor w = ops::contiguous(weight, format);  // (C_out, C_in / groups, KH, KW)
   Tensor y = ops::empty(output_shape(x.shape(), w.shape(), g), options_like(x, format));  // (N, C_out, OH, OW)
   const Problem p(x, x.shape(), w.shape(), g, format == MemoryFormat::ChannelsLast, Pass::Forward, x.data_ptr(),
@@ -439,8 +442,8 @@ Tensor conv2d_backward_data(const Tensor& grad_output, const Tensor& weight, con
   check_operands(grad_output, weight, "backward-data");
   const Tensor dy = ops::contiguous(grad_output, format);  // (N, C_out, OH, OW)
   const Tensor w = ops::contiguous(weight, format);        // (C_out, C_in / groups, KH, KW)
-  KILN_CHECK(dy.shape() == output_shape(input_shape, w.shape(), g), "conv2d backward: a gradient of shape ",
-             dy.shape(), " does not match the output ", output_shape(input_shape, w.shape(), g));
+  KILN_CHECK(dy.shape() == output_shape(input_shape, w.shape(), g), "conv2d backward: a gradient of shape ", dy.shape(),
+             " does not match the output ", output_shape(input_shape, w.shape(), g));
   Tensor dx = ops::empty(input_shape, options_like(dy, format));  // (N, C_in, H, W)
   const Problem p(dy, input_shape, w.shape(), g, format == MemoryFormat::ChannelsLast, Pass::BackwardData,
                   dx.data_ptr(), w.data_ptr(), dy.data_ptr());
