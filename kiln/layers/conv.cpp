@@ -83,7 +83,8 @@ struct CudnnConvolutionBackward final : autograd::Node {
   autograd::SavedTensor input;   // (N, C_in, H, W) in `format`; saved when the weight needs a gradient
   autograd::SavedTensor weight;  // (C_out, C_in / groups, KH, KW) in `format`; saved when the input needs one
   cuda_impl::ConvGeometry geometry;
-  MemoryFormat format = MemoryFormat::Contiguous;         // of the computation and of grad_input
+  MemoryFormat format = MemoryFormat::Contiguous;         // of the computation
+  MemoryFormat input_format = MemoryFormat::Contiguous;   // the input's (and output's), given to grad_input
   MemoryFormat weight_format = MemoryFormat::Contiguous;  // the weight argument's own, given to grad_weight
   DType dtype = DType::Float32;
   Shape input_shape, weight_shape;
@@ -94,7 +95,8 @@ struct CudnnConvolutionBackward final : autograd::Node {
     const Tensor g = grads[0].dtype() == dtype ? grads[0] : ops::cast(grads[0], dtype);  // (N, C_out, OH, OW)
     Tensor grad_input, grad_weight, grad_bias;
     if (needs_input_grad(0)) {
-      grad_input = cuda_impl::conv2d_backward_data(g, weight.unpack(*this), input_shape, geometry, format);
+      grad_input = ops::contiguous(
+          cuda_impl::conv2d_backward_data(g, weight.unpack(*this), input_shape, geometry, format), input_format);
     }
     if (needs_input_grad(1)) {
       grad_weight = ops::contiguous(
@@ -114,11 +116,13 @@ Tensor conv2d_cudnn(const Tensor& input_arg, const Tensor& weight_arg, const Ten
                     const cuda_impl::ConvGeometry& geometry) {
   // The composed path gets autocast from matmul; this one applies it itself.
   const auto [input, weight, bias] = autocast::inputs(autocast::Op::Conv, input_arg, weight_arg, bias_arg);
-  const MemoryFormat format = detail::output_format(input);
-  // cuDNN wants input, weight and output in one layout: the weight follows the input, as in PyTorch.
-  const Tensor x = ops::contiguous(input, format);                                // (N, C_in, H, W)
-  const Tensor w = ops::contiguous(weight, format);                               // (C_out, C_in / groups, KH, KW)
-  Tensor y = cuda_impl::conv2d_forward(x, w, geometry, format);                   // (N, C_out, OH, OW)
+  const MemoryFormat out_format = detail::output_format(input);
+  // cuDNN wants input, weight and output in one layout: the weight follows the input, as in PyTorch. Float64
+  // stays NCHW, where cuDNN has its double kernels (PyTorch does the same); its output is copied back.
+  const MemoryFormat format = input.dtype() == DType::Float64 ? MemoryFormat::Contiguous : out_format;
+  const Tensor x = ops::contiguous(input, format);   // (N, C_in, H, W)
+  const Tensor w = ops::contiguous(weight, format);  // (C_out, C_in / groups, KH, KW)
+  Tensor y = ops::contiguous(cuda_impl::conv2d_forward(x, w, geometry, format), out_format);  // (N, C_out, OH, OW)
   if (bias.defined()) ops::add_(y, ops::reshape(bias, {1, bias.size(0), 1, 1}));  // one broadcast add, in place
   if (autograd::needs_grad(input, weight, bias)) {
     auto node = autograd::make_node<CudnnConvolutionBackward>(input, weight, bias);
@@ -126,6 +130,7 @@ Tensor conv2d_cudnn(const Tensor& input_arg, const Tensor& weight_arg, const Ten
     if (node->needs_input_grad(0)) node->weight = autograd::SavedTensor(w, /*is_output=*/false);
     node->geometry = geometry;
     node->format = format;
+    node->input_format = out_format;
     node->weight_format = weight.suggest_memory_format();
     node->dtype = x.dtype();
     node->input_shape = x.shape();
