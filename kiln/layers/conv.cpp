@@ -1,13 +1,22 @@
-// 2-d convolution (conv.h) as im2col + matmul over differentiable ops, so it runs on every backend and
-// autograd derives its gradients. The window helpers (window_internal.h) are shared with pooling.cpp.
+// 2-d convolution (conv.h): on CUDA tensors cuDNN's convolutions (cuda/conv_cudnn.h) under one autograd
+// node; everywhere else im2col + matmul over differentiable ops, so it runs on every backend and autograd
+// derives its gradients. The window helpers (window_internal.h) are shared with pooling.cpp.
 #include "kiln/layers/conv.h"
 
+#include <atomic>
 #include <cmath>
 
 #include "kiln/autograd/functions.h"  // kiln::cat, kiln::matmul, kiln::as_strided, ...
 #include "kiln/layers/init.h"         // PyTorch's default initialisation
 #include "kiln/layers/window_internal.h"
 #include "kiln/tensor/error.h"  // KILN_CHECK
+
+#if KILN_WITH_CUDA
+#include "kiln/autograd/autocast.h"       // autocast::inputs
+#include "kiln/autograd/node.h"           // Node, SavedTensor, make_node, set_history
+#include "kiln/layers/cuda/conv_cudnn.h"  // cuda_impl::conv2d_forward, ...
+#include "kiln/tensor/ops.h"              // raw ops: the node's work is not recorded
+#endif
 
 namespace kiln::nn {
 
@@ -54,6 +63,86 @@ MemoryFormat output_format(const Tensor& input) {
 
 }  // namespace detail
 
+// ---------------------------------------------------------------- cuDNN settings
+
+namespace {
+std::atomic<bool> cudnn_benchmark_enabled{false};
+}  // namespace
+
+void set_cudnn_benchmark(bool enabled) { cudnn_benchmark_enabled.store(enabled, std::memory_order_relaxed); }
+bool cudnn_benchmark() { return cudnn_benchmark_enabled.load(std::memory_order_relaxed); }
+
+// ---------------------------------------------------------------- conv2d on CUDA (cuDNN)
+
+#if KILN_WITH_CUDA
+namespace {
+
+// Gradients of y = conv(x, w) + b: grad_input by cuDNN's backward-data, grad_weight by its backward-filter,
+// grad_bias = the sum of grad_output over N, OH, OW; each only where an input needs it.
+struct CudnnConvolutionBackward final : autograd::Node {
+  autograd::SavedTensor input;   // (N, C_in, H, W) in `format`; saved when the weight needs a gradient
+  autograd::SavedTensor weight;  // (C_out, C_in / groups, KH, KW) in `format`; saved when the input needs one
+  cuda_impl::ConvGeometry geometry;
+  MemoryFormat format = MemoryFormat::Contiguous;         // of the computation
+  MemoryFormat input_format = MemoryFormat::Contiguous;   // the input's (and output's), given to grad_input
+  MemoryFormat weight_format = MemoryFormat::Contiguous;  // the weight argument's own, given to grad_weight
+  DType dtype = DType::Float32;
+  Shape input_shape, weight_shape;
+
+  std::string_view name() const override { return "CudnnConvolutionBackward"; }
+  autograd::TensorList apply(autograd::TensorList&& grads) override {
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
+    const Tensor g = grads[0].dtype() == dtype ? grads[0] : ops::cast(grads[0], dtype);  // (N, C_out, OH, OW)
+    Tensor grad_input, grad_weight, grad_bias;
+    if (needs_input_grad(0)) {
+      grad_input = ops::contiguous(
+          cuda_impl::conv2d_backward_data(g, weight.unpack(*this), input_shape, geometry, format), input_format);
+    }
+    if (needs_input_grad(1)) {
+      grad_weight = ops::contiguous(
+          cuda_impl::conv2d_backward_filter(g, input.unpack(*this), weight_shape, geometry, format), weight_format);
+    }
+    if (needs_input_grad(2)) grad_bias = ops::sum(g, {0, 2, 3});  // (C_out)
+    return {grad_input, grad_weight, grad_bias};
+  }
+  void release_saved() override {
+    input.reset();
+    weight.reset();
+  }
+};
+
+// input (N, C_in, H, W) on a GPU, arguments already checked -> (N, C_out, OH, OW) in the input's format.
+Tensor conv2d_cudnn(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& bias_arg,
+                    const cuda_impl::ConvGeometry& geometry) {
+  // The composed path gets autocast from matmul; this one applies it itself.
+  const auto [input, weight, bias] = autocast::inputs(autocast::Op::Conv, input_arg, weight_arg, bias_arg);
+  const MemoryFormat out_format = detail::output_format(input);
+  // cuDNN wants input, weight and output in one layout: the weight follows the input, as in PyTorch. Float64
+  // stays NCHW, where cuDNN has its double kernels (PyTorch does the same); its output is copied back.
+  const MemoryFormat format = input.dtype() == DType::Float64 ? MemoryFormat::Contiguous : out_format;
+  const Tensor x = ops::contiguous(input, format);   // (N, C_in, H, W)
+  const Tensor w = ops::contiguous(weight, format);  // (C_out, C_in / groups, KH, KW)
+  Tensor y = ops::contiguous(cuda_impl::conv2d_forward(x, w, geometry, format), out_format);  // (N, C_out, OH, OW)
+  if (bias.defined()) ops::add_(y, ops::reshape(bias, {1, bias.size(0), 1, 1}));  // one broadcast add, in place
+  if (autograd::needs_grad(input, weight, bias)) {
+    auto node = autograd::make_node<CudnnConvolutionBackward>(input, weight, bias);
+    if (node->needs_input_grad(1)) node->input = autograd::SavedTensor(x, /*is_output=*/false);
+    if (node->needs_input_grad(0)) node->weight = autograd::SavedTensor(w, /*is_output=*/false);
+    node->geometry = geometry;
+    node->format = format;
+    node->input_format = out_format;
+    node->weight_format = weight.suggest_memory_format();
+    node->dtype = x.dtype();
+    node->input_shape = x.shape();
+    node->weight_shape = w.shape();
+    autograd::set_history(y, node);
+  }
+  return y;
+}
+
+}  // namespace
+#endif  // KILN_WITH_CUDA
+
 // ---------------------------------------------------------------- conv2d
 
 Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, const Conv2dOptions& options) {
@@ -98,6 +187,17 @@ Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, 
              options.padding[0], ", ", options.padding[1], ") is smaller than the dilated kernel (",
              options.dilation[0] * (kh - 1) + 1, ", ", options.dilation[1] * (kw - 1) + 1,
              "), so the output would be empty; use a larger input or more padding");
+
+#if KILN_WITH_CUDA
+  if (input.is_cuda()) {
+    const cuda_impl::ConvGeometry geometry{
+        .stride = options.stride.v, .padding = options.padding.v, .dilation = options.dilation.v, .groups = groups};
+    if (cuda_impl::conv2d_supported(input, weight, geometry)) {
+      Tensor y = conv2d_cudnn(input, weight, bias, geometry);
+      return unbatched ? squeeze(y, 0) : y;
+    }
+  }
+#endif
 
   const MemoryFormat format = detail::output_format(input);
 

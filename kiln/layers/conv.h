@@ -6,6 +6,15 @@
 //
 // NCHW shapes; inputs in channels-last memory format give channels-last outputs. Parameter names and
 // default initialisation as PyTorch's ("weight" (out, in / groups, kh, kw), "bias" (out)).
+//
+// On CUDA tensors conv2d runs cuDNN's convolutions (forward, and backward for the input, weight and bias
+// gradients), under autocast in the autocast dtype; float32 uses TF32 tensor cores when
+// kiln::cuda::allow_tf32() is on (the default). The weight is used in the input's memory format (a
+// channels-last copy for a channels-last input unless it already is one, as PyTorch does): keep model and
+// input in one format (module.to(dev, MemoryFormat::ChannelsLast)) to avoid that copy. Elsewhere it is
+// im2col + matmul over differentiable ops.
+//
+//   nn::set_cudnn_benchmark(true);   // time every cuDNN algorithm once per problem, as torch.backends.cudnn.benchmark
 #pragma once
 
 #include <array>
@@ -35,6 +44,15 @@ struct Conv2dOptions {
 // input (N, C_in, H, W), weight (C_out, C_in / groups, KH, KW), bias (C_out) or undefined
 //   -> (N, C_out, (H + 2 pH - dH (KH - 1) - 1) / sH + 1, (W + ...) / sW + 1).
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, const Conv2dOptions& options = {});
+
+// How the cuDNN path picks an algorithm the first time it meets a problem (shapes, memory format, dtype,
+// stride/padding/dilation/groups, TF32 setting, device); the choice is cached for the process' life.
+// Off (the default): cuDNN's heuristics, the first algorithm whose workspace fits in memory. On: every
+// algorithm is run and timed once per problem (one host synchronisation each time, so the first steps are
+// slower) and the fastest is kept, as PyTorch's torch.backends.cudnn.benchmark; worth it when the shapes stay
+// the same from step to step. Process-wide and thread-safe; no effect on the CPU.
+void set_cudnn_benchmark(bool enabled);
+bool cudnn_benchmark();
 
 class Conv2d : public Module {
  public:

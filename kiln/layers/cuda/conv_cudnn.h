@@ -1,0 +1,49 @@
+// kiln/layers/cuda/conv_cudnn.h — 2-d convolution on CUDA tensors through cuDNN's convolution API:
+// forward, backward-data and backward-filter, with the algorithm of each problem chosen once and cached
+// (internal; nn::conv2d in kiln/layers/conv.cpp calls it and records the autograd node).
+//
+//   const ConvGeometry g{.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+//   Tensor y  = conv2d_forward(x, w, g, MemoryFormat::ChannelsLast);                     // (N, C_out, OH, OW)
+//   Tensor dx = conv2d_backward_data(dy, w, x.shape(), g, MemoryFormat::ChannelsLast);    // (N, C_in, H, W)
+//   Tensor dw = conv2d_backward_filter(dy, x, w.shape(), g, MemoryFormat::ChannelsLast);  // (C_out, C_in / g, KH, KW)
+//
+// Every tensor of one call is laid out in one memory format, NCHW (Contiguous) or NHWC (ChannelsLast), as
+// cuDNN wants input, filter and output alike; arguments in another layout are copied into it first, and
+// results come out in it. Dtypes: float32 (TF32 tensor cores only when cuda::allow_tf32()), float64,
+// float16 and bfloat16 (float accumulation). Algorithms: cuDNN's heuristics by default, or timed once per
+// problem when nn::cudnn_benchmark() is on. Workspaces come from the caching allocator; all work is queued on
+// the current kiln stream of the tensors' device.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::nn::cuda_impl {
+
+struct ConvGeometry {
+  std::array<int64_t, 2> stride{1, 1};    // {height, width}
+  std::array<int64_t, 2> padding{0, 0};   // zeros on each side
+  std::array<int64_t, 2> dilation{1, 1};  //
+  int64_t groups = 1;
+};
+
+// Whether cuDNN's 4-d descriptors can describe this problem: no empty tensor, and every extent and element
+// count of input (N, C_in, H, W), weight (C_out, C_in / groups, KH, KW) and output within int32. The caller
+// takes another path otherwise.
+bool conv2d_supported(const Tensor& input, const Tensor& weight, const ConvGeometry& g);
+
+// input (N, C_in, H, W), weight (C_out, C_in / groups, KH, KW) -> (N, C_out, OH, OW) in `format`, no bias.
+Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const ConvGeometry& g, MemoryFormat format);
+
+// grad_output (N, C_out, OH, OW), weight -> grad_input of shape input_shape (N, C_in, H, W), in `format`.
+Tensor conv2d_backward_data(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
+                            const ConvGeometry& g, MemoryFormat format);
+
+// grad_output (N, C_out, OH, OW), input -> grad_weight of shape weight_shape (C_out, C_in / groups, KH, KW),
+// in `format`.
+Tensor conv2d_backward_filter(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,
+                              const ConvGeometry& g, MemoryFormat format);
+
+}  // namespace kiln::nn::cuda_impl

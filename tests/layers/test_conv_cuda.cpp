@@ -1,0 +1,384 @@
+// nn::conv2d's cuDNN path (kiln/layers/cuda/conv_cudnn.*) against the CPU composed path in float64: outputs
+// and the input, weight and bias gradients for stride, padding, dilation, groups (depthwise too), bias or
+// none, non-square and 1x1 kernels, NCHW and channels-last inputs (formats of the output and gradients
+// checked), non-contiguous and unbatched inputs, float32 with TF32 off (tight) and on (loose), float64,
+// float16 and bfloat16 (loose); autocast; benchmark mode; no cudaMalloc once the algorithms are cached; bad
+// input. The CPU float64 path is itself checked against a plain double loop in test_conv.cpp.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kiln/autograd/autocast.h"  // autocast::Guard
+#include "kiln/layers/conv.h"
+#include "kiln/tensor/cuda.h"  // cuda::is_available, allow_tf32, memory_stats
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+class CudaConvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+    previous_tf32_ = cuda::allow_tf32();
+    previous_benchmark_ = nn::cudnn_benchmark();
+  }
+  void TearDown() override {
+    if (!cuda::is_available()) return;
+    cuda::set_allow_tf32(previous_tf32_);
+    nn::set_cudnn_benchmark(previous_benchmark_);
+  }
+
+ private:
+  bool previous_tf32_ = true;
+  bool previous_benchmark_ = false;
+};
+
+struct ConvCase {
+  std::string name;
+  Shape x, w;  // (N, C_in, H, W), (C_out, C_in / groups, KH, KW)
+  nn::Conv2dOptions o;
+};
+
+// Small shapes for every option, and one with channels in multiples of 8, where cuDNN picks tensor-core
+// kernels (NHWC ones for channels-last).
+std::vector<ConvCase> cases() {
+  return {
+      {"3x3 padding 1", {2, 3, 9, 8}, {4, 3, 3, 3}, {.padding = 1}},
+      {"stride, dilation, non-square kernel, no bias",
+       {2, 3, 9, 8},
+       {5, 3, 3, 2},
+       {.stride = {2, 1}, .padding = {1, 2}, .dilation = {2, 3}, .bias = false}},
+      {"groups 2", {2, 4, 7, 6}, {6, 2, 3, 3}, {.stride = 2, .padding = 1, .groups = 2}},
+      {"depthwise", {2, 8, 6, 6}, {8, 1, 3, 3}, {.padding = 1, .groups = 8}},
+      {"depthwise, two outputs per channel", {1, 3, 5, 5}, {6, 1, 3, 1}, {.padding = {1, 0}, .groups = 3}},
+      {"1x1", {2, 16, 5, 5}, {8, 16, 1, 1}, {}},
+      {"1x1 stride 2, no bias", {2, 8, 6, 7}, {4, 8, 1, 1}, {.stride = 2, .bias = false}},
+      {"kernel as large as the input", {2, 2, 4, 3}, {3, 2, 4, 3}, {}},
+      {"32 -> 64 channels", {4, 32, 12, 12}, {64, 32, 3, 3}, {.padding = 1}},
+  };
+}
+
+struct Tolerance {
+  double rtol, atol;
+};
+// Outputs sum up to 288 products of values in [-1, 1] (magnitudes up to ~10), weight gradients up to 576.
+// Full float32: tight enough that TF32 (inputs rounded to 10 mantissa bits, errors ~5e-3 here) would fail,
+// loose enough for cuDNN's FFT and Winograd algorithms.
+constexpr Tolerance kFloat32Values{1e-4, 1e-4}, kFloat32Grads{1e-4, 1e-3};
+constexpr Tolerance kTF32Values{1e-2, 2e-2}, kTF32Grads{1e-2, 1e-1};
+constexpr Tolerance kFloat64{1e-10, 1e-10};
+// Both sides start from the same 16-bit inputs; the GPU accumulates in float32 and rounds its results to
+// float16 (relative 5e-4) or bfloat16 (4e-3).
+constexpr Tolerance kFloat16Values{1e-2, 2e-2}, kFloat16Grads{1e-2, 5e-2};
+constexpr Tolerance kBFloat16Values{2e-2, 5e-2}, kBFloat16Grads{2e-2, 2e-1};
+
+// The tensors of one run: inputs, output and gradients.
+struct ConvRun {
+  Tensor x, w, b, y, grad_output;
+};
+
+// conv2d forward and backward (with grad_output) on tensors made in `dtype` on `device` from the same
+// deterministic values. `channels_last_x` / `channels_last_w` lay the input / weight out as NHWC;
+// `non_contiguous` gives the input as a strided view.
+ConvRun run_conv(const ConvCase& c, Device device, DType dtype, bool channels_last_x, bool channels_last_w = false,
+                 bool non_contiguous_x = false) {
+  const TensorOptions o{.dtype = dtype, .device = device};
+  ConvRun r;
+  r.x = make(uniform(numel(c.x), -1, 1, 1), c.x, o);
+  if (channels_last_x) r.x = r.x.contiguous(MemoryFormat::ChannelsLast);
+  if (non_contiguous_x) r.x = non_contiguous(r.x);
+  r.x.requires_grad_();
+  r.w = make(uniform(numel(c.w), -1, 1, 2), c.w, o);
+  if (channels_last_w) r.w = r.w.contiguous(MemoryFormat::ChannelsLast);
+  r.w.requires_grad_();
+  if (c.o.bias) r.b = make(uniform(c.w[0], -1, 1, 3), {c.w[0]}, o).requires_grad_();
+  r.y = nn::conv2d(r.x, r.w, r.b, c.o);
+  r.grad_output = make(uniform(r.y.numel(), -1, 1, 4), r.y.shape(), o);
+  r.y.backward(r.grad_output);
+  return r;
+}
+
+// The same run on the CPU in float64 from the GPU run's values (already rounded to its dtype), so the
+// comparison measures the computation alone.
+ConvRun reference(const ConvCase& c, const ConvRun& gpu) {
+  auto host = [](const Tensor& t) { return t.detach().to(Device::cpu(), DType::Float64).contiguous(); };
+  ConvRun r;
+  r.x = host(gpu.x).requires_grad_();
+  r.w = host(gpu.w).requires_grad_();
+  if (gpu.b.defined()) r.b = host(gpu.b).requires_grad_();
+  r.y = nn::conv2d(r.x, r.w, r.b, c.o);
+  r.grad_output = host(gpu.grad_output);
+  r.y.backward(r.grad_output);
+  return r;
+}
+
+void expect_close(const Tensor& actual, const Tensor& expected, Tolerance tol, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_TRUE(actual.defined());
+  ASSERT_TRUE(expected.defined());
+  expect_values(actual, expected.shape(), values(expected), tol.rtol, tol.atol);
+}
+
+// Forward and gradients of one case on the GPU against the CPU in float64; formats and dtypes checked.
+void expect_case_matches(const ConvCase& c, DType dtype, bool channels_last, Tolerance values_tol,
+                         Tolerance grads_tol) {
+  SCOPED_TRACE(c.name + (channels_last ? " (channels-last)" : " (NCHW)"));
+  const ConvRun gpu = run_conv(c, Device::cuda(0), dtype, channels_last);
+  const ConvRun ref = reference(c, gpu);
+  EXPECT_EQ(gpu.y.device(), Device::cuda(0));
+  EXPECT_EQ(gpu.y.dtype(), dtype);
+  // Channels-last inputs give channels-last outputs unless the output is also plainly contiguous.
+  if (channels_last && gpu.x.suggest_memory_format() == MemoryFormat::ChannelsLast) {
+    EXPECT_TRUE(gpu.y.is_contiguous(MemoryFormat::ChannelsLast));
+  } else {
+    EXPECT_TRUE(gpu.y.is_contiguous());
+  }
+  expect_close(gpu.y, ref.y, values_tol, "output");
+  expect_close(gpu.x.grad(), ref.x.grad(), grads_tol, "grad_input");
+  expect_close(gpu.w.grad(), ref.w.grad(), grads_tol, "grad_weight");
+  EXPECT_EQ(gpu.x.grad().dtype(), dtype);
+  EXPECT_EQ(gpu.w.grad().dtype(), dtype);
+  if (c.o.bias) {
+    expect_close(gpu.b.grad(), ref.b.grad(), grads_tol, "grad_bias");
+  } else {
+    EXPECT_FALSE(gpu.b.defined());
+  }
+}
+
+void expect_all_cases_match(DType dtype, Tolerance values_tol, Tolerance grads_tol) {
+  for (const ConvCase& c : cases()) {
+    for (bool channels_last : {false, true}) expect_case_matches(c, dtype, channels_last, values_tol, grads_tol);
+  }
+}
+
+TEST_F(CudaConvTest, Float32WithoutTF32MatchesFloat64OnCpu) {
+  cuda::set_allow_tf32(false);
+  expect_all_cases_match(DType::Float32, kFloat32Values, kFloat32Grads);
+}
+
+TEST_F(CudaConvTest, Float32WithTF32IsCloseToFloat64) {
+  cuda::set_allow_tf32(true);
+  expect_all_cases_match(DType::Float32, kTF32Values, kTF32Grads);
+}
+
+TEST_F(CudaConvTest, Float64MatchesFloat64OnCpu) { expect_all_cases_match(DType::Float64, kFloat64, kFloat64); }
+
+TEST_F(CudaConvTest, Float16IsCloseToFloat64) { expect_all_cases_match(DType::Float16, kFloat16Values, kFloat16Grads); }
+
+TEST_F(CudaConvTest, BFloat16IsCloseToFloat64) {
+  expect_all_cases_match(DType::BFloat16, kBFloat16Values, kBFloat16Grads);
+}
+
+TEST_F(CudaConvTest, GradientFormatsFollowInputAndWeight) {
+  cuda::set_allow_tf32(false);
+  const ConvCase c{"3x3", {2, 8, 6, 5}, {4, 8, 3, 3}, {.padding = 1}};
+  // Channels-last input and weight (a model moved with to(dev, ChannelsLast)): everything channels-last.
+  {
+    const ConvRun gpu =
+        run_conv(c, Device::cuda(0), DType::Float32, /*channels_last_x=*/true, /*channels_last_w=*/true);
+    EXPECT_TRUE(gpu.y.is_contiguous(MemoryFormat::ChannelsLast));
+    EXPECT_TRUE(gpu.x.grad().is_contiguous(MemoryFormat::ChannelsLast));
+    EXPECT_TRUE(gpu.w.grad().is_contiguous(MemoryFormat::ChannelsLast));
+    const ConvRun ref = reference(c, gpu);
+    expect_close(gpu.y, ref.y, kFloat32Values, "output");
+    expect_close(gpu.w.grad(), ref.w.grad(), kFloat32Grads, "grad_weight");
+  }
+  // Channels-last input, NCHW weight: the weight is used as a channels-last copy, but its gradient comes back
+  // in the weight's own layout.
+  {
+    const ConvRun gpu =
+        run_conv(c, Device::cuda(0), DType::Float32, /*channels_last_x=*/true, /*channels_last_w=*/false);
+    EXPECT_TRUE(gpu.y.is_contiguous(MemoryFormat::ChannelsLast));
+    EXPECT_TRUE(gpu.x.grad().is_contiguous(MemoryFormat::ChannelsLast));
+    EXPECT_TRUE(gpu.w.grad().is_contiguous());
+    const ConvRun ref = reference(c, gpu);
+    expect_close(gpu.w.grad(), ref.w.grad(), kFloat32Grads, "grad_weight");
+    expect_close(gpu.x.grad(), ref.x.grad(), kFloat32Grads, "grad_input");
+  }
+  // NCHW input, channels-last weight: the computation is NCHW; the weight's gradient is channels-last.
+  {
+    const ConvRun gpu =
+        run_conv(c, Device::cuda(0), DType::Float32, /*channels_last_x=*/false, /*channels_last_w=*/true);
+    EXPECT_TRUE(gpu.y.is_contiguous());
+    EXPECT_TRUE(gpu.w.grad().is_contiguous(MemoryFormat::ChannelsLast));
+    const ConvRun ref = reference(c, gpu);
+    expect_close(gpu.y, ref.y, kFloat32Values, "output");
+    expect_close(gpu.w.grad(), ref.w.grad(), kFloat32Grads, "grad_weight");
+  }
+}
+
+TEST_F(CudaConvTest, NonContiguousInput) {
+  cuda::set_allow_tf32(false);
+  const ConvCase c{"strided view", {2, 4, 7, 6}, {6, 2, 3, 3}, {.stride = 2, .padding = 1, .groups = 2}};
+  const ConvRun gpu = run_conv(c, Device::cuda(0), DType::Float32, false, false, /*non_contiguous_x=*/true);
+  ASSERT_FALSE(gpu.x.is_contiguous());
+  const ConvRun ref = reference(c, gpu);
+  expect_close(gpu.y, ref.y, kFloat32Values, "output");
+  expect_close(gpu.x.grad(), ref.x.grad(), kFloat32Grads, "grad_input");
+  expect_close(gpu.w.grad(), ref.w.grad(), kFloat32Grads, "grad_weight");
+}
+
+TEST_F(CudaConvTest, UnbatchedInputGivesAnUnbatchedOutput) {
+  cuda::set_allow_tf32(false);
+  const TensorOptions o{.device = Device::cuda(0)};
+  Tensor x = make(uniform(3 * 6 * 5, -1, 1, 21), {3, 6, 5}, o).requires_grad_();
+  Tensor w = make(uniform(2 * 3 * 3 * 3, -1, 1, 22), {2, 3, 3, 3}, o).requires_grad_();
+  Tensor y = nn::conv2d(x, w, {}, {.padding = 1});
+  ASSERT_EQ(y.shape(), (Shape{2, 6, 5}));
+  y.sum().backward();
+  Tensor xc = x.detach().to(Device::cpu(), DType::Float64).requires_grad_();
+  Tensor wc = w.detach().to(Device::cpu(), DType::Float64).requires_grad_();
+  Tensor yc = nn::conv2d(xc, wc, {}, {.padding = 1});
+  yc.sum().backward();
+  expect_close(y, yc, kFloat32Values, "output");
+  expect_close(x.grad(), xc.grad(), kFloat32Grads, "grad_input");
+  expect_close(w.grad(), wc.grad(), kFloat32Grads, "grad_weight");
+}
+
+TEST_F(CudaConvTest, GradientsOnlyWhereNeeded) {
+  cuda::set_allow_tf32(false);
+  const TensorOptions o{.device = Device::cuda(0)};
+  const Tensor xv = make(uniform(2 * 3 * 5 * 5, -1, 1, 31), {2, 3, 5, 5}, o);
+  const Tensor wv = make(uniform(4 * 3 * 3 * 3, -1, 1, 32), {4, 3, 3, 3}, o);
+  const Tensor bv = make(uniform(4, -1, 1, 33), {4}, o);
+  const Tensor xr = xv.to(Device::cpu(), DType::Float64), wr = wv.to(Device::cpu(), DType::Float64);
+  // Only the input requires grad (a frozen layer): backward-data alone.
+  {
+    Tensor x = xv.detach().requires_grad_();
+    Tensor y = nn::conv2d(x, wv, bv, {.padding = 1});
+    ASSERT_TRUE(y.requires_grad());
+    y.sum().backward();
+    Tensor xc = xr.detach().requires_grad_();
+    nn::conv2d(xc, wr, bv.to(Device::cpu(), DType::Float64), {.padding = 1}).sum().backward();
+    expect_close(x.grad(), xc.grad(), kFloat32Grads, "grad_input");
+  }
+  // Only the weight (the first layer of a network): backward-filter alone.
+  {
+    Tensor w = wv.detach().requires_grad_();
+    nn::conv2d(xv, w, {}, {.padding = 1}).sum().backward();
+    Tensor wc = wr.detach().requires_grad_();
+    nn::conv2d(xr, wc, {}, {.padding = 1}).sum().backward();
+    expect_close(w.grad(), wc.grad(), kFloat32Grads, "grad_weight");
+  }
+  // Only the bias: the sum of grad_output over N, H, W (here 2 * 5 * 5 = 50 for each channel).
+  {
+    Tensor b = bv.detach().requires_grad_();
+    nn::conv2d(xv, wv, b, {.padding = 1}).sum().backward();
+    expect_values(b.grad(), {4}, {50, 50, 50, 50}, 1e-6, 1e-6);
+  }
+  // Nothing requires grad: no graph.
+  EXPECT_FALSE(nn::conv2d(xv, wv, bv, {.padding = 1}).requires_grad());
+}
+
+TEST_F(CudaConvTest, AutocastRunsInTheLowerPrecision) {
+  const ConvCase c{"autocast", {2, 16, 8, 8}, {32, 16, 3, 3}, {.padding = 1}};
+  for (DType half : {DType::Float16, DType::BFloat16}) {
+    SCOPED_TRACE(std::string("autocast to ") + std::string(dtype_name(half)));
+    const TensorOptions o{.device = Device::cuda(0)};  // float32 parameters and input, as in mixed-precision training
+    Tensor x = make(uniform(numel(c.x), -1, 1, 41), c.x, o).requires_grad_();
+    Tensor w = make(uniform(numel(c.w), -1, 1, 42), c.w, o).requires_grad_();
+    Tensor b = make(uniform(c.w[0], -1, 1, 43), {c.w[0]}, o).requires_grad_();
+    Tensor y;
+    {
+      autocast::Guard cast(DeviceType::CUDA, half);
+      y = nn::conv2d(x, w, b, c.o);
+    }
+    EXPECT_EQ(y.dtype(), half);
+    y.sum().backward();
+    // Gradients reach the float32 leaves in float32.
+    EXPECT_EQ(x.grad().dtype(), DType::Float32);
+    EXPECT_EQ(w.grad().dtype(), DType::Float32);
+    EXPECT_EQ(b.grad().dtype(), DType::Float32);
+    // Against float64 on the CPU from the inputs rounded to the autocast dtype.
+    auto rounded = [&](const Tensor& t) { return t.detach().to(half).to(Device::cpu(), DType::Float64); };
+    Tensor xc = rounded(x).requires_grad_(), wc = rounded(w).requires_grad_(), bc = rounded(b).requires_grad_();
+    Tensor yc = nn::conv2d(xc, wc, bc, c.o);
+    yc.sum().backward();
+    expect_close(y, yc, kBFloat16Values, "output");
+    expect_close(x.grad(), xc.grad(), kBFloat16Grads, "grad_input");
+    expect_close(w.grad(), wc.grad(), kBFloat16Grads, "grad_weight");
+    expect_close(b.grad(), bc.grad(), kBFloat16Grads, "grad_bias");
+  }
+  // Outside the guard float32 stays float32.
+  Tensor x = make(uniform(numel(c.x), -1, 1, 41), c.x, {.device = Device::cuda(0)});
+  Tensor w = make(uniform(numel(c.w), -1, 1, 42), c.w, {.device = Device::cuda(0)});
+  EXPECT_EQ(nn::conv2d(x, w, {}, c.o).dtype(), DType::Float32);
+}
+
+TEST_F(CudaConvTest, BenchmarkModeGivesTheSameValues) {
+  cuda::set_allow_tf32(false);
+  nn::set_cudnn_benchmark(true);
+  EXPECT_TRUE(nn::cudnn_benchmark());
+  expect_all_cases_match(DType::Float32, kFloat32Values, kFloat32Grads);
+  // Half precision too: the timed algorithms include the tensor-core ones.
+  for (const ConvCase& c : cases())
+    expect_case_matches(c, DType::Float16, /*channels_last=*/true, kFloat16Values, kFloat16Grads);
+  nn::set_cudnn_benchmark(false);
+  EXPECT_FALSE(nn::cudnn_benchmark());
+}
+
+// After a warm-up the algorithms are cached and every buffer (workspaces too) comes from the caching
+// allocator's cache: repeated training steps on the same shapes make no cudaMalloc.
+void expect_no_device_mallocs_in_steady_state() {
+  const ConvCase c{"steady state", {8, 32, 16, 16}, {64, 32, 3, 3}, {.padding = 1}};
+  for (bool channels_last : {false, true}) {
+    SCOPED_TRACE(channels_last ? "channels-last" : "NCHW");
+    for (int i = 0; i < 2; ++i) run_conv(c, Device::cuda(0), DType::Float32, channels_last);  // warm-up
+    cuda::synchronize();
+    const int64_t mallocs = cuda::memory_stats(0).num_device_mallocs;
+    for (int i = 0; i < 5; ++i) run_conv(c, Device::cuda(0), DType::Float32, channels_last);
+    cuda::synchronize();
+    EXPECT_EQ(cuda::memory_stats(0).num_device_mallocs, mallocs);
+  }
+}
+
+TEST_F(CudaConvTest, NoDeviceMallocsOnceAlgorithmsAreCached) {
+  nn::set_cudnn_benchmark(false);
+  expect_no_device_mallocs_in_steady_state();
+}
+
+TEST_F(CudaConvTest, NoDeviceMallocsOnceAlgorithmsAreCachedInBenchmarkMode) {
+  nn::set_cudnn_benchmark(true);
+  expect_no_device_mallocs_in_steady_state();
+}
+
+TEST_F(CudaConvTest, BadInputGivesTheSameClearErrors) {
+  const TensorOptions o{.device = Device::cuda(0)};
+  Tensor w = zeros({4, 3, 3, 3}, o);
+  expect_error([&] { nn::conv2d(zeros({1, 1, 2, 3, 5}, o), w); }, {"conv2d", "4-d input", "[1, 1, 2, 3, 5]"});
+  expect_error(
+      [&] {
+        nn::conv2d(zeros({1, 2, 5, 5}, o), w);
+      },
+      {"conv2d", "[1, 2, 5, 5]", "2 channels", "[4, 3, 3, 3]", "expects 3"});
+  expect_error(
+      [&] {
+        nn::conv2d(zeros({1, 6, 5, 5}, o), zeros({4, 2, 3, 3}, o), {}, {.groups = 3});
+      },
+      {"conv2d", "4 output channels", "groups = 3"});
+  expect_error(
+      [&] {
+        nn::conv2d(zeros({1, 3, 2, 5}, o), w);
+      },
+      {"conv2d", "[1, 3, 2, 5]", "smaller than the dilated kernel"});
+  expect_error([&] { nn::conv2d(zeros({1, 3, 5, 5}, o), w, zeros({3}, o)); }, {"conv2d", "bias of shape (4)", "[3]"});
+  expect_error(
+      [&] {
+        nn::conv2d(zeros({1, 3, 5, 5}, {.dtype = DType::Float64, .device = Device::cuda(0)}), w);
+      },
+      {"conv2d", "float64", "one dtype"});
+  expect_error([&] { nn::conv2d(zeros({1, 3, 5, 5}, o), w, {}, {.stride = 0}); }, {"conv2d", "stride", "positive"});
+  expect_error([&] { nn::conv2d(zeros({1, 3, 5, 5}, o), zeros({4, 3, 3, 3})); }, {"conv2d", "one device"});
+  expect_error([&] { nn::conv2d(zeros({1, 3, 5, 5}, o), w, zeros({4})); }, {"conv2d", "one device"});
+  expect_error(
+      [&] {
+        nn::conv2d(zeros({1, 3, 5, 5}, {.dtype = DType::Int64, .device = Device::cuda(0)}),
+                   zeros({4, 3, 3, 3}, {.dtype = DType::Int64, .device = Device::cuda(0)}));
+      },
+      {"conv2d", "floating-point"});
+}
+
+}  // namespace
+}  // namespace kiln::testing
