@@ -309,18 +309,23 @@ Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) 
   std::vector<std::string> mismatched;
   std::vector<std::pair<Tensor, const Tensor*>> to_copy;  // (destination, source)
   std::set<std::string> expected;
+  // A tied tensor (one tensor under several names, e.g. BERT's decoder weight and word embeddings) is
+  // loaded once, from the first of its names given in the module's order, and needs only one of them:
+  // Hugging Face's save_pretrained() writes a single copy of each tied tensor.
+  std::set<const TensorImpl*> loaded;
   for (const auto& [key, target] : targets) {
     expected.insert(key);
     auto it = given.find(key);
-    if (it == given.end()) {
-      result.missing_keys.push_back(key);
-    } else if (it->second->shape() != target.shape()) {
+    if (it == given.end()) continue;
+    if (it->second->shape() != target.shape()) {
       mismatched.push_back(detail::str_cat(key, ": expected shape ", shape_str(target.shape()), " vs given shape ",
                                            shape_str(it->second->shape())));
-    } else {
+    } else if (loaded.insert(target.impl_ptr().get()).second) {
       to_copy.emplace_back(target, it->second);
     }
   }
+  for (const auto& [key, target] : targets)
+    if (given.count(key) == 0 && loaded.count(target.impl_ptr().get()) == 0) result.missing_keys.push_back(key);
   for (const auto& [key, value] : state)
     if (expected.count(key) == 0) result.unexpected_keys.push_back(key);
 

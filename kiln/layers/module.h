@@ -98,6 +98,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // Copies values into the module's tensors (converting dtype and device). strict: every key must match
   // and every shape agree, else kiln::Error listing the missing, unexpected and mismatched keys and
   // nothing is changed. Not strict: loads what matches by name and shape, reports the rest.
+  // A tied tensor (registered under several names) needs one of its names and is copied once, from the
+  // first given in state_dict() order: state dicts that keep one copy of a tied weight (Hugging Face's
+  // save_pretrained) load strictly.
   LoadResult load_state_dict(const StateDict& state, bool strict = true);
 
   // ---- summary ----
