@@ -9,9 +9,9 @@
 #include "kiln/tensor/error.h"        // KILN_CHECK
 
 #if KILN_WITH_CUDA
-#include "kiln/autograd/autocast.h"        // autocast::inputs
-#include "kiln/autograd/function.h"        // autograd::Function
-#include "kiln/layers/cuda/batch_norm.h"   // cuda_impl::batch_norm_forward / _backward
+#include "kiln/autograd/autocast.h"       // autocast::inputs
+#include "kiln/autograd/function.h"       // autograd::Function
+#include "kiln/layers/cuda/batch_norm.h"  // cuda_impl::batch_norm_forward / _backward
 #endif
 
 namespace kiln::nn {
@@ -58,8 +58,8 @@ struct CudaBatchNorm : autograd::Function<CudaBatchNorm> {
     ctx.set("bias_dtype", bias.defined() ? bias.dtype() : DType::Float32);
     return out.y;
   }
-  static TensorList backward(autograd::Context& ctx, const TensorList& grads) {
-    const TensorList s = ctx.saved();
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const autograd::TensorList s = ctx.saved();
     const Tensor &x = s[0], &weight = s[1], &y = s[2], &mean = s[3], &invstd = s[4];
     const cuda_impl::BatchNormNeeds needs{ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)};
     cuda_impl::BatchNormGrads g =
@@ -116,7 +116,8 @@ Tensor batch_norm_kernels(const Tensor& x0, const Tensor& running_mean, const Te
     // Autocast first: the composed ops it replaces would each have applied it.
     auto [x, weight, bias] = autocast::inputs(autocast::Op::BatchNorm, x0, weight0, bias0);
     if (cuda_batch_norm_applies(x, running_mean, running_var, weight, bias)) {
-      return CudaBatchNorm::apply(x, weight, bias, BatchNormArgs{running_mean, running_var, training, momentum, eps, relu});
+      return CudaBatchNorm::apply(x, weight, bias,
+                                  BatchNormArgs{running_mean, running_var, training, momentum, eps, relu});
     }
   }
 #else

@@ -46,8 +46,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 
 // relu(batch_norm(...)) with the same arguments; one fused kernel (and a masked backward) on CUDA.
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                       const Tensor& weight = {}, const Tensor& bias = {}, bool training = false,
-                       double momentum = 0.1, double eps = 1e-5);
+                       const Tensor& weight = {}, const Tensor& bias = {}, bool training = false, double momentum = 0.1,
+                       double eps = 1e-5);
 
 // Rows of weight (V, D) picked by integer index (...) -> (..., D). The padding row's lookups pass no
 // gradient to it (a negative padding_idx counts from V).

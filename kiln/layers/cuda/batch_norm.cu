@@ -280,8 +280,8 @@ __global__ void __launch_bounds__(kThreads)
 struct Layout {
   bool rows;
   int64_t C;
-  int64_t outer;  // planes: N; rows: M
-  int64_t S;      // planes: prod(*); rows: 1
+  int64_t outer;                                              // planes: N; rows: M
+  int64_t S;                                                  // planes: prod(*); rows: 1
   int64_t count() const { return rows ? outer : outer * S; }  // values per channel
   ChannelIndex channel_index() const { return {rows, C, S}; }
 };
@@ -334,9 +334,9 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
       const int64_t chunk = ceil_div(vecs, splits);
       splits = ceil_div(vecs, chunk);
       partial = ops::empty({L.C * splits * 3}, TensorOptions{.dtype = adt, .device = like.device()});
-      reduce_planes_kernel<T, V, Acc, Op><<<dim3(static_cast<unsigned>(L.C), static_cast<unsigned>(splits)), kThreads,
-                                            0, stream>>>(in, op, reinterpret_cast<State<Acc>*>(partial.data_ptr()),
-                                                         L.C, L.S, vecs, chunk);
+      reduce_planes_kernel<T, V, Acc, Op>
+          <<<dim3(static_cast<unsigned>(L.C), static_cast<unsigned>(splits)), kThreads, 0, stream>>>(
+              in, op, reinterpret_cast<State<Acc>*>(partial.data_ptr()), L.C, L.S, vecs, chunk);
     } else {
       const int64_t cvecs = L.C / V;
       int bx = 1;
@@ -363,8 +363,8 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
 
 template <typename T>
 void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Tensor& weight, const Tensor& bias,
-                    const Tensor& running_mean, const Tensor& running_var, bool training, double momentum,
-                    double eps, bool relu, Tensor& mean, Tensor& invstd, cudaStream_t stream) {
+                    const Tensor& running_mean, const Tensor& running_var, bool training, double momentum, double eps,
+                    bool relu, Tensor& mean, Tensor& invstd, cudaStream_t stream) {
   using Acc = acc_t<T>;
   using D = device_t<T>;
   const DType adt = acc_dtype(x.dtype());
@@ -387,8 +387,8 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
       });
     } else {
       finalize_stats_kernel<Acc, Acc><<<blocks, kThreads, 0, stream>>>(part, splits, L.C, count, static_cast<Acc>(eps),
-                                                                      mean.data_ptr<Acc>(), invstd.data_ptr<Acc>(),
-                                                                      nullptr, nullptr, Acc(0));
+                                                                       mean.data_ptr<Acc>(), invstd.data_ptr<Acc>(),
+                                                                       nullptr, nullptr, Acc(0));
     }
     KILN_CUDA_CHECK_LAUNCH("batch_norm (finalize statistics)");
   } else {
@@ -440,10 +440,9 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
       }
     }
     finalize_grads_kernel<Acc><<<static_cast<unsigned>(ceil_div(L.C, kThreads)), kThreads, 0, stream>>>(
-        reinterpret_cast<const State<Acc>*>(partial.data_ptr()), splits, L.C,
-        Acc(1) / static_cast<Acc>(L.count()), invstd.data_ptr<Acc>(), ptr_or_null<Acc>(w), training,
-        ptr_or_null<Acc>(out.weight), ptr_or_null<Acc>(out.bias), ptr_or_null<Acc>(a), ptr_or_null<Acc>(k),
-        ptr_or_null<Acc>(g));
+        reinterpret_cast<const State<Acc>*>(partial.data_ptr()), splits, L.C, Acc(1) / static_cast<Acc>(L.count()),
+        invstd.data_ptr<Acc>(), ptr_or_null<Acc>(w), training, ptr_or_null<Acc>(out.weight), ptr_or_null<Acc>(out.bias),
+        ptr_or_null<Acc>(a), ptr_or_null<Acc>(k), ptr_or_null<Acc>(g));
     KILN_CUDA_CHECK_LAUNCH("batch_norm backward (finalize)");
   } else if (needs.input) {
     g = w.defined() ? ops::mul(invstd, w) : invstd;
@@ -474,10 +473,10 @@ BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, cons
   const Tensor x = contiguous_for_kernels(x0);
   const Layout L = layout_of(x);
   if (running_mean.defined()) {
-    KILN_CHECK(running_mean.is_contiguous() && running_var.is_contiguous() &&
-                   running_mean.dtype() == running_var.dtype(),
-               "batch_norm: running_mean and running_var must be contiguous and of one dtype, got ",
-               running_mean.dtype(), " and ", running_var.dtype());
+    KILN_CHECK(
+        running_mean.is_contiguous() && running_var.is_contiguous() && running_mean.dtype() == running_var.dtype(),
+        "batch_norm: running_mean and running_var must be contiguous and of one dtype, got ", running_mean.dtype(),
+        " and ", running_var.dtype());
   }
   BatchNormForward out;
   out.y = ops::empty_like(x);  // x's layout (NCHW or NHWC, both dense)
