@@ -45,8 +45,7 @@ struct Geometry {
       n = i / C;
     }
   }
-  __device__ __forceinline__ int64_t offset(int64_t n, int64_t c, int64_t h, int64_t w, int64_t hs,
-                                            int64_t ws) const {
+  __device__ __forceinline__ int64_t offset(int64_t n, int64_t c, int64_t h, int64_t w, int64_t hs, int64_t ws) const {
     return nhwc ? ((n * hs + h) * ws + w) * C + c : ((n * C + c) * hs + h) * ws + w;
   }
   // avg pooling's divisor of output (oh, ow), as PyTorch's.
@@ -62,7 +61,7 @@ struct Geometry {
   }
 };
 
-#define KILN_GRID_STRIDE(i, n)                                                            \
+#define KILN_GRID_STRIDE(i, n)                                                           \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -96,15 +95,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The outputs along one dim whose window [o s - p, o s - p + k) holds input position h: [first, last).
-__device__ __forceinline__ void windows_holding(int64_t h, int64_t k, int64_t s, int64_t p, int64_t out,
-                                                int64_t& first, int64_t& last) {
+__device__ __forceinline__ void windows_holding(int64_t h, int64_t k, int64_t s, int64_t p, int64_t out, int64_t& first,
+                                                int64_t& last) {
   first = h + p < k ? 0 : (h + p - k) / s + 1;
   last = min((h + p) / s + 1, out);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) max_backward_kernel(const device_t<T>* dy, const int64_t* idx,
-                                                                device_t<T>* dx, Geometry g, int64_t total) {
+__global__ void __launch_bounds__(kThreads)
+    max_backward_kernel(const device_t<T>* dy, const int64_t* idx, device_t<T>* dx, Geometry g, int64_t total) {
   using Acc = acc_t<T>;
   KILN_GRID_STRIDE(i, total) {
     int64_t n, c, h, w;
@@ -222,7 +221,7 @@ Tensor empty_4d(int64_t n, int64_t c, int64_t h, int64_t w, DType dtype, Device 
 }
 
 Geometry geometry(const Tensor& x, const PoolParams& p, std::array<int64_t, 2> out) {
-  return {x.size(0), x.size(1), x.size(2), x.size(3), out[0],      out[1],      is_nhwc(x),
+  return {x.size(0),   x.size(1),   x.size(2),   x.size(3),   out[0],   out[1],   is_nhwc(x),
           p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.count_include_pad};
 }
 
@@ -258,7 +257,7 @@ std::pair<Tensor, Tensor> max_pool2d_forward(const Tensor& x0, const PoolParams&
   dispatch(x, "max_pool2d", [&](auto t, cudaStream_t stream) {
     using T = decltype(t);
     max_forward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y),
-                                                                             idx.data_ptr<int64_t>(), g, total);
+                                                                              idx.data_ptr<int64_t>(), g, total);
   });
   return {y, idx};
 }
@@ -274,8 +273,8 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   if (total == 0) return dx;
   dispatch(x, "max_pool2d backward", [&](auto t, cudaStream_t stream) {
     using T = decltype(t);
-    max_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-        in_ptr<T>(dy), idx.data_ptr<int64_t>(), out_ptr<T>(dx), g, total);
+    max_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), idx.data_ptr<int64_t>(),
+                                                                               out_ptr<T>(dx), g, total);
   });
   return dx;
 }
@@ -303,8 +302,7 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, const PoolParams& p, const Te
   if (total == 0) return dx;
   dispatch(x, "avg_pool2d backward", [&](auto t, cudaStream_t stream) {
     using T = decltype(t);
-    avg_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), out_ptr<T>(dx), g,
-                                                                              total);
+    avg_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), out_ptr<T>(dx), g, total);
   });
   return dx;
 }
@@ -317,8 +315,8 @@ Tensor adaptive_avg_pool2d_forward(const Tensor& x0, std::array<int64_t, 2> out)
   if (total == 0) return y;
   dispatch(x, "adaptive_avg_pool2d", [&](auto t, cudaStream_t stream) {
     using T = decltype(t);
-    adaptive_forward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y), g,
-                                                                                  total);
+    adaptive_forward_kernel<T>
+        <<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y), g, total);
   });
   return y;
 }
@@ -333,8 +331,8 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& x0) {
   if (total == 0) return dx;
   dispatch(x, "adaptive_avg_pool2d backward", [&](auto t, cudaStream_t stream) {
     using T = decltype(t);
-    adaptive_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), out_ptr<T>(dx),
-                                                                                   g, total);
+    adaptive_backward_kernel<T>
+        <<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), out_ptr<T>(dx), g, total);
   });
   return dx;
 }
