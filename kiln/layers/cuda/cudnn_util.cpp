@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "kiln/tensor/cuda.h"               // cuda::current_stream
+#include "kiln/tensor/cuda.h"                // cuda::current_stream
 #include "kiln/tensor/cuda/cuda_backend.h"  // cuda::stream_for
 #include "kiln/tensor/ops.h"                // ops::empty
 

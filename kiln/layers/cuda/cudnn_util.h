@@ -16,7 +16,8 @@
 
 namespace kiln::nn::cuda_impl {
 
-[[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* op, const char* file, int line);
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* op, const char* file,
+                                    int line);
 
 // The calling thread's cuDNN handle for t's device (created at first use), with that device made current
 // and the handle set to the device's current kiln stream (cuda::current_stream).
@@ -36,9 +37,9 @@ cudnnDataType_t cudnn_dtype(DType dtype, const char* op);
 
 }  // namespace kiln::nn::cuda_impl
 
-#define KILN_CUDNN_CHECK(call, op)                                                           \
-  do {                                                                                       \
-    const cudnnStatus_t kiln_status_ = (call);                                               \
-    if (kiln_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                   \
-      ::kiln::nn::cuda_impl::throw_cudnn_error(kiln_status_, #call, op, __FILE__, __LINE__); \
+#define KILN_CUDNN_CHECK(call, op)                                                             \
+  do {                                                                                         \
+    const cudnnStatus_t kiln_status_ = (call);                                                 \
+    if (kiln_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]]                                     \
+      ::kiln::nn::cuda_impl::throw_cudnn_error(kiln_status_, #call, op, __FILE__, __LINE__);   \
   } while (false)
