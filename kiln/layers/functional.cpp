@@ -1,4 +1,4 @@
-// The layers as functions (functional.h), composed of kiln's differentiable ops.
+// The layers as functions (functional.h): composed of kiln's differentiable ops, with fused GPU kernels (kiln/layers/cuda/) for batch norm and layer norm.
 #include "kiln/layers/functional.h"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "kiln/autograd/grad_mode.h"  // NoGradGuard for the running-statistics update
 #include "kiln/tensor/error.h"        // KILN_CHECK
 #if KILN_WITH_CUDA
+#include "kiln/layers/cuda/batch_norm.h"  // cuda_impl::batch_norm_forward / _backward
 #include "kiln/layers/cuda/layer_norm.h"  // the fused GPU layer norm
 #endif
 
@@ -59,6 +60,96 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
   }
 };
 #endif
+
+#if KILN_WITH_CUDA
+// What the CUDA batch norm needs besides its differentiable inputs (x, weight, bias).
+struct BatchNormArgs {
+  Tensor running_mean, running_var;
+  bool training;
+  double momentum, eps;
+  bool relu;
+};
+
+// kiln's batch-norm kernels as one autograd node: forward saves the statistics it normalised with (and the
+// output when ReLU is fused, whose sign masks the gradient); backward is one reduction and one elementwise pass.
+struct CudaBatchNorm : autograd::Function<CudaBatchNorm> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const BatchNormArgs& args) {
+    cuda_impl::BatchNormForward out = cuda_impl::batch_norm_forward(
+        x, weight, bias, args.running_mean, args.running_var, args.training, args.momentum, args.eps, args.relu);
+    ctx.save_for_backward({x, weight, args.relu ? out.y : Tensor(), out.mean, out.invstd});
+    ctx.set("training", args.training);
+    ctx.set("bias_dtype", bias.defined() ? bias.dtype() : DType::Float32);
+    return out.y;
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const autograd::TensorList s = ctx.saved();
+    const Tensor &x = s[0], &weight = s[1], &y = s[2], &mean = s[3], &invstd = s[4];
+    const cuda_impl::BatchNormNeeds needs{ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)};
+    cuda_impl::BatchNormGrads g =
+        cuda_impl::batch_norm_backward(grads[0], x, y, weight, mean, invstd, ctx.get<bool>("training"), needs);
+    if (g.weight.defined()) g.weight = g.weight.to(weight.dtype());
+    if (g.bias.defined()) g.bias = g.bias.to(ctx.get<DType>("bias_dtype"));
+    return {g.input, g.weight, g.bias};
+  }
+};
+
+// Whether kiln's kernels take this batch norm: CUDA, (N, C), (N, C, L) or (N, C, H, W), floating, not empty,
+// and the per-channel tensors on x's device (anything else takes the composed path, which reports errors).
+bool cuda_batch_norm_applies(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                             const Tensor& weight, const Tensor& bias) {
+  if (!x.is_cuda() || x.dim() < 2 || x.dim() > 4 || !x.is_floating_point() || x.numel() == 0) return false;
+  for (const Tensor* t : {&running_mean, &running_var, &weight, &bias}) {
+    if (t->defined() && (t->device() != x.device() || !t->is_floating_point())) return false;
+  }
+  if (running_mean.defined() &&
+      (running_mean.dtype() != running_var.dtype() || !running_mean.is_contiguous() || !running_var.is_contiguous()))
+    return false;
+  return true;
+}
+#endif
+
+// The checks both paths share; returns the values per channel.
+int64_t check_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                         const Tensor& bias, bool training) {
+  KILN_CHECK(x.dim() >= 2, "batch_norm: the input must be (N, C) or (N, C, *), got shape ", x.shape());
+  const int64_t c = x.size(1);
+  check_affine("batch_norm", weight, "weight", {c});
+  check_affine("batch_norm", bias, "bias", {c});
+  check_affine("batch_norm", running_mean, "running_mean", {c});
+  check_affine("batch_norm", running_var, "running_var", {c});
+  KILN_CHECK(running_mean.defined() == running_var.defined(),
+             "batch_norm: pass both running_mean and running_var, or neither");
+  const int64_t count = x.numel() / std::max<int64_t>(c, 1);  // values per channel
+  if (training) {
+    KILN_CHECK(count > 1, "batch_norm: training needs more than 1 value per channel, got input shape ", x.shape(),
+               "; use a larger batch or eval()");
+  } else {
+    KILN_CHECK(running_mean.defined(),
+               "batch_norm: eval mode needs running_mean and running_var; pass them, or training = true");
+  }
+  return count;
+}
+
+// On CUDA: kiln's kernels (ReLU fused when asked); elsewhere: undefined, and the caller composes.
+Tensor batch_norm_kernels(const Tensor& x0, const Tensor& running_mean, const Tensor& running_var,
+                          const Tensor& weight0, const Tensor& bias0, bool training, double momentum, double eps,
+                          bool relu) {
+#if KILN_WITH_CUDA
+  if (x0.is_cuda()) {
+    // Autocast first: the composed ops it replaces would each have applied it.
+    auto [x, weight, bias] = autocast::inputs(autocast::Op::BatchNorm, x0, weight0, bias0);
+    if (cuda_batch_norm_applies(x, running_mean, running_var, weight, bias)) {
+      return CudaBatchNorm::apply(x, weight, bias,
+                                  BatchNormArgs{running_mean, running_var, training, momentum, eps, relu});
+    }
+  }
+#else
+  (void)x0, (void)running_mean, (void)running_var, (void)weight0, (void)bias0, (void)training, (void)momentum,
+      (void)eps, (void)relu;
+#endif
+  return Tensor();
+}
 
 }  // namespace
 
@@ -147,20 +238,14 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, con
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
-  KILN_CHECK(x.dim() >= 2, "batch_norm: the input must be (N, C) or (N, C, *), got shape ", x.shape());
+  const int64_t count = check_batch_norm(x, running_mean, running_var, weight, bias, training);
+  if (Tensor y = batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, false);
+      y.defined())
+    return y;
   const int64_t c = x.size(1);
-  check_affine("batch_norm", weight, "weight", {c});
-  check_affine("batch_norm", bias, "bias", {c});
-  check_affine("batch_norm", running_mean, "running_mean", {c});
-  check_affine("batch_norm", running_var, "running_var", {c});
-  KILN_CHECK(running_mean.defined() == running_var.defined(),
-             "batch_norm: pass both running_mean and running_var, or neither");
   const Dims dims = all_but_channel(x.dim());
   Tensor y;
   if (training) {
-    const int64_t count = x.numel() / std::max<int64_t>(c, 1);  // values per channel
-    KILN_CHECK(count > 1, "batch_norm: training needs more than 1 value per channel, got input shape ", x.shape(),
-               "; use a larger batch or eval()");
     Tensor batch_mean = mean(x, dims, true);  // (1, C, 1, ...)
     Tensor centered = x - batch_mean;
     Tensor batch_var = mean(square(centered), dims, true);  // biased
@@ -175,8 +260,6 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
       rv.mul_(1 - momentum).add_(v, momentum);
     }
   } else {
-    KILN_CHECK(running_mean.defined(),
-               "batch_norm: eval mode needs running_mean and running_var; pass them, or training = true");
     Tensor m = per_channel(running_mean, x.dim()).to(x.dtype());
     Tensor v = per_channel(running_var, x.dim()).to(x.dtype());
     y = (x - m) * rsqrt(v + eps);
@@ -184,6 +267,15 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   if (weight.defined()) y = y * per_channel(weight, x.dim());
   if (bias.defined()) y = y + per_channel(bias, x.dim());
   return y;
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, double momentum, double eps) {
+  check_batch_norm(x, running_mean, running_var, weight, bias, training);
+  if (Tensor y = batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, true);
+      y.defined())
+    return y;
+  return relu(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps));
 }
 
 Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx) {

@@ -44,6 +44,11 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {}
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight = {},
                   const Tensor& bias = {}, bool training = false, double momentum = 0.1, double eps = 1e-5);
 
+// relu(batch_norm(...)) with the same arguments; one fused kernel (and a masked backward) on CUDA.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight = {}, const Tensor& bias = {}, bool training = false, double momentum = 0.1,
+                       double eps = 1e-5);
+
 // Rows of weight (V, D) picked by integer index (...) -> (..., D). The padding row's lookups pass no
 // gradient to it (a negative padding_idx counts from V).
 Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx = {});

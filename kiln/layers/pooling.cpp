@@ -10,6 +10,11 @@
 #include "kiln/layers/window_internal.h"
 #include "kiln/tensor/error.h"  // KILN_CHECK
 
+#if KILN_WITH_CUDA
+#include "kiln/autograd/function.h"    // autograd::Function
+#include "kiln/layers/cuda/pooling.h"  // cuda_impl::max_pool2d_forward, ...
+#endif
+
 namespace kiln::nn {
 
 namespace {
@@ -106,10 +111,61 @@ Tensor adaptive_mean_dim(const Tensor& x, int64_t dim, int64_t out) {
   return cat(cells, dim);
 }
 
+#if KILN_WITH_CUDA
+// kiln's pooling kernels as autograd nodes (CUDA inputs). Their backward is not itself differentiable.
+cuda_impl::PoolParams pool_params(const Pool2dGeometry& g, bool count_include_pad) {
+  return {.kernel = {g.h.kernel, g.w.kernel},
+          .stride = {g.h.stride, g.w.stride},
+          .pad = {g.h.pad, g.w.pad},
+          .out = {g.h.out, g.w.out},
+          .count_include_pad = count_include_pad};
+}
+
+struct CudaMaxPool2d : autograd::Function<CudaMaxPool2d> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const cuda_impl::PoolParams& p) {
+    auto [y, indices] = cuda_impl::max_pool2d_forward(x, p);
+    ctx.save_for_backward({x, indices});
+    ctx.set("params", p);
+    return y;
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const autograd::TensorList s = ctx.saved();
+    return {cuda_impl::max_pool2d_backward(grads[0], s[1], ctx.get<cuda_impl::PoolParams>("params"), s[0])};
+  }
+};
+
+struct CudaAvgPool2d : autograd::Function<CudaAvgPool2d> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const cuda_impl::PoolParams& p) {
+    ctx.save_for_backward({x});  // for its shape and layout only
+    ctx.set("params", p);
+    return cuda_impl::avg_pool2d_forward(x, p);
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    return {cuda_impl::avg_pool2d_backward(grads[0], ctx.get<cuda_impl::PoolParams>("params"), ctx.saved()[0])};
+  }
+};
+
+struct CudaAdaptiveAvgPool2d : autograd::Function<CudaAdaptiveAvgPool2d> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, std::array<int64_t, 2> out) {
+    ctx.save_for_backward({x});  // for its shape and layout only
+    return cuda_impl::adaptive_avg_pool2d_forward(x, out);
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    return {cuda_impl::adaptive_avg_pool2d_backward(grads[0], ctx.saved()[0])};
+  }
+};
+#endif
+
 }  // namespace
 
 Tensor max_pool2d(const Tensor& input, const Pool2dOptions& options) {
   const Pool2dGeometry g = check_pool("max_pool2d", input, options);
+#if KILN_WITH_CUDA
+  if (g.input.is_cuda()) {
+    const Tensor y = CudaMaxPool2d::apply(contiguous(g.input, g.format), pool_params(g, true));
+    return g.unbatched ? squeeze(y, 0) : y;
+  }
+#endif
   // -inf padding never wins: every window overlaps the input (padding <= kernel / 2, ceil-mode rule).
   const Tensor win = pool_windows(g, -std::numeric_limits<double>::infinity());
   return finish(g, amax(win, {4, 5}));  // (N, C, OH, OW, KH, KW) -> (N, C, OH, OW)
@@ -117,6 +173,12 @@ Tensor max_pool2d(const Tensor& input, const Pool2dOptions& options) {
 
 Tensor avg_pool2d(const Tensor& input, const Pool2dOptions& options) {
   const Pool2dGeometry g = check_pool("avg_pool2d", input, options);
+#if KILN_WITH_CUDA
+  if (g.input.is_cuda()) {
+    const Tensor y = CudaAvgPool2d::apply(contiguous(g.input, g.format), pool_params(g, options.count_include_pad));
+    return g.unbatched ? squeeze(y, 0) : y;
+  }
+#endif
   const Tensor win = pool_windows(g, 0.0);
   const std::vector<double> dh = divisors(g.h, options.count_include_pad);
   const std::vector<double> dw = divisors(g.w, options.count_include_pad);
@@ -142,6 +204,15 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
              output_size[0], ", ", output_size[1], ")");
   KILN_CHECK(input.size(-2) > 0 && input.size(-1) > 0, "adaptive_avg_pool2d: the input of shape ", input.shape(),
              " has an empty spatial dim");
+#if KILN_WITH_CUDA
+  if (input.is_cuda()) {
+    const bool unbatched = input.dim() == 3;
+    const Tensor x = unbatched ? unsqueeze(input, 0) : input;
+    const Tensor y = CudaAdaptiveAvgPool2d::apply(contiguous(x, detail::output_format(x)),
+                                                  std::array<int64_t, 2>{output_size[0], output_size[1]});
+    return unbatched ? squeeze(y, 0) : y;
+  }
+#endif
   const MemoryFormat format = detail::output_format(input);
   const int64_t hd = input.dim() - 2;
   const Tensor y = adaptive_mean_dim(adaptive_mean_dim(input, hd, output_size[0]), hd + 1, output_size[1]);

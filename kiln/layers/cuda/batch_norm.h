@@ -1,0 +1,44 @@
+// kiln/layers/cuda/batch_norm.h — kiln's batch-norm kernels for CUDA tensors (internal; nn::batch_norm calls them).
+//
+//   auto fwd = cuda_impl::batch_norm_forward(x, w, b, rm, rv, /*training=*/true, 0.1, 1e-5, /*relu=*/false);
+//   auto g = cuda_impl::batch_norm_backward(dy, x, Tensor(), w, fwd.mean, fwd.invstd, true, {true, true, true});
+//
+// x is (N, C) or (N, C, *) in float16/bfloat16/float32/float64, NCHW-contiguous or (4-d) channels-last; other
+// strides are made contiguous first, and y has the layout the kernels ran in. Statistics accumulate in float
+// (double for float64 inputs): per-thread Welford merged per block, blocks split over the reduced elements and
+// merged in a fixed order by a second kernel (deterministic, no float atomics). Everything runs on x's current
+// stream with temporaries from the caching allocator, and nothing waits for the device.
+#pragma once
+
+#include "kiln/tensor/tensor.h"  // Tensor
+
+namespace kiln::nn::cuda_impl {
+
+struct BatchNormForward {
+  Tensor y;       // x's shape, dtype and layout
+  Tensor mean;    // (C) in the accumulation dtype: the batch's (training) or the running mean (eval)
+  Tensor invstd;  // (C) 1 / sqrt(var + eps), same dtype
+};
+
+// Training: batch mean and biased variance per channel; updates running_mean / running_var in place when
+// defined (momentum, unbiased variance), as the composed path. Eval: the running statistics (defined).
+// weight, bias (C) may be undefined; any floating dtype. relu: y = max(bn(x), 0).
+BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    const Tensor& running_mean, const Tensor& running_var, bool training,
+                                    double momentum, double eps, bool relu);
+
+struct BatchNormGrads {
+  Tensor input, weight, bias;  // undefined where not asked for; weight and bias (C) in the accumulation dtype
+};
+
+struct BatchNormNeeds {
+  bool input = true, weight = true, bias = true;
+};
+
+// dy of y's shape; y is the forward output when relu was fused (its sign masks dy), else undefined.
+// mean/invstd as batch_norm_forward returned them. training selects the full formula (batch statistics)
+// or the eval one (dx = dy * w * invstd).
+BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& y, const Tensor& weight,
+                                   const Tensor& mean, const Tensor& invstd, bool training, BatchNormNeeds needs);
+
+}  // namespace kiln::nn::cuda_impl

@@ -1,0 +1,340 @@
+// 2-d pooling on CUDA (pooling.h): kernels first, then the launchers. Element (n, c, h, w) of a 4-d tensor
+// sits at n sN + c sC + h sH + w sW with the strides of NCHW or NHWC (Geometry); consecutive threads take
+// consecutive elements of the layout, so NHWC threads read consecutive channels (coalesced).
+#include "kiln/layers/cuda/pooling.h"
+
+#include <cuda_runtime.h>
+
+#include "kiln/layers/cuda/layer_kernels.cuh"  // grid_for
+#include "kiln/tensor/cuda/cuda_backend.h"     // cuda::stream_for
+#include "kiln/tensor/cuda/cuda_check.h"       // KILN_CUDA_CHECK_LAUNCH
+#include "kiln/tensor/cuda/kernel_util.cuh"    // to_compute, from_compute
+#include "kiln/tensor/dispatch.h"              // visit_floating_dtype, acc_t
+#include "kiln/tensor/ops.h"                   // empty_strided, contiguous
+
+namespace kiln::nn::cuda_impl {
+namespace {
+
+using cuda::from_compute;
+using cuda::to_compute;
+
+constexpr int kThreads = 256;
+
+// Sizes of the input (H, W) and output (OH, OW) planes, N, C, and the layout both share.
+struct Geometry {
+  int64_t N, C, H, W, OH, OW;
+  bool nhwc;
+  int64_t kh, kw, sh, sw, ph, pw;
+  bool count_include_pad;
+  // Linear index i of an element in a tensor (N, C, h_size, w_size) of this layout -> (n, c, h, w).
+  __device__ __forceinline__ void split(int64_t i, int64_t hs, int64_t ws, int64_t& n, int64_t& c, int64_t& h,
+                                        int64_t& w) const {
+    if (nhwc) {
+      c = i % C;
+      i /= C;
+      w = i % ws;
+      i /= ws;
+      h = i % hs;
+      n = i / hs;
+    } else {
+      w = i % ws;
+      i /= ws;
+      h = i % hs;
+      i /= hs;
+      c = i % C;
+      n = i / C;
+    }
+  }
+  __device__ __forceinline__ int64_t offset(int64_t n, int64_t c, int64_t h, int64_t w, int64_t hs, int64_t ws) const {
+    return nhwc ? ((n * hs + h) * ws + w) * C + c : ((n * C + c) * hs + h) * ws + w;
+  }
+  // avg pooling's divisor of output (oh, ow), as PyTorch's.
+  __device__ __forceinline__ int64_t divisor(int64_t oh, int64_t ow) const {
+    int64_t h0 = oh * sh - ph, w0 = ow * sw - pw;
+    int64_t h1 = min(h0 + kh, H + ph), w1 = min(w0 + kw, W + pw);
+    if (count_include_pad) return (h1 - h0) * (w1 - w0);
+    h0 = max(h0, int64_t{0});
+    w0 = max(w0, int64_t{0});
+    h1 = min(h1, H);
+    w1 = min(w1, W);
+    return (h1 - h0) * (w1 - w0);
+  }
+};
+
+#define KILN_GRID_STRIDE(i, n)                                                           \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    max_forward_kernel(const device_t<T>* x, device_t<T>* y, int64_t* idx, Geometry g, int64_t total) {
+  using Acc = acc_t<T>;
+  KILN_GRID_STRIDE(i, total) {
+    int64_t n, c, oh, ow;
+    g.split(i, g.OH, g.OW, n, c, oh, ow);
+    const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+    const int64_t hs = max(h0, int64_t{0}), ws = max(w0, int64_t{0});
+    const int64_t he = min(h0 + g.kh, g.H), we = min(w0 + g.kw, g.W);
+    // PyTorch's rule: start at the window's first in-input position with -inf; strictly greater (or NaN) wins.
+    Acc best = -INFINITY;
+    int64_t best_at = hs * g.W + ws;
+    for (int64_t h = hs; h < he; ++h) {
+      for (int64_t w = ws; w < we; ++w) {
+        const Acc v = static_cast<Acc>(to_compute<T>(x[g.offset(n, c, h, w, g.H, g.W)]));
+        if (v > best || v != v) {
+          best = v;
+          best_at = h * g.W + w;
+          if (v != v) break;
+        }
+      }
+      if (best != best) break;
+    }
+    y[i] = from_compute<T>(static_cast<compute_t<T>>(best));
+    idx[i] = best_at;
+  }
+}
+
+// The outputs along one dim whose window [o s - p, o s - p + k) holds input position h: [first, last).
+__device__ __forceinline__ void windows_holding(int64_t h, int64_t k, int64_t s, int64_t p, int64_t out, int64_t& first,
+                                                int64_t& last) {
+  first = h + p < k ? 0 : (h + p - k) / s + 1;
+  last = min((h + p) / s + 1, out);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    max_backward_kernel(const device_t<T>* dy, const int64_t* idx, device_t<T>* dx, Geometry g, int64_t total) {
+  using Acc = acc_t<T>;
+  KILN_GRID_STRIDE(i, total) {
+    int64_t n, c, h, w;
+    g.split(i, g.H, g.W, n, c, h, w);
+    int64_t oh0, oh1, ow0, ow1;
+    windows_holding(h, g.kh, g.sh, g.ph, g.OH, oh0, oh1);
+    windows_holding(w, g.kw, g.sw, g.pw, g.OW, ow0, ow1);
+    const int64_t me = h * g.W + w;
+    Acc sum = 0;
+    for (int64_t oh = oh0; oh < oh1; ++oh) {
+      for (int64_t ow = ow0; ow < ow1; ++ow) {
+        const int64_t o = g.offset(n, c, oh, ow, g.OH, g.OW);
+        if (idx[o] == me) sum += static_cast<Acc>(to_compute<T>(dy[o]));
+      }
+    }
+    dx[i] = from_compute<T>(static_cast<compute_t<T>>(sum));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    avg_forward_kernel(const device_t<T>* x, device_t<T>* y, Geometry g, int64_t total) {
+  using Acc = acc_t<T>;
+  KILN_GRID_STRIDE(i, total) {
+    int64_t n, c, oh, ow;
+    g.split(i, g.OH, g.OW, n, c, oh, ow);
+    const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+    const int64_t hs = max(h0, int64_t{0}), ws = max(w0, int64_t{0});
+    const int64_t he = min(h0 + g.kh, g.H), we = min(w0 + g.kw, g.W);
+    Acc sum = 0;
+    for (int64_t h = hs; h < he; ++h)
+      for (int64_t w = ws; w < we; ++w) sum += static_cast<Acc>(to_compute<T>(x[g.offset(n, c, h, w, g.H, g.W)]));
+    y[i] = from_compute<T>(static_cast<compute_t<T>>(sum / static_cast<Acc>(g.divisor(oh, ow))));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    avg_backward_kernel(const device_t<T>* dy, device_t<T>* dx, Geometry g, int64_t total) {
+  using Acc = acc_t<T>;
+  KILN_GRID_STRIDE(i, total) {
+    int64_t n, c, h, w;
+    g.split(i, g.H, g.W, n, c, h, w);
+    int64_t oh0, oh1, ow0, ow1;
+    windows_holding(h, g.kh, g.sh, g.ph, g.OH, oh0, oh1);
+    windows_holding(w, g.kw, g.sw, g.pw, g.OW, ow0, ow1);
+    Acc sum = 0;
+    for (int64_t oh = oh0; oh < oh1; ++oh)
+      for (int64_t ow = ow0; ow < ow1; ++ow)
+        sum += static_cast<Acc>(to_compute<T>(dy[g.offset(n, c, oh, ow, g.OH, g.OW)])) /
+               static_cast<Acc>(g.divisor(oh, ow));
+    dx[i] = from_compute<T>(static_cast<compute_t<T>>(sum));
+  }
+}
+
+__device__ __forceinline__ int64_t adaptive_start(int64_t o, int64_t in, int64_t out) { return o * in / out; }
+__device__ __forceinline__ int64_t adaptive_end(int64_t o, int64_t in, int64_t out) {
+  return ((o + 1) * in + out - 1) / out;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    adaptive_forward_kernel(const device_t<T>* x, device_t<T>* y, Geometry g, int64_t total) {
+  using Acc = acc_t<T>;
+  KILN_GRID_STRIDE(i, total) {
+    int64_t n, c, oh, ow;
+    g.split(i, g.OH, g.OW, n, c, oh, ow);
+    const int64_t hs = adaptive_start(oh, g.H, g.OH), he = adaptive_end(oh, g.H, g.OH);
+    const int64_t ws = adaptive_start(ow, g.W, g.OW), we = adaptive_end(ow, g.W, g.OW);
+    Acc sum = 0;
+    for (int64_t h = hs; h < he; ++h)
+      for (int64_t w = ws; w < we; ++w) sum += static_cast<Acc>(to_compute<T>(x[g.offset(n, c, h, w, g.H, g.W)]));
+    y[i] = from_compute<T>(static_cast<compute_t<T>>(sum / static_cast<Acc>((he - hs) * (we - ws))));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    adaptive_backward_kernel(const device_t<T>* dy, device_t<T>* dx, Geometry g, int64_t total) {
+  using Acc = acc_t<T>;
+  KILN_GRID_STRIDE(i, total) {
+    int64_t n, c, h, w;
+    g.split(i, g.H, g.W, n, c, h, w);
+    // Output o holds h exactly when floor(h OH / H) <= o < ceil((h + 1) OH / H).
+    const int64_t oh0 = h * g.OH / g.H, oh1 = min(((h + 1) * g.OH + g.H - 1) / g.H, g.OH);
+    const int64_t ow0 = w * g.OW / g.W, ow1 = min(((w + 1) * g.OW + g.W - 1) / g.W, g.OW);
+    Acc sum = 0;
+    for (int64_t oh = oh0; oh < oh1; ++oh) {
+      const int64_t hs = adaptive_start(oh, g.H, g.OH), he = adaptive_end(oh, g.H, g.OH);
+      if (h < hs || h >= he) continue;
+      for (int64_t ow = ow0; ow < ow1; ++ow) {
+        const int64_t ws = adaptive_start(ow, g.W, g.OW), we = adaptive_end(ow, g.W, g.OW);
+        if (w < ws || w >= we) continue;
+        sum += static_cast<Acc>(to_compute<T>(dy[g.offset(n, c, oh, ow, g.OH, g.OW)])) /
+               static_cast<Acc>((he - hs) * (we - ws));
+      }
+    }
+    dx[i] = from_compute<T>(static_cast<compute_t<T>>(sum));
+  }
+}
+
+#undef KILN_GRID_STRIDE
+
+// ---------------------------------------------------------------- launchers
+
+bool is_nhwc(const Tensor& x) { return x.is_contiguous(MemoryFormat::ChannelsLast) && !x.is_contiguous(); }
+
+// x as the kernels read it: NHWC stays, everything else is made NCHW-contiguous.
+Tensor dense(const Tensor& x) { return is_nhwc(x) ? x : ops::contiguous(x); }
+
+// An uninitialised (N, C, h, w) tensor of dtype in the layout nhwc says.
+Tensor empty_4d(int64_t n, int64_t c, int64_t h, int64_t w, DType dtype, Device device, bool nhwc) {
+  const Strides strides = nhwc ? Strides{h * w * c, 1, w * c, c} : Strides{c * h * w, h * w, w, 1};
+  return ops::empty_strided({n, c, h, w}, strides, TensorOptions{.dtype = dtype, .device = device});
+}
+
+Geometry geometry(const Tensor& x, const PoolParams& p, std::array<int64_t, 2> out) {
+  return {x.size(0),   x.size(1),   x.size(2),   x.size(3),   out[0],   out[1],   is_nhwc(x),
+          p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.count_include_pad};
+}
+
+// Runs kernel<T>(in, out, extra..., g, total) over `total` threads on x's stream.
+template <typename Launch>
+void dispatch(const Tensor& x, const char* op, Launch&& launch) {
+  cudaStream_t stream = cuda::stream_for(x);
+  visit_floating_dtype(x.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch(T{}, stream);
+  });
+  KILN_CUDA_CHECK_LAUNCH(op);
+}
+
+template <typename T>
+const device_t<T>* in_ptr(const Tensor& t) {
+  return static_cast<const device_t<T>*>(t.data_ptr());
+}
+template <typename T>
+device_t<T>* out_ptr(const Tensor& t) {
+  return static_cast<device_t<T>*>(t.data_ptr());
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> max_pool2d_forward(const Tensor& x0, const PoolParams& p) {
+  const Tensor x = dense(x0);
+  const Geometry g = geometry(x, p, p.out);
+  Tensor y = empty_4d(g.N, g.C, g.OH, g.OW, x.dtype(), x.device(), g.nhwc);
+  Tensor idx = empty_4d(g.N, g.C, g.OH, g.OW, DType::Int64, x.device(), g.nhwc);
+  const int64_t total = y.numel();
+  if (total == 0) return {y, idx};
+  dispatch(x, "max_pool2d", [&](auto t, cudaStream_t stream) {
+    using T = decltype(t);
+    max_forward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y),
+                                                                              idx.data_ptr<int64_t>(), g, total);
+  });
+  return {y, idx};
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const PoolParams& p, const Tensor& x0) {
+  const Tensor x = dense(x0);
+  const Geometry g = geometry(x, p, p.out);
+  const Tensor dy = g.nhwc ? ops::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
+                           : ops::contiguous(grad_out.to(x.dtype()));
+  const Tensor idx = g.nhwc ? ops::contiguous(indices, MemoryFormat::ChannelsLast) : ops::contiguous(indices);
+  Tensor dx = empty_4d(g.N, g.C, g.H, g.W, x.dtype(), x.device(), g.nhwc);
+  const int64_t total = dx.numel();
+  if (total == 0) return dx;
+  dispatch(x, "max_pool2d backward", [&](auto t, cudaStream_t stream) {
+    using T = decltype(t);
+    max_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), idx.data_ptr<int64_t>(),
+                                                                               out_ptr<T>(dx), g, total);
+  });
+  return dx;
+}
+
+Tensor avg_pool2d_forward(const Tensor& x0, const PoolParams& p) {
+  const Tensor x = dense(x0);
+  const Geometry g = geometry(x, p, p.out);
+  Tensor y = empty_4d(g.N, g.C, g.OH, g.OW, x.dtype(), x.device(), g.nhwc);
+  const int64_t total = y.numel();
+  if (total == 0) return y;
+  dispatch(x, "avg_pool2d", [&](auto t, cudaStream_t stream) {
+    using T = decltype(t);
+    avg_forward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y), g, total);
+  });
+  return y;
+}
+
+Tensor avg_pool2d_backward(const Tensor& grad_out, const PoolParams& p, const Tensor& x0) {
+  const Tensor x = dense(x0);
+  const Geometry g = geometry(x, p, p.out);
+  const Tensor dy = g.nhwc ? ops::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
+                           : ops::contiguous(grad_out.to(x.dtype()));
+  Tensor dx = empty_4d(g.N, g.C, g.H, g.W, x.dtype(), x.device(), g.nhwc);
+  const int64_t total = dx.numel();
+  if (total == 0) return dx;
+  dispatch(x, "avg_pool2d backward", [&](auto t, cudaStream_t stream) {
+    using T = decltype(t);
+    avg_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), out_ptr<T>(dx), g, total);
+  });
+  return dx;
+}
+
+Tensor adaptive_avg_pool2d_forward(const Tensor& x0, std::array<int64_t, 2> out) {
+  const Tensor x = dense(x0);
+  const Geometry g = geometry(x, PoolParams{}, out);
+  Tensor y = empty_4d(g.N, g.C, g.OH, g.OW, x.dtype(), x.device(), g.nhwc);
+  const int64_t total = y.numel();
+  if (total == 0) return y;
+  dispatch(x, "adaptive_avg_pool2d", [&](auto t, cudaStream_t stream) {
+    using T = decltype(t);
+    adaptive_forward_kernel<T>
+        <<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y), g, total);
+  });
+  return y;
+}
+
+Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& x0) {
+  const Tensor x = dense(x0);
+  const Geometry g = geometry(x, PoolParams{}, {grad_out.size(2), grad_out.size(3)});
+  const Tensor dy = g.nhwc ? ops::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
+                           : ops::contiguous(grad_out.to(x.dtype()));
+  Tensor dx = empty_4d(g.N, g.C, g.H, g.W, x.dtype(), x.device(), g.nhwc);
+  const int64_t total = dx.numel();
+  if (total == 0) return dx;
+  dispatch(x, "adaptive_avg_pool2d backward", [&](auto t, cudaStream_t stream) {
+    using T = decltype(t);
+    adaptive_backward_kernel<T>
+        <<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), out_ptr<T>(dx), g, total);
+  });
+  return dx;
+}
+
+}  // namespace kiln::nn::cuda_impl

@@ -1,0 +1,263 @@
+// kiln's CUDA batch norm (kiln/layers/cuda/batch_norm.cu through nn::batch_norm / nn::batch_norm_relu) against
+// the CPU composed path in float64 on the same (rounded) inputs: outputs, gradients of input, weight and bias,
+// running statistics; training and eval; NCHW and channels-last; (N, C), (N, C, L), (N, C, H, W); 16-bit inputs
+// with float32 parameters; shapes large enough for the split reduction; determinism; no cudaMalloc once warm.
+// Also batch_norm_relu on every device against a hand-written reference and check_gradients.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kiln/autograd/autocast.h"  // autocast::Guard
+#include "kiln/layers/functional.h"
+#include "kiln/tensor/cuda.h"
+#include "support/grad_support.h"
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+struct BnCase {
+  Shape shape;
+  bool channels_last = false;
+  bool training = true;
+  bool relu = false;
+  DType dtype = DType::Float32;
+  bool affine = true;
+  bool running = true;
+  double lo = -2, hi = 2;  // input range
+};
+
+std::string describe(const BnCase& k) {
+  std::string s = "shape " + std::to_string(k.shape.size()) + "-d [";
+  for (int64_t d : k.shape) s += std::to_string(d) + " ";
+  s += std::string("] ") + (k.channels_last ? "channels_last " : "") + (k.training ? "training " : "eval ") +
+       (k.relu ? "relu " : "") + (k.affine ? "" : "no-affine ") + (k.running ? "" : "no-running ");
+  return s;
+}
+
+struct BnOut {
+  Tensor y, gx, gw, gb, rm, rv;
+};
+
+struct BnData {
+  std::vector<double> x, gy, w, b, rm, rv;
+};
+
+int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+// The inputs, rounded to the dtype they will have, so both paths see the same numbers.
+BnData make_data(const BnCase& k) {
+  const int64_t n = numel_of(k.shape), c = k.shape[1];
+  const auto round = [](const std::vector<double>& v, DType dt) { return values(make(v, {int64_t(v.size())}, {.dtype = dt})); };
+  return {round(uniform(n, k.lo, k.hi, 21), k.dtype), round(uniform(n, -1, 1, 22), k.dtype), uniform(c, 0.5, 1.5, 23),
+          uniform(c, -1, 1, 24), uniform(c, -0.5, 0.5, 25), uniform(c, 0.5, 2, 26)};
+}
+
+// One forward and backward; x in xdt, the per-channel tensors in pdt.
+BnOut run(const BnCase& k, const BnData& d, Device dev, DType xdt, DType pdt) {
+  const int64_t c = k.shape[1];
+  Tensor x = make(d.x, k.shape, {.dtype = xdt, .device = dev});
+  if (k.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+  x.requires_grad_();
+  Tensor w, b, rm, rv;
+  if (k.affine) {
+    w = make(d.w, {c}, {.dtype = pdt, .device = dev}).requires_grad_();
+    b = make(d.b, {c}, {.dtype = pdt, .device = dev}).requires_grad_();
+  }
+  if (k.running) {
+    rm = make(d.rm, {c}, {.dtype = pdt, .device = dev});
+    rv = make(d.rv, {c}, {.dtype = pdt, .device = dev});
+  }
+  Tensor y = k.relu ? nn::batch_norm_relu(x, rm, rv, w, b, k.training, 0.3, 1e-3)
+                    : nn::batch_norm(x, rm, rv, w, b, k.training, 0.3, 1e-3);
+  y.backward(make(d.gy, k.shape, {.dtype = xdt, .device = dev}));
+  return {y, x.grad(), k.affine ? w.grad() : Tensor(), k.affine ? b.grad() : Tensor(), rm, rv};
+}
+
+// Every element within tol * max(1, max |ref|) of the reference.
+void expect_close_scaled(const Tensor& actual, const Tensor& ref, double tol, const char* what) {
+  ASSERT_EQ(actual.defined(), ref.defined()) << what;
+  if (!ref.defined()) return;
+  ASSERT_EQ(actual.shape(), ref.shape()) << what;
+  const std::vector<double> a = values(actual), r = values(ref);
+  double scale = 1;
+  for (double v : r) scale = std::max(scale, std::abs(v));
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!(std::abs(a[i] - r[i]) <= tol * scale)) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << a.size() << " elements differ; first at " << first << ": "
+                    << (first >= 0 ? a[first] : 0.0) << " vs " << (first >= 0 ? r[first] : 0.0) << " (tol "
+                    << tol * scale << ")";
+}
+
+double tolerance(DType dt) {
+  switch (dt) {
+    case DType::Float64: return 1e-10;
+    case DType::Float32: return 2e-5;
+    case DType::Float16: return 4e-3;
+    default: return 2e-2;  // bfloat16
+  }
+}
+
+void expect_matches_composed(const BnCase& k) {
+  SCOPED_TRACE(describe(k) + std::string(dtype_name(k.dtype)));
+  const BnData d = make_data(k);
+  const DType pdt = k.dtype == DType::Float64 ? DType::Float64 : DType::Float32;
+  const BnOut got = run(k, d, Device::cuda(0), k.dtype, pdt);
+  const BnOut ref = run(k, d, Device::cpu(), DType::Float64, DType::Float64);
+  const double tol = tolerance(k.dtype);
+  EXPECT_EQ(got.y.dtype(), k.dtype);
+  EXPECT_TRUE(got.y.is_contiguous(k.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous));
+  expect_close_scaled(got.y, ref.y, tol, "y");
+  expect_close_scaled(got.gx, ref.gx, tol, "grad input");
+  expect_close_scaled(got.gw, ref.gw, std::max(tol, 1e-5), "grad weight");
+  expect_close_scaled(got.gb, ref.gb, std::max(tol, 1e-5), "grad bias");
+  // Running statistics are float32 for the 16-bit inputs too: their tolerance is float32's.
+  expect_close_scaled(got.rm, ref.rm, k.dtype == DType::Float64 ? 1e-12 : 1e-5, "running_mean");
+  expect_close_scaled(got.rv, ref.rv, k.dtype == DType::Float64 ? 1e-12 : 1e-5, "running_var");
+}
+
+class CudaBatchNorm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  }
+};
+
+TEST_F(CudaBatchNorm, TrainingAndEvalMatchTheComposedPathInEveryLayoutAndRank) {
+  for (bool training : {true, false}) {
+    expect_matches_composed({.shape = {4, 6, 5, 7}, .training = training});                        // NCHW, S odd
+    expect_matches_composed({.shape = {2, 5, 8, 8}, .training = training});                        // NCHW, vectors
+    expect_matches_composed({.shape = {4, 6, 5, 7}, .channels_last = true, .training = training});  // NHWC, C % 4 != 0
+    expect_matches_composed({.shape = {3, 16, 4, 5}, .channels_last = true, .training = training});  // NHWC, vectors
+    expect_matches_composed({.shape = {9, 5}, .training = training});                              // (N, C)
+    expect_matches_composed({.shape = {64, 32}, .training = training});                            // (N, C), vectors
+    expect_matches_composed({.shape = {3, 4, 10}, .training = training});                          // (N, C, L)
+    expect_matches_composed({.shape = {3, 4, 10}, .training = training, .dtype = DType::Float64});
+  }
+}
+
+TEST_F(CudaBatchNorm, WithoutAffineOrRunningStatistics) {
+  expect_matches_composed({.shape = {4, 3, 6, 6}, .affine = false});
+  expect_matches_composed({.shape = {4, 3, 6, 6}, .running = false});
+  expect_matches_composed({.shape = {4, 8, 3, 3}, .channels_last = true, .affine = false, .running = false});
+}
+
+TEST_F(CudaBatchNorm, SixteenBitInputsWithFloat32Parameters) {
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    for (bool training : {true, false}) {
+      expect_matches_composed({.shape = {4, 8, 6, 6}, .training = training, .dtype = dt});
+      expect_matches_composed({.shape = {4, 16, 6, 6}, .channels_last = true, .training = training, .dtype = dt});
+      expect_matches_composed({.shape = {4, 6, 5, 3}, .channels_last = true, .training = training, .dtype = dt});
+      expect_matches_composed({.shape = {32, 24}, .training = training, .dtype = dt});
+    }
+  }
+}
+
+TEST_F(CudaBatchNorm, FusedReluMasksTheGradientByTheOutput) {
+  for (bool training : {true, false}) {
+    expect_matches_composed({.shape = {4, 6, 5, 7}, .training = training, .relu = true});
+    expect_matches_composed({.shape = {4, 16, 4, 4}, .channels_last = true, .training = training, .relu = true});
+    expect_matches_composed({.shape = {16, 8}, .training = training, .relu = true, .dtype = DType::Float64});
+  }
+}
+
+// N * H * W > 1e6 values per channel: the reduction splits over many blocks and merges them in a second pass.
+// An offset mean (|mean| >> std) checks the merged Welford statistics keep float32 accuracy.
+TEST_F(CudaBatchNorm, LargeInputsUseTheSplitReduction) {
+  expect_matches_composed({.shape = {20, 3, 256, 256}, .lo = 10, .hi = 12});
+  expect_matches_composed({.shape = {20, 4, 128, 128}, .channels_last = true, .lo = 10, .hi = 12});
+  expect_matches_composed({.shape = {1 << 20, 2}, .lo = -3, .hi = 1});
+  BnCase half{.shape = {16, 4, 128, 128}, .channels_last = true, .dtype = DType::BFloat16};
+  expect_matches_composed(half);
+}
+
+TEST_F(CudaBatchNorm, IsDeterministic) {
+  const BnCase k{.shape = {32, 3, 64, 64}};
+  const BnData d = make_data(k);
+  const BnOut a = run(k, d, Device::cuda(0), DType::Float32, DType::Float32);
+  const BnOut b = run(k, d, Device::cuda(0), DType::Float32, DType::Float32);
+  EXPECT_EQ(values(a.y), values(b.y));
+  EXPECT_EQ(values(a.gx), values(b.gx));
+  EXPECT_EQ(values(a.gw), values(b.gw));
+  EXPECT_EQ(values(a.rv), values(b.rv));
+}
+
+TEST_F(CudaBatchNorm, AutocastKeepsTheInputDtype) {
+  const BnCase k{.shape = {4, 8, 6, 6}, .dtype = DType::BFloat16};
+  const BnData d = make_data(k);
+  Tensor x = make(d.x, k.shape, {.dtype = DType::BFloat16, .device = Device::cuda(0)});
+  Tensor w = make(d.w, {8}, {.device = Device::cuda(0)}), b = make(d.b, {8}, {.device = Device::cuda(0)});
+  autocast::Guard guard(DeviceType::CUDA, DType::BFloat16);
+  Tensor y = nn::batch_norm(x, {}, {}, w, b, true);
+  EXPECT_EQ(y.dtype(), DType::BFloat16);
+}
+
+TEST_F(CudaBatchNorm, NoNewCudaMallocOnceWarm) {
+  const BnCase k{.shape = {8, 16, 16, 16}, .channels_last = true};
+  const BnData d = make_data(k);
+  run(k, d, Device::cuda(0), DType::Float32, DType::Float32);  // warm-up
+  const int64_t mallocs = cuda::memory_stats(0).num_device_mallocs;
+  for (int i = 0; i < 3; ++i) run(k, d, Device::cuda(0), DType::Float32, DType::Float32);
+  EXPECT_EQ(cuda::memory_stats(0).num_device_mallocs, mallocs);
+}
+
+// ---------------------------------------------------------------- batch_norm_relu on every device
+
+class BatchNormReluTest : public BackendTest {};
+
+TEST_P(BatchNormReluTest, IsTheReluOfBatchNormAgainstAHandReference) {
+  const int64_t n = 3, c = 2, l = 4;
+  const auto xv = uniform(n * c * l, -2, 2, 31), wv = uniform(c, 0.5, 1.5, 32), bv = uniform(c, -1, 1, 33);
+  std::vector<double> mean(c, 0), var(c, 0);
+  for (int64_t i = 0; i < n * c * l; ++i) mean[(i / l) % c] += xv[i] / (n * l);
+  for (int64_t i = 0; i < n * c * l; ++i) var[(i / l) % c] += std::pow(xv[i] - mean[(i / l) % c], 2) / (n * l);
+  std::vector<double> ref(xv.size()), ref_eval(xv.size());
+  const double rm[2] = {0.25, -0.5}, rv[2] = {1.5, 0.75};
+  for (int64_t i = 0; i < n * c * l; ++i) {
+    const int64_t k = (i / l) % c;
+    ref[i] = std::max(0.0, (xv[i] - mean[k]) / std::sqrt(var[k] + 1e-5) * wv[k] + bv[k]);
+    ref_eval[i] = std::max(0.0, (xv[i] - rm[k]) / std::sqrt(rv[k] + 1e-5) * wv[k] + bv[k]);
+  }
+  const Tensor x = make(xv, {n, c, l}, opts()), w = make(wv, {c}, opts()), b = make(bv, {c}, opts());
+  Tensor running_mean = make({0.25, -0.5}, {2}, opts()), running_var = make({1.5, 0.75}, {2}, opts());
+  expect_values(nn::batch_norm_relu(x, running_mean, running_var, w, b, /*training=*/false), {n, c, l}, ref_eval,
+                1e-5, 1e-5);
+  expect_values(nn::batch_norm_relu(x, running_mean, running_var, w, b, /*training=*/true, 0.5), {n, c, l}, ref, 1e-5,
+                1e-5);
+  const double unbias = static_cast<double>(n * l) / static_cast<double>(n * l - 1);
+  expect_values(running_mean, {2}, {0.5 * 0.25 + 0.5 * mean[0], 0.5 * -0.5 + 0.5 * mean[1]}, 1e-5, 1e-6);
+  expect_values(running_var, {2}, {0.5 * 1.5 + 0.5 * var[0] * unbias, 0.5 * 0.75 + 0.5 * var[1] * unbias}, 1e-5,
+                1e-6);
+}
+
+KILN_INSTANTIATE_BACKENDS(BatchNormReluTest);
+
+TEST(BatchNormRelu, Gradients) {
+  // Inputs away from the kink: y = 0 exactly has no derivative.
+  check_gradients(
+      [](const TensorList& in) {
+        const TensorOptions on = {.dtype = DType::Float64, .device = in[0].device()};
+        return TensorList{nn::batch_norm_relu(in[0], zeros({3}, on), ones({3}, on), in[1], in[2], true)};
+      },
+      {make_input({4, 3, 2}, -2, 2, 41), make_input({3}, 0.5, 1.5, 42), make_input({3}, -1, 1, 43)});
+  check_gradients(
+      [](const TensorList& in) {
+        const TensorOptions on = {.dtype = DType::Float64, .device = in[0].device()};
+        return TensorList{nn::batch_norm_relu(in[0], full({3}, 0.1, on), full({3}, 0.8, on), in[1], in[2], false)};
+      },
+      {make_input({4, 3, 2, 2}, -2, 2, 44), make_input({3}, 0.5, 1.5, 45), make_input({3}, -1, 1, 46)});
+}
+
+}  // namespace
+}  // namespace kiln::testing
