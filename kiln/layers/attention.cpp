@@ -213,7 +213,19 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
       c.bias = additive.expand(bias_shape).clamp(kMaskedBias, std::nullopt).contiguous();
     }
   }
-  cuda_impl::fused_attention_supported(c.q, c.k, c.v, c.bias, c.cfg, &c.why_not);
+  if (!cuda_impl::fused_attention_supported(c.q, c.k, c.v, c.bias, c.cfg, &c.why_not) && c.bias.defined()) {
+    // Some cuDNN versions refuse a bias broadcast over the batch or the heads: try it expanded in memory.
+    const Shape full{c.q.size(0), c.q.size(1), L, S};
+    if (c.bias.shape() != full) {
+      NoGradGuard no_grad;
+      Tensor expanded = materialize ? c.bias.expand(full).contiguous() : ops::empty(full, c.bias.options());
+      std::string why_expanded;
+      if (cuda_impl::fused_attention_supported(c.q, c.k, c.v, expanded, c.cfg, &why_expanded)) {
+        c.bias = expanded;
+        c.why_not.clear();
+      }
+    }
+  }
   return c;
 }
 

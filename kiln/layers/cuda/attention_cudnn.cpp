@@ -23,8 +23,8 @@ namespace kiln::nn::cuda_impl {
 
 bool fused_attention_compiled() { return false; }
 
-bool fused_attention_supported(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               const FusedAttentionConfig&, std::string* why_not) {
+bool fused_attention_supported(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const FusedAttentionConfig&,
+                               std::string* why_not) {
   if (why_not != nullptr) *why_not = "kiln was built without cudnn-frontend (run scripts/setup.sh and reconfigure)";
   return false;
 }
@@ -34,8 +34,8 @@ FusedAttentionForward fused_attention_forward(const Tensor&, const Tensor&, cons
   throw NotImplementedError("scaled_dot_product_attention: kiln was built without cudnn-frontend");
 }
 
-FusedAttentionGrads fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                             const Tensor&, const Tensor&, const Tensor&, const FusedAttentionConfig&,
+FusedAttentionGrads fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                             const Tensor&, const Tensor&, const FusedAttentionConfig&,
                                              FusedAttentionDropout) {
   throw NotImplementedError("scaled_dot_product_attention: kiln was built without cudnn-frontend");
 }
@@ -321,8 +321,7 @@ const GraphEntry& runnable(const std::shared_ptr<const GraphEntry>& entry, const
 FusedAttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                                               const FusedAttentionConfig& cfg, FusedAttentionDropout dropout) {
   const std::string why = static_why_not(q, k, v, bias, cfg);
-  KILN_CHECK(why.empty(), kOp, ": unsupported input (", why, "); shapes ", q.shape(), ", ", k.shape(), ", ",
-             v.shape());
+  KILN_CHECK(why.empty(), kOp, ": unsupported input (", why, "); shapes ", q.shape(), ", ", k.shape(), ", ", v.shape());
   auto entry = graph_for(false, q, k, v, bias, cfg);
   const GraphEntry& graph = runnable(entry, "forward");
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Ev = v.size(3);
@@ -366,9 +365,10 @@ FusedAttentionGrads fused_attention_backward(const Tensor& q, const Tensor& k, c
   }
   FusedAttentionGrads grads{empty_bxhd(B, H, L, E, q.options()), empty_bxhd(B, H, S, E, q.options()),
                             empty_bxhd(B, H, S, Ev, q.options())};
-  std::unordered_map<int64_t, void*> pack{{kQ, q.data_ptr()},       {kK, k.data_ptr()},        {kV, v.data_ptr()},
-                                          {kO, out.data_ptr()},     {kDO, d_o.data_ptr()},     {kStats, stats.data_ptr()},
-                                          {kDQ, grads.dq.data_ptr()}, {kDK, grads.dk.data_ptr()}, {kDV, grads.dv.data_ptr()}};
+  std::unordered_map<int64_t, void*> pack{
+      {kQ, q.data_ptr()},         {kK, k.data_ptr()},         {kV, v.data_ptr()},
+      {kO, out.data_ptr()},       {kDO, d_o.data_ptr()},      {kStats, stats.data_ptr()},
+      {kDQ, grads.dq.data_ptr()}, {kDK, grads.dk.data_ptr()}, {kDV, grads.dv.data_ptr()}};
   if (bias.defined()) pack[kBias] = bias.data_ptr();
   std::vector<Tensor> keep;
   if (cfg.dropout_p > 0) add_dropout_tensors(pack, keep, q, dropout);
