@@ -1,14 +1,24 @@
 // Scaled dot-product attention and MultiheadAttention (attention.h), composed of differentiable ops.
 #include "kiln/layers/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
+#include "kiln/autograd/autocast.h"   // autocast::inputs (the fused path casts its own inputs)
+#include "kiln/autograd/function.h"   // autograd::Function for the fused path
 #include "kiln/autograd/grad_mode.h"  // NoGradGuard for the fully-masked-row test
 #include "kiln/layers/functional.h"   // nn::linear, nn::dropout
 #include "kiln/layers/init.h"         // xavier_uniform_, zeros_
+#include "kiln/tensor/cuda.h"         // cuda::is_available
 #include "kiln/tensor/error.h"        // KILN_CHECK
+#include "kiln/tensor/ops.h"          // ops::* inside the fused path's forward and backward
+#if KILN_WITH_CUDA
+#include "kiln/layers/cuda/attention_cudnn.h"  // cuDNN's fused attention (no CUDA header)
+#endif
 
 namespace kiln::nn {
 namespace {
@@ -94,10 +104,212 @@ AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q, const
   return {matmul(probs, v), probs};  // (..., L, S) x (..., S, Ev) -> (..., L, Ev)
 }
 
+// ---------------------------------------------------------------- the fused GPU path
+namespace {
+
+#if KILN_WITH_CUDA
+// Masked entries inside cuDNN: finite, so a row with every key masked gives finite probabilities (and
+// gradients) that are then zeroed, never NaN; exp(-30000 - max) is exactly 0 in float32 for any real score.
+constexpr double kMaskedBias = -30000.0;
+
+// One call on the fused path: q, k, v as (B, H, L|S, E|Ev) after autocast, the mask as a bias, the rows to
+// zero; or why the call takes the math path.
+struct FusedCall {
+  Tensor q, k, v;   // (B, H, L, E), (B, H, S, E), (B, H, S, Ev), differentiable views of the caller's tensors
+  Tensor bias;      // (B|1, H|1, L, S) contiguous in q's dtype, or undefined
+  Tensor dead;      // (B|1, H|1, L|1, 1) Bool: rows without any allowed key, zeroed; or undefined
+  Shape out_shape;  // the caller's leading dims + (L, Ev)
+  cuda_impl::FusedAttentionConfig cfg;
+  Generator* generator = nullptr;
+  std::string why_not;  // empty: the fused path runs
+};
+
+// (..., X, D) with 0 to 2 leading dims -> (B, H, X, D): (N, X, D) is (N, 1, X, D), (X, D) is (1, 1, X, D).
+Tensor to_4d(const Tensor& t) {
+  if (t.dim() == 3) return unsqueeze(t, 1);
+  if (t.dim() == 2) return unsqueeze(unsqueeze(t, 0), 0);
+  return t;
+}
+
+// A differentiable copy of t with contiguous, 16-byte aligned rows when t's are not (cuDNN needs them).
+Tensor rows_aligned(const Tensor& t) {
+  bool ok = t.stride(-1) == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int64_t d = 0; ok && d + 1 < t.dim(); ++d) {
+    ok = t.size(d) == 1 || (t.stride(d) * static_cast<int64_t>(t.element_size())) % 16 == 0;
+  }
+  return ok ? t : clone(t, MemoryFormat::Contiguous);
+}
+
+// materialize = false only answers whether the fused path would run (the bias is left uninitialised).
+FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const AttentionOptions& o,
+                     bool materialize) {
+  FusedCall c;
+  if (!q0.is_cuda()) {
+    c.why_not = "not on a GPU";
+    return c;
+  }
+  if (!cuda_impl::fused_attention_compiled()) {
+    c.why_not = "kiln was built without cudnn-frontend";
+    return c;
+  }
+  auto [q, k, v] = autocast::inputs(autocast::Op::Attention, q0, k0, v0);
+  if (q.dtype() != DType::Float16 && q.dtype() != DType::BFloat16) {
+    c.why_not = ::kiln::detail::str_cat("cuDNN's fused attention takes Float16 or BFloat16, not ", q.dtype());
+    return c;
+  }
+  const int64_t lead = q.dim() - 2;
+  if (lead > 2 || k.dim() != q.dim() || v.dim() != q.dim() ||
+      !std::equal(q.shape().begin(), q.shape().begin() + lead, k.shape().begin()) ||
+      !std::equal(q.shape().begin(), q.shape().begin() + lead, v.shape().begin())) {
+    c.why_not = "query, key and value must share 0 to 2 leading dims (no broadcasting)";
+    return c;
+  }
+  const int64_t L = q.size(-2), S = k.size(-2), E = q.size(-1);
+  const Tensor& m = o.attn_mask;
+  if (m.defined()) {
+    if (m.requires_grad()) {
+      c.why_not = "attn_mask requires grad (the fused path gives no mask gradient)";
+      return c;
+    }
+    Shape scores(q.shape().begin(), q.shape().begin() + lead);
+    scores.insert(scores.end(), {L, S});
+    if (!broadcasts_to(m.shape(), scores)) {
+      c.why_not = "attn_mask does not broadcast to the scores";  // the math path raises the error
+      return c;
+    }
+  }
+  c.q = rows_aligned(to_4d(q));
+  c.k = rows_aligned(to_4d(k));
+  c.v = rows_aligned(to_4d(v));
+  c.out_shape = Shape(q.shape().begin(), q.shape().end() - 1);
+  c.out_shape.push_back(v.size(-1));
+  c.cfg.scale = o.scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
+  c.cfg.dropout_p = o.dropout_p;
+  c.cfg.causal = o.is_causal;
+  c.cfg.with_stats = GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  c.generator = o.generator;
+
+  if (m.defined()) {
+    NoGradGuard no_grad;
+    Tensor m4 = m.detach();
+    while (m4.dim() < q.dim()) m4 = m4.unsqueeze(0);
+    m4 = to_4d(m4);  // (B|1, H|1, L|1, S|1)
+    const Shape bias_shape{m4.size(0), m4.size(1), L, S};
+    if (!materialize) {
+      c.bias = ops::empty(bias_shape, c.q.options());
+    } else {
+      // -inf where a key is forbidden, the mask's values where it is floating: (B|1, H|1, L|1, S|1).
+      Tensor additive = m4.dtype() == DType::Bool
+                            ? ops::zeros(m4.shape(), c.q.options()).masked_fill(m4.logical_not(), kNegInf)
+                            : m4.to(q.dtype());
+      // Rows with no allowed key once the causal mask is applied too; the math path gives them zeros.
+      Tensor scores = additive.expand({m4.size(0), m4.size(1), m4.size(2), S});
+      if (o.is_causal) {
+        const TensorOptions index{.dtype = DType::Int64, .device = q.device()};
+        Tensor forbidden = ops::arange(S, index).unsqueeze(0).gt(ops::arange(L, index).unsqueeze(1));  // (L, S)
+        scores = scores.expand({m4.size(0), m4.size(1), L, S}).masked_fill(forbidden, kNegInf);
+      }
+      c.dead = eq(amax(scores, {-1}, true), kNegInf);
+      c.bias = additive.expand(bias_shape).clamp(kMaskedBias, std::nullopt).contiguous();
+    }
+  }
+  if (!cuda_impl::fused_attention_supported(c.q, c.k, c.v, c.bias, c.cfg, &c.why_not) && c.bias.defined()) {
+    // Some cuDNN versions refuse a bias broadcast over the batch or the heads: try it expanded in memory.
+    const Shape full{c.q.size(0), c.q.size(1), L, S};
+    if (c.bias.shape() != full) {
+      NoGradGuard no_grad;
+      Tensor expanded = materialize ? c.bias.expand(full).contiguous() : ops::empty(full, c.bias.options());
+      std::string why_expanded;
+      if (cuda_impl::fused_attention_supported(c.q, c.k, c.v, expanded, c.cfg, &why_expanded)) {
+        c.bias = expanded;
+        c.why_not.clear();
+      }
+    }
+  }
+  return c;
+}
+
+// The philox key of one dropout draw for cuDNN: kiln's (seed, offset) mixed into one 64-bit key (splitmix64),
+// so consecutive draws use unrelated streams whatever cuDNN does with its offset (kept 0).
+cuda_impl::FusedAttentionDropout dropout_draw(const FusedCall& c, Device device) {
+  if (c.cfg.dropout_p <= 0) return {};
+  Generator& gen = c.generator != nullptr ? *c.generator : default_generator(device);
+  const GeneratorState draw = gen.next_draw();
+  uint64_t z = draw.seed + 0x9E3779B97F4A7C15ULL * (draw.offset + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  return {static_cast<int64_t>(z), 0};
+}
+
+// What the node keeps besides its saved tensors.
+struct FusedState {
+  Tensor bias, dead;
+  cuda_impl::FusedAttentionConfig cfg;
+  cuda_impl::FusedAttentionDropout dropout;
+};
+
+struct FusedAttention : autograd::Function<FusedAttention> {
+  // q (B, H, L, E), k (B, H, S, E), v (B, H, S, Ev) -> (B, H, L, Ev)
+  static Tensor forward(autograd::Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const FusedState& state) {
+    cuda_impl::FusedAttentionForward f =
+        cuda_impl::fused_attention_forward(q, k, v, state.bias, state.cfg, state.dropout);
+    // Rows without an allowed key: zeros, as the math path. Zeroing O in place is also right for backward,
+    // which reads O only through rowsum(dO * O), and dO is zeroed on those rows.
+    if (state.dead.defined()) f.out.masked_fill_(state.dead, 0.0);
+    ctx.save_for_backward({q, k, v, f.out, f.stats});
+    ctx.set("state", state);
+    return f.out;
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const autograd::TensorList saved = ctx.saved();
+    const auto state = ctx.get<FusedState>("state");
+    Tensor d_out = grads[0];
+    if (state.dead.defined()) d_out = ops::masked_fill(d_out, state.dead, 0.0);
+    cuda_impl::FusedAttentionGrads g = cuda_impl::fused_attention_backward(
+        saved[0], saved[1], saved[2], saved[3], d_out, saved[4], state.bias, state.cfg, state.dropout);
+    return {g.dq, g.dk, g.dv};
+  }
+};
+#endif  // KILN_WITH_CUDA
+
+}  // namespace
+
+AttentionBackend attention_backend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                                   std::string* why_not) {
+  check_attention_inputs(q, k, v, options);
+#if KILN_WITH_CUDA
+  const FusedCall c = plan_fused(q, k, v, options, /*materialize=*/false);
+  if (why_not != nullptr) *why_not = c.why_not;
+  return c.why_not.empty() ? AttentionBackend::CudnnFused : AttentionBackend::Math;
+#else
+  if (why_not != nullptr) *why_not = "kiln was built without CUDA";
+  return AttentionBackend::Math;
+#endif
+}
+
+bool fused_attention_available() {
+#if KILN_WITH_CUDA
+  return cuda_impl::fused_attention_compiled() && cuda::is_available();
+#else
+  return false;
+#endif
+}
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options) {
-  // The place for a fused GPU kernel (cuDNN / flash attention), chosen per device, dtype and shape; until
-  // then every device takes the math path.
+#if KILN_WITH_CUDA
+  if (q.defined() && q.is_cuda()) {
+    check_attention_inputs(q, k, v, options);
+    FusedCall c = plan_fused(q, k, v, options, /*materialize=*/true);
+    if (c.why_not.empty()) {
+      const FusedState state{c.bias, c.dead, c.cfg, dropout_draw(c, q.device())};
+      Tensor out = FusedAttention::apply(c.q, c.k, c.v, state);  // (B, H, L, Ev)
+      return out.shape() == c.out_shape ? out : reshape(out, c.out_shape);
+    }
+  }
+#endif
   return scaled_dot_product_attention_with_weights(q, k, v, options).output;
 }
 

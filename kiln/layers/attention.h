@@ -8,14 +8,29 @@
 //   auto mha = std::make_shared<nn::MultiheadAttention>(256, 8);   // batch_first: (N, L, E)
 //   auto [out, weights] = mha->forward(x, x, x, padding /* Bool (N, S), true = padding */, {}, true);
 //
-// The math path composes differentiable ops (softmax(q k^T * scale + mask) -> dropout -> @ v), so its
-// gradients come from autograd. scaled_dot_product_attention is the one entry point: a fused GPU kernel
-// (cuDNN / flash attention) is to be selected inside it for supported devices, dtypes and shapes, with the
-// same semantics, so callers (MultiheadAttention, BERT) need not change.
+// scaled_dot_product_attention is the one entry point, with two implementations chosen per call
+// (attention_backend() says which one a call takes):
+// - the math path composes differentiable ops (softmax(q k^T * scale + mask) -> dropout -> @ v), so its
+//   gradients come from autograd. Every device and dtype; the reference.
+// - cuDNN's fused flash attention (AttentionBackend::CudnnFused), on GPUs when kiln was built with
+//   cudnn-frontend: after autocast (Op::Attention: float16/bfloat16 inside an autocast region) the inputs
+//   must be Float16 or BFloat16 (cuDNN has no fused float32 attention: float32/float64 take the math path),
+//   with 2 to 4 dims, q, k and v sharing their leading dims (no broadcasting), head dims E and Ev multiples
+//   of 8 and at most 128, and an attn_mask that does not require grad. Differences from the math path:
+//   * rows in which every key is masked still give zeros (and zero gradients): the fused path finds them
+//     from the mask (a row of -inf after the causal mask) and zeroes them, matching the math path exactly;
+//   * masked entries (Bool false, or -inf) become a large finite negative bias (-30000) inside cuDNN, and
+//     floating mask values below -30000 are raised to it (exp(-30000) is 0 in float32 either way);
+//   * dropout draws its mask from cuDNN's own Philox stream keyed by one draw of the generator: the same
+//     generator state gives the same mask on the fused path, but not the mask the math path would draw
+//     (as with PyTorch's fused kernels);
+//   * the output is laid out (N, L, H, Ev) in memory (seen as (N, H, L, Ev)), so merging the heads is a view.
+// Callers (MultiheadAttention, BERT) need not change.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "kiln/layers/layers.h"     // nn::Linear
 #include "kiln/layers/module.h"     // nn::Module
@@ -42,6 +57,16 @@ struct AttentionOptions {
 // math path (_safe_softmax) and what padding on both sides of a causal mask needs.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options = {});
+
+// Which implementation scaled_dot_product_attention takes for these arguments in the current grad and
+// autocast mode (on a GPU this may build and cache cuDNN's graphs). With why_not, the reason the fused path
+// was not taken.
+enum class AttentionBackend { Math, CudnnFused };
+AttentionBackend attention_backend(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const AttentionOptions& options = {}, std::string* why_not = nullptr);
+// Whether this build and machine can run the fused path at all (built with CUDA and cudnn-frontend, a GPU
+// visible).
+bool fused_attention_available();
 
 // The same computation, also returning the attention probabilities (..., L, S) after dropout (what
 // MultiheadAttention reports when asked for weights). Always the math path.

@@ -1,0 +1,371 @@
+// scaled_dot_product_attention's fused GPU path (cuDNN through cudnn-frontend) against the math path run in
+// float64 on the CPU with the same (float16/bfloat16-rounded) inputs: outputs and dq/dk/dv for BERT-like
+// shapes, L != S, causal, additive biases, Bool key-padding masks (fully masked rows too), scale, float16 and
+// bfloat16, 3-d inputs and autocast; which path runs; dropout (mask fraction, scaling, gradients against the
+// mask the kernel drew, same-seed replay); no cudaMalloc once warm. Skipped without a GPU or without
+// cudnn-frontend in the build.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kiln/autograd/autocast.h"
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/layers/attention.h"
+#include "kiln/tensor/cuda.h"
+#include "kiln/tensor/generator.h"
+#include "kiln/tensor/ops.h"
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+constexpr Device kGpu = Device::cuda(0);
+
+#define SKIP_WITHOUT_FUSED_ATTENTION()                                                 \
+  do {                                                                                 \
+    if (!::kiln::nn::fused_attention_available())                                      \
+      GTEST_SKIP() << "needs a GPU and a build with cudnn-frontend (fused attention)"; \
+  } while (false)
+
+// A leaf on the GPU in `dtype` with values uniform in [lo, hi).
+Tensor gpu_leaf(const Shape& shape, DType dtype, uint64_t seed, double lo = -1, double hi = 1) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  Tensor t = make(uniform(n, lo, hi, seed), shape, {.dtype = dtype, .device = kGpu});
+  t.requires_grad_();
+  return t;
+}
+
+// The same values as a float64 CPU leaf (the reference's input).
+Tensor reference_leaf(const Tensor& t) {
+  Tensor r = t.detach().cpu().to(DType::Float64);
+  r.requires_grad_();
+  return r;
+}
+
+// max |actual - expected| <= tol * max(max |expected|, 1e-2): a tolerance relative to the tensor's scale,
+// which is what 16-bit rounding of inputs and outputs gives. NaN anywhere fails.
+void expect_close(const Tensor& actual, const Tensor& expected, double tol, const std::string& what) {
+  ASSERT_TRUE(actual.defined()) << what << " is undefined";
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  const std::vector<double> a = values(actual), e = values(expected);
+  double err = 0, scale = 1e-2;
+  size_t worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_FALSE(std::isnan(a[i])) << what << ": NaN at " << i;
+    scale = std::max(scale, std::abs(e[i]));
+    if (std::abs(a[i] - e[i]) > err) {
+      err = std::abs(a[i] - e[i]);
+      worst = i;
+    }
+  }
+  EXPECT_LE(err, tol * scale) << what << ": worst element " << worst << " is " << a[worst] << ", expected " << e[worst]
+                              << " (scale " << scale << ")";
+}
+
+struct Tolerance {
+  double out, grad;
+};
+Tolerance tolerance(DType dtype) { return dtype == DType::BFloat16 ? Tolerance{3e-2, 5e-2} : Tolerance{8e-3, 2e-2}; }
+
+// Runs the fused path (asserting it is the one chosen) and the float64 CPU math path on the same values,
+// and compares the outputs and the gradients of q, k and v.
+void compare_with_math(const Tensor& q, const Tensor& k, const Tensor& v, const nn::AttentionOptions& options,
+                       const std::string& what) {
+  std::string why;
+  ASSERT_EQ(nn::attention_backend(q, k, v, options, &why), nn::AttentionBackend::CudnnFused) << what << ": " << why;
+  Tensor out = nn::scaled_dot_product_attention(q, k, v, options);
+  ASSERT_EQ(out.dtype(), q.dtype()) << what;
+  Tensor grad_out = make(uniform(out.numel(), -1, 1, 99), out.shape(), {.dtype = out.dtype(), .device = kGpu});
+  out.backward(grad_out);
+
+  Tensor q64 = reference_leaf(q), k64 = reference_leaf(k), v64 = reference_leaf(v);
+  nn::AttentionOptions ref = options;
+  if (ref.attn_mask.defined()) ref.attn_mask = ref.attn_mask.cpu();
+  Tensor out64 = nn::scaled_dot_product_attention(q64, k64, v64, ref);
+  out64.backward(grad_out.cpu().to(DType::Float64));
+
+  const Tolerance tol = tolerance(q.dtype());
+  expect_close(out, out64, tol.out, what + " output");
+  expect_close(q.grad(), q64.grad(), tol.grad, what + " dq");
+  expect_close(k.grad(), k64.grad(), tol.grad, what + " dk");
+  expect_close(v.grad(), v64.grad(), tol.grad, what + " dv");
+}
+
+class CudaAttentionFused : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_FUSED_ATTENTION(); }
+  DType dtype() const { return GetParam(); }
+};
+
+TEST_P(CudaAttentionFused, BertShapes) {
+  // (N, H, L, E) = (2, 4, 128, 64), as one BERT-base-like layer with fewer heads.
+  compare_with_math(gpu_leaf({2, 4, 128, 64}, dtype(), 1), gpu_leaf({2, 4, 128, 64}, dtype(), 2),
+                    gpu_leaf({2, 4, 128, 64}, dtype(), 3), {}, "bert");
+}
+
+TEST_P(CudaAttentionFused, QueryAndKeyLengthsDifferAndValueDimDiffers) {
+  compare_with_math(gpu_leaf({2, 3, 64, 32}, dtype(), 4), gpu_leaf({2, 3, 96, 32}, dtype(), 5),
+                    gpu_leaf({2, 3, 96, 16}, dtype(), 6), {}, "L != S, Ev != E");
+}
+
+TEST_P(CudaAttentionFused, Causal) {
+  compare_with_math(gpu_leaf({2, 2, 128, 64}, dtype(), 7), gpu_leaf({2, 2, 128, 64}, dtype(), 8),
+                    gpu_leaf({2, 2, 128, 64}, dtype(), 9), {.is_causal = true}, "causal");
+}
+
+TEST_P(CudaAttentionFused, CausalTopLeftWhenLAndSDiffer) {
+  // Query i sees keys j <= i counted from the top-left corner, with L < S and L > S.
+  compare_with_math(gpu_leaf({1, 2, 64, 64}, dtype(), 10), gpu_leaf({1, 2, 128, 64}, dtype(), 11),
+                    gpu_leaf({1, 2, 128, 64}, dtype(), 12), {.is_causal = true}, "causal L < S");
+  compare_with_math(gpu_leaf({1, 2, 128, 64}, dtype(), 13), gpu_leaf({1, 2, 64, 64}, dtype(), 14),
+                    gpu_leaf({1, 2, 64, 64}, dtype(), 15), {.is_causal = true}, "causal L > S");
+}
+
+TEST_P(CudaAttentionFused, AdditiveBias) {
+  // A full (N, H, L, S) bias, and one broadcast over the batch (1, H, L, S), in float32 (cast like the math
+  // path does) with some -inf entries.
+  const Shape qs{2, 2, 64, 64};
+  Tensor full_bias = make(uniform(2 * 2 * 64 * 64, -2, 2, 20), {2, 2, 64, 64}, {.device = kGpu});
+  compare_with_math(gpu_leaf(qs, dtype(), 21), gpu_leaf(qs, dtype(), 22), gpu_leaf(qs, dtype(), 23),
+                    {.attn_mask = full_bias}, "bias (N, H, L, S)");
+  std::vector<double> b = uniform(2 * 64 * 64, -1, 1, 24);
+  for (size_t i = 0; i < b.size(); i += 7) b[i] = -kInf;  // never a whole row: 64 is not a multiple of 7
+  Tensor head_bias = make(b, {1, 2, 64, 64}, {.device = kGpu});
+  compare_with_math(gpu_leaf(qs, dtype(), 25), gpu_leaf(qs, dtype(), 26), gpu_leaf(qs, dtype(), 27),
+                    {.attn_mask = head_bias}, "bias (1, H, L, S) with -inf");
+}
+
+// A Bool key-padding mask (N, 1, 1, S): true = may attend. Batch 0 keeps its first `keep0` keys, batch 1 none.
+Tensor key_padding(int64_t N, int64_t S, int64_t keep0, bool padded_at_start = false) {
+  std::vector<double> allowed(static_cast<size_t>(N * S), 0.0);
+  for (int64_t j = 0; j < keep0; ++j) allowed[padded_at_start ? S - 1 - j : j] = 1.0;
+  return make(allowed, {N, 1, 1, S}, {.dtype = DType::Bool, .device = kGpu});
+}
+
+TEST_P(CudaAttentionFused, BoolKeyPaddingMaskWithFullyMaskedRows) {
+  // Batch 1 has every key masked: the math path gives zero outputs and gradients there, and so must the
+  // fused path.
+  const Shape qs{2, 4, 128, 64};
+  compare_with_math(gpu_leaf(qs, dtype(), 30), gpu_leaf(qs, dtype(), 31), gpu_leaf(qs, dtype(), 32),
+                    {.attn_mask = key_padding(2, 128, 100)}, "key padding");
+}
+
+TEST_P(CudaAttentionFused, PaddingAtTheStartWithCausalLeavesDeadRows) {
+  // Keys 0..39 padded and a causal mask: queries 0..39 see no key at all.
+  const Shape qs{2, 2, 128, 64};
+  compare_with_math(gpu_leaf(qs, dtype(), 33), gpu_leaf(qs, dtype(), 34), gpu_leaf(qs, dtype(), 35),
+                    {.attn_mask = key_padding(2, 128, 88, /*padded_at_start=*/true), .is_causal = true},
+                    "padding + causal");
+}
+
+TEST_P(CudaAttentionFused, Scale) {
+  const Shape qs{2, 2, 64, 64};
+  compare_with_math(gpu_leaf(qs, dtype(), 40), gpu_leaf(qs, dtype(), 41), gpu_leaf(qs, dtype(), 42), {.scale = 0.37},
+                    "scale");
+}
+
+TEST_P(CudaAttentionFused, ThreeDimensionalInputsAndStridedViews) {
+  // (N, L, E) inputs are (N, 1, L, E); and q as a transposed view of (N, L, H, E) memory, as
+  // MultiheadAttention makes them.
+  compare_with_math(gpu_leaf({3, 64, 32}, dtype(), 43), gpu_leaf({3, 80, 32}, dtype(), 44),
+                    gpu_leaf({3, 80, 32}, dtype(), 45), {}, "3-d");
+  Tensor base = gpu_leaf({2, 64, 4, 32}, dtype(), 46);
+  Tensor q = base.detach().transpose(1, 2);  // (2, 4, 64, 32), rows contiguous, heads interleaved
+  q.requires_grad_();
+  compare_with_math(q, gpu_leaf({2, 4, 64, 32}, dtype(), 47), gpu_leaf({2, 4, 64, 32}, dtype(), 48), {}, "strided q");
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAttentionFused, ::testing::Values(DType::Float16, DType::BFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return info.param == DType::Float16 ? std::string("Float16") : std::string("BFloat16");
+                         });
+
+// ---------------------------------------------------------------- which path runs
+
+TEST(CudaAttentionBackend, ChoosesTheFusedPathOnlyWhereItApplies) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const Shape qs{2, 2, 64, 64};
+  Tensor q32 = gpu_leaf(qs, DType::Float32, 50), k32 = gpu_leaf(qs, DType::Float32, 51),
+         v32 = gpu_leaf(qs, DType::Float32, 52);
+  std::string why;
+  // float32 outside autocast: cuDNN has no fused float32 attention.
+  EXPECT_EQ(nn::attention_backend(q32, k32, v32, {}, &why), nn::AttentionBackend::Math);
+  EXPECT_FALSE(why.empty());
+  // CPU tensors never take it.
+  EXPECT_EQ(nn::attention_backend(q32.cpu(), k32.cpu(), v32.cpu()), nn::AttentionBackend::Math);
+  if (!nn::fused_attention_available()) return;
+  // Inside a bfloat16 autocast region the same float32 tensors are cast and take it.
+  {
+    autocast::Guard cast(DeviceType::CUDA, DType::BFloat16);
+    EXPECT_EQ(nn::attention_backend(q32, k32, v32, {}, &why), nn::AttentionBackend::CudnnFused) << why;
+  }
+  Tensor q = gpu_leaf(qs, DType::Float16, 53), k = gpu_leaf(qs, DType::Float16, 54),
+         v = gpu_leaf(qs, DType::Float16, 55);
+  EXPECT_EQ(nn::attention_backend(q, k, v, {}, &why), nn::AttentionBackend::CudnnFused) << why;
+  // A head dim that is not a multiple of 8, a mask that requires grad, broadcast batch dims: math path.
+  Tensor q20 = gpu_leaf({2, 2, 64, 20}, DType::Float16, 56), k20 = gpu_leaf({2, 2, 64, 20}, DType::Float16, 57);
+  EXPECT_EQ(nn::attention_backend(q20, k20, v), nn::AttentionBackend::Math);
+  Tensor mask = gpu_leaf({64, 64}, DType::Float16, 58);
+  EXPECT_EQ(nn::attention_backend(q, k, v, {.attn_mask = mask}, &why), nn::AttentionBackend::Math);
+  EXPECT_NE(why.find("requires grad"), std::string::npos) << why;
+  Tensor k1 = gpu_leaf({1, 2, 64, 64}, DType::Float16, 59), v1 = gpu_leaf({1, 2, 64, 64}, DType::Float16, 60);
+  EXPECT_EQ(nn::attention_backend(q, k1, v1), nn::AttentionBackend::Math);
+}
+
+TEST(CudaAttentionBackend, MathFallbackStillComputesTheRightValues) {
+  // Head dim 20 (not a multiple of 8) in float16 on the GPU takes the math path: same values as float64.
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU";
+  Tensor q = gpu_leaf({2, 2, 16, 20}, DType::Float16, 61), k = gpu_leaf({2, 2, 24, 20}, DType::Float16, 62),
+         v = gpu_leaf({2, 2, 24, 20}, DType::Float16, 63);
+  ASSERT_EQ(nn::attention_backend(q, k, v), nn::AttentionBackend::Math);
+  Tensor out = nn::scaled_dot_product_attention(q, k, v, {.is_causal = true});
+  Tensor out64 =
+      nn::scaled_dot_product_attention(reference_leaf(q), reference_leaf(k), reference_leaf(v), {.is_causal = true});
+  expect_close(out, out64, 1e-2, "math fallback");
+}
+
+TEST(CudaAttentionAutocast, Float32InputsUnderAutocastRunInBFloat16WithFloat32Gradients) {
+  SKIP_WITHOUT_FUSED_ATTENTION();
+  const Shape qs{2, 4, 64, 64};
+  Tensor q = gpu_leaf(qs, DType::Float32, 70), k = gpu_leaf(qs, DType::Float32, 71),
+         v = gpu_leaf(qs, DType::Float32, 72);
+  Tensor out;
+  {
+    autocast::Guard cast(DeviceType::CUDA, DType::BFloat16);
+    out = nn::scaled_dot_product_attention(q, k, v);
+  }
+  EXPECT_EQ(out.dtype(), DType::BFloat16);
+  out.to(DType::Float32).sum().backward();
+  EXPECT_EQ(q.grad().dtype(), DType::Float32);
+  // Reference: float64 on the bfloat16-rounded inputs.
+  auto rounded = [](const Tensor& t) { return reference_leaf(t.detach().to(DType::BFloat16)); };
+  Tensor q64 = rounded(q), k64 = rounded(k), v64 = rounded(v);
+  Tensor out64 = nn::scaled_dot_product_attention(q64, k64, v64);
+  out64.sum().backward();
+  expect_close(out, out64, 3e-2, "autocast output");
+  expect_close(q.grad(), q64.grad(), 6e-2, "autocast dq");
+  expect_close(v.grad(), v64.grad(), 6e-2, "autocast dv");
+}
+
+// ---------------------------------------------------------------- dropout
+
+// With q = k = 0 every probability is 1/S, and with v the (S, S) identity the output is the dropped,
+// rescaled probability matrix itself: out[..., i, j] = keep[..., i, j] / (S (1 - p)).
+// with_grad: q, k and v require grad, so the call builds the same graphs as a training call of these shapes.
+Tensor identity_values(const Shape& qs) {
+  const int64_t S = qs[2];
+  return ops::eye(S, S, {.dtype = DType::Float16, .device = kGpu}).expand({qs[0], qs[1], S, S}).contiguous();
+}
+Tensor dropout_probe(double p, uint64_t seed, const Shape& qs, bool with_grad = false) {
+  Tensor q = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+  Tensor k = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+  Tensor v = identity_values(qs);
+  if (with_grad) {
+    q.requires_grad_();
+    k.requires_grad_();
+    v.requires_grad_();
+  }
+  Generator gen(seed);
+  return nn::scaled_dot_product_attention(q, k, v, {.dropout_p = p, .generator = &gen}).detach();
+}
+
+TEST(CudaAttentionDropout, DropsAboutPAndRescalesTheRest) {
+  SKIP_WITHOUT_FUSED_ATTENTION();
+  const double p = 0.2;
+  const Shape qs{2, 4, 128, 128};
+  {
+    Tensor q = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+    std::string why;
+    ASSERT_EQ(nn::attention_backend(q, q, q, {.dropout_p = p}, &why), nn::AttentionBackend::CudnnFused) << why;
+  }
+  const std::vector<double> out = values(dropout_probe(p, 5, qs));
+  const double kept_value = 1.0 / (128 * (1 - p));
+  int64_t zeros = 0, off_value = 0;
+  double sum = 0;
+  for (double x : out) {
+    sum += x;
+    if (x == 0) {
+      ++zeros;
+    } else if (std::abs(x - kept_value) > 1e-2 * kept_value) {
+      ++off_value;
+    }
+  }
+  EXPECT_EQ(off_value, 0) << "kept probabilities must be 1/S scaled by 1/(1-p) = " << kept_value;
+  const double n = static_cast<double>(out.size());
+  // 131072 draws: the standard deviation of the fraction is 0.0011.
+  EXPECT_NEAR(static_cast<double>(zeros) / n, p, 0.01);
+  EXPECT_NEAR(sum / n, 1.0 / 128, 0.02 / 128);  // E[out] = 1/S: dropout keeps the mean
+}
+
+TEST(CudaAttentionDropout, SameGeneratorStateReplaysTheMaskAndOtherSeedsDiffer) {
+  SKIP_WITHOUT_FUSED_ATTENTION();
+  const Shape qs{1, 2, 64, 64};
+  const std::vector<double> a = values(dropout_probe(0.3, 11, qs));
+  const std::vector<double> b = values(dropout_probe(0.3, 11, qs));
+  const std::vector<double> c = values(dropout_probe(0.3, 12, qs));
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  // Two draws from one generator differ too (each call takes a fresh draw).
+  Tensor q = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+  Tensor eye = identity_values(qs);
+  Generator gen(13);
+  const nn::AttentionOptions options{.dropout_p = 0.3, .generator = &gen};
+  const std::vector<double> first = values(nn::scaled_dot_product_attention(q, q, eye, options));
+  const std::vector<double> second = values(nn::scaled_dot_product_attention(q, q, eye, options));
+  EXPECT_NE(first, second);
+}
+
+TEST(CudaAttentionDropout, GradientsMatchTheMathPathWithTheKernelsMask) {
+  // The mask depends on the generator state and the positions only, so a probe with the same state and
+  // shapes reveals the mask a real call uses; the reference applies that mask in float64.
+  SKIP_WITHOUT_FUSED_ATTENTION();
+  const double p = 0.25;
+  const Shape qs{2, 2, 64, 64};
+  const Tensor keep = ops::ne(dropout_probe(p, 21, qs, /*with_grad=*/true), 0);  // (N, H, L, S) Bool
+  Tensor q = gpu_leaf(qs, DType::Float16, 80), k = gpu_leaf(qs, DType::Float16, 81),
+         v = gpu_leaf(qs, DType::Float16, 82);
+  Generator gen(21);
+  Tensor out = nn::scaled_dot_product_attention(q, k, v, {.dropout_p = p, .generator = &gen});
+  Tensor grad_out = make(uniform(out.numel(), -1, 1, 83), out.shape(), {.dtype = DType::Float16, .device = kGpu});
+  out.backward(grad_out);
+
+  Tensor q64 = reference_leaf(q), k64 = reference_leaf(k), v64 = reference_leaf(v);
+  Tensor probs = softmax(mul(matmul(q64, transpose(k64, -2, -1)), 1.0 / 8.0), -1);  // (N, H, L, S)
+  Tensor dropped = mul(mul(probs, keep.cpu().to(DType::Float64)), 1.0 / (1 - p));
+  Tensor out64 = matmul(dropped, v64);
+  out64.backward(grad_out.cpu().to(DType::Float64));
+  expect_close(out, out64, 1e-2, "dropout output");
+  expect_close(q.grad(), q64.grad(), 3e-2, "dropout dq");
+  expect_close(k.grad(), k64.grad(), 3e-2, "dropout dk");
+  expect_close(v.grad(), v64.grad(), 3e-2, "dropout dv");
+}
+
+// ---------------------------------------------------------------- memory
+
+TEST(CudaAttentionMemory, NoDeviceMallocOnceWarm) {
+  SKIP_WITHOUT_FUSED_ATTENTION();
+  const Shape qs{2, 4, 128, 64};
+  Tensor q = gpu_leaf(qs, DType::BFloat16, 90), k = gpu_leaf(qs, DType::BFloat16, 91),
+         v = gpu_leaf(qs, DType::BFloat16, 92);
+  Tensor mask = key_padding(2, 128, 100);
+  auto step = [&] {
+    q.mutable_grad() = Tensor();
+    k.mutable_grad() = Tensor();
+    v.mutable_grad() = Tensor();
+    Tensor out = nn::scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .dropout_p = 0.1, .is_causal = true});
+    out.sum().backward();
+  };
+  for (int i = 0; i < 3; ++i) step();
+  cuda::synchronize();
+  const int64_t before = cuda::memory_stats().num_device_mallocs;
+  for (int i = 0; i < 5; ++i) step();
+  cuda::synchronize();
+  EXPECT_EQ(cuda::memory_stats().num_device_mallocs, before);
+}
+
+}  // namespace
+}  // namespace kiln::testing
