@@ -49,8 +49,8 @@ struct CrossEntropyFunction : autograd::Function<CrossEntropyFunction> {
     const Tensor &rows = saved[0], &lse = saved[1];
     const auto p = ctx.get<Params>("params");
     const Tensor g = grad_outputs[0].to(lse.dtype()).contiguous();  // (R) or 0-d
-    return {cross_entropy_rows_backward(rows, p.target, p.weight, p.weight_sum, lse, g,
-                                        ctx.get<Tensor>("denominator"), p.ignore_index, p.smoothing)};
+    return {cross_entropy_rows_backward(rows, p.target, p.weight, p.weight_sum, lse, g, ctx.get<Tensor>("denominator"),
+                                        p.ignore_index, p.smoothing)};
   }
 };
 
@@ -61,8 +61,7 @@ bool cross_entropy_fits(const Tensor& logits, const Tensor& target, const CrossE
   if (!target.defined() || !is_integral(target.dtype()) || target.device() != logits.device()) return false;
   const Tensor& w = options.weight;
   if (!w.defined()) return true;
-  return w.is_floating_point() && w.device() == logits.device() &&
-         !(w.requires_grad() && GradMode::is_enabled());
+  return w.is_floating_point() && w.device() == logits.device() && !(w.requires_grad() && GradMode::is_enabled());
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {

@@ -232,8 +232,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const A w_t = a.weight ? a.weight[rt.t] : A(1);
   const A w_sum = a.weight_sum ? *a.weight_sum : static_cast<A>(a.c);
   const A scale = g * ((A(1) - s) * w_t + s / static_cast<A>(a.c) * w_sum);  // g A
-  const A hit = g * (A(1) - s) * w_t;                                         // at c == t
-  const A spread = g * s / static_cast<A>(a.c);                               // times w[c]
+  const A hit = g * (A(1) - s) * w_t;                                        // at c == t
+  const A spread = g * s / static_cast<A>(a.c);                              // times w[c]
   auto value = [&](A v, int64_t k) {
     A r = scale * exp_a(v - lse) - spread * (a.weight ? a.weight[k] : A(1));
     return k == rt.t ? r - hit : r;
@@ -323,15 +323,16 @@ Tensor cross_entropy_rows_backward(const Tensor& logits, const Tensor& target, c
              "cross_entropy backward: expected a contiguous gradient of ", rows, " or 1 elements, got ", grad.shape());
   const int64_t grad_step = grad.numel() == rows && grad.dim() == 1 ? 1 : 0;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool packed = logits.stride(1) == 1 && logits.stride(0) == c && aligned(logits.data_ptr()) &&
-                      aligned(grad_logits.data_ptr());
+  const bool packed =
+      logits.stride(1) == 1 && logits.stride(0) == c && aligned(logits.data_ptr()) && aligned(grad_logits.data_ptr());
   const Launch l = launch_for(c, rows);
   cudaStream_t stream = cuda::stream_for(logits);
   visit_floating_dtype(logits.dtype(), "cross_entropy backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = compute_t<T>;
-    KILN_CHECK(lse.dtype() == grad.dtype() && grad.dtype() == (std::is_same_v<A, double> ? DType::Float64 : DType::Float32),
-               "cross_entropy backward: lse and the gradient must be in the compute dtype");
+    KILN_CHECK(
+        lse.dtype() == grad.dtype() && grad.dtype() == (std::is_same_v<A, double> ? DType::Float64 : DType::Float32),
+        "cross_entropy backward: lse and the gradient must be in the compute dtype");
     const BackwardArgs<A> args{rows,
                                c,
                                logits.stride(0),
