@@ -5,6 +5,10 @@
 
 #include "kiln/tensor/error.h"  // KILN_CHECK
 
+#if KILN_WITH_CUDA
+#include "kiln/layers/cuda/cross_entropy.h"  // the fused CUDA path for class-index targets
+#endif
+
 namespace kiln::nn {
 namespace {
 
@@ -45,15 +49,20 @@ struct NllParts {
   Tensor valid;    // (N, *), 1 where not ignored, in log_probs' dtype
 };
 
+// Class-index targets (N, *) for an input (N, C, *): dtype, shape and the class weight.
+void check_class_target(const char* op, const Tensor& input, const Tensor& target, const Tensor& weight) {
+  KILN_CHECK(is_integral(target.dtype()), op, ": class-index targets must be Int64 (or Int32), got ", target.dtype());
+  bool shape_ok = target.dim() == input.dim() - 1 && target.size(0) == input.size(0);
+  for (int64_t d = 1; shape_ok && d < target.dim(); ++d) shape_ok = target.size(d) == input.size(d + 1);
+  KILN_CHECK(shape_ok, op, ": for input of shape ", input.shape(), " (N, C, d1, ...) the target must be (N, d1, ...)",
+             ", got target shape ", target.shape());
+  check_weight(op, weight, input.size(1));
+}
+
 NllParts nll_parts(const char* op, const Tensor& log_probs, const Tensor& target, const Tensor& weight,
                    int64_t ignore_index) {
-  KILN_CHECK(is_integral(target.dtype()), op, ": class-index targets must be Int64 (or Int32), got ", target.dtype());
+  check_class_target(op, log_probs, target, weight);
   const int64_t c = log_probs.size(1);
-  bool shape_ok = target.dim() == log_probs.dim() - 1 && target.size(0) == log_probs.size(0);
-  for (int64_t d = 1; shape_ok && d < target.dim(); ++d) shape_ok = target.size(d) == log_probs.size(d + 1);
-  KILN_CHECK(shape_ok, op, ": for input of shape ", log_probs.shape(),
-             " (N, C, d1, ...) the target must be (N, d1, ...)", ", got target shape ", target.shape());
-  check_weight(op, weight, c);
   Tensor t = target.dtype() == DType::Int64 ? target : target.to(DType::Int64);
   Tensor ignored = t == Scalar(ignore_index);
   if (t.is_cpu()) {
@@ -112,6 +121,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   const bool prob_target = target.is_floating_point();
   auto [input, t, unbatched] = batch_of_one("cross_entropy", logits, target, prob_target);
   const int64_t c = input.size(1);
+#if KILN_WITH_CUDA
+  if (!prob_target && cuda_impl::cross_entropy_fits(input, t, options)) {
+    // Fused softmax + cross-entropy: no log_probs tensor; a target out of range gives NaN rather than an error.
+    check_class_target("cross_entropy", input, t, options.weight);
+    Tensor loss = cuda_impl::cross_entropy(input, t, options);
+    return unbatched && options.reduction == Reduction::None ? squeeze(loss, 0) : loss;
+  }
+#endif
   Tensor log_probs = log_softmax(input, 1);  // (N, C, *)
 
   if (prob_target) {
