@@ -1,4 +1,5 @@
-// The layers as functions (functional.h): composed of kiln's differentiable ops, with fused GPU kernels (kiln/layers/cuda/) for batch norm and layer norm.
+// The layers as functions (functional.h): composed of kiln's differentiable ops, with fused GPU kernels
+// (kiln/layers/cuda/) for batch norm and layer norm.
 #include "kiln/layers/functional.h"
 
 #include <algorithm>

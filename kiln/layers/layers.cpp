@@ -147,7 +147,11 @@ void BatchNorm::reset_parameters() {
   }
 }
 
-Tensor BatchNorm::forward(const Tensor& input) {
+Tensor BatchNorm::forward(const Tensor& input) { return normalize(input, false); }
+
+Tensor BatchNorm::forward_relu(const Tensor& input) { return normalize(input, true); }
+
+Tensor BatchNorm::normalize(const Tensor& input, bool relu) {
   check_input(input);
   KILN_CHECK(input.size(1) == num_features, type_name(), ": expected ", num_features,
              " channels (num_features) in dim 1, got input shape ", input.shape());
@@ -161,8 +165,8 @@ Tensor BatchNorm::forward(const Tensor& input) {
   // Without running statistics, eval mode normalises with the batch's statistics too.
   const bool use_batch_stats = is_training() || !running_mean.defined();
   const bool update = !is_training() || options.track_running_stats;
-  return batch_norm(input, update ? running_mean : Tensor(), update ? running_var : Tensor(), weight, bias,
-                    use_batch_stats, factor, options.eps);
+  return (relu ? batch_norm_relu : batch_norm)(input, update ? running_mean : Tensor(), update ? running_var : Tensor(),
+                                               weight, bias, use_batch_stats, factor, options.eps);
 }
 
 BatchNorm1d::BatchNorm1d(int64_t num_features, BatchNormOptions options)

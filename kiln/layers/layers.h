@@ -116,6 +116,8 @@ struct BatchNormOptions {
 class BatchNorm : public Module {
  public:
   Tensor forward(const Tensor& input) override;
+  // relu(forward(input)) in one pass on the GPU (nn::batch_norm_relu): what ResNet's blocks use.
+  Tensor forward_relu(const Tensor& input);
   void reset_running_stats();
   void reset_parameters();
 
@@ -127,6 +129,9 @@ class BatchNorm : public Module {
  protected:
   BatchNorm(const char* type_name, int64_t num_features, BatchNormOptions options);
   virtual void check_input(const Tensor& input) const = 0;
+
+ private:
+  Tensor normalize(const Tensor& input, bool relu);
 };
 
 // (N, C) or (N, C, L).

@@ -31,8 +31,8 @@ __device__ __forceinline__ A block_sum(A v, A* shared) {
 }
 
 template <typename T, typename A>
-__global__ void layer_norm_forward_kernel(const T* x, const T* w, const T* b, T* y, A* mean_out, A* rstd_out,
-                                          int64_t d, A eps) {
+__global__ void layer_norm_forward_kernel(const T* x, const T* w, const T* b, T* y, A* mean_out, A* rstd_out, int64_t d,
+                                          A eps) {
   __shared__ A shared[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * d;
@@ -136,9 +136,8 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
   return out;
 }
 
-LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d, const Tensor& mean,
-                                   const Tensor& rstd, const Tensor& weight, bool need_dx, bool need_dweight,
-                                   bool need_dbias) {
+LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& weight, bool need_dx, bool need_dweight, bool need_dbias) {
   const int64_t rows = x.numel() / d;
   LayerNormGrads g;
   cudaStream_t stream = cuda::stream_for(x);

@@ -18,8 +18,7 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
 struct LayerNormGrads {
   Tensor dx, dweight, dbias;  // undefined where not asked for
 };
-LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d, const Tensor& mean,
-                                   const Tensor& rstd, const Tensor& weight, bool need_dx, bool need_dweight,
-                                   bool need_dbias);
+LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& weight, bool need_dx, bool need_dweight, bool need_dbias);
 
 }  // namespace kiln::nn::cuda_impl

@@ -53,7 +53,7 @@ BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, std::s
 
 Tensor BasicBlock::forward(const Tensor& x) {
   // (N, C_in, H, W) -> (N, planes, H / s, W / s)
-  Tensor out = (*relu)((*bn1)((*conv1)(x)));
+  Tensor out = bn1->forward_relu((*conv1)(x));  // batch norm + ReLU in one pass on the GPU
   out = (*bn2)((*conv2)(out));
   Tensor identity = downsample != nullptr ? (*downsample)(x) : x;
   return (*relu)(out + identity);
@@ -78,8 +78,8 @@ Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, std::s
 
 Tensor Bottleneck::forward(const Tensor& x) {
   // (N, C_in, H, W) -> (N, planes, H, W) -> (N, planes, H / s, W / s) -> (N, 4 planes, H / s, W / s)
-  Tensor out = (*relu)((*bn1)((*conv1)(x)));
-  out = (*relu)((*bn2)((*conv2)(out)));
+  Tensor out = bn1->forward_relu((*conv1)(x));  // batch norm + ReLU in one pass on the GPU
+  out = bn2->forward_relu((*conv2)(out));
   out = (*bn3)((*conv3)(out));
   Tensor identity = downsample != nullptr ? (*downsample)(x) : x;
   return (*relu)(out + identity);
@@ -165,12 +165,12 @@ void ResNet::init_weights() {
 Tensor ResNet::forward_features(const Tensor& x) {
   KILN_CHECK(x.dim() == 4 && x.size(1) == 3, "ResNet: expected images of shape (N, 3, H, W), got shape ", x.shape(),
              "; add a batch dim with unsqueeze(0) for a single image");
-  Tensor h = (*relu)((*bn1)((*conv1)(x)));  // (N, 64, H / 2, W / 2); (N, 64, H, W) with the CIFAR stem
-  h = (*maxpool)(h);                        // (N, 64, H / 4, W / 4); unchanged with the CIFAR stem
-  h = (*layer1)(h);                         // (N, 64 e, H / 4, W / 4)
-  h = (*layer2)(h);                         // (N, 128 e, H / 8, W / 8)
-  h = (*layer3)(h);                         // (N, 256 e, H / 16, W / 16)
-  return (*layer4)(h);                      // (N, 512 e, H / 32, W / 32)
+  Tensor h = bn1->forward_relu((*conv1)(x));  // (N, 64, H / 2, W / 2); (N, 64, H, W) with the CIFAR stem
+  h = (*maxpool)(h);                          // (N, 64, H / 4, W / 4); unchanged with the CIFAR stem
+  h = (*layer1)(h);                           // (N, 64 e, H / 4, W / 4)
+  h = (*layer2)(h);                           // (N, 128 e, H / 8, W / 8)
+  h = (*layer3)(h);                           // (N, 256 e, H / 16, W / 16)
+  return (*layer4)(h);                        // (N, 512 e, H / 32, W / 32)
 }
 
 Tensor ResNet::forward(const Tensor& x) {
