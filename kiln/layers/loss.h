@@ -6,7 +6,11 @@
 //   loss = nn::mse_loss(pred, target, {.reduction = nn::Reduction::Sum});
 //   loss = nn::binary_cross_entropy_with_logits(scores, targets, {.pos_weight = pw});
 //
-// Every loss is composed of differentiable ops, so its gradient comes from autograd.
+// Every loss is composed of differentiable ops, so its gradient comes from autograd; on CUDA, cross_entropy with
+// class-index targets is one fused softmax + loss kernel and one gradient kernel instead. There a target outside
+// [0, C) (and not ignore_index) gives a NaN loss rather than an error, so that no step waits for the GPU; and
+// when every target is ignored the mean loss is NaN (as on the CPU and in PyTorch) with zero gradients (the
+// CPU's composed path gives NaN gradients there).
 #pragma once
 
 #include <cstdint>

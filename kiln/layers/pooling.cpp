@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "kiln/autograd/functions.h"  // kiln::amax, kiln::mean, kiln::cat, ...
@@ -168,7 +169,10 @@ Tensor max_pool2d(const Tensor& input, const Pool2dOptions& options) {
 #endif
   // -inf padding never wins: every window overlaps the input (padding <= kernel / 2, ceil-mode rule).
   const Tensor win = pool_windows(g, -std::numeric_limits<double>::infinity());
-  return finish(g, amax(win, {4, 5}));  // (N, C, OH, OW, KH, KW) -> (N, C, OH, OW)
+  // (N, C, OH, OW, KH, KW) -> (N, C, OH, OW, KH KW) -> (N, C, OH, OW). max over one dim gives the whole gradient
+  // to the first maximum of a window, as PyTorch and kiln's GPU kernel do (amax would split it between ties).
+  const Tensor flat = reshape(win, {win.size(0), win.size(1), g.h.out, g.w.out, g.h.kernel * g.w.kernel});
+  return finish(g, std::get<0>(max(flat, 4)));
 }
 
 Tensor avg_pool2d(const Tensor& input, const Pool2dOptions& options) {

@@ -6,7 +6,8 @@
 //
 // NCHW shapes (a 3-d input (C, H, W) is taken as one sample); output sizes and padding rules as PyTorch's
 // (ceil_mode included). Max pooling pads with -inf, average pooling with zeros (counted unless
-// count_include_pad is false).
+// count_include_pad is false). In max pooling the first maximum of a window (row-major) takes the whole
+// gradient, as in PyTorch. CUDA tensors run kiln's kernels, NCHW or channels-last.
 #pragma once
 
 #include <optional>

@@ -54,9 +54,15 @@ int64_t numel_of(const Shape& s) {
 // The inputs, rounded to the dtype they will have, so both paths see the same numbers.
 BnData make_data(const BnCase& k) {
   const int64_t n = numel_of(k.shape), c = k.shape[1];
-  const auto round = [](const std::vector<double>& v, DType dt) { return values(make(v, {int64_t(v.size())}, {.dtype = dt})); };
-  return {round(uniform(n, k.lo, k.hi, 21), k.dtype), round(uniform(n, -1, 1, 22), k.dtype), uniform(c, 0.5, 1.5, 23),
-          uniform(c, -1, 1, 24), uniform(c, -0.5, 0.5, 25), uniform(c, 0.5, 2, 26)};
+  const auto round = [](const std::vector<double>& v, DType dt) {
+    return values(make(v, {int64_t(v.size())}, {.dtype = dt}));
+  };
+  return {round(uniform(n, k.lo, k.hi, 21), k.dtype),
+          round(uniform(n, -1, 1, 22), k.dtype),
+          uniform(c, 0.5, 1.5, 23),
+          uniform(c, -1, 1, 24),
+          uniform(c, -0.5, 0.5, 25),
+          uniform(c, 0.5, 2, 26)};
 }
 
 // One forward and backward; x in xdt, the per-channel tensors in pdt.
@@ -136,13 +142,13 @@ class CudaBatchNorm : public ::testing::Test {
 
 TEST_F(CudaBatchNorm, TrainingAndEvalMatchTheComposedPathInEveryLayoutAndRank) {
   for (bool training : {true, false}) {
-    expect_matches_composed({.shape = {4, 6, 5, 7}, .training = training});                        // NCHW, S odd
-    expect_matches_composed({.shape = {2, 5, 8, 8}, .training = training});                        // NCHW, vectors
-    expect_matches_composed({.shape = {4, 6, 5, 7}, .channels_last = true, .training = training});  // NHWC, C % 4 != 0
+    expect_matches_composed({.shape = {4, 6, 5, 7}, .training = training});                          // NCHW, S odd
+    expect_matches_composed({.shape = {2, 5, 8, 8}, .training = training});                          // NCHW, vectors
+    expect_matches_composed({.shape = {4, 6, 5, 7}, .channels_last = true, .training = training});   // NHWC, C % 4 != 0
     expect_matches_composed({.shape = {3, 16, 4, 5}, .channels_last = true, .training = training});  // NHWC, vectors
-    expect_matches_composed({.shape = {9, 5}, .training = training});                              // (N, C)
-    expect_matches_composed({.shape = {64, 32}, .training = training});                            // (N, C), vectors
-    expect_matches_composed({.shape = {3, 4, 10}, .training = training});                          // (N, C, L)
+    expect_matches_composed({.shape = {9, 5}, .training = training});                                // (N, C)
+    expect_matches_composed({.shape = {64, 32}, .training = training});                              // (N, C), vectors
+    expect_matches_composed({.shape = {3, 4, 10}, .training = training});                            // (N, C, L)
     expect_matches_composed({.shape = {3, 4, 10}, .training = training, .dtype = DType::Float64});
   }
 }
@@ -231,14 +237,13 @@ TEST_P(BatchNormReluTest, IsTheReluOfBatchNormAgainstAHandReference) {
   }
   const Tensor x = make(xv, {n, c, l}, opts()), w = make(wv, {c}, opts()), b = make(bv, {c}, opts());
   Tensor running_mean = make({0.25, -0.5}, {2}, opts()), running_var = make({1.5, 0.75}, {2}, opts());
-  expect_values(nn::batch_norm_relu(x, running_mean, running_var, w, b, /*training=*/false), {n, c, l}, ref_eval,
-                1e-5, 1e-5);
+  expect_values(nn::batch_norm_relu(x, running_mean, running_var, w, b, /*training=*/false), {n, c, l}, ref_eval, 1e-5,
+                1e-5);
   expect_values(nn::batch_norm_relu(x, running_mean, running_var, w, b, /*training=*/true, 0.5), {n, c, l}, ref, 1e-5,
                 1e-5);
   const double unbias = static_cast<double>(n * l) / static_cast<double>(n * l - 1);
   expect_values(running_mean, {2}, {0.5 * 0.25 + 0.5 * mean[0], 0.5 * -0.5 + 0.5 * mean[1]}, 1e-5, 1e-6);
-  expect_values(running_var, {2}, {0.5 * 1.5 + 0.5 * var[0] * unbias, 0.5 * 0.75 + 0.5 * var[1] * unbias}, 1e-5,
-                1e-6);
+  expect_values(running_var, {2}, {0.5 * 1.5 + 0.5 * var[0] * unbias, 0.5 * 0.75 + 0.5 * var[1] * unbias}, 1e-5, 1e-6);
 }
 
 KILN_INSTANTIATE_BACKENDS(BatchNormReluTest);

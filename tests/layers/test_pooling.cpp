@@ -120,6 +120,16 @@ TEST_P(PoolingTest, ChannelsLastAndUnbatched) {
   expect_values(nn::max_pool2d(x, {.kernel_size = 2}), {2, 2, 2}, ref);
 }
 
+// Ties inside a window: the first maximum (row-major) takes the whole gradient, on every device (PyTorch's rule).
+TEST_P(PoolingTest, MaxPoolTiesGiveTheGradientToTheFirstMaximum) {
+  // (1, 1, 2, 4): window 0 is all 3s, window 1 has its maximum 5 twice (positions (0, 3) and (1, 2)).
+  Tensor x = make({3, 3, 1, 5, 3, 3, 5, 2}, {1, 1, 2, 4}, opts()).requires_grad_();
+  Tensor y = nn::max_pool2d(x, {.kernel_size = 2});
+  expect_values(y, {1, 1, 1, 2}, {3, 5});
+  y.backward(make({10, 20}, {1, 1, 1, 2}, opts()));
+  expect_values(x.grad(), {1, 1, 2, 4}, {10, 0, 0, 20, 0, 0, 0, 0});
+}
+
 TEST(Pooling, OutputShapesAsTorch) {
   Tensor x = zeros({1, 1, 5, 5});
   // floor: (5 + 2 - 2) / 2 + 1 = 3; ceil would give 4, but that window would start in the right padding.

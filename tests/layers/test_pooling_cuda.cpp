@@ -34,8 +34,7 @@ PoolRun run_pool(Kind kind, const nn::Pool2dOptions& o, nn::Pair out, const std:
              : kind == Kind::Avg ? nn::avg_pool2d(x, o)
                                  : nn::adaptive_avg_pool2d(x, out);
   // The same upstream gradient on both devices: drawn for y's shape, rounded to dt.
-  const std::vector<double> gv =
-      values(make(uniform(y.numel(), -1, 1, seed), {y.numel()}, {.dtype = dt}));
+  const std::vector<double> gv = values(make(uniform(y.numel(), -1, 1, seed), {y.numel()}, {.dtype = dt}));
   y.backward(make(gv, y.shape(), {.dtype = dt, .device = dev}));
   return {y, x.grad()};
 }
@@ -65,8 +64,10 @@ double tol_for(DType dt) {
 
 void expect_matches_composed(Kind kind, const nn::Pool2dOptions& o, const Shape& s, DType dt, bool channels_last,
                              nn::Pair out = 1) {
-  SCOPED_TRACE(std::string(kind == Kind::Max ? "max" : kind == Kind::Avg ? "avg" : "adaptive") + " " +
-               std::string(dtype_name(dt)) + (channels_last ? " channels_last" : "") + " input [" +
+  SCOPED_TRACE(std::string(kind == Kind::Max   ? "max"
+                           : kind == Kind::Avg ? "avg"
+                                               : "adaptive") +
+               " " + std::string(dtype_name(dt)) + (channels_last ? " channels_last" : "") + " input [" +
                std::to_string(s[0]) + " " + std::to_string(s[1]) + " " + std::to_string(s[2]) + " " +
                std::to_string(s[3]) + "]");
   int64_t n = 1;
@@ -128,8 +129,8 @@ TEST_F(CudaPooling, SixteenBitInputs) {
 
 TEST_F(CudaPooling, AdaptiveAvgMatchesTheComposedPathForUnevenSizes) {
   const std::vector<std::pair<Shape, nn::Pair>> cases = {
-      {{2, 3, 7, 5}, nn::Pair(3, 2)},  {{1, 4, 10, 10}, nn::Pair(4, 4)}, {{2, 3, 5, 7}, nn::Pair(5, 7)},
-      {{2, 5, 6, 6}, nn::Pair(1, 1)},  {{1, 2, 3, 3}, nn::Pair(5, 4)},   {{2, 16, 14, 14}, nn::Pair(7, 7)},
+      {{2, 3, 7, 5}, nn::Pair(3, 2)}, {{1, 4, 10, 10}, nn::Pair(4, 4)}, {{2, 3, 5, 7}, nn::Pair(5, 7)},
+      {{2, 5, 6, 6}, nn::Pair(1, 1)}, {{1, 2, 3, 3}, nn::Pair(5, 4)},   {{2, 16, 14, 14}, nn::Pair(7, 7)},
   };
   for (const auto& [shape, out] : cases) {
     for (bool cl : {false, true}) expect_matches_composed(Kind::Adaptive, {}, shape, DType::Float32, cl, out);
