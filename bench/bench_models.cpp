@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
       }
       s.amp = d == "bf16" ? DType::BFloat16 : DType::Float16;
     } else {
-      std::fprintf(stderr, "usage: bench_models [--quick] [--model resnet50|bert-base|all] [--steps N] [--amp bf16|fp16]\n");
+      std::fprintf(stderr,
+                   "usage: bench_models [--quick] [--model resnet50|bert-base|all] [--steps N] [--amp bf16|fp16]\n");
       return 2;
     }
   }

@@ -1,0 +1,50 @@
+"""PyTorch's scaled_dot_product_attention on the cases of bench_attention.cpp: bf16, 128 x 12 x 128 x 64 and
+64 x 12 x 512 x 64, forward + backward, through each of torch's backends (cuDNN, flash, math). Median of 50
+steps after 10 warm-up steps, timed with CUDA events, in bench_attention's format.
+
+    python3 bench/pytorch_attention.py
+"""
+import statistics
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def time_ms(step, warmup=10, steps=50):
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def run(b, h, l, e):
+    q, k, v = (torch.randn(b, h, l, e, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(b, h, l, e, device="cuda", dtype=torch.bfloat16)
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                          ("math", SDPBackend.MATH)):
+        def step():
+            q.grad = k.grad = v.grad = None
+            with sdpa_kernel(backend):
+                torch.nn.functional.scaled_dot_product_attention(q, k, v).backward(dout)
+        print(f"torch sdpa bf16 fwd+bwd {b:3d} x {h} x {l:4d} x {e}  {name:<10} {time_ms(step):8.3f} ms")
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("pytorch_attention: no GPU visible")
+        return
+    print(f"pytorch {torch.__version__}")
+    run(128, 12, 128, 64)
+    run(64, 12, 512, 64)
+
+
+if __name__ == "__main__":
+    main()
