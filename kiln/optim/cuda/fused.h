@@ -1,0 +1,62 @@
+// kiln/optim/cuda/fused.h — the fused multi-tensor CUDA kernels of kiln/optim (internal; no CUDA header).
+//
+// Every function takes index-aligned lists of contiguous tensors on one CUDA device and updates them with a
+// few launches in total (tensors are cut into chunks; a launch covers many chunks of many tensors), on the
+// current stream, without synchronising the host. Parameters, gradients and states are float32, float16 or
+// bfloat16 (states and math in float32 when the parameter is 16-bit; lists of one dtype per call).
+//
+// AMP hooks (as PyTorch's fused optimizers): `grad_scale` (undefined, or a 1-element float32 device tensor)
+// divides every gradient before use; `found_inf` (undefined, or a 1-element float32 device tensor) makes the
+// whole update a no-op when it is non-zero — parameters, states and step counts stay unchanged — so a
+// GradScaler never has to read it on the host.
+#pragma once
+
+#include <vector>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::optim::cuda_impl {
+
+using TensorVec = std::vector<Tensor>;
+
+struct SgdHyper {
+  double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false, maximize = false;
+};
+// momentum_buffers: empty when momentum == 0; otherwise one per parameter. `first_step` per parameter is
+// implied by `steps`: steps[i] (1-element float32) == 0 means the buffer is initialised to the gradient (PyTorch).
+// steps[i] is incremented (unless found_inf).
+void fused_sgd(const TensorVec& params, const TensorVec& grads, const TensorVec& momentum_buffers,
+               const TensorVec& steps, const SgdHyper& h, const Tensor& grad_scale, const Tensor& found_inf);
+
+struct AdamHyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  bool decoupled_weight_decay = false;  // AdamW
+  bool amsgrad = false, maximize = false;
+};
+// steps[i]: 1-element float32 device tensors, incremented in the kernel before the bias corrections (unless
+// found_inf). max_exp_avg_sqs: empty unless amsgrad.
+void fused_adam(const TensorVec& params, const TensorVec& grads, const TensorVec& exp_avgs,
+                const TensorVec& exp_avg_sqs, const TensorVec& max_exp_avg_sqs, const TensorVec& steps,
+                const AdamHyper& h, const Tensor& grad_scale, const Tensor& found_inf);
+
+struct LambHyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-6, weight_decay = 0;
+  bool bias_correction = true;
+  double max_trust_ratio = 10.0;  // trust ratio = clamp(||p|| / ||update||, 0, max); 1 where either norm is 0
+};
+void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec& exp_avgs,
+                const TensorVec& exp_avg_sqs, const TensorVec& steps, const LambHyper& h, const Tensor& grad_scale,
+                const Tensor& found_inf);
+
+// grads[i] *= inv_scale[0] for all i, and found_inf[0] = 1 if any element of any grad is inf or NaN (it is
+// never reset to 0 here: callers zero it). inv_scale, found_inf: 1-element float32 device tensors.
+void fused_unscale_and_check(const TensorVec& grads, const Tensor& found_inf, const Tensor& inv_scale);
+
+// The L2 norm over all elements of all tensors, as a 1-element float32 device tensor (math in float32,
+// per-tensor partial sums reduced in a fixed order: deterministic).
+Tensor fused_l2_norm(const TensorVec& tensors);
+// tensors[i] *= factor[0] (a 1-element float32 device tensor) for all i.
+void fused_scale(const TensorVec& tensors, const Tensor& factor);
+
+}  // namespace kiln::optim::cuda_impl
