@@ -13,28 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "gpu_timing.h"  // bench::median_step_ms
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
 
 using namespace kiln;
 
 namespace {
-
-double time_ms(int warmup, int steps, const std::function<void()>& step) {
-  for (int i = 0; i < warmup; ++i) step();
-  cuda::synchronize();
-  std::vector<double> ms;
-  for (int i = 0; i < steps; ++i) {
-    cuda::Event start(true), stop(true);
-    start.record();
-    step();
-    stop.record();
-    stop.synchronize();
-    ms.push_back(start.elapsed_ms(stop));
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 void run(int64_t b, int64_t h, int64_t l, int64_t e, bool quick) {
   const TensorOptions o{.dtype = DType::BFloat16, .device = Device::cuda(0)};
@@ -51,10 +36,10 @@ void run(int64_t b, int64_t h, int64_t l, int64_t e, bool quick) {
   };
   std::string why;
   const bool fused = nn::attention_backend(q, k, v, {}, &why) == nn::AttentionBackend::CudnnFused;
-  const double t = time_ms(warmup, steps, step);
+  const double t = bench::median_step_ms(warmup, steps, step);
   std::printf("kiln  sdpa bf16 fwd+bwd %3lld x %lld x %4lld x %lld  %-10s %8.3f ms%s%s\n", static_cast<long long>(b),
-              static_cast<long long>(h), static_cast<long long>(l), static_cast<long long>(e),
-              fused ? "cudnn" : "math", t, fused ? "" : "  (", fused ? "" : (why + ")").c_str());
+              static_cast<long long>(h), static_cast<long long>(l), static_cast<long long>(e), fused ? "cudnn" : "math",
+              t, fused ? "" : "  (", fused ? "" : (why + ")").c_str());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_timing.h"  // bench::median_step_ms
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
 
@@ -37,21 +38,11 @@ struct Timing {
 };
 
 Timing time_steps(const Settings& s, const std::function<void()>& step) {
-  for (int i = 0; i < s.warmup; ++i) step();
+  for (int i = 0; i < s.warmup; ++i) step();  // warm-up (cuDNN's algorithm search included) before the peak resets
   cuda::synchronize();
   cuda::reset_peak_memory_stats();
-  std::vector<double> ms;
-  for (int i = 0; i < s.steps; ++i) {
-    cuda::Event start(true), stop(true);
-    start.record();
-    step();
-    stop.record();
-    stop.synchronize();
-    ms.push_back(start.elapsed_ms(stop));
-  }
-  std::sort(ms.begin(), ms.end());
-  const double peak = static_cast<double>(cuda::memory_stats().peak_allocated_bytes) / (1ull << 30);
-  return {ms[ms.size() / 2], peak};
+  const double ms = bench::median_step_ms(0, s.steps, step);
+  return {ms, static_cast<double>(cuda::memory_stats().peak_allocated_bytes) / (1ull << 30)};
 }
 
 Tensor autocast_forward(const Settings& s, const std::function<Tensor()>& f) {

@@ -4,25 +4,9 @@ steps after 10 warm-up steps, timed with CUDA events, in bench_attention's forma
 
     python3 bench/pytorch_attention.py
 """
-import statistics
-
 import torch
+from torch_timing import median_step_ms
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-
-def time_ms(step, warmup=10, steps=50):
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(steps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def run(b, h, l, e):
@@ -34,7 +18,7 @@ def run(b, h, l, e):
             q.grad = k.grad = v.grad = None
             with sdpa_kernel(backend):
                 torch.nn.functional.scaled_dot_product_attention(q, k, v).backward(dout)
-        print(f"torch sdpa bf16 fwd+bwd {b:3d} x {h} x {l:4d} x {e}  {name:<10} {time_ms(step):8.3f} ms")
+        print(f"torch sdpa bf16 fwd+bwd {b:3d} x {h} x {l:4d} x {e}  {name:<10} {median_step_ms(step, 10, 50):8.3f} ms")
 
 
 def main():

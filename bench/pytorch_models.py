@@ -5,25 +5,17 @@ benchmark mode on. Prints the median step time of 20 steps after 5 warm-up steps
     python3 bench/pytorch_models.py [--quick] [--amp bf16|fp16]
 """
 import argparse
-import statistics
-
 import torch
+from torch_timing import median_step_ms
 
 
 def time_steps(step, steps, warmup):
-    for _ in range(warmup):
+    for _ in range(warmup):  # warm-up (cuDNN's algorithm search included) before the peak resets
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times), torch.cuda.max_memory_allocated() / 2**30
+    ms = median_step_ms(step, 0, steps)
+    return ms, torch.cuda.max_memory_allocated() / 2**30
 
 
 def autocast(amp):
