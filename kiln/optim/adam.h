@@ -21,6 +21,7 @@
 namespace kiln::optim {
 
 struct AdamOptions {
+  static constexpr const char* kName = "Adam";
   double lr = 1e-3;
   std::array<double, 2> betas = {0.9, 0.999};  // each in [0, 1)
   double eps = 1e-8;
@@ -35,6 +36,7 @@ struct AdamOptions {
 
 // The same options with AdamW's default weight decay (0.01, decoupled: p *= 1 - lr * weight_decay).
 struct AdamWOptions {
+  static constexpr const char* kName = "AdamW";
   double lr = 1e-3;
   std::array<double, 2> betas = {0.9, 0.999};
   double eps = 1e-8;
@@ -68,7 +70,6 @@ extern template class AdamBase<AdamWOptions>;
 class Adam : public AdamBase<AdamOptions> {
  public:
   using AdamBase::AdamBase;
-  std::string name() const override { return "Adam"; }
 
  protected:
   bool decoupled_weight_decay() const override { return false; }
@@ -77,7 +78,6 @@ class Adam : public AdamBase<AdamOptions> {
 class AdamW : public AdamBase<AdamWOptions> {
  public:
   using AdamBase::AdamBase;
-  std::string name() const override { return "AdamW"; }
 
  protected:
   bool decoupled_weight_decay() const override { return true; }

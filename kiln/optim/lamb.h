@@ -23,6 +23,7 @@
 namespace kiln::optim {
 
 struct LAMBOptions {
+  static constexpr const char* kName = "LAMB";
   double lr = 1e-3;
   std::array<double, 2> betas = {0.9, 0.999};  // each in [0, 1)
   double eps = 1e-6;
@@ -44,7 +45,6 @@ class LAMB : public OptimizerWith<LAMBOptions> {
   void step() override { step_with(Tensor(), Tensor()); }
   void step_with(const Tensor& grad_scale, const Tensor& found_inf) override;
   bool supports_step_with() const override { return true; }
-  std::string name() const override { return "LAMB"; }
 };
 
 }  // namespace kiln::optim

@@ -155,8 +155,8 @@ void Optimizer::load_state_dict(const OptimizerState& sd) {
   }
 }
 
-void Optimizer::check_new_params(const std::vector<Tensor>& params) const {
-  const std::string op = name() + ".add_param_group";
+void Optimizer::check_new_params(const std::vector<Tensor>& params, const std::string& optimizer_name) const {
+  const std::string op = optimizer_name + ".add_param_group";
   std::set<const void*> existing;
   for (size_t g = 0; g < num_param_groups(); ++g) {
     for (const Tensor& p : this->params(g)) existing.insert(&p.impl());

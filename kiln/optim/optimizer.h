@@ -82,8 +82,8 @@ class Optimizer {
   // ---- helpers for the optimizers' step() ----
 
   // Rejects undefined, non-floating and non-leaf tensors, duplicates within `params` and parameters already
-  // in a group of this optimizer, naming the offending index.
-  void check_new_params(const std::vector<Tensor>& params) const;
+  // in a group of this optimizer, naming the offending index. (Takes the name: it runs in constructors.)
+  void check_new_params(const std::vector<Tensor>& params, const std::string& optimizer_name) const;
 
   // The parameters of one group that have a gradient, split by where they are updated.
   struct CudaBucket {                   // one device and dtype: one fused call
@@ -124,7 +124,8 @@ struct ParamGroup {
 };
 
 // The typed half of an optimizer: groups of Options. `Derived` implements step() over groups().
-// Options provide validate() (throws on a bad value), values() and from_values() (state_dict).
+// Options provide kName (the optimizer's name), validate() (throws on a bad value), values() and from_values()
+// (state_dict).
 template <typename Options>
 class OptimizerWith : public Optimizer {
  public:
@@ -140,7 +141,7 @@ class OptimizerWith : public Optimizer {
   // Parameters already in another group are an error (as PyTorch), as are non-leaf and non-floating tensors
   // and invalid options; the optimizer is unchanged then.
   void add_param_group(ParamGroup<Options> group) {
-    check_new_params(group.params);
+    check_new_params(group.params, Options::kName);
     group.options.validate();
     groups_.push_back(std::move(group));
   }
@@ -149,6 +150,7 @@ class OptimizerWith : public Optimizer {
   const std::vector<Tensor>& params(size_t group) const override { return groups_.at(group).params; }
   double lr(size_t group) const override { return groups_.at(group).options.lr; }
   void set_lr(size_t group, double lr) override { groups_.at(group).options.lr = lr; }
+  std::string name() const override { return Options::kName; }
   std::vector<ParamGroup<Options>>& groups() { return groups_; }
   const std::vector<ParamGroup<Options>>& groups() const { return groups_; }
   const Options& defaults() const { return defaults_; }

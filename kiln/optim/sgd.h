@@ -21,6 +21,7 @@
 namespace kiln::optim {
 
 struct SGDOptions {
+  static constexpr const char* kName = "SGD";
   double lr = 1e-3;
   double momentum = 0;
   double dampening = 0;
@@ -42,7 +43,6 @@ class SGD : public OptimizerWith<SGDOptions> {
   void step() override { step_with(Tensor(), Tensor()); }
   void step_with(const Tensor& grad_scale, const Tensor& found_inf) override;
   bool supports_step_with() const override { return true; }
-  std::string name() const override { return "SGD"; }
 };
 
 }  // namespace kiln::optim
