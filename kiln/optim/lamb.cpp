@@ -23,8 +23,8 @@ void LAMBOptions::validate() const {
   }
   KILN_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, "LAMB: invalid weight_decay ", weight_decay,
              " (must be >= 0)");
-  KILN_CHECK(std::isfinite(max_trust_ratio) && max_trust_ratio > 0, "LAMB: invalid max_trust_ratio ",
-             max_trust_ratio, " (must be > 0)");
+  KILN_CHECK(std::isfinite(max_trust_ratio) && max_trust_ratio > 0, "LAMB: invalid max_trust_ratio ", max_trust_ratio,
+             " (must be > 0)");
 }
 
 std::map<std::string, double> LAMBOptions::values() const {

@@ -20,8 +20,8 @@ void SGDOptions::validate() const {
   KILN_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, "SGD: invalid weight_decay ", weight_decay,
              " (must be >= 0)");
   KILN_CHECK(!nesterov || (momentum > 0 && dampening == 0),
-             "SGD: nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ", momentum,
-             ", dampening ", dampening, ")");
+             "SGD: nesterov momentum requires momentum > 0 and dampening == 0 (got momentum ", momentum, ", dampening ",
+             dampening, ")");
 }
 
 std::map<std::string, double> SGDOptions::values() const {

@@ -153,8 +153,8 @@ inline std::vector<Case> lamb_cases() {
   using namespace optim;
   return {
       {"lamb", LAMBOptions{.lr = 0.01}},
-      {"lamb_no_bias_correction", LAMBOptions{.lr = 0.02, .betas = {0.8, 0.9}, .weight_decay = 0.1,
-                                              .bias_correction = false}},
+      {"lamb_no_bias_correction",
+       LAMBOptions{.lr = 0.02, .betas = {0.8, 0.9}, .weight_decay = 0.1, .bias_correction = false}},
       // A trust ratio cap below ||p|| / ||update||: the clamp is active.
       {"lamb_clamped", LAMBOptions{.lr = 0.01, .weight_decay = 0, .max_trust_ratio = 0.3}},
   };
@@ -199,7 +199,8 @@ inline void ref_step_any(Vec& w, const Vec& g, RefState& s, const AnyOptions& op
 // Runs `steps` steps of the case with kiln (params made with `topts`) and the reference, comparing the
 // parameters after every step. `prepare` may change the parameters first (e.g. make one non-contiguous).
 inline void run_trajectory(const Case& c, const TensorOptions& topts, double rtol, double atol, int steps = 5) {
-  SCOPED_TRACE(c.name + " " + std::string(dtype_name(topts.dtype.value_or(DType::Float32))) + " on " + topts.device.str());
+  SCOPED_TRACE(c.name + " " + std::string(dtype_name(topts.dtype.value_or(DType::Float32))) + " on " +
+               topts.device.str());
   Problem pb;
   std::vector<Tensor> ps;
   std::vector<Vec> ref = pb.init;

@@ -253,7 +253,7 @@ TEST(Optimizers, LoadStateDictErrorsLeaveOptimizerUnchanged) {
   auto changed = [&](auto edit) {
     optim::OptimizerState sd = good;
     for (auto& [k, t] : sd.tensors) t = ops::clone(t);  // edits must not touch the live state
-    sd.values["param_groups.0.lr"] = 0.5;                // would change the options if applied
+    sd.values["param_groups.0.lr"] = 0.5;               // would change the options if applied
     edit(sd);
     return sd;
   };
@@ -266,10 +266,12 @@ TEST(Optimizers, LoadStateDictErrorsLeaveOptimizerUnchanged) {
                {"Adam.load_state_dict", "parameter group 0 has 1", "2 in this optimizer"});
   expect_unchanged();
   // Shape of a state tensor.
-  expect_error([&] {
-    opt.load_state_dict(changed([](auto& sd) { sd.tensors["state.1.exp_avg"] = ops::zeros({2}, {.dtype = DType::Float64}); }));
-  },
-               {"Adam.load_state_dict", "state.1.exp_avg", "[2]", "[1]"});
+  expect_error(
+      [&] {
+        opt.load_state_dict(
+            changed([](auto& sd) { sd.tensors["state.1.exp_avg"] = ops::zeros({2}, {.dtype = DType::Float64}); }));
+      },
+      {"Adam.load_state_dict", "state.1.exp_avg", "[2]", "[1]"});
   expect_unchanged();
   // A parameter index past the end, a malformed key.
   expect_error([&] { opt.load_state_dict(changed([](auto& sd) { sd.tensors["state.7.exp_avg"] = ops::zeros({1}); })); },
@@ -279,7 +281,8 @@ TEST(Optimizers, LoadStateDictErrorsLeaveOptimizerUnchanged) {
   // A missing option (a state saved by SGD), and an invalid one: the options are restored.
   Tensor c = leaf({1, 2, 3}, {3}), d = leaf({4}, {1});
   optim::SGD sgd({c, d}, {.lr = 0.1});
-  expect_error([&] { opt.load_state_dict(sgd.state_dict()); }, {"Adam.load_state_dict", "the state has no value 'param_groups.0.", "another kind"});
+  expect_error([&] { opt.load_state_dict(sgd.state_dict()); },
+               {"Adam.load_state_dict", "the state has no value 'param_groups.0.", "another kind"});
   expect_error([&] { opt.load_state_dict(changed([](auto& sd) { sd.values["param_groups.0.betas.1"] = 1.5; })); },
                {"Adam: invalid beta parameter at index 1"});
   expect_unchanged();
@@ -331,8 +334,11 @@ TEST(Optimizers, BadOptionsThrow) {
 TEST(Optimizers, BadParametersThrow) {
   Tensor a = leaf({1}, {1}), b = leaf({2}, {1});
   optim::SGD opt({a}, {.lr = 0.1});
-  expect_error([&] { opt.add_param_group({.params = {b, a}, .options = {}}); },
-               {"SGD.add_param_group", "parameter 1", "already in a parameter group"});
+  expect_error(
+      [&] {
+        opt.add_param_group({.params = {b, a}, .options = {}});
+      },
+      {"SGD.add_param_group", "parameter 1", "already in a parameter group"});
   EXPECT_EQ(opt.num_param_groups(), 1u);
   expect_error([&] { opt.add_param_group({.params = {b, b}, .options = {}}); }, {"parameter 1", "appears twice"});
   Tensor non_leaf = kiln::mul(b, 2.0);
