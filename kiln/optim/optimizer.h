@@ -9,12 +9,19 @@
 //
 // Each optimizer (sgd.h, adam.h, lamb.h) is an OptimizerWith<Options>: a group holds its parameters and its
 // own copy of the options. The non-template Optimizer interface is what LR schedulers (num_param_groups, lr,
-// set_lr), the GradScaler (all_params, step) and checkpoints (state_dict) use; keep it stable.
+// set_lr), the GradScaler (all_params, step, step_with) and checkpoints (state_dict) use; keep it stable.
+//
+// Where the update runs: CUDA parameters are updated by the fused multi-tensor kernels (kiln/optim/cuda/,
+// a few launches per group, grouped by device and dtype, no host synchronisation); other parameters by
+// kiln ops, one parameter at a time, in float64 for float64 parameters and float32 for 16-bit ones.
+// State tensors are float32 for 16-bit parameters and the parameter's dtype otherwise; "step" is a
+// 1-element float32 tensor on the parameter's device (as PyTorch), so a kernel can count on the device.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/tensor/tensor.h"
@@ -22,8 +29,10 @@
 namespace kiln::optim {
 
 // A flat, name-keyed form of an optimizer's state, for checkpoints (kiln/data's HDF5 writer stores it as is):
-//   tensors: "state.<param index>.<name>" (e.g. "state.3.exp_avg"; parameters are numbered across groups in
-//            order), values: "param_groups.<g>.<option>" (e.g. "param_groups.0.lr") and "param_groups.<g>.size".
+//   tensors: "state.<param index>.<name>" (e.g. "state.3.exp_avg", "state.3.step"; parameters are numbered
+//            across groups in order), values: "param_groups.<g>.<option>" (e.g. "param_groups.0.lr",
+//            "param_groups.0.betas.1"; flags are 0 or 1) and "param_groups.<g>.size".
+// state_dict() gives the live state tensors (as PyTorch: copy them for a snapshot); load_state_dict() copies.
 struct OptimizerState {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, double> values;
@@ -35,8 +44,16 @@ class Optimizer {
 
   // Sets every parameter's .grad to none (default, as PyTorch >= 2.0) or to zeros.
   void zero_grad(bool set_to_none = true);
-  // One update of every parameter that has a gradient. Runs without recording the graph.
+  // One update of every parameter that has a gradient (the others are skipped, their state untouched).
+  // Runs without recording the graph.
   virtual void step() = 0;
+
+  // For amp::GradScaler (internal): one step with every gradient divided by `grad_scale`, and no change at
+  // all (parameters, states, step counts) when `found_inf` is non-zero. Both are 1-element float32 tensors
+  // (or undefined: no scaling, no check). CUDA parameters read them on the device (no host sync); CPU
+  // parameters read them on the host. Optimizers without support throw; see supports_step_with().
+  virtual void step_with(const Tensor& grad_scale, const Tensor& found_inf);
+  virtual bool supports_step_with() const { return false; }
 
   virtual size_t num_param_groups() const = 0;
   virtual const std::vector<Tensor>& params(size_t group) const = 0;
@@ -50,15 +67,48 @@ class Optimizer {
   const std::map<std::string, Tensor>* find_state(const Tensor& param) const;
 
   virtual OptimizerState state_dict() const;
-  // Throws kiln::Error naming the first mismatch (group count or sizes, a tensor's shape) and changes nothing then.
+  // Throws kiln::Error naming the first mismatch (group count or sizes, a missing option, a tensor's shape)
+  // and changes nothing then. Tensors are copied to each parameter's device (and state dtype).
   virtual void load_state_dict(const OptimizerState& state);
 
   virtual std::string name() const = 0;  // "SGD", "Adam", ... (error messages, checkpoints)
 
  protected:
-  // Options of a group as name -> value (numbers and flags), for state_dict; and back.
+  // Options of a group as name -> value (numbers and flags), for state_dict; and back (`values` holds every
+  // name group_values gives; set_group_values validates and throws before changing anything).
   virtual std::map<std::string, double> group_values(size_t group) const = 0;
   virtual void set_group_values(size_t group, const std::map<std::string, double>& values) = 0;
+
+  // ---- helpers for the optimizers' step() ----
+
+  // Rejects undefined, non-floating and non-leaf tensors, duplicates within `params` and parameters already
+  // in a group of this optimizer, naming the offending index. (Takes the name: it runs in constructors.)
+  void check_new_params(const std::vector<Tensor>& params, const std::string& optimizer_name) const;
+
+  // The parameters of one group that have a gradient, split by where they are updated.
+  struct CudaBucket {                   // one device and dtype: one fused call
+    std::vector<Tensor> params, grads;  // contiguous (a copy where the parameter or gradient is not)
+    std::vector<Tensor> originals;      // the parameters themselves (state lookup, copy-back)
+  };
+  struct StepPlan {
+    std::vector<Tensor> cpu;  // updated with kiln ops, one by one
+    std::vector<CudaBucket> cuda;
+  };
+  StepPlan plan_step(const std::vector<Tensor>& params) const;
+  // Writes bucket.params back into the parameters they were copied from (non-contiguous parameters).
+  static void finish_bucket(CudaBucket& bucket);
+
+  // For the CPU path of step_with: whether found_inf says to skip the step (reads it on the host), and the
+  // gradient to use: divided by grad_scale when defined, in `math_dtype`.
+  static bool found_inf_set(const Tensor& found_inf);
+  static Tensor cpu_grad(const Tensor& param, const Tensor& grad_scale, DType math_dtype);
+
+  // The dtype state tensors and CPU math use for a parameter: float32 for 16-bit floats, else its dtype.
+  static DType state_dtype(const Tensor& param);
+  // The state tensor `name` of `param`: created as zeros (param's shape, state dtype, device) when absent.
+  Tensor& state_tensor(const Tensor& param, const std::string& name);
+  // The "step" tensor of `param` (1-element float32 on its device), created as 0 when absent.
+  Tensor& step_tensor(const Tensor& param);
 
  private:
   // Keyed by the parameter's TensorImpl: a parameter is the same tensor for the optimizer's lifetime
@@ -74,28 +124,45 @@ struct ParamGroup {
 };
 
 // The typed half of an optimizer: groups of Options. `Derived` implements step() over groups().
+// Options provide kName (the optimizer's name), validate() (throws on a bad value), values() and from_values()
+// (state_dict).
 template <typename Options>
 class OptimizerWith : public Optimizer {
  public:
   OptimizerWith(std::vector<Tensor> params, Options defaults) : defaults_(defaults) {
+    defaults_.validate();
     add_param_group({std::move(params), defaults});
   }
   OptimizerWith(std::vector<ParamGroup<Options>> groups, Options defaults) : defaults_(defaults) {
+    defaults_.validate();
     for (auto& g : groups) add_param_group(std::move(g));
   }
 
-  // Parameters already in another group are an error (as PyTorch).
-  void add_param_group(ParamGroup<Options> group);
+  // Parameters already in another group are an error (as PyTorch), as are non-leaf and non-floating tensors
+  // and invalid options; the optimizer is unchanged then.
+  void add_param_group(ParamGroup<Options> group) {
+    check_new_params(group.params, Options::kName);
+    group.options.validate();
+    groups_.push_back(std::move(group));
+  }
 
   size_t num_param_groups() const override { return groups_.size(); }
   const std::vector<Tensor>& params(size_t group) const override { return groups_.at(group).params; }
   double lr(size_t group) const override { return groups_.at(group).options.lr; }
   void set_lr(size_t group, double lr) override { groups_.at(group).options.lr = lr; }
+  std::string name() const override { return Options::kName; }
   std::vector<ParamGroup<Options>>& groups() { return groups_; }
   const std::vector<ParamGroup<Options>>& groups() const { return groups_; }
   const Options& defaults() const { return defaults_; }
 
  protected:
+  std::map<std::string, double> group_values(size_t group) const override { return groups_.at(group).options.values(); }
+  void set_group_values(size_t group, const std::map<std::string, double>& values) override {
+    Options options = Options::from_values(values);
+    options.validate();
+    groups_.at(group).options = options;
+  }
+
   Options defaults_;
   std::vector<ParamGroup<Options>> groups_;
 };

@@ -1,0 +1,138 @@
+// kiln/optim/adam.cpp — Adam and AdamW: the fused CUDA kernel for CUDA parameters, kiln ops for the others.
+#include "kiln/optim/adam.h"
+
+#include <cmath>
+#include <string_view>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/tensor/error.h"
+#include "kiln/tensor/ops.h"
+
+#if KILN_WITH_CUDA
+#include "kiln/optim/cuda/fused.h"
+#endif
+
+namespace kiln::optim {
+
+namespace {
+
+template <typename Options>
+void validate_adam(const Options& o, std::string_view name) {
+  KILN_CHECK(std::isfinite(o.lr) && o.lr >= 0, name, ": invalid learning rate ", o.lr, " (lr must be >= 0)");
+  KILN_CHECK(std::isfinite(o.eps) && o.eps >= 0, name, ": invalid eps ", o.eps, " (must be >= 0)");
+  for (int i = 0; i < 2; ++i) {
+    KILN_CHECK(o.betas[i] >= 0 && o.betas[i] < 1, name, ": invalid beta parameter at index ", i, ": ", o.betas[i],
+               " (betas must be in [0, 1))");
+  }
+  KILN_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, name, ": invalid weight_decay ", o.weight_decay,
+             " (must be >= 0)");
+}
+
+template <typename Options>
+std::map<std::string, double> adam_values(const Options& o) {
+  return {{"lr", o.lr},
+          {"betas.0", o.betas[0]},
+          {"betas.1", o.betas[1]},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"amsgrad", o.amsgrad ? 1.0 : 0.0},
+          {"maximize", o.maximize ? 1.0 : 0.0}};
+}
+
+template <typename Options>
+Options adam_from_values(const std::map<std::string, double>& v) {
+  return {.lr = v.at("lr"),
+          .betas = {v.at("betas.0"), v.at("betas.1")},
+          .eps = v.at("eps"),
+          .weight_decay = v.at("weight_decay"),
+          .amsgrad = v.at("amsgrad") != 0,
+          .maximize = v.at("maximize") != 0};
+}
+
+}  // namespace
+
+void AdamOptions::validate() const { validate_adam(*this, "Adam"); }
+std::map<std::string, double> AdamOptions::values() const { return adam_values(*this); }
+AdamOptions AdamOptions::from_values(const std::map<std::string, double>& v) {
+  return adam_from_values<AdamOptions>(v);
+}
+void AdamWOptions::validate() const { validate_adam(*this, "AdamW"); }
+std::map<std::string, double> AdamWOptions::values() const { return adam_values(*this); }
+AdamWOptions AdamWOptions::from_values(const std::map<std::string, double>& v) {
+  return adam_from_values<AdamWOptions>(v);
+}
+
+template <typename Options>
+void AdamBase<Options>::step_with(const Tensor& grad_scale, const Tensor& found_inf) {
+  NoGradGuard no_grad;
+  const bool decoupled = decoupled_weight_decay();
+  bool skip_cpu = false, skip_read = false;  // found_inf is read on the host once, if a CPU parameter needs it
+  for (auto& group : this->groups_) {
+    const Options& o = group.options;
+    auto plan = this->plan_step(group.params);
+#if KILN_WITH_CUDA
+    for (auto& bucket : plan.cuda) {
+      std::vector<Tensor> m, v, vmax, steps;
+      for (const Tensor& p : bucket.originals) {
+        m.push_back(this->state_tensor(p, "exp_avg"));
+        v.push_back(this->state_tensor(p, "exp_avg_sq"));
+        if (o.amsgrad) vmax.push_back(this->state_tensor(p, "max_exp_avg_sq"));
+        steps.push_back(this->step_tensor(p));
+      }
+      cuda_impl::fused_adam(bucket.params, bucket.grads, m, v, vmax, steps,
+                            {.lr = o.lr,
+                             .beta1 = o.betas[0],
+                             .beta2 = o.betas[1],
+                             .eps = o.eps,
+                             .weight_decay = o.weight_decay,
+                             .decoupled_weight_decay = decoupled,
+                             .amsgrad = o.amsgrad,
+                             .maximize = o.maximize},
+                            grad_scale, found_inf);
+      this->finish_bucket(bucket);
+    }
+#endif
+    if (plan.cpu.empty()) continue;
+    if (!skip_read) skip_cpu = this->found_inf_set(found_inf), skip_read = true;
+    if (skip_cpu) continue;
+    const auto [beta1, beta2] = o.betas;
+    for (Tensor& p : plan.cpu) {
+      const DType math = this->state_dtype(p);
+      Tensor g = this->cpu_grad(p, grad_scale, math);  // may share the gradient: never written in place
+      if (o.maximize) g = ops::neg(g);
+      Tensor w = p.dtype() == math ? p : ops::cast(p, math);
+      if (o.weight_decay != 0) {
+        if (decoupled) {
+          ops::mul_(w, 1 - o.lr * o.weight_decay);
+        } else {
+          g = ops::add(g, w, o.weight_decay);
+        }
+      }
+      Tensor& step = this->step_tensor(p);
+      const double t = static_cast<double>(step.item<float>()) + 1;
+      Tensor& m = this->state_tensor(p, "exp_avg");
+      Tensor& v = this->state_tensor(p, "exp_avg_sq");
+      ops::mul_(m, beta1);
+      ops::add_(m, g, 1 - beta1);
+      ops::mul_(v, beta2);
+      ops::add_(v, ops::mul(g, g), 1 - beta2);
+      const double bias_correction1 = 1 - std::pow(beta1, t);
+      const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, t));
+      Tensor second = v;
+      if (o.amsgrad) {
+        Tensor& vmax = this->state_tensor(p, "max_exp_avg_sq");
+        ops::copy_(vmax, ops::maximum(vmax, v));
+        second = vmax;
+      }
+      Tensor denom = ops::add(ops::div(ops::sqrt(second), bias_correction2_sqrt), o.eps);
+      ops::add_(w, ops::div(m, denom), -o.lr / bias_correction1);
+      if (!w.is_same(p)) ops::copy_(p, w);
+      ops::fill_(step, t);
+    }
+  }
+}
+
+template class AdamBase<AdamOptions>;
+template class AdamBase<AdamWOptions>;
+
+}  // namespace kiln::optim

@@ -1,0 +1,86 @@
+// kiln/optim/adam.h — Adam (L2 weight decay) and AdamW (decoupled weight decay), exactly as torch.optim.Adam
+// and torch.optim.AdamW.
+//
+//   optim::AdamW opt(model->parameters(), {.lr = 1e-4, .betas = {0.9, 0.999}, .weight_decay = 0.01});
+//   opt.zero_grad();  loss.backward();  opt.step();
+//
+// Per parameter with gradient g (negated when maximize), at step t = 1, 2, ...:
+//   Adam:  g += weight_decay * p            AdamW:  p *= 1 - lr * weight_decay
+//   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2;  v_max = max(v_max, v) (amsgrad)
+//   p -= lr / (1 - beta1^t) * m / (sqrt(amsgrad ? v_max : v) / sqrt(1 - beta2^t) + eps)
+// State: "step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad).
+#pragma once
+
+#include <array>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/optim/optimizer.h"
+
+namespace kiln::optim {
+
+struct AdamOptions {
+  static constexpr const char* kName = "Adam";
+  double lr = 1e-3;
+  std::array<double, 2> betas = {0.9, 0.999};  // each in [0, 1)
+  double eps = 1e-8;
+  double weight_decay = 0;  // L2: added to the gradient
+  bool amsgrad = false;
+  bool maximize = false;
+
+  void validate() const;  // throws kiln::Error naming the bad option
+  std::map<std::string, double> values() const;
+  static AdamOptions from_values(const std::map<std::string, double>& values);
+};
+
+// The same options with AdamW's default weight decay (0.01, decoupled: p *= 1 - lr * weight_decay).
+struct AdamWOptions {
+  static constexpr const char* kName = "AdamW";
+  double lr = 1e-3;
+  std::array<double, 2> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
+  bool maximize = false;
+
+  void validate() const;
+  std::map<std::string, double> values() const;
+  static AdamWOptions from_values(const std::map<std::string, double>& values);
+};
+
+// Adam and AdamW share one implementation (adam.cpp), instantiated for both options types.
+template <typename Options>
+class AdamBase : public OptimizerWith<Options> {
+ public:
+  AdamBase(std::vector<Tensor> params, Options options = {}) : OptimizerWith<Options>(std::move(params), options) {}
+  AdamBase(std::vector<ParamGroup<Options>> groups, Options defaults = {})
+      : OptimizerWith<Options>(std::move(groups), defaults) {}
+
+  void step() override { step_with(Tensor(), Tensor()); }
+  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override;
+  bool supports_step_with() const override { return true; }
+
+ protected:
+  virtual bool decoupled_weight_decay() const = 0;
+};
+extern template class AdamBase<AdamOptions>;
+extern template class AdamBase<AdamWOptions>;
+
+class Adam : public AdamBase<AdamOptions> {
+ public:
+  using AdamBase::AdamBase;
+
+ protected:
+  bool decoupled_weight_decay() const override { return false; }
+};
+
+class AdamW : public AdamBase<AdamWOptions> {
+ public:
+  using AdamBase::AdamBase;
+
+ protected:
+  bool decoupled_weight_decay() const override { return true; }
+};
+
+}  // namespace kiln::optim

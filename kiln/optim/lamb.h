@@ -1,0 +1,50 @@
+// kiln/optim/lamb.h — LAMB (layer-wise adaptive moments, You et al. 2019) as NVIDIA's FusedLAMB (apex) without
+// gradient averaging: the large-batch optimizer of BERT pretraining.
+//
+//   optim::LAMB opt(model->parameters(), {.lr = 1e-3, .weight_decay = 0.01});
+//   opt.zero_grad();  loss.backward();  opt.step();
+//
+// Per parameter (a whole tensor is one "layer") with gradient g, at step t = 1, 2, ...:
+//   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
+//   m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t)   (m, v themselves without bias_correction)
+//   update = m_hat / (sqrt(v_hat) + eps) + weight_decay * p
+//   trust = ||p|| / ||update|| (1 where either norm is 0), clamped to [0, max_trust_ratio]
+//   p -= lr * trust * update
+// State: "step", "exp_avg", "exp_avg_sq". There is no torch.optim.LAMB.
+#pragma once
+
+#include <array>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/optim/optimizer.h"
+
+namespace kiln::optim {
+
+struct LAMBOptions {
+  static constexpr const char* kName = "LAMB";
+  double lr = 1e-3;
+  std::array<double, 2> betas = {0.9, 0.999};  // each in [0, 1)
+  double eps = 1e-6;
+  double weight_decay = 0.01;  // decoupled: part of the update the trust ratio scales
+  bool bias_correction = true;
+  double max_trust_ratio = 10.0;  // > 0
+
+  void validate() const;  // throws kiln::Error naming the bad option
+  std::map<std::string, double> values() const;
+  static LAMBOptions from_values(const std::map<std::string, double>& values);
+};
+
+class LAMB : public OptimizerWith<LAMBOptions> {
+ public:
+  LAMB(std::vector<Tensor> params, LAMBOptions options = {}) : OptimizerWith(std::move(params), options) {}
+  LAMB(std::vector<ParamGroup<LAMBOptions>> groups, LAMBOptions defaults = {})
+      : OptimizerWith(std::move(groups), defaults) {}
+
+  void step() override { step_with(Tensor(), Tensor()); }
+  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override;
+  bool supports_step_with() const override { return true; }
+};
+
+}  // namespace kiln::optim

@@ -1,0 +1,248 @@
+// kiln/optim/optimizer.cpp — the optimizer base: zero_grad, state, state_dict/load_state_dict and the
+// helpers the optimizers' step() share (which parameters go to the fused CUDA kernels, AMP hooks on the CPU).
+#include "kiln/optim/optimizer.h"
+
+#include <set>
+#include <string_view>
+
+#include "kiln/tensor/error.h"
+#include "kiln/tensor/ops.h"
+
+namespace kiln::optim {
+
+namespace {
+
+// "state.<i>.<name>" -> (i, name); false when the key has another form.
+bool parse_state_key(const std::string& key, size_t& index, std::string& name) {
+  constexpr std::string_view kPrefix = "state.";
+  if (key.rfind(kPrefix, 0) != 0) return false;
+  const size_t dot = key.find('.', kPrefix.size());
+  if (dot == std::string::npos || dot == kPrefix.size() || dot + 1 == key.size()) return false;
+  index = 0;
+  for (size_t i = kPrefix.size(); i < dot; ++i) {
+    if (key[i] < '0' || key[i] > '9') return false;
+    index = index * 10 + static_cast<size_t>(key[i] - '0');
+  }
+  name = key.substr(dot + 1);
+  return true;
+}
+
+std::string group_key(size_t g, const std::string& option) {
+  return "param_groups." + std::to_string(g) + "." + option;
+}
+
+// A fresh copy of `t` with the given dtype on the given device (never sharing memory with t).
+Tensor copy_to(const Tensor& t, DType dtype, Device device) {
+  Tensor out = ops::empty(t.shape(), {.dtype = dtype, .device = device});
+  ops::copy_(out, t);
+  return out;
+}
+
+}  // namespace
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (const Tensor& p : all_params()) {
+    Tensor param = p;
+    if (!param.grad().defined()) continue;
+    if (set_to_none) {
+      param.mutable_grad() = Tensor();
+    } else {
+      ops::fill_(param.mutable_grad(), 0);
+    }
+  }
+}
+
+void Optimizer::step_with(const Tensor& /*grad_scale*/, const Tensor& /*found_inf*/) {
+  KILN_CHECK(false, name(),
+             ".step_with: this optimizer does not take a gradient scale and inf flag; unscale the gradients "
+             "(GradScaler::unscale_) and call step() instead");
+}
+
+std::vector<Tensor> Optimizer::all_params() const {
+  std::vector<Tensor> out;
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    const auto& ps = params(g);
+    out.insert(out.end(), ps.begin(), ps.end());
+  }
+  return out;
+}
+
+std::map<std::string, Tensor>& Optimizer::state(const Tensor& param) { return state_[&param.impl()]; }
+
+const std::map<std::string, Tensor>* Optimizer::find_state(const Tensor& param) const {
+  auto it = state_.find(&param.impl());
+  return it == state_.end() ? nullptr : &it->second;
+}
+
+OptimizerState Optimizer::state_dict() const {
+  OptimizerState out;
+  size_t index = 0;
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    const auto& ps = params(g);
+    out.values[group_key(g, "size")] = static_cast<double>(ps.size());
+    for (const auto& [option, value] : group_values(g)) out.values[group_key(g, option)] = value;
+    for (const Tensor& p : ps) {
+      if (const auto* s = find_state(p)) {
+        for (const auto& [name, t] : *s) out.tensors["state." + std::to_string(index) + "." + name] = t;
+      }
+      ++index;
+    }
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const OptimizerState& sd) {
+  const std::string op = name() + ".load_state_dict";
+  // Groups: count and sizes.
+  size_t saved_groups = 0;
+  while (sd.values.count(group_key(saved_groups, "size"))) ++saved_groups;
+  KILN_CHECK(saved_groups == num_param_groups(), op, ": the state has ", saved_groups,
+             " parameter group(s), this optimizer has ", num_param_groups(),
+             "; build the optimizer with the same groups as the one that was saved");
+  std::vector<Tensor> ps;
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    const double saved = sd.values.at(group_key(g, "size"));
+    KILN_CHECK(saved == static_cast<double>(params(g).size()), op, ": parameter group ", g, " has ", saved,
+               " parameter(s) in the state and ", params(g).size(), " in this optimizer");
+    ps.insert(ps.end(), params(g).begin(), params(g).end());
+  }
+  // Options: every option this optimizer has must be there.
+  std::vector<std::map<std::string, double>> new_values(num_param_groups());
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    for (const auto& [option, current] : group_values(g)) {
+      auto it = sd.values.find(group_key(g, option));
+      KILN_CHECK(it != sd.values.end(), op, ": the state has no value '", group_key(g, option),
+                 "' (was it saved by another kind of optimizer than ", name(), "?)");
+      new_values[g][option] = it->second;
+    }
+  }
+  // Tensors: known parameter indices, shapes; copied to the parameter's device and state dtype.
+  std::vector<std::map<std::string, Tensor>> new_state(ps.size());
+  for (const auto& [key, t] : sd.tensors) {
+    size_t index = 0;
+    std::string sname;
+    KILN_CHECK(parse_state_key(key, index, sname), op, ": unexpected tensor key '", key,
+               "' (expected 'state.<param index>.<name>')");
+    KILN_CHECK(index < ps.size(), op, ": '", key, "' is for parameter ", index, " but this optimizer has ", ps.size(),
+               " parameters");
+    KILN_CHECK(t.defined(), op, ": '", key, "' is an undefined tensor");
+    const Tensor& p = ps[index];
+    if (sname == "step") {
+      KILN_CHECK(t.numel() == 1, op, ": '", key, "' has shape ", t.shape(), "; a step count has one element");
+      new_state[index][sname] = copy_to(ops::reshape(t, {1}), DType::Float32, p.device());
+    } else {
+      KILN_CHECK(t.shape() == p.shape(), op, ": '", key, "' has shape ", t.shape(), " but parameter ", index,
+                 " has shape ", p.shape());
+      KILN_CHECK(t.is_floating_point(), op, ": '", key, "' has dtype ", t.dtype(), "; optimizer states are floating");
+      new_state[index][sname] = copy_to(t, state_dtype(p), p.device());
+    }
+  }
+  // Apply: the options (validated, restored if one group's are refused), then the state.
+  std::vector<std::map<std::string, double>> old_values(num_param_groups());
+  for (size_t g = 0; g < num_param_groups(); ++g) old_values[g] = group_values(g);
+  try {
+    for (size_t g = 0; g < num_param_groups(); ++g) set_group_values(g, new_values[g]);
+  } catch (...) {
+    for (size_t g = 0; g < num_param_groups(); ++g) set_group_values(g, old_values[g]);
+    throw;
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (new_state[i].empty()) {
+      state_.erase(&ps[i].impl());
+    } else {
+      state_[&ps[i].impl()] = std::move(new_state[i]);
+    }
+  }
+}
+
+void Optimizer::check_new_params(const std::vector<Tensor>& params, const std::string& optimizer_name) const {
+  const std::string op = optimizer_name + ".add_param_group";
+  std::set<const void*> existing;
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    for (const Tensor& p : this->params(g)) existing.insert(&p.impl());
+  }
+  std::set<const void*> seen;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    KILN_CHECK(p.defined(), op, ": parameter ", i, " is an undefined tensor");
+    KILN_CHECK(p.is_floating_point(), op, ": parameter ", i, " has dtype ", p.dtype(), " and shape ", p.shape(),
+               "; only floating-point tensors can be optimized");
+    KILN_CHECK(p.is_leaf(), op, ": parameter ", i, " (shape ", p.shape(),
+               ") is not a leaf (it is the result of a recorded op); optimize the leaf tensor, or a detach()ed copy");
+    KILN_CHECK(!existing.count(&p.impl()), op, ": parameter ", i, " (shape ", p.shape(),
+               ") is already in a parameter group of this optimizer; a parameter can be in one group only");
+    KILN_CHECK(seen.insert(&p.impl()).second, op, ": parameter ", i, " (shape ", p.shape(),
+               ") appears twice in the group");
+  }
+}
+
+Optimizer::StepPlan Optimizer::plan_step(const std::vector<Tensor>& params) const {
+  StepPlan plan;
+  for (const Tensor& p : params) {
+    const Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    KILN_CHECK(g.device() == p.device() && g.shape() == p.shape(), name(), ".step: a parameter of shape ", p.shape(),
+               " on ", p.device(), " has a gradient of shape ", g.shape(), " on ", g.device());
+#if KILN_WITH_CUDA
+    if (p.is_cuda()) {
+      CudaBucket* bucket = nullptr;
+      for (auto& b : plan.cuda) {
+        if (b.originals[0].device() == p.device() && b.originals[0].dtype() == p.dtype()) bucket = &b;
+      }
+      if (!bucket) bucket = &plan.cuda.emplace_back();
+      bucket->originals.push_back(p);
+      bucket->params.push_back(p.is_contiguous() ? p : ops::contiguous(p));
+      Tensor gc = g.dtype() == p.dtype() ? g : ops::cast(g, p.dtype());
+      bucket->grads.push_back(gc.is_contiguous() ? gc : ops::contiguous(gc));
+      continue;
+    }
+#endif
+    plan.cpu.push_back(p);
+  }
+  return plan;
+}
+
+void Optimizer::finish_bucket(CudaBucket& bucket) {
+  for (size_t i = 0; i < bucket.params.size(); ++i) {
+    if (!bucket.params[i].is_same(bucket.originals[i])) ops::copy_(bucket.originals[i], bucket.params[i]);
+  }
+}
+
+bool Optimizer::found_inf_set(const Tensor& found_inf) {
+  if (!found_inf.defined()) return false;
+  KILN_CHECK(found_inf.numel() == 1, "Optimizer.step_with: found_inf has shape ", found_inf.shape(),
+             "; expected one element");
+  return ops::cast(found_inf, DType::Float64).to(Device::cpu()).item<double>() != 0.0;
+}
+
+Tensor Optimizer::cpu_grad(const Tensor& param, const Tensor& grad_scale, DType math_dtype) {
+  Tensor g = param.grad();
+  if (g.dtype() != math_dtype) g = ops::cast(g, math_dtype);
+  if (grad_scale.defined()) {
+    KILN_CHECK(grad_scale.numel() == 1, "Optimizer.step_with: grad_scale has shape ", grad_scale.shape(),
+               "; expected one element");
+    g = ops::div(g, ops::cast(grad_scale, DType::Float64).to(Device::cpu()).item<double>());
+  }
+  return g;
+}
+
+DType Optimizer::state_dtype(const Tensor& param) {
+  const DType d = param.dtype();
+  return d == DType::Float16 || d == DType::BFloat16 ? DType::Float32 : d;
+}
+
+Tensor& Optimizer::state_tensor(const Tensor& param, const std::string& name) {
+  auto& s = state(param);
+  auto it = s.find(name);
+  if (it != s.end()) return it->second;
+  return s[name] = ops::zeros(param.shape(), {.dtype = state_dtype(param), .device = param.device()});
+}
+
+Tensor& Optimizer::step_tensor(const Tensor& param) {
+  auto& s = state(param);
+  auto it = s.find("step");
+  if (it != s.end()) return it->second;
+  return s["step"] = ops::zeros({1}, {.dtype = DType::Float32, .device = param.device()});
+}
+
+}  // namespace kiln::optim

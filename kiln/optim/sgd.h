@@ -1,0 +1,48 @@
+// kiln/optim/sgd.h — stochastic gradient descent with momentum, dampening, Nesterov and weight decay,
+// exactly as torch.optim.SGD.
+//
+//   optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-5});
+//   opt.zero_grad();  loss.backward();  opt.step();
+//
+// Per parameter with gradient g (negated when maximize):
+//   g += weight_decay * p
+//   buf = g on the first step, else momentum * buf + (1 - dampening) * g       (when momentum != 0)
+//   g = nesterov ? g + momentum * buf : buf                                      (when momentum != 0)
+//   p -= lr * g
+// State: "momentum_buffer" (when momentum != 0) and "step".
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/optim/optimizer.h"
+
+namespace kiln::optim {
+
+struct SGDOptions {
+  static constexpr const char* kName = "SGD";
+  double lr = 1e-3;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;  // needs momentum > 0 and dampening == 0
+  bool maximize = false;
+
+  void validate() const;  // throws kiln::Error naming the bad option
+  std::map<std::string, double> values() const;
+  static SGDOptions from_values(const std::map<std::string, double>& values);
+};
+
+class SGD : public OptimizerWith<SGDOptions> {
+ public:
+  SGD(std::vector<Tensor> params, SGDOptions options = {}) : OptimizerWith(std::move(params), options) {}
+  SGD(std::vector<ParamGroup<SGDOptions>> groups, SGDOptions defaults = {})
+      : OptimizerWith(std::move(groups), defaults) {}
+
+  void step() override { step_with(Tensor(), Tensor()); }
+  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override;
+  bool supports_step_with() const override { return true; }
+};
+
+}  // namespace kiln::optim

@@ -1,0 +1,205 @@
+// tests/optim/test_optim_cuda.cpp — the optimizers' fused CUDA path (kiln/optim/cuda) against the float64
+// references and against the CPU path: float32, 16-bit, non-contiguous parameters, mixed dtypes in a group,
+// the AMP hooks (grad_scale, found_inf on the device), and state_dict across devices. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include "kiln/kiln.h"
+#include "kiln/tensor/cuda.h"
+#include "optim/optim_reference.h"
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+using namespace optim_ref;
+
+#define KILN_REQUIRE_GPU() \
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible"
+
+const Device kGpu = Device::cuda(0);
+
+TEST(CudaOptimizers, TrajectoriesMatchReferenceFloat32) {
+  KILN_REQUIRE_GPU();
+  for (const Case& c : all_cases()) run_trajectory(c, {.dtype = DType::Float32, .device = kGpu}, 5e-5, 5e-6);
+}
+
+TEST(CudaOptimizers, SixteenBitParameters) {
+  KILN_REQUIRE_GPU();
+  const std::vector<Case> cases = {
+      {"sgd", optim::SGDOptions{.lr = 0.2, .momentum = 0.9, .weight_decay = 0.1}},
+      {"adam", optim::AdamOptions{.lr = 0.1, .amsgrad = true}},
+      {"adamw", optim::AdamWOptions{.lr = 0.1, .weight_decay = 0.1}},
+      {"lamb", optim::LAMBOptions{.lr = 0.1}},
+  };
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    for (const Case& c : cases) run_trajectory(c, {.dtype = dtype, .device = kGpu}, 1e-2, 2e-2, 3);
+  }
+}
+
+// The CPU and the GPU path given the same gradients: the same parameters and states up to float32 rounding.
+TEST(CudaOptimizers, MatchCpu) {
+  KILN_REQUIRE_GPU();
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    Problem pb;
+    std::vector<Tensor> pc, pg;
+    for (size_t i = 0; i < 2; ++i) {
+      pc.push_back(make(pb.init[i], pb.shapes[i], {.dtype = DType::Float32}).requires_grad_());
+      pg.push_back(make(pb.init[i], pb.shapes[i], {.dtype = DType::Float32, .device = kGpu}).requires_grad_());
+    }
+    auto oc = make_optimizer(c.options, pc[0], pc[1]);
+    auto og = make_optimizer(c.options, pg[0], pg[1]);
+    for (int k = 0; k < 5; ++k) {
+      for (size_t i = 0; i < 2; ++i) {
+        pb.set_grad(i, pc[i]);
+        pg[i].mutable_grad() = pc[i].grad().to(kGpu);
+      }
+      oc->step();
+      og->step();
+      for (size_t i = 0; i < 2; ++i) expect_values(pg[i], pb.shapes[i], values(pc[i]), 1e-5, 1e-6);
+    }
+    const auto sc = oc->state_dict(), sg = og->state_dict();
+    ASSERT_EQ(sc.tensors.size(), sg.tensors.size());
+    for (const auto& [key, t] : sc.tensors) {
+      SCOPED_TRACE(key);
+      ASSERT_TRUE(sg.tensors.count(key));
+      EXPECT_TRUE(sg.tensors.at(key).is_cuda());
+      expect_values(sg.tensors.at(key), t.shape(), values(t), 1e-5, 1e-7);
+    }
+  }
+}
+
+// A non-contiguous parameter (a transposed view, and a channels-last 4-d weight) is updated through a
+// contiguous copy and written back.
+TEST(CudaOptimizers, NonContiguousParameters) {
+  KILN_REQUIRE_GPU();
+  const Vec init = uniform(24, -1, 1, 5), grad = uniform(24, -1, 1, 6);
+  for (const Case& c : {Case{"sgd", optim::SGDOptions{.lr = 0.1, .momentum = 0.9}},
+                        Case{"adamw", optim::AdamWOptions{.lr = 0.01}}, Case{"lamb", optim::LAMBOptions{.lr = 0.01}}}) {
+    SCOPED_TRACE(c.name);
+    Tensor t = ops::transpose(make(init, {4, 6}, {.dtype = DType::Float32, .device = kGpu}), 0, 1);  // (6, 4)
+    Tensor cl = make(init, {2, 3, 2, 2}, {.dtype = DType::Float32, .device = kGpu}).to(MemoryFormat::ChannelsLast);
+    ASSERT_FALSE(t.is_contiguous());
+    ASSERT_FALSE(cl.is_contiguous());
+    t.requires_grad_();
+    cl.requires_grad_();
+    Tensor rt = ops::to(t.detach(), Device::cpu()).requires_grad_(), rcl = ops::to(cl.detach(), Device::cpu()).requires_grad_();
+    auto og = make_optimizer(c.options, t, cl);
+    auto oc = make_optimizer(c.options, ops::contiguous(rt).requires_grad_(), ops::contiguous(rcl).requires_grad_());
+    const auto cpu_params = oc->all_params();
+    for (int k = 0; k < 3; ++k) {
+      t.mutable_grad() = make(grad, {6, 4}, {.dtype = DType::Float32, .device = kGpu});
+      cl.mutable_grad() = make(grad, {2, 3, 2, 2}, {.dtype = DType::Float32, .device = kGpu});
+      Tensor c0 = cpu_params[0], c1 = cpu_params[1];
+      c0.mutable_grad() = make(grad, {6, 4}, {.dtype = DType::Float32});
+      c1.mutable_grad() = make(grad, {2, 3, 2, 2}, {.dtype = DType::Float32});
+      og->step();
+      oc->step();
+      expect_values(t, {6, 4}, values(c0), 1e-5, 1e-6);
+      expect_values(cl, {2, 3, 2, 2}, values(c1), 1e-5, 1e-6);
+    }
+    EXPECT_FALSE(t.is_contiguous());  // still the same view
+  }
+}
+
+// One group holding float32 and bfloat16 CUDA parameters (two fused calls) and a parameter without gradient.
+TEST(CudaOptimizers, MixedDtypesInOneGroup) {
+  KILN_REQUIRE_GPU();
+  const Vec init = uniform(8, -1, 1, 7), grad = uniform(8, -1, 1, 8);
+  Tensor a = make(init, {8}, {.dtype = DType::Float32, .device = kGpu}).requires_grad_();
+  Tensor b = make(init, {8}, {.dtype = DType::BFloat16, .device = kGpu}).requires_grad_();
+  Tensor idle = make(init, {8}, {.dtype = DType::Float32, .device = kGpu}).requires_grad_();
+  Tensor ac = make(init, {8}, {.dtype = DType::Float32}).requires_grad_();
+  Tensor bc = make(init, {8}, {.dtype = DType::BFloat16}).requires_grad_();
+  optim::Adam og({a, b, idle}, {.lr = 0.05});
+  optim::Adam oc({ac, bc}, {.lr = 0.05});
+  for (int k = 0; k < 3; ++k) {
+    a.mutable_grad() = make(grad, {8}, a.options());
+    b.mutable_grad() = make(grad, {8}, b.options());
+    ac.mutable_grad() = make(grad, {8}, ac.options());
+    bc.mutable_grad() = make(grad, {8}, bc.options());
+    og.step();
+    oc.step();
+  }
+  expect_values(a, {8}, values(ac), 1e-5, 1e-6);
+  expect_values(b, {8}, values(bc), 1e-2, 1e-2);
+  EXPECT_EQ(og.state(b).at("exp_avg").dtype(), DType::Float32);
+  EXPECT_EQ(og.state(b).at("step").item<float>(), 3.0f);
+  expect_values(idle, {8}, init, 1e-6, 1e-7);
+  EXPECT_EQ(og.find_state(idle), nullptr);
+}
+
+// GradScaler's hooks with device tensors: gradients divided by grad_scale; found_inf != 0 changes nothing.
+TEST(CudaOptimizers, StepWithGradScaleAndFoundInf) {
+  KILN_REQUIRE_GPU();
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    Problem pb;
+    std::vector<Tensor> p, q;
+    for (size_t i = 0; i < 2; ++i) {
+      p.push_back(make(pb.init[i], pb.shapes[i], {.dtype = DType::Float32, .device = kGpu}).requires_grad_());
+      q.push_back(make(pb.init[i], pb.shapes[i], {.dtype = DType::Float32, .device = kGpu}).requires_grad_());
+    }
+    auto op = make_optimizer(c.options, p[0], p[1]);
+    auto oq = make_optimizer(c.options, q[0], q[1]);
+    const Tensor scale = make({256}, {1}, {.dtype = DType::Float32, .device = kGpu});
+    const Tensor no_inf = make({0}, {1}, {.dtype = DType::Float32, .device = kGpu});
+    const Tensor inf = make({1}, {1}, {.dtype = DType::Float32, .device = kGpu});
+    for (int k = 0; k < 3; ++k) {
+      for (size_t i = 0; i < 2; ++i) {
+        pb.set_grad(i, q[i]);
+        p[i].mutable_grad() = ops::mul(q[i].grad(), 256.0);
+      }
+      oq->step();
+      op->step_with(scale, no_inf);
+      for (size_t i = 0; i < 2; ++i) expect_values(p[i], pb.shapes[i], values(q[i]), 1e-5, 1e-6);
+      std::map<std::string, Vec> before;
+      for (const auto& [key, t] : op->state_dict().tensors) before[key] = values(t);
+      std::vector<Vec> params_before = {values(p[0]), values(p[1])};
+      op->step_with(scale, inf);
+      for (size_t i = 0; i < 2; ++i) expect_values(p[i], pb.shapes[i], params_before[i], 0, 0);
+      for (const auto& [key, t] : op->state_dict().tensors) {
+        SCOPED_TRACE(key);
+        expect_values(t, t.shape(), before.at(key), 0, 0);
+      }
+    }
+    EXPECT_EQ(op->state(p[0]).at("step").item<float>(), 3.0f);
+  }
+}
+
+// A GPU optimizer's state_dict resumes a CPU optimizer, and back.
+TEST(CudaOptimizers, StateDictAcrossDevices) {
+  KILN_REQUIRE_GPU();
+  for (const Case& c : all_cases()) {
+    SCOPED_TRACE(c.name);
+    Problem pb;
+    std::vector<Tensor> pg, pc;
+    for (size_t i = 0; i < 2; ++i) {
+      pg.push_back(make(pb.init[i], pb.shapes[i], {.dtype = DType::Float32, .device = kGpu}).requires_grad_());
+    }
+    auto og = make_optimizer(c.options, pg[0], pg[1]);
+    for (int k = 0; k < 3; ++k) {
+      for (size_t i = 0; i < 2; ++i) pb.set_grad(i, pg[i]);
+      og->step();
+    }
+    for (size_t i = 0; i < 2; ++i) pc.push_back(ops::to(pg[i].detach(), Device::cpu()).requires_grad_());
+    auto oc = make_optimizer(c.options, pc[0], pc[1]);
+    oc->load_state_dict(og->state_dict());
+    EXPECT_TRUE(oc->state(pc[0]).at("step").is_cpu());
+    auto og2 = make_optimizer(c.options, pg[0], pg[1]);
+    og2->load_state_dict(oc->state_dict());
+    EXPECT_TRUE(og2->state(pg[0]).at("step").is_cuda());
+    for (int k = 0; k < 2; ++k) {
+      for (size_t i = 0; i < 2; ++i) {
+        pb.set_grad(i, pc[i]);
+        pg[i].mutable_grad() = pc[i].grad().to(kGpu);
+      }
+      oc->step();
+      og2->step();
+      for (size_t i = 0; i < 2; ++i) expect_values(pg[i], pb.shapes[i], values(pc[i]), 1e-5, 1e-6);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing
