@@ -24,6 +24,10 @@
 #include "kiln/layers/models/resnet.h"  // nn::models::resnet18/34/50/101/152, ResNet, BasicBlock, Bottleneck
 #include "kiln/layers/module.h"         // nn::Module: parameters, buffers, children, to(), state_dict()
 #include "kiln/layers/pooling.h"        // nn::max_pool2d, nn::avg_pool2d, nn::adaptive_avg_pool2d, nn::MaxPool2d, ...
+#include "kiln/optim/adam.h"            // optim::Adam, optim::AdamW
+#include "kiln/optim/lamb.h"            // optim::LAMB
+#include "kiln/optim/optimizer.h"       // optim::Optimizer: parameter groups, state, state_dict
+#include "kiln/optim/sgd.h"             // optim::SGD
 #include "kiln/tensor/generator.h"      // Generator, manual_seed
 #include "kiln/tensor/tensor.h"         // Tensor, DType, Device, Scalar, TensorOptions
 #include "kiln/tensor/threads.h"        // num_threads, set_num_threads
