@@ -26,6 +26,7 @@
 #include "kiln/layers/pooling.h"        // nn::max_pool2d, nn::avg_pool2d, nn::adaptive_avg_pool2d, nn::MaxPool2d, ...
 #include "kiln/optim/adam.h"            // optim::Adam, optim::AdamW
 #include "kiln/optim/lamb.h"            // optim::LAMB
+#include "kiln/optim/lr_scheduler.h"    // optim::StepLR, optim::CosineAnnealingLR, optim::OneCycleLR, warmups, ...
 #include "kiln/optim/optimizer.h"       // optim::Optimizer: parameter groups, state, state_dict
 #include "kiln/optim/sgd.h"             // optim::SGD
 #include "kiln/tensor/generator.h"      // Generator, manual_seed
