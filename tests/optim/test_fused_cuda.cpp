@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "kiln/tensor/cuda.h"  // is_available, synchronize, memory_stats
 #include "support/test_support.h"
 
 #if KILN_TEST_CUDA
@@ -115,7 +116,7 @@ List grads_for(const std::vector<int64_t>& sizes, DType dt, int k, double scale,
     Vec scaled = v;
     for (double& x : scaled) x *= scale;  // a power of two: exact
     g.host.push_back(v);
-    g.dev.push_back(gpu(scaled, dt, misalign && misaligned_at(i + 1)));
+    g.dev.push_back(gpu(scaled, dt, misalign && misaligned_at(i)));
   }
   return g;
 }
@@ -167,7 +168,13 @@ TEST_F(CudaFusedSgd, FirstStepInitialisesBufferToGradient) {
   List buf = zeros_list({5});
   TensorVec st = step_tensors(1);
   List g = grads_for({5}, DType::Float32, 0, 1, false);
+  // found_inf != 0 first: nothing moves (parameter, buffer, step).
+  fused_sgd(p.dev, g.dev, buf.dev, st, h, Tensor(), gpu_scalar(1));
+  expect_list(p, 0, 0, "param");
+  expect_list(buf, 0, 0, "momentum_buffer");
+  expect_steps(st, 0);
   fused_sgd(p.dev, g.dev, buf.dev, st, h, Tensor(), Tensor());
+  expect_steps(st, 1);
   expect_values(buf.dev[0], {5}, g.host[0], 1e-7, 0);
   Vec want = p.host[0];
   for (size_t j = 0; j < want.size(); ++j) want[j] -= 0.1 * g.host[0][j];
@@ -213,8 +220,7 @@ void adam_reference(Vec& p, const Vec& g0, Vec& m, Vec& v, Vec* vmax, double ste
   p = rounded(p, dt);
 }
 
-void run_adam(const std::vector<int64_t>& sizes, DType dt, const AdamHyper& h, int steps, double scale,
-              bool misalign) {
+void run_adam(const std::vector<int64_t>& sizes, DType dt, const AdamHyper& h, int steps, double scale, bool misalign) {
   List p = make_list(sizes, dt, -1, 1, 2, misalign);
   List m = zeros_list(sizes), v = zeros_list(sizes);
   List vmax = h.amsgrad ? zeros_list(sizes) : List{};
@@ -335,8 +341,8 @@ void lamb_reference(Vec& p, const Vec& g, Vec& m, Vec& v, double step, const Lam
   p = rounded(p, dt);
 }
 
-void run_lamb(const std::vector<int64_t>& sizes, DType dt, const LambHyper& h, int steps, double scale,
-              bool misalign, const std::vector<double>& param_scales = {}) {
+void run_lamb(const std::vector<int64_t>& sizes, DType dt, const LambHyper& h, int steps, double scale, bool misalign,
+              const std::vector<double>& param_scales = {}) {
   List p = make_list(sizes, dt, -1, 1, 8, misalign);
   // Per-tensor multipliers of the initial parameters: 0 (a zero norm), large (a clamped trust ratio).
   for (size_t i = 0; i < param_scales.size(); ++i) {
@@ -428,7 +434,7 @@ TEST_F(CudaFusedAmp, UnscaleAndCheckFindsInfAndNaNAmongMany) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     SCOPED_TRACE("grad " + std::to_string(i));
     Vec want = host[i];
-    for (double& x : want) x *= 0.125;  // exact
+    for (double& x : want) x *= 0.125;                   // exact
     expect_values(grads[i], {sizes[i]}, want, 0, 1e-7);  // exact but for float16 subnormals
   }
 }

@@ -33,7 +33,7 @@ struct AdamFunctor {
     const double t = static_cast<double>(*m.step[slot]) + 1.0;
     const float step_size = static_cast<float>(lr / (1.0 - pow(beta1, t)));
     const float bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(beta2, t)));
-    const float inv_scale = mt::inv_grad_scale(grad_scale);
+    const float divisor = mt::grad_divisor(grad_scale);
     mt::for_each_group(mt::chunk_len(m, slot, chunk), mt::all_aligned(m, slot), [&](int64_t i, auto w) {
       constexpr int W = decltype(w)::value;
       float rp[mt::kVec], rg[mt::kVec], rm[mt::kVec], rv[mt::kVec];
@@ -45,7 +45,7 @@ struct AdamFunctor {
       if constexpr (kAmsgrad) mt::load<W>(mx + i, rx);
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        float gk = rg[k] * inv_scale;
+        float gk = rg[k] / divisor;
         if (maximize) gk = -gk;
         if (weight_decay != 0.f) {
           if (decoupled) rp[k] -= lr_wd * rp[k];

@@ -44,8 +44,8 @@ void check_list(const TensorVec& list, const char* op, const char* name, Device 
                  "; the fused kernels take float32, float16 or bfloat16");
     }
     if (like != nullptr) {
-      KILN_CHECK(t.numel() == (*like)[i].numel(), op, ": ", name, "[", i, "] has ", t.numel(),
-                 " elements but params[", i, "] has ", (*like)[i].numel());
+      KILN_CHECK(t.numel() == (*like)[i].numel(), op, ": ", name, "[", i, "] has ", t.numel(), " elements but params[",
+                 i, "] has ", (*like)[i].numel());
     }
   }
 }
@@ -56,8 +56,8 @@ void check_scalar(const Tensor& t, const char* op, const char* name, Device devi
     return;
   }
   KILN_CHECK(t.numel() == 1 && t.dtype() == DType::Float32 && t.device() == device, op, ": ", name,
-             " must be a 1-element float32 tensor on ", device, ", got ", t.numel(), " elements of ", t.dtype(),
-             " on ", t.device());
+             " must be a 1-element float32 tensor on ", device, ", got ", t.numel(), " elements of ", t.dtype(), " on ",
+             t.device());
 }
 
 void check_steps(const TensorVec& steps, const char* op, Device device, size_t size) {
@@ -65,8 +65,8 @@ void check_steps(const TensorVec& steps, const char* op, Device device, size_t s
              " (one 1-element float32 step counter per parameter)");
   for (size_t i = 0; i < steps.size(); ++i) {
     const Tensor& s = steps[i];
-    KILN_CHECK(s.defined() && s.numel() == 1 && s.dtype() == DType::Float32 && s.device() == device, op,
-               ": steps[", i, "] must be a 1-element float32 tensor on ", device);
+    KILN_CHECK(s.defined() && s.numel() == 1 && s.dtype() == DType::Float32 && s.device() == device, op, ": steps[", i,
+               "] must be a 1-element float32 tensor on ", device);
   }
 }
 

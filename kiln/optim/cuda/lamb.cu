@@ -49,7 +49,7 @@ struct LambPhase1 {
     float* ea = static_cast<float*>(m.ptr[2][slot]) + off;
     float* eas = static_cast<float*>(m.ptr[3][slot]) + off;
     const LambMath::Corrections c = math.corrections(m.step[slot]);
-    const float inv_scale = mt::inv_grad_scale(grad_scale);
+    const float divisor = mt::grad_divisor(grad_scale);
     float sp = 0.f, su = 0.f;
     mt::for_each_group(mt::chunk_len(m, slot, chunk), mt::all_aligned(m, slot), [&](int64_t i, auto w) {
       constexpr int W = decltype(w)::value;
@@ -60,7 +60,7 @@ struct LambPhase1 {
       mt::load<W>(eas + i, rv);
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        const float gk = rg[k] * inv_scale;
+        const float gk = rg[k] / divisor;
         rm[k] = math.beta1_f * rm[k] + math.one_minus_beta1 * gk;
         rv[k] = math.beta2_f * rv[k] + math.one_minus_beta2 * gk * gk;
         const float u = math.update(rp[k], rm[k], rv[k], c);

@@ -34,10 +34,10 @@
 
 namespace kiln::optim::cuda_impl::mt {
 
-inline constexpr int64_t kChunk = 65536;  // elements of a tensor one block takes
-inline constexpr int kBlock = 512;        // threads per block
-inline constexpr int kVec = 4;            // elements per vectorised access (16 bytes of float32)
-inline constexpr int kMaxBlocks = 320;    // (tensor, chunk) pairs per launch
+inline constexpr int64_t kChunk = 65536;    // elements of a tensor one block takes
+inline constexpr int kBlock = 512;          // threads per block
+inline constexpr int kVec = 4;              // elements per vectorised access (16 bytes of float32)
+inline constexpr int kMaxBlocks = 320;      // (tensor, chunk) pairs per launch
 inline constexpr size_t kMetaBytes = 3800;  // leaves room for the functor under the 4 KB parameter limit
 
 // Per-slot bytes: kDepth pointers + numel + step pointer + tensor index + chunk base.
@@ -54,8 +54,8 @@ struct Meta {
   static constexpr int kSlots = kMaxTensors<kDepth>;
   void* ptr[kDepth][kSlots];  // list d, slot s: first element
   int64_t numel[kSlots];
-  float* step[kSlots];        // the tensor's 1-element step counter, or nullptr
-  int32_t tensor[kSlots];     // index of the slot's tensor in the caller's lists
+  float* step[kSlots];         // the tensor's 1-element step counter, or nullptr
+  int32_t tensor[kSlots];      // index of the slot's tensor in the caller's lists
   int32_t chunk_base[kSlots];  // global index (over all lists' tensors) of the tensor's first chunk
   int32_t block_chunk[kMaxBlocks];
   uint8_t block_slot[kMaxBlocks];
@@ -145,8 +145,9 @@ __device__ __forceinline__ float block_sum(float v) {
 
 // found_inf / grad_scale hooks (fused.h): nullptr when the caller passed an undefined tensor.
 __device__ __forceinline__ bool skip_step(const float* found_inf) { return found_inf != nullptr && *found_inf != 0.f; }
-__device__ __forceinline__ float inv_grad_scale(const float* grad_scale) {
-  return grad_scale != nullptr ? 1.f / *grad_scale : 1.f;
+// The divisor of the gradients (PyTorch divides rather than multiplying by the inverse; x / 1 is exact).
+__device__ __forceinline__ float grad_divisor(const float* grad_scale) {
+  return grad_scale != nullptr ? *grad_scale : 1.f;
 }
 
 template <int kDepth, typename F>

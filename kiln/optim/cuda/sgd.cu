@@ -25,7 +25,7 @@ struct SgdFunctor {
     float* buf = nullptr;
     if constexpr (kMomentum) buf = static_cast<float*>(m.ptr[2][slot]) + off;
     const bool first = kMomentum && m.step[slot] != nullptr && *m.step[slot] == 0.f;
-    const float inv_scale = mt::inv_grad_scale(grad_scale);
+    const float divisor = mt::grad_divisor(grad_scale);
     mt::for_each_group(mt::chunk_len(m, slot, chunk), mt::all_aligned(m, slot), [&](int64_t i, auto w) {
       constexpr int W = decltype(w)::value;
       float rp[mt::kVec], rg[mt::kVec];
@@ -37,7 +37,7 @@ struct SgdFunctor {
       }
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        float d = rg[k] * inv_scale;
+        float d = rg[k] / divisor;
         if (maximize) d = -d;
         if (weight_decay != 0.f) d += weight_decay * rp[k];
         if constexpr (kMomentum) {
