@@ -72,6 +72,10 @@ std::vector<int64_t> many_small() {
 
 double tol_rel(DType dt) { return dt == DType::BFloat16 ? 1.6e-2 : dt == DType::Float16 ? 2e-3 : 2e-5; }
 double tol_abs(DType dt) { return dt == DType::BFloat16 ? 2e-3 : dt == DType::Float16 ? 2e-4 : 1e-6; }
+// float32 states. With 16-bit params, a parameter that rounded to the neighbouring 16-bit value on one side
+// (float32 vs float64 math straddling a rounding boundary) feeds weight_decay * p into the states: ~wd ulp.
+double state_rtol(DType dt) { return dt == DType::Float32 ? 2e-5 : 1e-3; }
+double state_atol(DType dt) { return dt == DType::Float32 ? 1e-7 : 1e-4; }
 
 // Host and device copies of one list.
 struct List {
@@ -149,7 +153,7 @@ void run_sgd(const std::vector<int64_t>& sizes, DType dt, const SgdHyper& h, int
       sgd_reference(p.host[i], g.host[i], h.momentum != 0 ? &buf.host[i] : nullptr, k, h, dt);
   }
   expect_list(p, tol_rel(dt), tol_abs(dt), "param");
-  if (h.momentum != 0) expect_list(buf, 2e-5, 1e-6, "momentum_buffer");
+  if (h.momentum != 0) expect_list(buf, state_rtol(dt), state_atol(dt), "momentum_buffer");
   expect_steps(st, steps);
 }
 
@@ -240,9 +244,9 @@ void run_adam(const std::vector<int64_t>& sizes, DType dt, const AdamHyper& h, i
       adam_reference(p.host[i], g.host[i], m.host[i], v.host[i], h.amsgrad ? &vmax.host[i] : nullptr, k, h, dt);
   }
   expect_list(p, tol_rel(dt), tol_abs(dt), "param");
-  expect_list(m, 2e-5, 1e-7, "exp_avg");
-  expect_list(v, 2e-5, 1e-9, "exp_avg_sq");
-  if (h.amsgrad) expect_list(vmax, 2e-5, 1e-9, "max_exp_avg_sq");
+  expect_list(m, state_rtol(dt), state_atol(dt), "exp_avg");
+  expect_list(v, state_rtol(dt), dt == DType::Float32 ? 1e-9 : 1e-5, "exp_avg_sq");
+  if (h.amsgrad) expect_list(vmax, state_rtol(dt), dt == DType::Float32 ? 1e-9 : 1e-5, "max_exp_avg_sq");
   expect_steps(st, steps);
 }
 
