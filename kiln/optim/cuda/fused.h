@@ -1,14 +1,29 @@
 // kiln/optim/cuda/fused.h — the fused multi-tensor CUDA kernels of kiln/optim (internal; no CUDA header).
 //
+//   #if KILN_WITH_CUDA
+//   if (params[0].is_cuda())
+//     cuda_impl::fused_adam(params, grads, exp_avgs, exp_avg_sqs, {}, steps, {.lr = 1e-3}, grad_scale, found_inf);
+//   #endif
+//
 // Every function takes index-aligned lists of contiguous tensors on one CUDA device and updates them with a
 // few launches in total (tensors are cut into chunks; a launch covers many chunks of many tensors), on the
 // current stream, without synchronising the host. Parameters, gradients and states are float32, float16 or
 // bfloat16 (states and math in float32 when the parameter is 16-bit; lists of one dtype per call).
+// Precisely: the optimizers take params of one dtype (float32, float16 or bfloat16), grads of the params'
+// dtype, and float32 states whatever the params' dtype; the update is computed in float32 and a 16-bit
+// parameter is rounded once (to nearest even) when stored. fused_unscale_and_check, fused_l2_norm and
+// fused_scale accept lists that mix those three dtypes (one launch per dtype). Temporaries come from the
+// caching allocator (no cudaMalloc once warm). Tensors may be views (e.g. narrow) as long as they are
+// contiguous; misaligned ones take a scalar path. Argument errors throw kiln::Error naming the list and index.
 //
 // AMP hooks (as PyTorch's fused optimizers): `grad_scale` (undefined, or a 1-element float32 device tensor)
 // divides every gradient before use; `found_inf` (undefined, or a 1-element float32 device tensor) makes the
 // whole update a no-op when it is non-zero — parameters, states and step counts stay unchanged — so a
-// GradScaler never has to read it on the host.
+// GradScaler never has to read it on the host. Gradients are only read (PyTorch's fused Adam also writes the
+// unscaled gradient back; these kernels do not).
+//
+// Step counters: steps[i] is read by the update (which uses steps[i] + 1, as PyTorch increments first) and
+// incremented by a second launch after it, so that all chunks of a tensor see the same count.
 #pragma once
 
 #include <vector>
@@ -25,7 +40,7 @@ struct SgdHyper {
 };
 // momentum_buffers: empty when momentum == 0; otherwise one per parameter. `first_step` per parameter is
 // implied by `steps`: steps[i] (1-element float32) == 0 means the buffer is initialised to the gradient (PyTorch).
-// steps[i] is incremented (unless found_inf).
+// steps[i] is incremented (unless found_inf). With momentum == 0, steps may also be empty (nothing reads it).
 void fused_sgd(const TensorVec& params, const TensorVec& grads, const TensorVec& momentum_buffers,
                const TensorVec& steps, const SgdHyper& h, const Tensor& grad_scale, const Tensor& found_inf);
 
@@ -40,6 +55,12 @@ void fused_adam(const TensorVec& params, const TensorVec& grads, const TensorVec
                 const TensorVec& exp_avg_sqs, const TensorVec& max_exp_avg_sqs, const TensorVec& steps,
                 const AdamHyper& h, const Tensor& grad_scale, const Tensor& found_inf);
 
+// LAMB (Apex FusedLAMB with decoupled weight decay), per parameter with t = steps[i] + 1, bc = 1 - beta^t
+// (or 1 without bias_correction):
+//   g = grad / grad_scale;  m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+//   u = (m / bc1) / (sqrt(v / bc2) + eps) + weight_decay * p
+//   p -= lr * trust * u,  trust = clamp(||p|| / ||u||, 0, max_trust_ratio), 1 where either norm is 0
+// (norms over the whole parameter tensor, from per-chunk float32 sums added in a fixed order: deterministic).
 struct LambHyper {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-6, weight_decay = 0;
   bool bias_correction = true;
@@ -53,8 +74,9 @@ void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec
 // never reset to 0 here: callers zero it). inv_scale, found_inf: 1-element float32 device tensors.
 void fused_unscale_and_check(const TensorVec& grads, const Tensor& found_inf, const Tensor& inv_scale);
 
-// The L2 norm over all elements of all tensors, as a 1-element float32 device tensor (math in float32,
-// per-tensor partial sums reduced in a fixed order: deterministic).
+// The L2 norm over all elements of all tensors, as a 1-element (0-d) float32 device tensor (squares summed
+// in float32 per chunk of 64K elements, the chunk sums added in float64 in a fixed order: deterministic).
+// Needs at least one tensor (for the device); tensors without elements add 0.
 Tensor fused_l2_norm(const TensorVec& tensors);
 // tensors[i] *= factor[0] (a 1-element float32 device tensor) for all i.
 void fused_scale(const TensorVec& tensors, const Tensor& factor);

@@ -1,0 +1,73 @@
+// Argument checks of the fused kernels (checks.h).
+#include "kiln/optim/cuda/checks.h"
+
+namespace kiln::optim::cuda_impl {
+
+bool is_fused_dtype(DType t) { return t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16; }
+
+Device check_params(const TensorVec& params, const char* op) {
+  if (params.empty()) return Device::cpu();
+  KILN_CHECK(params[0].defined(), op, ": params[0] is undefined");
+  const Device dev = params[0].device();
+  KILN_CHECK(dev.is_cuda(), op, ": params must be CUDA tensors (params[0] is on ", dev, ")");
+  const DType dtype = params[0].dtype();
+  KILN_CHECK(is_fused_dtype(dtype), op, ": params[0] has dtype ", dtype,
+             "; the fused kernels take float32, float16 or bfloat16 (use the unfused path)");
+  check_list(params, op, "params", dev, params.size(), dtype, nullptr);
+  return dev;
+}
+
+Device check_tensors(const TensorVec& list, const char* op, const char* name) {
+  if (list.empty()) return Device::cpu();
+  KILN_CHECK(list[0].defined(), op, ": ", name, "[0] is undefined");
+  const Device dev = list[0].device();
+  KILN_CHECK(dev.is_cuda(), op, ": ", name, " must be CUDA tensors (", name, "[0] is on ", dev, ")");
+  check_list(list, op, name, dev, list.size(), std::nullopt, nullptr);
+  return dev;
+}
+
+void check_list(const TensorVec& list, const char* op, const char* name, Device device, size_t size,
+                std::optional<DType> dtype, const TensorVec* like) {
+  KILN_CHECK(list.size() == size, op, ": ", name, " has ", list.size(), " tensors, expected ", size,
+             " (one per parameter, in the same order)");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Tensor& t = list[i];
+    KILN_CHECK(t.defined(), op, ": ", name, "[", i, "] is undefined");
+    KILN_CHECK(t.device() == device, op, ": ", name, "[", i, "] is on ", t.device(), ", expected ", device,
+               " (all tensors of one call on one device)");
+    KILN_CHECK(t.is_contiguous(), op, ": ", name, "[", i, "] (shape ", t.shape(),
+               ") is not contiguous; pass contiguous tensors (e.g. .contiguous())");
+    if (dtype) {
+      KILN_CHECK(t.dtype() == *dtype, op, ": ", name, "[", i, "] has dtype ", t.dtype(), ", expected ", *dtype);
+    } else {
+      KILN_CHECK(is_fused_dtype(t.dtype()), op, ": ", name, "[", i, "] has dtype ", t.dtype(),
+                 "; the fused kernels take float32, float16 or bfloat16");
+    }
+    if (like != nullptr) {
+      KILN_CHECK(t.numel() == (*like)[i].numel(), op, ": ", name, "[", i, "] has ", t.numel(), " elements but params[",
+                 i, "] has ", (*like)[i].numel());
+    }
+  }
+}
+
+void check_scalar(const Tensor& t, const char* op, const char* name, Device device, bool required) {
+  if (!t.defined()) {
+    KILN_CHECK(!required, op, ": ", name, " is undefined (a 1-element float32 tensor on ", device, " is needed)");
+    return;
+  }
+  KILN_CHECK(t.numel() == 1 && t.dtype() == DType::Float32 && t.device() == device, op, ": ", name,
+             " must be a 1-element float32 tensor on ", device, ", got ", t.numel(), " elements of ", t.dtype(), " on ",
+             t.device());
+}
+
+void check_steps(const TensorVec& steps, const char* op, Device device, size_t size) {
+  KILN_CHECK(steps.size() == size, op, ": steps has ", steps.size(), " tensors, expected ", size,
+             " (one 1-element float32 step counter per parameter)");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Tensor& s = steps[i];
+    KILN_CHECK(s.defined() && s.numel() == 1 && s.dtype() == DType::Float32 && s.device() == device, op, ": steps[", i,
+               "] must be a 1-element float32 tensor on ", device);
+  }
+}
+
+}  // namespace kiln::optim::cuda_impl

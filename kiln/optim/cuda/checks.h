@@ -1,0 +1,38 @@
+// kiln/optim/cuda/checks.h — argument checks shared by the fused kernels' entry points (internal; no CUDA
+// header). Each throws kiln::Error naming the op, the list, the index and what is wrong:
+//
+//   const Device dev = check_params(params, "fused_adam");
+//   check_list(grads, "fused_adam", "grads", dev, params.size(), params[0].dtype(), &params);
+//   check_scalar(grad_scale, "fused_adam", "grad_scale", dev, /*required=*/false);
+#pragma once
+
+#include <cstddef>
+#include <optional>
+
+#include "kiln/optim/cuda/fused.h"  // TensorVec
+
+namespace kiln::optim::cuda_impl {
+
+// float32, float16 or bfloat16: the dtypes the fused kernels take.
+bool is_fused_dtype(DType t);
+
+// The parameter list: defined contiguous CUDA tensors of one fused dtype, on one device (params may be
+// empty: then the device is cpu and the caller returns). Returns the device.
+Device check_params(const TensorVec& params, const char* op);
+
+// A list of defined contiguous CUDA tensors of fused dtypes (mixed allowed) on one device (amp, norms).
+// An empty list gives cpu (the caller returns). Returns the device.
+Device check_tensors(const TensorVec& list, const char* op, const char* name);
+
+// `size` defined contiguous tensors on `device`; of `dtype` (if given), else of fused dtypes (mixed
+// allowed); with the numel of like[i] (if like is given).
+void check_list(const TensorVec& list, const char* op, const char* name, Device device, size_t size,
+                std::optional<DType> dtype, const TensorVec* like);
+
+// t: a 1-element float32 tensor on device, or undefined when !required (grad_scale, found_inf, factor...).
+void check_scalar(const Tensor& t, const char* op, const char* name, Device device, bool required);
+
+// One 1-element float32 step counter per parameter, on device.
+void check_steps(const TensorVec& steps, const char* op, Device device, size_t size);
+
+}  // namespace kiln::optim::cuda_impl
