@@ -37,6 +37,12 @@ class Optimizer {
   void zero_grad(bool set_to_none = true);
   // One update of every parameter that has a gradient. Runs without recording the graph.
   virtual void step() = 0;
+  // [wip/amp: minimal declaration so amp::GradScaler compiles before the optim helper's merge; the optim
+  //  helper's declaration (same signature) replaces it.] step() for AMP without a host sync: `grad_scale`
+  //  (undefined: the gradients are already unscaled, which is what GradScaler passes) divides the gradients,
+  //  and the whole update (parameters, state, step counts) is a no-op when `found_inf` (a 1-element float32
+  //  tensor on the gradients' device) is non-zero.
+  virtual void step_with(const Tensor& grad_scale, const Tensor& found_inf);
 
   virtual size_t num_param_groups() const = 0;
   virtual const std::vector<Tensor>& params(size_t group) const = 0;
