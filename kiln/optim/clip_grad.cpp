@@ -73,12 +73,12 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
       const Tensor coef1 = coef.to(group.device, DType::Float32, /*non_blocking=*/true).reshape({1});  // (1,)
       for (const auto& same_dtype : group.contiguous_by_dtype) optim::cuda_impl::fused_scale(same_dtype, coef1);
       const Tensor coef0 = coef.to(group.device, /*non_blocking=*/true);
-      for (Tensor& g : group.others) ops::mul_(g, coef0);
+      for (Tensor& g : group.others) optim::detail::mul_in_float32_(g, coef0);
       continue;
     }
 #endif
     const Tensor coef0 = coef.to(group.device, /*non_blocking=*/true);
-    for (Tensor& g : group.all) ops::mul_(g, coef0);
+    for (Tensor& g : group.all) optim::detail::mul_in_float32_(g, coef0);
   }
   return total;
 }

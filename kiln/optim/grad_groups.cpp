@@ -1,6 +1,8 @@
 // Grouping gradients by device and dtype for the fused kernels.
 #include "kiln/optim/grad_groups.h"
 
+#include "kiln/tensor/ops.h"
+
 namespace kiln::optim::detail {
 
 std::vector<GradGroup> group_grads(const std::vector<Tensor>& params) {
@@ -28,6 +30,14 @@ std::vector<GradGroup> group_grads(const std::vector<Tensor>& params) {
     same->push_back(g);
   }
   return groups;
+}
+
+void mul_in_float32_(Tensor& grad, const Tensor& factor) {
+  if (grad.dtype() == DType::Float16 || grad.dtype() == DType::BFloat16) {
+    grad.copy_(ops::mul(grad.to(DType::Float32), factor.to(DType::Float32)));
+  } else {
+    ops::mul_(grad, factor);
+  }
 }
 
 std::vector<Tensor> params_of(const Optimizer& opt) {

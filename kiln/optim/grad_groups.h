@@ -21,6 +21,10 @@ struct GradGroup {
 // gradients), grouped by device in order of first appearance. Parameters without a gradient are skipped.
 std::vector<GradGroup> group_grads(const std::vector<Tensor>& params);
 
+// grad *= factor (a 0-d tensor on grad's device) in place, through kiln ops; a 16-bit gradient is multiplied
+// in float32 and rounded once, as the fused kernels do (and so that a factor such as 2^-25 does not round to 0).
+void mul_in_float32_(Tensor& grad, const Tensor& factor);
+
 // Every parameter of every group of `opt`, in order (through the pure virtuals only).
 std::vector<Tensor> params_of(const Optimizer& opt);
 

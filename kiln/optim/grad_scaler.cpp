@@ -24,7 +24,7 @@ TensorOptions f32_on(Device device) { return {.dtype = DType::Float32, .device =
 // The generic unscale of one gradient: grad *= inv_scale, found_inf = max(found_inf, any(!isfinite(grad))).
 // inv_scale0: 0-d float32 on the grad's device (broadcasts into any shape, 0-d included).
 void unscale_with_ops(Tensor& grad, const Tensor& inv_scale0, Tensor& found_inf) {
-  ops::mul_(grad, inv_scale0);
+  optim::detail::mul_in_float32_(grad, inv_scale0);
   Tensor bad = ops::any(ops::logical_not(ops::isfinite(grad))).to(DType::Float32).reshape({1});  // (1,)
   found_inf.copy_(ops::maximum(found_inf, bad));
 }

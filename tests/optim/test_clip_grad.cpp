@@ -135,9 +135,9 @@ TEST_F(CudaClipGrad, MatchesTheCpu) {
     const Tensor total_cpu = nn::utils::clip_grad_norm_(cpu, 10.0, p);
     const Tensor total_gpu = nn::utils::clip_grad_norm_(gpu, 10.0, p);
     EXPECT_TRUE(total_gpu.is_cuda());
-    expect_values(total_gpu, {}, values(total_cpu), 1e-5, 1e-6);
+    expect_values(total_gpu, {}, values(total_cpu), 1e-4, 1e-6);  // float32 sums of 266k terms, other orders
     for (int i = 0; i < 7; ++i) {
-      const double tol = cpu[i].dtype() == DType::BFloat16 ? 1e-2 : 1e-5;
+      const double tol = cpu[i].dtype() == DType::BFloat16 ? 1e-2 : 1e-4;
       expect_values(gpu[i].grad(), {sizes[i]}, values(cpu[i].grad()), tol, tol);
     }
   }

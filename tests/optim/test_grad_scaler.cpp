@@ -116,6 +116,17 @@ TEST_P(GradScalerTest, UnscaleGivesTheTrueGradients) {
   expect_values(v.grad(), {2, 3}, values(v), 0, 0);
 }
 
+TEST_P(GradScalerTest, Float16GradientsUnscaleInFloat32) {
+  // 1 / 2^26 is below float16's smallest subnormal (2^-24): multiplying in float16 would give 0.
+  Tensor h = make({1, 2}, {2}, opts(DType::Float16)).requires_grad_();
+  TestSgd opt({h}, 0.5, 0.0);
+  amp::GradScaler scaler({.init_scale = 67108864.0});  // 2^26
+  scaler.scale((h.to(DType::Float32) * std::ldexp(1.0, -12)).sum()).backward();
+  expect_values(h.grad(), {2}, {16384, 16384}, 0, 0);  // 2^-12 * 2^26 = 2^14, finite in float16
+  scaler.unscale_(opt);
+  expect_values(h.grad(), {2}, {std::ldexp(1.0, -12), std::ldexp(1.0, -12)}, 0, 0);
+}
+
 TEST_P(GradScalerTest, Float16GradientOverflowIsDetectedAndBacksOff) {
   // 2 * 2^16 overflows float16 (max 65504): the scaled gradient is inf, the step is skipped, the scale halves.
   Tensor h = make({1, 2}, {2}, opts(DType::Float16)).requires_grad_();
