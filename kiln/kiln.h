@@ -25,6 +25,9 @@
 #include "kiln/layers/module.h"         // nn::Module: parameters, buffers, children, to(), state_dict()
 #include "kiln/layers/pooling.h"        // nn::max_pool2d, nn::avg_pool2d, nn::adaptive_avg_pool2d, nn::MaxPool2d, ...
 #include "kiln/optim/adam.h"            // optim::Adam, optim::AdamW
+#include "kiln/optim/amp.h"             // amp::Autocast (with the weight-cast cache)
+#include "kiln/optim/clip_grad.h"       // nn::utils::clip_grad_norm_, clip_grad_value_
+#include "kiln/optim/grad_scaler.h"     // amp::GradScaler
 #include "kiln/optim/lamb.h"            // optim::LAMB
 #include "kiln/optim/lr_scheduler.h"    // optim::StepLR, optim::CosineAnnealingLR, optim::OneCycleLR, warmups, ...
 #include "kiln/optim/optimizer.h"       // optim::Optimizer: parameter groups, state, state_dict

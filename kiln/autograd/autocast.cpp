@@ -1,6 +1,10 @@
 // The autocast policy table and the thread-local autocast state.
 #include "kiln/autograd/autocast.h"
 
+#include <map>
+#include <utility>
+
+#include "kiln/autograd/grad_mode.h"
 #include "kiln/tensor/ops.h"
 
 namespace kiln::autocast {
@@ -38,6 +42,26 @@ PolicyTable make_default_table() {
 PolicyTable& table() {
   static PolicyTable t = make_default_table();
   return t;
+}
+
+// The weight-cast cache (see CacheRegion in the header). `source` keeps the parameter alive while its entry
+// exists, so its TensorImpl address cannot be reused by another tensor within the region.
+struct CacheEntry {
+  Tensor source;
+  uint64_t version = 0;
+  const void* storage = nullptr;  // Module::to() may swap a parameter's data without an in-place write
+  Tensor cast;
+};
+struct WeightCache {
+  int depth = 0;
+  std::map<std::pair<const TensorImpl*, DType>, CacheEntry> entries;
+};
+thread_local WeightCache weight_cache;
+
+bool cacheable(const Tensor& t, DType dtype) {
+  return weight_cache.depth > 0 && t.dtype() == DType::Float32 &&
+         (dtype == DType::Float16 || dtype == DType::BFloat16) && GradMode::is_enabled() && t.requires_grad() &&
+         t.is_leaf();
 }
 
 void refresh_any(detail::State& s) {
@@ -85,9 +109,21 @@ std::optional<DType> target_dtype(Op op, Device device, DType widest) {
   return std::nullopt;
 }
 
+CacheRegion::CacheRegion() { ++weight_cache.depth; }
+CacheRegion::~CacheRegion() {
+  if (--weight_cache.depth == 0) weight_cache.entries.clear();
+}
+size_t cache_size() { return weight_cache.entries.size(); }
+
 Tensor cast_to(const Tensor& t, DType dtype) {
   if (!t.defined() || !is_floating_point(t.dtype()) || t.dtype() == dtype) return t;
-  return t.to(dtype);  // differentiable: the gradient flows back to t in its own dtype
+  if (!cacheable(t, dtype)) return t.to(dtype);  // differentiable: the gradient flows back to t in its own dtype
+  const void* storage = t.impl().storage().get();
+  CacheEntry& e = weight_cache.entries[{&t.impl(), dtype}];
+  if (!e.cast.defined() || e.version != t.version() || e.storage != storage) {
+    e = CacheEntry{t, t.version(), storage, t.to(dtype)};
+  }
+  return e.cast;
 }
 
 std::vector<Tensor> inputs_list(Op op, const std::vector<Tensor>& ts) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <tuple>
@@ -156,10 +157,26 @@ class DisableGuard {
   detail::State previous_;
 };
 
+// The weight-cast cache of autocast regions (amp::Autocast opens one; DESIGN.md decision 6). While at least
+// one CacheRegion is open on this thread, cast_to() of a float32 leaf that requires grad (a parameter) to
+// float16 / bfloat16 with grad mode on returns the same cast tensor each time, with its autograd history, so
+// a weight used by several ops is cast once and its gradient still reaches the float32 parameter. An entry
+// is keyed by the parameter's TensorImpl and the target dtype, and is recomputed when the parameter's version
+// changes (an in-place update). Activations (non-leaves) and tensors that do not require grad are never
+// cached. The outermost region's exit empties the cache (the cast tensors are freed unless still referenced).
+class CacheRegion {
+ public:
+  CacheRegion();
+  ~CacheRegion();
+  CacheRegion(const CacheRegion&) = delete;
+  CacheRegion& operator=(const CacheRegion&) = delete;
+};
+size_t cache_size();  // entries in this thread's weight-cast cache (for tests and diagnostics)
+
 // The dtype `op` computes in for floating inputs on `device`, or nothing (keep the inputs' dtypes).
 // `widest` is the promoted dtype of the floating inputs, for Policy::Promote.
 std::optional<DType> target_dtype(Op op, Device device, DType widest);
-Tensor cast_to(const Tensor& t, DType dtype);  // floating tensors only; others unchanged
+Tensor cast_to(const Tensor& t, DType dtype);  // floating tensors only; others unchanged; cached (CacheRegion)
 
 // The inputs of `op`, cast as the policy says when autocast is on for their device.
 template <typename... Ts>

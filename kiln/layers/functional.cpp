@@ -191,8 +191,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   return x * mask;
 }
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
                   double eps) {
+  // Under autocast the whole layer runs in float32 (Policy::Float32), on every device.
+  auto [x, weight, bias] = autocast::inputs(autocast::Op::LayerNorm, x_in, weight_in, bias_in);
   const auto k = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(k >= 1, "layer_norm: normalized_shape must name at least one dim");
   bool match = x.dim() >= k;
@@ -204,9 +206,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 #if KILN_WITH_CUDA
   if (x.is_cuda() && x.is_floating_point() && (!weight.defined() || weight.device() == x.device()) &&
       (!bias.defined() || bias.device() == x.device())) {
-    auto [xc, wc, bc] = autocast::inputs(autocast::Op::LayerNorm, x, weight, bias);
-    if ((!wc.defined() || wc.dtype() == xc.dtype()) && (!bc.defined() || bc.dtype() == xc.dtype())) {
-      return LayerNormFunction::apply(xc, wc, bc, normalized_shape, eps);
+    if ((!weight.defined() || weight.dtype() == x.dtype()) && (!bias.defined() || bias.dtype() == x.dtype())) {
+      return LayerNormFunction::apply(x, weight, bias, normalized_shape, eps);
     }
   }
 #endif
@@ -220,7 +221,9 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return y;
 }
 
-Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias, double eps) {
+Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_in, const Tensor& bias_in, double eps) {
+  auto [x, weight, bias] =
+      autocast::inputs(autocast::Op::GroupNorm, x_in, weight_in, bias_in);  // float32 under autocast
   KILN_CHECK(x.dim() >= 2, "group_norm: the input must be (N, C, *), got shape ", x.shape());
   const int64_t n = x.size(0), c = x.size(1);
   KILN_CHECK(num_groups > 0 && c % num_groups == 0, "group_norm: the number of channels C = ", c,

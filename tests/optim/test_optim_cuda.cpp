@@ -83,7 +83,8 @@ TEST(CudaOptimizers, NonContiguousParameters) {
     ASSERT_FALSE(cl.is_contiguous());
     t.requires_grad_();
     cl.requires_grad_();
-    Tensor rt = ops::to(t.detach(), Device::cpu()).requires_grad_(), rcl = ops::to(cl.detach(), Device::cpu()).requires_grad_();
+    Tensor rt = ops::to(t.detach(), Device::cpu()).requires_grad_(),
+           rcl = ops::to(cl.detach(), Device::cpu()).requires_grad_();
     auto og = make_optimizer(c.options, t, cl);
     auto oc = make_optimizer(c.options, ops::contiguous(rt).requires_grad_(), ops::contiguous(rcl).requires_grad_());
     const auto cpu_params = oc->all_params();

@@ -1,0 +1,8 @@
+// amp::Autocast: an autocast::Guard plus a weight-cast cache region.
+#include "kiln/optim/amp.h"
+
+namespace kiln::amp {
+
+Autocast::Autocast(DType dtype, bool enabled, DeviceType device_type) : guard_(device_type, dtype, enabled) {}
+
+}  // namespace kiln::amp

@@ -1,0 +1,52 @@
+// Grouping gradients by device and dtype for the fused kernels.
+#include "kiln/optim/grad_groups.h"
+
+#include "kiln/tensor/ops.h"
+
+namespace kiln::optim::detail {
+
+std::vector<GradGroup> group_grads(const std::vector<Tensor>& params) {
+  std::vector<GradGroup> groups;
+  for (const Tensor& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    const Tensor& g = p.grad();
+    GradGroup* group = nullptr;
+    for (GradGroup& existing : groups) {
+      if (existing.device == g.device()) group = &existing;
+    }
+    if (group == nullptr) group = &groups.emplace_back(GradGroup{.device = g.device()});
+    group->all.push_back(g);
+    // The fused kernels take contiguous float32 / float16 / bfloat16 tensors.
+    const bool fusable = g.dtype() == DType::Float32 || g.dtype() == DType::Float16 || g.dtype() == DType::BFloat16;
+    if (!fusable || !g.is_contiguous()) {
+      group->others.push_back(g);
+      continue;
+    }
+    std::vector<Tensor>* same = nullptr;
+    for (auto& list : group->contiguous_by_dtype) {
+      if (list.front().dtype() == g.dtype()) same = &list;
+    }
+    if (same == nullptr) same = &group->contiguous_by_dtype.emplace_back();
+    same->push_back(g);
+  }
+  return groups;
+}
+
+void mul_in_float32_(Tensor& grad, const Tensor& factor) {
+  if (grad.dtype() == DType::Float16 || grad.dtype() == DType::BFloat16) {
+    grad.copy_(ops::mul(grad.to(DType::Float32), factor.to(DType::Float32)));
+  } else {
+    ops::mul_(grad, factor);
+  }
+}
+
+std::vector<Tensor> params_of(const Optimizer& opt) {
+  std::vector<Tensor> out;
+  for (size_t g = 0; g < opt.num_param_groups(); ++g) {
+    const auto& ps = opt.params(g);
+    out.insert(out.end(), ps.begin(), ps.end());
+  }
+  return out;
+}
+
+}  // namespace kiln::optim::detail
