@@ -63,8 +63,11 @@ bool broadcasts_to(const Shape& mask, const Shape& shape) {
 
 }  // namespace
 
-AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
+AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                                           const AttentionOptions& options) {
+  // One op of the autocast table: q, k, v cast by its policy, the ops inside with autocast off.
+  auto [q, k, v] = autocast::inputs(autocast::Op::Attention, q_in, k_in, v_in);
+  autocast::DisableGuard as_one_op;
   check_attention_inputs(q, k, v, options);
   const int64_t L = q.size(-2), S = k.size(-2), E = q.size(-1);
   const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
@@ -297,8 +300,11 @@ bool fused_attention_available() {
 #endif
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const AttentionOptions& options) {
+  // One op of the autocast table: q, k, v cast by its policy, the ops inside (either path) with autocast off.
+  auto [q, k, v] = autocast::inputs(autocast::Op::Attention, q_in, k_in, v_in);
+  autocast::DisableGuard as_one_op;
 #if KILN_WITH_CUDA
   if (q.defined() && q.is_cuda()) {
     check_attention_inputs(q, k, v, options);

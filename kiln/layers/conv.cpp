@@ -6,13 +6,13 @@
 #include <atomic>
 #include <cmath>
 
+#include "kiln/autograd/autocast.h"   // autocast::inputs
 #include "kiln/autograd/functions.h"  // kiln::cat, kiln::matmul, kiln::as_strided, ...
 #include "kiln/layers/init.h"         // PyTorch's default initialisation
 #include "kiln/layers/window_internal.h"
 #include "kiln/tensor/error.h"  // KILN_CHECK
 
 #if KILN_WITH_CUDA
-#include "kiln/autograd/autocast.h"       // autocast::inputs
 #include "kiln/autograd/node.h"           // Node, SavedTensor, make_node, set_history
 #include "kiln/layers/cuda/conv_cudnn.h"  // cuda_impl::conv2d_forward, ...
 #include "kiln/tensor/ops.h"              // raw ops: the node's work is not recorded
@@ -145,7 +145,11 @@ Tensor conv2d_cudnn(const Tensor& input_arg, const Tensor& weight_arg, const Ten
 
 // ---------------------------------------------------------------- conv2d
 
-Tensor conv2d(const Tensor& input_in, const Tensor& weight, const Tensor& bias, const Conv2dOptions& options) {
+Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& bias_arg, const Conv2dOptions& options) {
+  // Autocast first (Policy::LowerPrecision), as PyTorch does before its checks, so that mixed input and weight
+  // dtypes are cast rather than refused, and the whole layer (bias included) runs in the low dtype on every device.
+  const auto [input_in, weight, bias] = autocast::inputs(autocast::Op::Conv, input_arg, weight_arg, bias_arg);
+  autocast::DisableGuard as_one_op;
   KILN_CHECK(input_in.defined() && weight.defined(), "conv2d: input and weight must be defined tensors");
   KILN_CHECK(input_in.dim() == 4 || input_in.dim() == 3,
              "conv2d: expected a 4-d input (N, C_in, H, W) or a 3-d unbatched input (C_in, H, W), got shape ",

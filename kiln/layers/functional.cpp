@@ -154,7 +154,7 @@ Tensor batch_norm_kernels(const Tensor& x0, const Tensor& running_mean, const Te
 
 }  // namespace
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+static Tensor linear_as_one_op(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   KILN_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape ", weight.shape());
   KILN_CHECK(x.dim() >= 1, "linear: the input must have at least 1 dim (..., in_features), got a 0-d tensor");
   const int64_t in = weight.size(1), out = weight.size(0);
@@ -180,7 +180,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return reshape(y, out_shape);
 }
 
-Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+static Tensor dropout_as_one_op(const Tensor& x, double p, bool training, Generator* gen) {
   KILN_CHECK(p >= 0 && p < 1, "dropout: p must lie in [0, 1), got ", p,
              " (p is the probability of zeroing an element)");
   if (!training || p == 0) return x;
@@ -195,6 +195,7 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
                   double eps) {
   // Under autocast the whole layer runs in float32 (Policy::Float32), on every device.
   auto [x, weight, bias] = autocast::inputs(autocast::Op::LayerNorm, x_in, weight_in, bias_in);
+  autocast::DisableGuard as_one_op;  // the ops inside run as cast, as one op of the table
   const auto k = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(k >= 1, "layer_norm: normalized_shape must name at least one dim");
   bool match = x.dim() >= k;
@@ -224,6 +225,7 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
 Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_in, const Tensor& bias_in, double eps) {
   auto [x, weight, bias] =
       autocast::inputs(autocast::Op::GroupNorm, x_in, weight_in, bias_in);  // float32 under autocast
+  autocast::DisableGuard as_one_op;
   KILN_CHECK(x.dim() >= 2, "group_norm: the input must be (N, C, *), got shape ", x.shape());
   const int64_t n = x.size(0), c = x.size(1);
   KILN_CHECK(num_groups > 0 && c % num_groups == 0, "group_norm: the number of channels C = ", c,
@@ -240,8 +242,9 @@ Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_i
   return y;
 }
 
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
+static Tensor batch_norm_as_one_op(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                                   double eps) {
   const int64_t count = check_batch_norm(x, running_mean, running_var, weight, bias, training);
   if (Tensor y = batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, false);
       y.defined())
@@ -273,13 +276,42 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   return y;
 }
 
-Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                       const Tensor& bias, bool training, double momentum, double eps) {
+static Tensor batch_norm_relu_as_one_op(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                                        const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                                        double eps) {
   check_batch_norm(x, running_mean, running_var, weight, bias, training);
   if (Tensor y = batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, true);
       y.defined())
     return y;
-  return relu(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps));
+  return relu(batch_norm_as_one_op(x, running_mean, running_var, weight, bias, training, momentum, eps));
+}
+
+// The layers made of several ops run as one op of the autocast table: inputs cast by the layer's policy, then
+// the ops inside with autocast off (as PyTorch runs a composite op below its autocast dispatch).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  auto [xc, wc, bc] = autocast::inputs(autocast::Op::Linear, x, weight, bias);
+  autocast::DisableGuard as_one_op;
+  return linear_as_one_op(xc, wc, bc);
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  auto [xc] = autocast::inputs(autocast::Op::Dropout, x);
+  autocast::DisableGuard as_one_op;
+  return dropout_as_one_op(xc, p, training, gen);
+}
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
+  autocast::DisableGuard as_one_op;
+  return batch_norm_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, double momentum, double eps) {
+  auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
+  autocast::DisableGuard as_one_op;
+  return batch_norm_relu_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps);
 }
 
 Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx) {

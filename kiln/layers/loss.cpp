@@ -3,7 +3,8 @@
 
 #include <string>
 
-#include "kiln/tensor/error.h"  // KILN_CHECK
+#include "kiln/autograd/autocast.h"  // autocast::inputs, DisableGuard: each loss is one op of the table
+#include "kiln/tensor/error.h"       // KILN_CHECK
 
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/cross_entropy.h"  // the fused CUDA path for class-index targets
@@ -102,7 +103,7 @@ Batched batch_of_one(const char* op, const Tensor& input, const Tensor& target, 
 
 }  // namespace
 
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NllLossOptions& options) {
+static Tensor nll_loss_as_one_op(const Tensor& log_probs, const Tensor& target, const NllLossOptions& options) {
   auto [input, t, unbatched] = batch_of_one("nll_loss", log_probs, target, false);
   NllParts parts = nll_parts("nll_loss", input, t, options.weight, options.ignore_index);
   switch (options.reduction) {
@@ -113,7 +114,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NllLossOpti
   return parts.loss;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
+static Tensor cross_entropy_as_one_op(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
   KILN_CHECK(logits.defined() && logits.is_floating_point(), "cross_entropy: logits must be floating point, got ",
              logits.defined() ? dtype_name(logits.dtype()) : "an undefined tensor");
   const double s = options.label_smoothing;
@@ -174,7 +175,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   return unbatched && options.reduction == Reduction::None ? squeeze(nll, 0) : nll;
 }
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& options) {
+static Tensor mse_loss_as_one_op(const Tensor& input, const Tensor& target, const LossOptions& options) {
   check_same_shape("mse_loss", input, target);
   return reduce(square(input - target), options.reduction);
 }
@@ -195,8 +196,8 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1L
   return reduce(loss, options.reduction);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
-                                        const BceWithLogitsOptions& options) {
+static Tensor binary_cross_entropy_with_logits_as_one_op(const Tensor& input, const Tensor& target,
+                                                         const BceWithLogitsOptions& options) {
   check_same_shape("binary_cross_entropy_with_logits", input, target);
   // -log sigmoid(x) = log1p(exp(-|x|)) + relu(-x): never exponentiates a large positive number.
   Tensor neg_log_sigmoid = log1p(exp(neg(abs(input)))) + relu(neg(input));
@@ -213,6 +214,47 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
              options.pos_weight.defined() ? options.pos_weight.shape() : Shape{},
              " must broadcast to the input's shape ", input.shape());
   return reduce(loss, options.reduction);
+}
+
+// The losses made of several ops run as one op of the autocast table (float32 under autocast): inputs cast by
+// the policy, the ops inside with autocast off, as PyTorch runs a composite op below its autocast dispatch.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NllLossOptions& options) {
+  auto [lp, w] = autocast::inputs(autocast::Op::NllLoss, log_probs, options.weight);
+  autocast::DisableGuard as_one_op;
+  NllLossOptions o = options;
+  o.weight = w;
+  return nll_loss_as_one_op(lp, target, o);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
+#if KILN_WITH_CUDA
+  // Class indices on a GPU: the fused kernel applies the policy itself, reading 16-bit logits in place (float32
+  // math) instead of materialising a float32 copy of them.
+  if (logits.is_cuda() && !target.is_floating_point()) return cross_entropy_as_one_op(logits, target, options);
+#endif
+  // Probability targets are cast with the logits; class indices are integers and stay as they are.
+  auto [x, t, w] = autocast::inputs(autocast::Op::CrossEntropy, logits, target, options.weight);
+  autocast::DisableGuard as_one_op;
+  CrossEntropyOptions o = options;
+  o.weight = w;
+  return cross_entropy_as_one_op(x, t, o);
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& options) {
+  auto [x, t] = autocast::inputs(autocast::Op::MseLoss, input, target);
+  autocast::DisableGuard as_one_op;
+  return mse_loss_as_one_op(x, t, options);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const BceWithLogitsOptions& options) {
+  auto [x, t, w, pw] =
+      autocast::inputs(autocast::Op::BinaryCrossEntropyWithLogits, input, target, options.weight, options.pos_weight);
+  autocast::DisableGuard as_one_op;
+  BceWithLogitsOptions o = options;
+  o.weight = w;
+  o.pos_weight = pw;
+  return binary_cross_entropy_with_logits_as_one_op(x, t, o);
 }
 
 }  // namespace kiln::nn

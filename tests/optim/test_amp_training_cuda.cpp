@@ -16,8 +16,8 @@ namespace {
 
 enum class Precision { Float32, Float16Scaled, BFloat16 };
 
-std::vector<double> train(Precision precision, const nn::StateDict& init, const Tensor& x, const Tensor& y,
-                          int steps, int* skipped) {
+std::vector<double> train(Precision precision, const nn::StateDict& init, const Tensor& x, const Tensor& y, int steps,
+                          int* skipped) {
   auto model = nn::models::resnet18({.num_classes = 10, .cifar_stem = true});
   model->load_state_dict(init);
   model->to(Device::cuda(0));
