@@ -273,6 +273,9 @@ static Tensor batch_norm_as_one_op(const Tensor& x, const Tensor& running_mean, 
   }
   if (weight.defined()) y = y * per_channel(weight, x.dim());
   if (bias.defined()) y = y + per_channel(bias, x.dim());
+  // A 16-bit input with float32 parameters computes in float32 and returns the input's dtype, as PyTorch and the
+  // GPU kernels do (what mixed precision relies on: batch norm keeps the activations' dtype).
+  if ((x.dtype() == DType::Float16 || x.dtype() == DType::BFloat16) && y.dtype() != x.dtype()) y = y.to(x.dtype());
   return y;
 }
 

@@ -1,6 +1,7 @@
 // Loss functions (loss.h), composed of kiln's differentiable ops with PyTorch's semantics.
 #include "kiln/layers/loss.h"
 
+#include <limits>
 #include <string>
 
 #include "kiln/autograd/autocast.h"  // autocast::inputs, DisableGuard: each loss is one op of the table
@@ -12,6 +13,15 @@
 
 namespace kiln::nn {
 namespace {
+
+// The weighted mean sum(loss) / total_weight of nll-style losses. When every target is ignored (total_weight 0)
+// the value is NaN and every gradient 0, as PyTorch's nll_loss: the division uses 1 in place of 0 (so no 0 * inf
+// reaches a gradient) and a NaN that carries no gradient is added.
+Tensor weighted_mean(const Tensor& total, const Tensor& total_weight) {
+  const Tensor none = total_weight == Scalar(0);
+  const Tensor safe = where(none, ones_like(total_weight), total_weight);
+  return total / safe + where(none, full_like(total, std::numeric_limits<double>::quiet_NaN()), zeros_like(total));
+}
 
 Tensor reduce(const Tensor& loss, Reduction reduction) {
   switch (reduction) {
@@ -109,7 +119,7 @@ static Tensor nll_loss_as_one_op(const Tensor& log_probs, const Tensor& target, 
   switch (options.reduction) {
     case Reduction::None: return unbatched ? squeeze(parts.loss, 0) : parts.loss;
     case Reduction::Sum: return sum(parts.loss);
-    case Reduction::Mean: return sum(parts.loss) / sum(parts.weights);
+    case Reduction::Mean: return weighted_mean(sum(parts.loss), sum(parts.weights));
   }
   return parts.loss;
 }
@@ -157,7 +167,7 @@ static Tensor cross_entropy_as_one_op(const Tensor& logits, const Tensor& target
   switch (options.reduction) {
     case Reduction::None: nll = parts.loss; break;
     case Reduction::Sum: nll = sum(parts.loss); break;
-    case Reduction::Mean: nll = sum(parts.loss) / sum(parts.weights); break;
+    case Reduction::Mean: nll = weighted_mean(sum(parts.loss), sum(parts.weights)); break;
   }
   if (s > 0) {
     // The uniform part of the smoothed target: -sum_c w_c * log p_c per position, 0 where ignored; Mean
@@ -168,7 +178,7 @@ static Tensor cross_entropy_as_one_op(const Tensor& logits, const Tensor& target
     switch (options.reduction) {
       case Reduction::None: smooth = per_position; break;
       case Reduction::Sum: smooth = sum(per_position); break;
-      case Reduction::Mean: smooth = sum(per_position) / sum(parts.weights); break;
+      case Reduction::Mean: smooth = weighted_mean(sum(per_position), sum(parts.weights)); break;
     }
     nll = nll * (1 - s) + smooth * (s / static_cast<double>(c));
   }

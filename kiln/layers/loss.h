@@ -9,8 +9,7 @@
 // Every loss is composed of differentiable ops, so its gradient comes from autograd; on CUDA, cross_entropy with
 // class-index targets is one fused softmax + loss kernel and one gradient kernel instead. There a target outside
 // [0, C) (and not ignore_index) gives a NaN loss rather than an error, so that no step waits for the GPU; and
-// when every target is ignored the mean loss is NaN (as on the CPU and in PyTorch) with zero gradients (the
-// CPU's composed path gives NaN gradients there).
+// when every target is ignored the mean loss is NaN with zero gradients, on every device (as PyTorch).
 #pragma once
 
 #include <cstdint>

@@ -252,6 +252,20 @@ TEST(Functional, EmbeddingBadInput) {
       {"embedding", "padding_idx 3", "3 embeddings"});
 }
 
+// A bfloat16 input with float32 parameters and running statistics: float32 math, the input's dtype out (as PyTorch
+// and the GPU kernel), on every device; values against the float32 computation rounded once.
+TEST_P(FunctionalTest, BatchNormOfBFloat16InputWithFloat32ParametersKeepsBFloat16) {
+  const auto xv = values(make(uniform(24, -2, 2, 31), {24}, {.dtype = DType::BFloat16}));
+  Tensor x = make(xv, {4, 3, 2}, opts(DType::BFloat16));
+  Tensor w = make({1.5, 0.5, 1.0}, {3}, opts()), b = make({0.1, -0.2, 0.3}, {3}, opts());
+  Tensor rm = zeros({3}, opts()), rv = ones({3}, opts());
+  Tensor y = nn::batch_norm(x, rm, rv, w, b, /*training=*/true);
+  EXPECT_EQ(y.dtype(), DType::BFloat16);
+  EXPECT_EQ(rm.dtype(), DType::Float32);
+  Tensor y32 = nn::batch_norm(x.to(DType::Float32), zeros({3}, opts()), ones({3}, opts()), w, b, true);
+  expect_values(y, {4, 3, 2}, values(y32.to(DType::BFloat16)), 1e-2, 1e-2);
+}
+
 KILN_INSTANTIATE_BACKENDS(FunctionalTest);
 
 }  // namespace

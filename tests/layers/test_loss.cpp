@@ -197,6 +197,25 @@ TEST_P(LossTest, BinaryCrossEntropyWithLogitsMatchesTheDefinition) {
                 {}, {400}, 1e-6, 1e-3);
 }
 
+// Every target ignored: the mean is 0 / 0 = NaN, and every gradient is 0 (PyTorch's nll_loss), on every device and
+// for both the plain and the label-smoothed cross-entropy.
+TEST_P(LossTest, EveryTargetIgnoredGivesNaNMeanAndZeroGradients) {
+  for (double smoothing : {0.0, 0.1}) {
+    SCOPED_TRACE(::testing::Message() << "label_smoothing " << smoothing);
+    Tensor logits = make(uniform(12, -1, 1, 3), {3, 4}, opts()).requires_grad_();
+    Tensor target = make({-100, -100, -100}, {3}, opts(DType::Int64));
+    Tensor loss = nn::cross_entropy(logits, target, {.label_smoothing = smoothing});
+    EXPECT_TRUE(std::isnan(loss.item<double>()));
+    loss.backward();
+    expect_values(logits.grad(), {3, 4}, std::vector<double>(12, 0.0), 0, 0);
+  }
+  Tensor log_probs = make(uniform(6, -2, -0.1, 4), {2, 3}, opts()).requires_grad_();
+  Tensor loss = nn::nll_loss(log_probs, make({-100, -100}, {2}, opts(DType::Int64)));
+  EXPECT_TRUE(std::isnan(loss.item<double>()));
+  loss.backward();
+  expect_values(log_probs.grad(), {2, 3}, std::vector<double>(6, 0.0), 0, 0);
+}
+
 TEST(Loss, Gradients) {
   Tensor idx = from_vector<int64_t>({0, 2, 1, 2, 1, 0}, {3, 2});
   Tensor w = make({0.5, 2, 1.5}, {3}, {.dtype = DType::Float64});
