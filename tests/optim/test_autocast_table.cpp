@@ -192,8 +192,12 @@ TEST_P(AutocastTableTest, EveryOpMatchesItsHandCastControl) {
     }
     const Tensor expected = c.fn(hand_cast(in, p, low));
     ASSERT_EQ(got.dtype(), expected.dtype());
-    if (p == Policy::LowerPrecision) EXPECT_EQ(got.dtype(), low);
-    if (p == Policy::Float32) EXPECT_EQ(got.dtype(), DType::Float32);
+    if (p == Policy::LowerPrecision) {
+      EXPECT_EQ(got.dtype(), low);
+    }
+    if (p == Policy::Float32) {
+      EXPECT_EQ(got.dtype(), DType::Float32);
+    }
     // Exact, but for the fused CUDA cross-entropy, which reads the bf16 logits directly (8 per 16-byte load) where
     // the control reads float32 ones (4 per load): its sums add in another order.
     const double tol = c.op == Op::CrossEntropy && dev().is_cuda() ? 1e-6 : 0;
