@@ -112,10 +112,9 @@ struct CudnnConvolutionBackward final : autograd::Node {
 };
 
 // input (N, C_in, H, W) on a GPU, arguments already checked -> (N, C_out, OH, OW) in the input's format.
-Tensor conv2d_cudnn(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& bias_arg,
+// (conv2d has applied autocast already.)
+Tensor conv2d_cudnn(const Tensor& input, const Tensor& weight, const Tensor& bias,
                     const cuda_impl::ConvGeometry& geometry) {
-  // The composed path gets autocast from matmul; this one applies it itself.
-  const auto [input, weight, bias] = autocast::inputs(autocast::Op::Conv, input_arg, weight_arg, bias_arg);
   const MemoryFormat out_format = detail::output_format(input);
   // cuDNN wants input, weight and output in one layout: the weight follows the input, as in PyTorch. Float64
   // stays NCHW, where cuDNN has its double kernels (PyTorch does the same); its output is copied back.

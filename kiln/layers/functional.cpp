@@ -133,21 +133,19 @@ int64_t check_batch_norm(const Tensor& x, const Tensor& running_mean, const Tens
 }
 
 // On CUDA: kiln's kernels (ReLU fused when asked); elsewhere: undefined, and the caller composes.
-Tensor batch_norm_kernels(const Tensor& x0, const Tensor& running_mean, const Tensor& running_var,
-                          const Tensor& weight0, const Tensor& bias0, bool training, double momentum, double eps,
-                          bool relu) {
+// (batch_norm / batch_norm_relu have applied autocast already.)
+Tensor batch_norm_kernels(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                          const Tensor& bias, bool training, double momentum, double eps, bool relu) {
 #if KILN_WITH_CUDA
-  if (x0.is_cuda()) {
-    // Autocast first: the composed ops it replaces would each have applied it.
-    auto [x, weight, bias] = autocast::inputs(autocast::Op::BatchNorm, x0, weight0, bias0);
+  if (x.is_cuda()) {
     if (cuda_batch_norm_applies(x, running_mean, running_var, weight, bias)) {
       return CudaBatchNorm::apply(x, weight, bias,
                                   BatchNormArgs{running_mean, running_var, training, momentum, eps, relu});
     }
   }
 #else
-  (void)x0, (void)running_mean, (void)running_var, (void)weight0, (void)bias0, (void)training, (void)momentum,
-      (void)eps, (void)relu;
+  (void)x, (void)running_mean, (void)running_var, (void)weight, (void)bias, (void)training, (void)momentum, (void)eps,
+      (void)relu;
 #endif
   return Tensor();
 }
