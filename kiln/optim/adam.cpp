@@ -4,7 +4,6 @@
 #include <cmath>
 #include <string_view>
 
-#include "kiln/autograd/grad_mode.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
 
@@ -63,73 +62,60 @@ AdamWOptions AdamWOptions::from_values(const std::map<std::string, double>& v) {
 }
 
 template <typename Options>
-void AdamBase<Options>::step_with(const Tensor& grad_scale, const Tensor& found_inf) {
-  NoGradGuard no_grad;
-  const bool decoupled = decoupled_weight_decay();
-  bool skip_cpu = false, skip_read = false;  // found_inf is read on the host once, if a CPU parameter needs it
-  for (auto& group : this->groups_) {
-    const Options& o = group.options;
-    auto plan = this->plan_step(group.params);
+void AdamBase<Options>::update_bucket(size_t group, Optimizer::CudaBucket& bucket, const Tensor& grad_scale,
+                                      const Tensor& found_inf) {
 #if KILN_WITH_CUDA
-    for (auto& bucket : plan.cuda) {
-      std::vector<Tensor> m, v, vmax, steps;
-      for (const Tensor& p : bucket.originals) {
-        m.push_back(this->state_tensor(p, "exp_avg"));
-        v.push_back(this->state_tensor(p, "exp_avg_sq"));
-        if (o.amsgrad) vmax.push_back(this->state_tensor(p, "max_exp_avg_sq"));
-        steps.push_back(this->step_tensor(p));
-      }
-      cuda_impl::fused_adam(bucket.params, bucket.grads, m, v, vmax, steps,
-                            {.lr = o.lr,
-                             .beta1 = o.betas[0],
-                             .beta2 = o.betas[1],
-                             .eps = o.eps,
-                             .weight_decay = o.weight_decay,
-                             .decoupled_weight_decay = decoupled,
-                             .amsgrad = o.amsgrad,
-                             .maximize = o.maximize},
-                            grad_scale, found_inf);
-      this->finish_bucket(bucket);
-    }
+  const Options& o = this->groups_[group].options;
+  std::vector<Tensor> m, v, vmax, steps;
+  for (const Tensor& p : bucket.originals) {
+    m.push_back(this->state_tensor(p, "exp_avg"));
+    v.push_back(this->state_tensor(p, "exp_avg_sq"));
+    if (o.amsgrad) vmax.push_back(this->state_tensor(p, "max_exp_avg_sq"));
+    steps.push_back(this->step_tensor(p));
+  }
+  cuda_impl::fused_adam(bucket.params, bucket.grads, m, v, vmax, steps,
+                        {.lr = o.lr,
+                         .beta1 = o.betas[0],
+                         .beta2 = o.betas[1],
+                         .eps = o.eps,
+                         .weight_decay = o.weight_decay,
+                         .decoupled_weight_decay = decoupled_weight_decay(),
+                         .amsgrad = o.amsgrad,
+                         .maximize = o.maximize},
+                        grad_scale, found_inf);
+#else
+  OptimizerWith<Options>::update_bucket(group, bucket, grad_scale, found_inf);
 #endif
-    if (plan.cpu.empty()) continue;
-    if (!skip_read) skip_cpu = this->found_inf_set(found_inf), skip_read = true;
-    if (skip_cpu) continue;
-    const auto [beta1, beta2] = o.betas;
-    for (Tensor& p : plan.cpu) {
-      const DType math = this->state_dtype(p);
-      Tensor g = this->cpu_grad(p, grad_scale, math);  // may share the gradient: never written in place
-      if (o.maximize) g = ops::neg(g);
-      Tensor w = p.dtype() == math ? p : ops::cast(p, math);
-      if (o.weight_decay != 0) {
-        if (decoupled) {
-          ops::mul_(w, 1 - o.lr * o.weight_decay);
-        } else {
-          g = ops::add(g, w, o.weight_decay);
-        }
-      }
-      Tensor& step = this->step_tensor(p);
-      const double t = static_cast<double>(step.item<float>()) + 1;
-      Tensor& m = this->state_tensor(p, "exp_avg");
-      Tensor& v = this->state_tensor(p, "exp_avg_sq");
-      ops::mul_(m, beta1);
-      ops::add_(m, g, 1 - beta1);
-      ops::mul_(v, beta2);
-      ops::add_(v, ops::mul(g, g), 1 - beta2);
-      const double bias_correction1 = 1 - std::pow(beta1, t);
-      const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, t));
-      Tensor second = v;
-      if (o.amsgrad) {
-        Tensor& vmax = this->state_tensor(p, "max_exp_avg_sq");
-        ops::copy_(vmax, ops::maximum(vmax, v));
-        second = vmax;
-      }
-      Tensor denom = ops::add(ops::div(ops::sqrt(second), bias_correction2_sqrt), o.eps);
-      ops::add_(w, ops::div(m, denom), -o.lr / bias_correction1);
-      if (!w.is_same(p)) ops::copy_(p, w);
-      ops::fill_(step, t);
+}
+
+template <typename Options>
+void AdamBase<Options>::update_param(size_t group, const Tensor& p, Tensor g, Tensor& w, double t) {
+  const Options& o = this->groups_[group].options;
+  const auto [beta1, beta2] = o.betas;
+  if (o.maximize) g = ops::neg(g);
+  if (o.weight_decay != 0) {
+    if (decoupled_weight_decay()) {
+      ops::mul_(w, 1 - o.lr * o.weight_decay);
+    } else {
+      g = ops::add(g, w, o.weight_decay);
     }
   }
+  Tensor& m = this->state_tensor(p, "exp_avg");
+  Tensor& v = this->state_tensor(p, "exp_avg_sq");
+  ops::mul_(m, beta1);
+  ops::add_(m, g, 1 - beta1);
+  ops::mul_(v, beta2);
+  ops::add_(v, ops::mul(g, g), 1 - beta2);
+  const double bias_correction1 = 1 - std::pow(beta1, t);
+  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, t));
+  Tensor second = v;
+  if (o.amsgrad) {
+    Tensor& vmax = this->state_tensor(p, "max_exp_avg_sq");
+    ops::copy_(vmax, ops::maximum(vmax, v));
+    second = vmax;
+  }
+  Tensor denom = ops::add(ops::div(ops::sqrt(second), bias_correction2_sqrt), o.eps);
+  ops::add_(w, ops::div(m, denom), -o.lr / bias_correction1);
 }
 
 template class AdamBase<AdamOptions>;

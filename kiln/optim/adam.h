@@ -58,10 +58,15 @@ class AdamBase : public OptimizerWith<Options> {
       : OptimizerWith<Options>(std::move(groups), defaults) {}
 
   void step() override { step_with(Tensor(), Tensor()); }
-  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override;
+  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override {
+    this->step_by_hooks(grad_scale, found_inf);
+  }
   bool supports_step_with() const override { return true; }
 
  protected:
+  void update_bucket(size_t group, Optimizer::CudaBucket& bucket, const Tensor& grad_scale,
+                     const Tensor& found_inf) override;
+  void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;
   virtual bool decoupled_weight_decay() const = 0;
 };
 extern template class AdamBase<AdamOptions>;

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kiln/autograd/grad_mode.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
 
@@ -46,60 +45,46 @@ LAMBOptions LAMBOptions::from_values(const std::map<std::string, double>& v) {
           .max_trust_ratio = v.at("max_trust_ratio")};
 }
 
-void LAMB::step_with(const Tensor& grad_scale, const Tensor& found_inf) {
-  NoGradGuard no_grad;
-  bool skip_cpu = false, skip_read = false;  // found_inf is read on the host once, if a CPU parameter needs it
-  for (auto& group : groups_) {
-    const LAMBOptions& o = group.options;
-    StepPlan plan = plan_step(group.params);
+void LAMB::update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) {
 #if KILN_WITH_CUDA
-    for (auto& bucket : plan.cuda) {
-      std::vector<Tensor> m, v, steps;
-      for (const Tensor& p : bucket.originals) {
-        m.push_back(state_tensor(p, "exp_avg"));
-        v.push_back(state_tensor(p, "exp_avg_sq"));
-        steps.push_back(step_tensor(p));
-      }
-      cuda_impl::fused_lamb(bucket.params, bucket.grads, m, v, steps,
-                            {.lr = o.lr,
-                             .beta1 = o.betas[0],
-                             .beta2 = o.betas[1],
-                             .eps = o.eps,
-                             .weight_decay = o.weight_decay,
-                             .bias_correction = o.bias_correction,
-                             .max_trust_ratio = o.max_trust_ratio},
-                            grad_scale, found_inf);
-      finish_bucket(bucket);
-    }
-#endif
-    if (plan.cpu.empty()) continue;
-    if (!skip_read) skip_cpu = found_inf_set(found_inf), skip_read = true;
-    if (skip_cpu) continue;
-    const auto [beta1, beta2] = o.betas;
-    for (Tensor& p : plan.cpu) {
-      const DType math = state_dtype(p);
-      const Tensor g = cpu_grad(p, grad_scale, math);  // may share the gradient: never written in place
-      Tensor w = p.dtype() == math ? p : ops::cast(p, math);
-      Tensor& step = step_tensor(p);
-      const double t = static_cast<double>(step.item<float>()) + 1;
-      Tensor& m = state_tensor(p, "exp_avg");
-      Tensor& v = state_tensor(p, "exp_avg_sq");
-      ops::mul_(m, beta1);
-      ops::add_(m, g, 1 - beta1);
-      ops::mul_(v, beta2);
-      ops::add_(v, ops::mul(g, g), 1 - beta2);
-      const double bc1 = o.bias_correction ? 1 - std::pow(beta1, t) : 1.0;
-      const double bc2 = o.bias_correction ? 1 - std::pow(beta2, t) : 1.0;
-      Tensor update = ops::div(ops::div(m, bc1), ops::add(ops::sqrt(ops::div(v, bc2)), o.eps));
-      if (o.weight_decay != 0) update = ops::add(update, w, o.weight_decay);
-      const double p_norm = ops::norm(ops::cast(w, DType::Float64)).item<double>();
-      const double u_norm = ops::norm(ops::cast(update, DType::Float64)).item<double>();
-      const double trust = p_norm > 0 && u_norm > 0 ? std::clamp(p_norm / u_norm, 0.0, o.max_trust_ratio) : 1.0;
-      ops::add_(w, update, -o.lr * trust);
-      if (!w.is_same(p)) ops::copy_(p, w);
-      ops::fill_(step, t);
-    }
+  const LAMBOptions& o = groups_[group].options;
+  std::vector<Tensor> m, v, steps;
+  for (const Tensor& p : bucket.originals) {
+    m.push_back(state_tensor(p, "exp_avg"));
+    v.push_back(state_tensor(p, "exp_avg_sq"));
+    steps.push_back(step_tensor(p));
   }
+  cuda_impl::fused_lamb(bucket.params, bucket.grads, m, v, steps,
+                        {.lr = o.lr,
+                         .beta1 = o.betas[0],
+                         .beta2 = o.betas[1],
+                         .eps = o.eps,
+                         .weight_decay = o.weight_decay,
+                         .bias_correction = o.bias_correction,
+                         .max_trust_ratio = o.max_trust_ratio},
+                        grad_scale, found_inf);
+#else
+  OptimizerWith::update_bucket(group, bucket, grad_scale, found_inf);
+#endif
+}
+
+void LAMB::update_param(size_t group, const Tensor& p, Tensor g, Tensor& w, double t) {
+  const LAMBOptions& o = groups_[group].options;
+  const auto [beta1, beta2] = o.betas;
+  Tensor& m = state_tensor(p, "exp_avg");
+  Tensor& v = state_tensor(p, "exp_avg_sq");
+  ops::mul_(m, beta1);
+  ops::add_(m, g, 1 - beta1);
+  ops::mul_(v, beta2);
+  ops::add_(v, ops::mul(g, g), 1 - beta2);
+  const double bc1 = o.bias_correction ? 1 - std::pow(beta1, t) : 1.0;
+  const double bc2 = o.bias_correction ? 1 - std::pow(beta2, t) : 1.0;
+  Tensor update = ops::div(ops::div(m, bc1), ops::add(ops::sqrt(ops::div(v, bc2)), o.eps));
+  if (o.weight_decay != 0) update = ops::add(update, w, o.weight_decay);
+  const double p_norm = ops::norm(ops::cast(w, DType::Float64)).item<double>();
+  const double u_norm = ops::norm(ops::cast(update, DType::Float64)).item<double>();
+  const double trust = p_norm > 0 && u_norm > 0 ? std::clamp(p_norm / u_norm, 0.0, o.max_trust_ratio) : 1.0;
+  ops::add_(w, update, -o.lr * trust);
 }
 
 }  // namespace kiln::optim

@@ -43,8 +43,14 @@ class LAMB : public OptimizerWith<LAMBOptions> {
       : OptimizerWith(std::move(groups), defaults) {}
 
   void step() override { step_with(Tensor(), Tensor()); }
-  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override;
+  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override {
+    this->step_by_hooks(grad_scale, found_inf);
+  }
   bool supports_step_with() const override { return true; }
+
+ protected:
+  void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;
+  void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;
 };
 
 }  // namespace kiln::optim

@@ -5,6 +5,7 @@
 #include <set>
 #include <string_view>
 
+#include "kiln/autograd/grad_mode.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
 
@@ -36,6 +37,26 @@ Tensor copy_to(const Tensor& t, DType dtype, Device device) {
   Tensor out = ops::empty(t.shape(), {.dtype = dtype, .device = device});
   ops::copy_(out, t);
   return out;
+}
+
+// Whether found_inf says to skip the step (read on the host).
+bool found_inf_set(const Tensor& found_inf) {
+  if (!found_inf.defined()) return false;
+  KILN_CHECK(found_inf.numel() == 1, "Optimizer.step_with: found_inf has shape ", found_inf.shape(),
+             "; expected one element");
+  return ops::cast(found_inf, DType::Float64).to(Device::cpu()).item<double>() != 0.0;
+}
+
+// A CPU parameter's gradient in `math_dtype`, divided by grad_scale when defined.
+Tensor cpu_grad(const Tensor& param, const Tensor& grad_scale, DType math_dtype) {
+  Tensor g = param.grad();
+  if (g.dtype() != math_dtype) g = ops::cast(g, math_dtype);
+  if (grad_scale.defined()) {
+    KILN_CHECK(grad_scale.numel() == 1, "Optimizer.step_with: grad_scale has shape ", grad_scale.shape(),
+               "; expected one element");
+    g = ops::div(g, ops::cast(grad_scale, DType::Float64).to(Device::cpu()).item<double>());
+  }
+  return g;
 }
 
 }  // namespace
@@ -208,22 +229,37 @@ void Optimizer::finish_bucket(CudaBucket& bucket) {
   }
 }
 
-bool Optimizer::found_inf_set(const Tensor& found_inf) {
-  if (!found_inf.defined()) return false;
-  KILN_CHECK(found_inf.numel() == 1, "Optimizer.step_with: found_inf has shape ", found_inf.shape(),
-             "; expected one element");
-  return ops::cast(found_inf, DType::Float64).to(Device::cpu()).item<double>() != 0.0;
+void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf) {
+  NoGradGuard no_grad;
+  bool skip_cpu = false, skip_read = false;  // found_inf is read on the host once, if a CPU parameter needs it
+  for (size_t group = 0; group < num_param_groups(); ++group) {
+    StepPlan plan = plan_step(params(group));
+    for (auto& bucket : plan.cuda) {
+      update_bucket(group, bucket, grad_scale, found_inf);
+      finish_bucket(bucket);
+    }
+    if (plan.cpu.empty()) continue;
+    if (!skip_read) skip_cpu = found_inf_set(found_inf), skip_read = true;
+    if (skip_cpu) continue;
+    for (Tensor& p : plan.cpu) {
+      const DType math = state_dtype(p);
+      Tensor w = p.dtype() == math ? p : ops::cast(p, math);
+      Tensor& step = step_tensor(p);
+      const double t = static_cast<double>(step.item<float>()) + 1;
+      update_param(group, p, cpu_grad(p, grad_scale, math), w, t);
+      if (!w.is_same(p)) ops::copy_(p, w);
+      ops::fill_(step, t);
+    }
+  }
 }
 
-Tensor Optimizer::cpu_grad(const Tensor& param, const Tensor& grad_scale, DType math_dtype) {
-  Tensor g = param.grad();
-  if (g.dtype() != math_dtype) g = ops::cast(g, math_dtype);
-  if (grad_scale.defined()) {
-    KILN_CHECK(grad_scale.numel() == 1, "Optimizer.step_with: grad_scale has shape ", grad_scale.shape(),
-               "; expected one element");
-    g = ops::div(g, ops::cast(grad_scale, DType::Float64).to(Device::cpu()).item<double>());
-  }
-  return g;
+void Optimizer::update_bucket(size_t /*group*/, CudaBucket& /*bucket*/, const Tensor& /*grad_scale*/,
+                              const Tensor& /*found_inf*/) {
+  KILN_CHECK(false, name(), ": step_by_hooks needs update_bucket for CUDA parameters");
+}
+
+void Optimizer::update_param(size_t /*group*/, const Tensor& /*param*/, Tensor /*grad*/, Tensor& /*w*/, double /*t*/) {
+  KILN_CHECK(false, name(), ": step_by_hooks needs update_param for CPU parameters");
 }
 
 DType Optimizer::state_dtype(const Tensor& param) {

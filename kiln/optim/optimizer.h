@@ -98,10 +98,15 @@ class Optimizer {
   // Writes bucket.params back into the parameters they were copied from (non-contiguous parameters).
   static void finish_bucket(CudaBucket& bucket);
 
-  // For the CPU path of step_with: whether found_inf says to skip the step (reads it on the host), and the
-  // gradient to use: divided by grad_scale when defined, in `math_dtype`.
-  static bool found_inf_set(const Tensor& found_inf);
-  static Tensor cpu_grad(const Tensor& param, const Tensor& grad_scale, DType math_dtype);
+  // One step of every group through two hooks (what SGD, Adam, AdamW and LAMB implement): each CUDA bucket goes
+  // to update_bucket (one fused launch, reading grad_scale and found_inf on the device); each CPU parameter to
+  // update_param, unless found_inf is set, with `grad` (divided by grad_scale, in the math dtype; it may share
+  // memory with .grad, so never write it in place), `w` (the parameter in the math dtype: the parameter itself
+  // when it already is) and the step number t = 1, 2, ... being taken. The caller then copies w back into the
+  // parameter and advances "step". Runs without recording the graph.
+  void step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf);
+  virtual void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf);
+  virtual void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t);
 
   // The dtype state tensors and CPU math use for a parameter: float32 for 16-bit floats, else its dtype.
   static DType state_dtype(const Tensor& param);

@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include "kiln/autograd/grad_mode.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
 
@@ -42,58 +41,44 @@ SGDOptions SGDOptions::from_values(const std::map<std::string, double>& v) {
           .maximize = v.at("maximize") != 0};
 }
 
-void SGD::step_with(const Tensor& grad_scale, const Tensor& found_inf) {
-  NoGradGuard no_grad;
-  bool skip_cpu = false, skip_read = false;  // found_inf is read on the host once, if a CPU parameter needs it
-  for (auto& group : groups_) {
-    const SGDOptions& o = group.options;
-    StepPlan plan = plan_step(group.params);
+void SGD::update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) {
 #if KILN_WITH_CUDA
-    for (auto& bucket : plan.cuda) {
-      std::vector<Tensor> bufs, steps;
-      for (const Tensor& p : bucket.originals) {
-        if (o.momentum != 0) bufs.push_back(state_tensor(p, "momentum_buffer"));
-        steps.push_back(step_tensor(p));
-      }
-      cuda_impl::fused_sgd(bucket.params, bucket.grads, bufs, steps,
-                           {.lr = o.lr,
-                            .momentum = o.momentum,
-                            .dampening = o.dampening,
-                            .weight_decay = o.weight_decay,
-                            .nesterov = o.nesterov,
-                            .maximize = o.maximize},
-                           grad_scale, found_inf);
-      finish_bucket(bucket);
-    }
-#endif
-    if (plan.cpu.empty()) continue;
-    if (!skip_read) skip_cpu = found_inf_set(found_inf), skip_read = true;
-    if (skip_cpu) continue;
-    for (Tensor& p : plan.cpu) {
-      const DType math = state_dtype(p);
-      Tensor d = cpu_grad(p, grad_scale, math);  // may share the gradient: never written in place
-      if (o.maximize) d = ops::neg(d);
-      Tensor w = p.dtype() == math ? p : ops::cast(p, math);
-      if (o.weight_decay != 0) d = ops::add(d, w, o.weight_decay);
-      Tensor& step = step_tensor(p);
-      const double t = step.item<float>();
-      if (o.momentum != 0) {
-        // A buffer made now (first step, or momentum switched on later) starts as the gradient (PyTorch).
-        const bool fresh = t == 0 || !state(p).count("momentum_buffer");
-        Tensor& buf = state_tensor(p, "momentum_buffer");
-        if (fresh) {
-          ops::copy_(buf, d);
-        } else {
-          ops::mul_(buf, o.momentum);
-          ops::add_(buf, d, 1 - o.dampening);
-        }
-        d = o.nesterov ? ops::add(d, buf, o.momentum) : buf;
-      }
-      ops::add_(w, d, -o.lr);
-      if (!w.is_same(p)) ops::copy_(p, w);
-      ops::fill_(step, t + 1);
-    }
+  const SGDOptions& o = groups_[group].options;
+  std::vector<Tensor> bufs, steps;
+  for (const Tensor& p : bucket.originals) {
+    if (o.momentum != 0) bufs.push_back(state_tensor(p, "momentum_buffer"));
+    steps.push_back(step_tensor(p));
   }
+  cuda_impl::fused_sgd(bucket.params, bucket.grads, bufs, steps,
+                       {.lr = o.lr,
+                        .momentum = o.momentum,
+                        .dampening = o.dampening,
+                        .weight_decay = o.weight_decay,
+                        .nesterov = o.nesterov,
+                        .maximize = o.maximize},
+                       grad_scale, found_inf);
+#else
+  OptimizerWith::update_bucket(group, bucket, grad_scale, found_inf);
+#endif
+}
+
+void SGD::update_param(size_t group, const Tensor& p, Tensor d, Tensor& w, double t) {
+  const SGDOptions& o = groups_[group].options;
+  if (o.maximize) d = ops::neg(d);
+  if (o.weight_decay != 0) d = ops::add(d, w, o.weight_decay);
+  if (o.momentum != 0) {
+    // A buffer made now (first step, or momentum switched on later) starts as the gradient (PyTorch).
+    const bool fresh = t == 1 || !state(p).count("momentum_buffer");
+    Tensor& buf = state_tensor(p, "momentum_buffer");
+    if (fresh) {
+      ops::copy_(buf, d);
+    } else {
+      ops::mul_(buf, o.momentum);
+      ops::add_(buf, d, 1 - o.dampening);
+    }
+    d = o.nesterov ? ops::add(d, buf, o.momentum) : buf;
+  }
+  ops::add_(w, d, -o.lr);
 }
 
 }  // namespace kiln::optim
