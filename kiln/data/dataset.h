@@ -1,0 +1,45 @@
+// kiln/data/dataset.h — the Dataset interface: a size and a get(index) that worker threads call concurrently.
+//
+//   class Squares : public data::Dataset {
+//    public:
+//     int64_t size() const override { return 100; }
+//     data::Example get(int64_t i, data::SampleRng& rng) const override {
+//       return {{"x", scalar_tensor(double(i))}, {"y", scalar_tensor(double(i * i))}};
+//     }
+//   };
+//
+// get() must be safe to call from several threads at once (read-only state, or its own locking), and draw
+// every random number from `rng` so a sample is a pure function of (seed, epoch, index).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kiln/data/example.h"
+#include "kiln/data/sample_rng.h"
+
+namespace kiln::data {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual Example get(int64_t index, SampleRng& rng) const = 0;
+  // A short description for messages ("MNIST(train, 60000 images, /data/mnist)").
+  virtual std::string describe() const { return "dataset of " + std::to_string(size()) + " samples"; }
+
+  // get() with a fresh SampleRng(seed, epoch, index), after checking the index (a clear error out of range).
+  Example sample(int64_t index, uint64_t seed = 0, uint64_t epoch = 0) const;
+};
+
+// A dataset whose samples are another's, passed through a function (applied in the worker threads):
+//   auto ds = data::map(mnist, [](data::Example ex, data::SampleRng& rng) { ...; return ex; });
+using ExampleFn = std::function<Example(Example, SampleRng&)>;
+std::shared_ptr<Dataset> map(std::shared_ptr<const Dataset> base, ExampleFn fn);
+
+// The first `n` samples, or samples [begin, end), of another dataset (views: nothing is copied).
+std::shared_ptr<Dataset> subset(std::shared_ptr<const Dataset> base, int64_t begin, int64_t end);
+
+}  // namespace kiln::data

@@ -1,0 +1,88 @@
+// kiln/data/example.h — what datasets return and loaders hand out: named tensors in order.
+//
+//   data::Example ex{{"image", img}, {"label", scalar_tensor(3)}};   // one sample
+//   auto [image, label] = ex;                       // structured binding: exactly two fields
+//   data::Batch batch = data::collate(examples);     // each field stacked along a new dim 0
+//   Tensor ids = batch["input_ids"];                 // by name (an unknown name lists the known ones)
+//   batch = batch.to(Device::cuda(0), /*non_blocking=*/true);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::data {
+
+// Named tensors, in the order they were added. Names are unique.
+class Example {
+ public:
+  Example() = default;
+  Example(std::initializer_list<std::pair<std::string, Tensor>> fields);
+
+  void add(std::string name, Tensor value);  // throws when the name is already there
+  size_t size() const { return values_.size(); }
+  bool empty() const { return values_.empty(); }
+  bool contains(std::string_view name) const;
+  const std::vector<std::string>& names() const { return names_; }
+
+  Tensor& operator[](size_t i);
+  const Tensor& operator[](size_t i) const;
+  Tensor& operator[](std::string_view name);  // throws, naming the fields there are
+  const Tensor& operator[](std::string_view name) const;
+
+  // For structured bindings (auto [x, y] = example): needs exactly two fields, else throws saying to index
+  // by name.
+  template <size_t I>
+  const Tensor& get() const {
+    check_pair();
+    return values_[I];
+  }
+
+ private:
+  void check_pair() const;
+  std::vector<std::string> names_;
+  std::vector<Tensor> values_;
+};
+
+// A collated batch: the fields of its examples stacked along a new first dim, plus the dataset indices of
+// its samples (in order).
+class Batch : public Example {
+ public:
+  Batch() = default;
+  using Example::Example;
+
+  int64_t batch_size() const;                // dim 0 of the first field (0 when empty)
+  std::vector<int64_t> indices;              // the samples' dataset indices, in batch order
+
+  // Every field copied to `device` (fields already there are kept). non_blocking copies from pinned memory
+  // run asynchronously on the current stream of `device`.
+  Batch to(Device device, bool non_blocking = false) const;
+  Batch pin_memory() const;  // every field in page-locked host memory (a copy; no-op without CUDA)
+};
+
+// Stacks the examples field by field: every example must have the same names in the same order, and each
+// field the same dtype and shape across examples (the error names the sample, the field and both shapes).
+// With `pinned`, the batch is written straight into page-locked host memory (where CUDA is available).
+Batch collate(const std::vector<Example>& examples, bool pinned = false);
+
+}  // namespace kiln::data
+
+template <>
+struct std::tuple_size<kiln::data::Example> : std::integral_constant<size_t, 2> {};
+template <size_t I>
+struct std::tuple_element<I, kiln::data::Example> {
+  using type = const kiln::Tensor;
+};
+template <>
+struct std::tuple_size<kiln::data::Batch> : std::integral_constant<size_t, 2> {};
+template <size_t I>
+struct std::tuple_element<I, kiln::data::Batch> {
+  using type = const kiln::Tensor;
+};

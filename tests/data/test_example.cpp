@@ -1,0 +1,62 @@
+// Examples, batches, collation and the per-sample random stream.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <vector>
+
+#include "kiln/data/dataset.h"
+#include "kiln/tensor/ops.h"
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+using data::Example;
+
+TEST(DataExample, FieldsByNameAndStructuredBinding) {
+  Example ex{{"image", ops::full({2, 2}, 1.5)}, {"label", ops::scalar_tensor(int64_t{7})}};
+  EXPECT_EQ(ex.size(), 2u);
+  EXPECT_EQ(ex["label"].item<int64_t>(), 7);
+  auto [image, label] = ex;
+  EXPECT_EQ(image.shape(), (Shape{2, 2}));
+  EXPECT_EQ(label.item<int64_t>(), 7);
+  expect_error([&] { (void)ex["mask"]; }, {"no field named 'mask'", "image, label"});
+  expect_error([&] { ex.add("image", ops::zeros({1})); }, {"already there"});
+  Example three{{"a", ops::zeros({1})}, {"b", ops::zeros({1})}, {"c", ops::zeros({1})}};
+  expect_error([&] { auto [a, b] = three; (void)a; (void)b; }, {"exactly two fields", "a, b, c"});
+}
+
+TEST(DataExample, CollateStacksEachField) {
+  std::vector<Example> xs;
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back({{"x", ops::full({2}, double(i))}, {"y", ops::scalar_tensor(int64_t{10 + i})}});
+  }
+  data::Batch b = data::collate(xs);
+  EXPECT_EQ(b.batch_size(), 3);
+  EXPECT_EQ(b["x"].shape(), (Shape{3, 2}));
+  EXPECT_EQ(b["x"].to_vector<double>(), (std::vector<double>{0, 0, 1, 1, 2, 2}));
+  EXPECT_EQ(b["y"].to_vector<int64_t>(), (std::vector<int64_t>{10, 11, 12}));
+  xs[1]["x"] = ops::zeros({3});
+  expect_error([&] { data::collate(xs); }, {"field 'x' of sample 1", "[3]", "[2]"});
+}
+
+TEST(DataSampleRng, PureFunctionOfSeedEpochIndex) {
+  data::SampleRng a(1, 2, 3), b(1, 2, 3), c(1, 3, 3), d(1, 2, 4);
+  const double va = a.uniform();
+  EXPECT_EQ(va, b.uniform());
+  EXPECT_NE(va, c.uniform());
+  EXPECT_NE(va, d.uniform());
+  // randint is uniform over its range: 6000 draws of 6 values, each close to 1000.
+  data::SampleRng r(5, 0, 0);
+  std::vector<int> counts(6);
+  for (int i = 0; i < 6000; ++i) ++counts[r.randint(6)];
+  for (int c6 : counts) EXPECT_NEAR(c6, 1000, 150);
+  // Forks are independent of the parent's position and reproducible.
+  data::SampleRng p(9, 9, 9);
+  p.uniform();
+  EXPECT_EQ(p.fork(1).uniform(), data::SampleRng(9, 9, 9).fork(1).uniform());
+  EXPECT_NE(p.fork(1).uniform(), p.fork(2).uniform());
+}
+
+}  // namespace
+}  // namespace kiln::testing
