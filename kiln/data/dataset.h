@@ -39,6 +39,10 @@ class Dataset {
 using ExampleFn = std::function<Example(Example, SampleRng&)>;
 std::shared_ptr<Dataset> map(std::shared_ptr<const Dataset> base, ExampleFn fn);
 
+// What image datasets (MNIST, CIFAR, ImageFolder) apply to each image in the worker threads: a uint8 (H, W, C)
+// image in, any tensor out (e.g. float (C, H, W) after ToTensor + Normalize). kiln/data/transforms.h builds them.
+using ImageTransform = std::function<Tensor(Tensor image, SampleRng& rng)>;
+
 // The first `n` samples, or samples [begin, end), of another dataset (views: nothing is copied).
 std::shared_ptr<Dataset> subset(std::shared_ptr<const Dataset> base, int64_t begin, int64_t end);
 
