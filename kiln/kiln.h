@@ -14,6 +14,7 @@
 #include "kiln/autograd/grad_mode.h"    // NoGradGuard, EnableGradGuard
 #include "kiln/autograd/gradcheck.h"    // autograd::gradcheck
 #include "kiln/data/dataset.h"         // data::Dataset, data::Example, data::Batch, data::SampleRng
+#include "kiln/data/datasets.h"        // data::MNIST, data::CIFAR10/100, data::HDF5Dataset, data::SyntheticDataset
 #include "kiln/layers/attention.h"      // nn::scaled_dot_product_attention, nn::MultiheadAttention
 #include "kiln/layers/containers.h"     // nn::Sequential, nn::ModuleList, nn::ModuleDict
 #include "kiln/layers/conv.h"           // nn::conv2d, nn::Conv2d

@@ -1,0 +1,77 @@
+// kiln/data/datasets/cifar.h — CIFAR-10 and CIFAR-100 from their binary versions.
+//
+//   data::CIFAR10 train("data/", {.split = data::Split::Train, .transform = augment});
+//   data::Example ex = train.sample(0);   // {"image": uint8 (32, 32, 3) HWC, "label": int64 scalar}
+//   data::CIFAR100 test("data/", {.split = data::Split::Test, .label = data::CIFAR100Label::Coarse});
+//   std::string name = test.classes()[label];
+//
+// CIFAR-10: data_batch_1.bin .. data_batch_5.bin (train) and test_batch.bin, records of 1 label byte and 3072
+// image bytes (CHW). CIFAR-100: train.bin and test.bin, records of a coarse label byte, a fine label byte and
+// 3072 image bytes. Looked for in root, then in the folder the official tarball unpacks to
+// (root/cifar-10-batches-bin, root/cifar-100-binary). Read whole at construction (stored HWC), checked
+// (whole records, labels in range); get() only copies.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kiln/data/dataset.h"
+#include "kiln/data/datasets/split.h"
+
+namespace kiln::data {
+
+struct CIFAR10Options {
+  Split split = Split::Train;
+  ImageTransform transform = {};  // applied to the uint8 (32, 32, 3) image in get(); none when empty
+};
+
+enum class CIFAR100Label { Fine, Coarse };
+
+struct CIFAR100Options {
+  Split split = Split::Train;
+  ImageTransform transform = {};
+  CIFAR100Label label = CIFAR100Label::Fine;  // which of the two labels "label" holds
+};
+
+// What CIFAR-10 and CIFAR-100 share: images held in memory (N, 32, 32, 3) and one int64 label each.
+class CIFARBase : public Dataset {
+ public:
+  int64_t size() const override { return targets_.numel(); }
+  // {"image": uint8 (32, 32, 3), or what the transform makes of it, "label": int64 scalar}
+  Example get(int64_t index, SampleRng& rng) const override;
+  std::string describe() const override;
+
+  const Tensor& images() const { return images_; }    // uint8 (N, 32, 32, 3) HWC
+  const Tensor& targets() const { return targets_; }  // int64 (N)
+  const std::vector<std::string>& classes() const { return classes_; }
+
+ protected:
+  CIFARBase(std::string name, Split split, ImageTransform transform);
+  // Reads the records of `files`: label_bounds.size() label bytes (each checked below its bound), of which
+  // the one at `label_byte` becomes the label, then the CHW image.
+  void load(const std::vector<std::filesystem::path>& files, const std::vector<int64_t>& label_bounds,
+            int label_byte);
+
+  std::string name_;
+  Split split_;
+  ImageTransform transform_;
+  std::filesystem::path dir_;
+  Tensor images_, targets_;
+  std::vector<std::string> classes_;
+};
+
+class CIFAR10 : public CIFARBase {
+ public:
+  explicit CIFAR10(const std::filesystem::path& root, CIFAR10Options options = {});
+};
+
+class CIFAR100 : public CIFARBase {
+ public:
+  // classes() are read from fine_label_names.txt / coarse_label_names.txt when the folder has them (the
+  // official tarball does), else empty.
+  explicit CIFAR100(const std::filesystem::path& root, CIFAR100Options options = {});
+};
+
+}  // namespace kiln::data
