@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <unistd.h>  // getpid
+
 #include <atomic>
 #include <cstdint>
 #include <filesystem>

@@ -41,7 +41,8 @@ void expect_sample(const data::Dataset& ds, int64_t i, int64_t record, int64_t l
   for (int h = 0; h < kSide; ++h)
     for (int w = 0; w < kSide; ++w)
       for (int c = 0; c < 3; ++c)
-        ASSERT_EQ(p[(h * kSide + w) * 3 + c], value(record, c, h, w)) << "sample " << i << " (" << h << "," << w << "," << c << ")";
+        ASSERT_EQ(p[(h * kSide + w) * 3 + c], value(record, c, h, w))
+            << "sample " << i << " (" << h << "," << w << "," << c << ")";
   EXPECT_EQ(ex["label"].dtype(), DType::Int64);
   EXPECT_EQ(ex["label"].dim(), 0);
   EXPECT_EQ(ex["label"].item<int64_t>(), label);

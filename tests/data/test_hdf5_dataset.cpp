@@ -64,8 +64,8 @@ TEST(DataHDF5, WriterRoundTripEveryDType) {
   EXPECT_EQ(ds.chunk_rows(), 4);
   for (int64_t i = 0; i < n; ++i) {
     data::Example ex = ds.sample(i);
-    ASSERT_EQ(ex.names(), (std::vector<std::string>{"images", "labels", "features/f32", "features/f64", "pairs",
-                                                    "half", "brain"}));
+    ASSERT_EQ(ex.names(),
+              (std::vector<std::string>{"images", "labels", "features/f32", "features/f64", "pairs", "half", "brain"}));
     expect_image_row(ex["images"], i);
     EXPECT_EQ(ex["labels"].dtype(), DType::Int64);
     EXPECT_EQ(ex["labels"].dim(), 0);
@@ -94,9 +94,8 @@ TEST(DataHDF5, WriterRoundTripEveryDType) {
 TEST(DataHDF5, NoNamesTakesEveryTopLevelDataset) {
   TempFolder dir;
   const auto path = dir / "top.h5";
-  data::write_hdf5_arrays(path, {{"x", make_images(6)},
-                                 {"y", ops::arange(6)},
-                                 {"meta/vocab", ops::arange(3)}});  // in a group: not taken
+  data::write_hdf5_arrays(
+      path, {{"x", make_images(6)}, {"y", ops::arange(6)}, {"meta/vocab", ops::arange(3)}});  // in a group: not taken
   data::HDF5Dataset ds(path);
   EXPECT_EQ(ds.names(), (std::vector<std::string>{"x", "y"}));
   ASSERT_EQ(ds.size(), 6);
@@ -199,14 +198,20 @@ TEST(DataHDF5, BadFilesNameTheFileAndTheProblem) {
   expect_error([&] { data::HDF5Dataset ds(dir / "empty.h5"); }, {"empty.h5", "not an HDF5 file"});
 
   const auto path = dir / "ok.h5";
-  data::write_hdf5_arrays(path, {{"images", ops::zeros({10, 3})}, {"labels", ops::arange(9)},
-                                 {"train/x", ops::zeros({10})}});
-  expect_error([&] { data::HDF5Dataset ds(path, {"images", "targets"}); },
-               {"ok.h5", "no dataset 'targets'", "images, labels, train/x"});
+  data::write_hdf5_arrays(path,
+                          {{"images", ops::zeros({10, 3})}, {"labels", ops::arange(9)}, {"train/x", ops::zeros({10})}});
+  expect_error(
+      [&] {
+        data::HDF5Dataset ds(path, {"images", "targets"});
+      },
+      {"ok.h5", "no dataset 'targets'", "images, labels, train/x"});
   expect_error([&] { data::HDF5Dataset ds(path, {"test/x"}); }, {"ok.h5", "no dataset 'test/x'"});
   expect_error([&] { data::HDF5Dataset ds(path, {"train"}); }, {"ok.h5", "'train'", "not a dataset"});
-  expect_error([&] { data::HDF5Dataset ds(path, {"images", "labels"}); },
-               {"ok.h5", "different first dims", "images (10, 3)", "labels (9)"});
+  expect_error(
+      [&] {
+        data::HDF5Dataset ds(path, {"images", "labels"});
+      },
+      {"ok.h5", "different first dims", "images (10, 3)", "labels (9)"});
   expect_error([&] { data::HDF5Dataset ds(path); }, {"ok.h5", "different first dims"});
   expect_error([&] { data::HDF5Dataset ds(path, {"images"}, {.chunk_rows = 0}); }, {"ok.h5", "chunk_rows"});
 

@@ -45,7 +45,8 @@ void expect_sample(const data::Dataset& ds, int64_t i) {
   ASSERT_EQ(image.shape(), (Shape{kSide, kSide, 1}));
   const uint8_t* p = image.data_ptr<uint8_t>();
   for (int r = 0; r < kSide; ++r)
-    for (int c = 0; c < kSide; ++c) ASSERT_EQ(p[r * kSide + c], pixel(i, r, c)) << "sample " << i << " at " << r << "," << c;
+    for (int c = 0; c < kSide; ++c)
+      ASSERT_EQ(p[r * kSide + c], pixel(i, r, c)) << "sample " << i << " at " << r << "," << c;
   EXPECT_EQ(ex["label"].dtype(), DType::Int64);
   EXPECT_EQ(ex["label"].dim(), 0);
   EXPECT_EQ(ex["label"].item<int64_t>(), label_of(i));
@@ -101,9 +102,9 @@ TEST(DataMNIST, TransformRunsOnEachImage) {
   write_bytes(dir / "train-images-idx3-ubyte", idx_images(2));
   write_bytes(dir / "train-labels-idx1-ubyte", idx_labels(2));
   data::MNIST mnist(dir.path(), {.transform = [](Tensor image, data::SampleRng& rng) {
-                                   EXPECT_EQ(image.shape(), (Shape{kSide, kSide, 1}));
-                                   return ops::full({1}, static_cast<double>(rng.randint(1000)));
-                                 }});
+                      EXPECT_EQ(image.shape(), (Shape{kSide, kSide, 1}));
+                      return ops::full({1}, static_cast<double>(rng.randint(1000)));
+                    }});
   data::Example ex = mnist.sample(1, /*seed=*/5, /*epoch=*/2);
   data::SampleRng rng(5, 2, 1);
   EXPECT_EQ(ex["image"].shape(), (Shape{1}));
@@ -124,8 +125,8 @@ class DataMNISTBadInput : public ::testing::Test {
 };
 
 TEST_F(DataMNISTBadInput, MissingFilesAreNamedWithTheFoldersSearched) {
-  expect_load_error({"cannot find train-images-idx3-ubyte or train-images-idx3-ubyte.gz", dir.path().string(),
-                     "MNIST/raw"});
+  expect_load_error(
+      {"cannot find train-images-idx3-ubyte or train-images-idx3-ubyte.gz", dir.path().string(), "MNIST/raw"});
   write_bytes(dir / "train-images-idx3-ubyte", idx_images(2));
   expect_load_error({"train-labels-idx1-ubyte"});
 }

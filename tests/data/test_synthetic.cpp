@@ -99,12 +99,21 @@ TEST(DataSynthetic, FloatsAreStandardNormalAndIntegersUniformBelowTheirBound) {
 }
 
 TEST(DataSynthetic, BadOptions) {
-  expect_error([] { data::SyntheticDataset ds({.size = 4, .fields = {{"y", {}, DType::Int64}}}); },
-               {"'y'", "num_classes"});
-  expect_error([] { data::SyntheticDataset ds({.size = 4, .fields = {{"p", {300}, DType::UInt8, 300}}}); },
-               {"'p'", "300 classes"});
-  expect_error([] { data::SyntheticDataset ds({.size = 4, .fields = {{"x", {2}}, {"x", {3}}}}); },
-               {"'x'", "already there"});
+  expect_error(
+      [] {
+        data::SyntheticDataset ds({.size = 4, .fields = {{"y", {}, DType::Int64}}});
+      },
+      {"'y'", "num_classes"});
+  expect_error(
+      [] {
+        data::SyntheticDataset ds({.size = 4, .fields = {{"p", {300}, DType::UInt8, 300}}});
+      },
+      {"'p'", "300 classes"});
+  expect_error(
+      [] {
+        data::SyntheticDataset ds({.size = 4, .fields = {{"x", {2}}, {"x", {3}}}});
+      },
+      {"'x'", "already there"});
   expect_error([] { data::SyntheticDataset ds({.size = 4}); }, {"at least one field"});
   expect_error([] { data::SyntheticDataset ds({.size = -1, .fields = {{"x", {2}}}}); }, {"size"});
 }

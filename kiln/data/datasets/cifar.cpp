@@ -63,9 +63,9 @@ void CIFARBase::load(const std::vector<std::filesystem::path>& files, const std:
     const int64_t bytes = static_cast<int64_t>(contents.back().size());
     KILN_CHECK(bytes > 0, file.string(), " is empty: expected ", name_, " records of ", record,
                " bytes; download it again");
-    KILN_CHECK(bytes % record == 0, file.string(), " is not a whole number of ", record, "-byte ", name_,
-               " records (", bytes, " bytes = ", bytes / record, " records and ", bytes % record,
-               " bytes more): truncated or not a ", name_, " binary file");
+    KILN_CHECK(bytes % record == 0, file.string(), " is not a whole number of ", record, "-byte ", name_, " records (",
+               bytes, " bytes = ", bytes / record, " records and ", bytes % record, " bytes more): truncated or not a ",
+               name_, " binary file");
     n += bytes / record;
   }
   images_ = ops::empty({n, kSide, kSide, kChannels}, {.dtype = DType::UInt8});
@@ -110,8 +110,7 @@ CIFAR10::CIFAR10(const std::filesystem::path& root, CIFAR10Options options)
   std::vector<std::string> names;
   if (split_ == Split::Train)
     for (int b = 1; b <= 5; ++b) names.push_back("data_batch_" + std::to_string(b) + ".bin");
-  else
-    names.push_back("test_batch.bin");
+  else names.push_back("test_batch.bin");
   dir_ = find_dir(root, "cifar-10-batches-bin", names, name_);
   std::vector<std::filesystem::path> files;
   for (const auto& n : names) files.push_back(dir_ / n);

@@ -51,8 +51,7 @@ class CIFARBase : public Dataset {
   CIFARBase(std::string name, Split split, ImageTransform transform);
   // Reads the records of `files`: label_bounds.size() label bytes (each checked below its bound), of which
   // the one at `label_byte` becomes the label, then the CHW image.
-  void load(const std::vector<std::filesystem::path>& files, const std::vector<int64_t>& label_bounds,
-            int label_byte);
+  void load(const std::vector<std::filesystem::path>& files, const std::vector<int64_t>& label_bounds, int label_byte);
 
   std::string name_;
   Split split_;

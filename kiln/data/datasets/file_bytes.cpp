@@ -33,8 +33,8 @@ std::vector<uint8_t> inflate_gzip(const std::vector<uint8_t>& in, const std::fil
   // The last member's trailer holds its uncompressed size mod 2^32: a good first guess for one member.
   if (in.size() >= 18) {
     const size_t n = in.size();
-    const uint32_t isize = uint32_t(in[n - 4]) | uint32_t(in[n - 3]) << 8 | uint32_t(in[n - 2]) << 16 |
-                           uint32_t(in[n - 1]) << 24;
+    const uint32_t isize =
+        uint32_t(in[n - 4]) | uint32_t(in[n - 3]) << 8 | uint32_t(in[n - 2]) << 16 | uint32_t(in[n - 1]) << 24;
     out.reserve(std::min<size_t>(isize, size_t(1) << 31));
   }
   z_stream zs{};

@@ -254,8 +254,8 @@ HDF5Dataset::HDF5Dataset(const std::filesystem::path& path, std::vector<std::str
 
   size_t bytes_per_row = 0;
   for (const auto& field : state_->fields) bytes_per_row += field.row_bytes;
-  const int64_t fit = bytes_per_row == 0 ? options_.chunk_rows
-                                         : static_cast<int64_t>(options_.max_chunk_bytes / bytes_per_row);
+  const int64_t fit =
+      bytes_per_row == 0 ? options_.chunk_rows : static_cast<int64_t>(options_.max_chunk_bytes / bytes_per_row);
   chunk_rows_ = std::max<int64_t>(1, std::min(options_.chunk_rows, fit));
 }
 
@@ -310,14 +310,14 @@ Example HDF5Dataset::get(int64_t index, SampleRng& rng) const {
         count[0] = static_cast<hsize_t>(rows);
         Handle file_space(H5Dget_space(field.dataset.get()), H5Sclose);
         Handle memory_space(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
-        const bool ok = file_space.ok() && memory_space.ok() &&
-                        H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                                            nullptr) >= 0 &&
-                        H5Dread(field.dataset.get(), field.memory_type.get(), memory_space.get(), file_space.get(),
-                                H5P_DEFAULT, chunk->fields.back().data()) >= 0;
+        const bool ok =
+            file_space.ok() && memory_space.ok() &&
+            H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) >= 0 &&
+            H5Dread(field.dataset.get(), field.memory_type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                    chunk->fields.back().data()) >= 0;
         const size_t k = chunk->fields.size() - 1;
-        KILN_CHECK(ok, "HDF5Dataset: reading rows [", begin, ", ", begin + rows, ") of dataset '", names_[k],
-                   "' of ", path_.string(), " failed (a damaged file, or a compression filter this HDF5 lacks?)");
+        KILN_CHECK(ok, "HDF5Dataset: reading rows [", begin, ", ", begin + rows, ") of dataset '", names_[k], "' of ",
+                   path_.string(), " failed (a damaged file, or a compression filter this HDF5 lacks?)");
       }
       s.reads.fetch_add(1);
       promise.set_value(std::move(chunk));
@@ -357,18 +357,18 @@ void write_hdf5_arrays(const std::filesystem::path& path, const std::vector<std:
     const std::string& name = arrays[k].first;
     const Tensor& t = hosts[k];
     std::vector<hsize_t> dims(t.shape().begin(), t.shape().end());
-    Handle space(dims.empty() ? H5Screate(H5S_SCALAR)
-                              : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                 H5Sclose);
+    Handle space(
+        dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+        H5Sclose);
     Handle type = memory_type(t.dtype());
-    Handle dataset(H5Dcreate2(f.get(), name.c_str(), type.get(), space.get(), link_props.get(), H5P_DEFAULT,
-                              H5P_DEFAULT),
-                   H5Dclose);
+    Handle dataset(
+        H5Dcreate2(f.get(), name.c_str(), type.get(), space.get(), link_props.get(), H5P_DEFAULT, H5P_DEFAULT),
+        H5Dclose);
     KILN_CHECK(dataset.ok(), "write_hdf5_arrays: cannot create dataset '", name, "' in ", file,
                " (a duplicate or invalid name?)");
-    KILN_CHECK(t.numel() == 0 || H5Dwrite(dataset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                          t.data_ptr<void>()) >= 0,
-               "write_hdf5_arrays: writing dataset '", name, "' to ", file, " failed (disk full?)");
+    KILN_CHECK(
+        t.numel() == 0 || H5Dwrite(dataset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr<void>()) >= 0,
+        "write_hdf5_arrays: writing dataset '", name, "' to ", file, " failed (disk full?)");
   }
   KILN_CHECK(H5Fflush(f.get(), H5F_SCOPE_GLOBAL) >= 0, "write_hdf5_arrays: flushing ", file, " failed (disk full?)");
 }

@@ -27,10 +27,11 @@ std::vector<int64_t> idx_dims(const std::vector<uint8_t>& bytes, const std::file
   const std::string what = magic == kImagesMagic ? "an IDX image file" : "an IDX label file";
   const size_t header = 4 * (1 + static_cast<size_t>(ndim));
   KILN_CHECK(!bytes.empty(), file.string(), " is empty: expected ", what, "; download it again");
-  KILN_CHECK(bytes.size() >= header, file.string(), " is truncated: ", bytes.size(),
-             " bytes, shorter than the ", header, "-byte header of ", what);
+  KILN_CHECK(bytes.size() >= header, file.string(), " is truncated: ", bytes.size(), " bytes, shorter than the ",
+             header, "-byte header of ", what);
   const uint32_t got = big_endian_u32(bytes.data());
-  KILN_CHECK(got == magic, file.string(), " is not ", what, ": magic number ", got, ", expected ", magic, " (big-endian); is it the right file, or an unpacked archive of another kind?");
+  KILN_CHECK(got == magic, file.string(), " is not ", what, ": magic number ", got, ", expected ", magic,
+             " (big-endian); is it the right file, or an unpacked archive of another kind?");
   std::vector<int64_t> dims(ndim);
   int64_t expected = static_cast<int64_t>(header), elements = 1;
   for (int d = 0; d < ndim; ++d) {
@@ -58,7 +59,8 @@ std::filesystem::path locate(const std::vector<std::filesystem::path>& dirs, con
 
 }  // namespace
 
-MNIST::MNIST(const std::filesystem::path& root, MNISTOptions options) : MNIST(root, std::move(options), "MNIST", "MNIST") {}
+MNIST::MNIST(const std::filesystem::path& root, MNISTOptions options)
+    : MNIST(root, std::move(options), "MNIST", "MNIST") {}
 
 FashionMNIST::FashionMNIST(const std::filesystem::path& root, MNISTOptions options)
     : MNIST(root, std::move(options), "FashionMNIST", "FashionMNIST") {}
@@ -93,7 +95,8 @@ Example MNIST::get(int64_t index, SampleRng& rng) const {
   const int64_t h = images_.shape()[1], w = images_.shape()[2];
   Tensor image = ops::from_blob(images_.data_ptr<uint8_t>() + index * h * w, {h, w, 1}, DType::UInt8);
   if (options_.transform) image = options_.transform(std::move(image), rng);
-  return {{"image", std::move(image)}, {"label", ops::scalar_tensor(targets_.data_ptr<int64_t>()[index], {.dtype = DType::Int64})}};
+  return {{"image", std::move(image)},
+          {"label", ops::scalar_tensor(targets_.data_ptr<int64_t>()[index], {.dtype = DType::Int64})}};
 }
 
 std::string MNIST::describe() const {

@@ -81,9 +81,8 @@ template <typename T>
 void fill_below(T* out, uint64_t key, uint64_t index, int64_t n, uint64_t bound) {
   if (bound <= (uint64_t{1} << 32)) {
     // Lemire's multiply-shift: a bias below bound / 2^32, invisible for class counts.
-    for_each_word(key, index, n, [&](int64_t i, uint32_t w) {
-      out[i] = static_cast<T>((static_cast<uint64_t>(w) * bound) >> 32);
-    });
+    for_each_word(key, index, n,
+                  [&](int64_t i, uint32_t w) { out[i] = static_cast<T>((static_cast<uint64_t>(w) * bound) >> 32); });
   } else {
     // Two words per value for bounds past 2^32.
     std::vector<uint32_t> words(2 * n);
@@ -118,8 +117,8 @@ SyntheticDataset::SyntheticDataset(SyntheticOptions options) : options_(std::mov
 }
 
 Example SyntheticDataset::get(int64_t index, SampleRng&) const {
-  KILN_CHECK(index >= 0 && index < options_.size, describe(), ": index ", index, " is out of range [0, ",
-             options_.size, ")");
+  KILN_CHECK(index >= 0 && index < options_.size, describe(), ": index ", index, " is out of range [0, ", options_.size,
+             ")");
   Example ex;
   for (size_t k = 0; k < options_.fields.size(); ++k) {
     const SyntheticField& f = options_.fields[k];

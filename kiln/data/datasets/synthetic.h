@@ -22,9 +22,9 @@ namespace kiln::data {
 
 struct SyntheticField {
   std::string name;
-  Shape shape;                       // of one sample; {} for a scalar
+  Shape shape;  // of one sample; {} for a scalar
   DType dtype = DType::Float32;
-  int64_t num_classes = 0;           // integer fields: values in [0, num_classes) (needed; UInt8 defaults to 256)
+  int64_t num_classes = 0;  // integer fields: values in [0, num_classes) (needed; UInt8 defaults to 256)
 };
 
 struct SyntheticOptions {
