@@ -159,9 +159,8 @@ TEST_F(DataMNISTBadInput, TruncatedGzip) {
   write_bytes(dir / "train-images-idx3-ubyte.gz", gz);
   expect_load_error({"train-images-idx3-ubyte.gz", "truncated gzip"});
   // A corrupt stream (bytes flipped in the middle) is caught too (by zlib's checks or the CRC).
-  std::vector<uint8_t> bad = read_bytes(dir / "train-images-idx3-ubyte.gz");
   write_gzip(dir / "train-images-idx3-ubyte.gz", idx_images(20));
-  bad = read_bytes(dir / "train-images-idx3-ubyte.gz");
+  std::vector<uint8_t> bad = read_bytes(dir / "train-images-idx3-ubyte.gz");
   for (size_t k = 20; k < 40; ++k) bad[k] ^= 0x5a;
   write_bytes(dir / "train-images-idx3-ubyte.gz", bad);
   expect_load_error({"train-images-idx3-ubyte.gz", "gzip"});
