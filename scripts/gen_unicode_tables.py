@@ -5,7 +5,7 @@
 The tokenizer must behave as Hugging Face's BertTokenizer, which is written in Python, so the tables are Python's
 view of Unicode (unicodedata, str.lower, str.isspace), stored as ranges:
   - kFlagRanges: (first code point, flags) where the flags change; flags hold the categories the tokenizer asks
-    about (Cc/Cf control, Zs, Mn, P*, str.isspace) and how str.lower's final-sigma rule sees the character.
+    about (C* "control": Cc, Cf, Cn, Co, Cs, Zs, Mn, P*, str.isspace) and how str.lower's final-sigma rule sees the character.
   - kLowerRuns: runs of code points first, first + stride, ... whose str.lower() is one character at a fixed
     offset; kLowerSpecial: the few whose lower() is longer.
   - kStripRuns / kStripSpecial: the same for a character's NFD decomposition with the Mn marks removed (what
@@ -23,7 +23,7 @@ def flags(cp):
     c = chr(cp)
     cat = unicodedata.category(c)
     f = 0
-    if cat in ("Cc", "Cf"):
+    if cat.startswith("C"):  # Hugging Face's _is_control: Cc, Cf, and also Cn (unassigned), Co, Cs
         f |= F_CONTROL
     if cat == "Zs":
         f |= F_ZS

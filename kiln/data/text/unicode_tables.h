@@ -9,7 +9,7 @@
 namespace kiln::data::text_detail {
 
 enum CharFlag : uint8_t {
-  kControl = 1,         // category Cc or Cf
+  kControl = 1,         // category C* (Cc, Cf, Cn unassigned, Co private use): dropped
   kSpaceSeparator = 2,  // category Zs
   kNonspacingMark = 4,  // category Mn
   kPunctuation = 8,     // category P*
