@@ -8,8 +8,11 @@ view of Unicode (unicodedata, str.lower, str.isspace), stored as ranges:
     about (C* "control": Cc, Cf, Cn, Co, Cs, Zs, Mn, P*, str.isspace) and how str.lower's final-sigma rule sees the character.
   - kLowerRuns: runs of code points first, first + stride, ... whose str.lower() is one character at a fixed
     offset; kLowerSpecial: the few whose lower() is longer.
-  - kStripRuns / kStripSpecial: the same for a character's NFD decomposition with the Mn marks removed (what
-    BasicTokenizer._run_strip_accents leaves), Hangul syllables excluded (decomposed by formula in C++).
+  - kDecompositions: every canonical decomposition mapping (one level, as UnicodeData.txt gives it: one or two
+    characters), flagged when NFC composes the pair back (a primary composite, not a composition exclusion);
+    kCombiningClasses: (first code point, canonical combining class) ranges. With them kiln does NFD (accent
+    stripping: NFD, then the Mn marks dropped) and NFC (what Hugging Face applies before splitting). Hangul
+    syllables are (de)composed by formula in C++.
 """
 import sys
 import unicodedata
@@ -42,10 +45,6 @@ def flags(cp):
     elif (c + "\u03a3").lower()[-1] == "\u03c2":
         f |= F_CASED
     return f
-
-
-def strip(c):
-    return "".join(ch for ch in unicodedata.normalize("NFD", c) if unicodedata.category(ch) != "Mn")
 
 
 def runs(mapping):
@@ -84,24 +83,28 @@ def main():
         if f != prev:
             flag_ranges.append((cp, f))
             prev = f
-    lower_single, lower_special, strip_single, strip_special = [], [], [], []
+    lower_single, lower_special = [], []
+    decompositions, ccc_ranges, prev = [], [], None
     for cp in range(MAX):
+        c = chr(cp)
+        ccc = unicodedata.combining(c)
+        if ccc != prev:
+            ccc_ranges.append((cp, ccc))
+            prev = ccc
         if 0xD800 <= cp <= 0xDFFF:
             continue
-        c = chr(cp)
         lo = c.lower()
         if lo != c:
             (lower_single if len(lo) == 1 else lower_special).append((cp, [ord(x) for x in lo]))
-        if HANGUL_FIRST <= cp <= HANGUL_LAST or unicodedata.category(c) == "Mn":
-            continue  # Hangul: by formula; Mn: dropped by its flag
-        s = strip(c)
-        if s != c:
-            (strip_single if len(s) == 1 else strip_special).append((cp, [ord(x) for x in s]))
+        d = unicodedata.decomposition(c)
+        if d and not d.startswith("<") and not HANGUL_FIRST <= cp <= HANGUL_LAST:
+            parts = [int(x, 16) for x in d.split()]
+            assert len(parts) in (1, 2)
+            composes = len(parts) == 2 and unicodedata.normalize("NFC", "".join(map(chr, parts))) == c
+            decompositions.append((cp, parts[0], parts[1] if len(parts) == 2 else 0, int(composes)))
     lower_runs = runs([(cp, t[0]) for cp, t in lower_single])
-    strip_runs = runs([(cp, t[0]) for cp, t in strip_single])
-    for single, rr in ((lower_single, lower_runs), (strip_single, strip_runs)):  # the runs cover exactly `single`
-        rebuilt = {a + m * s: t + m * st for a, n, s, t, st in rr for m in range(n)}
-        assert rebuilt == {cp: t[0] for cp, t in single} and sum(r[1] for r in rr) == len(single)
+    rebuilt = {a + m * s: t + m * st for a, n, s, t, st in lower_runs for m in range(n)}  # the runs cover it all
+    assert rebuilt == {cp: t[0] for cp, t in lower_single} and sum(r[1] for r in lower_runs) == len(lower_single)
 
     def special(name, entries):
         pool, rows = [], []
@@ -131,18 +134,20 @@ def main():
         f.write("const FlagRange kFlagRanges[] = {\n" +
                 wrap([f"{{0x{cp:X}, {fl}}}" for cp, fl in flag_ranges]) + "};\n")
         f.write("const size_t kFlagRangeCount = sizeof(kFlagRanges) / sizeof(kFlagRanges[0]);\n\n")
-        for name, rr in (("kLowerRuns", lower_runs), ("kStripRuns", strip_runs)):
-            rr = sorted(rr)
-            f.write(f"const MappingRun {name}[] = {{\n" +
-                    wrap([f"{{0x{a:X}, {n}, {s}, 0x{t:X}, {st}}}" for a, n, s, t, st in rr]) + "};\n")
-            f.write(f"const size_t {name[:-4]}RunCount = sizeof({name}) / sizeof({name}[0]);\n\n")
+        f.write("const MappingRun kLowerRuns[] = {\n" +
+                wrap([f"{{0x{a:X}, {n}, {s}, 0x{t:X}, {st}}}" for a, n, s, t, st in sorted(lower_runs)]) + "};\n")
+        f.write("const size_t kLowerRunCount = sizeof(kLowerRuns) / sizeof(kLowerRuns[0]);\n\n")
         f.write(special("kLowerSpecial", lower_special))
         f.write(f"const size_t kLowerSpecialCount = {len(lower_special)};\n\n")
-        f.write(special("kStripSpecial", strip_special))
-        f.write(f"const size_t kStripSpecialCount = {len(strip_special)};\n\n")
+        f.write("const Decomposition kDecompositions[] = {\n" +
+                wrap([f"{{0x{cp:X}, 0x{a:X}, 0x{b:X}, {k}}}" for cp, a, b, k in decompositions]) + "};\n")
+        f.write("const size_t kDecompositionCount = sizeof(kDecompositions) / sizeof(kDecompositions[0]);\n\n")
+        f.write("const CombiningClassRange kCombiningClasses[] = {\n" +
+                wrap([f"{{0x{cp:X}, {c}}}" for cp, c in ccc_ranges]) + "};\n")
+        f.write("const size_t kCombiningClassCount = sizeof(kCombiningClasses) / sizeof(kCombiningClasses[0]);\n\n")
         f.write("}  // namespace kiln::data::text_detail\n")
     print(f"{path}: {len(flag_ranges)} flag ranges, {len(lower_runs)} lower runs, {len(lower_special)} special, "
-          f"{len(strip_runs)} strip runs, {len(strip_special)} special")
+          f"{len(decompositions)} decompositions, {len(ccc_ranges)} combining class ranges")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,13 @@ TEST(DataBasicTokenizer, LowerCasesAndStripsAccents) {
 
 TEST(DataBasicTokenizer, CasedKeepsCaseAndAccentsUnlessAsked) {
   EXPECT_EQ(BasicTokenizer({.lower_case = false}).tokenize("Héllo World"), (Strings{"Héllo", "World"}));
+  // NFC first: a decomposed é is composed, a CJK compatibility ideograph becomes its unified one, Hangul jamo
+  // compose into a syllable, marks are put in canonical order (dot below before acute) before composing.
+  BasicTokenizer cased({.lower_case = false});
+  EXPECT_EQ(cased.split("e\u0301"), std::vector<std::u32string>{cps({0xE9})});
+  EXPECT_EQ(cased.split("\uf906"), std::vector<std::u32string>{cps({0x53E5})});
+  EXPECT_EQ(cased.split("\u1112\u1161\u11ab"), std::vector<std::u32string>{cps({0xD55C})});
+  EXPECT_EQ(cased.split("a\u0301\u0323"), std::vector<std::u32string>{cps({0x1EA1, 0x301})});
   EXPECT_EQ(BasicTokenizer({.lower_case = false, .strip_accents = true}).tokenize("Héllo"), Strings{"Hello"});
   EXPECT_EQ(BasicTokenizer({.lower_case = true, .strip_accents = false}).tokenize("HÉllo"), Strings{"héllo"});
 }
@@ -186,14 +193,12 @@ std::vector<int64_t> as_ints(const Tensor& t) {
   return out;
 }
 
-TEST(DataWordPiece, MatchesHuggingFaceBertTokenizer) {
+// Each line of wordpiece_text.txt (raw bytes, invalid UTF-8 included) against the golden ids and words of the
+// `mode` (uncased: lower_case, accents stripped; cased: neither).
+void expect_golden_wordpiece(const std::string& mode, bool lower_case) {
   const std::filesystem::path dir = KILN_GOLDEN_DIR;
-  if (!std::filesystem::exists(dir / "wordpiece.golden")) {
-    GTEST_SKIP() << "tests/golden/data/wordpiece.golden is absent: run tests/golden/make_golden_wordpiece.py "
-                    "(needs transformers)";
-  }
   const Golden g = load_golden("wordpiece");
-  auto tok = WordPieceTokenizer::from_vocab_file(dir / "wordpiece_vocab.txt");
+  auto tok = WordPieceTokenizer::from_vocab_file(dir / "wordpiece_vocab.txt", {.lower_case = lower_case});
   const std::string text = read_bytes(dir / "wordpiece_text.txt");
   std::vector<std::string> lines;
   for (size_t start = 0; start < text.size();) {
@@ -202,12 +207,12 @@ TEST(DataWordPiece, MatchesHuggingFaceBertTokenizer) {
     lines.push_back(text.substr(start, end - start));
     start = end + 1;
   }
-  const auto ids = as_ints(g.get("ids")), ids_offsets = as_ints(g.get("ids_offsets"));
-  const auto basic = as_ints(g.get("basic")), basic_offsets = as_ints(g.get("basic_offsets"));
+  const auto ids = as_ints(g.get(mode + "_ids")), ids_offsets = as_ints(g.get(mode + "_ids_offsets"));
+  const auto basic = as_ints(g.get(mode + "_basic")), basic_offsets = as_ints(g.get(mode + "_basic_offsets"));
   ASSERT_EQ(ids_offsets.size(), lines.size() + 1);
   ASSERT_EQ(basic_offsets.size(), lines.size() + 1);
   for (size_t i = 0; i < lines.size(); ++i) {
-    SCOPED_TRACE("line " + std::to_string(i + 1) + ": " + lines[i]);
+    SCOPED_TRACE(mode + " line " + std::to_string(i + 1) + ": " + lines[i]);
     const std::vector<int32_t> expected_ids(ids.begin() + ids_offsets[i], ids.begin() + ids_offsets[i + 1]);
     const auto actual_ids = tok.encode(lines[i]);
     EXPECT_EQ(actual_ids, expected_ids) << "kiln: " << ::testing::PrintToString(tok.convert_ids_to_tokens(actual_ids))
@@ -224,6 +229,23 @@ TEST(DataWordPiece, MatchesHuggingFaceBertTokenizer) {
     expected_words.pop_back();
     EXPECT_EQ(tok.basic().split(lines[i]), expected_words) << "the words of BasicTokenizer differ";
   }
+}
+
+bool have_wordpiece_golden() {
+  return std::filesystem::exists(std::filesystem::path(KILN_GOLDEN_DIR) / "wordpiece.golden");
+}
+
+TEST(DataWordPiece, MatchesHuggingFaceBertTokenizerUncased) {
+  if (!have_wordpiece_golden()) {
+    GTEST_SKIP() << "tests/golden/data/wordpiece.golden is absent: run tests/golden/make_golden_wordpiece.py "
+                    "(needs transformers)";
+  }
+  expect_golden_wordpiece("uncased", true);
+}
+
+TEST(DataWordPiece, MatchesHuggingFaceBertTokenizerCased) {
+  if (!have_wordpiece_golden()) GTEST_SKIP() << "tests/golden/data/wordpiece.golden is absent";
+  expect_golden_wordpiece("cased", false);
 }
 
 // ------------------------------------------------------------------ vocabulary builder

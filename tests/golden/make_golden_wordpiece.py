@@ -8,10 +8,11 @@ Korean, Arabic, Hindi, Thai, emoji, punctuation, odd whitespace, control charact
 split on b"\\n" only and decoded with errors="replace", as kiln sees raw bytes. Writes:
   - wordpiece_vocab.txt: a vocabulary made from the text's words by a fixed rule (specials; most characters,
     alone and with "##"; some whole words, prefixes and "##" suffixes), so both greedy matching and [UNK] occur;
-  - wordpiece.golden (format: tests/golden/make_golden.py): for lower_case=True (accents stripped)
-      ids (N), ids_offsets (lines + 1): BertTokenizer.tokenize + convert_tokens_to_ids, all lines back to back;
-      basic (M), basic_offsets (lines + 1): BasicTokenizer(do_lower_case=True).tokenize, every word's code
-      points followed by -1.
+  - wordpiece.golden (format: tests/golden/make_golden.py), for <mode> = uncased (do_lower_case=True, accents
+    stripped) and cased (do_lower_case=False):
+      <mode>_ids (N), <mode>_ids_offsets (lines + 1): BertTokenizer.tokenize + convert_tokens_to_ids, all lines
+      back to back; <mode>_basic (M), <mode>_basic_offsets (lines + 1): BasicTokenizer.tokenize, every word's
+      code points followed by -1.
 """
 import os
 import sys
@@ -70,23 +71,26 @@ def main():
     vocab_path = os.path.join(out, "wordpiece_vocab.txt")
     with open(vocab_path, "w", encoding="utf-8", newline="\n") as f:
         f.write("".join(t + "\n" for t in vocab))
-    tok = SlowBertTokenizer(vocab_path, do_lower_case=True)
-    basic = BasicTokenizer(do_lower_case=True)
-    ids, ids_offsets, cps, cps_offsets = [], [0], [], [0]
-    for line in lines:
-        ids += tok.convert_tokens_to_ids(tok.tokenize(line))
-        ids_offsets.append(len(ids))
-        for w in basic.tokenize(line):
-            cps += [ord(c) for c in w] + [-1]
-        cps_offsets.append(len(cps))
+    tensors = {}
+    for mode, lower in (("uncased", True), ("cased", False)):
+        tok = SlowBertTokenizer(vocab_path, do_lower_case=lower)
+        basic = BasicTokenizer(do_lower_case=lower)
+        ids, ids_offsets, cps, cps_offsets = [], [0], [], [0]
+        for line in lines:
+            ids += tok.convert_tokens_to_ids(tok.tokenize(line))
+            ids_offsets.append(len(ids))
+            for w in basic.tokenize(line):
+                cps += [ord(c) for c in w] + [-1]
+            cps_offsets.append(len(cps))
+        tensors.update({f"{mode}_ids": ids, f"{mode}_ids_offsets": ids_offsets, f"{mode}_basic": cps,
+                        f"{mode}_basic_offsets": cps_offsets})
     with open(os.path.join(out, "wordpiece.golden"), "w") as f:
         f.write(f"# kiln golden file 'wordpiece', made by tests/golden/make_golden_wordpiece.py with transformers "
                 f"{transformers.__version__}, Python {sys.version.split()[0]}\n")
-        for name, values in (("ids", ids), ("ids_offsets", ids_offsets), ("basic", cps),
-                             ("basic_offsets", cps_offsets)):
+        for name, values in tensors.items():
             f.write(f"tensor {name} 1 {len(values)}\n")
             f.write(" ".join(str(v) for v in values) + "\n")
-    print(f"wrote {vocab_path} ({len(vocab)} tokens) and wordpiece.golden ({len(lines)} lines, {len(ids)} ids)")
+    print(f"wrote {vocab_path} ({len(vocab)} tokens) and wordpiece.golden ({len(lines)} lines)")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,7 @@
 // kiln/data/text/basic_tokenizer.cpp — Hugging Face's BasicTokenizer, step by step, on code points.
-//
-// One difference: Hugging Face applies NFC before splitting. With accent stripping (the default for lower-cased
-// vocabularies) NFD follows and undoes it, so the result is the same; without stripping, kiln leaves decomposed
-// sequences (e + U+0301) as they are where Hugging Face would compose them (é).
 #include "kiln/data/text/basic_tokenizer.h"
+
+#include <algorithm>  // std::any_of
 
 #include "kiln/data/text/unicode_tables.h"
 
@@ -73,7 +71,13 @@ std::vector<std::u32string> BasicTokenizer::split(std::string_view text) const {
 }
 
 void BasicTokenizer::add_word(std::u32string_view word, std::vector<std::u32string>& out) const {
-  std::u32string lowered, stripped;
+  // Hugging Face applies NFC to the whole text before splitting on whitespace; whitespace never composes with
+  // its neighbours, so word by word is the same. NFC changes nothing where every character is below U+0300.
+  std::u32string composed, lowered, stripped;
+  if (std::any_of(word.begin(), word.end(), [](char32_t c) { return c >= 0x300; })) {
+    composed = nfc(word);
+    word = composed;
+  }
   if (options_.lower_case) {
     for (size_t i = 0; i < word.size(); ++i) {
       if (word[i] == 0x3A3 && is_final_sigma(word, i)) {
@@ -85,7 +89,9 @@ void BasicTokenizer::add_word(std::u32string_view word, std::vector<std::u32stri
     word = lowered;
   }
   if (strip_accents_) {
-    for (char32_t c : word) append_stripped(c, stripped);
+    for (char32_t c : nfd(word)) {
+      if (!(char_flags(c) & kNonspacingMark)) stripped.push_back(c);
+    }
     word = stripped;
   }
   // Every punctuation character is a word of its own. (Lower-casing and stripping never make whitespace, so

@@ -24,10 +24,10 @@ class BasicTokenizer {
   explicit BasicTokenizer(BasicTokenizerOptions options = {});
 
   // UTF-8 in (invalid bytes are dropped, as U+FFFD would be), words as code points out. Steps: drop NUL, U+FFFD
-  // and "control" characters (category C*: Cc, Cf, unassigned, private use; but tab, newline, return); whitespace (tab,
-  // newline, return, Zs) becomes a space; spaces around CJK ideographs; split on str.isspace(); per word: Python's
-  // str.lower() (with its final-sigma rule), NFD with the Mn marks removed; every punctuation character (ASCII symbols
-  // and P*) alone.
+  // and "control" characters (category C*: Cc, Cf, unassigned, private use; not tab, newline, return); whitespace
+  // (tab, newline, return, Zs) becomes a space; spaces around CJK ideographs; NFC; split on str.isspace(); per
+  // word: Python's str.lower() (with its final-sigma rule), NFD with the Mn marks removed; every punctuation
+  // character (ASCII symbols and P*) alone.
   std::vector<std::u32string> split(std::string_view text) const;
   std::vector<std::string> tokenize(std::string_view text) const;  // the same words, in UTF-8
 

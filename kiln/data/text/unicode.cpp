@@ -1,6 +1,7 @@
 // kiln/data/text/unicode.cpp — lookups in the generated tables, and UTF-8 decoding that never fails.
 #include <algorithm>  // std::upper_bound, std::lower_bound, std::sort
 #include <string_view>
+#include <unordered_map>
 #include <utility>  // std::pair
 #include <vector>
 
@@ -60,21 +61,103 @@ void append_lower(char32_t c, std::u32string& out) {
   if (!append_mapped(c, flat, kLowerSpecial, kLowerSpecialCount, kLowerSpecialPool, out)) out.push_back(c);
 }
 
-void append_stripped(char32_t c, std::u32string& out) {
-  if (c < 0x80) {
+uint8_t combining_class(char32_t c) {
+  if (c < 0x300) return 0;
+  auto it = std::upper_bound(kCombiningClasses, kCombiningClasses + kCombiningClassCount, c,
+                             [](char32_t v, const CombiningClassRange& r) { return v < r.first; });
+  return it == kCombiningClasses ? 0 : (it - 1)->ccc;
+}
+
+namespace {
+
+constexpr char32_t kHangulFirst = 0xAC00, kHangulLast = 0xD7A3, kL = 0x1100, kV = 0x1161, kT = 0x11A7;
+constexpr char32_t kVCount = 21, kTCount = 28;
+
+const Decomposition* find_decomposition(char32_t c) {
+  auto it = std::lower_bound(kDecompositions, kDecompositions + kDecompositionCount, c,
+                             [](const Decomposition& d, char32_t v) { return d.code_point < v; });
+  return it != kDecompositions + kDecompositionCount && it->code_point == c ? it : nullptr;
+}
+
+void append_decomposed(char32_t c, std::u32string& out) {
+  if (c < 0xC0) {
     out.push_back(c);
-    return;
+  } else if (c >= kHangulFirst && c <= kHangulLast) {  // L V (T) jamo
+    const char32_t s = c - kHangulFirst;
+    out.push_back(kL + s / (kVCount * kTCount));
+    out.push_back(kV + (s % (kVCount * kTCount)) / kTCount);
+    if (s % kTCount != 0) out.push_back(kT + s % kTCount);
+  } else if (const Decomposition* d = find_decomposition(c)) {
+    append_decomposed(d->first, out);
+    if (d->second != 0) append_decomposed(d->second, out);
+  } else {
+    out.push_back(c);
   }
-  if (char_flags(c) & kNonspacingMark) return;
-  if (c >= 0xAC00 && c <= 0xD7A3) {  // Hangul syllable: L V (T) jamo, none of them Mn
-    const char32_t s = c - 0xAC00;
-    out.push_back(0x1100 + s / (21 * 28));
-    out.push_back(0x1161 + (s % (21 * 28)) / 28);
-    if (s % 28 != 0) out.push_back(0x11A7 + s % 28);
-    return;
+}
+
+// The primary composite of a + b, or 0.
+char32_t compose_pair(char32_t a, char32_t b) {
+  if (a >= kL && a < kL + 19 && b >= kV && b < kV + kVCount) {
+    return kHangulFirst + ((a - kL) * kVCount + (b - kV)) * kTCount;
   }
-  static const Flat flat = expand(kStripRuns, kStripRunCount);
-  if (!append_mapped(c, flat, kStripSpecial, kStripSpecialCount, kStripSpecialPool, out)) out.push_back(c);
+  if (a >= kHangulFirst && a <= kHangulLast && (a - kHangulFirst) % kTCount == 0 && b > kT && b < kT + kTCount) {
+    return a + (b - kT);
+  }
+  static const std::unordered_map<uint64_t, char32_t> table = [] {
+    std::unordered_map<uint64_t, char32_t> t;
+    for (size_t i = 0; i < kDecompositionCount; ++i) {
+      const Decomposition& d = kDecompositions[i];
+      if (d.composes) t.emplace((uint64_t{d.first} << 32) | d.second, d.code_point);
+    }
+    return t;
+  }();
+  auto it = table.find((uint64_t{a} << 32) | b);
+  return it == table.end() ? 0 : it->second;
+}
+
+}  // namespace
+
+std::u32string nfd(std::u32string_view text) {
+  std::u32string out;
+  out.reserve(text.size());
+  for (char32_t c : text) append_decomposed(c, out);
+  // Canonical ordering: each run of non-starters sorted by combining class, stably.
+  for (size_t i = 1; i < out.size(); ++i) {
+    const char32_t c = out[i];
+    const uint8_t cc = combining_class(c);
+    if (cc == 0) continue;
+    size_t j = i;
+    while (j > 0 && combining_class(out[j - 1]) > cc) {
+      out[j] = out[j - 1];
+      --j;
+    }
+    out[j] = c;
+  }
+  return out;
+}
+
+std::u32string nfc(std::u32string_view text) {
+  const std::u32string d = nfd(text);
+  std::u32string out;
+  out.reserve(d.size());
+  size_t starter = std::u32string::npos;  // index in `out` of the last starter
+  for (char32_t c : d) {
+    const uint8_t cc = combining_class(c);
+    if (starter != std::u32string::npos) {
+      // c is blocked from the starter when something between them has class 0 or >= c's class.
+      const bool adjacent = out.size() == starter + 1;
+      const bool blocked = !adjacent && (combining_class(out.back()) == 0 || combining_class(out.back()) >= cc);
+      if (!blocked) {
+        if (char32_t composite = compose_pair(out[starter], c)) {
+          out[starter] = composite;
+          continue;
+        }
+      }
+    }
+    if (cc == 0) starter = out.size();
+    out.push_back(c);
+  }
+  return out;
 }
 
 bool is_cjk(char32_t c) {

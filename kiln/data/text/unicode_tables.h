@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace kiln::data::text_detail {
 
@@ -40,20 +41,31 @@ extern const FlagRange kFlagRanges[];
 extern const size_t kFlagRangeCount;
 extern const MappingRun kLowerRuns[];
 extern const size_t kLowerRunCount;
-extern const MappingRun kStripRuns[];
-extern const size_t kStripRunCount;
 extern const SpecialMapping kLowerSpecial[];
 extern const char32_t kLowerSpecialPool[];
 extern const size_t kLowerSpecialCount;
-extern const SpecialMapping kStripSpecial[];
-extern const char32_t kStripSpecialPool[];
-extern const size_t kStripSpecialCount;
+struct Decomposition {  // one level of a canonical decomposition: code_point -> first (second); second 0: one
+  char32_t code_point;
+  char32_t first;
+  char32_t second;
+  uint8_t composes;  // NFC composes first + second back into code_point
+};
+struct CombiningClassRange {
+  char32_t first;  // the canonical combining class holds from here up to the next range's first
+  uint8_t ccc;
+};
+extern const Decomposition kDecompositions[];
+extern const size_t kDecompositionCount;
+extern const CombiningClassRange kCombiningClasses[];
+extern const size_t kCombiningClassCount;
 
 uint8_t char_flags(char32_t c);
 // Python's str.lower() of one character (without the final-sigma context rule), appended to `out`.
 void append_lower(char32_t c, std::u32string& out);
-// The character's NFD decomposition with the Mn marks removed (BasicTokenizer._run_strip_accents), appended.
-void append_stripped(char32_t c, std::u32string& out);
+uint8_t combining_class(char32_t c);
+// unicodedata.normalize("NFD" / "NFC", text).
+std::u32string nfd(std::u32string_view text);
+std::u32string nfc(std::u32string_view text);
 // BERT's "CJK character" ranges (BasicTokenizer._is_chinese_char).
 bool is_cjk(char32_t c);
 
