@@ -1,5 +1,6 @@
 // kiln/data/text/unicode.cpp — lookups in the generated tables, and UTF-8 decoding that never fails.
 #include <algorithm>  // std::upper_bound, std::lower_bound, std::sort
+#include <array>
 #include <string_view>
 #include <unordered_map>
 #include <utility>  // std::pair
@@ -45,11 +46,23 @@ bool append_mapped(char32_t c, const Flat& flat, const SpecialMapping* special, 
 
 }  // namespace
 
-uint8_t char_flags(char32_t c) {
-  if (c >= 0x110000) return 0;
+namespace {
+uint8_t lookup_flags(char32_t c) {
   auto it = std::upper_bound(kFlagRanges, kFlagRanges + kFlagRangeCount, c,
                              [](char32_t v, const FlagRange& r) { return v < r.first; });
   return it == kFlagRanges ? 0 : (it - 1)->flags;
+}
+}  // namespace
+
+uint8_t char_flags(char32_t c) {
+  // Latin-1 (most text) from a table; the rest by binary search over the ranges.
+  static const std::array<uint8_t, 256> latin1 = [] {
+    std::array<uint8_t, 256> t{};
+    for (char32_t i = 0; i < 256; ++i) t[i] = lookup_flags(i);
+    return t;
+  }();
+  if (c < 256) return latin1[c];
+  return c >= 0x110000 ? uint8_t{0} : lookup_flags(c);
 }
 
 void append_lower(char32_t c, std::u32string& out) {
