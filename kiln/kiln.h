@@ -15,6 +15,9 @@
 #include "kiln/autograd/gradcheck.h"    // autograd::gradcheck
 #include "kiln/data/dataset.h"         // data::Dataset, data::Example, data::Batch, data::SampleRng
 #include "kiln/data/datasets.h"        // data::MNIST, data::CIFAR10/100, data::HDF5Dataset, data::SyntheticDataset
+#include "kiln/data/text/mlm_dataset.h"  // data::MaskedLMDataset: BERT masked-LM samples from text files
+#include "kiln/data/text/vocab_builder.h"  // data::build_wordpiece_vocab: a WordPiece vocabulary from text
+#include "kiln/data/text/wordpiece.h"  // data::WordPieceTokenizer, data::BasicTokenizer (BERT vocab.txt)
 #include "kiln/layers/attention.h"      // nn::scaled_dot_product_attention, nn::MultiheadAttention
 #include "kiln/layers/containers.h"     // nn::Sequential, nn::ModuleList, nn::ModuleDict
 #include "kiln/layers/conv.h"           // nn::conv2d, nn::Conv2d
