@@ -13,8 +13,11 @@
 #include "kiln/autograd/functions.h"    // kiln::zeros, kiln::matmul, kiln::softmax, ... (differentiable)
 #include "kiln/autograd/grad_mode.h"    // NoGradGuard, EnableGradGuard
 #include "kiln/autograd/gradcheck.h"    // autograd::gradcheck
-#include "kiln/data/dataset.h"         // data::Dataset, data::Example, data::Batch, data::SampleRng
-#include "kiln/layers/attention.h"      // nn::scaled_dot_product_attention, nn::MultiheadAttention
+#include "kiln/data/dataloader.h"       // data::DataLoader: worker threads, prefetch, device delivery, wait stats
+#include "kiln/data/dataset.h"          // data::Dataset, data::Example, data::Batch, data::SampleRng
+#include "kiln/data/distributed_env.h"  // data::distributed_env: rank, world size, local rank from the launcher
+#include "kiln/data/sampler.h"      // data::SequentialSampler, RandomSampler, WeightedRandomSampler, DistributedSampler
+#include "kiln/layers/attention.h"  // nn::scaled_dot_product_attention, nn::MultiheadAttention
 #include "kiln/layers/containers.h"     // nn::Sequential, nn::ModuleList, nn::ModuleDict
 #include "kiln/layers/conv.h"           // nn::conv2d, nn::Conv2d
 #include "kiln/layers/functional.h"     // nn::linear, nn::dropout, nn::layer_norm, nn::batch_norm, nn::embedding, ...

@@ -81,8 +81,8 @@ struct DataLoader::Epoch::Impl {
 
   std::mutex mutex;  // guards what follows, shared with the workers
   std::condition_variable work_cv, ready_cv;
-  int64_t next_;      // the next batch to hand out
-  int64_t dispatch;   // the next batch a worker takes
+  int64_t next_;     // the next batch to hand out
+  int64_t dispatch;  // the next batch a worker takes
   bool stop = false;
   std::map<int64_t, Loaded> ready;
   std::vector<std::thread> threads;
@@ -163,8 +163,9 @@ struct DataLoader::Epoch::Impl {
     if (timeout > 0) {
       const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
       KILN_CHECK(ready_cv.wait_for(lock, limit, has), "DataLoader: batch ", number, " of epoch ", epoch, " (samples ",
-                 batches[static_cast<size_t>(number)], ") was not ready after timeout_s = ", timeout, " s; loading from ",
-                 core->dataset->describe(), " is stuck or slower than that (raise timeout_s, or 0 to wait forever)");
+                 batches[static_cast<size_t>(number)], ") was not ready after timeout_s = ", timeout,
+                 " s; loading from ", core->dataset->describe(),
+                 " is stuck or slower than that (raise timeout_s, or 0 to wait forever)");
     } else {
       ready_cv.wait(lock, has);
     }
@@ -355,8 +356,9 @@ DataLoader::Epoch::~Epoch() = default;
 
 DataLoader::Epoch::iterator DataLoader::Epoch::begin() {
   KILN_CHECK(impl_ != nullptr, "DataLoader::Epoch: this range was moved from");
-  KILN_CHECK(!impl_->begun, "DataLoader::Epoch: begin() was already called; an epoch range is iterated once "
-                            "(call loader.epoch(e) again for another pass)");
+  KILN_CHECK(!impl_->begun,
+             "DataLoader::Epoch: begin() was already called; an epoch range is iterated once "
+             "(call loader.epoch(e) again for another pass)");
   impl_->begun = true;
   impl_->advance();
   return iterator(this);

@@ -36,15 +36,15 @@ using CollateFn = std::function<Batch(const std::vector<Example>& examples, bool
 
 struct DataLoaderOptions {
   int64_t batch_size = 1;
-  int workers = 0;         // loading threads; 0: batches are loaded on the calling thread, when asked for
-  bool shuffle = false;    // the default sampler: RandomSampler (true) or SequentialSampler
-  uint64_t seed = 0;       // of the shuffle and of every sample's SampleRng
-  bool drop_last = false;  // drop the last batch when it is short
-  bool pin_memory = false; // collate into page-locked memory, for async copies (no-op without CUDA)
+  int workers = 0;                // loading threads; 0: batches are loaded on the calling thread, when asked for
+  bool shuffle = false;           // the default sampler: RandomSampler (true) or SequentialSampler
+  uint64_t seed = 0;              // of the shuffle and of every sample's SampleRng
+  bool drop_last = false;         // drop the last batch when it is short
+  bool pin_memory = false;        // collate into page-locked memory, for async copies (no-op without CUDA)
   int64_t prefetch_batches = -1;  // batches loaded ahead of the one in use (-1: 2 per worker)
   double timeout_s = 0;           // with workers: a batch not ready after this long throws (0: wait forever)
   std::shared_ptr<const Sampler> sampler;  // null: the default above (not together with shuffle)
-  bool auto_distributed = true;  // null sampler and world_size > 1: DistributedSampler(shuffle, seed)
+  bool auto_distributed = true;            // null sampler and world_size > 1: DistributedSampler(shuffle, seed)
   // A CUDA device: batches are collated into pinned memory and copied ahead on a copy stream of the
   // device; the batch handed out is ready for the consumer's current stream (which waits on the GPU).
   std::optional<Device> device;
@@ -120,7 +120,7 @@ class DataLoader {
   Epoch epoch(uint64_t epoch, int64_t start_batch = 0);
   Epoch epoch(LoaderPosition position) { return epoch(position.epoch, position.batch); }
 
-  int64_t size() const;  // batches per epoch
+  int64_t size() const;       // batches per epoch
   LoaderStats stats() const;  // of the latest epoch started
   const Dataset& dataset() const;
   const Sampler& sampler() const;

@@ -71,14 +71,14 @@ WeightedRandomSampler::WeightedRandomSampler(std::vector<double> weights, int64_
   double total = 0;
   int64_t nonzero = 0;
   for (size_t i = 0; i < weights_.size(); ++i) {
-    KILN_CHECK(std::isfinite(weights_[i]) && weights_[i] >= 0, "WeightedRandomSampler: weight ", i, " is ",
-               weights_[i], "; weights must be finite and non-negative");
+    KILN_CHECK(std::isfinite(weights_[i]) && weights_[i] >= 0, "WeightedRandomSampler: weight ", i, " is ", weights_[i],
+               "; weights must be finite and non-negative");
     total += weights_[i];
     nonzero += weights_[i] > 0;
     cumulative_.push_back(total);
   }
-  KILN_CHECK(total > 0 && std::isfinite(total), "WeightedRandomSampler: the ", weights_.size(),
-             " weights sum to ", total, "; at least one must be positive (and their sum finite)");
+  KILN_CHECK(total > 0 && std::isfinite(total), "WeightedRandomSampler: the ", weights_.size(), " weights sum to ",
+             total, "; at least one must be positive (and their sum finite)");
   KILN_CHECK(options.replacement || num_samples <= nonzero, "WeightedRandomSampler: cannot draw ", num_samples,
              " samples without replacement: only ", nonzero, " of the ", weights_.size(),
              " weights are non-zero (use replacement = true, or fewer samples)");
@@ -120,8 +120,8 @@ DistributedSampler::DistributedSampler(int64_t n, DistributedSamplerOptions opti
     if (options_.rank < 0) options_.rank = env.rank;
   }
   KILN_CHECK(options_.num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, got ", options_.num_replicas);
-  KILN_CHECK(options_.rank < options_.num_replicas, "DistributedSampler: rank ", options_.rank,
-             " is out of range for ", options_.num_replicas, " replicas (ranks 0..", options_.num_replicas - 1, ")");
+  KILN_CHECK(options_.rank < options_.num_replicas, "DistributedSampler: rank ", options_.rank, " is out of range for ",
+             options_.num_replicas, " replicas (ranks 0..", options_.num_replicas - 1, ")");
   const int64_t r = options_.num_replicas;
   // As torch: with drop_last, floor(n / r) each (the tail is dropped); else ceil(n / r) (the list is padded).
   // (drop_last with n < r leaves every rank nothing, as torch.)

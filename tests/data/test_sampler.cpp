@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "kiln/data/dataloader.h"
 #include "kiln/data/distributed_env.h"
 #include "kiln/data/sampler.h"
+#include "kiln/tensor/ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -118,8 +120,11 @@ TEST(DataSampler, WeightedValidatesWeights) {
   expect_error([] { data::WeightedRandomSampler({1, kInf}, 2); }, {"weight 1", "finite"});
   expect_error([] { data::WeightedRandomSampler({0, 0}, 2); }, {"sum to 0", "positive"});
   expect_error([] { data::WeightedRandomSampler({}, 2); }, {"no weights"});
-  expect_error([] { data::WeightedRandomSampler({1, 0, 1}, 3, {.replacement = false}); },
-               {"cannot draw 3", "only 2", "non-zero"});
+  expect_error(
+      [] {
+        data::WeightedRandomSampler({1, 0, 1}, 3, {.replacement = false});
+      },
+      {"cannot draw 3", "only 2", "non-zero"});
 }
 
 // torch.utils.data.DistributedSampler(range(10), num_replicas=4, rank=r, shuffle=False), by hand:
@@ -212,9 +217,18 @@ class EnvScope {
   }
   void set(const char* name, const char* value) { setenv(name, value, 1); }
 
-  static constexpr const char* kNames[] = {
-      "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE",
-      "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "RANK", "WORLD_SIZE", "LOCAL_RANK"};
+  static constexpr const char* kNames[] = {"OMPI_COMM_WORLD_RANK",
+                                           "OMPI_COMM_WORLD_SIZE",
+                                           "OMPI_COMM_WORLD_LOCAL_RANK",
+                                           "PMI_RANK",
+                                           "PMI_SIZE",
+                                           "MPI_LOCALRANKID",
+                                           "SLURM_PROCID",
+                                           "SLURM_NTASKS",
+                                           "SLURM_LOCALID",
+                                           "RANK",
+                                           "WORLD_SIZE",
+                                           "LOCAL_RANK"};
 
  private:
   vector<std::pair<std::string, std::optional<std::string>>> saved_;
@@ -297,6 +311,34 @@ TEST(DataDistributedEnv, MalformedValuesAreClearErrors) {
   env.set("SLURM_PROCID", "1");
   env.set("SLURM_LOCALID", "9");
   expect_error([] { data::distributed_env(); }, {"SLURM_LOCALID=9", "not below"});
+}
+
+class Indices : public data::Dataset {
+ public:
+  int64_t size() const override { return 10; }
+  data::Example get(int64_t i, data::SampleRng&) const override { return {{"i", ops::scalar_tensor(i)}}; }
+};
+
+TEST(DataDistributedEnv, LoaderShardsByItselfUnderALauncher) {
+  EnvScope env;
+  env.set("OMPI_COMM_WORLD_RANK", "1");
+  env.set("OMPI_COMM_WORLD_SIZE", "3");
+  auto ds = std::make_shared<Indices>();
+  data::DataLoader loader(ds, {.batch_size = 2, .workers = 1});
+  EXPECT_NE(dynamic_cast<const DistributedSampler*>(&loader.sampler()), nullptr);
+  EXPECT_EQ(loader.size(), 2);  // ceil(10 / 3) = 4 samples on this rank
+  vector<int64_t> seen;
+  for (data::Batch& b : loader.epoch(0)) {
+    for (int64_t i : b["i"].to_vector<int64_t>()) seen.push_back(i);
+  }
+  EXPECT_EQ(seen, (vector<int64_t>{1, 4, 7, 0}));  // rank 1 of 3 over 0..9 padded with 0, 1
+  // Shuffled: the same shard as DistributedSampler's with the loader's seed.
+  data::DataLoader shuffled(ds, {.batch_size = 4, .shuffle = true, .seed = 8});
+  const auto expect = DistributedSampler(10, {.num_replicas = 3, .rank = 1, .seed = 8}).indices(2);
+  for (data::Batch& b : shuffled.epoch(2)) EXPECT_EQ(b.indices, expect);
+  // Turned off: every sample.
+  data::DataLoader whole(ds, {.batch_size = 2, .auto_distributed = false});
+  EXPECT_EQ(whole.size(), 5);
 }
 
 }  // namespace
