@@ -46,7 +46,9 @@ struct DataLoaderOptions {
   std::shared_ptr<const Sampler> sampler;  // null: the default above (not together with shuffle)
   bool auto_distributed = true;            // null sampler and world_size > 1: DistributedSampler(shuffle, seed)
   // A CUDA device: batches are collated into pinned memory and copied ahead on a copy stream of the
-  // device; the batch handed out is ready for the consumer's current stream (which waits on the GPU).
+  // device (batch k+1's copy starts when batch k is handed out). The stream current on the consumer's
+  // thread when a batch is handed out (at the loop's ++) waits for its copy on the GPU, not the host.
+  // A CPU device, or none: batches stay in host memory.
   std::optional<Device> device;
   CollateFn collate;  // null: data::collate
 };

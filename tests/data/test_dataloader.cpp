@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -36,8 +37,7 @@ class Numbers : public data::Dataset {
     if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
     if (i == slow_index) std::this_thread::sleep_for(std::chrono::milliseconds(400));
     if (i == fail_index) throw std::runtime_error("corrupt record in shard 3");
-    return {{"x", make({double(i), rng.uniform()}, {2}, {.dtype = DType::Float64})},
-            {"y", ops::scalar_tensor(i)}};
+    return {{"x", make({double(i), rng.uniform()}, {2}, {.dtype = DType::Float64})}, {"y", ops::scalar_tensor(i)}};
   }
   mutable std::atomic<int64_t> loads{0};
   mutable std::atomic<int64_t> max_index{-1};
@@ -282,8 +282,12 @@ TEST(DataLoader, CustomSamplerCollateAndCpuOptions) {
     return b;
   };
   // pin_memory and device cpu are no-ops without a GPU; with one, batches are pinned.
-  DataLoader loader(ds, {.batch_size = 3, .workers = 2, .pin_memory = true, .sampler = weighted,
-                         .device = Device::cpu(), .collate = collate});
+  DataLoader loader(ds, {.batch_size = 3,
+                         .workers = 2,
+                         .pin_memory = true,
+                         .sampler = weighted,
+                         .device = Device::cpu(),
+                         .collate = collate});
   EXPECT_EQ(loader.size(), 2);
   for (Batch& b : loader.epoch(0)) {
     EXPECT_EQ(b["count"].item<int64_t>(), 3);
