@@ -6,6 +6,7 @@
 // k+1 (if loaded) is copied on the copy stream, so its copy overlaps the consumer's work on batch k.
 #include "kiln/data/dataloader.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -95,7 +96,9 @@ struct DataLoader::Epoch::Impl {
       core->epoch_start = Clock::now();
     }
     try {
-      for (int w = 0; w < core->options.workers && dispatch < end(); ++w) threads.emplace_back([this] { work(); });
+      // No more threads than batches (counted before any starts: the workers advance `dispatch`).
+      const int64_t count = std::min<int64_t>(core->options.workers, end() - start);
+      for (int64_t w = 0; w < count; ++w) threads.emplace_back([this] { work(); });
     } catch (...) {
       shut_down();
       throw;
