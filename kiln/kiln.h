@@ -13,14 +13,18 @@
 #include "kiln/autograd/functions.h"    // kiln::zeros, kiln::matmul, kiln::softmax, ... (differentiable)
 #include "kiln/autograd/grad_mode.h"    // NoGradGuard, EnableGradGuard
 #include "kiln/autograd/gradcheck.h"    // autograd::gradcheck
-#include "kiln/data/dataset.h"         // data::Dataset, data::Example, data::Batch, data::SampleRng
-#include "kiln/data/datasets.h"        // data::MNIST, data::CIFAR10/100, data::HDF5Dataset, data::SyntheticDataset
-#include "kiln/data/text/mlm_dataset.h"  // data::MaskedLMDataset: BERT masked-LM samples from text files
+#include "kiln/data/dataloader.h"       // data::DataLoader: worker threads, prefetch, device delivery, wait stats
+#include "kiln/data/dataset.h"          // data::Dataset, data::Example, data::Batch, data::SampleRng
+#include "kiln/data/datasets.h"         // data::MNIST, data::CIFAR10/100, data::HDF5Dataset, data::SyntheticDataset
+#include "kiln/data/distributed_env.h"  // data::distributed_env: rank, world size, local rank from the launcher
+#include "kiln/data/sampler.h"  // data::SequentialSampler, RandomSampler, WeightedRandomSampler, DistributedSampler
+#include "kiln/data/text/mlm_dataset.h"    // data::MaskedLMDataset: BERT masked-LM samples from text files
 #include "kiln/data/text/vocab_builder.h"  // data::build_wordpiece_vocab: a WordPiece vocabulary from text
-#include "kiln/data/text/wordpiece.h"  // data::WordPieceTokenizer, data::BasicTokenizer (BERT vocab.txt)
-#include "kiln/layers/attention.h"      // nn::scaled_dot_product_attention, nn::MultiheadAttention
-#include "kiln/layers/containers.h"     // nn::Sequential, nn::ModuleList, nn::ModuleDict
-#include "kiln/layers/conv.h"           // nn::conv2d, nn::Conv2d
+#include "kiln/data/text/wordpiece.h"      // data::WordPieceTokenizer, data::BasicTokenizer (BERT vocab.txt)
+#include "kiln/layers/attention.h"         // nn::scaled_dot_product_attention, nn::MultiheadAttention
+#include "kiln/layers/attention.h"         // nn::scaled_dot_product_attention, nn::MultiheadAttention
+#include "kiln/layers/containers.h"        // nn::Sequential, nn::ModuleList, nn::ModuleDict
+#include "kiln/layers/conv.h"              // nn::conv2d, nn::Conv2d
 #include "kiln/layers/functional.h"     // nn::linear, nn::dropout, nn::layer_norm, nn::batch_norm, nn::embedding, ...
 #include "kiln/layers/init.h"           // nn::init::kaiming_uniform_, xavier_normal_, trunc_normal_, ...
 #include "kiln/layers/layers.h"         // nn::Linear, nn::Dropout, nn::Embedding, nn::LayerNorm, nn::BatchNorm2d, ...

@@ -1,0 +1,135 @@
+// kiln/data/dataloader.h — batches of a dataset, loaded by worker threads ahead of the training loop.
+//
+//   data::DataLoader loader(train, {.batch_size = 256, .workers = 8, .shuffle = true,
+//                                   .device = Device::cuda(local_rank)});
+//   for (int epoch = 0; epoch < 90; ++epoch) {
+//     for (data::Batch& batch : loader.epoch(epoch)) {   // already on the GPU, in sampler order
+//       auto [x, y] = batch;
+//       ...
+//     }
+//     std::cout << "data-wait share " << loader.stats().wait_fraction << "\n";
+//   }
+//   auto range = loader.epoch(pos.epoch, pos.batch);      // resume mid-epoch: skips, without loading,
+//   for (data::Batch& b : range) { ...; pos = range.position(); }   // the batches already trained on
+//
+// Each sample is loaded with SampleRng(seed, epoch, index), so the same (seed, epoch) gives the same batches
+// for any number of workers. Under a multi-process launcher (distributed_env().world_size > 1) the default
+// sampler is a DistributedSampler: each rank loads its own shard.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "kiln/data/dataset.h"
+#include "kiln/data/example.h"
+#include "kiln/data/sampler.h"
+#include "kiln/tensor/device.h"
+
+namespace kiln::data {
+
+// Makes a batch of examples; `pinned`: write it into page-locked memory (as data::collate does).
+using CollateFn = std::function<Batch(const std::vector<Example>& examples, bool pinned)>;
+
+struct DataLoaderOptions {
+  int64_t batch_size = 1;
+  int workers = 0;                // loading threads; 0: batches are loaded on the calling thread, when asked for
+  bool shuffle = false;           // the default sampler: RandomSampler (true) or SequentialSampler
+  uint64_t seed = 0;              // of the shuffle and of every sample's SampleRng
+  bool drop_last = false;         // drop the last batch when it is short
+  bool pin_memory = false;        // collate into page-locked memory, for async copies (no-op without CUDA)
+  int64_t prefetch_batches = -1;  // batches loaded ahead of the one in use (-1: 2 per worker)
+  double timeout_s = 0;           // with workers: a batch not ready after this long throws (0: wait forever)
+  std::shared_ptr<const Sampler> sampler;  // null: the default above (not together with shuffle)
+  bool auto_distributed = true;            // null sampler and world_size > 1: DistributedSampler(shuffle, seed)
+  // A CUDA device: batches are collated into pinned memory and copied ahead on a copy stream of the
+  // device (batch k+1's copy starts when batch k is handed out). The stream current on the consumer's
+  // thread when a batch is handed out (at the loop's ++) waits for its copy on the GPU, not the host.
+  // A CPU device, or none: batches stay in host memory.
+  std::optional<Device> device;
+  CollateFn collate;  // null: data::collate
+};
+
+// Where a run stands in the data: the next batch to train on. Save it in checkpoints; resume with
+// loader.epoch(pos.epoch, pos.batch).
+struct LoaderPosition {
+  uint64_t epoch = 0;
+  int64_t batch = 0;
+  friend bool operator==(const LoaderPosition&, const LoaderPosition&) = default;
+};
+
+// How long the training loop waited for data in the current (latest) epoch.
+struct LoaderStats {
+  double last_wait_s = 0;    // the wait for the batch handed out last
+  double total_wait_s = 0;   // summed over the epoch's batches so far
+  int64_t batches = 0;       // handed out so far in this epoch
+  double elapsed_s = 0;      // wall time since the epoch began
+  double wait_fraction = 0;  // total_wait_s / elapsed_s: the data-wait share
+};
+
+class DataLoader {
+ public:
+  DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {});
+  ~DataLoader();
+  DataLoader(DataLoader&&) noexcept;
+  DataLoader& operator=(DataLoader&&) noexcept;
+
+  struct Core;  // what the loader and its epochs share (dataset, sampler, options, copy stream, stats)
+
+  // One pass over the data, for a range-for. Its worker threads start now and are joined when it is
+  // destroyed (also when the loop breaks early or throws). A failed batch throws from the loop; the
+  // loader can then start another epoch.
+  class Epoch {
+   public:
+    class iterator {
+     public:
+      using value_type = Batch;
+      using difference_type = std::ptrdiff_t;
+      Batch& operator*() const;
+      Batch* operator->() const { return &**this; }
+      iterator& operator++();
+      void operator++(int) { ++*this; }
+      friend bool operator==(const iterator& it, std::default_sentinel_t) { return it.done(); }
+
+     private:
+      friend class Epoch;
+      explicit iterator(Epoch* epoch) : epoch_(epoch) {}
+      bool done() const;
+      Epoch* epoch_ = nullptr;
+    };
+
+    Epoch(Epoch&&) noexcept;
+    Epoch& operator=(Epoch&&) noexcept;
+    ~Epoch();
+
+    iterator begin();  // hands out the first batch (once per Epoch)
+    std::default_sentinel_t end() const { return {}; }
+    int64_t size() const;             // batches this range hands out (from its start batch to the end)
+    LoaderPosition position() const;  // the next batch to be handed out
+    LoaderStats stats() const;
+
+   private:
+    friend class DataLoader;
+    struct Impl;
+    explicit Epoch(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+  };
+
+  // The batches of `epoch`, starting at batch `start_batch` (0..size(); earlier ones are skipped unloaded).
+  Epoch epoch(uint64_t epoch, int64_t start_batch = 0);
+  Epoch epoch(LoaderPosition position) { return epoch(position.epoch, position.batch); }
+
+  int64_t size() const;       // batches per epoch
+  LoaderStats stats() const;  // of the latest epoch started
+  const Dataset& dataset() const;
+  const Sampler& sampler() const;
+  const DataLoaderOptions& options() const;  // as resolved (the sampler and prefetch filled in)
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+}  // namespace kiln::data

@@ -1,0 +1,303 @@
+// The DataLoader on the CPU: order, determinism, resume, errors, timeouts, thread shutdown, wait time.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kiln/data/dataloader.h"
+#include "kiln/tensor/cuda.h"
+#include "kiln/tensor/ops.h"
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+using data::Batch;
+using data::DataLoader;
+using std::vector;
+
+// Sample i: x = [i, u] (u: the first draw of the sample's SampleRng), y = i. Counts its loads, remembers the
+// largest index loaded; may sleep, or fail at one index.
+class Numbers : public data::Dataset {
+ public:
+  explicit Numbers(int64_t n, int sleep_ms = 0) : n_(n), sleep_ms_(sleep_ms) {}
+  int64_t size() const override { return n_; }
+  std::string describe() const override { return "Numbers(" + std::to_string(n_) + ")"; }
+  data::Example get(int64_t i, data::SampleRng& rng) const override {
+    loads.fetch_add(1);
+    int64_t seen = max_index.load();
+    while (i > seen && !max_index.compare_exchange_weak(seen, i)) {
+    }
+    if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    if (i == slow_index) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    if (i == fail_index) throw std::runtime_error("corrupt record in shard 3");
+    return {{"x", make({double(i), rng.uniform()}, {2}, {.dtype = DType::Float64})}, {"y", ops::scalar_tensor(i)}};
+  }
+  mutable std::atomic<int64_t> loads{0};
+  mutable std::atomic<int64_t> max_index{-1};
+  std::atomic<int64_t> fail_index{-1};
+  std::atomic<int64_t> slow_index{-1};
+
+ private:
+  int64_t n_;
+  int sleep_ms_;
+};
+
+int thread_count() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// Every batch of an epoch: (indices, x values).
+struct Seen {
+  vector<vector<int64_t>> indices;
+  vector<vector<double>> x;
+  vector<vector<int64_t>> y;
+};
+Seen run(DataLoader& loader, uint64_t epoch, int64_t start = 0) {
+  Seen s;
+  for (Batch& b : loader.epoch(epoch, start)) {
+    s.indices.push_back(b.indices);
+    s.x.push_back(b["x"].to_vector<double>());
+    s.y.push_back(b["y"].to_vector<int64_t>());
+  }
+  return s;
+}
+
+TEST(DataLoader, BatchesInSamplerOrderForAnyWorkerCount) {
+  auto ds = std::make_shared<Numbers>(10);
+  for (int workers : {0, 1, 4}) {
+    DataLoader loader(ds, {.batch_size = 3, .workers = workers});
+    EXPECT_EQ(loader.size(), 4);
+    const Seen s = run(loader, 0);
+    EXPECT_EQ(s.indices, (vector<vector<int64_t>>{{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9}})) << workers << " workers";
+    EXPECT_EQ(s.y, s.indices);
+    ASSERT_EQ(s.x.size(), 4u);
+    EXPECT_EQ(s.x[3].size(), 2u);  // the last batch: one sample of shape [2]
+    EXPECT_EQ(s.x[3][0], 9.0);
+  }
+}
+
+TEST(DataLoader, SameSeedAndEpochSameBatchesForAnyWorkerCount) {
+  auto ds = std::make_shared<Numbers>(37);
+  vector<Seen> runs;
+  for (int workers : {0, 1, 3, 8}) {
+    DataLoader loader(ds, {.batch_size = 4, .workers = workers, .shuffle = true, .seed = 5});
+    runs.push_back(run(loader, 2));
+  }
+  for (size_t r = 1; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].indices, runs[0].indices);
+    EXPECT_EQ(runs[r].x, runs[0].x);  // also the random draws: SampleRng(seed, epoch, index)
+  }
+  // The order is RandomSampler's with the same seed.
+  const auto order = data::RandomSampler(37, {.seed = 5}).indices(2);
+  EXPECT_EQ(runs[0].indices, data::batch_indices(order, 4, false));
+  // Another epoch shuffles differently (and draws differently); the same epoch again repeats.
+  DataLoader loader(ds, {.batch_size = 4, .workers = 2, .shuffle = true, .seed = 5});
+  const Seen e3 = run(loader, 3);
+  EXPECT_NE(e3.indices, runs[0].indices);
+  EXPECT_EQ(run(loader, 2).x, runs[0].x);
+  DataLoader other_seed(ds, {.batch_size = 4, .workers = 2, .shuffle = true, .seed = 6});
+  EXPECT_NE(run(other_seed, 2).indices, runs[0].indices);
+}
+
+TEST(DataLoader, DropLast) {
+  auto ds = std::make_shared<Numbers>(10);
+  for (int workers : {0, 2}) {
+    DataLoader loader(ds, {.batch_size = 3, .workers = workers, .drop_last = true});
+    EXPECT_EQ(loader.size(), 3);
+    EXPECT_EQ(run(loader, 0).indices, (vector<vector<int64_t>>{{0, 1, 2}, {3, 4, 5}, {6, 7, 8}}));
+  }
+}
+
+TEST(DataLoader, ResumesMidEpochWithoutLoadingSkippedBatches) {
+  auto ds = std::make_shared<Numbers>(20);
+  for (int workers : {0, 3}) {
+    DataLoader loader(ds, {.batch_size = 4, .workers = workers, .shuffle = true, .seed = 1});
+    const Seen full = run(loader, 4);
+    ds->loads = 0;
+    auto range = loader.epoch(data::LoaderPosition{4, 3});
+    EXPECT_EQ(range.size(), 2);
+    EXPECT_EQ(range.position(), (data::LoaderPosition{4, 3}));
+    vector<data::LoaderPosition> positions;
+    Seen rest;
+    for (Batch& b : range) {
+      rest.indices.push_back(b.indices);
+      rest.x.push_back(b["x"].to_vector<double>());
+      positions.push_back(range.position());
+    }
+    EXPECT_EQ(ds->loads.load(), 8) << "only the last two batches are loaded";
+    EXPECT_EQ(rest.indices, vector<vector<int64_t>>(full.indices.begin() + 3, full.indices.end()));
+    EXPECT_EQ(rest.x, vector<vector<double>>(full.x.begin() + 3, full.x.end()));
+    EXPECT_EQ(positions, (vector<data::LoaderPosition>{{4, 4}, {4, 5}}));
+    EXPECT_EQ(run(loader, 4, 5).indices.size(), 0u);  // resuming at the end: nothing left
+    expect_error([&] { loader.epoch(4, 6); }, {"start batch 6", "5 batches"});
+  }
+}
+
+TEST(DataLoader, WorkerErrorNamesSampleAndDatasetAndLoaderStaysUsable) {
+  auto ds = std::make_shared<Numbers>(12);
+  for (int workers : {0, 1, 3}) {
+    DataLoader loader(ds, {.batch_size = 2, .workers = workers});
+    const int before = thread_count();
+    ds->fail_index = 7;
+    vector<vector<int64_t>> got;
+    expect_error(
+        [&] {
+          for (Batch& b : loader.epoch(0)) got.push_back(b.indices);
+        },
+        {"corrupt record in shard 3", "sample 7", "batch 3 of epoch 0", "Numbers(12)"});
+    EXPECT_EQ(got, (vector<vector<int64_t>>{{0, 1}, {2, 3}, {4, 5}})) << "batches before the failure arrive";
+    EXPECT_EQ(thread_count(), before);
+    ds->fail_index = -1;
+    EXPECT_EQ(run(loader, 1).indices.size(), 6u);
+  }
+}
+
+TEST(DataLoader, TimeoutNamesTheBatch) {
+  auto ds = std::make_shared<Numbers>(6);
+  ds->slow_index = 3;  // 400 ms
+  DataLoader loader(ds, {.batch_size = 2, .workers = 2, .timeout_s = 0.1});
+  const int before = thread_count();
+  vector<vector<int64_t>> got;
+  expect_error(
+      [&] {
+        for (Batch& b : loader.epoch(0)) got.push_back(b.indices);
+      },
+      {"batch 1 of epoch 0", "samples [2, 3]", "timeout_s = 0.1", "Numbers(6)"});
+  EXPECT_EQ(got.size(), 1u);
+  EXPECT_EQ(thread_count(), before);  // the stuck worker was joined once its load returned
+  ds->slow_index = -1;
+  EXPECT_EQ(run(loader, 0).indices.size(), 3u);
+}
+
+TEST(DataLoader, NoThreadOutlivesItsEpoch) {
+  auto ds = std::make_shared<Numbers>(200, 1);
+  {
+    DataLoader warm(ds, {.batch_size = 2, .workers = 2});
+    run(warm, 0);  // anything started lazily by the tensor library starts now
+  }
+  const int before = thread_count();
+  {
+    DataLoader loader(ds, {.batch_size = 2, .workers = 6});
+    int n = 0;
+    for (Batch& b : loader.epoch(0)) {
+      (void)b;
+      if (++n == 2) {
+        EXPECT_GT(thread_count(), before) << "the workers run during the epoch";
+        break;  // the range is destroyed here: workers stopped and joined
+      }
+    }
+    EXPECT_EQ(thread_count(), before);
+    auto unused = loader.epoch(1);  // started, never iterated
+    auto second = loader.epoch(2);
+    EXPECT_GT(thread_count(), before);
+  }  // ranges destroyed, then the loader
+  EXPECT_EQ(thread_count(), before);
+  // A range may outlive its loader.
+  std::optional<DataLoader::Epoch> range;
+  {
+    DataLoader loader(ds, {.batch_size = 50, .workers = 2});
+    range.emplace(loader.epoch(0));
+  }
+  int batches = 0;
+  for (Batch& b : *range) batches += b.batch_size() == 50;
+  EXPECT_EQ(batches, 4);
+  range.reset();
+  EXPECT_EQ(thread_count(), before);
+}
+
+TEST(DataLoader, PrefetchWindowIsBounded) {
+  auto ds = std::make_shared<Numbers>(100);
+  DataLoader loader(ds, {.batch_size = 1, .workers = 4, .prefetch_batches = 3});
+  auto range = loader.epoch(0);
+  auto it = range.begin();  // batch 0 handed out: batches 1..3 may load, not 4
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(ds->max_index.load(), 3);
+  ++it;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(ds->max_index.load(), 4);
+  EXPECT_EQ(it->indices, vector<int64_t>{1});
+}
+
+TEST(DataLoader, WaitTimeShowsWhetherDataKeepsUp) {
+  // No workers and no compute: the loop waits for every 20 ms load.
+  auto slow = std::make_shared<Numbers>(10, 20);
+  DataLoader serial(slow, {.batch_size = 1});
+  run(serial, 0);
+  data::LoaderStats s = serial.stats();
+  EXPECT_EQ(s.batches, 10);
+  EXPECT_GE(s.total_wait_s, 0.19);
+  EXPECT_GE(s.last_wait_s, 0.019);
+  EXPECT_GT(s.wait_fraction, 0.8) << s.total_wait_s << " of " << s.elapsed_s;
+  // Eight workers feed a loop that computes 30 ms a batch: after the first batch nothing waits.
+  auto fed = std::make_shared<Numbers>(16, 20);
+  DataLoader parallel(fed, {.batch_size = 1, .workers = 8});
+  auto range = parallel.epoch(0);
+  for (Batch& b : range) {
+    (void)b;
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  s = range.stats();
+  EXPECT_EQ(s.batches, 16);
+  EXPECT_LT(s.wait_fraction, 0.2) << s.total_wait_s << " of " << s.elapsed_s;
+  EXPECT_GT(s.elapsed_s, 0.45);
+}
+
+TEST(DataLoader, ClearErrorsForBadOptions) {
+  auto ds = std::make_shared<Numbers>(10);
+  expect_error([&] { DataLoader(ds, {.batch_size = 0}); }, {"batch_size must be >= 1", "0"});
+  expect_error([&] { DataLoader(ds, {.workers = -2}); }, {"workers must be >= 0", "-2"});
+  expect_error([&] { DataLoader(ds, {.prefetch_batches = 0}); }, {"prefetch_batches"});
+  expect_error([&] { DataLoader(ds, {.timeout_s = -1}); }, {"timeout_s"});
+  expect_error([&] { DataLoader(std::make_shared<Numbers>(0)); }, {"Numbers(0) is empty"});
+  expect_error([&] { DataLoader(nullptr); }, {"dataset is null"});
+  auto big = std::make_shared<data::SequentialSampler>(13);
+  expect_error([&] { DataLoader(ds, {.shuffle = true, .sampler = big}); }, {"shuffle", "sampler"});
+  DataLoader loader(ds, {.batch_size = 4, .sampler = big});
+  EXPECT_EQ(loader.size(), 4);
+  expect_error([&] { loader.epoch(0); }, {"index 10", "position 10", "Numbers(10) has 10 samples"});
+  DataLoader ok(ds);
+  auto range = ok.epoch(0);
+  range.begin();
+  expect_error([&] { range.begin(); }, {"begin() was already called"});
+  if (!cuda::is_available()) {
+    expect_error([&] { DataLoader(ds, {.device = Device::cuda(0)}); }, {"cuda:0", "CUDA is not available"});
+  }
+}
+
+TEST(DataLoader, CustomSamplerCollateAndCpuOptions) {
+  auto ds = std::make_shared<Numbers>(10);
+  auto weighted = std::make_shared<data::WeightedRandomSampler>(vector<double>{0, 0, 1, 0, 0, 0, 0, 0, 0, 1}, 6);
+  data::CollateFn collate = [](const vector<data::Example>& xs, bool pinned) {
+    Batch b = data::collate(xs, pinned);
+    b.add("count", ops::scalar_tensor(int64_t(xs.size())));
+    return b;
+  };
+  // pin_memory and device cpu are no-ops without a GPU; with one, batches are pinned.
+  DataLoader loader(ds, {.batch_size = 3,
+                         .workers = 2,
+                         .pin_memory = true,
+                         .sampler = weighted,
+                         .device = Device::cpu(),
+                         .collate = collate});
+  EXPECT_EQ(loader.size(), 2);
+  for (Batch& b : loader.epoch(0)) {
+    EXPECT_EQ(b["count"].item<int64_t>(), 3);
+    for (int64_t i : b.indices) EXPECT_TRUE(i == 2 || i == 9);
+    EXPECT_EQ(b["y"].to_vector<int64_t>(), b.indices);
+    EXPECT_EQ(b["x"].is_pinned(), cuda::is_available());
+    Batch copy = b.to(Device::cpu(), true);  // users who move batches themselves
+    EXPECT_EQ(copy["y"].to_vector<int64_t>(), b.indices);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing
