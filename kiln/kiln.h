@@ -14,6 +14,10 @@
 #include "kiln/autograd/grad_mode.h"    // NoGradGuard, EnableGradGuard
 #include "kiln/autograd/gradcheck.h"    // autograd::gradcheck
 #include "kiln/data/dataset.h"         // data::Dataset, data::Example, data::Batch, data::SampleRng
+#include "kiln/data/image.h"           // data::read_image, data::decode_image, data::image_size (JPEG, PNG)
+#include "kiln/data/image_folder.h"    // data::ImageFolder: root/<class>/<images>, as torchvision
+#include "kiln/data/image_resize.h"    // data::resize_image: antialiased bilinear, uint8 (H, W, C)
+#include "kiln/data/transforms.h"      // data::transforms::Compose, RandomResizedCrop, Normalize, presets, ...
 #include "kiln/layers/attention.h"      // nn::scaled_dot_product_attention, nn::MultiheadAttention
 #include "kiln/layers/containers.h"     // nn::Sequential, nn::ModuleList, nn::ModuleDict
 #include "kiln/layers/conv.h"           // nn::conv2d, nn::Conv2d

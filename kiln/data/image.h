@@ -42,7 +42,8 @@ struct Box {
 // to (out_height, out_width). With dct_scaling, a JPEG is decoded at the smallest libjpeg scale k/8
 // (k = 1..8) that still gives at least out_height x out_width pixels over the box: much faster for large
 // photos, and pixel values differ slightly from a full decode + resize (as with torchvision's and DALI's
-// fast paths). Without it the pixels are exactly those of a full decode.
+// fast paths). Without it the pixels are those of a full decode (exactly, except that with 4:2:0 chroma,
+// skipping into the middle of a 16-row band may move a few pixels of the box's first row by one level).
 struct DecodePlan {
   Box box;
   int64_t out_height = 0;

@@ -114,8 +114,8 @@ void vertical(const uint8_t* src, int64_t row0, int64_t row_elems, const Weights
 Tensor resize_image(const Tensor& image, int64_t out_height, int64_t out_width, std::optional<Box> box) {
   KILN_CHECK(image.dtype() == DType::UInt8 && image.dim() == 3 && image.shape()[0] > 0 && image.shape()[1] > 0,
              "resize_image: expected a non-empty (H, W, C) uint8 image, got ", image.dtype(), " ", image.shape());
-  KILN_CHECK(out_height > 0 && out_width > 0, "resize_image: the output size must be positive, got ", out_height,
-             " x ", out_width);
+  KILN_CHECK(out_height > 0 && out_width > 0, "resize_image: the output size must be positive, got ", out_height, " x ",
+             out_width);
   Tensor src = image.cpu().contiguous();
   const int64_t h = src.shape()[0], w = src.shape()[1], c = src.shape()[2];
   const Box b = box.value_or(Box{0, 0, static_cast<double>(h), static_cast<double>(w)});

@@ -116,7 +116,8 @@ std::string Normalize::name() const {
 }
 
 Compose imagenet_train(int64_t size) {
-  return Compose{RandomResizedCrop(size), RandomHorizontalFlip(0.5), ToTensor(), Normalize(kImageNetMean, kImageNetStd)};
+  return Compose{RandomResizedCrop(size), RandomHorizontalFlip(0.5), ToTensor(),
+                 Normalize(kImageNetMean, kImageNetStd)};
 }
 
 Compose imagenet_eval(int64_t size) {

@@ -53,13 +53,11 @@ class Compose {
   Compose() = default;
   explicit Compose(std::vector<std::shared_ptr<const Transform>> steps);
   template <class... Ts>
-    requires(sizeof...(Ts) > 0 && (std::derived_from<std::decay_t<Ts>, Transform> && ...))
-  Compose(Ts&&... steps) {
+  requires(sizeof...(Ts) > 0 && (std::derived_from<std::decay_t<Ts>, Transform> && ...)) Compose(Ts&&... steps) {
     (add(std::forward<Ts>(steps)), ...);
   }
   template <class T>
-    requires std::derived_from<std::decay_t<T>, Transform>
-  Compose& add(T&& step) {
+  requires std::derived_from<std::decay_t<T>, Transform> Compose& add(T&& step) {
     steps_.push_back(std::make_shared<const std::decay_t<T>>(std::forward<T>(step)));
     return *this;
   }

@@ -27,8 +27,7 @@ Layout layout_of(const Tensor& t, const std::string& who) {
 
 void check_uint8_image(const Tensor& t, const std::string& who) {
   KILN_CHECK(t.dtype() == DType::UInt8 && t.dim() == 3 && t.shape()[0] > 0 && t.shape()[1] > 0, who,
-             ": expected a non-empty uint8 (H, W, C) image (resize before ToTensor), got ", t.dtype(), " ",
-             t.shape());
+             ": expected a non-empty uint8 (H, W, C) image (resize before ToTensor), got ", t.dtype(), " ", t.shape());
 }
 
 // The (h, w) window at (top, left) of src (may reach outside it: those pixels are `fill`).
@@ -60,7 +59,8 @@ Tensor crop_pad(const Tensor& image, const std::string& who, int64_t top, int64_
   const Layout l = layout_of(image, who);
   Tensor src = image.cpu().contiguous();
   if (l.hwc) {
-    return crop_pad_as<uint8_t>(src, l, top, left, h, w, static_cast<uint8_t>(std::clamp(std::round(fill), 0.0, 255.0)));
+    return crop_pad_as<uint8_t>(src, l, top, left, h, w,
+                                static_cast<uint8_t>(std::clamp(std::round(fill), 0.0, 255.0)));
   }
   return crop_pad_as<float>(src, l, top, left, h, w, static_cast<float>(fill));
 }
