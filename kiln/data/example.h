@@ -58,8 +58,8 @@ class Batch : public Example {
   Batch() = default;
   using Example::Example;
 
-  int64_t batch_size() const;    // dim 0 of the first field (0 when empty)
-  std::vector<int64_t> indices;  // the samples' dataset indices, in batch order
+  int64_t batch_size() const;                // dim 0 of the first field (0 when empty)
+  std::vector<int64_t> indices;              // the samples' dataset indices, in batch order
 
   // Every field copied to `device` (fields already there are kept). non_blocking copies from pinned memory
   // run asynchronously on the current stream of `device`.

@@ -24,8 +24,8 @@ uint64_t mix(uint64_t x) {
 SampleRng::SampleRng(uint64_t seed, uint64_t epoch, int64_t index)
     : key_(mix(mix(seed) ^ epoch)), index_(static_cast<uint64_t>(index)) {}
 
-SampleRng::SampleRng(uint64_t key, uint64_t index, uint64_t stream, int)
-    : key_(mix(key ^ mix(stream + 1))), index_(index) {}
+SampleRng::SampleRng(uint64_t key, uint64_t index, uint64_t stream, int) : key_(mix(key ^ mix(stream + 1))),
+                                                                             index_(index) {}
 
 SampleRng SampleRng::fork(uint64_t stream) const { return SampleRng(key_, index_, stream, 0); }
 

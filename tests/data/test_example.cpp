@@ -23,13 +23,7 @@ TEST(DataExample, FieldsByNameAndStructuredBinding) {
   expect_error([&] { (void)ex["mask"]; }, {"no field named 'mask'", "image, label"});
   expect_error([&] { ex.add("image", ops::zeros({1})); }, {"already there"});
   Example three{{"a", ops::zeros({1})}, {"b", ops::zeros({1})}, {"c", ops::zeros({1})}};
-  expect_error(
-      [&] {
-        auto [a, b] = three;
-        (void)a;
-        (void)b;
-      },
-      {"exactly two fields", "a, b, c"});
+  expect_error([&] { auto [a, b] = three; (void)a; (void)b; }, {"exactly two fields", "a, b, c"});
 }
 
 TEST(DataExample, CollateStacksEachField) {
