@@ -116,7 +116,7 @@ Tensor resize_image(const Tensor& image, int64_t out_height, int64_t out_width, 
              "resize_image: expected a non-empty (H, W, C) uint8 image, got ", image.dtype(), " ", image.shape());
   KILN_CHECK(out_height > 0 && out_width > 0, "resize_image: the output size must be positive, got ", out_height, " x ",
              out_width);
-  Tensor src = image.cpu().contiguous();
+  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
   const int64_t h = src.shape()[0], w = src.shape()[1], c = src.shape()[2];
   const Box b = box.value_or(Box{0, 0, static_cast<double>(h), static_cast<double>(w)});
   KILN_CHECK(b.height > 0 && b.width > 0 && b.top >= -1e-6 && b.left >= -1e-6 && b.top + b.height <= h + 1e-6 &&

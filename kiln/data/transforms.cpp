@@ -60,7 +60,7 @@ Tensor Lambda::operator()(Tensor image, SampleRng& rng) const { return fn_(std::
 Tensor ToTensor::operator()(Tensor image, SampleRng&) const {
   KILN_CHECK(image.dtype() == DType::UInt8 && image.dim() == 3, "ToTensor: expected a uint8 (H, W, C) image, got ",
              image.dtype(), " ", image.shape());
-  Tensor src = image.cpu().contiguous();
+  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
   const int64_t h = src.shape()[0], w = src.shape()[1], c = src.shape()[2];
   Tensor out = ops::empty({c, h, w}, {.dtype = DType::Float32});
   float lut[256];  // x / 255 rounded as float division, as torchvision's img.float().div(255)
@@ -92,7 +92,7 @@ Tensor Normalize::operator()(Tensor image, SampleRng&) const {
   const int64_t c = image.shape()[0];
   KILN_CHECK(static_cast<int64_t>(mean_.size()) == c || mean_.size() == 1, "Normalize: ", mean_.size(),
              " mean/std values for an image of ", c, " channels");
-  Tensor src = image.cpu().contiguous();
+  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
   Tensor out = ops::empty(src.shape(), {.dtype = DType::Float32});
   const int64_t plane = src.shape()[1] * src.shape()[2];
   const float* in = src.data_ptr<float>();

@@ -57,7 +57,7 @@ Tensor crop_pad_as(const Tensor& src, const Layout& l, int64_t top, int64_t left
 Tensor crop_pad(const Tensor& image, const std::string& who, int64_t top, int64_t left, int64_t h, int64_t w,
                 double fill) {
   const Layout l = layout_of(image, who);
-  Tensor src = image.cpu().contiguous();
+  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
   if (l.hwc) {
     return crop_pad_as<uint8_t>(src, l, top, left, h, w,
                                 static_cast<uint8_t>(std::clamp(std::round(fill), 0.0, 255.0)));
@@ -247,7 +247,7 @@ RandomHorizontalFlip::RandomHorizontalFlip(double p) : p_(p) {
 Tensor RandomHorizontalFlip::operator()(Tensor image, SampleRng& rng) const {
   const Layout l = layout_of(image, name());
   if (!rng.bernoulli(p_)) return image;
-  Tensor src = image.cpu().contiguous();
+  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
   return l.hwc ? flip_as<uint8_t>(src, l) : flip_as<float>(src, l);
 }
 
