@@ -56,6 +56,19 @@ Weights compute_weights(int64_t in_size, double box_start, double box_size, int6
     r.first[o] = static_cast<int32_t>(lo);
     r.count[o] = static_cast<int32_t>(n);
   }
+  // Every output reads exactly `taps` inputs when the image is wide enough (zero weights pad the rest): the
+  // inner loops then have a fixed trip count. Taps that would run past the end start earlier instead.
+  if (in_size >= r.taps) {
+    for (int64_t o = 0; o < out_size; ++o) {
+      const int64_t shift = std::max<int64_t>(0, r.first[o] + r.taps - in_size);
+      if (shift == 0) continue;
+      int32_t* w = &r.w[o * r.taps];
+      std::copy_backward(w, w + r.taps - shift, w + r.taps);
+      std::fill(w, w + shift, 0);
+      r.first[o] -= static_cast<int32_t>(shift);
+    }
+    std::fill(r.count.begin(), r.count.end(), r.taps);
+  }
   return r;
 }
 
@@ -65,19 +78,26 @@ inline uint8_t clip8(int32_t acc) {
 }
 
 // rows [row0, row1) of src (H, W, C) -> dst (row1 - row0, out_w, C), along each row.
-template <int C>
-void horizontal(const uint8_t* src, int64_t width, int64_t channels, int64_t row0, int64_t row1, const Weights& wx,
-                uint8_t* dst) {
+template <int C, int Taps = 0>
+void horizontal(const uint8_t* __restrict src, int64_t width, int64_t channels, int64_t row0, int64_t row1,
+                const Weights& wx, uint8_t* __restrict dst) {
   const int64_t ch = C > 0 ? C : channels;
   const auto out_w = static_cast<int64_t>(wx.first.size());
+  const int32_t* __restrict first = wx.first.data();
+  const int32_t* __restrict count = wx.count.data();
+  const int32_t* __restrict weights = wx.w.data();
   for (int64_t y = row0; y < row1; ++y) {
-    const uint8_t* in = src + y * width * ch;
-    uint8_t* out = dst + (y - row0) * out_w * ch;
+    const uint8_t* __restrict in = src + y * width * ch;
+    uint8_t* __restrict out = dst + (y - row0) * out_w * ch;
     for (int64_t x = 0; x < out_w; ++x) {
-      const uint8_t* p = in + static_cast<int64_t>(wx.first[x]) * ch;
-      const int32_t* w = &wx.w[x * wx.taps];
-      const int n = wx.count[x];
-      if constexpr (C == 3) {
+      const uint8_t* __restrict p = in + static_cast<int64_t>(first[x]) * ch;
+      const int32_t* __restrict w = weights + x * wx.taps;
+      const int n = count[x];
+      if constexpr (C == 3 && Taps > 0) {
+        int32_t a0 = 0, a1 = 0, a2 = 0;
+        for (int t = 0; t < Taps; ++t, p += 3) a0 += p[0] * w[t], a1 += p[1] * w[t], a2 += p[2] * w[t];
+        out[x * 3] = clip8(a0), out[x * 3 + 1] = clip8(a1), out[x * 3 + 2] = clip8(a2);
+      } else if constexpr (C == 3) {
         int32_t a0 = 0, a1 = 0, a2 = 0;
         for (int t = 0; t < n; ++t, p += 3) a0 += p[0] * w[t], a1 += p[1] * w[t], a2 += p[2] * w[t];
         out[x * 3] = clip8(a0), out[x * 3 + 1] = clip8(a1), out[x * 3 + 2] = clip8(a2);
@@ -93,19 +113,21 @@ void horizontal(const uint8_t* src, int64_t width, int64_t channels, int64_t row
 }
 
 // src rows (row0 first) of `row_elems` values -> dst (out_h, row_elems), along each column.
-void vertical(const uint8_t* src, int64_t row0, int64_t row_elems, const Weights& wy, uint8_t* dst) {
+void vertical(const uint8_t* __restrict src, int64_t row0, int64_t row_elems, const Weights& wy,
+              uint8_t* __restrict dst) {
   std::vector<int32_t> acc(row_elems);
   const auto out_h = static_cast<int64_t>(wy.first.size());
   for (int64_t y = 0; y < out_h; ++y) {
     std::fill(acc.begin(), acc.end(), 0);
     for (int t = 0; t < wy.count[y]; ++t) {
       const int32_t w = wy.w[y * wy.taps + t];
-      const uint8_t* in = src + (wy.first[y] + t - row0) * row_elems;
-      int32_t* a = acc.data();
+      const uint8_t* __restrict in = src + (wy.first[y] + t - row0) * row_elems;
+      int32_t* __restrict a = acc.data();
       for (int64_t i = 0; i < row_elems; ++i) a[i] += in[i] * w;
     }
-    uint8_t* out = dst + y * row_elems;
-    for (int64_t i = 0; i < row_elems; ++i) out[i] = clip8(acc[i]);
+    uint8_t* __restrict out = dst + y * row_elems;
+    const int32_t* __restrict a = acc.data();
+    for (int64_t i = 0; i < row_elems; ++i) out[i] = clip8(a[i]);
   }
 }
 
@@ -131,7 +153,10 @@ Tensor resize_image(const Tensor& image, int64_t out_height, int64_t out_width, 
   // The horizontal pass over just the rows the vertical pass reads; (row1 - row0, out_w, C).
   std::vector<uint8_t> mid((row1 - row0) * out_width * c);
   const uint8_t* in = src.data_ptr<uint8_t>();
-  if (c == 3) horizontal<3>(in, w, c, row0, row1, wx, mid.data());
+  const bool fixed = wx.count.front() == wx.taps && w >= wx.taps;  // every output has `taps` taps
+  if (c == 3 && fixed && wx.taps == 3) horizontal<3, 3>(in, w, c, row0, row1, wx, mid.data());
+  else if (c == 3 && fixed && wx.taps == 5) horizontal<3, 5>(in, w, c, row0, row1, wx, mid.data());
+  else if (c == 3) horizontal<3>(in, w, c, row0, row1, wx, mid.data());
   else horizontal<0>(in, w, c, row0, row1, wx, mid.data());
   vertical(mid.data(), row0, out_width * c, wy, out.data_ptr<uint8_t>());
   return out;

@@ -17,13 +17,23 @@ Compose::Compose(std::vector<std::shared_ptr<const Transform>> steps) : steps_(s
   for (const auto& s : steps_) KILN_CHECK(s != nullptr, "Compose: a step is null");
 }
 
-Tensor Compose::operator()(Tensor image, SampleRng& rng) const {
-  for (size_t i = 0; i < steps_.size(); ++i) {
+Tensor Compose::run_from(Tensor image, size_t first, SampleRng& rng) const {
+  for (size_t i = first; i < steps_.size(); ++i) {
+    if (i + 1 < steps_.size() && image.dtype() == DType::UInt8 && image.dim() == 3 &&
+        dynamic_cast<const ToTensor*>(steps_[i].get()) != nullptr) {
+      if (const auto* norm = dynamic_cast<const Normalize*>(steps_[i + 1].get())) {  // neither draws numbers
+        image = norm->from_uint8(image);
+        ++i;
+        continue;
+      }
+    }
     SampleRng step_rng = rng.fork(i);
     image = (*steps_[i])(std::move(image), step_rng);
   }
   return image;
 }
+
+Tensor Compose::operator()(Tensor image, SampleRng& rng) const { return run_from(std::move(image), 0, rng); }
 
 Tensor Compose::load(std::span<const uint8_t> bytes, const std::string& name, SampleRng& rng) const {
   size_t next = 0;
@@ -37,11 +47,7 @@ Tensor Compose::load(std::span<const uint8_t> bytes, const std::string& name, Sa
     }
   }
   if (next == 0) image = decode_image(bytes, name);
-  for (size_t i = next; i < steps_.size(); ++i) {
-    SampleRng step_rng = rng.fork(i);
-    image = (*steps_[i])(std::move(image), step_rng);
-  }
-  return image;
+  return run_from(std::move(image), next, rng);
 }
 
 std::string Compose::describe() const {
@@ -65,8 +71,8 @@ Tensor ToTensor::operator()(Tensor image, SampleRng&) const {
   Tensor out = ops::empty({c, h, w}, {.dtype = DType::Float32});
   float lut[256];  // x / 255 rounded as float division, as torchvision's img.float().div(255)
   for (int v = 0; v < 256; ++v) lut[v] = static_cast<float>(v) / 255.0f;
-  const uint8_t* in = src.data_ptr<uint8_t>();
-  float* o = out.data_ptr<float>();
+  const uint8_t* __restrict in = src.data_ptr<uint8_t>();
+  float* __restrict o = out.data_ptr<float>();
   const int64_t plane = h * w;
   if (c == 3) {
     for (int64_t i = 0; i < plane; ++i, in += 3) {
@@ -95,13 +101,43 @@ Tensor Normalize::operator()(Tensor image, SampleRng&) const {
   Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
   Tensor out = ops::empty(src.shape(), {.dtype = DType::Float32});
   const int64_t plane = src.shape()[1] * src.shape()[2];
-  const float* in = src.data_ptr<float>();
-  float* o = out.data_ptr<float>();
+  const float* __restrict in = src.data_ptr<float>();
+  float* __restrict o = out.data_ptr<float>();
   for (int64_t ch = 0; ch < c; ++ch) {
     // (x - mean) / std in float32, as torchvision's sub_ then div_.
     const auto m = static_cast<float>(mean_[mean_.size() == 1 ? 0 : ch]);
     const auto s = static_cast<float>(std_[std_.size() == 1 ? 0 : ch]);
     for (int64_t i = 0; i < plane; ++i) o[ch * plane + i] = (in[ch * plane + i] - m) / s;
+  }
+  return out;
+}
+
+Tensor Normalize::from_uint8(const Tensor& image) const {
+  KILN_CHECK(image.dtype() == DType::UInt8 && image.dim() == 3, "ToTensor + Normalize: expected a uint8 (H, W, C) ",
+             "image, got ", image.dtype(), " ", image.shape());
+  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
+  const int64_t h = src.shape()[0], w = src.shape()[1], c = src.shape()[2];
+  KILN_CHECK(static_cast<int64_t>(mean_.size()) == c || mean_.size() == 1, "Normalize: ", mean_.size(),
+             " mean/std values for an image of ", c, " channels");
+  // Per channel, every uint8 value's result, computed as the two steps would: (float(v) / 255 - mean) / std.
+  std::vector<float> lut(static_cast<size_t>(c) * 256);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const auto m = static_cast<float>(mean_[mean_.size() == 1 ? 0 : ch]);
+    const auto s = static_cast<float>(std_[std_.size() == 1 ? 0 : ch]);
+    for (int v = 0; v < 256; ++v) lut[ch * 256 + v] = (static_cast<float>(v) / 255.0f - m) / s;
+  }
+  Tensor out = ops::empty({c, h, w}, {.dtype = DType::Float32});
+  const uint8_t* __restrict in = src.data_ptr<uint8_t>();
+  float* __restrict o = out.data_ptr<float>();
+  const float* __restrict l = lut.data();
+  const int64_t plane = h * w;
+  if (c == 3) {
+    for (int64_t i = 0; i < plane; ++i) {
+      o[i] = l[in[3 * i]], o[plane + i] = l[256 + in[3 * i + 1]], o[2 * plane + i] = l[512 + in[3 * i + 2]];
+    }
+  } else {
+    for (int64_t i = 0; i < plane; ++i)
+      for (int64_t ch = 0; ch < c; ++ch) o[ch * plane + i] = l[ch * 256 + in[i * c + ch]];
   }
   return out;
 }

@@ -48,6 +48,7 @@ class Transform {
 };
 
 // Steps in order; step i draws from rng.fork(i), so each step's random numbers do not depend on the others'.
+// ToTensor directly followed by Normalize runs as one pass (Normalize::from_uint8).
 class Compose {
  public:
   Compose() = default;
@@ -70,6 +71,7 @@ class Compose {
 
  private:
   std::vector<std::shared_ptr<const Transform>> steps_;
+  Tensor run_from(Tensor image, size_t first, SampleRng& rng) const;
 };
 
 // Any function of (image, rng) as a step.
@@ -97,6 +99,8 @@ class Normalize : public Transform {
   Normalize(std::vector<double> mean, std::vector<double> std);
   Tensor operator()(Tensor image, SampleRng& rng) const override;
   std::string name() const override;
+  // ToTensor then this, in one pass over a uint8 (H, W, C) image (the same float32 values). Compose uses it.
+  Tensor from_uint8(const Tensor& image) const;
 
  private:
   std::vector<double> mean_, std_;

@@ -73,7 +73,18 @@ Tensor flip_as(const Tensor& src, const Layout& l) {
   for (int64_t r = 0; r < l.planes * l.h; ++r) {
     const T* srow = in + r * l.w * l.px;
     T* row = o + r * l.w * l.px;
-    for (int64_t x = 0; x < l.w; ++x) std::copy(srow + x * l.px, srow + (x + 1) * l.px, row + (l.w - 1 - x) * l.px);
+    if (l.px == 1) {
+      std::reverse_copy(srow, srow + l.w, row);
+    } else if (l.px == 3) {
+      for (int64_t x = 0; x < l.w; ++x) {
+        const T* s = srow + x * 3;
+        T* d = row + (l.w - 1 - x) * 3;
+        d[0] = s[0], d[1] = s[1], d[2] = s[2];
+      }
+    } else {
+      for (int64_t x = 0; x < l.w; ++x)
+        for (int64_t c = 0; c < l.px; ++c) row[(l.w - 1 - x) * l.px + c] = srow[x * l.px + c];
+    }
   }
   return out;
 }

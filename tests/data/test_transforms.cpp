@@ -102,6 +102,12 @@ TEST(TransformsBasic, ToTensorAndNormalize) {
   Tensor n = T::Normalize({0.5, 0.0, 1.0}, {0.5, 2.0, 0.25})(x, rng);
   expect_values(n, {3, 1, 2}, {-1, (1 / 255.0 - 0.5) / 0.5, 51 / 255.0 / 2, 1 / 255.0, 0, (3 / 255.0 - 1) / 0.25}, 1e-6,
                 1e-7);
+  // ToTensor + Normalize in one pass (as Compose runs them): the same float32 values.
+  T::Normalize norm({0.485, 0.456, 0.406}, {0.229, 0.224, 0.225});
+  Tensor img = u8(random_image(9, 7, 3, 4), {9, 7, 3});
+  EXPECT_EQ(norm.from_uint8(img).to_vector<float>(), norm(T::ToTensor()(img, rng), rng).to_vector<float>());
+  EXPECT_EQ(T::Compose(T::ToTensor(), norm)(img, rng).to_vector<float>(),
+            norm(T::ToTensor()(img, rng), rng).to_vector<float>());
   expect_error([&] { T::Normalize({0.5}, {0.5})(u8({1, 2, 3}, {1, 1, 3}), rng); }, {"Normalize", "ToTensor"});
   expect_error([&] { T::Normalize({0.5, 0.5}, {0.5, 0.5})(x, rng); }, {"Normalize", "3 channels"});
   expect_error([&] { T::Normalize({0.5}, {0.0}); }, {"std", "positive"});
@@ -110,7 +116,8 @@ TEST(TransformsBasic, ToTensorAndNormalize) {
 TEST(TransformsBasic, HorizontalFlip) {
   SampleRng rng(0, 0, 0);
   Tensor img = u8({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {2, 2, 3});
-  EXPECT_EQ(pixels(T::RandomHorizontalFlip(1.0)(img, rng)), (std::vector<uint8_t>{4, 5, 6, 1, 2, 3, 10, 11, 12, 7, 8, 9}));
+  EXPECT_EQ(pixels(T::RandomHorizontalFlip(1.0)(img, rng)),
+            (std::vector<uint8_t>{4, 5, 6, 1, 2, 3, 10, 11, 12, 7, 8, 9}));
   EXPECT_EQ(pixels(T::RandomHorizontalFlip(0.0)(img, rng)), pixels(img));
   Tensor chw = make({1, 2, 3, 4, 5, 6}, {1, 2, 3});
   expect_values(T::RandomHorizontalFlip(1.0)(chw, rng), {1, 2, 3}, {3, 2, 1, 6, 5, 4});
@@ -208,7 +215,7 @@ TEST(TransformsRandomResizedCrop, BoxInvariantsAndDeterminism) {
     EXPECT_LE(frac, 1.0);
     EXPECT_GE(ratio, 0.75 * 0.9);
     EXPECT_LE(ratio, 4.0 / 3 * 1.1);
-    small += frac < 0.2, large += frac > 0.6;
+    small += frac<0.2, large += frac> 0.6;
     corners.insert({box.top, box.left});
   }
   EXPECT_GT(small, 200);  // the scales spread over the range
@@ -238,7 +245,8 @@ TEST(TransformsRandomResizedCrop, OutputIsResizeOfTheChosenCrop) {
   for (int64_t i = 0; i < 20; ++i) {
     SampleRng a(5, 0, i), b(5, 0, i);
     data::Box box = t.sample_box({45, 60}, a);
-    Tensor crop = t_img.narrow(0, int64_t(box.top), int64_t(box.height)).narrow(1, int64_t(box.left), int64_t(box.width));
+    Tensor crop =
+        t_img.narrow(0, int64_t(box.top), int64_t(box.height)).narrow(1, int64_t(box.left), int64_t(box.width));
     Tensor out = t(t_img, b);
     EXPECT_EQ(out.shape(), (Shape{16, 12, 3}));
     EXPECT_EQ(pixels(out), pixels(data::resize_image(crop.contiguous(), 16, 12)));
