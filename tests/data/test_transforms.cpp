@@ -307,13 +307,14 @@ TEST(TransformsGolden, MatchesTorchvision) {
     ASSERT_EQ(out.shape(), expect.shape());
     expect_within(pixels(out), pixels(expect), tolerance);
   };
-  check(data::resize_image(input, 16, 20), "resize_16x20", 1);
-  check(data::resize_image(input, 64, 90), "resize_64x90", 1);
-  check(data::resize_image(input, 50, 30), "resize_50x30", 1);
-  check(data::resize_image(input, 37, 26), "resize_37x26", 1);
-  check(data::resize_image(input, 5, 7), "resize_5x7", 1);
-  check(T::Resize(24)(input, rng), "resize_short_24", 1);
-  check(data::resize_image(input, 12, 18, data::Box{5, 7, 25, 30}), "resized_crop_5_7_25_30_12x18", 1);
+  // torch's uint8 kernel rounds its weights to 16 bits, kiln (as PIL) to 22: a level or two apart at most.
+  check(data::resize_image(input, 16, 20), "resize_16x20", 2);
+  check(data::resize_image(input, 64, 90), "resize_64x90", 2);
+  check(data::resize_image(input, 50, 30), "resize_50x30", 2);
+  check(data::resize_image(input, 37, 26), "resize_37x26", 2);
+  check(data::resize_image(input, 5, 7), "resize_5x7", 2);
+  check(T::Resize(24)(input, rng), "resize_short_24", 2);
+  check(data::resize_image(input, 12, 18, data::Box{5, 7, 25, 30}), "resized_crop_5_7_25_30_12x18", 2);
   check(T::CenterCrop(data::ImageSize{20, 30})(input, rng), "center_crop_20x30", 0);
   check(T::CenterCrop(data::ImageSize{40, 56})(input, rng), "center_crop_40x56", 0);
   Tensor n = T::Normalize(T::kImageNetMean, T::kImageNetStd)(T::ToTensor()(input, rng), rng);
