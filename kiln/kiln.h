@@ -17,11 +17,14 @@
 #include "kiln/data/dataset.h"          // data::Dataset, data::Example, data::Batch, data::SampleRng
 #include "kiln/data/datasets.h"         // data::MNIST, data::CIFAR10/100, data::HDF5Dataset, data::SyntheticDataset
 #include "kiln/data/distributed_env.h"  // data::distributed_env: rank, world size, local rank from the launcher
+#include "kiln/data/image.h"            // data::read_image, data::decode_image, data::image_size (JPEG, PNG)
+#include "kiln/data/image_folder.h"     // data::ImageFolder: root/<class>/<images>, as torchvision
+#include "kiln/data/image_resize.h"     // data::resize_image: antialiased bilinear, uint8 (H, W, C)
 #include "kiln/data/sampler.h"  // data::SequentialSampler, RandomSampler, WeightedRandomSampler, DistributedSampler
 #include "kiln/data/text/mlm_dataset.h"    // data::MaskedLMDataset: BERT masked-LM samples from text files
 #include "kiln/data/text/vocab_builder.h"  // data::build_wordpiece_vocab: a WordPiece vocabulary from text
 #include "kiln/data/text/wordpiece.h"      // data::WordPieceTokenizer, data::BasicTokenizer (BERT vocab.txt)
-#include "kiln/layers/attention.h"         // nn::scaled_dot_product_attention, nn::MultiheadAttention
+#include "kiln/data/transforms.h"          // data::transforms::Compose, RandomResizedCrop, Normalize, presets, ...
 #include "kiln/layers/attention.h"         // nn::scaled_dot_product_attention, nn::MultiheadAttention
 #include "kiln/layers/containers.h"        // nn::Sequential, nn::ModuleList, nn::ModuleDict
 #include "kiln/layers/conv.h"              // nn::conv2d, nn::Conv2d

@@ -64,7 +64,7 @@ int64_t Batch::batch_size() const { return empty() ? 0 : (*this)[size_t{0}].dim(
 Batch Batch::to(Device device, bool non_blocking) const {
   Batch out;
   out.indices = indices;
-  for (size_t i = 0; i < size(); ++i) out.add(names()[i], (*this)[i].to(device, non_blocking));
+  for (size_t i = 0; i < size(); ++i) out.add(names()[i], ops::to((*this)[i], device, {}, non_blocking));
   return out;
 }
 
@@ -73,7 +73,7 @@ Batch Batch::pin_memory() const {
   out.indices = indices;
   for (size_t i = 0; i < size(); ++i) {
     const Tensor& t = (*this)[i];
-    out.add(names()[i], cuda::is_available() && t.is_cpu() ? t.pin_memory() : t);
+    out.add(names()[i], cuda::is_available() && t.is_cpu() ? ops::pin_memory(t) : t);
   }
   return out;
 }

@@ -345,7 +345,7 @@ void write_hdf5_arrays(const std::filesystem::path& path, const std::vector<std:
   std::vector<Tensor> hosts;  // contiguous host copies, made before taking the HDF5 lock
   for (const auto& [name, t] : arrays) {
     KILN_CHECK(t.defined(), "write_hdf5_arrays(", file, "): the tensor for '", name, "' is undefined");
-    hosts.push_back(t.to(Device::cpu()).contiguous());
+    hosts.push_back(ops::contiguous(ops::to(t, Device::cpu())));
   }
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   QuietErrors quiet;

@@ -1,0 +1,87 @@
+// kiln/data/image.h — decoding JPEG (libjpeg-turbo) and PNG (libpng) files into uint8 (H, W, 3) RGB tensors.
+//
+//   Tensor img = data::read_image("cat.jpg");                // (H, W, 3) uint8, HWC contiguous
+//   data::ImageSize s = data::image_size("cat.jpg");         // header only: {height, width}
+//   Tensor img2 = data::decode_image(bytes, "cat.jpg");      // from memory; the name is for messages
+//
+//   // Decode only what a crop needs (JPEG): rows/columns of the box, at a reduced DCT scale when allowed.
+//   data::DecodePlan plan{.box = {.top = 40, .left = 60, .height = 200, .width = 300}, .out_height = 224,
+//                         .out_width = 224, .dct_scaling = true};
+//   data::DecodedRegion r = data::decode_image_region(bytes, "cat.jpg", plan);
+//   // r.image covers at least the box; r.box is the box in r.image's pixels (fractional when scaled).
+//
+// Every image comes out as RGB: grayscale is replicated, CMYK/YCCK JPEGs converted, PNG palettes expanded,
+// 16-bit PNG channels scaled to 8 bits, alpha dropped (as PIL's convert("RGB") and torchvision's
+// ImageReadMode.RGB). Bad files (empty, truncated, garbage, unsupported) throw kiln::Error naming the file.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::data {
+
+struct ImageSize {
+  int64_t height = 0;
+  int64_t width = 0;
+  bool operator==(const ImageSize&) const = default;
+};
+
+// A box in pixels of an image; fractional coordinates are allowed where a box is scaled.
+struct Box {
+  double top = 0;
+  double left = 0;
+  double height = 0;
+  double width = 0;
+};
+
+// What a transform wants decoded: the source pixels of `box` (in full-resolution coordinates), to be resized
+// to (out_height, out_width). With dct_scaling, a JPEG is decoded at the smallest libjpeg scale k/8
+// (k = 1..8) that still gives at least out_height x out_width pixels over the box: much faster for large
+// photos, and pixel values differ slightly from a full decode + resize (as with torchvision's and DALI's
+// fast paths). Without it the pixels are those of a full decode (exactly, except that with 4:2:0 chroma,
+// skipping into the middle of a 16-row band may move a few pixels of the box's first row by one level).
+struct DecodePlan {
+  Box box;
+  int64_t out_height = 0;
+  int64_t out_width = 0;
+  bool dct_scaling = false;
+};
+
+// The decoded part of an image for a plan: `image` (h, w, 3) uint8 holds at least the plan's box, which is
+// `box` in image's pixel coordinates (scaled by `scale` = k/8 of the source, offset by the rows/columns
+// that were not decoded).
+struct DecodedRegion {
+  Tensor image;
+  Box box;
+  double scale = 1.0;
+};
+
+enum class ImageFormat { Jpeg, Png, Unknown };
+
+// The format from the magic number (not the file name).
+ImageFormat image_format(std::span<const uint8_t> bytes);
+
+// The whole file's bytes (a clear error when it cannot be read).
+std::vector<uint8_t> read_file_bytes(const std::string& path);
+
+Tensor read_image(const std::string& path);
+Tensor decode_image(std::span<const uint8_t> bytes, const std::string& name);
+DecodedRegion decode_image_region(std::span<const uint8_t> bytes, const std::string& name, const DecodePlan& plan);
+
+// Height and width from the header alone (reads the first few KB; validates the magic number and header).
+ImageSize image_size(const std::string& path);
+ImageSize image_size(std::span<const uint8_t> bytes, const std::string& name);
+
+// The per-format decoders (image_jpeg.cpp, image_png.cpp); decode_image dispatches on the magic number.
+namespace detail {
+DecodedRegion decode_jpeg(std::span<const uint8_t> bytes, const std::string& name, const DecodePlan* plan);
+ImageSize jpeg_size(std::span<const uint8_t> bytes, const std::string& name);
+Tensor decode_png(std::span<const uint8_t> bytes, const std::string& name);
+ImageSize png_size(std::span<const uint8_t> bytes, const std::string& name);
+}  // namespace detail
+
+}  // namespace kiln::data

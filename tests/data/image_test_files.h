@@ -1,0 +1,50 @@
+// tests/data/image_test_files.h — small JPEG and PNG files written by the tests themselves (libjpeg, libpng),
+// and a temporary folder that removes itself.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace kiln::testing {
+
+// A fresh folder under the system temp dir, removed with everything in it at the end of the scope.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::string file(const std::string& relative) const { return (path_ / relative).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);  // creates parent folders
+
+struct JpegOptions {
+  int quality = 100;
+  bool subsample = false;  // 4:2:0 chroma instead of 4:4:4
+  bool progressive = false;
+  int extra_app_bytes = 0;  // APP15 segments of this many bytes in total before the frame header
+};
+// pixels: (h, w, channels) row-major; channels 1 (grayscale JPEG), 3 (RGB -> YCbCr) or 4 (CMYK, stored as is).
+std::vector<uint8_t> encode_jpeg(const std::vector<uint8_t>& pixels, int h, int w, int channels, JpegOptions o = {});
+
+struct PngOptions {
+  int color_type = 2;  // PNG color type: 0 gray, 2 RGB, 3 palette, 4 gray+alpha, 6 RGBA
+  int bit_depth = 8;   // 1, 2, 4, 8 or 16
+  bool interlace = false;
+  std::vector<uint8_t> palette;  // RGB triples, for color type 3
+};
+// samples: one value per sample in row-major order (16-bit values as uint16 in `samples16`).
+std::vector<uint8_t> encode_png(const std::vector<uint16_t>& samples, int h, int w, PngOptions o);
+
+// A smooth (h, w, 3) color image (JPEG-friendly), and a random one.
+std::vector<uint8_t> smooth_image(int h, int w, int seed = 0);
+std::vector<uint8_t> random_image(int h, int w, int channels, uint64_t seed = 1);
+
+}  // namespace kiln::testing
