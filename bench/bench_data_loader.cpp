@@ -1,0 +1,102 @@
+// bench/bench_data_loader.cpp — the whole input pipeline: ImageFolder + imagenet_train(224) through the
+// DataLoader with 1..16 worker threads, batches collated into pinned memory and delivered to the GPU when
+// there is one (on the CPU otherwise). bench/pytorch_data_loader.py runs the same through torchvision's
+// ImageFolder and torch.utils.data.DataLoader.
+//
+//   python3 bench/make_photos.py /tmp/photos --count 2400
+//   ./build/bench/bench_data_loader /tmp/photos [--batch 64] [--workers 1,2,4,8,16] [--seconds 4]
+//
+// For each worker count it runs whole epochs (shuffled, drop_last) until --seconds have passed, after one
+// untimed epoch, and prints one JSON line: images/s delivered (the clock stops when the last batch is on the
+// device), and the share of the time the consumer waited for data. The files come from the page cache
+// after the first epoch: this measures decoding and augmentation, not the disk.
+#include <kiln/kiln.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kiln/tensor/cuda.h"
+
+namespace {
+
+std::vector<int> parse_list(const std::string& text) {
+  std::vector<int> v;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoi(item));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kiln;
+  std::string folder = std::getenv("KILN_BENCH_IMAGES") ? std::getenv("KILN_BENCH_IMAGES") : "";
+  int64_t batch = 64;
+  double seconds = 4;
+  std::vector<int> workers = {1, 2, 4, 8, 16};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--batch" && i + 1 < argc) {
+      batch = std::stoll(argv[++i]);
+    } else if (a == "--workers" && i + 1 < argc) {
+      workers = parse_list(argv[++i]);
+    } else if (a == "--seconds" && i + 1 < argc) {
+      seconds = std::stod(argv[++i]);
+    } else if (a == "--help" || a == "-h") {
+      std::printf("usage: bench_data_loader FOLDER [--batch 64] [--workers 1,2,4,8,16] [--seconds 4]\n");
+      return 0;
+    } else {
+      folder = a;
+    }
+  }
+  if (folder.empty()) {
+    std::fprintf(stderr, "bench_data_loader: give a folder of JPEGs in ImageFolder layout (bench/make_photos.py)\n");
+    return 2;
+  }
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const bool gpu = cuda::is_available();
+  const Device dev = gpu ? Device::cuda(0) : Device::cpu();
+  auto dataset = std::make_shared<data::ImageFolder>(folder, data::transforms::imagenet_train(224));
+  for (int w : workers) {
+    if (w > static_cast<int>(cores)) continue;
+    data::DataLoader loader(dataset, {.batch_size = batch,
+                                      .workers = w,
+                                      .shuffle = true,
+                                      .drop_last = true,
+                                      .pin_memory = gpu,
+                                      .device = dev});
+    auto run_epoch = [&](uint64_t e) {
+      int64_t images = 0;
+      for (data::Batch& b : loader.epoch(e)) images += b.batch_size();
+      return images;
+    };
+    run_epoch(0);  // warm-up: page cache, allocators
+    if (gpu) cuda::synchronize();
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    int64_t images = 0;
+    double wait = 0;
+    uint64_t e = 1;
+    double elapsed = 0;
+    while (elapsed < seconds || e < 3) {
+      images += run_epoch(e++);
+      wait += loader.stats().total_wait_s;
+      if (gpu) cuda::synchronize();
+      elapsed = std::chrono::duration<double>(clock::now() - start).count();
+    }
+    std::printf(
+        "{\"bench\": \"data_loader\", \"impl\": \"kiln\", \"workers\": %d, \"batch\": %lld, \"device\": \"%s\", "
+        "\"images\": %lld, \"seconds\": %.3f, \"images_per_s\": %.1f, \"per_worker\": %.1f, \"wait_share\": %.3f}\n",
+        w, static_cast<long long>(batch), gpu ? "cuda" : "cpu", static_cast<long long>(images), elapsed,
+        images / elapsed, images / elapsed / w, wait / elapsed);
+    std::fflush(stdout);
+  }
+  return 0;
+}
