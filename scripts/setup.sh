@@ -53,7 +53,7 @@ jobs="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # with tools installed another way (CMake from pip or Kitware, say) is not sent to apt for them.
 # Required to build and test; the optional ones only speed up or tidy (ccache, clang-format, git).
 required=(cmake ninja-build g++ make pkg-config libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin
-          libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev)
+          libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev nlohmann-json3-dev)
 optional=(ccache clang-format git)
 
 cmake_is_recent() {
@@ -82,6 +82,7 @@ probe() {
     libjpeg-dev) have_file /usr/include/jpeglib.h /usr/include/x86_64-linux-gnu/jpeglib.h /usr/local/include/jpeglib.h ;;
     libpng-dev) have_file /usr/include/png.h /usr/local/include/png.h ;;
     zlib1g-dev) have_file /usr/include/zlib.h /usr/local/include/zlib.h ;;
+    nlohmann-json3-dev) have_file /usr/include/nlohmann/json.hpp /usr/local/include/nlohmann/json.hpp ;;
     openmpi-bin) command -v mpirun >/dev/null ;;
     libgtest-dev | googletest)
       compgen -G '/usr/lib/*/cmake/GTest/GTestConfig.cmake' >/dev/null ||
