@@ -1,47 +1,19 @@
-// tests/data/format_files.h — what the dataset-format tests share: a temp folder removed afterwards, and
-// writing bytes (plain or gzip, through zlib's own gzwrite) in the formats' real layouts.
+// tests/data/format_files.h — what the dataset-format tests share beyond support/temp_folder.h: gzip files
+// written through zlib's own gzwrite, reading a file back, and big-endian IDX header fields.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <zlib.h>
 
-#include <unistd.h>  // getpid
-
-#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "support/temp_folder.h"
+
 namespace kiln::testing {
-
-class TempFolder {
- public:
-  TempFolder() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::path(::testing::TempDir()) /
-            ("kiln_formats_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempFolder() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  std::filesystem::path path_;
-};
-
-inline void write_bytes(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
-  std::filesystem::create_directories(path.parent_path());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << "cannot write " << path;
-}
 
 inline void write_gzip(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
   std::filesystem::create_directories(path.parent_path());

@@ -1,5 +1,5 @@
-// tests/data/image_test_files.h — small JPEG and PNG files written by the tests themselves (libjpeg, libpng),
-// and a temporary folder that removes itself.
+// tests/data/image_test_files.h — small JPEG and PNG files written by the tests themselves (libjpeg, libpng);
+// they go to disk through support/temp_folder.h (TempFolder, write_bytes).
 #pragma once
 
 #include <cstdint>
@@ -7,23 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "support/temp_folder.h"
+
 namespace kiln::testing {
-
-// A fresh folder under the system temp dir, removed with everything in it at the end of the scope.
-class TempDir {
- public:
-  explicit TempDir(const std::string& name);
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::string file(const std::string& relative) const { return (path_ / relative).string(); }
-
- private:
-  std::filesystem::path path_;
-};
-
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);  // creates parent folders
 
 struct JpegOptions {
   int quality = 100;

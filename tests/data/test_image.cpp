@@ -32,7 +32,7 @@ std::pair<int, double> diff(const std::vector<uint8_t>& a, const std::vector<uin
 std::vector<uint16_t> widen(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
 TEST(ImagePng, RgbIsExact) {
-  TempDir dir("png_rgb");
+  TempFolder dir;
   auto img = random_image(7, 5, 3);
   write_bytes(dir.file("a.png"), encode_png(widen(img), 7, 5, {}));
   Tensor t = data::read_image(dir.file("a.png"));
@@ -43,7 +43,7 @@ TEST(ImagePng, RgbIsExact) {
 }
 
 TEST(ImagePng, GrayAlphaPaletteAndInterlacedBecomeRgb) {
-  TempDir dir("png_kinds");
+  TempFolder dir;
   const int h = 9, w = 11;
   auto gray = random_image(h, w, 1, 2);
   auto expect_gray = std::vector<uint8_t>();
@@ -91,7 +91,7 @@ TEST(ImagePng, GrayAlphaPaletteAndInterlacedBecomeRgb) {
 }
 
 TEST(ImageJpeg, PlainGrayIsExactAndColorsAreClose) {
-  TempDir dir("jpeg_plain");
+  TempFolder dir;
   const int h = 24, w = 40;
   std::vector<uint8_t> plain(h * w * 3, 77);
   write_bytes(dir.file("plain.jpg"), encode_jpeg(plain, h, w, 3));
@@ -120,7 +120,7 @@ TEST(ImageJpeg, PlainGrayIsExactAndColorsAreClose) {
 }
 
 TEST(ImageJpeg, SizeBehindLargeHeaderSegments) {
-  TempDir dir("jpeg_app");
+  TempFolder dir;
   auto img = smooth_image(10, 13);
   write_bytes(dir.file("big_header.jpg"), encode_jpeg(img, 10, 13, 3, {.extra_app_bytes = 150000}));
   EXPECT_EQ(data::image_size(dir.file("big_header.jpg")), (data::ImageSize{10, 13}));
@@ -143,7 +143,8 @@ TEST(ImageJpeg, RegionDecodeMatchesFullDecode) {
         ASSERT_EQ(r.image.shape(), (Shape{int64_t(box.height), int64_t(box.width), 3}));
         EXPECT_EQ(r.box.top, 0);
         EXPECT_EQ(r.box.left, 0);
-        Tensor expect = full.narrow(0, int64_t(box.top), int64_t(box.height)).narrow(1, int64_t(box.left), int64_t(box.width));
+        Tensor expect =
+            full.narrow(0, int64_t(box.top), int64_t(box.height)).narrow(1, int64_t(box.left), int64_t(box.width));
         auto [worst, mean] = diff(pixels(r.image), pixels(expect));
         // Exact, except that skipping part of a 4:2:0 iMCU row may move a pixel of the first rows by one level.
         EXPECT_LE(worst, subsample ? 1 : 0) << "mean " << mean;
@@ -163,8 +164,8 @@ TEST(ImageJpeg, DctScaledRegionIsCloseToFullDecodeAndResize) {
     int64_t out;
     double scale;
   };
-  for (Case c : {Case{{16, 40, 200, 200}, 50, 0.25}, Case{{0, 0, 256, 320}, 32, 0.125}, Case{{10, 10, 100, 100}, 90, 1.0},
-                 Case{{33, 51, 160, 240}, 60, 3.0 / 8}}) {
+  for (Case c : {Case{{16, 40, 200, 200}, 50, 0.25}, Case{{0, 0, 256, 320}, 32, 0.125},
+                 Case{{10, 10, 100, 100}, 90, 1.0}, Case{{33, 51, 160, 240}, 60, 3.0 / 8}}) {
     DecodePlan plan{.box = c.box, .out_height = c.out, .out_width = c.out, .dct_scaling = true};
     data::DecodedRegion r = data::decode_image_region(bytes, "mem.jpg", plan);
     EXPECT_EQ(r.scale, c.scale);
@@ -181,7 +182,7 @@ TEST(ImageJpeg, DctScaledRegionIsCloseToFullDecodeAndResize) {
 }
 
 TEST(ImageErrors, BadFilesNameTheFile) {
-  TempDir dir("bad_images");
+  TempFolder dir;
   auto jpeg = encode_jpeg(smooth_image(64, 64), 64, 64, 3, {.quality = 90});
   auto png = encode_png(widen(random_image(16, 16, 3)), 16, 16, {});
   write_bytes(dir.file("empty.jpg"), {});

@@ -1,15 +1,13 @@
 // tests/data/test_image_files.cpp — the test JPEG/PNG writers of image_test_files.h.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <stdexcept>
-#include <algorithm>
-#include <unistd.h>
 
 #include "image_test_files.h"
 
@@ -17,26 +15,6 @@
 #include <png.h>
 
 namespace kiln::testing {
-
-TempDir::TempDir(const std::string& name) {
-  static int counter = 0;
-  path_ = std::filesystem::temp_directory_path() /
-          ("kiln_test_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  std::filesystem::remove_all(path_);
-  std::filesystem::create_directories(path_);
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!f.good()) throw std::runtime_error("cannot write " + path);
-}
 
 std::vector<uint8_t> encode_jpeg(const std::vector<uint8_t>& pixels, int h, int w, int channels, JpegOptions o) {
   jpeg_compress_struct c;
@@ -95,7 +73,8 @@ std::vector<uint8_t> encode_png(const std::vector<uint16_t>& samples, int h, int
                o.interlace ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
                PNG_FILTER_TYPE_DEFAULT);
   std::vector<png_color> palette;
-  for (size_t i = 0; i + 2 < o.palette.size(); i += 3) palette.push_back({o.palette[i], o.palette[i + 1], o.palette[i + 2]});
+  for (size_t i = 0; i + 2 < o.palette.size(); i += 3)
+    palette.push_back({o.palette[i], o.palette[i + 1], o.palette[i + 2]});
   if (o.color_type == 3) png_set_PLTE(png, info, palette.data(), static_cast<int>(palette.size()));
   png_write_info(png, info);
   // Pack each row: sub-byte depths MSB first, 16-bit big-endian.

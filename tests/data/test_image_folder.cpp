@@ -27,7 +27,7 @@ std::vector<uint8_t> tiny_jpeg(int h = 40, int w = 48) { return encode_jpeg(smoo
 //   a_class/x.jpeg, a_class/y.PNG, a_class/notes.txt
 //   b_class/img2.png, b_class/a.JPG, b_class/sub/zz.jpg, b_class/sub/deep/d.png, b_class/sub-2/a.png
 //   readme.txt                       (a file at the root: not a class)
-void make_tree(const TempDir& dir) {
+void make_tree(const TempFolder& dir) {
   write_bytes(dir.file("C_upper/q.png"), tiny_png(1));
   write_bytes(dir.file("a_class/x.jpeg"), tiny_jpeg());
   write_bytes(dir.file("a_class/y.PNG"), tiny_png(2));
@@ -41,7 +41,7 @@ void make_tree(const TempDir& dir) {
 }
 
 TEST(ImageFolder, ClassesAndSamplesInTorchvisionOrder) {
-  TempDir dir("folder_order");
+  TempFolder dir;
   make_tree(dir);
   data::ImageFolder ds(dir.path().string());
   EXPECT_EQ(ds.classes(), (std::vector<std::string>{"C_upper", "a_class", "b_class"}));
@@ -73,7 +73,7 @@ TEST(ImageFolder, ClassesAndSamplesInTorchvisionOrder) {
 }
 
 TEST(ImageFolder, TransformsApply) {
-  TempDir dir("folder_transforms");
+  TempFolder dir;
   make_tree(dir);
   data::ImageFolder train(dir.path().string(), T::imagenet_train(16));
   for (int64_t i = 0; i < train.size(); ++i) {
@@ -89,7 +89,7 @@ TEST(ImageFolder, TransformsApply) {
 }
 
 TEST(ImageFolder, BadTreesNameTheFolder) {
-  TempDir dir("folder_bad");
+  TempFolder dir;
   expect_error([&] { data::ImageFolder(dir.file("missing")); }, {"missing", "does not exist"});
   std::filesystem::create_directories(dir.file("empty"));
   expect_error([&] { data::ImageFolder(dir.file("empty")); }, {"empty", "no class folders"});
@@ -103,7 +103,7 @@ TEST(ImageFolder, BadTreesNameTheFolder) {
 }
 
 TEST(ImageFolder, BadFilesErrorOrAreSkipped) {
-  TempDir dir("folder_bad_files");
+  TempFolder dir;
   make_tree(dir);
   write_bytes(dir.file("a_class/garbage.jpg"), {'n', 'o', 't', ' ', 'a', 'n', ' ', 'i', 'm', 'a', 'g', 'e'});
   write_bytes(dir.file("a_class/empty.png"), {});

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "data/text_test_util.h"
 #include "kiln/data/text/mlm_dataset.h"
+#include "support/temp_folder.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {

@@ -5,10 +5,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "data/text_test_util.h"
 #include "kiln/data/text/vocab_builder.h"
 #include "kiln/data/text/wordpiece.h"
 #include "support/golden.h"
+#include "support/temp_folder.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
