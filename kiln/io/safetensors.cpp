@@ -133,7 +133,8 @@ Tensor SafetensorsFile::read(const std::string& name) const {
   Fd fd = open_for_reading(path_);
   Tensor t = empty_for(e);
   read_at(fd, t.data_ptr(), e.end - e.begin, data_start_ + e.begin, path_);
-  if (e.dtype == DType::Bool) detail::check_safetensors_bools(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes(), e, path_);
+  if (e.dtype == DType::Bool)
+    detail::check_safetensors_bools(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes(), e, path_);
   return t;
 }
 
@@ -144,7 +145,8 @@ NamedTensors SafetensorsFile::read_all() const {
   for (const auto& e : entries_) {
     Tensor t = empty_for(e);
     read_at(fd, t.data_ptr(), e.end - e.begin, data_start_ + e.begin, path_);
-    if (e.dtype == DType::Bool) detail::check_safetensors_bools(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes(), e, path_);
+    if (e.dtype == DType::Bool)
+      detail::check_safetensors_bools(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes(), e, path_);
     out.emplace_back(e.name, std::move(t));
   }
   return out;
@@ -158,7 +160,8 @@ NamedTensors load_safetensors(const uint8_t* data, size_t size, const std::strin
   for (const auto& e : header.entries) {
     Tensor t = empty_for(e);
     if (e.end > e.begin) std::memcpy(t.data_ptr(), data + header.data_start + e.begin, e.end - e.begin);
-    if (e.dtype == DType::Bool) detail::check_safetensors_bools(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes(), e, name);
+    if (e.dtype == DType::Bool)
+      detail::check_safetensors_bools(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes(), e, name);
     out.emplace_back(e.name, std::move(t));
   }
   return out;

@@ -29,9 +29,9 @@ constexpr DTypeName kKnownDTypes[] = {
     {"F64", DType::Float64}, {"F32", DType::Float32}, {"F16", DType::Float16}, {"BF16", DType::BFloat16},
     {"I64", DType::Int64},   {"I32", DType::Int32},   {"U8", DType::UInt8},    {"BOOL", DType::Bool},
 };
-constexpr std::string_view kUnheldDTypes[] = {"I8",      "I16",      "U16",      "U32",      "U64",
-                                              "F8_E4M3", "F8_E5M2",  "F8_E8M0",  "F6_E2M3",  "F6_E3M2",
-                                              "F4",      "C64",      "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
+constexpr std::string_view kUnheldDTypes[] = {"I8",      "I16",     "U16",         "U32",        "U64",
+                                              "F8_E4M3", "F8_E5M2", "F8_E8M0",     "F6_E2M3",    "F6_E3M2",
+                                              "F4",      "C64",     "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
@@ -51,8 +51,8 @@ DType parse_dtype(const std::string& text, const std::string& tensor, const std:
 uint64_t parse_count(const Json& v, uint64_t limit, const std::string& what, const std::string& name) {
   KILN_CHECK(!(v.is_number_integer() && !v.is_number_unsigned()), "safetensors file '", name, "': ", what,
              " is negative (", v.dump(), ")");
-  KILN_CHECK(v.is_number_unsigned(), "safetensors file '", name, "': ", what,
-             " must be a non-negative integer, got ", v.dump());
+  KILN_CHECK(v.is_number_unsigned(), "safetensors file '", name, "': ", what, " must be a non-negative integer, got ",
+             v.dump());
   const uint64_t n = v.get<uint64_t>();
   KILN_CHECK(n <= limit, "safetensors file '", name, "': ", what, " is too large (", n, ")");
   return n;
@@ -109,12 +109,12 @@ SafetensorsEntry parse_entry(const std::string& tensor, const Json& v, uint64_t 
 }
 
 std::map<std::string, std::string> parse_metadata(const Json& v, const std::string& name) {
-  KILN_CHECK(v.is_object(), "safetensors file '", name,
-             "': __metadata__ must be a JSON object of strings, got ", v.type_name());
+  KILN_CHECK(v.is_object(), "safetensors file '", name, "': __metadata__ must be a JSON object of strings, got ",
+             v.type_name());
   std::map<std::string, std::string> metadata;
   for (const auto& [key, value] : v.items()) {
-    KILN_CHECK(value.is_string(), "safetensors file '", name, "': __metadata__['", key,
-               "'] must be a string, got ", value.type_name());
+    KILN_CHECK(value.is_string(), "safetensors file '", name, "': __metadata__['", key, "'] must be a string, got ",
+               value.type_name());
     metadata[key] = value.get<std::string>();
   }
   return metadata;
@@ -190,8 +190,8 @@ SafetensorsHeader parse_safetensors_json(const uint8_t* json, size_t json_size, 
   const SafetensorsEntry* previous = nullptr;
   for (const auto& e : out.entries) {
     KILN_CHECK(e.begin >= covered, "safetensors file '", name, "': tensors '", previous ? previous->name : "",
-               "' and '", e.name, "' overlap (data_offsets [", previous ? previous->begin : 0, ", ", covered,
-               "] and [", e.begin, ", ", e.end, "])");
+               "' and '", e.name, "' overlap (data_offsets [", previous ? previous->begin : 0, ", ", covered, "] and [",
+               e.begin, ", ", e.end, "])");
     KILN_CHECK(e.begin == covered, "safetensors file '", name, "': gap in the data section: bytes [", covered, ", ",
                e.begin, ") belong to no tensor (before '", e.name, "')");
     covered = e.end;
