@@ -7,6 +7,7 @@
 #   scripts/setup.sh --deps-only          only install the packages
 #   scripts/setup.sh --no-build           install and configure, but do not build
 #   scripts/setup.sh --target quickstart  build one target instead of everything
+#   scripts/setup.sh --fuzz               also install clang and libFuzzer (fuzz/README.md)
 #
 # Environment (all optional):
 #   KILN_BUILD_DIR           build folder (default: build, in the repository root)
@@ -29,6 +30,7 @@ die() { echo "setup.sh: error: $*" >&2; exit 1; }
 do_deps=1
 do_configure=1
 do_build=1
+do_fuzz=0
 target=""
 cmake_args=()
 while [[ $# -gt 0 ]]; do
@@ -36,9 +38,10 @@ while [[ $# -gt 0 ]]; do
     --no-deps) do_deps=0 ;;
     --deps-only) do_configure=0; do_build=0 ;;
     --no-build) do_build=0 ;;
+    --fuzz) do_fuzz=1 ;;
     --target) [[ $# -ge 2 ]] || die "--target needs a target name"; target="$2"; shift ;;
     -D*) cmake_args+=("$1") ;;
-    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (try --help)" ;;
   esac
   shift
@@ -55,6 +58,8 @@ jobs="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 required=(cmake ninja-build g++ make pkg-config libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin
           libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev nlohmann-json3-dev)
 optional=(ccache clang-format git)
+# --fuzz: clang and libFuzzer's runtime (Debian 12 ships it in libclang-rt-14-dev), for fuzz/.
+fuzz_packages=(clang libclang-rt-14-dev)
 
 cmake_is_recent() {
   local v
@@ -103,7 +108,9 @@ missing_from() {
 
 install_packages() {
   local missing
-  mapfile -t missing < <(missing_from "${required[@]}" "${optional[@]}")
+  local wanted=("${required[@]}" "${optional[@]}")
+  if [[ $do_fuzz -eq 1 ]]; then wanted+=("${fuzz_packages[@]}"); fi
+  mapfile -t missing < <(missing_from "${wanted[@]}")
   if [[ ${#missing[@]} -eq 0 ]]; then
     say "all build dependencies are already installed"
     return

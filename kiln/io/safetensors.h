@@ -31,9 +31,35 @@ struct SafetensorsEntry {
   uint64_t begin = 0, end = 0;  // byte offsets within the data section
 };
 
+// The checked header of a safetensors file: where its data section starts, its tensors in data-offset order
+// (together they cover the data section exactly), its string metadata.
+struct SafetensorsHeader {
+  uint64_t data_start = 0;  // 8 + the JSON header's length
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata;
+};
+
+// The largest JSON header accepted (as the reference implementation): a bigger one is a corrupt file.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+// The JSON header's length from a file's first 8 bytes, checked against the file's size.
+uint64_t safetensors_header_length(const uint8_t* first8, uint64_t file_size, const std::string& name);
+// Parses and checks the JSON header (`json`, `json_size` bytes, as found after the 8-byte length) of a file of
+// `file_size` bytes. Everything a later read relies on is checked here; `name` names the file in errors.
+SafetensorsHeader parse_safetensors_json(const uint8_t* json, size_t json_size, uint64_t file_size,
+                                         const std::string& name);
+// Both steps for a whole file in memory (`size` bytes at `data`).
+SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, const std::string& name);
+
+namespace detail {
+// Throws unless every byte of a BOOL tensor is 0 or 1 (any other byte is not a valid C++ bool).
+void check_safetensors_bools(const uint8_t* bytes, size_t n, const SafetensorsEntry& entry, const std::string& name);
+}  // namespace detail
+
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(std::string path);  // reads and checks the header
+  uint64_t data_start() const { return data_start_; }
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in data-offset order
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -50,6 +76,8 @@ class SafetensorsFile {
 };
 
 NamedTensors load_safetensors(const std::string& path);
+// A whole safetensors file already in memory (`name` names it in errors); the tensors are copied out.
+NamedTensors load_safetensors(const uint8_t* data, size_t size, const std::string& name);
 // Writes atomically (a temporary file in the same folder, then renamed). Tensors may be on any device and
 // of any layout; they are stored contiguous, in the given order.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
