@@ -2,6 +2,7 @@
 // <archive>/byteorder) and the allow-list of globals the pickle may name.
 #include "kiln/io/torch_file.h"
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -77,6 +78,8 @@ class Loader {
 
  private:
   void check_not_legacy() {
+    std::error_code ec;
+    KILN_CHECK(std::filesystem::is_regular_file(path_, ec), path_, ": no such file");
     std::ifstream in(path_, std::ios::binary);
     KILN_CHECK(in.is_open(), path_, ": cannot open the file (missing, or not readable)");
     unsigned char head[4] = {0, 0, 0, 0};
