@@ -42,9 +42,9 @@ class Unpickler {
       op_pos_ = pos_;
       const uint8_t op = u8();
       switch (op) {
-        case 0x80: u8(); break;       // PROTO
-        case 0x95: bytes(8); break;   // FRAME: the frame's length; frames need no special handling
-        case '.': {                   // STOP
+        case 0x80: u8(); break;      // PROTO
+        case 0x95: bytes(8); break;  // FRAME: the frame's length; frames need no special handling
+        case '.': {                  // STOP
           check(stack_.size() == 1 && marks_.empty(), "STOP with ", stack_.size(), " values on the stack");
           return pop();
         }
@@ -58,7 +58,9 @@ class Unpickler {
           push(t);
           break;
         }
-        case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+        case 0x85:
+        case 0x86:
+        case 0x87: {  // TUPLE1..3
           const size_t n = op - 0x84u;
           check(stack_.size() >= n + top_mark(), "TUPLE", n, " on a stack of ", stack_.size());
           auto t = PyObj::make(PyObj::Kind::Tuple);
@@ -67,15 +69,15 @@ class Unpickler {
           push(t);
           break;
         }
-        case 'X': push_str(u32()); break;     // BINUNICODE
-        case 0x8c: push_str(u8()); break;     // SHORT_BINUNICODE
-        case 0x8d: push_str(u64()); break;    // BINUNICODE8
-        case 'B': push_bytes(u32()); break;   // BINBYTES
-        case 'C': push_bytes(u8()); break;    // SHORT_BINBYTES
+        case 'X': push_str(u32()); break;                        // BINUNICODE
+        case 0x8c: push_str(u8()); break;                        // SHORT_BINUNICODE
+        case 0x8d: push_str(u64()); break;                       // BINUNICODE8
+        case 'B': push_bytes(u32()); break;                      // BINBYTES
+        case 'C': push_bytes(u8()); break;                       // SHORT_BINBYTES
         case 'J': push_int(static_cast<int32_t>(u32())); break;  // BININT
-        case 'K': push_int(u8()); break;                          // BININT1
-        case 'M': push_int(u16()); break;                         // BININT2
-        case 0x8a: {                                              // LONG1: little-endian two's complement
+        case 'K': push_int(u8()); break;                         // BININT1
+        case 'M': push_int(u16()); break;                        // BININT2
+        case 0x8a: {                                             // LONG1: little-endian two's complement
           const size_t n = u8();
           check(n <= 8, "LONG1 of ", n, " bytes (integers beyond 64 bits are not supported)");
           const std::string b = bytes(n);
@@ -85,7 +87,8 @@ class Unpickler {
           push_int(static_cast<int64_t>(v));
           break;
         }
-        case 0x88: case 0x89: {  // NEWTRUE, NEWFALSE
+        case 0x88:
+        case 0x89: {  // NEWTRUE, NEWFALSE
           auto o = PyObj::make(PyObj::Kind::Bool);
           o->b = op == 0x88;
           push(o);
@@ -146,12 +149,12 @@ class Unpickler {
           l->items.insert(l->items.end(), vs.begin(), vs.end());
           break;
         }
-        case 'q': memo_put(u8()); break;    // BINPUT
-        case 'r': memo_put(u32()); break;   // LONG_BINPUT
+        case 'q': memo_put(u8()); break;           // BINPUT
+        case 'r': memo_put(u32()); break;          // LONG_BINPUT
         case 0x94: memo_put(memo_.size()); break;  // MEMOIZE
-        case 'h': memo_get(u8()); break;    // BINGET
-        case 'j': memo_get(u32()); break;   // LONG_BINGET
-        case 'Q': {                          // BINPERSID
+        case 'h': memo_get(u8()); break;           // BINGET
+        case 'j': memo_get(u32()); break;          // LONG_BINGET
+        case 'Q': {                                // BINPERSID
           PyRef pid = pop();
           push(hooks_.persistent_load(pid));
           break;

@@ -25,13 +25,13 @@ struct PyObj {
   enum class Kind { None, Bool, Int, Float, Str, Bytes, List, Tuple, Dict, Global, Storage, Tensor, DType };
   Kind kind = Kind::None;
   bool b = false;
-  int64_t i = 0;                               // Int; Storage: numel
-  double f = 0;                                // Float
-  std::string s;                               // Str, Bytes; Global: "module.name"; Storage: its key
-  std::vector<PyRef> items;                    // List, Tuple
-  std::vector<std::pair<PyRef, PyRef>> dict;   // Dict, in insertion order
-  Tensor tensor;                               // Tensor
-  kiln::DType dtype = kiln::DType::Float32;    // Storage, DType
+  int64_t i = 0;                              // Int; Storage: numel
+  double f = 0;                               // Float
+  std::string s;                              // Str, Bytes; Global: "module.name"; Storage: its key
+  std::vector<PyRef> items;                   // List, Tuple
+  std::vector<std::pair<PyRef, PyRef>> dict;  // Dict, in insertion order
+  Tensor tensor;                              // Tensor
+  kiln::DType dtype = kiln::DType::Float32;   // Storage, DType
 
   static PyRef make(Kind k) {
     auto o = std::make_shared<PyObj>();

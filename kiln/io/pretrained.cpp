@@ -45,8 +45,8 @@ size_t count_matches(const std::vector<std::string>& names, const std::map<std::
 
 std::string LoadReport::summary() const {
   std::ostringstream os;
-  os << path << ": loaded " << loaded.size() << ", missing " << missing.size() << ", unexpected "
-     << unexpected.size() << ", mismatched " << mismatched.size() << "\n";
+  os << path << ": loaded " << loaded.size() << ", missing " << missing.size() << ", unexpected " << unexpected.size()
+     << ", mismatched " << mismatched.size() << "\n";
   for (const auto& r : renames) os << "  renamed: " << r << "\n";
   auto list = [&](const char* title, const std::vector<std::string>& names) {
     if (names.empty()) return;
@@ -104,8 +104,8 @@ LoadReport load_weights(nn::Module& model, const NamedTensors& tensors, const Lo
         break;
       }
     }
-    for (const auto& [old_leaf, new_leaf] : {std::pair{"LayerNorm.gamma", "LayerNorm.weight"},
-                                             std::pair{"LayerNorm.beta", "LayerNorm.bias"}}) {
+    for (const auto& [old_leaf, new_leaf] :
+         {std::pair{"LayerNorm.gamma", "LayerNorm.weight"}, std::pair{"LayerNorm.beta", "LayerNorm.bias"}}) {
       if (ends_with(n, old_leaf)) {
         n = n.substr(0, n.size() - std::string(old_leaf).size()) + new_leaf;
         ++layer_norm;
@@ -165,8 +165,8 @@ LoadReport load_weights(nn::Module& model, const NamedTensors& tensors, const Lo
     }
     given.insert(n);
     const Tensor& target = model_sd[it->second].second;
-    const bool dtype_ok = v.dtype() == target.dtype() ||
-                          (options.convert_dtype && v.is_floating_point() && target.is_floating_point());
+    const bool dtype_ok =
+        v.dtype() == target.dtype() || (options.convert_dtype && v.is_floating_point() && target.is_floating_point());
     if (v.shape() != target.shape() || !dtype_ok) {
       report.mismatched.push_back({n, v.shape(), target.shape(), v.dtype(), target.dtype()});
       continue;
@@ -176,9 +176,7 @@ LoadReport load_weights(nn::Module& model, const NamedTensors& tensors, const Lo
   }
   // Missing: model names without a value, unless a tied name (the same tensor) got one.
   using TensorKey = std::tuple<const void*, int64_t, Shape, Strides>;
-  auto key_of = [](const Tensor& t) {
-    return TensorKey{t.impl().storage().get(), t.offset(), t.shape(), t.strides()};
-  };
+  auto key_of = [](const Tensor& t) { return TensorKey{t.impl().storage().get(), t.offset(), t.shape(), t.strides()}; };
   std::set<TensorKey> loaded_tensors;
   for (const auto& n : report.loaded) loaded_tensors.insert(key_of(model_sd[model_index.at(n)].second));
   for (const auto& [n, t] : model_sd)

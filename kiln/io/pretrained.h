@@ -48,13 +48,13 @@ struct LoadMismatch {
 
 struct LoadReport {
   std::string path;
-  std::vector<std::string> loaded;      // model names given values
-  std::vector<std::string> missing;     // model names the file has no value for
-  std::vector<std::string> unexpected;  // file names (after mapping) the model has no tensor for
-  std::vector<LoadMismatch> mismatched; // in both, but of another shape (or dtype, see convert_dtype)
-  std::vector<std::string> renames;     // what was done to the file's names, in words
+  std::vector<std::string> loaded;       // model names given values
+  std::vector<std::string> missing;      // model names the file has no value for
+  std::vector<std::string> unexpected;   // file names (after mapping) the model has no tensor for
+  std::vector<LoadMismatch> mismatched;  // in both, but of another shape (or dtype, see convert_dtype)
+  std::vector<std::string> renames;      // what was done to the file's names, in words
   bool ok() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
-  std::string summary() const;          // counts, then the names (up to 20 of each list)
+  std::string summary() const;  // counts, then the names (up to 20 of each list)
 };
 
 // The tensors of a weights file, whichever its format (see above): CPU tensors of the file's dtypes.

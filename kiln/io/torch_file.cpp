@@ -20,17 +20,16 @@ using Kind = PyObj::Kind;
 // torch.<X>Storage and the dtype objects torch.float32 ... as kiln dtypes.
 const std::map<std::string, DType>& storage_types() {
   static const std::map<std::string, DType> m = {
-      {"FloatStorage", DType::Float32},   {"DoubleStorage", DType::Float64}, {"HalfStorage", DType::Float16},
-      {"BFloat16Storage", DType::BFloat16}, {"LongStorage", DType::Int64},   {"IntStorage", DType::Int32},
-      {"ByteStorage", DType::UInt8},      {"BoolStorage", DType::Bool},      {"UntypedStorage", DType::UInt8}};
+      {"FloatStorage", DType::Float32},     {"DoubleStorage", DType::Float64}, {"HalfStorage", DType::Float16},
+      {"BFloat16Storage", DType::BFloat16}, {"LongStorage", DType::Int64},     {"IntStorage", DType::Int32},
+      {"ByteStorage", DType::UInt8},        {"BoolStorage", DType::Bool},      {"UntypedStorage", DType::UInt8}};
   return m;
 }
 const std::map<std::string, DType>& dtype_globals() {
   static const std::map<std::string, DType> m = {
-      {"float32", DType::Float32}, {"float", DType::Float32},  {"float64", DType::Float64},
-      {"double", DType::Float64},  {"float16", DType::Float16}, {"half", DType::Float16},
-      {"bfloat16", DType::BFloat16}, {"int64", DType::Int64},  {"long", DType::Int64},
-      {"int32", DType::Int32},     {"int", DType::Int32},      {"uint8", DType::UInt8},
+      {"float32", DType::Float32}, {"float", DType::Float32}, {"float64", DType::Float64},   {"double", DType::Float64},
+      {"float16", DType::Float16}, {"half", DType::Float16},  {"bfloat16", DType::BFloat16}, {"int64", DType::Int64},
+      {"long", DType::Int64},      {"int32", DType::Int32},   {"int", DType::Int32},         {"uint8", DType::UInt8},
       {"bool", DType::Bool}};
   return m;
 }
@@ -185,8 +184,8 @@ class Loader {
       if (sizes[d] > 0) overflow |= __builtin_mul_overflow(sizes[d] - 1, strides[d], &step);
       overflow |= __builtin_add_overflow(last, step, &last);
     }
-    KILN_CHECK(!overflow && (count == 0 || last < available), path_, ": a tensor of size ", sizes, ", stride ",
-               strides, " and offset ", offset, " reaches past its storage '", storage->s, "' (", available,
+    KILN_CHECK(!overflow && (count == 0 || last < available), path_, ": a tensor of size ", sizes, ", stride ", strides,
+               " and offset ", offset, " reaches past its storage '", storage->s, "' (", available,
                " elements); the file is corrupt");
     auto t = PyObj::make(Kind::Tensor);
     t->tensor = Tensor(std::make_shared<TensorImpl>(storage->tensor.impl().storage(), dtype, sizes, strides, offset));

@@ -32,8 +32,8 @@ uint32_t le32(const unsigned char* p) {
 uint64_t le64(const unsigned char* p) { return le32(p) | (static_cast<uint64_t>(le32(p + 4)) << 32); }
 
 // Reads [offset, offset + n) of the file, checked against its length.
-void read_at(std::ifstream& in, const std::string& path, uint64_t file_size, uint64_t offset, void* out,
-             uint64_t n, const char* what) {
+void read_at(std::ifstream& in, const std::string& path, uint64_t file_size, uint64_t offset, void* out, uint64_t n,
+             const char* what) {
   KILN_CHECK(offset <= file_size && n <= file_size - offset, path, ": truncated or corrupt zip archive: the ", what,
              " (bytes ", offset, "..", offset + n, ") lies beyond the end of the file (", file_size,
              " bytes); the file is incomplete, download or save it again");
@@ -96,8 +96,8 @@ ZipReader::ZipReader(std::string path) : path_(std::move(path)) {
       cd_offset = le64(z + 48);
     }
   }
-  KILN_CHECK(cd_offset <= file_size_ && cd_size <= file_size_ - cd_offset && cd_offset + cd_size <= end_offset,
-             path_, ": corrupt zip archive: the central directory (offset ", cd_offset, ", ", cd_size,
+  KILN_CHECK(cd_offset <= file_size_ && cd_size <= file_size_ - cd_offset && cd_offset + cd_size <= end_offset, path_,
+             ": corrupt zip archive: the central directory (offset ", cd_offset, ", ", cd_size,
              " bytes) does not lie within the file (", file_size_, " bytes)");
   KILN_CHECK(num_entries <= cd_size / kCentralHeaderSize, path_, ": corrupt zip archive: ", num_entries,
              " entries cannot fit in a central directory of ", cd_size, " bytes");
@@ -148,8 +148,8 @@ ZipReader::ZipReader(std::string path) : path_(std::move(path)) {
                " bytes) lies beyond the end of the file (", file_size_, " bytes); the file is truncated");
     KILN_CHECK(e.method != 0 || e.size == e.compressed_size, path_, ": corrupt zip archive: stored entry '", e.name,
                "' has different compressed and uncompressed sizes");
-    KILN_CHECK(index_.emplace(e.name, entries_.size()).second, path_, ": zip archive has two entries named '",
-               e.name, "'");
+    KILN_CHECK(index_.emplace(e.name, entries_.size()).second, path_, ": zip archive has two entries named '", e.name,
+               "'");
     entries_.push_back(std::move(e));
     pos += kCentralHeaderSize + name_len + extra_len + comment_len;
   }
@@ -221,8 +221,9 @@ void ZipReader::read_into(const ZipEntry& e, void* out, uint64_t out_size) const
                          (rc == Z_BUF_ERROR && written == e.size);
       if ((rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) || stuck) {
         inflateEnd(&zs);
-        KILN_CHECK(false, path_, ": corrupt deflate data in entry '", e.name, "' (zlib: ",
-                   zs.msg != nullptr ? zs.msg : "data ends early or is longer than the recorded size", ")");
+        KILN_CHECK(false, path_, ": corrupt deflate data in entry '", e.name,
+                   "' (zlib: ", zs.msg != nullptr ? zs.msg : "data ends early or is longer than the recorded size",
+                   ")");
       }
     }
     inflateEnd(&zs);

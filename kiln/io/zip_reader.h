@@ -20,11 +20,11 @@ namespace kiln::io {
 
 struct ZipEntry {
   std::string name;
-  uint16_t method = 0;          // 0 stored, 8 deflate
+  uint16_t method = 0;  // 0 stored, 8 deflate
   uint32_t crc32 = 0;
   uint64_t compressed_size = 0;
-  uint64_t size = 0;            // uncompressed
-  uint64_t header_offset = 0;   // of the local file header
+  uint64_t size = 0;           // uncompressed
+  uint64_t header_offset = 0;  // of the local file header
 };
 
 class ZipReader {

@@ -39,7 +39,9 @@ class PretrainedTest : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
-bool has(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
+bool has(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
 
 Tensor find(const nn::StateDict& sd, const std::string& name) {
   for (const auto& [n, t] : sd)
@@ -60,8 +62,12 @@ io::NamedTensors randomized(const nn::StateDict& sd, uint64_t seed) {
 }
 
 BertConfig tiny_bert() {
-  return {.vocab_size = 30, .hidden_size = 8, .num_hidden_layers = 2, .num_attention_heads = 2,
-          .intermediate_size = 16, .max_position_embeddings = 12};
+  return {.vocab_size = 30,
+          .hidden_size = 8,
+          .num_hidden_layers = 2,
+          .num_attention_heads = 2,
+          .intermediate_size = 16,
+          .max_position_embeddings = 12};
 }
 
 TEST_F(PretrainedTest, ResNetNamesAreTorchvisions) {
@@ -208,8 +214,9 @@ TEST_F(PretrainedTest, DataParallelPrefixAndPrefixMap) {
                                        {.strict = true, .prefix_map = {{"backbone.net.", ""}}, .auto_prefix = false});
   EXPECT_TRUE(r2.ok());
   EXPECT_EQ(r2.loaded.size(), 122u);
-  kt::expect_error([&] { io::load_weights(*model, (dir_ / "custom.pth").string(), {.strict = true, .auto_prefix = false}); },
-                   {"custom.pth", "missing 122", "unexpected 122", "backbone.net.conv1.weight"});
+  kt::expect_error(
+      [&] { io::load_weights(*model, (dir_ / "custom.pth").string(), {.strict = true, .auto_prefix = false}); },
+      {"custom.pth", "missing 122", "unexpected 122", "backbone.net.conv1.weight"});
 }
 
 TEST_F(PretrainedTest, FormatDetection) {
@@ -228,9 +235,9 @@ std::string pretrained_dir() {
   const char* d = std::getenv("KILN_PRETRAINED_DIR");
   return d == nullptr ? std::string() : std::string(d);
 }
-#define SKIP_WITHOUT_PRETRAINED_DIR()                                                                          \
-  if (pretrained_dir().empty())                                                                                \
-  GTEST_SKIP() << "KILN_PRETRAINED_DIR is not set: run tests/golden/make_golden_pretrained.py <dir> where "   \
+#define SKIP_WITHOUT_PRETRAINED_DIR()                                                                       \
+  if (pretrained_dir().empty())                                                                             \
+  GTEST_SKIP() << "KILN_PRETRAINED_DIR is not set: run tests/golden/make_golden_pretrained.py <dir> where " \
                   "PyTorch, torchvision and transformers are installed, then set KILN_PRETRAINED_DIR=<dir>"
 
 Tensor golden(const std::string& name) {
@@ -242,14 +249,18 @@ Tensor golden(const std::string& name) {
 }
 
 BertConfig golden_bert() {
-  return {.vocab_size = 100, .hidden_size = 64, .num_hidden_layers = 2, .num_attention_heads = 4,
-          .intermediate_size = 128, .max_position_embeddings = 32};
+  return {.vocab_size = 100,
+          .hidden_size = 64,
+          .num_hidden_layers = 2,
+          .num_attention_heads = 4,
+          .intermediate_size = 128,
+          .max_position_embeddings = 32};
 }
 
 void expect_bert_logits(nn::models::BertForMaskedLM& mlm) {
   mlm.eval();
-  Tensor logits = mlm.forward(golden("bert.input_ids"), golden("bert.token_type_ids"), golden("bert.attention_mask"))
-                      .logits;
+  Tensor logits =
+      mlm.forward(golden("bert.input_ids"), golden("bert.token_type_ids"), golden("bert.attention_mask")).logits;
   Tensor want = golden("bert.logits");
   kt::expect_values(logits, want.shape(), kt::values(want), 1e-4, 1e-4);
 }

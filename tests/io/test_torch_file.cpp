@@ -91,6 +91,26 @@ TEST_F(TorchFileTest, Zip64AndDeflatedEntries) {
   expect_flat(io::load_torch_file(write("both.pth", flat_archive(true, true).bytes())));
 }
 
+TEST_F(TorchFileTest, CompressedDeflateEntry) {
+  // 16 float32 (i % 5) compressed by Python's zlib (level 9, raw deflate, fixed Huffman codes with matches).
+  const std::string compressed("\x63\x60\x00\x81\x06\x7b\x20\xe1\x00\x44\x40\xdc\xe0\xc0\x40\x82\x18\x00", 18);
+  std::vector<float> values;
+  for (int i = 0; i < 16; ++i) values.push_back(static_cast<float>(i % 5));
+  Pickle p;
+  p.proto().op('}').str("v").tensor("FloatStorage", "0", 16, 0, {4, 4}, {4, 1}).op('s').stop();
+  ZipFile z;
+  z.add("archive/data.pkl", p.b);
+  z.add("archive/data/0", float_bytes(values), true);
+  z.entries.back().compressed = compressed;
+  auto t = io::load_torch_file(write("zlib.pth", z.bytes()));
+  ASSERT_EQ(t.size(), 1u);
+  kt::expect_values(t[0].second, {4, 4}, {0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0});
+  // The same stream cut short is corrupt, not a crash.
+  z.entries.back().compressed = compressed.substr(0, 9);
+  const std::string cut = write("zlib_cut.pth", z.bytes());
+  kt::expect_error([&] { io::load_torch_file(cut); }, {"zlib_cut.pth", "archive/data/0"});
+}
+
 TEST_F(TorchFileTest, AnyArchiveFolderName) {
   ZipFile z = flat_archive();
   for (auto& e : z.entries) e.name = "resnet18-f37072fd/" + e.name.substr(8);
@@ -241,7 +261,7 @@ TEST_F(TorchFileTest, DisallowedGlobalIsNeverCalled) {
   z.add("archive/data.pkl", p.b);
   const std::string path = write("evil.pth", z.bytes());
   kt::expect_error([&] { io::load_torch_file(path); },
-                     {"evil.pth", "unsupported pickled object os.system", "never runs pickled code"});
+                   {"evil.pth", "unsupported pickled object os.system", "never runs pickled code"});
   // A module class in a full-model pickle (torch.save(model)).
   Pickle q;
   q.proto().global("torchvision.models.resnet", "ResNet").stop();

@@ -139,12 +139,13 @@ struct ZipFile {
   struct Entry {
     std::string name, data;
     bool deflate = false;
+    std::string compressed;  // a deflate stream made elsewhere (zlib), used as is when set
   };
   std::vector<Entry> entries;
   bool zip64 = false;
 
   void add(std::string name, std::string data, bool deflate = false) {
-    entries.push_back({std::move(name), std::move(data), deflate});
+    entries.push_back({std::move(name), std::move(data), deflate, {}});
   }
   // Deflate "stored" blocks (BTYPE 00): a valid deflate stream without compression.
   static std::string deflate_stored(const std::string& d) {
@@ -163,7 +164,7 @@ struct ZipFile {
   std::string bytes() const {
     std::string out, cd;
     for (const auto& e : entries) {
-      const std::string payload = e.deflate ? deflate_stored(e.data) : e.data;
+      const std::string payload = !e.compressed.empty() ? e.compressed : e.deflate ? deflate_stored(e.data) : e.data;
       const uint64_t offset = out.size();
       const uint32_t crc = crc32(e.data);
       put_le(out, 0x04034b50, 4);
