@@ -30,6 +30,19 @@ std::string PyObj::repr() const {
   return "?";
 }
 
+void PyArena::add(const PyRef& o) {
+  if (o->kind == PyObj::Kind::List || o->kind == PyObj::Kind::Tuple || o->kind == PyObj::Kind::Dict) {
+    if (seen.insert(o.get()).second) containers.push_back(o);
+  }
+}
+
+PyArena::~PyArena() {
+  for (auto& o : containers) {
+    o->items.clear();
+    o->dict.clear();
+  }
+}
+
 namespace {
 
 class Unpickler {
@@ -37,7 +50,15 @@ class Unpickler {
   Unpickler(const std::string& data, const PickleHooks& hooks, const std::string& what)
       : data_(data), hooks_(hooks), what_(what) {}
 
-  PyRef run() {
+  Unpickled run() {
+    Unpickled out;
+    out.root = loop();
+    out.arena = std::move(arena_);
+    return out;
+  }
+
+ private:
+  PyRef loop() {
     while (true) {
       op_pos_ = pos_;
       const uint8_t op = u8();
@@ -46,7 +67,7 @@ class Unpickler {
         case 0x95: bytes(8); break;  // FRAME: the frame's length; frames need no special handling
         case '.': {                  // STOP
           check(stack_.size() == 1 && marks_.empty(), "STOP with ", stack_.size(), " values on the stack");
-          return pop();
+          return stack_.back();
         }
         case '}': push(PyObj::make(PyObj::Kind::Dict)); break;
         case ']': push(PyObj::make(PyObj::Kind::List)); break;
@@ -166,7 +187,6 @@ class Unpickler {
     }
   }
 
- private:
   template <typename... Parts>
   [[noreturn]] void fail(const Parts&... parts) const {
     KILN_FAIL(what_, ": bad pickle at byte ", op_pos_, ": ", parts...);
@@ -205,6 +225,7 @@ class Unpickler {
   size_t top_mark() const { return marks_.empty() ? 0 : marks_.back(); }
   void push(PyRef o) {
     check(o != nullptr, "internal: null value");
+    arena_.add(o);
     stack_.push_back(std::move(o));
   }
   PyRef pop() {
@@ -254,6 +275,7 @@ class Unpickler {
     push(it->second);
   }
 
+  PyArena arena_;  // first member: destroyed last, after the stack and memo let go
   const std::string& data_;
   const PickleHooks& hooks_;
   const std::string& what_;
@@ -265,7 +287,7 @@ class Unpickler {
 
 }  // namespace
 
-PyRef unpickle(const std::string& data, const PickleHooks& hooks, const std::string& what) {
+Unpickled unpickle(const std::string& data, const PickleHooks& hooks, const std::string& what) {
   return Unpickler(data, hooks, what).run();
 }
 

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -51,7 +52,25 @@ struct PickleHooks {
   std::function<PyRef(const PyRef& pid)> persistent_load;
 };
 
+// Every list, tuple and dict an unpickling made. Its destructor empties them one by one, so that the deeply
+// nested or cyclic (through the memo) structures a hostile pickle can build are freed without deep recursion
+// and without leaking.
+struct PyArena {
+  std::vector<PyRef> containers;
+  std::unordered_set<const PyObj*> seen;
+  void add(const PyRef& o);
+  PyArena() = default;
+  PyArena(PyArena&&) = default;
+  PyArena& operator=(PyArena&&) = default;
+  ~PyArena();
+};
+
+struct Unpickled {
+  PyRef root;
+  PyArena arena;  // declared after root: destroyed first, unlinking what root holds
+};
+
 // what: names the data in error messages ("model.pth: archive/data.pkl").
-PyRef unpickle(const std::string& data, const PickleHooks& hooks, const std::string& what);
+Unpickled unpickle(const std::string& data, const PickleHooks& hooks, const std::string& what);
 
 }  // namespace kiln::io

@@ -69,9 +69,9 @@ class Loader {
     hooks.find_global = [this](const std::string& m, const std::string& n) { return find_global(m, n); };
     hooks.reduce = [this](const PyRef& c, const PyRef& a) { return reduce(c, a); };
     hooks.persistent_load = [this](const PyRef& pid) { return persistent_load(pid); };
-    PyRef root = unpickle(zip_->read(pkl_name), hooks, path_ + ": " + pkl_name);
+    Unpickled pickled = unpickle(zip_->read(pkl_name), hooks, path_ + ": " + pkl_name);
     TorchFile out;
-    flatten(root, "", out);
+    flatten(pickled.root, "", out, 0);
     return out;
   }
 
@@ -212,7 +212,10 @@ class Loader {
     refuse(f + " (called)");
   }
 
-  void flatten(const PyRef& o, const std::string& name, TorchFile& out) const {
+  void flatten(const PyRef& o, const std::string& name, TorchFile& out, int depth) const {
+    // State dicts nest a few levels; a self-referencing (memo) or absurdly deep structure is refused.
+    KILN_CHECK(depth <= 100, path_, ": data.pkl nests dicts and lists more than 100 levels deep (at '",
+               name.substr(0, 200), "...'); not a state dict or checkpoint kiln reads");
     auto join = [&](const std::string& k) { return name.empty() ? k : name + "." + k; };
     switch (o->kind) {
       case Kind::Tensor: out.tensors.emplace_back(name, o->tensor); return;
@@ -220,12 +223,12 @@ class Loader {
         for (const auto& [k, v] : o->dict) {
           KILN_CHECK(k->kind == Kind::Str || k->kind == Kind::Int, path_, ": a dict key of type ", k->repr(),
                      " under '", name, "'; kiln reads string and integer keys");
-          flatten(v, join(k->kind == Kind::Str ? k->s : std::to_string(k->i)), out);
+          flatten(v, join(k->kind == Kind::Str ? k->s : std::to_string(k->i)), out, depth + 1);
         }
         return;
       case Kind::List:
       case Kind::Tuple:
-        for (size_t i = 0; i < o->items.size(); ++i) flatten(o->items[i], join(std::to_string(i)), out);
+        for (size_t i = 0; i < o->items.size(); ++i) flatten(o->items[i], join(std::to_string(i)), out, depth + 1);
         return;
       default: out.other.emplace_back(name, o->repr());
     }

@@ -315,6 +315,26 @@ TEST_F(TorchFileTest, BigEndianAndTruncatedPickle) {
   kt::expect_error([&] { io::load_torch_file(q); }, {"trunc.pth", "archive/data.pkl", "bad pickle"});
 }
 
+TEST_F(TorchFileTest, CyclicAndDeeplyNestedPicklesAreRefusedWithoutCrashing) {
+  // A list that holds itself (through the memo), under a dict.
+  Pickle p;
+  p.proto().op('}').str("x").op(']').put().get(0).op('a').op('s').stop();
+  ZipFile z;
+  z.add("archive/data.pkl", p.b);
+  const std::string cyclic = write("cyclic.pth", z.bytes());
+  kt::expect_error([&] { io::load_torch_file(cyclic); }, {"cyclic.pth", "more than 100 levels"});
+  // 200000 nested lists: neither reading, refusing nor freeing them may recurse that deep.
+  Pickle q;
+  q.proto();
+  for (int i = 0; i < 200000; ++i) q.op(']');
+  for (int i = 1; i < 200000; ++i) q.op('a');
+  q.stop();
+  ZipFile z2;
+  z2.add("archive/data.pkl", q.b);
+  const std::string deep = write("deep.pth", z2.bytes());
+  kt::expect_error([&] { io::load_torch_file(deep); }, {"deep.pth", "more than 100 levels"});
+}
+
 TEST_F(TorchFileTest, TorchScriptArchiveIsNamedAsSuch) {
   ZipFile z;
   z.add("model/code/__torch__.py", "def forward(self): pass\n");
