@@ -1,0 +1,76 @@
+// kiln/io/pickle_reader.h — a restricted unpickler: Python's pickle protocol 2 (and the protocol-4 opcodes
+// FRAME, MEMOIZE, SHORT_BINUNICODE, STACK_GLOBAL), building plain values only. It never runs code: globals
+// and REDUCE are answered by the caller's hooks (torch_file.cpp allows a handful of torch rebuild functions
+// and refuses everything else).
+//
+//   io::PickleHooks hooks{.find_global = ..., .reduce = ..., .persistent_load = ...};
+//   io::PyRef root = io::unpickle(bytes, hooks, "model.pth: archive/data.pkl");
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::io {
+
+struct PyObj;
+using PyRef = std::shared_ptr<PyObj>;
+
+struct PyObj {
+  enum class Kind { None, Bool, Int, Float, Str, Bytes, List, Tuple, Dict, Global, Storage, Tensor, DType };
+  Kind kind = Kind::None;
+  bool b = false;
+  int64_t i = 0;                              // Int; Storage: numel
+  double f = 0;                               // Float
+  std::string s;                              // Str, Bytes; Global: "module.name"; Storage: its key
+  std::vector<PyRef> items;                   // List, Tuple
+  std::vector<std::pair<PyRef, PyRef>> dict;  // Dict, in insertion order
+  Tensor tensor;                              // Tensor
+  kiln::DType dtype = kiln::DType::Float32;   // Storage, DType
+
+  static PyRef make(Kind k) {
+    auto o = std::make_shared<PyObj>();
+    o->kind = k;
+    return o;
+  }
+  // A short description for error messages and skipped leaves: "3", "'abc'", "list of 2", ...
+  std::string repr() const;
+};
+
+struct PickleHooks {
+  // A GLOBAL / STACK_GLOBAL: return the object it names (usually a Kind::Global), or throw.
+  std::function<PyRef(const std::string& module, const std::string& name)> find_global;
+  // REDUCE: call `callable` (what find_global returned) with the tuple `args`.
+  std::function<PyRef(const PyRef& callable, const PyRef& args)> reduce;
+  // BINPERSID: the object a persistent id stands for.
+  std::function<PyRef(const PyRef& pid)> persistent_load;
+};
+
+// Every list, tuple and dict an unpickling made. Its destructor empties them one by one, so that the deeply
+// nested or cyclic (through the memo) structures a hostile pickle can build are freed without deep recursion
+// and without leaking.
+struct PyArena {
+  std::vector<PyRef> containers;
+  std::unordered_set<const PyObj*> seen;
+  void add(const PyRef& o);
+  PyArena() = default;
+  PyArena(PyArena&&) = default;
+  PyArena& operator=(PyArena&&) = default;
+  ~PyArena();
+};
+
+struct Unpickled {
+  PyRef root;
+  PyArena arena;  // declared after root: destroyed first, unlinking what root holds
+};
+
+// what: names the data in error messages ("model.pth: archive/data.pkl").
+Unpickled unpickle(const std::string& data, const PickleHooks& hooks, const std::string& what);
+
+}  // namespace kiln::io

@@ -1,0 +1,68 @@
+// kiln/io/pretrained.h — published weights (torchvision's .pth, Hugging Face's .bin / .safetensors) loaded
+// into kiln's models by name, with a report of what matched.
+//
+//   auto model = nn::models::resnet18({.num_classes = 10});
+//   io::LoadReport r = io::load_weights(*model, "resnet18.pth");         // not strict: loads what matches
+//   std::cout << r.summary();                                             // loaded / missing / unexpected / ...
+//
+//   auto mlm = std::make_shared<nn::models::BertForMaskedLM>(config);
+//   io::load_weights(*mlm, "bert/model.safetensors", {.strict = true});  // kiln::Error listing any difference
+//
+// The format is found from the content: a zip archive ("PK") is a torch.save file (io::read_torch_file), an
+// 8-byte length followed by '{' a safetensors file (io::load_safetensors). Before matching, the file's names
+// go through, in order:
+//   1. options.prefix_map: {from, to} pairs; a name starting with `from` has it replaced by `to` (first match);
+//   2. TF-converted BERT names: "LayerNorm.gamma" / "LayerNorm.beta" -> "LayerNorm.weight" / "LayerNorm.bias";
+//   3. options.auto_prefix: when stripping the file's common first component ("bert.", "module.") or adding
+//      the model's ("bert.") makes more names match, it is done (a BertModel's weights into BertForMaskedLM
+//      and back; a DistributedDataParallel "module." prefix) and LoadReport::renames says so.
+// Values are converted to each parameter's dtype (float16 files into float32 models) and copied to its
+// device. A tied tensor (BERT's decoder weight is the word-embedding table) needs only one of its names.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/io/safetensors.h"  // io::NamedTensors
+#include "kiln/layers/module.h"   // nn::Module
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::io {
+
+struct LoadOptions {
+  // true: any missing, unexpected or mismatched name is a kiln::Error listing them, and nothing is loaded.
+  bool strict = false;
+  std::vector<std::pair<std::string, std::string>> prefix_map;  // {from, to}, applied to the file's names
+  bool auto_prefix = true;
+  // true: floating-point values are converted to the model's dtype. false: a dtype difference is a mismatch.
+  // Integer and bool tensors must always match the model's dtype (e.g. BatchNorm's num_batches_tracked).
+  bool convert_dtype = true;
+};
+
+struct LoadMismatch {
+  std::string name;  // the model's name
+  Shape file_shape, model_shape;
+  DType file_dtype, model_dtype;
+};
+
+struct LoadReport {
+  std::string path;
+  std::vector<std::string> loaded;       // model names given values
+  std::vector<std::string> missing;      // model names the file has no value for
+  std::vector<std::string> unexpected;   // file names (after mapping) the model has no tensor for
+  std::vector<LoadMismatch> mismatched;  // in both, but of another shape (or dtype, see convert_dtype)
+  std::vector<std::string> renames;      // what was done to the file's names, in words
+  bool ok() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
+  std::string summary() const;  // counts, then the names (up to 20 of each list)
+};
+
+// The tensors of a weights file, whichever its format (see above): CPU tensors of the file's dtypes.
+NamedTensors read_weights(const std::string& path);
+
+LoadReport load_weights(nn::Module& model, const std::string& path, const LoadOptions& options = {});
+// The same from tensors already in memory; source names them in messages.
+LoadReport load_weights(nn::Module& model, const NamedTensors& tensors, const LoadOptions& options = {},
+                        const std::string& source = "weights");
+
+}  // namespace kiln::io
