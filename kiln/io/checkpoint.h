@@ -26,11 +26,11 @@
 #include <string>
 #include <vector>
 
-#include "kiln/data/dataloader.h"      // data::LoaderPosition
-#include "kiln/layers/module.h"        // nn::Module
-#include "kiln/optim/grad_scaler.h"    // amp::GradScaler
-#include "kiln/optim/lr_scheduler.h"   // optim::LRScheduler
-#include "kiln/optim/optimizer.h"      // optim::Optimizer
+#include "kiln/data/dataloader.h"     // data::LoaderPosition
+#include "kiln/layers/module.h"       // nn::Module
+#include "kiln/optim/grad_scaler.h"   // amp::GradScaler
+#include "kiln/optim/lr_scheduler.h"  // optim::LRScheduler
+#include "kiln/optim/optimizer.h"     // optim::Optimizer
 
 namespace kiln::io {
 
@@ -45,13 +45,13 @@ struct Metadata {
 // The parts of a checkpoint: each non-null pointer (and `generators` when true) is saved, or loaded into.
 // Loading a part the file does not hold is an error naming it; parts of the file not asked for are ignored.
 struct CheckpointParts {
-  nn::Module* model = nullptr;                // /model/<dotted name>: parameters and persistent buffers
-  optim::Optimizer* optimizer = nullptr;      // /optimizer: state tensors and group options
-  optim::LRScheduler* scheduler = nullptr;    // /scheduler
-  amp::GradScaler* scaler = nullptr;          // /scaler
-  bool generators = false;                    // /rng: the CPU default generator and every visible GPU's
-  data::LoaderPosition* loader = nullptr;     // /loader: the next batch (epoch, batch)
-  Metadata* metadata = nullptr;               // /metadata
+  nn::Module* model = nullptr;              // /model/<dotted name>: parameters and persistent buffers
+  optim::Optimizer* optimizer = nullptr;    // /optimizer: state tensors and group options
+  optim::LRScheduler* scheduler = nullptr;  // /scheduler
+  amp::GradScaler* scaler = nullptr;        // /scaler
+  bool generators = false;                  // /rng: the CPU default generator and every visible GPU's
+  data::LoaderPosition* loader = nullptr;   // /loader: the next batch (epoch, batch)
+  Metadata* metadata = nullptr;             // /metadata
 };
 
 inline constexpr int kCheckpointFormatVersion = 1;

@@ -18,12 +18,12 @@ void write_parts(H5File& f, const CheckpointParts& parts);
 
 // What a file holds for the parts asked for: read, checksummed and checked against the objects, not applied.
 struct StagedParts {
-  nn::StateDict model;                              // CPU tensors, in the model's state_dict order
-  optim::OptimizerState optimizer;                  // CPU tensors
+  nn::StateDict model;              // CPU tensors, in the model's state_dict order
+  optim::OptimizerState optimizer;  // CPU tensors
   optim::SchedulerState scheduler;
   std::map<std::string, double> scaler;
   GeneratorState cpu_generator;
-  std::vector<GeneratorState> cuda_generators;      // one per visible GPU
+  std::vector<GeneratorState> cuda_generators;  // one per visible GPU
   data::LoaderPosition loader;
   Metadata metadata;
 };

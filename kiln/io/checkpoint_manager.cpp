@@ -26,10 +26,10 @@ int64_t parse_step(const std::string& name, const std::string& prefix, bool rank
   size_t end = name.find(".h5", head.size());
   if (end == std::string::npos || end == head.size()) return -1;
   const std::string tail = name.substr(end);
-  const bool ok = rank_file ? (tail.rfind(".h5.rank", 0) == 0 && tail.size() > 11 &&
-                               tail.compare(tail.size() - 3, 3, ".h5") == 0 &&
-                               std::all_of(tail.begin() + 8, tail.end() - 3, ::isdigit))
-                            : tail == ".h5";
+  const bool ok =
+      rank_file ? (tail.rfind(".h5.rank", 0) == 0 && tail.size() > 11 && tail.compare(tail.size() - 3, 3, ".h5") == 0 &&
+                   std::all_of(tail.begin() + 8, tail.end() - 3, ::isdigit))
+                : tail == ".h5";
   if (!ok) return -1;
   const std::string digits = name.substr(head.size(), end - head.size());
   if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
@@ -67,7 +67,8 @@ CheckpointManager::CheckpointManager(std::string folder, CheckpointManagerOption
   rank_ = options_.rank >= 0 ? options_.rank : env.rank;
   world_size_ = options_.world_size >= 1 ? options_.world_size : env.world_size;
   KILN_CHECK(rank_ < world_size_, "CheckpointManager: rank ", rank_, " is not below the world size ", world_size_);
-  KILN_CHECK(options_.keep_last >= 0, "CheckpointManager: keep_last is ", options_.keep_last, "; use >= 0 (0: keep all)");
+  KILN_CHECK(options_.keep_last >= 0, "CheckpointManager: keep_last is ", options_.keep_last,
+             "; use >= 0 (0: keep all)");
   KILN_CHECK(!options_.prefix.empty() && options_.prefix.find('/') == std::string::npos,
              "CheckpointManager: the prefix '", options_.prefix, "' must be a non-empty file name part");
   KILN_CHECK(options_.digits >= 1 && options_.digits <= 18, "CheckpointManager: digits is ", options_.digits,
@@ -182,8 +183,9 @@ std::optional<int64_t> CheckpointManager::resume(const CheckpointParts& parts) {
     KILN_CHECK(f.has_attr("/", "step"), *main, ": no root attribute step; not written by CheckpointManager");
     step = f.attr_int("/", "step");
     const int64_t saved_world = f.has_attr("/", "world_size") ? f.attr_int("/", "world_size") : 1;
-    KILN_CHECK(!split || saved_world == world_size_, *main, ": saved by ", saved_world,
-               " rank(s), resumed by ", world_size_, "; the generators and loader positions are per rank: resume "
+    KILN_CHECK(!split || saved_world == world_size_, *main, ": saved by ", saved_world, " rank(s), resumed by ",
+               world_size_,
+               "; the generators and loader positions are per rank: resume "
                "with as many ranks, or without those parts");
     shared = detail::stage_parts(f, split ? shared_parts(parts) : parts);
   }

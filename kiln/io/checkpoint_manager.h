@@ -36,12 +36,12 @@
 namespace kiln::io {
 
 struct CheckpointManagerOptions {
-  int keep_last = 3;           // complete checkpoints kept after a save; 0 keeps all
+  int keep_last = 3;  // complete checkpoints kept after a save; 0 keeps all
   std::string prefix = "ckpt";
-  int digits = 8;              // zero-padding of the step in file names
-  int rank = -1;               // -1: data::distributed_env().rank (set both to simulate ranks in tests)
-  int world_size = -1;         // -1: data::distributed_env().world_size
-  double rank_timeout_s = 600; // how long rank 0 waits for the other ranks' files
+  int digits = 8;               // zero-padding of the step in file names
+  int rank = -1;                // -1: data::distributed_env().rank (set both to simulate ranks in tests)
+  int world_size = -1;          // -1: data::distributed_env().world_size
+  double rank_timeout_s = 600;  // how long rank 0 waits for the other ranks' files
 };
 
 class CheckpointManager {
@@ -58,7 +58,7 @@ class CheckpointManager {
   // Complete checkpoints, oldest first: (step, main file path).
   std::vector<std::pair<int64_t, std::string>> list() const;
 
-  std::string path_for(int64_t step) const;                // <folder>/<prefix>-<step>.h5
+  std::string path_for(int64_t step) const;                 // <folder>/<prefix>-<step>.h5
   std::string rank_path_for(int64_t step, int rank) const;  // <main file>.rank<r>.h5
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }

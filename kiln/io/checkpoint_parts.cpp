@@ -124,9 +124,8 @@ optim::OptimizerState stage_optimizer(const H5File& f, const optim::Optimizer& o
 optim::SchedulerState stage_scheduler(const H5File& f, const optim::LRScheduler& sched) {
   require_group(f, "/scheduler", "scheduler");
   const std::string type = f.has_attr("/scheduler", kTypeAttr) ? f.attr_string("/scheduler", kTypeAttr) : "";
-  KILN_CHECK(type == sched.name(), f.path(), ": the checkpoint's LR scheduler is ",
-             type.empty() ? "of no type" : type, ", this one is ", sched.name(),
-             "; build the same scheduler as the one that was saved");
+  KILN_CHECK(type == sched.name(), f.path(), ": the checkpoint's LR scheduler is ", type.empty() ? "of no type" : type,
+             ", this one is ", sched.name(), "; build the same scheduler as the one that was saved");
   return numeric_attrs(f, "/scheduler", kTypeAttr);
 }
 

@@ -191,16 +191,16 @@ Handle string_type() {
 
 // Reads a 1-element numeric attribute converted to `mem_type`.
 template <typename T>
-T read_numeric_attr(hid_t file, const std::string& object, const std::string& name, hid_t mem_type,
-                    bool integers_only, const std::string& file_path) {
+T read_numeric_attr(hid_t file, const std::string& object, const std::string& name, hid_t mem_type, bool integers_only,
+                    const std::string& file_path) {
   Handle attr = open_attr(file, object, name, file_path);
   Handle type(H5Aget_type(attr.get()), H5Tclose);
   Handle space(H5Aget_space(attr.get()), H5Sclose);
   const H5T_class_t cls = H5Tget_class(type.get());
-  KILN_CHECK((cls == H5T_INTEGER || (!integers_only && cls == H5T_FLOAT)) &&
-                 H5Sget_simple_extent_npoints(space.get()) == 1,
-             file_path, ": attribute ", name, " of ", object, " is not ",
-             integers_only ? "an integer" : "a number", "; the file is not a kiln checkpoint or is damaged");
+  KILN_CHECK(
+      (cls == H5T_INTEGER || (!integers_only && cls == H5T_FLOAT)) && H5Sget_simple_extent_npoints(space.get()) == 1,
+      file_path, ": attribute ", name, " of ", object, " is not ", integers_only ? "an integer" : "a number",
+      "; the file is not a kiln checkpoint or is damaged");
   T value{};
   check(H5Aread(attr.get(), mem_type, &value) >= 0, file_path, "read attribute " + name + " of " + object);
   return value;
@@ -295,15 +295,17 @@ std::vector<std::string> H5File::children(const std::string& group) const {
 void H5File::write_tensor(const std::string& group, const std::string& name, const Tensor& tensor) {
   const std::string where = path_ + ": tensor " + join(group, name);
   KILN_CHECK(tensor.defined(), where, " is undefined; only defined tensors can be saved");
-  KILN_CHECK(name.find('/') == std::string::npos && !name.empty(), where, ": a dataset name must be non-empty and hold no '/'");
+  KILN_CHECK(name.find('/') == std::string::npos && !name.empty(), where,
+             ": a dataset name must be non-empty and hold no '/'");
   // (...) any device and layout -> contiguous host bytes, copied before the lock (a GPU copy may take a while).
   Tensor host = tensor.detach().to(Device::cpu()).contiguous();
   const size_t nbytes = host.nbytes();
   const uint32_t crc = crc32_bytes(host.data_ptr(), nbytes);
   Guard guard;
   std::vector<hsize_t> dims(host.sizes().begin(), host.sizes().end());
-  Handle space(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-               H5Sclose);
+  Handle space(
+      dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+      H5Sclose);
   check(space.ok(), path_, "describe the shape of " + join(group, name));
   Handle type = stored_type(host.dtype());
   Handle g = checked(H5Gopen2(file_, group.c_str(), H5P_DEFAULT), H5Gclose, path_, "open group " + group);
@@ -320,8 +322,8 @@ void H5File::write_tensor(const std::string& group, const std::string& name, con
   if (host.dtype() == DType::BFloat16) {
     Handle st = string_type();
     const char* value = "bfloat16";
-    Handle a = checked(H5Acreate2(ds.get(), "dtype", st.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-                       path_, "write the dtype of " + join(group, name));
+    Handle a = checked(H5Acreate2(ds.get(), "dtype", st.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, path_,
+                       "write the dtype of " + join(group, name));
     check(H5Awrite(a.get(), st.get(), &value) >= 0, path_, "write the dtype of " + join(group, name));
   }
 }
@@ -393,12 +395,13 @@ std::vector<std::string> H5File::attr_names(const std::string& object) const {
   Handle obj = open_object(file_, object, path_);
   std::vector<std::string> names;
   hsize_t index = 0;
-  check(H5Aiterate2(obj.get(), H5_INDEX_NAME, H5_ITER_INC, &index,
-                    [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
-                      static_cast<std::vector<std::string>*>(out)->push_back(name);
-                      return 0;
-                    },
-                    &names) >= 0,
+  check(H5Aiterate2(
+            obj.get(), H5_INDEX_NAME, H5_ITER_INC, &index,
+            [](hid_t, const char* name, const H5A_info_t*, void* out) -> herr_t {
+              static_cast<std::vector<std::string>*>(out)->push_back(name);
+              return 0;
+            },
+            &names) >= 0,
         path_, "list the attributes of " + object);
   return names;
 }

@@ -33,16 +33,15 @@ struct ResumeRun {
                    .size = 50, .fields = {{"x", {6}, DType::Float32}, {"y", {}, DType::Int64, 3}}, .seed = 5}),
                {.batch_size = 8, .workers = 2, .shuffle = true, .seed = 11}) {
     manual_seed(seed);
-    model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
-        std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::ReLU>(), std::make_shared<nn::Dropout>(0.3),
-        std::make_shared<nn::Linear>(16, 3)});
+    model = std::make_shared<nn::Sequential>(
+        std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::ReLU>(),
+                                   std::make_shared<nn::Dropout>(0.3), std::make_shared<nn::Linear>(16, 3)});
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 3e-2, .weight_decay = 0.05});
     sched = optim::linear_warmup_cosine_decay(*opt, 3, 20, 1e-3);
   }
 
   io::CheckpointParts parts() {
-    return {.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get(), .generators = true,
-            .loader = &pos};
+    return {.model = model.get(), .optimizer = opt.get(), .scheduler = sched.get(), .generators = true, .loader = &pos};
   }
 
   // `steps` more training steps from pos (crossing epochs as needed); each step's loss is appended.

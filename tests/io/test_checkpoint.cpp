@@ -14,6 +14,7 @@
 #include "kiln/io/hdf5_tensors.h"
 #include "kiln/optim/adam.h"
 #include "kiln/optim/sgd.h"
+#include "kiln/tensor/cuda.h"
 #include "support/temp_folder.h"
 #include "support/test_support.h"
 
@@ -25,7 +26,8 @@ namespace fs = std::filesystem;
 // One AdamW step on a fixed batch, so the optimizer has state.
 void train_one_step(TinyNet& net, optim::Optimizer& opt) {
   opt.zero_grad();
-  Tensor x = ops::from_vector<float>({1, 2, 3, 4, -1, 0.5f, 2, 0}, {2, 4});
+  const Device device = net.fc1->parameters()[0].device();
+  Tensor x = ops::from_vector<float>({1, 2, 3, 4, -1, 0.5f, 2, 0}, {2, 4}).to(device);
   Tensor loss = sum(net(x));
   loss.backward();
   opt.step();
@@ -46,8 +48,13 @@ struct Everything {
     sched = optim::linear_warmup_cosine_decay(*opt, 2, 10);
   }
   io::CheckpointParts parts() {
-    return {.model = net.get(), .optimizer = opt.get(), .scheduler = sched.get(), .scaler = &scaler,
-            .generators = true, .loader = &pos, .metadata = &meta};
+    return {.model = net.get(),
+            .optimizer = opt.get(),
+            .scheduler = sched.get(),
+            .scaler = &scaler,
+            .generators = true,
+            .loader = &pos,
+            .metadata = &meta};
   }
 };
 
@@ -287,15 +294,51 @@ TEST_F(IoCheckpointBad, OptimizerStructureIsCheckedBeforeAnythingChanges) {
   manual_seed(7);
   auto net = std::make_shared<TinyNet>();
   const nn::StateDict before = snapshot(*net);
-  optim::AdamW two_groups({{.params = net->fc1->parameters(), .options = {}},
-                           {.params = net->fc2->parameters(), .options = {}}},
-                          optim::AdamWOptions{});
+  optim::AdamW two_groups(
+      {{.params = net->fc1->parameters(), .options = {}}, {.params = net->fc2->parameters(), .options = {}}},
+      optim::AdamWOptions{});
   expect_error([&] { io::load_checkpoint(good, {.model = net.get(), .optimizer = &two_groups}); },
                {good, "2", "parameter group"});
   expect_same_state(before, net->state_dict());
   optim::SGD sgd(net->parameters(), {.lr = 0.1});
   expect_error([&] { io::load_checkpoint(good, {.model = net.get(), .optimizer = &sgd}); }, {good, "AdamW", "SGD"});
   expect_same_state(before, net->state_dict());
+}
+
+// GPU tensors are written from the host and loaded onto each parameter's (state's) device; the GPU's generator
+// is saved and restored beside the CPU's.
+TEST(CudaIoCheckpoint, GpuTensorsSaveAndLoadOnTheirDevices) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  TempFolder dir;
+  const Device gpu = Device::cuda(0);
+  manual_seed(1);
+  auto a = std::make_shared<TinyNet>();
+  a->to(gpu);
+  optim::AdamW opt_a(a->parameters(), {.lr = 1e-2});
+  train_one_step(*a, opt_a);
+  ops::rand({4}, {.device = gpu});  // move the GPU generator
+  const GeneratorState gpu_state = default_generator(gpu).state();
+  const std::string path = dir.file("gpu.h5");
+  io::save_checkpoint(path, {.model = a.get(), .optimizer = &opt_a, .generators = true});
+  EXPECT_EQ(io::H5File(path, io::H5File::Mode::Read).attr_uint("/rng/cuda0", "offset"), gpu_state.offset);
+
+  manual_seed(2);
+  TinyNet on_cpu;
+  io::load_checkpoint(path, {.model = &on_cpu});
+  expect_same_state(a->state_dict(), on_cpu.state_dict());
+
+  manual_seed(3);
+  auto b = std::make_shared<TinyNet>();
+  b->to(gpu);
+  optim::AdamW opt_b(b->parameters(), {.lr = 1e-2});
+  io::load_checkpoint(path, {.model = b.get(), .optimizer = &opt_b, .generators = true});
+  EXPECT_EQ(default_generator(gpu).state(), gpu_state);
+  for (const auto& [name, t] : b->state_dict()) EXPECT_TRUE(t.is_cuda()) << name;
+  for (const auto& [key, t] : opt_b.state_dict().tensors) EXPECT_TRUE(t.is_cuda()) << key;
+  expect_same_state(a->state_dict(), b->state_dict());
+  train_one_step(*a, opt_a);
+  train_one_step(*b, opt_b);
+  expect_same_state(a->state_dict(), b->state_dict());
 }
 
 }  // namespace

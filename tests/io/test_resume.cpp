@@ -19,8 +19,8 @@ constexpr int kFirst = 10;  // epoch 1, batch 3 of 7: a mid-epoch save
 constexpr int kThen = 9;
 
 std::string run_child(const std::string& ckpt, const std::string& out, const std::string& extra = "") {
-  const std::string cmd = std::string("'") + KILN_RESUME_CHILD + "' '" + ckpt + "' " + std::to_string(kThen) + " '" +
-                          out + "' " + extra;
+  const std::string cmd =
+      std::string("'") + KILN_RESUME_CHILD + "' '" + ckpt + "' " + std::to_string(kThen) + " '" + out + "' " + extra;
   const int rc = std::system(cmd.c_str());
   EXPECT_EQ(rc, 0) << cmd;
   return read_file_bytes(out);
