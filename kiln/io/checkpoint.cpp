@@ -69,7 +69,9 @@ void write_atomically(const std::string& path, const std::function<void(H5File&)
   const fs::path folder = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   std::error_code ec;
   KILN_CHECK(fs::is_directory(folder, ec), path, ": the folder ", folder.string(), " does not exist; create it first");
-  const std::string tmp = (folder / ("." + target.filename().string() + ".tmp-" + std::to_string(::getpid()))).string();
+  std::string tmp_name(".");  // (appended piecewise: GCC 12 warns falsely on "." + std::string)
+  tmp_name.append(target.filename().string()).append(".tmp-").append(std::to_string(::getpid()));
+  const std::string tmp = (folder / tmp_name).string();
   try {
     {
       H5File f(tmp, H5File::Mode::Create);

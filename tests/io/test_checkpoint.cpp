@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "io/checkpoint_test_util.h"
@@ -307,6 +308,34 @@ TEST_F(IoCheckpointBad, OptimizerStructureIsCheckedBeforeAnythingChanges) {
   optim::SGD sgd(net->parameters(), {.lr = 0.1});
   expect_error([&] { io::load_checkpoint(good, {.model = net.get(), .optimizer = &sgd}); }, {good, "AdamW", "SGD"});
   expect_same_state(before, net->state_dict());
+}
+
+// The scheduler refuses its state only when it is applied, after the optimizer took its own: the optimizer is
+// put back as it was, and the model (applied after both) is untouched.
+TEST(IoCheckpoint, ARefusedSchedulerStateRestoresTheOptimizer) {
+  TempFolder dir;
+  Everything a(1);
+  train_one_step(*a.net, *a.opt);
+  const std::string path = dir.file("c.h5");
+  io::save_checkpoint(path, a.parts());
+  hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(H5Adelete_by_name(file, "/scheduler", "last_epoch", H5P_DEFAULT), 0);
+  H5Fclose(file);
+
+  Everything b(2);
+  train_one_step(*b.net, *b.opt);
+  b.opt->set_lr(0, 0.123);
+  const nn::StateDict model_before = snapshot(*b.net);
+  const optim::OptimizerState opt_before = b.opt->state_dict();
+  std::map<std::string, std::vector<uint8_t>> opt_bytes;
+  for (const auto& [key, t] : opt_before.tensors) opt_bytes[key] = bytes_of(t);
+  expect_error([&] { io::load_checkpoint(path, b.parts()); }, {"last_epoch"});
+  const optim::OptimizerState opt_after = b.opt->state_dict();
+  EXPECT_EQ(opt_after.values, opt_before.values);
+  EXPECT_EQ(b.opt->lr(0), 0.123);
+  ASSERT_EQ(opt_after.tensors.size(), opt_bytes.size());
+  for (const auto& [key, t] : opt_after.tensors) EXPECT_EQ(bytes_of(t), opt_bytes.at(key)) << key;
+  expect_same_state(model_before, b.net->state_dict());
 }
 
 // GPU tensors are written from the host and loaded onto each parameter's (state's) device; the GPU's generator
