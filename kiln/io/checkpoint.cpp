@@ -1,0 +1,127 @@
+// kiln/io/checkpoint.cpp — save_checkpoint / load_checkpoint: the root attributes, the format check, and the
+// atomic write (temporary file, flush, fsync, rename, fsync of the folder).
+#include "kiln/io/checkpoint.h"
+
+#include <fcntl.h>   // open
+#include <unistd.h>  // fsync, close, getpid
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>  // std::rename
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+
+#include "kiln/io/checkpoint_internal.h"
+#include "kiln/tensor/error.h"
+#include "kiln/version.h"
+
+namespace kiln::io {
+
+namespace {
+
+constexpr const char* kFormat = "kiln-checkpoint";
+
+std::string utc_now() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// fsync of a file or folder; `what` names it in the error.
+void fsync_path(const std::string& path, bool folder, const std::string& what) {
+  const int fd = ::open(path.c_str(), folder ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  KILN_CHECK(fd >= 0, what, ": cannot open ", path, " to sync it to disk (", std::strerror(errno), ")");
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  KILN_CHECK(rc == 0, what, ": cannot sync ", path, " to disk (", std::strerror(err), ")");
+}
+
+const char* kPartGroups[] = {"model", "optimizer", "scheduler", "scaler", "rng", "loader", "metadata"};
+
+}  // namespace
+
+namespace detail {
+
+void check_format(const H5File& f, bool require_complete) {
+  const bool has_format = f.has_attr("/", "format") && f.attr_is_string("/", "format");
+  KILN_CHECK(has_format && f.attr_string("/", "format") == kFormat, f.path(),
+             ": not a kiln checkpoint (the root attribute format is not \"", kFormat, "\")");
+  KILN_CHECK(f.has_attr("/", "format_version"), f.path(), ": a kiln checkpoint without a format_version; damaged");
+  const int64_t version = f.attr_int("/", "format_version");
+  KILN_CHECK(version >= 1 && version <= kCheckpointFormatVersion, f.path(), ": checkpoint format version ", version,
+             "; this kiln reads versions 1 to ", kCheckpointFormatVersion,
+             version > kCheckpointFormatVersion ? " (written by a newer kiln: update kiln)" : "");
+  if (require_complete) {
+    const bool complete = f.has_attr("/", "complete") && f.attr_int("/", "complete") == 1;
+    KILN_CHECK(complete, f.path(), ": an incomplete checkpoint (its save did not finish); use an earlier one");
+  }
+}
+
+void write_atomically(const std::string& path, const std::function<void(H5File&)>& fill) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  KILN_CHECK(!target.filename().empty(), "save_checkpoint: '", path, "' names a folder; give a file name");
+  const fs::path folder = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::error_code ec;
+  KILN_CHECK(fs::is_directory(folder, ec), path, ": the folder ", folder.string(), " does not exist; create it first");
+  std::string tmp_name(".");  // (appended piecewise: GCC 12 warns falsely on "." + std::string)
+  tmp_name.append(target.filename().string()).append(".tmp-").append(std::to_string(::getpid()));
+  const std::string tmp = (folder / tmp_name).string();
+  try {
+    {
+      H5File f(tmp, H5File::Mode::Create);
+      f.set_attr("/", "format", std::string(kFormat));
+      f.set_attr("/", "format_version", static_cast<int64_t>(kCheckpointFormatVersion));
+      f.set_attr("/", "kiln_version", std::string(KILN_VERSION_STRING));
+      f.set_attr("/", "created", utc_now());
+      f.set_attr("/", "complete", int64_t{0});
+      fill(f);
+      f.set_attr("/", "complete", int64_t{1});  // last: a file without it never finished
+      f.close();
+    }
+    fsync_path(tmp, false, path);
+    KILN_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename the temporary file ", tmp,
+               " over it (", std::strerror(errno), ")");
+  } catch (...) {
+    fs::remove(tmp, ec);
+    throw;
+  }
+  fsync_path(folder.string(), true, path);
+}
+
+}  // namespace detail
+
+void save_checkpoint(const std::string& path, const CheckpointParts& parts) {
+  detail::write_atomically(path, [&](H5File& f) { detail::write_parts(f, parts); });
+}
+
+void load_checkpoint(const std::string& path, const CheckpointParts& parts) {
+  detail::StagedParts staged;
+  {
+    H5File f(path, H5File::Mode::Read);
+    detail::check_format(f);
+    staged = detail::stage_parts(f, parts);
+  }
+  detail::apply_parts(staged, parts);
+}
+
+CheckpointInfo inspect_checkpoint(const std::string& path) {
+  H5File f(path, H5File::Mode::Read);
+  detail::check_format(f, /*require_complete=*/false);
+  CheckpointInfo info;
+  info.format_version = f.attr_int("/", "format_version");
+  info.kiln_version = f.has_attr("/", "kiln_version") ? f.attr_string("/", "kiln_version") : "";
+  info.created = f.has_attr("/", "created") ? f.attr_string("/", "created") : "";
+  info.complete = f.has_attr("/", "complete") && f.attr_int("/", "complete") == 1;
+  for (const char* part : kPartGroups) {
+    if (f.has_group(std::string("/") + part)) info.parts.push_back(part);
+  }
+  return info;
+}
+
+}  // namespace kiln::io

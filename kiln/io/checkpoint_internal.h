@@ -1,0 +1,49 @@
+// kiln/io/checkpoint_internal.h — the pieces save_checkpoint, load_checkpoint and CheckpointManager share
+// (internal to kiln_io and its tests): writing the parts into an open file, reading and checking them
+// (staging) before any object changes, applying them, and the atomic temporary-file-then-rename write.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "kiln/io/checkpoint.h"
+#include "kiln/io/hdf5_tensors.h"
+#include "kiln/tensor/generator.h"
+
+namespace kiln::io::detail {
+
+// Writes every part `parts` asks for into `f` (one group each), calling the fault hook after each.
+void write_parts(H5File& f, const CheckpointParts& parts);
+
+// What a file holds for the parts asked for: read, checksummed and checked against the objects, not applied.
+struct StagedParts {
+  nn::StateDict model;              // CPU tensors, in the model's state_dict order
+  optim::OptimizerState optimizer;  // CPU tensors
+  optim::SchedulerState scheduler;
+  std::map<std::string, double> scaler;
+  GeneratorState cpu_generator;
+  std::vector<GeneratorState> cuda_generators;  // one per visible GPU
+  data::LoaderPosition loader;
+  Metadata metadata;
+};
+// Throws a kiln::Error naming f's file and every problem (missing parts, names, shapes, dtypes, types).
+StagedParts stage_parts(const H5File& f, const CheckpointParts& parts);
+// Loads the staged parts into the objects: optimizer, scheduler and scaler first (restored as they were if one
+// of them refuses its state), then the model, generators, loader position and metadata (checked already).
+void apply_parts(StagedParts& staged, const CheckpointParts& parts);
+
+// Throws naming the file unless it has format="kiln-checkpoint", a format_version this kiln reads and
+// complete=1.
+void check_format(const H5File& f, bool require_complete = true);
+
+// Writes `path` atomically: a temporary file ".<name>.tmp-<pid>" beside it gets the root attributes
+// (complete = 0), then fill(f), then complete = 1; it is flushed, closed, fsynced and renamed over `path`, and
+// the folder is fsynced. On any error the temporary file is removed and `path` is untouched.
+void write_atomically(const std::string& path, const std::function<void(H5File&)>& fill);
+
+// For tests: called with the name of each part once it is written ("model", "optimizer", ...); a hook that
+// throws simulates a crash mid-save. Empty: none.
+void set_save_fault_hook(std::function<void(const std::string& part)> hook);
+
+}  // namespace kiln::io::detail

@@ -1,0 +1,84 @@
+// kiln/io/hdf5_tensors.h — one HDF5 file seen as groups of checksummed tensors and typed attributes: what
+// checkpoints are written with (checkpoint.cpp), usable for any tensor file h5py should read.
+//
+//   io::H5File f("out.h5", io::H5File::Mode::Create);
+//   f.create_group("/model");
+//   f.write_tensor("/model", "fc1.weight", w);          // any device and layout; stored contiguous, with crc32
+//   f.set_attr("/", "step", int64_t{1000});
+//   f.close();                                          // flushes; throws when the file could not be written
+//   io::H5File g("out.h5", io::H5File::Mode::Read);
+//   Tensor w2 = g.read_tensor("/model", "fc1.weight");  // a CPU tensor; checksum verified
+//
+// Tensors keep their dtype and shape: float32/float64/int64/int32/uint8 natively, bool as h5py's enum
+// (int8 FALSE=0/TRUE=1), float16 as the IEEE half type h5py reads as numpy float16, bfloat16 as uint16 with a
+// dataset attribute dtype="bfloat16" (h5py shows uint16; view as bfloat16 with torch's .view(torch.bfloat16)).
+// Each dataset has an attribute crc32 (zlib's crc32 of its contiguous little-endian bytes) checked on read.
+//
+// Every call holds data::hdf5_mutex() (the serial HDF5 library is not thread-safe), silences HDF5's own error
+// printing and turns HDF5's errors into a kiln::Error naming the file, the object and HDF5's reason.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::io {
+
+struct TensorInfo {
+  DType dtype;
+  Shape shape;
+};
+
+class H5File {
+ public:
+  enum class Mode {
+    Create,     // a new file (an existing one is truncated)
+    Read,       // an existing file, read only
+    ReadWrite,  // an existing file
+  };
+  H5File(std::string path, Mode mode);
+  ~H5File();  // closes, ignoring errors (call close() to see them)
+  H5File(const H5File&) = delete;
+  H5File& operator=(const H5File&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Flushes everything to the operating system and closes the file; throws on failure. Idempotent.
+  void close();
+
+  // Groups are absolute paths ("/", "/model", "/rng/cpu"); create_group makes missing parents.
+  void create_group(const std::string& group);
+  bool has_group(const std::string& group) const;
+  bool has_dataset(const std::string& group, const std::string& name) const;
+  // The names of the links (datasets and groups) in `group`, in name order.
+  std::vector<std::string> children(const std::string& group) const;
+
+  void write_tensor(const std::string& group, const std::string& name, const Tensor& tensor);
+  TensorInfo tensor_info(const std::string& group, const std::string& name) const;  // reads no data
+  Tensor read_tensor(const std::string& group, const std::string& name) const;      // CPU; crc32 checked
+
+  // Attributes of a group or dataset ("/model/fc1.weight"). Numbers are stored as float64, integers as
+  // int64/uint64 (exact: generator offsets need all 64 bits), strings as variable-length UTF-8.
+  void set_attr(const std::string& object, const std::string& name, double value);
+  void set_attr(const std::string& object, const std::string& name, int64_t value);
+  void set_attr(const std::string& object, const std::string& name, uint64_t value);
+  void set_attr(const std::string& object, const std::string& name, const std::string& value);
+  bool has_attr(const std::string& object, const std::string& name) const;
+  std::vector<std::string> attr_names(const std::string& object) const;  // in name order
+  bool attr_is_string(const std::string& object, const std::string& name) const;
+  double attr_double(const std::string& object, const std::string& name) const;  // any numeric attribute
+  int64_t attr_int(const std::string& object, const std::string& name) const;    // integer attributes only
+  uint64_t attr_uint(const std::string& object, const std::string& name) const;  // integer attributes only
+  std::string attr_string(const std::string& object, const std::string& name) const;
+
+ private:
+  std::string path_;
+  int64_t file_ = -1;  // hid_t
+  bool writable_ = false;
+};
+
+// zlib's crc32 of `size` bytes (what the crc32 attributes hold).
+uint32_t crc32_bytes(const void* data, size_t size);
+
+}  // namespace kiln::io
