@@ -25,6 +25,11 @@
 #include "kiln/data/text/vocab_builder.h"  // data::build_wordpiece_vocab: a WordPiece vocabulary from text
 #include "kiln/data/text/wordpiece.h"      // data::WordPieceTokenizer, data::BasicTokenizer (BERT vocab.txt)
 #include "kiln/data/transforms.h"          // data::transforms::Compose, RandomResizedCrop, Normalize, presets, ...
+#include "kiln/io/checkpoint.h"            // io::save_checkpoint, io::load_checkpoint: HDF5, atomic, checksummed
+#include "kiln/io/checkpoint_manager.h"    // io::CheckpointManager: keep the last K, resume from the newest complete
+#include "kiln/io/pretrained.h"            // io::load_weights: torchvision/Hugging Face weights by name, with a report
+#include "kiln/io/safetensors.h"           // io::load_safetensors, io::save_safetensors
+#include "kiln/io/torch_file.h"            // io::load_torch_file: PyTorch's torch.save zip files (tensors only)
 #include "kiln/layers/attention.h"         // nn::scaled_dot_product_attention, nn::MultiheadAttention
 #include "kiln/layers/containers.h"        // nn::Sequential, nn::ModuleList, nn::ModuleDict
 #include "kiln/layers/conv.h"              // nn::conv2d, nn::Conv2d

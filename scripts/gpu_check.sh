@@ -34,6 +34,13 @@ if ! cmake --build "$build" -j "$jobs" >"$out/build.log" 2>&1; then
 fi
 note "configure + build: $((SECONDS - start)) s"
 
+# Golden files that are too big to commit: torchvision/transformers weights and logits for io's pretrained tests.
+if python3 tests/golden/make_golden_pretrained.py "$build/pretrained" >"$out/pretrained.log" 2>&1; then
+  export KILN_PRETRAINED_DIR="$root/$build/pretrained"
+else
+  note "make_golden_pretrained.py failed (the PretrainedGolden tests skip): $(tail -1 "$out/pretrained.log")"
+fi
+
 start=$SECONDS
 ctest --test-dir "$build" -j 8 --timeout 600 --output-on-failure >"$out/ctest.log" 2>&1
 ctest_status=$?
@@ -54,6 +61,15 @@ if [[ -z "${KILN_GPU_CHECK_SKIP_BENCH:-}" ]]; then
     [[ -x "$b" ]] || continue
     echo "== $b" >>"$out/bench.log"
     timeout 300 "$b" >>"$out/bench.log" 2>&1 || echo "(exit $?)" >>"$out/bench.log"
+  done
+  # The input-pipeline benchmarks read a folder of JPEG photos cut from the sample photos of Python packages.
+  if python3 bench/make_photos.py /tmp/kiln-photos --count 2400 >"$out/photos.log" 2>&1; then
+    export KILN_BENCH_IMAGES=/tmp/kiln-photos
+  fi
+  for b in "$build"/bench/bench_images "$build"/bench/bench_data_loader; do
+    [[ -x "$b" && -n "${KILN_BENCH_IMAGES:-}" ]] || continue
+    echo "== $b" >>"$out/bench.log"
+    timeout 300 "$b" --seconds 2 >>"$out/bench.log" 2>&1 || echo "(exit $?)" >>"$out/bench.log"
   done
   for p in bench/pytorch_*.py; do
     [[ -f "$p" ]] || continue
