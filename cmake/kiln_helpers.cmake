@@ -33,3 +33,14 @@ function(kiln_use_privately target)
     target_compile_options(${target} PRIVATE $<TARGET_PROPERTY:${dep},INTERFACE_COMPILE_OPTIONS>)
   endforeach()
 endfunction()
+
+# kiln_link_hdf5(<target>)
+#
+# Links the HDF5 C library privately by its file paths (HDF5_C_LIBRARIES) and takes HDF5::HDF5's include
+# folders and definitions for compiling only. Exported targets then name the library files instead of
+# HDF5::HDF5, so a project that uses kiln needs no find_package(HDF5) — which, with COMPONENTS C, fails in a
+# C++-only project (FindHDF5 test-compiles a C file).
+function(kiln_link_hdf5 target)
+  kiln_use_privately(${target} HDF5::HDF5)
+  target_link_libraries(${target} PRIVATE ${HDF5_C_LIBRARIES})
+endfunction()
