@@ -2,7 +2,7 @@
 # Builds fuzz_checkpoint and fuzz_checkpoint_sealed in minutes rather than the KILN_FUZZ build's hour on two
 # cores: the checkpoint sources of kiln_io (checkpoint*.cpp, hdf5_tensors.cpp) and the target are compiled here
 # with libFuzzer, ASan and UBSan; the other kiln libraries come uninstrumented from a Release build (gcc or clang).
-#   scripts: fuzz/build_against_release.sh [release-build-folder=build] [out-folder=build-fuzz-quick]
+#   fuzz/build_against_release.sh [release-build-folder=build] [out-folder=build-fuzz-quick]
 set -euo pipefail
 release=${1:-build}
 out=${2:-build-fuzz-quick}
@@ -17,10 +17,12 @@ libs=("$release"/kiln/optim/libkiln_optim.a "$release"/kiln/layers/libkiln_layer
       "$release"/kiln/tensor/libkiln_tensor.a
       -L/usr/lib/x86_64-linux-gnu/hdf5/serial -Wl,-rpath,/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5
       -ljpeg -lpng -lz -lpthread -ldl -lm)
+pids=()
 for target in fuzz_checkpoint fuzz_checkpoint_sealed; do
   defs=()
   [[ $target == fuzz_checkpoint_sealed ]] && defs=(-DKILN_FUZZ_SEALED)
   clang++ "${flags[@]}" "${defs[@]}" "$root/fuzz/fuzz_checkpoint.cpp" "${sources[@]}" "${libs[@]}" -o "$out/$target" &
+  pids+=($!)
 done
-wait
+for pid in "${pids[@]}"; do wait "$pid"; done  # set -e: a failed compile stops here
 echo "built $out/fuzz_checkpoint $out/fuzz_checkpoint_sealed"

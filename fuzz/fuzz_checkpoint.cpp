@@ -27,6 +27,7 @@
 #include "kiln/autograd/functions.h"  // sum
 #include "kiln/io/checkpoint.h"
 #include "kiln/io/checkpoint_internal.h"
+#include "kiln/layers/containers.h"  // nn::Sequential
 #include "kiln/layers/layers.h"
 #include "kiln/optim/adam.h"
 #include "kiln/tensor/error.h"
@@ -83,9 +84,7 @@ void write_seeds(const std::string& folder) {
   io::save_checkpoint(folder + "/everything.h5", o.all());
 }
 
-std::string input_path() {
-  return "/dev/shm/kiln-fuzz-checkpoint-" + std::to_string(::getpid()) + ".h5";
-}
+std::string input_path() { return "/dev/shm/kiln-fuzz-checkpoint-" + std::to_string(::getpid()) + ".h5"; }
 
 }  // namespace
 

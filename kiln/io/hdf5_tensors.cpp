@@ -353,6 +353,17 @@ Tensor H5File::read_tensor(const std::string& group, const std::string& name) co
   const TensorInfo info = tensor_info(group, name);
   KILN_CHECK(has_attr(p, "crc32"), path_, ": tensor ", p, " has no crc32 attribute; not written by kiln");
   const auto expected = static_cast<uint32_t>(attr_uint(p, "crc32"));
+  // kiln stores tensors contiguous and uncompressed: a shape whose bytes exceed the file's is a damaged or
+  // hostile file, refused before allocating (a forged shape could ask for terabytes).
+  uint64_t nbytes = element_size(info.dtype);
+  bool overflow = false;
+  for (int64_t d : info.shape) {
+    overflow = overflow || d < 0 || __builtin_mul_overflow(nbytes, static_cast<uint64_t>(d), &nbytes);
+  }
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(path_, ec);
+  KILN_CHECK(!overflow && !ec && nbytes <= file_bytes, path_, ": tensor ", p, " has shape ", info.shape,
+             ", more bytes than the whole file holds (", file_bytes, "); the file is damaged");
   Tensor out = ops::empty(info.shape, {.dtype = info.dtype});
   {
     Guard guard;

@@ -315,6 +315,28 @@ TEST_F(IoCheckpointBad, ChecksumMismatchNamesTheTensor) {
   EXPECT_NO_THROW(io::inspect_checkpoint(p));  // reads no tensor data
 }
 
+// A dataset whose shape claims more bytes than the file holds (HDF5 allocates contiguous storage late, so a
+// forged 4 TiB shape costs nothing in the file) is refused before kiln allocates the tensor.
+TEST_F(IoCheckpointBad, ATensorLargerThanTheFileIsRefusedBeforeAllocating) {
+  const std::string p = dir.file("forged.h5");
+  {
+    io::H5File f(p, io::H5File::Mode::Create);
+    f.create_group("/model");
+  }
+  hid_t file = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  const hsize_t dims[1] = {hsize_t{1} << 40};
+  hid_t space = H5Screate_simple(1, dims, nullptr);
+  hid_t ds = H5Dcreate2(file, "/model/w", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(ds, 0);
+  H5Dclose(ds);
+  H5Sclose(space);
+  H5Fclose(file);
+  io::H5File(p, io::H5File::Mode::ReadWrite).set_attr("/model/w", "crc32", uint64_t{0});
+  io::H5File f(p, io::H5File::Mode::Read);
+  EXPECT_EQ(f.tensor_info("/model", "w").shape, (Shape{int64_t{1} << 40}));
+  expect_error([&] { f.read_tensor("/model", "w"); }, {p, "/model/w", "more bytes than the whole file"});
+}
+
 TEST_F(IoCheckpointBad, MissingPartIsNamed) {
   Everything b(7);
   expect_error([&] { io::load_checkpoint(good, {.scheduler = b.sched.get()}); }, {good, "no scheduler"});
