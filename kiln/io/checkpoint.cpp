@@ -1,5 +1,5 @@
 // kiln/io/checkpoint.cpp — save_checkpoint / load_checkpoint: the root attributes, the format check, and the
-// atomic write (temporary file, flush, fsync, rename, fsync of the folder).
+// atomic write (temporary file, flush, kiln header, fsync, rename, fsync of the folder).
 #include "kiln/io/checkpoint.h"
 
 #include <fcntl.h>   // open
@@ -74,7 +74,7 @@ void write_atomically(const std::string& path, const std::function<void(H5File&)
   const std::string tmp = (folder / tmp_name).string();
   try {
     {
-      H5File f(tmp, H5File::Mode::Create);
+      H5File f(tmp, H5File::Mode::Create, kCheckpointUserBlock);
       f.set_attr("/", "format", std::string(kFormat));
       f.set_attr("/", "format_version", static_cast<int64_t>(kCheckpointFormatVersion));
       f.set_attr("/", "kiln_version", std::string(KILN_VERSION_STRING));
@@ -84,6 +84,7 @@ void write_atomically(const std::string& path, const std::function<void(H5File&)
       f.set_attr("/", "complete", int64_t{1});  // last: a file without it never finished
       f.close();
     }
+    seal_checkpoint(tmp);  // after HDF5 closed the file: the crc covers its final bytes
     fsync_path(tmp, false, path);
     KILN_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot rename the temporary file ", tmp,
                " over it (", std::strerror(errno), ")");
@@ -102,6 +103,7 @@ void save_checkpoint(const std::string& path, const CheckpointParts& parts) {
 
 void load_checkpoint(const std::string& path, const CheckpointParts& parts) {
   detail::StagedParts staged;
+  detail::verify_checkpoint_file(path);  // before HDF5 parses any byte
   {
     H5File f(path, H5File::Mode::Read);
     detail::check_format(f);
@@ -111,6 +113,7 @@ void load_checkpoint(const std::string& path, const CheckpointParts& parts) {
 }
 
 CheckpointInfo inspect_checkpoint(const std::string& path) {
+  detail::verify_checkpoint_file(path);
   H5File f(path, H5File::Mode::Read);
   detail::check_format(f, /*require_complete=*/false);
   CheckpointInfo info;

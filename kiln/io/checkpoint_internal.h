@@ -37,8 +37,18 @@ void apply_parts(StagedParts& staged, const CheckpointParts& parts);
 // complete=1.
 void check_format(const H5File& f, bool require_complete = true);
 
+// The HDF5 user block that holds kiln's header (magic KILNCKPT, the file's length, a crc32 of every byte after
+// the block; layout in checkpoint_header.cpp).
+inline constexpr uint64_t kCheckpointUserBlock = 512;
+// Writes kiln's header into the user block of the closed HDF5 file `path`: reads the file back for its crc32.
+void seal_checkpoint(const std::string& path);
+// Checks kiln's header before HDF5 sees the file: throws naming the file when it is missing, empty, not a kiln
+// checkpoint (or one without the header), truncated, longer than written, or its crc32 does not match.
+void verify_checkpoint_file(const std::string& path);
+
 // Writes `path` atomically: a temporary file ".<name>.tmp-<pid>" beside it gets the root attributes
-// (complete = 0), then fill(f), then complete = 1; it is flushed, closed, fsynced and renamed over `path`, and
+// (complete = 0), then fill(f), then complete = 1; it is flushed, closed, sealed (seal_checkpoint), fsynced and
+// renamed over `path`, and
 // the folder is fsynced. On any error the temporary file is removed and `path` is untouched.
 void write_atomically(const std::string& path, const std::function<void(H5File&)>& fill);
 

@@ -51,6 +51,7 @@ bool is_complete(const std::string& path, int64_t step) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return false;
   try {
+    detail::verify_checkpoint_file(path);
     H5File f(path, H5File::Mode::Read);
     detail::check_format(f);
     return step < 0 || (f.has_attr("/", "step") && f.attr_int("/", "step") == step);
@@ -178,6 +179,7 @@ std::optional<int64_t> CheckpointManager::resume(const CheckpointParts& parts) {
   detail::StagedParts shared, own;
   int64_t step = 0;
   {
+    detail::verify_checkpoint_file(*main);
     H5File f(*main, H5File::Mode::Read);
     detail::check_format(f);
     KILN_CHECK(f.has_attr("/", "step"), *main, ": no root attribute step; not written by CheckpointManager");
@@ -191,6 +193,7 @@ std::optional<int64_t> CheckpointManager::resume(const CheckpointParts& parts) {
   }
   if (split) {
     const std::string mine = rank_path_for(step, rank_);
+    detail::verify_checkpoint_file(mine);
     H5File f(mine, H5File::Mode::Read);
     detail::check_format(f);
     own = detail::stage_parts(f, rank_parts(parts));

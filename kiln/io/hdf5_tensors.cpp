@@ -208,8 +208,8 @@ T read_numeric_attr(hid_t file, const std::string& object, const std::string& na
 
 }  // namespace
 
-uint32_t crc32_bytes(const void* data, size_t size) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+uint32_t crc32_bytes(const void* data, size_t size, uint32_t start) {
+  uLong crc = start;  // crc32(0L, Z_NULL, 0) is 0
   const auto* p = static_cast<const Bytef*>(data);
   while (size > 0) {  // zlib takes uInt lengths
     const uInt n = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
@@ -220,12 +220,16 @@ uint32_t crc32_bytes(const void* data, size_t size) {
   return static_cast<uint32_t>(crc);
 }
 
-H5File::H5File(std::string path, Mode mode) : path_(std::move(path)), writable_(mode != Mode::Read) {
+H5File::H5File(std::string path, Mode mode, uint64_t user_block)
+    : path_(std::move(path)), writable_(mode != Mode::Read) {
   Guard guard;
   if (mode == Mode::Create) {
     Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
     H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
-    file_ = H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get());
+    Handle fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+    check(H5Pset_userblock(fcpl.get(), user_block) >= 0, path_,
+          "set a user block of " + std::to_string(user_block) + " bytes (0 or a power of 2 from 512)");
+    file_ = H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
     check(file_ >= 0, path_, "create the file (is the folder there and writable?)");
     return;
   }
@@ -349,6 +353,17 @@ Tensor H5File::read_tensor(const std::string& group, const std::string& name) co
   const TensorInfo info = tensor_info(group, name);
   KILN_CHECK(has_attr(p, "crc32"), path_, ": tensor ", p, " has no crc32 attribute; not written by kiln");
   const auto expected = static_cast<uint32_t>(attr_uint(p, "crc32"));
+  // kiln stores tensors contiguous and uncompressed: a shape whose bytes exceed the file's is a damaged or
+  // hostile file, refused before allocating (a forged shape could ask for terabytes).
+  uint64_t nbytes = element_size(info.dtype);
+  bool overflow = false;
+  for (int64_t d : info.shape) {
+    overflow = overflow || d < 0 || __builtin_mul_overflow(nbytes, static_cast<uint64_t>(d), &nbytes);
+  }
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(path_, ec);
+  KILN_CHECK(!overflow && !ec && nbytes <= file_bytes, path_, ": tensor ", p, " has shape ", info.shape,
+             ", more bytes than the whole file holds (", file_bytes, "); the file is damaged");
   Tensor out = ops::empty(info.shape, {.dtype = info.dtype});
   {
     Guard guard;

@@ -38,7 +38,9 @@ class H5File {
     Read,       // an existing file, read only
     ReadWrite,  // an existing file
   };
-  H5File(std::string path, Mode mode);
+  // user_block (Create only): bytes HDF5 leaves free at the file's start for the caller (0, or a power of 2
+  // from 512); checkpoints keep their kiln header there.
+  H5File(std::string path, Mode mode, uint64_t user_block = 0);
   ~H5File();  // closes, ignoring errors (call close() to see them)
   H5File(const H5File&) = delete;
   H5File& operator=(const H5File&) = delete;
@@ -78,7 +80,8 @@ class H5File {
   bool writable_ = false;
 };
 
-// zlib's crc32 of `size` bytes (what the crc32 attributes hold).
-uint32_t crc32_bytes(const void* data, size_t size);
+// zlib's crc32 of `size` bytes (what the crc32 attributes hold); `crc` continues an earlier crc32 (of the bytes
+// before these).
+uint32_t crc32_bytes(const void* data, size_t size, uint32_t crc = 0);
 
 }  // namespace kiln::io

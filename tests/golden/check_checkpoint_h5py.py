@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Reads a kiln checkpoint with h5py and numpy and checks what kiln/io/README.md promises.
+"""Reads a kiln checkpoint with h5py and numpy and checks what kiln/io/README.md promises (its kiln header in
+the HDF5 user block too).
 
     KILN_CHECKPOINT_SAMPLE=/tmp/sample.h5 ./build/tests/test_io --gtest_filter=IoCheckpoint.LayoutIsWhatH5pyReads
     python3 tests/golden/check_checkpoint_h5py.py /tmp/sample.h5
@@ -7,6 +8,7 @@
 The sample is TinyNet (tests/io/checkpoint_test_util.h) after one AdamW step: its buffers hold known values of
 every dtype. Exits non-zero with a message on the first difference.
 """
+import struct
 import sys
 import zlib
 
@@ -14,8 +16,23 @@ import h5py
 import numpy as np
 
 
+def check_kiln_header(path):
+    # kiln's header in the 512-byte HDF5 user block (kiln/io/checkpoint_header.cpp), little-endian.
+    with open(path, "rb") as fh:
+        data = fh.read()
+    magic, version, block, length, crc, header_crc = struct.unpack_from("<8sIIQII", data, 0)
+    assert magic == b"KILNCKPT", magic
+    assert (version, block) == (1, 512), (version, block)
+    assert length == len(data), (length, len(data))
+    assert crc == zlib.crc32(data[512:]), "file-level crc32"
+    assert header_crc == zlib.crc32(data[:28]), "header crc32"
+    assert data[512:520] == b"\x89HDF\r\n\x1a\n", "HDF5 superblock right after the user block"
+
+
 def main(path):
+    check_kiln_header(path)
     with h5py.File(path, "r") as f:
+        assert f.userblock_size == 512, f.userblock_size
         assert f.attrs["format"] == "kiln-checkpoint", f.attrs["format"]
         assert int(f.attrs["format_version"]) == 1
         assert int(f.attrs["complete"]) == 1

@@ -5,6 +5,7 @@
 #include <hdf5.h>  // the raw layout checks and the corruption of a dataset
 #include <zlib.h>  // an independent crc32
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -230,19 +231,57 @@ class IoCheckpointBad : public ::testing::Test {
 TEST_F(IoCheckpointBad, MissingEmptyTruncatedGarbage) {
   expect_load_error(dir.file("absent.h5"), {"no such file"});
   expect_load_error(dir.write("empty.h5", "").string(), {"empty"});
-  expect_load_error(dir.write("garbage.h5", std::string(5000, 'x')).string(), {"not an HDF5 file"});
+  expect_load_error(dir.write("garbage.h5", std::string(5000, 'x')).string(), {"not a kiln checkpoint", "KILNCKPT"});
   const std::string bytes = read_file_bytes(good);
-  for (size_t keep : {size_t{600}, bytes.size() / 2, bytes.size() - 100}) {
+  const std::string total = " of " + std::to_string(bytes.size()) + " bytes";
+  for (size_t keep : {size_t{600}, bytes.size() / 2, bytes.size() - 100, bytes.size() - 1}) {
     const std::string p = dir.write("trunc" + std::to_string(keep) + ".h5", bytes.substr(0, keep)).string();
-    Everything b(7);
-    const nn::StateDict before = snapshot(*b.net);
-    try {
-      io::load_checkpoint(p, {.model = b.net.get()});
-      ADD_FAILURE() << "a file truncated to " << keep << " bytes loaded";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-    }
-    expect_same_state(before, b.net->state_dict());
+    expect_load_error(p, {"truncated: " + std::to_string(keep) + total});
+    expect_error([&] { io::inspect_checkpoint(p); }, {p, "truncated"});
+  }
+  expect_load_error(dir.write("short.h5", bytes.substr(0, 20)).string(), {"truncated", "shorter than kiln's header"});
+  expect_load_error(dir.write("appended.h5", bytes + "x").string(), {"appended", "damaged"});
+}
+
+// The kiln header in the user block, read here byte by byte with zlib's crc32 (independent of kiln's reader).
+TEST_F(IoCheckpointBad, HeaderHoldsMagicLengthAndCrcOfTheRest) {
+  const std::string bytes = read_file_bytes(good);
+  ASSERT_GT(bytes.size(), 512u);
+  const auto* u = reinterpret_cast<const unsigned char*>(bytes.data());
+  auto le = [&](size_t at, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= uint64_t{u[at + i]} << (8 * i);
+    return v;
+  };
+  EXPECT_EQ(bytes.substr(0, 8), "KILNCKPT");
+  EXPECT_EQ(le(8, 4), 1u);
+  EXPECT_EQ(le(12, 4), 512u);
+  EXPECT_EQ(le(16, 8), bytes.size());
+  EXPECT_EQ(le(24, 4), crc32(crc32(0L, Z_NULL, 0), u + 512, static_cast<uInt>(bytes.size() - 512)));
+  EXPECT_EQ(le(28, 4), crc32(crc32(0L, Z_NULL, 0), u, 28));
+  EXPECT_EQ(bytes.substr(32, 480), std::string(480, '\0'));
+  EXPECT_EQ(bytes.substr(512, 8), "\x89HDF\r\n\x1a\n");  // HDF5's superblock right after the user block
+}
+
+// Any flipped byte after the user block is caught by the file-level crc before HDF5 parses the file; a
+// flipped header byte is caught too.
+TEST_F(IoCheckpointBad, AFlippedByteAnywhereIsCaughtBeforeHdf5) {
+  const std::string bytes = read_file_bytes(good);
+  const size_t step = std::max<size_t>(1, (bytes.size() - 512) / 37);
+  int n = 0;
+  for (size_t at = 512; at < bytes.size(); at += step, ++n) {
+    std::string bad = bytes;
+    bad[at] = static_cast<char>(bad[at] ^ (1 << (at % 8)));
+    const std::string p = dir.write("flip.h5", bad).string();
+    expect_error([&] { io::inspect_checkpoint(p); }, {p, "corrupted: checksum mismatch"});
+    if (n % 8 == 0) expect_load_error(p, {"corrupted: checksum mismatch"});
+  }
+  EXPECT_GE(n, 37);
+  for (size_t at : {size_t{0}, size_t{9}, size_t{17}, size_t{25}, size_t{30}}) {
+    std::string bad = bytes;
+    bad[at] = static_cast<char>(bad[at] ^ 4);
+    const std::string p = dir.write("header.h5", bad).string();
+    expect_load_error(p, {at < 8 ? "not a kiln checkpoint" : "corrupted: the kiln header's checksum"});
   }
 }
 
@@ -269,7 +308,33 @@ TEST_F(IoCheckpointBad, ChecksumMismatchNamesTheTensor) {
     H5Dclose(ds);
     H5Fclose(file);
   }
+  expect_load_error(p, {"corrupted: checksum mismatch"});  // the file-level crc catches it first
+  // With the file-level crc recomputed, the file passes the header check and fc2.bias's own crc32 catches it.
+  io::detail::seal_checkpoint(p);
   expect_load_error(p, {"/model/fc2.bias", "checksum"});
+  EXPECT_NO_THROW(io::inspect_checkpoint(p));  // reads no tensor data
+}
+
+// A dataset whose shape claims more bytes than the file holds (HDF5 allocates contiguous storage late, so a
+// forged 4 TiB shape costs nothing in the file) is refused before kiln allocates the tensor.
+TEST_F(IoCheckpointBad, ATensorLargerThanTheFileIsRefusedBeforeAllocating) {
+  const std::string p = dir.file("forged.h5");
+  {
+    io::H5File f(p, io::H5File::Mode::Create);
+    f.create_group("/model");
+  }
+  hid_t file = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  const hsize_t dims[1] = {hsize_t{1} << 40};
+  hid_t space = H5Screate_simple(1, dims, nullptr);
+  hid_t ds = H5Dcreate2(file, "/model/w", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(ds, 0);
+  H5Dclose(ds);
+  H5Sclose(space);
+  H5Fclose(file);
+  io::H5File(p, io::H5File::Mode::ReadWrite).set_attr("/model/w", "crc32", uint64_t{0});
+  io::H5File f(p, io::H5File::Mode::Read);
+  EXPECT_EQ(f.tensor_info("/model", "w").shape, (Shape{int64_t{1} << 40}));
+  expect_error([&] { f.read_tensor("/model", "w"); }, {p, "/model/w", "more bytes than the whole file"});
 }
 
 TEST_F(IoCheckpointBad, MissingPartIsNamed) {
@@ -282,17 +347,25 @@ TEST_F(IoCheckpointBad, MissingPartIsNamed) {
 
 TEST_F(IoCheckpointBad, WrongFormatOrVersion) {
   const std::string other = copy_of_good("other.h5");
+  // Each file is changed with HDF5 and resealed (its file-level crc recomputed) to reach HDF5's checks.
   io::H5File(other, io::H5File::Mode::ReadWrite).set_attr("/", "format", std::string("something-else"));
-  expect_load_error(other, {"not a kiln checkpoint"});
+  io::detail::seal_checkpoint(other);
+  expect_load_error(other, {"not a kiln checkpoint", "root attribute format"});
   const std::string newer = copy_of_good("newer.h5");
   io::H5File(newer, io::H5File::Mode::ReadWrite).set_attr("/", "format_version", int64_t{2});
+  io::detail::seal_checkpoint(newer);
   expect_load_error(newer, {"format version 2", "newer kiln"});
   const std::string partial = copy_of_good("partial.h5");
   io::H5File(partial, io::H5File::Mode::ReadWrite).set_attr("/", "complete", int64_t{0});
+  io::detail::seal_checkpoint(partial);
   expect_load_error(partial, {"incomplete"});
-  // A plain HDF5 file without kiln's attributes.
-  { io::H5File plain(dir.file("plain.h5"), io::H5File::Mode::Create); }
-  expect_load_error(dir.file("plain.h5"), {"not a kiln checkpoint"});
+  // A plain HDF5 file (no user block: the older layout, or another program's file) is refused before HDF5.
+  {
+    io::H5File plain(dir.file("plain.h5"), io::H5File::Mode::Create);
+    plain.set_attr("/", "format", std::string("kiln-checkpoint"));
+  }
+  expect_load_error(dir.file("plain.h5"), {"not a kiln checkpoint of this layout", "without kiln's KILNCKPT header"});
+  expect_error([&] { io::inspect_checkpoint(dir.file("plain.h5")); }, {"without kiln's KILNCKPT header"});
 }
 
 TEST_F(IoCheckpointBad, OptimizerStructureIsCheckedBeforeAnythingChanges) {
@@ -321,6 +394,7 @@ TEST(IoCheckpoint, ARefusedSchedulerStateRestoresTheOptimizer) {
   hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(H5Adelete_by_name(file, "/scheduler", "last_epoch", H5P_DEFAULT), 0);
   H5Fclose(file);
+  io::detail::seal_checkpoint(path);  // the file-level crc matches again: the scheduler's own check refuses it
 
   Everything b(2);
   train_one_step(*b.net, *b.opt);

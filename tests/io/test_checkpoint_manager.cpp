@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "io/checkpoint_test_util.h"
+#include "kiln/io/checkpoint_internal.h"
 #include "kiln/io/checkpoint_manager.h"
 #include "kiln/io/hdf5_tensors.h"
 #include "support/temp_folder.h"
@@ -47,7 +48,11 @@ TEST(IoCheckpointManager, KeepsTheLastAndResumesTheNewest) {
   // A newer file that never completed, and a damaged one, are skipped.
   fs::copy_file(dir / "run/ckpt-00000500.h5", dir / "run/ckpt-00000600.h5");
   io::H5File(dir.file("run/ckpt-00000600.h5"), io::H5File::Mode::ReadWrite).set_attr("/", "complete", int64_t{0});
+  io::detail::seal_checkpoint(dir.file("run/ckpt-00000600.h5"));  // its file-level crc matches: complete=0 counts
   dir.write("run/ckpt-00000700.h5", std::string(3000, '\7'));
+  std::string flipped = read_file_bytes(dir / "run/ckpt-00000500.h5");
+  flipped[flipped.size() / 2] ^= 0x10;
+  dir.write("run/ckpt-00000800.h5", flipped);
   EXPECT_EQ(ckpt.latest(), dir.file("run/ckpt-00000500.h5"));
 
   manual_seed(2);
