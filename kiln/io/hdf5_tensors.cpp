@@ -182,12 +182,18 @@ void write_scalar_attr(hid_t file, const std::string& object, const std::string&
   check(H5Awrite(attr.get(), type, value) >= 0, file_path, what);
 }
 
-Handle string_type() {
+// Strings are stored fixed-length (UTF-8, null-padded): variable-length strings live in HDF5's global heap,
+// whose reader (H5HG_read in HDF5 1.10) hangs or overruns on forged files (fuzz/README.md), so kiln neither
+// writes nor reads them.
+Handle string_type(size_t size) {
   Handle t(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(t.get(), H5T_VARIABLE);
+  H5Tset_size(t.get(), std::max<size_t>(size, 1));
+  H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
   H5Tset_cset(t.get(), H5T_CSET_UTF8);
   return t;
 }
+// The longest string attribute kiln reads (configuration text included).
+constexpr size_t kMaxStringAttr = size_t{16} << 20;
 
 // Reads a 1-element numeric attribute converted to `mem_type`.
 template <typename T>
@@ -324,11 +330,11 @@ void H5File::write_tensor(const std::string& group, const std::string& name, con
                             H5Aclose, path_, "write the crc32 of " + join(group, name));
   check(H5Awrite(crc_attr.get(), H5T_NATIVE_UINT32, &crc) >= 0, path_, "write the crc32 of " + join(group, name));
   if (host.dtype() == DType::BFloat16) {
-    Handle st = string_type();
-    const char* value = "bfloat16";
+    const std::string value = "bfloat16";
+    Handle st = string_type(value.size());
     Handle a = checked(H5Acreate2(ds.get(), "dtype", st.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, path_,
                        "write the dtype of " + join(group, name));
-    check(H5Awrite(a.get(), st.get(), &value) >= 0, path_, "write the dtype of " + join(group, name));
+    check(H5Awrite(a.get(), st.get(), value.data()) >= 0, path_, "write the dtype of " + join(group, name));
   }
 }
 
@@ -394,9 +400,8 @@ void H5File::set_attr(const std::string& object, const std::string& name, uint64
 }
 void H5File::set_attr(const std::string& object, const std::string& name, const std::string& value) {
   Guard guard;
-  Handle type = string_type();
-  const char* p = value.c_str();
-  write_scalar_attr(file_, object, name, type.get(), &p, path_);
+  Handle type = string_type(value.size());
+  write_scalar_attr(file_, object, name, type.get(), value.data(), path_);
 }
 
 bool H5File::has_attr(const std::string& object, const std::string& name) const {
@@ -448,16 +453,11 @@ std::string H5File::attr_string(const std::string& object, const std::string& na
   Handle space(H5Aget_space(attr.get()), H5Sclose);
   KILN_CHECK(H5Tget_class(type.get()) == H5T_STRING && H5Sget_simple_extent_npoints(space.get()) == 1, path_,
              ": attribute ", name, " of ", object, " is not a string");
-  if (H5Tis_variable_str(type.get()) > 0) {
-    Handle mem = string_type();
-    char* value = nullptr;
-    check(H5Aread(attr.get(), mem.get(), &value) >= 0, path_, "read attribute " + name + " of " + object);
-    std::string out = value != nullptr ? value : "";
-    H5free_memory(value);
-    return out;
-  }
-  // A fixed-length string (h5py writes numpy bytes this way).
+  KILN_CHECK(H5Tis_variable_str(type.get()) == 0, path_, ": attribute ", name, " of ", object,
+             " is a variable-length string, which kiln does not write: the file was not written by kiln or is damaged");
   const size_t size = H5Tget_size(type.get());
+  KILN_CHECK(size > 0 && size <= kMaxStringAttr, path_, ": attribute ", name, " of ", object, " claims ", size,
+             " bytes: the file is damaged");
   std::string out(size, '\0');
   check(H5Aread(attr.get(), type.get(), out.data()) >= 0, path_, "read attribute " + name + " of " + object);
   out.resize(out.find('\0') == std::string::npos ? out.size() : out.find('\0'));
