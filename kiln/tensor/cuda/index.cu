@@ -6,19 +6,24 @@
 // written outside the tensor.
 //
 // gather and index_select only move elements, so they run on unsigned integers of the element's size
-// (4 instantiations in all); scatter with accumulate adds in the real type with atomics.
+// (4 instantiations in all); scatter with accumulate adds in the real type with atomics, except for
+// floating-point types in deterministic mode (kiln/tensor/determinism.h): there the (target, position)
+// pairs are radix-sorted by target (stably, so each target's contributions stay in index order) and one
+// thread per target sums them in that order — the same bits on every run.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <thrust/iterator/counting_iterator.h>
 #include <algorithm>
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_select.cuh>
 #include <type_traits>
 
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
-#include "kiln/tensor/cuda/device_types.cuh"  // device_t
+#include "kiln/tensor/cuda/device_types.cuh"  // device_t, to_compute, from_compute
+#include "kiln/tensor/determinism.h"          // kiln::deterministic
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
 
@@ -203,6 +208,97 @@ __global__ void scatter_kernel(Walk w, int64_t n, D* out, const int64_t* index, 
   }
 }
 
+// ---- deterministic scatter-add (floating types in deterministic mode) ----
+
+// keys[i] = out offset of position i's target minus `lo` (so in [0, sentinel)), or `sentinel` for an
+// out-of-range index (reported, then skipped); positions[i] = i. walk tensors: 0 out (dim stride 0), 1 index.
+__global__ void scatter_keys_kernel(Walk w, int64_t n, const int64_t* index, int64_t out_dim_stride,
+                                    int64_t out_dim_size, int64_t lo, uint64_t sentinel, uint64_t* keys,
+                                    int64_t* positions, int64_t* err) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t off[3];
+    walk_offsets(w, i, off);
+    const int64_t v = index[off[1]];
+    positions[i] = i;
+    if (v < 0 || v >= out_dim_size) {
+      report_bad_index(err, v);
+      keys[i] = sentinel;
+      continue;
+    }
+    keys[i] = static_cast<uint64_t>(off[0] + v * out_dim_stride - lo);
+  }
+}
+
+// Over keys sorted ascending (positions in index order within equal keys): the thread at the start of each
+// run of equal keys adds the run's src values to out[key + lo] one after another, in compute precision.
+// walk tensors: 2 src.
+template <typename T>
+__global__ void scatter_add_sorted_kernel(Walk w, int64_t n, const uint64_t* keys, const int64_t* positions,
+                                          uint64_t sentinel, int64_t lo, device_t<T>* out, const device_t<T>* src) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n; j += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t key = keys[j];
+    if (key == sentinel || (j > 0 && keys[j - 1] == key)) continue;
+    device_t<T>* target = out + (static_cast<int64_t>(key) + lo);
+    compute_t<T> acc = to_compute<T>(*target);
+    for (int64_t m = j; m < n && keys[m] == key; ++m) {
+      int64_t off[3];
+      walk_offsets(w, positions[m], off);
+      acc += to_compute<T>(src[off[2]]);
+    }
+    *target = from_compute<T>(acc);
+  }
+}
+
+// The lowest and highest element offsets (from data_ptr) that `t` can address.
+std::pair<int64_t, int64_t> offset_range(const Tensor& t) {
+  int64_t lo = 0, hi = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t span = (t.size(d) - 1) * t.stride(d);
+    (span < 0 ? lo : hi) += span;
+  }
+  return {lo, hi};
+}
+
+// Number of low bits that hold every value in [0, v].
+int bits_for(uint64_t v) {
+  int bits = 1;
+  while (bits < 64 && (v >> bits) != 0) ++bits;
+  return bits;
+}
+
+// out[q with coordinate dim = index[q]] += src[q] for every position q of index's shape, summing each
+// target's contributions in index order (see the top of the file). w as scatter_kernel's.
+template <typename T>
+void deterministic_scatter_add(const Tensor& out, const Tensor& index, const Tensor& src, const Walk& w, int64_t n,
+                               int64_t out_dim_stride, int64_t out_dim_size, int64_t* err, cudaStream_t stream) {
+  const char* op = "scatter_add";
+  const auto [lo, hi] = offset_range(out);
+  const uint64_t sentinel = static_cast<uint64_t>(hi - lo) + 1;
+  const int end_bit = bits_for(sentinel);
+  const TensorOptions u64{.dtype = DType::Int64, .device = out.device()};
+  Tensor keys_in = ops::empty({n}, u64), keys_out = ops::empty({n}, u64);
+  Tensor pos_in = ops::empty({n}, u64), pos_out = ops::empty({n}, u64);
+  auto* k_in = static_cast<uint64_t*>(keys_in.data_ptr());
+  auto* k_out = static_cast<uint64_t*>(keys_out.data_ptr());
+  auto* p_in = pos_in.data_ptr<int64_t>();
+  auto* p_out = pos_out.data_ptr<int64_t>();
+  scatter_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, n, index.data_ptr<int64_t>(), out_dim_stride,
+                                                              out_dim_size, lo, sentinel, k_in, p_in, err);
+  KILN_CUDA_CHECK_LAUNCH(op);
+  size_t temp_bytes = 0;
+  KILN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, k_in, k_out, p_in, p_out, n, 0, end_bit, stream),
+                  op);
+  Tensor temp = ops::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))},
+                           {.dtype = DType::UInt8, .device = out.device()});
+  KILN_CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, k_in, k_out, p_in, p_out, n, 0, end_bit, stream),
+      op);
+  scatter_add_sorted_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(w, n, k_out, p_out, sentinel, lo,
+                                                                       static_cast<device_t<T>*>(out.data_ptr()),
+                                                                       static_cast<const device_t<T>*>(src.data_ptr()));
+  KILN_CUDA_CHECK_LAUNCH(op);
+}
+
 // ---- nonzero ----
 
 // Whether the element at row-major position i is nonzero, on the raw bits: floats ignore the sign bit
@@ -267,6 +363,12 @@ void CudaBackend::scatter(const Tensor& out, int64_t dim, const Tensor& index, c
   } else {
     visit_dtype(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+        if (deterministic()) {
+          deterministic_scatter_add<T>(out, index, src, w, n, out_dim_stride, out_dim_size, check.data(), stream);
+          return;
+        }
+      }
       using D = std::conditional_t<std::is_same_v<T, int32_t>, int, device_t<T>>;
       scatter_kernel<D, true><<<blocks_for(n), kThreads, 0, stream>>>(
           w, n, static_cast<D*>(out.data_ptr()), index.data_ptr<int64_t>(), static_cast<const D*>(src.data_ptr()),
