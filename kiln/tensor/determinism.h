@@ -13,6 +13,8 @@
 //     sort of the (target, position) pairs — two Int64 buffers of index.numel() entries and a few passes
 //     over them; the embedding backward of a BERT-base batch takes about as long as the matmuls around it.
 //     Integer and Bool scatter_add need no change (integer addition does not depend on the order).
+//   - scatter / scatter_ on CUDA tensors (any dtype) sort the same way, so that of duplicate indices the
+//     last in index order wins (as on the CPU) rather than whichever thread wrote last.
 //   - cuDNN convolutions (forward, backward-data, backward-filter) choose only algorithms that cuDNN
 //     reports as CUDNN_DETERMINISTIC, and always by cuDNN's heuristics: nn::set_cudnn_benchmark(true) is
 //     ignored while the switch is on, because timing may pick a different (if deterministic) algorithm in

@@ -1,8 +1,8 @@
 // Deterministic mode (kiln/tensor/determinism.h): the switch itself, and the CUDA scatter-add that replaces
-// atomics while it is on (scatter_add, index_add). The GPU results are compared with the CPU backend, which
-// adds duplicates one after another in index order: in float32 and float64 the deterministic GPU path adds
-// in that same order and precision, so it must give the CPU's bits exactly; 16-bit floats accumulate in
-// float and round once, checked against a float64 reference. Two runs must give the same bits.
+// atomics while it is on (scatter_add, index_add), and the ordered scatter. The GPU results are compared with the CPU
+// backend, which adds duplicates one after another in index order: in float32 and float64 the deterministic GPU path
+// adds in that same order and precision, so it must give the CPU's bits exactly; 16-bit floats accumulate in float and
+// round once, checked against a float64 reference. Two runs must give the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -139,11 +139,24 @@ TEST_F(CudaDeterministicScatter, InPlaceScatterAddOnAViewWritesOnlyTheView) {
   EXPECT_EQ(full_gpu.cpu().to_vector<float>()[3 * 4 + 2], 19.f);
 }
 
+TEST_F(CudaDeterministicScatter, ScatterWithDuplicatesKeepsTheLastInIndexOrder) {
+  Generator gen(5);
+  const Tensor base = ops::zeros({6, 33});
+  const Tensor index = ops::randint(0, 6, {500, 33}, {.dtype = DType::Int64}, &gen);  // ~83 writers per target
+  const Tensor src = ops::randn({500, 33}, {}, &gen);
+  const Tensor cpu = ops::scatter(base, 0, index, src);
+  const Tensor gpu = ops::scatter(base.to(kGpu), 0, index.to(kGpu), src.to(kGpu));
+  EXPECT_EQ(bytes_of(gpu), bytes_of(cpu));
+  // Scalar source (a stride-0 view) and a 16-bit dtype go through the same path.
+  const Tensor half = ops::scatter(base.to(DType::Float16).to(kGpu), 0, index.to(kGpu), 2.5);
+  EXPECT_EQ(bytes_of(half), bytes_of(ops::scatter(base.to(DType::Float16), 0, index, 2.5)));
+}
+
 TEST_F(CudaDeterministicScatter, IntegerScatterAddStillExact) {
   const Tensor index = ops::from_vector<int64_t>({1, 1, 0, 1}, {4});
   const Tensor src = ops::from_vector<int64_t>({5, 6, 7, 8}, {4});
-  const Tensor gpu = ops::index_add(ops::zeros({2}, {.dtype = DType::Int64, .device = kGpu}), 0, index.to(kGpu),
-                                    src.to(kGpu));
+  const Tensor gpu =
+      ops::index_add(ops::zeros({2}, {.dtype = DType::Int64, .device = kGpu}), 0, index.to(kGpu), src.to(kGpu));
   EXPECT_EQ(gpu.cpu().to_vector<int64_t>(), (std::vector<int64_t>{7, 19}));
 }
 
