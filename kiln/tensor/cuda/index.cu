@@ -209,7 +209,7 @@ __global__ void scatter_kernel(Walk w, int64_t n, D* out, const int64_t* index, 
   }
 }
 
-// ---- deterministic scatter-add (floating types in deterministic mode) ----
+// ---- deterministic mode: scatter through targets sorted by offset ----
 
 // keys[i] = out offset of position i's target minus `lo` (so in [0, sentinel)), or `sentinel` for an
 // out-of-range index (reported, then skipped); positions[i] = i. walk tensors: 0 out (dim stride 0), 1 index.
