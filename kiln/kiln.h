@@ -49,6 +49,7 @@
 #include "kiln/optim/lr_scheduler.h"    // optim::StepLR, optim::CosineAnnealingLR, optim::OneCycleLR, warmups, ...
 #include "kiln/optim/optimizer.h"       // optim::Optimizer: parameter groups, state, state_dict
 #include "kiln/optim/sgd.h"             // optim::SGD
+#include "kiln/tensor/determinism.h"    // set_deterministic: bit-for-bit reproducible GPU training
 #include "kiln/tensor/generator.h"      // Generator, manual_seed
 #include "kiln/tensor/tensor.h"         // Tensor, DType, Device, Scalar, TensorOptions
 #include "kiln/tensor/threads.h"        // num_threads, set_num_threads

@@ -50,7 +50,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 // Off (the default): cuDNN's heuristics, the first algorithm whose workspace fits in memory. On: every
 // algorithm is run and timed once per problem (one host synchronisation each time, so the first steps are
 // slower) and the fastest is kept, as PyTorch's torch.backends.cudnn.benchmark; worth it when the shapes stay
-// the same from step to step. Process-wide and thread-safe; no effect on the CPU.
+// the same from step to step. Process-wide and thread-safe; no effect on the CPU. Ignored while
+// kiln::deterministic() is on (kiln/tensor/determinism.h): then only deterministic algorithms are chosen,
+// by the heuristics.
 void set_cudnn_benchmark(bool enabled);
 bool cudnn_benchmark();
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace
+#include "kiln/tensor/determinism.h"      // kiln::deterministic
 #include "kiln/tensor/error.h"            // KILN_CHECK, CudaError, NotImplementedError
 #include "kiln/tensor/ops.h"              // ops::empty, ops::full
 
@@ -177,8 +178,10 @@ GraphEntry build_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
 }
 
 // The same case's backward: (q, k, v, O, dO, stats) -> dQ, dK, dV, with O, dO, dQ, dK, dV in (B, X, H, D) memory.
+// deterministic: the frontend's deterministic backward (kiln/tensor/determinism.h), which on Hopper sums dQ
+// through a dP workspace instead of atomics.
 GraphEntry build_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                          const FusedAttentionConfig& cfg, cudnnHandle_t handle) {
+                          const FusedAttentionConfig& cfg, bool deterministic, cudnnHandle_t handle) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), E = q.size(3), Ev = v.size(3);
   auto g = new_graph(q.dtype());
   TensorAttr Q = add_tensor(*g, "q", kQ, dims_of(q), strides_of(q));
@@ -189,7 +192,7 @@ GraphEntry build_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   TensorAttr stats = add_tensor(*g, "stats", kStats, {B, H, L, 1}, {H * L, L, 1, 1});
   stats->set_data_type(fe::DataType_t::FLOAT);
   fe::graph::SDPA_backward_attributes attributes;
-  attributes.set_name("sdpa_backward");
+  attributes.set_name("sdpa_backward").set_deterministic_algorithm(deterministic);
   set_mask_and_dropout(attributes, *g, bias, cfg);
   auto grads = g->sdpa_backward(Q, K, V, O, dO, stats, std::move(attributes));
   grads[0]->set_output(true).set_uid(kDQ).set_dim({B, H, L, E}).set_stride(bxhd_strides(H, L, E));
@@ -199,11 +202,11 @@ GraphEntry build_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
 }
 
 // Everything a built graph depends on: device, dtype, shapes and strides of q, k, v, the bias's broadcast
-// dims (it is always contiguous), and the flags.
+// dims (it is always contiguous), and the flags (deterministic mode's included).
 using Key = std::vector<int64_t>;
 Key make_key(bool backward, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-             const FusedAttentionConfig& cfg) {
-  Key key{backward, q.device().index(), static_cast<int64_t>(q.dtype())};
+             const FusedAttentionConfig& cfg, bool deterministic) {
+  Key key{backward, q.device().index(), static_cast<int64_t>(q.dtype()), deterministic};
   for (const Tensor* t : {&q, &k, &v}) {
     for (int64_t d = 0; d < 4; ++d) key.insert(key.end(), {t->size(d), t->stride(d)});
   }
@@ -225,13 +228,14 @@ GraphCache& graph_cache() {
 
 std::shared_ptr<const GraphEntry> graph_for(bool backward, const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& bias, const FusedAttentionConfig& cfg) {
-  Key key = make_key(backward, q, k, v, bias, cfg);
+  const bool deterministic = backward && ::kiln::deterministic();  // the forward has no atomics either way
+  Key key = make_key(backward, q, k, v, bias, cfg, deterministic);
   GraphCache& cache = graph_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   auto it = cache.entries.find(key);
   if (it != cache.entries.end()) return it->second;
   cudnnHandle_t handle = cudnn_handle(q);
-  auto entry = std::make_shared<const GraphEntry>(backward ? build_backward(q, k, v, bias, cfg, handle)
+  auto entry = std::make_shared<const GraphEntry>(backward ? build_backward(q, k, v, bias, cfg, deterministic, handle)
                                                            : build_forward(q, k, v, bias, cfg, handle));
   cache.entries.emplace(std::move(key), entry);
   return entry;

@@ -18,6 +18,7 @@
 #include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace, cudnn_dtype, KILN_CUDNN_CHECK
 #include "kiln/tensor/cuda.h"             // cuda::allow_tf32, cuda::memory_stats
 #include "kiln/tensor/cuda/cuda_check.h"  // KILN_CUDA_CHECK
+#include "kiln/tensor/determinism.h"      // kiln::deterministic
 #include "kiln/tensor/error.h"            // KILN_CHECK, OutOfMemoryError
 #include "kiln/tensor/ops.h"              // ops::empty, ops::contiguous
 
@@ -86,8 +87,9 @@ cudnnMathType_t base_math(DType dtype) {
 enum class Pass : int64_t { Forward, BackwardData, BackwardFilter };
 
 // The cache key: everything an algorithm choice depends on. Pointer alignment is in it because some kernels
-// need 16-byte aligned operands, and a view into a tensor may start anywhere.
-using Key = std::array<int64_t, 22>;
+// need 16-byte aligned operands, and a view into a tensor may start anywhere; the deterministic-mode switch
+// (last) because it narrows the candidates.
+using Key = std::array<int64_t, 23>;
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = 0;
@@ -109,7 +111,8 @@ struct Problem {
       : handle(cudnn_handle(like)),
         dtype(cudnn_dtype(like.dtype(), kOp)),
         math(base_math(like.dtype())),
-        benchmark(nn::cudnn_benchmark()),
+        deterministic(::kiln::deterministic()),
+        benchmark(nn::cudnn_benchmark() && !deterministic),
         x_data(x_ptr),
         w_data(w_ptr),
         y_data(y_ptr) {
@@ -149,13 +152,17 @@ struct Problem {
            g.padding[1],
            g.dilation[0],
            g.dilation[1],
-           g.groups};
+           g.groups,
+           deterministic ? 1 : 0};
   }
 
   cudnnHandle_t handle;  // on the current kiln stream of the tensors' device
   cudnnDataType_t dtype;
   cudnnMathType_t math;  // the descriptor's math type before an algorithm sets its own
-  bool benchmark;        // read once, so the key and the search agree
+  // Read once, so the key and the search agree. Deterministic mode chooses by the heuristics only: timing
+  // could pick another (deterministic, but differently rounding) algorithm in another process.
+  bool deterministic;
+  bool benchmark;
   TensorDescriptor x, y;
   FilterDescriptor w;
   ConvDescriptor conv;
@@ -279,11 +286,13 @@ bool is_not_supported(cudnnStatus_t s) {
   return static_cast<int>(s) / 1000 == static_cast<int>(CUDNN_STATUS_NOT_SUPPORTED) / 1000;
 }
 
-// Whether a candidate may run: it succeeded in the search, and for float32 without TF32 it uses no tensor
-// cores (which would round float32 inputs to TF32's 10-bit mantissa).
+// Whether a candidate may run: it succeeded in the search, it is deterministic when deterministic mode is on
+// (kiln/tensor/determinism.h), and for float32 without TF32 it uses no tensor cores (which would round float32 inputs
+// to TF32's 10-bit mantissa).
 template <typename Perf>
 bool usable(const Perf& perf, const Problem& p) {
   if (perf.status != CUDNN_STATUS_SUCCESS) return false;
+  if (p.deterministic && perf.determinism != CUDNN_DETERMINISTIC) return false;
   if (p.dtype == CUDNN_DATA_FLOAT && p.math == CUDNN_FMA_MATH) {
     return perf.mathType != CUDNN_TENSOR_OP_MATH && perf.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
   }
@@ -396,10 +405,11 @@ void run_pass(const Problem& p, const Tensor& like) {
     return;
   }
   throw NotImplementedError(::kiln::detail::str_cat(
-      "conv2d: cuDNN offers no ", P::kName, " algorithm that runs for input ",
+      "conv2d: cuDNN offers no ", p.deterministic ? "deterministic " : "", P::kName, " algorithm that runs for input ",
       Shape{p.key[7], p.key[8], p.key[9], p.key[10]}, ", weight ", Shape{p.key[11], p.key[12], p.key[13], p.key[14]},
       " (", like.dtype(), ", groups ", p.key[21],
-      ") within the memory available; free memory (kiln::cuda::empty_cache()) or use a smaller batch"));
+      ") within the memory available; free memory (kiln::cuda::empty_cache()) or use a smaller batch",
+      p.deterministic ? ", or turn deterministic mode off (kiln::set_deterministic(false))" : ""));
 }
 
 void check_operands(const Tensor& a, const Tensor& b, const char* what) {

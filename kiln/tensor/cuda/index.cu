@@ -6,19 +6,25 @@
 // written outside the tensor.
 //
 // gather and index_select only move elements, so they run on unsigned integers of the element's size
-// (4 instantiations in all); scatter with accumulate adds in the real type with atomics.
+// (4 instantiations in all); scatter with accumulate adds in the real type with atomics, except for
+// floating-point types in deterministic mode (kiln/tensor/determinism.h): there the (target, position)
+// pairs are radix-sorted by target (stably, so each target's contributions stay in index order) and one
+// thread per target sums them in that order — the same bits on every run. Plain scatter in deterministic
+// mode sorts the same way so that, of duplicate indices, the last in index order wins (as on the CPU).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <thrust/iterator/counting_iterator.h>
 #include <algorithm>
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_select.cuh>
 #include <type_traits>
 
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
-#include "kiln/tensor/cuda/device_types.cuh"  // device_t
+#include "kiln/tensor/cuda/device_types.cuh"  // device_t, to_compute, from_compute
+#include "kiln/tensor/determinism.h"          // kiln::deterministic
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
 
@@ -203,6 +209,136 @@ __global__ void scatter_kernel(Walk w, int64_t n, D* out, const int64_t* index, 
   }
 }
 
+// ---- deterministic mode: scatter through targets sorted by offset ----
+
+// keys[i] = out offset of position i's target minus `lo` (so in [0, sentinel)), or `sentinel` for an
+// out-of-range index (reported, then skipped); positions[i] = i. walk tensors: 0 out (dim stride 0), 1 index.
+__global__ void scatter_keys_kernel(Walk w, int64_t n, const int64_t* index, int64_t out_dim_stride,
+                                    int64_t out_dim_size, int64_t lo, uint64_t sentinel, uint64_t* keys,
+                                    int64_t* positions, int64_t* err) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t off[3];
+    walk_offsets(w, i, off);
+    const int64_t v = index[off[1]];
+    positions[i] = i;
+    if (v < 0 || v >= out_dim_size) {
+      report_bad_index(err, v);
+      keys[i] = sentinel;
+      continue;
+    }
+    keys[i] = static_cast<uint64_t>(off[0] + v * out_dim_stride - lo);
+  }
+}
+
+// Over keys sorted ascending (positions in index order within equal keys): the thread at the start of each
+// run of equal keys adds the run's src values to out[key + lo] one after another, in compute precision.
+// walk tensors: 2 src.
+template <typename T>
+__global__ void scatter_add_sorted_kernel(Walk w, int64_t n, const uint64_t* keys, const int64_t* positions,
+                                          uint64_t sentinel, int64_t lo, device_t<T>* out, const device_t<T>* src) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n; j += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t key = keys[j];
+    if (key == sentinel || (j > 0 && keys[j - 1] == key)) continue;
+    device_t<T>* target = out + (static_cast<int64_t>(key) + lo);
+    compute_t<T> acc = to_compute<T>(*target);
+    for (int64_t m = j; m < n && keys[m] == key; ++m) {
+      int64_t off[3];
+      walk_offsets(w, positions[m], off);
+      acc += to_compute<T>(src[off[2]]);
+    }
+    *target = from_compute<T>(acc);
+  }
+}
+
+// The lowest and highest element offsets (from data_ptr) that `t` can address.
+std::pair<int64_t, int64_t> offset_range(const Tensor& t) {
+  int64_t lo = 0, hi = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t span = (t.size(d) - 1) * t.stride(d);
+    (span < 0 ? lo : hi) += span;
+  }
+  return {lo, hi};
+}
+
+// Number of low bits that hold every value in [0, v].
+int bits_for(uint64_t v) {
+  int bits = 1;
+  while (bits < 64 && (v >> bits) != 0) ++bits;
+  return bits;
+}
+
+// The (target, position) pairs of one scatter, sorted by target; positions of one target stay in index
+// order (the radix sort is stable). w, n and the out arguments as scatter_kernel's.
+struct SortedTargets {
+  Tensor keys, positions;  // (n,) each: keys ascending (uint64 bits in Int64 tensors)
+  int64_t lo = 0;          // key + lo = the target's element offset in out
+  uint64_t sentinel = 0;   // the key of an out-of-range index (sorts last, skipped)
+
+  SortedTargets(const char* op, const Tensor& out, const Tensor& index, const Walk& w, int64_t n,
+                int64_t out_dim_stride, int64_t out_dim_size, int64_t* err, cudaStream_t stream) {
+    const auto [low, high] = offset_range(out);
+    lo = low;
+    sentinel = static_cast<uint64_t>(high - low) + 1;
+    const int end_bit = bits_for(sentinel);
+    const TensorOptions i64{.dtype = DType::Int64, .device = out.device()};
+    Tensor keys_in = ops::empty({n}, i64), pos_in = ops::empty({n}, i64);
+    keys = ops::empty({n}, i64);
+    positions = ops::empty({n}, i64);
+    auto* k_in = static_cast<uint64_t*>(keys_in.data_ptr());
+    auto* k_out = static_cast<uint64_t*>(keys.data_ptr());
+    auto* p_in = pos_in.data_ptr<int64_t>();
+    auto* p_out = positions.data_ptr<int64_t>();
+    scatter_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, n, index.data_ptr<int64_t>(), out_dim_stride,
+                                                                out_dim_size, lo, sentinel, k_in, p_in, err);
+    KILN_CUDA_CHECK_LAUNCH(op);
+    size_t temp_bytes = 0;
+    KILN_CUDA_CHECK(
+        cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, k_in, k_out, p_in, p_out, n, 0, end_bit, stream), op);
+    Tensor temp = ops::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))},
+                             {.dtype = DType::UInt8, .device = out.device()});
+    KILN_CUDA_CHECK(
+        cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, k_in, k_out, p_in, p_out, n, 0, end_bit, stream),
+        op);
+  }
+  const uint64_t* key_data() const { return static_cast<const uint64_t*>(keys.data_ptr()); }
+  const int64_t* position_data() const { return positions.data_ptr<int64_t>(); }
+};
+
+// Over sorted targets: the thread at the start of each run of equal keys writes the run's last src value
+// (the last in index order wins, as on the CPU). walk tensors: 2 src.
+template <typename U>
+__global__ void scatter_assign_sorted_kernel(Walk w, int64_t n, const uint64_t* keys, const int64_t* positions,
+                                             uint64_t sentinel, int64_t lo, U* out, const U* src) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n; j += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t key = keys[j];
+    if (key == sentinel || (j > 0 && keys[j - 1] == key)) continue;
+    int64_t last = j;
+    while (last + 1 < n && keys[last + 1] == key) ++last;
+    int64_t off[3];
+    walk_offsets(w, positions[last], off);
+    out[static_cast<int64_t>(key) + lo] = src[off[2]];
+  }
+}
+
+// Deterministic mode's scatter: out[q with coordinate dim = index[q]] (+)= src[q] for every position q of
+// index's shape, through sorted targets (see the top of the file). Adds in compute precision in index
+// order; assignment keeps the last value in index order. w as scatter_kernel's.
+template <typename T, bool kAccumulate>
+void deterministic_scatter(const char* op, const Tensor& out, const Tensor& index, const Tensor& src, const Walk& w,
+                           int64_t n, int64_t out_dim_stride, int64_t out_dim_size, int64_t* err, cudaStream_t stream) {
+  const SortedTargets sorted(op, out, index, w, n, out_dim_stride, out_dim_size, err, stream);
+  if constexpr (kAccumulate) {
+    scatter_add_sorted_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+        w, n, sorted.key_data(), sorted.position_data(), sorted.sentinel, sorted.lo,
+        static_cast<device_t<T>*>(out.data_ptr()), static_cast<const device_t<T>*>(src.data_ptr()));
+  } else {
+    scatter_assign_sorted_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+        w, n, sorted.key_data(), sorted.position_data(), sorted.sentinel, sorted.lo, static_cast<T*>(out.data_ptr()),
+        static_cast<const T*>(src.data_ptr()));
+  }
+  KILN_CUDA_CHECK_LAUNCH(op);
+}
+
 // ---- nonzero ----
 
 // Whether the element at row-major position i is nonzero, on the raw bits: floats ignore the sign bit
@@ -259,6 +395,10 @@ void CudaBackend::scatter(const Tensor& out, int64_t dim, const Tensor& index, c
   if (!accumulate) {
     visit_element_size(out.element_size(), [&](auto tag) {
       using U = typename decltype(tag)::type;
+      if (deterministic()) {  // duplicates: the last in index order wins, not whichever thread ran last
+        deterministic_scatter<U, false>(op, out, index, src, w, n, out_dim_stride, out_dim_size, check.data(), stream);
+        return;
+      }
       scatter_kernel<U, false><<<blocks_for(n), kThreads, 0, stream>>>(
           w, n, static_cast<U*>(out.data_ptr()), index.data_ptr<int64_t>(), static_cast<const U*>(src.data_ptr()),
           out_dim_stride, out_dim_size, check.data());
@@ -267,6 +407,12 @@ void CudaBackend::scatter(const Tensor& out, int64_t dim, const Tensor& index, c
   } else {
     visit_dtype(out.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+        if (deterministic()) {
+          deterministic_scatter<T, true>(op, out, index, src, w, n, out_dim_stride, out_dim_size, check.data(), stream);
+          return;
+        }
+      }
       using D = std::conditional_t<std::is_same_v<T, int32_t>, int, device_t<T>>;
       scatter_kernel<D, true><<<blocks_for(n), kThreads, 0, stream>>>(
           w, n, static_cast<D*>(out.data_ptr()), index.data_ptr<int64_t>(), static_cast<const D*>(src.data_ptr()),

@@ -10,6 +10,12 @@
 // and cached; the workspace is one 32 MiB kiln tensor per (device, stream) from the caching allocator.
 // Where cuBLASLt offers no algorithm, cublasGemmStridedBatchedEx (or a loop of cublasGemmEx when a
 // batch stride is 0) does the product.
+//
+// Determinism (../determinism.h): for a fixed problem on one GPU model and cuBLAS version the products are
+// bitwise reproducible without any setting: the algorithm is the heuristic's first choice (a pure function of
+// the problem and the fixed workspace size) cached for the process, each stream has its own workspace (also
+// for the cuBLAS fallback, so concurrent streams never share one), atomics mode stays at cuBLAS's default
+// CUBLAS_ATOMICS_NOT_ALLOWED, and the split-K reductions cuBLASLt may choose sum the parts in a fixed order.
 #include <array>
 #include <atomic>
 #include <climits>
