@@ -13,7 +13,8 @@
 //                           about HDF5, from which the file-level crc protects kiln's users.
 //
 // Seeds: KILN_FUZZ_WRITE_SEEDS=<folder> ./fuzz_checkpoint writes valid checkpoints of this target's model to
-// the folder and exits (fuzz/corpus/checkpoint/ holds them).
+// the folder and exits (fuzz/corpus/checkpoint/ holds them). KILN_FUZZ_VERBOSE=1 prints, for each input, the
+// kiln::Error each call refused it with (or "accepted").
 #include <unistd.h>  // getpid
 
 #include <cstdint>
@@ -88,6 +89,10 @@ std::string input_path() { return "/dev/shm/kiln-fuzz-checkpoint-" + std::to_str
 
 }  // namespace
 
+// The kiln libraries are compiled with UBSan's recoverable checks (top CMakeLists.txt's KILN_FUZZ flags): make
+// every report fatal, so that libFuzzer records it as a finding instead of printing it and going on.
+extern "C" const char* __ubsan_default_options() { return "halt_on_error=1:print_stacktrace=1"; }
+
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (const char* folder = std::getenv("KILN_FUZZ_WRITE_SEEDS")) {
     write_seeds(folder);
@@ -107,19 +112,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 #ifdef KILN_FUZZ_SEALED
   if (size > io::detail::kCheckpointUserBlock) io::detail::seal_checkpoint(path);
 #endif
-  try {
-    io::inspect_checkpoint(path);
-  } catch (const Error&) {
-  }
   static Objects objects;  // built once: loading into them is what is fuzzed (a refused load changes nothing)
-  try {
-    io::load_checkpoint(path, {.model = objects.model.get(), .optimizer = objects.opt.get()});
-  } catch (const Error&) {
-  }
-  try {
-    io::load_checkpoint(path, objects.all());
-  } catch (const Error&) {
-  }
+  // KILN_FUZZ_VERBOSE=1 prints why kiln refused the file (to triage one input: where does it stop?).
+  static const bool verbose = std::getenv("KILN_FUZZ_VERBOSE") != nullptr;
+  const auto attempt = [&](const char* what, const auto& call) {
+    try {
+      call();
+      if (verbose) std::fprintf(stderr, "%s: accepted\n", what);
+    } catch (const Error& e) {
+      if (verbose) std::fprintf(stderr, "%s: kiln::Error: %s\n", what, e.what());
+    }
+  };
+  attempt("inspect_checkpoint", [&] { io::inspect_checkpoint(path); });
+  attempt("load_checkpoint(model, optimizer)",
+          [&] { io::load_checkpoint(path, {.model = objects.model.get(), .optimizer = objects.opt.get()}); });
+  attempt("load_checkpoint(every part)", [&] { io::load_checkpoint(path, objects.all()); });
   std::remove(path.c_str());
   return 0;
 }

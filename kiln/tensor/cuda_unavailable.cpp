@@ -1,5 +1,10 @@
 // kiln/tensor/cuda.h in a build without the CUDA backend (KILN_CUDA=OFF): no GPU is ever available,
 // counting devices answers 0, and everything that needs a GPU throws a kiln::Error that says why.
+#if defined(__clang__)
+// The private fields of DeviceGuard and Event are used only by the CUDA implementation (cuda.cpp); clang
+// sees every member defined here and would warn that they are unused.
+#pragma clang diagnostic ignored "-Wunused-private-field"
+#endif
 #include "kiln/tensor/cuda.h"
 
 namespace kiln::cuda {
