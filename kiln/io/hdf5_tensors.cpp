@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "kiln/data/datasets/hdf5_dataset.h"  // data::hdf5_mutex
+#include "kiln/data/hdf5/hdf5_util.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
 
@@ -22,36 +23,9 @@ static_assert(std::is_same_v<hid_t, int64_t>, "kiln stores hid_t as int64_t (HDF
 
 namespace {
 
-// An HDF5 id closed on destruction (the caller holds hdf5_mutex() then too).
-class Handle {
- public:
-  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Handle(Handle&& o) noexcept : id_(std::exchange(o.id_, -1)), close_(o.close_) {}
-  Handle& operator=(Handle&&) = delete;
-  ~Handle() {
-    if (id_ >= 0) close_(id_);
-  }
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  herr_t (*close_)(hid_t);
-};
-
-// Silences HDF5's own printing of its error stack while kiln reports errors itself; restores it after.
-class QuietErrors {
- public:
-  QuietErrors() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietErrors() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
+using data::hdf5::half_type;
+using data::hdf5::Handle;
+using data::hdf5::QuietErrors;
 
 // The lock and the silence every public method takes, in this order.
 struct Guard {
@@ -81,15 +55,6 @@ void check(bool ok, const std::string& path, const std::string& what) {
 Handle checked(hid_t id, herr_t (*close)(hid_t), const std::string& path, const std::string& what) {
   check(id >= 0, path, what);
   return Handle(id, close);
-}
-
-// float16 as h5py defines it (IEEE half); h5py reads this type as numpy float16.
-Handle half_type() {
-  Handle t(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
-  H5Tset_fields(t.get(), 15, 10, 5, 0, 10);
-  H5Tset_size(t.get(), 2);
-  H5Tset_ebias(t.get(), 15);
-  return t;
 }
 
 // bool as h5py's enum (int8 base; FALSE = 0, TRUE = 1).

@@ -10,6 +10,7 @@
 #include <future>
 #include <unordered_map>
 
+#include "kiln/data/hdf5/hdf5_util.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
 
@@ -22,59 +23,9 @@ std::mutex& hdf5_mutex() {
 
 namespace {
 
-// An HDF5 id closed on destruction (the caller holds hdf5_mutex() then too).
-class Handle {
- public:
-  Handle() = default;
-  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Handle(Handle&& o) noexcept : id_(std::exchange(o.id_, -1)), close_(o.close_) {}
-  Handle& operator=(Handle&& o) noexcept {
-    reset();
-    id_ = std::exchange(o.id_, -1);
-    close_ = o.close_;
-    return *this;
-  }
-  ~Handle() { reset(); }
-  void reset() {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = -1;
-  }
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
-
-// Silences HDF5's own printing of its error stack while kiln reports errors itself.
-class QuietErrors {
- public:
-  QuietErrors() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietErrors() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
-
-// 16-bit floats as h5py defines them (IEEE half), and bfloat16 (float32's top half).
-Handle half_type(bool bfloat16) {
-  Handle t(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
-  if (bfloat16) {
-    H5Tset_fields(t.get(), 15, 7, 8, 0, 7);
-    H5Tset_size(t.get(), 2);
-    H5Tset_ebias(t.get(), 127);
-  } else {
-    H5Tset_fields(t.get(), 15, 10, 5, 0, 10);
-    H5Tset_size(t.get(), 2);
-    H5Tset_ebias(t.get(), 15);
-  }
-  return t;
-}
+using hdf5::half_type;
+using hdf5::Handle;
+using hdf5::QuietErrors;
 
 // The memory type kiln reads `dtype` as (an owned copy, so every case closes the same way).
 Handle memory_type(DType dtype) {
