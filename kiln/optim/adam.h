@@ -51,17 +51,11 @@ struct AdamWOptions {
 
 // Adam and AdamW share one implementation (adam.cpp), instantiated for both options types.
 template <typename Options>
-class AdamBase : public OptimizerWith<Options> {
+class AdamBase : public HookedOptimizer<Options> {
  public:
-  AdamBase(std::vector<Tensor> params, Options options = {}) : OptimizerWith<Options>(std::move(params), options) {}
+  AdamBase(std::vector<Tensor> params, Options options = {}) : HookedOptimizer<Options>(std::move(params), options) {}
   AdamBase(std::vector<ParamGroup<Options>> groups, Options defaults = {})
-      : OptimizerWith<Options>(std::move(groups), defaults) {}
-
-  void step() override { step_with(Tensor(), Tensor()); }
-  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override {
-    this->step_by_hooks(grad_scale, found_inf);
-  }
-  bool supports_step_with() const override { return true; }
+      : HookedOptimizer<Options>(std::move(groups), defaults) {}
 
  protected:
   void update_bucket(size_t group, Optimizer::CudaBucket& bucket, const Tensor& grad_scale,

@@ -36,17 +36,11 @@ struct LAMBOptions {
   static LAMBOptions from_values(const std::map<std::string, double>& values);
 };
 
-class LAMB : public OptimizerWith<LAMBOptions> {
+class LAMB : public HookedOptimizer<LAMBOptions> {
  public:
-  LAMB(std::vector<Tensor> params, LAMBOptions options = {}) : OptimizerWith(std::move(params), options) {}
+  LAMB(std::vector<Tensor> params, LAMBOptions options = {}) : HookedOptimizer(std::move(params), options) {}
   LAMB(std::vector<ParamGroup<LAMBOptions>> groups, LAMBOptions defaults = {})
-      : OptimizerWith(std::move(groups), defaults) {}
-
-  void step() override { step_with(Tensor(), Tensor()); }
-  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override {
-    this->step_by_hooks(grad_scale, found_inf);
-  }
-  bool supports_step_with() const override { return true; }
+      : HookedOptimizer(std::move(groups), defaults) {}
 
  protected:
   void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;

@@ -172,4 +172,17 @@ class OptimizerWith : public Optimizer {
   std::vector<ParamGroup<Options>> groups_;
 };
 
+// An OptimizerWith whose step is step_by_hooks: the derived optimizer implements update_bucket (CUDA) and
+// update_param (CPU) — SGD, Adam, AdamW, LAMB. It takes amp::GradScaler's scale and inf flag on the device.
+template <typename Options>
+class HookedOptimizer : public OptimizerWith<Options> {
+ public:
+  using OptimizerWith<Options>::OptimizerWith;
+  void step() override { this->step_by_hooks(Tensor(), Tensor()); }
+  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override {
+    this->step_by_hooks(grad_scale, found_inf);
+  }
+  bool supports_step_with() const override { return true; }
+};
+
 }  // namespace kiln::optim

@@ -34,17 +34,11 @@ struct SGDOptions {
   static SGDOptions from_values(const std::map<std::string, double>& values);
 };
 
-class SGD : public OptimizerWith<SGDOptions> {
+class SGD : public HookedOptimizer<SGDOptions> {
  public:
-  SGD(std::vector<Tensor> params, SGDOptions options = {}) : OptimizerWith(std::move(params), options) {}
+  SGD(std::vector<Tensor> params, SGDOptions options = {}) : HookedOptimizer(std::move(params), options) {}
   SGD(std::vector<ParamGroup<SGDOptions>> groups, SGDOptions defaults = {})
-      : OptimizerWith(std::move(groups), defaults) {}
-
-  void step() override { step_with(Tensor(), Tensor()); }
-  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override {
-    this->step_by_hooks(grad_scale, found_inf);
-  }
-  bool supports_step_with() const override { return true; }
+      : HookedOptimizer(std::move(groups), defaults) {}
 
  protected:
   void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;
