@@ -25,6 +25,10 @@
 #include "kiln/data/text/vocab_builder.h"  // data::build_wordpiece_vocab: a WordPiece vocabulary from text
 #include "kiln/data/text/wordpiece.h"      // data::WordPieceTokenizer, data::BasicTokenizer (BERT vocab.txt)
 #include "kiln/data/transforms.h"          // data::transforms::Compose, RandomResizedCrop, Normalize, presets, ...
+#include "kiln/distributed/data_parallel.h"  // dist::DataParallel: bucketed gradient all-reduce during backward
+#include "kiln/distributed/environment.h"    // dist::init: rank, world size, this process's GPU, the bootstrap
+#include "kiln/distributed/process_group.h"  // dist::all_reduce, broadcast, all_gather, reduce_scatter, barrier
+#include "kiln/distributed/sync_batch_norm.h"  // dist::convert_sync_batchnorm: batch statistics over all ranks
 #include "kiln/io/checkpoint.h"            // io::save_checkpoint, io::load_checkpoint: HDF5, atomic, checksummed
 #include "kiln/io/checkpoint_manager.h"    // io::CheckpointManager: keep the last K, resume from the newest complete
 #include "kiln/io/pretrained.h"            // io::load_weights: torchvision/Hugging Face weights by name, with a report

@@ -277,19 +277,56 @@ struct BackwardModes {
   autocast::DisableGuard no_autocast;
 };
 
+// The callbacks of queue_callback, per thread; they run when the outermost backward's graph is done.
+thread_local int backward_depth = 0;
+thread_local std::vector<std::function<void()>> end_callbacks;
+
+// Counts a running backward; the outermost one runs the queued callbacks once its graph has finished
+// (run_callbacks), and drops them when the graph failed.
+class BackwardScope {
+ public:
+  BackwardScope() { ++backward_depth; }
+  ~BackwardScope() {
+    if (--backward_depth == 0) end_callbacks.clear();
+  }
+  BackwardScope(const BackwardScope&) = delete;
+  BackwardScope& operator=(const BackwardScope&) = delete;
+  void run_callbacks() {
+    if (backward_depth != 1) return;
+    // Callbacks may queue more; each runs once, in order.
+    for (size_t i = 0; i < end_callbacks.size(); ++i) {
+      std::function<void()> fn = std::move(end_callbacks[i]);
+      fn();
+    }
+    end_callbacks.clear();
+  }
+};
+
 }  // namespace
 
 void backward(const TensorList& outputs, const TensorList& grad_outputs, bool retain_graph) {
   auto root = make_root(outputs, grad_outputs, "backward");
+  BackwardScope scope;
   BackwardModes modes;
   GraphTask task(retain_graph);
   task.execute(root, 0);
+  scope.run_callbacks();
 }
+
+void queue_callback(std::function<void()> fn) {
+  KILN_CHECK(backward_depth > 0, "autograd::queue_callback: no backward is running on this thread; queue ",
+             "callbacks from hooks or nodes that run during backward");
+  KILN_CHECK(fn != nullptr, "autograd::queue_callback: the callback is empty");
+  end_callbacks.push_back(std::move(fn));
+}
+
+bool in_backward() { return backward_depth > 0; }
 
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs, bool retain_graph,
                 bool allow_unused) {
   auto root = make_root(outputs, grad_outputs, "autograd::grad");
   KILN_CHECK(!inputs.empty(), "autograd::grad: no inputs given to differentiate with respect to");
+  BackwardScope scope;
   GraphTask task(retain_graph);
   for (size_t i = 0; i < inputs.size(); ++i) {
     KILN_CHECK(inputs[i].defined(), "autograd::grad: input ", i, " is undefined");
@@ -301,6 +338,7 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
   {
     BackwardModes modes;
     task.execute(root, inputs.size());
+    scope.run_callbacks();
   }
   TensorList result = std::move(task.captured());
   for (size_t i = 0; i < result.size(); ++i) {

@@ -11,6 +11,7 @@
 // two threads may run backward at once only on graphs that share no node (e.g. no common leaf).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "kiln/autograd/node.h"
@@ -26,5 +27,14 @@ void backward(const TensorList& outputs, const TensorList& grad_outputs = {}, bo
 // error unless allow_unused (its gradient is then undefined).
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs = {},
                 bool retain_graph = false, bool allow_unused = false);
+
+// Queues fn to run when the outermost backward()/grad() now running on this thread has finished its
+// graph (nested backwards, such as a checkpoint's recomputation, do not end it). Callbacks run in the
+// order queued, after every node and hook; one may queue further callbacks. An exception from a callback
+// leaves backward (the remaining callbacks are dropped). What data-parallel training uses to finish the
+// gradient all-reduce. Calling it outside a backward is an error.
+void queue_callback(std::function<void()> fn);
+// Whether a backward is running on this thread.
+bool in_backward();
 
 }  // namespace kiln::autograd

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "kiln/autograd/autocast.h"   // autocast::inputs: the reducer path runs as one op, as nn::batch_norm
 #include "kiln/autograd/grad_mode.h"  // NoGradGuard for the batch counter
 #include "kiln/layers/functional.h"   // nn::linear, nn::batch_norm, ...
 #include "kiln/layers/init.h"         // PyTorch's default initialisation
@@ -162,11 +163,71 @@ Tensor BatchNorm::normalize(const Tensor& input, bool relu) {
     // Without a momentum: the cumulative average, 1 / (batches so far). Reading the counter syncs with the GPU.
     if (!options.momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   }
+  if (is_training() && stats_reducer_) return normalize_global(input, relu, factor);
   // Without running statistics, eval mode normalises with the batch's statistics too.
   const bool use_batch_stats = is_training() || !running_mean.defined();
   const bool update = !is_training() || options.track_running_stats;
   return (relu ? batch_norm_relu : batch_norm)(input, update ? running_mean : Tensor(), update ? running_var : Tensor(),
                                                weight, bias, use_batch_stats, factor, options.eps);
+}
+
+Tensor BatchNorm::normalize_global(const Tensor& input, bool relu_after, double factor) {
+  // Autocast keeps the input's dtype for batch norm (as nn::batch_norm); the ops below run as one op.
+  auto [x, w, b] = autocast::inputs(autocast::Op::BatchNorm, input, weight, bias);
+  autocast::DisableGuard as_one_op;
+  const int64_t c = num_features, rank = x.dim();
+  const int64_t local_count = c > 0 ? x.numel() / c : 0;  // values per channel on this process
+  const int world = stats_reducer_->world_size();
+  // The global count is only known after the reduction; with one process it is the local one. (With several,
+  // a process may hold few or no samples: the global count decides, as PyTorch's SyncBatchNorm.)
+  KILN_CHECK(world > 1 || local_count > 1, type_name(),
+             ": training needs more than 1 value per channel, got input shape ", x.shape(),
+             "; use a larger batch or eval()");
+  // 16-bit activations: statistics and normalisation in float32 (a sum over millions of values in bfloat16
+  // would lose nearly every digit); the output returns to the input's dtype, as the fused kernels do.
+  const bool low = x.dtype() == DType::Float16 || x.dtype() == DType::BFloat16;
+  const DType dt = low ? DType::Float32 : x.dtype();
+  const Tensor xf = low ? cast(x, dt) : x;  // (N, C, *)
+  // Every dim but the channel dim 1, and the shape (1, C, 1, ...) that broadcasts a (C) tensor over (N, C, *).
+  Dims dims{0};
+  for (int64_t d = 2; d < rank; ++d) dims.push_back(d);
+  Shape bshape(static_cast<size_t>(rank), 1);
+  bshape[1] = c;
+  auto reduce = [&](const Tensor& t, const char* what) {
+    Tensor r = stats_reducer_->all_reduce_sum(t);
+    KILN_CHECK(r.defined() && r.shape() == t.shape() && r.dtype() == t.dtype(), type_name(),
+               ": the statistics reducer returned ", r.defined() ? r.shape() : Shape{}, " ",
+               r.defined() ? r.dtype() : t.dtype(), " for the ", what, " of shape ", t.shape(), " ", t.dtype(),
+               "; all_reduce_sum must return a tensor of its input's shape and dtype");
+    return r;
+  };
+
+  // Pass 1: (sum per channel, count) -> summed over processes -> global mean. One reduction of (C + 1).
+  Tensor count_local = full({1}, static_cast<double>(local_count), {.dtype = dt, .device = x.device()});
+  Tensor sums = reduce(cat({sum(xf, dims), count_local}, 0), "per-channel sums and count");  // (C + 1)
+  // The count carries no gradient (it depends on shapes only). In float32 it is exact up to 2^24 per process.
+  Tensor count = narrow(sums, 0, c, 1).detach();       // (1)
+  Tensor global_mean = narrow(sums, 0, 0, c) / count;  // (C)
+  // Pass 2: the sum of squared deviations from the global mean, summed over processes -> biased variance.
+  Tensor centered = xf - reshape(global_mean, bshape);                                 // (N, C, *)
+  Tensor global_var = reduce(sum(square(centered), dims), "sums of squares") / count;  // (C)
+  Tensor y = centered * reshape(rsqrt(global_var + options.eps), bshape);
+  if (w.defined()) y = y * reshape(w, bshape);
+  if (b.defined()) y = y + reshape(b, bshape);
+  if (relu_after) y = kiln::relu(y);
+  if (low && y.dtype() != x.dtype()) y = cast(y, x.dtype());
+
+  if (options.track_running_stats) {
+    // running = (1 - factor) * running + factor * batch, with the unbiased variance of the global batch.
+    // All on the device: no host sync (the count stays a tensor).
+    NoGradGuard no_grad;
+    Tensor rm = running_mean, rv = running_var;  // handles share the buffers
+    Tensor m = global_mean.detach().to(rm.dtype());
+    Tensor v = (global_var.detach() * count / (count - 1)).to(rv.dtype());
+    rm.mul_(1 - factor).add_(m, factor);
+    rv.mul_(1 - factor).add_(v, factor);
+  }
+  return y;
 }
 
 BatchNorm1d::BatchNorm1d(int64_t num_features, BatchNormOptions options)

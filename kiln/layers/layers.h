@@ -13,7 +13,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <utility>
 
 #include "kiln/layers/module.h"  // nn::Module
 #include "kiln/tensor/generator.h"
@@ -111,8 +113,31 @@ struct BatchNormOptions {
   bool track_running_stats = true;  // buffers "running_mean", "running_var", "num_batches_tracked" (Int64, 0-d)
 };
 
+// Sums BatchNorm's per-channel statistics over the processes of a job, so that training normalises with the
+// statistics of the global batch (SyncBatchNorm) rather than of this process's few samples. kiln/distributed
+// implements it over a process group (dist::convert_sync_batchnorm); layers know nothing of processes.
+class BatchNormStatsReducer {
+ public:
+  virtual ~BatchNormStatsReducer() = default;
+  // The elementwise sum of `t` (1-D, float32 or float64) over every process, as a new tensor of t's shape.
+  // Differentiable: its backward sums the incoming gradient over every process the same way, so each process
+  // gets the gradient of the sum of all processes' losses with respect to its own statistics. Every process
+  // must call it the same number of times in the same order (forward and backward).
+  virtual Tensor all_reduce_sum(const Tensor& t) = 0;
+  // The number of processes. A set reducer is used at any world size; with 1, BatchNorm refuses (as without a
+  // reducer) a batch of one value per channel, which with more processes is fine (the global count decides).
+  virtual int world_size() const = 0;
+};
+
 // Batch normalisation over every dim but the channel dim 1. Training uses the batch's statistics and updates
 // the running ones; eval uses the running ones (or the batch's, without track_running_stats).
+//
+// With a statistics reducer set, training uses the statistics of the global batch instead: per channel, the
+// local sum and element count are summed over processes (one reduction), then the sum of squared deviations
+// from the global mean (a second one: two passes, as accurate as the local path). The normalisation is then
+// composed of differentiable ops (not the fused GPU kernel) and 16-bit inputs compute in float32. The
+// running statistics are updated with the global mean and the unbiased global variance. Eval mode is
+// unchanged. With one process the results equal those without a reducer, up to float rounding.
 class BatchNorm : public Module {
  public:
   Tensor forward(const Tensor& input) override;
@@ -120,6 +145,9 @@ class BatchNorm : public Module {
   Tensor forward_relu(const Tensor& input);
   void reset_running_stats();
   void reset_parameters();
+  // Null (the default) turns the global statistics off again.
+  void set_stats_reducer(std::shared_ptr<BatchNormStatsReducer> reducer) { stats_reducer_ = std::move(reducer); }
+  const std::shared_ptr<BatchNormStatsReducer>& stats_reducer() const { return stats_reducer_; }
 
   int64_t num_features;
   BatchNormOptions options;
@@ -132,6 +160,10 @@ class BatchNorm : public Module {
 
  private:
   Tensor normalize(const Tensor& input, bool relu);
+  // Training with stats_reducer_: the global batch's statistics. `factor` is the running-statistics momentum.
+  Tensor normalize_global(const Tensor& input, bool relu_after, double factor);
+
+  std::shared_ptr<BatchNormStatsReducer> stats_reducer_;
 };
 
 // (N, C) or (N, C, L).

@@ -1,0 +1,94 @@
+// kiln/distributed in one process (no launcher): world size 1, collectives that check their arguments and
+// change nothing, DataParallel as a plain wrapper.
+#include <gtest/gtest.h>
+
+#include "kiln/kiln.h"
+#include "kiln/tensor/cuda.h"
+#include "support/test_support.h"
+
+using namespace kiln;
+using kiln::testing::BackendTest;
+using kiln::testing::expect_error;
+
+namespace {
+
+TEST(DistSingleProcess, InitWithoutALauncherIsWorldSizeOne) {
+  const dist::Env& e = dist::init();
+  EXPECT_EQ(e.world_size, 1);
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.launcher, "none");
+  EXPECT_EQ(e.bootstrap, "none");
+  EXPECT_TRUE(e.is_main());
+  EXPECT_FALSE(e.distributed());
+  EXPECT_EQ(e.device().is_cuda(), cuda::device_count() > 0);
+  EXPECT_EQ(&dist::init(), &e);
+  EXPECT_EQ(dist::world_size(), 1);
+  dist::barrier();
+}
+
+class DistSingleProcessOn : public BackendTest {};
+
+TEST_P(DistSingleProcessOn, CollectivesAreIdentities) {
+  Tensor t = kiln::testing::make({1, 2, 3}, {3}, opts());
+  auto& g = dist::group(dev());
+  EXPECT_EQ(g.backend(), "single");
+  EXPECT_EQ(g.size(), 1);
+  for (auto op : {dist::ReduceOp::Sum, dist::ReduceOp::Average, dist::ReduceOp::Max, dist::ReduceOp::Min}) {
+    dist::all_reduce(t, op);
+  }
+  dist::broadcast(t, 0);
+  kiln::testing::expect_values(t, {3}, {1, 2, 3});
+  Tensor out = ops::zeros({1, 3}, opts());
+  dist::all_gather(out, t);
+  kiln::testing::expect_values(out, {1, 3}, {1, 2, 3});
+  Tensor rs = ops::zeros({3}, opts());
+  dist::reduce_scatter(rs, t);
+  kiln::testing::expect_values(rs, {3}, {1, 2, 3});
+  const uint64_t seq = g.sequence_number();
+  auto w = g.all_reduce_async(t);
+  EXPECT_TRUE(w->is_completed());
+  EXPECT_EQ(g.sequence_number(), seq + 1);
+}
+
+TEST_P(DistSingleProcessOn, BadArgumentsAreRefused) {
+  auto& g = dist::group(dev());
+  expect_error([&] { g.all_reduce(Tensor()); }, {"all_reduce", "undefined"});
+  Tensor nc = kiln::testing::non_contiguous(ops::ones({4, 4}, opts()));
+  expect_error([&] { g.all_reduce(nc); }, {"all_reduce", "not contiguous", "contiguous()"});
+  expect_error([&] { g.broadcast(ops::ones({2}, opts()), 1); }, {"root 1", "not a rank"});
+  expect_error([&] { g.all_gather(ops::ones({4}, opts()), ops::ones({2}, opts())); }, {"all_gather", "4", "2"});
+  if (dev().is_cuda()) {
+    expect_error([&] { g.all_reduce(ops::ones({2})); }, {"all_reduce", "cpu", "cuda:0"});
+  }
+}
+
+TEST_P(DistSingleProcessOn, DataParallelIsAPlainWrapper) {
+  manual_seed(3);
+  auto net = std::make_shared<nn::Linear>(4, 2);
+  net->to(dev());
+  dist::DataParallel ddp(net);
+  EXPECT_TRUE(ddp.bucket_layout().empty());  // nothing to reduce
+  Tensor x = ops::randn({5, 4}, opts());
+  Tensor y = ddp(x);
+  kiln::testing::expect_values(y, {5, 2}, kiln::testing::values((*net)(x)));
+  y.sum().backward();
+  EXPECT_TRUE(net->weight.grad().defined());
+  auto guard = ddp.no_sync();
+}
+
+TEST(DistSingleProcess, DataParallelRefusesModelsItCannotReduce) {
+  expect_error([] { dist::DataParallel ddp(nullptr); }, {"DataParallel", "null"});
+  expect_error([] { dist::DataParallel ddp(std::make_shared<nn::ReLU>()); }, {"DataParallel", "no parameters"});
+  expect_error([] { dist::DataParallel ddp(std::make_shared<nn::Linear>(2, 2), {.bucket_mb = 0}); },
+               {"bucket_mb", "positive"});
+  if (cuda::device_count() > 0) {
+    auto seq = std::make_shared<nn::Sequential>(
+        std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(2, 2), std::make_shared<nn::Linear>(2, 2)});
+    seq->children()[1]->to(Device::cuda(0));
+    expect_error([&] { dist::DataParallel ddp(seq); }, {"DataParallel", "1.weight", "cuda:0", "one device"});
+  }
+}
+
+KILN_INSTANTIATE_BACKENDS(DistSingleProcessOn);
+
+}  // namespace
