@@ -39,8 +39,9 @@ class DeviceGuard {
   int previous_;
 };
 
-// A CUDA stream. Copies of a Stream refer to the same stream; streams made by create() live until the
-// last copy goes. The default stream of each device is the legacy default stream.
+// A CUDA stream. Copies of a Stream refer to the same stream. When the last copy of a stream made by create()
+// goes, the stream returns to a pool that later create() calls take from (it is never destroyed: the caching
+// allocator may still refer to it). The default stream of each device is the legacy default stream.
 class Stream {
  public:
   static Stream create(int device = -1, bool high_priority = false);

@@ -1,4 +1,12 @@
-# Multi-process tests (included by tests/CMakeLists.txt): tests/distributed/test_mpi_*.cpp form one GoogleTest
+# Multi-process tests (included by tests/CMakeLists.txt). A job started by hand through the TCP rendezvous
+# (launch_child, run_tcp_test.sh) needs no MPI; it runs first.
+add_executable(launch_child distributed/launch_child.cpp)
+target_link_libraries(launch_child PRIVATE kiln::kiln kiln_warnings)
+add_test(NAME distributed.tcp_bootstrap
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/distributed/run_tcp_test.sh $<TARGET_FILE:launch_child>)
+set_tests_properties(distributed.tcp_bootstrap PROPERTIES LABELS mpi TIMEOUT 180 ENVIRONMENT NCCL_NVLS_ENABLE=0)
+
+# Multi-process tests under MPI: tests/distributed/test_mpi_*.cpp form one GoogleTest
 # binary that CTest runs under `mpirun -np 2` (label mpi): CPU tensors through the MPI group on every machine,
 # and, where each rank has a GPU, CUDA tensors through NCCL. failure_child is a program whose ranks time out or
 # die on purpose; run_failure_test.sh checks that the job then ends, non-zero, with the expected message.

@@ -130,6 +130,25 @@ TEST_F(CudaMemory, CrossStreamFreeWaitsForTheOtherStream) {
   EXPECT_EQ(address(z), x_ptr);
 }
 
+// A tensor used on a stream whose last handle went before the tensor (a group's or a loader's stream): freeing
+// it records an event on that stream, which must still be valid then; streams are pooled, not destroyed.
+TEST_F(CudaMemory, FreeAfterTheRecordedStreamIsGone) {
+  std::optional<Tensor> x = device_bytes(8 * kMiB);
+  void* handle = nullptr;
+  {
+    cuda::Stream side = cuda::Stream::create(0);
+    handle = side.handle();
+    busy(*x, side, 1);
+    cuda::record_stream(*x, side);
+  }
+  x.reset();  // records on the side stream (gone as a Stream, alive in the pool)
+  cuda::synchronize(0);
+  Tensor y = device_bytes(8 * kMiB);
+  cuda::synchronize(0);
+  cuda::Stream again = cuda::Stream::create(0);
+  EXPECT_EQ(again.handle(), handle);  // the pool hands the same stream out again
+}
+
 TEST_F(CudaMemory, BlocksStayWithTheirStream) {
   cuda::Stream other = cuda::Stream::create(0);
   char* on_default = nullptr;

@@ -1,6 +1,9 @@
 // Streams, events and the per-thread current stream.
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "kiln/tensor/cuda.h"
@@ -53,14 +56,35 @@ Stream Stream::create(int device, bool high_priority) {
   DeviceGuard guard(device);
   int least = 0, greatest = 0;  // numerically lower is higher priority: greatest <= least
   KILN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "Stream::create");
+  // Streams are recycled, never destroyed: the caching allocator keeps the streams that record_stream() named
+  // until each tensor is freed, which can be after the last Stream copy is gone; a destroyed stream there would
+  // be a dangling handle. A recycled stream may still hold its earlier owner's work: its next owner then only
+  // waits a little longer.
+  struct Pool {
+    std::mutex mutex;
+    std::map<std::pair<int, bool>, std::vector<cudaStream_t>> free;
+  };
+  static auto* pool = new Pool;  // never destroyed (streams are in use until the process ends)
+  const std::pair<int, bool> key{device, high_priority};
   cudaStream_t s = nullptr;
-  // Non-blocking: kiln's streams do not serialise with the legacy default stream, so work on them
-  // overlaps with whatever other code queues there.
-  KILN_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least),
-                  "Stream::create");
-  // The destroyer ignores errors: it may run at process exit, after the driver has shut down.
-  std::shared_ptr<void> owner(static_cast<void*>(s),
-                              [](void* p) { (void)cudaStreamDestroy(static_cast<cudaStream_t>(p)); });
+  {
+    std::lock_guard lock(pool->mutex);
+    auto& list = pool->free[key];
+    if (!list.empty()) {
+      s = list.back();
+      list.pop_back();
+    }
+  }
+  if (s == nullptr) {
+    // Non-blocking: kiln's streams do not serialise with the legacy default stream, so work on them
+    // overlaps with whatever other code queues there.
+    KILN_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least),
+                    "Stream::create");
+  }
+  std::shared_ptr<void> owner(static_cast<void*>(s), [key](void* p) {
+    std::lock_guard lock(pool->mutex);
+    pool->free[key].push_back(static_cast<cudaStream_t>(p));
+  });
   return Stream(device, static_cast<void*>(s), std::move(owner));
 }
 
