@@ -19,6 +19,7 @@
 #include "gpu_timing.h"  // bench::median_step_ms
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
+#include "model_cases.h"  // bench::make_resnet50, bench::make_bert_base: the models and their random batches
 
 using namespace kiln;
 
@@ -52,13 +53,10 @@ Tensor autocast_forward(const Settings& s, const std::function<Tensor()>& f) {
 }
 
 void bench_resnet50(const Settings& s, MemoryFormat format) {
-  const Device dev = Device::cuda(0);
-  const int64_t batch = s.quick ? 16 : 256, size = s.quick ? 64 : 224;
-  auto model = nn::models::resnet50({.num_classes = 1000});
-  model->to(dev, format);
-  model->train();
-  Tensor x = randn({batch, 3, size, size}, {.device = dev}).contiguous(format);
-  Tensor y = randint(0, 1000, {batch}, {.dtype = DType::Int64, .device = dev});
+  bench::ResNetCase c = bench::make_resnet50(Device::cuda(0), format, s.quick);
+  auto& model = c.model;
+  const Tensor &x = c.x, &y = c.y;
+  const int64_t batch = c.batch, size = c.size;
   const Timing t = time_steps(s, [&] {
     model->zero_grad(true);
     Tensor loss = autocast_forward(s, [&] { return nn::cross_entropy((*model)(x), y); });
@@ -71,21 +69,10 @@ void bench_resnet50(const Settings& s, MemoryFormat format) {
 }
 
 void bench_bert_base(const Settings& s) {
-  const Device dev = Device::cuda(0);
-  const int64_t batch = s.quick ? 8 : 128, seq = 128;
-  nn::models::BertConfig config = nn::models::BertConfig::base();
-  if (s.quick) config.num_hidden_layers = 2;
-  auto model = std::make_shared<nn::models::BertForMaskedLM>(config);
-  model->to(dev);
-  model->train();
-  Tensor ids = randint(0, config.vocab_size, {batch, seq}, {.dtype = DType::Int64, .device = dev});
-  Tensor types = zeros({batch, seq}, {.dtype = DType::Int64, .device = dev});
-  // The last 16 tokens of every other sequence are padding.
-  Tensor mask = ones({batch, seq}, {.dtype = DType::Int64, .device = dev});
-  for (int64_t b = 1; b < batch; b += 2) mask[b].narrow(0, seq - 16, 16).fill_(0);
-  // 15% of positions carry a label; the rest are ignored (-100).
-  Tensor pick = rand({batch, seq}, {.device = dev}) < Scalar(0.15);
-  Tensor labels = where(pick, ids, full({batch, seq}, -100, {.dtype = DType::Int64, .device = dev}));
+  bench::BertCase c = bench::make_bert_base(Device::cuda(0), s.quick);
+  auto& model = c.model;
+  const Tensor &ids = c.ids, &types = c.types, &mask = c.mask, &labels = c.labels;
+  const int64_t batch = c.batch, seq = c.seq;
   const Timing t = time_steps(s, [&] {
     model->zero_grad(true);
     Tensor loss = autocast_forward(s, [&] { return model->forward(ids, types, mask, labels).loss; });

@@ -1,0 +1,69 @@
+// bench/model_cases.h — the model benchmarks' two cases, built once for bench_models and bench_ddp: a model on
+// `dev` in train mode and one random batch that every step reuses.
+//
+//   auto c = bench::make_resnet50(dev, MemoryFormat::ChannelsLast, /*quick=*/false);
+//   Tensor loss = nn::cross_entropy((*c.model)(c.x), c.y);
+//   auto b = bench::make_bert_base(dev, false);
+//   Tensor loss = b.model->forward(b.ids, b.types, b.mask, b.labels).loss;
+//
+// ResNet-50: batch 256, 224x224 standard-normal images, 1000 classes (quick: batch 16, 64x64).
+// BERT-base masked-LM: batch 128, sequence 128 (quick: batch 8, 2 layers); the last 16 tokens of every other
+// sequence are padding, 15% of positions carry a label, the rest are ignored (-100).
+// bench/pytorch_models.py and bench/pytorch_ddp.py build the same batches for PyTorch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kiln/kiln.h"
+
+namespace kiln::bench {
+
+struct ResNetCase {
+  std::shared_ptr<nn::models::ResNet> model;
+  Tensor x;  // (batch, 3, size, size) float32, in the model's memory format
+  Tensor y;  // (batch,) Int64 class indices
+  int64_t batch = 0, size = 0;
+};
+
+inline ResNetCase make_resnet50(Device dev, MemoryFormat format, bool quick) {
+  ResNetCase c;
+  c.batch = quick ? 16 : 256;
+  c.size = quick ? 64 : 224;
+  c.model = nn::models::resnet50({.num_classes = 1000});
+  c.model->to(dev, format);
+  c.model->train();
+  c.x = randn({c.batch, 3, c.size, c.size}, {.device = dev}).contiguous(format);
+  c.y = randint(0, 1000, {c.batch}, {.dtype = DType::Int64, .device = dev});
+  return c;
+}
+
+struct BertCase {
+  nn::models::BertConfig config;
+  std::shared_ptr<nn::models::BertForMaskedLM> model;
+  Tensor ids, types, mask, labels;  // (batch, seq) Int64 each
+  int64_t batch = 0, seq = 0;
+};
+
+inline BertCase make_bert_base(Device dev, bool quick) {
+  BertCase c;
+  c.batch = quick ? 8 : 128;
+  c.seq = 128;
+  c.config = nn::models::BertConfig::base();
+  if (quick) c.config.num_hidden_layers = 2;
+  c.model = std::make_shared<nn::models::BertForMaskedLM>(c.config);
+  c.model->to(dev);
+  c.model->train();
+  const int64_t b = c.batch, s = c.seq;
+  c.ids = randint(0, c.config.vocab_size, {b, s}, {.dtype = DType::Int64, .device = dev});
+  c.types = zeros({b, s}, {.dtype = DType::Int64, .device = dev});
+  // The last 16 tokens of every other sequence are padding.
+  c.mask = ones({b, s}, {.dtype = DType::Int64, .device = dev});
+  for (int64_t i = 1; i < b; i += 2) c.mask[i].narrow(0, s - 16, 16).fill_(0);
+  // 15% of positions carry a label; the rest are ignored (-100).
+  Tensor pick = rand({b, s}, {.device = dev}) < Scalar(0.15);
+  c.labels = where(pick, c.ids, full({b, s}, -100, {.dtype = DType::Int64, .device = dev}));
+  return c;
+}
+
+}  // namespace kiln::bench
