@@ -7,18 +7,12 @@
 
 #include "kiln/kiln.h"
 #include "support/temp_folder.h"
+#include "distributed/mpi_test_util.h"
 #include "support/test_support.h"
 
 using namespace kiln;
 
 namespace {
-
-// The other rank's value of t (2 ranks): all_gather both, keep the other's block.
-Tensor the_other_ranks(const Tensor& t) {
-  Tensor both = ops::empty({2, t.numel()}, {.dtype = t.dtype(), .device = t.device()});
-  dist::all_gather(both, t.contiguous());
-  return both.select(0, 1 - dist::rank()).view(t.shape());
-}
 
 // One folder that every rank sees: rank 0 makes it and broadcasts its name.
 std::string shared_folder(const std::string& made_by_rank0) {
@@ -88,7 +82,7 @@ TEST(MpiCheckpoint, TwoRanksSaveAndResumeExactly) {
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(kiln::testing::values(ps[i]), params_straight[i]);
   // The ranks drew different data (their own generator states came back): their losses differ.
   Tensor mine = ops::from_vector(straight, {3}, Device::cpu());
-  Tensor other = the_other_ranks(mine);
+  Tensor other = kiln::testing::the_other_ranks(mine);
   EXPECT_NE(kiln::testing::values(mine), kiln::testing::values(other));
   dist::barrier();  // rank 0's TempFolder goes only after every rank is done with it
 }

@@ -7,6 +7,7 @@
 
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
+#include "distributed/mpi_test_util.h"
 #include "support/test_support.h"
 
 using namespace kiln;
@@ -14,12 +15,6 @@ using kiln::testing::expect_error;
 
 namespace {
 
-std::vector<Device> mpi_devices() {
-  std::vector<Device> out = {Device::cpu()};
-  const dist::Env& e = dist::init();
-  if (cuda::device_count() >= e.local_world_size && e.device().is_cuda()) out.push_back(e.device());
-  return out;
-}
 
 class MpiCollectives : public ::testing::TestWithParam<Device> {
  protected:
@@ -127,7 +122,7 @@ TEST_P(MpiCollectives, BadTensorsAreRefusedWithTheReason) {
   dist::barrier();
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, MpiCollectives, ::testing::ValuesIn(mpi_devices()),
+INSTANTIATE_TEST_SUITE_P(Devices, MpiCollectives, ::testing::ValuesIn(kiln::testing::mpi_devices()),
                          kiln::testing::device_param_name);
 
 TEST(MpiEnvironment, LauncherAndBootstrap) {

@@ -8,19 +8,13 @@
 
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
+#include "distributed/mpi_test_util.h"
 #include "support/test_support.h"
 
 using namespace kiln;
 using kiln::testing::expect_error;
 
 namespace {
-
-// The other rank's value of t (2 ranks): all_gather both, keep the other's block.
-Tensor the_other_ranks(const Tensor& t) {
-  Tensor both = ops::empty({2, t.numel()}, {.dtype = t.dtype(), .device = t.device()});
-  dist::all_gather(both, t.contiguous());
-  return both.select(0, 1 - dist::rank()).view(t.shape());
-}
 
 constexpr int64_t kBatch = 6;  // per rank
 
@@ -146,7 +140,7 @@ TEST_P(MpiDataParallel, NoSyncAccumulatesLocallyThenAverages) {
   }
   // Between the two, rank 0's and rank 1's gradients differ (nothing was exchanged).
   Tensor g = net->fc1->weight.grad().clone();
-  Tensor other = the_other_ranks(g);
+  Tensor other = kiln::testing::the_other_ranks(g);
   EXPECT_GT((g - other).abs().max().item<double>(), 1e-6);
   (nn::mse_loss(ddp(xs.narrow(0, kBatch / 2, kBatch / 2)), ys.narrow(0, kBatch / 2, kBatch / 2)) * Scalar(0.5))
       .backward();
@@ -229,7 +223,7 @@ TEST_P(MpiDataParallel, GradScalerSkipsOnEveryRankWhenOneOverflows) {
   scaler.step(opt);
   scaler.update();
   Tensor w = net->fc1->weight.detach().clone();
-  Tensor w_other = the_other_ranks(w);
+  Tensor w_other = kiln::testing::the_other_ranks(w);
   EXPECT_EQ(kiln::testing::values(w), kiln::testing::values(w_other));
   EXPECT_NE(kiln::testing::values(w), kiln::testing::values(before[0]));
 }
@@ -239,13 +233,7 @@ TEST_P(MpiDataParallel, DifferentModelsOnTheRanksAreRefused) {
   expect_error([&] { dist::DataParallel ddp(net); }, {"DataParallel", "disagree", "same model"});
 }
 
-std::vector<Device> mpi_devices() {
-  std::vector<Device> out = {Device::cpu()};
-  const dist::Env& e = dist::init();
-  if (cuda::device_count() >= e.local_world_size && e.device().is_cuda()) out.push_back(e.device());
-  return out;
-}
-INSTANTIATE_TEST_SUITE_P(Devices, MpiDataParallel, ::testing::ValuesIn(mpi_devices()),
+INSTANTIATE_TEST_SUITE_P(Devices, MpiDataParallel, ::testing::ValuesIn(kiln::testing::mpi_devices()),
                          kiln::testing::device_param_name);
 
 }  // namespace
