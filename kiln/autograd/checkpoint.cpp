@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "kiln/autograd/autocast.h"  // the autocast state of forward, replayed by the recomputation
 #include "kiln/autograd/engine.h"
 #include "kiln/tensor/generator.h"
 
@@ -39,6 +40,7 @@ class CheckpointBackward final : public Node {
   std::vector<SavedTensor> inputs;
   std::vector<bool> input_requires_grad;
   RngStates rng;
+  autocast::detail::State autocast_state;  // forward's: backward runs with autocast off
 
   std::string_view name() const override { return "CheckpointBackward"; }
 
@@ -58,8 +60,18 @@ class CheckpointBackward final : public Node {
     rng.restore();
     TensorList outs;
     {
+      // The recomputation must give forward's values: the same generators, and the same autocast dtypes (the
+      // engine turns autocast off during backward).
       EnableGradGuard grad_on;
-      outs = fn(detached);
+      const autocast::detail::State backward_state = autocast::detail::state;
+      autocast::detail::state = autocast_state;
+      try {
+        outs = fn(detached);
+      } catch (...) {
+        autocast::detail::state = backward_state;
+        throw;
+      }
+      autocast::detail::state = backward_state;
     }
     now.restore();
 
@@ -92,6 +104,7 @@ TensorList checkpoint(const std::function<TensorList(const TensorList&)>& fn, co
 
   auto node = std::make_shared<CheckpointBackward>();
   node->rng = RngStates::capture(inputs);
+  node->autocast_state = autocast::detail::state;
   // Forward runs with recording on, so that it is known which outputs depend on tensors that require
   // grad (inputs, or parameters fn captures); that graph is dropped as soon as fn returns, so memory
   // holds at most one checkpointed segment's activations at a time, as during the recomputation.

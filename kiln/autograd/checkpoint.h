@@ -5,7 +5,8 @@
 //   TensorList ys = autograd::checkpoint([&](const TensorList& in) { return TensorList{f(in[0], in[1])}; }, {a, b});
 //
 // The recomputation replays the random numbers of the first run (the default generators of the CPU and
-// of the inputs' GPUs are saved and restored), so dropout masks match and gradients equal those without
+// of the inputs' GPUs are saved and restored) under the autocast state of the first run (backward itself runs
+// with autocast off), so dropout masks and autocast dtypes match and gradients equal those without
 // checkpointing bit for bit. Parameters that fn uses (captured, not passed) get their gradients too:
 // they are accumulated into their grad() while backward recomputes fn. For that reason
 // autograd::grad() through a checkpoint returns the gradients of the checkpoint's inputs only, and

@@ -66,6 +66,35 @@ TEST_P(CheckpointTest, GradientsEqualThoseWithoutCheckpointingBitForBit) {
   }
 }
 
+// Under autocast the recomputation runs in the autocast dtypes of the first run, although backward itself runs
+// with autocast off: the gradients equal those without checkpointing bit for bit, and the recomputed matmul is
+// bfloat16 (a float32 recomputation would give other gradients).
+TEST_P(CheckpointTest, RecomputationReplaysAutocast) {
+  const TensorOptions o = opts();
+  Tensor w_plain = make(uniform(64, -1, 1, 7), {8, 8}, o).requires_grad_();
+  Tensor w_ckpt = make(uniform(64, -1, 1, 7), {8, 8}, o).requires_grad_();
+  Tensor x = make(uniform(32, -1, 1, 8), {4, 8}, o);
+  DType recomputed = DType::Float32;
+  auto block = [&](const Tensor& in, const Tensor& w) {
+    Tensor y = matmul(tanh(matmul(in, w)), w);  // autocast: bfloat16
+    recomputed = y.dtype();
+    return y.to(DType::Float32);
+  };
+  {
+    autocast::Guard cast(dev().type(), DType::BFloat16);
+    block(x, w_plain).square().sum().backward();
+  }
+  {
+    autocast::Guard cast(dev().type(), DType::BFloat16);
+    Tensor y = autograd::checkpoint([&](const Tensor& in) { return block(in, w_ckpt); }, x);
+    recomputed = DType::Float32;
+    y.square().sum().backward();  // the recomputation sets `recomputed`
+  }
+  EXPECT_EQ(recomputed, DType::BFloat16);
+  EXPECT_TRUE(equal(w_plain.grad(), w_ckpt.grad()));
+  EXPECT_FALSE(autocast::is_enabled(dev().type()));  // restored after backward and the guards
+}
+
 TEST_P(CheckpointTest, RecomputationLeavesTheGeneratorWhereBackwardFoundIt) {
   Params p = make_params(1, opts());
   manual_seed(7);
