@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# examples/bert/test_bert.sh — the CTest cases of the BERT example (examples/bert/CMakeLists.txt), on the CPU:
+#   test_bert.sh CASE BERT_BINARY DATA_DIR WORK_DIR [LAUNCHER...]
+# CASE: pretrain | resume | finetune | mpi | help | bad_input. Each case prints what it runs and exits non-zero,
+# saying why, when a check fails.
+set -euo pipefail
+
+case_name=$1 bert=$2 data=$3 work=$4
+shift 4
+launcher=("$@")  # mpi: the mpirun command line
+
+# Small and quick: BERT-Tiny (2 layers, hidden 128), a 500-token vocabulary built from the sample text,
+# 32-token sequences, batches of 8, one compute thread and one loader thread.
+tiny=(--text "$data/sample.txt" --build-vocab 500 --size tiny --seq-len 32 --batch 8 --device cpu --amp off
+      --threads 1 --workers 1)
+
+fail() { echo "FAILED: $*" >&2; exit 1; }
+run() { echo "+ $*"; "$@"; }
+checksum() { grep -o 'parameter checksum [0-9a-f]*' "$1" | awk '{print $3}'; }
+rows() { tail -n +2 "$1" | wc -l; }          # data rows of a CSV file
+losses() { tail -n +2 "$1" | cut -d, -f2,3; }  # step,loss of each row
+
+case "$case_name" in
+  pretrain)
+    # Also the fixture of the finetune case: leaves $work/pretrain with checkpoints and model.safetensors.
+    rm -rf "$work/pretrain"
+    run "$bert" pretrain "${tiny[@]}" --max-steps 6 --log-every 2 --ckpt-every 3 --out "$work/pretrain"
+    for f in metrics.csv vocab.txt config.json tokenizer_config.json model.safetensors ckpt-00000006.h5; do
+      [[ -s "$work/pretrain/$f" ]] || fail "pretrain wrote no $f"
+    done
+    header=$(head -1 "$work/pretrain/metrics.csv")
+    [[ "$header" == "epoch,step,loss,lr,samples_per_s,data_wait,elapsed_s" ]] || fail "metrics.csv header: $header"
+    [[ $(rows "$work/pretrain/metrics.csv") -eq 3 ]] || fail "metrics.csv should have 3 rows (steps 2, 4, 6)"
+    bad=$(losses "$work/pretrain/metrics.csv" | cut -d, -f2 | grep -v '^[0-9.e+-]*$' || true)
+    [[ -z "$bad" ]] || fail "metrics.csv has a loss that is not a number: $bad"
+    ;;
+
+  resume)
+    # 4 steps in one go, against 2 steps + a resume for 2 more in a new process: the parameters must be equal
+    # bit for bit (the CPU is deterministic), and so must the logged losses. Then the same 4 steps with
+    # gradient checkpointing, which recomputes with the same dropout masks and must also give equal bits.
+    rm -rf "$work/straight" "$work/split" "$work/ckpt"
+    run "$bert" pretrain "${tiny[@]}" --max-steps 4 --log-every 1 --print-checksum --out "$work/straight" |
+      tee "$work/straight.log"
+    run "$bert" pretrain "${tiny[@]}" --max-steps 4 --log-every 1 --stop-after 2 --out "$work/split" |
+      tee "$work/split1.log"
+    [[ -s "$work/split/ckpt-00000002.h5" ]] || fail "--stop-after 2 saved no checkpoint of step 2"
+    run "$bert" pretrain "${tiny[@]}" --max-steps 4 --log-every 1 --resume --print-checksum --out "$work/split" |
+      tee "$work/split2.log"
+    grep -q 'resumed from .* at step 2' "$work/split2.log" || fail "the second run did not resume at step 2"
+    a=$(checksum "$work/straight.log") b=$(checksum "$work/split2.log")
+    [[ -n "$a" && "$a" == "$b" ]] || fail "straight run checksum '$a' != resumed run checksum '$b'"
+    [[ $(rows "$work/split/metrics.csv") -eq 4 ]] || fail "the resumed run's metrics.csv should hold 4 rows (appended)"
+    [[ "$(losses "$work/straight/metrics.csv")" == "$(losses "$work/split/metrics.csv")" ]] ||
+      fail "the losses differ: $(losses "$work/straight/metrics.csv" | tr '\n' ' ') vs $(losses "$work/split/metrics.csv" | tr '\n' ' ')"
+    run "$bert" pretrain "${tiny[@]}" --max-steps 4 --log-every 4 --checkpointing --print-checksum --out "$work/ckpt" |
+      tee "$work/ckpt.log"
+    c=$(checksum "$work/ckpt.log")
+    [[ "$a" == "$c" ]] || fail "gradient checkpointing changed the result: checksum $c, without it $a"
+    echo "ok: checksum $a in all three runs"
+    ;;
+
+  finetune)
+    # From the pretrain case's checkpoint file (kiln checkpoint path), one epoch with its evaluation; then from
+    # the folder (its model.safetensors, the path Hugging Face weights take) for a few steps.
+    rm -rf "$work/finetune" "$work/finetune2"
+    cls=(--train "$data/sample_cls.tsv" --eval "$data/sample_cls.tsv" --seq-len 32 --batch 8 --device cpu
+         --amp off --threads 1 --workers 1)
+    run "$bert" finetune "${cls[@]}" --init-from "$work/pretrain/ckpt-00000006.h5" --epochs 1 --log-every 4 \
+      --out "$work/finetune" | tee "$work/finetune.log"
+    grep -q 'eval loss .* accuracy' "$work/finetune.log" || fail "no evaluation line"
+    [[ $(rows "$work/finetune/eval.csv") -eq 1 ]] || fail "eval.csv should have one row"
+    [[ $(rows "$work/finetune/metrics.csv") -ge 1 ]] || fail "metrics.csv has no rows"
+    run "$bert" finetune "${cls[@]}" --init-from "$work/pretrain" --max-steps 3 --log-every 1 \
+      --out "$work/finetune2" | tee "$work/finetune2.log"
+    grep -q 'loaded' "$work/finetune2.log" || fail "no load report for model.safetensors"
+    [[ $(rows "$work/finetune2/metrics.csv") -eq 3 ]] || fail "metrics.csv should have 3 rows"
+    ;;
+
+  mpi)
+    # Two processes on the CPU (MPI carries the gradients): rank 0 prints and writes metrics.csv; each rank
+    # writes its own part of the checkpoints.
+    rm -rf "$work/mpi"
+    run "${launcher[@]}" "$bert" pretrain "${tiny[@]}" --max-steps 4 --log-every 2 --print-checksum --out "$work/mpi" |
+      tee "$work/mpi.log"
+    grep -q '^pretrain: 2 process' "$work/mpi.log" || fail "the job did not run as 2 processes"
+    [[ $(grep -c 'parameter checksum' "$work/mpi.log") -eq 1 ]] || fail "only rank 0 should print"
+    [[ $(rows "$work/mpi/metrics.csv") -eq 2 ]] || fail "metrics.csv should have 2 rows"
+    [[ -s "$work/mpi/ckpt-00000004.h5" && -s "$work/mpi/ckpt-00000004.h5.rank1.h5" ]] ||
+      fail "the checkpoint of step 4 or its rank-1 file is missing"
+    ;;
+
+  help)
+    # Captured first: `grep -q` in a pipeline may close it early, and pipefail would count that as a failure.
+    out=$("$bert" --help) && grep -q 'bert pretrain' <<<"$out" || fail "bert --help: $out"
+    out=$("$bert" pretrain --help) && grep -q -- '--build-vocab' <<<"$out" || fail "bert pretrain --help: $out"
+    out=$("$bert" finetune --help) && grep -q -- '--init-from' <<<"$out" || fail "bert finetune --help: $out"
+    echo "ok: --help of bert, bert pretrain and bert finetune"
+    ;;
+
+  bad_input)
+    # Each must fail (non-zero) with a message that says what was wrong.
+    mkdir -p "$work/bad"
+    printf 'positive\tfine\nthis line has no tab\n' > "$work/bad/no_tab.tsv"
+    expect() {  # expect "message part" command...
+      local want=$1 out status=0
+      shift
+      out=$("$@" 2>&1) || status=$?
+      [[ $status -ne 0 ]] || fail "succeeded, should have failed: $*"
+      grep -qF -- "$want" <<<"$out" || fail "'$*' said '$out', expected it to mention '$want'"
+      echo "ok ($status): $(tail -1 <<<"$out")"
+    }
+    expect "does not exist" "$bert" pretrain --text "$work/bad/missing.txt" --build-vocab 100 --device cpu \
+      --out "$work/bad/a"
+    expect "--size takes base, large, tiny or custom" "$bert" pretrain "${tiny[@]}" --size huge --out "$work/bad/b"
+    expect "--vocab $work/bad/none.txt does not exist" "$bert" pretrain --text "$data/sample.txt" \
+      --vocab "$work/bad/none.txt" --device cpu --out "$work/bad/c"
+    expect "needs a vocabulary" "$bert" pretrain --text "$data/sample.txt" --device cpu --out "$work/bad/d"
+    expect "no_tab.tsv:2: expected label<TAB>text" "$bert" finetune --train "$work/bad/no_tab.tsv" \
+      --eval "$work/bad/no_tab.tsv" --init-from "$work/pretrain" --device cpu --out "$work/bad/e"
+    # Checkpoints of another model: resuming fine-tuning in a pretraining folder (BertForMaskedLM there), and
+    # resuming pretraining with another size; neither may touch the folder.
+    rm -rf "$work/bad/pre" && cp -r "$work/pretrain" "$work/bad/pre"
+    expect "model_type: 'BertForMaskedLM' there, 'BertForSequenceClassification' now" "$bert" finetune \
+      --train "$data/sample_cls.tsv" --eval "$data/sample_cls.tsv" --init-from "$work/pretrain" --seq-len 32 \
+      --batch 8 --device cpu --resume --out "$work/bad/pre"
+    expect "num_hidden_layers: 2 there, 3 now" "$bert" pretrain "${tiny[@]}" --layers 3 --resume \
+      --out "$work/bad/pre"
+    cmp -s "$work/pretrain/config.json" "$work/bad/pre/config.json" || fail "a refused --resume changed config.json"
+    # A file that is neither a kiln checkpoint nor weights.
+    cp "$work/pretrain/config.json" "$work/bad/config.json" && cp "$work/pretrain/vocab.txt" "$work/bad/vocab.txt"
+    cp "$data/sample.txt" "$work/bad/weights.bin"
+    expect "weights.bin" "$bert" finetune --train "$data/sample_cls.tsv" --eval "$data/sample_cls.tsv" \
+      --init-from "$work/bad/weights.bin" --seq-len 32 --device cpu --out "$work/bad/f"
+    expect "--init-from $work/bad/nowhere does not exist" "$bert" finetune --train "$data/sample_cls.tsv" \
+      --eval "$data/sample_cls.tsv" --init-from "$work/bad/nowhere" --device cpu --out "$work/bad/g"
+    expect "unknown option --bogus" "$bert" pretrain --bogus 1
+    expect "unknown mode 'train'" "$bert" train
+    ;;
+
+  *)
+    fail "unknown case '$case_name'"
+    ;;
+esac

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# examples/resnet/test_resnet.sh MODE RESNET WORKDIR [LAUNCHER...] — what CTest runs for the ResNet example
+# (examples/resnet/CMakeLists.txt). Tiny settings, so that each mode takes seconds on a 2-core CPU.
+#
+#   smoke      a few steps on synthetic data (--device auto: the GPU where there is one); checks the CSV files
+#   resume     exact resume: an uninterrupted 6-step run (2 epochs of 3 steps) against one killed after step 2,
+#              resumed and killed after step 5, and resumed again (mid-epoch, then across the epoch boundary, then
+#              mid-epoch); the final weight checksum, loss and metrics.csv must be equal to the last digit (CPU);
+#              once with one micro-batch per step, once with gradient accumulation
+#   grad_checkpoint  --grad-checkpoint gives the same weights as without (CPU: the same bits)
+#   cifar      --make-fake-cifar10 files, then training on them through the CIFAR-10 reader
+#   folder     an ImageNet-layout folder of generated PNGs (needs python3; exit 77, skipped, without it)
+#   bad_input  wrong options and missing data give a message naming the problem and a non-zero exit
+#   mpi        LAUNCHER (mpirun -np 2 ...) on the CPU, with SyncBatchNorm: a data-parallel run killed after step 2
+#              and resumed ends with the weights of an uninterrupted one
+set -euo pipefail
+mode=$1
+exe=$2
+work=$3
+shift 3
+rm -rf "$work"
+mkdir -p "$work"
+
+tiny=(--model resnet18 --dataset synthetic --image-size 16 --batch-size 4 --synthetic-size 64
+      --synthetic-eval-size 16 --workers 1 --log-every 1 --seed 3)
+
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+# rows of a CSV file without its header
+rows() { echo $(($(wc -l <"$1") - 1)); }
+
+case "$mode" in
+smoke)
+  "$exe" "${tiny[@]}" --batch-size 8 --epochs 2 --steps-per-epoch 3 --output "$work/run" | tee "$work/out.txt"
+  [[ $(rows "$work/run/metrics.csv") == 2 ]] || fail "metrics.csv should hold one row per epoch (2)"
+  [[ $(rows "$work/run/train_log.csv") == 6 ]] || fail "train_log.csv should hold one row per step (6)"
+  ls "$work/run"/ckpt-*.h5 >/dev/null || fail "no checkpoint written"
+  grep -q "epoch 2 done" "$work/out.txt" || fail "no end-of-epoch line"
+  ;;
+
+resume)
+  # resume_case NAME ARGS...: the uninterrupted run against the interrupted and twice resumed one
+  resume_case() {
+    local dir=$work/$1
+    shift
+    local run=(--device cpu "${tiny[@]}" --epochs 2 --steps-per-epoch 3 --checkpoint-every 2 --print-checksum "$@")
+    "$exe" "${run[@]}" --output "$dir/straight" | tee "$dir.straight.txt"
+    "$exe" "${run[@]}" --output "$dir/resumed" --stop-at-step 2 | tee "$dir.part1.txt"
+    "$exe" "${run[@]}" --output "$dir/resumed" --stop-at-step 5 --resume | tee "$dir.part2.txt"
+    "$exe" "${run[@]}" --output "$dir/resumed" --resume | tee "$dir.part3.txt"
+    grep -q "resumed from .*ckpt-00000002.h5: step 2, epoch 1" "$dir.part2.txt" || fail "part 2 did not resume at step 2"
+    grep -q "resumed from .*ckpt-00000004.h5: step 4, epoch 2" "$dir.part3.txt" || fail "part 3 did not resume at step 4"
+    local want got
+    want=$(grep '^checksum' "$dir.straight.txt")
+    got=$(grep '^checksum' "$dir.part3.txt")
+    echo "uninterrupted: $want"
+    echo "resumed:       $got"
+    [[ -n "$want" && "$want" == "$got" ]] || fail "the resumed run ends with other weights than the uninterrupted one"
+    # one row per epoch, equal to the uninterrupted run's but for the times (the last three columns)
+    [[ $(rows "$dir/resumed/metrics.csv") == 2 ]] || fail "metrics.csv of the resumed run should hold 2 epoch rows"
+    [[ $(cut -d, -f1-7 "$dir/straight/metrics.csv") == $(cut -d, -f1-7 "$dir/resumed/metrics.csv") ]] ||
+      fail "metrics.csv rows differ: $(cat "$dir/straight/metrics.csv" "$dir/resumed/metrics.csv")"
+  }
+  resume_case plain
+  grep -q "epoch 1 batch 2" "$work/plain.part2.txt" || fail "plain: not resumed mid-epoch"
+  # micro-batches of 2, two per step: the loader position counts micro-batches
+  resume_case accumulate --batch-size 2 --accumulate 2
+  grep -q "epoch 2 batch 2" "$work/accumulate.part3.txt" || fail "accumulate: not resumed at micro-batch 2"
+  # a folder that holds checkpoints is not overwritten without --resume
+  if "$exe" --device cpu "${tiny[@]}" --output "$work/plain/resumed" 2>"$work/refused.txt"; then
+    fail "reused a checkpoint folder without --resume"
+  fi
+  grep -q "pass --resume" "$work/refused.txt" || fail "no hint to pass --resume"
+  ;;
+
+grad_checkpoint)
+  # recomputing each stage in backward changes neither the gradients nor the BatchNorm statistics (CPU: bits)
+  run=(--device cpu "${tiny[@]}" --epochs 1 --steps-per-epoch 3 --print-checksum)
+  "$exe" "${run[@]}" --output "$work/plain" | tee "$work/plain.txt"
+  "$exe" "${run[@]}" --output "$work/checkpointed" --grad-checkpoint | tee "$work/checkpointed.txt"
+  want=$(grep '^checksum' "$work/plain.txt")
+  got=$(grep '^checksum' "$work/checkpointed.txt")
+  [[ -n "$want" && "$want" == "$got" ]] || fail "--grad-checkpoint changed the result: $want vs $got"
+  ;;
+
+cifar)
+  "$exe" --make-fake-cifar10 "$work/fake" --fake-images-per-file 20
+  for f in data_batch_1 data_batch_2 data_batch_3 data_batch_4 data_batch_5 test_batch; do
+    [[ $(stat -c %s "$work/fake/$f.bin") == $((20 * 3073)) ]] || fail "$f.bin has the wrong size"
+  done
+  "$exe" --device cpu --dataset cifar10 --data "$work/fake" --batch-size 4 --epochs 1 --steps-per-epoch 2 \
+    --eval-steps 2 --workers 1 --log-every 1 --output "$work/run" | tee "$work/out.txt"
+  grep -q "cifar10: 100 train, 20 eval samples, 10 classes" "$work/out.txt" || fail "the fake files were not read"
+  [[ $(rows "$work/run/metrics.csv") == 1 ]] || fail "metrics.csv should hold one row"
+  ;;
+
+folder)
+  # an image folder in ImageNet's layout: 3 classes of small PNGs of varied sizes, written by Python's zlib
+  command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+  python3 - "$work/data" <<'PY'
+import os, random, struct, sys, zlib
+def png(path, w, h, pixels):
+    rows = b"".join(b"\0" + bytes(pixels[y * w * 3:(y + 1) * w * 3]) for y in range(h))
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+                chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+random.seed(0)
+for split, n in (("train", 8), ("val", 2)):
+    for name, colour in (("cat", (200, 50, 50)), ("dog", (50, 50, 200)), ("fox", (50, 200, 50))):
+        os.makedirs(f"{sys.argv[1]}/{split}/{name}", exist_ok=True)
+        for i in range(n):
+            w, h = random.randint(40, 80), random.randint(40, 80)
+            pixels = [max(0, min(255, c + random.randint(-40, 40))) for _ in range(w * h) for c in colour]
+            png(f"{sys.argv[1]}/{split}/{name}/{i}.png", w, h, pixels)
+PY
+  "$exe" --device cpu --dataset folder --data "$work/data" --image-size 64 --batch-size 4 --epochs 1 \
+    --steps-per-epoch 2 --workers 2 --log-every 1 --output "$work/run" | tee "$work/out.txt"
+  grep -q "folder: 24 train, 6 eval samples, 3 classes" "$work/out.txt" || fail "the image folder was not read"
+  grep -q "(6 samples)" "$work/out.txt" || fail "not the whole val/ folder evaluated"
+  rm -r "$work/data/val/fox"
+  if "$exe" --device cpu --dataset folder --data "$work/data" --output "$work/bad" 2>"$work/err.txt"; then
+    fail "train/ and val/ with different classes were accepted"
+  fi
+  grep -q "both need the same class folders" "$work/err.txt" || fail "no message on different class folders"
+  ;;
+
+bad_input)
+  # expect EXIT_CODE TEXT -- ARGS: the program fails with that code and says TEXT on stderr
+  expect() {
+    local code=$1 text=$2
+    shift 3
+    set +e
+    "$exe" "$@" >/dev/null 2>"$work/err.txt"
+    local got=$?
+    set -e
+    [[ $got == "$code" ]] || fail "resnet $* exited with $got, not $code"
+    grep -q -- "$text" "$work/err.txt" || fail "resnet $*: stderr lacks '$text': $(cat "$work/err.txt")"
+  }
+  expect 2 "resnet19 is not known; use one of resnet18" -- --model resnet19
+  expect 2 "unknown option --bogus" -- --bogus 1
+  expect 2 "takes an integer, got 'many'" -- --epochs many
+  expect 2 "needs --data DIR" -- --dataset cifar10
+  expect 2 "no such folder" -- --dataset cifar10 --data "$work/missing"
+  mkdir -p "$work/empty"
+  expect 2 "cannot read --dataset cifar10 from" -- --dataset cifar10 --data "$work/empty"
+  expect 2 "has no train/ folder" -- --dataset folder --data "$work/empty"
+  expect 2 "--amp fp32 is not known" -- --amp fp32
+  expect 2 "--lr-steps takes positive epochs" -- --schedule step --lr-steps 3,x
+  expect 2 "fewer than one optimizer step" -- --device cpu "${tiny[@]}" --synthetic-size 3
+  echo "bad input: every case gave its message"
+  ;;
+
+mpi)
+  [[ $# -gt 0 ]] || fail "mode mpi needs the launcher, e.g. mpirun -np 2"
+  run=(--device cpu "${tiny[@]}" --epochs 1 --steps-per-epoch 3 --checkpoint-every 2 --sync-bn --print-checksum)
+  "$@" "$exe" "${run[@]}" --output "$work/straight" | tee "$work/straight.txt"
+  "$@" "$exe" "${run[@]}" --output "$work/run" --stop-at-step 2 | tee "$work/part1.txt"
+  ls "$work/run/ckpt-00000002.h5.rank1.h5" >/dev/null || fail "rank 1 wrote no checkpoint part"
+  "$@" "$exe" "${run[@]}" --output "$work/run" --resume | tee "$work/part2.txt"
+  grep -q "^2 process(es)" "$work/part1.txt" || fail "not a 2-process job"
+  [[ $(grep -c "^epoch 1 step 2/3" "$work/part1.txt") == 1 ]] || fail "a progress line was printed by more than rank 0"
+  grep -q "resumed from .*ckpt-00000002.h5: step 2" "$work/part2.txt" || fail "did not resume at step 2"
+  [[ $(rows "$work/run/metrics.csv") == 1 ]] || fail "metrics.csv should hold one row"
+  want=$(grep '^checksum' "$work/straight.txt")
+  got=$(grep '^checksum' "$work/part2.txt")
+  [[ -n "$want" && "$want" == "$got" ]] || fail "the resumed 2-process run ends with other weights: $want vs $got"
+  ;;
+
+*)
+  fail "unknown mode $mode"
+  ;;
+esac
+find "$work" -name '*.h5' -delete  # checkpoints are ~90 MB each; the logs and CSV files stay for a look
+echo "test_resnet.sh $mode: passed"
