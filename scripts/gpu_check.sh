@@ -6,6 +6,7 @@
 #   scripts/gpu_check.sh                 logs go to $OUT when set (the GPU runner), else ./gpu-logs
 #   KILN_GPU_CHECK_SKIP_BENCH=1 scripts/gpu_check.sh
 #   KILN_GPU_CHECK_ONLY=dist scripts/gpu_check.sh    build, then only the multi-GPU part (below)
+#   KILN_GPU_CHECK_SKIP_EXAMPLES=1                   without scripts/gpu_examples.sh (the examples on one GPU)
 #   KILN_GPU_CHECK_SKIP_MPI_TESTS=1 ...              the multi-GPU part without `ctest -L mpi`
 #   (KILN_GPU_CHECK_SKIP_BENCH=1 also skips the multi-GPU benchmarks: the two switches split the part in two runs)
 #
@@ -100,6 +101,12 @@ if [[ -z "$only" ]]; then
     cat "$out/bench.log" | tee -a "$summary"
   fi
 fi  # single-GPU part
+
+# ---------------------------------------------------------------- the examples on one GPU
+if [[ -z "$only" && -z "${KILN_GPU_CHECK_SKIP_EXAMPLES:-}" ]]; then
+  note "examples:"
+  scripts/gpu_examples.sh "$build" "$out" 2>&1 | tee -a "$summary"
+fi
 
 # ---------------------------------------------------------------- multi-GPU part (two GPUs, mpirun)
 if [[ $ngpus -lt 2 ]]; then
