@@ -94,8 +94,11 @@ class Options {
     }
   }
 
+  // Under a launcher every rank parses the same options: only rank 0 says why they all stop.
   [[noreturn]] void fail(const std::string& why) const {
-    std::cerr << program_ << ": " << why << " (run " << program_ << " --help for the options)\n";
+    if (kiln::data::distributed_env().rank == 0) {
+      std::cerr << program_ << ": " << why << " (run " << program_ << " --help for the options)\n";
+    }
     std::exit(2);
   }
 
@@ -103,14 +106,19 @@ class Options {
     std::cout << "usage: " << program_ << " [options]\n\n" << about_ << "\n\noptions:\n";
     for (const auto& name : order_) {
       const Option& o = *options_.at(name);
-      std::string left = "  --" + name + (o.kind == "flag" ? "" : " " + o.kind);
-      if (left.size() < 28) left.resize(28, ' ');
-      std::cout << left << " " << o.help << (o.kind == "flag" ? "" : " (default: " + o.shown_default + ")") << "\n";
+      const bool show_default = o.kind != "flag" && !o.shown_default.empty();
+      std::cout << column("--" + name + (o.kind == "flag" ? "" : " " + o.kind)) << o.help
+                << (show_default ? " (default: " + o.shown_default + ")" : "") << "\n";
     }
-    std::cout << "  --help                       this text\n";
+    std::cout << column("--help") << "this text\n";
   }
 
  private:
+  static std::string column(std::string left) {
+    left = "  " + left;
+    if (left.size() < 28) left.resize(28, ' ');
+    return left + " ";
+  }
   struct Option {
     std::string kind, help, shown_default;
     int64_t int_value = 0;
@@ -183,6 +191,12 @@ class Progress {
  public:
   Progress(int64_t total_steps, int64_t samples_per_step, kiln::Device device)
       : total_(total_steps), samples_per_step_(samples_per_step), device_(device), last_(Clock::now()) {}
+
+  // Starts the rate's clock again (after an evaluation, say, whose time is not training's).
+  void restart(int64_t steps_done) {
+    last_ = Clock::now();
+    last_steps_ = steps_done;
+  }
 
   // `steps_done` steps since the start of this run (for the rate and the ETA).
   std::string line(int64_t epoch, int64_t step, int64_t steps_done, double loss, double lr, double wait_fraction) {
