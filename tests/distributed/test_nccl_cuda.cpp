@@ -47,6 +47,22 @@ std::unique_ptr<ProcessGroup> make_group(std::chrono::milliseconds timeout = 60s
 
 TensorOptions on_gpu(DType dtype = DType::Float32) { return {.dtype = dtype, .device = kGpu}; }
 
+// A world of two whose rank 1 never comes (it died before the group was made): creating the group gives up
+// after the timeout (at least 20 s for a creation) with TimeoutError, instead of waiting forever in NCCL's setup.
+TEST(CudaNcclGroup, CreationTimesOutWhenARankNeverJoins) {
+  KILN_REQUIRE_GPU();
+  LocalRendezvous r;  // rank 0 keeps its id: nobody receives it
+  const auto start = std::chrono::steady_clock::now();
+  expect_error(
+      [&] { make_nccl_group({.rank = 0, .size = 2, .timeout = 2s, .on_timeout = OnTimeout::Throw}, r, 0); },
+      {"rank 0", "creating the NCCL group of 2 ranks", "did not finish within 20 s", "not every rank joined"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 60s);
+  auto g = make_group();  // a group made afterwards works
+  Tensor t = ops::ones({3}, on_gpu());
+  g->all_reduce(t);
+  EXPECT_EQ(t.sum().item<double>(), 3.0);
+}
+
 TEST(CudaNcclGroup, AllReduceEveryOpAndDtype) {
   KILN_REQUIRE_GPU();
   auto g = make_group();

@@ -44,6 +44,9 @@ constexpr auto kAbortLockWait = std::chrono::seconds(2);
 // OnTimeout::Exit: the longest wait for ncclCommAbort before ending the process regardless.
 constexpr auto kExitAbortGrace = std::chrono::seconds(10);
 constexpr auto kMaxPollSleep = std::chrono::microseconds(500);
+// Creating a communicator is not a collective: it takes NCCL a second or more (more on many nodes), so it gets at
+// least this long, whatever short timeout the collectives have.
+constexpr auto kMinCreationTimeout = std::chrono::milliseconds(20000);
 
 const char* nccl_hint(ncclResult_t r) {
   switch (r) {
@@ -182,11 +185,28 @@ class NcclGroup final : public ProcessGroup {
     KILN_CHECK_AS(DistributedError, boot.ok == 1, "dist: rank ", rank_, ": creating the NCCL group failed: ",
                   rank_ == 0 ? error : "rank 0 could not create the NCCL id; see rank 0's error");
     {
+      // A non-blocking communicator: its creation can be abandoned when a rank never comes (it died, or hangs
+      // before its first collective), where ncclCommInitRank would wait forever. Every NCCL call on it may then
+      // return ncclInProgress, which settle() waits out.
       cuda::DeviceGuard guard(device_);  // NCCL binds the communicator to the current device
-      KILN_NCCL_CHECK(ncclCommInitRank(&comm_, size_, boot.id, rank_),
-                      str_cat("creating the NCCL group of ", size_, " ranks on cuda:", device_,
-                              " (every rank must get here; NCCL_DEBUG=INFO shows the setup)"),
-                      nullptr, rank_);
+      ncclConfig_t nccl_config = NCCL_CONFIG_INITIALIZER;
+      nccl_config.blocking = 0;
+      const std::string what = str_cat("creating the NCCL group of ", size_, " ranks on cuda:", device_);
+      const ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, boot.id, rank_, &nccl_config);
+      if (r != ncclSuccess && r != ncclInProgress) throw_nccl_error(r, "ncclCommInitRankConfig", what, comm_, rank_);
+      const auto limit = std::max<std::chrono::milliseconds>(config_.timeout, kMinCreationTimeout);
+      if (!settle(r, Clock::now() + limit)) {
+        (void)ncclCommAbort(comm_);
+        const std::string message =
+            timeout_message(rank_, "nccl", what + " (not every rank joined: a rank died, was not started, or is "
+                                                  "stuck before its first collective)",
+                            limit);
+        if (config_.on_timeout == OnTimeout::Exit) exit_after_timeout(message);
+        throw TimeoutError(message);
+      }
+      ncclResult_t state = ncclSuccess;
+      (void)ncclCommGetAsyncError(comm_, &state);
+      if (state != ncclSuccess) throw_nccl_error(state, "ncclCommInitRankConfig", what, comm_, rank_);
     }
     watchdog_ = std::thread([this] { watch(); });
   }
@@ -209,7 +229,8 @@ class NcclGroup final : public ProcessGroup {
         idle = stream_.query();
       }
       cuda::DeviceGuard guard(device_);
-      if (idle) {
+      // Non-blocking: finalize (flushes, then reports ncclInProgress until the peers are done), then destroy.
+      if (idle && settle(ncclCommFinalize(comm_), Clock::now() + config_.timeout)) {
         (void)ncclCommDestroy(comm_);
       } else {
         (void)ncclCommAbort(comm_);
@@ -278,6 +299,20 @@ class NcclGroup final : public ProcessGroup {
   };
 
   Device dev() const { return Device::cuda(device_); }
+
+  // Waits while the non-blocking communicator reports ncclInProgress for the call that returned `r`. Returns
+  // false when `deadline` passed first; true otherwise (the call's outcome is then ncclCommGetAsyncError's).
+  bool settle(ncclResult_t r, Clock::time_point deadline) {
+    auto pause = std::chrono::microseconds(1);
+    while (r == ncclInProgress) {
+      if (Clock::now() > deadline) return false;
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::duration_cast<std::chrono::microseconds>(kMaxPollSleep));
+      const ncclResult_t got = ncclCommGetAsyncError(comm_, &r);
+      if (got != ncclSuccess) r = got;
+    }
+    return true;
+  }
   static size_t count(const Tensor& t) { return static_cast<size_t>(t.numel()); }
 
   // Checks the (first) tensor before begin() numbers the collective, so a refused call uses no number.
@@ -340,8 +375,12 @@ class NcclGroup final : public ProcessGroup {
     }
     // Empty tensors (the same on every rank, as shapes must be) move nothing: no NCCL call, whose pointer checks
     // could refuse their null data.
-    const ncclResult_t r =
-        described.numel() == 0 ? ncclSuccess : nccl_call(static_cast<cudaStream_t>(stream_.handle()));
+    ncclResult_t r = described.numel() == 0 ? ncclSuccess : nccl_call(static_cast<cudaStream_t>(stream_.handle()));
+    if (r == ncclInProgress) {  // being enqueued (a first collective also connects the peers); the watchdog
+      settle(r, start + config_.timeout);  // aborts a call stuck past the timeout, which ends this wait too
+      r = ncclSuccess;
+      (void)ncclCommGetAsyncError(comm_, &r);
+    }
     {
       std::lock_guard watch_lock(watch_mutex_);
       in_call_.clear();
