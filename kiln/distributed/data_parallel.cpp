@@ -29,7 +29,7 @@ struct DataParallel::State {
   std::vector<Tensor> params;
   std::vector<std::string> names;
   std::vector<Bucket> buckets;
-  std::vector<std::pair<size_t, size_t>> slot;  // param -> (bucket, position in the bucket)
+  std::vector<size_t> bucket_of;  // param -> its bucket
   std::vector<uint64_t> hooks;
 
   bool sync = true;     // false under no_sync()
@@ -52,8 +52,7 @@ struct DataParallel::State {
   }
 
   void mark_ready(size_t p) {
-    auto& [b, pos] = slot[p];
-    Bucket& bucket = buckets[b];
+    Bucket& bucket = buckets[bucket_of[p]];
     if (ready[p]) {  // accumulated again (a checkpointed segment recomputed, a weight shared across segments)
       if (bucket.launched) bucket.dirty = true;
       return;
@@ -211,7 +210,7 @@ DataParallel::DataParallel(nn::ModulePtr module, DataParallelOptions options)
 
   // Buckets: parameters in reverse order (backward reaches the last layers first), split by dtype and by size.
   const auto cap = static_cast<int64_t>(options_.bucket_mb * 1024 * 1024);
-  s->slot.resize(s->params.size());
+  s->bucket_of.resize(s->params.size());
   std::map<DType, size_t> open;  // dtype -> the bucket being filled
   std::vector<int64_t> bytes;
   for (size_t i = s->params.size(); i-- > 0;) {
@@ -223,7 +222,7 @@ DataParallel::DataParallel(nn::ModulePtr module, DataParallelOptions options)
       it = open.insert_or_assign(p.dtype(), s->buckets.size() - 1).first;
     }
     State::Bucket& b = s->buckets[it->second];
-    s->slot[i] = {it->second, b.params.size()};
+    s->bucket_of[i] = it->second;
     b.offsets.push_back(b.params.empty() ? 0 : b.offsets.back() + s->params[b.params.back()].numel());
     b.params.push_back(i);
     bytes[it->second] += static_cast<int64_t>(p.nbytes());

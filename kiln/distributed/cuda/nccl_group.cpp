@@ -20,7 +20,6 @@
 #include <condition_variable>
 #include <deque>
 #include <initializer_list>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -139,18 +138,6 @@ class NcclWork final : public Work {
   int device_;
 };
 
-// The communication stream of `device`: made once, shared by the groups of that device, never destroyed. The
-// caching allocator keeps the streams that record_stream() named until each tensor is freed, and that can be
-// after its group is gone: a destroyed stream there would be a dangling handle.
-cuda::Stream communication_stream(int device) {
-  static std::mutex mutex;
-  static auto* streams = new std::map<int, cuda::Stream>();  // leaked on purpose (see above; also at exit)
-  std::lock_guard lock(mutex);
-  auto it = streams->find(device);
-  if (it == streams->end()) it = streams->emplace(device, cuda::Stream::create(device, /*high_priority=*/true)).first;
-  return it->second;
-}
-
 int checked_device(int device) {
   const int n = cuda::device_count();
   KILN_CHECK_AS(DistributedError, device >= 0 && device < n, "dist: the NCCL group needs GPU cuda:", device, ", but ",
@@ -165,7 +152,7 @@ class NcclGroup final : public ProcessGroup {
         config_(config),
         device_(checked_device(device)),
         failure_(std::make_shared<Failure>()),
-        stream_(communication_stream(device_)) {
+        stream_(cuda::Stream::create(device_, /*high_priority=*/true)) {
     KILN_CHECK_AS(DistributedError, size_ >= 1 && rank_ >= 0 && rank_ < size_, "dist: rank ", rank_,
                   " is not in a world of size ", size_);
     // Rank 0 makes the id; a failure travels too, so that the others report it instead of waiting for an id.
@@ -475,7 +462,9 @@ class NcclGroup final : public ProcessGroup {
   const GroupConfig config_;
   const int device_;
   std::shared_ptr<Failure> failure_;
-  cuda::Stream stream_;  // the communication stream (communication_stream())
+  // The communication stream. Streams are pooled, never destroyed (cuda.h): the caching allocator may still record
+  // on it for tensors freed after this group is gone.
+  cuda::Stream stream_;
   cuda::Event ready_;    // "the caller's stream got here", recorded anew by each collective
   ncclComm_t comm_ = nullptr;
   std::timed_mutex issue_mutex_;  // held by the caller's thread around NCCL calls, by the watchdog to abort
