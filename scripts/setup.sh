@@ -57,7 +57,8 @@ jobs="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # Required to build and test; the optional ones only speed up or tidy (ccache, clang-format, git).
 required=(cmake ninja-build g++ make pkg-config libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin
           libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev nlohmann-json3-dev)
-optional=(ccache clang-format git)
+# python3-pip fetches the header-only parts kiln takes from PyPI (nvml.h, cudnn-frontend) into third_party/.
+optional=(ccache clang-format git python3-pip)
 # --fuzz: clang and libFuzzer's runtime (Debian 12 ships it in libclang-rt-14-dev), for fuzz/.
 fuzz_packages=(clang libclang-rt-14-dev)
 
@@ -80,6 +81,7 @@ probe() {
     pkg-config) command -v pkg-config >/dev/null ;;
     ccache) command -v ccache >/dev/null ;;
     git) command -v git >/dev/null ;;
+    python3-pip) python3 -m pip --version >/dev/null 2>&1 ;;
     clang-format) compgen -c clang-format | grep -qE '^clang-format(-[0-9]+)?$' ;;
     libeigen3-dev) have_file /usr/include/eigen3/Eigen/Core /usr/local/include/eigen3/Eigen/Core ;;
     libhdf5-dev) have_file /usr/include/hdf5/serial/hdf5.h /usr/include/hdf5.h /usr/local/include/hdf5.h ;;
@@ -188,8 +190,52 @@ PY
   rm -rf "$tmp"
 }
 
+# GPU monitoring (kiln/monitor/nvml/) and kiln-doctor read the driver's NVML library, loaded at run time;
+# only its header is needed to build, taken from PyPI's nvidia-nvml-dev into third_party/nvml/ (git-ignored,
+# sent along to machines without a package registry). Without it kiln builds, and says at run time that
+# GPU monitoring is missing.
+nvml_version="13.0.87"
+nvml_dir="third_party/nvml"
+install_nvml_header() {
+  local stamp="$nvml_dir/VERSION"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$nvml_version" && -f "$nvml_dir/include/nvml.h" ]]; then
+    say "nvml.h $nvml_version is already in $nvml_dir"
+    return
+  fi
+  local py
+  py="$(command -v python3 || true)"
+  if [[ -z "$py" ]] || ! "$py" -m pip --version >/dev/null 2>&1; then
+    say "warning: python3 with pip not found: nvml.h not installed (kiln builds without GPU monitoring)"
+    return
+  fi
+  local tmp
+  tmp="$(mktemp -d)"
+  say "installing nvml.h $nvml_version (nvidia-nvml-dev, the header only) from PyPI into $nvml_dir"
+  if "$py" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "nvidia-nvml-dev==$nvml_version" &&
+     "$py" - "$tmp" "$nvml_dir" <<'PY'
+import glob, os, shutil, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
+with zipfile.ZipFile(wheel) as z:
+    header = [n for n in z.namelist() if n.endswith("/include/nvml.h")]
+    if not header:
+        sys.exit("setup.sh: no include/nvml.h in " + os.path.basename(wheel))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(os.path.join(dest, "include"))
+    with z.open(header[0]) as src, open(os.path.join(dest, "include", "nvml.h"), "wb") as out:
+        shutil.copyfileobj(src, out)
+PY
+  then
+    echo "$nvml_version" >"$stamp"
+  else
+    say "warning: could not fetch nvidia-nvml-dev from PyPI: kiln builds without GPU monitoring"
+  fi
+  rm -rf "$tmp"
+}
+
 if [[ $do_deps -eq 1 ]]; then
   install_packages
+  install_nvml_header
   if [[ "${KILN_CUDA:-auto}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
     install_cudnn_frontend
   fi
