@@ -26,6 +26,10 @@ int device_count();    // 0 when unavailable (never throws)
 int current_device();  // of the calling thread
 void set_device(int device);
 void synchronize(int device = -1);  // -1: the current device; waits for all its streams
+// The PCI bus id of `device`, as the CUDA runtime writes it ("0000:3B:00.0": domain:bus:device.function in
+// hex). It names the GPU the same way in every process and tool (NVML, nvidia-smi), whatever
+// CUDA_VISIBLE_DEVICES renumbered kiln's device indices to.
+std::string pci_bus_id(int device);
 
 // Makes `device` current for the scope (restores the previous one on exit).
 class DeviceGuard {

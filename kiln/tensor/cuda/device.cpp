@@ -68,6 +68,13 @@ void synchronize(int device) {
   KILN_CUDA_CHECK(cudaDeviceSynchronize(), "synchronize");
 }
 
+std::string pci_bus_id(int device) {
+  check_device(device, "pci_bus_id");
+  char id[32] = {};  // "0000:3B:00.0" needs 13; NVML's buffer size for the same string is 32
+  KILN_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), device), "pci_bus_id");
+  return id;
+}
+
 DeviceGuard::DeviceGuard(int device) : previous_(current_device()) {
   if (device != previous_) set_device(device);
 }
