@@ -9,6 +9,7 @@
 #include "kiln/autograd/autocast.h"
 #include "kiln/autograd/autograd_meta.h"
 #include "kiln/tensor/ops.h"
+#include "kiln/tensor/trace.h"  // a range per backward node
 
 namespace kiln::autograd {
 namespace {
@@ -99,7 +100,19 @@ class GraphTask {
         if (!needed_[static_cast<size_t>(slot)]) continue;
       }
 
-      TensorList outputs = node->apply(std::move(grads));
+      TensorList outputs;
+      if (trace::active()) {
+        Device device = Device::cpu();  // where this node's gradient work runs: its first gradient's device
+        for (const Tensor& g : grads)
+          if (g.defined()) {
+            device = g.device();
+            break;
+          }
+        trace::Scope range(trace::Kind::Backward, node->name(), device);
+        outputs = node->apply(std::move(grads));
+      } else {
+        outputs = node->apply(std::move(grads));
+      }
       if (!keep_graph_) node->release_saved();
       const auto& edges = node->next_edges();
       KILN_CHECK(outputs.size() == edges.size() || (outputs.empty() && edges.empty()), node->name(), " returned ",

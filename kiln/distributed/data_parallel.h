@@ -51,7 +51,7 @@ class DataParallel {
   // The module's forward. DataParallel does its work in the parameters' gradient hooks, not here: a model whose
   // forward takes other inputs (BERT's input ids, token types, attention mask) is called directly,
   // e.g. bert->forward(ids, types, mask), with the same effect.
-  Tensor forward(const Tensor& input) { return module_->forward(input); }
+  Tensor forward(const Tensor& input) { return (*module_)(input); }
   Tensor operator()(const Tensor& input) { return forward(input); }
   nn::Module& module() { return *module_; }
   const nn::ModulePtr& module_ptr() const { return module_; }

@@ -349,6 +349,7 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query_in, c
                                                        const Tensor& value_in, const Tensor& key_padding_mask,
                                                        const Tensor& attn_mask, bool need_weights,
                                                        bool average_attn_weights) {
+  trace::Scope range(trace::Kind::Module, type_name(), query_in.device());
   const char* layout = options.batch_first ? "(N, L, E)" : "(L, N, E)";
   for (const Tensor* t : {&query_in, &key_in, &value_in}) {
     KILN_CHECK(t->defined() && t->dim() == 3 && t->size(-1) == embed_dim, "MultiheadAttention: expected query, key ",

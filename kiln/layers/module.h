@@ -30,6 +30,7 @@
 
 #include "kiln/autograd/functions.h"
 #include "kiln/tensor/tensor.h"
+#include "kiln/tensor/trace.h"  // a range per module call
 
 namespace kiln::nn {
 
@@ -51,7 +52,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // The computation of modules that map one tensor to one tensor (every layer in a Sequential).
   // Modules with other inputs define their own forward; this one then throws a clear error.
   virtual Tensor forward(const Tensor& input);
-  Tensor operator()(const Tensor& input) { return forward(input); }
+  Tensor operator()(const Tensor& input) {
+    trace::Scope range(trace::Kind::Module, type_name_, input.defined() ? input.device() : Device::cpu());
+    return forward(input);
+  }
 
   // ---- registration (names: non-empty, no '.', unique within this module) ----
   // Stores the tensor under `name`, with requires_grad set as asked, and returns the stored handle.

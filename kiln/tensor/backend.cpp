@@ -2,6 +2,8 @@
 #include "kiln/tensor/backend.h"
 
 #include "kiln/tensor/cpu/cpu_backend.h"
+#include "kiln/tensor/trace.h"
+#include "kiln/tensor/trace_backend.h"
 #if defined(KILN_WITH_CUDA)
 #include "kiln/tensor/cuda.h"  // cuda::is_available
 #endif
@@ -15,7 +17,7 @@ Allocator& pinned_allocator();  // tensor/cuda/pinned_allocator.cpp
 }  // namespace cuda
 #endif
 
-Backend& backend(DeviceType type) {
+Backend& detail::backend_untraced(DeviceType type) {
   if (type == DeviceType::CPU) return cpu::cpu_backend();
 #if defined(KILN_WITH_CUDA)
   return cuda::backend_instance();
@@ -24,6 +26,11 @@ Backend& backend(DeviceType type) {
       "this build of kiln has no CUDA backend (it was configured with KILN_CUDA=OFF or without a CUDA "
       "toolkit); keep tensors on Device::cpu(), or rebuild with -DKILN_CUDA=ON");
 #endif
+}
+
+Backend& backend(DeviceType type) {
+  Backend& b = detail::backend_untraced(type);
+  return trace::active() ? detail::tracing_backend(b) : b;
 }
 
 Allocator* pinned_host_allocator() {

@@ -1,5 +1,6 @@
 // cuDNN's fused scaled dot-product attention through the cudnn-frontend graph API (attention_cudnn.h).
 #include "kiln/layers/cuda/attention_cudnn.h"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 
 #if KILN_WITH_CUDNN_FRONTEND
 #include <cudnn_frontend.h>  // cudnn_frontend::graph::Graph, SDPA_attributes, SDPA_backward_attributes
@@ -324,6 +325,7 @@ const GraphEntry& runnable(const std::shared_ptr<const GraphEntry>& entry, const
 
 FusedAttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                                               const FusedAttentionConfig& cfg, FusedAttentionDropout dropout) {
+  trace::Scope range(trace::Kind::Op, "cudnn_attention_forward", q.device(), {&q, &k, &v});
   const std::string why = static_why_not(q, k, v, bias, cfg);
   KILN_CHECK(why.empty(), kOp, ": unsupported input (", why, "); shapes ", q.shape(), ", ", k.shape(), ", ", v.shape());
   auto entry = graph_for(false, q, k, v, bias, cfg);
@@ -347,6 +349,7 @@ FusedAttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, 
 FusedAttentionGrads fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                              const Tensor& d_out, const Tensor& stats, const Tensor& bias,
                                              const FusedAttentionConfig& cfg, FusedAttentionDropout dropout) {
+  trace::Scope range(trace::Kind::Op, "cudnn_attention_backward", q.device(), {&q, &k, &v});
   const std::string why = static_why_not(q, k, v, bias, cfg);
   KILN_CHECK(why.empty(), kOp, ": unsupported input (", why, ")");
   KILN_CHECK(cfg.with_stats && stats.defined() && stats.dtype() == DType::Float32, kOp,

@@ -8,6 +8,7 @@
 // kernel merges the splits of a channel in order. Elementwise passes use 16-byte vectors when the layout and
 // the pointers allow (S % V == 0 for planes, C % V == 0 for rows).
 #include "kiln/layers/cuda/batch_norm.h"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 
 #include <cuda_runtime.h>
 
@@ -470,6 +471,7 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
 BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, const Tensor& bias,
                                     const Tensor& running_mean, const Tensor& running_var, bool training,
                                     double momentum, double eps, bool relu) {
+  trace::Scope range(trace::Kind::Op, "batch_norm_forward", x0.device(), {&x0, &weight});
   const Tensor x = contiguous_for_kernels(x0);
   const Layout L = layout_of(x);
   if (running_mean.defined()) {
@@ -491,6 +493,7 @@ BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, cons
 
 BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x0, const Tensor& y0, const Tensor& weight,
                                    const Tensor& mean, const Tensor& invstd, bool training, BatchNormNeeds needs) {
+  trace::Scope range(trace::Kind::Op, "batch_norm_backward", x0.device(), {&grad_out, &x0});
   const Tensor x = contiguous_for_kernels(x0);
   const Layout L = layout_of(x);
   const Tensor dy = in_layout_of(grad_out.to(x.dtype()), x);

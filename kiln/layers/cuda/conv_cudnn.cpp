@@ -1,6 +1,7 @@
 // 2-d convolution through cuDNN's convolution API (conv_cudnn.h): descriptors, the per-problem algorithm
 // cache, and the three passes (forward, backward-data, backward-filter) written once over a pass trait.
 #include "kiln/layers/cuda/conv_cudnn.h"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 
 #include <cuda_runtime.h>  // cudaMemGetInfo
 #include <cudnn.h>         // the convolution API
@@ -437,6 +438,7 @@ bool conv2d_supported(const Tensor& input, const Tensor& weight, const ConvGeome
 }
 
 Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const ConvGeometry& g, MemoryFormat format) {
+  trace::Scope range(trace::Kind::Op, "cudnn_conv2d_forward", input.device(), {&input, &weight});
   check_operands(input, weight, "forward");
   const Tensor x = ops::contiguous(input, format);   // (N, C_in, H, W)
   const Tensor w = ops::contiguous(weight, format);  // (C_out, C_in / groups, KH, KW)
@@ -449,6 +451,7 @@ Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const ConvGeome
 
 Tensor conv2d_backward_data(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
                             const ConvGeometry& g, MemoryFormat format) {
+  trace::Scope range(trace::Kind::Op, "cudnn_conv2d_backward_data", grad_output.device(), {&grad_output, &weight});
   check_operands(grad_output, weight, "backward-data");
   const Tensor dy = ops::contiguous(grad_output, format);  // (N, C_out, OH, OW)
   const Tensor w = ops::contiguous(weight, format);        // (C_out, C_in / groups, KH, KW)
@@ -463,6 +466,7 @@ Tensor conv2d_backward_data(const Tensor& grad_output, const Tensor& weight, con
 
 Tensor conv2d_backward_filter(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,
                               const ConvGeometry& g, MemoryFormat format) {
+  trace::Scope range(trace::Kind::Op, "cudnn_conv2d_backward_filter", grad_output.device(), {&grad_output, &input});
   check_operands(grad_output, input, "backward-filter");
   const Tensor dy = ops::contiguous(grad_output, format);  // (N, C_out, OH, OW)
   const Tensor x = ops::contiguous(input, format);         // (N, C_in, H, W)

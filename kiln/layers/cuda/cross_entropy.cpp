@@ -1,6 +1,7 @@
 // nn::cross_entropy's fused CUDA path (cross_entropy.h): autocast, the (R, C) row view of the logits, and
 // the autograd node around the kernels of cross_entropy.cu.
 #include "kiln/layers/cuda/cross_entropy.h"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 
 #include <vector>
 
@@ -65,6 +66,7 @@ bool cross_entropy_fits(const Tensor& logits, const Tensor& target, const CrossE
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
+  trace::Scope range(trace::Kind::Op, "cross_entropy", logits.device(), {&logits, &target});
   // Autocast: with Op::CrossEntropy in float32 (the default policy), 16-bit logits are read as they are and
   // computed in float32, rather than cast to a float32 copy first; the loss is float32 as the policy says.
   Tensor x = logits;

@@ -8,6 +8,7 @@
 // the derivative of the forward's loss (A = 1 without weights). Rows with contiguous classes are read
 // (and written) 16 bytes at a time after a short unaligned head.
 #include "kiln/layers/cuda/cross_entropy.h"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 
 #include <cstdint>
 #include <limits>
@@ -283,6 +284,7 @@ void check_rows(const char* op, const Tensor& logits, const Tensor& target, cons
 
 CrossEntropyRows cross_entropy_rows(const Tensor& logits, const Tensor& target, const Tensor& weight,
                                     int64_t ignore_index, double smoothing) {
+  trace::Scope range(trace::Kind::Op, "cross_entropy_rows", logits.device(), {&logits, &target});
   check_rows("cross_entropy", logits, target, weight);
   const int64_t rows = logits.size(0), c = logits.size(1);
   const DType acc = logits.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
@@ -315,6 +317,7 @@ CrossEntropyRows cross_entropy_rows(const Tensor& logits, const Tensor& target, 
 Tensor cross_entropy_rows_backward(const Tensor& logits, const Tensor& target, const Tensor& weight,
                                    const Tensor& weight_sum, const Tensor& lse, const Tensor& grad,
                                    const Tensor& denominator, int64_t ignore_index, double smoothing) {
+  trace::Scope range(trace::Kind::Op, "cross_entropy_rows_backward", logits.device(), {&logits, &target});
   check_rows("cross_entropy backward", logits, target, weight);
   const int64_t rows = logits.size(0), c = logits.size(1);
   Tensor grad_logits = ops::empty({rows, c}, {.dtype = logits.dtype(), .device = logits.device()});

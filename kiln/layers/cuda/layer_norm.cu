@@ -5,6 +5,7 @@
 //            column kernel for dw = sum_rows dy xhat, db = sum_rows dy: each block sums a chunk of rows
 //            for a strip of columns into a (chunks, D) partial, which kiln's sum reduces in a fixed order.
 #include "kiln/layers/cuda/layer_norm.h"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 
 #include <algorithm>
 
@@ -118,6 +119,7 @@ const T* ptr_or_null(const Tensor& t) {
 }  // namespace
 
 LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weight, const Tensor& bias, double eps) {
+  trace::Scope range(trace::Kind::Op, "layer_norm_forward", x.device(), {&x, &weight});
   const int64_t rows = x.numel() / d;
   const DType stat = x.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
   LayerNormSaved out{ops::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()}),
@@ -138,6 +140,7 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
 
 LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& weight, bool need_dx, bool need_dweight, bool need_dbias) {
+  trace::Scope range(trace::Kind::Op, "layer_norm_backward", x.device(), {&dy, &x});
   const int64_t rows = x.numel() / d;
   LayerNormGrads g;
   cudaStream_t stream = cuda::stream_for(x);

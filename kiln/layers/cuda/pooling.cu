@@ -2,6 +2,7 @@
 // sits at n sN + c sC + h sH + w sW with the strides of NCHW or NHWC (Geometry); consecutive threads take
 // consecutive elements of the layout, so NHWC threads read consecutive channels (coalesced).
 #include "kiln/layers/cuda/pooling.h"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 
 #include <cuda_runtime.h>
 
@@ -248,6 +249,7 @@ device_t<T>* out_ptr(const Tensor& t) {
 }  // namespace
 
 std::pair<Tensor, Tensor> max_pool2d_forward(const Tensor& x0, const PoolParams& p) {
+  trace::Scope range(trace::Kind::Op, "max_pool2d_forward", x0.device(), {&x0});
   const Tensor x = dense(x0);
   const Geometry g = geometry(x, p, p.out);
   Tensor y = empty_4d(g.N, g.C, g.OH, g.OW, x.dtype(), x.device(), g.nhwc);
@@ -263,6 +265,7 @@ std::pair<Tensor, Tensor> max_pool2d_forward(const Tensor& x0, const PoolParams&
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const PoolParams& p, const Tensor& x0) {
+  trace::Scope range(trace::Kind::Op, "max_pool2d_backward", x0.device(), {&grad_out, &x0});
   const Tensor x = dense(x0);
   const Geometry g = geometry(x, p, p.out);
   const Tensor dy = g.nhwc ? ops::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
@@ -280,6 +283,7 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
 }
 
 Tensor avg_pool2d_forward(const Tensor& x0, const PoolParams& p) {
+  trace::Scope range(trace::Kind::Op, "avg_pool2d_forward", x0.device(), {&x0});
   const Tensor x = dense(x0);
   const Geometry g = geometry(x, p, p.out);
   Tensor y = empty_4d(g.N, g.C, g.OH, g.OW, x.dtype(), x.device(), g.nhwc);
@@ -293,6 +297,7 @@ Tensor avg_pool2d_forward(const Tensor& x0, const PoolParams& p) {
 }
 
 Tensor avg_pool2d_backward(const Tensor& grad_out, const PoolParams& p, const Tensor& x0) {
+  trace::Scope range(trace::Kind::Op, "avg_pool2d_backward", x0.device(), {&grad_out, &x0});
   const Tensor x = dense(x0);
   const Geometry g = geometry(x, p, p.out);
   const Tensor dy = g.nhwc ? ops::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
@@ -308,6 +313,7 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, const PoolParams& p, const Te
 }
 
 Tensor adaptive_avg_pool2d_forward(const Tensor& x0, std::array<int64_t, 2> out) {
+  trace::Scope range(trace::Kind::Op, "adaptive_avg_pool2d_forward", x0.device(), {&x0});
   const Tensor x = dense(x0);
   const Geometry g = geometry(x, PoolParams{}, out);
   Tensor y = empty_4d(g.N, g.C, g.OH, g.OW, x.dtype(), x.device(), g.nhwc);
@@ -322,6 +328,7 @@ Tensor adaptive_avg_pool2d_forward(const Tensor& x0, std::array<int64_t, 2> out)
 }
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& x0) {
+  trace::Scope range(trace::Kind::Op, "adaptive_avg_pool2d_backward", x0.device(), {&grad_out, &x0});
   const Tensor x = dense(x0);
   const Geometry g = geometry(x, PoolParams{}, {grad_out.size(2), grad_out.size(3)});
   const Tensor dy = g.nhwc ? ops::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)

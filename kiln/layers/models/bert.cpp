@@ -93,6 +93,7 @@ BertEmbeddings::BertEmbeddings(const BertConfig& c) : Module("BertEmbeddings") {
 }
 
 Tensor BertEmbeddings::forward(const Tensor& input_ids, const Tensor& token_type_ids) {
+  trace::Scope range(trace::Kind::Module, type_name(), input_ids.device());
   check_ids("BertEmbeddings", input_ids, "input_ids");
   const int64_t N = input_ids.size(0), S = input_ids.size(1);
   KILN_CHECK(S <= position_embeddings->num_embeddings, "BertEmbeddings: sequence length ", S,
@@ -125,6 +126,7 @@ BertSelfAttention::BertSelfAttention(const BertConfig& c)
 }
 
 Tensor BertSelfAttention::forward(const Tensor& hidden, const Tensor& mask) {
+  trace::Scope range(trace::Kind::Module, type_name(), hidden.device());
   const int64_t N = hidden.size(0), S = hidden.size(1), H = hidden.size(2);
   // (N, S, H) -> (N, S, heads, D) -> (N, heads, S, D)
   auto heads = [&](const Tensor& x) { return permute(reshape(x, {N, S, num_heads, head_dim}), {0, 2, 1, 3}); };
@@ -142,6 +144,7 @@ BertResidualOutput::BertResidualOutput(const BertConfig& c, int64_t in_features)
 }
 
 Tensor BertResidualOutput::forward(const Tensor& x, const Tensor& residual) {
+  trace::Scope range(trace::Kind::Module, type_name(), x.device());
   return (*layer_norm)((*dropout)((*dense)(x)) + residual);
 }
 
@@ -151,6 +154,7 @@ BertAttention::BertAttention(const BertConfig& c) : Module("BertAttention") {
 }
 
 Tensor BertAttention::forward(const Tensor& hidden, const Tensor& mask) {
+  trace::Scope range(trace::Kind::Module, type_name(), hidden.device());
   return output->forward(self->forward(hidden, mask), hidden);
 }
 
@@ -167,8 +171,9 @@ BertLayer::BertLayer(const BertConfig& c) : Module("BertLayer") {
 }
 
 Tensor BertLayer::forward(const Tensor& hidden, const Tensor& mask) {
+  trace::Scope range(trace::Kind::Module, type_name(), hidden.device());
   Tensor a = attention->forward(hidden, mask);
-  return output->forward(intermediate->forward(a), a);
+  return output->forward((*intermediate)(a), a);
 }
 
 BertEncoder::BertEncoder(const BertConfig& c) : Module("BertEncoder") {
@@ -177,6 +182,7 @@ BertEncoder::BertEncoder(const BertConfig& c) : Module("BertEncoder") {
 }
 
 Tensor BertEncoder::forward(const Tensor& hidden, const Tensor& mask) {
+  trace::Scope range(trace::Kind::Module, type_name(), hidden.device());
   Tensor h = hidden;
   for (int64_t i = 0; i < layer->size(); ++i) h = layer->at<BertLayer>(i)->forward(h, mask);
   return h;
@@ -202,6 +208,7 @@ BertModel::BertModel(const BertConfig& c, bool add_pooling_layer) : Module("Bert
 
 BertModel::Output BertModel::forward(const Tensor& input_ids, const Tensor& token_type_ids,
                                      const Tensor& attention_mask) {
+  trace::Scope range(trace::Kind::Module, type_name(), input_ids.device());
   check_ids("BertModel", input_ids, "input_ids");
   Tensor mask;  // (N, 1, 1, S) Bool, true = may attend: every query sees every real token.
   if (attention_mask.defined()) {
@@ -215,7 +222,7 @@ BertModel::Output BertModel::forward(const Tensor& input_ids, const Tensor& toke
   }
   Output out;
   out.sequence_output = encoder->forward(embeddings->forward(input_ids, token_type_ids), mask);
-  if (pooler) out.pooled_output = pooler->forward(out.sequence_output);
+  if (pooler) out.pooled_output = (*pooler)(out.sequence_output);
   return out;
 }
 
@@ -254,8 +261,9 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c) : Module("BertForMaskedLM"
 
 BertForMaskedLM::Output BertForMaskedLM::forward(const Tensor& input_ids, const Tensor& token_type_ids,
                                                  const Tensor& attention_mask, const Tensor& labels) {
+  trace::Scope range(trace::Kind::Module, type_name(), input_ids.device());
   Output out;
-  out.logits = predictions->forward(bert->forward(input_ids, token_type_ids, attention_mask).sequence_output);
+  out.logits = (*predictions)(bert->forward(input_ids, token_type_ids, attention_mask).sequence_output);
   if (labels.defined()) {
     KILN_CHECK(labels.shape() == input_ids.shape() && is_integral(labels.dtype()),
                "BertForMaskedLM: labels must be integer token ids of the input's shape ", input_ids.shape(),
@@ -281,6 +289,7 @@ BertForSequenceClassification::Output BertForSequenceClassification::forward(con
                                                                              const Tensor& token_type_ids,
                                                                              const Tensor& attention_mask,
                                                                              const Tensor& labels) {
+  trace::Scope range(trace::Kind::Module, type_name(), input_ids.device());
   Output out;
   out.logits = (*classifier)((*dropout)(bert->forward(input_ids, token_type_ids, attention_mask).pooled_output));
   if (labels.defined()) {

@@ -8,6 +8,7 @@
 // read into float32 and written back rounded once; m, v, vmax are float32. The step counters are
 // incremented by a second launch after the update (so every chunk of a tensor saw the same count).
 #include "kiln/optim/cuda/multi_tensor.cuh"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 
 namespace kiln::optim::cuda_impl {
 namespace {
@@ -74,6 +75,7 @@ struct AdamFunctor {
 void fused_adam(const TensorVec& params, const TensorVec& grads, const TensorVec& exp_avgs,
                 const TensorVec& exp_avg_sqs, const TensorVec& max_exp_avg_sqs, const TensorVec& steps,
                 const AdamHyper& h, const Tensor& grad_scale, const Tensor& found_inf) {
+  trace::Scope range(trace::Kind::Op, "fused_adam", params.empty() ? Device::cpu() : params[0].device());
   constexpr const char* kOp = "fused_adam";
   const Device dev = check_params(params, kOp);
   if (params.empty()) return;

@@ -3,6 +3,7 @@
 // Every thread that saw a non-finite value stores 1.0f itself (same value from any number of threads: no
 // atomics needed); found_inf is never reset here. One launch per dtype present in the list.
 #include "kiln/optim/cuda/multi_tensor.cuh"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 
 namespace kiln::optim::cuda_impl {
 namespace {
@@ -35,6 +36,7 @@ struct UnscaleAndCheck {
 }  // namespace
 
 void fused_unscale_and_check(const TensorVec& grads, const Tensor& found_inf, const Tensor& inv_scale) {
+  trace::Scope range(trace::Kind::Op, "fused_unscale_and_check", grads.empty() ? Device::cpu() : grads[0].device());
   constexpr const char* kOp = "fused_unscale_and_check";
   const Device dev = check_tensors(grads, kOp, "grads");
   if (grads.empty()) return;

@@ -8,6 +8,7 @@
 // is 0), recomputes u from the stored m, v and the unchanged p, and writes p -= lr * trust * u. A third
 // launch increments the steps. Sums of squares are float32 (per thread, then a fixed block tree).
 #include "kiln/optim/cuda/multi_tensor.cuh"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 #include "kiln/tensor/ops.h"  // ops::empty
 
 namespace kiln::optim::cuda_impl {
@@ -127,6 +128,7 @@ struct LambPhase2 {
 void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec& exp_avgs,
                 const TensorVec& exp_avg_sqs, const TensorVec& steps, const LambHyper& h, const Tensor& grad_scale,
                 const Tensor& found_inf) {
+  trace::Scope range(trace::Kind::Op, "fused_lamb", params.empty() ? Device::cpu() : params[0].device());
   constexpr const char* kOp = "fused_lamb";
   const Device dev = check_params(params, kOp);
   if (params.empty()) return;

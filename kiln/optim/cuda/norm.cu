@@ -6,6 +6,7 @@
 // writes sqrt as float32. Same inputs, same launch geometry: the same bits (deterministic, no atomics).
 // Lists of mixed dtypes launch the first pass once per dtype into one partials buffer.
 #include "kiln/optim/cuda/multi_tensor.cuh"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 #include "kiln/tensor/ops.h"  // ops::empty
 
 namespace kiln::optim::cuda_impl {
@@ -67,6 +68,7 @@ struct Scale {
 }  // namespace
 
 Tensor fused_l2_norm(const TensorVec& tensors) {
+  trace::Scope range(trace::Kind::Op, "fused_l2_norm", tensors.empty() ? Device::cpu() : tensors[0].device());
   constexpr const char* kOp = "fused_l2_norm";
   KILN_CHECK(!tensors.empty(), kOp, ": needs at least one tensor (the result's device comes from it)");
   const Device dev = check_tensors(tensors, kOp, "tensors");
@@ -90,6 +92,7 @@ Tensor fused_l2_norm(const TensorVec& tensors) {
 }
 
 void fused_scale(const TensorVec& tensors, const Tensor& factor) {
+  trace::Scope range(trace::Kind::Op, "fused_scale", tensors.empty() ? Device::cpu() : tensors[0].device());
   constexpr const char* kOp = "fused_scale";
   const Device dev = check_tensors(tensors, kOp, "tensors");
   if (tensors.empty()) return;

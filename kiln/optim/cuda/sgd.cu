@@ -5,6 +5,7 @@
 // (16-bit params: read into float32, written back rounded once; buffers are float32.) The step counters are
 // read by the update and incremented by a second launch after it, so every chunk of a tensor sees one value.
 #include "kiln/optim/cuda/multi_tensor.cuh"
+#include "kiln/tensor/trace.h"  // a range per kernel entry
 
 namespace kiln::optim::cuda_impl {
 namespace {
@@ -56,6 +57,7 @@ struct SgdFunctor {
 
 void fused_sgd(const TensorVec& params, const TensorVec& grads, const TensorVec& momentum_buffers,
                const TensorVec& steps, const SgdHyper& h, const Tensor& grad_scale, const Tensor& found_inf) {
+  trace::Scope range(trace::Kind::Op, "fused_sgd", params.empty() ? Device::cpu() : params[0].device());
   constexpr const char* kOp = "fused_sgd";
   const Device dev = check_params(params, kOp);
   if (params.empty()) return;
