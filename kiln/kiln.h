@@ -46,6 +46,7 @@
 #include "kiln/layers/module.h"         // nn::Module: parameters, buffers, children, to(), state_dict()
 #include "kiln/layers/pooling.h"        // nn::max_pool2d, nn::avg_pool2d, nn::adaptive_avg_pool2d, nn::MaxPool2d, ...
 #include "kiln/monitor/gpu_monitor.h"   // monitor::gpu_stats: GPU utilisation, memory and power through NVML
+#include "kiln/monitor/metrics.h"       // monitor::MetricsLogger: metrics to CSV and TensorBoard, resumable
 #include "kiln/optim/adam.h"            // optim::Adam, optim::AdamW
 #include "kiln/optim/amp.h"             // amp::Autocast (with the weight-cast cache)
 #include "kiln/optim/clip_grad.h"       // nn::utils::clip_grad_norm_, clip_grad_value_

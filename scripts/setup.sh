@@ -233,9 +233,43 @@ PY
   rm -rf "$tmp"
 }
 
+# TensorBoard's own Python reader checks kiln's event files (the CTest test monitor.tensorboard_reader):
+# installed with pip into third_party/python (git-ignored), not into any system or user Python; the test puts
+# it on PYTHONPATH. The stamp names the version and the Python it was installed for.
+tensorboard_version="2.20.0"
+python_dir="third_party/python"
+install_tensorboard() {
+  local py stamp want
+  py="$(command -v python3 || true)"
+  if [[ -z "$py" ]] || ! "$py" -m pip --version >/dev/null 2>&1; then
+    say "warning: python3 with pip not found: tensorboard not installed into $python_dir, so the test" \
+      "monitor.tensorboard_reader will fail; install python3 and pip (apt-get install python3-pip), then rerun"
+    return
+  fi
+  stamp="$python_dir/KILN_STAMP"
+  want="tensorboard==$tensorboard_version $("$py" -c 'import sys; print("python%d.%d" % sys.version_info[:2])')"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    say "$want is already in $python_dir"
+    return
+  fi
+  say "installing $want from PyPI into $python_dir (for the test that reads event files with TensorBoard)"
+  rm -rf "$python_dir.tmp"
+  if "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-warn-script-location \
+      --target "$python_dir.tmp" "tensorboard==$tensorboard_version"; then
+    rm -rf "$python_dir"
+    mv "$python_dir.tmp" "$python_dir"
+    echo "$want" >"$stamp"
+  else
+    rm -rf "$python_dir.tmp"
+    say "warning: pip could not install tensorboard==$tensorboard_version: the test monitor.tensorboard_reader" \
+      "will fail until scripts/setup.sh installs it"
+  fi
+}
+
 if [[ $do_deps -eq 1 ]]; then
   install_packages
   install_nvml_header
+  install_tensorboard
   if [[ "${KILN_CUDA:-auto}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
     install_cudnn_frontend
   fi
