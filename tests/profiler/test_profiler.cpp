@@ -337,6 +337,44 @@ TEST(Nvtx, EnablingDoesNotChangeResults) {
   EXPECT_TRUE(equal(plain, traced));
 }
 
+#if defined(KILN_NVTX_RECORDER)
+TEST(Nvtx, RangesReachAnAttachedTool) {
+  testing::TempFolder dir;
+  const std::string log = dir.file("nvtx.log");
+  const std::string cmd = std::string("NVTX_INJECTION64_PATH='") + KILN_NVTX_RECORDER + "' KILN_TEST_NVTX_LOG='" + log +
+                          "' '" + KILN_NVTX_CHILD + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::vector<std::string> lines;
+  {
+    std::ifstream f(log);
+    for (std::string line; std::getline(f, line);) lines.push_back(line);
+  }
+  ASSERT_FALSE(lines.empty()) << "the injection library logged nothing: " << cmd;
+  std::map<std::string, int> count;
+  int depth = 0, max_depth = 0;
+  for (const std::string& l : lines) {
+    ++count[l];
+    if (l.rfind("push ", 0) == 0) max_depth = std::max(max_depth, ++depth);
+    if (l.rfind("pop ", 0) == 0) {
+      EXPECT_GE(--depth, 0) << "a pop without its push";
+    }
+  }
+  EXPECT_EQ(depth, 0) << "pushes and pops do not balance";
+  // Two steps as start/end ranges, each with Sequential > Linear, ReLU in forward and the backward nodes.
+  EXPECT_EQ(lines.front(), "start kiln step 0");
+  EXPECT_EQ(count["start kiln step 0"], 1);
+  EXPECT_EQ(count["start kiln step 1"], 1);
+  EXPECT_EQ(count["end kiln"], 2);
+  EXPECT_EQ(count["push kiln Sequential"], 2);
+  EXPECT_EQ(count["push kiln Linear"], 2);
+  EXPECT_EQ(count["push kiln ReLU"], 2);
+  EXPECT_EQ(count["push kiln AddmmBackward"], 2);
+  EXPECT_EQ(count["push kiln ReluBackward"], 2);
+  EXPECT_EQ(max_depth, 2);  // Sequential > Linear
+  EXPECT_EQ(count["push kiln matmul"], 0) << "ops were switched off";
+}
+#endif
+
 TEST(CudaProfiler, TimesOpsOnTheGpu) {
   if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
   const Device dev = Device::cuda(0);
