@@ -541,7 +541,7 @@ int finetune(int argc, char** argv) {
       .sampler = std::make_shared<RankShard>(eval->size(), rt.env->rank, rt.env->world_size)};
   if (rt.device.is_cuda()) eval_options.device = rt.device;
   data::DataLoader eval_loader(eval, eval_options);
-  std::optional<ex::MetricsCsv> eval_csv;  // rank 0's, opened in before_training
+  std::optional<kiln::monitor::MetricsLogger> eval_log;  // rank 0's, opened in before_training
 
   Task task;
   task.name = "finetune";
@@ -550,8 +550,13 @@ int finetune(int argc, char** argv) {
   task.before_training = [&] {
     if (!rt.main()) return;
     write_model_folder(o, config, "BertForSequenceClassification", *tok, labels);
-    eval_csv.emplace(fs::path(o.out) / "eval.csv",
-                     std::vector<std::string>{"epoch", "step", "eval_loss", "eval_accuracy", "eval_samples"}, resuming);
+    // eval.csv, and eval/... scalars beside train/... in the --tensorboard folder (its one writer, shared).
+    eval_log.emplace(kiln::monitor::MetricsOptions{
+        .csv = fs::path(o.out) / "eval.csv",
+        .columns = {"epoch", "step", "eval_loss", "eval_accuracy", "eval_samples"},
+        .tensorboard = task.tensorboard,
+        .tag_prefix = "eval/",
+        .resume_step = task.resume_step});
   };
   task.loss = [&](const data::Batch& b) { return classification_loss(*clf, b, o.checkpointing); };
   task.after_epoch = [&](int64_t epoch, int64_t step) {
@@ -560,8 +565,10 @@ int finetune(int argc, char** argv) {
     std::printf("epoch %lld step %lld  eval loss %.4f  accuracy %.2f%% (%lld samples)\n", static_cast<long long>(epoch),
                 static_cast<long long>(step), r.loss, 100 * r.accuracy, static_cast<long long>(r.samples));
     std::fflush(stdout);
-    eval_csv->row(
-        {static_cast<double>(epoch), static_cast<double>(step), r.loss, r.accuracy, static_cast<double>(r.samples)});
+    eval_log->log(step, {{"epoch", epoch},
+                         {"eval_loss", r.loss},
+                         {"eval_accuracy", r.accuracy},
+                         {"eval_samples", static_cast<double>(r.samples)}});
   };
   task.meta.strings["model_type"] = "BertForSequenceClassification";
   task.meta.strings["labels"] = ClassificationDataset::join(labels);

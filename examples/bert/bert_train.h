@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "bert_data.h"     // fs, text and TSV inputs, config.json
-#include "example_util.h"  // ex::Options, ex::pick_device, ex::MetricsCsv, ex::Progress
+#include "example_util.h"  // ex::Options, ex::pick_device, ex::Progress
 
 namespace bert_example {
 
@@ -59,6 +59,7 @@ struct RunOptions {
   int64_t& ckpt_every;
   int64_t& keep;
   int64_t& log_every;
+  std::string& tensorboard;
   int64_t& seed;
   std::string& device;
   bool& deterministic;
@@ -119,6 +120,7 @@ inline RunOptions add_run_options(ex::Options& o, const RunDefaults& d) {
                 "save a checkpoint every N steps (0: only at the end), and after each fine-tuning epoch"),
       o.add_int("keep", 3, "checkpoints kept in --out (0: all)"),
       o.add_int("log-every", d.log_every, "print the progress line and a metrics.csv row every N steps"),
+      o.add_string("tensorboard", "", "also log the metrics as TensorBoard event files to DIR"),
       o.add_int("seed", 1234, "seed of the initialisation, data order, masking and dropout"),
       o.add_string("device", "auto", "auto | cpu | cuda (auto: this process's GPU if there is one)"),
       o.add_flag("deterministic",
@@ -236,6 +238,10 @@ struct Task {
   // Called on every rank once the run is set up (after the resume checks), before the first step: rank 0
   // writes config.json and vocab.txt there, so a mismatched --resume never overwrites them.
   std::function<void()> before_training;
+  // Set by run_training before before_training: the step of the first row a resumed run logs again (-1: not
+  // resumed), and rank 0's TensorBoard writer (--tensorboard), for a task's own metrics logger to share.
+  int64_t resume_step = -1;
+  std::shared_ptr<kiln::monitor::TensorBoardWriter> tensorboard;
   // Called on every rank at the end of each epoch, before its checkpoint (fine-tuning evaluates there).
   std::function<void(int64_t epoch, int64_t step)> after_epoch;
   // What a resumed run must agree on (model shape, labels, batch geometry, ...); saved in every checkpoint.
@@ -346,6 +352,17 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
     std::cout << "--resume: no checkpoint in " << o.out << " yet; starting from the beginning\n";
   }
 
+  // Metrics (rank 0): metrics.csv, and with --tensorboard the train/... scalars. A resumed run redoes the steps
+  // after its checkpoint's: the rows and points from step + 1 on (steps count from 1) are dropped.
+  task.resume_step = resumed ? step + 1 : -1;
+  kiln::monitor::MetricsLogger metrics(
+      {.csv = out / "metrics.csv",
+       .columns = {"epoch", "step", "loss", "lr", "samples_per_s", "data_wait", "elapsed_s"},
+       .tensorboard_dir = o.tensorboard,
+       .tag_prefix = "train/",
+       .resume_step = task.resume_step,
+       .enabled = rt.main()});
+  task.tensorboard = metrics.tensorboard();
   if (task.before_training) task.before_training();
   const int64_t samples_per_step = o.batch * o.accum * env.world_size;
   if (rt.main()) {
@@ -354,12 +371,6 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
               << steps_per_epoch << " steps per epoch, " << total << " steps, warmup " << warmup << ", " << opt->name()
               << " lr " << lr << ", amp " << amp_name(rt.amp) << (o.checkpointing ? ", gradient checkpointing" : "")
               << "\n";
-  }
-  std::optional<ex::MetricsCsv> csv;
-  if (rt.main()) {
-    csv.emplace(out / "metrics.csv",
-                std::vector<std::string>{"epoch", "step", "loss", "lr", "samples_per_s", "data_wait", "elapsed_s"},
-                resumed);
   }
   ex::Progress progress(total, samples_per_step, rt.device);
 
@@ -388,8 +399,12 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
     logged_step = step;
     if (!rt.main()) return;
     std::cout << progress.line(epoch, step, steps_done, loss, lr_used, wait_fraction) << std::endl;
-    csv->row({static_cast<double>(epoch), static_cast<double>(step), loss, lr_used, rate, wait_fraction,
-              std::chrono::duration<double>(now - t0).count()});
+    metrics.log(step, {{"epoch", epoch},
+                       {"loss", loss},
+                       {"lr", lr_used},
+                       {"samples_per_s", rate},
+                       {"data_wait", wait_fraction},
+                       {"elapsed_s", std::chrono::duration<double>(now - t0).count()}});
   };
 
   while (step < stop_at) {

@@ -1,11 +1,11 @@
-// examples/common/example_util.h — what the example programs share: command-line options with --help, the
-// progress line, and the metrics CSV file. Written against kiln's public API only, like the examples.
+// examples/common/example_util.h — what the example programs share: command-line options with --help, and the
+// progress line. Written against kiln's public API only, like the examples. (Metrics files: kiln's own
+// monitor::MetricsLogger, kiln/monitor/metrics.h.)
 //
 //   ex::Options opts("resnet", "Trains a ResNet on CIFAR-10 or an image folder.");
 //   auto& epochs = opts.add_int("epochs", 90, "passes over the training set");
 //   auto& amp = opts.add_string("amp", "bf16", "bf16 | fp16 | off");
 //   opts.parse(argc, argv);                       // --help prints the options and exits 0; bad input exits 2
-//   ex::MetricsCsv csv("run/metrics.csv", {"epoch", "step", "loss"}, /*append=*/resumed);
 //   ex::Progress progress(total_steps, batch * world_size);
 //   std::cout << progress.line(epoch, step, loss, lr, loader.stats().wait_fraction) << "\n";
 #pragma once
@@ -156,34 +156,6 @@ inline kiln::Device pick_device(const std::string& name, const kiln::dist::Env& 
   }
   return env.device();
 }
-
-// A CSV file of metrics, one row per call; appended to when resuming (the header is written once).
-class MetricsCsv {
- public:
-  MetricsCsv(const std::filesystem::path& path, std::vector<std::string> columns, bool append)
-      : columns_(std::move(columns)) {
-    if (!path.parent_path().empty()) std::filesystem::create_directories(path.parent_path());
-    const bool had_rows = append && std::filesystem::exists(path) && std::filesystem::file_size(path) > 0;
-    out_.open(path, append ? std::ios::app : std::ios::trunc);
-    if (!out_) {
-      std::cerr << "cannot write " << path << " (is the folder writable?)\n";
-      std::exit(1);
-    }
-    if (!had_rows) {
-      for (size_t i = 0; i < columns_.size(); ++i) out_ << (i ? "," : "") << columns_[i];
-      out_ << "\n";
-    }
-  }
-  void row(const std::vector<double>& values) {
-    for (size_t i = 0; i < values.size(); ++i) out_ << (i ? "," : "") << values[i];
-    out_ << "\n";
-    out_.flush();  // a crash keeps every row written so far
-  }
-
- private:
-  std::vector<std::string> columns_;
-  std::ofstream out_;
-};
 
 // The progress line: where the run is, the loss, the learning rate, samples/s, the share of time spent waiting
 // for data, GPU memory, and the time left.

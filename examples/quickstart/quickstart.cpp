@@ -10,6 +10,7 @@
 //   ./build/examples/quickstart/quickstart                 # about 10 s on 2 CPU cores
 //   ./build/examples/quickstart/quickstart --epochs 20 --device cpu
 //   ./build/examples/quickstart/quickstart --data ~/data/mnist --target 0.98
+//   ./build/examples/quickstart/quickstart --metrics runs/qs/metrics.csv --tensorboard runs/qs/tb
 #include <kiln/kiln.h>  // Tensor, nn::, optim::, data::
 
 #include <cstdio>
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
   auto& target = opts.add_double("target", 0.97, "test accuracy to reach (exit status 1 below it)");
   auto& device_name = opts.add_string("device", "auto", "auto | cpu | cuda");
   auto& seed = opts.add_int("seed", 0, "seed of the weights and the shuffle");
+  auto& metrics_csv = opts.add_string("metrics", "", "write a row per epoch to this CSV file");
+  auto& tensorboard = opts.add_string("tensorboard", "", "also log the metrics as TensorBoard event files to DIR");
   opts.parse(argc, argv);
 
   try {
@@ -95,6 +98,11 @@ int main(int argc, char** argv) {
     const int64_t steps_per_epoch = train_loader.size();
     optim::CosineAnnealingLR schedule(opt, epochs * steps_per_epoch);
     ex::Progress progress(epochs * steps_per_epoch, batch_size, dev);
+    // Off unless --metrics or --tensorboard is given (rank 0 only, should this run under a launcher).
+    monitor::MetricsLogger metrics({.csv = metrics_csv,
+                                    .columns = {"epoch", "step", "train_loss", "test_accuracy", "lr"},
+                                    .tensorboard_dir = tensorboard,
+                                    .enabled = env.is_main()});
 
     int64_t step = 0;
     for (int64_t epoch = 0; epoch < epochs; ++epoch) {
@@ -110,11 +118,12 @@ int main(int argc, char** argv) {
         ++step;
       }
       const double mean_loss = loss_sum.item<double>() / static_cast<double>(steps_per_epoch);
+      const double lr_now = schedule.last_lr()[0], test_accuracy = accuracy(*model, test_loader);
       std::printf("%s  test accuracy %.1f%%\n",
-                  progress.line(epoch + 1, step, step, mean_loss, schedule.last_lr()[0],
-                                train_loader.stats().wait_fraction)
-                      .c_str(),
-                  100.0 * accuracy(*model, test_loader));
+                  progress.line(epoch + 1, step, step, mean_loss, lr_now, train_loader.stats().wait_fraction).c_str(),
+                  100.0 * test_accuracy);
+      metrics.log(step, {{"epoch", epoch + 1}, {"train_loss", mean_loss}, {"test_accuracy", test_accuracy},
+                         {"lr", lr_now}});
     }
     const double acc = accuracy(*model, test_loader);
     const bool reached = acc >= target;

@@ -12,7 +12,7 @@
 // other than its own checkpoint part. README.md beside this file has the recipes and what the CSV files hold.
 #include <kiln/kiln.h>  // Tensor, nn::models::resnet*, data::*, optim::*, amp::*, dist::*, io::*
 
-#include "example_util.h"  // ex::Options, ex::pick_device, ex::MetricsCsv, ex::Progress
+#include "example_util.h"  // ex::Options, ex::pick_device, ex::Progress
 
 #include <algorithm>
 #include <chrono>
@@ -78,6 +78,7 @@ struct Config {
   int64_t& checkpoint_every = o.add_int("checkpoint-every", 1000, "save every N optimizer steps (0: epoch ends only)");
   int64_t& keep_checkpoints = o.add_int("keep-checkpoints", 3, "checkpoints kept (0: all)");
   int64_t& log_every = o.add_int("log-every", 50, "progress line and train_log.csv row every N steps");
+  std::string& tensorboard = o.add_string("tensorboard", "", "also log the metrics as TensorBoard event files to DIR");
   int64_t& seed = o.add_int("seed", 0, "seed of the initial weights, the data order and the augmentations");
   bool& deterministic = o.add_flag("deterministic", "bit-reproducible GPU kernels (for exact GPU resumes)");
   bool& print_checksum = o.add_flag("print-checksum", "print a checksum of the weights at the end (tests)");
@@ -538,16 +539,24 @@ int run(int argc, char** argv) {
   dist::DataParallel ddp(model);  // broadcasts rank 0's weights and buffers; averages gradients in backward
   model->train();
 
-  std::optional<ex::MetricsCsv> step_csv, epoch_csv;
-  if (main_rank) {
-    step_csv.emplace(out_dir / "train_log.csv",
-                     std::vector<std::string>{"epoch", "step", "loss", "lr", "data_wait", "time_s"},
-                     /*append=*/latest.has_value());
-    epoch_csv.emplace(out_dir / "metrics.csv",
-                      std::vector<std::string>{"epoch", "step", "train_loss", "eval_loss", "top1", "top5", "lr",
-                                               "epoch_time_s", "samples_per_s"},
-                      /*append=*/latest.has_value());
-  }
+  // Metrics, written by rank 0: a train_log.csv row per progress line, a metrics.csv row per epoch, and with
+  // --tensorboard both in one event folder (train/... and epoch/... scalars, one writer shared). A resumed run
+  // redoes the steps after its checkpoint's: the rows and points from step global_step + 1 on (steps count from
+  // 1) are the interrupted run's, and are dropped.
+  const int64_t resume_step = latest ? global_step + 1 : -1;
+  monitor::MetricsLogger step_log({.csv = out_dir / "train_log.csv",
+                                   .columns = {"epoch", "step", "loss", "lr", "data_wait", "time_s"},
+                                   .tensorboard_dir = c.tensorboard,
+                                   .tag_prefix = "train/",
+                                   .resume_step = resume_step,
+                                   .enabled = main_rank});
+  monitor::MetricsLogger epoch_log({.csv = out_dir / "metrics.csv",
+                                    .columns = {"epoch", "step", "train_loss", "eval_loss", "top1", "top5", "lr",
+                                                "epoch_time_s", "samples_per_s"},
+                                    .tensorboard = step_log.tensorboard(),
+                                    .tag_prefix = "epoch/",
+                                    .resume_step = resume_step,
+                                    .enabled = main_rank});
 
   const auto run_start = std::chrono::steady_clock::now();
   auto seconds_since = [](auto start) {
@@ -633,8 +642,11 @@ int run(int argc, char** argv) {
         const double mean_loss = window_loss.item<double>() / static_cast<double>(window_micro);  // syncs here only
         const double wait = range.stats().wait_fraction;
         std::cout << progress.line(epoch + 1, global_step, epoch_steps, mean_loss, lr, wait) << std::endl;
-        step_csv->row({static_cast<double>(epoch + 1), static_cast<double>(global_step), mean_loss, lr, wait,
-                       seconds_since(run_start)});
+        step_log.log(global_step, {{"epoch", epoch + 1},
+                                   {"loss", mean_loss},
+                                   {"lr", lr},
+                                   {"data_wait", wait},
+                                   {"time_s", seconds_since(run_start)}});
         window_loss.zero_();
         window_micro = 0;
       }
@@ -660,15 +672,21 @@ int run(int argc, char** argv) {
           static_cast<long long>(epoch + 1), train_loss, ev.loss, 100 * ev.top1, 100 * ev.top5, ev.samples, epoch_s,
           rate);
       std::fflush(stdout);
-      epoch_csv->row({static_cast<double>(epoch + 1), static_cast<double>(global_step), train_loss, ev.loss, ev.top1,
-                      ev.top5, lr, epoch_s, rate});
+      epoch_log.log(global_step, {{"epoch", epoch + 1},
+                                  {"train_loss", train_loss},
+                                  {"eval_loss", ev.loss},
+                                  {"top1", ev.top1},
+                                  {"top5", ev.top5},
+                                  {"lr", lr},
+                                  {"epoch_time_s", epoch_s},
+                                  {"samples_per_s", rate}});
     }
     save({static_cast<uint64_t>(epoch + 1), 0}, {0, 0});
   }
 
   if (main_rank) {
     std::cout << "done: " << global_step << " steps; checkpoints, metrics.csv and train_log.csv in " << out_dir.string()
-              << "\n";
+              << (c.tensorboard.empty() ? "" : "; TensorBoard event files in " + c.tensorboard) << "\n";
     if (c.print_checksum)
       std::printf("checksum %s final loss %.9g\n", weights_checksum(*model).c_str(),
                   step_loss.item<double>() / static_cast<double>(c.accumulate));

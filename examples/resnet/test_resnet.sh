@@ -6,7 +6,9 @@
 #   resume     exact resume: an uninterrupted 6-step run (2 epochs of 3 steps) against one killed after step 2,
 #              resumed and killed after step 5, and resumed again (mid-epoch, then across the epoch boundary, then
 #              mid-epoch); the final weight checksum, loss and metrics.csv must be equal to the last digit (CPU);
-#              once with one micro-batch per step, once with gradient accumulation
+#              once with one micro-batch per step, once with gradient accumulation. With --tensorboard: one event
+#              file per process, and train_log.csv holds each step once (the rows of the steps after a
+#              checkpoint, which the resumed run redoes, dropped)
 #   grad_checkpoint  --grad-checkpoint gives the same weights as without (CPU: the same bits)
 #   cifar      --make-fake-cifar10 files, then training on them through the CIFAR-10 reader
 #   folder     an ImageNet-layout folder of generated PNGs (needs python3; exit 77, skipped, without it)
@@ -46,10 +48,11 @@ resume)
     local dir=$work/$1
     shift
     local run=(--device cpu "${tiny[@]}" --epochs 2 --steps-per-epoch 3 --checkpoint-every 2 --print-checksum "$@")
-    "$exe" "${run[@]}" --output "$dir/straight" | tee "$dir.straight.txt"
-    "$exe" "${run[@]}" --output "$dir/resumed" --stop-at-step 2 | tee "$dir.part1.txt"
-    "$exe" "${run[@]}" --output "$dir/resumed" --stop-at-step 5 --resume | tee "$dir.part2.txt"
-    "$exe" "${run[@]}" --output "$dir/resumed" --resume | tee "$dir.part3.txt"
+    "$exe" "${run[@]}" --output "$dir/straight" --tensorboard "$dir/straight/tb" | tee "$dir.straight.txt"
+    "$exe" "${run[@]}" --output "$dir/resumed" --tensorboard "$dir/resumed/tb" --stop-at-step 2 | tee "$dir.part1.txt"
+    "$exe" "${run[@]}" --output "$dir/resumed" --tensorboard "$dir/resumed/tb" --stop-at-step 5 --resume |
+      tee "$dir.part2.txt"
+    "$exe" "${run[@]}" --output "$dir/resumed" --tensorboard "$dir/resumed/tb" --resume | tee "$dir.part3.txt"
     grep -q "resumed from .*ckpt-00000002.h5: step 2, epoch 1" "$dir.part2.txt" || fail "part 2 did not resume at step 2"
     grep -q "resumed from .*ckpt-00000004.h5: step 4, epoch 2" "$dir.part3.txt" || fail "part 3 did not resume at step 4"
     local want got
@@ -62,6 +65,14 @@ resume)
     [[ $(rows "$dir/resumed/metrics.csv") == 2 ]] || fail "metrics.csv of the resumed run should hold 2 epoch rows"
     [[ $(cut -d, -f1-7 "$dir/straight/metrics.csv") == $(cut -d, -f1-7 "$dir/resumed/metrics.csv") ]] ||
       fail "metrics.csv rows differ: $(cat "$dir/straight/metrics.csv" "$dir/resumed/metrics.csv")"
+    # part 2 logged step 5 after its checkpoint of step 4; part 3 redid it: its row replaced part 2's
+    [[ $(cut -d, -f1-4 "$dir/straight/train_log.csv") == $(cut -d, -f1-4 "$dir/resumed/train_log.csv") ]] ||
+      fail "train_log.csv rows (epoch, step, loss, lr) differ: $(cat "$dir/straight/train_log.csv" "$dir/resumed/train_log.csv")"
+    local events
+    events=$(find "$dir/straight/tb" -name 'events.out.tfevents.*' -size +0 | wc -l)
+    [[ $events == 1 ]] || fail "--tensorboard: $events event files in $dir/straight/tb, expected 1"
+    events=$(find "$dir/resumed/tb" -name 'events.out.tfevents.*' -size +0 | wc -l)
+    [[ $events == 3 ]] || fail "--tensorboard: $events event files in $dir/resumed/tb, expected 3 (one per run)"
   }
   resume_case plain
   grep -q "epoch 1 batch 2" "$work/plain.part2.txt" || fail "plain: not resumed mid-epoch"
