@@ -1,0 +1,150 @@
+// The real kiln-doctor, run as a user would: on this machine as it is, and with fake libraries put first on
+// LD_LIBRARY_PATH to simulate a wrong cuDNN and a broken NCCL. The GPU case (CudaDoctor) runs every check
+// and prints the report.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+using ::testing::HasSubstr;
+
+struct DoctorRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs kiln-doctor with `args`, after the environment assignments in `env` ("A=b C=d"), stdout and stderr together.
+DoctorRun run_doctor(const std::string& args, const std::string& env = "") {
+  const std::string command = "env " + env + " '" KILN_DOCTOR_EXE "' " + args + " 2>&1";
+  DoctorRun r;
+  FILE* p = popen(command.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n = 0;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+nlohmann::json doctor_json(const std::string& args = "--skip-checks", const std::string& env = "") {
+  const DoctorRun r = run_doctor("--json " + args, env);
+  auto j = nlohmann::json::parse(r.output, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.output;
+  if (!j.is_discarded()) {
+    EXPECT_EQ(j["exit_code"], r.exit_code);
+  }
+  return j;
+}
+
+bool machine_has_gpu() {
+  static const bool has = [] {
+    const auto j = doctor_json();
+    return !j.is_discarded() && !j["gpus"].empty();
+  }();
+  return has;
+}
+
+TEST(DoctorCli, HelpAndBadOptions) {
+  DoctorRun r = run_doctor("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--require-gpu"));
+  r = run_doctor("--frobnicate");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("unknown option '--frobnicate'"));
+}
+
+TEST(DoctorCli, ReportsTheMachineWithoutAGpu) {
+  if (machine_has_gpu()) GTEST_SKIP() << "this machine has a GPU (CudaDoctor covers it)";
+  const DoctorRun r = run_doctor("");
+  std::cout << r.output;
+  EXPECT_EQ(r.exit_code, 0) << "no GPU at all is not an error without --require-gpu";
+  for (const char* part : {"System\n", "OS ", "glibc", "compiled by", "HDF5", "Eigen", "NVIDIA driver", "GPUs\n",
+                           "none visible to CUDA", "Diagnosis\n", "no GPU visible", "kiln runs on the CPU"}) {
+    EXPECT_THAT(r.output, HasSubstr(part));
+  }
+#if KILN_TEST_DOCTOR_CUDA
+  for (const char* part : {"cuBLAS ", "cuBLASLt", "cuDNN ", "NCCL "}) EXPECT_THAT(r.output, HasSubstr(part));
+#endif
+}
+
+TEST(DoctorCli, RequireGpuFailsWithoutAGpu) {
+  if (machine_has_gpu()) GTEST_SKIP() << "this machine has a GPU";
+  const DoctorRun r = run_doctor("--require-gpu --skip-checks");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("error: no GPU visible"));
+  EXPECT_THAT(r.output, HasSubstr("fix: "));
+}
+
+TEST(DoctorCli, JsonHasEverySection) {
+  const auto j = doctor_json();
+  ASSERT_FALSE(j.is_discarded());
+  for (const char* key : {"system", "build", "driver", "libraries", "gpus", "checks", "findings", "exit_code"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_FALSE(j["system"]["os"].get<std::string>().empty());
+  EXPECT_FALSE(j["build"]["compiler"].get<std::string>().empty());
+  EXPECT_EQ(j["build"]["cuda"].get<bool>(), KILN_TEST_DOCTOR_CUDA != 0);
+  EXPECT_FALSE(j["findings"].empty());
+  for (const auto& f : j["findings"]) {
+    EXPECT_TRUE(f.contains("severity") && f.contains("code") && f.contains("problem") && f.contains("fix")) << f.dump();
+  }
+  if (!machine_has_gpu()) {
+    EXPECT_FALSE(j["driver"]["libcuda_found"].get<bool>());
+    EXPECT_EQ(j["findings"][0]["code"], "no-gpu");
+  }
+}
+
+#if KILN_TEST_DOCTOR_CUDA
+TEST(DoctorCli, CudnnOfTheWrongVersionFirstOnTheLibraryPath) {
+  // libcudnn.so.9 that says it is 8.9.7, found before the real one.
+  const DoctorRun r = run_doctor("--skip-checks", "LD_LIBRARY_PATH=" KILN_FAKE_CUDNN8_DIR);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("error: cuDNN 8.9.7 is loaded (from " KILN_FAKE_CUDNN8_DIR "/libcudnn.so.9)"));
+  EXPECT_THAT(r.output, HasSubstr("fix: install cuDNN 9"));
+  const auto j = doctor_json("--skip-checks", "LD_LIBRARY_PATH=" KILN_FAKE_CUDNN8_DIR);
+  bool found = false;
+  for (const auto& f : j["findings"]) found |= f["code"] == "library-wrong-version" && f["severity"] == "error";
+  EXPECT_TRUE(found) << j["findings"].dump(2);
+}
+
+TEST(DoctorCli, NcclWithoutItsVersionFunction) {
+  const DoctorRun r = run_doctor("", "LD_LIBRARY_PATH=" KILN_FAKE_NCCL_DIR);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("libnccl.so.2 has no ncclGetVersion()"));
+  EXPECT_THAT(r.output, HasSubstr("fix: "));
+  // The checks link NCCL: they are not attempted with a broken one.
+  EXPECT_THAT(r.output, HasSubstr("not run: NCCL (libnccl.so.2) is not usable"));
+}
+#endif
+
+TEST(CudaDoctor, EveryCheckPassesOnThisGpu) {
+  if (!machine_has_gpu()) GTEST_SKIP() << "no GPU visible";
+  const DoctorRun r = run_doctor("--require-gpu");
+  std::cout << r.output;  // the report, for the GPU run's log
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("FAILED")));
+  const auto j = doctor_json("--require-gpu");
+  ASSERT_TRUE(j["checks"]["ran"].get<bool>()) << j["checks"].dump(2);
+  const int gpus = static_cast<int>(j["gpus"].size());
+  EXPECT_EQ(j["checks"]["results"].size(), static_cast<size_t>(5 * gpus + 1));
+  for (const auto& c : j["checks"]["results"]) {
+    EXPECT_EQ(c["status"], "passed") << c.dump();
+    if (c["unit"] == "GB/s" || c["unit"] == "TFLOP/s") {
+      EXPECT_GT(c["value"].get<double>(), 0) << c.dump();
+    }
+  }
+  for (const auto& g : j["gpus"]) {
+    EXPECT_TRUE(g["nvml"].get<bool>()) << g.dump();  // nvml.h travels in third_party/
+    EXPECT_GT(g["memory_bytes"].get<int64_t>(), 0);
+  }
+}
+
+}  // namespace
