@@ -121,6 +121,7 @@ class TensorBoardWriter {
  private:
   void add_event(const std::string& event);
   std::filesystem::path dir_, path_;
+  std::string folder_key_;  // the folder's entry in the process's set of folders with a live writer
   TensorBoardOptions options_;
   std::FILE* file_ = nullptr;
   std::string buffer_;

@@ -80,7 +80,7 @@ TensorBoardWriter::TensorBoardWriter(fs::path dir, TensorBoardOptions options)
   fs::create_directories(dir_, ec);
   KILN_CHECK(!ec, "TensorBoardWriter: cannot create the folder ", dir_.string(), ": ", ec.message(),
              "; choose a folder you can write to");
-  const std::string key = folder_key(dir_);
+  const std::string key = folder_key_ = folder_key(dir_);
   {
     std::lock_guard<std::mutex> lock(folders_mutex());
     KILN_CHECK(open_folders().insert(key).second, "TensorBoardWriter: ", dir_.string(),
@@ -121,7 +121,7 @@ TensorBoardWriter::~TensorBoardWriter() {
   }
   if (file_ != nullptr) std::fclose(file_);
   std::lock_guard<std::mutex> lock(folders_mutex());
-  open_folders().erase(folder_key(dir_));
+  open_folders().erase(folder_key_);
 }
 
 void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t step, double wall_time) {
