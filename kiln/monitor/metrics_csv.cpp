@@ -50,10 +50,10 @@ void create_parent(const fs::path& path, const char* what) {
 void replace_file(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  KILN_CHECK(f != nullptr, "CsvLogger: cannot write ", tmp.string(), " (to drop the rows after the resume step): ",
-             why(), "; is the folder writable?");
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
-                  ::fsync(fileno(f)) == 0;
+  KILN_CHECK(f != nullptr, "CsvLogger: cannot write ", tmp.string(),
+             " (to drop the rows after the resume step): ", why(), "; is the folder writable?");
+  const bool ok =
+      std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   const std::string reason = why();
   std::fclose(f);
   if (!ok) {

@@ -57,8 +57,8 @@ int64_t file_time(const fs::path& dir, const std::string& rest) {
     if (name.rfind(kPrefix, 0) == 0 && name > greatest) greatest = name;
   }
   if (greatest.empty() || kPrefix + std::to_string(now) + rest > greatest) return now;
-  const std::string digits = greatest.substr(std::strlen(kPrefix), greatest.find('.', std::strlen(kPrefix)) -
-                                                                        std::strlen(kPrefix));
+  const std::string digits =
+      greatest.substr(std::strlen(kPrefix), greatest.find('.', std::strlen(kPrefix)) - std::strlen(kPrefix));
   try {
     return std::max<int64_t>(now, std::stoll(digits) + 1);
   } catch (const std::exception&) {

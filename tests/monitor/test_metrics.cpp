@@ -267,7 +267,7 @@ TEST(MetricsCsv, RowsParseBackWithTheHeaderOnce) {
     CsvLogger csv(p, {"epoch", "step", "loss"});
     csv.row({1, 10, 0.5});
     csv.named_row({{"loss", 0.25}, {"step", 20}, {"epoch", 1}});  // by name, any order
-    csv.named_row({{"step", 30}});                          // the others left empty
+    csv.named_row({{"step", 30}});                                // the others left empty
   }
   const Csv csv = parse_csv(p);
   EXPECT_EQ(csv.header, (std::vector<std::string>{"epoch", "step", "loss"}));
@@ -280,8 +280,14 @@ TEST(MetricsCsv, RowsParseBackWithTheHeaderOnce) {
 
 TEST(MetricsCsv, ValuesRoundTripExactly) {
   TempFolder dir;
-  const std::vector<double> values{0.1, 1.0 / 3.0, 1e-300, 6.02214076e23, -0.0, 123456789012345.0,
-                                   std::numeric_limits<double>::denorm_min(), std::nextafter(1.0, 2.0)};
+  const std::vector<double> values{0.1,
+                                   1.0 / 3.0,
+                                   1e-300,
+                                   6.02214076e23,
+                                   -0.0,
+                                   123456789012345.0,
+                                   std::numeric_limits<double>::denorm_min(),
+                                   std::nextafter(1.0, 2.0)};
   {
     CsvLogger csv(dir / "v.csv", {"v"});
     for (double v : values) csv.row({v});
@@ -363,24 +369,32 @@ TEST(MetricsCsv, ResumeOntoAnotherHeaderIsAClearError) {
   TempFolder dir;
   const std::string text = "epoch,step,loss\n1,1,0.5\n";
   const fs::path p = dir.write("m.csv", text);
-  expect_error([&] { CsvLogger(p, {"epoch", "step", "loss", "lr"}, {.resume_step = 1}); },
-               {p.string(), "has the columns 'epoch,step,loss'", "this run logs 'epoch,step,loss,lr'",
-                "move the file away"});
+  expect_error(
+      [&] {
+        CsvLogger(p, {"epoch", "step", "loss", "lr"}, {.resume_step = 1});
+      },
+      {p.string(), "has the columns 'epoch,step,loss'", "this run logs 'epoch,step,loss,lr'", "move the file away"});
   EXPECT_EQ(read_file(p), text);  // untouched
 }
 
 TEST(MetricsCsv, BadInputIsAClearError) {
   TempFolder dir;
-  expect_error([&] { CsvLogger(dir / "a.csv", {"epoch", "loss"}, {.resume_step = 3}); },
-               {"'step' column, which is not among the columns (epoch,loss)"});
+  expect_error(
+      [&] {
+        CsvLogger(dir / "a.csv", {"epoch", "loss"}, {.resume_step = 3});
+      },
+      {"'step' column, which is not among the columns (epoch,loss)"});
   expect_error([&] { CsvLogger(dir / "b.csv", {"a", "a"}); }, {"column 'a' is given twice"});
   expect_error([&] { CsvLogger(dir / "c.csv", {"a,b"}); }, {"holds a comma"});
   CsvLogger csv(dir / "d.csv", {"step", "loss"});
   expect_error([&] { csv.row({1}); }, {"a row of 1 values for the 2 columns step,loss"});
   expect_error([&] { csv.named_row({{"acc", 1}}); }, {"'acc' is not one of the columns step,loss"});
   const fs::path bad = dir.write("e.csv", "step,loss\n1,0.5\nx,0.3\n");
-  expect_error([&] { CsvLogger(bad, {"step", "loss"}, {.resume_step = 5}); },
-               {"e.csv line 3", "step cell 'x' is not a number"});
+  expect_error(
+      [&] {
+        CsvLogger(bad, {"step", "loss"}, {.resume_step = 5});
+      },
+      {"e.csv line 3", "step cell 'x' is not a number"});
 }
 
 TEST(MetricsCsv, UnwritableFolderAndFullDiskAreClearErrors) {
@@ -412,7 +426,7 @@ TEST(MetricsTensorBoard, ScalarsReadBack) {
   const std::vector<Event> events = read_events(file);
   ASSERT_EQ(events.size(), 2u + 6u);
   EXPECT_EQ(events[0].file_version, "brain.Event:2");
-  EXPECT_GT(events[0].wall_time, 1.5e9);  // now, in seconds since 1970
+  EXPECT_GT(events[0].wall_time, 1.5e9);   // now, in seconds since 1970
   EXPECT_EQ(events[1].session_status, 1);  // START
   EXPECT_EQ(events[1].step, 0);
   for (int s = 0; s < 5; ++s) {
@@ -570,10 +584,16 @@ TEST(MetricsLogger, OneCallWritesTheCsvRowAndTheTensorBoardPoints) {
 TEST(MetricsLogger, ColumnsGivenUpFrontAreCheckedAtOnceAndKeepTheirOrder) {
   TempFolder dir;
   const fs::path p = dir.write("m.csv", "epoch,step,loss\n1,5,0.5\n2,10,0.25\n");
-  expect_error([&] { MetricsLogger({.csv = p, .columns = {"step", "loss"}, .resume_step = 6}); },
-               {"has the columns 'epoch,step,loss'"});
-  expect_error([&] { MetricsLogger({.csv = dir / "x.csv", .columns = {"epoch", "loss"}}); },
-               {"need a \"step\" column"});
+  expect_error(
+      [&] {
+        MetricsLogger({.csv = p, .columns = {"step", "loss"}, .resume_step = 6});
+      },
+      {"has the columns 'epoch,step,loss'"});
+  expect_error(
+      [&] {
+        MetricsLogger({.csv = dir / "x.csv", .columns = {"epoch", "loss"}});
+      },
+      {"need a \"step\" column"});
   {
     MetricsLogger log({.csv = p, .columns = {"epoch", "step", "loss"}, .resume_step = 6});
     log.log(6, {{"loss", 0.125}, {"epoch", 2}});
@@ -599,8 +619,8 @@ TEST(MetricsLogger, SharesOneTensorBoardWriterBetweenLoggers) {
 TEST(MetricsLogger, DisabledWritesNothing) {
   TempFolder dir;
   {
-    MetricsLogger log({.csv = dir / "m.csv", .columns = {"step", "loss"}, .tensorboard_dir = dir / "tb",
-                       .enabled = false});
+    MetricsLogger log(
+        {.csv = dir / "m.csv", .columns = {"step", "loss"}, .tensorboard_dir = dir / "tb", .enabled = false});
     log.log(1, {{"loss", 1}});
     log.flush();
     EXPECT_EQ(log.tensorboard(), nullptr);
