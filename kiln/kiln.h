@@ -55,6 +55,8 @@
 #include "kiln/optim/lr_scheduler.h"    // optim::StepLR, optim::CosineAnnealingLR, optim::OneCycleLR, warmups, ...
 #include "kiln/optim/optimizer.h"       // optim::Optimizer: parameter groups, state, state_dict
 #include "kiln/optim/sgd.h"             // optim::SGD
+#include "kiln/profiler/nvtx.h"        // profiler::enable_nvtx: kiln's steps, modules and ops in Nsight Systems
+#include "kiln/profiler/profiler.h"    // profiler::Profile: host and GPU time per op, Chrome trace, top-ops table
 #include "kiln/tensor/determinism.h"    // set_deterministic: bit-for-bit reproducible GPU training
 #include "kiln/tensor/generator.h"      // Generator, manual_seed
 #include "kiln/tensor/tensor.h"         // Tensor, DType, Device, Scalar, TensorOptions
