@@ -123,6 +123,47 @@ TEST(DoctorCli, NcclWithoutItsVersionFunction) {
   // The checks link NCCL: they are not attempted with a broken one.
   EXPECT_THAT(r.output, HasSubstr("not run: NCCL (libnccl.so.2) is not usable"));
 }
+
+// A fake driver first on LD_LIBRARY_PATH (tests/tools/fake/fake_libcuda.cpp): one "Fake GPU", whose driver
+// version and compute capability the test chooses.
+const std::string kFakeDriver = "LD_LIBRARY_PATH=" KILN_FAKE_DRIVER_DIR;
+
+TEST(DoctorCli, FakeDriverOlderThanTheRuntime) {
+  const DoctorRun r = run_doctor("", kFakeDriver + " FAKE_CUDA_DRIVER_VERSION=12040");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("supports CUDA up to 12.4, but kiln was built with the CUDA"));
+  EXPECT_THAT(r.output, HasSubstr("fix: update the NVIDIA driver to"));
+  EXPECT_THAT(r.output, HasSubstr("not run: the driver is too old for kiln's CUDA runtime"));
+}
+
+TEST(DoctorCli, FakeGpuTheBuildWasNotCompiledFor) {
+  const DoctorRun r = run_doctor("--skip-checks", kFakeDriver + " FAKE_CUDA_CC=75");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("cuda:0  Fake GPU  compute capability 7.5"));
+  EXPECT_THAT(r.output, HasSubstr("error: cuda:0 (Fake GPU, compute capability 7.5) cannot run this build"));
+  EXPECT_THAT(r.output, HasSubstr("fix: reconfigure with -DCMAKE_CUDA_ARCHITECTURES=75"));
+}
+
+TEST(DoctorCli, FakeCudaVisibleDevicesHidingTheGpus) {
+  const DoctorRun r = run_doctor("", kFakeDriver + " CUDA_VISIBLE_DEVICES=7");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("error: CUDA_VISIBLE_DEVICES=\"7\" hides every GPU: CUDA sees none, while the machine has 2 (NVML)"));
+  EXPECT_THAT(r.output, HasSubstr("fix: unset CUDA_VISIBLE_DEVICES"));
+}
+
+TEST(DoctorCli, FakeDriverTheRuntimeCannotUse) {
+  // The probes pass (a driver with one GPU of compute capability 9.0), so the checks module is loaded from
+  // beside kiln-doctor; the CUDA runtime in it then finds nothing usable in the fake libcuda.so.1.
+  const DoctorRun r = run_doctor("", kFakeDriver);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("sees no GPU, while the driver"));
+  EXPECT_THAT(r.output, HasSubstr("fix: reinstall the NVIDIA driver"));
+  const auto j = doctor_json("", kFakeDriver);
+  EXPECT_TRUE(j["checks"]["ran"].get<bool>()) << j["checks"].dump(2);
+  EXPECT_THAT(j["checks"]["module_path"].get<std::string>(), HasSubstr("kiln-doctor-checks"));
+  EXPECT_EQ(j["gpus"][0]["name"], "Fake GPU");
+  EXPECT_EQ(j["driver"]["nvml_device_count"], 2);
+}
 #endif
 
 TEST(CudaDoctor, EveryCheckPassesOnThisGpu) {

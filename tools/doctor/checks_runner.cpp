@@ -94,6 +94,7 @@ ChecksFacts run_checks(const Facts& facts) {
   }
   c.ran = true;
   c.runtime_version = report.value("runtime_version", 0);
+  c.runtime_error = report.value("device_error", "");
   for (const auto& r : report.value("results", nlohmann::json::array())) {
     CheckResult out;
     out.name = r.value("name", "");

@@ -300,6 +300,14 @@ struct Rules {
       }
       return;
     }
+    if (c.results.empty() && facts.driver.device_count > 0) {
+      add(Severity::Error, "checks-no-device",
+          "the CUDA runtime inside kiln (" + cuda_version_string(c.runtime_version) + ") sees no GPU, while the driver (" +
+              facts.driver.libcuda_path + ") lists " + std::to_string(facts.driver.device_count) +
+              (c.runtime_error.empty() ? std::string() : ": " + c.runtime_error),
+          "reinstall the NVIDIA driver so that libcuda.so.1 matches its kernel module and is new enough for CUDA " +
+              cuda_version_string(facts.build.cudart_version) + " (check that LD_LIBRARY_PATH holds no other libcuda.so.1)");
+    }
     for (const CheckResult& r : c.results) {
       if (r.status != CheckStatus::Failed) continue;
       add(Severity::Error, "check-failed",

@@ -120,6 +120,7 @@ struct ChecksFacts {
   std::string module_path;
   std::string load_error;  // dlopen's dlerror(): names the library at fault
   int runtime_version = 0;  // cudaRuntimeGetVersion of the (static) runtime kiln runs with
+  std::string runtime_error;  // why that runtime counts no GPU (cudaGetDeviceCount), when it does not
   std::vector<CheckResult> results;
 };
 

@@ -97,6 +97,7 @@ std::string json_report(const Facts& f, const std::vector<Finding>& findings, in
                  {"module_path", f.checks.module_path},
                  {"load_error", f.checks.load_error},
                  {"runtime_version", f.checks.runtime_version},
+                 {"runtime_error", f.checks.runtime_error},
                  {"results", json::array()}};
   for (const auto& c : f.checks.results) {
     checks["results"].push_back({{"name", c.name},

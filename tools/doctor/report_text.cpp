@@ -74,7 +74,10 @@ std::string text_report(const Facts& f, const std::vector<Finding>& findings, in
     w.row("NVIDIA driver", "not found: " + d.libcuda_error);
   }
   w.row("NVML", d.nvml_ok ? d.nvml_path : "unavailable: " + d.nvml_error);
-  if (f.checks.ran) w.row("CUDA runtime", cuda_version_string(f.checks.runtime_version) + " (inside kiln)");
+  if (f.checks.ran) {
+    w.row("CUDA runtime", cuda_version_string(f.checks.runtime_version) + " (inside kiln)" +
+                              (f.checks.runtime_error.empty() ? "" : ", sees no GPU: " + f.checks.runtime_error));
+  }
   for (const LibraryFacts& lib : f.libraries) {
     std::string s;
     if (!lib.found) {
@@ -105,16 +108,18 @@ std::string text_report(const Facts& f, const std::vector<Finding>& findings, in
       for (const auto& p : g.nvlink_peers) peers += (peers.empty() ? "" : ", ") + p;
       w.row("  NVLink", std::to_string(g.nvlinks_active) + " links up" + (peers.empty() ? "" : "; peers " + peers));
     } else {
-      w.row("  ECC, NVLink", "unknown (no NVML)");
+      w.row("  ECC, NVLink", d.nvml_ok ? "unknown (NVML does not know this PCI bus id)" : "unknown (no NVML)");
     }
   }
   if (d.nvml_ok && d.nvml_device_count > static_cast<int>(f.gpus.size())) {
-    w.out << "  (" << d.nvml_device_count << " GPUs in the machine; CUDA_VISIBLE_DEVICES shows " << f.gpus.size() << ")\n";
+    w.out << "  (NVML counts " << d.nvml_device_count << " GPUs in the machine; CUDA sees " << f.gpus.size() << ")\n";
   }
 
   w.section("Checks");
   if (!f.checks.ran) {
     w.out << "  not run: " << (f.checks.load_error.empty() ? f.checks.skipped_reason : f.checks.load_error) << "\n";
+  } else if (f.checks.results.empty()) {
+    w.out << "  none ran: the CUDA runtime inside kiln sees no GPU\n";
   }
   for (const CheckResult& c : f.checks.results) {
     std::string head = c.name + (c.device >= 0 ? " (cuda:" + std::to_string(c.device) + ")" : " (all GPUs)");

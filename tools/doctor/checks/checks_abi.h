@@ -8,7 +8,7 @@
 #pragma once
 
 // Runs every check on every visible GPU and returns
-//   {"runtime_version": 13000, "driver_version": 13000,
+//   {"runtime_version": 13000, "driver_version": 13000, "device_error": "cudaErrorInsufficientDriver (...)",
 //    "results": [{"name": ..., "device": 0, "status": "passed"|"failed"|"skipped", "detail": ...,
 //                 "value": 25.1, "unit": "GB/s", "error": ...}, ...]}
 // The text stays valid until the next call. flags: 0 (reserved).

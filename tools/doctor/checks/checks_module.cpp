@@ -223,6 +223,14 @@ extern "C" const char* kiln_doctor_run_checks(int /*flags*/) {
   cudaDriverGetVersion(&driver);
   report["runtime_version"] = runtime;
   report["driver_version"] = driver;
+  // Asked first and directly: kiln's device_count() answers 0 for every failure, and the reason matters here
+  // (a libcuda.so.1 the runtime cannot use, a driver too old for it).
+  int visible = 0;
+  const cudaError_t count_error = cudaGetDeviceCount(&visible);
+  if (count_error != cudaSuccess) {
+    report["device_error"] = std::string(cudaGetErrorName(count_error)) + " (" + cudaGetErrorString(count_error) + ")";
+    cudaGetLastError();
+  }
   json results = json::array();
   const int n = cuda::device_count();
   for (int d = 0; d < n; ++d) {
