@@ -26,8 +26,9 @@ class DeviceTable {
   nvml::DeviceHandle find(int cuda_device, std::string* error) {
     const int n = cuda::device_count();
     if (n == 0) {
-      *error = "no CUDA device is visible to kiln (a build without CUDA, no driver, or CUDA_VISIBLE_DEVICES "
-               "hides every GPU): run kiln-doctor to see which";
+      *error =
+          "no CUDA device is visible to kiln (a build without CUDA, no driver, or CUDA_VISIBLE_DEVICES "
+          "hides every GPU): run kiln-doctor to see which";
       return nullptr;
     }
     if (cuda_device < 0 || cuda_device >= n) {

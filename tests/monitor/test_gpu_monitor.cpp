@@ -155,7 +155,8 @@ TEST(CudaGpuMonitor, CheapEnoughForAProgressLine) {
   constexpr int kCalls = 200;
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < kCalls; ++i) ASSERT_TRUE(monitor::gpu_stats(0).has_value());
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / kCalls;
+  const double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / kCalls;
   std::cout << "gpu_stats: " << us << " us per call\n";
   EXPECT_LT(us, 2000.0);  // a progress line every few steps of tens of milliseconds
 }

@@ -6,7 +6,8 @@
 
 namespace kiln::doctor::testing {
 
-inline LibraryFacts library(const char* name, const char* soname, const char* function, int major, int minor, int patch) {
+inline LibraryFacts library(const char* name, const char* soname, const char* function, int major, int minor,
+                            int patch) {
   LibraryFacts l;
   l.name = name;
   l.soname = soname;
@@ -56,7 +57,8 @@ inline Facts healthy_gpu_machine() {
   f.gpus = {g};
   f.checks.requested = true;
   f.checks.ran = true;
-  for (const char* name : {"kernel launch", "copy host to device", "copy device to host", "cuBLAS GEMM", "cuDNN convolution"}) {
+  for (const char* name :
+       {"kernel launch", "copy host to device", "copy device to host", "cuBLAS GEMM", "cuDNN convolution"}) {
     f.checks.results.push_back({name, 0, CheckStatus::Passed, "", 1.0, "", ""});
   }
   f.checks.results.push_back({"NCCL all-reduce", -1, CheckStatus::Passed, "", 0.0, "", ""});

@@ -12,11 +12,11 @@
 namespace kiln::doctor {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::Not;
 using testing::cpu_only_machine;
+using ::testing::HasSubstr;
 using testing::healthy_gpu_machine;
 using testing::lib;
+using ::testing::Not;
 
 // The only finding with `code`; fails the test when there is none or several.
 Finding only(const std::vector<Finding>& findings, const std::string& code) {

@@ -147,7 +147,9 @@ TEST(DoctorCli, FakeGpuTheBuildWasNotCompiledFor) {
 TEST(DoctorCli, FakeCudaVisibleDevicesHidingTheGpus) {
   const DoctorRun r = run_doctor("", kFakeDriver + " CUDA_VISIBLE_DEVICES=7");
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("error: CUDA_VISIBLE_DEVICES=\"7\" hides every GPU: CUDA sees none, while the machine has 2 (NVML)"));
+  EXPECT_THAT(
+      r.output,
+      HasSubstr("error: CUDA_VISIBLE_DEVICES=\"7\" hides every GPU: CUDA sees none, while the machine has 2 (NVML)"));
   EXPECT_THAT(r.output, HasSubstr("fix: unset CUDA_VISIBLE_DEVICES"));
 }
 

@@ -48,11 +48,13 @@ std::string checks_blocked_reason(const Facts& f) {
       return lib.name + " (" + lib.soname + ") is not usable, and the checks link it";
     }
     if (lib.major >= 0 && lib.built_major >= 0 && lib.major != lib.built_major) {
-      return lib.name + " " + lib.version() + " is not the major version kiln was built against (" + lib.built_version() + ")";
+      return lib.name + " " + lib.version() + " is not the major version kiln was built against (" +
+             lib.built_version() + ")";
     }
   }
   if (!f.driver.libcuda_found) return "no NVIDIA driver (libcuda.so.1)";
-  if (f.driver.cuda_version > 0 && f.build.cudart_version > 0 && f.driver.cuda_version / 1000 < f.build.cudart_version / 1000) {
+  if (f.driver.cuda_version > 0 && f.build.cudart_version > 0 &&
+      f.driver.cuda_version / 1000 < f.build.cudart_version / 1000) {
     return "the driver is too old for kiln's CUDA runtime";
   }
   if (f.driver.init_result != 0 || f.driver.device_count == 0) return "no GPU is visible to CUDA";
@@ -77,9 +79,10 @@ ChecksFacts run_checks(const Facts& facts) {
     if (first_error.empty()) first_error = e ? e : "dlopen failed";
   }
   if (!module) {
-    c.load_error = !first_error.empty() ? first_error
-                                        : std::string(KILN_DOCTOR_CHECKS_FILE) + " is not beside kiln-doctor nor in " +
-                                              KILN_DOCTOR_CHECKS_INSTALL_RELATIVE + " (set KILN_DOCTOR_CHECKS to its path)";
+    c.load_error = !first_error.empty()
+                       ? first_error
+                       : std::string(KILN_DOCTOR_CHECKS_FILE) + " is not beside kiln-doctor nor in " +
+                             KILN_DOCTOR_CHECKS_INSTALL_RELATIVE + " (set KILN_DOCTOR_CHECKS to its path)";
     return c;
   }
   auto run = reinterpret_cast<KilnDoctorRunChecks>(dlsym(module, kKilnDoctorRunChecks));

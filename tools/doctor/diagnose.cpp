@@ -37,7 +37,8 @@ bool architectures_run_on(const std::string& architectures, int major, int minor
   const int cc = major * 10 + minor;
   bool sass = false, ptx = false, unknown = false;
   std::string list = architectures;
-  std::replace_if(list.begin(), list.end(), [](char c) { return c == ';' || c == ',' || c == ' '; }, '\n');
+  std::replace_if(
+      list.begin(), list.end(), [](char c) { return c == ';' || c == ',' || c == ' '; }, '\n');
   std::istringstream in(list);
   std::string entry;
   while (std::getline(in, entry)) {
@@ -128,10 +129,11 @@ struct Rules {
   }
 
   static std::string package_hint(const LibraryFacts& lib) {
-    if (lib.name == "cuDNN") return "cuDNN " + std::to_string(lib.built_major) + " (apt: libcudnn" +
-                                    std::to_string(lib.built_major) + "-cuda-<CUDA major>)";
-    if (lib.name == "NCCL") return "NCCL " + std::to_string(lib.built_major) + " (apt: libnccl" +
-                                   std::to_string(lib.built_major) + ")";
+    if (lib.name == "cuDNN")
+      return "cuDNN " + std::to_string(lib.built_major) + " (apt: libcudnn" + std::to_string(lib.built_major) +
+             "-cuda-<CUDA major>)";
+    if (lib.name == "NCCL")
+      return "NCCL " + std::to_string(lib.built_major) + " (apt: libnccl" + std::to_string(lib.built_major) + ")";
     if (lib.name == "cuBLAS" || lib.name == "cuBLASLt") {
       return "the CUDA " + std::to_string(lib.built_major) + " toolkit's cuBLAS (apt: libcublas-" +
              std::to_string(lib.built_major) + "-<minor>)";
@@ -145,7 +147,8 @@ struct Rules {
       const std::string consequence =
           lib.required ? "every kiln program of this build fails to start" : "kiln reports it as unknown";
       if (!lib.found) {
-        add(missing, "library-missing", lib.name + " (" + lib.soname + ") is not found: " + lib.load_error + "; " + consequence,
+        add(missing, "library-missing",
+            lib.name + " (" + lib.soname + ") is not found: " + lib.load_error + "; " + consequence,
             "install " + package_hint(lib) + ", or add the folder that holds " + lib.soname + " to LD_LIBRARY_PATH");
         continue;
       }
@@ -158,8 +161,8 @@ struct Rules {
       if (lib.major < 0 || lib.built_major < 0) continue;
       if (lib.major != lib.built_major) {
         add(missing, "library-wrong-version",
-            lib.name + " " + lib.version() + " is loaded (from " + lib.path + "), but kiln was built against " + lib.name +
-                " " + lib.built_version() + ": a different major version, with a different interface",
+            lib.name + " " + lib.version() + " is loaded (from " + lib.path + "), but kiln was built against " +
+                lib.name + " " + lib.built_version() + ": a different major version, with a different interface",
             "install " + package_hint(lib) + " and put its folder first on LD_LIBRARY_PATH, or rebuild kiln against " +
                 lib.name + " " + std::to_string(lib.major));
         continue;
@@ -168,8 +171,8 @@ struct Rules {
       const int built = lib.built_minor * 1000 + std::max(lib.built_patch, 0);
       if (lib.built_minor >= 0 && have < built) {
         add(Severity::Warning, "library-older",
-            lib.name + " " + lib.version() + " is loaded (from " + lib.path + "), older than the " + lib.built_version() +
-                " kiln was built against: what was added since may fail",
+            lib.name + " " + lib.version() + " is loaded (from " + lib.path + "), older than the " +
+                lib.built_version() + " kiln was built against: what was added since may fail",
             "update " + lib.name + " to " + lib.built_version() + " or later, or rebuild kiln on this machine");
       }
     }
@@ -181,8 +184,8 @@ struct Rules {
     if (!d.libcuda_found) {
       if (gpu_hints()) {
         add(Severity::Error, "driver-library-missing",
-            "the machine has an NVIDIA GPU (" + hint_text() + "), but the driver's CUDA library libcuda.so.1 is not found: " +
-                d.libcuda_error,
+            "the machine has an NVIDIA GPU (" + hint_text() +
+                "), but the driver's CUDA library libcuda.so.1 is not found: " + d.libcuda_error,
             "install the NVIDIA driver's user-space libraries for the loaded kernel module (Ubuntu: "
             "libnvidia-compute-<driver major>), or in a container start it with the GPUs (docker run --gpus all)");
       } else {
@@ -204,10 +207,12 @@ struct Rules {
         return;
       }
       add(Severity::Warning, "driver-older-minor",
-          "the NVIDIA driver" + have + " supports CUDA " + cuda_version_string(d.cuda_version) + ", older than the CUDA " +
-              cuda_version_string(built) + " runtime kiln was built with: it runs (minor version compatibility), "
+          "the NVIDIA driver" + have + " supports CUDA " + cuda_version_string(d.cuda_version) +
+              ", older than the CUDA " + cuda_version_string(built) +
+              " runtime kiln was built with: it runs (minor version compatibility), "
               "but PTX from the newer toolkit cannot be compiled by this driver",
-          "update the NVIDIA driver, or build kiln with SASS for this GPU (CMAKE_CUDA_ARCHITECTURES=<its compute capability>)");
+          "update the NVIDIA driver, or build kiln with SASS for this GPU (CMAKE_CUDA_ARCHITECTURES=<its compute "
+          "capability>)");
     }
     if (d.init_result == 0) {
       if (d.device_count == 0) no_gpu("the driver loaded but lists no device");
@@ -224,8 +229,8 @@ struct Rules {
                 std::to_string(std::max(d.nvml_device_count, 1) - 1) + ") or UUIDs that nvidia-smi -L lists");
       } else if (d.nvml_device_count > 0 || gpu_hints()) {
         add(Severity::Error, "no-device",
-            "the NVIDIA driver is installed and the machine has a GPU (" + hint_text() + "), but CUDA sees none: " +
-                d.init_error,
+            "the NVIDIA driver is installed and the machine has a GPU (" + hint_text() +
+                "), but CUDA sees none: " + d.init_error,
             "check nvidia-smi; in a container start it with the GPUs (docker run --gpus all), otherwise reinstall the "
             "driver and reboot");
       } else {
@@ -250,7 +255,8 @@ struct Rules {
         add(Severity::Error, "gpu-not-compiled-for",
             "cuda:" + std::to_string(g.index) + " (" + g.name + ", compute capability " + cc +
                 ") cannot run this build: kiln was compiled for CMAKE_CUDA_ARCHITECTURES=" + archs,
-            "reconfigure with -DCMAKE_CUDA_ARCHITECTURES=" + sm + " (or \"" + archs + ";" + sm + "\" for both) and rebuild");
+            "reconfigure with -DCMAKE_CUDA_ARCHITECTURES=" + sm + " (or \"" + archs + ";" + sm +
+                "\" for both) and rebuild");
       } else if (through_ptx) {
         add(Severity::Warning, "gpu-ptx-only",
             "cuda:" + std::to_string(g.index) + " (" + g.name + ", compute capability " + cc +
@@ -302,11 +308,13 @@ struct Rules {
     }
     if (c.results.empty() && facts.driver.device_count > 0) {
       add(Severity::Error, "checks-no-device",
-          "the CUDA runtime inside kiln (" + cuda_version_string(c.runtime_version) + ") sees no GPU, while the driver (" +
-              facts.driver.libcuda_path + ") lists " + std::to_string(facts.driver.device_count) +
+          "the CUDA runtime inside kiln (" + cuda_version_string(c.runtime_version) +
+              ") sees no GPU, while the driver (" + facts.driver.libcuda_path + ") lists " +
+              std::to_string(facts.driver.device_count) +
               (c.runtime_error.empty() ? std::string() : ": " + c.runtime_error),
           "reinstall the NVIDIA driver so that libcuda.so.1 matches its kernel module and is new enough for CUDA " +
-              cuda_version_string(facts.build.cudart_version) + " (check that LD_LIBRARY_PATH holds no other libcuda.so.1)");
+              cuda_version_string(facts.build.cudart_version) +
+              " (check that LD_LIBRARY_PATH holds no other libcuda.so.1)");
     }
     for (const CheckResult& r : c.results) {
       if (r.status != CheckStatus::Failed) continue;

@@ -33,10 +33,10 @@ struct SystemFacts {
 // How this kiln was built, recorded at compile time (build_info.cpp).
 struct BuildFacts {
   std::string kiln_version;
-  std::string compiler;    // "GNU 12.2.0"
-  std::string build_type;  // Release
-  bool cuda = false;       // KILN_CUDA
-  bool mpi = false;        // KILN_MPI
+  std::string compiler;            // "GNU 12.2.0"
+  std::string build_type;          // Release
+  bool cuda = false;               // KILN_CUDA
+  bool mpi = false;                // KILN_MPI
   std::string cuda_architectures;  // CMAKE_CUDA_ARCHITECTURES, e.g. "90" or "80;90-real"
   int cudart_version = 0;          // CUDART_VERSION, 13000 = 13.0
   int cublas_version = 0;          // CUBLAS_VERSION, 130100 = 13.1.0
@@ -51,19 +51,19 @@ struct BuildFacts {
 
 // A shared library looked for with dlopen, by the soname kiln's programs need.
 struct LibraryFacts {
-  std::string name;    // "cuDNN"
-  std::string soname;  // "libcudnn.so.9"
+  std::string name;       // "cuDNN"
+  std::string soname;     // "libcudnn.so.9"
   bool required = false;  // this build's programs link it: without it they do not start
   bool found = false;
-  std::string path;        // the file dlopen loaded
-  std::string load_error;  // dlerror() when not found
+  std::string path;              // the file dlopen loaded
+  std::string load_error;        // dlerror() when not found
   std::string version_function;  // "cudnnGetVersion"
   bool has_version_function = false;
-  int major = -1, minor = -1, patch = -1;  // as the library reports itself
-  std::string description;                 // its own words, where it has them ("Open MPI v4.1.4")
+  int major = -1, minor = -1, patch = -1;                    // as the library reports itself
+  std::string description;                                   // its own words, where it has them ("Open MPI v4.1.4")
   int built_major = -1, built_minor = -1, built_patch = -1;  // what kiln was compiled against; -1: unknown
-  std::string version() const;        // "9.14.0", "" if unknown
-  std::string built_version() const;  // "9.19.0", "" if unknown
+  std::string version() const;                               // "9.14.0", "" if unknown
+  std::string built_version() const;                         // "9.19.0", "" if unknown
 };
 
 struct GpuFacts {
@@ -89,15 +89,15 @@ struct GpuFacts {
 struct DriverFacts {
   bool libcuda_found = false;
   std::string libcuda_path;
-  std::string libcuda_error;     // dlerror()
-  int cuda_version = 0;          // cuDriverGetVersion: the highest CUDA the driver supports
-  int init_result = -1;          // cuInit's CUresult; 0 = success, -1 = not called
-  std::string init_error;        // "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected"
-  int device_count = 0;          // visible to CUDA
-  std::string driver_version;    // "580.159", from NVML or /proc/driver/nvidia/version
+  std::string libcuda_error;   // dlerror()
+  int cuda_version = 0;        // cuDriverGetVersion: the highest CUDA the driver supports
+  int init_result = -1;        // cuInit's CUresult; 0 = success, -1 = not called
+  std::string init_error;      // "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected"
+  int device_count = 0;        // visible to CUDA
+  std::string driver_version;  // "580.159", from NVML or /proc/driver/nvidia/version
   bool nvml_ok = false;
   std::string nvml_path;
-  std::string nvml_error;  // why NVML is not usable, with the fix
+  std::string nvml_error;     // why NVML is not usable, with the fix
   int nvml_device_count = 0;  // every GPU of the machine (NVML ignores CUDA_VISIBLE_DEVICES)
 };
 
@@ -118,8 +118,8 @@ struct ChecksFacts {
   bool ran = false;
   std::string skipped_reason;  // why they did not run
   std::string module_path;
-  std::string load_error;  // dlopen's dlerror(): names the library at fault
-  int runtime_version = 0;  // cudaRuntimeGetVersion of the (static) runtime kiln runs with
+  std::string load_error;     // dlopen's dlerror(): names the library at fault
+  int runtime_version = 0;    // cudaRuntimeGetVersion of the (static) runtime kiln runs with
   std::string runtime_error;  // why that runtime counts no GPU (cudaGetDeviceCount), when it does not
   std::vector<CheckResult> results;
 };

@@ -18,9 +18,9 @@ struct GatherOptions {
 Facts gather_facts(const GatherOptions& options);
 
 SystemFacts gather_system();
-BuildFacts build_facts();                                        // build_info.cpp
+BuildFacts build_facts();                                            // build_info.cpp
 std::vector<LibraryFacts> probe_libraries(const BuildFacts& build);  // probe_libraries.cpp
-void gather_driver(Facts* facts);                                // probe_driver.cpp: fills driver and gpus
+void gather_driver(Facts* facts);                                    // probe_driver.cpp: fills driver and gpus
 // Why the checks cannot run given these facts (a library missing, no GPU), or "" when they can.
 std::string checks_blocked_reason(const Facts& facts);
 ChecksFacts run_checks(const Facts& facts);  // checks_runner.cpp: loads kiln-doctor-checks and runs it

@@ -20,7 +20,7 @@ namespace {
 // that the doctor builds without the CUDA toolkit (and checked against cuda.h where it is there).
 using CuResult = int;
 using CuDevice = int;
-constexpr int kAttrClockRate = 13;             // kHz
+constexpr int kAttrClockRate = 13;  // kHz
 constexpr int kAttrMultiprocessorCount = 16;
 constexpr int kAttrMemoryClockRate = 36;       // kHz
 constexpr int kAttrGlobalMemoryBusWidth = 37;  // bits
@@ -66,7 +66,8 @@ std::string error_text(const DriverApi& api, CuResult r) {
 // "0000:3B:00.0" (CUDA) and "00000000:3B:00.0" (NVML) name the same GPU: compare the numbers.
 bool same_pci_bus_id(const std::string& a, const std::string& b) {
   unsigned d1 = 0, b1 = 0, s1 = 0, d2 = 0, b2 = 0, s2 = 0;
-  if (std::sscanf(a.c_str(), "%x:%x:%x", &d1, &b1, &s1) != 3 || std::sscanf(b.c_str(), "%x:%x:%x", &d2, &b2, &s2) != 3) {
+  if (std::sscanf(a.c_str(), "%x:%x:%x", &d1, &b1, &s1) != 3 ||
+      std::sscanf(b.c_str(), "%x:%x:%x", &d2, &b2, &s2) != 3) {
     return false;
   }
   return d1 == d2 && b1 == b2 && s1 == s2;
@@ -128,7 +129,8 @@ void gather_driver(Facts* facts) {
     resolve(h, "cuGetErrorString", &api.get_error_string);
     if (api.driver_get_version) api.driver_get_version(&d.cuda_version);
     if (!api.init || !api.device_get_count || !api.device_get) {
-      d.init_error = d.libcuda_path + " lacks the driver API's cuInit/cuDeviceGetCount: a broken or foreign libcuda.so.1";
+      d.init_error =
+          d.libcuda_path + " lacks the driver API's cuInit/cuDeviceGetCount: a broken or foreign libcuda.so.1";
       d.init_result = 999;
     } else {
       d.init_result = api.init(0);

@@ -143,10 +143,11 @@ std::vector<LibraryFacts> probe_libraries(const BuildFacts& build) {
     const int cublas_major = build.cublas_version / 10000;
     const int cudnn_major = build.cudnn_version / 10000;
     const int nccl_major = build.nccl_version >= 20900 ? build.nccl_version / 10000 : build.nccl_version / 1000;
-    libs.push_back(probe("cuBLAS", {"libcublas.so." + std::to_string(cublas_major)}, true, "cublasGetProperty", read_cublas));
-    set_built(build.cublas_version, 10000, &libs.back());
     libs.push_back(
-        probe("cuBLASLt", {"libcublasLt.so." + std::to_string(cublas_major)}, true, "cublasLtGetVersion", read_cublaslt));
+        probe("cuBLAS", {"libcublas.so." + std::to_string(cublas_major)}, true, "cublasGetProperty", read_cublas));
+    set_built(build.cublas_version, 10000, &libs.back());
+    libs.push_back(probe("cuBLASLt", {"libcublasLt.so." + std::to_string(cublas_major)}, true, "cublasLtGetVersion",
+                         read_cublaslt));
     set_built(build.cublas_version, 10000, &libs.back());
     libs.push_back(probe("cuDNN", {"libcudnn.so." + std::to_string(cudnn_major)}, true, "cudnnGetVersion", read_cudnn));
     set_built(build.cudnn_version, 10000, &libs.back());
@@ -155,7 +156,8 @@ std::vector<LibraryFacts> probe_libraries(const BuildFacts& build) {
   }
   // Reported, not judged by version: their sonames differ between distributions, so the file kiln linked
   // comes first.
-  libs.push_back(probe("HDF5", {build.hdf5_library, "libhdf5_serial.so.103", "libhdf5.so.103", "libhdf5.so.310", "libhdf5.so"},
+  libs.push_back(probe("HDF5",
+                       {build.hdf5_library, "libhdf5_serial.so.103", "libhdf5.so.103", "libhdf5.so.310", "libhdf5.so"},
                        false, "H5get_libversion", read_hdf5));
   if (build.mpi) {
     libs.push_back(probe("MPI", {build.mpi_library, "libmpi.so.40", "libmpi.so.12", "libmpi.so"}, false,

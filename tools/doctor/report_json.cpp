@@ -75,30 +75,19 @@ std::string json_report(const Facts& f, const std::vector<Finding>& findings, in
                 {"eigen_version", b.eigen_version},
                 {"nvml_header", b.nvml_header}};
   const DriverFacts& d = f.driver;
-  j["driver"] = {{"libcuda_found", d.libcuda_found},
-                 {"libcuda_path", d.libcuda_path},
-                 {"libcuda_error", d.libcuda_error},
-                 {"version", d.driver_version},
-                 {"cuda_version", d.cuda_version},
-                 {"init_result", d.init_result},
-                 {"init_error", d.init_error},
-                 {"device_count", d.device_count},
-                 {"nvml_ok", d.nvml_ok},
-                 {"nvml_path", d.nvml_path},
-                 {"nvml_error", d.nvml_error},
-                 {"nvml_device_count", d.nvml_device_count}};
+  j["driver"] = {
+      {"libcuda_found", d.libcuda_found}, {"libcuda_path", d.libcuda_path}, {"libcuda_error", d.libcuda_error},
+      {"version", d.driver_version},      {"cuda_version", d.cuda_version}, {"init_result", d.init_result},
+      {"init_error", d.init_error},       {"device_count", d.device_count}, {"nvml_ok", d.nvml_ok},
+      {"nvml_path", d.nvml_path},         {"nvml_error", d.nvml_error},     {"nvml_device_count", d.nvml_device_count}};
   j["libraries"] = json::array();
   for (const auto& l : f.libraries) j["libraries"].push_back(library_json(l));
   j["gpus"] = json::array();
   for (const auto& g : f.gpus) j["gpus"].push_back(gpu_json(g));
-  json checks = {{"requested", f.checks.requested},
-                 {"ran", f.checks.ran},
-                 {"skipped_reason", f.checks.skipped_reason},
-                 {"module_path", f.checks.module_path},
-                 {"load_error", f.checks.load_error},
-                 {"runtime_version", f.checks.runtime_version},
-                 {"runtime_error", f.checks.runtime_error},
-                 {"results", json::array()}};
+  json checks = {{"requested", f.checks.requested},           {"ran", f.checks.ran},
+                 {"skipped_reason", f.checks.skipped_reason}, {"module_path", f.checks.module_path},
+                 {"load_error", f.checks.load_error},         {"runtime_version", f.checks.runtime_version},
+                 {"runtime_error", f.checks.runtime_error},   {"results", json::array()}};
   for (const auto& c : f.checks.results) {
     checks["results"].push_back({{"name", c.name},
                                  {"device", c.device},
@@ -111,7 +100,8 @@ std::string json_report(const Facts& f, const std::vector<Finding>& findings, in
   j["checks"] = std::move(checks);
   j["findings"] = json::array();
   for (const auto& x : findings) {
-    j["findings"].push_back({{"severity", to_string(x.severity)}, {"code", x.code}, {"problem", x.problem}, {"fix", x.fix}});
+    j["findings"].push_back(
+        {{"severity", to_string(x.severity)}, {"code", x.code}, {"problem", x.problem}, {"fix", x.fix}});
   }
   j["exit_code"] = exit_code;
   return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";  // dlerror() text need not be UTF-8

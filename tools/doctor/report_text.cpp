@@ -38,7 +38,8 @@ std::string text_report(const Facts& f, const std::vector<Finding>& findings, in
   w.out << "kiln-doctor (kiln " << f.build.kiln_version << ")\n";
 
   w.section("System");
-  w.row("OS", version_or(f.system.os, "unknown") + ", " + f.system.kernel + " " + f.system.machine + ", glibc " + f.system.glibc);
+  w.row("OS", version_or(f.system.os, "unknown") + ", " + f.system.kernel + " " + f.system.machine + ", glibc " +
+                  f.system.glibc);
   w.row("CPU", version_or(f.system.cpu, "unknown") + " (" + std::to_string(f.system.cpu_cores) + " threads), " +
                    gb(f.system.memory_bytes) + " memory");
   std::string devices;
@@ -46,7 +47,8 @@ std::string text_report(const Facts& f, const std::vector<Finding>& findings, in
   w.row("NVIDIA devices", devices.empty() ? "none in /dev" : devices);
   w.row("kernel module", f.system.proc_driver_nvidia ? version_or(f.system.proc_driver_version, "loaded")
                                                      : "not loaded (no /proc/driver/nvidia)");
-  w.row("CUDA_VISIBLE_DEVICES", f.system.cuda_visible_devices ? "\"" + *f.system.cuda_visible_devices + "\"" : "(unset)");
+  w.row("CUDA_VISIBLE_DEVICES",
+        f.system.cuda_visible_devices ? "\"" + *f.system.cuda_visible_devices + "\"" : "(unset)");
 
   w.section("Build");
   w.row("kiln", f.build.kiln_version + " " + f.build.build_type + ", compiled by " + f.build.compiler);
@@ -84,7 +86,8 @@ std::string text_report(const Facts& f, const std::vector<Finding>& findings, in
       s = "NOT FOUND (" + lib.soname + "): " + lib.load_error;
     } else {
       s = version_or(lib.description.empty() ? lib.version() : lib.description, "version unknown");
-      if (!lib.built_version().empty() && lib.built_version() != lib.version()) s += " (built against " + lib.built_version() + ")";
+      if (!lib.built_version().empty() && lib.built_version() != lib.version())
+        s += " (built against " + lib.built_version() + ")";
       if (!lib.version_function.empty() && !lib.has_version_function) s = "no " + lib.version_function + "()";
       s += "  " + lib.path;
     }
@@ -94,9 +97,10 @@ std::string text_report(const Facts& f, const std::vector<Finding>& findings, in
   w.section("GPUs");
   if (f.gpus.empty()) w.out << "  none visible to CUDA\n";
   for (const GpuFacts& g : f.gpus) {
-    w.out << "  cuda:" << g.index << "  " << g.name << "  compute capability " << g.cc_major << "." << g.cc_minor << ", "
-          << g.multiprocessors << " SMs, " << gb(g.memory_bytes) << "\n";
-    std::string clocks = "SM " + (g.clock_mhz > 0 ? std::to_string(g.clock_mhz) + " MHz" : std::string("?")) + ", memory " +
+    w.out << "  cuda:" << g.index << "  " << g.name << "  compute capability " << g.cc_major << "." << g.cc_minor
+          << ", " << g.multiprocessors << " SMs, " << gb(g.memory_bytes) << "\n";
+    std::string clocks = "SM " + (g.clock_mhz > 0 ? std::to_string(g.clock_mhz) + " MHz" : std::string("?")) +
+                         ", memory " +
                          (g.memory_clock_mhz > 0 ? std::to_string(g.memory_clock_mhz) + " MHz" : std::string("?"));
     if (g.memory_bus_bits > 0) clocks += " x " + std::to_string(g.memory_bus_bits) + " bits";
     w.row("  clocks (max)", clocks);
@@ -124,7 +128,8 @@ std::string text_report(const Facts& f, const std::vector<Finding>& findings, in
   for (const CheckResult& c : f.checks.results) {
     std::string head = c.name + (c.device >= 0 ? " (cuda:" + std::to_string(c.device) + ")" : " (all GPUs)");
     std::string s = c.status == CheckStatus::Passed ? "ok" : c.status == CheckStatus::Failed ? "FAILED" : "skipped";
-    if (c.status == CheckStatus::Passed && !c.unit.empty()) s += "  " + fixed(c.value, c.value < 10 ? 2 : 1) + " " + c.unit;
+    if (c.status == CheckStatus::Passed && !c.unit.empty())
+      s += "  " + fixed(c.value, c.value < 10 ? 2 : 1) + " " + c.unit;
     if (c.status == CheckStatus::Failed) s += ": " + c.error;
     w.out << "  " << head;
     for (size_t i = head.size(); i < 34; ++i) w.out << ' ';

@@ -245,7 +245,8 @@ bool Library::sample(DeviceHandle device, Sample* out, std::string* why) const {
   unsigned v = 0;
   if (f.power && f.power(d, &v) == NVML_SUCCESS) s.power_watts = v / 1000.0;  // milliwatts
   if (f.power_limit && f.power_limit(d, &v) == NVML_SUCCESS) s.power_limit_watts = v / 1000.0;
-  if (f.temperature && f.temperature(d, NVML_TEMPERATURE_GPU, &v) == NVML_SUCCESS) s.temperature_c = static_cast<int>(v);
+  if (f.temperature && f.temperature(d, NVML_TEMPERATURE_GPU, &v) == NVML_SUCCESS)
+    s.temperature_c = static_cast<int>(v);
   if (f.clock && f.clock(d, NVML_CLOCK_SM, &v) == NVML_SUCCESS) s.sm_clock_mhz = static_cast<int>(v);
   *out = s;
   return true;

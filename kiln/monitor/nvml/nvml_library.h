@@ -34,9 +34,9 @@ struct DeviceInfo {
   int max_sm_clock_mhz = -1;
   int max_memory_clock_mhz = -1;
   double power_limit_watts = -1;
-  std::optional<bool> ecc_enabled;            // nullopt: the GPU has no ECC (or does not say)
-  int nvlinks_active = 0;                  // NVLink links up
-  std::vector<std::string> nvlink_peers;   // PCI bus ids of the other GPUs this one reaches over NVLink
+  std::optional<bool> ecc_enabled;        // nullopt: the GPU has no ECC (or does not say)
+  int nvlinks_active = 0;                 // NVLink links up
+  std::vector<std::string> nvlink_peers;  // PCI bus ids of the other GPUs this one reaches over NVLink
 };
 
 // What a GPU is doing now (kiln::monitor::gpu_stats). -1 where this GPU does not report a value.

@@ -42,12 +42,12 @@ int cuDeviceGetName(char* name, int length, int) {
 int cuDeviceGetAttribute(int* value, int attribute, int) {
   const int cc = env_int("FAKE_CUDA_CC", 90);
   switch (attribute) {
-    case 75: *value = cc / 10; break;   // compute capability major
-    case 76: *value = cc % 10; break;   // minor
-    case 16: *value = 132; break;       // multiprocessors
-    case 13: *value = 1980000; break;   // clock, kHz
-    case 36: *value = 2619000; break;   // memory clock, kHz
-    case 37: *value = 6144; break;      // memory bus, bits
+    case 75: *value = cc / 10; break;  // compute capability major
+    case 76: *value = cc % 10; break;  // minor
+    case 16: *value = 132; break;      // multiprocessors
+    case 13: *value = 1980000; break;  // clock, kHz
+    case 36: *value = 2619000; break;  // memory clock, kHz
+    case 37: *value = 6144; break;     // memory bus, bits
     default: *value = 0;
   }
   return 0;

@@ -135,16 +135,16 @@ void convolution(json& r, int d) {
   r["detail"] = "float32 (8, 16, 32, 32) * (32, 16, 3, 3), padding 1, max error " + std::to_string(err);
 }
 
-#define NCCL_OK(call)                                                                   \
-  do {                                                                                  \
-    ncclResult_t rc_ = (call);                                                          \
-    if (rc_ != ncclSuccess) fail(std::string(#call) + ": " + ncclGetErrorString(rc_));  \
+#define NCCL_OK(call)                                                                  \
+  do {                                                                                 \
+    ncclResult_t rc_ = (call);                                                         \
+    if (rc_ != ncclSuccess) fail(std::string(#call) + ": " + ncclGetErrorString(rc_)); \
   } while (0)
-#define CUDA_OK(call)                                                                                \
-  do {                                                                                               \
-    cudaError_t rc_ = (call);                                                                        \
-    if (rc_ != cudaSuccess) fail(std::string(#call) + ": " + cudaGetErrorName(rc_) + " (" +          \
-                                 cudaGetErrorString(rc_) + ")");                                     \
+#define CUDA_OK(call)                                                                                 \
+  do {                                                                                                \
+    cudaError_t rc_ = (call);                                                                         \
+    if (rc_ != cudaSuccess)                                                                           \
+      fail(std::string(#call) + ": " + cudaGetErrorName(rc_) + " (" + cudaGetErrorString(rc_) + ")"); \
   } while (0)
 
 void all_reduce(json& r, int n) {
@@ -197,7 +197,8 @@ void all_reduce(json& r, int n) {
       std::vector<float> v(kCount);
       CUDA_OK(cudaMemcpy(v.data(), buffers[i], kCount * sizeof(float), cudaMemcpyDeviceToHost));
       for (size_t k = 0; k < kCount; k += 997) {
-        if (v[k] != want) fail("GPU " + std::to_string(i) + " holds " + std::to_string(v[k]) + ", not " + std::to_string(want));
+        if (v[k] != want)
+          fail("GPU " + std::to_string(i) + " holds " + std::to_string(v[k]) + ", not " + std::to_string(want));
       }
       float t = 0;
       CUDA_OK(cudaEventElapsedTime(&t, start[i], stop[i]));
