@@ -102,7 +102,7 @@ models::BertModel::Output run_bert(models::BertModel& bert, const data::Batch& b
   }
   models::BertModel::Output out;
   out.sequence_output = h;
-  if (bert.pooler) out.pooled_output = bert.pooler->forward(h);  // (N, H)
+  if (bert.pooler) out.pooled_output = (*bert.pooler)(h);  // (N, H)
   return out;
 }
 
@@ -111,7 +111,7 @@ Tensor mlm_loss(models::BertForMaskedLM& mlm, const data::Batch& b, bool checkpo
   if (!checkpointing) {
     return mlm.forward(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]).loss;
   }
-  const Tensor logits = mlm.predictions->forward(run_bert(*mlm.bert, b, true).sequence_output);  // (N, S, V)
+  const Tensor logits = (*mlm.predictions)(run_bert(*mlm.bert, b, true).sequence_output);  // (N, S, V)
   return nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), b["labels"].reshape({-1}),
                            {.ignore_index = data::kIgnoreLabel});
 }

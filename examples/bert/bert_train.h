@@ -60,6 +60,7 @@ struct RunOptions {
   int64_t& keep;
   int64_t& log_every;
   std::string& tensorboard;
+  ex::ProfileOptions profiling;
   int64_t& seed;
   std::string& device;
   bool& deterministic;
@@ -121,6 +122,7 @@ inline RunOptions add_run_options(ex::Options& o, const RunDefaults& d) {
       o.add_int("keep", 3, "checkpoints kept in --out (0: all)"),
       o.add_int("log-every", d.log_every, "print the progress line and a metrics.csv row every N steps"),
       o.add_string("tensorboard", "", "also log the metrics as TensorBoard event files to DIR"),
+      ex::StepProfiler::add_options(o, "<out>/trace.json"),
       o.add_int("seed", 1234, "seed of the initialisation, data order, masking and dropout"),
       o.add_string("device", "auto", "auto | cpu | cuda (auto: this process's GPU if there is one)"),
       o.add_flag("deterministic",
@@ -373,6 +375,10 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
               << "\n";
   }
   ex::Progress progress(total, samples_per_step, rt.device);
+  // --profile / --nvtx: kiln's profiler over a few steps (the top ops and a trace file), NVTX ranges for nsys.
+  ex::StepProfiler profiler(o.profiling,
+                            o.profiling.trace == "<out>/trace.json" ? (out / "trace.json").string() : o.profiling.trace,
+                            rt.main(), env.rank, env.world_size);
 
   const std::vector<Tensor> params = task.model->parameters();
   const int64_t stop_at = o.stop_after > 0 ? std::min(total, step + o.stop_after) : total;
@@ -448,6 +454,7 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
       opt->zero_grad();
       ++step;
       ++steps_done;
+      profiler.step();
       pos = range.position();
       epoch_done = pos.batch >= steps_per_epoch * o.accum;
 

@@ -8,10 +8,14 @@
 //   opts.parse(argc, argv);                       // --help prints the options and exits 0; bad input exits 2
 //   ex::Progress progress(total_steps, batch * world_size);
 //   std::cout << progress.line(epoch, step, loss, lr, loader.stats().wait_fraction) << "\n";
+//   auto profiling = ex::StepProfiler::add_options(opts, "runs/trace.json");  // --profile W,U,A, --trace, --nvtx
+//   ex::StepProfiler prof(profiling, profiling.trace, main_rank, rank, world);  // then prof.step() per step
+//   ... prof.step(); once per training step
 #pragma once
 
 #include <kiln/kiln.h>
-#include <kiln/tensor/cuda.h>  // memory_stats for the progress line
+#include <kiln/monitor/gpu_monitor.h>  // GPU utilisation and power for the progress line
+#include <kiln/tensor/cuda.h>             // memory_stats for the progress line
 
 #include <chrono>
 #include <cstdio>
@@ -190,6 +194,15 @@ class Progress {
       std::snprintf(buf, sizeof buf, "  gpu mem %.1f GiB (peak %.1f)", m.allocated_bytes / 1073741824.0,
                     m.peak_allocated_bytes / 1073741824.0);
       s += buf;
+      // Beside the data wait: a GPU that waits for data shows a low utilisation and power here.
+      if (const auto g = kiln::monitor::gpu_stats(device_.index())) {
+        if (g->utilization_percent >= 0) s += "  util " + std::to_string(g->utilization_percent) + "%";
+        if (g->power_watts >= 0) s += "  " + std::to_string(static_cast<int>(g->power_watts + 0.5)) + " W";
+      } else if (!gpu_stats_note_given_) {
+        gpu_stats_note_given_ = true;
+        std::cerr << "(no GPU utilisation in the progress line: "
+                  << kiln::monitor::gpu_stats_unavailable_reason(device_.index()) << ")\n";
+      }
     }
     std::snprintf(buf, sizeof buf, "  eta %dm%02ds", static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
     return s + buf;
@@ -201,6 +214,74 @@ class Progress {
   kiln::Device device_;
   Clock::time_point last_;
   int64_t last_steps_ = 0;
+  bool gpu_stats_note_given_ = false;
+};
+
+// Profiling for the examples: --profile WAIT,WARMUP,ACTIVE runs kiln's profiler over those steps (then
+// prints the top ops and writes a Chrome/Perfetto trace), --nvtx sends kiln's ranges to Nsight Systems.
+struct ProfileOptions {
+  std::string& profile;
+  std::string& trace;
+  bool& nvtx;
+};
+
+class StepProfiler {
+ public:
+  static ProfileOptions add_options(Options& opts, const std::string& default_trace) {
+    return {opts.add_string("profile", "", "profile steps WAIT,WARMUP,ACTIVE (e.g. 10,3,5): top ops and a trace file"),
+            opts.add_string("trace", default_trace, "where --profile writes its Chrome/Perfetto trace"),
+            opts.add_flag("nvtx", "NVTX ranges per step, module, backward node and op (for nsys --trace=cuda,nvtx)")};
+  }
+
+  // `main` prints the table (rank 0); every rank profiles, each writing <trace> with its rank before ".json".
+  StepProfiler(const ProfileOptions& o, const std::string& trace, bool main, int rank, int world)
+      : StepProfiler(o.profile, trace, o.nvtx, main, rank, world) {}
+  StepProfiler(const std::string& spec, const std::string& trace, bool nvtx, bool main, int rank, int world) {
+    if (nvtx) kiln::profiler::enable_nvtx();
+    nvtx_ = nvtx;
+    if (spec.empty()) return;
+    int64_t w = -1, u = -1, a = -1;
+    char extra = 0;
+    if (std::sscanf(spec.c_str(), "%lld,%lld,%lld%c", reinterpret_cast<long long*>(&w), reinterpret_cast<long long*>(&u),
+                    reinterpret_cast<long long*>(&a), &extra) != 3 ||
+        w < 0 || u < 0 || a < 1) {
+      std::cerr << "--profile takes WAIT,WARMUP,ACTIVE step counts (e.g. 10,3,5; ACTIVE >= 1), got '" << spec << "'\n";
+      std::exit(2);
+    }
+    std::string path = trace;
+    if (world > 1) {
+      const auto dot = path.rfind(".json");
+      const std::string tag = ".rank" + std::to_string(rank);
+      path = dot != std::string::npos && dot + 5 == path.size() ? path.insert(dot, tag) : path + tag;
+    }
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    prof_ = std::make_unique<kiln::profiler::Profile>(kiln::profiler::Options{
+        .schedule = {.wait = w, .warmup = u, .active = a},
+        .trace_path = path,
+        .on_trace_ready = [main, path](const kiln::profiler::Result& r) {
+          if (!main) return;
+          std::cout << "profile of " << r.steps() << " steps (trace: " << path << "):\n" << r.table(15) << std::flush;
+        }});
+  }
+  ~StepProfiler() {
+    if (nvtx_) kiln::trace::end_step();
+  }
+
+  // Once per training step, after it.
+  void step() {
+    ++step_;
+    if (prof_) {
+      prof_->step();
+    } else if (nvtx_) {
+      kiln::trace::mark_step(step_);
+    }
+  }
+
+ private:
+  std::unique_ptr<kiln::profiler::Profile> prof_;
+  bool nvtx_ = false;
+  int64_t step_ = 0;
 };
 
 }  // namespace ex

@@ -79,6 +79,7 @@ struct Config {
   int64_t& keep_checkpoints = o.add_int("keep-checkpoints", 3, "checkpoints kept (0: all)");
   int64_t& log_every = o.add_int("log-every", 50, "progress line and train_log.csv row every N steps");
   std::string& tensorboard = o.add_string("tensorboard", "", "also log the metrics as TensorBoard event files to DIR");
+  ex::ProfileOptions profiling = ex::StepProfiler::add_options(o, "<output>/trace.json");
   int64_t& seed = o.add_int("seed", 0, "seed of the initial weights, the data order and the augmentations");
   bool& deterministic = o.add_flag("deterministic", "bit-reproducible GPU kernels (for exact GPU resumes)");
   bool& print_checksum = o.add_flag("print-checksum", "print a checksum of the weights at the end (tests)");
@@ -305,11 +306,11 @@ std::shared_ptr<nn::models::ResNet> make_model(const Config& c, int64_t num_clas
 // activations in backward. ResNet has no switch for it, so this walks the model's public children as
 // ResNet::forward does. (N, 3, H, W) -> logits (N, classes).
 Tensor forward(nn::models::ResNet& m, const Tensor& x, bool checkpoint_stages) {
-  if (!checkpoint_stages) return m.forward(x);
+  if (!checkpoint_stages) return m(x);
   Tensor h = (*m.maxpool)(m.bn1->forward_relu((*m.conv1)(x)));  // (N, 64, H / 4, W / 4); H, W with the CIFAR stem
   for (const auto& stage : {m.layer1, m.layer2, m.layer3, m.layer4}) {
     // The recomputation in backward replays forward's random generators and autocast state (the same dtypes).
-    h = autograd::checkpoint([stage](const Tensor& in) { return stage->forward(in); }, h);
+    h = autograd::checkpoint([stage](const Tensor& in) { return (*stage)(in); }, h);
   }
   return (*m.fc)(flatten((*m.avgpool)(h), 1));  // (N, 512 e, 1, 1) -> (N, 512 e) -> (N, classes)
 }
@@ -360,7 +361,7 @@ EvalResult evaluate(nn::models::ResNet& model, data::DataLoader& loader, const C
     Tensor logits, loss_sum;
     {
       amp::Autocast cast(precision.dtype, precision.autocast);
-      logits = model.forward(x);                                                        // (N, classes)
+      logits = model(x);                                                                // (N, classes)
       loss_sum = nn::cross_entropy(logits, labels, {.reduction = nn::Reduction::Sum});  // plain loss, no smoothing
     }
     Tensor top_classes = std::get<1>(topk(logits.to(DType::Float32), k, 1));  // (N, k); logits may be 16-bit
@@ -586,6 +587,11 @@ int run(int argc, char** argv) {
     for (size_t i = 0; i < kept.size(); ++i) buffers[i].copy_(kept[i]);
   };
 
+  // --profile / --nvtx: kiln's profiler over a few steps (the top ops and a trace file), NVTX ranges for nsys.
+  const std::string trace_path =
+      c.profiling.trace == "<output>/trace.json" ? (out_dir / "trace.json").string() : c.profiling.trace;
+  ex::StepProfiler profiler(c.profiling, trace_path, main_rank, env.rank, env.world_size);
+
   for (auto epoch = static_cast<int64_t>(pos.epoch); epoch < c.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     // Made per epoch, so that its samples/s and ETA count training only, not the evaluation between epochs.
@@ -636,6 +642,7 @@ int run(int argc, char** argv) {
       sched->step();
       ++global_step;
       ++epoch_steps;
+      profiler.step();
       const bool epoch_end = micro / c.accumulate >= steps_per_epoch;
 
       if (main_rank && (global_step % c.log_every == 0 || epoch_end)) {

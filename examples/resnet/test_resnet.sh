@@ -161,7 +161,27 @@ bad_input)
   expect 2 "--amp fp32 is not known" -- --amp fp32
   expect 2 "--lr-steps takes positive epochs" -- --schedule step --lr-steps 3,x
   expect 2 "fewer than one optimizer step" -- --device cpu "${tiny[@]}" --synthetic-size 3
+  expect 2 "--profile takes WAIT,WARMUP,ACTIVE" -- --device cpu "${tiny[@]}" --profile 1,2
   echo "bad input: every case gave its message"
+  ;;
+
+profile)
+  # --profile 1,1,2: step 1 waits, step 2 warms up, steps 3-4 are kept; the table is printed and the trace
+  # written. --nvtx along with it must change nothing.
+  "$exe" --device cpu "${tiny[@]}" --epochs 1 --steps-per-epoch 5 --profile 1,1,2 --nvtx --output "$work/run" |
+    tee "$work/out.txt"
+  grep -q "^profile of 2 steps (trace: $work/run/trace.json)" "$work/out.txt" || fail "no profile table"
+  grep -qE "^matmul +[0-9]+ " "$work/out.txt" || fail "the table lacks matmul"
+  python3 - "$work/run/trace.json" <<'PY' || fail "the trace file is not what it should be"
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+steps = sorted(e["name"] for e in events if e.get("cat") == "step")
+assert steps == ["step 2", "step 3"], steps
+modules = {e["name"] for e in events if e.get("cat") == "module"}
+assert {"ResNet", "Conv2d", "BatchNorm2d", "Linear"} <= modules, modules
+assert any(e.get("cat") == "backward" for e in events)
+PY
+  echo "profile: table and trace as expected"
   ;;
 
 mpi)

@@ -150,7 +150,10 @@ void BatchNorm::reset_parameters() {
 
 Tensor BatchNorm::forward(const Tensor& input) { return normalize(input, false); }
 
-Tensor BatchNorm::forward_relu(const Tensor& input) { return normalize(input, true); }
+Tensor BatchNorm::forward_relu(const Tensor& input) {
+  trace::Scope range(trace::Kind::Module, type_name(), input.device());  // as operator() marks forward
+  return normalize(input, true);
+}
 
 Tensor BatchNorm::normalize(const Tensor& input, bool relu) {
   check_input(input);

@@ -71,7 +71,8 @@ class Result {
   const std::vector<std::string>& thread_names() const { return thread_names_; }
   // Totals per (kind, name), sorted by GPU self time, then host self time, descending.
   std::vector<OpStats> stats(trace::Kind kind = trace::Kind::Op) const;
-  // The top `rows` ops: calls, host and GPU time (total and self), each's share of all ops' GPU self time.
+  // The top `rows` ops: calls, GPU and host time (total and self), each's share of all ops' GPU self time.
+  // Without GPU times, host times only, by host self time.
   std::string table(int rows = 20) const;
   // Chrome trace event format (JSON), readable by ui.perfetto.dev and chrome://tracing. Throws kiln::Error
   // naming the path when it cannot be written.

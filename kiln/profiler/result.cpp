@@ -60,21 +60,40 @@ std::string Result::table(int rows) const {
   }
   size_t width = 2;
   for (size_t i = 0; i < all.size() && static_cast<int>(i) < rows; ++i) width = std::max(width, all[i].name.size());
+  // Without GPU times (a CPU run) the GPU columns are left out and the ops sort by host self time.
+  const bool gpu = gpu_sum > 0;
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "%-*s %8s %12s %12s %7s %12s %12s\n", static_cast<int>(width), "op", "calls",
-                "GPU self ms", "GPU total ms", "GPU %", "host self ms", "host tot ms");
+  if (gpu) {
+    std::snprintf(line, sizeof line, "%-*s %8s %12s %12s %7s %12s %12s\n", static_cast<int>(width), "op", "calls",
+                  "GPU self ms", "GPU total ms", "GPU %", "host self ms", "host tot ms");
+  } else {
+    std::snprintf(line, sizeof line, "%-*s %8s %12s %12s %7s\n", static_cast<int>(width), "op", "calls",
+                  "host self ms", "host tot ms", "host %");
+  }
   out += line;
   for (size_t i = 0; i < all.size() && static_cast<int>(i) < rows; ++i) {
     const OpStats& s = all[i];
-    const double share = gpu_sum > 0 ? 100.0 * static_cast<double>(s.gpu_self_ns) / static_cast<double>(gpu_sum) : 0;
-    std::snprintf(line, sizeof line, "%-*s %8lld %12s %12s %6.1f%% %12s %12s\n", static_cast<int>(width),
-                  s.name.c_str(), static_cast<long long>(s.calls), ms(s.gpu_self_ns).c_str(),
-                  ms(s.gpu_total_ns).c_str(), share, ms(s.host_self_ns).c_str(), ms(s.host_total_ns).c_str());
+    const int64_t self = gpu ? s.gpu_self_ns : s.host_self_ns;
+    const int64_t sum = gpu ? gpu_sum : host_sum;
+    const double share = sum > 0 ? 100.0 * static_cast<double>(self) / static_cast<double>(sum) : 0;
+    if (gpu) {
+      std::snprintf(line, sizeof line, "%-*s %8lld %12s %12s %6.1f%% %12s %12s\n", static_cast<int>(width),
+                    s.name.c_str(), static_cast<long long>(s.calls), ms(s.gpu_self_ns).c_str(),
+                    ms(s.gpu_total_ns).c_str(), share, ms(s.host_self_ns).c_str(), ms(s.host_total_ns).c_str());
+    } else {
+      std::snprintf(line, sizeof line, "%-*s %8lld %12s %12s %6.1f%%\n", static_cast<int>(width), s.name.c_str(),
+                    static_cast<long long>(s.calls), ms(s.host_self_ns).c_str(), ms(s.host_total_ns).c_str(), share);
+    }
     out += line;
   }
-  std::snprintf(line, sizeof line, "%zu ops in %lld steps; all ops: GPU self %s ms, host self %s ms\n", all.size(),
-                static_cast<long long>(steps_), ms(gpu_sum).c_str(), ms(host_sum).c_str());
+  if (gpu) {
+    std::snprintf(line, sizeof line, "%zu ops in %lld steps; all ops: GPU self %s ms, host self %s ms\n", all.size(),
+                  static_cast<long long>(steps_), ms(gpu_sum).c_str(), ms(host_sum).c_str());
+  } else {
+    std::snprintf(line, sizeof line, "%zu ops in %lld steps; all ops: host self %s ms (no GPU times)\n", all.size(),
+                  static_cast<long long>(steps_), ms(host_sum).c_str());
+  }
   out += line;
   return out;
 }
