@@ -132,10 +132,10 @@ TEST(CudaGpuMonitor, MemoryAndUtilizationFollowTheWork) {
   Tensor b = randn({8192, 8192}, {.dtype = DType::BFloat16, .device = dev});
   Tensor c = matmul(a, b);
   cuda::synchronize(0);
-  // Queue about two seconds of products, then read while they run: NVML's utilisation covers its last
-  // sample period (1/6 s to 1 s), so it must show a busy GPU.
+  // Queue about three seconds of products (1.4 ms each on an H200), then read while they run: NVML's
+  // utilisation covers its last sample period (1/6 s to 1 s), so it must show a busy GPU.
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 1500; ++i) c = matmul(a, b);
+  for (int i = 0; i < 2500; ++i) c = matmul(a, b);
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   const auto busy = monitor::gpu_stats(0);
   const bool still_running = !cuda::current_stream(0).query();
