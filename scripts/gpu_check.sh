@@ -5,7 +5,7 @@
 #
 #   scripts/gpu_check.sh                 logs go to $OUT when set (the GPU runner), else ./gpu-logs
 #   KILN_GPU_CHECK_SKIP_BENCH=1 scripts/gpu_check.sh
-#   KILN_GPU_CHECK_ONLY=dist scripts/gpu_check.sh    build, then only the multi-GPU part (below)
+#   KILN_GPU_CHECK_ONLY=dist scripts/gpu_check.sh    build, kiln-doctor, then only the multi-GPU part (below)
 #   KILN_GPU_CHECK_SKIP_EXAMPLES=1                   without scripts/gpu_examples.sh (the examples on one GPU)
 #   KILN_GPU_CHECK_SKIP_MPI_TESTS=1 ...              the multi-GPU part without `ctest -L mpi`
 #   (KILN_GPU_CHECK_SKIP_BENCH=1 also skips the multi-GPU benchmarks: the two switches split the part in two runs)
@@ -49,6 +49,14 @@ fi
 note "configure + build: $((SECONDS - start)) s"
 
 status=0
+# ---------------------------------------------------------------- the environment doctor
+"$build/tools/doctor/kiln-doctor" >"$out/doctor.txt" 2>&1
+doctor_rc=$?
+"$build/tools/doctor/kiln-doctor" --json >"$out/doctor.json" 2>"$out/doctor_json.err"
+note "kiln-doctor (exit $doctor_rc):"
+tee -a "$summary" <"$out/doctor.txt"
+[[ $doctor_rc -ne 0 ]] && status=1
+
 # ---------------------------------------------------------------- single-GPU tests and benchmarks
 if [[ -z "$only" ]]; then
   # Golden files that are too big to commit: torchvision/transformers weights and logits for io's pretrained tests.
