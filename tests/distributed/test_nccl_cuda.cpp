@@ -97,6 +97,29 @@ TEST(CudaNcclGroup, AllReduceEveryOpAndDtype) {
   EXPECT_EQ(empty.numel(), 0);
 }
 
+TEST(CudaNcclGroup, CollectivesShowInTheProfilerOnTheirStream) {
+  KILN_REQUIRE_GPU();
+  auto g = make_group();
+  Tensor t = ops::ones({1 << 20}, on_gpu());
+  profiler::Profile prof;
+  Tensor u = t * 2;  // on the current stream
+  g->all_reduce(u);
+  prof.stop();
+  const profiler::Event* mul = nullptr;
+  const profiler::Event* nccl = nullptr;
+  for (const profiler::Event& e : prof.result().events()) {
+    if (e.name == "mul") mul = &e;
+    if (e.name == "ncclAllReduce") nccl = &e;
+  }
+  ASSERT_NE(mul, nullptr);
+  ASSERT_NE(nccl, nullptr) << "no ncclAllReduce range";
+  EXPECT_EQ(nccl->shapes, "[1048576] f32");
+  EXPECT_EQ(nccl->gpu_device, 0);
+  EXPECT_NE(nccl->gpu_stream, mul->gpu_stream) << "timed on the caller's stream, not the communication stream";
+  EXPECT_GE(nccl->gpu_begin_ns, mul->gpu_end_ns) << "the collective waits for the op that made its input";
+  EXPECT_EQ(u.sum().item<double>(), 2.0 * (1 << 20));
+}
+
 TEST(CudaNcclGroup, AllGatherReduceScatterBroadcast) {
   KILN_REQUIRE_GPU();
   auto g = make_group();

@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "kiln/distributed/detail/group_internal.h"
+#include "kiln/tensor/trace.h"  // a trace range per collective
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/ops.h"
 
@@ -362,7 +363,13 @@ class NcclGroup final : public ProcessGroup {
     }
     // Empty tensors (the same on every rank, as shapes must be) move nothing: no NCCL call, whose pointer checks
     // could refuse their null data.
-    ncclResult_t r = described.numel() == 0 ? ncclSuccess : nccl_call(static_cast<cudaStream_t>(stream_.handle()));
+    ncclResult_t r = ncclSuccess;
+    if (described.numel() > 0) {
+      // The trace range (for the profiler, NVTX) is timed on the communication stream, where the collective runs.
+      cuda::StreamGuard on_comm(stream_);
+      trace::Scope range(trace::Kind::Op, call, Device::cuda(device_), {&described});
+      r = nccl_call(static_cast<cudaStream_t>(stream_.handle()));
+    }
     if (r == ncclInProgress) {  // being enqueued (a first collective also connects the peers); the watchdog
       settle(r, start + config_.timeout);  // aborts a call stuck past the timeout, which ends this wait too
       r = ncclSuccess;
