@@ -153,82 +153,55 @@ apt_install() {
   fi
 }
 
-# cuDNN's fused attention is used through NVIDIA's header-only cudnn-frontend, taken from its PyPI
-# package (nvidia-cudnn-frontend): only its include/ folder is kept, in third_party/cudnn_frontend/
-# (git-ignored; scripts/gpu_check.sh users send it along to a machine without a package registry).
+# Header-only pieces from NVIDIA's PyPI wheels, kept in the git-ignored third_party/<name>/include/ (sent along
+# to machines without a package registry, such as the GPU machine) with a VERSION stamp:
+# - cuDNN's fused attention is used through cudnn-frontend (nvidia-cudnn-frontend, its include/ folder);
+# - GPU monitoring (kiln/monitor/nvml/) and kiln-doctor read the driver's NVML library, loaded at run time;
+#   only its header is needed to build (nvidia-nvml-dev's nvml.h). Without it kiln builds, and says at run
+#   time that GPU monitoring is missing.
 cudnn_frontend_version="1.32.0"
-cudnn_frontend_dir="third_party/cudnn_frontend"
-install_cudnn_frontend() {
-  local stamp="$cudnn_frontend_dir/VERSION"
-  if [[ -f "$stamp" && "$(cat "$stamp")" == "$cudnn_frontend_version" && -f "$cudnn_frontend_dir/include/cudnn_frontend.h" ]]; then
-    say "cudnn-frontend $cudnn_frontend_version is already in $cudnn_frontend_dir"
+nvml_version="13.0.87"
+
+# install_wheel_headers PACKAGE VERSION DIR CHECK_FILE WITHOUT
+#   Puts every file under an include/ folder of the wheel into DIR/include/ (the part after "include/"), unless
+#   DIR's stamp says VERSION and DIR/include/CHECK_FILE exists. WITHOUT says what a failure costs.
+install_wheel_headers() {
+  local package="$1" version="$2" dir="$3" check="$4" without="$5"
+  local stamp="$dir/VERSION"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$version" && -f "$dir/include/$check" ]]; then
+    say "$package $version is already in $dir"
     return
   fi
   local py
   py="$(command -v python3 || true)"
   if [[ -z "$py" ]] || ! "$py" -m pip --version >/dev/null 2>&1; then
-    say "warning: python3 with pip not found: cudnn-frontend not installed (GPUs use the math attention path)"
+    say "warning: python3 with pip not found: $package not installed ($without)"
     return
   fi
   local tmp
   tmp="$(mktemp -d)"
-  say "installing cudnn-frontend $cudnn_frontend_version (headers only) from PyPI into $cudnn_frontend_dir"
-  if "$py" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "nvidia-cudnn-frontend==$cudnn_frontend_version" &&
-     "$py" - "$tmp" "$cudnn_frontend_dir" <<'PY'
+  say "installing $package $version (headers only) from PyPI into $dir"
+  if "$py" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "$package==$version" &&
+     "$py" - "$tmp" "$dir" "$check" <<'PY'
 import glob, os, shutil, sys, zipfile
-tmp, dest = sys.argv[1], sys.argv[2]
+tmp, dest, check = sys.argv[1:4]
 wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
 shutil.rmtree(dest, ignore_errors=True)
 with zipfile.ZipFile(wheel) as z:
-    z.extractall(dest, [n for n in z.namelist() if n.startswith("include/")])
+    for name in z.namelist():
+        if "include/" not in name or name.endswith("/"):
+            continue
+        target = os.path.join(dest, "include", name.split("include/", 1)[1])
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with z.open(name) as src, open(target, "wb") as out:
+            shutil.copyfileobj(src, out)
+if not os.path.isfile(os.path.join(dest, "include", check)):
+    sys.exit("setup.sh: no include/" + check + " in " + os.path.basename(wheel))
 PY
   then
-    echo "$cudnn_frontend_version" >"$stamp"
+    echo "$version" >"$stamp"
   else
-    say "warning: could not fetch nvidia-cudnn-frontend from PyPI: GPUs will use the math attention path"
-  fi
-  rm -rf "$tmp"
-}
-
-# GPU monitoring (kiln/monitor/nvml/) and kiln-doctor read the driver's NVML library, loaded at run time;
-# only its header is needed to build, taken from PyPI's nvidia-nvml-dev into third_party/nvml/ (git-ignored,
-# sent along to machines without a package registry). Without it kiln builds, and says at run time that
-# GPU monitoring is missing.
-nvml_version="13.0.87"
-nvml_dir="third_party/nvml"
-install_nvml_header() {
-  local stamp="$nvml_dir/VERSION"
-  if [[ -f "$stamp" && "$(cat "$stamp")" == "$nvml_version" && -f "$nvml_dir/include/nvml.h" ]]; then
-    say "nvml.h $nvml_version is already in $nvml_dir"
-    return
-  fi
-  local py
-  py="$(command -v python3 || true)"
-  if [[ -z "$py" ]] || ! "$py" -m pip --version >/dev/null 2>&1; then
-    say "warning: python3 with pip not found: nvml.h not installed (kiln builds without GPU monitoring)"
-    return
-  fi
-  local tmp
-  tmp="$(mktemp -d)"
-  say "installing nvml.h $nvml_version (nvidia-nvml-dev, the header only) from PyPI into $nvml_dir"
-  if "$py" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "nvidia-nvml-dev==$nvml_version" &&
-     "$py" - "$tmp" "$nvml_dir" <<'PY'
-import glob, os, shutil, sys, zipfile
-tmp, dest = sys.argv[1], sys.argv[2]
-wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
-with zipfile.ZipFile(wheel) as z:
-    header = [n for n in z.namelist() if n.endswith("/include/nvml.h")]
-    if not header:
-        sys.exit("setup.sh: no include/nvml.h in " + os.path.basename(wheel))
-    shutil.rmtree(dest, ignore_errors=True)
-    os.makedirs(os.path.join(dest, "include"))
-    with z.open(header[0]) as src, open(os.path.join(dest, "include", "nvml.h"), "wb") as out:
-        shutil.copyfileobj(src, out)
-PY
-  then
-    echo "$nvml_version" >"$stamp"
-  else
-    say "warning: could not fetch nvidia-nvml-dev from PyPI: kiln builds without GPU monitoring"
+    say "warning: could not fetch $package from PyPI: $without"
   fi
   rm -rf "$tmp"
 }
@@ -268,10 +241,12 @@ install_tensorboard() {
 
 if [[ $do_deps -eq 1 ]]; then
   install_packages
-  install_nvml_header
+  install_wheel_headers nvidia-nvml-dev "$nvml_version" third_party/nvml nvml.h \
+    "kiln builds without GPU monitoring"
   install_tensorboard
   if [[ "${KILN_CUDA:-auto}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
-    install_cudnn_frontend
+    install_wheel_headers nvidia-cudnn-frontend "$cudnn_frontend_version" third_party/cudnn_frontend \
+      cudnn_frontend.h "GPUs use the math attention path"
   fi
 fi
 
