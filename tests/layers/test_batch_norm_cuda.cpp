@@ -188,6 +188,36 @@ TEST_F(CudaBatchNorm, LargeInputsUseTheSplitReduction) {
   expect_matches_composed(half);
 }
 
+TEST_F(CudaBatchNorm, AMeanFarFromZeroKeepsTheVariance) {
+  // Values of mean 1000 and deviation 0.58: a variance taken as E[x^2] - E[x]^2, or a normalisation done as
+  // x scale + shift, in float32 would lose most of it to rounding.
+  for (const BnCase& k : {BnCase{.shape = {64, 8, 32, 32}, .lo = 999, .hi = 1001},
+                          BnCase{.shape = {64, 8, 32, 32}, .channels_last = true, .lo = 999, .hi = 1001},
+                          BnCase{.shape = {65536, 8}, .lo = 999, .hi = 1001}}) {
+    SCOPED_TRACE(describe(k));
+    const BnData d = make_data(k);
+    const BnOut got = run(k, d, Device::cuda(0), DType::Float32, DType::Float32);
+    const BnOut ref = run(k, d, Device::cpu(), DType::Float64, DType::Float64);
+    expect_close_scaled(got.y, ref.y, 2e-5, "y");
+    expect_close_scaled(got.gx, ref.gx, 2e-5, "grad input");
+    expect_close_scaled(got.gb, ref.gb, 1e-5, "grad bias");
+    expect_close_scaled(got.rm, ref.rm, 1e-6, "running_mean");
+    expect_close_scaled(got.rv, ref.rv, 1e-5, "running_var");
+    // grad weight = invstd sum dy (x - mean) uses the mean saved in float32: its rounding error, up to
+    // |mean| 2^-24, shifts the sum by that times sum dy. Each channel within three times that of the reference.
+    const std::vector<double> gw = values(got.gw), rgw = values(ref.gw);
+    const int64_t C = k.shape[1], plane = k.shape.size() == 4 ? k.shape[2] * k.shape[3] : 1;
+    for (int64_t c = 0; c < C; ++c) {
+      double sum_dy = 0;
+      for (int64_t n = 0; n < k.shape[0]; ++n)
+        for (int64_t i = 0; i < plane; ++i) sum_dy += d.gy[static_cast<size_t>((n * C + c) * plane + i)];
+      const double invstd = 1 / std::sqrt((1.0 / 12) * 4 + 1e-3);  // uniform on [999, 1001]: variance 1/3
+      const double bound = 3 * 1001 * std::ldexp(1.0, -24) * std::abs(sum_dy) * invstd + 1e-5 * std::abs(rgw[c]);
+      EXPECT_NEAR(gw[static_cast<size_t>(c)], rgw[static_cast<size_t>(c)], bound) << "channel " << c;
+    }
+  }
+}
+
 TEST_F(CudaBatchNorm, IsDeterministic) {
   const BnCase k{.shape = {32, 3, 64, 64}};
   const BnData d = make_data(k);

@@ -4,9 +4,11 @@
 //   planes (N, C, S): NCHW-contiguous with S = prod(*) > 1; a block reduces one channel over (N, S);
 //   rows   (M, C):    channels-last (M = N H W) or 2-d (M = N); a block reduces channels across rows, threads
 //                     of a warp reading consecutive channels (coalesced).
-// Reductions: per-thread State, merged in a fixed tree per block, one partial per (channel, split); a second
-// kernel merges the splits of a channel in order. Elementwise passes use 16-byte vectors when the layout and
-// the pointers allow (S % V == 0 for planes, C % V == 0 for rows).
+// Reductions: per-thread sums, added in a fixed tree per block, one partial per (channel, split); a second
+// kernel (a warp per channel) adds the splits of a channel in a fixed order and turns the sums into the
+// per-channel coefficients of the elementwise pass. Elementwise passes use 16-byte vectors when the layout and
+// the pointers allow (S % V == 0 for planes, C % V == 0 for rows); in rows each thread keeps its channels'
+// coefficients in registers.
 #include "kiln/layers/cuda/batch_norm.h"
 #include "kiln/tensor/trace.h"  // a range per kernel entry
 
@@ -31,43 +33,42 @@ using cuda::kdetail::ceil_div;
 
 constexpr int kThreads = 256;
 
-// Three accumulators: Welford (count, mean, m2), or the two gradient sums (unused, sum dy, sum dy * xhat).
+// Three sums per channel, added in a fixed order (deterministic, no atomics, no divisions per element):
+//   statistics: (count, sum (x - K), sum (x - K)^2), K the channel's first value, a shift that keeps the
+//               variance sum(x - K)^2 / n - (sum(x - K) / n)^2 free of cancellation as long as that value is
+//               within a few deviations of the mean (it is one of the values);
+//   gradients:  (unused, sum dy, sum dy (x - mean)), dy masked by y > 0 when ReLU was fused.
+// Both ops subtract a per-channel center from x: K for the statistics, the batch mean for the gradients.
 template <typename Acc>
 struct State {
   Acc a, b, c;
+  __device__ __forceinline__ void operator+=(const State& o) {
+    a += o.a;
+    b += o.b;
+    c += o.c;
+  }
 };
 
 template <typename Acc>
-struct WelfordOp {
-  __device__ static State<Acc> identity() { return {Acc(0), Acc(0), Acc(0)}; }
-  __device__ void add(State<Acc>& s, Acc x, Acc, Acc, int64_t) const {
+struct StatsOp {
+  static constexpr bool kCenterIsFirstValue = true;
+  __device__ __forceinline__ void add(State<Acc>& s, Acc x, Acc, Acc, Acc center) const {
+    const Acc d = x - center;
     s.a += Acc(1);
-    const Acc d = x - s.b;
-    s.b += d / s.a;
-    s.c += d * (x - s.b);
-  }
-  __device__ static State<Acc> merge(const State<Acc>& p, const State<Acc>& q) {
-    const Acc n = p.a + q.a;
-    if (n == Acc(0)) return p;
-    const Acc d = q.b - p.b, f = q.a / n;
-    return {n, p.b + d * f, p.c + q.c + d * d * p.a * f};
+    s.b += d;
+    s.c += d * d;
   }
 };
 
-// Sums of dy and dy * xhat per channel, dy masked by y > 0 when ReLU was fused.
 template <typename Acc>
 struct GradSumOp {
+  static constexpr bool kCenterIsFirstValue = false;
   const Acc* mean;
-  const Acc* invstd;
   bool relu;
-  __device__ static State<Acc> identity() { return {Acc(0), Acc(0), Acc(0)}; }
-  __device__ void add(State<Acc>& s, Acc x, Acc dy, Acc y, int64_t c) const {
+  __device__ __forceinline__ void add(State<Acc>& s, Acc x, Acc dy, Acc y, Acc center) const {
     if (relu && !(y > Acc(0))) dy = Acc(0);
     s.b += dy;
-    s.c += dy * (x - mean[c]) * invstd[c];
-  }
-  __device__ static State<Acc> merge(const State<Acc>& p, const State<Acc>& q) {
-    return {p.a + q.a, p.b + q.b, p.c + q.c};
+    s.c += dy * (x - center);
   }
 };
 
@@ -79,10 +80,21 @@ struct Inputs {
   const device_t<T>* y;
 };
 
-template <typename Acc, typename Op>
+template <typename Acc>
 __device__ __forceinline__ State<Acc> shfl_down(const State<Acc>& s, int d) {
   return {__shfl_down_sync(0xffffffffu, s.a, d), __shfl_down_sync(0xffffffffu, s.b, d),
           __shfl_down_sync(0xffffffffu, s.c, d)};
+}
+
+// The center of channel c: its first value (statistics; `first` is the index step between channels' first
+// values: 1 for rows, S for planes) or the op's mean (gradients).
+template <typename T, typename Acc, typename Op>
+__device__ __forceinline__ Acc center_of(const Op& op, const device_t<T>* x, int64_t c, int64_t first) {
+  if constexpr (Op::kCenterIsFirstValue) {
+    return static_cast<Acc>(to_compute<T>(x[c * first]));
+  } else {
+    return op.mean[c];
+  }
 }
 
 // Planes (N, C, S): block (channel c = blockIdx.x, split blockIdx.y) reduces vectors [k0, k1) of the
@@ -94,7 +106,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t split = blockIdx.y, splits = gridDim.y;
   const int64_t sv = S / V;
   const int64_t k1 = min(vecs, (split + 1) * chunk);
-  State<Acc> st = Op::identity();
+  const Acc center = center_of<T, Acc>(op, in.x, c, S);
+  State<Acc> st{Acc(0), Acc(0), Acc(0)};
   for (int64_t k = split * chunk + threadIdx.x; k < k1; k += blockDim.x) {
     const int64_t n = k / sv;
     const int64_t off = (n * C + c) * S + (k - n * sv) * V;
@@ -106,24 +119,24 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < V; ++j) {
       const Acc dy = in.dy ? static_cast<Acc>(to_compute<T>(vdy.v[j])) : Acc(0);
       const Acc y = in.y ? static_cast<Acc>(to_compute<T>(vy.v[j])) : Acc(0);
-      op.add(st, static_cast<Acc>(to_compute<T>(vx.v[j])), dy, y, c);
+      op.add(st, static_cast<Acc>(to_compute<T>(vx.v[j])), dy, y, center);
     }
   }
-  // Warp tree, then the warps' results merged in order by thread 0.
-  for (int d = 16; d > 0; d >>= 1) st = Op::merge(st, shfl_down<Acc, Op>(st, d));
+  // Warp tree, then the warps' sums added in order by thread 0.
+  for (int d = 16; d > 0; d >>= 1) st += shfl_down(st, d);
   __shared__ State<Acc> warp_states[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_states[warp] = st;
   __syncthreads();
   if (threadIdx.x == 0) {
     State<Acc> total = warp_states[0];
-    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) total = Op::merge(total, warp_states[w]);
+    for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_states[w];
     partial[c * splits + split] = total;
   }
 }
 
 // Rows (M, C): thread (tx, ty) of block (bx, by) owns channels c0 .. c0 + V - 1, c0 = (blockIdx.x bx + tx) V,
-// and rows split * rows_per_split + ty, stepping by by; the by states per channel merge in a tree in shared
+// and rows split * rows_per_split + ty, stepping by by; the by sums per channel add up in a tree in shared
 // memory (by is a power of two). partial[c * splits + split].
 template <typename T, int V, typename Acc, typename Op>
 __global__ void __launch_bounds__(kThreads)
@@ -135,8 +148,11 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * bx + tx) * V;
   State<Acc> st[V];
 #pragma unroll
-  for (int j = 0; j < V; ++j) st[j] = Op::identity();
+  for (int j = 0; j < V; ++j) st[j] = {Acc(0), Acc(0), Acc(0)};
   if (c0 < C) {
+    Acc center[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) center[j] = center_of<T, Acc>(op, in.x, c0 + j, 1);
     const int64_t r1 = min(M, (split + 1) * rows_per_split);
     for (int64_t r = split * rows_per_split + ty; r < r1; r += by) {
       const int64_t off = r * C + c0;
@@ -148,7 +164,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < V; ++j) {
         const Acc dy = in.dy ? static_cast<Acc>(to_compute<T>(vdy.v[j])) : Acc(0);
         const Acc y = in.y ? static_cast<Acc>(to_compute<T>(vy.v[j])) : Acc(0);
-        op.add(st[j], static_cast<Acc>(to_compute<T>(vx.v[j])), dy, y, c0 + j);
+        op.add(st[j], static_cast<Acc>(to_compute<T>(vx.v[j])), dy, y, center[j]);
       }
     }
   }
@@ -160,7 +176,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const int i = (ty * bx + tx) * V + j;
-        sm[i] = Op::merge(sm[i], sm[i + half * bx * V]);
+        sm[i] += sm[i + half * bx * V];
       }
     }
   }
@@ -171,78 +187,162 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One thread per channel: merges the splits in order into mean and invstd, and updates the running
-// statistics as the composed path: running = (1 - momentum) running + momentum batch (unbiased variance).
-template <typename Acc, typename R>
-__global__ void finalize_stats_kernel(const State<Acc>* partial, int64_t splits, int64_t C, Acc count, Acc eps,
-                                      Acc* mean, Acc* invstd, R* running_mean, R* running_var, Acc momentum) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  State<Acc> st = partial[c * splits];
-  for (int64_t s = 1; s < splits; ++s) st = WelfordOp<Acc>::merge(st, partial[c * splits + s]);
-  const Acc var = st.c / count;  // biased
-  mean[c] = st.b;
-  invstd[c] = Acc(1) / sqrt(var + eps);
+// One warp per channel: lane l adds splits l, l + 32, ... in order, then a fixed warp tree; lane 0 gets the
+// channel's total. (A thread per channel walking every split in turn took longer than the reduction itself
+// on small inputs, where the splits are many and the channels few.)
+template <typename Acc>
+__device__ __forceinline__ bool channel_total(const State<Acc>* partial, int64_t splits, int64_t C, int64_t& c,
+                                              State<Acc>& total) {
+  c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (c >= C) return false;  // whole warps leave together (C is per warp)
+  State<Acc> st{Acc(0), Acc(0), Acc(0)};
+  for (int64_t s = lane; s < splits; s += 32) st += partial[c * splits + s];
+  for (int d = 16; d > 0; d >>= 1) st += shfl_down(st, d);
+  total = st;
+  return lane == 0;
+}
+
+// The statistics of each channel from its sums: mean and invstd (saved for backward), the normalisation's
+// scale (y = (x - mean) scale + bias), and the running statistics updated as the composed path does:
+// running = (1 - momentum) running + momentum batch (unbiased variance).
+template <typename T, typename Acc, typename R>
+__global__ void finalize_stats_kernel(const State<Acc>* partial, int64_t splits, int64_t C, const device_t<T>* x,
+                                      int64_t first, Acc eps, const Acc* weight, Acc* mean, Acc* invstd, Acc* scale,
+                                      R* running_mean, R* running_var, Acc momentum) {
+  int64_t c = 0;
+  State<Acc> st;
+  if (!channel_total(partial, splits, C, c, st)) return;
+  const Acc count = st.a;
+  const Acc center = static_cast<Acc>(to_compute<T>(x[c * first]));
+  const Acc d = st.b / count;                             // mean - center
+  const Acc var = max(st.c / count - d * d, Acc(0));      // biased
+  const Acc m = center + d, is = Acc(1) / sqrt(var + eps);
+  mean[c] = m;
+  invstd[c] = is;
+  scale[c] = is * (weight ? weight[c] : Acc(1));
   if (running_mean != nullptr) {
     using RC = compute_t<R>;
     const Acc rm = static_cast<Acc>(to_compute<R>(reinterpret_cast<const device_t<R>*>(running_mean)[c]));
     const Acc rv = static_cast<Acc>(to_compute<R>(reinterpret_cast<const device_t<R>*>(running_var)[c]));
     const Acc unbiased = var * (count / (count - Acc(1)));
     reinterpret_cast<device_t<R>*>(running_mean)[c] =
-        from_compute<R>(static_cast<RC>((Acc(1) - momentum) * rm + momentum * st.b));
+        from_compute<R>(static_cast<RC>((Acc(1) - momentum) * rm + momentum * m));
     reinterpret_cast<device_t<R>*>(running_var)[c] =
         from_compute<R>(static_cast<RC>((Acc(1) - momentum) * rv + momentum * unbiased));
   }
 }
 
-// One thread per channel: the gradient sums merged in order; grad_weight = sum dy xhat, grad_bias = sum dy,
-// and the coefficients of the elementwise pass dx = (dy - a - (x - mean) k) g.
+// The gradient sums of each channel: grad_weight = sum dy xhat, grad_bias = sum dy, and the coefficients of
+// the elementwise pass dx = dy' p + (x - mean) q + r (dy' masked by the ReLU), from dx = (dy' - a - (x - mean)
+// k) g with a = sum dy / n, k = sum dy xhat / n invstd, g = invstd w: p = g, q = -k g, r = -a g. In eval the
+// statistics are constants: p = g, q = r = 0. (x - mean) stays a difference: x q + (r - mean q) would lose it
+// to rounding when the mean is large beside the deviation.)
 template <typename Acc>
 __global__ void finalize_grads_kernel(const State<Acc>* partial, int64_t splits, int64_t C, Acc inv_count,
-                                      const Acc* invstd, const Acc* weight, bool training, Acc* grad_weight,
-                                      Acc* grad_bias, Acc* a, Acc* k, Acc* g) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  Acc sum_dy = 0, sum_dy_xhat = 0;
-  for (int64_t s = 0; s < splits; ++s) {
-    sum_dy += partial[c * splits + s].b;
-    sum_dy_xhat += partial[c * splits + s].c;
-  }
+                                      const Acc* mean, const Acc* invstd, const Acc* weight, bool training,
+                                      Acc* grad_weight, Acc* grad_bias, Acc* p, Acc* q, Acc* r) {
+  int64_t c = 0;
+  State<Acc> st;
+  if (!channel_total(partial, splits, C, c, st)) return;
+  const Acc sum_dy = st.b, sum_dy_xhat = st.c * invstd[c];
   if (grad_weight) grad_weight[c] = sum_dy_xhat;
   if (grad_bias) grad_bias[c] = sum_dy;
-  if (g) {
-    g[c] = invstd[c] * (weight ? weight[c] : Acc(1));
+  if (p) {
+    const Acc g = invstd[c] * (weight ? weight[c] : Acc(1));
+    p[c] = g;
     if (training) {
-      a[c] = sum_dy * inv_count;
-      k[c] = sum_dy_xhat * inv_count * invstd[c];
+      const Acc a = sum_dy * inv_count, k = sum_dy_xhat * inv_count * invstd[c];
+      q[c] = -k * g;
+      r[c] = -a * g;
+    } else {
+      q[c] = Acc(0);
+      r[c] = Acc(0);
     }
   }
 }
 
-// The channel of element e: rows (M, C) -> e % C; planes (N, C, S) -> (e / S) % C.
-struct ChannelIndex {
-  bool rows;
-  int64_t C, S;
-  __device__ __forceinline__ int64_t operator()(int64_t e) const { return rows ? e % C : (e / S) % C; }
-};
-
-// y = (x - mean) invstd w + b (then max(., 0) with relu), V elements per step; a vector never crosses a
-// channel boundary in planes (S % V == 0) and covers channels c .. c + V - 1 in rows (C % V == 0).
+// Rows (M, C), 2-d grid: thread (tx, ty) of block (bx, by) owns channels c0 .. c0 + V - 1 (its coefficients
+// stay in registers) and rows blockIdx.y by + ty, stepping by gridDim.y by.
+//   forward:  y = (x - mean) scale + bias (then max(., 0) with relu)
+//   backward: dx = dy' p + (x - mean) q + r, dy' = dy masked by y > 0 (relu)
 template <typename T, int V, typename Acc>
 __global__ void __launch_bounds__(kThreads)
-    forward_apply_kernel(const device_t<T>* x, device_t<T>* y, const Acc* mean, const Acc* invstd, const Acc* weight,
-                         const Acc* bias, bool relu, int64_t vecs, ChannelIndex ch) {
+    forward_rows_kernel(const device_t<T>* x, device_t<T>* y, const Acc* mean, const Acc* scale, const Acc* bias,
+                        bool relu, int64_t M, int64_t C) {
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c0 >= C) return;
+  Acc mu[V], sc[V], bi[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    mu[j] = mean[c0 + j];
+    sc[j] = scale[c0 + j];
+    bi[j] = bias ? bias[c0 + j] : Acc(0);
+  }
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < M;
+       r += static_cast<int64_t>(gridDim.y) * blockDim.y) {
+    const int64_t off = r * C + c0;
+    const Vec<T, V> vx = load_vec<T, V>(x + off);
+    Vec<T, V> vy;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      Acc v = (static_cast<Acc>(to_compute<T>(vx.v[j])) - mu[j]) * sc[j] + bi[j];
+      if (relu) v = v > Acc(0) ? v : Acc(0);
+      vy.v[j] = from_compute<T>(static_cast<compute_t<T>>(v));
+    }
+    store_vec<T, V>(y + off, vy);
+  }
+}
+
+template <typename T, int V, typename Acc>
+__global__ void __launch_bounds__(kThreads)
+    backward_rows_kernel(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y, device_t<T>* dx,
+                         const Acc* mean, const Acc* p, const Acc* q, const Acc* r, bool training, int64_t M,
+                         int64_t C) {
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c0 >= C) return;
+  Acc mu[V], cp[V], cq[V], cr[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    mu[j] = training ? mean[c0 + j] : Acc(0);
+    cp[j] = p[c0 + j];
+    cq[j] = training ? q[c0 + j] : Acc(0);
+    cr[j] = training ? r[c0 + j] : Acc(0);
+  }
+  for (int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; row < M;
+       row += static_cast<int64_t>(gridDim.y) * blockDim.y) {
+    const int64_t off = row * C + c0;
+    const Vec<T, V> vdy = load_vec<T, V>(dy + off);
+    Vec<T, V> vx{}, vy{}, out;
+    if (training) vx = load_vec<T, V>(x + off);
+    if (y) vy = load_vec<T, V>(y + off);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      Acc d = static_cast<Acc>(to_compute<T>(vdy.v[j]));
+      if (y && !(static_cast<Acc>(to_compute<T>(vy.v[j])) > Acc(0))) d = Acc(0);
+      Acc v = d * cp[j];
+      if (training) v += (static_cast<Acc>(to_compute<T>(vx.v[j])) - mu[j]) * cq[j] + cr[j];
+      out.v[j] = from_compute<T>(static_cast<compute_t<T>>(v));
+    }
+    store_vec<T, V>(dx + off, out);
+  }
+}
+
+// Planes (N, C, S): a grid-stride loop over vectors; a vector never crosses a plane (S % V == 0).
+template <typename T, int V, typename Acc>
+__global__ void __launch_bounds__(kThreads)
+    forward_planes_kernel(const device_t<T>* x, device_t<T>* y, const Acc* mean, const Acc* scale, const Acc* bias,
+                          bool relu, int64_t vecs, int64_t C, int64_t S) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e = i * V;
-    const int64_t c0 = ch(e);
+    const int64_t c = (e / S) % C;
+    const Acc mu = mean[c], sc = scale[c], bi = bias ? bias[c] : Acc(0);
     const Vec<T, V> vx = load_vec<T, V>(x + e);
     Vec<T, V> vy;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const int64_t c = ch.rows ? c0 + j : c0;
-      const Acc scale = invstd[c] * (weight ? weight[c] : Acc(1));
-      Acc v = (static_cast<Acc>(to_compute<T>(vx.v[j])) - mean[c]) * scale + (bias ? bias[c] : Acc(0));
+      Acc v = (static_cast<Acc>(to_compute<T>(vx.v[j])) - mu) * sc + bi;
       if (relu) v = v > Acc(0) ? v : Acc(0);
       vy.v[j] = from_compute<T>(static_cast<compute_t<T>>(v));
     }
@@ -250,26 +350,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// dx = (dy' - a - (x - mean) k) g, dy' = dy masked by y > 0 (relu); a and k null in eval.
 template <typename T, int V, typename Acc>
 __global__ void __launch_bounds__(kThreads)
-    backward_apply_kernel(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y, device_t<T>* dx,
-                          const Acc* mean, const Acc* a, const Acc* k, const Acc* g, int64_t vecs, ChannelIndex ch) {
+    backward_planes_kernel(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y, device_t<T>* dx,
+                           const Acc* mean, const Acc* p, const Acc* q, const Acc* r, bool training, int64_t vecs,
+                           int64_t C, int64_t S) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e = i * V;
-    const int64_t c0 = ch(e);
+    const int64_t c = (e / S) % C;
+    const Acc mu = training ? mean[c] : Acc(0), cp = p[c], cq = training ? q[c] : Acc(0),
+              cr = training ? r[c] : Acc(0);
     const Vec<T, V> vdy = load_vec<T, V>(dy + e);
     Vec<T, V> vx{}, vy{}, out;
-    if (a) vx = load_vec<T, V>(x + e);
+    if (training) vx = load_vec<T, V>(x + e);
     if (y) vy = load_vec<T, V>(y + e);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const int64_t c = ch.rows ? c0 + j : c0;
       Acc d = static_cast<Acc>(to_compute<T>(vdy.v[j]));
       if (y && !(static_cast<Acc>(to_compute<T>(vy.v[j])) > Acc(0))) d = Acc(0);
-      if (a) d = d - a[c] - (static_cast<Acc>(to_compute<T>(vx.v[j])) - mean[c]) * k[c];
-      out.v[j] = from_compute<T>(static_cast<compute_t<T>>(d * g[c]));
+      Acc v = d * cp;
+      if (training) v += (static_cast<Acc>(to_compute<T>(vx.v[j])) - mu) * cq + cr;
+      out.v[j] = from_compute<T>(static_cast<compute_t<T>>(v));
     }
     store_vec<T, V>(dx + e, out);
   }
@@ -284,7 +386,7 @@ struct Layout {
   int64_t outer;                                              // planes: N; rows: M
   int64_t S;                                                  // planes: prod(*); rows: 1
   int64_t count() const { return rows ? outer : outer * S; }  // values per channel
-  ChannelIndex channel_index() const { return {rows, C, S}; }
+  int64_t first() const { return rows ? 1 : S; }             // index step between channels' first values
 };
 
 bool is_channels_last_4d(const Tensor& x) {
@@ -362,6 +464,22 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
   return partial;
 }
 
+// The 2-d grid of the rows kernels: x over channel vectors (bx threads), y over rows (by threads), enough
+// blocks to fill the GPU a few times over.
+struct RowsGrid {
+  dim3 grid, block;
+};
+RowsGrid rows_grid(int64_t M, int64_t C, int V) {
+  const int64_t cvecs = C / V;
+  int bx = 1;
+  while (bx < 32 && bx < cvecs) bx *= 2;
+  const int by = kThreads / bx;
+  const int64_t grid_x = ceil_div(cvecs, bx);
+  const int64_t want_y = std::max<int64_t>(1, int64_t{cuda::kdetail::sm_count()} * 8 / grid_x);
+  const int64_t grid_y = std::clamp<int64_t>(ceil_div(M, by), 1, std::min<int64_t>(want_y, 65535));
+  return {dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(bx, by)};
+}
+
 template <typename T>
 void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Tensor& weight, const Tensor& bias,
                     const Tensor& running_mean, const Tensor& running_var, bool training, double momentum, double eps,
@@ -369,42 +487,54 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
   using Acc = acc_t<T>;
   using D = device_t<T>;
   const DType adt = acc_dtype(x.dtype());
+  const TensorOptions opts{.dtype = adt, .device = x.device()};
   const auto* xp = static_cast<const D*>(x.data_ptr());
+  const Tensor w = per_channel_as(weight, adt), b = per_channel_as(bias, adt);
+  Tensor scale;  // (C): y = (x - mean) scale + bias
   if (training) {
     int64_t splits = 1;
-    const Tensor partial = reduce_channels<T, Acc>(x, L, Inputs<T>{xp, nullptr, nullptr}, WelfordOp<Acc>{}, splits,
+    trace::Scope stats_range(trace::Kind::Op, "batch_norm_forward.statistics", x.device());
+    const Tensor partial = reduce_channels<T, Acc>(x, L, Inputs<T>{xp, nullptr, nullptr}, StatsOp<Acc>{}, splits,
                                                    stream, "batch_norm (statistics)");
-    mean = ops::empty({L.C}, TensorOptions{.dtype = adt, .device = x.device()});
-    invstd = ops::empty({L.C}, TensorOptions{.dtype = adt, .device = x.device()});
-    const unsigned blocks = static_cast<unsigned>(ceil_div(L.C, kThreads));
+    mean = ops::empty({L.C}, opts);
+    invstd = ops::empty({L.C}, opts);
+    scale = ops::empty({L.C}, opts);
+    const unsigned blocks = static_cast<unsigned>(ceil_div(L.C * 32, kThreads));  // a warp per channel
     const auto* part = reinterpret_cast<const State<Acc>*>(partial.data_ptr());
-    const Acc count = static_cast<Acc>(L.count());
+    auto finalize = [&](auto* rm, auto* rv, Acc mom) {
+      using R = std::remove_pointer_t<decltype(rm)>;
+      finalize_stats_kernel<T, Acc, R><<<blocks, kThreads, 0, stream>>>(
+          part, splits, L.C, xp, L.first(), static_cast<Acc>(eps), ptr_or_null<Acc>(w), mean.data_ptr<Acc>(),
+          invstd.data_ptr<Acc>(), scale.data_ptr<Acc>(), rm, rv, mom);
+    };
     if (running_mean.defined()) {
       visit_floating_dtype(running_mean.dtype(), "batch_norm", [&](auto tag) {
         using R = typename decltype(tag)::type;
-        finalize_stats_kernel<Acc, R><<<blocks, kThreads, 0, stream>>>(
-            part, splits, L.C, count, static_cast<Acc>(eps), mean.data_ptr<Acc>(), invstd.data_ptr<Acc>(),
-            running_mean.data_ptr<R>(), running_var.data_ptr<R>(), static_cast<Acc>(momentum));
+        finalize(running_mean.data_ptr<R>(), running_var.data_ptr<R>(), static_cast<Acc>(momentum));
       });
     } else {
-      finalize_stats_kernel<Acc, Acc><<<blocks, kThreads, 0, stream>>>(part, splits, L.C, count, static_cast<Acc>(eps),
-                                                                       mean.data_ptr<Acc>(), invstd.data_ptr<Acc>(),
-                                                                       nullptr, nullptr, Acc(0));
+      finalize(static_cast<Acc*>(nullptr), static_cast<Acc*>(nullptr), Acc(0));
     }
     KILN_CUDA_CHECK_LAUNCH("batch_norm (finalize statistics)");
   } else {
     mean = per_channel_as(running_mean, adt);
     invstd = ops::contiguous(ops::rsqrt(ops::add(running_var.to(adt), eps)));
+    scale = ops::contiguous(w.defined() ? ops::mul(invstd, w) : invstd);
   }
-  const Tensor w = per_channel_as(weight, adt), b = per_channel_as(bias, adt);
   auto* yp = static_cast<D*>(y.data_ptr());
   const int v = vector_width<T>({xp, yp}, L.rows ? L.C : L.S);
   auto apply = [&](auto width) {
     constexpr int V = decltype(width)::value;
-    const int64_t vecs = x.numel() / V;
-    forward_apply_kernel<T, V, Acc><<<grid_for(vecs, kThreads), kThreads, 0, stream>>>(
-        xp, yp, mean.data_ptr<Acc>(), invstd.data_ptr<Acc>(), ptr_or_null<Acc>(w), ptr_or_null<Acc>(b), relu, vecs,
-        L.channel_index());
+    trace::Scope apply_range(trace::Kind::Op, "batch_norm_forward.normalize", x.device());
+    if (L.rows) {
+      const RowsGrid g = rows_grid(L.outer, L.C, V);
+      forward_rows_kernel<T, V, Acc><<<g.grid, g.block, 0, stream>>>(
+          xp, yp, mean.data_ptr<Acc>(), scale.data_ptr<Acc>(), ptr_or_null<Acc>(b), relu, L.outer, L.C);
+    } else {
+      const int64_t vecs = x.numel() / V;
+      forward_planes_kernel<T, V, Acc><<<grid_for(vecs, kThreads), kThreads, 0, stream>>>(
+          xp, yp, mean.data_ptr<Acc>(), scale.data_ptr<Acc>(), ptr_or_null<Acc>(b), relu, vecs, L.C, L.S);
+    }
     KILN_CUDA_CHECK_LAUNCH("batch_norm (normalize)");
   };
   constexpr int kWide = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
@@ -425,28 +555,27 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
   const D* yp = y.defined() ? static_cast<const D*>(y.data_ptr()) : nullptr;
   BatchNormGrads out;
   const TensorOptions opts = TensorOptions{.dtype = adt, .device = x.device()};
-  Tensor a, k, g;
+  Tensor p, q, r;  // (C): dx = dy' p + (x - mean) q + r
   if (training || needs.weight || needs.bias) {
     int64_t splits = 1;
-    const GradSumOp<Acc> op{mean.data_ptr<Acc>(), invstd.data_ptr<Acc>(), yp != nullptr};
+    const GradSumOp<Acc> op{mean.data_ptr<Acc>(), yp != nullptr};
+    trace::Scope sums_range(trace::Kind::Op, "batch_norm_backward.sums", x.device());
     const Tensor partial =
         reduce_channels<T, Acc>(x, L, Inputs<T>{xp, dyp, yp}, op, splits, stream, "batch_norm backward (sums)");
     if (needs.weight) out.weight = ops::empty({L.C}, opts);
     if (needs.bias) out.bias = ops::empty({L.C}, opts);
     if (needs.input) {
-      g = ops::empty({L.C}, opts);
-      if (training) {
-        a = ops::empty({L.C}, opts);
-        k = ops::empty({L.C}, opts);
-      }
+      p = ops::empty({L.C}, opts);
+      q = ops::empty({L.C}, opts);
+      r = ops::empty({L.C}, opts);
     }
-    finalize_grads_kernel<Acc><<<static_cast<unsigned>(ceil_div(L.C, kThreads)), kThreads, 0, stream>>>(
+    finalize_grads_kernel<Acc><<<static_cast<unsigned>(ceil_div(L.C * 32, kThreads)), kThreads, 0, stream>>>(
         reinterpret_cast<const State<Acc>*>(partial.data_ptr()), splits, L.C, Acc(1) / static_cast<Acc>(L.count()),
-        invstd.data_ptr<Acc>(), ptr_or_null<Acc>(w), training, ptr_or_null<Acc>(out.weight), ptr_or_null<Acc>(out.bias),
-        ptr_or_null<Acc>(a), ptr_or_null<Acc>(k), ptr_or_null<Acc>(g));
+        mean.data_ptr<Acc>(), invstd.data_ptr<Acc>(), ptr_or_null<Acc>(w), training, ptr_or_null<Acc>(out.weight),
+        ptr_or_null<Acc>(out.bias), ptr_or_null<Acc>(p), ptr_or_null<Acc>(q), ptr_or_null<Acc>(r));
     KILN_CUDA_CHECK_LAUNCH("batch_norm backward (finalize)");
   } else if (needs.input) {
-    g = w.defined() ? ops::mul(invstd, w) : invstd;
+    p = ops::contiguous(w.defined() ? ops::mul(invstd, w) : invstd);  // eval: dx = dy invstd w
   }
   if (!needs.input) return out;
   out.input = ops::empty_like(x);  // x's layout
@@ -454,10 +583,18 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
   const int v = vector_width<T>({xp, dyp, yp, dxp}, L.rows ? L.C : L.S);
   auto apply = [&](auto width) {
     constexpr int V = decltype(width)::value;
-    const int64_t vecs = x.numel() / V;
-    backward_apply_kernel<T, V, Acc><<<grid_for(vecs, kThreads), kThreads, 0, stream>>>(
-        xp, dyp, yp, dxp, mean.data_ptr<Acc>(), ptr_or_null<Acc>(a), ptr_or_null<Acc>(k), g.data_ptr<Acc>(), vecs,
-        L.channel_index());
+    trace::Scope apply_range(trace::Kind::Op, "batch_norm_backward.input", x.device());
+    if (L.rows) {
+      const RowsGrid g = rows_grid(L.outer, L.C, V);
+      backward_rows_kernel<T, V, Acc><<<g.grid, g.block, 0, stream>>>(
+          xp, dyp, yp, dxp, mean.data_ptr<Acc>(), p.data_ptr<Acc>(), ptr_or_null<Acc>(q), ptr_or_null<Acc>(r),
+          training, L.outer, L.C);
+    } else {
+      const int64_t vecs = x.numel() / V;
+      backward_planes_kernel<T, V, Acc><<<grid_for(vecs, kThreads), kThreads, 0, stream>>>(
+          xp, dyp, yp, dxp, mean.data_ptr<Acc>(), p.data_ptr<Acc>(), ptr_or_null<Acc>(q), ptr_or_null<Acc>(r),
+          training, vecs, L.C, L.S);
+    }
     KILN_CUDA_CHECK_LAUNCH("batch_norm backward (input)");
   };
   constexpr int kWide = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));

@@ -5,9 +5,10 @@
 //
 // x is (N, C) or (N, C, *) in float16/bfloat16/float32/float64, NCHW-contiguous or (4-d) channels-last; other
 // strides are made contiguous first, and y has the layout the kernels ran in. Statistics accumulate in float
-// (double for float64 inputs): per-thread Welford merged per block, blocks split over the reduced elements and
-// merged in a fixed order by a second kernel (deterministic, no float atomics). Everything runs on x's current
-// stream with temporaries from the caching allocator, and nothing waits for the device.
+// (double for float64 inputs): per-thread sums of x - K and (x - K)^2, K each channel's first value, added per
+// block; blocks split over the reduced elements and are added in a fixed order by a second kernel, a warp per
+// channel (deterministic, no float atomics). Everything runs on x's current stream with temporaries from the
+// caching allocator, and nothing waits for the device.
 #pragma once
 
 #include "kiln/tensor/tensor.h"  // Tensor
