@@ -86,7 +86,7 @@ if [[ -z "$only" ]]; then
 
   if [[ -z "${KILN_GPU_CHECK_SKIP_BENCH:-}" ]]; then
     : >"$out/bench.log"
-    for b in "$build"/bench/bench_cuda_* "$build"/bench/bench_autograd "$build"/bench/bench_checkpoint_memory "$build"/bench/bench_attention "$build"/bench/bench_models "$build"/bench/bench_optim; do
+    for b in "$build"/bench/bench_cuda_* "$build"/bench/bench_autograd "$build"/bench/bench_checkpoint_memory "$build"/bench/bench_attention "$build"/bench/bench_batch_norm "$build"/bench/bench_models "$build"/bench/bench_optim; do
       [[ -x "$b" ]] || continue
       echo "== $b" >>"$out/bench.log"
       timeout 300 "$b" >>"$out/bench.log" 2>&1 || echo "(exit $?)" >>"$out/bench.log"
