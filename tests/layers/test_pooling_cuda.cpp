@@ -149,7 +149,10 @@ TEST_F(CudaPooling, UnbatchedInputs) {
 
 // PyTorch's tie rule, written out: the first window position (row-major) holding the maximum takes the gradient.
 TEST_F(CudaPooling, MaxTiesGoToTheFirstMaximum) {
-  const int64_t n = 2, c = 3, h = 7, w = 8, k = 3, s = 2, p = 1;
+  // 3 channels take the one-element kernels; 8 float32 channels in channels-last take the 4-channel vectors.
+  for (const int64_t c : {int64_t{3}, int64_t{8}}) {
+  SCOPED_TRACE("channels " + std::to_string(c));
+  const int64_t n = 2, h = 7, w = 8, k = 3, s = 2, p = 1;
   std::vector<double> xv = uniform(n * c * h * w, 0, 3, 71);
   for (double& v : xv) v = std::floor(v);  // values 0, 1, 2: many ties
   const int64_t oh = (h + 2 * p - k) / s + 1, ow = (w + 2 * p - k) / s + 1;
@@ -180,6 +183,7 @@ TEST_F(CudaPooling, MaxTiesGoToTheFirstMaximum) {
     y.backward(make(gv, {n, c, oh, ow}, {.device = Device::cuda(0)}));
     expect_values(x.grad(), {n, c, h, w}, gx_ref, 1e-6, 1e-6);
   }
+  }
 }
 
 TEST_F(CudaPooling, MaxPropagatesNaN) {
@@ -189,6 +193,19 @@ TEST_F(CudaPooling, MaxPropagatesNaN) {
   const std::vector<double> v = values(y);
   EXPECT_TRUE(std::isnan(v[0]));
   EXPECT_FALSE(std::isnan(v[1]) || std::isnan(v[2]) || std::isnan(v[3]));
+  // Channels-last with 4 float32 channels (the vector kernel): the NaN of channel 2 stays in channel 2.
+  std::vector<double> xc = uniform(4 * 16, -1, 1, 82);
+  xc[2 * 16 + 5] = kNaN;  // channel 2, position (1, 1)
+  const Tensor yc = nn::max_pool2d(
+      make(xc, {1, 4, 4, 4}, {.device = Device::cuda(0)}).contiguous(MemoryFormat::ChannelsLast), {.kernel_size = 2});
+  const std::vector<double> vc = values(yc);  // (1, 4, 2, 2) in logical order
+  for (int64_t i = 0; i < 16; ++i) EXPECT_EQ(std::isnan(vc[static_cast<size_t>(i)]), i == 2 * 4) << "output " << i;
+}
+
+TEST_F(CudaPooling, ResNetStemShapeInChannelsLast) {
+  // The 3x3, stride 2, padding 1 pool of ResNet's stem, 64 channels: the vector kernels in bf16 and float32.
+  for (DType dt : {DType::BFloat16, DType::Float32})
+    expect_matches_composed(Kind::Max, kOptions[1], {2, 64, 16, 14}, dt, true);
 }
 
 TEST_F(CudaPooling, NoNewCudaMallocOnceWarm) {

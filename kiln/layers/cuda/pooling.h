@@ -1,7 +1,7 @@
 // kiln/layers/cuda/pooling.h — kiln's 2-d pooling kernels for CUDA tensors (internal; pooling.cpp calls them).
 //
 //   PoolParams p{.kernel = {3, 3}, .stride = {2, 2}, .pad = {1, 1}, .out = {56, 56}};
-//   auto [y, idx] = cuda_impl::max_pool2d_forward(x, p);       // x (N, C, 112, 112) -> y (N, C, 56, 56), idx Int64
+//   auto [y, idx] = cuda_impl::max_pool2d_forward(x, p);       // x (N, C, 112, 112) -> y (N, C, 56, 56), idx Int32
 //   Tensor dx = cuda_impl::max_pool2d_backward(dy, idx, x.shape(), p, x);
 //
 // x is 4-d (N, C, H, W), NCHW-contiguous or channels-last (other strides are made contiguous); outputs and
