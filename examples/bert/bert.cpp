@@ -82,46 +82,15 @@ std::string shape_of(const models::BertConfig& c) {
 
 // ---------------------------------------------------------------- forward passes
 
-// BertModel::forward, but with each encoder layer under autograd::checkpoint when `checkpointing` is set: only a
-// layer's input is kept, and its activations are recomputed during backward (with the same dropout masks).
-// kiln's BertEncoder has no switch for this, so the example runs the layers itself through their public members.
-// The recomputation runs under the autocast state of forward (autograd::checkpoint replays it).
-models::BertModel::Output run_bert(models::BertModel& bert, const data::Batch& b, bool checkpointing) {
-  const Tensor& ids = b["input_ids"];         // (N, S) int64
-  const Tensor& types = b["token_type_ids"];  // (N, S)
-  const Tensor& mask = b["attention_mask"];   // (N, S): 1 token, 0 padding
-  if (!checkpointing) return bert.forward(ids, types, mask);
-
-  const int64_t N = ids.size(0), S = ids.size(1);
-  const Tensor attend = (mask != 0).reshape({N, 1, 1, S});  // (N, 1, 1, S) Bool, true = may attend
-  Tensor h = bert.embeddings->forward(ids, types);          // (N, S, H)
-  for (int64_t i = 0; i < bert.encoder->layer->size(); ++i) {
-    auto layer = bert.encoder->layer->at<models::BertLayer>(i);
-    auto block = [layer](const TensorList& in) { return TensorList{layer->forward(in[0], in[1])}; };
-    h = kiln::autograd::checkpoint(block, {h, attend})[0];  // (N, S, H)
-  }
-  models::BertModel::Output out;
-  out.sequence_output = h;
-  if (bert.pooler) out.pooled_output = (*bert.pooler)(h);  // (N, H)
-  return out;
-}
-
+// The losses. With --checkpointing the models' encoders recompute each layer during backward
+// (BertModel::set_gradient_checkpointing, set where the models are made): only a layer's input is kept.
 // The masked-LM loss: mean cross-entropy over the positions whose label is not -100.
-Tensor mlm_loss(models::BertForMaskedLM& mlm, const data::Batch& b, bool checkpointing) {
-  if (!checkpointing) {
-    return mlm.forward(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]).loss;
-  }
-  const Tensor logits = (*mlm.predictions)(run_bert(*mlm.bert, b, true).sequence_output);  // (N, S, V)
-  return nn::cross_entropy(logits.reshape({-1, logits.size(-1)}), b["labels"].reshape({-1}),
-                           {.ignore_index = data::kIgnoreLabel});
+Tensor mlm_loss(models::BertForMaskedLM& mlm, const data::Batch& b) {
+  return mlm.forward(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]).loss;
 }
 
-Tensor classification_loss(models::BertForSequenceClassification& clf, const data::Batch& b, bool checkpointing) {
-  if (!checkpointing) {
-    return clf.forward(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]).loss;
-  }
-  const Tensor pooled = run_bert(*clf.bert, b, true).pooled_output;  // (N, H)
-  return nn::cross_entropy((*clf.classifier)((*clf.dropout)(pooled)), b["labels"]);
+Tensor classification_loss(models::BertForSequenceClassification& clf, const data::Batch& b) {
+  return clf.forward(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]).loss;
 }
 
 // ---------------------------------------------------------------- the output folder
@@ -422,7 +391,8 @@ int pretrain(int argc, char** argv) {
   task.before_training = [&] {
     if (rt.main()) write_model_folder(o, config, "BertForMaskedLM", *tok);
   };
-  task.loss = [&](const data::Batch& b) { return mlm_loss(*mlm, b, o.checkpointing); };
+  mlm->bert->set_gradient_checkpointing(o.checkpointing);
+  task.loss = [&](const data::Batch& b) { return mlm_loss(*mlm, b); };
   task.meta.strings["model_type"] = "BertForMaskedLM";
   task.meta.numbers["lower_case"] = tok->options().lower_case ? 1 : 0;
   describe_config(task.meta, config);
@@ -558,7 +528,8 @@ int finetune(int argc, char** argv) {
         .tag_prefix = "eval/",
         .resume_step = task.resume_step});
   };
-  task.loss = [&](const data::Batch& b) { return classification_loss(*clf, b, o.checkpointing); };
+  clf->bert->set_gradient_checkpointing(o.checkpointing);
+  task.loss = [&](const data::Batch& b) { return classification_loss(*clf, b); };
   task.after_epoch = [&](int64_t epoch, int64_t step) {
     const EvalResult r = evaluate(*clf, eval_loader, rt);
     if (!rt.main()) return;

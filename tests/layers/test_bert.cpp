@@ -1,6 +1,6 @@
 // BERT: shapes of a tiny model, parameter counts (tiny by hand, base and large against Hugging Face's),
 // Hugging Face's parameter names and initialisation, the tied decoder weight and its gradient, the masked-LM
-// loss under a few SGD steps, padding independence, sequence classification, bad input.
+// loss under a few SGD steps, gradient checkpointing, padding independence, sequence classification, bad input.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/layers/models/bert.h"
+#include "kiln/profiler/profiler.h"  // counts the layers' forward calls
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -193,6 +194,43 @@ TEST(Bert, MaskedLmLossIsFiniteAndDecreasesUnderSgd) {
   for (double l : losses) EXPECT_TRUE(std::isfinite(l));
   EXPECT_NEAR(losses.front(), std::log(50.0), 0.5);  // near-uniform predictions at initialisation
   for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[i - 1]) << "step " << i;
+}
+
+TEST(Bert, GradientCheckpointingGivesTheSameLossAndGradients) {
+  // With dropout on: the recomputation in backward must replay forward's dropout masks. Padding in the second
+  // sequence, so the attention mask takes part in the recomputation too.
+  Tensor input = ids({2, 7, 1, 11, 3, 2, 41, 8, 1, 4}, {2, 5});
+  Tensor labels = ids({-100, 7, 9, -100, 3, -100, 41, -100, 13, -100}, {2, 5});
+  Tensor types = zeros({2, 5}, {.dtype = DType::Int64});
+  Tensor mask = ids({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5});
+  auto run = [&](bool checkpointing) {
+    manual_seed(11);
+    models::BertForMaskedLM mlm(tiny_config(0.1));
+    mlm.bert->set_gradient_checkpointing(checkpointing);
+    EXPECT_EQ(mlm.bert->encoder->gradient_checkpointing, checkpointing);
+    manual_seed(12);  // the dropout masks
+    profiler::Profile prof;  // to count the layers' forward calls: recomputed ones run a second time in backward
+    Tensor loss = mlm.forward(input, types, mask, labels).loss;
+    loss.backward();
+    prof.stop();
+    int64_t layer_calls = 0;
+    for (const profiler::Event& e : prof.result().events()) layer_calls += e.name == "BertLayer";
+    EXPECT_EQ(layer_calls, checkpointing ? 4 : 2);
+    std::vector<std::vector<double>> grads;
+    for (const auto& [name, p] : mlm.named_parameters()) grads.push_back(values(p.grad()));
+    return std::make_pair(loss.item<double>(), grads);
+  };
+  const auto plain = run(false);
+  const auto recomputed = run(true);
+  EXPECT_EQ(plain.first, recomputed.first);
+  ASSERT_EQ(plain.second.size(), recomputed.second.size());
+  for (size_t i = 0; i < plain.second.size(); ++i) EXPECT_EQ(plain.second[i], recomputed.second[i]) << "parameter " << i;
+  // Without gradients (evaluation) it changes nothing and records nothing.
+  manual_seed(11);
+  models::BertForMaskedLM mlm(tiny_config(0.0));
+  mlm.bert->set_gradient_checkpointing();
+  NoGradGuard no_grad;
+  EXPECT_FALSE(mlm.forward(input, types, mask, labels).loss.requires_grad());
 }
 
 TEST(Bert, RealTokensAreIndependentOfPaddedTokens) {

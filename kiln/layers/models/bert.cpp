@@ -3,7 +3,8 @@
 
 #include <string>
 
-#include "kiln/autograd/grad_mode.h"  // NoGradGuard for initialisation
+#include "kiln/autograd/checkpoint.h"  // autograd::checkpoint (gradient checkpointing)
+#include "kiln/autograd/grad_mode.h"   // NoGradGuard for initialisation
 #include "kiln/layers/attention.h"    // nn::scaled_dot_product_attention
 #include "kiln/layers/functional.h"   // nn::linear
 #include "kiln/layers/init.h"         // normal_, zeros_, ones_
@@ -184,7 +185,16 @@ BertEncoder::BertEncoder(const BertConfig& c) : Module("BertEncoder") {
 Tensor BertEncoder::forward(const Tensor& hidden, const Tensor& mask) {
   trace::Scope range(trace::Kind::Module, type_name(), hidden.device());
   Tensor h = hidden;
-  for (int64_t i = 0; i < layer->size(); ++i) h = layer->at<BertLayer>(i)->forward(h, mask);
+  const bool recompute = gradient_checkpointing && GradMode::is_enabled();
+  for (int64_t i = 0; i < layer->size(); ++i) {
+    auto block = layer->at<BertLayer>(i);
+    if (recompute) {
+      // The mask is captured by value: the recomputation runs during backward, after this call has returned.
+      h = autograd::checkpoint([block, mask](const Tensor& in) { return block->forward(in, mask); }, h);
+    } else {
+      h = block->forward(h, mask);
+    }
+  }
   return h;
 }
 

@@ -146,6 +146,10 @@ class BertEncoder : public Module {
   Tensor forward(const Tensor& hidden, const Tensor& mask);
 
   std::shared_ptr<ModuleList> layer;
+  // Gradient checkpointing: while gradients are recorded, each layer keeps only its input and recomputes its
+  // activations during backward (autograd::checkpoint, with forward's dropout masks and autocast state): less
+  // memory for about one more forward. Off by default; BertModel::set_gradient_checkpointing sets it.
+  bool gradient_checkpointing = false;
 };
 
 class BertModel : public Module {
@@ -159,6 +163,8 @@ class BertModel : public Module {
   // input_ids (N, S) integer; token_type_ids (N, S) integer or undefined (all 0); attention_mask (N, S)
   // 1 / true = token, 0 / false = padding (any dtype), or undefined (all tokens).
   Output forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask);
+  // Recompute each encoder layer during backward instead of keeping its activations (BertEncoder).
+  void set_gradient_checkpointing(bool on = true) { encoder->gradient_checkpointing = on; }
 
   BertConfig config;
   std::shared_ptr<BertEmbeddings> embeddings;
