@@ -6,6 +6,8 @@
 #   scripts/gpu_check.sh                 logs go to $OUT when set (the GPU runner), else ./gpu-logs
 #   KILN_GPU_CHECK_SKIP_BENCH=1 scripts/gpu_check.sh
 #   KILN_GPU_CHECK_ONLY=dist scripts/gpu_check.sh    build, kiln-doctor, then only the multi-GPU part (below)
+#   KILN_GPU_CHECK_ONLY=train scripts/gpu_check.sh   build, kiln-doctor, then only the performance harness
+#                                                    (bench_train, pytorch_train.py, train_table.py)
 #   KILN_GPU_CHECK_SKIP_EXAMPLES=1                   without scripts/gpu_examples.sh (the examples on one GPU)
 #   KILN_GPU_CHECK_SKIP_MPI_TESTS=1 ...              the multi-GPU part without `ctest -L mpi`
 #   (KILN_GPU_CHECK_SKIP_BENCH=1 also skips the multi-GPU benchmarks: the two switches split the part in two runs)
@@ -23,8 +25,8 @@ mkdir -p "$out"
 build="${KILN_GPU_BUILD_DIR:-build-gpu}"
 jobs="$(nproc)"
 only="${KILN_GPU_CHECK_ONLY:-}"
-if [[ -n "$only" && "$only" != dist ]]; then
-  echo "gpu_check.sh: KILN_GPU_CHECK_ONLY takes 'dist' (got '$only')" >&2; exit 2
+if [[ -n "$only" && "$only" != dist && "$only" != train ]]; then
+  echo "gpu_check.sh: KILN_GPU_CHECK_ONLY takes 'dist' or 'train' (got '$only')" >&2; exit 2
 fi
 
 # NVLink multicast stays off in every process (shared hosts: see GPU.md).
@@ -56,6 +58,18 @@ doctor_rc=$?
 note "kiln-doctor (exit $doctor_rc):"
 tee -a "$summary" <"$out/doctor.txt"
 [[ $doctor_rc -ne 0 ]] && status=1
+
+# ---------------------------------------------------------------- the performance harness (KILN_GPU_CHECK_ONLY=train)
+# The performance issue's cases through kiln, PyTorch eager and torch.compile in one run, then the table with
+# the goals (bench/README.md). torch.compile's first steps take minutes: this part runs only when asked for.
+if [[ "$only" == train ]]; then
+  python3 bench/make_photos.py /tmp/kiln-photos --count 2400 >"$out/photos.log" 2>&1 && photos=(--photos /tmp/kiln-photos)
+  timeout 1200 "$build/bench/bench_train" "${photos[@]}" >"$out/train_kiln.log" 2>&1 || note "bench_train: exit $?"
+  PYTHONUNBUFFERED=1 timeout 2400 python3 bench/pytorch_train.py "${photos[@]}" >"$out/train_torch.log" 2>&1 ||
+    note "pytorch_train.py: exit $?"
+  python3 bench/train_table.py "$out/train_kiln.log" "$out/train_torch.log" | tee -a "$summary"
+  exit $status
+fi
 
 # ---------------------------------------------------------------- single-GPU tests and benchmarks
 if [[ -z "$only" ]]; then

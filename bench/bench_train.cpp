@@ -1,0 +1,290 @@
+// Whole training steps on one GPU, the cases of the performance issue: forward, loss, backward and the optimizer
+// step, timed as one block of steps between two CUDA events after warm-up steps, on random (not zero) data made
+// once on the GPU (the JPEG case reads a folder of photos through the DataLoader instead). One JSON line per case;
+// bench/pytorch_train.py prints the same cases through PyTorch eager and torch.compile, and
+// bench/train_table.py puts both side by side with the issue's goals.
+//
+//   bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--quick]
+//
+// --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
+//
+// Cases: resnet50_bf16, resnet50_fp16 (GradScaler), resnet18_cifar_bf16, bert_base_128, bert_base_512,
+// bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_jpeg (--photos, or KILN_BENCH_IMAGES).
+// ResNets: channels-last, SGD (lr 0.1, momentum 0.9, weight decay 5e-5); BERT: AdamW (lr 1e-4, weight decay
+// 0.01); bf16 (or fp16) autocast; cuDNN benchmark mode on. Peak memory: the most the caching allocator handed
+// out to tensors during the timed steps (parameters, optimizer state and data included).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kiln/kiln.h"
+#include "kiln/tensor/cuda.h"
+#include "model_cases.h"  // bench::make_resnet, bench::make_bert
+
+using namespace kiln;
+
+namespace {
+
+struct Settings {
+  Device device = Device::cuda(0);  // the CPU only for --quick without a GPU (a smoke run of the code)
+  std::set<std::string> cases;  // empty: all
+  int steps = 30;
+  int warmup = 10;
+  std::string photos;
+  bool quick = false;
+};
+
+const std::vector<std::string> kCases = {"resnet50_bf16",  "resnet50_fp16",  "resnet18_cifar_bf16",
+                                         "bert_base_128",  "bert_base_512",  "bert_large_128",
+                                         "bert_base_128_ckpt", "resnet50_jpeg"};
+
+// What a case reports besides its timing.
+struct Info {
+  std::string model, input, precision, optimizer, unit;
+  int64_t batch = 0;
+};
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+
+// Warm-up steps, then `steps` steps between two events on the current stream.
+void time_and_report(const std::string& name, const Info& info, const Settings& s, int warmup,
+                     const std::function<void()>& step) {
+  for (int i = 0; i < warmup; ++i) step();
+  double step_ms = 0, peak_gib = 0;
+  if (s.device.is_cuda()) {
+    cuda::synchronize();
+    cuda::reset_peak_memory_stats();
+    cuda::Event start(true), stop(true);
+    start.record();
+    for (int i = 0; i < s.steps; ++i) step();
+    stop.record();
+    stop.synchronize();
+    step_ms = start.elapsed_ms(stop) / s.steps;
+    peak_gib = static_cast<double>(cuda::memory_stats().peak_allocated_bytes) / (1ull << 30);
+  } else {  // a smoke run on the CPU: host time, no memory figure
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < s.steps; ++i) step();
+    step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / s.steps;
+  }
+  std::printf(
+      "{\"bench\": \"train\", \"framework\": \"kiln\", \"case\": \"%s\", \"model\": \"%s\", \"batch\": %lld, "
+      "\"input\": \"%s\", \"precision\": \"%s\", \"optimizer\": \"%s\", \"step_ms\": %.3f, \"throughput\": %.1f, "
+      "\"unit\": \"%s\", \"peak_gib\": %.3f, \"steps\": %d, \"warmup\": %d}\n",
+      name.c_str(), info.model.c_str(), static_cast<long long>(info.batch), info.input.c_str(), info.precision.c_str(),
+      info.optimizer.c_str(), step_ms, static_cast<double>(info.batch) * 1000.0 / step_ms, info.unit.c_str(), peak_gib,
+      s.steps, warmup);
+  std::fflush(stdout);
+}
+
+void report_other(const std::string& name, const char* key, const std::string& why) {
+  std::printf("{\"bench\": \"train\", \"framework\": \"kiln\", \"case\": \"%s\", \"%s\": \"%s\"}\n", name.c_str(), key,
+              json_escape(why).c_str());
+  std::fflush(stdout);
+}
+
+void resnet_case(const std::string& name, const Settings& s, int depth, int64_t batch, int64_t size, int64_t classes,
+                 bool cifar, DType precision) {
+  const Device dev = s.device;
+  bench::ResNetCase c = bench::make_resnet(depth, batch, size, classes, cifar, dev, MemoryFormat::ChannelsLast);
+  optim::SGD opt(c.model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-5});
+  amp::GradScaler scaler({.enabled = precision == DType::Float16});
+  auto step = [&] {
+    opt.zero_grad(true);
+    Tensor loss;
+    {
+      amp::Autocast cast(precision);
+      loss = nn::cross_entropy((*c.model)(c.x), c.y);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+  };
+  const Info info{.model = cifar ? "resnet" + std::to_string(depth) + "-cifar" : "resnet" + std::to_string(depth),
+                  .input = std::to_string(size) + "x" + std::to_string(size),
+                  .precision = precision == DType::Float16 ? "fp16" : "bf16",
+                  .optimizer = "sgd",
+                  .unit = "img/s",
+                  .batch = batch};
+  time_and_report(name, info, s, s.warmup, step);
+}
+
+void bert_case(const std::string& name, const Settings& s, const nn::models::BertConfig& config, int64_t batch,
+               int64_t seq, bool checkpointing) {
+  const Device dev = s.device;
+  bench::BertCase c = bench::make_bert(config, batch, seq, dev);
+  c.model->bert->set_gradient_checkpointing(checkpointing);
+  optim::AdamW opt(c.model->parameters(), {.lr = 1e-4, .weight_decay = 0.01});
+  auto step = [&] {
+    opt.zero_grad(true);
+    Tensor loss;
+    {
+      amp::Autocast cast(DType::BFloat16);
+      loss = c.model->forward(c.ids, c.types, c.mask, c.labels).loss;
+    }
+    loss.backward();
+    opt.step();
+  };
+  const Info info{.model = config.hidden_size >= 1024 ? "bert-large" : "bert-base",
+                  .input = std::to_string(seq) + " tokens",
+                  .precision = "bf16",
+                  .optimizer = "adamw",
+                  .unit = "seq/s",
+                  .batch = batch};
+  time_and_report(name, info, s, s.warmup, step);
+}
+
+// ResNet-50 fed from a folder of JPEG photos (ImageFolder layout, bench/make_photos.py): imagenet_train(224)
+// in 16 loader threads, pinned batches copied to the GPU ahead on the loader's copy stream. The loader runs
+// epoch after epoch; the warm-up covers more than the batches it prefetches, so the timed steps wait for
+// decoding as a long run would.
+void jpeg_case(const std::string& name, const Settings& s) {
+  if (s.photos.empty()) {
+    report_other(name, "skipped", "no --photos DIR given (bench/make_photos.py writes one; or set KILN_BENCH_IMAGES)");
+    return;
+  }
+  const Device dev = s.device;
+  const int64_t batch = s.quick ? 2 : 256;
+  auto dataset = std::make_shared<data::ImageFolder>(s.photos, data::transforms::imagenet_train(224));
+  if (static_cast<int64_t>(dataset->size()) < batch) {
+    report_other(name, "skipped", "the folder holds fewer photos than one batch");
+    return;
+  }
+  const int workers = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16);
+  data::DataLoader loader(dataset, {.batch_size = batch,
+                                    .workers = workers,
+                                    .shuffle = true,
+                                    .drop_last = true,
+                                    .pin_memory = dev.is_cuda(),
+                                    .device = dev});
+  auto model = nn::models::resnet50({.num_classes = static_cast<int64_t>(dataset->classes().size())});
+  model->to(dev, MemoryFormat::ChannelsLast);
+  model->train();
+  optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-5});
+  uint64_t epoch = 0;
+  auto range = std::make_unique<data::DataLoader::Epoch>(loader.epoch(epoch));
+  auto it = range->begin();
+  bool first = true;
+  // The next batch, as a range-for would hand it out (the ++ starts the following batch's copy), epoch after
+  // epoch. A copy of the Batch shares its tensors.
+  auto next_batch = [&]() -> data::Batch {
+    if (!first) ++it;
+    first = false;
+    if (it == range->end()) {
+      range = std::make_unique<data::DataLoader::Epoch>(loader.epoch(++epoch));
+      it = range->begin();
+    }
+    return *it;
+  };
+  auto step = [&] {
+    data::Batch b = next_batch();
+    auto [images, labels] = b;  // (N, 3, 224, 224) float32, (N) int64, on the GPU
+    opt.zero_grad(true);
+    Tensor loss;
+    {
+      amp::Autocast cast(DType::BFloat16);
+      loss = nn::cross_entropy((*model)(images.contiguous(MemoryFormat::ChannelsLast)), labels);
+    }
+    loss.backward();
+    opt.step();
+  };
+  const Info info{.model = "resnet50", .input = "224x224 jpeg", .precision = "bf16", .optimizer = "sgd",
+                  .unit = "img/s", .batch = batch};
+  time_and_report(name, info, s, std::max(s.warmup, 4 * workers), step);
+}
+
+void run_case(const std::string& name, const Settings& s) {
+  const bool q = s.quick;
+  nn::models::BertConfig base = nn::models::BertConfig::base(), large = nn::models::BertConfig::large();
+  if (q) {  // the code paths only: two layers and a small vocabulary
+    base.num_hidden_layers = large.num_hidden_layers = 2;
+    base.vocab_size = large.vocab_size = 1000;
+  }
+  if (name == "resnet50_bf16") return resnet_case(name, s, 50, q ? 2 : 256, q ? 64 : 224, 1000, false, DType::BFloat16);
+  if (name == "resnet50_fp16") return resnet_case(name, s, 50, q ? 2 : 256, q ? 64 : 224, 1000, false, DType::Float16);
+  if (name == "resnet18_cifar_bf16") return resnet_case(name, s, 18, q ? 2 : 512, 32, 10, true, DType::BFloat16);
+  if (name == "bert_base_128") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false);
+  if (name == "bert_base_512") return bert_case(name, s, base, q ? 2 : 64, q ? 32 : 512, false);
+  if (name == "bert_large_128") return bert_case(name, s, large, q ? 2 : 64, q ? 32 : 128, false);
+  if (name == "bert_base_128_ckpt") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, true);
+  if (name == "resnet50_jpeg") return jpeg_case(name, s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings s;
+  if (const char* env = std::getenv("KILN_BENCH_IMAGES")) s.photos = env;
+  auto usage = [] {
+    std::fprintf(stderr,
+                 "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--quick]\n"
+                 "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
+                 "       bert_large_128 bert_base_128_ckpt resnet50_jpeg\n");
+    return 2;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--quick") {
+      s.quick = true;
+      s.steps = 2;
+      s.warmup = 1;
+    } else if (a == "--case" && has_value) {
+      const std::string name = argv[++i];
+      if (std::find(kCases.begin(), kCases.end(), name) == kCases.end()) {
+        std::fprintf(stderr, "bench_train: no case named '%s'\n", name.c_str());
+        return usage();
+      }
+      s.cases.insert(name);
+    } else if (a == "--steps" && has_value) {
+      s.steps = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--warmup" && has_value) {
+      s.warmup = std::max(0, std::atoi(argv[++i]));
+    } else if (a == "--photos" && has_value) {
+      s.photos = argv[++i];
+    } else {
+      return usage();
+    }
+  }
+  if (!cuda::is_available()) {
+    if (!s.quick) {
+      std::printf("bench_train: no GPU visible; nothing to measure (--quick runs the cases' code on the CPU)\n");
+      return 0;
+    }
+    s.device = Device::cpu();
+  } else {
+    nn::set_cudnn_benchmark(true);
+  }
+  manual_seed(1234);
+  std::printf("kiln %s train on %s: %d steps timed as one block after %d warm-up steps\n", KILN_VERSION_STRING,
+              s.device.str().c_str(), s.steps, s.warmup);
+  for (const std::string& name : kCases) {
+    if (!s.cases.empty() && !s.cases.count(name)) continue;
+    try {
+      run_case(name, s);
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      if (what.size() > 400) what.resize(400);
+      report_other(name, "error", what);
+    }
+    if (s.device.is_cuda()) cuda::empty_cache();  // each case's peak is its own
+  }
+  return 0;
+}
