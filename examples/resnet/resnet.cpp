@@ -575,17 +575,6 @@ int run(int argc, char** argv) {
     return {v[0], v[1]};
   };
   const data::LoaderPosition start = pos;
-  // With --grad-checkpoint, backward recomputes each stage in training mode, so its BatchNorm layers would
-  // update their running statistics (and num_batches_tracked) a second time per micro-batch: put the buffers
-  // back as forward left them. (Copies on the device, no host sync; a few hundred small tensors.)
-  std::vector<Tensor> buffers = model->buffers();
-  auto backward = [&](const Tensor& scaled_loss) {
-    std::vector<Tensor> kept;
-    if (c.grad_checkpoint)
-      for (const Tensor& b : buffers) kept.push_back(b.clone());
-    scaled_loss.backward();
-    for (size_t i = 0; i < kept.size(); ++i) buffers[i].copy_(kept[i]);
-  };
 
   // --profile / --nvtx: kiln's profiler over a few steps (the top ops and a trace file), NVTX ranges for nsys.
   const std::string trace_path =
@@ -621,10 +610,10 @@ int run(int argc, char** argv) {
       // The step's gradient is the mean over its micro-batches; fp16 scales it up so that it does not underflow.
       Tensor scaled = scaler.scale(c.accumulate > 1 ? loss * (1.0 / static_cast<double>(c.accumulate)) : loss);
       if (step_now) {
-        backward(scaled);  // the gradient all-reduce runs during this backward
+        scaled.backward();  // the gradient all-reduce runs during this backward
       } else {
         auto local = ddp.no_sync();  // accumulate locally; the step's last backward averages the sum
-        backward(scaled);
+        scaled.backward();
       }
       Tensor l = loss.detach();
       if (first_micro) step_loss.zero_();

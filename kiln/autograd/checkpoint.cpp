@@ -34,6 +34,8 @@ struct RngStates {
   }
 };
 
+thread_local int t_recomputing = 0;  // checkpoint recomputations running on this thread (they nest)
+
 class CheckpointBackward final : public Node {
  public:
   std::function<TensorList(const TensorList&)> fn;
@@ -65,12 +67,15 @@ class CheckpointBackward final : public Node {
       EnableGradGuard grad_on;
       const autocast::detail::State backward_state = autocast::detail::state;
       autocast::detail::state = autocast_state;
+      ++t_recomputing;  // layers with side effects (BatchNorm's running statistics) do them once, in forward
       try {
         outs = fn(detached);
       } catch (...) {
+        --t_recomputing;
         autocast::detail::state = backward_state;
         throw;
       }
+      --t_recomputing;
       autocast::detail::state = backward_state;
     }
     now.restore();
@@ -97,6 +102,8 @@ class CheckpointBackward final : public Node {
 };
 
 }  // namespace
+
+bool in_recomputation() { return t_recomputing > 0; }
 
 TensorList checkpoint(const std::function<TensorList(const TensorList&)>& fn, const TensorList& inputs) {
   KILN_CHECK(fn != nullptr, "checkpoint: fn is empty");

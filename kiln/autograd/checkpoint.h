@@ -13,6 +13,7 @@
 // parameters inside receive theirs in grad() as with backward(). Checkpoints nest.
 // Tensors that fn uses must be inputs or leaves (parameters): a captured tensor that is itself the
 // result of recorded ops outside fn would have its history run twice; pass it as an input instead.
+// BatchNorm layers inside fn update their running statistics once, in forward (see in_recomputation).
 #pragma once
 
 #include <functional>
@@ -23,5 +24,9 @@ namespace kiln::autograd {
 
 TensorList checkpoint(const std::function<TensorList(const TensorList&)>& fn, const TensorList& inputs);
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);
+
+// True while backward recomputes a checkpointed function on this thread. Code with side effects beyond its
+// outputs does them in forward only: BatchNorm, for one, leaves its running statistics as forward set them.
+bool in_recomputation();
 
 }  // namespace kiln::autograd

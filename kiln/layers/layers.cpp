@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "kiln/autograd/autocast.h"   // autocast::inputs: the reducer path runs as one op, as nn::batch_norm
+#include "kiln/autograd/checkpoint.h"  // in_recomputation: running statistics once per batch
 #include "kiln/autograd/grad_mode.h"  // NoGradGuard for the batch counter
 #include "kiln/layers/functional.h"   // nn::linear, nn::batch_norm, ...
 #include "kiln/layers/init.h"         // PyTorch's default initialisation
@@ -159,22 +160,25 @@ Tensor BatchNorm::normalize(const Tensor& input, bool relu) {
   check_input(input);
   KILN_CHECK(input.size(1) == num_features, type_name(), ": expected ", num_features,
              " channels (num_features) in dim 1, got input shape ", input.shape());
+  // Under gradient checkpointing, backward runs this again to recompute the activations: the running
+  // statistics and the batch counter were updated by forward already, so the recomputation leaves them.
+  const bool track = is_training() && options.track_running_stats && !autograd::in_recomputation();
   double factor = options.momentum.value_or(0.0);
-  if (is_training() && options.track_running_stats) {
+  if (track) {
     NoGradGuard no_grad;
     num_batches_tracked.add_(1);
     // Without a momentum: the cumulative average, 1 / (batches so far). Reading the counter syncs with the GPU.
     if (!options.momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   }
-  if (is_training() && stats_reducer_) return normalize_global(input, relu, factor);
+  if (is_training() && stats_reducer_) return normalize_global(input, relu, factor, track);
   // Without running statistics, eval mode normalises with the batch's statistics too.
   const bool use_batch_stats = is_training() || !running_mean.defined();
-  const bool update = !is_training() || options.track_running_stats;
+  const bool update = !is_training() || track;
   return (relu ? batch_norm_relu : batch_norm)(input, update ? running_mean : Tensor(), update ? running_var : Tensor(),
                                                weight, bias, use_batch_stats, factor, options.eps);
 }
 
-Tensor BatchNorm::normalize_global(const Tensor& input, bool relu_after, double factor) {
+Tensor BatchNorm::normalize_global(const Tensor& input, bool relu_after, double factor, bool track) {
   // Autocast keeps the input's dtype for batch norm (as nn::batch_norm); the ops below run as one op.
   auto [x, w, b] = autocast::inputs(autocast::Op::BatchNorm, input, weight, bias);
   autocast::DisableGuard as_one_op;
@@ -220,7 +224,7 @@ Tensor BatchNorm::normalize_global(const Tensor& input, bool relu_after, double 
   if (relu_after) y = kiln::relu(y);
   if (low && y.dtype() != x.dtype()) y = cast(y, x.dtype());
 
-  if (options.track_running_stats) {
+  if (track) {
     // running = (1 - factor) * running + factor * batch, with the unbiased variance of the global batch.
     // All on the device: no host sync (the count stays a tensor).
     NoGradGuard no_grad;

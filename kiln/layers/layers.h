@@ -161,7 +161,8 @@ class BatchNorm : public Module {
  private:
   Tensor normalize(const Tensor& input, bool relu);
   // Training with stats_reducer_: the global batch's statistics. `factor` is the running-statistics momentum.
-  Tensor normalize_global(const Tensor& input, bool relu_after, double factor);
+  // track: update the running statistics (training, tracking them, not a checkpoint's recomputation).
+  Tensor normalize_global(const Tensor& input, bool relu_after, double factor, bool track);
 
   std::shared_ptr<BatchNormStatsReducer> stats_reducer_;
 };

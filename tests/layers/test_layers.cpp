@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 
+#include "kiln/autograd/checkpoint.h"
 #include "kiln/layers/layers.h"
 #include "support/test_support.h"
 
@@ -131,6 +133,37 @@ TEST_P(LayersTest, BatchNormRunningStatisticsAfterTwoStepsAndEvalUsesThem) {
     expect_values(y, {n, c, h, w}, ref, 1e-5, 1e-5);
     expect_values(bn->running_mean, {c}, rm, 1e-5, 1e-6);
     EXPECT_EQ(bn->num_batches_tracked.cpu().item<int64_t>(), 2);
+  }
+}
+
+TEST_P(LayersTest, BatchNormUnderCheckpointingUpdatesRunningStatisticsOnce) {
+  // Backward recomputes the checkpointed block in training mode; the running statistics, and the batch counter,
+  // must be those of one forward, as without checkpointing: hand-derived from the batch's moments.
+  const int64_t n = 2, c = 3, h = 2, w = 2;
+  const auto xv = uniform(n * c * h * w, -2, 2, 4);
+  std::vector<double> m, v;
+  channel_moments(xv, n, c, h * w, m, v);
+  for (bool cumulative : {false, true}) {
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(std::string(cumulative ? "momentum none" : "momentum 0.1") + (relu ? ", fused relu" : ""));
+      nn::BatchNormOptions o;
+      if (cumulative) o.momentum = std::nullopt;
+      auto bn = std::make_shared<nn::BatchNorm2d>(c, o);
+      bn->to(dev());
+      Tensor x = make(xv, {n, c, h, w}, opts()).requires_grad_();
+      Tensor y = autograd::checkpoint([&](const Tensor& in) { return relu ? bn->forward_relu(in) : (*bn)(in); }, x);
+      sum(y * y).backward();
+      ASSERT_TRUE(x.grad().defined());
+      std::vector<double> rm(c), rv(c);
+      for (int64_t k = 0; k < c; ++k) {
+        rm[k] = cumulative ? m[k] : 0.1 * m[k];
+        rv[k] = cumulative ? v[k] : 0.9 + 0.1 * v[k];
+      }
+      expect_values(bn->running_mean, {c}, rm, 1e-5, 1e-6);
+      expect_values(bn->running_var, {c}, rv, 1e-5, 1e-6);
+      EXPECT_EQ(bn->num_batches_tracked.cpu().item<int64_t>(), 1);
+      EXPECT_FALSE(autograd::in_recomputation());
+    }
   }
 }
 
