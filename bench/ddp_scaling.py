@@ -7,24 +7,16 @@ Reads every line that is a JSON object with "bench": "ddp" (other lines are skip
 kiln's). Scaling efficiency = throughput on N GPUs / (N x throughput on 1 GPU), for the largest N present; the goal
 column is the issue's target (ResNet-50 99%, BERT-base 95%).
 """
-import json
 import sys
+
+from json_lines import bench_lines
 
 GOALS = {"resnet50": 99.0, "bert-base": 95.0}
 FRAMEWORKS = ("kiln", "pytorch")
 
 
 def read(lines, results):
-    for line in lines:
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(r, dict) or r.get("bench") != "ddp":
-            continue
+    for r in bench_lines(lines, "ddp"):
         results[(r.get("framework", "kiln"), r["model"], int(r["world"]))] = r
 
 

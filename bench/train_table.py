@@ -11,8 +11,9 @@ one. One row per case: each framework's throughput and peak GiB, kiln / eager an
 issue's goal for the case and whether it is met. A figure that is missing shows as "—" and its goal as "not
 measured"; the reasons of "error" and "skipped" lines are listed under the table. Exits 0.
 """
-import json
 import sys
+
+from json_lines import bench_lines
 
 KILN, EAGER, COMPILE = "kiln", "torch-eager", "torch-compile"
 FRAMEWORKS = (KILN, EAGER, COMPILE)
@@ -65,17 +66,9 @@ GOALS = {
 
 def read(lines, results):
     """Adds the "train" JSON lines among `lines` to results[(framework, case)]."""
-    for line in lines:
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(r, dict) or r.get("bench") != "train" or "case" not in r:
-            continue
-        results[(r.get("framework", KILN), r["case"])] = r
+    for r in bench_lines(lines, "train"):
+        if "case" in r:
+            results[(r.get("framework", KILN), r["case"])] = r
 
 
 def figure(results, framework, case, key):

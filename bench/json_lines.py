@@ -1,0 +1,16 @@
+"""The JSON result lines of the benchmarks, picked out of a log that holds other text too."""
+import json
+
+
+def bench_lines(lines, bench):
+    """Yields each JSON object among `lines` whose "bench" is `bench`; other lines are skipped."""
+    for line in lines:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and r.get("bench") == bench:
+            yield r
