@@ -79,6 +79,14 @@ enum class BinaryOp : uint8_t {
   LogicalAnd,
   LogicalOr,
   LogicalXor,  // output Bool
+  // The gradients of the activations, one pass each: out = a * f'(b), with a the incoming gradient and b the
+  // activation's input (ReluBackward: its result). Floating dtypes only; computed in compute_t, rounded once.
+  // Where the derivative is inf * 0 (x = +-inf, and the tanh form's x^2 overflowing) the result is NaN, as
+  // in PyTorch; a NaN input gives NaN. trace_backend.cpp names every op up to the last.
+  GeluErfBackward,   // a * (Φ(b) + b φ(b)), Φ the normal CDF, φ its density
+  GeluTanhBackward,  // a * d/db [0.5 b (1 + tanh(√(2/π) (b + 0.044715 b³)))]
+  SiluBackward,      // a * s (1 + b (1 - s)), s = sigmoid(b)
+  ReluBackward,      // b > 0 ? a : 0 (0 at b = 0 and for a NaN b)
 };
 
 enum class ReduceOp : uint8_t {

@@ -165,6 +165,12 @@ Tensor add_n(const std::vector<Tensor>& tensors);
 // (g * b, g * a): the gradients of a * b, in one pass (one kernel on a GPU) when g, a and b have one shape
 // and floating dtype; otherwise the two products with broadcasting and promotion.
 std::tuple<Tensor, Tensor> mul_backward(const Tensor& g, const Tensor& a, const Tensor& b);
+// The gradients of the activations, g * f'(x) for the incoming gradient g, in one pass (one kernel on a GPU)
+// that reads g and the activation's input x and writes the result; floating dtypes, promoted and broadcast as
+// mul(g, x) would be. relu_backward takes relu's result y instead: g where y > 0, else 0 (0 at 0).
+Tensor gelu_backward(const Tensor& g, const Tensor& x, bool tanh_approximation = false);
+Tensor silu_backward(const Tensor& g, const Tensor& x);
+Tensor relu_backward(const Tensor& g, const Tensor& y);
 
 // In-place forms write into `a`; the promoted type must be castable to a's dtype (float into int is an error).
 Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha = 1);

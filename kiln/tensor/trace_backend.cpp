@@ -15,9 +15,10 @@ constexpr std::array<std::string_view, static_cast<size_t>(UnaryOp::IsFinite) + 
     "neg",   "abs",     "exp",       "expm1",     "log",   "log1p", "log2",    "sqrt",   "rsqrt",  "sin",
     "cos",   "tanh",    "erf",       "sigmoid",   "relu",  "gelu",  "gelu_tanh", "silu", "sign",   "floor",
     "ceil",  "round",   "square",    "reciprocal", "clamp", "logical_not", "isnan", "isinf", "isfinite"};
-constexpr std::array<std::string_view, static_cast<size_t>(BinaryOp::LogicalXor) + 1> kBinaryNames = {
+constexpr std::array<std::string_view, static_cast<size_t>(BinaryOp::ReluBackward) + 1> kBinaryNames = {
     "add", "sub", "mul", "div", "remainder", "pow", "maximum", "minimum", "eq",
-    "ne",  "lt",  "le",  "gt",  "ge",        "logical_and", "logical_or", "logical_xor"};
+    "ne",  "lt",  "le",  "gt",  "ge",        "logical_and", "logical_or", "logical_xor",
+    "gelu_backward", "gelu_tanh_backward", "silu_backward", "relu_backward"};
 constexpr std::array<std::string_view, static_cast<size_t>(ReduceOp::LogSumExp) + 1> kReduceNames = {
     "sum", "mean", "prod", "max", "min", "all", "any", "var", "std", "norm", "logsumexp"};
 constexpr std::array<std::string_view, static_cast<size_t>(ReduceOp::LogSumExp) + 1> kArgReduceNames = {

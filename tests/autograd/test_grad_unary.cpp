@@ -1,12 +1,17 @@
 // Gradients of the unary elementwise ops, pow and clamp: gradcheck (float64, CPU, then GPU vs CPU) on
 // contiguous and strided inputs for every op, hand-derived values at the points where the gradient is
-// special (0 for relu/abs/sign, the bounds of clamp, 0^b for pow), and node names.
+// special (0 for relu/abs/sign, the bounds of clamp, 0^b for pow), node names, and the activations' fused
+// gradients (float32 and bfloat16 rounded once, one backend op per backward node).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
+#include "kiln/tensor/trace.h"  // trace::Listener: which ops a backward node runs
 #include "support/grad_support.h"
 #include "support/test_support.h"
 
@@ -202,6 +207,86 @@ TEST_P(UnaryGradValueTest, GradientKeepsDtypeAndDevice) {
   const double s0 = 1 / (1 + std::exp(-0.5)), s1 = 1 / (1 + std::exp(-2.0));
   expect_values(x.grad(), {2},
                 {1 / (2 * std::sqrt(0.5)) + s0 * (1 - s0) + 1, 1 / (2 * std::sqrt(2.0)) + s1 * (1 - s1) + 4});
+}
+
+// gelu (both forms), silu and relu in float32 and bfloat16 on the backend: the gradient of y = f(x) for an
+// arbitrary output gradient g is g * f'(x), computed in float32 and rounded once (half an ulp of the dtype),
+// against float64 derivatives written from the definitions.
+TEST_P(UnaryGradValueTest, ActivationGradientsAreRoundedOnce) {
+  const std::vector<double> xs = {-6, -3, -1.5, -0.75, -0.25, 0, 0.125, 0.5, 1, 2.5, 4, 12};
+  const std::vector<double> gs = {0.5, -1.25, 2, 1, -0.75, 3, 1.5, -2, 0.25, 1, -1, 2};
+  auto gelu_d = [](double x) {
+    return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-x * x / 2) / std::sqrt(2 * kPi);
+  };
+  auto gelu_tanh_d = [](double x) {
+    const double k = std::sqrt(2 / kPi), t = std::tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+  };
+  auto silu_d = [](double x) {
+    const double s = 1 / (1 + std::exp(-x));
+    return s * (1 + x * (1 - s));
+  };
+  auto relu_d = [](double x) { return x > 0 ? 1.0 : 0.0; };
+  struct Case {
+    Tensor (*f)(const Tensor&);
+    std::function<double(double)> d;
+  };
+  const Case cases[] = {{gelu_exact, gelu_d}, {gelu_tanh, gelu_tanh_d}, {kiln::silu, silu_d}, {kiln::relu, relu_d}};
+  for (DType dt : {DType::Float32, DType::BFloat16}) {
+    for (const Case& c : cases) {
+      Tensor x = make(xs, {3, 4}, opts(dt)).requires_grad_();
+      const Tensor g = make(gs, {3, 4}, opts(dt));
+      c.f(x).backward(g);
+      ASSERT_TRUE(x.grad().defined());
+      EXPECT_EQ(x.grad().dtype(), dt);
+      std::vector<double> expected;
+      for (size_t i = 0; i < xs.size(); ++i) expected.push_back(gs[i] * c.d(xs[i]));  // xs, gs exact in bfloat16
+      expect_values(x.grad(), {3, 4}, expected, dt == DType::BFloat16 ? 4e-3 : 1e-5, 1e-6);
+    }
+  }
+}
+
+// Each activation's backward is one backend op (one kernel on a GPU): its node runs nothing else.
+class OpRecorder final : public trace::Listener {
+ public:
+  std::vector<std::string> ops_in_node;  // the ops run while a backward node named `node` was running
+  std::string node;
+  void begin(const trace::Range& r) override {
+    if (r.kind == trace::Kind::Backward && r.name == node) inside_ = true;
+    else if (r.kind == trace::Kind::Op && inside_) ops_in_node.emplace_back(r.name);
+  }
+  void end(const trace::Range& r) override {
+    if (r.kind == trace::Kind::Backward && r.name == node) inside_ = false;
+  }
+
+ private:
+  bool inside_ = false;
+};
+
+TEST_P(UnaryGradValueTest, ActivationBackwardIsOneFusedOp) {
+  struct Case {
+    std::function<Tensor(const Tensor&)> f;
+    std::string node, op;
+  };
+  const Case cases[] = {
+      {gelu_exact, "GeluBackward", "gelu_backward"},
+      {gelu_tanh, "GeluBackward", "gelu_tanh_backward"},
+      {kiln::silu, "SiluBackward", "silu_backward"},
+      {kiln::relu, "ReluBackward", "relu_backward"},
+      {[](const Tensor& x) { return (x * 1.0).relu_(); }, "ReluBackward", "relu_backward"},  // in place
+  };
+  for (DType dt : {DType::Float32, DType::BFloat16}) {
+    for (const Case& c : cases) {
+      Tensor x = make({-1, 0.5, 2, -0.25}, {2, 2}, opts(dt)).requires_grad_();
+      Tensor y = c.f(x);
+      auto recorder = std::make_shared<OpRecorder>();
+      recorder->node = c.node;
+      trace::add_listener(recorder);
+      y.backward(ones_like(y));
+      trace::remove_listener(recorder);
+      EXPECT_EQ(recorder->ops_in_node, std::vector<std::string>{c.op}) << c.node << " on " << dt;
+    }
+  }
 }
 
 // A graph freed by backward cannot run again through a node that saved a tensor.

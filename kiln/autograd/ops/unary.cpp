@@ -55,27 +55,13 @@ Tensor erf_grad(const Tensor& g, const Tensor& x) {
   return ops::mul(g, ops::mul(ops::exp(ops::neg(ops::square(x))), 2.0 / std::sqrt(kPi)));
 }
 Tensor sigmoid_grad(const Tensor& g, const Tensor& y) { return ops::mul(g, ops::mul(y, ops::rsub(y, 1.0))); }
-// gelu(x) = x * Phi(x): Phi(x) + x * phi(x), with Phi the normal CDF and phi its density.
-Tensor gelu_grad(const Tensor& g, const Tensor& x) {
-  const Tensor cdf = ops::mul(ops::add(ops::erf(ops::mul(x, 1.0 / std::sqrt(2.0))), 1.0), 0.5);
-  const Tensor pdf = ops::mul(ops::exp(ops::mul(ops::square(x), -0.5)), 1.0 / std::sqrt(2.0 * kPi));
-  return ops::mul(g, ops::add(cdf, ops::mul(x, pdf)));
-}
-// gelu(x) ~ x/2 * (1 + tanh(u)), u = k (x + c x^3): (1 + t)/2 + x/2 * (1 - t^2) * k (1 + 3 c x^2), t = tanh(u).
+// gelu, gelu with the tanh approximation and silu: g * f'(x) in one fused pass each (ops::gelu_backward,
+// ops::silu_backward), instead of a chain of a dozen ops over the whole tensor.
+Tensor gelu_grad(const Tensor& g, const Tensor& x) { return ops::gelu_backward(g, x, /*tanh_approximation=*/false); }
 Tensor gelu_tanh_grad(const Tensor& g, const Tensor& x) {
-  const double k = std::sqrt(2.0 / kPi), c = 0.044715;
-  const Tensor x2 = ops::square(x);
-  const Tensor t = ops::tanh(ops::mul(ops::mul(x, ops::add(ops::mul(x2, c), 1.0)), k));
-  const Tensor left = ops::mul(ops::add(t, 1.0), 0.5);
-  const Tensor du = ops::mul(ops::add(ops::mul(x2, 3.0 * c), 1.0), k);
-  const Tensor right = ops::mul(ops::mul(ops::mul(x, ops::rsub(ops::square(t), 1.0)), du), 0.5);
-  return ops::mul(g, ops::add(left, right));
+  return ops::gelu_backward(g, x, /*tanh_approximation=*/true);
 }
-// silu(x) = x * s, s = sigmoid(x): s * (1 + x * (1 - s)).
-Tensor silu_grad(const Tensor& g, const Tensor& x) {
-  const Tensor s = ops::sigmoid(x);
-  return ops::mul(g, ops::mul(s, ops::add(ops::mul(x, ops::rsub(s, 1.0)), 1.0)));
-}
+Tensor silu_grad(const Tensor& g, const Tensor& x) { return ops::silu_backward(g, x); }
 // sign, floor, ceil, round: piecewise constant, zero gradient (as in PyTorch).
 Tensor zero_grad(const Tensor& g, const Tensor&) { return ops::zeros_like(g); }
 Tensor square_grad(const Tensor& g, const Tensor& x) { return ops::mul(g, ops::mul(x, 2.0)); }
@@ -88,8 +74,8 @@ namespace elementwise {
 Tensor neg_grad(const Tensor& g, const Tensor&) { return ops::neg(g); }
 Tensor exp_grad(const Tensor& g, const Tensor& y) { return ops::mul(g, y); }
 Tensor sqrt_grad(const Tensor& g, const Tensor& y) { return ops::div(g, ops::mul(y, 2.0)); }
-// Where the result is > 0 the input was; the gradient at x = 0 is 0, as in PyTorch.
-Tensor relu_grad(const Tensor& g, const Tensor& y) { return ops::where(ops::gt(y, 0.0), g, 0.0); }
+// Where the result is > 0 the input was; the gradient at x = 0 is 0, as in PyTorch. One fused pass.
+Tensor relu_grad(const Tensor& g, const Tensor& y) { return ops::relu_backward(g, y); }
 }  // namespace elementwise
 
 using elementwise::exp_grad;

@@ -53,4 +53,8 @@ class CpuBackend final : public Backend {
 
 CpuBackend& cpu_backend();
 
+// activation_backward.cpp: CpuBackend::binary's GeluErfBackward, GeluTanhBackward, SiluBackward and
+// ReluBackward (out = g * f'(x)), on the same terms as the other binary ops.
+void activation_backward(BinaryOp op, const Tensor& out, const Tensor& g, const Tensor& x);
+
 }  // namespace kiln::cpu

@@ -1,5 +1,5 @@
 // CPU kernels: binary elementwise ops and where, as Eigen array expressions (see elementwise_kernels.h).
-// The unary ops are in unary.cpp.
+// The unary ops are in unary.cpp, the activation gradients among the binary ops in activation_backward.cpp.
 #include <cmath>  // std::fmod
 #include <string_view>
 #include <type_traits>
@@ -171,6 +171,10 @@ void CpuBackend::binary(BinaryOp op, const Tensor& out, const Tensor& a, const T
         using C = scalar_of<decltype(x)>;
         o = (x != C(0)) != (y != C(0));
       });
+    case BinaryOp::GeluErfBackward:
+    case BinaryOp::GeluTanhBackward:
+    case BinaryOp::SiluBackward:
+    case BinaryOp::ReluBackward: return activation_backward(op, out, a, b);
   }
   KILN_FAIL("cpu::binary: unknown op ", static_cast<int>(op));
 }

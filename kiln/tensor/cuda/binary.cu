@@ -1,11 +1,12 @@
 // CUDA kernels: CudaBackend::binary for the arithmetic ops (output dtype = input dtype). Comparisons,
-// logical ops and where are in compare.cu. Semantics are those of cpu/elementwise.cpp: Bool add is or and
-// mul is and, integers wrap, remainder takes the divisor's sign, maximum/minimum propagate NaN.
+// logical ops and where are in compare.cu, the activation gradients in activation_backward.cu. Semantics
+// are those of cpu/elementwise.cpp: Bool add is or and mul is and, integers wrap, remainder takes the
+// divisor's sign, maximum/minimum propagate NaN.
 //
 // Integer remainder by zero and integer pow with a negative exponent throw on the CPU; a kernel cannot
 // throw, and checking first would synchronise the host, so on CUDA those elements get an unspecified
 // value (as in PyTorch). backend.h documents this.
-#include "kiln/tensor/cuda/binary_ops.h"         // binary_compare
+#include "kiln/tensor/cuda/binary_ops.h"         // binary_compare, binary_activation_backward
 #include "kiln/tensor/cuda/elementwise_ops.cuh"  // launch_same, wrapping_*, m_*
 
 namespace kiln::cuda {
@@ -109,6 +110,10 @@ void CudaBackend::binary(BinaryOp op, const Tensor& out, const Tensor& a, const 
     case BinaryOp::Pow: return numeric<BinaryOp::Pow>("pow", out, a, b);
     case BinaryOp::Maximum: return any_dtype<BinaryOp::Maximum>("maximum", out, a, b);
     case BinaryOp::Minimum: return any_dtype<BinaryOp::Minimum>("minimum", out, a, b);
+    case BinaryOp::GeluErfBackward:
+    case BinaryOp::GeluTanhBackward:
+    case BinaryOp::SiluBackward:
+    case BinaryOp::ReluBackward: return binary_activation_backward(op, out, a, b);
     default: return binary_compare(op, out, a, b);
   }
 }

@@ -44,6 +44,29 @@ Tensor gelu(const Tensor& a, bool tanh_approximation) {
   return detail::unary("gelu", tanh_approximation ? UnaryOp::GeluTanh : UnaryOp::GeluErf, a, ResultKind::Float);
 }
 Tensor silu(const Tensor& a) { return detail::unary("silu", UnaryOp::Silu, a, ResultKind::Float); }
+
+namespace {
+// An activation's gradient g * f'(x): a binary op on floating tensors (integers have no gradient).
+Tensor activation_backward(std::string_view name, BinaryOp op, const Tensor& g, const Tensor& x) {
+  const Operand og(g), ox(x);
+  detail::check_defined(name, {&og, &ox});
+  KILN_CHECK(is_floating_point(g.dtype()) && is_floating_point(x.dtype()), name,
+             ": expected floating-point tensors, got a ", g.dtype(), " gradient and a ", x.dtype(), " input (shapes ",
+             g.shape(), " and ", x.shape(), "); convert them with .to(DType::Float32) first");
+  return detail::binary(name, op, og, ox, ResultKind::Same);
+}
+}  // namespace
+
+Tensor gelu_backward(const Tensor& g, const Tensor& x, bool tanh_approximation) {
+  return activation_backward("gelu_backward",
+                             tanh_approximation ? BinaryOp::GeluTanhBackward : BinaryOp::GeluErfBackward, g, x);
+}
+Tensor silu_backward(const Tensor& g, const Tensor& x) {
+  return activation_backward("silu_backward", BinaryOp::SiluBackward, g, x);
+}
+Tensor relu_backward(const Tensor& g, const Tensor& y) {
+  return activation_backward("relu_backward", BinaryOp::ReluBackward, g, y);
+}
 Tensor sign(const Tensor& a) { return detail::unary("sign", UnaryOp::Sign, a, ResultKind::Same); }
 Tensor floor(const Tensor& a) { return detail::unary("floor", UnaryOp::Floor, a, ResultKind::Same); }
 Tensor ceil(const Tensor& a) { return detail::unary("ceil", UnaryOp::Ceil, a, ResultKind::Same); }

@@ -1,0 +1,196 @@
+// Conformance of the fused activation gradients (ops::gelu_backward in both forms, ops::silu_backward,
+// ops::relu_backward: g * f'(x) in one pass): values against float64 references of the derivatives written
+// here from their definitions, in every floating dtype, with the tolerance of one rounding of the result;
+// zero, large magnitudes, inf and NaN as the op-by-op formulas gave them; layouts, broadcasting, promotion,
+// long runs, empty tensors and the errors.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+// The derivatives, in double, from the definitions (not from kiln's formulas).
+double gelu_grad_ref(double x) {  // d/dx [x Φ(x)] = Φ(x) + x φ(x)
+  return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * kPi);
+}
+double gelu_tanh_grad_ref(double x) {  // d/dx [x/2 (1 + tanh(u))], u = sqrt(2/pi) (x + 0.044715 x^3)
+  const double k = std::sqrt(2.0 / kPi), u = k * (x + 0.044715 * x * x * x), t = std::tanh(u);
+  const double du = k * (1.0 + 3.0 * 0.044715 * x * x);
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+}
+double silu_grad_ref(double x) {  // d/dx [x σ(x)] = σ(x) + x σ(x) (1 - σ(x))
+  const double s = 1.0 / (1.0 + std::exp(-x));
+  return s + x * s * (1.0 - s);
+}
+double relu_grad_ref(double y) { return y > 0 ? 1.0 : 0.0; }
+
+struct ActivationCase {
+  const char* name;
+  std::function<Tensor(const Tensor& g, const Tensor& x)> op;
+  double (*derivative)(double);
+  // The absolute error of f' in float32, beyond one rounding: the tanh form computes 1 - t^2 with t = tanh(u)
+  // within an ulp of +-1 for |x| in [3, 8], an absolute error of ~1e-7 that the factor x/2 k (1 + 3 c x^2)
+  // (up to ~30) scales (as in PyTorch, whose formula this is).
+  double atol = 1e-6;
+};
+
+std::vector<ActivationCase> activation_cases() {
+  return {
+      {"gelu", [](const Tensor& g, const Tensor& x) { return ops::gelu_backward(g, x); }, gelu_grad_ref},
+      {"gelu_tanh", [](const Tensor& g, const Tensor& x) { return ops::gelu_backward(g, x, true); }, gelu_tanh_grad_ref,
+       8e-6},
+      {"silu", [](const Tensor& g, const Tensor& x) { return ops::silu_backward(g, x); }, silu_grad_ref},
+      {"relu", [](const Tensor& g, const Tensor& y) { return ops::relu_backward(g, y); }, relu_grad_ref},
+  };
+}
+
+// One rounding of a result computed in (at least) float32: half an ulp of the dtype, relative, with a small
+// absolute term (the case's) for results near a zero of f' (gelu' has one at x ~ -0.75, silu' at x ~ -2.4)
+// and in the tails, where float32's own error shows.
+double rtol_of(DType dtype) {
+  switch (dtype) {
+    case DType::BFloat16: return 4e-3;  // 2^-8
+    case DType::Float16: return 6e-4;   // 2^-11, and a margin
+    case DType::Float32: return 1e-5;
+    default: return 1e-12;
+  }
+}
+double atol_of(DType dtype, double float32_atol = 1e-6) { return dtype == DType::Float64 ? 1e-13 : float32_atol; }
+
+// The reference from g and x as the dtype holds them, so only the op's own error counts.
+std::vector<double> reference(const ActivationCase& c, const Tensor& g, const Tensor& x) {
+  const std::vector<double> vg = values(g), vx = values(x);
+  std::vector<double> r(vg.size());
+  for (size_t i = 0; i < r.size(); ++i) r[i] = vg[i] * c.derivative(vx[i]);
+  return r;
+}
+
+void check_case(const ActivationCase& c, const Tensor& g, const Tensor& x) {
+  SCOPED_TRACE(::testing::Message() << c.name << " on " << x.dtype() << " " << ::testing::PrintToString(x.shape())
+                                    << " strides " << ::testing::PrintToString(x.strides()));
+  const Tensor dx = c.op(g, x);
+  EXPECT_EQ(dx.dtype(), x.dtype());
+  EXPECT_EQ(dx.device(), x.device());
+  double g_max = 1;
+  for (double v : values(g)) g_max = std::max(g_max, std::abs(v));
+  expect_values(dx, x.shape(), reference(c, g, x), rtol_of(x.dtype()), atol_of(x.dtype(), c.atol) * g_max);
+}
+
+// 0, both signs, the region where f' changes fastest, and magnitudes where erf, tanh and sigmoid saturate.
+const std::vector<double> kInputs = {0,    -0.0, 1e-3, -1e-3, 0.25,  -0.25, 0.5,  -0.5, -0.75, 1,      -1,  1.5,
+                                     -1.5, 2,    -2,   3,     -3,    4.5,   -4.5, 6,    -6,    10,     -10, 30,
+                                     -30,  100,  -100, 1000,  -1000, 0.7,   -0.7, 2.25, -2.25, -0.375, 5,   -5};
+
+class ActivationBackwardTest : public BackendTest {};
+
+TEST_P(ActivationBackwardTest, MatchesFloat64ReferencesInEveryFloatingDtype) {
+  const auto n = static_cast<int64_t>(kInputs.size());
+  for (const auto& c : activation_cases()) {
+    for (DType dt : kFloatTypes) {
+      const Tensor x = make(kInputs, {6, n / 6}, opts(dt));
+      const Tensor g = make(uniform(n, -2, 2, 3), {6, n / 6}, opts(dt));
+      check_case(c, g, x);
+      check_case(c, ones({6, n / 6}, opts(dt)), x);  // f'(x) itself, rounded once
+    }
+  }
+}
+
+// Strided, transposed and channels-last operands, and the contiguous and buffered CPU paths over runs longer
+// than one block (a float32 run is mapped whole, a bfloat16 one converted block by block).
+TEST_P(ActivationBackwardTest, LayoutsAndLongRuns) {
+  for (const auto& c : activation_cases()) {
+    for (DType dt : {DType::Float32, DType::BFloat16}) {
+      const Tensor x = make(uniform(24, -5, 5, 5), {4, 6}, opts(dt));
+      const Tensor g = make(uniform(24, -2, 2, 6), {4, 6}, opts(dt));
+      check_case(c, non_contiguous(g), non_contiguous(x));
+      check_case(c, g.transpose(0, 1), x.transpose(0, 1));
+      check_case(c, g, non_contiguous(x));
+      const Tensor xc = make(uniform(48, -5, 5, 7), {2, 3, 4, 2}, opts(dt)).contiguous(MemoryFormat::ChannelsLast);
+      const Tensor gc = make(uniform(48, -2, 2, 8), {2, 3, 4, 2}, opts(dt)).contiguous(MemoryFormat::ChannelsLast);
+      EXPECT_TRUE(c.op(gc, xc).is_contiguous(MemoryFormat::ChannelsLast)) << c.name;
+      check_case(c, gc, xc);
+      const int64_t n = 100003;  // over two CPU grains, not a multiple of the block or of a CUDA vector
+      check_case(c, make(uniform(n, -2, 2, 9), {n}, opts(dt)), make(uniform(n, -8, 8, 10), {n}, opts(dt)));
+    }
+  }
+}
+
+// What the op-by-op formulas gave: f'(±inf) is inf * 0 = NaN for gelu (both forms) and silu (as in PyTorch),
+// a NaN input gives NaN, and a NaN or inf gradient times f'(x) follows IEEE. ReLU's mask is y > 0: a NaN or
+// zero result passes no gradient, whatever g holds (NaN and inf included); a positive one passes g as it is.
+TEST_P(ActivationBackwardTest, InfAndNaN) {
+  const std::vector<double> x = {kNaN, kInf, -kInf, 0, 1, 0, -1, 2};
+  const std::vector<double> g = {1, 1, 1, kInf, kNaN, kNaN, kInf, -kInf};
+  const double gelu1 = gelu_grad_ref(1), gelu2 = gelu_grad_ref(2);
+  const double tanh2 = gelu_tanh_grad_ref(2), silu2 = silu_grad_ref(2);
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    const Tensor tx = make(x, {8}, opts(dt)), tg = make(g, {8}, opts(dt));
+    const double rt = rtol_of(dt), at = atol_of(dt);
+    // gelu'(-1) < 0: inf * gelu'(-1) = -inf.
+    expect_values(ops::gelu_backward(tg, tx), {8}, {kNaN, kNaN, kNaN, kInf, kNaN, kNaN, -kInf, -kInf}, rt, at);
+    expect_values(ops::gelu_backward(tg, tx, true), {8}, {kNaN, kNaN, kNaN, kInf, kNaN, kNaN, -kInf, -kInf}, rt, at);
+    expect_values(ops::silu_backward(tg, tx), {8}, {kNaN, kNaN, kNaN, kInf, kNaN, kNaN, kInf, -kInf}, rt, at);
+    expect_values(ops::relu_backward(tg, tx), {8}, {0, 1, 0, 0, kNaN, 0, 0, -kInf}, rt, at);
+    // Finite values beside them are unaffected.
+    const Tensor fx = make({1, 2, kNaN, 2}, {4}, opts(dt)), fg = make({0.5, 1, 1, -3}, {4}, opts(dt));
+    expect_values(ops::gelu_backward(fg, fx), {4}, {0.5 * gelu1, gelu2, kNaN, -3 * gelu2}, rt, at);
+    expect_values(ops::gelu_backward(fg, fx, true), {4}, {0.5 * gelu_tanh_grad_ref(1), tanh2, kNaN, -3 * tanh2}, rt,
+                  at);
+    expect_values(ops::silu_backward(fg, fx), {4}, {0.5 * silu_grad_ref(1), silu2, kNaN, -3 * silu2}, rt, at);
+    expect_values(ops::relu_backward(fg, fx), {4}, {0.5, 1, 0, -3}, rt, at);
+  }
+}
+
+// The values at 0: gelu'(0) = silu'(0) = 1/2 exactly, relu'(0) = 0 (as PyTorch).
+TEST_P(ActivationBackwardTest, AtZero) {
+  for (DType dt : kFloatTypes) {
+    const Tensor x = make({0, -0.0}, {2}, opts(dt)), g = make({3, -5}, {2}, opts(dt));
+    expect_values(ops::gelu_backward(g, x), {2}, {1.5, -2.5}, 0, 0);
+    expect_values(ops::gelu_backward(g, x, true), {2}, {1.5, -2.5}, 0, 0);
+    expect_values(ops::silu_backward(g, x), {2}, {1.5, -2.5}, 0, 0);
+    expect_values(ops::relu_backward(g, x), {2}, {0, 0}, 0, 0);
+  }
+}
+
+// Operands broadcast and promote as mul(g, x) does; 0-d and empty tensors.
+TEST_P(ActivationBackwardTest, BroadcastPromotionZeroDimAndEmpty) {
+  const Tensor g = make({1, 2, 3, 4, 5, 6}, {2, 3}, opts());
+  const Tensor x = make({-1, 0.5, 2}, {3}, opts());
+  const Tensor dx = ops::silu_backward(g, x);
+  expect_values(dx, {2, 3},
+                {silu_grad_ref(-1), 2 * silu_grad_ref(0.5), 3 * silu_grad_ref(2), 4 * silu_grad_ref(-1),
+                 5 * silu_grad_ref(0.5), 6 * silu_grad_ref(2)},
+                rtol_of(DType::Float32), atol_of(DType::Float32));
+  // A bfloat16 gradient with a float32 input computes and returns float32.
+  const Tensor mixed = ops::gelu_backward(make({2}, {1}, opts(DType::BFloat16)), make({1.5}, {1}, opts()));
+  EXPECT_EQ(mixed.dtype(), DType::Float32);
+  expect_values(mixed, {1}, {2 * gelu_grad_ref(1.5)}, rtol_of(DType::Float32), atol_of(DType::Float32));
+  expect_values(ops::relu_backward(make({7}, {}, opts()), make({2}, {}, opts())), {}, {7});
+  for (const auto& c : activation_cases()) {
+    const Tensor e = c.op(zeros({0, 3}, opts()), zeros({0, 3}, opts()));
+    EXPECT_EQ(e.shape(), (Shape{0, 3})) << c.name;
+  }
+}
+
+TEST_P(ActivationBackwardTest, NonFloatingAndUndefinedOperandsAreErrors) {
+  const Tensor i = make({1, 2}, {2}, opts(DType::Int64)), f = make({1, 2}, {2}, opts());
+  expect_error([&] { ops::gelu_backward(i, i); }, {"gelu_backward", "floating-point", "int64"});
+  expect_error([&] { ops::gelu_backward(f, i, true); }, {"gelu_backward", "floating-point", "int64"});
+  expect_error([&] { ops::silu_backward(i, f); }, {"silu_backward", "floating-point"});
+  expect_error([&] { ops::relu_backward(f, f > 0); }, {"relu_backward", "floating-point", "bool"});
+  expect_error([&] { ops::relu_backward(Tensor(), f); }, {"relu_backward", "undefined"});
+  expect_error([&] { ops::gelu_backward(f, make({1, 2, 3}, {3}, opts())); }, {"gelu_backward", "[2]", "[3]"});
+}
+
+KILN_INSTANTIATE_BACKENDS(ActivationBackwardTest);
+
+}  // namespace
+}  // namespace kiln::testing
