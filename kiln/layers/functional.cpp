@@ -9,6 +9,7 @@
 #include "kiln/autograd/autocast.h"   // autocast::inputs for the fused GPU paths
 #include "kiln/autograd/function.h"   // autograd::Function: the fused GPU paths' nodes
 #include "kiln/autograd/grad_mode.h"  // NoGradGuard for the running-statistics update
+#include "kiln/autograd/node.h"       // Node, SavedTensor, make_node, set_history: dropout's node
 #include "kiln/tensor/error.h"        // KILN_CHECK
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/batch_norm.h"  // cuda_impl::batch_norm_forward / _backward
@@ -178,15 +179,32 @@ static Tensor linear_as_one_op(const Tensor& x, const Tensor& weight, const Tens
   return reshape(y, out_shape);
 }
 
+namespace {
+
+// out = x * mask: the gradient is g * mask, one multiply (mask holds 0 or 1 / (1 - p) in x's dtype).
+struct DropoutBackward final : autograd::Node {
+  autograd::SavedTensor mask;
+  std::string_view name() const override { return "DropoutBackward"; }
+  autograd::TensorList apply(autograd::TensorList&& grads) override { return {ops::mul(grads[0], mask.unpack(*this))}; }
+  void release_saved() override { mask.reset(); }
+};
+
+}  // namespace
+
 static Tensor dropout_as_one_op(const Tensor& x, double p, bool training, Generator* gen) {
   KILN_CHECK(p >= 0 && p < 1, "dropout: p must lie in [0, 1), got ", p,
              " (p is the probability of zeroing an element)");
   if (!training || p == 0) return x;
   KILN_CHECK(x.is_floating_point(), "dropout: the input must be floating point, got ", x.dtype());
-  // The mask holds 0 or 1 / (1 - p), so the expected value of each element is unchanged.
-  Tensor mask = bernoulli(x.shape(), 1 - p, x.options(), gen);
-  mask.mul_(1.0 / (1.0 - p));
-  return x * mask;
+  // One kernel draws the mask (exactly bernoulli(1 - p)'s, scaled by 1 / (1 - p), from one draw of gen),
+  // keeps it and writes x * mask: the expected value of each element is unchanged.
+  auto [out, mask] = ops::dropout(x, p, gen);
+  if (autograd::needs_grad(x)) {
+    auto node = autograd::make_node<DropoutBackward>(x);
+    node->mask = autograd::SavedTensor(mask, /*is_output=*/false);
+    autograd::set_history(out, node);
+  }
+  return out;
 }
 
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,

@@ -22,9 +22,10 @@ namespace kiln::nn {
 // y = x @ weight^T + bias, weight (out, in) as PyTorch: x (..., in) -> (..., out). bias (out) may be undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
-// Inverted dropout: zeroes each element with probability p and scales the rest by 1 / (1 - p), with a
-// bernoulli mask drawn from `gen` (the default generator of x's device when null). Identity when not
-// training or p == 0. p must lie in [0, 1).
+// Inverted dropout: zeroes each element with probability p and scales the rest by 1 / (1 - p), with the mask
+// of bernoulli(x.shape(), 1 - p) drawn from `gen` (the default generator of x's device when null), in one
+// kernel (ops::dropout) that also keeps the mask for backward. Identity when not training or p == 0. p must
+// lie in [0, 1).
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
 // Normalises over the last normalized_shape.size() dims (which must equal normalized_shape), with the

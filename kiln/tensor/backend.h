@@ -195,6 +195,13 @@ class Backend {
 
   // ---- random numbers: the numbering of generator.h, element i being the i-th in row-major order ----
   virtual void random(const Tensor& out, const RandomParams& params, GeneratorState draw) = 0;
+  // Inverted dropout in one pass: element i (row-major) is kept exactly when random() with
+  // {Bernoulli, a = 1 - p} and the same draw would give it 1 (philox::keep_float / keep_double); then
+  // mask[i] = s and out[i] = x[i] * s where kept, mask[i] = 0 and out[i] = x[i] * 0 where dropped, with
+  // s = Scalar(1 / (1 - p)).to<T>() (as fill stores it) and the product in compute_t, rounded once (binary
+  // Mul's rounding, so out == x * mask). out, mask and x share one floating dtype and a shape; any strides.
+  // p in [0, 1).
+  virtual void dropout(const Tensor& out, const Tensor& mask, const Tensor& x, double p, GeneratorState draw) = 0;
 };
 
 // The backend of a device type. CUDA throws a kiln::Error when kiln was built without CUDA.

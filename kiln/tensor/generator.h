@@ -10,7 +10,7 @@
 #pragma once
 
 #include <array>
-#include <cmath>  // sqrt, log, cos, sin for Box-Muller
+#include <cmath>  // sqrt, log, cos, sin for Box-Muller; ceil for the Bernoulli thresholds
 #include <cstdint>
 #include <mutex>
 
@@ -131,6 +131,26 @@ KILN_HOST_DEVICE double normal_value(uint64_t seed, uint64_t offset, uint64_t i,
   double r = ::sqrt(-2.0 * ::log(1.0 - u1));  // 1 - u1 is in (0, 1]: no log(0)
   double theta = 6.283185307179586 * u2;
   return (i % 2 == 0) ? r * ::cos(theta) : r * ::sin(theta);
+}
+
+// ---- Bernoulli(q) decisions as integer compares (the fused dropout kernels use these) ----
+// The uniforms above are integers scaled by a power of two: k / 2^24 with k = word >> 8, and k / 2^53 with k
+// the top 53 of 64 bits. For an integer k, k / 2^24 < q holds exactly when k < ceil(q 2^24) (q 2^24 is exact
+// in double), and likewise for 2^53; so these give bit for bit the decision `uniform < q` of a Bernoulli draw
+// of probability q, without converting to floating point.
+struct KeepThreshold {
+  uint32_t below24 = 0;  // float32/float16/bfloat16 numbering: keep when (word >> 8) < below24
+  uint64_t below53 = 0;  // float64 numbering: keep when the top 53 bits of (hi, lo) are < below53
+};
+// q in [0, 1].
+inline KeepThreshold keep_threshold(double q) {
+  return {static_cast<uint32_t>(std::ceil(q * 16777216.0)), static_cast<uint64_t>(std::ceil(q * 9007199254740992.0))};
+}
+// to_unit_float(word) < q, for below24 = keep_threshold(q).below24.
+KILN_HOST_DEVICE bool keep_float(uint32_t word, uint32_t below24) { return (word >> 8) < below24; }
+// to_unit_double(hi, lo) < q, for below53 = keep_threshold(q).below53.
+KILN_HOST_DEVICE bool keep_double(uint32_t hi, uint32_t lo, uint64_t below53) {
+  return ((static_cast<uint64_t>(hi) << 32 | lo) >> 11) < below53;
 }
 }  // namespace philox
 

@@ -59,6 +59,11 @@ Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& 
 Tensor& uniform_(Tensor& t, double from = 0, double to = 1, Generator* gen = nullptr);
 Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);
 Tensor randperm(int64_t n, const TensorOptions& options = {.dtype = DType::Int64}, Generator* gen = nullptr);
+// Inverted dropout in one pass and one draw: {out, mask}, both x's shape and dtype (floating), where mask holds
+// 0 or 1 / (1 - p) (rounded to the dtype) and out == x * mask. The mask is exactly
+// bernoulli(x.shape(), 1 - p, x's options, gen) scaled by 1 / (1 - p): the same generator state gives the
+// same mask as that, on every backend, and leaves the generator where that leaves it. p in [0, 1).
+std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator* gen = nullptr);
 
 // ---------------------------------------------------------------- copy and cast (copy.cpp)
 Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);

@@ -141,6 +141,10 @@ class TracingBackend final : public Backend {
     trace::Scope s(trace::Kind::Op, name_of(kRandomNames, params.kind), out.device(), {&out});
     inner_.random(out, params, draw);
   }
+  void dropout(const Tensor& out, const Tensor& mask, const Tensor& x, double p, GeneratorState draw) override {
+    trace::Scope s(trace::Kind::Op, "dropout", x.device(), {&out, &mask, &x});
+    inner_.dropout(out, mask, x, p, draw);
+  }
 
  private:
   Backend& inner_;

@@ -87,6 +87,44 @@ TEST_P(FunctionalTest, DropoutFollowsItsGenerator) {
 TEST(Functional, DropoutRejectsPOutsideZeroOne) {
   expect_error([] { nn::dropout(ones({2}), 1.0, true); }, {"dropout", "[0, 1)", "1"});
   expect_error([] { nn::dropout(ones({2}), -0.1, false); }, {"dropout", "[0, 1)", "-0.1"});
+  expect_error([] { nn::dropout(ones({2}, {.dtype = DType::Int64}), 0.5, true); },
+               {"dropout", "floating point", "int64"});
+}
+
+// nn::dropout is one kernel now; for the same seed it gives what it gave as bernoulli, scale, multiply
+// (the same output bits and gradient), and leaves the generator where that left it.
+TEST_P(FunctionalTest, DropoutEqualsTheComposedDropoutForTheSameSeed) {
+  const double p = 0.2;
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16, DType::Float64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator gx(6), g_old(41), g_new(41);
+    Tensor x = randn({4, 8, 24}, opts(dt), &gx).requires_grad_();
+    Tensor mask = bernoulli(x.shape(), 1 - p, x.options(), &g_old);
+    mask.mul_(1.0 / (1.0 - p));
+    Tensor y_old = x.detach() * mask;
+    Tensor y = nn::dropout(x, p, true, &g_new);
+    EXPECT_EQ(values(y), values(y_old));
+    EXPECT_EQ(g_new.state(), g_old.state());
+    ASSERT_NE(y.grad_fn(), nullptr);
+    EXPECT_EQ(y.grad_fn()->name(), "DropoutBackward");
+    // d/dx sum(y * w) = w * mask, one rounding as the composed MulBackward's g * mask.
+    Tensor w = randn(x.shape(), opts(dt), &gx);
+    (y * w).sum().backward();
+    EXPECT_EQ(values(x.grad()), values(w * mask));
+  }
+}
+
+// gradcheck in float64 with a fresh generator per call (the same mask each time the function runs), and on
+// the GPU the same gradients as on the CPU (the same seed gives the same mask there).
+TEST(Functional, DropoutGradients) {
+  for (double p : {0.25, 0.6}) {
+    check_gradients(
+        [p](const TensorList& in) {
+          Generator g(13);
+          return TensorList{nn::dropout(in[0], p, true, &g)};
+        },
+        {make_input({5, 7}, -1, 1, 2)});
+  }
 }
 
 // Normalises each of `rows` consecutive runs of `len` values (biased variance), then y * w[j % wlen] + b.

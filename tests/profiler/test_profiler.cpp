@@ -111,6 +111,36 @@ TEST(Profiler, RecordsOpsModulesAndBackwardNodesWithShapes) {
   }
 }
 
+// Dropout's forward is one op, "dropout" (no bernoulli, no mul), and its backward one node with one mul.
+TEST(Profiler, DropoutIsOneOpAndOneBackwardNode) {
+  Tensor x = randn({4, 8}).requires_grad_();
+  Tensor y;
+  {
+    Profile prof;
+    y = nn::dropout(x, 0.5, /*training=*/true);
+    prof.stop();
+    std::vector<std::string> ops;
+    for (const Event* e : of_kind(prof.result(), Kind::Op)) ops.push_back(e->name);
+    EXPECT_EQ(ops, (std::vector<std::string>{"dropout"}));
+    const auto dropout = of_kind(prof.result(), Kind::Op, "dropout");
+    ASSERT_EQ(dropout.size(), 1u);
+    EXPECT_EQ(dropout[0]->shapes, "[4, 8] f32, [4, 8] f32, [4, 8] f32");  // out, mask, x
+  }
+  Tensor g = ones({4, 8});
+  Profile prof;
+  y.backward(g);
+  prof.stop();
+  const profiler::Result& r = prof.result();
+  const auto nodes = of_kind(r, Kind::Backward, "DropoutBackward");
+  ASSERT_EQ(nodes.size(), 1u);
+  int muls_inside = 0;
+  for (const Event& e : r.events())
+    if (e.kind == Kind::Op && e.name == "mul" && e.parent >= 0 &&
+        &r.events()[static_cast<size_t>(e.parent)] == nodes[0])
+      ++muls_inside;
+  EXPECT_EQ(muls_inside, 1);
+}
+
 TEST(Profiler, ShapesCanBeLeftOut) {
   auto net = small_mlp();
   Profile prof({.record_shapes = false});

@@ -1,6 +1,10 @@
 // Random numbers: reproducible from a seed, with the documented Philox numbering and sound statistics.
 #include <cmath>
 #include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/generator.h"
@@ -9,7 +13,15 @@
 namespace kiln {
 namespace {
 
+using testing::default_atol;
+using testing::default_rtol;
 using testing::expect_error;
+using testing::expect_values;
+using testing::kInf;
+using testing::kNaN;
+using testing::make;
+using testing::uniform;
+using testing::values;
 
 // Philox4x32-10 known-answer values from the Random123 distribution's kat_vectors
 // (counter {0,0,0,0}, key {0,0}) and (counter all ones, key all ones).
@@ -155,7 +167,185 @@ TEST(RandomCuda, MatchesTheCpuForTheSameSeed) {
   for (size_t i = 0; i < vd_c.size(); ++i) EXPECT_NEAR(vd_g[i], vd_c[i], 1e-12 * std::max(1.0, std::abs(vd_c[i]))) << i;
 }
 
+// ---- the fused dropout (ops::dropout) ----
+
+// What dropout computed before it was one kernel: a bernoulli(1 - p) mask in x's dtype, scaled in place,
+// times x. {out, mask}.
+std::pair<Tensor, Tensor> composed_dropout(const Tensor& x, double p, Generator* g) {
+  Tensor mask = bernoulli(x.shape(), 1 - p, x.options(), g);
+  mask.mul_(1.0 / (1.0 - p));
+  return {x * mask, mask};
+}
+
+// The same numbers element by element in row-major order: equal with the same sign, or both NaN.
+void expect_same_values(const Tensor& got, const Tensor& want) {
+  ASSERT_EQ(got.shape(), want.shape());
+  ASSERT_EQ(got.dtype(), want.dtype());
+  const auto g = values(got), w = values(want);
+  int64_t bad = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const bool same = std::isnan(w[i]) ? std::isnan(g[i]) : (g[i] == w[i] && std::signbit(g[i]) == std::signbit(w[i]));
+    if (!same && ++bad <= 5) ADD_FAILURE() << "element " << i << ": got " << g[i] << ", want " << w[i];
+  }
+  EXPECT_EQ(bad, 0) << "of " << g.size() << " elements";
+}
+
+class DropoutOpTest : public testing::BackendTest {};
+
+// The mask is bernoulli's for the same generator state, bit for bit, and the generator moves on by one
+// draw as it did: so the new dropout agrees exactly with the old one, and later random numbers are the same.
+TEST_P(DropoutOpTest, MaskIsBernoullisForTheSameSeed) {
+  for (DType dt : testing::kFloatTypes) {
+    for (double p : {0.1, 0.25, 0.5, 1.0 / 3.0, 0.9}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " p = " + std::to_string(p));
+      Generator gx(1), g_old(77), g_new(77);
+      Tensor x = randn({3, 37, 11}, opts(dt), &gx);  // 1221 elements: not a whole number of vectors
+      auto [out_old, mask_old] = composed_dropout(x, p, &g_old);
+      auto [out, mask] = ops::dropout(x, p, &g_new);
+      EXPECT_EQ(mask.dtype(), dt);
+      expect_same_values(mask, mask_old);
+      expect_same_values(out, out_old);
+      EXPECT_EQ(g_new.state(), g_old.state());
+    }
+  }
+}
+
+// out = x * mask within the dtype's rounding, against products taken in double; mask holds 0 or
+// 1 / (1 - p); a dropped inf or NaN gives NaN (x * 0), as the composed dropout did.
+TEST_P(DropoutOpTest, OutputIsXTimesTheMask) {
+  const double p = 0.3, scale = 1 / (1 - p);
+  for (DType dt : testing::kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::vector<double> xv = uniform(4099, -4, 4, 3);
+    for (size_t i = 0; i + 7 < xv.size(); i += 50) {  // 82 of each: some are surely dropped
+      xv[i + 5] = kInf;
+      xv[i + 6] = -kInf;
+      xv[i + 7] = kNaN;
+    }
+    Generator g(2);
+    Tensor x = make(xv, {4099}, opts(dt));
+    auto [out, mask] = ops::dropout(x, p, &g);
+    const auto m = values(mask), xr = values(x);  // x as rounded to dt
+    std::vector<double> want(m.size());
+    for (size_t i = 0; i < m.size(); ++i) {
+      ASSERT_TRUE(m[i] == 0 || std::abs(m[i] - scale) <= default_rtol(dt) * scale) << i << ": " << m[i];
+      want[i] = xr[i] * m[i];
+    }
+    expect_values(out, {4099}, want, default_rtol(dt), default_atol(dt));
+    int64_t dropped_infinities = 0;
+    for (size_t i = 0; i < m.size(); ++i) dropped_infinities += std::isinf(xr[i]) && m[i] == 0;
+    EXPECT_GT(dropped_infinities, 0);
+  }
+}
+
+// Element i is the i-th in row-major order whatever the layout of x: transposed, channels-last, a view that
+// starts one element in (not 16-byte aligned), fewer elements than one vector, 0-d.
+TEST_P(DropoutOpTest, LayoutsNumberTheElementsInRowMajorOrder) {
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator gx(4);
+    std::vector<Tensor> inputs = {
+        randn({40, 30}, opts(dt), &gx).transpose(0, 1),
+        randn({2, 3, 5, 7}, opts(dt), &gx).contiguous(MemoryFormat::ChannelsLast),
+        narrow(randn({1001}, opts(dt), &gx), 0, 1, 1000),
+        randn({3}, opts(dt), &gx),
+        randn({}, opts(dt), &gx),
+    };
+    for (const Tensor& x : inputs) {
+      std::ostringstream where;
+      where << "shape " << x.shape() << " strides " << x.strides();
+      SCOPED_TRACE(where.str());
+      Generator g_old(9), g_new(9);
+      auto [out_old, mask_old] = composed_dropout(x, 0.5, &g_old);
+      auto [out, mask] = ops::dropout(x, 0.5, &g_new);
+      expect_same_values(mask, mask_old);
+      expect_same_values(out, out_old);
+      EXPECT_EQ(out.suggest_memory_format(), x.suggest_memory_format());
+    }
+  }
+}
+
+TEST_P(DropoutOpTest, DropsAFractionPOfALargeTensor) {
+  const int64_t n = int64_t{1} << 20;
+  for (DType dt : {DType::Float32, DType::BFloat16}) {
+    for (double p : {0.1, 0.5}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " p = " + std::to_string(p));
+      Generator g(2025);
+      auto [out, mask] = ops::dropout(ones({n}, opts(dt)), p, &g);
+      const double dropped = (mask == 0).sum().item<double>();  // Bool sums to Int64
+      // Binomial(n, p): within 5 standard deviations (about 1500 for p = 0.5).
+      EXPECT_NEAR(dropped, p * static_cast<double>(n), 5 * std::sqrt(static_cast<double>(n) * p * (1 - p)));
+      EXPECT_EQ(values(out), values(mask));  // x = 1
+    }
+  }
+}
+
+TEST_P(DropoutOpTest, EmptyInputsAndBadArguments) {
+  Generator g(3);
+  const GeneratorState before = g.state();
+  auto [out, mask] = ops::dropout(empty({0, 4}, opts()), 0.5, &g);
+  EXPECT_EQ(out.shape(), (Shape{0, 4}));
+  EXPECT_EQ(mask.shape(), (Shape{0, 4}));
+  EXPECT_EQ(g.state(), before);  // as bernoulli of nothing: no draw
+  expect_error([&] { ops::dropout(ones({2}, opts()), 1.0, &g); }, {"dropout", "[0, 1)", "1"});
+  expect_error([&] { ops::dropout(ones({2}, opts()), -0.1, &g); }, {"dropout", "[0, 1)", "-0.1"});
+  expect_error([&] { ops::dropout(ones({2}, opts()), kNaN, &g); }, {"dropout", "[0, 1)", "nan"});
+  expect_error([&] { ops::dropout(ones({2}, opts(DType::Int64)), 0.5, &g); }, {"dropout", "floating point", "int64"});
+  expect_error([&] { ops::dropout(ones({2}, opts(DType::Bool)), 0.5, &g); }, {"dropout", "floating point", "bool"});
+  expect_error([&] { ops::dropout(Tensor(), 0.5, &g); }, {"dropout", "undefined"});
+  EXPECT_EQ(g.state(), before);  // a rejected call draws nothing
+}
+
+// The integer compares of the fused kernels decide exactly as `uniform < q` does, including at q values
+// that are whole multiples of 2^-24 (0.5, 0.25) and just beside them.
+TEST(Philox, KeepThresholdsDecideAsUniformBelowQ) {
+  const double eps24 = 1.0 / 16777216.0;
+  for (double q : {0.0, 1.0, 0.5, 0.25, 0.9, 0.7, 1.0 / 3.0, 0.5 + eps24, 0.5 - eps24, 0.5 + eps24 / 2, 1e-9}) {
+    const philox::KeepThreshold t = philox::keep_threshold(q);
+    for (uint32_t k : {0u, 1u, 8388607u, 8388608u, 8388609u, 4194304u, 16777215u, 11744051u, 5592405u, 5592406u}) {
+      const uint32_t word = k << 8 | 0xABu;  // the low 8 bits are not used
+      EXPECT_EQ(philox::keep_float(word, t.below24), static_cast<double>(philox::to_unit_float(word)) < q)
+          << "q " << q << " k " << k;
+    }
+    for (uint64_t k : {uint64_t{0}, uint64_t{1} << 52, (uint64_t{1} << 52) - 1, (uint64_t{1} << 52) + 1,
+                       (uint64_t{1} << 53) - 1, uint64_t{3002399751580331}, uint64_t{3002399751580330}}) {
+      const uint64_t bits = k << 11 | 0x5A5u;
+      const auto hi = static_cast<uint32_t>(bits >> 32), lo = static_cast<uint32_t>(bits);
+      EXPECT_EQ(philox::keep_double(hi, lo, t.below53), philox::to_unit_double(hi, lo) < q) << "q " << q << " k " << k;
+    }
+  }
+  // And over many random words.
+  for (double q : {0.1, 0.9, 0.5, 0.123456789}) {
+    const philox::KeepThreshold t = philox::keep_threshold(q);
+    for (uint64_t i = 0; i < 4096; ++i) {
+      uint32_t w[4];
+      philox::block(11, i, 5, w);
+      ASSERT_EQ(philox::keep_float(w[0], t.below24), static_cast<double>(philox::to_unit_float(w[0])) < q);
+      ASSERT_EQ(philox::keep_double(w[1], w[2], t.below53), philox::to_unit_double(w[1], w[2]) < q);
+    }
+  }
+}
+
+// The GPU's dropout is the CPU's for the same seed: same mask and output bits, every floating dtype, the
+// vectorised (contiguous) and the strided kernels.
+TEST(RandomCuda, DropoutMatchesTheCpuForTheSameSeed) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  for (DType dt : testing::kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    Generator gx(8);
+    const Tensor big = randn({64, 129}, {.dtype = dt}, &gx);
+    for (const Tensor& x : {big, big.transpose(0, 1), narrow(big.flatten(), 0, 3, 5000)}) {
+      Generator gc(31337), gg(31337);
+      auto [oc, mc] = ops::dropout(x, 0.2, &gc);
+      auto [og, mg] = ops::dropout(x.to(Device::cuda(0)), 0.2, &gg);
+      expect_same_values(mg.cpu(), mc);
+      expect_same_values(og.cpu(), oc);
+    }
+  }
+}
+
 KILN_INSTANTIATE_BACKENDS(RandomTest);
+KILN_INSTANTIATE_BACKENDS(DropoutOpTest);
 
 }  // namespace
 }  // namespace kiln

@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
 
   // random.cpp
   void random(const Tensor& out, const RandomParams& params, GeneratorState draw) override;
+  void dropout(const Tensor& out, const Tensor& mask, const Tensor& x, double p, GeneratorState draw) override;
 };
 
 CpuBackend& cpu_backend();

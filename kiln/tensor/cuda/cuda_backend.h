@@ -52,6 +52,7 @@ class CudaBackend final : public Backend {
 
   // random.cu
   void random(const Tensor& out, const RandomParams& params, GeneratorState draw) override;
+  void dropout(const Tensor& out, const Tensor& mask, const Tensor& x, double p, GeneratorState draw) override;
 };
 
 CudaBackend& cuda_backend();

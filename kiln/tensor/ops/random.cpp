@@ -79,6 +79,20 @@ Tensor bernoulli(const Tensor& p, Generator* gen) {
   return cast(lt(u, p), p.dtype());
 }
 
+std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator* gen) {
+  KILN_CHECK(x.defined(), "dropout: the input is undefined (a default-constructed Tensor)");
+  KILN_CHECK(p >= 0 && p < 1, "dropout: p must lie in [0, 1), got ", p,
+             " (p is the probability of zeroing an element)");
+  KILN_CHECK(x.is_floating_point(), "dropout: the input must be floating point, got ", x.dtype(),
+             "; convert it with .to(DType::Float32) first");
+  // Laid out as x (channels-last stays channels-last); the numbering is row-major whatever the layout.
+  Tensor out = empty_like(x), mask = empty_like(x);
+  if (x.numel() == 0) return {out, mask};  // as bernoulli: an empty draw takes no offset
+  const GeneratorState draw = generator_for(gen, x.device()).next_draw();
+  backend(x.device()).dropout(out, mask, x, p, draw);
+  return {out, mask};
+}
+
 Tensor randperm(int64_t n, const TensorOptions& options, Generator* gen) {
   KILN_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
   TensorOptions o = options;
