@@ -18,6 +18,7 @@
 #include "kiln/tensor/ops.h"          // ops::* inside the fused path's forward and backward
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/attention_cudnn.h"  // cuDNN's fused attention (no CUDA header)
+#include "kiln/layers/cuda/attention_rows.h"   // zero_flagged_rows
 #endif
 
 namespace kiln::nn {
@@ -258,9 +259,14 @@ struct FusedAttention : autograd::Function<FusedAttention> {
                         const FusedState& state) {
     cuda_impl::FusedAttentionForward f =
         cuda_impl::fused_attention_forward(q, k, v, state.bias, state.cfg, state.dropout);
-    // Rows without an allowed key: zeros, as the math path. Zeroing O in place is also right for backward,
-    // which reads O only through rowsum(dO * O), and dO is zeroed on those rows.
-    if (state.dead.defined()) f.out.masked_fill_(state.dead, 0.0);
+    // Rows without an allowed key: zeros, as the math path (written only where a row is flagged). Backward then
+    // must give those rows no gradient: their log-sum-exp becomes +inf, so that backward's probabilities
+    // exp(score - stats) are 0 there, and so are the rows' contributions to dQ, dK and dV; and rowsum(dO * O)
+    // reads the zeroed O. dO itself is left as it is.
+    if (state.dead.defined()) {
+      cuda_impl::zero_flagged_rows(f.out, state.dead);
+      if (f.stats.defined()) f.stats.masked_fill_(state.dead, std::numeric_limits<double>::infinity());
+    }
     ctx.save_for_backward({q, k, v, f.out, f.stats});
     ctx.set("state", state);
     return f.out;
@@ -268,8 +274,7 @@ struct FusedAttention : autograd::Function<FusedAttention> {
   static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
     const autograd::TensorList saved = ctx.saved();
     const auto state = ctx.get<FusedState>("state");
-    Tensor d_out = grads[0];
-    if (state.dead.defined()) d_out = ops::masked_fill(d_out, state.dead, 0.0);
+    const Tensor& d_out = grads[0];
     cuda_impl::FusedAttentionGrads g = cuda_impl::fused_attention_backward(
         saved[0], saved[1], saved[2], saved[3], d_out, saved[4], state.bias, state.cfg, state.dropout);
     return {g.dq, g.dk, g.dv};

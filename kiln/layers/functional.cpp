@@ -61,6 +61,35 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
             g.dbias.defined() ? reshape(g.dbias, normalized) : Tensor()};
   }
 };
+
+// layer_norm(x + residual) on the GPU: the sum formed in the forward kernel and saved (the layer's input for
+// backward), and backward writing the gradient once in the residual's dtype and once more in x's when that is lower.
+struct AddLayerNormFunction : autograd::Function<AddLayerNormFunction> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& residual, const Tensor& weight,
+                        const Tensor& bias, const Shape& normalized, double eps) {
+    const int64_t d = numel(normalized);
+    const Tensor wc = weight.defined() ? contiguous(weight) : weight;
+    auto saved = cuda_impl::layer_norm_forward(contiguous(x), d, wc, bias.defined() ? contiguous(bias) : bias, eps,
+                                               contiguous(residual));
+    ctx.save_for_backward({saved.sum, wc, saved.mean, saved.rstd});
+    ctx.set("normalized", normalized);
+    ctx.set("x_dtype", x.dtype());
+    return saved.y;
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const autograd::TensorList s = ctx.saved();
+    const auto normalized = ctx.get<Shape>("normalized");
+    const auto x_dtype = ctx.get<DType>("x_dtype");
+    const bool need_dx = ctx.needs_input_grad(0) || ctx.needs_input_grad(1);
+    auto g = cuda_impl::layer_norm_backward(contiguous(grads[0]), s[0], numel(normalized), s[2], s[3], s[1], need_dx,
+                                            ctx.needs_input_grad(2), ctx.needs_input_grad(3),
+                                            ctx.needs_input_grad(0) ? std::optional<DType>(x_dtype) : std::nullopt);
+    Tensor dx = ctx.needs_input_grad(0) ? (g.dx_low.defined() ? g.dx_low : g.dx) : Tensor();
+    return {dx, ctx.needs_input_grad(1) ? g.dx : Tensor(),
+            g.dweight.defined() ? reshape(g.dweight, normalized) : Tensor(),
+            g.dbias.defined() ? reshape(g.dbias, normalized) : Tensor()};
+  }
+};
 #endif
 
 #if KILN_WITH_CUDA
@@ -236,6 +265,33 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   if (weight.defined()) y = y * weight;  // broadcasts over the leading dims
   if (bias.defined()) y = y + bias;
   return y;
+}
+
+Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape, const Tensor& weight_in,
+                      const Tensor& bias_in, double eps) {
+  KILN_CHECK(x.defined() && residual.defined(), "add_layer_norm: x and residual must be defined tensors");
+  KILN_CHECK(x.shape() == residual.shape(), "add_layer_norm: x and residual must have one shape, got ", x.shape(),
+             " and ", residual.shape(), "; add them and call layer_norm to broadcast");
+#if KILN_WITH_CUDA
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  bool match = k >= 1 && x.dim() >= k;
+  for (int64_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == normalized_shape[static_cast<size_t>(i)];
+  if (match && x.is_cuda() && residual.device() == x.device() && numel(normalized_shape) <= 1024) {
+    // The layer's own dtype: what layer_norm would normalise (Float32 under autocast).
+    auto [r, weight, bias] = autocast::inputs(autocast::Op::LayerNorm, residual, weight_in, bias_in);
+    const bool low_x = (x.dtype() == DType::BFloat16 || x.dtype() == DType::Float16) && r.dtype() == DType::Float32;
+    const bool same = x.dtype() == r.dtype() && x.dtype() == residual.dtype() && is_floating_point(x.dtype());
+    if ((low_x || same) && residual.dtype() == r.dtype() && (!weight.defined() || weight.dtype() == r.dtype()) &&
+        (!bias.defined() || bias.dtype() == r.dtype()) && (!weight.defined() || weight.device() == x.device()) &&
+        (!bias.defined() || bias.device() == x.device())) {
+      check_affine("add_layer_norm", weight, "weight", normalized_shape);
+      check_affine("add_layer_norm", bias, "bias", normalized_shape);
+      autocast::DisableGuard as_one_op;
+      return AddLayerNormFunction::apply(x, r, weight, bias, normalized_shape, eps);
+    }
+  }
+#endif
+  return layer_norm(x + residual, normalized_shape, weight_in, bias_in, eps);
 }
 
 Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_in, const Tensor& bias_in, double eps) {

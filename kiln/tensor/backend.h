@@ -116,6 +116,11 @@ struct ReduceParams {
   double p = 2;            // Norm: the order
 };
 
+struct MatmulEpilogue {
+  Tensor bias;      // (N): added to every row of the product
+  Tensor row_sums;  // (M): written with the row sums of a
+};
+
 struct RandomParams {
   RandomKind kind = RandomKind::Uniform;
   double a = 0, b = 1;        // Uniform [a, b); Normal mean a, std b; Bernoulli probability a
@@ -173,6 +178,17 @@ class Backend {
   // In a and b one of the two matrix dims has stride 1 (row- or column-major); batch strides may be 0.
   // out is contiguous. beta == 0 ignores out's previous contents (NaN included).
   virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) = 0;
+  // A product with a fused epilogue, where the backend has one: out = a @ b for one matrix (a (1, M, K), b (1, K, N),
+  // out (1, M, N) contiguous, layouts as for matmul), and besides, as e says:
+  //  - e.bias (N) defined: out[i, j] += bias[j] (the forward of a linear layer);
+  //  - e.row_sums (M) defined: row_sums[i] = sum_k a[0, i, k] (the bias gradient of a linear layer, computed
+  //    while its weight gradient is).
+  // Both tensors are contiguous with out's dtype. Returns false, having written nothing, where this backend or
+  // this problem has no such epilogue; the caller then does the same work with matmul and other ops.
+  virtual bool matmul_epilogue(const Tensor& out, const Tensor& a, const Tensor& b, const MatmulEpilogue& e) {
+    (void)out, (void)a, (void)b, (void)e;
+    return false;
+  }
 
   // ---- indexing (indices are Int64; backends check bounds and throw kiln::Error naming the op) ----
   // The CUDA backend checks bounds on the device and reads the result back, so index_select, gather and

@@ -229,6 +229,10 @@ Tensor mm(const Tensor& a, const Tensor& b);   // (M,K) x (K,N)
 Tensor bmm(const Tensor& a, const Tensor& b);  // (B,M,K) x (B,K,N)
 Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1,
              Scalar alpha = 1);  // beta*c + alpha*a@b
+// {a @ b, the row sums of a} for a (M, K), b (K, N): with a = g^T, the weight and bias gradients of a linear layer.
+// One product on the GPU where the dims allow (the sums come from its epilogue); elsewhere the product and a
+// matrix-vector product with ones.
+std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b);
 Tensor dot(const Tensor& a, const Tensor& b);
 Tensor outer(const Tensor& a, const Tensor& b);
 

@@ -111,6 +111,10 @@ class TracingBackend final : public Backend {
     trace::Scope s(trace::Kind::Op, "matmul", out.device(), {&out, &a, &b});
     inner_.matmul(out, a, b, alpha, beta);
   }
+  bool matmul_epilogue(const Tensor& out, const Tensor& a, const Tensor& b, const MatmulEpilogue& e) override {
+    trace::Scope s(trace::Kind::Op, e.bias.defined() ? "matmul_bias" : "matmul_row_sums", out.device(), {&out, &a, &b});
+    return inner_.matmul_epilogue(out, a, b, e);
+  }
   void index_select(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) override {
     trace::Scope s(trace::Kind::Op, "index_select", out.device(), {&out, &a, &index});
     inner_.index_select(out, a, dim, index);

@@ -162,6 +162,29 @@ TEST(Functional, LayerNormGradients) {
       {make_input({2, 2, 3}, -2, 2, 4)});
 }
 
+TEST_P(FunctionalTest, AddLayerNormIsLayerNormOfTheSum) {
+  const auto xv = uniform(6 * 8, -1, 1, 31), rv = uniform(6 * 8, -2, 2, 32), wv = uniform(8, 0.5, 1.5, 33),
+             bv = uniform(8, -1, 1, 34);
+  Tensor x = make(xv, {2, 3, 8}, opts()).requires_grad_(), r = make(rv, {2, 3, 8}, opts()).requires_grad_();
+  Tensor w = make(wv, {8}, opts()), b = make(bv, {8}, opts());
+  std::vector<double> sum(xv.size());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = xv[i] + rv[i];
+  std::vector<double> want = normalize_rows(sum, 6, 8, 1e-5);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = want[i] * wv[i % 8] + bv[i % 8];
+  Tensor y = nn::add_layer_norm(x, r, {8}, w, b);
+  expect_values(y, {2, 3, 8}, want, 1e-5, 1e-5);
+  // Both inputs get the gradient of the sum.
+  y.backward(make(uniform(48, -1, 1, 35), {2, 3, 8}, opts()));
+  expect_values(x.grad(), {2, 3, 8}, values(r.grad()), 1e-6, 1e-6);
+  expect_error([&] { nn::add_layer_norm(x, make(rv, {6, 8}, opts()), {8}); }, {"add_layer_norm", "[2, 3, 8]", "[6, 8]"});
+}
+
+TEST(Functional, AddLayerNormGradients) {
+  check_gradients(
+      [](const TensorList& in) { return TensorList{nn::add_layer_norm(in[0], in[1], {4}, in[2], in[3])}; },
+      {make_input({3, 4}), make_input({3, 4}, -1, 1, 8), make_input({4}, 0.5, 1.5, 9), make_input({4}, -1, 1, 10)});
+}
+
 TEST(Functional, LayerNormBadShapes) {
   expect_error([] { nn::layer_norm(zeros({2, 5}), {4}); }, {"layer_norm", "normalized_shape [4]", "[2, 5]"});
   expect_error([] { nn::layer_norm(zeros({2, 4}), {4}, ones({5})); }, {"layer_norm", "weight", "[5]", "[4]"});

@@ -1,6 +1,7 @@
 // nn::layer_norm's fused GPU kernels against float64 references computed here on the host: 16-bit and
 // float32 inputs, BERT's row size and a large one (the block loops), no affine parameters, many rows
-// (the column-sum backward splits rows into chunks), non-contiguous input, and autocast (float32 out).
+// (the column-sum backward splits rows into chunks), non-contiguous input, and autocast (float32 out); and
+// add_layer_norm's fused residual.
 // float64 gradients against gradcheck run through check_gradients in test_functional.cpp's cases.
 #include <gtest/gtest.h>
 
@@ -88,6 +89,72 @@ void check_case(DType dtype, int64_t rows, int64_t d, bool non_contiguous_input)
 TEST_P(CudaLayerNorm, BertRows) { check_case(GetParam(), 64, 768, false); }
 TEST_P(CudaLayerNorm, LongRowsNonContiguous) { check_case(GetParam(), 6, 5000, true); }
 TEST_P(CudaLayerNorm, ManyShortRows) { check_case(GetParam(), 20000, 24, false); }
+TEST_P(CudaLayerNorm, BertLargeRows) { check_case(GetParam(), 300, 1024, false); }
+TEST_P(CudaLayerNorm, RowsJustOverOneWarpTile) { check_case(GetParam(), 70, 1025, false); }
+
+// add_layer_norm(x, residual): x in x_dtype (BERT's sublayer output), residual, weight and bias in Float32 (or all
+// in one dtype); against the reference of the sum, formed as the add would form it.
+void check_add_case(DType x_dtype, DType r_dtype, int64_t rows, int64_t d) {
+  const TensorOptions xo{.dtype = x_dtype, .device = Device::cuda(0)}, ro{.dtype = r_dtype, .device = Device::cuda(0)};
+  const auto xv = rounded(uniform(rows * d, -2, 2, 11), x_dtype);
+  const auto rv = rounded(uniform(rows * d, -1, 3, 12), r_dtype);
+  const auto wv = rounded(uniform(d, 0.5, 1.5, 13), r_dtype);
+  const auto bv = rounded(uniform(d, -0.5, 0.5, 14), r_dtype);
+  const auto gv = rounded(uniform(rows * d, -1, 1, 15), r_dtype);
+  std::vector<double> sv(xv.size());
+  for (size_t i = 0; i < sv.size(); ++i) sv[i] = xv[i] + rv[i];
+  sv = rounded(sv, r_dtype);
+  Tensor x = make(xv, {rows, d}, xo).requires_grad_(), res = make(rv, {rows, d}, ro).requires_grad_();
+  Tensor w = make(wv, {d}, ro).requires_grad_(), b = make(bv, {d}, ro).requires_grad_();
+  Tensor y = nn::add_layer_norm(x, res, {d}, w, b, 1e-5);
+  ASSERT_EQ(y.dtype(), r_dtype);
+  ASSERT_NE(std::string(y.grad_fn()->name()).find("AddLayerNormFunction"), std::string::npos)
+      << "the fused path did not run: " << y.grad_fn()->name();
+  y.backward(make(gv, {rows, d}, ro));
+  const Ref r = layer_norm_ref(sv, wv, bv, gv, rows, d, 1e-5);
+  const bool half_r = r_dtype != DType::Float32 && r_dtype != DType::Float64;
+  const double tol = half_r ? 2e-2 : 1e-4;
+  expect_values(y, {rows, d}, r.y, tol, tol);
+  ASSERT_EQ(x.grad().dtype(), x_dtype);
+  ASSERT_EQ(res.grad().dtype(), r_dtype);
+  const double xtol = x_dtype == DType::Float32 ? 1e-4 : 2e-2;
+  expect_values(x.grad(), {rows, d}, r.dx, xtol, xtol);
+  expect_values(res.grad(), {rows, d}, r.dx, tol, tol);
+  expect_values(w.grad(), {d}, r.dw, half_r ? 3e-2 : 1e-4, half_r ? 0.5 : 1e-3);
+  expect_values(b.grad(), {d}, r.db, half_r ? 3e-2 : 1e-4, half_r ? 0.5 : 1e-3);
+}
+
+TEST(CudaAddLayerNorm, LowPrecisionSublayerOutputAndFloat32Residual) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  check_add_case(DType::BFloat16, DType::Float32, 256, 768);
+  check_add_case(DType::Float16, DType::Float32, 130, 1024);
+  check_add_case(DType::BFloat16, DType::Float32, 33, 40);
+}
+
+TEST(CudaAddLayerNorm, OneDtype) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  check_add_case(DType::Float32, DType::Float32, 64, 768);
+  check_add_case(DType::BFloat16, DType::BFloat16, 64, 768);  // the sum rounded to bfloat16, as the add rounds it
+}
+
+TEST(CudaAddLayerNorm, UnderAutocastAsBertRunsIt) {
+  // Under autocast the residual stream is Float32 and the sublayer output bfloat16: the fused path runs, and its
+  // result is the unfused one's.
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  Tensor x = make(uniform(8 * 64, -1, 1, 21), {8, 64}, {.dtype = DType::BFloat16, .device = gpu});
+  Tensor res = make(uniform(8 * 64, -1, 1, 22), {8, 64}, {.device = gpu});
+  Tensor w = make(uniform(64, 0.5, 1.5, 23), {64}, {.device = gpu}),
+         b = make(uniform(64, -1, 1, 24), {64}, {.device = gpu});
+  Tensor fused, plain;
+  {
+    autocast::Guard guard(DeviceType::CUDA, DType::BFloat16);
+    fused = nn::add_layer_norm(x, res, {64}, w, b);
+    plain = nn::layer_norm(x + res, {64}, w, b);
+  }
+  EXPECT_EQ(fused.dtype(), DType::Float32);
+  expect_values(fused, {8, 64}, values(plain), 1e-5, 1e-5);
+}
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLayerNorm,
                          ::testing::Values(DType::Float32, DType::Float16, DType::BFloat16, DType::Float64),

@@ -5,7 +5,8 @@
 #include <limits>
 #include <vector>
 
-#include "kiln/tensor/cuda.h"  // allow_tf32, set_allow_tf32
+#include "kiln/tensor/backend.h"  // matmul_epilogue, called directly
+#include "kiln/tensor/cuda.h"     // allow_tf32, set_allow_tf32
 #include "support/test_support.h"
 
 namespace kiln {
@@ -380,6 +381,58 @@ TEST_P(MatmulTest, DevicesMustMatch) {
     return;
   }
   expect_error([&] { ops::mm(ops::ones({2, 2}, opts()), ops::ones({2, 2})); }, {"mm", "same device", "cpu", "cuda"});
+}
+
+// A linear layer's forward (addmm with a bias vector) and its weight and bias gradients in one product
+// (mm_with_row_sums): on CUDA in 16-bit dtypes through cuBLASLt's epilogues, elsewhere through a product and a
+// reduction; both against double references, with a of several layouts and sizes that exercise real tiles.
+TEST_P(MatmulTest, LinearEpilogues) {
+  struct Size {
+    int64_t m, k, n;
+  };
+  for (const Size sz : {Size{3, 4, 2}, Size{37, 48, 24}, Size{256, 64, 40}}) {
+    const int64_t m = sz.m, k = sz.k, n = sz.n;
+    const std::vector<double> a = quarters(m * k, 41), b = quarters(k * n, 42), bias = quarters(n, 43);
+    const std::vector<double> ab = ref_mm(a, b, m, k, n);
+    std::vector<double> want(m * n), sums(m, 0.0);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) want[i * n + j] = ab[i * n + j] + bias[j];
+      for (int64_t j = 0; j < k; ++j) sums[i] += a[i * k + j];
+    }
+    for (DType dt : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+      SCOPED_TRACE(::testing::Message() << dt << " " << m << "x" << k << "x" << n);
+      const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
+      const Tensor at = ops::contiguous(ac.t()).t();  // column-major, as g^T is in a backward
+      for (const Tensor& x : {ac, at}) {
+        expect_values(ops::addmm(make(bias, {n}, opts(dt)), x, bc), {m, n}, want, -1, matmul_atol(dt, k));
+        expect_values(ops::addmm(make(bias, {1, n}, opts(dt)), x, bc), {m, n}, want, -1, matmul_atol(dt, k));
+        auto [prod, row_sums] = ops::mm_with_row_sums(x, bc);
+        expect_values(prod, {m, n}, ab, -1, matmul_atol(dt, k));
+        expect_values(row_sums, {m}, sums, -1, matmul_atol(dt, k));
+      }
+      // On the GPU the 16-bit products with dims of multiples of 8 take the epilogues themselves (not the
+      // fallback); other dims are declined.
+      if (dev().is_cuda() && (dt == DType::Float16 || dt == DType::BFloat16)) {
+        const bool aligned = m % 8 == 0 && k % 8 == 0 && n % 8 == 0;
+        Tensor out = ops::empty({1, m, n}, opts(dt)), row = ops::empty({m}, opts(dt));
+        auto batch = [](const Tensor& t) { return t.unsqueeze(0); };
+        EXPECT_EQ(backend(dev()).matmul_epilogue(out, batch(at), batch(bc), {.bias = {}, .row_sums = row}), aligned);
+        if (aligned) expect_values(row, {m}, sums, -1, matmul_atol(dt, k));
+        EXPECT_EQ(backend(dev()).matmul_epilogue(out, batch(ac), batch(bc),
+                                                 {.bias = make(bias, {n}, opts(dt)), .row_sums = {}}),
+                  aligned);
+        if (aligned) expect_values(out.squeeze(0), {m, n}, want, -1, matmul_atol(dt, k));
+      }
+    }
+  }
+  // Other scalings or shapes of c keep the general path.
+  expect_values(ops::addmm(ops::full({2}, 1.0, opts()), ops::ones({2, 3}, opts()), ops::ones({3, 2}, opts()), 2, 1),
+                {2, 2}, {5, 5, 5, 5});
+  expect_error(
+      [&] {
+        ops::mm_with_row_sums(ops::ones({2, 3}, opts()), ops::ones({2, 2}, opts()));
+      },
+      {"mm_with_row_sums", "[2, 3]", "[2, 2]"});
 }
 
 KILN_INSTANTIATE_BACKENDS(MatmulTest);

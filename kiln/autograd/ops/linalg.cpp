@@ -116,16 +116,25 @@ namespace {
 
 // ---------------------------------------------------------------- addmm: beta * c + alpha * (a @ b)
 // dc = beta * g (summed to c's broadcast shape by the engine), da = alpha * g @ b^T, db = alpha * a^T @ g.
+// A linear layer's bias (c of shape (N) or (1, N), beta = alpha = 1) gets the row sums of g^T, computed by the
+// product db^T = g^T @ a itself (ops::mm_with_row_sums) instead of by a reduction of g of its own.
 struct AddmmBackward final : Node {
   SavedTensor a, b;
   Scalar beta = 1, alpha = 1;
+  Shape bias_shape;  // c's shape when c is a bias as above, else empty
   std::string_view name() const override { return "AddmmBackward"; }
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];  // (M, N)
     auto scaled = [](const Tensor& t, Scalar s) { return s.to_double() == 1.0 ? t : ops::mul(t, s); };
     Tensor gc, ga, gb;
-    if (needs_input_grad(0)) gc = scaled(g, beta);
     if (needs_input_grad(1)) ga = scaled(ops::mm(g, mT(b.unpack(*this))), alpha);
+    if (needs_input_grad(0) && needs_input_grad(2) && !bias_shape.empty()) {
+      auto [gb_t, sums] = ops::mm_with_row_sums(mT(g), a.unpack(*this));  // (N, K), (N)
+      gb = mT(gb_t);
+      gc = ops::reshape(sums, bias_shape);
+      return {gc, ga, gb};
+    }
+    if (needs_input_grad(0)) gc = scaled(g, beta);
     if (needs_input_grad(2)) gb = scaled(ops::mm(mT(a.unpack(*this)), g), alpha);
     return {gc, ga, gb};
   }
@@ -146,6 +155,10 @@ Tensor addmm(const Tensor& c_in, const Tensor& a_in, const Tensor& b_in, Scalar 
     if (node->needs_input_grad(1)) node->b = SavedTensor(b, false);
     node->beta = beta;
     node->alpha = alpha;
+    if (beta.to_double() == 1 && alpha.to_double() == 1 && (c.dim() == 1 || (c.dim() == 2 && c.size(0) == 1)) &&
+        c.numel() == out.size(1)) {
+      node->bias_shape = c.shape();
+    }
     set_history(out, node);
   }
   return out;

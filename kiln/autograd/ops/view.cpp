@@ -2,6 +2,7 @@
 // permuted back, summed over expanded dims, or written into the viewed region of zeros of the base's
 // shape. Raw view ops that return their input itself (squeeze of a dim that is not 1, expand to the same
 // shape, ...) record nothing: the result is the input, with the input's history.
+#include <algorithm>
 #include <functional>
 #include <string_view>
 #include "kiln/autograd/ops/op_recording.h"
@@ -89,6 +90,12 @@ struct SplitBackward final : Node {
   std::vector<int64_t> lengths;
   std::string_view name() const override { return op_name; }
   TensorList apply(TensorList&& grads) override {
+    // Every piece of a split got a gradient: they tile the input, so the gradient is their concatenation (one
+    // pass, no zeros written first).
+    if (!select && !grads.empty() &&
+        std::all_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); })) {
+      return {ops::cat(std::vector<Tensor>(grads.begin(), grads.end()), dim)};
+    }
     Tensor gi;
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) continue;

@@ -5,11 +5,11 @@
 
 #include "kiln/autograd/checkpoint.h"  // autograd::checkpoint (gradient checkpointing)
 #include "kiln/autograd/grad_mode.h"   // NoGradGuard for initialisation
-#include "kiln/layers/attention.h"    // nn::scaled_dot_product_attention
-#include "kiln/layers/functional.h"   // nn::linear
-#include "kiln/layers/init.h"         // normal_, zeros_, ones_
-#include "kiln/layers/loss.h"         // cross_entropy, mse_loss
-#include "kiln/tensor/error.h"        // KILN_CHECK
+#include "kiln/layers/attention.h"     // nn::scaled_dot_product_attention
+#include "kiln/layers/functional.h"    // nn::linear
+#include "kiln/layers/init.h"          // normal_, zeros_, ones_
+#include "kiln/layers/loss.h"          // cross_entropy, mse_loss
+#include "kiln/tensor/error.h"         // KILN_CHECK
 
 namespace kiln::nn::models {
 namespace {
@@ -131,8 +131,15 @@ Tensor BertSelfAttention::forward(const Tensor& hidden, const Tensor& mask) {
   const int64_t N = hidden.size(0), S = hidden.size(1), H = hidden.size(2);
   // (N, S, H) -> (N, S, heads, D) -> (N, heads, S, D)
   auto heads = [&](const Tensor& x) { return permute(reshape(x, {N, S, num_heads, head_dim}), {0, 2, 1, 3}); };
+  // The three projections as one product with the weights stacked (one read of `hidden`, one cast of it under
+  // autocast, one larger GEMM); the parameters stay query, key and value, as in Hugging Face's checkpoints.
+  const Tensor w = cat({query->weight, key->weight, value->weight}, 0);  // (3H, H)
+  const Tensor b = query->bias.defined() && key->bias.defined() && value->bias.defined()
+                       ? cat({query->bias, key->bias, value->bias}, 0)
+                       : Tensor();
+  const std::vector<Tensor> qkv = split(linear(hidden, w, b), H, -1);  // 3 x (N, S, H), views
   Tensor context =
-      scaled_dot_product_attention(heads((*query)(hidden)), heads((*key)(hidden)), heads((*value)(hidden)),
+      scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
                                    {.attn_mask = mask, .dropout_p = is_training() ? attention_dropout : 0.0});
   return reshape(permute(context, {0, 2, 1, 3}), {N, S, H});  // (N, heads, S, D) -> (N, S, H)
 }
@@ -146,7 +153,8 @@ BertResidualOutput::BertResidualOutput(const BertConfig& c, int64_t in_features)
 
 Tensor BertResidualOutput::forward(const Tensor& x, const Tensor& residual) {
   trace::Scope range(trace::Kind::Module, type_name(), x.device());
-  return (*layer_norm)((*dropout)((*dense)(x)) + residual);
+  return add_layer_norm((*dropout)((*dense)(x)), residual, layer_norm->normalized_shape, layer_norm->weight,
+                        layer_norm->bias, layer_norm->options.eps);
 }
 
 BertAttention::BertAttention(const BertConfig& c) : Module("BertAttention") {

@@ -217,6 +217,10 @@ struct Problem {
   int64_t m, n, k, ldc, batches, c_batch_stride;
   const void* alpha;
   const void* beta;
+  // Epilogue (batches == 1): kNone, or CUBLASLT_EPILOGUE_BIAS with `bias` (m values, one per row of D), or
+  // CUBLASLT_EPILOGUE_BGRADB writing into `bias` the sums of op(B) over k (n values, one per column of D).
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;
 };
 
 // Returns false when cuBLASLt cannot run this problem.
@@ -239,8 +243,8 @@ bool run_lt(const Problem& p) {
                        pointer_alignment(p.A.ptr),
                        pointer_alignment(p.B.ptr),
                        pointer_alignment(p.c),
-                       0,
-                       0,
+                       static_cast<int64_t>(p.epilogue),
+                       p.bias != nullptr ? pointer_alignment(p.bias) : 0,
                        0,
                        0};
 
@@ -249,6 +253,16 @@ bool run_lt(const Problem& p) {
   const cublasOperation_t ta = p.A.trans ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.B.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "matmul");
   KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "matmul");
+  if (p.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    KILN_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &p.epilogue, sizeof p.epilogue), "matmul");
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof p.bias),
+                      "matmul");
+    // The bias (or its gradient) in D's type.
+    KILN_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &p.types.data, sizeof p.types.data),
+        "matmul");
+  }
   LayoutDesc a_layout, b_layout, c_layout;
   make_layout(a_layout, p.types.data, p.A.rows, p.A.cols, p.A.ld, p.batches, p.A.batch_stride);
   make_layout(b_layout, p.types.data, p.B.rows, p.B.cols, p.B.ld, p.batches, p.B.batch_stride);
@@ -380,6 +394,52 @@ void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b, do
     p.beta = &beta_f;
   }
   if (!run_lt(p)) run_cublas(p);
+}
+
+bool CudaBackend::matmul_epilogue(const Tensor& out, const Tensor& a, const Tensor& b, const MatmulEpilogue& e) {
+  KILN_CHECK(out.dim() == 3 && a.dim() == 3 && b.dim() == 3 && out.size(0) == 1,
+             "cuda::matmul_epilogue: expected one (1, M, K) x (1, K, N) product, got ", a.shape(), ", ", b.shape(),
+             " -> ", out.shape());
+  KILN_CHECK(e.bias.defined() != e.row_sums.defined(), "cuda::matmul_epilogue: give either a bias or row sums");
+  const Tensor& vec = e.bias.defined() ? e.bias : e.row_sums;
+  const int64_t m = out.size(1), n = out.size(2), k = a.size(2);
+  KILN_CHECK(vec.is_contiguous() && vec.dtype() == out.dtype() && vec.device() == out.device() &&
+                 vec.numel() == (e.bias.defined() ? n : m),
+             "cuda::matmul_epilogue: the bias or row sums must be contiguous with out's dtype and device and ",
+             e.bias.defined() ? n : m, " values, got ", vec.shape(), " ", vec.dtype());
+  // Half and bfloat16 only: these are the epilogues that training with autocast runs, and the ones cuBLASLt offers
+  // for every layout. A problem cuBLASLt has no algorithm for is left to the caller.
+  if (out.dtype() != DType::BFloat16 && out.dtype() != DType::Float16) return false;
+  if (m == 0 || n == 0 || k == 0) return false;
+  // Rows of 16-byte multiples only: elsewhere cuBLASLt's epilogue kernels can be many times slower than a plain
+  // product (a vocabulary of 30522 columns, say), and the caller's separate reduction is cheaper.
+  if (m % 8 != 0 || n % 8 != 0 || k % 8 != 0) return false;
+  const Types types = types_for(out.dtype());
+  cudaStream_t stream = stream_for(out);
+  Problem p{};
+  p.device = out.device().index();
+  p.stream = stream;
+  p.types = types;
+  p.A = describe(b);
+  p.B = describe(a);
+  p.c = out.data_ptr();
+  p.m = n;
+  p.n = m;
+  p.k = k;
+  p.ldc = std::max<int64_t>(n, 1);
+  p.batches = 1;
+  p.c_batch_stride = 0;
+  p.A.batch_stride = p.B.batch_stride = 0;
+  // D = out^T (n x m column-major): the bias runs along D's rows (CUBLASLT_EPILOGUE_BIAS); a's row sums are the
+  // sums of op(B) = a^T over k, one per column of D (CUBLASLT_EPILOGUE_BGRADB).
+  p.epilogue = e.bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;
+  p.bias = vec.data_ptr();
+  const float alpha = 1.0f, beta = 0.0f;
+  p.alpha = &alpha;
+  p.beta = &beta;
+  if (!run_lt(p)) return false;
+  vec.impl().storage()->bump_version();
+  return true;
 }
 
 }  // namespace kiln::cuda

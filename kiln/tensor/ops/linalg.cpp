@@ -217,9 +217,44 @@ Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta, Sca
              "addmm: beta and alpha must be integers for ", a.dtype(), " tensors, got ", beta, " and ", alpha);
   Tensor out = empty(shape, a.options());
   const double beta_v = beta.to_double();
+  // A linear layer's bias, c (N) or (1, N) with beta = alpha = 1: added by the product's epilogue where the backend
+  // has one, instead of being copied into every row of out first.
+  if (beta_v == 1 && alpha.to_double() == 1 && c.numel() == shape[1] && c.numel() > 0 && shape[0] > 0 &&
+      a.size(1) > 0 && (c.dim() == 1 || c.size(0) == 1)) {
+    const Tensor bias = contiguous(reshape(c, {shape[1]}));
+    if (backend(out.device())
+            .matmul_epilogue(as_batch(out), with_unit_stride(as_batch(a)), with_unit_stride(as_batch(b)),
+                             {.bias = bias, .row_sums = {}})) {
+      out.impl().storage()->bump_version();
+      return out;
+    }
+  }
   if (beta_v != 0) copy_(out, c);  // beta == 0 ignores c entirely (NaN included), as PyTorch does
   run_batched(as_batch(out), as_batch(a), as_batch(b), alpha.to_double(), beta_v);
   return out;
+}
+
+std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b) {
+  check_operands("mm_with_row_sums", a, b);
+  KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm_with_row_sums: expected two 2-D tensors, got shapes ", a.shape(),
+             " and ", b.shape());
+  check_inner("mm_with_row_sums", a, b, a.size(1), b.size(0));
+  if (a.size(0) > 0 && a.size(1) > 0 && b.size(1) > 0) {
+    Tensor out = empty({a.size(0), b.size(1)}, a.options());
+    Tensor sums = empty({a.size(0)}, a.options());
+    if (backend(out.device())
+            .matmul_epilogue(as_batch(out), with_unit_stride(as_batch(a)), with_unit_stride(as_batch(b)),
+                             {.bias = {}, .row_sums = sums})) {
+      out.impl().storage()->bump_version();
+      return {out, sums};
+    }
+  }
+  // The row sums as a product with a column of ones: a matrix-vector product reads a once at full bandwidth, where a
+  // reduction over a transposed view would not.
+  Tensor sums = is_floating_point(a.dtype()) && a.size(1) > 0
+                    ? reshape(matmul_2d(a, ones({a.size(1), 1}, a.options())), {a.size(0)})
+                    : sum(a, {1});
+  return {matmul_2d(a, b), sums};
 }
 
 Tensor dot(const Tensor& a, const Tensor& b) {
