@@ -33,6 +33,14 @@ Dims all_but_channel(int64_t rank) {
   return dims;
 }
 
+// Whether x's last dims are `shape`.
+bool ends_with(const Tensor& x, const Shape& shape) {
+  const auto k = static_cast<int64_t>(shape.size());
+  bool match = x.dim() >= k;
+  for (int64_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == shape[static_cast<size_t>(i)];
+  return match;
+}
+
 void check_affine(const char* op, const Tensor& t, const char* name, const Shape& expected) {
   if (!t.defined()) return;
   KILN_CHECK(t.shape() == expected, op, ": ", name, " has shape ", t.shape(), " but the input needs ", expected,
@@ -243,10 +251,8 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   autocast::DisableGuard as_one_op;  // the ops inside run as cast, as one op of the table
   const auto k = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(k >= 1, "layer_norm: normalized_shape must name at least one dim");
-  bool match = x.dim() >= k;
-  for (int64_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == normalized_shape[static_cast<size_t>(i)];
-  KILN_CHECK(match, "layer_norm: the input's last ", k, " dims must be normalized_shape ", normalized_shape,
-             ", got input shape ", x.shape());
+  KILN_CHECK(ends_with(x, normalized_shape), "layer_norm: the input's last ", k, " dims must be normalized_shape ",
+             normalized_shape, ", got input shape ", x.shape());
   check_affine("layer_norm", weight, "weight", normalized_shape);
   check_affine("layer_norm", bias, "bias", normalized_shape);
 #if KILN_WITH_CUDA
@@ -273,17 +279,15 @@ Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& norm
   KILN_CHECK(x.shape() == residual.shape(), "add_layer_norm: x and residual must have one shape, got ", x.shape(),
              " and ", residual.shape(), "; add them and call layer_norm to broadcast");
 #if KILN_WITH_CUDA
-  const int64_t k = static_cast<int64_t>(normalized_shape.size());
-  bool match = k >= 1 && x.dim() >= k;
-  for (int64_t i = 0; match && i < k; ++i) match = x.size(x.dim() - k + i) == normalized_shape[static_cast<size_t>(i)];
-  if (match && x.is_cuda() && residual.device() == x.device() && numel(normalized_shape) <= 1024) {
-    // The layer's own dtype: what layer_norm would normalise (Float32 under autocast).
+  if (!normalized_shape.empty() && ends_with(x, normalized_shape) && x.is_cuda() && residual.device() == x.device() &&
+      numel(normalized_shape) <= 1024) {
+    // The layer's own dtype: what layer_norm would normalise (Float32 under autocast). The residual must already
+    // have it, and x either has it too or is 16-bit onto a Float32 residual.
     auto [r, weight, bias] = autocast::inputs(autocast::Op::LayerNorm, residual, weight_in, bias_in);
-    const bool low_x = (x.dtype() == DType::BFloat16 || x.dtype() == DType::Float16) && r.dtype() == DType::Float32;
-    const bool same = x.dtype() == r.dtype() && x.dtype() == residual.dtype() && is_floating_point(x.dtype());
-    if ((low_x || same) && residual.dtype() == r.dtype() && (!weight.defined() || weight.dtype() == r.dtype()) &&
-        (!bias.defined() || bias.dtype() == r.dtype()) && (!weight.defined() || weight.device() == x.device()) &&
-        (!bias.defined() || bias.device() == x.device())) {
+    const DType dt = r.dtype();
+    const bool low_x = (x.dtype() == DType::BFloat16 || x.dtype() == DType::Float16) && dt == DType::Float32;
+    auto fits = [&](const Tensor& t) { return !t.defined() || (t.dtype() == dt && t.device() == x.device()); };
+    if (residual.dtype() == dt && is_floating_point(dt) && (low_x || x.dtype() == dt) && fits(weight) && fits(bias)) {
       check_affine("add_layer_norm", weight, "weight", normalized_shape);
       check_affine("add_layer_norm", bias, "bias", normalized_shape);
       autocast::DisableGuard as_one_op;

@@ -326,6 +326,16 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
   KILN_CHECK(!low || (d <= kWarpMaxD && x.dtype() == DType::Float32 &&
                       (*dx_also_in == DType::BFloat16 || *dx_also_in == DType::Float16)),
              "layer_norm backward: a second gradient dtype needs Float32 rows of at most ", kWarpMaxD, " elements");
+  // Either path writes (count, d) partial sums of dy * xhat (pw) and of dy (pb), added up at the end.
+  Tensor pw, pb;
+  auto make_partials = [&](int64_t count) {
+    if (need_dweight) pw = ops::empty({count, d}, {.dtype = acc, .device = x.device()});
+    if (need_dbias) pb = ops::empty({count, d}, {.dtype = acc, .device = x.device()});
+    if (rows == 0) {
+      if (pw.defined()) pw.zero_();
+      if (pb.defined()) pb.zero_();
+    }
+  };
   // (Float64 keeps the kernels below: its per-block sums would not fit in shared memory.)
   if (d <= kWarpMaxD && x.dtype() != DType::Float64) {
     if (need_dx) g.dx = ops::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
@@ -333,12 +343,8 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
     // Enough blocks to keep every SM's memory pipes busy, each warp with a few rows to spread the partials' cost.
     const int64_t want = 8 * static_cast<int64_t>(cuda::kdetail::sm_count());
     const int64_t blocks = std::clamp<int64_t>((rows + 4 * kBackwardWarps - 1) / (4 * kBackwardWarps), 1, want);
-    Tensor pw = need_dweight ? ops::empty({blocks, d}, {.dtype = acc, .device = x.device()}) : Tensor();
-    Tensor pb = need_dbias ? ops::empty({blocks, d}, {.dtype = acc, .device = x.device()}) : Tensor();
-    if (rows == 0) {
-      if (pw.defined()) pw.zero_();
-      if (pb.defined()) pb.zero_();
-    } else {
+    make_partials(blocks);
+    if (rows > 0) {
       visit_floating_dtype(x.dtype(), "layer_norm backward", [&](auto tag) {
         using T = typename decltype(tag)::type;
         using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -363,45 +369,39 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
         launch(tag);
       });
     }
-    if (need_dweight) g.dweight = ops::sum(pw, {0}, false).to(x.dtype());
-    if (need_dbias) g.dbias = ops::sum(pb, {0}, false).to(x.dtype());
-    return g;
+  } else {
+    visit_floating_dtype(x.dtype(), "layer_norm backward", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      if (need_dx) {
+        g.dx = ops::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+        if (rows > 0) {
+          layer_norm_dx_kernel<T, A><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
+              dy.data_ptr<T>(), x.data_ptr<T>(), ptr_or_null<T>(weight), mean.data_ptr<A>(), rstd.data_ptr<A>(),
+              g.dx.data_ptr<T>(), d);
+          KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
+        }
+      }
+      if (need_dweight || need_dbias) {
+        // Enough row chunks to fill the GPU, each at least 32 rows long.
+        constexpr int kThreads = 128;
+        const int64_t strips = (d + kThreads - 1) / kThreads;
+        const int64_t want = std::max<int64_t>(1, 4 * cuda::kdetail::sm_count() / std::max<int64_t>(strips, 1));
+        const int64_t chunks = std::clamp<int64_t>(std::min(want, (rows + 31) / 32), 1, 65535);
+        const int64_t per_chunk = (rows + chunks - 1) / chunks;
+        make_partials(chunks);
+        if (rows > 0) {
+          const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(chunks));
+          layer_norm_dwdb_kernel<T, A><<<grid, kThreads, 0, stream>>>(
+              dy.data_ptr<T>(), x.data_ptr<T>(), mean.data_ptr<A>(), rstd.data_ptr<A>(),
+              pw.defined() ? pw.data_ptr<A>() : nullptr, pb.defined() ? pb.data_ptr<A>() : nullptr, rows, d, per_chunk);
+          KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
+        }
+      }
+    });
   }
-  visit_floating_dtype(x.dtype(), "layer_norm backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    if (need_dx) {
-      g.dx = ops::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
-      if (rows > 0) {
-        layer_norm_dx_kernel<T, A><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
-            dy.data_ptr<T>(), x.data_ptr<T>(), ptr_or_null<T>(weight), mean.data_ptr<A>(), rstd.data_ptr<A>(),
-            g.dx.data_ptr<T>(), d);
-        KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
-      }
-    }
-    if (need_dweight || need_dbias) {
-      // Enough row chunks to fill the GPU, each at least 32 rows long.
-      constexpr int kThreads = 128;
-      const int64_t strips = (d + kThreads - 1) / kThreads;
-      const int64_t want = std::max<int64_t>(1, 4 * cuda::kdetail::sm_count() / std::max<int64_t>(strips, 1));
-      const int64_t chunks = std::clamp<int64_t>(std::min(want, (rows + 31) / 32), 1, 65535);
-      const int64_t per_chunk = (rows + chunks - 1) / chunks;
-      Tensor pw = need_dweight ? ops::empty({chunks, d}, {.dtype = acc, .device = x.device()}) : Tensor();
-      Tensor pb = need_dbias ? ops::empty({chunks, d}, {.dtype = acc, .device = x.device()}) : Tensor();
-      if (rows > 0) {
-        const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(chunks));
-        layer_norm_dwdb_kernel<T, A><<<grid, kThreads, 0, stream>>>(
-            dy.data_ptr<T>(), x.data_ptr<T>(), mean.data_ptr<A>(), rstd.data_ptr<A>(),
-            pw.defined() ? pw.data_ptr<A>() : nullptr, pb.defined() ? pb.data_ptr<A>() : nullptr, rows, d, per_chunk);
-        KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
-      } else {
-        if (pw.defined()) pw.zero_();
-        if (pb.defined()) pb.zero_();
-      }
-      if (need_dweight) g.dweight = ops::sum(pw, {0}, false).to(x.dtype());
-      if (need_dbias) g.dbias = ops::sum(pb, {0}, false).to(x.dtype());
-    }
-  });
+  if (need_dweight) g.dweight = ops::sum(pw, {0}, false).to(x.dtype());
+  if (need_dbias) g.dbias = ops::sum(pb, {0}, false).to(x.dtype());
   return g;
 }
 

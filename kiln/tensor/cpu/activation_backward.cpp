@@ -9,18 +9,19 @@
 
 #include <unsupported/Eigen/SpecialFunctions>  // the vectorised erf behind ArrayBase::erf
 
+#include "kiln/tensor/activation_constants.h"  // GELU's constants
 #include "kiln/tensor/cpu/cpu_backend.h"
 #include "kiln/tensor/cpu/elementwise_kernels.h"  // binary_kernel, kBlock
 #include "kiln/tensor/dispatch.h"                 // visit_floating_dtype
 
 namespace kiln::cpu {
+
+using activation::kCubic;
+using activation::kInvSqrt2Pi;
+using activation::kSqrt2OverPi;
+using activation::kSqrtHalf;
+
 namespace {
-
-constexpr double kSqrtHalf = 0.70710678118654752440;     // 1/sqrt(2), GELU's erf argument scale
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2 pi), the normal density's scale
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi), GELU's tanh approximation
-constexpr double kCubic = 0.044715;                      // the tanh approximation's x^3 coefficient
-
 template <typename M>
 using scalar_of = typename std::decay_t<M>::Scalar;
 

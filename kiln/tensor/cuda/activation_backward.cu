@@ -3,17 +3,18 @@
 // x (ReLU: the saved result) and writes out, instead of a chain of small ops over the whole tensor. Half and
 // BFloat16 compute in float and round once. The formulas, and their order of operations (so inf and NaN give
 // what the op-by-op gradients gave), are those of cpu/activation_backward.cpp.
+#include "kiln/tensor/activation_constants.h"    // GELU's constants
 #include "kiln/tensor/cuda/binary_ops.h"         // binary_activation_backward
 #include "kiln/tensor/cuda/elementwise_ops.cuh"  // launch_same, m_erf, m_exp, m_tanh
 
 namespace kiln::cuda {
+
+using activation::kCubic;
+using activation::kInvSqrt2Pi;
+using activation::kSqrt2OverPi;
+using activation::kSqrtHalf;
+
 namespace {
-
-constexpr double kSqrtHalf = 0.70710678118654752440;     // 1/sqrt(2), GELU's erf argument scale
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2 pi), the normal density's scale
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi), GELU's tanh approximation
-constexpr double kCubic = 0.044715;                      // the tanh approximation's x^3 coefficient
-
 template <BinaryOp kOp, typename C>
 struct ActivationBackwardF {
   __device__ C operator()(C g, C x) const {

@@ -217,8 +217,9 @@ struct Problem {
   int64_t m, n, k, ldc, batches, c_batch_stride;
   const void* alpha;
   const void* beta;
-  // Epilogue (batches == 1): kNone, or CUBLASLT_EPILOGUE_BIAS with `bias` (m values, one per row of D), or
-  // CUBLASLT_EPILOGUE_BGRADB writing into `bias` the sums of op(B) over k (n values, one per column of D).
+  // Epilogue (batches == 1): CUBLASLT_EPILOGUE_DEFAULT (none), or CUBLASLT_EPILOGUE_BIAS with `bias` (m values, one per
+  // row of D), or CUBLASLT_EPILOGUE_BGRADB writing into `bias` the sums of op(B) over k (n values, one per column of
+  // D).
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;
 };
@@ -358,21 +359,13 @@ void run_cublas(const Problem& p) {
   }
 }
 
-}  // namespace
-
-void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
-  // out (B, M, N) contiguous, a (B, M, K), b (B, K, N); batch strides of a and b may be 0.
-  KILN_CHECK(out.dim() == 3 && a.dim() == 3 && b.dim() == 3, "cuda::matmul: expected 3-D operands, got ", a.shape(),
-             ", ", b.shape(), " -> ", out.shape());
-  const Types types = types_for(out.dtype());
-  cudaStream_t stream = stream_for(out);
-  const int device = out.device().index();
+// The problem out = a @ b in cuBLAS's terms (out (B, M, N) contiguous, a (B, M, K), b (B, K, N)), scalars unset.
+Problem problem_for(const Tensor& out, const Tensor& a, const Tensor& b) {
   const int64_t batches = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
-
   Problem p{};
-  p.device = device;
-  p.stream = stream;
-  p.types = types;
+  p.device = out.device().index();
+  p.stream = stream_for(out);
+  p.types = types_for(out.dtype());
   p.A = describe(b);  // op(A) = b^T: N x K
   p.B = describe(a);  // op(B) = a^T: K x M
   p.c = out.data_ptr();
@@ -383,10 +376,20 @@ void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b, do
   p.batches = batches;
   p.c_batch_stride = batches > 1 ? m * n : 0;
   if (batches == 1) p.A.batch_stride = p.B.batch_stride = 0;
+  return p;
+}
+
+}  // namespace
+
+void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
+  // out (B, M, N) contiguous, a (B, M, K), b (B, K, N); batch strides of a and b may be 0.
+  KILN_CHECK(out.dim() == 3 && a.dim() == 3 && b.dim() == 3, "cuda::matmul: expected 3-D operands, got ", a.shape(),
+             ", ", b.shape(), " -> ", out.shape());
+  Problem p = problem_for(out, a, b);
 
   // Scalars in the compute type's scale type, on the host (the default pointer mode).
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  if (types.scale == CUDA_R_64F) {
+  if (p.types.scale == CUDA_R_64F) {
     p.alpha = &alpha;
     p.beta = &beta;
   } else {
@@ -412,24 +415,9 @@ bool CudaBackend::matmul_epilogue(const Tensor& out, const Tensor& a, const Tens
   if (out.dtype() != DType::BFloat16 && out.dtype() != DType::Float16) return false;
   if (m == 0 || n == 0 || k == 0) return false;
   // Rows of 16-byte multiples only: elsewhere cuBLASLt's epilogue kernels can be many times slower than a plain
-  // product (a vocabulary of 30522 columns, say), and the caller's separate reduction is cheaper.
+  // product (a vocabulary of 30522 columns, say), and the caller's own way is cheaper.
   if (m % 8 != 0 || n % 8 != 0 || k % 8 != 0) return false;
-  const Types types = types_for(out.dtype());
-  cudaStream_t stream = stream_for(out);
-  Problem p{};
-  p.device = out.device().index();
-  p.stream = stream;
-  p.types = types;
-  p.A = describe(b);
-  p.B = describe(a);
-  p.c = out.data_ptr();
-  p.m = n;
-  p.n = m;
-  p.k = k;
-  p.ldc = std::max<int64_t>(n, 1);
-  p.batches = 1;
-  p.c_batch_stride = 0;
-  p.A.batch_stride = p.B.batch_stride = 0;
+  Problem p = problem_for(out, a, b);
   // D = out^T (n x m column-major): the bias runs along D's rows (CUBLASLT_EPILOGUE_BIAS); a's row sums are the
   // sums of op(B) = a^T over k, one per column of D (CUBLASLT_EPILOGUE_BGRADB).
   p.epilogue = e.bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;

@@ -1,13 +1,16 @@
 // CUDA kernels: the unary ops defined on floating dtypes only (exp, log, tanh, gelu, ...). Half and
 // BFloat16 compute in float; the formulas are those of cpu/unary.cpp. The other unary ops are in unary.cu.
+#include "kiln/tensor/activation_constants.h"    // GELU's constants
 #include "kiln/tensor/cuda/elementwise_ops.cuh"  // m_exp, ..., launch_same
 #include "kiln/tensor/cuda/unary_ops.h"          // unary_floating
 
 namespace kiln::cuda {
-namespace {
 
-constexpr double kSqrtHalf = 0.70710678118654752440;     // 1/sqrt(2), GELU's erf argument scale
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi), GELU's tanh approximation
+using activation::kCubic;
+using activation::kSqrt2OverPi;
+using activation::kSqrtHalf;
+
+namespace {
 
 template <typename C>
 __device__ __forceinline__ C sigmoid(C x) {
@@ -34,7 +37,7 @@ struct FloatF {
     else if constexpr (kOp == UnaryOp::Silu) return x * sigmoid(x);
     else if constexpr (kOp == UnaryOp::GeluErf) return x * C(0.5) * (C(1) + m_erf(x * C(kSqrtHalf)));
     else if constexpr (kOp == UnaryOp::GeluTanh)
-      return C(0.5) * x * (C(1) + m_tanh(C(kSqrt2OverPi) * (x + C(0.044715) * x * x * x)));
+      return C(0.5) * x * (C(1) + m_tanh(C(kSqrt2OverPi) * (x + C(kCubic) * x * x * x)));
     else if constexpr (kOp == UnaryOp::Reciprocal) return C(1) / x;
     else static_assert(kOp == UnaryOp::Exp, "not a floating unary op");
   }
