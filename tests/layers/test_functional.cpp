@@ -177,6 +177,8 @@ TEST_P(FunctionalTest, AddLayerNormIsLayerNormOfTheSum) {
   y.backward(make(uniform(48, -1, 1, 35), {2, 3, 8}, opts()));
   expect_values(x.grad(), {2, 3, 8}, values(r.grad()), 1e-6, 1e-6);
   expect_error([&] { nn::add_layer_norm(x, make(rv, {6, 8}, opts()), {8}); }, {"add_layer_norm", "[2, 3, 8]", "[6, 8]"});
+  expect_error([&] { nn::add_layer_norm(x, Tensor(), {8}); }, {"add_layer_norm", "defined"});
+  expect_error([&] { nn::add_layer_norm(x, r, {5}); }, {"layer_norm", "normalized_shape [5]"});
 }
 
 TEST(Functional, AddLayerNormGradients) {
