@@ -33,6 +33,14 @@ Backend& backend(DeviceType type) {
   return trace::active() ? detail::tracing_backend(b) : b;
 }
 
+namespace {
+thread_local std::string_view t_index_op;
+}  // namespace
+
+detail::IndexOpScope::IndexOpScope(std::string_view op) : previous_(t_index_op) { t_index_op = op; }
+detail::IndexOpScope::~IndexOpScope() { t_index_op = previous_; }
+std::string_view detail::IndexOpScope::current() { return t_index_op; }
+
 Allocator* pinned_host_allocator() {
 #if defined(KILN_WITH_CUDA)
   if (cuda::is_available()) return &cuda::pinned_allocator();

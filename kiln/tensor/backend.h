@@ -16,6 +16,8 @@
 //    integers in int64) and round once when they store.
 #pragma once
 
+#include <string_view>
+
 #include <cstdint>
 #include <memory>
 
@@ -226,5 +228,21 @@ inline Backend& backend(Device device) { return backend(device.type()); }
 
 // Page-locked host memory for asynchronous copies to and from GPUs; null when no GPU can be used.
 Allocator* pinned_host_allocator();
+
+namespace detail {
+// The op a user called (embedding, index_add, one_hot...) while it runs a backend's index kernels, on this
+// thread: a backend that finds a bad index only after the call returned (CUDA) names this op in its error.
+class IndexOpScope {
+ public:
+  explicit IndexOpScope(std::string_view op);  // viewed, not copied: op must outlive the scope
+  ~IndexOpScope();
+  IndexOpScope(const IndexOpScope&) = delete;
+  IndexOpScope& operator=(const IndexOpScope&) = delete;
+  static std::string_view current();  // empty outside every scope
+
+ private:
+  std::string_view previous_;
+};
+}  // namespace detail
 
 }  // namespace kiln

@@ -38,6 +38,13 @@ class NotImplementedError : public Error {
   using Error::Error;
 };
 
+// An out-of-range index that a CUDA kernel found. The GPU runs behind the host, so it may be raised by a later
+// call than the one that launched the kernel (an index op, or a synchronisation); the message names the op.
+class IndexError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <typename T>
 void append(std::ostringstream& out, const T& v) {

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "kiln/tensor/cuda.h"
 #include "support/test_support.h"
 
 namespace kiln {
@@ -76,10 +77,10 @@ TEST_P(IndexTest, IndexSelectErrors) {
   const Tensor a = make(iota(6), {3, 2}, opts());
   expect_error(
       [&] {
-        ops::index_select(a, 0, idx({0, 3}, {2}));
+        ops::index_select(a, 0, idx({0, 3}, {2})).cpu();  // on a GPU the error surfaces at the copy back
       },
       {"index_select", "index 3", "out of range", "dim 0", "0 <= index < 3"});
-  expect_error([&] { ops::index_select(a, 1, idx({-1}, {1})); }, {"index_select", "index -1", "0 <= index < 2"});
+  expect_error([&] { ops::index_select(a, 1, idx({-1}, {1})).cpu(); }, {"index_select", "index -1", "0 <= index < 2"});
   expect_error([&] { ops::index_select(a, 0, make({0}, {1}, opts())); }, {"index_select", "Int64", "float32"});
   expect_error([&] { ops::index_select(a, 0, idx({0, 1}, {1, 2})); }, {"index_select", "1-D", "[1, 2]"});
   expect_error([&] { ops::index_select(a, 2, idx({0}, {1})); }, {"index_select", "dim 2"});
@@ -99,7 +100,7 @@ TEST_P(IndexTest, Embedding) {
   }
   const Tensor weight = make(w, {4, 3}, opts());
   expect_values(ops::embedding(weight, ops::empty({2, 0}, opts(DType::Int64))), {2, 0, 3}, {});
-  expect_error([&] { ops::embedding(weight, idx({1, 4}, {2})); }, {"embedding", "index 4", "0 <= index < 4"});
+  expect_error([&] { ops::embedding(weight, idx({1, 4}, {2})).cpu(); }, {"embedding", "index 4", "0 <= index < 4"});
   expect_error([&] { ops::embedding(make(w, {12}, opts()), idx({1}, {1})); }, {"embedding", "2-D", "[12]"});
   expect_error([&] { ops::embedding(weight, make({1}, {1}, opts())); }, {"embedding", "Int64", "float32"});
 }
@@ -126,7 +127,7 @@ TEST_P(IndexTest, GatherAlongDims) {
 
 TEST_P(IndexTest, GatherErrors) {
   const Tensor a = make(iota(6), {2, 3}, opts());
-  expect_error([&] { ops::gather(a, 1, idx({0, 5}, {1, 2})); }, {"gather", "index 5", "dim 1", "0 <= index < 3"});
+  expect_error([&] { ops::gather(a, 1, idx({0, 5}, {1, 2})).cpu(); }, {"gather", "index 5", "dim 1", "0 <= index < 3"});
   expect_error([&] { ops::gather(a, 1, idx({0, 1}, {2})); }, {"gather", "rank", "[2]", "[2, 3]"});
   expect_error([&] { ops::gather(a, 1, idx({0, 0, 0}, {3, 1})); }, {"gather", "[3, 1]", "[2, 3]", "dim 0", "3 > 2"});
   expect_error([&] { ops::gather(a, 0, make({0, 0}, {1, 2}, opts(DType::UInt8))); }, {"gather", "Int64", "uint8"});
@@ -196,12 +197,12 @@ TEST_P(IndexTest, ScatterErrors) {
   const Tensor a = ops::zeros({2, 3}, opts());
   expect_error(
       [&] {
-        ops::scatter(a, 1, idx({3}, {1, 1}), ops::ones({1, 1}, opts()));
+        ops::scatter(a, 1, idx({3}, {1, 1}), ops::ones({1, 1}, opts())).cpu();
       },
       {"scatter", "index 3", "dim 1", "0 <= index < 3"});
   expect_error(
       [&] {
-        ops::scatter_add(a, 0, idx({-2}, {1, 1}), ops::ones({1, 1}, opts()));
+        ops::scatter_add(a, 0, idx({-2}, {1, 1}), ops::ones({1, 1}, opts())).cpu();
       },
       {"scatter_add", "index -2", "0 <= index < 2"});
   expect_error(
@@ -242,7 +243,7 @@ TEST_P(IndexTest, IndexAdd) {
         ops::index_add(a, 0, idx({0, 1}, {2}), ops::ones({3, 2}, opts()));
       },
       {"index_add", "[3, 2]", "expected [2, 2]"});
-  expect_error([&] { ops::index_add(a, 0, idx({5}, {1}), ops::ones({1, 2}, opts())); }, {"index_add", "index 5"});
+  expect_error([&] { ops::index_add(a, 0, idx({5}, {1}), ops::ones({1, 2}, opts())).cpu(); }, {"index_add", "index 5"});
 }
 
 // ---------------------------------------------------------------- masks and nonzero
@@ -491,6 +492,84 @@ TEST_P(IndexTest, TrilAndTriu) {
 
 KILN_INSTANTIATE_BACKENDS(IndexTest);
 KILN_INSTANTIATE_BACKENDS(SortTest);
+
+// ---------------------------------------------------------------- out-of-range indices on a GPU
+// The kernels record a bad index without the host waiting; the error comes at the next index op or
+// synchronisation, names the op that launched the kernel, and is raised once.
+class CudaIndexErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  }
+  const Device gpu = Device::cuda(0);
+  Tensor on_gpu(const std::vector<int64_t>& v, const Shape& shape) const {
+    return ops::from_vector<int64_t>(v, shape).to(gpu);
+  }
+  // Waits for the GPU without a synchronising call (which would raise the error itself).
+  static void wait_for_gpu() {
+    cuda::Event done;
+    done.record();
+    while (!done.query()) {
+    }
+  }
+};
+
+TEST_F(CudaIndexErrors, TheCallReturnsAndTheCopyBackRaisesIt) {
+  const Tensor a = ops::from_vector<float>({0, 1, 2, 3, 4, 5}, {2, 3}).to(gpu);
+  Tensor out;
+  ASSERT_NO_THROW(out = ops::gather(a, 1, on_gpu({0, 5}, {1, 2})));
+  try {
+    (void)out.cpu();
+    FAIL() << "expected an IndexError";
+  } catch (const IndexError& e) {
+    const std::string msg = e.what();
+    for (const char* part : {"gather", "index 5", "dim 1", "size 3", "0 <= index < 3", "KILN_CUDA_SYNC_INDEX_CHECKS"})
+      EXPECT_NE(msg.find(part), std::string::npos) << part << " not in: " << msg;
+  }
+  // Raised once: the slot is free again, and later index ops work.
+  EXPECT_EQ(ops::gather(a, 1, on_gpu({2, 0}, {1, 2})).cpu().to_vector<float>(), (std::vector<float>{2, 0}));
+  EXPECT_NO_THROW(cuda::synchronize());
+}
+
+TEST_F(CudaIndexErrors, TheNextIndexOpRaisesAnEarlierCallsError) {
+  const Tensor a = ops::from_vector<float>({0, 1, 2, 3, 4, 5}, {3, 2}).to(gpu);
+  ASSERT_NO_THROW((void)ops::index_select(a, 0, on_gpu({1, 7}, {2})));
+  wait_for_gpu();
+  expect_error([&] { (void)ops::gather(a, 1, on_gpu({0}, {3, 1})); }, {"index_select", "index 7", "dim 0", "size 3"});
+  EXPECT_EQ(ops::gather(a, 1, on_gpu({1, 0, 1}, {3, 1})).cpu().to_vector<float>(), (std::vector<float>{1, 2, 5}));
+}
+
+TEST_F(CudaIndexErrors, OpsBuiltOnTheKernelsNameThemselves) {
+  const Tensor weight = ops::from_vector<float>({0, 1, 2, 3}, {2, 2}).to(gpu);
+  EXPECT_THROW(
+      {
+        (void)ops::embedding(weight, on_gpu({0, 2}, {2}));
+        cuda::synchronize();
+      },
+      IndexError);
+  expect_error(
+      [&] {
+        (void)ops::embedding(weight, on_gpu({-1}, {1}));
+        cuda::synchronize();
+      },
+      {"embedding", "index -1", "size 2"});
+  expect_error(
+      [&] {
+        (void)ops::index_add(ops::zeros({2, 2}, {.device = gpu}), 0, on_gpu({3}, {1}),
+                             ops::ones({1, 2}, {.device = gpu}));
+        cuda::Stream::default_stream().synchronize();
+      },
+      {"index_add", "index 3", "size 2"});
+}
+
+TEST_F(CudaIndexErrors, NothingIsWrittenOutsideTheTensor) {
+  // out is a view into the middle of a buffer; the bad index would land past its end.
+  Tensor buffer = ops::zeros({3, 2}, {.device = gpu});
+  Tensor out = buffer.narrow(0, 1, 1);  // row 1
+  (void)ops::scatter_(out, 1, on_gpu({0, 2}, {1, 2}), ops::full({1, 2}, 7, {.device = gpu}));
+  EXPECT_THROW(cuda::synchronize(), IndexError);
+  EXPECT_EQ(buffer.cpu().to_vector<float>(), (std::vector<float>{0, 0, 7, 0, 0, 0}));
+}
 
 }  // namespace
 }  // namespace kiln

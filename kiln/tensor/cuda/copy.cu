@@ -10,9 +10,10 @@
 //    the source stream then waiting for the copy (so memory freed on it is not reused too early).
 #include <algorithm>  // std::max
 
-#include "kiln/tensor/cuda/convert.cuh"  // convert_value, copy_on_device
-#include "kiln/tensor/cuda/loops.cuh"    // launch_elementwise, kThreads, device_t, from_compute
-#include "kiln/tensor/ops.h"             // empty, contiguous: staging tensors
+#include "kiln/tensor/cuda/convert.cuh"     // convert_value, copy_on_device
+#include "kiln/tensor/cuda/index_errors.h"  // throw_index_error
+#include "kiln/tensor/cuda/loops.cuh"       // launch_elementwise, kThreads, device_t, from_compute
+#include "kiln/tensor/ops.h"                // empty, contiguous: staging tensors
 
 namespace kiln::cuda {
 namespace {
@@ -61,6 +62,7 @@ void device_to_host(const Tensor& dst, const Tensor& src, bool non_blocking) {
                   "copy_ (device to host)");
   if (direct && non_blocking && is_pinned(host.data_ptr())) return;
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream), "copy_ (device to host)");
+  detail::throw_index_error(src.device().index());  // what the kernels before the copy found
   if (!direct) {
     Tensor out = dst;       // shares dst's storage
     ops::copy_(out, host);  // CPU relayout

@@ -6,6 +6,7 @@
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/cuda/index_errors.h"
 
 namespace kiln::cuda {
 namespace detail {
@@ -66,6 +67,7 @@ void synchronize(int device) {
   if (device < 0) device = current_device();
   DeviceGuard guard(device);
   KILN_CUDA_CHECK(cudaDeviceSynchronize(), "synchronize");
+  detail::throw_index_error(device);
 }
 
 std::string pci_bus_id(int device) {

@@ -1,8 +1,8 @@
 // CUDA backend: index_select, gather, scatter (assign and accumulate) and nonzero over arbitrary strides.
 //
-// Bounds: a kernel cannot throw, so each kernel records the first out-of-range index it meets in a
-// small device buffer {flag, value}; the host reads it back once (one synchronising copy) and throws the
-// same kiln::Error as the CPU backend. Out-of-range indices are skipped by the kernel, so nothing is
+// Bounds: a kernel cannot throw, so the first out-of-range index is recorded in the device's error slot and
+// the host throws the CPU backend's message at its next index op or synchronisation, without waiting for the
+// kernel (kiln/tensor/cuda/index_errors.h). Out-of-range indices are skipped by the kernel, so nothing is
 // written outside the tensor.
 //
 // gather and index_select only move elements, so they run on unsigned integers of the element's size
@@ -24,6 +24,7 @@
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
 #include "kiln/tensor/cuda/device_types.cuh"  // device_t, to_compute, from_compute
+#include "kiln/tensor/cuda/index_errors.h"    // IndexReport, report_bad_index
 #include "kiln/tensor/determinism.h"          // kiln::deterministic
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
@@ -82,39 +83,28 @@ unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>(std::min<int64_t>(b, int64_t{1} << 30));
 }
 
-// Records the first bad index: err = {flag, value}.
-__device__ __forceinline__ void report_bad_index(int64_t* err, int64_t v) {
-  if (atomicCAS(reinterpret_cast<unsigned long long*>(err), 0ull, 1ull) == 0ull) err[1] = v;
-}
+using detail::IndexReport;
+using detail::report_bad_index;
 
-// The device-side bounds flag of one op call: zeroed on the stream, read back once after the kernel.
+// One op call's bounds report (kiln/tensor/cuda/index_errors.h): an earlier call's error is thrown here, and this
+// call's kernels record theirs without the host waiting for them.
 class IndexCheck {
  public:
-  IndexCheck(const Tensor& like, cudaStream_t stream) : stream_(stream) {
-    buffer_ = ops::empty({2}, {.dtype = DType::Int64, .device = like.device()});
-    KILN_CUDA_CHECK(cudaMemsetAsync(buffer_.data_ptr(), 0, 2 * sizeof(int64_t), stream_), "index");
-  }
-  int64_t* data() const { return buffer_.data_ptr<int64_t>(); }
-  // Synchronises the stream; throws the CPU backend's message when an index was out of range.
-  void check(const char* op, int64_t dim, int64_t size) const {
-    int64_t host[2] = {0, 0};
-    KILN_CUDA_CHECK(cudaMemcpyAsync(host, buffer_.data_ptr(), sizeof host, cudaMemcpyDeviceToHost, stream_), op);
-    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_), op);
-    if (host[0] != 0) {
-      KILN_FAIL(op, ": index ", host[1], " is out of range for dim ", dim, " of size ", size,
-                " (expected 0 <= index < ", size, ")");
-    }
-  }
+  IndexCheck(const char* op, const Tensor& like, int64_t dim, int64_t size, cudaStream_t stream)
+      : device_(like.device().index()), stream_(stream), report_(detail::begin_index_launch(device_, op, dim, size)) {}
+  const IndexReport& report() const { return report_; }
+  void done() const { detail::end_index_launch(device_, stream_); }
 
  private:
+  int device_;
   cudaStream_t stream_;
-  Tensor buffer_;
+  IndexReport report_;
 };
 
 // out[p] = a[p with coordinate `dim` replaced by index[p]]; walk tensors: 0 out, 1 a (dim stride 0), 2 index.
 template <typename U>
 __global__ void gather_kernel(Walk w, int64_t n, U* out, const U* a, const int64_t* index, int64_t a_dim_stride,
-                              int64_t a_dim_size, int64_t* err) {
+                              int64_t a_dim_size, IndexReport err) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t off[3];
     walk_offsets(w, i, off);
@@ -148,15 +138,15 @@ void run_gather(const char* op, const Tensor& out, const Tensor& a, int64_t dim,
   if (!a_strides.empty()) a_strides[dim] = 0;  // the index supplies this coordinate
   const Walk w = make_walk(op, out.shape(), strides_or_empty(out), a_strides, index_strides);
   const int64_t n = out.numel();
-  IndexCheck check(out, stream);
+  IndexCheck check(op, out, dim, a_dim_size, stream);
   visit_element_size(out.element_size(), [&](auto tag) {
     using U = typename decltype(tag)::type;
     gather_kernel<U><<<blocks_for(n), kThreads, 0, stream>>>(
         w, n, static_cast<U*>(out.data_ptr()), static_cast<const U*>(a.data_ptr()), index.data_ptr<int64_t>(),
-        a_dim_stride, a_dim_size, check.data());
+        a_dim_stride, a_dim_size, check.report());
     KILN_CUDA_CHECK_LAUNCH(op);
   });
-  check.check(op, dim, a_dim_size);
+  check.done();
 }
 
 // ---- scatter ----
@@ -194,7 +184,7 @@ __device__ __forceinline__ void atomic_accumulate(D* target, D value) {
 // walk tensors: 0 out (dim stride 0), 1 index, 2 src.
 template <typename D, bool kAccumulate>
 __global__ void scatter_kernel(Walk w, int64_t n, D* out, const int64_t* index, const D* src, int64_t out_dim_stride,
-                               int64_t out_dim_size, int64_t* err) {
+                               int64_t out_dim_size, IndexReport err) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t off[3];
     walk_offsets(w, i, off);
@@ -215,7 +205,7 @@ __global__ void scatter_kernel(Walk w, int64_t n, D* out, const int64_t* index, 
 // out-of-range index (reported, then skipped); positions[i] = i. walk tensors: 0 out (dim stride 0), 1 index.
 __global__ void scatter_keys_kernel(Walk w, int64_t n, const int64_t* index, int64_t out_dim_stride,
                                     int64_t out_dim_size, int64_t lo, uint64_t sentinel, uint64_t* keys,
-                                    int64_t* positions, int64_t* err) {
+                                    int64_t* positions, IndexReport err) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t off[3];
     walk_offsets(w, i, off);
@@ -275,7 +265,7 @@ struct SortedTargets {
   uint64_t sentinel = 0;   // the key of an out-of-range index (sorts last, skipped)
 
   SortedTargets(const char* op, const Tensor& out, const Tensor& index, const Walk& w, int64_t n,
-                int64_t out_dim_stride, int64_t out_dim_size, int64_t* err, cudaStream_t stream) {
+                int64_t out_dim_stride, int64_t out_dim_size, const IndexReport& err, cudaStream_t stream) {
     const auto [low, high] = offset_range(out);
     lo = low;
     sentinel = static_cast<uint64_t>(high - low) + 1;
@@ -325,7 +315,8 @@ __global__ void scatter_assign_sorted_kernel(Walk w, int64_t n, const uint64_t* 
 // order; assignment keeps the last value in index order. w as scatter_kernel's.
 template <typename T, bool kAccumulate>
 void deterministic_scatter(const char* op, const Tensor& out, const Tensor& index, const Tensor& src, const Walk& w,
-                           int64_t n, int64_t out_dim_stride, int64_t out_dim_size, int64_t* err, cudaStream_t stream) {
+                           int64_t n, int64_t out_dim_stride, int64_t out_dim_size, const IndexReport& err,
+                           cudaStream_t stream) {
   const SortedTargets sorted(op, out, index, w, n, out_dim_stride, out_dim_size, err, stream);
   if constexpr (kAccumulate) {
     scatter_add_sorted_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
@@ -391,17 +382,18 @@ void CudaBackend::scatter(const Tensor& out, int64_t dim, const Tensor& index, c
   if (!out_strides.empty()) out_strides[dim] = 0;
   const Walk w = make_walk(op, index.shape(), out_strides, strides_or_empty(index), strides_or_empty(src));
   const int64_t n = index.numel();
-  IndexCheck check(out, stream);
+  IndexCheck check(op, out, dim, out_dim_size, stream);
   if (!accumulate) {
     visit_element_size(out.element_size(), [&](auto tag) {
       using U = typename decltype(tag)::type;
       if (deterministic()) {  // duplicates: the last in index order wins, not whichever thread ran last
-        deterministic_scatter<U, false>(op, out, index, src, w, n, out_dim_stride, out_dim_size, check.data(), stream);
+        deterministic_scatter<U, false>(op, out, index, src, w, n, out_dim_stride, out_dim_size, check.report(),
+                                        stream);
         return;
       }
       scatter_kernel<U, false><<<blocks_for(n), kThreads, 0, stream>>>(
           w, n, static_cast<U*>(out.data_ptr()), index.data_ptr<int64_t>(), static_cast<const U*>(src.data_ptr()),
-          out_dim_stride, out_dim_size, check.data());
+          out_dim_stride, out_dim_size, check.report());
       KILN_CUDA_CHECK_LAUNCH(op);
     });
   } else {
@@ -409,18 +401,19 @@ void CudaBackend::scatter(const Tensor& out, int64_t dim, const Tensor& index, c
       using T = typename decltype(tag)::type;
       if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
         if (deterministic()) {
-          deterministic_scatter<T, true>(op, out, index, src, w, n, out_dim_stride, out_dim_size, check.data(), stream);
+          deterministic_scatter<T, true>(op, out, index, src, w, n, out_dim_stride, out_dim_size, check.report(),
+                                         stream);
           return;
         }
       }
       using D = std::conditional_t<std::is_same_v<T, int32_t>, int, device_t<T>>;
       scatter_kernel<D, true><<<blocks_for(n), kThreads, 0, stream>>>(
           w, n, static_cast<D*>(out.data_ptr()), index.data_ptr<int64_t>(), static_cast<const D*>(src.data_ptr()),
-          out_dim_stride, out_dim_size, check.data());
+          out_dim_stride, out_dim_size, check.report());
       KILN_CUDA_CHECK_LAUNCH(op);
     });
   }
-  check.check(op, dim, out_dim_size);
+  check.done();
 }
 
 Tensor CudaBackend::nonzero(const Tensor& a) {
@@ -454,6 +447,7 @@ Tensor CudaBackend::nonzero(const Tensor& a) {
   KILN_CUDA_CHECK(cudaMemcpyAsync(&count, count_buf.data_ptr(), sizeof count, cudaMemcpyDeviceToHost, stream),
                   "nonzero");
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream), "nonzero");
+  detail::throw_index_error(a.device().index());
   Tensor result = ops::empty({count, rank}, {.dtype = DType::Int64, .device = a.device()});
   if (count == 0 || rank == 0) return result;
   unravel_kernel<<<blocks_for(count), kThreads, 0, stream>>>(w, positions.data_ptr<int64_t>(), count,

@@ -10,6 +10,7 @@
 #include "kiln/tensor/cuda/caching_allocator.h"
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/cuda/index_errors.h"
 
 namespace kiln::cuda {
 namespace {
@@ -96,6 +97,7 @@ Stream Stream::default_stream(int device) {
 void Stream::synchronize() const {
   DeviceGuard guard(device_);  // the legacy default stream (null handle) means the current device's
   KILN_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)), "Stream::synchronize");
+  detail::throw_index_error(device_);
 }
 
 bool Stream::query() const {
@@ -177,6 +179,7 @@ void Event::wait(const Stream& stream) {
 void Event::synchronize() const {
   KILN_CHECK(handle_ != nullptr, "Event::synchronize: the event was never recorded; call record(stream) first");
   KILN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)), "Event::synchronize");
+  detail::throw_index_error(device_);
 }
 
 // An event never recorded has nothing pending, as in CUDA: query() is true.

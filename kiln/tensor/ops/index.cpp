@@ -63,11 +63,14 @@ void scatter_into(std::string_view op, Tensor& out, int64_t dim, const Tensor& i
   Tensor src_view = as_strided(src, index.shape(), src.strides(), src.offset());
   if (src_view.is_alias_of(out)) src_view = clone(src_view, MemoryFormat::Contiguous);
   Tensor idx = index.is_alias_of(out) ? clone(index) : index;
+  const std::string_view base = op.substr(0, op.find_last_not_of('_') + 1);
   try {
+    detail::IndexOpScope scope(base);
     backend(out.device()).scatter(out, dim, idx, src_view, accumulate);
+  } catch (const IndexError&) {
+    throw;  // from a GPU kernel: it names its op already (and may be an earlier call's)
   } catch (const Error& e) {
     // The kernel names itself (scatter or scatter_add); ops built on it (index_add, one_hot) say so too.
-    const std::string_view base = op.substr(0, op.find_last_not_of('_') + 1);
     if (std::string_view(e.what()).starts_with(base)) throw;
     KILN_FAIL(op, ": ", e.what());
   }
@@ -248,7 +251,10 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
     KILN_CHECK(weight.size(0) > 0, "embedding: the weight has no rows (shape ", weight.shape(),
                "), so every index is out of range");
     try {
+      detail::IndexOpScope scope("embedding");
       backend(weight.device()).index_select(out, weight, 0, reshape(idx, {n}));
+    } catch (const IndexError&) {
+      throw;  // from a GPU kernel: it names its op already (and may be an earlier call's)
     } catch (const Error& e) {
       KILN_FAIL("embedding: ", e.what(), " (weight of shape ", weight.shape(), ", index of shape ", idx.shape(), ")");
     }
