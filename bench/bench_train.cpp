@@ -4,9 +4,13 @@
 // bench/pytorch_train.py prints the same cases through PyTorch eager and torch.compile, and
 // bench/train_table.py puts both side by side with the goals.
 //
-//   bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--quick]
+//   bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--quick]
 //
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
+// The ResNet cases on in-memory tensors are static-shape steps: on a GPU each is timed eagerly, then captured in a
+// cuda::Graph and timed as replays; the line reports the replays ("cuda_graph": true) with the eager figures of
+// the same run beside them ("eager_step_ms", "eager_peak_gib"). --no-graphs times them eagerly only. (The BERT
+// cases draw dropout masks, which a capture does not take yet.)
 //
 // Cases: resnet50_bf16, resnet50_fp16 (GradScaler), resnet18_cifar_bf16, bert_base_128, bert_base_512,
 // bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_jpeg (--photos, or KILN_BENCH_IMAGES).
@@ -34,16 +38,16 @@ namespace {
 
 struct Settings {
   Device device = Device::cuda(0);  // the CPU only for --quick without a GPU (a smoke run of the code)
-  std::set<std::string> cases;  // empty: all
+  std::set<std::string> cases;      // empty: all
   int steps = 30;
   int warmup = 10;
   std::string photos;
   bool quick = false;
+  bool graphs = true;  // capture the static-shape steps in CUDA graphs (--no-graphs: eager only)
 };
 
-const std::vector<std::string> kCases = {"resnet50_bf16",  "resnet50_fp16",  "resnet18_cifar_bf16",
-                                         "bert_base_128",  "bert_base_512",  "bert_large_128",
-                                         "bert_base_128_ckpt", "resnet50_jpeg"};
+const std::vector<std::string> kCases = {"resnet50_bf16", "resnet50_fp16",  "resnet18_cifar_bf16", "bert_base_128",
+                                         "bert_base_512", "bert_large_128", "bert_base_128_ckpt",  "resnet50_jpeg"};
 
 // What a case reports besides its timing.
 struct Info {
@@ -65,8 +69,11 @@ std::string json_escape(const std::string& s) {
 }
 
 // Warm-up steps, then `steps` steps between two events on the current stream.
-void time_and_report(const std::string& name, const Info& info, const Settings& s, int warmup,
-                     const std::function<void()>& step) {
+struct Measured {
+  double step_ms = 0, peak_gib = 0;
+};
+
+Measured measure(const Settings& s, int warmup, const std::function<void()>& step) {
   for (int i = 0; i < warmup; ++i) step();
   double step_ms = 0, peak_gib = 0;
   if (s.device.is_cuda()) {
@@ -84,14 +91,43 @@ void time_and_report(const std::string& name, const Info& info, const Settings& 
     for (int i = 0; i < s.steps; ++i) step();
     step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / s.steps;
   }
+  return {step_ms, peak_gib};
+}
+
+// One JSON line; `extra` is appended inside the object (", \"key\": value" pairs, or empty).
+void report(const std::string& name, const Info& info, const Settings& s, int warmup, const Measured& m,
+            const std::string& extra) {
   std::printf(
       "{\"bench\": \"train\", \"framework\": \"kiln\", \"case\": \"%s\", \"model\": \"%s\", \"batch\": %lld, "
       "\"input\": \"%s\", \"precision\": \"%s\", \"optimizer\": \"%s\", \"step_ms\": %.3f, \"throughput\": %.1f, "
-      "\"unit\": \"%s\", \"peak_gib\": %.3f, \"steps\": %d, \"warmup\": %d}\n",
+      "\"unit\": \"%s\", \"peak_gib\": %.3f, \"steps\": %d, \"warmup\": %d%s}\n",
       name.c_str(), info.model.c_str(), static_cast<long long>(info.batch), info.input.c_str(), info.precision.c_str(),
-      info.optimizer.c_str(), step_ms, static_cast<double>(info.batch) * 1000.0 / step_ms, info.unit.c_str(), peak_gib,
-      s.steps, warmup);
+      info.optimizer.c_str(), m.step_ms, static_cast<double>(info.batch) * 1000.0 / m.step_ms, info.unit.c_str(),
+      m.peak_gib, s.steps, warmup, extra.c_str());
   std::fflush(stdout);
+}
+
+void time_and_report(const std::string& name, const Info& info, const Settings& s, int warmup,
+                     const std::function<void()>& step) {
+  report(name, info, s, warmup, measure(s, warmup, step), "");
+}
+
+// The step captured in a CUDA graph (after `warmup` eager steps inside capture()) and replayed; the eager
+// figure of the same run goes beside it. Without a GPU, or with --no-graphs: eager only.
+void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s,
+                             const std::function<void()>& step) {
+  const Measured eager = measure(s, s.warmup, step);
+  if (!s.device.is_cuda() || !s.graphs) {
+    report(name, info, s, s.warmup, eager, ", \"cuda_graph\": false");
+    return;
+  }
+  cuda::Graph graph;
+  graph.capture(step, /*warmup=*/2);
+  const Measured graphed = measure(s, 3, [&] { graph.replay(); });
+  char extra[160];
+  std::snprintf(extra, sizeof extra, ", \"cuda_graph\": true, \"eager_step_ms\": %.3f, \"eager_peak_gib\": %.3f",
+                eager.step_ms, eager.peak_gib);
+  report(name, info, s, s.warmup, graphed, extra);
 }
 
 void report_other(const std::string& name, const char* key, const std::string& why) {
@@ -123,7 +159,7 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
                   .optimizer = "sgd",
                   .unit = "img/s",
                   .batch = batch};
-  time_and_report(name, info, s, s.warmup, step);
+  time_and_report_graphed(name, info, s, step);
 }
 
 void bert_case(const std::string& name, const Settings& s, const nn::models::BertConfig& config, int64_t batch,
@@ -205,8 +241,12 @@ void jpeg_case(const std::string& name, const Settings& s) {
     loss.backward();
     opt.step();
   };
-  const Info info{.model = "resnet50", .input = "224x224 jpeg", .precision = "bf16", .optimizer = "sgd",
-                  .unit = "img/s", .batch = batch};
+  const Info info{.model = "resnet50",
+                  .input = "224x224 jpeg",
+                  .precision = "bf16",
+                  .optimizer = "sgd",
+                  .unit = "img/s",
+                  .batch = batch};
   time_and_report(name, info, s, std::max(s.warmup, 4 * workers), step);
 }
 
@@ -234,7 +274,7 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("KILN_BENCH_IMAGES")) s.photos = env;
   auto usage = [] {
     std::fprintf(stderr,
-                 "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--quick]\n"
+                 "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--quick]\n"
                  "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
                  "       bert_large_128 bert_base_128_ckpt resnet50_jpeg\n");
     return 2;
@@ -257,6 +297,8 @@ int main(int argc, char** argv) {
       s.steps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--warmup" && has_value) {
       s.warmup = std::max(0, std::atoi(argv[++i]));
+    } else if (a == "--no-graphs") {
+      s.graphs = false;
     } else if (a == "--photos" && has_value) {
       s.photos = argv[++i];
     } else {

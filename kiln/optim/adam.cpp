@@ -81,7 +81,8 @@ void AdamBase<Options>::update_bucket(size_t group, Optimizer::CudaBucket& bucke
                          .weight_decay = o.weight_decay,
                          .decoupled_weight_decay = decoupled_weight_decay(),
                          .amsgrad = o.amsgrad,
-                         .maximize = o.maximize},
+                         .maximize = o.maximize,
+                         .lr_device = this->graph_lr(group, bucket.params[0].device())},
                         grad_scale, found_inf);
 #else
   OptimizerWith<Options>::update_bucket(group, bucket, grad_scale, found_inf);

@@ -61,7 +61,8 @@ void LAMB::update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_sc
                          .eps = o.eps,
                          .weight_decay = o.weight_decay,
                          .bias_correction = o.bias_correction,
-                         .max_trust_ratio = o.max_trust_ratio},
+                         .max_trust_ratio = o.max_trust_ratio,
+                         .lr_device = graph_lr(group, bucket.params[0].device())},
                         grad_scale, found_inf);
 #else
   OptimizerWith::update_bucket(group, bucket, grad_scale, found_inf);

@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/tensor/cuda.h"  // cuda::Graph
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
 
@@ -279,6 +280,28 @@ Tensor& Optimizer::step_tensor(const Tensor& param) {
   auto it = s.find("step");
   if (it != s.end()) return it->second;
   return s["step"] = ops::zeros({1}, {.dtype = DType::Float32, .device = param.device()});
+}
+
+const double* Optimizer::graph_lr(size_t group, Device device) {
+  if (!device.is_cuda() || !cuda::Graph::capturing()) return nullptr;
+  Tensor lr_tensor = ops::empty({1}, {.dtype = DType::Float64, .device = device});
+  std::map<std::string, double> captured = group_values(group);
+  captured.erase("lr");
+  std::weak_ptr<Optimizer*> alive = alive_;
+  cuda::Graph::on_replay([alive, group, lr_tensor, captured]() mutable {
+    const std::shared_ptr<Optimizer*> self = alive.lock();
+    KILN_CHECK(self != nullptr, "cuda::Graph::replay: an optimizer whose step was captured in this graph no longer ",
+               "exists; keep it alive as long as the graph, or capture the step again");
+    Optimizer& opt = **self;
+    std::map<std::string, double> now = opt.group_values(group);
+    for (const auto& [key, value] : captured) {
+      KILN_CHECK(now.at(key) == value, "cuda::Graph::replay: option '", key, "' of ", opt.name(), " group ", group,
+                 " changed from ", value, " to ", now.at(key), " after the step was captured; only the learning rate ",
+                 "follows changes in a CUDA graph: capture the step again after changing other options");
+    }
+    lr_tensor.fill_(opt.lr(group));
+  });
+  return lr_tensor.data_ptr<double>();
 }
 
 }  // namespace kiln::optim

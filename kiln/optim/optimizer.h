@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,11 +115,18 @@ class Optimizer {
   Tensor& state_tensor(const Tensor& param, const std::string& name);
   // The "step" tensor of `param` (1-element float32 on its device), created as 0 when absent.
   Tensor& step_tensor(const Tensor& param);
+  // For the fused kernels' lr_device (kiln/optim/cuda/fused.h). Outside a CUDA graph capture: nullptr (the
+  // kernels take the group's lr as a value). During one (cuda::Graph::capturing()): the memory of a 1-element
+  // float64 tensor on `device` that every replay first fills with lr(group), so that LR schedulers keep
+  // working; a replay throws if the group's other options changed since the capture.
+  const double* graph_lr(size_t group, Device device);
 
  private:
   // Keyed by the parameter's TensorImpl: a parameter is the same tensor for the optimizer's lifetime
   // (Module::to() changes tensors in place).
   std::map<const void*, std::map<std::string, Tensor>> state_;
+  // Replay hooks of CUDA graphs hold this weakly: a replay after the optimizer is gone throws.
+  std::shared_ptr<Optimizer*> alive_ = std::make_shared<Optimizer*>(this);
 };
 
 // A group of parameters with its own options.

@@ -55,7 +55,8 @@ void SGD::update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_sca
                         .dampening = o.dampening,
                         .weight_decay = o.weight_decay,
                         .nesterov = o.nesterov,
-                        .maximize = o.maximize},
+                        .maximize = o.maximize,
+                        .lr_device = graph_lr(group, bucket.params[0].device())},
                        grad_scale, found_inf);
 #else
   OptimizerWith::update_bucket(group, bucket, grad_scale, found_inf);

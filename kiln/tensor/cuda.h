@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -110,6 +111,58 @@ bool allow_tf32();
 // Marks that `t`'s memory is in use on `stream` (besides the stream it was allocated on): the caching
 // allocator will not hand it out again before the work queued on `stream` so far has finished.
 void record_stream(const Tensor& t, const Stream& stream);
+
+// ---- CUDA graphs ----
+// A training step recorded once and replayed with one launch: no host work per kernel, no launch gaps.
+//
+//   Tensor x = ..., y = ...;                  // static inputs: copy each batch into them
+//   Tensor loss;
+//   cuda::Graph graph;
+//   graph.capture([&] {
+//     opt.zero_grad();
+//     loss = nn::cross_entropy((*model)(x), y);
+//     loss.backward();
+//     opt.step();
+//   });
+//   for (auto& batch : loader) {
+//     x.copy_(batch.input);  y.copy_(batch.target);
+//     graph.replay();                         // loss now holds this step's value
+//   }
+//
+// capture() runs the step `warmup` times on the graph's own stream first, so that what a first step makes
+// lazily (optimizer states, .grad tensors, cuBLAS and cuDNN plans) exists, then records one more run: its
+// kernels are queued into the graph and not run. replay() runs the recorded kernels on the same addresses,
+// ordered after the work queued on the current stream so far (and before what is queued after). Tensors
+// made during the capture (loss, gradients) keep their memory, which each replay rewrites; tensors the step
+// reads (parameters, inputs) must stay alive and in place. The memory of the capture is the graph's own
+// (the caching allocator keeps it for its replays) until the graph is destroyed.
+//
+// What the step must not do: synchronise with the host (item(), .cpu(), printing a tensor, a data loader),
+// change shapes between replays, or depend on host values that change: the optimizers refresh their learning
+// rates before each replay (LR schedulers work), but other options must stay as captured, and random ops
+// (dropout) are refused during a capture. capture() then throws, naming the cause when CUDA gives one.
+class Graph {
+ public:
+  Graph();
+  ~Graph();  // waits for the last replay
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  void capture(const std::function<void()>& step, int warmup = 3);
+  void replay();
+  bool captured() const;
+
+  // Whether the calling thread is capturing a graph now (for code that must act differently then).
+  static bool capturing();
+  // For library code running inside a capture: `hook` runs before every replay of the graph being captured
+  // on this thread (on the graph's stream), e.g. to write host values the captured kernels read. Throws
+  // outside a capture.
+  static void on_replay(std::function<void()> hook);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // ---- the caching allocator ----
 struct MemoryStats {

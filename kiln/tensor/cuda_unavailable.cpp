@@ -44,6 +44,15 @@ void Event::synchronize() const { no_cuda("Event::synchronize"); }
 bool Event::query() const { no_cuda("Event::query"); }
 float Event::elapsed_ms(const Event&) const { no_cuda("Event::elapsed_ms"); }
 
+struct Graph::Impl {};
+Graph::Graph() = default;
+Graph::~Graph() = default;
+void Graph::capture(const std::function<void()>&, int) { no_cuda("Graph::capture"); }
+void Graph::replay() { no_cuda("Graph::replay"); }
+bool Graph::captured() const { return false; }
+bool Graph::capturing() { return false; }
+void Graph::on_replay(std::function<void()>) { no_cuda("Graph::on_replay"); }
+
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return true; }
 void record_stream(const Tensor&, const Stream&) { no_cuda("record_stream"); }

@@ -15,11 +15,12 @@ namespace {
 
 template <typename P, bool kAmsgrad>
 struct AdamFunctor {
-  double lr, beta1, beta2;  // for the bias corrections (float64)
+  double lr, beta1, beta2, weight_decay_d;  // for the bias corrections (float64)
   float lr_f, beta1_f, one_minus_beta1, beta2_f, one_minus_beta2, eps, weight_decay, lr_wd;
   bool decoupled, maximize;
   const float* grad_scale;
   const float* found_inf;
+  const double* lr_device;  // when set, the learning rate (CUDA graphs)
 
   template <int D>
   __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
@@ -32,6 +33,8 @@ struct AdamFunctor {
     float* mx = nullptr;
     if constexpr (kAmsgrad) mx = static_cast<float*>(m.ptr[4][slot]) + off;
     const double t = static_cast<double>(*m.step[slot]) + 1.0;
+    const double lr = lr_device != nullptr ? *lr_device : this->lr;
+    const float lr_wd = lr_device != nullptr ? static_cast<float>(lr * weight_decay_d) : this->lr_wd;
     const float step_size = static_cast<float>(lr / (1.0 - pow(beta1, t)));
     const float bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(beta2, t)));
     const float divisor = mt::grad_divisor(grad_scale);
@@ -105,6 +108,8 @@ void fused_adam(const TensorVec& params, const TensorVec& grads, const TensorVec
       f.eps = static_cast<float>(h.eps);
       f.weight_decay = static_cast<float>(h.weight_decay);
       f.lr_wd = static_cast<float>(h.lr * h.weight_decay);
+      f.weight_decay_d = h.weight_decay;
+      f.lr_device = h.lr_device;
       f.decoupled = h.decoupled_weight_decay;
       f.maximize = h.maximize;
       f.grad_scale = mt::scalar_ptr(grad_scale);

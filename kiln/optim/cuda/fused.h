@@ -24,6 +24,10 @@
 //
 // Step counters: steps[i] is read by the update (which uses steps[i] + 1, as PyTorch increments first) and
 // incremented by a second launch after it, so that all chunks of a tensor see the same count.
+//
+// Learning rates for CUDA graphs: with `lr_device` set (the memory of a 1-element float64 device tensor), the
+// kernels read the learning rate there when they run, and `lr` is ignored; the update is bit for bit the one
+// `lr` of the same value gives.
 #pragma once
 
 #include <vector>
@@ -37,6 +41,7 @@ using TensorVec = std::vector<Tensor>;
 struct SgdHyper {
   double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false, maximize = false;
+  const double* lr_device = nullptr;
 };
 // momentum_buffers: empty when momentum == 0; otherwise one per parameter. `first_step` per parameter is
 // implied by `steps`: steps[i] (1-element float32) == 0 means the buffer is initialised to the gradient (PyTorch).
@@ -48,6 +53,7 @@ struct AdamHyper {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool decoupled_weight_decay = false;  // AdamW
   bool amsgrad = false, maximize = false;
+  const double* lr_device = nullptr;
 };
 // steps[i]: 1-element float32 device tensors, incremented in the kernel before the bias corrections (unless
 // found_inf). max_exp_avg_sqs: empty unless amsgrad.
@@ -65,6 +71,7 @@ struct LambHyper {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-6, weight_decay = 0;
   bool bias_correction = true;
   double max_trust_ratio = 10.0;  // trust ratio = clamp(||p|| / ||update||, 0, max); 1 where either norm is 0
+  const double* lr_device = nullptr;
 };
 void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec& exp_avgs,
                 const TensorVec& exp_avg_sqs, const TensorVec& steps, const LambHyper& h, const Tensor& grad_scale,

@@ -8,8 +8,8 @@
 // is 0), recomputes u from the stored m, v and the unchanged p, and writes p -= lr * trust * u. A third
 // launch increments the steps. Sums of squares are float32 (per thread, then a fixed block tree).
 #include "kiln/optim/cuda/multi_tensor.cuh"
+#include "kiln/tensor/ops.h"    // ops::empty
 #include "kiln/tensor/trace.h"  // a range per kernel entry
-#include "kiln/tensor/ops.h"  // ops::empty
 
 namespace kiln::optim::cuda_impl {
 namespace {
@@ -88,6 +88,7 @@ struct LambPhase2 {
   float lr, max_trust_ratio;
   const float* found_inf;
   const float* partials;
+  const double* lr_device;  // when set, the learning rate (CUDA graphs)
 
   template <int D>
   __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
@@ -103,7 +104,7 @@ struct LambPhase2 {
     const float p_norm = sqrtf(mt::block_sum(sp));
     const float u_norm = sqrtf(mt::block_sum(su));
     const float trust = (p_norm > 0.f && u_norm > 0.f) ? fminf(p_norm / u_norm, max_trust_ratio) : 1.f;
-    const float scale = lr * trust;
+    const float scale = (lr_device != nullptr ? static_cast<float>(*lr_device) : lr) * trust;
 
     const int64_t off = chunk * mt::kChunk;
     P* p = static_cast<P*>(m.ptr[0][slot]) + off;
@@ -165,7 +166,7 @@ void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec
                  kOp);
     mt::apply<3>({&params, &exp_avgs, &exp_avg_sqs}, &steps, stream,
                  LambPhase2<P>{math, static_cast<float>(h.lr), static_cast<float>(h.max_trust_ratio),
-                               mt::scalar_ptr(found_inf), partials.data_ptr<float>()},
+                               mt::scalar_ptr(found_inf), partials.data_ptr<float>(), h.lr_device},
                  kOp);
   });
   mt::increment_steps(steps, found_inf, stream, kOp);

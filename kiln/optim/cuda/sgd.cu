@@ -16,10 +16,12 @@ struct SgdFunctor {
   bool nesterov, maximize;
   const float* grad_scale;
   const float* found_inf;
+  const double* lr_device;  // when set, the learning rate (CUDA graphs)
 
   template <int D>
   __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
     if (mt::skip_step(found_inf)) return;
+    const float lr = lr_device != nullptr ? static_cast<float>(*lr_device) : this->lr;
     const int64_t off = chunk * mt::kChunk;
     P* p = static_cast<P*>(m.ptr[0][slot]) + off;
     const P* g = static_cast<const P*>(m.ptr[1][slot]) + off;
@@ -91,9 +93,11 @@ void fused_sgd(const TensorVec& params, const TensorVec& grads, const TensorVec&
     const float* gs = mt::scalar_ptr(grad_scale);
     const float* fi = mt::scalar_ptr(found_inf);
     if (momentum) {
-      run(SgdFunctor<P, true>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi}, std::integral_constant<int, 3>{});
+      run(SgdFunctor<P, true>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi, h.lr_device},
+          std::integral_constant<int, 3>{});
     } else {
-      run(SgdFunctor<P, false>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi}, std::integral_constant<int, 2>{});
+      run(SgdFunctor<P, false>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi, h.lr_device},
+          std::integral_constant<int, 2>{});
     }
   });
   if (!steps.empty()) mt::increment_steps(steps, found_inf, stream, kOp);

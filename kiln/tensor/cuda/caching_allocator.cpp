@@ -9,6 +9,12 @@
 // gets it again. Reuse on the same stream is safe without synchronising, because the stream runs the
 // old user's work before the new one's. A block that other streams used too (record_stream) is kept
 // out of the pools after free until an event recorded on each of those streams has completed.
+//
+// CUDA graphs (cuda::Graph): while a stream is being captured, its allocations come from a private pool of the
+// graph (pool id != 0), and blocks freed during the capture return there. Replays write the same addresses, so
+// no other allocation may get that memory while the graph lives: private blocks are never handed out outside
+// their graph's capture, and their segments are not released. When the graph goes, the pool's free segments go
+// back to the driver; blocks still held by tensors are released when freed and the cache is emptied.
 #include "kiln/tensor/cuda/caching_allocator.h"
 
 #include <cuda_runtime.h>
@@ -88,6 +94,7 @@ class QuietDeviceGuard {
 };
 
 struct Block {
+  uint64_t pool = 0;              // 0: the shared pools; else the private pool of a CUDA graph (its segment's)
   cudaStream_t stream = nullptr;  // the stream it was allocated on (its whole segment's)
   size_t size = 0;
   char* ptr = nullptr;
@@ -102,9 +109,10 @@ struct Block {
   bool whole_segment() const { return prev == nullptr && next == nullptr; }
 };
 
-// Best fit: the smallest block of the same stream that is large enough, lowest address on ties.
+// Best fit: the smallest block of the same pool and stream that is large enough, lowest address on ties.
 struct BlockOrder {
   bool operator()(const Block* a, const Block* b) const {
+    if (a->pool != b->pool) return a->pool < b->pool;
     if (a->stream != b->stream) return reinterpret_cast<uintptr_t>(a->stream) < reinterpret_cast<uintptr_t>(b->stream);
     if (a->size != b->size) return a->size < b->size;
     return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
@@ -122,7 +130,12 @@ class DeviceAllocator final : public Allocator {
     if (nbytes == 0) return DataPtr(nullptr, [](void*) {});
     const cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device_).handle());
     std::lock_guard<std::mutex> lock(mutex_);
-    Block* block = debug_mode() ? malloc_uncached(nbytes) : allocate_block(nbytes, stream);
+    uint64_t pool = 0;
+    if (!capturing_.empty()) {
+      auto it = capturing_.find(stream);
+      if (it != capturing_.end()) pool = it->second;
+    }
+    Block* block = debug_mode() && pool == 0 ? malloc_uncached(nbytes) : allocate_block(nbytes, stream, pool);
     block->allocated = true;
     active_.emplace(block->ptr, block);
     stats_.allocated_bytes += static_cast<int64_t>(block->size);
@@ -157,28 +170,55 @@ class DeviceAllocator final : public Allocator {
 
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
+    KILN_CHECK(capturing_.empty(), "empty_cache: a CUDA graph is being captured on cuda:", device_,
+               "; empty the cache before or after the capture");
     synchronize_events();
     release_cached_segments();
+  }
+
+  // ---- CUDA graphs ----
+
+  // A new private pool; allocations on `stream` come from it until end_capture.
+  uint64_t begin_capture(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    KILN_CHECK(!capturing_.count(stream), "CUDA graph capture: the stream is already being captured");
+    const uint64_t pool = next_pool_++;
+    live_pools_.insert(pool);
+    capturing_[stream] = pool;
+    return pool;
+  }
+  void end_capture(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    capturing_.erase(stream);
+  }
+  // The graph is gone: its pool's free segments return to the driver (the caller made sure no replay is
+  // running); blocks tensors still hold follow when freed and the cache is emptied.
+  void release_pool(uint64_t pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_pools_.erase(pool);
+    release_cached_segments(pool);
   }
 
  private:
   // ---- allocation ----
 
-  Block* allocate_block(size_t nbytes, cudaStream_t stream) {
+  Block* allocate_block(size_t nbytes, cudaStream_t stream, uint64_t pool_id) {
     if (nbytes > kMaxRequest) out_of_memory(nbytes);
-    process_events();
+    const bool capture = pool_id != 0;
+    if (!capture) process_events();  // event queries do not mix with a capture in progress
     const size_t size = round_up(nbytes, kRound);
     const bool small = size <= kSmallRequest;
     Pool& pool = small ? small_ : large_;
-    if (Block* b = take_from_pool(pool, stream, size)) return split(b, size);
+    if (Block* b = take_from_pool(pool, pool_id, stream, size)) return split(b, size);
 
     const size_t segment = small ? kSmallSegment : round_up(size, kLargeRound);
     void* ptr = try_malloc(segment);
+    if (ptr == nullptr && capture) out_of_memory(nbytes);  // releasing memory would synchronise the device
     if (ptr == nullptr) {
       // Blocks waiting for other streams may be enough once those streams finish; then cached segments
       // of every stream go back to the driver, and cudaMalloc gets one more chance.
       synchronize_events();
-      if (Block* b = take_from_pool(pool, stream, size)) {
+      if (Block* b = take_from_pool(pool, pool_id, stream, size)) {
         ++stats_.num_alloc_retries;
         return split(b, size);
       }
@@ -188,6 +228,7 @@ class DeviceAllocator final : public Allocator {
       ++stats_.num_alloc_retries;
     }
     Block* b = new Block;
+    b->pool = pool_id;
     b->stream = stream;
     b->size = segment;
     b->ptr = static_cast<char*>(ptr);
@@ -195,12 +236,13 @@ class DeviceAllocator final : public Allocator {
     return split(b, size);
   }
 
-  Block* take_from_pool(Pool& pool, cudaStream_t stream, size_t size) {
+  Block* take_from_pool(Pool& pool, uint64_t pool_id, cudaStream_t stream, size_t size) {
     Block key;
+    key.pool = pool_id;
     key.stream = stream;
     key.size = size;
     auto it = pool.lower_bound(&key);
-    if (it == pool.end() || (*it)->stream != stream) return nullptr;
+    if (it == pool.end() || (*it)->pool != pool_id || (*it)->stream != stream) return nullptr;
     Block* b = *it;
     pool.erase(it);
     return b;
@@ -212,6 +254,7 @@ class DeviceAllocator final : public Allocator {
     const bool keep = b->small ? rest >= kRound : rest > kMinLargeSplit;
     if (!keep) return b;
     Block* r = new Block;
+    r->pool = b->pool;
     r->stream = b->stream;
     r->size = rest;
     r->ptr = b->ptr + size;
@@ -278,7 +321,7 @@ class DeviceAllocator final : public Allocator {
     active_.erase(block->ptr);
     block->allocated = false;
     stats_.allocated_bytes -= static_cast<int64_t>(block->size);
-    if (debug_mode()) {
+    if (debug_mode() && block->pool == 0) {  // a graph's blocks are pooled even then
       QuietDeviceGuard guard(device_);
       if (cudaFree(block->ptr) == cudaSuccess) {
         ++stats_.num_device_frees;
@@ -292,6 +335,16 @@ class DeviceAllocator final : public Allocator {
     if (block->stream_uses.empty()) {
       return_to_pool(block);
       return;
+    }
+    if (!capturing_.empty()) {
+      // An event recorded on a stream being captured would become part of the graph: keep such a block out
+      // of the pools for good (a rare case: record_stream, then a free during a capture).
+      for (cudaStream_t s : block->stream_uses) {
+        if (capturing_.count(s)) {
+          ++block->pending_events;
+          return;
+        }
+      }
     }
     try {
       QuietDeviceGuard guard(device_);  // events and the legacy default stream are the device's
@@ -383,13 +436,15 @@ class DeviceAllocator final : public Allocator {
     }
   }
 
-  // cudaFree of every cached segment that is entirely free.
-  void release_cached_segments() {
+  // cudaFree of every cached segment that is entirely free (of the shared pools and of graphs that are gone;
+  // only_pool != 0: of that pool only).
+  void release_cached_segments(uint64_t only_pool = 0) {
     DeviceGuard guard(device_);
     for (Pool* pool : {&small_, &large_}) {
       for (auto it = pool->begin(); it != pool->end();) {
         Block* b = *it;
-        if (!b->whole_segment()) {
+        const bool eligible = only_pool != 0 ? b->pool == only_pool : !live_pools_.count(b->pool);
+        if (!eligible || !b->whole_segment()) {
           ++it;
           continue;
         }
@@ -409,6 +464,9 @@ class DeviceAllocator final : public Allocator {
   std::vector<std::pair<cudaEvent_t, Block*>> pending_;
   std::vector<cudaEvent_t> free_events_;
   MemoryStats stats_;
+  std::unordered_map<cudaStream_t, uint64_t> capturing_;  // streams being captured -> their graph's pool
+  std::set<uint64_t> live_pools_;                         // pools of graphs that exist
+  uint64_t next_pool_ = 1;
 };
 
 // One allocator per device, made on first use and never destroyed: tensors that outlive main() (static
@@ -447,6 +505,11 @@ namespace detail {
 void allocator_record_stream(int device, void* ptr, cudaStream_t stream) {
   device_allocator(device).record_stream(ptr, stream);
 }
+uint64_t allocator_begin_capture(int device, cudaStream_t stream) {
+  return device_allocator(device).begin_capture(stream);
+}
+void allocator_end_capture(int device, cudaStream_t stream) { device_allocator(device).end_capture(stream); }
+void allocator_release_pool(int device, uint64_t pool) { device_allocator(device).release_pool(pool); }
 }  // namespace detail
 
 Allocator& CudaBackend::allocator(int device_index) { return device_allocator(device_index); }

@@ -4,10 +4,18 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace kiln::cuda::detail {
 
 // Marks the allocation that starts at `ptr` on `device` as used by `stream` too (see cuda::record_stream).
 // Memory that the caching allocator did not hand out (or already freed) is ignored.
 void allocator_record_stream(int device, void* ptr, cudaStream_t stream);
+
+// CUDA graphs (cuda::Graph): allocations on `stream` come from a new private pool until allocator_end_capture;
+// the pool's memory is kept for the graph's replays until allocator_release_pool (after the last replay).
+uint64_t allocator_begin_capture(int device, cudaStream_t stream);
+void allocator_end_capture(int device, cudaStream_t stream);
+void allocator_release_pool(int device, uint64_t pool);
 
 }  // namespace kiln::cuda::detail

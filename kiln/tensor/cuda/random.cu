@@ -181,10 +181,22 @@ Offsets row_major_layout(const Tensor& t, const char* op) {
 
 }  // namespace
 
+namespace {
+// A captured launch would draw the same numbers on every replay of the graph.
+void refuse_capture(cudaStream_t stream, const char* op) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &status), op);
+  KILN_CHECK_AS(NotImplementedError, status == cudaStreamCaptureStatusNone, op,
+                ": random numbers cannot be drawn inside a CUDA graph capture yet (each replay would repeat the "
+                "captured draw); capture a step without random ops (dropout p = 0, or evaluation mode)");
+}
+}  // namespace
+
 void CudaBackend::random(const Tensor& out, const RandomParams& params, GeneratorState draw) {
   const int64_t n = out.numel();
   const Offsets layout = row_major_layout(out, "cuda::random");
   cudaStream_t stream = stream_for(out);
+  refuse_capture(stream, "random");
   const int64_t blocks = kdetail::ceil_div(kdetail::ceil_div(n, 4), kThreads);
   KILN_CHECK(blocks < (int64_t{1} << 31), "cuda::random: tensor too large (", n, " elements)");
   visit_dtype(out.dtype(), [&](auto tag) {
@@ -199,6 +211,7 @@ void CudaBackend::dropout(const Tensor& out, const Tensor& mask, const Tensor& x
   const int64_t n = x.numel();
   const philox::KeepThreshold keep = philox::keep_threshold(1.0 - p);  // bernoulli(1 - p)'s decisions
   cudaStream_t stream = stream_for(x);
+  refuse_capture(stream, "dropout");
   visit_floating_dtype(x.dtype(), "dropout", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using D = device_t<T>;
