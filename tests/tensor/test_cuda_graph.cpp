@@ -20,7 +20,9 @@ class CudaGraph : public ::testing::Test {
     if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
   }
   const Device gpu = Device::cuda(0);
-  Tensor values(const std::vector<float>& v) const { return ops::from_vector<float>(v, {static_cast<int64_t>(v.size())}, gpu); }
+  Tensor values(const std::vector<float>& v) const {
+    return ops::from_vector<float>(v, {static_cast<int64_t>(v.size())}, gpu);
+  }
 };
 
 TEST(CudaGraphWithoutGpu, CaptureSaysWhy) {

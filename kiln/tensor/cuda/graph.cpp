@@ -62,8 +62,9 @@ void Graph::on_replay(std::function<void()> hook) {
 void Graph::capture(const std::function<void()>& step, int warmup) {
   Impl& g = *impl_;
   KILN_CHECK(g.pool == 0, "Graph::capture: this graph holds a capture already; make a new Graph for another one");
-  KILN_CHECK(t_hooks == nullptr, "Graph::capture: another graph is being captured on this thread (captures do not "
-                                 "nest)");
+  KILN_CHECK(t_hooks == nullptr,
+             "Graph::capture: another graph is being captured on this thread (captures do not "
+             "nest)");
   KILN_CHECK(warmup >= 0, "Graph::capture: warmup must be >= 0, got ", warmup);
   KILN_CHECK(static_cast<bool>(step), "Graph::capture: the step is empty");
   const int device = current_device();
@@ -112,9 +113,10 @@ void Graph::capture(const std::function<void()>& step, int warmup) {
       try {
         std::rethrow_exception(failure);
       } catch (const OutOfMemoryError& e) {
-        throw OutOfMemoryError(::kiln::detail::str_cat("Graph::capture: the step ran out of memory while it was "
-                                                       "being captured: ",
-                                                       e.what()));
+        throw OutOfMemoryError(
+            ::kiln::detail::str_cat("Graph::capture: the step ran out of memory while it was "
+                                    "being captured: ",
+                                    e.what()));
       } catch (const std::exception& e) {
         KILN_FAIL("Graph::capture: the step failed while it was being captured: ", e.what(),
                   (ended == cudaSuccess ? ""
