@@ -535,7 +535,7 @@ TEST_F(CudaIndexErrors, TheNextIndexOpRaisesAnEarlierCallsError) {
   const Tensor a = ops::from_vector<float>({0, 1, 2, 3, 4, 5}, {3, 2}).to(gpu);
   ASSERT_NO_THROW((void)ops::index_select(a, 0, on_gpu({1, 7}, {2})));
   wait_for_gpu();
-  expect_error([&] { (void)ops::gather(a, 1, on_gpu({0}, {3, 1})); }, {"index_select", "index 7", "dim 0", "size 3"});
+  expect_error([&] { (void)ops::gather(a, 1, on_gpu({0, 0, 0}, {3, 1})); }, {"index_select", "index 7", "dim 0", "size 3"});
   EXPECT_EQ(ops::gather(a, 1, on_gpu({1, 0, 1}, {3, 1})).cpu().to_vector<float>(), (std::vector<float>{1, 2, 5}));
 }
 
@@ -566,7 +566,7 @@ TEST_F(CudaIndexErrors, NothingIsWrittenOutsideTheTensor) {
   // out is a view into the middle of a buffer; the bad index would land past its end.
   Tensor buffer = ops::zeros({3, 2}, {.device = gpu});
   Tensor out = buffer.narrow(0, 1, 1);  // row 1
-  (void)ops::scatter_(out, 1, on_gpu({0, 2}, {1, 2}), ops::full({1, 2}, 7, {.device = gpu}));
+  (void)ops::scatter_(out, 1, on_gpu({0, 2}, {1, 2}), ops::full({1, 2}, 7.0, {.device = gpu}));
   EXPECT_THROW(cuda::synchronize(), IndexError);
   EXPECT_EQ(buffer.cpu().to_vector<float>(), (std::vector<float>{0, 0, 7, 0, 0, 0}));
 }

@@ -34,6 +34,7 @@
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/ops/elementwise_common.h"  // release_cached_constants
 
 namespace kiln::cuda {
 namespace {
@@ -272,7 +273,12 @@ class DeviceAllocator final : public Allocator {
   void* try_malloc(size_t size) {
     DeviceGuard guard(device_);
     void* ptr = nullptr;
+    // A capture in progress on this thread forbids cudaMalloc (it is no stream operation, so the graph does not
+    // see it): relax the capture mode of this thread around the call.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    KILN_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode), "CUDA caching allocator");
     const cudaError_t err = cudaMalloc(&ptr, size);
+    KILN_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode), "CUDA caching allocator");
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // not sticky, but clear it so later launch checks do not report it
       return nullptr;
@@ -519,6 +525,7 @@ MemoryStats memory_stats(int device) { return device_allocator(resolve(device)).
 void reset_peak_memory_stats(int device) { device_allocator(resolve(device)).reset_peaks(); }
 
 void empty_cache() {
+  ops::detail::release_cached_constants();  // this thread's broadcast constants hold small blocks
   for (int d = 0; d < device_count(); ++d) device_allocator(d).empty_cache();
 }
 

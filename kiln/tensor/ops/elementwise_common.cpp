@@ -31,9 +31,15 @@ struct ConstantKeyHash {
   }
 };
 
+using ConstantCache = std::unordered_map<ConstantKey, Tensor, ConstantKeyHash>;
+ConstantCache& constant_cache() {
+  thread_local ConstantCache cache;
+  return cache;
+}
+
 Tensor constant_tensor(Scalar value, DType dtype, Device device) {
   constexpr size_t kMaxConstants = 256;
-  thread_local std::unordered_map<ConstantKey, Tensor, ConstantKeyHash> cache;
+  ConstantCache& cache = constant_cache();
   ConstantKey key{device, dtype, value.kind(), 0, nullptr};
   if (value.is_floating_point()) {
     const double d = value.to_double();
@@ -43,8 +49,10 @@ Tensor constant_tensor(Scalar value, DType dtype, Device device) {
   }
   if (device.is_cuda()) key.stream = cuda::current_stream(device.index()).handle();
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  if (cache.size() >= kMaxConstants) cache.clear();
   Tensor t = scalar_tensor(value, {.dtype = dtype, .device = device});
+  // During a CUDA graph capture the fill is recorded, not run (and the memory is the graph's): not for later.
+  if (device.is_cuda() && cuda::Graph::capturing()) return t;
+  if (cache.size() >= kMaxConstants) cache.clear();
   cache.emplace(key, t);
   return t;
 }
@@ -67,6 +75,8 @@ const char* ordinal(size_t i) {
 }
 
 }  // namespace
+
+void release_cached_constants() { constant_cache().clear(); }
 
 DType result_type_of(std::initializer_list<const Operand*> operands) {
   std::optional<DType> dimensioned, zero_dim, scalar;

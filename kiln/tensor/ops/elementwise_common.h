@@ -64,6 +64,9 @@ void check_inplace_destination(std::string_view op, const Tensor& self, const Sh
 // Marks a tensor written in place (autograd compares storage versions).
 void bump_version(const Tensor& t);
 
+// Drops the calling thread's cache of broadcast scalar constants (cuda::empty_cache, so that their blocks can go).
+void release_cached_constants();
+
 // out = op(a, b) with promotion and broadcasting; comparisons and logical ops give Bool.
 Tensor binary(std::string_view name, BinaryOp op, const Operand& a, const Operand& b, ResultKind kind);
 // self = op(self, b): computed in the promoted dtype, stored in self's dtype.
