@@ -235,15 +235,34 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
 
 // The philox key of one dropout draw for cuDNN: kiln's (seed, offset) mixed into one 64-bit key (splitmix64),
 // so consecutive draws use unrelated streams whatever cuDNN does with its offset (kept 0).
-cuda_impl::FusedAttentionDropout dropout_draw(const FusedCall& c, Device device) {
-  if (c.cfg.dropout_p <= 0) return {};
-  Generator& gen = c.generator != nullptr ? *c.generator : default_generator(device);
-  const GeneratorState draw = gen.next_draw();
+int64_t mixed_key(const GeneratorState& draw) {
   uint64_t z = draw.seed + 0x9E3779B97F4A7C15ULL * (draw.offset + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   z ^= z >> 31;
-  return {static_cast<int64_t>(z), 0};
+  return static_cast<int64_t>(z);
+}
+
+cuda_impl::FusedAttentionDropout dropout_draw(const FusedCall& c, Device device) {
+  if (c.cfg.dropout_p <= 0) return {};
+  Generator& gen = c.generator != nullptr ? *c.generator : default_generator(device);
+  if (!cuda::Graph::capturing()) return {mixed_key(gen.next_draw()), 0, Tensor()};
+  // In a CUDA graph capture the key is read from device memory that each replay fills with a fresh draw's key
+  // (one tensor for the forward and the backward of the same call).
+  KILN_CHECK_AS(NotImplementedError, !gen.rewound_in_capture(),
+                "fused attention dropout in a CUDA graph capture after the generator was rewound (gradient "
+                "checkpointing): replays could not draw the same numbers again; capture without checkpointing, or "
+                "with attention dropout off");
+  const GeneratorState first = gen.next_draw();
+  Tensor seed = ops::full({1, 1, 1, 1}, mixed_key(first), {.dtype = DType::Int64, .device = device});
+  Generator* source = &gen;
+  cuda::Graph::on_replay([source, seed, captured = first.seed]() mutable {
+    const GeneratorState next = source->next_draw();
+    KILN_CHECK(next.seed == captured, "cuda::Graph::replay: the generator of an attention dropout in this graph was ",
+               "seeded again after the capture; capture the step again after seeding");
+    seed.fill_(mixed_key(next));
+  });
+  return {0, 0, seed};
 }
 
 // What the node keeps besides its saved tensors.

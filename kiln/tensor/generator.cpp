@@ -2,6 +2,8 @@
 
 #include <deque>
 
+#include "kiln/tensor/cuda.h"  // cuda::Graph::capturing
+
 namespace kiln {
 
 void Generator::manual_seed(uint64_t seed) {
@@ -20,8 +22,21 @@ GeneratorState Generator::state() const {
 }
 
 void Generator::set_state(const GeneratorState& state) {
+  const bool capturing = cuda::Graph::capturing();
   std::lock_guard<std::mutex> lock(mutex_);
   state_ = state;
+  state_.device_offset = nullptr;
+  if (capturing) rewound_in_capture_ = true;
+}
+
+bool Generator::rewound_in_capture() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return rewound_in_capture_;
+}
+
+void Generator::clear_rewound_in_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  rewound_in_capture_ = false;
 }
 
 GeneratorState Generator::next_draw() {

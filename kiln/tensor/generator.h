@@ -21,6 +21,9 @@ namespace kiln {
 struct GeneratorState {
   uint64_t seed = 0;
   uint64_t offset = 0;
+  // CUDA graphs (backend use only): when set, a kernel reads the draw's offset here, in device memory, and not
+  // `offset`; each replay of the graph writes a fresh one (see ops::random's draws during a capture).
+  const uint64_t* device_offset = nullptr;
   friend bool operator==(const GeneratorState&, const GeneratorState&) = default;
 };
 
@@ -35,10 +38,15 @@ class Generator {
   void set_state(const GeneratorState& state);
   // Reserves the offset of one draw and returns {seed, offset}. Thread-safe.
   GeneratorState next_draw();
+  // Whether set_state() was called while a CUDA graph was being captured on the calling thread (a rewind that
+  // replays could not follow); ops::draw_for refuses to draw during the capture then, and clears it outside.
+  bool rewound_in_capture() const;
+  void clear_rewound_in_capture();
 
  private:
   mutable std::mutex mutex_;
   GeneratorState state_;
+  bool rewound_in_capture_ = false;
 };
 
 // The default generator of a device (one per CPU, one per GPU).

@@ -64,6 +64,10 @@ Tensor randperm(int64_t n, const TensorOptions& options = {.dtype = DType::Int64
 // bernoulli(x.shape(), 1 - p, x's options, gen) scaled by 1 / (1 - p): the same generator state gives the
 // same mask as that, on every backend, and leaves the generator where that leaves it. p in [0, 1).
 std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator* gen = nullptr);
+// One draw of `gen` (the device's default generator when null) for a kernel on `device`. During a CUDA graph
+// capture the draw's offset stays in device memory that every replay refreshes (GeneratorState::device_offset),
+// so each replay draws new numbers.
+GeneratorState draw_for(Generator* gen, Device device);
 
 // ---------------------------------------------------------------- copy and cast (copy.cpp)
 Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);

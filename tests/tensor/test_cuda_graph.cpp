@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kiln/kiln.h"
@@ -129,11 +130,62 @@ TEST_F(CudaGraph, AStepThatSynchronisesCannotBeCapturedAndLeavesNoTrace) {
   EXPECT_EQ(y.cpu().to_vector<float>(), (std::vector<float>{2, 3}));
 }
 
-TEST_F(CudaGraph, RandomOpsAreRefused) {
-  Tensor x = ops::ones({64}, {.device = gpu});
+TEST_F(CudaGraph, RandomOpsDrawNewNumbersOnEveryReplay) {
+  // Each replay takes fresh draws from the generator: the same numbers as eager ops from the generator's state
+  // just before that replay.
+  Generator& gen = default_generator(gpu);
+  Tensor x = ops::full({4096}, 2.0, {.device = gpu});
+  Tensor out, mask, u;
   cuda::Graph graph;
-  expect_error([&] { graph.capture([&] { (void)ops::dropout(x, 0.5); }, 0); },
-               {"Graph::capture", "dropout", "random numbers", "CUDA graph"});
+  graph.capture(
+      [&] {
+        std::tie(out, mask) = ops::dropout(x, 0.3);
+        u = ops::rand({1000}, {.device = gpu});
+      },
+      1);
+  std::vector<float> previous;
+  for (int k = 0; k < 3; ++k) {
+    SCOPED_TRACE(k);
+    const GeneratorState before = gen.state();
+    graph.replay();
+    const std::vector<float> got_mask = mask.cpu().to_vector<float>(), got_u = u.cpu().to_vector<float>();
+    const GeneratorState after = gen.state();
+    EXPECT_EQ(after.offset, before.offset + 2);  // one draw per random op and replay, as eager steps take
+    gen.set_state(before);
+    auto [want_out, want_mask] = ops::dropout(x, 0.3);
+    const Tensor want_u = ops::rand({1000}, {.device = gpu});
+    EXPECT_EQ(got_mask, want_mask.cpu().to_vector<float>());
+    EXPECT_EQ(out.cpu().to_vector<float>(), want_out.cpu().to_vector<float>());
+    EXPECT_EQ(got_u, want_u.cpu().to_vector<float>());
+    EXPECT_EQ(gen.state().offset, after.offset);
+    EXPECT_NE(got_mask, previous) << "a replay repeated the previous replay's mask";
+    previous = got_mask;
+  }
+}
+
+TEST_F(CudaGraph, DrawsAfterARewindAndReseedingAreRefused) {
+  Generator& gen = default_generator(gpu);
+  Tensor x = ops::ones({64}, {.device = gpu});
+  cuda::Graph rewinding;
+  // What gradient checkpointing does to recompute a region: rewind the generator, then draw again.
+  expect_error(
+      [&] {
+        rewinding.capture(
+            [&] {
+              const GeneratorState st = gen.state();
+              (void)ops::dropout(x, 0.5);
+              gen.set_state(st);
+              (void)ops::dropout(x, 0.5);
+            },
+            0);
+      },
+      {"Graph::capture", "rewound", "checkpointing"});
+  (void)ops::dropout(x, 0.5);  // an eager draw clears the rewind
+  cuda::Graph graph;
+  graph.capture([&] { (void)ops::dropout(x, 0.5); }, 0);
+  graph.replay();
+  manual_seed(4321);
+  expect_error([&] { graph.replay(); }, {"replay", "seeded again", "capture the step again"});
 }
 
 TEST_F(CudaGraph, MisuseIsReported) {

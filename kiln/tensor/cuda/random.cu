@@ -61,6 +61,7 @@ __device__ __forceinline__ void draw_one(T* p, RandomParams params, GeneratorSta
 // One thread per 4 consecutive logical elements (one Philox block for the float numberings).
 template <typename T>
 __global__ void random_kernel(T* out, Offsets layout, int64_t n, RandomParams params, GeneratorState draw) {
+  if (draw.device_offset != nullptr) draw.offset = *draw.device_offset;  // a CUDA graph's draw
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   for (int64_t i = first; i < first + 4 && i < n; ++i)
     draw_one(out + layout(i), params, draw, static_cast<uint64_t>(i));
@@ -111,6 +112,7 @@ __global__ void __launch_bounds__(kThreads)
     dropout_contiguous_kernel(device_t<T>* out, device_t<T>* mask, const device_t<T>* x, int64_t n, bool aligned,
                               compute_t<T> scale, philox::KeepThreshold keep, GeneratorState draw) {
   using D = device_t<T>;
+  if (draw.device_offset != nullptr) draw.offset = *draw.device_offset;  // a CUDA graph's draw
   constexpr int V = static_cast<int>(16 / sizeof(T));
   const int64_t nvec = (n + V - 1) / V;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -143,6 +145,7 @@ __global__ void __launch_bounds__(kThreads)
     dropout_strided_kernel(device_t<T>* out, device_t<T>* mask, const device_t<T>* x, Offsets out_layout,
                            Offsets mask_layout, Offsets x_layout, int64_t n, compute_t<T> scale,
                            philox::KeepThreshold keep, GeneratorState draw) {
+  if (draw.device_offset != nullptr) draw.offset = *draw.device_offset;  // a CUDA graph's draw
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
   if (first >= n) return;
   bool kept[4];
@@ -181,22 +184,10 @@ Offsets row_major_layout(const Tensor& t, const char* op) {
 
 }  // namespace
 
-namespace {
-// A captured launch would draw the same numbers on every replay of the graph.
-void refuse_capture(cudaStream_t stream, const char* op) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &status), op);
-  KILN_CHECK_AS(NotImplementedError, status == cudaStreamCaptureStatusNone, op,
-                ": random numbers cannot be drawn inside a CUDA graph capture yet (each replay would repeat the "
-                "captured draw); capture a step without random ops (dropout p = 0, or evaluation mode)");
-}
-}  // namespace
-
 void CudaBackend::random(const Tensor& out, const RandomParams& params, GeneratorState draw) {
   const int64_t n = out.numel();
   const Offsets layout = row_major_layout(out, "cuda::random");
   cudaStream_t stream = stream_for(out);
-  refuse_capture(stream, "random");
   const int64_t blocks = kdetail::ceil_div(kdetail::ceil_div(n, 4), kThreads);
   KILN_CHECK(blocks < (int64_t{1} << 31), "cuda::random: tensor too large (", n, " elements)");
   visit_dtype(out.dtype(), [&](auto tag) {
@@ -211,7 +202,6 @@ void CudaBackend::dropout(const Tensor& out, const Tensor& mask, const Tensor& x
   const int64_t n = x.numel();
   const philox::KeepThreshold keep = philox::keep_threshold(1.0 - p);  // bernoulli(1 - p)'s decisions
   cudaStream_t stream = stream_for(x);
-  refuse_capture(stream, "dropout");
   visit_floating_dtype(x.dtype(), "dropout", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using D = device_t<T>;

@@ -2,12 +2,46 @@
 #include <cmath>
 
 #include "kiln/tensor/backend.h"
+#include "kiln/tensor/cuda.h"  // cuda::Graph
 #include "kiln/tensor/ops.h"
 
 namespace kiln::ops {
 namespace {
 
 Generator& generator_for(Generator* gen, Device device) { return gen ? *gen : default_generator(device); }
+
+}  // namespace
+
+GeneratorState draw_for(Generator* gen, Device device) {
+  Generator& g = generator_for(gen, device);
+  const bool capturing = device.is_cuda() && cuda::Graph::capturing();
+  if (!capturing) {
+    if (g.rewound_in_capture()) g.clear_rewound_in_capture();
+    return g.next_draw();
+  }
+  // Gradient checkpointing rewinds the generator to draw a region's numbers again; each replay of a captured
+  // draw takes a fresh offset, so the recomputed numbers would differ from the forward's.
+  KILN_CHECK_AS(NotImplementedError, !g.rewound_in_capture(),
+                "random op in a CUDA graph capture after the generator was rewound (gradient checkpointing with "
+                "dropout): replays could not draw the same numbers again; capture without checkpointing, or with "
+                "dropout off in the checkpointed layers");
+  GeneratorState draw = g.next_draw();
+  // A captured kernel would repeat this draw on every replay: its offset lives in device memory instead, and
+  // every replay takes a fresh draw from the generator and writes its offset there first.
+  Tensor slot = empty({1}, {.dtype = DType::Int64, .device = device});
+  Generator* source = &g;
+  const uint64_t seed = draw.seed;
+  cuda::Graph::on_replay([source, slot, seed]() mutable {
+    const GeneratorState next = source->next_draw();
+    KILN_CHECK(next.seed == seed, "cuda::Graph::replay: the generator of a random op in this graph was seeded again ",
+               "(seed ", seed, " when captured, ", next.seed, " now); capture the step again after seeding");
+    slot.fill_(static_cast<int64_t>(next.offset));
+  });
+  draw.device_offset = reinterpret_cast<const uint64_t*>(slot.data_ptr<int64_t>());
+  return draw;
+}
+
+namespace {
 
 void check_floating(DType dtype, std::string_view op) {
   KILN_CHECK(is_floating_point(dtype), op, ": needs a floating-point dtype, got ", dtype, "; use randint for integers");
@@ -17,7 +51,7 @@ void check_floating(DType dtype, std::string_view op) {
 Tensor& sample_(Tensor& t, const RandomParams& params, Generator* gen) {
   KILN_CHECK(t.defined(), "random: the tensor is undefined");
   if (t.numel() == 0) return t;
-  const GeneratorState draw = generator_for(gen, t.device()).next_draw();
+  const GeneratorState draw = draw_for(gen, t.device());
   backend(t.device()).random(t, params, draw);
   t.impl().storage()->bump_version();
   return t;
@@ -88,7 +122,7 @@ std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator* gen) {
   // Laid out as x (channels-last stays channels-last); the numbering is row-major whatever the layout.
   Tensor out = empty_like(x), mask = empty_like(x);
   if (x.numel() == 0) return {out, mask};  // as bernoulli: an empty draw takes no offset
-  const GeneratorState draw = generator_for(gen, x.device()).next_draw();
+  const GeneratorState draw = draw_for(gen, x.device());
   backend(x.device()).dropout(out, mask, x, p, draw);
   return {out, mask};
 }
