@@ -246,23 +246,12 @@ int64_t mixed_key(const GeneratorState& draw) {
 cuda_impl::FusedAttentionDropout dropout_draw(const FusedCall& c, Device device) {
   if (c.cfg.dropout_p <= 0) return {};
   Generator& gen = c.generator != nullptr ? *c.generator : default_generator(device);
-  if (!cuda::Graph::capturing()) return {mixed_key(gen.next_draw()), 0, Tensor()};
-  // In a CUDA graph capture the key is read from device memory that each replay fills with a fresh draw's key
-  // (one tensor for the forward and the backward of the same call).
-  KILN_CHECK_AS(NotImplementedError, !gen.rewound_in_capture(),
-                "fused attention dropout in a CUDA graph capture after the generator was rewound (gradient "
-                "checkpointing): replays could not draw the same numbers again; capture without checkpointing, or "
-                "with attention dropout off");
-  const GeneratorState first = gen.next_draw();
-  Tensor seed = ops::full({1, 1, 1, 1}, mixed_key(first), {.dtype = DType::Int64, .device = device});
-  Generator* source = &gen;
-  cuda::Graph::on_replay([source, seed, captured = first.seed]() mutable {
-    const GeneratorState next = source->next_draw();
-    KILN_CHECK(next.seed == captured, "cuda::Graph::replay: the generator of an attention dropout in this graph was ",
-               "seeded again after the capture; capture the step again after seeding");
-    seed.fill_(mixed_key(next));
-  });
-  return {0, 0, seed};
+  // Replays of a captured cuDNN attention with dropout were seen to repeat the capture's mask even with the
+  // seed in device memory refreshed before each replay: refused until that is solved.
+  KILN_CHECK_AS(NotImplementedError, !cuda::Graph::capturing(),
+                "scaled_dot_product_attention: dropout in cuDNN's fused attention cannot be captured in a CUDA graph "
+                "yet (every replay would repeat one mask); capture with dropout_p = 0, or run the step eagerly");
+  return {mixed_key(gen.next_draw()), 0};
 }
 
 // What the node keeps besides its saved tensors.
