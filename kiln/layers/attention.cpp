@@ -246,8 +246,9 @@ int64_t mixed_key(const GeneratorState& draw) {
 cuda_impl::FusedAttentionDropout dropout_draw(const FusedCall& c, Device device) {
   if (c.cfg.dropout_p <= 0) return {};
   Generator& gen = c.generator != nullptr ? *c.generator : default_generator(device);
-  // Replays of a captured cuDNN attention with dropout were seen to repeat the capture's mask even with the
-  // seed in device memory refreshed before each replay: refused until that is solved.
+  // Refused until a GPU run verifies the capture path: in the first attempt every replay repeated the capture's
+  // mask, because the seed tensor was made by a fill kernel that the graph recorded, and that fill overwrote the
+  // seed a replay hook had written (a tensor the hook fills must be made with ops::empty, as ops::draw_for does).
   KILN_CHECK_AS(NotImplementedError, !cuda::Graph::capturing(),
                 "scaled_dot_product_attention: dropout in cuDNN's fused attention cannot be captured in a CUDA graph "
                 "yet (every replay would repeat one mask); capture with dropout_p = 0, or run the step eagerly");
