@@ -9,6 +9,7 @@
 
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/grad_mode.h"  // NoGradGuard
+#include "kiln/tensor/cuda.h"  // cuda::Graph::capturing
 #include "kiln/tensor/ops.h"
 
 namespace kiln::dist {
@@ -68,6 +69,10 @@ struct DataParallel::State {
   }
 
   void launch(Bucket& bucket) {
+    // The collectives run on a communication stream behind the watchdog, neither of which a capture records.
+    KILN_CHECK_AS(NotImplementedError, !cuda::Graph::capturing(),
+                  "dist::DataParallel: a backward under DataParallel cannot be captured in a CUDA graph yet; "
+                  "run data-parallel steps eagerly");
     NoGradGuard no_grad;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const Tensor& p = params[bucket.params[k]];
