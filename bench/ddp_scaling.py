@@ -9,7 +9,7 @@ column is the issue's target (ResNet-50 99%, BERT-base 95%).
 """
 import sys
 
-from json_lines import bench_lines
+from json_lines import bench_lines, read_logs
 
 GOALS = {"resnet50": 99.0, "bert-base": 95.0}
 FRAMEWORKS = ("kiln", "pytorch")
@@ -29,12 +29,7 @@ def scaling(results, framework, model, n):
 
 def main():
     results = {}
-    if len(sys.argv) > 1:
-        for path in sys.argv[1:]:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                read(f, results)
-    else:
-        read(sys.stdin, results)
+    read_logs(sys.argv[1:], read, results)
     if not results:
         print("ddp_scaling: no ddp JSON lines found")
         return 1

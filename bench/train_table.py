@@ -13,7 +13,7 @@ measured"; the reasons of "error" and "skipped" lines are listed under the table
 """
 import sys
 
-from json_lines import bench_lines
+from json_lines import bench_lines, read_logs
 
 KILN, EAGER, COMPILE = "kiln", "torch-eager", "torch-compile"
 FRAMEWORKS = (KILN, EAGER, COMPILE)
@@ -218,12 +218,7 @@ def main(argv):
     if argv == ["--selftest"]:
         return selftest()
     results = {}
-    if argv:
-        for path in argv:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                read(f, results)
-    else:
-        read(sys.stdin, results)
+    read_logs(argv, read, results)
     if not results:
         print("train_table: no train JSON lines found")
         return 0
