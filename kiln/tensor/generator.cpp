@@ -34,13 +34,10 @@ bool Generator::rewound_in_capture() const {
   return rewound_in_capture_;
 }
 
-void Generator::clear_rewound_in_capture() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  rewound_in_capture_ = false;
-}
-
 GeneratorState Generator::next_draw() {
+  const bool capturing = cuda::Graph::capturing();
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!capturing) rewound_in_capture_ = false;
   GeneratorState draw = state_;
   ++state_.offset;
   return draw;

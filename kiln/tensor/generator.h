@@ -39,9 +39,9 @@ class Generator {
   // Reserves the offset of one draw and returns {seed, offset}. Thread-safe.
   GeneratorState next_draw();
   // Whether set_state() was called while a CUDA graph was being captured on the calling thread (a rewind that
-  // replays could not follow); ops::draw_for refuses to draw during the capture then, and clears it outside.
+  // replays could not follow) and no draw outside a capture came since; ops::draw_for refuses to draw in a
+  // capture then.
   bool rewound_in_capture() const;
-  void clear_rewound_in_capture();
 
  private:
   mutable std::mutex mutex_;

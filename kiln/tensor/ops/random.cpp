@@ -14,11 +14,7 @@ Generator& generator_for(Generator* gen, Device device) { return gen ? *gen : de
 
 GeneratorState draw_for(Generator* gen, Device device) {
   Generator& g = generator_for(gen, device);
-  const bool capturing = device.is_cuda() && cuda::Graph::capturing();
-  if (!capturing) {
-    if (g.rewound_in_capture()) g.clear_rewound_in_capture();
-    return g.next_draw();
-  }
+  if (!device.is_cuda() || !cuda::Graph::capturing()) return g.next_draw();
   // Gradient checkpointing rewinds the generator to draw a region's numbers again; each replay of a captured
   // draw takes a fresh offset, so the recomputed numbers would differ from the forward's.
   KILN_CHECK_AS(NotImplementedError, !g.rewound_in_capture(),
