@@ -4,8 +4,10 @@
 // bench/pytorch_train.py prints the same cases through PyTorch eager and torch.compile, and
 // bench/train_table.py puts both side by side with the goals.
 //
-//   bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--quick]
+//   bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N] [--quick]
 //
+// --profile N: after a case's timing, N more eager steps under kiln's profiler; the top ops by GPU time go to
+// standard error (the JSON lines on standard output stay as they are).
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
 // The ResNet cases on in-memory tensors are static-shape steps: on a GPU each is timed eagerly, then captured in a
 // cuda::Graph and timed as replays; the line reports the replays ("cuda_graph": true) with the eager figures of
@@ -45,6 +47,7 @@ struct Settings {
   std::string photos;
   bool quick = false;
   bool graphs = true;  // capture the static-shape steps in CUDA graphs (--no-graphs: eager only)
+  int profile = 0;     // eager steps profiled after each case's timing (--profile N)
 };
 
 const std::vector<std::string> kCases = {"resnet50_bf16", "resnet50_fp16",  "resnet18_cifar_bf16", "bert_base_128",
@@ -108,9 +111,22 @@ void report(const std::string& name, const Info& info, const Settings& s, int wa
   std::fflush(stdout);
 }
 
+// --profile N: one step recorded and thrown away, then N steps kept; the table goes to standard error.
+void profile_steps(const std::string& name, const Settings& s, const std::function<void()>& step) {
+  if (s.profile <= 0) return;
+  profiler::Profile prof({.schedule = {.wait = 0, .warmup = 1, .active = s.profile}});
+  for (int i = 0; i < 1 + s.profile; ++i) {
+    step();
+    prof.step();
+  }
+  std::fprintf(stderr, "profile of %s (%d eager steps):\n%s\n", name.c_str(), s.profile,
+               prof.result().table(40).c_str());
+}
+
 void time_and_report(const std::string& name, const Info& info, const Settings& s, int warmup,
                      const std::function<void()>& step) {
   report(name, info, s, warmup, measure(s, warmup, step), "");
+  profile_steps(name, s, step);
 }
 
 // The step captured in a CUDA graph (after `warmup` eager steps inside capture()) and replayed; the eager
@@ -118,6 +134,7 @@ void time_and_report(const std::string& name, const Info& info, const Settings& 
 void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s,
                              const std::function<void()>& step) {
   const Measured eager = measure(s, s.warmup, step);
+  profile_steps(name, s, step);
   if (!s.device.is_cuda() || !s.graphs) {
     report(name, info, s, s.warmup, eager, ", \"cuda_graph\": false");
     return;
@@ -288,10 +305,12 @@ int main(int argc, char** argv) {
   Settings s;
   if (const char* env = std::getenv("KILN_BENCH_IMAGES")) s.photos = env;
   auto usage = [] {
-    std::fprintf(stderr,
-                 "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--quick]\n"
-                 "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
-                 "       bert_large_128 bert_base_128_ckpt resnet50_jpeg\n");
+    std::fprintf(
+        stderr,
+        "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N]\n"
+        "                   [--quick]\n"
+        "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
+        "       bert_large_128 bert_base_128_ckpt resnet50_jpeg\n");
     return 2;
   };
   for (int i = 1; i < argc; ++i) {
@@ -312,6 +331,8 @@ int main(int argc, char** argv) {
       s.steps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--warmup" && has_value) {
       s.warmup = std::max(0, std::atoi(argv[++i]));
+    } else if (a == "--profile" && has_value) {
+      s.profile = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--no-graphs") {
       s.graphs = false;
     } else if (a == "--photos" && has_value) {
