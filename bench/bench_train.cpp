@@ -214,9 +214,9 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
                   .optimizer = "adamw",
                   .unit = "seq/s",
                   .batch = batch};
-  // Eager only: cuDNN's fused attention dropout is not captured yet (and checkpointing rewinds the generator to
-  // recompute dropout, which replays could not follow).
-  time_and_report(name, info, s, s.warmup, step);
+  // Checkpointing rewinds the generator to recompute dropout, which replays could not follow: eager only.
+  if (checkpointing) return time_and_report(name, info, s, s.warmup, step);
+  time_and_report_graphed(name, info, s, step);
 }
 
 // ResNet-50 fed from a folder of JPEG photos (ImageFolder layout, bench/make_photos.py): imagenet_train(224)

@@ -246,13 +246,24 @@ int64_t mixed_key(const GeneratorState& draw) {
 cuda_impl::FusedAttentionDropout dropout_draw(const FusedCall& c, Device device) {
   if (c.cfg.dropout_p <= 0) return {};
   Generator& gen = c.generator != nullptr ? *c.generator : default_generator(device);
-  // Refused until a GPU run verifies the capture path: in the first attempt every replay repeated the capture's
-  // mask, because the seed tensor was made by a fill kernel that the graph recorded, and that fill overwrote the
-  // seed a replay hook had written (a tensor the hook fills must be made with ops::empty, as ops::draw_for does).
-  KILN_CHECK_AS(NotImplementedError, !cuda::Graph::capturing(),
-                "scaled_dot_product_attention: dropout in cuDNN's fused attention cannot be captured in a CUDA graph "
-                "yet (every replay would repeat one mask); capture with dropout_p = 0, or run the step eagerly");
-  return {mixed_key(gen.next_draw()), 0};
+  if (!cuda::Graph::capturing()) return {mixed_key(gen.next_draw()), 0, Tensor()};
+  // In a CUDA graph capture cuDNN reads the key from device memory that each replay fills with a fresh draw's key
+  // first (one tensor for the forward and the backward of the call). It is made with empty(), not full(): a fill
+  // kernel would be recorded in the graph and overwrite the hook's key on every replay.
+  KILN_CHECK_AS(NotImplementedError, !gen.rewound_in_capture(),
+                "scaled_dot_product_attention: dropout in a CUDA graph capture after the generator was rewound "
+                "(gradient checkpointing): replays could not draw the same numbers again; capture without "
+                "checkpointing, or with attention dropout off");
+  const uint64_t captured_seed = gen.seed();
+  Tensor seed = ops::empty({1, 1, 1, 1}, {.dtype = DType::Int64, .device = device});
+  Generator* source = &gen;
+  cuda::Graph::on_replay([source, seed, captured_seed]() mutable {
+    const GeneratorState next = source->next_draw();
+    KILN_CHECK(next.seed == captured_seed, "cuda::Graph::replay: the generator of an attention dropout in this graph ",
+               "was seeded again after the capture; capture the step again after seeding");
+    seed.fill_(mixed_key(next));
+  });
+  return {0, 0, seed};
 }
 
 // What the node keeps besides its saved tensors.

@@ -273,21 +273,28 @@ Tensor dropout_probe(double p, uint64_t seed, const Shape& qs, bool with_grad = 
   return nn::scaled_dot_product_attention(q, k, v, {.dropout_p = p, .generator = &gen}).detach();
 }
 
-TEST(CudaAttentionDropout, ACaptureRefusesFusedDropout) {
+TEST(CudaAttentionDropout, GraphReplaysDrawNewMasksAsEagerCallsWould) {
   SKIP_WITHOUT_FUSED_ATTENTION();
   const Shape qs{1, 2, 64, 64};
   Tensor q = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+  Tensor k = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+  Tensor v = identity_values(qs);
   Generator gen(11);
-  cuda::Graph graph;
-  expect_error(
-      [&] { graph.capture([&] { (void)nn::scaled_dot_product_attention(q, q, q, {.dropout_p = 0.25, .generator = &gen}); }, 1); },
-      {"Graph::capture", "scaled_dot_product_attention", "dropout", "CUDA graph", "dropout_p = 0"});
-  // Without dropout the same call captures.
   Tensor out;
-  cuda::Graph plain;
-  plain.capture([&] { out = nn::scaled_dot_product_attention(q, q, q, {}); }, 1);
-  plain.replay();
-  EXPECT_EQ(values(out).size(), static_cast<size_t>(2 * 64 * 64));
+  cuda::Graph graph;
+  graph.capture([&] { out = nn::scaled_dot_product_attention(q, k, v, {.dropout_p = 0.25, .generator = &gen}); }, 1);
+  std::vector<double> previous;
+  for (int r = 0; r < 2; ++r) {
+    const GeneratorState before = gen.state();
+    graph.replay();
+    const std::vector<double> got = values(out);
+    gen.set_state(before);
+    const std::vector<double> want =
+        values(nn::scaled_dot_product_attention(q, k, v, {.dropout_p = 0.25, .generator = &gen}));
+    EXPECT_EQ(got, want) << "replay " << r;
+    EXPECT_NE(got, previous) << "replay " << r << " repeated the previous mask";
+    previous = got;
+  }
 }
 
 TEST(CudaAttentionDropout, DropsAboutPAndRescalesTheRest) {

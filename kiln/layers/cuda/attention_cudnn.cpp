@@ -303,7 +303,7 @@ namespace {
 void add_dropout_tensors(std::unordered_map<int64_t, void*>& pack, std::vector<Tensor>& keep, const Tensor& like,
                          FusedAttentionDropout dropout) {
   const TensorOptions options{.dtype = DType::Int64, .device = like.device()};
-  keep.push_back(ops::full({1, 1, 1, 1}, dropout.seed, options));
+  keep.push_back(dropout.seed_device.defined() ? dropout.seed_device : ops::full({1, 1, 1, 1}, dropout.seed, options));
   keep.push_back(ops::full({1, 1, 1, 1}, dropout.offset, options));
   pack[kSeed] = keep[keep.size() - 2].data_ptr();
   pack[kOffset] = keep.back().data_ptr();

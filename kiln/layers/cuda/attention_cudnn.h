@@ -30,6 +30,9 @@ struct FusedAttentionConfig {
 struct FusedAttentionDropout {
   int64_t seed = 0;
   int64_t offset = 0;
+  // When defined: a (1, 1, 1, 1) Int64 GPU tensor holding the seed, read by cuDNN when it runs (CUDA graphs:
+  // each replay writes a fresh one first), and `seed` is ignored.
+  Tensor seed_device;
 };
 
 // q (B, H, L, E), k (B, H, S, E), v (B, H, S, Ev) on one GPU, all Float16 or all BFloat16, last dim
