@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -119,8 +120,29 @@ void profile_steps(const std::string& name, const Settings& s, const std::functi
     step();
     prof.step();
   }
-  std::fprintf(stderr, "profile of %s (%d eager steps):\n%s\n", name.c_str(), s.profile,
-               prof.result().table(40).c_str());
+  const profiler::Result& r = prof.result();
+  std::fprintf(stderr, "profile of %s (%d eager steps):\n%s\n", name.c_str(), s.profile, r.table(40).c_str());
+  // The same GPU time split by the op's shapes and the range it ran in (a module or a backward node).
+  struct Row {
+    int64_t calls = 0, gpu_ns = 0;
+  };
+  std::map<std::string, Row> rows;
+  const auto& events = r.events();
+  for (const profiler::Event& e : events) {
+    if (e.kind != trace::Kind::Op || e.gpu_ns() <= 0) continue;
+    const std::string parent = e.parent >= 0 ? events[static_cast<size_t>(e.parent)].name : "-";
+    Row& row = rows[e.name + " | " + parent + " | " + e.shapes];
+    row.calls += 1;
+    row.gpu_ns += e.gpu_ns();
+  }
+  std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second.gpu_ns > b.second.gpu_ns; });
+  std::fprintf(stderr, "GPU ms per step | calls per step | op | enclosing range | shapes\n");
+  for (size_t i = 0; i < sorted.size() && i < 80; ++i)
+    std::fprintf(stderr, "%8.3f %6.1f  %s\n", static_cast<double>(sorted[i].second.gpu_ns) / 1e6 / s.profile,
+                 static_cast<double>(sorted[i].second.calls) / s.profile, sorted[i].first.c_str());
+  std::fprintf(stderr, "\n");
 }
 
 void time_and_report(const std::string& name, const Info& info, const Settings& s, int warmup,
