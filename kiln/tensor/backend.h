@@ -178,10 +178,18 @@ class Backend {
   // ---- matrix multiply ----
   // out = alpha * a @ b + beta * out, batched: a (B, M, K), b (B, K, N), out (B, M, N), one dtype.
   // In a and b one of the two matrix dims has stride 1 (row- or column-major); batch strides may be 0.
-  // out is contiguous. beta == 0 ignores out's previous contents (NaN included).
+  // out's rows are contiguous (column stride 1) and its row stride is N or the pitch matmul_row_pitch gave.
+  // beta == 0 ignores out's previous contents (NaN included).
   virtual void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) = 0;
+  // The row stride (in elements, >= n) that a new (M, n) product of `dtype` should get: n, or more where rows of n
+  // elements would leave the rows misaligned for this backend's fast kernels. mm, addmm and 2-D matmul allocate
+  // (M, pitch) and return the (M, n) view, so their results may have a row stride larger than n.
+  virtual int64_t matmul_row_pitch(DType dtype, int64_t n) const {
+    (void)dtype;
+    return n;
+  }
   // A product with a fused epilogue, where the backend has one: out = a @ b for one matrix (a (1, M, K), b (1, K, N),
-  // out (1, M, N) contiguous, layouts as for matmul), and besides, as e says:
+  // out (1, M, N) with rows as for matmul, layouts as for matmul), and besides, as e says:
   //  - e.bias (N) defined: out[i, j] += bias[j] (the forward of a linear layer);
   //  - e.row_sums (M) defined: row_sums[i] = sum_k a[0, i, k] (the bias gradient of a linear layer, computed
   //    while its weight gradient is).

@@ -111,6 +111,7 @@ class TracingBackend final : public Backend {
     trace::Scope s(trace::Kind::Op, "matmul", out.device(), {&out, &a, &b});
     inner_.matmul(out, a, b, alpha, beta);
   }
+  int64_t matmul_row_pitch(DType dtype, int64_t n) const override { return inner_.matmul_row_pitch(dtype, n); }
   bool matmul_epilogue(const Tensor& out, const Tensor& a, const Tensor& b, const MatmulEpilogue& e) override {
     trace::Scope s(trace::Kind::Op, e.bias.defined() ? "matmul_bias" : "matmul_row_sums", out.device(), {&out, &a, &b});
     return inner_.matmul_epilogue(out, a, b, e);

@@ -161,6 +161,23 @@ TEST_P(ViewGradTest, MultiOutputWithUnusedOutputs) {
   EXPECT_EQ(kiln::split(z, 2)[2].grad_fn()->name(), "SplitBackward");
 }
 
+// Pieces of a split whose gradients arrive as the pieces of one tensor, in place (a cat's backward hands out narrow
+// views of its gradient): the input's gradient is that tensor itself, no copy. Out of order, or overlapping the
+// wrong places, they are concatenated as usual. Hand-derived values.
+TEST_P(ViewGradTest, SplitOfGradientsLyingSideBySideTakesThemAsTheyAre) {
+  const std::vector<double> gv = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  Tensor x = make(std::vector<double>(12, 0.0), {2, 6}, opts()).requires_grad_();
+  auto parts = kiln::split(x, 2, 1);  // three (2, 2) pieces
+  Tensor g = make(gv, {2, 6}, opts());
+  kiln::cat({parts[0], parts[1], parts[2]}, 1).backward(g);
+  expect_values(x.grad(), {2, 6}, gv);
+
+  Tensor y = make(std::vector<double>(12, 0.0), {2, 6}, opts()).requires_grad_();
+  auto swapped = kiln::split(y, 2, 1);
+  kiln::cat({swapped[1], swapped[0], swapped[2]}, 1).backward(g);  // piece 1 gets columns 0-1, piece 0 gets 2-3
+  expect_values(y.grad(), {2, 6}, {3, 4, 1, 2, 5, 6, 9, 10, 7, 8, 11, 12});
+}
+
 // Windows [0,1], [1,2], [2,3] of 4 elements: interior elements are read twice.
 TEST_P(ViewGradTest, AsStridedOverlappingViewSumsGradients) {
   Tensor x = make({1, 2, 3, 4}, {4}, opts()).requires_grad_();

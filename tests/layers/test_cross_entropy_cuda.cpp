@@ -1,6 +1,6 @@
 // nn::cross_entropy's fused CUDA path (kiln/layers/cuda/cross_entropy.*) against the CPU composed path in
 // float64: loss and logits gradient for every reduction, class weights, ignore_index, label smoothing,
-// (N, C, d...) inputs, small and large C, 16-bit logits (with and without autocast), strided logits, and
+// (N, C, d...) inputs, small and large C, 16-bit logits (with and without autocast), strided and padded logits, and
 // no cudaMalloc in steady state. Skipped where no GPU is visible.
 #include <gtest/gtest.h>
 
@@ -232,6 +232,25 @@ TEST_F(CudaCrossEntropy, NonContiguousLogits) {
   }
   compare(non_contiguous(gpu_logits({9, 2000}, DType::Float64, 25)), class_targets({9}, 2000, 3, -100, 26),
           {.weight = class_weight(2000), .label_smoothing = 0.05}, 1e-10, 1e-13);
+}
+
+// Logits whose rows are padded to a 16-byte pitch, as a product's output is (1001 bfloat16 classes in rows of
+// 1008): loss and gradient as for any strided logits, ignored rows included, and the gradient gets the same
+// padded rows (the products of backward read it next).
+TEST_F(CudaCrossEntropy, PaddedRowsGiveAPaddedGradient) {
+  const int64_t n = 24, c = 1001, pitch = 1008;
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    const Tensor x = gpu_logits({n, pitch}, dtype, 31).narrow(1, 0, c);
+    ASSERT_EQ(x.stride(0), pitch);
+    const Tensor t = class_targets({n}, c, 3, -100, 32);
+    const double rtol = dtype == DType::Float16 ? 2e-3 : 1e-2;
+    compare(x, t, {.reduction = Reduction::None}, rtol, 1e-5);
+    compare(x, t, {.label_smoothing = 0.1}, rtol, 1e-5);
+    const Result got = run(x, t.to(gpu()), {});
+    EXPECT_EQ(got.grad.stride(0), pitch);
+    EXPECT_EQ(got.grad.stride(1), 1);
+  }
 }
 
 TEST_F(CudaCrossEntropy, UnbatchedInput) {

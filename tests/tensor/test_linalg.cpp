@@ -413,15 +413,17 @@ TEST_P(MatmulTest, LinearEpilogues) {
       // On the GPU the 16-bit products with dims of multiples of 8 take the epilogues themselves (not the
       // fallback); other dims are declined.
       if (dev().is_cuda() && (dt == DType::Float16 || dt == DType::BFloat16)) {
+        // Leading dimensions of multiples of 8 elements: at (column-major) has m, ac (row-major) has k.
         const bool aligned = m % 8 == 0 && k % 8 == 0 && n % 8 == 0;
+        const bool bias_aligned = k % 8 == 0 && n % 8 == 0;
         Tensor out = ops::empty({1, m, n}, opts(dt)), row = ops::empty({m}, opts(dt));
         auto batch = [](const Tensor& t) { return t.unsqueeze(0); };
         EXPECT_EQ(backend(dev()).matmul_epilogue(out, batch(at), batch(bc), {.bias = {}, .row_sums = row}), aligned);
         if (aligned) expect_values(row, {m}, sums, -1, matmul_atol(dt, k));
         EXPECT_EQ(backend(dev()).matmul_epilogue(out, batch(ac), batch(bc),
                                                  {.bias = make(bias, {n}, opts(dt)), .row_sums = {}}),
-                  aligned);
-        if (aligned) expect_values(out.squeeze(0), {m, n}, want, -1, matmul_atol(dt, k));
+                  bias_aligned);
+        if (bias_aligned) expect_values(out.squeeze(0), {m, n}, want, -1, matmul_atol(dt, k));
       }
     }
   }
@@ -433,6 +435,47 @@ TEST_P(MatmulTest, LinearEpilogues) {
         ops::mm_with_row_sums(ops::ones({2, 3}, opts()), ops::ones({2, 2}, opts()));
       },
       {"mm_with_row_sums", "[2, 3]", "[2, 2]"});
+}
+
+// Products whose rows of 16-bit values would not be 16-byte aligned (n = 1001) get rows padded to a multiple of
+// 8 elements on CUDA (Backend::matmul_row_pitch): the result is the (m, n) view of (m, 1008) storage, with the
+// right values, for mm, addmm with a bias (which then takes the epilogue) and the products of a linear layer's
+// backward that read such rows (g @ w and g^T @ x). Elsewhere, and for short rows, products stay contiguous.
+TEST_P(MatmulTest, ProductRowsPaddedToAnAlignedPitch) {
+  const int64_t m = 40, k = 64, n = 1001, j = 48;
+  const std::vector<double> a = quarters(m * k, 51), b = quarters(k * n, 52), bias = quarters(n, 53),
+                            w = quarters(n * j, 54);
+  const std::vector<double> ab = ref_mm(a, b, m, k, n);
+  std::vector<double> with_bias(ab), abw = ref_mm(ab, w, m, n, j), abt_a(n * k, 0.0), row_sums(n, 0.0);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < n; ++c) with_bias[r * n + c] += bias[c];
+  for (int64_t c = 0; c < n; ++c) {  // (ab)^T a: (n, k), and the row sums of (ab)^T
+    for (int64_t r = 0; r < m; ++r) row_sums[c] += ab[r * n + c];
+    for (int64_t q = 0; q < k; ++q)
+      for (int64_t r = 0; r < m; ++r) abt_a[c * k + q] += ab[r * n + c] * a[r * k + q];
+  }
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    const bool padded = dev().is_cuda() && dt != DType::Float32;
+    const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
+    const Tensor prod = ops::mm(ac, bc);
+    EXPECT_EQ(prod.stride(0), padded ? 1008 : n);
+    EXPECT_EQ(prod.stride(1), 1);
+    expect_values(prod, {m, n}, ab, -1, matmul_atol(dt, k));
+    const Tensor biased = ops::addmm(make(bias, {n}, opts(dt)), ac, bc);
+    EXPECT_EQ(biased.stride(0), padded ? 1008 : n);
+    expect_values(biased, {m, n}, with_bias, -1, matmul_atol(dt, k));
+    expect_values(ops::matmul(ac, bc), {m, n}, ab, -1, matmul_atol(dt, k));
+    // Reading padded rows: the products of a backward. prod holds exact values (quarters, k = 64), so these
+    // references are exact too, up to the output's rounding.
+    expect_values(ops::mm(prod, make(w, {n, j}, opts(dt))), {m, j}, abw, -1, matmul_atol(dt, n));
+    auto [gt_a, sums] = ops::mm_with_row_sums(prod.t(), ac);
+    expect_values(gt_a, {n, k}, abt_a, -1, matmul_atol(dt, m));
+    expect_values(sums, {n}, row_sums, -1, matmul_atol(dt, m));
+    // Short rows, and one-row products, stay contiguous.
+    EXPECT_TRUE(ops::mm(ac, ops::narrow(bc, 1, 0, 100)).is_contiguous());
+    EXPECT_TRUE(ops::mm(ops::narrow(ac, 0, 0, 1), bc).is_contiguous());
+  }
 }
 
 KILN_INSTANTIATE_BACKENDS(MatmulTest);

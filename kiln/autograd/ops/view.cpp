@@ -89,11 +89,28 @@ struct SplitBackward final : Node {
   std::vector<int64_t> starts;  // split: piece i is [starts[i], starts[i] + lengths[i]) of dim
   std::vector<int64_t> lengths;
   std::string_view name() const override { return op_name; }
+  // Whether the pieces' gradients already are the pieces of one contiguous tensor of the input's shape, each where
+  // its piece lies (as a fused attention writes the gradients of a split QKV projection): that tensor is then the
+  // gradient, without a copy.
+  Tensor tiled(const TensorList& grads) const {
+    const Tensor& first = grads[0];
+    const Strides strides = contiguous_strides(input_shape);
+    if (first.dtype() == DType::Bool) return {};
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const Tensor& g = grads[i];
+      if (g.impl().storage() != first.impl().storage() || g.dtype() != first.dtype() || g.strides() != strides ||
+          g.offset() != first.offset() + starts[i] * strides[static_cast<size_t>(dim)]) {
+        return {};
+      }
+    }
+    return ops::as_strided(first, input_shape, strides, first.offset());
+  }
   TensorList apply(TensorList&& grads) override {
     // Every piece of a split got a gradient: they tile the input, so the gradient is their concatenation (one
-    // pass, no zeros written first).
+    // pass, no zeros written first), or no pass at all when they lie side by side in one tensor already.
     if (!select && !grads.empty() &&
         std::all_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); })) {
+      if (Tensor whole = tiled(grads); whole.defined()) return {whole};
       return {ops::cat(std::vector<Tensor>(grads.begin(), grads.end()), dim)};
     }
     Tensor gi;

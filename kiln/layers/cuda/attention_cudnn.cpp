@@ -181,8 +181,10 @@ GraphEntry build_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
 // The same case's backward: (q, k, v, O, dO, stats) -> dQ, dK, dV, with O, dO, dQ, dK, dV in (B, X, H, D) memory.
 // deterministic: the frontend's deterministic backward (kiln/tensor/determinism.h), which on Hopper sums dQ
 // through a dP workspace instead of atomics.
+// packed: dQ, dK and dV get q's, k's and v's strides (the thirds of one buffer, see packed_qkv) instead of their own
+// (B, X, H, D) memory.
 GraphEntry build_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                          const FusedAttentionConfig& cfg, bool deterministic, cudnnHandle_t handle) {
+                          const FusedAttentionConfig& cfg, bool deterministic, bool packed, cudnnHandle_t handle) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), E = q.size(3), Ev = v.size(3);
   auto g = new_graph(q.dtype());
   TensorAttr Q = add_tensor(*g, "q", kQ, dims_of(q), strides_of(q));
@@ -196,9 +198,21 @@ GraphEntry build_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   attributes.set_name("sdpa_backward").set_deterministic_algorithm(deterministic);
   set_mask_and_dropout(attributes, *g, bias, cfg);
   auto grads = g->sdpa_backward(Q, K, V, O, dO, stats, std::move(attributes));
-  grads[0]->set_output(true).set_uid(kDQ).set_dim({B, H, L, E}).set_stride(bxhd_strides(H, L, E));
-  grads[1]->set_output(true).set_uid(kDK).set_dim({B, H, S, E}).set_stride(bxhd_strides(H, S, E));
-  grads[2]->set_output(true).set_uid(kDV).set_dim({B, H, S, Ev}).set_stride(bxhd_strides(H, S, Ev));
+  grads[0]
+      ->set_output(true)
+      .set_uid(kDQ)
+      .set_dim({B, H, L, E})
+      .set_stride(packed ? strides_of(q) : bxhd_strides(H, L, E));
+  grads[1]
+      ->set_output(true)
+      .set_uid(kDK)
+      .set_dim({B, H, S, E})
+      .set_stride(packed ? strides_of(k) : bxhd_strides(H, S, E));
+  grads[2]
+      ->set_output(true)
+      .set_uid(kDV)
+      .set_dim({B, H, S, Ev})
+      .set_stride(packed ? strides_of(v) : bxhd_strides(H, S, Ev));
   return finish(std::move(g), handle);
 }
 
@@ -206,8 +220,8 @@ GraphEntry build_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
 // dims (it is always contiguous), and the flags (deterministic mode's included).
 using Key = std::vector<int64_t>;
 Key make_key(bool backward, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-             const FusedAttentionConfig& cfg, bool deterministic) {
-  Key key{backward, q.device().index(), static_cast<int64_t>(q.dtype()), deterministic};
+             const FusedAttentionConfig& cfg, bool deterministic, bool packed) {
+  Key key{backward, q.device().index(), static_cast<int64_t>(q.dtype()), deterministic, packed};
   for (const Tensor* t : {&q, &k, &v}) {
     for (int64_t d = 0; d < 4; ++d) key.insert(key.end(), {t->size(d), t->stride(d)});
   }
@@ -228,16 +242,17 @@ GraphCache& graph_cache() {
 }
 
 std::shared_ptr<const GraphEntry> graph_for(bool backward, const Tensor& q, const Tensor& k, const Tensor& v,
-                                            const Tensor& bias, const FusedAttentionConfig& cfg) {
+                                            const Tensor& bias, const FusedAttentionConfig& cfg, bool packed = false) {
   const bool deterministic = backward && ::kiln::deterministic();  // the forward has no atomics either way
-  Key key = make_key(backward, q, k, v, bias, cfg, deterministic);
+  Key key = make_key(backward, q, k, v, bias, cfg, deterministic, packed);
   GraphCache& cache = graph_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   auto it = cache.entries.find(key);
   if (it != cache.entries.end()) return it->second;
   cudnnHandle_t handle = cudnn_handle(q);
-  auto entry = std::make_shared<const GraphEntry>(backward ? build_backward(q, k, v, bias, cfg, deterministic, handle)
-                                                           : build_forward(q, k, v, bias, cfg, handle));
+  auto entry =
+      std::make_shared<const GraphEntry>(backward ? build_backward(q, k, v, bias, cfg, deterministic, packed, handle)
+                                                  : build_forward(q, k, v, bias, cfg, handle));
   cache.entries.emplace(std::move(key), entry);
   return entry;
 }
@@ -315,6 +330,18 @@ void execute(const GraphEntry& entry, const Tensor& like, std::unordered_map<int
   check(entry.graph->execute(handle, pack, workspace_ptr(ws)), "execute");
 }
 
+// Whether q, k and v are the three thirds of one (B, L, 3, H, E) buffer, as a fused QKV projection leaves them
+// (split into query, key and value and viewed as heads): then their gradients can be the thirds of one such buffer
+// too, which is the projection's output gradient as it stands (autograd's split backward takes it without a copy).
+bool packed_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3);
+  if (k.shape() != q.shape() || v.shape() != q.shape()) return false;
+  const Dims strides{L * 3 * H * E, E, 3 * H * E, 1};
+  if (strides_of(q) != strides || strides_of(k) != strides || strides_of(v) != strides) return false;
+  if (q.impl().storage() != k.impl().storage() || q.impl().storage() != v.impl().storage()) return false;
+  return B > 0 && k.offset() == q.offset() + H * E && v.offset() == q.offset() + 2 * H * E;
+}
+
 const GraphEntry& runnable(const std::shared_ptr<const GraphEntry>& entry, const char* direction) {
   KILN_CHECK(entry->graph != nullptr, kOp, ": cuDNN cannot run this case (", direction, ": ", entry->why_not,
              "); check fused_attention_supported() first");
@@ -360,7 +387,15 @@ FusedAttentionGrads fused_attention_backward(const Tensor& q, const Tensor& k, c
              ": backward needs the output of fused_attention_forward, got shape ", out.shape());
   KILN_CHECK(d_out.shape() == out.shape(), kOp, ": the output gradient has shape ", d_out.shape(), ", expected ",
              out.shape());
-  auto entry = graph_for(true, q, k, v, bias, cfg);
+  // Gradients in one (B, L, 3, H, E) buffer when q, k and v are the thirds of one; the separate layout where
+  // cuDNN cannot write that one.
+  bool packed = packed_qkv(q, k, v);
+  std::shared_ptr<const GraphEntry> entry;
+  if (packed) {
+    entry = graph_for(true, q, k, v, bias, cfg, /*packed=*/true);
+    if (!entry->graph) packed = false;
+  }
+  if (!packed) entry = graph_for(true, q, k, v, bias, cfg);
   const GraphEntry& graph = runnable(entry, "backward");
 
   // dO in O's layout (the one the backward graph was built for).
@@ -370,8 +405,16 @@ FusedAttentionGrads fused_attention_backward(const Tensor& q, const Tensor& k, c
     d_o = empty_bxhd(B, H, L, Ev, q.options());
     d_o.copy_(d_out);
   }
-  FusedAttentionGrads grads{empty_bxhd(B, H, L, E, q.options()), empty_bxhd(B, H, S, E, q.options()),
-                            empty_bxhd(B, H, S, Ev, q.options())};
+  FusedAttentionGrads grads;
+  if (packed) {
+    const Tensor buffer = ops::empty({B, L, 3, H, E}, q.options());
+    grads.dq = buffer.select(2, 0).permute({0, 2, 1, 3});
+    grads.dk = buffer.select(2, 1).permute({0, 2, 1, 3});
+    grads.dv = buffer.select(2, 2).permute({0, 2, 1, 3});
+  } else {
+    grads = {empty_bxhd(B, H, L, E, q.options()), empty_bxhd(B, H, S, E, q.options()),
+             empty_bxhd(B, H, S, Ev, q.options())};
+  }
   std::unordered_map<int64_t, void*> pack{
       {kQ, q.data_ptr()},         {kK, k.data_ptr()},         {kV, v.data_ptr()},
       {kO, out.data_ptr()},       {kDO, d_o.data_ptr()},      {kStats, stats.data_ptr()},

@@ -50,7 +50,8 @@ FusedAttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, 
                                               const FusedAttentionConfig& cfg, FusedAttentionDropout dropout);
 
 struct FusedAttentionGrads {
-  Tensor dq, dk, dv;  // shaped as q, k, v (stored (B, L|S, H, E))
+  Tensor dq, dk, dv;  // shaped as q, k, v: stored (B, L|S, H, E), or as q, k, v are when those are the thirds of
+                      // one (B, L, 3, H, E) buffer (a fused QKV projection): then the thirds of one such buffer
 };
 // out and stats from fused_attention_forward with the same q, k, v, bias, cfg and dropout; d_out (B, H, L, Ev)
 // in any layout.

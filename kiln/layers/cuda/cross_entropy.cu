@@ -171,12 +171,16 @@ __global__ void __launch_bounds__(kBlockThreads) cross_entropy_forward_kernel(co
   const int lane = threadIdx.x, lanes = blockDim.x;
   constexpr A kInf = std::numeric_limits<A>::infinity();
 
+  const RowTarget rt = row_target(a.target, row, a.c, a.ignore_index);
+  if (rt.ignored) {  // nothing to read: no loss, no weight, and backward writes zeros without the lse
+    if (lane == 0) a.loss[row] = a.w[row] = a.lse[row] = A(0);
+    return;  // the whole row's lanes (a warp, or the block of a long row) leave together
+  }
   MaxSum<A> ms{-kInf, A(0)};
   for_each_in_row(x, a.c, a.col_stride, lane, lanes, [&](A v, int64_t) { add(ms, v); });
   ms = row_merge(ms);
   const A lse = ms.m + log_a(ms.s);
 
-  const RowTarget rt = row_target(a.target, row, a.c, a.ignore_index);
   A smooth = 0;  // sum_c w[c] (lse - x[c])
   if (a.smoothing != A(0)) {
     A part = 0;
@@ -188,7 +192,7 @@ __global__ void __launch_bounds__(kBlockThreads) cross_entropy_forward_kernel(co
   A loss = 0, w = 0;
   if (rt.bad) {
     loss = w = std::numeric_limits<A>::quiet_NaN();
-  } else if (!rt.ignored) {
+  } else {
     w = a.weight ? a.weight[rt.t] : A(1);
     loss = w * (lse - load_compute(x + rt.t * a.col_stride));
     if (a.smoothing != A(0)) loss = (A(1) - a.smoothing) * loss + a.smoothing / static_cast<A>(a.c) * smooth;
@@ -201,7 +205,8 @@ __global__ void __launch_bounds__(kBlockThreads) cross_entropy_forward_kernel(co
 template <typename A>
 struct BackwardArgs {
   int64_t rows, c, row_stride, col_stride;
-  bool packed;  // logits rows contiguous (row_stride == c) and both base pointers 16-byte aligned
+  int64_t out_row_stride;  // grad_logits' row stride: c, or the logits' padded row stride
+  bool packed;  // unit column stride, one row stride for logits and grad_logits, both base pointers 16-byte aligned
   const int64_t* target;
   const A* weight;
   const A* weight_sum;
@@ -219,7 +224,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t row = row_index();
   if (row >= a.rows) return;
   const T* x = logits + row * a.row_stride;
-  T* y = grad_logits + row * a.c;
+  T* y = grad_logits + row * a.out_row_stride;
   const int lane = threadIdx.x, lanes = blockDim.x;
   const RowTarget rt = row_target(a.target, row, a.c, a.ignore_index);
   if (rt.ignored || rt.bad) {
@@ -320,14 +325,22 @@ Tensor cross_entropy_rows_backward(const Tensor& logits, const Tensor& target, c
   trace::Scope range(trace::Kind::Op, "cross_entropy_rows_backward", logits.device(), {&logits, &target});
   check_rows("cross_entropy backward", logits, target, weight);
   const int64_t rows = logits.size(0), c = logits.size(1);
-  Tensor grad_logits = ops::empty({rows, c}, {.dtype = logits.dtype(), .device = logits.device()});
+  // The gradient gets the logits' rows: where those are padded to a 16-byte pitch (a product's output,
+  // Backend::matmul_row_pitch), so are its own, for the products that read it next.
+  const TensorOptions grad_options{.dtype = logits.dtype(), .device = logits.device()};
+  const int64_t per_16 = 16 / static_cast<int64_t>(element_size(logits.dtype()));
+  const int64_t pitch = logits.stride(0);
+  const bool padded = rows > 1 && logits.stride(1) == 1 && pitch > c && pitch % per_16 == 0 && pitch - c < per_16;
+  Tensor grad_logits =
+      padded ? ops::narrow(ops::empty({rows, pitch}, grad_options), 1, 0, c) : ops::empty({rows, c}, grad_options);
   if (rows == 0 || c == 0) return grad_logits;
   KILN_CHECK(grad.is_contiguous() && (grad.numel() == rows || grad.numel() == 1),
              "cross_entropy backward: expected a contiguous gradient of ", rows, " or 1 elements, got ", grad.shape());
   const int64_t grad_step = grad.numel() == rows && grad.dim() == 1 ? 1 : 0;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool packed =
-      logits.stride(1) == 1 && logits.stride(0) == c && aligned(logits.data_ptr()) && aligned(grad_logits.data_ptr());
+  const int64_t out_row_stride = padded ? pitch : c;
+  const bool packed = logits.stride(1) == 1 && (rows == 1 || logits.stride(0) == out_row_stride) &&
+                      aligned(logits.data_ptr()) && aligned(grad_logits.data_ptr());
   const Launch l = launch_for(c, rows);
   cudaStream_t stream = cuda::stream_for(logits);
   visit_floating_dtype(logits.dtype(), "cross_entropy backward", [&](auto tag) {
@@ -340,6 +353,7 @@ Tensor cross_entropy_rows_backward(const Tensor& logits, const Tensor& target, c
                                c,
                                logits.stride(0),
                                logits.stride(1),
+                               out_row_stride,
                                packed,
                                target.data_ptr<int64_t>(),
                                ptr_or_null<A>(weight),

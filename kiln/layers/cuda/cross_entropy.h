@@ -5,7 +5,8 @@
 //     loss = cuda_impl::cross_entropy(logits, target, options);          // differentiable in logits
 //
 // Forward reads each row of logits once (twice with label smoothing) and keeps its logsumexp (float32, or
-// float64 for float64 logits); backward writes grad_logits = g_i * (A_i softmax - q) in one pass. 16-bit
+// float64 for float64 logits; rows whose target is ignore_index are not read); backward writes
+// grad_logits = g_i * (A_i softmax - q) in one pass. 16-bit
 // logits are read as they are and computed in float32. No host synchronisation: a target outside
 // [0, C) that is not ignore_index makes its row's loss (and gradient) NaN instead of raising.
 #pragma once
@@ -33,14 +34,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
 struct CrossEntropyRows {
   Tensor loss;     // (R) compute dtype: (1-s) w[t] (lse - x[t]) + s/C sum_c w[c] (lse - x[c]); 0 where ignored
   Tensor weights;  // (R) compute dtype: w[t], 0 where ignored (Mean's denominator terms)
-  Tensor lse;      // (R) compute dtype: log sum_c exp(x[c]), for backward
+  Tensor lse;      // (R) compute dtype: log sum_c exp(x[c]), for backward; 0 where ignored
 };
 
 CrossEntropyRows cross_entropy_rows(const Tensor& logits, const Tensor& target, const Tensor& weight,
                                     int64_t ignore_index, double smoothing);
 
-// grad_logits (R, C) contiguous in the logits' dtype. `grad` holds g in the compute dtype: (R) for
-// Reduction::None, else 0-d (one g for every row); `denominator` (0-d, Mean) divides it, or is undefined.
+// grad_logits (R, C) in the logits' dtype: contiguous, or with the logits' row stride where that is their rows
+// padded to a 16-byte pitch (a product's output, Backend::matmul_row_pitch). `grad` holds g in the compute dtype: (R)
+// for Reduction::None, else 0-d (one g for every row); `denominator` (0-d, Mean) divides it, or is undefined.
 Tensor cross_entropy_rows_backward(const Tensor& logits, const Tensor& target, const Tensor& weight,
                                    const Tensor& weight_sum, const Tensor& lse, const Tensor& grad,
                                    const Tensor& denominator, int64_t ignore_index, double smoothing);

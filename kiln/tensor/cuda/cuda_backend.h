@@ -38,6 +38,7 @@ class CudaBackend final : public Backend {
   // matmul.cpp (cuBLASLt)
   void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) override;
   bool matmul_epilogue(const Tensor& out, const Tensor& a, const Tensor& b, const MatmulEpilogue& e) override;
+  int64_t matmul_row_pitch(DType dtype, int64_t n) const override;
 
   // index.cu
   void index_select(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) override;

@@ -359,7 +359,8 @@ void run_cublas(const Problem& p) {
   }
 }
 
-// The problem out = a @ b in cuBLAS's terms (out (B, M, N) contiguous, a (B, M, K), b (B, K, N)), scalars unset.
+// The problem out = a @ b in cuBLAS's terms (out (B, M, N) with unit column stride, a (B, M, K), b (B, K, N)),
+// scalars unset.
 Problem problem_for(const Tensor& out, const Tensor& a, const Tensor& b) {
   const int64_t batches = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
   Problem p{};
@@ -372,19 +373,39 @@ Problem problem_for(const Tensor& out, const Tensor& a, const Tensor& b) {
   p.m = n;
   p.n = m;
   p.k = k;
-  p.ldc = std::max<int64_t>(n, 1);
+  p.ldc = m > 1 ? out.stride(1) : std::max<int64_t>(n, 1);
   p.batches = batches;
-  p.c_batch_stride = batches > 1 ? m * n : 0;
+  p.c_batch_stride = batches > 1 ? out.stride(0) : 0;
   if (batches == 1) p.A.batch_stride = p.B.batch_stride = 0;
   return p;
 }
 
 }  // namespace
 
+// The row pitch of a new product (Backend::matmul_row_pitch): 16-bit rows rounded up to a multiple of 16 bytes. A
+// row of, say, 30522 bfloat16 values (BERT's vocabulary) is only 4-byte aligned, which keeps cuBLASLt from its
+// vectorised kernels for every product that reads or writes those rows (the logits, and both products of their
+// gradient): at that size they run at a third of the speed of aligned rows. Short rows are left alone.
+int64_t CudaBackend::matmul_row_pitch(DType dtype, int64_t n) const {
+  if (dtype != DType::BFloat16 && dtype != DType::Float16) return n;
+  if (n < 256 || n % 8 == 0) return n;
+  return (n + 7) / 8 * 8;
+}
+
+// Whether out's rows can be described to cuBLAS: unit column stride, a row stride >= N, batches apart.
+static bool rows_describable(const Tensor& out) {
+  const int64_t m = out.size(1), n = out.size(2);
+  if (out.stride(2) != 1 && n > 1) return false;
+  if (m > 1 && out.stride(1) < n) return false;
+  return out.size(0) == 1 || out.stride(0) >= m * (m > 1 ? out.stride(1) : n);
+}
+
 void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
-  // out (B, M, N) contiguous, a (B, M, K), b (B, K, N); batch strides of a and b may be 0.
+  // out (B, M, N) with contiguous rows, a (B, M, K), b (B, K, N); batch strides of a and b may be 0.
   KILN_CHECK(out.dim() == 3 && a.dim() == 3 && b.dim() == 3, "cuda::matmul: expected 3-D operands, got ", a.shape(),
              ", ", b.shape(), " -> ", out.shape());
+  KILN_CHECK(rows_describable(out), "cuda::matmul: out ", out.shape(), " with strides ", out.strides(),
+             " needs contiguous rows, apart from one another");
   Problem p = problem_for(out, a, b);
 
   // Scalars in the compute type's scale type, on the host (the default pointer mode).
@@ -414,10 +435,14 @@ bool CudaBackend::matmul_epilogue(const Tensor& out, const Tensor& a, const Tens
   // for every layout. A problem cuBLASLt has no algorithm for is left to the caller.
   if (out.dtype() != DType::BFloat16 && out.dtype() != DType::Float16) return false;
   if (m == 0 || n == 0 || k == 0) return false;
-  // Rows of 16-byte multiples only: elsewhere cuBLASLt's epilogue kernels can be many times slower than a plain
-  // product (a vocabulary of 30522 columns, say), and the caller's own way is cheaper.
-  if (m % 8 != 0 || n % 8 != 0 || k % 8 != 0) return false;
+  KILN_CHECK(rows_describable(out), "cuda::matmul_epilogue: out ", out.shape(), " with strides ", out.strides(),
+             " needs contiguous rows");
   Problem p = problem_for(out, a, b);
+  // Leading dimensions and pointers of 16-byte multiples only: elsewhere cuBLASLt's epilogue kernels can be many
+  // times slower than a plain product (rows of 30522 columns, unpadded), and the caller's own way is cheaper.
+  // Padded rows (matmul_row_pitch) qualify.
+  if (p.A.ld % 8 != 0 || p.B.ld % 8 != 0 || p.ldc % 8 != 0 || k % 8 != 0) return false;
+  if (pointer_alignment(p.A.ptr) < 16 || pointer_alignment(p.B.ptr) < 16 || pointer_alignment(p.c) < 16) return false;
   // D = out^T (n x m column-major): the bias runs along D's rows (CUBLASLT_EPILOGUE_BIAS); a's row sums are the
   // sums of op(B) = a^T over k, one per column of D (CUBLASLT_EPILOGUE_BGRADB).
   p.epilogue = e.bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;

@@ -42,7 +42,16 @@ Tensor with_unit_stride(const Tensor& t) {
   return contiguous(t);
 }
 
-// out (B, M, N) contiguous = alpha * a (B, M, K) @ b (B, K, N) + beta * out.
+// A new (M, N) product of a and b: rows at the pitch the backend asks for (Backend::matmul_row_pitch), the (M, N)
+// view of them.
+Tensor empty_product(int64_t m, int64_t n, const Tensor& a) {
+  const TensorOptions options = a.options();
+  const int64_t pitch = m > 1 ? backend(a.device()).matmul_row_pitch(a.dtype(), n) : n;
+  if (pitch == n) return empty({m, n}, options);
+  return narrow(empty({m, pitch}, options), 1, 0, n);
+}
+
+// out (B, M, N), rows contiguous = alpha * a (B, M, K) @ b (B, K, N) + beta * out.
 void run_batched(const Tensor& out, Tensor a, Tensor b, double alpha, double beta) {
   if (out.numel() == 0) return;
   if (a.size(2) == 0) {
@@ -62,7 +71,7 @@ Tensor as_batch(const Tensor& t) { return as_strided(t, {1, t.size(0), t.size(1)
 
 // (M, K) @ (K, N) -> new (M, N), after the checks.
 Tensor matmul_2d(const Tensor& a, const Tensor& b) {
-  Tensor out = empty({a.size(0), b.size(1)}, a.options());
+  Tensor out = empty_product(a.size(0), b.size(1), a);
   run_batched(as_batch(out), as_batch(a), as_batch(b), 1, 0);
   return out;
 }
@@ -215,7 +224,7 @@ Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta, Sca
              " cannot be broadcast to the product's shape ", shape);
   KILN_CHECK(is_floating_point(a.dtype()) || (!beta.is_floating_point() && !alpha.is_floating_point()),
              "addmm: beta and alpha must be integers for ", a.dtype(), " tensors, got ", beta, " and ", alpha);
-  Tensor out = empty(shape, a.options());
+  Tensor out = empty_product(shape[0], shape[1], a);
   const double beta_v = beta.to_double();
   // A linear layer's bias, c (N) or (1, N) with beta = alpha = 1: added by the product's epilogue where the backend
   // has one, instead of being copied into every row of out first.
@@ -240,7 +249,7 @@ std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b) {
              " and ", b.shape());
   check_inner("mm_with_row_sums", a, b, a.size(1), b.size(0));
   if (a.size(0) > 0 && a.size(1) > 0 && b.size(1) > 0) {
-    Tensor out = empty({a.size(0), b.size(1)}, a.options());
+    Tensor out = empty_product(a.size(0), b.size(1), a);
     Tensor sums = empty({a.size(0)}, a.options());
     if (backend(out.device())
             .matmul_epilogue(as_batch(out), with_unit_stride(as_batch(a)), with_unit_stride(as_batch(b)),
