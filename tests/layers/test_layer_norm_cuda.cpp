@@ -1,7 +1,8 @@
 // nn::layer_norm's fused GPU kernels against float64 references computed here on the host: 16-bit and
 // float32 inputs, BERT's row size and a large one (the block loops), no affine parameters, many rows
-// (the column-sum backward splits rows into chunks), non-contiguous input, and autocast (float32 out); and
-// add_layer_norm's fused residual.
+// (the column-sum backward splits rows into chunks), non-contiguous input, short rows that the backward cannot read
+// in groups of 4 (a size not a multiple of 4, an input 4-byte but not 16-byte aligned), and autocast (float32 out);
+// and add_layer_norm's fused residual.
 // float64 gradients against gradcheck run through check_gradients in test_functional.cpp's cases.
 #include <gtest/gtest.h>
 
@@ -63,7 +64,8 @@ std::vector<double> rounded(const std::vector<double>& v, DType dtype) {
   return values(make(v, {static_cast<int64_t>(v.size())}, {.dtype = dtype}));
 }
 
-void check_case(DType dtype, int64_t rows, int64_t d, bool non_contiguous_input) {
+// misaligned_input: x is a contiguous view starting one element into its storage.
+void check_case(DType dtype, int64_t rows, int64_t d, bool non_contiguous_input, bool misaligned_input = false) {
   const TensorOptions o{.dtype = dtype, .device = Device::cuda(0)};
   const auto xv = rounded(uniform(rows * d, -2, 3, 1), dtype);
   const auto wv = rounded(uniform(d, 0.5, 1.5, 2), dtype);
@@ -71,6 +73,12 @@ void check_case(DType dtype, int64_t rows, int64_t d, bool non_contiguous_input)
   const auto gv = rounded(uniform(rows * d, -1, 1, 4), dtype);
   Tensor x = make(xv, {rows, d}, o);
   if (non_contiguous_input) x = non_contiguous(x);
+  if (misaligned_input) {
+    std::vector<double> padded(1, 0.0);
+    padded.insert(padded.end(), xv.begin(), xv.end());
+    x = make(padded, {rows * d + 1}, o).narrow(0, 1, rows * d).view({rows, d});
+    ASSERT_TRUE(x.is_contiguous());
+  }
   x.requires_grad_();
   Tensor w = make(wv, {d}, o).requires_grad_(), b = make(bv, {d}, o).requires_grad_();
   Tensor y = nn::layer_norm(x, {d}, w, b, 1e-5);
@@ -91,6 +99,11 @@ TEST_P(CudaLayerNorm, LongRowsNonContiguous) { check_case(GetParam(), 6, 5000, t
 TEST_P(CudaLayerNorm, ManyShortRows) { check_case(GetParam(), 20000, 24, false); }
 TEST_P(CudaLayerNorm, BertLargeRows) { check_case(GetParam(), 300, 1024, false); }
 TEST_P(CudaLayerNorm, RowsJustOverOneWarpTile) { check_case(GetParam(), 70, 1025, false); }
+TEST_P(CudaLayerNorm, ShortRowsNotAMultipleOfFour) {
+  check_case(GetParam(), 300, 1022, false);
+  check_case(GetParam(), 70, 250, false);
+}
+TEST_P(CudaLayerNorm, ShortRowsMisaligned) { check_case(GetParam(), 64, 768, false, true); }
 
 // add_layer_norm(x, residual): x in x_dtype (BERT's sublayer output), residual, weight and bias in Float32 (or all
 // in one dtype); against the reference of the sum, formed as the add would form it.

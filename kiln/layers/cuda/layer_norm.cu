@@ -1,13 +1,17 @@
 // Layer norm kernels (layer_norm.h). Rows of D contiguous elements.
-//  rows of at most 1024 elements (BERT's 768 and 1024): one warp per row holding the row in registers, so x is read
-//            once forward and x and dy once backward; backward's dw and db are summed per block in the same kernel.
-//            The forward can add a residual first (s = x + residual, saved for backward), and the backward can
-//            write dx in a second, lower-precision dtype too (the gradient of the low-precision addend).
+//  rows of at most 1024 elements (BERT's 768 and 1024), forward: one warp per row holding the row in registers, so x
+//            is read once. It can add a residual first (s = x + residual, saved for backward).
+//  rows of at most 1024 elements, backward: each warp takes a fixed set of rows and holds each row of dy and xhat in
+//            registers, reading dy and x once and writing dx once (also in a second, lower-precision dtype when asked:
+//            the gradient of the low-precision addend); a lane owns the same columns on every row, in groups of 4
+//            moved with one 16-byte (8-byte for 16-bit types) access when D % 4 == 0 and the pointers allow, so it
+//            sums dw and db for its columns in registers. Each block writes one (D) partial of its warps' sums, and a
+//            column kernel adds the partials in a fixed order: about sm_count * (blocks per SM) rows of partials.
 //  longer rows, forward:  one block per row; mean, then the variance around it (two passes over the row, the second
 //            from cache), then y = (x - mean) * rstd * w + b. mean and rstd are saved for backward.
-//  backward: one block per row for dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy * w; and a
-//            column kernel for dw = sum_rows dy xhat, db = sum_rows dy: each block sums a chunk of rows
-//            for a strip of columns into a (chunks, D) partial, which kiln's sum reduces in a fixed order.
+//  longer rows (and Float64), backward: one block per row for dx = rstd (g - mean(g) - xhat mean(g xhat)),
+//            g = dy * w; and a column kernel for dw = sum_rows dy xhat, db = sum_rows dy: each block sums a chunk of
+//            rows for a strip of columns into a (chunks, D) partial, which kiln's sum reduces in a fixed order.
 #include "kiln/layers/cuda/layer_norm.h"
 #include "kiln/tensor/trace.h"  // a range per kernel entry
 
@@ -109,9 +113,9 @@ __global__ void layer_norm_dwdb_kernel(const T* dy, const T* x, const A* mean, c
   if (partial_b != nullptr) partial_b[blockIdx.y * d + col] = sb;
 }
 
-// ---- rows of at most kWarpMaxD elements: one warp per row, the row in registers (one read of x, one of dy) ----
-// J, the elements per lane, is a template argument (8, 16, 24 or 32: the smallest that holds the row), so that a
-// kernel holds no more registers than its rows need and enough warps stay resident to keep memory busy.
+// ---- rows of at most kWarpMaxD elements: a warp per row, the row in registers (one read of x, one of dy) ----
+// The elements per lane are a template argument (the fewest that hold the row), so that a kernel holds no more
+// registers than its rows need and enough warps stay resident to keep memory busy.
 constexpr int kWarpMaxD = 1024;
 constexpr int kForwardRows = 8;    // warps (rows) per block, forward
 constexpr int kBackwardWarps = 4;  // warps per block, backward
@@ -174,68 +178,159 @@ __global__ void layer_norm_forward_warp(const X* x, const S* residual, const S* 
   }
 }
 
+// V consecutive elements of T moved in one access: 4 floats in 16 bytes, 4 16-bit floats in 8, or one element.
+template <typename T, int V>
+struct alignas(V * sizeof(T)) Pack {
+  cuda::device_t<T> v[V];
+};
+
+// out[0 .. V) = p[0 .. V) in A; p is aligned to the pack.
+template <int V, typename T, typename A>
+__device__ __forceinline__ void load_pack(const T* p, A* out) {
+  const Pack<T, V> q = *reinterpret_cast<const Pack<T, V>*>(p);
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = static_cast<A>(cuda::to_compute<T>(q.v[k]));
+}
+
+// p[0 .. V) = v[0 .. V), each rounded once into T.
+template <int V, typename T, typename A>
+__device__ __forceinline__ void store_pack(T* p, const A* v) {
+  Pack<T, V> q;
+#pragma unroll
+  for (int k = 0; k < V; ++k) q.v[k] = cuda::from_compute<T>(static_cast<compute_t<T>>(v[k]));
+  *reinterpret_cast<Pack<T, V>*>(p) = q;
+}
+
 // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy * w, written in x's type T and, when dx_low is given, also in
-// the type L (the gradient of a lower-precision input that was added to the residual). Each block also sums
-// dy * xhat and dy over its rows for dw and db: each warp adds its rows into its own rows of shared memory, the block
-// adds its warps' sums in a fixed order into one (d) partial per block, and kiln's sum adds the blocks' partials.
-template <int J, typename T, typename L, typename A>
-__global__ void layer_norm_backward_warp(const T* dy, const T* x, const T* w, const A* mean, const A* rstd, T* dx,
-                                         L* dx_low, A* partial_w, A* partial_b, int64_t rows, int d) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  A* acc_w = reinterpret_cast<A*>(smem_raw);  // (kBackwardWarps, d)
-  A* acc_b = acc_w + kBackwardWarps * d;      // (kBackwardWarps, d)
+// the type L (the gradient of a lower-precision input that was added to the residual), from the same float values.
+// Warp k of the grid takes rows k, k + W, k + 2 W, ... (W: the grid's warps) and holds each row's dy * w and xhat in
+// registers. Lane l owns the groups of V consecutive elements l, l + 32, ..., l + 32 (G - 1) of every row: with V = 4
+// (d % 4 == 0 and aligned pointers) a group is one 16-byte load or store of floats, 8 bytes of 16-bit floats; V = 1
+// (elements l, l + 32, ...) serves any other d. As a lane keeps its columns on every row, it sums dy * xhat (for dw)
+// and dy (for db) over its rows in registers, which costs no memory traffic per row. At the end the block's warps add
+// their sums through shared memory in warp order and the last warp writes the block's (d) partial; column_sum_kernel
+// then adds the partials in a fixed order. Nothing depends on timing, so dw and db are the same on every run.
+// G (1, 2, 4, 6, 8 groups of 4, or 8, 16, 24, 32 single elements) is the least that holds the row, so that a kernel
+// holds no more registers than its rows need and enough warps stay resident to keep memory busy.
+// dy, x, dx, dx_low: (rows, d); w: (d) or null; mean, rstd: (rows); partial_w, partial_b: (gridDim.x, d) or null.
+template <int G, int V, typename T, typename L, typename A>
+__global__ void __launch_bounds__(32 * kBackwardWarps)
+    layer_norm_backward_warp(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                             const A* __restrict__ mean, const A* __restrict__ rstd, T* __restrict__ dx,
+                             L* __restrict__ dx_low, A* __restrict__ partial_w, A* __restrict__ partial_b, int64_t rows,
+                             int d) {
+  constexpr int E = G * V;                              // elements per lane
+  __shared__ A merge_w[kWarpMaxD], merge_b[kWarpMaxD];  // the sums of the block's warps so far
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool sums = partial_w != nullptr || partial_b != nullptr;
-  if (sums) {
-    for (int i = threadIdx.x; i < kBackwardWarps * d; i += blockDim.x) acc_w[i] = acc_b[i] = 0;
-    __syncthreads();
-  }
-  A* my_w = acc_w + warp * d;
-  A* my_b = acc_b + warp * d;
+  const bool write = dx != nullptr || dx_low != nullptr;
+  A sw[E], sb[E];  // this lane's columns, over this warp's rows: sum of dy * xhat, sum of dy
+#pragma unroll
+  for (int e = 0; e < E; ++e) sw[e] = sb[e] = 0;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kBackwardWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kBackwardWarps) {
     const A m = mean[row], r = rstd[row];
-    A gy[J], xh[J];
-    A sg = 0, sgx = 0;
+    const T* dyr = dy + row * d;
+    const T* xr = x + row * d;
+    // Every load of the row first, so that they are in flight together.
+    A g[E], xh[E];  // dy, then dy * w; x, then xhat
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const int i = lane + 32 * j;
-      gy[j] = xh[j] = 0;
+    for (int j = 0; j < G; ++j) {
+      const int i = V * (lane + 32 * j);
       if (i < d) {
-        gy[j] = static_cast<A>(load_compute(dy + row * d + i));
-        xh[j] = (static_cast<A>(load_compute(x + row * d + i)) - m) * r;
-        if (sums) {
-          my_w[i] += gy[j] * xh[j];
-          my_b[i] += gy[j];
-        }
-        const A g = w != nullptr ? gy[j] * static_cast<A>(load_compute(w + i)) : gy[j];
-        sg += g;
-        sgx += g * xh[j];
+        load_pack<V>(dyr + i, g + V * j);
+        load_pack<V>(xr + i, xh + V * j);
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) g[V * j + k] = xh[V * j + k] = 0;
       }
     }
-    if (dx == nullptr && dx_low == nullptr) continue;
+    A sg = 0, sgx = 0;  // sum of g, sum of g * xhat
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int i = V * (lane + 32 * j);
+      if (i >= d) continue;
+      A wv[V];
+      if (w != nullptr) load_pack<V>(w + i, wv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const int e = V * j + k;
+        xh[e] = (xh[e] - m) * r;
+        sw[e] += g[e] * xh[e];
+        sb[e] += g[e];
+        if (w != nullptr) g[e] *= wv[k];
+        sg += g[e];
+        sgx += g[e] * xh[e];
+      }
+    }
+    if (!write) continue;
     const A mg = warp_sum(sg) / static_cast<A>(d), mgx = warp_sum(sgx) / static_cast<A>(d);
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const int i = lane + 32 * j;
+    for (int j = 0; j < G; ++j) {
+      const int i = V * (lane + 32 * j);
       if (i >= d) continue;
-      const A g = w != nullptr ? gy[j] * static_cast<A>(load_compute(w + i)) : gy[j];
-      const A v = r * (g - mg - xh[j] * mgx);
-      if (dx != nullptr) store_as(dx + row * d + i, v);
-      if (dx_low != nullptr) store_as(dx_low + row * d + i, v);
+      A v[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = r * (g[V * j + k] - mg - xh[V * j + k] * mgx);
+      if (dx != nullptr) store_pack<V>(dx + row * d + i, v);
+      if (dx_low != nullptr) store_pack<V>(dx_low + row * d + i, v);
     }
   }
-  if (!sums) return;
+  if (partial_w == nullptr && partial_b == nullptr) return;
+  // The block's partial: ((warp 0 + warp 1) + warp 2) + ..., the last warp writing it out.
+  A* pw = partial_w != nullptr ? partial_w + static_cast<int64_t>(blockIdx.x) * d : nullptr;
+  A* pb = partial_b != nullptr ? partial_b + static_cast<int64_t>(blockIdx.x) * d : nullptr;
+#pragma unroll
+  for (int k = 0; k < kBackwardWarps; ++k) {
+    if (warp == k) {
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        const int i = V * (lane + 32 * j);
+        if (i >= d) continue;
+        A tw[V], tb[V];
+#pragma unroll
+        for (int q = 0; q < V; ++q) {
+          tw[q] = k == 0 ? sw[V * j + q] : merge_w[i + q] + sw[V * j + q];
+          tb[q] = k == 0 ? sb[V * j + q] : merge_b[i + q] + sb[V * j + q];
+          if (k + 1 < kBackwardWarps) merge_w[i + q] = tw[q], merge_b[i + q] = tb[q];
+        }
+        if (k + 1 == kBackwardWarps) {
+          if (pw != nullptr) store_pack<V>(pw + i, tw);
+          if (pb != nullptr) store_pack<V>(pb + i, tb);
+        }
+      }
+    }
+    if (k + 1 < kBackwardWarps) __syncthreads();
+  }
+}
+
+// dw and db (d, in T) from the backward kernel's (parts, d) partials in A; blockIdx.y picks dw (0) or db (1). A block
+// takes 32 columns; its thread (c, s) adds rows s, s + kSumSlices, ... of column c, and the slices' sums are added in
+// slice order, so the result is the same on every run. The rows are split kSumSlices ways and the loop unrolled so
+// that each thread has several loads in flight: the partials are few rows of L2-resident data, and a loop of one
+// dependent load per row would be bound by L2 latency.
+constexpr int kSumSlices = 16;
+
+template <typename T, typename A>
+__global__ void __launch_bounds__(32 * kSumSlices)
+    column_sum_kernel(const A* __restrict__ partial_w, const A* __restrict__ partial_b, T* __restrict__ dw,
+                      T* __restrict__ db, int parts, int d) {
+  __shared__ A slice_sums[kSumSlices][32];
+  const A* partial = blockIdx.y == 0 ? partial_w : partial_b;
+  T* out = blockIdx.y == 0 ? dw : db;
+  if (partial == nullptr) return;  // the whole block leaves together
+  const int c = blockIdx.x * 32 + threadIdx.x, s = threadIdx.y;
+  A t = 0;
+  if (c < d) {
+#pragma unroll 8
+    for (int p = s; p < parts; p += kSumSlices) t += partial[static_cast<int64_t>(p) * d + c];
+  }
+  slice_sums[s][threadIdx.x] = t;
   __syncthreads();
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    A tw = 0, tb = 0;
-    for (int k = 0; k < kBackwardWarps; ++k) {
-      tw += acc_w[k * d + i];
-      tb += acc_b[k * d + i];
-    }
-    if (partial_w != nullptr) partial_w[static_cast<int64_t>(blockIdx.x) * d + i] = tw;
-    if (partial_b != nullptr) partial_b[static_cast<int64_t>(blockIdx.x) * d + i] = tb;
-  }
+  if (s != 0 || c >= d) return;
+  A total = slice_sums[0][threadIdx.x];
+#pragma unroll
+  for (int k = 1; k < kSumSlices; ++k) total += slice_sums[k][threadIdx.x];
+  store_as(out + c, total);
 }
 
 // Calls f(std::integral_constant<int, J>{}) with the smallest J of 8, 16, 24, 32 for which 32 J >= d.
@@ -246,6 +341,34 @@ void with_lane_count(int64_t d, F&& f) {
   if (d <= 768) return f(std::integral_constant<int, 24>{});
   return f(std::integral_constant<int, 32>{});
 }
+
+// Calls f(std::integral_constant<int, G>{}) with the smallest G of 1, 2, 4, 6, 8 for which 128 G >= d (groups of 4).
+template <typename F>
+void with_group_count(int64_t d, F&& f) {
+  if (d <= 128) return f(std::integral_constant<int, 1>{});
+  if (d <= 256) return f(std::integral_constant<int, 2>{});
+  if (d <= 512) return f(std::integral_constant<int, 4>{});
+  if (d <= 768) return f(std::integral_constant<int, 6>{});
+  return f(std::integral_constant<int, 8>{});
+}
+
+// Resident blocks per SM of a backward kernel (its registers decide), asked once. At most
+// kMaxBackwardBlocksPerSm: each block adds one row to the partials that column_sum_kernel adds up.
+constexpr int kMaxBackwardBlocksPerSm = 8;
+
+template <int G, int V, typename T, typename L>
+int backward_blocks_per_sm() {
+  static const int n = [] {
+    int count = 0;
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, layer_norm_backward_warp<G, V, T, L, float>,
+                                                                  32 * kBackwardWarps, 0),
+                    "layer_norm backward");
+    return std::clamp(count, 1, kMaxBackwardBlocksPerSm);
+  }();
+  return n;
+}
+
+bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 int threads_for(int64_t d) {
   // One thread per few elements of the row, in whole warps, at most 512.
@@ -326,7 +449,74 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
   KILN_CHECK(!low || (d <= kWarpMaxD && x.dtype() == DType::Float32 &&
                       (*dx_also_in == DType::BFloat16 || *dx_also_in == DType::Float16)),
              "layer_norm backward: a second gradient dtype needs Float32 rows of at most ", kWarpMaxD, " elements");
-  // Either path writes (count, d) partial sums of dy * xhat (pw) and of dy (pb), added up at the end.
+  // (Float64 keeps the kernels below: its per-lane sums would take twice the registers.)
+  if (d <= kWarpMaxD && x.dtype() != DType::Float64) {
+    const TensorOptions options{.dtype = x.dtype(), .device = x.device()};
+    if (need_dx) g.dx = ops::empty(x.shape(), options);
+    if (low) g.dx_low = ops::empty(x.shape(), {.dtype = *dx_also_in, .device = x.device()});
+    if (need_dweight) g.dweight = ops::empty({d}, options);
+    if (need_dbias) g.dbias = ops::empty({d}, options);
+    if (rows == 0) {
+      if (need_dweight) g.dweight.zero_();
+      if (need_dbias) g.dbias.zero_();
+      return g;
+    }
+    visit_floating_dtype(x.dtype(), "layer_norm backward", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      if constexpr (!std::is_same_v<T, double>) {
+        auto launch = [&](auto low_tag) {
+          using L = typename decltype(low_tag)::type;
+          const T* w = ptr_or_null<T>(weight);
+          T* dx = need_dx ? g.dx.data_ptr<T>() : nullptr;
+          L* dx_low = low ? g.dx_low.data_ptr<L>() : nullptr;
+          // Groups of 4 need every row of every array to start on a 4-element boundary.
+          const bool packs = d % 4 == 0 && aligned_to(dy.data_ptr<T>(), 4 * sizeof(T)) &&
+                             aligned_to(x.data_ptr<T>(), 4 * sizeof(T)) && aligned_to(w, 4 * sizeof(T)) &&
+                             aligned_to(dx, 4 * sizeof(T)) && aligned_to(dx_low, 4 * sizeof(L));
+          auto run = [&](auto kernel, int blocks_per_sm) {
+            // Every SM as full as the kernel's registers allow, and no more blocks than the rows keep busy: each
+            // block's warps sum their rows' dw and db in registers, and each block adds one row of partials.
+            const int64_t blocks = std::min<int64_t>(static_cast<int64_t>(blocks_per_sm) * cuda::kdetail::sm_count(),
+                                                     cuda::kdetail::ceil_div(rows, kBackwardWarps));
+            Tensor pw, pb;  // (blocks, d) in float
+            if (need_dweight) pw = ops::empty({blocks, d}, {.dtype = DType::Float32, .device = x.device()});
+            if (need_dbias) pb = ops::empty({blocks, d}, {.dtype = DType::Float32, .device = x.device()});
+            float* pw_ptr = need_dweight ? pw.data_ptr<float>() : nullptr;
+            float* pb_ptr = need_dbias ? pb.data_ptr<float>() : nullptr;
+            kernel<<<static_cast<unsigned>(blocks), 32 * kBackwardWarps, 0, stream>>>(
+                dy.data_ptr<T>(), x.data_ptr<T>(), w, mean.data_ptr<float>(), rstd.data_ptr<float>(), dx, dx_low,
+                pw_ptr, pb_ptr, rows, static_cast<int>(d));
+            KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
+            if (!need_dweight && !need_dbias) return;
+            const dim3 grid(static_cast<unsigned>(cuda::kdetail::ceil_div(d, 32)), 2);
+            column_sum_kernel<T, float><<<grid, dim3(32, kSumSlices), 0, stream>>>(
+                pw_ptr, pb_ptr, need_dweight ? g.dweight.data_ptr<T>() : nullptr,
+                need_dbias ? g.dbias.data_ptr<T>() : nullptr, static_cast<int>(blocks), static_cast<int>(d));
+            KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
+            // pw and pb are released here; the caching allocator hands them out again only in stream order.
+          };
+          if (packs) {
+            with_group_count(d, [&](auto groups) {
+              constexpr int G = decltype(groups)::value;
+              run(layer_norm_backward_warp<G, 4, T, L, float>, backward_blocks_per_sm<G, 4, T, L>());
+            });
+          } else {
+            with_lane_count(d, [&](auto lanes) {
+              constexpr int J = decltype(lanes)::value;
+              run(layer_norm_backward_warp<J, 1, T, L, float>, backward_blocks_per_sm<J, 1, T, L>());
+            });
+          }
+        };
+        if constexpr (std::is_same_v<T, float>) {
+          if (low && *dx_also_in == DType::BFloat16) return launch(TypeTag<BFloat16>{});
+          if (low && *dx_also_in == DType::Float16) return launch(TypeTag<Half>{});
+        }
+        launch(tag);
+      }
+    });
+    return g;
+  }
+  // Longer rows and Float64: (chunks, d) partial sums of dy * xhat (pw) and of dy (pb), added up at the end.
   Tensor pw, pb;
   auto make_partials = [&](int64_t count) {
     if (need_dweight) pw = ops::empty({count, d}, {.dtype = acc, .device = x.device()});
@@ -336,70 +526,35 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
       if (pb.defined()) pb.zero_();
     }
   };
-  // (Float64 keeps the kernels below: its per-block sums would not fit in shared memory.)
-  if (d <= kWarpMaxD && x.dtype() != DType::Float64) {
-    if (need_dx) g.dx = ops::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
-    if (low) g.dx_low = ops::empty(x.shape(), {.dtype = *dx_also_in, .device = x.device()});
-    // Enough blocks to keep every SM's memory pipes busy, each warp with a few rows to spread the partials' cost.
-    const int64_t want = 8 * static_cast<int64_t>(cuda::kdetail::sm_count());
-    const int64_t blocks = std::clamp<int64_t>((rows + 4 * kBackwardWarps - 1) / (4 * kBackwardWarps), 1, want);
-    make_partials(blocks);
-    if (rows > 0) {
-      visit_floating_dtype(x.dtype(), "layer_norm backward", [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
-        auto launch = [&](auto low_tag) {
-          using L = typename decltype(low_tag)::type;
-          const bool sums = pw.defined() || pb.defined();
-          const size_t smem = sums ? 2 * static_cast<size_t>(kBackwardWarps) * static_cast<size_t>(d) * sizeof(A) : 0;
-          with_lane_count(d, [&](auto lanes) {
-            layer_norm_backward_warp<decltype(lanes)::value, T, L, A>
-                <<<static_cast<unsigned>(blocks), 32 * kBackwardWarps, smem, stream>>>(
-                    dy.data_ptr<T>(), x.data_ptr<T>(), ptr_or_null<T>(weight), mean.data_ptr<A>(), rstd.data_ptr<A>(),
-                    need_dx ? g.dx.data_ptr<T>() : nullptr, low ? g.dx_low.data_ptr<L>() : nullptr,
-                    pw.defined() ? pw.data_ptr<A>() : nullptr, pb.defined() ? pb.data_ptr<A>() : nullptr, rows,
-                    static_cast<int>(d));
-          });
-          KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
-        };
-        if constexpr (std::is_same_v<T, float>) {
-          if (low && *dx_also_in == DType::BFloat16) return launch(TypeTag<BFloat16>{});
-          if (low && *dx_also_in == DType::Float16) return launch(TypeTag<Half>{});
-        }
-        launch(tag);
-      });
+  visit_floating_dtype(x.dtype(), "layer_norm backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    if (need_dx) {
+      g.dx = ops::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+      if (rows > 0) {
+        layer_norm_dx_kernel<T, A><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
+            dy.data_ptr<T>(), x.data_ptr<T>(), ptr_or_null<T>(weight), mean.data_ptr<A>(), rstd.data_ptr<A>(),
+            g.dx.data_ptr<T>(), d);
+        KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
+      }
     }
-  } else {
-    visit_floating_dtype(x.dtype(), "layer_norm backward", [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
-      if (need_dx) {
-        g.dx = ops::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
-        if (rows > 0) {
-          layer_norm_dx_kernel<T, A><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
-              dy.data_ptr<T>(), x.data_ptr<T>(), ptr_or_null<T>(weight), mean.data_ptr<A>(), rstd.data_ptr<A>(),
-              g.dx.data_ptr<T>(), d);
-          KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
-        }
+    if (need_dweight || need_dbias) {
+      // Enough row chunks to fill the GPU, each at least 32 rows long.
+      constexpr int kThreads = 128;
+      const int64_t strips = (d + kThreads - 1) / kThreads;
+      const int64_t want = std::max<int64_t>(1, 4 * cuda::kdetail::sm_count() / std::max<int64_t>(strips, 1));
+      const int64_t chunks = std::clamp<int64_t>(std::min(want, (rows + 31) / 32), 1, 65535);
+      const int64_t per_chunk = (rows + chunks - 1) / chunks;
+      make_partials(chunks);
+      if (rows > 0) {
+        const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(chunks));
+        layer_norm_dwdb_kernel<T, A><<<grid, kThreads, 0, stream>>>(
+            dy.data_ptr<T>(), x.data_ptr<T>(), mean.data_ptr<A>(), rstd.data_ptr<A>(),
+            pw.defined() ? pw.data_ptr<A>() : nullptr, pb.defined() ? pb.data_ptr<A>() : nullptr, rows, d, per_chunk);
+        KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
       }
-      if (need_dweight || need_dbias) {
-        // Enough row chunks to fill the GPU, each at least 32 rows long.
-        constexpr int kThreads = 128;
-        const int64_t strips = (d + kThreads - 1) / kThreads;
-        const int64_t want = std::max<int64_t>(1, 4 * cuda::kdetail::sm_count() / std::max<int64_t>(strips, 1));
-        const int64_t chunks = std::clamp<int64_t>(std::min(want, (rows + 31) / 32), 1, 65535);
-        const int64_t per_chunk = (rows + chunks - 1) / chunks;
-        make_partials(chunks);
-        if (rows > 0) {
-          const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(chunks));
-          layer_norm_dwdb_kernel<T, A><<<grid, kThreads, 0, stream>>>(
-              dy.data_ptr<T>(), x.data_ptr<T>(), mean.data_ptr<A>(), rstd.data_ptr<A>(),
-              pw.defined() ? pw.data_ptr<A>() : nullptr, pb.defined() ? pb.data_ptr<A>() : nullptr, rows, d, per_chunk);
-          KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
-        }
-      }
-    });
-  }
+    }
+  });
   if (need_dweight) g.dweight = ops::sum(pw, {0}, false).to(x.dtype());
   if (need_dbias) g.dbias = ops::sum(pb, {0}, false).to(x.dtype());
   return g;
