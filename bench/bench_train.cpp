@@ -9,11 +9,11 @@
 // --profile N: after a case's timing, N more eager steps under kiln's profiler; the top ops by GPU time go to
 // standard error (the JSON lines on standard output stay as they are).
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
-// The ResNet cases on in-memory tensors are static-shape steps: on a GPU each is timed eagerly, then captured in a
+// The cases on in-memory tensors are static-shape steps: on a GPU each is timed eagerly, then captured in a
 // cuda::Graph and timed as replays; the line reports the replays ("cuda_graph": true) with the eager figures of
-// the same run beside them ("eager_step_ms", "eager_peak_gib"). --no-graphs times them eagerly only. The BERT
-// cases stay eager (a capture refuses cuDNN's fused attention dropout for now), as does the JPEG case (its
-// batches come from the data loader).
+// the same run beside them ("eager_step_ms", "eager_peak_gib"). --no-graphs times them eagerly only. Checkpointed
+// BERT stays eager (its recomputed dropout rewinds the generator, which a replay cannot follow), as does the JPEG
+// case (its batches come from the data loader).
 //
 // Cases: resnet50_bf16, resnet50_fp16 (GradScaler), resnet18_cifar_bf16, bert_base_128, bert_base_512,
 // bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_jpeg (--photos, or KILN_BENCH_IMAGES).

@@ -140,10 +140,10 @@ void record_stream(const Tensor& t, const Stream& stream);
 // What the step must not do: synchronise with the host (item(), .cpu(), printing a tensor, a data loader),
 // change shapes between replays, or depend on host values that change: the optimizers refresh their learning
 // rates before each replay (LR schedulers work), but other options must stay as captured. Random ops (dropout,
-// rand) take fresh draws from their generator at every replay (the numbers eager ops would draw from the same
-// state); refused are draws after the generator was rewound in the capture (gradient checkpointing with
-// dropout), a generator seeded again after the capture, and cuDNN's fused attention dropout. capture() then
-// throws, naming the cause when CUDA gives one.
+// rand, the fused attention's dropout) take fresh draws from their generator at every replay (the numbers eager
+// ops would draw from the same state); refused are draws after the generator was rewound in the capture
+// (gradient checkpointing with dropout) and a generator seeded again after the capture. capture() then throws,
+// naming the cause when CUDA gives one.
 class Graph {
  public:
   Graph();
