@@ -1,10 +1,13 @@
 // bench/bench_data_loader.cpp — the whole input pipeline: ImageFolder + imagenet_train(224) through the
 // DataLoader with 1..16 worker threads, batches collated into pinned memory and delivered to the GPU when
 // there is one (on the CPU otherwise). bench/pytorch_data_loader.py runs the same through torchvision's
-// ImageFolder and torch.utils.data.DataLoader.
+// ImageFolder and torch.utils.data.DataLoader. With --cifar DIR: CIFAR-10's binary training files through
+// cifar_train() (pad-4 random crop, flip, normalise) instead, batches of 512 by default (the ResNet-18/CIFAR case).
 //
 //   python3 bench/make_photos.py /tmp/photos --count 2400
 //   ./build/bench/bench_data_loader /tmp/photos [--batch 64] [--workers 1,2,4,8,16] [--seconds 4]
+//   ./build/examples/resnet/resnet --make-fake-cifar10 /tmp/cifar     # or the real data-batch_*.bin files
+//   ./build/bench/bench_data_loader --cifar /tmp/cifar [--batch 512]
 //
 // For each worker count it runs whole epochs (shuffled, drop_last) until --seconds have passed, after one
 // untimed epoch, and prints one JSON line: images/s delivered (the clock stops when the last batch is on the
@@ -38,7 +41,8 @@ std::vector<int> parse_list(const std::string& text) {
 int main(int argc, char** argv) {
   using namespace kiln;
   std::string folder = std::getenv("KILN_BENCH_IMAGES") ? std::getenv("KILN_BENCH_IMAGES") : "";
-  int64_t batch = 64;
+  std::string cifar;
+  int64_t batch = 0;  // 64 for JPEGs, 512 for CIFAR
   double seconds = 4;
   std::vector<int> workers = {1, 2, 4, 8, 16};
   for (int i = 1; i < argc; ++i) {
@@ -47,31 +51,41 @@ int main(int argc, char** argv) {
       batch = std::stoll(argv[++i]);
     } else if (a == "--workers" && i + 1 < argc) {
       workers = parse_list(argv[++i]);
+    } else if (a == "--cifar" && i + 1 < argc) {
+      cifar = argv[++i];
     } else if (a == "--seconds" && i + 1 < argc) {
       seconds = std::stod(argv[++i]);
     } else if (a == "--help" || a == "-h") {
-      std::printf("usage: bench_data_loader FOLDER [--batch 64] [--workers 1,2,4,8,16] [--seconds 4]\n");
+      std::printf(
+          "usage: bench_data_loader FOLDER [--batch 64] [--workers 1,2,4,8,16] [--seconds 4]\n"
+          "       bench_data_loader --cifar DIR [--batch 512] [--workers ...] [--seconds 4]\n");
       return 0;
     } else {
       folder = a;
     }
   }
-  if (folder.empty()) {
-    std::fprintf(stderr, "bench_data_loader: give a folder of JPEGs in ImageFolder layout (bench/make_photos.py)\n");
+  if (folder.empty() && cifar.empty()) {
+    std::fprintf(stderr,
+                 "bench_data_loader: give a folder of JPEGs in ImageFolder layout (bench/make_photos.py), or --cifar "
+                 "DIR with CIFAR-10's binary files\n");
     return 2;
   }
+  if (batch == 0) batch = cifar.empty() ? 64 : 512;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool gpu = cuda::is_available();
   const Device dev = gpu ? Device::cuda(0) : Device::cpu();
-  auto dataset = std::make_shared<data::ImageFolder>(folder, data::transforms::imagenet_train(224));
+  std::shared_ptr<const data::Dataset> dataset;
+  if (cifar.empty()) {
+    dataset = std::make_shared<data::ImageFolder>(folder, data::transforms::imagenet_train(224));
+  } else {
+    dataset = std::make_shared<data::CIFAR10>(
+        cifar, data::CIFAR10Options{.split = data::Split::Train, .transform = data::transforms::cifar_train()});
+  }
   for (int w : workers) {
     if (w > static_cast<int>(cores)) continue;
-    data::DataLoader loader(dataset, {.batch_size = batch,
-                                      .workers = w,
-                                      .shuffle = true,
-                                      .drop_last = true,
-                                      .pin_memory = gpu,
-                                      .device = dev});
+    data::DataLoader loader(
+        dataset,
+        {.batch_size = batch, .workers = w, .shuffle = true, .drop_last = true, .pin_memory = gpu, .device = dev});
     auto run_epoch = [&](uint64_t e) {
       int64_t images = 0;
       for (data::Batch& b : loader.epoch(e)) images += b.batch_size();
@@ -92,10 +106,11 @@ int main(int argc, char** argv) {
       elapsed = std::chrono::duration<double>(clock::now() - start).count();
     }
     std::printf(
-        "{\"bench\": \"data_loader\", \"impl\": \"kiln\", \"workers\": %d, \"batch\": %lld, \"device\": \"%s\", "
+        "{\"bench\": \"data_loader\", \"impl\": \"kiln\", \"data\": \"%s\", \"workers\": %d, \"batch\": %lld, "
+        "\"device\": \"%s\", "
         "\"images\": %lld, \"seconds\": %.3f, \"images_per_s\": %.1f, \"per_worker\": %.1f, \"wait_share\": %.3f}\n",
-        w, static_cast<long long>(batch), gpu ? "cuda" : "cpu", static_cast<long long>(images), elapsed,
-        images / elapsed, images / elapsed / w, wait / elapsed);
+        cifar.empty() ? "jpeg" : "cifar10", w, static_cast<long long>(batch), gpu ? "cuda" : "cpu",
+        static_cast<long long>(images), elapsed, images / elapsed, images / elapsed / w, wait / elapsed);
     std::fflush(stdout);
   }
   return 0;
