@@ -95,7 +95,6 @@ struct SplitBackward final : Node {
   Tensor tiled(const TensorList& grads) const {
     const Tensor& first = grads[0];
     const Strides strides = contiguous_strides(input_shape);
-    if (first.dtype() == DType::Bool) return {};
     for (size_t i = 0; i < grads.size(); ++i) {
       const Tensor& g = grads[i];
       if (g.impl().storage() != first.impl().storage() || g.dtype() != first.dtype() || g.strides() != strides ||
