@@ -8,6 +8,7 @@
 //   ./build/bench/bench_data_loader /tmp/photos [--batch 64] [--workers 1,2,4,8,16] [--seconds 4]
 //   ./build/examples/resnet/resnet --make-fake-cifar10 /tmp/cifar     # or the real data-batch_*.bin files
 //   ./build/bench/bench_data_loader --cifar /tmp/cifar [--batch 512]
+//   ./build/bench/bench_data_loader --synthetic 224 [--batch 256]   # the examples' synthetic images (normal noise)
 //
 // For each worker count it runs whole epochs (shuffled, drop_last) until --seconds have passed, after one
 // untimed epoch, and prints one JSON line: images/s delivered (the clock stops when the last batch is on the
@@ -42,7 +43,8 @@ int main(int argc, char** argv) {
   using namespace kiln;
   std::string folder = std::getenv("KILN_BENCH_IMAGES") ? std::getenv("KILN_BENCH_IMAGES") : "";
   std::string cifar;
-  int64_t batch = 0;  // 64 for JPEGs, 512 for CIFAR
+  int64_t synthetic = 0;  // --synthetic SIZE: SyntheticDataset images (3, SIZE, SIZE) float32 and labels
+  int64_t batch = 0;      // 64 for JPEGs, 512 for CIFAR
   double seconds = 4;
   std::vector<int> workers = {1, 2, 4, 8, 16};
   for (int i = 1; i < argc; ++i) {
@@ -53,29 +55,37 @@ int main(int argc, char** argv) {
       workers = parse_list(argv[++i]);
     } else if (a == "--cifar" && i + 1 < argc) {
       cifar = argv[++i];
+    } else if (a == "--synthetic" && i + 1 < argc) {
+      synthetic = std::stoll(argv[++i]);
     } else if (a == "--seconds" && i + 1 < argc) {
       seconds = std::stod(argv[++i]);
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: bench_data_loader FOLDER [--batch 64] [--workers 1,2,4,8,16] [--seconds 4]\n"
-          "       bench_data_loader --cifar DIR [--batch 512] [--workers ...] [--seconds 4]\n");
+          "       bench_data_loader --cifar DIR [--batch 512] [--workers ...] [--seconds 4]\n"
+          "       bench_data_loader --synthetic SIZE [--batch 256] [--workers ...] [--seconds 4]\n");
       return 0;
     } else {
       folder = a;
     }
   }
-  if (folder.empty() && cifar.empty()) {
+  if (folder.empty() && cifar.empty() && synthetic <= 0) {
     std::fprintf(stderr,
                  "bench_data_loader: give a folder of JPEGs in ImageFolder layout (bench/make_photos.py), or --cifar "
                  "DIR with CIFAR-10's binary files\n");
     return 2;
   }
-  if (batch == 0) batch = cifar.empty() ? 64 : 512;
+  if (batch == 0) batch = !cifar.empty() ? 512 : synthetic > 0 ? 256 : 64;
+  const std::string data_name = !cifar.empty() ? "cifar10" : synthetic > 0 ? "synthetic" : "jpeg";
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool gpu = cuda::is_available();
   const Device dev = gpu ? Device::cuda(0) : Device::cpu();
   std::shared_ptr<const data::Dataset> dataset;
-  if (cifar.empty()) {
+  if (synthetic > 0) {
+    const std::vector<data::SyntheticField> fields = {{"image", {3, synthetic, synthetic}, DType::Float32},
+                                                      {"label", {}, DType::Int64, 1000}};
+    dataset = std::make_shared<data::SyntheticDataset>(data::SyntheticOptions{.size = 4096, .fields = fields});
+  } else if (cifar.empty()) {
     dataset = std::make_shared<data::ImageFolder>(folder, data::transforms::imagenet_train(224));
   } else {
     dataset = std::make_shared<data::CIFAR10>(
@@ -109,8 +119,8 @@ int main(int argc, char** argv) {
         "{\"bench\": \"data_loader\", \"impl\": \"kiln\", \"data\": \"%s\", \"workers\": %d, \"batch\": %lld, "
         "\"device\": \"%s\", "
         "\"images\": %lld, \"seconds\": %.3f, \"images_per_s\": %.1f, \"per_worker\": %.1f, \"wait_share\": %.3f}\n",
-        cifar.empty() ? "jpeg" : "cifar10", w, static_cast<long long>(batch), gpu ? "cuda" : "cpu",
-        static_cast<long long>(images), elapsed, images / elapsed, images / elapsed / w, wait / elapsed);
+        data_name.c_str(), w, static_cast<long long>(batch), gpu ? "cuda" : "cpu", static_cast<long long>(images),
+        elapsed, images / elapsed, images / elapsed / w, wait / elapsed);
     std::fflush(stdout);
   }
   return 0;
