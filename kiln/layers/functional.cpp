@@ -98,6 +98,62 @@ struct AddLayerNormFunction : autograd::Function<AddLayerNormFunction> {
             g.dbias.defined() ? reshape(g.dbias, normalized) : Tensor()};
   }
 };
+
+// add_layer_norm(dropout(x), residual) on the GPU: the forward kernel draws the mask (ops::dropout's, from one draw
+// of the generator: ops::draw_for, so that a CUDA graph's replays draw anew) and saves it as keep bits; backward is
+// add_layer_norm's, writing x's gradient through the mask.
+struct DropoutAddLayerNormFunction : autograd::Function<DropoutAddLayerNormFunction> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& residual, const Tensor& weight,
+                        const Tensor& bias, const Shape& normalized, double eps, double p, Generator* gen) {
+    const int64_t d = numel(normalized);
+    const Tensor wc = weight.defined() ? contiguous(weight) : weight;
+    cuda_impl::FusedDropout dropout{.p = p};
+    if (x.numel() > 0) dropout.draw = ops::draw_for(gen, x.device());  // as ops::dropout: no draw for no elements
+    auto saved = cuda_impl::layer_norm_forward(contiguous(x), d, wc, bias.defined() ? contiguous(bias) : bias, eps,
+                                               contiguous(residual), &dropout);
+    ctx.save_for_backward({saved.sum, wc, saved.mean, saved.rstd, saved.keep});
+    ctx.set("normalized", normalized);
+    ctx.set("x_dtype", x.dtype());
+    ctx.set("p", p);
+    return saved.y;
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const autograd::TensorList s = ctx.saved();
+    const auto normalized = ctx.get<Shape>("normalized");
+    const bool need_dx = ctx.needs_input_grad(0) || ctx.needs_input_grad(1);
+    auto g = cuda_impl::layer_norm_backward(
+        contiguous(grads[0]), s[0], numel(normalized), s[2], s[3], s[1], need_dx, ctx.needs_input_grad(2),
+        ctx.needs_input_grad(3),
+        ctx.needs_input_grad(0) ? std::optional<DType>(ctx.get<DType>("x_dtype")) : std::nullopt, s[4],
+        ctx.get<double>("p"));
+    return {ctx.needs_input_grad(0) ? g.dx_low : Tensor(), ctx.needs_input_grad(1) ? g.dx : Tensor(),
+            g.dweight.defined() ? reshape(g.dweight, normalized) : Tensor(),
+            g.dbias.defined() ? reshape(g.dbias, normalized) : Tensor()};
+  }
+};
+
+// The residual, weight and bias that add_layer_norm's fused GPU path normalises with (cast as layer_norm casts them:
+// Float32 under autocast), or nothing where that path does not take (x, residual).
+struct FusedAddInputs {
+  Tensor residual, weight, bias;
+};
+std::optional<FusedAddInputs> fused_add_inputs(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                               const Tensor& weight_in, const Tensor& bias_in) {
+  if (normalized_shape.empty() || !ends_with(x, normalized_shape) || !x.is_cuda() || residual.device() != x.device() ||
+      numel(normalized_shape) > 1024)
+    return std::nullopt;
+  // The layer's own dtype: what layer_norm would normalise (Float32 under autocast). The residual must already
+  // have it, and x either has it too or is 16-bit onto a Float32 residual.
+  auto [r, weight, bias] = autocast::inputs(autocast::Op::LayerNorm, residual, weight_in, bias_in);
+  const DType dt = r.dtype();
+  const bool low_x = (x.dtype() == DType::BFloat16 || x.dtype() == DType::Float16) && dt == DType::Float32;
+  auto fits = [&](const Tensor& t) { return !t.defined() || (t.dtype() == dt && t.device() == x.device()); };
+  if (residual.dtype() != dt || !is_floating_point(dt) || !(low_x || x.dtype() == dt) || !fits(weight) || !fits(bias))
+    return std::nullopt;
+  check_affine("add_layer_norm", weight, "weight", normalized_shape);
+  check_affine("add_layer_norm", bias, "bias", normalized_shape);
+  return FusedAddInputs{r, weight, bias};
+}
 #endif
 
 #if KILN_WITH_CUDA
@@ -279,23 +335,46 @@ Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& norm
   KILN_CHECK(x.shape() == residual.shape(), "add_layer_norm: x and residual must have one shape, got ", x.shape(),
              " and ", residual.shape(), "; add them and call layer_norm to broadcast");
 #if KILN_WITH_CUDA
-  if (!normalized_shape.empty() && ends_with(x, normalized_shape) && x.is_cuda() && residual.device() == x.device() &&
-      numel(normalized_shape) <= 1024) {
-    // The layer's own dtype: what layer_norm would normalise (Float32 under autocast). The residual must already
-    // have it, and x either has it too or is 16-bit onto a Float32 residual.
-    auto [r, weight, bias] = autocast::inputs(autocast::Op::LayerNorm, residual, weight_in, bias_in);
-    const DType dt = r.dtype();
-    const bool low_x = (x.dtype() == DType::BFloat16 || x.dtype() == DType::Float16) && dt == DType::Float32;
-    auto fits = [&](const Tensor& t) { return !t.defined() || (t.dtype() == dt && t.device() == x.device()); };
-    if (residual.dtype() == dt && is_floating_point(dt) && (low_x || x.dtype() == dt) && fits(weight) && fits(bias)) {
-      check_affine("add_layer_norm", weight, "weight", normalized_shape);
-      check_affine("add_layer_norm", bias, "bias", normalized_shape);
-      autocast::DisableGuard as_one_op;
-      return AddLayerNormFunction::apply(x, r, weight, bias, normalized_shape, eps);
-    }
+  if (auto in = fused_add_inputs(x, residual, normalized_shape, weight_in, bias_in)) {
+    autocast::DisableGuard as_one_op;
+    return AddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps);
   }
 #endif
   return layer_norm(x + residual, normalized_shape, weight_in, bias_in, eps);
+}
+
+Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double p, bool training,
+                              const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps,
+                              Generator* gen) {
+  // Every check before the draw, so that a bad call leaves the generator as it was.
+  KILN_CHECK(p >= 0 && p < 1, "dropout_add_layer_norm: p must lie in [0, 1), got ", p,
+             " (p is the probability of zeroing an element of x)");
+  KILN_CHECK(x_in.defined() && residual.defined(), "dropout_add_layer_norm: x and residual must be defined tensors");
+  KILN_CHECK(x_in.shape() == residual.shape(), "dropout_add_layer_norm: x and residual must have one shape, got ",
+             x_in.shape(), " and ", residual.shape(), "; call dropout, add them and call layer_norm to broadcast");
+  KILN_CHECK(x_in.device() == residual.device(), "dropout_add_layer_norm: x is on ", x_in.device(), " but residual on ",
+             residual.device(), "; move them to one device");
+  const auto k = static_cast<int64_t>(normalized_shape.size());
+  KILN_CHECK(k >= 1 && ends_with(x_in, normalized_shape), "dropout_add_layer_norm: the input's last ", k,
+             " dims must be normalized_shape ", normalized_shape, " (at least one dim), got input shape ",
+             x_in.shape());
+  check_affine("dropout_add_layer_norm", weight, "weight", normalized_shape);
+  check_affine("dropout_add_layer_norm", bias, "bias", normalized_shape);
+  if (!training || p == 0) return add_layer_norm(x_in, residual, normalized_shape, weight, bias, eps);
+  KILN_CHECK(x_in.is_floating_point() && residual.is_floating_point(),
+             "dropout_add_layer_norm: x and residual must be floating point, got ", x_in.dtype(), " and ",
+             residual.dtype(), "; convert them with .to(DType::Float32) first");
+#if KILN_WITH_CUDA
+  {
+    auto [x] = autocast::inputs(autocast::Op::Dropout, x_in);  // as nn::dropout casts it
+    if (auto in = fused_add_inputs(x, residual, normalized_shape, weight, bias);
+        in && in->residual.dtype() != DType::Float64) {
+      autocast::DisableGuard as_one_op;
+      return DropoutAddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps, p, gen);
+    }
+  }
+#endif
+  return add_layer_norm(dropout(x_in, p, true, gen), residual, normalized_shape, weight, bias, eps);
 }
 
 Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_in, const Tensor& bias_in, double eps) {

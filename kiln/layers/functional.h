@@ -39,6 +39,16 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape, const Tensor& weight = {},
                       const Tensor& bias = {}, double eps = 1e-5);
 
+// add_layer_norm(dropout(x, p, training, gen), residual, ...): a transformer's "dropout, residual add, LayerNorm"
+// (BERT's output blocks). The mask is exactly nn::dropout's from the same generator state, which it leaves where
+// nn::dropout leaves it. On the GPU, training with p > 0 and rows add_layer_norm fuses (not Float64), it is one
+// kernel forward, which draws the mask, keeps it as one bit per element and adds the dropped x to the residual, and
+// one backward, which masks x's gradient as it writes it; a CUDA graph replay draws a new mask, as ops::dropout's.
+// Elsewhere it runs the two ops. Eval or p == 0: add_layer_norm. p must lie in [0, 1).
+Tensor dropout_add_layer_norm(const Tensor& x, const Tensor& residual, double p, bool training,
+                              const Shape& normalized_shape, const Tensor& weight = {}, const Tensor& bias = {},
+                              double eps = 1e-5, Generator* gen = nullptr);
+
 // x (N, C, *): normalises each of num_groups groups of C / num_groups channels (and all of *) per sample;
 // weight and bias (C) may be undefined.
 Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {}, const Tensor& bias = {},

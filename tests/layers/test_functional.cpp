@@ -1,7 +1,8 @@
-// nn::linear, nn::dropout, the normalisations and nn::embedding: values against plain double loops,
-// gradients with check_gradients, and bad input.
+// nn::linear, nn::dropout, the normalisations, nn::dropout_add_layer_norm and nn::embedding: values against plain
+// double loops, gradients with check_gradients, and bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kiln/layers/functional.h"
@@ -185,6 +186,101 @@ TEST(Functional, AddLayerNormGradients) {
   check_gradients(
       [](const TensorList& in) { return TensorList{nn::add_layer_norm(in[0], in[1], {4}, in[2], in[3])}; },
       {make_input({3, 4}), make_input({3, 4}, -1, 1, 8), make_input({4}, 0.5, 1.5, 9), make_input({4}, -1, 1, 10)});
+}
+
+// nn::dropout_add_layer_norm: against a double reference of layer_norm(x * mask + residual) with the mask nn::dropout
+// draws from the same generator state (on the GPU the fused kernels), and exactly the unfused dropout then
+// add_layer_norm: the same output and gradients, the generator left in the same state.
+TEST_P(FunctionalTest, DropoutAddLayerNormIsDropoutThenAddLayerNorm) {
+  const int64_t rows = 12, d = 64;
+  const double p = 0.3, eps = 1e-5;
+  const auto rv = uniform(rows * d, -2, 2, 42), wv = uniform(d, 0.5, 1.5, 43), bv = uniform(d, -1, 1, 44),
+             gv = uniform(rows * d, -1, 1, 45);
+  for (DType x_dtype : {DType::Float32, DType::BFloat16}) {  // BFloat16: a sublayer's output onto a Float32 stream
+    SCOPED_TRACE(dtype_name(x_dtype));
+    const auto xv = values(make(uniform(rows * d, -1, 1, 41), {rows * d}, opts(x_dtype)));  // as stored
+    auto inputs = [&] {
+      return TensorList{make(xv, {2, rows / 2, d}, opts(x_dtype)).requires_grad_(),
+                        make(rv, {2, rows / 2, d}, opts()).requires_grad_(), make(wv, {d}, opts()).requires_grad_(),
+                        make(bv, {d}, opts()).requires_grad_()};
+    };
+    const TensorList a = inputs(), b = inputs();
+    Generator g_fused(91), g_plain(91), g_mask(91);
+    Tensor y = nn::dropout_add_layer_norm(a[0], a[1], p, true, {d}, a[2], a[3], eps, &g_fused);
+    Tensor y_plain = nn::add_layer_norm(nn::dropout(b[0], p, true, &g_plain), b[1], {d}, b[2], b[3], eps);
+    // The mask: what nn::dropout draws from that state for a tensor of ones (0 or 1 / (1 - p) in x's dtype).
+    const auto mask = values(nn::dropout(ones({2, rows / 2, d}, opts(x_dtype)), p, true, &g_mask));
+    const auto dropped = std::count(mask.begin(), mask.end(), 0.0);
+    EXPECT_GT(dropped, 0);
+    EXPECT_LT(dropped, rows * d / 2);
+    std::vector<double> sum(xv.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = xv[i] * mask[i];
+    sum = values(make(sum, {rows * d}, opts(x_dtype)));  // x * mask rounded to x's dtype, as the dropout stores it
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += rv[i];
+    std::vector<double> want = normalize_rows(sum, rows, d, eps);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = want[i] * wv[i % d] + bv[i % d];
+    expect_values(y, {2, rows / 2, d}, want, 1e-5, 1e-5);
+    EXPECT_EQ(values(y), values(y_plain));
+    EXPECT_EQ(g_fused.state(), g_plain.state());
+    // Gradients: the residual takes the gradient of the sum, x that times the mask; both as the unfused ops give them.
+    y.backward(make(gv, {2, rows / 2, d}, opts()));
+    y_plain.backward(make(gv, {2, rows / 2, d}, opts()));
+    ASSERT_EQ(a[0].grad().dtype(), x_dtype);
+    const auto dsum = values(a[1].grad());
+    std::vector<double> dx(dsum.size());
+    for (size_t i = 0; i < dx.size(); ++i) dx[i] = dsum[i] * mask[i];
+    const double xtol = x_dtype == DType::Float32 ? 1e-6 : 1e-2;
+    expect_values(a[0].grad(), {2, rows / 2, d}, dx, xtol, xtol);
+    for (size_t k = 0; k < a.size(); ++k) {
+      SCOPED_TRACE(k);
+      EXPECT_EQ(values(a[k].grad()), values(b[k].grad()));
+    }
+  }
+}
+
+TEST_P(FunctionalTest, DropoutAddLayerNormInEvalOrWithPZeroIsAddLayerNorm) {
+  const auto xv = uniform(4 * 16, -1, 1, 51), rv = uniform(4 * 16, -1, 1, 52);
+  Tensor x = make(xv, {4, 16}, opts()), r = make(rv, {4, 16}, opts());
+  const auto want = values(nn::add_layer_norm(x, r, {16}));
+  Generator g(3);
+  const GeneratorState before = g.state();
+  EXPECT_EQ(values(nn::dropout_add_layer_norm(x, r, 0.4, /*training=*/false, {16}, {}, {}, 1e-5, &g)), want);
+  EXPECT_EQ(values(nn::dropout_add_layer_norm(x, r, 0.0, /*training=*/true, {16}, {}, {}, 1e-5, &g)), want);
+  EXPECT_EQ(g.state(), before);  // no draw
+  // Training with p > 0 drops something.
+  EXPECT_NE(values(nn::dropout_add_layer_norm(x, r, 0.4, true, {16}, {}, {}, 1e-5, &g)), want);
+  EXPECT_NE(g.state(), before);
+}
+
+// gradcheck in float64 with a fresh generator per call (the same mask every time the function runs); on the GPU
+// the same gradients as on the CPU (the same seed gives the same mask there).
+TEST(Functional, DropoutAddLayerNormGradients) {
+  check_gradients(
+      [](const TensorList& in) {
+        Generator g(29);
+        return TensorList{nn::dropout_add_layer_norm(in[0], in[1], 0.4, true, {4}, in[2], in[3], 1e-5, &g)};
+      },
+      {make_input({5, 4}), make_input({5, 4}, -1, 1, 8), make_input({4}, 0.5, 1.5, 9), make_input({4}, -1, 1, 10)});
+}
+
+TEST(Functional, DropoutAddLayerNormBadInput) {
+  Tensor x = zeros({2, 3, 8}), r = zeros({2, 3, 8});
+  Generator g(5);
+  const GeneratorState before = g.state();
+  auto call = [&](const Tensor& xx, const Tensor& rr, double p, const Shape& shape, const Tensor& w = {}) {
+    return [&, xx, rr, p, shape, w] { nn::dropout_add_layer_norm(xx, rr, p, true, shape, w, {}, 1e-5, &g); };
+  };
+  expect_error(call(x, r, 1.0, {8}), {"dropout_add_layer_norm", "[0, 1)", "1"});
+  expect_error(call(x, r, -0.1, {8}), {"dropout_add_layer_norm", "[0, 1)", "-0.1"});
+  expect_error([&] { nn::dropout_add_layer_norm(x, r, 1.5, false, {8}); }, {"dropout_add_layer_norm", "[0, 1)"});
+  expect_error(call(x, zeros({6, 8}), 0.1, {8}), {"dropout_add_layer_norm", "one shape", "[2, 3, 8]", "[6, 8]"});
+  expect_error(call(x, Tensor(), 0.1, {8}), {"dropout_add_layer_norm", "defined"});
+  expect_error(call(x, r, 0.1, {5}), {"dropout_add_layer_norm", "normalized_shape [5]", "[2, 3, 8]"});
+  expect_error(call(x, r, 0.1, {}), {"dropout_add_layer_norm", "normalized_shape"});
+  expect_error(call(x, r, 0.1, {8}, ones({5})), {"dropout_add_layer_norm", "weight", "[5]", "[8]"});
+  expect_error(call(zeros({2, 8}, {.dtype = DType::Int64}), zeros({2, 8}, {.dtype = DType::Int64}), 0.1, {8}),
+               {"dropout_add_layer_norm", "floating point", "int64"});
+  EXPECT_EQ(g.state(), before);  // a refused call draws nothing
 }
 
 TEST(Functional, LayerNormBadShapes) {

@@ -2,12 +2,15 @@
 // float32 inputs, BERT's row size and a large one (the block loops), no affine parameters, many rows
 // (the column-sum backward splits rows into chunks), non-contiguous input, short rows that the backward cannot read
 // in groups of 4 (a size not a multiple of 4, an input 4-byte but not 16-byte aligned), and autocast (float32 out);
-// and add_layer_norm's fused residual.
+// and add_layer_norm's fused residual, also after a fused dropout (dropout_add_layer_norm, against the unfused ops).
 // float64 gradients against gradcheck run through check_gradients in test_functional.cpp's cases.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
+#include "kiln/autograd/grad_mode.h"  // NoGradGuard
 #include "kiln/layers/functional.h"
 #include "kiln/tensor/cuda.h"
 #include "support/test_support.h"
@@ -167,6 +170,95 @@ TEST(CudaAddLayerNorm, UnderAutocastAsBertRunsIt) {
   }
   EXPECT_EQ(fused.dtype(), DType::Float32);
   expect_values(fused, {8, 64}, values(plain), 1e-5, 1e-5);
+}
+
+// nn::dropout_add_layer_norm's fused kernels against ops::dropout then add_layer_norm on the GPU, from the same
+// generator state: bit for bit, the output, the generator's state after, and the gradients of x, residual, weight and
+// bias. Bit for bit because the fused forward keeps each element by the Philox word ops::dropout's kernel gives it,
+// rounds x * mask to x's dtype before adding the residual (no FMA across the two), and sums each row in
+// add_layer_norm's lane order; backward is add_layer_norm's kernel on the same grid (so dw and db are summed in the
+// same order), with x's gradient rounded to x's dtype and multiplied by the mask once, as the dropout's backward does.
+// Where the residual is Float32 the result is also the CPU's for the same seed (the same mask; float32 rounding apart).
+void check_fused_dropout_case(DType x_dtype, DType r_dtype, int64_t rows, int64_t d, double p) {
+  SCOPED_TRACE(std::string(dtype_name(x_dtype)) + " onto " + std::string(dtype_name(r_dtype)) + ", rows " +
+               std::to_string(rows) + ", d " + std::to_string(d) + ", p " + std::to_string(p));
+  const Device gpu = Device::cuda(0);
+  const auto xv = uniform(rows * d, -2, 2, 61), rv = uniform(rows * d, -1, 3, 62), wv = uniform(d, 0.5, 1.5, 63),
+             bv = uniform(d, -0.5, 0.5, 64), gv = uniform(rows * d, -1, 1, 65);
+  auto inputs = [&](Device dev) {
+    const TensorOptions xo{.dtype = x_dtype, .device = dev}, ro{.dtype = r_dtype, .device = dev};
+    return std::vector<Tensor>{make(xv, {rows, d}, xo).requires_grad_(), make(rv, {rows, d}, ro).requires_grad_(),
+                               make(wv, {d}, ro).requires_grad_(), make(bv, {d}, ro).requires_grad_()};
+  };
+  const auto a = inputs(gpu), b = inputs(gpu);
+  Generator g_fused(1234), g_plain(1234);
+  Tensor y = nn::dropout_add_layer_norm(a[0], a[1], p, true, {d}, a[2], a[3], 1e-5, &g_fused);
+  ASSERT_NE(std::string(y.grad_fn()->name()).find("DropoutAddLayerNormFunction"), std::string::npos)
+      << "the fused path did not run: " << y.grad_fn()->name();
+  Tensor y_plain = nn::add_layer_norm(nn::dropout(b[0], p, true, &g_plain), b[1], {d}, b[2], b[3], 1e-5);
+  EXPECT_EQ(g_fused.state(), g_plain.state());
+  const auto got = values(y);
+  EXPECT_EQ(got, values(y_plain));
+  EXPECT_NE(got, values(nn::add_layer_norm(a[0], a[1], {d}, a[2], a[3], 1e-5))) << "nothing was dropped";
+  if (r_dtype == DType::Float32) {
+    NoGradGuard no_grad;
+    Generator g_cpu(1234);
+    const auto c = inputs(Device::cpu());
+    expect_values(nn::dropout_add_layer_norm(c[0], c[1], p, true, {d}, c[2], c[3], 1e-5, &g_cpu), {rows, d}, got, 1e-4,
+                  1e-4);
+  }
+  const TensorOptions ro{.dtype = r_dtype, .device = gpu};
+  y.backward(make(gv, {rows, d}, ro));
+  y_plain.backward(make(gv, {rows, d}, ro));
+  ASSERT_EQ(a[0].grad().dtype(), x_dtype);
+  const char* names[] = {"x", "residual", "weight", "bias"};
+  for (size_t k = 0; k < a.size(); ++k) {
+    SCOPED_TRACE(names[k]);
+    EXPECT_EQ(values(a[k].grad()), values(b[k].grad()));
+  }
+}
+
+TEST(CudaAddLayerNorm, FusedDropoutIsDropoutThenAddLayerNorm) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  check_fused_dropout_case(DType::Float32, DType::Float32, 64, 768, 0.1);
+  check_fused_dropout_case(DType::BFloat16, DType::Float32, 256, 768, 0.1);  // BERT under bf16 autocast
+  check_fused_dropout_case(DType::Float16, DType::Float32, 130, 1024, 0.3);
+  check_fused_dropout_case(DType::BFloat16, DType::BFloat16, 64, 768, 0.1);
+  check_fused_dropout_case(DType::Float32, DType::Float32, 3000, 256, 0.2);  // more rows than backward blocks
+  check_fused_dropout_case(DType::BFloat16, DType::Float32, 50, 100, 0.5);
+  // Rows not a multiple of 4: Philox blocks straddle rows (a draw per element), backward one element at a time.
+  check_fused_dropout_case(DType::Float32, DType::Float32, 33, 37, 0.5);
+  check_fused_dropout_case(DType::BFloat16, DType::Float32, 17, 202, 0.25);
+}
+
+TEST(CudaAddLayerNorm, FusedDropoutInACudaGraphDrawsANewMaskEveryReplay) {
+  // As ops::dropout: each replay takes a fresh draw of the generator, and gives what the unfused ops give from the
+  // generator's state just before that replay.
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  Generator& gen = default_generator(gpu);
+  const int64_t rows = 64, d = 768;
+  Tensor x = make(uniform(rows * d, -2, 2, 71), {rows, d}, {.dtype = DType::BFloat16, .device = gpu});
+  Tensor r = make(uniform(rows * d, -1, 1, 72), {rows, d}, {.device = gpu});
+  Tensor w = make(uniform(d, 0.5, 1.5, 73), {d}, {.device = gpu}),
+         b = make(uniform(d, -1, 1, 74), {d}, {.device = gpu});
+  Tensor y;
+  cuda::Graph graph;
+  graph.capture([&] { y = nn::dropout_add_layer_norm(x, r, 0.1, true, {d}, w, b); }, 1);
+  std::vector<double> previous;
+  for (int k = 0; k < 3; ++k) {
+    SCOPED_TRACE(k);
+    const GeneratorState before = gen.state();
+    graph.replay();
+    const std::vector<double> got = values(y);
+    const GeneratorState after = gen.state();
+    EXPECT_EQ(after.offset, before.offset + 1);  // one draw per replay, as an eager call takes
+    gen.set_state(before);
+    EXPECT_EQ(got, values(nn::add_layer_norm(nn::dropout(x, 0.1, true), r, {d}, w, b)));
+    EXPECT_EQ(gen.state().offset, after.offset);
+    EXPECT_NE(got, previous) << "a replay repeated the previous replay's mask";
+    previous = got;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLayerNorm,

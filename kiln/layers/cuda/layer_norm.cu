@@ -1,6 +1,7 @@
 // Layer norm kernels (layer_norm.h). Rows of D contiguous elements.
 //  rows of at most 1024 elements (BERT's 768 and 1024), forward: one warp per row holding the row in registers, so x
-//            is read once. It can add a residual first (s = x + residual, saved for backward).
+//            is read once. It can add a residual first (s = x + residual, saved for backward), and drop elements of x
+//            before that as ops::dropout would (s = dropout(x) + residual), keeping one bit per element for backward.
 //  rows of at most 1024 elements, backward: each warp takes a fixed set of rows and holds each row of dy and xhat in
 //            registers, reading dy and x once and writing dx once (also in a second, lower-precision dtype when asked:
 //            the gradient of the low-precision addend); a lane owns the same columns on every row, in groups of 4
@@ -18,8 +19,10 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "kiln/tensor/cuda/kernel_util.cuh"  // load_compute, store_as, stream_for, KILN_CUDA_CHECK_LAUNCH
-#include "kiln/tensor/ops.h"                 // ops::empty, ops::sum
+#include "kiln/tensor/cuda/dropout_keep.cuh"  // keep_flags: ops::dropout's keep/drop decision of an element
+#include "kiln/tensor/cuda/kernel_util.cuh"   // load_compute, store_as, stream_for, KILN_CUDA_CHECK_LAUNCH
+#include "kiln/tensor/ops.h"                  // ops::empty, ops::sum
+#include "kiln/tensor/scalar.h"               // Scalar: the mask value as ops::dropout rounds it
 
 namespace kiln::nn::cuda_impl {
 namespace {
@@ -126,15 +129,75 @@ __device__ __forceinline__ A warp_sum(A v) {
   return v;
 }
 
+// A dropout fused into the forward kernel (its kDrop instances): the draw, the Bernoulli(1 - p) threshold, a kept
+// element's mask value (1 / (1 - p) as ops::dropout rounds it to x's type, in float), and where the keep bits go.
+struct DropParams {
+  GeneratorState draw;
+  philox::KeepThreshold keep;
+  float scale = 0;
+  uint32_t* bits = nullptr;  // (rows, 32): bit j of word l of a row is element l + 32 j of it
+};
+
+// The keep bits of this lane's elements of `row` (bit j: element lane + 32 j), ops::dropout's decisions for x's
+// elements row * d + i (row-major). d <= 32 J, J a multiple of 4. When d % 4 == 0 each Philox block (4 elements)
+// lies in one row, in 4 neighbouring lanes: lane l draws the row's blocks l, l + 32, ... (at most J / 4) once each,
+// keeping the 4 decisions of its block t as nibble t of a word, and every lane reads its element i's bit from the
+// lane that drew it: block i / 4, drawn by lane (i / 4) % 32 as its nibble (i / 4) / 32, word i % 4. Other d draw a
+// block per element.
+template <int J, typename X>
+__device__ __forceinline__ uint32_t keep_bits(const DropParams& drop, int64_t row, int d, int lane) {
+  const uint64_t row_start = static_cast<uint64_t>(row) * static_cast<uint64_t>(d);
+  uint32_t bits = 0;
+  if (d % 4 == 0) {
+    uint32_t nibbles = 0;
+#pragma unroll
+    for (int t = 0; t < J / 4; ++t) {
+      const int blk = lane + 32 * t;
+      if (4 * blk < d) {
+        bool kept[4];
+        cuda::keep_flags<X, 4>(kept, drop.draw, drop.keep, row_start + 4 * static_cast<uint64_t>(blk));
+        const uint32_t nibble = static_cast<uint32_t>(kept[0]) | static_cast<uint32_t>(kept[1]) << 1 |
+                                static_cast<uint32_t>(kept[2]) << 2 | static_cast<uint32_t>(kept[3]) << 3;
+        nibbles |= nibble << (4 * t);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      // Element lane + 32 j is in the row's block 8 j + lane / 4: lane 8 (j % 4) + lane / 4 drew it, as nibble j / 4.
+      const uint32_t word = __shfl_sync(0xffffffffu, nibbles, 8 * (j % 4) + lane / 4);
+      bits |= ((word >> (4 * (j / 4) + lane % 4)) & 1u) << j;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int i = lane + 32 * j;
+      if (i >= d) continue;
+      const uint64_t g = row_start + static_cast<uint64_t>(i);
+      bool kept[4];
+      cuda::keep_flags<X, 4>(kept, drop.draw, drop.keep, g - g % 4);
+      bits |= static_cast<uint32_t>(kept[g % 4]) << j;
+    }
+  }
+  return bits;
+}
+
 // s = x (+ residual), y = (s - mean) * rstd * w + b. X: x's type; S: the residual's, s's and y's type (X when there
-// is no residual). Lane l holds elements l, l + 32, ... of its row.
-template <int J, typename X, typename S, typename A>
+// is no residual). Lane l holds elements l, l + 32, ... of its row. kDrop (with a residual, A float): x is first
+// dropped as ops::dropout drops it (the same decision per element, x * mask rounded once to X) and the keep bits
+// written, so s = dropout(x) + residual bit for bit.
+template <int J, typename X, typename S, typename A, bool kDrop>
 __global__ void layer_norm_forward_warp(const X* x, const S* residual, const S* w, const S* b, S* y, S* sum_out,
-                                        A* mean_out, A* rstd_out, int64_t rows, int d, A eps) {
+                                        A* mean_out, A* rstd_out, int64_t rows, int d, A eps, DropParams drop) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardRows + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
   const X* xr = x + row * d;
+  uint32_t kept = 0;
+  if constexpr (kDrop) {
+    if (drop.draw.device_offset != nullptr) drop.draw.offset = *drop.draw.device_offset;  // a CUDA graph's draw
+    kept = keep_bits<J, X>(drop, row, d, lane);
+    drop.bits[row * 32 + lane] = kept;
+  }
   A v[J];
   A s = 0;
 #pragma unroll
@@ -143,6 +206,11 @@ __global__ void layer_norm_forward_warp(const X* x, const S* residual, const S* 
     v[j] = 0;
     if (i < d) {
       v[j] = static_cast<A>(load_compute(xr + i));
+      if constexpr (kDrop) {  // ops::dropout's value; __fmul_rn: not contracted with the add below into an FMA
+        X dropped;
+        store_as(&dropped, __fmul_rn(v[j], ((kept >> j) & 1u) != 0 ? drop.scale : 0.0f));
+        v[j] = static_cast<A>(load_compute(&dropped));
+      }
       if (residual != nullptr) {
         v[j] += static_cast<A>(load_compute(residual + row * d + i));
         if constexpr (!std::is_same_v<S, A>) {  // a 16-bit sum is rounded, as the add would round it
@@ -212,13 +280,17 @@ __device__ __forceinline__ void store_pack(T* p, const A* v) {
 // then adds the partials in a fixed order. Nothing depends on timing, so dw and db are the same on every run.
 // G (1, 2, 4, 6, 8 groups of 4, or 8, 16, 24, 32 single elements) is the least that holds the row, so that a kernel
 // holds no more registers than its rows need and enough warps stay resident to keep memory busy.
-// dy, x, dx, dx_low: (rows, d); w: (d) or null; mean, rstd: (rows); partial_w, partial_b: (gridDim.x, d) or null.
-template <int G, int V, typename T, typename L, typename A>
+// kDrop: dx_low is the gradient of a dropout's input instead (forward's kDrop kernel): dx rounded to L, times the
+// mask (0, or `scale`, 1 / (1 - p) as ops::dropout rounds it to L), rounded once to L, as the dropout's own backward
+// (a multiply by its mask) computes it; element i of a row is kept when bit i / 32 of its word i % 32 in `keep` is.
+// dy, x, dx, dx_low: (rows, d); w: (d) or null; mean, rstd: (rows); partial_w, partial_b: (gridDim.x, d) or null;
+// keep: (rows, 32) or null.
+template <int G, int V, typename T, typename L, typename A, bool kDrop>
 __global__ void __launch_bounds__(32 * kBackwardWarps)
     layer_norm_backward_warp(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                              const A* __restrict__ mean, const A* __restrict__ rstd, T* __restrict__ dx,
                              L* __restrict__ dx_low, A* __restrict__ partial_w, A* __restrict__ partial_b, int64_t rows,
-                             int d) {
+                             int d, const uint32_t* __restrict__ keep, A scale) {
   constexpr int E = G * V;                              // elements per lane
   __shared__ A merge_w[kWarpMaxD], merge_b[kWarpMaxD];  // the sums of the block's warps so far
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -231,6 +303,8 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
     const A m = mean[row], r = rstd[row];
     const T* dyr = dy + row * d;
     const T* xr = x + row * d;
+    uint32_t keep_word = 0;  // this lane's word of the row's keep bits
+    if constexpr (kDrop) keep_word = keep[row * 32 + lane];
     // Every load of the row first, so that they are in flight together.
     A g[E], xh[E];  // dy, then dy * w; x, then xhat
 #pragma unroll
@@ -264,6 +338,20 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
     }
     if (!write) continue;
     const A mg = warp_sum(sg) / static_cast<A>(d), mgx = warp_sum(sgx) / static_cast<A>(d);
+    uint32_t kept = 0;  // bit V j + k: element V (lane + 32 j) + k stayed
+    if constexpr (kDrop) {
+      // Element i = c + 32 V j (c = V lane + k) has its bit in word c % 32, at i / 32: V shuffles serve the row.
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const int c = V * lane + k;
+        const uint32_t word = V == 1 ? keep_word : __shfl_sync(0xffffffffu, keep_word, c % 32);
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+          const int i = c + 32 * V * j;
+          if (i < d) kept |= ((word >> (i / 32)) & 1u) << (V * j + k);
+        }
+      }
+    }
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       const int i = V * (lane + 32 * j);
@@ -272,7 +360,18 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = r * (g[V * j + k] - mg - xh[V * j + k] * mgx);
       if (dx != nullptr) store_pack<V>(dx + row * d + i, v);
-      if (dx_low != nullptr) store_pack<V>(dx_low + row * d + i, v);
+      if (dx_low == nullptr) continue;
+      if constexpr (kDrop) {
+        A dropped[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const A low = static_cast<A>(cuda::to_compute<L>(cuda::from_compute<L>(static_cast<compute_t<L>>(v[k]))));
+          dropped[k] = __fmul_rn(low, ((kept >> (V * j + k)) & 1u) != 0 ? scale : A(0));
+        }
+        store_pack<V>(dx_low + row * d + i, dropped);
+      } else {
+        store_pack<V>(dx_low + row * d + i, v);
+      }
     }
   }
   if (partial_w == nullptr && partial_b == nullptr) return;
@@ -356,12 +455,14 @@ void with_group_count(int64_t d, F&& f) {
 // kMaxBackwardBlocksPerSm: each block adds one row to the partials that column_sum_kernel adds up.
 constexpr int kMaxBackwardBlocksPerSm = 8;
 
+// The kDrop kernels take the count of their plain twins: the same grid gives the same rows to each block, so dw and
+// db are summed in the same order, bit for bit those of add_layer_norm after an unfused dropout.
 template <int G, int V, typename T, typename L>
 int backward_blocks_per_sm() {
   static const int n = [] {
     int count = 0;
-    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, layer_norm_backward_warp<G, V, T, L, float>,
-                                                                  32 * kBackwardWarps, 0),
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                        &count, layer_norm_backward_warp<G, V, T, L, float, false>, 32 * kBackwardWarps, 0),
                     "layer_norm backward");
     return std::clamp(count, 1, kMaxBackwardBlocksPerSm);
   }();
@@ -385,9 +486,12 @@ const T* ptr_or_null(const Tensor& t) {
 }  // namespace
 
 LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weight, const Tensor& bias, double eps,
-                                  const Tensor& residual) {
-  trace::Scope range(trace::Kind::Op, residual.defined() ? "add_layer_norm_forward" : "layer_norm_forward", x.device(),
-                     {&x, &weight});
+                                  const Tensor& residual, const FusedDropout* dropout) {
+  trace::Scope range(trace::Kind::Op,
+                     dropout != nullptr   ? "dropout_add_layer_norm_forward"
+                     : residual.defined() ? "add_layer_norm_forward"
+                                          : "layer_norm_forward",
+                     x.device(), {&x, &weight});
   const int64_t rows = x.numel() / d;
   const DType out_dtype = residual.defined() ? residual.dtype() : x.dtype();
   const DType stat = out_dtype == DType::Float64 ? DType::Float64 : DType::Float32;
@@ -395,6 +499,13 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
   LayerNormSaved out{ops::empty(x.shape(), out_options), ops::empty({rows}, {.dtype = stat, .device = x.device()}),
                      ops::empty({rows}, {.dtype = stat, .device = x.device()}),
                      residual.defined() ? ops::empty(x.shape(), out_options) : Tensor()};
+  if (dropout != nullptr) {
+    KILN_CHECK(residual.defined() && d <= kWarpMaxD && out_dtype != DType::Float64 && dropout->p > 0 && dropout->p < 1,
+               "layer_norm: a fused dropout needs a residual, rows of at most ", kWarpMaxD,
+               " elements, a dtype other than Float64 and p in (0, 1), got ", d, ", ", out_dtype,
+               " and p = ", dropout->p);
+    out.keep = ops::empty({rows, 32}, {.dtype = DType::Int32, .device = x.device()});
+  }
   if (rows == 0) return out;
   KILN_CHECK(!residual.defined() ||
                  (d <= kWarpMaxD &&
@@ -410,11 +521,26 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
       using A = std::conditional_t<std::is_same_v<S, double>, double, float>;
       auto launch = [&](auto x_tag) {
         using X = typename decltype(x_tag)::type;
+        DropParams drop;
+        if (dropout != nullptr) {
+          drop.draw = dropout->draw;
+          drop.keep = philox::keep_threshold(1.0 - dropout->p);  // bernoulli(1 - p)'s decisions, as ops::dropout
+          // The mask value of a kept element as ops::dropout stores it (rounded to X), widened exactly to float.
+          drop.scale = static_cast<float>(static_cast<compute_t<X>>(Scalar(1.0 / (1.0 - dropout->p)).to<X>()));
+          drop.bits = reinterpret_cast<uint32_t*>(out.keep.data_ptr<int32_t>());
+        }
         with_lane_count(d, [&](auto lanes) {
-          layer_norm_forward_warp<decltype(lanes)::value, X, S, A><<<blocks, 32 * kForwardRows, 0, stream>>>(
-              x.data_ptr<X>(), ptr_or_null<S>(residual), ptr_or_null<S>(weight), ptr_or_null<S>(bias),
-              out.y.data_ptr<S>(), out.sum.defined() ? out.sum.data_ptr<S>() : nullptr, out.mean.data_ptr<A>(),
-              out.rstd.data_ptr<A>(), rows, static_cast<int>(d), static_cast<A>(eps));
+          auto run = [&](auto kernel) {
+            kernel<<<blocks, 32 * kForwardRows, 0, stream>>>(
+                x.data_ptr<X>(), ptr_or_null<S>(residual), ptr_or_null<S>(weight), ptr_or_null<S>(bias),
+                out.y.data_ptr<S>(), out.sum.defined() ? out.sum.data_ptr<S>() : nullptr, out.mean.data_ptr<A>(),
+                out.rstd.data_ptr<A>(), rows, static_cast<int>(d), static_cast<A>(eps), drop);
+          };
+          constexpr int J = decltype(lanes)::value;
+          if constexpr (std::is_same_v<A, float>) {
+            if (dropout != nullptr) return run(layer_norm_forward_warp<J, X, S, A, true>);
+          }
+          run(layer_norm_forward_warp<J, X, S, A, false>);
         });
         KILN_CUDA_CHECK_LAUNCH("layer_norm");
       };
@@ -439,16 +565,21 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
 
 LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& weight, bool need_dx, bool need_dweight, bool need_dbias,
-                                   std::optional<DType> dx_also_in) {
-  trace::Scope range(trace::Kind::Op, "layer_norm_backward", x.device(), {&dy, &x});
+                                   std::optional<DType> dx_also_in, const Tensor& keep, double p) {
+  trace::Scope range(trace::Kind::Op, keep.defined() ? "dropout_add_layer_norm_backward" : "layer_norm_backward",
+                     x.device(), {&dy, &x});
   const int64_t rows = x.numel() / d;
   LayerNormGrads g;
   cudaStream_t stream = cuda::stream_for(x);
   const DType acc = x.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
-  const bool low = need_dx && dx_also_in && *dx_also_in != x.dtype();
-  KILN_CHECK(!low || (d <= kWarpMaxD && x.dtype() == DType::Float32 &&
-                      (*dx_also_in == DType::BFloat16 || *dx_also_in == DType::Float16)),
+  const bool drop = keep.defined();
+  const bool low = need_dx && dx_also_in && (*dx_also_in != x.dtype() || drop);
+  KILN_CHECK(!low || (d <= kWarpMaxD && ((drop && *dx_also_in == x.dtype() && x.dtype() != DType::Float64) ||
+                                         (x.dtype() == DType::Float32 &&
+                                          (*dx_also_in == DType::BFloat16 || *dx_also_in == DType::Float16)))),
              "layer_norm backward: a second gradient dtype needs Float32 rows of at most ", kWarpMaxD, " elements");
+  KILN_CHECK(!drop || (keep.dtype() == DType::Int32 && keep.numel() == rows * 32 && p > 0 && p < 1),
+             "layer_norm backward: a fused dropout needs forward's (rows, 32) Int32 keep bits and p in (0, 1)");
   // (Float64 keeps the kernels below: its per-lane sums would take twice the registers.)
   if (d <= kWarpMaxD && x.dtype() != DType::Float64) {
     const TensorOptions options{.dtype = x.dtype(), .device = x.device()};
@@ -473,6 +604,10 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
           const bool packs = d % 4 == 0 && aligned_to(dy.data_ptr<T>(), 4 * sizeof(T)) &&
                              aligned_to(x.data_ptr<T>(), 4 * sizeof(T)) && aligned_to(w, 4 * sizeof(T)) &&
                              aligned_to(dx, 4 * sizeof(T)) && aligned_to(dx_low, 4 * sizeof(L));
+          // The mask value of a kept element as ops::dropout stores it in L, widened exactly to float.
+          const float scale =
+              drop ? static_cast<float>(static_cast<compute_t<L>>(Scalar(1.0 / (1.0 - p)).to<L>())) : 0.0f;
+          const auto* keep_bits = drop ? reinterpret_cast<const uint32_t*>(keep.data_ptr<int32_t>()) : nullptr;
           auto run = [&](auto kernel, int blocks_per_sm) {
             // Every SM as full as the kernel's registers allow, and no more blocks than the rows keep busy: each
             // block's warps sum their rows' dw and db in registers, and each block adds one row of partials.
@@ -485,7 +620,7 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
             float* pb_ptr = need_dbias ? pb.data_ptr<float>() : nullptr;
             kernel<<<static_cast<unsigned>(blocks), 32 * kBackwardWarps, 0, stream>>>(
                 dy.data_ptr<T>(), x.data_ptr<T>(), w, mean.data_ptr<float>(), rstd.data_ptr<float>(), dx, dx_low,
-                pw_ptr, pb_ptr, rows, static_cast<int>(d));
+                pw_ptr, pb_ptr, rows, static_cast<int>(d), keep_bits, scale);
             KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
             if (!need_dweight && !need_dbias) return;
             const dim3 grid(static_cast<unsigned>(cuda::kdetail::ceil_div(d, 32)), 2);
@@ -495,17 +630,22 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
             KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
             // pw and pb are released here; the caching allocator hands them out again only in stream order.
           };
-          if (packs) {
-            with_group_count(d, [&](auto groups) {
-              constexpr int G = decltype(groups)::value;
-              run(layer_norm_backward_warp<G, 4, T, L, float>, backward_blocks_per_sm<G, 4, T, L>());
-            });
-          } else {
-            with_lane_count(d, [&](auto lanes) {
-              constexpr int J = decltype(lanes)::value;
-              run(layer_norm_backward_warp<J, 1, T, L, float>, backward_blocks_per_sm<J, 1, T, L>());
-            });
-          }
+          auto pick = [&](auto drop_tag) {
+            constexpr bool kDrop = decltype(drop_tag)::value;
+            if (packs) {
+              with_group_count(d, [&](auto groups) {
+                constexpr int G = decltype(groups)::value;
+                run(layer_norm_backward_warp<G, 4, T, L, float, kDrop>, backward_blocks_per_sm<G, 4, T, L>());
+              });
+            } else {
+              with_lane_count(d, [&](auto lanes) {
+                constexpr int J = decltype(lanes)::value;
+                run(layer_norm_backward_warp<J, 1, T, L, float, kDrop>, backward_blocks_per_sm<J, 1, T, L>());
+              });
+            }
+          };
+          if (drop && low) return pick(std::true_type{});
+          pick(std::false_type{});
         };
         if constexpr (std::is_same_v<T, float>) {
           if (low && *dx_also_in == DType::BFloat16) return launch(TypeTag<BFloat16>{});

@@ -153,8 +153,11 @@ BertResidualOutput::BertResidualOutput(const BertConfig& c, int64_t in_features)
 
 Tensor BertResidualOutput::forward(const Tensor& x, const Tensor& residual) {
   trace::Scope range(trace::Kind::Module, type_name(), x.device());
-  return add_layer_norm((*dropout)((*dense)(x)), residual, layer_norm->normalized_shape, layer_norm->weight,
-                        layer_norm->bias, layer_norm->options.eps);
+  // dropout -> + residual -> LayerNorm as one op (one kernel each way on the GPU); the dropout module keeps its name
+  // and its p, and its train()/eval() state decides whether elements are dropped.
+  return dropout_add_layer_norm((*dense)(x), residual, dropout->options.p, dropout->is_training(),
+                                layer_norm->normalized_shape, layer_norm->weight, layer_norm->bias,
+                                layer_norm->options.eps);
 }
 
 BertAttention::BertAttention(const BertConfig& c) : Module("BertAttention") {

@@ -90,7 +90,8 @@ class BertSelfAttention : public Module {
   std::shared_ptr<Linear> query, key, value;
 };
 
-// dense -> dropout -> LayerNorm(x + residual): "attention.output" (H -> H) and "output" (I -> H).
+// dense -> dropout -> LayerNorm(x + residual) (nn::dropout_add_layer_norm): "attention.output" (H -> H) and "output"
+// (I -> H).
 class BertResidualOutput : public Module {
  public:
   BertResidualOutput(const BertConfig& config, int64_t in_features);

@@ -4,6 +4,7 @@
 // writes it and scales the input.
 #include <algorithm>  // std::min
 
+#include "kiln/tensor/cuda/dropout_keep.cuh"  // keep_flags: which elements a dropout draw keeps
 #include "kiln/tensor/cuda/kernel_util.cuh"
 #include "kiln/tensor/cuda/loops.cuh"  // Vec, load_vec, store_vec, kThreads
 
@@ -67,32 +68,7 @@ __global__ void random_kernel(T* out, Offsets layout, int64_t n, RandomParams pa
     draw_one(out + layout(i), params, draw, static_cast<uint64_t>(i));
 }
 
-// ---- dropout ----
-// The keep/drop decisions of the V consecutive elements from `first` (a multiple of V), as a Bernoulli
-// draw of probability 1 - p would make them: one Philox block per 4 elements (float32/16-bit numbering)
-// or per 2 (float64), so V is a multiple of that.
-template <typename T, int V>
-__device__ __forceinline__ void keep_flags(bool (&kept)[V], GeneratorState draw, philox::KeepThreshold keep,
-                                           uint64_t first) {
-  uint32_t w[4];
-  if constexpr (std::is_same_v<T, double>) {
-    static_assert(V % 2 == 0);
-#pragma unroll
-    for (int b = 0; b < V / 2; ++b) {
-      philox::block(draw.seed, first / 2 + b, draw.offset, w);
-      kept[2 * b] = philox::keep_double(w[0], w[1], keep.below53);
-      kept[2 * b + 1] = philox::keep_double(w[2], w[3], keep.below53);
-    }
-  } else {
-    static_assert(V % 4 == 0);
-#pragma unroll
-    for (int b = 0; b < V / 4; ++b) {
-      philox::block(draw.seed, first / 4 + b, draw.offset, w);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) kept[4 * b + j] = philox::keep_float(w[j], keep.below24);
-    }
-  }
-}
+// ---- dropout (keep_flags, in dropout_keep.cuh, decides which elements stay) ----
 
 // mask = kept ? scale : 0 and out = x * mask, in compute_t and rounded once (binary Mul's rounding; x * 0
 // keeps NaN and the sign of zero).
