@@ -167,11 +167,14 @@ struct BatchNormArgs {
 
 // kiln's batch-norm kernels as one autograd node: forward saves the statistics it normalised with (and the
 // output when ReLU is fused, whose sign masks the gradient); backward is one reduction and one elementwise pass.
+// residual (undefined, or x's shape and dtype) is added before the ReLU; its gradient, the masked dy, comes from
+// the same elementwise pass as dx.
 struct CudaBatchNorm : autograd::Function<CudaBatchNorm> {
   static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        const BatchNormArgs& args) {
-    cuda_impl::BatchNormForward out = cuda_impl::batch_norm_forward(
-        x, weight, bias, args.running_mean, args.running_var, args.training, args.momentum, args.eps, args.relu);
+                        const Tensor& residual, const BatchNormArgs& args) {
+    cuda_impl::BatchNormForward out =
+        cuda_impl::batch_norm_forward(x, weight, bias, args.running_mean, args.running_var, args.training,
+                                      args.momentum, args.eps, args.relu, residual);
     ctx.save_for_backward({x, weight, args.relu ? out.y : Tensor(), out.mean, out.invstd});
     ctx.set("training", args.training);
     ctx.set("bias_dtype", bias.defined() ? bias.dtype() : DType::Float32);
@@ -180,12 +183,13 @@ struct CudaBatchNorm : autograd::Function<CudaBatchNorm> {
   static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
     const autograd::TensorList s = ctx.saved();
     const Tensor &x = s[0], &weight = s[1], &y = s[2], &mean = s[3], &invstd = s[4];
-    const cuda_impl::BatchNormNeeds needs{ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2)};
+    const cuda_impl::BatchNormNeeds needs{ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2),
+                                          ctx.needs_input_grad(3)};
     cuda_impl::BatchNormGrads g =
         cuda_impl::batch_norm_backward(grads[0], x, y, weight, mean, invstd, ctx.get<bool>("training"), needs);
     if (g.weight.defined()) g.weight = g.weight.to(weight.dtype());
     if (g.bias.defined()) g.bias = g.bias.to(ctx.get<DType>("bias_dtype"));
-    return {g.input, g.weight, g.bias};
+    return {g.input, g.weight, g.bias, g.residual};
   }
 };
 
@@ -226,20 +230,22 @@ int64_t check_batch_norm(const Tensor& x, const Tensor& running_mean, const Tens
   return count;
 }
 
-// On CUDA: kiln's kernels (ReLU fused when asked); elsewhere: undefined, and the caller composes.
-// (batch_norm / batch_norm_relu have applied autocast already.)
+// On CUDA: kiln's kernels (ReLU fused when asked, the residual added before it when defined; it must then have
+// x's shape, dtype and device); elsewhere: undefined, and the caller composes.
+// (batch_norm / batch_norm_relu / batch_norm_add_relu have applied autocast already.)
 Tensor batch_norm_kernels(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                          const Tensor& bias, bool training, double momentum, double eps, bool relu) {
+                          const Tensor& bias, bool training, double momentum, double eps, bool relu,
+                          const Tensor& residual = {}) {
 #if KILN_WITH_CUDA
   if (x.is_cuda()) {
     if (cuda_batch_norm_applies(x, running_mean, running_var, weight, bias)) {
-      return CudaBatchNorm::apply(x, weight, bias,
+      return CudaBatchNorm::apply(x, weight, bias, residual,
                                   BatchNormArgs{running_mean, running_var, training, momentum, eps, relu});
     }
   }
 #else
   (void)x, (void)running_mean, (void)running_var, (void)weight, (void)bias, (void)training, (void)momentum, (void)eps,
-      (void)relu;
+      (void)relu, (void)residual;
 #endif
   return Tensor();
 }
@@ -444,6 +450,26 @@ static Tensor batch_norm_relu_as_one_op(const Tensor& x, const Tensor& running_m
   return relu(batch_norm_as_one_op(x, running_mean, running_var, weight, bias, training, momentum, eps));
 }
 
+static Tensor batch_norm_add_relu_as_one_op(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                                            const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                                            bool training, double momentum, double eps) {
+  KILN_CHECK(x.defined() && residual.defined(), "batch_norm_add_relu: x and residual must be defined tensors");
+  KILN_CHECK(residual.shape() == x.shape(), "batch_norm_add_relu: the residual must have the input's shape ", x.shape(),
+             ", got ", residual.shape(), "; to broadcast it, compose relu(batch_norm(x, ...) + residual)");
+  KILN_CHECK(residual.device() == x.device(), "batch_norm_add_relu: the input (", x.shape(), ") is on ", x.device(),
+             " but the residual (", residual.shape(), ") is on ", residual.device(), "; move the residual with .to(",
+             x.device(), ")");
+  check_batch_norm(x, running_mean, running_var, weight, bias, training);
+  // Fused when the sum stays in x's dtype (batch norm's output dtype on the GPU), i.e. the residual has it.
+  if (residual.dtype() == x.dtype()) {
+    if (Tensor y =
+            batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, true, residual);
+        y.defined())
+      return y;
+  }
+  return relu(batch_norm_as_one_op(x, running_mean, running_var, weight, bias, training, momentum, eps) + residual);
+}
+
 // The layers made of several ops run as one op of the autocast table: inputs cast by the layer's policy, then
 // the ops inside with autocast off (as PyTorch runs a composite op below its autocast dispatch).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -470,6 +496,16 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
   auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
   autocast::DisableGuard as_one_op;
   return batch_norm_relu_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps);
+}
+
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                           const Tensor& running_var, const Tensor& weight, const Tensor& bias, bool training,
+                           double momentum, double eps) {
+  // x, weight and bias as batch_norm casts them; the residual joins by the add's own promotion, as in
+  // relu(batch_norm(x) + residual) (PyTorch's autocast leaves an add's inputs alone too).
+  auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
+  autocast::DisableGuard as_one_op;
+  return batch_norm_add_relu_as_one_op(xc, residual, running_mean, running_var, wc, bc, training, momentum, eps);
 }
 
 Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx) {

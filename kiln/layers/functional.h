@@ -66,6 +66,16 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
                        const Tensor& weight = {}, const Tensor& bias = {}, bool training = false, double momentum = 0.1,
                        double eps = 1e-5);
 
+// relu(batch_norm(x, ...) + residual): the tail of a ResNet block, with batch_norm's arguments; residual has x's
+// shape (any layout) and device. The result has the dtype of batch_norm(x) + residual, as that composition gives
+// it (promoted, like PyTorch's add, when the residual's dtype differs; autocast casts x, weight and bias as for
+// batch_norm and leaves the residual alone). On CUDA, when the residual has x's dtype (after autocast), it is
+// one fused kernel forward and one reduction + one pass backward that writes the gradients of x and of the
+// residual; otherwise, and on the CPU, it is the composition itself.
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
+                           const Tensor& running_var, const Tensor& weight = {}, const Tensor& bias = {},
+                           bool training = false, double momentum = 0.1, double eps = 1e-5);
+
 // Rows of weight (V, D) picked by integer index (...) -> (..., D). The padding row's lookups pass no
 // gradient to it (a negative padding_idx counts from V).
 Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx = {});

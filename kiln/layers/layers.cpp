@@ -4,12 +4,12 @@
 #include <cmath>
 #include <utility>
 
-#include "kiln/autograd/autocast.h"   // autocast::inputs: the reducer path runs as one op, as nn::batch_norm
+#include "kiln/autograd/autocast.h"    // autocast::inputs: the reducer path runs as one op, as nn::batch_norm
 #include "kiln/autograd/checkpoint.h"  // in_recomputation: running statistics once per batch
-#include "kiln/autograd/grad_mode.h"  // NoGradGuard for the batch counter
-#include "kiln/layers/functional.h"   // nn::linear, nn::batch_norm, ...
-#include "kiln/layers/init.h"         // PyTorch's default initialisation
-#include "kiln/tensor/error.h"        // KILN_CHECK
+#include "kiln/autograd/grad_mode.h"   // NoGradGuard for the batch counter
+#include "kiln/layers/functional.h"    // nn::linear, nn::batch_norm, ...
+#include "kiln/layers/init.h"          // PyTorch's default initialisation
+#include "kiln/tensor/error.h"         // KILN_CHECK
 
 namespace kiln::nn {
 
@@ -156,10 +156,23 @@ Tensor BatchNorm::forward_relu(const Tensor& input) {
   return normalize(input, true);
 }
 
-Tensor BatchNorm::normalize(const Tensor& input, bool relu) {
+Tensor BatchNorm::forward_add_relu(const Tensor& input, const Tensor& residual) {
+  trace::Scope range(trace::Kind::Module, type_name(), input.device());  // as operator() marks forward
+  KILN_CHECK(residual.defined(), type_name(), ": forward_add_relu needs a defined residual");
+  return normalize(input, true, residual);
+}
+
+Tensor BatchNorm::normalize(const Tensor& input, bool relu, const Tensor& residual) {
   check_input(input);
   KILN_CHECK(input.size(1) == num_features, type_name(), ": expected ", num_features,
              " channels (num_features) in dim 1, got input shape ", input.shape());
+  if (residual.defined()) {
+    KILN_CHECK(residual.shape() == input.shape(), type_name(), ": forward_add_relu needs a residual of the input's ",
+               "shape ", input.shape(), ", got ", residual.shape());
+    KILN_CHECK(residual.device() == input.device(), type_name(), ": forward_add_relu's residual (", residual.shape(),
+               ") is on ", residual.device(), " but the input is on ", input.device(), "; move it with .to(",
+               input.device(), ")");
+  }
   // Under gradient checkpointing, backward runs this again to recompute the activations: the running
   // statistics and the batch counter were updated by forward already, so the recomputation leaves them.
   const bool track = is_training() && options.track_running_stats && !autograd::in_recomputation();
@@ -170,12 +183,20 @@ Tensor BatchNorm::normalize(const Tensor& input, bool relu) {
     // Without a momentum: the cumulative average, 1 / (batches so far). Reading the counter syncs with the GPU.
     if (!options.momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   }
-  if (is_training() && stats_reducer_) return normalize_global(input, relu, factor, track);
+  if (is_training() && stats_reducer_) {
+    if (!residual.defined()) return normalize_global(input, relu, factor, track);
+    Tensor y = normalize_global(input, false, factor, track);
+    autocast::DisableGuard as_one_op;  // the add promotes, as in batch_norm_add_relu
+    return kiln::relu(y + residual);
+  }
   // Without running statistics, eval mode normalises with the batch's statistics too.
   const bool use_batch_stats = is_training() || !running_mean.defined();
   const bool update = !is_training() || track;
-  return (relu ? batch_norm_relu : batch_norm)(input, update ? running_mean : Tensor(), update ? running_var : Tensor(),
-                                               weight, bias, use_batch_stats, factor, options.eps);
+  const Tensor rm = update ? running_mean : Tensor(), rv = update ? running_var : Tensor();
+  if (residual.defined()) {
+    return batch_norm_add_relu(input, residual, rm, rv, weight, bias, use_batch_stats, factor, options.eps);
+  }
+  return (relu ? batch_norm_relu : batch_norm)(input, rm, rv, weight, bias, use_batch_stats, factor, options.eps);
 }
 
 Tensor BatchNorm::normalize_global(const Tensor& input, bool relu_after, double factor, bool track) {

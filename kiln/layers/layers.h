@@ -143,6 +143,10 @@ class BatchNorm : public Module {
   Tensor forward(const Tensor& input) override;
   // relu(forward(input)) in one pass on the GPU (nn::batch_norm_relu): what ResNet's blocks use.
   Tensor forward_relu(const Tensor& input);
+  // relu(forward(input) + residual) (nn::batch_norm_add_relu), residual of input's shape: the tail of ResNet's
+  // blocks, one pass forward and one reduction + one pass backward on the GPU. With a statistics reducer the
+  // normalisation is the global one, then the add and the ReLU as separate ops.
+  Tensor forward_add_relu(const Tensor& input, const Tensor& residual);
   void reset_running_stats();
   void reset_parameters();
   // Null (the default) turns the global statistics off again.
@@ -159,7 +163,8 @@ class BatchNorm : public Module {
   virtual void check_input(const Tensor& input) const = 0;
 
  private:
-  Tensor normalize(const Tensor& input, bool relu);
+  // residual: undefined, or added before the ReLU (relu is then true).
+  Tensor normalize(const Tensor& input, bool relu, const Tensor& residual = {});
   // Training with stats_reducer_: the global batch's statistics. `factor` is the running-statistics momentum.
   // track: update the running statistics (training, tracking them, not a checkpoint's recomputation).
   Tensor normalize_global(const Tensor& input, bool relu_after, double factor, bool track);

@@ -2,7 +2,10 @@
 // the CPU composed path in float64 on the same (rounded) inputs: outputs, gradients of input, weight and bias,
 // running statistics; training and eval; NCHW and channels-last; (N, C), (N, C, L), (N, C, H, W); 16-bit inputs
 // with float32 parameters; shapes large enough for the split reduction; determinism; no cudaMalloc once warm.
-// Also batch_norm_relu on every device against a hand-written reference and check_gradients.
+// The fused residual tail batch_norm_add_relu on the GPU against both the GPU's composed relu(batch_norm + add)
+// and the CPU in float64, with the residual in x's layout or another.
+// Also batch_norm_relu and batch_norm_add_relu on every device against hand-written references and
+// check_gradients, and their bad inputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,22 +30,28 @@ struct BnCase {
   bool affine = true;
   bool running = true;
   double lo = -2, hi = 2;  // input range
+  // batch_norm_add_relu (relu is then implied): a residual, in x's layout or (residual_nchw) NCHW-contiguous;
+  // composed runs relu(batch_norm(x) + residual) as separate ops instead of the fused op.
+  bool residual = false;
+  bool residual_nchw = false;
+  bool composed = false;
 };
 
 std::string describe(const BnCase& k) {
   std::string s = "shape " + std::to_string(k.shape.size()) + "-d [";
   for (int64_t d : k.shape) s += std::to_string(d) + " ";
   s += std::string("] ") + (k.channels_last ? "channels_last " : "") + (k.training ? "training " : "eval ") +
-       (k.relu ? "relu " : "") + (k.affine ? "" : "no-affine ") + (k.running ? "" : "no-running ");
+       (k.relu ? "relu " : "") + (k.affine ? "" : "no-affine ") + (k.running ? "" : "no-running ") +
+       (k.residual ? (k.residual_nchw ? "residual(nchw) " : "residual ") : "");
   return s;
 }
 
 struct BnOut {
-  Tensor y, gx, gw, gb, rm, rv;
+  Tensor y, gx, gw, gb, rm, rv, gres;
 };
 
 struct BnData {
-  std::vector<double> x, gy, w, b, rm, rv;
+  std::vector<double> x, gy, w, b, rm, rv, res;
 };
 
 int64_t numel_of(const Shape& s) {
@@ -57,12 +66,32 @@ BnData make_data(const BnCase& k) {
   const auto round = [](const std::vector<double>& v, DType dt) {
     return values(make(v, {int64_t(v.size())}, {.dtype = dt}));
   };
-  return {round(uniform(n, k.lo, k.hi, 21), k.dtype),
-          round(uniform(n, -1, 1, 22), k.dtype),
-          uniform(c, 0.5, 1.5, 23),
-          uniform(c, -1, 1, 24),
-          uniform(c, -0.5, 0.5, 25),
-          uniform(c, 0.5, 2, 26)};
+  BnData d{round(uniform(n, k.lo, k.hi, 21), k.dtype),
+           round(uniform(n, -1, 1, 22), k.dtype),
+           uniform(c, 0.5, 1.5, 23),
+           uniform(c, -1, 1, 24),
+           uniform(c, -0.5, 0.5, 25),
+           uniform(c, 0.5, 2, 26),
+           {}};
+  if (k.residual) {
+    // Residuals that keep every pre-activation bn(x) + residual (in float64) at least 0.1 from the ReLU's kink:
+    // the 16-bit paths round it by far less, so every path masks the same elements and gradients compare
+    // elementwise. (bn(x) as the float64 CPU path computes it, with the statistics the case normalises with.)
+    std::vector<double> res = uniform(n, -1.5, 1.5, 27);
+    const TensorOptions f64{.dtype = DType::Float64};
+    const Tensor w = make(d.w, {c}, f64), b = make(d.b, {c}, f64);
+    const Tensor z = k.training ? nn::batch_norm(make(d.x, k.shape, f64), {}, {}, k.affine ? w : Tensor(),
+                                                 k.affine ? b : Tensor(), true, 0.3, 1e-3)
+                                : nn::batch_norm(make(d.x, k.shape, f64), make(d.rm, {c}, f64), make(d.rv, {c}, f64),
+                                                 k.affine ? w : Tensor(), k.affine ? b : Tensor(), false, 0.3, 1e-3);
+    const std::vector<double> zv = values(z);
+    for (size_t i = 0; i < res.size(); ++i) {
+      const double pre = zv[i] + res[i];
+      if (std::abs(pre) < 0.1) res[i] += pre >= 0 ? 0.2 : -0.2;
+    }
+    d.res = round(res, k.dtype);
+  }
+  return d;
 }
 
 // One forward and backward; x in xdt, the per-channel tensors in pdt.
@@ -80,10 +109,19 @@ BnOut run(const BnCase& k, const BnData& d, Device dev, DType xdt, DType pdt) {
     rm = make(d.rm, {c}, {.dtype = pdt, .device = dev});
     rv = make(d.rv, {c}, {.dtype = pdt, .device = dev});
   }
-  Tensor y = k.relu ? nn::batch_norm_relu(x, rm, rv, w, b, k.training, 0.3, 1e-3)
-                    : nn::batch_norm(x, rm, rv, w, b, k.training, 0.3, 1e-3);
+  Tensor res;
+  if (k.residual) {
+    res = make(d.res, k.shape, {.dtype = xdt, .device = dev});
+    if (k.channels_last && !k.residual_nchw) res = res.contiguous(MemoryFormat::ChannelsLast);
+    res.requires_grad_();
+  }
+  Tensor y = k.residual ? (k.composed ? relu(nn::batch_norm(x, rm, rv, w, b, k.training, 0.3, 1e-3) + res)
+                                      : nn::batch_norm_add_relu(x, res, rm, rv, w, b, k.training, 0.3, 1e-3))
+             : k.relu   ? nn::batch_norm_relu(x, rm, rv, w, b, k.training, 0.3, 1e-3)
+                        : nn::batch_norm(x, rm, rv, w, b, k.training, 0.3, 1e-3);
   y.backward(make(d.gy, k.shape, {.dtype = xdt, .device = dev}));
-  return {y, x.grad(), k.affine ? w.grad() : Tensor(), k.affine ? b.grad() : Tensor(), rm, rv};
+  return {y,  x.grad(), k.affine ? w.grad() : Tensor(),    k.affine ? b.grad() : Tensor(),
+          rm, rv,       k.residual ? res.grad() : Tensor()};
 }
 
 // Every element within tol * max(1, max |ref|) of the reference.
@@ -131,6 +169,37 @@ void expect_matches_composed(const BnCase& k) {
   // Running statistics are float32 for the 16-bit inputs too: their tolerance is float32's.
   expect_close_scaled(got.rm, ref.rm, k.dtype == DType::Float64 ? 1e-12 : 1e-5, "running_mean");
   expect_close_scaled(got.rv, ref.rv, k.dtype == DType::Float64 ? 1e-12 : 1e-5, "running_var");
+  expect_close_scaled(got.gres, ref.gres, tol, "grad residual");
+}
+
+// batch_norm_add_relu on the GPU: against the CPU's float64 composition (expect_matches_composed) and against
+// relu(batch_norm + add) as separate ops on the GPU in the same dtype; the residual's gradient is exactly dy
+// where y > 0 and 0 elsewhere, in the residual's dtype; y keeps x's layout and dtype.
+void expect_fused_residual_matches(BnCase k) {
+  k.residual = true;
+  k.relu = true;
+  expect_matches_composed(k);
+  SCOPED_TRACE(describe(k) + std::string(dtype_name(k.dtype)) + " vs the GPU's composed ops");
+  const BnData d = make_data(k);
+  const BnOut got = run(k, d, Device::cuda(0), k.dtype, DType::Float32);
+  BnCase composed = k;
+  composed.composed = true;
+  const BnOut ref = run(composed, d, Device::cuda(0), k.dtype, DType::Float32);
+  // The composed ops round bn(x) to the dtype before the add: one more rounding than the fused kernel.
+  const double tol = 2 * tolerance(k.dtype);
+  expect_close_scaled(got.y, ref.y, tol, "y");
+  expect_close_scaled(got.gx, ref.gx, tol, "grad input");
+  expect_close_scaled(got.gw, ref.gw, std::max(tol, 1e-5), "grad weight");
+  expect_close_scaled(got.gb, ref.gb, std::max(tol, 1e-5), "grad bias");
+  expect_close_scaled(got.rm, ref.rm, 1e-6, "running_mean");
+  expect_close_scaled(got.rv, ref.rv, 1e-6, "running_var");
+  ASSERT_TRUE(got.gres.defined());
+  EXPECT_EQ(got.gres.dtype(), k.dtype);
+  EXPECT_EQ(got.gres.shape(), k.shape);
+  const std::vector<double> gres = values(got.gres), y = values(got.y);
+  int64_t bad = 0;
+  for (size_t i = 0; i < gres.size(); ++i) bad += gres[i] != (y[i] > 0 ? d.gy[i] : 0.0);
+  EXPECT_EQ(bad, 0) << "grad residual must be dy masked by y > 0";
 }
 
 class CudaBatchNorm : public ::testing::Test {
@@ -248,6 +317,78 @@ TEST_F(CudaBatchNorm, NoNewCudaMallocOnceWarm) {
   EXPECT_EQ(cuda::memory_stats(0).num_device_mallocs, mallocs);
 }
 
+TEST_F(CudaBatchNorm, FusedResidualAddAndRelu) {
+  for (DType dt : {DType::Float32, DType::BFloat16}) {
+    for (bool training : {true, false}) {
+      expect_fused_residual_matches({.shape = {4, 6, 5, 7}, .training = training, .dtype = dt});   // NCHW, S odd
+      expect_fused_residual_matches({.shape = {4, 16, 4, 8}, .training = training, .dtype = dt});  // NCHW, vectors
+      // NHWC: C % 8 != 0 (scalar loads), then vectors with row counts that leave tails in the multi-row loops.
+      expect_fused_residual_matches({.shape = {4, 6, 5, 3}, .channels_last = true, .training = training, .dtype = dt});
+      expect_fused_residual_matches({.shape = {8, 64, 9, 7}, .channels_last = true, .training = training, .dtype = dt});
+      expect_fused_residual_matches({.shape = {64, 32}, .training = training, .dtype = dt});  // (N, C)
+    }
+    expect_fused_residual_matches({.shape = {4, 8, 6, 6}, .channels_last = true, .dtype = dt, .affine = false});
+    expect_fused_residual_matches({.shape = {4, 8, 6, 6}, .channels_last = true, .dtype = dt, .running = false});
+  }
+  // Large enough for the split reduction and many row steps per thread.
+  expect_fused_residual_matches({.shape = {32, 256, 14, 14}, .channels_last = true, .dtype = DType::BFloat16});
+  expect_fused_residual_matches({.shape = {3, 4, 10}, .dtype = DType::Float64});
+}
+
+TEST_F(CudaBatchNorm, ResidualInAnotherLayout) {
+  for (DType dt : {DType::Float32, DType::BFloat16}) {
+    for (bool training : {true, false}) {
+      // x channels-last, the residual NCHW: read in x's layout; y and both gradients as with a channels-last one.
+      expect_fused_residual_matches(
+          {.shape = {4, 16, 5, 6}, .channels_last = true, .training = training, .dtype = dt, .residual_nchw = true});
+      expect_fused_residual_matches(
+          {.shape = {4, 6, 5, 3}, .channels_last = true, .training = training, .dtype = dt, .residual_nchw = true});
+    }
+  }
+  // x NCHW, the residual channels-last or a transposed view.
+  const Device gpu = Device::cuda(0);
+  const auto xv = uniform(2 * 8 * 4 * 4, -2, 2, 51), rv = uniform(2 * 8 * 4 * 4, -1, 1, 52);
+  const Tensor x = make(xv, {2, 8, 4, 4}, {.device = gpu});
+  const Tensor res_nhwc = make(rv, {2, 8, 4, 4}, {.device = gpu}).contiguous(MemoryFormat::ChannelsLast);
+  const Tensor res_t = make(rv, {2, 8, 4, 4}, {.device = gpu}).transpose(2, 3).contiguous().transpose(2, 3);
+  const Tensor ref = relu(nn::batch_norm(x.cpu().to(DType::Float64), {}, {}, {}, {}, true) +
+                          make(rv, {2, 8, 4, 4}, {.dtype = DType::Float64}));
+  for (const Tensor& res : {res_nhwc, res_t}) {
+    const Tensor y = nn::batch_norm_add_relu(x, res, {}, {}, {}, {}, true);
+    EXPECT_TRUE(y.is_contiguous());
+    expect_close_scaled(y, ref, 2e-5, "y, residual in another layout than NCHW x");
+  }
+}
+
+// The residual's dtype decides: x's (after autocast) runs fused and keeps it; another is added by promotion,
+// as relu(batch_norm(x) + residual) would.
+TEST_F(CudaBatchNorm, ResidualDtypeFollowsTheAddsPromotion) {
+  const Device gpu = Device::cuda(0);
+  const auto xv = uniform(4 * 8 * 3 * 3, -2, 2, 61), rv = uniform(4 * 8 * 3 * 3, -1, 1, 62);
+  const Tensor x = make(xv, {4, 8, 3, 3}, {.dtype = DType::BFloat16, .device = gpu});
+  const Tensor w = make(uniform(8, 0.5, 1.5, 63), {8}, {.device = gpu});
+  const Tensor b = make(uniform(8, -1, 1, 64), {8}, {.device = gpu});
+  const Tensor res32 = make(rv, {4, 8, 3, 3}, {.device = gpu});
+  const Tensor res16 = res32.to(DType::BFloat16);
+  autocast::Guard guard(DeviceType::CUDA, DType::BFloat16);
+  const Tensor y16 = nn::batch_norm_add_relu(x, res16, {}, {}, w, b, true);
+  const Tensor y32 = nn::batch_norm_add_relu(x, res32, {}, {}, w, b, true);
+  EXPECT_EQ(y16.dtype(), DType::BFloat16);
+  EXPECT_EQ(y32.dtype(), DType::Float32);
+  const Tensor bn = nn::batch_norm(x, {}, {}, w, b, true);  // bfloat16
+  expect_close_scaled(y32, relu(bn.to(DType::Float32) + res32), 1e-6, "promoted y");
+  expect_close_scaled(y16, relu(bn.to(DType::Float32) + res32), 2e-2, "fused y");
+}
+
+TEST_F(CudaBatchNorm, ResidualOnAnotherDeviceIsAClearError) {
+  const Tensor x = zeros({2, 3, 2, 2}, {.device = Device::cuda(0)});
+  expect_error(
+      [&] {
+        nn::batch_norm_add_relu(x, zeros({2, 3, 2, 2}), {}, {}, {}, {}, true);
+      },
+      {"batch_norm_add_relu", "residual", "cpu", "cuda:0", "[2, 3, 2, 2]"});
+}
+
 // ---------------------------------------------------------------- batch_norm_relu on every device
 
 class BatchNormReluTest : public BackendTest {};
@@ -292,6 +433,101 @@ TEST(BatchNormRelu, Gradients) {
         return TensorList{nn::batch_norm_relu(in[0], full({3}, 0.1, on), full({3}, 0.8, on), in[1], in[2], false)};
       },
       {make_input({4, 3, 2, 2}, -2, 2, 44), make_input({3}, 0.5, 1.5, 45), make_input({3}, -1, 1, 46)});
+}
+
+// ---------------------------------------------------------------- batch_norm_add_relu on every device
+
+class BatchNormAddReluTest : public BackendTest {};
+
+TEST_P(BatchNormAddReluTest, IsTheReluOfBatchNormPlusTheResidualAgainstAHandReference) {
+  const int64_t n = 3, c = 2, l = 4;
+  const auto xv = uniform(n * c * l, -2, 2, 71), wv = uniform(c, 0.5, 1.5, 72), bv = uniform(c, -1, 1, 73);
+  const auto rv_ = uniform(n * c * l, -1.5, 1.5, 74);
+  std::vector<double> mean(c, 0), var(c, 0);
+  for (int64_t i = 0; i < n * c * l; ++i) mean[(i / l) % c] += xv[i] / (n * l);
+  for (int64_t i = 0; i < n * c * l; ++i) var[(i / l) % c] += std::pow(xv[i] - mean[(i / l) % c], 2) / (n * l);
+  std::vector<double> ref(xv.size()), ref_eval(xv.size());
+  const double rm[2] = {0.25, -0.5}, rvar[2] = {1.5, 0.75};
+  for (int64_t i = 0; i < n * c * l; ++i) {
+    const int64_t k = (i / l) % c;
+    ref[i] = std::max(0.0, (xv[i] - mean[k]) / std::sqrt(var[k] + 1e-5) * wv[k] + bv[k] + rv_[i]);
+    ref_eval[i] = std::max(0.0, (xv[i] - rm[k]) / std::sqrt(rvar[k] + 1e-5) * wv[k] + bv[k] + rv_[i]);
+  }
+  const Tensor x = make(xv, {n, c, l}, opts()), w = make(wv, {c}, opts()), b = make(bv, {c}, opts());
+  const Tensor res = make(rv_, {n, c, l}, opts());
+  Tensor running_mean = make({0.25, -0.5}, {2}, opts()), running_var = make({1.5, 0.75}, {2}, opts());
+  expect_values(nn::batch_norm_add_relu(x, res, running_mean, running_var, w, b, /*training=*/false), {n, c, l},
+                ref_eval, 1e-5, 1e-5);
+  expect_values(running_mean, {2}, {0.25, -0.5}, 0, 0);  // eval leaves them
+  expect_values(nn::batch_norm_add_relu(x, res, running_mean, running_var, w, b, /*training=*/true, 0.5), {n, c, l},
+                ref, 1e-5, 1e-5);
+  const double unbias = static_cast<double>(n * l) / static_cast<double>(n * l - 1);
+  expect_values(running_mean, {2}, {0.5 * 0.25 + 0.5 * mean[0], 0.5 * -0.5 + 0.5 * mean[1]}, 1e-5, 1e-6);
+  expect_values(running_var, {2}, {0.5 * 1.5 + 0.5 * var[0] * unbias, 0.5 * 0.75 + 0.5 * var[1] * unbias}, 1e-5, 1e-6);
+  // Hand-derived gradients of sum(y * g): d_residual = g where y > 0; in eval dx = g [y > 0] w / sqrt(rv + eps).
+  const auto gv = uniform(n * c * l, -1, 1, 75);
+  Tensor xg = make(xv, {n, c, l}, opts()).requires_grad_(), rg = make(rv_, {n, c, l}, opts()).requires_grad_();
+  nn::batch_norm_add_relu(xg, rg, running_mean.clone(), running_var.clone(), w, b, false)
+      .backward(make(gv, {n, c, l}, opts()));
+  std::vector<double> gres(xv.size()), gx(xv.size());
+  const double rm2[2] = {values(running_mean)[0], values(running_mean)[1]};
+  const double rv2[2] = {values(running_var)[0], values(running_var)[1]};
+  for (int64_t i = 0; i < n * c * l; ++i) {
+    const int64_t k = (i / l) % c;
+    const double pre = (xv[i] - rm2[k]) / std::sqrt(rv2[k] + 1e-5) * wv[k] + bv[k] + rv_[i];
+    gres[i] = pre > 0 ? gv[i] : 0;
+    gx[i] = gres[i] * wv[k] / std::sqrt(rv2[k] + 1e-5);
+  }
+  expect_values(rg.grad(), {n, c, l}, gres, 1e-6, 1e-6);
+  expect_values(xg.grad(), {n, c, l}, gx, 1e-5, 1e-5);
+}
+
+TEST_P(BatchNormAddReluTest, BadResidualsNameTheOpAndTheShapes) {
+  const Tensor x = zeros({2, 3, 2, 2}, opts());
+  expect_error(
+      [&] {
+        nn::batch_norm_add_relu(x, zeros({2, 3, 2, 1}, opts()), {}, {}, {}, {}, true);
+      },
+      {"batch_norm_add_relu", "residual", "[2, 3, 2, 2]", "[2, 3, 2, 1]"});
+  expect_error(
+      [&] {
+        nn::batch_norm_add_relu(x, zeros({3, 2, 2}, opts()), {}, {}, {}, {}, true);
+      },
+      {"batch_norm_add_relu", "[2, 3, 2, 2]", "[3, 2, 2]"});
+  expect_error([&] { nn::batch_norm_add_relu(x, Tensor(), {}, {}, {}, {}, true); },
+               {"batch_norm_add_relu", "residual", "defined"});
+  // batch_norm's own checks still apply.
+  expect_error([&] { nn::batch_norm_add_relu(x, x, {}, {}, zeros({4}, opts()), {}, true); },
+               {"batch_norm", "weight", "[4]", "[3]"});
+}
+
+KILN_INSTANTIATE_BACKENDS(BatchNormAddReluTest);
+
+TEST(BatchNormAddRelu, Gradients) {
+  // x, weight, bias and the residual; inputs away from the kink (y = 0 exactly has no derivative).
+  check_gradients(
+      [](const TensorList& in) {
+        const TensorOptions on = {.dtype = DType::Float64, .device = in[0].device()};
+        return TensorList{nn::batch_norm_add_relu(in[0], in[3], zeros({3}, on), ones({3}, on), in[1], in[2], true)};
+      },
+      {make_input({4, 3, 2}, -2, 2, 81), make_input({3}, 0.5, 1.5, 82), make_input({3}, -1, 1, 83),
+       make_input({4, 3, 2}, -1.5, 1.5, 84)});
+  check_gradients(
+      [](const TensorList& in) {
+        const TensorOptions on = {.dtype = DType::Float64, .device = in[0].device()};
+        return TensorList{
+            nn::batch_norm_add_relu(in[0], in[3], full({3}, 0.1, on), full({3}, 0.8, on), in[1], in[2], false)};
+      },
+      {make_input({4, 3, 2, 2}, -2, 2, 85), make_input({3}, 0.5, 1.5, 86), make_input({3}, -1, 1, 87),
+       make_input({4, 3, 2, 2}, -1.5, 1.5, 88)});
+  // Channels-last x (the GPU's rows layout when a GPU is visible).
+  check_gradients(
+      [](const TensorList& in) {
+        return TensorList{
+            nn::batch_norm_add_relu(contiguous(in[0], MemoryFormat::ChannelsLast), in[3], {}, {}, in[1], in[2], true)};
+      },
+      {make_input({3, 4, 2, 3}, -2, 2, 89), make_input({4}, 0.5, 1.5, 90), make_input({4}, -1, 1, 91),
+       make_input({3, 4, 2, 3}, -1.5, 1.5, 92)});
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The simple layer modules: parameter and buffer names and shapes, PyTorch's default initialisation,
-// BatchNorm's running statistics against a hand-computed reference, train/eval behaviour, bad input.
+// BatchNorm's running statistics against a hand-computed reference (also through forward_relu and
+// forward_add_relu, and under checkpointing), train/eval behaviour, bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -143,15 +145,22 @@ TEST_P(LayersTest, BatchNormUnderCheckpointingUpdatesRunningStatisticsOnce) {
   const auto xv = uniform(n * c * h * w, -2, 2, 4);
   std::vector<double> m, v;
   channel_moments(xv, n, c, h * w, m, v);
+  const Tensor residual = make(uniform(n * c * h * w, -1, 1, 5), {n, c, h, w}, opts());
   for (bool cumulative : {false, true}) {
-    for (bool relu : {false, true}) {
-      SCOPED_TRACE(std::string(cumulative ? "momentum none" : "momentum 0.1") + (relu ? ", fused relu" : ""));
+    for (int fused : {0, 1, 2}) {  // plain, forward_relu, forward_add_relu
+      SCOPED_TRACE(std::string(cumulative ? "momentum none" : "momentum 0.1") + (fused == 1   ? ", fused relu"
+                                                                                 : fused == 2 ? ", fused add + relu"
+                                                                                              : ""));
       nn::BatchNormOptions o;
       if (cumulative) o.momentum = std::nullopt;
       auto bn = std::make_shared<nn::BatchNorm2d>(c, o);
       bn->to(dev());
       Tensor x = make(xv, {n, c, h, w}, opts()).requires_grad_();
-      Tensor y = autograd::checkpoint([&](const Tensor& in) { return relu ? bn->forward_relu(in) : (*bn)(in); }, x);
+      Tensor y = autograd::checkpoint(
+          [&](const Tensor& in) {
+            return fused == 2 ? bn->forward_add_relu(in, residual) : fused == 1 ? bn->forward_relu(in) : (*bn)(in);
+          },
+          x);
       sum(y * y).backward();
       ASSERT_TRUE(x.grad().defined());
       std::vector<double> rm(c), rv(c);
@@ -165,6 +174,60 @@ TEST_P(LayersTest, BatchNormUnderCheckpointingUpdatesRunningStatisticsOnce) {
       EXPECT_FALSE(autograd::in_recomputation());
     }
   }
+}
+
+// forward_add_relu = relu(bn(x) + residual) by hand, in training (batch statistics, running ones updated once)
+// and in eval (running statistics, unchanged), with the gradients reaching x, the residual, weight and bias.
+TEST_P(LayersTest, BatchNormForwardAddReluIsTheReluOfTheNormalisedInputPlusTheResidual) {
+  const int64_t n = 2, c = 3, h = 2, w = 2, l = h * w;
+  const auto xv = uniform(n * c * l, -2, 2, 11), rv = uniform(n * c * l, -1.5, 1.5, 12);
+  std::vector<double> m, v;  // v unbiased
+  channel_moments(xv, n, c, l, m, v);
+  auto bn = std::make_shared<nn::BatchNorm2d>(c);
+  bn->to(dev());
+  {
+    NoGradGuard no_grad;
+    bn->weight.copy_(make({0.5, 1.0, 1.5}, {c}, opts()));
+    bn->bias.copy_(make({0.25, -0.5, 0.0}, {c}, opts()));
+  }
+  const double wv[3] = {0.5, 1.0, 1.5}, bv[3] = {0.25, -0.5, 0.0};
+  Tensor x = make(xv, {n, c, h, w}, opts()).requires_grad_();
+  Tensor res = make(rv, {n, c, h, w}, opts()).requires_grad_();
+  Tensor y = bn->forward_add_relu(x, res);
+  std::vector<double> ref(xv.size()), mask(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const size_t k = (i / l) % c;
+    const double biased = v[k] * static_cast<double>(n * l - 1) / static_cast<double>(n * l);
+    ref[i] = std::max(0.0, (xv[i] - m[k]) / std::sqrt(biased + 1e-5) * wv[k] + bv[k] + rv[i]);
+    mask[i] = ref[i] > 0 ? 1 : 0;
+  }
+  expect_values(y, {n, c, h, w}, ref, 1e-5, 1e-5);
+  std::vector<double> rm(c), rvar(c);
+  for (int64_t k = 0; k < c; ++k) {
+    rm[k] = 0.1 * m[k];
+    rvar[k] = 0.9 + 0.1 * v[k];
+  }
+  expect_values(bn->running_mean, {c}, rm, 1e-5, 1e-6);
+  expect_values(bn->running_var, {c}, rvar, 1e-5, 1e-6);
+  EXPECT_EQ(bn->num_batches_tracked.cpu().item<int64_t>(), 1);
+  // d/d residual of sum(y) is the ReLU's mask; d/d bias per channel is the mask's count.
+  sum(y).backward();
+  expect_values(res.grad(), {n, c, h, w}, mask, 0, 0);
+  std::vector<double> count(c, 0);
+  for (size_t i = 0; i < xv.size(); ++i) count[(i / l) % c] += mask[i];
+  expect_values(bn->bias.grad(), {c}, count, 1e-6, 1e-6);
+  ASSERT_TRUE(x.grad().defined());
+  ASSERT_TRUE(bn->weight.grad().defined());
+
+  bn->eval();
+  Tensor ye = bn->forward_add_relu(make(xv, {n, c, h, w}, opts()), make(rv, {n, c, h, w}, opts()));
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const size_t k = (i / l) % c;
+    ref[i] = std::max(0.0, (xv[i] - rm[k]) / std::sqrt(rvar[k] + 1e-5) * wv[k] + bv[k] + rv[i]);
+  }
+  expect_values(ye, {n, c, h, w}, ref, 1e-5, 1e-5);
+  expect_values(bn->running_mean, {c}, rm, 1e-5, 1e-6);
+  EXPECT_EQ(bn->num_batches_tracked.cpu().item<int64_t>(), 1);
 }
 
 TEST_P(LayersTest, BatchNormWithoutRunningStatisticsUsesTheBatchInEval) {
@@ -230,6 +293,13 @@ TEST(Layers, BadInputNamesTheLayerAndTheShapes) {
   expect_error([&] { bn2(zeros({2, 4, 2, 2})); }, {"BatchNorm2d", "3 channels", "[2, 4, 2, 2]"});
   nn::BatchNorm1d bn1(3);
   expect_error([&] { bn1(zeros({2, 3, 2, 2})); }, {"BatchNorm1d", "2-D", "3-D", "[2, 3, 2, 2]"});
+  expect_error(
+      [&] {
+        bn2.forward_add_relu(zeros({2, 3, 2, 2}), zeros({2, 3, 2, 1}));
+      },
+      {"BatchNorm2d", "forward_add_relu", "[2, 3, 2, 2]", "[2, 3, 2, 1]"});
+  expect_error([&] { bn2.forward_add_relu(zeros({2, 3, 2, 2}), Tensor()); }, {"BatchNorm2d", "residual"});
+  EXPECT_EQ(bn2.num_batches_tracked.item<int64_t>(), 0);  // a refused input leaves the statistics alone
   nn::LayerNorm ln({4});
   expect_error([&] { ln(zeros({2, 5})); }, {"LayerNorm", "[4]", "[2, 5]"});
   nn::GroupNorm gn(2, 4);

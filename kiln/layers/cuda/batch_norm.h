@@ -2,6 +2,9 @@
 //
 //   auto fwd = cuda_impl::batch_norm_forward(x, w, b, rm, rv, /*training=*/true, 0.1, 1e-5, /*relu=*/false);
 //   auto g = cuda_impl::batch_norm_backward(dy, x, Tensor(), w, fwd.mean, fwd.invstd, true, {true, true, true});
+//   // ResNet's block tail relu(bn(x) + identity): one pass forward, one reduction + one pass backward.
+//   auto f = cuda_impl::batch_norm_forward(x, w, b, rm, rv, true, 0.1, 1e-5, /*relu=*/true, identity);
+//   auto h = cuda_impl::batch_norm_backward(dy, x, f.y, w, f.mean, f.invstd, true, {.residual = true});
 //
 // x is (N, C) or (N, C, *) in float16/bfloat16/float32/float64, NCHW-contiguous or (4-d) channels-last; other
 // strides are made contiguous first, and y has the layout the kernels ran in. Statistics accumulate in float
@@ -23,20 +26,24 @@ struct BatchNormForward {
 
 // Training: batch mean and biased variance per channel; updates running_mean / running_var in place when
 // defined (momentum, unbiased variance), as the composed path. Eval: the running statistics (defined).
-// weight, bias (C) may be undefined; any floating dtype. relu: y = max(bn(x), 0).
+// weight, bias (C) may be undefined; any floating dtype. relu: y = max(bn(x), 0). residual (x's shape,
+// dtype and device; any layout, read in x's): y = bn(x) + residual, before the ReLU when fused.
 BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                     const Tensor& running_mean, const Tensor& running_var, bool training,
-                                    double momentum, double eps, bool relu);
+                                    double momentum, double eps, bool relu, const Tensor& residual = {});
 
 struct BatchNormGrads {
   Tensor input, weight, bias;  // undefined where not asked for; weight and bias (C) in the accumulation dtype
+  Tensor residual;             // the forward's residual's gradient (dy masked by y > 0), in x's layout and dtype
 };
 
 struct BatchNormNeeds {
   bool input = true, weight = true, bias = true;
+  bool residual = false;  // written by the same elementwise pass as input
 };
 
-// dy of y's shape; y is the forward output when relu was fused (its sign masks dy), else undefined.
+// dy of y's shape; y is the forward output when relu was fused (its sign masks dy), else undefined. A residual
+// added in forward needs nothing more: its gradient is dy masked like the input's.
 // mean/invstd as batch_norm_forward returned them. training selects the full formula (batch statistics)
 // or the eval one (dx = dy * w * invstd).
 BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& y, const Tensor& weight,

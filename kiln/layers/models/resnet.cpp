@@ -54,9 +54,9 @@ BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, std::s
 Tensor BasicBlock::forward(const Tensor& x) {
   // (N, C_in, H, W) -> (N, planes, H / s, W / s)
   Tensor out = bn1->forward_relu((*conv1)(x));  // batch norm + ReLU in one pass on the GPU
-  out = (*bn2)((*conv2)(out));
   Tensor identity = downsample != nullptr ? (*downsample)(x) : x;
-  return (*relu)(out + identity);
+  // relu(bn2(conv2(out)) + identity), one pass on the GPU (the registered `relu` module stays, for the names).
+  return bn2->forward_add_relu((*conv2)(out), identity);
 }
 
 // ---------------------------------------------------------------- Bottleneck
@@ -80,9 +80,9 @@ Tensor Bottleneck::forward(const Tensor& x) {
   // (N, C_in, H, W) -> (N, planes, H, W) -> (N, planes, H / s, W / s) -> (N, 4 planes, H / s, W / s)
   Tensor out = bn1->forward_relu((*conv1)(x));  // batch norm + ReLU in one pass on the GPU
   out = bn2->forward_relu((*conv2)(out));
-  out = (*bn3)((*conv3)(out));
   Tensor identity = downsample != nullptr ? (*downsample)(x) : x;
-  return (*relu)(out + identity);
+  // relu(bn3(conv3(out)) + identity), one pass on the GPU (the registered `relu` module stays, for the names).
+  return bn3->forward_add_relu((*conv3)(out), identity);
 }
 
 // ---------------------------------------------------------------- ResNet
