@@ -478,6 +478,38 @@ TEST_P(MatmulTest, ProductRowsPaddedToAnAlignedPitch) {
   }
 }
 
+// On CUDA a 16-bit product with a large dimension that is not a multiple of 8 runs as an aligned part and a rest
+// of at most 7 (kiln/tensor/cuda/matmul.cpp): every dimension cut here (m = 256 + 4, k = 296 + 4, n = 264 + 6),
+// with general scalars (the rest of K adds onto the first part's result), batched, and through the epilogues.
+TEST_P(MatmulTest, ProductsCutAtUnalignedDimensions) {
+  const int64_t m = 260, k = 300, n = 270, batches = 2;
+  const std::vector<double> a = quarters(batches * m * k, 61), b = quarters(batches * k * n, 62),
+                            c = quarters(m * n, 63), bias = quarters(n, 64);
+  const std::vector<double> ab = ref_matmul(a, {batches}, b, {batches}, {batches}, m, k, n);
+  std::vector<double> scaled(m * n), with_bias(m * n), row_sums(m, 0.0);
+  for (int64_t i = 0; i < m * n; ++i) {
+    scaled[i] = 0.5 * c[i] + 2.0 * ab[i];
+    with_bias[i] = ab[i] + bias[i % n];
+  }
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t q = 0; q < k; ++q) row_sums[i] += a[i * k + q];
+  const std::vector<double> first(ab.begin(), ab.begin() + m * n);
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    const double atol = matmul_atol(dt, k);
+    const Tensor a3 = make(a, {batches, m, k}, opts(dt)), b3 = make(b, {batches, k, n}, opts(dt));
+    const Tensor a2 = ops::select(a3, 0, 0), b2 = ops::select(b3, 0, 0);
+    expect_values(ops::bmm(a3, b3), {batches, m, n}, ab, -1, atol);
+    expect_values(ops::addmm(make(c, {m, n}, opts(dt)), a2, b2, 0.5, 2.0), {m, n}, scaled, -1, atol);
+    expect_values(ops::addmm(make(bias, {n}, opts(dt)), a2, b2), {m, n}, with_bias, -1, atol);
+    auto [prod, sums] = ops::mm_with_row_sums(a2, b2);
+    expect_values(prod, {m, n}, first, -1, atol);
+    expect_values(sums, {m}, row_sums, -1, atol);
+    // Column-major a (as g^T in a backward).
+    expect_values(ops::mm(ops::contiguous(a2.t()).t(), b2), {m, n}, first, -1, atol);
+  }
+}
+
 KILN_INSTANTIATE_BACKENDS(MatmulTest);
 
 }  // namespace

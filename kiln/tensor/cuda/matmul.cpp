@@ -392,6 +392,31 @@ int64_t CudaBackend::matmul_row_pitch(DType dtype, int64_t n) const {
   return (n + 7) / 8 * 8;
 }
 
+// Where a 16-bit product is cut in two. cuBLASLt's kernels for a dimension that is not a multiple of 8 run at a
+// third to two thirds of their aligned speed even when every leading dimension is aligned (BERT's 30522-word
+// vocabulary: 240-500 against 730-820 TFLOP/s on an H200). A large dimension d (>= 256) is therefore cut at
+// d rounded down to a multiple of 8: the aligned part runs at full speed and the rest (at most 7 rows, columns
+// or products) is a thin product that costs little. The cut parts start at 16-byte offsets, so each keeps the
+// operands' alignment.
+struct Cut {
+  int dim = 0;  // 0: none; 1: M (rows of out and a), 2: N (columns of out and b), 3: K
+  int64_t at = 0;
+};
+
+Cut unaligned_cut(const Tensor& out, const Tensor& a) {
+  if (out.dtype() != DType::BFloat16 && out.dtype() != DType::Float16) return {};
+  auto cut_of = [](int64_t d) -> int64_t { return d >= 256 && d % 8 != 0 ? d / 8 * 8 : 0; };
+  if (const int64_t at = cut_of(out.size(2))) return {2, at};
+  if (const int64_t at = cut_of(out.size(1))) return {1, at};
+  if (const int64_t at = cut_of(a.size(2))) return {3, at};
+  return {};
+}
+
+// The two parts [0, at) and [at, size) of t's dim d.
+std::pair<Tensor, Tensor> halves(const Tensor& t, int64_t d, int64_t at) {
+  return {ops::narrow(t, d, 0, at), ops::narrow(t, d, at, t.size(d) - at)};
+}
+
 // Whether out's rows can be described to cuBLAS: unit column stride, a row stride >= N, batches apart.
 static bool rows_describable(const Tensor& out) {
   const int64_t m = out.size(1), n = out.size(2);
@@ -406,6 +431,20 @@ void CudaBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b, do
              ", ", b.shape(), " -> ", out.shape());
   KILN_CHECK(rows_describable(out), "cuda::matmul: out ", out.shape(), " with strides ", out.strides(),
              " needs contiguous rows, apart from one another");
+  if (const Cut cut = unaligned_cut(out, a); cut.dim != 0) {
+    if (cut.dim == 3) {  // out = alpha a1 b1 + beta out, then out += alpha a2 b2
+      const auto [a1, a2] = halves(a, 2, cut.at);
+      const auto [b1, b2] = halves(b, 1, cut.at);
+      matmul(out, a1, b1, alpha, beta);
+      matmul(out, a2, b2, alpha, 1.0);
+    } else {
+      const auto [o1, o2] = halves(out, cut.dim, cut.at);
+      const auto [x1, x2] = cut.dim == 1 ? halves(a, 1, cut.at) : halves(b, 2, cut.at);
+      matmul(o1, cut.dim == 1 ? x1 : a, cut.dim == 1 ? b : x1, alpha, beta);
+      matmul(o2, cut.dim == 1 ? x2 : a, cut.dim == 1 ? b : x2, alpha, beta);
+    }
+    return;
+  }
   Problem p = problem_for(out, a, b);
 
   // Scalars in the compute type's scale type, on the host (the default pointer mode).
@@ -435,6 +474,35 @@ bool CudaBackend::matmul_epilogue(const Tensor& out, const Tensor& a, const Tens
   // for every layout. A problem cuBLASLt has no algorithm for is left to the caller.
   if (out.dtype() != DType::BFloat16 && out.dtype() != DType::Float16) return false;
   if (m == 0 || n == 0 || k == 0) return false;
+  if (const Cut cut = unaligned_cut(out, a); cut.dim != 0) {
+    // Each part takes its share of the bias (N) or of the row sums (M); a part without one is a plain product.
+    // Row sums over a cut K would have to be added up across the parts: left to the caller.
+    if (cut.dim == 3) {
+      if (e.row_sums.defined()) return false;
+      const auto [a1, a2] = halves(a, 2, cut.at);
+      const auto [b1, b2] = halves(b, 1, cut.at);
+      if (!matmul_epilogue(out, a1, b1, e)) return false;
+      matmul(out, a2, b2, 1.0, 1.0);
+      return true;
+    }
+    const auto [o1, o2] = halves(out, cut.dim, cut.at);
+    if (cut.dim == 1) {
+      const auto [a1, a2] = halves(a, 1, cut.at);
+      if (e.bias.defined()) return matmul_epilogue(o1, a1, b, e) && matmul_epilogue(o2, a2, b, e);
+      const auto [s1, s2] = halves(e.row_sums, 0, cut.at);
+      return matmul_epilogue(o1, a1, b, {.bias = {}, .row_sums = s1}) &&
+             matmul_epilogue(o2, a2, b, {.bias = {}, .row_sums = s2});
+    }
+    const auto [b1, b2] = halves(b, 2, cut.at);
+    if (e.row_sums.defined()) {  // a is whole in both parts: its row sums come with the first
+      if (!matmul_epilogue(o1, a, b1, e)) return false;
+      matmul(o2, a, b2, 1.0, 0.0);
+      return true;
+    }
+    const auto [v1, v2] = halves(e.bias, 0, cut.at);
+    return matmul_epilogue(o1, a, b1, {.bias = v1, .row_sums = {}}) &&
+           matmul_epilogue(o2, a, b2, {.bias = v2, .row_sums = {}});
+  }
   KILN_CHECK(rows_describable(out), "cuda::matmul_epilogue: out ", out.shape(), " with strides ", out.strides(),
              " needs contiguous rows");
   Problem p = problem_for(out, a, b);
