@@ -159,14 +159,19 @@ apt_install() {
 # - GPU monitoring (kiln/monitor/nvml/) and kiln-doctor read the driver's NVML library, loaded at run time;
 #   only its header is needed to build (nvidia-nvml-dev's nvml.h). Without it kiln builds, and says at run
 #   time that GPU monitoring is missing.
+# - GPU JPEG decoding (kiln/data/nvjpeg/) loads nvJPEG at run time; nvidia-nvjpeg gives its header to build
+#   against and libnvjpeg.so.13 (into third_party/nvjpeg/lib/, where kiln looks first at run time). The 13.0
+#   release runs with every CUDA 13 driver. Without it kiln builds, and a GPU decode says how to get it.
 cudnn_frontend_version="1.32.0"
 nvml_version="13.0.87"
+nvjpeg_version="13.0.4.44"
 
-# install_wheel_headers PACKAGE VERSION DIR CHECK_FILE WITHOUT
+# install_wheel_headers PACKAGE VERSION DIR CHECK_FILE WITHOUT [libs]
 #   Puts every file under an include/ folder of the wheel into DIR/include/ (the part after "include/"), unless
-#   DIR's stamp says VERSION and DIR/include/CHECK_FILE exists. WITHOUT says what a failure costs.
+#   DIR's stamp says VERSION and DIR/include/CHECK_FILE exists. WITHOUT says what a failure costs. With "libs",
+#   the shared libraries under the wheel's lib/ folders go to DIR/lib/ too.
 install_wheel_headers() {
-  local package="$1" version="$2" dir="$3" check="$4" without="$5"
+  local package="$1" version="$2" dir="$3" check="$4" without="$5" libs="${6:-}"
   local stamp="$dir/VERSION"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$version" && -f "$dir/include/$check" ]]; then
     say "$package $version is already in $dir"
@@ -182,16 +187,21 @@ install_wheel_headers() {
   tmp="$(mktemp -d)"
   say "installing $package $version (headers only) from PyPI into $dir"
   if "$py" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "$package==$version" &&
-     "$py" - "$tmp" "$dir" "$check" <<'PY'
+     "$py" - "$tmp" "$dir" "$check" "$libs" <<'PY'
 import glob, os, shutil, sys, zipfile
-tmp, dest, check = sys.argv[1:4]
+tmp, dest, check, libs = sys.argv[1:5]
 wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
 shutil.rmtree(dest, ignore_errors=True)
 with zipfile.ZipFile(wheel) as z:
     for name in z.namelist():
-        if "include/" not in name or name.endswith("/"):
+        if name.endswith("/"):
             continue
-        target = os.path.join(dest, "include", name.split("include/", 1)[1])
+        if libs == "libs" and "/lib/" in name and ".so" in os.path.basename(name):
+            target = os.path.join(dest, "lib", os.path.basename(name))
+        elif "include/" in name:
+            target = os.path.join(dest, "include", name.split("include/", 1)[1])
+        else:
+            continue
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with z.open(name) as src, open(target, "wb") as out:
             shutil.copyfileobj(src, out)
@@ -243,6 +253,8 @@ if [[ $do_deps -eq 1 ]]; then
   install_packages
   install_wheel_headers nvidia-nvml-dev "$nvml_version" third_party/nvml nvml.h \
     "kiln builds without GPU monitoring"
+  install_wheel_headers nvidia-nvjpeg "$nvjpeg_version" third_party/nvjpeg nvjpeg.h \
+    "kiln builds without GPU JPEG decoding (images decode on the CPU)" libs
   install_tensorboard
   if [[ "${KILN_CUDA:-auto}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
     install_wheel_headers nvidia-cudnn-frontend "$cudnn_frontend_version" third_party/cudnn_frontend \

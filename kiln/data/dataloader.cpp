@@ -124,6 +124,8 @@ struct DataLoader::Epoch::Impl {
     }
     Batch batch;
     try {
+      std::optional<cuda::DeviceGuard> device_guard;  // a collate that works on the GPU works on the loader's
+      if (core->options.device && core->options.device->is_cuda()) device_guard.emplace(core->options.device->index());
       batch = core->options.collate ? core->options.collate(examples, core->pinned) : collate(examples, core->pinned);
     } catch (...) {
       KILN_FAIL("DataLoader: collating batch ", number, " of epoch ", epoch, " (samples ", idx, ") from ",
@@ -187,6 +189,7 @@ struct DataLoader::Epoch::Impl {
     cuda::StreamGuard stream_guard(*core->copy_stream);
     InFlight f;
     f.number = number;
+    if (host.ready) host.ready->wait(*core->copy_stream);  // fields the collate made on the GPU
     f.batch = host.to(dev, /*non_blocking=*/true);
     f.done = std::make_unique<cuda::Event>();
     f.done->record(*core->copy_stream);
@@ -255,6 +258,13 @@ struct DataLoader::Epoch::Impl {
         Batch b = take(number);
         record_wait(seconds_since(t0));
         handed_out(number);
+        if (b.ready) {  // fields made on a GPU: the consumer's stream waits for them, and keeps their memory
+          const cuda::Stream consumer = cuda::current_stream();
+          b.ready->wait(consumer);
+          for (size_t i = 0; i < b.size(); ++i) {
+            if (b[i].device().is_cuda()) cuda::record_stream(b[i], consumer);
+          }
+        }
         current = std::move(b);
       }
     } catch (...) {
@@ -318,6 +328,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
     core_->copy_stream = cuda::Stream::create(index);
   }
   core_->pinned = (options.pin_memory || core_->copy_stream.has_value()) && cuda::is_available();
+  if (!options.collate) options.collate = dataset->collate_fn();
   core_->dataset = std::move(dataset);
   core_->options = std::move(options);
 }

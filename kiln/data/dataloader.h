@@ -31,9 +31,6 @@
 
 namespace kiln::data {
 
-// Makes a batch of examples; `pinned`: write it into page-locked memory (as data::collate does).
-using CollateFn = std::function<Batch(const std::vector<Example>& examples, bool pinned)>;
-
 struct DataLoaderOptions {
   int64_t batch_size = 1;
   int workers = 0;                // loading threads; 0: batches are loaded on the calling thread, when asked for
@@ -50,7 +47,9 @@ struct DataLoaderOptions {
   // thread when a batch is handed out (at the loop's ++) waits for its copy on the GPU, not the host.
   // A CPU device, or none: batches stay in host memory.
   std::optional<Device> device;
-  CollateFn collate;  // null: data::collate
+  // null: the dataset's collate_fn() (GPU image decoding), else data::collate. With a CUDA device, workers run
+  // it with that device current.
+  CollateFn collate;
 };
 
 // Where a run stands in the data: the next batch to train on. Save it in checkpoints; resume with

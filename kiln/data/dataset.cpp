@@ -36,6 +36,7 @@ class SubsetDataset : public Dataset {
   std::string describe() const override {
     return "subset [" + std::to_string(begin_) + ", " + std::to_string(end_) + ") of " + base_->describe();
   }
+  CollateFn collate_fn() const override { return base_->collate_fn(); }  // same examples, same batching
 
  private:
   std::shared_ptr<const Dataset> base_;

@@ -16,11 +16,16 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kiln/data/example.h"
 #include "kiln/data/sample_rng.h"
 
 namespace kiln::data {
+
+// Makes a batch of examples (in a loader's worker thread); `pinned`: write host fields into page-locked memory
+// (as data::collate does). A batch may also hold fields already on a GPU, with Batch::ready.
+using CollateFn = std::function<Batch(const std::vector<Example>& examples, bool pinned)>;
 
 class Dataset {
  public:
@@ -29,6 +34,9 @@ class Dataset {
   virtual Example get(int64_t index, SampleRng& rng) const = 0;
   // A short description for messages ("MNIST(train, 60000 images, /data/mnist)").
   virtual std::string describe() const { return "dataset of " + std::to_string(size()) + " samples"; }
+  // How a DataLoader makes batches of this dataset's examples when its options name no collate function:
+  // null means data::collate. An ImageFolder that decodes on the GPU returns the function that does it.
+  virtual CollateFn collate_fn() const { return {}; }
 
   // get() with a fresh SampleRng(seed, epoch, index), after checking the index (a clear error out of range).
   Example sample(int64_t index, uint64_t seed = 0, uint64_t epoch = 0) const;

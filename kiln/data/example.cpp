@@ -55,15 +55,18 @@ const Tensor& Example::operator[](std::string_view name) const { return const_ca
 
 void Example::check_pair() const {
   KILN_CHECK(values_.size() == 2, "structured binding of an Example or Batch needs exactly two fields; this one has ",
-             values_.size(), " (", joined(names_), "): index it by name instead, e.g. batch[\"", 
+             values_.size(), " (", joined(names_), "): index it by name instead, e.g. batch[\"",
              names_.empty() ? std::string("input") : names_[0], "\"]");
 }
 
-int64_t Batch::batch_size() const { return empty() ? 0 : (*this)[size_t{0}].dim() > 0 ? (*this)[size_t{0}].size(0) : 0; }
+int64_t Batch::batch_size() const {
+  return empty() ? 0 : (*this)[size_t{0}].dim() > 0 ? (*this)[size_t{0}].size(0) : 0;
+}
 
 Batch Batch::to(Device device, bool non_blocking) const {
   Batch out;
   out.indices = indices;
+  out.ready = ready;
   for (size_t i = 0; i < size(); ++i) out.add(names()[i], ops::to((*this)[i], device, {}, non_blocking));
   return out;
 }
@@ -71,6 +74,7 @@ Batch Batch::to(Device device, bool non_blocking) const {
 Batch Batch::pin_memory() const {
   Batch out;
   out.indices = indices;
+  out.ready = ready;
   for (size_t i = 0; i < size(); ++i) {
     const Tensor& t = (*this)[i];
     out.add(names()[i], cuda::is_available() && t.is_cpu() ? ops::pin_memory(t) : t);
@@ -100,10 +104,10 @@ Batch collate(const std::vector<Example>& examples, bool pinned) {
                  joined(ex.names()), ") but sample 0 has (", joined(first.names()), ")");
       const Tensor& t = ex[f];
       KILN_CHECK(t.defined() && t.dtype() == t0.dtype() && t.shape() == t0.shape() && t.is_cpu(), "collate: field '",
-                 name, "' of sample ", e, " is ",
-                 t.defined() ? t.dtype() : t0.dtype(), " of shape ", t.defined() ? t.shape() : Shape{},
-                 " on ", t.defined() ? t.device() : Device::cpu(), " but sample 0 has ", t0.dtype(), " of shape ",
-                 t0.shape(), " on cpu; every sample of a batch needs the same shape (pad or crop in the dataset)");
+                 name, "' of sample ", e, " is ", t.defined() ? t.dtype() : t0.dtype(), " of shape ",
+                 t.defined() ? t.shape() : Shape{}, " on ", t.defined() ? t.device() : Device::cpu(),
+                 " but sample 0 has ", t0.dtype(), " of shape ", t0.shape(),
+                 " on cpu; every sample of a batch needs the same shape (pad or crop in the dataset)");
       const Tensor c = t.is_contiguous() ? t : ops::contiguous(t);
       std::memcpy(dst + e * bytes, c.data_ptr(), bytes);
     }

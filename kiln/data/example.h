@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -17,6 +18,10 @@
 #include <vector>
 
 #include "kiln/tensor/tensor.h"
+
+namespace kiln::cuda {
+class Event;  // kiln/tensor/cuda.h
+}  // namespace kiln::cuda
 
 namespace kiln::data {
 
@@ -58,8 +63,12 @@ class Batch : public Example {
   Batch() = default;
   using Example::Example;
 
-  int64_t batch_size() const;                // dim 0 of the first field (0 when empty)
-  std::vector<int64_t> indices;              // the samples' dataset indices, in batch order
+  int64_t batch_size() const;    // dim 0 of the first field (0 when empty)
+  std::vector<int64_t> indices;  // the samples' dataset indices, in batch order
+  // For fields made on a GPU by the collate function (GPU image decoding): happens when they are written.
+  // The DataLoader makes the consumer's stream wait for it; who takes such a batch otherwise must too
+  // (ready->wait(stream)). Null when every field is ready when the batch is made.
+  std::shared_ptr<cuda::Event> ready;
 
   // Every field copied to `device` (fields already there are kept). non_blocking copies from pinned memory
   // run asynchronously on the current stream of `device`.

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <system_error>
 
+#include "kiln/data/gpu_decode/gpu_sample.h"
 #include "kiln/data/image.h"
 #include "kiln/data/transforms.h"
 #include "kiln/tensor/error.h"
@@ -71,6 +72,12 @@ std::string joined(const std::vector<std::string>& v) {
 ImageFolder::ImageFolder(std::string root, ImageTransform transform, ImageFolderOptions options)
     : root_(std::move(root)), transform_(std::move(transform)), options_(std::move(options)) {
   KILN_CHECK(!options_.extensions.empty(), "ImageFolder: the list of extensions is empty");
+  if (options_.decode == Decode::Gpu) {
+    const auto* compose = transform_.target<transforms::Compose>();
+    KILN_CHECK(compose != nullptr, "ImageFolder: decoding on the GPU needs a transforms::Compose transform (such as ",
+               "transforms::imagenet_train(224)) that it can run on the GPU; decode other transforms on the CPU");
+    gpu_ = GpuTransform::from(*compose, options_.gpu);
+  }
   for (auto& ext : options_.extensions) ext = lower(ext);
   std::error_code ec;
   KILN_CHECK(fs::exists(root_, ec), "ImageFolder: the root folder '", root_, "' does not exist");
@@ -109,8 +116,7 @@ ImageFolder::ImageFolder(std::string root, ImageTransform transform, ImageFolder
       }
     }
     KILN_CHECK(found > 0, "ImageFolder: the class folder '", (fs::path(root_) / classes_[c]).string(),
-               "' has no image files (extensions: ", joined(options_.extensions),
-               "); remove the folder or add images");
+               "' has no image files (extensions: ", joined(options_.extensions), "); remove the folder or add images");
     if (kept == 0) {
       std::cerr << "kiln: ImageFolder: every image of class '" << classes_[c] << "' was bad; the class keeps index "
                 << c << " with no samples\n";
@@ -121,6 +127,7 @@ ImageFolder::ImageFolder(std::string root, ImageTransform transform, ImageFolder
 Example ImageFolder::get(int64_t index, SampleRng& rng) const {
   KILN_CHECK(index >= 0 && index < size(), "ImageFolder.get: index ", index, " out of range for ", describe());
   const Sample& s = samples_[static_cast<size_t>(index)];
+  if (gpu_) return gpu_sample(read_file_bytes(s.path), s.path, *gpu_, rng, s.label, index);
   const std::vector<uint8_t> bytes = read_file_bytes(s.path);
   Tensor image;
   if (const auto* compose = transform_.target<transforms::Compose>()) {
@@ -130,6 +137,14 @@ Example ImageFolder::get(int64_t index, SampleRng& rng) const {
     if (transform_) image = transform_(std::move(image), rng);
   }
   return {{"image", std::move(image)}, {"label", ops::scalar_tensor(s.label, {.dtype = DType::Int64})}};
+}
+
+CollateFn ImageFolder::collate_fn() const {
+  if (!gpu_) return {};
+  // The loader that calls it holds this dataset (shared_ptr), so `this` outlives it.
+  return gpu_decode_collate(*gpu_, [this](int64_t i) {
+    return i >= 0 && i < size() ? samples_[static_cast<size_t>(i)].path : "sample " + std::to_string(i);
+  });
 }
 
 std::string ImageFolder::describe() const {

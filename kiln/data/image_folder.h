@@ -15,20 +15,35 @@
 // constructor reads every file's header (data::image_size) and drops those that fail, with one warning line
 // each on stderr (a class left without images keeps its index); a file whose header is fine but whose
 // pixels fail to decode still throws from get(), naming it.
+//
+// Decoding on the GPU (nvJPEG; kiln/data/gpu_decode/): one option, the same transform and the same random crops:
+//   auto train = std::make_shared<data::ImageFolder>("imagenet/train", data::transforms::imagenet_train(224),
+//                                                    data::ImageFolderOptions{.decode = data::Decode::Gpu});
+//   data::DataLoader loader(train, {.batch_size = 256, .workers = 8, .device = Device::cuda(0)});
+// Worker threads read each file, parse its header and draw its crop and flip (as the CPU transform would); the
+// loader's collate (collate_fn()) decodes the batch on the loader's GPU and runs the crop, resize, flip and
+// normalisation there in one kernel ("image" (N, 3, H, W) float32, or bfloat16 / channels-last by
+// options.gpu). get() then returns the undecoded sample (gpu_sample.h). PNGs are decoded on the CPU and
+// uploaded; a JPEG nvJPEG cannot decode goes through libjpeg-turbo; a file neither can decode throws naming it.
+// The resize is bilinear without antialiasing (gpu_transform.h says how it differs from the CPU's).
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kiln/data/dataset.h"
+#include "kiln/data/gpu_decode/gpu_transform.h"
 
 namespace kiln::data {
 
 struct ImageFolderOptions {
   std::vector<std::string> extensions = {".jpg", ".jpeg", ".png"};  // torchvision's, that kiln decodes
   bool skip_bad_files = false;
+  Decode decode = Decode::Cpu;  // Decode::Gpu: nvJPEG on the loader's GPU (see the top of this file)
+  GpuTransformOptions gpu;      // the batch's dtype and memory format when decoding on the GPU
 };
 
 class ImageFolder : public Dataset {
@@ -43,6 +58,7 @@ class ImageFolder : public Dataset {
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   Example get(int64_t index, SampleRng& rng) const override;
   std::string describe() const override;
+  CollateFn collate_fn() const override;  // with Decode::Gpu: decodes a batch on the current GPU
 
   const std::string& root() const { return root_; }
   const std::vector<std::string>& classes() const { return classes_; }
@@ -54,6 +70,7 @@ class ImageFolder : public Dataset {
   std::string root_;
   ImageTransform transform_;
   ImageFolderOptions options_;
+  std::optional<GpuTransform> gpu_;  // with Decode::Gpu
   std::vector<std::string> classes_;
   std::map<std::string, int64_t> class_to_idx_;
   std::vector<Sample> samples_;

@@ -101,6 +101,8 @@ class Normalize : public Transform {
   std::string name() const override;
   // ToTensor then this, in one pass over a uint8 (H, W, C) image (the same float32 values). Compose uses it.
   Tensor from_uint8(const Tensor& image) const;
+  const std::vector<double>& mean() const { return mean_; }
+  const std::vector<double>& std() const { return std_; }
 
  private:
   std::vector<double> mean_, std_;
@@ -120,6 +122,7 @@ class Resize : public Transform {
   std::optional<DecodePlan> plan(ImageSize size, SampleRng& rng) const override;
   Tensor apply_planned(const DecodedRegion& region, const DecodePlan& plan) const override;
   ImageSize output_size(ImageSize input) const;
+  bool dct_scaling() const { return options_.dct_scaling; }
 
  private:
   ImageSize size_;
@@ -135,6 +138,7 @@ class CenterCrop : public Transform {
   explicit CenterCrop(ImageSize size);
   Tensor operator()(Tensor image, SampleRng& rng) const override;
   std::string name() const override;
+  ImageSize size() const { return size_; }
 
  private:
   ImageSize size_;
@@ -179,6 +183,7 @@ class RandomResizedCrop : public Transform {
   Tensor apply_planned(const DecodedRegion& region, const DecodePlan& plan) const override;
   // The box operator() crops from a `size` image (integer pixels), drawing from rng.
   Box sample_box(ImageSize size, SampleRng& rng) const;
+  ImageSize size() const { return size_; }
 
  private:
   ImageSize size_;
@@ -191,6 +196,7 @@ class RandomHorizontalFlip : public Transform {
   explicit RandomHorizontalFlip(double p = 0.5);
   Tensor operator()(Tensor image, SampleRng& rng) const override;
   std::string name() const override;
+  double p() const { return p_; }
 
  private:
   double p_;

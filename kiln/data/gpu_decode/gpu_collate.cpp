@@ -1,0 +1,166 @@
+// kiln/data/gpu_decode/gpu_collate.cpp — a batch decoded on the GPU: one pixel buffer from the caching allocator,
+// nvJPEG into it, CPU fallbacks uploaded, the crop/resize kernel, an event. All on this thread's decoder stream.
+#include <cstring>
+#include <exception>
+
+#include "kiln/data/gpu_decode/gpu_sample.h"
+#include "kiln/tensor/cuda.h"
+#include "kiln/tensor/error.h"
+#include "kiln/tensor/ops.h"
+
+#if KILN_WITH_NVJPEG
+#include "kiln/data/gpu_decode/crop_resize.h"
+#include "kiln/data/gpu_decode/jpeg_decoder.h"
+#endif
+#include "kiln/data/gpu_decode/nvjpeg_library.h"
+
+namespace kiln::data {
+
+namespace {
+
+constexpr int64_t kAlign = 256;  // each image's pixels start at a multiple (row loads stay aligned)
+
+#if KILN_WITH_NVJPEG
+
+// Copies host pixels into device memory at `dst` on the current stream, from a pinned copy (the pinned
+// allocator reuses it after the copy).
+void upload(const Tensor& pixels, const Tensor& buffer, int64_t offset) {
+  Tensor host = ops::pin_memory(ops::contiguous(pixels));
+  Tensor slot = ops::reshape(buffer.narrow(0, offset, host.numel()), host.shape());
+  slot.copy_(host, /*non_blocking=*/true);
+}
+
+Batch decode_batch(const GpuTransform& transform, const std::function<std::string(int64_t)>& name_of,
+                   const std::vector<Example>& examples, bool pinned) {
+  KILN_CHECK(!examples.empty(), "GPU image decoding: no examples to collate");
+  KILN_CHECK(cuda::is_available(), "GPU image decoding needs a GPU, and CUDA sees none here; decode on the CPU ",
+             "(ImageFolderOptions::decode = Decode::Cpu)");
+  const int device = cuda::current_device();
+  const Device dev = Device::cuda(device);
+  gpu::JpegDecoder& decoder = gpu::JpegDecoder::for_thread(device);
+  cuda::StreamGuard stream_guard(decoder.stream());
+  const auto n = static_cast<int64_t>(examples.size());
+
+  // Where each image's (H, W, 3) pixels go in one buffer.
+  std::vector<GpuSamplePlan> plans;
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  for (const Example& ex : examples) {
+    plans.push_back(read_gpu_plan(ex));
+    offsets.push_back(total);
+    const ImageSize s = plans.back().size;
+    total += (s.height * s.width * 3 + kAlign - 1) / kAlign * kAlign;
+  }
+  Tensor pixels = ops::empty({total}, {.dtype = DType::UInt8, .device = dev});
+  uint8_t* base = pixels.data_ptr<uint8_t>();
+
+  std::vector<gpu::JpegInput> jpegs;
+  std::vector<int64_t> jpeg_of;  // jpegs[k] is examples[jpeg_of[k]]
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor& enc = examples[i]["encoded"];
+    if (plans[i].is_jpeg) {
+      jpegs.push_back({enc.data_ptr<uint8_t>(), static_cast<size_t>(enc.numel()), base + offsets[i],
+                       static_cast<int>(plans[i].size.height), static_cast<int>(plans[i].size.width)});
+      jpeg_of.push_back(i);
+    } else {
+      upload(enc, pixels, offsets[i]);
+    }
+  }
+  std::vector<std::string> errors;
+  decoder.decode(jpegs, decoder.stream(), errors);
+  for (size_t k = 0; k < jpegs.size(); ++k) {
+    if (errors[k].empty()) continue;
+    // nvJPEG could not (a CMYK or lossless JPEG, a damaged file): libjpeg-turbo on this thread, or the error.
+    const int64_t i = jpeg_of[k];
+    const std::string name = name_of(examples[i]["index"].item<int64_t>());
+    const Tensor& enc = examples[i]["encoded"];
+    Tensor image;
+    try {
+      image = decode_image({enc.data_ptr<uint8_t>(), static_cast<size_t>(enc.numel())}, name);
+    } catch (const std::exception& e) {
+      KILN_FAIL("GPU image decoding: '", name, "' could not be decoded: nvJPEG: ", errors[k],
+                "; libjpeg-turbo: ", e.what());
+    }
+    KILN_CHECK(image.shape()[0] == plans[i].size.height && image.shape()[1] == plans[i].size.width,
+               "GPU image decoding: '", name, "' decodes to ", image.shape(), " but its header says ",
+               plans[i].size.height, " x ", plans[i].size.width);
+    upload(image, pixels, offsets[i]);
+  }
+
+  // The kernel's per-image parameters, through pinned memory on this stream.
+  const ImageSize out_size = transform.output_size();
+  Tensor jobs_host =
+      ops::empty({n * static_cast<int64_t>(sizeof(gpu::CropJob))}, {.dtype = DType::UInt8, .pinned_memory = true});
+  auto* jobs = reinterpret_cast<gpu::CropJob*>(jobs_host.data_ptr<uint8_t>());
+  for (int64_t i = 0; i < n; ++i) {
+    const GpuImagePlan& p = plans[i].plan;
+    gpu::CropJob j;
+    j.src_offset = offsets[i];
+    j.src_height = static_cast<int32_t>(plans[i].size.height);
+    j.src_width = static_cast<int32_t>(plans[i].size.width);
+    j.box_top = static_cast<float>(p.box.top);
+    j.box_left = static_cast<float>(p.box.left);
+    j.scale_y = static_cast<float>(p.box.height / static_cast<double>(out_size.height));
+    j.scale_x = static_cast<float>(p.box.width / static_cast<double>(out_size.width));
+    j.clamp_top = static_cast<float>(p.clamp.top);
+    j.clamp_left = static_cast<float>(p.clamp.left);
+    j.clamp_bottom = static_cast<float>(p.clamp.top + p.clamp.height - 1);
+    j.clamp_right = static_cast<float>(p.clamp.left + p.clamp.width - 1);
+    j.flip = p.flip ? 1 : 0;
+    jobs[i] = j;
+  }
+  Tensor jobs_dev = jobs_host.to(dev, /*non_blocking=*/true);
+
+  const GpuTransformOptions& o = transform.options();
+  Tensor out = ops::empty({n, 3, out_size.height, out_size.width},
+                          {.dtype = o.dtype,
+                           .device = dev,
+                           .memory_format = o.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous});
+  gpu::CropResizeParams params;
+  params.jobs = reinterpret_cast<const gpu::CropJob*>(jobs_dev.data_ptr<uint8_t>());
+  params.count = static_cast<int>(n);
+  params.pixels = base;
+  params.out = out.data_ptr();
+  params.out_height = static_cast<int>(out_size.height);
+  params.out_width = static_cast<int>(out_size.width);
+  params.bfloat16 = o.dtype == DType::BFloat16;
+  params.channels_last = o.channels_last;
+  for (int c = 0; c < 3; ++c) {
+    const double mean = transform.mean()[c], std = transform.std()[c];
+    params.scale[c] = static_cast<float>(1.0 / (255.0 * std));
+    params.shift[c] = static_cast<float>(-mean / std);
+  }
+  gpu::launch_crop_resize(params, decoder.stream().handle());
+
+  Batch batch;
+  Tensor labels = ops::empty({n}, {.dtype = DType::Int64, .pinned_memory = pinned && cuda::is_available()});
+  auto* l = labels.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) l[i] = examples[i]["label"].item<int64_t>();
+  batch.add("image", std::move(out));
+  batch.add("label", std::move(labels));
+  batch.ready = std::make_shared<cuda::Event>();
+  batch.ready->record(decoder.stream());
+  return batch;
+}
+
+#endif
+
+}  // namespace
+
+CollateFn gpu_decode_collate(GpuTransform transform, std::function<std::string(int64_t)> name_of) {
+  KILN_CHECK(static_cast<bool>(name_of), "gpu_decode_collate: name_of is empty");
+#if KILN_WITH_NVJPEG
+  return [transform = std::move(transform), name_of = std::move(name_of)](const std::vector<Example>& examples,
+                                                                          bool pinned) {
+    return decode_batch(transform, name_of, examples, pinned);
+  };
+#else
+  (void)transform;
+  return [](const std::vector<Example>&, bool) -> Batch {
+    nvjpeg::functions();  // throws: this build has no GPU decoding, and says how to get it
+    KILN_FAIL("GPU image decoding is not in this build");
+  };
+#endif
+}
+
+}  // namespace kiln::data

@@ -1,0 +1,77 @@
+// kiln/data/gpu_decode/gpu_transform.h — what the GPU does to each decoded image, taken from a Compose, and the
+// random choices for one image made on the CPU (the same draws as the Compose on the CPU).
+//
+//   auto gpu = data::GpuTransform::from(data::transforms::imagenet_train(224));
+//   data::GpuImagePlan p = gpu.plan(data::image_size(bytes, "cat.jpg"), rng);   // p.box, p.flip
+//
+// The GPU runs one kernel per batch: crop the plan's box, resize it to the output size with bilinear
+// filtering, mirror it when p.flip, scale to [0, 1] and normalise by (mean, std). Pipelines it takes:
+//   RandomResizedCrop [RandomHorizontalFlip] ToTensor [Normalize]                (imagenet_train)
+//   Resize [CenterCrop] [RandomHorizontalFlip] ToTensor [Normalize]              (imagenet_eval)
+// Anything else (Lambda, RandomCrop with padding, ...) throws, naming the step: decode those on the CPU.
+//
+// Difference from the CPU transforms: the CPU resizes with an antialiased (area-weighted) filter, as
+// torchvision's antialias=True, and rounds the resized image to uint8 before ToTensor; the GPU samples 2x2
+// source pixels per output pixel (bilinear, half-pixel centres, as torchvision's antialias=False) and keeps the
+// float value. Upscaling and mild downscaling agree to a level or two; boxes much larger than the output
+// (a 0.9 area crop of a 4000-pixel photo to 224) alias where the CPU path smooths.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "kiln/data/image.h"
+#include "kiln/data/sample_rng.h"
+#include "kiln/data/transforms.h"
+
+namespace kiln::data {
+
+// Where an image folder's images are decoded: libjpeg-turbo/libpng in the loader's worker threads, or nvJPEG
+// on the GPU in batches (kiln/data/gpu_decode/gpu_collate.h).
+enum class Decode { Cpu, Gpu };
+
+// One image's choices. `box` is the source region that becomes the output (fractional for Resize +
+// CenterCrop), `clamp` the pixels bilinear sampling may read (the box's pixels for a crop that is resized,
+// as torchvision crops first; the whole image for Resize + CenterCrop), both in source pixels.
+struct GpuImagePlan {
+  Box box;
+  Box clamp;
+  bool flip = false;
+};
+
+struct GpuTransformOptions {
+  DType dtype = DType::Float32;  // of the batch: Float32 or BFloat16
+  bool channels_last = false;    // (N, 3, H, W) with NHWC strides (what cuDNN convolutions want)
+};
+
+class GpuTransform {
+ public:
+  // Reads the steps of `compose` (throws for a pipeline the GPU path lacks, naming the step).
+  static GpuTransform from(const transforms::Compose& compose, GpuTransformOptions options = {});
+
+  // The choices for an image of `size`, drawing from rng as Compose::load would (step i from rng.fork(i)).
+  GpuImagePlan plan(ImageSize size, SampleRng& rng) const;
+
+  ImageSize output_size() const { return out_; }
+  const std::array<float, 3>& mean() const { return mean_; }
+  const std::array<float, 3>& std() const { return std_; }
+  const GpuTransformOptions& options() const { return options_; }
+  std::string describe() const { return describe_; }
+
+ private:
+  const transforms::RandomResizedCrop* random_crop_ = nullptr;  // owned by steps_
+  const transforms::Resize* resize_ = nullptr;
+  const transforms::CenterCrop* center_crop_ = nullptr;
+  const transforms::RandomHorizontalFlip* flip_ = nullptr;
+  size_t flip_step_ = 0;
+  std::vector<std::shared_ptr<const transforms::Transform>> steps_;  // keeps the steps alive
+  ImageSize out_;
+  std::array<float, 3> mean_ = {0, 0, 0};
+  std::array<float, 3> std_ = {1, 1, 1};
+  GpuTransformOptions options_;
+  std::string describe_;
+};
+
+}  // namespace kiln::data

@@ -1,0 +1,169 @@
+// kiln/data/gpu_decode/jpeg_decoder.cpp — nvJPEG's hardware batched decode and hybrid per-image decode.
+#include "kiln/data/gpu_decode/jpeg_decoder.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "kiln/data/gpu_decode/nvjpeg_functions.h"
+#include "kiln/data/gpu_decode/nvjpeg_library.h"
+#include "kiln/tensor/error.h"
+
+namespace kiln::data::gpu {
+
+namespace {
+
+// The process's library handles for one GPU: hardware (may be null) and hybrid. Never destroyed: decode
+// states of threads that end late may still use them, and the process's exit frees them.
+struct Handles {
+  nvjpegHandle_t hardware = nullptr;
+  nvjpegHandle_t hybrid = nullptr;
+};
+
+const Handles& handles_for(int device) {
+  static std::mutex mutex;
+  static std::map<int, Handles> all;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = all.find(device);
+  if (it != all.end()) return it->second;
+  const nvjpeg::Functions& f = nvjpeg::functions();
+  cuda::DeviceGuard guard(device);
+  Handles h;
+  const char* hw_env = std::getenv("KILN_NVJPEG_HARDWARE");
+  if (!(hw_env && std::strcmp(hw_env, "0") == 0)) {
+    // Fails (NVJPEG_STATUS_ARCH_MISMATCH or similar) on GPUs without JPEG engines: then the hybrid one only.
+    if (f.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, 0, &h.hardware) != NVJPEG_STATUS_SUCCESS) {
+      h.hardware = nullptr;
+    }
+  }
+  const nvjpegStatus_t s = f.create_ex(NVJPEG_BACKEND_DEFAULT, nullptr, nullptr, 0, &h.hybrid);
+  KILN_CHECK(s == NVJPEG_STATUS_SUCCESS, "GPU JPEG decoding: nvJPEG (", nvjpeg::library_path(),
+             ") could not start on cuda:", device, ": nvjpegCreateEx: ", nvjpeg::status_text(s));
+  return all.emplace(device, h).first->second;
+}
+
+void check(nvjpegStatus_t s, const char* call) {
+  KILN_CHECK(s == NVJPEG_STATUS_SUCCESS, "GPU JPEG decoding: ", call, " failed: ", nvjpeg::status_text(s));
+}
+
+}  // namespace
+
+struct JpegDecoder::State {
+  const nvjpeg::Functions* f = nullptr;
+  Handles handles;
+  nvjpegJpegState_t hybrid_state = nullptr;
+  nvjpegJpegState_t hardware_state = nullptr;
+  nvjpegJpegStream_t parsed = nullptr;  // the header of the image being sorted (hardware or not)
+  int hardware_batch = -1;              // the batch size hardware_state was initialised for
+
+  ~State() {
+    if (!f) return;
+    if (parsed) f->stream_destroy(parsed);
+    if (hardware_state) f->state_destroy(hardware_state);
+    if (hybrid_state) f->state_destroy(hybrid_state);
+  }
+};
+
+JpegDecoder& JpegDecoder::for_thread(int device) {
+  thread_local std::map<int, std::unique_ptr<JpegDecoder>> decoders;
+  auto& d = decoders[device];
+  if (!d) d = std::make_unique<JpegDecoder>(device);
+  return *d;
+}
+
+JpegDecoder::JpegDecoder(int device)
+    : device_(device), stream_(cuda::Stream::create(device)), state_(std::make_unique<State>()) {
+  State& st = *state_;
+  st.handles = handles_for(device);
+  st.f = &nvjpeg::functions();
+  cuda::DeviceGuard guard(device);
+  check(st.f->state_create(st.handles.hybrid, &st.hybrid_state), "nvjpegJpegStateCreate");
+  if (st.handles.hardware) {
+    check(st.f->state_create(st.handles.hardware, &st.hardware_state), "nvjpegJpegStateCreate (hardware)");
+    check(st.f->stream_create(st.handles.hardware, &st.parsed), "nvjpegJpegStreamCreate");
+  }
+}
+
+JpegDecoder::~JpegDecoder() {
+  try {
+    stream_.synchronize();  // the states' buffers may still be in use by queued work
+  } catch (...) {
+  }
+}
+
+bool JpegDecoder::hardware() const { return state_->handles.hardware != nullptr; }
+
+void JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& stream,
+                         std::vector<std::string>& errors) {
+  State& st = *state_;
+  const nvjpeg::Functions& f = *st.f;
+  cuda::DeviceGuard guard(device_);
+  auto s = static_cast<cudaStream_t>(stream.handle());
+  errors.assign(images.size(), std::string());
+  auto destination = [](const JpegInput& in) {
+    nvjpegImage_t img{};
+    img.channel[0] = in.dst;
+    img.pitch[0] = static_cast<size_t>(in.width) * 3;
+    return img;
+  };
+
+  // Sort: what the JPEG engines take goes to them in one call; the rest (and all without engines) one by one.
+  std::vector<size_t> engine, one_by_one;
+  for (size_t i = 0; i < images.size(); ++i) {
+    int unsupported = 1;
+    if (st.handles.hardware &&
+        f.stream_parse(st.handles.hardware, images[i].data, images[i].size, 0, 0, st.parsed) == NVJPEG_STATUS_SUCCESS &&
+        f.batched_supported(st.handles.hardware, st.parsed, &unsupported) == NVJPEG_STATUS_SUCCESS &&
+        unsupported == 0) {
+      engine.push_back(i);
+    } else {
+      one_by_one.push_back(i);
+    }
+  }
+  if (!engine.empty()) {
+    std::vector<const unsigned char*> data;
+    std::vector<size_t> lengths;
+    std::vector<nvjpegImage_t> dst;
+    for (size_t i : engine) {
+      data.push_back(images[i].data);
+      lengths.push_back(images[i].size);
+      dst.push_back(destination(images[i]));
+    }
+    const int n = static_cast<int>(engine.size());
+    nvjpegStatus_t r = NVJPEG_STATUS_SUCCESS;
+    if (st.hardware_batch != n) {
+      r = f.batched_initialize(st.handles.hardware, st.hardware_state, n, 1, NVJPEG_OUTPUT_RGBI);
+      st.hardware_batch = r == NVJPEG_STATUS_SUCCESS ? n : -1;
+    }
+    if (r == NVJPEG_STATUS_SUCCESS) {
+      r = f.decode_batched(st.handles.hardware, st.hardware_state, data.data(), lengths.data(), dst.data(), s);
+    }
+    if (r != NVJPEG_STATUS_SUCCESS) {  // which image failed is not said: decode them one by one to find out
+      st.hardware_batch = -1;
+      one_by_one.insert(one_by_one.end(), engine.begin(), engine.end());
+    }
+  }
+  for (size_t i : one_by_one) {
+    const JpegInput& in = images[i];
+    int components = 0;
+    nvjpegChromaSubsampling_t css{};
+    int widths[NVJPEG_MAX_COMPONENT] = {}, heights[NVJPEG_MAX_COMPONENT] = {};
+    nvjpegStatus_t r = f.get_image_info(st.handles.hybrid, in.data, in.size, &components, &css, widths, heights);
+    if (r != NVJPEG_STATUS_SUCCESS) {
+      errors[i] = "nvjpegGetImageInfo: " + nvjpeg::status_text(r);
+      continue;
+    }
+    if (widths[0] != in.width || heights[0] != in.height) {
+      errors[i] = "nvJPEG reads a " + std::to_string(heights[0]) + " x " + std::to_string(widths[0]) +
+                  " image where the header parsed on the CPU says " + std::to_string(in.height) + " x " +
+                  std::to_string(in.width);
+      continue;
+    }
+    nvjpegImage_t dst = destination(in);
+    r = f.decode(st.handles.hybrid, st.hybrid_state, in.data, in.size, NVJPEG_OUTPUT_RGBI, &dst, s);
+    if (r != NVJPEG_STATUS_SUCCESS) errors[i] = "nvjpegDecode: " + nvjpeg::status_text(r);
+  }
+}
+
+}  // namespace kiln::data::gpu

@@ -1,0 +1,198 @@
+// GPU image decoding, the parts that run on the CPU: the crop and flip each image gets (the same as the CPU
+// transforms' for the same seed), the samples worker threads make, unsupported pipelines, bad files, and the
+// messages when nvJPEG or a GPU is missing.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "gpu_decode_reference.h"
+#include "image_test_files.h"
+#include "kiln/data/dataloader.h"
+#include "kiln/data/gpu_decode/gpu_sample.h"
+#include "kiln/data/gpu_decode/nvjpeg_library.h"
+#include "kiln/data/image_folder.h"
+#include "kiln/tensor/cuda.h"
+#include "kiln/tensor/ops.h"
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+namespace T = data::transforms;
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+// The CPU pipeline's output on a small image (upscaled, where the antialiased and the plain bilinear filters are
+// the same) against the float64 reference drawn from the GPU plan: equal up to the CPU's uint8 rounding. So the
+// plan holds the same box and flip as the CPU transform drew for this seed.
+void expect_plan_matches_cpu(const T::Compose& compose, int h, int w, uint64_t seed, int64_t index) {
+  const auto pixels = random_image(h, w, 3, seed + 7);
+  const auto png = encode_png({pixels.begin(), pixels.end()}, h, w, {});
+  data::SampleRng cpu_rng(seed, 0, index);
+  Tensor cpu = compose.load(png, "x.png", cpu_rng);  // (3, oh, ow) float32
+  auto gpu = data::GpuTransform::from(compose);
+  data::SampleRng plan_rng(seed, 0, index);
+  const data::GpuImagePlan p = gpu.plan({h, w}, plan_rng);
+  const auto out = gpu.output_size();
+  const auto ref =
+      gpu_decode_reference(pixels, h, w, p, out.height, out.width, {gpu.mean()[0], gpu.mean()[1], gpu.mean()[2]},
+                           {gpu.std()[0], gpu.std()[1], gpu.std()[2]});
+  const auto got = cpu.to_vector<double>();
+  ASSERT_EQ(got.size(), ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - ref[i]));
+  // The CPU's fixed-point resize and its uint8 rounding: within 1.5 levels (over the smallest std, 0.224). A
+  // wrong box or flip on these random pixels is off by tens of levels.
+  EXPECT_LT(worst, 1.5 / 255.0 / 0.224) << "seed " << seed << " index " << index << " box " << p.box.top << ","
+                                        << p.box.left << "," << p.box.height << "," << p.box.width << " flip "
+                                        << p.flip;
+}
+
+TEST(GpuDecode, TrainPlanDrawsTheCpuTransformsCropAndFlip) {
+  const T::Compose train{T::RandomResizedCrop(64), T::RandomHorizontalFlip(0.5), T::ToTensor(),
+                         T::Normalize(T::kImageNetMean, T::kImageNetStd)};
+  int flips = 0;
+  for (int64_t index = 0; index < 12; ++index) {
+    expect_plan_matches_cpu(train, 30 + static_cast<int>(index), 41, 5, index);
+    data::SampleRng rng(5, 0, index);
+    flips += data::GpuTransform::from(train).plan({30 + index, 41}, rng).flip;
+  }
+  EXPECT_GT(flips, 0);  // both ways were drawn, so the flip was checked
+  EXPECT_LT(flips, 12);
+}
+
+TEST(GpuDecode, EvalPlanIsResizeThenCenterCrop) {
+  const T::Compose eval{T::Resize(data::ImageSize{90, 120}), T::CenterCrop(70), T::ToTensor(),
+                        T::Normalize(T::kImageNetMean, T::kImageNetStd)};
+  expect_plan_matches_cpu(eval, 37, 52, 1, 0);
+  auto gpu = data::GpuTransform::from(eval);
+  data::SampleRng rng(1, 0, 0);
+  const auto p = gpu.plan({37, 52}, rng);
+  // Crop top = round((90 - 70) / 2) = 10 of 90 rows resized from 37: 10 * 37 / 90 source rows.
+  EXPECT_DOUBLE_EQ(p.box.top, 10.0 * 37 / 90);
+  EXPECT_DOUBLE_EQ(p.box.height, 70.0 * 37 / 90);
+  EXPECT_DOUBLE_EQ(p.box.left, 25.0 * 52 / 120);
+  EXPECT_DOUBLE_EQ(p.clamp.height, 37);
+  EXPECT_FALSE(p.flip);
+}
+
+TEST(GpuDecode, PipelinesTheGpuLacksAreRefusedNamingTheStep) {
+  const std::string m1 = message_of([] { data::GpuTransform::from(T::Compose{T::RandomCrop(8), T::ToTensor()}); });
+  EXPECT_NE(m1.find("RandomCrop"), std::string::npos) << m1;
+  EXPECT_NE(m1.find("Decode::Cpu"), std::string::npos) << m1;
+  const std::string m2 = message_of([] { data::GpuTransform::from(T::Compose{T::RandomResizedCrop(8)}); });
+  EXPECT_NE(m2.find("ToTensor"), std::string::npos) << m2;
+  const std::string m3 = message_of([] { data::GpuTransform::from(T::Compose{T::Resize(8), T::ToTensor()}); });
+  EXPECT_NE(m3.find("CenterCrop"), std::string::npos) << m3;
+  const std::string m4 = message_of([] { data::GpuTransform::from(T::imagenet_train(8), {.dtype = DType::Float16}); });
+  EXPECT_NE(m4.find("float32 or bfloat16"), std::string::npos) << m4;
+}
+
+TEST(GpuDecode, SampleHoldsTheFileAndThePlan) {
+  TempFolder dir;
+  const auto jpeg = encode_jpeg(smooth_image(33, 47), 33, 47, 3);
+  auto gpu = data::GpuTransform::from(T::imagenet_train(16));
+  data::SampleRng rng(3, 1, 9), same(3, 1, 9);
+  data::Example ex = data::gpu_sample(jpeg, "a.jpg", gpu, rng, 4, 9);
+  EXPECT_EQ(ex["encoded"].to_vector<uint8_t>(), jpeg);
+  EXPECT_EQ(ex["label"].item<int64_t>(), 4);
+  EXPECT_EQ(ex["index"].item<int64_t>(), 9);
+  const data::GpuSamplePlan s = data::read_gpu_plan(ex);
+  EXPECT_TRUE(s.is_jpeg);
+  EXPECT_EQ(s.size, (data::ImageSize{33, 47}));  // from the header
+  const data::GpuImagePlan expect = gpu.plan({33, 47}, same);
+  EXPECT_EQ(s.plan.box.top, expect.box.top);
+  EXPECT_EQ(s.plan.box.width, expect.box.width);
+  EXPECT_EQ(s.plan.flip, expect.flip);
+
+  // A PNG is decoded here; its pixels travel instead of its bytes.
+  const auto pixels = random_image(5, 7, 3, 2);
+  data::SampleRng rng2(0, 0, 0);
+  data::Example png = data::gpu_sample(encode_png({pixels.begin(), pixels.end()}, 5, 7, {}), "b.png", gpu, rng2, 0, 0);
+  EXPECT_FALSE(data::read_gpu_plan(png).is_jpeg);
+  EXPECT_EQ(png["encoded"].to_vector<uint8_t>(), pixels);
+}
+
+TEST(GpuDecode, BadFilesAreNamed) {
+  auto gpu = data::GpuTransform::from(T::imagenet_train(16));
+  data::SampleRng rng(0, 0, 0);
+  std::vector<uint8_t> garbage = {0xFF, 0xD8, 0xFF, 0x00, 0x13, 0x37, 0x42};  // SOI, then no frame
+  const std::string m = message_of([&] { data::gpu_sample(garbage, "/data/broken.jpg", gpu, rng, 0, 0); });
+  EXPECT_NE(m.find("/data/broken.jpg"), std::string::npos) << m;
+  const std::string m2 = message_of([&] { data::gpu_sample({'h', 'i'}, "/data/notes.jpg", gpu, rng, 0, 0); });
+  EXPECT_NE(m2.find("/data/notes.jpg"), std::string::npos) << m2;
+}
+
+TEST(GpuDecode, MissingNvjpegSaysHowToGetIt) {
+  const auto r = data::nvjpeg::load({"/nonexistent/libnvjpeg.so.13"});
+  EXPECT_EQ(r.functions, nullptr);
+  if (data::nvjpeg::built_with_header()) {
+    EXPECT_NE(r.error.find("/nonexistent/libnvjpeg.so.13"), std::string::npos) << r.error;
+  } else {
+    EXPECT_NE(r.error.find("built without"), std::string::npos) << r.error;
+  }
+  EXPECT_NE(r.error.find("scripts/setup.sh"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("Decode::Cpu"), std::string::npos) << r.error;
+
+  // KILN_NVJPEG_LIBRARY is the only place looked at when set.
+  ::setenv("KILN_NVJPEG_LIBRARY", "/opt/x/libnvjpeg.so.13", 1);
+  const auto paths = data::nvjpeg::candidate_paths();
+  ::unsetenv("KILN_NVJPEG_LIBRARY");
+  EXPECT_EQ(paths, std::vector<std::string>{"/opt/x/libnvjpeg.so.13"});
+  const auto defaults = data::nvjpeg::candidate_paths();
+  ASSERT_FALSE(defaults.empty());
+  EXPECT_EQ(defaults[0], "libnvjpeg.so.13");
+}
+
+TEST(GpuDecode, ImageFolderOption) {
+  TempFolder dir;
+  write_bytes(dir.file("cat/a.jpg"), encode_jpeg(smooth_image(20, 30), 20, 30, 3));
+  write_bytes(dir.file("dog/b.jpg"), encode_jpeg(smooth_image(25, 18), 25, 18, 3));
+  data::ImageFolder cpu(dir.path().string(), T::imagenet_train(16));
+  EXPECT_FALSE(static_cast<bool>(cpu.collate_fn()));
+  auto gpu = std::make_shared<data::ImageFolder>(dir.path().string(), T::imagenet_train(16),
+                                                 data::ImageFolderOptions{.decode = data::Decode::Gpu});
+  EXPECT_TRUE(static_cast<bool>(gpu->collate_fn()));
+  EXPECT_TRUE(static_cast<bool>(data::subset(gpu, 0, 1)->collate_fn()));  // a subset batches as its base
+  data::Example ex = gpu->sample(1);
+  EXPECT_EQ(data::read_gpu_plan(ex).size, (data::ImageSize{25, 18}));
+  EXPECT_EQ(ex["label"].item<int64_t>(), 1);
+
+  const std::string m = message_of([&] {
+    data::ImageFolder bad(dir.path().string(), [](Tensor t, data::SampleRng&) { return t; },
+                          {.decode = data::Decode::Gpu});
+  });
+  EXPECT_NE(m.find("Compose"), std::string::npos) << m;
+
+  if (!cuda::is_available()) {  // here, a loader says what is missing instead of decoding
+    data::DataLoader loader(gpu, {.batch_size = 2});
+    const std::string m2 = message_of([&] {
+      for (auto& b : loader.epoch(0)) (void)b;
+    });
+    EXPECT_NE(m2.find("Decode::Cpu"), std::string::npos) << m2;
+  }
+}
+
+TEST(GpuDecode, LoaderNamesABadFile) {
+  TempFolder dir;
+  write_bytes(dir.file("cat/a.jpg"), encode_jpeg(smooth_image(20, 30), 20, 30, 3));
+  write_bytes(dir.file("cat/b.jpg"), {0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x02, 0x00});
+  auto gpu = std::make_shared<data::ImageFolder>(dir.path().string(), T::imagenet_train(16),
+                                                 data::ImageFolderOptions{.decode = data::Decode::Gpu});
+  data::DataLoader loader(gpu, {.batch_size = 2, .workers = 1});
+  const std::string m = message_of([&] {
+    for (auto& b : loader.epoch(0)) (void)b;
+  });
+  EXPECT_NE(m.find("b.jpg"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace kiln::testing

@@ -1,0 +1,186 @@
+// GPU image decoding on a GPU (label gpu; skips without a GPU or without nvJPEG): nvJPEG's pixels against
+// libjpeg-turbo's, the crop/resize/flip/normalise kernel against a float64 reference on the same pixels, and
+// whole batches through the DataLoader.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "gpu_decode_reference.h"
+#include "image_test_files.h"
+#include "kiln/data/dataloader.h"
+#include "kiln/data/gpu_decode/gpu_sample.h"
+#include "kiln/data/gpu_decode/nvjpeg_library.h"
+#include "kiln/data/image_folder.h"
+#include "kiln/tensor/cuda.h"
+#include "kiln/tensor/ops.h"
+#include "support/test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+namespace T = data::transforms;
+
+#define KILN_NEED_GPU_DECODE()                                 \
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible"; \
+  if (auto r = data::nvjpeg::load(data::nvjpeg::candidate_paths()); !r.functions) GTEST_SKIP() << r.error
+
+// Decodes `examples` on cuda:0 and returns the batch's image on the host, as float64.
+std::vector<double> decode_on_gpu(const data::GpuTransform& gpu, const std::vector<data::Example>& examples,
+                                  Shape* shape = nullptr) {
+  cuda::DeviceGuard guard(0);
+  auto collate = data::gpu_decode_collate(gpu, [](int64_t i) { return "image " + std::to_string(i); });
+  data::Batch b = collate(examples, true);
+  EXPECT_TRUE(b["image"].is_cuda());
+  b.ready->synchronize();
+  if (shape) *shape = b["image"].shape();
+  return ops::contiguous(b["image"].to(Device::cpu()).to(DType::Float64)).to_vector<double>();
+}
+
+struct Diff {
+  double max = 0, mean = 0;
+};
+Diff diff(const std::vector<double>& a, const std::vector<double>& b, double scale = 1) {
+  Diff d;
+  EXPECT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double e = std::abs(a[i] - b[i]) * scale;
+    d.max = std::max(d.max, e);
+    d.mean += e;
+  }
+  d.mean /= std::max<size_t>(a.size(), 1);
+  return d;
+}
+
+// Resize to the image's own size + ToTensor: the kernel copies each pixel (times 1/255), so the output is
+// nvJPEG's decode; libjpeg-turbo's decode of the same file, as (3, H, W) / 255, is the reference.
+void expect_decode_close(const std::vector<uint8_t>& jpeg, int h, int w, double max_levels, double mean_levels) {
+  const T::Compose identity{T::Resize(data::ImageSize{h, w}), T::ToTensor()};
+  auto gpu = data::GpuTransform::from(identity);
+  data::SampleRng rng(0, 0, 0);
+  auto got = decode_on_gpu(gpu, {data::gpu_sample(jpeg, "x.jpg", gpu, rng, 0, 0)});
+  Tensor ref = data::decode_image(jpeg, "x.jpg");  // (h, w, 3)
+  auto ref_chw = ops::contiguous(ops::permute(ref, {2, 0, 1})).to(DType::Float64).to_vector<double>();
+  for (auto& v : ref_chw) v /= 255.0;
+  const Diff d = diff(got, ref_chw, 255.0);
+  EXPECT_LE(d.max, max_levels);
+  EXPECT_LE(d.mean, mean_levels);
+}
+
+TEST(GpuDecodeCuda, PixelsMatchLibjpegTurbo) {
+  KILN_NEED_GPU_DECODE();
+  const int h = 67, w = 95;  // not multiples of the 8/16-pixel blocks
+  const auto img = smooth_image(h, w, 3);
+  expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95}), h, w, 4, 0.6);                      // 4:4:4
+  expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95, .subsample = true}), h, w, 12, 1.5);  // 4:2:0
+  expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 90, .progressive = true}), h, w, 4, 0.6);
+  std::vector<uint8_t> gray(static_cast<size_t>(h * w));
+  for (size_t i = 0; i < gray.size(); ++i) gray[i] = img[3 * i];
+  expect_decode_close(encode_jpeg(gray, h, w, 1, {.quality = 95}), h, w, 4, 0.6);
+  // CMYK: nvJPEG's RGB output does not take it; libjpeg-turbo on the CPU does, then the upload (exact).
+  const auto cmyk = random_image(h, w, 4, 5);
+  expect_decode_close(encode_jpeg(cmyk, h, w, 4, {.quality = 95}), h, w, 0, 0);
+}
+
+TEST(GpuDecodeCuda, KernelMatchesFloat64Reference) {
+  KILN_NEED_GPU_DECODE();
+  // PNGs: their pixels are exact on both sides, so only the kernel is measured.
+  const T::Compose train{T::RandomResizedCrop(48), T::RandomHorizontalFlip(0.5), T::ToTensor(),
+                         T::Normalize(T::kImageNetMean, T::kImageNetStd)};
+  const T::Compose eval{T::Resize(data::ImageSize{60, 80}), T::CenterCrop(48), T::ToTensor(),
+                        T::Normalize(T::kImageNetMean, T::kImageNetStd)};
+  for (const T::Compose* compose : {&train, &eval}) {
+    for (bool bf16 : {false, true}) {
+      auto gpu =
+          data::GpuTransform::from(*compose, {.dtype = bf16 ? DType::BFloat16 : DType::Float32, .channels_last = bf16});
+      std::vector<data::Example> examples;
+      std::vector<std::vector<uint8_t>> pixels;
+      const int sizes[4][2] = {{120, 90}, {33, 250}, {48, 48}, {301, 199}};
+      for (int i = 0; i < 4; ++i) {
+        const int h = sizes[i][0], w = sizes[i][1];
+        pixels.push_back(random_image(h, w, 3, 10 + i));
+        data::SampleRng rng(2, 0, i);
+        examples.push_back(
+            data::gpu_sample(encode_png({pixels[i].begin(), pixels[i].end()}, h, w, {}), "p.png", gpu, rng, i, i));
+      }
+      Shape shape;
+      const auto got = decode_on_gpu(gpu, examples, &shape);
+      ASSERT_EQ(shape, (Shape{4, 3, 48, 48}));
+      std::vector<double> ref;
+      for (int i = 0; i < 4; ++i) {
+        const auto p = data::read_gpu_plan(examples[i]);
+        auto r = gpu_decode_reference(pixels[i], p.size.height, p.size.width, p.plan, 48, 48,
+                                      {T::kImageNetMean[0], T::kImageNetMean[1], T::kImageNetMean[2]},
+                                      {T::kImageNetStd[0], T::kImageNetStd[1], T::kImageNetStd[2]});
+        ref.insert(ref.end(), r.begin(), r.end());
+      }
+      const Diff d = diff(got, ref);
+      // float32: rounding of float arithmetic; bfloat16: 8 bits of mantissa on values up to ~2.7.
+      EXPECT_LE(d.max, bf16 ? 2.7 / 128 : 1e-4) << compose->describe() << (bf16 ? " bf16" : " f32");
+    }
+  }
+}
+
+TEST(GpuDecodeCuda, LoaderBatchesOnTheGpu) {
+  KILN_NEED_GPU_DECODE();
+  TempFolder dir;
+  std::vector<std::string> files = {"a/1.jpg", "a/2.jpg", "b/3.jpg", "b/4.png", "c/5.jpg", "c/6.jpg"};
+  for (size_t i = 0; i < files.size(); ++i) {
+    const int h = 40 + 7 * static_cast<int>(i), w = 90 - 5 * static_cast<int>(i);
+    const auto img = smooth_image(h, w, static_cast<int>(i));
+    write_bytes(dir.file(files[i]), files[i].ends_with(".png") ? encode_png({img.begin(), img.end()}, h, w, {})
+                                                               : encode_jpeg(img, h, w, 3, {.quality = 100}));
+  }
+  auto ds = std::make_shared<data::ImageFolder>(dir.path().string(), T::imagenet_train(32),
+                                                data::ImageFolderOptions{.decode = data::Decode::Gpu});
+  data::DataLoader loader(ds, {.batch_size = 4, .workers = 2, .shuffle = true, .seed = 3, .device = Device::cuda(0)});
+  int64_t seen = 0;
+  for (auto& b : loader.epoch(1)) {
+    Tensor x = b["image"], y = b["label"];
+    ASSERT_TRUE(x.is_cuda());
+    ASSERT_TRUE(y.is_cuda());
+    const int64_t n = x.shape()[0];
+    ASSERT_EQ(x.shape(), (Shape{n, 3, 32, 32}));
+    const auto got = ops::contiguous(x.to(Device::cpu()).to(DType::Float64)).to_vector<double>();
+    const auto labels = y.to(Device::cpu()).to_vector<int64_t>();
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t idx = b.indices[static_cast<size_t>(k)];
+      EXPECT_EQ(labels[static_cast<size_t>(k)], ds->targets()[static_cast<size_t>(idx)]);
+      // The reference: libjpeg-turbo's pixels, the plan the worker drew (the same seed, epoch and index).
+      Tensor px = data::read_image(ds->samples()[static_cast<size_t>(idx)].path);
+      data::SampleRng rng(3, 1, idx);
+      const auto p = data::GpuTransform::from(T::imagenet_train(32)).plan({px.shape()[0], px.shape()[1]}, rng);
+      const auto ref = gpu_decode_reference(px.to_vector<uint8_t>(), px.shape()[0], px.shape()[1], p, 32, 32,
+                                            {T::kImageNetMean[0], T::kImageNetMean[1], T::kImageNetMean[2]},
+                                            {T::kImageNetStd[0], T::kImageNetStd[1], T::kImageNetStd[2]});
+      const std::vector<double> one(got.begin() + k * 3 * 32 * 32, got.begin() + (k + 1) * 3 * 32 * 32);
+      const Diff d = diff(one, ref, 255.0 * 0.225);  // back to levels, roughly
+      EXPECT_LE(d.max, 6) << ds->samples()[static_cast<size_t>(idx)].path;
+    }
+    seen += n;
+  }
+  EXPECT_EQ(seen, 6);
+}
+
+TEST(GpuDecodeCuda, CorruptJpegIsNamed) {
+  KILN_NEED_GPU_DECODE();
+  TempFolder dir;
+  auto good = encode_jpeg(smooth_image(40, 40), 40, 40, 3);
+  auto bad = good;
+  // A sound header, then scan data overwritten with markers that no decoder takes.
+  for (size_t i = bad.size() / 2; i + 2 < bad.size(); i += 2) bad[i] = 0xFF, bad[i + 1] = 0xC0;
+  write_bytes(dir.file("a/good.jpg"), good);
+  write_bytes(dir.file("a/broken.jpg"), bad);
+  auto ds = std::make_shared<data::ImageFolder>(dir.path().string(), T::imagenet_train(16),
+                                                data::ImageFolderOptions{.decode = data::Decode::Gpu});
+  data::DataLoader loader(ds, {.batch_size = 2, .device = Device::cuda(0)});
+  try {
+    for (auto& b : loader.epoch(0)) (void)b;
+    FAIL() << "no error for a broken JPEG";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.jpg"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing
