@@ -26,8 +26,8 @@ constexpr int64_t kAlign = 256;  // each image's pixels start at a multiple (row
 // allocator reuses it after the copy).
 void upload(const Tensor& pixels, const Tensor& buffer, int64_t offset) {
   Tensor host = ops::pin_memory(ops::contiguous(pixels));
-  Tensor slot = ops::reshape(buffer.narrow(0, offset, host.numel()), host.shape());
-  slot.copy_(host, /*non_blocking=*/true);
+  Tensor slot = ops::reshape(ops::narrow(buffer, 0, offset, host.numel()), host.shape());
+  ops::copy_(slot, host, /*non_blocking=*/true);
 }
 
 Batch decode_batch(const GpuTransform& transform, const std::function<std::string(int64_t)>& name_of,
@@ -109,7 +109,7 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
     j.flip = p.flip ? 1 : 0;
     jobs[i] = j;
   }
-  Tensor jobs_dev = jobs_host.to(dev, /*non_blocking=*/true);
+  Tensor jobs_dev = ops::to(jobs_host, dev, {}, /*non_blocking=*/true);
 
   const GpuTransformOptions& o = transform.options();
   Tensor out = ops::empty({n, 3, out_size.height, out_size.width},
