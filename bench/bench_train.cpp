@@ -16,7 +16,8 @@
 // case (its batches come from the data loader).
 //
 // Cases: resnet50_bf16, resnet50_fp16 (GradScaler), resnet18_cifar_bf16, bert_base_128, bert_base_512,
-// bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_jpeg (--photos, or KILN_BENCH_IMAGES).
+// bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_jpeg (--photos, or KILN_BENCH_IMAGES),
+// resnet50_jpeg_gpu (the same photos decoded by nvJPEG on the GPU: ImageFolderOptions::decode = Decode::Gpu).
 // ResNets: channels-last, SGD (lr 0.1, momentum 0.9, weight decay 5e-5); BERT: AdamW (lr 1e-4, weight decay
 // 0.01); bf16 (or fp16) autocast; cuDNN benchmark mode on. Peak memory: the most the caching allocator handed
 // out to tensors during the timed steps (parameters, optimizer state and data included).
@@ -51,8 +52,9 @@ struct Settings {
   int profile = 0;     // eager steps profiled after each case's timing (--profile N)
 };
 
-const std::vector<std::string> kCases = {"resnet50_bf16", "resnet50_fp16",  "resnet18_cifar_bf16", "bert_base_128",
-                                         "bert_base_512", "bert_large_128", "bert_base_128_ckpt",  "resnet50_jpeg"};
+const std::vector<std::string> kCases = {"resnet50_bf16",      "resnet50_fp16", "resnet18_cifar_bf16",
+                                         "bert_base_128",      "bert_base_512", "bert_large_128",
+                                         "bert_base_128_ckpt", "resnet50_jpeg", "resnet50_jpeg_gpu"};
 
 // What a case reports besides its timing.
 struct Info {
@@ -244,15 +246,22 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
 // ResNet-50 fed from a folder of JPEG photos (ImageFolder layout, bench/make_photos.py): imagenet_train(224)
 // in 16 loader threads, pinned batches copied to the GPU ahead on the loader's copy stream. The loader runs
 // epoch after epoch; the warm-up covers more than the batches it prefetches, so the timed steps wait for
-// decoding as a long run would.
-void jpeg_case(const std::string& name, const Settings& s) {
+// decoding as a long run would. With gpu_decode the workers read files and draw crops, and decode each batch on
+// the GPU (nvJPEG + one crop/resize/normalise kernel, channels-last float32), which the training stream waits
+// for on the GPU.
+void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
   if (s.photos.empty()) {
     report_other(name, "skipped", "no --photos DIR given (bench/make_photos.py writes one; or set KILN_BENCH_IMAGES)");
     return;
   }
   const Device dev = s.device;
   const int64_t batch = s.quick ? 2 : 256;
-  auto dataset = std::make_shared<data::ImageFolder>(s.photos, data::transforms::imagenet_train(224));
+  data::ImageFolderOptions folder_options;
+  if (gpu_decode) {
+    folder_options.decode = data::Decode::Gpu;
+    folder_options.gpu.channels_last = true;
+  }
+  auto dataset = std::make_shared<data::ImageFolder>(s.photos, data::transforms::imagenet_train(224), folder_options);
   if (static_cast<int64_t>(dataset->size()) < batch) {
     report_other(name, "skipped", "the folder holds fewer photos than one batch");
     return;
@@ -296,7 +305,7 @@ void jpeg_case(const std::string& name, const Settings& s) {
     opt.step();
   };
   const Info info{.model = "resnet50",
-                  .input = "224x224 jpeg",
+                  .input = gpu_decode ? "224x224 jpeg, nvjpeg" : "224x224 jpeg",
                   .precision = "bf16",
                   .optimizer = "sgd",
                   .unit = "img/s",
@@ -318,7 +327,8 @@ void run_case(const std::string& name, const Settings& s) {
   if (name == "bert_base_512") return bert_case(name, s, base, q ? 2 : 64, q ? 32 : 512, false);
   if (name == "bert_large_128") return bert_case(name, s, large, q ? 2 : 64, q ? 32 : 128, false);
   if (name == "bert_base_128_ckpt") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, true);
-  if (name == "resnet50_jpeg") return jpeg_case(name, s);
+  if (name == "resnet50_jpeg") return jpeg_case(name, s, false);
+  if (name == "resnet50_jpeg_gpu") return jpeg_case(name, s, true);
 }
 
 }  // namespace
@@ -332,7 +342,7 @@ int main(int argc, char** argv) {
         "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N]\n"
         "                   [--quick]\n"
         "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
-        "       bert_large_128 bert_base_128_ckpt resnet50_jpeg\n");
+        "       bert_large_128 bert_base_128_ckpt resnet50_jpeg resnet50_jpeg_gpu\n");
     return 2;
   };
   for (int i = 1; i < argc; ++i) {

@@ -11,6 +11,10 @@ antialias=True):
     decode                  the whole JPEG to RGB (PIL: Image.open + convert("RGB"); torchvision: decode_jpeg)
     decode+imagenet_train   RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor/ToDtype + Normalize
     decode+imagenet_eval    Resize(256) + CenterCrop(224) + ToTensor/ToDtype + Normalize
+
+--gpu [--batch N]: instead, torchvision.io.decode_jpeg(device="cuda") on lists of N (256) files in one process,
+then per image RandomResizedCrop(224) + RandomHorizontalFlip and one Normalize of the stacked batch on the GPU:
+case gpu_decode+imagenet_train, as bench_images --gpu (images/s once the GPU has finished).
 """
 import argparse
 import io
@@ -77,6 +81,34 @@ def worker(args):
     return count, elapsed
 
 
+def gpu_bench(args, hw):
+    """GPU decoding of batches of JPEGs with torchvision's nvJPEG path, and the training transforms on the GPU."""
+    train = T2.Compose([T2.RandomResizedCrop(224, antialias=True), T2.RandomHorizontalFlip()])
+    mean = torch.tensor(MEAN, device="cuda").view(1, 3, 1, 1)
+    std = torch.tensor(STD, device="cuda").view(1, 3, 1, 1)
+    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in FILES]
+    n = len(data)
+
+    def batch(start):
+        files = [data[(start + k) % n] for k in range(args.batch)]
+        images = torchvision.io.decode_jpeg(files, device="cuda", mode=torchvision.io.ImageReadMode.RGB)
+        x = torch.stack([train(img) for img in images]).float().div_(255)
+        return (x - mean) / std
+
+    batch(0)  # warm-up
+    torch.cuda.synchronize()
+    count, start, i = 0, time.perf_counter(), 0
+    while time.perf_counter() - start < args.seconds:
+        batch(i)
+        i += args.batch
+        count += args.batch
+    torch.cuda.synchronize()
+    ips = count / (time.perf_counter() - start)
+    print(json.dumps({"bench": "images", "impl": "torchvision", "case": "gpu_decode+imagenet_train", "threads": 1,
+                      "batch": args.batch, "images_per_s": round(ips, 1), "per_thread": round(ips, 1),
+                      "files": n, "hardware_threads": hw}), flush=True)
+
+
 def main():
     global FILES
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -84,6 +116,8 @@ def main():
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--threads", default="1,2,4,8,16")
     p.add_argument("--impl", default="pil,torchvision")
+    p.add_argument("--gpu", action="store_true")
+    p.add_argument("--batch", type=int, default=256)
     args = p.parse_args()
     if not args.folder:
         sys.exit("pytorch_images: give a folder of JPEGs (argument or KILN_BENCH_IMAGES); "
@@ -94,6 +128,8 @@ def main():
         sys.exit(f"pytorch_images: no .jpg/.jpeg files under '{args.folder}'")
     FILES = [open(path, "rb").read() for path in paths]
     hw = os.cpu_count() or 1
+    if args.gpu:
+        return gpu_bench(args, hw)
     threads = [int(t) for t in args.threads.split(",")]
     ctx = mp.get_context("fork")
     for case in ["decode", "decode+imagenet_train", "decode+imagenet_eval"]:
