@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "kiln/autograd/autocast.h"  // autocast::Guard, CacheRegion
+#include "kiln/layers/attention.h"   // the unstacked reference of the self-attention
+#include "kiln/layers/functional.h"  // nn::linear
 #include "kiln/layers/models/bert.h"
 #include "kiln/profiler/profiler.h"  // counts the layers' forward calls
 #include "support/test_support.h"
@@ -171,6 +174,55 @@ TEST(Bert, TiedDecoderWeightIsOneTensorWithOneGradientFromBothUses) {
   EXPECT_GT(values(from_embedding.select(0, 7).abs().sum())[0], 0.0);
 }
 
+// Under autocast the stacked query/key/value projection casts each parameter on its own (the region's weight-cast
+// cache) and stacks the casts: its output and every gradient equal those of three separate projections, as
+// Hugging Face computes them, under the same autocast region, and each parameter's gradient is a float32 tensor
+// of its own rather than a view of one stacked gradient.
+TEST(Bert, StackedProjectionUnderAutocastEqualsThreeProjections) {
+  manual_seed(11);
+  models::BertSelfAttention attn(tiny_config(0.0));
+  const Tensor x = randn({2, 5, 16});
+  const Tensor probe = randn({2, 5, 16});  // weights the output so that every gradient is non-trivial
+  const std::vector<Tensor> params = {attn.query->weight, attn.key->weight, attn.value->weight,
+                                      attn.query->bias,   attn.key->bias,   attn.value->bias};
+  auto run = [&](bool stacked) {
+    attn.zero_grad();
+    Tensor hidden = x.clone().requires_grad_();
+    Tensor out;
+    {
+      autocast::Guard cast(DeviceType::CPU, DType::BFloat16);
+      autocast::CacheRegion cache;
+      if (stacked) {
+        out = attn.forward(hidden, Tensor());
+      } else {
+        auto heads = [](const Tensor& t) { return permute(reshape(t, {2, 5, 2, 8}), {0, 2, 1, 3}); };
+        const Tensor q = nn::linear(hidden, attn.query->weight, attn.query->bias);
+        const Tensor k = nn::linear(hidden, attn.key->weight, attn.key->bias);
+        const Tensor v = nn::linear(hidden, attn.value->weight, attn.value->bias);
+        out =
+            reshape(permute(nn::scaled_dot_product_attention(heads(q), heads(k), heads(v)), {0, 2, 1, 3}), {2, 5, 16});
+      }
+    }
+    EXPECT_EQ(out.dtype(), DType::BFloat16);
+    (out.to(DType::Float32) * probe).sum().backward();
+    std::vector<Tensor> got = {out.to(DType::Float32), hidden.grad()};
+    for (const Tensor& p : params) got.push_back(p.grad());
+    return got;
+  };
+  const std::vector<Tensor> stacked = run(true), separate = run(false);
+  for (size_t i = 0; i < stacked.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "result " << i);
+    ASSERT_TRUE(stacked[i].defined());
+    EXPECT_EQ(stacked[i].dtype(), DType::Float32);
+    expect_values(stacked[i], separate[i].shape(), values(separate[i]), 2e-2, 2e-2);
+  }
+  for (size_t i = 2; i < stacked.size(); ++i) {
+    for (size_t j = i + 1; j < stacked.size(); ++j) {
+      EXPECT_NE(stacked[i].impl().storage().get(), stacked[j].impl().storage().get()) << i << " " << j;
+    }
+  }
+}
+
 TEST(Bert, MaskedLmLossIsFiniteAndDecreasesUnderSgd) {
   manual_seed(5);
   models::BertForMaskedLM mlm(tiny_config(0.0));
@@ -208,7 +260,7 @@ TEST(Bert, GradientCheckpointingGivesTheSameLossAndGradients) {
     models::BertForMaskedLM mlm(tiny_config(0.1));
     mlm.bert->set_gradient_checkpointing(checkpointing);
     EXPECT_EQ(mlm.bert->encoder->gradient_checkpointing, checkpointing);
-    manual_seed(12);  // the dropout masks
+    manual_seed(12);         // the dropout masks
     profiler::Profile prof;  // to count the layers' forward calls: recomputed ones run a second time in backward
     Tensor loss = mlm.forward(input, types, mask, labels).loss;
     loss.backward();
@@ -224,7 +276,8 @@ TEST(Bert, GradientCheckpointingGivesTheSameLossAndGradients) {
   const auto recomputed = run(true);
   EXPECT_EQ(plain.first, recomputed.first);
   ASSERT_EQ(plain.second.size(), recomputed.second.size());
-  for (size_t i = 0; i < plain.second.size(); ++i) EXPECT_EQ(plain.second[i], recomputed.second[i]) << "parameter " << i;
+  for (size_t i = 0; i < plain.second.size(); ++i)
+    EXPECT_EQ(plain.second[i], recomputed.second[i]) << "parameter " << i;
   // Without gradients (evaluation) it changes nothing and records nothing.
   manual_seed(11);
   models::BertForMaskedLM mlm(tiny_config(0.0));

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "kiln/autograd/autocast.h"    // autocast::inputs: the stacked projection's parameters
 #include "kiln/autograd/checkpoint.h"  // autograd::checkpoint (gradient checkpointing)
 #include "kiln/autograd/grad_mode.h"   // NoGradGuard for initialisation
 #include "kiln/layers/attention.h"     // nn::scaled_dot_product_attention
@@ -133,10 +134,17 @@ Tensor BertSelfAttention::forward(const Tensor& hidden, const Tensor& mask) {
   auto heads = [&](const Tensor& x) { return permute(reshape(x, {N, S, num_heads, head_dim}), {0, 2, 1, 3}); };
   // The three projections as one product with the weights stacked (one read of `hidden`, one cast of it under
   // autocast, one larger GEMM); the parameters stay query, key and value, as in Hugging Face's checkpoints.
-  const Tensor w = cat({query->weight, key->weight, value->weight}, 0);  // (3H, H)
-  const Tensor b = query->bias.defined() && key->bias.defined() && value->bias.defined()
-                       ? cat({query->bias, key->bias, value->bias}, 0)
-                       : Tensor();
+  // Under autocast each parameter is cast on its own (through the region's weight-cast cache) and the stack is
+  // made in the autocast dtype: stacking the float32 parameters would copy them once more every step, and the
+  // stack's float32 gradient would be split into views that .grad must copy; cast one by one, each gradient
+  // comes back as its own float32 tensor.
+  const auto [wq, wk, wv] = autocast::inputs(autocast::Op::Linear, query->weight, key->weight, value->weight);
+  const Tensor w = cat({wq, wk, wv}, 0);  // (3H, H)
+  Tensor b;
+  if (query->bias.defined() && key->bias.defined() && value->bias.defined()) {
+    const auto [bq, bk, bv] = autocast::inputs(autocast::Op::Linear, query->bias, key->bias, value->bias);
+    b = cat({bq, bk, bv}, 0);  // (3H)
+  }
   const std::vector<Tensor> qkv = split(linear(hidden, w, b), H, -1);  // 3 x (N, S, H), views
   Tensor context =
       scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
