@@ -248,14 +248,15 @@ cuda_impl::FusedAttentionDropout dropout_draw(const FusedCall& c, Device device)
   Generator& gen = c.generator != nullptr ? *c.generator : default_generator(device);
   if (!cuda::Graph::capturing()) return {mixed_key(gen.next_draw()), 0, Tensor()};
   // In a CUDA graph capture cuDNN reads the key from device memory that each replay fills with a fresh draw's key
-  // first (one tensor for the forward and the backward of the call). It is made with empty(), not full(): a fill
-  // kernel would be recorded in the graph and overwrite the hook's key on every replay.
+  // first (one tensor for the forward and the backward of the call). It is a replay input, left unfilled: a fill
+  // kernel, or an earlier temporary of the capture on the same memory, would be recorded in the graph and
+  // overwrite the hook's key on every replay.
   KILN_CHECK_AS(NotImplementedError, !gen.rewound_in_capture(),
                 "scaled_dot_product_attention: dropout in a CUDA graph capture after the generator was rewound "
                 "(gradient checkpointing): replays could not draw the same numbers again; capture without "
                 "checkpointing, or with attention dropout off");
   const uint64_t captured_seed = gen.seed();
-  Tensor seed = ops::empty({1, 1, 1, 1}, {.dtype = DType::Int64, .device = device});
+  Tensor seed = cuda::Graph::replay_input({1, 1, 1, 1}, {.dtype = DType::Int64, .device = device});
   Generator* source = &gen;
   cuda::Graph::on_replay([source, seed, captured_seed]() mutable {
     const GeneratorState next = source->next_draw();

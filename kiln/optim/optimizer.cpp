@@ -284,7 +284,8 @@ Tensor& Optimizer::step_tensor(const Tensor& param) {
 
 const double* Optimizer::graph_lr(size_t group, Device device) {
   if (!device.is_cuda() || !cuda::Graph::capturing()) return nullptr;
-  Tensor lr_tensor = ops::empty({1}, {.dtype = DType::Float64, .device = device});
+  // Written by the hook before each replay: memory that no kernel of the graph writes (Graph::replay_input).
+  Tensor lr_tensor = cuda::Graph::replay_input({1}, {.dtype = DType::Float64, .device = device});
   std::map<std::string, double> captured = group_values(group);
   captured.erase("lr");
   std::weak_ptr<Optimizer*> alive = alive_;

@@ -161,6 +161,12 @@ class Graph {
   // on this thread (on the graph's stream), e.g. to write host values the captured kernels read. Throws
   // outside a capture.
   static void on_replay(std::function<void()> hook);
+  // For library code running inside a capture: an uninitialised tensor on the captured device for a value that
+  // a replay hook writes before every replay and captured kernels read (a learning rate, a random offset). Its
+  // memory is shared with no other tensor of the capture. (Memory that an earlier temporary of the capture had
+  // would be rewritten on every replay by the graph's own kernels, after the hook and before the readers.) Keep
+  // it alive as long as the graph, e.g. in the hook. Throws outside a capture.
+  static Tensor replay_input(const Shape& shape, const TensorOptions& options);
 
  private:
   struct Impl;

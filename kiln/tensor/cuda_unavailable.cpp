@@ -52,6 +52,7 @@ void Graph::replay() { no_cuda("Graph::replay"); }
 bool Graph::captured() const { return false; }
 bool Graph::capturing() { return false; }
 void Graph::on_replay(std::function<void()>) { no_cuda("Graph::on_replay"); }
+Tensor Graph::replay_input(const Shape&, const TensorOptions&) { no_cuda("Graph::replay_input"); }
 
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return true; }

@@ -139,6 +139,39 @@ TEST(CudaGraphTraining, Float16WithGradScalerReplaysFollowEagerSteps) {
   check_replays_follow_eager(Kind::SgdFloat16Scaled);
 }
 
+TEST(CudaGraphTraining, EachReplayTakesTheLearningRateSetBeforeIt) {
+  // The learning rate of a captured step is device memory that a replay hook fills before the graph runs. Here a
+  // float64 temporary of the step, written by the graph and freed just before opt.step(), leaves memory of
+  // exactly that size in the capture's pool; were the learning rate placed there, every replay would overwrite
+  // it with 1e6 before the update reads it (ResNet's replays updated with such a value, or with none).
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const std::vector<float> xs = {1, 2, 0.5f, -1};
+  Tensor w = ops::ones({4}, {.device = kGpu}).requires_grad_();
+  const Tensor x = ops::from_vector<float>(xs, {4}, kGpu);
+  optim::SGD opt({w}, {.lr = 0.5});
+  auto step = [&] {
+    opt.zero_grad();
+    kiln::sum(w * x).backward();  // d/dw = x
+    { (void)ops::full({1}, 1e6, {.dtype = DType::Float64, .device = kGpu}); }
+    opt.step();
+  };
+  std::vector<float> want = {1, 1, 1, 1};
+  auto follow = [&](double lr) {
+    for (size_t i = 0; i < want.size(); ++i) want[i] -= static_cast<float>(lr) * xs[i];
+  };
+  cuda::Graph graph;
+  graph.capture(step, /*warmup=*/1);
+  follow(0.5);  // the warm-up step
+  for (double lr : {0.25, 0.125, 0.0, 0.5}) {
+    SCOPED_TRACE(lr);
+    opt.set_lr(0, lr);
+    graph.replay();
+    follow(lr);
+    const std::vector<float> got = w.detach().cpu().to_vector<float>();
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6) << "element " << i;
+  }
+}
+
 TEST(CudaGraphTraining, OptionsOtherThanTheLearningRateMustStayAsCaptured) {
   if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
   manual_seed(7);

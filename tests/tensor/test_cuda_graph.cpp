@@ -220,5 +220,48 @@ TEST_F(CudaGraph, ReplayHooksRunBeforeEveryReplay) {
   EXPECT_EQ(y.cpu().to_vector<float>(), (std::vector<float>{-3, -6}));
 }
 
+TEST_F(CudaGraph, ReplayInputsKeepWhatTheHookWrote) {
+  // A temporary of the capture, written by a kernel of the graph and freed, leaves memory that the capture's
+  // next allocation of its size gets. A value that a hook writes before each replay must not live there: the
+  // graph's fill of the temporary would overwrite it on every replay, before the product reads it.
+  Tensor x = values({1, 2});
+  Tensor y, scale;
+  double host_scale = 2;
+  const void* temporary = nullptr;
+  const void* plain = nullptr;
+  cuda::Graph graph;
+  graph.capture(
+      [&] {
+        {
+          const Tensor t = ops::full({1}, 100.0, {.dtype = DType::Float32, .device = gpu});
+          temporary = t.data_ptr();
+          y = ops::add(x, t);  // the temporary is used, then freed
+        }
+        if (!cuda::Graph::capturing()) return;
+        scale = cuda::Graph::replay_input({1}, {.dtype = DType::Float32, .device = gpu});
+        cuda::Graph::on_replay([s = scale, &host_scale]() mutable { s.fill_(host_scale); });
+        // The hazard: a plain allocation of that size gets the temporary's memory.
+        plain = ops::empty({1}, {.dtype = DType::Float32, .device = gpu}).data_ptr();
+        y = ops::mul(x, scale);
+      },
+      0);
+  EXPECT_NE(scale.data_ptr(), temporary);
+  EXPECT_EQ(plain, temporary) << "the capture did not reuse the temporary's memory; this test no longer shows "
+                                 "the case replay inputs are for";
+  graph.replay();
+  EXPECT_EQ(y.cpu().to_vector<float>(), (std::vector<float>{2, 4}));
+  host_scale = -3;
+  graph.replay();
+  EXPECT_EQ(y.cpu().to_vector<float>(), (std::vector<float>{-3, -6}));
+}
+
+TEST_F(CudaGraph, ReplayInputsAreMadeInsideACaptureOnly) {
+  expect_error([&] { (void)cuda::Graph::replay_input({1}, {.dtype = DType::Float32, .device = gpu}); },
+               {"replay_input", "no CUDA graph is being captured"});
+  cuda::Graph graph;
+  expect_error([&] { graph.capture([&] { (void)cuda::Graph::replay_input({1}, {.dtype = DType::Float32}); }, 0); },
+               {"replay_input", "CUDA tensor"});
+}
+
 }  // namespace
 }  // namespace kiln

@@ -15,6 +15,12 @@
 // no other allocation may get that memory while the graph lives: private blocks are never handed out outside
 // their graph's capture, and their segments are not released. When the graph goes, the pool's free segments go
 // back to the driver; blocks still held by tensors are released when freed and the cache is emptied.
+//
+// Each graph has a second private pool (id pool + 1) for its replay inputs (cuda::Graph::replay_input): tensors
+// that a replay hook writes before the graph runs (learning rates, random offsets). Within the first pool, a
+// block freed during the capture is handed to a later allocation of the same capture; a replay input placed
+// there would be overwritten, on every replay, by the graph's own kernels that wrote the earlier tenant, after
+// the hook wrote it and before its readers run. Blocks of the inputs pool are never shared with temporaries.
 #include "kiln/tensor/cuda/caching_allocator.h"
 
 #include <cuda_runtime.h>
@@ -61,6 +67,12 @@ std::string human_bytes(double bytes) {
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
   return buf;
 }
+
+// Replay inputs being allocated on this thread (ReplayInputAllocation scopes).
+thread_local int t_replay_inputs = 0;
+
+// The pool of a graph's replay inputs, beside the pool of its capture.
+uint64_t inputs_pool_of(uint64_t pool) { return pool + 1; }
 
 bool debug_mode() {
   // Read once: KILN_CUDA_ALLOC_DEBUG=1 sends every allocation straight to cudaMalloc/cudaFree, so tools
@@ -136,6 +148,11 @@ class DeviceAllocator final : public Allocator {
       auto it = capturing_.find(stream);
       if (it != capturing_.end()) pool = it->second;
     }
+    if (t_replay_inputs > 0) {
+      KILN_CHECK(pool != 0, "cuda::Graph::replay_input: the current stream of cuda:", device_,
+                 " is not being captured; a replay input is made inside a capture, on the captured device");
+      pool = inputs_pool_of(pool);
+    }
     Block* block = debug_mode() && pool == 0 ? malloc_uncached(nbytes) : allocate_block(nbytes, stream, pool);
     block->allocated = true;
     active_.emplace(block->ptr, block);
@@ -183,8 +200,10 @@ class DeviceAllocator final : public Allocator {
   uint64_t begin_capture(cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     KILN_CHECK(!capturing_.count(stream), "CUDA graph capture: the stream is already being captured");
-    const uint64_t pool = next_pool_++;
+    const uint64_t pool = next_pool_;
+    next_pool_ += 2;  // pool + 1: the graph's replay inputs
     live_pools_.insert(pool);
+    live_pools_.insert(inputs_pool_of(pool));
     capturing_[stream] = pool;
     return pool;
   }
@@ -192,12 +211,14 @@ class DeviceAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     capturing_.erase(stream);
   }
-  // The graph is gone: its pool's free segments return to the driver (the caller made sure no replay is
-  // running); blocks tensors still hold follow when freed and the cache is emptied.
+  // The graph is gone: the free segments of its pools (temporaries and replay inputs) return to the driver (the
+  // caller made sure no replay is running); blocks tensors still hold follow when freed and the cache is emptied.
   void release_pool(uint64_t pool) {
     std::lock_guard<std::mutex> lock(mutex_);
-    live_pools_.erase(pool);
-    release_cached_segments(pool);
+    for (const uint64_t p : {pool, inputs_pool_of(pool)}) {
+      live_pools_.erase(p);
+      release_cached_segments(p);
+    }
   }
 
  private:
@@ -508,6 +529,8 @@ int resolve(int device) {
 }  // namespace
 
 namespace detail {
+ReplayInputAllocation::ReplayInputAllocation() { ++t_replay_inputs; }
+ReplayInputAllocation::~ReplayInputAllocation() { --t_replay_inputs; }
 void allocator_record_stream(int device, void* ptr, cudaStream_t stream) {
   device_allocator(device).record_stream(ptr, stream);
 }

@@ -18,4 +18,15 @@ uint64_t allocator_begin_capture(int device, cudaStream_t stream);
 void allocator_end_capture(int device, cudaStream_t stream);
 void allocator_release_pool(int device, uint64_t pool);
 
+// While one lives on this thread, allocations on a stream being captured come from the graph's pool of replay
+// inputs, memory that no other allocation of the capture gets (cuda::Graph::replay_input); allocations on a
+// stream that is not being captured throw.
+class ReplayInputAllocation {
+ public:
+  ReplayInputAllocation();
+  ~ReplayInputAllocation();
+  ReplayInputAllocation(const ReplayInputAllocation&) = delete;
+  ReplayInputAllocation& operator=(const ReplayInputAllocation&) = delete;
+};
+
 }  // namespace kiln::cuda::detail

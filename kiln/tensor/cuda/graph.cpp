@@ -10,6 +10,7 @@
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/caching_allocator.h"
 #include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/ops.h"  // empty: replay inputs
 
 namespace kiln::cuda {
 namespace {
@@ -41,6 +42,7 @@ Graph::~Graph() {
   if (cudaStreamSynchronize(raw(*g.stream)) == cudaSuccess) {  // the last replay has finished
     if (g.exec != nullptr) (void)cudaGraphExecDestroy(g.exec);
     if (g.graph != nullptr) (void)cudaGraphDestroy(g.graph);
+    g.hooks.clear();  // frees the replay inputs they hold, so that their segments go back with the pool
     try {
       detail::allocator_release_pool(g.device, g.pool);
     } catch (...) {
@@ -57,6 +59,14 @@ bool Graph::capturing() { return t_hooks != nullptr; }
 void Graph::on_replay(std::function<void()> hook) {
   KILN_CHECK(t_hooks != nullptr, "Graph::on_replay: no CUDA graph is being captured on this thread");
   t_hooks->push_back(std::move(hook));
+}
+
+Tensor Graph::replay_input(const Shape& shape, const TensorOptions& options) {
+  KILN_CHECK(t_hooks != nullptr, "Graph::replay_input: no CUDA graph is being captured on this thread");
+  KILN_CHECK(options.device.is_cuda(), "Graph::replay_input: a replay input is a CUDA tensor, got device ",
+             options.device);
+  detail::ReplayInputAllocation from_inputs_pool;
+  return ops::empty(shape, options);
 }
 
 void Graph::capture(const std::function<void()>& step, int warmup) {
@@ -107,6 +117,7 @@ void Graph::capture(const std::function<void()>& step, int warmup) {
   if (failure || ended != cudaSuccess || graph == nullptr || made != cudaSuccess) {
     (void)cudaGetLastError();
     if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    hooks.clear();                                   // and the replay inputs they hold
     detail::allocator_release_pool(device, g.pool);  // nothing of the capture ran
     g.pool = 0;
     if (failure) {

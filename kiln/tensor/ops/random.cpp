@@ -24,7 +24,7 @@ GeneratorState draw_for(Generator* gen, Device device) {
   GeneratorState draw = g.next_draw();
   // A captured kernel would repeat this draw on every replay: its offset lives in device memory instead, and
   // every replay takes a fresh draw from the generator and writes its offset there first.
-  Tensor slot = empty({1}, {.dtype = DType::Int64, .device = device});
+  Tensor slot = cuda::Graph::replay_input({1}, {.dtype = DType::Int64, .device = device});
   Generator* source = &g;
   const uint64_t seed = draw.seed;
   cuda::Graph::on_replay([source, slot, seed]() mutable {
