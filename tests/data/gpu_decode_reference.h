@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kiln/data/gpu_decode/gpu_transform.h"
+#include "kiln/data/gpu_transform.h"
 
 namespace kiln::testing {
 

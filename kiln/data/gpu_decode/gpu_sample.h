@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "kiln/data/dataset.h"
-#include "kiln/data/gpu_decode/gpu_transform.h"
+#include "kiln/data/gpu_transform.h"
 
 namespace kiln::data {
 

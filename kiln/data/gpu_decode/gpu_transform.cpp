@@ -1,6 +1,6 @@
 // kiln/data/gpu_decode/gpu_transform.cpp — reading a Compose into the GPU kernel's parameters, and the per-image
 // choices (drawn on the CPU, as the CPU transforms draw them).
-#include "kiln/data/gpu_decode/gpu_transform.h"
+#include "kiln/data/gpu_transform.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-// kiln/data/gpu_decode/gpu_transform.h — what the GPU does to each decoded image, taken from a Compose, and the
+// kiln/data/gpu_transform.h — what the GPU does to each decoded image, taken from a Compose, and the
 // random choices for one image made on the CPU (the same draws as the Compose on the CPU).
 //
 //   auto gpu = data::GpuTransform::from(data::transforms::imagenet_train(224));
