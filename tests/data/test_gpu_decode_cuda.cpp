@@ -71,15 +71,18 @@ TEST(GpuDecodeCuda, PixelsMatchLibjpegTurbo) {
   KILN_NEED_GPU_DECODE();
   const int h = 67, w = 95;  // not multiples of the 8/16-pixel blocks
   const auto img = smooth_image(h, w, 3);
-  expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95}), h, w, 4, 0.6);                      // 4:4:4
-  expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95, .subsample = true}), h, w, 12, 1.5);  // 4:2:0
+  expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95}), h, w, 4, 0.6);  // 4:4:4
+  // 4:2:0: libjpeg-turbo upsamples chroma with its smoothing ("fancy") filter, nvJPEG otherwise: on the H200 the
+  // mean difference was 2.16 levels (max within 12).
+  expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95, .subsample = true}), h, w, 12, 3.0);
   expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 90, .progressive = true}), h, w, 4, 0.6);
   std::vector<uint8_t> gray(static_cast<size_t>(h * w));
   for (size_t i = 0; i < gray.size(); ++i) gray[i] = img[3 * i];
   expect_decode_close(encode_jpeg(gray, h, w, 1, {.quality = 95}), h, w, 4, 0.6);
-  // CMYK: nvJPEG's RGB output does not take it; libjpeg-turbo on the CPU does, then the upload (exact).
+  // CMYK: nvJPEG's RGB output does not take it; libjpeg-turbo on the CPU does, then the upload: the same pixels,
+  // up to the float rounding of the kernel's x / 255 against the reference's (2e-5 levels seen).
   const auto cmyk = random_image(h, w, 4, 5);
-  expect_decode_close(encode_jpeg(cmyk, h, w, 4, {.quality = 95}), h, w, 0, 0);
+  expect_decode_close(encode_jpeg(cmyk, h, w, 4, {.quality = 95}), h, w, 1e-3, 1e-3);
 }
 
 TEST(GpuDecodeCuda, KernelMatchesFloat64Reference) {

@@ -37,7 +37,8 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
              "(ImageFolderOptions::decode = Decode::Cpu)");
   const int device = cuda::current_device();
   const Device dev = Device::cuda(device);
-  gpu::JpegDecoder& decoder = gpu::JpegDecoder::for_thread(device);
+  const gpu::JpegDecoder::Lease lease = gpu::JpegDecoder::acquire(device);
+  gpu::JpegDecoder& decoder = *lease;
   cuda::StreamGuard stream_guard(decoder.stream());
   const auto n = static_cast<int64_t>(examples.size());
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "kiln/data/gpu_decode/nvjpeg_functions.h"
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
@@ -65,11 +66,32 @@ struct JpegDecoder::State {
   }
 };
 
-JpegDecoder& JpegDecoder::for_thread(int device) {
-  thread_local std::map<int, std::unique_ptr<JpegDecoder>> decoders;
-  auto& d = decoders[device];
-  if (!d) d = std::make_unique<JpegDecoder>(device);
-  return *d;
+namespace {
+// The free decoders of each GPU. Never destroyed, as the handles: the process's exit frees them.
+std::mutex g_pool_mutex;
+std::map<int, std::vector<JpegDecoder*>>& free_decoders() {
+  static auto* pool = new std::map<int, std::vector<JpegDecoder*>>();
+  return *pool;
+}
+}  // namespace
+
+void JpegDecoder::Release::operator()(JpegDecoder* decoder) const {
+  if (decoder == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_pool_mutex);
+  free_decoders()[decoder->device_].push_back(decoder);
+}
+
+JpegDecoder::Lease JpegDecoder::acquire(int device) {
+  {
+    std::lock_guard<std::mutex> lock(g_pool_mutex);
+    std::vector<JpegDecoder*>& free = free_decoders()[device];
+    if (!free.empty()) {
+      JpegDecoder* d = free.back();
+      free.pop_back();
+      return Lease(d);
+    }
+  }
+  return Lease(new JpegDecoder(device));  // made outside the lock: it starts nvJPEG, which takes a while
 }
 
 JpegDecoder::JpegDecoder(int device)

@@ -1,16 +1,18 @@
 // kiln/data/gpu_decode/jpeg_decoder.h — one thread's nvJPEG decoder on one GPU (private to kiln_data; builds
 // with nvjpeg.h only).
 //
-//   auto& dec = gpu::JpegDecoder::for_thread(device);      // made on first use, kept for the thread's life
+//   gpu::JpegDecoder::Lease dec = gpu::JpegDecoder::acquire(device);  // from the process's pool, made on need
 //   std::vector<std::string> errors;
-//   dec.decode(images, stream, errors);                     // queued on `stream`; errors[i] empty when queued fine
+//   dec->decode(images, dec->stream(), errors);  // queued on the stream; errors[i] empty when queued fine
 //
 // Each image is decoded to interleaved RGB (H, W, 3) uint8 at its `dst` (device memory the caller owns).
 // Where the GPU has JPEG decoding engines (A100, H100, H200: nvJPEG's hardware backend) the images they take
 // (baseline, not 4:1:0/4:1:1) go to them in one nvjpegDecodeBatched call; the rest are decoded one by one by
 // the hybrid backend (Huffman decoding on this thread's CPU, the rest on the GPU). Set KILN_NVJPEG_HARDWARE=0
-// to use the hybrid backend only. The library handles are the process's (one per GPU, made once); the decode
-// states, which hold per-image buffers, are this thread's.
+// to use the hybrid backend only. The library handles are the process's (one per GPU, made once). Decoders (their
+// decode states, which hold per-image buffers, and their streams) live in a pool per GPU: a loader's worker
+// threads end with each epoch, and making a decoder allocates and frees device memory (which waits for the whole
+// GPU), so each batch leases one and gives it back. One thread uses a leased decoder at a time.
 #pragma once
 
 #include <cstddef>
@@ -33,8 +35,14 @@ struct JpegInput {
 
 class JpegDecoder {
  public:
-  // This thread's decoder for `device` (throws, saying how to install nvJPEG, when it is missing).
-  static JpegDecoder& for_thread(int device);
+  // Gives a leased decoder back to its pool.
+  struct Release {
+    void operator()(JpegDecoder* decoder) const;
+  };
+  using Lease = std::unique_ptr<JpegDecoder, Release>;
+  // A free decoder for `device` from the pool, or a new one (throws, saying how to install nvJPEG, when it is
+  // missing).
+  static Lease acquire(int device);
 
   explicit JpegDecoder(int device);
   ~JpegDecoder();
