@@ -165,8 +165,9 @@ struct BatchNormArgs {
   bool relu;
 };
 
-// kiln's batch-norm kernels as one autograd node: forward saves the statistics it normalised with (and the
-// output when ReLU is fused, whose sign masks the gradient); backward is one reduction and one elementwise pass.
+// kiln's batch-norm kernels as one autograd node: forward saves the statistics it normalised with (and, when ReLU is
+// fused, its mask: bits from the kernels, or the output, whose sign masks the gradient); backward is one reduction
+// and one elementwise pass.
 // residual (undefined, or x's shape and dtype) is added before the ReLU; its gradient, the masked dy, comes from
 // the same elementwise pass as dx.
 struct CudaBatchNorm : autograd::Function<CudaBatchNorm> {
@@ -175,18 +176,20 @@ struct CudaBatchNorm : autograd::Function<CudaBatchNorm> {
     cuda_impl::BatchNormForward out =
         cuda_impl::batch_norm_forward(x, weight, bias, args.running_mean, args.running_var, args.training,
                                       args.momentum, args.eps, args.relu, residual);
-    ctx.save_for_backward({x, weight, args.relu ? out.y : Tensor(), out.mean, out.invstd});
+    // The fused ReLU's mask: its bits where the kernels made them (16-bit inputs), else the output's sign.
+    const Tensor y_for_mask = args.relu && !out.relu_mask.defined() ? out.y : Tensor();
+    ctx.save_for_backward({x, weight, y_for_mask, out.mean, out.invstd, out.relu_mask});
     ctx.set("training", args.training);
     ctx.set("bias_dtype", bias.defined() ? bias.dtype() : DType::Float32);
     return out.y;
   }
   static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
     const autograd::TensorList s = ctx.saved();
-    const Tensor &x = s[0], &weight = s[1], &y = s[2], &mean = s[3], &invstd = s[4];
+    const Tensor &x = s[0], &weight = s[1], &y = s[2], &mean = s[3], &invstd = s[4], &relu_mask = s[5];
     const cuda_impl::BatchNormNeeds needs{ctx.needs_input_grad(0), ctx.needs_input_grad(1), ctx.needs_input_grad(2),
                                           ctx.needs_input_grad(3)};
-    cuda_impl::BatchNormGrads g =
-        cuda_impl::batch_norm_backward(grads[0], x, y, weight, mean, invstd, ctx.get<bool>("training"), needs);
+    cuda_impl::BatchNormGrads g = cuda_impl::batch_norm_backward(grads[0], x, y, relu_mask, weight, mean, invstd,
+                                                                 ctx.get<bool>("training"), needs);
     if (g.weight.defined()) g.weight = g.weight.to(weight.dtype());
     if (g.bias.defined()) g.bias = g.bias.to(ctx.get<DType>("bias_dtype"));
     return {g.input, g.weight, g.bias, g.residual};

@@ -12,7 +12,8 @@
 #include <cmath>
 #include <string>
 
-#include "kiln/autograd/autocast.h"  // autocast::Guard
+#include "kiln/autograd/autocast.h"       // autocast::Guard
+#include "kiln/layers/cuda/batch_norm.h"  // the mask the fused ReLU keeps
 #include "kiln/layers/functional.h"
 #include "kiln/tensor/cuda.h"
 #include "support/grad_support.h"
@@ -244,7 +245,40 @@ TEST_F(CudaBatchNorm, FusedReluMasksTheGradientByTheOutput) {
     expect_matches_composed({.shape = {4, 6, 5, 7}, .training = training, .relu = true});
     expect_matches_composed({.shape = {4, 16, 4, 4}, .channels_last = true, .training = training, .relu = true});
     expect_matches_composed({.shape = {16, 8}, .training = training, .relu = true, .dtype = DType::Float64});
+    // 16-bit inputs taken 8 values at a time keep the mask as bits (channels-last rows, planes of S % 8 == 0, and
+    // 2-d rows); S = 35 runs one value at a time and keeps the output instead.
+    for (DType dt : {DType::BFloat16, DType::Float16}) {
+      expect_matches_composed(
+          {.shape = {4, 16, 4, 4}, .channels_last = true, .training = training, .relu = true, .dtype = dt});
+      expect_matches_composed({.shape = {4, 6, 4, 8}, .training = training, .relu = true, .dtype = dt});
+      expect_matches_composed({.shape = {24, 16}, .training = training, .relu = true, .dtype = dt});
+      expect_matches_composed({.shape = {4, 6, 5, 7}, .training = training, .relu = true, .dtype = dt});
+    }
   }
+}
+
+// The fused ReLU's mask is kept as bits for 16-bit inputs: one bit per value (bytes = numel / 8), in place of the
+// output; other inputs keep the output.
+TEST_F(CudaBatchNorm, FusedReluKeepsItsMaskAsBits) {
+  const Device gpu = Device::cuda(0);
+  auto forward = [&](const Shape& shape, DType dt, bool relu) {
+    const Tensor x = randn(shape, {.dtype = dt, .device = gpu});
+    return nn::cuda_impl::batch_norm_forward(x, {}, {}, {}, {}, true, 0.1, 1e-5, relu);
+  };
+  const auto bits = forward({4, 16, 4, 4}, DType::BFloat16, true);
+  ASSERT_TRUE(bits.relu_mask.defined());
+  EXPECT_EQ(bits.relu_mask.dtype(), DType::UInt8);
+  EXPECT_EQ(bits.relu_mask.numel(), 4 * 16 * 4 * 4 / 8);
+  // Each bit says whether its output is > 0.
+  const std::vector<double> y = ops::contiguous(bits.y).to(DType::Float64).cpu().to_vector<double>();
+  const std::vector<double> m = bits.relu_mask.to(DType::Int64).cpu().to_vector<double>();
+  for (size_t e = 0; e < y.size(); ++e) {
+    const bool bit = (static_cast<int64_t>(m[e / 8]) >> (e % 8)) & 1;
+    ASSERT_EQ(bit, y[e] > 0) << "element " << e;
+  }
+  EXPECT_FALSE(forward({4, 16, 4, 4}, DType::BFloat16, false).relu_mask.defined());
+  EXPECT_FALSE(forward({4, 16, 4, 4}, DType::Float32, true).relu_mask.defined());
+  EXPECT_FALSE(forward({4, 6, 5, 7}, DType::BFloat16, true).relu_mask.defined());
 }
 
 // N * H * W > 1e6 values per channel: the reduction splits over many blocks and merges them in a second pass.

@@ -59,7 +59,7 @@ template <typename Acc>
 struct StatsOp {
   static constexpr bool kCenterIsFirstValue = true;
   static constexpr int kRowsInFlight = 4;
-  __device__ __forceinline__ void add(State<Acc>& s, Acc x, Acc, Acc, Acc center) const {
+  __device__ __forceinline__ void add(State<Acc>& s, Acc x, Acc, bool, Acc center) const {
     const Acc d = x - center;
     s.a += Acc(1);
     s.b += d;
@@ -72,21 +72,38 @@ struct GradSumOp {
   static constexpr bool kCenterIsFirstValue = false;
   static constexpr int kRowsInFlight = 2;
   const Acc* mean;
-  bool relu;
-  __device__ __forceinline__ void add(State<Acc>& s, Acc x, Acc dy, Acc y, Acc center) const {
-    if (relu && !(y > Acc(0))) dy = Acc(0);
+  // pass: the ReLU let this element through (always true without a fused ReLU)
+  __device__ __forceinline__ void add(State<Acc>& s, Acc x, Acc dy, bool pass, Acc center) const {
+    if (!pass) dy = Acc(0);
     s.b += dy;
     s.c += dy * (x - center);
   }
 };
 
-// The element arrays a pass reads (same shape and layout); dy and y may be null.
+// The element arrays a pass reads (same shape and layout); dy, y and relu_mask may be null. The fused ReLU's
+// mask is either y (an element passed where y > 0) or relu_mask, one bit per element (bit e % 8 of byte e / 8),
+// which the forward writes for 16-bit inputs: backward then reads 1/16 of what y would cost, twice.
 template <typename T>
 struct Inputs {
   const device_t<T>* x;
   const device_t<T>* dy;
   const device_t<T>* y;
+  const uint8_t* relu_mask = nullptr;
 };
+
+// The mask bits of the V elements from element `off` on (off % V == 0, V <= 8: they lie in one byte).
+template <int V>
+__device__ __forceinline__ unsigned mask_bits(const uint8_t* relu_mask, int64_t off) {
+  static_assert(V <= 8, "a vector's mask bits must lie in one byte");
+  return static_cast<unsigned>(__ldg(relu_mask + (off >> 3))) >> (off & 7);
+}
+
+// Whether element j of a vector passed the fused ReLU: by its mask bit, or by its y, or (no ReLU) always.
+template <typename T, typename Acc>
+__device__ __forceinline__ bool passed(bool has_mask, unsigned bits, bool has_y, device_t<T> y, int j) {
+  if (has_mask) return (bits >> j) & 1u;
+  return !has_y || static_cast<Acc>(to_compute<T>(y)) > Acc(0);
+}
 
 template <typename Acc>
 __device__ __forceinline__ State<Acc> shfl_down(const State<Acc>& s, int d) {
@@ -123,11 +140,12 @@ __global__ void __launch_bounds__(kThreads)
     Vec<T, V> vdy{}, vy{};
     if (in.dy) vdy = load_vec<T, V>(in.dy + off);
     if (in.y) vy = load_vec<T, V>(in.y + off);
+    const unsigned bits = in.relu_mask ? mask_bits<V>(in.relu_mask, off) : 0u;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const Acc dy = in.dy ? static_cast<Acc>(to_compute<T>(vdy.v[j])) : Acc(0);
-      const Acc y = in.y ? static_cast<Acc>(to_compute<T>(vy.v[j])) : Acc(0);
-      op.add(st, static_cast<Acc>(to_compute<T>(vx.v[j])), dy, y, center);
+      const bool pass = passed<T, Acc>(in.relu_mask != nullptr, bits, in.y != nullptr, vy.v[j], j);
+      op.add(st, static_cast<Acc>(to_compute<T>(vx.v[j])), dy, pass, center);
     }
   }
   // Warp tree, then the warps' sums added in order by thread 0.
@@ -147,12 +165,12 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int V, typename Acc, typename Op>
 __device__ __forceinline__ void add_vectors(const Op& op, const Inputs<T>& in, State<Acc> (&st)[V],
                                             const Acc (&center)[V], const Vec<T, V>& vx, const Vec<T, V>& vdy,
-                                            const Vec<T, V>& vy) {
+                                            const Vec<T, V>& vy, unsigned bits) {
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const Acc dy = in.dy ? static_cast<Acc>(to_compute<T>(vdy.v[j])) : Acc(0);
-    const Acc y = in.y ? static_cast<Acc>(to_compute<T>(vy.v[j])) : Acc(0);
-    op.add(st[j], static_cast<Acc>(to_compute<T>(vx.v[j])), dy, y, center[j]);
+    const bool pass = passed<T, Acc>(in.relu_mask != nullptr, bits, in.y != nullptr, vy.v[j], j);
+    op.add(st[j], static_cast<Acc>(to_compute<T>(vx.v[j])), dy, pass, center[j]);
   }
 }
 
@@ -181,15 +199,17 @@ __global__ void __launch_bounds__(kThreads)
     int64_t r = split * rows_per_split + ty;
     for (; r + int64_t{U - 1} * by < r1; r += int64_t{U} * by) {
       Vec<T, V> vx[U], vdy[U] = {}, vy[U] = {};
+      unsigned bits[U] = {};
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t off = (r + int64_t{u} * by) * C + c0;
         vx[u] = load_vec<T, V>(in.x + off);
         if (in.dy) vdy[u] = load_vec<T, V>(in.dy + off);
         if (in.y) vy[u] = load_vec<T, V>(in.y + off);
+        if (in.relu_mask) bits[u] = mask_bits<V>(in.relu_mask, off);
       }
 #pragma unroll
-      for (int u = 0; u < U; ++u) add_vectors<T, V, Acc>(op, in, st, center, vx[u], vdy[u], vy[u]);
+      for (int u = 0; u < U; ++u) add_vectors<T, V, Acc>(op, in, st, center, vx[u], vdy[u], vy[u], bits[u]);
     }
     for (; r < r1; r += by) {  // the last rows, fewer than U per thread
       const int64_t off = r * C + c0;
@@ -197,7 +217,8 @@ __global__ void __launch_bounds__(kThreads)
       const Vec<T, V> vx = load_vec<T, V>(in.x + off);
       if (in.dy) vdy = load_vec<T, V>(in.dy + off);
       if (in.y) vy = load_vec<T, V>(in.y + off);
-      add_vectors<T, V, Acc>(op, in, st, center, vx, vdy, vy);
+      const unsigned bits = in.relu_mask ? mask_bits<V>(in.relu_mask, off) : 0u;
+      add_vectors<T, V, Acc>(op, in, st, center, vx, vdy, vy, bits);
     }
   }
 #pragma unroll
@@ -298,10 +319,13 @@ __global__ void finalize_grads_kernel(const State<Acc>* partial, int64_t splits,
 // rows layout, or one channel's repeated for planes):
 //   forward:  y = (x - mean) scale + bias (+ residual) (then max(., 0) with relu)
 //   backward: dy' = dy masked by y > 0 (relu); dx = dy' p + (x - mean) q + r; d_residual = dy'
+// `bits` gets bit j set where output j is > 0 (as stored: the ReLU's mask, the same test backward makes on y).
 template <typename T, int V, typename Acc>
 __device__ __forceinline__ Vec<T, V> normalize_vec(const Vec<T, V>& vx, const Vec<T, V>& vres, bool has_res, bool relu,
-                                                   const Acc* mu, const Acc* sc, const Acc* bi, int step) {
+                                                   const Acc* mu, const Acc* sc, const Acc* bi, int step,
+                                                   unsigned& bits) {
   Vec<T, V> out;
+  bits = 0;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int k = j * step;
@@ -309,8 +333,17 @@ __device__ __forceinline__ Vec<T, V> normalize_vec(const Vec<T, V>& vx, const Ve
     if (has_res) v += static_cast<Acc>(to_compute<T>(vres.v[j]));
     if (relu) v = v > Acc(0) ? v : Acc(0);
     out.v[j] = from_compute<T>(static_cast<compute_t<T>>(v));
+    if (static_cast<Acc>(to_compute<T>(out.v[j])) > Acc(0)) bits |= 1u << j;
   }
   return out;
+}
+
+// Writes a vector's mask byte (V == 8 only: the launcher asks for a mask only then, so no two threads share one).
+template <int V>
+__device__ __forceinline__ void store_mask(uint8_t* relu_mask, int64_t off, unsigned bits) {
+  if constexpr (V == 8) {
+    if (relu_mask) relu_mask[off >> 3] = static_cast<uint8_t>(bits);
+  }
 }
 
 // The outputs of the backward pass: dx and / or d_residual (either may be null).
@@ -322,13 +355,13 @@ struct GradOutputs {
 
 template <typename T, int V, typename Acc>
 __device__ __forceinline__ void backward_vec(const Vec<T, V>& vx, const Vec<T, V>& vdy, const Vec<T, V>& vy, bool has_y,
-                                             bool training, const Acc* mu, const Acc* cp, const Acc* cq, const Acc* cr,
-                                             int step, GradOutputs<T> out, int64_t off) {
+                                             bool has_mask, unsigned bits, bool training, const Acc* mu, const Acc* cp,
+                                             const Acc* cq, const Acc* cr, int step, GradOutputs<T> out, int64_t off) {
   Vec<T, V> vdx, vdres;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int k = j * step;
-    const bool pass = !has_y || static_cast<Acc>(to_compute<T>(vy.v[j])) > Acc(0);
+    const bool pass = passed<T, Acc>(has_mask, bits, has_y, vy.v[j], j);
     const Acc d = pass ? static_cast<Acc>(to_compute<T>(vdy.v[j])) : Acc(0);
     vdres.v[j] = pass ? vdy.v[j] : from_compute<T>(compute_t<T>(0));
     Acc v = d * cp[k];
@@ -348,8 +381,8 @@ constexpr int kBackwardRowsPerStep = 2;  // up to 3 arrays read per row
 // stay in registers) and rows blockIdx.y by + ty, stepping by gridDim.y by; a loop step takes U of its rows.
 template <typename T, int V, typename Acc>
 __global__ void __launch_bounds__(kThreads)
-    forward_rows_kernel(const device_t<T>* x, const device_t<T>* res, device_t<T>* y, const Acc* mean, const Acc* scale,
-                        const Acc* bias, bool relu, int64_t M, int64_t C) {
+    forward_rows_kernel(const device_t<T>* x, const device_t<T>* res, device_t<T>* y, uint8_t* relu_mask,
+                        const Acc* mean, const Acc* scale, const Acc* bias, bool relu, int64_t M, int64_t C) {
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c0 >= C) return;
   Acc mu[V], sc[V], bi[V];
@@ -372,8 +405,10 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      store_vec<T, V>(y + (r + u * stride) * C + c0,
-                      normalize_vec<T, V, Acc>(vx[u], vres[u], res != nullptr, relu, mu, sc, bi, 1));
+      const int64_t off = (r + u * stride) * C + c0;
+      unsigned bits = 0;
+      store_vec<T, V>(y + off, normalize_vec<T, V, Acc>(vx[u], vres[u], res != nullptr, relu, mu, sc, bi, 1, bits));
+      store_mask<V>(relu_mask, off, bits);
     }
   }
   for (; r < M; r += stride) {
@@ -381,7 +416,9 @@ __global__ void __launch_bounds__(kThreads)
     Vec<T, V> vres{};
     const Vec<T, V> vx = load_vec<T, V>(x + off);
     if (res) vres = load_vec<T, V>(res + off);
-    store_vec<T, V>(y + off, normalize_vec<T, V, Acc>(vx, vres, res != nullptr, relu, mu, sc, bi, 1));
+    unsigned bits = 0;
+    store_vec<T, V>(y + off, normalize_vec<T, V, Acc>(vx, vres, res != nullptr, relu, mu, sc, bi, 1, bits));
+    store_mask<V>(relu_mask, off, bits);
   }
 }
 
@@ -389,9 +426,9 @@ __global__ void __launch_bounds__(kThreads)
 // out.dres is; x is read only for dx in training, y only with a fused ReLU.
 template <typename T, int V, typename Acc>
 __global__ void __launch_bounds__(kThreads)
-    backward_rows_kernel(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y, GradOutputs<T> out,
-                         const Acc* mean, const Acc* p, const Acc* q, const Acc* r, bool training, int64_t M,
-                         int64_t C) {
+    backward_rows_kernel(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y, const uint8_t* relu_mask,
+                         GradOutputs<T> out, const Acc* mean, const Acc* p, const Acc* q, const Acc* r, bool training,
+                         int64_t M, int64_t C) {
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c0 >= C) return;
   const bool need_x = training && out.dx;
@@ -408,17 +445,19 @@ __global__ void __launch_bounds__(kThreads)
   int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
   for (; row + (U - 1) * stride < M; row += U * stride) {
     Vec<T, V> vdy[U], vx[U] = {}, vy[U] = {};
+    unsigned bits[U] = {};
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t off = (row + u * stride) * C + c0;
       vdy[u] = load_vec<T, V>(dy + off);
       if (need_x) vx[u] = load_vec<T, V>(x + off);
       if (y) vy[u] = load_vec<T, V>(y + off);
+      if (relu_mask) bits[u] = mask_bits<V>(relu_mask, off);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      backward_vec<T, V, Acc>(vx[u], vdy[u], vy[u], y != nullptr, need_x, mu, cp, cq, cr, 1, out,
-                              (row + u * stride) * C + c0);
+      backward_vec<T, V, Acc>(vx[u], vdy[u], vy[u], y != nullptr, relu_mask != nullptr, bits[u], need_x, mu, cp, cq, cr,
+                              1, out, (row + u * stride) * C + c0);
     }
   }
   for (; row < M; row += stride) {
@@ -427,7 +466,8 @@ __global__ void __launch_bounds__(kThreads)
     const Vec<T, V> vdy = load_vec<T, V>(dy + off);
     if (need_x) vx = load_vec<T, V>(x + off);
     if (y) vy = load_vec<T, V>(y + off);
-    backward_vec<T, V, Acc>(vx, vdy, vy, y != nullptr, need_x, mu, cp, cq, cr, 1, out, off);
+    const unsigned bits = relu_mask ? mask_bits<V>(relu_mask, off) : 0u;
+    backward_vec<T, V, Acc>(vx, vdy, vy, y != nullptr, relu_mask != nullptr, bits, need_x, mu, cp, cq, cr, 1, out, off);
   }
 }
 
@@ -435,8 +475,9 @@ __global__ void __launch_bounds__(kThreads)
 // elements share channel c (the coefficients are read with step 0).
 template <typename T, int V, typename Acc>
 __global__ void __launch_bounds__(kThreads)
-    forward_planes_kernel(const device_t<T>* x, const device_t<T>* res, device_t<T>* y, const Acc* mean,
-                          const Acc* scale, const Acc* bias, bool relu, int64_t vecs, int64_t C, int64_t S) {
+    forward_planes_kernel(const device_t<T>* x, const device_t<T>* res, device_t<T>* y, uint8_t* relu_mask,
+                          const Acc* mean, const Acc* scale, const Acc* bias, bool relu, int64_t vecs, int64_t C,
+                          int64_t S) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e = i * V;
@@ -445,15 +486,17 @@ __global__ void __launch_bounds__(kThreads)
     Vec<T, V> vres{};
     const Vec<T, V> vx = load_vec<T, V>(x + e);
     if (res) vres = load_vec<T, V>(res + e);
-    store_vec<T, V>(y + e, normalize_vec<T, V, Acc>(vx, vres, res != nullptr, relu, &mu, &sc, &bi, 0));
+    unsigned bits = 0;
+    store_vec<T, V>(y + e, normalize_vec<T, V, Acc>(vx, vres, res != nullptr, relu, &mu, &sc, &bi, 0, bits));
+    store_mask<V>(relu_mask, e, bits);
   }
 }
 
 template <typename T, int V, typename Acc>
 __global__ void __launch_bounds__(kThreads)
-    backward_planes_kernel(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y, GradOutputs<T> out,
-                           const Acc* mean, const Acc* p, const Acc* q, const Acc* r, bool training, int64_t vecs,
-                           int64_t C, int64_t S) {
+    backward_planes_kernel(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y, const uint8_t* relu_mask,
+                           GradOutputs<T> out, const Acc* mean, const Acc* p, const Acc* q, const Acc* r, bool training,
+                           int64_t vecs, int64_t C, int64_t S) {
   const bool need_x = training && out.dx;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -465,7 +508,9 @@ __global__ void __launch_bounds__(kThreads)
     const Vec<T, V> vdy = load_vec<T, V>(dy + e);
     if (need_x) vx = load_vec<T, V>(x + e);
     if (y) vy = load_vec<T, V>(y + e);
-    backward_vec<T, V, Acc>(vx, vdy, vy, y != nullptr, need_x, &mu, &cp, &cq, &cr, 0, out, e);
+    const unsigned bits = relu_mask ? mask_bits<V>(relu_mask, e) : 0u;
+    backward_vec<T, V, Acc>(vx, vdy, vy, y != nullptr, relu_mask != nullptr, bits, need_x, &mu, &cp, &cq, &cr, 0, out,
+                            e);
   }
 }
 
@@ -575,7 +620,8 @@ RowsGrid rows_grid(int64_t M, int64_t C, int V) {
 template <typename T>
 void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Tensor& weight, const Tensor& bias,
                     const Tensor& running_mean, const Tensor& running_var, bool training, double momentum, double eps,
-                    bool relu, const Tensor& res, Tensor& mean, Tensor& invstd, cudaStream_t stream) {
+                    bool relu, const Tensor& res, Tensor& mean, Tensor& invstd, Tensor& relu_mask,
+                    cudaStream_t stream) {
   using Acc = acc_t<T>;
   using D = device_t<T>;
   const DType adt = acc_dtype(x.dtype());
@@ -619,14 +665,20 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
   auto apply = [&](auto width) {
     constexpr int V = decltype(width)::value;
     trace::Scope apply_range(trace::Kind::Op, "batch_norm_forward.normalize", x.device());
+    // The ReLU's mask as bits, where a vector's 8 bits make a byte (16-bit inputs): backward reads it in place of y.
+    uint8_t* mp = nullptr;
+    if (relu && V == 8) {
+      relu_mask = ops::empty({x.numel() / 8}, TensorOptions{.dtype = DType::UInt8, .device = x.device()});
+      mp = relu_mask.data_ptr<uint8_t>();
+    }
     if (L.rows) {
       const RowsGrid g = rows_grid(L.outer, L.C, V);
       forward_rows_kernel<T, V, Acc><<<g.grid, g.block, 0, stream>>>(
-          xp, rp, yp, mean.data_ptr<Acc>(), scale.data_ptr<Acc>(), ptr_or_null<Acc>(b), relu, L.outer, L.C);
+          xp, rp, yp, mp, mean.data_ptr<Acc>(), scale.data_ptr<Acc>(), ptr_or_null<Acc>(b), relu, L.outer, L.C);
     } else {
       const int64_t vecs = x.numel() / V;
       forward_planes_kernel<T, V, Acc><<<grid_for(vecs, kThreads), kThreads, 0, stream>>>(
-          xp, rp, yp, mean.data_ptr<Acc>(), scale.data_ptr<Acc>(), ptr_or_null<Acc>(b), relu, vecs, L.C, L.S);
+          xp, rp, yp, mp, mean.data_ptr<Acc>(), scale.data_ptr<Acc>(), ptr_or_null<Acc>(b), relu, vecs, L.C, L.S);
     }
     KILN_CUDA_CHECK_LAUNCH("batch_norm (normalize)");
   };
@@ -636,9 +688,9 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
 }
 
 template <typename T>
-BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Layout& L,
-                               const Tensor& weight, const Tensor& mean, const Tensor& invstd, bool training,
-                               BatchNormNeeds needs, cudaStream_t stream) {
+BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& relu_mask,
+                               const Layout& L, const Tensor& weight, const Tensor& mean, const Tensor& invstd,
+                               bool training, BatchNormNeeds needs, cudaStream_t stream) {
   using Acc = acc_t<T>;
   using D = device_t<T>;
   const DType adt = acc_dtype(x.dtype());
@@ -646,16 +698,17 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
   const auto* xp = static_cast<const D*>(x.data_ptr());
   const auto* dyp = static_cast<const D*>(dy.data_ptr());
   const D* yp = y.defined() ? static_cast<const D*>(y.data_ptr()) : nullptr;
+  const uint8_t* mp = relu_mask.defined() ? relu_mask.data_ptr<uint8_t>() : nullptr;
   BatchNormGrads out;
   const TensorOptions opts = TensorOptions{.dtype = adt, .device = x.device()};
   Tensor p, q, r;  // (C): dx = dy' p + (x - mean) q + r
   // The sums are needed for grad weight, grad bias, and dx in training; d_residual = dy' needs none.
   if ((training && needs.input) || needs.weight || needs.bias) {
     int64_t splits = 1;
-    const GradSumOp<Acc> op{mean.data_ptr<Acc>(), yp != nullptr};
+    const GradSumOp<Acc> op{mean.data_ptr<Acc>()};
     trace::Scope sums_range(trace::Kind::Op, "batch_norm_backward.sums", x.device());
     const Tensor partial =
-        reduce_channels<T, Acc>(x, L, Inputs<T>{xp, dyp, yp}, op, splits, stream, "batch_norm backward (sums)");
+        reduce_channels<T, Acc>(x, L, Inputs<T>{xp, dyp, yp, mp}, op, splits, stream, "batch_norm backward (sums)");
     if (needs.weight) out.weight = ops::empty({L.C}, opts);
     if (needs.bias) out.bias = ops::empty({L.C}, opts);
     if (needs.input) {
@@ -682,13 +735,13 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
     trace::Scope apply_range(trace::Kind::Op, "batch_norm_backward.input", x.device());
     if (L.rows) {
       const RowsGrid g = rows_grid(L.outer, L.C, V);
-      backward_rows_kernel<T, V, Acc><<<g.grid, g.block, 0, stream>>>(xp, dyp, yp, dst, mean.data_ptr<Acc>(),
+      backward_rows_kernel<T, V, Acc><<<g.grid, g.block, 0, stream>>>(xp, dyp, yp, mp, dst, mean.data_ptr<Acc>(),
                                                                       ptr_or_null<Acc>(p), ptr_or_null<Acc>(q),
                                                                       ptr_or_null<Acc>(r), training, L.outer, L.C);
     } else {
       const int64_t vecs = x.numel() / V;
       backward_planes_kernel<T, V, Acc><<<grid_for(vecs, kThreads), kThreads, 0, stream>>>(
-          xp, dyp, yp, dst, mean.data_ptr<Acc>(), ptr_or_null<Acc>(p), ptr_or_null<Acc>(q), ptr_or_null<Acc>(r),
+          xp, dyp, yp, mp, dst, mean.data_ptr<Acc>(), ptr_or_null<Acc>(p), ptr_or_null<Acc>(q), ptr_or_null<Acc>(r),
           training, vecs, L.C, L.S);
     }
     KILN_CUDA_CHECK_LAUNCH("batch_norm backward (input)");
@@ -726,13 +779,14 @@ BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, cons
   visit_floating_dtype(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_forward<T>(x, out.y, L, weight, bias, running_mean, running_var, training, momentum, eps, relu, res,
-                      out.mean, out.invstd, stream);
+                      out.mean, out.invstd, out.relu_mask, stream);
   });
   return out;
 }
 
-BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x0, const Tensor& y0, const Tensor& weight,
-                                   const Tensor& mean, const Tensor& invstd, bool training, BatchNormNeeds needs) {
+BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x0, const Tensor& y0, const Tensor& relu_mask,
+                                   const Tensor& weight, const Tensor& mean, const Tensor& invstd, bool training,
+                                   BatchNormNeeds needs) {
   trace::Scope range(trace::Kind::Op, "batch_norm_backward", x0.device(), {&grad_out, &x0});
   const Tensor x = contiguous_for_kernels(x0);
   const Layout L = layout_of(x);
@@ -741,7 +795,7 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x0, con
   cudaStream_t stream = cuda::stream_for(x);
   return visit_floating_dtype(x.dtype(), "batch_norm backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    return launch_backward<T>(dy, x, y, L, weight, mean, invstd, training, needs, stream);
+    return launch_backward<T>(dy, x, y, relu_mask, L, weight, mean, invstd, training, needs, stream);
   });
 }
 

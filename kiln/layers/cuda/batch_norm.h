@@ -1,7 +1,7 @@
 // kiln/layers/cuda/batch_norm.h — kiln's batch-norm kernels for CUDA tensors (internal; nn::batch_norm calls them).
 //
 //   auto fwd = cuda_impl::batch_norm_forward(x, w, b, rm, rv, /*training=*/true, 0.1, 1e-5, /*relu=*/false);
-//   auto g = cuda_impl::batch_norm_backward(dy, x, Tensor(), w, fwd.mean, fwd.invstd, true, {true, true, true});
+//   auto g = cuda_impl::batch_norm_backward(dy, x, Tensor(), Tensor(), w, fwd.mean, fwd.invstd, true, {});
 //   // ResNet's block tail relu(bn(x) + identity): one pass forward, one reduction + one pass backward.
 //   auto f = cuda_impl::batch_norm_forward(x, w, b, rm, rv, true, 0.1, 1e-5, /*relu=*/true, identity);
 //   auto h = cuda_impl::batch_norm_backward(dy, x, f.y, w, f.mean, f.invstd, true, {.residual = true});
@@ -22,6 +22,9 @@ struct BatchNormForward {
   Tensor y;       // x's shape, dtype and layout
   Tensor mean;    // (C) in the accumulation dtype: the batch's (training) or the running mean (eval)
   Tensor invstd;  // (C) 1 / sqrt(var + eps), same dtype
+  // With the ReLU fused and 16-bit x taken 8 values at a time: which outputs are > 0, one bit each (bit e % 8 of
+  // byte e / 8, e the element's index in x's kernel layout). Backward takes it in place of y. Else undefined.
+  Tensor relu_mask;
 };
 
 // Training: batch mean and biased variance per channel; updates running_mean / running_var in place when
@@ -42,11 +45,13 @@ struct BatchNormNeeds {
   bool residual = false;  // written by the same elementwise pass as input
 };
 
-// dy of y's shape; y is the forward output when relu was fused (its sign masks dy), else undefined. A residual
-// added in forward needs nothing more: its gradient is dy masked like the input's.
+// dy of y's shape. When relu was fused, its mask is relu_mask (as batch_norm_forward returned it) or, where that is
+// undefined, the sign of y (the forward output); without a ReLU both are undefined. A residual added in forward
+// needs nothing more: its gradient is dy masked like the input's.
 // mean/invstd as batch_norm_forward returned them. training selects the full formula (batch statistics)
 // or the eval one (dx = dy * w * invstd).
-BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& y, const Tensor& weight,
-                                   const Tensor& mean, const Tensor& invstd, bool training, BatchNormNeeds needs);
+BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& y, const Tensor& relu_mask,
+                                   const Tensor& weight, const Tensor& mean, const Tensor& invstd, bool training,
+                                   BatchNormNeeds needs);
 
 }  // namespace kiln::nn::cuda_impl
