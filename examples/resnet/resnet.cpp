@@ -3,6 +3,7 @@
 //
 //   ./resnet --dataset cifar10 --data data/cifar-10-batches-bin --epochs 200 --batch-size 128
 //   ./resnet --dataset folder --data /data/imagenet --model resnet50 --channels-last --amp bf16
+//   ./resnet --dataset folder ... --decode gpu       # JPEGs decoded by nvJPEG on the GPU (scripts/setup.sh)
 //   mpirun -np 8 -x NCCL_NVLS_ENABLE=0 ./resnet ...   # one process per GPU, data-parallel
 //   ./resnet ... --resume                            # continues from the newest checkpoint in --output
 //
@@ -44,6 +45,9 @@ struct Config {
   std::string& dataset = o.add_string("dataset", "synthetic", "synthetic | cifar10 | cifar100 | folder");
   std::string& data_dir = o.add_string("data", "", "data folder: CIFAR binary files, or train/ and val/ image folders");
   int64_t& image_size = o.add_int("image-size", 0, "training crop (0: 32 for CIFAR and synthetic, 224 for folder)");
+  std::string& decode = o.add_string("decode", "cpu",
+                                     "cpu | gpu: where --dataset folder decodes its images (gpu: nvJPEG, train and "
+                                     "eval; needs a GPU and nvJPEG from scripts/setup.sh)");
   std::string& stem = o.add_string("stem", "auto", "auto | cifar | imagenet (auto: the 3x3 CIFAR stem up to 64 px)");
   int64_t& num_classes = o.add_int("num-classes", 0, "classes of synthetic data (0: 10); others: from the data set");
   int64_t& synthetic_size = o.add_int("synthetic-size", 10000, "synthetic training samples");
@@ -131,6 +135,11 @@ void Config::parse(int argc, char** argv) {
   one_of("optimizer", c.optimizer, {"sgd", "adamw"});
   one_of("schedule", c.schedule, {"cosine", "step"});
   one_of("amp", c.amp, {"auto", "bf16", "fp16", "off"});
+  one_of("decode", c.decode, {"cpu", "gpu"});
+  if (c.decode == "gpu" && c.dataset != "folder")
+    o.fail("--decode gpu decodes the JPEGs of --dataset folder; --dataset " + c.dataset +
+           (c.dataset == "synthetic" ? std::string(" has no images to decode") : " is read from binary files") +
+           ": leave out --decode");
   auto at_least = [&](const std::string& name, int64_t v, int64_t min) {
     if (v < min) o.fail("--" + name + " must be at least " + std::to_string(min) + ", got " + std::to_string(v));
   };
@@ -214,7 +223,8 @@ struct Data {
   int64_t num_classes = 0;
 };
 
-Data make_data(const Config& c) {
+// `folder` is how --dataset folder reads its images (where it decodes them, see run()).
+Data make_data(const Config& c, const data::ImageFolderOptions& folder) {
   Data d;
   if (c.dataset == "synthetic") {
     // Standard-normal images (already "normalised") and uniform labels: for throughput and smoke tests; there
@@ -249,10 +259,12 @@ Data make_data(const Config& c) {
           fail("--data " + c.data_dir + " has no " + split + "/ folder; --dataset folder expects " + c.data_dir +
                "/train/<class>/<images> and " + c.data_dir + "/val/<class>/<images>");
       }
+      // Both pipelines are ones the GPU path runs (RandomResizedCrop + flip; Resize + CenterCrop), so --decode gpu
+      // decodes evaluation images on the GPU too.
       auto train = std::make_shared<data::ImageFolder>((fs::path(c.data_dir) / "train").string(),
-                                                       data::transforms::imagenet_train(c.image_size));
+                                                       data::transforms::imagenet_train(c.image_size), folder);
       auto eval = std::make_shared<data::ImageFolder>((fs::path(c.data_dir) / "val").string(),
-                                                      data::transforms::imagenet_eval(c.image_size));
+                                                      data::transforms::imagenet_eval(c.image_size), folder);
       if (train->classes() != eval->classes())
         fail("--data " + c.data_dir + ": train/ has " + std::to_string(train->classes().size()) +
              " class folders and val/ has " + std::to_string(eval->classes().size()) +
@@ -265,6 +277,22 @@ Data make_data(const Config& c) {
     fail("cannot read --dataset " + c.dataset + " from " + c.data_dir + ": " + e.what());
   }
   return d;
+}
+
+// --decode gpu: decodes the first training image through the loader's collate, on this process's GPU, before
+// anything else, so that a kiln built without nvJPEG, or a libnvjpeg that cannot be found, stops the run here with
+// kiln's message and this program's way out, rather than from the loader's first batch after the model is built.
+void check_gpu_decode(const data::Dataset& train, Device dev, uint64_t seed) {
+  cuda::DeviceGuard on_dev(dev.index());  // where the loader's collate decodes (its options.device)
+  data::SampleRng rng(seed, 0, 0);
+  std::vector<data::Example> first = {train.get(0, rng)};  // reads the file; a bad one throws, naming it
+  try {
+    data::Batch batch = train.collate_fn()(first, /*pinned=*/false);
+    if (batch.ready) batch.ready->synchronize();
+  } catch (const kiln::Error& e) {
+    fail(std::string("--decode gpu: decoding the first training image on the GPU failed: ") + e.what() +
+         "\nIn this program: --decode cpu decodes on the CPU.");
+  }
 }
 
 // This process's share of the evaluation set without padding (DistributedSampler repeats samples to even the
@@ -356,7 +384,7 @@ EvalResult evaluate(nn::models::ResNet& model, data::DataLoader& loader, const C
   int64_t samples = 0, batches = 0;
   for (data::Batch& batch : loader.epoch(0)) {
     if (c.eval_steps > 0 && batches++ >= c.eval_steps) break;
-    auto [images, labels] = batch;  // (N, 3, H, W) float32, (N) int64, on `dev`
+    auto [images, labels] = batch;  // (N, 3, H, W) float32 (--decode gpu: maybe bfloat16), (N) int64, on `dev`
     Tensor x = c.channels_last ? images.contiguous(MemoryFormat::ChannelsLast) : images;
     Tensor logits, loss_sum;
     {
@@ -419,9 +447,25 @@ int run(int argc, char** argv) {
   if (dev.is_cuda() && !c.deterministic) nn::set_cudnn_benchmark(true);  // time cuDNN's algorithms once per shape
   manual_seed(static_cast<uint64_t>(c.seed));  // the same initial weights on every rank (DDP broadcasts anyway)
 
+  // --decode gpu: the loaders' collate decodes each batch with nvJPEG on this process's GPU and hands it over in
+  // the format the model takes it: channels-last with --channels-last (the model's own format, no copy), and
+  // bfloat16 under bf16 autocast (what the first convolution casts it to anyway: half the bytes); otherwise
+  // float32 (the GPU path writes float32 or bfloat16 only; fp16 autocast casts it).
+  data::ImageFolderOptions folder;
+  if (c.decode == "gpu") {
+    if (!dev.is_cuda())
+      fail(c.device == "cpu" ? "--decode gpu needs a GPU, and this run is on the CPU (--device cpu); use --decode cpu"
+                             : "--decode gpu needs a GPU, and none is visible (or kiln was built without CUDA); use "
+                               "--decode cpu");
+    folder.decode = data::Decode::Gpu;
+    folder.gpu = {.dtype = precision.autocast && precision.dtype == DType::BFloat16 ? DType::BFloat16 : DType::Float32,
+                  .channels_last = c.channels_last};
+  }
+
   // Data: the training loader shards by rank by itself (DistributedSampler); drop_last keeps every step's
   // batch full, as BatchNorm and the all-reduce like it.
-  Data d = make_data(c);
+  Data d = make_data(c, folder);
+  if (c.decode == "gpu") check_gpu_decode(*d.train, dev, static_cast<uint64_t>(c.seed));
   std::optional<Device> delivery;
   if (dev.is_cuda()) delivery = dev;  // pinned batches, copied ahead on the loader's stream
   const auto seed = static_cast<uint64_t>(c.seed);
@@ -471,6 +515,10 @@ int run(int argc, char** argv) {
         static_cast<long long>(c.batch_size * env.world_size * c.accumulate), static_cast<long long>(c.batch_size),
         env.world_size, static_cast<long long>(c.accumulate), static_cast<long long>(steps_per_epoch),
         static_cast<long long>(c.epochs), c.optimizer.c_str(), c.lr, c.schedule.c_str());
+    if (c.decode == "gpu")
+      std::printf("images decoded on the GPU (nvJPEG) into %s%s batches\n",
+                  folder.gpu.dtype == DType::BFloat16 ? "bfloat16" : "float32",
+                  folder.gpu.channels_last ? " channels-last" : "");
     std::fflush(stdout);
   }
 
@@ -597,7 +645,7 @@ int run(int argc, char** argv) {
     int64_t micro = first_batch;  // micro-batches of this epoch handed out so far
     for (data::Batch& batch : range) {
       if (micro / c.accumulate >= steps_per_epoch) break;  // --steps-per-epoch, or the leftover micro-batches
-      auto [images, labels] = batch;                       // (N, 3, H, W) float32, (N) int64, on `dev` already
+      auto [images, labels] = batch;  // (N, 3, H, W) float32 (--decode gpu: maybe bfloat16), (N) int64, on `dev`
       Tensor x = c.channels_last ? images.contiguous(MemoryFormat::ChannelsLast) : images;
       Tensor loss;
       {

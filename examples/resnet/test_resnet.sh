@@ -12,6 +12,8 @@
 #   grad_checkpoint  --grad-checkpoint gives the same weights as without (CPU: the same bits)
 #   cifar      --make-fake-cifar10 files, then training on them through the CIFAR-10 reader
 #   folder     an ImageNet-layout folder of generated PNGs (needs python3; exit 77, skipped, without it)
+#   folder_gpu the same folder with --decode gpu --amp bf16 --channels-last (exit 77, skipped, without a GPU); in a
+#              kiln without nvJPEG the run must stop before training, saying to use --decode cpu
 #   bad_input  wrong options and missing data give a message naming the problem and a non-zero exit
 #   mpi        LAUNCHER (mpirun -np 2 ...) on the CPU, with SyncBatchNorm: a data-parallel run killed after step 2
 #              and resumed ends with the weights of an uninterrupted one
@@ -32,6 +34,29 @@ fail() {
 }
 # rows of a CSV file without its header
 rows() { echo $(($(wc -l <"$1") - 1)); }
+
+# png_folder DIR: an image folder in ImageNet's layout, 3 classes of small PNGs of varied sizes (8 train, 2 val
+# each), written by Python's zlib; exits 77 (skipped) without python3
+png_folder() {
+  command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+  python3 - "$1" <<'PY'
+import os, random, struct, sys, zlib
+def png(path, w, h, pixels):
+    rows = b"".join(b"\0" + bytes(pixels[y * w * 3:(y + 1) * w * 3]) for y in range(h))
+    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+                chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+random.seed(0)
+for split, n in (("train", 8), ("val", 2)):
+    for name, colour in (("cat", (200, 50, 50)), ("dog", (50, 50, 200)), ("fox", (50, 200, 50))):
+        os.makedirs(f"{sys.argv[1]}/{split}/{name}", exist_ok=True)
+        for i in range(n):
+            w, h = random.randint(40, 80), random.randint(40, 80)
+            pixels = [max(0, min(255, c + random.randint(-40, 40))) for _ in range(w * h) for c in colour]
+            png(f"{sys.argv[1]}/{split}/{name}/{i}.png", w, h, pixels)
+PY
+}
 
 case "$mode" in
 smoke)
@@ -108,25 +133,7 @@ cifar)
   ;;
 
 folder)
-  # an image folder in ImageNet's layout: 3 classes of small PNGs of varied sizes, written by Python's zlib
-  command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
-  python3 - "$work/data" <<'PY'
-import os, random, struct, sys, zlib
-def png(path, w, h, pixels):
-    rows = b"".join(b"\0" + bytes(pixels[y * w * 3:(y + 1) * w * 3]) for y in range(h))
-    chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
-                chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
-random.seed(0)
-for split, n in (("train", 8), ("val", 2)):
-    for name, colour in (("cat", (200, 50, 50)), ("dog", (50, 50, 200)), ("fox", (50, 200, 50))):
-        os.makedirs(f"{sys.argv[1]}/{split}/{name}", exist_ok=True)
-        for i in range(n):
-            w, h = random.randint(40, 80), random.randint(40, 80)
-            pixels = [max(0, min(255, c + random.randint(-40, 40))) for _ in range(w * h) for c in colour]
-            png(f"{sys.argv[1]}/{split}/{name}/{i}.png", w, h, pixels)
-PY
+  png_folder "$work/data"
   "$exe" --device cpu --dataset folder --data "$work/data" --image-size 64 --batch-size 4 --epochs 1 \
     --steps-per-epoch 2 --workers 2 --log-every 1 --output "$work/run" | tee "$work/out.txt"
   grep -q "folder: 24 train, 6 eval samples, 3 classes" "$work/out.txt" || fail "the image folder was not read"
@@ -136,6 +143,32 @@ PY
     fail "train/ and val/ with different classes were accepted"
   fi
   grep -q "both need the same class folders" "$work/err.txt" || fail "no message on different class folders"
+  ;;
+
+folder_gpu)
+  png_folder "$work/data"
+  set +e
+  "$exe" --dataset folder --data "$work/data" --decode gpu --amp bf16 --channels-last --image-size 64 \
+    --batch-size 4 --epochs 1 --steps-per-epoch 2 --workers 2 --log-every 1 --output "$work/run" \
+    >"$work/out.txt" 2>"$work/err.txt"
+  code=$?
+  set -e
+  cat "$work/out.txt" "$work/err.txt"
+  if grep -q "needs a GPU, and none is visible" "$work/err.txt"; then
+    echo "no GPU visible: skipped"
+    exit 77
+  fi
+  if grep -q "^resnet: --decode gpu: decoding the first training image on the GPU failed" "$work/err.txt"; then
+    # a kiln without nvJPEG (or libnvjpeg not found): stopped before training, with the way out
+    [[ $code == 2 ]] || fail "exit code $code, not 2, without nvJPEG"
+    grep -q "decode cpu" "$work/err.txt" || fail "no hint to use --decode cpu"
+    ! grep -q "^epoch 1 step" "$work/out.txt" || fail "training started although the GPU cannot decode"
+  else
+    [[ $code == 0 ]] || fail "--decode gpu run exited with $code"
+    grep -q "images decoded on the GPU (nvJPEG) into bfloat16 channels-last batches" "$work/out.txt" ||
+      fail "no line saying the images are decoded on the GPU"
+    grep -q "(6 samples)" "$work/out.txt" || fail "not the whole val/ folder evaluated"
+  fi
   ;;
 
 bad_input)
@@ -159,6 +192,12 @@ bad_input)
   expect 2 "cannot read --dataset cifar10 from" -- --dataset cifar10 --data "$work/empty"
   expect 2 "has no train/ folder" -- --dataset folder --data "$work/empty"
   expect 2 "--amp fp32 is not known" -- --amp fp32
+  expect 2 "--decode jpeg is not known; use one of cpu, gpu" -- --decode jpeg
+  expect 2 "--decode gpu decodes the JPEGs of --dataset folder; --dataset synthetic has no images" -- --decode gpu
+  expect 2 "--dataset cifar10 is read from binary files: leave out --decode" -- \
+    --dataset cifar10 --data "$work/empty" --decode gpu
+  expect 2 "--decode gpu needs a GPU, and this run is on the CPU (--device cpu); use --decode cpu" -- \
+    --device cpu --dataset folder --data "$work/empty" --decode gpu
   expect 2 "--lr-steps takes positive epochs" -- --schedule step --lr-steps 3,x
   expect 2 "fewer than one optimizer step" -- --device cpu "${tiny[@]}" --synthetic-size 3
   expect 2 "--profile takes WAIT,WARMUP,ACTIVE" -- --device cpu "${tiny[@]}" --profile 1,2
