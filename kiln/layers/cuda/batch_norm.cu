@@ -551,6 +551,19 @@ DType acc_dtype(DType t) { return t == DType::Float64 ? DType::Float64 : DType::
 // A (C) tensor in dtype, contiguous (undefined stays undefined).
 Tensor per_channel_as(const Tensor& t, DType dtype) { return t.defined() ? ops::contiguous(t.to(dtype)) : t; }
 
+// The blocks of `kernel` (kThreads threads, `smem` bytes of shared memory) one SM runs at once, on this GPU. The
+// grids below are sized to whole waves of them: a grid of 1.33 waves (528 blocks where 396 fit) spends half its
+// time on its last third.
+template <typename Kernel>
+int blocks_per_sm(Kernel kernel, int threads, size_t smem) {
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  return std::max(n, 1);
+}
+
 template <typename A>
 A* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<A>() : nullptr;
@@ -570,7 +583,8 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
     if (!L.rows) {
       const int64_t vecs = L.outer * L.S / V;
       const int64_t max_splits = std::max<int64_t>(1, vecs / (kThreads * 8));  // >= 8 vectors per thread
-      splits = std::clamp<int64_t>(ceil_div(int64_t{sms} * 8, L.C), 1, std::min<int64_t>(max_splits, 65535));
+      static const int per_sm = blocks_per_sm(reduce_planes_kernel<T, V, Acc, Op>, kThreads, 0);
+      splits = std::clamp<int64_t>(int64_t{sms} * per_sm / L.C, 1, std::min<int64_t>(max_splits, 65535));
       const int64_t chunk = ceil_div(vecs, splits);
       splits = ceil_div(vecs, chunk);
       partial = ops::empty({L.C * splits * 3}, TensorOptions{.dtype = adt, .device = like.device()});
@@ -584,11 +598,12 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
       const int by = kThreads / bx;
       const int64_t grid_x = ceil_div(cvecs, bx);
       const int64_t max_splits = std::max<int64_t>(1, L.outer / (int64_t{by} * 8));  // >= 8 rows per thread
-      splits = std::clamp<int64_t>(ceil_div(int64_t{sms} * 4, grid_x), 1, std::min<int64_t>(max_splits, 65535));
+      const size_t smem = sizeof(State<Acc>) * static_cast<size_t>(kThreads) * V;
+      static const int per_sm = blocks_per_sm(reduce_rows_kernel<T, V, Acc, Op>, kThreads, smem);
+      splits = std::clamp<int64_t>(int64_t{sms} * per_sm / grid_x, 1, std::min<int64_t>(max_splits, 65535));
       const int64_t rows_per_split = ceil_div(L.outer, splits);
       splits = ceil_div(L.outer, rows_per_split);
       partial = ops::empty({L.C * splits * 3}, TensorOptions{.dtype = adt, .device = like.device()});
-      const size_t smem = sizeof(State<Acc>) * static_cast<size_t>(kThreads) * V;
       reduce_rows_kernel<T, V, Acc, Op>
           <<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(splits)), dim3(bx, by), smem, stream>>>(
               in, op, reinterpret_cast<State<Acc>*>(partial.data_ptr()), L.outer, L.C, rows_per_split);
@@ -601,18 +616,18 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
   return partial;
 }
 
-// The 2-d grid of the rows kernels: x over channel vectors (bx threads), y over rows (by threads), enough
-// blocks to fill the GPU a few times over.
+// The 2-d grid of the rows kernels: x over channel vectors (bx threads), y over rows (by threads), one wave of
+// the blocks (per_sm of them on each SM) looping over the rows.
 struct RowsGrid {
   dim3 grid, block;
 };
-RowsGrid rows_grid(int64_t M, int64_t C, int V) {
+RowsGrid rows_grid(int64_t M, int64_t C, int V, int per_sm) {
   const int64_t cvecs = C / V;
   int bx = 1;
   while (bx < 32 && bx < cvecs) bx *= 2;
   const int by = kThreads / bx;
   const int64_t grid_x = ceil_div(cvecs, bx);
-  const int64_t want_y = std::max<int64_t>(1, int64_t{cuda::kdetail::sm_count()} * 8 / grid_x);
+  const int64_t want_y = std::max<int64_t>(1, int64_t{cuda::kdetail::sm_count()} * per_sm / grid_x);
   const int64_t grid_y = std::clamp<int64_t>(ceil_div(M, by), 1, std::min<int64_t>(want_y, 65535));
   return {dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(bx, by)};
 }
@@ -672,7 +687,8 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
       mp = relu_mask.data_ptr<uint8_t>();
     }
     if (L.rows) {
-      const RowsGrid g = rows_grid(L.outer, L.C, V);
+      static const int per_sm = blocks_per_sm(forward_rows_kernel<T, V, Acc>, kThreads, 0);
+      const RowsGrid g = rows_grid(L.outer, L.C, V, per_sm);
       forward_rows_kernel<T, V, Acc><<<g.grid, g.block, 0, stream>>>(
           xp, rp, yp, mp, mean.data_ptr<Acc>(), scale.data_ptr<Acc>(), ptr_or_null<Acc>(b), relu, L.outer, L.C);
     } else {
@@ -734,7 +750,8 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
     constexpr int V = decltype(width)::value;
     trace::Scope apply_range(trace::Kind::Op, "batch_norm_backward.input", x.device());
     if (L.rows) {
-      const RowsGrid g = rows_grid(L.outer, L.C, V);
+      static const int per_sm = blocks_per_sm(backward_rows_kernel<T, V, Acc>, kThreads, 0);
+      const RowsGrid g = rows_grid(L.outer, L.C, V, per_sm);
       backward_rows_kernel<T, V, Acc><<<g.grid, g.block, 0, stream>>>(xp, dyp, yp, mp, dst, mean.data_ptr<Acc>(),
                                                                       ptr_or_null<Acc>(p), ptr_or_null<Acc>(q),
                                                                       ptr_or_null<Acc>(r), training, L.outer, L.C);
