@@ -44,3 +44,15 @@ function(kiln_link_hdf5 target)
   kiln_use_privately(${target} HDF5::HDF5)
   target_link_libraries(${target} PRIVATE ${HDF5_C_LIBRARIES})
 endfunction()
+
+# kiln_find_nvidia_header(VAR HEADER FOLDER ENV_VAR DOC): the folder holding HEADER, looked for first in
+# third_party/FOLDER/include (where scripts/setup.sh installs NVIDIA's header packages from PyPI) and in the folder
+# the environment variable ENV_VAR names, then in the CUDA toolkit's include folder (some toolkits ship the header).
+# VAR is a cache variable, as find_path's: VAR-NOTFOUND when neither has it.
+function(kiln_find_nvidia_header var header folder env doc)
+  find_path(${var} ${header} HINTS ${PROJECT_SOURCE_DIR}/third_party/${folder}/include ENV ${env} NO_DEFAULT_PATH
+            DOC "${doc}")
+  if(NOT ${var})
+    find_path(${var} ${header} HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include DOC "${doc}")
+  endif()
+endfunction()

@@ -18,23 +18,13 @@
 # `mpirun -np 2`, then bench/ddp_scaling.py's table.
 set -uo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-out="${OUT:-$root/gpu-logs}"
-mkdir -p "$out"
-build="${KILN_GPU_BUILD_DIR:-build-gpu}"
-jobs="$(nproc)"
 only="${KILN_GPU_CHECK_ONLY:-}"
 if [[ -n "$only" && "$only" != dist && "$only" != train ]]; then
   echo "gpu_check.sh: KILN_GPU_CHECK_ONLY takes 'dist' or 'train' (got '$only')" >&2; exit 2
 fi
-
-# NVLink multicast stays off in every process (shared hosts: see GPU.md).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-
-summary="$out/summary.txt"
-: >"$summary"
-note() { echo "$*" | tee -a "$summary"; }
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # root, out, build, note; NVLink multicast off
+jobs="$(nproc)"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpus.txt" 2>&1
 note "GPUs: $(paste -sd';' "$out/gpus.txt")"

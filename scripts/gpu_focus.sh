@@ -12,16 +12,8 @@
 # KILN_FOCUS_TARGETS: extra build targets.
 set -uo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-out="${OUT:-$root/gpu-logs}"
-mkdir -p "$out"
-build="${KILN_GPU_BUILD_DIR:-build-gpu}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-
-summary="$out/summary.txt"
-: >"$summary"
-note() { echo "$*" | tee -a "$summary"; }
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # root, out, build, note; NVLink multicast off
 
 read -r -a test_pairs <<<"${KILN_FOCUS_TESTS:-}"
 IFS=';' read -r -a benches <<<"${KILN_FOCUS_BENCH:-}"
