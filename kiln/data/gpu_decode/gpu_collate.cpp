@@ -141,6 +141,9 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
   batch.add("label", std::move(labels));
   batch.ready = std::make_shared<cuda::Event>();
   batch.ready->record(decoder.stream());
+  std::vector<Tensor> encoded;  // the bytes the queued decode reads from host memory
+  for (int64_t k : jpeg_of) encoded.push_back(examples[k]["encoded"]);
+  decoder.keep_until(std::move(encoded), batch.ready);
   return batch;
 }
 

@@ -116,6 +116,12 @@ JpegDecoder::~JpegDecoder() {
 
 bool JpegDecoder::hardware() const { return state_->handles.hardware != nullptr; }
 
+void JpegDecoder::keep_until(std::vector<Tensor> inputs, std::shared_ptr<cuda::Event> done) {
+  if (kept_done_) kept_done_->synchronize();
+  kept_ = std::move(inputs);
+  kept_done_ = std::move(done);
+}
+
 void JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& stream,
                          std::vector<std::string>& errors) {
   State& st = *state_;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kiln/tensor/cuda.h"
+#include "kiln/tensor/tensor.h"
 
 namespace kiln::data::gpu {
 
@@ -53,6 +54,11 @@ class JpegDecoder {
   // written for it; the caller may decode it another way).
   void decode(std::span<const JpegInput> images, const cuda::Stream& stream, std::vector<std::string>& errors);
 
+  // Keeps `inputs` (the host memory a batch's decode reads: the files' bytes) alive until `done` has happened:
+  // the decode reads them while it runs on the GPU. They are let go at the next call, after a host wait on the
+  // previous `done`, which has long happened by then in a loader (its worker reads a batch of files first).
+  void keep_until(std::vector<Tensor> inputs, std::shared_ptr<cuda::Event> done);
+
   const cuda::Stream& stream() const { return stream_; }  // this decoder's own stream (the caller may use it)
   bool hardware() const;                                  // the GPU's JPEG engines are in use
 
@@ -62,6 +68,8 @@ class JpegDecoder {
   int device_;
   cuda::Stream stream_;
   std::unique_ptr<State> state_;
+  std::vector<Tensor> kept_;  // keep_until's inputs, until kept_done_
+  std::shared_ptr<cuda::Event> kept_done_;
 };
 
 }  // namespace kiln::data::gpu
