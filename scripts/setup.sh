@@ -159,7 +159,7 @@ apt_install() {
 # - GPU monitoring (kiln/monitor/nvml/) and kiln-doctor read the driver's NVML library, loaded at run time;
 #   only its header is needed to build (nvidia-nvml-dev's nvml.h). Without it kiln builds, and says at run
 #   time that GPU monitoring is missing.
-# - GPU JPEG decoding (kiln/data/nvjpeg/) loads nvJPEG at run time; nvidia-nvjpeg gives its header to build
+# - GPU JPEG decoding (kiln/data/gpu_decode/) loads nvJPEG at run time; nvidia-nvjpeg gives its header to build
 #   against and libnvjpeg.so.13 (into third_party/nvjpeg/lib/, where kiln looks first at run time). The 13.0
 #   release runs with every CUDA 13 driver. Without it kiln builds, and a GPU decode says how to get it.
 cudnn_frontend_version="1.32.0"
@@ -185,7 +185,7 @@ install_wheel_headers() {
   fi
   local tmp
   tmp="$(mktemp -d)"
-  say "installing $package $version (headers only) from PyPI into $dir"
+  say "installing $package $version ($([[ "$libs" == libs ]] && echo "headers and libraries" || echo "headers only")) from PyPI into $dir"
   if "$py" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "$package==$version" &&
      "$py" - "$tmp" "$dir" "$check" "$libs" <<'PY'
 import glob, os, shutil, sys, zipfile
