@@ -136,6 +136,7 @@ TEST_F(CudaGraph, RandomOpsDrawNewNumbersOnEveryReplay) {
   Generator& gen = default_generator(gpu);
   Tensor x = ops::full({4096}, 2.0, {.device = gpu});
   Tensor out, mask, u;
+  const uint64_t before_capture = gen.state().offset;
   cuda::Graph graph;
   graph.capture(
       [&] {
@@ -143,6 +144,8 @@ TEST_F(CudaGraph, RandomOpsDrawNewNumbersOnEveryReplay) {
         u = ops::rand({1000}, {.device = gpu});
       },
       1);
+  // The warm-up step took its 2 draws; the recorded step, which did not run, none.
+  EXPECT_EQ(gen.state().offset, before_capture + 2);
   std::vector<float> previous;
   for (int k = 0; k < 3; ++k) {
     SCOPED_TRACE(k);

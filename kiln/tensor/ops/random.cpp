@@ -21,9 +21,11 @@ GeneratorState draw_for(Generator* gen, Device device) {
                 "random op in a CUDA graph capture after the generator was rewound (gradient checkpointing with "
                 "dropout): replays could not draw the same numbers again; capture without checkpointing, or with "
                 "dropout off in the checkpointed layers");
-  GeneratorState draw = g.next_draw();
   // A captured kernel would repeat this draw on every replay: its offset lives in device memory instead, and
-  // every replay takes a fresh draw from the generator and writes its offset there first.
+  // every replay takes a fresh draw from the generator and writes its offset there first. The capture itself,
+  // whose kernels do not run, takes none (as the fused attention's dropout): the first replay then draws what the
+  // next eager step would have, so replayed and eager runs from the same state use the same numbers.
+  GeneratorState draw = g.state();
   Tensor slot = cuda::Graph::replay_input({1}, {.dtype = DType::Int64, .device = device});
   Generator* source = &g;
   const uint64_t seed = draw.seed;
