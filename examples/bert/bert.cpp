@@ -344,6 +344,7 @@ int pretrain(int argc, char** argv) {
   }
 
   const Runtime rt = start_runtime(o);
+  check_cuda_graph(opts, o, rt);
   check_out_folder(o);
   const std::vector<fs::path> files = text_files(text);
   std::optional<ModelFolder> init;
@@ -467,6 +468,7 @@ int finetune(int argc, char** argv) {
   if (train_path.empty() || eval_path.empty()) opts.fail("give --train FILE.tsv and --eval FILE.tsv");
 
   const Runtime rt = start_runtime(o);
+  check_cuda_graph(opts, o, rt);
   check_out_folder(o);
   if (init_from.empty()) {
     opts.fail(

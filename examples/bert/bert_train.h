@@ -5,6 +5,9 @@
 // The loop in one picture, per optimizer step (accum micro-batches; DataParallel averages on the last):
 //   for each micro-batch: [no_sync unless last] { autocast { loss = task.loss(batch) } scaler.scale(loss /
 //   accum).backward() } unscale_, clip_grad_norm_, scaler.step(opt), scaler.update(), scheduler.step(), zero_grad
+// With --cuda-graph (one GPU, one micro-batch per step) that whole step but the scheduler runs on static input
+// tensors that each batch is copied into: eagerly for the first 2 steps of the process, then captured in a
+// cuda::Graph (ex::GraphedStep) and replayed.
 #pragma once
 
 #include <kiln/kiln.h>
@@ -25,6 +28,7 @@
 
 #include "bert_data.h"     // fs, text and TSV inputs, config.json
 #include "example_util.h"  // ex::Options, ex::pick_device, ex::Progress
+#include "graphed_step.h"  // ex::GraphedStep, ex::StaticBatch (--cuda-graph)
 
 namespace bert_example {
 
@@ -52,6 +56,7 @@ struct RunOptions {
   double& clip;
   std::string& amp;
   bool& checkpointing;
+  bool& cuda_graph;
   int64_t& workers;
   int64_t& threads;
   std::string& out;
@@ -113,6 +118,10 @@ inline RunOptions add_run_options(ex::Options& o, const RunDefaults& d) {
       o.add_flag("checkpointing",
                  "gradient checkpointing: recompute each encoder layer during backward "
                  "instead of keeping its activations (less memory, more compute)"),
+      o.add_flag("cuda-graph",
+                 "after 2 eager steps, capture the training step in a CUDA graph and replay it for every later "
+                 "batch (one GPU; every batch is full, the last partial one is dropped); not with --accum-steps > 1, "
+                 "--checkpointing, --profile, mpirun or the CPU"),
       o.add_int("workers", 4, "data-loading threads"),
       o.add_int("threads", 0, "CPU compute threads (0: kiln's default, KILN_NUM_THREADS or all cores)"),
       o.add_string("out", d.out, "folder for checkpoints, metrics.csv, config.json, vocab.txt, model.safetensors"),
@@ -152,6 +161,24 @@ inline void check_run_options(const ex::Options& opts, const RunOptions& o) {
   }
   if (o.lr == 0 || o.lr < -1) opts.fail("--lr must be positive (or -1 for the default)");
   if (o.clip < 0 || o.weight_decay < 0) opts.fail("--clip-grad and --weight-decay must be >= 0");
+  if (o.cuda_graph) {  // what a replayed step cannot do (the GPU and the number of processes: check_cuda_graph)
+    if (const std::string why = ex::cuda_graph_env_conflict(); !why.empty()) opts.fail(why);
+    if (o.accum > 1) {
+      opts.fail("--cuda-graph replays one whole optimizer step per batch; it does not take --accum-steps " +
+                std::to_string(o.accum) + " (raise --batch instead, or leave out --cuda-graph)");
+    }
+    if (o.checkpointing) {
+      opts.fail(
+          "--cuda-graph does not take --checkpointing: recomputing a layer with dropout rewinds the random "
+          "generator, which replays cannot follow; leave out one of them");
+    }
+    if (!o.profiling.profile.empty()) {
+      opts.fail(
+          "--cuda-graph does not take --profile (a replay is one launch, with no ops to time); profile "
+          "without --cuda-graph: the eager steps run the same kernels");
+    }
+    if (o.device == "cpu") opts.fail("--cuda-graph needs a GPU, and this run is on the CPU (--device cpu)");
+  }
 }
 
 // ---------------------------------------------------------------- the process
@@ -178,6 +205,23 @@ inline Runtime start_runtime(const RunOptions& o) {
     std::cout << "note: --amp " << o.amp << " applies to GPU runs; this run is on the CPU, in float32\n";
   }
   return rt;
+}
+
+// --cuda-graph, once the process has joined the job: one process, on a GPU. Exits 2 otherwise, before anything is
+// loaded.
+inline void check_cuda_graph(const ex::Options& opts, const RunOptions& o, const Runtime& rt) {
+  if (!o.cuda_graph) return;
+  if (rt.env->world_size > 1) {
+    opts.fail(
+        "--cuda-graph runs on one GPU for now: the gradient all-reduce of dist::DataParallel cannot be "
+        "captured; run the " +
+        std::to_string(rt.env->world_size) + " processes without --cuda-graph");
+  }
+  if (!rt.device.is_cuda()) {
+    opts.fail(
+        "--cuda-graph needs a GPU, and none is visible (or kiln was built without CUDA); leave out "
+        "--cuda-graph");
+  }
 }
 
 inline const char* amp_name(const std::optional<DType>& amp) {
@@ -372,7 +416,7 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
               << samples_per_step << " (" << o.batch << " x " << o.accum << " accum x " << env.world_size << "), "
               << steps_per_epoch << " steps per epoch, " << total << " steps, warmup " << warmup << ", " << opt->name()
               << " lr " << lr << ", amp " << amp_name(rt.amp) << (o.checkpointing ? ", gradient checkpointing" : "")
-              << "\n";
+              << (o.cuda_graph ? ", CUDA graph from the 3rd step" : "") << "\n";
   }
   ex::Progress progress(total, samples_per_step, rt.device);
   // --profile / --nvtx: kiln's profiler over a few steps (the top ops and a trace file), NVTX ranges for nsys.
@@ -387,6 +431,32 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
   int64_t steps_done = 0, logged_step = step, saved_step = resumed ? step : -1;
   Tensor loss_sum;  // the detached losses since the last log, on the device: read only when logging
   int64_t loss_count = 0;
+
+  // --cuda-graph: the step from forward to zero_grad on static inputs (each batch is copied into them); it leaves
+  // its loss in graph_loss, which each replay writes. The scheduler steps outside it, on the host.
+  ex::StaticBatch graph_inputs;
+  Tensor graph_loss;  // 0-d float32
+  std::optional<ex::GraphedStep> graphed;
+  if (o.cuda_graph) {
+    graph_loss = kiln::zeros({}, {.dtype = DType::Float32, .device = rt.device});
+    graphed.emplace([&] {
+      Tensor loss;
+      {
+        std::optional<kiln::amp::Autocast> cast;
+        if (rt.amp) cast.emplace(*rt.amp);
+        loss = task.loss(graph_inputs.batch());  // 0-d
+      }
+      scaler.scale(loss / static_cast<double>(o.accum)).backward();  // accum is 1: the eager step's ops
+      graph_loss.copy_(loss.detach());
+      if (o.clip > 0) {
+        scaler.unscale_(*opt);
+        nn::utils::clip_grad_norm_(params, o.clip);
+      }
+      scaler.step(*opt);  // skipped (on the device) when an fp16 gradient overflowed
+      scaler.update();
+      opt->zero_grad();
+    });
+  }
 
   auto save = [&](int64_t s) {
     ckpt.save(s, parts);  // every rank calls it: rank files hold each one's generators and loader position
@@ -424,7 +494,15 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
     bool epoch_done = false;
     for (data::Batch& batch : range) {
       const bool last_micro = ++micro == o.accum;
-      {
+      if (graphed) {  // one micro-batch per step: the whole step (the loss is a copy, the next replay rewrites it)
+        graph_inputs.copy_from(batch);
+        if (graphed->run() && rt.main()) {
+          std::cout << "cuda graph: the training step was captured at step " << step + 1
+                    << "; the later steps replay it" << std::endl;
+        }
+        loss_sum = loss_sum.defined() ? loss_sum + graph_loss : graph_loss.clone();
+        ++loss_count;
+      } else {
         // Only the last micro-batch of a step all-reduces; the others accumulate locally.
         std::optional<dist::DataParallel::NoSyncGuard> local;
         if (!last_micro) local.emplace(ddp);
@@ -444,14 +522,16 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
       micro = 0;
 
       const double lr_used = opt->lr(0);
-      if (o.clip > 0) {
-        scaler.unscale_(*opt);  // clip the true gradients, not the scaled ones
-        nn::utils::clip_grad_norm_(params, o.clip);
+      if (!graphed) {
+        if (o.clip > 0) {
+          scaler.unscale_(*opt);  // clip the true gradients, not the scaled ones
+          nn::utils::clip_grad_norm_(params, o.clip);
+        }
+        scaler.step(*opt);  // skipped (on the device) when an fp16 gradient overflowed
+        scaler.update();
       }
-      scaler.step(*opt);  // skipped (on the device) when an fp16 gradient overflowed
-      scaler.update();
-      sched->step();
-      opt->zero_grad();
+      sched->step();  // a replay reads the optimizer's learning rate before it runs
+      if (!graphed) opt->zero_grad();
       ++step;
       ++steps_done;
       profiler.step();

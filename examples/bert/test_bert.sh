@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # examples/bert/test_bert.sh — the CTest cases of the BERT example (examples/bert/CMakeLists.txt), on the CPU:
 #   test_bert.sh CASE BERT_BINARY DATA_DIR WORK_DIR [LAUNCHER...]
-# CASE: pretrain | resume | finetune | mpi | help | bad_input. Each case prints what it runs and exits non-zero,
-# saying why, when a check fails.
+# CASE: pretrain | resume | finetune | mpi | help | bad_input | graph. Each case prints what it runs and exits
+# non-zero, saying why, when a check fails. graph runs on the GPU (--cuda-graph) and exits 77 (skipped) without one.
 set -euo pipefail
 
 case_name=$1 bert=$2 data=$3 work=$4
@@ -77,7 +77,68 @@ case "$case_name" in
     [[ $(rows "$work/finetune2/metrics.csv") -eq 3 ]] || fail "metrics.csv should have 3 rows"
     ;;
 
+  graph)
+    # --cuda-graph on the GPU: pretraining (BERT-Tiny, bf16, dropout on) for 10 steps eagerly and with the step
+    # captured at step 3 and replayed, from the same seed; then the graphed run stopped after step 5 and resumed,
+    # which captures again at step 8. Replays draw the dropout masks the eager steps draw and run the same kernels
+    # (--deterministic): the losses are expected equal, and must agree within 2e-3 relative (the tolerance of
+    # kiln's own replay test, for cuBLAS/cuDNN choosing other kernels on the graph's stream); the learning rates
+    # exactly. The parameter checksum (a hash) is reported, not required equal. Then fine-tuning, with its
+    # evaluation between replays.
+    rm -rf "$work/graph"
+    mkdir -p "$work/graph"
+    gpu=(--text "$data/sample.txt" --build-vocab 500 --size tiny --seq-len 32 --batch 8 --amp bf16 --workers 1
+         --deterministic --max-steps 10 --log-every 1 --ckpt-every 4 --print-checksum --device cuda)
+    graph_run() {  # graph_run NAME ARGS...: its output in $work/graph/NAME.log; exits 77 without a GPU
+      local name=$1 status=0
+      shift
+      echo "+ $bert $*"
+      "$bert" "$@" >"$work/graph/$name.log" 2>&1 || status=$?
+      cat "$work/graph/$name.log"
+      if grep -q "no GPU is visible" "$work/graph/$name.log"; then
+        echo "no GPU visible: skipped"
+        exit 77
+      fi
+      [[ $status -eq 0 ]] || fail "$name: bert exited with $status"
+    }
+    # compare A B: metrics.csv of the two runs (step and lr exactly, the loss within 2e-3 relative)
+    compare() {
+      local a=$work/graph/$1/metrics.csv b=$work/graph/$2/metrics.csv
+      [[ $(cut -d, -f1,2,4 "$a") == $(cut -d, -f1,2,4 "$b") ]] || fail "$1 and $2: other steps or learning rates"
+      paste -d, <(cut -d, -f2,3 "$a" | tail -n +2) <(cut -d, -f3 "$b" | tail -n +2) |
+        awk -F, '{ d = $2 - $3; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2;
+                   if (d > 2e-3 * m) { print "step " $1 ": loss " $2 " and " $3; bad = 1 } } END { exit bad }' ||
+        fail "$1 and $2: the losses differ by more than 2e-3"
+      local ca cb
+      ca=$(checksum "$work/graph/$1.log") cb=$(checksum "$work/graph/$2.log")
+      if [[ "$ca" == "$cb" ]]; then echo "$1 and $2: the same parameters ($ca)"; else
+        echo "$1 and $2: losses within 2e-3, parameter checksums $ca and $cb"; fi
+    }
+    graph_run graphed pretrain "${gpu[@]}" --cuda-graph --out "$work/graph/graphed"
+    graph_run eager pretrain "${gpu[@]}" --out "$work/graph/eager"
+    grep -q "cuda graph: the training step was captured at step 3; the later steps replay it" \
+      "$work/graph/graphed.log" || fail "the graphed run did not capture its step at step 3"
+    [[ $(rows "$work/graph/graphed/metrics.csv") -eq 10 ]] || fail "the graphed run should log 10 steps"
+    compare eager graphed
+    graph_run resumed pretrain "${gpu[@]}" --cuda-graph --stop-after 5 --out "$work/graph/resumed"
+    graph_run resumed pretrain "${gpu[@]}" --cuda-graph --resume --out "$work/graph/resumed"
+    grep -q 'resumed from .* at step 5' "$work/graph/resumed.log" || fail "the graphed run did not resume at step 5"
+    grep -q "captured at step 8" "$work/graph/resumed.log" || fail "the resumed run did not capture at step 8"
+    compare graphed resumed
+    # fine-tuning: one epoch of sample_cls.tsv and its evaluation, then more replays in the next epoch
+    graph_run finetune finetune --train "$data/sample_cls.tsv" --eval "$data/sample_cls.tsv" \
+      --init-from "$work/graph/graphed" --seq-len 32 --batch 4 --amp bf16 --workers 1 --epochs 2 --log-every 1 \
+      --device cuda \
+      --cuda-graph --out "$work/graph/finetune"
+    grep -q "captured at step 3" "$work/graph/finetune.log" || fail "fine-tuning did not capture its step"
+    [[ $(rows "$work/graph/finetune/eval.csv") -eq 2 ]] || fail "fine-tuning should have evaluated twice"
+    ;;
+
   mpi)
+    # --cuda-graph is for one process: every rank stops before training, rank 0 says why
+    out=$("${launcher[@]}" "$bert" pretrain "${tiny[@]}" --cuda-graph --device auto --out "$work/mpi_graph" 2>&1) &&
+      fail "--cuda-graph was accepted with 2 processes"
+    grep -qF "cuda-graph runs on one GPU for now" <<<"$out" || fail "no message on --cuda-graph with 2 processes: $out"
     # Two processes on the CPU (MPI carries the gradients): rank 0 prints and writes metrics.csv; each rank
     # writes its own part of the checkpoints.
     rm -rf "$work/mpi"
@@ -135,6 +196,30 @@ case "$case_name" in
     expect "--init-from $work/bad/nowhere does not exist" "$bert" finetune --train "$data/sample_cls.tsv" \
       --eval "$data/sample_cls.tsv" --init-from "$work/bad/nowhere" --device cpu --out "$work/bad/g"
     expect "unknown option --bogus" "$bert" pretrain --bogus 1
+    # --cuda-graph: what a captured step cannot do, refused (exit 2) before anything is loaded
+    expect2() {  # expect2 "message part" command...: exit code 2 and the message
+      local want=$1 out status=0
+      shift
+      out=$("$@" 2>&1) || status=$?
+      [[ $status -eq 2 ]] || fail "'$*' exited with $status, not 2: $out"
+      grep -qF -- "$want" <<<"$out" || fail "'$*' said '$out', expected it to mention '$want'"
+      echo "ok (2): $(tail -1 <<<"$out")"
+    }
+    expect2 "--cuda-graph needs a GPU, and this run is on the CPU (--device cpu)" "$bert" pretrain "${tiny[@]}" \
+      --cuda-graph --out "$work/bad/h"
+    expect2 "--cuda-graph needs a GPU, and none is visible" env CUDA_VISIBLE_DEVICES= "$bert" pretrain \
+      --text "$data/sample.txt" --build-vocab 500 --size tiny --cuda-graph --out "$work/bad/i"
+    expect2 "it does not take --accum-steps 2" "$bert" pretrain "${tiny[@]}" --cuda-graph --accum-steps 2 \
+      --out "$work/bad/j"
+    expect2 "--cuda-graph does not take --checkpointing" "$bert" pretrain "${tiny[@]}" --cuda-graph --checkpointing \
+      --out "$work/bad/k"
+    expect2 "--cuda-graph does not take --profile" "$bert" pretrain "${tiny[@]}" --cuda-graph --profile 1,1,2 \
+      --out "$work/bad/l"
+    expect2 "--cuda-graph does not work with KILN_CUDA_SYNC_INDEX_CHECKS=1" env KILN_CUDA_SYNC_INDEX_CHECKS=1 \
+      "$bert" pretrain "${tiny[@]}" --cuda-graph --out "$work/bad/n"
+    expect2 "--cuda-graph needs a GPU, and this run is on the CPU" "$bert" finetune --train "$data/sample_cls.tsv" \
+      --eval "$data/sample_cls.tsv" --init-from "$work/pretrain" --device cpu --cuda-graph --out "$work/bad/m"
+    for d in h i j k l m n; do [[ ! -e "$work/bad/$d" ]] || fail "a refused --cuda-graph run wrote $work/bad/$d"; done
     expect "unknown mode 'train'" "$bert" train
     ;;
 

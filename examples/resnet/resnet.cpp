@@ -6,6 +6,7 @@
 //   ./resnet --dataset folder ... --decode gpu       # JPEGs decoded by nvJPEG on the GPU (scripts/setup.sh)
 //   mpirun -np 8 -x NCCL_NVLS_ENABLE=0 ./resnet ...   # one process per GPU, data-parallel
 //   ./resnet ... --resume                            # continues from the newest checkpoint in --output
+//   ./resnet ... --cuda-graph                        # one GPU: the training step captured once and replayed
 //
 // The same program runs on one GPU, on the CPU (--device cpu, or no GPU visible) and under mpirun: with
 // several processes each trains on its shard of every epoch (the DataLoader's DistributedSampler), the
@@ -14,6 +15,7 @@
 #include <kiln/kiln.h>  // Tensor, nn::models::resnet*, data::*, optim::*, amp::*, dist::*, io::*
 
 #include "example_util.h"  // ex::Options, ex::pick_device, ex::Progress
+#include "graphed_step.h"  // ex::GraphedStep, ex::StaticBatch (--cuda-graph)
 
 #include <algorithm>
 #include <chrono>
@@ -76,6 +78,10 @@ struct Config {
   bool& channels_last = o.add_flag("channels-last", "model and images in NHWC memory (fastest with cuDNN)");
   bool& grad_checkpoint = o.add_flag("grad-checkpoint", "recompute each stage's activations in backward");
   bool& sync_bn = o.add_flag("sync-bn", "batch-norm statistics over all processes (with mpirun)");
+  bool& cuda_graph = o.add_flag("cuda-graph",
+                                "after 2 eager steps, capture the training step in a CUDA graph and replay it for "
+                                "every later batch (one GPU; every batch is full, the last partial one is dropped); "
+                                "not with --accumulate > 1, --grad-checkpoint, --profile, mpirun or the CPU");
   int64_t& workers = o.add_int("workers", 4, "data loading threads per process");
   std::string& output = o.add_string("output", "runs/resnet", "folder for checkpoints and CSV files");
   bool& resume = o.add_flag("resume", "continue from the newest complete checkpoint in --output");
@@ -177,6 +183,21 @@ void Config::parse(int argc, char** argv) {
   if (c.image_size == 0) c.image_size = c.dataset == "folder" ? 224 : 32;
   if (c.image_size < 16) o.fail("--image-size must be at least 16");
   if (c.schedule == "step") parse_milestones(c.lr_steps);  // exits with the reason when malformed
+  if (c.cuda_graph) {  // what a replayed step cannot do (the GPU and the number of processes: in run())
+    if (const std::string why = ex::cuda_graph_env_conflict(); !why.empty()) o.fail(why);
+    if (c.accumulate > 1)
+      o.fail("--cuda-graph replays one whole optimizer step per batch; it does not take --accumulate " +
+             std::to_string(c.accumulate) + " (raise --batch-size instead, or leave out --cuda-graph)");
+    if (c.grad_checkpoint)
+      o.fail(
+          "--cuda-graph does not take --grad-checkpoint (its recomputation rewinds the random generator, which "
+          "replays cannot follow); leave out one of them");
+    if (!c.profiling.profile.empty())
+      o.fail(
+          "--cuda-graph does not take --profile (a replay is one launch, with no ops to time); profile without "
+          "--cuda-graph: the eager steps run the same kernels");
+    if (c.device == "cpu") o.fail("--cuda-graph needs a GPU, and this run is on the CPU (--device cpu)");
+  }
 }
 
 // ---------------------------------------------------------------- fake CIFAR-10 files
@@ -434,6 +455,13 @@ int run(int argc, char** argv) {
   const dist::Env& env = dist::init();  // one process, or one rank of mpirun -np N
   const Device dev = ex::pick_device(c.device, env);
   const bool main_rank = env.is_main();
+  if (c.cuda_graph && env.world_size > 1)
+    c.o.fail(
+        "--cuda-graph runs on one GPU for now: the gradient all-reduce of dist::DataParallel cannot be captured; "
+        "run the " +
+        std::to_string(env.world_size) + " processes without --cuda-graph");
+  if (c.cuda_graph && !dev.is_cuda())
+    c.o.fail("--cuda-graph needs a GPU, and none is visible (or kiln was built without CUDA); leave out --cuda-graph");
   if (dev.is_cpu() && env.local_world_size > 1 && std::getenv("KILN_NUM_THREADS") == nullptr) {
     // CPU processes of one node would otherwise each start a thread per core, and fight over them.
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -509,12 +537,13 @@ int run(int argc, char** argv) {
                 static_cast<long long>(d.num_classes));
     std::printf(
         "%d process(es) on %s | amp %s | global batch %lld (%lld x %d x %lld) | %lld steps/epoch, %lld "
-        "epochs | %s, lr %g, %s schedule\n",
+        "epochs | %s, lr %g, %s schedule%s\n",
         env.world_size, dev.is_cuda() ? "cuda" : "cpu",
         precision.autocast ? (precision.dtype == DType::Float16 ? "fp16" : "bf16") : "off",
         static_cast<long long>(c.batch_size * env.world_size * c.accumulate), static_cast<long long>(c.batch_size),
         env.world_size, static_cast<long long>(c.accumulate), static_cast<long long>(steps_per_epoch),
-        static_cast<long long>(c.epochs), c.optimizer.c_str(), c.lr, c.schedule.c_str());
+        static_cast<long long>(c.epochs), c.optimizer.c_str(), c.lr, c.schedule.c_str(),
+        c.cuda_graph ? " | CUDA graph from the 3rd step" : "");
     if (c.decode == "gpu")
       std::printf("images decoded on the GPU (nvJPEG) into %s%s batches\n",
                   folder.gpu.dtype == DType::BFloat16 ? "bfloat16" : "float32",
@@ -629,6 +658,29 @@ int run(int argc, char** argv) {
       c.profiling.trace == "<output>/trace.json" ? (out_dir / "trace.json").string() : c.profiling.trace;
   ex::StepProfiler profiler(c.profiling, trace_path, main_rank, env.rank, env.world_size);
 
+  // --cuda-graph: the whole optimizer step (no accumulation) on static input tensors that each batch is copied
+  // into; eager for the first 2 steps of this process, captured at the third (which trains too), replayed after.
+  // It leaves the step's loss in graph_loss, a tensor of its own that each replay writes.
+  ex::StaticBatch graph_inputs;  // "image" (N, 3, H, W) in the model's layout, "label" (N) int64
+  Tensor graph_loss;             // 0-d float32
+  std::optional<ex::GraphedStep> graphed;
+  if (c.cuda_graph) {
+    graph_loss = zeros({}, {.dtype = DType::Float32, .device = dev});
+    graphed.emplace([&] {
+      Tensor loss;
+      {
+        amp::Autocast cast(precision.dtype, precision.autocast);
+        loss = nn::cross_entropy((*model)(graph_inputs.batch()[0]), graph_inputs.batch()[1],
+                                 {.label_smoothing = c.label_smoothing});
+      }
+      scaler.scale(loss).backward();
+      graph_loss.copy_(loss.detach());
+      scaler.step(*opt);  // skipped on the device if an fp16 gradient overflowed
+      scaler.update();
+      opt->zero_grad();
+    });
+  }
+
   for (auto epoch = static_cast<int64_t>(pos.epoch); epoch < c.epochs; ++epoch) {
     const auto epoch_start = std::chrono::steady_clock::now();
     // Made per epoch, so that its samples/s and ETA count training only, not the evaluation between epochs.
@@ -646,24 +698,37 @@ int run(int argc, char** argv) {
     for (data::Batch& batch : range) {
       if (micro / c.accumulate >= steps_per_epoch) break;  // --steps-per-epoch, or the leftover micro-batches
       auto [images, labels] = batch;  // (N, 3, H, W) float32 (--decode gpu: maybe bfloat16), (N) int64, on `dev`
-      Tensor x = c.channels_last ? images.contiguous(MemoryFormat::ChannelsLast) : images;
-      Tensor loss;
-      {
-        amp::Autocast cast(precision.dtype, precision.autocast);  // matmuls/convs in 16 bits, losses in float32
-        loss = nn::cross_entropy(forward(*model, x, c.grad_checkpoint), labels, {.label_smoothing = c.label_smoothing});
-      }
+      // In the model's layout; --cuda-graph only for its first batch, which sets the static tensors' layout (later
+      // batches are converted on their way into them).
+      const bool convert = c.channels_last && (!graphed || graph_inputs.empty());
+      Tensor x = convert ? images.contiguous(MemoryFormat::ChannelsLast) : images;
       const bool first_micro = micro % c.accumulate == 0;
       ++micro;
       const bool step_now = micro % c.accumulate == 0;
-      // The step's gradient is the mean over its micro-batches; fp16 scales it up so that it does not underflow.
-      Tensor scaled = scaler.scale(c.accumulate > 1 ? loss * (1.0 / static_cast<double>(c.accumulate)) : loss);
-      if (step_now) {
-        scaled.backward();  // the gradient all-reduce runs during this backward
+      Tensor l;       // this micro-batch's loss, on the device
+      if (graphed) {  // the whole step, optimizer and zero_grad included (--cuda-graph: no accumulation)
+        graph_inputs.copy_from(data::Batch{{"image", x}, {"label", labels}});
+        if (graphed->run() && main_rank)
+          std::cout << "cuda graph: the training step was captured at step " << global_step + 1
+                    << "; the later steps replay it" << std::endl;
+        l = graph_loss;
       } else {
-        auto local = ddp.no_sync();  // accumulate locally; the step's last backward averages the sum
-        scaled.backward();
+        Tensor loss;
+        {
+          amp::Autocast cast(precision.dtype, precision.autocast);  // matmuls/convs in 16 bits, losses in float32
+          loss =
+              nn::cross_entropy(forward(*model, x, c.grad_checkpoint), labels, {.label_smoothing = c.label_smoothing});
+        }
+        // The step's gradient is the mean over its micro-batches; fp16 scales it up so that it does not underflow.
+        Tensor scaled = scaler.scale(c.accumulate > 1 ? loss * (1.0 / static_cast<double>(c.accumulate)) : loss);
+        if (step_now) {
+          scaled.backward();  // the gradient all-reduce runs during this backward
+        } else {
+          auto local = ddp.no_sync();  // accumulate locally; the step's last backward averages the sum
+          scaled.backward();
+        }
+        l = loss.detach();
       }
-      Tensor l = loss.detach();
       if (first_micro) step_loss.zero_();
       step_loss.add_(l);
       epoch_loss.add_(l);
@@ -672,11 +737,13 @@ int run(int argc, char** argv) {
       ++window_micro;
       if (!step_now) continue;
 
-      lr = opt->lr(0);    // the rate of this step (the scheduler sets the next one below)
-      scaler.step(*opt);  // skipped if an fp16 gradient overflowed
-      scaler.update();
-      opt->zero_grad();
-      sched->step();
+      lr = opt->lr(0);  // the rate of this step (the scheduler sets the next one below)
+      if (!graphed) {
+        scaler.step(*opt);  // skipped if an fp16 gradient overflowed
+        scaler.update();
+        opt->zero_grad();
+      }
+      sched->step();  // a replay reads the optimizer's learning rate before it runs
       ++global_step;
       ++epoch_steps;
       profiler.step();

@@ -14,6 +14,11 @@
 #   folder     an ImageNet-layout folder of generated PNGs (needs python3; exit 77, skipped, without it)
 #   folder_gpu the same folder with --decode gpu --amp bf16 --channels-last (exit 77, skipped, without a GPU); in a
 #              kiln without nvJPEG the run must stop before training, saying to use --decode cpu
+#   graph      --cuda-graph on the GPU (exit 77, skipped, without one): 2 epochs of 6 steps (bf16, channels-last,
+#              --deterministic, checkpoints and evaluation between replays) eagerly and with the step captured at
+#              step 3 and replayed; the per-step losses and the weights must agree within 2e-3 relative (see the
+#              case), the learning rates exactly. Then the graphed run killed after step 5 and resumed, which
+#              captures again (at step 7), must end where the uninterrupted graphed run ends
 #   bad_input  wrong options and missing data give a message naming the problem and a non-zero exit
 #   mpi        LAUNCHER (mpirun -np 2 ...) on the CPU, with SyncBatchNorm: a data-parallel run killed after step 2
 #              and resumed ends with the weights of an uninterrupted one
@@ -201,6 +206,15 @@ bad_input)
   expect 2 "--lr-steps takes positive epochs" -- --schedule step --lr-steps 3,x
   expect 2 "fewer than one optimizer step" -- --device cpu "${tiny[@]}" --synthetic-size 3
   expect 2 "--profile takes WAIT,WARMUP,ACTIVE" -- --device cpu "${tiny[@]}" --profile 1,2
+  # --cuda-graph: what a captured step cannot do, refused before anything is loaded
+  expect 2 "--cuda-graph needs a GPU, and this run is on the CPU (--device cpu)" -- --device cpu --cuda-graph
+  CUDA_VISIBLE_DEVICES="" expect 2 "--cuda-graph needs a GPU, and none is visible" -- "${tiny[@]}" --cuda-graph \
+    --output "$work/graph_no_gpu"
+  expect 2 "it does not take --accumulate 2" -- --cuda-graph --accumulate 2
+  expect 2 "--cuda-graph does not take --grad-checkpoint" -- --cuda-graph --grad-checkpoint
+  expect 2 "--cuda-graph does not take --profile" -- --cuda-graph --profile 1,1,2
+  KILN_CUDA_SYNC_INDEX_CHECKS=1 expect 2 "--cuda-graph does not work with KILN_CUDA_SYNC_INDEX_CHECKS=1" -- \
+    --cuda-graph
   echo "bad input: every case gave its message"
   ;;
 
@@ -223,8 +237,69 @@ PY
   echo "profile: table and trace as expected"
   ;;
 
+graph)
+  # run NAME ARGS...: one run on the GPU, its output in $work/NAME.txt
+  common=(--model resnet18 --dataset synthetic --image-size 32 --batch-size 32 --synthetic-size 256
+          --synthetic-eval-size 64 --workers 2 --log-every 1 --seed 3 --lr 0.02 --epochs 2 --steps-per-epoch 6
+          --checkpoint-every 4 --amp bf16 --channels-last --deterministic --print-checksum --device cuda)
+  run() {
+    local name=$1
+    shift
+    set +e
+    "$exe" "${common[@]}" --output "$work/$name" "$@" >"$work/$name.txt" 2>"$work/$name.err"
+    local code=$?
+    set -e
+    cat "$work/$name.txt" "$work/$name.err"
+    if grep -q "no GPU is visible" "$work/$name.err"; then
+      echo "no GPU visible: skipped"
+      exit 77
+    fi
+    [[ $code == 0 ]] || fail "$name: resnet exited with $code"
+  }
+  # close A B: the two numbers agree within 2e-3 of the larger magnitude (of SCALE when given)
+  close() { awk -v a="$1" -v b="$2" -v s="${3:-0}" 'BEGIN { d = a - b; if (d < 0) d = -d; m = (a < 0 ? -a : a);
+    if ((b < 0 ? -b : b) > m) m = (b < 0 ? -b : b); if (s > m) m = s; exit !(d <= 2e-3 * m) }'; }
+  # compare A B: the train_log.csv rows (epoch, step, lr exactly; the loss within tolerance) and the checksums
+  compare() {
+    local a=$1 b=$2
+    [[ $(cut -d, -f1,2,4 "$work/$a/train_log.csv") == $(cut -d, -f1,2,4 "$work/$b/train_log.csv") ]] ||
+      fail "$a and $b: other steps or learning rates in train_log.csv"
+    paste -d, <(cut -d, -f2,3 "$work/$a/train_log.csv" | tail -n +2) <(cut -d, -f3 "$work/$b/train_log.csv" |
+      tail -n +2) | while IFS=, read -r step la lb; do
+      close "$la" "$lb" || fail "$a and $b: the loss of step $step is $la and $lb"
+    done
+    local ca cb
+    ca=$(grep '^checksum' "$work/$a.txt")
+    cb=$(grep '^checksum' "$work/$b.txt")
+    # "checksum SUM MAGNITUDE final loss LOSS": the sum of the weights within 2e-3 of their magnitude
+    read -r _ sa ma _ _ la <<<"$ca"
+    read -r _ sb mb _ _ lb <<<"$cb"
+    close "$ma" "$mb" && close "$sa" "$sb" "$ma" && close "$la" "$lb" || fail "$a and $b end apart: $ca vs $cb"
+    if [[ "$ca" == "$cb" ]]; then echo "$a and $b: the same bits ($ca)"; else echo "$a and $b: within 2e-3 ($ca vs $cb)"; fi
+  }
+  run graph --cuda-graph
+  run eager
+  grep -q "cuda graph: the training step was captured at step 3; the later steps replay it" "$work/graph.txt" ||
+    fail "the graphed run did not capture its step at step 3"
+  ! grep -q "cuda graph" "$work/eager.txt" || fail "the eager run captured a graph"
+  [[ $(rows "$work/graph/train_log.csv") == 12 && $(rows "$work/graph/metrics.csv") == 2 ]] ||
+    fail "the graphed run should log 12 steps and 2 epochs"
+  compare eager graph
+  # killed after step 5 (the checkpoint of step 4 was saved between replays), resumed: captures anew at step 7
+  run resumed --cuda-graph --stop-at-step 5
+  run resumed --cuda-graph --resume
+  grep -q "resumed from .*ckpt-00000004.h5: step 4" "$work/resumed.txt" || fail "did not resume at step 4"
+  grep -q "captured at step 7" "$work/resumed.txt" || fail "the resumed run did not capture its step at step 7"
+  compare graph resumed
+  ;;
+
 mpi)
   [[ $# -gt 0 ]] || fail "mode mpi needs the launcher, e.g. mpirun -np 2"
+  # --cuda-graph is for one process: every rank stops before training, rank 0 says why
+  if "$@" "$exe" "${tiny[@]}" --cuda-graph --output "$work/graph" >"$work/graph.txt" 2>&1; then
+    fail "--cuda-graph was accepted with 2 processes"
+  fi
+  grep -q "cuda-graph runs on one GPU for now" "$work/graph.txt" || fail "no message on --cuda-graph with 2 processes"
   run=(--device cpu "${tiny[@]}" --epochs 1 --steps-per-epoch 3 --checkpoint-every 2 --sync-bn --print-checksum)
   "$@" "$exe" "${run[@]}" --output "$work/straight" | tee "$work/straight.txt"
   "$@" "$exe" "${run[@]}" --output "$work/run" --stop-at-step 2 | tee "$work/part1.txt"
