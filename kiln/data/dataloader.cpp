@@ -1,16 +1,25 @@
-// kiln/data/dataloader.cpp — worker threads, the bounded prefetch window, in-order delivery, the copy stream.
+// kiln/data/dataloader.cpp — worker threads, the bounded prefetch window, in-order delivery, the copy stream,
+// and the look-ahead into the next epoch.
 //
-// Workers take batch numbers in order, at most prefetch_batches past the batch the consumer has reached,
-// and leave the collated batch (or the error) in `ready`, keyed by number; the consumer takes them in order.
+// A pipeline (worker threads and what they loaded) serves a sequence of epochs, each a segment of one global
+// batch numbering: epoch e's batches are numbers first..first+count-1, and epoch e+1's segment follows on.
+// Workers take numbers in order, at most prefetch_batches past the number the consumer has reached, and leave
+// the collated batch (or the error) in `ready`, keyed by number; the consumer takes them in order. So while
+// epoch e's last batches are in use, the window already reaches into epoch e+1 (appended by the consumer when
+// epoch e starts). An epoch range that reaches its end parks the pipeline in the loader's Core, and
+// loader.epoch(e + 1) from batch 0 takes it over; any other call drops it (its threads are joined).
 // For device delivery every CUDA call happens on the consumer's thread: when batch k is handed out, batch
-// k+1 (if loaded) is copied on the copy stream, so its copy overlaps the consumer's work on batch k.
+// k+1 (if loaded, also the next epoch's first) is copied on the copy stream, so its copy overlaps the
+// consumer's work on batch k.
 #include "kiln/data/dataloader.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <exception>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -41,6 +50,24 @@ std::string what_of(const std::exception_ptr& e) {
 
 }  // namespace
 
+namespace loader_detail {
+
+// One epoch's batches (as dataset indices) in the pipeline's global numbering: batch b is number first + b.
+struct Segment {
+  uint64_t epoch = 0;
+  int64_t first = 0;
+  std::vector<std::vector<int64_t>> batches;
+  int64_t count() const { return static_cast<int64_t>(batches.size()); }
+  int64_t end() const { return first + count(); }
+};
+
+struct Pipeline;
+
+}  // namespace loader_detail
+
+using loader_detail::Pipeline;
+using loader_detail::Segment;
+
 struct DataLoader::Core {
   std::shared_ptr<const Dataset> dataset;
   DataLoaderOptions options;
@@ -50,6 +77,12 @@ struct DataLoader::Core {
   Clock::time_point epoch_start = Clock::now();
   LoaderStats stats;
 
+  // The pipeline of an epoch range that ran to its end, loading the next epoch's first batches. It holds
+  // the Core (a cycle): ~DataLoader breaks it, and a range that outlives its loader parks nothing.
+  std::mutex park_mutex;
+  bool loader_alive = true;
+  std::shared_ptr<Pipeline> parked;
+
   LoaderStats read_stats() const {
     std::lock_guard<std::mutex> lock(stats_mutex);
     LoaderStats s = stats;
@@ -57,97 +90,181 @@ struct DataLoader::Core {
     s.wait_fraction = s.elapsed_s > 0 ? std::min(1.0, s.total_wait_s / s.elapsed_s) : 0;
     return s;
   }
-};
 
-struct DataLoader::Epoch::Impl {
-  // A batch copied (or being copied) to the device: ready once `done` has happened on the copy stream.
-  struct InFlight {
-    int64_t number = -1;
-    Batch batch;
-    std::unique_ptr<cuda::Event> done;
-  };
-  struct Loaded {
-    Batch batch;
-    std::exception_ptr error;
-  };
-
-  std::shared_ptr<Core> core;
-  uint64_t epoch;
-  std::vector<std::vector<int64_t>> batches;  // every batch of the epoch, as dataset indices
-  int64_t start;
-  bool begun = false;
-  bool finished = false;
-  Batch current;
-  std::optional<InFlight> ahead;  // batch next_ already on its way to the device
-
-  std::mutex mutex;  // guards what follows, shared with the workers
-  std::condition_variable work_cv, ready_cv;
-  int64_t next_;     // the next batch to hand out
-  int64_t dispatch;  // the next batch a worker takes
-  bool stop = false;
-  std::map<int64_t, Loaded> ready;
-  std::vector<std::thread> threads;
-
-  Impl(std::shared_ptr<Core> c, uint64_t e, std::vector<std::vector<int64_t>> b, int64_t s)
-      : core(std::move(c)), epoch(e), batches(std::move(b)), start(s), next_(s), dispatch(s) {
-    {
-      std::lock_guard<std::mutex> lock(core->stats_mutex);
-      core->stats = {};
-      core->epoch_start = Clock::now();
-    }
-    try {
-      // No more threads than batches (counted before any starts: the workers advance `dispatch`).
-      const int64_t count = std::min<int64_t>(core->options.workers, end() - start);
-      for (int64_t w = 0; w < count; ++w) threads.emplace_back([this] { work(); });
-    } catch (...) {
-      shut_down();
-      throw;
-    }
+  void restart_stats() {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    stats = {};
+    epoch_start = Clock::now();
   }
-  ~Impl() { shut_down(); }
 
-  int64_t end() const { return static_cast<int64_t>(batches.size()); }
+  void record_wait(double wait) {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    stats.last_wait_s = wait;
+    stats.total_wait_s += wait;
+    stats.batches += 1;
+  }
 
-  Batch load(int64_t number) const {
-    const Dataset& ds = *core->dataset;
-    const std::vector<int64_t>& idx = batches[static_cast<size_t>(number)];
+  // The batches of `epoch` as dataset indices; throws where the sampler gives an index out of range.
+  std::vector<std::vector<int64_t>> batches_of(uint64_t epoch) const {
+    std::vector<int64_t> indices = options.sampler->indices(epoch);
+    const int64_t n = dataset->size();
+    for (size_t i = 0; i < indices.size(); ++i) {
+      KILN_CHECK(indices[i] >= 0 && indices[i] < n, "DataLoader: the sampler gave index ", indices[i], " (position ", i,
+                 " of epoch ", epoch, ") but ", dataset->describe(), " has ", n, " samples (indices 0..", n - 1, ")");
+    }
+    return batch_indices(indices, options.batch_size, options.drop_last);
+  }
+
+  // Batch `b` of a segment, loaded on the calling thread. Errors name the batch and epoch.
+  Batch load(const Segment& seg, int64_t b) const {
+    const Dataset& ds = *dataset;
+    const std::vector<int64_t>& idx = seg.batches[static_cast<size_t>(b)];
     std::vector<Example> examples;
     examples.reserve(idx.size());
     for (int64_t i : idx) {
       try {
-        SampleRng rng(core->options.seed, epoch, i);
+        SampleRng rng(options.seed, seg.epoch, i);
         examples.push_back(ds.get(i, rng));
       } catch (...) {
-        KILN_FAIL("DataLoader: loading sample ", i, " (batch ", number, " of epoch ", epoch, ") from ", ds.describe(),
+        KILN_FAIL("DataLoader: loading sample ", i, " (batch ", b, " of epoch ", seg.epoch, ") from ", ds.describe(),
                   " failed: ", what_of(std::current_exception()));
       }
     }
     Batch batch;
     try {
       std::optional<cuda::DeviceGuard> device_guard;  // a collate that works on the GPU works on the loader's
-      if (core->options.device && core->options.device->is_cuda()) device_guard.emplace(core->options.device->index());
-      batch = core->options.collate ? core->options.collate(examples, core->pinned) : collate(examples, core->pinned);
+      if (options.device && options.device->is_cuda()) device_guard.emplace(options.device->index());
+      batch = options.collate ? options.collate(examples, pinned) : collate(examples, pinned);
     } catch (...) {
-      KILN_FAIL("DataLoader: collating batch ", number, " of epoch ", epoch, " (samples ", idx, ") from ",
-                ds.describe(), " failed: ", what_of(std::current_exception()));
+      KILN_FAIL("DataLoader: collating batch ", b, " of epoch ", seg.epoch, " (samples ", idx, ") from ", ds.describe(),
+                " failed: ", what_of(std::current_exception()));
     }
     batch.indices = idx;
     return batch;
+  }
+
+  // Parks a pipeline for loader.epoch(e + 1); dropped instead once the loader is gone.
+  void park(std::shared_ptr<Pipeline> p) {
+    {
+      std::lock_guard<std::mutex> lock(park_mutex);
+      if (loader_alive) std::swap(parked, p);
+    }
+    // `p` (the one replaced, or the one refused) is let go here, outside the lock: its threads are joined.
+  }
+
+  std::shared_ptr<Pipeline> unpark() {
+    std::lock_guard<std::mutex> lock(park_mutex);
+    return std::move(parked);
+  }
+};
+
+namespace loader_detail {
+
+// A batch copied (or being copied) to the device: ready once `done` has happened on the copy stream.
+struct InFlight {
+  int64_t number = -1;
+  Batch batch;
+  std::unique_ptr<cuda::Event> done;
+};
+
+// Starts the host-to-device copy of a pinned batch on the copy stream. The host batch is released while
+// the copy stream is current, so the pinned allocator reuses its memory only after the copy.
+InFlight copy_to_device(const DataLoader::Core& core, int64_t number, Batch host) {
+  const Device dev = *core.options.device;
+  cuda::DeviceGuard device_guard(dev.index());
+  cuda::StreamGuard stream_guard(*core.copy_stream);
+  InFlight f;
+  f.number = number;
+  if (host.ready) host.ready->wait(*core.copy_stream);  // fields the collate made on the GPU
+  f.batch = host.to(dev, /*non_blocking=*/true);
+  f.done = std::make_unique<cuda::Event>();
+  f.done->record(*core.copy_stream);
+  host = Batch();
+  return f;
+}
+
+// Worker threads loading the batches of a sequence of epoch segments. The consumer (the thread that iterates
+// the epoch ranges) appends segments and takes batches; `ahead` is the consumer's alone.
+struct Pipeline {
+  struct Loaded {
+    Batch batch;
+    std::exception_ptr error;
+  };
+
+  std::shared_ptr<DataLoader::Core> core;
+  const bool open;                // more segments may be appended: idle workers wait instead of ending
+  std::optional<InFlight> ahead;  // the consumer's: batch `next` already on its way to the device
+
+  std::mutex mutex;  // guards what follows, shared with the workers
+  std::condition_variable work_cv, ready_cv;
+  std::deque<std::shared_ptr<const Segment>> segments;  // those not yet handed out in full, in order
+  int64_t end = 0;                                      // the end of the last segment
+  int64_t next = 0;                                     // the next number to hand out
+  int64_t dispatch = 0;                                 // the next number a worker takes
+  bool stop = false;
+  std::map<int64_t, Loaded> ready;
+  std::vector<std::thread> threads;
+
+  // Starts `workers` threads on `seg` from its batch `start`.
+  Pipeline(std::shared_ptr<DataLoader::Core> c, std::shared_ptr<const Segment> seg, int64_t start, int64_t workers,
+           bool more)
+      : core(std::move(c)), open(more) {
+    end = seg->end();
+    next = dispatch = seg->first + start;
+    segments.push_back(std::move(seg));
+    try {
+      for (int64_t w = 0; w < workers; ++w) threads.emplace_back([this] { work(); });
+    } catch (...) {
+      shut_down();
+      throw;
+    }
+  }
+  ~Pipeline() { shut_down(); }
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // Appends the segment of another epoch after the last one (the consumer's thread).
+  std::shared_ptr<const Segment> append(uint64_t epoch, std::vector<std::vector<int64_t>> batches) {
+    auto seg = std::make_shared<Segment>();
+    seg->epoch = epoch;
+    seg->batches = std::move(batches);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      seg->first = end;
+      end = seg->end();
+      segments.push_back(seg);
+    }
+    work_cv.notify_all();
+    return seg;
+  }
+
+  // The segment that starts at `next` (the one an epoch range from batch 0 takes over), or null.
+  std::shared_ptr<const Segment> segment_at_next() {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& s : segments) {
+      if (s->first == next) return s;
+    }
+    return nullptr;
   }
 
   void work() {
     const int64_t window = core->options.prefetch_batches;
     for (;;) {
       int64_t number;
+      std::shared_ptr<const Segment> seg;
       {
         std::unique_lock<std::mutex> lock(mutex);
-        work_cv.wait(lock, [&] { return stop || dispatch >= end() || dispatch < next_ + window; });
-        if (stop || dispatch >= end()) return;
+        work_cv.wait(
+            lock, [&] { return stop || (dispatch < end && dispatch < next + window) || (!open && dispatch >= end); });
+        if (stop || dispatch >= end) return;
         number = dispatch++;
+        for (const auto& s : segments) {  // looked up under the lock: the consumer appends and pops
+          if (number >= s->first && number < s->end()) seg = s;
+        }
       }
       Loaded r;
       try {
-        r.batch = load(number);
+        r.batch = core->load(*seg, number - seg->first);
       } catch (...) {
         r.error = std::current_exception();
       }
@@ -159,124 +276,48 @@ struct DataLoader::Epoch::Impl {
     }
   }
 
-  // Batch `number` from the workers (blocking), or loaded here without workers.
-  Batch take(int64_t number) {
-    if (threads.empty()) return load(number);
+  // Number `number` from the workers, blocking up to `timeout_s` (0: forever); nullopt when it ran out.
+  std::optional<Loaded> take(int64_t number, double timeout_s) {
     std::unique_lock<std::mutex> lock(mutex);
     auto has = [&] { return ready.count(number) > 0; };
-    const double timeout = core->options.timeout_s;
-    if (timeout > 0) {
-      const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
-      KILN_CHECK(ready_cv.wait_for(lock, limit, has), "DataLoader: batch ", number, " of epoch ", epoch, " (samples ",
-                 batches[static_cast<size_t>(number)], ") was not ready after timeout_s = ", timeout,
-                 " s; loading from ", core->dataset->describe(),
-                 " is stuck or slower than that (raise timeout_s, or 0 to wait forever)");
+    if (timeout_s > 0) {
+      const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+      if (!ready_cv.wait_for(lock, limit, has)) return std::nullopt;
     } else {
       ready_cv.wait(lock, has);
     }
     auto it = ready.find(number);
     Loaded r = std::move(it->second);
     ready.erase(it);
-    if (r.error) std::rethrow_exception(r.error);
-    return std::move(r.batch);
+    return r;
   }
 
-  // Starts the host-to-device copy of a pinned batch on the copy stream. The host batch is released while
-  // the copy stream is current, so the pinned allocator reuses its memory only after the copy.
-  InFlight copy_to_device(int64_t number, Batch host) {
-    const Device dev = *core->options.device;
-    cuda::DeviceGuard device_guard(dev.index());
-    cuda::StreamGuard stream_guard(*core->copy_stream);
-    InFlight f;
-    f.number = number;
-    if (host.ready) host.ready->wait(*core->copy_stream);  // fields the collate made on the GPU
-    f.batch = host.to(dev, /*non_blocking=*/true);
-    f.done = std::make_unique<cuda::Event>();
-    f.done->record(*core->copy_stream);
-    host = Batch();
-    return f;
+  // The consumer has handed out `number`: the window moves on, and finished segments are let go.
+  void handed_out(int64_t number) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      next = number + 1;
+      while (!segments.empty() && segments.front()->end() <= next) segments.pop_front();
+    }
+    work_cv.notify_all();
   }
 
-  // Copies batch `number` ahead if a worker has it ready (never waits).
+  // Copies number `number` ahead if a worker has it ready (never waits); it may be the next epoch's first.
   void copy_ahead(int64_t number) {
-    if (threads.empty() || number >= end()) return;
     Batch host;
     {
       std::lock_guard<std::mutex> lock(mutex);
+      if (number >= end) return;
       auto it = ready.find(number);
       if (it == ready.end() || it->second.error) return;
       host = std::move(it->second.batch);
       ready.erase(it);
     }
-    ahead = copy_to_device(number, std::move(host));
-  }
-
-  void record_wait(double wait) {
-    std::lock_guard<std::mutex> lock(core->stats_mutex);
-    core->stats.last_wait_s = wait;
-    core->stats.total_wait_s += wait;
-    core->stats.batches += 1;
-  }
-
-  void handed_out(int64_t number) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      next_ = number + 1;
-    }
-    work_cv.notify_all();
-  }
-
-  // Hands out the next batch into `current`; false at the end of the epoch.
-  bool advance() {
-    if (finished) return false;
-    if (next_ >= end()) {
-      shut_down();
-      return false;
-    }
-    const int64_t number = next_;
-    try {
-      if (core->options.device && core->options.device->is_cuda()) {
-        InFlight f;
-        if (ahead && ahead->number == number) {
-          f = std::move(*ahead);
-          ahead.reset();
-          record_wait(0);
-        } else {
-          const auto t0 = Clock::now();
-          Batch host = take(number);
-          record_wait(seconds_since(t0));
-          f = copy_to_device(number, std::move(host));
-        }
-        handed_out(number);
-        copy_ahead(number + 1);
-        const cuda::Stream consumer = cuda::current_stream(core->options.device->index());
-        f.done->wait(consumer);  // the consumer's stream waits on the GPU; the host does not
-        for (size_t i = 0; i < f.batch.size(); ++i) cuda::record_stream(f.batch[i], consumer);
-        current = std::move(f.batch);
-      } else {
-        const auto t0 = Clock::now();
-        Batch b = take(number);
-        record_wait(seconds_since(t0));
-        handed_out(number);
-        if (b.ready) {  // fields made on a GPU: the consumer's stream waits for them, and keeps their memory
-          const cuda::Stream consumer = cuda::current_stream();
-          b.ready->wait(consumer);
-          for (size_t i = 0; i < b.size(); ++i) {
-            if (b[i].device().is_cuda()) cuda::record_stream(b[i], consumer);
-          }
-        }
-        current = std::move(b);
-      }
-    } catch (...) {
-      shut_down();
-      throw;
-    }
-    return true;
+    ahead = copy_to_device(*core, number, std::move(host));
   }
 
   // Stops and joins the workers and drops what they loaded; idempotent, never throws.
   void shut_down() noexcept {
-    finished = true;
     {
       std::lock_guard<std::mutex> lock(mutex);
       stop = true;
@@ -288,6 +329,120 @@ struct DataLoader::Epoch::Impl {
     threads.clear();
     ready.clear();
     ahead.reset();
+  }
+};
+
+}  // namespace loader_detail
+
+using loader_detail::copy_to_device;
+using loader_detail::InFlight;
+
+namespace {
+
+// Appends epoch + 1's batches to a pipeline serving `epoch`, so its workers go on into them. A sampler that
+// fails for epoch + 1 leaves nothing to look ahead at: loader.epoch(epoch + 1) then starts afresh and reports it.
+void look_ahead(const DataLoader::Core& core, Pipeline& pipe, uint64_t epoch) {
+  if (!pipe.open || epoch == std::numeric_limits<uint64_t>::max()) return;
+  std::vector<std::vector<int64_t>> batches;
+  try {
+    batches = core.batches_of(epoch + 1);
+  } catch (...) {
+    return;
+  }
+  if (!batches.empty()) pipe.append(epoch + 1, std::move(batches));
+}
+
+}  // namespace
+
+struct DataLoader::Epoch::Impl {
+  std::shared_ptr<Core> core;
+  std::shared_ptr<const Segment> seg;  // this epoch's batches
+  int64_t start;
+  int64_t next_;  // the next batch of this epoch to hand out
+  bool begun = false;
+  bool finished = false;
+  Batch current;
+  std::shared_ptr<Pipeline> pipe;  // null without workers; parked or let go when the range finishes
+
+  Impl(std::shared_ptr<Core> c, std::shared_ptr<const Segment> s, int64_t first_batch, std::shared_ptr<Pipeline> p)
+      : core(std::move(c)), seg(std::move(s)), start(first_batch), next_(first_batch), pipe(std::move(p)) {
+    core->restart_stats();
+  }
+
+  int64_t end() const { return seg->count(); }
+
+  // Batch `b` of this epoch from the workers (blocking), or loaded here without workers.
+  Batch take(int64_t b) {
+    if (!pipe) return core->load(*seg, b);
+    const double timeout = core->options.timeout_s;
+    std::optional<Pipeline::Loaded> r = pipe->take(seg->first + b, timeout);
+    KILN_CHECK(r.has_value(), "DataLoader: batch ", b, " of epoch ", seg->epoch, " (samples ",
+               seg->batches[static_cast<size_t>(b)], ") was not ready after timeout_s = ", timeout, " s; loading from ",
+               core->dataset->describe(), " is stuck or slower than that (raise timeout_s, or 0 to wait forever)");
+    if (r->error) std::rethrow_exception(r->error);
+    return std::move(r->batch);
+  }
+
+  void handed_out(int64_t b) {
+    next_ = b + 1;
+    if (pipe) pipe->handed_out(seg->first + b);
+  }
+
+  // Hands out the next batch into `current`; false at the end of the epoch.
+  bool advance() {
+    if (finished) return false;
+    if (next_ >= end()) {
+      finish(/*at_end=*/true);
+      return false;
+    }
+    const int64_t b = next_;
+    const int64_t number = seg->first + b;  // in the pipeline's numbering
+    try {
+      if (core->options.device && core->options.device->is_cuda()) {
+        InFlight f;
+        if (pipe && pipe->ahead && pipe->ahead->number == number) {
+          f = std::move(*pipe->ahead);
+          pipe->ahead.reset();
+          core->record_wait(0);
+        } else {
+          const auto t0 = Clock::now();
+          Batch host = take(b);
+          core->record_wait(seconds_since(t0));
+          f = copy_to_device(*core, number, std::move(host));
+        }
+        handed_out(b);
+        if (pipe) pipe->copy_ahead(number + 1);
+        const cuda::Stream consumer = cuda::current_stream(core->options.device->index());
+        f.done->wait(consumer);  // the consumer's stream waits on the GPU; the host does not
+        for (size_t i = 0; i < f.batch.size(); ++i) cuda::record_stream(f.batch[i], consumer);
+        current = std::move(f.batch);
+      } else {
+        const auto t0 = Clock::now();
+        Batch batch = take(b);
+        core->record_wait(seconds_since(t0));
+        handed_out(b);
+        if (batch.ready) {  // fields made on a GPU: the consumer's stream waits for them, and keeps their memory
+          const cuda::Stream consumer = cuda::current_stream();
+          batch.ready->wait(consumer);
+          for (size_t i = 0; i < batch.size(); ++i) {
+            if (batch[i].device().is_cuda()) cuda::record_stream(batch[i], consumer);
+          }
+        }
+        current = std::move(batch);
+      }
+    } catch (...) {
+      finish(/*at_end=*/false);
+      throw;
+    }
+    return true;
+  }
+
+  // Ends the range. At its end, a pipeline already loading the next epoch is parked for loader.epoch(e + 1);
+  // otherwise (an error) it is let go, its threads joined once no one else holds it.
+  void finish(bool at_end) {
+    finished = true;
+    std::shared_ptr<Pipeline> p = std::move(pipe);
+    if (at_end && p && p->open && p->segment_at_next()) core->park(std::move(p));
   }
 };
 
@@ -333,24 +488,60 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   core_->options = std::move(options);
 }
 
-DataLoader::~DataLoader() = default;
+namespace {
+
+// Breaks the cycle Core -> parked pipeline -> Core (joining the look-ahead's threads), and stops ranges that
+// outlive the loader from parking.
+void release(std::shared_ptr<DataLoader::Core>& core) noexcept {
+  if (!core) return;
+  std::shared_ptr<Pipeline> parked;
+  {
+    std::lock_guard<std::mutex> lock(core->park_mutex);
+    core->loader_alive = false;
+    parked = std::move(core->parked);
+  }
+  parked.reset();
+  core.reset();
+}
+
+}  // namespace
+
+DataLoader::~DataLoader() { release(core_); }
 DataLoader::DataLoader(DataLoader&&) noexcept = default;
-DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
+DataLoader& DataLoader::operator=(DataLoader&& other) noexcept {
+  if (this != &other) {
+    release(core_);
+    core_ = std::move(other.core_);
+  }
+  return *this;
+}
 
 DataLoader::Epoch DataLoader::epoch(uint64_t epoch, int64_t start_batch) {
   const DataLoaderOptions& o = core_->options;
-  std::vector<int64_t> indices = o.sampler->indices(epoch);
-  const int64_t n = core_->dataset->size();
-  for (size_t i = 0; i < indices.size(); ++i) {
-    KILN_CHECK(indices[i] >= 0 && indices[i] < n, "DataLoader: the sampler gave index ", indices[i], " (position ", i,
-               " of epoch ", epoch, ") but ", core_->dataset->describe(), " has ", n, " samples (indices 0..", n - 1,
-               ")");
-  }
-  auto batches = batch_indices(indices, o.batch_size, o.drop_last);
-  const int64_t count = static_cast<int64_t>(batches.size());
+  // A look-ahead parked by the previous epoch's range: taken over by (epoch + 1, 0), else dropped here.
+  if (std::shared_ptr<Pipeline> parked = core_->unpark()) {
+    std::shared_ptr<const Segment> seg = start_batch == 0 ? parked->segment_at_next() : nullptr;
+    if (seg && seg->epoch == epoch) {
+      auto impl = std::make_unique<Epoch::Impl>(core_, seg, 0, parked);
+      look_ahead(*core_, *parked, epoch);
+      return Epoch(std::move(impl));
+    }
+  }  // not taken over: its threads are joined here, before this epoch's start
+  auto seg = std::make_shared<Segment>();
+  seg->epoch = epoch;
+  seg->batches = core_->batches_of(epoch);
+  const int64_t count = seg->count();
   KILN_CHECK(start_batch >= 0 && start_batch <= count, "DataLoader: start batch ", start_batch, " of epoch ", epoch,
              " is out of range; the epoch has ", count, " batches (start at 0..", count, ")");
-  return Epoch(std::make_unique<Epoch::Impl>(core_, epoch, std::move(batches), start_batch));
+  std::shared_ptr<Pipeline> pipe;
+  if (o.workers > 0 && start_batch < count) {
+    // No more threads than batches, unless they go on to the next epoch's.
+    const int64_t threads = o.prefetch_next_epoch ? o.workers : std::min<int64_t>(o.workers, count - start_batch);
+    pipe = std::make_shared<Pipeline>(core_, seg, start_batch, threads, o.prefetch_next_epoch);
+  }
+  auto impl = std::make_unique<Epoch::Impl>(core_, std::move(seg), start_batch, pipe);
+  if (pipe) look_ahead(*core_, *pipe, epoch);
+  return Epoch(std::move(impl));
 }
 
 int64_t DataLoader::size() const {
@@ -379,7 +570,7 @@ DataLoader::Epoch::iterator DataLoader::Epoch::begin() {
 }
 
 int64_t DataLoader::Epoch::size() const { return impl_->end() - impl_->start; }
-LoaderPosition DataLoader::Epoch::position() const { return {impl_->epoch, impl_->next_}; }
+LoaderPosition DataLoader::Epoch::position() const { return {impl_->seg->epoch, impl_->next_}; }
 LoaderStats DataLoader::Epoch::stats() const { return impl_->core->read_stats(); }
 
 Batch& DataLoader::Epoch::iterator::operator*() const { return epoch_->impl_->current; }

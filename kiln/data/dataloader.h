@@ -13,8 +13,11 @@
 //   for (data::Batch& b : range) { ...; pos = range.position(); }   // the batches already trained on
 //
 // Each sample is loaded with SampleRng(seed, epoch, index), so the same (seed, epoch) gives the same batches
-// for any number of workers. Under a multi-process launcher (distributed_env().world_size > 1) the default
-// sampler is a DistributedSampler: each rank loads its own shard.
+// for any number of workers. With workers, loading runs on across epoch boundaries: while epoch e's last
+// batches are in use the workers already load epoch e+1's first ones (prefetch_next_epoch), and
+// loader.epoch(e + 1) takes that pipeline over, so a new epoch starts without waiting for its first batch.
+// Under a multi-process launcher (distributed_env().world_size > 1) the default sampler is a
+// DistributedSampler: each rank loads its own shard.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +53,15 @@ struct DataLoaderOptions {
   // null: the dataset's collate_fn() (GPU image decoding), else data::collate. With a CUDA device, workers run
   // it with that device current.
   CollateFn collate;
+  // With workers: while epoch e's last batches are in use, the workers go on to load epoch e+1's first ones
+  // (within the same prefetch window, so at most prefetch_batches are loaded ahead in all; with a device, the
+  // next epoch's first batch may already be copied). A range that runs to its end keeps its threads and
+  // those batches in the loader, and loader.epoch(e + 1) (from batch 0) takes them over. Any other call
+  // (another epoch, a start batch > 0, after a range left early) drops them and starts afresh; so does
+  // destroying the loader. The batches, their order and samples, and their errors (thrown when the batch is
+  // handed out) are the same either way. false: each epoch's threads stop at its end, as in PyTorch without
+  // persistent workers (up to prefetch_batches of an epoch never asked for are loaded for nothing otherwise).
+  bool prefetch_next_epoch = true;
 };
 
 // Where a run stands in the data: the next batch to train on. Save it in checkpoints; resume with
@@ -78,9 +90,11 @@ class DataLoader {
 
   struct Core;  // what the loader and its epochs share (dataset, sampler, options, copy stream, stats)
 
-  // One pass over the data, for a range-for. Its worker threads start now and are joined when it is
-  // destroyed (also when the loop breaks early or throws). A failed batch throws from the loop; the
-  // loader can then start another epoch.
+  // One pass over the data, for a range-for. Its worker threads start now (or are taken over from the
+  // previous epoch's range, see prefetch_next_epoch) and are joined when it is destroyed (also when the loop
+  // breaks early or throws), unless it ran to its end: then they go on loading the next epoch for the loader,
+  // until loader.epoch(e + 1) takes them over, another epoch() call drops them, or the loader is destroyed.
+  // A failed batch throws from the loop; the loader can then start another epoch.
   class Epoch {
    public:
     class iterator {
@@ -118,6 +132,7 @@ class DataLoader {
   };
 
   // The batches of `epoch`, starting at batch `start_batch` (0..size(); earlier ones are skipped unloaded).
+  // Takes over the look-ahead of the previous epoch's range where it is (epoch, 0); drops it otherwise.
   Epoch epoch(uint64_t epoch, int64_t start_batch = 0);
   Epoch epoch(LoaderPosition position) { return epoch(position.epoch, position.batch); }
 

@@ -16,7 +16,8 @@ class Sampler {
  public:
   virtual ~Sampler() = default;
   virtual int64_t size() const = 0;  // how many indices indices() returns
-  // The indices of `epoch` (a pure function of the sampler's options and the epoch); called once per epoch.
+  // The indices of `epoch` (a pure function of the sampler's options and the epoch); called once per epoch,
+  // or twice where the loader's look-ahead into the epoch is dropped (DataLoaderOptions::prefetch_next_epoch).
   virtual std::vector<int64_t> indices(uint64_t epoch) const = 0;
 };
 

@@ -3,7 +3,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -30,21 +33,46 @@ class Numbers : public data::Dataset {
   int64_t size() const override { return n_; }
   std::string describe() const override { return "Numbers(" + std::to_string(n_) + ")"; }
   data::Example get(int64_t i, data::SampleRng& rng) const override {
-    loads.fetch_add(1);
+    {
+      std::lock_guard<std::mutex> lock(loads_mutex_);
+      loads.fetch_add(1);
+    }
+    loads_cv_.notify_all();
     int64_t seen = max_index.load();
     while (i > seen && !max_index.compare_exchange_weak(seen, i)) {
     }
     if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
     if (i == slow_index) std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    if (i == fail_index) throw std::runtime_error("corrupt record in shard 3");
+    if (i == fail_index) {
+      {
+        std::lock_guard<std::mutex> lock(loads_mutex_);
+        failures.fetch_add(1);
+      }
+      loads_cv_.notify_all();
+      throw std::runtime_error("corrupt record in shard 3");
+    }
     return {{"x", make({double(i), rng.uniform()}, {2}, {.dtype = DType::Float64})}, {"y", ops::scalar_tensor(i)}};
   }
   mutable std::atomic<int64_t> loads{0};
   mutable std::atomic<int64_t> max_index{-1};
+  mutable std::atomic<int64_t> failures{0};
   std::atomic<int64_t> fail_index{-1};
   std::atomic<int64_t> slow_index{-1};
 
+  // Waits until at least `n` loads have begun: true, or false after `timeout_s`.
+  bool wait_for_loads(int64_t n, double timeout_s = 20) const {
+    std::unique_lock<std::mutex> lock(loads_mutex_);
+    return loads_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return loads.load() >= n; });
+  }
+  // Waits until at least `n` loads have failed (at fail_index).
+  bool wait_for_failures(int64_t n, double timeout_s = 20) const {
+    std::unique_lock<std::mutex> lock(loads_mutex_);
+    return loads_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return failures.load() >= n; });
+  }
+
  private:
+  mutable std::mutex loads_mutex_;
+  mutable std::condition_variable loads_cv_;
   int64_t n_;
   int sleep_ms_;
 };
@@ -120,7 +148,9 @@ TEST(DataLoader, DropLast) {
 TEST(DataLoader, ResumesMidEpochWithoutLoadingSkippedBatches) {
   auto ds = std::make_shared<Numbers>(20);
   for (int workers : {0, 3}) {
-    DataLoader loader(ds, {.batch_size = 4, .workers = workers, .shuffle = true, .seed = 1});
+    // Without the look-ahead into epoch 5, which would add its loads to the count below.
+    DataLoader loader(ds,
+                      {.batch_size = 4, .workers = workers, .shuffle = true, .seed = 1, .prefetch_next_epoch = false});
     const Seen full = run(loader, 4);
     ds->loads = 0;
     auto range = loader.epoch(data::LoaderPosition{4, 3});
@@ -297,6 +327,219 @@ TEST(DataLoader, CustomSamplerCollateAndCpuOptions) {
     Batch copy = b.to(Device::cpu(), true);  // users who move batches themselves
     EXPECT_EQ(copy["y"].to_vector<int64_t>(), b.indices);
   }
+}
+
+// ---- Loading across epoch boundaries (prefetch_next_epoch) ----
+
+// Batches of epochs first..last from fresh loaders, one per epoch, without the look-ahead.
+vector<Seen> fresh_epochs(std::shared_ptr<Numbers> ds, data::DataLoaderOptions o, uint64_t first, uint64_t last) {
+  o.prefetch_next_epoch = false;
+  vector<Seen> out;
+  for (uint64_t e = first; e <= last; ++e) {
+    DataLoader loader(ds, o);
+    out.push_back(run(loader, e));
+  }
+  return out;
+}
+
+TEST(DataLoaderLookAhead, EpochsBackToBackEqualFreshLoaders) {
+  auto ds = std::make_shared<Numbers>(23);
+  const data::DataLoaderOptions base{.batch_size = 4, .shuffle = true, .seed = 9};
+  const vector<Seen> expect = fresh_epochs(ds, base, 0, 2);
+  for (auto [workers, prefetch] : vector<std::pair<int, int64_t>>{{1, 1}, {1, -1}, {2, 1}, {2, 3}, {3, 5}, {4, -1}}) {
+    data::DataLoaderOptions o = base;
+    o.workers = workers;
+    o.prefetch_batches = prefetch;
+    for (bool drop_last : {false, true}) {
+      o.drop_last = drop_last;
+      const vector<Seen> want = drop_last ? fresh_epochs(ds, o, 0, 2) : expect;
+      DataLoader loader(ds, o);
+      for (uint64_t e = 0; e <= 2; ++e) {
+        auto range = loader.epoch(e);
+        EXPECT_EQ(range.size(), int64_t(want[e].indices.size()));
+        Seen got;
+        vector<data::LoaderPosition> positions;
+        for (Batch& b : range) {
+          got.indices.push_back(b.indices);
+          got.x.push_back(b["x"].to_vector<double>());
+          got.y.push_back(b["y"].to_vector<int64_t>());
+          positions.push_back(range.position());
+        }
+        const std::string where = std::to_string(workers) + " workers, prefetch " + std::to_string(prefetch) +
+                                  (drop_last ? ", drop_last" : "") + ", epoch " + std::to_string(e);
+        EXPECT_EQ(got.indices, want[e].indices) << where;
+        EXPECT_EQ(got.x, want[e].x) << where;  // also the random draws: SampleRng(seed, epoch, index)
+        EXPECT_EQ(got.y, want[e].y) << where;
+        ASSERT_EQ(positions.size(), got.indices.size()) << where;
+        for (size_t k = 0; k < positions.size(); ++k)
+          EXPECT_EQ(positions[k], (data::LoaderPosition{e, int64_t(k) + 1}));
+        EXPECT_EQ(range.stats().batches, int64_t(got.indices.size())) << "stats restart with each epoch";
+      }
+    }
+  }
+}
+
+// 0..n-1 in epochs 0 and 1; from epoch 2 on an index out of range (the loader refuses that epoch).
+class TwoEpochs : public data::Sampler {
+ public:
+  explicit TwoEpochs(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  vector<int64_t> indices(uint64_t epoch) const override {
+    vector<int64_t> v(static_cast<size_t>(n_));
+    std::iota(v.begin(), v.end(), epoch >= 2 ? 1 : 0);
+    return v;
+  }
+
+ private:
+  int64_t n_;
+};
+
+TEST(DataLoaderLookAhead, NextEpochLoadsBeforeItIsAskedFor) {
+  auto ds = std::make_shared<Numbers>(12);  // 6 batches of 2
+  DataLoader loader(ds,
+                    {.batch_size = 2, .workers = 2, .prefetch_batches = 4, .sampler = std::make_shared<TwoEpochs>(12)});
+  const vector<Seen> expect = fresh_epochs(ds, loader.options(), 1, 1);
+  ds->loads = 0;
+  const Seen e0 = run(loader, 0);
+  EXPECT_EQ(e0.indices.size(), 6u);
+  // The window (4 batches) reaches on into epoch 1 while nobody asks for it: 8 more samples, then it is full.
+  ASSERT_TRUE(ds->wait_for_loads(12 + 8)) << ds->loads.load() << " loads";
+  EXPECT_EQ(ds->loads.load(), 12 + 8);
+  ds->loads = 0;
+  auto range = loader.epoch(1);
+  EXPECT_EQ(range.stats().batches, 0);
+  EXPECT_EQ(range.size(), 6);
+  Seen e1;
+  for (Batch& b : range) {
+    e1.indices.push_back(b.indices);
+    e1.x.push_back(b["x"].to_vector<double>());
+  }
+  EXPECT_EQ(e1.indices, expect[0].indices);
+  EXPECT_EQ(e1.x, expect[0].x);
+  // Epoch 1 took over the 4 batches loaded ahead and loaded only its last 2; epoch 2, which the sampler
+  // gets wrong, was not looked ahead at, and its error comes when it is asked for.
+  EXPECT_EQ(ds->loads.load(), 4);
+  expect_error([&] { loader.epoch(2); }, {"index 12", "of epoch 2", "Numbers(12) has 12 samples"});
+}
+
+TEST(DataLoaderLookAhead, OtherCallsDropTheLookAhead) {
+  auto ds = std::make_shared<Numbers>(30);
+  const data::DataLoaderOptions o{.batch_size = 4, .workers = 3, .shuffle = true, .seed = 4};
+  const vector<Seen> expect = fresh_epochs(ds, o, 0, 3);
+  DataLoader loader(ds, o);
+  // Resume: epoch 1 from batch 3 after a full epoch 0.
+  run(loader, 0);
+  Seen rest = run(loader, 1, 3);
+  EXPECT_EQ(rest.indices, vector<vector<int64_t>>(expect[1].indices.begin() + 3, expect[1].indices.end()));
+  EXPECT_EQ(rest.x, vector<vector<double>>(expect[1].x.begin() + 3, expect[1].x.end()));
+  // Another epoch than the next one, and the same one again.
+  EXPECT_EQ(run(loader, 3).x, expect[3].x);
+  EXPECT_EQ(run(loader, 3).x, expect[3].x);
+  EXPECT_EQ(run(loader, 0).x, expect[0].x);
+  // A break out of epoch 0, then epoch 1 (and 2 after it, back to back).
+  int n = 0;
+  for (Batch& b : loader.epoch(0)) {
+    EXPECT_EQ(b.indices, expect[0].indices[size_t(n)]);
+    if (++n == 2) break;
+  }
+  EXPECT_EQ(run(loader, 1).x, expect[1].x);
+  EXPECT_EQ(run(loader, 2).x, expect[2].x);
+  // An epoch range that ran to its end while the next one was started early: each has its own workers.
+  auto e0 = loader.epoch(0);
+  auto e1 = loader.epoch(1);
+  vector<vector<int64_t>> got0, got1;
+  for (Batch& b : e0) got0.push_back(b.indices);
+  for (Batch& b : e1) got1.push_back(b.indices);
+  EXPECT_EQ(got0, expect[0].indices);
+  EXPECT_EQ(got1, expect[1].indices);
+  EXPECT_EQ(run(loader, 2).x, expect[2].x);
+}
+
+TEST(DataLoaderLookAhead, ThreadsStayForTheNextEpochAndEndWithTheLoader) {
+  auto ds = std::make_shared<Numbers>(40);
+  {
+    DataLoader warm(ds, {.batch_size = 2, .workers = 2});
+    run(warm, 0);  // anything started lazily by the tensor library starts now
+  }
+  const int before = thread_count();
+  ds->loads = 0;
+  {
+    DataLoader loader(ds, {.batch_size = 2, .workers = 3, .prefetch_batches = 2});
+    run(loader, 0);
+    EXPECT_EQ(thread_count(), before + 3) << "the workers go on into epoch 1";
+    ASSERT_TRUE(ds->wait_for_loads(40 + 4));  // the window is full: they wait for epoch 1 to begin
+    run(loader, 1);
+    EXPECT_EQ(thread_count(), before + 3) << "epoch 1 took them over";
+    // Move-assigning another loader over it ends its look-ahead.
+    loader = DataLoader(ds, {.batch_size = 2});
+    EXPECT_EQ(thread_count(), before);
+    DataLoader again(ds, {.batch_size = 5, .workers = 2});
+    run(again, 0);
+  }  // destroyed with a parked look-ahead whose workers wait on a full window: joined, no hang
+  EXPECT_EQ(thread_count(), before);
+  // A range that outlives its loader parks nothing at its end.
+  std::optional<DataLoader::Epoch> range;
+  {
+    DataLoader loader(ds, {.batch_size = 10, .workers = 2});
+    range.emplace(loader.epoch(0));
+  }
+  int batches = 0;
+  for (Batch& b : *range) batches += b.batch_size() == 10;
+  EXPECT_EQ(batches, 4);
+  EXPECT_EQ(thread_count(), before);
+  range.reset();
+  EXPECT_EQ(thread_count(), before);
+}
+
+TEST(DataLoaderLookAhead, ErrorOfALookAheadBatchSurfacesInItsEpoch) {
+  auto ds = std::make_shared<Numbers>(12);  // 6 batches of 2, in order
+  for (int workers : {1, 2}) {
+    ds->failures = 0;
+    DataLoader loader(ds, {.batch_size = 2, .workers = workers, .prefetch_batches = 2});
+    int n = 0;
+    for (Batch& b : loader.epoch(0)) {
+      // Sample 0 is loaded again only as epoch 1's first batch, ahead (the window reaches it from batch 4 on).
+      if (n++ == 0) ds->fail_index = 0;
+      (void)b;
+    }
+    EXPECT_EQ(n, 6) << "epoch 0 is not disturbed by its successor's error";
+    ASSERT_TRUE(ds->wait_for_failures(1));  // the load failed ahead, before epoch 1 was asked for
+    ds->fail_index = -1;                    // a fresh load would succeed now; the look-ahead's error stays
+    auto range = loader.epoch(1);
+    vector<vector<int64_t>> got;
+    expect_error(
+        [&] {
+          for (Batch& b : range) got.push_back(b.indices);
+        },
+        {"corrupt record in shard 3", "sample 0", "batch 0 of epoch 1", "Numbers(12)"});
+    EXPECT_TRUE(got.empty());
+    EXPECT_EQ(range.position(), (data::LoaderPosition{1, 0}));
+    EXPECT_EQ(run(loader, 1).indices.size(), 6u) << "the loader starts afresh after the error";
+  }
+}
+
+TEST(DataLoaderLookAhead, SwitchedOffEachEpochEndsItsThreads) {
+  auto ds = std::make_shared<Numbers>(12);
+  {
+    DataLoader warm(ds, {.batch_size = 2, .workers = 2});
+    run(warm, 0);
+  }
+  const int before = thread_count();
+  for (int workers : {0, 3}) {
+    DataLoader loader(ds, {.batch_size = 2, .workers = workers, .prefetch_next_epoch = false});
+    ds->loads = 0;
+    const Seen e0 = run(loader, 0);
+    EXPECT_EQ(thread_count(), before) << workers << " workers: joined at the epoch's end";
+    EXPECT_EQ(ds->loads.load(), 12) << "nothing of epoch 1 is loaded";
+    EXPECT_EQ(e0.indices.size(), 6u);
+    EXPECT_EQ(run(loader, 1).x, fresh_epochs(ds, loader.options(), 1, 1)[0].x);
+  }
+  // workers = 0 with the switch on: batches are loaded when asked for, nothing ahead.
+  DataLoader serial(ds, {.batch_size = 2});
+  ds->loads = 0;
+  run(serial, 0);
+  EXPECT_EQ(ds->loads.load(), 12);
+  EXPECT_EQ(thread_count(), before);
 }
 
 }  // namespace
