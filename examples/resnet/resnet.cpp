@@ -508,7 +508,8 @@ int run(int argc, char** argv) {
                                 .workers = static_cast<int>(c.workers),
                                 .seed = seed,
                                 .sampler = std::make_shared<ShardSampler>(d.eval->size(), env.rank, env.world_size),
-                                .device = delivery});
+                                .device = delivery,
+                                .prefetch_next_epoch = false});  // evaluated as epoch 0 every time
   int64_t steps_per_epoch = train_loader.size() / c.accumulate;  // leftover micro-batches are skipped
   if (steps_per_epoch == 0)
     fail(d.train->describe() + " gives " + std::to_string(train_loader.size()) +

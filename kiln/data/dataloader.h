@@ -61,6 +61,8 @@ struct DataLoaderOptions {
   // destroying the loader. The batches, their order and samples, and their errors (thrown when the batch is
   // handed out) are the same either way. false: each epoch's threads stop at its end, as in PyTorch without
   // persistent workers (up to prefetch_batches of an epoch never asked for are loaded for nothing otherwise).
+  // An evaluation loader asked for the same epoch every time (loader.epoch(0)) should set it false: what it loads
+  // ahead for epoch 1 is never used, and holds its memory meanwhile.
   bool prefetch_next_epoch = true;
 };
 
