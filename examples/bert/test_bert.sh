@@ -163,14 +163,19 @@ case "$case_name" in
     # Each must fail (non-zero) with a message that says what was wrong.
     mkdir -p "$work/bad"
     printf 'positive\tfine\nthis line has no tab\n' > "$work/bad/no_tab.tsv"
-    expect() {  # expect "message part" command...
-      local want=$1 out status=0
-      shift
+    expect_exit() {  # expect_exit CODE "message part" command...: CODE is an exit code, or "any" (non-zero)
+      local code=$1 want=$2 out status=0
+      shift 2
       out=$("$@" 2>&1) || status=$?
-      [[ $status -ne 0 ]] || fail "succeeded, should have failed: $*"
+      if [[ $code == any ]]; then
+        [[ $status -ne 0 ]] || fail "succeeded, should have failed: $*"
+      else
+        [[ $status -eq $code ]] || fail "'$*' exited with $status, not $code: $out"
+      fi
       grep -qF -- "$want" <<<"$out" || fail "'$*' said '$out', expected it to mention '$want'"
       echo "ok ($status): $(tail -1 <<<"$out")"
     }
+    expect() { expect_exit any "$@"; }  # expect "message part" command...
     expect "does not exist" "$bert" pretrain --text "$work/bad/missing.txt" --build-vocab 100 --device cpu \
       --out "$work/bad/a"
     expect "--size takes base, large, tiny or custom" "$bert" pretrain "${tiny[@]}" --size huge --out "$work/bad/b"
@@ -197,14 +202,7 @@ case "$case_name" in
       --eval "$data/sample_cls.tsv" --init-from "$work/bad/nowhere" --device cpu --out "$work/bad/g"
     expect "unknown option --bogus" "$bert" pretrain --bogus 1
     # --cuda-graph: what a captured step cannot do, refused (exit 2) before anything is loaded
-    expect2() {  # expect2 "message part" command...: exit code 2 and the message
-      local want=$1 out status=0
-      shift
-      out=$("$@" 2>&1) || status=$?
-      [[ $status -eq 2 ]] || fail "'$*' exited with $status, not 2: $out"
-      grep -qF -- "$want" <<<"$out" || fail "'$*' said '$out', expected it to mention '$want'"
-      echo "ok (2): $(tail -1 <<<"$out")"
-    }
+    expect2() { expect_exit 2 "$@"; }  # expect2 "message part" command...: exit code 2 and the message
     expect2 "--cuda-graph needs a GPU, and this run is on the CPU (--device cpu)" "$bert" pretrain "${tiny[@]}" \
       --cuda-graph --out "$work/bad/h"
     expect2 "--cuda-graph needs a GPU, and none is visible" env CUDA_VISIBLE_DEVICES= "$bert" pretrain \
