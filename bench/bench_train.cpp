@@ -9,11 +9,11 @@
 // --profile N: after a case's timing, N more eager steps under kiln's profiler; the top ops by GPU time go to
 // standard error (the JSON lines on standard output stay as they are).
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
-// The cases on in-memory tensors are static-shape steps: on a GPU each is timed eagerly, then captured in a
-// cuda::Graph and timed as replays; the line reports the replays ("cuda_graph": true) with the eager figures of
-// the same run beside them ("eager_step_ms", "eager_peak_gib"). --no-graphs times them eagerly only. Checkpointed
-// BERT stays eager (its recomputed dropout rewinds the generator, which a replay cannot follow), as does the JPEG
-// case (its batches come from the data loader).
+// The cases are static-shape steps: on a GPU each is timed eagerly, then captured in a cuda::Graph and timed as
+// replays; the line reports the replays ("cuda_graph": true) with the eager figures of the same run beside them
+// ("eager_step_ms", "eager_peak_gib"). The JPEG cases' graph reads static input tensors that each batch from the
+// loader is copied into before its replay (as the examples' --cuda-graph). --no-graphs times them eagerly only.
+// Checkpointed BERT stays eager (its recomputed dropout rewinds the generator, which a replay cannot follow).
 //
 // Cases: resnet50_bf16, resnet50_fp16 (GradScaler), resnet18_cifar_bf16, bert_base_128, bert_base_512,
 // bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_jpeg (--photos, or KILN_BENCH_IMAGES),
@@ -153,35 +153,55 @@ void time_and_report(const std::string& name, const Info& info, const Settings& 
   profile_steps(name, s, step);
 }
 
-// The step captured in a CUDA graph (after `warmup` eager steps inside capture()) and replayed; the eager
-// figure of the same run goes beside it. Without a GPU, or with --no-graphs: eager only.
-void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s,
-                             const std::function<void()>& step) {
-  const Measured eager = measure(s, s.warmup, step);
-  profile_steps(name, s, step);
+// A case timed eagerly (`eager`, after `warmup` steps), then captured in a CUDA graph (`captured`, two warm-up
+// steps inside capture()) and timed as replays (after `replay_warmup` of them), each replay after `feed` (when
+// set: it copies the next batch into the tensors `captured` reads; called once before the capture too). The
+// line reports the replays, with the eager figure of the same run beside them. Without a GPU, or with
+// --no-graphs: eager only.
+struct GraphedCase {
+  std::function<void()> eager;
+  std::function<void()> captured;
+  std::function<void()> feed;
+  int warmup = 0;
+  int replay_warmup = 3;
+};
+
+void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s, const GraphedCase& c) {
+  const Measured eager = measure(s, c.warmup, c.eager);
+  profile_steps(name, s, c.eager);
   if (!s.device.is_cuda() || !s.graphs) {
-    report(name, info, s, s.warmup, eager, ", \"cuda_graph\": false");
+    report(name, info, s, c.warmup, eager, ", \"cuda_graph\": false");
     return;
   }
+  if (c.feed) c.feed();
   cuda::Graph graph;
   cuda::synchronize();
   cuda::reset_peak_memory_stats();
   try {
-    graph.capture(step, /*warmup=*/2);
+    graph.capture(c.captured, /*warmup=*/2);
   } catch (const std::exception& e) {  // the eager figure, and why there is no graph one
-    report(name, info, s, s.warmup, eager,
+    report(name, info, s, c.warmup, eager,
            ", \"cuda_graph\": false, \"graph_error\": \"" + json_escape(e.what()) + "\"");
     return;
   }
   cuda::synchronize();
   // The capture's tensors are the graph's memory for good: its peak is the warm-up and capture's.
   const double capture_peak = static_cast<double>(cuda::memory_stats().peak_allocated_bytes) / (1ull << 30);
-  Measured graphed = measure(s, 3, [&] { graph.replay(); });
+  Measured graphed = measure(s, c.replay_warmup, [&] {
+    if (c.feed) c.feed();
+    graph.replay();
+  });
   graphed.peak_gib = std::max(graphed.peak_gib, capture_peak);
   char extra[160];
   std::snprintf(extra, sizeof extra, ", \"cuda_graph\": true, \"eager_step_ms\": %.3f, \"eager_peak_gib\": %.3f",
                 eager.step_ms, eager.peak_gib);
-  report(name, info, s, s.warmup, graphed, extra);
+  report(name, info, s, c.warmup, graphed, extra);
+}
+
+// A static-shape step on tensors made once: the same function eagerly and captured.
+void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s,
+                             const std::function<void()>& step) {
+  time_and_report_graphed(name, info, s, {.eager = step, .captured = step, .warmup = s.warmup});
 }
 
 void report_other(const std::string& name, const char* key, const std::string& why) {
@@ -292,17 +312,21 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
     }
     return *it;
   };
-  auto step = [&] {
-    data::Batch b = next_batch();
-    auto [images, labels] = b;  // (N, 3, 224, 224) float32, (N) int64, on the GPU
+  // One training step on (images, labels): float32 images, channels-last as the model.
+  auto train = [&](const Tensor& images, const Tensor& labels) {
     opt.zero_grad(true);
     Tensor loss;
     {
       amp::Autocast cast(DType::BFloat16);
-      loss = nn::cross_entropy((*model)(images.contiguous(MemoryFormat::ChannelsLast)), labels);
+      loss = nn::cross_entropy((*model)(images), labels);
     }
     loss.backward();
     opt.step();
+  };
+  auto step = [&] {
+    data::Batch b = next_batch();
+    auto [images, labels] = b;  // (N, 3, 224, 224) float32, (N) int64, on the GPU
+    train(images.contiguous(MemoryFormat::ChannelsLast), labels);
   };
   const Info info{.model = "resnet50",
                   .input = gpu_decode ? "224x224 jpeg, nvjpeg" : "224x224 jpeg",
@@ -310,7 +334,27 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
                   .optimizer = "sgd",
                   .unit = "img/s",
                   .batch = batch};
-  time_and_report(name, info, s, std::max(s.warmup, 4 * workers), step);
+  // Graphed as the in-memory case, on static input tensors: each batch is copied into them on the training
+  // stream (after the loader's copy or decode, which the stream waits for), then the graph is replayed.
+  Tensor static_images, static_labels;
+  auto feed = [&] {
+    data::Batch b = next_batch();
+    auto [images, labels] = b;
+    if (!static_images.defined()) {
+      static_images = images.contiguous(MemoryFormat::ChannelsLast).clone();
+      static_labels = labels.clone();
+    } else {
+      static_images.copy_(images);  // into the channels-last tensor, whatever the batch's layout
+      static_labels.copy_(labels);
+    }
+  };
+  const int warmup = std::max(s.warmup, 4 * workers);
+  time_and_report_graphed(name, info, s,
+                          {.eager = step,
+                           .captured = [&] { train(static_images, static_labels); },
+                           .feed = feed,
+                           .warmup = warmup,
+                           .replay_warmup = warmup});
 }
 
 void run_case(const std::string& name, const Settings& s) {

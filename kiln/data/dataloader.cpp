@@ -115,29 +115,48 @@ struct DataLoader::Core {
     return batch_indices(indices, options.batch_size, options.drop_last);
   }
 
-  // Batch `b` of a segment, loaded on the calling thread. Errors name the batch and epoch.
+  // Batch `b` of a segment, loaded on the calling thread. Errors name the batch and epoch. With the default
+  // collate each sample is copied into the batch as soon as it is loaded and then let go: the next sample reuses
+  // its memory while that is still in the CPU's cache, and no batch of separate samples is ever held.
   Batch load(const Segment& seg, int64_t b) const {
     const Dataset& ds = *dataset;
     const std::vector<int64_t>& idx = seg.batches[static_cast<size_t>(b)];
-    std::vector<Example> examples;
-    examples.reserve(idx.size());
-    for (int64_t i : idx) {
+    std::optional<cuda::DeviceGuard> device_guard;  // a collate that works on the GPU works on the loader's
+    if (options.device && options.device->is_cuda()) device_guard.emplace(options.device->index());
+    auto sample = [&](int64_t i) {
       try {
         SampleRng rng(options.seed, seg.epoch, i);
-        examples.push_back(ds.get(i, rng));
+        return ds.get(i, rng);
       } catch (...) {
         KILN_FAIL("DataLoader: loading sample ", i, " (batch ", b, " of epoch ", seg.epoch, ") from ", ds.describe(),
                   " failed: ", what_of(std::current_exception()));
       }
-    }
-    Batch batch;
-    try {
-      std::optional<cuda::DeviceGuard> device_guard;  // a collate that works on the GPU works on the loader's
-      if (options.device && options.device->is_cuda()) device_guard.emplace(options.device->index());
-      batch = options.collate ? options.collate(examples, pinned) : collate(examples, pinned);
-    } catch (...) {
+    };
+    auto collate_failed = [&](const std::exception_ptr& e) {
       KILN_FAIL("DataLoader: collating batch ", b, " of epoch ", seg.epoch, " (samples ", idx, ") from ", ds.describe(),
-                " failed: ", what_of(std::current_exception()));
+                " failed: ", what_of(e));
+    };
+    Batch batch;
+    if (!options.collate) {
+      Collator collator(idx.size(), pinned);
+      for (int64_t i : idx) {
+        Example ex = sample(i);
+        try {
+          collator.add(ex);
+        } catch (...) {
+          collate_failed(std::current_exception());
+        }
+      }
+      batch = collator.finish();
+    } else {
+      std::vector<Example> examples;
+      examples.reserve(idx.size());
+      for (int64_t i : idx) examples.push_back(sample(i));
+      try {
+        batch = options.collate(examples, pinned);
+      } catch (...) {
+        collate_failed(std::current_exception());
+      }
     }
     batch.indices = idx;
     return batch;

@@ -50,8 +50,9 @@ struct DataLoaderOptions {
   // thread when a batch is handed out (at the loop's ++) waits for its copy on the GPU, not the host.
   // A CPU device, or none: batches stay in host memory.
   std::optional<Device> device;
-  // null: the dataset's collate_fn() (GPU image decoding), else data::collate. With a CUDA device, workers run
-  // it with that device current.
+  // null: the dataset's collate_fn() (GPU image decoding), else data::collate's stacking, done sample by sample
+  // (data::Collator: each sample is copied into the batch as soon as it is loaded, then let go). With a CUDA
+  // device, workers run it with that device current.
   CollateFn collate;
   // With workers: while epoch e's last batches are in use, the workers go on to load epoch e+1's first ones
   // (within the same prefetch window, so at most prefetch_batches are loaded ahead in all; with a device, the

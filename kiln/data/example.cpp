@@ -82,38 +82,61 @@ Batch Batch::pin_memory() const {
   return out;
 }
 
+Collator::Collator(size_t count, bool pinned) : count_(count), pinned_(pinned && cuda::is_available()) {
+  KILN_CHECK(count > 0, "collate: no examples to stack");
+}
+
+void Collator::add(const Example& ex) {
+  KILN_CHECK(added_ < count_, "collate: example ", added_, " added to a batch of ", count_);
+  const size_t e = added_;
+  if (e == 0) {
+    for (size_t f = 0; f < ex.size(); ++f) {
+      const std::string& name = ex.names()[f];
+      const Tensor& t0 = ex[f];
+      KILN_CHECK(t0.defined(), "collate: field '", name, "' of sample 0 is an undefined tensor");
+      KILN_CHECK(t0.is_cpu(), "collate: field '", name, "' of sample 0 is on ", t0.device(),
+                 "; datasets return CPU tensors and the loader moves batches to the device");
+      Shape shape{static_cast<int64_t>(count_)};
+      shape.insert(shape.end(), t0.shape().begin(), t0.shape().end());
+      out_.add(name, ops::empty(shape, {.dtype = t0.dtype(), .pinned_memory = pinned_}));
+      names_.push_back(name);
+      dtypes_.push_back(t0.dtype());
+      shapes_.push_back(t0.shape());
+    }
+  }
+  KILN_CHECK(ex.names() == names_, "collate: sample ", e, " has fields (", joined(ex.names()),
+             ") but sample 0 has (", joined(names_), ")");
+  for (size_t f = 0; f < ex.size(); ++f) {
+    const std::string& name = ex.names()[f];
+    const Tensor& t = ex[f];
+    KILN_CHECK(t.defined() && t.dtype() == dtypes_[f] && t.shape() == shapes_[f] && t.is_cpu(), "collate: field '",
+               name, "' of sample ", e, " is ", t.defined() ? t.dtype() : dtypes_[f], " of shape ",
+               t.defined() ? t.shape() : Shape{}, " on ", t.defined() ? t.device() : Device::cpu(),
+               " but sample 0 has ", dtypes_[f], " of shape ", shapes_[f],
+               " on cpu; every sample of a batch needs the same shape (pad or crop in the dataset)");
+    const Tensor c = t.is_contiguous() ? t : ops::contiguous(t);
+    const size_t bytes = c.nbytes();
+    std::memcpy(static_cast<char*>(out_[f].data_ptr()) + e * bytes, c.data_ptr(), bytes);
+  }
+  ++added_;
+}
+
+Batch Collator::finish() {
+  KILN_CHECK(added_ == count_, "collate: a batch of ", count_, " finished after ", added_, " examples");
+  Batch b = std::move(out_);
+  out_ = Batch();
+  names_.clear();
+  dtypes_.clear();
+  shapes_.clear();
+  added_ = 0;
+  return b;
+}
+
 Batch collate(const std::vector<Example>& examples, bool pinned) {
   KILN_CHECK(!examples.empty(), "collate: no examples to stack");
-  const Example& first = examples[0];
-  pinned = pinned && cuda::is_available();
-  Batch batch;
-  for (size_t f = 0; f < first.size(); ++f) {
-    const std::string& name = first.names()[f];
-    const Tensor& t0 = first[f];
-    KILN_CHECK(t0.defined(), "collate: field '", name, "' of sample 0 is an undefined tensor");
-    KILN_CHECK(t0.is_cpu(), "collate: field '", name, "' of sample 0 is on ", t0.device(),
-               "; datasets return CPU tensors and the loader moves batches to the device");
-    Shape shape{static_cast<int64_t>(examples.size())};
-    shape.insert(shape.end(), t0.shape().begin(), t0.shape().end());
-    Tensor out = ops::empty(shape, {.dtype = t0.dtype(), .pinned_memory = pinned});
-    auto* dst = static_cast<char*>(out.data_ptr());
-    const size_t bytes = t0.nbytes();
-    for (size_t e = 0; e < examples.size(); ++e) {
-      const Example& ex = examples[e];
-      KILN_CHECK(ex.size() == first.size() && ex.names()[f] == name, "collate: sample ", e, " has fields (",
-                 joined(ex.names()), ") but sample 0 has (", joined(first.names()), ")");
-      const Tensor& t = ex[f];
-      KILN_CHECK(t.defined() && t.dtype() == t0.dtype() && t.shape() == t0.shape() && t.is_cpu(), "collate: field '",
-                 name, "' of sample ", e, " is ", t.defined() ? t.dtype() : t0.dtype(), " of shape ",
-                 t.defined() ? t.shape() : Shape{}, " on ", t.defined() ? t.device() : Device::cpu(),
-                 " but sample 0 has ", t0.dtype(), " of shape ", t0.shape(),
-                 " on cpu; every sample of a batch needs the same shape (pad or crop in the dataset)");
-      const Tensor c = t.is_contiguous() ? t : ops::contiguous(t);
-      std::memcpy(dst + e * bytes, c.data_ptr(), bytes);
-    }
-    batch.add(name, out);
-  }
-  return batch;
+  Collator c(examples.size(), pinned);
+  for (const Example& ex : examples) c.add(ex);
+  return c.finish();
 }
 
 }  // namespace kiln::data

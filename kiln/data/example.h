@@ -81,6 +81,31 @@ class Batch : public Example {
 // With `pinned`, the batch is written straight into page-locked host memory (where CUDA is available).
 Batch collate(const std::vector<Example>& examples, bool pinned = false);
 
+// collate one example at a time: the batch's tensors are made when the first example arrives (`count` rows), and
+// each example is copied into its row as it is added, so a loader can let each sample go (and reuse its memory,
+// still in the CPU's cache) before it loads the next. Same checks and errors as collate.
+//
+//   Collator c(idx.size(), pinned);
+//   for (int64_t i : idx) c.add(dataset.get(i, rng));
+//   Batch b = c.finish();
+class Collator {
+ public:
+  explicit Collator(size_t count, bool pinned = false);
+  void add(const Example& example);  // example number `added()`; throws when it does not match the first one
+  size_t added() const { return added_; }
+  Batch finish();  // after `count` examples; the collator is empty afterwards
+
+ private:
+  size_t count_;
+  bool pinned_;
+  size_t added_ = 0;
+  // The first example's fields: every later one must match them.
+  std::vector<std::string> names_;
+  std::vector<DType> dtypes_;
+  std::vector<Shape> shapes_;
+  Batch out_;
+};
+
 }  // namespace kiln::data
 
 template <>

@@ -77,11 +77,6 @@ class Numbers : public data::Dataset {
   int sleep_ms_;
 };
 
-int thread_count() {
-  int n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
-  return n;
-}
 
 // Every batch of an epoch: (indices, x values).
 struct Seen {
@@ -189,6 +184,41 @@ TEST(DataLoader, WorkerErrorNamesSampleAndDatasetAndLoaderStaysUsable) {
     ds->fail_index = -1;
     EXPECT_EQ(run(loader, 1).indices.size(), 6u);
   }
+}
+
+// Sample i of `n`: x = i repeated, 3 values, except sample `odd`, which has 4.
+class Ragged : public data::Dataset {
+ public:
+  Ragged(int64_t n, int64_t odd) : n_(n), odd_(odd) {}
+  int64_t size() const override { return n_; }
+  std::string describe() const override { return "Ragged(" + std::to_string(n_) + ")"; }
+  data::Example get(int64_t i, data::SampleRng&) const override {
+    return {{"x", ops::full({i == odd_ ? 4 : 3}, double(i))}};
+  }
+
+ private:
+  int64_t n_, odd_;
+};
+
+TEST(DataLoader, SamplesCopiedIntoTheirBatchAsTheyLoadAndMismatchesNamed) {
+  for (int workers : {0, 2}) {
+    DataLoader good(std::make_shared<Ragged>(8, -1), {.batch_size = 4, .workers = workers});
+    vector<double> values;
+    for (Batch& b : good.epoch(0)) {
+      EXPECT_EQ(b["x"].shape(), (Shape{4, 3}));
+      for (double v : b["x"].to(DType::Float64).to_vector<double>()) values.push_back(v);
+    }
+    vector<double> want;
+    for (int i = 0; i < 8; ++i) want.insert(want.end(), 3, double(i));
+    EXPECT_EQ(values, want);
+    DataLoader bad(std::make_shared<Ragged>(8, 6), {.batch_size = 4, .workers = workers});
+    expect_error(
+        [&] {
+          for (Batch& b : bad.epoch(0)) (void)b;
+        },
+        {"collating batch 1 of epoch 0", "Ragged(8)", "field 'x' of sample 2", "[4]", "[3]", "same shape"});
+  }
+
 }
 
 TEST(DataLoader, TimeoutNamesTheBatch) {

@@ -34,12 +34,6 @@ class Rows : public data::Dataset {
   int64_t n_, width_;
 };
 
-int thread_count() {
-  int n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
-  return n;
-}
-
 vector<Batch> cpu_batches(std::shared_ptr<const data::Dataset> ds, data::DataLoaderOptions o, uint64_t epoch) {
   o.device.reset();
   o.pin_memory = false;

@@ -40,6 +40,38 @@ TEST(DataExample, CollateStacksEachField) {
   expect_error([&] { data::collate(xs); }, {"field 'x' of sample 1", "[3]", "[2]"});
 }
 
+TEST(DataExample, CollatorCopiesEachSampleAsItArrives) {
+  // The samples are let go as soon as they are added: the batch holds copies, in order.
+  data::Collator c(3, /*pinned=*/false);
+  for (int i = 0; i < 3; ++i) {
+    // A transposed (non-contiguous) field is stacked as its logical values.
+    Tensor m = ops::arange(0.0, 6.0, 1.0).reshape({2, 3}).transpose(0, 1) * double(i + 1);
+    c.add({{"m", m}, {"y", ops::scalar_tensor(int64_t{i})}});
+    EXPECT_EQ(c.added(), static_cast<size_t>(i + 1));
+  }
+  data::Batch b = c.finish();
+  EXPECT_EQ(b["m"].shape(), (Shape{3, 3, 2}));
+  const std::vector<double> m = b["m"].to(DType::Float64).to_vector<double>();
+  // Sample i is (i + 1) * [[0, 3], [1, 4], [2, 5]].
+  for (int i = 0; i < 3; ++i) {
+    const double t[6] = {0, 3, 1, 4, 2, 5};
+    for (int k = 0; k < 6; ++k) EXPECT_EQ(m[static_cast<size_t>(i * 6 + k)], (i + 1) * t[k]) << i << " " << k;
+  }
+  EXPECT_EQ(b["y"].to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2}));
+  // Empty again: the next batch may have other shapes.
+  EXPECT_EQ(c.added(), 0u);
+  c.add({{"m", ops::zeros({4})}, {"y", ops::scalar_tensor(int64_t{5})}});
+  expect_error([&] { c.add({{"y", ops::scalar_tensor(int64_t{6})}, {"m", ops::zeros({4})}}); },
+               {"sample 1 has fields (y, m) but sample 0 has (m, y)"});
+  expect_error([&] { c.add({{"m", ops::zeros({4}, {.dtype = DType::Float64})}, {"y", ops::scalar_tensor(int64_t{6})}}); },
+               {"field 'm' of sample 1", "float64", "[4]"});
+  expect_error([&] { (void)c.finish(); }, {"a batch of 3 finished after 1 examples"});
+  data::Collator one(1);
+  one.add({{"x", ops::zeros({1})}});
+  expect_error([&] { one.add({{"x", ops::zeros({1})}}); }, {"example 1 added to a batch of 1"});
+  expect_error([] { data::Collator none(0); }, {"no examples to stack"});
+}
+
 TEST(DataSampleRng, PureFunctionOfSeedEpochIndex) {
   data::SampleRng a(1, 2, 3), b(1, 2, 3), c(1, 3, 3), d(1, 2, 4);
   const double va = a.uniform();

@@ -2,7 +2,10 @@
 
 #include "kiln/tensor/cuda.h"
 
+#include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <thread>
 #include <sstream>
 
 #include "kiln/tensor/backend.h"
@@ -133,5 +136,21 @@ void ExactFloat32Test::SetUp() {
 }
 
 void ExactFloat32Test::TearDown() { cuda::set_allow_tf32(previous_tf32_); }
+
+int thread_count() {
+  auto count = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+    return n;
+  };
+  int last = count(), same = 0;
+  for (int i = 0; i < 500 && same < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const int n = count();
+    same = n == last ? same + 1 : 0;
+    last = n;
+  }
+  return last;
+}
 
 }  // namespace kiln::testing

@@ -69,6 +69,11 @@ Tensor non_contiguous(const Tensor& t);
 // Runs `fn` and checks that it throws kiln::Error (or a subclass) whose message contains every fragment.
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& fragments);
 
+// The process's threads, once the count has settled: a thread that was just joined can still be listed in
+// /proc/self/task for a moment (join returns when the thread has cleared its id, before the kernel has removed
+// it), so the count is read until three reads a millisecond apart agree (at most half a second).
+int thread_count();
+
 // Row-major index helpers for references: the multi-index of a flat index, and back.
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape);
 int64_t ravel(const std::vector<int64_t>& index, const Shape& shape);
