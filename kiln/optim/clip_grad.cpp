@@ -42,7 +42,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
     std::vector<Tensor> norms;  // 0-d partial norms on group.device
 #if KILN_WITH_CUDA
     if (group.device.is_cuda() && norm_type == 2.0) {
-      for (const auto& same_dtype : group.contiguous_by_dtype) {
+      for (const auto& same_dtype : group.dense_by_dtype) {
         norms.push_back(optim::cuda_impl::fused_l2_norm(same_dtype).reshape({}).to(norm_dtype));  // (1,) -> 0-d
       }
       for (const Tensor& g : group.others) norms.push_back(tensor_norm(g, norm_type, norm_dtype));
@@ -71,7 +71,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 #if KILN_WITH_CUDA
     if (group.device.is_cuda()) {
       const Tensor coef1 = coef.to(group.device, DType::Float32, /*non_blocking=*/true).reshape({1});  // (1,)
-      for (const auto& same_dtype : group.contiguous_by_dtype) optim::cuda_impl::fused_scale(same_dtype, coef1);
+      for (const auto& same_dtype : group.dense_by_dtype) optim::cuda_impl::fused_scale(same_dtype, coef1);
       const Tensor coef0 = coef.to(group.device, /*non_blocking=*/true);
       for (Tensor& g : group.others) optim::detail::mul_in_float32_(g, coef0);
       continue;

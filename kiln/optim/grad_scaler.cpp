@@ -76,7 +76,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
 #if KILN_WITH_CUDA
     if (device.is_cuda()) {
       // One launch per dtype over the contiguous gradients; the others (rare) through kiln ops.
-      for (const auto& same_dtype : group.contiguous_by_dtype) {
+      for (const auto& same_dtype : group.dense_by_dtype) {
         optim::cuda_impl::fused_unscale_and_check(same_dtype, found_d, inv_d);
       }
       const Tensor inv0 = inv_d.reshape({});

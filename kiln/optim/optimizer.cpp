@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/optim/grad_groups.h"  // flat_dense, flat_layout, same_order
 #include "kiln/tensor/cuda.h"  // cuda::Graph
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
@@ -212,10 +213,13 @@ Optimizer::StepPlan Optimizer::plan_step(const std::vector<Tensor>& params) cons
         if (b.originals[0].device() == p.device() && b.originals[0].dtype() == p.dtype()) bucket = &b;
       }
       if (!bucket) bucket = &plan.cuda.emplace_back();
+      // A dense parameter is updated in place, its gradient (and state: state_tensor) brought to its memory
+      // order, so a channels-last conv weight costs no copies; any other goes through a contiguous copy.
       bucket->originals.push_back(p);
-      bucket->params.push_back(p.is_contiguous() ? p : ops::contiguous(p));
+      bucket->params.push_back(detail::flat_dense(p) ? p : ops::contiguous(p));
+      const Tensor& flat = bucket->params.back();
       Tensor gc = g.dtype() == p.dtype() ? g : ops::cast(g, p.dtype());
-      bucket->grads.push_back(gc.is_contiguous() ? gc : ops::contiguous(gc));
+      bucket->grads.push_back(detail::same_order(gc, flat) ? gc : ops::contiguous(gc, detail::flat_layout(p)));
       continue;
     }
 #endif
@@ -268,11 +272,19 @@ DType Optimizer::state_dtype(const Tensor& param) {
   return d == DType::Float16 || d == DType::BFloat16 ? DType::Float32 : d;
 }
 
+// In the parameter's flat_layout, which the fused update needs (states loaded from a checkpoint, or made
+// before the parameter changed layout, are brought to it here, once).
 Tensor& Optimizer::state_tensor(const Tensor& param, const std::string& name) {
   auto& s = state(param);
+  const MemoryFormat layout = detail::flat_layout(param);
   auto it = s.find(name);
-  if (it != s.end()) return it->second;
-  return s[name] = ops::zeros(param.shape(), {.dtype = state_dtype(param), .device = param.device()});
+  if (it != s.end()) {
+    Tensor& t = it->second;
+    if (!t.is_contiguous(layout)) t = ops::contiguous(t, layout);
+    return t;
+  }
+  return s[name] = ops::zeros(param.shape(),
+                              {.dtype = state_dtype(param), .device = param.device(), .memory_format = layout});
 }
 
 Tensor& Optimizer::step_tensor(const Tensor& param) {

@@ -322,7 +322,14 @@ TEST_F(CudaFusedAdam, ArgumentErrors) {
   expect_error([&] { fused_adam(p.dev, g.dev, wrong, v.dev, {}, st, {}, {}, {}); }, {"exp_avgs[1]", "cpu"});
   TensorVec nc = p.dev;
   nc[0] = ops::zeros({2, 2}, {.device = kGpu}).transpose(0, 1);
-  expect_error([&] { fused_adam(nc, g.dev, m.dev, v.dev, {}, st, {}, {}, {}); }, {"params[0]", "not contiguous"});
+  expect_error([&] { fused_adam(nc, g.dev, m.dev, v.dev, {}, st, {}, {}, {}); },
+               {"params[0]", "neither contiguous nor channels-last"});
+  // Channels-last parameters are taken, with gradients and states in their order only.
+  TensorVec cl = {ops::zeros({2, 3, 2, 2}, {.device = kGpu}).to(MemoryFormat::ChannelsLast)};
+  TensorVec cl_grad = {ops::ones({2, 3, 2, 2}, {.device = kGpu})};
+  TensorVec cl_state = {ops::zeros({2, 3, 2, 2}, {.device = kGpu}).to(MemoryFormat::ChannelsLast)};
+  expect_error([&] { fused_adam(cl, cl_grad, cl_state, cl_state, {}, step_tensors(1), {}, {}, {}); },
+               {"grads[0]", "not in the memory order of params[0]"});
   expect_error([&] { fused_adam(p.dev, g.dev, m.dev, v.dev, {}, step_tensors(1), {}, {}, {}); }, {"steps has 1"});
   expect_error([&] { fused_adam(p.dev, g.dev, m.dev, v.dev, {}, st, {}, ops::zeros({2}, {.device = kGpu}), {}); },
                {"grad_scale", "1-element float32"});

@@ -69,8 +69,8 @@ TEST(CudaOptimizers, MatchCpu) {
   }
 }
 
-// A non-contiguous parameter (a transposed view, and a channels-last 4-d weight) is updated through a
-// contiguous copy and written back.
+// A non-contiguous parameter (a transposed view) is updated through a contiguous copy and written back; a
+// channels-last 4-d weight, which is dense, in place.
 TEST(CudaOptimizers, NonContiguousParameters) {
   KILN_REQUIRE_GPU();
   const Vec init = uniform(24, -1, 1, 5), grad = uniform(24, -1, 1, 6);
@@ -101,6 +101,99 @@ TEST(CudaOptimizers, NonContiguousParameters) {
     }
     EXPECT_FALSE(t.is_contiguous());  // still the same view
   }
+}
+
+// Channels-last conv weights (as in a channels-last model) are updated in place by the fused kernels: the same
+// values as a contiguous CPU copy, whichever layout the gradient comes in; the optimizer's state is kept in the
+// weight's layout, also when it was loaded from a state_dict in the contiguous one.
+TEST(CudaOptimizers, ChannelsLastParametersUpdatedInPlace) {
+  KILN_REQUIRE_GPU();
+  const Shape shape{4, 6, 3, 3};
+  const Vec init = uniform(216, -1, 1, 15), grad = uniform(216, -1, 1, 16);
+  for (const Case& c : {Case{"sgd", optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01}},
+                        Case{"adamw", optim::AdamWOptions{.lr = 0.01}}, Case{"lamb", optim::LAMBOptions{.lr = 0.01}}}) {
+    for (bool grad_channels_last : {true, false}) {
+      SCOPED_TRACE(c.name + (grad_channels_last ? ", channels-last gradient" : ", contiguous gradient"));
+      Tensor w = make(init, shape, {.dtype = DType::Float32, .device = kGpu}).to(MemoryFormat::ChannelsLast);
+      Tensor b = make(Vec(init.begin(), init.begin() + 4), {4}, {.dtype = DType::Float32, .device = kGpu});
+      ASSERT_FALSE(w.is_contiguous());
+      w.requires_grad_();
+      b.requires_grad_();
+      const void* storage = w.data_ptr();
+      Tensor wc = make(init, shape, {.dtype = DType::Float32}).requires_grad_();
+      Tensor bc = make(Vec(init.begin(), init.begin() + 4), {4}, {.dtype = DType::Float32}).requires_grad_();
+      auto og = make_optimizer(c.options, w, b);
+      auto oc = make_optimizer(c.options, wc, bc);
+      auto set_grads = [&](int k) {
+        Vec g = grad;
+        for (double& v : g) v *= 1 + 0.5 * k;
+        Tensor gw = make(g, shape, {.dtype = DType::Float32, .device = kGpu});
+        w.mutable_grad() = grad_channels_last ? gw.to(MemoryFormat::ChannelsLast) : gw;
+        b.mutable_grad() = make(Vec(g.begin(), g.begin() + 4), {4}, {.dtype = DType::Float32, .device = kGpu});
+        wc.mutable_grad() = make(g, shape, {.dtype = DType::Float32});
+        bc.mutable_grad() = make(Vec(g.begin(), g.begin() + 4), {4}, {.dtype = DType::Float32});
+      };
+      for (int k = 0; k < 3; ++k) {
+        set_grads(k);
+        og->step();
+        oc->step();
+        expect_values(w, shape, values(wc), 1e-5, 1e-6);
+        expect_values(b, {4}, values(bc), 1e-5, 1e-6);
+      }
+      EXPECT_EQ(w.data_ptr(), storage) << "updated in place";
+      EXPECT_TRUE(w.is_contiguous(MemoryFormat::ChannelsLast));
+      for (const auto& [name, t] : og->state(w)) {
+        if (name != "step") {
+          EXPECT_TRUE(t.is_contiguous(MemoryFormat::ChannelsLast)) << name;
+        }
+      }
+      // A state saved in the contiguous layout (the CPU optimizer's), loaded for the channels-last weight.
+      auto og2 = make_optimizer(c.options, w, b);
+      og2->load_state_dict(oc->state_dict());
+      for (int k = 3; k < 5; ++k) {
+        set_grads(k);
+        og2->step();
+        oc->step();
+        expect_values(w, shape, values(wc), 1e-5, 1e-6);
+      }
+      for (const auto& [name, t] : og2->state(w)) {
+        if (name != "step") {
+          EXPECT_TRUE(t.is_contiguous(MemoryFormat::ChannelsLast)) << name;
+        }
+      }
+    }
+  }
+}
+
+// The GradScaler's fused unscale reads channels-last 16-bit gradients as they are: divided by the scale, and an
+// inf among them found.
+TEST(CudaOptimizers, GradScalerUnscalesChannelsLastGradients) {
+  KILN_REQUIRE_GPU();
+  const Shape shape{4, 6, 3, 3};
+  const Vec init = uniform(216, -1, 1, 17), grad = uniform(216, -1, 1, 18);
+  Tensor w = make(init, shape, {.dtype = DType::Float16, .device = kGpu}).to(MemoryFormat::ChannelsLast);
+  w.requires_grad_();
+  optim::SGD opt({w}, {.lr = 1.0});
+  amp::GradScaler scaler({.init_scale = 1024.0});
+  Vec scaled = grad;
+  for (double& v : scaled) v *= 1024;
+  w.mutable_grad() = make(scaled, shape, {.dtype = DType::Float16, .device = kGpu}).to(MemoryFormat::ChannelsLast);
+  scaler.unscale_(opt);
+  EXPECT_TRUE(w.grad().is_contiguous(MemoryFormat::ChannelsLast));
+  expect_values(w.grad(), shape, grad, 2e-3, 1e-3);
+  scaler.step(opt);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 1024.0);  // finite: kept (growth after 2000 such steps)
+  // An inf in the gradient (at a channel other than 0, so the memory order matters for where it sits): the
+  // step is skipped and the scale backs off.
+  Vec bad = scaled;
+  bad[100] = std::numeric_limits<double>::infinity();
+  const Vec before = values(w);
+  w.mutable_grad() = make(bad, shape, {.dtype = DType::Float16, .device = kGpu}).to(MemoryFormat::ChannelsLast);
+  scaler.step(opt);
+  scaler.update();
+  expect_values(w, shape, before, 0, 0);
+  EXPECT_EQ(scaler.get_scale(), 512.0);  // backoff_factor 0.5
 }
 
 // One group holding float32 and bfloat16 CUDA parameters (two fused calls) and a parameter without gradient.

@@ -1,6 +1,8 @@
 // Argument checks of the fused kernels (checks.h).
 #include "kiln/optim/cuda/checks.h"
 
+#include "kiln/optim/grad_groups.h"  // flat_dense, same_order
+
 namespace kiln::optim::cuda_impl {
 
 bool is_fused_dtype(DType t) { return t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16; }
@@ -35,8 +37,8 @@ void check_list(const TensorVec& list, const char* op, const char* name, Device 
     KILN_CHECK(t.defined(), op, ": ", name, "[", i, "] is undefined");
     KILN_CHECK(t.device() == device, op, ": ", name, "[", i, "] is on ", t.device(), ", expected ", device,
                " (all tensors of one call on one device)");
-    KILN_CHECK(t.is_contiguous(), op, ": ", name, "[", i, "] (shape ", t.shape(),
-               ") is not contiguous; pass contiguous tensors (e.g. .contiguous())");
+    KILN_CHECK(detail::flat_dense(t), op, ": ", name, "[", i, "] (shape ", t.shape(), ", strides ", t.strides(),
+               ") is neither contiguous nor channels-last; pass dense tensors (e.g. .contiguous())");
     if (dtype) {
       KILN_CHECK(t.dtype() == *dtype, op, ": ", name, "[", i, "] has dtype ", t.dtype(), ", expected ", *dtype);
     } else {
@@ -46,6 +48,13 @@ void check_list(const TensorVec& list, const char* op, const char* name, Device 
     if (like != nullptr) {
       KILN_CHECK(t.numel() == (*like)[i].numel(), op, ": ", name, "[", i, "] has ", t.numel(), " elements but params[",
                  i, "] has ", (*like)[i].numel());
+      // The update pairs the elements at equal offsets: the same memory order as the parameter, or the same
+      // contiguous order where the shapes differ (a flat view of it).
+      const bool same = t.shape() == (*like)[i].shape() ? detail::same_order(t, (*like)[i])
+                                                          : t.is_contiguous() && (*like)[i].is_contiguous();
+      KILN_CHECK(same, op, ": ", name, "[", i, "] (strides ", t.strides(), ") is not in the memory order of params[", i,
+                 "] (shape ", (*like)[i].shape(), ", strides ", (*like)[i].strides(),
+                 "); pass it in the parameter's layout (e.g. .contiguous(params[i].suggest_memory_format()))");
     }
   }
 }

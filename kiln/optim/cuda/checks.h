@@ -16,16 +16,19 @@ namespace kiln::optim::cuda_impl {
 // float32, float16 or bfloat16: the dtypes the fused kernels take.
 bool is_fused_dtype(DType t);
 
-// The parameter list: defined contiguous CUDA tensors of one fused dtype, on one device (params may be
+// Dense (grad_groups.h: flat_dense) means contiguous or channels-last: the kernels read each tensor as the flat
+// run of its elements in memory order.
+//
+// The parameter list: defined dense CUDA tensors of one fused dtype, on one device (params may be
 // empty: then the device is cpu and the caller returns). Returns the device.
 Device check_params(const TensorVec& params, const char* op);
 
-// A list of defined contiguous CUDA tensors of fused dtypes (mixed allowed) on one device (amp, norms).
+// A list of defined dense CUDA tensors of fused dtypes (mixed allowed) on one device (amp, norms).
 // An empty list gives cpu (the caller returns). Returns the device.
 Device check_tensors(const TensorVec& list, const char* op, const char* name);
 
-// `size` defined contiguous tensors on `device`; of `dtype` (if given), else of fused dtypes (mixed
-// allowed); with the numel of like[i] (if like is given).
+// `size` defined dense tensors on `device`; of `dtype` (if given), else of fused dtypes (mixed allowed); with
+// the numel and the memory order of like[i] (if like is given).
 void check_list(const TensorVec& list, const char* op, const char* name, Device device, size_t size,
                 std::optional<DType> dtype, const TensorVec* like);
 
