@@ -8,6 +8,7 @@
 
 #include "kiln/autograd/autocast.h"   // autocast::inputs
 #include "kiln/autograd/functions.h"  // kiln::cat, kiln::matmul, kiln::as_strided, ...
+#include "kiln/layers/functional.h"   // linear (1x1 convolutions)
 #include "kiln/layers/init.h"         // PyTorch's default initialisation
 #include "kiln/layers/window_internal.h"
 #include "kiln/tensor/error.h"  // KILN_CHECK
@@ -190,6 +191,19 @@ Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& b
              options.padding[0], ", ", options.padding[1], ") is smaller than the dilated kernel (",
              options.dilation[0] * (kh - 1) + 1, ", ", options.dilation[1] * (kw - 1) + 1,
              "), so the output would be empty; use a larger input or more padding");
+
+  // A 1x1 convolution with stride 1, no padding and one group, on a channels-last input, is one matrix product:
+  // the input is an (N H W, C_in) matrix as it lies in memory, and y = x w^T + b is nn::linear's, whose backward
+  // is two more products (dx = dy w, dw = dy^T x) and the bias's column sums. On an H200 cuDNN's convolution
+  // API ran ResNet-50's stride-1 1x1 layers (the bottlenecks' first and last) at 2 to 5 times the time of the
+  // same products (bench_conv beside pytorch_conv.py); cuBLASLt's matmul runs them at the products' speed.
+  const bool one_by_one = kh == 1 && kw == 1 && groups == 1 && options.stride[0] == 1 && options.stride[1] == 1 &&
+                          options.padding[0] == 0 && options.padding[1] == 0;
+  if (one_by_one && input.suggest_memory_format() == MemoryFormat::ChannelsLast) {
+    const Tensor rows = reshape(permute(input, {0, 2, 3, 1}), {n * h * w, c_in});  // a view: NHWC memory
+    const Tensor y = permute(reshape(linear(rows, reshape(weight, {c_out, c_in}), bias), {n, h, w, c_out}), {0, 3, 1, 2});
+    return unbatched ? squeeze(y, 0) : y;  // (N, C_out, H, W), channels-last
+  }
 
 #if KILN_WITH_CUDA
   if (input.is_cuda()) {

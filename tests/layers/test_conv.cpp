@@ -93,6 +93,12 @@ TEST_P(ConvTest, OneByOneAndKernelAsLargeAsTheInput) {
 TEST_P(ConvTest, ChannelsLastInputGivesChannelsLastOutput) {
   expect_conv_matches({2, 3, 6, 5, 4, 3, 3, {.stride = 2, .padding = 1}}, opts(), /*channels_last=*/true);
   expect_conv_matches({1, 4, 5, 5, 4, 3, 3, {.padding = 1, .groups = 2}}, opts(), /*channels_last=*/true);
+  // 1x1, stride 1, no padding, one group: one matrix product over the NHWC rows (with and without bias); the
+  // strided and the padded 1x1 ones go the general way.
+  expect_conv_matches({2, 8, 5, 4, 6, 1, 1, {}}, opts(), /*channels_last=*/true);
+  expect_conv_matches({3, 5, 4, 4, 7, 1, 1, {.bias = false}}, opts(), /*channels_last=*/true);
+  expect_conv_matches({2, 6, 5, 5, 4, 1, 1, {.stride = 2}}, opts(), /*channels_last=*/true);
+  expect_conv_matches({2, 6, 3, 3, 4, 1, 1, {.padding = 1}}, opts(), /*channels_last=*/true);
 }
 
 TEST_P(ConvTest, Float64) {
@@ -127,6 +133,17 @@ TEST(Conv, ChannelsLastGradients) {
   };
   check_gradients(
       fn, {make_input({2, 3, 4, 3}, -1, 1, 9), make_input({2, 3, 3, 3}, -1, 1, 10), make_input({2}, -1, 1, 11)});
+  // The 1x1 matrix-product path: gradients of the input, the weight (also a channels-last one) and the bias.
+  auto one_by_one = [](const TensorList& in) {
+    return TensorList{nn::conv2d(in[0].contiguous(MemoryFormat::ChannelsLast),
+                                 in[1].contiguous(MemoryFormat::ChannelsLast), in[2], {})};
+  };
+  check_gradients(one_by_one, {make_input({2, 4, 3, 2}, -1, 1, 12), make_input({5, 4, 1, 1}, -1, 1, 13),
+                               make_input({5}, -1, 1, 14)});
+  auto one_by_one_no_bias = [](const TensorList& in) {
+    return TensorList{nn::conv2d(in[0].contiguous(MemoryFormat::ChannelsLast), in[1], {}, {})};
+  };
+  check_gradients(one_by_one_no_bias, {make_input({1, 3, 2, 3}, -1, 1, 15), make_input({2, 3, 1, 1}, -1, 1, 16)});
 }
 
 TEST(Conv, ModuleParametersAndDefaultInitialisation) {

@@ -177,6 +177,8 @@ TEST(CudaOptimizers, GradScalerUnscalesChannelsLastGradients) {
   amp::GradScaler scaler({.init_scale = 1024.0});
   Vec scaled = grad;
   for (double& v : scaled) v *= 1024;
+  // A scaled loss for this iteration (the scaler insists), then the gradient set to the values wanted.
+  scaler.scale(w.to(DType::Float32).sum()).backward();
   w.mutable_grad() = make(scaled, shape, {.dtype = DType::Float16, .device = kGpu}).to(MemoryFormat::ChannelsLast);
   scaler.unscale_(opt);
   EXPECT_TRUE(w.grad().is_contiguous(MemoryFormat::ChannelsLast));
@@ -189,6 +191,7 @@ TEST(CudaOptimizers, GradScalerUnscalesChannelsLastGradients) {
   Vec bad = scaled;
   bad[100] = std::numeric_limits<double>::infinity();
   const Vec before = values(w);
+  scaler.scale(w.to(DType::Float32).sum()).backward();
   w.mutable_grad() = make(bad, shape, {.dtype = DType::Float16, .device = kGpu}).to(MemoryFormat::ChannelsLast);
   scaler.step(opt);
   scaler.update();
