@@ -1,30 +1,46 @@
-// ResNet-50's convolutions one by one, pass by pass, on kiln's cuDNN path: whether kiln's algorithm choice
-// (cuDNN's legacy cudnnFind*AlgorithmEx in benchmark mode) loses time against PyTorch's (cuDNN's graph API in
-// benchmark mode). bench/pytorch_conv.py times the same cases through PyTorch and, with --compare, puts the two
-// logs side by side.
+// A ResNet's convolutions one by one, pass by pass, as kiln runs them: whether kiln's convolutions lose time against
+// PyTorch's, and where. bench/pytorch_conv.py times the same cases through PyTorch and, with --compare, puts two
+// logs side by side (this one and PyTorch's, or two of this one's with different --path).
 //
-//   bench_conv [--dtype bf16|fp16] [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--quick]
+//   bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--dtype bf16|fp16] [--shape INDEX]
+//              [--iters N] [--steps N] [--warmup N] [--quick]
 //
-// Cases: every distinct convolution of torchvision's ResNet-50 (bottleneck v1.5: the stride on the 3x3 conv;
-// the 7x7/2 stem on 3 channels; strided 1x1 downsample convs) at batch 256, 224x224 input, channels-last, no
-// bias, with how many times each occurs (53 convolutions, 23 distinct shapes). Each pass alone: forward
-// y = conv(x, w), backward-data dx = conv_backward_data(dy, w), backward-filter dw = conv_backward_filter(dy, x),
-// through kiln's cuDNN passes (kiln/layers/cuda/conv_cudnn.h, the calls nn::conv2d and its backward node make,
-// without the autograd bookkeeping), with nn::cudnn_benchmark on. Timing: `--iters` (10) passes back to back
-// between two CUDA events, the median of `--steps` (10) such blocks after `--warmup` (2) blocks, divided by
-// `--iters`; the first warm-up pass is where cuDNN's algorithms are timed and one chosen, so it is never timed.
-// Passes queued back to back hide the host's per-call work behind the GPU's, as in a training step.
+// Nets (--net): resnet50 (default): every distinct convolution of torchvision's ResNet-50 (bottleneck v1.5: the
+// stride on the 3x3 conv; the 7x7/2 stem on 3 channels, then a 3x3/2 max pool; strided 1x1 downsample convs) at
+// batch 256, 224x224 input: 53 convolutions, 23 distinct shapes. resnet18_cifar: ResNet-18 with the CIFAR stem
+// (3x3/1, 3 -> 64, no max pool; nn::models::resnet18 with cifar_stem) at batch 512, 32x32 input: the stem, the
+// 3x3 convs of the four stages (the first of stages 2-4 strided), the strided 1x1 downsample convs: 20
+// convolutions, 11 distinct shapes. Both channels-last, no bias, each shape with how many times it occurs.
+//
+// Each pass alone: forward y = conv(x, w), backward-data dx, backward-filter dw, through what nn::conv2d and its
+// backward run, without the autograd bookkeeping (--path auto, the default):
+//   - a 1x1, stride-1, unpadded, ungrouped convolution of a channels-last input (every such shape here) is
+//     nn::linear over the (N H W, C) rows of NHWC memory (kiln/layers/conv.cpp), so its passes are the three
+//     products kiln::ops::mm runs for linear and its MmBackward: forward rows (N H W, C_in) x w^T (C_in, C_out),
+//     dx = dy_rows (N H W, C_out) x w (C_out, C_in), dw = rows^T (C_in, N H W) x dy_rows, whose transpose (a
+//     view) is the weight's gradient; "path": "matmul";
+//   - every other shape through kiln's cuDNN passes (kiln/layers/cuda/conv_cudnn.h) with nn::cudnn_benchmark on;
+//     "path": "cudnn".
+// --path cudnn times cuDNN's passes for every shape (what nn::conv2d ran before its matrix-product branch), to
+// compare the two paths on one GPU.
+//
+// Timing: `--iters` (10) passes back to back between two CUDA events, the median of `--steps` (10) such blocks
+// after `--warmup` (2) blocks, divided by `--iters`; the first warm-up pass is where cuDNN's algorithms (or
+// cuBLASLt's) are chosen, so it is never timed. Passes queued back to back hide the host's per-call work behind
+// the GPU's, as in a training step.
 //
 // One JSON line per (shape, pass), with TFLOP/s = 2 N C_out OH OW C_in K^2 / time (the same count for all three
-// passes), then one line per pass with the count-weighted total: the time one ResNet-50 training step spends in
-// that pass. The stem's dx is measured but left out of the dx total ("in_step": false): a training step never
-// computes the gradient of its input images.
+// passes), then one line per pass with the count-weighted total ("summary": the net): the time one training step
+// of the net spends in that pass. The stem's dx is measured but left out of the dx total ("in_step": false): a
+// training step never computes the gradient of its input images.
 //
 // --quick: batch 2, spatial size / 8, one pass per block, one block: checks that the code runs (CTest:
-// bench.conv_quick), on the CPU where there is no GPU; its figures mean nothing. There kiln's convolution is
-// im2col + matmul through autograd, with no separate passes: dx and dw are then forward + backward with only x,
-// or only w, requiring a gradient (the forward included in the time).
+// bench.conv_quick, bench.conv_quick_resnet18_cifar), on the CPU where there is no GPU; its figures mean nothing.
+// There the matmul path runs the same products on the CPU, and the cuDNN path stands in as nn::conv2d through
+// autograd (im2col + matmul, or the linear branch), with no separate passes: dx and dw are then forward + backward
+// with only x, or only w, requiring a gradient (the forward included in the time).
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -40,22 +56,41 @@
 #include "kiln/kiln.h"
 #include "kiln/layers/cuda/conv_cudnn.h"  // nn::cuda_impl::conv2d_forward, conv2d_backward_data, conv2d_backward_filter
 #include "kiln/tensor/cuda.h"             // cuda::is_available
+#include "kiln/tensor/ops.h"              // ops::mm, ops::view, ops::permute, ops::transpose: raw ops, nothing recorded
 
 using namespace kiln;
 
 namespace {
 
+// A ResNet as far as its convolutions go: the stem, the optional max pool, the block type and the stages.
+struct Net {
+  const char* name;   // --net, and the "net" / "summary" of the JSON lines
+  const char* title;  // for people
+  int64_t n, hw;      // batch and input size
+  int64_t stem_k, stem_stride;
+  bool max_pool;        // 3x3/2, padding 1, after the stem
+  bool bottleneck;      // Bottleneck (1x1, 3x3 strided, 1x1 x4) or BasicBlock (3x3 strided, 3x3)
+  int64_t blocks[4];    // per stage; widths 64, 128, 256, 512
+  int convs, distinct;  // what the walk must give at the full size: a check on it
+};
+
+constexpr Net kNets[] = {
+    {"resnet50", "ResNet-50", 256, 224, 7, 2, true, true, {3, 4, 6, 3}, 53, 23},
+    {"resnet18_cifar", "ResNet-18 (CIFAR stem)", 512, 32, 3, 1, false, false, {2, 2, 2, 2}, 20, 11},
+};
+
 struct ConvShape {
   int64_t c_in, c_out, hw, k, stride;  // hw: the input's height and width; padding k / 2
-  int count;                           // how many of ResNet-50's convolutions have this shape
+  int count;                           // how many of the net's convolutions have this shape
 };
 
 int64_t out_size(int64_t hw, int64_t k, int64_t stride) { return (hw + 2 * (k / 2) - k) / stride + 1; }
 
-// ResNet-50's convolutions for an input of hw x hw, distinct shapes in the order the forward meets them, each
-// with its count. Walked from the architecture rather than written out, so the counts cannot drift from it;
-// bench/pytorch_conv.py walks it the same way, so --shape INDEX means the same shape on both sides.
-std::vector<ConvShape> resnet50_convs(int64_t hw) {
+// A net's convolutions for an input of hw x hw: distinct shapes block by block (a block's own convs, then its
+// shortcut's downsample), each with its count. Walked from the architecture rather than written out, so the counts
+// cannot drift from it; bench/pytorch_conv.py walks it the same way, so --shape INDEX means the same shape on both
+// sides. The downsample rule is nn::models::ResNet's (and torchvision's): stride != 1 or a change of width.
+std::vector<ConvShape> resnet_convs(const Net& net, int64_t hw) {
   std::vector<ConvShape> shapes;
   auto add = [&](int64_t c_in, int64_t c_out, int64_t h, int64_t k, int64_t stride) {
     for (ConvShape& s : shapes) {
@@ -66,20 +101,26 @@ std::vector<ConvShape> resnet50_convs(int64_t hw) {
     }
     shapes.push_back({c_in, c_out, h, k, stride, 1});
   };
-  add(3, 64, hw, 7, 2);  // the stem
-  hw = out_size(hw, 7, 2);
-  hw = out_size(hw, 3, 2);  // max pool 3x3/2, padding 1
+  add(3, 64, hw, net.stem_k, net.stem_stride);  // the stem
+  hw = out_size(hw, net.stem_k, net.stem_stride);
+  if (net.max_pool) hw = out_size(hw, 3, 2);
   int64_t in = 64;
-  constexpr int64_t kWidths[] = {64, 128, 256, 512}, kBlocks[] = {3, 4, 6, 3};
+  const int64_t expansion = net.bottleneck ? 4 : 1;
+  constexpr int64_t kWidths[] = {64, 128, 256, 512};
   for (int stage = 0; stage < 4; ++stage) {
-    const int64_t width = kWidths[stage], out = 4 * width;
-    for (int64_t b = 0; b < kBlocks[stage]; ++b) {
+    const int64_t width = kWidths[stage], out = expansion * width;
+    for (int64_t b = 0; b < net.blocks[stage]; ++b) {
       const int64_t stride = stage > 0 && b == 0 ? 2 : 1;
       const int64_t next = out_size(hw, 3, stride);
-      add(in, width, hw, 1, 1);                 // conv1
-      add(width, width, hw, 3, stride);         // conv2, strided in the first block of stages 2-4 (v1.5)
-      add(width, out, next, 1, 1);              // conv3
-      if (b == 0) add(in, out, hw, 1, stride);  // the shortcut's downsample
+      if (net.bottleneck) {
+        add(in, width, hw, 1, 1);          // conv1
+        add(width, width, hw, 3, stride);  // conv2, strided in the first block of stages 2-4 (v1.5)
+        add(width, out, next, 1, 1);       // conv3
+      } else {
+        add(in, width, hw, 3, stride);  // conv1, strided in the first block of stages 2-4
+        add(width, width, next, 3, 1);  // conv2
+      }
+      if (stride != 1 || in != out) add(in, out, hw, 1, stride);  // the shortcut's downsample
       in = out;
       hw = next;
     }
@@ -87,7 +128,15 @@ std::vector<ConvShape> resnet50_convs(int64_t hw) {
   return shapes;
 }
 
+// Whether nn::conv2d runs this shape as one matrix product: 1x1, stride 1 (so no padding; groups are 1 and the
+// input channels-last in every case here). The same test as kiln/layers/conv.cpp's.
+bool matmul_shape(const ConvShape& c) { return c.k == 1 && c.stride == 1; }
+
+enum class PathMode { Auto, Cudnn };
+
 struct Settings {
+  const Net* net = &kNets[0];
+  PathMode path = PathMode::Auto;
   Device device = Device::cuda(0);  // the CPU only for --quick without a GPU (a smoke run of the code)
   DType dtype = DType::BFloat16;
   const char* dtype_name = "bf16";
@@ -96,6 +145,11 @@ struct Settings {
   int64_t n = 256, hw = 224;
   bool quick = false;
 };
+
+// The path this shape's passes take: "matmul" or "cudnn".
+const char* path_of(const Settings& s, const ConvShape& c) {
+  return s.path == PathMode::Auto && matmul_shape(c) ? "matmul" : "cudnn";
+}
 
 // Milliseconds per pass: blocks of s.iters passes, timed as bench/gpu_timing.h does on a GPU, by the wall clock on
 // the CPU (--quick only).
@@ -140,14 +194,41 @@ std::string json_escape(const std::string& text) {
 
 // The fields every line of one shape starts with.
 std::string case_fields(const Settings& s, int index, const ConvShape& c) {
-  char buf[320];
+  char buf[400];
   std::snprintf(buf, sizeof buf,
-                "\"bench\": \"conv\", \"impl\": \"kiln\", \"dtype\": \"%s\", \"shape\": %d, \"n\": %lld, "
-                "\"c_in\": %lld, \"c_out\": %lld, \"hw\": %lld, \"k\": %lld, \"stride\": %lld, \"count\": %d",
-                s.dtype_name, index, static_cast<long long>(s.n), static_cast<long long>(c.c_in),
+                "\"bench\": \"conv\", \"impl\": \"kiln\", \"net\": \"%s\", \"dtype\": \"%s\", \"shape\": %d, "
+                "\"n\": %lld, \"c_in\": %lld, \"c_out\": %lld, \"hw\": %lld, \"k\": %lld, \"stride\": %lld, "
+                "\"count\": %d, \"path\": \"%s\"",
+                s.net->name, s.dtype_name, index, static_cast<long long>(s.n), static_cast<long long>(c.c_in),
                 static_cast<long long>(c.c_out), static_cast<long long>(c.hw), static_cast<long long>(c.k),
-                static_cast<long long>(c.stride), c.count);
+                static_cast<long long>(c.stride), c.count, path_of(s, c));
   return buf;
+}
+
+// The three passes of a shape on the matmul path: the products nn::linear (forward) and its MmBackward (dx, dw)
+// hand to ops::mm, on views of the same x, w and dy. ops::view, unlike reshape, never copies (it throws where it
+// would have to), so every operand here is a view of x's, w's or dy's memory: (N, C, H, W) channels-last is NHWC,
+// i.e. (N H W, C) rows, and the 1x1 weight (C_out, C_in, 1, 1) is (C_out, C_in) in either memory format. Nor does
+// ops::mm copy them: the CUDA backend (kiln/tensor/cuda/matmul.cpp) hands cuBLASLt a row-major operand as it is
+// and a transposed one (w^T, rows^T: unit stride along the rows) as column-major with the transpose flag; it copies
+// only an operand with no unit stride, which none of these is. The products' outputs are new tensors, as in
+// nn::conv2d: (N H W, C_out) rows are y in channels-last, (N H W, C_in) rows dx in channels-last. dw is timed as
+// MmBackward computes it, rows^T g -> (C_in, C_out), whose transpose view is the weight's gradient: dy_rows^T rows,
+// (C_out, C_in) in the weight's own layout, would be the same product with the operands' roles swapped. On the way
+// to the weight's .grad autograd turns that transposed view into the weight's layout (one weight-sized copy, or
+// autocast's cast back to float32); that is not timed here.
+std::array<std::function<void()>, 3> matmul_passes(const Tensor& x, const Tensor& w, const Tensor& dy) {
+  const int64_t n = x.size(0), c_in = x.size(1), h = x.size(2), wd = x.size(3), c_out = w.size(0);
+  const Tensor rows = ops::view(ops::permute(x, {0, 2, 3, 1}), {n * h * wd, c_in});       // (N H W, C_in)
+  const Tensor dy_rows = ops::view(ops::permute(dy, {0, 2, 3, 1}), {n * h * wd, c_out});  // (N H W, C_out)
+  const Tensor w2 = ops::view(w, {c_out, c_in});                                          // (C_out, C_in)
+  const Tensor w2_t = ops::transpose(w2, 0, 1);                                           // (C_in, C_out)
+  const Tensor rows_t = ops::transpose(rows, 0, 1);                                       // (C_in, N H W)
+  return {
+      [rows, w2_t] { (void)ops::mm(rows, w2_t); },            // y rows (N H W, C_out): linear's x w^T
+      [dy_rows, w2] { (void)ops::mm(dy_rows, w2); },          // dx rows (N H W, C_in): g (w^T)^T
+      [rows_t, dy_rows] { (void)ops::mm(rows_t, dy_rows); },  // dw^T (C_in, C_out): x^T g
+  };
 }
 
 // Times the three passes of one shape and prints their lines.
@@ -164,38 +245,46 @@ void run_shape(const Settings& s, int index, const ConvShape& c, Totals& totals)
   const double flop = 2.0 * static_cast<double>(s.n * c.c_out * oh * oh) * static_cast<double>(c.c_in * c.k * c.k);
   const bool stem = index == 0;  // its input is the images: no training step computes its dx
 
-  // On a GPU, kiln's cuDNN passes themselves; on the CPU (--quick), nn::conv2d through autograd (see the top).
-  const nn::cuda_impl::ConvGeometry g{.stride = {c.stride, c.stride}, .padding = {pad, pad}};
-  const nn::Conv2dOptions o{.stride = c.stride, .padding = pad, .bias = false};
-  Tensor x_leaf = x.detach(), w_leaf = w.detach();  // the CPU's dx and dw: only the one leaf requires a gradient
-  x_leaf.requires_grad_();
-  w_leaf.requires_grad_();
-  const std::function<void()> passes[3] = {
-      [&] {
-        if (s.device.is_cuda()) {
-          (void)nn::cuda_impl::conv2d_forward(x, w, g, cl);  // (N, C_out, OH, OW)
-        } else {
-          NoGradGuard no_grad;
-          (void)nn::conv2d(x, w, {}, o);
-        }
-      },
-      [&] {
-        if (s.device.is_cuda()) {
-          (void)nn::cuda_impl::conv2d_backward_data(dy, w, x.shape(), g, cl);  // (N, C_in, H, W)
-        } else {
-          x_leaf.mutable_grad() = Tensor();
-          nn::conv2d(x_leaf, w, {}, o).backward(dy);
-        }
-      },
-      [&] {
-        if (s.device.is_cuda()) {
-          (void)nn::cuda_impl::conv2d_backward_filter(dy, x, w.shape(), g, cl);  // (C_out, C_in, K, K)
-        } else {
-          w_leaf.mutable_grad() = Tensor();
-          nn::conv2d(x, w_leaf, {}, o).backward(dy);
-        }
-      },
-  };
+  std::array<std::function<void()>, 3> passes;
+  // Only for the CPU's stand-in for cuDNN (see the top), where only the one leaf requires a gradient; they outlive
+  // the passes, which hold them by reference.
+  Tensor x_leaf = x.detach(), w_leaf = w.detach();
+  if (std::string(path_of(s, c)) == "matmul") {
+    passes = matmul_passes(x, w, dy);  // the same products on the CPU (--quick) as on a GPU
+  } else {
+    // On a GPU, kiln's cuDNN passes themselves; on the CPU (--quick), nn::conv2d through autograd (see the top).
+    const nn::cuda_impl::ConvGeometry g{.stride = {c.stride, c.stride}, .padding = {pad, pad}};
+    const nn::Conv2dOptions o{.stride = c.stride, .padding = pad, .bias = false};
+    x_leaf.requires_grad_();
+    w_leaf.requires_grad_();
+    const bool gpu = s.device.is_cuda();
+    passes = {
+        [=] {
+          if (gpu) {
+            (void)nn::cuda_impl::conv2d_forward(x, w, g, cl);  // (N, C_out, OH, OW)
+          } else {
+            NoGradGuard no_grad;
+            (void)nn::conv2d(x, w, {}, o);
+          }
+        },
+        [=, &x_leaf] {
+          if (gpu) {
+            (void)nn::cuda_impl::conv2d_backward_data(dy, w, x.shape(), g, cl);  // (N, C_in, H, W)
+          } else {
+            x_leaf.mutable_grad() = Tensor();
+            nn::conv2d(x_leaf, w, {}, o).backward(dy);
+          }
+        },
+        [=, &w_leaf] {
+          if (gpu) {
+            (void)nn::cuda_impl::conv2d_backward_filter(dy, x, w.shape(), g, cl);  // (C_out, C_in, K, K)
+          } else {
+            w_leaf.mutable_grad() = Tensor();
+            nn::conv2d(x, w_leaf, {}, o).backward(dy);
+          }
+        },
+    };
+  }
   for (int p = 0; p < 3; ++p) {
     const std::string fields = case_fields(s, index, c) + ", \"pass\": \"" + kPasses[p] + "\"";
     try {
@@ -218,14 +307,15 @@ void run_shape(const Settings& s, int index, const ConvShape& c, Totals& totals)
   }
 }
 
-void print_shapes(FILE* out, const std::vector<ConvShape>& shapes) {
-  std::fprintf(out, "ResNet-50's distinct convolutions at 224x224 (--shape INDEX):\n");
+void print_shapes(FILE* out, const Net& net, const std::vector<ConvShape>& shapes) {
+  std::fprintf(out, "%s's distinct convolutions at %lldx%lld (--net %s --shape INDEX; the path --path auto takes):\n",
+               net.title, static_cast<long long>(net.hw), static_cast<long long>(net.hw), net.name);
   for (size_t i = 0; i < shapes.size(); ++i) {
     const ConvShape& c = shapes[i];
-    std::fprintf(out, "  %2zu: %4lld -> %4lld  %lldx%lld/%lld  on %3lldx%-3lld  x%d\n", i,
+    std::fprintf(out, "  %2zu: %4lld -> %4lld  %lldx%lld/%lld  on %3lldx%-3lld  x%-2d  %s\n", i,
                  static_cast<long long>(c.c_in), static_cast<long long>(c.c_out), static_cast<long long>(c.k),
                  static_cast<long long>(c.k), static_cast<long long>(c.stride), static_cast<long long>(c.hw),
-                 static_cast<long long>(c.hw), c.count);
+                 static_cast<long long>(c.hw), c.count, matmul_shape(c) ? "matmul" : "cudnn");
   }
 }
 
@@ -242,23 +332,44 @@ std::optional<int> parse_count(const char* text) {
 
 int main(int argc, char** argv) {
   Settings s;
-  const std::vector<ConvShape> full = resnet50_convs(224);
   auto usage = [&] {
     std::fprintf(stderr,
-                 "usage: bench_conv [--dtype bf16|fp16] [--shape INDEX] [--iters N] [--steps N] [--warmup N] "
-                 "[--quick]\n");
-    print_shapes(stderr, full);
+                 "usage: bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--dtype bf16|fp16] "
+                 "[--shape INDEX] [--iters N] [--steps N] [--warmup N] [--quick]\n");
+    print_shapes(stderr, *s.net, resnet_convs(*s.net, s.net->hw));
     return 2;
   };
   int iters = -1, steps = -1, warmup = -1;  // -1: the default of the mode
+  const char* shape_arg = nullptr;          // checked once --net is known
+  bool help = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
     if (a == "--quick") {
       s.quick = true;
     } else if (a == "--help" || a == "-h") {
-      usage();
-      return 0;
+      help = true;
+    } else if (a == "--net" && has_value) {
+      const std::string name = argv[++i];
+      const Net* found = nullptr;
+      for (const Net& net : kNets) {
+        if (name == net.name) found = &net;
+      }
+      if (found == nullptr) {
+        std::fprintf(stderr, "bench_conv: --net must be resnet50 or resnet18_cifar, got '%s'\n", name.c_str());
+        return usage();
+      }
+      s.net = found;
+    } else if (a == "--path" && has_value) {
+      const std::string p = argv[++i];
+      if (p == "auto") {
+        s.path = PathMode::Auto;
+      } else if (p == "cudnn") {
+        s.path = PathMode::Cudnn;
+      } else {
+        std::fprintf(stderr, "bench_conv: --path must be auto or cudnn, got '%s'\n", p.c_str());
+        return usage();
+      }
     } else if (a == "--dtype" && has_value) {
       const std::string d = argv[++i];
       if (d == "bf16") {
@@ -272,13 +383,7 @@ int main(int argc, char** argv) {
         return usage();
       }
     } else if (a == "--shape" && has_value) {
-      const std::optional<int> v = parse_count(argv[++i]);
-      if (!v || *v >= static_cast<int>(full.size())) {
-        std::fprintf(stderr, "bench_conv: --shape takes an index from 0 to %zu (the list below), got '%s'\n",
-                     full.size() - 1, argv[i]);
-        return usage();
-      }
-      s.shape = *v;
+      shape_arg = argv[++i];
     } else if ((a == "--iters" || a == "--steps" || a == "--warmup") && has_value) {
       const std::optional<int> v = parse_count(argv[++i]);
       if (!v || (*v == 0 && a != "--warmup")) {
@@ -292,9 +397,33 @@ int main(int argc, char** argv) {
       return usage();
     }
   }
+  const Net& net = *s.net;
+  const std::vector<ConvShape> full = resnet_convs(net, net.hw);
+  int convs = 0;
+  for (const ConvShape& c : full) convs += c.count;
+  if (convs != net.convs || static_cast<int>(full.size()) != net.distinct) {  // the walk is wrong: say so
+    std::fprintf(stderr, "bench_conv: %s walked to %d convolutions in %zu shapes, expected %d in %d\n", net.name, convs,
+                 full.size(), net.convs, net.distinct);
+    return 1;
+  }
+  if (help) {
+    usage();
+    return 0;
+  }
+  if (shape_arg != nullptr) {
+    const std::optional<int> v = parse_count(shape_arg);
+    if (!v || *v >= static_cast<int>(full.size())) {
+      std::fprintf(stderr, "bench_conv: --shape takes an index from 0 to %zu for %s (the list below), got '%s'\n",
+                   full.size() - 1, net.name, shape_arg);
+      return usage();
+    }
+    s.shape = *v;
+  }
+  s.n = net.n;
+  s.hw = net.hw;
   if (s.quick) {
     s.n = 2;
-    s.hw = 224 / 8;
+    s.hw = net.hw / 8;
     s.iters = s.steps = s.warmup = 1;
   }
   if (iters > 0) s.iters = iters;
@@ -310,12 +439,16 @@ int main(int argc, char** argv) {
     nn::set_cudnn_benchmark(true);  // as torch.backends.cudnn.benchmark = True on the PyTorch side
   }
   manual_seed(1234);
-  const std::vector<ConvShape> shapes = resnet50_convs(s.hw);  // the same list at --quick's size
+  const std::vector<ConvShape> shapes = resnet_convs(net, s.hw);  // the same walk at --quick's size
+  const char* mode = s.path == PathMode::Auto ? "auto" : "cudnn";
   std::printf(
-      "kiln %s conv on %s: %s, batch %lld, %lldx%lld input, channels-last; %d passes per block, median of "
-      "%d blocks after %d\n",
-      KILN_VERSION_STRING, s.device.str().c_str(), s.dtype_name, static_cast<long long>(s.n),
-      static_cast<long long>(s.hw), static_cast<long long>(s.hw), s.iters, s.steps, s.warmup);
+      "kiln %s conv on %s: %s, %s, batch %lld, %lldx%lld input, channels-last, --path %s (%s); %d passes per block, "
+      "median of %d blocks after %d\n",
+      KILN_VERSION_STRING, s.device.str().c_str(), net.name, s.dtype_name, static_cast<long long>(s.n),
+      static_cast<long long>(s.hw), static_cast<long long>(s.hw), mode,
+      s.path == PathMode::Auto ? "as nn::conv2d: stride-1 1x1 shapes as matrix products, the rest through cuDNN"
+                               : "every shape through cuDNN",
+      s.iters, s.steps, s.warmup);
   Totals totals;
   for (size_t i = 0; i < shapes.size(); ++i) {
     if (s.shape >= 0 && static_cast<int>(i) != s.shape) continue;
@@ -335,9 +468,9 @@ int main(int argc, char** argv) {
       if (totals.failed[p]) continue;  // its error line says why
       std::printf(
           "{\"bench\": \"conv\", \"impl\": \"kiln\", \"dtype\": \"%s\", \"n\": %lld, \"input_hw\": %lld, "
-          "\"summary\": \"resnet50\", \"pass\": \"%s\", \"layers\": %d, \"ms\": %.3f, \"tflops\": %.1f}\n",
-          s.dtype_name, static_cast<long long>(s.n), static_cast<long long>(s.hw), kPasses[p], totals.layers[p],
-          totals.ms[p], totals.flop[p] / totals.ms[p] / 1e9);
+          "\"summary\": \"%s\", \"path\": \"%s\", \"pass\": \"%s\", \"layers\": %d, \"ms\": %.3f, \"tflops\": %.1f}\n",
+          s.dtype_name, static_cast<long long>(s.n), static_cast<long long>(s.hw), net.name, mode, kPasses[p],
+          totals.layers[p], totals.ms[p], totals.flop[p] / totals.ms[p] / 1e9);
     }
   }
   return 0;

@@ -1,32 +1,51 @@
-"""PyTorch's convolutions on the cases of bench_conv.cpp: every distinct convolution of torchvision's ResNet-50
-(bottleneck v1.5) at batch 256, 224x224 input, channels-last, no bias, each pass alone: forward, backward-data
-(dx) and backward-filter (dw), with torch.backends.cudnn.benchmark = True (cuDNN's graph API picks and times
-the engines). The backward passes go through torch.ops.aten.convolution_backward with output_mask
-(True, False, False) for dx and (False, True, False) for dw, so each runs alone, as autograd runs them.
+"""PyTorch's convolutions on the cases of bench_conv.cpp: every distinct convolution of a ResNet, channels-last, no
+bias, each pass alone: forward, backward-data (dx) and backward-filter (dw), with torch.backends.cudnn.benchmark =
+True (cuDNN's graph API picks and times the engines). The backward passes go through
+torch.ops.aten.convolution_backward with output_mask (True, False, False) for dx and (False, True, False) for dw, so
+each runs alone, as autograd runs them.
+
+Nets (--net): resnet50 (default): torchvision's ResNet-50 (bottleneck v1.5) at batch 256, 224x224 input (53
+convolutions, 23 distinct shapes); resnet18_cifar: ResNet-18 with the CIFAR stem (3x3/1, 3 -> 64, no max pool) at
+batch 512, 32x32 input (20 convolutions, 11 distinct shapes).
 
 Timing as bench_conv's: --iters (10) passes back to back between two CUDA events, the median of --steps (10)
 such blocks after --warmup (2) blocks (bench/torch_timing.py), divided by --iters. One JSON line per (shape, pass)
-in bench_conv's format with "impl": "torch", then the count-weighted total per pass over the 53 convolutions
+in bench_conv's format with "impl": "torch", then the count-weighted total per pass over the net's convolutions
 (the stem's dx, measured, is left out of it: no training step computes the gradient of its input images).
 
-    python3 bench/pytorch_conv.py [--dtype bf16|fp16] [--shape INDEX] [--iters N] [--steps N] [--warmup N] > torch.log
+    python3 bench/pytorch_conv.py [--net resnet50|resnet18_cifar] [--dtype bf16|fp16] [--shape INDEX] [--iters N]
+                                  [--steps N] [--warmup N] > torch.log
     python3 bench/pytorch_conv.py --quick          # batch 2, spatial size / 8, one pass: does it run (CPU too)
     python3 bench/pytorch_conv.py --compare kiln.log torch.log   # Markdown table; needs no PyTorch
+
+--compare takes any two such logs (also bench_conv's with --path auto and with --path cudnn) and matches their
+lines on net, dtype, batch, shape and pass; the path column gives bench_conv's "path" ("matmul" or "cudnn").
 """
 import argparse
 import json
+import os
 import sys
 
 PASSES = ("fwd", "dx", "dw")
+
+# As bench_conv.cpp's kNets: the stem (kernel, stride), the max pool after it, the block type, blocks per stage
+# (widths 64, 128, 256, 512), and what the walk must give at the full size.
+NETS = {
+    "resnet50": dict(title="ResNet-50", n=256, hw=224, stem_k=7, stem_stride=2, max_pool=True, bottleneck=True,
+                     blocks=(3, 4, 6, 3), convs=53, distinct=23),
+    "resnet18_cifar": dict(title="ResNet-18 (CIFAR stem)", n=512, hw=32, stem_k=3, stem_stride=1, max_pool=False,
+                           bottleneck=False, blocks=(2, 2, 2, 2), convs=20, distinct=11),
+}
 
 
 def out_size(hw, k, stride):
     return (hw + 2 * (k // 2) - k) // stride + 1
 
 
-def resnet50_convs(hw):
-    """ResNet-50's distinct convolutions for an input of hw x hw, in the order the forward meets them, as
-    [c_in, c_out, hw, k, stride, count]; the same walk as bench_conv.cpp's, so --shape INDEX agrees."""
+def resnet_convs(net, hw):
+    """A net's distinct convolutions for an input of hw x hw, block by block (a block's own convs, then its
+    shortcut's downsample), as [c_in, c_out, hw, k, stride, count]; the same walk as bench_conv.cpp's, so --shape
+    INDEX agrees. The downsample rule is torchvision's: stride != 1 or a change of width."""
     shapes = []
 
     def add(c_in, c_out, h, k, stride):
@@ -36,25 +55,33 @@ def resnet50_convs(hw):
                 return
         shapes.append([c_in, c_out, h, k, stride, 1])
 
-    add(3, 64, hw, 7, 2)  # the stem
-    hw = out_size(out_size(hw, 7, 2), 3, 2)  # then max pool 3x3/2, padding 1
+    add(3, 64, hw, net["stem_k"], net["stem_stride"])  # the stem
+    hw = out_size(hw, net["stem_k"], net["stem_stride"])
+    if net["max_pool"]:
+        hw = out_size(hw, 3, 2)  # max pool 3x3/2, padding 1
     c_in = 64
-    for stage, (width, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
-        out = 4 * width
+    expansion = 4 if net["bottleneck"] else 1
+    for stage, (width, blocks) in enumerate(zip((64, 128, 256, 512), net["blocks"])):
+        out = expansion * width
         for b in range(blocks):
             stride = 2 if stage > 0 and b == 0 else 1
             nxt = out_size(hw, 3, stride)
-            add(c_in, width, hw, 1, 1)  # conv1
-            add(width, width, hw, 3, stride)  # conv2, strided in the first block of stages 2-4 (v1.5)
-            add(width, out, nxt, 1, 1)  # conv3
-            if b == 0:
+            if net["bottleneck"]:
+                add(c_in, width, hw, 1, 1)  # conv1
+                add(width, width, hw, 3, stride)  # conv2, strided in the first block of stages 2-4 (v1.5)
+                add(width, out, nxt, 1, 1)  # conv3
+            else:
+                add(c_in, width, hw, 3, stride)  # conv1, strided in the first block of stages 2-4
+                add(width, width, nxt, 3, 1)  # conv2
+            if stride != 1 or c_in != out:
                 add(c_in, out, hw, 1, stride)  # the shortcut's downsample
             c_in, hw = out, nxt
     return shapes
 
 
-FULL = resnet50_convs(224)
-assert len(FULL) == 23 and sum(s[5] for s in FULL) == 53
+FULL = {name: resnet_convs(net, net["hw"]) for name, net in NETS.items()}
+for _name, _net in NETS.items():
+    assert len(FULL[_name]) == _net["distinct"] and sum(s[5] for s in FULL[_name]) == _net["convs"], _name
 
 
 # ---------------------------------------------------------------- measuring (PyTorch)
@@ -63,7 +90,8 @@ def measure(args):
     import torch  # here, so that --compare runs where PyTorch is not installed
 
     quick = args.quick
-    n, hw = (2, 224 // 8) if quick else (256, 224)
+    net = NETS[args.net]
+    n, hw = (2, net["hw"] // 8) if quick else (net["n"], net["hw"])
     iters = args.iters if args.iters is not None else (1 if quick else 10)
     steps = args.steps if args.steps is not None else (1 if quick else 10)
     warmup = args.warmup if args.warmup is not None else (1 if quick else 2)
@@ -96,11 +124,11 @@ def measure(args):
     # benchmark_limit: how many of cuDNN's heuristic engine configurations benchmark mode times (0: all).
     limit = getattr(torch.backends.cudnn, "benchmark_limit", None)
     print(f"pytorch {torch.__version__} cuDNN {torch.backends.cudnn.version()} (benchmark_limit {limit}) conv on "
-          f"{device}: {args.dtype}, "
+          f"{device}: {args.net}, {args.dtype}, "
           f"batch {n}, {hw}x{hw} input, channels-last; {iters} passes per block, median of {steps} blocks after {warmup}")
     cl = torch.channels_last
     totals = {p: [0.0, 0.0, 0, False] for p in PASSES}  # ms, flop, layers, failed
-    for index, (c_in, c_out, h, k, stride, count) in enumerate(resnet50_convs(hw)):
+    for index, (c_in, c_out, h, k, stride, count) in enumerate(resnet_convs(net, hw)):
         if args.shape is not None and index != args.shape:
             continue
         oh = out_size(h, k, stride)
@@ -122,7 +150,7 @@ def measure(args):
         def dw():
             torch.ops.aten.convolution_backward(dy, x, w, None, *conv_args, (False, True, False))
 
-        fields = {"bench": "conv", "impl": "torch", "dtype": args.dtype, "shape": index, "n": n, "c_in": c_in,
+        fields = {"bench": "conv", "impl": "torch", "net": args.net, "dtype": args.dtype, "shape": index, "n": n, "c_in": c_in,
                   "c_out": c_out, "hw": h, "k": k, "stride": stride, "count": count}
         for name, pass_fn in zip(PASSES, (fwd, dx, dw)):
             line = dict(fields, **{"pass": name})
@@ -146,14 +174,15 @@ def measure(args):
             ms, flop, layers, failed = totals[name]
             if not failed:
                 print(json.dumps({"bench": "conv", "impl": "torch", "dtype": args.dtype, "n": n, "input_hw": hw,
-                                  "summary": "resnet50", "pass": name, "layers": layers, "ms": round(ms, 3),
+                                  "summary": args.net, "pass": name, "layers": layers, "ms": round(ms, 3),
                                   "tflops": round(flop / ms / 1e9, 1)}))
 
 
 # ---------------------------------------------------------------- --compare (no PyTorch needed)
 
 def read_lines(path):
-    """The per-shape lines of one log, keyed by shape and pass; other lines (headers, totals) are skipped."""
+    """The per-shape lines of one log, keyed by net, dtype, batch, shape and pass; other lines (headers, totals) are
+    skipped. Logs from before --net have no "net": they are ResNet-50's."""
     rows = {}
     with open(path) as f:
         for text in f:
@@ -166,26 +195,61 @@ def read_lines(path):
                 continue
             if d.get("bench") != "conv" or "summary" in d:
                 continue
-            key = (d["dtype"], d["n"], d["c_in"], d["c_out"], d["hw"], d["k"], d["stride"], d["pass"])
+            key = (d.get("net", "resnet50"), d["dtype"], d["n"], d["c_in"], d["c_out"], d["hw"], d["k"], d["stride"],
+                   d["pass"])
             rows[key] = d
     return rows
 
 
-def compare(kiln_path, torch_path):
-    kiln, torch_rows = read_lines(kiln_path), read_lines(torch_path)
-    if not kiln or not torch_rows:
-        sys.exit(f"pytorch_conv --compare: no conv lines in {kiln_path if not kiln else torch_path}")
+def log_labels(rows_a, rows_b, path_a, path_b):
+    """Column names for the two logs: their "impl" (kiln, torch), or their file names where both are the same (two
+    bench_conv logs, say --path auto beside --path cudnn)."""
+    def impl(rows):
+        return "/".join(sorted({d.get("impl", "?") for d in rows.values()}))
+
+    a, b = impl(rows_a), impl(rows_b)
+    if a == b:
+        a, b = os.path.basename(path_a), os.path.basename(path_b)
+        if a == b:
+            a, b = path_a, path_b
+    return a, b
+
+
+def path_cell(a, b):
+    """bench_conv's "path" of the row ("matmul" or "cudnn"), both when the two logs differ; "—" when neither has one."""
+    paths = [r["path"] for r in (a, b) if r and r.get("path")]
+    if not paths:
+        return "—"
+    return paths[0] if len(set(paths)) == 1 else " / ".join(paths)
+
+
+def compare(a_path, b_path):
+    rows_a, rows_b = read_lines(a_path), read_lines(b_path)
+    if not rows_a or not rows_b:
+        sys.exit(f"pytorch_conv --compare: no conv lines in {a_path if not rows_a else b_path}")
+    la, lb = log_labels(rows_a, rows_b, a_path, b_path)
+    keys_all = set(rows_a) | set(rows_b)
+    nets = sorted({k[0] for k in keys_all}, key=lambda net: (list(NETS).index(net) if net in NETS else len(NETS), net))
+    for net in nets:
+        if len(nets) > 1:
+            print(f"### {NETS[net]['title'] if net in NETS else net}\n")
+        compare_net(net, [k for k in keys_all if k[0] == net], rows_a, rows_b, la, lb)
+        if len(nets) > 1 and net != nets[-1]:
+            print()
+
+
+def compare_net(net, keys, rows_a, rows_b, la, lb):
     # The order of bench_conv's list: by shape index, then pass.
-    keys = sorted(set(kiln) | set(torch_rows),
-                  key=lambda k: ((kiln.get(k) or torch_rows.get(k))["shape"], PASSES.index(k[7])))
-    print("| # | shape (c_in→c_out, k/stride, input) | count | pass | kiln ms | torch ms | kiln / torch | count × Δ ms |")
-    print("| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: |")
-    totals = {p: [0.0, 0.0, 0, 0] for p in PASSES}  # kiln ms, torch ms, layers matched, rows unmatched
+    keys = sorted(keys, key=lambda k: ((rows_a.get(k) or rows_b.get(k))["shape"], PASSES.index(k[8])))
+    print(f"| # | shape (c_in→c_out, k/stride, input) | count | pass | path | {la} ms | {lb} ms | {la} / {lb} "
+          f"| count × Δ ms |")
+    print("| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: |")
+    totals = {p: [0.0, 0.0, 0, 0] for p in PASSES}  # a ms, b ms, layers matched, rows unmatched
     dtype_n = set()
     for key in keys:
-        dtype, n, c_in, c_out, hw, k, stride, name = key
+        _, dtype, n, c_in, c_out, hw, k, stride, name = key
         dtype_n.add((dtype, n))
-        a, b = kiln.get(key), torch_rows.get(key)
+        a, b = rows_a.get(key), rows_b.get(key)
         d = a or b
         shape = f"{c_in}→{c_out}, {k}x{k}/{stride}, {hw}x{hw}"
         a_ms = a.get("ms") if a else None
@@ -210,24 +274,26 @@ def compare(kiln_path, torch_path):
             ratio = delta = "—"
             if in_step:
                 totals[name][3] += 1
-        print(f"| {d['shape']} | {shape} | {count} | {name} | {cell(a, a_ms)} | {cell(b, b_ms)} | {ratio} | {delta} |")
+        print(f"| {d['shape']} | {shape} | {count} | {name} | {path_cell(a, b)} | {cell(a, a_ms)} | {cell(b, b_ms)} "
+              f"| {ratio} | {delta} |")
     print()
-    print("Count-weighted totals: the time one ResNet-50 training step spends in each pass (the stem's dx left out).")
+    title = NETS[net]["title"] if net in NETS else net
+    print(f"Count-weighted totals: the time one {title} training step spends in each pass (the stem's dx left out).")
     print()
-    print("| pass | convolutions | kiln ms | torch ms | kiln / torch | kiln − torch ms |")
+    print(f"| pass | convolutions | {la} ms | {lb} ms | {la} / {lb} | {la} − {lb} ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    all_k = all_t = 0.0
+    all_a = all_b = 0.0
     for name in PASSES:
-        k_ms, t_ms, layers, unmatched = totals[name]
+        a_ms, b_ms, layers, unmatched = totals[name]
         if layers == 0:
             continue
         # A shape missing or failed on either side is left out of both totals, and said so.
         convs = f"{layers} ({unmatched} shape(s) missing)" if unmatched else f"{layers}"
-        print(f"| {name} | {convs} | {k_ms:.2f} | {t_ms:.2f} | {k_ms / t_ms:.2f} | {k_ms - t_ms:+.2f} |")
-        all_k += k_ms
-        all_t += t_ms
-    if all_t > 0:
-        print(f"| all three | | {all_k:.2f} | {all_t:.2f} | {all_k / all_t:.2f} | {all_k - all_t:+.2f} |")
+        print(f"| {name} | {convs} | {a_ms:.2f} | {b_ms:.2f} | {a_ms / b_ms:.2f} | {a_ms - b_ms:+.2f} |")
+        all_a += a_ms
+        all_b += b_ms
+    if all_b > 0:
+        print(f"| all three | | {all_a:.2f} | {all_b:.2f} | {all_a / all_b:.2f} | {all_a - all_b:+.2f} |")
     if len(dtype_n) > 1:
         print(f"\nnote: the logs mix dtypes or batch sizes {sorted(dtype_n)}; rows are matched on both.")
 
@@ -235,20 +301,25 @@ def compare(kiln_path, torch_path):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--net", choices=tuple(NETS), default="resnet50",
+                   help="resnet50 (batch 256, 224x224) or resnet18_cifar (batch 512, 32x32)")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
-    p.add_argument("--shape", type=int, help=f"one shape's index, 0 to {len(FULL) - 1} (bench_conv --help lists them)")
+    p.add_argument("--shape", type=int,
+                   help="one shape's index in the net's list (bench_conv --net NET --help lists them)")
     p.add_argument("--iters", type=int, help="passes per timed block (10; --quick 1)")
     p.add_argument("--steps", type=int, help="timed blocks (10; --quick 1)")
     p.add_argument("--warmup", type=int, help="untimed blocks first (2; --quick 1)")
     p.add_argument("--quick", action="store_true", help="batch 2, spatial size / 8, one pass; the CPU without a GPU")
     p.add_argument("--compare", nargs=2, metavar=("KILN_LOG", "TORCH_LOG"),
-                   help="print the Markdown table of bench_conv's and this script's logs, then exit")
+                   help="print the Markdown table of two logs (bench_conv's and this script's, or two of either), "
+                        "then exit")
     args = p.parse_args()
     if args.compare:
         compare(*args.compare)
         return
-    if args.shape is not None and not 0 <= args.shape < len(FULL):
-        p.error(f"--shape takes an index from 0 to {len(FULL) - 1}, got {args.shape}")
+    shapes = FULL[args.net]
+    if args.shape is not None and not 0 <= args.shape < len(shapes):
+        p.error(f"--shape takes an index from 0 to {len(shapes) - 1} for {args.net}, got {args.shape}")
     for opt in ("iters", "steps"):
         if getattr(args, opt) is not None and getattr(args, opt) < 1:
             p.error(f"--{opt} must be at least 1, got {getattr(args, opt)}")
