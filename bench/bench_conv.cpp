@@ -53,12 +53,14 @@
 #include <vector>
 
 #include "gpu_timing.h"  // bench::median_step_ms
+#include "json_text.h"    // bench::json_escape
 #include "kiln/kiln.h"
 #include "kiln/layers/cuda/conv_cudnn.h"  // nn::cuda_impl::conv2d_forward, conv2d_backward_data, conv2d_backward_filter
 #include "kiln/tensor/cuda.h"             // cuda::is_available
 #include "kiln/tensor/ops.h"              // ops::mm, ops::view, ops::permute, ops::transpose: raw ops, nothing recorded
 
 using namespace kiln;
+using bench::json_escape;
 
 namespace {
 
@@ -179,18 +181,6 @@ struct Totals {
   bool failed[3] = {false, false, false};  // a shape's pass failed: no total for that pass
 };
 
-std::string json_escape(const std::string& text) {
-  std::string out;
-  for (char ch : text) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    if (ch == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += ch;
-  }
-  return out;
-}
 
 // The fields every line of one shape starts with.
 std::string case_fields(const Settings& s, int index, const ConvShape& c) {

@@ -35,9 +35,11 @@
 
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
+#include "json_text.h"    // bench::json_escape
 #include "model_cases.h"  // bench::make_resnet, bench::make_bert
 
 using namespace kiln;
+using bench::json_escape;
 
 namespace {
 
@@ -61,19 +63,6 @@ struct Info {
   std::string model, input, precision, optimizer, unit;
   int64_t batch = 0;
 };
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    if (ch == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += ch;
-  }
-  return out;
-}
 
 // Warm-up steps, then `steps` steps between two events on the current stream.
 struct Measured {

@@ -26,6 +26,8 @@ import json
 import os
 import sys
 
+from json_lines import bench_lines
+
 PASSES = ("fwd", "dx", "dw")
 
 # As bench_conv.cpp's kNets: the stem (kernel, stride), the max pool after it, the block type, blocks per stage
@@ -185,15 +187,8 @@ def read_lines(path):
     skipped. Logs from before --net have no "net": they are ResNet-50's."""
     rows = {}
     with open(path) as f:
-        for text in f:
-            text = text.strip()
-            if not text.startswith("{"):
-                continue
-            try:
-                d = json.loads(text)
-            except json.JSONDecodeError:
-                continue
-            if d.get("bench") != "conv" or "summary" in d:
+        for d in bench_lines(f, "conv"):
+            if "summary" in d:
                 continue
             key = (d.get("net", "resnet50"), d["dtype"], d["n"], d["c_in"], d["c_out"], d["hw"], d["k"], d["stride"],
                    d["pass"])
