@@ -2,8 +2,8 @@
 // PyTorch's, and where. bench/pytorch_conv.py times the same cases through PyTorch and, with --compare, puts two
 // logs side by side (this one and PyTorch's, or two of this one's with different --path).
 //
-//   bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--dtype bf16|fp16] [--shape INDEX]
-//              [--iters N] [--steps N] [--warmup N] [--quick]
+//   bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--cudnn-api graph|legacy] [--dtype bf16|fp16]
+//              [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--quick]
 //
 // Nets (--net): resnet50 (default): every distinct convolution of torchvision's ResNet-50 (bottleneck v1.5: the
 // stride on the 3x3 conv; the 7x7/2 stem on 3 channels, then a 3x3/2 max pool; strided 1x1 downsample convs) at
@@ -22,7 +22,9 @@
 //   - every other shape through kiln's cuDNN passes (kiln/layers/cuda/conv_cudnn.h) with nn::cudnn_benchmark on;
 //     "path": "cudnn".
 // --path cudnn times cuDNN's passes for every shape (what nn::conv2d ran before its matrix-product branch), to
-// compare the two paths on one GPU.
+// compare the two paths on one GPU. kiln's cuDNN passes go through cuDNN's graph API (kiln/layers/cuda/
+// conv_cudnn_graph.h) for bf16 and fp16; --cudnn-api legacy sends them through the legacy convolution API instead
+// (cudnnFind*AlgorithmEx), what kiln ran before, to compare the two APIs ("cudnn_api" in every line).
 //
 // Timing: `--iters` (10) passes back to back between two CUDA events, the median of `--steps` (10) such blocks
 // after `--warmup` (2) blocks, divided by `--iters`; the first warm-up pass is where cuDNN's algorithms (or
@@ -53,11 +55,12 @@
 #include <vector>
 
 #include "gpu_timing.h"  // bench::median_step_ms
-#include "json_text.h"    // bench::json_escape
+#include "json_text.h"   // bench::json_escape
 #include "kiln/kiln.h"
 #include "kiln/layers/cuda/conv_cudnn.h"  // nn::cuda_impl::conv2d_forward, conv2d_backward_data, conv2d_backward_filter
-#include "kiln/tensor/cuda.h"             // cuda::is_available
-#include "kiln/tensor/ops.h"              // ops::mm, ops::view, ops::permute, ops::transpose: raw ops, nothing recorded
+#include "kiln/layers/cuda/conv_cudnn_graph.h"  // nn::cuda_impl::set_conv2d_graph_api
+#include "kiln/tensor/cuda.h"                   // cuda::is_available
+#include "kiln/tensor/ops.h"  // ops::mm, ops::view, ops::permute, ops::transpose: raw ops, nothing recorded
 
 using namespace kiln;
 using bench::json_escape;
@@ -139,6 +142,7 @@ enum class PathMode { Auto, Cudnn };
 struct Settings {
   const Net* net = &kNets[0];
   PathMode path = PathMode::Auto;
+  bool graph_api = true;            // --cudnn-api graph (default) or legacy
   Device device = Device::cuda(0);  // the CPU only for --quick without a GPU (a smoke run of the code)
   DType dtype = DType::BFloat16;
   const char* dtype_name = "bf16";
@@ -181,17 +185,16 @@ struct Totals {
   bool failed[3] = {false, false, false};  // a shape's pass failed: no total for that pass
 };
 
-
 // The fields every line of one shape starts with.
 std::string case_fields(const Settings& s, int index, const ConvShape& c) {
   char buf[400];
   std::snprintf(buf, sizeof buf,
                 "\"bench\": \"conv\", \"impl\": \"kiln\", \"net\": \"%s\", \"dtype\": \"%s\", \"shape\": %d, "
                 "\"n\": %lld, \"c_in\": %lld, \"c_out\": %lld, \"hw\": %lld, \"k\": %lld, \"stride\": %lld, "
-                "\"count\": %d, \"path\": \"%s\"",
+                "\"count\": %d, \"path\": \"%s\", \"cudnn_api\": \"%s\"",
                 s.net->name, s.dtype_name, index, static_cast<long long>(s.n), static_cast<long long>(c.c_in),
                 static_cast<long long>(c.c_out), static_cast<long long>(c.hw), static_cast<long long>(c.k),
-                static_cast<long long>(c.stride), c.count, path_of(s, c));
+                static_cast<long long>(c.stride), c.count, path_of(s, c), s.graph_api ? "graph" : "legacy");
   return buf;
 }
 
@@ -324,8 +327,8 @@ int main(int argc, char** argv) {
   Settings s;
   auto usage = [&] {
     std::fprintf(stderr,
-                 "usage: bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--dtype bf16|fp16] "
-                 "[--shape INDEX] [--iters N] [--steps N] [--warmup N] [--quick]\n");
+                 "usage: bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--cudnn-api graph|legacy] "
+                 "[--dtype bf16|fp16] [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--quick]\n");
     print_shapes(stderr, *s.net, resnet_convs(*s.net, s.net->hw));
     return 2;
   };
@@ -360,6 +363,13 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_conv: --path must be auto or cudnn, got '%s'\n", p.c_str());
         return usage();
       }
+    } else if (a == "--cudnn-api" && has_value) {
+      const std::string api = argv[++i];
+      if (api != "graph" && api != "legacy") {
+        std::fprintf(stderr, "bench_conv: --cudnn-api must be graph or legacy, got '%s'\n", api.c_str());
+        return usage();
+      }
+      s.graph_api = api == "graph";
     } else if (a == "--dtype" && has_value) {
       const std::string d = argv[++i];
       if (d == "bf16") {
@@ -427,18 +437,19 @@ int main(int argc, char** argv) {
     s.device = Device::cpu();
   } else {
     nn::set_cudnn_benchmark(true);  // as torch.backends.cudnn.benchmark = True on the PyTorch side
+    nn::cuda_impl::set_conv2d_graph_api(s.graph_api);
   }
   manual_seed(1234);
   const std::vector<ConvShape> shapes = resnet_convs(net, s.hw);  // the same walk at --quick's size
   const char* mode = s.path == PathMode::Auto ? "auto" : "cudnn";
   std::printf(
-      "kiln %s conv on %s: %s, %s, batch %lld, %lldx%lld input, channels-last, --path %s (%s); %d passes per block, "
-      "median of %d blocks after %d\n",
+      "kiln %s conv on %s: %s, %s, batch %lld, %lldx%lld input, channels-last, --path %s (%s), cuDNN's %s API; %d "
+      "passes per block, median of %d blocks after %d\n",
       KILN_VERSION_STRING, s.device.str().c_str(), net.name, s.dtype_name, static_cast<long long>(s.n),
       static_cast<long long>(s.hw), static_cast<long long>(s.hw), mode,
       s.path == PathMode::Auto ? "as nn::conv2d: stride-1 1x1 shapes as matrix products, the rest through cuDNN"
                                : "every shape through cuDNN",
-      s.iters, s.steps, s.warmup);
+      s.graph_api ? "graph" : "legacy convolution", s.iters, s.steps, s.warmup);
   Totals totals;
   for (size_t i = 0; i < shapes.size(); ++i) {
     if (s.shape >= 0 && static_cast<int>(i) != s.shape) continue;
@@ -458,9 +469,12 @@ int main(int argc, char** argv) {
       if (totals.failed[p]) continue;  // its error line says why
       std::printf(
           "{\"bench\": \"conv\", \"impl\": \"kiln\", \"dtype\": \"%s\", \"n\": %lld, \"input_hw\": %lld, "
-          "\"summary\": \"%s\", \"path\": \"%s\", \"pass\": \"%s\", \"layers\": %d, \"ms\": %.3f, \"tflops\": %.1f}\n",
-          s.dtype_name, static_cast<long long>(s.n), static_cast<long long>(s.hw), net.name, mode, kPasses[p],
-          totals.layers[p], totals.ms[p], totals.flop[p] / totals.ms[p] / 1e9);
+          "\"summary\": \"%s\", \"path\": \"%s\", \"cudnn_api\": \"%s\", \"pass\": \"%s\", \"layers\": %d, \"ms\": "
+          "%.3f, "
+          "\"tflops\": %.1f}\n",
+          s.dtype_name, static_cast<long long>(s.n), static_cast<long long>(s.hw), net.name, mode,
+          s.graph_api ? "graph" : "legacy", kPasses[p], totals.layers[p], totals.ms[p],
+          totals.flop[p] / totals.ms[p] / 1e9);
     }
   }
   return 0;

@@ -11,7 +11,8 @@
 
 #include "kiln/autograd/autocast.h"  // autocast::Guard
 #include "kiln/layers/conv.h"
-#include "kiln/tensor/cuda.h"  // cuda::is_available, allow_tf32, memory_stats
+#include "kiln/layers/cuda/conv_cudnn_graph.h"  // nn::cuda_impl::set_conv2d_graph_api, conv2d_graph_passes_run
+#include "kiln/tensor/cuda.h"                   // cuda::is_available, allow_tf32, memory_stats
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -23,16 +24,19 @@ class CudaConvTest : public ::testing::Test {
     if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device";
     previous_tf32_ = cuda::allow_tf32();
     previous_benchmark_ = nn::cudnn_benchmark();
+    previous_graph_api_ = nn::cuda_impl::conv2d_graph_api();
   }
   void TearDown() override {
     if (!cuda::is_available()) return;
     cuda::set_allow_tf32(previous_tf32_);
     nn::set_cudnn_benchmark(previous_benchmark_);
+    nn::cuda_impl::set_conv2d_graph_api(previous_graph_api_);
   }
 
  private:
   bool previous_tf32_ = true;
   bool previous_benchmark_ = false;
+  bool previous_graph_api_ = true;
 };
 
 struct ConvCase {
@@ -319,18 +323,56 @@ TEST_F(CudaConvTest, BenchmarkModeGivesTheSameValues) {
   EXPECT_FALSE(nn::cudnn_benchmark());
 }
 
+// Half-precision convolutions go through cuDNN's graph API (conv_cudnn_graph.h): every ungrouped case of both
+// formats runs its three passes there, heuristics' plan and timed plan alike, and matches the float64 reference;
+// grouped ones stay on the legacy API. With the graph API turned off every pass takes the legacy API, with the same
+// results against the reference.
+TEST_F(CudaConvTest, HalfPrecisionTakesTheGraphApi) {
+  if (!nn::cuda_impl::conv2d_graph_api_compiled()) GTEST_SKIP() << "kiln was built without cudnn-frontend";
+  nn::cuda_impl::set_conv2d_graph_api(true);
+  for (bool benchmark : {false, true}) {
+    nn::set_cudnn_benchmark(benchmark);
+    SCOPED_TRACE(benchmark ? "benchmark mode" : "heuristics");
+    for (const ConvCase& c : cases()) {
+      for (bool channels_last : {false, true}) {
+        const int64_t before = nn::cuda_impl::conv2d_graph_passes_run();
+        expect_case_matches(c, DType::BFloat16, channels_last, kBFloat16Values, kBFloat16Grads);
+        expect_case_matches(c, DType::Float16, channels_last, kFloat16Values, kFloat16Grads);
+        const int64_t ran = nn::cuda_impl::conv2d_graph_passes_run() - before;
+        SCOPED_TRACE(c.name + (channels_last ? " (channels-last)" : " (NCHW)"));
+        if (c.o.groups != 1 || (c.name == "1x1" && channels_last)) {
+          EXPECT_EQ(ran, 0);  // grouped: the legacy API; 1x1 of a channels-last input: a matrix product (nn::linear)
+        } else if (c.x[1] % 8 == 0 && c.w[0] % 8 == 0) {
+          EXPECT_EQ(ran, 2 * 3);  // channels in multiples of 8: the graph API's tensor-core engines take all three
+        } else {
+          EXPECT_LE(ran, 2 * 3);  // odd channel counts: passes the graph API has no engine for take the legacy API
+        }
+      }
+    }
+  }
+  nn::cuda_impl::set_conv2d_graph_api(false);
+  nn::set_cudnn_benchmark(false);
+  const int64_t before = nn::cuda_impl::conv2d_graph_passes_run();
+  expect_all_cases_match(DType::Float16, kFloat16Values, kFloat16Grads);
+  expect_all_cases_match(DType::BFloat16, kBFloat16Values, kBFloat16Grads);
+  EXPECT_EQ(nn::cuda_impl::conv2d_graph_passes_run(), before);
+}
+
 // After a warm-up the algorithms are cached and every buffer (workspaces too) comes from the caching
 // allocator's cache: repeated training steps on the same shapes make no cudaMalloc.
 void expect_no_device_mallocs_in_steady_state() {
   const ConvCase c{"steady state", {8, 32, 16, 16}, {64, 32, 3, 3}, {.padding = 1}};
   for (bool channels_last : {false, true}) {
     SCOPED_TRACE(channels_last ? "channels-last" : "NCHW");
-    for (int i = 0; i < 2; ++i) run_conv(c, Device::cuda(0), DType::Float32, channels_last);  // warm-up
-    cuda::synchronize();
-    const int64_t mallocs = cuda::memory_stats(0).num_device_mallocs;
-    for (int i = 0; i < 5; ++i) run_conv(c, Device::cuda(0), DType::Float32, channels_last);
-    cuda::synchronize();
-    EXPECT_EQ(cuda::memory_stats(0).num_device_mallocs, mallocs);
+    for (DType dtype : {DType::Float32, DType::BFloat16}) {  // the legacy API; the graph API
+      SCOPED_TRACE(::kiln::detail::str_cat(dtype));
+      for (int i = 0; i < 2; ++i) run_conv(c, Device::cuda(0), dtype, channels_last);  // warm-up
+      cuda::synchronize();
+      const int64_t mallocs = cuda::memory_stats(0).num_device_mallocs;
+      for (int i = 0; i < 5; ++i) run_conv(c, Device::cuda(0), dtype, channels_last);
+      cuda::synchronize();
+      EXPECT_EQ(cuda::memory_stats(0).num_device_mallocs, mallocs);
+    }
   }
 }
 

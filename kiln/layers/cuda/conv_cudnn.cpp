@@ -1,10 +1,10 @@
-// 2-d convolution through cuDNN's convolution API (conv_cudnn.h): descriptors, the per-problem algorithm
-// cache, and the three passes (forward, backward-data, backward-filter) written once over a pass trait.
+// 2-d convolution through cuDNN (conv_cudnn.h): each pass goes to the graph API first (conv_cudnn_graph.h, float16
+// and bfloat16), else to the legacy convolution API here: descriptors, the per-problem algorithm cache, and the three
+// passes (forward, backward-data, backward-filter) written once over a pass trait.
 #include "kiln/layers/cuda/conv_cudnn.h"
 #include "kiln/tensor/trace.h"  // a range per kernel entry
 
-#include <cuda_runtime.h>  // cudaMemGetInfo
-#include <cudnn.h>         // the convolution API
+#include <cudnn.h>  // the convolution API
 
 #include <algorithm>
 #include <climits>
@@ -15,13 +15,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kiln/layers/conv.h"             // nn::cudnn_benchmark
-#include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace, cudnn_dtype, KILN_CUDNN_CHECK
-#include "kiln/tensor/cuda.h"             // cuda::allow_tf32, cuda::memory_stats
-#include "kiln/tensor/cuda/cuda_check.h"  // KILN_CUDA_CHECK
-#include "kiln/tensor/determinism.h"      // kiln::deterministic
-#include "kiln/tensor/error.h"            // KILN_CHECK, OutOfMemoryError
-#include "kiln/tensor/ops.h"              // ops::empty, ops::contiguous
+#include "kiln/layers/conv.h"                   // nn::cudnn_benchmark
+#include "kiln/layers/cuda/conv_cudnn_graph.h"  // conv2d_graph_pass, ConvPass
+#include "kiln/layers/cuda/cudnn_util.h"        // cudnn_handle, workspace, cudnn_dtype, KILN_CUDNN_CHECK
+#include "kiln/tensor/cuda.h"                   // cuda::allow_tf32
+#include "kiln/tensor/determinism.h"            // kiln::deterministic
+#include "kiln/tensor/error.h"                  // KILN_CHECK, OutOfMemoryError
+#include "kiln/tensor/ops.h"                    // ops::empty, ops::contiguous
 
 namespace kiln::nn::cuda_impl {
 
@@ -85,8 +85,6 @@ cudnnMathType_t base_math(DType dtype) {
   }
 }
 
-enum class Pass : int64_t { Forward, BackwardData, BackwardFilter };
-
 // The cache key: everything an algorithm choice depends on. Pointer alignment is in it because some kernels
 // need 16-byte aligned operands, and a view into a tensor may start anywhere; the deterministic-mode switch
 // (last) because it narrows the candidates.
@@ -108,7 +106,7 @@ int64_t alignment(const void* p) {
 // all of one dtype and one memory format, and the three data pointers (the pass writes one of them).
 struct Problem {
   Problem(const Tensor& like, const Shape& x_shape, const Shape& w_shape, const ConvGeometry& g, bool channels_last,
-          Pass pass, void* x_ptr, void* w_ptr, void* y_ptr)
+          ConvPass pass, void* x_ptr, void* w_ptr, void* y_ptr)
       : handle(cudnn_handle(like)),
         dtype(cudnn_dtype(like.dtype(), kOp)),
         math(base_math(like.dtype())),
@@ -340,13 +338,7 @@ std::vector<typename P::Perf> benchmark_candidates(const Problem& p, const Tenso
   }
   std::sort(sizes.begin(), sizes.end(), std::greater<>());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-  // Sizes beyond what the device has free plus what the allocator holds unused cannot succeed; asking for
-  // them would only make the allocator return its cache to the driver.
-  size_t free_bytes = 0, total_bytes = 0;
-  KILN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes), kOp);
-  const cuda::MemoryStats stats = cuda::memory_stats(like.device().index());
-  const size_t reachable =
-      free_bytes + static_cast<size_t>(std::max<int64_t>(0, stats.reserved_bytes - stats.allocated_bytes));
+  const size_t reachable = reachable_workspace_bytes(like, kOp);
   Tensor ws;
   size_t ws_bytes = 0;
   for (size_t bytes : sizes) {
@@ -443,7 +435,8 @@ Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const ConvGeome
   const Tensor x = ops::contiguous(input, format);   // (N, C_in, H, W)
   const Tensor w = ops::contiguous(weight, format);  // (C_out, C_in / groups, KH, KW)
   Tensor y = ops::empty(output_shape(x.shape(), w.shape(), g), options_like(x, format));  // (N, C_out, OH, OW)
-  const Problem p(x, x.shape(), w.shape(), g, format == MemoryFormat::ChannelsLast, Pass::Forward, x.data_ptr(),
+  if (conv2d_graph_pass(ConvPass::Forward, x, w, y, g, format == MemoryFormat::ChannelsLast)) return y;
+  const Problem p(x, x.shape(), w.shape(), g, format == MemoryFormat::ChannelsLast, ConvPass::Forward, x.data_ptr(),
                   w.data_ptr(), y.data_ptr());
   run_pass<ForwardPass>(p, x);
   return y;
@@ -458,7 +451,8 @@ Tensor conv2d_backward_data(const Tensor& grad_output, const Tensor& weight, con
   KILN_CHECK(dy.shape() == output_shape(input_shape, w.shape(), g), "conv2d backward: a gradient of shape ", dy.shape(),
              " does not match the output ", output_shape(input_shape, w.shape(), g));
   Tensor dx = ops::empty(input_shape, options_like(dy, format));  // (N, C_in, H, W)
-  const Problem p(dy, input_shape, w.shape(), g, format == MemoryFormat::ChannelsLast, Pass::BackwardData,
+  if (conv2d_graph_pass(ConvPass::BackwardData, dx, w, dy, g, format == MemoryFormat::ChannelsLast)) return dx;
+  const Problem p(dy, input_shape, w.shape(), g, format == MemoryFormat::ChannelsLast, ConvPass::BackwardData,
                   dx.data_ptr(), w.data_ptr(), dy.data_ptr());
   run_pass<BackwardDataPass>(p, dy);
   return dx;
@@ -473,7 +467,8 @@ Tensor conv2d_backward_filter(const Tensor& grad_output, const Tensor& input, co
   KILN_CHECK(dy.shape() == output_shape(x.shape(), weight_shape, g), "conv2d backward: a gradient of shape ",
              dy.shape(), " does not match the output ", output_shape(x.shape(), weight_shape, g));
   Tensor dw = ops::empty(weight_shape, options_like(dy, format));  // (C_out, C_in / groups, KH, KW)
-  const Problem p(dy, x.shape(), weight_shape, g, format == MemoryFormat::ChannelsLast, Pass::BackwardFilter,
+  if (conv2d_graph_pass(ConvPass::BackwardFilter, x, dw, dy, g, format == MemoryFormat::ChannelsLast)) return dw;
+  const Problem p(dy, x.shape(), weight_shape, g, format == MemoryFormat::ChannelsLast, ConvPass::BackwardFilter,
                   x.data_ptr(), dw.data_ptr(), dy.data_ptr());
   run_pass<BackwardFilterPass>(p, dy);
   return dw;

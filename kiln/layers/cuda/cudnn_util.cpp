@@ -3,10 +3,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <vector>
 
-#include "kiln/tensor/cuda.h"               // cuda::current_stream
+#include "kiln/tensor/cuda.h"               // cuda::current_stream, cuda::memory_stats
 #include "kiln/tensor/cuda/cuda_backend.h"  // cuda::stream_for
+#include "kiln/tensor/cuda/cuda_check.h"    // KILN_CUDA_CHECK
 #include "kiln/tensor/ops.h"                // ops::empty
 
 namespace kiln::nn::cuda_impl {
@@ -47,6 +49,14 @@ cudnnHandle_t cudnn_handle(const Tensor& t) {
 Tensor workspace(const Tensor& like, size_t bytes) {
   if (bytes == 0) return {};
   return ops::empty({static_cast<int64_t>(bytes)}, TensorOptions{.dtype = DType::UInt8, .device = like.device()});
+}
+
+size_t reachable_workspace_bytes(const Tensor& like, const char* op) {
+  cuda::stream_for(like);  // makes like's device current
+  size_t free_bytes = 0, total_bytes = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes), op);
+  const cuda::MemoryStats stats = cuda::memory_stats(like.device().index());
+  return free_bytes + static_cast<size_t>(std::max<int64_t>(0, stats.reserved_bytes - stats.allocated_bytes));
 }
 
 cudnnDataType_t cudnn_dtype(DType dtype, const char* op) {

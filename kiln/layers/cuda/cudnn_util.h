@@ -31,6 +31,11 @@ void* current_stream_of(const Tensor& t);
 Tensor workspace(const Tensor& like, size_t bytes);
 inline void* workspace_ptr(const Tensor& ws) { return ws.defined() ? ws.data_ptr() : nullptr; }
 
+// The most workspace that could be had on like's device now: what the device has free plus what the caching
+// allocator holds unused. Larger requests cannot succeed; asking for them would only make the allocator hand its
+// cache back to the driver. The algorithm searches offer no candidate above it.
+size_t reachable_workspace_bytes(const Tensor& like, const char* op);
+
 // Float32, Float64, Float16, BFloat16 (and Int32, Int64, UInt8 for indices); anything else throws.
 cudnnDataType_t cudnn_dtype(DType dtype, const char* op);
 

@@ -1,0 +1,269 @@
+// One convolution pass through cuDNN's graph API (conv_cudnn_graph.h): a graph per problem, built once and cached
+// with its chosen plan.
+#include "kiln/layers/cuda/conv_cudnn_graph.h"
+
+#include <atomic>
+
+#if KILN_WITH_CUDNN_FRONTEND
+#include <cudnn_frontend.h>  // cudnn_frontend::graph::Graph, Conv_{fprop,dgrad,wgrad}_attributes
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/layers/conv.h"             // nn::cudnn_benchmark
+#include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace, reachable_workspace_bytes
+#include "kiln/tensor/cuda.h"             // cuda::Graph::capturing
+#include "kiln/tensor/determinism.h"      // kiln::deterministic
+#include "kiln/tensor/error.h"            // CudaError
+#endif
+
+namespace kiln::nn::cuda_impl {
+
+namespace {
+
+std::atomic<bool> graph_api_enabled{true};
+std::atomic<int64_t> passes_run{0};
+
+}  // namespace
+
+void set_conv2d_graph_api(bool enabled) { graph_api_enabled.store(enabled, std::memory_order_relaxed); }
+bool conv2d_graph_api() { return graph_api_enabled.load(std::memory_order_relaxed); }
+int64_t conv2d_graph_passes_run() { return passes_run.load(std::memory_order_relaxed); }
+
+#if !KILN_WITH_CUDNN_FRONTEND
+
+bool conv2d_graph_api_compiled() { return false; }
+
+bool conv2d_graph_pass(ConvPass, const Tensor&, const Tensor&, const Tensor&, const ConvGeometry&, bool) {
+  return false;
+}
+
+#else
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+constexpr const char* kOp = "conv2d (cuDNN graph API)";
+
+// Fixed tensor ids of the variant packs: x (or dx), w (or dw), y (or dy).
+enum Uid : int64_t { kX = 1, kW, kY };
+
+using Dims = std::vector<int64_t>;
+using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+Dims dims_of(const Tensor& t) { return Dims(t.shape().begin(), t.shape().end()); }
+
+// The canonical strides of a dense (N, C, H, W) tensor in NCHW or NHWC order (a tensor contiguous in a format may
+// carry any stride on its size-1 dims; these address the same elements).
+Dims strides_of(const Tensor& t, bool channels_last) {
+  const int64_t c = t.size(1), h = t.size(2), w = t.size(3);
+  if (channels_last) return {h * w * c, 1, w * c, c};
+  return {c * h * w, h * w, w, 1};
+}
+
+int64_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return a == 0 ? 16 : static_cast<int64_t>(std::min<uintptr_t>(16, a & (~a + 1)));
+}
+
+// A failed frontend call at run time: a CudaError carrying the frontend's message.
+void check(fe::error_t status, const char* step) {
+  if (status.is_bad()) {
+    throw CudaError(::kiln::detail::str_cat(kOp, ": cudnn-frontend ", step, " failed: ", status.get_message()));
+  }
+}
+
+// A failed step while building a graph: the CUDA runtime or the handle failing is an error; anything else (not
+// supported, no engine, no plan) sends the problem to the legacy API.
+bool build_step(fe::error_t status, const char* step) {
+  if (status.is_good()) return true;
+  const fe::error_code_t code = status.get_code();
+  if (code == fe::error_code_t::CUDA_API_FAILED || code == fe::error_code_t::HANDLE_ERROR ||
+      code == fe::error_code_t::INVALID_CUDA_DEVICE) {
+    check(status, step);
+  }
+  return false;
+}
+
+// Everything a graph and its plan depend on. Pointer alignment is in it because some engines need 16-byte aligned
+// operands; whether the plan was timed, because a problem first met during a CUDA graph capture is built from the
+// heuristics alone (timing synchronises the device) and timed when met again outside one.
+using Key = std::array<int64_t, 20>;
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 0;
+    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
+    return h;
+  }
+};
+
+struct Entry {
+  std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN's graph API has no engine for this problem
+  int64_t workspace_bytes = 0;
+  std::mutex run;  // a built graph's execute prepares state on first use: one thread at a time
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash> entries;
+};
+
+// Never destroyed: threads may convolve until the process exits.
+Cache& cache() {
+  static auto* c = new Cache;
+  return *c;
+}
+
+TensorAttr add_tensor(fe::graph::Graph& graph, const char* name, int64_t uid, const Tensor& t, bool channels_last) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim(dims_of(t))
+                          .set_stride(strides_of(t, channels_last)));
+}
+
+void mark_output(const TensorAttr& out, int64_t uid, const Tensor& t, bool channels_last) {
+  out->set_output(true).set_uid(uid).set_dim(dims_of(t)).set_stride(strides_of(t, channels_last));
+}
+
+// The pass's graph over x, w and y (see conv2d_graph_pass for which one it writes).
+std::shared_ptr<fe::graph::Graph> make_graph(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& y,
+                                             const ConvGeometry& g, bool channels_last) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(x.dtype() == DType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const Dims padding{g.padding[0], g.padding[1]}, stride{g.stride[0], g.stride[1]},
+      dilation{g.dilation[0], g.dilation[1]};
+  switch (pass) {
+    case ConvPass::Forward: {
+      TensorAttr X = add_tensor(*graph, "x", kX, x, channels_last);
+      TensorAttr W = add_tensor(*graph, "w", kW, w, channels_last);
+      TensorAttr Y = graph->conv_fprop(
+          X, W,
+          fe::graph::Conv_fprop_attributes().set_name("fprop").set_padding(padding).set_stride(stride).set_dilation(
+              dilation));
+      mark_output(Y, kY, y, channels_last);
+      break;
+    }
+    case ConvPass::BackwardData: {
+      TensorAttr DY = add_tensor(*graph, "dy", kY, y, channels_last);
+      TensorAttr W = add_tensor(*graph, "w", kW, w, channels_last);
+      TensorAttr DX = graph->conv_dgrad(
+          DY, W,
+          fe::graph::Conv_dgrad_attributes().set_name("dgrad").set_padding(padding).set_stride(stride).set_dilation(
+              dilation));
+      mark_output(DX, kX, x, channels_last);
+      break;
+    }
+    case ConvPass::BackwardFilter: {
+      TensorAttr DY = add_tensor(*graph, "dy", kY, y, channels_last);
+      TensorAttr X = add_tensor(*graph, "x", kX, x, channels_last);
+      TensorAttr DW = graph->conv_wgrad(
+          DY, X,
+          fe::graph::Conv_wgrad_attributes().set_name("wgrad").set_padding(padding).set_stride(stride).set_dilation(
+              dilation));
+      mark_output(DW, kW, w, channels_last);
+      break;
+    }
+  }
+  return graph;
+}
+
+// Builds the problem's graph and chooses its plan: with `timed`, every candidate plan (engines compiled at run time
+// left out, and those wanting more workspace than could be had) runs on the problem's own buffers and the fastest is
+// kept (the output's contents are overwritten); otherwise the heuristics' first plan that builds. Returns an entry
+// without a graph when cuDNN has no engine for the problem.
+std::shared_ptr<Entry> build(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g,
+                             bool channels_last, bool timed, std::unordered_map<int64_t, void*>& pack) {
+  auto entry = std::make_shared<Entry>();
+  const cudnnHandle_t handle = cudnn_handle(x);
+  std::shared_ptr<fe::graph::Graph> graph = make_graph(pass, x, w, y, g, channels_last);
+  if (!build_step(graph->validate(), "validate") ||
+      !build_step(graph->build_operation_graph(handle), "build_operation_graph") ||
+      !build_step(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
+                  "create_execution_plans")) {
+    return entry;
+  }
+  graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+  graph->deselect_workspace_greater_than(static_cast<int64_t>(reachable_workspace_bytes(x, kOp)));
+  if (!build_step(graph->check_support(), "check_support") ||
+      !build_step(graph->build_plans(timed ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
+                  "build_plans")) {
+    return entry;
+  }
+  if (timed) {
+    const Tensor ws = workspace(x, static_cast<size_t>(graph->get_autotune_workspace_size()));
+    if (!build_step(graph->autotune(handle, pack, workspace_ptr(ws)), "autotune")) return entry;
+  }
+  check(graph->get_workspace_size(entry->workspace_bytes), "get_workspace_size");
+  entry->graph = std::move(graph);
+  return entry;
+}
+
+}  // namespace
+
+bool conv2d_graph_api_compiled() { return true; }
+
+bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g,
+                       bool channels_last) {
+  if (!conv2d_graph_api() || g.groups != 1 || ::kiln::deterministic()) return false;
+  if (x.dtype() != DType::Float16 && x.dtype() != DType::BFloat16) return false;
+  const bool capturing = cuda::Graph::capturing();
+  const bool timed = nn::cudnn_benchmark() && !capturing;
+  const Key key{static_cast<int64_t>(pass),
+                x.device().index(),
+                static_cast<int64_t>(x.dtype()),
+                channels_last ? 1 : 0,
+                std::min({alignment(x.data_ptr()), alignment(w.data_ptr()), alignment(y.data_ptr())}),
+                x.size(0),
+                x.size(1),
+                x.size(2),
+                x.size(3),
+                w.size(0),
+                w.size(1),
+                w.size(2),
+                w.size(3),
+                g.stride[0],
+                g.stride[1],
+                g.padding[0],
+                g.padding[1],
+                g.dilation[0],
+                g.dilation[1],
+                timed ? 1 : 0};
+  std::unordered_map<int64_t, void*> pack{{kX, x.data_ptr()}, {kW, w.data_ptr()}, {kY, y.data_ptr()}};
+
+  Cache& c = cache();
+  std::shared_ptr<Entry> entry;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.entries.find(key);
+    if (it != c.entries.end()) entry = it->second;
+  }
+  if (entry == nullptr) {
+    // Built outside the cache's lock (timing takes a while); a graph another thread built meanwhile wins.
+    std::shared_ptr<Entry> built = build(pass, x, w, y, g, channels_last, timed, pack);
+    std::lock_guard<std::mutex> lock(c.mutex);
+    entry = c.entries.emplace(key, std::move(built)).first->second;
+  }
+  if (entry->graph == nullptr) return false;
+
+  const cudnnHandle_t handle = cudnn_handle(x);
+  const Tensor ws = workspace(x, static_cast<size_t>(entry->workspace_bytes));
+  {
+    std::lock_guard<std::mutex> lock(entry->run);
+    check(entry->graph->execute(handle, pack, workspace_ptr(ws)), "execute");
+  }
+  passes_run.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+#endif
+
+}  // namespace kiln::nn::cuda_impl

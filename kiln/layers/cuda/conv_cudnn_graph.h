@@ -1,0 +1,43 @@
+// kiln/layers/cuda/conv_cudnn_graph.h — one convolution pass through cuDNN's graph API (cudnn-frontend), the
+// path conv_cudnn.cpp tries first for float16 and bfloat16 (internal).
+//
+//   if (!conv2d_graph_pass(ConvPass::Forward, x, w, y, g, /*channels_last=*/true)) { ...the legacy API... }
+//
+// Why: cuDNN 9's legacy convolution API (cudnnFind*AlgorithmEx) reaches only part of the engines that its graph
+// API offers; on an H200 the legacy API ran some of ResNet-18's small-image convolutions (3x3 at 4x4 and 8x8,
+// the strided 1x1 ones) at 1.5 to 3.4 times the time of the graph API's engines (bench_conv beside
+// pytorch_conv.py). Each problem's graph is built once and cached with its plan: cuDNN's first heuristic choice
+// by default, or, with nn::cudnn_benchmark() on, every candidate timed once and the fastest kept.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/layers/cuda/conv_cudnn.h"  // ConvGeometry
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::nn::cuda_impl {
+
+enum class ConvPass : int64_t { Forward, BackwardData, BackwardFilter };
+
+// Runs one pass over dense tensors of one dtype, all in one memory format (channels_last or NCHW): x (N, C_in, H, W),
+// w (C_out, C_in, KH, KW), y (N, C_out, OH, OW); the pass writes y (Forward), x (BackwardData: x is dx, y is dy) or
+// w (BackwardFilter: w is dw, y is dy). Returns false, having run nothing, where this path does not take the
+// problem: not float16 or bfloat16, groups other than 1, deterministic mode (the legacy path filters its
+// algorithms), kiln built without cudnn-frontend, the path turned off (set_conv2d_graph_api), or no cuDNN engine
+// for it (remembered per problem). Errors of the CUDA runtime or of a chosen plan throw.
+bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g,
+                       bool channels_last);
+
+// On by default when kiln has cudnn-frontend; off sends every convolution through the legacy API (bench_conv
+// --cudnn-api legacy and the tests compare the two).
+void set_conv2d_graph_api(bool enabled);
+bool conv2d_graph_api();
+
+// Whether kiln was built with cudnn-frontend (scripts/setup.sh installs it); without it conv2d_graph_pass takes
+// nothing.
+bool conv2d_graph_api_compiled();
+
+// How many passes conv2d_graph_pass has run in this process (a test's check that the path is taken).
+int64_t conv2d_graph_passes_run();
+
+}  // namespace kiln::nn::cuda_impl
