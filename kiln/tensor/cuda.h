@@ -27,6 +27,11 @@ int device_count();    // 0 when unavailable (never throws)
 int current_device();  // of the calling thread
 void set_device(int device);
 void synchronize(int device = -1);  // -1: the current device; waits for all its streams
+// The range a profiler attached to the process records when told to (cudaProfilerStart / cudaProfilerStop: Nsight
+// Systems' --capture-range=cudaProfilerApi, Nsight Compute's --profile-from-start off, bench/kernel_trace.cpp). Without
+// one attached they do nothing.
+void profiler_start();
+void profiler_stop();
 // The PCI bus id of `device`, as the CUDA runtime writes it ("0000:3B:00.0": domain:bus:device.function in
 // hex). It names the GPU the same way in every process and tool (NVML, nvidia-smi), whatever
 // CUDA_VISIBLE_DEVICES renumbered kiln's device indices to.

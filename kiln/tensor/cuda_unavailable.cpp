@@ -21,6 +21,8 @@ int device_count() { return 0; }
 int current_device() { no_cuda("current_device"); }
 void set_device(int) { no_cuda("set_device"); }
 void synchronize(int) { no_cuda("synchronize"); }
+void profiler_start() {}  // no GPU: nothing to profile
+void profiler_stop() {}
 std::string pci_bus_id(int) { no_cuda("pci_bus_id"); }
 
 DeviceGuard::DeviceGuard(int) : previous_(0) { no_cuda("DeviceGuard"); }

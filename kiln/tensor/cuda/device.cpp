@@ -1,4 +1,5 @@
-// GPUs: counting them, the current device, synchronising, and the backend instance.
+// GPUs: counting them, the current device, synchronising, profiler ranges, and the backend instance.
+#include <cuda_profiler_api.h>  // cudaProfilerStart, cudaProfilerStop
 #include <cuda_runtime.h>
 
 #include <string>
@@ -69,6 +70,9 @@ void synchronize(int device) {
   KILN_CUDA_CHECK(cudaDeviceSynchronize(), "synchronize");
   detail::throw_index_error(device);
 }
+
+void profiler_start() { KILN_CUDA_CHECK(cudaProfilerStart(), "profiler_start"); }
+void profiler_stop() { KILN_CUDA_CHECK(cudaProfilerStop(), "profiler_stop"); }
 
 std::string pci_bus_id(int device) {
   check_device(device, "pci_bus_id");
