@@ -100,6 +100,8 @@ class GraphTask {
         if (!needed_[static_cast<size_t>(slot)]) continue;
       }
 
+      const bool offers = node->accepts_gradient_buffers();
+      if (offers) offer_buffers(*node);
       TensorList outputs;
       if (trace::active()) {
         Device device = Device::cpu();  // where this node's gradient work runs: its first gradient's device
@@ -114,6 +116,9 @@ class GraphTask {
         outputs = node->apply(std::move(grads));
       }
       if (!keep_graph_) node->release_saved();
+      TensorList offered;
+      if (offers) offered = std::move(node->offered_buffers());
+      node->offered_buffers().clear();
       const auto& edges = node->next_edges();
       KILN_CHECK(outputs.size() == edges.size() || (outputs.empty() && edges.empty()), node->name(), " returned ",
                  outputs.size(), " gradients for ", edges.size(), " inputs");
@@ -122,6 +127,13 @@ class GraphTask {
         if (!e.valid()) continue;
         Node* next = e.fn.get();
         const auto next_slot = static_cast<size_t>(next->engine_slot());
+        if (i < offered.size() && offered[i].defined()) {
+          // The buffer goes back: the node's gradient already added into it, or to have that added now.
+          Tensor& acc = buffers_[next_slot][e.input_nr];
+          const bool added_in_place = outputs[i].defined() && outputs[i].impl_ptr() == offered[i].impl_ptr();
+          acc = std::move(offered[i]);
+          if (added_in_place) outputs[i] = Tensor();
+        }
         if (outputs[i].defined()) {
           Tensor g = validate_gradient(std::move(outputs[i]), next->input_meta(e.input_nr), *node, i);
           add_to_buffer(next_slot, next->num_inputs(), e.input_nr, std::move(g));
@@ -168,6 +180,27 @@ class GraphTask {
       ops::add_(acc, g);
     } else {  // the gradient already there is shared (e.g. with another node's buffer): out of place
       acc = ops::add(acc, g);
+    }
+  }
+
+  // Hands `node` the gradient sums it may add into (Node::offered_buffers): those of its inputs' slots that are
+  // defined, exclusively owned and have no small gradients waiting to join them. Each is moved out of its buffer (so
+  // that it stays exclusively owned) and put back after apply(); a slot two edges share is offered once.
+  void offer_buffers(Node& node) {
+    const auto& edges = node.next_edges();
+    TensorList& offered = node.offered_buffers();
+    offered.assign(edges.size(), Tensor());
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (!e.valid()) continue;
+      const int32_t s = slot_of(e.fn.get());
+      if (s < 0) continue;
+      TensorList& buf = buffers_[static_cast<size_t>(s)];
+      if (buf.size() <= e.input_nr || !buf[e.input_nr].defined() || !exclusively_owned(buf[e.input_nr])) continue;
+      if (auto p = pending_.find(static_cast<size_t>(s));
+          p != pending_.end() && p->second.size() > e.input_nr && !p->second[e.input_nr].empty())
+        continue;
+      offered[i] = std::move(buf[e.input_nr]);
     }
   }
 

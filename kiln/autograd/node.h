@@ -114,6 +114,15 @@ class Node {
   // The engine's index of this node in the graph task that runs it (engine.cpp); meaningless elsewhere.
   int32_t& engine_slot() { return engine_slot_; }
 
+  // Gradient buffers. Before apply(), the engine hands a node that accepts them, for each forward input whose
+  // gradient other nodes have already begun to sum, that sum: offered_buffers()[i] for input i (undefined where
+  // there is none, or where the sum is shared and must not change). apply() may add its own gradient for input i
+  // into that tensor in place and return the tensor itself, which saves the engine a separate addition (a read of
+  // both gradients and a write of their sum); any other tensor it returns is added as usual. The engine takes the
+  // buffers back after apply().
+  virtual bool accepts_gradient_buffers() const { return false; }
+  TensorList& offered_buffers() { return offered_buffers_; }
+
  protected:
   explicit Node(uint64_t sequence_nr) : sequence_nr_(sequence_nr) {}
 
@@ -128,6 +137,7 @@ class Node {
   std::vector<Edge> next_edges_;
   std::vector<InputMeta> input_meta_;
   std::vector<PreHook> pre_hooks_;
+  TensorList offered_buffers_;
 };
 
 // ---- recording helpers for differentiable ops ----

@@ -1,6 +1,7 @@
-// 2-d convolution (conv.h): on CUDA tensors cuDNN's convolutions (cuda/conv_cudnn.h) under one autograd
-// node; everywhere else im2col + matmul over differentiable ops, so it runs on every backend and autograd
-// derives its gradients. The window helpers (window_internal.h) are shared with pooling.cpp.
+// 2-d convolution (conv.h): a stride-1 1x1 convolution of a channels-last input as matrix products under one
+// autograd node; on CUDA tensors cuDNN's convolutions (cuda/conv_cudnn.h) under another; everywhere else im2col +
+// matmul over differentiable ops, so it runs on every backend and autograd derives its gradients. The window helpers
+// (window_internal.h) are shared with pooling.cpp.
 #include "kiln/layers/conv.h"
 
 #include <atomic>
@@ -8,15 +9,14 @@
 
 #include "kiln/autograd/autocast.h"   // autocast::inputs
 #include "kiln/autograd/functions.h"  // kiln::cat, kiln::matmul, kiln::as_strided, ...
-#include "kiln/layers/functional.h"   // linear (1x1 convolutions)
+#include "kiln/autograd/node.h"       // Node, SavedTensor, make_node, set_history
 #include "kiln/layers/init.h"         // PyTorch's default initialisation
 #include "kiln/layers/window_internal.h"
 #include "kiln/tensor/error.h"  // KILN_CHECK
+#include "kiln/tensor/ops.h"    // raw ops: the nodes' work is not recorded
 
 #if KILN_WITH_CUDA
-#include "kiln/autograd/node.h"           // Node, SavedTensor, make_node, set_history
 #include "kiln/layers/cuda/conv_cudnn.h"  // cuda_impl::conv2d_forward, ...
-#include "kiln/tensor/ops.h"              // raw ops: the node's work is not recorded
 #endif
 
 namespace kiln::nn {
@@ -72,6 +72,95 @@ std::atomic<bool> cudnn_benchmark_enabled{false};
 
 void set_cudnn_benchmark(bool enabled) { cudnn_benchmark_enabled.store(enabled, std::memory_order_relaxed); }
 bool cudnn_benchmark() { return cudnn_benchmark_enabled.load(std::memory_order_relaxed); }
+
+// ---------------------------------------------------------------- 1x1 convolutions as matrix products
+
+namespace {
+
+// (N, C, H, W) channels-last as the (N H W, C) matrix its memory is (a view).
+Tensor nhwc_rows(const Tensor& t) {
+  return ops::view(ops::permute(t, {0, 2, 3, 1}), {t.size(0) * t.size(2) * t.size(3), t.size(1)});
+}
+
+// Gradients of y = x w^T + b over the NHWC rows (pointwise_conv2d): grad_input = dy w, grad_weight = dy^T x and
+// grad_bias = the column sums of dy, in one product with their sums; each only where an input needs it. grad_input
+// is added straight into the gradient already summed for the input where the engine offers it (the block input of
+// a residual network, whose other gradient came through the shortcut): the product's epilogue reads that sum
+// (beta = 1) instead of the engine reading both gradients and writing their sum.
+struct PointwiseConvolutionBackward final : autograd::Node {
+  autograd::SavedTensor input;   // (N, C_in, H, W) channels-last; saved when the weight needs a gradient
+  autograd::SavedTensor weight;  // (C_out, C_in) rows; saved when the input needs a gradient
+  Shape input_shape, weight_shape;
+  MemoryFormat weight_format = MemoryFormat::Contiguous;  // the weight argument's own, given to grad_weight
+  DType dtype = DType::Float32;
+
+  std::string_view name() const override { return "PointwiseConvolutionBackward"; }
+  bool accepts_gradient_buffers() const override { return true; }
+  autograd::TensorList apply(autograd::TensorList&& grads) override {
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
+    const Tensor g = ops::contiguous(grads[0].dtype() == dtype ? grads[0] : ops::cast(grads[0], dtype),
+                                     MemoryFormat::ChannelsLast);  // (N, C_out, H, W)
+    const Tensor g_rows = nhwc_rows(g);                            // (N H W, C_out)
+    Tensor grad_input, grad_weight, grad_bias;
+    if (needs_input_grad(0)) {
+      const Tensor w = weight.unpack(*this);  // (C_out, C_in)
+      const Tensor sum = offered_buffers().empty() ? Tensor() : offered_buffers()[0];
+      if (sum.defined() && sum.dtype() == dtype && sum.device() == g.device() && sum.shape() == input_shape &&
+          sum.is_contiguous(MemoryFormat::ChannelsLast)) {
+        Tensor rows = nhwc_rows(sum);
+        ops::addmm_(rows, g_rows, w);  // sum += dy w, in place
+        grad_input = sum;
+      } else {
+        grad_input = ops::permute(
+            ops::reshape(ops::mm(g_rows, w), {input_shape[0], input_shape[2], input_shape[3], input_shape[1]}),
+            {0, 3, 1, 2});
+      }
+    }
+    if (needs_input_grad(1) || needs_input_grad(2)) {
+      const Tensor x_rows = nhwc_rows(input.unpack(*this));  // (N H W, C_in)
+      if (needs_input_grad(2)) {  // dy^T x and the row sums of dy^T: the bias gradient from the same product
+        auto [dw, db] = ops::mm_with_row_sums(ops::transpose(g_rows, 0, 1), x_rows);
+        grad_weight = dw;
+        grad_bias = db;
+      } else {
+        grad_weight = ops::mm(ops::transpose(g_rows, 0, 1), x_rows);
+      }
+      grad_weight =
+          needs_input_grad(1) ? ops::contiguous(ops::reshape(grad_weight, weight_shape), weight_format) : Tensor();
+    }
+    return {grad_input, grad_weight, grad_bias};
+  }
+  void release_saved() override {
+    input.reset();
+    weight.reset();
+  }
+};
+
+// A 1x1, stride-1, unpadded, ungrouped convolution of a channels-last (N, C_in, H, W) input: y = x w^T + b over the
+// (N H W, C_in) rows of its memory, one matrix product, and the (N, C_out, H, W) channels-last view of the result.
+// (conv2d has applied autocast and checked the arguments.)
+Tensor pointwise_conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  const Tensor x = ops::contiguous(input, MemoryFormat::ChannelsLast);
+  const int64_t n = x.size(0), c_in = x.size(1), h = x.size(2), w = x.size(3), c_out = weight.size(0);
+  const Tensor rows = nhwc_rows(x);
+  const Tensor w2 = ops::reshape(weight, {c_out, c_in});
+  const Tensor wt = ops::transpose(w2, 0, 1);
+  const Tensor y_rows = bias.defined() ? ops::addmm(bias, rows, wt) : ops::mm(rows, wt);  // (N H W, C_out)
+  Tensor y = ops::permute(ops::reshape(y_rows, {n, h, w, c_out}), {0, 3, 1, 2});
+  if (autograd::needs_grad(input, weight, bias)) {
+    auto node = autograd::make_node<PointwiseConvolutionBackward>(input, weight, bias);
+    if (node->needs_input_grad(1)) node->input = autograd::SavedTensor(x, /*is_output=*/false);
+    if (node->needs_input_grad(0)) node->weight = autograd::SavedTensor(w2, /*is_output=*/false);
+    node->input_shape = x.shape();
+    node->weight_shape = weight.shape();
+    node->weight_format = weight.suggest_memory_format();
+    node->dtype = x.dtype();
+    autograd::set_history(y, node);
+  }
+  return y;
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------- conv2d on CUDA (cuDNN)
 
@@ -193,15 +282,14 @@ Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& b
              "), so the output would be empty; use a larger input or more padding");
 
   // A 1x1 convolution with stride 1, no padding and one group, on a channels-last input, is one matrix product:
-  // the input is an (N H W, C_in) matrix as it lies in memory, and y = x w^T + b is nn::linear's, whose backward
-  // is two more products (dx = dy w, dw = dy^T x) and the bias's column sums. On an H200 cuDNN's convolution
+  // the input is an (N H W, C_in) matrix as it lies in memory, y = x w^T + b, and its backward is two more products
+  // (dx = dy w, dw = dy^T x) and the bias's column sums (pointwise_conv2d). On an H200 cuDNN's legacy convolution
   // API ran ResNet-50's stride-1 1x1 layers (the bottlenecks' first and last) at 2 to 5 times the time of the
   // same products (bench_conv beside pytorch_conv.py); cuBLASLt's matmul runs them at the products' speed.
   const bool one_by_one = kh == 1 && kw == 1 && groups == 1 && options.stride[0] == 1 && options.stride[1] == 1 &&
                           options.padding[0] == 0 && options.padding[1] == 0;
   if (one_by_one && input.suggest_memory_format() == MemoryFormat::ChannelsLast) {
-    const Tensor rows = reshape(permute(input, {0, 2, 3, 1}), {n * h * w, c_in});  // a view: NHWC memory
-    const Tensor y = permute(reshape(linear(rows, reshape(weight, {c_out, c_in}), bias), {n, h, w, c_out}), {0, 3, 1, 2});
+    const Tensor y = pointwise_conv2d(input, weight, bias);
     return unbatched ? squeeze(y, 0) : y;  // (N, C_out, H, W), channels-last
   }
 

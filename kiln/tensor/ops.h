@@ -233,6 +233,9 @@ Tensor mm(const Tensor& a, const Tensor& b);   // (M,K) x (K,N)
 Tensor bmm(const Tensor& a, const Tensor& b);  // (B,M,K) x (B,K,N)
 Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1,
              Scalar alpha = 1);  // beta*c + alpha*a@b
+// In place: c = beta*c + alpha*a@b, for a (M, K), b (K, N) and c (M, N) of one dtype and device whose rows are
+// contiguous (column stride 1, row stride N): one product that adds into c (a gradient summed where it is, say).
+Tensor& addmm_(Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1, Scalar alpha = 1);
 // {a @ b, the row sums of a} for a (M, K), b (K, N): with a = g^T, the weight and bias gradients of a linear layer.
 // One product on the GPU where the dims allow (the sums come from its epilogue); elsewhere the product and a
 // matrix-vector product with ones.

@@ -146,6 +146,42 @@ TEST(Conv, ChannelsLastGradients) {
   check_gradients(one_by_one_no_bias, {make_input({1, 3, 2, 3}, -1, 1, 15), make_input({2, 3, 1, 1}, -1, 1, 16)});
 }
 
+// A 1x1 convolution whose input also takes another path (a residual block's input: the 1x1 conv and the shortcut).
+// Its backward adds its input gradient into the sum the engine has begun for that input when the shortcut's gradient
+// arrived first, and returns its own otherwise; both orders, with the input a leaf and an intermediate, give the
+// gradients of the same computation through the general (NCHW, im2col) path.
+TEST(Conv, OneByOneGradientJoinsTheShortcutGradient) {
+  const Tensor x0 = make_input({2, 4, 3, 2}, -1, 1, 21), w = make_input({4, 4, 1, 1}, -1, 1, 22);
+  const Tensor r1 = make_input({2, 4, 3, 2}, -1, 1, 23), r2 = make_input({2, 4, 3, 2}, -1, 1, 24);
+  for (bool shortcut_first : {true, false}) {
+    for (bool intermediate : {false, true}) {
+      SCOPED_TRACE(std::string(shortcut_first ? "shortcut's gradient first" : "conv's gradient first") +
+                   (intermediate ? ", intermediate input" : ", leaf input"));
+      // The engine runs later nodes first: the op made last delivers its gradient first.
+      auto grads = [&](bool channels_last) {
+        Tensor leaf = (channels_last ? x0.contiguous(MemoryFormat::ChannelsLast) : x0.contiguous()).detach().clone();
+        leaf.requires_grad_();
+        Tensor wl = w.detach().clone().requires_grad_();
+        const Tensor in = intermediate ? leaf * 1.5 : leaf;  // keeps the layout
+        Tensor loss;
+        if (shortcut_first) {
+          const Tensor y = nn::conv2d(in, wl, {}, {});
+          loss = (y * r1).sum() + (in.exp() * r2).sum();
+        } else {
+          const Tensor s = (in.exp() * r2).sum();
+          loss = (nn::conv2d(in, wl, {}, {}) * r1).sum() + s;
+        }
+        loss.backward();
+        return std::make_pair(leaf.grad(), wl.grad());
+      };
+      const auto [gx, gw] = grads(/*channels_last=*/true);
+      const auto [rx, rw] = grads(/*channels_last=*/false);
+      expect_values(gx, rx.shape(), values(rx), 1e-5, 1e-6);
+      expect_values(gw, rw.shape(), values(rw), 1e-5, 1e-6);
+    }
+  }
+}
+
 TEST(Conv, ModuleParametersAndDefaultInitialisation) {
   nn::Conv2d conv(6, 8, {3, 2}, {.groups = 2});
   EXPECT_EQ(conv.type_name(), "Conv2d");

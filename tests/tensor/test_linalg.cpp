@@ -277,6 +277,50 @@ TEST_P(MatmulTest, BmmAndOuterAndDot) {
                 {}, {dotv});
 }
 
+// addmm_ adds the product into its destination in place: the same memory afterwards, for every float dtype, with
+// beta and alpha, into a view of a larger tensor's rows (the NHWC rows of a channels-last gradient, say), and with
+// the bad destinations refused.
+TEST_P(MatmulTest, AddmmInPlaceAddsIntoTheDestination) {
+  const int64_t m = 6, k = 5, n = 4;
+  const std::vector<double> a = quarters(m * k, 41), b = quarters(k * n, 42), c = quarters(m * n, 43);
+  const std::vector<double> ab = ref_mm(a, b, m, k, n);
+  for (DType dt : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    Tensor dest = make(c, {m, n}, opts(dt));
+    const void* before = dest.data_ptr();
+    Tensor& result = ops::addmm_(dest, make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)), 0.5, 2.0);
+    EXPECT_EQ(&result, &dest);
+    EXPECT_EQ(dest.data_ptr(), before);
+    std::vector<double> want(m * n);
+    for (int64_t i = 0; i < m * n; ++i) want[i] = 0.5 * c[i] + 2.0 * ab[i];
+    expect_values(dest, {m, n}, want, -1, matmul_atol(dt, k));
+  }
+  // The (N H W, C) rows of a channels-last (N, C, H, W) tensor: the product lands in its memory; a transposed a.
+  const Tensor nchw = ops::contiguous(make(c, {1, n, 2, 3}, opts()), MemoryFormat::ChannelsLast);  // N H W = m
+  Tensor rows = ops::view(ops::permute(nchw, {0, 2, 3, 1}), {m, n});
+  const std::vector<double> rows_before = testing::values(rows);
+  const Tensor at = ops::contiguous(make(a, {m, k}, opts()).t()).t();
+  ops::addmm_(rows, at, make(b, {k, n}, opts()));
+  std::vector<double> want(m * n);
+  for (int64_t i = 0; i < m * n; ++i) want[i] = rows_before[i] + ab[i];
+  expect_values(ops::view(ops::permute(nchw, {0, 2, 3, 1}), {m, n}), {m, n}, want);
+  // Refused: a destination of another shape (no broadcasting), without contiguous rows, or of another dtype.
+  Tensor row = make(std::vector<double>(n, 0.0), {n}, opts());
+  expect_error(
+      [&] {
+        ops::addmm_(row, make(a, {m, k}, opts()), make(b, {k, n}, opts()));
+      },
+      {"addmm_", "does not broadcast"});
+  Tensor strided = ops::contiguous(make(c, {n, m}, opts())).t();
+  expect_error(
+      [&] {
+        ops::addmm_(strided, make(a, {m, k}, opts()), make(b, {k, n}, opts()));
+      },
+      {"addmm_", "contiguous rows"});
+  Tensor doubles = make(c, {m, n}, opts(DType::Float64));
+  expect_error([&] { ops::addmm_(doubles, make(a, {m, k}, opts()), make(b, {k, n}, opts())); }, {"addmm_", "dtype"});
+}
+
 TEST_P(MatmulTest, AddmmScalesAndBroadcastsC) {
   const int64_t m = 3, k = 4, n = 2;
   const std::vector<double> a = quarters(m * k, 31), b = quarters(k * n, 32);

@@ -243,6 +243,27 @@ Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta, Sca
   return out;
 }
 
+Tensor& addmm_(Tensor& c, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha) {
+  check_operands("addmm_", a, b);
+  KILN_CHECK(c.defined(), "addmm_: the destination c is an undefined tensor");
+  KILN_CHECK(a.dim() == 2 && b.dim() == 2, "addmm_: expected 2-D operands, got shapes ", a.shape(), " and ", b.shape());
+  check_inner("addmm_", a, b, a.size(1), b.size(0));
+  const Shape shape{a.size(0), b.size(1)};
+  KILN_CHECK(c.device() == a.device() && c.dtype() == a.dtype(), "addmm_: the destination (", c.dtype(), " on ",
+             c.device(), ") must have the operands' dtype and device (", a.dtype(), " on ", a.device(), ")");
+  KILN_CHECK(c.shape() == shape, "addmm_: the destination has shape ", c.shape(), " but the product has shape ", shape,
+             "; an in-place product does not broadcast its destination");
+  KILN_CHECK((shape[1] <= 1 || c.stride(1) == 1) && (shape[0] <= 1 || c.stride(0) == shape[1]),
+             "addmm_: the destination ", "of shape ", c.shape(), " has strides ", c.strides(),
+             "; it needs contiguous rows (strides (", shape[1], ", 1)): use addmm() for a new result instead");
+  KILN_CHECK(is_floating_point(a.dtype()) || (!beta.is_floating_point() && !alpha.is_floating_point()),
+             "addmm_: beta and alpha must be integers for ", a.dtype(), " tensors, got ", beta, " and ", alpha);
+  if (c.numel() == 0) return c;
+  const Tensor out = as_strided(c, {1, shape[0], shape[1]}, {0, shape[1], 1});  // canonical strides of the rows
+  run_batched(out, as_batch(a), as_batch(b), alpha.to_double(), beta.to_double());
+  return c;
+}
+
 std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b) {
   check_operands("mm_with_row_sums", a, b);
   KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm_with_row_sums: expected two 2-D tensors, got shapes ", a.shape(),
