@@ -1,6 +1,7 @@
-// kiln/layers/cuda/conv_cudnn.h — 2-d convolution on CUDA tensors through cuDNN's convolution API:
-// forward, backward-data and backward-filter, with the algorithm of each problem chosen once and cached
-// (internal; nn::conv2d in kiln/layers/conv.cpp calls it and records the autograd node).
+// kiln/layers/cuda/conv_cudnn.h — 2-d convolution on CUDA tensors through cuDNN: forward, backward-data and
+// backward-filter, each pass through cuDNN's graph API where conv_cudnn_graph.h takes it (float16, bfloat16), else
+// through its legacy convolution API, with the algorithm of each problem chosen once and cached (internal;
+// nn::conv2d in kiln/layers/conv.cpp calls it and records the autograd node).
 //
 //   const ConvGeometry g{.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
 //   Tensor y  = conv2d_forward(x, w, g, MemoryFormat::ChannelsLast);                     // (N, C_out, OH, OW)
