@@ -358,6 +358,52 @@ TEST_F(CudaConvTest, HalfPrecisionTakesTheGraphApi) {
   EXPECT_EQ(nn::cuda_impl::conv2d_graph_passes_run(), before);
 }
 
+// In benchmark mode a CUDA graph capture takes the plans the eager steps before it timed (timing inside a capture
+// would synchronise the device): capturing a step already run eagerly builds no graph, and its replay gives the eager
+// step's output bit for bit. A problem first met inside a capture gets the heuristics' plan there, and is timed when
+// met again outside one.
+TEST_F(CudaConvTest, GraphCaptureTakesThePlansTimedBeforeIt) {
+  if (!nn::cuda_impl::conv2d_graph_api_compiled()) GTEST_SKIP() << "kiln was built without cudnn-frontend";
+  nn::cuda_impl::set_conv2d_graph_api(true);
+  nn::set_cudnn_benchmark(true);
+  const TensorOptions o{.dtype = DType::BFloat16, .device = Device::cuda(0)};
+  auto make_step = [&](int64_t hw, uint64_t seed, Tensor& y) {
+    const Shape xs{4, 16, hw, hw}, ws{32, 16, 3, 3}, ys{4, 32, hw, hw};
+    Tensor x = make(uniform(numel(xs), -1, 1, seed), xs, o).contiguous(MemoryFormat::ChannelsLast).requires_grad_();
+    Tensor w = make(uniform(numel(ws), -1, 1, seed + 1), ws, o).requires_grad_();
+    Tensor gy = make(uniform(numel(ys), -1, 1, seed + 2), ys, o).contiguous(MemoryFormat::ChannelsLast);
+    return [x, w, gy, &y] {
+      y = nn::conv2d(x, w, {}, {.padding = 1, .bias = false});
+      y.backward(gy);
+    };
+  };
+  Tensor y;
+  auto step = make_step(8, 51, y);
+  step();  // eager: the three passes' graphs built and their plans timed
+  cuda::synchronize();
+  const Tensor y_eager = y.detach().clone();
+  int64_t built = nn::cuda_impl::conv2d_graph_plans_built();
+  const int64_t ran = nn::cuda_impl::conv2d_graph_passes_run();
+  cuda::Graph graph;
+  graph.capture(step, /*warmup=*/0);
+  EXPECT_EQ(nn::cuda_impl::conv2d_graph_plans_built(), built);
+  EXPECT_EQ(nn::cuda_impl::conv2d_graph_passes_run(), ran + 3);
+  graph.replay();
+  cuda::synchronize();
+  expect_values(y.detach(), y_eager.shape(), values(y_eager), 0, 0);
+
+  // A new shape, first inside a capture: the heuristics' plans (three graphs); then eagerly: timed ones (three more).
+  Tensor y2;
+  auto step2 = make_step(6, 61, y2);
+  cuda::Graph graph2;
+  graph2.capture(step2, /*warmup=*/0);
+  EXPECT_EQ(nn::cuda_impl::conv2d_graph_plans_built(), built + 3);
+  graph2.replay();
+  step2();
+  cuda::synchronize();
+  EXPECT_EQ(nn::cuda_impl::conv2d_graph_plans_built(), built + 6);
+}
+
 // After a warm-up the algorithms are cached and every buffer (workspaces too) comes from the caching
 // allocator's cache: repeated training steps on the same shapes make no cudaMalloc.
 void expect_no_device_mallocs_in_steady_state() {

@@ -28,12 +28,14 @@ namespace {
 
 std::atomic<bool> graph_api_enabled{true};
 std::atomic<int64_t> passes_run{0};
+std::atomic<int64_t> plans_built{0};
 
 }  // namespace
 
 void set_conv2d_graph_api(bool enabled) { graph_api_enabled.store(enabled, std::memory_order_relaxed); }
 bool conv2d_graph_api() { return graph_api_enabled.load(std::memory_order_relaxed); }
 int64_t conv2d_graph_passes_run() { return passes_run.load(std::memory_order_relaxed); }
+int64_t conv2d_graph_plans_built() { return plans_built.load(std::memory_order_relaxed); }
 
 #if !KILN_WITH_CUDNN_FRONTEND
 
@@ -92,8 +94,8 @@ bool build_step(fe::error_t status, const char* step) {
 }
 
 // Everything a graph and its plan depend on. Pointer alignment is in it because some engines need 16-byte aligned
-// operands; whether the plan was timed, because a problem first met during a CUDA graph capture is built from the
-// heuristics alone (timing synchronises the device) and timed when met again outside one.
+// operands; whether the plan was timed (last), because a problem first met during a CUDA graph capture in benchmark
+// mode is built from the heuristics alone (timing synchronises the device), and timed when met again outside one.
 using Key = std::array<int64_t, 20>;
 struct KeyHash {
   size_t operator()(const Key& k) const {
@@ -215,40 +217,47 @@ bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Te
                        bool channels_last) {
   if (!conv2d_graph_api() || g.groups != 1 || ::kiln::deterministic()) return false;
   if (x.dtype() != DType::Float16 && x.dtype() != DType::BFloat16) return false;
-  const bool capturing = cuda::Graph::capturing();
-  const bool timed = nn::cudnn_benchmark() && !capturing;
-  const Key key{static_cast<int64_t>(pass),
-                x.device().index(),
-                static_cast<int64_t>(x.dtype()),
-                channels_last ? 1 : 0,
-                std::min({alignment(x.data_ptr()), alignment(w.data_ptr()), alignment(y.data_ptr())}),
-                x.size(0),
-                x.size(1),
-                x.size(2),
-                x.size(3),
-                w.size(0),
-                w.size(1),
-                w.size(2),
-                w.size(3),
-                g.stride[0],
-                g.stride[1],
-                g.padding[0],
-                g.padding[1],
-                g.dilation[0],
-                g.dilation[1],
-                timed ? 1 : 0};
+  // Benchmark mode times every candidate, which synchronises the device: inside a CUDA graph capture a problem takes
+  // the plan timed before the capture (the eager warm-up steps), else the heuristics' plan.
+  const bool benchmark = nn::cudnn_benchmark();
+  const bool can_time = benchmark && !cuda::Graph::capturing();
+  Key key{static_cast<int64_t>(pass),
+          x.device().index(),
+          static_cast<int64_t>(x.dtype()),
+          channels_last ? 1 : 0,
+          std::min({alignment(x.data_ptr()), alignment(w.data_ptr()), alignment(y.data_ptr())}),
+          x.size(0),
+          x.size(1),
+          x.size(2),
+          x.size(3),
+          w.size(0),
+          w.size(1),
+          w.size(2),
+          w.size(3),
+          g.stride[0],
+          g.stride[1],
+          g.padding[0],
+          g.padding[1],
+          g.dilation[0],
+          g.dilation[1],
+          benchmark ? 1 : 0};
   std::unordered_map<int64_t, void*> pack{{kX, x.data_ptr()}, {kW, w.data_ptr()}, {kY, y.data_ptr()}};
 
   Cache& c = cache();
-  std::shared_ptr<Entry> entry;
-  {
+  auto find = [&c](const Key& k) {
     std::lock_guard<std::mutex> lock(c.mutex);
-    auto it = c.entries.find(key);
-    if (it != c.entries.end()) entry = it->second;
+    auto it = c.entries.find(k);
+    return it != c.entries.end() ? it->second : std::shared_ptr<Entry>();
+  };
+  std::shared_ptr<Entry> entry = find(key);
+  if (entry == nullptr && benchmark && !can_time) {
+    key.back() = 0;  // capturing, and not timed before: the heuristics' plan, kept apart from the timed ones
+    entry = find(key);
   }
   if (entry == nullptr) {
     // Built outside the cache's lock (timing takes a while); a graph another thread built meanwhile wins.
-    std::shared_ptr<Entry> built = build(pass, x, w, y, g, channels_last, timed, pack);
+    std::shared_ptr<Entry> built = build(pass, x, w, y, g, channels_last, key.back() == 1, pack);
+    plans_built.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(c.mutex);
     entry = c.entries.emplace(key, std::move(built)).first->second;
   }

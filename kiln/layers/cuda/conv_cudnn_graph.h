@@ -7,7 +7,8 @@
 // API offers; on an H200 the legacy API ran some of ResNet-18's small-image convolutions (3x3 at 4x4 and 8x8,
 // the strided 1x1 ones) at 1.5 to 3.4 times the time of the graph API's engines (bench_conv beside
 // pytorch_conv.py). Each problem's graph is built once and cached with its plan: cuDNN's first heuristic choice
-// by default, or, with nn::cudnn_benchmark() on, every candidate timed once and the fastest kept.
+// by default, or, with nn::cudnn_benchmark() on, every candidate timed once and the fastest kept; a CUDA graph
+// capture takes the plans timed before it (its eager warm-up steps).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +38,9 @@ bool conv2d_graph_api();
 // nothing.
 bool conv2d_graph_api_compiled();
 
-// How many passes conv2d_graph_pass has run in this process (a test's check that the path is taken).
+// How many passes conv2d_graph_pass has run, and how many graphs (with their plans) it has built, in this process
+// (a test's check that the path is taken, and that a CUDA graph capture reuses the plans timed before it).
 int64_t conv2d_graph_passes_run();
+int64_t conv2d_graph_plans_built();
 
 }  // namespace kiln::nn::cuda_impl
