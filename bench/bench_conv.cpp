@@ -15,10 +15,10 @@
 // Each pass alone: forward y = conv(x, w), backward-data dx, backward-filter dw, through what nn::conv2d and its
 // backward run, without the autograd bookkeeping (--path auto, the default):
 //   - a 1x1, stride-1, unpadded, ungrouped convolution of a channels-last input (every such shape here) is
-//     nn::linear over the (N H W, C) rows of NHWC memory (kiln/layers/conv.cpp), so its passes are the three
-//     products kiln::ops::mm runs for linear and its MmBackward: forward rows (N H W, C_in) x w^T (C_in, C_out),
-//     dx = dy_rows (N H W, C_out) x w (C_out, C_in), dw = rows^T (C_in, N H W) x dy_rows, whose transpose (a
-//     view) is the weight's gradient; "path": "matmul";
+//     a matrix product over the (N H W, C) rows of NHWC memory (pointwise_conv2d in kiln/layers/conv.cpp), so its
+//     passes are the three products kiln::ops::mm runs there and in PointwiseConvolutionBackward: forward rows
+//     (N H W, C_in) x w^T (C_in, C_out), dx = dy_rows (N H W, C_out) x w (C_out, C_in), dw = dy_rows^T
+//     (C_out, N H W) x rows; "path": "matmul";
 //   - every other shape through kiln's cuDNN passes (kiln/layers/cuda/conv_cudnn.h) with nn::cudnn_benchmark on;
 //     "path": "cudnn".
 // --path cudnn times cuDNN's passes for every shape (what nn::conv2d ran before its matrix-product branch), to
@@ -39,8 +39,8 @@
 // --quick: batch 2, spatial size / 8, one pass per block, one block: checks that the code runs (CTest:
 // bench.conv_quick, bench.conv_quick_resnet18_cifar), on the CPU where there is no GPU; its figures mean nothing.
 // There the matmul path runs the same products on the CPU, and the cuDNN path stands in as nn::conv2d through
-// autograd (im2col + matmul, or the linear branch), with no separate passes: dx and dw are then forward + backward
-// with only x, or only w, requiring a gradient (the forward included in the time).
+// autograd (im2col + matmul, or the matrix-product branch), with no separate passes: dx and dw are then forward +
+// backward with only x, or only w, requiring a gradient (the forward included in the time).
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -198,29 +198,28 @@ std::string case_fields(const Settings& s, int index, const ConvShape& c) {
   return buf;
 }
 
-// The three passes of a shape on the matmul path: the products nn::linear (forward) and its MmBackward (dx, dw)
-// hand to ops::mm, on views of the same x, w and dy. ops::view, unlike reshape, never copies (it throws where it
-// would have to), so every operand here is a view of x's, w's or dy's memory: (N, C, H, W) channels-last is NHWC,
-// i.e. (N H W, C) rows, and the 1x1 weight (C_out, C_in, 1, 1) is (C_out, C_in) in either memory format. Nor does
-// ops::mm copy them: the CUDA backend (kiln/tensor/cuda/matmul.cpp) hands cuBLASLt a row-major operand as it is
-// and a transposed one (w^T, rows^T: unit stride along the rows) as column-major with the transpose flag; it copies
-// only an operand with no unit stride, which none of these is. The products' outputs are new tensors, as in
-// nn::conv2d: (N H W, C_out) rows are y in channels-last, (N H W, C_in) rows dx in channels-last. dw is timed as
-// MmBackward computes it, rows^T g -> (C_in, C_out), whose transpose view is the weight's gradient: dy_rows^T rows,
-// (C_out, C_in) in the weight's own layout, would be the same product with the operands' roles swapped. On the way
-// to the weight's .grad autograd turns that transposed view into the weight's layout (one weight-sized copy, or
-// autocast's cast back to float32); that is not timed here.
+// The three passes of a shape on the matmul path: the products pointwise_conv2d (forward) and
+// PointwiseConvolutionBackward (dx, dw) hand to ops::mm, on views of the same x, w and dy. ops::view, unlike reshape,
+// never copies (it throws where it would have to), so every operand here is a view of x's, w's or dy's memory: (N, C,
+// H, W) channels-last is NHWC, i.e. (N H W, C) rows, and the 1x1 weight (C_out, C_in, 1, 1) is (C_out, C_in) in either
+// memory format. Nor does ops::mm copy them: the CUDA backend (kiln/tensor/cuda/matmul.cpp) hands cuBLASLt a row-major
+// operand as it is and a transposed one (w^T, dy_rows^T: unit stride along the rows) as column-major with the transpose
+// flag; it copies only an operand with no unit stride, which none of these is. The products' outputs are new tensors,
+// as in nn::conv2d: (N H W, C_out) rows are y in channels-last, (N H W, C_in) rows dx in channels-last (in a residual
+// block the node adds dx into the shortcut's gradient instead, beta = 1: not timed here), and dw = dy_rows^T rows is
+// (C_out, C_in), the weight's gradient in its own layout. On the way to the weight's .grad, autocast's cast back to
+// float32 is not timed here.
 std::array<std::function<void()>, 3> matmul_passes(const Tensor& x, const Tensor& w, const Tensor& dy) {
   const int64_t n = x.size(0), c_in = x.size(1), h = x.size(2), wd = x.size(3), c_out = w.size(0);
   const Tensor rows = ops::view(ops::permute(x, {0, 2, 3, 1}), {n * h * wd, c_in});       // (N H W, C_in)
   const Tensor dy_rows = ops::view(ops::permute(dy, {0, 2, 3, 1}), {n * h * wd, c_out});  // (N H W, C_out)
   const Tensor w2 = ops::view(w, {c_out, c_in});                                          // (C_out, C_in)
   const Tensor w2_t = ops::transpose(w2, 0, 1);                                           // (C_in, C_out)
-  const Tensor rows_t = ops::transpose(rows, 0, 1);                                       // (C_in, N H W)
+  const Tensor dy_rows_t = ops::transpose(dy_rows, 0, 1);                                 // (C_out, N H W)
   return {
-      [rows, w2_t] { (void)ops::mm(rows, w2_t); },            // y rows (N H W, C_out): linear's x w^T
-      [dy_rows, w2] { (void)ops::mm(dy_rows, w2); },          // dx rows (N H W, C_in): g (w^T)^T
-      [rows_t, dy_rows] { (void)ops::mm(rows_t, dy_rows); },  // dw^T (C_in, C_out): x^T g
+      [rows, w2_t] { (void)ops::mm(rows, w2_t); },            // y rows (N H W, C_out): x w^T
+      [dy_rows, w2] { (void)ops::mm(dy_rows, w2); },          // dx rows (N H W, C_in): g w
+      [dy_rows_t, rows] { (void)ops::mm(dy_rows_t, rows); },  // dw (C_out, C_in): g^T x
   };
 }
 

@@ -4,6 +4,8 @@
 
 #if KILN_WITH_CUDNN_FRONTEND
 #include <cudnn_frontend.h>  // cudnn_frontend::graph::Graph, SDPA_attributes, SDPA_backward_attributes
+
+#include "kiln/layers/cuda/cudnn_frontend_util.h"  // check_frontend, frontend_build_step
 #endif
 
 #include <bit>
@@ -81,24 +83,9 @@ fe::DataType_t fe_dtype(DType dtype) {
   return dtype == DType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
-// A failed frontend call at run time: a CudaError carrying the frontend's message.
-void check(fe::error_t status, const char* step) {
-  if (status.is_bad()) {
-    throw CudaError(::kiln::detail::str_cat(kOp, ": cudnn-frontend ", step, " failed: ", status.get_message()));
-  }
-}
-
-// A failed step while building a graph: the CUDA runtime or the handle failing is an error; anything else
-// (not supported, no engine, no plan) is a reason to take the math path instead.
+void check(fe::error_t status, const char* step) { check_frontend(status, kOp, step); }
 bool build_step(fe::error_t status, const char* step, std::string& why_not) {
-  if (status.is_good()) return true;
-  const fe::error_code_t code = status.get_code();
-  if (code == fe::error_code_t::CUDA_API_FAILED || code == fe::error_code_t::HANDLE_ERROR ||
-      code == fe::error_code_t::INVALID_CUDA_DEVICE) {
-    check(status, step);
-  }
-  why_not = ::kiln::detail::str_cat("cuDNN ", step, ": ", status.get_message());
-  return false;
+  return frontend_build_step(status, kOp, step, &why_not);
 }
 
 TensorAttr add_tensor(fe::graph::Graph& g, const char* name, int64_t uid, const Dims& dims, const Dims& strides) {

@@ -89,18 +89,6 @@ cudnnMathType_t base_math(DType dtype) {
 // need 16-byte aligned operands, and a view into a tensor may start anywhere; the deterministic-mode switch
 // (last) because it narrows the candidates.
 using Key = std::array<int64_t, 23>;
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = 0;
-    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
-    return h;
-  }
-};
-
-int64_t alignment(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  return a == 0 ? 16 : static_cast<int64_t>(std::min<uintptr_t>(16, a & (~a + 1)));
-}
 
 // One convolution as cuDNN sees it: x (N, C_in, H, W), w (C_out, C_in / groups, KH, KW), y (N, C_out, OH, OW),
 // all of one dtype and one memory format, and the three data pointers (the pass writes one of them).
@@ -136,7 +124,7 @@ struct Problem {
            channels_last ? 1 : 0,
            static_cast<int64_t>(math),
            benchmark ? 1 : 0,
-           std::min({alignment(x_ptr), alignment(w_ptr), alignment(y_ptr)}),
+           std::min({pointer_alignment(x_ptr), pointer_alignment(w_ptr), pointer_alignment(y_ptr)}),
            x_shape[0],
            x_shape[1],
            x_shape[2],
@@ -258,7 +246,7 @@ struct Choice {
 
 struct AlgorithmCache {
   std::mutex mutex;
-  std::unordered_map<Key, Choice, KeyHash> choices;
+  std::unordered_map<Key, Choice, ArrayHash> choices;
 };
 
 // Never destroyed: threads may convolve until the process exits.

@@ -7,6 +7,8 @@
 #if KILN_WITH_CUDNN_FRONTEND
 #include <cudnn_frontend.h>  // cudnn_frontend::graph::Graph, Conv_{fprop,dgrad,wgrad}_attributes
 
+#include "kiln/layers/cuda/cudnn_frontend_util.h"  // check_frontend, frontend_build_step
+
 #include <algorithm>
 #include <array>
 #include <memory>
@@ -16,7 +18,7 @@
 #include <vector>
 
 #include "kiln/layers/conv.h"             // nn::cudnn_benchmark
-#include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace, reachable_workspace_bytes
+#include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace, reachable_workspace_bytes, ArrayHash
 #include "kiln/tensor/cuda.h"             // cuda::Graph::capturing
 #include "kiln/tensor/determinism.h"      // kiln::deterministic
 #include "kiln/tensor/error.h"            // CudaError
@@ -69,41 +71,14 @@ Dims strides_of(const Tensor& t, bool channels_last) {
   return {c * h * w, h * w, w, 1};
 }
 
-int64_t alignment(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  return a == 0 ? 16 : static_cast<int64_t>(std::min<uintptr_t>(16, a & (~a + 1)));
-}
-
-// A failed frontend call at run time: a CudaError carrying the frontend's message.
-void check(fe::error_t status, const char* step) {
-  if (status.is_bad()) {
-    throw CudaError(::kiln::detail::str_cat(kOp, ": cudnn-frontend ", step, " failed: ", status.get_message()));
-  }
-}
-
-// A failed step while building a graph: the CUDA runtime or the handle failing is an error; anything else (not
-// supported, no engine, no plan) sends the problem to the legacy API.
-bool build_step(fe::error_t status, const char* step) {
-  if (status.is_good()) return true;
-  const fe::error_code_t code = status.get_code();
-  if (code == fe::error_code_t::CUDA_API_FAILED || code == fe::error_code_t::HANDLE_ERROR ||
-      code == fe::error_code_t::INVALID_CUDA_DEVICE) {
-    check(status, step);
-  }
-  return false;
-}
+void check(fe::error_t status, const char* step) { check_frontend(status, kOp, step); }
+// A failed build step sends the problem to the legacy API.
+bool build_step(fe::error_t status, const char* step) { return frontend_build_step(status, kOp, step); }
 
 // Everything a graph and its plan depend on. Pointer alignment is in it because some engines need 16-byte aligned
 // operands; whether the plan was timed (last), because a problem first met during a CUDA graph capture in benchmark
 // mode is built from the heuristics alone (timing synchronises the device), and timed when met again outside one.
 using Key = std::array<int64_t, 20>;
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = 0;
-    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
-    return h;
-  }
-};
 
 struct Entry {
   std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN's graph API has no engine for this problem
@@ -113,7 +88,7 @@ struct Entry {
 
 struct Cache {
   std::mutex mutex;
-  std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash> entries;
+  std::unordered_map<Key, std::shared_ptr<Entry>, ArrayHash> entries;
 };
 
 // Never destroyed: threads may convolve until the process exits.
@@ -225,7 +200,7 @@ bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Te
           x.device().index(),
           static_cast<int64_t>(x.dtype()),
           channels_last ? 1 : 0,
-          std::min({alignment(x.data_ptr()), alignment(w.data_ptr()), alignment(y.data_ptr())}),
+          std::min({pointer_alignment(x.data_ptr()), pointer_alignment(w.data_ptr()), pointer_alignment(y.data_ptr())}),
           x.size(0),
           x.size(1),
           x.size(2),

@@ -9,7 +9,11 @@
 
 #include <cudnn.h>  // cudnnHandle_t, cudnnStatus_t, cudnnDataType_t
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 
 #include "kiln/tensor/error.h"   // kiln::CudaError
 #include "kiln/tensor/tensor.h"  // Tensor
@@ -35,6 +39,23 @@ inline void* workspace_ptr(const Tensor& ws) { return ws.defined() ? ws.data_ptr
 // allocator holds unused. Larger requests cannot succeed; asking for them would only make the allocator hand its
 // cache back to the driver. The algorithm searches offer no candidate above it.
 size_t reachable_workspace_bytes(const Tensor& like, const char* op);
+
+// The alignment of an operand's address in bytes, up to 16 (some cuDNN kernels need 16-byte aligned operands, and a
+// view may start anywhere): part of the algorithm caches' keys. A null pointer counts as aligned.
+inline int64_t pointer_alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return a == 0 ? 16 : static_cast<int64_t>(std::min<uintptr_t>(16, a & (~a + 1)));
+}
+
+// Hash of a fixed-size array of integers: the algorithm and graph caches' keys.
+struct ArrayHash {
+  template <size_t N>
+  size_t operator()(const std::array<int64_t, N>& k) const {
+    size_t h = 0;
+    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
+    return h;
+  }
+};
 
 // Float32, Float64, Float16, BFloat16 (and Int32, Int64, UInt8 for indices); anything else throws.
 cudnnDataType_t cudnn_dtype(DType dtype, const char* op);
