@@ -5,9 +5,12 @@
 // bench/train_table.py puts both side by side with the goals.
 //
 //   bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N] [--quick]
+//               [--bn-three-kernels]
 //
 // --profile N: after a case's timing, N more eager steps under kiln's profiler; the top ops by GPU time go to
 // standard error (the JSON lines on standard output stay as they are).
+// --bn-three-kernels: batch norm's three-kernel passes in place of its single-kernel ones (a comparison; the
+// header line says which ran).
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
 // The cases are static-shape steps: on a GPU each is timed eagerly, then captured in a cuda::Graph and timed as
 // replays; the line reports the replays ("cuda_graph": true) with the eager figures of the same run beside them
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "kiln/layers/cuda/batch_norm.h"  // set_batch_norm_single_kernel
 #include "kiln/tensor/cuda.h"
 #include "json_text.h"    // bench::json_escape
 #include "model_cases.h"  // bench::make_resnet, bench::make_bert
@@ -375,7 +379,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N]\n"
-        "                   [--quick]\n"
+        "                   [--quick] [--bn-three-kernels]\n"
         "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
         "       bert_large_128 bert_base_128_ckpt resnet50_jpeg resnet50_jpeg_gpu\n");
     return 2;
@@ -402,6 +406,8 @@ int main(int argc, char** argv) {
       s.profile = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--no-graphs") {
       s.graphs = false;
+    } else if (a == "--bn-three-kernels") {
+      nn::cuda_impl::set_batch_norm_single_kernel(false);
     } else if (a == "--photos" && has_value) {
       s.photos = argv[++i];
     } else {
@@ -418,8 +424,9 @@ int main(int argc, char** argv) {
     nn::set_cudnn_benchmark(true);
   }
   manual_seed(1234);
-  std::printf("kiln %s train on %s: %d steps timed as one block after %d warm-up steps\n", KILN_VERSION_STRING,
-              s.device.str().c_str(), s.steps, s.warmup);
+  std::printf("kiln %s train on %s: %d steps timed as one block after %d warm-up steps%s\n", KILN_VERSION_STRING,
+              s.device.str().c_str(), s.steps, s.warmup,
+              nn::cuda_impl::batch_norm_single_kernel() ? "" : "; batch norm in three kernels");
   for (const std::string& name : kCases) {
     if (!s.cases.empty() && !s.cases.count(name)) continue;
     try {

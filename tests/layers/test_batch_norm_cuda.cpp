@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "kiln/autograd/autocast.h"       // autocast::Guard
@@ -330,6 +331,119 @@ TEST_F(CudaBatchNorm, IsDeterministic) {
   EXPECT_EQ(values(a.gx), values(b.gx));
   EXPECT_EQ(values(a.gw), values(b.gw));
   EXPECT_EQ(values(a.rv), values(b.rv));
+}
+
+// Turns the single-kernel passes off for a scope (they are on by default), and back on when it ends.
+class ThreeKernelPasses {
+ public:
+  ThreeKernelPasses() { nn::cuda_impl::set_batch_norm_single_kernel(false); }
+  ~ThreeKernelPasses() { nn::cuda_impl::set_batch_norm_single_kernel(true); }
+  ThreeKernelPasses(const ThreeKernelPasses&) = delete;
+  ThreeKernelPasses& operator=(const ThreeKernelPasses&) = delete;
+};
+
+// Training over rows (channels-last 4-d, 2-d) whose channels fill 16-byte vectors runs one cooperative kernel
+// forward and one backward; both those and the three-kernel passes match the CPU in float64, with and without
+// the fused ReLU / residual, affine parameters and running statistics, row counts that leave tails in every
+// split. Other layouts, eval, float64 and C % vector != 0 never take the single kernel.
+TEST_F(CudaBatchNorm, SingleKernelPassesMatchTheComposedPathAndTheThreeKernelOnes) {
+  using nn::cuda_impl::batch_norm_single_kernel_runs;
+  ASSERT_TRUE(nn::cuda_impl::batch_norm_single_kernel());
+  const std::vector<BnCase> single = {
+      {.shape = {8, 64, 9, 7}, .channels_last = true},
+      {.shape = {8, 64, 9, 7}, .channels_last = true, .relu = true, .dtype = DType::BFloat16},
+      {.shape = {5, 24, 7, 3}, .channels_last = true, .relu = true, .dtype = DType::Float16, .affine = false},
+      {.shape = {3, 8, 1, 1}, .channels_last = true, .dtype = DType::BFloat16, .running = false},  // 3 rows
+      {.shape = {1000, 32}, .relu = true},
+      {.shape = {16, 512, 3, 3}, .channels_last = true, .dtype = DType::BFloat16},  // many channel blocks
+      {.shape = {32, 128, 28, 28}, .channels_last = true, .relu = true, .dtype = DType::BFloat16, .lo = 10, .hi = 12},
+      {.shape = {8, 64, 9, 7}, .channels_last = true, .dtype = DType::BFloat16, .residual = true},
+  };
+  for (const BnCase& k : single) {
+    for (bool one_kernel : {true, false}) {
+      SCOPED_TRACE(one_kernel ? "single kernel" : "three kernels");
+      std::optional<ThreeKernelPasses> off;
+      if (!one_kernel) off.emplace();
+      const int64_t before = batch_norm_single_kernel_runs();
+      if (k.residual) {
+        expect_fused_residual_matches(k);
+      } else {
+        expect_matches_composed(k);
+      }
+      const int64_t runs = batch_norm_single_kernel_runs() - before;
+      if (one_kernel) {
+        EXPECT_GE(runs, 2) << describe(k) << ": forward and backward each one kernel";
+      } else {
+        EXPECT_EQ(runs, 0) << describe(k);
+      }
+    }
+  }
+  const std::vector<BnCase> others = {
+      {.shape = {8, 64, 9, 7}},                                              // NCHW
+      {.shape = {8, 64, 9, 7}, .channels_last = true, .training = false},    // eval
+      {.shape = {4, 6, 5, 3}, .channels_last = true, .dtype = DType::BFloat16},  // C % 8 != 0
+      {.shape = {64, 6}},                                                    // C % 4 != 0
+      {.shape = {64, 8}, .dtype = DType::Float64},
+  };
+  for (const BnCase& k : others) {
+    const int64_t before = batch_norm_single_kernel_runs();
+    expect_matches_composed(k);
+    EXPECT_EQ(batch_norm_single_kernel_runs(), before) << describe(k);
+  }
+}
+
+// The single kernel sums in a fixed order too: two runs give the same bits.
+TEST_F(CudaBatchNorm, SingleKernelPassesAreDeterministic) {
+  const BnCase k{.shape = {64, 64, 16, 16}, .channels_last = true, .relu = true, .dtype = DType::BFloat16};
+  const BnData d = make_data(k);
+  const int64_t before = nn::cuda_impl::batch_norm_single_kernel_runs();
+  const BnOut a = run(k, d, Device::cuda(0), k.dtype, DType::Float32);
+  const BnOut b = run(k, d, Device::cuda(0), k.dtype, DType::Float32);
+  EXPECT_EQ(nn::cuda_impl::batch_norm_single_kernel_runs(), before + 4);
+  EXPECT_EQ(values(a.y), values(b.y));
+  EXPECT_EQ(values(a.gx), values(b.gx));
+  EXPECT_EQ(values(a.gw), values(b.gw));
+  EXPECT_EQ(values(a.gb), values(b.gb));
+  EXPECT_EQ(values(a.rm), values(b.rm));
+  EXPECT_EQ(values(a.rv), values(b.rv));
+}
+
+// A CUDA graph captures the cooperative launches: replays give what eager calls give, bit for bit, and each
+// replay updates the running statistics once more, as an eager step would.
+TEST_F(CudaBatchNorm, SingleKernelPassesReplayInACudaGraph) {
+  const Device gpu = Device::cuda(0);
+  const Shape shape{16, 64, 8, 8};
+  const BnCase k{.shape = shape, .channels_last = true, .relu = true, .dtype = DType::BFloat16};
+  const BnData d = make_data(k);
+  const Tensor x = make(d.x, shape, {.dtype = k.dtype, .device = gpu}).contiguous(MemoryFormat::ChannelsLast);
+  const Tensor dy = make(d.gy, shape, {.dtype = k.dtype, .device = gpu}).contiguous(MemoryFormat::ChannelsLast);
+  const Tensor w = make(d.w, {64}, {.device = gpu}), b = make(d.b, {64}, {.device = gpu});
+  Tensor rm = make(d.rm, {64}, {.device = gpu}), rv = make(d.rv, {64}, {.device = gpu});
+  Tensor y, gx;
+  auto step = [&] {
+    const auto f = nn::cuda_impl::batch_norm_forward(x, w, b, rm, rv, true, 0.3, 1e-3, true);
+    const auto g = nn::cuda_impl::batch_norm_backward(dy, x, f.y, f.relu_mask, w, f.mean, f.invstd, true, {});
+    y = f.y;
+    gx = g.input;
+  };
+  // Eager reference: two steps from the starting running statistics.
+  Tensor rm0 = rm.clone(), rv0 = rv.clone();
+  step();
+  const std::vector<double> y_eager = values(y), gx_eager = values(gx);
+  step();
+  const std::vector<double> rm_eager = values(rm), rv_eager = values(rv);
+  rm.copy_(rm0);
+  rv.copy_(rv0);
+  const int64_t before = nn::cuda_impl::batch_norm_single_kernel_runs();
+  cuda::Graph graph;
+  graph.capture(step, /*warmup=*/0);
+  EXPECT_GT(nn::cuda_impl::batch_norm_single_kernel_runs(), before) << "the capture took the single-kernel passes";
+  graph.replay();
+  EXPECT_EQ(values(y), y_eager);
+  EXPECT_EQ(values(gx), gx_eager);
+  graph.replay();
+  EXPECT_EQ(values(rm), rm_eager);
+  EXPECT_EQ(values(rv), rv_eager);
 }
 
 TEST_F(CudaBatchNorm, AutocastKeepsTheInputDtype) {

@@ -208,6 +208,17 @@ TEST_F(CudaPooling, ResNetStemShapeInChannelsLast) {
     expect_matches_composed(Kind::Max, kOptions[1], {2, 64, 16, 14}, dt, true);
 }
 
+TEST_F(CudaPooling, GlobalAverageInChannelsLast) {
+  // ResNet's head (output 1 x 1): the vector kernels of every floating dtype, one image and several, planes of 1
+  // to 49 pixels; NCHW beside them through the generic kernel.
+  for (DType dt : {DType::BFloat16, DType::Float16, DType::Float32, DType::Float64}) {
+    for (const Shape& s : {Shape{2, 64, 7, 7}, Shape{3, 16, 4, 4}, Shape{1, 8, 1, 1}, Shape{2, 24, 3, 5}}) {
+      expect_matches_composed(Kind::Adaptive, {}, s, dt, true, nn::Pair(1, 1));
+      expect_matches_composed(Kind::Adaptive, {}, s, dt, false, nn::Pair(1, 1));
+    }
+  }
+}
+
 TEST_F(CudaPooling, NoNewCudaMallocOnceWarm) {
   const auto xv = uniform(4 * 16 * 12 * 12, -1, 1, 91);
   auto step = [&] {

@@ -11,13 +11,21 @@
 // coefficients in registers and issues the loads of several rows before their math (memory-level parallelism:
 // one 16-byte load in flight per thread leaves an H200 at about half its bandwidth). The forward pass can add a
 // residual before the ReLU (ResNet's block tail), and the backward pass then writes its gradient beside dx.
+// In training over rows, each pass is one cooperative kernel where it can be (batch_norm.h): the reduction, a
+// grid-wide barrier, the finalisation spread over every warp of the grid, a second barrier, and the elementwise
+// pass over the rows each block reduced, back to front, so its first reads are what L2 still holds of the
+// reduction's last (a whole layer of ResNet-18/CIFAR, a tenth of ResNet-50's largest); two launches fewer a pass.
 #include "kiln/layers/cuda/batch_norm.h"
 #include "kiln/tensor/trace.h"  // a range per kernel entry
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <type_traits>
+#include <unordered_map>
 
 #include "kiln/layers/cuda/layer_kernels.cuh"  // Vec, load_vec, vector_width, grid_for
 #include "kiln/tensor/cuda/cuda_backend.h"     // cuda::stream_for
@@ -179,11 +187,11 @@ __device__ __forceinline__ void add_vectors(const Op& op, const Inputs<T>& in, S
 // memory (by is a power of two). partial[c * splits + split]. A thread loads Op::kRowsInFlight rows' vectors
 // first and then adds them in row order, so its sums are the same as row by row: the order of every addition
 // is fixed by the launch configuration alone.
+// (The block's part of reduce_rows_kernel, which the single-kernel passes run as their first phase; sm holds
+// by * bx * V states.)
 template <typename T, int V, typename Acc, typename Op>
-__global__ void __launch_bounds__(kThreads)
-    reduce_rows_kernel(Inputs<T> in, Op op, State<Acc>* partial, int64_t M, int64_t C, int64_t rows_per_split) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  State<Acc>* sm = reinterpret_cast<State<Acc>*>(smem_raw);  // (by, bx, V)
+__device__ __forceinline__ void reduce_rows_block(const Inputs<T>& in, const Op& op, State<Acc>* partial, int64_t M,
+                                                  int64_t C, int64_t rows_per_split, State<Acc>* sm) {
   const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
   const int64_t split = blockIdx.y, splits = gridDim.y;
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * bx + tx) * V;
@@ -240,32 +248,32 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <typename T, int V, typename Acc, typename Op>
+__global__ void __launch_bounds__(kThreads)
+    reduce_rows_kernel(Inputs<T> in, Op op, State<Acc>* partial, int64_t M, int64_t C, int64_t rows_per_split) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  reduce_rows_block<T, V, Acc>(in, op, partial, M, C, rows_per_split, reinterpret_cast<State<Acc>*>(smem_raw));
+}
+
 // One warp per channel: lane l adds splits l, l + 32, ... in order, then a fixed warp tree; lane 0 gets the
-// channel's total. (A thread per channel walking every split in turn took longer than the reduction itself
-// on small inputs, where the splits are many and the channels few.)
+// channel's total (c is the same across the warp). (A thread per channel walking every split in turn took longer
+// than the reduction itself on small inputs, where the splits are many and the channels few.)
 template <typename Acc>
-__device__ __forceinline__ bool channel_total(const State<Acc>* partial, int64_t splits, int64_t C, int64_t& c,
-                                              State<Acc>& total) {
-  c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (c >= C) return false;  // whole warps leave together (C is per warp)
+__device__ __forceinline__ State<Acc> channel_total(const State<Acc>* partial, int64_t splits, int64_t c, int lane) {
   State<Acc> st{Acc(0), Acc(0), Acc(0)};
   for (int64_t s = lane; s < splits; s += 32) st += partial[c * splits + s];
   for (int d = 16; d > 0; d >>= 1) st += shfl_down(st, d);
-  total = st;
-  return lane == 0;
+  return st;
 }
 
-// The statistics of each channel from its sums: mean and invstd (saved for backward), the normalisation's
-// scale (y = (x - mean) scale + bias), and the running statistics updated as the composed path does:
+// The statistics of channel c from its sums: mean and invstd (saved for backward), the normalisation's scale
+// (y = (x - mean) scale + bias), and the running statistics updated as the composed path does:
 // running = (1 - momentum) running + momentum batch (unbiased variance).
 template <typename T, typename Acc, typename R>
-__global__ void finalize_stats_kernel(const State<Acc>* partial, int64_t splits, int64_t C, const device_t<T>* x,
-                                      int64_t first, Acc eps, const Acc* weight, Acc* mean, Acc* invstd, Acc* scale,
-                                      R* running_mean, R* running_var, Acc momentum) {
-  int64_t c = 0;
-  State<Acc> st;
-  if (!channel_total(partial, splits, C, c, st)) return;
+__device__ __forceinline__ void finalize_stats_channel(const State<Acc>& st, int64_t c, const device_t<T>* x,
+                                                       int64_t first, Acc eps, const Acc* weight, Acc* mean,
+                                                       Acc* invstd, Acc* scale, R* running_mean, R* running_var,
+                                                       Acc momentum) {
   const Acc count = st.a;
   const Acc center = static_cast<Acc>(to_compute<T>(x[c * first]));
   const Acc d = st.b / count;                         // mean - center
@@ -286,18 +294,29 @@ __global__ void finalize_stats_kernel(const State<Acc>* partial, int64_t splits,
   }
 }
 
-// The gradient sums of each channel: grad_weight = sum dy xhat, grad_bias = sum dy, and the coefficients of
-// the elementwise pass dx = dy' p + (x - mean) q + r (dy' masked by the ReLU), from dx = (dy' - a - (x - mean)
-// k) g with a = sum dy / n, k = sum dy xhat / n invstd, g = invstd w: p = g, q = -k g, r = -a g. In eval the
+// A warp per channel (blocks of kThreads threads).
+template <typename T, typename Acc, typename R>
+__global__ void finalize_stats_kernel(const State<Acc>* partial, int64_t splits, int64_t C, const device_t<T>* x,
+                                      int64_t first, Acc eps, const Acc* weight, Acc* mean, Acc* invstd, Acc* scale,
+                                      R* running_mean, R* running_var, Acc momentum) {
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (c >= C) return;  // whole warps leave together
+  const State<Acc> st = channel_total(partial, splits, c, static_cast<int>(threadIdx.x % 32));
+  if (threadIdx.x % 32 == 0) {
+    finalize_stats_channel<T, Acc, R>(st, c, x, first, eps, weight, mean, invstd, scale, running_mean, running_var,
+                                      momentum);
+  }
+}
+
+// The gradient sums of channel c: grad_weight = sum dy xhat, grad_bias = sum dy, and the coefficients of the
+// elementwise pass dx = dy' p + (x - mean) q + r (dy' masked by the ReLU), from dx = (dy' - a - (x - mean) k) g
+// with a = sum dy / n, k = sum dy xhat / n invstd, g = invstd w: p = g, q = -k g, r = -a g. In eval the
 // statistics are constants: p = g, q = r = 0. (x - mean) stays a difference: x q + (r - mean q) would lose it
 // to rounding when the mean is large beside the deviation.)
 template <typename Acc>
-__global__ void finalize_grads_kernel(const State<Acc>* partial, int64_t splits, int64_t C, Acc inv_count,
-                                      const Acc* mean, const Acc* invstd, const Acc* weight, bool training,
-                                      Acc* grad_weight, Acc* grad_bias, Acc* p, Acc* q, Acc* r) {
-  int64_t c = 0;
-  State<Acc> st;
-  if (!channel_total(partial, splits, C, c, st)) return;
+__device__ __forceinline__ void finalize_grads_channel(const State<Acc>& st, int64_t c, Acc inv_count, const Acc* mean,
+                                                       const Acc* invstd, const Acc* weight, bool training,
+                                                       Acc* grad_weight, Acc* grad_bias, Acc* p, Acc* q, Acc* r) {
   const Acc sum_dy = st.b, sum_dy_xhat = st.c * invstd[c];
   if (grad_weight) grad_weight[c] = sum_dy_xhat;
   if (grad_bias) grad_bias[c] = sum_dy;
@@ -312,6 +331,18 @@ __global__ void finalize_grads_kernel(const State<Acc>* partial, int64_t splits,
       q[c] = Acc(0);
       r[c] = Acc(0);
     }
+  }
+}
+
+template <typename Acc>
+__global__ void finalize_grads_kernel(const State<Acc>* partial, int64_t splits, int64_t C, Acc inv_count,
+                                      const Acc* mean, const Acc* invstd, const Acc* weight, bool training,
+                                      Acc* grad_weight, Acc* grad_bias, Acc* p, Acc* q, Acc* r) {
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (c >= C) return;
+  const State<Acc> st = channel_total(partial, splits, c, static_cast<int>(threadIdx.x % 32));
+  if (threadIdx.x % 32 == 0) {
+    finalize_grads_channel<Acc>(st, c, inv_count, mean, invstd, weight, training, grad_weight, grad_bias, p, q, r);
   }
 }
 
@@ -377,14 +408,18 @@ __device__ __forceinline__ void backward_vec(const Vec<T, V>& vx, const Vec<T, V
 constexpr int kForwardRowsPerStep = 2;   // 1 or 2 arrays read per row
 constexpr int kBackwardRowsPerStep = 2;  // up to 3 arrays read per row
 
-// Rows (M, C), 2-d grid: thread (tx, ty) of block (bx, by) owns channels c0 .. c0 + V - 1 (its coefficients
-// stay in registers) and rows blockIdx.y by + ty, stepping by gridDim.y by; a loop step takes U of its rows.
+// The rows passes' loops: a thread owns channels c0 .. c0 + V - 1 (its coefficients stay in registers) and rows
+// first, first + step, ... (count of them; step may be negative: the single-kernel passes walk back to front); a
+// loop step takes U of its rows.
+struct RowWalk {
+  int64_t first, step, count;
+  __device__ __forceinline__ int64_t row(int64_t k) const { return first + k * step; }
+};
+
 template <typename T, int V, typename Acc>
-__global__ void __launch_bounds__(kThreads)
-    forward_rows_kernel(const device_t<T>* x, const device_t<T>* res, device_t<T>* y, uint8_t* relu_mask,
-                        const Acc* mean, const Acc* scale, const Acc* bias, bool relu, int64_t M, int64_t C) {
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
-  if (c0 >= C) return;
+__device__ __forceinline__ void forward_rows(const device_t<T>* x, const device_t<T>* res, device_t<T>* y,
+                                             uint8_t* relu_mask, const Acc* mean, const Acc* scale, const Acc* bias,
+                                             bool relu, int64_t C, int64_t c0, RowWalk w) {
   Acc mu[V], sc[V], bi[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -393,26 +428,25 @@ __global__ void __launch_bounds__(kThreads)
     bi[j] = bias ? bias[c0 + j] : Acc(0);
   }
   constexpr int U = kForwardRowsPerStep;
-  const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.y;
-  int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
-  for (; r + (U - 1) * stride < M; r += U * stride) {
+  int64_t k = 0;
+  for (; k + U <= w.count; k += U) {
     Vec<T, V> vx[U], vres[U] = {};
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t off = (r + u * stride) * C + c0;
+      const int64_t off = w.row(k + u) * C + c0;
       vx[u] = load_vec<T, V>(x + off);
       if (res) vres[u] = load_vec<T, V>(res + off);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t off = (r + u * stride) * C + c0;
+      const int64_t off = w.row(k + u) * C + c0;
       unsigned bits = 0;
       store_vec<T, V>(y + off, normalize_vec<T, V, Acc>(vx[u], vres[u], res != nullptr, relu, mu, sc, bi, 1, bits));
       store_mask<V>(relu_mask, off, bits);
     }
   }
-  for (; r < M; r += stride) {
-    const int64_t off = r * C + c0;
+  for (; k < w.count; ++k) {
+    const int64_t off = w.row(k) * C + c0;
     Vec<T, V> vres{};
     const Vec<T, V> vx = load_vec<T, V>(x + off);
     if (res) vres = load_vec<T, V>(res + off);
@@ -425,12 +459,10 @@ __global__ void __launch_bounds__(kThreads)
 // dx is written when out.dx is set (p, and in training mean, q and r, are then defined), d_residual when
 // out.dres is; x is read only for dx in training, y only with a fused ReLU.
 template <typename T, int V, typename Acc>
-__global__ void __launch_bounds__(kThreads)
-    backward_rows_kernel(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y, const uint8_t* relu_mask,
-                         GradOutputs<T> out, const Acc* mean, const Acc* p, const Acc* q, const Acc* r, bool training,
-                         int64_t M, int64_t C) {
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
-  if (c0 >= C) return;
+__device__ __forceinline__ void backward_rows(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y,
+                                              const uint8_t* relu_mask, GradOutputs<T> out, const Acc* mean,
+                                              const Acc* p, const Acc* q, const Acc* r, bool training, int64_t C,
+                                              int64_t c0, RowWalk w) {
   const bool need_x = training && out.dx;
   Acc mu[V], cp[V], cq[V], cr[V];
 #pragma unroll
@@ -441,14 +473,13 @@ __global__ void __launch_bounds__(kThreads)
     cr[j] = need_x ? r[c0 + j] : Acc(0);
   }
   constexpr int U = kBackwardRowsPerStep;
-  const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.y;
-  int64_t row = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
-  for (; row + (U - 1) * stride < M; row += U * stride) {
+  int64_t k = 0;
+  for (; k + U <= w.count; k += U) {
     Vec<T, V> vdy[U], vx[U] = {}, vy[U] = {};
     unsigned bits[U] = {};
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t off = (row + u * stride) * C + c0;
+      const int64_t off = w.row(k + u) * C + c0;
       vdy[u] = load_vec<T, V>(dy + off);
       if (need_x) vx[u] = load_vec<T, V>(x + off);
       if (y) vy[u] = load_vec<T, V>(y + off);
@@ -457,11 +488,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       backward_vec<T, V, Acc>(vx[u], vdy[u], vy[u], y != nullptr, relu_mask != nullptr, bits[u], need_x, mu, cp, cq, cr,
-                              1, out, (row + u * stride) * C + c0);
+                              1, out, w.row(k + u) * C + c0);
     }
   }
-  for (; row < M; row += stride) {
-    const int64_t off = row * C + c0;
+  for (; k < w.count; ++k) {
+    const int64_t off = w.row(k) * C + c0;
     Vec<T, V> vx{}, vy{};
     const Vec<T, V> vdy = load_vec<T, V>(dy + off);
     if (need_x) vx = load_vec<T, V>(x + off);
@@ -469,6 +500,144 @@ __global__ void __launch_bounds__(kThreads)
     const unsigned bits = relu_mask ? mask_bits<V>(relu_mask, off) : 0u;
     backward_vec<T, V, Acc>(vx, vdy, vy, y != nullptr, relu_mask != nullptr, bits, need_x, mu, cp, cq, cr, 1, out, off);
   }
+}
+
+// The rows of thread row ty of a 2-d grid's blocks in the stand-alone passes: blockIdx.y by + ty, stepping by
+// gridDim.y by (one wave of blocks looping over all M rows).
+__device__ __forceinline__ RowWalk grid_strided_rows(int64_t M) {
+  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  return {first, step, first < M ? (M - 1 - first) / step + 1 : 0};
+}
+
+// The same thread's rows in the single-kernel passes: those of its block's split [r0, r1) that reduce_rows_block
+// read, back to front (r1 - 1 - ty, stepping by -by), so that the first rows it reads are the last the reduction
+// read, which L2 may still hold.
+__device__ __forceinline__ RowWalk split_rows_back_to_front(int64_t M, int64_t rows_per_split) {
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_split;
+  const int64_t r1 = min(M, r0 + rows_per_split);
+  const int64_t first = r1 - 1 - threadIdx.y, by = blockDim.y;
+  return {first, -by, first >= r0 ? (first - r0) / by + 1 : 0};
+}
+
+template <typename T, int V, typename Acc>
+__global__ void __launch_bounds__(kThreads)
+    forward_rows_kernel(const device_t<T>* x, const device_t<T>* res, device_t<T>* y, uint8_t* relu_mask,
+                        const Acc* mean, const Acc* scale, const Acc* bias, bool relu, int64_t M, int64_t C) {
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c0 >= C) return;
+  forward_rows<T, V, Acc>(x, res, y, relu_mask, mean, scale, bias, relu, C, c0, grid_strided_rows(M));
+}
+
+template <typename T, int V, typename Acc>
+__global__ void __launch_bounds__(kThreads)
+    backward_rows_kernel(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y, const uint8_t* relu_mask,
+                         GradOutputs<T> out, const Acc* mean, const Acc* p, const Acc* q, const Acc* r, bool training,
+                         int64_t M, int64_t C) {
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c0 >= C) return;
+  backward_rows<T, V, Acc>(x, dy, y, relu_mask, out, mean, p, q, r, training, C, c0, grid_strided_rows(M));
+}
+
+// ---- single-kernel passes (rows layout, training): the reduction of reduce_rows_kernel, a grid-wide barrier,
+// each channel's finalisation (a warp per channel over the whole grid), a second barrier, then the elementwise
+// pass over the rows each block reduced, back to front. Launched cooperatively (every block resident at once),
+// with the grid of the reduction, so one kernel does what three did, and the elementwise pass's first reads hit
+// what the reduction left in L2.
+
+// The warps of the grid, in order, for the finalisation: this thread's warp, its lane, and the warp count.
+struct GridWarp {
+  int64_t warp, warps;
+  int lane;
+};
+__device__ __forceinline__ GridWarp grid_warp() {
+  const int per_block = static_cast<int>(blockDim.x * blockDim.y / 32);
+  const int tid = static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
+  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  return {block * per_block + tid / 32, static_cast<int64_t>(gridDim.x) * gridDim.y * per_block, tid % 32};
+}
+
+template <typename T, typename Acc>
+struct SingleForwardArgs {
+  const device_t<T>* x;
+  const device_t<T>* res;
+  device_t<T>* y;
+  uint8_t* relu_mask;
+  State<Acc>* partial;
+  int64_t M, C, rows_per_split;
+  Acc eps, momentum;
+  const Acc* weight;
+  const Acc* bias;
+  Acc* mean;
+  Acc* invstd;
+  Acc* scale;
+  float* running_mean;  // float32 running statistics, or null
+  float* running_var;
+  bool relu;
+};
+
+template <typename T, int V, typename Acc>
+__global__ void __launch_bounds__(kThreads) forward_single_kernel(SingleForwardArgs<T, Acc> a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  reduce_rows_block<T, V, Acc>(Inputs<T>{a.x, nullptr, nullptr}, StatsOp<Acc>{}, a.partial, a.M, a.C,
+                               a.rows_per_split, reinterpret_cast<State<Acc>*>(smem_raw));
+  grid.sync();
+  const GridWarp gw = grid_warp();
+  for (int64_t c = gw.warp; c < a.C; c += gw.warps) {
+    const State<Acc> st = channel_total(a.partial, gridDim.y, c, gw.lane);
+    if (gw.lane == 0) {
+      finalize_stats_channel<T, Acc, float>(st, c, a.x, 1, a.eps, a.weight, a.mean, a.invstd, a.scale,
+                                            a.running_mean, a.running_var, a.momentum);
+    }
+  }
+  grid.sync();
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c0 >= a.C) return;
+  forward_rows<T, V, Acc>(a.x, a.res, a.y, a.relu_mask, a.mean, a.scale, a.bias, a.relu, a.C, c0,
+                          split_rows_back_to_front(a.M, a.rows_per_split));
+}
+
+template <typename T, typename Acc>
+struct SingleBackwardArgs {
+  const device_t<T>* x;
+  const device_t<T>* dy;
+  const device_t<T>* y;
+  const uint8_t* relu_mask;
+  GradOutputs<T> out;  // out.dx set
+  State<Acc>* partial;
+  int64_t M, C, rows_per_split;
+  Acc inv_count;
+  const Acc* mean;
+  const Acc* invstd;
+  const Acc* weight;
+  Acc* grad_weight;
+  Acc* grad_bias;
+  Acc* p;
+  Acc* q;
+  Acc* r;
+};
+
+template <typename T, int V, typename Acc>
+__global__ void __launch_bounds__(kThreads) backward_single_kernel(SingleBackwardArgs<T, Acc> a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  reduce_rows_block<T, V, Acc>(Inputs<T>{a.x, a.dy, a.y, a.relu_mask}, GradSumOp<Acc>{a.mean}, a.partial, a.M, a.C,
+                               a.rows_per_split, reinterpret_cast<State<Acc>*>(smem_raw));
+  grid.sync();
+  const GridWarp gw = grid_warp();
+  for (int64_t c = gw.warp; c < a.C; c += gw.warps) {
+    const State<Acc> st = channel_total(a.partial, gridDim.y, c, gw.lane);
+    if (gw.lane == 0) {
+      finalize_grads_channel<Acc>(st, c, a.inv_count, a.mean, a.invstd, a.weight, true, a.grad_weight, a.grad_bias,
+                                  a.p, a.q, a.r);
+    }
+  }
+  grid.sync();
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c0 >= a.C) return;
+  backward_rows<T, V, Acc>(a.x, a.dy, a.y, a.relu_mask, a.out, a.mean, a.p, a.q, a.r, true, a.C, c0,
+                           split_rows_back_to_front(a.M, a.rows_per_split));
 }
 
 // Planes (N, C, S): a grid-stride loop over vectors; a vector never crosses a plane (S % V == 0), so its
@@ -632,6 +801,181 @@ RowsGrid rows_grid(int64_t M, int64_t C, int V, int per_sm) {
   return {dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(bx, by)};
 }
 
+// ---- the single-kernel passes' launches
+
+std::atomic<bool> g_single_kernel{true};
+std::atomic<int64_t> g_single_kernel_runs{0};
+
+// Whether the current device runs cooperative launches (kiln's GPUs all do; asked once per device).
+bool cooperative_launch_supported() {
+  static std::mutex mu;
+  static std::unordered_map<int, bool> known;
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev), "batch_norm");
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(dev);
+  if (it != known.end()) return it->second;
+  int yes = 0;
+  if (cudaDeviceGetAttribute(&yes, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    yes = 0;
+  }
+  known[dev] = yes != 0;
+  return yes != 0;
+}
+
+// The grid of a single-kernel pass over (M, C) rows, V channels a thread: the reduction's blocks (bx threads
+// across channel vectors, by across rows), with as many splits of the rows as keep every block resident at once
+// (per_sm of them on each SM), each thread at least 8 rows. ok is false when even one split per channel block
+// would not fit (a cooperative launch needs the whole grid resident).
+struct SingleGrid {
+  dim3 grid, block;
+  size_t smem;
+  int64_t rows_per_split;
+  bool ok;
+};
+SingleGrid single_grid(int64_t M, int64_t C, int V, size_t state_bytes, int per_sm) {
+  const int64_t cvecs = C / V;
+  int bx = 1;
+  while (bx < 32 && bx < cvecs) bx *= 2;
+  const int by = kThreads / bx;
+  const int64_t grid_x = ceil_div(cvecs, bx);
+  const int64_t resident = int64_t{cuda::kdetail::sm_count()} * per_sm;
+  SingleGrid g{};
+  g.smem = state_bytes * static_cast<size_t>(kThreads) * V;
+  if (grid_x > resident || grid_x > 65535) return g;
+  const int64_t max_splits = std::max<int64_t>(1, M / (int64_t{by} * 8));
+  int64_t splits = std::clamp<int64_t>(resident / grid_x, 1, std::min<int64_t>(max_splits, 65535));
+  g.rows_per_split = ceil_div(M, splits);
+  splits = ceil_div(M, g.rows_per_split);
+  g.grid = dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(splits));
+  g.block = dim3(bx, by);
+  g.ok = true;
+  return g;
+}
+
+template <typename Args>
+void launch_cooperative(const void* kernel, const SingleGrid& g, Args& args, cudaStream_t stream, const char* what) {
+  void* params[] = {&args};
+  KILN_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel, g.grid, g.block, params, g.smem, stream), what);
+  g_single_kernel_runs.fetch_add(1, std::memory_order_relaxed);
+}
+
+// The single-kernel forward in training over rows, when it applies: 16-bit or float32 x whose channels fill
+// 16-byte vectors (at x, y and the residual), float32 running statistics (or none), a device that launches
+// cooperatively. Returns false, having done nothing, otherwise.
+template <typename T>
+bool forward_single(const Tensor& x, const Tensor& y, const Layout& L, const Tensor& w, const Tensor& b,
+                    const Tensor& running_mean, const Tensor& running_var, double momentum, double eps, bool relu,
+                    const Tensor& res, Tensor& mean, Tensor& invstd, Tensor& relu_mask, cudaStream_t stream) {
+  if constexpr (std::is_same_v<acc_t<T>, double>) {
+    return false;
+  } else {
+    using Acc = acc_t<T>;
+    using D = device_t<T>;
+    constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+    if (!g_single_kernel.load(std::memory_order_relaxed) || !L.rows || V == 1) return false;
+    if (running_mean.defined() &&
+        (running_mean.dtype() != DType::Float32 || running_var.dtype() != DType::Float32)) {
+      return false;
+    }
+    const auto* xp = static_cast<const D*>(x.data_ptr());
+    auto* yp = static_cast<D*>(y.data_ptr());
+    const D* rp = res.defined() ? static_cast<const D*>(res.data_ptr()) : nullptr;
+    if (vector_width<T>({xp, yp, rp}, L.C) != V || !cooperative_launch_supported()) return false;
+    static const int per_sm =
+        blocks_per_sm(forward_single_kernel<T, V, Acc>, kThreads, sizeof(State<Acc>) * kThreads * V);
+    const SingleGrid g = single_grid(L.outer, L.C, V, sizeof(State<Acc>), per_sm);
+    if (!g.ok) return false;
+    trace::Scope range(trace::Kind::Op, "batch_norm_forward.single_kernel", x.device());
+    const TensorOptions opts{.dtype = DType::Float32, .device = x.device()};
+    const Tensor partial = ops::empty({L.C * static_cast<int64_t>(g.grid.y) * 3}, opts);
+    mean = ops::empty({L.C}, opts);
+    invstd = ops::empty({L.C}, opts);
+    const Tensor scale = ops::empty({L.C}, opts);
+    uint8_t* mp = nullptr;
+    if (relu && V == 8) {
+      relu_mask = ops::empty({x.numel() / 8}, TensorOptions{.dtype = DType::UInt8, .device = x.device()});
+      mp = relu_mask.data_ptr<uint8_t>();
+    }
+    SingleForwardArgs<T, Acc> a{};
+    a.x = xp;
+    a.res = rp;
+    a.y = yp;
+    a.relu_mask = mp;
+    a.partial = reinterpret_cast<State<Acc>*>(partial.data_ptr());
+    a.M = L.outer;
+    a.C = L.C;
+    a.rows_per_split = g.rows_per_split;
+    a.eps = static_cast<Acc>(eps);
+    a.momentum = static_cast<Acc>(momentum);
+    a.weight = ptr_or_null<Acc>(w);
+    a.bias = ptr_or_null<Acc>(b);
+    a.mean = mean.data_ptr<Acc>();
+    a.invstd = invstd.data_ptr<Acc>();
+    a.scale = scale.data_ptr<Acc>();
+    a.running_mean = running_mean.defined() ? running_mean.data_ptr<float>() : nullptr;
+    a.running_var = running_var.defined() ? running_var.data_ptr<float>() : nullptr;
+    a.relu = relu;
+    launch_cooperative(reinterpret_cast<const void*>(&forward_single_kernel<T, V, Acc>), g, a, stream,
+                       "batch_norm (single kernel)");
+    return true;
+  }
+}
+
+// The single-kernel backward in training when dx is asked for, on the same terms as forward_single.
+template <typename T>
+bool backward_single(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& relu_mask, const Layout& L,
+                     const Tensor& w, const Tensor& mean, const Tensor& invstd, BatchNormNeeds needs,
+                     BatchNormGrads& out, cudaStream_t stream) {
+  if constexpr (std::is_same_v<acc_t<T>, double>) {
+    return false;
+  } else {
+    using Acc = acc_t<T>;
+    using D = device_t<T>;
+    constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+    if (!g_single_kernel.load(std::memory_order_relaxed) || !L.rows || V == 1 || !needs.input) return false;
+    const auto* xp = static_cast<const D*>(x.data_ptr());
+    const auto* dyp = static_cast<const D*>(dy.data_ptr());
+    const D* yp = y.defined() ? static_cast<const D*>(y.data_ptr()) : nullptr;
+    if (vector_width<T>({xp, dyp, yp}, L.C) != V || !cooperative_launch_supported()) return false;
+    static const int per_sm =
+        blocks_per_sm(backward_single_kernel<T, V, Acc>, kThreads, sizeof(State<Acc>) * kThreads * V);
+    const SingleGrid g = single_grid(L.outer, L.C, V, sizeof(State<Acc>), per_sm);
+    if (!g.ok) return false;
+    trace::Scope range(trace::Kind::Op, "batch_norm_backward.single_kernel", x.device());
+    const TensorOptions opts{.dtype = DType::Float32, .device = x.device()};
+    const Tensor partial = ops::empty({L.C * static_cast<int64_t>(g.grid.y) * 3}, opts);
+    const Tensor p = ops::empty({L.C}, opts), q = ops::empty({L.C}, opts), r = ops::empty({L.C}, opts);
+    if (needs.weight) out.weight = ops::empty({L.C}, opts);
+    if (needs.bias) out.bias = ops::empty({L.C}, opts);
+    out.input = ops::empty_like(x);                         // x's layout
+    if (needs.residual) out.residual = ops::empty_like(x);  // x's layout and dtype
+    SingleBackwardArgs<T, Acc> a{};
+    a.x = xp;
+    a.dy = dyp;
+    a.y = yp;
+    a.relu_mask = relu_mask.defined() ? relu_mask.data_ptr<uint8_t>() : nullptr;
+    a.out = {static_cast<D*>(out.input.data_ptr()), needs.residual ? static_cast<D*>(out.residual.data_ptr()) : nullptr};
+    a.partial = reinterpret_cast<State<Acc>*>(partial.data_ptr());
+    a.M = L.outer;
+    a.C = L.C;
+    a.rows_per_split = g.rows_per_split;
+    a.inv_count = Acc(1) / static_cast<Acc>(L.count());
+    a.mean = mean.data_ptr<Acc>();
+    a.invstd = invstd.data_ptr<Acc>();
+    a.weight = ptr_or_null<Acc>(w);
+    a.grad_weight = ptr_or_null<Acc>(out.weight);
+    a.grad_bias = ptr_or_null<Acc>(out.bias);
+    a.p = p.data_ptr<Acc>();
+    a.q = q.data_ptr<Acc>();
+    a.r = r.data_ptr<Acc>();
+    launch_cooperative(reinterpret_cast<const void*>(&backward_single_kernel<T, V, Acc>), g, a, stream,
+                       "batch_norm backward (single kernel)");
+    return true;
+  }
+}
+
 template <typename T>
 void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Tensor& weight, const Tensor& bias,
                     const Tensor& running_mean, const Tensor& running_var, bool training, double momentum, double eps,
@@ -643,6 +987,10 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
   const TensorOptions opts{.dtype = adt, .device = x.device()};
   const auto* xp = static_cast<const D*>(x.data_ptr());
   const Tensor w = per_channel_as(weight, adt), b = per_channel_as(bias, adt);
+  if (training && forward_single<T>(x, y, L, w, b, running_mean, running_var, momentum, eps, relu, res, mean, invstd,
+                                    relu_mask, stream)) {
+    return;
+  }
   Tensor scale;  // (C): y = (x - mean) scale + bias
   if (training) {
     int64_t splits = 1;
@@ -716,6 +1064,7 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
   const D* yp = y.defined() ? static_cast<const D*>(y.data_ptr()) : nullptr;
   const uint8_t* mp = relu_mask.defined() ? relu_mask.data_ptr<uint8_t>() : nullptr;
   BatchNormGrads out;
+  if (training && backward_single<T>(dy, x, y, relu_mask, L, w, mean, invstd, needs, out, stream)) return out;
   const TensorOptions opts = TensorOptions{.dtype = adt, .device = x.device()};
   Tensor p, q, r;  // (C): dx = dy' p + (x - mean) q + r
   // The sums are needed for grad weight, grad bias, and dx in training; d_residual = dy' needs none.
@@ -770,6 +1119,10 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
 }
 
 }  // namespace
+
+void set_batch_norm_single_kernel(bool enabled) { g_single_kernel.store(enabled, std::memory_order_relaxed); }
+bool batch_norm_single_kernel() { return g_single_kernel.load(std::memory_order_relaxed); }
+int64_t batch_norm_single_kernel_runs() { return g_single_kernel_runs.load(std::memory_order_relaxed); }
 
 BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, const Tensor& bias,
                                     const Tensor& running_mean, const Tensor& running_var, bool training,

@@ -54,4 +54,15 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, cons
                                    const Tensor& weight, const Tensor& mean, const Tensor& invstd, bool training,
                                    BatchNormNeeds needs);
 
+// Training passes over rows (channels-last 4-d or 2-d inputs) of float32 / float16 / bfloat16 whose channels fill
+// 16-byte vectors, with float32 running statistics (or none), run as one cooperative kernel each: the per-channel
+// sums, a grid-wide barrier, each channel's finalisation, a second barrier, then the elementwise pass over the
+// rows each block summed, back to front (its first reads find what the sums read last still in L2). Where that
+// does not apply, or after set_batch_norm_single_kernel(false), three kernels do the same (sums, finalisation,
+// elementwise pass); the two differ only in how the sums are split across blocks (float rounding), and each is
+// deterministic. batch_norm_single_kernel_runs() counts the single-kernel launches.
+void set_batch_norm_single_kernel(bool enabled);
+bool batch_norm_single_kernel();
+int64_t batch_norm_single_kernel_runs();
+
 }  // namespace kiln::nn::cuda_impl

@@ -127,35 +127,71 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// NHWC with C % V == 0 and 16-byte aligned pointers: a thread takes V consecutive channels of one pixel, so
-// the pixel's coordinates are worked out once per V elements and every access is a 16-byte vector. Same
-// results as the kernels above: the same window order, first maximum (or first NaN) wins, gradients summed
-// over the windows in the same order.
-template <typename T, int V>
+// NHWC with C % V == 0 and 16-byte aligned pointers (the indices' too): a thread takes V consecutive channels of
+// one pixel, so the pixel's coordinates are worked out once per V elements and every access is a 16-byte vector
+// (the V int32 indices are V / 4 of them). Same results as the kernels above: the same window order, first
+// maximum (or first NaN) wins, gradients summed over the windows in the same order. I is the index type: int32
+// where every element index fits (64-bit divisions cost more than the memory traffic of these kernels).
+// A vector's V int32 indices as int4 (V % 4 == 0) or int2 (V == 2) accesses; idx is aligned to 4 V bytes.
+template <int V>
+__device__ __forceinline__ void store_indices(int32_t* idx, const int32_t (&at)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) *reinterpret_cast<int4*>(idx + j) = make_int4(at[j], at[j + 1], at[j + 2], at[j + 3]);
+  } else {
+    static_assert(V == 2, "indices go out as int4 or int2 vectors");
+    *reinterpret_cast<int2*>(idx) = make_int2(at[0], at[1]);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void load_indices(const int32_t* idx, int32_t (&at)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const int4 q = __ldg(reinterpret_cast<const int4*>(idx + j));
+      at[j] = q.x;
+      at[j + 1] = q.y;
+      at[j + 2] = q.z;
+      at[j + 3] = q.w;
+    }
+  } else {
+    static_assert(V == 2, "indices come in as int4 or int2 vectors");
+    const int2 q = __ldg(reinterpret_cast<const int2*>(idx));
+    at[0] = q.x;
+    at[1] = q.y;
+  }
+}
+
+template <typename T, int V, typename I>
 __global__ void __launch_bounds__(kThreads)
-    max_forward_nhwc_kernel(const device_t<T>* x, device_t<T>* y, int32_t* idx, Geometry g, int64_t total_vecs) {
+    max_forward_nhwc_kernel(const device_t<T>* x, device_t<T>* y, int32_t* idx, Geometry g64, I total_vecs) {
   using Acc = acc_t<T>;
-  const int64_t cv = g.C / V;
-  KILN_GRID_STRIDE(i, total_vecs) {
-    const int64_t c0 = (i % cv) * V;
-    int64_t p = i / cv;  // output pixel
-    const int64_t ow = p % g.OW;
-    p /= g.OW;
-    const int64_t oh = p % g.OH, n = p / g.OH;
-    const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-    const int64_t hs = max(h0, int64_t{0}), ws = max(w0, int64_t{0});
-    const int64_t he = min(h0 + g.kh, g.H), we = min(w0 + g.kw, g.W);
+  const I C = static_cast<I>(g64.C), H = static_cast<I>(g64.H), W = static_cast<I>(g64.W);
+  const I OH = static_cast<I>(g64.OH), OW = static_cast<I>(g64.OW);
+  const I cv = C / V;
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total_vecs;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I c0 = (i % cv) * V;
+    I p = i / cv;  // output pixel
+    const I ow = p % OW;
+    p /= OW;
+    const I oh = p % OH, n = p / OH;
+    const I h0 = oh * static_cast<I>(g64.sh) - static_cast<I>(g64.ph);
+    const I w0 = ow * static_cast<I>(g64.sw) - static_cast<I>(g64.pw);
+    const I hs = max(h0, I{0}), ws = max(w0, I{0});
+    const I he = min(h0 + static_cast<I>(g64.kh), H), we = min(w0 + static_cast<I>(g64.kw), W);
     Acc best[V];
     int32_t at[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       best[j] = -INFINITY;
-      at[j] = static_cast<int32_t>(hs * g.W + ws);
+      at[j] = static_cast<int32_t>(hs * W + ws);
     }
-    for (int64_t h = hs; h < he; ++h) {
-      for (int64_t w = ws; w < we; ++w) {
-        const Vec<T, V> v = load_vec<T, V>(x + ((n * g.H + h) * g.W + w) * g.C + c0);
-        const auto here = static_cast<int32_t>(h * g.W + w);
+    for (I h = hs; h < he; ++h) {
+      for (I w = ws; w < we; ++w) {
+        const Vec<T, V> v = load_vec<T, V>(x + ((n * H + h) * W + w) * C + c0);
+        const auto here = static_cast<int32_t>(h * W + w);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const Acc a = static_cast<Acc>(to_compute<T>(v.v[j]));
@@ -169,45 +205,94 @@ __global__ void __launch_bounds__(kThreads)
     Vec<T, V> out;
 #pragma unroll
     for (int j = 0; j < V; ++j) out.v[j] = from_compute<T>(static_cast<compute_t<T>>(best[j]));
-    const int64_t o = i * V;  // y and idx are NHWC: output pixel p's channels c0.. at p C + c0 = i V
+    const I o = i * V;  // y and idx are NHWC: output pixel p's channels c0.. at p C + c0 = i V
     store_vec<T, V>(y + o, out);
-#pragma unroll
-    for (int j = 0; j < V; ++j) idx[o + j] = at[j];
+    store_indices<V>(idx + o, at);
   }
 }
 
-template <typename T, int V>
+template <typename T, int V, typename I>
 __global__ void __launch_bounds__(kThreads)
-    max_backward_nhwc_kernel(const device_t<T>* dy, const int32_t* idx, device_t<T>* dx, Geometry g,
-                             int64_t total_vecs) {
+    max_backward_nhwc_kernel(const device_t<T>* dy, const int32_t* idx, device_t<T>* dx, Geometry g64, I total_vecs) {
   using Acc = acc_t<T>;
-  const int64_t cv = g.C / V;
-  KILN_GRID_STRIDE(i, total_vecs) {
-    const int64_t c0 = (i % cv) * V;
-    int64_t p = i / cv;  // input pixel
-    const int64_t w = p % g.W;
-    p /= g.W;
-    const int64_t h = p % g.H, n = p / g.H;
-    int64_t oh0, oh1, ow0, ow1;
-    windows_holding(h, g.kh, g.sh, g.ph, g.OH, oh0, oh1);
-    windows_holding(w, g.kw, g.sw, g.pw, g.OW, ow0, ow1);
-    const auto me = static_cast<int32_t>(h * g.W + w);
+  const I C = static_cast<I>(g64.C), H = static_cast<I>(g64.H), W = static_cast<I>(g64.W);
+  const I OH = static_cast<I>(g64.OH), OW = static_cast<I>(g64.OW);
+  const I kh = static_cast<I>(g64.kh), kw = static_cast<I>(g64.kw), sh = static_cast<I>(g64.sh),
+          sw = static_cast<I>(g64.sw), ph = static_cast<I>(g64.ph), pw = static_cast<I>(g64.pw);
+  const I cv = C / V;
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total_vecs;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I c0 = (i % cv) * V;
+    I p = i / cv;  // input pixel
+    const I w = p % W;
+    p /= W;
+    const I h = p % H, n = p / H;
+    // The outputs whose windows hold (h, w), as windows_holding.
+    const I oh0 = h + ph < kh ? I{0} : (h + ph - kh) / sh + 1, oh1 = min((h + ph) / sh + 1, OH);
+    const I ow0 = w + pw < kw ? I{0} : (w + pw - kw) / sw + 1, ow1 = min((w + pw) / sw + 1, OW);
+    const auto me = static_cast<int32_t>(h * W + w);
     Acc sum[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) sum[j] = Acc(0);
-    for (int64_t oh = oh0; oh < oh1; ++oh) {
-      for (int64_t ow = ow0; ow < ow1; ++ow) {
-        const int64_t o = ((n * g.OH + oh) * g.OW + ow) * g.C + c0;
+    for (I oh = oh0; oh < oh1; ++oh) {
+      for (I ow = ow0; ow < ow1; ++ow) {
+        const I o = ((n * OH + oh) * OW + ow) * C + c0;
         const Vec<T, V> d = load_vec<T, V>(dy + o);
+        int32_t at[V];
+        load_indices<V>(idx + o, at);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          if (idx[o + j] == me) sum[j] += static_cast<Acc>(to_compute<T>(d.v[j]));
+          if (at[j] == me) sum[j] += static_cast<Acc>(to_compute<T>(d.v[j]));
         }
       }
     }
     Vec<T, V> out;
 #pragma unroll
     for (int j = 0; j < V; ++j) out.v[j] = from_compute<T>(static_cast<compute_t<T>>(sum[j]));
+    store_vec<T, V>(dx + i * V, out);
+  }
+}
+
+// Global average pooling (output 1 x 1) of NHWC inputs, V channels a thread: the forward sums a (n, channels)
+// vector over the H W pixels in the generic kernel's order (h, then w) and divides once; the backward writes
+// every pixel of image n the vector dy(n) / (H W), what the generic kernel's one-window sum makes of it.
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    global_avg_forward_nhwc_kernel(const device_t<T>* x, device_t<T>* y, int64_t C, int64_t HW, int64_t total_vecs) {
+  using Acc = acc_t<T>;
+  const int64_t cv = C / V;
+  KILN_GRID_STRIDE(i, total_vecs) {
+    const int64_t n = i / cv, c0 = (i - n * cv) * V;
+    const device_t<T>* base = x + n * HW * C + c0;
+    Acc sum[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) sum[j] = Acc(0);
+    for (int64_t q = 0; q < HW; ++q) {
+      const Vec<T, V> v = load_vec<T, V>(base + q * C);
+#pragma unroll
+      for (int j = 0; j < V; ++j) sum[j] += static_cast<Acc>(to_compute<T>(v.v[j]));
+    }
+    Vec<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) out.v[j] = from_compute<T>(static_cast<compute_t<T>>(sum[j] / static_cast<Acc>(HW)));
+    store_vec<T, V>(y + i * V, out);
+  }
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    global_avg_backward_nhwc_kernel(const device_t<T>* dy, device_t<T>* dx, int64_t C, int64_t HW, int64_t total_vecs) {
+  using Acc = acc_t<T>;
+  const int64_t cv = C / V, image_vecs = HW * cv;
+  KILN_GRID_STRIDE(i, total_vecs) {
+    const int64_t n = i / image_vecs, c0 = (i % cv) * V;
+    const Vec<T, V> d = load_vec<T, V>(dy + n * C + c0);
+    Vec<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const Acc sum = Acc(0) + static_cast<Acc>(to_compute<T>(d.v[j])) / static_cast<Acc>(HW);
+      out.v[j] = from_compute<T>(static_cast<compute_t<T>>(sum));
+    }
     store_vec<T, V>(dx + i * V, out);
   }
 }
@@ -334,6 +419,16 @@ device_t<T>* out_ptr(const Tensor& t) {
   return static_cast<device_t<T>*>(t.data_ptr());
 }
 
+// Whether every element index of t fits in int32 (the NHWC max-pooling kernels then index in 32 bits).
+bool fits_int32(const Tensor& t) { return t.numel() <= std::numeric_limits<int32_t>::max(); }
+
+// Global average pooling (output 1 x 1) of an NHWC input whose channels fill 16-byte vectors at the pointers.
+template <typename T>
+bool is_global_nhwc(const Geometry& g, std::initializer_list<const void*> ptrs) {
+  constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  return g.nhwc && g.OH == 1 && g.OW == 1 && V > 1 && vector_width<T>(ptrs, g.C) == V;
+}
+
 }  // namespace
 
 std::pair<Tensor, Tensor> max_pool2d_forward(const Tensor& x0, const PoolParams& p) {
@@ -350,9 +445,14 @@ std::pair<Tensor, Tensor> max_pool2d_forward(const Tensor& x0, const PoolParams&
   dispatch(x, "max_pool2d", [&](auto t, cudaStream_t stream) {
     using T = decltype(t);
     constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-    if (g.nhwc && V > 1 && vector_width<T>({x.data_ptr(), y.data_ptr()}, g.C) == V) {
-      max_forward_nhwc_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
-          in_ptr<T>(x), out_ptr<T>(y), idx.data_ptr<int32_t>(), g, total / V);
+    if (g.nhwc && V > 1 && vector_width<T>({x.data_ptr(), y.data_ptr(), idx.data_ptr()}, g.C) == V) {
+      if (fits_int32(x)) {
+        max_forward_nhwc_kernel<T, V, int32_t><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
+            in_ptr<T>(x), out_ptr<T>(y), idx.data_ptr<int32_t>(), g, static_cast<int32_t>(total / V));
+      } else {
+        max_forward_nhwc_kernel<T, V, int64_t><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
+            in_ptr<T>(x), out_ptr<T>(y), idx.data_ptr<int32_t>(), g, total / V);
+      }
     } else {
       max_forward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y),
                                                                                 idx.data_ptr<int32_t>(), g, total);
@@ -374,9 +474,14 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   dispatch(x, "max_pool2d backward", [&](auto t, cudaStream_t stream) {
     using T = decltype(t);
     constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-    if (g.nhwc && V > 1 && vector_width<T>({dy.data_ptr(), dx.data_ptr()}, g.C) == V) {
-      max_backward_nhwc_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
-          in_ptr<T>(dy), idx.data_ptr<int32_t>(), out_ptr<T>(dx), g, total / V);
+    if (g.nhwc && V > 1 && vector_width<T>({dy.data_ptr(), dx.data_ptr(), idx.data_ptr()}, g.C) == V) {
+      if (fits_int32(dx)) {
+        max_backward_nhwc_kernel<T, V, int32_t><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
+            in_ptr<T>(dy), idx.data_ptr<int32_t>(), out_ptr<T>(dx), g, static_cast<int32_t>(total / V));
+      } else {
+        max_backward_nhwc_kernel<T, V, int64_t><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
+            in_ptr<T>(dy), idx.data_ptr<int32_t>(), out_ptr<T>(dx), g, total / V);
+      }
     } else {
       max_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
           in_ptr<T>(dy), idx.data_ptr<int32_t>(), out_ptr<T>(dx), g, total);
@@ -424,6 +529,12 @@ Tensor adaptive_avg_pool2d_forward(const Tensor& x0, std::array<int64_t, 2> out)
   if (total == 0) return y;
   dispatch(x, "adaptive_avg_pool2d", [&](auto t, cudaStream_t stream) {
     using T = decltype(t);
+    constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+    if (is_global_nhwc<T>(g, {x.data_ptr(), y.data_ptr()})) {
+      global_avg_forward_nhwc_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
+          in_ptr<T>(x), out_ptr<T>(y), g.C, g.H * g.W, total / V);
+      return;
+    }
     adaptive_forward_kernel<T>
         <<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y), g, total);
   });
@@ -441,6 +552,12 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& x0) {
   if (total == 0) return dx;
   dispatch(x, "adaptive_avg_pool2d backward", [&](auto t, cudaStream_t stream) {
     using T = decltype(t);
+    constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+    if (is_global_nhwc<T>(g, {dy.data_ptr(), dx.data_ptr()})) {
+      global_avg_backward_nhwc_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
+          in_ptr<T>(dy), out_ptr<T>(dx), g.C, g.H * g.W, total / V);
+      return;
+    }
     adaptive_backward_kernel<T>
         <<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), out_ptr<T>(dx), g, total);
   });
