@@ -7,7 +7,8 @@
 // output gradient, median of 20 steps after 5, timed with CUDA events; GB/s counts the bytes the passes must
 // move at the least: forward reads x twice and writes y (3 x the tensor), backward reads x and dy twice and
 // writes dx (5 x). Plain batch norm (no fused ReLU), as torch.nn.BatchNorm2d. Each case runs twice: with the
-// single-kernel passes ("kiln ", the default) and with the three-kernel ones ("kiln3").
+// single-kernel passes forward and backward ("kiln "), and with the three-kernel ones ("kiln3"); kiln's default
+// takes the single kernel forward and three backward (kiln/layers/cuda/batch_norm.h).
 #include <cstdio>
 #include <cstring>
 
@@ -29,7 +30,7 @@ constexpr Case kCases[] = {{64, 112, 1},  {64, 56, 6},   {256, 56, 4},  {128, 56
                            {256, 28, 1},  {256, 14, 11}, {1024, 14, 7}, {512, 14, 1}, {512, 7, 5},  {2048, 7, 4}};
 
 void run(int64_t n, const Case& k, int warmup, int steps, bool single, double& fwd_sum, double& both_sum) {
-  nn::cuda_impl::set_batch_norm_single_kernel(single);
+  nn::cuda_impl::set_batch_norm_single_kernel({.forward = single, .backward = single});
   const Device dev = Device::cuda(0);
   Tensor x = randn({n, k.c, k.hw, k.hw}, {.dtype = DType::BFloat16, .device = dev})
                  .contiguous(MemoryFormat::ChannelsLast)
@@ -77,6 +78,6 @@ int main(int argc, char** argv) {
     std::printf("%s batch_norm ResNet-50's 53 layers at batch %d: fwd %.2f ms, fwd+bwd %.2f ms\n",
                 single ? "kiln " : "kiln3", quick ? 8 : 256, fwd, both);
   }
-  nn::cuda_impl::set_batch_norm_single_kernel(true);
+  nn::cuda_impl::set_batch_norm_single_kernel({});  // the defaults
   return 0;
 }

@@ -5,12 +5,12 @@
 // bench/train_table.py puts both side by side with the goals.
 //
 //   bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N] [--quick]
-//               [--bn-three-kernels]
+//               [--bn-single-kernel none|forward|both]
 //
 // --profile N: after a case's timing, N more eager steps under kiln's profiler; the top ops by GPU time go to
 // standard error (the JSON lines on standard output stay as they are).
-// --bn-three-kernels: batch norm's three-kernel passes in place of its single-kernel ones (a comparison; the
-// header line says which ran).
+// --bn-single-kernel: which batch-norm passes run as one cooperative kernel (kiln/layers/cuda/batch_norm.h; the
+// default is forward); the header line says which ran.
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
 // The cases are static-shape steps: on a GPU each is timed eagerly, then captured in a cuda::Graph and timed as
 // replays; the line reports the replays ("cuda_graph": true) with the eager figures of the same run beside them
@@ -379,7 +379,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N]\n"
-        "                   [--quick] [--bn-three-kernels]\n"
+        "                   [--quick] [--bn-single-kernel none|forward|both]\n"
         "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
         "       bert_large_128 bert_base_128_ckpt resnet50_jpeg resnet50_jpeg_gpu\n");
     return 2;
@@ -406,8 +406,13 @@ int main(int argc, char** argv) {
       s.profile = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--no-graphs") {
       s.graphs = false;
-    } else if (a == "--bn-three-kernels") {
-      nn::cuda_impl::set_batch_norm_single_kernel(false);
+    } else if (a == "--bn-single-kernel" && has_value) {
+      const std::string which = argv[++i];
+      if (which != "none" && which != "forward" && which != "both") {
+        std::fprintf(stderr, "bench_train: --bn-single-kernel takes none, forward or both, not '%s'\n", which.c_str());
+        return usage();
+      }
+      nn::cuda_impl::set_batch_norm_single_kernel({.forward = which != "none", .backward = which == "both"});
     } else if (a == "--photos" && has_value) {
       s.photos = argv[++i];
     } else {
@@ -424,9 +429,11 @@ int main(int argc, char** argv) {
     nn::set_cudnn_benchmark(true);
   }
   manual_seed(1234);
-  std::printf("kiln %s train on %s: %d steps timed as one block after %d warm-up steps%s\n", KILN_VERSION_STRING,
-              s.device.str().c_str(), s.steps, s.warmup,
-              nn::cuda_impl::batch_norm_single_kernel() ? "" : "; batch norm in three kernels");
+  const nn::cuda_impl::BatchNormSingleKernel bn = nn::cuda_impl::batch_norm_single_kernel();
+  std::printf("kiln %s train on %s: %d steps timed as one block after %d warm-up steps; batch norm's single kernel: "
+              "%s\n",
+              KILN_VERSION_STRING, s.device.str().c_str(), s.steps, s.warmup,
+              bn.backward ? "forward and backward" : bn.forward ? "forward" : "none");
   for (const std::string& name : kCases) {
     if (!s.cases.empty() && !s.cases.count(name)) continue;
     try {

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <string>
 
 #include "kiln/autograd/autocast.h"       // autocast::Guard
@@ -333,13 +332,19 @@ TEST_F(CudaBatchNorm, IsDeterministic) {
   EXPECT_EQ(values(a.rv), values(b.rv));
 }
 
-// Turns the single-kernel passes off for a scope (they are on by default), and back on when it ends.
-class ThreeKernelPasses {
+// Sets which batch-norm passes take the single kernel for a scope, and puts back what was set before.
+class SingleKernelPasses {
  public:
-  ThreeKernelPasses() { nn::cuda_impl::set_batch_norm_single_kernel(false); }
-  ~ThreeKernelPasses() { nn::cuda_impl::set_batch_norm_single_kernel(true); }
-  ThreeKernelPasses(const ThreeKernelPasses&) = delete;
-  ThreeKernelPasses& operator=(const ThreeKernelPasses&) = delete;
+  explicit SingleKernelPasses(nn::cuda_impl::BatchNormSingleKernel which)
+      : before_(nn::cuda_impl::batch_norm_single_kernel()) {
+    nn::cuda_impl::set_batch_norm_single_kernel(which);
+  }
+  ~SingleKernelPasses() { nn::cuda_impl::set_batch_norm_single_kernel(before_); }
+  SingleKernelPasses(const SingleKernelPasses&) = delete;
+  SingleKernelPasses& operator=(const SingleKernelPasses&) = delete;
+
+ private:
+  nn::cuda_impl::BatchNormSingleKernel before_;
 };
 
 // Training over rows (channels-last 4-d, 2-d) whose channels fill 16-byte vectors runs one cooperative kernel
@@ -348,7 +353,9 @@ class ThreeKernelPasses {
 // split. Other layouts, eval, float64 and C % vector != 0 never take the single kernel.
 TEST_F(CudaBatchNorm, SingleKernelPassesMatchTheComposedPathAndTheThreeKernelOnes) {
   using nn::cuda_impl::batch_norm_single_kernel_runs;
-  ASSERT_TRUE(nn::cuda_impl::batch_norm_single_kernel());
+  // The default: the forward's single kernel, the backward's three.
+  EXPECT_TRUE(nn::cuda_impl::batch_norm_single_kernel().forward);
+  EXPECT_FALSE(nn::cuda_impl::batch_norm_single_kernel().backward);
   const std::vector<BnCase> single = {
       {.shape = {8, 64, 9, 7}, .channels_last = true},
       {.shape = {8, 64, 9, 7}, .channels_last = true, .relu = true, .dtype = DType::BFloat16},
@@ -360,22 +367,21 @@ TEST_F(CudaBatchNorm, SingleKernelPassesMatchTheComposedPathAndTheThreeKernelOne
       {.shape = {8, 64, 9, 7}, .channels_last = true, .dtype = DType::BFloat16, .residual = true},
   };
   for (const BnCase& k : single) {
-    for (bool one_kernel : {true, false}) {
-      SCOPED_TRACE(one_kernel ? "single kernel" : "three kernels");
-      std::optional<ThreeKernelPasses> off;
-      if (!one_kernel) off.emplace();
+    for (const nn::cuda_impl::BatchNormSingleKernel which :
+         {nn::cuda_impl::BatchNormSingleKernel{true, true}, nn::cuda_impl::BatchNormSingleKernel{true, false},
+          nn::cuda_impl::BatchNormSingleKernel{false, false}}) {
+      SCOPED_TRACE(std::string("single kernel forward ") + (which.forward ? "on" : "off") + ", backward " +
+                   (which.backward ? "on" : "off"));
+      const SingleKernelPasses passes(which);
       const int64_t before = batch_norm_single_kernel_runs();
       if (k.residual) {
-        expect_fused_residual_matches(k);
+        expect_fused_residual_matches(k);  // three GPU runs: fused twice, composed once
       } else {
-        expect_matches_composed(k);
+        expect_matches_composed(k);  // one
       }
       const int64_t runs = batch_norm_single_kernel_runs() - before;
-      if (one_kernel) {
-        EXPECT_GE(runs, 2) << describe(k) << ": forward and backward each one kernel";
-      } else {
-        EXPECT_EQ(runs, 0) << describe(k);
-      }
+      const int64_t per_run = int64_t{which.forward} + int64_t{which.backward};
+      EXPECT_EQ(runs, per_run * (k.residual ? 3 : 1)) << describe(k);
     }
   }
   const std::vector<BnCase> others = {
@@ -385,6 +391,7 @@ TEST_F(CudaBatchNorm, SingleKernelPassesMatchTheComposedPathAndTheThreeKernelOne
       {.shape = {64, 6}},                                                    // C % 4 != 0
       {.shape = {64, 8}, .dtype = DType::Float64},
   };
+  const SingleKernelPasses passes({.forward = true, .backward = true});
   for (const BnCase& k : others) {
     const int64_t before = batch_norm_single_kernel_runs();
     expect_matches_composed(k);
@@ -396,6 +403,7 @@ TEST_F(CudaBatchNorm, SingleKernelPassesMatchTheComposedPathAndTheThreeKernelOne
 TEST_F(CudaBatchNorm, SingleKernelPassesAreDeterministic) {
   const BnCase k{.shape = {64, 64, 16, 16}, .channels_last = true, .relu = true, .dtype = DType::BFloat16};
   const BnData d = make_data(k);
+  const SingleKernelPasses passes({.forward = true, .backward = true});
   const int64_t before = nn::cuda_impl::batch_norm_single_kernel_runs();
   const BnOut a = run(k, d, Device::cuda(0), k.dtype, DType::Float32);
   const BnOut b = run(k, d, Device::cuda(0), k.dtype, DType::Float32);
@@ -420,6 +428,7 @@ TEST_F(CudaBatchNorm, SingleKernelPassesReplayInACudaGraph) {
   const Tensor w = make(d.w, {64}, {.device = gpu}), b = make(d.b, {64}, {.device = gpu});
   Tensor rm = make(d.rm, {64}, {.device = gpu}), rv = make(d.rv, {64}, {.device = gpu});
   Tensor y, gx;
+  const SingleKernelPasses passes({.forward = true, .backward = true});
   auto step = [&] {
     const auto f = nn::cuda_impl::batch_norm_forward(x, w, b, rm, rv, true, 0.3, 1e-3, true);
     const auto g = nn::cuda_impl::batch_norm_backward(dy, x, f.y, f.relu_mask, w, f.mean, f.invstd, true, {});

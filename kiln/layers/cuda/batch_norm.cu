@@ -803,7 +803,8 @@ RowsGrid rows_grid(int64_t M, int64_t C, int V, int per_sm) {
 
 // ---- the single-kernel passes' launches
 
-std::atomic<bool> g_single_kernel{true};
+// Which passes take the single kernel (batch_norm.h says why the backward does not by default).
+std::atomic<bool> g_single_forward{true}, g_single_backward{false};
 std::atomic<int64_t> g_single_kernel_runs{0};
 
 // Whether the current device runs cooperative launches (kiln's GPUs all do; asked once per device).
@@ -874,7 +875,7 @@ bool forward_single(const Tensor& x, const Tensor& y, const Layout& L, const Ten
     using Acc = acc_t<T>;
     using D = device_t<T>;
     constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-    if (!g_single_kernel.load(std::memory_order_relaxed) || !L.rows || V == 1) return false;
+    if (!g_single_forward.load(std::memory_order_relaxed) || !L.rows || V == 1) return false;
     if (running_mean.defined() &&
         (running_mean.dtype() != DType::Float32 || running_var.dtype() != DType::Float32)) {
       return false;
@@ -934,7 +935,7 @@ bool backward_single(const Tensor& dy, const Tensor& x, const Tensor& y, const T
     using Acc = acc_t<T>;
     using D = device_t<T>;
     constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-    if (!g_single_kernel.load(std::memory_order_relaxed) || !L.rows || V == 1 || !needs.input) return false;
+    if (!g_single_backward.load(std::memory_order_relaxed) || !L.rows || V == 1 || !needs.input) return false;
     const auto* xp = static_cast<const D*>(x.data_ptr());
     const auto* dyp = static_cast<const D*>(dy.data_ptr());
     const D* yp = y.defined() ? static_cast<const D*>(y.data_ptr()) : nullptr;
@@ -1120,8 +1121,13 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
 
 }  // namespace
 
-void set_batch_norm_single_kernel(bool enabled) { g_single_kernel.store(enabled, std::memory_order_relaxed); }
-bool batch_norm_single_kernel() { return g_single_kernel.load(std::memory_order_relaxed); }
+void set_batch_norm_single_kernel(BatchNormSingleKernel which) {
+  g_single_forward.store(which.forward, std::memory_order_relaxed);
+  g_single_backward.store(which.backward, std::memory_order_relaxed);
+}
+BatchNormSingleKernel batch_norm_single_kernel() {
+  return {g_single_forward.load(std::memory_order_relaxed), g_single_backward.load(std::memory_order_relaxed)};
+}
 int64_t batch_norm_single_kernel_runs() { return g_single_kernel_runs.load(std::memory_order_relaxed); }
 
 BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, const Tensor& bias,
