@@ -7,8 +7,8 @@
 // output gradient, median of 20 steps after 5, timed with CUDA events; GB/s counts the bytes the passes must
 // move at the least: forward reads x twice and writes y (3 x the tensor), backward reads x and dy twice and
 // writes dx (5 x). Plain batch norm (no fused ReLU), as torch.nn.BatchNorm2d. Each case runs twice: with the
-// single-kernel passes forward and backward ("kiln "), and with the three-kernel ones ("kiln3"); kiln's default
-// takes the single kernel forward and three backward (kiln/layers/cuda/batch_norm.h).
+// single-kernel passes forward and backward ("kiln "), and with the three-kernel ones ("kiln3", kiln's default;
+// kiln/layers/cuda/batch_norm.h).
 #include <cstdio>
 #include <cstring>
 

@@ -10,7 +10,7 @@
 // --profile N: after a case's timing, N more eager steps under kiln's profiler; the top ops by GPU time go to
 // standard error (the JSON lines on standard output stay as they are).
 // --bn-single-kernel: which batch-norm passes run as one cooperative kernel (kiln/layers/cuda/batch_norm.h; the
-// default is forward); the header line says which ran.
+// default is none); the header line says which ran.
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
 // The cases are static-shape steps: on a GPU each is timed eagerly, then captured in a cuda::Graph and timed as
 // replays; the line reports the replays ("cuda_graph": true) with the eager figures of the same run beside them

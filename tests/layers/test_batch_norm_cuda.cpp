@@ -353,8 +353,8 @@ class SingleKernelPasses {
 // split. Other layouts, eval, float64 and C % vector != 0 never take the single kernel.
 TEST_F(CudaBatchNorm, SingleKernelPassesMatchTheComposedPathAndTheThreeKernelOnes) {
   using nn::cuda_impl::batch_norm_single_kernel_runs;
-  // The default: the forward's single kernel, the backward's three.
-  EXPECT_TRUE(nn::cuda_impl::batch_norm_single_kernel().forward);
+  // The default: three kernels both ways.
+  EXPECT_FALSE(nn::cuda_impl::batch_norm_single_kernel().forward);
   EXPECT_FALSE(nn::cuda_impl::batch_norm_single_kernel().backward);
   const std::vector<BnCase> single = {
       {.shape = {8, 64, 9, 7}, .channels_last = true},

@@ -11,10 +11,10 @@
 // coefficients in registers and issues the loads of several rows before their math (memory-level parallelism:
 // one 16-byte load in flight per thread leaves an H200 at about half its bandwidth). The forward pass can add a
 // residual before the ReLU (ResNet's block tail), and the backward pass then writes its gradient beside dx.
-// In training over rows, each pass is one cooperative kernel where it can be (batch_norm.h): the reduction, a
-// grid-wide barrier, the finalisation spread over every warp of the grid, a second barrier, and the elementwise
-// pass over the rows each block reduced, back to front, so its first reads are what L2 still holds of the
-// reduction's last (a whole layer of ResNet-18/CIFAR, a tenth of ResNet-50's largest); two launches fewer a pass.
+// In training over rows, each pass can also run as one cooperative kernel (off by default; batch_norm.h has the
+// measurements): the reduction, a grid-wide barrier, the finalisation spread over every warp of the grid, a second
+// barrier, and the elementwise pass over the rows each block reduced, back to front, so its first reads are what
+// L2 still holds of the reduction's last; two launches fewer a pass.
 #include "kiln/layers/cuda/batch_norm.h"
 #include "kiln/tensor/trace.h"  // a range per kernel entry
 
@@ -803,8 +803,8 @@ RowsGrid rows_grid(int64_t M, int64_t C, int V, int per_sm) {
 
 // ---- the single-kernel passes' launches
 
-// Which passes take the single kernel (batch_norm.h says why the backward does not by default).
-std::atomic<bool> g_single_forward{true}, g_single_backward{false};
+// Which passes take the single kernel (batch_norm.h says why neither does by default).
+std::atomic<bool> g_single_forward{false}, g_single_backward{false};
 std::atomic<int64_t> g_single_kernel_runs{0};
 
 // Whether the current device runs cooperative launches (kiln's GPUs all do; asked once per device).
