@@ -1,6 +1,7 @@
 // Whole training steps on one GPU, the cases of the performance issue: forward, loss, backward and the optimizer
 // step, timed as one block of steps between two CUDA events after warm-up steps, on random (not zero) data made
-// once on the GPU (the JPEG case reads a folder of photos through the DataLoader instead). One JSON line per case;
+// once on the GPU (the JPEG case reads a folder of photos through the DataLoader instead). One JSON line per case,
+// with the last timed step's loss ("loss", read after the timing; as pytorch_train.py prints it);
 // bench/pytorch_train.py prints the same cases through PyTorch eager and torch.compile, and
 // bench/train_table.py puts both side by side with the issue's goals.
 //
@@ -44,6 +45,7 @@
 
 using namespace kiln;
 using bench::json_escape;
+using bench::json_number;
 
 namespace {
 
@@ -109,6 +111,12 @@ void report(const std::string& name, const Info& info, const Settings& s, int wa
   std::fflush(stdout);
 }
 
+// ", \"loss\": value" of the last step (a host sync, after the timing), or nothing without a loss tensor.
+std::string loss_field(const Tensor* loss) {
+  if (loss == nullptr || !loss->defined()) return "";
+  return ", \"loss\": " + json_number(loss->item<double>(), 4);
+}
+
 // --profile N: one step recorded and thrown away, then N steps kept; the table goes to standard error.
 void profile_steps(const std::string& name, const Settings& s, const std::function<void()>& step) {
   if (s.profile <= 0) return;
@@ -143,8 +151,9 @@ void profile_steps(const std::string& name, const Settings& s, const std::functi
 }
 
 void time_and_report(const std::string& name, const Info& info, const Settings& s, int warmup,
-                     const std::function<void()>& step) {
-  report(name, info, s, warmup, measure(s, warmup, step), "");
+                     const std::function<void()>& step, const Tensor* loss = nullptr) {
+  const Measured m = measure(s, warmup, step);
+  report(name, info, s, warmup, m, loss_field(loss));
   profile_steps(name, s, step);
 }
 
@@ -159,13 +168,15 @@ struct GraphedCase {
   std::function<void()> feed;
   int warmup = 0;
   int replay_warmup = 3;
+  const Tensor* loss = nullptr;  // where the step leaves its loss: the last step's value goes in the line
 };
+
 
 void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s, const GraphedCase& c) {
   const Measured eager = measure(s, c.warmup, c.eager);
   profile_steps(name, s, c.eager);
   if (!s.device.is_cuda() || !s.graphs) {
-    report(name, info, s, c.warmup, eager, ", \"cuda_graph\": false");
+    report(name, info, s, c.warmup, eager, ", \"cuda_graph\": false" + loss_field(c.loss));
     return;
   }
   if (c.feed) c.feed();
@@ -176,7 +187,7 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
     graph.capture(c.captured, /*warmup=*/2);
   } catch (const std::exception& e) {  // the eager figure, and why there is no graph one
     report(name, info, s, c.warmup, eager,
-           ", \"cuda_graph\": false, \"graph_error\": \"" + json_escape(e.what()) + "\"");
+           ", \"cuda_graph\": false, \"graph_error\": \"" + json_escape(e.what()) + "\"" + loss_field(c.loss));
     return;
   }
   cuda::synchronize();
@@ -190,13 +201,13 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
   char extra[160];
   std::snprintf(extra, sizeof extra, ", \"cuda_graph\": true, \"eager_step_ms\": %.3f, \"eager_peak_gib\": %.3f",
                 eager.step_ms, eager.peak_gib);
-  report(name, info, s, c.warmup, graphed, extra);
+  report(name, info, s, c.warmup, graphed, extra + loss_field(c.loss));
 }
 
 // A static-shape step on tensors made once: the same function eagerly and captured.
 void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s,
-                             const std::function<void()>& step) {
-  time_and_report_graphed(name, info, s, {.eager = step, .captured = step, .warmup = s.warmup});
+                             const std::function<void()>& step, const Tensor* loss) {
+  time_and_report_graphed(name, info, s, {.eager = step, .captured = step, .warmup = s.warmup, .loss = loss});
 }
 
 void report_other(const std::string& name, const char* key, const std::string& why) {
@@ -211,9 +222,9 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
   bench::ResNetCase c = bench::make_resnet(depth, batch, size, classes, cifar, dev, MemoryFormat::ChannelsLast);
   optim::SGD opt(c.model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-5});
   amp::GradScaler scaler({.enabled = precision == DType::Float16});
+  Tensor loss;  // the last step's (in a replay: the captured step's tensor, which each replay rewrites)
   auto step = [&] {
     opt.zero_grad(true);
-    Tensor loss;
     {
       amp::Autocast cast(precision);
       loss = nn::cross_entropy((*c.model)(c.x), c.y);
@@ -228,7 +239,7 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
                   .optimizer = "sgd",
                   .unit = "img/s",
                   .batch = batch};
-  time_and_report_graphed(name, info, s, step);
+  time_and_report_graphed(name, info, s, step, &loss);
 }
 
 void bert_case(const std::string& name, const Settings& s, const nn::models::BertConfig& config, int64_t batch,
@@ -237,9 +248,9 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
   bench::BertCase c = bench::make_bert(config, batch, seq, dev);
   c.model->bert->set_gradient_checkpointing(checkpointing);
   optim::AdamW opt(c.model->parameters(), {.lr = 1e-4, .weight_decay = 0.01});
+  Tensor loss;
   auto step = [&] {
     opt.zero_grad(true);
-    Tensor loss;
     {
       amp::Autocast cast(DType::BFloat16);
       loss = c.model->forward(c.ids, c.types, c.mask, c.labels).loss;
@@ -254,8 +265,8 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
                   .unit = "seq/s",
                   .batch = batch};
   // Checkpointing rewinds the generator to recompute dropout, which replays could not follow: eager only.
-  if (checkpointing) return time_and_report(name, info, s, s.warmup, step);
-  time_and_report_graphed(name, info, s, step);
+  if (checkpointing) return time_and_report(name, info, s, s.warmup, step, &loss);
+  time_and_report_graphed(name, info, s, step, &loss);
 }
 
 // ResNet-50 fed from a folder of JPEG photos (ImageFolder layout, bench/make_photos.py): imagenet_train(224)
@@ -308,9 +319,9 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
     return *it;
   };
   // One training step on (images, labels): float32 images, channels-last as the model.
+  Tensor loss;
   auto train = [&](const Tensor& images, const Tensor& labels) {
     opt.zero_grad(true);
-    Tensor loss;
     {
       amp::Autocast cast(DType::BFloat16);
       loss = nn::cross_entropy((*model)(images), labels);
@@ -349,7 +360,8 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
                            .captured = [&] { train(static_images, static_labels); },
                            .feed = feed,
                            .warmup = warmup,
-                           .replay_warmup = warmup});
+                           .replay_warmup = warmup,
+                           .loss = &loss});
 }
 
 void run_case(const std::string& name, const Settings& s) {

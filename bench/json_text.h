@@ -1,6 +1,9 @@
-// bench/json_text.h — text for the benchmarks' JSON lines: a string made safe to put between quotes.
+// bench/json_text.h — text for the benchmarks' JSON lines: a string made safe to put between quotes, and a number
+// as Python's json module writes it (NaN and Infinity spelled so that json.loads reads them back).
 #pragma once
 
+#include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace kiln::bench {
@@ -17,6 +20,15 @@ inline std::string json_escape(const std::string& text) {
     out += ch;
   }
   return out;
+}
+
+// `value` with `decimals` decimals; NaN, Infinity or -Infinity where it is not finite.
+inline std::string json_number(double value, int decimals) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", decimals, value);
+  return text;
 }
 
 }  // namespace kiln::bench
