@@ -182,4 +182,5 @@ else
     "$out"/ddp_pytorch_2.log >"$out/ddp_scaling.txt" 2>&1
   note "$(cat "$out/ddp_scaling.txt")"
 fi
+pack_logs
 exit $status

@@ -11,3 +11,14 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
+
+# The GPU runner brings back at most 8 files from $OUT (/work/.library/device/README.md). pack_logs, called last
+# by the scripts, leaves summary.txt beside logs.tar.gz (every other file, packed) when there are more.
+pack_logs() {
+  local files
+  mapfile -t files < <(cd "$out" && find . -maxdepth 1 -type f ! -name summary.txt ! -name logs.tar.gz -printf '%P\n')
+  if (( ${#files[@]} + 1 > 8 )); then
+    (cd "$out" && tar -czf logs.tar.gz "${files[@]}" && rm -f "${files[@]}")
+    echo "logs packed into $out/logs.tar.gz (${#files[@]} files)"
+  fi
+}

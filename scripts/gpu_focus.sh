@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A focused GPU check, for a change that touches a few parts (scripts/gpu_check.sh is the whole one): configure
 # natively, build only the test binaries and benchmarks named, run each test binary with its gtest filter, then
-# each benchmark command. Full logs go to $OUT (the GPU runner's folder; else ./gpu-logs); a summary is printed last.
+# each benchmark command. Full logs go to $OUT (the GPU runner's folder; else ./gpu-logs; packed into logs.tar.gz
+# beside summary.txt when they are more than the runner brings back); a summary is printed last.
 #
 #   KILN_FOCUS_TESTS="test_tensor=*MatmulTest*cuda*:CudaGraph* test_layers=CudaBatchNorm.*" \
 #   KILN_FOCUS_BENCH="bench_train --case bert_base_128;bench_batch_norm" scripts/gpu_focus.sh
@@ -66,4 +67,5 @@ for cmd in "${benches[@]}"; do
   note "bench [$cmd]: exit $rc, $((SECONDS - start)) s"
   tail -n "${KILN_FOCUS_BENCH_TAIL:-20}" "$log"
 done
+pack_logs
 exit $status
