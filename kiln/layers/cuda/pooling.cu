@@ -127,11 +127,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// NHWC with C % V == 0 and 16-byte aligned pointers (the indices' too): a thread takes V consecutive channels of
-// one pixel, so the pixel's coordinates are worked out once per V elements and every access is a 16-byte vector
-// (the V int32 indices are V / 4 of them). Same results as the kernels above: the same window order, first
-// maximum (or first NaN) wins, gradients summed over the windows in the same order. I is the index type: int32
-// where every element index fits (64-bit divisions cost more than the memory traffic of these kernels).
 // A vector's V int32 indices as int4 (V % 4 == 0) or int2 (V == 2) accesses; idx is aligned to 4 V bytes.
 template <int V>
 __device__ __forceinline__ void store_indices(int32_t* idx, const int32_t (&at)[V]) {
@@ -163,6 +158,11 @@ __device__ __forceinline__ void load_indices(const int32_t* idx, int32_t (&at)[V
   }
 }
 
+// NHWC with C % V == 0 and 16-byte aligned pointers (the indices' too): a thread takes V consecutive channels of
+// one pixel, so the pixel's coordinates are worked out once per V elements and every access is a vector (16 bytes
+// of values; the V int32 indices in V / 4 int4). Same results as the kernels above: the same window order, first
+// maximum (or first NaN) wins, gradients summed over the windows in the same order. I is the index type: int32
+// where every element index fits (64-bit divisions cost more than the memory traffic of these kernels).
 template <typename T, int V, typename I>
 __global__ void __launch_bounds__(kThreads)
     max_forward_nhwc_kernel(const device_t<T>* x, device_t<T>* y, int32_t* idx, Geometry g64, I total_vecs) {
