@@ -9,8 +9,11 @@
 // per-channel coefficients of the elementwise pass. Elementwise passes use 16-byte vectors when the layout and
 // the pointers allow (S % V == 0 for planes, C % V == 0 for rows); in rows each thread keeps its channels'
 // coefficients in registers and issues the loads of several rows before their math (memory-level parallelism:
-// one 16-byte load in flight per thread leaves an H200 at about half its bandwidth). The forward pass can add a
-// residual before the ReLU (ResNet's block tail), and the backward pass then writes its gradient beside dx.
+// one 16-byte load in flight per thread leaves an H200 at about half its bandwidth); the reductions walk the rows
+// back to front and the elementwise passes front to back, each starting where L2 still holds what the pass before
+// it touched last. Kernels whose optional inputs (y, the residual) are absent are compiled without them: fewer
+// registers, more blocks per SM. The forward pass can add a residual before the ReLU (ResNet's block tail), and the
+// backward pass then writes its gradient beside dx.
 // In training over rows, each pass can also run as one cooperative kernel (off by default; batch_norm.h has the
 // measurements): the reduction, a grid-wide barrier, the finalisation spread over every warp of the grid, a second
 // barrier, and the elementwise pass over the rows each block reduced, back to front, so its first reads are what
@@ -43,35 +46,38 @@ using cuda::kdetail::ceil_div;
 
 constexpr int kThreads = 256;
 
-// Three sums per channel, added in a fixed order (deterministic, no atomics, no divisions per element):
-//   statistics: (count, sum (x - K), sum (x - K)^2), K the channel's first value, a shift that keeps the
-//               variance sum(x - K)^2 / n - (sum(x - K) / n)^2 free of cancellation as long as that value is
-//               within a few deviations of the mean (it is one of the values);
-//   gradients:  (unused, sum dy, sum dy (x - mean)), dy masked by y > 0 when ReLU was fused.
+// Two sums per channel, added in a fixed order (deterministic, no atomics, no divisions per element):
+//   statistics: (sum (x - K), sum (x - K)^2), K the channel's first value, a shift that keeps the variance
+//               sum(x - K)^2 / n - (sum(x - K) / n)^2 free of cancellation as long as that value is within a few
+//               deviations of the mean (it is one of the values); n, the values per channel, comes from the
+//               launcher (exact, where a float count would stop at 2^24);
+//   gradients:  (sum dy, sum dy (x - mean)), dy masked by y > 0 when ReLU was fused.
 // Both ops subtract a per-channel center from x: K for the statistics, the batch mean for the gradients.
+constexpr int64_t kStateSums = 2;  // the values of a State: a partials tensor holds kStateSums * C * splits
 template <typename Acc>
 struct State {
-  Acc a, b, c;
+  Acc s1, s2;
   __device__ __forceinline__ void operator+=(const State& o) {
-    a += o.a;
-    b += o.b;
-    c += o.c;
+    s1 += o.s1;
+    s2 += o.s2;
   }
 };
+static_assert(sizeof(State<float>) == kStateSums * sizeof(float) &&
+              sizeof(State<double>) == kStateSums * sizeof(double));
 
 // kRowsInFlight: the rows of the rows layout a thread loads before it adds any of them (reduce_rows_kernel).
 // One 16-byte load per array in flight per thread kept the statistics at about half the memory bandwidth. The
-// gradient sums read up to three arrays a row: two rows give six loads in flight, and four rows' twelve
-// vectors took 144 registers (one block per SM, fewer bytes in flight than before).
+// gradient sums read two arrays a row and the ReLU's mask bits: two rows take 78 registers at 8 bf16 channels per
+// thread (three blocks per SM), four rows 102 (two blocks); eight rows for the statistics and four for the gradient
+// sums ran ResNet-18/CIFAR's and ResNet-50's steps no faster on the H200 than these.
 template <typename Acc>
 struct StatsOp {
   static constexpr bool kCenterIsFirstValue = true;
   static constexpr int kRowsInFlight = 4;
   __device__ __forceinline__ void add(State<Acc>& s, Acc x, Acc, bool, Acc center) const {
     const Acc d = x - center;
-    s.a += Acc(1);
-    s.b += d;
-    s.c += d * d;
+    s.s1 += d;
+    s.s2 += d * d;
   }
 };
 
@@ -83,8 +89,8 @@ struct GradSumOp {
   // pass: the ReLU let this element through (always true without a fused ReLU)
   __device__ __forceinline__ void add(State<Acc>& s, Acc x, Acc dy, bool pass, Acc center) const {
     if (!pass) dy = Acc(0);
-    s.b += dy;
-    s.c += dy * (x - center);
+    s.s1 += dy;
+    s.s2 += dy * (x - center);
   }
 };
 
@@ -115,8 +121,7 @@ __device__ __forceinline__ bool passed(bool has_mask, unsigned bits, bool has_y,
 
 template <typename Acc>
 __device__ __forceinline__ State<Acc> shfl_down(const State<Acc>& s, int d) {
-  return {__shfl_down_sync(0xffffffffu, s.a, d), __shfl_down_sync(0xffffffffu, s.b, d),
-          __shfl_down_sync(0xffffffffu, s.c, d)};
+  return {__shfl_down_sync(0xffffffffu, s.s1, d), __shfl_down_sync(0xffffffffu, s.s2, d)};
 }
 
 // The center of channel c: its first value (statistics; `first` is the index step between channels' first
@@ -140,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t sv = S / V;
   const int64_t k1 = min(vecs, (split + 1) * chunk);
   const Acc center = center_of<T, Acc>(op, in.x, c, S);
-  State<Acc> st{Acc(0), Acc(0), Acc(0)};
+  State<Acc> st{Acc(0), Acc(0)};
   for (int64_t k = split * chunk + threadIdx.x; k < k1; k += blockDim.x) {
     const int64_t n = k / sv;
     const int64_t off = (n * C + c) * S + (k - n * sv) * V;
@@ -182,35 +187,42 @@ __device__ __forceinline__ void add_vectors(const Op& op, const Inputs<T>& in, S
   }
 }
 
+// The rows of the rows layout a thread walks: first, first + step, ... (count of them; step is negative back to
+// front). The passes' loops take several of them a step.
+struct RowWalk {
+  int64_t first, step, count;
+  __device__ __forceinline__ int64_t row(int64_t k) const { return first + k * step; }
+};
+
 // Rows (M, C): thread (tx, ty) of block (bx, by) owns channels c0 .. c0 + V - 1, c0 = (blockIdx.x bx + tx) V,
-// and rows split * rows_per_split + ty, stepping by by; the by sums per channel add up in a tree in shared
-// memory (by is a power of two). partial[c * splits + split]. A thread loads Op::kRowsInFlight rows' vectors
-// first and then adds them in row order, so its sums are the same as row by row: the order of every addition
-// is fixed by the launch configuration alone.
+// and the rows of w; the by sums per channel add up in a tree in shared memory (by is a power of two), into
+// partial[c * splits + split], split = blockIdx.y. A thread loads Op::kRowsInFlight rows' vectors first and then
+// adds them in row order, so its sums are the same as row by row: the order of every addition is fixed by the
+// launch configuration alone.
 // (The block's part of reduce_rows_kernel, which the single-kernel passes run as their first phase; sm holds
 // by * bx * V states.)
-template <typename T, int V, typename Acc, typename Op>
-__device__ __forceinline__ void reduce_rows_block(const Inputs<T>& in, const Op& op, State<Acc>* partial, int64_t M,
-                                                  int64_t C, int64_t rows_per_split, State<Acc>* sm) {
+template <typename T, int V, typename Acc, typename Op, bool kY = true>
+__device__ __forceinline__ void reduce_rows_block(Inputs<T> in, const Op& op, State<Acc>* partial, int64_t C, RowWalk w,
+                                                  State<Acc>* sm) {
+  if constexpr (!kY) in.y = nullptr;  // known at compile time: no registers for y's vectors
   const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
   const int64_t split = blockIdx.y, splits = gridDim.y;
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * bx + tx) * V;
   State<Acc> st[V];
 #pragma unroll
-  for (int j = 0; j < V; ++j) st[j] = {Acc(0), Acc(0), Acc(0)};
+  for (int j = 0; j < V; ++j) st[j] = {Acc(0), Acc(0)};
   if (c0 < C) {
     Acc center[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) center[j] = center_of<T, Acc>(op, in.x, c0 + j, 1);
-    const int64_t r1 = min(M, (split + 1) * rows_per_split);
     constexpr int U = Op::kRowsInFlight;
-    int64_t r = split * rows_per_split + ty;
-    for (; r + int64_t{U - 1} * by < r1; r += int64_t{U} * by) {
+    int64_t k = 0;
+    for (; k + U <= w.count; k += U) {
       Vec<T, V> vx[U], vdy[U] = {}, vy[U] = {};
       unsigned bits[U] = {};
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int64_t off = (r + int64_t{u} * by) * C + c0;
+        const int64_t off = w.row(k + u) * C + c0;
         vx[u] = load_vec<T, V>(in.x + off);
         if (in.dy) vdy[u] = load_vec<T, V>(in.dy + off);
         if (in.y) vy[u] = load_vec<T, V>(in.y + off);
@@ -219,8 +231,8 @@ __device__ __forceinline__ void reduce_rows_block(const Inputs<T>& in, const Op&
 #pragma unroll
       for (int u = 0; u < U; ++u) add_vectors<T, V, Acc>(op, in, st, center, vx[u], vdy[u], vy[u], bits[u]);
     }
-    for (; r < r1; r += by) {  // the last rows, fewer than U per thread
-      const int64_t off = r * C + c0;
+    for (; k < w.count; ++k) {  // the last rows, fewer than U
+      const int64_t off = w.row(k) * C + c0;
       Vec<T, V> vdy{}, vy{};
       const Vec<T, V> vx = load_vec<T, V>(in.x + off);
       if (in.dy) vdy = load_vec<T, V>(in.dy + off);
@@ -248,11 +260,27 @@ __device__ __forceinline__ void reduce_rows_block(const Inputs<T>& in, const Op&
   }
 }
 
-template <typename T, int V, typename Acc, typename Op>
+// The rows of thread row ty of a 2-d grid's blocks in the stand-alone passes: one wave of blocks loops over all
+// M rows, grid-strided (blockIdx.y by + ty, stepping by gridDim.y by), front to back or back to front (from row
+// M - 1 - (blockIdx.y by + ty) down). The whole grid moves through the rows together, so what it read last is the
+// front (or back) of the array, which L2 still holds when the next pass starts there.
+__device__ __forceinline__ RowWalk grid_strided_rows(int64_t M, bool back_to_front) {
+  const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
+  const int64_t count = i < M ? (M - 1 - i) / step + 1 : 0;
+  return back_to_front ? RowWalk{M - 1 - i, -step, count} : RowWalk{i, step, count};
+}
+
+// The reductions walk back to front: their input was just written (by a convolution forward, by the gradient's
+// producer backward) front to back, so its back is what L2 holds; the elementwise pass after them walks front to
+// back and starts on what the reduction read last.
+// kY: whether in.y may be set (the fused ReLU's mask read from y); without it in.y is ignored.
+template <typename T, int V, typename Acc, typename Op, bool kY>
 __global__ void __launch_bounds__(kThreads)
-    reduce_rows_kernel(Inputs<T> in, Op op, State<Acc>* partial, int64_t M, int64_t C, int64_t rows_per_split) {
+    reduce_rows_kernel(Inputs<T> in, Op op, State<Acc>* partial, int64_t M, int64_t C) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  reduce_rows_block<T, V, Acc>(in, op, partial, M, C, rows_per_split, reinterpret_cast<State<Acc>*>(smem_raw));
+  reduce_rows_block<T, V, Acc, Op, kY>(in, op, partial, C, grid_strided_rows(M, true),
+                                       reinterpret_cast<State<Acc>*>(smem_raw));
 }
 
 // One warp per channel: lane l adds splits l, l + 32, ... in order, then a fixed warp tree; lane 0 gets the
@@ -260,7 +288,7 @@ __global__ void __launch_bounds__(kThreads)
 // than the reduction itself on small inputs, where the splits are many and the channels few.)
 template <typename Acc>
 __device__ __forceinline__ State<Acc> channel_total(const State<Acc>* partial, int64_t splits, int64_t c, int lane) {
-  State<Acc> st{Acc(0), Acc(0), Acc(0)};
+  State<Acc> st{Acc(0), Acc(0)};
   for (int64_t s = lane; s < splits; s += 32) st += partial[c * splits + s];
   for (int d = 16; d > 0; d >>= 1) st += shfl_down(st, d);
   return st;
@@ -270,14 +298,13 @@ __device__ __forceinline__ State<Acc> channel_total(const State<Acc>* partial, i
 // (y = (x - mean) scale + bias), and the running statistics updated as the composed path does:
 // running = (1 - momentum) running + momentum batch (unbiased variance).
 template <typename T, typename Acc, typename R>
-__device__ __forceinline__ void finalize_stats_channel(const State<Acc>& st, int64_t c, const device_t<T>* x,
+__device__ __forceinline__ void finalize_stats_channel(const State<Acc>& st, int64_t c, Acc count, const device_t<T>* x,
                                                        int64_t first, Acc eps, const Acc* weight, Acc* mean,
                                                        Acc* invstd, Acc* scale, R* running_mean, R* running_var,
                                                        Acc momentum) {
-  const Acc count = st.a;
   const Acc center = static_cast<Acc>(to_compute<T>(x[c * first]));
-  const Acc d = st.b / count;                         // mean - center
-  const Acc var = max(st.c / count - d * d, Acc(0));  // biased
+  const Acc d = st.s1 / count;                         // mean - center
+  const Acc var = max(st.s2 / count - d * d, Acc(0));  // biased
   const Acc m = center + d, is = Acc(1) / sqrt(var + eps);
   mean[c] = m;
   invstd[c] = is;
@@ -296,15 +323,15 @@ __device__ __forceinline__ void finalize_stats_channel(const State<Acc>& st, int
 
 // A warp per channel (blocks of kThreads threads).
 template <typename T, typename Acc, typename R>
-__global__ void finalize_stats_kernel(const State<Acc>* partial, int64_t splits, int64_t C, const device_t<T>* x,
-                                      int64_t first, Acc eps, const Acc* weight, Acc* mean, Acc* invstd, Acc* scale,
-                                      R* running_mean, R* running_var, Acc momentum) {
+__global__ void finalize_stats_kernel(const State<Acc>* partial, int64_t splits, int64_t C, Acc count,
+                                      const device_t<T>* x, int64_t first, Acc eps, const Acc* weight, Acc* mean,
+                                      Acc* invstd, Acc* scale, R* running_mean, R* running_var, Acc momentum) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (c >= C) return;  // whole warps leave together
   const State<Acc> st = channel_total(partial, splits, c, static_cast<int>(threadIdx.x % 32));
   if (threadIdx.x % 32 == 0) {
-    finalize_stats_channel<T, Acc, R>(st, c, x, first, eps, weight, mean, invstd, scale, running_mean, running_var,
-                                      momentum);
+    finalize_stats_channel<T, Acc, R>(st, c, count, x, first, eps, weight, mean, invstd, scale, running_mean,
+                                      running_var, momentum);
   }
 }
 
@@ -317,7 +344,7 @@ template <typename Acc>
 __device__ __forceinline__ void finalize_grads_channel(const State<Acc>& st, int64_t c, Acc inv_count, const Acc* mean,
                                                        const Acc* invstd, const Acc* weight, bool training,
                                                        Acc* grad_weight, Acc* grad_bias, Acc* p, Acc* q, Acc* r) {
-  const Acc sum_dy = st.b, sum_dy_xhat = st.c * invstd[c];
+  const Acc sum_dy = st.s1, sum_dy_xhat = st.s2 * invstd[c];
   if (grad_weight) grad_weight[c] = sum_dy_xhat;
   if (grad_bias) grad_bias[c] = sum_dy;
   if (p) {
@@ -408,18 +435,11 @@ __device__ __forceinline__ void backward_vec(const Vec<T, V>& vx, const Vec<T, V
 constexpr int kForwardRowsPerStep = 2;   // 1 or 2 arrays read per row
 constexpr int kBackwardRowsPerStep = 2;  // up to 3 arrays read per row
 
-// The rows passes' loops: a thread owns channels c0 .. c0 + V - 1 (its coefficients stay in registers) and rows
-// first, first + step, ... (count of them; step may be negative: the single-kernel passes walk back to front); a
-// loop step takes U of its rows.
-struct RowWalk {
-  int64_t first, step, count;
-  __device__ __forceinline__ int64_t row(int64_t k) const { return first + k * step; }
-};
-
-template <typename T, int V, typename Acc>
+template <typename T, int V, typename Acc, bool kRes = true>
 __device__ __forceinline__ void forward_rows(const device_t<T>* x, const device_t<T>* res, device_t<T>* y,
                                              uint8_t* relu_mask, const Acc* mean, const Acc* scale, const Acc* bias,
                                              bool relu, int64_t C, int64_t c0, RowWalk w) {
+  if constexpr (!kRes) res = nullptr;  // known at compile time: no registers for the residual's vectors
   Acc mu[V], sc[V], bi[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -458,11 +478,12 @@ __device__ __forceinline__ void forward_rows(const device_t<T>* x, const device_
 
 // dx is written when out.dx is set (p, and in training mean, q and r, are then defined), d_residual when
 // out.dres is; x is read only for dx in training, y only with a fused ReLU.
-template <typename T, int V, typename Acc>
+template <typename T, int V, typename Acc, bool kY = true>
 __device__ __forceinline__ void backward_rows(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y,
                                               const uint8_t* relu_mask, GradOutputs<T> out, const Acc* mean,
                                               const Acc* p, const Acc* q, const Acc* r, bool training, int64_t C,
                                               int64_t c0, RowWalk w) {
+  if constexpr (!kY) y = nullptr;  // known at compile time: no registers for y's vectors
   const bool need_x = training && out.dx;
   Acc mu[V], cp[V], cq[V], cr[V];
 #pragma unroll
@@ -502,12 +523,12 @@ __device__ __forceinline__ void backward_rows(const device_t<T>* x, const device
   }
 }
 
-// The rows of thread row ty of a 2-d grid's blocks in the stand-alone passes: blockIdx.y by + ty, stepping by
-// gridDim.y by (one wave of blocks looping over all M rows).
-__device__ __forceinline__ RowWalk grid_strided_rows(int64_t M) {
-  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
-  const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
-  return {first, step, first < M ? (M - 1 - first) / step + 1 : 0};
+// The same thread's rows of its block's split [r0, r1) front to back, as the single-kernel passes reduce them.
+__device__ __forceinline__ RowWalk split_rows(int64_t M, int64_t rows_per_split) {
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_split;
+  const int64_t r1 = min(M, r0 + rows_per_split);
+  const int64_t first = r0 + threadIdx.y, by = blockDim.y;
+  return {first, by, first < r1 ? (r1 - 1 - first) / by + 1 : 0};
 }
 
 // The same thread's rows in the single-kernel passes: those of its block's split [r0, r1) that reduce_rows_block
@@ -520,23 +541,25 @@ __device__ __forceinline__ RowWalk split_rows_back_to_front(int64_t M, int64_t r
   return {first, -by, first >= r0 ? (first - r0) / by + 1 : 0};
 }
 
-template <typename T, int V, typename Acc>
+// kRes: whether res may be set (a residual added before the ReLU); without it res is ignored.
+template <typename T, int V, typename Acc, bool kRes>
 __global__ void __launch_bounds__(kThreads)
     forward_rows_kernel(const device_t<T>* x, const device_t<T>* res, device_t<T>* y, uint8_t* relu_mask,
                         const Acc* mean, const Acc* scale, const Acc* bias, bool relu, int64_t M, int64_t C) {
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c0 >= C) return;
-  forward_rows<T, V, Acc>(x, res, y, relu_mask, mean, scale, bias, relu, C, c0, grid_strided_rows(M));
+  forward_rows<T, V, Acc, kRes>(x, res, y, relu_mask, mean, scale, bias, relu, C, c0, grid_strided_rows(M, false));
 }
 
-template <typename T, int V, typename Acc>
+// kY: whether y may be set (the fused ReLU's mask read from y); without it y is ignored.
+template <typename T, int V, typename Acc, bool kY>
 __global__ void __launch_bounds__(kThreads)
     backward_rows_kernel(const device_t<T>* x, const device_t<T>* dy, const device_t<T>* y, const uint8_t* relu_mask,
                          GradOutputs<T> out, const Acc* mean, const Acc* p, const Acc* q, const Acc* r, bool training,
                          int64_t M, int64_t C) {
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c0 >= C) return;
-  backward_rows<T, V, Acc>(x, dy, y, relu_mask, out, mean, p, q, r, training, C, c0, grid_strided_rows(M));
+  backward_rows<T, V, Acc, kY>(x, dy, y, relu_mask, out, mean, p, q, r, training, C, c0, grid_strided_rows(M, false));
 }
 
 // ---- single-kernel passes (rows layout, training): the reduction of reduce_rows_kernel, a grid-wide barrier,
@@ -580,15 +603,15 @@ template <typename T, int V, typename Acc>
 __global__ void __launch_bounds__(kThreads) forward_single_kernel(SingleForwardArgs<T, Acc> a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-  reduce_rows_block<T, V, Acc>(Inputs<T>{a.x, nullptr, nullptr}, StatsOp<Acc>{}, a.partial, a.M, a.C,
-                               a.rows_per_split, reinterpret_cast<State<Acc>*>(smem_raw));
+  reduce_rows_block<T, V, Acc>(Inputs<T>{a.x, nullptr, nullptr}, StatsOp<Acc>{}, a.partial, a.C,
+                               split_rows(a.M, a.rows_per_split), reinterpret_cast<State<Acc>*>(smem_raw));
   grid.sync();
   const GridWarp gw = grid_warp();
   for (int64_t c = gw.warp; c < a.C; c += gw.warps) {
     const State<Acc> st = channel_total(a.partial, gridDim.y, c, gw.lane);
     if (gw.lane == 0) {
-      finalize_stats_channel<T, Acc, float>(st, c, a.x, 1, a.eps, a.weight, a.mean, a.invstd, a.scale,
-                                            a.running_mean, a.running_var, a.momentum);
+      finalize_stats_channel<T, Acc, float>(st, c, static_cast<Acc>(a.M), a.x, 1, a.eps, a.weight, a.mean, a.invstd,
+                                            a.scale, a.running_mean, a.running_var, a.momentum);
     }
   }
   grid.sync();
@@ -622,15 +645,15 @@ template <typename T, int V, typename Acc>
 __global__ void __launch_bounds__(kThreads) backward_single_kernel(SingleBackwardArgs<T, Acc> a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-  reduce_rows_block<T, V, Acc>(Inputs<T>{a.x, a.dy, a.y, a.relu_mask}, GradSumOp<Acc>{a.mean}, a.partial, a.M, a.C,
-                               a.rows_per_split, reinterpret_cast<State<Acc>*>(smem_raw));
+  reduce_rows_block<T, V, Acc>(Inputs<T>{a.x, a.dy, a.y, a.relu_mask}, GradSumOp<Acc>{a.mean}, a.partial, a.C,
+                               split_rows(a.M, a.rows_per_split), reinterpret_cast<State<Acc>*>(smem_raw));
   grid.sync();
   const GridWarp gw = grid_warp();
   for (int64_t c = gw.warp; c < a.C; c += gw.warps) {
     const State<Acc> st = channel_total(a.partial, gridDim.y, c, gw.lane);
     if (gw.lane == 0) {
-      finalize_grads_channel<Acc>(st, c, a.inv_count, a.mean, a.invstd, a.weight, true, a.grad_weight, a.grad_bias,
-                                  a.p, a.q, a.r);
+      finalize_grads_channel<Acc>(st, c, a.inv_count, a.mean, a.invstd, a.weight, true, a.grad_weight, a.grad_bias, a.p,
+                                  a.q, a.r);
     }
   }
   grid.sync();
@@ -739,7 +762,7 @@ A* ptr_or_null(const Tensor& t) {
 }
 
 // Runs a per-channel reduction of Op over `in` (layout L) and returns the partials (C, splits) as a flat
-// tensor of 3 * C * splits Acc values, with `splits` set.
+// tensor of kStateSums * C * splits Acc values, with `splits` set.
 template <typename T, typename Acc, typename Op>
 Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in, const Op& op, int64_t& splits,
                        cudaStream_t stream, const char* name) {
@@ -756,7 +779,7 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
       splits = std::clamp<int64_t>(int64_t{sms} * per_sm / L.C, 1, std::min<int64_t>(max_splits, 65535));
       const int64_t chunk = ceil_div(vecs, splits);
       splits = ceil_div(vecs, chunk);
-      partial = ops::empty({L.C * splits * 3}, TensorOptions{.dtype = adt, .device = like.device()});
+      partial = ops::empty({L.C * splits * kStateSums}, TensorOptions{.dtype = adt, .device = like.device()});
       reduce_planes_kernel<T, V, Acc, Op>
           <<<dim3(static_cast<unsigned>(L.C), static_cast<unsigned>(splits)), kThreads, 0, stream>>>(
               in, op, reinterpret_cast<State<Acc>*>(partial.data_ptr()), L.C, L.S, vecs, chunk);
@@ -768,14 +791,16 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
       const int64_t grid_x = ceil_div(cvecs, bx);
       const int64_t max_splits = std::max<int64_t>(1, L.outer / (int64_t{by} * 8));  // >= 8 rows per thread
       const size_t smem = sizeof(State<Acc>) * static_cast<size_t>(kThreads) * V;
-      static const int per_sm = blocks_per_sm(reduce_rows_kernel<T, V, Acc, Op>, kThreads, smem);
+      // Without y (the fused ReLU's mask is bits or absent) the kernel holds no y vectors: fewer registers, more
+      // blocks per SM.
+      auto kernel = in.y ? reduce_rows_kernel<T, V, Acc, Op, true> : reduce_rows_kernel<T, V, Acc, Op, false>;
+      static const int per_sm_y = blocks_per_sm(reduce_rows_kernel<T, V, Acc, Op, true>, kThreads, smem);
+      static const int per_sm_no_y = blocks_per_sm(reduce_rows_kernel<T, V, Acc, Op, false>, kThreads, smem);
+      const int per_sm = in.y ? per_sm_y : per_sm_no_y;
       splits = std::clamp<int64_t>(int64_t{sms} * per_sm / grid_x, 1, std::min<int64_t>(max_splits, 65535));
-      const int64_t rows_per_split = ceil_div(L.outer, splits);
-      splits = ceil_div(L.outer, rows_per_split);
-      partial = ops::empty({L.C * splits * 3}, TensorOptions{.dtype = adt, .device = like.device()});
-      reduce_rows_kernel<T, V, Acc, Op>
-          <<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(splits)), dim3(bx, by), smem, stream>>>(
-              in, op, reinterpret_cast<State<Acc>*>(partial.data_ptr()), L.outer, L.C, rows_per_split);
+      partial = ops::empty({L.C * splits * kStateSums}, TensorOptions{.dtype = adt, .device = like.device()});
+      kernel<<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(splits)), dim3(bx, by), smem, stream>>>(
+          in, op, reinterpret_cast<State<Acc>*>(partial.data_ptr()), L.outer, L.C);
     }
     KILN_CUDA_CHECK_LAUNCH(name);
   };
@@ -876,8 +901,7 @@ bool forward_single(const Tensor& x, const Tensor& y, const Layout& L, const Ten
     using D = device_t<T>;
     constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
     if (!g_single_forward.load(std::memory_order_relaxed) || !L.rows || V == 1) return false;
-    if (running_mean.defined() &&
-        (running_mean.dtype() != DType::Float32 || running_var.dtype() != DType::Float32)) {
+    if (running_mean.defined() && (running_mean.dtype() != DType::Float32 || running_var.dtype() != DType::Float32)) {
       return false;
     }
     const auto* xp = static_cast<const D*>(x.data_ptr());
@@ -890,7 +914,7 @@ bool forward_single(const Tensor& x, const Tensor& y, const Layout& L, const Ten
     if (!g.ok) return false;
     trace::Scope range(trace::Kind::Op, "batch_norm_forward.single_kernel", x.device());
     const TensorOptions opts{.dtype = DType::Float32, .device = x.device()};
-    const Tensor partial = ops::empty({L.C * static_cast<int64_t>(g.grid.y) * 3}, opts);
+    const Tensor partial = ops::empty({L.C * static_cast<int64_t>(g.grid.y) * kStateSums}, opts);
     mean = ops::empty({L.C}, opts);
     invstd = ops::empty({L.C}, opts);
     const Tensor scale = ops::empty({L.C}, opts);
@@ -946,7 +970,7 @@ bool backward_single(const Tensor& dy, const Tensor& x, const Tensor& y, const T
     if (!g.ok) return false;
     trace::Scope range(trace::Kind::Op, "batch_norm_backward.single_kernel", x.device());
     const TensorOptions opts{.dtype = DType::Float32, .device = x.device()};
-    const Tensor partial = ops::empty({L.C * static_cast<int64_t>(g.grid.y) * 3}, opts);
+    const Tensor partial = ops::empty({L.C * static_cast<int64_t>(g.grid.y) * kStateSums}, opts);
     const Tensor p = ops::empty({L.C}, opts), q = ops::empty({L.C}, opts), r = ops::empty({L.C}, opts);
     if (needs.weight) out.weight = ops::empty({L.C}, opts);
     if (needs.bias) out.bias = ops::empty({L.C}, opts);
@@ -957,7 +981,8 @@ bool backward_single(const Tensor& dy, const Tensor& x, const Tensor& y, const T
     a.dy = dyp;
     a.y = yp;
     a.relu_mask = relu_mask.defined() ? relu_mask.data_ptr<uint8_t>() : nullptr;
-    a.out = {static_cast<D*>(out.input.data_ptr()), needs.residual ? static_cast<D*>(out.residual.data_ptr()) : nullptr};
+    a.out = {static_cast<D*>(out.input.data_ptr()),
+             needs.residual ? static_cast<D*>(out.residual.data_ptr()) : nullptr};
     a.partial = reinterpret_cast<State<Acc>*>(partial.data_ptr());
     a.M = L.outer;
     a.C = L.C;
@@ -1006,8 +1031,8 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
     auto finalize = [&](auto* rm, auto* rv, Acc mom) {
       using R = std::remove_pointer_t<decltype(rm)>;
       finalize_stats_kernel<T, Acc, R><<<blocks, kThreads, 0, stream>>>(
-          part, splits, L.C, xp, L.first(), static_cast<Acc>(eps), ptr_or_null<Acc>(w), mean.data_ptr<Acc>(),
-          invstd.data_ptr<Acc>(), scale.data_ptr<Acc>(), rm, rv, mom);
+          part, splits, L.C, static_cast<Acc>(L.count()), xp, L.first(), static_cast<Acc>(eps), ptr_or_null<Acc>(w),
+          mean.data_ptr<Acc>(), invstd.data_ptr<Acc>(), scale.data_ptr<Acc>(), rm, rv, mom);
     };
     if (running_mean.defined()) {
       visit_floating_dtype(running_mean.dtype(), "batch_norm", [&](auto tag) {
@@ -1036,9 +1061,11 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
       mp = relu_mask.data_ptr<uint8_t>();
     }
     if (L.rows) {
-      static const int per_sm = blocks_per_sm(forward_rows_kernel<T, V, Acc>, kThreads, 0);
-      const RowsGrid g = rows_grid(L.outer, L.C, V, per_sm);
-      forward_rows_kernel<T, V, Acc><<<g.grid, g.block, 0, stream>>>(
+      static const int per_sm_res = blocks_per_sm(forward_rows_kernel<T, V, Acc, true>, kThreads, 0);
+      static const int per_sm_no_res = blocks_per_sm(forward_rows_kernel<T, V, Acc, false>, kThreads, 0);
+      const RowsGrid g = rows_grid(L.outer, L.C, V, rp ? per_sm_res : per_sm_no_res);
+      (rp ? forward_rows_kernel<T, V, Acc, true>
+          : forward_rows_kernel<T, V, Acc, false>)<<<g.grid, g.block, 0, stream>>>(
           xp, rp, yp, mp, mean.data_ptr<Acc>(), scale.data_ptr<Acc>(), ptr_or_null<Acc>(b), relu, L.outer, L.C);
     } else {
       const int64_t vecs = x.numel() / V;
@@ -1100,11 +1127,13 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
     constexpr int V = decltype(width)::value;
     trace::Scope apply_range(trace::Kind::Op, "batch_norm_backward.input", x.device());
     if (L.rows) {
-      static const int per_sm = blocks_per_sm(backward_rows_kernel<T, V, Acc>, kThreads, 0);
-      const RowsGrid g = rows_grid(L.outer, L.C, V, per_sm);
-      backward_rows_kernel<T, V, Acc><<<g.grid, g.block, 0, stream>>>(xp, dyp, yp, mp, dst, mean.data_ptr<Acc>(),
-                                                                      ptr_or_null<Acc>(p), ptr_or_null<Acc>(q),
-                                                                      ptr_or_null<Acc>(r), training, L.outer, L.C);
+      static const int per_sm_y = blocks_per_sm(backward_rows_kernel<T, V, Acc, true>, kThreads, 0);
+      static const int per_sm_no_y = blocks_per_sm(backward_rows_kernel<T, V, Acc, false>, kThreads, 0);
+      const RowsGrid g = rows_grid(L.outer, L.C, V, yp ? per_sm_y : per_sm_no_y);
+      (yp ? backward_rows_kernel<T, V, Acc, true>
+          : backward_rows_kernel<T, V, Acc, false>)<<<g.grid, g.block, 0, stream>>>(
+          xp, dyp, yp, mp, dst, mean.data_ptr<Acc>(), ptr_or_null<Acc>(p), ptr_or_null<Acc>(q), ptr_or_null<Acc>(r),
+          training, L.outer, L.C);
     } else {
       const int64_t vecs = x.numel() / V;
       backward_planes_kernel<T, V, Acc><<<grid_for(vecs, kThreads), kThreads, 0, stream>>>(
