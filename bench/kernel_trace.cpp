@@ -10,7 +10,9 @@
 // torch.cuda.profiler.start; bench_train and pytorch_train.py put them around their timed steps) delimit the ranges
 // reported. At each range's end the kernels that ran wholly inside it are summed by name and printed to standard
 // error: the range's wall time on the GPU, the time kernels ran (overlapping kernels counted once each), and the
-// kernels by total time, with calls and a share. KILN_KERNEL_TRACE_TOP (30) sets how many kernels are listed.
+// kernels by total time, with calls and a share. KILN_KERNEL_TRACE_TOP (30) sets how many kernels are listed;
+// KILN_KERNEL_TRACE_BY_LAUNCH=1 sums by name and launch configuration (grid and block dimensions) instead, which
+// splits one kernel's time by the shapes it ran on.
 //
 // Kernel durations here are the GPU's own timestamps: unlike timing each op between two events, host work between
 // launches is not counted, so the sums show where a step's GPU time goes. Kernel records are CUpti_ActivityKernel10,
@@ -43,6 +45,7 @@ std::vector<KernelRun> kernels;  // completed records not yet reported
 bool in_range = false;
 uint64_t range_start = 0;
 int range_index = 0;
+bool by_launch = false;  // KILN_KERNEL_TRACE_BY_LAUNCH: kernels keyed by name and launch configuration
 
 constexpr size_t kBufferBytes = 8u << 20;
 
@@ -59,7 +62,13 @@ std::string demangled(const char* name) {
   char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status);
   std::string out = status == 0 && d != nullptr ? d : name;
   std::free(d);
-  // Template arguments make names run long: keep the function's own name and the start of its arguments.
+  // Template arguments make names run long: drop the namespaces that say nothing, then keep the function's own
+  // name and the start of its arguments.
+  for (const char* noise : {"(anonymous namespace)::", "kiln::nn::cuda_impl::", "kiln::cuda::"}) {
+    for (size_t at = out.find(noise); at != std::string::npos; at = out.find(noise, at)) {
+      out.erase(at, std::strlen(noise));
+    }
+  }
   if (out.size() > 110) out = out.substr(0, 107) + "...";
   return out;
 }
@@ -76,7 +85,14 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    runs.push_back({demangled(k->name), k->start, k->end});
+    std::string name = demangled(k->name);
+    if (by_launch) {
+      char launch[96];
+      std::snprintf(launch, sizeof launch, " <<<(%d,%d,%d),(%d,%d,%d)>>>", k->gridX, k->gridY, k->gridZ, k->blockX,
+                    k->blockY, k->blockZ);
+      name += launch;
+    }
+    runs.push_back({std::move(name), k->start, k->end});
   }
   std::free(buffer);
   std::lock_guard<std::mutex> lock(mutex);
@@ -159,6 +175,8 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, co
 
 extern "C" int InitializeInjection(void) {
   static CUpti_SubscriberHandle subscriber = nullptr;
+  const char* by_launch_env = std::getenv("KILN_KERNEL_TRACE_BY_LAUNCH");
+  by_launch = by_launch_env != nullptr && std::strcmp(by_launch_env, "0") != 0;
   report_error(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   report_error(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
   report_error(cuptiSubscribe(&subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_api), nullptr), "cuptiSubscribe");
