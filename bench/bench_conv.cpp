@@ -3,7 +3,7 @@
 // logs side by side (this one and PyTorch's, or two of this one's with different --path).
 //
 //   bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--cudnn-api graph|legacy] [--dtype bf16|fp16]
-//              [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--quick]
+//              [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--sums] [--quick]
 //
 // Nets (--net): resnet50 (default): every distinct convolution of torchvision's ResNet-50 (bottleneck v1.5: the
 // stride on the 3x3 conv; the 7x7/2 stem on 3 channels, then a 3x3/2 max pool; strided 1x1 downsample convs) at
@@ -25,6 +25,10 @@
 // compare the two paths on one GPU. kiln's cuDNN passes go through cuDNN's graph API (kiln/layers/cuda/
 // conv_cudnn_graph.h) for bf16 and fp16; --cudnn-api legacy sends them through the legacy convolution API instead
 // (cudnnFind*AlgorithmEx), what kiln ran before, to compare the two APIs ("cudnn_api" in every line).
+//
+// --sums (GPU, bf16/fp16, graph API) adds a line per cuDNN-path shape, "pass": "fwd_sums": the forward as one cuDNN
+// graph with each output channel's sum and sum of squares (conv2d_graph_forward_with_sums, the statistics batch norm
+// takes next), to set beside "fwd"; "error" where cuDNN has no engine for that graph. Not in the totals.
 //
 // Timing: `--iters` (10) passes back to back between two CUDA events, the median of `--steps` (10) such blocks
 // after `--warmup` (2) blocks, divided by `--iters`; the first warm-up pass is where cuDNN's algorithms (or
@@ -58,7 +62,7 @@
 #include "json_text.h"   // bench::json_escape
 #include "kiln/kiln.h"
 #include "kiln/layers/cuda/conv_cudnn.h"  // nn::cuda_impl::conv2d_forward, conv2d_backward_data, conv2d_backward_filter
-#include "kiln/layers/cuda/conv_cudnn_graph.h"  // nn::cuda_impl::set_conv2d_graph_api
+#include "kiln/layers/cuda/conv_cudnn_graph.h"  // set_conv2d_graph_api, conv2d_graph_forward_with_sums
 #include "kiln/tensor/cuda.h"                   // cuda::is_available
 #include "kiln/tensor/ops.h"  // ops::mm, ops::view, ops::permute, ops::transpose: raw ops, nothing recorded
 
@@ -150,6 +154,7 @@ struct Settings {
   int iters = 10, steps = 10, warmup = 2;
   int64_t n = 256, hw = 224;
   bool quick = false;
+  bool sums = false;  // --sums: also the forward with its channel sums
 };
 
 // The path this shape's passes take: "matmul" or "cudnn".
@@ -297,6 +302,27 @@ void run_shape(const Settings& s, int index, const ConvShape& c, Totals& totals)
     }
     std::fflush(stdout);
   }
+  if (s.sums && s.device.is_cuda() && std::string(path_of(s, c)) == "cudnn") {
+    const std::string fields = case_fields(s, index, c) + ", \"pass\": \"fwd_sums\"";
+    const nn::cuda_impl::ConvGeometry g{.stride = {c.stride, c.stride}, .padding = {pad, pad}};
+    const Tensor y = empty({s.n, c.c_out, oh, oh}, opts).contiguous(cl);
+    const TensorOptions f32{.dtype = DType::Float32, .device = s.device};
+    const nn::cuda_impl::ConvChannelSums sums{empty({c.c_out}, f32), empty({c.c_out}, f32)};
+    try {
+      if (!nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, /*channels_last=*/true)) {
+        std::printf("{%s, \"error\": \"no cuDNN engine for the convolution + statistics graph\"}\n", fields.c_str());
+      } else {
+        const double ms =
+            ms_per_pass(s, [&] { (void)nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, true); });
+        std::printf("{%s, \"ms\": %.4f, \"tflops\": %.1f, \"in_step\": false}\n", fields.c_str(), ms, flop / ms / 1e9);
+      }
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      if (what.size() > 400) what.resize(400);
+      std::printf("{%s, \"error\": \"%s\"}\n", fields.c_str(), json_escape(what).c_str());
+    }
+    std::fflush(stdout);
+  }
 }
 
 void print_shapes(FILE* out, const Net& net, const std::vector<ConvShape>& shapes) {
@@ -327,7 +353,7 @@ int main(int argc, char** argv) {
   auto usage = [&] {
     std::fprintf(stderr,
                  "usage: bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--cudnn-api graph|legacy] "
-                 "[--dtype bf16|fp16] [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--quick]\n");
+                 "[--dtype bf16|fp16] [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--sums] [--quick]\n");
     print_shapes(stderr, *s.net, resnet_convs(*s.net, s.net->hw));
     return 2;
   };
@@ -339,6 +365,8 @@ int main(int argc, char** argv) {
     const bool has_value = i + 1 < argc;
     if (a == "--quick") {
       s.quick = true;
+    } else if (a == "--sums") {
+      s.sums = true;
     } else if (a == "--help" || a == "-h") {
       help = true;
     } else if (a == "--net" && has_value) {

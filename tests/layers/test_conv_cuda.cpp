@@ -6,6 +6,7 @@
 // input. The CPU float64 path is itself checked against a plain double loop in test_conv.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -402,6 +403,57 @@ TEST_F(CudaConvTest, GraphCaptureTakesThePlansTimedBeforeIt) {
   step2();
   cuda::synchronize();
   EXPECT_EQ(nn::cuda_impl::conv2d_graph_plans_built(), built + 6);
+}
+
+// The forward pass with its channel sums (cuDNN's convolution + statistics graph): y as the float64 reference, and
+// each channel's sum and sum of squares within the rounding of y to its 16-bit type (2^-8 of the magnitudes summed,
+// plus float32 accumulation). The sums' tensors start as NaN, so an engine that added to them instead of writing them
+// fails here.
+TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
+  if (!nn::cuda_impl::conv2d_graph_api_compiled()) GTEST_SKIP() << "kiln was built without cudnn-frontend";
+  nn::cuda_impl::set_conv2d_graph_api(true);
+  struct Problem {
+    Shape x, w;
+    nn::cuda_impl::ConvGeometry g;
+  };
+  const std::vector<Problem> problems{{{8, 64, 16, 16}, {64, 64, 3, 3}, {.padding = {1, 1}}},
+                                      {{4, 32, 9, 9}, {48, 32, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}}};
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    for (const Problem& p : problems) {
+      SCOPED_TRACE(::kiln::detail::str_cat(dtype, " x ", p.x, " w ", p.w));
+      const TensorOptions o{.dtype = dtype, .device = Device::cuda(0)};
+      const Tensor x = make(uniform(numel(p.x), -1, 1, 71), p.x, o).contiguous(MemoryFormat::ChannelsLast);
+      const Tensor w = make(uniform(numel(p.w), -1, 1, 72), p.w, o).contiguous(MemoryFormat::ChannelsLast);
+      const int64_t c = p.w[0];
+      const int64_t oh = (p.x[2] + 2 * p.g.padding[0] - p.w[2]) / p.g.stride[0] + 1;
+      const int64_t ow = (p.x[3] + 2 * p.g.padding[1] - p.w[3]) / p.g.stride[1] + 1;
+      const Tensor y = empty({p.x[0], c, oh, ow}, o).contiguous(MemoryFormat::ChannelsLast);
+      const TensorOptions f32{.dtype = DType::Float32, .device = Device::cuda(0)};
+      const nn::cuda_impl::ConvChannelSums sums{full({c}, std::nan(""), f32), full({c}, std::nan(""), f32)};
+      ASSERT_TRUE(nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, p.g, /*channels_last=*/true))
+          << "cuDNN offered no engine for the convolution + statistics graph";
+
+      auto host = [](const Tensor& t) { return t.to(Device::cpu(), DType::Float64).contiguous(); };
+      const Tensor y64 = nn::conv2d(
+          host(x), host(w), {},
+          {.stride = {p.g.stride[0], p.g.stride[1]}, .padding = {p.g.padding[0], p.g.padding[1]}, .bias = false});
+      expect_close(y, y64, dtype == DType::BFloat16 ? kBFloat16Values : kFloat16Values, "output");
+      const std::vector<double> ref = values(y64);  // NCHW order
+      const int64_t plane = oh * ow;
+      std::vector<double> sum(c, 0.0), sum_sq(c, 0.0), sum_abs(c, 0.0);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const int64_t ch = (static_cast<int64_t>(i) / plane) % c;
+        sum[ch] += ref[i];
+        sum_sq[ch] += ref[i] * ref[i];
+        sum_abs[ch] += std::abs(ref[i]);
+      }
+      const std::vector<double> got_sum = values(sums.sum), got_sq = values(sums.sum_of_squares);
+      for (int64_t ch = 0; ch < c; ++ch) {
+        EXPECT_NEAR(got_sum[ch], sum[ch], sum_abs[ch] / 256 + 1e-3) << "sum of channel " << ch;
+        EXPECT_NEAR(got_sq[ch], sum_sq[ch], sum_sq[ch] / 128 + 1e-3) << "sum of squares of channel " << ch;
+      }
+    }
+  }
 }
 
 // After a warm-up the algorithms are cached and every buffer (workspaces too) comes from the caching

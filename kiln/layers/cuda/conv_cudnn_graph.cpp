@@ -47,6 +47,11 @@ bool conv2d_graph_pass(ConvPass, const Tensor&, const Tensor&, const Tensor&, co
   return false;
 }
 
+bool conv2d_graph_forward_with_sums(const Tensor&, const Tensor&, const Tensor&, const ConvChannelSums&,
+                                    const ConvGeometry&, bool) {
+  return false;
+}
+
 #else
 
 namespace fe = cudnn_frontend;
@@ -55,8 +60,20 @@ namespace {
 
 constexpr const char* kOp = "conv2d (cuDNN graph API)";
 
-// Fixed tensor ids of the variant packs: x (or dx), w (or dw), y (or dy).
-enum Uid : int64_t { kX = 1, kW, kY };
+// Fixed tensor ids of the variant packs: x (or dx), w (or dw), y (or dy), and a forward's channel sums.
+enum Uid : int64_t { kX = 1, kW, kY, kSum, kSumOfSquares };
+
+// The graphs the cache tells apart: the three passes, and the forward with its channel sums.
+enum class GraphKind : int64_t { Forward, BackwardData, BackwardFilter, ForwardWithSums };
+
+GraphKind kind_of(ConvPass pass) {
+  switch (pass) {
+    case ConvPass::Forward: return GraphKind::Forward;
+    case ConvPass::BackwardData: return GraphKind::BackwardData;
+    case ConvPass::BackwardFilter: return GraphKind::BackwardFilter;
+  }
+  return GraphKind::Forward;
+}
 
 using Dims = std::vector<int64_t>;
 using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
@@ -109,8 +126,18 @@ void mark_output(const TensorAttr& out, int64_t uid, const Tensor& t, bool chann
   out->set_output(true).set_uid(uid).set_dim(dims_of(t)).set_stride(strides_of(t, channels_last));
 }
 
-// The pass's graph over x, w and y (see conv2d_graph_pass for which one it writes).
-std::shared_ptr<fe::graph::Graph> make_graph(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& y,
+// A (C) float32 output of the graph (a channel sum), as genstats lays it out: (1, C, 1, 1).
+void mark_channel_output(const TensorAttr& out, int64_t uid, int64_t channels) {
+  out->set_output(true)
+      .set_uid(uid)
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_dim({1, channels, 1, 1})
+      .set_stride({channels, 1, channels, channels});
+}
+
+// The graph over x, w and y (see conv2d_graph_pass for which one a pass writes; the forward with sums writes y and
+// the sums).
+std::shared_ptr<fe::graph::Graph> make_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y,
                                              const ConvGeometry& g, bool channels_last) {
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(x.dtype() == DType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
@@ -118,8 +145,9 @@ std::shared_ptr<fe::graph::Graph> make_graph(ConvPass pass, const Tensor& x, con
       .set_compute_data_type(fe::DataType_t::FLOAT);
   const Dims padding{g.padding[0], g.padding[1]}, stride{g.stride[0], g.stride[1]},
       dilation{g.dilation[0], g.dilation[1]};
-  switch (pass) {
-    case ConvPass::Forward: {
+  switch (kind) {
+    case GraphKind::Forward:
+    case GraphKind::ForwardWithSums: {
       TensorAttr X = add_tensor(*graph, "x", kX, x, channels_last);
       TensorAttr W = add_tensor(*graph, "w", kW, w, channels_last);
       TensorAttr Y = graph->conv_fprop(
@@ -127,9 +155,14 @@ std::shared_ptr<fe::graph::Graph> make_graph(ConvPass pass, const Tensor& x, con
           fe::graph::Conv_fprop_attributes().set_name("fprop").set_padding(padding).set_stride(stride).set_dilation(
               dilation));
       mark_output(Y, kY, y, channels_last);
+      if (kind == GraphKind::ForwardWithSums) {
+        auto [sum, sum_of_squares] = graph->genstats(Y, fe::graph::Genstats_attributes().set_name("sums"));
+        mark_channel_output(sum, kSum, y.size(1));
+        mark_channel_output(sum_of_squares, kSumOfSquares, y.size(1));
+      }
       break;
     }
-    case ConvPass::BackwardData: {
+    case GraphKind::BackwardData: {
       TensorAttr DY = add_tensor(*graph, "dy", kY, y, channels_last);
       TensorAttr W = add_tensor(*graph, "w", kW, w, channels_last);
       TensorAttr DX = graph->conv_dgrad(
@@ -139,7 +172,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(ConvPass pass, const Tensor& x, con
       mark_output(DX, kX, x, channels_last);
       break;
     }
-    case ConvPass::BackwardFilter: {
+    case GraphKind::BackwardFilter: {
       TensorAttr DY = add_tensor(*graph, "dy", kY, y, channels_last);
       TensorAttr X = add_tensor(*graph, "x", kX, x, channels_last);
       TensorAttr DW = graph->conv_wgrad(
@@ -154,21 +187,22 @@ std::shared_ptr<fe::graph::Graph> make_graph(ConvPass pass, const Tensor& x, con
 }
 
 // Builds the problem's graph and chooses its plan: with `timed`, every candidate plan (engines compiled at run time
-// left out, and those wanting more workspace than could be had) runs on the problem's own buffers and the fastest is
-// kept (the output's contents are overwritten); otherwise the heuristics' first plan that builds. Returns an entry
-// without a graph when cuDNN has no engine for the problem.
-std::shared_ptr<Entry> build(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g,
+// left out, except for the fused forward with sums, whose engines may all be; and those wanting more workspace than
+// could be had) runs on the problem's own buffers and the fastest is kept (the outputs' contents are overwritten);
+// otherwise the heuristics' first plan that builds. Returns an entry without a graph when cuDNN has no engine for the
+// problem.
+std::shared_ptr<Entry> build(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g,
                              bool channels_last, bool timed, std::unordered_map<int64_t, void*>& pack) {
   auto entry = std::make_shared<Entry>();
   const cudnnHandle_t handle = cudnn_handle(x);
-  std::shared_ptr<fe::graph::Graph> graph = make_graph(pass, x, w, y, g, channels_last);
+  std::shared_ptr<fe::graph::Graph> graph = make_graph(kind, x, w, y, g, channels_last);
   if (!build_step(graph->validate(), "validate") ||
       !build_step(graph->build_operation_graph(handle), "build_operation_graph") ||
       !build_step(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
                   "create_execution_plans")) {
     return entry;
   }
-  graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+  if (kind != GraphKind::ForwardWithSums) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   graph->deselect_workspace_greater_than(static_cast<int64_t>(reachable_workspace_bytes(x, kOp)));
   if (!build_step(graph->check_support(), "check_support") ||
       !build_step(graph->build_plans(timed ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
@@ -188,15 +222,18 @@ std::shared_ptr<Entry> build(ConvPass pass, const Tensor& x, const Tensor& w, co
 
 bool conv2d_graph_api_compiled() { return true; }
 
-bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g,
-                       bool channels_last) {
+namespace {
+
+// Runs the graph of `kind` (its plan built and cached on first use); sums only for ForwardWithSums.
+bool run_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums* sums,
+               const ConvGeometry& g, bool channels_last) {
   if (!conv2d_graph_api() || g.groups != 1 || ::kiln::deterministic()) return false;
   if (x.dtype() != DType::Float16 && x.dtype() != DType::BFloat16) return false;
   // Benchmark mode times every candidate, which synchronises the device: inside a CUDA graph capture a problem takes
   // the plan timed before the capture (the eager warm-up steps), else the heuristics' plan.
   const bool benchmark = nn::cudnn_benchmark();
   const bool can_time = benchmark && !cuda::Graph::capturing();
-  Key key{static_cast<int64_t>(pass),
+  Key key{static_cast<int64_t>(kind),
           x.device().index(),
           static_cast<int64_t>(x.dtype()),
           channels_last ? 1 : 0,
@@ -217,6 +254,10 @@ bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Te
           g.dilation[1],
           benchmark ? 1 : 0};
   std::unordered_map<int64_t, void*> pack{{kX, x.data_ptr()}, {kW, w.data_ptr()}, {kY, y.data_ptr()}};
+  if (sums != nullptr) {
+    pack[kSum] = sums->sum.data_ptr();
+    pack[kSumOfSquares] = sums->sum_of_squares.data_ptr();
+  }
 
   Cache& c = cache();
   auto find = [&c](const Key& k) {
@@ -231,7 +272,7 @@ bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Te
   }
   if (entry == nullptr) {
     // Built outside the cache's lock (timing takes a while); a graph another thread built meanwhile wins.
-    std::shared_ptr<Entry> built = build(pass, x, w, y, g, channels_last, key.back() == 1, pack);
+    std::shared_ptr<Entry> built = build(kind, x, w, y, g, channels_last, key.back() == 1, pack);
     plans_built.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(c.mutex);
     entry = c.entries.emplace(key, std::move(built)).first->second;
@@ -246,6 +287,25 @@ bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Te
   }
   passes_run.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+}  // namespace
+
+bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g,
+                       bool channels_last) {
+  return run_graph(kind_of(pass), x, w, y, nullptr, g, channels_last);
+}
+
+bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums& sums,
+                                    const ConvGeometry& g, bool channels_last) {
+  const int64_t c = y.size(1);
+  KILN_CHECK(sums.sum.defined() && sums.sum_of_squares.defined() && sums.sum.dtype() == DType::Float32 &&
+                 sums.sum_of_squares.dtype() == DType::Float32 && sums.sum.numel() == c &&
+                 sums.sum_of_squares.numel() == c && sums.sum.is_contiguous() && sums.sum_of_squares.is_contiguous() &&
+                 sums.sum.device() == y.device() && sums.sum_of_squares.device() == y.device(),
+             "conv2d_graph_forward_with_sums: the sums must be contiguous float32 tensors of ", c,
+             " values (the output's channels) on ", y.device());
+  return run_graph(GraphKind::ForwardWithSums, x, w, y, &sums, g, channels_last);
 }
 
 #endif

@@ -29,6 +29,20 @@ enum class ConvPass : int64_t { Forward, BackwardData, BackwardFilter };
 bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g,
                        bool channels_last);
 
+// The per-channel sums a forward pass can write beside y: over (N, OH, OW), float32, each a contiguous (C_out) tensor.
+struct ConvChannelSums {
+  Tensor sum;             // sum of y
+  Tensor sum_of_squares;  // sum of y^2
+};
+
+// The forward pass with each output channel's sum and sum of squares (cuDNN's convolution + statistics graph: the
+// statistics batch norm takes next, without reading y again), on conv2d_graph_pass's terms. Returns false, having run
+// nothing, where that path would, or where cuDNN has no engine for the fused graph (such engines may be compiled at
+// run time, once per problem). The sums are float32; the fused engine may take them before y is rounded to its
+// 16-bit type, so they agree with sums of y to that rounding.
+bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums& sums,
+                                    const ConvGeometry& g, bool channels_last);
+
 // On by default when kiln has cudnn-frontend; off sends every convolution through the legacy API (bench_conv
 // --cudnn-api legacy and the tests compare the two).
 void set_conv2d_graph_api(bool enabled);
