@@ -309,8 +309,10 @@ void run_shape(const Settings& s, int index, const ConvShape& c, Totals& totals)
     const TensorOptions f32{.dtype = DType::Float32, .device = s.device};
     const nn::cuda_impl::ConvChannelSums sums{empty({c.c_out}, f32), empty({c.c_out}, f32)};
     try {
-      if (!nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, /*channels_last=*/true)) {
-        std::printf("{%s, \"error\": \"no cuDNN engine for the convolution + statistics graph\"}\n", fields.c_str());
+      std::string why_not = "the graph API path is off for this problem";
+      if (!nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, /*channels_last=*/true, &why_not)) {
+        std::printf("{%s, \"error\": \"no cuDNN engine for the convolution + statistics graph: %s\"}\n", fields.c_str(),
+                    json_escape(why_not).c_str());
       } else {
         const double ms =
             ms_per_pass(s, [&] { (void)nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, true); });

@@ -430,8 +430,9 @@ TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
       const Tensor y = empty({p.x[0], c, oh, ow}, o).contiguous(MemoryFormat::ChannelsLast);
       const TensorOptions f32{.dtype = DType::Float32, .device = Device::cuda(0)};
       const nn::cuda_impl::ConvChannelSums sums{full({c}, std::nan(""), f32), full({c}, std::nan(""), f32)};
-      ASSERT_TRUE(nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, p.g, /*channels_last=*/true))
-          << "cuDNN offered no engine for the convolution + statistics graph";
+      std::string why_not;
+      ASSERT_TRUE(nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, p.g, /*channels_last=*/true, &why_not))
+          << "cuDNN offered no engine for the convolution + statistics graph: " << why_not;
 
       auto host = [](const Tensor& t) { return t.to(Device::cpu(), DType::Float64).contiguous(); };
       const Tensor y64 = nn::conv2d(

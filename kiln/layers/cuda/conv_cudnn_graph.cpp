@@ -48,7 +48,8 @@ bool conv2d_graph_pass(ConvPass, const Tensor&, const Tensor&, const Tensor&, co
 }
 
 bool conv2d_graph_forward_with_sums(const Tensor&, const Tensor&, const Tensor&, const ConvChannelSums&,
-                                    const ConvGeometry&, bool) {
+                                    const ConvGeometry&, bool, std::string* why_not) {
+  if (why_not != nullptr) *why_not = "kiln was built without cudnn-frontend";
   return false;
 }
 
@@ -89,8 +90,10 @@ Dims strides_of(const Tensor& t, bool channels_last) {
 }
 
 void check(fe::error_t status, const char* step) { check_frontend(status, kOp, step); }
-// A failed build step sends the problem to the legacy API.
-bool build_step(fe::error_t status, const char* step) { return frontend_build_step(status, kOp, step); }
+// A failed build step sends the problem to the legacy API; why_not keeps the reason.
+bool build_step(fe::error_t status, const char* step, std::string* why_not) {
+  return frontend_build_step(status, kOp, step, why_not);
+}
 
 // Everything a graph and its plan depend on. Pointer alignment is in it because some engines need 16-byte aligned
 // operands; whether the plan was timed (last), because a problem first met during a CUDA graph capture in benchmark
@@ -99,6 +102,7 @@ using Key = std::array<int64_t, 20>;
 
 struct Entry {
   std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN's graph API has no engine for this problem
+  std::string why_not;                      // without a graph: the build step that failed, with cuDNN's message
   int64_t workspace_bytes = 0;
   std::mutex run;  // a built graph's execute prepares state on first use: one thread at a time
 };
@@ -196,22 +200,22 @@ std::shared_ptr<Entry> build(GraphKind kind, const Tensor& x, const Tensor& w, c
   auto entry = std::make_shared<Entry>();
   const cudnnHandle_t handle = cudnn_handle(x);
   std::shared_ptr<fe::graph::Graph> graph = make_graph(kind, x, w, y, g, channels_last);
-  if (!build_step(graph->validate(), "validate") ||
-      !build_step(graph->build_operation_graph(handle), "build_operation_graph") ||
+  if (!build_step(graph->validate(), "validate", &entry->why_not) ||
+      !build_step(graph->build_operation_graph(handle), "build_operation_graph", &entry->why_not) ||
       !build_step(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
-                  "create_execution_plans")) {
+                  "create_execution_plans", &entry->why_not)) {
     return entry;
   }
   if (kind != GraphKind::ForwardWithSums) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   graph->deselect_workspace_greater_than(static_cast<int64_t>(reachable_workspace_bytes(x, kOp)));
-  if (!build_step(graph->check_support(), "check_support") ||
+  if (!build_step(graph->check_support(), "check_support", &entry->why_not) ||
       !build_step(graph->build_plans(timed ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
-                  "build_plans")) {
+                  "build_plans", &entry->why_not)) {
     return entry;
   }
   if (timed) {
     const Tensor ws = workspace(x, static_cast<size_t>(graph->get_autotune_workspace_size()));
-    if (!build_step(graph->autotune(handle, pack, workspace_ptr(ws)), "autotune")) return entry;
+    if (!build_step(graph->autotune(handle, pack, workspace_ptr(ws)), "autotune", &entry->why_not)) return entry;
   }
   check(graph->get_workspace_size(entry->workspace_bytes), "get_workspace_size");
   entry->graph = std::move(graph);
@@ -226,7 +230,7 @@ namespace {
 
 // Runs the graph of `kind` (its plan built and cached on first use); sums only for ForwardWithSums.
 bool run_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums* sums,
-               const ConvGeometry& g, bool channels_last) {
+               const ConvGeometry& g, bool channels_last, std::string* why_not) {
   if (!conv2d_graph_api() || g.groups != 1 || ::kiln::deterministic()) return false;
   if (x.dtype() != DType::Float16 && x.dtype() != DType::BFloat16) return false;
   // Benchmark mode times every candidate, which synchronises the device: inside a CUDA graph capture a problem takes
@@ -277,7 +281,10 @@ bool run_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y
     std::lock_guard<std::mutex> lock(c.mutex);
     entry = c.entries.emplace(key, std::move(built)).first->second;
   }
-  if (entry->graph == nullptr) return false;
+  if (entry->graph == nullptr) {
+    if (why_not != nullptr) *why_not = entry->why_not;
+    return false;
+  }
 
   const cudnnHandle_t handle = cudnn_handle(x);
   const Tensor ws = workspace(x, static_cast<size_t>(entry->workspace_bytes));
@@ -293,11 +300,11 @@ bool run_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y
 
 bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g,
                        bool channels_last) {
-  return run_graph(kind_of(pass), x, w, y, nullptr, g, channels_last);
+  return run_graph(kind_of(pass), x, w, y, nullptr, g, channels_last, nullptr);
 }
 
 bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums& sums,
-                                    const ConvGeometry& g, bool channels_last) {
+                                    const ConvGeometry& g, bool channels_last, std::string* why_not) {
   const int64_t c = y.size(1);
   KILN_CHECK(sums.sum.defined() && sums.sum_of_squares.defined() && sums.sum.dtype() == DType::Float32 &&
                  sums.sum_of_squares.dtype() == DType::Float32 && sums.sum.numel() == c &&
@@ -305,7 +312,7 @@ bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tens
                  sums.sum.device() == y.device() && sums.sum_of_squares.device() == y.device(),
              "conv2d_graph_forward_with_sums: the sums must be contiguous float32 tensors of ", c,
              " values (the output's channels) on ", y.device());
-  return run_graph(GraphKind::ForwardWithSums, x, w, y, &sums, g, channels_last);
+  return run_graph(GraphKind::ForwardWithSums, x, w, y, &sums, g, channels_last, why_not);
 }
 
 #endif

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kiln/layers/cuda/conv_cudnn.h"  // ConvGeometry
 #include "kiln/tensor/tensor.h"
@@ -38,10 +39,11 @@ struct ConvChannelSums {
 // The forward pass with each output channel's sum and sum of squares (cuDNN's convolution + statistics graph: the
 // statistics batch norm takes next, without reading y again), on conv2d_graph_pass's terms. Returns false, having run
 // nothing, where that path would, or where cuDNN has no engine for the fused graph (such engines may be compiled at
-// run time, once per problem). The sums are float32; the fused engine may take them before y is rounded to its
-// 16-bit type, so they agree with sums of y to that rounding.
+// run time, once per problem; why_not, when given, then gets the build step that failed and cuDNN's message, or is
+// left as it is where the path was not tried). The sums are float32; the fused engine may take them before y is rounded
+// to its 16-bit type, so they agree with sums of y to that rounding.
 bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums& sums,
-                                    const ConvGeometry& g, bool channels_last);
+                                    const ConvGeometry& g, bool channels_last, std::string* why_not = nullptr);
 
 // On by default when kiln has cudnn-frontend; off sends every convolution through the legacy API (bench_conv
 // --cudnn-api legacy and the tests compare the two).
