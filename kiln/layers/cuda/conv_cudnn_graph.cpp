@@ -64,8 +64,9 @@ constexpr const char* kOp = "conv2d (cuDNN graph API)";
 // Fixed tensor ids of the variant packs: x (or dx), w (or dw), y (or dy), and a forward's channel sums.
 enum Uid : int64_t { kX = 1, kW, kY, kSum, kSumOfSquares };
 
-// The graphs the cache tells apart: the three passes, and the forward with its channel sums.
-enum class GraphKind : int64_t { Forward, BackwardData, BackwardFilter, ForwardWithSums };
+// The graphs the cache tells apart: the three passes, and the forward with its channel sums in two forms: the sums
+// of y as stored (16-bit), or of the float32 products, which a pointwise identity then rounds into y.
+enum class GraphKind : int64_t { Forward, BackwardData, BackwardFilter, ForwardWithSums, ForwardWithSumsOfFloat };
 
 GraphKind kind_of(ConvPass pass) {
   switch (pass) {
@@ -151,16 +152,23 @@ std::shared_ptr<fe::graph::Graph> make_graph(GraphKind kind, const Tensor& x, co
       dilation{g.dilation[0], g.dilation[1]};
   switch (kind) {
     case GraphKind::Forward:
-    case GraphKind::ForwardWithSums: {
+    case GraphKind::ForwardWithSums:
+    case GraphKind::ForwardWithSumsOfFloat: {
       TensorAttr X = add_tensor(*graph, "x", kX, x, channels_last);
       TensorAttr W = add_tensor(*graph, "w", kW, w, channels_last);
       TensorAttr Y = graph->conv_fprop(
           X, W,
           fe::graph::Conv_fprop_attributes().set_name("fprop").set_padding(padding).set_stride(stride).set_dilation(
               dilation));
+      TensorAttr summed = Y;  // what genstats reads
+      if (kind == GraphKind::ForwardWithSumsOfFloat) {
+        Y->set_data_type(fe::DataType_t::FLOAT);  // a virtual float32 intermediate
+        Y = graph->pointwise(
+            Y, fe::graph::Pointwise_attributes().set_name("round").set_mode(fe::PointwiseMode_t::IDENTITY));
+      }
       mark_output(Y, kY, y, channels_last);
-      if (kind == GraphKind::ForwardWithSums) {
-        auto [sum, sum_of_squares] = graph->genstats(Y, fe::graph::Genstats_attributes().set_name("sums"));
+      if (kind != GraphKind::Forward) {
+        auto [sum, sum_of_squares] = graph->genstats(summed, fe::graph::Genstats_attributes().set_name("sums"));
         mark_channel_output(sum, kSum, y.size(1));
         mark_channel_output(sum_of_squares, kSumOfSquares, y.size(1));
       }
@@ -206,7 +214,8 @@ std::shared_ptr<Entry> build(GraphKind kind, const Tensor& x, const Tensor& w, c
                   "create_execution_plans", &entry->why_not)) {
     return entry;
   }
-  if (kind != GraphKind::ForwardWithSums) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+  const bool sums = kind == GraphKind::ForwardWithSums || kind == GraphKind::ForwardWithSumsOfFloat;
+  if (!sums) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   graph->deselect_workspace_greater_than(static_cast<int64_t>(reachable_workspace_bytes(x, kOp)));
   if (!build_step(graph->check_support(), "check_support", &entry->why_not) ||
       !build_step(graph->build_plans(timed ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
@@ -228,7 +237,7 @@ bool conv2d_graph_api_compiled() { return true; }
 
 namespace {
 
-// Runs the graph of `kind` (its plan built and cached on first use); sums only for ForwardWithSums.
+// Runs the graph of `kind` (its plan built and cached on first use); sums only for the forwards with sums.
 bool run_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums* sums,
                const ConvGeometry& g, bool channels_last, std::string* why_not) {
   if (!conv2d_graph_api() || g.groups != 1 || ::kiln::deterministic()) return false;
@@ -312,7 +321,14 @@ bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tens
                  sums.sum.device() == y.device() && sums.sum_of_squares.device() == y.device(),
              "conv2d_graph_forward_with_sums: the sums must be contiguous float32 tensors of ", c,
              " values (the output's channels) on ", y.device());
-  return run_graph(GraphKind::ForwardWithSums, x, w, y, &sums, g, channels_last, why_not);
+  // The sums of y as stored first; where cuDNN has no engine for that graph, the sums of the float32 products.
+  std::string first, second;
+  if (run_graph(GraphKind::ForwardWithSums, x, w, y, &sums, g, channels_last, &first)) return true;
+  if (run_graph(GraphKind::ForwardWithSumsOfFloat, x, w, y, &sums, g, channels_last, &second)) return true;
+  if (why_not != nullptr && !first.empty()) {
+    *why_not = ::kiln::detail::str_cat("sums of y: ", first, "; sums of the float32 products: ", second);
+  }
+  return false;
 }
 
 #endif

@@ -37,11 +37,11 @@ struct ConvChannelSums {
 };
 
 // The forward pass with each output channel's sum and sum of squares (cuDNN's convolution + statistics graph: the
-// statistics batch norm takes next, without reading y again), on conv2d_graph_pass's terms. Returns false, having run
-// nothing, where that path would, or where cuDNN has no engine for the fused graph (such engines may be compiled at
-// run time, once per problem; why_not, when given, then gets the build step that failed and cuDNN's message, or is
-// left as it is where the path was not tried). The sums are float32; the fused engine may take them before y is rounded
-// to its 16-bit type, so they agree with sums of y to that rounding.
+// statistics batch norm takes next, without reading y again), on conv2d_graph_pass's terms. Two graphs are tried in
+// turn: the sums of y as stored, then the sums of the float32 products that a pointwise identity rounds into y; either
+// agrees with sums of y to y's rounding. Returns false, having run nothing, where conv2d_graph_pass would, or where
+// cuDNN has no engine for either graph (such engines may be compiled at run time, once per problem); why_not, when
+// given, then gets each graph's failed build step with cuDNN's message (left as it is where the path was not tried).
 bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums& sums,
                                     const ConvGeometry& g, bool channels_last, std::string* why_not = nullptr);
 
