@@ -26,8 +26,8 @@ struct Case {
   int count;  // how many of ResNet-50's 53 batch norms have this shape
 };
 // ResNet-50's batch norms at 224^2 input: (channels, spatial size, layers of that shape).
-constexpr Case kCases[] = {{64, 112, 1},  {64, 56, 6},   {256, 56, 4},  {128, 56, 1}, {128, 28, 7}, {512, 28, 5},
-                           {256, 28, 1},  {256, 14, 11}, {1024, 14, 7}, {512, 14, 1}, {512, 7, 5},  {2048, 7, 4}};
+constexpr Case kCases[] = {{64, 112, 1}, {64, 56, 6},   {256, 56, 4},  {128, 56, 1}, {128, 28, 7}, {512, 28, 5},
+                           {256, 28, 1}, {256, 14, 11}, {1024, 14, 7}, {512, 14, 1}, {512, 7, 5},  {2048, 7, 4}};
 
 void run(int64_t n, const Case& k, int warmup, int steps, bool single, double& fwd_sum, double& both_sum) {
   nn::cuda_impl::set_batch_norm_single_kernel({.forward = single, .backward = single});
@@ -35,7 +35,8 @@ void run(int64_t n, const Case& k, int warmup, int steps, bool single, double& f
   Tensor x = randn({n, k.c, k.hw, k.hw}, {.dtype = DType::BFloat16, .device = dev})
                  .contiguous(MemoryFormat::ChannelsLast)
                  .requires_grad_();
-  Tensor dy = randn({n, k.c, k.hw, k.hw}, {.dtype = DType::BFloat16, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
+  Tensor dy =
+      randn({n, k.c, k.hw, k.hw}, {.dtype = DType::BFloat16, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
   auto bn = std::make_shared<nn::BatchNorm2d>(k.c);
   bn->to(dev);
   const double fwd = bench::median_step_ms(warmup, steps, [&] {
@@ -48,9 +49,11 @@ void run(int64_t n, const Case& k, int warmup, int steps, bool single, double& f
     (*bn)(x).backward(dy);
   });
   const double bytes = static_cast<double>(x.numel()) * 2;
-  std::printf("%s batch_norm bf16 NHWC %3lld x %4lld x %3lld x %3lld  fwd %7.3f ms %6.0f GB/s  fwd+bwd %7.3f ms  bwd %6.0f GB/s  (x%d in ResNet-50)\n",
-              single ? "kiln " : "kiln3", static_cast<long long>(n), static_cast<long long>(k.c), static_cast<long long>(k.hw),
-              static_cast<long long>(k.hw), fwd, 3 * bytes / fwd / 1e6, both, 5 * bytes / (both - fwd) / 1e6, k.count);
+  std::printf(
+      "%s batch_norm bf16 NHWC %3lld x %4lld x %3lld x %3lld  fwd %7.3f ms %6.0f GB/s  fwd+bwd %7.3f ms  bwd %6.0f "
+      "GB/s  (x%d in ResNet-50)\n",
+      single ? "kiln " : "kiln3", static_cast<long long>(n), static_cast<long long>(k.c), static_cast<long long>(k.hw),
+      static_cast<long long>(k.hw), fwd, 3 * bytes / fwd / 1e6, both, 5 * bytes / (both - fwd) / 1e6, k.count);
   fwd_sum += fwd * k.count;
   both_sum += both * k.count;
   if (k.c == 64 && k.hw == 112 && single) {  // where the time of one case goes, pass by pass (kiln's profiler)

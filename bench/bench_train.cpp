@@ -37,10 +37,10 @@
 #include <thread>
 #include <vector>
 
+#include "json_text.h"  // bench::json_escape, json_number
 #include "kiln/kiln.h"
 #include "kiln/layers/cuda/batch_norm.h"  // set_batch_norm_single_kernel
 #include "kiln/tensor/cuda.h"
-#include "json_text.h"    // bench::json_escape
 #include "model_cases.h"  // bench::make_resnet, bench::make_bert
 
 using namespace kiln;
@@ -170,7 +170,6 @@ struct GraphedCase {
   int replay_warmup = 3;
   const Tensor* loss = nullptr;  // where the step leaves its loss: the last step's value goes in the line
 };
-
 
 void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s, const GraphedCase& c) {
   const Measured eager = measure(s, c.warmup, c.eager);
@@ -442,10 +441,10 @@ int main(int argc, char** argv) {
   }
   manual_seed(1234);
   const nn::cuda_impl::BatchNormSingleKernel bn = nn::cuda_impl::batch_norm_single_kernel();
-  std::printf("kiln %s train on %s: %d steps timed as one block after %d warm-up steps; batch norm's single kernel: "
-              "%s\n",
-              KILN_VERSION_STRING, s.device.str().c_str(), s.steps, s.warmup,
-              bn.backward ? "forward and backward" : bn.forward ? "forward" : "none");
+  const char* bn_single = bn.backward ? "forward and backward" : bn.forward ? "forward" : "none";
+  std::printf(
+      "kiln %s train on %s: %d steps timed as one block after %d warm-up steps; batch norm's single kernel: %s\n",
+      KILN_VERSION_STRING, s.device.str().c_str(), s.steps, s.warmup, bn_single);
   for (const std::string& name : kCases) {
     if (!s.cases.empty() && !s.cases.count(name)) continue;
     try {

@@ -385,10 +385,10 @@ TEST_F(CudaBatchNorm, SingleKernelPassesMatchTheComposedPathAndTheThreeKernelOne
     }
   }
   const std::vector<BnCase> others = {
-      {.shape = {8, 64, 9, 7}},                                              // NCHW
-      {.shape = {8, 64, 9, 7}, .channels_last = true, .training = false},    // eval
+      {.shape = {8, 64, 9, 7}},                                                  // NCHW
+      {.shape = {8, 64, 9, 7}, .channels_last = true, .training = false},        // eval
       {.shape = {4, 6, 5, 3}, .channels_last = true, .dtype = DType::BFloat16},  // C % 8 != 0
-      {.shape = {64, 6}},                                                    // C % 4 != 0
+      {.shape = {64, 6}},                                                        // C % 4 != 0
       {.shape = {64, 8}, .dtype = DType::Float64},
   };
   const SingleKernelPasses passes({.forward = true, .backward = true});

@@ -457,6 +457,29 @@ TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
   }
 }
 
+// Sums that cannot take the channel sums are refused before anything runs, with what was wrong, in builds with and
+// without cudnn-frontend and on any device (no GPU needed: the check comes first).
+TEST(ConvChannelSumsChecks, BadSumsGiveClearErrors) {
+  const TensorOptions f32{.dtype = DType::Float32};
+  const Tensor x = zeros({1, 2, 4, 4}, f32), w = zeros({4, 2, 3, 3}, f32), y = zeros({1, 4, 4, 4}, f32);
+  const nn::cuda_impl::ConvGeometry g{.padding = {1, 1}};
+  auto run = [&](const nn::cuda_impl::ConvChannelSums& sums) {
+    (void)nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, /*channels_last=*/false);
+  };
+  expect_error([&] { run({Tensor(), zeros({4}, f32)}); }, {"sums.sum is undefined", "4 values"});
+  expect_error(
+      [&] {
+        run({zeros({4}, f32), zeros({3}, f32)});
+      },
+      {"sums.sum_of_squares", "contiguous float32 tensor of 4 values", "got float32 [3]"});
+  expect_error(
+      [&] {
+        run({zeros({4}, {.dtype = DType::Float64}), zeros({4}, f32)});
+      },
+      {"sums.sum", "float32", "got float64 [4]"});
+  expect_error([&] { run({zeros({4, 2}, f32).select(1, 0), zeros({4}, f32)}); }, {"sums.sum", "(not contiguous)"});
+}
+
 // After a warm-up the algorithms are cached and every buffer (workspaces too) comes from the caching
 // allocator's cache: repeated training steps on the same shapes make no cudaMalloc.
 void expect_no_device_mallocs_in_steady_state() {

@@ -4,6 +4,8 @@
 
 #include <atomic>
 
+#include "kiln/tensor/error.h"  // KILN_CHECK, CudaError
+
 #if KILN_WITH_CUDNN_FRONTEND
 #include <cudnn_frontend.h>  // cudnn_frontend::graph::Graph, Conv_{fprop,dgrad,wgrad}_attributes
 
@@ -21,7 +23,6 @@
 #include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace, reachable_workspace_bytes, ArrayHash
 #include "kiln/tensor/cuda.h"             // cuda::Graph::capturing
 #include "kiln/tensor/determinism.h"      // kiln::deterministic
-#include "kiln/tensor/error.h"            // CudaError
 #endif
 
 namespace kiln::nn::cuda_impl {
@@ -31,6 +32,21 @@ namespace {
 std::atomic<bool> graph_api_enabled{true};
 std::atomic<int64_t> passes_run{0};
 std::atomic<int64_t> plans_built{0};
+
+// conv2d_graph_forward_with_sums' sums: contiguous float32 (C_out) tensors on y's device (with or without
+// cudnn-frontend, so that a bad call fails the same everywhere).
+void check_sums(const Tensor& y, const ConvChannelSums& sums) {
+  const int64_t c = y.size(1);
+  for (const Tensor* t : {&sums.sum, &sums.sum_of_squares}) {
+    const char* name = t == &sums.sum ? "sum" : "sum_of_squares";
+    KILN_CHECK(t->defined(), "conv2d_graph_forward_with_sums: sums.", name, " is undefined; pass a float32 tensor of ",
+               c, " values (the output's channels) on ", y.device());
+    KILN_CHECK(t->dtype() == DType::Float32 && t->numel() == c && t->is_contiguous() && t->device() == y.device(),
+               "conv2d_graph_forward_with_sums: sums.", name, " must be a contiguous float32 tensor of ", c,
+               " values (the output's channels) on ", y.device(), ", got ", t->dtype(), " ", t->shape(), " on ",
+               t->device(), t->is_contiguous() ? "" : " (not contiguous)");
+  }
+}
 
 }  // namespace
 
@@ -47,8 +63,9 @@ bool conv2d_graph_pass(ConvPass, const Tensor&, const Tensor&, const Tensor&, co
   return false;
 }
 
-bool conv2d_graph_forward_with_sums(const Tensor&, const Tensor&, const Tensor&, const ConvChannelSums&,
+bool conv2d_graph_forward_with_sums(const Tensor&, const Tensor&, const Tensor& y, const ConvChannelSums& sums,
                                     const ConvGeometry&, bool, std::string* why_not) {
+  check_sums(y, sums);
   if (why_not != nullptr) *why_not = "kiln was built without cudnn-frontend";
   return false;
 }
@@ -314,13 +331,7 @@ bool conv2d_graph_pass(ConvPass pass, const Tensor& x, const Tensor& w, const Te
 
 bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums& sums,
                                     const ConvGeometry& g, bool channels_last, std::string* why_not) {
-  const int64_t c = y.size(1);
-  KILN_CHECK(sums.sum.defined() && sums.sum_of_squares.defined() && sums.sum.dtype() == DType::Float32 &&
-                 sums.sum_of_squares.dtype() == DType::Float32 && sums.sum.numel() == c &&
-                 sums.sum_of_squares.numel() == c && sums.sum.is_contiguous() && sums.sum_of_squares.is_contiguous() &&
-                 sums.sum.device() == y.device() && sums.sum_of_squares.device() == y.device(),
-             "conv2d_graph_forward_with_sums: the sums must be contiguous float32 tensors of ", c,
-             " values (the output's channels) on ", y.device());
+  check_sums(y, sums);
   // The sums of y as stored first; where cuDNN has no engine for that graph, the sums of the float32 products.
   std::string first, second;
   if (run_graph(GraphKind::ForwardWithSums, x, w, y, &sums, g, channels_last, &first)) return true;

@@ -132,7 +132,8 @@ template <int V>
 __device__ __forceinline__ void store_indices(int32_t* idx, const int32_t (&at)[V]) {
   if constexpr (V % 4 == 0) {
 #pragma unroll
-    for (int j = 0; j < V; j += 4) *reinterpret_cast<int4*>(idx + j) = make_int4(at[j], at[j + 1], at[j + 2], at[j + 3]);
+    for (int j = 0; j < V; j += 4)
+      *reinterpret_cast<int4*>(idx + j) = make_int4(at[j], at[j + 1], at[j + 2], at[j + 3]);
   } else {
     static_assert(V == 2, "indices go out as int4 or int2 vectors");
     *reinterpret_cast<int2*>(idx) = make_int2(at[0], at[1]);
@@ -483,8 +484,8 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
             in_ptr<T>(dy), idx.data_ptr<int32_t>(), out_ptr<T>(dx), g, total / V);
       }
     } else {
-      max_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
-          in_ptr<T>(dy), idx.data_ptr<int32_t>(), out_ptr<T>(dx), g, total);
+      max_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), idx.data_ptr<int32_t>(),
+                                                                                 out_ptr<T>(dx), g, total);
     }
   });
   return dx;
