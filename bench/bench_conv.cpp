@@ -3,7 +3,7 @@
 // logs side by side (this one and PyTorch's, or two of this one's with different --path).
 //
 //   bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--cudnn-api graph|legacy] [--dtype bf16|fp16]
-//              [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--sums] [--quick]
+//              [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--sums] [--accumulate] [--quick]
 //
 // Nets (--net): resnet50 (default): every distinct convolution of torchvision's ResNet-50 (bottleneck v1.5: the
 // stride on the 3x3 conv; the 7x7/2 stem on 3 channels, then a 3x3/2 max pool; strided 1x1 downsample convs) at
@@ -29,6 +29,10 @@
 // --sums (GPU, bf16/fp16, graph API) adds a line per cuDNN-path shape, "pass": "fwd_sums": the forward as one cuDNN
 // graph with each output channel's sum and sum of squares (conv2d_graph_forward_with_sums, the statistics batch norm
 // takes next), to set beside "fwd"; "error" where cuDNN has no engine for that graph. Not in the totals.
+// --accumulate (GPU, bf16/fp16) adds two lines per cuDNN-path shape but the stem: "dx_add", the backward-data pass
+// and a separate addition of its result into a gradient sum (a residual block's input), and "dx_accumulate", the two
+// as one cuDNN graph (conv2d_graph_backward_data_accumulate, which nn::conv2d's backward takes where it can); "error"
+// where cuDNN has no engine for that graph. Not in the totals.
 //
 // Timing: `--iters` (10) passes back to back between two CUDA events, the median of `--steps` (10) such blocks
 // after `--warmup` (2) blocks, divided by `--iters`; the first warm-up pass is where cuDNN's algorithms (or
@@ -154,7 +158,8 @@ struct Settings {
   int iters = 10, steps = 10, warmup = 2;
   int64_t n = 256, hw = 224;
   bool quick = false;
-  bool sums = false;  // --sums: also the forward with its channel sums
+  bool sums = false;        // --sums: also the forward with its channel sums
+  bool accumulate = false;  // --accumulate: also dx added into a gradient sum, separately and fused
 };
 
 // The path this shape's passes take: "matmul" or "cudnn".
@@ -228,6 +233,32 @@ std::array<std::function<void()>, 3> matmul_passes(const Tensor& x, const Tensor
   };
 }
 
+void print_error(const std::string& fields, const std::exception& e) {
+  std::string what = e.what();
+  if (what.size() > 400) what.resize(400);
+  std::printf("{%s, \"error\": \"%s\"}\n", fields.c_str(), json_escape(what).c_str());
+  std::fflush(stdout);
+}
+
+// A line for one of the fused cuDNN graphs (not in the totals): its time, or why cuDNN has no engine for it. `run`
+// runs the graph once, returning false (with the reason in *why_not) where it did not.
+void fused_line(const Settings& s, const std::string& fields, double flop, const char* graph,
+                const std::function<bool(std::string*)>& run) {
+  try {
+    std::string why_not = "the graph API path is off for this problem";
+    if (!run(&why_not)) {
+      std::printf("{%s, \"error\": \"no cuDNN engine for %s: %s\"}\n", fields.c_str(), graph,
+                  json_escape(why_not).c_str());
+    } else {
+      const double ms = ms_per_pass(s, [&] { (void)run(nullptr); });
+      std::printf("{%s, \"ms\": %.4f, \"tflops\": %.1f, \"in_step\": false}\n", fields.c_str(), ms, flop / ms / 1e9);
+    }
+    std::fflush(stdout);
+  } catch (const std::exception& e) {
+    print_error(fields, e);
+  }
+}
+
 // Times the three passes of one shape and prints their lines.
 void run_shape(const Settings& s, int index, const ConvShape& c, Totals& totals) {
   const TensorOptions opts{.dtype = s.dtype, .device = s.device};
@@ -295,35 +326,41 @@ void run_shape(const Settings& s, int index, const ConvShape& c, Totals& totals)
         totals.layers[p] += c.count;
       }
     } catch (const std::exception& e) {  // one failing pass (out of memory, say) does not end the run
-      std::string what = e.what();
-      if (what.size() > 400) what.resize(400);
-      std::printf("{%s, \"error\": \"%s\"}\n", fields.c_str(), json_escape(what).c_str());
+      print_error(fields, e);
       totals.failed[p] = true;
     }
     std::fflush(stdout);
   }
-  if (s.sums && s.device.is_cuda() && std::string(path_of(s, c)) == "cudnn") {
-    const std::string fields = case_fields(s, index, c) + ", \"pass\": \"fwd_sums\"";
-    const nn::cuda_impl::ConvGeometry g{.stride = {c.stride, c.stride}, .padding = {pad, pad}};
+  if (!s.device.is_cuda() || std::string(path_of(s, c)) != "cudnn") return;
+  const nn::cuda_impl::ConvGeometry g{.stride = {c.stride, c.stride}, .padding = {pad, pad}};
+  if (s.sums) {
     const Tensor y = empty({s.n, c.c_out, oh, oh}, opts).contiguous(cl);
     const TensorOptions f32{.dtype = DType::Float32, .device = s.device};
     const nn::cuda_impl::ConvChannelSums sums{empty({c.c_out}, f32), empty({c.c_out}, f32)};
+    fused_line(s, case_fields(s, index, c) + ", \"pass\": \"fwd_sums\"", flop, "the convolution + statistics graph",
+               [&](std::string* why_not) {
+                 return nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, /*channels_last=*/true, why_not);
+               });
+  }
+  if (s.accumulate && !stem) {
+    // dx added into a gradient sum: the pass and a separate addition (what runs where the fused graph is off or has
+    // no engine), then the fused graph. The sum's values grow with every pass; only the time is of interest.
+    Tensor sum = randn(x.shape(), opts).contiguous(cl);
+    const std::string fields = case_fields(s, index, c);
     try {
-      std::string why_not = "the graph API path is off for this problem";
-      if (!nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, /*channels_last=*/true, &why_not)) {
-        std::printf("{%s, \"error\": \"no cuDNN engine for the convolution + statistics graph: %s\"}\n", fields.c_str(),
-                    json_escape(why_not).c_str());
-      } else {
-        const double ms =
-            ms_per_pass(s, [&] { (void)nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, true); });
-        std::printf("{%s, \"ms\": %.4f, \"tflops\": %.1f, \"in_step\": false}\n", fields.c_str(), ms, flop / ms / 1e9);
-      }
+      const double ms = ms_per_pass(s, [&] {
+        ops::add_(sum, nn::cuda_impl::conv2d_backward_data(dy, w, x.shape(), g, cl));
+      });
+      std::printf("{%s, \"pass\": \"dx_add\", \"ms\": %.4f, \"tflops\": %.1f, \"in_step\": false}\n", fields.c_str(), ms,
+                  flop / ms / 1e9);
     } catch (const std::exception& e) {
-      std::string what = e.what();
-      if (what.size() > 400) what.resize(400);
-      std::printf("{%s, \"error\": \"%s\"}\n", fields.c_str(), json_escape(what).c_str());
+      print_error(fields + ", \"pass\": \"dx_add\"", e);
     }
-    std::fflush(stdout);
+    fused_line(s, fields + ", \"pass\": \"dx_accumulate\"", flop, "the backward-data + add graph",
+               [&](std::string* why_not) {
+                 return nn::cuda_impl::conv2d_graph_backward_data_accumulate(sum, w, dy, g, /*channels_last=*/true,
+                                                                             why_not);
+               });
   }
 }
 
@@ -355,7 +392,7 @@ int main(int argc, char** argv) {
   auto usage = [&] {
     std::fprintf(stderr,
                  "usage: bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--cudnn-api graph|legacy] "
-                 "[--dtype bf16|fp16] [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--sums] [--quick]\n");
+                 "[--dtype bf16|fp16] [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--sums] [--accumulate] [--quick]\n");
     print_shapes(stderr, *s.net, resnet_convs(*s.net, s.net->hw));
     return 2;
   };
@@ -369,6 +406,8 @@ int main(int argc, char** argv) {
       s.quick = true;
     } else if (a == "--sums") {
       s.sums = true;
+    } else if (a == "--accumulate") {
+      s.accumulate = true;
     } else if (a == "--help" || a == "-h") {
       help = true;
     } else if (a == "--net" && has_value) {

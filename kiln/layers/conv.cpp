@@ -180,13 +180,23 @@ struct CudnnConvolutionBackward final : autograd::Node {
   Shape input_shape, weight_shape;
 
   std::string_view name() const override { return "CudnnConvolutionBackward"; }
+  bool accepts_gradient_buffers() const override { return true; }
   autograd::TensorList apply(autograd::TensorList&& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
     const Tensor g = grads[0].dtype() == dtype ? grads[0] : ops::cast(grads[0], dtype);  // (N, C_out, OH, OW)
     Tensor grad_input, grad_weight, grad_bias;
     if (needs_input_grad(0)) {
-      grad_input = ops::contiguous(
-          cuda_impl::conv2d_backward_data(g, weight.unpack(*this), input_shape, geometry, format), input_format);
+      // Into the gradient already summed for the input where the engine offers it and one cuDNN graph can add
+      // there (as PointwiseConvolutionBackward does with its product).
+      const Tensor sum = offered_buffers().empty() ? Tensor() : offered_buffers()[0];
+      if (sum.defined() && format == input_format && sum.dtype() == dtype && sum.device() == g.device() &&
+          sum.shape() == input_shape && sum.is_contiguous(format) &&
+          cuda_impl::conv2d_backward_data_accumulate(g, weight.unpack(*this), sum, geometry, format)) {
+        grad_input = sum;
+      } else {
+        grad_input = ops::contiguous(
+            cuda_impl::conv2d_backward_data(g, weight.unpack(*this), input_shape, geometry, format), input_format);
+      }
     }
     if (needs_input_grad(1)) {
       grad_weight = ops::contiguous(

@@ -457,6 +457,69 @@ TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
   }
 }
 
+// The backward-data pass added into a gradient sum in one cuDNN graph: sum + dx against the float64 reference (dx by
+// the CPU's float64 convolution), within one rounding of the result to its 16-bit type; and the same through
+// nn::conv2d's backward, where the engine offers the node the sum the other path's gradient began (a residual block's
+// input), with the graph on and off.
+TEST_F(CudaConvTest, BackwardDataAccumulateAddsIntoTheSum) {
+  if (!nn::cuda_impl::conv2d_graph_api_compiled()) GTEST_SKIP() << "kiln was built without cudnn-frontend";
+  nn::cuda_impl::set_conv2d_graph_api(true);
+  struct Problem {
+    Shape x, w;
+    nn::cuda_impl::ConvGeometry g;
+  };
+  const std::vector<Problem> problems{{{8, 64, 16, 16}, {64, 64, 3, 3}, {.padding = {1, 1}}},
+                                      {{4, 32, 9, 9}, {48, 32, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
+                                      {{4, 32, 8, 8}, {64, 32, 1, 1}, {.stride = {2, 2}}}};
+  auto host = [](const Tensor& t) { return t.to(Device::cpu(), DType::Float64).contiguous(); };
+  for (DType dtype : {DType::BFloat16, DType::Float16}) {
+    const Tolerance tol = dtype == DType::BFloat16 ? kBFloat16Grads : kFloat16Grads;
+    for (const Problem& p : problems) {
+      SCOPED_TRACE(::kiln::detail::str_cat(dtype, " x ", p.x, " w ", p.w));
+      const TensorOptions o{.dtype = dtype, .device = Device::cuda(0)};
+      const int64_t oh = (p.x[2] + 2 * p.g.padding[0] - p.w[2]) / p.g.stride[0] + 1;
+      const int64_t ow = (p.x[3] + 2 * p.g.padding[1] - p.w[3]) / p.g.stride[1] + 1;
+      const Shape y_shape{p.x[0], p.w[0], oh, ow};
+      const Tensor w = make(uniform(numel(p.w), -1, 1, 81), p.w, o).contiguous(MemoryFormat::ChannelsLast);
+      const Tensor dy = make(uniform(numel(y_shape), -1, 1, 82), y_shape, o).contiguous(MemoryFormat::ChannelsLast);
+      const Tensor sum0 = make(uniform(numel(p.x), -4, 4, 83), p.x, o).contiguous(MemoryFormat::ChannelsLast);
+      const nn::Conv2dOptions co{.stride = {p.g.stride[0], p.g.stride[1]},
+                                 .padding = {p.g.padding[0], p.g.padding[1]},
+                                 .bias = false};
+      // The float64 reference: sum + dx.
+      Tensor x64 = zeros(p.x, {.dtype = DType::Float64}).requires_grad_();
+      nn::conv2d(x64, host(w), {}, co).backward(host(dy));
+      const Tensor want = host(sum0) + x64.grad();
+
+      const Tensor sum = sum0.clone(MemoryFormat::ChannelsLast);
+      std::string why_not;
+      const int64_t before = nn::cuda_impl::conv2d_graph_accumulations_run();
+      ASSERT_TRUE(nn::cuda_impl::conv2d_graph_backward_data_accumulate(sum, w, dy, p.g, /*channels_last=*/true,
+                                                                      &why_not))
+          << "cuDNN offered no engine for the backward-data + add graph: " << why_not;
+      EXPECT_EQ(nn::cuda_impl::conv2d_graph_accumulations_run(), before + 1);
+      EXPECT_TRUE(sum.is_contiguous(MemoryFormat::ChannelsLast));
+      expect_close(sum, want, tol, "sum + dx");
+
+      // Through autograd: the convolution is made first, so its node runs last and finds the shortcut's gradient
+      // (sum0, through a multiplication by 1) begun for x.
+      for (bool fused : {true, false}) {
+        SCOPED_TRACE(fused ? "accumulating graph on" : "accumulating graph off");
+        nn::cuda_impl::set_conv2d_graph_accumulate(fused);
+        Tensor x = zeros(p.x, o).contiguous(MemoryFormat::ChannelsLast).requires_grad_();
+        const Tensor y = nn::conv2d(x, w, {}, co);
+        const Tensor shortcut = x * 1.0;
+        const int64_t runs = nn::cuda_impl::conv2d_graph_accumulations_run();
+        autograd::backward({y, shortcut}, {dy, sum0});
+        nn::cuda_impl::set_conv2d_graph_accumulate(true);
+        EXPECT_EQ(nn::cuda_impl::conv2d_graph_accumulations_run(), runs + (fused ? 1 : 0));
+        ASSERT_TRUE(x.grad().defined());
+        expect_close(x.grad(), want, tol, "x.grad");
+      }
+    }
+  }
+}
+
 // Sums that cannot take the channel sums are refused before anything runs, with what was wrong, in builds with and
 // without cudnn-frontend and on any device (no GPU needed: the check comes first).
 TEST(ConvChannelSumsChecks, BadSumsGiveClearErrors) {
@@ -478,6 +541,24 @@ TEST(ConvChannelSumsChecks, BadSumsGiveClearErrors) {
       },
       {"sums.sum", "float32", "got float64 [4]"});
   expect_error([&] { run({zeros({4, 2}, f32).select(1, 0), zeros({4}, f32)}); }, {"sums.sum", "(not contiguous)"});
+}
+
+// A sum the backward-data pass cannot add into is refused before anything runs, naming both dtypes (no GPU needed).
+TEST(ConvAccumulateChecks, BadSumGivesAClearError) {
+  const TensorOptions f32{.dtype = DType::Float32};
+  const Tensor w = zeros({4, 2, 3, 3}, f32), dy = zeros({1, 4, 4, 4}, f32);
+  const nn::cuda_impl::ConvGeometry g{.padding = {1, 1}};
+  expect_error(
+      [&] {
+        (void)nn::cuda_impl::conv2d_graph_backward_data_accumulate(zeros({1, 2, 4, 4}, {.dtype = DType::Float64}), w,
+                                                                   dy, g, /*channels_last=*/false);
+      },
+      {"the sum (float64", "must have the gradient's dtype and device (float32"});
+  expect_error(
+      [&] {
+        (void)nn::cuda_impl::conv2d_graph_backward_data_accumulate(zeros({2, 4, 4}, f32), w, dy, g, false);
+      },
+      {"the sum 4-d"});
 }
 
 // After a warm-up the algorithms are cached and every buffer (workspaces too) comes from the caching

@@ -446,6 +446,20 @@ Tensor conv2d_backward_data(const Tensor& grad_output, const Tensor& weight, con
   return dx;
 }
 
+bool conv2d_backward_data_accumulate(const Tensor& grad_output, const Tensor& weight, const Tensor& grad_input_sum,
+                                     const ConvGeometry& g, MemoryFormat format) {
+  trace::Scope range(trace::Kind::Op, "cudnn_conv2d_backward_data_accumulate", grad_output.device(),
+                     {&grad_output, &weight});
+  check_operands(grad_output, weight, "backward-data");
+  KILN_CHECK(grad_input_sum.defined() && grad_input_sum.dim() == 4 && grad_input_sum.is_contiguous(format),
+             "conv2d backward: the gradient sum to add into must be a 4-d tensor dense in the pass's memory format");
+  const Tensor dy = ops::contiguous(grad_output, format);  // (N, C_out, OH, OW)
+  const Tensor w = ops::contiguous(weight, format);        // (C_out, C_in / groups, KH, KW)
+  KILN_CHECK(dy.shape() == output_shape(grad_input_sum.shape(), w.shape(), g), "conv2d backward: a gradient of shape ",
+             dy.shape(), " does not match the output ", output_shape(grad_input_sum.shape(), w.shape(), g));
+  return conv2d_graph_backward_data_accumulate(grad_input_sum, w, dy, g, format == MemoryFormat::ChannelsLast);
+}
+
 Tensor conv2d_backward_filter(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,
                               const ConvGeometry& g, MemoryFormat format) {
   trace::Scope range(trace::Kind::Op, "cudnn_conv2d_backward_filter", grad_output.device(), {&grad_output, &input});

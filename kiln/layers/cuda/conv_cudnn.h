@@ -42,6 +42,13 @@ Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const ConvGeome
 Tensor conv2d_backward_data(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
                             const ConvGeometry& g, MemoryFormat format);
 
+// grad_input_sum += the grad_input of grad_output through weight, in place, where one cuDNN graph does both
+// (conv2d_graph_backward_data_accumulate): grad_input_sum (N, C_in, H, W) dense in `format`, of grad_output's dtype
+// and device. Returns false, having changed nothing, where it does not (the caller then adds
+// conv2d_backward_data's result).
+bool conv2d_backward_data_accumulate(const Tensor& grad_output, const Tensor& weight, const Tensor& grad_input_sum,
+                                     const ConvGeometry& g, MemoryFormat format);
+
 // grad_output (N, C_out, OH, OW), input -> grad_weight of shape weight_shape (C_out, C_in / groups, KH, KW),
 // in `format`.
 Tensor conv2d_backward_filter(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,

@@ -23,6 +23,7 @@
 #include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace, reachable_workspace_bytes, ArrayHash
 #include "kiln/tensor/cuda.h"             // cuda::Graph::capturing
 #include "kiln/tensor/determinism.h"      // kiln::deterministic
+#include "kiln/tensor/ops.h"              // ops::empty_like
 #endif
 
 namespace kiln::nn::cuda_impl {
@@ -30,8 +31,10 @@ namespace kiln::nn::cuda_impl {
 namespace {
 
 std::atomic<bool> graph_api_enabled{true};
+std::atomic<bool> graph_accumulate_enabled{true};
 std::atomic<int64_t> passes_run{0};
 std::atomic<int64_t> plans_built{0};
+std::atomic<int64_t> accumulations_run{0};
 
 // conv2d_graph_forward_with_sums' sums: contiguous float32 (C_out) tensors on y's device (with or without
 // cudnn-frontend, so that a bad call fails the same everywhere).
@@ -48,12 +51,25 @@ void check_sums(const Tensor& y, const ConvChannelSums& sums) {
   }
 }
 
+// conv2d_graph_backward_data_accumulate's sum: dense, of dy's dtype and device (the other checks are the pass's).
+void check_accumulate(const Tensor& dx_sum, const Tensor& w, const Tensor& dy) {
+  KILN_CHECK(dx_sum.defined() && w.defined() && dy.defined() && dx_sum.dim() == 4,
+             "conv2d_graph_backward_data_accumulate: the sum, weight and gradient must be defined, the sum 4-d "
+             "(N, C_in, H, W)");
+  KILN_CHECK(dx_sum.dtype() == dy.dtype() && dx_sum.device() == dy.device(),
+             "conv2d_graph_backward_data_accumulate: the sum (", dx_sum.dtype(), " on ", dx_sum.device(),
+             ") must have the gradient's dtype and device (", dy.dtype(), " on ", dy.device(), ")");
+}
+
 }  // namespace
 
 void set_conv2d_graph_api(bool enabled) { graph_api_enabled.store(enabled, std::memory_order_relaxed); }
+void set_conv2d_graph_accumulate(bool enabled) { graph_accumulate_enabled.store(enabled, std::memory_order_relaxed); }
+bool conv2d_graph_accumulate() { return graph_accumulate_enabled.load(std::memory_order_relaxed); }
 bool conv2d_graph_api() { return graph_api_enabled.load(std::memory_order_relaxed); }
 int64_t conv2d_graph_passes_run() { return passes_run.load(std::memory_order_relaxed); }
 int64_t conv2d_graph_plans_built() { return plans_built.load(std::memory_order_relaxed); }
+int64_t conv2d_graph_accumulations_run() { return accumulations_run.load(std::memory_order_relaxed); }
 
 #if !KILN_WITH_CUDNN_FRONTEND
 
@@ -70,6 +86,13 @@ bool conv2d_graph_forward_with_sums(const Tensor&, const Tensor&, const Tensor& 
   return false;
 }
 
+bool conv2d_graph_backward_data_accumulate(const Tensor& dx_sum, const Tensor& w, const Tensor& dy,
+                                           const ConvGeometry&, bool, std::string* why_not) {
+  check_accumulate(dx_sum, w, dy);
+  if (why_not != nullptr) *why_not = "kiln was built without cudnn-frontend";
+  return false;
+}
+
 #else
 
 namespace fe = cudnn_frontend;
@@ -78,12 +101,21 @@ namespace {
 
 constexpr const char* kOp = "conv2d (cuDNN graph API)";
 
-// Fixed tensor ids of the variant packs: x (or dx), w (or dw), y (or dy), and a forward's channel sums.
-enum Uid : int64_t { kX = 1, kW, kY, kSum, kSumOfSquares };
+// Fixed tensor ids of the variant packs: x (or dx), w (or dw), y (or dy), a forward's channel sums, and the sum a
+// backward-data pass adds into (read as kAccumulate, written as kX: one buffer).
+enum Uid : int64_t { kX = 1, kW, kY, kSum, kSumOfSquares, kAccumulate };
 
-// The graphs the cache tells apart: the three passes, and the forward with its channel sums in two forms: the sums
-// of y as stored (16-bit), or of the float32 products, which a pointwise identity then rounds into y.
-enum class GraphKind : int64_t { Forward, BackwardData, BackwardFilter, ForwardWithSums, ForwardWithSumsOfFloat };
+// The graphs the cache tells apart: the three passes, the forward with its channel sums in two forms (the sums of y
+// as stored (16-bit), or of the float32 products, which a pointwise identity then rounds into y), and the
+// backward-data pass whose float32 result a pointwise add puts into a gradient sum.
+enum class GraphKind : int64_t {
+  Forward,
+  BackwardData,
+  BackwardFilter,
+  ForwardWithSums,
+  ForwardWithSumsOfFloat,
+  BackwardDataAccumulate
+};
 
 GraphKind kind_of(ConvPass pass) {
   switch (pass) {
@@ -191,13 +223,20 @@ std::shared_ptr<fe::graph::Graph> make_graph(GraphKind kind, const Tensor& x, co
       }
       break;
     }
-    case GraphKind::BackwardData: {
+    case GraphKind::BackwardData:
+    case GraphKind::BackwardDataAccumulate: {
       TensorAttr DY = add_tensor(*graph, "dy", kY, y, channels_last);
       TensorAttr W = add_tensor(*graph, "w", kW, w, channels_last);
       TensorAttr DX = graph->conv_dgrad(
           DY, W,
           fe::graph::Conv_dgrad_attributes().set_name("dgrad").set_padding(padding).set_stride(stride).set_dilation(
               dilation));
+      if (kind == GraphKind::BackwardDataAccumulate) {
+        DX->set_data_type(fe::DataType_t::FLOAT);  // a virtual float32 intermediate
+        TensorAttr SUM = add_tensor(*graph, "sum", kAccumulate, x, channels_last);
+        DX = graph->pointwise(DX, SUM,
+                              fe::graph::Pointwise_attributes().set_name("accumulate").set_mode(fe::PointwiseMode_t::ADD));
+      }
       mark_output(DX, kX, x, channels_last);
       break;
     }
@@ -216,10 +255,11 @@ std::shared_ptr<fe::graph::Graph> make_graph(GraphKind kind, const Tensor& x, co
 }
 
 // Builds the problem's graph and chooses its plan: with `timed`, every candidate plan (engines compiled at run time
-// left out, except for the fused forward with sums, whose engines may all be; and those wanting more workspace than
-// could be had) runs on the problem's own buffers and the fastest is kept (the outputs' contents are overwritten);
-// otherwise the heuristics' first plan that builds. Returns an entry without a graph when cuDNN has no engine for the
-// problem.
+// left out, except for the fused graphs, whose engines may all be; and those wanting more workspace than could be
+// had) runs on the problem's own buffers and the fastest is kept (the outputs' contents are overwritten; the
+// accumulating backward-data pass runs on a scratch copy of its sum instead, which timing would add into many
+// times); otherwise the heuristics' first plan that builds. Returns an entry without a graph when cuDNN has no engine
+// for the problem.
 std::shared_ptr<Entry> build(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y, const ConvGeometry& g,
                              bool channels_last, bool timed, std::unordered_map<int64_t, void*>& pack) {
   auto entry = std::make_shared<Entry>();
@@ -231,8 +271,9 @@ std::shared_ptr<Entry> build(GraphKind kind, const Tensor& x, const Tensor& w, c
                   "create_execution_plans", &entry->why_not)) {
     return entry;
   }
-  const bool sums = kind == GraphKind::ForwardWithSums || kind == GraphKind::ForwardWithSumsOfFloat;
-  if (!sums) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+  const bool fused = kind == GraphKind::ForwardWithSums || kind == GraphKind::ForwardWithSumsOfFloat ||
+                     kind == GraphKind::BackwardDataAccumulate;
+  if (!fused) graph->deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
   graph->deselect_workspace_greater_than(static_cast<int64_t>(reachable_workspace_bytes(x, kOp)));
   if (!build_step(graph->check_support(), "check_support", &entry->why_not) ||
       !build_step(graph->build_plans(timed ? fe::BuildPlanPolicy_t::ALL : fe::BuildPlanPolicy_t::HEURISTICS_CHOICE),
@@ -241,7 +282,15 @@ std::shared_ptr<Entry> build(GraphKind kind, const Tensor& x, const Tensor& w, c
   }
   if (timed) {
     const Tensor ws = workspace(x, static_cast<size_t>(graph->get_autotune_workspace_size()));
-    if (!build_step(graph->autotune(handle, pack, workspace_ptr(ws)), "autotune", &entry->why_not)) return entry;
+    std::unordered_map<int64_t, void*> timing_pack = pack;
+    Tensor scratch;
+    if (kind == GraphKind::BackwardDataAccumulate) {
+      scratch = ops::empty_like(x);
+      timing_pack[kX] = timing_pack[kAccumulate] = scratch.data_ptr();
+    }
+    if (!build_step(graph->autotune(handle, timing_pack, workspace_ptr(ws)), "autotune", &entry->why_not)) {
+      return entry;
+    }
   }
   check(graph->get_workspace_size(entry->workspace_bytes), "get_workspace_size");
   entry->graph = std::move(graph);
@@ -254,10 +303,12 @@ bool conv2d_graph_api_compiled() { return true; }
 
 namespace {
 
-// Runs the graph of `kind` (its plan built and cached on first use); sums only for the forwards with sums.
+// Runs the graph of `kind` (its plan built and cached on first use); sums only for the forwards with sums. The
+// accumulating backward-data pass reads and writes x (the sum).
 bool run_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums* sums,
                const ConvGeometry& g, bool channels_last, std::string* why_not) {
   if (!conv2d_graph_api() || g.groups != 1 || ::kiln::deterministic()) return false;
+  if (kind == GraphKind::BackwardDataAccumulate && !conv2d_graph_accumulate()) return false;
   if (x.dtype() != DType::Float16 && x.dtype() != DType::BFloat16) return false;
   // Benchmark mode times every candidate, which synchronises the device: inside a CUDA graph capture a problem takes
   // the plan timed before the capture (the eager warm-up steps), else the heuristics' plan.
@@ -288,6 +339,7 @@ bool run_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y
     pack[kSum] = sums->sum.data_ptr();
     pack[kSumOfSquares] = sums->sum_of_squares.data_ptr();
   }
+  if (kind == GraphKind::BackwardDataAccumulate) pack[kAccumulate] = x.data_ptr();
 
   Cache& c = cache();
   auto find = [&c](const Key& k) {
@@ -319,6 +371,7 @@ bool run_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y
     check(entry->graph->execute(handle, pack, workspace_ptr(ws)), "execute");
   }
   passes_run.fetch_add(1, std::memory_order_relaxed);
+  if (kind == GraphKind::BackwardDataAccumulate) accumulations_run.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
@@ -340,6 +393,12 @@ bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tens
     *why_not = ::kiln::detail::str_cat("sums of y: ", first, "; sums of the float32 products: ", second);
   }
   return false;
+}
+
+bool conv2d_graph_backward_data_accumulate(const Tensor& dx_sum, const Tensor& w, const Tensor& dy,
+                                           const ConvGeometry& g, bool channels_last, std::string* why_not) {
+  check_accumulate(dx_sum, w, dy);
+  return run_graph(GraphKind::BackwardDataAccumulate, dx_sum, w, dy, nullptr, g, channels_last, why_not);
 }
 
 #endif

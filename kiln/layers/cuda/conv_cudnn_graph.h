@@ -45,6 +45,18 @@ struct ConvChannelSums {
 bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums& sums,
                                     const ConvGeometry& g, bool channels_last, std::string* why_not = nullptr);
 
+// dx_sum += the backward-data pass of dy through w, in one cuDNN graph: the convolution's float32 result and a
+// pointwise add that reads dx_sum and writes the sum back into it (the block input of a residual network, whose
+// other gradient came through the shortcut, then costs no separate addition: that reads both gradients and writes
+// their sum). dx_sum has the input's shape and dy's dtype and device, dense in the pass's format. Returns false,
+// having run nothing, where conv2d_graph_pass would, where cuDNN has no engine for the graph (its engines may be
+// compiled at run time, once per problem; why_not, when given, then gets the failed build step), or where
+// set_conv2d_graph_accumulate turned it off.
+bool conv2d_graph_backward_data_accumulate(const Tensor& dx_sum, const Tensor& w, const Tensor& dy,
+                                           const ConvGeometry& g, bool channels_last, std::string* why_not = nullptr);
+void set_conv2d_graph_accumulate(bool enabled);  // on by default (bench_conv --accumulate compares the two)
+bool conv2d_graph_accumulate();
+
 // On by default when kiln has cudnn-frontend; off sends every convolution through the legacy API (bench_conv
 // --cudnn-api legacy and the tests compare the two).
 void set_conv2d_graph_api(bool enabled);
@@ -58,5 +70,6 @@ bool conv2d_graph_api_compiled();
 // (a test's check that the path is taken, and that a CUDA graph capture reuses the plans timed before it).
 int64_t conv2d_graph_passes_run();
 int64_t conv2d_graph_plans_built();
+int64_t conv2d_graph_accumulations_run();  // of those passes, the backward-data passes added into a sum
 
 }  // namespace kiln::nn::cuda_impl
