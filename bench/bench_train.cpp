@@ -6,12 +6,14 @@
 // bench/train_table.py puts both side by side with the goals.
 //
 //   bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N] [--quick]
-//               [--bn-single-kernel none|forward|both]
+//               [--bn-single-kernel none|forward|both] [--no-conv-accumulate]
 //
 // --profile N: after a case's timing, N more eager steps under kiln's profiler; the top ops by GPU time go to
 // standard error (the JSON lines on standard output stay as they are).
 // --bn-single-kernel: which batch-norm passes run as one cooperative kernel (kiln/layers/cuda/batch_norm.h; the
 // default is none); the header line says which ran.
+// --no-conv-accumulate: convolutions' input gradients are not added into the residual sum by the backward-data
+// graph (kiln/layers/cuda/conv_cudnn_graph.h) but by a separate addition, to time the two.
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
 // The cases are static-shape steps: on a GPU each is timed eagerly, then captured in a cuda::Graph and timed as
 // replays; the line reports the replays ("cuda_graph": true) with the eager figures of the same run beside them
@@ -39,7 +41,8 @@
 
 #include "json_text.h"  // bench::json_escape, json_number
 #include "kiln/kiln.h"
-#include "kiln/layers/cuda/batch_norm.h"  // set_batch_norm_single_kernel
+#include "kiln/layers/cuda/batch_norm.h"        // set_batch_norm_single_kernel
+#include "kiln/layers/cuda/conv_cudnn_graph.h"  // set_conv2d_graph_accumulate
 #include "kiln/tensor/cuda.h"
 #include "model_cases.h"  // bench::make_resnet, bench::make_bert
 
@@ -390,7 +393,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N]\n"
-        "                   [--quick] [--bn-single-kernel none|forward|both]\n"
+        "                   [--quick] [--bn-single-kernel none|forward|both] [--no-conv-accumulate]\n"
         "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
         "       bert_large_128 bert_base_128_ckpt resnet50_jpeg resnet50_jpeg_gpu\n");
     return 2;
@@ -424,6 +427,8 @@ int main(int argc, char** argv) {
         return usage();
       }
       nn::cuda_impl::set_batch_norm_single_kernel({.forward = which != "none", .backward = which == "both"});
+    } else if (a == "--no-conv-accumulate") {
+      nn::cuda_impl::set_conv2d_graph_accumulate(false);
     } else if (a == "--photos" && has_value) {
       s.photos = argv[++i];
     } else {
