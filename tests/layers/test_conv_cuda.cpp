@@ -405,7 +405,8 @@ TEST_F(CudaConvTest, GraphCaptureTakesThePlansTimedBeforeIt) {
   EXPECT_EQ(nn::cuda_impl::conv2d_graph_plans_built(), built + 6);
 }
 
-// The forward pass with its channel sums (cuDNN's convolution + statistics graph): y as the float64 reference, and
+// The forward pass with its channel sums (cuDNN's convolution + statistics graph; float16 only on the H200 with cuDNN
+// 9, bfloat16 checked to be refused cleanly where it has no engine): y as the float64 reference, and
 // each channel's sum and sum of squares within the rounding of y to its 16-bit type (2^-8 of the magnitudes summed,
 // plus float32 accumulation). The sums' tensors start as NaN, so an engine that added to them instead of writing them
 // fails here.
@@ -431,8 +432,15 @@ TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
       const TensorOptions f32{.dtype = DType::Float32, .device = Device::cuda(0)};
       const nn::cuda_impl::ConvChannelSums sums{full({c}, std::nan(""), f32), full({c}, std::nan(""), f32)};
       std::string why_not;
-      ASSERT_TRUE(nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, p.g, /*channels_last=*/true, &why_not))
-          << "cuDNN offered no engine for the convolution + statistics graph: " << why_not;
+      const bool ran = nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, p.g, /*channels_last=*/true, &why_not);
+      if (dtype == DType::BFloat16 && !ran) {
+        // cuDNN 9 has no bfloat16 engine for this graph on the H200 (its statistics node refuses the data type): the
+        // call must then say so and leave the sums alone.
+        EXPECT_NE(why_not.find("NOT_SUPPORTED"), std::string::npos) << why_not;
+        EXPECT_TRUE(std::isnan(values(sums.sum)[0]));
+        continue;
+      }
+      ASSERT_TRUE(ran) << "cuDNN offered no engine for the convolution + statistics graph: " << why_not;
 
       auto host = [](const Tensor& t) { return t.to(Device::cpu(), DType::Float64).contiguous(); };
       const Tensor y64 = nn::conv2d(

@@ -232,7 +232,8 @@ std::shared_ptr<fe::graph::Graph> make_graph(GraphKind kind, const Tensor& x, co
           fe::graph::Conv_dgrad_attributes().set_name("dgrad").set_padding(padding).set_stride(stride).set_dilation(
               dilation));
       if (kind == GraphKind::BackwardDataAccumulate) {
-        DX->set_data_type(fe::DataType_t::FLOAT);  // a virtual float32 intermediate
+        // A virtual float32 intermediate; a dgrad's output shape cannot be inferred, so it is given.
+        DX->set_data_type(fe::DataType_t::FLOAT).set_dim(dims_of(x)).set_stride(strides_of(x, channels_last));
         TensorAttr SUM = add_tensor(*graph, "sum", kAccumulate, x, channels_last);
         DX = graph->pointwise(DX, SUM,
                               fe::graph::Pointwise_attributes().set_name("accumulate").set_mode(fe::PointwiseMode_t::ADD));
