@@ -26,18 +26,21 @@ class CudaConvTest : public ::testing::Test {
     previous_tf32_ = cuda::allow_tf32();
     previous_benchmark_ = nn::cudnn_benchmark();
     previous_graph_api_ = nn::cuda_impl::conv2d_graph_api();
+    previous_accumulate_ = nn::cuda_impl::conv2d_graph_accumulate();
   }
   void TearDown() override {
     if (!cuda::is_available()) return;
     cuda::set_allow_tf32(previous_tf32_);
     nn::set_cudnn_benchmark(previous_benchmark_);
     nn::cuda_impl::set_conv2d_graph_api(previous_graph_api_);
+    nn::cuda_impl::set_conv2d_graph_accumulate(previous_accumulate_);
   }
 
  private:
   bool previous_tf32_ = true;
   bool previous_benchmark_ = false;
   bool previous_graph_api_ = true;
+  bool previous_accumulate_ = true;
 };
 
 struct ConvCase {
@@ -519,7 +522,6 @@ TEST_F(CudaConvTest, BackwardDataAccumulateAddsIntoTheSum) {
         const Tensor shortcut = x * 1.0;
         const int64_t runs = nn::cuda_impl::conv2d_graph_accumulations_run();
         autograd::backward({y, shortcut}, {dy, sum0});
-        nn::cuda_impl::set_conv2d_graph_accumulate(true);
         EXPECT_EQ(nn::cuda_impl::conv2d_graph_accumulations_run(), runs + (fused ? 1 : 0));
         ASSERT_TRUE(x.grad().defined());
         expect_close(x.grad(), want, tol, "x.grad");
