@@ -502,6 +502,7 @@ TEST_F(CudaConvTest, BackwardDataAccumulateAddsIntoTheSum) {
       nn::conv2d(x64, host(w), {}, co).backward(host(dy));
       const Tensor want = host(sum0) + x64.grad();
 
+      nn::cuda_impl::set_conv2d_graph_accumulate(true);  // the loop below ends with it off
       const Tensor sum = sum0.clone(MemoryFormat::ChannelsLast);
       std::string why_not;
       const int64_t before = nn::cuda_impl::conv2d_graph_accumulations_run();
