@@ -471,7 +471,7 @@ TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
 // The backward-data pass added into a gradient sum in one cuDNN graph: sum + dx against the float64 reference (dx by
 // the CPU's float64 convolution), within one rounding of the result to its 16-bit type; and the same through
 // nn::conv2d's backward, where the engine offers the node the sum the other path's gradient began (a residual block's
-// input), with the graph on and off.
+// input), with the graph on and off (nn::conv2d takes it for stride 1 and for 1x1 kernels).
 TEST_F(CudaConvTest, BackwardDataAccumulateAddsIntoTheSum) {
   if (!nn::cuda_impl::conv2d_graph_api_compiled()) GTEST_SKIP() << "kiln was built without cudnn-frontend";
   nn::cuda_impl::set_conv2d_graph_api(true);
@@ -523,7 +523,9 @@ TEST_F(CudaConvTest, BackwardDataAccumulateAddsIntoTheSum) {
         const Tensor shortcut = x * 1.0;
         const int64_t runs = nn::cuda_impl::conv2d_graph_accumulations_run();
         autograd::backward({y, shortcut}, {dy, sum0});
-        EXPECT_EQ(nn::cuda_impl::conv2d_graph_accumulations_run(), runs + (fused ? 1 : 0));
+        // nn::conv2d leaves strided convolutions with kernels larger than 1x1 to the separate addition.
+        const bool takes_graph = fused && (p.g.stride[0] == 1 || p.w[2] * p.w[3] == 1);
+        EXPECT_EQ(nn::cuda_impl::conv2d_graph_accumulations_run(), runs + (takes_graph ? 1 : 0));
         ASSERT_TRUE(x.grad().defined());
         expect_close(x.grad(), want, tol, "x.grad");
       }

@@ -44,8 +44,9 @@ Tensor conv2d_backward_data(const Tensor& grad_output, const Tensor& weight, con
 
 // grad_input_sum += the grad_input of grad_output through weight, in place, where one cuDNN graph does both
 // (conv2d_graph_backward_data_accumulate): grad_input_sum (N, C_in, H, W) dense in `format`, of grad_output's dtype
-// and device. Returns false, having changed nothing, where it does not (the caller then adds
-// conv2d_backward_data's result).
+// and device. Returns false, having changed nothing, where it does not, or where the graph ran slower than the pass
+// and a separate addition on the H200 (strided convolutions with kernels larger than 1x1); the caller then adds
+// conv2d_backward_data's result.
 bool conv2d_backward_data_accumulate(const Tensor& grad_output, const Tensor& weight, const Tensor& grad_input_sum,
                                      const ConvGeometry& g, MemoryFormat format);
 
