@@ -17,7 +17,8 @@
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
 // The cases are static-shape steps: on a GPU each is timed eagerly, then captured in a cuda::Graph and timed as
 // replays; the line reports the replays ("cuda_graph": true) with the eager figures of the same run beside them
-// ("eager_step_ms", "eager_peak_gib"). The JPEG cases' graph reads static input tensors that each batch from the
+// ("eager_step_ms", "eager_peak_gib"), and "conv_accumulations": the convolution input gradients added into a
+// residual sum by the backward-data graph per eager step (kiln/layers/cuda/conv_cudnn_graph.h). The JPEG cases' graph reads static input tensors that each batch from the
 // loader is copied into before its replay (as the examples' --cuda-graph). --no-graphs times them eagerly only.
 // Checkpointed BERT stays eager (its recomputed dropout rewinds the generator, which a replay cannot follow).
 //
@@ -175,7 +176,12 @@ struct GraphedCase {
 };
 
 void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s, const GraphedCase& c) {
+  const int64_t accumulations = nn::cuda_impl::conv2d_graph_accumulations_run();
   const Measured eager = measure(s, c.warmup, c.eager);
+  // Convolution input gradients added into a residual sum by the backward-data graph, per eager step.
+  const double accumulations_per_step = static_cast<double>(nn::cuda_impl::conv2d_graph_accumulations_run() -
+                                                            accumulations) /
+                                        std::max(1, c.warmup + s.steps);
   profile_steps(name, s, c.eager);
   if (!s.device.is_cuda() || !s.graphs) {
     report(name, info, s, c.warmup, eager, ", \"cuda_graph\": false" + loss_field(c.loss));
@@ -200,9 +206,10 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
     graph.replay();
   });
   graphed.peak_gib = std::max(graphed.peak_gib, capture_peak);
-  char extra[160];
-  std::snprintf(extra, sizeof extra, ", \"cuda_graph\": true, \"eager_step_ms\": %.3f, \"eager_peak_gib\": %.3f",
-                eager.step_ms, eager.peak_gib);
+  char extra[220];
+  std::snprintf(extra, sizeof extra,
+                ", \"cuda_graph\": true, \"eager_step_ms\": %.3f, \"eager_peak_gib\": %.3f, \"conv_accumulations\": %.1f",
+                eager.step_ms, eager.peak_gib, accumulations_per_step);
   report(name, info, s, c.warmup, graphed, extra + loss_field(c.loss));
 }
 
