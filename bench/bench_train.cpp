@@ -18,8 +18,9 @@
 // The cases are static-shape steps: on a GPU each is timed eagerly, then captured in a cuda::Graph and timed as
 // replays; the line reports the replays ("cuda_graph": true) with the eager figures of the same run beside them
 // ("eager_step_ms", "eager_peak_gib"), and "conv_accumulations": the convolution input gradients added into a
-// residual sum by the backward-data graph per eager step (kiln/layers/cuda/conv_cudnn_graph.h). The JPEG cases' graph reads static input tensors that each batch from the
-// loader is copied into before its replay (as the examples' --cuda-graph). --no-graphs times them eagerly only.
+// residual sum by the backward-data graph per eager step (kiln/layers/cuda/conv_cudnn_graph.h). The JPEG cases'
+// graph reads static input tensors that each batch from the loader is copied into before its replay (as the
+// examples' --cuda-graph). --no-graphs times them eagerly only.
 // Checkpointed BERT stays eager (its recomputed dropout rewinds the generator, which a replay cannot follow).
 //
 // Cases: resnet50_bf16, resnet50_fp16 (GradScaler), resnet18_cifar_bf16, bert_base_128, bert_base_512,
