@@ -6,8 +6,9 @@
     python3 bench/train_table.py --selftest        # the table builder on made-up lines; needs no GPU
 
 Reads every line that is a JSON object with "bench": "train" (other lines are skipped). "framework" is "kiln" (or
-absent: kiln's), "torch-eager" or "torch-compile"; a later line for the same framework and case replaces an earlier
-one. One row per case: each framework's throughput and peak GiB, kiln / eager and kiln / compile (throughputs), the
+absent: kiln's), "torch-eager" or "torch-compile". For kiln a later line for the same case replaces an earlier one;
+for PyTorch, whose step times move between runs (its eager steps are bound by the host's launches), the fastest
+measured run of a case is the one kiln is compared with, and every run's step time is listed under the table. One row per case: each framework's throughput and peak GiB, kiln / eager and kiln / compile (throughputs), the
 issue's goal for the case and whether it is met. A figure that is missing shows as "—" and its goal as "not
 measured"; the reasons of "error" and "skipped" lines are listed under the table. Exits 0.
 """
@@ -65,11 +66,24 @@ GOALS = {
 }
 
 
+def measured(r):
+    return isinstance(r.get("throughput"), (int, float)) and "error" not in r and "skipped" not in r
+
+
 def read(lines, results):
-    """Adds the "train" JSON lines among `lines` to results[(framework, case)]."""
+    """Adds the "train" JSON lines among `lines` to results[(framework, case)]: kiln's last line per case, PyTorch's
+    fastest measured one (else its last); "_runs" holds every line read for the pair, in order."""
     for r in bench_lines(lines, "train"):
-        if "case" in r:
-            results[(r.get("framework", KILN), r["case"])] = r
+        if "case" not in r:
+            continue
+        key = (r.get("framework", KILN), r["case"])
+        prev = results.get(key)
+        runs = (prev["_runs"] if prev else []) + [r]
+        chosen = r
+        if key[0] != KILN and prev is not None and measured(prev) and (
+                not measured(r) or prev["throughput"] >= r["throughput"]):
+            chosen = prev
+        results[key] = dict(chosen, _runs=runs)
 
 
 def figure(results, framework, case, key):
@@ -139,6 +153,12 @@ def table(results):
         for key in ("error", "skipped"):
             if key in r:
                 notes.append(f"- {case}, {framework}: {key}: {r[key]}")
+    for (framework, case), r in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        times = [f"{x['step_ms']:.2f}" for x in r.get("_runs", []) if measured(x) and "step_ms" in x]
+        if len(times) > 1:
+            which = "the last" if framework == KILN else "the fastest"
+            notes.append(f"- {case}, {framework}: {len(times)} runs at {', '.join(times)} ms/step; the table takes "
+                         f"{which}")
     if notes:
         out += [""] + notes
     # How each throughput was measured: step time, batch, precision, input.
@@ -158,6 +178,8 @@ kiln 0.1 bench_train: made-up figures
 {"bench":"train","framework":"kiln","case":"resnet50_bf16","model":"resnet50","batch":256,"step_ms":70.0,"throughput":3657.1,"unit":"img/s","peak_gib":20.0,"steps":30}
 {"bench":"train","framework":"torch-eager","case":"resnet50_bf16","throughput":3000.0,"unit":"img/s","peak_gib":22.0,"step_ms":85.3}
 {"bench":"train","framework":"torch-compile","case":"resnet50_bf16","throughput":3400.0,"unit":"img/s","peak_gib":19.0,"step_ms":75.3}
+{"bench":"train","framework":"torch-eager","case":"resnet50_bf16","throughput":2500.0,"unit":"img/s","peak_gib":22.0,"step_ms":102.4}
+{"bench":"train","framework":"torch-eager","case":"resnet50_bf16","error":"a later run that failed"}
 {"bench":"train","case":"resnet50_fp16","throughput":3600.0,"unit":"img/s","peak_gib":20.0,"step_ms":71.1}
 {"bench":"train","framework":"torch-eager","case":"resnet50_fp16","throughput":3000.0,"unit":"img/s","peak_gib":22.0}
 {"bench":"train","framework":"torch-compile","case":"resnet50_fp16","error":"OutOfMemoryError: CUDA out of memory"}
@@ -207,6 +229,9 @@ def selftest():
     text = table(results)
     assert "- resnet50_fp16, torch-compile: error: OutOfMemoryError: CUDA out of memory" in text, text
     assert "- resnet50_jpeg, torch-eager: skipped: no --photos DIR given" in text, text
+    # resnet50_bf16's eager runs: 3000, 2500 and an error; the fastest (3000) is the one compared, all are listed.
+    assert "- resnet50_bf16, torch-eager: 2 runs at 85.30, 102.40 ms/step; the table takes the fastest" in text, text
+    assert rows["resnet50_bf16"]["cells"][4] == "3,000.0", rows["resnet50_bf16"]["cells"]
     # The checkpointing goal without kiln's bert_base_128: not measured.
     del results[(KILN, "bert_base_128")]
     assert {r["case"]: r for r in build_rows(results)}["bert_base_128_ckpt"]["met"] is None
