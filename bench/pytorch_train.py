@@ -1,7 +1,7 @@
 """PyTorch on the cases of bench_train (issue 12): whole training steps (zero_grad, forward under autocast, loss,
 backward, optimizer step; GradScaler for fp16) through PyTorch eager and torch.compile, on the same GPU as kiln.
 
-    python3 bench/pytorch_train.py [--mode eager|compile|both] [--case NAME]... [--steps N] [--warmup N]
+    python3 bench/pytorch_train.py [--mode eager|compile|both] [--case NAME]... [--steps N] [--warmup N] [--repeat N]
                                    [--photos DIR] [--quick]
     python3 bench/train_table.py kiln.log torch.log        # kiln / PyTorch, per case
 
@@ -329,13 +329,16 @@ def main():
     p.add_argument("--photos", default=os.environ.get("KILN_BENCH_IMAGES"),
                    help="a folder of JPEGs for resnet50_jpeg (bench/make_photos.py)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 2 steps: checks that the script runs")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each case and mode, one line each (eager step times move between runs; "
+                        "train_table.py compares kiln with the fastest)")
     args = p.parse_args()
     if args.steps is None:
         args.steps = 2 if args.quick else 30
     if args.warmup is None:
         args.warmup = 1 if args.quick else 10
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be at least 1 and --warmup at least 0")
+    if args.steps < 1 or args.warmup < 0 or args.repeat < 1:
+        p.error("--steps and --repeat must be at least 1 and --warmup at least 0")
     args.compile_warmup = 2 if args.quick else COMPILE_WARMUP
     modes = ["eager", "compile"] if args.mode == "both" else [args.mode]
     names = args.case or list(CASES)
@@ -350,7 +353,8 @@ def main():
           f"{max(args.warmup, args.compile_warmup)}){', quick sizes' if args.quick else ''}", flush=True)
     for name in names:
         for mode in modes:
-            run_case(args, name, mode)
+            for _ in range(args.repeat):
+                run_case(args, name, mode)
     return 0
 
 
