@@ -108,10 +108,12 @@ ConvRun run_conv(const ConvCase& c, Device device, DType dtype, bool channels_la
   return r;
 }
 
+// A tensor's values as a float64 CPU tensor (no autograd history), for the references.
+Tensor host(const Tensor& t) { return t.detach().to(Device::cpu(), DType::Float64).contiguous(); }
+
 // The same run on the CPU in float64 from the GPU run's values (already rounded to its dtype), so the
 // comparison measures the computation alone.
 ConvRun reference(const ConvCase& c, const ConvRun& gpu) {
-  auto host = [](const Tensor& t) { return t.detach().to(Device::cpu(), DType::Float64).contiguous(); };
   ConvRun r;
   r.x = host(gpu.x).requires_grad_();
   r.w = host(gpu.w).requires_grad_();
@@ -408,6 +410,22 @@ TEST_F(CudaConvTest, GraphCaptureTakesThePlansTimedBeforeIt) {
   EXPECT_EQ(nn::cuda_impl::conv2d_graph_plans_built(), built + 6);
 }
 
+// A problem for the fused cuDNN graphs' tests: x (N, C_in, H, W), w (C_out, C_in, KH, KW) and the geometry.
+struct GraphProblem {
+  Shape x, w;
+  nn::cuda_impl::ConvGeometry g;
+  Shape y() const {  // (N, C_out, OH, OW)
+    return {x[0], w[0], (x[2] + 2 * g.padding[0] - w[2]) / g.stride[0] + 1,
+            (x[3] + 2 * g.padding[1] - w[3]) / g.stride[1] + 1};
+  }
+  nn::Conv2dOptions options() const {
+    return {.stride = {g.stride[0], g.stride[1]}, .padding = {g.padding[0], g.padding[1]}, .bias = false};
+  }
+};
+// A stride-1 and a strided 3x3 problem.
+const std::vector<GraphProblem> kGraphProblems{{{8, 64, 16, 16}, {64, 64, 3, 3}, {.padding = {1, 1}}},
+                                               {{4, 32, 9, 9}, {48, 32, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}}};
+
 // The forward pass with its channel sums (cuDNN's convolution + statistics graph; float16 only on the H200 with cuDNN
 // 9, bfloat16 checked to be refused cleanly where it has no engine): y as the float64 reference, and
 // each channel's sum and sum of squares within the rounding of y to its 16-bit type (2^-8 of the magnitudes summed,
@@ -416,22 +434,15 @@ TEST_F(CudaConvTest, GraphCaptureTakesThePlansTimedBeforeIt) {
 TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
   if (!nn::cuda_impl::conv2d_graph_api_compiled()) GTEST_SKIP() << "kiln was built without cudnn-frontend";
   nn::cuda_impl::set_conv2d_graph_api(true);
-  struct Problem {
-    Shape x, w;
-    nn::cuda_impl::ConvGeometry g;
-  };
-  const std::vector<Problem> problems{{{8, 64, 16, 16}, {64, 64, 3, 3}, {.padding = {1, 1}}},
-                                      {{4, 32, 9, 9}, {48, 32, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}}};
   for (DType dtype : {DType::BFloat16, DType::Float16}) {
-    for (const Problem& p : problems) {
+    for (const GraphProblem& p : kGraphProblems) {
       SCOPED_TRACE(::kiln::detail::str_cat(dtype, " x ", p.x, " w ", p.w));
       const TensorOptions o{.dtype = dtype, .device = Device::cuda(0)};
       const Tensor x = make(uniform(numel(p.x), -1, 1, 71), p.x, o).contiguous(MemoryFormat::ChannelsLast);
       const Tensor w = make(uniform(numel(p.w), -1, 1, 72), p.w, o).contiguous(MemoryFormat::ChannelsLast);
       const int64_t c = p.w[0];
-      const int64_t oh = (p.x[2] + 2 * p.g.padding[0] - p.w[2]) / p.g.stride[0] + 1;
-      const int64_t ow = (p.x[3] + 2 * p.g.padding[1] - p.w[3]) / p.g.stride[1] + 1;
-      const Tensor y = empty({p.x[0], c, oh, ow}, o).contiguous(MemoryFormat::ChannelsLast);
+      const Shape y_shape = p.y();
+      const Tensor y = empty(y_shape, o).contiguous(MemoryFormat::ChannelsLast);
       const TensorOptions f32{.dtype = DType::Float32, .device = Device::cuda(0)};
       const nn::cuda_impl::ConvChannelSums sums{full({c}, std::nan(""), f32), full({c}, std::nan(""), f32)};
       std::string why_not;
@@ -445,13 +456,10 @@ TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
       }
       ASSERT_TRUE(ran) << "cuDNN offered no engine for the convolution + statistics graph: " << why_not;
 
-      auto host = [](const Tensor& t) { return t.to(Device::cpu(), DType::Float64).contiguous(); };
-      const Tensor y64 = nn::conv2d(
-          host(x), host(w), {},
-          {.stride = {p.g.stride[0], p.g.stride[1]}, .padding = {p.g.padding[0], p.g.padding[1]}, .bias = false});
+      const Tensor y64 = nn::conv2d(host(x), host(w), {}, p.options());
       expect_close(y, y64, dtype == DType::BFloat16 ? kBFloat16Values : kFloat16Values, "output");
       const std::vector<double> ref = values(y64);  // NCHW order
-      const int64_t plane = oh * ow;
+      const int64_t plane = y_shape[2] * y_shape[3];
       std::vector<double> sum(c, 0.0), sum_sq(c, 0.0), sum_abs(c, 0.0);
       for (size_t i = 0; i < ref.size(); ++i) {
         const int64_t ch = (static_cast<int64_t>(i) / plane) % c;
@@ -475,28 +483,18 @@ TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
 TEST_F(CudaConvTest, BackwardDataAccumulateAddsIntoTheSum) {
   if (!nn::cuda_impl::conv2d_graph_api_compiled()) GTEST_SKIP() << "kiln was built without cudnn-frontend";
   nn::cuda_impl::set_conv2d_graph_api(true);
-  struct Problem {
-    Shape x, w;
-    nn::cuda_impl::ConvGeometry g;
-  };
-  const std::vector<Problem> problems{{{8, 64, 16, 16}, {64, 64, 3, 3}, {.padding = {1, 1}}},
-                                      {{4, 32, 9, 9}, {48, 32, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
-                                      {{4, 32, 8, 8}, {64, 32, 1, 1}, {.stride = {2, 2}}}};
-  auto host = [](const Tensor& t) { return t.to(Device::cpu(), DType::Float64).contiguous(); };
+  std::vector<GraphProblem> problems = kGraphProblems;
+  problems.push_back({{4, 32, 8, 8}, {64, 32, 1, 1}, {.stride = {2, 2}}});  // and a strided 1x1 one
   for (DType dtype : {DType::BFloat16, DType::Float16}) {
     const Tolerance tol = dtype == DType::BFloat16 ? kBFloat16Grads : kFloat16Grads;
-    for (const Problem& p : problems) {
+    for (const GraphProblem& p : problems) {
       SCOPED_TRACE(::kiln::detail::str_cat(dtype, " x ", p.x, " w ", p.w));
       const TensorOptions o{.dtype = dtype, .device = Device::cuda(0)};
-      const int64_t oh = (p.x[2] + 2 * p.g.padding[0] - p.w[2]) / p.g.stride[0] + 1;
-      const int64_t ow = (p.x[3] + 2 * p.g.padding[1] - p.w[3]) / p.g.stride[1] + 1;
-      const Shape y_shape{p.x[0], p.w[0], oh, ow};
+      const Shape y_shape = p.y();
       const Tensor w = make(uniform(numel(p.w), -1, 1, 81), p.w, o).contiguous(MemoryFormat::ChannelsLast);
       const Tensor dy = make(uniform(numel(y_shape), -1, 1, 82), y_shape, o).contiguous(MemoryFormat::ChannelsLast);
       const Tensor sum0 = make(uniform(numel(p.x), -4, 4, 83), p.x, o).contiguous(MemoryFormat::ChannelsLast);
-      const nn::Conv2dOptions co{.stride = {p.g.stride[0], p.g.stride[1]},
-                                 .padding = {p.g.padding[0], p.g.padding[1]},
-                                 .bias = false};
+      const nn::Conv2dOptions co = p.options();
       // The float64 reference: sum + dx.
       Tensor x64 = zeros(p.x, {.dtype = DType::Float64}).requires_grad_();
       nn::conv2d(x64, host(w), {}, co).backward(host(dy));
