@@ -6,7 +6,7 @@
 // bench/train_table.py puts both side by side with the goals.
 //
 //   bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N] [--quick]
-//               [--bn-single-kernel none|forward|both] [--no-conv-accumulate]
+//               [--bn-single-kernel none|forward|both] [--no-conv-accumulate] [--no-cast-prefetch]
 //
 // --profile N: after a case's timing, N more eager steps under kiln's profiler; the top ops by GPU time go to
 // standard error (the JSON lines on standard output stay as they are).
@@ -14,6 +14,8 @@
 // default is none); the header line says which ran.
 // --no-conv-accumulate: convolutions' input gradients are not added into the residual sum by the backward-data
 // graph (kiln/layers/cuda/conv_cudnn_graph.h) but by a separate addition, to time the two.
+// --no-cast-prefetch: autocast casts each weight where the forward pass first uses it, instead of all of them in one
+// launch as each step's region opens (autocast::set_cast_prefetch), to time the two.
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
 // The cases are static-shape steps: on a GPU each is timed eagerly, then captured in a cuda::Graph and timed as
 // replays; the line reports the replays ("cuda_graph": true) with the eager figures of the same run beside them
@@ -402,6 +404,7 @@ int main(int argc, char** argv) {
         stderr,
         "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N]\n"
         "                   [--quick] [--bn-single-kernel none|forward|both] [--no-conv-accumulate]\n"
+        "                   [--no-cast-prefetch]\n"
         "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
         "       bert_large_128 bert_base_128_ckpt resnet50_jpeg resnet50_jpeg_gpu\n");
     return 2;
@@ -437,6 +440,8 @@ int main(int argc, char** argv) {
       nn::cuda_impl::set_batch_norm_single_kernel({.forward = which != "none", .backward = which == "both"});
     } else if (a == "--no-conv-accumulate") {
       nn::cuda_impl::set_conv2d_graph_accumulate(false);
+    } else if (a == "--no-cast-prefetch") {
+      autocast::set_cast_prefetch(false);
     } else if (a == "--photos" && has_value) {
       s.photos = argv[++i];
     } else {

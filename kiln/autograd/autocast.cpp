@@ -1,9 +1,12 @@
 // The autocast policy table and the thread-local autocast state.
 #include "kiln/autograd/autocast.h"
 
+#include <atomic>
 #include <map>
+#include <memory>
 #include <utility>
 
+#include "kiln/autograd/functions.h"  // with_cast_history
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/tensor/ops.h"
 
@@ -55,8 +58,11 @@ struct CacheEntry {
 struct WeightCache {
   int depth = 0;
   std::map<std::pair<const TensorImpl*, DType>, CacheEntry> entries;
+  // Every parameter cached so far, for the up-front casts of later regions (cast_candidates).
+  std::map<std::pair<const TensorImpl*, DType>, std::weak_ptr<TensorImpl>> seen;
 };
 thread_local WeightCache weight_cache;
+std::atomic<bool> prefetch_enabled{true};
 
 bool cacheable(const Tensor& t, DType dtype) {
   return weight_cache.depth > 0 && t.dtype() == DType::Float32 &&
@@ -122,9 +128,47 @@ Tensor cast_to(const Tensor& t, DType dtype) {
   CacheEntry& e = weight_cache.entries[{&t.impl(), dtype}];
   if (!e.cast.defined() || e.version != t.version() || e.storage != storage) {
     e = CacheEntry{t, t.version(), storage, t.to(dtype)};
+    weight_cache.seen.insert_or_assign({&t.impl(), dtype}, t.impl_ptr());
   }
   return e.cast;
 }
+
+std::vector<Tensor> cast_candidates(DType dtype, DeviceType type) {
+  std::vector<Tensor> out;
+  if (!prefetch_enabled || weight_cache.depth != 1) return out;
+  for (auto it = weight_cache.seen.begin(); it != weight_cache.seen.end();) {
+    std::shared_ptr<TensorImpl> impl = it->second.lock();
+    if (!impl) {  // freed
+      it = weight_cache.seen.erase(it);
+      continue;
+    }
+    Tensor t(std::move(impl));
+    if (it->first.second == dtype && t.device().type() == type && cacheable(t, dtype) &&
+        !weight_cache.entries.contains(it->first)) {
+      out.push_back(std::move(t));
+    }
+    ++it;
+  }
+  return out;
+}
+
+void cache_cast(const Tensor& param, Tensor values) {
+  KILN_CHECK(values.defined() && cacheable(param, values.dtype()),
+             "autocast::cache_cast: the parameter must be a float32 leaf that requires grad, the values float16 or "
+             "bfloat16, with grad mode on inside an autocast region");
+  KILN_CHECK(values.shape() == param.shape() && values.strides() == param.strides() &&
+                 values.device() == param.device(),
+             "autocast::cache_cast: the values (", values.shape(), ", strides ", values.strides(), ", on ",
+             values.device(), ") must have the parameter's shape, strides and device (", param.shape(), ", strides ",
+             param.strides(), ", on ", param.device(), ")");
+  const DType dtype = values.dtype();
+  weight_cache.entries[{&param.impl(), dtype}] =
+      CacheEntry{param, param.version(), param.impl().storage().get(), with_cast_history(std::move(values), param)};
+  weight_cache.seen.insert_or_assign({&param.impl(), dtype}, param.impl_ptr());
+}
+
+void set_cast_prefetch(bool enabled) { prefetch_enabled = enabled; }
+bool cast_prefetch() { return prefetch_enabled; }
 
 std::vector<Tensor> inputs_list(Op op, const std::vector<Tensor>& ts) {
   if (!detail::state.any_enabled) return ts;

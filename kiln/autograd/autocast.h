@@ -173,6 +173,20 @@ class CacheRegion {
 };
 size_t cache_size();  // entries in this thread's weight-cast cache (for tests and diagnostics)
 
+// Casting up front. Each parameter cast_to() caches is remembered (weakly: a freed parameter drops out) with its
+// target dtype, per thread. At the start of the next outermost region, amp::Autocast casts all of them at once
+// (on CUDA one launch, instead of one kernel per weight as the forward pass reaches it) and puts the results in
+// the cache, so that cast_to() finds them there:
+//   cast_candidates(dtype, type): the remembered parameters for `dtype` on devices of `type` that would be cached
+//     now (alive, float32 leaves requiring grad, grad mode on, in an outermost region, not cached yet);
+//   cache_cast(param, values): caches `values` (param cast to values' dtype, computed by the caller: same shape,
+//     strides and device) as cast_to(param, values.dtype()) would, with its autograd history.
+// set_cast_prefetch(false) turns the up-front casts off (each weight is then cast where it is first used).
+std::vector<Tensor> cast_candidates(DType dtype, DeviceType type);
+void cache_cast(const Tensor& param, Tensor values);
+void set_cast_prefetch(bool enabled);  // on by default
+bool cast_prefetch();
+
 // The dtype `op` computes in for floating inputs on `device`, or nothing (keep the inputs' dtypes).
 // `widest` is the promoted dtype of the floating inputs, for Policy::Promote.
 std::optional<DType> target_dtype(Op op, Device device, DType widest);

@@ -163,6 +163,7 @@ struct BatchNormArgs {
   bool training;
   double momentum, eps;
   bool relu;
+  Tensor num_batches_tracked;  // training: +1 in the statistics kernel, where defined
 };
 
 // kiln's batch-norm kernels as one autograd node: forward saves the statistics it normalised with (and, when ReLU is
@@ -175,7 +176,7 @@ struct CudaBatchNorm : autograd::Function<CudaBatchNorm> {
                         const Tensor& residual, const BatchNormArgs& args) {
     cuda_impl::BatchNormForward out =
         cuda_impl::batch_norm_forward(x, weight, bias, args.running_mean, args.running_var, args.training,
-                                      args.momentum, args.eps, args.relu, residual);
+                                      args.momentum, args.eps, args.relu, residual, args.num_batches_tracked);
     // The fused ReLU's mask: its bits where the kernels made them (16-bit inputs), else the output's sign.
     const Tensor y_for_mask = args.relu && !out.relu_mask.defined() ? out.y : Tensor();
     ctx.save_for_backward({x, weight, y_for_mask, out.mean, out.invstd, out.relu_mask});
@@ -213,7 +214,12 @@ bool cuda_batch_norm_applies(const Tensor& x, const Tensor& running_mean, const 
 
 // The checks both paths share; returns the values per channel.
 int64_t check_batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                         const Tensor& bias, bool training) {
+                         const Tensor& bias, bool training, const Tensor& num_batches_tracked) {
+  if (num_batches_tracked.defined()) {
+    KILN_CHECK(num_batches_tracked.numel() == 1 && num_batches_tracked.dtype() == DType::Int64,
+               "batch_norm: num_batches_tracked must be a 1-element Int64 tensor (BatchNorm's buffer), got ",
+               num_batches_tracked.shape(), " ", num_batches_tracked.dtype());
+  }
   KILN_CHECK(x.dim() >= 2, "batch_norm: the input must be (N, C) or (N, C, *), got shape ", x.shape());
   const int64_t c = x.size(1);
   check_affine("batch_norm", weight, "weight", {c});
@@ -236,19 +242,22 @@ int64_t check_batch_norm(const Tensor& x, const Tensor& running_mean, const Tens
 // On CUDA: kiln's kernels (ReLU fused when asked, the residual added before it when defined; it must then have
 // x's shape, dtype and device); elsewhere: undefined, and the caller composes.
 // (batch_norm / batch_norm_relu / batch_norm_add_relu have applied autocast already.)
+// In training they add 1 to num_batches_tracked where it is defined (in the statistics kernel).
 Tensor batch_norm_kernels(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                           const Tensor& bias, bool training, double momentum, double eps, bool relu,
-                          const Tensor& residual = {}) {
+                          const Tensor& num_batches_tracked, const Tensor& residual = {}) {
 #if KILN_WITH_CUDA
   if (x.is_cuda()) {
-    if (cuda_batch_norm_applies(x, running_mean, running_var, weight, bias)) {
-      return CudaBatchNorm::apply(x, weight, bias, residual,
-                                  BatchNormArgs{running_mean, running_var, training, momentum, eps, relu});
+    if (cuda_batch_norm_applies(x, running_mean, running_var, weight, bias) &&
+        (!num_batches_tracked.defined() || num_batches_tracked.device() == x.device())) {
+      return CudaBatchNorm::apply(
+          x, weight, bias, residual,
+          BatchNormArgs{running_mean, running_var, training, momentum, eps, relu, num_batches_tracked});
     }
   }
 #else
   (void)x, (void)running_mean, (void)running_var, (void)weight, (void)bias, (void)training, (void)momentum, (void)eps,
-      (void)relu, (void)residual;
+      (void)relu, (void)num_batches_tracked, (void)residual;
 #endif
   return Tensor();
 }
@@ -408,15 +417,21 @@ Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_i
 
 static Tensor batch_norm_as_one_op(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                                    const Tensor& weight, const Tensor& bias, bool training, double momentum,
-                                   double eps) {
-  const int64_t count = check_batch_norm(x, running_mean, running_var, weight, bias, training);
-  if (Tensor y = batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, false);
+                                   double eps, const Tensor& num_batches_tracked) {
+  const int64_t count = check_batch_norm(x, running_mean, running_var, weight, bias, training, num_batches_tracked);
+  if (Tensor y = batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, false,
+                                    num_batches_tracked);
       y.defined())
     return y;
   const int64_t c = x.size(1);
   const Dims dims = all_but_channel(x.dim());
   Tensor y;
   if (training) {
+    if (num_batches_tracked.defined()) {
+      NoGradGuard no_grad;
+      Tensor counter = num_batches_tracked;
+      counter.add_(1);
+    }
     Tensor batch_mean = mean(x, dims, true);  // (1, C, 1, ...)
     Tensor centered = x - batch_mean;
     Tensor batch_var = mean(square(centered), dims, true);  // biased
@@ -445,32 +460,37 @@ static Tensor batch_norm_as_one_op(const Tensor& x, const Tensor& running_mean, 
 
 static Tensor batch_norm_relu_as_one_op(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                                         const Tensor& weight, const Tensor& bias, bool training, double momentum,
-                                        double eps) {
-  check_batch_norm(x, running_mean, running_var, weight, bias, training);
-  if (Tensor y = batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, true);
+                                        double eps, const Tensor& num_batches_tracked) {
+  check_batch_norm(x, running_mean, running_var, weight, bias, training, num_batches_tracked);
+  if (Tensor y = batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, true,
+                                    num_batches_tracked);
       y.defined())
     return y;
-  return relu(batch_norm_as_one_op(x, running_mean, running_var, weight, bias, training, momentum, eps));
+  return relu(
+      batch_norm_as_one_op(x, running_mean, running_var, weight, bias, training, momentum, eps, num_batches_tracked));
 }
 
 static Tensor batch_norm_add_relu_as_one_op(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
                                             const Tensor& running_var, const Tensor& weight, const Tensor& bias,
-                                            bool training, double momentum, double eps) {
+                                            bool training, double momentum, double eps,
+                                            const Tensor& num_batches_tracked) {
   KILN_CHECK(x.defined() && residual.defined(), "batch_norm_add_relu: x and residual must be defined tensors");
   KILN_CHECK(residual.shape() == x.shape(), "batch_norm_add_relu: the residual must have the input's shape ", x.shape(),
              ", got ", residual.shape(), "; to broadcast it, compose relu(batch_norm(x, ...) + residual)");
   KILN_CHECK(residual.device() == x.device(), "batch_norm_add_relu: the input (", x.shape(), ") is on ", x.device(),
              " but the residual (", residual.shape(), ") is on ", residual.device(), "; move the residual with .to(",
              x.device(), ")");
-  check_batch_norm(x, running_mean, running_var, weight, bias, training);
+  check_batch_norm(x, running_mean, running_var, weight, bias, training, num_batches_tracked);
   // Fused when the sum stays in x's dtype (batch norm's output dtype on the GPU), i.e. the residual has it.
   if (residual.dtype() == x.dtype()) {
-    if (Tensor y =
-            batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, true, residual);
+    if (Tensor y = batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, true,
+                                      num_batches_tracked, residual);
         y.defined())
       return y;
   }
-  return relu(batch_norm_as_one_op(x, running_mean, running_var, weight, bias, training, momentum, eps) + residual);
+  return relu(batch_norm_as_one_op(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                                   num_batches_tracked) +
+              residual);
 }
 
 // The layers made of several ops run as one op of the autocast table: inputs cast by the layer's policy, then
@@ -488,27 +508,30 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
+                  const Tensor& bias, bool training, double momentum, double eps, const Tensor& num_batches_tracked) {
   auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
   autocast::DisableGuard as_one_op;
-  return batch_norm_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps);
+  return batch_norm_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps, num_batches_tracked);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                       const Tensor& bias, bool training, double momentum, double eps) {
+                       const Tensor& bias, bool training, double momentum, double eps,
+                       const Tensor& num_batches_tracked) {
   auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
   autocast::DisableGuard as_one_op;
-  return batch_norm_relu_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps);
+  return batch_norm_relu_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps,
+                                   num_batches_tracked);
 }
 
 Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
                            const Tensor& running_var, const Tensor& weight, const Tensor& bias, bool training,
-                           double momentum, double eps) {
+                           double momentum, double eps, const Tensor& num_batches_tracked) {
   // x, weight and bias as batch_norm casts them; the residual joins by the add's own promotion, as in
   // relu(batch_norm(x) + residual) (PyTorch's autocast leaves an add's inputs alone too).
   auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
   autocast::DisableGuard as_one_op;
-  return batch_norm_add_relu_as_one_op(xc, residual, running_mean, running_var, wc, bc, training, momentum, eps);
+  return batch_norm_add_relu_as_one_op(xc, residual, running_mean, running_var, wc, bc, training, momentum, eps,
+                                       num_batches_tracked);
 }
 
 Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx) {

@@ -58,13 +58,16 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = {}
 // mean and biased variance, and (when defined) updates running_mean and running_var in place, under
 // NoGradGuard: running = (1 - momentum) * running + momentum * batch, with the unbiased variance.
 // Eval: normalises with the running statistics, which must then be defined. weight, bias (C) may be undefined.
+// num_batches_tracked (a 1-element Int64 tensor, BatchNorm's buffer), where defined, gets 1 added in training (on
+// CUDA by the statistics kernel, with no launch of its own).
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight = {},
-                  const Tensor& bias = {}, bool training = false, double momentum = 0.1, double eps = 1e-5);
+                  const Tensor& bias = {}, bool training = false, double momentum = 0.1, double eps = 1e-5,
+                  const Tensor& num_batches_tracked = {});
 
 // relu(batch_norm(...)) with the same arguments; one fused kernel (and a masked backward) on CUDA.
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight = {}, const Tensor& bias = {}, bool training = false, double momentum = 0.1,
-                       double eps = 1e-5);
+                       double eps = 1e-5, const Tensor& num_batches_tracked = {});
 
 // relu(batch_norm(x, ...) + residual): the tail of a ResNet block, with batch_norm's arguments; residual has x's
 // shape (any layout) and device. The result has the dtype of batch_norm(x) + residual, as that composition gives
@@ -74,7 +77,8 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
 // residual; otherwise, and on the CPU, it is the composition itself.
 Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
                            const Tensor& running_var, const Tensor& weight = {}, const Tensor& bias = {},
-                           bool training = false, double momentum = 0.1, double eps = 1e-5);
+                           bool training = false, double momentum = 0.1, double eps = 1e-5,
+                           const Tensor& num_batches_tracked = {});
 
 // Rows of weight (V, D) picked by integer index (...) -> (..., D). The padding row's lookups pass no
 // gradient to it (a negative padding_idx counts from V).

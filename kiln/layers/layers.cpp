@@ -177,11 +177,18 @@ Tensor BatchNorm::normalize(const Tensor& input, bool relu, const Tensor& residu
   // statistics and the batch counter were updated by forward already, so the recomputation leaves them.
   const bool track = is_training() && options.track_running_stats && !autograd::in_recomputation();
   double factor = options.momentum.value_or(0.0);
+  // The batch counter: counted by the batch-norm op below (on CUDA inside its statistics kernel, no launch of its
+  // own), except without a momentum or with a statistics reducer, where it is counted here.
+  Tensor counter;
   if (track) {
-    NoGradGuard no_grad;
-    num_batches_tracked.add_(1);
-    // Without a momentum: the cumulative average, 1 / (batches so far). Reading the counter syncs with the GPU.
-    if (!options.momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
+    if (!options.momentum || stats_reducer_) {
+      NoGradGuard no_grad;
+      num_batches_tracked.add_(1);
+      // Without a momentum: the cumulative average, 1 / (batches so far). Reading the counter syncs with the GPU.
+      if (!options.momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
+    } else {
+      counter = num_batches_tracked;
+    }
   }
   if (is_training() && stats_reducer_) {
     if (!residual.defined()) return normalize_global(input, relu, factor, track);
@@ -194,9 +201,10 @@ Tensor BatchNorm::normalize(const Tensor& input, bool relu, const Tensor& residu
   const bool update = !is_training() || track;
   const Tensor rm = update ? running_mean : Tensor(), rv = update ? running_var : Tensor();
   if (residual.defined()) {
-    return batch_norm_add_relu(input, residual, rm, rv, weight, bias, use_batch_stats, factor, options.eps);
+    return batch_norm_add_relu(input, residual, rm, rv, weight, bias, use_batch_stats, factor, options.eps, counter);
   }
-  return (relu ? batch_norm_relu : batch_norm)(input, rm, rv, weight, bias, use_batch_stats, factor, options.eps);
+  return (relu ? batch_norm_relu : batch_norm)(input, rm, rv, weight, bias, use_batch_stats, factor, options.eps,
+                                               counter);
 }
 
 Tensor BatchNorm::normalize_global(const Tensor& input, bool relu_after, double factor, bool track) {

@@ -15,6 +15,7 @@
 #include "kiln/autograd/autocast.h"       // autocast::Guard
 #include "kiln/layers/cuda/batch_norm.h"  // the mask the fused ReLU keeps
 #include "kiln/layers/functional.h"
+#include "kiln/layers/layers.h"  // BatchNorm2d
 #include "kiln/tensor/cuda.h"
 #include "support/grad_support.h"
 #include "support/test_support.h"
@@ -656,6 +657,42 @@ TEST_P(BatchNormAddReluTest, BadResidualsNameTheOpAndTheShapes) {
   // batch_norm's own checks still apply.
   expect_error([&] { nn::batch_norm_add_relu(x, x, {}, {}, zeros({4}, opts()), {}, true); },
                {"batch_norm", "weight", "[4]", "[3]"});
+}
+
+// The batch counter: each training call of the three ops adds 1 to num_batches_tracked (on CUDA inside the
+// statistics kernel, also in 16 bits, channels-last and float32), eval calls leave it; a BatchNorm module counts
+// its training batches with and without a momentum, and not in eval.
+TEST_P(BatchNormAddReluTest, TrainingCallsCountTheirBatches) {
+  Tensor counter = zeros({}, opts(DType::Int64));
+  std::vector<DType> dtypes = {DType::Float32};
+  if (dev().is_cuda()) dtypes.push_back(DType::BFloat16);
+  for (DType dt : dtypes) {
+    const Tensor x = make(uniform(4 * 8 * 3 * 3, -2, 2, 81), {4, 8, 3, 3}, opts()).to(dt);
+    const Tensor xl = x.contiguous(MemoryFormat::ChannelsLast);
+    Tensor rm = zeros({8}, opts()), rv = ones({8}, opts());
+    const Tensor w = ones({8}, opts()), b = zeros({8}, opts());
+    nn::batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5, counter);
+    nn::batch_norm_relu(xl, rm, rv, w, b, true, 0.1, 1e-5, counter);
+    nn::batch_norm_add_relu(xl, xl, rm, rv, w, b, true, 0.1, 1e-5, counter);
+    nn::batch_norm(x, rm, rv, w, b, false, 0.1, 1e-5, counter);  // eval: not counted
+    nn::batch_norm_relu(x, {}, {}, w, b, true, 0.1, 1e-5, counter);  // no running statistics: still a batch
+  }
+  expect_values(counter, {}, {4.0 * static_cast<double>(dtypes.size())}, 0, 0);
+  expect_error([&] { nn::batch_norm(zeros({2, 3}, opts()), {}, {}, {}, {}, true, 0.1, 1e-5, zeros({1}, opts())); },
+               {"batch_norm", "num_batches_tracked", "Int64"});
+
+  for (bool with_momentum : {true, false}) {
+    nn::BatchNormOptions o;
+    if (!with_momentum) o.momentum.reset();
+    nn::BatchNorm2d bn(3, o);
+    bn.to(dev());
+    const Tensor x = make(uniform(2 * 3 * 2 * 2, -1, 1, 82), {2, 3, 2, 2}, opts());
+    bn(x);
+    bn.forward_add_relu(x, x);
+    bn.eval();
+    bn(x);
+    expect_values(bn.num_batches_tracked, {}, {2}, 0, 0);
+  }
 }
 
 KILN_INSTANTIATE_BACKENDS(BatchNormAddReluTest);

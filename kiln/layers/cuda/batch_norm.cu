@@ -325,7 +325,9 @@ __device__ __forceinline__ void finalize_stats_channel(const State<Acc>& st, int
 template <typename T, typename Acc, typename R>
 __global__ void finalize_stats_kernel(const State<Acc>* partial, int64_t splits, int64_t C, Acc count,
                                       const device_t<T>* x, int64_t first, Acc eps, const Acc* weight, Acc* mean,
-                                      Acc* invstd, Acc* scale, R* running_mean, R* running_var, Acc momentum) {
+                                      Acc* invstd, Acc* scale, R* running_mean, R* running_var, Acc momentum,
+                                      int64_t* batches) {
+  if (batches != nullptr && blockIdx.x == 0 && threadIdx.x == 0) ++*batches;
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (c >= C) return;  // whole warps leave together
   const State<Acc> st = channel_total(partial, splits, c, static_cast<int>(threadIdx.x % 32));
@@ -596,6 +598,7 @@ struct SingleForwardArgs {
   Acc* scale;
   float* running_mean;  // float32 running statistics, or null
   float* running_var;
+  int64_t* batches;  // num_batches_tracked, or null
   bool relu;
 };
 
@@ -603,6 +606,7 @@ template <typename T, int V, typename Acc>
 __global__ void __launch_bounds__(kThreads) forward_single_kernel(SingleForwardArgs<T, Acc> a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  if (a.batches != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ++*a.batches;
   reduce_rows_block<T, V, Acc>(Inputs<T>{a.x, nullptr, nullptr}, StatsOp<Acc>{}, a.partial, a.C,
                                split_rows(a.M, a.rows_per_split), reinterpret_cast<State<Acc>*>(smem_raw));
   grid.sync();
@@ -893,7 +897,8 @@ void launch_cooperative(const void* kernel, const SingleGrid& g, Args& args, cud
 template <typename T>
 bool forward_single(const Tensor& x, const Tensor& y, const Layout& L, const Tensor& w, const Tensor& b,
                     const Tensor& running_mean, const Tensor& running_var, double momentum, double eps, bool relu,
-                    const Tensor& res, Tensor& mean, Tensor& invstd, Tensor& relu_mask, cudaStream_t stream) {
+                    const Tensor& res, int64_t* batches, Tensor& mean, Tensor& invstd, Tensor& relu_mask,
+                    cudaStream_t stream) {
   if constexpr (std::is_same_v<acc_t<T>, double>) {
     return false;
   } else {
@@ -941,6 +946,7 @@ bool forward_single(const Tensor& x, const Tensor& y, const Layout& L, const Ten
     a.scale = scale.data_ptr<Acc>();
     a.running_mean = running_mean.defined() ? running_mean.data_ptr<float>() : nullptr;
     a.running_var = running_var.defined() ? running_var.data_ptr<float>() : nullptr;
+    a.batches = batches;
     a.relu = relu;
     launch_cooperative(reinterpret_cast<const void*>(&forward_single_kernel<T, V, Acc>), g, a, stream,
                        "batch_norm (single kernel)");
@@ -1005,7 +1011,7 @@ bool backward_single(const Tensor& dy, const Tensor& x, const Tensor& y, const T
 template <typename T>
 void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Tensor& weight, const Tensor& bias,
                     const Tensor& running_mean, const Tensor& running_var, bool training, double momentum, double eps,
-                    bool relu, const Tensor& res, Tensor& mean, Tensor& invstd, Tensor& relu_mask,
+                    bool relu, const Tensor& res, int64_t* batches, Tensor& mean, Tensor& invstd, Tensor& relu_mask,
                     cudaStream_t stream) {
   using Acc = acc_t<T>;
   using D = device_t<T>;
@@ -1013,8 +1019,8 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
   const TensorOptions opts{.dtype = adt, .device = x.device()};
   const auto* xp = static_cast<const D*>(x.data_ptr());
   const Tensor w = per_channel_as(weight, adt), b = per_channel_as(bias, adt);
-  if (training && forward_single<T>(x, y, L, w, b, running_mean, running_var, momentum, eps, relu, res, mean, invstd,
-                                    relu_mask, stream)) {
+  if (training && forward_single<T>(x, y, L, w, b, running_mean, running_var, momentum, eps, relu, res, batches, mean,
+                                    invstd, relu_mask, stream)) {
     return;
   }
   Tensor scale;  // (C): y = (x - mean) scale + bias
@@ -1032,7 +1038,7 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
       using R = std::remove_pointer_t<decltype(rm)>;
       finalize_stats_kernel<T, Acc, R><<<blocks, kThreads, 0, stream>>>(
           part, splits, L.C, static_cast<Acc>(L.count()), xp, L.first(), static_cast<Acc>(eps), ptr_or_null<Acc>(w),
-          mean.data_ptr<Acc>(), invstd.data_ptr<Acc>(), scale.data_ptr<Acc>(), rm, rv, mom);
+          mean.data_ptr<Acc>(), invstd.data_ptr<Acc>(), scale.data_ptr<Acc>(), rm, rv, mom, batches);
     };
     if (running_mean.defined()) {
       visit_floating_dtype(running_mean.dtype(), "batch_norm", [&](auto tag) {
@@ -1161,8 +1167,17 @@ int64_t batch_norm_single_kernel_runs() { return g_single_kernel_runs.load(std::
 
 BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, const Tensor& bias,
                                     const Tensor& running_mean, const Tensor& running_var, bool training,
-                                    double momentum, double eps, bool relu, const Tensor& residual) {
+                                    double momentum, double eps, bool relu, const Tensor& residual,
+                                    const Tensor& num_batches_tracked) {
   trace::Scope range(trace::Kind::Op, "batch_norm_forward", x0.device(), {&x0, &weight});
+  if (num_batches_tracked.defined()) {
+    KILN_CHECK(num_batches_tracked.numel() == 1 && num_batches_tracked.dtype() == DType::Int64 &&
+                   num_batches_tracked.device() == x0.device(),
+               "batch_norm: num_batches_tracked must be a 1-element Int64 tensor on the input's device (",
+               x0.device(), "), got ", num_batches_tracked.shape(), " ", num_batches_tracked.dtype(), " on ",
+               num_batches_tracked.device());
+  }
+  int64_t* batches = training && num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>() : nullptr;
   const Tensor x = contiguous_for_kernels(x0);
   const Layout L = layout_of(x);
   if (residual.defined()) {
@@ -1184,7 +1199,7 @@ BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, cons
   visit_floating_dtype(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_forward<T>(x, out.y, L, weight, bias, running_mean, running_var, training, momentum, eps, relu, res,
-                      out.mean, out.invstd, out.relu_mask, stream);
+                      batches, out.mean, out.invstd, out.relu_mask, stream);
   });
   return out;
 }

@@ -31,9 +31,12 @@ struct BatchNormForward {
 // defined (momentum, unbiased variance), as the composed path. Eval: the running statistics (defined).
 // weight, bias (C) may be undefined; any floating dtype. relu: y = max(bn(x), 0). residual (x's shape,
 // dtype and device; any layout, read in x's): y = bn(x) + residual, before the ReLU when fused.
+// num_batches_tracked (undefined, or a 1-element Int64 tensor on x's device): training adds 1 to it in the kernel
+// that finalises the statistics.
 BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                     const Tensor& running_mean, const Tensor& running_var, bool training,
-                                    double momentum, double eps, bool relu, const Tensor& residual = {});
+                                    double momentum, double eps, bool relu, const Tensor& residual = {},
+                                    const Tensor& num_batches_tracked = {});
 
 struct BatchNormGrads {
   Tensor input, weight, bias;  // undefined where not asked for; weight and bias (C) in the accumulation dtype
