@@ -58,8 +58,11 @@ struct CacheEntry {
 struct WeightCache {
   int depth = 0;
   std::map<std::pair<const TensorImpl*, DType>, CacheEntry> entries;
-  // Every parameter cached so far, for the up-front casts of later regions (cast_candidates).
-  std::map<std::pair<const TensorImpl*, DType>, std::weak_ptr<TensorImpl>> seen;
+  RegionSite site;  // the outermost open region's
+  // Every parameter cached so far, by the site of the region that cached it, for the up-front casts of later
+  // regions there (cast_candidates).
+  std::map<RegionSite, std::map<std::pair<const TensorImpl*, DType>, std::weak_ptr<TensorImpl>>> seen;
+  void remember(const Tensor& t, DType dtype) { seen[site].insert_or_assign({&t.impl(), dtype}, t.impl_ptr()); }
 };
 thread_local WeightCache weight_cache;
 std::atomic<bool> prefetch_enabled{true};
@@ -115,7 +118,9 @@ std::optional<DType> target_dtype(Op op, Device device, DType widest) {
   return std::nullopt;
 }
 
-CacheRegion::CacheRegion() { ++weight_cache.depth; }
+CacheRegion::CacheRegion(RegionSite site) {
+  if (weight_cache.depth++ == 0) weight_cache.site = site;
+}
 CacheRegion::~CacheRegion() {
   if (--weight_cache.depth == 0) weight_cache.entries.clear();
 }
@@ -128,7 +133,7 @@ Tensor cast_to(const Tensor& t, DType dtype) {
   CacheEntry& e = weight_cache.entries[{&t.impl(), dtype}];
   if (!e.cast.defined() || e.version != t.version() || e.storage != storage) {
     e = CacheEntry{t, t.version(), storage, t.to(dtype)};
-    weight_cache.seen.insert_or_assign({&t.impl(), dtype}, t.impl_ptr());
+    weight_cache.remember(t, dtype);
   }
   return e.cast;
 }
@@ -136,10 +141,13 @@ Tensor cast_to(const Tensor& t, DType dtype) {
 std::vector<Tensor> cast_candidates(DType dtype, DeviceType type) {
   std::vector<Tensor> out;
   if (!prefetch_enabled || weight_cache.depth != 1) return out;
-  for (auto it = weight_cache.seen.begin(); it != weight_cache.seen.end();) {
+  auto site = weight_cache.seen.find(weight_cache.site);
+  if (site == weight_cache.seen.end()) return out;
+  auto& seen = site->second;
+  for (auto it = seen.begin(); it != seen.end();) {
     std::shared_ptr<TensorImpl> impl = it->second.lock();
     if (!impl) {  // freed
-      it = weight_cache.seen.erase(it);
+      it = seen.erase(it);
       continue;
     }
     Tensor t(std::move(impl));
@@ -164,7 +172,7 @@ void cache_cast(const Tensor& param, Tensor values) {
   const DType dtype = values.dtype();
   weight_cache.entries[{&param.impl(), dtype}] =
       CacheEntry{param, param.version(), param.impl().storage().get(), with_cast_history(std::move(values), param)};
-  weight_cache.seen.insert_or_assign({&param.impl(), dtype}, param.impl_ptr());
+  weight_cache.remember(param, dtype);
 }
 
 void set_cast_prefetch(bool enabled) { prefetch_enabled = enabled; }

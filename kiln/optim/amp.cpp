@@ -44,7 +44,8 @@ void cast_up_front(DType dtype, DeviceType device_type) {
 
 }  // namespace
 
-Autocast::Autocast(DType dtype, bool enabled, DeviceType device_type) : guard_(device_type, dtype, enabled) {
+Autocast::Autocast(DType dtype, bool enabled, DeviceType device_type, std::source_location site)
+    : guard_(device_type, dtype, enabled), region_({site.file_name(), site.line(), site.column()}) {
   if (enabled) cast_up_front(dtype, device_type);
 }
 
