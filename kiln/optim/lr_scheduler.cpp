@@ -57,7 +57,12 @@ void LRScheduler::apply() {
              ") has ", optimizer_->num_param_groups(), " parameter groups but the scheduler was made for ",
              base_lrs_.size(), "; make the scheduler after adding every group");
   std::vector<double> lrs(base_lrs_.size());
-  for (size_t g = 0; g < lrs.size(); ++g) lrs[g] = lr_at(g, last_epoch_);  // may throw: nothing set yet
+  for (size_t g = 0; g < lrs.size(); ++g) {
+    lrs[g] = lr_at(g, last_epoch_);  // may throw: nothing set yet
+    KILN_CHECK(std::isfinite(lrs[g]) && lrs[g] >= 0, name(), ": the learning rate of parameter group ", g, " at step ",
+               last_epoch_, " would be ", lrs[g], " (base lr ", base_lrs_[g],
+               "); check the scheduler's options: a learning rate must be finite and >= 0");
+  }
   for (size_t g = 0; g < lrs.size(); ++g) optimizer_->set_lr(g, lrs[g]);
   last_lr_ = std::move(lrs);
 }

@@ -396,6 +396,20 @@ TEST(LRSchedulerTest, BadArgumentsAreClearErrors) {
   expect_error([&] { StepLR(none, 3); }, {"no parameter group"});
 }
 
+// A schedule that computes a NaN, infinite or negative lr stops with an error naming the scheduler, the group
+// and the step, and the optimizer keeps the lr it had (a NaN lr would make every weight NaN).
+TEST(LRSchedulerTest, NonFiniteOrNegativeLrIsAnError) {
+  for (double bad : {std::nan(""), HUGE_VAL, -1.0}) {
+    LrOnlyOptimizer opt(kBase);
+    LambdaLR sched(opt, std::vector<LambdaLR::Lambda>{[](int64_t) { return 1.0; },
+                                                      [bad](int64_t t) { return t >= 2 ? bad : 0.5; }});
+    sched.step();
+    EXPECT_EQ(opt.lrs(), (std::vector<double>{0.1, 0.01}));
+    expect_error([&] { sched.step(); }, {"LambdaLR: the learning rate of parameter group 1 at step 2 would be"});
+    EXPECT_EQ(opt.lrs(), (std::vector<double>{0.1, 0.01})) << "the refused step changed the lrs (" << bad << ")";
+  }
+}
+
 TEST(LRSchedulerTest, SequentialLRBadArguments) {
   LrOnlyOptimizer opt(kBase), other(kBase);
   auto two = [&](Optimizer& second) {
