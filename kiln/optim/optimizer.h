@@ -154,7 +154,7 @@ class OptimizerWith : public Optimizer {
   }
   OptimizerWith(std::vector<ParamGroup<Options>> groups, Options defaults) : defaults_(defaults) {
     defaults_.validate();
-    check_nonempty(groups.size(), 0, Options::kName);
+    if (groups.empty()) check_nonempty(0, 0, Options::kName);
     for (auto& g : groups) add_param_group(std::move(g));
   }
 
