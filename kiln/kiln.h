@@ -22,6 +22,7 @@
 #include "kiln/data/image_resize.h"     // data::resize_image: antialiased bilinear, uint8 (H, W, C)
 #include "kiln/data/sampler.h"  // data::SequentialSampler, RandomSampler, WeightedRandomSampler, DistributedSampler
 #include "kiln/data/text/mlm_dataset.h"    // data::MaskedLMDataset: BERT masked-LM samples from text files
+#include "kiln/data/text/text_check.h"     // data::TextCheck: refuses files that are not UTF-8 text
 #include "kiln/data/text/vocab_builder.h"  // data::build_wordpiece_vocab: a WordPiece vocabulary from text
 #include "kiln/data/text/wordpiece.h"      // data::WordPieceTokenizer, data::BasicTokenizer (BERT vocab.txt)
 #include "kiln/data/transforms.h"          // data::transforms::Compose, RandomResizedCrop, Normalize, presets, ...

@@ -292,7 +292,20 @@ std::shared_ptr<data::WordPieceTokenizer> pretrain_tokenizer(const std::string& 
   }
   // Every rank builds the same vocabulary (a pure function of the text), so no rank waits for another's file.
   if (rt.main()) std::cout << "building a WordPiece vocabulary of " << build_vocab << " tokens from the text...\n";
-  auto tokens = data::build_wordpiece_vocab_from_files(files, {.vocab_size = build_vocab, .lower_case = !cased});
+  const data::WordPieceTrainerOptions trainer{.vocab_size = build_vocab, .lower_case = !cased};
+  auto tokens = data::build_wordpiece_vocab_from_files(files, trainer);
+  if (static_cast<int64_t>(tokens.size()) > build_vocab && rt.main()) {
+    // The special tokens and every character of the text (also as "##c") are always kept, so that no word of
+    // the text becomes [UNK]: a smaller --build-vocab cannot be met, and the model gets the larger vocabulary.
+    const size_t specials = trainer.special_tokens.size(), characters = (tokens.size() - specials) / 2;
+    std::cerr << "bert: warning: --build-vocab " << build_vocab << " is smaller than the " << tokens.size()
+              << " tokens every vocabulary of this text needs (" << specials << " special tokens and its " << characters
+              << " distinct characters, each also as ##c); the vocabulary has " << tokens.size()
+              << " tokens and no word pieces. Give --build-vocab above " << tokens.size()
+              << " for word pieces (BERT uses 30522).\n";
+  } else if (rt.main()) {
+    std::cout << "the vocabulary has " << tokens.size() << " tokens\n";
+  }
   return std::make_shared<data::WordPieceTokenizer>(std::move(tokens), wo, built.string());
 }
 

@@ -159,7 +159,7 @@ inline void check_run_options(const ex::Options& opts, const RunOptions& o) {
   if (o.amp != "auto" && o.amp != "bf16" && o.amp != "fp16" && o.amp != "off") {
     opts.fail("--amp takes bf16, fp16, off or auto, not '" + o.amp + "'");
   }
-  if (o.lr == 0 || o.lr < -1) opts.fail("--lr must be positive (or -1 for the default)");
+  if (o.lr != -1 && !(o.lr > 0)) opts.fail("--lr must be positive (or -1 for the default)");
   if (o.clip < 0 || o.weight_decay < 0) opts.fail("--clip-grad and --weight-decay must be >= 0");
   if (o.cuda_graph) {  // what a replayed step cannot do (the GPU and the number of processes: check_cuda_graph)
     if (const std::string why = ex::cuda_graph_env_conflict(); !why.empty()) opts.fail(why);
@@ -243,14 +243,18 @@ inline std::unique_ptr<optim::Optimizer> make_optimizer(const nn::Module& model,
   if (o.optimizer == "lamb") {
     optim::LAMBOptions with{.lr = lr, .weight_decay = o.weight_decay}, without = with;
     without.weight_decay = 0;
-    return std::make_unique<optim::LAMB>(
-        std::vector<optim::ParamGroup<optim::LAMBOptions>>{{decay, with}, {no_decay, without}}, with);
+    std::vector<optim::ParamGroup<optim::LAMBOptions>> groups;  // an empty group is an error: leave it out
+    if (!decay.empty()) groups.push_back({decay, with});
+    if (!no_decay.empty()) groups.push_back({no_decay, without});
+    return std::make_unique<optim::LAMB>(std::move(groups), with);
   }
   // eps 1e-6 as BERT's own AdamWeightDecay.
   optim::AdamWOptions with{.lr = lr, .eps = 1e-6, .weight_decay = o.weight_decay}, without = with;
   without.weight_decay = 0;
-  return std::make_unique<optim::AdamW>(
-      std::vector<optim::ParamGroup<optim::AdamWOptions>>{{decay, with}, {no_decay, without}}, with);
+  std::vector<optim::ParamGroup<optim::AdamWOptions>> groups;
+  if (!decay.empty()) groups.push_back({decay, with});
+  if (!no_decay.empty()) groups.push_back({no_decay, without});
+  return std::make_unique<optim::AdamW>(std::move(groups), with);
 }
 
 // ---------------------------------------------------------------- checksum

@@ -219,6 +219,43 @@ case "$case_name" in
       --eval "$data/sample_cls.tsv" --init-from "$work/pretrain" --device cpu --cuda-graph --out "$work/bad/m"
     for d in h i j k l m n; do [[ ! -e "$work/bad/$d" ]] || fail "a refused --cuda-graph run wrote $work/bad/$d"; done
     expect "unknown mode 'train'" "$bert" train
+    # Numbers that are not: refused (exit 2), not replaced by the default
+    expect2 "--lr takes a finite number, got 'nan'" "$bert" pretrain "${tiny[@]}" --lr nan --out "$work/bad/o"
+    expect2 "--lr takes a finite number, got 'inf'" "$bert" pretrain "${tiny[@]}" --lr inf --out "$work/bad/o"
+    expect2 "--lr takes a finite number, got '1e-4x'" "$bert" pretrain "${tiny[@]}" --lr 1e-4x --out "$work/bad/o"
+    expect2 "--mask-prob takes a finite number, got 'nan'" "$bert" pretrain "${tiny[@]}" --mask-prob nan \
+      --out "$work/bad/o"
+    expect2 "--lr must be positive" "$bert" pretrain "${tiny[@]}" --lr -0.5 --out "$work/bad/o"
+    [[ ! -e "$work/bad/o" ]] || fail "a refused option wrote $work/bad/o"
+    # Text that is not UTF-8 text: refused, naming the file and where
+    printf 'some text\nmore \xff\xfe text\n' >"$work/bad/latin.txt"
+    expect "latin.txt is not UTF-8 text: the byte 0xFF is not valid UTF-8 at byte offset 15 (line 2)" \
+      "$bert" pretrain "${tiny[@]}" --text "$work/bad/latin.txt" --out "$work/bad/p"
+    head -c 4096 "$bert" >"$work/bad/binary.txt"
+    expect "binary.txt is not UTF-8 text" "$bert" pretrain "${tiny[@]}" --text "$work/bad/binary.txt" --out "$work/bad/q"
+    # A --build-vocab below what the text needs (every character, also as ##c, and the 5 special tokens) is said
+    out=$("$bert" pretrain "${tiny[@]}" --build-vocab 20 --max-steps 1 --out "$work/bad/r" 2>&1) ||
+      fail "--build-vocab 20 failed: $out"
+    grep -q "warning: --build-vocab 20 is smaller than the [0-9]* tokens every vocabulary of this text needs" <<<"$out" ||
+      fail "--build-vocab 20 gave no warning: $out"
+    n=$(wc -l <"$work/bad/r/vocab.txt")
+    grep -q "the vocabulary has $n tokens and no word pieces" <<<"$out" || fail "the warning does not say $n tokens: $out"
+    echo "ok: --build-vocab 20 gives $n tokens, with a warning"
+    # Every checkpoint damaged (one truncated, the others garbage): --resume stops, naming each, and touches nothing
+    rm -rf "$work/bad/dmg" && cp -r "$work/pretrain" "$work/bad/dmg"
+    first=1
+    for f in "$work/bad/dmg"/ckpt-*.h5; do
+      if ((first)); then head -c 2000 "$f" >"$f.x"; first=0; else head -c 3000 /dev/urandom >"$f.x"; fi
+      mv "$f.x" "$f"
+    done
+    rm -rf "$work/bad/dmg.before" && cp -a "$work/bad/dmg" "$work/bad/dmg.before"
+    expect "can be loaded" "$bert" pretrain "${tiny[@]}" --max-steps 8 --resume --out "$work/bad/dmg"
+    expect "move them out of" "$bert" pretrain "${tiny[@]}" --max-steps 8 --out "$work/bad/dmg"
+    diff -r "$work/bad/dmg.before" "$work/bad/dmg" >/dev/null || fail "a refused --resume changed $work/bad/dmg"
+    for f in "$work/bad/dmg"/ckpt-*.h5; do
+      out=$("$bert" pretrain "${tiny[@]}" --max-steps 8 --resume --out "$work/bad/dmg" 2>&1 || true)
+      grep -qF "$f" <<<"$out" || fail "the refusal does not name $f: $out"
+    done
     ;;
 
   *)

@@ -18,6 +18,7 @@
 #include <kiln/tensor/cuda.h>             // memory_stats for the progress line
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -87,13 +88,15 @@ class Options {
           o.int_value = std::stoll(value, &used);
         } else if (o.kind == "number") {
           o.double_value = std::stod(value, &used);
+          // nan and inf parse as numbers, but no option means them (and NaN slips through range checks).
+          if (!std::isfinite(o.double_value)) throw std::invalid_argument(value);
         } else {
           o.string_value = value;
           used = value.size();
         }
         if (used != value.size()) throw std::invalid_argument(value);
       } catch (const std::exception&) {
-        fail("--" + name + " takes " + (o.kind == "int" ? "an integer" : "a number") + ", got '" + value + "'");
+        fail("--" + name + " takes " + (o.kind == "int" ? "an integer" : "a finite number") + ", got '" + value + "'");
       }
     }
   }

@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
   auto& metrics_csv = opts.add_string("metrics", "", "write a row per epoch to this CSV file");
   auto& tensorboard = opts.add_string("tensorboard", "", "also log the metrics as TensorBoard event files to DIR");
   opts.parse(argc, argv);
+  if (!(lr > 0)) opts.fail("--lr must be positive");
+  if (epochs < 1 || batch_size < 1) opts.fail("--epochs and --batch-size must be at least 1");
 
   try {
     const dist::Env& env = dist::init();

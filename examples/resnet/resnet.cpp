@@ -166,6 +166,11 @@ void Config::parse(int argc, char** argv) {
                          {"seed", c.seed}})
     at_least(name, v, 0);
   if (!(c.lr > 0)) o.fail("--lr must be positive");
+  for (auto [name, v] : {std::pair{"momentum", c.momentum},
+                         {"weight-decay", c.weight_decay},
+                         {"min-lr", c.min_lr},
+                         {"lr-gamma", c.lr_gamma}})
+    if (v < 0) o.fail(std::string("--") + name + " must be >= 0, got " + std::to_string(v));
   if (c.label_smoothing < 0 || c.label_smoothing >= 1) o.fail("--label-smoothing must be in [0, 1)");
   if (c.warmup_epochs < 0 || c.warmup_epochs > static_cast<double>(c.epochs))
     o.fail("--warmup-epochs must be between 0 and --epochs");

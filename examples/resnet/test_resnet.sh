@@ -20,6 +20,8 @@
 #              case), the learning rates exactly. Then the graphed run killed after step 5 and resumed, which
 #              captures again (at step 7), must end where the uninterrupted graphed run ends
 #   bad_input  wrong options and missing data give a message naming the problem and a non-zero exit
+#   damaged_checkpoints  --resume with the newest checkpoint damaged names it and continues from the older one
+#              (keeping the damaged file aside); with every checkpoint damaged it exits non-zero and changes nothing
 #   mpi        LAUNCHER (mpirun -np 2 ...) on the CPU, with SyncBatchNorm: a data-parallel run killed after step 2
 #              and resumed ends with the weights of an uninterrupted one
 set -euo pipefail
@@ -215,7 +217,58 @@ bad_input)
   expect 2 "--cuda-graph does not take --profile" -- --cuda-graph --profile 1,1,2
   KILN_CUDA_SYNC_INDEX_CHECKS=1 expect 2 "--cuda-graph does not work with KILN_CUDA_SYNC_INDEX_CHECKS=1" -- \
     --cuda-graph
+  expect 2 "--lr takes a finite number, got 'nan'" -- --lr nan
+  expect 2 "--lr takes a finite number, got 'inf'" -- --lr inf
+  expect 2 "--lr takes a finite number, got '1e-4x'" -- --lr 1e-4x
+  expect 2 "--lr must be positive" -- --lr -0.1
+  expect 2 "--momentum must be >= 0" -- --momentum -0.9
+  expect 2 "--weight-decay must be >= 0" -- --weight-decay -1e-4
   echo "bad input: every case gave its message"
+  ;;
+damaged_checkpoints)
+  # A damaged checkpoint is never passed over in silence nor overwritten. Checkpoints of steps 2, 3 (the end of
+  # epoch 1) and 4; then:
+  run=(--device cpu "${tiny[@]}" --epochs 2 --steps-per-epoch 3 --checkpoint-every 2)
+  "$exe" "${run[@]}" --output "$work/run" --stop-at-step 4 >/dev/null
+  [[ -f "$work/run/ckpt-00000002.h5" && -f "$work/run/ckpt-00000004.h5" ]] || fail "no checkpoints of steps 2 and 4"
+  # (1) the newest damaged (one byte flipped mid-file): --resume names it and why, and continues from step 3; its
+  # save of step 4 moves the damaged file aside (byte for byte) instead of overwriting it
+  python3 - "$work/run/ckpt-00000004.h5" <<'PY' || { echo "python3 is needed: skipped"; exit 77; }
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+b[len(b) // 2] ^= 0x10
+open(p, "wb").write(bytes(b))
+PY
+  cp "$work/run/ckpt-00000004.h5" "$work/damaged4.h5"
+  "$exe" "${run[@]}" --output "$work/run" --resume --stop-at-step 5 >"$work/out1.txt" 2>"$work/err1.txt" ||
+    fail "--resume with the newest checkpoint damaged failed: $(cat "$work/err1.txt")"
+  grep -q "skipped the checkpoint .*ckpt-00000004.h5 (.*crc32" "$work/err1.txt" ||
+    fail "--resume did not name the damaged checkpoint and why: $(cat "$work/err1.txt")"
+  grep -q "resumed from .*ckpt-00000003.h5: step 3" "$work/out1.txt" || fail "did not resume from step 3"
+  cmp -s "$work/damaged4.h5" "$work/run/ckpt-00000004.h5.damaged" ||
+    fail "the damaged checkpoint of step 4 was not kept aside as ckpt-00000004.h5.damaged"
+  # (2) every checkpoint damaged (one truncated, one garbage): --resume, and a fresh run, exit non-zero, naming
+  # each file, and leave every file as it was
+  rm -rf "$work/all" && mkdir -p "$work/all"
+  head -c 1000 "$work/run/ckpt-00000002.h5" >"$work/all/ckpt-00000002.h5"
+  head -c 5000 /dev/urandom >"$work/all/ckpt-00000004.h5"
+  before=$(cd "$work/all" && stat -c "%n %s %y" . ./* ./.[!.]* 2>/dev/null; sha256sum ./*)
+  for args in "--resume" ""; do
+    set +e
+    "$exe" "${run[@]}" --output "$work/all" $args >"$work/out2.txt" 2>"$work/err2.txt"
+    code=$?
+    set -e
+    [[ $code != 0 ]] || fail "resnet ${args:-without --resume} with every checkpoint damaged exited 0: $(cat "$work/out2.txt")"
+    for want in "none of its 2 checkpoint(s) can be loaded" "ckpt-00000002.h5: truncated" "ckpt-00000004.h5" \
+      "move them out of"; do
+      grep -qF -- "$want" "$work/err2.txt" || fail "stderr lacks '$want': $(cat "$work/err2.txt")"
+    done
+    ! grep -q "starting from the beginning" "$work/out2.txt" || fail "it started from the beginning"
+    after=$(cd "$work/all" && stat -c "%n %s %y" . ./* ./.[!.]* 2>/dev/null; sha256sum ./*)
+    [[ "$before" == "$after" ]] || fail "the damaged checkpoints were changed: $before vs $after"
+  done
+  echo "damaged checkpoints: named, never overwritten, and a folder of only damaged ones refused"
   ;;
 
 profile)

@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -233,6 +234,11 @@ struct Pipeline {
     segments.push_back(std::move(seg));
     try {
       for (int64_t w = 0; w < workers; ++w) threads.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {
+      const size_t started = threads.size();
+      shut_down();
+      KILN_FAIL("DataLoader: could not start loading thread ", started + 1, " of ", workers, " (", e.what(),
+                "); the system refuses more threads (see ulimit -u and the memory limit): use fewer workers");
     } catch (...) {
       shut_down();
       throw;
@@ -475,6 +481,9 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   KILN_CHECK(options.batch_size >= 1, "DataLoader: batch_size must be >= 1, got ", options.batch_size);
   KILN_CHECK(options.workers >= 0, "DataLoader: workers must be >= 0 (0 loads on the calling thread), got ",
              options.workers);
+  KILN_CHECK(options.workers <= kMaxLoaderWorkers, "DataLoader: workers is ", options.workers, "; at most ",
+             kMaxLoaderWorkers, " loading threads are allowed (this machine runs ", std::thread::hardware_concurrency(),
+             " threads at once: a few per GPU is usual)");
   KILN_CHECK(options.prefetch_batches == -1 || options.prefetch_batches >= 1,
              "DataLoader: prefetch_batches must be >= 1 (or -1 for 2 per worker), got ", options.prefetch_batches);
   KILN_CHECK(std::isfinite(options.timeout_s) && options.timeout_s >= 0,

@@ -34,9 +34,12 @@
 
 namespace kiln::data {
 
+// More loading threads than this is a mistake (a worker count meant as something else), not a configuration.
+inline constexpr int kMaxLoaderWorkers = 1024;
+
 struct DataLoaderOptions {
   int64_t batch_size = 1;
-  int workers = 0;                // loading threads; 0: batches are loaded on the calling thread, when asked for
+  int workers = 0;                // loading threads, at most kMaxLoaderWorkers; 0: loaded on the calling thread
   bool shuffle = false;           // the default sampler: RandomSampler (true) or SequentialSampler
   uint64_t seed = 0;              // of the shuffle and of every sample's SampleRng
   bool drop_last = false;         // drop the last batch when it is short

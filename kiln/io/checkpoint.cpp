@@ -3,14 +3,18 @@
 #include "kiln/io/checkpoint.h"
 
 #include <fcntl.h>   // open
-#include <unistd.h>  // fsync, close, getpid
+#include <signal.h>  // kill(pid, 0): whether a process runs
+#include <unistd.h>  // fsync, close, getpid, gethostname
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>  // std::rename
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <iostream>
 
 #include "kiln/io/checkpoint_internal.h"
 #include "kiln/tensor/error.h"
@@ -62,6 +66,61 @@ void check_format(const H5File& f, bool require_complete) {
   }
 }
 
+namespace {
+
+// This host's name, reduced to characters safe in a file name (the rest become '_').
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  std::string host(buf);
+  for (char& c : host) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  }
+  return host;
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && s.size() <= 9 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
+
+std::string temporary_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  std::string tmp_name(".");  // (appended piecewise: GCC 12 warns falsely on "." + std::string)
+  tmp_name.append(target.filename().string()).append(".tmp-").append(host_name()).append("-");
+  tmp_name.append(std::to_string(::getpid()));
+  return (target.parent_path() / tmp_name).string();
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& folder, const std::string& name_prefix) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  const std::string host = host_name();
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    const size_t at = name.rfind(".tmp-");
+    if (name.rfind(name_prefix, 0) != 0 || at == std::string::npos) continue;
+    const std::string writer = name.substr(at + 5);  // "<host>-<pid>", or "<pid>" (earlier versions)
+    const size_t dash = writer.rfind('-');
+    const std::string pid_text = dash == std::string::npos ? writer : writer.substr(dash + 1);
+    const std::string writer_host = dash == std::string::npos ? host : writer.substr(0, dash);
+    if (!all_digits(pid_text) || writer_host != host) continue;  // not ours to judge: another host may write it
+    const long pid = std::stol(pid_text);
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (EPERM: alive, not ours)
+    std::error_code rm;
+    if (fs::remove(entry.path(), rm)) {
+      std::cerr << "kiln: removed " << entry.path().string() << ", the temporary file of a save by process " << pid
+                << " on " << host << ", which no longer runs (killed mid-save)\n";
+      removed.push_back(entry.path().string());
+    }
+  }
+  return removed;
+}
+
 void write_atomically(const std::string& path, const std::function<void(H5File&)>& fill) {
   namespace fs = std::filesystem;
   const fs::path target(path);
@@ -69,9 +128,10 @@ void write_atomically(const std::string& path, const std::function<void(H5File&)
   const fs::path folder = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   std::error_code ec;
   KILN_CHECK(fs::is_directory(folder, ec), path, ": the folder ", folder.string(), " does not exist; create it first");
-  std::string tmp_name(".");  // (appended piecewise: GCC 12 warns falsely on "." + std::string)
-  tmp_name.append(target.filename().string()).append(".tmp-").append(std::to_string(::getpid()));
-  const std::string tmp = (folder / tmp_name).string();
+  std::string stale_prefix(".");
+  stale_prefix.append(target.filename().string()).append(".tmp-");
+  remove_stale_temporaries(folder.string(), stale_prefix);
+  const std::string tmp = (folder / fs::path(temporary_path(path)).filename()).string();
   try {
     {
       H5File f(tmp, H5File::Mode::Create, kCheckpointUserBlock);

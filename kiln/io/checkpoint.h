@@ -10,9 +10,10 @@
 //                                       .generators = true, .loader = &pos, .metadata = &meta});
 //   for (auto& batch : loader.epoch(pos.epoch, pos.batch)) ...   // continues exactly where the save was
 //
-// Saving is atomic: the file is written under a temporary name in the same folder (".<name>.tmp-<pid>"),
-// flushed, fsynced and renamed over `path`, and the folder is fsynced; a crash or an error mid-save leaves the
-// previous file untouched and no temporary file behind.
+// Saving is atomic: the file is written under a temporary name in the same folder (".<name>.tmp-<host>-<pid>"),
+// flushed, fsynced and renamed over `path`, and the folder is fsynced; an error mid-save leaves the previous file
+// untouched and no temporary file behind. A process killed mid-save leaves its temporary file: the next save of
+// `path` (or CheckpointManager's next save or resume) removes it once its process no longer runs.
 // Loading reads and checks everything first — each part asked for is present, the model's names, shapes and
 // dtypes, the optimizer's type and group sizes, the scheduler's type, every tensor's crc32 — and only then
 // changes the objects; a bad file gives a kiln::Error naming the file and every problem found.

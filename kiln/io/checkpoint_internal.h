@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "kiln/io/checkpoint.h"
 #include "kiln/io/hdf5_tensors.h"
@@ -46,10 +47,17 @@ void seal_checkpoint(const std::string& path);
 // checkpoint (or one without the header), truncated, longer than written, or its crc32 does not match.
 void verify_checkpoint_file(const std::string& path);
 
-// Writes `path` atomically: a temporary file ".<name>.tmp-<pid>" beside it gets the root attributes
+// The temporary file a save of `path` by this process writes: ".<name>.tmp-<host>-<pid>" in the same folder.
+std::string temporary_path(const std::string& path);
+// Removes the files of `folder` whose names start with `name_prefix` (e.g. ".ckpt-") and are temporary files of
+// a process of this host that no longer runs (kill(pid, 0) gives ESRCH), printing a line to stderr for each;
+// returns their paths. Names without a host (".<name>.tmp-<pid>", from earlier versions) count as this host's.
+std::vector<std::string> remove_stale_temporaries(const std::string& folder, const std::string& name_prefix);
+
+// Writes `path` atomically: a temporary file (temporary_path) beside it gets the root attributes
 // (complete = 0), then fill(f), then complete = 1; it is flushed, closed, sealed (seal_checkpoint), fsynced and
-// renamed over `path`, and
-// the folder is fsynced. On any error the temporary file is removed and `path` is untouched.
+// renamed over `path`, and the folder is fsynced. On any error the temporary file is removed and `path` is
+// untouched. Stale temporary files of earlier saves of `path` (remove_stale_temporaries) are removed first.
 void write_atomically(const std::string& path, const std::function<void(H5File&)>& fill);
 
 // For tests: called with the name of each part once it is written ("model", "optimizer", ...); a hook that

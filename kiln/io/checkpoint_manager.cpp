@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iomanip>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -46,19 +47,24 @@ CheckpointParts rank_parts(const CheckpointParts& p) {
   return CheckpointParts{.generators = p.generators, .loader = p.loader};
 }
 
-// Whether `path` is a complete checkpoint of `step` (false for anything that does not open).
-bool is_complete(const std::string& path, int64_t step) {
+// Empty when `path` is a complete checkpoint (of `step`, unless -1), else why not (the error, naming the file).
+std::string file_problem(const std::string& path, int64_t step) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) return false;
+  if (!fs::exists(path, ec)) return path + ": missing";
   try {
     detail::verify_checkpoint_file(path);
     H5File f(path, H5File::Mode::Read);
     detail::check_format(f);
-    return step < 0 || (f.has_attr("/", "step") && f.attr_int("/", "step") == step);
-  } catch (const Error&) {
-    return false;
+    if (step >= 0 && !(f.has_attr("/", "step") && f.attr_int("/", "step") == step)) {
+      return path + ": its root attribute step is not " + std::to_string(step) + ", the step its name says";
+    }
+    return "";
+  } catch (const Error& e) {
+    return e.what();
   }
 }
+
+bool is_complete(const std::string& path, int64_t step) { return file_problem(path, step).empty(); }
 
 }  // namespace
 
@@ -92,6 +98,22 @@ std::string CheckpointManager::rank_path_for(int64_t step, int rank) const {
 std::string CheckpointManager::save(int64_t step, const CheckpointParts& parts) {
   KILN_CHECK(step >= 0, "CheckpointManager.save: step is ", step, "; use >= 0");
   const std::string main = path_for(step);
+  remove_stale_temporaries();
+  // A damaged file of this step (skipped by resume) is kept aside rather than overwritten.
+  auto keep_aside = [](const std::string& path, int64_t file_step) {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) return;
+    const std::string why = file_problem(path, file_step);
+    if (why.empty()) return;
+    std::string aside = path + ".damaged";
+    for (int i = 1; fs::exists(aside, ec); ++i) aside = path + ".damaged." + std::to_string(i);
+    fs::rename(path, aside, ec);
+    KILN_CHECK(!ec, path, ": cannot move this damaged checkpoint aside to ", aside, " before saving over it (",
+               ec.message(), "); move it yourself");
+    std::cerr << "kiln: moved the damaged checkpoint " << path << " to " << aside << " before saving step " << file_step
+              << " (" << why << ")\n";
+  };
+  if (rank_ == 0) keep_aside(main, step);
   auto write = [&](H5File& f, const CheckpointParts& p) {
     f.set_attr("/", "step", step);
     f.set_attr("/", "world_size", static_cast<int64_t>(world_size_));
@@ -139,14 +161,56 @@ std::vector<std::pair<int64_t, std::string>> CheckpointManager::scan(bool comple
   for (const auto& entry : fs::directory_iterator(folder_, ec)) {
     const int64_t step = parse_step(entry.path().filename().string(), options_.prefix, false);
     if (step < 0) continue;
-    if (complete_only && !is_complete(entry.path().string(), -1)) continue;
+    if (complete_only && !problem(step, entry.path().string()).empty()) continue;
     found.emplace_back(step, entry.path().string());
   }
   std::sort(found.begin(), found.end());
   return found;
 }
 
+std::string CheckpointManager::problem(int64_t step, const std::string& main) const {
+  std::string why = file_problem(main, step);
+  if (!why.empty()) return why;
+  // A checkpoint saved by several ranks is loadable only with every rank file: every rank checks all of them,
+  // so that all ranks take the same one.
+  int64_t saved_world = 1;
+  try {
+    H5File f(main, H5File::Mode::Read);
+    saved_world = f.has_attr("/", "world_size") ? f.attr_int("/", "world_size") : 1;
+  } catch (const Error& e) {
+    return e.what();
+  }
+  for (int64_t r = 0; r < saved_world && saved_world > 1; ++r) {
+    why = file_problem(rank_path_for(step, static_cast<int>(r)), step);
+    if (!why.empty()) return why;
+  }
+  return "";
+}
+
 std::vector<std::pair<int64_t, std::string>> CheckpointManager::list() const { return scan(true); }
+
+std::vector<std::string> CheckpointManager::remove_stale_temporaries() const {
+  return detail::remove_stale_temporaries(folder_, "." + options_.prefix + "-");
+}
+
+std::optional<std::pair<int64_t, std::string>> CheckpointManager::find_newest() const {
+  skipped_.clear();
+  const auto all = scan(false);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    std::string why = problem(it->first, it->second);
+    if (why.empty()) return *it;
+    skipped_.push_back({it->first, it->second, std::move(why)});
+  }
+  if (skipped_.empty()) return std::nullopt;
+  std::ostringstream s;
+  s << folder_ << ": none of its " << skipped_.size() << " checkpoint(s) can be loaded:\n";
+  for (const auto& k : skipped_) s << "  " << k.reason << "\n";
+  s << "Nothing was loaded and no checkpoint was changed: kiln neither starts over nor overwrites checkpoints it "
+       "cannot "
+       "read. Restore them from a copy, or, to start from the beginning anyway, move them out of "
+    << folder_ << " (or use another folder).";
+  throw Error(s.str());
+}
 
 void CheckpointManager::prune(int64_t newest_step) const {
   if (options_.keep_last == 0) return;
@@ -167,14 +231,22 @@ void CheckpointManager::prune(int64_t newest_step) const {
 }
 
 std::optional<std::string> CheckpointManager::latest() const {
-  const auto complete = scan(true);
-  if (complete.empty()) return std::nullopt;
-  return complete.back().second;
+  const auto newest = find_newest();
+  if (!newest) return std::nullopt;
+  return newest->second;
 }
 
 std::optional<int64_t> CheckpointManager::resume(const CheckpointParts& parts) {
-  const std::optional<std::string> main = latest();
-  if (!main) return std::nullopt;
+  remove_stale_temporaries();
+  const auto newest = find_newest();
+  if (!newest) return std::nullopt;
+  if (rank_ == 0) {
+    for (const auto& k : skipped_) {
+      std::cerr << "kiln: skipped the checkpoint " << k.path << " (" << k.reason << "); resuming from the older "
+                << newest->second << "\n";
+    }
+  }
+  const std::optional<std::string> main = newest->second;
   const bool split = world_size_ > 1 && (parts.generators || parts.loader != nullptr);
   detail::StagedParts shared, own;
   int64_t step = 0;

@@ -57,8 +57,21 @@ void LRScheduler::apply() {
              ") has ", optimizer_->num_param_groups(), " parameter groups but the scheduler was made for ",
              base_lrs_.size(), "; make the scheduler after adding every group");
   std::vector<double> lrs(base_lrs_.size());
-  for (size_t g = 0; g < lrs.size(); ++g) lrs[g] = lr_at(g, last_epoch_);  // may throw: nothing set yet
-  for (size_t g = 0; g < lrs.size(); ++g) optimizer_->set_lr(g, lrs[g]);
+  for (size_t g = 0; g < lrs.size(); ++g) {
+    lrs[g] = lr_at(g, last_epoch_);  // may throw: nothing set yet
+    KILN_CHECK(std::isfinite(lrs[g]), name(), ": the learning rate of parameter group ", g, " at step ", last_epoch_,
+               " would be ", lrs[g], " (base lr ", base_lrs_[g],
+               "); check the scheduler's options: a learning rate must be finite");
+  }
+  // The optimizer validates each lr (a negative one is refused): all groups change, or none.
+  std::vector<double> old(lrs.size());
+  for (size_t g = 0; g < lrs.size(); ++g) old[g] = optimizer_->lr(g);
+  try {
+    for (size_t g = 0; g < lrs.size(); ++g) optimizer_->set_lr(g, lrs[g]);
+  } catch (...) {
+    for (size_t g = 0; g < lrs.size(); ++g) optimizer_->set_lr(g, old[g]);
+    throw;
+  }
   last_lr_ = std::move(lrs);
 }
 

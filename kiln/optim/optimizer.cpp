@@ -178,6 +178,20 @@ void Optimizer::load_state_dict(const OptimizerState& sd) {
   }
 }
 
+void Optimizer::check_nonempty(size_t group_number, size_t size, const std::string& optimizer_name) {
+  KILN_CHECK(group_number > 0, optimizer_name,
+             ": got an empty list of parameter groups; give the model's parameters (model->parameters())");
+  KILN_CHECK(size > 0, optimizer_name, ": got an empty parameter list",
+             group_number > 1 ? " for parameter group " + std::to_string(group_number - 1) : std::string(),
+             "; was the model built (its layers registered) before the optimizer, or did a filter on the parameter "
+             "names match nothing?");
+}
+
+void Optimizer::check_group(size_t group, size_t count, const char* call, const std::string& optimizer_name) {
+  KILN_CHECK(group < count, optimizer_name, ".", call, ": parameter group ", group,
+             " does not exist (the optimizer has ", count, ")");
+}
+
 void Optimizer::check_new_params(const std::vector<Tensor>& params, const std::string& optimizer_name) const {
   const std::string op = optimizer_name + ".add_param_group";
   std::set<const void*> existing;

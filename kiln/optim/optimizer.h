@@ -85,6 +85,10 @@ class Optimizer {
   // Rejects undefined, non-floating and non-leaf tensors, duplicates within `params` and parameters already
   // in a group of this optimizer, naming the offending index. (Takes the name: it runs in constructors.)
   void check_new_params(const std::vector<Tensor>& params, const std::string& optimizer_name) const;
+  // Throws when a group (number `group_number`, 1-based; 0: the list of groups itself) has no parameter.
+  static void check_nonempty(size_t group_number, size_t size, const std::string& optimizer_name);
+  // Throws when `group` is not below `count`, naming the call.
+  static void check_group(size_t group, size_t count, const char* call, const std::string& optimizer_name);
 
   // The parameters of one group that have a gradient, split by where they are updated.
   struct CudaBucket {                   // one device and dtype: one fused call
@@ -142,18 +146,22 @@ struct ParamGroup {
 template <typename Options>
 class OptimizerWith : public Optimizer {
  public:
+  // An empty parameter list (or no group, or an empty group) is an error, as in PyTorch: it is almost always a
+  // model whose parameters were not registered, or a filter that matched nothing.
   OptimizerWith(std::vector<Tensor> params, Options defaults) : defaults_(defaults) {
     defaults_.validate();
     add_param_group({std::move(params), defaults});
   }
   OptimizerWith(std::vector<ParamGroup<Options>> groups, Options defaults) : defaults_(defaults) {
     defaults_.validate();
+    if (groups.empty()) check_nonempty(0, 0, Options::kName);
     for (auto& g : groups) add_param_group(std::move(g));
   }
 
-  // Parameters already in another group are an error (as PyTorch), as are non-leaf and non-floating tensors
-  // and invalid options; the optimizer is unchanged then.
+  // Parameters already in another group are an error (as PyTorch), as are an empty group, non-leaf and
+  // non-floating tensors and invalid options; the optimizer is unchanged then.
   void add_param_group(ParamGroup<Options> group) {
+    check_nonempty(groups_.size() + 1, group.params.size(), Options::kName);
     check_new_params(group.params, Options::kName);
     group.options.validate();
     groups_.push_back(std::move(group));
@@ -162,7 +170,20 @@ class OptimizerWith : public Optimizer {
   size_t num_param_groups() const override { return groups_.size(); }
   const std::vector<Tensor>& params(size_t group) const override { return groups_.at(group).params; }
   double lr(size_t group) const override { return groups_.at(group).options.lr; }
-  void set_lr(size_t group, double lr) override { groups_.at(group).options.lr = lr; }
+  // Validated as the constructor validates (a NaN, infinite or negative lr is refused, the group unchanged).
+  void set_lr(size_t group, double lr) override {
+    check_group(group, groups_.size(), "set_lr", Options::kName);
+    Options options = groups_[group].options;
+    options.lr = lr;
+    options.validate();
+    groups_[group].options = options;
+  }
+  // Replaces a group's options (e.g. momentum or weight decay mid-run), validated as the constructor does.
+  void set_options(size_t group, const Options& options) {
+    check_group(group, groups_.size(), "set_options", Options::kName);
+    options.validate();
+    groups_[group].options = options;
+  }
   std::string name() const override { return Options::kName; }
   std::vector<ParamGroup<Options>>& groups() { return groups_; }
   const std::vector<ParamGroup<Options>>& groups() const { return groups_; }
@@ -186,8 +207,13 @@ template <typename Options>
 class HookedOptimizer : public OptimizerWith<Options> {
  public:
   using OptimizerWith<Options>::OptimizerWith;
-  void step() override { this->step_by_hooks(Tensor(), Tensor()); }
+  // Options edited through groups() are validated here too (a few comparisons per group).
+  void step() override {
+    for (const auto& g : this->groups_) g.options.validate();
+    this->step_by_hooks(Tensor(), Tensor());
+  }
   void step_with(const Tensor& grad_scale, const Tensor& found_inf) override {
+    for (const auto& g : this->groups_) g.options.validate();
     this->step_by_hooks(grad_scale, found_inf);
   }
   bool supports_step_with() const override { return true; }

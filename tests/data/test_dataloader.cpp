@@ -1,9 +1,13 @@
 // The DataLoader on the CPU: order, determinism, resume, errors, timeouts, thread shutdown, wait time.
 #include <gtest/gtest.h>
+#include <sys/resource.h>  // setrlimit
+#include <sys/wait.h>      // waitpid
+#include <unistd.h>        // fork, alarm, sysconf
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <filesystem>
 #include <mutex>
 #include <numeric>
@@ -331,6 +335,52 @@ TEST(DataLoader, ClearErrorsForBadOptions) {
   if (!cuda::is_available()) {
     expect_error([&] { DataLoader(ds, {.device = Device::cuda(0)}); }, {"cuda:0", "CUDA is not available"});
   }
+}
+
+// An absurd worker count is refused up front, naming the limit; a count the system cannot start (thread creation
+// fails: here a child process whose address space is capped) is a kiln::Error naming the workers and the OS error,
+// not a bare std::system_error.
+TEST(DataLoader, WorkerCountsBeyondWhatTheSystemCanStart) {
+  auto ds = std::make_shared<Numbers>(10);
+  expect_error([&] { DataLoader(ds, {.workers = 100000}); }, {"workers is 100000", "at most 1024 loading threads"});
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the address-space cap below would break the sanitizer's own memory";
+#else
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::alarm(30);  // a hang ends the child (status: not 0)
+    long pages = 0, resident = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) pages = 0;
+      std::fclose(f);
+    }
+    if (pages <= 0) ::_exit(4);
+    // Room for a few 8 MiB thread stacks, not for 1000.
+    const rlim_t cap = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (64u << 20);
+    const rlimit limit{cap, cap};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(5);
+    try {
+      DataLoader loader(std::make_shared<Numbers>(5000), {.batch_size = 1, .workers = 1000});
+      for (auto& batch : loader.epoch(0)) (void)batch;
+      ::_exit(3);  // every thread started: the cap did not bite
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      const bool ok = what.find("DataLoader: could not start loading thread") != std::string::npos &&
+                      what.find(" of 1000 (") != std::string::npos &&
+                      what.find("use fewer workers") != std::string::npos;
+      if (!ok) std::fprintf(stderr, "unexpected message: %s\n", what.c_str());
+      ::_exit(ok ? 0 : 1);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "not a kiln::Error: %s\n", e.what());
+      ::_exit(2);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: wrong message, 2: not a kiln::Error, 3: no failure, 4/5: setup";
+#endif
 }
 
 TEST(DataLoader, CustomSamplerCollateAndCpuOptions) {

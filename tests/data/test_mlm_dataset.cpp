@@ -193,6 +193,18 @@ TEST(DataMaskedLM, Errors) {
   auto blank = dir.write("blank.txt", "\n  \n\x07\n");
   expect_error([&] { MaskedLMDataset({blank}, tokenizer()); }, {"blank.txt", "no text"});
   expect_error([&] { MaskedLMDataset({}, tokenizer()); }, {"no text files"});
+  // Binary or non-UTF-8 files are refused, naming the file and where, not tokenized into [UNK]s.
+  auto binary = dir.write("model.bin", std::string("\x7F"
+                                                   "ELF\x02\x01\x01\0\0\0",
+                                                   10));
+  expect_error(
+      [&] {
+        MaskedLMDataset({good, binary}, tokenizer());
+      },
+      {"MaskedLMDataset: ", "model.bin is not UTF-8 text: a NUL byte", "at byte offset 7 (line 1)"});
+  auto latin1 = dir.write("latin1.txt", "ok\ncaf\xE9 au lait\n");
+  expect_error([&] { MaskedLMDataset({latin1}, tokenizer()); },
+               {"latin1.txt is not UTF-8 text: the byte 0xE9 is not valid UTF-8 at byte offset 6 (line 2)"});
   expect_error([&] { MaskedLMDataset({good}, tokenizer(), {.seq_len = 2}); }, {"seq_len", ">= 3", "2"});
   expect_error([&] { MaskedLMDataset({good}, tokenizer(), {.mask_prob = 0}); }, {"mask_prob"});
   expect_error([&] { MaskedLMDataset({good}, tokenizer(), {.mask_prob = 1.5}); }, {"mask_prob"});

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kiln/data/text/text_check.h"
 #include "kiln/data/text/vocab_builder.h"
 #include "kiln/data/text/wordpiece.h"
 #include "support/golden.h"
@@ -301,6 +302,67 @@ TEST(DataWordPieceVocab, BuildsAVocabularyTheTokenizerUses) {
     EXPECT_TRUE(tok.find(ch).has_value()) << ch;
   }
   expect_error([&] { data::build_wordpiece_vocab_from_files({dir.path() / "absent.txt"}); }, {"absent.txt"});
+}
+
+// TextCheck: the byte offset and line of the first byte that is not UTF-8 text, for each kind of bad sequence
+// (offsets counted by hand), and valid text of every UTF-8 length passes whatever the split into lines.
+TEST(DataTextCheck, NamesTheFirstInvalidByteAndItsLine) {
+  auto first_problem = [](const std::string& text) -> std::string {
+    try {
+      data::TextCheck check("t.txt", "test");
+      std::istringstream in(text);
+      for (std::string line; std::getline(in, line);) check.line(line);
+      check.finish();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // Valid: ASCII, 2-, 3- and 4-byte sequences (é, 中, U+10FFFF, 𝄞), a BOM, tabs, CR and form feeds.
+  EXPECT_EQ(first_problem("\xEF\xBB\xBF"
+                          "caf\xC3\xA9 \xE4\xB8\xAD\t\r\n\f\xF4\x8F\xBF\xBF \xF0\x9D\x84\x9E\n"),
+            "");
+  struct Case {
+    std::string text, byte, offset, line;
+  };
+  for (const Case& c : std::vector<Case>{
+           {std::string("ab\ncd\0e", 8), "a NUL byte", "5", "2"},
+           {"ab\n\n\xFF", "0xFF", "4", "3"},        // never in UTF-8
+           {"x\xC0\x80", "0xC0", "1", "1"},         // an overlong NUL
+           {"\xE0\x80\xAF", "0xE0", "0", "1"},      // an overlong '/'
+           {"ok\n\xED\xA0\x80", "0xED", "3", "2"},  // a UTF-16 surrogate, U+D800
+           {"\xF4\x90\x80\x80", "0xF4", "0", "1"},  // U+110000, beyond Unicode
+           {"abc\xE4\xB8", "0xE4", "3", "1"},       // cut short by the end of the file
+           {"abc\xE4\xB8\nx", "0xE4", "3", "1"},    // cut short by the end of the line
+           {"\x80"
+            "abc",
+            "0x80", "0", "1"},  // a continuation byte with no start
+       }) {
+    const std::string what = first_problem(c.text);
+    EXPECT_NE(what.find("test: t.txt is not UTF-8 text: "), std::string::npos) << what;
+    EXPECT_NE(what.find(c.byte), std::string::npos) << what;
+    EXPECT_NE(what.find("at byte offset " + c.offset + " (line " + c.line + ")"), std::string::npos) << what;
+  }
+  // Control characters: a few are text (BEL in old files), many are a binary file.
+  EXPECT_EQ(first_problem(std::string(15, '\x01') + std::string(100, 'a')), "");
+  const std::string binary = "text\n" + std::string(20, '\x02') + std::string(100, 'a');
+  const std::string what = first_problem(binary);
+  EXPECT_NE(what.find("t.txt does not look like text: 20 of its 126 characters are control characters (the first at "
+                      "byte offset 5, line 2)"),
+            std::string::npos)
+      << what;
+}
+
+// The files a vocabulary is built from are checked (so are those of MaskedLMDataset: test_mlm_dataset.cpp).
+TEST(DataWordPieceVocab, RefusesFilesThatAreNotText) {
+  TempFolder dir;
+  auto latin1 = dir.write("latin1.txt", "na\xEFve\ncaf\xE9\n");
+  expect_error([&] { data::build_wordpiece_vocab_from_files({latin1}); },
+               {"build_wordpiece_vocab_from_files: ",
+                "latin1.txt is not UTF-8 text: the byte 0xEF is not valid UTF-8 at "
+                "byte offset 2 (line 1)"});
+  auto nul = dir.write("nul.txt", std::string("abc\ndef\0", 8));
+  expect_error([&] { data::build_wordpiece_vocab_from_files({nul}); }, {"nul.txt", "a NUL byte", "offset 7 (line 2)"});
 }
 
 }  // namespace

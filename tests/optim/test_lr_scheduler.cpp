@@ -10,6 +10,7 @@
 #include <numbers>
 
 #include "kiln/kiln.h"
+#include "kiln/optim/sgd.h"
 #include "optim/scheduler_test_optimizer.h"
 #include "support/test_support.h"
 
@@ -394,6 +395,32 @@ TEST(LRSchedulerTest, BadArgumentsAreClearErrors) {
 
   LrOnlyOptimizer none(std::vector<double>{});
   expect_error([&] { StepLR(none, 3); }, {"no parameter group"});
+}
+
+// A schedule that computes a NaN or infinite lr stops with an error naming the scheduler, the group and the step,
+// and the optimizer keeps the lrs it had (a NaN lr would make every weight NaN). A negative one is refused by the
+// optimizer's set_lr (below), again leaving every group as it was.
+TEST(LRSchedulerTest, NonFiniteOrNegativeLrIsAnError) {
+  {
+    Tensor a = ops::ones({1}).requires_grad_(), b = ops::ones({1}).requires_grad_();
+    optim::SGD sgd(std::vector<optim::ParamGroup<optim::SGDOptions>>{{{a}, {.lr = 0.1}}, {{b}, {.lr = 0.02}}}, {});
+    LambdaLR sched(sgd, std::vector<LambdaLR::Lambda>{[](int64_t t) { return t >= 2 ? 0.9 : 0.5; },
+                                                      [](int64_t t) { return t >= 2 ? -1.0 : 0.5; }});
+    sched.step();
+    expect_error([&] { sched.step(); }, {"SGD: invalid learning rate -0.02"});
+    EXPECT_EQ(sgd.lr(0), 0.05);
+    EXPECT_EQ(sgd.lr(1), 0.01);
+    EXPECT_EQ(sched.last_epoch(), 1);
+  }
+  for (double bad : {std::nan(""), HUGE_VAL}) {
+    LrOnlyOptimizer opt(kBase);
+    LambdaLR sched(opt, std::vector<LambdaLR::Lambda>{[](int64_t) { return 1.0; },
+                                                      [bad](int64_t t) { return t >= 2 ? bad : 0.5; }});
+    sched.step();
+    EXPECT_EQ(opt.lrs(), (std::vector<double>{0.1, 0.01}));
+    expect_error([&] { sched.step(); }, {"LambdaLR: the learning rate of parameter group 1 at step 2 would be"});
+    EXPECT_EQ(opt.lrs(), (std::vector<double>{0.1, 0.01})) << "the refused step changed the lrs (" << bad << ")";
+  }
 }
 
 TEST(LRSchedulerTest, SequentialLRBadArguments) {

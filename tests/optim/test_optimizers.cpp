@@ -2,6 +2,9 @@
 // in tests/optim/optim_reference.h; the Optimizer base: groups, zero_grad, state_dict, errors; the AMP hooks.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "kiln/kiln.h"
 #include "kiln/optim/adam.h"
 #include "kiln/optim/lamb.h"
@@ -349,6 +352,53 @@ TEST(Optimizers, BadParametersThrow) {
   EXPECT_EQ(opt.num_param_groups(), 1u);
   opt.add_param_group({.params = {b}, .options = {.lr = 0.2}});
   EXPECT_EQ(opt.num_param_groups(), 2u);
+}
+
+// As PyTorch: an optimizer over nothing is a mistake (a model whose layers were not registered, a name filter that
+// matched nothing), not an optimizer whose step() does nothing.
+TEST(Optimizers, EmptyParameterListsAreRefused) {
+  expect_error([&] { optim::SGD(std::vector<Tensor>{}, {.lr = 0.1}); }, {"SGD: got an empty parameter list"});
+  expect_error([&] { optim::Adam(std::vector<Tensor>{}); }, {"Adam: got an empty parameter list"});
+  expect_error([&] { optim::AdamW(std::vector<Tensor>{}).step(); }, {"AdamW: got an empty parameter list"});
+  expect_error([&] { optim::LAMB(std::vector<Tensor>{}); }, {"LAMB: got an empty parameter list"});
+  // No group at all, and an empty group among others.
+  expect_error([&] { optim::AdamW(std::vector<optim::ParamGroup<optim::AdamWOptions>>{}, {}); },
+               {"AdamW: got an empty list of parameter groups"});
+  Tensor a = leaf({1}, {1});
+  expect_error(
+      [&] {
+        optim::SGD(std::vector<optim::ParamGroup<optim::SGDOptions>>{{{a}, {.lr = 0.1}}, {{}, {.lr = 0.1}}}, {});
+      },
+      {"SGD: got an empty parameter list for parameter group 1"});
+  optim::SGD opt({a}, {.lr = 0.1});
+  expect_error([&] { opt.add_param_group({.params = {}, .options = {}}); },
+               {"empty parameter list for parameter group 1"});
+  EXPECT_EQ(opt.num_param_groups(), 1u);
+}
+
+// set_lr and set_options take the constructor's checks (the options' validate(), not a copy of them): a NaN lr
+// would make every weight NaN at the next step.
+TEST(Optimizers, SettersRefuseWhatTheConstructorRefuses) {
+  Tensor a = leaf({1}, {1});
+  optim::SGD sgd({a}, {.lr = 0.1, .momentum = 0.9});
+  optim::AdamW adamw({leaf({1}, {1})}, {.lr = 0.1});
+  optim::LAMB lamb({leaf({1}, {1})}, {.lr = 0.1});
+  for (optim::Optimizer* opt : std::vector<optim::Optimizer*>{&sgd, &adamw, &lamb}) {
+    for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), -0.1}) {
+      expect_error([&] { opt->set_lr(0, bad); }, {opt->name() + ": invalid learning rate"});
+      EXPECT_EQ(opt->lr(0), 0.1) << opt->name() << " kept the refused lr " << bad;
+    }
+    expect_error([&] { opt->set_lr(3, 0.1); }, {opt->name() + ".set_lr: parameter group 3 does not exist"});
+  }
+  expect_error([&] { sgd.set_options(0, {.lr = 0.1, .momentum = std::nan("")}); }, {"SGD: invalid momentum"});
+  EXPECT_EQ(sgd.groups()[0].options.momentum, 0.9);
+  sgd.set_options(0, {.lr = 0.2, .momentum = 0.5});
+  EXPECT_EQ(sgd.groups()[0].options.momentum, 0.5);
+  // Options edited in place through groups() are checked by step(), before any weight changes.
+  a.mutable_grad() = make({1}, {1});
+  sgd.groups()[0].options.weight_decay = -1;
+  expect_error([&] { sgd.step(); }, {"SGD: invalid weight_decay"});
+  expect_values(a, {1}, {1.0});
 }
 
 }  // namespace

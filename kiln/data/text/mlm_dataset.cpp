@@ -8,6 +8,7 @@
 #include <string_view>
 #include <thread>
 
+#include "kiln/data/text/text_check.h"
 #include "kiln/tensor/error.h"  // KILN_CHECK
 #include "kiln/tensor/ops.h"    // ops::from_vector
 
@@ -25,6 +26,9 @@ std::string read_file(const std::filesystem::path& path) {
   std::string text = ss.str();
   KILN_CHECK(!text.empty(), "MaskedLMDataset: the text file ", path.string(),
              " is empty (give files of UTF-8 text: documents of lines, separated by blank lines)");
+  TextCheck check(path.string(), "MaskedLMDataset");  // binary or non-UTF-8 input is refused, not tokenized
+  check.bytes(text);
+  check.finish();
   return text;
 }
 

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "kiln/data/text/basic_tokenizer.h"
+#include "kiln/data/text/text_check.h"
 #include "kiln/data/text/unicode_tables.h"
 #include "kiln/tensor/error.h"  // KILN_CHECK
 
@@ -156,9 +157,14 @@ std::vector<std::string> build_wordpiece_vocab_from_files(const std::vector<std:
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     KILN_CHECK(in.good(), "build_wordpiece_vocab_from_files: cannot open ", f.string());
+    TextCheck check(f.string(), "build_wordpiece_vocab_from_files");  // binary or non-UTF-8 input is refused
     std::string line;
-    while (std::getline(in, line)) trainer.add_line(line);
+    while (std::getline(in, line)) {
+      check.line(line);
+      trainer.add_line(line);
+    }
     KILN_CHECK(!in.bad(), "build_wordpiece_vocab_from_files: reading ", f.string(), " failed");
+    check.finish();
   }
   return trainer.run();
 }
