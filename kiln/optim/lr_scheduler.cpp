@@ -341,7 +341,10 @@ double OneCycleLR::lr_at(size_t group, int64_t step) const {
       KILN_CHECK(ph[i].end_step != start_step, "OneCycleLR: phase ", i + 1, " of ", ph.size(),
                  " has no length at step ", step, " (total_steps ", options_.total_steps, ", pct_start ",
                  options_.pct_start, "); choose pct_start so that every phase spans at least one step");
-      const double pct = (s - start_step) / (ph[i].end_step - start_step);
+      // Step total_steps (reached by the scheduler step after the last training step) holds the schedule's
+      // last lr: PyTorch extrapolates the last phase there, and a linear anneal would then go below zero, which
+      // no optimizer accepts as a learning rate.
+      const double pct = std::min(1.0, (s - start_step) / (ph[i].end_step - start_step));
       const double a = lrs[ph[i].start], b = lrs[ph[i].end];
       if (options_.anneal_strategy == AnnealStrategy::Cos)
         return b + (a - b) / 2.0 * (std::cos(std::numbers::pi * pct) + 1.0);

@@ -120,7 +120,8 @@ double one_cycle_reference(const std::vector<Phase>& phases, bool cos, int t) {
   for (size_t i = 0; i < phases.size(); ++i) {
     const Phase& p = phases[i];
     if (t <= p.last || i + 1 == phases.size()) {
-      const double x = (t - p.first) / (p.last - p.first);  // 0 at the phase's start, 1 at its end
+      // 0 at the phase's start, 1 at its end; past the last phase's end the schedule holds its last lr
+      const double x = std::min(1.0, (t - p.first) / (p.last - p.first));
       return cos ? p.to + (p.from - p.to) * (1 + std::cos(kPi * x)) / 2 : p.from + (p.to - p.from) * x;
     }
   }
@@ -134,7 +135,7 @@ TEST(LRSchedulerTest, OneCycleLRCos) {
   const auto rows = run(sched, opt);  // steps 0..20: PyTorch allows reaching total_steps
   for (size_t g = 0; g < 2; ++g) {
     const double max = kBase[g], initial = max / 25, min = initial / 1e4;
-    // Up over steps 0..5 (0.3 * 20 - 1), down over 5..19; step 20 continues the last cosine.
+    // Up over steps 0..5 (0.3 * 20 - 1), down over 5..19; step 20 holds the last lr.
     const std::vector<Phase> phases = {{initial, max, 0, 5}, {max, min, 5, 19}};
     for (int t = 0; t <= kSteps; ++t)
       EXPECT_NEAR(rows[t][g], one_cycle_reference(phases, true, t), 1e-15) << "group " << g << ", step " << t;
@@ -166,6 +167,7 @@ TEST(LRSchedulerTest, OneCycleLRLinearThreePhase) {
   }
   EXPECT_NEAR(rows[2][0], 0.055, 1e-15);  // half way up from 0.01 to 0.1
   EXPECT_NEAR(rows[8][0], 0.01, 1e-15);   // back at the initial lr
+  EXPECT_NEAR(rows[20][0], 0.01 / 100, 1e-17);  // held at the last lr (PyTorch's extrapolation is below zero)
 }
 
 // LinearLR 0.1 -> 1 over 5 steps, then a cosine from the base lr (its own step 0 at the milestone).
