@@ -57,7 +57,8 @@ Shape infer_shape(const Shape& shape, int64_t n, std::string_view op) {
       infer = i;
     } else {
       KILN_CHECK(out[i] >= 0, op, ": invalid size ", out[i], " in shape ", shape);
-      known *= out[i];
+      KILN_CHECK(!mul_overflows(known, out[i], &known), op, ": shape ", shape,
+                 " has more than 2^63-1 elements; it is invalid for a tensor of ", n, " elements");
     }
   }
   if (infer) {
@@ -189,6 +190,7 @@ Tensor expand(const Tensor& t, const Shape& shape) {
     }
   }
   if (sizes == t.shape() && strides == t.strides()) return t;
+  (void)numel(sizes, "expand");  // an expanded view may still not count more than 2^63-1 elements
   return make_view(t, std::move(sizes), std::move(strides), t.offset());
 }
 
@@ -267,8 +269,14 @@ Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides, s
     KILN_CHECK(sizes[i] >= 0 && strides[i] >= 0, "as_strided: sizes and strides must be non-negative, got ", sizes,
                " and ", strides);
     if (sizes[i] == 0) last = -1;
-    if (last >= 0) last += (sizes[i] - 1) * strides[i];
+    int64_t span = 0;
+    if (last >= 0) {
+      KILN_CHECK(!mul_overflows(sizes[i] - 1, strides[i], &span) && !add_overflows(last, span, &last),
+                 "as_strided: sizes ", sizes, ", strides ", strides, " and offset ", off,
+                 " reach beyond element 2^63-1");
+    }
   }
+  (void)numel(sizes, "as_strided");
   const int64_t capacity = static_cast<int64_t>(t.impl().storage()->nbytes() / t.element_size());
   KILN_CHECK(last < capacity, "as_strided: sizes ", sizes, ", strides ", strides, " and offset ", off,
              " reach element ", last, " but the storage holds ", capacity, " elements");
