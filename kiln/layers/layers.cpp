@@ -9,6 +9,7 @@
 #include "kiln/autograd/grad_mode.h"   // NoGradGuard for the batch counter
 #include "kiln/layers/functional.h"    // nn::linear, nn::batch_norm, ...
 #include "kiln/layers/init.h"          // PyTorch's default initialisation
+#include "kiln/tensor/checked_size.h"  // checked_nbytes: the weight's size
 #include "kiln/tensor/error.h"         // KILN_CHECK
 
 namespace kiln::nn {

@@ -1,8 +1,12 @@
 #include "kiln/tensor/shape.h"
 
+#include "kiln/tensor/checked_size.h"
+
 #include "kiln/tensor/error.h"
 
 namespace kiln {
+
+int64_t numel(const Shape& shape) { return numel(shape, "numel"); }
 
 int64_t numel(const Shape& shape, std::string_view op) {
   int64_t n = 1;

@@ -3,6 +3,7 @@
 
 #include <initializer_list>
 
+#include "kiln/tensor/checked_size.h"
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "kiln/tensor/checked_size.h"
 #include "kiln/tensor/ops.h"
-#include "kiln/tensor/shape.h"
 #include "support/test_support.h"
 
 namespace kiln {

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "kiln/data/hdf5/hdf5_util.h"
+#include "kiln/tensor/checked_size.h"  // checked_nbytes: a row's size from the file
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
 

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "kiln/data/datasets/file_bytes.h"
+#include "kiln/tensor/checked_size.h"  // mul_overflows: the header's dims multiply without wrapping
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
-#include "kiln/tensor/shape.h"  // mul_overflows: the header's dims multiply without wrapping
 
 namespace kiln::data {
 

@@ -13,6 +13,7 @@
 #include "kiln/data/gpu_decode/jpeg_decoder.h"
 #endif
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
+#include "kiln/tensor/checked_size.h"  // checked_mul/add: the batch's pixel buffer
 
 namespace kiln::data {
 

@@ -10,8 +10,8 @@
 #include "kiln/layers/functional.h"    // nn::linear
 #include "kiln/layers/init.h"          // normal_, zeros_, ones_
 #include "kiln/layers/loss.h"          // cross_entropy, mse_loss
+#include "kiln/tensor/checked_size.h"  // checked_mul, mul_overflows: sizes from a config
 #include "kiln/tensor/error.h"         // KILN_CHECK
-#include "kiln/tensor/shape.h"         // checked_mul, mul_overflows: sizes from a config
 
 namespace kiln::nn::models {
 namespace {

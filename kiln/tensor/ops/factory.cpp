@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kiln/tensor/backend.h"
+#include "kiln/tensor/checked_size.h"
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
 #include "kiln/tensor/small_alloc.h"

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "kiln/tensor/checked_size.h"
 #include "kiln/tensor/ops.h"
 #include "kiln/tensor/small_alloc.h"
 
