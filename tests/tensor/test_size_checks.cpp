@@ -105,6 +105,16 @@ TEST(SizeChecks, SelectOnARefusedShapeNeverReadsOutOfBounds) {
   EXPECT_TRUE(threw);
 }
 
+TEST(SizeChecks, SliceWithAHugeStepTakesTheFirstElement) {
+  // (end - begin + step - 1) / step and stride * step overflowed for a step near 2^63.
+  Tensor t = arange(10, {.dtype = DType::Int64});
+  Tensor s = t.slice(0, 3, 10, kMax);
+  ASSERT_EQ(s.shape(), (Shape{1}));
+  EXPECT_EQ(s.item<int64_t>(), 3);
+  EXPECT_EQ(t.slice(0, 0, 10, 4).shape(), (Shape{3}));  // ceil(10 / 4)
+  EXPECT_EQ(t.slice(0, 5, 5, 4).shape(), (Shape{0}));
+}
+
 TEST(SizeChecks, ArangeRefusesRangesLargerThanATensor) {
   expect_error([] { (void)arange(0.0, 1e30, 1.0); }, {"arange", "more than a tensor can hold"});
 }

@@ -133,8 +133,10 @@ Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start, std::op
   const int64_t e = std::max(b, end ? clamp_bound(*end) : n);
   Shape sizes = t.shape();
   Strides strides = t.strides();
-  sizes[d] = (e - b + step - 1) / step;
-  strides[d] *= step;
+  sizes[d] = e == b ? 0 : 1 + (e - b - 1) / step;  // ceil((e - b) / step) without overflow for a huge step
+  // A dim of size 0 or 1 never steps, so its stride is free: keep it when stride * step would overflow.
+  int64_t stepped = 0;
+  if (!mul_overflows(strides[d], step, &stepped)) strides[d] = stepped;
   return make_view(t, std::move(sizes), std::move(strides), t.offset() + b * t.stride(d));
 }
 
