@@ -244,8 +244,10 @@ class Unpickler {
   size_t top_mark() const { return marks_.empty() ? 0 : marks_.back(); }
   // Charges `bytes` against the budget; past it, refuses naming the data and how to raise the budget.
   void charge(uint64_t bytes) {
-    used_ += bytes;
-    if (used_ <= max_bytes_) return;
+    if (bytes <= max_bytes_ - used_) {  // used_ <= max_bytes_ always: no overflow
+      used_ += bytes;
+      return;
+    }
     KILN_FAIL(what_, ": the pickle builds more than ", max_bytes_, " bytes of values (refused at byte ", op_pos_,
               " of ", data_.size(),
               "); a state dict's pickle takes a few KB per tensor, so this one is corrupt or "

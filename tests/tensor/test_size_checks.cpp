@@ -90,7 +90,7 @@ TEST(SizeChecks, ViewsAndExpandRefuseOverflowingShapes) {
   expect_error([&] { (void)e.view({k2p32, k2p32, 0}); }, {"view: shape [4294967296, 4294967296, 0]", "2^63-1"});
   // as_strided whose last element lies past 2^63-1.
   Tensor t = zeros({4});
-  expect_error([&] { (void)as_strided(t, {3}, {kMax / 2}, 0); }, {"as_strided", "beyond element 2^63-1"});
+  expect_error([&] { (void)as_strided(t, {3}, {int64_t{1} << 62}, 0); }, {"as_strided", "beyond element 2^63-1"});
 }
 
 TEST(SizeChecks, SelectOnARefusedShapeNeverReadsOutOfBounds) {
