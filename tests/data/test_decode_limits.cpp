@@ -16,8 +16,10 @@
 #include "data/format_files.h"
 #include "data/image_test_files.h"
 #include "kiln/data/datasets/mnist.h"
+#include "kiln/data/gpu_decode/gpu_sample.h"
 #include "kiln/data/image.h"
 #include "kiln/data/image_folder.h"
+#include "kiln/data/transforms.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -126,6 +128,17 @@ TEST(DecodeLimits, ImageFolderSkipsABombAsABadFile) {
   EXPECT_EQ(strict.samples()[0].path, bomb);
   expect_error([&] { (void)strict.sample(0); }, {bomb, "pixels"});
   EXPECT_TRUE(strict.skipped_files().empty());
+}
+
+TEST(DecodeLimits, GpuDecodingReadsTheLimitFromTheHeaderOnTheWorker) {
+  // Decode::Gpu: the worker parses the header (image_size) before anything goes to the GPU, so nvJPEG never
+  // sees a bomb and no device buffer is sized from it. PNGs are decoded on the worker, under the same limit.
+  auto gpu = data::GpuTransform::from(data::transforms::imagenet_train(16));
+  data::SampleRng rng(0, 0, 0);
+  expect_error([&] { (void)data::gpu_sample(jpeg_claiming(60000, 60000), "/data/bomb.jpg", gpu, rng, 0, 0); },
+               {"'/data/bomb.jpg' claims 60000 x 60000", "set_max_image_pixels"});
+  expect_error([&] { (void)data::gpu_sample(png_claiming(100000, 100000), "/data/bomb.png", gpu, rng, 0, 0); },
+               {"decode_png: '/data/bomb.png' claims 100000 x 100000"});
 }
 
 TEST(DecodeLimits, MnistHeaderWhoseDimsOverflowIsRefused) {
