@@ -87,7 +87,8 @@ TEST(SizeChecks, ViewsAndExpandRefuseOverflowingShapes) {
   // reshape/view of an empty tensor to a shape whose product wraps to 0.
   Tensor e = zeros({0});
   expect_error([&] { (void)e.reshape({k2p32, k2p32}); }, {"reshape: shape [4294967296, 4294967296]", "2^63-1"});
-  expect_error([&] { (void)e.view({k2p32, k2p32, 0}); }, {"view: shape [4294967296, 4294967296, 0]", "2^63-1"});
+  // A zero anywhere makes the shape empty, however large the other sizes (as numel()).
+  EXPECT_EQ(e.view({k2p32, k2p32, 0}).numel(), 0);
   // as_strided whose last element lies past 2^63-1.
   Tensor t = zeros({4});
   expect_error([&] { (void)as_strided(t, {3}, {int64_t{1} << 62}, 0); }, {"as_strided", "beyond element 2^63-1"});

@@ -51,6 +51,7 @@ std::optional<Strides> view_strides(const Shape& old_shape, const Strides& old_s
 Shape infer_shape(const Shape& shape, int64_t n, std::string_view op) {
   Shape out = shape;
   int64_t known = 1;
+  bool overflow = false, zero = false;
   std::optional<size_t> infer;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
@@ -58,10 +59,14 @@ Shape infer_shape(const Shape& shape, int64_t n, std::string_view op) {
       infer = i;
     } else {
       KILN_CHECK(out[i] >= 0, op, ": invalid size ", out[i], " in shape ", shape);
-      KILN_CHECK(!mul_overflows(known, out[i], &known), op, ": shape ", shape,
-                 " has more than 2^63-1 elements; it is invalid for a tensor of ", n, " elements");
+      overflow |= mul_overflows(known, out[i], &known);
+      zero |= out[i] == 0;
     }
   }
+  // A size 0 makes the product 0 even after a partial product overflowed (as numel()).
+  if (zero) known = 0;
+  KILN_CHECK(!overflow || zero, op, ": shape ", shape, " has more than 2^63-1 elements; it is invalid for a tensor of ",
+             n, " elements");
   if (infer) {
     KILN_CHECK(known != 0 && n % known == 0, op, ": shape ", shape, " is invalid for a tensor of ", n, " elements");
     out[*infer] = n / known;
