@@ -2,12 +2,11 @@
 // <archive>/byteorder) and the allow-list of globals the pickle may name.
 #include "kiln/io/torch_file.h"
 
-#include <new>  // std::bad_alloc
-
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <new>  // std::bad_alloc
 
 #include "kiln/io/pickle_reader.h"
 #include "kiln/io/zip_reader.h"

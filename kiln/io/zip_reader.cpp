@@ -2,8 +2,6 @@
 // headers, and stored / deflated data with its CRC-32 checked.
 #include "kiln/io/zip_reader.h"
 
-#include <new>  // std::bad_alloc
-
 #include <zlib.h>  // inflate (raw deflate), crc32
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>  // std::bad_alloc
 
 #include "kiln/tensor/error.h"
 
