@@ -31,9 +31,9 @@ std::vector<uint8_t> many_entries(int n) {
     json += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[0],"data_offsets":[0,0]})";
   }
   json += "}";
-  std::vector<uint8_t> out(8);
+  std::vector<uint8_t> out(8 + json.size());
   for (int k = 0; k < 8; ++k) out[k] = static_cast<uint8_t>(json.size() >> (8 * k));
-  out.insert(out.end(), json.begin(), json.end());
+  std::copy(json.begin(), json.end(), out.begin() + 8);
   return out;
 }
 
