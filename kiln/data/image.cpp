@@ -2,15 +2,19 @@
 // image_png.cpp).
 #include "kiln/data/image.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 
 #include "kiln/tensor/error.h"
+#include "kiln/tensor/ops.h"
 
 namespace kiln::data {
 
 namespace {
+
+std::atomic<int64_t> g_max_image_pixels{kDefaultMaxImagePixels};  // -1: no limit
 
 constexpr uint8_t kPngMagic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 constexpr size_t kHeaderPrefix = 64 * 1024;  // enough for the JPEG SOF marker behind most EXIF blocks
@@ -35,6 +39,39 @@ void check_known(std::span<const uint8_t> bytes, const std::string& name) {
 }
 
 }  // namespace
+
+std::optional<int64_t> max_image_pixels() {
+  const int64_t v = g_max_image_pixels.load(std::memory_order_relaxed);
+  return v < 0 ? std::nullopt : std::optional<int64_t>(v);
+}
+
+void set_max_image_pixels(std::optional<int64_t> limit) {
+  KILN_CHECK(!limit || *limit > 0, "set_max_image_pixels: the limit must be positive (or std::nullopt for none), got ",
+             limit.value_or(0));
+  g_max_image_pixels.store(limit ? *limit : -1, std::memory_order_relaxed);
+}
+
+void detail::check_image_pixels(int64_t height, int64_t width, const std::string& name, std::string_view op) {
+  const std::optional<int64_t> limit = max_image_pixels();
+  if (!limit) return;
+  int64_t pixels = 0;
+  const bool overflow = __builtin_mul_overflow(height, width, &pixels);
+  KILN_CHECK(!overflow && pixels <= *limit, op, ": '", name, "' claims ", height, " x ", width, " = ",
+             overflow ? std::string("more than 2^63-1") : std::to_string(pixels), " pixels, more than the limit of ",
+             *limit, " (a decompression bomb, or a damaged header?); if the image is genuine, raise the limit with ",
+             "kiln::data::set_max_image_pixels(n) (std::nullopt removes it), as PIL's Image.MAX_IMAGE_PIXELS");
+}
+
+Tensor detail::empty_image(int64_t height, int64_t width, const std::string& name, std::string_view op) {
+  try {
+    return ops::empty({height, width, 3}, {.dtype = DType::UInt8});
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(kiln::detail::str_cat(op, ": '", name, "' (", height, " x ", width, " pixels): ", e.what()));
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError(kiln::detail::str_cat(op, ": '", name, "' (", height, " x ", width,
+                                                 " pixels): out of host memory for its pixels"));
+  }
+}
 
 ImageFormat image_format(std::span<const uint8_t> bytes) {
   if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) return ImageFormat::Jpeg;

@@ -13,11 +13,21 @@
 // Every image comes out as RGB: grayscale is replicated, CMYK/YCCK JPEGs converted, PNG palettes expanded,
 // 16-bit PNG channels scaled to 8 bits, alpha dropped (as PIL's convert("RGB") and torchvision's
 // ImageReadMode.RGB). Bad files (empty, truncated, garbage, unsupported) throw kiln::Error naming the file.
+//
+// Decompression bombs: a file whose header claims more than max_image_pixels() pixels (height x width) is
+// refused from its header, before anything is allocated, by every decoder (JPEG, PNG, image_size, and so the
+// GPU path and ImageFolder's skip_bad_files, which read the header through image_size). The default,
+// kDefaultMaxImagePixels = 178,956,970, is where PIL raises DecompressionBombError (2 x Image.MAX_IMAGE_PIXELS,
+// 2 x 89,478,485: a 1 GB 24-bit image); PIL only warns between 1x and 2x, and kiln, having no warnings, accepts
+// what PIL accepts. data::set_max_image_pixels(n) changes it for the process, std::nullopt removes it
+// (PIL's Image.MAX_IMAGE_PIXELS = None).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/tensor/tensor.h"
@@ -60,6 +70,13 @@ struct DecodedRegion {
   double scale = 1.0;
 };
 
+// PIL's Image.MAX_IMAGE_PIXELS is 89,478,485; PIL refuses images of more than twice that.
+inline constexpr int64_t kDefaultMaxImagePixels = 2 * int64_t{89'478'485};
+
+// The largest height x width any decoder accepts (process-wide, thread-safe); std::nullopt: no limit.
+std::optional<int64_t> max_image_pixels();
+void set_max_image_pixels(std::optional<int64_t> limit);
+
 enum class ImageFormat { Jpeg, Png, Unknown };
 
 // The format from the magic number (not the file name).
@@ -78,6 +95,11 @@ ImageSize image_size(std::span<const uint8_t> bytes, const std::string& name);
 
 // The per-format decoders (image_jpeg.cpp, image_png.cpp); decode_image dispatches on the magic number.
 namespace detail {
+// Throws kiln::Error naming `op`, the file, its claimed size and the limit when height x width exceeds
+// max_image_pixels(); called from the header, before any pixel memory is allocated.
+void check_image_pixels(int64_t height, int64_t width, const std::string& name, std::string_view op);
+// An uninitialised (height, width, 3) uint8 tensor; a failed allocation is rethrown naming the file.
+Tensor empty_image(int64_t height, int64_t width, const std::string& name, std::string_view op);
 DecodedRegion decode_jpeg(std::span<const uint8_t> bytes, const std::string& name, const DecodePlan* plan);
 ImageSize jpeg_size(std::span<const uint8_t> bytes, const std::string& name);
 Tensor decode_png(std::span<const uint8_t> bytes, const std::string& name);

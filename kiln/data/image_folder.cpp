@@ -108,6 +108,7 @@ ImageFolder::ImageFolder(std::string root, ImageTransform transform, ImageFolder
             image_size(path);
           } catch (const std::exception& e) {
             std::cerr << "kiln: ImageFolder skips a bad image: " << e.what() << "\n";
+            skipped_.emplace_back(path, e.what());
             continue;
           }
         }

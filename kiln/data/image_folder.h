@@ -13,8 +13,9 @@
 // Bad input: a missing or empty root, no class folders, or a class folder without images throw kiln::Error
 // naming the folder. A bad image file throws from get() naming the file. With skip_bad_files the
 // constructor reads every file's header (data::image_size) and drops those that fail, with one warning line
-// each on stderr (a class left without images keeps its index); a file whose header is fine but whose
-// pixels fail to decode still throws from get(), naming it.
+// each on stderr, listed by skipped_files() (a class left without images keeps its index); a header that
+// claims more than data::max_image_pixels() pixels counts as bad, so a decompression bomb is skipped without
+// being decoded. A file whose header is fine but whose pixels fail to decode still throws from get(), naming it.
 //
 // Decoding on the GPU (nvJPEG; kiln/data/gpu_decode/): one option, the same transform and the same random crops:
 //   auto train = std::make_shared<data::ImageFolder>("imagenet/train", data::transforms::imagenet_train(224),
@@ -32,6 +33,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/data/dataset.h"
@@ -65,6 +67,9 @@ class ImageFolder : public Dataset {
   const std::map<std::string, int64_t>& class_to_idx() const { return class_to_idx_; }
   const std::vector<Sample>& samples() const { return samples_; }
   std::vector<int64_t> targets() const;  // every sample's label, in order
+  // With skip_bad_files: the files dropped because their header failed (damaged, or a decompression bomb
+  // over data::max_image_pixels()), in the order found, each with the reason.
+  const std::vector<std::pair<std::string, std::string>>& skipped_files() const { return skipped_; }
 
  private:
   std::string root_;
@@ -74,6 +79,7 @@ class ImageFolder : public Dataset {
   std::vector<std::string> classes_;
   std::map<std::string, int64_t> class_to_idx_;
   std::vector<Sample> samples_;
+  std::vector<std::pair<std::string, std::string>> skipped_;  // (path, reason)
 };
 
 }  // namespace kiln::data

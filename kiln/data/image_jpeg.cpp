@@ -158,17 +158,23 @@ bool read_rows(Decoder& d, const Window& w, uint8_t* out) {
 ImageSize jpeg_size(std::span<const uint8_t> bytes, const std::string& name) {
   Decoder d;
   if (!read_header(d, bytes.data(), bytes.size())) fail(d, name, "has a bad header");
-  return {static_cast<int64_t>(d.cinfo.image_height), static_cast<int64_t>(d.cinfo.image_width)};
+  const auto h = static_cast<int64_t>(d.cinfo.image_height), w = static_cast<int64_t>(d.cinfo.image_width);
+  check_image_pixels(h, w, name, "image_size");
+  return {h, w};
 }
 
 DecodedRegion decode_jpeg(std::span<const uint8_t> bytes, const std::string& name, const DecodePlan* plan) {
   Decoder d;
   if (!read_header(d, bytes.data(), bytes.size())) fail(d, name, "has a bad header");
+  // From the header, before libjpeg allocates its buffers and before the tensor: a decompression bomb (a tiny
+  // file claiming 60000 x 60000) is refused here. A planned decode still refuses the whole image's size.
+  check_image_pixels(static_cast<int64_t>(d.cinfo.image_height), static_cast<int64_t>(d.cinfo.image_width), name,
+                     "decode_jpeg");
   Window w;
   if (!start(d, w, plan)) fail(d, name, "cannot be decoded");
   d.row.resize(static_cast<size_t>(w.crop_width) * (w.cmyk ? 4 : 3));
   const auto h = static_cast<int64_t>(w.y1 - w.y0), width = static_cast<int64_t>(w.x1 - w.x0);
-  Tensor out = ops::empty({h, width, 3}, {.dtype = DType::UInt8});
+  Tensor out = empty_image(h, width, name, "decode_jpeg");
   if (!read_rows(d, w, out.data_ptr<uint8_t>())) fail(d, name, "cannot be decoded");
   DecodedRegion r{out, {0, 0, static_cast<double>(h), static_cast<double>(width)}, w.scale_num / 8.0};
   if (plan != nullptr) {

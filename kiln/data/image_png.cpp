@@ -88,6 +88,7 @@ ImageSize png_size(std::span<const uint8_t> bytes, const std::string& name) {
   const uint32_t width = big_endian(bytes.data() + 16), height = big_endian(bytes.data() + 20);
   KILN_CHECK(width > 0 && height > 0 && width < (1u << 31) && height < (1u << 31), "image_size: '", name,
              "' is not a valid PNG: its header says ", width, " x ", height, " pixels");
+  check_image_pixels(height, width, name, "image_size");
   return {static_cast<int64_t>(height), static_cast<int64_t>(width)};
 }
 
@@ -99,7 +100,9 @@ Tensor decode_png(std::span<const uint8_t> bytes, const std::string& name) {
   d.info = png_create_info_struct(d.png);
   KILN_CHECK(d.info != nullptr, "decode_png: '", name, "': libpng could not start (out of memory?)");
   if (!read_header(d)) fail(d, name);
-  Tensor out = ops::empty({static_cast<int64_t>(d.height), static_cast<int64_t>(d.width), 3}, {.dtype = DType::UInt8});
+  // From the header, before the pixels are allocated (libpng has read only IHDR and the chunks before IDAT).
+  check_image_pixels(d.height, d.width, name, "decode_png");
+  Tensor out = empty_image(d.height, d.width, name, "decode_png");
   std::vector<png_bytep> rows(d.height);
   for (png_uint_32 y = 0; y < d.height; ++y) rows[y] = out.data_ptr<uint8_t>() + size_t{y} * d.width * 3;
   if (!read_pixels(d, rows.data())) fail(d, name);

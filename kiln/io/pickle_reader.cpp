@@ -2,8 +2,10 @@
 // stack and memo misuse give a kiln::Error naming the data and the byte offset.
 #include "kiln/io/pickle_reader.h"
 
+#include <atomic>
 #include <cstring>
 #include <map>
+#include <new>  // std::bad_alloc
 #include <sstream>
 
 #include "kiln/tensor/error.h"
@@ -45,10 +47,18 @@ PyArena::~PyArena() {
 
 namespace {
 
+std::atomic<uint64_t> g_max_unpickle_bytes{kDefaultMaxUnpickleBytes};
+
+// What the budget charges: a PyObj with its shared_ptr control block and allocator overhead, and one slot
+// (a PyRef) of the stack, the memo (a map node) or a container.
+constexpr uint64_t kObjectCost = sizeof(PyObj) + 64;
+constexpr uint64_t kSlotCost = sizeof(PyRef);
+constexpr uint64_t kMemoCost = sizeof(PyRef) + 64;
+
 class Unpickler {
  public:
-  Unpickler(const std::string& data, const PickleHooks& hooks, const std::string& what)
-      : data_(data), hooks_(hooks), what_(what) {}
+  Unpickler(const std::string& data, const PickleHooks& hooks, const std::string& what, uint64_t max_bytes)
+      : data_(data), hooks_(hooks), what_(what), max_bytes_(max_bytes) {}
 
   Unpickled run() {
     Unpickled out;
@@ -72,11 +82,15 @@ class Unpickler {
         case '}': push(PyObj::make(PyObj::Kind::Dict)); break;
         case ']': push(PyObj::make(PyObj::Kind::List)); break;
         case ')': push(PyObj::make(PyObj::Kind::Tuple)); break;
-        case '(': marks_.push_back(stack_.size()); break;
+        case '(':  // MARK
+          charge(sizeof(size_t));
+          marks_.push_back(stack_.size());
+          break;
         case 't': {  // TUPLE
           auto t = PyObj::make(PyObj::Kind::Tuple);
           t->items = pop_mark();
-          push(t);
+          charge(t->items.size() * kSlotCost);
+          push(std::move(t));
           break;
         }
         case 0x85:
@@ -87,7 +101,8 @@ class Unpickler {
           auto t = PyObj::make(PyObj::Kind::Tuple);
           t->items.assign(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
           stack_.resize(stack_.size() - n);
-          push(t);
+          charge(n * kSlotCost);
+          push(std::move(t));
           break;
         }
         case 'X': push_str(u32()); break;                        // BINUNICODE
@@ -112,7 +127,7 @@ class Unpickler {
         case 0x89: {  // NEWTRUE, NEWFALSE
           auto o = PyObj::make(PyObj::Kind::Bool);
           o->b = op == 0x88;
-          push(o);
+          push(std::move(o));
           break;
         }
         case 'N': push(PyObj::make(PyObj::Kind::None)); break;
@@ -122,7 +137,7 @@ class Unpickler {
           for (int k = 0; k < 8; ++k) v = (v << 8) | static_cast<uint8_t>(b[k]);
           auto o = PyObj::make(PyObj::Kind::Float);
           std::memcpy(&o->f, &v, 8);
-          push(o);
+          push(std::move(o));
           break;
         }
         case 'c': {  // GLOBAL: "module\nname\n"
@@ -149,23 +164,27 @@ class Unpickler {
         }
         case 's': {  // SETITEM
           PyRef v = pop(), k = pop();
+          charge(2 * kSlotCost);
           dict_at_top("SETITEM")->dict.emplace_back(k, v);
           break;
         }
         case 'u': {  // SETITEMS
           auto kv = pop_mark();
           check(kv.size() % 2 == 0, "SETITEMS with an odd number of values");
+          charge(kv.size() * kSlotCost);
           PyRef d = dict_at_top("SETITEMS");
           for (size_t k = 0; k < kv.size(); k += 2) d->dict.emplace_back(kv[k], kv[k + 1]);
           break;
         }
         case 'a': {  // APPEND
           PyRef v = pop();
+          charge(kSlotCost);
           list_at_top("APPEND")->items.push_back(v);
           break;
         }
         case 'e': {  // APPENDS
           auto vs = pop_mark();
+          charge(vs.size() * kSlotCost);
           PyRef l = list_at_top("APPENDS");
           l->items.insert(l->items.end(), vs.begin(), vs.end());
           break;
@@ -223,8 +242,21 @@ class Unpickler {
     return out;
   }
   size_t top_mark() const { return marks_.empty() ? 0 : marks_.back(); }
+  // Charges `bytes` against the budget; past it, refuses naming the data and how to raise the budget.
+  void charge(uint64_t bytes) {
+    if (bytes <= max_bytes_ - used_) {  // used_ <= max_bytes_ always: no overflow
+      used_ += bytes;
+      return;
+    }
+    KILN_FAIL(what_, ": the pickle builds more than ", max_bytes_, " bytes of values (refused at byte ", op_pos_,
+              " of ", data_.size(),
+              "); a state dict's pickle takes a few KB per tensor, so this one is corrupt or "
+              "hostile. If the file is genuine, raise the budget with kiln::io::set_max_unpickle_bytes(n)");
+  }
   void push(PyRef o) {
     check(o != nullptr, "internal: null value");
+    // A new object (use_count 1: only `o` holds it) costs an object; every push costs a stack slot.
+    charge(o.use_count() == 1 ? kObjectCost + kSlotCost : kSlotCost);
     arena_.add(o);
     stack_.push_back(std::move(o));
   }
@@ -243,19 +275,21 @@ class Unpickler {
     return out;
   }
   void push_str(uint64_t n) {
+    charge(n);
     auto o = PyObj::make(PyObj::Kind::Str);
     o->s = bytes(n);
-    push(o);
+    push(std::move(o));
   }
   void push_bytes(uint64_t n) {
+    charge(n);
     auto o = PyObj::make(PyObj::Kind::Bytes);
     o->s = bytes(n);
-    push(o);
+    push(std::move(o));
   }
   void push_int(int64_t v) {
     auto o = PyObj::make(PyObj::Kind::Int);
     o->i = v;
-    push(o);
+    push(std::move(o));
   }
   PyRef dict_at_top(const char* op) {
     check(stack_.size() > top_mark() && stack_.back()->kind == PyObj::Kind::Dict, op, " on something not a dict");
@@ -267,6 +301,7 @@ class Unpickler {
   }
   void memo_put(uint64_t k) {
     check(stack_.size() > top_mark(), "memo store from an empty stack");
+    charge(kMemoCost);
     memo_[k] = stack_.back();
   }
   void memo_get(uint64_t k) {
@@ -279,6 +314,8 @@ class Unpickler {
   const std::string& data_;
   const PickleHooks& hooks_;
   const std::string& what_;
+  const uint64_t max_bytes_;
+  uint64_t used_ = 0;  // bytes charged so far (never given back: a bound on the peak)
   size_t pos_ = 0, op_pos_ = 0;
   std::vector<PyRef> stack_;
   std::vector<size_t> marks_;
@@ -287,8 +324,20 @@ class Unpickler {
 
 }  // namespace
 
-Unpickled unpickle(const std::string& data, const PickleHooks& hooks, const std::string& what) {
-  return Unpickler(data, hooks, what).run();
+uint64_t max_unpickle_bytes() { return g_max_unpickle_bytes.load(std::memory_order_relaxed); }
+
+void set_max_unpickle_bytes(uint64_t bytes) {
+  KILN_CHECK(bytes > 0, "set_max_unpickle_bytes: the budget must be positive");
+  g_max_unpickle_bytes.store(bytes, std::memory_order_relaxed);
+}
+
+Unpickled unpickle(const std::string& data, const PickleHooks& hooks, const std::string& what, uint64_t max_bytes) {
+  try {
+    return Unpickler(data, hooks, what, max_bytes).run();
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError(detail::str_cat(what, ": out of host memory while unpickling (", data.size(),
+                                           " bytes of pickle); free memory or lower io::set_max_unpickle_bytes"));
+  }
 }
 
 }  // namespace kiln::io

@@ -70,7 +70,17 @@ struct Unpickled {
   PyArena arena;  // declared after root: destroyed first, unlinking what root holds
 };
 
-// what: names the data in error messages ("model.pth: archive/data.pkl").
-Unpickled unpickle(const std::string& data, const PickleHooks& hooks, const std::string& what);
+// Memory budget of one unpickling (DESIGN.md rule 11). A pickle is a program: a few KB of opcodes (or a few
+// KB of deflated data.pkl) can ask for gigabytes of objects. The unpickler charges what it builds — every
+// object (~200 bytes), every string's bytes, every stack, memo and container slot — against this budget and
+// refuses, naming the data, past it. A state dict's pickle takes a few KB per tensor, so the default (2 GiB)
+// is far above any real checkpoint; io::set_max_unpickle_bytes raises it (process-wide).
+inline constexpr uint64_t kDefaultMaxUnpickleBytes = uint64_t{2} << 30;
+uint64_t max_unpickle_bytes();
+void set_max_unpickle_bytes(uint64_t bytes);
+
+// what: names the data in error messages ("model.pth: archive/data.pkl"). max_bytes: the memory budget above.
+Unpickled unpickle(const std::string& data, const PickleHooks& hooks, const std::string& what,
+                   uint64_t max_bytes = max_unpickle_bytes());
 
 }  // namespace kiln::io

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <new>  // std::bad_alloc
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -84,7 +85,17 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
-Tensor empty_for(const SafetensorsEntry& e) { return ops::empty(e.shape, {.dtype = e.dtype, .device = Device::cpu()}); }
+// A failed allocation names the file and the tensor (the shape was checked against the file's size already).
+Tensor empty_for(const SafetensorsEntry& e, const std::string& path) {
+  try {
+    return ops::empty(e.shape, {.dtype = e.dtype, .device = Device::cpu()});
+  } catch (const OutOfMemoryError& err) {
+    throw OutOfMemoryError(kiln::detail::str_cat("safetensors file '", path, "': tensor '", e.name, "': ", err.what()));
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError(kiln::detail::str_cat("safetensors file '", path, "': out of host memory for tensor '",
+                                                 e.name, "' (", e.end - e.begin, " bytes)"));
+  }
+}
 
 const char* safetensors_dtype(DType t) {
   switch (t) {
@@ -108,9 +119,15 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   uint8_t first8[8] = {};
   if (size >= 8) read_at(fd, first8, 8, 0, path_);
   const uint64_t n = safetensors_header_length(first8, size, path_);
-  std::vector<uint8_t> json(static_cast<size_t>(n));
-  read_at(fd, json.data(), n, 8, path_);
-  SafetensorsHeader header = parse_safetensors_json(json.data(), json.size(), size, path_);
+  SafetensorsHeader header;
+  try {
+    std::vector<uint8_t> json(static_cast<size_t>(n));
+    read_at(fd, json.data(), n, 8, path_);
+    header = parse_safetensors_json(json.data(), json.size(), size, path_);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError(
+        kiln::detail::str_cat("safetensors file '", path_, "': out of host memory for its ", n, "-byte header"));
+  }
   data_start_ = header.data_start;
   entries_ = std::move(header.entries);
   metadata_ = std::move(header.metadata);
@@ -131,7 +148,7 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
 Tensor SafetensorsFile::read(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
   Fd fd = open_for_reading(path_);
-  Tensor t = empty_for(e);
+  Tensor t = empty_for(e, path_);
   read_at(fd, t.data_ptr(), e.end - e.begin, data_start_ + e.begin, path_);
   if (e.dtype == DType::Bool)
     detail::check_safetensors_bools(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes(), e, path_);
@@ -143,7 +160,7 @@ NamedTensors SafetensorsFile::read_all() const {
   NamedTensors out;
   out.reserve(entries_.size());
   for (const auto& e : entries_) {
-    Tensor t = empty_for(e);
+    Tensor t = empty_for(e, path_);
     read_at(fd, t.data_ptr(), e.end - e.begin, data_start_ + e.begin, path_);
     if (e.dtype == DType::Bool)
       detail::check_safetensors_bools(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes(), e, path_);
@@ -158,7 +175,7 @@ NamedTensors load_safetensors(const uint8_t* data, size_t size, const std::strin
   const SafetensorsHeader header = parse_safetensors_header(data, size, name);
   NamedTensors out;
   for (const auto& e : header.entries) {
-    Tensor t = empty_for(e);
+    Tensor t = empty_for(e, name);
     if (e.end > e.begin) std::memcpy(t.data_ptr(), data + header.data_start + e.begin, e.end - e.begin);
     if (e.dtype == DType::Bool)
       detail::check_safetensors_bools(static_cast<const uint8_t*>(t.data_ptr()), t.nbytes(), e, name);

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <new>  // std::bad_alloc
 
 #include "kiln/io/pickle_reader.h"
 #include "kiln/io/zip_reader.h"
@@ -69,7 +70,13 @@ class Loader {
     hooks.find_global = [this](const std::string& m, const std::string& n) { return find_global(m, n); };
     hooks.reduce = [this](const PyRef& c, const PyRef& a) { return reduce(c, a); };
     hooks.persistent_load = [this](const PyRef& pid) { return persistent_load(pid); };
-    Unpickled pickled = unpickle(zip_->read(pkl_name), hooks, path_ + ": " + pkl_name);
+    // The pickle itself counts against the unpickler's budget: refused before it is inflated.
+    const uint64_t budget = max_unpickle_bytes();
+    KILN_CHECK(zip_->entry(pkl_name).size <= budget, path_, ": ", pkl_name, " is ", zip_->entry(pkl_name).size,
+               " bytes uncompressed, more than the unpickler's budget of ", budget,
+               " bytes; a state dict's pickle takes a few KB per tensor, so the file is corrupt or hostile. If it is "
+               "genuine, raise the budget with kiln::io::set_max_unpickle_bytes(n)");
+    Unpickled pickled = unpickle(zip_->read(pkl_name), hooks, path_ + ": " + pkl_name, budget);
     TorchFile out;
     flatten(pickled.root, "", out, 0);
     return out;
@@ -242,7 +249,15 @@ class Loader {
 
 }  // namespace
 
-TorchFile read_torch_file(const std::string& path) { return Loader(path).load(); }
+TorchFile read_torch_file(const std::string& path) {
+  try {
+    return Loader(path).load();
+  } catch (const std::bad_alloc&) {  // anything not already a kiln error names the file here
+    throw OutOfMemoryError(path +
+                           ": out of host memory while reading the file; free memory, or check that the "
+                           "file is a genuine torch.save file");
+  }
+}
 
 NamedTensors load_torch_file(const std::string& path) { return read_torch_file(path).tensors; }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>  // std::bad_alloc
 
 #include "kiln/tensor/error.h"
 
@@ -148,6 +149,11 @@ ZipReader::ZipReader(std::string path) : path_(std::move(path)) {
                " bytes) lies beyond the end of the file (", file_size_, " bytes); the file is truncated");
     KILN_CHECK(e.method != 0 || e.size == e.compressed_size, path_, ": corrupt zip archive: stored entry '", e.name,
                "' has different compressed and uncompressed sizes");
+    // Deflate expands at most 1032:1 (258 bytes from a 2-bit code, plus block headers): an entry that claims
+    // more is corrupt or hostile, and is refused before anything is allocated for it.
+    KILN_CHECK(e.method != 8 || e.size / 1032 <= e.compressed_size + 64, path_,
+               ": corrupt zip archive: deflated entry '", e.name, "' claims ", e.size, " bytes from ",
+               e.compressed_size, " compressed bytes, more than deflate can produce");
     KILN_CHECK(index_.emplace(e.name, entries_.size()).second, path_, ": zip archive has two entries named '", e.name,
                "'");
     entries_.push_back(std::move(e));
@@ -165,7 +171,12 @@ std::string ZipReader::read(const std::string& name) const {
   const ZipEntry& e = entry(name);
   KILN_CHECK(e.size <= static_cast<uint64_t>(std::numeric_limits<std::streamsize>::max()), path_, ": entry '", name,
              "' is too large");
-  std::string out(e.size, '\0');
+  std::string out;
+  try {
+    out.assign(e.size, '\0');
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError(detail::str_cat(path_, ": out of host memory for entry '", name, "' (", e.size, " bytes)"));
+  }
   read_into(e, out.data(), out.size());
   return out;
 }

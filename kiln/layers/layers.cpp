@@ -9,6 +9,7 @@
 #include "kiln/autograd/grad_mode.h"   // NoGradGuard for the batch counter
 #include "kiln/layers/functional.h"    // nn::linear, nn::batch_norm, ...
 #include "kiln/layers/init.h"          // PyTorch's default initialisation
+#include "kiln/tensor/checked_size.h"  // checked_nbytes: the weight's size
 #include "kiln/tensor/error.h"         // KILN_CHECK
 
 namespace kiln::nn {
@@ -60,6 +61,8 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOpt
                num_embeddings, " embeddings; use a value in [-", num_embeddings, ", ", num_embeddings, ")");
     padding_idx = pad < 0 ? pad + num_embeddings : pad;
   }
+  // The weight's element and byte counts must fit in int64 (a wrapped count would allocate too little).
+  (void)checked_nbytes({num_embeddings, embedding_dim}, 4, "Embedding (num_embeddings, embedding_dim) weight");
   weight = register_parameter("weight", empty({num_embeddings, embedding_dim}));
   reset_parameters();
 }

@@ -1,13 +1,52 @@
 #include "kiln/tensor/shape.h"
 
+#include "kiln/tensor/checked_size.h"
+
 #include "kiln/tensor/error.h"
 
 namespace kiln {
 
-int64_t numel(const Shape& shape) {
+int64_t numel(const Shape& shape) { return numel(shape, "numel"); }
+
+int64_t numel(const Shape& shape, std::string_view op) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  bool overflow = false;
+  for (int64_t s : shape) {
+    KILN_CHECK(s >= 0, op, ": negative size in shape ", shape, "; sizes must be >= 0");
+    overflow |= __builtin_mul_overflow(n, s, &n);
+  }
+  // A zero size makes the product 0 even when an earlier partial product overflowed: such a shape is empty,
+  // not too large, so only a nonzero product can be refused.
+  if (overflow) {
+    for (int64_t s : shape) {
+      if (s == 0) return 0;
+    }
+    KILN_FAIL(op, ": shape ", shape, " has more than 2^63-1 elements; check the sizes (a size read from a ",
+              "file header or computed from a product of sizes may be corrupt)");
+  }
   return n;
+}
+
+int64_t checked_mul(int64_t a, int64_t b, std::string_view what) {
+  int64_t out = 0;
+  KILN_CHECK(!__builtin_mul_overflow(a, b, &out), what, ": ", a, " * ", b,
+             " overflows a 64-bit integer (more than 2^63-1); check the sizes");
+  return out;
+}
+
+int64_t checked_add(int64_t a, int64_t b, std::string_view what) {
+  int64_t out = 0;
+  KILN_CHECK(!__builtin_add_overflow(a, b, &out), what, ": ", a, " + ", b,
+             " overflows a 64-bit integer (more than 2^63-1); check the sizes and offsets");
+  return out;
+}
+
+int64_t checked_nbytes(const Shape& shape, int64_t element_size, std::string_view op) {
+  const int64_t n = numel(shape, op);
+  int64_t bytes = 0;
+  KILN_CHECK(!__builtin_mul_overflow(n, element_size, &bytes), op, ": shape ", shape, " has ", n,
+             " elements, whose size in bytes (", element_size, " each) exceeds 2^63-1");
+  return bytes;
 }
 
 Strides contiguous_strides(const Shape& shape) {
@@ -15,7 +54,8 @@ Strides contiguous_strides(const Shape& shape) {
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= std::max<int64_t>(shape[i], 1);
+    // Wraps only for shapes that numel() refuses; callers check the shape first.
+    __builtin_mul_overflow(stride, std::max<int64_t>(shape[i], 1), &stride);
   }
   return strides;
 }

@@ -3,6 +3,7 @@
 
 #include <initializer_list>
 
+#include "kiln/tensor/checked_size.h"
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
 
@@ -15,11 +16,11 @@ TensorImpl::TensorImpl(std::shared_ptr<Storage> storage, DType dtype, Shape size
 
 void TensorImpl::set_geometry(Shape sizes, Strides strides, int64_t offset) {
   KILN_CHECK(sizes.size() == strides.size(), "TensorImpl: ", sizes.size(), " sizes but ", strides.size(), " strides");
-  for (int64_t s : sizes) KILN_CHECK(s >= 0, "TensorImpl: negative size in shape ", sizes);
+  const int64_t n = kiln::numel(sizes, "TensorImpl");  // refuses negative sizes and more than 2^63-1 elements
   sizes_ = std::move(sizes);
   strides_ = std::move(strides);
   offset_ = offset;
-  numel_ = kiln::numel(sizes_);
+  numel_ = n;
 }
 
 void TensorImpl::set_data(const TensorImpl& other) {

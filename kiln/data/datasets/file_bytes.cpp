@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <new>  // std::bad_alloc
 #include <string>
 
 #include "kiln/tensor/error.h"
@@ -35,7 +36,8 @@ std::vector<uint8_t> inflate_gzip(const std::vector<uint8_t>& in, const std::fil
     const size_t n = in.size();
     const uint32_t isize =
         uint32_t(in[n - 4]) | uint32_t(in[n - 3]) << 8 | uint32_t(in[n - 2]) << 16 | uint32_t(in[n - 1]) << 24;
-    out.reserve(std::min<size_t>(isize, size_t(1) << 31));
+    // A forged trailer must not reserve more than deflate can make from this input (1032:1).
+    out.reserve(std::min<size_t>({isize, size_t(1) << 31, in.size() * 1032}));
   }
   z_stream zs{};
   KILN_CHECK(inflateInit2(&zs, 16 + MAX_WBITS) == Z_OK, "zlib: inflateInit2 failed for ", path.string());
@@ -73,8 +75,13 @@ std::vector<uint8_t> inflate_gzip(const std::vector<uint8_t>& in, const std::fil
 }  // namespace
 
 std::vector<uint8_t> read_maybe_gzip(const std::filesystem::path& path) {
-  std::vector<uint8_t> bytes = read_raw(path);
-  return is_gzip(bytes, 0) ? inflate_gzip(bytes, path) : bytes;
+  try {
+    std::vector<uint8_t> bytes = read_raw(path);
+    return is_gzip(bytes, 0) ? inflate_gzip(bytes, path) : bytes;
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError("out of host memory while reading " + path.string() +
+                           " (a gzip file inflates up to 1032 times its size); free memory, or check the file");
+  }
 }
 
 std::optional<std::filesystem::path> find_file(const std::vector<std::filesystem::path>& dirs,

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "kiln/data/hdf5/hdf5_util.h"
+#include "kiln/tensor/checked_size.h"  // checked_nbytes: a row's size from the file
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
 
@@ -188,10 +189,14 @@ HDF5Dataset::HDF5Dataset(const std::filesystem::path& path, std::vector<std::str
     Handle type(H5Dget_type(field.dataset.get()), H5Tclose);
     field.dtype = dtype_for(type.get(), where, options_.float16_as_float32);
     field.memory_type = memory_type(field.dtype);
+    // The dims come from the file: each must fit in int64 and a row's byte count must not wrap.
+    for (hsize_t d : field.dims) {
+      KILN_CHECK(d <= static_cast<hsize_t>(INT64_MAX), where, " has a dim of ", d,
+                 " in its shape, more than 2^63-1; the file is damaged");
+    }
     field.row_shape.assign(field.dims.begin() + 1, field.dims.end());
-    size_t row_elems = 1;
-    for (int d = 1; d < rank; ++d) row_elems *= field.dims[d];
-    field.row_bytes = row_elems * element_size(field.dtype);
+    field.row_bytes = static_cast<size_t>(
+        checked_nbytes(field.row_shape, static_cast<int64_t>(element_size(field.dtype)), where + ": one row"));
     std::string shape = name + " (";
     for (int d = 0; d < rank; ++d) shape += (d ? ", " : "") + std::to_string(field.dims[d]);
     shapes.push_back(shape + ")");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kiln/data/datasets/file_bytes.h"
+#include "kiln/tensor/checked_size.h"  // mul_overflows: the header's dims multiply without wrapping
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops.h"
 
@@ -37,9 +38,14 @@ std::vector<int64_t> idx_dims(const std::vector<uint8_t>& bytes, const std::file
   for (int d = 0; d < ndim; ++d) {
     dims[d] = big_endian_u32(bytes.data() + 4 * (1 + d));
     KILN_CHECK(d == 0 || dims[d] > 0, file.string(), ": dim ", d, " of the header is 0");
-    elements *= dims[d];
   }
-  expected += elements;
+  // The header's dims come from the file: their product is checked, never wrapped (a wrapped 0 would accept a
+  // tiny file whose header claims a huge array).
+  bool overflow = false;
+  for (int d = 0; d < ndim; ++d) overflow |= mul_overflows(elements, dims[d], &elements);
+  KILN_CHECK(!overflow && !add_overflows(expected, elements, &expected), file.string(),
+             " is not a valid IDX file: its header claims dims ", dims, ", more than 2^63-1 bytes, but the file has ",
+             bytes.size(), " bytes; download it again");
   KILN_CHECK(static_cast<int64_t>(bytes.size()) >= expected, file.string(), " is truncated: expected ", expected,
              " bytes for the ", dims[0], " items its header announces, got ", bytes.size(),
              " bytes; download it again");

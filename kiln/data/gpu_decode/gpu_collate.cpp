@@ -13,6 +13,7 @@
 #include "kiln/data/gpu_decode/jpeg_decoder.h"
 #endif
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
+#include "kiln/tensor/checked_size.h"  // checked_mul/add: the batch's pixel buffer
 
 namespace kiln::data {
 
@@ -50,7 +51,10 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
     plans.push_back(read_gpu_plan(ex));
     offsets.push_back(total);
     const ImageSize s = plans.back().size;
-    total += (s.height * s.width * 3 + kAlign - 1) / kAlign * kAlign;
+    // Sizes come from the files' headers, each within data::max_image_pixels() unless that limit was removed.
+    const int64_t bytes = checked_mul(checked_mul(s.height, s.width, "GPU image decoding"), 3, "GPU image decoding");
+    total = checked_add(total, (checked_add(bytes, kAlign - 1, "GPU image decoding")) / kAlign * kAlign,
+                        "GPU image decoding: the batch's pixel buffer");
   }
   Tensor pixels = ops::empty({total}, {.dtype = DType::UInt8, .device = dev});
   uint8_t* base = pixels.data_ptr<uint8_t>();

@@ -10,6 +10,7 @@
 #include "kiln/layers/functional.h"    // nn::linear
 #include "kiln/layers/init.h"          // normal_, zeros_, ones_
 #include "kiln/layers/loss.h"          // cross_entropy, mse_loss
+#include "kiln/tensor/checked_size.h"  // checked_mul, mul_overflows: sizes from a config
 #include "kiln/tensor/error.h"         // KILN_CHECK
 
 namespace kiln::nn::models {
@@ -49,15 +50,33 @@ void BertConfig::validate() const {
              " and attention_probs_dropout_prob ", attention_probs_dropout_prob);
   KILN_CHECK(pad_token_id >= 0 && pad_token_id < vocab_size, "BertConfig: pad_token_id ", pad_token_id,
              " must lie in [0, vocab_size = ", vocab_size, ")");
+  // Every weight's element and byte count (float32) must fit in int64; the largest are the embedding tables
+  // (e.g. max_position_embeddings x hidden_size) and the feed-forward weights.
+  for (auto [rows, name] : {std::pair<int64_t, const char*>{vocab_size, "vocab_size"},
+                            {max_position_embeddings, "max_position_embeddings"},
+                            {type_vocab_size, "type_vocab_size"},
+                            {intermediate_size, "intermediate_size"}}) {
+    int64_t n = 0, bytes = 0;
+    KILN_CHECK(!mul_overflows(rows, hidden_size, &n) && !mul_overflows(n, 4, &bytes), "BertConfig: ", name, " (", rows,
+               ") x hidden_size (", hidden_size,
+               ") elements of float32 exceed 2^63-1 bytes; use sizes a model can hold (BERT-base: vocab_size 30522, "
+               "max_position_embeddings 512, hidden_size 768)");
+  }
+  (void)num_parameters(true);
 }
 
 int64_t BertConfig::num_parameters(bool with_pooler) const {
+  // Checked: sizes come from the command line or a config.json (DESIGN.md rule 11).
+  constexpr std::string_view kWhat = "BertConfig: the parameter count";
+  auto mul = [&](int64_t a, int64_t b) { return checked_mul(a, b, kWhat); };
+  auto add = [&](int64_t a, int64_t b) { return checked_add(a, b, kWhat); };
   const int64_t H = hidden_size, I = intermediate_size;
-  const int64_t embeddings = (vocab_size + max_position_embeddings + type_vocab_size) * H + 2 * H;  // + LayerNorm
-  const int64_t attention = 4 * (H * H + H) + 2 * H;               // query, key, value, output dense + LayerNorm
-  const int64_t feed_forward = (H * I + I) + (I * H + H) + 2 * H;  // intermediate, output dense + LayerNorm
-  const int64_t pooler = with_pooler ? H * H + H : 0;
-  return embeddings + num_hidden_layers * (attention + feed_forward) + pooler;
+  const int64_t rows = add(add(vocab_size, max_position_embeddings), type_vocab_size);
+  const int64_t embeddings = add(mul(rows, H), mul(2, H));                                 // + LayerNorm
+  const int64_t attention = add(mul(4, add(mul(H, H), H)), mul(2, H));                     // q, k, v, out + LayerNorm
+  const int64_t feed_forward = add(add(add(mul(H, I), I), add(mul(I, H), H)), mul(2, H));  // two dense + LayerNorm
+  const int64_t pooler = with_pooler ? add(mul(H, H), H) : 0;
+  return add(add(embeddings, mul(num_hidden_layers, add(attention, feed_forward))), pooler);
 }
 
 void bert_init_weights(Module& root, const BertConfig& config, Generator* gen) {

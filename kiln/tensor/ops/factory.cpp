@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kiln/tensor/backend.h"
+#include "kiln/tensor/checked_size.h"
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/ops.h"
 #include "kiln/tensor/small_alloc.h"
@@ -10,11 +11,8 @@
 namespace kiln::ops {
 namespace {
 
-void check_shape(const Shape& shape, std::string_view op) {
-  for (int64_t s : shape) {
-    KILN_CHECK(s >= 0, op, ": negative size in shape ", shape, "; sizes must be >= 0");
-  }
-}
+// Refuses negative sizes and shapes of more than 2^63-1 elements, naming the op (numel() does both).
+void check_shape(const Shape& shape, std::string_view op) { (void)numel(shape, op); }
 
 // Strides for a memory format: NHWC order for ChannelsLast (4-D only).
 Strides strides_for(const Shape& shape, MemoryFormat format, std::string_view op) {
@@ -43,42 +41,55 @@ Allocator& allocator_for(const TensorOptions& options, std::string_view op) {
   return b.allocator(options.device.index());
 }
 
-}  // namespace
-
-Tensor empty_strided(const Shape& shape, const Strides& strides, const TensorOptions& options) {
-  check_shape(shape, "empty_strided");
-  KILN_CHECK(shape.size() == strides.size(), "empty_strided: shape ", shape, " and strides ", strides,
+// The one place host and device tensors get storage: every size here is checked, so a shape of absurd size is
+// an error naming the op and the shape, never a wrapped product that allocates too little.
+Tensor empty_strided_for(const Shape& shape, const Strides& strides, const TensorOptions& options,
+                         std::string_view op) {
+  check_shape(shape, op);
+  KILN_CHECK(shape.size() == strides.size(), op, ": shape ", shape, " and strides ", strides,
              " have different lengths");
   const DType dtype = options.dtype.value_or(kDefaultFloat);
-  int64_t extent = numel(shape) == 0 ? 0 : 1;
+  int64_t extent = numel(shape, op) == 0 ? 0 : 1;  // elements from the first to one past the last
   for (size_t i = 0; i < shape.size() && extent > 0; ++i) {
-    KILN_CHECK(strides[i] >= 0, "empty_strided: negative stride in ", strides);
-    extent += (shape[i] - 1) * strides[i];
+    KILN_CHECK(strides[i] >= 0, op, ": negative stride in ", strides);
+    int64_t span = 0;
+    KILN_CHECK(!mul_overflows(shape[i] - 1, strides[i], &span) && !add_overflows(extent, span, &extent), op, ": shape ",
+               shape, " with strides ", strides, " spans more than 2^63-1 elements");
   }
-  auto storage =
-      make_pooled<Storage>(static_cast<size_t>(extent) * element_size(dtype), allocator_for(options, "empty"));
+  int64_t nbytes = 0;
+  KILN_CHECK(!mul_overflows(extent, static_cast<int64_t>(element_size(dtype)), &nbytes), op, ": shape ", shape, " of ",
+             dtype, " needs more than 2^63-1 bytes");
+  auto storage = make_pooled<Storage>(static_cast<size_t>(nbytes), allocator_for(options, op));
   return Tensor(make_pooled<TensorImpl>(std::move(storage), dtype, shape, strides, 0));
 }
 
-Tensor empty(const Shape& shape, const TensorOptions& options) {
-  check_shape(shape, "empty");
-  return empty_strided(shape, strides_for(shape, options.memory_format, "empty"), options);
+Tensor empty_for(const Shape& shape, const TensorOptions& options, std::string_view op) {
+  check_shape(shape, op);
+  return empty_strided_for(shape, strides_for(shape, options.memory_format, op), options, op);
 }
 
+}  // namespace
+
+Tensor empty_strided(const Shape& shape, const Strides& strides, const TensorOptions& options) {
+  return empty_strided_for(shape, strides, options, "empty_strided");
+}
+
+Tensor empty(const Shape& shape, const TensorOptions& options) { return empty_for(shape, options, "empty"); }
+
 Tensor zeros(const Shape& shape, const TensorOptions& options) {
-  Tensor t = empty(shape, options);
+  Tensor t = empty_for(shape, options, "zeros");
   return fill_(t, 0);
 }
 
 Tensor ones(const Shape& shape, const TensorOptions& options) {
-  Tensor t = empty(shape, options);
+  Tensor t = empty_for(shape, options, "ones");
   return fill_(t, 1);
 }
 
 Tensor full(const Shape& shape, Scalar value, const TensorOptions& options) {
   TensorOptions o = options;
   if (!o.dtype) o.dtype = value.natural_dtype();
-  Tensor t = empty(shape, o);
+  Tensor t = empty_for(shape, o, "full");
   return fill_(t, value);
 }
 
@@ -123,7 +134,10 @@ Tensor arange(Scalar start, Scalar end, Scalar step, const TensorOptions& option
     KILN_CHECK(s != 0, "arange: step must be nonzero");
     KILN_CHECK((s > 0 && b >= a) || (s < 0 && b <= a), "arange: the range [", a, ", ", b,
                ") cannot be walked with step ", s, "; upper bound and step must have the same sign");
-    n = static_cast<int64_t>(std::ceil((b - a) / s));
+    const double count = std::ceil((b - a) / s);
+    KILN_CHECK(count < 9.2e18, "arange: the range [", a, ", ", b, ") with step ", s, " has ", count,
+               " elements, more than a tensor can hold; check start, end and step");
+    n = static_cast<int64_t>(count);
   }
   Tensor t = empty({n}, o);
   if (n > 0) backend(t.device()).arange(t, start, step);
@@ -152,7 +166,7 @@ Tensor eye(int64_t n, std::optional<int64_t> m, const TensorOptions& options) {
 
 Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device device) {
   check_shape(shape, "from_blob");
-  Tensor host = empty(shape, {.dtype = dtype});
+  Tensor host = empty_for(shape, {.dtype = dtype}, "from_blob");
   if (host.numel() > 0) {
     KILN_CHECK(data != nullptr, "from_blob: null data pointer for ", host.numel(), " elements");
     std::memcpy(host.data_ptr(), data, host.nbytes());
@@ -163,7 +177,7 @@ Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device devic
 template <typename T>
 Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device) {
   check_shape(shape, "from_vector");
-  KILN_CHECK(static_cast<int64_t>(data.size()) == numel(shape), "from_vector: ", data.size(),
+  KILN_CHECK(static_cast<int64_t>(data.size()) == numel(shape, "from_vector"), "from_vector: ", data.size(),
              " values cannot fill shape ", shape, " (", numel(shape), " elements)");
   if constexpr (std::is_same_v<T, bool>) {  // std::vector<bool> is packed: copy element by element
     Tensor host = empty(shape, {.dtype = DType::Bool});

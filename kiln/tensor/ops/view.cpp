@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "kiln/tensor/checked_size.h"
 #include "kiln/tensor/ops.h"
 #include "kiln/tensor/small_alloc.h"
 
@@ -50,6 +51,7 @@ std::optional<Strides> view_strides(const Shape& old_shape, const Strides& old_s
 Shape infer_shape(const Shape& shape, int64_t n, std::string_view op) {
   Shape out = shape;
   int64_t known = 1;
+  bool overflow = false, zero = false;
   std::optional<size_t> infer;
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
@@ -57,9 +59,14 @@ Shape infer_shape(const Shape& shape, int64_t n, std::string_view op) {
       infer = i;
     } else {
       KILN_CHECK(out[i] >= 0, op, ": invalid size ", out[i], " in shape ", shape);
-      known *= out[i];
+      overflow |= mul_overflows(known, out[i], &known);
+      zero |= out[i] == 0;
     }
   }
+  // A size 0 makes the product 0 even after a partial product overflowed (as numel()).
+  if (zero) known = 0;
+  KILN_CHECK(!overflow || zero, op, ": shape ", shape, " has more than 2^63-1 elements; it is invalid for a tensor of ",
+             n, " elements");
   if (infer) {
     KILN_CHECK(known != 0 && n % known == 0, op, ": shape ", shape, " is invalid for a tensor of ", n, " elements");
     out[*infer] = n / known;
@@ -131,8 +138,10 @@ Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start, std::op
   const int64_t e = std::max(b, end ? clamp_bound(*end) : n);
   Shape sizes = t.shape();
   Strides strides = t.strides();
-  sizes[d] = (e - b + step - 1) / step;
-  strides[d] *= step;
+  sizes[d] = e == b ? 0 : 1 + (e - b - 1) / step;  // ceil((e - b) / step) without overflow for a huge step
+  // A dim of size 0 or 1 never steps, so its stride is free: keep it when stride * step would overflow.
+  int64_t stepped = 0;
+  if (!mul_overflows(strides[d], step, &stepped)) strides[d] = stepped;
   return make_view(t, std::move(sizes), std::move(strides), t.offset() + b * t.stride(d));
 }
 
@@ -189,6 +198,7 @@ Tensor expand(const Tensor& t, const Shape& shape) {
     }
   }
   if (sizes == t.shape() && strides == t.strides()) return t;
+  (void)numel(sizes, "expand");  // an expanded view may still not count more than 2^63-1 elements
   return make_view(t, std::move(sizes), std::move(strides), t.offset());
 }
 
@@ -267,8 +277,14 @@ Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides, s
     KILN_CHECK(sizes[i] >= 0 && strides[i] >= 0, "as_strided: sizes and strides must be non-negative, got ", sizes,
                " and ", strides);
     if (sizes[i] == 0) last = -1;
-    if (last >= 0) last += (sizes[i] - 1) * strides[i];
+    int64_t span = 0;
+    if (last >= 0) {
+      KILN_CHECK(!mul_overflows(sizes[i] - 1, strides[i], &span) && !add_overflows(last, span, &last),
+                 "as_strided: sizes ", sizes, ", strides ", strides, " and offset ", off,
+                 " reach beyond element 2^63-1");
+    }
   }
+  (void)numel(sizes, "as_strided");
   const int64_t capacity = static_cast<int64_t>(t.impl().storage()->nbytes() / t.element_size());
   KILN_CHECK(last < capacity, "as_strided: sizes ", sizes, ", strides ", strides, " and offset ", off,
              " reach element ", last, " but the storage holds ", capacity, " elements");
