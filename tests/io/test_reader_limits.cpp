@@ -56,7 +56,7 @@ TEST(ReaderLimits, SafetensorsHeaderParsesInLinearTime) {
   // Linear (n log n with the key sets) gives a ratio near 10-13; quadratic gives 100. The bound sits between,
   // far from both, and the absolute bound only catches a quadratic parse (more than 60 s).
   EXPECT_LT(t_large, 30 * std::max(t_small, 1e-3)) << "20k entries: " << t_small << " s, 200k: " << t_large << " s";
-  EXPECT_LT(t_large, 20.0);
+  EXPECT_LT(t_large, 60.0);  // 1.7 s in a Release build on 2 cores; sanitizer builds are slower
   // The checks that the first pass makes still hold: a duplicate key among many is found and named.
   std::vector<uint8_t> dup = many_entries(1000);
   const std::string extra = R"(,"t500":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})";
