@@ -52,6 +52,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_golden import fnv1a64, uniform_formula  # noqa: E402  (the hash both scripts share)
 
+torch.set_default_dtype(torch.float32)  # make_golden sets float64 for its own cases
+
 STEPS = 20
 NUM_BATCHES = 4
 SAMPLES = 32
@@ -86,7 +88,7 @@ def init_value(model_kind, name, shape):
         return to32(np.ones(n)).reshape(shape)
     if len(shape) >= 2:
         u = uniform_formula(name, n)
-        if model_kind == "bert":
+        if model_kind == "bert_mlm":
             v = u * (0.02 * SQRT3)
         elif len(shape) == 4:
             v = u * math.sqrt(6.0 / (shape[0] * shape[2] * shape[3]))
