@@ -290,15 +290,9 @@ TEST(TransformsCompose, PresetsAndAsImageTransform) {
 }
 
 // torchvision's resize(antialias=True), resized_crop, center_crop and to_dtype + normalize on a fixed image
-// (tests/golden/make_golden_images.py; skipped until the file is made).
+// (tests/golden/make_golden_images.py; a missing file fails the test).
 TEST(TransformsGolden, MatchesTorchvision) {
-  Golden g;
-  try {
-    g = load_golden("image_transforms");
-  } catch (const Error& e) {
-    GTEST_SKIP() << "no golden file: run python3 tests/golden/make_golden_images.py tests/golden/data (" << e.what()
-                 << ")";
-  }
+  const Golden g = load_golden("image_transforms", "python3 tests/golden/make_golden_images.py tests/golden/data");
   Tensor input = g.get("input", DType::UInt8);  // (37, 53, 3)
   SampleRng rng(0, 0, 0);
   auto check = [&](const Tensor& out, const std::string& key, int tolerance) {

@@ -198,7 +198,8 @@ std::vector<int64_t> as_ints(const Tensor& t) {
 // `mode` (uncased: lower_case, accents stripped; cased: neither).
 void expect_golden_wordpiece(const std::string& mode, bool lower_case) {
   const std::filesystem::path dir = KILN_GOLDEN_DIR;
-  const Golden g = load_golden("wordpiece");
+  const Golden g =
+      load_golden("wordpiece", "python3 tests/golden/make_golden_wordpiece.py tests/golden/data (needs transformers)");
   auto tok = WordPieceTokenizer::from_vocab_file(dir / "wordpiece_vocab.txt", {.lower_case = lower_case});
   const std::string text = read_bytes(dir / "wordpiece_text.txt");
   std::vector<std::string> lines;
@@ -232,22 +233,10 @@ void expect_golden_wordpiece(const std::string& mode, bool lower_case) {
   }
 }
 
-bool have_wordpiece_golden() {
-  return std::filesystem::exists(std::filesystem::path(KILN_GOLDEN_DIR) / "wordpiece.golden");
-}
+// A missing wordpiece.golden fails these (expect_golden_wordpiece's load_golden names the script).
+TEST(DataWordPiece, MatchesHuggingFaceBertTokenizerUncased) { expect_golden_wordpiece("uncased", true); }
 
-TEST(DataWordPiece, MatchesHuggingFaceBertTokenizerUncased) {
-  if (!have_wordpiece_golden()) {
-    GTEST_SKIP() << "tests/golden/data/wordpiece.golden is absent: run tests/golden/make_golden_wordpiece.py "
-                    "(needs transformers)";
-  }
-  expect_golden_wordpiece("uncased", true);
-}
-
-TEST(DataWordPiece, MatchesHuggingFaceBertTokenizerCased) {
-  if (!have_wordpiece_golden()) GTEST_SKIP() << "tests/golden/data/wordpiece.golden is absent";
-  expect_golden_wordpiece("cased", false);
-}
+TEST(DataWordPiece, MatchesHuggingFaceBertTokenizerCased) { expect_golden_wordpiece("cased", false); }
 
 // ------------------------------------------------------------------ vocabulary builder
 

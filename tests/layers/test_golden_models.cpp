@@ -3,14 +3,13 @@
 // that tests/golden/make_golden.py writes. No weights are stored: both sides set every floating-point
 // parameter and buffer from the same formula of its name (formula_values below, `formula_values` in the
 // script), so these tests also check that kiln's names and shapes are torchvision's and Hugging Face's.
-// Where a file is absent the test skips, saying how to make it.
+// Where a file is absent the test fails, saying how to make it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "kiln/layers/loss.h"         // nn::cross_entropy
 #include "kiln/layers/models/bert.h"
 #include "kiln/layers/models/resnet.h"
+#include "support/formula.h"  // fnv1a64, splitmix64, uniform
 #include "support/golden.h"
 #include "support/test_support.h"
 
@@ -27,24 +27,9 @@ namespace {
 
 // ------------------------------------------------------------------ the parameter formula (as the script's)
 
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
-}
-
-// splitmix64's output for state x (x + the golden gamma, then the mix), modulo 2^64.
-uint64_t splitmix64(uint64_t x) {
-  uint64_t z = x + 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-// Uniform in [-1, 1): exact (53-bit integer times a power of two, minus 1).
-double formula_uniform(uint64_t hash, int64_t i) {
-  return static_cast<double>(splitmix64(hash + static_cast<uint64_t>(i)) >> 11) * 0x1p-53 * 2.0 - 1.0;
-}
+using formula::fnv1a64;
+using formula::splitmix64;
+double formula_uniform(uint64_t hash, int64_t i) { return formula::uniform(hash, i); }
 
 // The float32-rounded values of the tensor `name` (see make_golden.py for the table of cases).
 std::vector<double> formula_values(const std::string& name, const Shape& shape) {
@@ -123,23 +108,12 @@ TEST(GoldenModelFormula, MatchesTheScriptsValues) {
 
 // ------------------------------------------------------------------ reading the golden files
 
-// The golden file, or nullopt where it has not been made (the test then skips).
-std::optional<Golden> try_load(const std::string& name) {
-  try {
-    return load_golden(name);
-  } catch (const Error& e) {
-    if (std::string(e.what()).find("cannot open") != std::string::npos) return std::nullopt;
-    throw;
-  }
+// The golden file; a missing one fails the test, saying how to make it.
+Golden load_model_golden(const std::string& name) {
+  return load_golden(name,
+                     "python3 tests/golden/make_golden.py tests/golden/data models (needs torch, torchvision, "
+                     "transformers)");
 }
-
-#define KILN_LOAD_GOLDEN_OR_SKIP(var, name)                                                 \
-  std::optional<Golden> var##_opt = try_load(name);                                         \
-  if (!var##_opt)                                                                           \
-    GTEST_SKIP() << "tests/golden/data/" name                                               \
-                    ".golden is absent: make it with `python3 tests/golden/make_golden.py " \
-                    "tests/golden/data models` (needs torch, torchvision, transformers)";   \
-  const Golden& var = *var##_opt
 
 // The names and shapes listed under `prefix` ("param.", "state.", "saved."), in the file's order.
 std::vector<std::pair<std::string, Shape>> golden_list(const Golden& g, const std::string& prefix) {
@@ -242,14 +216,14 @@ class GoldenModelsTest : public ExactFloat32Test {};
 // ------------------------------------------------------------------ ResNet-18 (torchvision)
 
 TEST_P(GoldenModelsTest, ResNet18NamesAndShapesAreTorchvisions) {
-  KILN_LOAD_GOLDEN_OR_SKIP(g, "resnet18");
+  const Golden g = load_model_golden("resnet18");
   expect_same_names(*nn::models::resnet18(), g);
 }
 
 // One training step's forward and backward (BatchNorm on batch statistics, running statistics updated),
 // then an eval-mode forward and backward (running statistics), each from the formula's weights.
 TEST_P(GoldenModelsTest, ResNet18TrainAndEvalMatchTorchvision) {
-  KILN_LOAD_GOLDEN_OR_SKIP(g, "resnet18");
+  const Golden g = load_model_golden("resnet18");
   for (DType dtype : dtypes_for(dev())) {
     SCOPED_TRACE(dtype_name(dtype));
     const Tolerance tol = tolerance(dtype);
@@ -298,7 +272,7 @@ BertInputs bert_inputs(const Golden& g, const Device& dev) {
 }
 
 TEST_P(GoldenModelsTest, BertMaskedLMMatchesHuggingFace) {
-  KILN_LOAD_GOLDEN_OR_SKIP(g, "bert_mlm");
+  const Golden g = load_model_golden("bert_mlm");
   for (DType dtype : dtypes_for(dev())) {
     SCOPED_TRACE(dtype_name(dtype));
     const Tolerance tol = tolerance(dtype);
@@ -322,7 +296,7 @@ TEST_P(GoldenModelsTest, BertMaskedLMMatchesHuggingFace) {
 }
 
 TEST_P(GoldenModelsTest, BertSequenceClassificationMatchesHuggingFace) {
-  KILN_LOAD_GOLDEN_OR_SKIP(g, "bert_cls");
+  const Golden g = load_model_golden("bert_cls");
   for (DType dtype : dtypes_for(dev())) {
     SCOPED_TRACE(dtype_name(dtype));
     const Tolerance tol = tolerance(dtype);
@@ -355,7 +329,7 @@ void expect_formula(const Tensor& t, const std::string& name) {
 // load_state_dict(strict) takes BertForMaskedLM.state_dict()'s keys (both names of the tied tensors) and
 // save_pretrained()'s (one name each); a tied tensor is loaded once, from its first name, and stays shared.
 TEST(GoldenModels, BertMaskedLMLoadsHuggingFaceStateDictKeys) {
-  KILN_LOAD_GOLDEN_OR_SKIP(g, "bert_mlm");
+  const Golden g = load_model_golden("bert_mlm");
   const auto state_keys = golden_list(g, "state.");
   {
     nn::models::BertForMaskedLM model(small_bert());

@@ -1,7 +1,7 @@
 // Whole training steps captured in a cuda::Graph and replayed: a ResNet-18 (CIFAR stem) under bf16 autocast with
-// SGD and momentum, and with AdamW, and a float16 step with a GradScaler. Each replayed run must follow an eager
-// run of the same steps from the same weights (the reference), learning-rate changes between replays included,
-// and a learning rate of 0 must leave the parameters exactly as they are.
+// SGD and momentum, and with AdamW, a float16 step with a GradScaler, and a BERT masked-LM with AdamW and dropout. Each
+// replayed run must follow an eager run of the same steps from the same weights (the reference), learning-rate changes
+// between replays included, and a learning rate of 0 must leave the parameters exactly as they are.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -137,6 +137,82 @@ TEST(CudaGraphTraining, AdamWReplaysFollowEagerSteps) {
 TEST(CudaGraphTraining, Float16WithGradScalerReplaysFollowEagerSteps) {
   if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
   check_replays_follow_eager(Kind::SgdFloat16Scaled);
+}
+
+// A 2-layer BERT masked-LM under bf16 autocast with AdamW and dropout on (hidden and attention, 0.1): a replay
+// draws the dropout masks that an eager step would draw from the same generator state, so a replayed run seeded
+// as the eager one follows it step by step, learning-rate changes included. (tests/layers/test_parity_cuda.cpp
+// also compares replayed and eager BERT runs, without dropout, against PyTorch.)
+TEST(CudaGraphTraining, BertMaskedLMAdamWWithDropoutReplaysFollowEagerSteps) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const nn::models::BertConfig config{.vocab_size = 1000,
+                                      .hidden_size = 128,
+                                      .num_hidden_layers = 2,
+                                      .num_attention_heads = 4,
+                                      .intermediate_size = 512,
+                                      .max_position_embeddings = 64};
+  manual_seed(11);
+  const int64_t b = 8, s = 32;
+  const Tensor ids = randint(5, config.vocab_size, {b, s}, {.dtype = DType::Int64, .device = kGpu});
+  const Tensor types = zeros({b, s}, {.dtype = DType::Int64, .device = kGpu});
+  Tensor mask = ones({b, s}, {.dtype = DType::Int64, .device = kGpu});
+  for (int64_t i = 1; i < b; i += 2) mask[i].narrow(0, s - 8, 8).fill_(0);  // odd sequences end in padding
+  const Tensor labels = where(rand({b, s}, {.device = kGpu}) < Scalar(0.15), ids,
+                              full({b, s}, -100, {.dtype = DType::Int64, .device = kGpu}));
+  struct BertRun {
+    std::shared_ptr<nn::models::BertForMaskedLM> model;
+    std::unique_ptr<optim::AdamW> opt;
+    Tensor loss;
+  };
+  auto eager_model = std::make_shared<nn::models::BertForMaskedLM>(config);
+  auto make = [&](std::shared_ptr<nn::models::BertForMaskedLM> m) {
+    BertRun r;
+    if (m == nullptr) {
+      m = std::make_shared<nn::models::BertForMaskedLM>(config);
+      m->load_state_dict(eager_model->state_dict());
+    }
+    m->to(kGpu);
+    m->train();
+    r.model = m;
+    r.opt = std::make_unique<optim::AdamW>(m->parameters(), optim::AdamWOptions{.lr = 1e-3, .weight_decay = 0.01});
+    return r;
+  };
+  BertRun graphed = make(nullptr), eager = make(eager_model);
+  auto step = [&](BertRun& r) {
+    r.opt->zero_grad();
+    {
+      amp::Autocast cast(DType::BFloat16);
+      r.loss = r.model->forward(ids, types, mask, labels).loss;
+    }
+    r.loss.backward();
+    r.opt->step();
+  };
+  const int warmup = 2, steps = 8;
+  auto lr_at = [](int k) { return 1e-3 * (1.0 - 0.1 * k); };
+  // The eager run first, then the replayed one from the same generator state: both draw the same masks.
+  manual_seed(21);
+  std::vector<double> eager_losses;
+  for (int i = 0; i < warmup; ++i) step(eager);
+  for (int k = 0; k < steps; ++k) {
+    eager.opt->set_lr(0, lr_at(k));
+    step(eager);
+    eager_losses.push_back(eager.loss.item<double>());
+  }
+  manual_seed(21);
+  cuda::Graph graph;
+  graph.capture([&] { step(graphed); }, warmup);
+  std::vector<double> graph_losses;
+  for (int k = 0; k < steps; ++k) {
+    graphed.opt->set_lr(0, lr_at(k));
+    graph.replay();
+    graph_losses.push_back(graphed.loss.item<double>());
+  }
+  for (int k = 0; k < steps; ++k)
+    EXPECT_NEAR(graph_losses[k], eager_losses[k], 2e-3 * std::abs(eager_losses[k]) + 1e-4) << "step " << k;
+  EXPECT_LT(graph_losses.back(), graph_losses.front()) << "the replayed steps did not train";
+  double scale = 0;
+  const double diff = max_abs_diff(*eager.model, *graphed.model, &scale);
+  EXPECT_LT(diff, 2e-3 * scale) << "the parameters of the replayed run left the eager run's";
 }
 
 TEST(CudaGraphTraining, EachReplayTakesTheLearningRateSetBeforeIt) {

@@ -20,10 +20,11 @@ Tensor Golden::leaf(const std::string& key) const { return get(key).clone().requ
 
 Tensor Golden::get(const std::string& key, DType dtype) const { return get(key).to(dtype); }
 
-Golden load_golden(const std::string& name) {
+Golden load_golden(const std::string& name, const std::string& made_by) {
   const std::string path = std::string(KILN_GOLDEN_DIR) + "/" + name + ".golden";
   std::ifstream in(path);
-  KILN_CHECK(in.good(), "cannot open the golden file ", path, "; it is made by tests/golden/make_golden.py");
+  KILN_CHECK(in.good(), "cannot open the golden file ", path, "; make it with: ", made_by,
+             " (where PyTorch is installed), and commit it");
   Golden g;
   g.name = name;
   std::string line;

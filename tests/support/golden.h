@@ -21,8 +21,9 @@ struct Golden {
   Tensor get(const std::string& key, DType dtype) const;  // converted, e.g. Int64 targets
 };
 
-// Reads tests/golden/data/<name>.golden (the folder is compiled in as KILN_GOLDEN_DIR).
-Golden load_golden(const std::string& name);
+// Reads tests/golden/data/<name>.golden (the folder is compiled in as KILN_GOLDEN_DIR). A missing or unreadable
+// file throws (so the test fails rather than skips), naming the file and `made_by`: the command that makes it.
+Golden load_golden(const std::string& name, const std::string& made_by = "python3 tests/golden/make_golden.py");
 
 // actual (any dtype/device) against the golden tensor `key`: same shape, values within rtol/atol.
 void expect_golden(const Tensor& actual, const Golden& golden, const std::string& key, double rtol = 1e-9,
