@@ -48,7 +48,9 @@ if(BUILD_TYPE)
   list(APPEND configure_args "-DCMAKE_BUILD_TYPE=${BUILD_TYPE}")
 endif()
 if(LAUNCHER)
-  list(APPEND configure_args "-DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER}")
+  # Through an initial cache file: a launcher may be a list (env CCACHE_BASEDIR=... ccache).
+  file(WRITE "${WORK_DIR}/launcher.cmake" "set(CMAKE_CXX_COMPILER_LAUNCHER \"${LAUNCHER}\" CACHE STRING \"\")\n")
+  list(APPEND configure_args -C "${WORK_DIR}/launcher.cmake")
 endif()
 
 set(configure_command "${CMAKE_COMMAND}")
