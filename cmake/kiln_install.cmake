@@ -7,7 +7,7 @@ set(KILN_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/kiln" CACHE STRING
     "Where kilnConfig.cmake is installed, relative to the prefix")
 mark_as_advanced(KILN_INSTALL_CMAKEDIR)
 
-# ---- libraries ----
+# ---- libraries: libkiln.so (KILN_SHARED), or the modules' static libraries ----
 install(TARGETS ${KILN_LIBRARY_TARGETS} EXPORT kilnTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -41,6 +41,44 @@ foreach(_dep IN LISTS _kiln_deps)
   string(APPEND KILN_FIND_DEPENDENCIES "find_dependency(${_dep})\n")
 endforeach()
 
+get_property(_kiln_module_names GLOBAL PROPERTY KILN_MODULE_NAMES)
+list(JOIN _kiln_module_names " " KILN_MODULE_NAMES)
+
+# Static libraries call the HDF5 C library: the installed package finds it by name (kiln::hdf5_c, which
+# kiln_hdf5 stands for once installed), never by the build machine's path. Not with find_package(HDF5
+# COMPONENTS C): FindHDF5 test-compiles a C file, which fails in a C++-only project.
+set(KILN_CONFIG_HDF5 "")
+if(NOT KILN_SHARED)
+  set(_kiln_hdf5_names "")
+  foreach(_lib IN LISTS HDF5_C_LIBRARIES)
+    if(_lib MATCHES "hdf5[^/]*\\.(so|a)")
+      get_filename_component(_real "${_lib}" REALPATH)
+      foreach(_file IN ITEMS "${_real}" "${_lib}")  # libhdf5_serial.so.103.3.1 and libhdf5.so: hdf5_serial, hdf5
+        get_filename_component(_name "${_file}" NAME)
+        string(REGEX REPLACE "^lib([^.]+)\\..*$" "\\1" _name "${_name}")
+        list(APPEND _kiln_hdf5_names ${_name})
+      endforeach()
+      break()
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES _kiln_hdf5_names)
+  list(JOIN _kiln_hdf5_names " " _kiln_hdf5_names)
+  string(CONCAT KILN_CONFIG_HDF5
+    "# The HDF5 C library kiln's static libraries call, found by name (set KILN_HDF5_C_LIBRARY to choose one).\n"
+    "if(NOT TARGET kiln::hdf5_c)\n"
+    "  find_library(KILN_HDF5_C_LIBRARY NAMES ${_kiln_hdf5_names} PATH_SUFFIXES hdf5/serial\n"
+    "               DOC \"the HDF5 C library that kiln's static libraries link\")\n"
+    "  if(NOT KILN_HDF5_C_LIBRARY)\n"
+    "    set(kiln_FOUND FALSE)\n"
+    "    set(kiln_NOT_FOUND_MESSAGE \"kiln (static) needs the HDF5 C library (${_kiln_hdf5_names}): install it \"\n"
+    "        \"(Debian: libhdf5-dev) or set KILN_HDF5_C_LIBRARY to its file\")\n"
+    "    return()\n"
+    "  endif()\n"
+    "  add_library(kiln::hdf5_c UNKNOWN IMPORTED)\n"
+    "  set_target_properties(kiln::hdf5_c PROPERTIES IMPORTED_LOCATION \"\${KILN_HDF5_C_LIBRARY}\")\n"
+    "endif()\n")
+endif()
+
 # Installed package: relocatable (paths relative to kilnConfig.cmake), find modules copied beside it.
 set(KILN_CONFIG_MODULE_DIR "${KILN_INSTALL_CMAKEDIR}/modules")
 configure_package_config_file(cmake/kilnConfig.cmake.in ${PROJECT_BINARY_DIR}/install-config/kilnConfig.cmake
@@ -57,6 +95,7 @@ install(EXPORT kilnTargets NAMESPACE kiln:: DESTINATION ${KILN_INSTALL_CMAKEDIR}
 # Build-tree package: find_package(kiln) with kiln_DIR=<this build folder> uses the targets in
 # place (headers from the source tree, libraries from the build tree), without installing.
 set(KILN_CONFIG_MODULE_DIR "${PROJECT_SOURCE_DIR}/cmake")
+set(KILN_CONFIG_HDF5 "")  # the build tree's targets name HDF5's files themselves
 configure_package_config_file(cmake/kilnConfig.cmake.in ${PROJECT_BINARY_DIR}/kilnConfig.cmake
   INSTALL_DESTINATION ${PROJECT_BINARY_DIR}
   INSTALL_PREFIX ${PROJECT_BINARY_DIR}
