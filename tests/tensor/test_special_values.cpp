@@ -24,7 +24,9 @@ namespace {
 constexpr double kPi = 3.14159265358979323846;
 
 // ---- float64 references, from the definitions ----
-double sigmoid_ref(double x) { return 1.0 / (1.0 + std::exp(-x)); }        // exact 0 and 1 at ∓inf; NaN for NaN
+// e^x / (1 + e^x) for x < 0, where 1 / (1 + e^-x) would overflow to 1 / inf = 0 before the true value underflows
+// (x ~ -709 in float64). Exact 0 and 1 at -inf and +inf; NaN for NaN.
+double sigmoid_ref(double x) { return x < 0 ? std::exp(x) / (1.0 + std::exp(x)) : 1.0 / (1.0 + std::exp(-x)); }
 double phi_ref(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }  // the normal CDF, accurate in both tails
 // gelu and silu: x times a factor that tends to 0 at -inf: the limit -0 there (the formula gives -inf * 0 = NaN).
 double gelu_ref(double x) { return x == -kInf ? -0.0 : x * phi_ref(x); }
