@@ -1,8 +1,8 @@
 // Conformance of the fused activation gradients (ops::gelu_backward in both forms, ops::silu_backward,
 // ops::relu_backward: g * f'(x) in one pass): values against float64 references of the derivatives written
 // here from their definitions, in every floating dtype, with the tolerance of one rounding of the result;
-// zero, large magnitudes, inf and NaN as the op-by-op formulas gave them; layouts, broadcasting, promotion,
-// long runs, empty tensors and the errors.
+// zero, large magnitudes, and the limits at ±inf and NaN (test_special_values.cpp has every edge); layouts,
+// broadcasting, promotion, long runs, empty tensors and the errors.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -122,23 +122,37 @@ TEST_P(ActivationBackwardTest, LayoutsAndLongRuns) {
   }
 }
 
-// What the op-by-op formulas gave: f'(±inf) is inf * 0 = NaN for gelu (both forms) and silu (as in PyTorch),
-// a NaN input gives NaN, and a NaN or inf gradient times f'(x) follows IEEE. ReLU's mask is y > 0: a NaN or
-// zero result passes no gradient, whatever g holds (NaN and inf included); a positive one passes g as it is.
+// The limits at ±inf (kiln/tensor/README.md, "Special values"): gelu' (both forms) and silu' are 1 at +inf and 0
+// at -inf, where the formulas give inf * 0 = NaN (and PyTorch gives NaN); a NaN input gives NaN; the incoming
+// gradient multiplies by IEEE rules (inf * 0 = NaN, NaN * anything = NaN). ReLU's mask is y > 0: a NaN or zero
+// result passes no gradient, whatever g holds (NaN and inf included); a positive one passes g as it is. The
+// values sit in a vector long enough for a CPU's vectorised body and its scalar tail, at every position.
 TEST_P(ActivationBackwardTest, InfAndNaN) {
-  const std::vector<double> x = {kNaN, kInf, -kInf, 0, 1, 0, -1, 2};
-  const std::vector<double> g = {1, 1, 1, kInf, kNaN, kNaN, kInf, -kInf};
+  const std::vector<double> x = {kNaN, kInf, -kInf, 0, 1, 0, -1, 2, -kInf, kInf, -kInf};
+  const std::vector<double> g = {1, 1, 1, kInf, kNaN, kNaN, kInf, -kInf, kInf, -2, kNaN};
+  const int64_t n = static_cast<int64_t>(x.size());
   const double gelu1 = gelu_grad_ref(1), gelu2 = gelu_grad_ref(2);
   const double tanh2 = gelu_tanh_grad_ref(2), silu2 = silu_grad_ref(2);
+  // gelu'(-1) < 0: inf * gelu'(-1) = -inf; silu'(-1) > 0. inf * f'(-inf) = inf * 0 = NaN.
+  const std::vector<double> gelu = {kNaN, 1, 0, kInf, kNaN, kNaN, -kInf, -kInf, kNaN, -2, kNaN};
+  const std::vector<double> silu = {kNaN, 1, 0, kInf, kNaN, kNaN, kInf, -kInf, kNaN, -2, kNaN};
+  const std::vector<double> relu = {0, 1, 0, 0, kNaN, 0, 0, -kInf, 0, -2, 0};
+  // Each value at every position of a 11 * 11 vector: x and g rotated together.
+  auto rotations = [n](const std::vector<double>& v) {
+    std::vector<double> out;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < n; ++i) out.push_back(v[(i + r) % n]);
+    return out;
+  };
   for (DType dt : kFloatTypes) {
     SCOPED_TRACE(std::string(dtype_name(dt)));
-    const Tensor tx = make(x, {8}, opts(dt)), tg = make(g, {8}, opts(dt));
+    const Tensor tx = make(rotations(x), {n * n}, opts(dt)), tg = make(rotations(g), {n * n}, opts(dt));
     const double rt = rtol_of(dt), at = atol_of(dt);
-    // gelu'(-1) < 0: inf * gelu'(-1) = -inf.
-    expect_values(ops::gelu_backward(tg, tx), {8}, {kNaN, kNaN, kNaN, kInf, kNaN, kNaN, -kInf, -kInf}, rt, at);
-    expect_values(ops::gelu_backward(tg, tx, true), {8}, {kNaN, kNaN, kNaN, kInf, kNaN, kNaN, -kInf, -kInf}, rt, at);
-    expect_values(ops::silu_backward(tg, tx), {8}, {kNaN, kNaN, kNaN, kInf, kNaN, kNaN, kInf, -kInf}, rt, at);
-    expect_values(ops::relu_backward(tg, tx), {8}, {0, 1, 0, 0, kNaN, 0, 0, -kInf}, rt, at);
+    // Exact: 0, 1, -2, ±inf and NaN need no tolerance.
+    expect_values(ops::gelu_backward(tg, tx), {n * n}, rotations(gelu), 0, 0);
+    expect_values(ops::gelu_backward(tg, tx, true), {n * n}, rotations(gelu), 0, 0);
+    expect_values(ops::silu_backward(tg, tx), {n * n}, rotations(silu), 0, 0);
+    expect_values(ops::relu_backward(tg, tx), {n * n}, rotations(relu), 0, 0);
     // Finite values beside them are unaffected.
     const Tensor fx = make({1, 2, kNaN, 2}, {4}, opts(dt)), fg = make({0.5, 1, 1, -3}, {4}, opts(dt));
     expect_values(ops::gelu_backward(fg, fx), {4}, {0.5 * gelu1, gelu2, kNaN, -3 * gelu2}, rt, at);

@@ -1,18 +1,19 @@
 // CPU kernels: the activation gradients of BinaryOp (GeluErfBackward, GeluTanhBackward, SiluBackward,
 // ReluBackward): out = g * f'(x) in one pass over the incoming gradient g and the saved x (ReLU: the saved
-// result), as Eigen array expressions (elementwise_kernels.h). The formulas keep the order of operations of
-// the op-by-op gradients they replace, so inf and NaN inputs give what those gave; cuda/activation_backward.cu
-// computes the same formulas.
+// result), as Eigen array expressions (elementwise_kernels.h). f'(x) is its limit at ±inf (1 at +inf, 0 at
+// -inf; kiln/tensor/special_values.h), NaN for a NaN x, and the exp, erf, tanh and sigmoid inside are
+// special_math.h's, whose edges do not depend on the vector instruction set; the product with g follows IEEE
+// (inf * 0 = NaN). cuda/activation_backward.cu computes the same formulas and edges.
 #include <algorithm>  // std::min
 #include <cstdint>
 #include <string_view>
 
-#include <unsupported/Eigen/SpecialFunctions>  // the vectorised erf behind ArrayBase::erf
-
 #include "kiln/tensor/activation_constants.h"  // GELU's constants
 #include "kiln/tensor/cpu/cpu_backend.h"
 #include "kiln/tensor/cpu/elementwise_kernels.h"  // binary_kernel, kBlock
+#include "kiln/tensor/cpu/special_math.h"         // exp_n, erf_n, tanh_n, sigmoid_n
 #include "kiln/tensor/dispatch.h"                 // visit_floating_dtype
+#include "kiln/tensor/special_values.h"           // the derivatives' limits
 
 namespace kiln::cpu {
 
@@ -43,43 +44,67 @@ void floating(std::string_view name, const Tensor& out, const Tensor& g, const T
   });
 }
 
+// out = g * f'(x), kBlock elements at a time: d(x, f') fills f' for a block of x, `finish` (special_values.h)
+// replaces it at the edges (its limits at ±inf, where the formulas give inf * 0 = NaN), then one product with g.
+// out may alias g or x: every element is read before it is written.
+template <typename F, typename Finish>
+void grad_times(const Tensor& out, const Tensor& g, const Tensor& x, std::string_view name, const F& d,
+                const Finish& finish) {
+  floating(name, out, g, x, [&](auto gs, auto xs, auto o) {
+    using C = scalar_of<decltype(gs)>;
+    in_blocks(xs.size(), [&](int64_t i, int64_t m) {
+      alignas(64) C buffer[kBlock];
+      Eigen::Map<BlockArray<C>> db(buffer, m);
+      const auto xb = xs.segment(i, m);
+      d(xb, db);
+      const C* px = xb.data();
+      for (int64_t j = 0; j < m; ++j) buffer[j] = finish(px[j], buffer[j]);
+      o.segment(i, m) = gs.segment(i, m) * db;
+    });
+  });
+}
+
 // gelu(x) = x Φ(x): Φ(x) + x φ(x), with Φ the normal CDF and φ its density.
 void gelu_erf(const Tensor& out, const Tensor& g, const Tensor& x) {
-  floating("gelu_backward", out, g, x, [](auto gs, auto xs, auto o) {
-    using C = scalar_of<decltype(gs)>;
-    const auto cdf = ((xs * C(kSqrtHalf)).erf() + C(1)) * C(0.5);
-    const auto pdf = (xs.square() * C(-0.5)).exp() * C(kInvSqrt2Pi);
-    o = gs * (cdf + xs * pdf);
-  });
+  grad_times(
+      out, g, x, "gelu_backward",
+      [](const auto& xb, auto& d) {
+        using C = scalar_of<decltype(xb)>;
+        BlockArray<C> pdf = xb.square() * C(-0.5);
+        exp_n(pdf.data(), pdf.data(), pdf.size());
+        d = xb * C(kSqrtHalf);
+        erf_n(d.data(), d.data(), d.size());
+        d = (d + C(1)) * C(0.5) + xb * (pdf * C(kInvSqrt2Pi));
+      },
+      [](auto v, auto dv) { return special::activation_grad_finish(v, dv); });
 }
 
 // gelu(x) ~ x/2 (1 + t), t = tanh(k (x + c x^3)): (1 + t)/2 + x/2 (1 - t^2) k (1 + 3 c x^2).
 void gelu_tanh(const Tensor& out, const Tensor& g, const Tensor& x) {
-  floating("gelu_backward", out, g, x, [](auto gs, auto xs, auto o) {
-    using C = scalar_of<decltype(gs)>;
-    in_blocks(xs.size(), [&](int64_t i, int64_t m) {
-      const auto xb = xs.segment(i, m);
-      const BlockArray<C> t = (xb * (xb.square() * C(kCubic) + C(1)) * C(kSqrt2OverPi)).tanh();
-      const auto left = (t + C(1)) * C(0.5);
-      const auto du = (xb.square() * C(3 * kCubic) + C(1)) * C(kSqrt2OverPi);
-      const auto right = xb * (C(1) - t.square()) * du * C(0.5);
-      o.segment(i, m) = gs.segment(i, m) * (left + right);
-    });
-  });
+  grad_times(
+      out, g, x, "gelu_backward",
+      [](const auto& xb, auto& d) {
+        using C = scalar_of<decltype(xb)>;
+        BlockArray<C> t = xb * (xb.square() * C(kCubic) + C(1)) * C(kSqrt2OverPi);
+        tanh_n(t.data(), t.data(), t.size());
+        const auto left = (t + C(1)) * C(0.5);
+        const auto du = (xb.square() * C(3 * kCubic) + C(1)) * C(kSqrt2OverPi);
+        d = left + xb * (C(1) - t.square()) * du * C(0.5);
+      },
+      [](auto v, auto dv) { return special::gelu_tanh_grad_finish(v, dv); });
 }
 
-// silu(x) = x s, s = sigmoid(x): s (1 + x (1 - s)).
+// silu(x) = x s, s = sigmoid(x): s (1 + x (1 - s)). sigmoid_n is accurate in relative terms where s is small (Eigen's
+// logistic() for float is accurate in absolute terms only: a relative error of ~1e-4 for x in [-9, -4]).
 void silu(const Tensor& out, const Tensor& g, const Tensor& x) {
-  floating("silu_backward", out, g, x, [](auto gs, auto xs, auto o) {
-    using C = scalar_of<decltype(gs)>;
-    in_blocks(xs.size(), [&](int64_t i, int64_t m) {
-      const auto xb = xs.segment(i, m);
-      // 1 / (1 + e^-x), as on CUDA: Eigen's logistic() for float is accurate in absolute terms only, which
-      // shows here as a relative error of ~1e-4 where s is small (x in [-9, -4]); exp keeps it at an ulp or two.
-      const BlockArray<C> s = (C(1) + (-xb).exp()).inverse();
-      o.segment(i, m) = gs.segment(i, m) * (s * (xb * (C(1) - s) + C(1)));
-    });
-  });
+  grad_times(
+      out, g, x, "silu_backward",
+      [](const auto& xb, auto& d) {
+        using C = scalar_of<decltype(xb)>;
+        sigmoid_n(xb.data(), d.data(), d.size());
+        d = d * (xb * (C(1) - d) + C(1));
+      },
+      [](auto v, auto dv) { return special::activation_grad_finish(v, dv); });
 }
 
 // Where the result y is > 0 the input was; 0 at y = 0 (as PyTorch) and for a NaN y (NaN > 0 is false).

@@ -1,6 +1,7 @@
 // CPU kernels: binary elementwise ops and where, as Eigen array expressions (see elementwise_kernels.h).
 // The unary ops are in unary.cpp, the activation gradients among the binary ops in activation_backward.cpp.
-#include <cmath>  // std::fmod
+#include <algorithm>  // std::min
+#include <cmath>      // std::fmod, std::signbit
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -78,6 +79,14 @@ void remainder(const Tensor& out, const Tensor& a, const Tensor& b) {
   });
 }
 
+// pow(x, y) is negative for x = -0 or -inf and y an odd integer (C's pow: -0 ** 3 = -0, -inf ** -1 = -0).
+template <typename C>
+C pow_sign(C x, C y, C r) {
+  if (!std::signbit(x) || !(x == C(0) || std::isinf(x))) return r;
+  const bool odd = std::isfinite(y) && std::floor(y) == y && std::fmod(y, C(2)) != C(0);
+  return odd ? -std::abs(r) : r;
+}
+
 void power(const Tensor& out, const Tensor& a, const Tensor& b) {
   const DType dtype = a.dtype();
   same_type("pow", false, out, a, b, [dtype](auto x, auto y, auto o) {
@@ -91,7 +100,15 @@ void power(const Tensor& out, const Tensor& a, const Tensor& b) {
       }
       o = x.binaryExpr(y, [](C u, C v) { return int_pow(u, v); });
     } else {
-      o = x.pow(y);
+      // Eigen's vectorised pow gives +0 and +inf for a base of -0 or -inf and an odd integer exponent, where C's
+      // pow (and CUDA's) give -0 and -inf; the sign is decided here, on the operands, a block at a time (o may
+      // alias x or y).
+      alignas(64) C r[kBlock];
+      for (int64_t i = 0, n = o.size(); i < n; i += kBlock) {
+        const int64_t m = std::min(kBlock, n - i);
+        ArrayMap<C>(r, m) = x.segment(i, m).pow(y.segment(i, m));
+        for (int64_t j = 0; j < m; ++j) o[i + j] = pow_sign(x[i + j], y[i + j], r[j]);
+      }
     }
   });
 }

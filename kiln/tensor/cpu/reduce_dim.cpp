@@ -10,6 +10,7 @@
 
 #include "kiln/tensor/cpu/cpu_backend.h"
 #include "kiln/tensor/cpu/parallel.h"
+#include "kiln/tensor/cpu/special_math.h"  // exp_n: exp with its edges decided explicitly
 #include "kiln/tensor/dispatch.h"
 
 namespace kiln::cpu {
@@ -87,7 +88,7 @@ void softmax_typed(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
   const T* src = in.data_ptr<T>();
   T* dst = out.data_ptr<T>();
   parallel_for(0, lines.count, std::max<int64_t>(1, kGrainSize / n), [&](int64_t begin, int64_t end) {
-    Array line(n);  // one buffer per task: the line in compute precision
+    Array line(n), e(log ? n : 0);  // per task: the line in compute precision, and exp of it for log_softmax
     int64_t off[2];
     for (int64_t o = begin; o < end; ++o) {
       lines.offsets(o, off);
@@ -96,10 +97,13 @@ void softmax_typed(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
       // Subtracting the max keeps exp() from overflowing; a NaN anywhere makes the line NaN.
       const C max = line.template maxCoeff<Eigen::PropagateNaN>();
       line -= max;
+      // exp_n (special_math.h): exp(-inf) is exactly 0 (a masked position's probability) and tiny terms are
+      // exact, whatever the vector instruction set; the sum is at least 1 (the max's term) or NaN.
       if (log) {
-        line -= std::log(line.exp().sum());
+        exp_n(line.data(), e.data(), n);
+        line -= std::log(e.sum());
       } else {
-        line = line.exp();
+        exp_n(line.data(), line.data(), n);
         line /= line.sum();
       }
       T* y = dst + off[1];

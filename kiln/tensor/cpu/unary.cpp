@@ -1,14 +1,22 @@
 // CPU kernels: unary elementwise ops, as Eigen array expressions (see elementwise_kernels.h).
-#include <cmath>   // std::isnan
+#include <algorithm>  // std::min
+#include <cmath>      // std::isnan
+#include <cstdint>
 #include <limits>  // std::numeric_limits
 #include <string_view>
 
-#include <unsupported/Eigen/SpecialFunctions>  // the vectorised erf behind ArrayBase::erf
-
+#include "kiln/tensor/activation_constants.h"  // GELU's constants
 #include "kiln/tensor/cpu/cpu_backend.h"
-#include "kiln/tensor/cpu/elementwise_kernels.h"  // unary_kernel, ArrayMap
+#include "kiln/tensor/cpu/elementwise_kernels.h"  // unary_kernel, ArrayMap, kBlock
+#include "kiln/tensor/cpu/special_math.h"         // exp_n, tanh_n, ...: the transcendental functions and their edges
+#include "kiln/tensor/special_values.h"           // special::activation_finish
 
 namespace kiln::cpu {
+
+using activation::kCubic;
+using activation::kSqrt2OverPi;
+using activation::kSqrtHalf;
+
 namespace {
 
 // The scalar type of a mapped Eigen array (what a functor computes in).
@@ -50,8 +58,18 @@ C clamp_bound(double v) {
   return static_cast<C>(v);
 }
 
-constexpr double kSqrtHalf = 0.70710678118654752440;     // 1/sqrt(2), GELU's erf argument scale
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi), GELU's tanh approximation
+// y = f(x) for an activation whose formula is x times a factor that tends to 0 at -inf (gelu, silu), kBlock
+// elements at a time through a buffer; special::activation_finish gives -0 at -inf, where the formula gives
+// -inf * 0 = NaN. o may alias x. f(ConstArrayMap<C> x, ArrayMap<C> y) fills y.
+template <typename C, typename F>
+void activation_n(const C* x, C* o, int64_t n, const F& f) {
+  alignas(64) C y[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t m = std::min(kBlock, n - i);
+    f(ConstArrayMap<C>(x + i, m), ArrayMap<C>(y, m));
+    for (int64_t j = 0; j < m; ++j) o[i + j] = special::activation_finish(x[i + j], y[j]);
+  }
+}
 
 }  // namespace
 
@@ -60,28 +78,49 @@ void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& a, const Una
   switch (op) {
     case UnaryOp::Neg: return numeric("neg", out, a, [](auto x, auto o) { o = -x; });
     case UnaryOp::Abs: return numeric("abs", out, a, [](auto x, auto o) { o = x.abs(); });
-    case UnaryOp::Exp: return floating("exp", out, a, [](auto x, auto o) { o = x.exp(); });
-    case UnaryOp::Expm1: return floating("expm1", out, a, [](auto x, auto o) { o = x.expm1(); });
-    case UnaryOp::Log: return floating("log", out, a, [](auto x, auto o) { o = x.log(); });
-    case UnaryOp::Log1p: return floating("log1p", out, a, [](auto x, auto o) { o = x.log1p(); });
-    case UnaryOp::Log2: return floating("log2", out, a, [](auto x, auto o) { o = x.log2(); });
+    // The transcendental functions: Eigen's vectorised versions inside their accurate range, every edge (NaN,
+    // ±inf, ±0, subnormals, saturation) by special_values.h, as on CUDA (special_math.h).
+    case UnaryOp::Exp: return floating("exp", out, a, [](auto x, auto o) { exp_n(x.data(), o.data(), x.size()); });
+    case UnaryOp::Expm1:
+      return floating("expm1", out, a, [](auto x, auto o) { expm1_n(x.data(), o.data(), x.size()); });
+    case UnaryOp::Log: return floating("log", out, a, [](auto x, auto o) { log_n(x.data(), o.data(), x.size()); });
+    case UnaryOp::Log1p:
+      return floating("log1p", out, a, [](auto x, auto o) { log1p_n(x.data(), o.data(), x.size()); });
+    case UnaryOp::Log2: return floating("log2", out, a, [](auto x, auto o) { log2_n(x.data(), o.data(), x.size()); });
+    // Correctly rounded (IEEE sqrt; EIGEN_FAST_MATH is off for kiln_tensor, see its CMakeLists.txt), and rsqrt
+    // as 1 / sqrt(x), two correctly rounded steps, so no rsqrt approximation instruction decides the result.
     case UnaryOp::Sqrt: return floating("sqrt", out, a, [](auto x, auto o) { o = x.sqrt(); });
-    case UnaryOp::Rsqrt: return floating("rsqrt", out, a, [](auto x, auto o) { o = x.rsqrt(); });
+    case UnaryOp::Rsqrt: return floating("rsqrt", out, a, [](auto x, auto o) { o = x.sqrt().inverse(); });
     case UnaryOp::Sin: return floating("sin", out, a, [](auto x, auto o) { o = x.sin(); });
     case UnaryOp::Cos: return floating("cos", out, a, [](auto x, auto o) { o = x.cos(); });
-    case UnaryOp::Tanh: return floating("tanh", out, a, [](auto x, auto o) { o = x.tanh(); });
-    case UnaryOp::Erf: return floating("erf", out, a, [](auto x, auto o) { o = x.erf(); });
-    case UnaryOp::Sigmoid: return floating("sigmoid", out, a, [](auto x, auto o) { o = x.logistic(); });
-    case UnaryOp::Silu: return floating("silu", out, a, [](auto x, auto o) { o = x * x.logistic(); });
-    case UnaryOp::GeluErf:
-      return floating("gelu", out, a, [](auto x, auto o) {
-        using C = scalar_of<decltype(x)>;
-        o = x * C(0.5) * (C(1) + (x * C(kSqrtHalf)).erf());
+    case UnaryOp::Tanh: return floating("tanh", out, a, [](auto x, auto o) { tanh_n(x.data(), o.data(), x.size()); });
+    case UnaryOp::Erf: return floating("erf", out, a, [](auto x, auto o) { erf_n(x.data(), o.data(), x.size()); });
+    case UnaryOp::Sigmoid:
+      return floating("sigmoid", out, a, [](auto x, auto o) { sigmoid_n(x.data(), o.data(), x.size()); });
+    case UnaryOp::Silu:  // x sigmoid(x)
+      return floating("silu", out, a, [](auto x, auto o) {
+        activation_n(x.data(), o.data(), x.size(), [](auto xb, auto y) {
+          sigmoid_n(xb.data(), y.data(), xb.size());
+          y = xb * y;
+        });
       });
-    case UnaryOp::GeluTanh:
+    case UnaryOp::GeluErf:  // x/2 (1 + erf(x/sqrt(2)))
       return floating("gelu", out, a, [](auto x, auto o) {
-        using C = scalar_of<decltype(x)>;
-        o = C(0.5) * x * (C(1) + (C(kSqrt2OverPi) * (x + C(0.044715) * x.cube())).tanh());
+        activation_n(x.data(), o.data(), x.size(), [](auto xb, auto y) {
+          using C = scalar_of<decltype(xb)>;
+          y = xb * C(kSqrtHalf);
+          erf_n(y.data(), y.data(), y.size());
+          y = xb * C(0.5) * (C(1) + y);
+        });
+      });
+    case UnaryOp::GeluTanh:  // x/2 (1 + tanh(sqrt(2/pi) (x + c x^3)))
+      return floating("gelu", out, a, [](auto x, auto o) {
+        activation_n(x.data(), o.data(), x.size(), [](auto xb, auto y) {
+          using C = scalar_of<decltype(xb)>;
+          y = C(kSqrt2OverPi) * (xb + C(kCubic) * xb.cube());
+          tanh_n(y.data(), y.data(), y.size());
+          y = C(0.5) * xb * (C(1) + y);
+        });
       });
     case UnaryOp::Relu:
       // select keeps NaN (NaN < 0 is false), as PyTorch's relu does.

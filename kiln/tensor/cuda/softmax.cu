@@ -5,6 +5,7 @@
 // block of 512 threads takes a longer one. Lanes walk the line at a stride of the group size, so a
 // line along the innermost dim is read coalesced.
 #include "kiln/tensor/cuda/kernel_util.cuh"
+#include "kiln/tensor/special_values.h"  // exp_arg, exp_finish: exp's edges, as on the CPU
 
 namespace kiln::cuda {
 namespace {
@@ -87,7 +88,10 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll 8
   for (int64_t i = lane; i < n; i += lanes) {
     const C shifted = static_cast<C>(load_compute(x + i * in_step)) - m;
-    kdetail::store_as(y + i * out_step, log_softmax ? shifted - log_s : exp(shifted) / s);
+    // exp with special_values.h's edges, as the CPU's softmax: exactly 0 at a -inf logit, and the subnormal
+    // probabilities of logits ~87 to ~104 below the max computed, not flushed. (The sum is at least 1.)
+    if (log_softmax) kdetail::store_as(y + i * out_step, shifted - log_s);
+    else kdetail::store_as(y + i * out_step, special::exp_finish(shifted, exp(special::exp_arg(shifted))) / s);
   }
 }
 

@@ -1,8 +1,10 @@
 // CUDA kernels: the unary ops defined on floating dtypes only (exp, log, tanh, gelu, ...). Half and
-// BFloat16 compute in float; the formulas are those of cpu/unary.cpp. The other unary ops are in unary.cu.
+// BFloat16 compute in float; the formulas and their edges (special_values.h) are those of cpu/unary.cpp. The
+// other unary ops are in unary.cu.
 #include "kiln/tensor/activation_constants.h"    // GELU's constants
 #include "kiln/tensor/cuda/elementwise_ops.cuh"  // m_exp, ..., launch_same
 #include "kiln/tensor/cuda/unary_ops.h"          // unary_floating
+#include "kiln/tensor/special_values.h"          // the functions' values at NaN, ±inf, ±0, subnormals
 
 namespace kiln::cuda {
 
@@ -12,9 +14,28 @@ using activation::kSqrtHalf;
 
 namespace {
 
+// Every edge (NaN, ±inf, ±0, subnormals, saturation) is decided by special_values.h, as on the CPU, around the
+// CUDA math library (which is accurate at the edges too, so this costs a few compares and keeps the backends'
+// results at the edges identical bit for bit).
+template <typename C>
+__device__ __forceinline__ C safe_exp(C x) {
+  return special::exp_finish(x, m_exp(special::exp_arg(x)));
+}
+
+// e / (1 + e) for x < 0, 1 / (1 + e) otherwise, with e = exp(-|x|): 0 and 1 at -inf and +inf, and the subnormal
+// values of the far negative tail rather than 1 / (1 + inf) = 0.
 template <typename C>
 __device__ __forceinline__ C sigmoid(C x) {
-  return C(1) / (C(1) + m_exp(-x));  // exp(-x) = inf for very negative x gives 0, as wanted
+  return special::sigmoid_from_exp(x, safe_exp(special::sigmoid_arg(x)));
+}
+
+template <typename C>
+__device__ __forceinline__ C safe_tanh(C x) {
+  return special::tanh_finish(x, m_tanh(x));
+}
+template <typename C>
+__device__ __forceinline__ C safe_erf(C x) {
+  return special::erf_finish(x, m_erf(x));
 }
 
 // One functor for every floating unary op: the op is a template argument, so each instantiation
@@ -22,22 +43,24 @@ __device__ __forceinline__ C sigmoid(C x) {
 template <UnaryOp kOp, typename C>
 struct FloatF {
   __device__ C operator()(C x) const {
-    if constexpr (kOp == UnaryOp::Exp) return m_exp(x);
-    else if constexpr (kOp == UnaryOp::Expm1) return m_expm1(x);
-    else if constexpr (kOp == UnaryOp::Log) return m_log(x);
-    else if constexpr (kOp == UnaryOp::Log1p) return m_log1p(x);
-    else if constexpr (kOp == UnaryOp::Log2) return m_log2(x);
+    using special::activation_finish;
+    if constexpr (kOp == UnaryOp::Exp) return safe_exp(x);
+    else if constexpr (kOp == UnaryOp::Expm1) return special::expm1_finish(x, m_expm1(special::expm1_arg(x)));
+    else if constexpr (kOp == UnaryOp::Log) return special::log_finish(x, m_log(special::log_arg(x)));
+    else if constexpr (kOp == UnaryOp::Log1p) return special::log1p_finish(x, m_log1p(special::log1p_arg(x)));
+    else if constexpr (kOp == UnaryOp::Log2) return special::log2_finish(x, m_log2(special::log_arg(x)));
     else if constexpr (kOp == UnaryOp::Sqrt) return m_sqrt(x);
-    else if constexpr (kOp == UnaryOp::Rsqrt) return m_rsqrt(x);
+    else if constexpr (kOp == UnaryOp::Rsqrt) return C(1) / m_sqrt(x);  // as the CPU: two correctly rounded steps
     else if constexpr (kOp == UnaryOp::Sin) return m_sin(x);
     else if constexpr (kOp == UnaryOp::Cos) return m_cos(x);
-    else if constexpr (kOp == UnaryOp::Tanh) return m_tanh(x);
-    else if constexpr (kOp == UnaryOp::Erf) return m_erf(x);
+    else if constexpr (kOp == UnaryOp::Tanh) return safe_tanh(x);
+    else if constexpr (kOp == UnaryOp::Erf) return safe_erf(x);
     else if constexpr (kOp == UnaryOp::Sigmoid) return sigmoid(x);
-    else if constexpr (kOp == UnaryOp::Silu) return x * sigmoid(x);
-    else if constexpr (kOp == UnaryOp::GeluErf) return x * C(0.5) * (C(1) + m_erf(x * C(kSqrtHalf)));
+    else if constexpr (kOp == UnaryOp::Silu) return activation_finish(x, x * sigmoid(x));
+    else if constexpr (kOp == UnaryOp::GeluErf)
+      return activation_finish(x, x * C(0.5) * (C(1) + safe_erf(x * C(kSqrtHalf))));
     else if constexpr (kOp == UnaryOp::GeluTanh)
-      return C(0.5) * x * (C(1) + m_tanh(C(kSqrt2OverPi) * (x + C(kCubic) * x * x * x)));
+      return activation_finish(x, C(0.5) * x * (C(1) + safe_tanh(C(kSqrt2OverPi) * (x + C(kCubic) * (x * x * x)))));
     else if constexpr (kOp == UnaryOp::Reciprocal) return C(1) / x;
     else static_assert(kOp == UnaryOp::Exp, "not a floating unary op");
   }
