@@ -11,6 +11,7 @@
 # KILN_FOCUS_BENCH: ';'-separated commands; the first word is a target under build-gpu/bench/, or "python3 ..."
 #                   run as is from the repository root.
 # KILN_FOCUS_TARGETS: extra build targets.
+# KILN_FOCUS_TEST_TIMEOUT: seconds each test binary may run (default 900).
 set -uo pipefail
 
 # shellcheck source=scripts/gpu_env.sh
@@ -44,7 +45,7 @@ for pair in "${test_pairs[@]}"; do
   exe="$(find "$build/tests" -name "$bin" -type f -perm -u+x | head -n1)"
   log="$out/$bin.log"
   start=$SECONDS
-  timeout 900 "$exe" --gtest_filter="$filter" >"$log" 2>&1
+  timeout "${KILN_FOCUS_TEST_TIMEOUT:-900}" "$exe" --gtest_filter="$filter" >"$log" 2>&1
   rc=$?
   [[ $rc -ne 0 ]] && status=1
   note "$bin ($filter): exit $rc, $((SECONDS - start)) s; $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$log" | head -3 | paste -sd' ')"
