@@ -83,7 +83,10 @@ void check_parity(Case c) {
   const Device gpu = Device::cuda(0);
   const int64_t accumulations = nn::cuda_impl::conv2d_graph_accumulations_run();
   const parity::Run eager = parity::train(c, {.device = gpu, .bf16 = true});
-  if (c != Case::BertMaskedLM && nn::cuda_impl::conv2d_graph_api_compiled()) {
+  // ResNet-18's basic blocks add a convolution's input gradient into the block input's gradient sum inside the
+  // backward-data graph (the shortcut's 1x1 stride-2 convolution and the 3x3 stride-1 ones). ResNet-50's
+  // bottleneck inputs feed 1x1 stride-1 convolutions, which run as matrix products, so it takes no such path.
+  if (c == Case::ResNet18Cifar && nn::cuda_impl::conv2d_graph_api_compiled()) {
     EXPECT_GT(nn::cuda_impl::conv2d_graph_accumulations_run(), accumulations)
         << "no convolution input gradient was added into a residual sum by the backward-data pass";
   }
