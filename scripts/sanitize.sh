@@ -131,8 +131,11 @@ for r in "${runs[@]}"; do
   run_one "$bin" "$build_dir/tests/$bin" "--gtest_filter=$filter" "${extra[@]}"
 done
 if [[ $mpi_run -eq 1 && $have_mpi -eq 1 ]]; then
-  # Each rank writes its own report; mpirun fails when a rank does.
-  run_one test_distributed_mpi mpirun -np 2 --oversubscribe -x ASAN_OPTIONS -x UBSAN_OPTIONS -x LSAN_OPTIONS \
+  # Each rank writes its own report; mpirun fails when a rank does. Leak checking is off for this job only: Open MPI
+  # leaves ~116 KB in ~3,300 allocations at exit from its components, which it has unloaded by then, so LeakSanitizer
+  # can neither name nor suppress them by library (their stacks end in "<unknown module>").
+  ASAN_OPTIONS="$ASAN_OPTIONS:detect_leaks=0" \
+    run_one test_distributed_mpi mpirun -np 2 --oversubscribe -x ASAN_OPTIONS -x UBSAN_OPTIONS -x LSAN_OPTIONS \
     -x TSAN_OPTIONS -x KILN_DIST_TIMEOUT_S "$build_dir/tests/test_distributed_mpi" "--gtest_filter=*${cpu_only}" \
     "${extra[@]}"
 fi
