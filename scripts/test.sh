@@ -8,6 +8,9 @@
 #   KILN_BUILD_DIR     build folder (default: build); configured by scripts/setup.sh if it is not yet
 #   KILN_TEST_JOBS     tests run at once (default: 2)
 #   KILN_TEST_TIMEOUT  seconds a test may take when it sets no timeout of its own (default: 300)
+#   KILN_SANITIZERS    sanitizer stages to run after the suite (scripts/sanitize.sh): "asan tsan", "asan", "tsan",
+#                      or "none"; default: "asan tsan" when CI=true, none otherwise. Each builds a CPU-only build
+#                      folder of its own (build-asan, build-tsan); a failure there fails the run.
 # Plus those of scripts/setup.sh (KILN_JOBS, KILN_CUDA, ...) for the first configure.
 #
 # The full ctest output is also written to <build>/Testing/test.log.
@@ -41,9 +44,27 @@ set +e
 ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout "$timeout" "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+suite_s=$((SECONDS - start))
 if [[ $status -eq 0 ]]; then
-  say "PASSED in $((SECONDS - start)) s (log: $log)"
+  say "PASSED in ${suite_s} s (log: $log)"
 else
-  say "FAILED (ctest exit $status) after $((SECONDS - start)) s (log: $log)"
+  say "FAILED (ctest exit $status) after ${suite_s} s (log: $log)"
+fi
+
+stages="${KILN_SANITIZERS:-}"
+if [[ -z "$stages" && "${CI:-}" == true ]]; then stages="asan tsan"; fi
+if [[ -n "$stages" && "$stages" != none ]]; then
+  summary=("test suite: $([[ $status -eq 0 ]] && echo passed || echo FAILED) (${suite_s} s)")
+  for stage in $stages; do
+    say "sanitizer stage: $stage"
+    start=$SECONDS
+    stage_status=0
+    scripts/sanitize.sh "$stage" || stage_status=$?
+    summary+=("sanitizer stage $stage: $([[ $stage_status -eq 0 ]] && echo passed || echo FAILED) ($((SECONDS - start)) s)")
+    if [[ $stage_status -ne 0 && $status -eq 0 ]]; then status=$stage_status; fi
+  done
+  echo
+  say "summary:"
+  printf '  %s\n' "${summary[@]}"
 fi
 exit "$status"

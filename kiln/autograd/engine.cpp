@@ -68,7 +68,9 @@ class GraphTask {
   GraphTask(const GraphTask&) = delete;
   GraphTask& operator=(const GraphTask&) = delete;
 
-  void add_capture(const Edge& e, size_t index) { captures_.push_back({e.fn.get(), e.input_nr, index}); }
+  // The task owns the captured node: a leaf's AccumulateGrad that is not in the graph yet is held by nobody
+  // else (the leaf holds it weakly).
+  void add_capture(const Edge& e, size_t index) { captures_.push_back({e.fn, e.input_nr, index}); }
 
   // Runs everything reachable from root; with captures, only what leads to a captured input.
   void execute(const std::shared_ptr<Node>& root, size_t num_captures) {
@@ -78,7 +80,7 @@ class GraphTask {
     if (prune) {
       capture_at.resize(nodes_.size());
       for (const Capture& c : captures_) {
-        const int32_t s = slot_of(c.node);
+        const int32_t s = slot_of(c.node.get());
         if (s >= 0) capture_at[static_cast<size_t>(s)].push_back({c.input_nr, c.index});
       }
       mark_needed(capture_at);
@@ -147,7 +149,7 @@ class GraphTask {
 
  private:
   struct Capture {
-    Node* node;
+    std::shared_ptr<Node> node;
     uint32_t input_nr;
     size_t index;
   };

@@ -52,8 +52,10 @@ void Node::run_pre_hooks(TensorList& grads) {
 SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   if (!t.defined()) return;
   version_ = t.impl().storage()->version();
-  if (is_output && t.impl().autograd_meta_ptr() != nullptr) {
-    // An alias without autograd state: the output's history points at the node that saves it.
+  if (is_output) {
+    // An alias without autograd state: the output's history points (or will point, once set_history runs) at the
+    // node that saves it, so keeping the output itself would make a cycle that no one frees when the graph is
+    // dropped without a backward that releases it.
     data_ = t.detach();
   } else {
     data_ = t;

@@ -156,7 +156,8 @@ TEST(TcpRendezvous, WorldOfOneNeedsNobody) {
   EXPECT_EQ(value, 5);
 }
 
-// Rank 2 of 3 never starts: ranks 0 and 1 give up with a TimeoutError naming the address, in about the timeout.
+// Rank 2 of 3 never starts: ranks 0 and 1 give up with a TimeoutError naming the address, once the timeout has
+// passed (and not much later: the bound is generous, so that a busy machine cannot fail it).
 TEST(TcpRendezvous, MissingRankTimesOut) {
   const int port = free_port();
   auto out = run_ranks(port, {0, 1}, {3, 3}, 500ms, [](int, Rendezvous&) { FAIL() << "the world cannot be complete"; });
@@ -167,14 +168,15 @@ TEST(TcpRendezvous, MissingRankTimesOut) {
     EXPECT_THROW(std::rethrow_exception(out[i].error), TimeoutError) << msg;
     EXPECT_NE(msg.find(where), std::string::npos) << msg;
     EXPECT_GE(out[i].seconds, 0.4) << msg;
-    EXPECT_LT(out[i].seconds, 3.0) << msg;
+    EXPECT_LT(out[i].seconds, 20.0) << msg;
   }
   EXPECT_NE(message_of(out[0].error).find("missing ranks: 2"), std::string::npos) << message_of(out[0].error);
 }
 
-// A rank started with another world size is refused at once, with a message that names both sizes.
+// A rank started with another world size is refused at once (long before the timeout), with a message that names
+// both sizes.
 TEST(TcpRendezvous, MismatchedWorldSizeIsRefused) {
-  auto out = run_ranks(free_port(), {0, 1}, {2, 3}, 5s, [](int, Rendezvous&) { FAIL() << "should be refused"; });
+  auto out = run_ranks(free_port(), {0, 1}, {2, 3}, 120s, [](int, Rendezvous&) { FAIL() << "should be refused"; });
   for (size_t i = 0; i < out.size(); ++i) {
     ASSERT_TRUE(out[i].error) << "rank " << i;
     const std::string msg = message_of(out[i].error);
@@ -190,13 +192,13 @@ TEST(TcpRendezvous, MismatchedWorldSizeIsRefused) {
     EXPECT_NE(msg.find("world size 2"), std::string::npos) << msg;
     EXPECT_NE(msg.find("world size 3"), std::string::npos) << msg;
     EXPECT_NE(msg.find("WORLD_SIZE"), std::string::npos) << msg;
-    EXPECT_LT(out[i].seconds, 3.0) << msg;
+    EXPECT_LT(out[i].seconds, 60.0) << msg;
   }
 }
 
 // A peer that goes away mid-job gives a clear error at once, not a hang until the timeout.
 TEST(TcpRendezvous, PeerThatExitsGivesClearError) {
-  auto out = run_world(2, 10s, [](int rank, Rendezvous& r) {
+  auto out = run_world(2, 120s, [](int rank, Rendezvous& r) {
     r.barrier();
     if (rank == 0) r.barrier();  // rank 1 returns and closes its connection instead
   });
@@ -204,7 +206,7 @@ TEST(TcpRendezvous, PeerThatExitsGivesClearError) {
   ASSERT_TRUE(out[0].error);
   const std::string msg = message_of(out[0].error);
   EXPECT_NE(msg.find("rank 1 closed the connection"), std::string::npos) << msg;
-  EXPECT_LT(out[0].seconds, 5.0) << msg;
+  EXPECT_LT(out[0].seconds, 60.0) << msg;
 }
 
 // Connects to 127.0.0.1:port (retrying while nobody listens), sends `junk` and hangs up: a stranger on the port.

@@ -163,11 +163,11 @@ Tensor record_extremum(Tensor out, const Tensor& a, const Dims& dims, bool keepd
   if (needs_grad(a)) {
     auto node = make_node<ExtremumBackward>(a);
     node->input = SavedTensor(a, false);
-    node->result = SavedTensor(out, true);
     node->dims = reduced_dims(dims, a.dim(), op);
     node->keepdim = keepdim;
     node->label = label;
     set_history(out, node);
+    node->result = SavedTensor(out, /*is_output=*/true);
   }
   return out;
 }
@@ -221,7 +221,7 @@ std::tuple<Tensor, Tensor> indexed_extremum(const Tensor& a_in, int64_t dim, boo
   auto [values, indices] = is_max ? ops::max(a, dim, keepdim) : ops::min(a, dim, keepdim);
   if (needs_grad(a)) {
     auto node = make_node<IndexedExtremumBackward>(a);
-    node->indices = SavedTensor(indices, true);
+    node->indices = SavedTensor(indices, /*is_output=*/true);
     node->input_shape = a.shape();
     node->dim = a.dim() == 0 ? 0 : wrap_dim(dim, a.dim(), is_max ? "max" : "min");
     node->keepdim = keepdim;
@@ -314,8 +314,8 @@ Tensor std(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdi
   Tensor out = ops::std(a, dims, correction, keepdim);
   if (needs_grad(a)) {
     auto node = variance_node(a, dims, correction, keepdim, VarianceBackward::Kind::Std, "std");
-    node->result = SavedTensor(out, true);
     set_history(out, node);
+    node->result = SavedTensor(out, /*is_output=*/true);
   }
   return out;
 }
@@ -380,8 +380,8 @@ Tensor norm(const Tensor& a_in, double p, const Dims& dims, bool keepdim) {
     node->dims = reduced_dims(dims, a.dim(), "norm");
     node->keepdim = keepdim;
     if (p != 0) node->input = SavedTensor(a, false);
-    if (p != 0 && p != 1) node->result = SavedTensor(out, true);
     set_history(out, node);
+    if (p != 0 && p != 1) node->result = SavedTensor(out, /*is_output=*/true);
   }
   return out;
 }
@@ -414,10 +414,10 @@ Tensor logsumexp(const Tensor& a_in, const Dims& dims, bool keepdim) {
   if (needs_grad(a)) {
     auto node = make_node<LogSumExpBackward>(a);
     node->input = SavedTensor(a, false);
-    node->result = SavedTensor(out, true);
     node->dims = reduced_dims(dims, a.dim(), "logsumexp");
     node->keepdim = keepdim;
     set_history(out, node);
+    node->result = SavedTensor(out, /*is_output=*/true);
   }
   return out;
 }

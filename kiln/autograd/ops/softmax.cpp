@@ -30,10 +30,10 @@ Tensor softmax_impl(const Tensor& a_in, int64_t dim, bool log) {
   Tensor out = log ? ops::log_softmax(a, dim) : ops::softmax(a, dim);
   if (needs_grad(a)) {
     auto node = make_node<SoftmaxBackward>(a);
-    node->result = SavedTensor(out, /*is_output=*/true);
     node->dim = a.dim() == 0 ? 0 : wrap_dim(dim, a.dim(), log ? "log_softmax" : "softmax");
     node->log = log;
     set_history(out, node);
+    node->result = SavedTensor(out, /*is_output=*/true);
   }
   return out;
 }
