@@ -68,14 +68,21 @@ TrainRun make_run(Kind kind, const nn::StateDict& init, const Tensor& x, const T
   return r;
 }
 
-double max_abs_diff(const nn::Module& a, const nn::Module& b, double* scale) {
-  const auto pa = a.parameters(), pb = b.parameters();
+// The largest difference between the two models' parameters, and in *scale the largest magnitude, over the
+// parameters whose name does not end in `skip` (when given); *worst (when given) names the parameter.
+double max_abs_diff(const nn::Module& a, const nn::Module& b, double* scale, const std::string& skip = "",
+                    std::string* worst = nullptr) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
   double diff = 0;
   *scale = 0;
   for (size_t i = 0; i < pa.size(); ++i) {
-    const auto va = pa[i].to(DType::Float64).cpu().to_vector<double>();
-    const auto vb = pb[i].to(DType::Float64).cpu().to_vector<double>();
+    const std::string& name = pa[i].first;
+    if (!skip.empty() && name.size() >= skip.size() && name.compare(name.size() - skip.size(), skip.size(), skip) == 0)
+      continue;
+    const auto va = pa[i].second.to(DType::Float64).cpu().to_vector<double>();
+    const auto vb = pb[i].second.to(DType::Float64).cpu().to_vector<double>();
     for (size_t j = 0; j < va.size(); ++j) {
+      if (std::abs(va[j] - vb[j]) > diff && worst != nullptr) *worst = name;
       diff = std::max(diff, std::abs(va[j] - vb[j]));
       *scale = std::max(*scale, std::abs(va[j]));
     }
@@ -210,9 +217,15 @@ TEST(CudaGraphTraining, BertMaskedLMAdamWWithDropoutReplaysFollowEagerSteps) {
   for (int k = 0; k < steps; ++k)
     EXPECT_NEAR(graph_losses[k], eager_losses[k], 2e-3 * std::abs(eager_losses[k]) + 1e-4) << "step " << k;
   EXPECT_LT(graph_losses.back(), graph_losses.front()) << "the replayed steps did not train";
+  // The attention key bias is left out: its exact gradient is zero (a bias added to every key shifts all of a
+  // query's scores alike, which softmax ignores), so what each run computes for it is rounding noise, different
+  // in every run, and AdamW turns noise of any size into steps of about lr. (Over all parameters, one of two
+  // runs on an H200 differed by 1.75x the bound below.)
   double scale = 0;
-  const double diff = max_abs_diff(*eager.model, *graphed.model, &scale);
-  EXPECT_LT(diff, 2e-3 * scale) << "the parameters of the replayed run left the eager run's";
+  std::string worst;
+  const double diff = max_abs_diff(*eager.model, *graphed.model, &scale, ".attention.self.key.bias", &worst);
+  EXPECT_LT(diff, 2e-3 * scale) << "the parameters of the replayed run left the eager run's (most in " << worst
+                                << ")";
 }
 
 TEST(CudaGraphTraining, EachReplayTakesTheLearningRateSetBeforeIt) {
