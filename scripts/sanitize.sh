@@ -91,11 +91,13 @@ build_s=$((SECONDS - start))
 say "build took ${build_s} s"
 
 # ---- run
-# Every report stops the program with a non-zero exit status, so the test binary fails.
-export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=0"
+# Every report stops the program with a non-zero exit status, so the test binary fails. allocator_may_return_null:
+# an allocation too large for the machine returns null, as the C library's does, so that the tests of kiln's
+# out-of-memory errors (a tensor of 2^50 bytes) see what a user's program would.
+export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=0:allocator_may_return_null=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
-export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp:print_suppressions=0"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp:print_suppressions=0:allocator_may_return_null=1"
 # Open MPI started as root (CI containers), with 2 ranks where it counts fewer slots; as tests/distributed does.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export KILN_DIST_TIMEOUT_S="${KILN_DIST_TIMEOUT_S:-300}"
