@@ -142,7 +142,8 @@ def fnv1a64(name):
     return h
 
 
-def uniform_formula(name, n):
+def splitmix64_stream(name, n):
+    """r[i] = splitmix64(fnv1a64(name) + i) as uint64: splitmix64's output for that state, modulo 2^64."""
     import numpy as np
 
     with np.errstate(over="ignore"):
@@ -150,7 +151,13 @@ def uniform_formula(name, n):
         z = z + np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
+        return z ^ (z >> np.uint64(31))
+
+
+def uniform_formula(name, n):
+    import numpy as np
+
+    z = splitmix64_stream(name, n)
     return (z >> np.uint64(11)).astype(np.float64) * (2.0 ** -53) * 2.0 - 1.0
 
 

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_golden import fnv1a64, uniform_formula  # noqa: E402  (the hash both scripts share)
+from make_golden import splitmix64_stream, uniform_formula  # noqa: E402  (the hash both scripts share)
 
 torch.set_default_dtype(torch.float32)  # make_golden sets float64 for its own cases
 
@@ -58,16 +58,6 @@ STEPS = 20
 NUM_BATCHES = 4
 SAMPLES = 32
 SQRT3 = math.sqrt(3.0)
-
-
-def splitmix64_stream(name, n):
-    """r[i] = splitmix64(fnv1a64(name) + i) as uint64 (the mix make_golden.uniform_formula uses)."""
-    with np.errstate(over="ignore"):
-        z = np.arange(n, dtype=np.uint64) + np.uint64(fnv1a64(name))
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
 
 
 def ints(name, n, m):
