@@ -45,11 +45,11 @@ Allocator& allocator_for(const TensorOptions& options, std::string_view op) {
 // an error naming the op and the shape, never a wrapped product that allocates too little.
 Tensor empty_strided_for(const Shape& shape, const Strides& strides, const TensorOptions& options,
                          std::string_view op) {
-  check_shape(shape, op);
+  const int64_t n = numel(shape, op);  // refuses negative sizes and more than 2^63-1 elements
   KILN_CHECK(shape.size() == strides.size(), op, ": shape ", shape, " and strides ", strides,
              " have different lengths");
   const DType dtype = options.dtype.value_or(kDefaultFloat);
-  int64_t extent = numel(shape, op) == 0 ? 0 : 1;  // elements from the first to one past the last
+  int64_t extent = n == 0 ? 0 : 1;  // elements from the first to one past the last
   for (size_t i = 0; i < shape.size() && extent > 0; ++i) {
     KILN_CHECK(strides[i] >= 0, op, ": negative stride in ", strides);
     int64_t span = 0;
