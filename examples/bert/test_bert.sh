@@ -160,8 +160,9 @@ case "$case_name" in
     ;;
 
   bad_input)
-    # Each must fail (non-zero) with a message that says what was wrong.
-    mkdir -p "$work/bad"
+    # Each must fail (non-zero) with a message that says what was wrong. The folder starts empty: a run that a
+    # case expects to start afresh must not find the checkpoints of an earlier run of this test.
+    rm -rf "$work/bad" && mkdir -p "$work/bad"
     printf 'positive\tfine\nthis line has no tab\n' > "$work/bad/no_tab.tsv"
     expect_exit() {  # expect_exit CODE "message part" command...: CODE is an exit code, or "any" (non-zero)
       local code=$1 want=$2 out status=0
