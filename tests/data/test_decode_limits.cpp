@@ -88,6 +88,16 @@ TEST(DecodeLimits, PngBombIsRefusedNamingTheFile) {
   expect_error([&] { (void)data::image_size(path); }, {"image_size", path, "100000 x 100000"});
 }
 
+TEST(DecodeLimits, ImageTheHostHasNoMemoryForNamesTheFile) {
+  if (kSanitizerBuild) GTEST_SKIP() << "an address-space limit cannot stand for out-of-memory under a sanitizer";
+  // 10000 x 10000 is within the pixel limit; its 300 MB of pixels are not within a 64 MiB allowance.
+  const std::vector<uint8_t> png = png_claiming(10000, 10000);
+  const ThrownUnderMemoryLimit got =
+      run_under_memory_limit([&] { (void)data::decode_image(png, "/data/large.png"); }, 64 << 20);
+  EXPECT_EQ(got.kind, "OutOfMemoryError") << got.message;
+  EXPECT_NE(got.message.find("'/data/large.png' (10000 x 10000 pixels)"), std::string::npos) << got.message;
+}
+
 TEST(DecodeLimits, TheLimitIsConfigurableAndInclusive) {
   PixelLimitGuard guard;
   const std::vector<uint8_t> jpeg = encode_jpeg(smooth_image(16, 16), 16, 16, 3);  // 256 pixels

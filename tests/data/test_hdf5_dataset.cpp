@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -244,6 +245,25 @@ TEST(DataHDF5, BadFilesNameTheFileAndTheProblem) {
   expect_error([&] { data::HDF5Dataset ds(odd, {"names"}); }, {"odd.h5", "'names'", "unsupported type (string"});
   expect_error([&] { data::HDF5Dataset ds(odd, {"records"}); }, {"odd.h5", "'records'", "unsupported type (compound"});
   expect_error([&] { data::HDF5Dataset ds(odd, {"count"}); }, {"odd.h5", "'count'", "scalar"});
+}
+
+TEST(DataHDF5, RowWhoseByteCountOverflowsIsRefused) {
+  // A header can claim any dims: (2, 2^31, 2^31) int64 rows are 2^65 bytes each, which wrapped to 0 before.
+  // The dataset is chunked and never written, so the file stays small.
+  TempFolder dir;
+  const std::string path = (dir / "huge_rows.h5").string();
+  {
+    H5 file{H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose};
+    const hsize_t dims[3] = {2, hsize_t{1} << 31, hsize_t{1} << 31}, chunk[3] = {1, 1024, 1024};
+    H5 space{H5Screate_simple(3, dims, nullptr), H5Sclose};
+    H5 props{H5Pcreate(H5P_DATASET_CREATE), H5Pclose};
+    H5Pset_chunk(props.id, 3, chunk);
+    H5 set{H5Dcreate2(file.id, "x", H5T_STD_I64LE, space.id, H5P_DEFAULT, props.id, H5P_DEFAULT), H5Dclose};
+    ASSERT_GE(set.id, 0);
+  }
+  EXPECT_LT(std::filesystem::file_size(path), 1u << 20);
+  expect_error([&] { data::HDF5Dataset ds(path, {"x"}); },
+               {"huge_rows.h5", "'x'", "one row", "[2147483648, 2147483648]", "2^63-1"});
 }
 
 TEST(DataHDF5, EightThreadsReadRandomRowsConcurrently) {

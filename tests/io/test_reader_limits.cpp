@@ -3,13 +3,17 @@
 //   rescanned the whole object after each entry: 40,000 entries took 13.5 s, 200,000 more than a minute);
 // - the unpickler's memory budget: a pickle of NONE opcodes, or a data.pkl larger than the budget, is refused
 //   naming the file before it takes the memory (a 49 KB file once took 8.8 GB before it was refused);
-// - a deflated zip entry that claims more bytes than deflate can produce is refused before it is allocated.
+// - a deflated zip entry that claims more bytes than deflate can produce is refused before it is allocated;
+// - a genuine entry that the host has no memory for gives an OutOfMemoryError naming the file (std::bad_alloc
+//   escaped before).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
+
+#include <zlib.h>  // a real deflate stream, as torch.save writes
 
 #include "io/torch_file_writer.h"
 #include "kiln/io/pickle_reader.h"
@@ -154,6 +158,37 @@ TEST_F(UnpickleBudgetTest, DeflatedEntryClaimingMoreThanDeflateCanMakeIsRefused)
   const std::string path = write("claims.pth", z.bytes());
   kt::expect_error([&] { io::load_torch_file(path); },
                    {path, "deflated entry 'archive/data.pkl' claims 10000000 bytes from 6 compressed bytes"});
+}
+
+// `data` as a raw deflate stream (zlib, level 9, no zlib header), the form of a torch.save zip entry.
+std::string raw_deflate(const std::string& data) {
+  z_stream z{};
+  EXPECT_EQ(deflateInit2(&z, 9, Z_DEFLATED, -15, 9, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string out(deflateBound(&z, data.size()), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+TEST_F(UnpickleBudgetTest, OutOfHostMemoryForAnEntryNamesTheFile) {
+  if (kt::kSanitizerBuild) GTEST_SKIP() << "an address-space limit cannot stand for out-of-memory under a sanitizer";
+  // 64 MiB of NONE opcodes deflate to about 64 KB: within deflate's ratio and the unpickle budget, so the reader
+  // allocates the whole entry, which fails when the process may grow by only 16 MiB.
+  const std::string pickle(64 << 20, 'N');
+  ZipFile z;
+  z.add("archive/data.pkl", pickle, /*deflate=*/true);
+  z.entries.back().compressed = raw_deflate(pickle);
+  ASSERT_LT(z.entries.back().compressed.size(), 1u << 20);
+  const std::string path = write("large.pth", z.bytes());
+  const kt::ThrownUnderMemoryLimit got = kt::run_under_memory_limit([&] { io::load_torch_file(path); }, 16 << 20);
+  EXPECT_EQ(got.kind, "OutOfMemoryError") << got.message;
+  EXPECT_NE(got.message.find(path), std::string::npos) << got.message;
+  EXPECT_NE(got.message.find("out of host memory"), std::string::npos) << got.message;
 }
 
 }  // namespace

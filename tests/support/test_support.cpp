@@ -5,8 +5,13 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <sstream>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kiln/tensor/backend.h"
 
@@ -103,6 +108,66 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
     return;
   }
   ADD_FAILURE() << "expected a kiln::Error, but nothing was thrown";
+}
+
+namespace {
+
+// The process's virtual size in bytes (/proc/self/statm counts pages).
+size_t address_space_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0;
+  statm >> pages;
+  return pages * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
+ThrownUnderMemoryLimit run_under_memory_limit(const std::function<void()>& fn, size_t headroom_bytes) {
+  int fds[2];
+  if (pipe(fds) != 0) return {"crash", "pipe() failed"};
+  const pid_t pid = fork();
+  if (pid < 0) return {"crash", "fork() failed"};
+  if (pid == 0) {  // the child: limit, run, write "kind\nmessage" to the pipe, leave without running destructors
+    close(fds[0]);
+    const rlim_t limit = address_space_bytes() + headroom_bytes;
+    const rlimit r{limit, limit};
+    std::string out;
+    if (setrlimit(RLIMIT_AS, &r) != 0) {
+      out = "crash\nsetrlimit(RLIMIT_AS) failed";
+    } else {
+      try {
+        fn();
+        out = "nothing\n";
+      } catch (const OutOfMemoryError& e) {
+        out = std::string("OutOfMemoryError\n") + e.what();
+      } catch (const Error& e) {
+        out = std::string("Error\n") + e.what();
+      } catch (const std::exception& e) {
+        out = std::string("other\n") + e.what();
+      }
+    }
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = write(fds[1], out.data() + done, out.size() - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string got;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const size_t nl = got.find('\n');
+  if (nl == std::string::npos) {
+    return {"crash", WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                         : "exited " + std::to_string(WEXITSTATUS(status)) + " without a report"};
+  }
+  return {got.substr(0, nl), got.substr(nl + 1)};
 }
 
 std::vector<double> uniform(int64_t n, double lo, double hi, uint64_t seed) {

@@ -69,6 +69,22 @@ Tensor non_contiguous(const Tensor& t);
 // Runs `fn` and checks that it throws kiln::Error (or a subclass) whose message contains every fragment.
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& fragments);
 
+// What `fn` threw when it ran in a child process whose address space could grow by at most `headroom_bytes`
+// beyond the parent's (RLIMIT_AS): host allocations past that fail as they do on a machine out of memory.
+struct ThrownUnderMemoryLimit {
+  std::string kind;     // "OutOfMemoryError", "Error" (another kiln::Error), "other", "nothing", or "crash"
+  std::string message;  // what() (for "crash": how the child ended)
+};
+ThrownUnderMemoryLimit run_under_memory_limit(const std::function<void()>& fn, size_t headroom_bytes);
+
+// Sanitizer runtimes reserve terabytes of address space for their shadow memory, so an address-space limit cannot
+// stand for "out of memory" in their builds.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitizerBuild = true;
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+
 // The process's threads, once the count has settled: a thread that was just joined can still be listed in
 // /proc/self/task for a moment (join returns when the thread has cleared its id, before the kernel has removed
 // it), so the count is read until three reads a millisecond apart agree (at most half a second).
