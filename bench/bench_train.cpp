@@ -5,9 +5,10 @@
 // bench/pytorch_train.py prints the same cases through PyTorch eager and torch.compile, and
 // bench/train_table.py puts both side by side with the goals.
 //
-//   bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N] [--quick]
-//               [--bn-single-kernel none|forward|both] [--no-conv-accumulate] [--no-cast-prefetch]
+//   bench_train [--case NAME]... [--steps N] [--warmup N] [--seed N] [--photos DIR] [--no-graphs] [--profile N]
+//               [--quick] [--bn-single-kernel none|forward|both] [--no-conv-accumulate] [--no-cast-prefetch]
 //
+// --seed N: the generator's seed before the cases build their weights and data (default 1234).
 // --profile N: after a case's timing, N more eager steps under kiln's profiler; the top ops by GPU time go to
 // standard error (the JSON lines on standard output stay as they are).
 // --bn-single-kernel: which batch-norm passes run as one cooperative kernel (kiln/layers/cuda/batch_norm.h; the
@@ -65,6 +66,7 @@ struct Settings {
   bool quick = false;
   bool graphs = true;  // capture the static-shape steps in CUDA graphs (--no-graphs: eager only)
   int profile = 0;     // eager steps profiled after each case's timing (--profile N)
+  uint64_t seed = 1234;  // --seed N
 };
 
 const std::vector<std::string> kCases = {"resnet50_bf16",      "resnet50_fp16", "resnet18_cifar_bf16",
@@ -402,7 +404,8 @@ int main(int argc, char** argv) {
   auto usage = [] {
     std::fprintf(
         stderr,
-        "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--photos DIR] [--no-graphs] [--profile N]\n"
+        "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--seed N] [--photos DIR] [--no-graphs]\n"
+        "                   [--profile N]\n"
         "                   [--quick] [--bn-single-kernel none|forward|both] [--no-conv-accumulate]\n"
         "                   [--no-cast-prefetch]\n"
         "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
@@ -427,6 +430,8 @@ int main(int argc, char** argv) {
       s.steps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--warmup" && has_value) {
       s.warmup = std::max(0, std::atoi(argv[++i]));
+    } else if (a == "--seed" && has_value) {
+      s.seed = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--profile" && has_value) {
       s.profile = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--no-graphs") {
@@ -457,12 +462,14 @@ int main(int argc, char** argv) {
   } else {
     nn::set_cudnn_benchmark(true);
   }
-  manual_seed(1234);
+  manual_seed(s.seed);
   const nn::cuda_impl::BatchNormSingleKernel bn = nn::cuda_impl::batch_norm_single_kernel();
   const char* bn_single = bn.backward ? "forward and backward" : bn.forward ? "forward" : "none";
   std::printf(
-      "kiln %s train on %s: %d steps timed as one block after %d warm-up steps; batch norm's single kernel: %s\n",
-      KILN_VERSION_STRING, s.device.str().c_str(), s.steps, s.warmup, bn_single);
+      "kiln %s train on %s: %d steps timed as one block after %d warm-up steps; seed %llu; batch norm's single "
+      "kernel: %s\n",
+      KILN_VERSION_STRING, s.device.str().c_str(), s.steps, s.warmup, static_cast<unsigned long long>(s.seed),
+      bn_single);
   for (const std::string& name : kCases) {
     if (!s.cases.empty() && !s.cases.count(name)) continue;
     try {

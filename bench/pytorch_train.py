@@ -282,7 +282,7 @@ def run_case(args, name, mode):
     try:
         if mode == "compile" and not compiles:
             raise Skip("eager only")
-        torch.manual_seed(1234)
+        torch.manual_seed(args.seed)
         case = build(args)
         net = torch.compile(case.model) if mode == "compile" else case.model
         warmup = max(args.warmup, case.min_warmup, args.compile_warmup if mode == "compile" else 0)
@@ -328,6 +328,8 @@ def main():
                                              f"{COMPILE_WARMUP})")
     p.add_argument("--photos", default=os.environ.get("KILN_BENCH_IMAGES"),
                    help="a folder of JPEGs for resnet50_jpeg (bench/make_photos.py)")
+    p.add_argument("--seed", type=int, default=1234, help="torch.manual_seed before each case builds its weights "
+                   "and data (1234)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 2 steps: checks that the script runs")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of each case and mode, one line each (eager step times move between runs; "
@@ -349,7 +351,7 @@ def main():
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
     print(f"pytorch {torch.__version__} train: {torch.cuda.get_device_name()}, {versions()}; {args.steps} steps "
-          f"timed as one block after {args.warmup} warm-up steps (torch.compile: at least "
+          f"timed as one block after {args.warmup} warm-up steps, seed {args.seed} (torch.compile: at least "
           f"{max(args.warmup, args.compile_warmup)}){', quick sizes' if args.quick else ''}", flush=True)
     for name in names:
         for mode in modes:
