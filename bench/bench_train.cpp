@@ -6,17 +6,11 @@
 // bench/train_table.py puts both side by side with the goals.
 //
 //   bench_train [--case NAME]... [--steps N] [--warmup N] [--seed N] [--photos DIR] [--no-graphs] [--profile N]
-//               [--quick] [--bn-single-kernel none|forward|both] [--no-conv-accumulate] [--no-cast-prefetch]
+//               [--quick]
 //
 // --seed N: the generator's seed before the cases build their weights and data (default 1234).
 // --profile N: after a case's timing, N more eager steps under kiln's profiler; the top ops by GPU time go to
 // standard error (the JSON lines on standard output stay as they are).
-// --bn-single-kernel: which batch-norm passes run as one cooperative kernel (kiln/layers/cuda/batch_norm.h; the
-// default is none); the header line says which ran.
-// --no-conv-accumulate: convolutions' input gradients are not added into the residual sum by the backward-data
-// graph (kiln/layers/cuda/conv_cudnn_graph.h) but by a separate addition, to time the two.
-// --no-cast-prefetch: autocast casts each weight where the forward pass first uses it, instead of all of them in one
-// launch as each step's region opens (autocast::set_cast_prefetch), to time the two.
 // --quick: tiny sizes and 2 steps, to check the code runs (on the CPU where there is no GPU; CTest does that).
 // The cases are static-shape steps: on a GPU each is timed eagerly, then captured in a cuda::Graph and timed as
 // replays; the line reports the replays ("cuda_graph": true) with the eager figures of the same run beside them
@@ -46,8 +40,7 @@
 
 #include "json_text.h"  // bench::json_escape, json_number
 #include "kiln/kiln.h"
-#include "kiln/layers/cuda/batch_norm.h"        // set_batch_norm_single_kernel
-#include "kiln/layers/cuda/conv_cudnn_graph.h"  // set_conv2d_graph_accumulate
+#include "kiln/layers/cuda/conv_cudnn_graph.h"  // conv2d_graph_accumulations_run
 #include "kiln/tensor/cuda.h"
 #include "model_cases.h"  // bench::make_resnet, bench::make_bert
 
@@ -405,9 +398,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--seed N] [--photos DIR] [--no-graphs]\n"
-        "                   [--profile N]\n"
-        "                   [--quick] [--bn-single-kernel none|forward|both] [--no-conv-accumulate]\n"
-        "                   [--no-cast-prefetch]\n"
+        "                   [--profile N] [--quick]\n"
         "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
         "       bert_large_128 bert_base_128_ckpt resnet50_jpeg resnet50_jpeg_gpu\n");
     return 2;
@@ -436,17 +427,6 @@ int main(int argc, char** argv) {
       s.profile = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--no-graphs") {
       s.graphs = false;
-    } else if (a == "--bn-single-kernel" && has_value) {
-      const std::string which = argv[++i];
-      if (which != "none" && which != "forward" && which != "both") {
-        std::fprintf(stderr, "bench_train: --bn-single-kernel takes none, forward or both, not '%s'\n", which.c_str());
-        return usage();
-      }
-      nn::cuda_impl::set_batch_norm_single_kernel({.forward = which != "none", .backward = which == "both"});
-    } else if (a == "--no-conv-accumulate") {
-      nn::cuda_impl::set_conv2d_graph_accumulate(false);
-    } else if (a == "--no-cast-prefetch") {
-      autocast::set_cast_prefetch(false);
     } else if (a == "--photos" && has_value) {
       s.photos = argv[++i];
     } else {
@@ -463,13 +443,8 @@ int main(int argc, char** argv) {
     nn::set_cudnn_benchmark(true);
   }
   manual_seed(s.seed);
-  const nn::cuda_impl::BatchNormSingleKernel bn = nn::cuda_impl::batch_norm_single_kernel();
-  const char* bn_single = bn.backward ? "forward and backward" : bn.forward ? "forward" : "none";
-  std::printf(
-      "kiln %s train on %s: %d steps timed as one block after %d warm-up steps; seed %llu; batch norm's single "
-      "kernel: %s\n",
-      KILN_VERSION_STRING, s.device.str().c_str(), s.steps, s.warmup, static_cast<unsigned long long>(s.seed),
-      bn_single);
+  std::printf("kiln %s train on %s: %d steps timed as one block after %d warm-up steps; seed %llu\n",
+              KILN_VERSION_STRING, s.device.str().c_str(), s.steps, s.warmup, static_cast<unsigned long long>(s.seed));
   for (const std::string& name : kCases) {
     if (!s.cases.empty() && !s.cases.count(name)) continue;
     try {

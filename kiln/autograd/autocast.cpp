@@ -1,12 +1,10 @@
 // The autocast policy table and the thread-local autocast state.
 #include "kiln/autograd/autocast.h"
 
-#include <atomic>
 #include <map>
 #include <memory>
 #include <utility>
 
-#include "kiln/autograd/functions.h"  // with_cast_history
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/tensor/ops.h"
 
@@ -58,14 +56,8 @@ struct CacheEntry {
 struct WeightCache {
   int depth = 0;
   std::map<std::pair<const TensorImpl*, DType>, CacheEntry> entries;
-  RegionSite site;  // the outermost open region's
-  // Every parameter cached so far, by the site of the region that cached it, for the up-front casts of later
-  // regions there (cast_candidates).
-  std::map<RegionSite, std::map<std::pair<const TensorImpl*, DType>, std::weak_ptr<TensorImpl>>> seen;
-  void remember(const Tensor& t, DType dtype) { seen[site].insert_or_assign({&t.impl(), dtype}, t.impl_ptr()); }
 };
 thread_local WeightCache weight_cache;
-std::atomic<bool> prefetch_enabled{true};
 
 bool cacheable(const Tensor& t, DType dtype) {
   return weight_cache.depth > 0 && t.dtype() == DType::Float32 &&
@@ -118,9 +110,7 @@ std::optional<DType> target_dtype(Op op, Device device, DType widest) {
   return std::nullopt;
 }
 
-CacheRegion::CacheRegion(RegionSite site) {
-  if (weight_cache.depth++ == 0) weight_cache.site = site;
-}
+CacheRegion::CacheRegion() { ++weight_cache.depth; }
 CacheRegion::~CacheRegion() {
   if (--weight_cache.depth == 0) weight_cache.entries.clear();
 }
@@ -133,50 +123,9 @@ Tensor cast_to(const Tensor& t, DType dtype) {
   CacheEntry& e = weight_cache.entries[{&t.impl(), dtype}];
   if (!e.cast.defined() || e.version != t.version() || e.storage != storage) {
     e = CacheEntry{t, t.version(), storage, t.to(dtype)};
-    weight_cache.remember(t, dtype);
   }
   return e.cast;
 }
-
-std::vector<Tensor> cast_candidates(DType dtype, DeviceType type) {
-  std::vector<Tensor> out;
-  if (!prefetch_enabled || weight_cache.depth != 1) return out;
-  auto site = weight_cache.seen.find(weight_cache.site);
-  if (site == weight_cache.seen.end()) return out;
-  auto& seen = site->second;
-  for (auto it = seen.begin(); it != seen.end();) {
-    std::shared_ptr<TensorImpl> impl = it->second.lock();
-    if (!impl) {  // freed
-      it = seen.erase(it);
-      continue;
-    }
-    Tensor t(std::move(impl));
-    if (it->first.second == dtype && t.device().type() == type && cacheable(t, dtype) &&
-        !weight_cache.entries.contains(it->first)) {
-      out.push_back(std::move(t));
-    }
-    ++it;
-  }
-  return out;
-}
-
-void cache_cast(const Tensor& param, Tensor values) {
-  KILN_CHECK(values.defined() && cacheable(param, values.dtype()),
-             "autocast::cache_cast: the parameter must be a float32 leaf that requires grad, the values float16 or "
-             "bfloat16, with grad mode on inside an autocast region");
-  KILN_CHECK(values.shape() == param.shape() && values.strides() == param.strides() &&
-                 values.device() == param.device(),
-             "autocast::cache_cast: the values (", values.shape(), ", strides ", values.strides(), ", on ",
-             values.device(), ") must have the parameter's shape, strides and device (", param.shape(), ", strides ",
-             param.strides(), ", on ", param.device(), ")");
-  const DType dtype = values.dtype();
-  weight_cache.entries[{&param.impl(), dtype}] =
-      CacheEntry{param, param.version(), param.impl().storage().get(), with_cast_history(std::move(values), param)};
-  weight_cache.remember(param, dtype);
-}
-
-void set_cast_prefetch(bool enabled) { prefetch_enabled = enabled; }
-bool cast_prefetch() { return prefetch_enabled; }
 
 std::vector<Tensor> inputs_list(Op op, const std::vector<Tensor>& ts) {
   if (!detail::state.any_enabled) return ts;

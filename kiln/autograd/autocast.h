@@ -15,7 +15,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -165,41 +164,14 @@ class DisableGuard {
 // is keyed by the parameter's TensorImpl and the target dtype, and is recomputed when the parameter's version
 // changes (an in-place update). Activations (non-leaves) and tensors that do not require grad are never
 // cached. The outermost region's exit empties the cache (the cast tensors are freed unless still referenced).
-// `site` names where the region is opened in the program (amp::Autocast passes its call site): the up-front casts
-// below take only what earlier regions of the same site cast, so a step with two regions (a GAN's generator and
-// discriminator, say) does not cast one model's parameters in the other's region.
-struct RegionSite {
-  const char* file = nullptr;
-  uint32_t line = 0, column = 0;
-  bool operator<(const RegionSite& o) const {
-    if (file != o.file) return std::less<const char*>{}(file, o.file);
-    return std::tie(line, column) < std::tie(o.line, o.column);
-  }
-};
 class CacheRegion {
  public:
-  explicit CacheRegion(RegionSite site = {});  // the site counts only for the outermost region
+  CacheRegion();
   ~CacheRegion();
   CacheRegion(const CacheRegion&) = delete;
   CacheRegion& operator=(const CacheRegion&) = delete;
 };
 size_t cache_size();  // entries in this thread's weight-cast cache (for tests and diagnostics)
-
-// Casting up front. Each parameter cast_to() caches is remembered (weakly: a freed parameter drops out) with its
-// target dtype, per thread and per outermost region's site. At the start of the next outermost region of that
-// site, amp::Autocast casts all of them at once
-// (on CUDA one launch, instead of one kernel per weight as the forward pass reaches it) and puts the results in
-// the cache, so that cast_to() finds them there:
-//   cast_candidates(dtype, type): the parameters remembered at the open region's site for `dtype` on devices of
-//     `type` that would be cached now (alive, float32 leaves requiring grad, grad mode on, in an outermost region,
-//     not cached yet);
-//   cache_cast(param, values): caches `values` (param cast to values' dtype, computed by the caller: same shape,
-//     strides and device) as cast_to(param, values.dtype()) would, with its autograd history.
-// set_cast_prefetch(false) turns the up-front casts off (each weight is then cast where it is first used).
-std::vector<Tensor> cast_candidates(DType dtype, DeviceType type);
-void cache_cast(const Tensor& param, Tensor values);
-void set_cast_prefetch(bool enabled);  // on by default
-bool cast_prefetch();
 
 // The dtype `op` computes in for floating inputs on `device`, or nothing (keep the inputs' dtypes).
 // `widest` is the promoted dtype of the floating inputs, for Policy::Promote.

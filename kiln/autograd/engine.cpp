@@ -1,8 +1,11 @@
 // The backward engine: dependency counts over the graph reachable from the roots, then a ready queue
 // ordered by creation (latest first); gradients for a node's inputs are summed in a buffer until its
-// last producer has run.
+// last producer has run. A ready node that can add into a gradient sum (Node::accepts_gradient_buffers) waits
+// while other nodes are ready, until the other producers of its inputs' gradients have run, so that it finds their
+// sum begun whichever order the forward pass made the branches in (a residual block's convolution and shortcut).
 #include "kiln/autograd/engine.h"
 
+#include <algorithm>
 #include <queue>
 #include <unordered_map>
 
@@ -88,10 +91,33 @@ class GraphTask {
     captured_.resize(num_captures);
 
     std::priority_queue<ReadyEntry> ready;
+    std::vector<ReadyEntry> waiting;  // ready nodes that wait for other producers of their inputs' sums
     ready.push({root->sequence_nr(), 0});
-    while (!ready.empty()) {
-      const int32_t slot = ready.top().slot;
-      ready.pop();
+    while (!ready.empty() || !waiting.empty()) {
+      // Those waiting whose inputs' other producers have all run go back to the queue.
+      for (size_t i = 0; i < waiting.size();) {
+        if (waits_for_others(*nodes_[static_cast<size_t>(waiting[i].slot)])) {
+          ++i;
+        } else {
+          ready.push(waiting[i]);
+          waiting[i] = waiting.back();
+          waiting.pop_back();
+        }
+      }
+      int32_t slot;
+      if (!ready.empty()) {
+        slot = ready.top().slot;
+        ready.pop();
+        if (waits_for_others(*nodes_[static_cast<size_t>(slot)]) && (!ready.empty() || !waiting.empty())) {
+          waiting.push_back({nodes_[static_cast<size_t>(slot)]->sequence_nr(), slot});
+          continue;
+        }
+      } else {  // only waiting nodes are left (the producers they wait for never run): the latest goes first
+        const auto latest = std::max_element(waiting.begin(), waiting.end());
+        slot = latest->slot;
+        *latest = waiting.back();
+        waiting.pop_back();
+      }
       Node* node = nodes_[static_cast<size_t>(slot)];
       flush_pending(static_cast<size_t>(slot));
       TensorList grads = std::move(buffers_[static_cast<size_t>(slot)]);
@@ -140,6 +166,7 @@ class GraphTask {
           Tensor g = validate_gradient(std::move(outputs[i]), next->input_meta(e.input_nr), *node, i);
           add_to_buffer(next_slot, next->num_inputs(), e.input_nr, std::move(g));
         }
+        --producers_[input_offsets_[next_slot] + e.input_nr];
         if (--dependencies_[next_slot] == 0) ready.push({next->sequence_nr(), static_cast<int32_t>(next_slot)});
       }
     }
@@ -206,6 +233,22 @@ class GraphTask {
     }
   }
 
+  // Whether `node` can add into gradient sums and one of its inputs' sums still has producers other than `node`
+  // that have not run (the node then runs after them, where other nodes can run meanwhile).
+  bool waits_for_others(const Node& node) const {
+    if (!node.accepts_gradient_buffers()) return false;
+    const auto& edges = node.next_edges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (!e.valid()) continue;
+      int own = 0;  // this node's edges into the same sum
+      for (const Edge& f : edges) own += f.valid() && f.fn == e.fn && f.input_nr == e.input_nr ? 1 : 0;
+      const auto s = static_cast<size_t>(e.fn->engine_slot());
+      if (producers_[input_offsets_[s] + e.input_nr] > own) return true;
+    }
+    return false;
+  }
+
   static void flush_one(Tensor& acc, TensorList& list) {
     if (list.empty()) return;
     list.push_back(acc);
@@ -233,7 +276,8 @@ class GraphTask {
     return n->engine_slot();
   }
 
-  // Slots for every node reachable from root (root gets 0) and their dependency counts.
+  // Slots for every node reachable from root (root gets 0), their dependency counts, and the producers of each
+  // input's gradient not yet run.
   void discover(Node* root) {
     add_node(root);
     dependencies_.push_back(0);
@@ -249,6 +293,15 @@ class GraphTask {
       }
     }
     buffers_.resize(nodes_.size());
+    input_offsets_.resize(nodes_.size() + 1);
+    input_offsets_[0] = 0;
+    for (size_t i = 0; i < nodes_.size(); ++i) input_offsets_[i + 1] = input_offsets_[i] + nodes_[i]->num_inputs();
+    producers_.assign(input_offsets_.back(), 0);
+    for (Node* n : nodes_) {
+      for (const Edge& e : n->next_edges()) {
+        if (e.valid()) ++producers_[input_offsets_[static_cast<size_t>(e.fn->engine_slot())] + e.input_nr];
+      }
+    }
   }
 
   // needed_[s]: node s must run because a captured input lies below it. Children always have larger
@@ -278,6 +331,8 @@ class GraphTask {
   std::vector<Node*> nodes_;
   std::vector<int32_t> old_slots_;
   std::vector<int> dependencies_;
+  std::vector<size_t> input_offsets_;  // node slot -> its inputs' first index in producers_
+  std::vector<int> producers_;         // per node input: the edges into it whose node has not run
   std::vector<TensorList> buffers_;
   std::unordered_map<size_t, std::vector<TensorList>> pending_;  // slot -> per input, gradients not yet summed
   std::vector<Capture> captures_;

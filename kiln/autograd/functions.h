@@ -79,9 +79,6 @@ Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nul
 Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);
 Tensor to(const Tensor& t, Device device, std::optional<DType> dtype = {}, bool non_blocking = false);
 Tensor cast(const Tensor& t, DType dtype);
-// `values`, which the caller computed as t cast to values' dtype (t's shape and device), with cast(t, ...)'s
-// autograd history (autocast's up-front weight casts make the values with one multi-tensor kernel).
-Tensor with_cast_history(Tensor values, const Tensor& t);
 Tensor contiguous(const Tensor& t, MemoryFormat format = MemoryFormat::Contiguous);
 Tensor clone(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
 Tensor& fill_(Tensor& t, Scalar value);

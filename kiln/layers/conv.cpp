@@ -180,7 +180,10 @@ struct CudnnConvolutionBackward final : autograd::Node {
   Shape input_shape, weight_shape;
 
   std::string_view name() const override { return "CudnnConvolutionBackward"; }
-  bool accepts_gradient_buffers() const override { return true; }
+  bool accepts_gradient_buffers() const override {
+    return needs_input_grad(0) && format == input_format &&
+           cuda_impl::conv2d_backward_data_can_accumulate(geometry, weight_shape, dtype);
+  }
   autograd::TensorList apply(autograd::TensorList&& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
     const Tensor g = grads[0].dtype() == dtype ? grads[0] : ops::cast(grads[0], dtype);  // (N, C_out, OH, OW)

@@ -14,8 +14,6 @@
 // device type inside the region (as torch.autocast(enabled=False)); the previous state returns at exit.
 #pragma once
 
-#include <source_location>
-
 #include "kiln/autograd/autocast.h"
 #include "kiln/tensor/tensor.h"
 
@@ -23,13 +21,8 @@ namespace kiln::amp {
 
 class Autocast {
  public:
-  // dtype: DType::Float16 or DType::BFloat16 (anything else throws kiln::Error). `site` (leave it to the default)
-  // names the region for the up-front casts: an outermost region casts at once the parameters that the regions
-  // opened at the same place in the program cast before (autocast::cast_candidates). An Autocast made through
-  // std::optional::emplace or std::make_unique takes the site of the library code that constructs it, shared by
-  // every such region; pass std::source_location::current() to keep such regions apart.
-  explicit Autocast(DType dtype, bool enabled = true, DeviceType device_type = DeviceType::CUDA,
-                    std::source_location site = std::source_location::current());
+  // dtype: DType::Float16 or DType::BFloat16 (anything else throws kiln::Error).
+  explicit Autocast(DType dtype, bool enabled = true, DeviceType device_type = DeviceType::CUDA);
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;
 

@@ -333,31 +333,11 @@ TEST_F(CudaBatchNorm, IsDeterministic) {
   EXPECT_EQ(values(a.rv), values(b.rv));
 }
 
-// Sets which batch-norm passes take the single kernel for a scope, and puts back what was set before.
-class SingleKernelPasses {
- public:
-  explicit SingleKernelPasses(nn::cuda_impl::BatchNormSingleKernel which)
-      : before_(nn::cuda_impl::batch_norm_single_kernel()) {
-    nn::cuda_impl::set_batch_norm_single_kernel(which);
-  }
-  ~SingleKernelPasses() { nn::cuda_impl::set_batch_norm_single_kernel(before_); }
-  SingleKernelPasses(const SingleKernelPasses&) = delete;
-  SingleKernelPasses& operator=(const SingleKernelPasses&) = delete;
-
- private:
-  nn::cuda_impl::BatchNormSingleKernel before_;
-};
-
-// Training over rows (channels-last 4-d, 2-d) whose channels fill 16-byte vectors runs one cooperative kernel
-// forward and one backward; both those and the three-kernel passes match the CPU in float64, with and without
-// the fused ReLU / residual, affine parameters and running statistics, row counts that leave tails in every
-// split. Other layouts, eval, float64 and C % vector != 0 never take the single kernel.
-TEST_F(CudaBatchNorm, SingleKernelPassesMatchTheComposedPathAndTheThreeKernelOnes) {
-  using nn::cuda_impl::batch_norm_single_kernel_runs;
-  // The default: three kernels both ways.
-  EXPECT_FALSE(nn::cuda_impl::batch_norm_single_kernel().forward);
-  EXPECT_FALSE(nn::cuda_impl::batch_norm_single_kernel().backward);
-  const std::vector<BnCase> single = {
+// Training over rows (channels-last 4-d, 2-d) matches the CPU in float64, with and without the fused ReLU /
+// residual, affine parameters and running statistics, row counts that leave tails in every split, many channel
+// blocks.
+TEST_F(CudaBatchNorm, RowsPassesMatchTheComposedPath) {
+  const std::vector<BnCase> cases = {
       {.shape = {8, 64, 9, 7}, .channels_last = true},
       {.shape = {8, 64, 9, 7}, .channels_last = true, .relu = true, .dtype = DType::BFloat16},
       {.shape = {5, 24, 7, 3}, .channels_last = true, .relu = true, .dtype = DType::Float16, .affine = false},
@@ -365,50 +345,17 @@ TEST_F(CudaBatchNorm, SingleKernelPassesMatchTheComposedPathAndTheThreeKernelOne
       {.shape = {1000, 32}, .relu = true},
       {.shape = {16, 512, 3, 3}, .channels_last = true, .dtype = DType::BFloat16},  // many channel blocks
       {.shape = {32, 128, 28, 28}, .channels_last = true, .relu = true, .dtype = DType::BFloat16, .lo = 10, .hi = 12},
-      {.shape = {8, 64, 9, 7}, .channels_last = true, .dtype = DType::BFloat16, .residual = true},
   };
-  for (const BnCase& k : single) {
-    for (const nn::cuda_impl::BatchNormSingleKernel which :
-         {nn::cuda_impl::BatchNormSingleKernel{true, true}, nn::cuda_impl::BatchNormSingleKernel{true, false},
-          nn::cuda_impl::BatchNormSingleKernel{false, false}}) {
-      SCOPED_TRACE(std::string("single kernel forward ") + (which.forward ? "on" : "off") + ", backward " +
-                   (which.backward ? "on" : "off"));
-      const SingleKernelPasses passes(which);
-      const int64_t before = batch_norm_single_kernel_runs();
-      if (k.residual) {
-        expect_fused_residual_matches(k);  // three GPU runs: fused twice, composed once
-      } else {
-        expect_matches_composed(k);  // one
-      }
-      const int64_t runs = batch_norm_single_kernel_runs() - before;
-      const int64_t per_run = int64_t{which.forward} + int64_t{which.backward};
-      EXPECT_EQ(runs, per_run * (k.residual ? 3 : 1)) << describe(k);
-    }
-  }
-  const std::vector<BnCase> others = {
-      {.shape = {8, 64, 9, 7}},                                                  // NCHW
-      {.shape = {8, 64, 9, 7}, .channels_last = true, .training = false},        // eval
-      {.shape = {4, 6, 5, 3}, .channels_last = true, .dtype = DType::BFloat16},  // C % 8 != 0
-      {.shape = {64, 6}},                                                        // C % 4 != 0
-      {.shape = {64, 8}, .dtype = DType::Float64},
-  };
-  const SingleKernelPasses passes({.forward = true, .backward = true});
-  for (const BnCase& k : others) {
-    const int64_t before = batch_norm_single_kernel_runs();
-    expect_matches_composed(k);
-    EXPECT_EQ(batch_norm_single_kernel_runs(), before) << describe(k);
-  }
+  for (const BnCase& k : cases) expect_matches_composed(k);
+  expect_fused_residual_matches({.shape = {8, 64, 9, 7}, .channels_last = true, .dtype = DType::BFloat16});
 }
 
-// The single kernel sums in a fixed order too: two runs give the same bits.
-TEST_F(CudaBatchNorm, SingleKernelPassesAreDeterministic) {
+// Over rows in bfloat16 with the fused ReLU too, two runs give the same bits.
+TEST_F(CudaBatchNorm, RowsPassesAreDeterministic) {
   const BnCase k{.shape = {64, 64, 16, 16}, .channels_last = true, .relu = true, .dtype = DType::BFloat16};
   const BnData d = make_data(k);
-  const SingleKernelPasses passes({.forward = true, .backward = true});
-  const int64_t before = nn::cuda_impl::batch_norm_single_kernel_runs();
   const BnOut a = run(k, d, Device::cuda(0), k.dtype, DType::Float32);
   const BnOut b = run(k, d, Device::cuda(0), k.dtype, DType::Float32);
-  EXPECT_EQ(nn::cuda_impl::batch_norm_single_kernel_runs(), before + 4);
   EXPECT_EQ(values(a.y), values(b.y));
   EXPECT_EQ(values(a.gx), values(b.gx));
   EXPECT_EQ(values(a.gw), values(b.gw));
@@ -417,9 +364,9 @@ TEST_F(CudaBatchNorm, SingleKernelPassesAreDeterministic) {
   EXPECT_EQ(values(a.rv), values(b.rv));
 }
 
-// A CUDA graph captures the cooperative launches: replays give what eager calls give, bit for bit, and each
-// replay updates the running statistics once more, as an eager step would.
-TEST_F(CudaBatchNorm, SingleKernelPassesReplayInACudaGraph) {
+// A CUDA graph captures the passes: replays give what eager calls give, bit for bit, and each replay updates the
+// running statistics once more, as an eager step would.
+TEST_F(CudaBatchNorm, ReplaysInACudaGraph) {
   const Device gpu = Device::cuda(0);
   const Shape shape{16, 64, 8, 8};
   const BnCase k{.shape = shape, .channels_last = true, .relu = true, .dtype = DType::BFloat16};
@@ -429,7 +376,6 @@ TEST_F(CudaBatchNorm, SingleKernelPassesReplayInACudaGraph) {
   const Tensor w = make(d.w, {64}, {.device = gpu}), b = make(d.b, {64}, {.device = gpu});
   Tensor rm = make(d.rm, {64}, {.device = gpu}), rv = make(d.rv, {64}, {.device = gpu});
   Tensor y, gx;
-  const SingleKernelPasses passes({.forward = true, .backward = true});
   auto step = [&] {
     const auto f = nn::cuda_impl::batch_norm_forward(x, w, b, rm, rv, true, 0.3, 1e-3, true);
     const auto g = nn::cuda_impl::batch_norm_backward(dy, x, f.y, f.relu_mask, w, f.mean, f.invstd, true, {});
@@ -444,10 +390,8 @@ TEST_F(CudaBatchNorm, SingleKernelPassesReplayInACudaGraph) {
   const std::vector<double> rm_eager = values(rm), rv_eager = values(rv);
   rm.copy_(rm0);
   rv.copy_(rv0);
-  const int64_t before = nn::cuda_impl::batch_norm_single_kernel_runs();
   cuda::Graph graph;
   graph.capture(step, /*warmup=*/0);
-  EXPECT_GT(nn::cuda_impl::batch_norm_single_kernel_runs(), before) << "the capture took the single-kernel passes";
   graph.replay();
   EXPECT_EQ(values(y), y_eager);
   EXPECT_EQ(values(gx), gx_eager);

@@ -147,9 +147,9 @@ TEST(Conv, ChannelsLastGradients) {
 }
 
 // A 1x1 convolution whose input also takes another path (a residual block's input: the 1x1 conv and the shortcut).
-// Its backward adds its input gradient into the sum the engine has begun for that input when the shortcut's gradient
-// arrived first, and returns its own otherwise; both orders, with the input a leaf and an intermediate, give the
-// gradients of the same computation through the general (NCHW, im2col) path.
+// Its backward adds its input gradient into the sum the engine has begun for that input with the shortcut's gradient
+// (the engine runs it after the shortcut, whichever was made first); both orders, with the input a leaf and an
+// intermediate, give the gradients of the same computation through the general (NCHW, im2col) path.
 TEST(Conv, OneByOneGradientJoinsTheShortcutGradient) {
   const Tensor x0 = make_input({2, 4, 3, 2}, -1, 1, 21), w = make_input({4, 4, 1, 1}, -1, 1, 22);
   const Tensor r1 = make_input({2, 4, 3, 2}, -1, 1, 23), r2 = make_input({2, 4, 3, 2}, -1, 1, 24);
@@ -157,7 +157,6 @@ TEST(Conv, OneByOneGradientJoinsTheShortcutGradient) {
     for (bool intermediate : {false, true}) {
       SCOPED_TRACE(std::string(shortcut_first ? "shortcut's gradient first" : "conv's gradient first") +
                    (intermediate ? ", intermediate input" : ", leaf input"));
-      // The engine runs later nodes first: the op made last delivers its gradient first.
       auto grads = [&](bool channels_last) {
         Tensor leaf = (channels_last ? x0.contiguous(MemoryFormat::ChannelsLast) : x0.contiguous()).detach().clone();
         leaf.requires_grad_();

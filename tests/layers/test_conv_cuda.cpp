@@ -26,21 +26,18 @@ class CudaConvTest : public ::testing::Test {
     previous_tf32_ = cuda::allow_tf32();
     previous_benchmark_ = nn::cudnn_benchmark();
     previous_graph_api_ = nn::cuda_impl::conv2d_graph_api();
-    previous_accumulate_ = nn::cuda_impl::conv2d_graph_accumulate();
   }
   void TearDown() override {
     if (!cuda::is_available()) return;
     cuda::set_allow_tf32(previous_tf32_);
     nn::set_cudnn_benchmark(previous_benchmark_);
     nn::cuda_impl::set_conv2d_graph_api(previous_graph_api_);
-    nn::cuda_impl::set_conv2d_graph_accumulate(previous_accumulate_);
   }
 
  private:
   bool previous_tf32_ = true;
   bool previous_benchmark_ = false;
   bool previous_graph_api_ = true;
-  bool previous_accumulate_ = true;
 };
 
 struct ConvCase {
@@ -479,7 +476,7 @@ TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
 // The backward-data pass added into a gradient sum in one cuDNN graph: sum + dx against the float64 reference (dx by
 // the CPU's float64 convolution), within one rounding of the result to its 16-bit type; and the same through
 // nn::conv2d's backward, where the engine offers the node the sum the other path's gradient began (a residual block's
-// input), with the graph on and off (nn::conv2d takes it for stride 1 and for 1x1 kernels).
+// input; nn::conv2d takes the graph for stride 1 and for 1x1 kernels, a separate addition otherwise).
 TEST_F(CudaConvTest, BackwardDataAccumulateAddsIntoTheSum) {
   if (!nn::cuda_impl::conv2d_graph_api_compiled()) GTEST_SKIP() << "kiln was built without cudnn-frontend";
   nn::cuda_impl::set_conv2d_graph_api(true);
@@ -500,7 +497,6 @@ TEST_F(CudaConvTest, BackwardDataAccumulateAddsIntoTheSum) {
       nn::conv2d(x64, host(w), {}, co).backward(host(dy));
       const Tensor want = host(sum0) + x64.grad();
 
-      nn::cuda_impl::set_conv2d_graph_accumulate(true);  // the loop below ends with it off
       const Tensor sum = sum0.clone(MemoryFormat::ChannelsLast);
       std::string why_not;
       const int64_t before = nn::cuda_impl::conv2d_graph_accumulations_run();
@@ -511,18 +507,23 @@ TEST_F(CudaConvTest, BackwardDataAccumulateAddsIntoTheSum) {
       EXPECT_TRUE(sum.is_contiguous(MemoryFormat::ChannelsLast));
       expect_close(sum, want, tol, "sum + dx");
 
-      // Through autograd: the convolution is made first, so its node runs last and finds the shortcut's gradient
-      // (sum0, through a multiplication by 1) begun for x.
-      for (bool fused : {true, false}) {
-        SCOPED_TRACE(fused ? "accumulating graph on" : "accumulating graph off");
-        nn::cuda_impl::set_conv2d_graph_accumulate(fused);
+      // Through autograd: the convolution's node finds the shortcut's gradient (sum0, through a multiplication by 1)
+      // begun for x, with the convolution made before the shortcut and after it (the engine runs it last either way).
+      for (bool conv_first : {true, false}) {
+        SCOPED_TRACE(conv_first ? "convolution made first" : "shortcut made first");
         Tensor x = zeros(p.x, o).contiguous(MemoryFormat::ChannelsLast).requires_grad_();
-        const Tensor y = nn::conv2d(x, w, {}, co);
-        const Tensor shortcut = x * 1.0;
+        Tensor y, shortcut;
+        if (conv_first) {
+          y = nn::conv2d(x, w, {}, co);
+          shortcut = x * 1.0;
+        } else {
+          shortcut = x * 1.0;
+          y = nn::conv2d(x, w, {}, co);
+        }
         const int64_t runs = nn::cuda_impl::conv2d_graph_accumulations_run();
         autograd::backward({y, shortcut}, {dy, sum0});
         // nn::conv2d leaves strided convolutions with kernels larger than 1x1 to the separate addition.
-        const bool takes_graph = fused && (p.g.stride[0] == 1 || p.w[2] * p.w[3] == 1);
+        const bool takes_graph = p.g.stride[0] == 1 || p.w[2] * p.w[3] == 1;
         EXPECT_EQ(nn::cuda_impl::conv2d_graph_accumulations_run(), runs + (takes_graph ? 1 : 0));
         ASSERT_TRUE(x.grad().defined());
         expect_close(x.grad(), want, tol, "x.grad");

@@ -523,49 +523,6 @@ TEST_F(CudaFusedNorm, ScaleMixedDtypes) {
   }
 }
 
-// fused_cast rounds as a cast does: each value, rounded once (to nearest even) to the 16-bit dtype, equals the
-// host's rounding of the same float32 value (make() rounds on the host); awkward sizes, misaligned views, 500
-// small tensors (several launches) and a channels-last 4-d tensor in its own memory order.
-TEST_F(CudaFusedAmp, CastRoundsEveryTensorAsTheHostDoes) {
-  for (DType dt : {DType::BFloat16, DType::Float16}) {
-    SCOPED_TRACE(dtype_name(dt));
-    std::vector<int64_t> sizes = kAwkward;
-    for (int64_t n : many_small()) sizes.push_back(n);
-    TensorVec srcs, dsts;
-    std::vector<Vec> host;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      // Values of float32 precision over a wide range (rounding ties and carries into the exponent included).
-      Vec v = uniform(sizes[i], -300, 300, 900 + i);
-      for (size_t k = 0; k < v.size(); k += 7) v[k] = std::ldexp(1.0 + std::ldexp(1.0, -8), -3);  // a tie in bfloat16
-      host.push_back(rounded(v, DType::Float32));
-      const bool misaligned = i < kAwkward.size() && misaligned_at(i);
-      srcs.push_back(gpu(host.back(), DType::Float32, misaligned));
-      dsts.push_back(gpu(Vec(v.size(), 0.0), dt, misaligned));
-    }
-    Tensor image = make(uniform(2 * 3 * 5 * 7, -2, 2, 990), {2, 3, 5, 7}, {.device = kGpu})
-                       .contiguous(MemoryFormat::ChannelsLast);
-    srcs.push_back(image);
-    dsts.push_back(empty_strided(image.shape(), image.strides(), {.dtype = dt, .device = kGpu}));
-    fused_cast(srcs, dsts);
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      expect_values(dsts[i], {sizes[i]}, rounded(host[i], dt), 0, 0);
-    }
-    expect_values(dsts.back(), image.shape(), values(image.to(dt)), 0, 0);
-  }
-}
-
-TEST_F(CudaFusedAmp, CastArgumentErrors) {
-  const TensorVec f32 = {gpu({1, 2, 3}, DType::Float32)};
-  expect_error([&] { fused_cast(f32, {gpu({0, 0, 0}, DType::Float32)}); }, {"fused_cast", "float16 or bfloat16"});
-  expect_error([&] { fused_cast({gpu({1, 2}, DType::BFloat16)}, {gpu({0, 0}, DType::BFloat16)}); },
-               {"fused_cast", "float32"});
-  expect_error([&] { fused_cast(f32, {gpu({0, 0}, DType::BFloat16)}); }, {"fused_cast", "dsts[0]", "elements"});
-  expect_error([&] { fused_cast(f32, {}); }, {"fused_cast", "dsts"});
-  Tensor square = make(uniform(16, -1, 1, 991), {4, 4}, {.device = kGpu});
-  expect_error([&] { fused_cast({square}, {empty({4, 4}, {.dtype = DType::BFloat16, .device = kGpu}).t()}); },
-               {"fused_cast", "dsts[0]"});
-}
-
 TEST_F(CudaFusedLauncher, TensorSpanningTwoLaunchesAndNoNewMallocsAfterWarmUp) {
   // 321 chunks of one tensor between two small ones: the first launch fills its 320 blocks mid-tensor and
   // the tensor continues in the next launch.

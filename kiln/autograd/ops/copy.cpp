@@ -55,12 +55,6 @@ Tensor to(const Tensor& t, Device device, std::optional<DType> dtype, bool non_b
 
 Tensor cast(const Tensor& t, DType dtype) { return record_to(ops::cast(t, dtype), t, "CastBackward"); }
 
-Tensor with_cast_history(Tensor values, const Tensor& t) {
-  KILN_CHECK(values.defined() && t.defined() && values.shape() == t.shape() && values.device() == t.device(),
-             "with_cast_history: the values must have the source's shape and device");
-  return record_to(std::move(values), t, "ToBackward");
-}
-
 Tensor contiguous(const Tensor& t, MemoryFormat format) {
   return record_identity(ops::contiguous(t, format), t, "ContiguousBackward");
 }

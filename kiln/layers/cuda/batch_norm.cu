@@ -14,21 +14,16 @@
 // it touched last. Kernels whose optional inputs (y, the residual) are absent are compiled without them: fewer
 // registers, more blocks per SM. The forward pass can add a residual before the ReLU (ResNet's block tail), and the
 // backward pass then writes its gradient beside dx.
-// In training over rows, each pass can also run as one cooperative kernel (off by default; batch_norm.h has the
-// measurements): the reduction, a grid-wide barrier, the finalisation spread over every warp of the grid, a second
-// barrier, and the elementwise pass over the rows each block reduced, back to front, so its first reads are what
-// L2 still holds of the reduction's last; two launches fewer a pass.
+// (One cooperative kernel per training pass, with grid-wide barriers between sums, finalisation and the elementwise
+// pass, was measured on an H200 and dropped: in whole ResNet-50 training steps it cost 0.5 ms a step more than the
+// three kernels, as a cooperative launch waits for the whole GPU and overlaps nothing.)
 #include "kiln/layers/cuda/batch_norm.h"
 #include "kiln/tensor/trace.h"  // a range per kernel entry
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
-#include <mutex>
 #include <type_traits>
-#include <unordered_map>
 
 #include "kiln/layers/cuda/layer_kernels.cuh"  // Vec, load_vec, vector_width, grid_for
 #include "kiln/tensor/cuda/cuda_backend.h"     // cuda::stream_for
@@ -199,8 +194,7 @@ struct RowWalk {
 // partial[c * splits + split], split = blockIdx.y. A thread loads Op::kRowsInFlight rows' vectors first and then
 // adds them in row order, so its sums are the same as row by row: the order of every addition is fixed by the
 // launch configuration alone.
-// (The block's part of reduce_rows_kernel, which the single-kernel passes run as their first phase; sm holds
-// by * bx * V states.)
+// (The block's part of reduce_rows_kernel; sm holds by * bx * V states.)
 template <typename T, int V, typename Acc, typename Op, bool kY = true>
 __device__ __forceinline__ void reduce_rows_block(Inputs<T> in, const Op& op, State<Acc>* partial, int64_t C, RowWalk w,
                                                   State<Acc>* sm) {
@@ -525,24 +519,6 @@ __device__ __forceinline__ void backward_rows(const device_t<T>* x, const device
   }
 }
 
-// The same thread's rows of its block's split [r0, r1) front to back, as the single-kernel passes reduce them.
-__device__ __forceinline__ RowWalk split_rows(int64_t M, int64_t rows_per_split) {
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_split;
-  const int64_t r1 = min(M, r0 + rows_per_split);
-  const int64_t first = r0 + threadIdx.y, by = blockDim.y;
-  return {first, by, first < r1 ? (r1 - 1 - first) / by + 1 : 0};
-}
-
-// The same thread's rows in the single-kernel passes: those of its block's split [r0, r1) that reduce_rows_block
-// read, back to front (r1 - 1 - ty, stepping by -by), so that the first rows it reads are the last the reduction
-// read, which L2 may still hold.
-__device__ __forceinline__ RowWalk split_rows_back_to_front(int64_t M, int64_t rows_per_split) {
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_split;
-  const int64_t r1 = min(M, r0 + rows_per_split);
-  const int64_t first = r1 - 1 - threadIdx.y, by = blockDim.y;
-  return {first, -by, first >= r0 ? (first - r0) / by + 1 : 0};
-}
-
 // kRes: whether res may be set (a residual added before the ReLU); without it res is ignored.
 template <typename T, int V, typename Acc, bool kRes>
 __global__ void __launch_bounds__(kThreads)
@@ -562,109 +538,6 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c0 >= C) return;
   backward_rows<T, V, Acc, kY>(x, dy, y, relu_mask, out, mean, p, q, r, training, C, c0, grid_strided_rows(M, false));
-}
-
-// ---- single-kernel passes (rows layout, training): the reduction of reduce_rows_kernel, a grid-wide barrier,
-// each channel's finalisation (a warp per channel over the whole grid), a second barrier, then the elementwise
-// pass over the rows each block reduced, back to front. Launched cooperatively (every block resident at once),
-// with the grid of the reduction, so one kernel does what three did, and the elementwise pass's first reads hit
-// what the reduction left in L2.
-
-// The warps of the grid, in order, for the finalisation: this thread's warp, its lane, and the warp count.
-struct GridWarp {
-  int64_t warp, warps;
-  int lane;
-};
-__device__ __forceinline__ GridWarp grid_warp() {
-  const int per_block = static_cast<int>(blockDim.x * blockDim.y / 32);
-  const int tid = static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
-  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-  return {block * per_block + tid / 32, static_cast<int64_t>(gridDim.x) * gridDim.y * per_block, tid % 32};
-}
-
-template <typename T, typename Acc>
-struct SingleForwardArgs {
-  const device_t<T>* x;
-  const device_t<T>* res;
-  device_t<T>* y;
-  uint8_t* relu_mask;
-  State<Acc>* partial;
-  int64_t M, C, rows_per_split;
-  Acc eps, momentum;
-  const Acc* weight;
-  const Acc* bias;
-  Acc* mean;
-  Acc* invstd;
-  Acc* scale;
-  float* running_mean;  // float32 running statistics, or null
-  float* running_var;
-  int64_t* batches;  // num_batches_tracked, or null
-  bool relu;
-};
-
-template <typename T, int V, typename Acc>
-__global__ void __launch_bounds__(kThreads) forward_single_kernel(SingleForwardArgs<T, Acc> a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-  if (a.batches != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) ++*a.batches;
-  reduce_rows_block<T, V, Acc>(Inputs<T>{a.x, nullptr, nullptr}, StatsOp<Acc>{}, a.partial, a.C,
-                               split_rows(a.M, a.rows_per_split), reinterpret_cast<State<Acc>*>(smem_raw));
-  grid.sync();
-  const GridWarp gw = grid_warp();
-  for (int64_t c = gw.warp; c < a.C; c += gw.warps) {
-    const State<Acc> st = channel_total(a.partial, gridDim.y, c, gw.lane);
-    if (gw.lane == 0) {
-      finalize_stats_channel<T, Acc, float>(st, c, static_cast<Acc>(a.M), a.x, 1, a.eps, a.weight, a.mean, a.invstd,
-                                            a.scale, a.running_mean, a.running_var, a.momentum);
-    }
-  }
-  grid.sync();
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
-  if (c0 >= a.C) return;
-  forward_rows<T, V, Acc>(a.x, a.res, a.y, a.relu_mask, a.mean, a.scale, a.bias, a.relu, a.C, c0,
-                          split_rows_back_to_front(a.M, a.rows_per_split));
-}
-
-template <typename T, typename Acc>
-struct SingleBackwardArgs {
-  const device_t<T>* x;
-  const device_t<T>* dy;
-  const device_t<T>* y;
-  const uint8_t* relu_mask;
-  GradOutputs<T> out;  // out.dx set
-  State<Acc>* partial;
-  int64_t M, C, rows_per_split;
-  Acc inv_count;
-  const Acc* mean;
-  const Acc* invstd;
-  const Acc* weight;
-  Acc* grad_weight;
-  Acc* grad_bias;
-  Acc* p;
-  Acc* q;
-  Acc* r;
-};
-
-template <typename T, int V, typename Acc>
-__global__ void __launch_bounds__(kThreads) backward_single_kernel(SingleBackwardArgs<T, Acc> a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-  reduce_rows_block<T, V, Acc>(Inputs<T>{a.x, a.dy, a.y, a.relu_mask}, GradSumOp<Acc>{a.mean}, a.partial, a.C,
-                               split_rows(a.M, a.rows_per_split), reinterpret_cast<State<Acc>*>(smem_raw));
-  grid.sync();
-  const GridWarp gw = grid_warp();
-  for (int64_t c = gw.warp; c < a.C; c += gw.warps) {
-    const State<Acc> st = channel_total(a.partial, gridDim.y, c, gw.lane);
-    if (gw.lane == 0) {
-      finalize_grads_channel<Acc>(st, c, a.inv_count, a.mean, a.invstd, a.weight, true, a.grad_weight, a.grad_bias, a.p,
-                                  a.q, a.r);
-    }
-  }
-  grid.sync();
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
-  if (c0 >= a.C) return;
-  backward_rows<T, V, Acc>(a.x, a.dy, a.y, a.relu_mask, a.out, a.mean, a.p, a.q, a.r, true, a.C, c0,
-                           split_rows_back_to_front(a.M, a.rows_per_split));
 }
 
 // Planes (N, C, S): a grid-stride loop over vectors; a vector never crosses a plane (S % V == 0), so its
@@ -830,184 +703,6 @@ RowsGrid rows_grid(int64_t M, int64_t C, int V, int per_sm) {
   return {dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), dim3(bx, by)};
 }
 
-// ---- the single-kernel passes' launches
-
-// Which passes take the single kernel (batch_norm.h says why neither does by default).
-std::atomic<bool> g_single_forward{false}, g_single_backward{false};
-std::atomic<int64_t> g_single_kernel_runs{0};
-
-// Whether the current device runs cooperative launches (kiln's GPUs all do; asked once per device).
-bool cooperative_launch_supported() {
-  static std::mutex mu;
-  static std::unordered_map<int, bool> known;
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev), "batch_norm");
-  std::lock_guard<std::mutex> lock(mu);
-  const auto it = known.find(dev);
-  if (it != known.end()) return it->second;
-  int yes = 0;
-  if (cudaDeviceGetAttribute(&yes, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    yes = 0;
-  }
-  known[dev] = yes != 0;
-  return yes != 0;
-}
-
-// The grid of a single-kernel pass over (M, C) rows, V channels a thread: the reduction's blocks (bx threads
-// across channel vectors, by across rows), with as many splits of the rows as keep every block resident at once
-// (per_sm of them on each SM), each thread at least 8 rows. ok is false when even one split per channel block
-// would not fit (a cooperative launch needs the whole grid resident).
-struct SingleGrid {
-  dim3 grid, block;
-  size_t smem;
-  int64_t rows_per_split;
-  bool ok;
-};
-SingleGrid single_grid(int64_t M, int64_t C, int V, size_t state_bytes, int per_sm) {
-  const int64_t cvecs = C / V;
-  int bx = 1;
-  while (bx < 32 && bx < cvecs) bx *= 2;
-  const int by = kThreads / bx;
-  const int64_t grid_x = ceil_div(cvecs, bx);
-  const int64_t resident = int64_t{cuda::kdetail::sm_count()} * per_sm;
-  SingleGrid g{};
-  g.smem = state_bytes * static_cast<size_t>(kThreads) * V;
-  if (grid_x > resident || grid_x > 65535) return g;
-  const int64_t max_splits = std::max<int64_t>(1, M / (int64_t{by} * 8));
-  int64_t splits = std::clamp<int64_t>(resident / grid_x, 1, std::min<int64_t>(max_splits, 65535));
-  g.rows_per_split = ceil_div(M, splits);
-  splits = ceil_div(M, g.rows_per_split);
-  g.grid = dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(splits));
-  g.block = dim3(bx, by);
-  g.ok = true;
-  return g;
-}
-
-template <typename Args>
-void launch_cooperative(const void* kernel, const SingleGrid& g, Args& args, cudaStream_t stream, const char* what) {
-  void* params[] = {&args};
-  KILN_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel, g.grid, g.block, params, g.smem, stream), what);
-  g_single_kernel_runs.fetch_add(1, std::memory_order_relaxed);
-}
-
-// The single-kernel forward in training over rows, when it applies: 16-bit or float32 x whose channels fill
-// 16-byte vectors (at x, y and the residual), float32 running statistics (or none), a device that launches
-// cooperatively. Returns false, having done nothing, otherwise.
-template <typename T>
-bool forward_single(const Tensor& x, const Tensor& y, const Layout& L, const Tensor& w, const Tensor& b,
-                    const Tensor& running_mean, const Tensor& running_var, double momentum, double eps, bool relu,
-                    const Tensor& res, int64_t* batches, Tensor& mean, Tensor& invstd, Tensor& relu_mask,
-                    cudaStream_t stream) {
-  if constexpr (std::is_same_v<acc_t<T>, double>) {
-    return false;
-  } else {
-    using Acc = acc_t<T>;
-    using D = device_t<T>;
-    constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-    if (!g_single_forward.load(std::memory_order_relaxed) || !L.rows || V == 1) return false;
-    if (running_mean.defined() && (running_mean.dtype() != DType::Float32 || running_var.dtype() != DType::Float32)) {
-      return false;
-    }
-    const auto* xp = static_cast<const D*>(x.data_ptr());
-    auto* yp = static_cast<D*>(y.data_ptr());
-    const D* rp = res.defined() ? static_cast<const D*>(res.data_ptr()) : nullptr;
-    if (vector_width<T>({xp, yp, rp}, L.C) != V || !cooperative_launch_supported()) return false;
-    static const int per_sm =
-        blocks_per_sm(forward_single_kernel<T, V, Acc>, kThreads, sizeof(State<Acc>) * kThreads * V);
-    const SingleGrid g = single_grid(L.outer, L.C, V, sizeof(State<Acc>), per_sm);
-    if (!g.ok) return false;
-    trace::Scope range(trace::Kind::Op, "batch_norm_forward.single_kernel", x.device());
-    const TensorOptions opts{.dtype = DType::Float32, .device = x.device()};
-    const Tensor partial = ops::empty({L.C * static_cast<int64_t>(g.grid.y) * kStateSums}, opts);
-    mean = ops::empty({L.C}, opts);
-    invstd = ops::empty({L.C}, opts);
-    const Tensor scale = ops::empty({L.C}, opts);
-    uint8_t* mp = nullptr;
-    if (relu && V == 8) {
-      relu_mask = ops::empty({x.numel() / 8}, TensorOptions{.dtype = DType::UInt8, .device = x.device()});
-      mp = relu_mask.data_ptr<uint8_t>();
-    }
-    SingleForwardArgs<T, Acc> a{};
-    a.x = xp;
-    a.res = rp;
-    a.y = yp;
-    a.relu_mask = mp;
-    a.partial = reinterpret_cast<State<Acc>*>(partial.data_ptr());
-    a.M = L.outer;
-    a.C = L.C;
-    a.rows_per_split = g.rows_per_split;
-    a.eps = static_cast<Acc>(eps);
-    a.momentum = static_cast<Acc>(momentum);
-    a.weight = ptr_or_null<Acc>(w);
-    a.bias = ptr_or_null<Acc>(b);
-    a.mean = mean.data_ptr<Acc>();
-    a.invstd = invstd.data_ptr<Acc>();
-    a.scale = scale.data_ptr<Acc>();
-    a.running_mean = running_mean.defined() ? running_mean.data_ptr<float>() : nullptr;
-    a.running_var = running_var.defined() ? running_var.data_ptr<float>() : nullptr;
-    a.batches = batches;
-    a.relu = relu;
-    launch_cooperative(reinterpret_cast<const void*>(&forward_single_kernel<T, V, Acc>), g, a, stream,
-                       "batch_norm (single kernel)");
-    return true;
-  }
-}
-
-// The single-kernel backward in training when dx is asked for, on the same terms as forward_single.
-template <typename T>
-bool backward_single(const Tensor& dy, const Tensor& x, const Tensor& y, const Tensor& relu_mask, const Layout& L,
-                     const Tensor& w, const Tensor& mean, const Tensor& invstd, BatchNormNeeds needs,
-                     BatchNormGrads& out, cudaStream_t stream) {
-  if constexpr (std::is_same_v<acc_t<T>, double>) {
-    return false;
-  } else {
-    using Acc = acc_t<T>;
-    using D = device_t<T>;
-    constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-    if (!g_single_backward.load(std::memory_order_relaxed) || !L.rows || V == 1 || !needs.input) return false;
-    const auto* xp = static_cast<const D*>(x.data_ptr());
-    const auto* dyp = static_cast<const D*>(dy.data_ptr());
-    const D* yp = y.defined() ? static_cast<const D*>(y.data_ptr()) : nullptr;
-    if (vector_width<T>({xp, dyp, yp}, L.C) != V || !cooperative_launch_supported()) return false;
-    static const int per_sm =
-        blocks_per_sm(backward_single_kernel<T, V, Acc>, kThreads, sizeof(State<Acc>) * kThreads * V);
-    const SingleGrid g = single_grid(L.outer, L.C, V, sizeof(State<Acc>), per_sm);
-    if (!g.ok) return false;
-    trace::Scope range(trace::Kind::Op, "batch_norm_backward.single_kernel", x.device());
-    const TensorOptions opts{.dtype = DType::Float32, .device = x.device()};
-    const Tensor partial = ops::empty({L.C * static_cast<int64_t>(g.grid.y) * kStateSums}, opts);
-    const Tensor p = ops::empty({L.C}, opts), q = ops::empty({L.C}, opts), r = ops::empty({L.C}, opts);
-    if (needs.weight) out.weight = ops::empty({L.C}, opts);
-    if (needs.bias) out.bias = ops::empty({L.C}, opts);
-    out.input = ops::empty_like(x);                         // x's layout
-    if (needs.residual) out.residual = ops::empty_like(x);  // x's layout and dtype
-    SingleBackwardArgs<T, Acc> a{};
-    a.x = xp;
-    a.dy = dyp;
-    a.y = yp;
-    a.relu_mask = relu_mask.defined() ? relu_mask.data_ptr<uint8_t>() : nullptr;
-    a.out = {static_cast<D*>(out.input.data_ptr()),
-             needs.residual ? static_cast<D*>(out.residual.data_ptr()) : nullptr};
-    a.partial = reinterpret_cast<State<Acc>*>(partial.data_ptr());
-    a.M = L.outer;
-    a.C = L.C;
-    a.rows_per_split = g.rows_per_split;
-    a.inv_count = Acc(1) / static_cast<Acc>(L.count());
-    a.mean = mean.data_ptr<Acc>();
-    a.invstd = invstd.data_ptr<Acc>();
-    a.weight = ptr_or_null<Acc>(w);
-    a.grad_weight = ptr_or_null<Acc>(out.weight);
-    a.grad_bias = ptr_or_null<Acc>(out.bias);
-    a.p = p.data_ptr<Acc>();
-    a.q = q.data_ptr<Acc>();
-    a.r = r.data_ptr<Acc>();
-    launch_cooperative(reinterpret_cast<const void*>(&backward_single_kernel<T, V, Acc>), g, a, stream,
-                       "batch_norm backward (single kernel)");
-    return true;
-  }
-}
-
 template <typename T>
 void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Tensor& weight, const Tensor& bias,
                     const Tensor& running_mean, const Tensor& running_var, bool training, double momentum, double eps,
@@ -1019,10 +714,6 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
   const TensorOptions opts{.dtype = adt, .device = x.device()};
   const auto* xp = static_cast<const D*>(x.data_ptr());
   const Tensor w = per_channel_as(weight, adt), b = per_channel_as(bias, adt);
-  if (training && forward_single<T>(x, y, L, w, b, running_mean, running_var, momentum, eps, relu, res, batches, mean,
-                                    invstd, relu_mask, stream)) {
-    return;
-  }
   Tensor scale;  // (C): y = (x - mean) scale + bias
   if (training) {
     int64_t splits = 1;
@@ -1098,7 +789,6 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
   const D* yp = y.defined() ? static_cast<const D*>(y.data_ptr()) : nullptr;
   const uint8_t* mp = relu_mask.defined() ? relu_mask.data_ptr<uint8_t>() : nullptr;
   BatchNormGrads out;
-  if (training && backward_single<T>(dy, x, y, relu_mask, L, w, mean, invstd, needs, out, stream)) return out;
   const TensorOptions opts = TensorOptions{.dtype = adt, .device = x.device()};
   Tensor p, q, r;  // (C): dx = dy' p + (x - mean) q + r
   // The sums are needed for grad weight, grad bias, and dx in training; d_residual = dy' needs none.
@@ -1155,15 +845,6 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
 }
 
 }  // namespace
-
-void set_batch_norm_single_kernel(BatchNormSingleKernel which) {
-  g_single_forward.store(which.forward, std::memory_order_relaxed);
-  g_single_backward.store(which.backward, std::memory_order_relaxed);
-}
-BatchNormSingleKernel batch_norm_single_kernel() {
-  return {g_single_forward.load(std::memory_order_relaxed), g_single_backward.load(std::memory_order_relaxed)};
-}
-int64_t batch_norm_single_kernel_runs() { return g_single_kernel_runs.load(std::memory_order_relaxed); }
 
 BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, const Tensor& bias,
                                     const Tensor& running_mean, const Tensor& running_var, bool training,

@@ -57,22 +57,4 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, cons
                                    const Tensor& weight, const Tensor& mean, const Tensor& invstd, bool training,
                                    BatchNormNeeds needs);
 
-// Training passes over rows (channels-last 4-d or 2-d inputs) of float32 / float16 / bfloat16 whose channels fill
-// 16-byte vectors, with float32 running statistics (or none), can run as one cooperative kernel each: the
-// per-channel sums, a grid-wide barrier, each channel's finalisation, a second barrier, then the elementwise pass
-// over the rows each block summed, back to front (its first reads find what the sums read last still in L2).
-// Otherwise three kernels do the same (sums, finalisation, elementwise pass); the two differ only in how the sums
-// are split across blocks (float rounding), and each is deterministic. By default neither pass takes the single
-// kernel. On an H200 (bench_batch_norm, ResNet-50's 53 shapes at batch 256 in bf16) the single forward took
-// 6.33 ms against 6.85, but the single backward, at 102 registers a thread (two blocks an SM), 9.24 against 8.31;
-// and in whole ResNet-50 fp16 training steps (bench_train) the single forward cost 0.5 ms a step more than the
-// three kernels (a cooperative launch waits for the whole GPU and overlaps nothing). batch_norm_single_kernel_runs()
-// counts the single-kernel launches.
-struct BatchNormSingleKernel {
-  bool forward = false, backward = false;
-};
-void set_batch_norm_single_kernel(BatchNormSingleKernel which);
-BatchNormSingleKernel batch_norm_single_kernel();
-int64_t batch_norm_single_kernel_runs();
-
 }  // namespace kiln::nn::cuda_impl

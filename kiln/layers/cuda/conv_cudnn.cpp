@@ -453,17 +453,22 @@ bool conv2d_backward_data_accumulate(const Tensor& grad_output, const Tensor& we
   check_operands(grad_output, weight, "backward-data");
   KILN_CHECK(grad_input_sum.defined() && grad_input_sum.dim() == 4 && grad_input_sum.is_contiguous(format),
              "conv2d backward: the gradient sum to add into must be a 4-d tensor dense in the pass's memory format");
-  // Strided convolutions with a kernel larger than 1x1 stay with the pass and a separate addition: on the H200 (cuDNN
-  // 9.14, bf16, ResNet-18/CIFAR's shapes, bench_conv --accumulate) the fused graph took 0.159 / 0.085 / 0.064 ms for
-  // the three strided 3x3 ones against 0.115 / 0.073 / 0.056 separately, where it was faster for every stride-1 3x3
-  // (0.106 against 0.140 ms at 64 channels, 32x32) and strided 1x1 one.
-  const bool strided = g.stride[0] > 1 || g.stride[1] > 1;
-  if (strided && weight.size(2) * weight.size(3) > 1) return false;
+  if (!conv2d_backward_data_can_accumulate(g, weight.shape(), grad_output.dtype())) return false;
   const Tensor dy = ops::contiguous(grad_output, format);  // (N, C_out, OH, OW)
   const Tensor w = ops::contiguous(weight, format);        // (C_out, C_in / groups, KH, KW)
   KILN_CHECK(dy.shape() == output_shape(grad_input_sum.shape(), w.shape(), g), "conv2d backward: a gradient of shape ",
              dy.shape(), " does not match the output ", output_shape(grad_input_sum.shape(), w.shape(), g));
   return conv2d_graph_backward_data_accumulate(grad_input_sum, w, dy, g, format == MemoryFormat::ChannelsLast);
+}
+
+bool conv2d_backward_data_can_accumulate(const ConvGeometry& g, const Shape& weight_shape, DType dtype) {
+  // Strided convolutions with a kernel larger than 1x1 stay with the pass and a separate addition: on the H200 (cuDNN
+  // 9.14, bf16, ResNet-18/CIFAR's shapes, bench_conv --accumulate) the fused graph took 0.159 / 0.085 / 0.064 ms for
+  // the three strided 3x3 ones against 0.115 / 0.073 / 0.056 separately, where it was faster for every stride-1 3x3
+  // (0.106 against 0.140 ms at 64 channels, 32x32) and strided 1x1 one.
+  const bool strided = g.stride[0] > 1 || g.stride[1] > 1;
+  return (dtype == DType::Float16 || dtype == DType::BFloat16) && g.groups == 1 && weight_shape.size() == 4 &&
+         !(strided && weight_shape[2] * weight_shape[3] > 1);
 }
 
 Tensor conv2d_backward_filter(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,

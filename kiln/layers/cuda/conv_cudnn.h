@@ -49,6 +49,10 @@ Tensor conv2d_backward_data(const Tensor& grad_output, const Tensor& weight, con
 // conv2d_backward_data's result.
 bool conv2d_backward_data_accumulate(const Tensor& grad_output, const Tensor& weight, const Tensor& grad_input_sum,
                                      const ConvGeometry& g, MemoryFormat format);
+// Whether conv2d_backward_data_accumulate may take problems of this geometry, weight shape and dtype: float16 or
+// bfloat16, ungrouped, not strided with a kernel larger than 1x1. (nn::conv2d's backward node accepts the autograd
+// engine's gradient sums only then, so that the engine orders the backward around the nodes that add into them.)
+bool conv2d_backward_data_can_accumulate(const ConvGeometry& g, const Shape& weight_shape, DType dtype);
 
 // grad_output (N, C_out, OH, OW), input -> grad_weight of shape weight_shape (C_out, C_in / groups, KH, KW),
 // in `format`.

@@ -31,7 +31,6 @@ namespace kiln::nn::cuda_impl {
 namespace {
 
 std::atomic<bool> graph_api_enabled{true};
-std::atomic<bool> graph_accumulate_enabled{true};
 std::atomic<int64_t> passes_run{0};
 std::atomic<int64_t> plans_built{0};
 std::atomic<int64_t> accumulations_run{0};
@@ -64,8 +63,6 @@ void check_accumulate(const Tensor& dx_sum, const Tensor& w, const Tensor& dy) {
 }  // namespace
 
 void set_conv2d_graph_api(bool enabled) { graph_api_enabled.store(enabled, std::memory_order_relaxed); }
-void set_conv2d_graph_accumulate(bool enabled) { graph_accumulate_enabled.store(enabled, std::memory_order_relaxed); }
-bool conv2d_graph_accumulate() { return graph_accumulate_enabled.load(std::memory_order_relaxed); }
 bool conv2d_graph_api() { return graph_api_enabled.load(std::memory_order_relaxed); }
 int64_t conv2d_graph_passes_run() { return passes_run.load(std::memory_order_relaxed); }
 int64_t conv2d_graph_plans_built() { return plans_built.load(std::memory_order_relaxed); }
@@ -309,7 +306,6 @@ namespace {
 bool run_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y, const ConvChannelSums* sums,
                const ConvGeometry& g, bool channels_last, std::string* why_not) {
   if (!conv2d_graph_api() || g.groups != 1 || ::kiln::deterministic()) return false;
-  if (kind == GraphKind::BackwardDataAccumulate && !conv2d_graph_accumulate()) return false;
   if (x.dtype() != DType::Float16 && x.dtype() != DType::BFloat16) return false;
   // Benchmark mode times every candidate, which synchronises the device: inside a CUDA graph capture a problem takes
   // the plan timed before the capture (the eager warm-up steps), else the heuristics' plan.

@@ -50,12 +50,10 @@ bool conv2d_graph_forward_with_sums(const Tensor& x, const Tensor& w, const Tens
 // other gradient came through the shortcut, then costs no separate addition: that reads both gradients and writes
 // their sum). dx_sum has the input's shape and dy's dtype and device, dense in the pass's format. Returns false,
 // having run nothing, where conv2d_graph_pass would, where cuDNN has no engine for the graph (its engines may be
-// compiled at run time, once per problem; why_not, when given, then gets the failed build step), or where
-// set_conv2d_graph_accumulate turned it off.
+// compiled at run time, once per problem; why_not, when given, then gets the failed build step). bench_conv
+// --accumulate times it against the pass and a separate addition.
 bool conv2d_graph_backward_data_accumulate(const Tensor& dx_sum, const Tensor& w, const Tensor& dy,
                                            const ConvGeometry& g, bool channels_last, std::string* why_not = nullptr);
-void set_conv2d_graph_accumulate(bool enabled);  // on by default (bench_conv --accumulate compares the two)
-bool conv2d_graph_accumulate();
 
 // On by default when kiln has cudnn-frontend; off sends every convolution through the legacy API (bench_conv
 // --cudnn-api legacy and the tests compare the two).

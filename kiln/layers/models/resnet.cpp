@@ -53,13 +53,11 @@ BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, std::s
 
 Tensor BasicBlock::forward(const Tensor& x) {
   // (N, C_in, H, W) -> (N, planes, H / s, W / s)
-  // The shortcut first: backward then reaches conv1 (3x3, strided where there is a downsample) before the
-  // downsample's 1x1 convolution, which adds its input gradient into the sum conv1's began (kiln/layers/conv.cpp;
-  // on the H200 that fused addition was faster for strided 1x1 convolutions and slower for strided 3x3 ones).
-  Tensor identity = downsample != nullptr ? (*downsample)(x) : x;
   Tensor out = bn1->forward_relu((*conv1)(x));  // batch norm + ReLU in one pass on the GPU
-  // relu(bn2(conv2(out)) + identity), one pass on the GPU (the registered `relu` module stays, for the names).
-  return bn2->forward_add_relu((*conv2)(out), identity);
+  out = (*conv2)(out);
+  const Tensor identity = downsample != nullptr ? (*downsample)(x) : x;
+  // relu(bn2(out) + identity), one pass on the GPU (the registered `relu` module stays, for the names).
+  return bn2->forward_add_relu(out, identity);
 }
 
 // ---------------------------------------------------------------- Bottleneck
@@ -83,9 +81,10 @@ Tensor Bottleneck::forward(const Tensor& x) {
   // (N, C_in, H, W) -> (N, planes, H, W) -> (N, planes, H / s, W / s) -> (N, 4 planes, H / s, W / s)
   Tensor out = bn1->forward_relu((*conv1)(x));  // batch norm + ReLU in one pass on the GPU
   out = bn2->forward_relu((*conv2)(out));
-  Tensor identity = downsample != nullptr ? (*downsample)(x) : x;
-  // relu(bn3(conv3(out)) + identity), one pass on the GPU (the registered `relu` module stays, for the names).
-  return bn3->forward_add_relu((*conv3)(out), identity);
+  out = (*conv3)(out);
+  const Tensor identity = downsample != nullptr ? (*downsample)(x) : x;
+  // relu(bn3(out) + identity), one pass on the GPU (the registered `relu` module stays, for the names).
+  return bn3->forward_add_relu(out, identity);
 }
 
 // ---------------------------------------------------------------- ResNet

@@ -33,42 +33,7 @@ struct UnscaleAndCheck {
   }
 };
 
-// dst = src rounded once to T (float16 or bfloat16), src float32.
-template <typename T>
-struct CastFromFloat {
-  template <int D>
-  __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
-    const float* src = static_cast<const float*>(m.ptr[0][slot]) + chunk * mt::kChunk;
-    T* dst = static_cast<T*>(m.ptr[1][slot]) + chunk * mt::kChunk;
-    mt::for_each_group(mt::chunk_len(m, slot, chunk), mt::all_aligned(m, slot), [&](int64_t i, auto w) {
-      constexpr int W = decltype(w)::value;
-      float r[mt::kVec];
-      mt::load<W>(src + i, r);
-      mt::store<W>(dst + i, r);
-    });
-  }
-};
-
 }  // namespace
-
-void fused_cast(const TensorVec& srcs, const TensorVec& dsts) {
-  constexpr const char* kOp = "fused_cast";
-  trace::Scope range(trace::Kind::Op, kOp, srcs.empty() ? Device::cpu() : srcs[0].device());
-  const Device dev = check_tensors(srcs, kOp, "srcs");
-  if (srcs.empty()) return;
-  KILN_CHECK(srcs[0].dtype() == DType::Float32, kOp, ": srcs must be float32, got ", srcs[0].dtype());
-  check_list(srcs, kOp, "srcs", dev, srcs.size(), DType::Float32, nullptr);
-  KILN_CHECK(!dsts.empty() && dsts[0].defined() &&
-                 (dsts[0].dtype() == DType::Float16 || dsts[0].dtype() == DType::BFloat16),
-             kOp, ": dsts must be float16 or bfloat16 tensors, one per src");
-  check_list(dsts, kOp, "dsts", dev, srcs.size(), dsts[0].dtype(), &srcs);
-  cudaStream_t stream = cuda::stream_for(srcs[0]);
-  if (dsts[0].dtype() == DType::Float16) {
-    mt::apply<2>({&srcs, &dsts}, nullptr, stream, CastFromFloat<Half>{}, kOp);
-  } else {
-    mt::apply<2>({&srcs, &dsts}, nullptr, stream, CastFromFloat<BFloat16>{}, kOp);
-  }
-}
 
 void fused_unscale_and_check(const TensorVec& grads, const Tensor& found_inf, const Tensor& inv_scale) {
   trace::Scope range(trace::Kind::Op, "fused_unscale_and_check", grads.empty() ? Device::cpu() : grads[0].device());

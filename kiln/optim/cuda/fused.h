@@ -81,11 +81,6 @@ void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec
 // never reset to 0 here: callers zero it). inv_scale, found_inf: 1-element float32 device tensors.
 void fused_unscale_and_check(const TensorVec& grads, const Tensor& found_inf, const Tensor& inv_scale);
 
-// dsts[i] = srcs[i] rounded once to dsts' dtype (float16 or bfloat16, one for the list; srcs float32), in one
-// launch for up to a few hundred tensors: autocast's up-front weight casts (amp::Autocast). dsts[i] has srcs[i]'s
-// shape and element order.
-void fused_cast(const TensorVec& srcs, const TensorVec& dsts);
-
 // The L2 norm over all elements of all tensors, as a 1-element (0-d) float32 device tensor (squares summed
 // in float32 per chunk of 64K elements, the chunk sums added in float64 in a fixed order: deterministic).
 // Needs at least one tensor (for the device); tensors without elements add 0.
