@@ -46,17 +46,17 @@ struct DataLoaderOptions {
   bool pin_memory = false;        // collate into page-locked memory, for async copies (no-op without CUDA)
   int64_t prefetch_batches = -1;  // batches loaded ahead of the one in use (-1: 2 per worker)
   double timeout_s = 0;           // with workers: a batch not ready after this long throws (0: wait forever)
-  std::shared_ptr<const Sampler> sampler;  // null: the default above (not together with shuffle)
-  bool auto_distributed = true;            // null sampler and world_size > 1: DistributedSampler(shuffle, seed)
+  std::shared_ptr<const Sampler> sampler{};  // null: the default above (not together with shuffle)
+  bool auto_distributed = true;              // null sampler and world_size > 1: DistributedSampler(shuffle, seed)
   // A CUDA device: batches are collated into pinned memory and copied ahead on a copy stream of the
   // device (batch k+1's copy starts when batch k is handed out). The stream current on the consumer's
   // thread when a batch is handed out (at the loop's ++) waits for its copy on the GPU, not the host.
   // A CPU device, or none: batches stay in host memory.
-  std::optional<Device> device;
+  std::optional<Device> device{};
   // null: the dataset's collate_fn() (GPU image decoding), else data::collate's stacking, done sample by sample
   // (data::Collator: each sample is copied into the batch as soon as it is loaded, then let go). With a CUDA
   // device, workers run it with that device current.
-  CollateFn collate;
+  CollateFn collate{};
   // With workers: while epoch e's last batches are in use, the workers go on to load epoch e+1's first ones
   // (within the same prefetch window, so at most prefetch_batches are loaded ahead in all; with a device, the
   // next epoch's first batch may already be copied). A range that runs to its end keeps its threads and

@@ -33,7 +33,7 @@ namespace kiln::io {
 struct LoadOptions {
   // true: any missing, unexpected or mismatched name is a kiln::Error listing them, and nothing is loaded.
   bool strict = false;
-  std::vector<std::pair<std::string, std::string>> prefix_map;  // {from, to}, applied to the file's names
+  std::vector<std::pair<std::string, std::string>> prefix_map{};  // {from, to}, applied to the file's names
   bool auto_prefix = true;
   // true: floating-point values are converted to the model's dtype. false: a dtype difference is a mismatch.
   // Integer and bool tensors must always match the model's dtype (e.g. BatchNorm's num_batches_tracked).
@@ -41,18 +41,18 @@ struct LoadOptions {
 };
 
 struct LoadMismatch {
-  std::string name;  // the model's name
-  Shape file_shape, model_shape;
-  DType file_dtype, model_dtype;
+  std::string name{};  // the model's name
+  Shape file_shape{}, model_shape{};
+  DType file_dtype{}, model_dtype{};
 };
 
 struct LoadReport {
-  std::string path;
-  std::vector<std::string> loaded;       // model names given values
-  std::vector<std::string> missing;      // model names the file has no value for
-  std::vector<std::string> unexpected;   // file names (after mapping) the model has no tensor for
-  std::vector<LoadMismatch> mismatched;  // in both, but of another shape (or dtype, see convert_dtype)
-  std::vector<std::string> renames;      // what was done to the file's names, in words
+  std::string path{};
+  std::vector<std::string> loaded{};       // model names given values
+  std::vector<std::string> missing{};      // model names the file has no value for
+  std::vector<std::string> unexpected{};   // file names (after mapping) the model has no tensor for
+  std::vector<LoadMismatch> mismatched{};  // in both, but of another shape (or dtype, see convert_dtype)
+  std::vector<std::string> renames{};      // what was done to the file's names, in words
   bool ok() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
   std::string summary() const;  // counts, then the names (up to 20 of each list)
 };

@@ -56,7 +56,7 @@ class Dropout : public Module {
 
 // ---------------------------------------------------------------- Embedding
 struct EmbeddingOptions {
-  std::optional<int64_t> padding_idx;  // that row starts at zero and gets no gradient; negative counts from the end
+  std::optional<int64_t> padding_idx{};  // that row starts at zero and gets no gradient; negative counts from the end
 };
 
 // Integer indices (...) -> (..., embedding_dim). "weight" (num_embeddings, embedding_dim) starts N(0, 1).
