@@ -523,8 +523,8 @@ int finetune(int argc, char** argv) {
       .batch_size = o.batch,
       .workers = static_cast<int>(o.workers),
       .pin_memory = rt.device.is_cuda(),
-      .sampler = std::make_shared<RankShard>(eval->size(), rt.env->rank, rt.env->world_size),
-      .prefetch_next_epoch = false};  // evaluated as epoch 0 every time
+      .sampler = std::make_shared<RankShard>(eval->size(), rt.env->rank, rt.env->world_size)};
+  // (evaluated as epoch 0 every time: the default, prefetch_next_epoch = false, loads nothing ahead)
   if (rt.device.is_cuda()) eval_options.device = rt.device;
   data::DataLoader eval_loader(eval, eval_options);
   std::optional<kiln::monitor::MetricsLogger> eval_log;  // rank 0's, opened in before_training
