@@ -234,7 +234,9 @@ void load_initial_weights(nn::Module& target, const InitSource& init, const mode
     if (rt.main()) std::cout << "initialised from " << path << " (" << type << ")\n";
   } else {
     // Hugging Face weights (BertForPreTraining, BertForMaskedLM, BertModel, BertForSequenceClassification...).
-    const io::LoadReport r = io::load_weights(target, path);
+    // Not strict, deliberately: a pretraining checkpoint has heads this model lacks (unexpected) and lacks the
+    // new classifier (missing); a classifier of another number of labels is mismatched. Each is handled below.
+    const io::LoadReport r = io::load_weights(target, path, {.strict = false});
     if (rt.main()) std::cout << r.summary() << "\n";
     std::string bad;
     int64_t bad_count = 0;

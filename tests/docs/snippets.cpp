@@ -219,8 +219,9 @@ TEST(DocSnippets, SyntheticDataAndLoader) {
   }
 }
 
-// kiln/profiler/profiler.h, kiln/tensor/tensor_options.h (compiled only: a GPU, a trace file)
-[[maybe_unused]] void profiler_and_tensor_options(int64_t steps, const std::function<void()>& train_step) {
+// kiln/profiler/profiler.h, kiln/io/pretrained.h, kiln/tensor/tensor_options.h (compiled only: files of weights,
+// a trace file)
+[[maybe_unused]] void profiler_and_pretrained(int64_t steps, const std::function<void()>& train_step) {
   profiler::Profile prof({.schedule = {.wait = 5, .warmup = 2, .active = 3},
                           .trace_path = "run/trace.json"});     // open it in ui.perfetto.dev
   for (int64_t step = 0; step < steps; ++step) {
@@ -228,6 +229,12 @@ TEST(DocSnippets, SyntheticDataAndLoader) {
     prof.step();   // advances the schedule; writes the trace when the active steps are done
   }
   std::cout << prof.result().table(20);   // the top 20 ops by GPU time
+
+  auto model = nn::models::resnet18({.num_classes = 1000});
+  io::load_weights(*model, "resnet18.pth");  // strict (the default): a kiln::Error listing any difference
+  auto clf = nn::models::resnet18({.num_classes = 10});                   // fine-tuning: another classifier
+  io::LoadReport r = io::load_weights(*clf, "resnet18.pth", {.strict = false});  // loads what matches
+  std::cout << r.summary();                                                // loaded / missing / mismatched / ...
 
   Tensor t = ops::zeros({2, 3}, {.device = Device::cuda(0)});
   Tensor p = ops::empty({2, 3}, {.pinned_memory = true});
