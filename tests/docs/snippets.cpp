@@ -3,7 +3,9 @@
 // builds with (tests/CMakeLists.txt). A snippet that stops compiling, or starts to warn (an options struct with a
 // field lacking a default member initializer gives -Wmissing-field-initializers for every designated initializer
 // that leaves it out), fails the build. The snippets that are cheap on the CPU also run; the others (a GPU, an
-// image folder, several processes) are compiled only, inside functions the tests never call.
+// image folder, several processes) are compiled only, inside functions the tests never call. The whole programs
+// README.md points to (tests/install/consumer/main.cpp and mlp.cpp) are compiled as they are, with the same flags,
+// by the target test_docs_programs.
 #include <gtest/gtest.h>
 #include <kiln/kiln.h>
 #include <kiln/tensor/cuda.h>  // cuda::Graph
