@@ -93,9 +93,14 @@ int main(int argc, char** argv) {
   }
   for (int w : workers) {
     if (w > static_cast<int>(cores)) continue;
-    data::DataLoader loader(
-        dataset,
-        {.batch_size = batch, .workers = w, .shuffle = true, .drop_last = true, .pin_memory = gpu, .device = dev});
+    data::DataLoader loader(dataset,
+                            {.batch_size = batch,
+                             .workers = w,
+                             .shuffle = true,
+                             .drop_last = true,
+                             .pin_memory = gpu,
+                             .device = dev,
+                             .prefetch_next_epoch = true});  // as PyTorch's persistent workers (pytorch_data_loader.py)
     auto run_epoch = [&](uint64_t e) {
       int64_t images = 0;
       for (data::Batch& b : loader.epoch(e)) images += b.batch_size();

@@ -305,7 +305,8 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
                                     .shuffle = true,
                                     .drop_last = true,
                                     .pin_memory = dev.is_cuda(),
-                                    .device = dev});
+                                    .device = dev,
+                                    .prefetch_next_epoch = true});  // as PyTorch's persistent workers
   auto model = nn::models::resnet50({.num_classes = static_cast<int64_t>(dataset->classes().size())});
   model->to(dev, MemoryFormat::ChannelsLast);
   model->train();

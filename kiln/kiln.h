@@ -50,7 +50,7 @@
 #include "kiln/monitor/metrics.h"       // monitor::MetricsLogger: metrics to CSV and TensorBoard, resumable
 #include "kiln/optim/adam.h"            // optim::Adam, optim::AdamW
 #include "kiln/optim/amp.h"             // amp::Autocast (with the weight-cast cache)
-#include "kiln/optim/clip_grad.h"       // nn::utils::clip_grad_norm_, clip_grad_value_
+#include "kiln/optim/clip_grad.h"       // optim::clip_grad_norm_, clip_grad_value_ (and as nn::utils::)
 #include "kiln/optim/grad_scaler.h"     // amp::GradScaler
 #include "kiln/optim/lamb.h"            // optim::LAMB
 #include "kiln/optim/lr_scheduler.h"    // optim::StepLR, optim::CosineAnnealingLR, optim::OneCycleLR, warmups, ...

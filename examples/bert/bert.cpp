@@ -234,7 +234,9 @@ void load_initial_weights(nn::Module& target, const InitSource& init, const mode
     if (rt.main()) std::cout << "initialised from " << path << " (" << type << ")\n";
   } else {
     // Hugging Face weights (BertForPreTraining, BertForMaskedLM, BertModel, BertForSequenceClassification...).
-    const io::LoadReport r = io::load_weights(target, path);
+    // Not strict, deliberately: a pretraining checkpoint has heads this model lacks (unexpected) and lacks the
+    // new classifier (missing); a classifier of another number of labels is mismatched. Each is handled below.
+    const io::LoadReport r = io::load_weights(target, path, {.strict = false});
     if (rt.main()) std::cout << r.summary() << "\n";
     std::string bad;
     int64_t bad_count = 0;
@@ -523,8 +525,8 @@ int finetune(int argc, char** argv) {
       .batch_size = o.batch,
       .workers = static_cast<int>(o.workers),
       .pin_memory = rt.device.is_cuda(),
-      .sampler = std::make_shared<RankShard>(eval->size(), rt.env->rank, rt.env->world_size),
-      .prefetch_next_epoch = false};  // evaluated as epoch 0 every time
+      .sampler = std::make_shared<RankShard>(eval->size(), rt.env->rank, rt.env->world_size)};
+  // (evaluated as epoch 0 every time: the default, prefetch_next_epoch = false, loads nothing ahead)
   if (rt.device.is_cuda()) eval_options.device = rt.device;
   data::DataLoader eval_loader(eval, eval_options);
   std::optional<kiln::monitor::MetricsLogger> eval_log;  // rank 0's, opened in before_training

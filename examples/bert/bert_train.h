@@ -340,7 +340,8 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
                              .shuffle = true,
                              .seed = static_cast<uint64_t>(o.seed),
                              .drop_last = true,
-                             .pin_memory = rt.device.is_cuda()};
+                             .pin_memory = rt.device.is_cuda(),
+                             .prefetch_next_epoch = true};  // epochs in order: no bubble between them
   if (rt.device.is_cuda()) lo.device = rt.device;  // batches arrive on the GPU, copied ahead on a copy stream
   data::DataLoader loader(task.train, lo);
   const int64_t micro_per_epoch = loader.size();

@@ -89,11 +89,15 @@ int main(int argc, char** argv) {
                 static_cast<long long>(test->size()), static_cast<long long>(height),
                 static_cast<long long>(width), dev.str().c_str());
 
-    data::DataLoader train_loader(train, {.batch_size = batch_size, .workers = 2, .shuffle = true,
-                                          .seed = static_cast<uint64_t>(seed), .device = dev});
-    // Evaluated as epoch 0 every time: nothing is loaded ahead for an epoch 1 that is never asked for.
-    data::DataLoader test_loader(test,
-                                 {.batch_size = 256, .workers = 2, .device = dev, .prefetch_next_epoch = false});
+    // Epochs 0, 1, 2, ... in order: the workers go on into the next epoch while the last batches are in use.
+    data::DataLoader train_loader(train, {.batch_size = batch_size,
+                                          .workers = 2,
+                                          .shuffle = true,
+                                          .seed = static_cast<uint64_t>(seed),
+                                          .device = dev,
+                                          .prefetch_next_epoch = true});
+    // Evaluated as epoch 0 every time: by default nothing is loaded ahead for an epoch that is never asked for.
+    data::DataLoader test_loader(test, {.batch_size = 256, .workers = 2, .device = dev});
 
     auto model = make_model(height, width);
     model->to(dev);

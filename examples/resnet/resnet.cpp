@@ -507,14 +507,14 @@ int run(int argc, char** argv) {
                                           .shuffle = true,
                                           .seed = seed,
                                           .drop_last = true,
-                                          .device = delivery});
+                                          .device = delivery,
+                                          .prefetch_next_epoch = true});  // epochs in order: no bubble between them
   data::DataLoader eval_loader(d.eval,
                                {.batch_size = c.eval_batch_size,
                                 .workers = static_cast<int>(c.workers),
                                 .seed = seed,
                                 .sampler = std::make_shared<ShardSampler>(d.eval->size(), env.rank, env.world_size),
-                                .device = delivery,
-                                .prefetch_next_epoch = false});  // evaluated as epoch 0 every time
+                                .device = delivery});  // evaluated as epoch 0 every time: nothing loaded ahead
   int64_t steps_per_epoch = train_loader.size() / c.accumulate;  // leftover micro-batches are skipped
   if (steps_per_epoch == 0)
     fail(d.train->describe() + " gives " + std::to_string(train_loader.size()) +

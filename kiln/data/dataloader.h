@@ -1,7 +1,7 @@
 // kiln/data/dataloader.h — batches of a dataset, loaded by worker threads ahead of the training loop.
 //
 //   data::DataLoader loader(train, {.batch_size = 256, .workers = 8, .shuffle = true,
-//                                   .device = Device::cuda(local_rank)});
+//                                   .device = Device::cuda(local_rank), .prefetch_next_epoch = true});
 //   for (int epoch = 0; epoch < 90; ++epoch) {
 //     for (data::Batch& batch : loader.epoch(epoch)) {   // already on the GPU, in sampler order
 //       auto [x, y] = batch;
@@ -13,9 +13,11 @@
 //   for (data::Batch& b : range) { ...; pos = range.position(); }   // the batches already trained on
 //
 // Each sample is loaded with SampleRng(seed, epoch, index), so the same (seed, epoch) gives the same batches
-// for any number of workers. With workers, loading runs on across epoch boundaries: while epoch e's last
-// batches are in use the workers already load epoch e+1's first ones (prefetch_next_epoch), and
-// loader.epoch(e + 1) takes that pipeline over, so a new epoch starts without waiting for its first batch.
+// for any number of workers. As in PyTorch, an epoch's workers stop at its end and nothing of the next epoch is
+// loaded before it is asked for. A training loader can opt in to loading across epoch boundaries
+// (.prefetch_next_epoch = true, like persistent workers): while epoch e's last batches are in use the workers
+// already load epoch e+1's first ones, and loader.epoch(e + 1) takes that pipeline over, so a new epoch starts
+// without waiting for its first batch.
 // Under a multi-process launcher (distributed_env().world_size > 1) the default sampler is a
 // DistributedSampler: each rank loads its own shard.
 #pragma once
@@ -46,28 +48,29 @@ struct DataLoaderOptions {
   bool pin_memory = false;        // collate into page-locked memory, for async copies (no-op without CUDA)
   int64_t prefetch_batches = -1;  // batches loaded ahead of the one in use (-1: 2 per worker)
   double timeout_s = 0;           // with workers: a batch not ready after this long throws (0: wait forever)
-  std::shared_ptr<const Sampler> sampler;  // null: the default above (not together with shuffle)
-  bool auto_distributed = true;            // null sampler and world_size > 1: DistributedSampler(shuffle, seed)
+  std::shared_ptr<const Sampler> sampler{};  // null: the default above (not together with shuffle)
+  bool auto_distributed = true;              // null sampler and world_size > 1: DistributedSampler(shuffle, seed)
   // A CUDA device: batches are collated into pinned memory and copied ahead on a copy stream of the
   // device (batch k+1's copy starts when batch k is handed out). The stream current on the consumer's
   // thread when a batch is handed out (at the loop's ++) waits for its copy on the GPU, not the host.
   // A CPU device, or none: batches stay in host memory.
-  std::optional<Device> device;
+  std::optional<Device> device{};
   // null: the dataset's collate_fn() (GPU image decoding), else data::collate's stacking, done sample by sample
   // (data::Collator: each sample is copied into the batch as soon as it is loaded, then let go). With a CUDA
   // device, workers run it with that device current.
-  CollateFn collate;
-  // With workers: while epoch e's last batches are in use, the workers go on to load epoch e+1's first ones
+  CollateFn collate{};
+  // false (the default): each epoch's threads stop at its end, as in PyTorch without persistent workers, and
+  // nothing of an epoch is loaded before loader.epoch() asks for it; right for an evaluation loader, asked for
+  // the same epoch every time. true, for a training loader that goes through epochs 0, 1, 2, ... in order:
+  // with workers, while epoch e's last batches are in use, the workers go on to load epoch e+1's first ones
   // (within the same prefetch window, so at most prefetch_batches are loaded ahead in all; with a device, the
   // next epoch's first batch may already be copied). A range that runs to its end keeps its threads and
   // those batches in the loader, and loader.epoch(e + 1) (from batch 0) takes them over. Any other call
   // (another epoch, a start batch > 0, after a range left early) drops them and starts afresh; so does
   // destroying the loader. The batches, their order and samples, and their errors (thrown when the batch is
-  // handed out) are the same either way. false: each epoch's threads stop at its end, as in PyTorch without
-  // persistent workers (up to prefetch_batches of an epoch never asked for are loaded for nothing otherwise).
-  // An evaluation loader asked for the same epoch every time (loader.epoch(0)) should set it false: what it loads
-  // ahead for epoch 1 is never used, and holds its memory meanwhile.
-  bool prefetch_next_epoch = true;
+  // handed out) are the same either way. Up to prefetch_batches of an epoch never asked for are loaded for
+  // nothing when it is on and the next epoch is not the one asked for (an evaluation loader's epoch 0 again).
+  bool prefetch_next_epoch = false;
 };
 
 // Where a run stands in the data: the next batch to train on. Save it in checkpoints; resume with
@@ -98,8 +101,9 @@ class DataLoader {
 
   // One pass over the data, for a range-for. Its worker threads start now (or are taken over from the
   // previous epoch's range, see prefetch_next_epoch) and are joined when it is destroyed (also when the loop
-  // breaks early or throws), unless it ran to its end: then they go on loading the next epoch for the loader,
-  // until loader.epoch(e + 1) takes them over, another epoch() call drops them, or the loader is destroyed.
+  // breaks early or throws), unless it ran to its end with prefetch_next_epoch: then they go on loading the
+  // next epoch for the loader, until loader.epoch(e + 1) takes them over, another epoch() call drops them, or
+  // the loader is destroyed.
   // A failed batch throws from the loop; the loader can then start another epoch.
   class Epoch {
    public:

@@ -36,8 +36,8 @@ enum class Decode { Cpu, Gpu };
 // CenterCrop), `clamp` the pixels bilinear sampling may read (the box's pixels for a crop that is resized,
 // as torchvision crops first; the whole image for Resize + CenterCrop), both in source pixels.
 struct GpuImagePlan {
-  Box box;
-  Box clamp;
+  Box box{};
+  Box clamp{};
   bool flip = false;
 };
 

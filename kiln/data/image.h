@@ -55,7 +55,7 @@ struct Box {
 // fast paths). Without it the pixels are those of a full decode (exactly, except that with 4:2:0 chroma,
 // skipping into the middle of a 16-row band may move a few pixels of the box's first row by one level).
 struct DecodePlan {
-  Box box;
+  Box box{};
   int64_t out_height = 0;
   int64_t out_width = 0;
   bool dct_scaling = false;
@@ -65,8 +65,8 @@ struct DecodePlan {
 // `box` in image's pixel coordinates (scaled by `scale` = k/8 of the source, offset by the rows/columns
 // that were not decoded).
 struct DecodedRegion {
-  Tensor image;
-  Box box;
+  Tensor image{};
+  Box box{};
   double scale = 1.0;
 };
 

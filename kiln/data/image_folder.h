@@ -45,13 +45,13 @@ struct ImageFolderOptions {
   std::vector<std::string> extensions = {".jpg", ".jpeg", ".png"};  // torchvision's, that kiln decodes
   bool skip_bad_files = false;
   Decode decode = Decode::Cpu;  // Decode::Gpu: nvJPEG on the loader's GPU (see the top of this file)
-  GpuTransformOptions gpu;      // the batch's dtype and memory format when decoding on the GPU
+  GpuTransformOptions gpu{};    // the batch's dtype and memory format when decoding on the GPU
 };
 
 class ImageFolder : public Dataset {
  public:
   struct Sample {
-    std::string path;
+    std::string path{};
     int64_t label = 0;
   };
 

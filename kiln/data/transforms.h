@@ -148,7 +148,7 @@ class CenterCrop : public Transform {
 // right, bottom) with a constant fill; with pad_if_needed, a side shorter than the crop is padded by the
 // difference on both ends (as torchvision); then top ~ randint(H - h + 1), left ~ randint(W - w + 1).
 struct RandomCropOptions {
-  std::vector<int64_t> padding;
+  std::vector<int64_t> padding{};
   bool pad_if_needed = false;
   double fill = 0;
 };

@@ -58,8 +58,8 @@ struct Env {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
-  std::string launcher;   // "none", "Open MPI", "MPICH/Hydra", "torchrun", "SLURM"
-  std::string bootstrap;  // "none", "mpi", "tcp"
+  std::string launcher{};   // "none", "Open MPI", "MPICH/Hydra", "torchrun", "SLURM"
+  std::string bootstrap{};  // "none", "mpi", "tcp"
   Device device_ = Device::cpu();
 
   Device device() const { return device_; }

@@ -38,8 +38,8 @@ namespace kiln::io {
 // What a run wants to remember beside the tensors: the step, metrics, and its configuration. Stored as
 // attributes of /metadata (numbers as float64: integers up to 2^53 are exact; strings as UTF-8).
 struct Metadata {
-  std::map<std::string, double> numbers;       // "step", "epoch", "val_loss", ...
-  std::map<std::string, std::string> strings;  // "config" (e.g. a JSON text), "run_name", "git_commit", ...
+  std::map<std::string, double> numbers{};       // "step", "epoch", "val_loss", ...
+  std::map<std::string, std::string> strings{};  // "config" (e.g. a JSON text), "run_name", "git_commit", ...
   friend bool operator==(const Metadata&, const Metadata&) = default;
 };
 
@@ -63,10 +63,10 @@ void load_checkpoint(const std::string& path, const CheckpointParts& parts);
 // What a checkpoint holds, read from its root attributes and groups (no tensor data is read).
 struct CheckpointInfo {
   int64_t format_version = 0;
-  std::string kiln_version;
-  std::string created;             // UTC, ISO 8601
-  bool complete = false;           // the last attribute written (see CheckpointManager)
-  std::vector<std::string> parts;  // "model", "optimizer", "scheduler", "scaler", "rng", "loader", "metadata"
+  std::string kiln_version{};
+  std::string created{};             // UTC, ISO 8601
+  bool complete = false;             // the last attribute written (see CheckpointManager)
+  std::vector<std::string> parts{};  // "model", "optimizer", "scheduler", "scaler", "rng", "loader", "metadata"
 };
 // Throws a kiln::Error naming the file when it is not a kiln checkpoint of a version this kiln reads.
 CheckpointInfo inspect_checkpoint(const std::string& path);

@@ -60,8 +60,8 @@ struct CheckpointManagerOptions {
 // A checkpoint that latest() and resume() passed over, and why.
 struct SkippedCheckpoint {
   int64_t step = 0;
-  std::string path;    // the main file of that step
-  std::string reason;  // what reading it (or one of its rank files) gave, naming the file
+  std::string path{};    // the main file of that step
+  std::string reason{};  // what reading it (or one of its rank files) gave, naming the file
 };
 
 class CheckpointManager {

@@ -27,8 +27,8 @@
 namespace kiln::io {
 
 struct TensorInfo {
-  DType dtype;
-  Shape shape;
+  DType dtype{};
+  Shape shape{};
 };
 
 class H5File {

@@ -41,6 +41,37 @@ size_t count_matches(const std::vector<std::string>& names, const std::map<std::
   return n;
 }
 
+// Up to kShown of the names, then how many there are in all.
+template <typename Named>
+std::string some_names(const Named& named) {
+  constexpr size_t kShown = 5;
+  std::string out;
+  for (size_t i = 0; i < named.size() && i < kShown; ++i) out += (i ? ", " : "") + named[i].first;
+  if (named.size() > kShown) out += ", ... (" + std::to_string(named.size()) + " in all)";
+  return out.empty() ? "none" : out;
+}
+
+std::string nothing_loaded_message(const LoadReport& report, const NamedTensors& tensors,
+                                   const nn::StateDict& model_sd) {
+  std::ostringstream os;
+  os << "io::load_weights: nothing of " << report.path << " was loaded: ";
+  if (tensors.empty()) {
+    os << "it holds no tensors, and the model has " << model_sd.size() << " (" << some_names(model_sd) << ")";
+  } else if (model_sd.empty()) {
+    os << "the model has no parameters or buffers to load its " << tensors.size() << " tensors into ("
+       << some_names(tensors) << ")";
+  } else if (report.mismatched.empty()) {
+    os << "none of its " << tensors.size() << " names is one of the model's " << model_sd.size()
+       << ".\n  the file's names: " << some_names(tensors) << "\n  the model's names: " << some_names(model_sd);
+    for (const auto& r : report.renames) os << "\n  renamed: " << r;
+  } else {
+    os << "every tensor whose name matches has another shape or dtype than the model's.\n" << report.summary();
+  }
+  os << "\nIs it the weights file of this model? Map the file's names with LoadOptions::prefix_map "
+        "({{\"from.\", \"to.\"}}), or give a model of the architecture the file was saved from.";
+  return os.str();
+}
+
 }  // namespace
 
 std::string LoadReport::summary() const {
@@ -182,9 +213,14 @@ LoadReport load_weights(nn::Module& model, const NamedTensors& tensors, const Lo
   for (const auto& [n, t] : model_sd)
     if (!given.count(n) && !loaded_tensors.count(key_of(t))) report.missing.push_back(n);
 
+  // Nothing to load from a file that is not empty, or into a model that has tensors: the wrong file or the wrong
+  // model (or names that need a prefix_map), never a partial load to carry on with, strict or not.
+  if (report.loaded.empty() && (!tensors.empty() || !model_sd.empty()))
+    KILN_FAIL(nothing_loaded_message(report, tensors, model_sd));
   KILN_CHECK(!options.strict || report.ok(), "io::load_weights (strict): the weights do not match the model; ",
              report.summary(),
-             "Load with {.strict = false} to take what matches, or map the names with LoadOptions::prefix_map");
+             "Load with {.strict = false} to take what matches (as torch's strict=False), or map the names with "
+             "LoadOptions::prefix_map");
   model.load_state_dict(to_load, /*strict=*/false);
   return report;
 }

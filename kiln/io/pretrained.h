@@ -1,12 +1,17 @@
 // kiln/io/pretrained.h — published weights (torchvision's .pth, Hugging Face's .bin / .safetensors) loaded
 // into kiln's models by name, with a report of what matched.
 //
-//   auto model = nn::models::resnet18({.num_classes = 10});
-//   io::LoadReport r = io::load_weights(*model, "resnet18.pth");         // not strict: loads what matches
-//   std::cout << r.summary();                                             // loaded / missing / unexpected / ...
+//   auto model = nn::models::resnet18({.num_classes = 1000});
+//   io::load_weights(*model, "resnet18.pth");  // strict (the default): a kiln::Error listing any difference
 //
-//   auto mlm = std::make_shared<nn::models::BertForMaskedLM>(config);
-//   io::load_weights(*mlm, "bert/model.safetensors", {.strict = true});  // kiln::Error listing any difference
+//   auto clf = nn::models::resnet18({.num_classes = 10});                   // fine-tuning: another classifier
+//   io::LoadReport r = io::load_weights(*clf, "resnet18.pth", {.strict = false});  // loads what matches
+//   std::cout << r.summary();                                                // loaded / missing / mismatched / ...
+//
+// As Module::load_state_dict (and torch's load_state_dict(strict=True)), loading is strict by default.
+// Not strict, whatever does not match is reported and left as it is; but a file of which nothing loads (no
+// name matches the model's, or every one that does has another shape or dtype) is always a kiln::Error naming
+// the file and some of its names and the model's: it is the wrong file, or needs LoadOptions::prefix_map.
 //
 // The format is found from the content: a zip archive ("PK") is a torch.save file (io::read_torch_file), an
 // 8-byte length followed by '{' a safetensors file (io::load_safetensors). Before matching, the file's names
@@ -32,8 +37,9 @@ namespace kiln::io {
 
 struct LoadOptions {
   // true: any missing, unexpected or mismatched name is a kiln::Error listing them, and nothing is loaded.
-  bool strict = false;
-  std::vector<std::pair<std::string, std::string>> prefix_map;  // {from, to}, applied to the file's names
+  // false (torch's strict=False): what matches is loaded, the rest reported in the LoadReport.
+  bool strict = true;
+  std::vector<std::pair<std::string, std::string>> prefix_map{};  // {from, to}, applied to the file's names
   bool auto_prefix = true;
   // true: floating-point values are converted to the model's dtype. false: a dtype difference is a mismatch.
   // Integer and bool tensors must always match the model's dtype (e.g. BatchNorm's num_batches_tracked).
@@ -41,18 +47,18 @@ struct LoadOptions {
 };
 
 struct LoadMismatch {
-  std::string name;  // the model's name
-  Shape file_shape, model_shape;
-  DType file_dtype, model_dtype;
+  std::string name{};  // the model's name
+  Shape file_shape{}, model_shape{};
+  DType file_dtype{}, model_dtype{};
 };
 
 struct LoadReport {
-  std::string path;
-  std::vector<std::string> loaded;       // model names given values
-  std::vector<std::string> missing;      // model names the file has no value for
-  std::vector<std::string> unexpected;   // file names (after mapping) the model has no tensor for
-  std::vector<LoadMismatch> mismatched;  // in both, but of another shape (or dtype, see convert_dtype)
-  std::vector<std::string> renames;      // what was done to the file's names, in words
+  std::string path{};
+  std::vector<std::string> loaded{};       // model names given values
+  std::vector<std::string> missing{};      // model names the file has no value for
+  std::vector<std::string> unexpected{};   // file names (after mapping) the model has no tensor for
+  std::vector<LoadMismatch> mismatched{};  // in both, but of another shape (or dtype, see convert_dtype)
+  std::vector<std::string> renames{};      // what was done to the file's names, in words
   bool ok() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
   std::string summary() const;  // counts, then the names (up to 20 of each list)
 };

@@ -25,9 +25,9 @@ namespace kiln::io {
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 struct SafetensorsEntry {
-  std::string name;
-  DType dtype;
-  Shape shape;
+  std::string name{};
+  DType dtype{};
+  Shape shape{};
   uint64_t begin = 0, end = 0;  // byte offsets within the data section
 };
 
@@ -35,8 +35,8 @@ struct SafetensorsEntry {
 // (together they cover the data section exactly), its string metadata.
 struct SafetensorsHeader {
   uint64_t data_start = 0;  // 8 + the JSON header's length
-  std::vector<SafetensorsEntry> entries;
-  std::map<std::string, std::string> metadata;
+  std::vector<SafetensorsEntry> entries{};
+  std::map<std::string, std::string> metadata{};
 };
 
 // The largest JSON header accepted (as the reference implementation): a bigger one is a corrupt file.

@@ -27,8 +27,8 @@
 namespace kiln::io {
 
 struct TorchFile {
-  NamedTensors tensors;                                    // in pickle order, CPU tensors of the file's dtypes
-  std::vector<std::pair<std::string, std::string>> other;  // non-tensor leaves: name and a short description
+  NamedTensors tensors{};                                    // in pickle order, CPU tensors of the file's dtypes
+  std::vector<std::pair<std::string, std::string>> other{};  // non-tensor leaves: name and a short description
 };
 
 TorchFile read_torch_file(const std::string& path);

@@ -42,13 +42,13 @@ namespace kiln::nn {
 struct AttentionOptions {
   // Bool: true = the query may attend to that key (PyTorch's sdpa convention); floating: added to the scores
   // (use -inf to forbid). Broadcastable to (..., L, S). Undefined: no mask.
-  Tensor attn_mask;
+  Tensor attn_mask{};
   // Dropout on the attention probabilities, applied whenever > 0 (as torch's functional sdpa: pass 0 in eval).
   double dropout_p = 0;
   // Query i may attend to keys j <= i (the top-left-aligned lower triangle, as PyTorch). Combines with
   // attn_mask when both are given (PyTorch refuses the combination; kiln applies both).
   bool is_causal = false;
-  std::optional<double> scale;     // default 1 / sqrt(E)
+  std::optional<double> scale{};   // default 1 / sqrt(E)
   Generator* generator = nullptr;  // for dropout; null: the default generator of q's device
 };
 
@@ -71,8 +71,8 @@ bool fused_attention_available();
 // The same computation, also returning the attention probabilities (..., L, S) after dropout (what
 // MultiheadAttention reports when asked for weights). Always the math path.
 struct AttentionResult {
-  Tensor output;   // (..., L, Ev)
-  Tensor weights;  // (..., L, S)
+  Tensor output{};   // (..., L, Ev)
+  Tensor weights{};  // (..., L, S)
 };
 AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
                                                           const AttentionOptions& options = {});
@@ -92,8 +92,8 @@ class MultiheadAttention : public Module {
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, MultiheadAttentionOptions options = {});
 
   struct Output {
-    Tensor output;   // (N, L, E) (or (L, N, E) without batch_first)
-    Tensor weights;  // need_weights: (N, L, S) averaged over heads, or (N, num_heads, L, S); else undefined
+    Tensor output{};   // (N, L, E) (or (L, N, E) without batch_first)
+    Tensor weights{};  // need_weights: (N, L, S) averaged over heads, or (N, num_heads, L, S); else undefined
   };
   // query (N, L, E), key and value (N, S, E) (batch_first). key_padding_mask (N, S): Bool true = padding
   // (ignored key), or floating added to the scores. attn_mask (L, S) or (N * num_heads, L, S): Bool true =

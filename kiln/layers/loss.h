@@ -23,7 +23,7 @@ namespace kiln::nn {
 enum class Reduction { None, Mean, Sum };
 
 struct CrossEntropyOptions {
-  Tensor weight;                // (C) per-class weights, or undefined for all ones
+  Tensor weight{};              // (C) per-class weights, or undefined for all ones
   int64_t ignore_index = -100;  // class-index targets equal to it add nothing (not to the mean's denominator either)
   Reduction reduction = Reduction::Mean;
   double label_smoothing = 0;  // in [0, 1]: the target becomes (1 - s) * target + s / C
@@ -36,7 +36,7 @@ struct CrossEntropyOptions {
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options = {});
 
 struct NllLossOptions {
-  Tensor weight;  // (C) per-class weights
+  Tensor weight{};  // (C) per-class weights
   int64_t ignore_index = -100;
   Reduction reduction = Reduction::Mean;
 };
@@ -63,8 +63,8 @@ struct SmoothL1LossOptions {
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1LossOptions& options = {});
 
 struct BceWithLogitsOptions {
-  Tensor weight;      // broadcasts to the input's shape: rescales each element's loss
-  Tensor pos_weight;  // broadcasts to the input's shape (usually (C)): weight of the positive term
+  Tensor weight{};      // broadcasts to the input's shape: rescales each element's loss
+  Tensor pos_weight{};  // broadcasts to the input's shape (usually (C)): weight of the positive term
   Reduction reduction = Reduction::Mean;
 };
 

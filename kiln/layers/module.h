@@ -97,7 +97,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // ---- state ----
   StateDict state_dict() const;  // parameters and persistent buffers, detached, sharing memory
   struct LoadResult {
-    std::vector<std::string> missing_keys, unexpected_keys;
+    std::vector<std::string> missing_keys{}, unexpected_keys{};
   };
   // Copies values into the module's tensors (converting dtype and device). strict: every key must match
   // and every shape agree, else kiln::Error listing the missing, unexpected and mismatched keys and

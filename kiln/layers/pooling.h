@@ -19,8 +19,8 @@ namespace kiln::nn {
 
 struct Pool2dOptions {
   Pair kernel_size = 2;
-  std::optional<Pair> stride;  // default: kernel_size
-  Pair padding = 0;            // at most half the kernel size
+  std::optional<Pair> stride{};  // default: kernel_size
+  Pair padding = 0;              // at most half the kernel size
   bool ceil_mode = false;
   bool count_include_pad = true;  // average pooling only
 };

@@ -88,10 +88,10 @@ std::string format_csv_number(double v);
 // ---------------------------------------------------------------- TensorBoard
 
 struct TensorBoardOptions {
-  int64_t resume_step = -1;     // >= 0: a SessionLog START at this step (see the top); < 0: START at step 0
-  double flush_seconds = 5;     // a write flushes when the last flush is older than this
-  int64_t flush_records = 100;  // ... or when this many events wait in the buffer
-  std::string filename_suffix;  // appended to the file name (e.g. ".train")
+  int64_t resume_step = -1;       // >= 0: a SessionLog START at this step (see the top); < 0: START at step 0
+  double flush_seconds = 5;       // a write flushes when the last flush is older than this
+  int64_t flush_records = 100;    // ... or when this many events wait in the buffer
+  std::string filename_suffix{};  // appended to the file name (e.g. ".train")
 };
 
 // Scalars to TensorBoard: one event file events.out.tfevents.<unix seconds>.<host>.<pid>.<n><suffix> in `dir`
@@ -132,16 +132,16 @@ class TensorBoardWriter {
 // ---------------------------------------------------------------- both
 
 struct MetricsOptions {
-  std::filesystem::path csv;  // empty: no CSV file
+  std::filesystem::path csv{};  // empty: no CSV file
   // The CSV header. Empty: "step" followed by the names of the first log() call, and the file is opened then
   // (so a mismatched header on resume is only reported at the first log); give them to have it checked now.
-  std::vector<std::string> columns;
-  std::filesystem::path tensorboard_dir;           // empty: no TensorBoard (unless `tensorboard` is given)
-  std::shared_ptr<TensorBoardWriter> tensorboard;  // a writer to share with another logger (one per folder)
-  std::string tag_prefix;                          // prepended to each name for TensorBoard: "train/" -> "train/loss"
-  int64_t resume_step = -1;                        // for both, see the top
-  bool enabled = true;                             // false: every call does nothing (ranks other than 0)
-  double flush_seconds = 5;                        // TensorBoard's, see TensorBoardOptions
+  std::vector<std::string> columns{};
+  std::filesystem::path tensorboard_dir{};           // empty: no TensorBoard (unless `tensorboard` is given)
+  std::shared_ptr<TensorBoardWriter> tensorboard{};  // a writer to share with another logger (one per folder)
+  std::string tag_prefix{};                          // prepended to each name for TensorBoard: "train/" -> "train/loss"
+  int64_t resume_step = -1;                          // for both, see the top
+  bool enabled = true;                               // false: every call does nothing (ranks other than 0)
+  double flush_seconds = 5;                          // TensorBoard's, see TensorBoardOptions
 };
 
 // One call logs a step's scalars to the CSV file (the step in its "step" column) and, when a folder is given,

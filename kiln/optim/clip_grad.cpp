@@ -13,7 +13,7 @@
 #include "kiln/optim/cuda/fused.h"
 #endif
 
-namespace kiln::nn::utils {
+namespace kiln::optim {
 namespace {
 
 // The p-norm of one gradient as a 0-d tensor of `dtype` (16-bit gradients are widened first).
@@ -93,4 +93,4 @@ void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
   }
 }
 
-}  // namespace kiln::nn::utils
+}  // namespace kiln::optim

@@ -1,5 +1,6 @@
-// kiln/optim/clip_grad.h — gradient clipping, in kiln::nn::utils as torch.nn.utils / libtorch's
-// torch::nn::utils (the names PyTorch users look for), although it lives in the optim library.
+// kiln/optim/clip_grad.h — gradient clipping: optim::clip_grad_norm_ and optim::clip_grad_value_, also named
+// nn::utils::clip_grad_norm_ / clip_grad_value_ as in torch.nn.utils and libtorch's torch::nn::utils (the
+// names PyTorch users look for).
 //
 //   loss.backward();
 //   Tensor norm = nn::utils::clip_grad_norm_(model->parameters(), 1.0);  // 0-d, on the device: no sync
@@ -14,7 +15,7 @@
 
 #include "kiln/tensor/tensor.h"
 
-namespace kiln::nn::utils {
+namespace kiln::optim {
 
 // Scales the gradients of `params` in place so that their total norm (the norm of all gradients seen as one
 // vector) is at most max_norm: each gradient *= min(1, max_norm / (total + 1e-6)), the coefficient computed on
@@ -30,4 +31,10 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 // Clamps every element of every gradient into [-clip_value, clip_value] in place.
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value);
 
+}  // namespace kiln::optim
+
+// PyTorch's names for the same functions.
+namespace kiln::nn::utils {
+using optim::clip_grad_norm_;
+using optim::clip_grad_value_;
 }  // namespace kiln::nn::utils

@@ -71,7 +71,7 @@ class GradScaler {
   enum class Stage { Ready, Unscaled, Stepped };
   struct PerOptimizer {
     Stage stage = Stage::Ready;
-    std::vector<Tensor> found_inf;  // one (1,) float32 tensor per device of the optimizer's gradients
+    std::vector<Tensor> found_inf{};  // one (1,) float32 tensor per device of the optimizer's gradients
   };
   void check_options() const;
   Tensor found_inf_of(const PerOptimizer& st, Device device) const;  // the sum over devices, on `device`

@@ -180,9 +180,9 @@ class LambdaLR final : public LRScheduler {
 enum class AnnealStrategy { Cos, Linear };
 
 struct OneCycleOptions {
-  std::vector<double> max_lr;  // one value (every group) or one per group
-  int64_t total_steps = 0;     // >= 1; step() may reach total_steps (as PyTorch), not beyond
-  double pct_start = 0.3;      // in [0, 1]: the fraction of steps spent increasing the lr
+  std::vector<double> max_lr{};  // one value (every group) or one per group
+  int64_t total_steps = 0;       // >= 1; step() may reach total_steps (as PyTorch), not beyond
+  double pct_start = 0.3;        // in [0, 1]: the fraction of steps spent increasing the lr
   AnnealStrategy anneal_strategy = AnnealStrategy::Cos;
   double div_factor = 25.0;       // initial lr = max_lr / div_factor
   double final_div_factor = 1e4;  // min lr = initial lr / final_div_factor

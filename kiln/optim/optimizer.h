@@ -35,8 +35,8 @@ namespace kiln::optim {
 //            "param_groups.0.betas.1"; flags are 0 or 1) and "param_groups.<g>.size".
 // state_dict() gives the live state tensors (as PyTorch: copy them for a snapshot); load_state_dict() copies.
 struct OptimizerState {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, double> values;
+  std::map<std::string, Tensor> tensors{};
+  std::map<std::string, double> values{};
 };
 
 class Optimizer {
@@ -136,8 +136,8 @@ class Optimizer {
 // A group of parameters with its own options.
 template <typename Options>
 struct ParamGroup {
-  std::vector<Tensor> params;
-  Options options;
+  std::vector<Tensor> params{};
+  Options options{};
 };
 
 // The typed half of an optimizer: groups of Options. `Derived` implements step() over groups().

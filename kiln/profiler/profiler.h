@@ -38,16 +38,16 @@ struct Schedule {
 // One recorded range. Times are in nanoseconds since the Profile was made (host clock); GPU times come
 // from CUDA events placed on the range's stream, aligned to the host clock at the start of recording.
 struct Event {
-  trace::Kind kind;
-  std::string name;
-  std::string shapes;    // "[256, 64, 56, 56] bf16, [64, 64, 1, 1] bf16" when record_shapes; else ""
+  trace::Kind kind{};
+  std::string name{};
+  std::string shapes{};  // "[256, 64, 56, 56] bf16, [64, 64, 1, 1] bf16" when record_shapes; else ""
   int thread = 0;        // 0 = the thread that made the Profile, then in order of first appearance
   int64_t step = -1;     // the profiler step it ran in
   int parent = -1;       // index of the enclosing event on the same thread, -1 at top level
   int64_t host_begin_ns = 0;
   int64_t host_end_ns = 0;
-  int gpu_device = -1;   // the CUDA device its GPU times are on; -1: host only
-  int gpu_stream = 0;    // streams numbered per device in order of first appearance
+  int gpu_device = -1;  // the CUDA device its GPU times are on; -1: host only
+  int gpu_stream = 0;   // streams numbered per device in order of first appearance
   int64_t gpu_begin_ns = 0;
   int64_t gpu_end_ns = 0;
 
@@ -57,8 +57,8 @@ struct Event {
 
 // Per-name totals of one kind, as the table shows them. "self" excludes the time of nested events.
 struct OpStats {
-  trace::Kind kind;
-  std::string name;
+  trace::Kind kind{};
+  std::string name{};
   int64_t calls = 0;
   int64_t host_total_ns = 0, host_self_ns = 0;
   int64_t gpu_total_ns = 0, gpu_self_ns = 0;
@@ -90,9 +90,9 @@ class Result {
 struct Options {
   Schedule schedule{};
   bool record_shapes = true;
-  bool gpu = true;                // time ops on GPUs with CUDA events
-  std::string trace_path;         // written when each cycle ends; with repeat != 1, ".<cycle>" goes before ".json"
-  std::function<void(const Result&)> on_trace_ready;  // called when each cycle ends
+  bool gpu = true;           // time ops on GPUs with CUDA events
+  std::string trace_path{};  // written when each cycle ends; with repeat != 1, ".<cycle>" goes before ".json"
+  std::function<void(const Result&)> on_trace_ready{};  // called when each cycle ends
 };
 
 class Profile {
@@ -108,7 +108,7 @@ class Profile {
   // Stops recording; a cycle under way (or the whole run, without a schedule) becomes the result.
   void stop();
 
-  bool recording() const;     // in warmup or active steps
+  bool recording() const;       // in warmup or active steps
   int64_t step_number() const;  // steps ended so far
   int cycles_done() const;
   // The last finished cycle's result (empty before the first).

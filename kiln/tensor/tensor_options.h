@@ -23,7 +23,7 @@ std::ostream& operator<<(std::ostream& os, MemoryFormat f);
 struct TensorOptions {
   // Unset means the factory's default: kDefaultFloat, except where the values decide (arange and full
   // of integers give Int64, of bools Bool).
-  std::optional<DType> dtype;
+  std::optional<DType> dtype{};
   Device device = Device::cpu();
   MemoryFormat memory_format = MemoryFormat::Contiguous;
   bool pinned_memory = false;  // page-locked host memory, for asynchronous copies to a GPU

@@ -454,7 +454,7 @@ vector<Seen> fresh_epochs(std::shared_ptr<Numbers> ds, data::DataLoaderOptions o
 
 TEST(DataLoaderLookAhead, EpochsBackToBackEqualFreshLoaders) {
   auto ds = std::make_shared<Numbers>(23);
-  const data::DataLoaderOptions base{.batch_size = 4, .shuffle = true, .seed = 9};
+  const data::DataLoaderOptions base{.batch_size = 4, .shuffle = true, .seed = 9, .prefetch_next_epoch = true};
   const vector<Seen> expect = fresh_epochs(ds, base, 0, 2);
   for (auto [workers, prefetch] : vector<std::pair<int, int64_t>>{{1, 1}, {1, -1}, {2, 1}, {2, 3}, {3, 5}, {4, -1}}) {
     data::DataLoaderOptions o = base;
@@ -506,8 +506,11 @@ class TwoEpochs : public data::Sampler {
 
 TEST(DataLoaderLookAhead, NextEpochLoadsBeforeItIsAskedFor) {
   auto ds = std::make_shared<Numbers>(12);  // 6 batches of 2
-  DataLoader loader(ds,
-                    {.batch_size = 2, .workers = 2, .prefetch_batches = 4, .sampler = std::make_shared<TwoEpochs>(12)});
+  DataLoader loader(ds, {.batch_size = 2,
+                         .workers = 2,
+                         .prefetch_batches = 4,
+                         .sampler = std::make_shared<TwoEpochs>(12),
+                         .prefetch_next_epoch = true});
   const vector<Seen> expect = fresh_epochs(ds, loader.options(), 1, 1);
   ds->loads = 0;
   const Seen e0 = run(loader, 0);
@@ -534,7 +537,8 @@ TEST(DataLoaderLookAhead, NextEpochLoadsBeforeItIsAskedFor) {
 
 TEST(DataLoaderLookAhead, OtherCallsDropTheLookAhead) {
   auto ds = std::make_shared<Numbers>(30);
-  const data::DataLoaderOptions o{.batch_size = 4, .workers = 3, .shuffle = true, .seed = 4};
+  const data::DataLoaderOptions o{
+      .batch_size = 4, .workers = 3, .shuffle = true, .seed = 4, .prefetch_next_epoch = true};
   const vector<Seen> expect = fresh_epochs(ds, o, 0, 3);
   DataLoader loader(ds, o);
   // Resume: epoch 1 from batch 3 after a full epoch 0.
@@ -574,7 +578,7 @@ TEST(DataLoaderLookAhead, ThreadsStayForTheNextEpochAndEndWithTheLoader) {
   const int before = thread_count();
   ds->loads = 0;
   {
-    DataLoader loader(ds, {.batch_size = 2, .workers = 3, .prefetch_batches = 2});
+    DataLoader loader(ds, {.batch_size = 2, .workers = 3, .prefetch_batches = 2, .prefetch_next_epoch = true});
     run(loader, 0);
     EXPECT_EQ(thread_count(), before + 3) << "the workers go on into epoch 1";
     ASSERT_TRUE(ds->wait_for_loads(40 + 4));  // the window is full: they wait for epoch 1 to begin
@@ -583,14 +587,14 @@ TEST(DataLoaderLookAhead, ThreadsStayForTheNextEpochAndEndWithTheLoader) {
     // Move-assigning another loader over it ends its look-ahead.
     loader = DataLoader(ds, {.batch_size = 2});
     EXPECT_EQ(thread_count(), before);
-    DataLoader again(ds, {.batch_size = 5, .workers = 2});
+    DataLoader again(ds, {.batch_size = 5, .workers = 2, .prefetch_next_epoch = true});
     run(again, 0);
   }  // destroyed with a parked look-ahead whose workers wait on a full window: joined, no hang
   EXPECT_EQ(thread_count(), before);
   // A range that outlives its loader parks nothing at its end.
   std::optional<DataLoader::Epoch> range;
   {
-    DataLoader loader(ds, {.batch_size = 10, .workers = 2});
+    DataLoader loader(ds, {.batch_size = 10, .workers = 2, .prefetch_next_epoch = true});
     range.emplace(loader.epoch(0));
   }
   int batches = 0;
@@ -605,7 +609,7 @@ TEST(DataLoaderLookAhead, ErrorOfALookAheadBatchSurfacesInItsEpoch) {
   auto ds = std::make_shared<Numbers>(12);  // 6 batches of 2, in order
   for (int workers : {1, 2}) {
     ds->failures = 0;
-    DataLoader loader(ds, {.batch_size = 2, .workers = workers, .prefetch_batches = 2});
+    DataLoader loader(ds, {.batch_size = 2, .workers = workers, .prefetch_batches = 2, .prefetch_next_epoch = true});
     int n = 0;
     for (Batch& b : loader.epoch(0)) {
       // Sample 0 is loaded again only as epoch 1's first batch, ahead (the window reaches it from batch 4 on).
@@ -628,6 +632,31 @@ TEST(DataLoaderLookAhead, ErrorOfALookAheadBatchSurfacesInItsEpoch) {
   }
 }
 
+// As PyTorch's DataLoader (without persistent workers): by default nothing of epoch e+1 is loaded before
+// loader.epoch(e + 1) is called, so an evaluation loader asked for epoch 0 every time loads nothing for nothing.
+TEST(DataLoaderLookAhead, OffByDefaultNothingOfTheNextEpochLoadsBeforeItIsAskedFor) {
+  auto ds = std::make_shared<Numbers>(12);  // 6 batches of 2
+  {
+    DataLoader warm(ds, {.batch_size = 2, .workers = 2});
+    run(warm, 0);
+  }
+  const int before = thread_count();
+  DataLoader loader(ds, {.batch_size = 2, .workers = 2, .prefetch_batches = 4});
+  EXPECT_FALSE(loader.options().prefetch_next_epoch);
+  ds->loads = 0;
+  const Seen e0 = run(loader, 0);
+  EXPECT_EQ(e0.indices.size(), 6u);
+  EXPECT_EQ(thread_count(), before) << "the workers end with the epoch";
+  // A look-ahead would load epoch 1's first 4 batches (8 samples) at once; the wait gives it the time to, and
+  // cannot fail a loader without one (its workers were joined above).
+  EXPECT_FALSE(ds->wait_for_loads(12 + 1, 0.5)) << ds->loads.load() << " loads";
+  EXPECT_EQ(ds->loads.load(), 12);
+  // The evaluation pattern: the same epoch again loads each sample once more, and nothing else.
+  EXPECT_EQ(run(loader, 0).x, e0.x);
+  EXPECT_FALSE(ds->wait_for_loads(24 + 1, 0.2)) << ds->loads.load() << " loads";
+  EXPECT_EQ(ds->loads.load(), 24);
+}
+
 TEST(DataLoaderLookAhead, SwitchedOffEachEpochEndsItsThreads) {
   auto ds = std::make_shared<Numbers>(12);
   {
@@ -645,7 +674,7 @@ TEST(DataLoaderLookAhead, SwitchedOffEachEpochEndsItsThreads) {
     EXPECT_EQ(run(loader, 1).x, fresh_epochs(ds, loader.options(), 1, 1)[0].x);
   }
   // workers = 0 with the switch on: batches are loaded when asked for, nothing ahead.
-  DataLoader serial(ds, {.batch_size = 2});
+  DataLoader serial(ds, {.batch_size = 2, .prefetch_next_epoch = true});
   ds->loads = 0;
   run(serial, 0);
   EXPECT_EQ(ds->loads.load(), 12);

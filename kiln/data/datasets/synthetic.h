@@ -21,15 +21,15 @@
 namespace kiln::data {
 
 struct SyntheticField {
-  std::string name;
-  Shape shape;  // of one sample; {} for a scalar
+  std::string name{};
+  Shape shape{};  // of one sample; {} for a scalar
   DType dtype = DType::Float32;
   int64_t num_classes = 0;  // integer fields: values in [0, num_classes) (needed; UInt8 defaults to 256)
 };
 
 struct SyntheticOptions {
   int64_t size = 0;
-  std::vector<SyntheticField> fields;
+  std::vector<SyntheticField> fields{};
   uint64_t seed = 0;
 };
 

@@ -15,8 +15,8 @@ namespace kiln::data {
 
 struct BasicTokenizerOptions {
   bool lower_case = true;
-  std::optional<bool> strip_accents;   // unset: strip when lower-casing (as Hugging Face)
-  bool tokenize_chinese_chars = true;  // spaces around CJK ideographs, so each is a word
+  std::optional<bool> strip_accents{};  // unset: strip when lower-casing (as Hugging Face)
+  bool tokenize_chinese_chars = true;   // spaces around CJK ideographs, so each is a word
 };
 
 class BasicTokenizer {

@@ -23,7 +23,7 @@ namespace kiln::data {
 
 struct WordPieceOptions {
   bool lower_case = true;
-  std::optional<bool> strip_accents;  // unset: = lower_case (as Hugging Face)
+  std::optional<bool> strip_accents{};  // unset: = lower_case (as Hugging Face)
   bool tokenize_chinese_chars = true;
   int64_t max_input_chars_per_word = 100;  // longer words (in code points) become unk_token
   std::string unk_token = "[UNK]";

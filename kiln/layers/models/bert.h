@@ -158,8 +158,8 @@ class BertModel : public Module {
   explicit BertModel(const BertConfig& config, bool add_pooling_layer = true);
 
   struct Output {
-    Tensor sequence_output;  // (N, S, H)
-    Tensor pooled_output;    // (N, H); undefined without the pooling layer
+    Tensor sequence_output{};  // (N, S, H)
+    Tensor pooled_output{};    // (N, H); undefined without the pooling layer
   };
   // input_ids (N, S) integer; token_type_ids (N, S) integer or undefined (all 0); attention_mask (N, S)
   // 1 / true = token, 0 / false = padding (any dtype), or undefined (all tokens).
@@ -198,8 +198,8 @@ class BertForMaskedLM : public Module {
   explicit BertForMaskedLM(const BertConfig& config);
 
   struct Output {
-    Tensor logits;  // (N, S, vocab)
-    Tensor loss;    // 0-d mean cross-entropy over labels != -100; undefined without labels
+    Tensor logits{};  // (N, S, vocab)
+    Tensor loss{};    // 0-d mean cross-entropy over labels != -100; undefined without labels
   };
   // labels (N, S) Int64: the token to predict, or -100 where nothing is predicted.
   Output forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask,
@@ -215,8 +215,8 @@ class BertForSequenceClassification : public Module {
   BertForSequenceClassification(const BertConfig& config, int64_t num_labels = 2);
 
   struct Output {
-    Tensor logits;  // (N, num_labels)
-    Tensor loss;    // cross-entropy (num_labels > 1, labels Int64 (N)) or MSE (num_labels == 1); or undefined
+    Tensor logits{};  // (N, num_labels)
+    Tensor loss{};    // cross-entropy (num_labels > 1, labels Int64 (N)) or MSE (num_labels == 1); or undefined
   };
   Output forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask,
                  const Tensor& labels = {});

@@ -1,0 +1,246 @@
+// The C++ snippets of the user-facing documentation, copied as they are written there (each one names its
+// source), compiled as a user compiles them: -Wall -Wextra -Werror, without the suppressions kiln's own code
+// builds with (tests/CMakeLists.txt). A snippet that stops compiling, or starts to warn (an options struct with a
+// field lacking a default member initializer gives -Wmissing-field-initializers for every designated initializer
+// that leaves it out), fails the build. The snippets that are cheap on the CPU also run; the others (a GPU, an
+// image folder, several processes) are compiled only, inside functions the tests never call. The whole programs
+// README.md points to (tests/install/consumer/main.cpp and mlp.cpp) are compiled as they are, with the same flags,
+// by the target test_docs_programs.
+#include <gtest/gtest.h>
+#include <kiln/kiln.h>
+#include <kiln/tensor/cuda.h>  // cuda::Graph
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+// The snippets keep the layout of the documents they come from.
+// clang-format off
+namespace snippets {
+using namespace kiln;
+
+// A folder of its own under the test's temporary directory, for snippets that write files ("run/...").
+struct InTempFolder {
+  std::filesystem::path old = std::filesystem::current_path();
+  std::filesystem::path dir;
+  explicit InTempFolder(const std::string& name) : dir(std::filesystem::path(::testing::TempDir()) / name) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::filesystem::current_path(dir);
+  }
+  ~InTempFolder() {
+    std::filesystem::current_path(old);
+    std::filesystem::remove_all(dir);
+  }
+};
+
+// ---- README.md, "Using kiln from another CMake project" (its main(), renamed)
+int readme_main() {
+  Tensor x = randn({4, 8});
+  std::cout << softmax(matmul(x, x.t()), -1) << "\n";
+  return 0;
+}
+
+TEST(DocSnippets, ReadmeUmbrellaProgram) { EXPECT_EQ(readme_main(), 0); }
+
+// ---- README.md, "Replaying a training step as a CUDA graph" (needs a GPU: compiled only)
+[[maybe_unused]] void readme_cuda_graph(std::shared_ptr<nn::Module> model, optim::Optimizer& opt,
+                                        data::DataLoader& loader, uint64_t e) {
+  Tensor x = ops::empty({256, 3, 224, 224}, {.device = Device::cuda(0)}), y = ops::empty({256}, {.dtype = DType::Int64, .device = Device::cuda(0)});  // the step's inputs
+  Tensor loss;
+  cuda::Graph graph;
+  graph.capture([&] {                      // 3 eager warm-up steps (they train), then the recorded one
+    opt.zero_grad();
+    { amp::Autocast cast(DType::BFloat16); loss = nn::cross_entropy((*model)(x), y); }
+    loss.backward();
+    opt.step();
+  });
+  for (data::Batch& b : loader.epoch(e)) {
+    x.copy_(b[0]);  y.copy_(b[1]);
+    graph.replay();                        // loss holds this step's value; scheduler.step() works between replays
+  }
+}
+
+// ---- README.md, "Training on several GPUs" (several processes: compiled only)
+[[maybe_unused]] void readme_several_gpus(std::shared_ptr<nn::Module> model) {
+  auto env = dist::init();                 // rank, world size; makes cuda:<local rank> current
+  model->to(env.device());
+  dist::DataParallel ddp(model);           // rank 0's weights everywhere; gradients averaged during backward
+  // the DataLoader shards by rank by itself (DistributedSampler); train with ddp(x) instead of (*model)(x)
+}
+
+// ---- kiln/io/README.md, "Checkpoints" (run with a small model in a temporary folder)
+TEST(DocSnippets, IoReadmeCheckpoints) {
+  InTempFolder here("kiln_doc_snippets_io");
+  std::filesystem::create_directories("run");
+  auto model = std::make_shared<nn::Linear>(4, 2);
+  optim::AdamW opt(model->parameters(), {.lr = 1e-3});
+  auto sched = std::make_shared<optim::StepLR>(opt, /*step_size=*/10);
+  amp::GradScaler scaler({.enabled = false});
+  data::LoaderPosition pos{.epoch = 1, .batch = 7};
+  io::Metadata meta{.numbers = {{"step", 3}}};
+
+  io::CheckpointParts parts{.model = model.get(), .optimizer = &opt, .scheduler = sched.get(), .scaler = &scaler,
+                            .generators = true, .loader = &pos, .metadata = &meta};
+  io::save_checkpoint("run/ckpt.h5", parts);   // atomic
+  io::load_checkpoint("run/ckpt.h5", parts);   // checks everything, then changes the objects
+  io::CheckpointManager ckpt("run/", {.keep_last = 3, .prefix = "ckpt"});
+  int64_t step = ckpt.resume(parts).value_or(0);   /* ... */   ckpt.save(step, parts);
+
+  EXPECT_EQ(step, 0);  // run/ckpt.h5 is not one of the manager's <prefix>-<step>.h5 files
+  EXPECT_EQ(pos, (data::LoaderPosition{1, 7}));
+  EXPECT_EQ(meta.numbers.at("step"), 3);
+}
+
+// ---- kiln/monitor/README.md (run: a CSV file in a temporary folder; GPU statistics or why there are none)
+TEST(DocSnippets, MonitorReadme) {
+  InTempFolder here("kiln_doc_snippets_monitor");
+  const bool resumed = false;
+  const int64_t steps_done = 0, step = 1;
+  const double loss = 0.5, lr = 0.1;
+  struct {
+    bool is_main() const { return true; }
+  } env;
+  {
+    monitor::MetricsLogger log({.csv = "run/metrics.csv", .tensorboard_dir = "run/tb",
+                                .resume_step = resumed ? steps_done + 1 : -1, .enabled = env.is_main()});
+    log.log(step, {{"loss", loss}, {"lr", lr}});
+  }
+  EXPECT_TRUE(std::filesystem::exists("run/metrics.csv"));
+
+  if (auto s = monitor::gpu_stats(0)) std::cout << monitor::format_gpu_stats(*s) << "\n";  // gpu 97%  mem 61.2/143.8 GB  512/700 W  63 C
+  else std::cout << monitor::gpu_stats_unavailable_reason(0) << "\n";
+}
+
+// ---- The usage examples at the top of the public headers, with the options structs they show.
+
+// kiln/layers/layers.h, kiln/layers/conv.h, kiln/optim/sgd.h, kiln/optim/adam.h, kiln/optim/clip_grad.h
+TEST(DocSnippets, LayersAndOptimizers) {
+  Tensor x = randn({3, 784});
+  auto fc = std::make_shared<nn::Linear>(784, 10);                 // "weight" (10, 784), "bias" (10)
+  auto head = std::make_shared<nn::Linear>(256, 2, nn::LinearOptions{.bias = false});
+  auto bn = std::make_shared<nn::BatchNorm2d>(64, nn::BatchNormOptions{.momentum = 0.01});
+  auto drop = std::make_shared<nn::Dropout>(0.1);
+  Tensor y = (*fc)(x);                                              // x (N, 784) -> (N, 10)
+  EXPECT_EQ(y.shape(), (Shape{3, 10}));
+
+  Tensor img = randn({1, 3, 16, 16}), w = randn({4, 2, 3, 3}), b = randn({4});
+  auto conv = std::make_shared<nn::Conv2d>(3, 64, 7, nn::Conv2dOptions{.stride = 2, .padding = 3, .bias = false});
+  Tensor c = (*conv)(img);                          // x (N, 3, 224, 224) -> y (N, 64, 112, 112)
+  Tensor z = nn::conv2d(randn({1, 4, 8, 8}), w, b, {.stride = 1, .padding = 1, .groups = 2});
+  EXPECT_EQ(c.shape(), (Shape{1, 64, 8, 8}));
+  EXPECT_EQ(z.shape(), (Shape{1, 4, 8, 8}));
+
+  auto model = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{fc});
+  {
+    optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-5});
+    Tensor loss = (*model)(x).square().mean();
+    opt.zero_grad();  loss.backward();  opt.step();
+  }
+  {
+    optim::AdamW opt(model->parameters(), {.lr = 1e-4, .betas = {0.9, 0.999}, .weight_decay = 0.01});
+    Tensor loss = (*model)(x).square().mean();
+    opt.zero_grad();  loss.backward();
+    Tensor norm = nn::utils::clip_grad_norm_(model->parameters(), 1.0);  // 0-d, on the device: no sync
+    nn::utils::clip_grad_value_(model->parameters(), 0.5);               // each element into [-0.5, 0.5]
+    opt.step();
+    EXPECT_GT(norm.item<float>(), 0.f);
+  }
+}
+
+// kiln/optim/grad_scaler.h, kiln/optim/amp.h (on the CPU: autocast and the scaler do nothing to CPU ops)
+TEST(DocSnippets, GradScalerAndAutocast) {
+  auto model = std::make_shared<nn::Linear>(8, 3);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  Tensor x = randn({4, 8}), y = ops::zeros({4}, {.dtype = DType::Int64});
+  amp::GradScaler scaler({.enabled = false});
+  for (int i = 0; i < 2; ++i) {
+    opt.zero_grad();
+    Tensor loss;
+    { amp::Autocast cast(DType::Float16); loss = nn::cross_entropy(model->forward(x), y); }
+    scaler.scale(loss).backward();            // gradients are scaled by S
+    scaler.unscale_(opt);                     // optional: true gradients now, e.g. for clipping
+    nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+    scaler.step(opt);                         // skipped when a gradient was inf/NaN
+    scaler.update();                          // S *= 0.5 after an overflow, S *= 2 after growth_interval clean steps
+  }
+}
+
+// kiln/layers/models/resnet.h, kiln/layers/models/bert.h
+TEST(DocSnippets, Models) {
+  auto cifar = nn::models::resnet18({.num_classes = 10, .cifar_stem = true});   // (N, 3, 32, 32) -> (N, 10)
+  EXPECT_EQ((*cifar)(randn({1, 3, 32, 32})).shape(), (Shape{1, 10}));
+
+  models::BertConfig tiny{.vocab_size = 50, .hidden_size = 16, .num_hidden_layers = 2, .num_attention_heads = 2,
+                      .intermediate_size = 32, .max_position_embeddings = 16};   // any custom size
+  auto clf = std::make_shared<models::BertForSequenceClassification>(tiny, /*num_labels=*/3);
+  Tensor ids = ops::zeros({2, 5}, {.dtype = DType::Int64});
+  auto out = clf->forward(ids, ids, ops::ones({2, 5}, {.dtype = DType::Int64}));
+  EXPECT_EQ(out.logits.shape(), (Shape{2, 3}));
+}
+
+// kiln/layers/models/resnet.h (a GPU and ImageNet's size: compiled only)
+[[maybe_unused]] void resnet_header(const Tensor& images) {
+  auto model = nn::models::resnet50({.num_classes = 1000});
+  model->to(Device::cuda(0), MemoryFormat::ChannelsLast);
+  Tensor logits = (*model)(images);                     // (N, 3, 224, 224) -> (N, 1000)
+}
+
+// kiln/data/datasets/synthetic.h, kiln/data/dataloader.h (a small synthetic set, two workers, on the CPU)
+TEST(DocSnippets, SyntheticDataAndLoader) {
+  auto ds = std::make_shared<data::SyntheticDataset>(data::SyntheticOptions{.size = 10,
+                             .fields = {{"image", {3, 4, 4}, DType::Float32},
+                                        {"label", {}, DType::Int64, /*num_classes=*/1000}},
+                             .seed = 0});
+  data::DataLoader loader(ds, {.batch_size = 4, .workers = 2, .shuffle = true, .prefetch_next_epoch = true});
+  data::DataLoader eval_loader(ds, {.batch_size = 4, .workers = 2});
+  int64_t seen = 0;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (data::Batch& batch : loader.epoch(epoch)) seen += batch.batch_size();
+    for (data::Batch& batch : eval_loader.epoch(0)) seen += batch.batch_size();
+  }
+  EXPECT_EQ(seen, 40);
+}
+
+// kiln/data/dataloader.h, kiln/data/image_folder.h (an image folder and a GPU: compiled only)
+[[maybe_unused]] void data_headers(int local_rank) {
+  auto train = std::make_shared<data::ImageFolder>("imagenet/train", data::transforms::imagenet_train(224),
+                                                   data::ImageFolderOptions{.decode = data::Decode::Gpu});
+  data::DataLoader loader(train, {.batch_size = 256, .workers = 8, .shuffle = true,
+                                  .device = Device::cuda(local_rank), .prefetch_next_epoch = true});
+  for (int epoch = 0; epoch < 90; ++epoch) {
+    for (data::Batch& batch : loader.epoch(epoch)) {   // already on the GPU, in sampler order
+      auto [x, y] = batch;
+      (void)x, (void)y;
+    }
+    std::cout << "data-wait share " << loader.stats().wait_fraction << "\n";
+  }
+}
+
+// kiln/profiler/profiler.h, kiln/io/pretrained.h, kiln/tensor/tensor_options.h (compiled only: files of weights,
+// a trace file)
+[[maybe_unused]] void profiler_and_pretrained(int64_t steps, const std::function<void()>& train_step) {
+  profiler::Profile prof({.schedule = {.wait = 5, .warmup = 2, .active = 3},
+                          .trace_path = "run/trace.json"});     // open it in ui.perfetto.dev
+  for (int64_t step = 0; step < steps; ++step) {
+    train_step();
+    prof.step();   // advances the schedule; writes the trace when the active steps are done
+  }
+  std::cout << prof.result().table(20);   // the top 20 ops by GPU time
+
+  auto model = nn::models::resnet18({.num_classes = 1000});
+  io::load_weights(*model, "resnet18.pth");  // strict (the default): a kiln::Error listing any difference
+  auto clf = nn::models::resnet18({.num_classes = 10});                   // fine-tuning: another classifier
+  io::LoadReport r = io::load_weights(*clf, "resnet18.pth", {.strict = false});  // loads what matches
+  std::cout << r.summary();                                                // loaded / missing / mismatched / ...
+
+  Tensor t = ops::zeros({2, 3}, {.device = Device::cuda(0)});
+  Tensor p = ops::empty({2, 3}, {.pinned_memory = true});
+}
+
+}  // namespace snippets
+// clang-format on
