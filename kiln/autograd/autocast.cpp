@@ -23,7 +23,7 @@ PolicyTable make_default_table() {
   for (Op op : {Op::Matmul, Op::Mm, Op::Bmm, Op::Addmm, Op::Dot, Op::Outer, Op::Linear, Op::Conv, Op::Attention}) {
     t[static_cast<size_t>(op)] = Policy::LowerPrecision;
   }
-#define KILN_X(Enum, name, result, autocast, ...) t[static_cast<size_t>(Op::Enum)] = Policy::autocast;
+#define KILN_X(Enum, name, result, policy_, ...) t[static_cast<size_t>(Op::Enum)] = Policy::policy_;
   KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
   for (Op op : {Op::Pow,

@@ -53,10 +53,10 @@ TEST_P(AutocastTest, OpsComputeInThePolicyDtype) {
 TEST_P(AutocastTest, UnaryTableOpsFollowTheirPolicy) {
   Tensor x = make(uniform(12, 0.5, 2, 3), {3, 4}, opts(DType::BFloat16));  // in every op's domain
   autocast::Guard cast(dev().type(), DType::BFloat16);
-#define KILN_X(Enum, name, result, autocast, ...)                                                             \
-  EXPECT_EQ(name(x).dtype(), std::string_view(#autocast) == "Float32" ? DType::Float32 : DType::BFloat16) \
+#define KILN_X(Enum, name, result, policy_, ...)                                                              \
+  EXPECT_EQ(name(x).dtype(), std::string_view(#policy_) == "Float32" ? DType::Float32 : DType::BFloat16)  \
       << #name;                                                                                              \
-  EXPECT_EQ(autocast::policy(autocast::Op::Enum), autocast::Policy::autocast) << #name;
+  EXPECT_EQ(autocast::policy(autocast::Op::Enum), autocast::Policy::policy_) << #name;
   KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
 }

@@ -111,21 +111,21 @@ INSTANTIATE_TEST_SUITE_P(Ops, UnaryGradTest, ::testing::ValuesIn(unary_cases()),
 // the history it writes over (x * 1.5, then f_ in place), whether the derivative reads the input (copied before
 // the write) or the result.
 TEST(UnaryTableInPlace, MatchesTheOutOfPlaceOp) {
-#define KILN_X(Enum, name, result, autocast, save, derivative, reference, domain, bool_advice)                 \
+#define KILN_X(Enum, op_, result, autocast, save, derivative, reference, domain, bool_advice)                 \
   for (const Range& r : ranges_of(#domain)) {                                                                \
-    SCOPED_TRACE(#name "_");                                                                                 \
+    SCOPED_TRACE(#op_ "_");                                                                                 \
     auto in_place = [](const TensorList& in) {                                                               \
       Tensor t = kiln::mul(in[0], 1.5);                                                                      \
-      return TensorList{kiln::name##_(t)};                                                                   \
+      return TensorList{kiln::op_##_(t)};                                                                   \
     };                                                                                                       \
     const Tensor x = make_input({3, 4}, r.lo / 1.5, r.hi / 1.5, 5);                                          \
     check_gradients(in_place, {x});                                                                          \
     Tensor t = kiln::mul(x, 1.5);                                                                            \
-    Tensor& w = kiln::name##_(t);                                                                            \
+    Tensor& w = kiln::op_##_(t);                                                                            \
     EXPECT_EQ(&w, &t);                                                                                       \
     ASSERT_NE(t.grad_fn(), nullptr);                                                                         \
     EXPECT_EQ(t.grad_fn()->name(), #Enum "Backward");                                                        \
-    expect_values(t, {3, 4}, values(kiln::name(kiln::mul(x, 1.5))), 0, 0);                                   \
+    expect_values(t, {3, 4}, values(kiln::op_(kiln::mul(x, 1.5))), 0, 0);                                   \
   }
   KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
