@@ -21,10 +21,10 @@ PolicyTable make_default_table() {
   for (Op op : {Op::Matmul, Op::Mm, Op::Bmm, Op::Addmm, Op::Dot, Op::Outer, Op::Linear, Op::Conv, Op::Attention}) {
     t[static_cast<size_t>(op)] = Policy::LowerPrecision;
   }
-  for (Op op : {Op::Exp,          Op::Expm1,
-                Op::Log,          Op::Log1p,
-                Op::Log2,         Op::Pow,
-                Op::Rsqrt,        Op::Reciprocal,
+#define KILN_X(Enum, name, result, policy_, ...) t[static_cast<size_t>(Op::Enum)] = Policy::policy_;
+  KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+  for (Op op : {Op::Pow,
                 Op::Sum,          Op::Prod,
                 Op::Var,          Op::Std,
                 Op::Norm,         Op::LogSumExp,

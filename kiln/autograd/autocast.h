@@ -20,35 +20,23 @@
 #include <vector>
 
 #include "kiln/tensor/tensor.h"
+#include "kiln/tensor/unary_ops.h"
 
 namespace kiln::autocast {
 
-// Every op that has an autocast policy. Layers add theirs here (Conv, BatchNorm, ...) as they land.
+// Every op that has an autocast policy.
 enum class Op : uint16_t {
+  // the unary table's ops (kiln/tensor/unary_ops.h), whose policies it gives
+#define KILN_X(Enum, ...) Enum,
+  KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
   // elementwise
   Add,
   Sub,
   Mul,
   Div,
-  Neg,
-  Abs,
-  Exp,
-  Expm1,
-  Log,
-  Log1p,
-  Log2,
-  Sqrt,
-  Rsqrt,
-  Sin,
-  Cos,
-  Tanh,
-  Erf,
-  Sigmoid,
-  Relu,
   Gelu,
-  Silu,
   Square,
-  Reciprocal,
   Pow,
   Clamp,
   Maximum,

@@ -42,13 +42,12 @@ using ops::gt;
 using ops::infer_shape;
 using ops::is_pinned;
 using ops::isclose;
-using ops::isfinite;
-using ops::isinf;
-using ops::isnan;
 using ops::le;
 using ops::linspace;
 using ops::logical_and;
-using ops::logical_not;
+#define KILN_X(Enum, name, ...) using ops::name;  // the predicates of the unary table (unary_ops.h)
+KILN_UNARY_PREDICATES(KILN_X)
+#undef KILN_X
 using ops::logical_or;
 using ops::logical_xor;
 using ops::lt;
@@ -105,30 +104,15 @@ std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
 std::vector<Tensor> unbind(const Tensor& t, int64_t dim = 0);
 
 // ---------------------------------------------------------------- elementwise (ops/unary.cpp, ops/binary.cpp)
-// Unary ops keep floating dtypes; integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat.
-Tensor neg(const Tensor& a);
-Tensor abs(const Tensor& a);
-Tensor exp(const Tensor& a);
-Tensor expm1(const Tensor& a);
-Tensor log(const Tensor& a);
-Tensor log1p(const Tensor& a);
-Tensor log2(const Tensor& a);
-Tensor sqrt(const Tensor& a);
-Tensor rsqrt(const Tensor& a);
-Tensor sin(const Tensor& a);
-Tensor cos(const Tensor& a);
-Tensor tanh(const Tensor& a);
-Tensor erf(const Tensor& a);
-Tensor sigmoid(const Tensor& a);
-Tensor relu(const Tensor& a);
+// The unary ops of the table (unary_ops.h), differentiable: exp(a), and exp_(a) in place. Floating inputs keep
+// their dtype; integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat.
+#define KILN_X(Enum, name, ...)   \
+  Tensor name(const Tensor& a); \
+  Tensor& name##_(Tensor& a);
+KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
 Tensor gelu(const Tensor& a, bool tanh_approximation = false);
-Tensor silu(const Tensor& a);
-Tensor sign(const Tensor& a);
-Tensor floor(const Tensor& a);
-Tensor ceil(const Tensor& a);
-Tensor round(const Tensor& a);  // half to even
 Tensor square(const Tensor& a);
-Tensor reciprocal(const Tensor& a);
 Tensor pow(const Tensor& a, const Tensor& exponent);
 Tensor pow(const Tensor& a, Scalar exponent);
 Tensor pow(Scalar base, const Tensor& exponent);
@@ -166,10 +150,6 @@ Tensor& mul_(Tensor& a, Scalar b);
 Tensor& div_(Tensor& a, const Tensor& b);
 Tensor& div_(Tensor& a, Scalar b);
 Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
-Tensor& relu_(Tensor& a);
-Tensor& neg_(Tensor& a);
-Tensor& exp_(Tensor& a);
-Tensor& sqrt_(Tensor& a);
 Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value);
 
 // ---------------------------------------------------------------- reductions (ops/reduce.cpp, ops/softmax.cpp)

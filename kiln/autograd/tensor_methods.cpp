@@ -40,21 +40,16 @@ std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const { return 
 std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const { return kiln::chunk(*this, chunks, d); }
 Tensor Tensor::diagonal(int64_t offset, int64_t d1, int64_t d2) const { return kiln::diagonal(*this, offset, d1, d2); }
 
-Tensor Tensor::neg() const { return kiln::neg(*this); }
-Tensor Tensor::abs() const { return kiln::abs(*this); }
-Tensor Tensor::exp() const { return kiln::exp(*this); }
-Tensor Tensor::log() const { return kiln::log(*this); }
-Tensor Tensor::log1p() const { return kiln::log1p(*this); }
-Tensor Tensor::sqrt() const { return kiln::sqrt(*this); }
-Tensor Tensor::rsqrt() const { return kiln::rsqrt(*this); }
-Tensor Tensor::sin() const { return kiln::sin(*this); }
-Tensor Tensor::cos() const { return kiln::cos(*this); }
-Tensor Tensor::tanh() const { return kiln::tanh(*this); }
-Tensor Tensor::sigmoid() const { return kiln::sigmoid(*this); }
-Tensor Tensor::relu() const { return kiln::relu(*this); }
-Tensor Tensor::sign() const { return kiln::sign(*this); }
+#define KILN_X(Enum, name, ...)                                 \
+  Tensor Tensor::name() const { return kiln::name(*this); } \
+  Tensor& Tensor::name##_() { return kiln::name##_(*this); }
+KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, ...) \
+  Tensor Tensor::name() const { return kiln::name(*this); }
+KILN_UNARY_PREDICATES(KILN_X)
+#undef KILN_X
 Tensor Tensor::square() const { return kiln::square(*this); }
-Tensor Tensor::reciprocal() const { return kiln::reciprocal(*this); }
 Tensor Tensor::pow(const Tensor& e) const { return kiln::pow(*this, e); }
 Tensor Tensor::pow(Scalar e) const { return kiln::pow(*this, e); }
 Tensor Tensor::clamp(std::optional<Scalar> lo, std::optional<Scalar> hi) const { return kiln::clamp(*this, lo, hi); }
@@ -70,7 +65,6 @@ Tensor Tensor::lt(const Tensor& o) const { return kiln::lt(*this, o); }
 Tensor Tensor::le(const Tensor& o) const { return kiln::le(*this, o); }
 Tensor Tensor::gt(const Tensor& o) const { return kiln::gt(*this, o); }
 Tensor Tensor::ge(const Tensor& o) const { return kiln::ge(*this, o); }
-Tensor Tensor::logical_not() const { return kiln::logical_not(*this); }
 Tensor Tensor::logical_and(const Tensor& o) const { return kiln::logical_and(*this, o); }
 Tensor Tensor::logical_or(const Tensor& o) const { return kiln::logical_or(*this, o); }
 Tensor Tensor::masked_fill(const Tensor& mask, Scalar v) const { return kiln::masked_fill(*this, mask, v); }
@@ -84,10 +78,6 @@ Tensor& Tensor::mul_(Scalar o) { return kiln::mul_(*this, o); }
 Tensor& Tensor::div_(const Tensor& o) { return kiln::div_(*this, o); }
 Tensor& Tensor::div_(Scalar o) { return kiln::div_(*this, o); }
 Tensor& Tensor::clamp_(std::optional<Scalar> lo, std::optional<Scalar> hi) { return kiln::clamp_(*this, lo, hi); }
-Tensor& Tensor::relu_() { return kiln::relu_(*this); }
-Tensor& Tensor::neg_() { return kiln::neg_(*this); }
-Tensor& Tensor::exp_() { return kiln::exp_(*this); }
-Tensor& Tensor::sqrt_() { return kiln::sqrt_(*this); }
 Tensor& Tensor::masked_fill_(const Tensor& mask, Scalar v) { return kiln::masked_fill_(*this, mask, v); }
 
 Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const { return kiln::sum(*this, dims, keepdim); }

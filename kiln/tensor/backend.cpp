@@ -1,6 +1,8 @@
 // Finding the backend of a device type.
 #include "kiln/tensor/backend.h"
 
+#include <iterator>  // std::size
+
 #include "kiln/tensor/cpu/cpu_backend.h"
 #include "kiln/tensor/trace.h"
 #include "kiln/tensor/trace_backend.h"
@@ -16,6 +18,16 @@ Backend& backend_instance();    // tensor/cuda/device.cpp
 Allocator& pinned_allocator();  // tensor/cuda/pinned_allocator.cpp
 }  // namespace cuda
 #endif
+
+std::string_view unary_op_name(UnaryOp op) {
+  static constexpr std::string_view kNames[] = {
+#define KILN_X(Enum, name, ...) #name,
+      KILN_UNARY_OPS(KILN_X) KILN_UNARY_PREDICATES(KILN_X) KILN_UNARY_OTHER(KILN_X)
+#undef KILN_X
+  };
+  const auto i = static_cast<size_t>(op);
+  return i < std::size(kNames) ? kNames[i] : std::string_view("?");
+}
 
 Backend& detail::backend_untraced(DeviceType type) {
   if (type == DeviceType::CPU) return cpu::cpu_backend();

@@ -23,40 +23,18 @@
 
 #include "kiln/tensor/generator.h"
 #include "kiln/tensor/tensor.h"
+#include "kiln/tensor/unary_ops.h"
 
 namespace kiln {
 
+// One value per row of the unary op table (unary_ops.h), in its order.
 enum class UnaryOp : uint8_t {
-  Neg,
-  Abs,
-  Exp,
-  Expm1,
-  Log,
-  Log1p,
-  Log2,
-  Sqrt,
-  Rsqrt,
-  Sin,
-  Cos,
-  Tanh,
-  Erf,
-  Sigmoid,
-  Relu,
-  GeluErf,   // x * Φ(x)
-  GeluTanh,  // 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))
-  Silu,
-  Sign,  // -1, 0 or 1; NaN gives 0 (as PyTorch); Bool is its own sign
-  Floor,
-  Ceil,
-  Round,  // integers unchanged; Round is half to even
-  Square,
-  Reciprocal,
-  Clamp,       // min(max(x, params.a), params.b); a = -inf or b = +inf when absent; NaN stays NaN
-  LogicalNot,  // output Bool
-  IsNan,
-  IsInf,
-  IsFinite,  // output Bool
+#define KILN_X(Enum, ...) Enum,
+  KILN_UNARY_OPS(KILN_X) KILN_UNARY_PREDICATES(KILN_X) KILN_UNARY_OTHER(KILN_X)
+#undef KILN_X
 };
+// The op's name in the table ("exp", "gelu_tanh", ...): the profiler's range name, and what errors say.
+std::string_view unary_op_name(UnaryOp op);
 
 enum class BinaryOp : uint8_t {
   // Output dtype = input dtype. Bool: Add is or, Mul is and. Integers: Remainder is Python's % (the

@@ -54,6 +54,21 @@ decltype(auto) visit_floating_dtype(DType t, std::string_view op, F&& f) {
                                             "; convert it with .to(DType::Float32) first"));
 }
 
+// The dtype rule of every backend's reduce primitive: the output has the input's dtype, except sums and
+// products of integers narrower than int64, which widen to int64. Calls typed.template operator()<In, Out>()
+// for the pair, or throws naming `who` for any other.
+template <typename F>
+void visit_reduce_dtypes(std::string_view who, DType in, DType out, const F& typed) {
+  visit_dtype(in, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (out == in) return typed.template operator()<T, T>();
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, int64_t>) {
+      if (out == DType::Int64) return typed.template operator()<T, int64_t>();
+    }
+    KILN_FAIL(who, ": cannot reduce ", in, " into ", out);
+  });
+}
+
 // The type arithmetic on T is done in: float for Half/BFloat16, T otherwise.
 template <typename T>
 struct ComputeType {

@@ -18,6 +18,7 @@
 
 #include "kiln/tensor/generator.h"
 #include "kiln/tensor/tensor.h"
+#include "kiln/tensor/unary_ops.h"
 
 namespace kiln::ops {
 
@@ -103,34 +104,18 @@ std::vector<Tensor> unbind(const Tensor& t, int64_t dim = 0);
 Shape infer_shape(const Shape& shape, int64_t numel, std::string_view op);
 
 // ---------------------------------------------------------------- elementwise (elementwise.cpp)
-// Unary ops keep floating dtypes; integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat.
-Tensor neg(const Tensor& a);
-Tensor abs(const Tensor& a);
-Tensor exp(const Tensor& a);
-Tensor expm1(const Tensor& a);
-Tensor log(const Tensor& a);
-Tensor log1p(const Tensor& a);
-Tensor log2(const Tensor& a);
-Tensor sqrt(const Tensor& a);
-Tensor rsqrt(const Tensor& a);
-Tensor sin(const Tensor& a);
-Tensor cos(const Tensor& a);
-Tensor tanh(const Tensor& a);
-Tensor erf(const Tensor& a);
-Tensor sigmoid(const Tensor& a);
-Tensor relu(const Tensor& a);
+// The unary ops of the table (unary_ops.h): ops::exp(a), and exp_(a) in place. Floating inputs keep their dtype;
+// integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat; predicates give Bool.
+#define KILN_X(Enum, name, ...)   \
+  Tensor name(const Tensor& a); \
+  Tensor& name##_(Tensor& a);
+KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, ...) Tensor name(const Tensor& a);
+KILN_UNARY_PREDICATES(KILN_X)
+#undef KILN_X
 Tensor gelu(const Tensor& a, bool tanh_approximation = false);
-Tensor silu(const Tensor& a);
-Tensor sign(const Tensor& a);
-Tensor floor(const Tensor& a);
-Tensor ceil(const Tensor& a);
-Tensor round(const Tensor& a);  // half to even
 Tensor square(const Tensor& a);
-Tensor reciprocal(const Tensor& a);
-Tensor logical_not(const Tensor& a);
-Tensor isnan(const Tensor& a);
-Tensor isinf(const Tensor& a);
-Tensor isfinite(const Tensor& a);
 Tensor pow(const Tensor& a, const Tensor& exponent);
 Tensor pow(const Tensor& a, Scalar exponent);
 Tensor pow(Scalar base, const Tensor& exponent);
@@ -191,10 +176,6 @@ Tensor& mul_(Tensor& a, Scalar b);
 Tensor& div_(Tensor& a, const Tensor& b);
 Tensor& div_(Tensor& a, Scalar b);
 Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
-Tensor& relu_(Tensor& a);
-Tensor& neg_(Tensor& a);
-Tensor& exp_(Tensor& a);
-Tensor& sqrt_(Tensor& a);
 Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value);
 
 // The dtype PyTorch would compute a binary op in (0-d tensors and scalars count less than dimensioned tensors).

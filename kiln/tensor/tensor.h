@@ -25,6 +25,7 @@
 #include "kiln/tensor/shape.h"
 #include "kiln/tensor/storage.h"
 #include "kiln/tensor/tensor_options.h"
+#include "kiln/tensor/unary_ops.h"
 
 namespace kiln {
 
@@ -161,21 +162,16 @@ class Tensor {
   Tensor diagonal(int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1) const;
 
   // ---- elementwise ----
-  Tensor neg() const;
-  Tensor abs() const;
-  Tensor exp() const;
-  Tensor log() const;
-  Tensor log1p() const;
-  Tensor sqrt() const;
-  Tensor rsqrt() const;
-  Tensor sin() const;
-  Tensor cos() const;
-  Tensor tanh() const;
-  Tensor sigmoid() const;
-  Tensor relu() const;
-  Tensor sign() const;
+  // The unary ops of the table (unary_ops.h): t.exp(), and t.exp_() in place; t.isnan(), ...
+#define KILN_X(Enum, name, ...) \
+  Tensor name() const;          \
+  Tensor& name##_();
+  KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, ...) Tensor name() const;
+  KILN_UNARY_PREDICATES(KILN_X)
+#undef KILN_X
   Tensor square() const;
-  Tensor reciprocal() const;
   Tensor pow(const Tensor& exponent) const;
   Tensor pow(Scalar exponent) const;
   Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max) const;
@@ -191,7 +187,6 @@ class Tensor {
   Tensor le(const Tensor& other) const;
   Tensor gt(const Tensor& other) const;
   Tensor ge(const Tensor& other) const;
-  Tensor logical_not() const;
   Tensor logical_and(const Tensor& other) const;
   Tensor logical_or(const Tensor& other) const;
   Tensor masked_fill(const Tensor& mask, Scalar value) const;
@@ -206,10 +201,6 @@ class Tensor {
   Tensor& div_(const Tensor& other);
   Tensor& div_(Scalar other);
   Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max);
-  Tensor& relu_();
-  Tensor& neg_();
-  Tensor& exp_();
-  Tensor& sqrt_();
   Tensor& masked_fill_(const Tensor& mask, Scalar value);
 
   // ---- reductions (empty dims = all dims) ----

@@ -2,6 +2,8 @@
 // flow back to float32 parameters in float32.
 #include <gtest/gtest.h>
 
+#include <string_view>
+
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -44,6 +46,19 @@ TEST_P(AutocastTest, OpsComputeInThePolicyDtype) {
     EXPECT_EQ(matmul(x, w).dtype(), DType::Float32);
   }
   EXPECT_EQ(matmul(x, w).dtype(), DType::BFloat16);
+}
+
+// Every op of the unary table (kiln/tensor/unary_ops.h) computes a bfloat16 input in the dtype its autocast column
+// names: Float32 ops in float32, the rest in bfloat16.
+TEST_P(AutocastTest, UnaryTableOpsFollowTheirPolicy) {
+  Tensor x = make(uniform(12, 0.5, 2, 3), {3, 4}, opts(DType::BFloat16));  // in every op's domain
+  autocast::Guard cast(dev().type(), DType::BFloat16);
+#define KILN_X(Enum, name, result, policy_, ...)                                                              \
+  EXPECT_EQ(name(x).dtype(), std::string_view(#policy_) == "Float32" ? DType::Float32 : DType::BFloat16)  \
+      << #name;                                                                                              \
+  EXPECT_EQ(autocast::policy(autocast::Op::Enum), autocast::Policy::policy_) << #name;
+  KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
 }
 
 TEST_P(AutocastTest, GradientsReachFloat32LeavesInFloat32) {

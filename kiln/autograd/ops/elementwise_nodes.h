@@ -17,26 +17,25 @@ inline Scalar negated(Scalar s) { return s.is_floating_point() ? Scalar(-s.to_do
 
 // ---------------------------------------------------------------- unary (unary.cpp)
 
-// A one-input op whose gradient is formula(g, saved), where `saved` is the op's input or its result
-// (undefined when the formula needs neither, e.g. neg).
+// A one-input op of the unary table (kiln/tensor/unary_ops.h), out of place or in place: its gradient is
+// formula(g, x, y), of which the node saved the input x or the result y (the other is undefined; both are when
+// the formula needs neither, e.g. neg).
 struct UnaryBackward final : Node {
-  using Formula = Tensor (*)(const Tensor& g, const Tensor& saved);
+  using Formula = Tensor (*)(const Tensor& g, const Tensor& x, const Tensor& y);
   std::string_view op_name;  // "ExpBackward", ...
   Formula formula = nullptr;
   SavedTensor saved;
+  bool saved_is_result = false;
   std::string_view name() const override { return op_name; }
-  TensorList apply(TensorList&& grads) override { return {formula(grads[0], saved.unpack(*this))}; }
+  TensorList apply(TensorList&& grads) override {
+    const Tensor s = saved.unpack(*this);
+    return {saved_is_result ? formula(grads[0], Tensor(), s) : formula(grads[0], s, Tensor())};
+  }
   // Only a saved tensor is freed: a formula that needs none (neg) may run again without retain_graph.
   void release_saved() override {
     if (saved.defined()) saved.reset();
   }
 };
-
-// The formulas the in-place ops reuse; `result` is the op's output, `input` its input.
-Tensor neg_grad(const Tensor& g, const Tensor& unused);
-Tensor exp_grad(const Tensor& g, const Tensor& result);
-Tensor sqrt_grad(const Tensor& g, const Tensor& result);
-Tensor relu_grad(const Tensor& g, const Tensor& result);
 
 // clamp: the gradient passes where min <= input <= max (boundaries included), else 0.
 struct ClampBackward final : Node {

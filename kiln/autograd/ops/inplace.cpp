@@ -1,10 +1,11 @@
-// In-place elementwise ops (add_, mul_, relu_, fill_, ...). They reuse the backward nodes of their
+// In-place elementwise ops (add_, mul_, clamp_, fill_, ...). They reuse the backward nodes of their
 // out-of-place forms (elementwise_nodes.h), recorded in three steps:
 //   1. check_inplace: leaves that require grad and views may not be written while recording;
 //   2. the node takes its edges BEFORE the write, so that `a`'s previous history becomes its input;
 //   3. after the write, `a` gets the node as its new grad_fn (set_history).
 // What backward needs of `a`'s old values is cloned before the write (mul_, div_, clamp_); a result that
-// the formula uses (relu_, exp_, sqrt_) is saved after it, as the op's output.
+// the formula uses is saved after it, as the op's output. The unary ops' in-place forms (relu_, exp_, ...) live
+// with their out-of-place forms in unary.cpp.
 #include "kiln/autograd/ops/elementwise_nodes.h"
 #include "kiln/autograd/ops/op_recording.h"
 
@@ -56,25 +57,6 @@ Tensor& mul_scalar_impl(Tensor& a, Scalar s, bool divide) {
   if (divide) ops::div_(a, s);
   else ops::mul_(a, s);
   if (record) set_history(a, node);
-  return a;
-}
-
-// ---------------------------------------------------------------- relu_, neg_, exp_, sqrt_
-// `save_result`: the formula reads the op's result, saved after the write.
-Tensor& unary_impl(Tensor& a, const char* op, Tensor& (*forward)(Tensor&), std::string_view name,
-                   UnaryBackward::Formula formula, bool save_result) {
-  const bool record = check_inplace(a, false, op);
-  std::shared_ptr<UnaryBackward> node;
-  if (record) {
-    node = make_node<UnaryBackward>(a);
-    node->op_name = name;
-    node->formula = formula;
-  }
-  forward(a);
-  if (record) {
-    set_history(a, node);
-    if (save_result) node->saved = SavedTensor(a, /*is_output=*/true);
-  }
   return a;
 }
 
@@ -151,10 +133,6 @@ Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max) 
   return a;
 }
 
-Tensor& relu_(Tensor& a) { return unary_impl(a, "relu_", ops::relu_, "ReluBackward", relu_grad, true); }
-Tensor& neg_(Tensor& a) { return unary_impl(a, "neg_", ops::neg_, "NegBackward", neg_grad, false); }
-Tensor& exp_(Tensor& a) { return unary_impl(a, "exp_", ops::exp_, "ExpBackward", exp_grad, true); }
-Tensor& sqrt_(Tensor& a) { return unary_impl(a, "sqrt_", ops::sqrt_, "SqrtBackward", sqrt_grad, true); }
 
 // The mask is a bool tensor of its own (it cannot require grad); saved as it is.
 Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value) {

@@ -148,20 +148,8 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& out, const Tensor& in, const 
     case ReduceOp::LogSumExp: return reduce_detail::reduce_stats(op, out, in, reduce, params);
     default: break;
   }
-  visit_dtype(in.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (out.dtype() == in.dtype()) {
-      reduce_typed<T, T>(op, out, in, reduce);
-      return;
-    }
-    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, int64_t>) {
-      if (out.dtype() == DType::Int64) {
-        reduce_typed<T, int64_t>(op, out, in, reduce);  // sums and products of integers widen to int64
-        return;
-      }
-    }
-    KILN_FAIL("cpu::reduce: cannot reduce ", in.dtype(), " into ", out.dtype());
-  });
+  visit_reduce_dtypes("cpu::reduce", in.dtype(), out.dtype(),
+                      [&]<typename In, typename Out>() { reduce_typed<In, Out>(op, out, in, reduce); });
 }
 
 }  // namespace kiln::cpu

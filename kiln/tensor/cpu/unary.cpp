@@ -191,7 +191,8 @@ void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& a, const Una
         else o.setConstant(true);
       });
   }
-  KILN_FAIL("cpu::unary: unknown op ", static_cast<int>(op));
+  KILN_FAIL("cpu::unary: '", unary_op_name(op), "' (UnaryOp ", static_cast<int>(op),
+            ") has no kernel here; add its case to this switch");
 }
 
 }  // namespace kiln::cpu

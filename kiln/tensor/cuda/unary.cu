@@ -139,7 +139,8 @@ void CudaBackend::unary(UnaryOp op, const Tensor& out, const Tensor& a, const Un
     case UnaryOp::IsFinite: return predicate<UnaryOp::IsFinite>("isfinite", out, a);
     default: break;
   }
-  KILN_FAIL("cuda::unary: unknown op ", static_cast<int>(op));
+  KILN_FAIL("cuda::unary: '", unary_op_name(op), "' (UnaryOp ", static_cast<int>(op),
+            ") has no kernel here; add its case to this switch");
 }
 
 }  // namespace kiln::cuda

@@ -10,40 +10,33 @@ using detail::Operand;
 using detail::ResultKind;
 
 namespace {
-void check_not_bool(std::string_view op, const Tensor& a, std::string_view instead) {
-  KILN_CHECK(!a.defined() || a.dtype() != DType::Bool, op, ": not supported on a bool tensor (shape ", a.shape(), ")",
-             instead);
+// `instead`: the end of the message (the table's bool_advice); nullptr when a bool tensor is taken as numbers.
+void check_not_bool(std::string_view op, const Tensor& a, const char* instead) {
+  KILN_CHECK(instead == nullptr || !a.defined() || a.dtype() != DType::Bool, op, ": not supported on a bool tensor (shape ",
+             a.shape(), ")", instead);
 }
 }  // namespace
 
-Tensor neg(const Tensor& a) {
-  check_not_bool("neg", a, "; negation, the - operator, on a bool tensor: use logical_not() or the ~ operator");
-  return detail::unary("neg", UnaryOp::Neg, a, ResultKind::Same);
-}
-Tensor abs(const Tensor& a) {
-  check_not_bool("abs", a, "; convert it with .to(DType::Int64) first");
-  return detail::unary("abs", UnaryOp::Abs, a, ResultKind::Same);
-}
-Tensor exp(const Tensor& a) { return detail::unary("exp", UnaryOp::Exp, a, ResultKind::Float); }
-Tensor expm1(const Tensor& a) { return detail::unary("expm1", UnaryOp::Expm1, a, ResultKind::Float); }
-Tensor log(const Tensor& a) { return detail::unary("log", UnaryOp::Log, a, ResultKind::Float); }
-Tensor log1p(const Tensor& a) { return detail::unary("log1p", UnaryOp::Log1p, a, ResultKind::Float); }
-Tensor log2(const Tensor& a) { return detail::unary("log2", UnaryOp::Log2, a, ResultKind::Float); }
-Tensor sqrt(const Tensor& a) { return detail::unary("sqrt", UnaryOp::Sqrt, a, ResultKind::Float); }
-Tensor rsqrt(const Tensor& a) { return detail::unary("rsqrt", UnaryOp::Rsqrt, a, ResultKind::Float); }
-Tensor sin(const Tensor& a) { return detail::unary("sin", UnaryOp::Sin, a, ResultKind::Float); }
-Tensor cos(const Tensor& a) { return detail::unary("cos", UnaryOp::Cos, a, ResultKind::Float); }
-Tensor tanh(const Tensor& a) { return detail::unary("tanh", UnaryOp::Tanh, a, ResultKind::Float); }
-Tensor erf(const Tensor& a) { return detail::unary("erf", UnaryOp::Erf, a, ResultKind::Float); }
-Tensor sigmoid(const Tensor& a) { return detail::unary("sigmoid", UnaryOp::Sigmoid, a, ResultKind::Float); }
-Tensor relu(const Tensor& a) {
-  check_not_bool("relu", a, "; convert it with .to(DType::Float32) first");
-  return detail::unary("relu", UnaryOp::Relu, a, ResultKind::Same);
-}
+// The ops of the table (unary_ops.h), out of place and in place.
+#define KILN_X(Enum, name, result, autocast, save, derivative, reference, domain, bool_advice)      \
+  Tensor name(const Tensor& a) {                                                                   \
+    check_not_bool(#name, a, bool_advice);                                                         \
+    return detail::unary(#name, UnaryOp::Enum, a, ResultKind::result);                             \
+  }                                                                                                \
+  Tensor& name##_(Tensor& a) {                                                                     \
+    check_not_bool(#name "_", a, bool_advice);                                                     \
+    return detail::unary_(#name "_", UnaryOp::Enum, a, ResultKind::result);                        \
+  }
+KILN_UNARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, reference) \
+  Tensor name(const Tensor& a) { return detail::unary(#name, UnaryOp::Enum, a, ResultKind::Bool); }
+KILN_UNARY_PREDICATES(KILN_X)
+#undef KILN_X
+
 Tensor gelu(const Tensor& a, bool tanh_approximation) {
   return detail::unary("gelu", tanh_approximation ? UnaryOp::GeluTanh : UnaryOp::GeluErf, a, ResultKind::Float);
 }
-Tensor silu(const Tensor& a) { return detail::unary("silu", UnaryOp::Silu, a, ResultKind::Float); }
 
 namespace {
 // An activation's gradient g * f'(x): a binary op on floating tensors (integers have no gradient).
@@ -67,31 +60,11 @@ Tensor silu_backward(const Tensor& g, const Tensor& x) {
 Tensor relu_backward(const Tensor& g, const Tensor& y) {
   return activation_backward("relu_backward", BinaryOp::ReluBackward, g, y);
 }
-Tensor sign(const Tensor& a) { return detail::unary("sign", UnaryOp::Sign, a, ResultKind::Same); }
-Tensor floor(const Tensor& a) { return detail::unary("floor", UnaryOp::Floor, a, ResultKind::Same); }
-Tensor ceil(const Tensor& a) { return detail::unary("ceil", UnaryOp::Ceil, a, ResultKind::Same); }
-Tensor round(const Tensor& a) { return detail::unary("round", UnaryOp::Round, a, ResultKind::Same); }
 Tensor square(const Tensor& a) {
   // square(x) is pow(x, 2): a bool tensor promotes with the integer 2 to int64, as in PyTorch.
   if (a.defined() && a.dtype() == DType::Bool) return square(cast(a, DType::Int64));
   return detail::unary("square", UnaryOp::Square, a, ResultKind::Same);
 }
-Tensor reciprocal(const Tensor& a) { return detail::unary("reciprocal", UnaryOp::Reciprocal, a, ResultKind::Float); }
-Tensor logical_not(const Tensor& a) { return detail::unary("logical_not", UnaryOp::LogicalNot, a, ResultKind::Bool); }
-Tensor isnan(const Tensor& a) { return detail::unary("isnan", UnaryOp::IsNan, a, ResultKind::Bool); }
-Tensor isinf(const Tensor& a) { return detail::unary("isinf", UnaryOp::IsInf, a, ResultKind::Bool); }
-Tensor isfinite(const Tensor& a) { return detail::unary("isfinite", UnaryOp::IsFinite, a, ResultKind::Bool); }
-
-Tensor& relu_(Tensor& a) {
-  check_not_bool("relu_", a, "; convert it with .to(DType::Float32) first");
-  return detail::unary_("relu_", UnaryOp::Relu, a, ResultKind::Same);
-}
-Tensor& neg_(Tensor& a) {
-  check_not_bool("neg_", a, "; negation, the - operator, on a bool tensor: use logical_not() or the ~ operator");
-  return detail::unary_("neg_", UnaryOp::Neg, a, ResultKind::Same);
-}
-Tensor& exp_(Tensor& a) { return detail::unary_("exp_", UnaryOp::Exp, a, ResultKind::Float); }
-Tensor& sqrt_(Tensor& a) { return detail::unary_("sqrt_", UnaryOp::Sqrt, a, ResultKind::Float); }
 
 // ---------------------------------------------------------------- pow
 
