@@ -423,7 +423,12 @@ int main(int argc, char** argv) {
     } else if (a == "--warmup" && has_value) {
       s.warmup = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--seed" && has_value) {
-      s.seed = std::strtoull(argv[++i], nullptr, 10);
+      char* end = nullptr;
+      s.seed = std::strtoull(argv[++i], &end, 10);
+      if (*end != '\0' || argv[i][0] == '-' || argv[i][0] == '\0') {
+        std::fprintf(stderr, "bench_train: --seed takes a non-negative whole number, not '%s'\n", argv[i]);
+        return 2;
+      }
     } else if (a == "--profile" && has_value) {
       s.profile = std::max(0, std::atoi(argv[++i]));
     } else if (a == "--no-graphs") {

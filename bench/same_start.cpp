@@ -10,36 +10,30 @@
 // Prints one JSON line: the loss of every step. fp32 runs with TF32 off on both sides.
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
+#include <utility>
 
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
 
 using namespace kiln;
 
-int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_same_start DIR [--steps N] [--precision bf16|fp32]\n");
-    return 2;
+namespace {
+
+// The batch PyTorch wrote: {"x": (B, 3, H, W) float32, "y": (B,) int64}.
+std::pair<Tensor, Tensor> load_batch(const std::string& path) {
+  Tensor x, y;
+  for (auto& [name, t] : io::load_torch_file(path)) {
+    if (name == "x") x = t;
+    if (name == "y") y = t;
   }
-  const std::string dir = argv[1];
-  int steps = 75;
-  std::string precision = "bf16";
-  for (int i = 2; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc) {
-      steps = std::atoi(argv[++i]);
-    } else if (a == "--precision" && i + 1 < argc) {
-      precision = argv[++i];
-    } else {
-      std::fprintf(stderr, "bench_same_start: unknown argument '%s'\n", a.c_str());
-      return 2;
-    }
-  }
-  if (precision != "bf16" && precision != "fp32") {
-    std::fprintf(stderr, "bench_same_start: --precision takes bf16 or fp32, not '%s'\n", precision.c_str());
-    return 2;
-  }
+  KILN_CHECK(x.defined() && y.defined(), path, " must hold tensors named x and y (bench/same_start.py export writes ",
+             "them); found ", x.defined() ? "x" : "no x", " and ", y.defined() ? "y" : "no y");
+  return {x, y};
+}
+
+int run(const std::string& dir, int steps, const std::string& precision) {
   const Device dev = cuda::is_available() ? Device::cuda(0) : Device::cpu();  // the CPU: slow, for a check only
   if (dev.is_cuda()) {
     nn::set_cudnn_benchmark(true);
@@ -49,8 +43,7 @@ int main(int argc, char** argv) {
   model->load_state_dict(io::load_torch_file(dir + "/weights.pt"));
   model->to(dev, MemoryFormat::ChannelsLast);
   model->train();
-  Tensor x, y;
-  for (auto& [name, t] : io::load_torch_file(dir + "/batch.pt")) (name == "x" ? x : y) = t;
+  auto [x, y] = load_batch(dir + "/batch.pt");
   x = x.to(dev).contiguous(MemoryFormat::ChannelsLast);  // (256, 3, 224, 224) float32
   y = y.to(dev);                                          // (256,) int64
   optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-5});
@@ -71,4 +64,43 @@ int main(int argc, char** argv) {
   std::printf("{\"framework\": \"kiln\", \"precision\": \"%s\", \"steps\": %d, \"losses\": [%s]}\n", precision.c_str(),
               steps, losses.c_str());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: bench_same_start DIR [--steps N] [--precision bf16|fp32]\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  int steps = 75;
+  std::string precision = "bf16";
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) {
+      char* end = nullptr;
+      const long n = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || n < 1 || n > 1000000) {
+        std::fprintf(stderr, "bench_same_start: --steps takes a whole number from 1 to 1000000, not '%s'\n", argv[i]);
+        return 2;
+      }
+      steps = static_cast<int>(n);
+    } else if (a == "--precision" && i + 1 < argc) {
+      precision = argv[++i];
+    } else {
+      std::fprintf(stderr, "bench_same_start: unknown argument '%s'\n", a.c_str());
+      return 2;
+    }
+  }
+  if (precision != "bf16" && precision != "fp32") {
+    std::fprintf(stderr, "bench_same_start: --precision takes bf16 or fp32, not '%s'\n", precision.c_str());
+    return 2;
+  }
+  try {
+    return run(dir, steps, precision);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_same_start: %s\n", e.what());
+    return 1;
+  }
 }
