@@ -83,7 +83,7 @@ double max_over_ranks(double v) {
 // After one sum all-reduce of buffers filled with rank + 1, every element is n (n + 1) / 2 (exact in bf16 too).
 void check_sum(const Tensor& t, int world, const char* path) {
   const double want = world * (world + 1) / 2.0;
-  const double lo = ops::amin(t).item<double>(), hi = ops::amax(t).item<double>();
+  const double lo = internal::amin(t).item<double>(), hi = internal::amax(t).item<double>();
   if (lo != want || hi != want) {
     throw std::runtime_error(std::string("bench_allreduce: ") + path + " all-reduce of " +
                              std::string(dtype_name(t.dtype())) + " gave values in [" + std::to_string(lo) + ", " +

@@ -16,7 +16,7 @@
 // backward run, without the autograd bookkeeping (--path auto, the default):
 //   - a 1x1, stride-1, unpadded, ungrouped convolution of a channels-last input (every such shape here) is
 //     a matrix product over the (N H W, C) rows of NHWC memory (pointwise_conv2d in kiln/layers/conv.cpp), so its
-//     passes are the three products kiln::ops::mm runs there and in PointwiseConvolutionBackward: forward rows
+//     passes are the three products kiln::internal::mm runs there and in PointwiseConvolutionBackward: forward rows
 //     (N H W, C_in) x w^T (C_in, C_out), dx = dy_rows (N H W, C_out) x w (C_out, C_in), dw = dy_rows^T
 //     (C_out, N H W) x rows; "path": "matmul";
 //   - every other shape through kiln's cuDNN passes (kiln/layers/cuda/conv_cudnn.h) with nn::cudnn_benchmark on;
@@ -68,7 +68,7 @@
 #include "kiln/layers/cuda/conv_cudnn.h"  // nn::cuda_impl::conv2d_forward, conv2d_backward_data, conv2d_backward_filter
 #include "kiln/layers/cuda/conv_cudnn_graph.h"  // set_conv2d_graph_api, conv2d_graph_forward_with_sums
 #include "kiln/tensor/cuda.h"                   // cuda::is_available
-#include "kiln/tensor/ops.h"  // ops::mm, ops::view, ops::permute, ops::transpose: raw ops, nothing recorded
+#include "kiln/tensor/internal_ops.h"  // internal::mm, internal::view, internal::permute, internal::transpose: raw ops, nothing recorded
 
 using namespace kiln;
 using bench::json_escape;
@@ -209,27 +209,27 @@ std::string case_fields(const Settings& s, int index, const ConvShape& c) {
 }
 
 // The three passes of a shape on the matmul path: the products pointwise_conv2d (forward) and
-// PointwiseConvolutionBackward (dx, dw) hand to ops::mm, on views of the same x, w and dy. ops::view, unlike reshape,
-// never copies (it throws where it would have to), so every operand here is a view of x's, w's or dy's memory: (N, C,
-// H, W) channels-last is NHWC, i.e. (N H W, C) rows, and the 1x1 weight (C_out, C_in, 1, 1) is (C_out, C_in) in either
-// memory format. Nor does ops::mm copy them: the CUDA backend (kiln/tensor/cuda/matmul.cpp) hands cuBLASLt a row-major
-// operand as it is and a transposed one (w^T, dy_rows^T: unit stride along the rows) as column-major with the transpose
-// flag; it copies only an operand with no unit stride, which none of these is. The products' outputs are new tensors,
-// as in nn::conv2d: (N H W, C_out) rows are y in channels-last, (N H W, C_in) rows dx in channels-last (in a residual
-// block the node adds dx into the shortcut's gradient instead, beta = 1: not timed here), and dw = dy_rows^T rows is
-// (C_out, C_in), the weight's gradient in its own layout. On the way to the weight's .grad, autocast's cast back to
-// float32 is not timed here.
+// PointwiseConvolutionBackward (dx, dw) hand to internal::mm, on views of the same x, w and dy. internal::view, unlike
+// reshape, never copies (it throws where it would have to), so every operand here is a view of x's, w's or dy's memory:
+// (N, C, H, W) channels-last is NHWC, i.e. (N H W, C) rows, and the 1x1 weight (C_out, C_in, 1, 1) is (C_out, C_in) in
+// either memory format. Nor does internal::mm copy them: the CUDA backend (kiln/tensor/cuda/matmul.cpp) hands cuBLASLt
+// a row-major operand as it is and a transposed one (w^T, dy_rows^T: unit stride along the rows) as column-major with
+// the transpose flag; it copies only an operand with no unit stride, which none of these is. The products' outputs are
+// new tensors, as in nn::conv2d: (N H W, C_out) rows are y in channels-last, (N H W, C_in) rows dx in channels-last (in
+// a residual block the node adds dx into the shortcut's gradient instead, beta = 1: not timed here), and dw = dy_rows^T
+// rows is (C_out, C_in), the weight's gradient in its own layout. On the way to the weight's .grad, autocast's cast
+// back to float32 is not timed here.
 std::array<std::function<void()>, 3> matmul_passes(const Tensor& x, const Tensor& w, const Tensor& dy) {
   const int64_t n = x.size(0), c_in = x.size(1), h = x.size(2), wd = x.size(3), c_out = w.size(0);
-  const Tensor rows = ops::view(ops::permute(x, {0, 2, 3, 1}), {n * h * wd, c_in});       // (N H W, C_in)
-  const Tensor dy_rows = ops::view(ops::permute(dy, {0, 2, 3, 1}), {n * h * wd, c_out});  // (N H W, C_out)
-  const Tensor w2 = ops::view(w, {c_out, c_in});                                          // (C_out, C_in)
-  const Tensor w2_t = ops::transpose(w2, 0, 1);                                           // (C_in, C_out)
-  const Tensor dy_rows_t = ops::transpose(dy_rows, 0, 1);                                 // (C_out, N H W)
+  const Tensor rows = internal::view(internal::permute(x, {0, 2, 3, 1}), {n * h * wd, c_in});       // (N H W, C_in)
+  const Tensor dy_rows = internal::view(internal::permute(dy, {0, 2, 3, 1}), {n * h * wd, c_out});  // (N H W, C_out)
+  const Tensor w2 = internal::view(w, {c_out, c_in});                                               // (C_out, C_in)
+  const Tensor w2_t = internal::transpose(w2, 0, 1);                                                // (C_in, C_out)
+  const Tensor dy_rows_t = internal::transpose(dy_rows, 0, 1);                                      // (C_out, N H W)
   return {
-      [rows, w2_t] { (void)ops::mm(rows, w2_t); },            // y rows (N H W, C_out): x w^T
-      [dy_rows, w2] { (void)ops::mm(dy_rows, w2); },          // dx rows (N H W, C_in): g w
-      [dy_rows_t, rows] { (void)ops::mm(dy_rows_t, rows); },  // dw (C_out, C_in): g^T x
+      [rows, w2_t] { (void)internal::mm(rows, w2_t); },            // y rows (N H W, C_out): x w^T
+      [dy_rows, w2] { (void)internal::mm(dy_rows, w2); },          // dx rows (N H W, C_in): g w
+      [dy_rows_t, rows] { (void)internal::mm(dy_rows_t, rows); },  // dw (C_out, C_in): g^T x
   };
 }
 
@@ -339,7 +339,8 @@ void run_shape(const Settings& s, int index, const ConvShape& c, Totals& totals)
     const nn::cuda_impl::ConvChannelSums sums{empty({c.c_out}, f32), empty({c.c_out}, f32)};
     fused_line(s, case_fields(s, index, c) + ", \"pass\": \"fwd_sums\"", flop, "the convolution + statistics graph",
                [&](std::string* why_not) {
-                 return nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, /*channels_last=*/true, why_not);
+                 return nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, g, /*channels_last=*/true,
+                                                                      why_not);
                });
   }
   if (s.accumulate && !stem) {
@@ -348,19 +349,17 @@ void run_shape(const Settings& s, int index, const ConvShape& c, Totals& totals)
     Tensor sum = randn(x.shape(), opts).contiguous(cl);
     const std::string fields = case_fields(s, index, c);
     try {
-      const double ms = ms_per_pass(s, [&] {
-        ops::add_(sum, nn::cuda_impl::conv2d_backward_data(dy, w, x.shape(), g, cl));
-      });
-      std::printf("{%s, \"pass\": \"dx_add\", \"ms\": %.4f, \"tflops\": %.1f, \"in_step\": false}\n", fields.c_str(), ms,
-                  flop / ms / 1e9);
+      const double ms =
+          ms_per_pass(s, [&] { internal::add_(sum, nn::cuda_impl::conv2d_backward_data(dy, w, x.shape(), g, cl)); });
+      std::printf("{%s, \"pass\": \"dx_add\", \"ms\": %.4f, \"tflops\": %.1f, \"in_step\": false}\n", fields.c_str(),
+                  ms, flop / ms / 1e9);
     } catch (const std::exception& e) {
       print_error(fields + ", \"pass\": \"dx_add\"", e);
     }
-    fused_line(s, fields + ", \"pass\": \"dx_accumulate\"", flop, "the backward-data + add graph",
-               [&](std::string* why_not) {
-                 return nn::cuda_impl::conv2d_graph_backward_data_accumulate(sum, w, dy, g, /*channels_last=*/true,
-                                                                             why_not);
-               });
+    fused_line(
+        s, fields + ", \"pass\": \"dx_accumulate\"", flop, "the backward-data + add graph", [&](std::string* why_not) {
+          return nn::cuda_impl::conv2d_graph_backward_data_accumulate(sum, w, dy, g, /*channels_last=*/true, why_not);
+        });
   }
 }
 
@@ -390,9 +389,10 @@ std::optional<int> parse_count(const char* text) {
 int main(int argc, char** argv) {
   Settings s;
   auto usage = [&] {
-    std::fprintf(stderr,
-                 "usage: bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--cudnn-api graph|legacy] "
-                 "[--dtype bf16|fp16] [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--sums] [--accumulate] [--quick]\n");
+    std::fprintf(
+        stderr,
+        "usage: bench_conv [--net resnet50|resnet18_cifar] [--path auto|cudnn] [--cudnn-api graph|legacy] "
+        "[--dtype bf16|fp16] [--shape INDEX] [--iters N] [--steps N] [--warmup N] [--sums] [--accumulate] [--quick]\n");
     print_shapes(stderr, *s.net, resnet_convs(*s.net, s.net->hw));
     return 2;
   };

@@ -42,8 +42,8 @@ struct Settings {
 // bitwise equal on all ranks, so are the updates). Returns whether the ranks agree.
 bool same_parameters_everywhere(nn::Module& model, Device dev) {
   double sum = 0;
-  for (const Tensor& p : model.parameters()) sum += ops::sum(p.to(DType::Float64)).item<double>();
-  Tensor hi = ops::from_vector(std::vector<float>{static_cast<float>(sum)}, {1}, dev);
+  for (const Tensor& p : model.parameters()) sum += internal::sum(p.to(DType::Float64)).item<double>();
+  Tensor hi = internal::from_vector(std::vector<float>{static_cast<float>(sum)}, {1}, dev);
   Tensor lo = hi.clone();
   dist::all_reduce(hi, dist::ReduceOp::Max);
   dist::all_reduce(lo, dist::ReduceOp::Min);
@@ -63,7 +63,7 @@ Measured time_steps(const Settings& s, const dist::Env& env, const std::function
   Measured m;
   m.step_ms = bench::median_step_ms(0, s.steps, step);
   m.peak_gib = static_cast<double>(cuda::memory_stats().peak_allocated_bytes) / (1ull << 30);
-  Tensor slowest = ops::from_vector(std::vector<float>{static_cast<float>(m.step_ms)}, {1}, env.device());
+  Tensor slowest = internal::from_vector(std::vector<float>{static_cast<float>(m.step_ms)}, {1}, env.device());
   dist::all_reduce(slowest, dist::ReduceOp::Max);
   m.slowest_step_ms = slowest.item<float>();
   return m;

@@ -33,7 +33,7 @@
 #include "kiln/optim/adam.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/generator.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace {
 
@@ -66,7 +66,7 @@ struct Objects {
   }
   void step() {  // one AdamW step, so the optimizer has state tensors
     opt->zero_grad();
-    Tensor x = ops::from_vector<float>({1, 2, 3, 4, -1, 0.5f, 2, 0}, {2, 4});
+    Tensor x = internal::from_vector<float>({1, 2, 3, 4, -1, 0.5f, 2, 0}, {2, 4});
     sum((*model)(x)).backward();
     opt->step();
     sched->step();

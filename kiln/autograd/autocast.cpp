@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::autocast {
 namespace {
@@ -24,14 +24,9 @@ PolicyTable make_default_table() {
 #define KILN_X(Enum, name, result, policy_, ...) t[static_cast<size_t>(Op::Enum)] = Policy::policy_;
   KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
-  for (Op op : {Op::Pow,
-                Op::Sum,          Op::Prod,
-                Op::Var,          Op::Std,
-                Op::Norm,         Op::LogSumExp,
-                Op::Softmax,      Op::LogSoftmax,
-                Op::LayerNorm,    Op::GroupNorm,
-                Op::CrossEntropy, Op::NllLoss,
-                Op::MseLoss,      Op::BinaryCrossEntropyWithLogits}) {
+  for (Op op :
+       {Op::Pow, Op::Sum, Op::Prod, Op::Var, Op::Std, Op::Norm, Op::LogSumExp, Op::Softmax, Op::LogSoftmax,
+        Op::LayerNorm, Op::GroupNorm, Op::CrossEntropy, Op::NllLoss, Op::MseLoss, Op::BinaryCrossEntropyWithLogits}) {
     t[static_cast<size_t>(op)] = Policy::Float32;
   }
   for (Op op : {Op::Cat, Op::Stack, Op::Where, Op::Lerp, Op::IndexAdd, Op::Scatter, Op::ScatterAdd}) {

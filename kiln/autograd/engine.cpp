@@ -11,7 +11,7 @@
 
 #include "kiln/autograd/autocast.h"
 #include "kiln/autograd/autograd_meta.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "kiln/tensor/trace.h"  // a range per backward node
 
 namespace kiln::autograd {
@@ -46,7 +46,7 @@ Tensor validate_gradient(Tensor g, const InputMeta& meta, const Node& producer, 
   if (g.dtype() != meta.dtype) {
     KILN_CHECK(is_floating_point(g.dtype()), producer.name(), " returned a ", g.dtype(), " gradient for its input ",
                index, " (", meta.dtype, "); gradients must be floating-point");
-    g = ops::cast(g, meta.dtype);
+    g = internal::cast(g, meta.dtype);
   }
   return g;
 }
@@ -206,9 +206,9 @@ class GraphTask {
       return;
     }
     if (exclusively_owned(acc)) {
-      ops::add_(acc, g);
+      internal::add_(acc, g);
     } else {  // the gradient already there is shared (e.g. with another node's buffer): out of place
-      acc = ops::add(acc, g);
+      acc = internal::add(acc, g);
     }
   }
 
@@ -252,7 +252,7 @@ class GraphTask {
   static void flush_one(Tensor& acc, TensorList& list) {
     if (list.empty()) return;
     list.push_back(acc);
-    acc = ops::add_n(list);  // one kernel for all of them
+    acc = internal::add_n(list);  // one kernel for all of them
     list.clear();
   }
 
@@ -359,7 +359,7 @@ std::shared_ptr<Node> make_root(const TensorList& outputs, const TensorList& gra
       KILN_CHECK(out.numel() == 1, api, ": output ", i, " has shape ", out.shape(), "; a gradient can be implied only ",
                  "for one-element outputs (it is 1 then). Pass the gradient of the output, e.g. ",
                  "y.backward(ones_like(y)), or reduce it first (y.sum().backward())");
-      g = ops::ones_like(out);
+      g = internal::ones_like(out);
     } else {
       KILN_CHECK(g.shape() == out.shape(), api, ": the gradient for output ", i, " has shape ", g.shape(),
                  " but the output has shape ", out.shape());

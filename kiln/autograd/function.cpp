@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::autograd {
 
@@ -37,7 +37,7 @@ std::string demangled_name(const char* mangled) {
 }
 
 Tensor zeros_from_meta(const InputMeta& meta) {
-  return ops::zeros(meta.shape, {.dtype = meta.dtype, .device = meta.device});
+  return internal::zeros(meta.shape, {.dtype = meta.dtype, .device = meta.device});
 }
 
 }  // namespace kiln::autograd

@@ -6,66 +6,66 @@
 //   loss.backward();                                 // w.grad() is (8, 4)
 //
 // Every op that has a gradient records itself in the graph when grad mode is on and an input requires
-// grad; otherwise it is the raw op of kiln/tensor/ops.h plus one thread-local check. Each family's
+// grad; otherwise it is the raw op of kiln/tensor/internal_ops.h plus one thread-local check. Each family's
 // forward and backward live side by side in kiln/autograd/ops/. Ops without a gradient (factories,
 // random draws, comparisons, arg-reductions) are the raw ops themselves.
 #pragma once
 
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln {
 
 using Dims = std::vector<int64_t>;
 
-// ---------------------------------------------------------------- not differentiable (kiln/tensor/ops.h)
-using ops::all;
-using ops::allclose;
-using ops::any;
-using ops::arange;
-using ops::argmax;
-using ops::argmin;
-using ops::argsort;
-using ops::bernoulli;
-using ops::count_nonzero;
-using ops::empty;
-using ops::empty_like;
-using ops::empty_strided;
-using ops::eq;
-using ops::equal;
-using ops::eye;
-using ops::from_blob;
-using ops::from_vector;
-using ops::full;
-using ops::full_like;
-using ops::ge;
-using ops::gt;
-using ops::infer_shape;
-using ops::is_pinned;
-using ops::isclose;
-using ops::le;
-using ops::linspace;
-using ops::logical_and;
-#define KILN_X(Enum, name, ...) using ops::name;  // the predicates of the unary table (unary_ops.h)
+// ---------------------------------------------------------------- not differentiable (kiln/tensor/internal_ops.h)
+using internal::all;
+using internal::allclose;
+using internal::any;
+using internal::arange;
+using internal::argmax;
+using internal::argmin;
+using internal::argsort;
+using internal::bernoulli;
+using internal::count_nonzero;
+using internal::empty;
+using internal::empty_like;
+using internal::empty_strided;
+using internal::eq;
+using internal::equal;
+using internal::eye;
+using internal::from_blob;
+using internal::from_vector;
+using internal::full;
+using internal::full_like;
+using internal::ge;
+using internal::gt;
+using internal::infer_shape;
+using internal::is_pinned;
+using internal::isclose;
+using internal::le;
+using internal::linspace;
+using internal::logical_and;
+#define KILN_X(Enum, name, ...) using internal::name;  // the predicates of the unary table (unary_ops.h)
 KILN_UNARY_PREDICATES(KILN_X)
 #undef KILN_X
-using ops::logical_or;
-using ops::logical_xor;
-using ops::lt;
-using ops::ne;
-using ops::nonzero;
-using ops::normal;
-using ops::one_hot;
-using ops::ones;
-using ops::ones_like;
-using ops::pin_memory;
-using ops::rand;
-using ops::randint;
-using ops::randn;
-using ops::randperm;
-using ops::result_type;
-using ops::scalar_tensor;
-using ops::zeros;
-using ops::zeros_like;
+using internal::logical_or;
+using internal::logical_xor;
+using internal::lt;
+using internal::ne;
+using internal::nonzero;
+using internal::normal;
+using internal::one_hot;
+using internal::ones;
+using internal::ones_like;
+using internal::pin_memory;
+using internal::rand;
+using internal::randint;
+using internal::randn;
+using internal::randperm;
+using internal::result_type;
+using internal::scalar_tensor;
+using internal::zeros;
+using internal::zeros_like;
 
 using Dims = std::vector<int64_t>;
 
@@ -106,7 +106,7 @@ std::vector<Tensor> unbind(const Tensor& t, int64_t dim = 0);
 // ---------------------------------------------------------------- elementwise (ops/unary.cpp, ops/binary.cpp)
 // The unary ops of the table (unary_ops.h), differentiable: exp(a), and exp_(a) in place. Floating inputs keep
 // their dtype; integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat.
-#define KILN_X(Enum, name, ...)   \
+#define KILN_X(Enum, name, ...) \
   Tensor name(const Tensor& a); \
   Tensor& name##_(Tensor& a);
 KILN_UNARY_OPS(KILN_X)

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "kiln/autograd/engine.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::autograd {
 namespace {
@@ -64,9 +64,9 @@ bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const Gradc
         for (size_t i : checked) analytic[oi][j].push_back(std::vector<double>(inputs[i].numel(), 0.0));
         continue;
       }
-      Tensor seed = ops::zeros(out.shape(), {.dtype = DType::Float64});  // one-hot at element j
+      Tensor seed = internal::zeros(out.shape(), {.dtype = DType::Float64});  // one-hot at element j
       seed.data_ptr<double>()[j] = 1.0;
-      seed = ops::to(seed, out.device(), out.dtype());
+      seed = internal::to(seed, out.device(), out.dtype());
       TensorList grads = grad({out}, checked_inputs, {seed}, /*retain_graph=*/true, /*allow_unused=*/true);
       for (size_t c = 0; c < checked.size(); ++c) {
         const Tensor& in = inputs[checked[c]];

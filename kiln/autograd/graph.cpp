@@ -4,7 +4,7 @@
 
 #include "kiln/autograd/accumulate_grad.h"
 #include "kiln/autograd/autograd_meta.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "kiln/tensor/small_alloc.h"
 
 namespace kiln::autograd {
@@ -131,8 +131,8 @@ void install_retain_grad_hook(const Tensor& t, AutogradMeta& m) {
       AutogradMeta* meta = get_meta(self);
       if (meta != nullptr && meta->retains_grad) {
         NoGradGuard no_grad;
-        if (meta->grad.defined()) meta->grad = ops::add(meta->grad, g);
-        else meta->grad = ops::clone(g);
+        if (meta->grad.defined()) meta->grad = internal::add(meta->grad, g);
+        else meta->grad = internal::clone(g);
       }
     }
     return {};
@@ -174,8 +174,8 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
     if (shape[i] == 1 && gs != 1) dims.push_back(lead + static_cast<int64_t>(i));
     else KILN_CHECK(shape[i] == gs, "sum_to: a gradient of shape ", g.shape(), " cannot be summed to shape ", shape);
   }
-  Tensor r = dims.empty() ? g : ops::sum(g, dims, /*keepdim=*/true);
-  return ops::reshape(r, shape);
+  Tensor r = dims.empty() ? g : internal::sum(g, dims, /*keepdim=*/true);
+  return internal::reshape(r, shape);
 }
 
 // ---------------------------------------------------------------- AccumulateGrad
@@ -196,9 +196,9 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
     // otherwise copy, so that in-place updates of .grad (zero_, clipping) cannot reach another tensor.
     const bool owned = exclusively_owned(g);
     const bool dense = g.is_contiguous(layout == MemoryFormat::ChannelsLast ? layout : MemoryFormat::Contiguous);
-    m.grad = owned && dense ? std::move(g) : ops::clone(g, layout);
+    m.grad = owned && dense ? std::move(g) : internal::clone(g, layout);
   } else {
-    ops::add_(m.grad, g);
+    internal::add_(m.grad, g);
   }
   for (auto& [id, hook] : m.post_accumulate_hooks) hook(leaf);
   return {};

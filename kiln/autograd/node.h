@@ -12,7 +12,7 @@
 //     void release_saved() override { result.reset(); }
 //   };
 //   Tensor exp(const Tensor& x) {
-//     Tensor y = ops::exp(x);
+//     Tensor y = internal::exp(x);
 //     if (autograd::needs_grad(x)) {
 //       auto node = autograd::make_node<ExpBackward>(x);   // edges to x's gradient
 //       node->result = autograd::SavedTensor(y, /*is_output=*/true);

@@ -5,7 +5,7 @@
 
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data {
 
@@ -67,7 +67,7 @@ Batch Batch::to(Device device, bool non_blocking) const {
   Batch out;
   out.indices = indices;
   out.ready = ready;
-  for (size_t i = 0; i < size(); ++i) out.add(names()[i], ops::to((*this)[i], device, {}, non_blocking));
+  for (size_t i = 0; i < size(); ++i) out.add(names()[i], internal::to((*this)[i], device, {}, non_blocking));
   return out;
 }
 
@@ -77,7 +77,7 @@ Batch Batch::pin_memory() const {
   out.ready = ready;
   for (size_t i = 0; i < size(); ++i) {
     const Tensor& t = (*this)[i];
-    out.add(names()[i], cuda::is_available() && t.is_cpu() ? ops::pin_memory(t) : t);
+    out.add(names()[i], cuda::is_available() && t.is_cpu() ? internal::pin_memory(t) : t);
   }
   return out;
 }
@@ -98,14 +98,14 @@ void Collator::add(const Example& ex) {
                  "; datasets return CPU tensors and the loader moves batches to the device");
       Shape shape{static_cast<int64_t>(count_)};
       shape.insert(shape.end(), t0.shape().begin(), t0.shape().end());
-      out_.add(name, ops::empty(shape, {.dtype = t0.dtype(), .pinned_memory = pinned_}));
+      out_.add(name, internal::empty(shape, {.dtype = t0.dtype(), .pinned_memory = pinned_}));
       names_.push_back(name);
       dtypes_.push_back(t0.dtype());
       shapes_.push_back(t0.shape());
     }
   }
-  KILN_CHECK(ex.names() == names_, "collate: sample ", e, " has fields (", joined(ex.names()),
-             ") but sample 0 has (", joined(names_), ")");
+  KILN_CHECK(ex.names() == names_, "collate: sample ", e, " has fields (", joined(ex.names()), ") but sample 0 has (",
+             joined(names_), ")");
   for (size_t f = 0; f < ex.size(); ++f) {
     const std::string& name = ex.names()[f];
     const Tensor& t = ex[f];
@@ -114,7 +114,7 @@ void Collator::add(const Example& ex) {
                t.defined() ? t.shape() : Shape{}, " on ", t.defined() ? t.device() : Device::cpu(),
                " but sample 0 has ", dtypes_[f], " of shape ", shapes_[f],
                " on cpu; every sample of a batch needs the same shape (pad or crop in the dataset)");
-    const Tensor c = t.is_contiguous() ? t : ops::contiguous(t);
+    const Tensor c = t.is_contiguous() ? t : internal::contiguous(t);
     const size_t bytes = c.nbytes();
     std::memcpy(static_cast<char*>(out_[f].data_ptr()) + e * bytes, c.data_ptr(), bytes);
   }

@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data {
 
@@ -64,7 +64,7 @@ void detail::check_image_pixels(int64_t height, int64_t width, const std::string
 
 Tensor detail::empty_image(int64_t height, int64_t width, const std::string& name, std::string_view op) {
   try {
-    return ops::empty({height, width, 3}, {.dtype = DType::UInt8});
+    return internal::empty({height, width, 3}, {.dtype = DType::UInt8});
   } catch (const OutOfMemoryError& e) {
     throw OutOfMemoryError(kiln::detail::str_cat(op, ": '", name, "' (", height, " x ", width, " pixels): ", e.what()));
   } catch (const std::bad_alloc&) {

@@ -11,7 +11,7 @@
 #include "kiln/data/image.h"
 #include "kiln/data/transforms.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data {
 
@@ -137,7 +137,7 @@ Example ImageFolder::get(int64_t index, SampleRng& rng) const {
     image = decode_image(bytes, s.path);
     if (transform_) image = transform_(std::move(image), rng);
   }
-  return {{"image", std::move(image)}, {"label", ops::scalar_tensor(s.label, {.dtype = DType::Int64})}};
+  return {{"image", std::move(image)}, {"label", internal::scalar_tensor(s.label, {.dtype = DType::Int64})}};
 }
 
 CollateFn ImageFolder::collate_fn() const {

@@ -12,7 +12,7 @@
 
 #include "kiln/data/image.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 // jpeglib.h needs size_t and FILE declared first.
 #include <jerror.h>

@@ -8,7 +8,7 @@
 
 #include "kiln/data/image.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 #include <png.h>
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data {
 
@@ -138,7 +138,7 @@ Tensor resize_image(const Tensor& image, int64_t out_height, int64_t out_width, 
              "resize_image: expected a non-empty (H, W, C) uint8 image, got ", image.dtype(), " ", image.shape());
   KILN_CHECK(out_height > 0 && out_width > 0, "resize_image: the output size must be positive, got ", out_height, " x ",
              out_width);
-  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
+  Tensor src = internal::contiguous(internal::to(image, Device::cpu()));
   const int64_t h = src.shape()[0], w = src.shape()[1], c = src.shape()[2];
   const Box b = box.value_or(Box{0, 0, static_cast<double>(h), static_cast<double>(w)});
   KILN_CHECK(b.height > 0 && b.width > 0 && b.top >= -1e-6 && b.left >= -1e-6 && b.top + b.height <= h + 1e-6 &&
@@ -149,7 +149,7 @@ Tensor resize_image(const Tensor& image, int64_t out_height, int64_t out_width, 
   const Weights wy = compute_weights(h, b.top, b.height, out_height);
   const int64_t row0 = wy.first.front();
   const int64_t row1 = wy.first.back() + wy.count.back();
-  Tensor out = ops::empty({out_height, out_width, c}, {.dtype = DType::UInt8});
+  Tensor out = internal::empty({out_height, out_width, c}, {.dtype = DType::UInt8});
   // The horizontal pass over just the rows the vertical pass reads; (row1 - row0, out_w, C).
   std::vector<uint8_t> mid((row1 - row0) * out_width * c);
   const uint8_t* in = src.data_ptr<uint8_t>();

@@ -3,7 +3,7 @@
 #include "kiln/data/transforms.h"
 
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data::transforms {
 
@@ -66,9 +66,9 @@ Tensor Lambda::operator()(Tensor image, SampleRng& rng) const { return fn_(std::
 Tensor ToTensor::operator()(Tensor image, SampleRng&) const {
   KILN_CHECK(image.dtype() == DType::UInt8 && image.dim() == 3, "ToTensor: expected a uint8 (H, W, C) image, got ",
              image.dtype(), " ", image.shape());
-  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
+  Tensor src = internal::contiguous(internal::to(image, Device::cpu()));
   const int64_t h = src.shape()[0], w = src.shape()[1], c = src.shape()[2];
-  Tensor out = ops::empty({c, h, w}, {.dtype = DType::Float32});
+  Tensor out = internal::empty({c, h, w}, {.dtype = DType::Float32});
   float lut[256];  // x / 255 rounded as float division, as torchvision's img.float().div(255)
   for (int v = 0; v < 256; ++v) lut[v] = static_cast<float>(v) / 255.0f;
   const uint8_t* __restrict in = src.data_ptr<uint8_t>();
@@ -98,8 +98,8 @@ Tensor Normalize::operator()(Tensor image, SampleRng&) const {
   const int64_t c = image.shape()[0];
   KILN_CHECK(static_cast<int64_t>(mean_.size()) == c || mean_.size() == 1, "Normalize: ", mean_.size(),
              " mean/std values for an image of ", c, " channels");
-  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
-  Tensor out = ops::empty(src.shape(), {.dtype = DType::Float32});
+  Tensor src = internal::contiguous(internal::to(image, Device::cpu()));
+  Tensor out = internal::empty(src.shape(), {.dtype = DType::Float32});
   const int64_t plane = src.shape()[1] * src.shape()[2];
   const float* __restrict in = src.data_ptr<float>();
   float* __restrict o = out.data_ptr<float>();
@@ -115,7 +115,7 @@ Tensor Normalize::operator()(Tensor image, SampleRng&) const {
 Tensor Normalize::from_uint8(const Tensor& image) const {
   KILN_CHECK(image.dtype() == DType::UInt8 && image.dim() == 3, "ToTensor + Normalize: expected a uint8 (H, W, C) ",
              "image, got ", image.dtype(), " ", image.shape());
-  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
+  Tensor src = internal::contiguous(internal::to(image, Device::cpu()));
   const int64_t h = src.shape()[0], w = src.shape()[1], c = src.shape()[2];
   KILN_CHECK(static_cast<int64_t>(mean_.size()) == c || mean_.size() == 1, "Normalize: ", mean_.size(),
              " mean/std values for an image of ", c, " channels");
@@ -126,7 +126,7 @@ Tensor Normalize::from_uint8(const Tensor& image) const {
     const auto s = static_cast<float>(std_[std_.size() == 1 ? 0 : ch]);
     for (int v = 0; v < 256; ++v) lut[ch * 256 + v] = (static_cast<float>(v) / 255.0f - m) / s;
   }
-  Tensor out = ops::empty({c, h, w}, {.dtype = DType::Float32});
+  Tensor out = internal::empty({c, h, w}, {.dtype = DType::Float32});
   const uint8_t* __restrict in = src.data_ptr<uint8_t>();
   float* __restrict o = out.data_ptr<float>();
   const float* __restrict l = lut.data();

@@ -5,7 +5,7 @@
 #include "kiln/data/image_resize.h"
 #include "kiln/data/transforms.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data::transforms {
 
@@ -33,7 +33,7 @@ void check_uint8_image(const Tensor& t, const std::string& who) {
 // The (h, w) window at (top, left) of src (may reach outside it: those pixels are `fill`).
 template <class T>
 Tensor crop_pad_as(const Tensor& src, const Layout& l, int64_t top, int64_t left, int64_t h, int64_t w, T fill) {
-  Tensor out = ops::empty(l.hwc ? Shape{h, w, l.px} : Shape{l.planes, h, w}, {.dtype = src.dtype()});
+  Tensor out = internal::empty(l.hwc ? Shape{h, w, l.px} : Shape{l.planes, h, w}, {.dtype = src.dtype()});
   const T* in = src.data_ptr<T>();
   T* o = out.data_ptr<T>();
   const int64_t x_lo = std::clamp<int64_t>(-left, 0, w), x_hi = std::clamp<int64_t>(l.w - left, x_lo, w);
@@ -57,7 +57,7 @@ Tensor crop_pad_as(const Tensor& src, const Layout& l, int64_t top, int64_t left
 Tensor crop_pad(const Tensor& image, const std::string& who, int64_t top, int64_t left, int64_t h, int64_t w,
                 double fill) {
   const Layout l = layout_of(image, who);
-  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
+  Tensor src = internal::contiguous(internal::to(image, Device::cpu()));
   if (l.hwc) {
     return crop_pad_as<uint8_t>(src, l, top, left, h, w,
                                 static_cast<uint8_t>(std::clamp(std::round(fill), 0.0, 255.0)));
@@ -67,7 +67,7 @@ Tensor crop_pad(const Tensor& image, const std::string& who, int64_t top, int64_
 
 template <class T>
 Tensor flip_as(const Tensor& src, const Layout& l) {
-  Tensor out = ops::empty(src.shape(), {.dtype = src.dtype()});
+  Tensor out = internal::empty(src.shape(), {.dtype = src.dtype()});
   const T* in = src.data_ptr<T>();
   T* o = out.data_ptr<T>();
   for (int64_t r = 0; r < l.planes * l.h; ++r) {
@@ -258,7 +258,7 @@ RandomHorizontalFlip::RandomHorizontalFlip(double p) : p_(p) {
 Tensor RandomHorizontalFlip::operator()(Tensor image, SampleRng& rng) const {
   const Layout l = layout_of(image, name());
   if (!rng.bernoulli(p_)) return image;
-  Tensor src = ops::contiguous(ops::to(image, Device::cpu()));
+  Tensor src = internal::contiguous(internal::to(image, Device::cpu()));
   return l.hwc ? flip_as<uint8_t>(src, l) : flip_as<float>(src, l);
 }
 

@@ -9,17 +9,17 @@
 
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/grad_mode.h"  // NoGradGuard
-#include "kiln/tensor/cuda.h"  // cuda::Graph::capturing
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/cuda.h"         // cuda::Graph::capturing
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::dist {
 
 struct DataParallel::State {
   struct Bucket {
-    std::vector<size_t> params;   // indices into State::params
+    std::vector<size_t> params;    // indices into State::params
     std::vector<int64_t> offsets;  // where each parameter's gradient starts in flat
-    Tensor flat;                  // (total elements) of the parameters' dtype, on their device
-    size_t pending = 0;           // parameters whose gradient has not arrived in this backward
+    Tensor flat;                   // (total elements) of the parameters' dtype, on their device
+    size_t pending = 0;            // parameters whose gradient has not arrived in this backward
     bool launched = false;
     bool dirty = false;  // a gradient changed after the bucket was sent (a parameter reached twice)
     WorkPtr work;
@@ -143,7 +143,7 @@ void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors
   for (auto& [dtype, list] : by_dtype) {
     int64_t total = 0;
     for (const Tensor& t : list) total += t.numel();
-    Tensor flat = ops::empty({total}, {.dtype = dtype, .device = list[0].device()});
+    Tensor flat = internal::empty({total}, {.dtype = dtype, .device = list[0].device()});
     int64_t off = 0;
     for (const Tensor& t : list) {
       flat.narrow(0, off, t.numel()).view(t.shape()).copy_(t);
@@ -168,9 +168,8 @@ void check_same_model(ProcessGroup& group, Device device, const std::vector<Tens
     for (int64_t d : p.shape()) hash = (hash ^ static_cast<uint64_t>(d)) * 1099511628211ull;
     hash = (hash ^ static_cast<uint64_t>(p.dtype())) * 1099511628211ull;
   }
-  const std::vector<int64_t> mine = {static_cast<int64_t>(params.size()), elements,
-                                     static_cast<int64_t>(hash >> 1)};
-  Tensor hi = ops::from_vector(mine, {3}, device);
+  const std::vector<int64_t> mine = {static_cast<int64_t>(params.size()), elements, static_cast<int64_t>(hash >> 1)};
+  Tensor hi = internal::from_vector(mine, {3}, device);
   Tensor lo = hi.clone();
   group.all_reduce(hi, ReduceOp::Max);
   group.all_reduce(lo, ReduceOp::Min);
@@ -234,7 +233,7 @@ DataParallel::DataParallel(nn::ModulePtr module, DataParallelOptions options)
   }
   for (State::Bucket& b : s->buckets) {
     const Tensor& last = s->params[b.params.back()];
-    b.flat = ops::empty({b.offsets.back() + last.numel()}, {.dtype = last.dtype(), .device = device});
+    b.flat = internal::empty({b.offsets.back() + last.numel()}, {.dtype = last.dtype(), .device = device});
   }
   s->ready.assign(s->params.size(), 0);
 

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "kiln/distributed/detail/group_internal.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::dist::detail {
 namespace {
@@ -45,10 +45,10 @@ std::string mpi_error_string(int code) {
   return std::string(text, static_cast<size_t>(len));
 }
 
-#define KILN_MPI_CHECK(call, what)                                                                             \
-  do {                                                                                                         \
-    const int kiln_rc_ = (call);                                                                               \
-    if (kiln_rc_ != MPI_SUCCESS) [[unlikely]]                                                                  \
+#define KILN_MPI_CHECK(call, what)                                                                                  \
+  do {                                                                                                              \
+    const int kiln_rc_ = (call);                                                                                    \
+    if (kiln_rc_ != MPI_SUCCESS) [[unlikely]]                                                                       \
       throw DistributedError(std::string("dist: ") + (what) + ": " #call " failed: " + mpi_error_string(kiln_rc_)); \
   } while (false)
 
@@ -149,8 +149,8 @@ class MpiGroup final : public ProcessGroup {
     const uint64_t seq = begin("broadcast", t, Device::cpu());
     const std::string what = describe("broadcast", seq, t);
     check_usable(what);
-    KILN_CHECK_AS(DistributedError, root >= 0 && root < size_, "dist::", what, ": root ", root,
-                  " is not a rank (0..", size_ - 1, ")");
+    KILN_CHECK_AS(DistributedError, root >= 0 && root < size_, "dist::", what, ": root ", root, " is not a rank (0..",
+                  size_ - 1, ")");
     MPI_Request req;
     {
       MpiLock lock;
@@ -164,9 +164,9 @@ class MpiGroup final : public ProcessGroup {
     check_tensor("all_gather", seq, out, Device::cpu());
     const std::string what = describe("all_gather", seq, input);
     check_usable(what);
-    KILN_CHECK_AS(DistributedError, out.dtype() == input.dtype() && out.numel() == input.numel() * size_, "dist::",
-                  what, ": out has ", out.numel(), " ", dtype_name(out.dtype()), " elements; it needs world size ",
-                  size_, " × ", input.numel(), " ", dtype_name(input.dtype()));
+    KILN_CHECK_AS(DistributedError, out.dtype() == input.dtype() && out.numel() == input.numel() * size_,
+                  "dist::", what, ": out has ", out.numel(), " ", dtype_name(out.dtype()),
+                  " elements; it needs world size ", size_, " × ", input.numel(), " ", dtype_name(input.dtype()));
     const int n = count_of(input, what);
     const MPI_Datatype type = mpi_type(input.dtype(), what);
     MPI_Request req;
@@ -183,12 +183,12 @@ class MpiGroup final : public ProcessGroup {
     const std::string what = describe("reduce_scatter", seq, input) + " (" + to_string(op) + ")";
     check_usable(what);
     check_reducible(input.dtype(), op, what);
-    KILN_CHECK_AS(DistributedError, out.dtype() == input.dtype() && input.numel() == out.numel() * size_, "dist::",
-                  what, ": the input has ", input.numel(), " ", dtype_name(input.dtype()),
+    KILN_CHECK_AS(DistributedError, out.dtype() == input.dtype() && input.numel() == out.numel() * size_,
+                  "dist::", what, ": the input has ", input.numel(), " ", dtype_name(input.dtype()),
                   " elements; it needs world size ", size_, " × out's ", out.numel(), " ", dtype_name(out.dtype()));
     const bool widen = input.dtype() == DType::Float16 || input.dtype() == DType::BFloat16;
     Tensor in = widen ? input.to(DType::Float32) : input;
-    Tensor res = widen ? ops::empty(out.shape(), {.dtype = DType::Float32}) : out;
+    Tensor res = widen ? internal::empty(out.shape(), {.dtype = DType::Float32}) : out;
     MPI_Request req;
     {
       MpiLock lock;
@@ -226,13 +226,15 @@ class MpiGroup final : public ProcessGroup {
         KILN_MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), what);
       }
       if (flag) return;
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
       if (waited >= config_.timeout) {
         const std::string message = timeout_message(rank_, "mpi", what, config_.timeout);
         broken_ = true;
         broken_message_ = message;
         if (config_.on_timeout == OnTimeout::Exit) {
-          std::fprintf(stderr, "%s\nkiln.dist: aborting the MPI job (exit code %d)\n", message.c_str(), kTimeoutExitCode);
+          std::fprintf(stderr, "%s\nkiln.dist: aborting the MPI job (exit code %d)\n", message.c_str(),
+                       kTimeoutExitCode);
           std::fflush(stderr);
           MPI_Abort(MPI_COMM_WORLD, kTimeoutExitCode);
           exit_after_timeout(message);  // MPI_Abort does not return; this is in case it does

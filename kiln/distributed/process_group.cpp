@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "kiln/distributed/detail/group_internal.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::dist {
 

@@ -15,7 +15,7 @@
 #include "kiln/data/datasets/hdf5_dataset.h"  // data::hdf5_mutex
 #include "kiln/data/hdf5/hdf5_util.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::io {
 
@@ -335,7 +335,7 @@ Tensor H5File::read_tensor(const std::string& group, const std::string& name) co
   const uint64_t file_bytes = std::filesystem::file_size(path_, ec);
   KILN_CHECK(!overflow && !ec && nbytes <= file_bytes, path_, ": tensor ", p, " has shape ", info.shape,
              ", more bytes than the whole file holds (", file_bytes, "); the file is damaged");
-  Tensor out = ops::empty(info.shape, {.dtype = info.dtype});
+  Tensor out = internal::empty(info.shape, {.dtype = info.dtype});
   {
     Guard guard;
     Handle ds = checked(H5Dopen2(file_, p.c_str(), H5P_DEFAULT), H5Dclose, path_, "open dataset " + p);

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::io {
 
@@ -88,7 +88,7 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
 // A failed allocation names the file and the tensor (the shape was checked against the file's size already).
 Tensor empty_for(const SafetensorsEntry& e, const std::string& path) {
   try {
-    return ops::empty(e.shape, {.dtype = e.dtype, .device = Device::cpu()});
+    return internal::empty(e.shape, {.dtype = e.dtype, .device = Device::cpu()});
   } catch (const OutOfMemoryError& err) {
     throw OutOfMemoryError(kiln::detail::str_cat("safetensors file '", path, "': tensor '", e.name, "': ", err.what()));
   } catch (const std::bad_alloc&) {

@@ -11,7 +11,7 @@
 #include "kiln/io/pickle_reader.h"
 #include "kiln/io/zip_reader.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"  // ops::empty
+#include "kiln/tensor/internal_ops.h"  // internal::empty
 
 namespace kiln::io {
 namespace {
@@ -145,7 +145,7 @@ class Loader {
                " bytes, but its entry has ", e.size, " bytes; the file is corrupt");
     auto it = storages_.find(key);
     if (it == storages_.end()) {
-      Tensor bytes = ops::empty({static_cast<int64_t>(e.size)}, {.dtype = DType::UInt8});  // (nbytes) uint8
+      Tensor bytes = internal::empty({static_cast<int64_t>(e.size)}, {.dtype = DType::UInt8});  // (nbytes) uint8
       zip_->read_into(e, bytes.data_ptr(), e.size);
       it = storages_.emplace(key, bytes).first;
     }

@@ -8,14 +8,14 @@
 #include <string>
 #include <utility>
 
-#include "kiln/autograd/autocast.h"   // autocast::inputs (the fused path casts its own inputs)
-#include "kiln/autograd/function.h"   // autograd::Function for the fused path
-#include "kiln/autograd/grad_mode.h"  // NoGradGuard for the fully-masked-row test
-#include "kiln/layers/functional.h"   // nn::linear, nn::dropout
-#include "kiln/layers/init.h"         // xavier_uniform_, zeros_
-#include "kiln/tensor/cuda.h"         // cuda::is_available
-#include "kiln/tensor/error.h"        // KILN_CHECK
-#include "kiln/tensor/ops.h"          // ops::* inside the fused path's forward and backward
+#include "kiln/autograd/autocast.h"    // autocast::inputs (the fused path casts its own inputs)
+#include "kiln/autograd/function.h"    // autograd::Function for the fused path
+#include "kiln/autograd/grad_mode.h"   // NoGradGuard for the fully-masked-row test
+#include "kiln/layers/functional.h"    // nn::linear, nn::dropout
+#include "kiln/layers/init.h"          // xavier_uniform_, zeros_
+#include "kiln/tensor/cuda.h"          // cuda::is_available
+#include "kiln/tensor/error.h"         // KILN_CHECK
+#include "kiln/tensor/internal_ops.h"  // internal::* inside the fused path's forward and backward
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/attention_cudnn.h"  // cuDNN's fused attention (no CUDA header)
 #include "kiln/layers/cuda/attention_rows.h"   // zero_flagged_rows
@@ -200,17 +200,18 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
     m4 = to_4d(m4);  // (B|1, H|1, L|1, S|1)
     const Shape bias_shape{m4.size(0), m4.size(1), L, S};
     if (!materialize) {
-      c.bias = ops::empty(bias_shape, c.q.options());
+      c.bias = internal::empty(bias_shape, c.q.options());
     } else {
       // -inf where a key is forbidden, the mask's values where it is floating: (B|1, H|1, L|1, S|1).
       Tensor additive = m4.dtype() == DType::Bool
-                            ? ops::zeros(m4.shape(), c.q.options()).masked_fill(m4.logical_not(), kNegInf)
+                            ? internal::zeros(m4.shape(), c.q.options()).masked_fill(m4.logical_not(), kNegInf)
                             : m4.to(q.dtype());
       // Rows with no allowed key once the causal mask is applied too; the math path gives them zeros.
       Tensor scores = additive.expand({m4.size(0), m4.size(1), m4.size(2), S});
       if (o.is_causal) {
         const TensorOptions index{.dtype = DType::Int64, .device = q.device()};
-        Tensor forbidden = ops::arange(S, index).unsqueeze(0).gt(ops::arange(L, index).unsqueeze(1));  // (L, S)
+        Tensor forbidden =
+            internal::arange(S, index).unsqueeze(0).gt(internal::arange(L, index).unsqueeze(1));  // (L, S)
         scores = scores.expand({m4.size(0), m4.size(1), L, S}).masked_fill(forbidden, kNegInf);
       }
       c.dead = eq(amax(scores, {-1}, true), kNegInf);
@@ -222,7 +223,7 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
     const Shape full{c.q.size(0), c.q.size(1), L, S};
     if (c.bias.shape() != full) {
       NoGradGuard no_grad;
-      Tensor expanded = materialize ? c.bias.expand(full).contiguous() : ops::empty(full, c.bias.options());
+      Tensor expanded = materialize ? c.bias.expand(full).contiguous() : internal::empty(full, c.bias.options());
       std::string why_expanded;
       if (cuda_impl::fused_attention_supported(c.q, c.k, c.v, expanded, c.cfg, &why_expanded)) {
         c.bias = expanded;

@@ -12,8 +12,8 @@
 #include "kiln/autograd/node.h"       // Node, SavedTensor, make_node, set_history
 #include "kiln/layers/init.h"         // PyTorch's default initialisation
 #include "kiln/layers/window_internal.h"
-#include "kiln/tensor/error.h"  // KILN_CHECK
-#include "kiln/tensor/ops.h"    // raw ops: the nodes' work is not recorded
+#include "kiln/tensor/error.h"         // KILN_CHECK
+#include "kiln/tensor/internal_ops.h"  // raw ops: the nodes' work is not recorded
 
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/conv_cudnn.h"  // cuda_impl::conv2d_forward, ...
@@ -79,7 +79,7 @@ namespace {
 
 // (N, C, H, W) channels-last as the (N H W, C) matrix its memory is (a view).
 Tensor nhwc_rows(const Tensor& t) {
-  return ops::view(ops::permute(t, {0, 2, 3, 1}), {t.size(0) * t.size(2) * t.size(3), t.size(1)});
+  return internal::view(internal::permute(t, {0, 2, 3, 1}), {t.size(0) * t.size(2) * t.size(3), t.size(1)});
 }
 
 // Gradients of y = x w^T + b over the NHWC rows (pointwise_conv2d): grad_input = dy w, grad_weight = dy^T x and
@@ -98,9 +98,9 @@ struct PointwiseConvolutionBackward final : autograd::Node {
   bool accepts_gradient_buffers() const override { return true; }
   autograd::TensorList apply(autograd::TensorList&& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    const Tensor g = ops::contiguous(grads[0].dtype() == dtype ? grads[0] : ops::cast(grads[0], dtype),
-                                     MemoryFormat::ChannelsLast);  // (N, C_out, H, W)
-    const Tensor g_rows = nhwc_rows(g);                            // (N H W, C_out)
+    const Tensor g = internal::contiguous(grads[0].dtype() == dtype ? grads[0] : internal::cast(grads[0], dtype),
+                                          MemoryFormat::ChannelsLast);  // (N, C_out, H, W)
+    const Tensor g_rows = nhwc_rows(g);                                 // (N H W, C_out)
     Tensor grad_input, grad_weight, grad_bias;
     if (needs_input_grad(0)) {
       const Tensor w = weight.unpack(*this);  // (C_out, C_in)
@@ -108,25 +108,26 @@ struct PointwiseConvolutionBackward final : autograd::Node {
       if (sum.defined() && sum.dtype() == dtype && sum.device() == g.device() && sum.shape() == input_shape &&
           sum.is_contiguous(MemoryFormat::ChannelsLast)) {
         Tensor rows = nhwc_rows(sum);
-        ops::addmm_(rows, g_rows, w);  // sum += dy w, in place
+        internal::addmm_(rows, g_rows, w);  // sum += dy w, in place
         grad_input = sum;
       } else {
-        grad_input = ops::permute(
-            ops::reshape(ops::mm(g_rows, w), {input_shape[0], input_shape[2], input_shape[3], input_shape[1]}),
-            {0, 3, 1, 2});
+        grad_input = internal::permute(internal::reshape(internal::mm(g_rows, w), {input_shape[0], input_shape[2],
+                                                                                   input_shape[3], input_shape[1]}),
+                                       {0, 3, 1, 2});
       }
     }
     if (needs_input_grad(1) || needs_input_grad(2)) {
       const Tensor x_rows = nhwc_rows(input.unpack(*this));  // (N H W, C_in)
       if (needs_input_grad(2)) {  // dy^T x and the row sums of dy^T: the bias gradient from the same product
-        auto [dw, db] = ops::mm_with_row_sums(ops::transpose(g_rows, 0, 1), x_rows);
+        auto [dw, db] = internal::mm_with_row_sums(internal::transpose(g_rows, 0, 1), x_rows);
         grad_weight = dw;
         grad_bias = db;
       } else {
-        grad_weight = ops::mm(ops::transpose(g_rows, 0, 1), x_rows);
+        grad_weight = internal::mm(internal::transpose(g_rows, 0, 1), x_rows);
       }
-      grad_weight =
-          needs_input_grad(1) ? ops::contiguous(ops::reshape(grad_weight, weight_shape), weight_format) : Tensor();
+      grad_weight = needs_input_grad(1)
+                        ? internal::contiguous(internal::reshape(grad_weight, weight_shape), weight_format)
+                        : Tensor();
     }
     return {grad_input, grad_weight, grad_bias};
   }
@@ -140,13 +141,13 @@ struct PointwiseConvolutionBackward final : autograd::Node {
 // (N H W, C_in) rows of its memory, one matrix product, and the (N, C_out, H, W) channels-last view of the result.
 // (conv2d has applied autocast and checked the arguments.)
 Tensor pointwise_conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias) {
-  const Tensor x = ops::contiguous(input, MemoryFormat::ChannelsLast);
+  const Tensor x = internal::contiguous(input, MemoryFormat::ChannelsLast);
   const int64_t n = x.size(0), c_in = x.size(1), h = x.size(2), w = x.size(3), c_out = weight.size(0);
   const Tensor rows = nhwc_rows(x);
-  const Tensor w2 = ops::reshape(weight, {c_out, c_in});
-  const Tensor wt = ops::transpose(w2, 0, 1);
-  const Tensor y_rows = bias.defined() ? ops::addmm(bias, rows, wt) : ops::mm(rows, wt);  // (N H W, C_out)
-  Tensor y = ops::permute(ops::reshape(y_rows, {n, h, w, c_out}), {0, 3, 1, 2});
+  const Tensor w2 = internal::reshape(weight, {c_out, c_in});
+  const Tensor wt = internal::transpose(w2, 0, 1);
+  const Tensor y_rows = bias.defined() ? internal::addmm(bias, rows, wt) : internal::mm(rows, wt);  // (N H W, C_out)
+  Tensor y = internal::permute(internal::reshape(y_rows, {n, h, w, c_out}), {0, 3, 1, 2});
   if (autograd::needs_grad(input, weight, bias)) {
     auto node = autograd::make_node<PointwiseConvolutionBackward>(input, weight, bias);
     if (node->needs_input_grad(1)) node->input = autograd::SavedTensor(x, /*is_output=*/false);
@@ -186,7 +187,7 @@ struct CudnnConvolutionBackward final : autograd::Node {
   }
   autograd::TensorList apply(autograd::TensorList&& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    const Tensor g = grads[0].dtype() == dtype ? grads[0] : ops::cast(grads[0], dtype);  // (N, C_out, OH, OW)
+    const Tensor g = grads[0].dtype() == dtype ? grads[0] : internal::cast(grads[0], dtype);  // (N, C_out, OH, OW)
     Tensor grad_input, grad_weight, grad_bias;
     if (needs_input_grad(0)) {
       // Into the gradient already summed for the input where the engine offers it and one cuDNN graph can add
@@ -197,15 +198,15 @@ struct CudnnConvolutionBackward final : autograd::Node {
           cuda_impl::conv2d_backward_data_accumulate(g, weight.unpack(*this), sum, geometry, format)) {
         grad_input = sum;
       } else {
-        grad_input = ops::contiguous(
+        grad_input = internal::contiguous(
             cuda_impl::conv2d_backward_data(g, weight.unpack(*this), input_shape, geometry, format), input_format);
       }
     }
     if (needs_input_grad(1)) {
-      grad_weight = ops::contiguous(
+      grad_weight = internal::contiguous(
           cuda_impl::conv2d_backward_filter(g, input.unpack(*this), weight_shape, geometry, format), weight_format);
     }
-    if (needs_input_grad(2)) grad_bias = ops::sum(g, {0, 2, 3});  // (C_out)
+    if (needs_input_grad(2)) grad_bias = internal::sum(g, {0, 2, 3});  // (C_out)
     return {grad_input, grad_weight, grad_bias};
   }
   void release_saved() override {
@@ -222,10 +223,11 @@ Tensor conv2d_cudnn(const Tensor& input, const Tensor& weight, const Tensor& bia
   // cuDNN wants input, weight and output in one layout: the weight follows the input, as in PyTorch. Float64
   // stays NCHW, where cuDNN has its double kernels (PyTorch does the same); its output is copied back.
   const MemoryFormat format = input.dtype() == DType::Float64 ? MemoryFormat::Contiguous : out_format;
-  const Tensor x = ops::contiguous(input, format);   // (N, C_in, H, W)
-  const Tensor w = ops::contiguous(weight, format);  // (C_out, C_in / groups, KH, KW)
-  Tensor y = ops::contiguous(cuda_impl::conv2d_forward(x, w, geometry, format), out_format);  // (N, C_out, OH, OW)
-  if (bias.defined()) ops::add_(y, ops::reshape(bias, {1, bias.size(0), 1, 1}));  // one broadcast add, in place
+  const Tensor x = internal::contiguous(input, format);   // (N, C_in, H, W)
+  const Tensor w = internal::contiguous(weight, format);  // (C_out, C_in / groups, KH, KW)
+  Tensor y = internal::contiguous(cuda_impl::conv2d_forward(x, w, geometry, format), out_format);  // (N, C_out, OH, OW)
+  if (bias.defined())
+    internal::add_(y, internal::reshape(bias, {1, bias.size(0), 1, 1}));  // one broadcast add, in place
   if (autograd::needs_grad(input, weight, bias)) {
     auto node = autograd::make_node<CudnnConvolutionBackward>(input, weight, bias);
     if (node->needs_input_grad(1)) node->input = autograd::SavedTensor(x, /*is_output=*/false);

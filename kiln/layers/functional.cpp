@@ -99,16 +99,17 @@ struct AddLayerNormFunction : autograd::Function<AddLayerNormFunction> {
   }
 };
 
-// add_layer_norm(dropout(x), residual) on the GPU: the forward kernel draws the mask (ops::dropout's, from one draw
-// of the generator: ops::draw_for, so that a CUDA graph's replays draw anew) and saves it as keep bits; backward is
-// add_layer_norm's, writing x's gradient through the mask.
+// add_layer_norm(dropout(x), residual) on the GPU: the forward kernel draws the mask (internal::dropout's, from one
+// draw of the generator: internal::draw_for, so that a CUDA graph's replays draw anew) and saves it as keep bits;
+// backward is add_layer_norm's, writing x's gradient through the mask.
 struct DropoutAddLayerNormFunction : autograd::Function<DropoutAddLayerNormFunction> {
   static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& residual, const Tensor& weight,
                         const Tensor& bias, const Shape& normalized, double eps, double p, Generator* gen) {
     const int64_t d = numel(normalized);
     const Tensor wc = weight.defined() ? contiguous(weight) : weight;
     cuda_impl::FusedDropout dropout{.p = p};
-    if (x.numel() > 0) dropout.draw = ops::draw_for(gen, x.device());  // as ops::dropout: no draw for no elements
+    if (x.numel() > 0)
+      dropout.draw = internal::draw_for(gen, x.device());  // as internal::dropout: no draw for no elements
     auto saved = cuda_impl::layer_norm_forward(contiguous(x), d, wc, bias.defined() ? contiguous(bias) : bias, eps,
                                                contiguous(residual), &dropout);
     ctx.save_for_backward({saved.sum, wc, saved.mean, saved.rstd, saved.keep});
@@ -296,7 +297,9 @@ namespace {
 struct DropoutBackward final : autograd::Node {
   autograd::SavedTensor mask;
   std::string_view name() const override { return "DropoutBackward"; }
-  autograd::TensorList apply(autograd::TensorList&& grads) override { return {ops::mul(grads[0], mask.unpack(*this))}; }
+  autograd::TensorList apply(autograd::TensorList&& grads) override {
+    return {internal::mul(grads[0], mask.unpack(*this))};
+  }
   void release_saved() override { mask.reset(); }
 };
 
@@ -309,7 +312,7 @@ static Tensor dropout_as_one_op(const Tensor& x, double p, bool training, Genera
   KILN_CHECK(x.is_floating_point(), "dropout: the input must be floating point, got ", x.dtype());
   // One kernel draws the mask (exactly bernoulli(1 - p)'s, scaled by 1 / (1 - p), from one draw of gen),
   // keeps it and writes x * mask: the expected value of each element is unchanged.
-  auto [out, mask] = ops::dropout(x, p, gen);
+  auto [out, mask] = internal::dropout(x, p, gen);
   if (autograd::needs_grad(x)) {
     auto node = autograd::make_node<DropoutBackward>(x);
     node->mask = autograd::SavedTensor(mask, /*is_output=*/false);
@@ -416,8 +419,8 @@ Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_i
 }
 
 static Tensor batch_norm_as_one_op(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
-                                   double eps, const Tensor& num_batches_tracked) {
+                                   const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
+                                   const Tensor& num_batches_tracked) {
   const int64_t count = check_batch_norm(x, running_mean, running_var, weight, bias, training, num_batches_tracked);
   if (Tensor y = batch_norm_kernels(x, running_mean, running_var, weight, bias, training, momentum, eps, false,
                                     num_batches_tracked);
@@ -488,9 +491,9 @@ static Tensor batch_norm_add_relu_as_one_op(const Tensor& x, const Tensor& resid
         y.defined())
       return y;
   }
-  return relu(batch_norm_as_one_op(x, running_mean, running_var, weight, bias, training, momentum, eps,
-                                   num_batches_tracked) +
-              residual);
+  return relu(
+      batch_norm_as_one_op(x, running_mean, running_var, weight, bias, training, momentum, eps, num_batches_tracked) +
+      residual);
 }
 
 // The layers made of several ops run as one op of the autocast table: inputs cast by the layer's policy, then
@@ -519,8 +522,7 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
                        const Tensor& num_batches_tracked) {
   auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
   autocast::DisableGuard as_one_op;
-  return batch_norm_relu_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps,
-                                   num_batches_tracked);
+  return batch_norm_relu_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps, num_batches_tracked);
 }
 
 Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,

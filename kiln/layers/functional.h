@@ -24,7 +24,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
 
 // Inverted dropout: zeroes each element with probability p and scales the rest by 1 / (1 - p), with the mask
 // of bernoulli(x.shape(), 1 - p) drawn from `gen` (the default generator of x's device when null), in one
-// kernel (ops::dropout) that also keeps the mask for backward. Identity when not training or p == 0. p must
+// kernel (internal::dropout) that also keeps the mask for backward. Identity when not training or p == 0. p must
 // lie in [0, 1).
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
@@ -43,7 +43,7 @@ Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& norm
 // (BERT's output blocks). The mask is exactly nn::dropout's from the same generator state, which it leaves where
 // nn::dropout leaves it. On the GPU, training with p > 0 and rows add_layer_norm fuses (not Float64), it is one
 // kernel forward, which draws the mask, keeps it as one bit per element and adds the dropped x to the residual, and
-// one backward, which masks x's gradient as it writes it; a CUDA graph replay draws a new mask, as ops::dropout's.
+// one backward, which masks x's gradient as it writes it; a CUDA graph replay draws a new mask, as internal::dropout's.
 // Elsewhere it runs the two ops. Eval or p == 0: add_layer_norm. p must lie in [0, 1).
 Tensor dropout_add_layer_norm(const Tensor& x, const Tensor& residual, double p, bool training,
                               const Shape& normalized_shape, const Tensor& weight = {}, const Tensor& bias = {},

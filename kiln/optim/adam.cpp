@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 #if KILN_WITH_CUDA
 #include "kiln/optim/cuda/fused.h"
@@ -93,30 +93,30 @@ template <typename Options>
 void AdamBase<Options>::update_param(size_t group, const Tensor& p, Tensor g, Tensor& w, double t) {
   const Options& o = this->groups_[group].options;
   const auto [beta1, beta2] = o.betas;
-  if (o.maximize) g = ops::neg(g);
+  if (o.maximize) g = internal::neg(g);
   if (o.weight_decay != 0) {
     if (decoupled_weight_decay()) {
-      ops::mul_(w, 1 - o.lr * o.weight_decay);
+      internal::mul_(w, 1 - o.lr * o.weight_decay);
     } else {
-      g = ops::add(g, w, o.weight_decay);
+      g = internal::add(g, w, o.weight_decay);
     }
   }
   Tensor& m = this->state_tensor(p, "exp_avg");
   Tensor& v = this->state_tensor(p, "exp_avg_sq");
-  ops::mul_(m, beta1);
-  ops::add_(m, g, 1 - beta1);
-  ops::mul_(v, beta2);
-  ops::add_(v, ops::mul(g, g), 1 - beta2);
+  internal::mul_(m, beta1);
+  internal::add_(m, g, 1 - beta1);
+  internal::mul_(v, beta2);
+  internal::add_(v, internal::mul(g, g), 1 - beta2);
   const double bias_correction1 = 1 - std::pow(beta1, t);
   const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, t));
   Tensor second = v;
   if (o.amsgrad) {
     Tensor& vmax = this->state_tensor(p, "max_exp_avg_sq");
-    ops::copy_(vmax, ops::maximum(vmax, v));
+    internal::copy_(vmax, internal::maximum(vmax, v));
     second = vmax;
   }
-  Tensor denom = ops::add(ops::div(ops::sqrt(second), bias_correction2_sqrt), o.eps);
-  ops::add_(w, ops::div(m, denom), -o.lr / bias_correction1);
+  Tensor denom = internal::add(internal::div(internal::sqrt(second), bias_correction2_sqrt), o.eps);
+  internal::add_(w, internal::div(m, denom), -o.lr / bias_correction1);
 }
 
 template class AdamBase<AdamOptions>;

@@ -7,7 +7,7 @@
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/optim/grad_groups.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 #if KILN_WITH_CUDA
 #include "kiln/optim/cuda/fused.h"
@@ -18,7 +18,7 @@ namespace {
 
 // The p-norm of one gradient as a 0-d tensor of `dtype` (16-bit gradients are widened first).
 Tensor tensor_norm(const Tensor& g, double p, DType dtype) {
-  return ops::norm(g.dtype() == dtype ? g : g.to(dtype), p);
+  return internal::norm(g.dtype() == dtype ? g : g.to(dtype), p);
 }
 
 }  // namespace
@@ -29,7 +29,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   KILN_CHECK(!std::isnan(max_norm) && max_norm >= 0, "clip_grad_norm_: max_norm must be >= 0, got ", max_norm);
   NoGradGuard no_grad;
   std::vector<optim::detail::GradGroup> groups = optim::detail::group_grads(params);
-  if (groups.empty()) return ops::zeros({}, {.dtype = DType::Float32});
+  if (groups.empty()) return internal::zeros({}, {.dtype = DType::Float32});
   bool all_float64 = true;
   for (const auto& group : groups) {
     for (const Tensor& g : group.all) all_float64 = all_float64 && g.dtype() == DType::Float64;
@@ -52,11 +52,11 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 #else
     for (const Tensor& g : group.all) norms.push_back(tensor_norm(g, norm_type, norm_dtype));
 #endif
-    const Tensor norm = norms.size() == 1 ? norms.front() : ops::norm(ops::stack(norms), norm_type);
+    const Tensor norm = norms.size() == 1 ? norms.front() : internal::norm(internal::stack(norms), norm_type);
     device_norms.push_back(norm.to(first, /*non_blocking=*/true));
   }
-  const Tensor total =
-      device_norms.size() == 1 ? device_norms.front() : ops::norm(ops::stack(device_norms), norm_type);  // 0-d
+  const Tensor total = device_norms.size() == 1 ? device_norms.front()
+                                                : internal::norm(internal::stack(device_norms), norm_type);  // 0-d
 
   if (error_if_nonfinite) {
     const double value = total.item<double>();  // the one host sync, asked for by the caller
@@ -66,7 +66,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   }
 
   // min(1, max_norm / (total + 1e-6)), 0-d on `first`: exactly 1 when the total is small enough.
-  const Tensor coef = ops::clamp(ops::div(max_norm, ops::add(total, 1e-6)), std::nullopt, 1.0);
+  const Tensor coef = internal::clamp(internal::div(max_norm, internal::add(total, 1e-6)), std::nullopt, 1.0);
   for (auto& group : groups) {
 #if KILN_WITH_CUDA
     if (group.device.is_cuda()) {
@@ -89,7 +89,7 @@ void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
   for (const Tensor& p : params) {
     if (!p.defined() || !p.grad().defined()) continue;
     Tensor g = p.grad();  // shares the gradient's memory
-    ops::clamp_(g, -clip_value, clip_value);
+    internal::clamp_(g, -clip_value, clip_value);
   }
 }
 

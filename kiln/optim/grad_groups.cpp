@@ -1,7 +1,7 @@
 // Grouping gradients by device and dtype for the fused kernels.
 #include "kiln/optim/grad_groups.h"
 
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::optim::detail {
 
@@ -52,9 +52,9 @@ bool same_order(const Tensor& a, const Tensor& b) {
 
 void mul_in_float32_(Tensor& grad, const Tensor& factor) {
   if (grad.dtype() == DType::Float16 || grad.dtype() == DType::BFloat16) {
-    grad.copy_(ops::mul(grad.to(DType::Float32), factor.to(DType::Float32)));
+    grad.copy_(internal::mul(grad.to(DType::Float32), factor.to(DType::Float32)));
   } else {
-    ops::mul_(grad, factor);
+    internal::mul_(grad, factor);
   }
 }
 

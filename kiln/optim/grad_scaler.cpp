@@ -8,7 +8,7 @@
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/optim/grad_groups.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 #if KILN_WITH_CUDA
 #include "kiln/optim/cuda/fused.h"
@@ -25,8 +25,8 @@ TensorOptions f32_on(Device device) { return {.dtype = DType::Float32, .device =
 // inv_scale0: 0-d float32 on the grad's device (broadcasts into any shape, 0-d included).
 void unscale_with_ops(Tensor& grad, const Tensor& inv_scale0, Tensor& found_inf) {
   optim::detail::mul_in_float32_(grad, inv_scale0);
-  Tensor bad = ops::any(ops::logical_not(ops::isfinite(grad))).to(DType::Float32).reshape({1});  // (1,)
-  found_inf.copy_(ops::maximum(found_inf, bad));
+  Tensor bad = internal::any(internal::logical_not(internal::isfinite(grad))).to(DType::Float32).reshape({1});  // (1,)
+  found_inf.copy_(internal::maximum(found_inf, bad));
 }
 
 }  // namespace
@@ -49,8 +49,8 @@ Tensor GradScaler::scale(const Tensor& loss) {
   if (!options_.enabled) return loss;
   KILN_CHECK(loss.defined(), "GradScaler::scale: the loss is an undefined tensor");
   if (!scale_.defined()) {
-    scale_ = ops::full({1}, pending_scale_, f32_on(loss.device()));
-    growth_tracker_ = ops::full({1}, pending_tracker_, f32_on(loss.device()));
+    scale_ = internal::full({1}, pending_scale_, f32_on(loss.device()));
+    growth_tracker_ = internal::full({1}, pending_tracker_, f32_on(loss.device()));
   }
   // A 0-d factor keeps the loss's shape (a (1,) factor would turn a 0-d loss into shape (1,)).
   return loss * scale_.to(loss.device(), /*non_blocking=*/true).reshape({});
@@ -67,12 +67,12 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
              "scaler.scale(loss).backward() first");
   NoGradGuard no_grad;
   // 1 / scale in float64, then float32 (as PyTorch), on the scale's device: (1,)
-  const Tensor inv_scale = ops::reciprocal(scale_.to(DType::Float64)).to(DType::Float32);
+  const Tensor inv_scale = internal::reciprocal(scale_.to(DType::Float64)).to(DType::Float32);
   st.found_inf.clear();
   for (optim::detail::GradGroup& group : optim::detail::group_grads(optim::detail::params_of(opt))) {
     const Device device = group.device;
     const Tensor inv_d = inv_scale.to(device, /*non_blocking=*/true);  // (1,)
-    Tensor found_d = ops::zeros({1}, f32_on(device));
+    Tensor found_d = internal::zeros({1}, f32_on(device));
 #if KILN_WITH_CUDA
     if (device.is_cuda()) {
       // One launch per dtype over the contiguous gradients; the others (rare) through kiln ops.
@@ -95,7 +95,7 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
 Tensor GradScaler::found_inf_of(const PerOptimizer& st, Device device) const {
   Tensor total = st.found_inf.front().to(device, /*non_blocking=*/true);
   for (size_t i = 1; i < st.found_inf.size(); ++i) {
-    total = ops::add(total, st.found_inf[i].to(device, /*non_blocking=*/true));
+    total = internal::add(total, st.found_inf[i].to(device, /*non_blocking=*/true));
   }
   return total;  // (1,) float32: > 0 when any device saw an inf/NaN
 }
@@ -135,21 +135,22 @@ void GradScaler::update() {
   for (const auto& [opt, st] : per_optimizer_) {
     if (st.found_inf.empty()) continue;
     const Tensor f = found_inf_of(st, device);
-    found = found.defined() ? ops::add(found, f) : f;
+    found = found.defined() ? internal::add(found, f) : f;
   }
   KILN_CHECK(found.defined(), "GradScaler::update: no inf/NaN check was recorded in this iteration; call ",
              "step(optimizer) (or unscale_) before update()");
   NoGradGuard no_grad;
   // As PyTorch's _amp_update_scale_: on inf/NaN the scale backs off and the tracker resets; otherwise the
   // tracker counts, and at growth_interval the scale grows (when the grown scale stays finite) and it resets.
-  const Tensor is_inf = ops::gt(found, 0.0);                      // (1,) bool
-  const Tensor counted = ops::add(growth_tracker_, 1.0);          // (1,)
-  const Tensor grown = ops::mul(scale_, options_.growth_factor);  // (1,)
-  const Tensor at_interval = ops::ge(counted, static_cast<double>(options_.growth_interval));
-  const Tensor grow = ops::logical_and(ops::logical_and(ops::logical_not(is_inf), at_interval), ops::isfinite(grown));
+  const Tensor is_inf = internal::gt(found, 0.0);                      // (1,) bool
+  const Tensor counted = internal::add(growth_tracker_, 1.0);          // (1,)
+  const Tensor grown = internal::mul(scale_, options_.growth_factor);  // (1,)
+  const Tensor at_interval = internal::ge(counted, static_cast<double>(options_.growth_interval));
+  const Tensor grow = internal::logical_and(internal::logical_and(internal::logical_not(is_inf), at_interval),
+                                            internal::isfinite(grown));
   const Tensor new_scale =
-      ops::where(is_inf, ops::mul(scale_, options_.backoff_factor), ops::where(grow, grown, scale_));
-  const Tensor new_tracker = ops::where(ops::logical_or(is_inf, at_interval), 0.0, counted);
+      internal::where(is_inf, internal::mul(scale_, options_.backoff_factor), internal::where(grow, grown, scale_));
+  const Tensor new_tracker = internal::where(internal::logical_or(is_inf, at_interval), 0.0, counted);
   scale_.copy_(new_scale);  // in place: the scale tensor keeps its identity (CUDA graphs, references)
   growth_tracker_.copy_(new_tracker);
   per_optimizer_.clear();

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 #if KILN_WITH_CUDA
 #include "kiln/optim/cuda/fused.h"
@@ -74,18 +74,18 @@ void LAMB::update_param(size_t group, const Tensor& p, Tensor g, Tensor& w, doub
   const auto [beta1, beta2] = o.betas;
   Tensor& m = state_tensor(p, "exp_avg");
   Tensor& v = state_tensor(p, "exp_avg_sq");
-  ops::mul_(m, beta1);
-  ops::add_(m, g, 1 - beta1);
-  ops::mul_(v, beta2);
-  ops::add_(v, ops::mul(g, g), 1 - beta2);
+  internal::mul_(m, beta1);
+  internal::add_(m, g, 1 - beta1);
+  internal::mul_(v, beta2);
+  internal::add_(v, internal::mul(g, g), 1 - beta2);
   const double bc1 = o.bias_correction ? 1 - std::pow(beta1, t) : 1.0;
   const double bc2 = o.bias_correction ? 1 - std::pow(beta2, t) : 1.0;
-  Tensor update = ops::div(ops::div(m, bc1), ops::add(ops::sqrt(ops::div(v, bc2)), o.eps));
-  if (o.weight_decay != 0) update = ops::add(update, w, o.weight_decay);
-  const double p_norm = ops::norm(ops::cast(w, DType::Float64)).item<double>();
-  const double u_norm = ops::norm(ops::cast(update, DType::Float64)).item<double>();
+  Tensor update = internal::div(internal::div(m, bc1), internal::add(internal::sqrt(internal::div(v, bc2)), o.eps));
+  if (o.weight_decay != 0) update = internal::add(update, w, o.weight_decay);
+  const double p_norm = internal::norm(internal::cast(w, DType::Float64)).item<double>();
+  const double u_norm = internal::norm(internal::cast(update, DType::Float64)).item<double>();
   const double trust = p_norm > 0 && u_norm > 0 ? std::clamp(p_norm / u_norm, 0.0, o.max_trust_ratio) : 1.0;
-  ops::add_(w, update, -o.lr * trust);
+  internal::add_(w, update, -o.lr * trust);
 }
 
 }  // namespace kiln::optim

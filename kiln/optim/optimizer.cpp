@@ -7,9 +7,9 @@
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/optim/grad_groups.h"  // flat_dense, flat_layout, same_order
-#include "kiln/tensor/cuda.h"  // cuda::Graph
+#include "kiln/tensor/cuda.h"        // cuda::Graph
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::optim {
 
@@ -36,8 +36,8 @@ std::string group_key(size_t g, const std::string& option) {
 
 // A fresh copy of `t` with the given dtype on the given device (never sharing memory with t).
 Tensor copy_to(const Tensor& t, DType dtype, Device device) {
-  Tensor out = ops::empty(t.shape(), {.dtype = dtype, .device = device});
-  ops::copy_(out, t);
+  Tensor out = internal::empty(t.shape(), {.dtype = dtype, .device = device});
+  internal::copy_(out, t);
   return out;
 }
 
@@ -46,17 +46,17 @@ bool found_inf_set(const Tensor& found_inf) {
   if (!found_inf.defined()) return false;
   KILN_CHECK(found_inf.numel() == 1, "Optimizer.step_with: found_inf has shape ", found_inf.shape(),
              "; expected one element");
-  return ops::cast(found_inf, DType::Float64).to(Device::cpu()).item<double>() != 0.0;
+  return internal::cast(found_inf, DType::Float64).to(Device::cpu()).item<double>() != 0.0;
 }
 
 // A CPU parameter's gradient in `math_dtype`, divided by grad_scale when defined.
 Tensor cpu_grad(const Tensor& param, const Tensor& grad_scale, DType math_dtype) {
   Tensor g = param.grad();
-  if (g.dtype() != math_dtype) g = ops::cast(g, math_dtype);
+  if (g.dtype() != math_dtype) g = internal::cast(g, math_dtype);
   if (grad_scale.defined()) {
     KILN_CHECK(grad_scale.numel() == 1, "Optimizer.step_with: grad_scale has shape ", grad_scale.shape(),
                "; expected one element");
-    g = ops::div(g, ops::cast(grad_scale, DType::Float64).to(Device::cpu()).item<double>());
+    g = internal::div(g, internal::cast(grad_scale, DType::Float64).to(Device::cpu()).item<double>());
   }
   return g;
 }
@@ -70,7 +70,7 @@ void Optimizer::zero_grad(bool set_to_none) {
     if (set_to_none) {
       param.mutable_grad() = Tensor();
     } else {
-      ops::fill_(param.mutable_grad(), 0);
+      internal::fill_(param.mutable_grad(), 0);
     }
   }
 }
@@ -152,7 +152,7 @@ void Optimizer::load_state_dict(const OptimizerState& sd) {
     const Tensor& p = ps[index];
     if (sname == "step") {
       KILN_CHECK(t.numel() == 1, op, ": '", key, "' has shape ", t.shape(), "; a step count has one element");
-      new_state[index][sname] = copy_to(ops::reshape(t, {1}), DType::Float32, p.device());
+      new_state[index][sname] = copy_to(internal::reshape(t, {1}), DType::Float32, p.device());
     } else {
       KILN_CHECK(t.shape() == p.shape(), op, ": '", key, "' has shape ", t.shape(), " but parameter ", index,
                  " has shape ", p.shape());
@@ -230,10 +230,10 @@ Optimizer::StepPlan Optimizer::plan_step(const std::vector<Tensor>& params) cons
       // A dense parameter is updated in place, its gradient (and state: state_tensor) brought to its memory
       // order, so a channels-last conv weight costs no copies; any other goes through a contiguous copy.
       bucket->originals.push_back(p);
-      bucket->params.push_back(detail::flat_dense(p) ? p : ops::contiguous(p));
+      bucket->params.push_back(detail::flat_dense(p) ? p : internal::contiguous(p));
       const Tensor& flat = bucket->params.back();
-      Tensor gc = g.dtype() == p.dtype() ? g : ops::cast(g, p.dtype());
-      bucket->grads.push_back(detail::same_order(gc, flat) ? gc : ops::contiguous(gc, detail::flat_layout(p)));
+      Tensor gc = g.dtype() == p.dtype() ? g : internal::cast(g, p.dtype());
+      bucket->grads.push_back(detail::same_order(gc, flat) ? gc : internal::contiguous(gc, detail::flat_layout(p)));
       continue;
     }
 #endif
@@ -244,7 +244,7 @@ Optimizer::StepPlan Optimizer::plan_step(const std::vector<Tensor>& params) cons
 
 void Optimizer::finish_bucket(CudaBucket& bucket) {
   for (size_t i = 0; i < bucket.params.size(); ++i) {
-    if (!bucket.params[i].is_same(bucket.originals[i])) ops::copy_(bucket.originals[i], bucket.params[i]);
+    if (!bucket.params[i].is_same(bucket.originals[i])) internal::copy_(bucket.originals[i], bucket.params[i]);
   }
 }
 
@@ -262,12 +262,12 @@ void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf)
     if (skip_cpu) continue;
     for (Tensor& p : plan.cpu) {
       const DType math = state_dtype(p);
-      Tensor w = p.dtype() == math ? p : ops::cast(p, math);
+      Tensor w = p.dtype() == math ? p : internal::cast(p, math);
       Tensor& step = step_tensor(p);
       const double t = static_cast<double>(step.item<float>()) + 1;
       update_param(group, p, cpu_grad(p, grad_scale, math), w, t);
-      if (!w.is_same(p)) ops::copy_(p, w);
-      ops::fill_(step, t);
+      if (!w.is_same(p)) internal::copy_(p, w);
+      internal::fill_(step, t);
     }
   }
 }
@@ -294,18 +294,18 @@ Tensor& Optimizer::state_tensor(const Tensor& param, const std::string& name) {
   auto it = s.find(name);
   if (it != s.end()) {
     Tensor& t = it->second;
-    if (!t.is_contiguous(layout)) t = ops::contiguous(t, layout);
+    if (!t.is_contiguous(layout)) t = internal::contiguous(t, layout);
     return t;
   }
-  return s[name] = ops::zeros(param.shape(),
-                              {.dtype = state_dtype(param), .device = param.device(), .memory_format = layout});
+  return s[name] = internal::zeros(param.shape(),
+                                   {.dtype = state_dtype(param), .device = param.device(), .memory_format = layout});
 }
 
 Tensor& Optimizer::step_tensor(const Tensor& param) {
   auto& s = state(param);
   auto it = s.find("step");
   if (it != s.end()) return it->second;
-  return s["step"] = ops::zeros({1}, {.dtype = DType::Float32, .device = param.device()});
+  return s["step"] = internal::zeros({1}, {.dtype = DType::Float32, .device = param.device()});
 }
 
 const double* Optimizer::graph_lr(size_t group, Device device) {

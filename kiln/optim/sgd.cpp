@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 #if KILN_WITH_CUDA
 #include "kiln/optim/cuda/fused.h"
@@ -65,21 +65,21 @@ void SGD::update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_sca
 
 void SGD::update_param(size_t group, const Tensor& p, Tensor d, Tensor& w, double t) {
   const SGDOptions& o = groups_[group].options;
-  if (o.maximize) d = ops::neg(d);
-  if (o.weight_decay != 0) d = ops::add(d, w, o.weight_decay);
+  if (o.maximize) d = internal::neg(d);
+  if (o.weight_decay != 0) d = internal::add(d, w, o.weight_decay);
   if (o.momentum != 0) {
     // A buffer made now (first step, or momentum switched on later) starts as the gradient (PyTorch).
     const bool fresh = t == 1 || !state(p).count("momentum_buffer");
     Tensor& buf = state_tensor(p, "momentum_buffer");
     if (fresh) {
-      ops::copy_(buf, d);
+      internal::copy_(buf, d);
     } else {
-      ops::mul_(buf, o.momentum);
-      ops::add_(buf, d, 1 - o.dampening);
+      internal::mul_(buf, o.momentum);
+      internal::add_(buf, d, 1 - o.dampening);
     }
-    d = o.nesterov ? ops::add(d, buf, o.momentum) : buf;
+    d = o.nesterov ? internal::add(d, buf, o.momentum) : buf;
   }
-  ops::add_(w, d, -o.lr);
+  internal::add_(w, d, -o.lr);
 }
 
 }  // namespace kiln::optim

@@ -1,7 +1,7 @@
 // kiln/tensor/generator.h — counter-based random numbers (Philox4x32-10), identical on every backend.
 //
 //   kiln::manual_seed(42);                    // seeds the default generator of every device
-//   Generator g(7);  auto x = ops::rand({3}, {}, &g);
+//   Generator g(7);  auto x = internal::rand({3}, {}, &g);
 //   auto saved = g.state();  ...;  g.set_state(saved);   // exact replay (checkpoints, recomputation)
 //
 // Each draw of n numbers takes one fresh 64-bit "offset" from the generator. Number i of that draw
@@ -22,7 +22,7 @@ struct GeneratorState {
   uint64_t seed = 0;
   uint64_t offset = 0;
   // CUDA graphs (backend use only): when set, a kernel reads the draw's offset here, in device memory, and not
-  // `offset`; each replay of the graph writes a fresh one (see ops::random's draws during a capture).
+  // `offset`; each replay of the graph writes a fresh one (see internal::random's draws during a capture).
   const uint64_t* device_offset = nullptr;
   friend bool operator==(const GeneratorState&, const GeneratorState&) = default;
 };
@@ -39,7 +39,7 @@ class Generator {
   // Reserves the offset of one draw and returns {seed, offset}. Thread-safe.
   GeneratorState next_draw();
   // Whether set_state() was called while a CUDA graph was being captured on the calling thread (a rewind that
-  // replays could not follow) and no draw outside a capture came since; ops::draw_for refuses to draw in a
+  // replays could not follow) and no draw outside a capture came since; internal::draw_for refuses to draw in a
   // capture then.
   bool rewound_in_capture() const;
 

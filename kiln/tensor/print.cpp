@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln {
 namespace {
@@ -131,7 +131,7 @@ void write(std::ostream& os, const Tensor& host, int64_t dim, int64_t offset, bo
 std::string Tensor::str() const {
   std::ostringstream os;
   if (!defined()) return "tensor(undefined)";
-  const Tensor host = ops::contiguous(ops::to(*this, Device::cpu()));
+  const Tensor host = internal::contiguous(internal::to(*this, Device::cpu()));
   const std::vector<double> data = host.to_vector<double>();
   const bool summarise = numel() > kSummariseAbove;
   std::vector<double> shown;

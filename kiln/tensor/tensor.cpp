@@ -5,7 +5,7 @@
 
 #include "kiln/tensor/checked_size.h"
 #include "kiln/tensor/dispatch.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln {
 
@@ -108,7 +108,7 @@ template double* Tensor::data_ptr<double>() const;
 Scalar Tensor::item() const {
   KILN_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape(), " (", numel(),
              " elements); reduce it first, e.g. with sum() or select()");
-  Tensor host = is_cpu() ? *this : ops::to(*this, Device::cpu());
+  Tensor host = is_cpu() ? *this : internal::to(*this, Device::cpu());
   return visit_dtype(dtype(), [&](auto tag) -> Scalar {
     using T = typename decltype(tag)::type;
     return Scalar(*host.data_ptr<T>());
@@ -130,7 +130,7 @@ template double Tensor::item<double>() const;
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor host = ops::contiguous(ops::to(*this, Device::cpu(), dtype_of<T>()));
+  Tensor host = internal::contiguous(internal::to(*this, Device::cpu(), dtype_of<T>()));
   const T* p = host.data_ptr<T>();
   return std::vector<T>(p, p + host.numel());
 }

@@ -3,7 +3,7 @@
 // Everything else about these ops comes from the rows below (X-macros), so adding one is one row here, its CPU
 // kernel (tensor/cpu/unary.cpp), its CUDA kernel (tensor/cuda/unary_float.cu or unary.cu) and nothing more:
 //   - the backend contract's UnaryOp value (backend.h);
-//   - the raw op ops::name and its in-place form ops::name_ (ops.h, ops/unary.cpp), with the dtype rule;
+//   - the raw op internal::name and its in-place form internal::name_ (ops.h, ops/unary.cpp), with the dtype rule;
 //   - the differentiable kiln::name and kiln::name_ (autograd/functions.h, autograd/ops/unary.cpp), with the
 //     derivative below, and Tensor::name() and Tensor::name_() (tensor.h);
 //   - the autocast policy (autograd/autocast.h);
@@ -14,14 +14,14 @@
 //
 // KILN_UNARY_OPS(X) calls X(Enum, name, result, autocast, save, derivative, reference, domain, bool_advice):
 //   Enum        the UnaryOp value, and autocast::Op's
-//   name        the function: ops::name, kiln::name, Tensor::name(), the _ forms, the profiler's name
+//   name        the function: internal::name, kiln::name, Tensor::name(), the _ forms, the profiler's name
 //   result      Same: the input's dtype (integers allowed); Float: floating inputs keep their dtype, integers
 //               give kDefaultFloat
 //   autocast    the dtype policy inside an autocast region: Keep or Float32 (autograd/autocast.h)
 //   save        what the derivative reads: Nothing, Input (x) or Result (y); an in-place form saves a copy of
 //               the input before it writes when the derivative needs x
 //   derivative  the gradient of the input, from g (the incoming gradient), x (the input) and y (the result),
-//               written with the raw ops of namespace kiln::ops
+//               written with the raw ops of namespace kiln::internal
 //   reference   f(v) in double for one double v: what every kernel is compared with
 //   domain      where gradcheck samples x: All, Positive (log, sqrt), AboveMinusOne (log1p), or Smooth (away
 //               from the points where the function jumps or kinks: 0 and the multiples of 1/2)
@@ -36,49 +36,49 @@
 
 // clang-format off
 #define KILN_UNARY_OPS(X)                                                                                            \
-  X(Neg,        neg,        Same,  Keep,    Nothing, ops::neg(g),                                                     \
+  X(Neg,        neg,        Same,  Keep,    Nothing, internal::neg(g),                                                     \
     -v,                                              All,           "; negation, the - operator, on a bool tensor: "  \
                                                                     "use logical_not() or the ~ operator")           \
-  X(Abs,        abs,        Same,  Keep,    Input,   ops::mul(g, ops::sign(x)),                                       \
+  X(Abs,        abs,        Same,  Keep,    Input,   internal::mul(g, internal::sign(x)),                                       \
     std::fabs(v),                                    Smooth,        "; convert it with .to(DType::Int64) first")     \
-  X(Exp,        exp,        Float, Float32, Result,  ops::mul(g, y),                                                  \
+  X(Exp,        exp,        Float, Float32, Result,  internal::mul(g, y),                                                  \
     std::exp(v),                                     All,           nullptr)                                          \
-  X(Expm1,      expm1,      Float, Float32, Result,  ops::mul(g, ops::add(y, 1.0)),                                   \
+  X(Expm1,      expm1,      Float, Float32, Result,  internal::mul(g, internal::add(y, 1.0)),                                   \
     std::expm1(v),                                   All,           nullptr)                                          \
-  X(Log,        log,        Float, Float32, Input,   ops::div(g, x),                                                  \
+  X(Log,        log,        Float, Float32, Input,   internal::div(g, x),                                                  \
     std::log(v),                                     Positive,      nullptr)                                          \
-  X(Log1p,      log1p,      Float, Float32, Input,   ops::div(g, ops::add(x, 1.0)),                                   \
+  X(Log1p,      log1p,      Float, Float32, Input,   internal::div(g, internal::add(x, 1.0)),                                   \
     std::log1p(v),                                   AboveMinusOne, nullptr)                                          \
-  X(Log2,       log2,       Float, Float32, Input,   ops::div(g, ops::mul(x, 0.69314718055994530942)),                \
+  X(Log2,       log2,       Float, Float32, Input,   internal::div(g, internal::mul(x, 0.69314718055994530942)),                \
     std::log2(v),                                    Positive,      nullptr)                                          \
-  X(Sqrt,       sqrt,       Float, Keep,    Result,  ops::div(g, ops::mul(y, 2.0)),                                   \
+  X(Sqrt,       sqrt,       Float, Keep,    Result,  internal::div(g, internal::mul(y, 2.0)),                                   \
     std::sqrt(v),                                    Positive,      nullptr)                                          \
-  X(Rsqrt,      rsqrt,      Float, Float32, Result,  ops::mul(g, ops::mul(ops::mul(ops::square(y), y), -0.5)),        \
+  X(Rsqrt,      rsqrt,      Float, Float32, Result,  internal::mul(g, internal::mul(internal::mul(internal::square(y), y), -0.5)),        \
     1.0 / std::sqrt(v),                              Positive,      nullptr)                                          \
-  X(Sin,        sin,        Float, Keep,    Input,   ops::mul(g, ops::cos(x)),                                        \
+  X(Sin,        sin,        Float, Keep,    Input,   internal::mul(g, internal::cos(x)),                                        \
     std::sin(v),                                     All,           nullptr)                                          \
-  X(Cos,        cos,        Float, Keep,    Input,   ops::neg(ops::mul(g, ops::sin(x))),                              \
+  X(Cos,        cos,        Float, Keep,    Input,   internal::neg(internal::mul(g, internal::sin(x))),                              \
     std::cos(v),                                     All,           nullptr)                                          \
-  X(Tanh,       tanh,       Float, Keep,    Result,  ops::mul(g, ops::rsub(ops::square(y), 1.0)),                     \
+  X(Tanh,       tanh,       Float, Keep,    Result,  internal::mul(g, internal::rsub(internal::square(y), 1.0)),                     \
     std::tanh(v),                                    All,           nullptr)                                          \
   X(Erf,        erf,        Float, Keep,    Input,                                                                    \
-    ops::mul(g, ops::mul(ops::exp(ops::neg(ops::square(x))), 1.12837916709551257390)),  /* 2 / sqrt(pi) */           \
+    internal::mul(g, internal::mul(internal::exp(internal::neg(internal::square(x))), 1.12837916709551257390)),  /* 2 / sqrt(pi) */           \
     std::erf(v),                                     All,           nullptr)                                          \
-  X(Sigmoid,    sigmoid,    Float, Keep,    Result,  ops::mul(g, ops::mul(y, ops::rsub(y, 1.0))),                     \
+  X(Sigmoid,    sigmoid,    Float, Keep,    Result,  internal::mul(g, internal::mul(y, internal::rsub(y, 1.0))),                     \
     1.0 / (1.0 + std::exp(-v)),                      All,           nullptr)                                          \
-  X(Relu,       relu,       Same,  Keep,    Result,  ops::relu_backward(g, y),                                        \
+  X(Relu,       relu,       Same,  Keep,    Result,  internal::relu_backward(g, y),                                        \
     v > 0 ? v : 0.0,                                 Smooth,        "; convert it with .to(DType::Float32) first")   \
-  X(Silu,       silu,       Float, Keep,    Input,   ops::silu_backward(g, x),                                        \
+  X(Silu,       silu,       Float, Keep,    Input,   internal::silu_backward(g, x),                                        \
     v / (1.0 + std::exp(-v)),                        All,           nullptr)                                          \
-  X(Sign,       sign,       Same,  Keep,    Nothing, ops::zeros_like(g),                                              \
+  X(Sign,       sign,       Same,  Keep,    Nothing, internal::zeros_like(g),                                              \
     v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0,                Smooth,        nullptr)                                          \
-  X(Floor,      floor,      Same,  Keep,    Nothing, ops::zeros_like(g),                                              \
+  X(Floor,      floor,      Same,  Keep,    Nothing, internal::zeros_like(g),                                              \
     std::floor(v),                                   Smooth,        nullptr)                                          \
-  X(Ceil,       ceil,       Same,  Keep,    Nothing, ops::zeros_like(g),                                              \
+  X(Ceil,       ceil,       Same,  Keep,    Nothing, internal::zeros_like(g),                                              \
     std::ceil(v),                                    Smooth,        nullptr)                                          \
-  X(Round,      round,      Same,  Keep,    Nothing, ops::zeros_like(g),  /* half to even */                          \
+  X(Round,      round,      Same,  Keep,    Nothing, internal::zeros_like(g),  /* half to even */                          \
     std::nearbyint(v),                               Smooth,        nullptr)                                          \
-  X(Reciprocal, reciprocal, Float, Float32, Result,  ops::neg(ops::mul(g, ops::square(y))),                           \
+  X(Reciprocal, reciprocal, Float, Float32, Result,  internal::neg(internal::mul(g, internal::square(y))),                           \
     1.0 / v,                                         Smooth,        nullptr)
 
 #define KILN_UNARY_PREDICATES(X)                                                                                     \

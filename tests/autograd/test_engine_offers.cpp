@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/autograd/node.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -18,17 +18,17 @@ struct TripleBackward final : autograd::Node {
   std::string_view name() const override { return "TripleBackward"; }
   bool accepts_gradient_buffers() const override { return true; }
   autograd::TensorList apply(autograd::TensorList&& grads) override {
-    Tensor g = ops::mul(grads[0], 3.0);
+    Tensor g = internal::mul(grads[0], 3.0);
     Tensor sum = offered_buffers().empty() ? Tensor() : offered_buffers()[0];
     *offered = sum.defined();
     if (!sum.defined()) return {g};
-    ops::add_(sum, g);
+    internal::add_(sum, g);
     return {sum};
   }
 };
 
 Tensor triple(const Tensor& x, bool* offered) {
-  Tensor y = ops::mul(x, 3.0);
+  Tensor y = internal::mul(x, 3.0);
   auto node = autograd::make_node<TripleBackward>(x);
   node->offered = offered;
   autograd::set_history(y, node);

@@ -10,8 +10,8 @@ using namespace kiln;
 namespace {
 
 TEST(QueueCallback, RunsAfterEveryHookOfTheOutermostBackward) {
-  Tensor a = ops::ones({3}).requires_grad_();
-  Tensor b = ops::ones({3}).requires_grad_();
+  Tensor a = internal::ones({3}).requires_grad_();
+  Tensor b = internal::ones({3}).requires_grad_();
   std::vector<std::string> log;
   for (auto [t, name] : {std::pair{a, "a"}, std::pair{b, "b"}}) {
     t.register_post_accumulate_grad_hook([&log, name = std::string(name)](const Tensor&) {
@@ -44,7 +44,7 @@ TEST(QueueCallback, OutsideBackwardIsAnError) {
 }
 
 TEST(QueueCallback, AnErrorInACallbackLeavesBackwardAndDropsTheRest) {
-  Tensor a = ops::ones({2}).requires_grad_();
+  Tensor a = internal::ones({2}).requires_grad_();
   int ran = 0;
   a.register_post_accumulate_grad_hook([&](const Tensor&) {
     autograd::queue_callback([] { throw Error("callback failed"); });

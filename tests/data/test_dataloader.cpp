@@ -20,7 +20,7 @@
 
 #include "kiln/data/dataloader.h"
 #include "kiln/tensor/cuda.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -63,7 +63,7 @@ class Numbers : public data::Dataset {
       loads_cv_.notify_all();
       throw std::runtime_error("corrupt record in shard 3");
     }
-    return {{"x", make({double(i), rng.uniform()}, {2}, {.dtype = DType::Float64})}, {"y", ops::scalar_tensor(i)}};
+    return {{"x", make({double(i), rng.uniform()}, {2}, {.dtype = DType::Float64})}, {"y", internal::scalar_tensor(i)}};
   }
   mutable std::atomic<int64_t> loads{0};
   mutable std::atomic<int64_t> max_index{-1};
@@ -211,7 +211,7 @@ class Ragged : public data::Dataset {
   int64_t size() const override { return n_; }
   std::string describe() const override { return "Ragged(" + std::to_string(n_) + ")"; }
   data::Example get(int64_t i, data::SampleRng&) const override {
-    return {{"x", ops::full({i == odd_ ? 4 : 3}, double(i))}};
+    return {{"x", internal::full({i == odd_ ? 4 : 3}, double(i))}};
   }
 
  private:
@@ -418,7 +418,7 @@ TEST(DataLoader, CustomSamplerCollateAndCpuOptions) {
   auto weighted = std::make_shared<data::WeightedRandomSampler>(vector<double>{0, 0, 1, 0, 0, 0, 0, 0, 0, 1}, 6);
   data::CollateFn collate = [](const vector<data::Example>& xs, bool pinned) {
     Batch b = data::collate(xs, pinned);
-    b.add("count", ops::scalar_tensor(int64_t(xs.size())));
+    b.add("count", internal::scalar_tensor(int64_t(xs.size())));
     return b;
   };
   // pin_memory and device cpu are no-ops without a GPU; with one, batches are pinned.

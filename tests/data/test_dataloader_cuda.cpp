@@ -7,7 +7,7 @@
 
 #include "kiln/data/dataloader.h"
 #include "kiln/tensor/cuda.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -26,8 +26,9 @@ class Rows : public data::Dataset {
   Rows(int64_t n, int64_t width) : n_(n), width_(width) {}
   int64_t size() const override { return n_; }
   data::Example get(int64_t i, data::SampleRng& rng) const override {
-    Tensor x = ops::arange(width_, {.dtype = DType::Float32}) * (1.0 / double(width_)) + (double(i) + rng.uniform());
-    return {{"x", x}, {"y", ops::scalar_tensor(i)}};
+    Tensor x =
+        internal::arange(width_, {.dtype = DType::Float32}) * (1.0 / double(width_)) + (double(i) + rng.uniform());
+    return {{"x", x}, {"y", internal::scalar_tensor(i)}};
   }
 
  private:
@@ -47,8 +48,8 @@ TEST(CudaDataLoader, DeviceDeliveryEqualsCpuBatches) {
   KILN_NEED_GPU();
   auto ds = std::make_shared<Rows>(50, 1000);
   for (int workers : {0, 1, 4}) {
-    data::DataLoaderOptions o{.batch_size = 8, .workers = workers, .shuffle = true, .seed = 3,
-                              .device = Device::cuda(0)};
+    data::DataLoaderOptions o{
+        .batch_size = 8, .workers = workers, .shuffle = true, .seed = 3, .device = Device::cuda(0)};
     const vector<Batch> expect = cpu_batches(ds, o, 1);
     DataLoader loader(ds, o);
     size_t k = 0;
@@ -58,7 +59,7 @@ TEST(CudaDataLoader, DeviceDeliveryEqualsCpuBatches) {
       for (const char* f : {"x", "y"}) {
         EXPECT_TRUE(b[f].is_cuda()) << f;
         EXPECT_EQ(b[f].device(), Device::cuda(0));
-        EXPECT_TRUE(ops::equal(b[f].to(Device::cpu()), expect[k][f])) << "batch " << k << " field " << f;
+        EXPECT_TRUE(internal::equal(b[f].to(Device::cpu()), expect[k][f])) << "batch " << k << " field " << f;
       }
       ++k;
     }
@@ -80,7 +81,7 @@ TEST(CudaDataLoader, PinMemoryCollatesIntoPinnedMemory) {
     // Users who copy themselves: an async copy from the pinned batch on the current stream.
     Batch d = b.to(Device::cuda(0), /*non_blocking=*/true);
     EXPECT_TRUE(d["x"].is_cuda());
-    EXPECT_TRUE(ops::equal(d["x"].to(Device::cpu()), expect[k]["x"]));
+    EXPECT_TRUE(internal::equal(d["x"].to(Device::cpu()), expect[k]["x"]));
     ++k;
   }
   EXPECT_EQ(k, 3u);
@@ -100,9 +101,9 @@ TEST(CudaDataLoader, BatchReadAtOnceWhileItsCopyMayStillRun) {
     DataLoader loader(ds, {.batch_size = 4, .workers = workers, .device = Device::cuda(0)});
     size_t k = 0;
     for (Batch& b : loader.epoch(0)) {
-      Tensor doubled = b["x"] * 2.0;          // a kernel on the consumer stream, right away
+      Tensor doubled = b["x"] * 2.0;            // a kernel on the consumer stream, right away
       Tensor host = doubled.to(Device::cpu());  // and a copy back on it
-      EXPECT_TRUE(ops::equal(host, expect[k]["x"] * 2.0)) << "batch " << k << ", " << workers << " workers";
+      EXPECT_TRUE(internal::equal(host, expect[k]["x"] * 2.0)) << "batch " << k << ", " << workers << " workers";
       EXPECT_EQ(b["y"].to(Device::cpu()).to_vector<int64_t>(), expect[k].indices);
       ++k;
     }
@@ -145,7 +146,7 @@ TEST(CudaDataLoader, DeliversToTheLastGpu) {
   size_t k = 0;
   for (Batch& b : loader.epoch(0)) {
     EXPECT_EQ(b["x"].device(), Device::cuda(last));
-    EXPECT_TRUE(ops::equal(b["x"].to(Device::cpu()), expect[k++]["x"]));
+    EXPECT_TRUE(internal::equal(b["x"].to(Device::cpu()), expect[k++]["x"]));
   }
   EXPECT_EQ(cuda::current_device(), 0) << "the loader leaves the current device alone";
   expect_error([&] { DataLoader(ds, {.device = Device::cuda(last + 1)}); }, {"does not exist"});

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kiln/data/dataset.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -14,29 +14,35 @@ namespace {
 using data::Example;
 
 TEST(DataExample, FieldsByNameAndStructuredBinding) {
-  Example ex{{"image", ops::full({2, 2}, 1.5)}, {"label", ops::scalar_tensor(int64_t{7})}};
+  Example ex{{"image", internal::full({2, 2}, 1.5)}, {"label", internal::scalar_tensor(int64_t{7})}};
   EXPECT_EQ(ex.size(), 2u);
   EXPECT_EQ(ex["label"].item<int64_t>(), 7);
   auto [image, label] = ex;
   EXPECT_EQ(image.shape(), (Shape{2, 2}));
   EXPECT_EQ(label.item<int64_t>(), 7);
   expect_error([&] { (void)ex["mask"]; }, {"no field named 'mask'", "image, label"});
-  expect_error([&] { ex.add("image", ops::zeros({1})); }, {"already there"});
-  Example three{{"a", ops::zeros({1})}, {"b", ops::zeros({1})}, {"c", ops::zeros({1})}};
-  expect_error([&] { auto [a, b] = three; (void)a; (void)b; }, {"exactly two fields", "a, b, c"});
+  expect_error([&] { ex.add("image", internal::zeros({1})); }, {"already there"});
+  Example three{{"a", internal::zeros({1})}, {"b", internal::zeros({1})}, {"c", internal::zeros({1})}};
+  expect_error(
+      [&] {
+        auto [a, b] = three;
+        (void)a;
+        (void)b;
+      },
+      {"exactly two fields", "a, b, c"});
 }
 
 TEST(DataExample, CollateStacksEachField) {
   std::vector<Example> xs;
   for (int i = 0; i < 3; ++i) {
-    xs.push_back({{"x", ops::full({2}, double(i))}, {"y", ops::scalar_tensor(int64_t{10 + i})}});
+    xs.push_back({{"x", internal::full({2}, double(i))}, {"y", internal::scalar_tensor(int64_t{10 + i})}});
   }
   data::Batch b = data::collate(xs);
   EXPECT_EQ(b.batch_size(), 3);
   EXPECT_EQ(b["x"].shape(), (Shape{3, 2}));
   EXPECT_EQ(b["x"].to_vector<double>(), (std::vector<double>{0, 0, 1, 1, 2, 2}));
   EXPECT_EQ(b["y"].to_vector<int64_t>(), (std::vector<int64_t>{10, 11, 12}));
-  xs[1]["x"] = ops::zeros({3});
+  xs[1]["x"] = internal::zeros({3});
   expect_error([&] { data::collate(xs); }, {"field 'x' of sample 1", "[3]", "[2]"});
 }
 
@@ -45,8 +51,8 @@ TEST(DataExample, CollatorCopiesEachSampleAsItArrives) {
   data::Collator c(3, /*pinned=*/false);
   for (int i = 0; i < 3; ++i) {
     // A transposed (non-contiguous) field is stacked as its logical values.
-    Tensor m = ops::arange(0.0, 6.0, 1.0).reshape({2, 3}).transpose(0, 1) * double(i + 1);
-    c.add({{"m", m}, {"y", ops::scalar_tensor(int64_t{i})}});
+    Tensor m = internal::arange(0.0, 6.0, 1.0).reshape({2, 3}).transpose(0, 1) * double(i + 1);
+    c.add({{"m", m}, {"y", internal::scalar_tensor(int64_t{i})}});
     EXPECT_EQ(c.added(), static_cast<size_t>(i + 1));
   }
   data::Batch b = c.finish();
@@ -60,15 +66,21 @@ TEST(DataExample, CollatorCopiesEachSampleAsItArrives) {
   EXPECT_EQ(b["y"].to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2}));
   // Empty again: the next batch may have other shapes.
   EXPECT_EQ(c.added(), 0u);
-  c.add({{"m", ops::zeros({4})}, {"y", ops::scalar_tensor(int64_t{5})}});
-  expect_error([&] { c.add({{"y", ops::scalar_tensor(int64_t{6})}, {"m", ops::zeros({4})}}); },
-               {"sample 1 has fields (y, m) but sample 0 has (m, y)"});
-  expect_error([&] { c.add({{"m", ops::zeros({4}, {.dtype = DType::Float64})}, {"y", ops::scalar_tensor(int64_t{6})}}); },
-               {"field 'm' of sample 1", "float64", "[4]"});
+  c.add({{"m", internal::zeros({4})}, {"y", internal::scalar_tensor(int64_t{5})}});
+  expect_error(
+      [&] {
+        c.add({{"y", internal::scalar_tensor(int64_t{6})}, {"m", internal::zeros({4})}});
+      },
+      {"sample 1 has fields (y, m) but sample 0 has (m, y)"});
+  expect_error(
+      [&] {
+        c.add({{"m", internal::zeros({4}, {.dtype = DType::Float64})}, {"y", internal::scalar_tensor(int64_t{6})}});
+      },
+      {"field 'm' of sample 1", "float64", "[4]"});
   expect_error([&] { (void)c.finish(); }, {"a batch of 3 finished after 1 examples"});
   data::Collator one(1);
-  one.add({{"x", ops::zeros({1})}});
-  expect_error([&] { one.add({{"x", ops::zeros({1})}}); }, {"example 1 added to a batch of 1"});
+  one.add({{"x", internal::zeros({1})}});
+  expect_error([&] { one.add({{"x", internal::zeros({1})}}); }, {"example 1 added to a batch of 1"});
   expect_error([] { data::Collator none(0); }, {"no examples to stack"});
 }
 

@@ -13,7 +13,7 @@
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
 #include "kiln/data/image_folder.h"
 #include "kiln/tensor/cuda.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {

@@ -13,7 +13,7 @@
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
 #include "kiln/data/image_folder.h"
 #include "kiln/tensor/cuda.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -34,7 +34,7 @@ std::vector<double> decode_on_gpu(const data::GpuTransform& gpu, const std::vect
   EXPECT_TRUE(b["image"].is_cuda());
   b.ready->synchronize();
   if (shape) *shape = b["image"].shape();
-  return ops::contiguous(b["image"].to(Device::cpu()).to(DType::Float64)).to_vector<double>();
+  return internal::contiguous(b["image"].to(Device::cpu()).to(DType::Float64)).to_vector<double>();
 }
 
 struct Diff {
@@ -60,7 +60,7 @@ void expect_decode_close(const std::vector<uint8_t>& jpeg, int h, int w, double 
   data::SampleRng rng(0, 0, 0);
   auto got = decode_on_gpu(gpu, {data::gpu_sample(jpeg, "x.jpg", gpu, rng, 0, 0)});
   Tensor ref = data::decode_image(jpeg, "x.jpg");  // (h, w, 3)
-  auto ref_chw = ops::contiguous(ops::permute(ref, {2, 0, 1})).to(DType::Float64).to_vector<double>();
+  auto ref_chw = internal::contiguous(internal::permute(ref, {2, 0, 1})).to(DType::Float64).to_vector<double>();
   for (auto& v : ref_chw) v /= 255.0;
   const Diff d = diff(got, ref_chw, 255.0);
   EXPECT_LE(d.max, max_levels);
@@ -144,7 +144,7 @@ TEST(GpuDecodeCuda, LoaderBatchesOnTheGpu) {
     ASSERT_TRUE(y.is_cuda());
     const int64_t n = x.shape()[0];
     ASSERT_EQ(x.shape(), (Shape{n, 3, 32, 32}));
-    const auto got = ops::contiguous(x.to(Device::cpu()).to(DType::Float64)).to_vector<double>();
+    const auto got = internal::contiguous(x.to(Device::cpu()).to(DType::Float64)).to_vector<double>();
     const auto labels = y.to(Device::cpu()).to_vector<int64_t>();
     for (int64_t k = 0; k < n; ++k) {
       const int64_t idx = b.indices[static_cast<size_t>(k)];

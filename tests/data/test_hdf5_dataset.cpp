@@ -11,7 +11,7 @@
 
 #include "data/format_files.h"
 #include "kiln/data/datasets/hdf5_dataset.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -24,7 +24,7 @@ Tensor make_images(int64_t n) {
     for (int y = 0; y < 4; ++y)
       for (int x = 0; x < 5; ++x)
         for (int c = 0; c < 3; ++c) v.push_back(static_cast<uint8_t>((i * 11 + y * 5 + x * 3 + c) % 256));
-  return ops::from_vector(v, {n, 4, 5, 3});
+  return internal::from_vector(v, {n, 4, 5, 3});
 }
 
 void expect_image_row(const Tensor& t, int64_t i) {
@@ -53,12 +53,12 @@ TEST(DataHDF5, WriterRoundTripEveryDType) {
   }
   const auto path = dir / "arrays.h5";
   data::write_hdf5_arrays(path, {{"images", make_images(n)},
-                                 {"labels", ops::from_vector(labels, {n})},
-                                 {"features/f32", ops::from_vector(f32, {n, 7})},
-                                 {"features/f64", ops::from_vector(f64, {n})},
-                                 {"pairs", ops::from_vector(i32, {n, 2})},
-                                 {"half", ops::from_vector(f32, {n, 7}).to(DType::Float16)},
-                                 {"brain", ops::from_vector(f32, {n, 7}).to(DType::BFloat16)}});
+                                 {"labels", internal::from_vector(labels, {n})},
+                                 {"features/f32", internal::from_vector(f32, {n, 7})},
+                                 {"features/f64", internal::from_vector(f64, {n})},
+                                 {"pairs", internal::from_vector(i32, {n, 2})},
+                                 {"half", internal::from_vector(f32, {n, 7}).to(DType::Float16)},
+                                 {"brain", internal::from_vector(f32, {n, 7}).to(DType::BFloat16)}});
   data::HDF5Dataset ds(path, {"images", "labels", "features/f32", "features/f64", "pairs", "half", "brain"},
                        {.chunk_rows = 4});
   ASSERT_EQ(ds.size(), n);
@@ -95,8 +95,9 @@ TEST(DataHDF5, WriterRoundTripEveryDType) {
 TEST(DataHDF5, NoNamesTakesEveryTopLevelDataset) {
   TempFolder dir;
   const auto path = dir / "top.h5";
-  data::write_hdf5_arrays(
-      path, {{"x", make_images(6)}, {"y", ops::arange(6)}, {"meta/vocab", ops::arange(3)}});  // in a group: not taken
+  data::write_hdf5_arrays(path, {{"x", make_images(6)},
+                                 {"y", internal::arange(6)},
+                                 {"meta/vocab", internal::arange(3)}});  // in a group: not taken
   data::HDF5Dataset ds(path);
   EXPECT_EQ(ds.names(), (std::vector<std::string>{"x", "y"}));
   ASSERT_EQ(ds.size(), 6);
@@ -107,7 +108,7 @@ TEST(DataHDF5, NoNamesTakesEveryTopLevelDataset) {
 TEST(DataHDF5, LargeRowsShrinkTheChunk) {
   TempFolder dir;
   const auto path = dir / "big.h5";
-  data::write_hdf5_arrays(path, {{"x", ops::zeros({8, 1000})}});  // 4000 bytes a row
+  data::write_hdf5_arrays(path, {{"x", internal::zeros({8, 1000})}});  // 4000 bytes a row
   data::HDF5Dataset ds(path, {"x"}, {.chunk_rows = 1024, .max_chunk_bytes = 10000});
   EXPECT_EQ(ds.chunk_rows(), 2);
   data::HDF5Dataset one(path, {"x"}, {.chunk_rows = 1024, .max_chunk_bytes = 10});
@@ -199,8 +200,9 @@ TEST(DataHDF5, BadFilesNameTheFileAndTheProblem) {
   expect_error([&] { data::HDF5Dataset ds(dir / "empty.h5"); }, {"empty.h5", "not an HDF5 file"});
 
   const auto path = dir / "ok.h5";
-  data::write_hdf5_arrays(path,
-                          {{"images", ops::zeros({10, 3})}, {"labels", ops::arange(9)}, {"train/x", ops::zeros({10})}});
+  data::write_hdf5_arrays(
+      path,
+      {{"images", internal::zeros({10, 3})}, {"labels", internal::arange(9)}, {"train/x", internal::zeros({10})}});
   expect_error(
       [&] {
         data::HDF5Dataset ds(path, {"images", "targets"});
@@ -272,7 +274,7 @@ TEST(DataHDF5, EightThreadsReadRandomRowsConcurrently) {
   const int64_t n = 1000;
   std::vector<float> x(n * 6);
   for (size_t k = 0; k < x.size(); ++k) x[k] = static_cast<float>(k);
-  data::write_hdf5_arrays(path, {{"x", ops::from_vector(x, {n, 6})}, {"i", ops::arange(n)}});
+  data::write_hdf5_arrays(path, {{"x", internal::from_vector(x, {n, 6})}, {"i", internal::arange(n)}});
   data::HDF5Dataset ds(path, {}, {.chunk_rows = 16, .cache_chunks = 3});
   std::vector<std::thread> threads;
   std::vector<int> failures(8, 0), errors(8, 0);

@@ -6,7 +6,7 @@
 #include "image_test_files.h"
 #include "kiln/data/image.h"
 #include "kiln/data/image_resize.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {

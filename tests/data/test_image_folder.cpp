@@ -7,7 +7,7 @@
 #include "image_test_files.h"
 #include "kiln/data/image_folder.h"
 #include "kiln/data/transforms.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -83,7 +83,7 @@ TEST(ImageFolder, TransformsApply) {
   }
   // Any ImageTransform: gets the whole decoded image.
   data::ImageFolder lambda(dir.path().string(), [](Tensor img, data::SampleRng&) {
-    return ops::full({1}, static_cast<double>(img.shape()[0] * 1000 + img.shape()[1]));
+    return internal::full({1}, static_cast<double>(img.shape()[0] * 1000 + img.shape()[1]));
   });
   EXPECT_EQ(lambda.sample(3)["image"].item<float>(), 20030.0f);
 }

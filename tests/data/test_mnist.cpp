@@ -6,7 +6,7 @@
 
 #include "data/format_files.h"
 #include "kiln/data/datasets/mnist.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -103,7 +103,7 @@ TEST(DataMNIST, TransformRunsOnEachImage) {
   write_bytes(dir / "train-labels-idx1-ubyte", idx_labels(2));
   data::MNIST mnist(dir.path(), {.transform = [](Tensor image, data::SampleRng& rng) {
                       EXPECT_EQ(image.shape(), (Shape{kSide, kSide, 1}));
-                      return ops::full({1}, static_cast<double>(rng.randint(1000)));
+                      return internal::full({1}, static_cast<double>(rng.randint(1000)));
                     }});
   data::Example ex = mnist.sample(1, /*seed=*/5, /*epoch=*/2);
   data::SampleRng rng(5, 2, 1);

@@ -13,7 +13,7 @@
 #include "kiln/data/dataloader.h"
 #include "kiln/data/distributed_env.h"
 #include "kiln/data/sampler.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -316,7 +316,7 @@ TEST(DataDistributedEnv, MalformedValuesAreClearErrors) {
 class Indices : public data::Dataset {
  public:
   int64_t size() const override { return 10; }
-  data::Example get(int64_t i, data::SampleRng&) const override { return {{"i", ops::scalar_tensor(i)}}; }
+  data::Example get(int64_t i, data::SampleRng&) const override { return {{"i", internal::scalar_tensor(i)}}; }
 };
 
 TEST(DataDistributedEnv, LoaderShardsByItselfUnderALauncher) {

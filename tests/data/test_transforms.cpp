@@ -8,7 +8,7 @@
 #include "image_test_files.h"
 #include "kiln/data/image_resize.h"
 #include "kiln/data/transforms.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/golden.h"
 #include "support/test_support.h"
 
@@ -18,7 +18,7 @@ namespace {
 namespace T = data::transforms;
 using data::SampleRng;
 
-Tensor u8(const std::vector<uint8_t>& v, Shape shape) { return ops::from_vector(v, shape); }
+Tensor u8(const std::vector<uint8_t>& v, Shape shape) { return internal::from_vector(v, shape); }
 std::vector<uint8_t> pixels(const Tensor& t) { return t.contiguous().to_vector<uint8_t>(); }
 
 // value = 10 * y + x, one channel: positions readable from the values.
@@ -92,7 +92,7 @@ TEST(TransformsResize, ShorterSideAsTorchvision) {
   EXPECT_EQ(T::Resize(32)(u8(random_image(100, 50, 3), {100, 50, 3}), rng).shape(), (Shape{64, 32, 3}));
   EXPECT_EQ(T::Resize(10)(u8(random_image(30, 47, 3), {30, 47, 3}), rng).shape(), (Shape{10, 15, 3}));  // 15.67
   EXPECT_EQ(T::Resize(data::ImageSize{7, 9})(u8(random_image(30, 47, 3), {30, 47, 3}), rng).shape(), (Shape{7, 9, 3}));
-  expect_error([&] { T::Resize(8)(ops::zeros({3, 10, 10}), rng); }, {"Resize", "uint8"});
+  expect_error([&] { T::Resize(8)(internal::zeros({3, 10, 10}), rng); }, {"Resize", "uint8"});
 }
 
 TEST(TransformsBasic, ToTensorAndNormalize) {

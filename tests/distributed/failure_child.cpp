@@ -20,11 +20,12 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   const bool on_gpu = std::getenv("KILN_FAILURE_GPU") != nullptr;
-  const dist::Env& env = dist::init({.timeout = std::chrono::milliseconds(1000),
-                                     .on_timeout = mode == "hang_throw" ? dist::OnTimeout::Throw : dist::OnTimeout::Exit,
-                                     .use_gpu = on_gpu});
+  const dist::Env& env =
+      dist::init({.timeout = std::chrono::milliseconds(1000),
+                  .on_timeout = mode == "hang_throw" ? dist::OnTimeout::Throw : dist::OnTimeout::Exit,
+                  .use_gpu = on_gpu});
   const Device dev = env.device();
-  Tensor t = ops::ones({1024}, {.device = dev});
+  Tensor t = internal::ones({1024}, {.device = dev});
   dist::all_reduce(t);  // #0: everyone joins
   std::printf("rank %d: first all_reduce gave %.0f\n", env.rank, t.sum().item<double>());
   std::fflush(stdout);

@@ -11,15 +11,15 @@ using namespace kiln;
 int main() {
   try {
     const dist::Env& env = dist::init({.timeout = std::chrono::seconds(30)});
-    std::printf("rank %d of %d: launcher %s, bootstrap %s, device %s\n", env.rank, env.world_size,
-                env.launcher.c_str(), env.bootstrap.c_str(), env.device().is_cuda() ? "cuda" : "cpu");
+    std::printf("rank %d of %d: launcher %s, bootstrap %s, device %s\n", env.rank, env.world_size, env.launcher.c_str(),
+                env.bootstrap.c_str(), env.device().is_cuda() ? "cuda" : "cpu");
     if (env.device().is_cuda() && cuda::device_count() >= env.local_world_size) {
-      Tensor t = ops::full({1000}, env.rank + 1.0, {.device = env.device()});
+      Tensor t = internal::full({1000}, env.rank + 1.0, {.device = env.device()});
       dist::all_reduce(t);
       std::printf("rank %d: nccl all_reduce gave %.0f\n", env.rank, t.sum().item<double>());
     } else {
       try {
-        Tensor t = ops::ones({4});
+        Tensor t = internal::ones({4});
         dist::all_reduce(t);
         std::printf("rank %d: cpu all_reduce ran without MPI (unexpected)\n", env.rank);
         return 1;

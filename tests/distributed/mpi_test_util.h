@@ -18,7 +18,7 @@ inline std::vector<Device> mpi_devices() {
 
 // The other rank's value of t (2 ranks): all_gather both, keep the other's block.
 inline Tensor the_other_ranks(const Tensor& t) {
-  Tensor both = ops::empty({2, t.numel()}, {.dtype = t.dtype(), .device = t.device()});
+  Tensor both = internal::empty({2, t.numel()}, {.dtype = t.dtype(), .device = t.device()});
   dist::all_gather(both, t.contiguous());
   return both.select(0, 1 - dist::rank()).view(t.shape());
 }

@@ -5,9 +5,9 @@
 
 #include <filesystem>
 
+#include "distributed/mpi_test_util.h"
 #include "kiln/kiln.h"
 #include "support/temp_folder.h"
-#include "distributed/mpi_test_util.h"
 #include "support/test_support.h"
 
 using namespace kiln;
@@ -18,7 +18,7 @@ namespace {
 std::string shared_folder(const std::string& made_by_rank0) {
   std::vector<uint8_t> bytes(512, 0);
   if (dist::rank() == 0) std::copy(made_by_rank0.begin(), made_by_rank0.end(), bytes.begin());
-  Tensor t = ops::from_vector(bytes, {512});
+  Tensor t = internal::from_vector(bytes, {512});
   dist::broadcast(t, 0);
   const auto back = t.to_vector<uint8_t>();
   return std::string(back.begin(), std::find(back.begin(), back.end(), uint8_t{0}));
@@ -37,11 +37,13 @@ struct TrainingRun {
     ddp = std::make_unique<dist::DataParallel>(model);
     opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-2});
   }
-  io::CheckpointParts parts() { return {.model = model.get(), .optimizer = opt.get(), .generators = true, .loader = &pos}; }
+  io::CheckpointParts parts() {
+    return {.model = model.get(), .optimizer = opt.get(), .generators = true, .loader = &pos};
+  }
   // A step whose data comes from the default CPU generator, which differs per rank after seeding by rank.
   double step() {
-    Tensor x = ops::randn({4, 6});
-    Tensor y = ops::randn({4, 3});
+    Tensor x = internal::randn({4, 6});
+    Tensor y = internal::randn({4, 3});
     opt->zero_grad();
     Tensor loss = nn::mse_loss((*ddp)(x), y);
     loss.backward();
@@ -81,7 +83,7 @@ TEST(MpiCheckpoint, TwoRanksSaveAndResumeExactly) {
   const auto ps = fresh.model->parameters();
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(kiln::testing::values(ps[i]), params_straight[i]);
   // The ranks drew different data (their own generator states came back): their losses differ.
-  Tensor mine = ops::from_vector(straight, {3}, Device::cpu());
+  Tensor mine = internal::from_vector(straight, {3}, Device::cpu());
   Tensor other = kiln::testing::the_other_ranks(mine);
   EXPECT_NE(kiln::testing::values(mine), kiln::testing::values(other));
   dist::barrier();  // rank 0's TempFolder goes only after every rank is done with it

@@ -5,16 +5,15 @@
 
 #include <cmath>
 
+#include "distributed/mpi_test_util.h"
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
-#include "distributed/mpi_test_util.h"
 #include "support/test_support.h"
 
 using namespace kiln;
 using kiln::testing::expect_error;
 
 namespace {
-
 
 class MpiCollectives : public ::testing::TestWithParam<Device> {
  protected:
@@ -42,10 +41,10 @@ TEST_P(MpiCollectives, AllReduceEveryOpAndDtype) {
       dist::all_reduce(t, op);
       for (int64_t i = 0; i < 5; ++i) {
         const double a = i + 1.0, b = 2.0 * (i + 1.0);
-        const double want = op == dist::ReduceOp::Sum ? a + b
+        const double want = op == dist::ReduceOp::Sum       ? a + b
                             : op == dist::ReduceOp::Average ? (a + b) / 2
-                            : op == dist::ReduceOp::Max ? b
-                                                        : a;
+                            : op == dist::ReduceOp::Max     ? b
+                                                            : a;
         EXPECT_EQ(get(t)[static_cast<size_t>(i)], want) << dtype_name(dt) << " " << dist::to_string(op) << " i=" << i;
       }
     }
@@ -55,7 +54,7 @@ TEST_P(MpiCollectives, AllReduceEveryOpAndDtype) {
 TEST_P(MpiCollectives, LargeAllReduceSumsExactly) {
   // 3M elements: several MPI/NCCL chunks. Values are small integers, so float32 sums are exact.
   const int64_t n = 3 << 20;
-  Tensor t = ops::full({n}, rank() + 1.0, {.device = dev()});
+  Tensor t = internal::full({n}, rank() + 1.0, {.device = dev()});
   dist::all_reduce(t);
   EXPECT_EQ(t.sum().item<double>(), 3.0 * n);
 }
@@ -74,18 +73,18 @@ TEST_P(MpiCollectives, BroadcastFromEitherRoot) {
 
 TEST_P(MpiCollectives, AllGatherAndReduceScatter) {
   Tensor in = ramp(3, rank(), DType::Float32, dev());
-  Tensor out = ops::zeros({2, 3}, {.device = dev()});
+  Tensor out = internal::zeros({2, 3}, {.device = dev()});
   dist::all_gather(out, in);
   EXPECT_EQ(get(out), (std::vector<double>{1, 2, 3, 2, 4, 6}));
 
   Tensor big = ramp(4, rank(), DType::Float64, dev());  // blocks of 2: rank 0 gets elements 0-1 summed
-  Tensor mine = ops::zeros({2}, {.dtype = DType::Float64, .device = dev()});
+  Tensor mine = internal::zeros({2}, {.dtype = DType::Float64, .device = dev()});
   dist::reduce_scatter(mine, big, dist::ReduceOp::Sum);
   EXPECT_EQ(get(mine), rank() == 0 ? (std::vector<double>{3, 6}) : (std::vector<double>{9, 12}));
   dist::reduce_scatter(mine, big, dist::ReduceOp::Average);
   EXPECT_EQ(get(mine), rank() == 0 ? (std::vector<double>{1.5, 3}) : (std::vector<double>{4.5, 6}));
 
-  Tensor wrong = ops::zeros({5}, {.device = dev()});
+  Tensor wrong = internal::zeros({5}, {.device = dev()});
   expect_error([&] { dist::all_gather(wrong, in); }, {"all_gather", "5", "world size 2"});
 }
 
@@ -107,14 +106,14 @@ TEST_P(MpiCollectives, AsyncWorkCompletes) {
 }
 
 TEST_P(MpiCollectives, BadTensorsAreRefusedWithTheReason) {
-  Tensor t = ops::zeros({4, 4}, {.device = dev()}).transpose(0, 1);
+  Tensor t = internal::zeros({4, 4}, {.device = dev()}).transpose(0, 1);
   expect_error([&] { dist::group(dev()).all_reduce(t); }, {"all_reduce", "not contiguous", "contiguous()"});
   expect_error([&] { dist::group(dev()).all_reduce(Tensor()); }, {"undefined"});
   if (dev().is_cpu()) {
-    Tensor i = ops::zeros({2}, {.dtype = DType::Int64});
+    Tensor i = internal::zeros({2}, {.dtype = DType::Int64});
     expect_error([&] { dist::all_reduce(i, dist::ReduceOp::Average); }, {"Average", "int64"});
     if (cuda::device_count() > 0) {
-      Tensor g = ops::zeros({2}, {.device = Device::cuda(0)});
+      Tensor g = internal::zeros({2}, {.device = Device::cuda(0)});
       expect_error([&] { dist::group(Device::cpu()).all_reduce(g); }, {"cuda:0", "mpi"});
     }
   }
@@ -133,7 +132,7 @@ TEST(MpiEnvironment, LauncherAndBootstrap) {
   EXPECT_LT(e.rank, 2);
   EXPECT_EQ(&dist::init(), &e);  // idempotent
   // Every rank sees the other's rank: the sum of ranks is 0 + 1.
-  Tensor r = ops::full({1}, static_cast<double>(e.rank), {.dtype = DType::Int64});
+  Tensor r = internal::full({1}, static_cast<double>(e.rank), {.dtype = DType::Int64});
   dist::all_reduce(r);
   EXPECT_EQ(r.item<int64_t>(), 1);
 }

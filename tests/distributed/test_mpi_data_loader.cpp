@@ -16,7 +16,7 @@ class Indices : public data::Dataset {
  public:
   int64_t size() const override { return 21; }  // odd: the sampler pads the last shard by repeating
   data::Example get(int64_t i, data::SampleRng&) const override {
-    return {{"i", ops::scalar_tensor(static_cast<double>(i), {.dtype = DType::Int64})}};
+    return {{"i", internal::scalar_tensor(static_cast<double>(i), {.dtype = DType::Int64})}};
   }
 };
 
@@ -35,8 +35,8 @@ TEST(MpiDataLoader, ShardsByRankWithoutBeingAsked) {
   for (uint64_t epoch = 0; epoch < 2; ++epoch) {
     const std::vector<int64_t> mine = epoch_indices(loader, epoch);
     ASSERT_EQ(mine.size(), 11u);  // ceil(21 / 2)
-    Tensor t = ops::from_vector(mine, {11});
-    Tensor both = ops::empty({2, 11}, {.dtype = DType::Int64});
+    Tensor t = internal::from_vector(mine, {11});
+    Tensor both = internal::empty({2, 11}, {.dtype = DType::Int64});
     dist::all_gather(both, t);
     const std::vector<int64_t> all = both.to_vector<int64_t>();
     std::set<int64_t> distinct(all.begin(), all.end());

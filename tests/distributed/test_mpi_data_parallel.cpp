@@ -6,9 +6,9 @@
 
 #include <cmath>
 
+#include "distributed/mpi_test_util.h"
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
-#include "distributed/mpi_test_util.h"
 #include "support/test_support.h"
 
 using namespace kiln;
@@ -66,8 +66,8 @@ class MpiDataParallel : public ::testing::TestWithParam<Device> {
   // The combined batch (2b rows), the same on both ranks; rank r trains on rows [r b, (r + 1) b).
   std::pair<Tensor, Tensor> batch(uint64_t seed) const {
     Generator gen(seed);
-    Tensor x = ops::randn({2 * kBatch, 8}, {.dtype = dtype()}, &gen).to(dev());
-    Tensor y = ops::randn({2 * kBatch, 4}, {.dtype = dtype()}, &gen).to(dev());
+    Tensor x = internal::randn({2 * kBatch, 8}, {.dtype = dtype()}, &gen).to(dev());
+    Tensor y = internal::randn({2 * kBatch, 4}, {.dtype = dtype()}, &gen).to(dev());
     return {x, y};
   }
   Tensor shard(const Tensor& t) const { return t.narrow(0, rank() * kBatch, kBatch); }
@@ -163,15 +163,15 @@ TEST_P(MpiDataParallel, UnusedParameterIsAnErrorNamingItUnlessDeclared) {
   dist::DataParallel ddp(net, {.find_unused_parameters = true});
   nn::mse_loss((*ref)(x), y).backward();
   nn::mse_loss(ddp(shard(x)), shard(y)).backward();
-  kiln::testing::expect_values(net->fc1->weight.grad(), {16, 8}, kiln::testing::values(ref->fc1->weight.grad()),
-                               tol(), tol());
+  kiln::testing::expect_values(net->fc1->weight.grad(), {16, 8}, kiln::testing::values(ref->fc1->weight.grad()), tol(),
+                               tol());
   ASSERT_TRUE(net->extra->weight.grad().defined());
   EXPECT_EQ(net->extra->weight.grad().abs().sum().item<double>(), 0.0);  // unused everywhere: zero
   // The next step works normally.
   net->zero_grad();
   nn::mse_loss(ddp(shard(x)), shard(y)).backward();
-  kiln::testing::expect_values(net->fc1->weight.grad(), {16, 8}, kiln::testing::values(ref->fc1->weight.grad()),
-                               tol(), tol());
+  kiln::testing::expect_values(net->fc1->weight.grad(), {16, 8}, kiln::testing::values(ref->fc1->weight.grad()), tol(),
+                               tol());
 }
 
 TEST_P(MpiDataParallel, CheckpointedSegmentsWithAReusedWeight) {

@@ -53,12 +53,11 @@ TEST(CudaNcclGroup, CreationTimesOutWhenARankNeverJoins) {
   KILN_REQUIRE_GPU();
   LocalRendezvous r;  // rank 0 keeps its id: nobody receives it
   const auto start = std::chrono::steady_clock::now();
-  expect_error(
-      [&] { make_nccl_group({.rank = 0, .size = 2, .timeout = 2s, .on_timeout = OnTimeout::Throw}, r, 0); },
-      {"rank 0", "creating the NCCL group of 2 ranks", "did not finish within 20 s", "not every rank joined"});
+  expect_error([&] { make_nccl_group({.rank = 0, .size = 2, .timeout = 2s, .on_timeout = OnTimeout::Throw}, r, 0); },
+               {"rank 0", "creating the NCCL group of 2 ranks", "did not finish within 20 s", "not every rank joined"});
   EXPECT_LT(std::chrono::steady_clock::now() - start, 60s);
   auto g = make_group();  // a group made afterwards works
-  Tensor t = ops::ones({3}, on_gpu());
+  Tensor t = internal::ones({3}, on_gpu());
   g->all_reduce(t);
   EXPECT_EQ(t.sum().item<double>(), 3.0);
 }
@@ -92,7 +91,7 @@ TEST(CudaNcclGroup, AllReduceEveryOpAndDtype) {
     expect_values(t, {3}, {1, 2, 250}, 0, 0);
   }
   // Empty tensors are fine (nothing moves).
-  Tensor empty = ops::zeros({0}, on_gpu());
+  Tensor empty = internal::zeros({0}, on_gpu());
   g->all_reduce(empty);
   EXPECT_EQ(empty.numel(), 0);
 }
@@ -100,7 +99,7 @@ TEST(CudaNcclGroup, AllReduceEveryOpAndDtype) {
 TEST(CudaNcclGroup, CollectivesShowInTheProfilerOnTheirStream) {
   KILN_REQUIRE_GPU();
   auto g = make_group();
-  Tensor t = ops::ones({1 << 20}, on_gpu());
+  Tensor t = internal::ones({1 << 20}, on_gpu());
   profiler::Profile prof;
   Tensor u = t * 2;  // on the current stream
   g->all_reduce(u);
@@ -124,11 +123,11 @@ TEST(CudaNcclGroup, AllGatherReduceScatterBroadcast) {
   KILN_REQUIRE_GPU();
   auto g = make_group();
   Tensor input = make({1, 2, 3}, {3}, on_gpu());
-  Tensor out = ops::full({1, 3}, -1.0, on_gpu());
+  Tensor out = internal::full({1, 3}, -1.0, on_gpu());
   g->all_gather(out, input);
   expect_values(out, {1, 3}, {1, 2, 3}, 0, 0);
   Tensor big = make({4, 5, 6, 7}, {4}, on_gpu(DType::BFloat16));
-  Tensor part = ops::zeros({2, 2}, on_gpu(DType::BFloat16));
+  Tensor part = internal::zeros({2, 2}, on_gpu(DType::BFloat16));
   g->reduce_scatter(part, big, ReduceOp::Max);
   expect_values(part, {2, 2}, {4, 5, 6, 7}, 0, 0);
   Tensor b = make({9, 8, 7}, {3}, on_gpu(DType::Int64));
@@ -144,20 +143,20 @@ TEST(CudaNcclGroup, BadArgumentsAreRefused) {
   KILN_REQUIRE_GPU();
   auto g = make_group();
   const uint64_t seq = g->sequence_number();
-  Tensor nc = kiln::testing::non_contiguous(ops::ones({4, 4}, on_gpu()));
+  Tensor nc = kiln::testing::non_contiguous(internal::ones({4, 4}, on_gpu()));
   ASSERT_FALSE(nc.is_contiguous());
   expect_error([&] { g->all_reduce(nc); }, {"all_reduce", "not contiguous"});
-  expect_error([&] { g->all_reduce(ops::ones({4}, {.dtype = DType::Float32})); }, {"all_reduce", "cpu", "cuda:0"});
-  expect_error([&] { g->all_reduce(ops::ones({4}, on_gpu(DType::Bool))); }, {"all_reduce", "bool", "UInt8"});
+  expect_error([&] { g->all_reduce(internal::ones({4}, {.dtype = DType::Float32})); }, {"all_reduce", "cpu", "cuda:0"});
+  expect_error([&] { g->all_reduce(internal::ones({4}, on_gpu(DType::Bool))); }, {"all_reduce", "bool", "UInt8"});
   expect_error([&] { g->all_reduce(Tensor()); }, {"all_reduce", "undefined"});
-  expect_error([&] { g->broadcast(ops::ones({2}, on_gpu()), 1); }, {"broadcast", "root 1", "not a rank"});
-  expect_error([&] { g->all_gather(ops::ones({4}, on_gpu()), ops::ones({2}, on_gpu())); },
+  expect_error([&] { g->broadcast(internal::ones({2}, on_gpu()), 1); }, {"broadcast", "root 1", "not a rank"});
+  expect_error([&] { g->all_gather(internal::ones({4}, on_gpu()), internal::ones({2}, on_gpu())); },
                {"all_gather", "4 elements", "expected 2"});
-  expect_error([&] { g->all_gather(ops::ones({2}, on_gpu(DType::Int32)), ops::ones({2}, on_gpu())); },
+  expect_error([&] { g->all_gather(internal::ones({2}, on_gpu(DType::Int32)), internal::ones({2}, on_gpu())); },
                {"all_gather", "int32", "float32"});
-  expect_error([&] { g->reduce_scatter(ops::ones({3}, on_gpu()), ops::ones({2}, on_gpu())); },
+  expect_error([&] { g->reduce_scatter(internal::ones({3}, on_gpu()), internal::ones({2}, on_gpu())); },
                {"reduce_scatter", "2 elements", "expected 3"});
-  expect_error([&] { g->all_gather(ops::ones({2}, on_gpu()), nc); }, {"all_gather", "not contiguous"});
+  expect_error([&] { g->all_gather(internal::ones({2}, on_gpu()), nc); }, {"all_gather", "not contiguous"});
   // Refused calls take no sequence number, so the ranks' numbering stays aligned.
   EXPECT_EQ(g->sequence_number(), seq);
   // The group still works after them.
@@ -176,29 +175,29 @@ TEST(CudaNcclGroup, WaitOrdersWorkOnTheCurrentStream) {
     SCOPED_TRACE(own_stream ? "on a created stream" : "on the default stream");
     cuda::Stream s = own_stream ? cuda::Stream::create(0) : cuda::Stream::default_stream(0);
     cuda::StreamGuard guard(s);
-    Tensor input = ops::zeros({n}, on_gpu());
-    Tensor out = ops::zeros({1, n}, on_gpu());
+    Tensor input = internal::zeros({n}, on_gpu());
+    Tensor out = internal::zeros({1, n}, on_gpu());
     for (int round = 1; round <= 3; ++round) {
       input.fill_(round);  // queued on the current stream, before the collective
       auto work = g->all_gather_async(out, input);
       work->wait();
-      ops::add_(out, 1.0);  // queued after wait(): must see the gathered values
-      Tensor expected = ops::full({1, n}, round + 1.0, on_gpu());
-      EXPECT_TRUE(ops::equal(out, expected)) << "round " << round;
+      internal::add_(out, 1.0);  // queued after wait(): must see the gathered values
+      Tensor expected = internal::full({1, n}, round + 1.0, on_gpu());
+      EXPECT_TRUE(internal::equal(out, expected)) << "round " << round;
     }
     // In place, as DataParallel uses it.
-    Tensor t = ops::ones({n}, on_gpu());
+    Tensor t = internal::ones({n}, on_gpu());
     auto work = g->all_reduce_async(t);
     work->wait();
-    ops::add_(t, 1.0);
-    EXPECT_TRUE(ops::equal(t, ops::full({n}, 2.0, on_gpu())));
+    internal::add_(t, 1.0);
+    EXPECT_TRUE(internal::equal(t, internal::full({n}, 2.0, on_gpu())));
   }
 }
 
 TEST(CudaNcclGroup, SynchronizeBarrierAndWorkOutlivingTheGroup) {
   KILN_REQUIRE_GPU();
   auto g = make_group();
-  Tensor t = ops::full({1000}, 3.0, on_gpu());
+  Tensor t = internal::full({1000}, 3.0, on_gpu());
   auto work = g->all_reduce_async(t, ReduceOp::Average);
   work->synchronize();
   EXPECT_TRUE(work->is_completed());
@@ -215,8 +214,8 @@ TEST(CudaNcclGroup, SynchronizeBarrierAndWorkOutlivingTheGroup) {
 // Queues seconds of GPU work on the current stream: a collective issued after it cannot start in time.
 void stall_current_stream() {
   cuda::set_allow_tf32(false);  // full float32: ~0.1 s per product on an H200
-  Tensor a = ops::ones({16384, 16384}, on_gpu());
-  for (int i = 0; i < 64; ++i) Tensor c = ops::matmul(a, a);
+  Tensor a = internal::ones({16384, 16384}, on_gpu());
+  for (int i = 0; i < 64; ++i) Tensor c = internal::matmul(a, a);
 }
 
 // The watchdog aborts a collective stuck past the timeout. Run in a fresh child process (death-test style
@@ -227,7 +226,7 @@ TEST(CudaNcclDeathTest, TimeoutThrowsWithOnTimeoutThrow) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto child = [] {
     auto g = make_group(200ms, OnTimeout::Throw);
-    Tensor t = ops::ones({16}, on_gpu());
+    Tensor t = internal::ones({16}, on_gpu());
     g->all_reduce(t);
     cuda::synchronize(0);  // NCCL's first-use setup is done before the stall
     cuda::Stream busy = cuda::Stream::create(0);
@@ -269,7 +268,7 @@ TEST(CudaNcclDeathTest, TimeoutEndsTheProcessWithOnTimeoutExit) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto child = [] {
     auto g = make_group(200ms, OnTimeout::Exit);
-    Tensor t = ops::ones({16}, on_gpu());
+    Tensor t = internal::ones({16}, on_gpu());
     g->all_reduce(t);
     cuda::synchronize(0);
     cuda::Stream busy = cuda::Stream::create(0);

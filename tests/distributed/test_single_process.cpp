@@ -38,10 +38,10 @@ TEST_P(DistSingleProcessOn, CollectivesAreIdentities) {
   }
   dist::broadcast(t, 0);
   kiln::testing::expect_values(t, {3}, {1, 2, 3});
-  Tensor out = ops::zeros({1, 3}, opts());
+  Tensor out = internal::zeros({1, 3}, opts());
   dist::all_gather(out, t);
   kiln::testing::expect_values(out, {1, 3}, {1, 2, 3});
-  Tensor rs = ops::zeros({3}, opts());
+  Tensor rs = internal::zeros({3}, opts());
   dist::reduce_scatter(rs, t);
   kiln::testing::expect_values(rs, {3}, {1, 2, 3});
   const uint64_t seq = g.sequence_number();
@@ -53,12 +53,13 @@ TEST_P(DistSingleProcessOn, CollectivesAreIdentities) {
 TEST_P(DistSingleProcessOn, BadArgumentsAreRefused) {
   auto& g = dist::group(dev());
   expect_error([&] { g.all_reduce(Tensor()); }, {"all_reduce", "undefined"});
-  Tensor nc = kiln::testing::non_contiguous(ops::ones({4, 4}, opts()));
+  Tensor nc = kiln::testing::non_contiguous(internal::ones({4, 4}, opts()));
   expect_error([&] { g.all_reduce(nc); }, {"all_reduce", "not contiguous", "contiguous()"});
-  expect_error([&] { g.broadcast(ops::ones({2}, opts()), 1); }, {"root 1", "not a rank"});
-  expect_error([&] { g.all_gather(ops::ones({4}, opts()), ops::ones({2}, opts())); }, {"all_gather", "4", "2"});
+  expect_error([&] { g.broadcast(internal::ones({2}, opts()), 1); }, {"root 1", "not a rank"});
+  expect_error([&] { g.all_gather(internal::ones({4}, opts()), internal::ones({2}, opts())); },
+               {"all_gather", "4", "2"});
   if (dev().is_cuda()) {
-    expect_error([&] { g.all_reduce(ops::ones({2})); }, {"all_reduce", "cpu", "cuda:0"});
+    expect_error([&] { g.all_reduce(internal::ones({2})); }, {"all_reduce", "cpu", "cuda:0"});
   }
 }
 
@@ -68,7 +69,7 @@ TEST_P(DistSingleProcessOn, DataParallelIsAPlainWrapper) {
   net->to(dev());
   dist::DataParallel ddp(net);
   EXPECT_TRUE(ddp.bucket_layout().empty());  // nothing to reduce
-  Tensor x = ops::randn({5, 4}, opts());
+  Tensor x = internal::randn({5, 4}, opts());
   Tensor y = ddp(x);
   kiln::testing::expect_values(y, {5, 2}, kiln::testing::values((*net)(x)));
   y.sum().backward();

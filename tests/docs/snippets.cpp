@@ -50,7 +50,7 @@ TEST(DocSnippets, ReadmeUmbrellaProgram) { EXPECT_EQ(readme_main(), 0); }
 // ---- README.md, "Replaying a training step as a CUDA graph" (needs a GPU: compiled only)
 [[maybe_unused]] void readme_cuda_graph(std::shared_ptr<nn::Module> model, optim::Optimizer& opt,
                                         data::DataLoader& loader, uint64_t e) {
-  Tensor x = ops::empty({256, 3, 224, 224}, {.device = Device::cuda(0)}), y = ops::empty({256}, {.dtype = DType::Int64, .device = Device::cuda(0)});  // the step's inputs
+  Tensor x = internal::empty({256, 3, 224, 224}, {.device = Device::cuda(0)}), y = internal::empty({256}, {.dtype = DType::Int64, .device = Device::cuda(0)});  // the step's inputs
   Tensor loss;
   cuda::Graph graph;
   graph.capture([&] {                      // 3 eager warm-up steps (they train), then the recorded one
@@ -156,7 +156,7 @@ TEST(DocSnippets, LayersAndOptimizers) {
 TEST(DocSnippets, GradScalerAndAutocast) {
   auto model = std::make_shared<nn::Linear>(8, 3);
   optim::SGD opt(model->parameters(), {.lr = 0.1});
-  Tensor x = randn({4, 8}), y = ops::zeros({4}, {.dtype = DType::Int64});
+  Tensor x = randn({4, 8}), y = internal::zeros({4}, {.dtype = DType::Int64});
   amp::GradScaler scaler({.enabled = false});
   for (int i = 0; i < 2; ++i) {
     opt.zero_grad();
@@ -178,8 +178,8 @@ TEST(DocSnippets, Models) {
   models::BertConfig tiny{.vocab_size = 50, .hidden_size = 16, .num_hidden_layers = 2, .num_attention_heads = 2,
                       .intermediate_size = 32, .max_position_embeddings = 16};   // any custom size
   auto clf = std::make_shared<models::BertForSequenceClassification>(tiny, /*num_labels=*/3);
-  Tensor ids = ops::zeros({2, 5}, {.dtype = DType::Int64});
-  auto out = clf->forward(ids, ids, ops::ones({2, 5}, {.dtype = DType::Int64}));
+  Tensor ids = internal::zeros({2, 5}, {.dtype = DType::Int64});
+  auto out = clf->forward(ids, ids, internal::ones({2, 5}, {.dtype = DType::Int64}));
   EXPECT_EQ(out.logits.shape(), (Shape{2, 3}));
 }
 
@@ -238,8 +238,8 @@ TEST(DocSnippets, SyntheticDataAndLoader) {
   io::LoadReport r = io::load_weights(*clf, "resnet18.pth", {.strict = false});  // loads what matches
   std::cout << r.summary();                                                // loaded / missing / mismatched / ...
 
-  Tensor t = ops::zeros({2, 3}, {.device = Device::cuda(0)});
-  Tensor p = ops::empty({2, 3}, {.pinned_memory = true});
+  Tensor t = internal::zeros({2, 3}, {.device = Device::cuda(0)});
+  Tensor p = internal::empty({2, 3}, {.pinned_memory = true});
 }
 
 }  // namespace snippets

@@ -15,7 +15,7 @@
 #include "kiln/autograd/functions.h"
 #include "kiln/layers/layers.h"
 #include "kiln/layers/module.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::testing {
 
@@ -25,15 +25,16 @@ struct TinyNet : nn::Module {
   explicit TinyNet(int64_t hidden = 8) : Module("TinyNet") {
     fc1 = register_module("fc1", std::make_shared<nn::Linear>(4, hidden));
     fc2 = register_module("fc2", std::make_shared<nn::Linear>(hidden, 3));
-    register_buffer("steps", ops::from_vector<int64_t>({int64_t{1} << 40, -3}, {2}));
-    register_buffer("mask", ops::cast(ops::from_vector<uint8_t>({1, 0, 1}, {3}), DType::Bool));
-    register_buffer("half", ops::cast(ops::from_vector<float>({0.5f, -2.25f, 65504.f, 1e-4f}, {2, 2}), DType::Float16));
-    register_buffer("bhalf", ops::cast(ops::from_vector<float>({1.5f, -3e38f, 7.f}, {3}), DType::BFloat16));
-    register_buffer("bytes", ops::from_vector<uint8_t>({0, 255, 7}, {3}));
-    register_buffer("ints", ops::from_vector<int32_t>({-7, 1 << 30}, {2}));
-    register_buffer("wide", ops::from_vector<double>({1.0 / 3.0, -1e300}, {1, 2}));
-    register_buffer("scalar", ops::full({}, 2.5, {.dtype = DType::Float32}));
-    register_buffer("nothing", ops::zeros({0, 3}));
+    register_buffer("steps", internal::from_vector<int64_t>({int64_t{1} << 40, -3}, {2}));
+    register_buffer("mask", internal::cast(internal::from_vector<uint8_t>({1, 0, 1}, {3}), DType::Bool));
+    register_buffer(
+        "half", internal::cast(internal::from_vector<float>({0.5f, -2.25f, 65504.f, 1e-4f}, {2, 2}), DType::Float16));
+    register_buffer("bhalf", internal::cast(internal::from_vector<float>({1.5f, -3e38f, 7.f}, {3}), DType::BFloat16));
+    register_buffer("bytes", internal::from_vector<uint8_t>({0, 255, 7}, {3}));
+    register_buffer("ints", internal::from_vector<int32_t>({-7, 1 << 30}, {2}));
+    register_buffer("wide", internal::from_vector<double>({1.0 / 3.0, -1e300}, {1, 2}));
+    register_buffer("scalar", internal::full({}, 2.5, {.dtype = DType::Float32}));
+    register_buffer("nothing", internal::zeros({0, 3}));
   }
   Tensor forward(const Tensor& x) override { return (*fc2)(relu((*fc1)(x))); }
   std::shared_ptr<nn::Linear> fc1, fc2;

@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 void train_one_step(TinyNet& net, optim::Optimizer& opt) {
   opt.zero_grad();
   const Device device = net.fc1->parameters()[0].device();
-  Tensor x = ops::from_vector<float>({1, 2, 3, 4, -1, 0.5f, 2, 0}, {2, 4}).to(device);
+  Tensor x = internal::from_vector<float>({1, 2, 3, 4, -1, 0.5f, 2, 0}, {2, 4}).to(device);
   Tensor loss = sum(net(x));
   loss.backward();
   opt.step();
@@ -69,7 +69,7 @@ TEST(IoCheckpoint, EveryPartRoundTripsBitForBit) {
   a.sched->step();
   a.pos = {3, 17};
   a.meta = {.numbers = {{"step", 1200}, {"val_loss", 0.3125}}, .strings = {{"config", "{\"lr\": 0.01}"}}};
-  ops::rand({5});  // move the CPU generator
+  internal::rand({5});  // move the CPU generator
   const GeneratorState gen = default_generator().state();
   io::save_checkpoint(dir.file("c.h5"), a.parts());
 
@@ -423,7 +423,7 @@ TEST(CudaIoCheckpoint, GpuTensorsSaveAndLoadOnTheirDevices) {
   a->to(gpu);
   optim::AdamW opt_a(a->parameters(), {.lr = 1e-2});
   train_one_step(*a, opt_a);
-  ops::rand({4}, {.device = gpu});  // move the GPU generator
+  internal::rand({4}, {.device = gpu});  // move the GPU generator
   const GeneratorState gpu_state = default_generator(gpu).state();
   const std::string path = dir.file("gpu.h5");
   io::save_checkpoint(path, {.model = a.get(), .optimizer = &opt_a, .generators = true});

@@ -16,7 +16,7 @@
 #include "kiln/layers/models/bert.h"
 #include "kiln/layers/models/resnet.h"
 #include "kiln/tensor/generator.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln {
@@ -57,7 +57,7 @@ io::NamedTensors randomized(const nn::StateDict& sd, uint64_t seed) {
   io::NamedTensors out;
   Generator gen(seed);
   for (const auto& [n, t] : sd) {
-    Tensor v = t.is_floating_point() ? ops::randn(t.shape(), {}, &gen) : t.clone();
+    Tensor v = t.is_floating_point() ? internal::randn(t.shape(), {}, &gen) : t.clone();
     out.emplace_back(n, v);
   }
   return out;
@@ -251,7 +251,7 @@ TEST_F(PretrainedTest, NothingMatchedIsAnErrorEvenWhenNotStrict) {
   io::NamedTensors src;
   Generator gen(80);
   for (const char* n : {"encoder.dense.weight", "encoder.dense.bias", "decoder.dense.weight", "decoder.dense.bias"})
-    src.emplace_back(n, ops::randn({2, 3}, {}, &gen));
+    src.emplace_back(n, internal::randn({2, 3}, {}, &gen));
   const std::string path = save("other_model.pth", src);
   for (bool strict : {false, true}) {
     kt::expect_error(

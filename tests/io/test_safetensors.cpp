@@ -74,7 +74,7 @@ std::vector<uint8_t> tensor_bytes(const Tensor& t) {
   return {p, p + c.nbytes()};
 }
 Tensor bits16(const std::vector<uint16_t>& bits, DType dtype, const Shape& shape) {
-  return ops::from_blob(bits.data(), shape, dtype);
+  return internal::from_blob(bits.data(), shape, dtype);
 }
 
 // ---------------------------------------------------------------------------------------- round trips
@@ -85,17 +85,17 @@ TEST(SafetensorsRoundTrip, EveryDTypeBitExact) {
   const std::vector<uint16_t> half_bits = {0x8000, 0x0001, 0x7C00, 0x7E01, 0x7BFF, 0x3555};
   const std::vector<uint16_t> bf16_bits = {0x8000, 0x0001, 0x7F80, 0x7FC1, 0x7F7F, 0x3EAB};
   const NamedTensors tensors = {
-      {"f64", ops::from_vector<double>({1.0 / 3.0, -2.5e300, 0.0}, {3})},
-      {"f32", ops::from_vector<float>({1.5f, -2.0f, 3.25f, 1e-30f, 7.0f, 8.0f}, {2, 3})},
+      {"f64", internal::from_vector<double>({1.0 / 3.0, -2.5e300, 0.0}, {3})},
+      {"f32", internal::from_vector<float>({1.5f, -2.0f, 3.25f, 1e-30f, 7.0f, 8.0f}, {2, 3})},
       {"f16", bits16(half_bits, DType::Float16, {2, 3})},
       {"bf16", bits16(bf16_bits, DType::BFloat16, {3, 2})},
-      {"i64", ops::from_vector<int64_t>({-(int64_t{1} << 62), 0, 5}, {3})},
-      {"i32", ops::from_vector<int32_t>({-7, 2147483647}, {2, 1})},
-      {"u8", ops::from_vector<uint8_t>({0, 255, 17}, {3})},
-      {"bool", ops::from_vector<uint8_t>({1, 0, 1, 1}, {4}).to(DType::Bool)},
-      {"scalar", ops::scalar_tensor(42.5, {.dtype = DType::Float32})},
-      {"empty", ops::empty({0, 4}, {.dtype = DType::Float32})},
-      {"empty_i64", ops::empty({3, 0}, {.dtype = DType::Int64})},
+      {"i64", internal::from_vector<int64_t>({-(int64_t{1} << 62), 0, 5}, {3})},
+      {"i32", internal::from_vector<int32_t>({-7, 2147483647}, {2, 1})},
+      {"u8", internal::from_vector<uint8_t>({0, 255, 17}, {3})},
+      {"bool", internal::from_vector<uint8_t>({1, 0, 1, 1}, {4}).to(DType::Bool)},
+      {"scalar", internal::scalar_tensor(42.5, {.dtype = DType::Float32})},
+      {"empty", internal::empty({0, 4}, {.dtype = DType::Float32})},
+      {"empty_i64", internal::empty({3, 0}, {.dtype = DType::Int64})},
   };
   const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"note", "héllo ✓"}, {"", "empty key"}};
   const std::string path = dir.file("all.safetensors");
@@ -132,8 +132,8 @@ TEST(SafetensorsRoundTrip, LayoutIsTheSpecs) {
   TempDir dir("layout");
   const std::string path = dir.file("x.safetensors");
   // A non-contiguous view is stored contiguous.
-  const Tensor t = ops::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).t();
-  save_safetensors(path, {{"t", t}, {"a", ops::from_vector<int32_t>({9}, {1})}});
+  const Tensor t = internal::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).t();
+  save_safetensors(path, {{"t", t}, {"a", internal::from_vector<int32_t>({9}, {1})}});
   const std::vector<uint8_t> bytes = read_bytes(path);
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
@@ -148,7 +148,7 @@ TEST(SafetensorsRoundTrip, LayoutIsTheSpecs) {
   append<int32_t>(data, {9});
   EXPECT_EQ(std::vector<uint8_t>(bytes.begin() + 8 + static_cast<ptrdiff_t>(n), bytes.end()), data);
   // Saving again replaces the file.
-  save_safetensors(path, {{"b", ops::from_vector<uint8_t>({7}, {1})}});
+  save_safetensors(path, {{"b", internal::from_vector<uint8_t>({7}, {1})}});
   EXPECT_EQ(load_safetensors(path).at(0).first, "b");
 }
 
@@ -365,7 +365,7 @@ TEST(SafetensorsBadInput, MissingFileAndFolder) {
 
 TEST(SafetensorsSave, ErrorsNameThePath) {
   TempDir dir("save_errors");
-  const Tensor x = ops::from_vector<float>({1}, {1});
+  const Tensor x = internal::from_vector<float>({1}, {1});
   const std::string missing = dir.file("no/such/folder/out.safetensors");
   expect_error([&] { save_safetensors(missing, {{"x", x}}); }, {missing, "does not exist"});
   const std::string path = dir.file("out.safetensors");

@@ -6,7 +6,7 @@
 
 #include "io/torch_file_writer.h"
 #include "kiln/io/torch_file.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln {

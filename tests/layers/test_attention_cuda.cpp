@@ -16,7 +16,7 @@
 #include "kiln/layers/attention.h"
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/generator.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -258,11 +258,11 @@ TEST(CudaAttentionAutocast, Float32InputsUnderAutocastRunInBFloat16WithFloat32Gr
 // with_grad: q, k and v require grad, so the call builds the same graphs as a training call of these shapes.
 Tensor identity_values(const Shape& qs) {
   const int64_t S = qs[2];
-  return ops::eye(S, S, {.dtype = DType::Float16, .device = kGpu}).expand({qs[0], qs[1], S, S}).contiguous();
+  return internal::eye(S, S, {.dtype = DType::Float16, .device = kGpu}).expand({qs[0], qs[1], S, S}).contiguous();
 }
 Tensor dropout_probe(double p, uint64_t seed, const Shape& qs, bool with_grad = false) {
-  Tensor q = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
-  Tensor k = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+  Tensor q = internal::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+  Tensor k = internal::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
   Tensor v = identity_values(qs);
   if (with_grad) {
     q.requires_grad_();
@@ -276,8 +276,8 @@ Tensor dropout_probe(double p, uint64_t seed, const Shape& qs, bool with_grad = 
 TEST(CudaAttentionDropout, GraphReplaysDrawNewMasksAsEagerCallsWould) {
   SKIP_WITHOUT_FUSED_ATTENTION();
   const Shape qs{1, 2, 64, 64};
-  Tensor q = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
-  Tensor k = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+  Tensor q = internal::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+  Tensor k = internal::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
   Tensor v = identity_values(qs);
   Generator gen(11);
   Tensor out;
@@ -302,7 +302,7 @@ TEST(CudaAttentionDropout, DropsAboutPAndRescalesTheRest) {
   const double p = 0.2;
   const Shape qs{2, 4, 128, 128};
   {
-    Tensor q = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+    Tensor q = internal::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
     std::string why;
     ASSERT_EQ(nn::attention_backend(q, q, q, {.dropout_p = p}, &why), nn::AttentionBackend::CudnnFused) << why;
   }
@@ -334,7 +334,7 @@ TEST(CudaAttentionDropout, SameGeneratorStateReplaysTheMaskAndOtherSeedsDiffer) 
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
   // Two draws from one generator differ too (each call takes a fresh draw).
-  Tensor q = ops::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
+  Tensor q = internal::zeros(qs, {.dtype = DType::Float16, .device = kGpu});
   Tensor eye = identity_values(qs);
   Generator gen(13);
   const nn::AttentionOptions options{.dropout_p = 0.3, .generator = &gen};
@@ -349,7 +349,7 @@ TEST(CudaAttentionDropout, GradientsMatchTheMathPathWithTheKernelsMask) {
   SKIP_WITHOUT_FUSED_ATTENTION();
   const double p = 0.25;
   const Shape qs{2, 2, 64, 64};
-  const Tensor keep = ops::ne(dropout_probe(p, 21, qs, /*with_grad=*/true), 0);  // (N, H, L, S) Bool
+  const Tensor keep = internal::ne(dropout_probe(p, 21, qs, /*with_grad=*/true), 0);  // (N, H, L, S) Bool
   Tensor q = gpu_leaf(qs, DType::Float16, 80), k = gpu_leaf(qs, DType::Float16, 81),
          v = gpu_leaf(qs, DType::Float16, 82);
   Generator gen(21);

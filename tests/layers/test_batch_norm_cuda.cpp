@@ -271,7 +271,7 @@ TEST_F(CudaBatchNorm, FusedReluKeepsItsMaskAsBits) {
   EXPECT_EQ(bits.relu_mask.dtype(), DType::UInt8);
   EXPECT_EQ(bits.relu_mask.numel(), 4 * 16 * 4 * 4 / 8);
   // Each bit says whether its output is > 0.
-  const std::vector<double> y = ops::contiguous(bits.y).to(DType::Float64).cpu().to_vector<double>();
+  const std::vector<double> y = internal::contiguous(bits.y).to(DType::Float64).cpu().to_vector<double>();
   const std::vector<double> m = bits.relu_mask.to(DType::Int64).cpu().to_vector<double>();
   for (size_t e = 0; e < y.size(); ++e) {
     const bool bit = (static_cast<int64_t>(m[e / 8]) >> (e % 8)) & 1;
@@ -618,12 +618,15 @@ TEST_P(BatchNormAddReluTest, TrainingCallsCountTheirBatches) {
     nn::batch_norm(x, rm, rv, w, b, true, 0.1, 1e-5, counter);
     nn::batch_norm_relu(xl, rm, rv, w, b, true, 0.1, 1e-5, counter);
     nn::batch_norm_add_relu(xl, xl, rm, rv, w, b, true, 0.1, 1e-5, counter);
-    nn::batch_norm(x, rm, rv, w, b, false, 0.1, 1e-5, counter);  // eval: not counted
+    nn::batch_norm(x, rm, rv, w, b, false, 0.1, 1e-5, counter);      // eval: not counted
     nn::batch_norm_relu(x, {}, {}, w, b, true, 0.1, 1e-5, counter);  // no running statistics: still a batch
   }
   expect_values(counter, {}, {4.0 * static_cast<double>(dtypes.size())}, 0, 0);
-  expect_error([&] { nn::batch_norm(zeros({2, 3}, opts()), {}, {}, {}, {}, true, 0.1, 1e-5, zeros({1}, opts())); },
-               {"batch_norm", "num_batches_tracked", "Int64"});
+  expect_error(
+      [&] {
+        nn::batch_norm(zeros({2, 3}, opts()), {}, {}, {}, {}, true, 0.1, 1e-5, zeros({1}, opts()));
+      },
+      {"batch_norm", "num_batches_tracked", "Int64"});
 
   for (bool with_momentum : {true, false}) {
     nn::BatchNormOptions o;

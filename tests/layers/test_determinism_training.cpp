@@ -23,7 +23,7 @@
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/determinism.h"
 #include "kiln/tensor/generator.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -81,12 +81,12 @@ std::string train_bert(int steps, bool bf16) {
   const int64_t N = 8, S = 24;
   std::vector<float> losses;
   for (int step = 0; step < steps; ++step) {
-    Tensor ids = ops::randint(1, 96, {N, S}, {.dtype = DType::Int64}, &data_gen);
-    Tensor mask = ops::ones({N, S}, {.dtype = DType::Int64});
-    ops::slice(ops::slice(mask, 0, 0, N / 2), 1, S - 5, S).fill_(0);
-    const Tensor picked = ops::lt(ops::rand({N, S}, {}, &data_gen), 0.15);
-    Tensor labels = ops::where(picked, ids, ops::full({N, S}, -100, {.dtype = DType::Int64}));
-    Tensor types = ops::zeros({N, S}, {.dtype = DType::Int64});
+    Tensor ids = internal::randint(1, 96, {N, S}, {.dtype = DType::Int64}, &data_gen);
+    Tensor mask = internal::ones({N, S}, {.dtype = DType::Int64});
+    internal::slice(internal::slice(mask, 0, 0, N / 2), 1, S - 5, S).fill_(0);
+    const Tensor picked = internal::lt(internal::rand({N, S}, {}, &data_gen), 0.15);
+    Tensor labels = internal::where(picked, ids, internal::full({N, S}, -100, {.dtype = DType::Int64}));
+    Tensor types = internal::zeros({N, S}, {.dtype = DType::Int64});
     opt.zero_grad();
     Tensor loss;
     if (bf16) {
@@ -120,15 +120,14 @@ TEST_F(CudaDeterministicTraining, BertMaskedLmUnderBf16AutocastRepeatsBitForBit)
 struct ConvNet : nn::Module {
   ConvNet() : nn::Module("ConvNet") {
     features = register_module(
-        "features",
-        std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
-            std::make_shared<nn::Conv2d>(3, 16, 3, nn::Conv2dOptions{.padding = 1, .bias = false}),
-            std::make_shared<nn::BatchNorm2d>(16), std::make_shared<nn::ReLU>(),
-            std::make_shared<nn::MaxPool2d>(nn::Pool2dOptions{.kernel_size = 2}),
-            std::make_shared<nn::Conv2d>(16, 32, 3, nn::Conv2dOptions{.stride = 2, .padding = 1}),
-            std::make_shared<nn::BatchNorm2d>(32), std::make_shared<nn::ReLU>(),
-            std::make_shared<nn::AdaptiveAvgPool2d>(1), std::make_shared<nn::Flatten>(),
-            std::make_shared<nn::Dropout>(0.2)}));
+        "features", std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+                        std::make_shared<nn::Conv2d>(3, 16, 3, nn::Conv2dOptions{.padding = 1, .bias = false}),
+                        std::make_shared<nn::BatchNorm2d>(16), std::make_shared<nn::ReLU>(),
+                        std::make_shared<nn::MaxPool2d>(nn::Pool2dOptions{.kernel_size = 2}),
+                        std::make_shared<nn::Conv2d>(16, 32, 3, nn::Conv2dOptions{.stride = 2, .padding = 1}),
+                        std::make_shared<nn::BatchNorm2d>(32), std::make_shared<nn::ReLU>(),
+                        std::make_shared<nn::AdaptiveAvgPool2d>(1), std::make_shared<nn::Flatten>(),
+                        std::make_shared<nn::Dropout>(0.2)}));
     embed = register_module("embed", std::make_shared<nn::Embedding>(7, 32));
     head = register_module("head", std::make_shared<nn::Linear>(32, 10));
   }
@@ -148,9 +147,9 @@ std::string train_conv_net(int steps, MemoryFormat format) {
   Generator data_gen(3);
   std::vector<float> losses;
   for (int step = 0; step < steps; ++step) {
-    const Tensor x = ops::randn({32, 3, 16, 16}, {}, &data_gen).to(kGpu).to(format);
-    const Tensor ids = ops::randint(0, 7, {32}, {.dtype = DType::Int64}, &data_gen).to(kGpu);
-    const Tensor y = ops::randint(0, 10, {32}, {.dtype = DType::Int64}, &data_gen).to(kGpu);
+    const Tensor x = internal::randn({32, 3, 16, 16}, {}, &data_gen).to(kGpu).to(format);
+    const Tensor ids = internal::randint(0, 7, {32}, {.dtype = DType::Int64}, &data_gen).to(kGpu);
+    const Tensor y = internal::randint(0, 10, {32}, {.dtype = DType::Int64}, &data_gen).to(kGpu);
     opt.zero_grad();
     Tensor loss = nn::cross_entropy(net->forward(x, ids), y);
     loss.backward();
@@ -182,10 +181,10 @@ TEST_F(CudaDeterministicTraining, ConvNetRepeatsWithBenchmarkModeRequested) {
 
 TEST_F(CudaDeterministicTraining, EmbeddingBackwardMatchesAFloat64ReferenceAndRepeats) {
   Generator gen(11);
-  const Tensor weight = ops::randn({50, 48}, {}, &gen);                          // (V, D)
-  Tensor ids = ops::randint(0, 50, {64, 40}, {.dtype = DType::Int64}, &gen);  // 2560 lookups, ~51 per row
-  ops::slice(ids, 1, 30, 40).fill_(0);                                           // a "padding" row used 640 times
-  const Tensor g = ops::randn({64, 40, 48}, {}, &gen);                           // d loss / d output
+  const Tensor weight = internal::randn({50, 48}, {}, &gen);                       // (V, D)
+  Tensor ids = internal::randint(0, 50, {64, 40}, {.dtype = DType::Int64}, &gen);  // 2560 lookups, ~51 per row
+  internal::slice(ids, 1, 30, 40).fill_(0);                                        // a "padding" row used 640 times
+  const Tensor g = internal::randn({64, 40, 48}, {}, &gen);                        // d loss / d output
 
   auto gpu_grad = [&] {
     Tensor w = weight.to(kGpu).detach().requires_grad_(true);

@@ -172,10 +172,10 @@ TEST(CudaAddLayerNorm, UnderAutocastAsBertRunsIt) {
   expect_values(fused, {8, 64}, values(plain), 1e-5, 1e-5);
 }
 
-// nn::dropout_add_layer_norm's fused kernels against ops::dropout then add_layer_norm on the GPU, from the same
+// nn::dropout_add_layer_norm's fused kernels against internal::dropout then add_layer_norm on the GPU, from the same
 // generator state: bit for bit, the output, the generator's state after, and the gradients of x, residual, weight and
-// bias. Bit for bit because the fused forward keeps each element by the Philox word ops::dropout's kernel gives it,
-// rounds x * mask to x's dtype before adding the residual (no FMA across the two), and sums each row in
+// bias. Bit for bit because the fused forward keeps each element by the Philox word internal::dropout's kernel gives
+// it, rounds x * mask to x's dtype before adding the residual (no FMA across the two), and sums each row in
 // add_layer_norm's lane order; backward is add_layer_norm's kernel on the same grid (so dw and db are summed in the
 // same order), with x's gradient rounded to x's dtype and multiplied by the mask once, as the dropout's backward does.
 // Where the residual is Float32 the result is also the CPU's for the same seed (the same mask; float32 rounding apart).
@@ -232,7 +232,7 @@ TEST(CudaAddLayerNorm, FusedDropoutIsDropoutThenAddLayerNorm) {
 }
 
 TEST(CudaAddLayerNorm, FusedDropoutInACudaGraphDrawsANewMaskEveryReplay) {
-  // As ops::dropout: each replay takes a fresh draw of the generator, and gives what the unfused ops give from the
+  // As internal::dropout: each replay takes a fresh draw of the generator, and gives what the unfused ops give from the
   // generator's state just before that replay.
   if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
   const Device gpu = Device::cuda(0);

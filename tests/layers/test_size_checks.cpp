@@ -7,7 +7,7 @@
 
 #include "kiln/layers/layers.h"
 #include "kiln/layers/models/bert.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -22,7 +22,7 @@ TEST(LayerSizeChecks, EmbeddingRefusesAWeightWhoseSizeOverflows) {
   expect_error([] { nn::Embedding e(int64_t{1} << 60, 4); }, {"Embedding", "[1152921504606846976, 4]", "2^63-1"});
   // The forward of the case that segfaulted cannot be reached: the module is never built. A small one works.
   nn::Embedding ok(5, 3);
-  EXPECT_EQ(ok.forward(ops::from_vector<int64_t>({4, 0}, {2})).shape(), (Shape{2, 3}));
+  EXPECT_EQ(ok.forward(internal::from_vector<int64_t>({4, 0}, {2})).shape(), (Shape{2, 3}));
 }
 
 TEST(LayerSizeChecks, BertConfigRefusesSizesWhoseWeightsOverflow) {

@@ -16,7 +16,7 @@ class TestSgd : public optim::Optimizer {
  public:
   TestSgd(std::vector<Tensor> params, double lr, double momentum)
       : params_(std::move(params)), lr_(lr), momentum_(momentum) {
-    for (const Tensor& p : params_) bufs_.push_back(ops::zeros_like(p));
+    for (const Tensor& p : params_) bufs_.push_back(internal::zeros_like(p));
   }
 
   void step() override {
@@ -33,14 +33,14 @@ class TestSgd : public optim::Optimizer {
   void step_with(const Tensor& grad_scale, const Tensor& found_inf) override {
     ++step_with_calls;
     NoGradGuard no_grad;
-    const Tensor skip = ops::gt(found_inf, 0.0).reshape({});  // 0-d bool on the device
+    const Tensor skip = internal::gt(found_inf, 0.0).reshape({});  // 0-d bool on the device
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!params_[i].grad().defined()) continue;
       Tensor g = params_[i].grad();
-      if (grad_scale.defined()) g = ops::div(g, grad_scale.reshape({}));
+      if (grad_scale.defined()) g = internal::div(g, grad_scale.reshape({}));
       auto [buf, p] = update(i, g);
-      bufs_[i].copy_(ops::where(skip, bufs_[i], buf));
-      params_[i].copy_(ops::where(skip, params_[i], p));
+      bufs_[i].copy_(internal::where(skip, bufs_[i], buf));
+      params_[i].copy_(internal::where(skip, params_[i], p));
     }
   }
 
@@ -65,8 +65,8 @@ class TestSgd : public optim::Optimizer {
  private:
   // (new buffer, new parameter) for parameter i and gradient g.
   std::pair<Tensor, Tensor> update(size_t i, const Tensor& g) const {
-    Tensor buf = ops::add(ops::mul(bufs_[i], momentum_), g);
-    Tensor p = ops::sub(params_[i], ops::mul(buf, lr_));
+    Tensor buf = internal::add(internal::mul(bufs_[i], momentum_), g);
+    Tensor p = internal::sub(params_[i], internal::mul(buf, lr_));
     return {buf, p};
   }
 

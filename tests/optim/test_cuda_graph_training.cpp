@@ -128,7 +128,7 @@ void check_replays_follow_eager(Kind kind) {
   for (const Tensor& p : graphed.model->parameters()) before.push_back(p.clone());
   graph.replay();
   const auto after = graphed.model->parameters();
-  for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(ops::equal(after[i], before[i])) << "parameter " << i;
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_TRUE(internal::equal(after[i], before[i])) << "parameter " << i;
 }
 
 TEST(CudaGraphTraining, SgdMomentumBf16ReplaysFollowEagerSteps) {
@@ -224,8 +224,7 @@ TEST(CudaGraphTraining, BertMaskedLMAdamWWithDropoutReplaysFollowEagerSteps) {
   double scale = 0;
   std::string worst;
   const double diff = max_abs_diff(*eager.model, *graphed.model, &scale, ".attention.self.key.bias", &worst);
-  EXPECT_LT(diff, 2e-3 * scale) << "the parameters of the replayed run left the eager run's (most in " << worst
-                                << ")";
+  EXPECT_LT(diff, 2e-3 * scale) << "the parameters of the replayed run left the eager run's (most in " << worst << ")";
 }
 
 TEST(CudaGraphTraining, EachReplayTakesTheLearningRateSetBeforeIt) {
@@ -235,13 +234,13 @@ TEST(CudaGraphTraining, EachReplayTakesTheLearningRateSetBeforeIt) {
   // it with 1e6 before the update reads it (ResNet's replays updated with such a value, or with none).
   if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
   const std::vector<float> xs = {1, 2, 0.5f, -1};
-  Tensor w = ops::ones({4}, {.device = kGpu}).requires_grad_();
-  const Tensor x = ops::from_vector<float>(xs, {4}, kGpu);
+  Tensor w = internal::ones({4}, {.device = kGpu}).requires_grad_();
+  const Tensor x = internal::from_vector<float>(xs, {4}, kGpu);
   optim::SGD opt({w}, {.lr = 0.5});
   auto step = [&] {
     opt.zero_grad();
     kiln::sum(w * x).backward();  // d/dw = x
-    { (void)ops::full({1}, 1e6, {.dtype = DType::Float64, .device = kGpu}); }
+    { (void)internal::full({1}, 1e6, {.dtype = DType::Float64, .device = kGpu}); }
     opt.step();
   };
   std::vector<float> want = {1, 1, 1, 1};

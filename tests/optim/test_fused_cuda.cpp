@@ -94,13 +94,13 @@ List zeros_list(const std::vector<int64_t>& sizes) {
   List l;
   for (int64_t n : sizes) {
     l.host.emplace_back(n, 0.0);
-    l.dev.push_back(ops::zeros({n}, {.dtype = DType::Float32, .device = kGpu}));
+    l.dev.push_back(internal::zeros({n}, {.dtype = DType::Float32, .device = kGpu}));
   }
   return l;
 }
 TensorVec step_tensors(size_t n) {
   TensorVec s;
-  for (size_t i = 0; i < n; ++i) s.push_back(ops::zeros({1}, {.dtype = DType::Float32, .device = kGpu}));
+  for (size_t i = 0; i < n; ++i) s.push_back(internal::zeros({1}, {.dtype = DType::Float32, .device = kGpu}));
   return s;
 }
 void expect_list(const List& l, double rtol, double atol, const std::string& what) {
@@ -313,27 +313,27 @@ TEST_F(CudaFusedAdam, ArgumentErrors) {
   expect_error([&] { fused_adam(p.dev, {g.dev[0]}, m.dev, v.dev, {}, st, {}, {}, {}); },
                {"fused_adam", "grads has 1 tensors, expected 2"});
   TensorVec wrong = m.dev;
-  wrong[1] = ops::zeros({6}, {.device = kGpu});
+  wrong[1] = internal::zeros({6}, {.device = kGpu});
   expect_error([&] { fused_adam(p.dev, g.dev, wrong, v.dev, {}, st, {}, {}, {}); },
                {"fused_adam", "exp_avgs[1] has 6 elements"});
-  wrong[1] = ops::zeros({5}, {.dtype = DType::BFloat16, .device = kGpu});
+  wrong[1] = internal::zeros({5}, {.dtype = DType::BFloat16, .device = kGpu});
   expect_error([&] { fused_adam(p.dev, g.dev, wrong, v.dev, {}, st, {}, {}, {}); }, {"exp_avgs[1]", "bfloat16"});
-  wrong[1] = ops::zeros({5});
+  wrong[1] = internal::zeros({5});
   expect_error([&] { fused_adam(p.dev, g.dev, wrong, v.dev, {}, st, {}, {}, {}); }, {"exp_avgs[1]", "cpu"});
   TensorVec nc = p.dev;
-  nc[0] = ops::zeros({2, 2}, {.device = kGpu}).transpose(0, 1);
+  nc[0] = internal::zeros({2, 2}, {.device = kGpu}).transpose(0, 1);
   expect_error([&] { fused_adam(nc, g.dev, m.dev, v.dev, {}, st, {}, {}, {}); },
                {"params[0]", "neither contiguous nor channels-last"});
   // Channels-last parameters are taken, with gradients and states in their order only.
-  TensorVec cl = {ops::zeros({2, 3, 2, 2}, {.device = kGpu}).to(MemoryFormat::ChannelsLast)};
-  TensorVec cl_grad = {ops::ones({2, 3, 2, 2}, {.device = kGpu})};
-  TensorVec cl_state = {ops::zeros({2, 3, 2, 2}, {.device = kGpu}).to(MemoryFormat::ChannelsLast)};
+  TensorVec cl = {internal::zeros({2, 3, 2, 2}, {.device = kGpu}).to(MemoryFormat::ChannelsLast)};
+  TensorVec cl_grad = {internal::ones({2, 3, 2, 2}, {.device = kGpu})};
+  TensorVec cl_state = {internal::zeros({2, 3, 2, 2}, {.device = kGpu}).to(MemoryFormat::ChannelsLast)};
   expect_error([&] { fused_adam(cl, cl_grad, cl_state, cl_state, {}, step_tensors(1), {}, {}, {}); },
                {"grads[0]", "not in the memory order of params[0]"});
   expect_error([&] { fused_adam(p.dev, g.dev, m.dev, v.dev, {}, step_tensors(1), {}, {}, {}); }, {"steps has 1"});
-  expect_error([&] { fused_adam(p.dev, g.dev, m.dev, v.dev, {}, st, {}, ops::zeros({2}, {.device = kGpu}), {}); },
+  expect_error([&] { fused_adam(p.dev, g.dev, m.dev, v.dev, {}, st, {}, internal::zeros({2}, {.device = kGpu}), {}); },
                {"grad_scale", "1-element float32"});
-  TensorVec dbl = {ops::zeros({2}, {.dtype = DType::Float64, .device = kGpu})};
+  TensorVec dbl = {internal::zeros({2}, {.dtype = DType::Float64, .device = kGpu})};
   expect_error([&] { fused_adam(dbl, dbl, dbl, dbl, {}, step_tensors(1), {}, {}, {}); }, {"float64"});
   fused_adam({}, {}, {}, {}, {}, {}, {}, {}, {});  // nothing to do
 }
@@ -498,7 +498,7 @@ TEST_F(CudaFusedNorm, L2NormOfManyTensorsMatchesFloat64AndIsDeterministic) {
   const float a = n1.item<float>(), b = fused_l2_norm(ts).item<float>();
   EXPECT_EQ(0, std::memcmp(&a, &b, sizeof(float)));
   // Only empty tensors: 0.
-  EXPECT_EQ(fused_l2_norm({ops::zeros({0}, {.device = kGpu})}).item<float>(), 0.f);
+  EXPECT_EQ(fused_l2_norm({internal::zeros({0}, {.device = kGpu})}).item<float>(), 0.f);
   // A single element.
   EXPECT_EQ(fused_l2_norm({gpu({-3}, DType::Float32)}).item<float>(), 3.f);
 }

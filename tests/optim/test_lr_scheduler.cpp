@@ -165,8 +165,8 @@ TEST(LRSchedulerTest, OneCycleLRLinearThreePhase) {
     for (int t = 0; t <= kSteps; ++t)
       EXPECT_NEAR(rows[t][g], one_cycle_reference(phases, false, t), 1e-15) << "group " << g << ", step " << t;
   }
-  EXPECT_NEAR(rows[2][0], 0.055, 1e-15);  // half way up from 0.01 to 0.1
-  EXPECT_NEAR(rows[8][0], 0.01, 1e-15);   // back at the initial lr
+  EXPECT_NEAR(rows[2][0], 0.055, 1e-15);        // half way up from 0.01 to 0.1
+  EXPECT_NEAR(rows[8][0], 0.01, 1e-15);         // back at the initial lr
   EXPECT_NEAR(rows[20][0], 0.01 / 100, 1e-17);  // held at the last lr (PyTorch's extrapolation is below zero)
 }
 
@@ -404,7 +404,7 @@ TEST(LRSchedulerTest, BadArgumentsAreClearErrors) {
 // optimizer's set_lr (below), again leaving every group as it was.
 TEST(LRSchedulerTest, NonFiniteOrNegativeLrIsAnError) {
   {
-    Tensor a = ops::ones({1}).requires_grad_(), b = ops::ones({1}).requires_grad_();
+    Tensor a = internal::ones({1}).requires_grad_(), b = internal::ones({1}).requires_grad_();
     optim::SGD sgd(std::vector<optim::ParamGroup<optim::SGDOptions>>{{{a}, {.lr = 0.1}}, {{b}, {.lr = 0.02}}}, {});
     LambdaLR sched(sgd, std::vector<LambdaLR::Lambda>{[](int64_t t) { return t >= 2 ? 0.9 : 0.5; },
                                                       [](int64_t t) { return t >= 2 ? -1.0 : 0.5; }});

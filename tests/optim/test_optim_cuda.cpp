@@ -77,16 +77,17 @@ TEST(CudaOptimizers, NonContiguousParameters) {
   for (const Case& c : {Case{"sgd", optim::SGDOptions{.lr = 0.1, .momentum = 0.9}},
                         Case{"adamw", optim::AdamWOptions{.lr = 0.01}}, Case{"lamb", optim::LAMBOptions{.lr = 0.01}}}) {
     SCOPED_TRACE(c.name);
-    Tensor t = ops::transpose(make(init, {4, 6}, {.dtype = DType::Float32, .device = kGpu}), 0, 1);  // (6, 4)
+    Tensor t = internal::transpose(make(init, {4, 6}, {.dtype = DType::Float32, .device = kGpu}), 0, 1);  // (6, 4)
     Tensor cl = make(init, {2, 3, 2, 2}, {.dtype = DType::Float32, .device = kGpu}).to(MemoryFormat::ChannelsLast);
     ASSERT_FALSE(t.is_contiguous());
     ASSERT_FALSE(cl.is_contiguous());
     t.requires_grad_();
     cl.requires_grad_();
-    Tensor rt = ops::to(t.detach(), Device::cpu()).requires_grad_(),
-           rcl = ops::to(cl.detach(), Device::cpu()).requires_grad_();
+    Tensor rt = internal::to(t.detach(), Device::cpu()).requires_grad_(),
+           rcl = internal::to(cl.detach(), Device::cpu()).requires_grad_();
     auto og = make_optimizer(c.options, t, cl);
-    auto oc = make_optimizer(c.options, ops::contiguous(rt).requires_grad_(), ops::contiguous(rcl).requires_grad_());
+    auto oc = make_optimizer(c.options, internal::contiguous(rt).requires_grad_(),
+                             internal::contiguous(rcl).requires_grad_());
     const auto cpu_params = oc->all_params();
     for (int k = 0; k < 3; ++k) {
       t.mutable_grad() = make(grad, {6, 4}, {.dtype = DType::Float32, .device = kGpu});
@@ -245,7 +246,7 @@ TEST(CudaOptimizers, StepWithGradScaleAndFoundInf) {
     for (int k = 0; k < 3; ++k) {
       for (size_t i = 0; i < 2; ++i) {
         pb.set_grad(i, q[i]);
-        p[i].mutable_grad() = ops::mul(q[i].grad(), 256.0);
+        p[i].mutable_grad() = internal::mul(q[i].grad(), 256.0);
       }
       oq->step();
       op->step_with(scale, no_inf);
@@ -279,7 +280,7 @@ TEST(CudaOptimizers, StateDictAcrossDevices) {
       for (size_t i = 0; i < 2; ++i) pb.set_grad(i, pg[i]);
       og->step();
     }
-    for (size_t i = 0; i < 2; ++i) pc.push_back(ops::to(pg[i].detach(), Device::cpu()).requires_grad_());
+    for (size_t i = 0; i < 2; ++i) pc.push_back(internal::to(pg[i].detach(), Device::cpu()).requires_grad_());
     auto oc = make_optimizer(c.options, pc[0], pc[1]);
     oc->load_state_dict(og->state_dict());
     EXPECT_TRUE(oc->state(pc[0]).at("step").is_cpu());

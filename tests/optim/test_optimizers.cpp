@@ -160,7 +160,7 @@ TEST(Optimizers, StepWithDividesByGradScaleAndSkipsOnInf) {
     for (int k = 0; k < 3; ++k) {
       for (size_t i = 0; i < 2; ++i) {
         pb.set_grad(i, q[i]);
-        p[i].mutable_grad() = ops::mul(q[i].grad(), 1024.0);
+        p[i].mutable_grad() = internal::mul(q[i].grad(), 1024.0);
       }
       oq->step();
       op->step_with(scale, no_inf);
@@ -255,8 +255,8 @@ TEST(Optimizers, LoadStateDictErrorsLeaveOptimizerUnchanged) {
   };
   auto changed = [&](auto edit) {
     optim::OptimizerState sd = good;
-    for (auto& [k, t] : sd.tensors) t = ops::clone(t);  // edits must not touch the live state
-    sd.values["param_groups.0.lr"] = 0.5;               // would change the options if applied
+    for (auto& [k, t] : sd.tensors) t = internal::clone(t);  // edits must not touch the live state
+    sd.values["param_groups.0.lr"] = 0.5;                    // would change the options if applied
     edit(sd);
     return sd;
   };
@@ -272,14 +272,15 @@ TEST(Optimizers, LoadStateDictErrorsLeaveOptimizerUnchanged) {
   expect_error(
       [&] {
         opt.load_state_dict(
-            changed([](auto& sd) { sd.tensors["state.1.exp_avg"] = ops::zeros({2}, {.dtype = DType::Float64}); }));
+            changed([](auto& sd) { sd.tensors["state.1.exp_avg"] = internal::zeros({2}, {.dtype = DType::Float64}); }));
       },
       {"Adam.load_state_dict", "state.1.exp_avg", "[2]", "[1]"});
   expect_unchanged();
   // A parameter index past the end, a malformed key.
-  expect_error([&] { opt.load_state_dict(changed([](auto& sd) { sd.tensors["state.7.exp_avg"] = ops::zeros({1}); })); },
-               {"state.7.exp_avg", "2 parameters"});
-  expect_error([&] { opt.load_state_dict(changed([](auto& sd) { sd.tensors["exp_avg"] = ops::zeros({1}); })); },
+  expect_error(
+      [&] { opt.load_state_dict(changed([](auto& sd) { sd.tensors["state.7.exp_avg"] = internal::zeros({1}); })); },
+      {"state.7.exp_avg", "2 parameters"});
+  expect_error([&] { opt.load_state_dict(changed([](auto& sd) { sd.tensors["exp_avg"] = internal::zeros({1}); })); },
                {"unexpected tensor key 'exp_avg'"});
   // A missing option (a state saved by SGD), and an invalid one: the options are restored.
   Tensor c = leaf({1, 2, 3}, {3}), d = leaf({4}, {1});
@@ -346,7 +347,7 @@ TEST(Optimizers, BadParametersThrow) {
   expect_error([&] { opt.add_param_group({.params = {b, b}, .options = {}}); }, {"parameter 1", "appears twice"});
   Tensor non_leaf = kiln::mul(b, 2.0);
   expect_error([&] { opt.add_param_group({.params = {non_leaf}, .options = {}}); }, {"parameter 0", "not a leaf"});
-  Tensor ints = ops::zeros({2}, {.dtype = DType::Int64});
+  Tensor ints = internal::zeros({2}, {.dtype = DType::Int64});
   expect_error([&] { opt.add_param_group({.params = {ints}, .options = {}}); }, {"int64", "floating-point"});
   expect_error([&] { opt.add_param_group({.params = {Tensor()}, .options = {}}); }, {"undefined"});
   EXPECT_EQ(opt.num_param_groups(), 1u);

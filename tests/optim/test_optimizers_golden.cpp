@@ -22,13 +22,13 @@ void check_golden_case(const Case& c, const Golden& g, Device dev, DType dtype, 
   // GCC 12 warns (-Wrestrict, a false positive) on chains of std::string additions here: names are spelled out.
   const char* const kNames[2][3] = {{"p0.init", "p0.a", "p0.b"}, {"p1.init", "p1.a", "p1.b"}};
   for (int i = 0; i < 2; ++i) {
-    p.push_back(ops::to(g.get(kNames[i][0]), dev, dtype).requires_grad_());
-    a.push_back(ops::to(g.get(kNames[i][1]), dev, dtype));
-    b.push_back(ops::to(g.get(kNames[i][2]), dev, dtype));
+    p.push_back(internal::to(g.get(kNames[i][0]), dev, dtype).requires_grad_());
+    a.push_back(internal::to(g.get(kNames[i][1]), dev, dtype));
+    b.push_back(internal::to(g.get(kNames[i][2]), dev, dtype));
   }
   auto opt = make_optimizer(c.options, p[0], p[1]);
   for (int k = 1; k <= 5; ++k) {
-    for (int i = 0; i < 2; ++i) p[i].mutable_grad() = ops::add(ops::mul(a[i], p[i].detach()), b[i]);
+    for (int i = 0; i < 2; ++i) p[i].mutable_grad() = internal::add(internal::mul(a[i], p[i].detach()), b[i]);
     opt->step();
     for (int i = 0; i < 2; ++i) {
       std::string key = "p";

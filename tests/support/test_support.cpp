@@ -6,8 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <sstream>
+#include <thread>
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -77,7 +77,7 @@ void expect_values(const Tensor& actual, const Shape& shape, const std::vector<d
 }
 
 Tensor make(const std::vector<double>& data, const Shape& shape, const TensorOptions& options) {
-  Tensor t = ops::from_vector<double>(data, shape);
+  Tensor t = internal::from_vector<double>(data, shape);
   return t.to(options.device, options.dtype.value_or(kDefaultFloat));
 }
 
@@ -86,7 +86,7 @@ Tensor non_contiguous(const Tensor& t) {
   if (t.dim() == 0) return t;
   Shape wide = t.shape();
   wide.back() *= 2;
-  Tensor buffer = ops::zeros(wide, {.dtype = t.dtype(), .device = t.device()});
+  Tensor buffer = internal::zeros(wide, {.dtype = t.dtype(), .device = t.device()});
   Tensor view = buffer.slice(-1, 0, std::nullopt, 2);
   // A raw copy: the result is a fresh leaf (callers make it require grad), whatever t's history.
   NoGradGuard no_grad;

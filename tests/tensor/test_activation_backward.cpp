@@ -1,5 +1,5 @@
-// Conformance of the fused activation gradients (ops::gelu_backward in both forms, ops::silu_backward,
-// ops::relu_backward: g * f'(x) in one pass): values against float64 references of the derivatives written
+// Conformance of the fused activation gradients (internal::gelu_backward in both forms, internal::silu_backward,
+// internal::relu_backward: g * f'(x) in one pass): values against float64 references of the derivatives written
 // here from their definitions, in every floating dtype, with the tolerance of one rounding of the result;
 // zero, large magnitudes, and the limits at ±inf and NaN (test_special_values.cpp has every edge); layouts,
 // broadcasting, promotion, long runs, empty tensors and the errors.
@@ -43,11 +43,11 @@ struct ActivationCase {
 
 std::vector<ActivationCase> activation_cases() {
   return {
-      {"gelu", [](const Tensor& g, const Tensor& x) { return ops::gelu_backward(g, x); }, gelu_grad_ref},
-      {"gelu_tanh", [](const Tensor& g, const Tensor& x) { return ops::gelu_backward(g, x, true); }, gelu_tanh_grad_ref,
-       8e-6},
-      {"silu", [](const Tensor& g, const Tensor& x) { return ops::silu_backward(g, x); }, silu_grad_ref},
-      {"relu", [](const Tensor& g, const Tensor& y) { return ops::relu_backward(g, y); }, relu_grad_ref},
+      {"gelu", [](const Tensor& g, const Tensor& x) { return internal::gelu_backward(g, x); }, gelu_grad_ref},
+      {"gelu_tanh", [](const Tensor& g, const Tensor& x) { return internal::gelu_backward(g, x, true); },
+       gelu_tanh_grad_ref, 8e-6},
+      {"silu", [](const Tensor& g, const Tensor& x) { return internal::silu_backward(g, x); }, silu_grad_ref},
+      {"relu", [](const Tensor& g, const Tensor& y) { return internal::relu_backward(g, y); }, relu_grad_ref},
   };
 }
 
@@ -149,17 +149,17 @@ TEST_P(ActivationBackwardTest, InfAndNaN) {
     const Tensor tx = make(rotations(x), {n * n}, opts(dt)), tg = make(rotations(g), {n * n}, opts(dt));
     const double rt = rtol_of(dt), at = atol_of(dt);
     // Exact: 0, 1, -2, ±inf and NaN need no tolerance.
-    expect_values(ops::gelu_backward(tg, tx), {n * n}, rotations(gelu), 0, 0);
-    expect_values(ops::gelu_backward(tg, tx, true), {n * n}, rotations(gelu), 0, 0);
-    expect_values(ops::silu_backward(tg, tx), {n * n}, rotations(silu), 0, 0);
-    expect_values(ops::relu_backward(tg, tx), {n * n}, rotations(relu), 0, 0);
+    expect_values(internal::gelu_backward(tg, tx), {n * n}, rotations(gelu), 0, 0);
+    expect_values(internal::gelu_backward(tg, tx, true), {n * n}, rotations(gelu), 0, 0);
+    expect_values(internal::silu_backward(tg, tx), {n * n}, rotations(silu), 0, 0);
+    expect_values(internal::relu_backward(tg, tx), {n * n}, rotations(relu), 0, 0);
     // Finite values beside them are unaffected.
     const Tensor fx = make({1, 2, kNaN, 2}, {4}, opts(dt)), fg = make({0.5, 1, 1, -3}, {4}, opts(dt));
-    expect_values(ops::gelu_backward(fg, fx), {4}, {0.5 * gelu1, gelu2, kNaN, -3 * gelu2}, rt, at);
-    expect_values(ops::gelu_backward(fg, fx, true), {4}, {0.5 * gelu_tanh_grad_ref(1), tanh2, kNaN, -3 * tanh2}, rt,
-                  at);
-    expect_values(ops::silu_backward(fg, fx), {4}, {0.5 * silu_grad_ref(1), silu2, kNaN, -3 * silu2}, rt, at);
-    expect_values(ops::relu_backward(fg, fx), {4}, {0.5, 1, 0, -3}, rt, at);
+    expect_values(internal::gelu_backward(fg, fx), {4}, {0.5 * gelu1, gelu2, kNaN, -3 * gelu2}, rt, at);
+    expect_values(internal::gelu_backward(fg, fx, true), {4}, {0.5 * gelu_tanh_grad_ref(1), tanh2, kNaN, -3 * tanh2},
+                  rt, at);
+    expect_values(internal::silu_backward(fg, fx), {4}, {0.5 * silu_grad_ref(1), silu2, kNaN, -3 * silu2}, rt, at);
+    expect_values(internal::relu_backward(fg, fx), {4}, {0.5, 1, 0, -3}, rt, at);
   }
 }
 
@@ -167,10 +167,10 @@ TEST_P(ActivationBackwardTest, InfAndNaN) {
 TEST_P(ActivationBackwardTest, AtZero) {
   for (DType dt : kFloatTypes) {
     const Tensor x = make({0, -0.0}, {2}, opts(dt)), g = make({3, -5}, {2}, opts(dt));
-    expect_values(ops::gelu_backward(g, x), {2}, {1.5, -2.5}, 0, 0);
-    expect_values(ops::gelu_backward(g, x, true), {2}, {1.5, -2.5}, 0, 0);
-    expect_values(ops::silu_backward(g, x), {2}, {1.5, -2.5}, 0, 0);
-    expect_values(ops::relu_backward(g, x), {2}, {0, 0}, 0, 0);
+    expect_values(internal::gelu_backward(g, x), {2}, {1.5, -2.5}, 0, 0);
+    expect_values(internal::gelu_backward(g, x, true), {2}, {1.5, -2.5}, 0, 0);
+    expect_values(internal::silu_backward(g, x), {2}, {1.5, -2.5}, 0, 0);
+    expect_values(internal::relu_backward(g, x), {2}, {0, 0}, 0, 0);
   }
 }
 
@@ -178,16 +178,16 @@ TEST_P(ActivationBackwardTest, AtZero) {
 TEST_P(ActivationBackwardTest, BroadcastPromotionZeroDimAndEmpty) {
   const Tensor g = make({1, 2, 3, 4, 5, 6}, {2, 3}, opts());
   const Tensor x = make({-1, 0.5, 2}, {3}, opts());
-  const Tensor dx = ops::silu_backward(g, x);
+  const Tensor dx = internal::silu_backward(g, x);
   expect_values(dx, {2, 3},
                 {silu_grad_ref(-1), 2 * silu_grad_ref(0.5), 3 * silu_grad_ref(2), 4 * silu_grad_ref(-1),
                  5 * silu_grad_ref(0.5), 6 * silu_grad_ref(2)},
                 rtol_of(DType::Float32), atol_of(DType::Float32));
   // A bfloat16 gradient with a float32 input computes and returns float32.
-  const Tensor mixed = ops::gelu_backward(make({2}, {1}, opts(DType::BFloat16)), make({1.5}, {1}, opts()));
+  const Tensor mixed = internal::gelu_backward(make({2}, {1}, opts(DType::BFloat16)), make({1.5}, {1}, opts()));
   EXPECT_EQ(mixed.dtype(), DType::Float32);
   expect_values(mixed, {1}, {2 * gelu_grad_ref(1.5)}, rtol_of(DType::Float32), atol_of(DType::Float32));
-  expect_values(ops::relu_backward(make({7}, {}, opts()), make({2}, {}, opts())), {}, {7});
+  expect_values(internal::relu_backward(make({7}, {}, opts()), make({2}, {}, opts())), {}, {7});
   for (const auto& c : activation_cases()) {
     const Tensor e = c.op(zeros({0, 3}, opts()), zeros({0, 3}, opts()));
     EXPECT_EQ(e.shape(), (Shape{0, 3})) << c.name;
@@ -196,12 +196,12 @@ TEST_P(ActivationBackwardTest, BroadcastPromotionZeroDimAndEmpty) {
 
 TEST_P(ActivationBackwardTest, NonFloatingAndUndefinedOperandsAreErrors) {
   const Tensor i = make({1, 2}, {2}, opts(DType::Int64)), f = make({1, 2}, {2}, opts());
-  expect_error([&] { ops::gelu_backward(i, i); }, {"gelu_backward", "floating-point", "int64"});
-  expect_error([&] { ops::gelu_backward(f, i, true); }, {"gelu_backward", "floating-point", "int64"});
-  expect_error([&] { ops::silu_backward(i, f); }, {"silu_backward", "floating-point"});
-  expect_error([&] { ops::relu_backward(f, f > 0); }, {"relu_backward", "floating-point", "bool"});
-  expect_error([&] { ops::relu_backward(Tensor(), f); }, {"relu_backward", "undefined"});
-  expect_error([&] { ops::gelu_backward(f, make({1, 2, 3}, {3}, opts())); }, {"gelu_backward", "[2]", "[3]"});
+  expect_error([&] { internal::gelu_backward(i, i); }, {"gelu_backward", "floating-point", "int64"});
+  expect_error([&] { internal::gelu_backward(f, i, true); }, {"gelu_backward", "floating-point", "int64"});
+  expect_error([&] { internal::silu_backward(i, f); }, {"silu_backward", "floating-point"});
+  expect_error([&] { internal::relu_backward(f, f > 0); }, {"relu_backward", "floating-point", "bool"});
+  expect_error([&] { internal::relu_backward(Tensor(), f); }, {"relu_backward", "undefined"});
+  expect_error([&] { internal::gelu_backward(f, make({1, 2, 3}, {3}, opts())); }, {"gelu_backward", "[2]", "[3]"});
 }
 
 KILN_INSTANTIATE_BACKENDS(ActivationBackwardTest);

@@ -114,7 +114,7 @@ TEST_P(CopyTest, CopiesBetweenLayouts) {
     for (int c = 0; c < 2; ++c)
       for (int h = 0; h < 3; ++h)
         for (int w = 0; w < 4; ++w) memory[(h * 4 + w) * 2 + c] = v[(c * 3 + h) * 4 + w];
-    expect_values(ops::as_strided(cl, {24}, {1}), {24}, memory);
+    expect_values(internal::as_strided(cl, {24}, {1}), {24}, memory);
     // Conversion into a channels-last destination.
     Tensor cl32 =
         empty({1, 2, 3, 4}, {.dtype = DType::Float32, .device = dev(), .memory_format = MemoryFormat::ChannelsLast});

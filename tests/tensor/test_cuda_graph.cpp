@@ -22,7 +22,7 @@ class CudaGraph : public ::testing::Test {
   }
   const Device gpu = Device::cuda(0);
   Tensor values(const std::vector<float>& v) const {
-    return ops::from_vector<float>(v, {static_cast<int64_t>(v.size())}, gpu);
+    return internal::from_vector<float>(v, {static_cast<int64_t>(v.size())}, gpu);
   }
 };
 
@@ -42,12 +42,13 @@ TEST_F(CudaGraph, ReplaysRecomputeFromTheInputsCurrentValues) {
   graph.capture(
       [&] {
         ++host_runs;
-        y = ops::add(ops::mul(x, 2.0), ops::exp(ops::zeros_like(x)));  // 2x + 1, through temporaries
+        y = internal::add(internal::mul(x, 2.0),
+                          internal::exp(internal::zeros_like(x)));  // 2x + 1, through temporaries
       },
       /*warmup=*/2);
   EXPECT_TRUE(graph.captured());
   EXPECT_EQ(host_runs, 3);  // two warm-up runs and the captured one; replays run no host code
-  x.copy_(ops::from_vector<float>({10, 20, 30}, {3}));
+  x.copy_(internal::from_vector<float>({10, 20, 30}, {3}));
   graph.replay();
   EXPECT_EQ(y.cpu().to_vector<float>(), (std::vector<float>{21, 41, 61}));
   x.fill_(-1);
@@ -60,10 +61,10 @@ TEST_F(CudaGraph, ReplaysRecomputeFromTheInputsCurrentValues) {
 TEST_F(CudaGraph, ReplayIsOrderedWithTheCurrentStream) {
   // A large input rewritten on the legacy default stream right before each replay: the replay must see it.
   const int64_t n = int64_t{1} << 22;
-  Tensor x = ops::zeros({n}, {.device = gpu});
+  Tensor x = internal::zeros({n}, {.device = gpu});
   Tensor total;
   cuda::Graph graph;
-  graph.capture([&] { total = ops::sum(x); }, 1);
+  graph.capture([&] { total = internal::sum(x); }, 1);
   for (int k = 1; k <= 3; ++k) {
     x.fill_(static_cast<double>(k));
     graph.replay();
@@ -72,10 +73,10 @@ TEST_F(CudaGraph, ReplayIsOrderedWithTheCurrentStream) {
 }
 
 TEST_F(CudaGraph, TheCapturesMemoryIsReusedByEveryReplay) {
-  Tensor x = ops::ones({1 << 20}, {.device = gpu});
+  Tensor x = internal::ones({1 << 20}, {.device = gpu});
   Tensor y;
   cuda::Graph graph;
-  graph.capture([&] { y = ops::mul(ops::add(x, 1.0), ops::add(x, 2.0)); });
+  graph.capture([&] { y = internal::mul(internal::add(x, 1.0), internal::add(x, 2.0)); });
   cuda::synchronize();
   const cuda::MemoryStats before = cuda::memory_stats();
   for (int i = 0; i < 20; ++i) graph.replay();
@@ -89,26 +90,26 @@ TEST_F(CudaGraph, TheCapturesMemoryIsReusedByEveryReplay) {
 TEST_F(CudaGraph, TheGraphsMemoryIsNotHandedOutWhileItLives) {
   // A temporary of the capture is freed inside it; an allocation after the capture must not get its memory,
   // or a replay would overwrite that tensor.
-  Tensor x = ops::full({1 << 18}, 3.0, {.device = gpu});
+  Tensor x = internal::full({1 << 18}, 3.0, {.device = gpu});
   Tensor y;
   cuda::Graph graph;
   graph.capture([&] {
-    Tensor t = ops::mul(x, 2.0);  // freed at the end of the lambda
-    y = ops::add(t, 1.0);
+    Tensor t = internal::mul(x, 2.0);  // freed at the end of the lambda
+    y = internal::add(t, 1.0);
   });
-  Tensor other = ops::full({1 << 18}, 5.0, {.device = gpu});  // same size as the freed temporary
+  Tensor other = internal::full({1 << 18}, 5.0, {.device = gpu});  // same size as the freed temporary
   graph.replay();
   EXPECT_EQ(other.cpu().to_vector<float>()[123], 5.f);
   EXPECT_EQ(y.cpu().to_vector<float>()[123], 7.f);
 }
 
 TEST_F(CudaGraph, DestroyingTheGraphGivesItsMemoryBack) {
-  Tensor x = ops::ones({1 << 22}, {.device = gpu});  // 16 MiB
+  Tensor x = internal::ones({1 << 22}, {.device = gpu});  // 16 MiB
   cuda::synchronize();
   const int64_t reserved_before = cuda::memory_stats().reserved_bytes;
   {
     cuda::Graph graph;
-    graph.capture([&] { (void)ops::mul(ops::add(x, 1.0), 3.0); }, 0);  // temporaries only
+    graph.capture([&] { (void)internal::mul(internal::add(x, 1.0), 3.0); }, 0);  // temporaries only
     graph.replay();
     EXPECT_GT(cuda::memory_stats().reserved_bytes, reserved_before);
   }
@@ -118,14 +119,14 @@ TEST_F(CudaGraph, DestroyingTheGraphGivesItsMemoryBack) {
 TEST_F(CudaGraph, AStepThatSynchronisesCannotBeCapturedAndLeavesNoTrace) {
   Tensor x = values({1, 2});
   cuda::Graph graph;
-  expect_error([&] { graph.capture([&] { (void)ops::add(x, 1.0).cpu(); }, 0); },
+  expect_error([&] { graph.capture([&] { (void)internal::add(x, 1.0).cpu(); }, 0); },
                {"Graph::capture", "captured", "synchronise"});
   EXPECT_FALSE(graph.captured());
   EXPECT_FALSE(cuda::Graph::capturing());
   // Eager work goes on, and the graph can capture a proper step after all.
-  EXPECT_EQ(ops::add(x, 1.0).cpu().to_vector<float>(), (std::vector<float>{2, 3}));
+  EXPECT_EQ(internal::add(x, 1.0).cpu().to_vector<float>(), (std::vector<float>{2, 3}));
   Tensor y;
-  graph.capture([&] { y = ops::add(x, 1.0); }, 0);
+  graph.capture([&] { y = internal::add(x, 1.0); }, 0);
   graph.replay();
   EXPECT_EQ(y.cpu().to_vector<float>(), (std::vector<float>{2, 3}));
 }
@@ -134,14 +135,14 @@ TEST_F(CudaGraph, RandomOpsDrawNewNumbersOnEveryReplay) {
   // Each replay takes fresh draws from the generator: the same numbers as eager ops from the generator's state
   // just before that replay.
   Generator& gen = default_generator(gpu);
-  Tensor x = ops::full({4096}, 2.0, {.device = gpu});
+  Tensor x = internal::full({4096}, 2.0, {.device = gpu});
   Tensor out, mask, u;
   const uint64_t before_capture = gen.state().offset;
   cuda::Graph graph;
   graph.capture(
       [&] {
-        std::tie(out, mask) = ops::dropout(x, 0.3);
-        u = ops::rand({1000}, {.device = gpu});
+        std::tie(out, mask) = internal::dropout(x, 0.3);
+        u = internal::rand({1000}, {.device = gpu});
       },
       1);
   // The warm-up step took its 2 draws; the recorded step, which did not run, none.
@@ -155,8 +156,8 @@ TEST_F(CudaGraph, RandomOpsDrawNewNumbersOnEveryReplay) {
     const GeneratorState after = gen.state();
     EXPECT_EQ(after.offset, before.offset + 2);  // one draw per random op and replay, as eager steps take
     gen.set_state(before);
-    auto [want_out, want_mask] = ops::dropout(x, 0.3);
-    const Tensor want_u = ops::rand({1000}, {.device = gpu});
+    auto [want_out, want_mask] = internal::dropout(x, 0.3);
+    const Tensor want_u = internal::rand({1000}, {.device = gpu});
     EXPECT_EQ(got_mask, want_mask.cpu().to_vector<float>());
     EXPECT_EQ(out.cpu().to_vector<float>(), want_out.cpu().to_vector<float>());
     EXPECT_EQ(got_u, want_u.cpu().to_vector<float>());
@@ -168,7 +169,7 @@ TEST_F(CudaGraph, RandomOpsDrawNewNumbersOnEveryReplay) {
 
 TEST_F(CudaGraph, DrawsAfterARewindAndReseedingAreRefused) {
   Generator& gen = default_generator(gpu);
-  Tensor x = ops::ones({64}, {.device = gpu});
+  Tensor x = internal::ones({64}, {.device = gpu});
   cuda::Graph rewinding;
   // What gradient checkpointing does to recompute a region: rewind the generator, then draw again.
   expect_error(
@@ -176,16 +177,16 @@ TEST_F(CudaGraph, DrawsAfterARewindAndReseedingAreRefused) {
         rewinding.capture(
             [&] {
               const GeneratorState st = gen.state();
-              (void)ops::dropout(x, 0.5);
+              (void)internal::dropout(x, 0.5);
               gen.set_state(st);
-              (void)ops::dropout(x, 0.5);
+              (void)internal::dropout(x, 0.5);
             },
             0);
       },
       {"Graph::capture", "rewound", "checkpointing"});
-  (void)ops::dropout(x, 0.5);  // an eager draw clears the rewind
+  (void)internal::dropout(x, 0.5);  // an eager draw clears the rewind
   cuda::Graph graph;
-  graph.capture([&] { (void)ops::dropout(x, 0.5); }, 0);
+  graph.capture([&] { (void)internal::dropout(x, 0.5); }, 0);
   graph.replay();
   manual_seed(4321);
   expect_error([&] { graph.replay(); }, {"replay", "seeded again", "capture the step again"});
@@ -197,7 +198,7 @@ TEST_F(CudaGraph, MisuseIsReported) {
   expect_error([] { cuda::Graph::on_replay([] {}); }, {"on_replay", "no CUDA graph is being captured"});
   expect_error([&] { graph.capture([] {}, -1); }, {"warmup", "-1"});
   Tensor x = values({1});
-  graph.capture([&] { (void)ops::add(x, 1.0); }, 0);
+  graph.capture([&] { (void)internal::add(x, 1.0); }, 0);
   expect_error([&] { graph.capture([] {}); }, {"Graph::capture", "make a new Graph"});
   cuda::Graph inner;
   cuda::Graph outer;
@@ -212,7 +213,7 @@ TEST_F(CudaGraph, ReplayHooksRunBeforeEveryReplay) {
   cuda::Graph graph;
   graph.capture(
       [&] {
-        y = ops::mul(x, scale);
+        y = internal::mul(x, scale);
         if (cuda::Graph::capturing()) cuda::Graph::on_replay([&] { scale.fill_(host_scale); });
       },
       0);
@@ -236,16 +237,16 @@ TEST_F(CudaGraph, ReplayInputsKeepWhatTheHookWrote) {
   graph.capture(
       [&] {
         {
-          const Tensor t = ops::full({1}, 100.0, {.dtype = DType::Float32, .device = gpu});
+          const Tensor t = internal::full({1}, 100.0, {.dtype = DType::Float32, .device = gpu});
           temporary = t.data_ptr();
-          y = ops::add(x, t);  // the temporary is used, then freed
+          y = internal::add(x, t);  // the temporary is used, then freed
         }
         if (!cuda::Graph::capturing()) return;
         scale = cuda::Graph::replay_input({1}, {.dtype = DType::Float32, .device = gpu});
         cuda::Graph::on_replay([s = scale, &host_scale]() mutable { s.fill_(host_scale); });
         // The hazard: a plain allocation of that size gets the temporary's memory.
-        plain = ops::empty({1}, {.dtype = DType::Float32, .device = gpu}).data_ptr();
-        y = ops::mul(x, scale);
+        plain = internal::empty({1}, {.dtype = DType::Float32, .device = gpu}).data_ptr();
+        y = internal::mul(x, scale);
       },
       0);
   EXPECT_NE(scale.data_ptr(), temporary);

@@ -14,7 +14,7 @@
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/determinism.h"
 #include "kiln/tensor/generator.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln {
@@ -75,18 +75,18 @@ struct IndexAddCase {
   Tensor base, index, src;  // CPU: (16, 64), (4096,) Int64, (4096, 64)
   explicit IndexAddCase(DType dtype) {
     Generator gen(123);
-    base = ops::randn({16, 64}, {.dtype = DType::Float32}, &gen).to(dtype);
-    index = ops::randint(0, 16, {4096}, {.dtype = DType::Int64}, &gen);
-    src = ops::randn({4096, 64}, {.dtype = DType::Float32}, &gen).to(dtype);
+    base = internal::randn({16, 64}, {.dtype = DType::Float32}, &gen).to(dtype);
+    index = internal::randint(0, 16, {4096}, {.dtype = DType::Int64}, &gen);
+    src = internal::randn({4096, 64}, {.dtype = DType::Float32}, &gen).to(dtype);
   }
-  Tensor on_gpu() const { return ops::index_add(base.to(kGpu), 0, index.to(kGpu), src.to(kGpu)); }
+  Tensor on_gpu() const { return internal::index_add(base.to(kGpu), 0, index.to(kGpu), src.to(kGpu)); }
 };
 
 TEST_F(CudaDeterministicScatter, IndexAddFloat32EqualsTheCpuBitsAndRepeats) {
   for (DType dtype : {DType::Float32, DType::Float64}) {
     SCOPED_TRACE(dtype_name(dtype));
     const IndexAddCase c(dtype);
-    const Tensor cpu = ops::index_add(c.base, 0, c.index, c.src);
+    const Tensor cpu = internal::index_add(c.base, 0, c.index, c.src);
     const Tensor first = c.on_gpu();
     const Tensor second = c.on_gpu();
     EXPECT_EQ(bytes_of(first), bytes_of(second));
@@ -100,7 +100,7 @@ TEST_F(CudaDeterministicScatter, IndexAddHalfTypesMatchAFloat64Reference) {
     const IndexAddCase c(dtype);
     // The same 16-bit inputs, summed in float64.
     const std::vector<double> ref =
-        ops::index_add(c.base.to(DType::Float64), 0, c.index, c.src.to(DType::Float64)).to_vector<double>();
+        internal::index_add(c.base.to(DType::Float64), 0, c.index, c.src.to(DType::Float64)).to_vector<double>();
     const Tensor first = c.on_gpu();
     EXPECT_EQ(bytes_of(first), bytes_of(c.on_gpu()));
     const std::vector<double> got = first.to(DType::Float64).cpu().to_vector<double>();
@@ -115,56 +115,56 @@ TEST_F(CudaDeterministicScatter, IndexAddHalfTypesMatchAFloat64Reference) {
 
 TEST_F(CudaDeterministicScatter, ScatterAddAlongAnInnerDimOfAStridedSource) {
   Generator gen(7);
-  const Tensor base = ops::randn({8, 5, 6}, {}, &gen);
-  const Tensor index = ops::randint(0, 5, {8, 300, 6}, {.dtype = DType::Int64}, &gen);
+  const Tensor base = internal::randn({8, 5, 6}, {}, &gen);
+  const Tensor index = internal::randint(0, 5, {8, 300, 6}, {.dtype = DType::Int64}, &gen);
   // src larger than index and transposed: the kernel reads the leading (8, 300, 6) block through strides.
-  const Tensor src = ops::transpose(ops::randn({8, 7, 301}, {}, &gen), 1, 2);  // (8, 301, 7)
-  const Tensor cpu = ops::scatter_add(base, 1, index, src);
-  const Tensor gpu = ops::scatter_add(base.to(kGpu), 1, index.to(kGpu), src.to(kGpu));
+  const Tensor src = internal::transpose(internal::randn({8, 7, 301}, {}, &gen), 1, 2);  // (8, 301, 7)
+  const Tensor cpu = internal::scatter_add(base, 1, index, src);
+  const Tensor gpu = internal::scatter_add(base.to(kGpu), 1, index.to(kGpu), src.to(kGpu));
   EXPECT_EQ(bytes_of(gpu), bytes_of(cpu));
-  EXPECT_EQ(bytes_of(gpu), bytes_of(ops::scatter_add(base.to(kGpu), 1, index.to(kGpu), src.to(kGpu))));
+  EXPECT_EQ(bytes_of(gpu), bytes_of(internal::scatter_add(base.to(kGpu), 1, index.to(kGpu), src.to(kGpu))));
 }
 
 TEST_F(CudaDeterministicScatter, InPlaceScatterAddOnAViewWritesOnlyTheView) {
   // out is a column slice of a larger tensor (offset and strides): the other columns stay as they were.
-  Tensor full_cpu = ops::zeros({10, 4});
-  Tensor full_gpu = ops::zeros({10, 4}, {.device = kGpu});
-  const Tensor index = ops::from_vector<int64_t>({3, 3, 9, 0, 3}, {5, 1});
-  const Tensor src = ops::from_vector<float>({1.f, 2.f, 4.f, 8.f, 16.f}, {5, 1});
-  Tensor view_cpu = ops::slice(full_cpu, 1, 2, 3);
-  Tensor view_gpu = ops::slice(full_gpu, 1, 2, 3);
-  ops::scatter_add_(view_cpu, 0, index, src);
-  ops::scatter_add_(view_gpu, 0, index.to(kGpu), src.to(kGpu));
+  Tensor full_cpu = internal::zeros({10, 4});
+  Tensor full_gpu = internal::zeros({10, 4}, {.device = kGpu});
+  const Tensor index = internal::from_vector<int64_t>({3, 3, 9, 0, 3}, {5, 1});
+  const Tensor src = internal::from_vector<float>({1.f, 2.f, 4.f, 8.f, 16.f}, {5, 1});
+  Tensor view_cpu = internal::slice(full_cpu, 1, 2, 3);
+  Tensor view_gpu = internal::slice(full_gpu, 1, 2, 3);
+  internal::scatter_add_(view_cpu, 0, index, src);
+  internal::scatter_add_(view_gpu, 0, index.to(kGpu), src.to(kGpu));
   EXPECT_EQ(bytes_of(full_gpu), bytes_of(full_cpu));
   EXPECT_EQ(full_gpu.cpu().to_vector<float>()[3 * 4 + 2], 19.f);
 }
 
 TEST_F(CudaDeterministicScatter, ScatterWithDuplicatesKeepsTheLastInIndexOrder) {
   Generator gen(5);
-  const Tensor base = ops::zeros({6, 33});
-  const Tensor index = ops::randint(0, 6, {500, 33}, {.dtype = DType::Int64}, &gen);  // ~83 writers per target
-  const Tensor src = ops::randn({500, 33}, {}, &gen);
-  const Tensor cpu = ops::scatter(base, 0, index, src);
-  const Tensor gpu = ops::scatter(base.to(kGpu), 0, index.to(kGpu), src.to(kGpu));
+  const Tensor base = internal::zeros({6, 33});
+  const Tensor index = internal::randint(0, 6, {500, 33}, {.dtype = DType::Int64}, &gen);  // ~83 writers per target
+  const Tensor src = internal::randn({500, 33}, {}, &gen);
+  const Tensor cpu = internal::scatter(base, 0, index, src);
+  const Tensor gpu = internal::scatter(base.to(kGpu), 0, index.to(kGpu), src.to(kGpu));
   EXPECT_EQ(bytes_of(gpu), bytes_of(cpu));
   // Scalar source (a stride-0 view) and a 16-bit dtype go through the same path.
-  const Tensor half = ops::scatter(base.to(DType::Float16).to(kGpu), 0, index.to(kGpu), 2.5);
-  EXPECT_EQ(bytes_of(half), bytes_of(ops::scatter(base.to(DType::Float16), 0, index, 2.5)));
+  const Tensor half = internal::scatter(base.to(DType::Float16).to(kGpu), 0, index.to(kGpu), 2.5);
+  EXPECT_EQ(bytes_of(half), bytes_of(internal::scatter(base.to(DType::Float16), 0, index, 2.5)));
 }
 
 TEST_F(CudaDeterministicScatter, IntegerScatterAddStillExact) {
-  const Tensor index = ops::from_vector<int64_t>({1, 1, 0, 1}, {4});
-  const Tensor src = ops::from_vector<int64_t>({5, 6, 7, 8}, {4});
-  const Tensor gpu =
-      ops::index_add(ops::zeros({2}, {.dtype = DType::Int64, .device = kGpu}), 0, index.to(kGpu), src.to(kGpu));
+  const Tensor index = internal::from_vector<int64_t>({1, 1, 0, 1}, {4});
+  const Tensor src = internal::from_vector<int64_t>({5, 6, 7, 8}, {4});
+  const Tensor gpu = internal::index_add(internal::zeros({2}, {.dtype = DType::Int64, .device = kGpu}), 0,
+                                         index.to(kGpu), src.to(kGpu));
   EXPECT_EQ(gpu.cpu().to_vector<int64_t>(), (std::vector<int64_t>{7, 19}));
 }
 
 TEST_F(CudaDeterministicScatter, OutOfRangeIndexThrowsAndWritesNothingElsewhere) {
-  Tensor out = ops::zeros({4}, {.device = kGpu});
-  const Tensor index = ops::from_vector<int64_t>({1, 4, 2}, {3}).to(kGpu);
-  const Tensor src = ops::from_vector<float>({1.f, 2.f, 3.f}, {3}).to(kGpu);
-  expect_error([&] { ops::scatter_add_(out, 0, index, src).cpu(); }, {"scatter_add", "index 4 is out of range"});
+  Tensor out = internal::zeros({4}, {.device = kGpu});
+  const Tensor index = internal::from_vector<int64_t>({1, 4, 2}, {3}).to(kGpu);
+  const Tensor src = internal::from_vector<float>({1.f, 2.f, 3.f}, {3}).to(kGpu);
+  expect_error([&] { internal::scatter_add_(out, 0, index, src).cpu(); }, {"scatter_add", "index 4 is out of range"});
   const std::vector<float> got = out.cpu().to_vector<float>();
   EXPECT_EQ(got[0], 0.f);
   EXPECT_EQ(got[3], 0.f);

@@ -206,8 +206,8 @@ TEST_P(ElementwiseBinaryTest, TypePromotionFollowsPyTorch) {
   EXPECT_EQ((i64_0d + 1.5).dtype(), DType::Float32);
   EXPECT_EQ((i32 / 2).dtype(), DType::Float32);
   EXPECT_EQ((f32 < i64).dtype(), DType::Bool);
-  EXPECT_EQ(ops::result_type(i32, Scalar(2)), DType::Int32);
-  EXPECT_EQ(ops::result_type(f16, f32), DType::Float32);
+  EXPECT_EQ(internal::result_type(i32, Scalar(2)), DType::Int32);
+  EXPECT_EQ(internal::result_type(f16, f32), DType::Float32);
   EXPECT_EQ(pow(2, i32).dtype(), DType::Int32);
   EXPECT_EQ(pow(2.5, i32).dtype(), DType::Float32);
   expect_values(pow(2, i32), {2}, {2, 4});
@@ -470,7 +470,7 @@ TEST_P(MulBackwardTest, BothGradientsInOnePass) {
     Tensor g = make(uniform(12, -2, 2, 1), {3, 4}, opts(dtype));
     Tensor a = make(uniform(12, -2, 2, 2), {3, 4}, opts(dtype));
     Tensor b = non_contiguous(make(uniform(12, -2, 2, 3), {3, 4}, opts(dtype)));
-    auto [ga, gb] = ops::mul_backward(g, a, b);
+    auto [ga, gb] = internal::mul_backward(g, a, b);
     const std::vector<double> vg = values(g), va = values(a), vb = values(b);
     std::vector<double> ega(12), egb(12);
     for (size_t i = 0; i < 12; ++i) {
@@ -490,7 +490,7 @@ TEST_P(MulBackwardTest, BroadcastOperandsFallBackToTwoProducts) {
   Tensor g = make({1, 2, 3, 4}, {2, 2}, opts());
   Tensor a = make({10, 20}, {2}, opts());  // broadcast along rows
   Tensor b = make({2}, {}, opts());
-  auto [ga, gb] = ops::mul_backward(g, a, b);
+  auto [ga, gb] = internal::mul_backward(g, a, b);
   expect_values(ga, {2, 2}, {2, 4, 6, 8});
   expect_values(gb, {2, 2}, {10, 40, 30, 80});
 }

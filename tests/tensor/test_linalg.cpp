@@ -113,7 +113,7 @@ TEST_P(MatmulTest, MmMatchesReferenceInEveryDType) {
       for (auto& x : a) x = std::abs(x);
       for (auto& x : b) x = std::abs(x);
     }
-    Tensor c = ops::mm(make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)));
+    Tensor c = internal::mm(make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)));
     EXPECT_EQ(c.dtype(), dt);
     expect_values(c, {m, n}, ref_mm(a, b, m, k, n), -1, matmul_atol(dt, k));
   }
@@ -128,14 +128,14 @@ TEST_P(MatmulTest, TransposedAndStridedOperands) {
     const std::vector<double> want = ref_mm(a, b, m, k, n);
     const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
     // Column-major views: the transpose of a contiguous (K, M) tensor.
-    const Tensor at = ops::contiguous(ac.t()).t(), bt = ops::contiguous(bc.t()).t();
+    const Tensor at = internal::contiguous(ac.t()).t(), bt = internal::contiguous(bc.t()).t();
     ASSERT_EQ(at.stride(0), 1);
     // No unit stride in either matrix dim: the frontend copies.
     const Tensor as = testing::non_contiguous(ac), bs = testing::non_contiguous(bc);
     ASSERT_NE(as.stride(1), 1);
     for (const auto& [x, y] :
          std::vector<std::pair<Tensor, Tensor>>{{at, bc}, {ac, bt}, {at, bt}, {as, bs}, {as, bt}}) {
-      expect_values(ops::matmul(x, y), {m, n}, want, -1, matmul_atol(dt, k));
+      expect_values(internal::matmul(x, y), {m, n}, want, -1, matmul_atol(dt, k));
     }
   }
 }
@@ -146,7 +146,7 @@ TEST_P(MatmulTest, ExpandedOperandWithZeroStride) {
   const Tensor a = make(row, {1, 3}, opts()).expand({4, 3});
   std::vector<double> a_full;
   for (int i = 0; i < 4; ++i) a_full.insert(a_full.end(), row.begin(), row.end());
-  expect_values(ops::matmul(a, make(b, {3, 2}, opts())), {4, 2}, ref_mm(a_full, b, 4, 3, 2));
+  expect_values(internal::matmul(a, make(b, {3, 2}, opts())), {4, 2}, ref_mm(a_full, b, 4, 3, 2));
 }
 
 TEST_P(MatmulTest, LargeProductsSplitAcrossThreads) {
@@ -156,13 +156,13 @@ TEST_P(MatmulTest, LargeProductsSplitAcrossThreads) {
     SCOPED_TRACE(::testing::Message() << dt);
     if (unsupported(dt)) continue;
     const std::vector<double> a = data_for(dt, m * k, 7), b = data_for(dt, k * n, 8);
-    expect_values(ops::mm(make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt))), {m, n}, ref_mm(a, b, m, k, n), -1,
+    expect_values(internal::mm(make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt))), {m, n}, ref_mm(a, b, m, k, n), -1,
                   matmul_atol(dt, k));
   }
   const int64_t batches = 6, bm = 70, bk = 40, bn = 50;
   const std::vector<double> a = quarters(batches * bm * bk, 9), b = quarters(batches * bk * bn, 10);
-  expect_values(ops::bmm(make(a, {batches, bm, bk}, opts()), make(b, {batches, bk, bn}, opts())), {batches, bm, bn},
-                ref_matmul(a, {batches}, b, {batches}, {batches}, bm, bk, bn));
+  expect_values(internal::bmm(make(a, {batches, bm, bk}, opts()), make(b, {batches, bk, bn}, opts())),
+                {batches, bm, bn}, ref_matmul(a, {batches}, b, {batches}, {batches}, bm, bk, bn));
 }
 
 TEST_P(MatmulTest, SixteenBitToleranceGrowsWithK) {
@@ -175,7 +175,7 @@ TEST_P(MatmulTest, SixteenBitToleranceGrowsWithK) {
     SCOPED_TRACE(::testing::Message() << dt);
     const double eps = dt == DType::Float16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
     // Each product carries two input roundings; sums of K such errors stay below K * 2 * eps (|a|, |b| <= 1).
-    expect_values(ops::matmul(make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt))), {m, n}, ref_mm(a, b, m, k, n),
+    expect_values(internal::matmul(make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt))), {m, n}, ref_mm(a, b, m, k, n),
                   testing::default_rtol(dt), 2.0 * eps * static_cast<double>(k) / 4.0);
   }
 }
@@ -183,19 +183,19 @@ TEST_P(MatmulTest, SixteenBitToleranceGrowsWithK) {
 TEST_P(MatmulTest, VectorCombinationsFollowTorchMatmul) {
   const std::vector<double> v3 = quarters(3, 11), v3b = quarters(3, 12), m23 = quarters(6, 13), m32 = quarters(6, 14);
   // 1-D x 1-D: dot product, 0-d
-  Tensor d = ops::matmul(make(v3, {3}, opts()), make(v3b, {3}, opts()));
+  Tensor d = internal::matmul(make(v3, {3}, opts()), make(v3b, {3}, opts()));
   expect_values(d, {}, ref_mm(v3, v3b, 1, 3, 1));
   // 2-D x 1-D: (2, 3) @ (3,) -> (2,)
-  expect_values(ops::matmul(make(m23, {2, 3}, opts()), make(v3, {3}, opts())), {2}, ref_mm(m23, v3, 2, 3, 1));
+  expect_values(internal::matmul(make(m23, {2, 3}, opts()), make(v3, {3}, opts())), {2}, ref_mm(m23, v3, 2, 3, 1));
   // 1-D x 2-D: (3,) @ (3, 2) -> (2,)
-  expect_values(ops::matmul(make(v3, {3}, opts()), make(m32, {3, 2}, opts())), {2}, ref_mm(v3, m32, 1, 3, 2));
+  expect_values(internal::matmul(make(v3, {3}, opts()), make(m32, {3, 2}, opts())), {2}, ref_mm(v3, m32, 1, 3, 2));
   // 3-D x 1-D: (4, 2, 3) @ (3,) -> (4, 2)
   const std::vector<double> b423 = quarters(24, 15);
-  expect_values(ops::matmul(make(b423, {4, 2, 3}, opts()), make(v3, {3}, opts())), {4, 2},
+  expect_values(internal::matmul(make(b423, {4, 2, 3}, opts()), make(v3, {3}, opts())), {4, 2},
                 ref_matmul(b423, {4}, v3, {}, {4}, 2, 3, 1));
   // 1-D x 3-D: (2,) @ (4, 2, 3) -> (4, 3)
   const std::vector<double> v2 = quarters(2, 16);
-  expect_values(ops::matmul(make(v2, {2}, opts()), make(b423, {4, 2, 3}, opts())), {4, 3},
+  expect_values(internal::matmul(make(v2, {2}, opts()), make(b423, {4, 2, 3}, opts())), {4, 3},
                 ref_matmul(v2, {}, b423, {4}, {4}, 1, 2, 3));
 }
 
@@ -204,18 +204,18 @@ TEST_P(MatmulTest, BatchedRankCombinations) {
   // 3-D x 2-D (rows folded into one product), 2-D x 3-D, 3-D x 3-D
   const std::vector<double> a3 = quarters(5 * m * k, 17), b2 = quarters(k * n, 18), a2 = quarters(m * k, 19),
                             b3 = quarters(5 * k * n, 20);
-  expect_values(ops::matmul(make(a3, {5, m, k}, opts()), make(b2, {k, n}, opts())), {5, m, n},
+  expect_values(internal::matmul(make(a3, {5, m, k}, opts()), make(b2, {k, n}, opts())), {5, m, n},
                 ref_matmul(a3, {5}, b2, {}, {5}, m, k, n));
-  expect_values(ops::matmul(make(a2, {m, k}, opts()), make(b3, {5, k, n}, opts())), {5, m, n},
+  expect_values(internal::matmul(make(a2, {m, k}, opts()), make(b3, {5, k, n}, opts())), {5, m, n},
                 ref_matmul(a2, {}, b3, {5}, {5}, m, k, n));
-  expect_values(ops::matmul(make(a3, {5, m, k}, opts()), make(b3, {5, k, n}, opts())), {5, m, n},
+  expect_values(internal::matmul(make(a3, {5, m, k}, opts()), make(b3, {5, k, n}, opts())), {5, m, n},
                 ref_matmul(a3, {5}, b3, {5}, {5}, m, k, n));
   // 4-D x 3-D with a broadcast batch: (2, 1, M, K) @ (3, K, N) -> (2, 3, M, N)
   const std::vector<double> a4 = quarters(2 * m * k, 21), b33 = quarters(3 * k * n, 22);
-  expect_values(ops::matmul(make(a4, {2, 1, m, k}, opts()), make(b33, {3, k, n}, opts())), {2, 3, m, n},
+  expect_values(internal::matmul(make(a4, {2, 1, m, k}, opts()), make(b33, {3, k, n}, opts())), {2, 3, m, n},
                 ref_matmul(a4, {2, 1}, b33, {3}, {2, 3}, m, k, n));
   // 4-D x 4-D broadcasting both ways: (2, 1, M, K) @ (1, 3, K, N): batch dims cannot merge into one stride
-  expect_values(ops::matmul(make(a4, {2, 1, m, k}, opts()), make(b33, {1, 3, k, n}, opts())), {2, 3, m, n},
+  expect_values(internal::matmul(make(a4, {2, 1, m, k}, opts()), make(b33, {1, 3, k, n}, opts())), {2, 3, m, n},
                 ref_matmul(a4, {2, 1}, b33, {1, 3}, {2, 3}, m, k, n));
   // 5-D x 2-D with a permuted (non-foldable) batch in float64
   const std::vector<double> a5 = quarters(2 * 3 * 2 * m * k, 23);
@@ -224,30 +224,33 @@ TEST_P(MatmulTest, BatchedRankCombinations) {
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 3; ++j)
       for (int l = 0; l < 2 * m * k; ++l) a5p.push_back(a5[(j * 2 + i) * 2 * m * k + l]);
-  expect_values(ops::matmul(a5t, make(b2, {k, n}, opts(DType::Float64))), {2, 3, 2, m, n},
+  expect_values(internal::matmul(a5t, make(b2, {k, n}, opts(DType::Float64))), {2, 3, 2, m, n},
                 ref_matmul(a5p, {2, 3, 2}, b2, {}, {2, 3, 2}, m, k, n));
   // Batch dims of size 1 only: (1, M, K) @ (1, 1, K, N) -> (1, 1, M, N)
-  expect_values(ops::matmul(make(a2, {1, m, k}, opts()), make(b2, {1, 1, k, n}, opts())), {1, 1, m, n},
+  expect_values(internal::matmul(make(a2, {1, m, k}, opts()), make(b2, {1, 1, k, n}, opts())), {1, 1, m, n},
                 ref_mm(a2, b2, m, k, n));
   // Non-contiguous batched operands
-  expect_values(ops::matmul(testing::non_contiguous(make(a3, {5, m, k}, opts())),
-                            testing::non_contiguous(make(b3, {5, k, n}, opts()))),
+  expect_values(internal::matmul(testing::non_contiguous(make(a3, {5, m, k}, opts())),
+                                 testing::non_contiguous(make(b3, {5, k, n}, opts()))),
                 {5, m, n}, ref_matmul(a3, {5}, b3, {5}, {5}, m, k, n));
 }
 
 TEST_P(MatmulTest, ZeroSizedDims) {
   // K = 0: sums over nothing are zeros.
-  expect_values(ops::matmul(ops::empty({3, 0}, opts()), ops::empty({0, 2}, opts())), {3, 2}, std::vector<double>(6, 0));
-  expect_values(ops::bmm(ops::empty({2, 3, 0}, opts(DType::Float16)), ops::empty({2, 0, 2}, opts(DType::Float16))),
-                {2, 3, 2}, std::vector<double>(12, 0));
-  expect_values(ops::dot(ops::empty({0}, opts()), ops::empty({0}, opts())), {}, {0});
+  expect_values(internal::matmul(internal::empty({3, 0}, opts()), internal::empty({0, 2}, opts())), {3, 2},
+                std::vector<double>(6, 0));
+  expect_values(
+      internal::bmm(internal::empty({2, 3, 0}, opts(DType::Float16)), internal::empty({2, 0, 2}, opts(DType::Float16))),
+      {2, 3, 2}, std::vector<double>(12, 0));
+  expect_values(internal::dot(internal::empty({0}, opts()), internal::empty({0}, opts())), {}, {0});
   // M = 0, N = 0 or B = 0: empty results.
-  expect_values(ops::matmul(ops::empty({0, 3}, opts()), ops::ones({3, 2}, opts())), {0, 2}, {});
-  expect_values(ops::matmul(ops::ones({2, 3}, opts()), ops::ones({3, 0}, opts())), {2, 0}, {});
-  expect_values(ops::matmul(ops::empty({0, 2, 3}, opts()), ops::ones({3, 4}, opts())), {0, 2, 4}, {});
-  expect_values(ops::outer(ops::empty({0}, opts()), ops::ones({3}, opts())), {0, 3}, {});
+  expect_values(internal::matmul(internal::empty({0, 3}, opts()), internal::ones({3, 2}, opts())), {0, 2}, {});
+  expect_values(internal::matmul(internal::ones({2, 3}, opts()), internal::ones({3, 0}, opts())), {2, 0}, {});
+  expect_values(internal::matmul(internal::empty({0, 2, 3}, opts()), internal::ones({3, 4}, opts())), {0, 2, 4}, {});
+  expect_values(internal::outer(internal::empty({0}, opts()), internal::ones({3}, opts())), {0, 3}, {});
   // addmm with K = 0 is beta * c.
-  expect_values(ops::addmm(ops::full({2, 2}, 3.0, opts()), ops::empty({2, 0}, opts()), ops::empty({0, 2}, opts()), 0.5),
+  expect_values(internal::addmm(internal::full({2, 2}, 3.0, opts()), internal::empty({2, 0}, opts()),
+                                internal::empty({0, 2}, opts()), 0.5),
                 {2, 2}, {1.5, 1.5, 1.5, 1.5});
 }
 
@@ -257,24 +260,25 @@ TEST_P(MatmulTest, BmmAndOuterAndDot) {
     SCOPED_TRACE(::testing::Message() << dt);
     if (unsupported(dt)) continue;
     const std::vector<double> ad = data_for(dt, 24, 24), bd = data_for(dt, 40, 25);
-    expect_values(ops::bmm(make(ad, {2, 3, 4}, opts(dt)), make(bd, {2, 4, 5}, opts(dt))), {2, 3, 5},
+    expect_values(internal::bmm(make(ad, {2, 3, 4}, opts(dt)), make(bd, {2, 4, 5}, opts(dt))), {2, 3, 5},
                   ref_matmul(ad, {2}, bd, {2}, {2}, 3, 4, 5), -1, matmul_atol(dt, 4));
     const std::vector<double> u = data_for(dt, 4, 26), v = data_for(dt, 3, 27);
     std::vector<double> want;
     for (double x : u)
       for (double y : v) want.push_back(x * y);
-    expect_values(ops::outer(make(u, {4}, opts(dt)), make(v, {3}, opts(dt))), {4, 3}, want);
+    expect_values(internal::outer(make(u, {4}, opts(dt)), make(v, {3}, opts(dt))), {4, 3}, want);
     const std::vector<double> w = data_for(dt, 4, 28);
     double dotv = 0;
     for (int i = 0; i < 4; ++i) dotv += u[i] * w[i];
-    expect_values(ops::dot(make(u, {4}, opts(dt)), make(w, {4}, opts(dt))), {}, {dotv});
+    expect_values(internal::dot(make(u, {4}, opts(dt)), make(w, {4}, opts(dt))), {}, {dotv});
   }
   // Strided vectors
   const std::vector<double> u = quarters(6, 29), w = quarters(6, 30);
   double dotv = 0;
   for (int i = 0; i < 6; ++i) dotv += u[i] * w[i];
-  expect_values(ops::dot(testing::non_contiguous(make(u, {6}, opts())), testing::non_contiguous(make(w, {6}, opts()))),
-                {}, {dotv});
+  expect_values(
+      internal::dot(testing::non_contiguous(make(u, {6}, opts())), testing::non_contiguous(make(w, {6}, opts()))), {},
+      {dotv});
 }
 
 // addmm_ adds the product into its destination in place: the same memory afterwards, for every float dtype, with
@@ -288,7 +292,7 @@ TEST_P(MatmulTest, AddmmInPlaceAddsIntoTheDestination) {
     SCOPED_TRACE(::testing::Message() << dt);
     Tensor dest = make(c, {m, n}, opts(dt));
     const void* before = dest.data_ptr();
-    Tensor& result = ops::addmm_(dest, make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)), 0.5, 2.0);
+    Tensor& result = internal::addmm_(dest, make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)), 0.5, 2.0);
     EXPECT_EQ(&result, &dest);
     EXPECT_EQ(dest.data_ptr(), before);
     std::vector<double> want(m * n);
@@ -296,29 +300,33 @@ TEST_P(MatmulTest, AddmmInPlaceAddsIntoTheDestination) {
     expect_values(dest, {m, n}, want, -1, matmul_atol(dt, k));
   }
   // The (N H W, C) rows of a channels-last (N, C, H, W) tensor: the product lands in its memory; a transposed a.
-  const Tensor nchw = ops::contiguous(make(c, {1, n, 2, 3}, opts()), MemoryFormat::ChannelsLast);  // N H W = m
-  Tensor rows = ops::view(ops::permute(nchw, {0, 2, 3, 1}), {m, n});
+  const Tensor nchw = internal::contiguous(make(c, {1, n, 2, 3}, opts()), MemoryFormat::ChannelsLast);  // N H W = m
+  Tensor rows = internal::view(internal::permute(nchw, {0, 2, 3, 1}), {m, n});
   const std::vector<double> rows_before = testing::values(rows);
-  const Tensor at = ops::contiguous(make(a, {m, k}, opts()).t()).t();
-  ops::addmm_(rows, at, make(b, {k, n}, opts()));
+  const Tensor at = internal::contiguous(make(a, {m, k}, opts()).t()).t();
+  internal::addmm_(rows, at, make(b, {k, n}, opts()));
   std::vector<double> want(m * n);
   for (int64_t i = 0; i < m * n; ++i) want[i] = rows_before[i] + ab[i];
-  expect_values(ops::view(ops::permute(nchw, {0, 2, 3, 1}), {m, n}), {m, n}, want);
+  expect_values(internal::view(internal::permute(nchw, {0, 2, 3, 1}), {m, n}), {m, n}, want);
   // Refused: a destination of another shape (no broadcasting), without contiguous rows, or of another dtype.
   Tensor row = make(std::vector<double>(n, 0.0), {n}, opts());
   expect_error(
       [&] {
-        ops::addmm_(row, make(a, {m, k}, opts()), make(b, {k, n}, opts()));
+        internal::addmm_(row, make(a, {m, k}, opts()), make(b, {k, n}, opts()));
       },
       {"addmm_", "does not broadcast"});
-  Tensor strided = ops::contiguous(make(c, {n, m}, opts())).t();
+  Tensor strided = internal::contiguous(make(c, {n, m}, opts())).t();
   expect_error(
       [&] {
-        ops::addmm_(strided, make(a, {m, k}, opts()), make(b, {k, n}, opts()));
+        internal::addmm_(strided, make(a, {m, k}, opts()), make(b, {k, n}, opts()));
       },
       {"addmm_", "contiguous rows"});
   Tensor doubles = make(c, {m, n}, opts(DType::Float64));
-  expect_error([&] { ops::addmm_(doubles, make(a, {m, k}, opts()), make(b, {k, n}, opts())); }, {"addmm_", "dtype"});
+  expect_error(
+      [&] {
+        internal::addmm_(doubles, make(a, {m, k}, opts()), make(b, {k, n}, opts()));
+      },
+      {"addmm_", "dtype"});
 }
 
 TEST_P(MatmulTest, AddmmScalesAndBroadcastsC) {
@@ -332,26 +340,26 @@ TEST_P(MatmulTest, AddmmScalesAndBroadcastsC) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) want[i * n + j] = 2.0 * c_row[j] + 0.5 * ab[i * n + j];
     expect_values(
-        ops::addmm(make(c_row, {n}, opts(dt)), make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)), 2.0, 0.5), {m, n},
-        want, -1, matmul_atol(dt, k));
+        internal::addmm(make(c_row, {n}, opts(dt)), make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)), 2.0, 0.5),
+        {m, n}, want, -1, matmul_atol(dt, k));
   }
   // c of shape (M, 1) and (M, N), default beta = alpha = 1, transposed a
   const std::vector<double> c_col = {1, 2, 3};
   std::vector<double> want(m * n);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) want[i * n + j] = c_col[i] + ab[i * n + j];
-  const Tensor at = ops::contiguous(make(a, {m, k}, opts()).t()).t();
-  expect_values(ops::addmm(make(c_col, {m, 1}, opts()), at, make(b, {k, n}, opts())), {m, n}, want);
-  expect_values(ops::addmm(make(want, {m, n}, opts()), make(a, {m, k}, opts()), make(b, {k, n}, opts()), 1, -1), {m, n},
-                {1, 1, 2, 2, 3, 3});
+  const Tensor at = internal::contiguous(make(a, {m, k}, opts()).t()).t();
+  expect_values(internal::addmm(make(c_col, {m, 1}, opts()), at, make(b, {k, n}, opts())), {m, n}, want);
+  expect_values(internal::addmm(make(want, {m, n}, opts()), make(a, {m, k}, opts()), make(b, {k, n}, opts()), 1, -1),
+                {m, n}, {1, 1, 2, 2, 3, 3});
   // beta = 0 ignores c, NaN included
-  const Tensor nan_c = ops::full({m, n}, std::numeric_limits<double>::quiet_NaN(), opts());
-  expect_values(ops::addmm(nan_c, make(a, {m, k}, opts()), make(b, {k, n}, opts()), 0), {m, n}, ab);
+  const Tensor nan_c = internal::full({m, n}, std::numeric_limits<double>::quiet_NaN(), opts());
+  expect_values(internal::addmm(nan_c, make(a, {m, k}, opts()), make(b, {k, n}, opts()), 0), {m, n}, ab);
   // integers
   if (unsupported(DType::Int32)) {
     expect_error(
         [&] {
-          ops::mm(ops::ones({2, 2}, opts(DType::Int32)), ops::ones({2, 2}, opts(DType::Int32)));
+          internal::mm(internal::ones({2, 2}, opts(DType::Int32)), internal::ones({2, 2}, opts(DType::Int32)));
         },
         {"matmul", "integer", "CUDA"});
     return;
@@ -360,57 +368,71 @@ TEST_P(MatmulTest, AddmmScalesAndBroadcastsC) {
   const std::vector<double> abi = ref_mm(ai, bi, m, k, n);
   std::vector<double> wi(m * n);
   for (int64_t i = 0; i < m * n; ++i) wi[i] = 3 * 7 + 2 * abi[i];
-  expect_values(ops::addmm(ops::full({1}, 7, opts(DType::Int32)), make(ai, {m, k}, opts(DType::Int32)),
-                           make(bi, {k, n}, opts(DType::Int32)), 3, 2),
+  expect_values(internal::addmm(internal::full({1}, 7, opts(DType::Int32)), make(ai, {m, k}, opts(DType::Int32)),
+                                make(bi, {k, n}, opts(DType::Int32)), 3, 2),
                 {m, n}, wi);
 }
 
 TEST_P(MatmulTest, ErrorsNameTheOpShapesAndDTypes) {
-  const Tensor a23 = ops::ones({2, 3}, opts()), a45 = ops::ones({4, 5}, opts());
-  expect_error([&] { ops::matmul(a23, a45); }, {"matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)"});
-  expect_error([&] { ops::mm(a23, a45); }, {"mm: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)"});
-  expect_error([&] { ops::matmul(ops::ones({3}, opts()), ops::ones({4}, opts())); },
+  const Tensor a23 = internal::ones({2, 3}, opts()), a45 = internal::ones({4, 5}, opts());
+  expect_error([&] { internal::matmul(a23, a45); }, {"matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)"});
+  expect_error([&] { internal::mm(a23, a45); }, {"mm: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)"});
+  expect_error([&] { internal::matmul(internal::ones({3}, opts()), internal::ones({4}, opts())); },
                {"matmul", "[3]", "[4]", "3 != 4"});
   expect_error(
       [&] {
-        ops::matmul(ops::ones({2, 5, 3}, opts()), ops::ones({5}, opts()));
+        internal::matmul(internal::ones({2, 5, 3}, opts()), internal::ones({5}, opts()));
       },
       {"matmul", "[2, 5, 3]", "3 != 5"});
   expect_error(
       [&] {
-        ops::matmul(a23, ops::ones({3, 2}, opts(DType::Float64)));
+        internal::matmul(a23, internal::ones({3, 2}, opts(DType::Float64)));
       },
       {"matmul", "float32", "float64", ".to(DType::Float64)"});
   expect_error(
       [&] {
-        ops::mm(a23.to(DType::Int32), ops::ones({3, 2}, opts(DType::Float16)));
+        internal::mm(a23.to(DType::Int32), internal::ones({3, 2}, opts(DType::Float16)));
       },
       {"mm", "int32", "float16", ".to("});
-  expect_error([&] { ops::matmul(a23.to(DType::Bool), ops::ones({3, 2}, opts(DType::Bool))); }, {"matmul", "bool"});
-  expect_error([&] { ops::matmul(ops::ones({}, opts()), a23); }, {"matmul", "at least 1 dim", "[]", "[2, 3]"});
-  expect_error([&] { ops::mm(ops::ones({3}, opts()), a23); }, {"mm", "2-D", "[3]", "[2, 3]"});
-  expect_error([&] { ops::bmm(a23, a23); }, {"bmm", "3-D", "[2, 3]"});
   expect_error(
       [&] {
-        ops::bmm(ops::ones({2, 2, 3}, opts()), ops::ones({3, 3, 2}, opts()));
+        internal::matmul(a23.to(DType::Bool), internal::ones({3, 2}, opts(DType::Bool)));
+      },
+      {"matmul", "bool"});
+  expect_error([&] { internal::matmul(internal::ones({}, opts()), a23); },
+               {"matmul", "at least 1 dim", "[]", "[2, 3]"});
+  expect_error([&] { internal::mm(internal::ones({3}, opts()), a23); }, {"mm", "2-D", "[3]", "[2, 3]"});
+  expect_error([&] { internal::bmm(a23, a23); }, {"bmm", "3-D", "[2, 3]"});
+  expect_error(
+      [&] {
+        internal::bmm(internal::ones({2, 2, 3}, opts()), internal::ones({3, 3, 2}, opts()));
       },
       {"bmm", "batch", "2 != 3"});
-  expect_error([&] { ops::bmm(ops::ones({2, 2, 3}, opts()), ops::ones({2, 4, 2}, opts())); }, {"bmm", "3 != 4"});
   expect_error(
       [&] {
-        ops::matmul(ops::ones({2, 2, 3}, opts()), ops::ones({3, 3, 2}, opts()));
+        internal::bmm(internal::ones({2, 2, 3}, opts()), internal::ones({2, 4, 2}, opts()));
+      },
+      {"bmm", "3 != 4"});
+  expect_error(
+      [&] {
+        internal::matmul(internal::ones({2, 2, 3}, opts()), internal::ones({3, 3, 2}, opts()));
       },
       {"matmul", "batch", "[2]", "[3]", "[2, 2, 3]", "[3, 3, 2]"});
-  expect_error([&] { ops::addmm(ops::ones({3}, opts()), a23, ops::ones({3, 2}, opts())); }, {"addmm", "[3]", "[2, 2]"});
   expect_error(
       [&] {
-        ops::addmm(ops::ones({2}, opts(DType::Float64)), a23, ops::ones({3, 2}, opts()));
+        internal::addmm(internal::ones({3}, opts()), a23, internal::ones({3, 2}, opts()));
+      },
+      {"addmm", "[3]", "[2, 2]"});
+  expect_error(
+      [&] {
+        internal::addmm(internal::ones({2}, opts(DType::Float64)), a23, internal::ones({3, 2}, opts()));
       },
       {"addmm", "float64", "float32"});
-  expect_error([&] { ops::dot(ops::ones({3}, opts()), ops::ones({4}, opts())); }, {"dot", "[3]", "[4]", "3 != 4"});
-  expect_error([&] { ops::dot(a23, a23); }, {"dot", "1-D", "[2, 3]"});
-  expect_error([&] { ops::outer(a23, ops::ones({2}, opts())); }, {"outer", "1-D", "[2, 3]"});
-  expect_error([&] { ops::matmul(Tensor(), a23); }, {"matmul", "undefined"});
+  expect_error([&] { internal::dot(internal::ones({3}, opts()), internal::ones({4}, opts())); },
+               {"dot", "[3]", "[4]", "3 != 4"});
+  expect_error([&] { internal::dot(a23, a23); }, {"dot", "1-D", "[2, 3]"});
+  expect_error([&] { internal::outer(a23, internal::ones({2}, opts())); }, {"outer", "1-D", "[2, 3]"});
+  expect_error([&] { internal::matmul(Tensor(), a23); }, {"matmul", "undefined"});
 }
 
 TEST_P(MatmulTest, DevicesMustMatch) {
@@ -418,13 +440,17 @@ TEST_P(MatmulTest, DevicesMustMatch) {
     if (testing::test_devices().size() < 2) GTEST_SKIP() << "needs a second device";
     expect_error(
         [&] {
-          ops::matmul(ops::ones({2, 2}, opts()),
-                      ops::ones({2, 2}, {.dtype = DType::Float32, .device = Device::cuda(0)}));
+          internal::matmul(internal::ones({2, 2}, opts()),
+                           internal::ones({2, 2}, {.dtype = DType::Float32, .device = Device::cuda(0)}));
         },
         {"matmul", "same device", "cpu", "cuda:0"});
     return;
   }
-  expect_error([&] { ops::mm(ops::ones({2, 2}, opts()), ops::ones({2, 2})); }, {"mm", "same device", "cpu", "cuda"});
+  expect_error(
+      [&] {
+        internal::mm(internal::ones({2, 2}, opts()), internal::ones({2, 2}));
+      },
+      {"mm", "same device", "cpu", "cuda"});
 }
 
 // A linear layer's forward (addmm with a bias vector) and its weight and bias gradients in one product
@@ -446,11 +472,11 @@ TEST_P(MatmulTest, LinearEpilogues) {
     for (DType dt : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
       SCOPED_TRACE(::testing::Message() << dt << " " << m << "x" << k << "x" << n);
       const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
-      const Tensor at = ops::contiguous(ac.t()).t();  // column-major, as g^T is in a backward
+      const Tensor at = internal::contiguous(ac.t()).t();  // column-major, as g^T is in a backward
       for (const Tensor& x : {ac, at}) {
-        expect_values(ops::addmm(make(bias, {n}, opts(dt)), x, bc), {m, n}, want, -1, matmul_atol(dt, k));
-        expect_values(ops::addmm(make(bias, {1, n}, opts(dt)), x, bc), {m, n}, want, -1, matmul_atol(dt, k));
-        auto [prod, row_sums] = ops::mm_with_row_sums(x, bc);
+        expect_values(internal::addmm(make(bias, {n}, opts(dt)), x, bc), {m, n}, want, -1, matmul_atol(dt, k));
+        expect_values(internal::addmm(make(bias, {1, n}, opts(dt)), x, bc), {m, n}, want, -1, matmul_atol(dt, k));
+        auto [prod, row_sums] = internal::mm_with_row_sums(x, bc);
         expect_values(prod, {m, n}, ab, -1, matmul_atol(dt, k));
         expect_values(row_sums, {m}, sums, -1, matmul_atol(dt, k));
       }
@@ -460,7 +486,7 @@ TEST_P(MatmulTest, LinearEpilogues) {
         // Leading dimensions of multiples of 8 elements: at (column-major) has m, ac (row-major) has k.
         const bool aligned = m % 8 == 0 && k % 8 == 0 && n % 8 == 0;
         const bool bias_aligned = k % 8 == 0 && n % 8 == 0;
-        Tensor out = ops::empty({1, m, n}, opts(dt)), row = ops::empty({m}, opts(dt));
+        Tensor out = internal::empty({1, m, n}, opts(dt)), row = internal::empty({m}, opts(dt));
         auto batch = [](const Tensor& t) { return t.unsqueeze(0); };
         EXPECT_EQ(backend(dev()).matmul_epilogue(out, batch(at), batch(bc), {.bias = {}, .row_sums = row}), aligned);
         if (aligned) expect_values(row, {m}, sums, -1, matmul_atol(dt, k));
@@ -472,11 +498,12 @@ TEST_P(MatmulTest, LinearEpilogues) {
     }
   }
   // Other scalings or shapes of c keep the general path.
-  expect_values(ops::addmm(ops::full({2}, 1.0, opts()), ops::ones({2, 3}, opts()), ops::ones({3, 2}, opts()), 2, 1),
+  expect_values(internal::addmm(internal::full({2}, 1.0, opts()), internal::ones({2, 3}, opts()),
+                                internal::ones({3, 2}, opts()), 2, 1),
                 {2, 2}, {5, 5, 5, 5});
   expect_error(
       [&] {
-        ops::mm_with_row_sums(ops::ones({2, 3}, opts()), ops::ones({2, 2}, opts()));
+        internal::mm_with_row_sums(internal::ones({2, 3}, opts()), internal::ones({2, 2}, opts()));
       },
       {"mm_with_row_sums", "[2, 3]", "[2, 2]"});
 }
@@ -502,23 +529,23 @@ TEST_P(MatmulTest, ProductRowsPaddedToAnAlignedPitch) {
     SCOPED_TRACE(::testing::Message() << dt);
     const bool padded = dev().is_cuda() && dt != DType::Float32;
     const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
-    const Tensor prod = ops::mm(ac, bc);
+    const Tensor prod = internal::mm(ac, bc);
     EXPECT_EQ(prod.stride(0), padded ? 1008 : n);
     EXPECT_EQ(prod.stride(1), 1);
     expect_values(prod, {m, n}, ab, -1, matmul_atol(dt, k));
-    const Tensor biased = ops::addmm(make(bias, {n}, opts(dt)), ac, bc);
+    const Tensor biased = internal::addmm(make(bias, {n}, opts(dt)), ac, bc);
     EXPECT_EQ(biased.stride(0), padded ? 1008 : n);
     expect_values(biased, {m, n}, with_bias, -1, matmul_atol(dt, k));
-    expect_values(ops::matmul(ac, bc), {m, n}, ab, -1, matmul_atol(dt, k));
+    expect_values(internal::matmul(ac, bc), {m, n}, ab, -1, matmul_atol(dt, k));
     // Reading padded rows: the products of a backward. prod holds exact values (quarters, k = 64), so these
     // references are exact too, up to the output's rounding.
-    expect_values(ops::mm(prod, make(w, {n, j}, opts(dt))), {m, j}, abw, -1, matmul_atol(dt, n));
-    auto [gt_a, sums] = ops::mm_with_row_sums(prod.t(), ac);
+    expect_values(internal::mm(prod, make(w, {n, j}, opts(dt))), {m, j}, abw, -1, matmul_atol(dt, n));
+    auto [gt_a, sums] = internal::mm_with_row_sums(prod.t(), ac);
     expect_values(gt_a, {n, k}, abt_a, -1, matmul_atol(dt, m));
     expect_values(sums, {n}, row_sums, -1, matmul_atol(dt, m));
     // Short rows, and one-row products, stay contiguous.
-    EXPECT_TRUE(ops::mm(ac, ops::narrow(bc, 1, 0, 100)).is_contiguous());
-    EXPECT_TRUE(ops::mm(ops::narrow(ac, 0, 0, 1), bc).is_contiguous());
+    EXPECT_TRUE(internal::mm(ac, internal::narrow(bc, 1, 0, 100)).is_contiguous());
+    EXPECT_TRUE(internal::mm(internal::narrow(ac, 0, 0, 1), bc).is_contiguous());
   }
 }
 
@@ -542,15 +569,15 @@ TEST_P(MatmulTest, ProductsCutAtUnalignedDimensions) {
     SCOPED_TRACE(::testing::Message() << dt);
     const double atol = matmul_atol(dt, k);
     const Tensor a3 = make(a, {batches, m, k}, opts(dt)), b3 = make(b, {batches, k, n}, opts(dt));
-    const Tensor a2 = ops::select(a3, 0, 0), b2 = ops::select(b3, 0, 0);
-    expect_values(ops::bmm(a3, b3), {batches, m, n}, ab, -1, atol);
-    expect_values(ops::addmm(make(c, {m, n}, opts(dt)), a2, b2, 0.5, 2.0), {m, n}, scaled, -1, atol);
-    expect_values(ops::addmm(make(bias, {n}, opts(dt)), a2, b2), {m, n}, with_bias, -1, atol);
-    auto [prod, sums] = ops::mm_with_row_sums(a2, b2);
+    const Tensor a2 = internal::select(a3, 0, 0), b2 = internal::select(b3, 0, 0);
+    expect_values(internal::bmm(a3, b3), {batches, m, n}, ab, -1, atol);
+    expect_values(internal::addmm(make(c, {m, n}, opts(dt)), a2, b2, 0.5, 2.0), {m, n}, scaled, -1, atol);
+    expect_values(internal::addmm(make(bias, {n}, opts(dt)), a2, b2), {m, n}, with_bias, -1, atol);
+    auto [prod, sums] = internal::mm_with_row_sums(a2, b2);
     expect_values(prod, {m, n}, first, -1, atol);
     expect_values(sums, {m}, row_sums, -1, atol);
     // Column-major a (as g^T in a backward).
-    expect_values(ops::mm(ops::contiguous(a2.t()).t(), b2), {m, n}, first, -1, atol);
+    expect_values(internal::mm(internal::contiguous(a2.t()).t(), b2), {m, n}, first, -1, atol);
   }
 }
 

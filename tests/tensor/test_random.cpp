@@ -167,7 +167,7 @@ TEST(RandomCuda, MatchesTheCpuForTheSameSeed) {
   for (size_t i = 0; i < vd_c.size(); ++i) EXPECT_NEAR(vd_g[i], vd_c[i], 1e-12 * std::max(1.0, std::abs(vd_c[i]))) << i;
 }
 
-// ---- the fused dropout (ops::dropout) ----
+// ---- the fused dropout (internal::dropout) ----
 
 // What dropout computed before it was one kernel: a bernoulli(1 - p) mask in x's dtype, scaled in place,
 // times x. {out, mask}.
@@ -201,7 +201,7 @@ TEST_P(DropoutOpTest, MaskIsBernoullisForTheSameSeed) {
       Generator gx(1), g_old(77), g_new(77);
       Tensor x = randn({3, 37, 11}, opts(dt), &gx);  // 1221 elements: not a whole number of vectors
       auto [out_old, mask_old] = composed_dropout(x, p, &g_old);
-      auto [out, mask] = ops::dropout(x, p, &g_new);
+      auto [out, mask] = internal::dropout(x, p, &g_new);
       EXPECT_EQ(mask.dtype(), dt);
       expect_same_values(mask, mask_old);
       expect_same_values(out, out_old);
@@ -224,7 +224,7 @@ TEST_P(DropoutOpTest, OutputIsXTimesTheMask) {
     }
     Generator g(2);
     Tensor x = make(xv, {4099}, opts(dt));
-    auto [out, mask] = ops::dropout(x, p, &g);
+    auto [out, mask] = internal::dropout(x, p, &g);
     const auto m = values(mask), xr = values(x);  // x as rounded to dt
     std::vector<double> want(m.size());
     for (size_t i = 0; i < m.size(); ++i) {
@@ -257,7 +257,7 @@ TEST_P(DropoutOpTest, LayoutsNumberTheElementsInRowMajorOrder) {
       SCOPED_TRACE(where.str());
       Generator g_old(9), g_new(9);
       auto [out_old, mask_old] = composed_dropout(x, 0.5, &g_old);
-      auto [out, mask] = ops::dropout(x, 0.5, &g_new);
+      auto [out, mask] = internal::dropout(x, 0.5, &g_new);
       expect_same_values(mask, mask_old);
       expect_same_values(out, out_old);
       EXPECT_EQ(out.suggest_memory_format(), x.suggest_memory_format());
@@ -271,7 +271,7 @@ TEST_P(DropoutOpTest, DropsAFractionPOfALargeTensor) {
     for (double p : {0.1, 0.5}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " p = " + std::to_string(p));
       Generator g(2025);
-      auto [out, mask] = ops::dropout(ones({n}, opts(dt)), p, &g);
+      auto [out, mask] = internal::dropout(ones({n}, opts(dt)), p, &g);
       const double dropped = (mask == 0).sum().item<double>();  // Bool sums to Int64
       // Binomial(n, p): within 5 standard deviations (about 1500 for p = 0.5).
       EXPECT_NEAR(dropped, p * static_cast<double>(n), 5 * std::sqrt(static_cast<double>(n) * p * (1 - p)));
@@ -283,16 +283,18 @@ TEST_P(DropoutOpTest, DropsAFractionPOfALargeTensor) {
 TEST_P(DropoutOpTest, EmptyInputsAndBadArguments) {
   Generator g(3);
   const GeneratorState before = g.state();
-  auto [out, mask] = ops::dropout(empty({0, 4}, opts()), 0.5, &g);
+  auto [out, mask] = internal::dropout(empty({0, 4}, opts()), 0.5, &g);
   EXPECT_EQ(out.shape(), (Shape{0, 4}));
   EXPECT_EQ(mask.shape(), (Shape{0, 4}));
   EXPECT_EQ(g.state(), before);  // as bernoulli of nothing: no draw
-  expect_error([&] { ops::dropout(ones({2}, opts()), 1.0, &g); }, {"dropout", "[0, 1)", "1"});
-  expect_error([&] { ops::dropout(ones({2}, opts()), -0.1, &g); }, {"dropout", "[0, 1)", "-0.1"});
-  expect_error([&] { ops::dropout(ones({2}, opts()), kNaN, &g); }, {"dropout", "[0, 1)", "nan"});
-  expect_error([&] { ops::dropout(ones({2}, opts(DType::Int64)), 0.5, &g); }, {"dropout", "floating point", "int64"});
-  expect_error([&] { ops::dropout(ones({2}, opts(DType::Bool)), 0.5, &g); }, {"dropout", "floating point", "bool"});
-  expect_error([&] { ops::dropout(Tensor(), 0.5, &g); }, {"dropout", "undefined"});
+  expect_error([&] { internal::dropout(ones({2}, opts()), 1.0, &g); }, {"dropout", "[0, 1)", "1"});
+  expect_error([&] { internal::dropout(ones({2}, opts()), -0.1, &g); }, {"dropout", "[0, 1)", "-0.1"});
+  expect_error([&] { internal::dropout(ones({2}, opts()), kNaN, &g); }, {"dropout", "[0, 1)", "nan"});
+  expect_error([&] { internal::dropout(ones({2}, opts(DType::Int64)), 0.5, &g); },
+               {"dropout", "floating point", "int64"});
+  expect_error([&] { internal::dropout(ones({2}, opts(DType::Bool)), 0.5, &g); },
+               {"dropout", "floating point", "bool"});
+  expect_error([&] { internal::dropout(Tensor(), 0.5, &g); }, {"dropout", "undefined"});
   EXPECT_EQ(g.state(), before);  // a rejected call draws nothing
 }
 
@@ -336,8 +338,8 @@ TEST(RandomCuda, DropoutMatchesTheCpuForTheSameSeed) {
     const Tensor big = randn({64, 129}, {.dtype = dt}, &gx);
     for (const Tensor& x : {big, big.transpose(0, 1), narrow(big.flatten(), 0, 3, 5000)}) {
       Generator gc(31337), gg(31337);
-      auto [oc, mc] = ops::dropout(x, 0.2, &gc);
-      auto [og, mg] = ops::dropout(x.to(Device::cuda(0)), 0.2, &gg);
+      auto [oc, mc] = internal::dropout(x, 0.2, &gc);
+      auto [og, mg] = internal::dropout(x.to(Device::cuda(0)), 0.2, &gg);
       expect_same_values(mg.cpu(), mc);
       expect_same_values(og.cpu(), oc);
     }

@@ -262,7 +262,7 @@ TEST_P(ReduceTest, IntegerAndBoolInputs) {
     expect_values(x.amin({1}, true), {2, 1}, {1, 4});
     expect_values(x.max(), {}, {6});
     expect_values(x.min(), {}, {1});
-    Tensor f = ops::sum(x, {}, false, DType::Float64);
+    Tensor f = internal::sum(x, {}, false, DType::Float64);
     EXPECT_EQ(f.dtype(), DType::Float64);
     expect_values(f, {}, {21});
   }
@@ -274,7 +274,7 @@ TEST_P(ReduceTest, IntegerAndBoolInputs) {
   EXPECT_EQ(bs.dtype(), DType::Int64);
   expect_values(bs, {2}, {2, 1});
   expect_values(b.amax({1}), {2}, {1, 1});
-  Tensor half_sum = ops::sum(testing::make({1, 2, 3}, {3}, opts()), {}, false, DType::Float16);
+  Tensor half_sum = internal::sum(testing::make({1, 2, 3}, {3}, opts()), {}, false, DType::Float16);
   EXPECT_EQ(half_sum.dtype(), DType::Float16);
   expect_values(half_sum, {}, {6});
 }
@@ -289,9 +289,9 @@ TEST_P(ReduceTest, ZeroSizeAndZeroDim) {
   expect_values(e.var({0}), {3}, {kNaN, kNaN, kNaN});
   expect_values(e.norm(2, {0}), {3}, {0, 0, 0});
   expect_values(e.logsumexp({0}), {3}, {-kInf, -kInf, -kInf});
-  expect_values(ops::all(e, {0}), {3}, {1, 1, 1});
-  expect_values(ops::any(e, {0}), {3}, {0, 0, 0});
-  expect_values(ops::count_nonzero(e, {0}), {3}, {0, 0, 0});
+  expect_values(internal::all(e, {0}), {3}, {1, 1, 1});
+  expect_values(internal::any(e, {0}), {3}, {0, 0, 0});
+  expect_values(internal::count_nonzero(e, {0}), {3}, {0, 0, 0});
   expect_values(e.amax({1}), {0}, {});  // no output, nothing to reduce: fine
   expect_values(e.sum({0}, true), {1, 3}, {0, 0, 0});
   expect_values(zeros({0}, opts(DType::Int32)).sum(), {}, {0});
@@ -345,7 +345,7 @@ TEST_P(ReduceTest, VarStdVarMean) {
         EXPECT_EQ(v.dtype(), dt);
         expect_values(v, g.shape, var, -1, atol);
         expect_values(x.std(dims, correction), g.shape, sd, -1, atol);
-        auto [vm, m] = ops::var_mean(x, dims, correction, true);
+        auto [vm, m] = internal::var_mean(x, dims, correction, true);
         const Groups gk = groups(x, dims, true);
         expect_values(vm, gk.shape, var, -1, atol);
         expect_values(m, gk.shape, gk.apply(ref_mean), -1, atol);
@@ -395,18 +395,18 @@ TEST_P(ReduceTest, AllAnyCountNonzero) {
     SCOPED_TRACE(::testing::Message() << dt);
     const bool floating = is_floating_point(dt);
     Tensor x = testing::make({1, 0, 2, 0, 0, 0, 3, floating ? kNaN : 1.0, 1}, {3, 3}, opts(dt));
-    Tensor a = ops::all(x, {1});
+    Tensor a = internal::all(x, {1});
     EXPECT_EQ(a.dtype(), DType::Bool);
     expect_values(a, {3}, {0, 0, 1});
-    expect_values(ops::any(x, {1}), {3}, {1, 0, 1});
-    expect_values(ops::any(x, {0}, true), {1, 3}, {1, 1, 1});
-    expect_values(ops::all(x), {}, {0});
+    expect_values(internal::any(x, {1}), {3}, {1, 0, 1});
+    expect_values(internal::any(x, {0}, true), {1, 3}, {1, 1, 1});
+    expect_values(internal::all(x), {}, {0});
     expect_values(x.any(), {}, {1});
-    Tensor c = ops::count_nonzero(x, {0});
+    Tensor c = internal::count_nonzero(x, {0});
     EXPECT_EQ(c.dtype(), DType::Int64);
     expect_values(c, {3}, {2, 1, 2});  // NaN counts as nonzero
-    expect_values(ops::count_nonzero(x), {}, {5});
-    expect_values(ops::count_nonzero(testing::non_contiguous(x), {-1}), {3}, {2, 0, 3});
+    expect_values(internal::count_nonzero(x), {}, {5});
+    expect_values(internal::count_nonzero(testing::non_contiguous(x), {-1}), {3}, {2, 0, 3});
   }
 }
 
@@ -419,8 +419,8 @@ TEST_P(ReduceTest, ErrorsNameTheOpAndTheCulprit) {
   Tensor i = testing::make({1, 2}, {2}, opts(DType::Int64));
   expect_error([&] { i.mean(); }, {"mean", "int64", "Float32"});
   expect_error([&] { testing::make({1}, {1}, opts(DType::Int32)).var(); }, {"var", "int32", "floating-point"});
-  expect_error([&] { ops::std(i); }, {"std", "int64"});
-  expect_error([&] { ops::var_mean(i); }, {"var_mean", "int64"});
+  expect_error([&] { internal::std(i); }, {"std", "int64"});
+  expect_error([&] { internal::var_mean(i); }, {"var_mean", "int64"});
   expect_error([&] { i.norm(); }, {"norm", "int64"});
   expect_error([&] { x.norm(kNaN); }, {"norm", "NaN"});
   Tensor e = zeros({0, 3}, opts());

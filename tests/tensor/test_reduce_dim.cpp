@@ -93,7 +93,7 @@ TEST_P(ReduceDimTest, MaxMinWithIndices) {
               idx.push_back(static_cast<double>(ref_arg(line, is_max)));
               vals.push_back(line[static_cast<size_t>(idx.back())]);
             }
-            auto [v, i] = is_max ? ops::max(x, dim, keepdim) : ops::min(x, dim, keepdim);
+            auto [v, i] = is_max ? internal::max(x, dim, keepdim) : internal::min(x, dim, keepdim);
             EXPECT_EQ(v.dtype(), dt);
             EXPECT_EQ(i.dtype(), DType::Int64);
             expect_values(v, shape, vals, 0, 0);
@@ -110,10 +110,10 @@ TEST_P(ReduceDimTest, TiesGiveTheFirstIndexAndNaNWins) {
   for (DType dt : kFloatTypes) {
     SCOPED_TRACE(::testing::Message() << dt);
     Tensor x = testing::make({1, 3, 3, 0, 0, 1, 2, kNaN, 5, kNaN}, {2, 5}, opts(dt));
-    auto [v, i] = ops::max(x, 1);
+    auto [v, i] = internal::max(x, 1);
     expect_values(v, {2}, {3, kNaN});
     expect_values(i, {2}, {1, 2});
-    auto [vn, in] = ops::min(testing::make({2, 1, 1, 0, 0}, {5}, opts(dt)), 0);
+    auto [vn, in] = internal::min(testing::make({2, 1, 1, 0, 0}, {5}, opts(dt)), 0);
     expect_values(vn, {}, {0});
     expect_values(in, {}, {3});
     expect_values(testing::make({1, 3, 3, 0, 3}, {5}, opts(dt)).argmax(), {}, {1});
@@ -138,7 +138,7 @@ TEST_P(ReduceDimTest, ArgmaxOverTheFlattenedTensor) {
   Tensor s = scalar_tensor(4.0, opts());
   expect_values(s.argmax(), {}, {0});
   expect_values(s.argmax(0), {}, {0});
-  auto [sv, si] = ops::max(s, -1, true);
+  auto [sv, si] = internal::max(s, -1, true);
   expect_values(sv, {}, {4});
   expect_values(si, {}, {0});
 }
@@ -218,10 +218,10 @@ TEST_P(SoftmaxTest, ErrorsNameTheOpAndTheCulprit) {
   expect_error([&] { i.log_softmax(0); }, {"log_softmax", "int64"});
   Tensor x = zeros({2, 3}, opts());
   expect_error([&] { x.softmax(2); }, {"softmax", "dim 2", "out of range"});
-  expect_error([&] { ops::max(x, -3); }, {"max", "dim -3"});
+  expect_error([&] { internal::max(x, -3); }, {"max", "dim -3"});
   Tensor e = zeros({2, 0}, opts());
-  expect_error([&] { ops::max(e, 1); }, {"max", "dim 1", "size 0", "[2, 0]"});
-  expect_error([&] { ops::min(e, -1); }, {"min", "dim 1", "size 0"});
+  expect_error([&] { internal::max(e, 1); }, {"max", "dim 1", "size 0", "[2, 0]"});
+  expect_error([&] { internal::min(e, -1); }, {"min", "dim 1", "size 0"});
   expect_error([&] { e.argmax(1); }, {"argmax", "dim 1", "size 0"});
   expect_error([&] { e.argmin(); }, {"argmin", "empty", "[2, 0]"});
 }

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "kiln/tensor/checked_size.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
 namespace kiln {

@@ -94,12 +94,12 @@ std::vector<SpecialCase> gradient_cases(const TensorOptions& o, double g) {
   auto scaled = [g](double (*fn)(double)) { return [g, fn](double x) { return g * fn(x); }; };
   auto grad = [o, g](const Tensor& x) { return full(x.shape(), g, o); };
   return {
-      {"gelu_backward", [=](const Tensor& x) { return ops::gelu_backward(grad(x), x); }, scaled(gelu_grad_ref), true,
-       1e-6},
-      {"gelu_backward(tanh)", [=](const Tensor& x) { return ops::gelu_backward(grad(x), x, true); },
+      {"gelu_backward", [=](const Tensor& x) { return internal::gelu_backward(grad(x), x); }, scaled(gelu_grad_ref),
+       true, 1e-6},
+      {"gelu_backward(tanh)", [=](const Tensor& x) { return internal::gelu_backward(grad(x), x, true); },
        scaled(gelu_tanh_grad_ref), true, 8e-6},
-      {"silu_backward", [=](const Tensor& x) { return ops::silu_backward(grad(x), x); }, scaled(silu_grad_ref), true,
-       1e-6},
+      {"silu_backward", [=](const Tensor& x) { return internal::silu_backward(grad(x), x); }, scaled(silu_grad_ref),
+       true, 1e-6},
   };
 }
 

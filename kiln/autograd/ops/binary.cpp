@@ -19,18 +19,18 @@ using elementwise::PassBackward;
 TensorList AddBackward::apply(TensorList&& grads) {
   const Tensor& g = grads[0];
   Tensor gb;
-  if (needs_input_grad(1)) gb = alpha.to_double() == 1.0 ? g : ops::mul(g, alpha);
+  if (needs_input_grad(1)) gb = alpha.to_double() == 1.0 ? g : internal::mul(g, alpha);
   return {needs_input_grad(0) ? g : Tensor(), gb};
 }
 
 // The gradient passes through unchanged (add/sub with a scalar), or negated (rsub).
-TensorList PassBackward::apply(TensorList&& grads) { return {negate ? ops::neg(grads[0]) : grads[0]}; }
+TensorList PassBackward::apply(TensorList&& grads) { return {negate ? internal::neg(grads[0]) : grads[0]}; }
 
 namespace {
 
 Tensor add_impl(const Tensor& a_in, const Tensor& b_in, Scalar alpha, Op op) {
   auto [a, b] = autocast::inputs(op, a_in, b_in);
-  Tensor out = op == Op::Sub ? ops::sub(a, b, alpha) : ops::add(a, b, alpha);
+  Tensor out = op == Op::Sub ? internal::sub(a, b, alpha) : internal::add(a, b, alpha);
   if (needs_grad(a, b)) {
     auto node = make_node<AddBackward>(a, b);
     node->alpha = op == Op::Sub ? elementwise::negated(alpha) : alpha;
@@ -52,33 +52,33 @@ Tensor pass_through(Tensor out, const Tensor& a, bool negate) {
 
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) { return add_impl(a, b, alpha, Op::Add); }
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) { return add_impl(a, b, alpha, Op::Sub); }
-Tensor add(const Tensor& a, Scalar b) { return pass_through(ops::add(a, b), a, false); }
-Tensor sub(const Tensor& a, Scalar b) { return pass_through(ops::sub(a, b), a, false); }
-Tensor rsub(const Tensor& a, Scalar b) { return pass_through(ops::rsub(a, b), a, true); }
+Tensor add(const Tensor& a, Scalar b) { return pass_through(internal::add(a, b), a, false); }
+Tensor sub(const Tensor& a, Scalar b) { return pass_through(internal::sub(a, b), a, false); }
+Tensor rsub(const Tensor& a, Scalar b) { return pass_through(internal::rsub(a, b), a, true); }
 
 // ---------------------------------------------------------------- mul: out = a * b
 // d/da = g * b, d/db = g * a.
 TensorList MulBackward::apply(TensorList&& grads) {
   const Tensor& g = grads[0];
   if (needs_input_grad(0) && needs_input_grad(1)) {
-    auto [ga, gb] = ops::mul_backward(g, a.unpack(*this), b.unpack(*this));  // one pass for both
+    auto [ga, gb] = internal::mul_backward(g, a.unpack(*this), b.unpack(*this));  // one pass for both
     return {ga, gb};
   }
   Tensor ga, gb;
-  if (needs_input_grad(0)) ga = ops::mul(g, b.unpack(*this));
-  if (needs_input_grad(1)) gb = ops::mul(g, a.unpack(*this));
+  if (needs_input_grad(0)) ga = internal::mul(g, b.unpack(*this));
+  if (needs_input_grad(1)) gb = internal::mul(g, a.unpack(*this));
   return {ga, gb};
 }
 
 // out = a * s, or a / s. d/da = g * s (g / s, exactly as forward computed a / s).
 TensorList MulScalarBackward::apply(TensorList&& grads) {
-  return {divide ? ops::div(grads[0], factor) : ops::mul(grads[0], factor)};
+  return {divide ? internal::div(grads[0], factor) : internal::mul(grads[0], factor)};
 }
 
 namespace {
 
 Tensor mul_scalar(const Tensor& a, Scalar s, bool divide) {
-  Tensor out = divide ? ops::div(a, s) : ops::mul(a, s);
+  Tensor out = divide ? internal::div(a, s) : internal::mul(a, s);
   if (needs_grad(a)) {
     auto node = make_node<MulScalarBackward>(a);
     node->factor = s;
@@ -92,7 +92,7 @@ Tensor mul_scalar(const Tensor& a, Scalar s, bool divide) {
 
 Tensor mul(const Tensor& a_in, const Tensor& b_in) {
   auto [a, b] = autocast::inputs(Op::Mul, a_in, b_in);
-  Tensor out = ops::mul(a, b);
+  Tensor out = internal::mul(a, b);
   if (needs_grad(a, b)) {
     auto node = make_node<MulBackward>(a, b);
     if (node->needs_input_grad(1)) node->a = SavedTensor(a, false);
@@ -109,8 +109,8 @@ TensorList DivBackward::apply(TensorList&& grads) {
   const Tensor& g = grads[0];
   const Tensor bv = b.unpack(*this);
   Tensor ga, gb;
-  if (needs_input_grad(0)) ga = ops::div(g, bv);
-  if (needs_input_grad(1)) gb = ops::neg(ops::div(ops::mul(g, a.unpack(*this)), ops::mul(bv, bv)));
+  if (needs_input_grad(0)) ga = internal::div(g, bv);
+  if (needs_input_grad(1)) gb = internal::neg(internal::div(internal::mul(g, a.unpack(*this)), internal::mul(bv, bv)));
   return {ga, gb};
 }
 
@@ -123,7 +123,7 @@ struct ScalarDivBackward final : Node {
   std::string_view name() const override { return "DivBackward"; }
   TensorList apply(TensorList&& grads) override {
     const Tensor bv = b.unpack(*this);
-    return {ops::neg(ops::div(ops::mul(grads[0], numerator), ops::mul(bv, bv)))};
+    return {internal::neg(internal::div(internal::mul(grads[0], numerator), internal::mul(bv, bv)))};
   }
   void release_saved() override { b.reset(); }
 };
@@ -132,7 +132,7 @@ struct ScalarDivBackward final : Node {
 
 Tensor div(const Tensor& a_in, const Tensor& b_in) {
   auto [a, b] = autocast::inputs(Op::Div, a_in, b_in);
-  Tensor out = ops::div(a, b);
+  Tensor out = internal::div(a, b);
   if (needs_grad(a, b)) {
     auto node = make_node<DivBackward>(a, b);
     if (node->needs_input_grad(1)) node->a = SavedTensor(a, false);
@@ -143,7 +143,7 @@ Tensor div(const Tensor& a_in, const Tensor& b_in) {
 }
 Tensor div(const Tensor& a, Scalar b) { return mul_scalar(a, b, true); }
 Tensor div(Scalar a, const Tensor& b) {
-  Tensor out = ops::div(a, b);
+  Tensor out = internal::div(a, b);
   if (needs_grad(b)) {
     auto node = make_node<ScalarDivBackward>(b);
     node->numerator = a;
@@ -163,7 +163,8 @@ struct RemainderBackward final : Node {
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
     Tensor gb;
-    if (needs_input_grad(1)) gb = ops::neg(ops::mul(g, ops::floor(ops::div(a.unpack(*this), b.unpack(*this)))));
+    if (needs_input_grad(1))
+      gb = internal::neg(internal::mul(g, internal::floor(internal::div(a.unpack(*this), b.unpack(*this)))));
     return {needs_input_grad(0) ? g : Tensor(), gb};
   }
   void release_saved() override {
@@ -176,7 +177,7 @@ struct RemainderBackward final : Node {
 
 Tensor remainder(const Tensor& a_in, const Tensor& b_in) {
   auto [a, b] = autocast::inputs(Op::Remainder, a_in, b_in);
-  Tensor out = ops::remainder(a, b);
+  Tensor out = internal::remainder(a, b);
   if (needs_grad(a, b)) {
     auto node = make_node<RemainderBackward>(a, b);
     if (node->needs_input_grad(1)) {
@@ -201,11 +202,12 @@ struct MaxMinBackward final : Node {
     const Tensor& g = grads[0];
     const Tensor av = a.unpack(*this), bv = b.unpack(*this);
     // Weight of a: 1 where a wins, 0.5 on ties, 0 where b wins; b gets the rest.
-    const Tensor wins = is_max ? ops::gt(av, bv) : ops::lt(av, bv);
-    const Tensor weight = ops::add(ops::cast(wins, g.dtype()), ops::mul(ops::cast(ops::eq(av, bv), g.dtype()), 0.5));
-    const Tensor ga = ops::mul(g, weight);
+    const Tensor wins = is_max ? internal::gt(av, bv) : internal::lt(av, bv);
+    const Tensor weight = internal::add(internal::cast(wins, g.dtype()),
+                                        internal::mul(internal::cast(internal::eq(av, bv), g.dtype()), 0.5));
+    const Tensor ga = internal::mul(g, weight);
     Tensor gb;
-    if (needs_input_grad(1)) gb = ops::sub(g, ga);
+    if (needs_input_grad(1)) gb = internal::sub(g, ga);
     return {needs_input_grad(0) ? ga : Tensor(), gb};
   }
   void release_saved() override {
@@ -216,7 +218,7 @@ struct MaxMinBackward final : Node {
 
 Tensor max_min(const Tensor& a_in, const Tensor& b_in, bool is_max) {
   auto [a, b] = autocast::inputs(is_max ? Op::Maximum : Op::Minimum, a_in, b_in);
-  Tensor out = is_max ? ops::maximum(a, b) : ops::minimum(a, b);
+  Tensor out = is_max ? internal::maximum(a, b) : internal::minimum(a, b);
   if (needs_grad(a, b)) {
     auto node = make_node<MaxMinBackward>(a, b);
     node->is_max = is_max;
@@ -246,8 +248,8 @@ struct WhereBackward final : Node {
     const Tensor c = condition.unpack(*this);
     TensorList out;
     size_t i = 0;
-    if (a_is_tensor) out.push_back(needs_input_grad(i++) ? ops::where(c, g, 0.0) : Tensor());
-    if (b_is_tensor) out.push_back(needs_input_grad(i++) ? ops::where(c, 0.0, g) : Tensor());
+    if (a_is_tensor) out.push_back(needs_input_grad(i++) ? internal::where(c, g, 0.0) : Tensor());
+    if (b_is_tensor) out.push_back(needs_input_grad(i++) ? internal::where(c, 0.0, g) : Tensor());
     return out;
   }
   void release_saved() override { condition.reset(); }
@@ -269,26 +271,26 @@ Tensor record_where(Tensor out, const Tensor& condition, bool a_is_tensor, bool 
 
 Tensor where(const Tensor& condition, const Tensor& a_in, const Tensor& b_in) {
   auto [a, b] = autocast::inputs(Op::Where, a_in, b_in);
-  return record_where(ops::where(condition, a, b), condition, true, true, a, b);
+  return record_where(internal::where(condition, a, b), condition, true, true, a, b);
 }
 Tensor where(const Tensor& condition, Scalar a, const Tensor& b_in) {
   auto [b] = autocast::inputs(Op::Where, b_in);
-  return record_where(ops::where(condition, a, b), condition, false, true, b);
+  return record_where(internal::where(condition, a, b), condition, false, true, b);
 }
 Tensor where(const Tensor& condition, const Tensor& a_in, Scalar b) {
   auto [a] = autocast::inputs(Op::Where, a_in);
-  return record_where(ops::where(condition, a, b), condition, true, false, a);
+  return record_where(internal::where(condition, a, b), condition, true, false, a);
 }
 
 // ---------------------------------------------------------------- masked_fill: out = mask ? value : a
 // d/da = g where the mask is false, else 0. The mask (bool) gets no gradient.
 TensorList MaskedFillBackward::apply(TensorList&& grads) {
-  return {ops::masked_fill(grads[0], mask.unpack(*this), 0.0)};
+  return {internal::masked_fill(grads[0], mask.unpack(*this), 0.0)};
 }
 
 Tensor masked_fill(const Tensor& a_in, const Tensor& mask, Scalar value) {
   auto [a] = autocast::inputs(Op::MaskedFill, a_in);
-  Tensor out = ops::masked_fill(a, mask, value);
+  Tensor out = internal::masked_fill(a, mask, value);
   if (needs_grad(a)) {
     auto node = make_node<MaskedFillBackward>(a);
     node->mask = SavedTensor(mask, false);
@@ -307,8 +309,8 @@ struct LerpBackward final : Node {
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
     Tensor ga, gb;
-    if (needs_input_grad(0)) ga = ops::mul(g, 1.0 - weight);
-    if (needs_input_grad(1)) gb = ops::mul(g, weight);
+    if (needs_input_grad(0)) ga = internal::mul(g, 1.0 - weight);
+    if (needs_input_grad(1)) gb = internal::mul(g, weight);
     return {ga, gb};
   }
 };
@@ -317,7 +319,7 @@ struct LerpBackward final : Node {
 
 Tensor lerp(const Tensor& a_in, const Tensor& b_in, Scalar weight) {
   auto [a, b] = autocast::inputs(Op::Lerp, a_in, b_in);
-  Tensor out = ops::lerp(a, b, weight);
+  Tensor out = internal::lerp(a, b, weight);
   if (needs_grad(a, b)) {
     auto node = make_node<LerpBackward>(a, b);
     node->weight = weight.to_double();
@@ -336,7 +338,7 @@ struct AddNBackward final : Node {
 }  // namespace
 
 Tensor add_n(const std::vector<Tensor>& tensors) {
-  Tensor out = ops::add_n(tensors);
+  Tensor out = internal::add_n(tensors);
   if (autograd::needs_grad_list(tensors)) set_history(out, make_node<AddNBackward>(tensors));
   return out;
 }

@@ -20,8 +20,8 @@ struct CatBackward final : Node {
       if (!needs_input_grad(i)) continue;
       // A skipped input gets an empty gradient of its shape [0] (not undefined: its own node may not
       // expect an undefined gradient).
-      out[i] = skipped[i] ? ops::zeros({0}, {.dtype = grads[0].dtype(), .device = grads[0].device()})
-                          : ops::narrow(grads[0], dim, starts[i], lengths[i]);
+      out[i] = skipped[i] ? internal::zeros({0}, {.dtype = grads[0].dtype(), .device = grads[0].device()})
+                          : internal::narrow(grads[0], dim, starts[i], lengths[i]);
     }
     return out;
   }
@@ -35,7 +35,7 @@ struct StackBackward final : Node {
   TensorList apply(TensorList&& grads) override {
     TensorList out(count);
     for (size_t i = 0; i < count; ++i) {
-      if (needs_input_grad(i)) out[i] = ops::select(grads[0], dim, static_cast<int64_t>(i));
+      if (needs_input_grad(i)) out[i] = internal::select(grads[0], dim, static_cast<int64_t>(i));
     }
     return out;
   }
@@ -45,7 +45,7 @@ struct StackBackward final : Node {
 
 Tensor cat(const std::vector<Tensor>& tensors_in, int64_t dim) {
   const std::vector<Tensor> tensors = autocast::inputs_list(Op::Cat, tensors_in);
-  Tensor out = ops::cat(tensors, dim);
+  Tensor out = internal::cat(tensors, dim);
   if (!autograd::needs_grad_list(tensors)) return out;
   auto node = make_node<CatBackward>(tensors);
   node->dim = wrap_dim(dim, out.dim(), "cat");
@@ -65,7 +65,7 @@ Tensor cat(const std::vector<Tensor>& tensors_in, int64_t dim) {
 
 Tensor stack(const std::vector<Tensor>& tensors_in, int64_t dim) {
   const std::vector<Tensor> tensors = autocast::inputs_list(Op::Stack, tensors_in);
-  Tensor out = ops::stack(tensors, dim);
+  Tensor out = internal::stack(tensors, dim);
   if (!autograd::needs_grad_list(tensors)) return out;
   auto node = make_node<StackBackward>(tensors);
   node->dim = wrap_dim(dim, out.dim(), "stack");

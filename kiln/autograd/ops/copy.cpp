@@ -17,7 +17,7 @@ struct ToBackward final : Node {
   std::string_view name() const override { return op_name; }
   TensorList apply(TensorList&& grads) override {
     if (!needs_input_grad(0)) return {Tensor()};  // copy_ from a src without grad
-    return {ops::to(grads[0], device, dtype)};
+    return {internal::to(grads[0], device, dtype)};
   }
 };
 
@@ -50,17 +50,17 @@ Tensor record_identity(Tensor out, const Tensor& t, std::string_view name) {
 }  // namespace
 
 Tensor to(const Tensor& t, Device device, std::optional<DType> dtype, bool non_blocking) {
-  return record_to(ops::to(t, device, dtype, non_blocking), t, "ToBackward");
+  return record_to(internal::to(t, device, dtype, non_blocking), t, "ToBackward");
 }
 
-Tensor cast(const Tensor& t, DType dtype) { return record_to(ops::cast(t, dtype), t, "CastBackward"); }
+Tensor cast(const Tensor& t, DType dtype) { return record_to(internal::cast(t, dtype), t, "CastBackward"); }
 
 Tensor contiguous(const Tensor& t, MemoryFormat format) {
-  return record_identity(ops::contiguous(t, format), t, "ContiguousBackward");
+  return record_identity(internal::contiguous(t, format), t, "ContiguousBackward");
 }
 
 Tensor clone(const Tensor& t, MemoryFormat format) {
-  return record_identity(ops::clone(t, format), t, "CloneBackward");
+  return record_identity(internal::clone(t, format), t, "CloneBackward");
 }
 
 // dst's old values are overwritten: its previous history gets no gradient. src gets g (summed over the
@@ -68,12 +68,12 @@ Tensor clone(const Tensor& t, MemoryFormat format) {
 Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking) {
   const bool differentiable = dst.defined() && is_floating_point(dst.dtype());
   if (!differentiable || !autograd::check_inplace(dst, needs_grad(src), "copy_")) {
-    return ops::copy_(dst, src, non_blocking);
+    return internal::copy_(dst, src, non_blocking);
   }
   auto node = make_node<ToBackward>(src);
   node->op_name = "CopyBackward";
   node->device = src.device();
-  ops::copy_(dst, src, non_blocking);
+  internal::copy_(dst, src, non_blocking);
   set_history(dst, node);
   return dst;
 }

@@ -9,7 +9,7 @@ namespace kiln {
 namespace {
 
 Tensor zeros_for(const Tensor& g, const Shape& shape) {
-  return ops::zeros(shape, {.dtype = g.dtype(), .device = g.device()});
+  return internal::zeros(shape, {.dtype = g.dtype(), .device = g.device()});
 }
 
 // t placed in the leading block of zeros of `shape` (scatter reads only the leading index.shape()
@@ -18,8 +18,8 @@ Tensor pad_to(const Tensor& t, const Shape& shape) {
   if (t.shape() == shape) return t;
   Tensor out = zeros_for(t, shape);
   Tensor block = out;
-  for (int64_t d = 0; d < t.dim(); ++d) block = ops::narrow(block, d, 0, t.size(d));
-  ops::copy_(block, t);
+  for (int64_t d = 0; d < t.dim(); ++d) block = internal::narrow(block, d, 0, t.size(d));
+  internal::copy_(block, t);
   return out;
 }
 
@@ -31,7 +31,7 @@ struct IndexSelectBackward final : Node {
   SavedTensor index;
   std::string_view name() const override { return "IndexSelectBackward"; }
   TensorList apply(TensorList&& grads) override {
-    return {ops::index_add(zeros_for(grads[0], input_shape), dim, index.unpack(*this), grads[0])};
+    return {internal::index_add(zeros_for(grads[0], input_shape), dim, index.unpack(*this), grads[0])};
   }
   void release_saved() override { index.reset(); }
 };
@@ -44,7 +44,7 @@ struct GatherBackward final : Node {
   SavedTensor index;
   std::string_view name() const override { return "GatherBackward"; }
   TensorList apply(TensorList&& grads) override {
-    return {ops::scatter_add(zeros_for(grads[0], input_shape), dim, index.unpack(*this), grads[0])};
+    return {internal::scatter_add(zeros_for(grads[0], input_shape), dim, index.unpack(*this), grads[0])};
   }
   void release_saved() override { index.reset(); }
 };
@@ -63,8 +63,8 @@ struct ScatterBackward final : Node {
     const Tensor& g = grads[0];
     const Tensor idx = index.unpack(*this);
     Tensor ga, gsrc;
-    if (needs_input_grad(0)) ga = accumulate ? g : ops::scatter(g, dim, idx, Scalar(0));
-    if (has_src && needs_input_grad(1)) gsrc = pad_to(ops::gather(g, dim, idx), src_shape);
+    if (needs_input_grad(0)) ga = accumulate ? g : internal::scatter(g, dim, idx, Scalar(0));
+    if (has_src && needs_input_grad(1)) gsrc = pad_to(internal::gather(g, dim, idx), src_shape);
     if (!has_src) return {ga};
     return {ga, gsrc};
   }
@@ -81,7 +81,7 @@ struct IndexAddBackward final : Node {
     const Tensor& g = grads[0];
     Tensor gsrc;
     // A 0-d a takes a src of one element of any rank: reshape to it.
-    if (needs_input_grad(1)) gsrc = ops::reshape(ops::index_select(g, dim, index.unpack(*this)), src_shape);
+    if (needs_input_grad(1)) gsrc = internal::reshape(internal::index_select(g, dim, index.unpack(*this)), src_shape);
     return {needs_input_grad(0) ? g : Tensor(), gsrc};
   }
   void release_saved() override { index.reset(); }
@@ -97,10 +97,10 @@ struct MaskedSelectBackward final : Node {
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
     const int64_t n = numel(shape);
-    const Tensor flat_mask = ops::reshape(ops::contiguous(ops::expand(mask.unpack(*this), shape)), {n});
-    const Tensor positions = ops::nonzero(flat_mask);  // (count, 1)
-    const Tensor flat = ops::index_add(zeros_for(g, {n}), 0, ops::reshape(positions, {positions.size(0)}), g);
-    return {ops::reshape(flat, shape)};
+    const Tensor flat_mask = internal::reshape(internal::contiguous(internal::expand(mask.unpack(*this), shape)), {n});
+    const Tensor positions = internal::nonzero(flat_mask);  // (count, 1)
+    const Tensor flat = internal::index_add(zeros_for(g, {n}), 0, internal::reshape(positions, {positions.size(0)}), g);
+    return {internal::reshape(flat, shape)};
   }
   void release_saved() override { mask.reset(); }
 };
@@ -114,8 +114,8 @@ struct EmbeddingBackward final : Node {
   TensorList apply(TensorList&& grads) override {
     const Tensor idx = index.unpack(*this);
     const int64_t n = idx.numel();
-    const Tensor rows = ops::reshape(grads[0], {n, weight_shape[1]});  // (N, D)
-    return {ops::index_add(zeros_for(grads[0], weight_shape), 0, ops::reshape(idx, {n}), rows)};
+    const Tensor rows = internal::reshape(grads[0], {n, weight_shape[1]});  // (N, D)
+    return {internal::index_add(zeros_for(grads[0], weight_shape), 0, internal::reshape(idx, {n}), rows)};
   }
   void release_saved() override { index.reset(); }
 };
@@ -129,7 +129,7 @@ struct SortBackward final : Node {
   SavedTensor indices;
   std::string_view name() const override { return op_name; }
   TensorList apply(TensorList&& grads) override {
-    return {ops::scatter(zeros_for(grads[0], input_shape), dim, indices.unpack(*this), grads[0])};
+    return {internal::scatter(zeros_for(grads[0], input_shape), dim, indices.unpack(*this), grads[0])};
   }
   void release_saved() override { indices.reset(); }
 };
@@ -141,7 +141,7 @@ struct TriangleBackward final : Node {
   int64_t diagonal = 0;
   std::string_view name() const override { return lower ? "TrilBackward" : "TriuBackward"; }
   TensorList apply(TensorList&& grads) override {
-    return {lower ? ops::tril(grads[0], diagonal) : ops::triu(grads[0], diagonal)};
+    return {lower ? internal::tril(grads[0], diagonal) : internal::triu(grads[0], diagonal)};
   }
 };
 
@@ -159,7 +159,7 @@ std::shared_ptr<ScatterBackward> scatter_node(const Tensor& a, int64_t dim, cons
 
 Tensor scatter_impl(const Tensor& a_in, int64_t dim, const Tensor& index, const Tensor& src_in, bool accumulate) {
   auto [a, src] = autocast::inputs(accumulate ? Op::ScatterAdd : Op::Scatter, a_in, src_in);
-  Tensor out = accumulate ? ops::scatter_add(a, dim, index, src) : ops::scatter(a, dim, index, src);
+  Tensor out = accumulate ? internal::scatter_add(a, dim, index, src) : internal::scatter(a, dim, index, src);
   if (needs_grad(a, src)) set_history(out, scatter_node(a, dim, index, &src, accumulate));
   return out;
 }
@@ -169,8 +169,8 @@ Tensor& scatter_inplace(Tensor& a, int64_t dim, const Tensor& index, const Tenso
   const bool record = autograd::check_inplace(a, needs_grad(src), accumulate ? "scatter_add_" : "scatter_");
   std::shared_ptr<ScatterBackward> node;
   if (record) node = scatter_node(a, dim, index, &src, accumulate);
-  if (accumulate) ops::scatter_add_(a, dim, index, src);
-  else ops::scatter_(a, dim, index, src);
+  if (accumulate) internal::scatter_add_(a, dim, index, src);
+  else internal::scatter_(a, dim, index, src);
   if (record) set_history(a, node);
   return a;
 }
@@ -190,7 +190,7 @@ std::tuple<Tensor, Tensor> record_sort(std::tuple<Tensor, Tensor> result, const 
 
 Tensor triangle(const Tensor& a_in, int64_t diagonal, bool lower) {
   auto [a] = autocast::inputs(lower ? Op::Tril : Op::Triu, a_in);
-  Tensor out = lower ? ops::tril(a, diagonal) : ops::triu(a, diagonal);
+  Tensor out = lower ? internal::tril(a, diagonal) : internal::triu(a, diagonal);
   if (needs_grad(a)) {
     auto node = make_node<TriangleBackward>(a);
     node->lower = lower;
@@ -204,7 +204,7 @@ Tensor triangle(const Tensor& a_in, int64_t diagonal, bool lower) {
 
 Tensor index_select(const Tensor& a_in, int64_t dim, const Tensor& index) {
   auto [a] = autocast::inputs(Op::IndexSelect, a_in);
-  Tensor out = ops::index_select(a, dim, index);
+  Tensor out = internal::index_select(a, dim, index);
   if (needs_grad(a)) {
     auto node = make_node<IndexSelectBackward>(a);
     node->input_shape = a.shape();
@@ -217,7 +217,7 @@ Tensor index_select(const Tensor& a_in, int64_t dim, const Tensor& index) {
 
 Tensor gather(const Tensor& a_in, int64_t dim, const Tensor& index) {
   auto [a] = autocast::inputs(Op::Gather, a_in);
-  Tensor out = ops::gather(a, dim, index);
+  Tensor out = internal::gather(a, dim, index);
   if (needs_grad(a)) {
     auto node = make_node<GatherBackward>(a);
     node->input_shape = a.shape();
@@ -234,7 +234,7 @@ Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& 
 
 Tensor scatter(const Tensor& a_in, int64_t dim, const Tensor& index, Scalar value) {
   auto [a] = autocast::inputs(Op::Scatter, a_in);
-  Tensor out = ops::scatter(a, dim, index, value);
+  Tensor out = internal::scatter(a, dim, index, value);
   if (needs_grad(a)) set_history(out, scatter_node(a, dim, index, nullptr, false));
   return out;
 }
@@ -253,7 +253,7 @@ Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& 
 
 Tensor index_add(const Tensor& a_in, int64_t dim, const Tensor& index, const Tensor& src_in) {
   auto [a, src] = autocast::inputs(Op::IndexAdd, a_in, src_in);
-  Tensor out = ops::index_add(a, dim, index, src);
+  Tensor out = internal::index_add(a, dim, index, src);
   if (needs_grad(a, src)) {
     auto node = make_node<IndexAddBackward>(a, src);
     node->dim = dim;
@@ -266,7 +266,7 @@ Tensor index_add(const Tensor& a_in, int64_t dim, const Tensor& index, const Ten
 
 Tensor masked_select(const Tensor& a_in, const Tensor& mask) {
   auto [a] = autocast::inputs(Op::MaskedSelect, a_in);
-  Tensor out = ops::masked_select(a, mask);
+  Tensor out = internal::masked_select(a, mask);
   if (needs_grad(a)) {
     auto node = make_node<MaskedSelectBackward>(a);
     node->shape = broadcast_shapes(a.shape(), mask.shape(), "masked_select");
@@ -278,7 +278,7 @@ Tensor masked_select(const Tensor& a_in, const Tensor& mask) {
 
 Tensor embedding(const Tensor& weight_in, const Tensor& index) {
   auto [weight] = autocast::inputs(Op::Embedding, weight_in);
-  Tensor out = ops::embedding(weight, index);
+  Tensor out = internal::embedding(weight, index);
   if (needs_grad(weight)) {
     auto node = make_node<EmbeddingBackward>(weight);
     node->weight_shape = weight.shape();
@@ -290,12 +290,12 @@ Tensor embedding(const Tensor& weight_in, const Tensor& index) {
 
 std::tuple<Tensor, Tensor> sort(const Tensor& a_in, int64_t dim, bool descending, bool stable) {
   auto [a] = autocast::inputs(Op::Sort, a_in);
-  return record_sort(ops::sort(a, dim, descending, stable), a, dim, "SortBackward");
+  return record_sort(internal::sort(a, dim, descending, stable), a, dim, "SortBackward");
 }
 
 std::tuple<Tensor, Tensor> topk(const Tensor& a_in, int64_t k, int64_t dim, bool largest, bool sorted) {
   auto [a] = autocast::inputs(Op::Topk, a_in);
-  return record_sort(ops::topk(a, k, dim, largest, sorted), a, dim, "TopkBackward");
+  return record_sort(internal::topk(a, k, dim, largest, sorted), a, dim, "TopkBackward");
 }
 
 Tensor tril(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, true); }

@@ -18,7 +18,7 @@ namespace {
 // A tensor that backward reads after `a` is overwritten: b itself, or a copy when b shares a's memory
 // (a.mul_(a)), whose version the write would change.
 SavedTensor save_other(const Tensor& b, const Tensor& a) {
-  return SavedTensor(b.is_alias_of(a) ? ops::clone(b) : b, false);
+  return SavedTensor(b.is_alias_of(a) ? internal::clone(b) : b, false);
 }
 
 // ---------------------------------------------------------------- add_, sub_: a += alpha * b
@@ -30,8 +30,8 @@ Tensor& add_impl(Tensor& a, const Tensor& b, Scalar alpha, bool subtract) {
     node = make_node<AddBackward>(a, b);
     node->alpha = subtract ? negated(alpha) : alpha;
   }
-  if (subtract) ops::sub_(a, b, alpha);
-  else ops::add_(a, b, alpha);
+  if (subtract) internal::sub_(a, b, alpha);
+  else internal::add_(a, b, alpha);
   if (record) set_history(a, node);
   return a;
 }
@@ -39,8 +39,8 @@ Tensor& add_impl(Tensor& a, const Tensor& b, Scalar alpha, bool subtract) {
 Tensor& add_scalar_impl(Tensor& a, Scalar b, bool subtract) {
   const bool record = check_inplace(a, false, subtract ? "sub_" : "add_");
   auto node = record ? make_node<PassBackward>(a) : nullptr;
-  if (subtract) ops::sub_(a, b);
-  else ops::add_(a, b);
+  if (subtract) internal::sub_(a, b);
+  else internal::add_(a, b);
   if (record) set_history(a, node);
   return a;
 }
@@ -54,8 +54,8 @@ Tensor& mul_scalar_impl(Tensor& a, Scalar s, bool divide) {
     node->factor = s;
     node->divide = divide;
   }
-  if (divide) ops::div_(a, s);
-  else ops::mul_(a, s);
+  if (divide) internal::div_(a, s);
+  else internal::mul_(a, s);
   if (record) set_history(a, node);
   return a;
 }
@@ -94,10 +94,10 @@ Tensor& mul_(Tensor& a, const Tensor& b) {
   std::shared_ptr<MulBackward> node;
   if (record) {
     node = make_node<MulBackward>(a, b);
-    if (node->needs_input_grad(1)) node->a = SavedTensor(ops::clone(a), false);
+    if (node->needs_input_grad(1)) node->a = SavedTensor(internal::clone(a), false);
     if (node->needs_input_grad(0)) node->b = save_other(b, a);
   }
-  ops::mul_(a, b);
+  internal::mul_(a, b);
   if (record) set_history(a, node);
   return a;
 }
@@ -109,10 +109,10 @@ Tensor& div_(Tensor& a, const Tensor& b) {
   std::shared_ptr<DivBackward> node;
   if (record) {
     node = make_node<DivBackward>(a, b);
-    if (node->needs_input_grad(1)) node->a = SavedTensor(ops::clone(a), false);
+    if (node->needs_input_grad(1)) node->a = SavedTensor(internal::clone(a), false);
     node->b = save_other(b, a);
   }
-  ops::div_(a, b);
+  internal::div_(a, b);
   if (record) set_history(a, node);
   return a;
 }
@@ -124,15 +124,14 @@ Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max) 
   std::shared_ptr<ClampBackward> node;
   if (record) {
     node = make_node<ClampBackward>(a);
-    node->input = SavedTensor(ops::clone(a), false);
+    node->input = SavedTensor(internal::clone(a), false);
     node->min = min;
     node->max = max;
   }
-  ops::clamp_(a, min, max);
+  internal::clamp_(a, min, max);
   if (record) set_history(a, node);
   return a;
 }
-
 
 // The mask is a bool tensor of its own (it cannot require grad); saved as it is.
 Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value) {
@@ -142,19 +141,19 @@ Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value) {
     node = make_node<MaskedFillBackward>(a);
     node->mask = save_other(mask, a);
   }
-  ops::masked_fill_(a, mask, value);
+  internal::masked_fill_(a, mask, value);
   if (record) set_history(a, node);
   return a;
 }
 
 Tensor& fill_(Tensor& t, Scalar value) {
-  return overwrite(t, "fill_", "FillBackward", [&] { ops::fill_(t, value); });
+  return overwrite(t, "fill_", "FillBackward", [&] { internal::fill_(t, value); });
 }
 Tensor& uniform_(Tensor& t, double from, double to, Generator* gen) {
-  return overwrite(t, "uniform_", "UniformBackward", [&] { ops::uniform_(t, from, to, gen); });
+  return overwrite(t, "uniform_", "UniformBackward", [&] { internal::uniform_(t, from, to, gen); });
 }
 Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
-  return overwrite(t, "normal_", "NormalBackward", [&] { ops::normal_(t, mean, std, gen); });
+  return overwrite(t, "normal_", "NormalBackward", [&] { internal::normal_(t, mean, std, gen); });
 }
 
 }  // namespace kiln

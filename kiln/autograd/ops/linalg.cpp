@@ -8,7 +8,7 @@ namespace kiln {
 
 namespace {
 
-Tensor mT(const Tensor& t) { return ops::transpose(t, -2, -1); }  // (..., M, K) -> (..., K, M)
+Tensor mT(const Tensor& t) { return internal::transpose(t, -2, -1); }  // (..., M, K) -> (..., K, M)
 
 // Saves each operand only where the other one's gradient needs it.
 template <typename N>
@@ -30,24 +30,24 @@ struct MatmulBackward final : Node {
     const Tensor av = needs_input_grad(1) ? a.unpack(*this) : Tensor();
     const Tensor bv = needs_input_grad(0) ? b.unpack(*this) : Tensor();
     if (a_dim == 1 && b_dim == 1) {  // dot: g is 0-d
-      if (bv.defined()) ga = ops::mul(g, bv);
-      if (av.defined()) gb = ops::mul(g, av);
+      if (bv.defined()) ga = internal::mul(g, bv);
+      if (av.defined()) gb = internal::mul(g, av);
     } else if (a_dim == 1) {  // (K) @ (..., K, N) -> (..., N)
-      if (bv.defined()) ga = ops::squeeze(ops::matmul(ops::unsqueeze(g, -2), mT(bv)), -2);  // (..., K)
-      if (av.defined()) gb = ops::matmul(ops::unsqueeze(av, -1), ops::unsqueeze(g, -2));    // (..., K, N)
+      if (bv.defined()) ga = internal::squeeze(internal::matmul(internal::unsqueeze(g, -2), mT(bv)), -2);  // (..., K)
+      if (av.defined()) gb = internal::matmul(internal::unsqueeze(av, -1), internal::unsqueeze(g, -2));  // (..., K, N)
     } else if (b_dim == 1) {  // (..., M, K) @ (K) -> (..., M)
-      if (bv.defined()) ga = ops::matmul(ops::unsqueeze(g, -1), ops::unsqueeze(bv, 0));     // (..., M, K)
-      if (av.defined()) gb = ops::squeeze(ops::matmul(mT(av), ops::unsqueeze(g, -1)), -1);  // (..., K)
+      if (bv.defined()) ga = internal::matmul(internal::unsqueeze(g, -1), internal::unsqueeze(bv, 0));  // (..., M, K)
+      if (av.defined()) gb = internal::squeeze(internal::matmul(mT(av), internal::unsqueeze(g, -1)), -1);  // (..., K)
     } else {
-      if (bv.defined()) ga = ops::matmul(g, mT(bv));  // (..., M, K)
+      if (bv.defined()) ga = internal::matmul(g, mT(bv));  // (..., M, K)
       if (av.defined()) {
         if (b_dim == 2 && a_dim > 2) {
           // (B, T, K) @ (K, N), as in a linear layer: fold the batch into the rows, one (K, N) product
           // instead of a (B, K, N) one summed afterwards.
           const int64_t k = av.size(-1), n = g.size(-1);
-          gb = ops::mm(mT(ops::reshape(av, {-1, k})), ops::reshape(g, {-1, n}));
+          gb = internal::mm(mT(internal::reshape(av, {-1, k})), internal::reshape(g, {-1, n}));
         } else {
-          gb = ops::matmul(mT(av), g);  // (..., K, N)
+          gb = internal::matmul(mT(av), g);  // (..., K, N)
         }
       }
     }
@@ -63,7 +63,7 @@ struct MatmulBackward final : Node {
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   auto [a, b] = autocast::inputs(Op::Matmul, a_in, b_in);
-  Tensor out = ops::matmul(a, b);
+  Tensor out = internal::matmul(a, b);
   if (needs_grad(a, b)) {
     auto node = make_node<MatmulBackward>(a, b);
     save_operands(*node, a, b);
@@ -83,7 +83,9 @@ struct MmBackward final : Node {
   std::string_view name() const override { return batched ? "BmmBackward" : "MmBackward"; }
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
-    auto product = [this](const Tensor& x, const Tensor& y) { return batched ? ops::bmm(x, y) : ops::mm(x, y); };
+    auto product = [this](const Tensor& x, const Tensor& y) {
+      return batched ? internal::bmm(x, y) : internal::mm(x, y);
+    };
     Tensor ga, gb;
     if (needs_input_grad(0)) ga = product(g, mT(b.unpack(*this)));
     if (needs_input_grad(1)) gb = product(mT(a.unpack(*this)), g);
@@ -97,7 +99,7 @@ struct MmBackward final : Node {
 
 Tensor mm_impl(const Tensor& a_in, const Tensor& b_in, bool batched) {
   auto [a, b] = autocast::inputs(batched ? Op::Bmm : Op::Mm, a_in, b_in);
-  Tensor out = batched ? ops::bmm(a, b) : ops::mm(a, b);
+  Tensor out = batched ? internal::bmm(a, b) : internal::mm(a, b);
   if (needs_grad(a, b)) {
     auto node = make_node<MmBackward>(a, b);
     save_operands(*node, a, b);
@@ -117,7 +119,7 @@ namespace {
 // ---------------------------------------------------------------- addmm: beta * c + alpha * (a @ b)
 // dc = beta * g (summed to c's broadcast shape by the engine), da = alpha * g @ b^T, db = alpha * a^T @ g.
 // A linear layer's bias (c of shape (N) or (1, N), beta = alpha = 1) gets the row sums of g^T, computed by the
-// product db^T = g^T @ a itself (ops::mm_with_row_sums) instead of by a reduction of g of its own.
+// product db^T = g^T @ a itself (internal::mm_with_row_sums) instead of by a reduction of g of its own.
 struct AddmmBackward final : Node {
   SavedTensor a, b;
   Scalar beta = 1, alpha = 1;
@@ -125,17 +127,17 @@ struct AddmmBackward final : Node {
   std::string_view name() const override { return "AddmmBackward"; }
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];  // (M, N)
-    auto scaled = [](const Tensor& t, Scalar s) { return s.to_double() == 1.0 ? t : ops::mul(t, s); };
+    auto scaled = [](const Tensor& t, Scalar s) { return s.to_double() == 1.0 ? t : internal::mul(t, s); };
     Tensor gc, ga, gb;
-    if (needs_input_grad(1)) ga = scaled(ops::mm(g, mT(b.unpack(*this))), alpha);
+    if (needs_input_grad(1)) ga = scaled(internal::mm(g, mT(b.unpack(*this))), alpha);
     if (needs_input_grad(0) && needs_input_grad(2) && !bias_shape.empty()) {
-      auto [gb_t, sums] = ops::mm_with_row_sums(mT(g), a.unpack(*this));  // (N, K), (N)
+      auto [gb_t, sums] = internal::mm_with_row_sums(mT(g), a.unpack(*this));  // (N, K), (N)
       gb = mT(gb_t);
-      gc = ops::reshape(sums, bias_shape);
+      gc = internal::reshape(sums, bias_shape);
       return {gc, ga, gb};
     }
     if (needs_input_grad(0)) gc = scaled(g, beta);
-    if (needs_input_grad(2)) gb = scaled(ops::mm(mT(a.unpack(*this)), g), alpha);
+    if (needs_input_grad(2)) gb = scaled(internal::mm(mT(a.unpack(*this)), g), alpha);
     return {gc, ga, gb};
   }
   void release_saved() override {
@@ -148,7 +150,7 @@ struct AddmmBackward final : Node {
 
 Tensor addmm(const Tensor& c_in, const Tensor& a_in, const Tensor& b_in, Scalar beta, Scalar alpha) {
   auto [c, a, b] = autocast::inputs(Op::Addmm, c_in, a_in, b_in);
-  Tensor out = ops::addmm(c, a, b, beta, alpha);
+  Tensor out = internal::addmm(c, a, b, beta, alpha);
   if (needs_grad(c, a, b)) {
     auto node = make_node<AddmmBackward>(c, a, b);
     if (node->needs_input_grad(2)) node->a = SavedTensor(a, false);
@@ -178,11 +180,11 @@ struct VectorProductBackward final : Node {
     Tensor ga, gb;
     if (needs_input_grad(0)) {
       const Tensor bv = b.unpack(*this);
-      ga = is_outer ? ops::matmul(g, bv) : ops::mul(g, bv);
+      ga = is_outer ? internal::matmul(g, bv) : internal::mul(g, bv);
     }
     if (needs_input_grad(1)) {
       const Tensor av = a.unpack(*this);
-      gb = is_outer ? ops::matmul(ops::transpose(g, 0, 1), av) : ops::mul(g, av);
+      gb = is_outer ? internal::matmul(internal::transpose(g, 0, 1), av) : internal::mul(g, av);
     }
     return {ga, gb};
   }
@@ -194,7 +196,7 @@ struct VectorProductBackward final : Node {
 
 Tensor vector_product(const Tensor& a_in, const Tensor& b_in, bool is_outer) {
   auto [a, b] = autocast::inputs(is_outer ? Op::Outer : Op::Dot, a_in, b_in);
-  Tensor out = is_outer ? ops::outer(a, b) : ops::dot(a, b);
+  Tensor out = is_outer ? internal::outer(a, b) : internal::dot(a, b);
   if (needs_grad(a, b)) {
     auto node = make_node<VectorProductBackward>(a, b);
     save_operands(*node, a, b);

@@ -29,13 +29,13 @@ Dims reduced_dims(const Dims& dims, int64_t rank, std::string_view op) {
 Tensor keep_reduced(const Tensor& t, const Dims& dims, bool keepdim) {
   if (keepdim) return t;
   Tensor r = t;
-  for (int64_t d : dims) r = ops::unsqueeze(r, d);
+  for (int64_t d : dims) r = internal::unsqueeze(r, d);
   return r;
 }
 
 // A gradient of the reduced shape brought back to the input's shape (a broadcasting view, no copy).
 Tensor expand_reduced(const Tensor& g, const Shape& input_shape, const Dims& dims, bool keepdim) {
-  return ops::expand(keep_reduced(g, dims, keepdim), input_shape);
+  return internal::expand(keep_reduced(g, dims, keepdim), input_shape);
 }
 
 // The number of elements each output element reduces over.
@@ -48,8 +48,8 @@ int64_t reduced_count(const Tensor& a, const Dims& dims) {
 // g spread evenly over the positions where `mask` holds within each reduced slice (ties of a max share
 // its gradient, as in PyTorch). g_keep and the count keep the reduced dims; mask has the input's shape.
 Tensor split_among(const Tensor& g_keep, const Tensor& mask, const Dims& dims) {
-  const Tensor count = ops::sum(mask, dims, /*keepdim=*/true);  // Int64, >= 1 where the slice has a match
-  return ops::where(mask, ops::div(g_keep, count), 0.0);
+  const Tensor count = internal::sum(mask, dims, /*keepdim=*/true);  // Int64, >= 1 where the slice has a match
+  return internal::where(mask, internal::div(g_keep, count), 0.0);
 }
 
 // ---------------------------------------------------------------- sum, mean
@@ -62,7 +62,7 @@ struct SumBackward final : Node {
   std::string_view name() const override { return scale == 1.0 ? "SumBackward" : "MeanBackward"; }
   TensorList apply(TensorList&& grads) override {
     Tensor g = expand_reduced(grads[0], input_shape, dims, keepdim);
-    return {scale == 1.0 ? g : ops::mul(g, scale)};
+    return {scale == 1.0 ? g : internal::mul(g, scale)};
   }
 };
 
@@ -70,7 +70,7 @@ struct SumBackward final : Node {
 
 Tensor sum(const Tensor& a_in, const Dims& dims, bool keepdim, std::optional<DType> dtype) {
   auto [a] = autocast::inputs(Op::Sum, a_in);
-  Tensor out = ops::sum(a, dims, keepdim, dtype);
+  Tensor out = internal::sum(a, dims, keepdim, dtype);
   if (needs_grad(a)) {
     auto node = make_node<SumBackward>(a);
     node->input_shape = a.shape();
@@ -83,7 +83,7 @@ Tensor sum(const Tensor& a_in, const Dims& dims, bool keepdim, std::optional<DTy
 
 Tensor mean(const Tensor& a_in, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::Mean, a_in);
-  Tensor out = ops::mean(a, dims, keepdim);
+  Tensor out = internal::mean(a, dims, keepdim);
   if (needs_grad(a)) {
     auto node = make_node<SumBackward>(a);
     node->input_shape = a.shape();
@@ -110,14 +110,15 @@ struct ProdBackward final : Node {
   std::string_view name() const override { return "ProdBackward"; }
   TensorList apply(TensorList&& grads) override {
     const Tensor a = input.unpack(*this);
-    const Tensor g = keep_reduced(grads[0], dims, keepdim);                         // reduced dims of size 1
-    const Tensor zero = ops::eq(a, 0.0);                                            // input shape
-    const Tensor zeros = ops::sum(zero, dims, /*keepdim=*/true);                    // zeros per slice, Int64
-    const Tensor nonzero = ops::where(zero, 1.0, a);                                // the zeros replaced by 1
-    const Tensor g_prod = ops::mul(g, ops::prod(nonzero, dims, /*keepdim=*/true));  // g * product of non-zeros
-    const Tensor no_zero = ops::div(g_prod, nonzero);                               // right for slices without zeros
-    const Tensor one_zero = ops::where(ops::logical_and(zero, ops::eq(zeros, 1)), g_prod, 0.0);
-    return {ops::where(ops::eq(zeros, 0), no_zero, one_zero)};
+    const Tensor g = keep_reduced(grads[0], dims, keepdim);            // reduced dims of size 1
+    const Tensor zero = internal::eq(a, 0.0);                          // input shape
+    const Tensor zeros = internal::sum(zero, dims, /*keepdim=*/true);  // zeros per slice, Int64
+    const Tensor nonzero = internal::where(zero, 1.0, a);              // the zeros replaced by 1
+    const Tensor g_prod =
+        internal::mul(g, internal::prod(nonzero, dims, /*keepdim=*/true));  // g * product of non-zeros
+    const Tensor no_zero = internal::div(g_prod, nonzero);                  // right for slices without zeros
+    const Tensor one_zero = internal::where(internal::logical_and(zero, internal::eq(zeros, 1)), g_prod, 0.0);
+    return {internal::where(internal::eq(zeros, 0), no_zero, one_zero)};
   }
   void release_saved() override { input.reset(); }
 };
@@ -126,7 +127,7 @@ struct ProdBackward final : Node {
 
 Tensor prod(const Tensor& a_in, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::Prod, a_in);
-  Tensor out = ops::prod(a, dims, keepdim);
+  Tensor out = internal::prod(a, dims, keepdim);
   if (needs_grad(a)) {
     auto node = make_node<ProdBackward>(a);
     node->input = SavedTensor(a, false);
@@ -149,7 +150,7 @@ struct ExtremumBackward final : Node {
   std::string_view name() const override { return label; }
   TensorList apply(TensorList&& grads) override {
     const Tensor a = input.unpack(*this);
-    const Tensor mask = ops::eq(a, keep_reduced(result.unpack(*this), dims, keepdim));  // input shape
+    const Tensor mask = internal::eq(a, keep_reduced(result.unpack(*this), dims, keepdim));  // input shape
     return {split_among(keep_reduced(grads[0], dims, keepdim), mask, dims)};
   }
   void release_saved() override {
@@ -176,22 +177,22 @@ Tensor record_extremum(Tensor out, const Tensor& a, const Dims& dims, bool keepd
 
 Tensor amax(const Tensor& a_in, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::Amax, a_in);
-  return record_extremum(ops::amax(a, dims, keepdim), a, dims, keepdim, "AmaxBackward", "amax");
+  return record_extremum(internal::amax(a, dims, keepdim), a, dims, keepdim, "AmaxBackward", "amax");
 }
 
 Tensor amin(const Tensor& a_in, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::Amin, a_in);
-  return record_extremum(ops::amin(a, dims, keepdim), a, dims, keepdim, "AminBackward", "amin");
+  return record_extremum(internal::amin(a, dims, keepdim), a, dims, keepdim, "AminBackward", "amin");
 }
 
 Tensor max(const Tensor& a_in) {
   auto [a] = autocast::inputs(Op::MaxMin, a_in);
-  return record_extremum(ops::max(a), a, {}, false, "MaxBackward", "max");
+  return record_extremum(internal::max(a), a, {}, false, "MaxBackward", "max");
 }
 
 Tensor min(const Tensor& a_in) {
   auto [a] = autocast::inputs(Op::MaxMin, a_in);
-  return record_extremum(ops::min(a), a, {}, false, "MinBackward", "min");
+  return record_extremum(internal::min(a), a, {}, false, "MinBackward", "min");
 }
 
 namespace {
@@ -209,16 +210,16 @@ struct IndexedExtremumBackward final : Node {
     const Tensor& g = grads[0];
     if (input_shape.empty()) return {g};  // a 0-d input is its own max
     const Tensor idx = indices.unpack(*this);
-    const Tensor g_keep = keepdim ? g : ops::unsqueeze(g, dim);
-    const Tensor idx_keep = keepdim ? idx : ops::unsqueeze(idx, dim);
-    return {ops::scatter(ops::zeros(input_shape, g.options()), dim, idx_keep, g_keep)};
+    const Tensor g_keep = keepdim ? g : internal::unsqueeze(g, dim);
+    const Tensor idx_keep = keepdim ? idx : internal::unsqueeze(idx, dim);
+    return {internal::scatter(internal::zeros(input_shape, g.options()), dim, idx_keep, g_keep)};
   }
   void release_saved() override { indices.reset(); }
 };
 
 std::tuple<Tensor, Tensor> indexed_extremum(const Tensor& a_in, int64_t dim, bool keepdim, bool is_max) {
   auto [a] = autocast::inputs(Op::MaxMin, a_in);
-  auto [values, indices] = is_max ? ops::max(a, dim, keepdim) : ops::min(a, dim, keepdim);
+  auto [values, indices] = is_max ? internal::max(a, dim, keepdim) : internal::min(a, dim, keepdim);
   if (needs_grad(a)) {
     auto node = make_node<IndexedExtremumBackward>(a);
     node->indices = SavedTensor(indices, /*is_output=*/true);
@@ -266,18 +267,18 @@ struct VarianceBackward final : Node {
     const double dof = count - static_cast<double>(correction);
     Tensor grad;
     if (grads[0].defined()) {
-      const Tensor centered = ops::sub(a, ops::mean(a, dims, /*keepdim=*/true));  // input shape
+      const Tensor centered = internal::sub(a, internal::mean(a, dims, /*keepdim=*/true));  // input shape
       const Tensor g = keep_reduced(grads[0], dims, keepdim);
       if (kind == Kind::Std) {
         const Tensor s = keep_reduced(result.unpack(*this), dims, keepdim);
-        grad = ops::div(ops::mul(centered, g), ops::mul(s, dof));
+        grad = internal::div(internal::mul(centered, g), internal::mul(s, dof));
       } else {
-        grad = ops::mul(ops::mul(centered, g), 2.0 / dof);
+        grad = internal::mul(internal::mul(centered, g), 2.0 / dof);
       }
     }
     if (kind == Kind::VarMean && grads.size() > 1 && grads[1].defined()) {
-      const Tensor gm = ops::expand(ops::div(keep_reduced(grads[1], dims, keepdim), count), a.shape());
-      grad = grad.defined() ? ops::add(grad, gm) : gm;
+      const Tensor gm = internal::expand(internal::div(keep_reduced(grads[1], dims, keepdim), count), a.shape());
+      grad = grad.defined() ? internal::add(grad, gm) : gm;
     }
     return {grad};
   }
@@ -302,7 +303,7 @@ std::shared_ptr<VarianceBackward> variance_node(const Tensor& a, const Dims& dim
 
 Tensor var(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdim) {
   auto [a] = autocast::inputs(Op::Var, a_in);
-  Tensor out = ops::var(a, dims, correction, keepdim);
+  Tensor out = internal::var(a, dims, correction, keepdim);
   if (needs_grad(a)) {
     set_history(out, variance_node(a, dims, correction, keepdim, VarianceBackward::Kind::Var, "var"));
   }
@@ -311,7 +312,7 @@ Tensor var(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdi
 
 Tensor std(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdim) {
   auto [a] = autocast::inputs(Op::Std, a_in);
-  Tensor out = ops::std(a, dims, correction, keepdim);
+  Tensor out = internal::std(a, dims, correction, keepdim);
   if (needs_grad(a)) {
     auto node = variance_node(a, dims, correction, keepdim, VarianceBackward::Kind::Std, "std");
     set_history(out, node);
@@ -322,7 +323,7 @@ Tensor std(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdi
 
 std::tuple<Tensor, Tensor> var_mean(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdim) {
   auto [a] = autocast::inputs(Op::Var, a_in);
-  auto [v, m] = ops::var_mean(a, dims, correction, keepdim);
+  auto [v, m] = internal::var_mean(a, dims, correction, keepdim);
   if (needs_grad(a)) {
     auto node = variance_node(a, dims, correction, keepdim, VarianceBackward::Kind::VarMean, "var_mean");
     set_history(v, node);  // output 0
@@ -349,18 +350,18 @@ struct NormBackward final : Node {
   std::string_view name() const override { return "NormBackward"; }
   TensorList apply(TensorList&& grads) override {
     const Tensor g = keep_reduced(grads[0], dims, keepdim);
-    if (p == 0) return {ops::zeros(input_shape, g.options())};
+    if (p == 0) return {internal::zeros(input_shape, g.options())};
     const Tensor a = input.unpack(*this);
-    if (p == 1) return {ops::mul(g, ops::sign(a))};
+    if (p == 1) return {internal::mul(g, internal::sign(a))};
     const Tensor n = keep_reduced(result.unpack(*this), dims, keepdim);
     if (std::isinf(p)) {
-      const Tensor mask = ops::eq(ops::abs(a), n);
-      return {ops::mul(split_among(g, mask, dims), ops::sign(a))};
+      const Tensor mask = internal::eq(internal::abs(a), n);
+      return {internal::mul(split_among(g, mask, dims), internal::sign(a))};
     }
-    const Tensor zero_norm = ops::eq(n, 0.0);
-    if (p == 2) return {ops::mul(g, ops::div(a, ops::where(zero_norm, 1.0, n)))};  // a = 0 where n = 0
-    const Tensor scale = ops::where(zero_norm, 0.0, ops::div(g, ops::pow(n, p - 1)));
-    return {ops::mul(ops::mul(scale, ops::sign(a)), ops::pow(ops::abs(a), p - 1))};
+    const Tensor zero_norm = internal::eq(n, 0.0);
+    if (p == 2) return {internal::mul(g, internal::div(a, internal::where(zero_norm, 1.0, n)))};  // a = 0 where n = 0
+    const Tensor scale = internal::where(zero_norm, 0.0, internal::div(g, internal::pow(n, p - 1)));
+    return {internal::mul(internal::mul(scale, internal::sign(a)), internal::pow(internal::abs(a), p - 1))};
   }
   void release_saved() override {
     input.reset();
@@ -372,7 +373,7 @@ struct NormBackward final : Node {
 
 Tensor norm(const Tensor& a_in, double p, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::Norm, a_in);
-  Tensor out = ops::norm(a, p, dims, keepdim);
+  Tensor out = internal::norm(a, p, dims, keepdim);
   if (needs_grad(a)) {
     auto node = make_node<NormBackward>(a);
     node->p = p;
@@ -398,7 +399,7 @@ struct LogSumExpBackward final : Node {
   TensorList apply(TensorList&& grads) override {
     const Tensor a = input.unpack(*this);
     const Tensor out = keep_reduced(result.unpack(*this), dims, keepdim);
-    return {ops::mul(keep_reduced(grads[0], dims, keepdim), ops::exp(ops::sub(a, out)))};
+    return {internal::mul(keep_reduced(grads[0], dims, keepdim), internal::exp(internal::sub(a, out)))};
   }
   void release_saved() override {
     input.reset();
@@ -410,7 +411,7 @@ struct LogSumExpBackward final : Node {
 
 Tensor logsumexp(const Tensor& a_in, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::LogSumExp, a_in);
-  Tensor out = ops::logsumexp(a, dims, keepdim);
+  Tensor out = internal::logsumexp(a, dims, keepdim);
   if (needs_grad(a)) {
     auto node = make_node<LogSumExpBackward>(a);
     node->input = SavedTensor(a, false);

@@ -7,7 +7,7 @@ namespace kiln {
 namespace {
 
 // Sums t over `dim` keeping it as size 1; a 0-d tensor is its own (one-element) sum.
-Tensor sum_keep(const Tensor& t, int64_t dim) { return t.dim() == 0 ? t : ops::sum(t, {dim}, /*keepdim=*/true); }
+Tensor sum_keep(const Tensor& t, int64_t dim) { return t.dim() == 0 ? t : internal::sum(t, {dim}, /*keepdim=*/true); }
 
 // y = softmax(a) along dim:      da = y * (g - sum(g * y, dim))
 // y = log_softmax(a) along dim:  da = g - exp(y) * sum(g, dim)
@@ -19,15 +19,15 @@ struct SoftmaxBackward final : Node {
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
     const Tensor y = result.unpack(*this);
-    if (log) return {ops::sub(g, ops::mul(ops::exp(y), sum_keep(g, dim)))};
-    return {ops::mul(y, ops::sub(g, sum_keep(ops::mul(g, y), dim)))};
+    if (log) return {internal::sub(g, internal::mul(internal::exp(y), sum_keep(g, dim)))};
+    return {internal::mul(y, internal::sub(g, sum_keep(internal::mul(g, y), dim)))};
   }
   void release_saved() override { result.reset(); }
 };
 
 Tensor softmax_impl(const Tensor& a_in, int64_t dim, bool log) {
   auto [a] = autocast::inputs(log ? Op::LogSoftmax : Op::Softmax, a_in);
-  Tensor out = log ? ops::log_softmax(a, dim) : ops::softmax(a, dim);
+  Tensor out = log ? internal::log_softmax(a, dim) : internal::softmax(a, dim);
   if (needs_grad(a)) {
     auto node = make_node<SoftmaxBackward>(a);
     node->dim = a.dim() == 0 ? 0 : wrap_dim(dim, a.dim(), log ? "log_softmax" : "softmax");

@@ -33,7 +33,7 @@ Tensor record_unary(Tensor out, const Tensor& a, std::string_view name, UnaryBac
   return out;
 }
 
-// An op whose forward is ops::f and whose gradient is `formula`, with autocast policy `op`.
+// An op whose forward is internal::f and whose gradient is `formula`, with autocast policy `op`.
 Tensor unary(Op op, Tensor (*forward)(const Tensor&), const Tensor& a_in, std::string_view name,
              UnaryBackward::Formula formula, Save save) {
   auto [a] = autocast::inputs(op, a_in);
@@ -50,7 +50,7 @@ Tensor& unary_inplace(Tensor& a, const char* op, Tensor& (*forward)(Tensor&), st
     node = make_node<UnaryBackward>(a);
     node->op_name = name;
     node->formula = formula;
-    if (save == Save::Input) node->saved = SavedTensor(ops::clone(a), false);
+    if (save == Save::Input) node->saved = SavedTensor(internal::clone(a), false);
   }
   forward(a);
   if (record) {
@@ -69,33 +69,35 @@ Tensor& unary_inplace(Tensor& a, const char* op, Tensor& (*forward)(Tensor&), st
 KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
 
-// gelu (both forms): g * f'(x) in one fused pass (ops::gelu_backward).
+// gelu (both forms): g * f'(x) in one fused pass (internal::gelu_backward).
 Tensor gelu_grad(const Tensor& g, const Tensor& x, const Tensor&) {
-  return ops::gelu_backward(g, x, /*tanh_approximation=*/false);
+  return internal::gelu_backward(g, x, /*tanh_approximation=*/false);
 }
 Tensor gelu_tanh_grad(const Tensor& g, const Tensor& x, const Tensor&) {
-  return ops::gelu_backward(g, x, /*tanh_approximation=*/true);
+  return internal::gelu_backward(g, x, /*tanh_approximation=*/true);
 }
-Tensor square_grad(const Tensor& g, const Tensor& x, const Tensor&) { return ops::mul(g, ops::mul(x, 2.0)); }
+Tensor square_grad(const Tensor& g, const Tensor& x, const Tensor&) { return internal::mul(g, internal::mul(x, 2.0)); }
 
 }  // namespace
 
-#define KILN_X(Enum, name, result, autocast, save, ...)                                                        \
-  Tensor name(const Tensor& a) {                                                                             \
-    return unary(Op::Enum, ops::name, a, #Enum "Backward", name##_derivative, Save::save);                   \
-  }                                                                                                          \
-  Tensor& name##_(Tensor& a) {                                                                               \
-    return unary_inplace(a, #name "_", ops::name##_, #Enum "Backward", name##_derivative, Save::save);       \
+#define KILN_X(Enum, name, result, autocast, save, ...)                                                     \
+  Tensor name(const Tensor& a) {                                                                            \
+    return unary(Op::Enum, internal::name, a, #Enum "Backward", name##_derivative, Save::save);             \
+  }                                                                                                         \
+  Tensor& name##_(Tensor& a) {                                                                              \
+    return unary_inplace(a, #name "_", internal::name##_, #Enum "Backward", name##_derivative, Save::save); \
   }
 KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
 
 Tensor gelu(const Tensor& a_in, bool tanh_approximation) {
   auto [a] = autocast::inputs(Op::Gelu, a_in);
-  return record_unary(ops::gelu(a, tanh_approximation), a, "GeluBackward",
+  return record_unary(internal::gelu(a, tanh_approximation), a, "GeluBackward",
                       tanh_approximation ? gelu_tanh_grad : gelu_grad, Save::Input);
 }
-Tensor square(const Tensor& a) { return unary(Op::Square, ops::square, a, "SquareBackward", square_grad, Save::Input); }
+Tensor square(const Tensor& a) {
+  return unary(Op::Square, internal::square, a, "SquareBackward", square_grad, Save::Input);
+}
 
 // ---------------------------------------------------------------- pow
 // out = a^b. d/da = g * b * a^(b-1), 0 where b == 0; d/db = g * out * log(a), 0 where a == 0 and b >= 0
@@ -110,11 +112,12 @@ struct PowBackward final : Node {
     const Tensor a = base.unpack(*this), b = exponent.unpack(*this);
     Tensor ga, gb;
     if (needs_input_grad(0)) {
-      ga = ops::where(ops::eq(b, 0.0), 0.0, ops::mul(g, ops::mul(b, ops::pow(a, ops::sub(b, 1.0)))));
+      ga = internal::where(internal::eq(b, 0.0), 0.0,
+                           internal::mul(g, internal::mul(b, internal::pow(a, internal::sub(b, 1.0)))));
     }
     if (needs_input_grad(1)) {
-      const Tensor zero_base = ops::logical_and(ops::eq(a, 0.0), ops::ge(b, 0.0));
-      gb = ops::where(zero_base, 0.0, ops::mul(g, ops::mul(result.unpack(*this), ops::log(a))));
+      const Tensor zero_base = internal::logical_and(internal::eq(a, 0.0), internal::ge(b, 0.0));
+      gb = internal::where(zero_base, 0.0, internal::mul(g, internal::mul(result.unpack(*this), internal::log(a))));
     }
     return {ga, gb};
   }
@@ -132,8 +135,8 @@ struct PowScalarExponentBackward final : Node {
   std::string_view name() const override { return "PowBackward"; }
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
-    if (exponent == 0.0) return {ops::zeros_like(g)};
-    return {ops::mul(g, ops::mul(ops::pow(base.unpack(*this), exponent - 1.0), exponent))};
+    if (exponent == 0.0) return {internal::zeros_like(g)};
+    return {internal::mul(g, internal::mul(internal::pow(base.unpack(*this), exponent - 1.0), exponent))};
   }
   void release_saved() override { base.reset(); }
 };
@@ -144,9 +147,9 @@ struct PowScalarBaseBackward final : Node {
   double base = 1;
   std::string_view name() const override { return "PowBackward"; }
   TensorList apply(TensorList&& grads) override {
-    const Tensor gb = ops::mul(grads[0], ops::mul(result.unpack(*this), std::log(base)));
+    const Tensor gb = internal::mul(grads[0], internal::mul(result.unpack(*this), std::log(base)));
     if (base != 0.0) return {gb};
-    return {ops::where(ops::ge(exponent.unpack(*this), 0.0), 0.0, gb)};
+    return {internal::where(internal::ge(exponent.unpack(*this), 0.0), 0.0, gb)};
   }
   void release_saved() override {
     exponent.reset();
@@ -158,7 +161,7 @@ struct PowScalarBaseBackward final : Node {
 
 Tensor pow(const Tensor& a_in, const Tensor& b_in) {
   auto [a, b] = autocast::inputs(Op::Pow, a_in, b_in);
-  Tensor out = ops::pow(a, b);
+  Tensor out = internal::pow(a, b);
   if (needs_grad(a, b)) {
     auto node = make_node<PowBackward>(a, b);
     node->base = SavedTensor(a, false);
@@ -171,7 +174,7 @@ Tensor pow(const Tensor& a_in, const Tensor& b_in) {
 
 Tensor pow(const Tensor& a_in, Scalar exponent) {
   auto [a] = autocast::inputs(Op::Pow, a_in);
-  Tensor out = ops::pow(a, exponent);
+  Tensor out = internal::pow(a, exponent);
   if (needs_grad(a)) {
     auto node = make_node<PowScalarExponentBackward>(a);
     node->exponent = exponent.to_double();
@@ -183,7 +186,7 @@ Tensor pow(const Tensor& a_in, Scalar exponent) {
 
 Tensor pow(Scalar base, const Tensor& b_in) {
   auto [b] = autocast::inputs(Op::Pow, b_in);
-  Tensor out = ops::pow(base, b);
+  Tensor out = internal::pow(base, b);
   if (needs_grad(b)) {
     auto node = make_node<PowScalarBaseBackward>(b);
     node->base = base.to_double();
@@ -199,15 +202,15 @@ Tensor pow(Scalar base, const Tensor& b_in) {
 TensorList ClampBackward::apply(TensorList&& grads) {
   const Tensor x = input.unpack(*this);
   Tensor inside;
-  if (min) inside = ops::ge(x, *min);
-  if (max) inside = inside.defined() ? ops::logical_and(inside, ops::le(x, *max)) : ops::le(x, *max);
+  if (min) inside = internal::ge(x, *min);
+  if (max) inside = inside.defined() ? internal::logical_and(inside, internal::le(x, *max)) : internal::le(x, *max);
   if (!inside.defined()) return {grads[0]};
-  return {ops::where(inside, grads[0], 0.0)};
+  return {internal::where(inside, grads[0], 0.0)};
 }
 
 Tensor clamp(const Tensor& a_in, std::optional<Scalar> min, std::optional<Scalar> max) {
   auto [a] = autocast::inputs(Op::Clamp, a_in);
-  Tensor out = ops::clamp(a, min, max);
+  Tensor out = internal::clamp(a, min, max);
   if (needs_grad(a)) {
     auto node = make_node<ClampBackward>(a);
     node->input = SavedTensor(a, false);

@@ -13,7 +13,7 @@ namespace {
 
 // Zeros of `shape` in g's dtype, on g's device: the gradient of a base outside the viewed region.
 Tensor zeros_for(const Tensor& g, const Shape& shape) {
-  return ops::zeros(shape, {.dtype = g.dtype(), .device = g.device()});
+  return internal::zeros(shape, {.dtype = g.dtype(), .device = g.device()});
 }
 
 // ---------------------------------------------------------------- view, reshape, flatten, unflatten, squeeze,
@@ -22,7 +22,7 @@ struct ReshapeBackward final : Node {
   std::string_view op_name;
   Shape input_shape;
   std::string_view name() const override { return op_name; }
-  TensorList apply(TensorList&& grads) override { return {ops::reshape(grads[0], input_shape)}; }
+  TensorList apply(TensorList&& grads) override { return {internal::reshape(grads[0], input_shape)}; }
 };
 
 // ---------------------------------------------------------------- permute, transpose
@@ -31,7 +31,7 @@ struct PermuteBackward final : Node {
   std::string_view op_name;
   Dims inverse;
   std::string_view name() const override { return op_name; }
-  TensorList apply(TensorList&& grads) override { return {ops::permute(grads[0], inverse)}; }
+  TensorList apply(TensorList&& grads) override { return {internal::permute(grads[0], inverse)}; }
 };
 
 // ---------------------------------------------------------------- expand
@@ -53,7 +53,7 @@ struct RegionBackward final : Node {
   TensorList apply(TensorList&& grads) override {
     Tensor gi = zeros_for(grads[0], input_shape);
     Tensor part = region(gi);
-    ops::copy_(part, grads[0]);
+    internal::copy_(part, grads[0]);
     return {gi};
   }
 };
@@ -71,10 +71,11 @@ struct AsStridedBackward final : Node {
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
     const int64_t n = numel(input_shape);
-    const Tensor positions =
-        ops::as_strided(ops::arange(n, {.dtype = DType::Int64, .device = g.device()}), sizes, strides, offset);
-    Tensor flat = ops::index_add(zeros_for(g, {n}), 0, ops::reshape(positions, {-1}), ops::reshape(g, {-1}));
-    return {ops::reshape(flat, input_shape)};
+    const Tensor positions = internal::as_strided(internal::arange(n, {.dtype = DType::Int64, .device = g.device()}),
+                                                  sizes, strides, offset);
+    Tensor flat =
+        internal::index_add(zeros_for(g, {n}), 0, internal::reshape(positions, {-1}), internal::reshape(g, {-1}));
+    return {internal::reshape(flat, input_shape)};
   }
 };
 
@@ -102,7 +103,7 @@ struct SplitBackward final : Node {
         return {};
       }
     }
-    return ops::as_strided(first, input_shape, strides, first.offset());
+    return internal::as_strided(first, input_shape, strides, first.offset());
   }
   TensorList apply(TensorList&& grads) override {
     // Every piece of a split got a gradient: they tile the input, so the gradient is their concatenation (one
@@ -110,15 +111,15 @@ struct SplitBackward final : Node {
     if (!select && !grads.empty() &&
         std::all_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); })) {
       if (Tensor whole = tiled(grads); whole.defined()) return {whole};
-      return {ops::cat(std::vector<Tensor>(grads.begin(), grads.end()), dim)};
+      return {internal::cat(std::vector<Tensor>(grads.begin(), grads.end()), dim)};
     }
     Tensor gi;
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) continue;
       if (!gi.defined()) gi = zeros_for(grads[i], input_shape);
-      Tensor part =
-          select ? ops::select(gi, dim, static_cast<int64_t>(i)) : ops::narrow(gi, dim, starts[i], lengths[i]);
-      ops::copy_(part, grads[i]);
+      Tensor part = select ? internal::select(gi, dim, static_cast<int64_t>(i))
+                           : internal::narrow(gi, dim, starts[i], lengths[i]);
+      internal::copy_(part, grads[i]);
     }
     return {gi};
   }
@@ -170,42 +171,42 @@ std::vector<Tensor> record_split(std::vector<Tensor> parts, const Tensor& t, int
 
 Tensor view(const Tensor& t_in, const Shape& shape) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(ops::view(t, shape), t, "ViewBackward");
+  return record_reshape(internal::view(t, shape), t, "ViewBackward");
 }
 
 Tensor reshape(const Tensor& t_in, const Shape& shape) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(ops::reshape(t, shape), t, "ReshapeBackward");
+  return record_reshape(internal::reshape(t, shape), t, "ReshapeBackward");
 }
 
 Tensor flatten(const Tensor& t_in, int64_t start_dim, int64_t end_dim) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(ops::flatten(t, start_dim, end_dim), t, "FlattenBackward");
+  return record_reshape(internal::flatten(t, start_dim, end_dim), t, "FlattenBackward");
 }
 
 Tensor unflatten(const Tensor& t_in, int64_t dim, const Shape& sizes) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(ops::unflatten(t, dim, sizes), t, "UnflattenBackward");
+  return record_reshape(internal::unflatten(t, dim, sizes), t, "UnflattenBackward");
 }
 
 Tensor squeeze(const Tensor& t_in) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(ops::squeeze(t), t, "SqueezeBackward");
+  return record_reshape(internal::squeeze(t), t, "SqueezeBackward");
 }
 
 Tensor squeeze(const Tensor& t_in, int64_t dim) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(ops::squeeze(t, dim), t, "SqueezeBackward");
+  return record_reshape(internal::squeeze(t, dim), t, "SqueezeBackward");
 }
 
 Tensor unsqueeze(const Tensor& t_in, int64_t dim) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(ops::unsqueeze(t, dim), t, "UnsqueezeBackward");
+  return record_reshape(internal::unsqueeze(t, dim), t, "UnsqueezeBackward");
 }
 
 Tensor permute(const Tensor& t_in, const Dims& dims) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  Tensor out = ops::permute(t, dims);
+  Tensor out = internal::permute(t, dims);
   if (out.is_same(t) || !needs_grad(t)) return out;
   auto node = make_node<PermuteBackward>(t);
   node->op_name = "PermuteBackward";
@@ -218,7 +219,7 @@ Tensor permute(const Tensor& t_in, const Dims& dims) {
 
 Tensor transpose(const Tensor& t_in, int64_t dim0, int64_t dim1) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  Tensor out = ops::transpose(t, dim0, dim1);
+  Tensor out = internal::transpose(t, dim0, dim1);
   if (out.is_same(t) || !needs_grad(t)) return out;  // 0-d: transpose is the input itself
   auto node = make_node<PermuteBackward>(t);
   node->op_name = "TransposeBackward";
@@ -231,7 +232,7 @@ Tensor transpose(const Tensor& t_in, int64_t dim0, int64_t dim1) {
 
 Tensor expand(const Tensor& t_in, const Shape& shape) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  Tensor out = ops::expand(t, shape);
+  Tensor out = internal::expand(t, shape);
   if (out.is_same(t) || !needs_grad(t)) return out;
   auto node = make_node<ExpandBackward>(t);
   node->input_shape = t.shape();
@@ -241,31 +242,31 @@ Tensor expand(const Tensor& t_in, const Shape& shape) {
 
 Tensor narrow(const Tensor& t_in, int64_t dim, int64_t start, int64_t length) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_region(ops::narrow(t, dim, start, length), t, "NarrowBackward",
-                       [=](const Tensor& z) { return ops::narrow(z, dim, start, length); });
+  return record_region(internal::narrow(t, dim, start, length), t, "NarrowBackward",
+                       [=](const Tensor& z) { return internal::narrow(z, dim, start, length); });
 }
 
 Tensor slice(const Tensor& t_in, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_region(ops::slice(t, dim, start, end, step), t, "SliceBackward",
-                       [=](const Tensor& z) { return ops::slice(z, dim, start, end, step); });
+  return record_region(internal::slice(t, dim, start, end, step), t, "SliceBackward",
+                       [=](const Tensor& z) { return internal::slice(z, dim, start, end, step); });
 }
 
 Tensor select(const Tensor& t_in, int64_t dim, int64_t index) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_region(ops::select(t, dim, index), t, "SelectBackward",
-                       [=](const Tensor& z) { return ops::select(z, dim, index); });
+  return record_region(internal::select(t, dim, index), t, "SelectBackward",
+                       [=](const Tensor& z) { return internal::select(z, dim, index); });
 }
 
 Tensor diagonal(const Tensor& t_in, int64_t offset, int64_t dim1, int64_t dim2) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_region(ops::diagonal(t, offset, dim1, dim2), t, "DiagonalBackward",
-                       [=](const Tensor& z) { return ops::diagonal(z, offset, dim1, dim2); });
+  return record_region(internal::diagonal(t, offset, dim1, dim2), t, "DiagonalBackward",
+                       [=](const Tensor& z) { return internal::diagonal(z, offset, dim1, dim2); });
 }
 
 Tensor as_strided(const Tensor& t_in, const Shape& sizes, const Strides& strides, std::optional<int64_t> offset) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  Tensor out = ops::as_strided(t, sizes, strides, offset);
+  Tensor out = internal::as_strided(t, sizes, strides, offset);
   if (out.is_same(t) || !needs_grad(t)) return out;
   // The backward maps storage positions to input elements, which is only exact for a contiguous input
   // whose elements cover every position the view reads.
@@ -289,22 +290,22 @@ Tensor as_strided(const Tensor& t_in, const Shape& sizes, const Strides& strides
 
 std::vector<Tensor> split(const Tensor& t_in, int64_t split_size, int64_t dim) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_split(ops::split(t, split_size, dim), t, dim, "SplitBackward", false);
+  return record_split(internal::split(t, split_size, dim), t, dim, "SplitBackward", false);
 }
 
 std::vector<Tensor> split_with_sizes(const Tensor& t_in, const std::vector<int64_t>& sizes, int64_t dim) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_split(ops::split_with_sizes(t, sizes, dim), t, dim, "SplitWithSizesBackward", false);
+  return record_split(internal::split_with_sizes(t, sizes, dim), t, dim, "SplitWithSizesBackward", false);
 }
 
 std::vector<Tensor> chunk(const Tensor& t_in, int64_t chunks, int64_t dim) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_split(ops::chunk(t, chunks, dim), t, dim, "ChunkBackward", false);
+  return record_split(internal::chunk(t, chunks, dim), t, dim, "ChunkBackward", false);
 }
 
 std::vector<Tensor> unbind(const Tensor& t_in, int64_t dim) {
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_split(ops::unbind(t, dim), t, dim, "UnbindBackward", true);
+  return record_split(internal::unbind(t, dim), t, dim, "UnbindBackward", true);
 }
 
 }  // namespace kiln

@@ -6,7 +6,7 @@
 
 #include "kiln/data/datasets/file_bytes.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data {
 
@@ -68,7 +68,7 @@ void CIFARBase::load(const std::vector<std::filesystem::path>& files, const std:
                name_, " binary file");
     n += bytes / record;
   }
-  images_ = ops::empty({n, kSide, kSide, kChannels}, {.dtype = DType::UInt8});
+  images_ = internal::empty({n, kSide, kSide, kChannels}, {.dtype = DType::UInt8});
   std::vector<int64_t> labels(n);
   uint8_t* out = images_.data_ptr<uint8_t>();
   int64_t i = 0;
@@ -88,16 +88,16 @@ void CIFARBase::load(const std::vector<std::filesystem::path>& files, const std:
         for (int64_t c = 0; c < kChannels; ++c) hwc[p * kChannels + c] = chw[c * kSide * kSide + p];
     }
   }
-  targets_ = ops::from_vector(labels, {n});
+  targets_ = internal::from_vector(labels, {n});
 }
 
 Example CIFARBase::get(int64_t index, SampleRng& rng) const {
   KILN_CHECK(index >= 0 && index < size(), describe(), ": index ", index, " is out of range [0, ", size(), ")");
   Tensor image =
-      ops::from_blob(images_.data_ptr<uint8_t>() + index * kImageBytes, {kSide, kSide, kChannels}, DType::UInt8);
+      internal::from_blob(images_.data_ptr<uint8_t>() + index * kImageBytes, {kSide, kSide, kChannels}, DType::UInt8);
   if (transform_) image = transform_(std::move(image), rng);
   return {{"image", std::move(image)},
-          {"label", ops::scalar_tensor(targets_.data_ptr<int64_t>()[index], {.dtype = DType::Int64})}};
+          {"label", internal::scalar_tensor(targets_.data_ptr<int64_t>()[index], {.dtype = DType::Int64})}};
 }
 
 std::string CIFARBase::describe() const {

@@ -13,7 +13,7 @@
 #include "kiln/data/hdf5/hdf5_util.h"
 #include "kiln/tensor/checked_size.h"  // checked_nbytes: a row's size from the file
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data {
 
@@ -291,7 +291,8 @@ Example HDF5Dataset::get(int64_t index, SampleRng& rng) const {
   Example ex;
   for (size_t k = 0; k < s.fields.size(); ++k) {
     const auto& field = s.fields[k];
-    ex.add(names_[k], ops::from_blob(chunk->fields[k].data() + row * field.row_bytes, field.row_shape, field.dtype));
+    ex.add(names_[k],
+           internal::from_blob(chunk->fields[k].data() + row * field.row_bytes, field.row_shape, field.dtype));
   }
   return ex;
 }
@@ -301,7 +302,7 @@ void write_hdf5_arrays(const std::filesystem::path& path, const std::vector<std:
   std::vector<Tensor> hosts;  // contiguous host copies, made before taking the HDF5 lock
   for (const auto& [name, t] : arrays) {
     KILN_CHECK(t.defined(), "write_hdf5_arrays(", file, "): the tensor for '", name, "' is undefined");
-    hosts.push_back(ops::contiguous(ops::to(t, Device::cpu())));
+    hosts.push_back(internal::contiguous(internal::to(t, Device::cpu())));
   }
   std::lock_guard<std::mutex> lock(hdf5_mutex());
   QuietErrors quiet;

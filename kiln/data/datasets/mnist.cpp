@@ -8,7 +8,7 @@
 #include "kiln/data/datasets/file_bytes.h"
 #include "kiln/tensor/checked_size.h"  // mul_overflows: the header's dims multiply without wrapping
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data {
 
@@ -86,23 +86,23 @@ MNIST::MNIST(const std::filesystem::path& root, MNISTOptions options, std::strin
              labels_file_.string(), " holds ", ldims[0], " labels; the files do not belong together");
 
   const int64_t n = idims[0];
-  images_ = ops::from_blob(image_bytes.data() + 16, {n, idims[1], idims[2]}, DType::UInt8);
+  images_ = internal::from_blob(image_bytes.data() + 16, {n, idims[1], idims[2]}, DType::UInt8);
   std::vector<int64_t> labels(n);
   for (int64_t i = 0; i < n; ++i) {
     labels[i] = label_bytes[8 + i];
     KILN_CHECK(labels[i] < kNumClasses, labels_file_.string(), ": label ", i, " is ", labels[i], ", not below ",
                kNumClasses, "; the file is corrupt");
   }
-  targets_ = ops::from_vector(labels, {n});
+  targets_ = internal::from_vector(labels, {n});
 }
 
 Example MNIST::get(int64_t index, SampleRng& rng) const {
   KILN_CHECK(index >= 0 && index < size(), describe(), ": index ", index, " is out of range [0, ", size(), ")");
   const int64_t h = images_.shape()[1], w = images_.shape()[2];
-  Tensor image = ops::from_blob(images_.data_ptr<uint8_t>() + index * h * w, {h, w, 1}, DType::UInt8);
+  Tensor image = internal::from_blob(images_.data_ptr<uint8_t>() + index * h * w, {h, w, 1}, DType::UInt8);
   if (options_.transform) image = options_.transform(std::move(image), rng);
   return {{"image", std::move(image)},
-          {"label", ops::scalar_tensor(targets_.data_ptr<int64_t>()[index], {.dtype = DType::Int64})}};
+          {"label", internal::scalar_tensor(targets_.data_ptr<int64_t>()[index], {.dtype = DType::Int64})}};
 }
 
 std::string MNIST::describe() const {

@@ -6,7 +6,7 @@
 
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/generator.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data {
 
@@ -124,7 +124,7 @@ Example SyntheticDataset::get(int64_t index, SampleRng&) const {
     const SyntheticField& f = options_.fields[k];
     const uint64_t key = mix(mix(options_.seed) ^ mix(k + 1));
     const uint64_t idx = static_cast<uint64_t>(index);
-    Tensor t = ops::empty(f.shape, {.dtype = f.dtype});
+    Tensor t = internal::empty(f.shape, {.dtype = f.dtype});
     const int64_t n = t.numel();
     const uint64_t bound = static_cast<uint64_t>(f.num_classes);
     switch (f.dtype) {

@@ -6,7 +6,7 @@
 #include "kiln/data/gpu_decode/gpu_sample.h"
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 #if KILN_WITH_NVJPEG
 #include "kiln/data/gpu_decode/crop_resize.h"
@@ -26,9 +26,9 @@ constexpr int64_t kAlign = 256;  // each image's pixels start at a multiple (row
 // Copies host pixels into device memory at `dst` on the current stream, from a pinned copy (the pinned
 // allocator reuses it after the copy).
 void upload(const Tensor& pixels, const Tensor& buffer, int64_t offset) {
-  Tensor host = ops::pin_memory(ops::contiguous(pixels));
-  Tensor slot = ops::reshape(ops::narrow(buffer, 0, offset, host.numel()), host.shape());
-  ops::copy_(slot, host, /*non_blocking=*/true);
+  Tensor host = internal::pin_memory(internal::contiguous(pixels));
+  Tensor slot = internal::reshape(internal::narrow(buffer, 0, offset, host.numel()), host.shape());
+  internal::copy_(slot, host, /*non_blocking=*/true);
 }
 
 Batch decode_batch(const GpuTransform& transform, const std::function<std::string(int64_t)>& name_of,
@@ -56,7 +56,7 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
     total = checked_add(total, (checked_add(bytes, kAlign - 1, "GPU image decoding")) / kAlign * kAlign,
                         "GPU image decoding: the batch's pixel buffer");
   }
-  Tensor pixels = ops::empty({total}, {.dtype = DType::UInt8, .device = dev});
+  Tensor pixels = internal::empty({total}, {.dtype = DType::UInt8, .device = dev});
   uint8_t* base = pixels.data_ptr<uint8_t>();
 
   std::vector<gpu::JpegInput> jpegs;
@@ -95,7 +95,7 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
   // The kernel's per-image parameters, through pinned memory on this stream.
   const ImageSize out_size = transform.output_size();
   Tensor jobs_host =
-      ops::empty({n * static_cast<int64_t>(sizeof(gpu::CropJob))}, {.dtype = DType::UInt8, .pinned_memory = true});
+      internal::empty({n * static_cast<int64_t>(sizeof(gpu::CropJob))}, {.dtype = DType::UInt8, .pinned_memory = true});
   auto* jobs = reinterpret_cast<gpu::CropJob*>(jobs_host.data_ptr<uint8_t>());
   for (int64_t i = 0; i < n; ++i) {
     const GpuImagePlan& p = plans[i].plan;
@@ -114,13 +114,14 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
     j.flip = p.flip ? 1 : 0;
     jobs[i] = j;
   }
-  Tensor jobs_dev = ops::to(jobs_host, dev, {}, /*non_blocking=*/true);
+  Tensor jobs_dev = internal::to(jobs_host, dev, {}, /*non_blocking=*/true);
 
   const GpuTransformOptions& o = transform.options();
-  Tensor out = ops::empty({n, 3, out_size.height, out_size.width},
-                          {.dtype = o.dtype,
-                           .device = dev,
-                           .memory_format = o.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous});
+  Tensor out =
+      internal::empty({n, 3, out_size.height, out_size.width},
+                      {.dtype = o.dtype,
+                       .device = dev,
+                       .memory_format = o.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous});
   gpu::CropResizeParams params;
   params.jobs = reinterpret_cast<const gpu::CropJob*>(jobs_dev.data_ptr<uint8_t>());
   params.count = static_cast<int>(n);
@@ -138,7 +139,7 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
   gpu::launch_crop_resize(params, decoder.stream().handle());
 
   Batch batch;
-  Tensor labels = ops::empty({n}, {.dtype = DType::Int64, .pinned_memory = pinned && cuda::is_available()});
+  Tensor labels = internal::empty({n}, {.dtype = DType::Int64, .pinned_memory = pinned && cuda::is_available()});
   auto* l = labels.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) l[i] = examples[i]["label"].item<int64_t>();
   batch.add("image", std::move(out));

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::data {
 
@@ -15,15 +15,15 @@ Example gpu_sample(std::vector<uint8_t> bytes, const std::string& name, const Gp
   ImageSize size;
   if (jpeg) {
     size = image_size(bytes, name);  // the header only (libjpeg-turbo); a bad one throws naming the file
-    encoded = ops::empty({static_cast<int64_t>(bytes.size())}, {.dtype = DType::UInt8});
+    encoded = internal::empty({static_cast<int64_t>(bytes.size())}, {.dtype = DType::UInt8});
     std::memcpy(encoded.data_ptr<uint8_t>(), bytes.data(), bytes.size());
   } else {
     Tensor pixels = decode_image(bytes, name);  // PNG (or an error naming the file)
     size = {pixels.shape()[0], pixels.shape()[1]};
-    encoded = ops::reshape(ops::contiguous(pixels), {pixels.numel()});
+    encoded = internal::reshape(internal::contiguous(pixels), {pixels.numel()});
   }
   const GpuImagePlan p = transform.plan(size, rng);
-  Tensor plan = ops::empty({kGpuPlanFields}, {.dtype = DType::Float64});
+  Tensor plan = internal::empty({kGpuPlanFields}, {.dtype = DType::Float64});
   double* v = plan.data_ptr<double>();
   const double values[kGpuPlanFields] = {jpeg ? 0.0 : 1.0,
                                          static_cast<double>(size.height),
@@ -40,8 +40,8 @@ Example gpu_sample(std::vector<uint8_t> bytes, const std::string& name, const Gp
   std::memcpy(v, values, sizeof(values));
   return {{"encoded", std::move(encoded)},
           {"plan", std::move(plan)},
-          {"label", ops::scalar_tensor(label, {.dtype = DType::Int64})},
-          {"index", ops::scalar_tensor(index, {.dtype = DType::Int64})}};
+          {"label", internal::scalar_tensor(label, {.dtype = DType::Int64})},
+          {"index", internal::scalar_tensor(index, {.dtype = DType::Int64})}};
 }
 
 GpuSamplePlan read_gpu_plan(const Example& sample) {
@@ -49,7 +49,7 @@ GpuSamplePlan read_gpu_plan(const Example& sample) {
   KILN_CHECK(t.dtype() == DType::Float64 && t.numel() == kGpuPlanFields && t.is_cpu(),
              "GPU image decoding: a sample's plan must be float64 (", kGpuPlanFields, ") on the CPU, got ", t.dtype(),
              " ", t.shape());
-  const Tensor c = ops::contiguous(t);
+  const Tensor c = internal::contiguous(t);
   const double* v = c.data_ptr<double>();
   GpuSamplePlan s;
   s.is_jpeg = v[0] == 0.0;

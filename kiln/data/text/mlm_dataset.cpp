@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "kiln/data/text/text_check.h"
-#include "kiln/tensor/error.h"  // KILN_CHECK
-#include "kiln/tensor/ops.h"    // ops::from_vector
+#include "kiln/tensor/error.h"         // KILN_CHECK
+#include "kiln/tensor/internal_ops.h"  // internal::from_vector
 
 namespace kiln::data {
 namespace {
@@ -193,10 +193,10 @@ Example MaskedLMDataset::get(int64_t index, SampleRng& rng) const {
       input[p] = random_ids_[static_cast<size_t>(rng.randint(static_cast<int64_t>(random_ids_.size())))];
     }
   }
-  return Example{{"input_ids", ops::from_vector(input, {L})},
-                 {"token_type_ids", ops::from_vector(std::vector<int64_t>(static_cast<size_t>(L), 0), {L})},
-                 {"attention_mask", ops::from_vector(attention, {L})},
-                 {"labels", ops::from_vector(labels, {L})}};
+  return Example{{"input_ids", internal::from_vector(input, {L})},
+                 {"token_type_ids", internal::from_vector(std::vector<int64_t>(static_cast<size_t>(L), 0), {L})},
+                 {"attention_mask", internal::from_vector(attention, {L})},
+                 {"labels", internal::from_vector(labels, {L})}};
 }
 
 std::string MaskedLMDataset::describe() const {

@@ -27,9 +27,9 @@
 #include <utility>
 
 #include "kiln/distributed/detail/group_internal.h"
-#include "kiln/tensor/trace.h"  // a trace range per collective
 #include "kiln/tensor/cuda.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
+#include "kiln/tensor/trace.h"  // a trace range per collective
 
 namespace kiln::dist::detail {
 namespace {
@@ -185,10 +185,11 @@ class NcclGroup final : public ProcessGroup {
       const auto limit = std::max<std::chrono::milliseconds>(config_.timeout, kMinCreationTimeout);
       if (!settle(r, Clock::now() + limit)) {
         (void)ncclCommAbort(comm_);
-        const std::string message =
-            timeout_message(rank_, "nccl", what + " (not every rank joined: a rank died, was not started, or is "
-                                                  "stuck before its first collective)",
-                            limit);
+        const std::string message = timeout_message(rank_, "nccl",
+                                                    what +
+                                                        " (not every rank joined: a rank died, was not started, or is "
+                                                        "stuck before its first collective)",
+                                                    limit);
         if (config_.on_timeout == OnTimeout::Exit) exit_after_timeout(message);
         throw TimeoutError(message);
       }
@@ -271,7 +272,7 @@ class NcclGroup final : public ProcessGroup {
 
   // An all-reduce of one float that the host waits for: NCCL has no barrier of its own.
   void barrier() override {
-    const Tensor token = ops::zeros({1}, {.dtype = DType::Float32, .device = dev()});
+    const Tensor token = internal::zeros({1}, {.dtype = DType::Float32, .device = dev()});
     check("barrier", token);
     const uint64_t seq = begin("barrier", token, dev());
     launch("barrier", "ncclAllReduce", seq, token, {token}, [&](cudaStream_t s) {
@@ -370,7 +371,7 @@ class NcclGroup final : public ProcessGroup {
       trace::Scope range(trace::Kind::Op, call, Device::cuda(device_), {&described});
       r = nccl_call(static_cast<cudaStream_t>(stream_.handle()));
     }
-    if (r == ncclInProgress) {  // being enqueued (a first collective also connects the peers); the watchdog
+    if (r == ncclInProgress) {             // being enqueued (a first collective also connects the peers); the watchdog
       settle(r, start + config_.timeout);  // aborts a call stuck past the timeout, which ends this wait too
       r = ncclSuccess;
       (void)ncclCommGetAsyncError(comm_, &r);
@@ -472,7 +473,7 @@ class NcclGroup final : public ProcessGroup {
   // The communication stream. Streams are pooled, never destroyed (cuda.h): the caching allocator may still record
   // on it for tensors freed after this group is gone.
   cuda::Stream stream_;
-  cuda::Event ready_;    // "the caller's stream got here", recorded anew by each collective
+  cuda::Event ready_;  // "the caller's stream got here", recorded anew by each collective
   ncclComm_t comm_ = nullptr;
   std::timed_mutex issue_mutex_;  // held by the caller's thread around NCCL calls, by the watchdog to abort
   std::atomic<bool> aborted_{false};

@@ -19,7 +19,7 @@
 #include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace
 #include "kiln/tensor/determinism.h"      // kiln::deterministic
 #include "kiln/tensor/error.h"            // KILN_CHECK, CudaError, NotImplementedError
-#include "kiln/tensor/ops.h"              // ops::empty, ops::full
+#include "kiln/tensor/internal_ops.h"     // internal::empty, internal::full
 
 namespace kiln::nn::cuda_impl {
 
@@ -67,7 +67,7 @@ Dims strides_of(const Tensor& t) { return Dims(t.strides().begin(), t.strides().
 // the heads afterwards ((B, H, L, D) -> (B, L, H * D)) is a view.
 Dims bxhd_strides(int64_t H, int64_t X, int64_t D) { return {X * H * D, D, H * D, 1}; }
 Tensor empty_bxhd(int64_t B, int64_t H, int64_t X, int64_t D, const TensorOptions& options) {
-  return ops::empty({B, X, H, D}, options).permute({0, 2, 1, 3});
+  return internal::empty({B, X, H, D}, options).permute({0, 2, 1, 3});
 }
 
 bool aligned(const Tensor& t) {
@@ -305,8 +305,9 @@ namespace {
 void add_dropout_tensors(std::unordered_map<int64_t, void*>& pack, std::vector<Tensor>& keep, const Tensor& like,
                          FusedAttentionDropout dropout) {
   const TensorOptions options{.dtype = DType::Int64, .device = like.device()};
-  keep.push_back(dropout.seed_device.defined() ? dropout.seed_device : ops::full({1, 1, 1, 1}, dropout.seed, options));
-  keep.push_back(ops::full({1, 1, 1, 1}, dropout.offset, options));
+  keep.push_back(dropout.seed_device.defined() ? dropout.seed_device
+                                               : internal::full({1, 1, 1, 1}, dropout.seed, options));
+  keep.push_back(internal::full({1, 1, 1, 1}, dropout.offset, options));
   pack[kSeed] = keep[keep.size() - 2].data_ptr();
   pack[kOffset] = keep.back().data_ptr();
 }
@@ -350,7 +351,7 @@ FusedAttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, 
   std::unordered_map<int64_t, void*> pack{
       {kQ, q.data_ptr()}, {kK, k.data_ptr()}, {kV, v.data_ptr()}, {kO, result.out.data_ptr()}};
   if (cfg.with_stats) {
-    result.stats = ops::empty({B, H, L, 1}, TensorOptions{.dtype = DType::Float32, .device = q.device()});
+    result.stats = internal::empty({B, H, L, 1}, TensorOptions{.dtype = DType::Float32, .device = q.device()});
     pack[kStats] = result.stats.data_ptr();
   }
   if (bias.defined()) pack[kBias] = bias.data_ptr();
@@ -394,7 +395,7 @@ FusedAttentionGrads fused_attention_backward(const Tensor& q, const Tensor& k, c
   }
   FusedAttentionGrads grads;
   if (packed) {
-    const Tensor buffer = ops::empty({B, L, 3, H, E}, q.options());
+    const Tensor buffer = internal::empty({B, L, 3, H, E}, q.options());
     grads.dq = buffer.select(2, 0).permute({0, 2, 1, 3});
     grads.dk = buffer.select(2, 1).permute({0, 2, 1, 3});
     grads.dv = buffer.select(2, 2).permute({0, 2, 1, 3});

@@ -30,7 +30,7 @@
 #include "kiln/tensor/cuda/cuda_check.h"       // KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/cuda/kernel_util.cuh"    // to_compute, from_compute, sm_count
 #include "kiln/tensor/dispatch.h"              // visit_floating_dtype, acc_t
-#include "kiln/tensor/ops.h"                   // empty, contiguous
+#include "kiln/tensor/internal_ops.h"          // empty, contiguous
 
 namespace kiln::nn::cuda_impl {
 namespace {
@@ -600,7 +600,7 @@ bool is_channels_last_4d(const Tensor& x) {
 }
 
 // x as the kernels read it: channels-last 4-d inputs stay NHWC; everything else is made NCHW-contiguous.
-Tensor contiguous_for_kernels(const Tensor& x) { return is_channels_last_4d(x) ? x : ops::contiguous(x); }
+Tensor contiguous_for_kernels(const Tensor& x) { return is_channels_last_4d(x) ? x : internal::contiguous(x); }
 
 Layout layout_of(const Tensor& x) {
   const int64_t n = x.size(0), c = x.size(1);
@@ -612,13 +612,13 @@ Layout layout_of(const Tensor& x) {
 
 // The tensor `t` (same shape) in `like`'s layout.
 Tensor in_layout_of(const Tensor& t, const Tensor& like) {
-  return is_channels_last_4d(like) ? ops::contiguous(t, MemoryFormat::ChannelsLast) : ops::contiguous(t);
+  return is_channels_last_4d(like) ? internal::contiguous(t, MemoryFormat::ChannelsLast) : internal::contiguous(t);
 }
 
 DType acc_dtype(DType t) { return t == DType::Float64 ? DType::Float64 : DType::Float32; }
 
 // A (C) tensor in dtype, contiguous (undefined stays undefined).
-Tensor per_channel_as(const Tensor& t, DType dtype) { return t.defined() ? ops::contiguous(t.to(dtype)) : t; }
+Tensor per_channel_as(const Tensor& t, DType dtype) { return t.defined() ? internal::contiguous(t.to(dtype)) : t; }
 
 // The blocks of `kernel` (kThreads threads, `smem` bytes of shared memory) one SM runs at once, on this GPU. The
 // grids below are sized to whole waves of them: a grid of 1.33 waves (528 blocks where 396 fit) spends half its
@@ -656,7 +656,7 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
       splits = std::clamp<int64_t>(int64_t{sms} * per_sm / L.C, 1, std::min<int64_t>(max_splits, 65535));
       const int64_t chunk = ceil_div(vecs, splits);
       splits = ceil_div(vecs, chunk);
-      partial = ops::empty({L.C * splits * kStateSums}, TensorOptions{.dtype = adt, .device = like.device()});
+      partial = internal::empty({L.C * splits * kStateSums}, TensorOptions{.dtype = adt, .device = like.device()});
       reduce_planes_kernel<T, V, Acc, Op>
           <<<dim3(static_cast<unsigned>(L.C), static_cast<unsigned>(splits)), kThreads, 0, stream>>>(
               in, op, reinterpret_cast<State<Acc>*>(partial.data_ptr()), L.C, L.S, vecs, chunk);
@@ -675,7 +675,7 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
       static const int per_sm_no_y = blocks_per_sm(reduce_rows_kernel<T, V, Acc, Op, false>, kThreads, smem);
       const int per_sm = in.y ? per_sm_y : per_sm_no_y;
       splits = std::clamp<int64_t>(int64_t{sms} * per_sm / grid_x, 1, std::min<int64_t>(max_splits, 65535));
-      partial = ops::empty({L.C * splits * kStateSums}, TensorOptions{.dtype = adt, .device = like.device()});
+      partial = internal::empty({L.C * splits * kStateSums}, TensorOptions{.dtype = adt, .device = like.device()});
       kernel<<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(splits)), dim3(bx, by), smem, stream>>>(
           in, op, reinterpret_cast<State<Acc>*>(partial.data_ptr()), L.outer, L.C);
     }
@@ -720,9 +720,9 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
     trace::Scope stats_range(trace::Kind::Op, "batch_norm_forward.statistics", x.device());
     const Tensor partial = reduce_channels<T, Acc>(x, L, Inputs<T>{xp, nullptr, nullptr}, StatsOp<Acc>{}, splits,
                                                    stream, "batch_norm (statistics)");
-    mean = ops::empty({L.C}, opts);
-    invstd = ops::empty({L.C}, opts);
-    scale = ops::empty({L.C}, opts);
+    mean = internal::empty({L.C}, opts);
+    invstd = internal::empty({L.C}, opts);
+    scale = internal::empty({L.C}, opts);
     const unsigned blocks = static_cast<unsigned>(ceil_div(L.C * 32, kThreads));  // a warp per channel
     const auto* part = reinterpret_cast<const State<Acc>*>(partial.data_ptr());
     auto finalize = [&](auto* rm, auto* rv, Acc mom) {
@@ -742,8 +742,8 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
     KILN_CUDA_CHECK_LAUNCH("batch_norm (finalize statistics)");
   } else {
     mean = per_channel_as(running_mean, adt);
-    invstd = ops::contiguous(ops::rsqrt(ops::add(running_var.to(adt), eps)));
-    scale = ops::contiguous(w.defined() ? ops::mul(invstd, w) : invstd);
+    invstd = internal::contiguous(internal::rsqrt(internal::add(running_var.to(adt), eps)));
+    scale = internal::contiguous(w.defined() ? internal::mul(invstd, w) : invstd);
   }
   auto* yp = static_cast<D*>(y.data_ptr());
   const D* rp = res.defined() ? static_cast<const D*>(res.data_ptr()) : nullptr;
@@ -754,7 +754,7 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
     // The ReLU's mask as bits, where a vector's 8 bits make a byte (16-bit inputs): backward reads it in place of y.
     uint8_t* mp = nullptr;
     if (relu && V == 8) {
-      relu_mask = ops::empty({x.numel() / 8}, TensorOptions{.dtype = DType::UInt8, .device = x.device()});
+      relu_mask = internal::empty({x.numel() / 8}, TensorOptions{.dtype = DType::UInt8, .device = x.device()});
       mp = relu_mask.data_ptr<uint8_t>();
     }
     if (L.rows) {
@@ -798,12 +798,12 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
     trace::Scope sums_range(trace::Kind::Op, "batch_norm_backward.sums", x.device());
     const Tensor partial =
         reduce_channels<T, Acc>(x, L, Inputs<T>{xp, dyp, yp, mp}, op, splits, stream, "batch_norm backward (sums)");
-    if (needs.weight) out.weight = ops::empty({L.C}, opts);
-    if (needs.bias) out.bias = ops::empty({L.C}, opts);
+    if (needs.weight) out.weight = internal::empty({L.C}, opts);
+    if (needs.bias) out.bias = internal::empty({L.C}, opts);
     if (needs.input) {
-      p = ops::empty({L.C}, opts);
-      q = ops::empty({L.C}, opts);
-      r = ops::empty({L.C}, opts);
+      p = internal::empty({L.C}, opts);
+      q = internal::empty({L.C}, opts);
+      r = internal::empty({L.C}, opts);
     }
     finalize_grads_kernel<Acc><<<static_cast<unsigned>(ceil_div(L.C * 32, kThreads)), kThreads, 0, stream>>>(
         reinterpret_cast<const State<Acc>*>(partial.data_ptr()), splits, L.C, Acc(1) / static_cast<Acc>(L.count()),
@@ -811,11 +811,11 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
         ptr_or_null<Acc>(out.bias), ptr_or_null<Acc>(p), ptr_or_null<Acc>(q), ptr_or_null<Acc>(r));
     KILN_CUDA_CHECK_LAUNCH("batch_norm backward (finalize)");
   } else if (needs.input) {
-    p = ops::contiguous(w.defined() ? ops::mul(invstd, w) : invstd);  // eval: dx = dy invstd w
+    p = internal::contiguous(w.defined() ? internal::mul(invstd, w) : invstd);  // eval: dx = dy invstd w
   }
   if (!needs.input && !needs.residual) return out;
-  if (needs.input) out.input = ops::empty_like(x);        // x's layout
-  if (needs.residual) out.residual = ops::empty_like(x);  // x's layout and dtype
+  if (needs.input) out.input = internal::empty_like(x);        // x's layout
+  if (needs.residual) out.residual = internal::empty_like(x);  // x's layout and dtype
   const GradOutputs<T> dst{needs.input ? static_cast<D*>(out.input.data_ptr()) : nullptr,
                            needs.residual ? static_cast<D*>(out.residual.data_ptr()) : nullptr};
   const int v = vector_width<T>({xp, dyp, yp, dst.dx, dst.dres}, L.rows ? L.C : L.S);
@@ -854,8 +854,8 @@ BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, cons
   if (num_batches_tracked.defined()) {
     KILN_CHECK(num_batches_tracked.numel() == 1 && num_batches_tracked.dtype() == DType::Int64 &&
                    num_batches_tracked.device() == x0.device(),
-               "batch_norm: num_batches_tracked must be a 1-element Int64 tensor on the input's device (",
-               x0.device(), "), got ", num_batches_tracked.shape(), " ", num_batches_tracked.dtype(), " on ",
+               "batch_norm: num_batches_tracked must be a 1-element Int64 tensor on the input's device (", x0.device(),
+               "), got ", num_batches_tracked.shape(), " ", num_batches_tracked.dtype(), " on ",
                num_batches_tracked.device());
   }
   int64_t* batches = training && num_batches_tracked.defined() ? num_batches_tracked.data_ptr<int64_t>() : nullptr;
@@ -875,12 +875,12 @@ BatchNormForward batch_norm_forward(const Tensor& x0, const Tensor& weight, cons
         " and ", running_var.dtype());
   }
   BatchNormForward out;
-  out.y = ops::empty_like(x);  // x's layout (NCHW or NHWC, both dense)
+  out.y = internal::empty_like(x);  // x's layout (NCHW or NHWC, both dense)
   cudaStream_t stream = cuda::stream_for(x);
   visit_floating_dtype(x.dtype(), "batch_norm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_forward<T>(x, out.y, L, weight, bias, running_mean, running_var, training, momentum, eps, relu, res,
-                      batches, out.mean, out.invstd, out.relu_mask, stream);
+    launch_forward<T>(x, out.y, L, weight, bias, running_mean, running_var, training, momentum, eps, relu, res, batches,
+                      out.mean, out.invstd, out.relu_mask, stream);
   });
   return out;
 }

@@ -21,7 +21,7 @@
 #include "kiln/tensor/cuda.h"                   // cuda::allow_tf32
 #include "kiln/tensor/determinism.h"            // kiln::deterministic
 #include "kiln/tensor/error.h"                  // KILN_CHECK, OutOfMemoryError
-#include "kiln/tensor/ops.h"                    // ops::empty, ops::contiguous
+#include "kiln/tensor/internal_ops.h"           // internal::empty, internal::contiguous
 
 namespace kiln::nn::cuda_impl {
 
@@ -420,9 +420,9 @@ bool conv2d_supported(const Tensor& input, const Tensor& weight, const ConvGeome
 Tensor conv2d_forward(const Tensor& input, const Tensor& weight, const ConvGeometry& g, MemoryFormat format) {
   trace::Scope range(trace::Kind::Op, "cudnn_conv2d_forward", input.device(), {&input, &weight});
   check_operands(input, weight, "forward");
-  const Tensor x = ops::contiguous(input, format);   // (N, C_in, H, W)
-  const Tensor w = ops::contiguous(weight, format);  // (C_out, C_in / groups, KH, KW)
-  Tensor y = ops::empty(output_shape(x.shape(), w.shape(), g), options_like(x, format));  // (N, C_out, OH, OW)
+  const Tensor x = internal::contiguous(input, format);   // (N, C_in, H, W)
+  const Tensor w = internal::contiguous(weight, format);  // (C_out, C_in / groups, KH, KW)
+  Tensor y = internal::empty(output_shape(x.shape(), w.shape(), g), options_like(x, format));  // (N, C_out, OH, OW)
   if (conv2d_graph_pass(ConvPass::Forward, x, w, y, g, format == MemoryFormat::ChannelsLast)) return y;
   const Problem p(x, x.shape(), w.shape(), g, format == MemoryFormat::ChannelsLast, ConvPass::Forward, x.data_ptr(),
                   w.data_ptr(), y.data_ptr());
@@ -434,11 +434,11 @@ Tensor conv2d_backward_data(const Tensor& grad_output, const Tensor& weight, con
                             const ConvGeometry& g, MemoryFormat format) {
   trace::Scope range(trace::Kind::Op, "cudnn_conv2d_backward_data", grad_output.device(), {&grad_output, &weight});
   check_operands(grad_output, weight, "backward-data");
-  const Tensor dy = ops::contiguous(grad_output, format);  // (N, C_out, OH, OW)
-  const Tensor w = ops::contiguous(weight, format);        // (C_out, C_in / groups, KH, KW)
+  const Tensor dy = internal::contiguous(grad_output, format);  // (N, C_out, OH, OW)
+  const Tensor w = internal::contiguous(weight, format);        // (C_out, C_in / groups, KH, KW)
   KILN_CHECK(dy.shape() == output_shape(input_shape, w.shape(), g), "conv2d backward: a gradient of shape ", dy.shape(),
              " does not match the output ", output_shape(input_shape, w.shape(), g));
-  Tensor dx = ops::empty(input_shape, options_like(dy, format));  // (N, C_in, H, W)
+  Tensor dx = internal::empty(input_shape, options_like(dy, format));  // (N, C_in, H, W)
   if (conv2d_graph_pass(ConvPass::BackwardData, dx, w, dy, g, format == MemoryFormat::ChannelsLast)) return dx;
   const Problem p(dy, input_shape, w.shape(), g, format == MemoryFormat::ChannelsLast, ConvPass::BackwardData,
                   dx.data_ptr(), w.data_ptr(), dy.data_ptr());
@@ -454,8 +454,8 @@ bool conv2d_backward_data_accumulate(const Tensor& grad_output, const Tensor& we
   KILN_CHECK(grad_input_sum.defined() && grad_input_sum.dim() == 4 && grad_input_sum.is_contiguous(format),
              "conv2d backward: the gradient sum to add into must be a 4-d tensor dense in the pass's memory format");
   if (!conv2d_backward_data_can_accumulate(g, weight.shape(), grad_output.dtype())) return false;
-  const Tensor dy = ops::contiguous(grad_output, format);  // (N, C_out, OH, OW)
-  const Tensor w = ops::contiguous(weight, format);        // (C_out, C_in / groups, KH, KW)
+  const Tensor dy = internal::contiguous(grad_output, format);  // (N, C_out, OH, OW)
+  const Tensor w = internal::contiguous(weight, format);        // (C_out, C_in / groups, KH, KW)
   KILN_CHECK(dy.shape() == output_shape(grad_input_sum.shape(), w.shape(), g), "conv2d backward: a gradient of shape ",
              dy.shape(), " does not match the output ", output_shape(grad_input_sum.shape(), w.shape(), g));
   return conv2d_graph_backward_data_accumulate(grad_input_sum, w, dy, g, format == MemoryFormat::ChannelsLast);
@@ -475,11 +475,11 @@ Tensor conv2d_backward_filter(const Tensor& grad_output, const Tensor& input, co
                               const ConvGeometry& g, MemoryFormat format) {
   trace::Scope range(trace::Kind::Op, "cudnn_conv2d_backward_filter", grad_output.device(), {&grad_output, &input});
   check_operands(grad_output, input, "backward-filter");
-  const Tensor dy = ops::contiguous(grad_output, format);  // (N, C_out, OH, OW)
-  const Tensor x = ops::contiguous(input, format);         // (N, C_in, H, W)
+  const Tensor dy = internal::contiguous(grad_output, format);  // (N, C_out, OH, OW)
+  const Tensor x = internal::contiguous(input, format);         // (N, C_in, H, W)
   KILN_CHECK(dy.shape() == output_shape(x.shape(), weight_shape, g), "conv2d backward: a gradient of shape ",
              dy.shape(), " does not match the output ", output_shape(x.shape(), weight_shape, g));
-  Tensor dw = ops::empty(weight_shape, options_like(dy, format));  // (C_out, C_in / groups, KH, KW)
+  Tensor dw = internal::empty(weight_shape, options_like(dy, format));  // (C_out, C_in / groups, KH, KW)
   if (conv2d_graph_pass(ConvPass::BackwardFilter, x, dw, dy, g, format == MemoryFormat::ChannelsLast)) return dw;
   const Problem p(dy, x.shape(), weight_shape, g, format == MemoryFormat::ChannelsLast, ConvPass::BackwardFilter,
                   x.data_ptr(), dw.data_ptr(), dy.data_ptr());

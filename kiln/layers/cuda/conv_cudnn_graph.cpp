@@ -23,7 +23,7 @@
 #include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace, reachable_workspace_bytes, ArrayHash
 #include "kiln/tensor/cuda.h"             // cuda::Graph::capturing
 #include "kiln/tensor/determinism.h"      // kiln::deterministic
-#include "kiln/tensor/ops.h"              // ops::empty_like
+#include "kiln/tensor/internal_ops.h"     // internal::empty_like
 #endif
 
 namespace kiln::nn::cuda_impl {
@@ -83,8 +83,8 @@ bool conv2d_graph_forward_with_sums(const Tensor&, const Tensor&, const Tensor& 
   return false;
 }
 
-bool conv2d_graph_backward_data_accumulate(const Tensor& dx_sum, const Tensor& w, const Tensor& dy,
-                                           const ConvGeometry&, bool, std::string* why_not) {
+bool conv2d_graph_backward_data_accumulate(const Tensor& dx_sum, const Tensor& w, const Tensor& dy, const ConvGeometry&,
+                                           bool, std::string* why_not) {
   check_accumulate(dx_sum, w, dy);
   if (why_not != nullptr) *why_not = "kiln was built without cudnn-frontend";
   return false;
@@ -232,8 +232,8 @@ std::shared_ptr<fe::graph::Graph> make_graph(GraphKind kind, const Tensor& x, co
         // A virtual float32 intermediate; a dgrad's output shape cannot be inferred, so it is given.
         DX->set_data_type(fe::DataType_t::FLOAT).set_dim(dims_of(x)).set_stride(strides_of(x, channels_last));
         TensorAttr SUM = add_tensor(*graph, "sum", kAccumulate, x, channels_last);
-        DX = graph->pointwise(DX, SUM,
-                              fe::graph::Pointwise_attributes().set_name("accumulate").set_mode(fe::PointwiseMode_t::ADD));
+        DX = graph->pointwise(
+            DX, SUM, fe::graph::Pointwise_attributes().set_name("accumulate").set_mode(fe::PointwiseMode_t::ADD));
       }
       mark_output(DX, kX, x, channels_last);
       break;
@@ -283,7 +283,7 @@ std::shared_ptr<Entry> build(GraphKind kind, const Tensor& x, const Tensor& w, c
     std::unordered_map<int64_t, void*> timing_pack = pack;
     Tensor scratch;
     if (kind == GraphKind::BackwardDataAccumulate) {
-      scratch = ops::empty_like(x);
+      scratch = internal::empty_like(x);
       timing_pack[kX] = timing_pack[kAccumulate] = scratch.data_ptr();
     }
     if (!build_step(graph->autotune(handle, timing_pack, workspace_ptr(ws)), "autotune", &entry->why_not)) {

@@ -5,10 +5,10 @@
 
 #include <vector>
 
-#include "kiln/autograd/autocast.h"   // autocast::target_dtype, cast_to
-#include "kiln/autograd/function.h"   // autograd::Function
-#include "kiln/autograd/grad_mode.h"  // GradMode
-#include "kiln/tensor/ops.h"          // ops::sum, ops::div, ops::reshape
+#include "kiln/autograd/autocast.h"    // autocast::target_dtype, cast_to
+#include "kiln/autograd/function.h"    // autograd::Function
+#include "kiln/autograd/grad_mode.h"   // GradMode
+#include "kiln/tensor/internal_ops.h"  // internal::sum, internal::div, internal::reshape
 
 namespace kiln::nn::cuda_impl {
 namespace {
@@ -31,11 +31,11 @@ struct CrossEntropyFunction : autograd::Function<CrossEntropyFunction> {
     Tensor out, denominator;
     switch (p.reduction) {
       case Reduction::None: out = r.loss; break;
-      case Reduction::Sum: out = ops::sum(r.loss); break;
+      case Reduction::Sum: out = internal::sum(r.loss); break;
       case Reduction::Mean:
         // The sum of w[t] over the kept rows stays on the device: 0 when every row is ignored (loss NaN).
-        denominator = ops::sum(r.weights);
-        out = ops::div(ops::sum(r.loss), denominator);
+        denominator = internal::sum(r.weights);
+        out = internal::div(internal::sum(r.loss), denominator);
         break;
     }
     ctx.save_for_backward({rows, r.lse});
@@ -90,10 +90,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   }
 
   Params p;
-  p.target = ops::reshape(target, {-1}).to(DType::Int64).contiguous();
+  p.target = internal::reshape(target, {-1}).to(DType::Int64).contiguous();
   if (options.weight.defined()) {
     p.weight = options.weight.detach().to(acc).contiguous();
-    if (options.label_smoothing > 0) p.weight_sum = ops::sum(p.weight);
+    if (options.label_smoothing > 0) p.weight_sum = internal::sum(p.weight);
   }
   p.ignore_index = options.ignore_index;
   p.smoothing = options.label_smoothing;

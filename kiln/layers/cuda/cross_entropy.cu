@@ -14,7 +14,7 @@
 #include <limits>
 
 #include "kiln/tensor/cuda/kernel_util.cuh"  // load_compute, store_as, device_t, to_compute, stream_for
-#include "kiln/tensor/ops.h"                 // ops::empty
+#include "kiln/tensor/internal_ops.h"        // internal::empty
 
 namespace kiln::nn::cuda_impl {
 namespace {
@@ -294,7 +294,7 @@ CrossEntropyRows cross_entropy_rows(const Tensor& logits, const Tensor& target, 
   const int64_t rows = logits.size(0), c = logits.size(1);
   const DType acc = logits.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
   const TensorOptions opts{.dtype = acc, .device = logits.device()};
-  CrossEntropyRows out{ops::empty({rows}, opts), ops::empty({rows}, opts), ops::empty({rows}, opts)};
+  CrossEntropyRows out{internal::empty({rows}, opts), internal::empty({rows}, opts), internal::empty({rows}, opts)};
   if (rows == 0) return out;
   KILN_CHECK(!weight.defined() || weight.dtype() == acc, "cross_entropy: the class weight must be ", acc);
   const Launch l = launch_for(c, rows);
@@ -331,8 +331,8 @@ Tensor cross_entropy_rows_backward(const Tensor& logits, const Tensor& target, c
   const int64_t per_16 = 16 / static_cast<int64_t>(element_size(logits.dtype()));
   const int64_t pitch = logits.stride(0);
   const bool padded = rows > 1 && logits.stride(1) == 1 && pitch > c && pitch % per_16 == 0 && pitch - c < per_16;
-  Tensor grad_logits =
-      padded ? ops::narrow(ops::empty({rows, pitch}, grad_options), 1, 0, c) : ops::empty({rows, c}, grad_options);
+  Tensor grad_logits = padded ? internal::narrow(internal::empty({rows, pitch}, grad_options), 1, 0, c)
+                              : internal::empty({rows, c}, grad_options);
   if (rows == 0 || c == 0) return grad_logits;
   KILN_CHECK(grad.is_contiguous() && (grad.numel() == rows || grad.numel() == 1),
              "cross_entropy backward: expected a contiguous gradient of ", rows, " or 1 elements, got ", grad.shape());

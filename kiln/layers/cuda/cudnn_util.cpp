@@ -9,7 +9,7 @@
 #include "kiln/tensor/cuda.h"               // cuda::current_stream, cuda::memory_stats
 #include "kiln/tensor/cuda/cuda_backend.h"  // cuda::stream_for
 #include "kiln/tensor/cuda/cuda_check.h"    // KILN_CUDA_CHECK
-#include "kiln/tensor/ops.h"                // ops::empty
+#include "kiln/tensor/internal_ops.h"       // internal::empty
 
 namespace kiln::nn::cuda_impl {
 
@@ -48,7 +48,7 @@ cudnnHandle_t cudnn_handle(const Tensor& t) {
 
 Tensor workspace(const Tensor& like, size_t bytes) {
   if (bytes == 0) return {};
-  return ops::empty({static_cast<int64_t>(bytes)}, TensorOptions{.dtype = DType::UInt8, .device = like.device()});
+  return internal::empty({static_cast<int64_t>(bytes)}, TensorOptions{.dtype = DType::UInt8, .device = like.device()});
 }
 
 size_t reachable_workspace_bytes(const Tensor& like, const char* op) {

@@ -1,7 +1,8 @@
 // Layer norm kernels (layer_norm.h). Rows of D contiguous elements.
 //  rows of at most 1024 elements (BERT's 768 and 1024), forward: one warp per row holding the row in registers, so x
 //            is read once. It can add a residual first (s = x + residual, saved for backward), and drop elements of x
-//            before that as ops::dropout would (s = dropout(x) + residual), keeping one bit per element for backward.
+//            before that as internal::dropout would (s = dropout(x) + residual), keeping one bit per element for
+//            backward.
 //  rows of at most 1024 elements, backward: each warp takes a fixed set of rows and holds each row of dy and xhat in
 //            registers, reading dy and x once and writing dx once (also in a second, lower-precision dtype when asked:
 //            the gradient of the low-precision addend); a lane owns the same columns on every row, in groups of 4
@@ -19,10 +20,10 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "kiln/tensor/cuda/dropout_keep.cuh"  // keep_flags: ops::dropout's keep/drop decision of an element
+#include "kiln/tensor/cuda/dropout_keep.cuh"  // keep_flags: internal::dropout's keep/drop decision of an element
 #include "kiln/tensor/cuda/kernel_util.cuh"   // load_compute, store_as, stream_for, KILN_CUDA_CHECK_LAUNCH
-#include "kiln/tensor/ops.h"                  // ops::empty, ops::sum
-#include "kiln/tensor/scalar.h"               // Scalar: the mask value as ops::dropout rounds it
+#include "kiln/tensor/internal_ops.h"         // internal::empty, internal::sum
+#include "kiln/tensor/scalar.h"               // Scalar: the mask value as internal::dropout rounds it
 
 namespace kiln::nn::cuda_impl {
 namespace {
@@ -130,7 +131,7 @@ __device__ __forceinline__ A warp_sum(A v) {
 }
 
 // A dropout fused into the forward kernel (its kDrop instances): the draw, the Bernoulli(1 - p) threshold, a kept
-// element's mask value (1 / (1 - p) as ops::dropout rounds it to x's type, in float), and where the keep bits go.
+// element's mask value (1 / (1 - p) as internal::dropout rounds it to x's type, in float), and where the keep bits go.
 struct DropParams {
   GeneratorState draw;
   philox::KeepThreshold keep;
@@ -138,7 +139,7 @@ struct DropParams {
   uint32_t* bits = nullptr;  // (rows, 32): bit j of word l of a row is element l + 32 j of it
 };
 
-// The keep bits of this lane's elements of `row` (bit j: element lane + 32 j), ops::dropout's decisions for x's
+// The keep bits of this lane's elements of `row` (bit j: element lane + 32 j), internal::dropout's decisions for x's
 // elements row * d + i (row-major). d <= 32 J, J a multiple of 4. When d % 4 == 0 each Philox block (4 elements)
 // lies in one row, in 4 neighbouring lanes: lane l draws the row's blocks l, l + 32, ... (at most J / 4) once each,
 // keeping the 4 decisions of its block t as nibble t of a word, and every lane reads its element i's bit from the
@@ -183,7 +184,7 @@ __device__ __forceinline__ uint32_t keep_bits(const DropParams& drop, int64_t ro
 
 // s = x (+ residual), y = (s - mean) * rstd * w + b. X: x's type; S: the residual's, s's and y's type (X when there
 // is no residual). Lane l holds elements l, l + 32, ... of its row. kDrop (with a residual, A float): x is first
-// dropped as ops::dropout drops it (the same decision per element, x * mask rounded once to X) and the keep bits
+// dropped as internal::dropout drops it (the same decision per element, x * mask rounded once to X) and the keep bits
 // written, so s = dropout(x) + residual bit for bit.
 template <int J, typename X, typename S, typename A, bool kDrop>
 __global__ void layer_norm_forward_warp(const X* x, const S* residual, const S* w, const S* b, S* y, S* sum_out,
@@ -206,7 +207,7 @@ __global__ void layer_norm_forward_warp(const X* x, const S* residual, const S* 
     v[j] = 0;
     if (i < d) {
       v[j] = static_cast<A>(load_compute(xr + i));
-      if constexpr (kDrop) {  // ops::dropout's value; __fmul_rn: not contracted with the add below into an FMA
+      if constexpr (kDrop) {  // internal::dropout's value; __fmul_rn: not contracted with the add below into an FMA
         X dropped;
         store_as(&dropped, __fmul_rn(v[j], ((kept >> j) & 1u) != 0 ? drop.scale : 0.0f));
         v[j] = static_cast<A>(load_compute(&dropped));
@@ -281,10 +282,10 @@ __device__ __forceinline__ void store_pack(T* p, const A* v) {
 // G (1, 2, 4, 6, 8 groups of 4, or 8, 16, 24, 32 single elements) is the least that holds the row, so that a kernel
 // holds no more registers than its rows need and enough warps stay resident to keep memory busy.
 // kDrop: dx_low is the gradient of a dropout's input instead (forward's kDrop kernel): dx rounded to L, times the
-// mask (0, or `scale`, 1 / (1 - p) as ops::dropout rounds it to L), rounded once to L, as the dropout's own backward
-// (a multiply by its mask) computes it; element i of a row is kept when bit i / 32 of its word i % 32 in `keep` is.
-// dy, x, dx, dx_low: (rows, d); w: (d) or null; mean, rstd: (rows); partial_w, partial_b: (gridDim.x, d) or null;
-// keep: (rows, 32) or null.
+// mask (0, or `scale`, 1 / (1 - p) as internal::dropout rounds it to L), rounded once to L, as the dropout's own
+// backward (a multiply by its mask) computes it; element i of a row is kept when bit i / 32 of its word i % 32 in
+// `keep` is. dy, x, dx, dx_low: (rows, d); w: (d) or null; mean, rstd: (rows); partial_w, partial_b: (gridDim.x, d) or
+// null; keep: (rows, 32) or null.
 template <int G, int V, typename T, typename L, typename A, bool kDrop>
 __global__ void __launch_bounds__(32 * kBackwardWarps)
     layer_norm_backward_warp(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
@@ -496,15 +497,16 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
   const DType out_dtype = residual.defined() ? residual.dtype() : x.dtype();
   const DType stat = out_dtype == DType::Float64 ? DType::Float64 : DType::Float32;
   const TensorOptions out_options{.dtype = out_dtype, .device = x.device()};
-  LayerNormSaved out{ops::empty(x.shape(), out_options), ops::empty({rows}, {.dtype = stat, .device = x.device()}),
-                     ops::empty({rows}, {.dtype = stat, .device = x.device()}),
-                     residual.defined() ? ops::empty(x.shape(), out_options) : Tensor()};
+  LayerNormSaved out{internal::empty(x.shape(), out_options),
+                     internal::empty({rows}, {.dtype = stat, .device = x.device()}),
+                     internal::empty({rows}, {.dtype = stat, .device = x.device()}),
+                     residual.defined() ? internal::empty(x.shape(), out_options) : Tensor()};
   if (dropout != nullptr) {
     KILN_CHECK(residual.defined() && d <= kWarpMaxD && out_dtype != DType::Float64 && dropout->p > 0 && dropout->p < 1,
                "layer_norm: a fused dropout needs a residual, rows of at most ", kWarpMaxD,
                " elements, a dtype other than Float64 and p in (0, 1), got ", d, ", ", out_dtype,
                " and p = ", dropout->p);
-    out.keep = ops::empty({rows, 32}, {.dtype = DType::Int32, .device = x.device()});
+    out.keep = internal::empty({rows, 32}, {.dtype = DType::Int32, .device = x.device()});
   }
   if (rows == 0) return out;
   KILN_CHECK(!residual.defined() ||
@@ -524,8 +526,8 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
         DropParams drop;
         if (dropout != nullptr) {
           drop.draw = dropout->draw;
-          drop.keep = philox::keep_threshold(1.0 - dropout->p);  // bernoulli(1 - p)'s decisions, as ops::dropout
-          // The mask value of a kept element as ops::dropout stores it (rounded to X), widened exactly to float.
+          drop.keep = philox::keep_threshold(1.0 - dropout->p);  // bernoulli(1 - p)'s decisions, as internal::dropout
+          // The mask value of a kept element as internal::dropout stores it (rounded to X), widened exactly to float.
           drop.scale = static_cast<float>(static_cast<compute_t<X>>(Scalar(1.0 / (1.0 - dropout->p)).to<X>()));
           drop.bits = reinterpret_cast<uint32_t*>(out.keep.data_ptr<int32_t>());
         }
@@ -583,10 +585,10 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
   // (Float64 keeps the kernels below: its per-lane sums would take twice the registers.)
   if (d <= kWarpMaxD && x.dtype() != DType::Float64) {
     const TensorOptions options{.dtype = x.dtype(), .device = x.device()};
-    if (need_dx) g.dx = ops::empty(x.shape(), options);
-    if (low) g.dx_low = ops::empty(x.shape(), {.dtype = *dx_also_in, .device = x.device()});
-    if (need_dweight) g.dweight = ops::empty({d}, options);
-    if (need_dbias) g.dbias = ops::empty({d}, options);
+    if (need_dx) g.dx = internal::empty(x.shape(), options);
+    if (low) g.dx_low = internal::empty(x.shape(), {.dtype = *dx_also_in, .device = x.device()});
+    if (need_dweight) g.dweight = internal::empty({d}, options);
+    if (need_dbias) g.dbias = internal::empty({d}, options);
     if (rows == 0) {
       if (need_dweight) g.dweight.zero_();
       if (need_dbias) g.dbias.zero_();
@@ -604,7 +606,7 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
           const bool packs = d % 4 == 0 && aligned_to(dy.data_ptr<T>(), 4 * sizeof(T)) &&
                              aligned_to(x.data_ptr<T>(), 4 * sizeof(T)) && aligned_to(w, 4 * sizeof(T)) &&
                              aligned_to(dx, 4 * sizeof(T)) && aligned_to(dx_low, 4 * sizeof(L));
-          // The mask value of a kept element as ops::dropout stores it in L, widened exactly to float.
+          // The mask value of a kept element as internal::dropout stores it in L, widened exactly to float.
           const float scale =
               drop ? static_cast<float>(static_cast<compute_t<L>>(Scalar(1.0 / (1.0 - p)).to<L>())) : 0.0f;
           const auto* keep_bits = drop ? reinterpret_cast<const uint32_t*>(keep.data_ptr<int32_t>()) : nullptr;
@@ -614,8 +616,8 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
             const int64_t blocks = std::min<int64_t>(static_cast<int64_t>(blocks_per_sm) * cuda::kdetail::sm_count(),
                                                      cuda::kdetail::ceil_div(rows, kBackwardWarps));
             Tensor pw, pb;  // (blocks, d) in float
-            if (need_dweight) pw = ops::empty({blocks, d}, {.dtype = DType::Float32, .device = x.device()});
-            if (need_dbias) pb = ops::empty({blocks, d}, {.dtype = DType::Float32, .device = x.device()});
+            if (need_dweight) pw = internal::empty({blocks, d}, {.dtype = DType::Float32, .device = x.device()});
+            if (need_dbias) pb = internal::empty({blocks, d}, {.dtype = DType::Float32, .device = x.device()});
             float* pw_ptr = need_dweight ? pw.data_ptr<float>() : nullptr;
             float* pb_ptr = need_dbias ? pb.data_ptr<float>() : nullptr;
             kernel<<<static_cast<unsigned>(blocks), 32 * kBackwardWarps, 0, stream>>>(
@@ -659,8 +661,8 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
   // Longer rows and Float64: (chunks, d) partial sums of dy * xhat (pw) and of dy (pb), added up at the end.
   Tensor pw, pb;
   auto make_partials = [&](int64_t count) {
-    if (need_dweight) pw = ops::empty({count, d}, {.dtype = acc, .device = x.device()});
-    if (need_dbias) pb = ops::empty({count, d}, {.dtype = acc, .device = x.device()});
+    if (need_dweight) pw = internal::empty({count, d}, {.dtype = acc, .device = x.device()});
+    if (need_dbias) pb = internal::empty({count, d}, {.dtype = acc, .device = x.device()});
     if (rows == 0) {
       if (pw.defined()) pw.zero_();
       if (pb.defined()) pb.zero_();
@@ -670,7 +672,7 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
     using T = typename decltype(tag)::type;
     using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
     if (need_dx) {
-      g.dx = ops::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+      g.dx = internal::empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
       if (rows > 0) {
         layer_norm_dx_kernel<T, A><<<static_cast<unsigned>(rows), threads_for(d), 0, stream>>>(
             dy.data_ptr<T>(), x.data_ptr<T>(), ptr_or_null<T>(weight), mean.data_ptr<A>(), rstd.data_ptr<A>(),
@@ -695,8 +697,8 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
       }
     }
   });
-  if (need_dweight) g.dweight = ops::sum(pw, {0}, false).to(x.dtype());
-  if (need_dbias) g.dbias = ops::sum(pb, {0}, false).to(x.dtype());
+  if (need_dweight) g.dweight = internal::sum(pw, {0}, false).to(x.dtype());
+  if (need_dbias) g.dbias = internal::sum(pb, {0}, false).to(x.dtype());
   return g;
 }
 

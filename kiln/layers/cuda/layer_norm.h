@@ -18,16 +18,17 @@ struct LayerNormSaved {
   Tensor sum;   // with a residual: x + residual, the layer's input for backward
   Tensor keep;  // with a dropout: (R, 32) Int32, bit j of word l of row r set when element l + 32 j of the row stayed
 };
-// A dropout of x fused before the residual add: p in (0, 1), and the generator's draw (ops::draw_for) that
-// ops::dropout would have taken.
+// A dropout of x fused before the residual add: p in (0, 1), and the generator's draw (internal::draw_for) that
+// internal::dropout would have taken.
 struct FusedDropout {
   double p = 0;
   GeneratorState draw;
 };
 // With `residual` (x's shape, x's dtype or Float32 for a 16-bit x; D <= 1024): normalises x + residual, summed in
 // float32 (exactly as a cast of x and an add would), and returns that sum too. With `dropout` too (not Float64):
-// normalises dropout(x) + residual, where dropout(x) has exactly ops::dropout(x, p)'s mask and values for the same
-// draw (element i of x, row-major, kept by the Philox word ops::dropout's kernels give it), and returns the keep bits.
+// normalises dropout(x) + residual, where dropout(x) has exactly internal::dropout(x, p)'s mask and values for the same
+// draw (element i of x, row-major, kept by the Philox word internal::dropout's kernels give it), and returns the keep
+// bits.
 LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weight, const Tensor& bias, double eps,
                                   const Tensor& residual = {}, const FusedDropout* dropout = nullptr);
 
@@ -38,7 +39,7 @@ struct LayerNormGrads {
 // dx_also_in (BFloat16 or Float16, for Float32 x with D <= 1024): also write dx in that dtype, from the same values.
 // With `keep` (forward's keep bits, D <= 1024, not Float64) and dx_also_in (which may then be x's dtype): dx_low is
 // the gradient of the dropout's input instead, dx rounded to dx_also_in times the dropout's mask (0 or
-// 1 / (1 - p) rounded to dx_also_in), rounded once: what ops::dropout's backward would make of it.
+// 1 / (1 - p) rounded to dx_also_in), rounded once: what internal::dropout's backward would make of it.
 LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& weight, bool need_dx, bool need_dweight, bool need_dbias,
                                    std::optional<DType> dx_also_in = std::nullopt, const Tensor& keep = {},

@@ -14,7 +14,7 @@
 #include "kiln/tensor/cuda/cuda_check.h"       // KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/cuda/kernel_util.cuh"    // to_compute, from_compute
 #include "kiln/tensor/dispatch.h"              // visit_floating_dtype, acc_t
-#include "kiln/tensor/ops.h"                   // empty_strided, contiguous
+#include "kiln/tensor/internal_ops.h"          // empty_strided, contiguous
 
 namespace kiln::nn::cuda_impl {
 namespace {
@@ -387,12 +387,12 @@ __global__ void __launch_bounds__(kThreads)
 bool is_nhwc(const Tensor& x) { return x.is_contiguous(MemoryFormat::ChannelsLast) && !x.is_contiguous(); }
 
 // x as the kernels read it: NHWC stays, everything else is made NCHW-contiguous.
-Tensor dense(const Tensor& x) { return is_nhwc(x) ? x : ops::contiguous(x); }
+Tensor dense(const Tensor& x) { return is_nhwc(x) ? x : internal::contiguous(x); }
 
 // An uninitialised (N, C, h, w) tensor of dtype in the layout nhwc says.
 Tensor empty_4d(int64_t n, int64_t c, int64_t h, int64_t w, DType dtype, Device device, bool nhwc) {
   const Strides strides = nhwc ? Strides{h * w * c, 1, w * c, c} : Strides{c * h * w, h * w, w, 1};
-  return ops::empty_strided({n, c, h, w}, strides, TensorOptions{.dtype = dtype, .device = device});
+  return internal::empty_strided({n, c, h, w}, strides, TensorOptions{.dtype = dtype, .device = device});
 }
 
 Geometry geometry(const Tensor& x, const PoolParams& p, std::array<int64_t, 2> out) {
@@ -466,9 +466,9 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   trace::Scope range(trace::Kind::Op, "max_pool2d_backward", x0.device(), {&grad_out, &x0});
   const Tensor x = dense(x0);
   const Geometry g = geometry(x, p, p.out);
-  const Tensor dy = g.nhwc ? ops::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
-                           : ops::contiguous(grad_out.to(x.dtype()));
-  const Tensor idx = g.nhwc ? ops::contiguous(indices, MemoryFormat::ChannelsLast) : ops::contiguous(indices);
+  const Tensor dy = g.nhwc ? internal::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
+                           : internal::contiguous(grad_out.to(x.dtype()));
+  const Tensor idx = g.nhwc ? internal::contiguous(indices, MemoryFormat::ChannelsLast) : internal::contiguous(indices);
   Tensor dx = empty_4d(g.N, g.C, g.H, g.W, x.dtype(), x.device(), g.nhwc);
   const int64_t total = dx.numel();
   if (total == 0) return dx;
@@ -509,8 +509,8 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, const PoolParams& p, const Te
   trace::Scope range(trace::Kind::Op, "avg_pool2d_backward", x0.device(), {&grad_out, &x0});
   const Tensor x = dense(x0);
   const Geometry g = geometry(x, p, p.out);
-  const Tensor dy = g.nhwc ? ops::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
-                           : ops::contiguous(grad_out.to(x.dtype()));
+  const Tensor dy = g.nhwc ? internal::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
+                           : internal::contiguous(grad_out.to(x.dtype()));
   Tensor dx = empty_4d(g.N, g.C, g.H, g.W, x.dtype(), x.device(), g.nhwc);
   const int64_t total = dx.numel();
   if (total == 0) return dx;
@@ -546,8 +546,8 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& x0) {
   trace::Scope range(trace::Kind::Op, "adaptive_avg_pool2d_backward", x0.device(), {&grad_out, &x0});
   const Tensor x = dense(x0);
   const Geometry g = geometry(x, PoolParams{}, {grad_out.size(2), grad_out.size(3)});
-  const Tensor dy = g.nhwc ? ops::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
-                           : ops::contiguous(grad_out.to(x.dtype()));
+  const Tensor dy = g.nhwc ? internal::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
+                           : internal::contiguous(grad_out.to(x.dtype()));
   Tensor dx = empty_4d(g.N, g.C, g.H, g.W, x.dtype(), x.device(), g.nhwc);
   const int64_t total = dx.numel();
   if (total == 0) return dx;

@@ -8,8 +8,8 @@
 // is 0), recomputes u from the stored m, v and the unchanged p, and writes p -= lr * trust * u. A third
 // launch increments the steps. Sums of squares are float32 (per thread, then a fixed block tree).
 #include "kiln/optim/cuda/multi_tensor.cuh"
-#include "kiln/tensor/ops.h"    // ops::empty
-#include "kiln/tensor/trace.h"  // a range per kernel entry
+#include "kiln/tensor/internal_ops.h"  // internal::empty
+#include "kiln/tensor/trace.h"         // a range per kernel entry
 
 namespace kiln::optim::cuda_impl {
 namespace {
@@ -148,7 +148,7 @@ void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec
   }
   cudaStream_t stream = cuda::stream_for(params[0]);
   // (2 * chunks) float32 from the caching allocator; every entry is written by phase 1 before phase 2 reads it.
-  const Tensor partials = ops::empty({2 * chunks}, {.dtype = DType::Float32, .device = dev});
+  const Tensor partials = internal::empty({2 * chunks}, {.dtype = DType::Float32, .device = dev});
   LambMath math{};
   math.beta1 = h.beta1;
   math.beta2 = h.beta2;

@@ -6,8 +6,8 @@
 // writes sqrt as float32. Same inputs, same launch geometry: the same bits (deterministic, no atomics).
 // Lists of mixed dtypes launch the first pass once per dtype into one partials buffer.
 #include "kiln/optim/cuda/multi_tensor.cuh"
-#include "kiln/tensor/trace.h"  // a range per kernel entry
-#include "kiln/tensor/ops.h"  // ops::empty
+#include "kiln/tensor/internal_ops.h"  // internal::empty
+#include "kiln/tensor/trace.h"         // a range per kernel entry
 
 namespace kiln::optim::cuda_impl {
 namespace {
@@ -77,8 +77,8 @@ Tensor fused_l2_norm(const TensorVec& tensors) {
   for (const Tensor& t : tensors) chunks += mt::num_chunks(t.numel());
   const TensorOptions f32{.dtype = DType::Float32, .device = dev};
   // (chunks) float32 from the caching allocator, each written once by the first pass.
-  const Tensor partials = ops::empty({chunks > 0 ? chunks : 1}, f32);
-  Tensor out = ops::empty({}, f32);
+  const Tensor partials = internal::empty({chunks > 0 ? chunks : 1}, f32);
+  Tensor out = internal::empty({}, f32);
   int64_t base = 0;
   mt::for_each_dtype_group(tensors, [&](DType dtype, const TensorVec& group) {
     mt::dispatch_fused(dtype, kOp, [&](auto tag) {

@@ -11,7 +11,7 @@
 #include "kiln/tensor/cpu/parallel.h"
 #include "kiln/tensor/cpu/strided_loop.h"
 #include "kiln/tensor/dispatch.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::cpu {
 namespace {
@@ -173,7 +173,7 @@ Tensor CpuBackend::nonzero(const Tensor& a) {
       }
     });
     for (int64_t c = 0; c < chunks; ++c) counts[c + 1] += counts[c];
-    result = ops::empty({counts[chunks], rank}, {.dtype = DType::Int64, .device = a.device()});
+    result = internal::empty({counts[chunks], rank}, {.dtype = DType::Int64, .device = a.device()});
     if (counts[chunks] == 0 || rank == 0) return;
     int64_t* out = result.data_ptr<int64_t>();
     parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {

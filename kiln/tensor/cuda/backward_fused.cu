@@ -10,7 +10,7 @@
 #include "kiln/tensor/cuda/cuda_check.h"  // KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/cuda/loops.cuh"     // to_compute, from_compute, kThreads
 #include "kiln/tensor/dispatch.h"         // visit_numeric_dtype, visit_floating_dtype, compute_t
-#include "kiln/tensor/ops.h"              // ops::empty for the rounds' buffer
+#include "kiln/tensor/internal_ops.h"     // internal::empty for the rounds' buffer
 
 namespace kiln::cuda {
 namespace {
@@ -90,7 +90,7 @@ void CudaBackend::add_n(const Tensor& out, const std::vector<Tensor>& inputs) {
       return;
     }
     // 16-bit floats with many inputs: the rounds add into a float32 buffer, rounded once at the end.
-    Tensor acc = ops::empty(out.shape(), {.dtype = dtype_of<C>(), .device = out.device()});
+    Tensor acc = internal::empty(out.shape(), {.dtype = dtype_of<C>(), .device = out.device()});
     launch_rounds<T, C>(acc, inputs, stream);
     launch_rounds<C, T>(out, {acc}, stream);
   });

@@ -548,7 +548,7 @@ MemoryStats memory_stats(int device) { return device_allocator(resolve(device)).
 void reset_peak_memory_stats(int device) { device_allocator(resolve(device)).reset_peaks(); }
 
 void empty_cache() {
-  ops::detail::release_cached_constants();  // this thread's broadcast constants hold small blocks
+  internal::detail::release_cached_constants();  // this thread's broadcast constants hold small blocks
   for (int d = 0; d < device_count(); ++d) device_allocator(d).empty_cache();
 }
 

@@ -13,7 +13,7 @@
 #include "kiln/tensor/cuda/convert.cuh"     // convert_value, copy_on_device
 #include "kiln/tensor/cuda/index_errors.h"  // throw_index_error
 #include "kiln/tensor/cuda/loops.cuh"       // launch_elementwise, kThreads, device_t, from_compute
-#include "kiln/tensor/ops.h"                // empty, contiguous: staging tensors
+#include "kiln/tensor/internal_ops.h"       // empty, contiguous: staging tensors
 
 namespace kiln::cuda {
 namespace {
@@ -31,12 +31,12 @@ bool is_pinned(const void* ptr) {
 
 // A contiguous tensor of `t`'s shape with `dtype` on `device`.
 Tensor contiguous_temp(const Tensor& t, DType dtype, Device device) {
-  return ops::empty(t.shape(), TensorOptions{.dtype = dtype, .device = device});
+  return internal::empty(t.shape(), TensorOptions{.dtype = dtype, .device = device});
 }
 
 void host_to_device(const Tensor& dst, const Tensor& src, bool non_blocking) {
   // Relayout on the CPU (kiln::ops), conversion on the GPU (after the upload, in src's dtype).
-  const Tensor host = src.is_contiguous() ? src : ops::contiguous(src);
+  const Tensor host = src.is_contiguous() ? src : internal::contiguous(src);
   const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype();
   const Tensor dev = direct ? dst : contiguous_temp(dst, src.dtype(), dst.device());
   cudaStream_t stream = stream_for(dst);
@@ -64,8 +64,8 @@ void device_to_host(const Tensor& dst, const Tensor& src, bool non_blocking) {
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream), "copy_ (device to host)");
   detail::throw_index_error(src.device().index());  // what the kernels before the copy found
   if (!direct) {
-    Tensor out = dst;       // shares dst's storage
-    ops::copy_(out, host);  // CPU relayout
+    Tensor out = dst;            // shares dst's storage
+    internal::copy_(out, host);  // CPU relayout
   }
 }
 

@@ -1,5 +1,5 @@
 // kiln/tensor/cuda/dropout_keep.cuh — the keep/drop decisions of a fused dropout (backend-internal), shared by
-// ops::dropout's kernels (random.cu) and the layers' kernels that fuse dropout (layers/cuda/layer_norm.cu), so
+// internal::dropout's kernels (random.cu) and the layers' kernels that fuse dropout (layers/cuda/layer_norm.cu), so
 // that every kernel maps an element to the same Philox word:
 //
 //   bool kept[4];

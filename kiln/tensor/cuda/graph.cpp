@@ -10,7 +10,7 @@
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/caching_allocator.h"
 #include "kiln/tensor/cuda/cuda_check.h"
-#include "kiln/tensor/ops.h"  // empty: replay inputs
+#include "kiln/tensor/internal_ops.h"  // empty: replay inputs
 
 namespace kiln::cuda {
 namespace {
@@ -66,7 +66,7 @@ Tensor Graph::replay_input(const Shape& shape, const TensorOptions& options) {
   KILN_CHECK(options.device.is_cuda(), "Graph::replay_input: a replay input is a CUDA tensor, got device ",
              options.device);
   detail::ReplayInputAllocation from_inputs_pool;
-  return ops::empty(shape, options);
+  return internal::empty(shape, options);
 }
 
 void Graph::capture(const std::function<void()>& step, int warmup) {

@@ -27,7 +27,7 @@
 #include "kiln/tensor/cuda/index_errors.h"    // IndexReport, report_bad_index
 #include "kiln/tensor/determinism.h"          // kiln::deterministic
 #include "kiln/tensor/dispatch.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::cuda {
 namespace {
@@ -271,9 +271,9 @@ struct SortedTargets {
     sentinel = static_cast<uint64_t>(high - low) + 1;
     const int end_bit = bits_for(sentinel);
     const TensorOptions i64{.dtype = DType::Int64, .device = out.device()};
-    Tensor keys_in = ops::empty({n}, i64), pos_in = ops::empty({n}, i64);
-    keys = ops::empty({n}, i64);
-    positions = ops::empty({n}, i64);
+    Tensor keys_in = internal::empty({n}, i64), pos_in = internal::empty({n}, i64);
+    keys = internal::empty({n}, i64);
+    positions = internal::empty({n}, i64);
     auto* k_in = static_cast<uint64_t*>(keys_in.data_ptr());
     auto* k_out = static_cast<uint64_t*>(keys.data_ptr());
     auto* p_in = pos_in.data_ptr<int64_t>();
@@ -284,8 +284,8 @@ struct SortedTargets {
     size_t temp_bytes = 0;
     KILN_CUDA_CHECK(
         cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, k_in, k_out, p_in, p_out, n, 0, end_bit, stream), op);
-    Tensor temp = ops::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))},
-                             {.dtype = DType::UInt8, .device = out.device()});
+    Tensor temp = internal::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))},
+                                  {.dtype = DType::UInt8, .device = out.device()});
     KILN_CUDA_CHECK(
         cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, k_in, k_out, p_in, p_out, n, 0, end_bit, stream),
         op);
@@ -422,10 +422,10 @@ Tensor CudaBackend::nonzero(const Tensor& a) {
   // (count, rank) coordinates.
   cudaStream_t stream = stream_for(a);
   const int64_t total = a.numel(), rank = a.dim();
-  if (total == 0) return ops::empty({0, rank}, {.dtype = DType::Int64, .device = a.device()});
+  if (total == 0) return internal::empty({0, rank}, {.dtype = DType::Int64, .device = a.device()});
   const Walk w = make_walk("nonzero", a.shape(), strides_or_empty(a), {}, {});
-  Tensor positions = ops::empty({total}, {.dtype = DType::Int64, .device = a.device()});
-  Tensor count_buf = ops::empty({1}, {.dtype = DType::Int64, .device = a.device()});
+  Tensor positions = internal::empty({total}, {.dtype = DType::Int64, .device = a.device()});
+  Tensor count_buf = internal::empty({1}, {.dtype = DType::Int64, .device = a.device()});
   const bool floating = is_floating_point(a.dtype());
   visit_element_size(a.element_size(), [&](auto tag) {
     using U = typename decltype(tag)::type;
@@ -437,8 +437,8 @@ Tensor CudaBackend::nonzero(const Tensor& a) {
     KILN_CUDA_CHECK(cub::DeviceSelect::If(nullptr, temp_bytes, first, positions.data_ptr<int64_t>(),
                                           count_buf.data_ptr<int64_t>(), total, pred, stream),
                     "nonzero");
-    Tensor temp = ops::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))},
-                             {.dtype = DType::UInt8, .device = a.device()});
+    Tensor temp = internal::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))},
+                                  {.dtype = DType::UInt8, .device = a.device()});
     KILN_CUDA_CHECK(cub::DeviceSelect::If(temp.data_ptr(), temp_bytes, first, positions.data_ptr<int64_t>(),
                                           count_buf.data_ptr<int64_t>(), total, pred, stream),
                     "nonzero");
@@ -448,7 +448,7 @@ Tensor CudaBackend::nonzero(const Tensor& a) {
                   "nonzero");
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream), "nonzero");
   detail::throw_index_error(a.device().index());
-  Tensor result = ops::empty({count, rank}, {.dtype = DType::Int64, .device = a.device()});
+  Tensor result = internal::empty({count, rank}, {.dtype = DType::Int64, .device = a.device()});
   if (count == 0 || rank == 0) return result;
   unravel_kernel<<<blocks_for(count), kThreads, 0, stream>>>(w, positions.data_ptr<int64_t>(), count,
                                                              result.data_ptr<int64_t>());

@@ -27,7 +27,7 @@
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::cuda {
 
@@ -79,7 +79,8 @@ CublasOperand describe(const Tensor& t) {
   }
   // A zero or overlapping stride (e.g. one row expanded over M rows): copy to row-major. A broadcast
   // batch (stride 0) stays one matrix.
-  Tensor copy = (t.size(0) == 1 || t.stride(0) == 0) ? ops::contiguous(ops::narrow(t, 0, 0, 1)) : ops::contiguous(t);
+  Tensor copy = (t.size(0) == 1 || t.stride(0) == 0) ? internal::contiguous(internal::narrow(t, 0, 0, 1))
+                                                     : internal::contiguous(t);
   op.keep = copy;
   op.ptr = copy.data_ptr();
   op.trans = false;
@@ -152,8 +153,8 @@ void* workspace(int device, cudaStream_t stream) {
   auto key = std::make_pair(device, stream);
   auto it = spaces->find(key);
   if (it == spaces->end()) {
-    Tensor ws =
-        ops::empty({static_cast<int64_t>(kWorkspaceBytes)}, {.dtype = DType::UInt8, .device = Device::cuda(device)});
+    Tensor ws = internal::empty({static_cast<int64_t>(kWorkspaceBytes)},
+                                {.dtype = DType::UInt8, .device = Device::cuda(device)});
     it = spaces->emplace(key, std::move(ws)).first;
   }
   return it->second.data_ptr();
@@ -414,7 +415,7 @@ Cut unaligned_cut(const Tensor& out, const Tensor& a) {
 
 // The two parts [0, at) and [at, size) of t's dim d.
 std::pair<Tensor, Tensor> halves(const Tensor& t, int64_t d, int64_t at) {
-  return {ops::narrow(t, d, 0, at), ops::narrow(t, d, at, t.size(d) - at)};
+  return {internal::narrow(t, d, 0, at), internal::narrow(t, d, at, t.size(d) - at)};
 }
 
 // Whether out's rows can be described to cuBLAS: unit column stride, a row stride >= N, batches apart.

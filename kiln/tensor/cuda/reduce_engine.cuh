@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "kiln/tensor/cuda/kernel_util.cuh"
-#include "kiln/tensor/ops.h"              // ops::empty for temporaries
+#include "kiln/tensor/internal_ops.h"     // internal::empty for temporaries
 #include "kiln/tensor/reduce_geometry.h"  // plan_reduction
 
 namespace kiln::cuda::rdetail {
@@ -296,7 +296,7 @@ void run_reduce(const T* in, O* out, const Offsets& out_layout, Geometry g, cons
   Tensor partial;
   Acc* partial_ptr = nullptr;
   if (plan.splits > 1) {
-    partial = ops::empty({g.n_out * plan.splits}, {.dtype = acc_dtype<Acc>(), .device = device});
+    partial = internal::empty({g.n_out * plan.splits}, {.dtype = acc_dtype<Acc>(), .device = device});
     partial_ptr = partial.data_ptr<Acc>();
   }
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(plan.splits)), block(bx, by);

@@ -60,7 +60,7 @@ void stats_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::ve
   };
   // First pass: one Acc per output (row-major over the kept dims) into a temporary.
   auto first_pass = [&](const auto& reducer, Finish<Acc> finish) {
-    Tensor center = ops::empty({g.n_out}, {.dtype = acc_dtype<Acc>(), .device = device});
+    Tensor center = internal::empty({g.n_out}, {.dtype = acc_dtype<Acc>(), .device = device});
     run_reduce<T, Acc, Acc>(src, center.data_ptr<Acc>(), contiguous_like(g.kept_out), g,
                             static_cast<const Acc*>(nullptr), reducer, finish, stream, device);
     return center;

@@ -21,7 +21,7 @@
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
 #include "kiln/tensor/dispatch.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
 namespace kiln::cuda {
 namespace {
@@ -78,7 +78,7 @@ __global__ void segment_offsets_kernel(int64_t rows, int64_t n, int64_t* offsets
 }
 
 Tensor device_bytes(size_t bytes, Device device) {
-  return ops::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, {.dtype = DType::UInt8, .device = device});
+  return internal::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, {.dtype = DType::UInt8, .device = device});
 }
 
 // Stable ascending sort of (key, position) pairs in `rows` segments of n.
@@ -96,7 +96,7 @@ void sort_pairs(const K* keys_in, K* keys_out, const int64_t* pos_in, int64_t* p
                     "sort");
     return;
   }
-  Tensor offsets = ops::empty({rows + 1}, {.dtype = DType::Int64, .device = device});
+  Tensor offsets = internal::empty({rows + 1}, {.dtype = DType::Int64, .device = device});
   int64_t* off = offsets.data_ptr<int64_t>();
   segment_offsets_kernel<<<blocks_for(rows + 1), kThreads, 0, stream>>>(rows, n, off);
   KILN_CUDA_CHECK_LAUNCH("sort");
@@ -149,7 +149,7 @@ void sort_rows(const Tensor& x, int64_t n, bool descending, const Tensor& values
 
     Tensor keys_in = device_bytes(static_cast<size_t>(total) * sizeof(K), device);
     Tensor keys_out = device_bytes(static_cast<size_t>(total) * sizeof(K), device);
-    Tensor pos_in = ops::empty({total}, {.dtype = DType::Int64, .device = device});
+    Tensor pos_in = internal::empty({total}, {.dtype = DType::Int64, .device = device});
     K* kin = static_cast<K*>(keys_in.data_ptr());
     K* kout = static_cast<K*>(keys_out.data_ptr());
     int64_t* pin = pos_in.data_ptr<int64_t>();
@@ -166,7 +166,7 @@ void sort_rows(const Tensor& x, int64_t n, bool descending, const Tensor& values
 }
 
 // `a` with `dim` moved last, as a view (0-d stays 0-d).
-Tensor dim_last(const Tensor& t, int64_t dim) { return t.dim() == 0 ? t : ops::transpose(t, dim, -1); }
+Tensor dim_last(const Tensor& t, int64_t dim) { return t.dim() == 0 ? t : internal::transpose(t, dim, -1); }
 
 }  // namespace
 
@@ -175,14 +175,15 @@ void CudaBackend::sort(const Tensor& values, const Tensor& indices, const Tensor
   // Always stable: the radix sort is, at no extra cost.
   cudaStream_t stream = stream_for(a);
   const int64_t n = a.dim() == 0 ? 1 : a.size(dim);
-  const Tensor x = ops::contiguous(dim_last(a, dim));  // (..., n)
+  const Tensor x = internal::contiguous(dim_last(a, dim));  // (..., n)
   Tensor vt = dim_last(values, dim), it = dim_last(indices, dim);
   // Write straight into the outputs when their moved views are contiguous, else into scratch and copy.
-  const Tensor v_dst = vt.is_contiguous() ? vt : ops::empty(x.shape(), x.options());
-  const Tensor i_dst = it.is_contiguous() ? it : ops::empty(x.shape(), {.dtype = DType::Int64, .device = x.device()});
+  const Tensor v_dst = vt.is_contiguous() ? vt : internal::empty(x.shape(), x.options());
+  const Tensor i_dst =
+      it.is_contiguous() ? it : internal::empty(x.shape(), {.dtype = DType::Int64, .device = x.device()});
   sort_rows(x, n, descending, v_dst, i_dst, stream);
-  if (!v_dst.is_same(vt)) ops::copy_(vt, v_dst);
-  if (!i_dst.is_same(it)) ops::copy_(it, i_dst);
+  if (!v_dst.is_same(vt)) internal::copy_(vt, v_dst);
+  if (!i_dst.is_same(it)) internal::copy_(it, i_dst);
 }
 
 void CudaBackend::topk(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t k, int64_t dim,
@@ -190,18 +191,18 @@ void CudaBackend::topk(const Tensor& values, const Tensor& indices, const Tensor
   // Sorts the whole dim and keeps the first k: always sorted, ties in original order (as on the CPU).
   cudaStream_t stream = stream_for(a);
   const int64_t n = a.dim() == 0 ? 1 : a.size(dim);
-  const Tensor x = ops::contiguous(dim_last(a, dim));  // (..., n)
-  const Tensor v_all = ops::empty(x.shape(), x.options());
-  const Tensor i_all = ops::empty(x.shape(), {.dtype = DType::Int64, .device = x.device()});
+  const Tensor x = internal::contiguous(dim_last(a, dim));  // (..., n)
+  const Tensor v_all = internal::empty(x.shape(), x.options());
+  const Tensor i_all = internal::empty(x.shape(), {.dtype = DType::Int64, .device = x.device()});
   sort_rows(x, n, largest, v_all, i_all, stream);
   Tensor vt = dim_last(values, dim), it = dim_last(indices, dim);
   if (a.dim() == 0) {
-    ops::copy_(vt, v_all);
-    ops::copy_(it, i_all);
+    internal::copy_(vt, v_all);
+    internal::copy_(it, i_all);
     return;
   }
-  ops::copy_(vt, ops::narrow(v_all, -1, 0, k));
-  ops::copy_(it, ops::narrow(i_all, -1, 0, k));
+  internal::copy_(vt, internal::narrow(v_all, -1, 0, k));
+  internal::copy_(it, internal::narrow(i_all, -1, 0, k));
 }
 
 }  // namespace kiln::cuda

@@ -1,7 +1,7 @@
 // Comparison helpers built on the elementwise ops: isclose, allclose, equal.
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
-namespace kiln::ops {
+namespace kiln::internal {
 namespace {
 
 // Whether every element of a Bool tensor is true. Reads the mask on the host, which keeps these helpers
@@ -53,4 +53,4 @@ bool equal(const Tensor& a, const Tensor& b) {
   return all_true(eq(a, b));
 }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

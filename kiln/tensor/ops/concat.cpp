@@ -3,10 +3,10 @@
 #include <string>
 #include <vector>
 
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "kiln/tensor/ops/index_checks.h"
 
-namespace kiln::ops {
+namespace kiln::internal {
 namespace {
 
 // PyTorch still accepts 1-D empty tensors (shape [0]) beside tensors of any rank and skips them.
@@ -81,4 +81,4 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   return cat(parts, d);
 }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

@@ -1,8 +1,8 @@
 // Copying and casting: copy_, to, cast, contiguous, clone, fill_.
 #include "kiln/tensor/backend.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
-namespace kiln::ops {
+namespace kiln::internal {
 namespace {
 
 void check_defined(const Tensor& t, std::string_view op, std::string_view what) {
@@ -103,4 +103,4 @@ Tensor& fill_(Tensor& t, Scalar value) {
   return t;
 }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

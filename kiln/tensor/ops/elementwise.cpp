@@ -5,7 +5,7 @@
 
 #include "kiln/tensor/ops/elementwise_common.h"  // binary, binary_, Operand, ResultKind
 
-namespace kiln::ops {
+namespace kiln::internal {
 
 using detail::Operand;
 using detail::ResultKind;
@@ -216,4 +216,4 @@ Tensor add_n(const std::vector<Tensor>& tensors) {
   return out;
 }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

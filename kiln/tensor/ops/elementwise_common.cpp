@@ -7,7 +7,7 @@
 
 #include "kiln/tensor/cuda.h"
 
-namespace kiln::ops::detail {
+namespace kiln::internal::detail {
 namespace {
 
 // A number written beside tensors (x * 0.5) becomes a 0-d tensor of the op's dtype on the op's device.
@@ -226,4 +226,4 @@ Tensor& unary_(std::string_view name, UnaryOp op, Tensor& self, ResultKind kind,
   return self;
 }
 
-}  // namespace kiln::ops::detail
+}  // namespace kiln::internal::detail

@@ -12,9 +12,9 @@
 #include <string_view>
 
 #include "kiln/tensor/backend.h"  // UnaryOp, BinaryOp, UnaryParams
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
-namespace kiln::ops::detail {
+namespace kiln::internal::detail {
 
 // One input of an elementwise op: a tensor, or a number written beside tensors (which counts less in
 // type promotion: int_tensor + 2.5 is float32, but uint8_tensor + 300 stays uint8).
@@ -76,4 +76,4 @@ Tensor& binary_(std::string_view name, BinaryOp op, Tensor& self, const Operand&
 Tensor unary(std::string_view name, UnaryOp op, const Tensor& a, ResultKind kind, const UnaryParams& params = {});
 Tensor& unary_(std::string_view name, UnaryOp op, Tensor& self, ResultKind kind, const UnaryParams& params = {});
 
-}  // namespace kiln::ops::detail
+}  // namespace kiln::internal::detail

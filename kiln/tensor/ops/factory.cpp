@@ -5,10 +5,10 @@
 #include "kiln/tensor/backend.h"
 #include "kiln/tensor/checked_size.h"
 #include "kiln/tensor/dispatch.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "kiln/tensor/small_alloc.h"
 
-namespace kiln::ops {
+namespace kiln::internal {
 namespace {
 
 // Refuses negative sizes and shapes of more than 2^63-1 elements, naming the op (numel() does both).
@@ -199,4 +199,4 @@ template Tensor from_vector<double>(const std::vector<double>&, const Shape&, De
 
 Tensor scalar_tensor(Scalar value, const TensorOptions& options) { return full({}, value, options); }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

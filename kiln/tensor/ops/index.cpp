@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "kiln/tensor/backend.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "kiln/tensor/ops/index_checks.h"
 
-namespace kiln::ops {
+namespace kiln::internal {
 namespace {
 
 // index_select's (and index_add's) index: 0-d or 1-D.
@@ -313,4 +313,4 @@ Tensor triangle(std::string_view op, const Tensor& a, int64_t diagonal, bool low
 Tensor tril(const Tensor& a, int64_t diagonal) { return triangle("tril", a, diagonal, true); }
 Tensor triu(const Tensor& a, int64_t diagonal) { return triangle("triu", a, diagonal, false); }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

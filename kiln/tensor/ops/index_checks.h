@@ -7,9 +7,9 @@
 
 #include <string_view>
 
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
-namespace kiln::ops {
+namespace kiln::internal {
 
 // The enum spelling of a dtype, for hints such as "convert it with .to(DType::Float64)".
 inline std::string_view dtype_enum_name(DType t) {
@@ -42,7 +42,7 @@ inline Tensor index_tensor(std::string_view op, const Tensor& index, Device devi
              index.device(), "; move it with .to(Device(\"", device.str(), "\"))");
   KILN_CHECK(index.dtype() == DType::Int64 || index.dtype() == DType::Int32, op,
              ": expected an Int64 or Int32 index tensor, got ", index.dtype(), "; convert it with .to(DType::Int64)");
-  return index.dtype() == DType::Int64 ? index : ops::cast(index, DType::Int64);
+  return index.dtype() == DType::Int64 ? index : internal::cast(index, DType::Int64);
 }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "kiln/tensor/backend.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "kiln/tensor/ops/index_checks.h"  // dtype_enum_name
 
-namespace kiln::ops {
+namespace kiln::internal {
 namespace {
 
 void check_operands(std::string_view op, const Tensor& a, const Tensor& b) {
@@ -310,4 +310,4 @@ Tensor outer(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

@@ -3,9 +3,9 @@
 
 #include "kiln/tensor/backend.h"
 #include "kiln/tensor/cuda.h"  // cuda::Graph
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 
-namespace kiln::ops {
+namespace kiln::internal {
 namespace {
 
 Generator& generator_for(Generator* gen, Device device) { return gen ? *gen : default_generator(device); }
@@ -33,7 +33,7 @@ GeneratorState draw_for(Generator* gen, Device device) {
     const GeneratorState next = source->next_draw();
     KILN_CHECK(next.seed == seed, "cuda::Graph::replay: the generator of a random op in this graph was seeded again ",
                "(seed ", seed, " when captured, ", next.seed, " now); capture the step again after seeding");
-    slot.fill_(static_cast<int64_t>(next.offset));
+    internal::fill_(slot, static_cast<int64_t>(next.offset));
   });
   draw.device_offset = reinterpret_cast<const uint64_t*>(slot.data_ptr<int64_t>());
   return draw;
@@ -136,4 +136,4 @@ Tensor randperm(int64_t n, const TensorOptions& options, Generator* gen) {
   return cast(order, *o.dtype);
 }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

@@ -9,10 +9,10 @@
 #include <limits>
 
 #include "kiln/tensor/backend.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "kiln/tensor/small_alloc.h"
 
-namespace kiln::ops {
+namespace kiln::internal {
 namespace {
 
 // The reduced dims of `a` as a mask: empty dims mean all of them; negative dims wrap; a dim given
@@ -250,4 +250,4 @@ Tensor softmax_impl(const Tensor& a, int64_t dim, bool log) {
 Tensor softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, false); }
 Tensor log_softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, true); }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

@@ -4,7 +4,7 @@
 
 #include "kiln/tensor/ops/elementwise_common.h"  // unary, unary_, binary, ResultKind, Operand
 
-namespace kiln::ops {
+namespace kiln::internal {
 
 using detail::Operand;
 using detail::ResultKind;
@@ -12,20 +12,20 @@ using detail::ResultKind;
 namespace {
 // `instead`: the end of the message (the table's bool_advice); nullptr when a bool tensor is taken as numbers.
 void check_not_bool(std::string_view op, const Tensor& a, const char* instead) {
-  KILN_CHECK(instead == nullptr || !a.defined() || a.dtype() != DType::Bool, op, ": not supported on a bool tensor (shape ",
-             a.shape(), ")", instead);
+  KILN_CHECK(instead == nullptr || !a.defined() || a.dtype() != DType::Bool, op,
+             ": not supported on a bool tensor (shape ", a.shape(), ")", instead);
 }
 }  // namespace
 
 // The ops of the table (unary_ops.h), out of place and in place.
-#define KILN_X(Enum, name, result, autocast, save, derivative, reference, domain, bool_advice)      \
-  Tensor name(const Tensor& a) {                                                                   \
-    check_not_bool(#name, a, bool_advice);                                                         \
-    return detail::unary(#name, UnaryOp::Enum, a, ResultKind::result);                             \
-  }                                                                                                \
-  Tensor& name##_(Tensor& a) {                                                                     \
-    check_not_bool(#name "_", a, bool_advice);                                                     \
-    return detail::unary_(#name "_", UnaryOp::Enum, a, ResultKind::result);                        \
+#define KILN_X(Enum, name, result, autocast, save, derivative, reference, domain, bool_advice) \
+  Tensor name(const Tensor& a) {                                                               \
+    check_not_bool(#name, a, bool_advice);                                                     \
+    return detail::unary(#name, UnaryOp::Enum, a, ResultKind::result);                         \
+  }                                                                                            \
+  Tensor& name##_(Tensor& a) {                                                                 \
+    check_not_bool(#name "_", a, bool_advice);                                                 \
+    return detail::unary_(#name "_", UnaryOp::Enum, a, ResultKind::result);                    \
   }
 KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
@@ -127,4 +127,4 @@ Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max) 
   return detail::unary_("clamp_", UnaryOp::Clamp, a, ResultKind::Same, clamp_params(min, max));
 }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

@@ -3,10 +3,10 @@
 #include <numeric>
 
 #include "kiln/tensor/checked_size.h"
-#include "kiln/tensor/ops.h"
+#include "kiln/tensor/internal_ops.h"
 #include "kiln/tensor/small_alloc.h"
 
-namespace kiln::ops {
+namespace kiln::internal {
 namespace {
 
 Tensor make_view(const Tensor& t, Shape sizes, Strides strides, int64_t offset) {
@@ -367,4 +367,4 @@ std::vector<Tensor> unbind(const Tensor& t, int64_t dim) {
   return parts;
 }
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

@@ -1,12 +1,16 @@
-// kiln/tensor/ops.h — every op of the tensor core, as free functions in kiln::ops.
+// kiln/tensor/internal_ops.h — kiln's internal ops: every op of the tensor core, in namespace kiln::internal.
 //
-//   Tensor c = ops::add(a, b);               // broadcasting, type promotion
-//   Tensor s = ops::sum(x, {0, 2}, true);    // keepdim
+// Not part of kiln's API. Programs call the ops through namespace kiln (kiln/autograd/functions.h) and
+// Tensor's methods, which record gradients; these record nothing. kiln's own code calls them where no graph
+// may be recorded: the backward formulas, the layers' fused forward and backward functions, optimizer steps
+// and batch assembly.
 //
-// These are the raw ops: they know nothing of gradients. They check their arguments (shapes, dtypes,
-// devices) once, here, for every backend, then call the backend of the inputs' device (backend.h).
-// Users call the same functions through namespace kiln (functions.h) and Tensor's methods; the
-// autograd module makes those differentiable.
+//   Tensor c = internal::add(a, b);             // broadcasting, type promotion
+//   Tensor s = internal::sum(x, {0, 2}, true);  // keepdim
+//
+// Each op checks its arguments (shapes, dtypes, devices) once, here, for every backend, then calls the
+// backend of the inputs' device (backend.h). The ops that have no gradient (factories, random draws,
+// comparisons, arg-reductions) are public under the same names: functions.h brings them into namespace kiln.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +24,7 @@
 #include "kiln/tensor/tensor.h"
 #include "kiln/tensor/unary_ops.h"
 
-namespace kiln::ops {
+namespace kiln::internal {
 
 using Dims = std::vector<int64_t>;
 
@@ -104,9 +108,9 @@ std::vector<Tensor> unbind(const Tensor& t, int64_t dim = 0);
 Shape infer_shape(const Shape& shape, int64_t numel, std::string_view op);
 
 // ---------------------------------------------------------------- elementwise (elementwise.cpp)
-// The unary ops of the table (unary_ops.h): ops::exp(a), and exp_(a) in place. Floating inputs keep their dtype;
+// The unary ops of the table (unary_ops.h): internal::exp(a), and exp_(a) in place. Floating inputs keep their dtype;
 // integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat; predicates give Bool.
-#define KILN_X(Enum, name, ...)   \
+#define KILN_X(Enum, name, ...) \
   Tensor name(const Tensor& a); \
   Tensor& name##_(Tensor& a);
 KILN_UNARY_OPS(KILN_X)
@@ -251,4 +255,4 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol 
 Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
 bool equal(const Tensor& a, const Tensor& b);  // same shape and same values (and dtype category)
 
-}  // namespace kiln::ops
+}  // namespace kiln::internal

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Checks that each of kiln's module libraries links by itself: every kiln symbol its objects use is defined
+# in the module or in a module it links (its CMake link closure). A module that calls upward (kiln_tensor
+# calling a function that only kiln_autograd defines) would link only as part of the whole library; as a
+# static library linked alone it fails.
+#
+#   check_module_links.sh <nm> <manifest>
+#
+# The manifest (written by tests/CMakeLists.txt) has one line per module: name, the modules it links
+# (space-separated), then its object files (';'-separated), tab-separated.
+set -euo pipefail
+nm_tool=$1 manifest=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+declare -A deps
+modules=()
+while IFS=$'\t' read -r module module_deps objects; do
+  [[ -z "$module" ]] && continue
+  modules+=("$module")
+  deps[$module]=$module_deps
+  IFS=';' read -r -a files <<<"$objects"
+  if [[ ${#files[@]} -eq 0 ]]; then
+    echo "check_module_links: $module lists no object files in $manifest" >&2
+    exit 1
+  fi
+  # Defined symbols (any kind but undefined), and the undefined ones that name kiln's own code.
+  "$nm_tool" -C --defined-only "${files[@]}" 2>/dev/null | sed -E 's/^[0-9a-fA-F]* *[A-Za-z] //' | sort -u \
+    >"$work/$module.defined"
+  "$nm_tool" -C --undefined-only "${files[@]}" 2>/dev/null | sed -E 's/^ *[Uw] //' | grep -E '(^|[^A-Za-z0-9_])kiln::' \
+    | sort -u >"$work/$module.used" || true
+done <"$manifest"
+
+if [[ ${#modules[@]} -eq 0 ]]; then
+  echo "check_module_links: no modules in $manifest" >&2
+  exit 1
+fi
+
+status=0
+for module in "${modules[@]}"; do
+  available=("$work/$module.defined")
+  for dep in ${deps[$module]}; do
+    if [[ ! -f "$work/$dep.defined" ]]; then
+      echo "check_module_links: $module links $dep, which the manifest does not list" >&2
+      exit 1
+    fi
+    available+=("$work/$dep.defined")
+  done
+  sort -u "${available[@]}" >"$work/available"
+  comm -23 "$work/$module.used" "$work/available" >"$work/missing"
+  count=$(wc -l <"$work/missing")
+  if [[ $count -gt 0 ]]; then
+    status=1
+    echo "FAIL kiln_$module (links: ${deps[$module]:-nothing}) uses $count kiln symbol(s) defined outside what it links:"
+    head -n 20 "$work/missing" | sed 's/^/  /'
+    echo "  Move the code down to a module kiln_$module links, or have kiln_$module link the module that defines it."
+  else
+    echo "ok   kiln_$module (links: ${deps[$module]:-nothing}): $(wc -l <"$work/$module.used") kiln symbols used, all defined"
+  fi
+done
+exit $status
