@@ -35,61 +35,61 @@
 #pragma once
 
 // clang-format off
-#define KILN_UNARY_OPS(X)                                                                                            \
-  X(Neg,        neg,        Same,  Keep,    Nothing, internal::neg(g),                                                     \
-    -v,                                              All,           "; negation, the - operator, on a bool tensor: "  \
-                                                                    "use logical_not() or the ~ operator")           \
-  X(Abs,        abs,        Same,  Keep,    Input,   internal::mul(g, internal::sign(x)),                                       \
-    std::fabs(v),                                    Smooth,        "; convert it with .to(DType::Int64) first")     \
-  X(Exp,        exp,        Float, Float32, Result,  internal::mul(g, y),                                                  \
-    std::exp(v),                                     All,           nullptr)                                          \
-  X(Expm1,      expm1,      Float, Float32, Result,  internal::mul(g, internal::add(y, 1.0)),                                   \
-    std::expm1(v),                                   All,           nullptr)                                          \
-  X(Log,        log,        Float, Float32, Input,   internal::div(g, x),                                                  \
-    std::log(v),                                     Positive,      nullptr)                                          \
-  X(Log1p,      log1p,      Float, Float32, Input,   internal::div(g, internal::add(x, 1.0)),                                   \
-    std::log1p(v),                                   AboveMinusOne, nullptr)                                          \
-  X(Log2,       log2,       Float, Float32, Input,   internal::div(g, internal::mul(x, 0.69314718055994530942)),                \
-    std::log2(v),                                    Positive,      nullptr)                                          \
-  X(Sqrt,       sqrt,       Float, Keep,    Result,  internal::div(g, internal::mul(y, 2.0)),                                   \
-    std::sqrt(v),                                    Positive,      nullptr)                                          \
-  X(Rsqrt,      rsqrt,      Float, Float32, Result,  internal::mul(g, internal::mul(internal::mul(internal::square(y), y), -0.5)),        \
-    1.0 / std::sqrt(v),                              Positive,      nullptr)                                          \
-  X(Sin,        sin,        Float, Keep,    Input,   internal::mul(g, internal::cos(x)),                                        \
-    std::sin(v),                                     All,           nullptr)                                          \
-  X(Cos,        cos,        Float, Keep,    Input,   internal::neg(internal::mul(g, internal::sin(x))),                              \
-    std::cos(v),                                     All,           nullptr)                                          \
-  X(Tanh,       tanh,       Float, Keep,    Result,  internal::mul(g, internal::rsub(internal::square(y), 1.0)),                     \
-    std::tanh(v),                                    All,           nullptr)                                          \
-  X(Erf,        erf,        Float, Keep,    Input,                                                                    \
-    internal::mul(g, internal::mul(internal::exp(internal::neg(internal::square(x))), 1.12837916709551257390)),  /* 2 / sqrt(pi) */           \
-    std::erf(v),                                     All,           nullptr)                                          \
-  X(Sigmoid,    sigmoid,    Float, Keep,    Result,  internal::mul(g, internal::mul(y, internal::rsub(y, 1.0))),                     \
-    1.0 / (1.0 + std::exp(-v)),                      All,           nullptr)                                          \
-  X(Relu,       relu,       Same,  Keep,    Result,  internal::relu_backward(g, y),                                        \
-    v > 0 ? v : 0.0,                                 Smooth,        "; convert it with .to(DType::Float32) first")   \
-  X(Silu,       silu,       Float, Keep,    Input,   internal::silu_backward(g, x),                                        \
-    v / (1.0 + std::exp(-v)),                        All,           nullptr)                                          \
-  X(Sign,       sign,       Same,  Keep,    Nothing, internal::zeros_like(g),                                              \
-    v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0,                Smooth,        nullptr)                                          \
-  X(Floor,      floor,      Same,  Keep,    Nothing, internal::zeros_like(g),                                              \
-    std::floor(v),                                   Smooth,        nullptr)                                          \
-  X(Ceil,       ceil,       Same,  Keep,    Nothing, internal::zeros_like(g),                                              \
-    std::ceil(v),                                    Smooth,        nullptr)                                          \
-  X(Round,      round,      Same,  Keep,    Nothing, internal::zeros_like(g),  /* half to even */                          \
-    std::nearbyint(v),                               Smooth,        nullptr)                                          \
-  X(Reciprocal, reciprocal, Float, Float32, Result,  internal::neg(internal::mul(g, internal::square(y))),                           \
+#define KILN_UNARY_OPS(X)                                                                                                           \
+  X(Neg,        neg,        Same,  Keep,    Nothing, internal::neg(g),                                                              \
+    -v,                                              All,           "; negation, the - operator, on a bool tensor: "                \
+                                                                    "use logical_not() or the ~ operator")                          \
+  X(Abs,        abs,        Same,  Keep,    Input,   internal::mul(g, internal::sign(x)),                                           \
+    std::fabs(v),                                    Smooth,        "; convert it with .to(DType::Int64) first")                    \
+  X(Exp,        exp,        Float, Float32, Result,  internal::mul(g, y),                                                           \
+    std::exp(v),                                     All,           nullptr)                                                        \
+  X(Expm1,      expm1,      Float, Float32, Result,  internal::mul(g, internal::add(y, 1.0)),                                       \
+    std::expm1(v),                                   All,           nullptr)                                                        \
+  X(Log,        log,        Float, Float32, Input,   internal::div(g, x),                                                           \
+    std::log(v),                                     Positive,      nullptr)                                                        \
+  X(Log1p,      log1p,      Float, Float32, Input,   internal::div(g, internal::add(x, 1.0)),                                       \
+    std::log1p(v),                                   AboveMinusOne, nullptr)                                                        \
+  X(Log2,       log2,       Float, Float32, Input,   internal::div(g, internal::mul(x, 0.69314718055994530942)),                    \
+    std::log2(v),                                    Positive,      nullptr)                                                        \
+  X(Sqrt,       sqrt,       Float, Keep,    Result,  internal::div(g, internal::mul(y, 2.0)),                                       \
+    std::sqrt(v),                                    Positive,      nullptr)                                                        \
+  X(Rsqrt,      rsqrt,      Float, Float32, Result,  internal::mul(g, internal::mul(internal::mul(internal::square(y), y), -0.5)),  \
+    1.0 / std::sqrt(v),                              Positive,      nullptr)                                                        \
+  X(Sin,        sin,        Float, Keep,    Input,   internal::mul(g, internal::cos(x)),                                            \
+    std::sin(v),                                     All,           nullptr)                                                        \
+  X(Cos,        cos,        Float, Keep,    Input,   internal::neg(internal::mul(g, internal::sin(x))),                             \
+    std::cos(v),                                     All,           nullptr)                                                        \
+  X(Tanh,       tanh,       Float, Keep,    Result,  internal::mul(g, internal::rsub(internal::square(y), 1.0)),                    \
+    std::tanh(v),                                    All,           nullptr)                                                        \
+  X(Erf,        erf,        Float, Keep,    Input,                                                                                  \
+    internal::mul(g, internal::mul(internal::exp(internal::neg(internal::square(x))), 1.12837916709551257390)),  /* 2 / sqrt(pi) */ \
+    std::erf(v),                                     All,           nullptr)                                                        \
+  X(Sigmoid,    sigmoid,    Float, Keep,    Result,  internal::mul(g, internal::mul(y, internal::rsub(y, 1.0))),                    \
+    1.0 / (1.0 + std::exp(-v)),                      All,           nullptr)                                                        \
+  X(Relu,       relu,       Same,  Keep,    Result,  internal::relu_backward(g, y),                                                 \
+    v > 0 ? v : 0.0,                                 Smooth,        "; convert it with .to(DType::Float32) first")                  \
+  X(Silu,       silu,       Float, Keep,    Input,   internal::silu_backward(g, x),                                                 \
+    v / (1.0 + std::exp(-v)),                        All,           nullptr)                                                        \
+  X(Sign,       sign,       Same,  Keep,    Nothing, internal::zeros_like(g),                                                       \
+    v > 0 ? 1.0 : v < 0 ? -1.0 : 0.0,                Smooth,        nullptr)                                                        \
+  X(Floor,      floor,      Same,  Keep,    Nothing, internal::zeros_like(g),                                                       \
+    std::floor(v),                                   Smooth,        nullptr)                                                        \
+  X(Ceil,       ceil,       Same,  Keep,    Nothing, internal::zeros_like(g),                                                       \
+    std::ceil(v),                                    Smooth,        nullptr)                                                        \
+  X(Round,      round,      Same,  Keep,    Nothing, internal::zeros_like(g),  /* half to even */                                   \
+    std::nearbyint(v),                               Smooth,        nullptr)                                                        \
+  X(Reciprocal, reciprocal, Float, Float32, Result,  internal::neg(internal::mul(g, internal::square(y))),                          \
     1.0 / v,                                         Smooth,        nullptr)
 
-#define KILN_UNARY_PREDICATES(X)                                                                                     \
-  X(LogicalNot, logical_not, v == 0 ? 1.0 : 0.0)                                                                     \
-  X(IsNan,      isnan,       std::isnan(v) ? 1.0 : 0.0)                                                              \
-  X(IsInf,      isinf,       std::isinf(v) ? 1.0 : 0.0)                                                              \
+#define KILN_UNARY_PREDICATES(X)                                                                                                    \
+  X(LogicalNot, logical_not, v == 0 ? 1.0 : 0.0)                                                                                    \
+  X(IsNan,      isnan,       std::isnan(v) ? 1.0 : 0.0)                                                                             \
+  X(IsInf,      isinf,       std::isinf(v) ? 1.0 : 0.0)                                                                             \
   X(IsFinite,   isfinite,    std::isfinite(v) ? 1.0 : 0.0)
 
-#define KILN_UNARY_OTHER(X)                                                                                          \
-  X(GeluErf,  gelu)       /* x * Φ(x) */                                                                              \
-  X(GeluTanh, gelu_tanh)  /* 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))) */                                            \
-  X(Square,   square)     /* a Bool input is squared as int64, as pow(x, 2) */                                        \
+#define KILN_UNARY_OTHER(X)                                                                                                         \
+  X(GeluErf,  gelu)       /* x * Φ(x) */                                                                                            \
+  X(GeluTanh, gelu_tanh)  /* 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))) */                                                          \
+  X(Square,   square)     /* a Bool input is squared as int64, as pow(x, 2) */                                                      \
   X(Clamp,    clamp)      /* min(max(x, params.a), params.b); a = -inf or b = +inf when absent; NaN stays NaN */
 // clang-format on
