@@ -7,7 +7,7 @@
 #   check_module_links.sh <nm> <manifest>
 #
 # The manifest (written by tests/CMakeLists.txt) has one line per module: name, the modules it links
-# (space-separated), then its object files (';'-separated), tab-separated.
+# (space-separated), then its object files (';'-separated), separated by '|'.
 set -euo pipefail
 nm_tool=$1 manifest=$2
 work=$(mktemp -d)
@@ -15,7 +15,7 @@ trap 'rm -rf "$work"' EXIT
 
 declare -A deps
 modules=()
-while IFS=$'\t' read -r module module_deps objects; do
+while IFS='|' read -r module module_deps objects; do
   [[ -z "$module" ]] && continue
   modules+=("$module")
   deps[$module]=$module_deps
