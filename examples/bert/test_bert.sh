@@ -221,10 +221,10 @@ case "$case_name" in
     for d in h i j k l m n; do [[ ! -e "$work/bad/$d" ]] || fail "a refused --cuda-graph run wrote $work/bad/$d"; done
     expect "unknown mode 'train'" "$bert" train
     # Numbers that are not: refused (exit 2), not replaced by the default
-    expect2 "--lr takes a finite number, got 'nan'" "$bert" pretrain "${tiny[@]}" --lr nan --out "$work/bad/o"
-    expect2 "--lr takes a finite number, got 'inf'" "$bert" pretrain "${tiny[@]}" --lr inf --out "$work/bad/o"
-    expect2 "--lr takes a finite number, got '1e-4x'" "$bert" pretrain "${tiny[@]}" --lr 1e-4x --out "$work/bad/o"
-    expect2 "--mask-prob takes a finite number, got 'nan'" "$bert" pretrain "${tiny[@]}" --mask-prob nan \
+    expect2 "--lr: takes a finite number, got 'nan'" "$bert" pretrain "${tiny[@]}" --lr nan --out "$work/bad/o"
+    expect2 "--lr: takes a finite number, got 'inf'" "$bert" pretrain "${tiny[@]}" --lr inf --out "$work/bad/o"
+    expect2 "--lr: takes a finite number, got '1e-4x'" "$bert" pretrain "${tiny[@]}" --lr 1e-4x --out "$work/bad/o"
+    expect2 "--mask-prob: takes a finite number, got 'nan'" "$bert" pretrain "${tiny[@]}" --mask-prob nan \
       --out "$work/bad/o"
     expect2 "--lr must be positive" "$bert" pretrain "${tiny[@]}" --lr -0.5 --out "$work/bad/o"
     [[ ! -e "$work/bad/o" ]] || fail "a refused option wrote $work/bad/o"
