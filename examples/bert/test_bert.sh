@@ -155,6 +155,10 @@ case "$case_name" in
     # Captured first: `grep -q` in a pipeline may close it early, and pipefail would count that as a failure.
     out=$("$bert" --help) && grep -q 'bert pretrain' <<<"$out" || fail "bert --help: $out"
     out=$("$bert" pretrain --help) && grep -q -- '--build-vocab' <<<"$out" || fail "bert pretrain --help: $out"
+    # Every option with its default: a number, a flag (off), a text with none
+    grep -q -- '--max-positions INT .*(default: 512)$' <<<"$out" || fail "bert pretrain --help lacks --max-positions' default"
+    grep -q -- '--checkpointing .*(default: off)$' <<<"$out" || fail "bert pretrain --help lacks --checkpointing's default"
+    grep -q -- '--vocab TEXT .*(default: none)$' <<<"$out" || fail "bert pretrain --help lacks --vocab's default"
     out=$("$bert" finetune --help) && grep -q -- '--init-from' <<<"$out" || fail "bert finetune --help: $out"
     echo "ok: --help of bert, bert pretrain and bert finetune"
     ;;

@@ -67,7 +67,8 @@ class Options {
   }
   bool& add_flag(const std::string& name, const std::string& help) {
     bool& v = flags_.emplace_back(false);
-    app_.add_flag("--" + name, v, help);
+    // A flag is off unless given; a help text may say what off means in its own words.
+    app_.add_flag("--" + name, v, help.find("(default:") == std::string::npos ? with_default(help, "off") : help);
     return v;
   }
 
