@@ -89,7 +89,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/kilnConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/install-config/kilnConfig.cmake ${PROJECT_BINARY_DIR}/kilnConfigVersion.cmake
   DESTINATION ${KILN_INSTALL_CMAKEDIR})
-install(FILES cmake/FindCUDNN.cmake cmake/FindNCCL.cmake DESTINATION ${KILN_CONFIG_MODULE_DIR})
+install(FILES cmake/FindCUDNN.cmake cmake/FindNCCL.cmake cmake/FindISAL.cmake DESTINATION ${KILN_CONFIG_MODULE_DIR})
 install(EXPORT kilnTargets NAMESPACE kiln:: DESTINATION ${KILN_INSTALL_CMAKEDIR})
 
 # Build-tree package: find_package(kiln) with kiln_DIR=<this build folder> uses the targets in

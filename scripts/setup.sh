@@ -55,8 +55,9 @@ jobs="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # Debian package -> a probe that says it is already there without asking dpkg, so that a machine
 # with tools installed another way (CMake from pip or Kitware, say) is not sent to apt for them.
 # Required to build and test; the optional ones only speed up or tidy (ccache, clang-format, git).
+# libcli11-dev: the examples' and tools' option parsing; libisal-dev: ISA-L's CRC-32C for TensorBoard event files.
 required=(cmake ninja-build g++ make pkg-config libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin
-          libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev nlohmann-json3-dev)
+          libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libisal-dev)
 # python3-pip fetches the header-only parts kiln takes from PyPI (nvml.h, cudnn-frontend) into third_party/.
 optional=(ccache clang-format git python3-pip)
 # --fuzz: clang and libFuzzer's runtime (Debian 12 ships it in libclang-rt-14-dev), for fuzz/.
@@ -90,6 +91,8 @@ probe() {
     libpng-dev) have_file /usr/include/png.h /usr/local/include/png.h ;;
     zlib1g-dev) have_file /usr/include/zlib.h /usr/local/include/zlib.h ;;
     nlohmann-json3-dev) have_file /usr/include/nlohmann/json.hpp /usr/local/include/nlohmann/json.hpp ;;
+    libcli11-dev) have_file /usr/include/CLI/CLI.hpp /usr/local/include/CLI/CLI.hpp ;;
+    libisal-dev) have_file /usr/include/isa-l/crc.h /usr/local/include/isa-l/crc.h ;;
     openmpi-bin) command -v mpirun >/dev/null ;;
     libgtest-dev | googletest)
       compgen -G '/usr/lib/*/cmake/GTest/GTestConfig.cmake' >/dev/null ||
@@ -216,6 +219,47 @@ PY
   rm -rf "$tmp"
 }
 
+# Two of the Debian packages are copied into the git-ignored third_party/ too, so that they travel with the working
+# tree to a machine that has no package source (the GPU machine), where CMake looks for them after the system:
+# CLI11 (headers and its CMake package) into third_party/cli11, ISA-L (headers and libisal.so*) into
+# third_party/isal. A stamp holds the package's version; nothing is copied twice.
+stage_package() {
+  local package="$1" dir="$2"
+  shift 2
+  local version
+  version="$(dpkg-query -W -f='${Version}' "$package" 2>/dev/null || true)"
+  if [[ -z "$version" ]]; then
+    say "$package is not installed from a Debian package: not copied into $dir"
+    return
+  fi
+  if [[ -f "$dir/VERSION" && "$(cat "$dir/VERSION")" == "$version" ]]; then
+    return
+  fi
+  rm -rf "$dir"
+  local file
+  while IFS= read -r file; do
+    local keep
+    for keep in "$@"; do
+      if [[ "$file" == $keep && ( -f "$file" || -L "$file" ) ]]; then
+        case "$file" in
+          */include/*) mkdir -p "$dir/include/$(dirname "${file#*/include/}")" && cp -P "$file" "$dir/include/${file#*/include/}" ;;
+          */share/cmake/*) mkdir -p "$dir/share/cmake/$(dirname "${file#*/share/cmake/}")" &&
+                           cp -P "$file" "$dir/share/cmake/${file#*/share/cmake/}" ;;
+          *) mkdir -p "$dir/lib" && cp -P "$file" "$dir/lib/" ;;
+        esac
+      fi
+    done
+  done < <(dpkg -L "$package" "${package_runtime[@]}" 2>/dev/null)
+  echo "$version" >"$dir/VERSION"
+  say "copied $package $version into $dir (for machines without a package source)"
+}
+stage_offline_packages() {
+  package_runtime=()
+  stage_package libcli11-dev third_party/cli11 '/usr/include/CLI/*' '/usr/share/cmake/CLI11/*'
+  package_runtime=(libisal2)  # the library itself (libisal.so.2), beside the -dev package's libisal.so link
+  stage_package libisal-dev third_party/isal '/usr/include/isa-l*' '/usr/lib/*/libisal.so*'
+}
+
 # TensorBoard's own Python reader checks kiln's event files (the CTest test monitor.tensorboard_reader):
 # installed with pip into third_party/python (git-ignored), not into any system or user Python; the test puts
 # it on PYTHONPATH. The stamp names the version and the Python it was installed for.
@@ -251,6 +295,7 @@ install_tensorboard() {
 
 if [[ $do_deps -eq 1 ]]; then
   install_packages
+  stage_offline_packages
   install_wheel_headers nvidia-nvml-dev "$nvml_version" third_party/nvml nvml.h \
     "kiln builds without GPU monitoring"
   install_wheel_headers nvidia-nvjpeg "$nvjpeg_version" third_party/nvjpeg nvjpeg.h \

@@ -155,6 +155,10 @@ case "$case_name" in
     # Captured first: `grep -q` in a pipeline may close it early, and pipefail would count that as a failure.
     out=$("$bert" --help) && grep -q 'bert pretrain' <<<"$out" || fail "bert --help: $out"
     out=$("$bert" pretrain --help) && grep -q -- '--build-vocab' <<<"$out" || fail "bert pretrain --help: $out"
+    # Every option with its default: a number, a flag (off), a text with none
+    grep -q -- '--max-positions INT .*(default: 512)$' <<<"$out" || fail "bert pretrain --help lacks --max-positions' default"
+    grep -q -- '--checkpointing .*(default: off)$' <<<"$out" || fail "bert pretrain --help lacks --checkpointing's default"
+    grep -q -- '--vocab TEXT .*(default: none)$' <<<"$out" || fail "bert pretrain --help lacks --vocab's default"
     out=$("$bert" finetune --help) && grep -q -- '--init-from' <<<"$out" || fail "bert finetune --help: $out"
     echo "ok: --help of bert, bert pretrain and bert finetune"
     ;;
@@ -221,10 +225,10 @@ case "$case_name" in
     for d in h i j k l m n; do [[ ! -e "$work/bad/$d" ]] || fail "a refused --cuda-graph run wrote $work/bad/$d"; done
     expect "unknown mode 'train'" "$bert" train
     # Numbers that are not: refused (exit 2), not replaced by the default
-    expect2 "--lr takes a finite number, got 'nan'" "$bert" pretrain "${tiny[@]}" --lr nan --out "$work/bad/o"
-    expect2 "--lr takes a finite number, got 'inf'" "$bert" pretrain "${tiny[@]}" --lr inf --out "$work/bad/o"
-    expect2 "--lr takes a finite number, got '1e-4x'" "$bert" pretrain "${tiny[@]}" --lr 1e-4x --out "$work/bad/o"
-    expect2 "--mask-prob takes a finite number, got 'nan'" "$bert" pretrain "${tiny[@]}" --mask-prob nan \
+    expect2 "--lr: takes a finite number, got 'nan'" "$bert" pretrain "${tiny[@]}" --lr nan --out "$work/bad/o"
+    expect2 "--lr: takes a finite number, got 'inf'" "$bert" pretrain "${tiny[@]}" --lr inf --out "$work/bad/o"
+    expect2 "--lr: takes a finite number, got '1e-4x'" "$bert" pretrain "${tiny[@]}" --lr 1e-4x --out "$work/bad/o"
+    expect2 "--mask-prob: takes a finite number, got 'nan'" "$bert" pretrain "${tiny[@]}" --mask-prob nan \
       --out "$work/bad/o"
     expect2 "--lr must be positive" "$bert" pretrain "${tiny[@]}" --lr -0.5 --out "$work/bad/o"
     [[ ! -e "$work/bad/o" ]] || fail "a refused option wrote $work/bad/o"

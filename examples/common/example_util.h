@@ -1,11 +1,11 @@
-// examples/common/example_util.h — what the example programs share: command-line options with --help, and the
-// progress line. Written against kiln's public API only, like the examples. (Metrics files: kiln's own
+// examples/common/example_util.h — what the example programs share: command-line options with --help (CLI11),
+// and the progress line. Written against kiln's public API only, like the examples. (Metrics files: kiln's own
 // monitor::MetricsLogger, kiln/monitor/metrics.h.)
 //
 //   ex::Options opts("resnet", "Trains a ResNet on CIFAR-10 or an image folder.");
 //   auto& epochs = opts.add_int("epochs", 90, "passes over the training set");
 //   auto& amp = opts.add_string("amp", "bf16", "bf16 | fp16 | off");
-//   opts.parse(argc, argv);                       // --help prints the options and exits 0; bad input exits 2
+//   opts.parse(argc, argv);  // --help prints the options with their defaults, exits 0; bad input exits 2
 //   ex::Progress progress(total_steps, batch * world_size);
 //   std::cout << progress.line(epoch, step, loss, lr, loader.stats().wait_fraction) << "\n";
 //   auto profiling = ex::StepProfiler::add_options(opts, "runs/trace.json");  // --profile W,U,A, --trace, --nvtx
@@ -17,14 +17,17 @@
 #include <kiln/monitor/gpu_monitor.h>  // GPU utilisation and power for the progress line
 #include <kiln/tensor/cuda.h>             // memory_stats for the progress line
 
+#include <CLI/CLI.hpp>  // CLI::App: the options' parsing and --help
+
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -32,72 +35,55 @@
 
 namespace ex {
 
-// Options given as --name value (or --name=value), flags as --name.
+// Options given as --name value (or --name=value), flags as --name, parsed by CLI11. A repeated option takes its
+// last value (scripts append overrides to a base list). Numbers are checked before they are taken: an integer
+// option refuses "many" and "1.5", a number option refuses "nan", "inf" and "1e-4x", each naming the option.
 class Options {
  public:
-  Options(std::string program, std::string about) : program_(std::move(program)), about_(std::move(about)) {}
+  Options(std::string program, std::string about) : program_(program), app_(std::move(about), std::move(program)) {
+    app_.set_help_flag("-h,--help", "this text");
+    app_.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    app_.get_formatter()->column_width(32);
+  }
+  Options(const Options&) = delete;  // CLI11 holds references to the values below
+  Options& operator=(const Options&) = delete;
 
   int64_t& add_int(const std::string& name, int64_t value, const std::string& help) {
-    return add(name, help, "int", std::to_string(value)).int_value = value;
+    int64_t& v = ints_.emplace_back(value);
+    app_.add_option("--" + name, v, with_default(help, std::to_string(value)))->type_name("INT")->check(integer());
+    return v;
   }
   double& add_double(const std::string& name, double value, const std::string& help) {
     std::ostringstream s;
     s << value;
-    return add(name, help, "number", s.str()).double_value = value;
+    double& v = doubles_.emplace_back(value);
+    app_.add_option("--" + name, v, with_default(help, s.str()))->type_name("NUMBER")->check(finite_number());
+    return v;
   }
   std::string& add_string(const std::string& name, std::string value, const std::string& help) {
-    auto& o = add(name, help, "text", value);
-    o.string_value = std::move(value);
-    return o.string_value;
+    std::string& v = strings_.emplace_back(std::move(value));
+    app_.add_option("--" + name, v, with_default(help, v.empty() ? "none" : v))->type_name("TEXT");
+    return v;
   }
   bool& add_flag(const std::string& name, const std::string& help) {
-    return add(name, help, "flag", "off").flag_value;
+    bool& v = flags_.emplace_back(false);
+    // A flag is off unless given; a help text may say what off means in its own words.
+    app_.add_flag("--" + name, v, help.find("(default:") == std::string::npos ? with_default(help, "off") : help);
+    return v;
   }
 
   // Exits 0 after --help, 2 (with the reason and the hint to run --help) on unknown or malformed options.
   void parse(int argc, char** argv) {
-    for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a == "--help" || a == "-h") {
-        print_help();
-        std::exit(0);
-      }
-      if (a.rfind("--", 0) != 0) fail("unexpected argument '" + a + "'");
-      std::string name = a.substr(2), value;
-      const auto eq = name.find('=');
-      const bool inline_value = eq != std::string::npos;
-      if (inline_value) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-      }
-      auto it = options_.find(name);
-      if (it == options_.end()) fail("unknown option --" + name);
-      Option& o = *it->second;
-      if (o.kind == "flag") {
-        if (inline_value) fail("--" + name + " is a flag and takes no value");
-        o.flag_value = true;
-        continue;
-      }
-      if (!inline_value) {
-        if (i + 1 >= argc) fail("--" + name + " needs a value (" + o.kind + ")");
-        value = argv[++i];
-      }
-      try {
-        size_t used = 0;
-        if (o.kind == "int") {
-          o.int_value = std::stoll(value, &used);
-        } else if (o.kind == "number") {
-          o.double_value = std::stod(value, &used);
-          // nan and inf parse as numbers, but no option means them (and NaN slips through range checks).
-          if (!std::isfinite(o.double_value)) throw std::invalid_argument(value);
-        } else {
-          o.string_value = value;
-          used = value.size();
-        }
-        if (used != value.size()) throw std::invalid_argument(value);
-      } catch (const std::exception&) {
-        fail("--" + name + " takes " + (o.kind == "int" ? "an integer" : "a finite number") + ", got '" + value + "'");
-      }
+    try {
+      app_.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+      print_help();
+      std::exit(0);
+    } catch (const CLI::ExtrasError&) {
+      const std::string first = app_.remaining().empty() ? "" : app_.remaining().front();
+      fail(first.rfind('-', 0) == 0 ? "unknown option " + first : "unexpected argument '" + first + "'");
+    } catch (const CLI::ParseError& e) {
+      fail(e.what());
     }
   }
 
@@ -109,41 +95,47 @@ class Options {
     std::exit(2);
   }
 
-  void print_help() const {
-    std::cout << "usage: " << program_ << " [options]\n\n" << about_ << "\n\noptions:\n";
-    for (const auto& name : order_) {
-      const Option& o = *options_.at(name);
-      const bool show_default = o.kind != "flag" && !o.shown_default.empty();
-      std::cout << column("--" + name + (o.kind == "flag" ? "" : " " + o.kind)) << o.help
-                << (show_default ? " (default: " + o.shown_default + ")" : "") << "\n";
-    }
-    std::cout << column("--help") << "this text\n";
-  }
+  void print_help() const { std::cout << app_.help(); }
 
  private:
-  static std::string column(std::string left) {
-    left = "  " + left;
-    if (left.size() < 28) left.resize(28, ' ');
-    return left + " ";
+  static std::string with_default(const std::string& help, const std::string& shown) {
+    return help + " (default: " + shown + ")";
   }
-  struct Option {
-    std::string kind, help, shown_default;
-    int64_t int_value = 0;
-    double double_value = 0;
-    std::string string_value;
-    bool flag_value = false;
-  };
-  Option& add(const std::string& name, const std::string& help, const std::string& kind, const std::string& shown) {
-    auto o = std::make_unique<Option>();
-    o->kind = kind;
-    o->help = help;
-    o->shown_default = shown;
-    order_.push_back(name);
-    return *(options_[name] = std::move(o));
+  // Decimal integers that fit int64_t; the text is rewritten in canonical form, so CLI11's own conversion (base 0:
+  // it would read "010" as octal) sees plain digits.
+  static CLI::Validator integer() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+          const char* first = text.data() + (text.size() > 1 && text[0] == '+' ? 1 : 0);
+          const char* last = text.data() + text.size();
+          int64_t v = 0;
+          const auto [end, ec] = std::from_chars(first, last, v);
+          if (ec == std::errc::result_out_of_range) return "takes an integer, got '" + text + "', which is too large";
+          if (ec != std::errc() || end != last || first == last) return "takes an integer, got '" + text + "'";
+          text = std::to_string(v);
+          return "";
+        },
+        "", "integer");
   }
-  std::string program_, about_;
-  std::map<std::string, std::unique_ptr<Option>> options_;
-  std::vector<std::string> order_;
+  // nan and inf parse as numbers, but no option means them (and NaN slips through range checks).
+  static CLI::Validator finite_number() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+          double v = 0;
+          if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v)) {
+            return "takes a finite number, got '" + text + "'";
+          }
+          return "";
+        },
+        "", "finite number");
+  }
+
+  std::string program_;
+  CLI::App app_;
+  std::deque<int64_t> ints_;  // deques: the values keep their addresses as options are added
+  std::deque<double> doubles_;
+  std::deque<std::string> strings_;
+  std::deque<bool> flags_;
 };
 
 // "cpu", "cuda", or "auto" (the process's GPU under dist::init, else the CPU).

@@ -217,12 +217,18 @@ bad_input)
   expect 2 "--cuda-graph does not take --profile" -- --cuda-graph --profile 1,1,2
   KILN_CUDA_SYNC_INDEX_CHECKS=1 expect 2 "--cuda-graph does not work with KILN_CUDA_SYNC_INDEX_CHECKS=1" -- \
     --cuda-graph
-  expect 2 "--lr takes a finite number, got 'nan'" -- --lr nan
-  expect 2 "--lr takes a finite number, got 'inf'" -- --lr inf
-  expect 2 "--lr takes a finite number, got '1e-4x'" -- --lr 1e-4x
+  expect 2 "--lr: takes a finite number, got 'nan'" -- --lr nan
+  expect 2 "--lr: takes a finite number, got 'inf'" -- --lr inf
+  expect 2 "--lr: takes a finite number, got '1e-4x'" -- --lr 1e-4x
   expect 2 "--lr must be positive" -- --lr -0.1
   expect 2 "--momentum must be >= 0" -- --momentum -0.9
   expect 2 "--weight-decay must be >= 0" -- --weight-decay -1e-4
+  # What the option parser (CLI11) refuses, each naming the option
+  expect 2 "--epochs: takes an integer, got '1.5'" -- --epochs 1.5
+  expect 2 "--epochs: takes an integer, got '99999999999999999999', which is too large" -- --epochs 99999999999999999999
+  expect 2 "--epochs: 1 required INT missing" -- --epochs
+  expect 2 "unexpected argument 'extra'" -- extra
+  expect 2 "unknown option -x" -- -x
   echo "bad input: every case gave its message"
   ;;
 damaged_checkpoints)

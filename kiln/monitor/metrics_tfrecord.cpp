@@ -1,31 +1,13 @@
-// kiln/monitor/metrics_tfrecord.cpp — CRC-32C (slice-by-8), TFRecord framing and hand-encoded Event protobufs.
+// kiln/monitor/metrics_tfrecord.cpp — TFRecord framing (its CRC-32C from ISA-L) and hand-encoded Event protobufs.
 #include "kiln/monitor/metrics_tfrecord.h"
 
-#include <array>
+#include <isa-l/crc.h>  // crc32_iscsi: CRC-32C (Castagnoli), with the CPU's CRC instructions where there are some
+
+#include <algorithm>
 #include <bit>
 
 namespace kiln::monitor::tfrecord {
 namespace {
-
-// ---------------------------------------------------------------- CRC-32C
-
-// kTables[0] is the usual byte-at-a-time table; kTables[k][b] is the CRC of byte b followed by k zero bytes,
-// so 8 input bytes are folded with 8 lookups (slice-by-8).
-constexpr uint32_t kPolynomial = 0x82F63B78u;  // Castagnoli, reflected
-using Tables = std::array<std::array<uint32_t, 256>, 8>;
-
-constexpr Tables make_tables() {
-  Tables t{};
-  for (uint32_t b = 0; b < 256; ++b) {
-    uint32_t c = b;
-    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1u) ? kPolynomial : 0u);
-    t[0][b] = c;
-  }
-  for (uint32_t b = 0; b < 256; ++b)
-    for (size_t k = 1; k < 8; ++k) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFFu];
-  return t;
-}
-constexpr Tables kTables = make_tables();
 
 // ---------------------------------------------------------------- protobuf wire format
 
@@ -64,19 +46,17 @@ std::string event_head(double wall_time, int64_t step) {
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
-  const auto* p = static_cast<const unsigned char*>(data);
+  // ISA-L's crc32_iscsi neither inverts its start value nor its result (the iSCSI convention leaves both to the
+  // caller), and takes an int length: the standard CRC-32C is ~crc32_iscsi(data, n, ~crc), a piece at a time.
+  auto* p = static_cast<unsigned char*>(const_cast<void*>(data));  // crc32_iscsi only reads the buffer
   uint32_t c = ~crc;
-  while (size >= 8) {
-    // Little-endian loads, whatever the host's byte order (compilers make them single moves on x86).
-    uint32_t lo = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-    const uint32_t hi = uint32_t{p[4]} | uint32_t{p[5]} << 8 | uint32_t{p[6]} << 16 | uint32_t{p[7]} << 24;
-    lo ^= c;
-    c = kTables[7][lo & 0xFF] ^ kTables[6][(lo >> 8) & 0xFF] ^ kTables[5][(lo >> 16) & 0xFF] ^ kTables[4][lo >> 24] ^
-        kTables[3][hi & 0xFF] ^ kTables[2][(hi >> 8) & 0xFF] ^ kTables[1][(hi >> 16) & 0xFF] ^ kTables[0][hi >> 24];
-    p += 8;
-    size -= 8;
+  constexpr size_t kPiece = size_t{1} << 30;
+  while (size > 0) {
+    const size_t n = std::min(size, kPiece);
+    c = crc32_iscsi(p, static_cast<int>(n), c);
+    p += n;
+    size -= n;
   }
-  while (size-- > 0) c = (c >> 8) ^ kTables[0][(c ^ *p++) & 0xFF];
   return ~c;
 }
 

@@ -1,5 +1,6 @@
 // kiln/monitor/metrics_tfrecord.h — the bytes of a TensorBoard event file, for TensorBoardWriter (metrics.h)
-// and for tests: CRC-32C, TFRecord framing, and the few Event protobufs a scalar log needs, encoded by hand.
+// and for tests: CRC-32C (ISA-L's), TFRecord framing, and the few Event protobufs a scalar log needs, encoded by
+// hand.
 //
 //   std::string file = tfrecord::frame(tfrecord::file_version_event(now));
 //   file += tfrecord::frame(tfrecord::scalars_event(now, 100, {{"loss", 0.25}}));
@@ -21,7 +22,8 @@
 
 namespace kiln::monitor::tfrecord {
 
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), slice-by-8; crc32c("123456789") == 0xE3069283.
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), computed by ISA-L (crc32_iscsi); crc32c("123456789") ==
+// 0xE3069283. `crc` continues the CRC of earlier bytes: crc32c(b, crc32c(a)) == crc32c(a + b).
 uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
 inline uint32_t crc32c(std::string_view s) { return crc32c(s.data(), s.size()); }
 inline uint32_t masked_crc32c(std::string_view s) {

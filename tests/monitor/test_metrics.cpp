@@ -215,6 +215,23 @@ TEST(MetricsTfrecord, Crc32cCheckValue) {
   EXPECT_EQ(tfrecord::crc32c(std::string(32, '\xFF')), 0x62A8AB43u);
 }
 
+// The rest of RFC 3720 appendix B.4's vectors (the values there are written as the CRC's bytes, low byte first).
+TEST(MetricsTfrecord, Crc32cRfc3720Vectors) {
+  std::string up, down;
+  for (int i = 0; i < 32; ++i) {
+    up.push_back(static_cast<char>(i));
+    down.push_back(static_cast<char>(31 - i));
+  }
+  EXPECT_EQ(tfrecord::crc32c(up), 0x46DD794Eu);
+  EXPECT_EQ(tfrecord::crc32c(down), 0x113FDB5Cu);
+  // An iSCSI SCSI Read (10) command PDU, 48 bytes.
+  const unsigned char pdu[48] = {0x01, 0xc0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                                 0x00, 0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00,
+                                 0x00, 0x00, 0x00, 0x14, 0x00, 0x00, 0x00, 0x18, 0x28, 0x00, 0x00, 0x00,
+                                 0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+  EXPECT_EQ(tfrecord::crc32c(pdu, sizeof pdu), 0xD9963A56u);
+}
+
 TEST(MetricsTfrecord, Crc32cMatchesTheBitwiseDefinitionAtEveryLengthAndOffset) {
   std::string bytes;
   for (int i = 0; i < 300; ++i) bytes.push_back(static_cast<char>((i * 167 + 13) ^ (i >> 3)));
@@ -237,6 +254,22 @@ TEST(MetricsTfrecord, FrameIsLengthCrcDataCrc) {
   EXPECT_EQ(framed.substr(12, 5), "hello");
   EXPECT_EQ(read_records(framed), std::vector<std::string>{"hello"});
   EXPECT_EQ(read_records(tfrecord::frame("")), std::vector<std::string>{""});
+}
+
+// The bytes TensorBoard's own writer (its RecordWriter and protobuf classes, its own CRC-32C) wrote for three events
+// (tests/golden/make_golden_tfrecord.py), against kiln's for the same events.
+TEST(MetricsTfrecord, TfrecordGoldenFromTensorBoardsWriter) {
+  const std::string golden = read_file(fs::path(KILN_GOLDEN_DIR) / "tensorboard_events.tfrecord");
+  ASSERT_EQ(golden.size(), 124u) << "regenerate it with tests/golden/make_golden_tfrecord.py";
+  const std::string kiln =
+      tfrecord::frame(tfrecord::file_version_event(1700000000.5)) +
+      tfrecord::frame(tfrecord::scalars_event(1700000001.25, 100, {{"loss", 0.25}, {"lr", 0.001}})) +
+      tfrecord::frame(tfrecord::session_start_event(1700000002.0, 7));
+  EXPECT_EQ(kiln, golden);
+  // Record by record, so that a difference says which.
+  const auto want = read_records(golden), got = read_records(kiln);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "record " << i;
 }
 
 TEST(MetricsTfrecord, EventsDecodeIndependently) {

@@ -58,9 +58,20 @@ TEST(DoctorCli, HelpAndBadOptions) {
   DoctorRun r = run_doctor("--help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("--require-gpu"));
+  // Every option with its default and what it does.
+  EXPECT_THAT(r.output, HasSubstr("--skip-checks"));
+  EXPECT_THAT(r.output, HasSubstr("do not run the GPU checks, only look (default: run them)"));
+  EXPECT_THAT(r.output, HasSubstr("--json"));
+  EXPECT_THAT(r.output, HasSubstr("exit codes: 0"));
   r = run_doctor("--frobnicate");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("unknown option '--frobnicate'"));
+  r = run_doctor("--json extra");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("unexpected argument 'extra'"));
+  r = run_doctor("--json=maybe");  // a flag takes true/false at most
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--json"));
 }
 
 TEST(DoctorCli, ReportsTheMachineWithoutAGpu) {
