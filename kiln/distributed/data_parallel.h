@@ -50,7 +50,7 @@ class DataParallel {
 
   // The module's forward. DataParallel does its work in the parameters' gradient hooks, not here: a model whose
   // forward takes other inputs (BERT's input ids, token types, attention mask) is called directly,
-  // e.g. bert->forward(ids, types, mask), with the same effect.
+  // e.g. bert(ids, types, mask) through its nn::Handle, with the same effect.
   Tensor forward(const Tensor& input) { return (*module_)(input); }
   Tensor operator()(const Tensor& input) { return forward(input); }
   nn::Module& module() { return *module_; }

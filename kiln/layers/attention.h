@@ -6,7 +6,7 @@
 //   y = nn::scaled_dot_product_attention(q, k, v, {.attn_mask = allowed /* Bool (N, 1, 1, S) */, .dropout_p = 0.1});
 //
 //   auto mha = nn::make<nn::MultiheadAttention>(256, 8);   // batch_first: (N, L, E)
-//   auto [out, weights] = mha(x, x, x, padding /* Bool (N, S), true = padding */, {}, true);
+//   auto [out, weights] = mha(x, x, x, padding /* Bool (N, S), true = padding */, Tensor(), true);
 //   Tensor y = mha(x);                                      // self-attention without masks: (N, L, E)
 //
 // scaled_dot_product_attention is the one entry point, with two implementations chosen per call

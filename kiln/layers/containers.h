@@ -22,6 +22,7 @@
 // As for any C++ type, a single Sequential in braces is moved, not nested: nest it among others, or append it.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -33,6 +34,13 @@
 #include "kiln/layers/module.h"
 
 namespace kiln::nn {
+
+namespace module_detail {
+template <typename T>
+constexpr bool kIsVector = false;
+template <typename T>
+constexpr bool kIsVector<std::vector<T>> = true;
+}  // namespace module_detail
 
 // What Sequential and ModuleList share: children held by index, registered under "0", "1", ... (or a
 // name of the caller's choice), as PyTorch names them.
@@ -59,9 +67,8 @@ class IndexedModules : public Module {
   // itself goes to the constructors of those.
   template <typename Self, typename... Ms>
   static constexpr bool kModuleArgs =
-      sizeof...(Ms) != 1 || ((!std::is_same_v<std::remove_cvref_t<Ms>, std::vector<ModulePtr>> &&
-                               !std::is_same_v<std::remove_cvref_t<Ms>, Self>) &&
-                              ...);
+      sizeof...(Ms) != 1 ||
+      ((!module_detail::kIsVector<std::remove_cvref_t<Ms>> && !std::is_same_v<std::remove_cvref_t<Ms>, Self>) && ...);
 
  private:
   [[noreturn]] void throw_bad_cast(int64_t index) const;
@@ -73,6 +80,10 @@ class Sequential : public IndexedModules {
  public:
   Sequential();
   explicit Sequential(const std::vector<ModulePtr>& modules);
+  template <typename M>  // a vector of std::shared_ptr to modules of one type
+    requires std::derived_from<M, Module>
+  explicit Sequential(const std::vector<std::shared_ptr<M>>& modules)
+      : Sequential(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
   Sequential(std::initializer_list<ModulePtr> modules) : Sequential(std::vector<ModulePtr>(modules)) {}
   // nn::Sequential{nn::Linear(4, 8), nn::ReLU(), shared_head}: module values (moved in) and handles, mixed.
   template <typename... Ms>
@@ -102,6 +113,10 @@ class ModuleList : public IndexedModules {
  public:
   ModuleList();
   explicit ModuleList(const std::vector<ModulePtr>& modules);
+  template <typename M>  // a vector of std::shared_ptr to modules of one type
+    requires std::derived_from<M, Module>
+  explicit ModuleList(const std::vector<std::shared_ptr<M>>& modules)
+      : ModuleList(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
   ModuleList(std::initializer_list<ModulePtr> modules) : ModuleList(std::vector<ModulePtr>(modules)) {}
   // nn::ModuleList{Block(), Block(), shared_block}: module values (moved in) and handles, mixed.
   template <typename... Ms>

@@ -13,7 +13,9 @@
 //   Tensor logits = model(x);                     // Mlp::forward inside a profiler range "Mlp"
 //   for (auto& [name, p] : model->named_parameters()) ...;   // "fc1.weight", "fc1.bias", "fc2.weight", ...
 //
-//   struct Block : nn::Module {                   // a forward of several inputs, returning anything
+//   class Block : public nn::Module {             // a forward of several inputs, returning anything
+//     using nn::Module::forward;                  // private: no one-tensor forward (and no -Woverloaded-virtual)
+//    public:
 //     Block() : Module("Block") {}
 //     std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& mask);
 //   };
@@ -78,7 +80,8 @@ Device call_device(const Args&... args) {
 // comparisons, conversion to std::shared_ptr<Base> / Handle<Base> and assignment from std::make_shared<M>(...)
 // work as on one. The call takes any arguments: block(x, mask) calls the forward(x, mask) that overload
 // resolution picks on M (the static type), and returns what that forward returns (a Tensor, a tuple, a
-// struct); arguments that no forward of M accepts do not compile.
+// struct); arguments that no forward of M accepts do not compile. The arguments are forwarded, so a braced list
+// cannot be one: spell its type (Tensor() rather than {}, Options{.p = 0.1} rather than {.p = 0.1}).
 template <typename M>
 class Handle : public std::shared_ptr<M> {
  public:
@@ -121,6 +124,9 @@ template <typename T>
 concept SharedModule = requires { typename T::element_type; } && std::derived_from<typename T::element_type, Module> &&
                        std::derived_from<T, std::shared_ptr<typename T::element_type>>;
 
+template <typename T>
+constexpr bool kNotAModule = false;  // for static_assert in the branches that refuse T
+
 // What containers and register_module accept as a module: a module value, moved into a new handle (a temporary
 // such as nn::ReLU(), or std::move(m)); a std::shared_ptr / Handle to a module, shared as it is; or nullptr,
 // which registration then refuses with a clear error.
@@ -131,19 +137,24 @@ auto to_handle(T&& module) {
     return Handle<Module>();
   } else if constexpr (SharedModule<V>) {
     return Handle<typename V::element_type>(std::forward<T>(module));
-  } else {
-    static_assert(std::derived_from<V, Module>,
+  } else if constexpr (!std::derived_from<V, Module>) {
+    static_assert(kNotAModule<T>,
                   "kiln::nn: this argument is not a module. Containers (nn::Sequential, nn::ModuleList, "
                   "nn::ModuleDict) and register_module take module values (nn::Linear(4, 2), nn::ReLU()), or a "
                   "std::shared_ptr / nn::Handle to a module");
-    static_assert(!std::is_lvalue_reference_v<T> && !std::is_const_v<std::remove_reference_t<T>>,
+    return Handle<Module>();
+  } else if constexpr (std::is_lvalue_reference_v<T> || std::is_const_v<std::remove_reference_t<T>>) {
+    static_assert(kNotAModule<T>,
                   "kiln::nn: a module cannot be copied; pass a temporary (nn::ReLU()), std::move(module), or share "
                   "it through a std::shared_ptr / nn::Handle (nn::make<M>(...))");
+    return Handle<V>();
+  } else {
     if (typeid(module) != typeid(V)) throw_sliced_module(module);
     return Handle<V>(std::make_shared<V>(std::move(module)));
   }
 }
 }  // namespace module_detail
+
 // name -> tensor, in registration order (parameters first, then buffers, recursively), as PyTorch's.
 using StateDict = std::vector<std::pair<std::string, Tensor>>;
 
@@ -165,6 +176,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // The computation of modules that map one tensor to one tensor (every layer in a Sequential).
   // Modules with other inputs define their own forward (of any arguments and result), called through a
   // Handle: block(x, mask). This one then throws a clear error if it is called anyway (through a ModulePtr).
+  // Such a module should say `using nn::Module::forward;` in a private section: declaring another forward
+  // hides this one, which compilers warn about (-Woverloaded-virtual, in -Wall of GCC 13 and clang); made
+  // private, it is hidden on purpose and block(x) does not compile.
   virtual Tensor forward(const Tensor& input);
   // forward(input) inside the module's profiler range; model(x) on a Handle does the same.
   Tensor operator()(const Tensor& input) {

@@ -61,7 +61,10 @@ struct Shifted {
   Tensor value;
   double shift;
 };
-struct Shift : nn::Module {
+class Shift : public nn::Module {
+  using nn::Module::forward;  // private: no one-tensor forward
+
+ public:
   Shift() : Module("Shift") {}
   Shifted forward(const Tensor& x, double by) { return {x + by, by}; }
 };
@@ -121,6 +124,11 @@ TEST(ModuleHandle, ValuesAndHandlesMixAndTheOlderFormsStillWork) {
   nn::Sequential from_pointers{std::make_shared<nn::Linear>(2, 3), std::make_shared<nn::ReLU>()};
   EXPECT_EQ(from_vector.size(), 2);
   EXPECT_EQ(from_pointers.size(), 2);
+  std::vector<std::shared_ptr<nn::Linear>> linears{std::make_shared<nn::Linear>(2, 2), shared};
+  nn::Sequential from_linears(linears);
+  nn::ModuleList list_of_linears(linears);
+  EXPECT_EQ(from_linears[1].get(), shared.get());
+  EXPECT_EQ(list_of_linears[1].get(), shared.get());
 
   nn::ModuleList list{nn::Linear(2, 3), handle};
   list.push_back(nn::Linear(3, 1)).push_back(shared);

@@ -16,7 +16,10 @@
 // zero, LayerNorm ones and zeros. Self-attention goes through nn::scaled_dot_product_attention.
 // The modules' forward functions take several inputs (ids, masks, residuals); they call one another through
 // their handles (layer(hidden, mask)), so each call is a profiler range named after the module, as yours are
-// when you call the model through a handle (mlm(ids, ...)) rather than mlm->forward(ids, ...).
+// when you call the model through a handle (mlm(ids, ...)) rather than mlm->forward(ids, ...). Those with several
+// inputs make Module's one-tensor forward private (`using Module::forward;` in a private section): it is not
+// hidden by accident (no -Woverloaded-virtual warning, which -Wall gives with GCC 13 and clang), and layer(h)
+// does not compile.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +74,8 @@ struct BertConfig {
 
 // word + position + token_type embeddings -> LayerNorm -> dropout: (N, S) ids -> (N, S, H).
 class BertEmbeddings : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertEmbeddings(const BertConfig& config);
   // token_type_ids undefined: all type 0. Positions are 0 .. S-1.
@@ -83,6 +88,8 @@ class BertEmbeddings : public Module {
 
 // "attention.self": query, key, value (H -> H) and multi-head scaled dot-product attention.
 class BertSelfAttention : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertSelfAttention(const BertConfig& config);
   // hidden (N, S, H), mask Bool broadcastable to (N, heads, S, S) (true = may attend) or undefined -> (N, S, H).
@@ -96,6 +103,8 @@ class BertSelfAttention : public Module {
 // dense -> dropout -> LayerNorm(x + residual) (nn::dropout_add_layer_norm): "attention.output" (H -> H) and "output"
 // (I -> H).
 class BertResidualOutput : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   BertResidualOutput(const BertConfig& config, int64_t in_features);
   Tensor forward(const Tensor& x, const Tensor& residual);
@@ -106,6 +115,8 @@ class BertResidualOutput : public Module {
 };
 
 class BertAttention : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertAttention(const BertConfig& config);
   Tensor forward(const Tensor& hidden, const Tensor& mask);
@@ -125,6 +136,8 @@ class BertIntermediate : public Module {
 };
 
 class BertLayer : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertLayer(const BertConfig& config);
   Tensor forward(const Tensor& hidden, const Tensor& mask);
@@ -145,6 +158,8 @@ class BertPooler : public Module {
 
 // "encoder": the stack of layers, under "layer.0", "layer.1", ...
 class BertEncoder : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertEncoder(const BertConfig& config);
   Tensor forward(const Tensor& hidden, const Tensor& mask);
@@ -157,6 +172,8 @@ class BertEncoder : public Module {
 };
 
 class BertModel : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertModel(const BertConfig& config, bool add_pooling_layer = true);
 
@@ -197,6 +214,8 @@ class BertLMPredictionHead : public Module {
 };
 
 class BertForMaskedLM : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertForMaskedLM(const BertConfig& config);
 
@@ -214,6 +233,8 @@ class BertForMaskedLM : public Module {
 };
 
 class BertForSequenceClassification : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   BertForSequenceClassification(const BertConfig& config, int64_t num_labels = 2);
 
