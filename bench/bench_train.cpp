@@ -260,7 +260,7 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
     opt.zero_grad(true);
     {
       amp::Autocast cast(DType::BFloat16);
-      loss = c.model->forward(c.ids, c.types, c.mask, c.labels).loss;
+      loss = c.model(c.ids, c.types, c.mask, c.labels).loss;
     }
     loss.backward();
     opt.step();

@@ -23,20 +23,15 @@ using namespace kiln;
 namespace {
 
 // (N, 1, H, W) -> (N, 10): two 3x3 convolutions, a 2x2 max pool, two linear layers.
-std::shared_ptr<nn::Sequential> make_model(int64_t height, int64_t width) {
+nn::Handle<nn::Sequential> make_model(int64_t height, int64_t width) {
   using namespace nn;
   const int64_t features = 32 * (height / 2) * (width / 2);
-  return std::make_shared<Sequential>(std::vector<ModulePtr>{
-      std::make_shared<Conv2d>(1, 16, 3, Conv2dOptions{.padding = 1}),   // (N, 16, H, W)
-      std::make_shared<ReLU>(),
-      std::make_shared<Conv2d>(16, 32, 3, Conv2dOptions{.padding = 1}),  // (N, 32, H, W)
-      std::make_shared<ReLU>(),
-      std::make_shared<MaxPool2d>(Pool2dOptions{.kernel_size = 2}),      // (N, 32, H/2, W/2)
-      std::make_shared<Flatten>(),                                       // (N, 32 H/2 W/2)
-      std::make_shared<Linear>(features, 64),
-      std::make_shared<ReLU>(),
-      std::make_shared<Linear>(64, 10),                                  // (N, 10) logits
-  });
+  return nn::make<Sequential>(Conv2d(1, 16, 3, {.padding = 1}), ReLU(),   // (N, 16, H, W)
+                              Conv2d(16, 32, 3, {.padding = 1}), ReLU(),  // (N, 32, H, W)
+                              MaxPool2d({.kernel_size = 2}),              // (N, 32, H/2, W/2)
+                              Flatten(),                                  // (N, 32 H/2 W/2)
+                              Linear(features, 64), ReLU(),               //
+                              Linear(64, 10));                            // (N, 10) logits
 }
 
 // The share of `loader`'s samples whose most likely class is their label.
@@ -118,7 +113,7 @@ int main(int argc, char** argv) {
       for (data::Batch& batch : train_loader.epoch(static_cast<uint64_t>(epoch))) {
         auto [x, y] = batch;  // (B, 1, H, W) float32, (B) int64
         opt.zero_grad();
-        Tensor loss = nn::cross_entropy((*model)(x), y);
+        Tensor loss = nn::cross_entropy(model(x), y);
         loss.backward();
         opt.step();
         schedule.step();
