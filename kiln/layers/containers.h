@@ -86,9 +86,10 @@ class Sequential : public IndexedModules {
       : Sequential(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
   Sequential(std::initializer_list<ModulePtr> modules) : Sequential(std::vector<ModulePtr>(modules)) {}
   // nn::Sequential{nn::Linear(4, 8), nn::ReLU(), shared_head}: module values (moved in) and handles, mixed.
+  // Explicit with one module, so that a lone module never converts to a Sequential unasked.
   template <typename... Ms>
     requires(sizeof...(Ms) > 0 && kModuleArgs<Sequential, Ms...>)
-  Sequential(Ms&&... modules) : Sequential() {  // NOLINT(google-explicit-constructor): brace initialization
+  explicit(sizeof...(Ms) == 1) Sequential(Ms&&... modules) : Sequential() {
     (append(module_detail::to_handle(std::forward<Ms>(modules))), ...);
   }
 
@@ -118,10 +119,10 @@ class ModuleList : public IndexedModules {
   explicit ModuleList(const std::vector<std::shared_ptr<M>>& modules)
       : ModuleList(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
   ModuleList(std::initializer_list<ModulePtr> modules) : ModuleList(std::vector<ModulePtr>(modules)) {}
-  // nn::ModuleList{Block(), Block(), shared_block}: module values (moved in) and handles, mixed.
+  // nn::ModuleList{Block(), Block(), shared_block}: module values (moved in) and handles, mixed; explicit with one.
   template <typename... Ms>
     requires(sizeof...(Ms) > 0 && kModuleArgs<ModuleList, Ms...>)
-  ModuleList(Ms&&... modules) : ModuleList() {  // NOLINT(google-explicit-constructor): brace initialization
+  explicit(sizeof...(Ms) == 1) ModuleList(Ms&&... modules) : ModuleList() {
     (push_back(module_detail::to_handle(std::forward<Ms>(modules))), ...);
   }
 

@@ -99,8 +99,10 @@ class Handle : public std::shared_ptr<M> {
 
   // Only arguments that one of M's forward functions accepts (the compiler names the forward it tried); a forward
   // that only a class derived from M declares needs a handle of that class, nn::Handle<Derived>.
-  template <typename... Args>
-    requires requires(M& m, Args&&... a) { m.forward(std::forward<Args>(a)...); }
+  // (Self is M, named so that the check waits for the call, when M is complete: Handle<Module> is instantiated
+  // inside Module's own definition.)
+  template <typename... Args, typename Self = M>
+    requires requires(Self& m, Args&&... a) { m.forward(std::forward<Args>(a)...); }
   decltype(auto) operator()(Args&&... args) const {
     M* module = this->get();
     if (module == nullptr) module_detail::throw_empty_handle_call();

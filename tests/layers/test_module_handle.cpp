@@ -137,6 +137,15 @@ TEST(ModuleHandle, ValuesAndHandlesMixAndTheOlderFormsStillWork) {
   EXPECT_EQ(list[1].get(), handle.get());
   nn::ModuleList list_of_pointers{std::make_shared<nn::ReLU>()};
   EXPECT_EQ(list_of_pointers.size(), 1);
+  nn::Sequential one{nn::ReLU()};  // one module, in braces
+  nn::ModuleList one_in_list{nn::ReLU()};
+  EXPECT_EQ(one.size(), 1);
+  EXPECT_EQ(one_in_list.size(), 1);
+  // ... but a lone module does not convert to a container unasked, and a container of values is not a copy.
+  static_assert(!std::is_convertible_v<nn::Linear, nn::Sequential>);
+  static_assert(!std::is_convertible_v<nn::Linear, nn::ModuleList>);
+  static_assert(std::is_convertible_v<std::shared_ptr<nn::Linear>, nn::ModulePtr>);
+  static_assert(!std::is_copy_constructible_v<nn::Sequential> && std::is_move_constructible_v<nn::Sequential>);
 
   nn::ModuleDict heads;
   heads.insert("cls", nn::Linear(2, 3)).insert("reg", handle);
