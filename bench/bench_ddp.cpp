@@ -120,7 +120,7 @@ void bench_bert_base(const Settings& s, const dist::Env& env) {
       amp::Autocast cast(DType::BFloat16);
       // DataParallel::forward takes one tensor; the masked-LM head takes four. Calling the module itself is the
       // same: the gradient all-reduce hangs on the parameters' gradient hooks, not on the forward call.
-      loss = c.model->forward(c.ids, c.types, c.mask, c.labels).loss;
+      loss = c.model(c.ids, c.types, c.mask, c.labels).loss;
     }
     loss.backward();
     opt.step();

@@ -75,7 +75,7 @@ void bench_bert_base(const Settings& s) {
   const int64_t batch = c.batch, seq = c.seq;
   const Timing t = time_steps(s, [&] {
     model->zero_grad(true);
-    Tensor loss = autocast_forward(s, [&] { return model->forward(ids, types, mask, labels).loss; });
+    Tensor loss = autocast_forward(s, [&] { return model(ids, types, mask, labels).loss; });
     loss.backward();
   });
   std::printf("kiln  bert-base  mlm           batch %3lld seq %-4lld   %8.2f ms/step  %8.1f seq/s  peak %.2f GiB\n",

@@ -57,8 +57,8 @@ struct Settings {
   int warmup = 10;
   std::string photos;
   bool quick = false;
-  bool graphs = true;  // capture the static-shape steps in CUDA graphs (--no-graphs: eager only)
-  int profile = 0;     // eager steps profiled after each case's timing (--profile N)
+  bool graphs = true;    // capture the static-shape steps in CUDA graphs (--no-graphs: eager only)
+  int profile = 0;       // eager steps profiled after each case's timing (--profile N)
   uint64_t seed = 1234;  // --seed N
 };
 
@@ -177,9 +177,9 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
   const int64_t accumulations = nn::cuda_impl::conv2d_graph_accumulations_run();
   const Measured eager = measure(s, c.warmup, c.eager);
   // Convolution input gradients added into a residual sum by the backward-data graph, per eager step.
-  const double accumulations_per_step = static_cast<double>(nn::cuda_impl::conv2d_graph_accumulations_run() -
-                                                            accumulations) /
-                                        std::max(1, c.warmup + s.steps);
+  const double accumulations_per_step =
+      static_cast<double>(nn::cuda_impl::conv2d_graph_accumulations_run() - accumulations) /
+      std::max(1, c.warmup + s.steps);
   profile_steps(name, s, c.eager);
   if (!s.device.is_cuda() || !s.graphs) {
     report(name, info, s, c.warmup, eager, ", \"cuda_graph\": false" + loss_field(c.loss));
@@ -205,9 +205,10 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
   });
   graphed.peak_gib = std::max(graphed.peak_gib, capture_peak);
   char extra[220];
-  std::snprintf(extra, sizeof extra,
-                ", \"cuda_graph\": true, \"eager_step_ms\": %.3f, \"eager_peak_gib\": %.3f, \"conv_accumulations\": %.1f",
-                eager.step_ms, eager.peak_gib, accumulations_per_step);
+  std::snprintf(
+      extra, sizeof extra,
+      ", \"cuda_graph\": true, \"eager_step_ms\": %.3f, \"eager_peak_gib\": %.3f, \"conv_accumulations\": %.1f",
+      eager.step_ms, eager.peak_gib, accumulations_per_step);
   report(name, info, s, c.warmup, graphed, extra + loss_field(c.loss));
 }
 
@@ -260,7 +261,7 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
     opt.zero_grad(true);
     {
       amp::Autocast cast(DType::BFloat16);
-      loss = c.model->forward(c.ids, c.types, c.mask, c.labels).loss;
+      loss = c.model(c.ids, c.types, c.mask, c.labels).loss;
     }
     loss.backward();
     opt.step();

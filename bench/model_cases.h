@@ -2,9 +2,9 @@
 // model on `dev` in train mode and one random batch that every step reuses.
 //
 //   auto c = bench::make_resnet50(dev, MemoryFormat::ChannelsLast, /*quick=*/false);
-//   Tensor loss = nn::cross_entropy((*c.model)(c.x), c.y);
+//   Tensor loss = nn::cross_entropy(c.model(c.x), c.y);
 //   auto b = bench::make_bert_base(dev, false);
-//   Tensor loss = b.model->forward(b.ids, b.types, b.mask, b.labels).loss;
+//   Tensor loss = b.model(b.ids, b.types, b.mask, b.labels).loss;
 //
 // ResNet-50: batch 256, 224x224 standard-normal images, 1000 classes (quick: batch 16, 64x64).
 // BERT-base masked-LM: batch 128, sequence 128 (quick: batch 8, 2 layers); the last 16 tokens of every other
@@ -21,7 +21,7 @@
 namespace kiln::bench {
 
 struct ResNetCase {
-  std::shared_ptr<nn::models::ResNet> model;
+  nn::Handle<nn::models::ResNet> model;
   Tensor x;  // (batch, 3, size, size) float32, in the model's memory format
   Tensor y;  // (batch,) Int64 class indices
   int64_t batch = 0, size = 0;
@@ -51,7 +51,7 @@ inline ResNetCase make_resnet50(Device dev, MemoryFormat format, bool quick) {
 
 struct BertCase {
   nn::models::BertConfig config;
-  std::shared_ptr<nn::models::BertForMaskedLM> model;
+  nn::Handle<nn::models::BertForMaskedLM> model;
   Tensor ids, types, mask, labels;  // (batch, seq) Int64 each
   int64_t batch = 0, seq = 0;
 };
@@ -62,7 +62,7 @@ inline BertCase make_bert(const nn::models::BertConfig& config, int64_t batch, i
   c.batch = batch;
   c.seq = seq;
   c.config = config;
-  c.model = std::make_shared<nn::models::BertForMaskedLM>(c.config);
+  c.model = nn::make<nn::models::BertForMaskedLM>(c.config);
   c.model->to(dev);
   c.model->train();
   const int64_t b = c.batch, s = c.seq;
@@ -70,7 +70,8 @@ inline BertCase make_bert(const nn::models::BertConfig& config, int64_t batch, i
   c.types = zeros({b, s}, {.dtype = DType::Int64, .device = dev});
   // The last 16 tokens of every other sequence are padding.
   c.mask = ones({b, s}, {.dtype = DType::Int64, .device = dev});
-  for (int64_t i = 1; i < b; i += 2) c.mask[i].narrow(0, s - std::min<int64_t>(16, s - 1), std::min<int64_t>(16, s - 1)).fill_(0);
+  for (int64_t i = 1; i < b; i += 2)
+    c.mask[i].narrow(0, s - std::min<int64_t>(16, s - 1), std::min<int64_t>(16, s - 1)).fill_(0);
   // 15% of positions carry a label; the rest are ignored (-100).
   Tensor pick = rand({b, s}, {.device = dev}) < Scalar(0.15);
   c.labels = where(pick, c.ids, full({b, s}, -100, {.dtype = DType::Int64, .device = dev}));

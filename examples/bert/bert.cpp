@@ -85,12 +85,12 @@ std::string shape_of(const models::BertConfig& c) {
 // The losses. With --checkpointing the models' encoders recompute each layer during backward
 // (BertModel::set_gradient_checkpointing, set where the models are made): only a layer's input is kept.
 // The masked-LM loss: mean cross-entropy over the positions whose label is not -100.
-Tensor mlm_loss(models::BertForMaskedLM& mlm, const data::Batch& b) {
-  return mlm.forward(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]).loss;
+Tensor mlm_loss(const nn::Handle<models::BertForMaskedLM>& mlm, const data::Batch& b) {
+  return mlm(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]).loss;
 }
 
-Tensor classification_loss(models::BertForSequenceClassification& clf, const data::Batch& b) {
-  return clf.forward(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]).loss;
+Tensor classification_loss(const nn::Handle<models::BertForSequenceClassification>& clf, const data::Batch& b) {
+  return clf(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]).loss;
 }
 
 // ---------------------------------------------------------------- the output folder
@@ -388,7 +388,7 @@ int pretrain(int argc, char** argv) {
                                                                     .short_seq_seed = static_cast<uint64_t>(o.seed)});
 
   kiln::manual_seed(static_cast<uint64_t>(o.seed));  // the same initial weights on every rank
-  auto mlm = std::make_shared<models::BertForMaskedLM>(config);
+  auto mlm = nn::make<models::BertForMaskedLM>(config);
   if (init && !(o.resume && has_checkpoint(o))) load_initial_weights(*mlm, init->init, config, rt);
   mlm->to(rt.device);
   mlm->train();
@@ -408,7 +408,7 @@ int pretrain(int argc, char** argv) {
     if (rt.main()) write_model_folder(o, config, "BertForMaskedLM", *tok);
   };
   mlm->bert->set_gradient_checkpointing(o.checkpointing);
-  task.loss = [&](const data::Batch& b) { return mlm_loss(*mlm, b); };
+  task.loss = [&](const data::Batch& b) { return mlm_loss(mlm, b); };
   task.meta.strings["model_type"] = "BertForMaskedLM";
   task.meta.numbers["lower_case"] = tok->options().lower_case ? 1 : 0;
   describe_config(task.meta, config);
@@ -425,8 +425,9 @@ struct EvalResult {
 };
 
 // Loss and accuracy over the whole evaluation set: each rank its share (RankShard), then one all-reduce.
-EvalResult evaluate(models::BertForSequenceClassification& clf, data::DataLoader& loader, const Runtime& rt) {
-  clf.eval();  // dropout off
+EvalResult evaluate(const nn::Handle<models::BertForSequenceClassification>& clf, data::DataLoader& loader,
+                    const Runtime& rt) {
+  clf->eval();  // dropout off
   kiln::NoGradGuard no_grad;
   const kiln::TensorOptions f64{.dtype = DType::Float64, .device = rt.device};
   Tensor hits = kiln::zeros({}, f64), loss_sum = kiln::zeros({}, f64);
@@ -434,13 +435,13 @@ EvalResult evaluate(models::BertForSequenceClassification& clf, data::DataLoader
   for (data::Batch& b : loader.epoch(0)) {
     std::optional<kiln::amp::Autocast> cast;
     if (rt.amp) cast.emplace(*rt.amp);
-    const auto out = clf.forward(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]);
+    const auto out = clf(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]);
     const int64_t count = b.batch_size();
     hits += (out.logits.argmax(-1) == b["labels"]).sum().to(DType::Float64);
     loss_sum += out.loss.to(DType::Float64) * static_cast<double>(count);  // the batch's mean back to a sum
     n += count;
   }
-  clf.train();
+  clf->train();
   Tensor totals = kiln::stack({hits, loss_sum, kiln::scalar_tensor(static_cast<double>(n), f64)});  // (3)
   dist::all_reduce(totals);  // sums over the ranks
   const std::vector<double> v = totals.to_vector<double>();
@@ -508,7 +509,7 @@ int finetune(int argc, char** argv) {
   auto eval = std::make_shared<ClassificationDataset>(eval_path, tok, o.seq_len, labels);
 
   kiln::manual_seed(static_cast<uint64_t>(o.seed));
-  auto clf = std::make_shared<models::BertForSequenceClassification>(config, static_cast<int64_t>(labels.size()));
+  auto clf = nn::make<models::BertForSequenceClassification>(config, static_cast<int64_t>(labels.size()));
   const bool resuming = o.resume && has_checkpoint(o);
   if (!resuming) load_initial_weights(*clf, init.init, config, rt);  // a resumed run has it all in its checkpoint
   clf->to(rt.device);
@@ -539,17 +540,17 @@ int finetune(int argc, char** argv) {
     if (!rt.main()) return;
     write_model_folder(o, config, "BertForSequenceClassification", *tok, labels);
     // eval.csv, and eval/... scalars beside train/... in the --tensorboard folder (its one writer, shared).
-    eval_log.emplace(kiln::monitor::MetricsOptions{
-        .csv = fs::path(o.out) / "eval.csv",
-        .columns = {"epoch", "step", "eval_loss", "eval_accuracy", "eval_samples"},
-        .tensorboard = task.tensorboard,
-        .tag_prefix = "eval/",
-        .resume_step = task.resume_step});
+    eval_log.emplace(
+        kiln::monitor::MetricsOptions{.csv = fs::path(o.out) / "eval.csv",
+                                      .columns = {"epoch", "step", "eval_loss", "eval_accuracy", "eval_samples"},
+                                      .tensorboard = task.tensorboard,
+                                      .tag_prefix = "eval/",
+                                      .resume_step = task.resume_step});
   };
   clf->bert->set_gradient_checkpointing(o.checkpointing);
-  task.loss = [&](const data::Batch& b) { return classification_loss(*clf, b); };
+  task.loss = [&](const data::Batch& b) { return classification_loss(clf, b); };
   task.after_epoch = [&](int64_t epoch, int64_t step) {
-    const EvalResult r = evaluate(*clf, eval_loader, rt);
+    const EvalResult r = evaluate(clf, eval_loader, rt);
     if (!rt.main()) return;
     std::printf("epoch %lld step %lld  eval loss %.4f  accuracy %.2f%% (%lld samples)\n", static_cast<long long>(epoch),
                 static_cast<long long>(step), r.loss, 100 * r.accuracy, static_cast<long long>(r.samples));

@@ -5,7 +5,7 @@
 //   ex::StaticBatch inputs;                      // the tensors the step reads; each batch is copied into them
 //   Tensor last_loss = zeros({}, {.device = gpu});
 //   ex::GraphedStep graphed([&] {                // the whole step: forward, loss, backward, optimizer, zero_grad
-//     Tensor loss = nn::cross_entropy((*model)(inputs.batch()[0]), inputs.batch()[1]);
+//     Tensor loss = nn::cross_entropy(model(inputs.batch()[0]), inputs.batch()[1]);
 //     loss.backward();
 //     last_loss.copy_(loss.detach());            // a tensor made before the capture: replays write it
 //     opt.step();

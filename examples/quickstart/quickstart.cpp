@@ -23,20 +23,15 @@ using namespace kiln;
 namespace {
 
 // (N, 1, H, W) -> (N, 10): two 3x3 convolutions, a 2x2 max pool, two linear layers.
-std::shared_ptr<nn::Sequential> make_model(int64_t height, int64_t width) {
+nn::Handle<nn::Sequential> make_model(int64_t height, int64_t width) {
   using namespace nn;
   const int64_t features = 32 * (height / 2) * (width / 2);
-  return std::make_shared<Sequential>(std::vector<ModulePtr>{
-      std::make_shared<Conv2d>(1, 16, 3, Conv2dOptions{.padding = 1}),   // (N, 16, H, W)
-      std::make_shared<ReLU>(),
-      std::make_shared<Conv2d>(16, 32, 3, Conv2dOptions{.padding = 1}),  // (N, 32, H, W)
-      std::make_shared<ReLU>(),
-      std::make_shared<MaxPool2d>(Pool2dOptions{.kernel_size = 2}),      // (N, 32, H/2, W/2)
-      std::make_shared<Flatten>(),                                       // (N, 32 H/2 W/2)
-      std::make_shared<Linear>(features, 64),
-      std::make_shared<ReLU>(),
-      std::make_shared<Linear>(64, 10),                                  // (N, 10) logits
-  });
+  return nn::make<Sequential>(Conv2d(1, 16, 3, {.padding = 1}), ReLU(),   // (N, 16, H, W)
+                              Conv2d(16, 32, 3, {.padding = 1}), ReLU(),  // (N, 32, H, W)
+                              MaxPool2d({.kernel_size = 2}),              // (N, 32, H/2, W/2)
+                              Flatten(),                                  // (N, 32 H/2 W/2)
+                              Linear(features, 64), ReLU(),               //
+                              Linear(64, 10));                            // (N, 10) logits
 }
 
 // The share of `loader`'s samples whose most likely class is their label.
@@ -56,8 +51,9 @@ double accuracy(nn::Module& model, data::DataLoader& loader) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ex::Options opts("quickstart", "Trains a small convolutional network on handwritten digits and checks its "
-                                 "test accuracy.");
+  ex::Options opts("quickstart",
+                   "Trains a small convolutional network on handwritten digits and checks its "
+                   "test accuracy.");
   auto& data_dir = opts.add_string("data", KILN_QUICKSTART_DATA, "folder with MNIST-format IDX files");
   auto& epochs = opts.add_int("epochs", 12, "passes over the training set");
   auto& batch_size = opts.add_int("batch-size", 32, "images per step");
@@ -79,15 +75,14 @@ int main(int argc, char** argv) {
     // uint8 (H, W, 1) -> float32 (1, H, W) in [0, 1], normalised.
     namespace T = data::transforms;
     T::Compose to_input{T::ToTensor(), T::Normalize({0.5}, {0.5})};
-    auto train = std::make_shared<data::MNIST>(data_dir, data::MNISTOptions{.split = data::Split::Train,
-                                                                            .transform = to_input});
-    auto test = std::make_shared<data::MNIST>(data_dir, data::MNISTOptions{.split = data::Split::Test,
-                                                                           .transform = to_input});
+    auto train =
+        std::make_shared<data::MNIST>(data_dir, data::MNISTOptions{.split = data::Split::Train, .transform = to_input});
+    auto test =
+        std::make_shared<data::MNIST>(data_dir, data::MNISTOptions{.split = data::Split::Test, .transform = to_input});
     const int64_t height = train->images().size(1), width = train->images().size(2);
-    std::printf("kiln %s quick start: %s (%lld training, %lld test images of %lldx%lld) on %s\n",
-                KILN_VERSION_STRING, data_dir.c_str(), static_cast<long long>(train->size()),
-                static_cast<long long>(test->size()), static_cast<long long>(height),
-                static_cast<long long>(width), dev.str().c_str());
+    std::printf("kiln %s quick start: %s (%lld training, %lld test images of %lldx%lld) on %s\n", KILN_VERSION_STRING,
+                data_dir.c_str(), static_cast<long long>(train->size()), static_cast<long long>(test->size()),
+                static_cast<long long>(height), static_cast<long long>(width), dev.str().c_str());
 
     // Epochs 0, 1, 2, ... in order: the workers go on into the next epoch while the last batches are in use.
     data::DataLoader train_loader(train, {.batch_size = batch_size,
@@ -118,7 +113,7 @@ int main(int argc, char** argv) {
       for (data::Batch& batch : train_loader.epoch(static_cast<uint64_t>(epoch))) {
         auto [x, y] = batch;  // (B, 1, H, W) float32, (B) int64
         opt.zero_grad();
-        Tensor loss = nn::cross_entropy((*model)(x), y);
+        Tensor loss = nn::cross_entropy(model(x), y);
         loss.backward();
         opt.step();
         schedule.step();
@@ -130,8 +125,8 @@ int main(int argc, char** argv) {
       std::printf("%s  test accuracy %.1f%%\n",
                   progress.line(epoch + 1, step, step, mean_loss, lr_now, train_loader.stats().wait_fraction).c_str(),
                   100.0 * test_accuracy);
-      metrics.log(step, {{"epoch", epoch + 1}, {"train_loss", mean_loss}, {"test_accuracy", test_accuracy},
-                         {"lr", lr_now}});
+      metrics.log(step,
+                  {{"epoch", epoch + 1}, {"train_loss", mean_loss}, {"test_accuracy", test_accuracy}, {"lr", lr_now}});
     }
     const double acc = accuracy(*model, test_loader);
     const bool reached = acc >= target;

@@ -345,7 +345,7 @@ struct Precision {
   DType dtype = DType::BFloat16;  // of the autocast region (float16 also needs the GradScaler)
 };
 
-std::shared_ptr<nn::models::ResNet> make_model(const Config& c, int64_t num_classes) {
+nn::Handle<nn::models::ResNet> make_model(const Config& c, int64_t num_classes) {
   nn::models::ResNetOptions o{.num_classes = num_classes,
                               .zero_init_residual = c.zero_init_residual,
                               .cifar_stem = c.stem == "cifar" || (c.stem == "auto" && c.image_size <= 64)};
@@ -361,12 +361,12 @@ std::shared_ptr<nn::models::ResNet> make_model(const Config& c, int64_t num_clas
 // ResNet::forward does. (N, 3, H, W) -> logits (N, classes).
 Tensor forward(nn::models::ResNet& m, const Tensor& x, bool checkpoint_stages) {
   if (!checkpoint_stages) return m(x);
-  Tensor h = (*m.maxpool)(m.bn1->forward_relu((*m.conv1)(x)));  // (N, 64, H / 4, W / 4); H, W with the CIFAR stem
+  Tensor h = m.maxpool(m.bn1->forward_relu(m.conv1(x)));  // (N, 64, H / 4, W / 4); H, W with the CIFAR stem
   for (const auto& stage : {m.layer1, m.layer2, m.layer3, m.layer4}) {
     // The recomputation in backward replays forward's random generators and autocast state (the same dtypes).
-    h = autograd::checkpoint([stage](const Tensor& in) { return (*stage)(in); }, h);
+    h = autograd::checkpoint([stage](const Tensor& in) { return stage(in); }, h);
   }
-  return (*m.fc)(flatten((*m.avgpool)(h), 1));  // (N, 512 e, 1, 1) -> (N, 512 e) -> (N, classes)
+  return m.fc(flatten(m.avgpool(h), 1));  // (N, 512 e, 1, 1) -> (N, 512 e) -> (N, classes)
 }
 
 // ---------------------------------------------------------------- optimizer and schedule
@@ -634,13 +634,13 @@ int run(int argc, char** argv) {
                                    .tag_prefix = "train/",
                                    .resume_step = resume_step,
                                    .enabled = main_rank});
-  monitor::MetricsLogger epoch_log({.csv = out_dir / "metrics.csv",
-                                    .columns = {"epoch", "step", "train_loss", "eval_loss", "top1", "top5", "lr",
-                                                "epoch_time_s", "samples_per_s"},
-                                    .tensorboard = step_log.tensorboard(),
-                                    .tag_prefix = "epoch/",
-                                    .resume_step = resume_step,
-                                    .enabled = main_rank});
+  monitor::MetricsLogger epoch_log(
+      {.csv = out_dir / "metrics.csv",
+       .columns = {"epoch", "step", "train_loss", "eval_loss", "top1", "top5", "lr", "epoch_time_s", "samples_per_s"},
+       .tensorboard = step_log.tensorboard(),
+       .tag_prefix = "epoch/",
+       .resume_step = resume_step,
+       .enabled = main_rank});
 
   const auto run_start = std::chrono::steady_clock::now();
   auto seconds_since = [](auto start) {
@@ -676,7 +676,7 @@ int run(int argc, char** argv) {
       Tensor loss;
       {
         amp::Autocast cast(precision.dtype, precision.autocast);
-        loss = nn::cross_entropy((*model)(graph_inputs.batch()[0]), graph_inputs.batch()[1],
+        loss = nn::cross_entropy(model(graph_inputs.batch()[0]), graph_inputs.batch()[1],
                                  {.label_smoothing = c.label_smoothing});
       }
       scaler.scale(loss).backward();

@@ -35,10 +35,10 @@
 namespace kiln::dist {
 
 struct DataParallelOptions {
-  double bucket_mb = 25.0;             // bucket size cap, in MiB of gradients
-  bool broadcast_buffers = true;       // also broadcast buffers (batch-norm statistics) at construction
+  double bucket_mb = 25.0;              // bucket size cap, in MiB of gradients
+  bool broadcast_buffers = true;        // also broadcast buffers (batch-norm statistics) at construction
   bool find_unused_parameters = false;  // parameters without a gradient in some backward are expected
-  ProcessGroup* group = nullptr;       // nullptr: the world group of the model's device
+  ProcessGroup* group = nullptr;        // nullptr: the world group of the model's device
 };
 
 class DataParallel {
@@ -50,7 +50,7 @@ class DataParallel {
 
   // The module's forward. DataParallel does its work in the parameters' gradient hooks, not here: a model whose
   // forward takes other inputs (BERT's input ids, token types, attention mask) is called directly,
-  // e.g. bert->forward(ids, types, mask), with the same effect.
+  // e.g. bert(ids, types, mask) through its nn::Handle, with the same effect.
   Tensor forward(const Tensor& input) { return (*module_)(input); }
   Tensor operator()(const Tensor& input) { return forward(input); }
   nn::Module& module() { return *module_; }

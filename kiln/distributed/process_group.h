@@ -1,6 +1,6 @@
 // kiln/distributed/process_group.h — collectives over the processes of the job.
 //
-//   Tensor t = internal::ones({4}, {.device = env.device()});
+//   Tensor t = kiln::ones({4}, {.device = env.device()});
 //   dist::all_reduce(t);                                    // sum over every rank, in place
 //   dist::all_reduce(t, dist::ReduceOp::Average);
 //   auto work = dist::group(t.device()).all_reduce_async(t, dist::ReduceOp::Max);

@@ -376,7 +376,6 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query_in, c
                                                        const Tensor& value_in, const Tensor& key_padding_mask,
                                                        const Tensor& attn_mask, bool need_weights,
                                                        bool average_attn_weights) {
-  trace::Scope range(trace::Kind::Module, type_name(), query_in.device());
   const char* layout = options.batch_first ? "(N, L, E)" : "(L, N, E)";
   for (const Tensor* t : {&query_in, &key_in, &value_in}) {
     KILN_CHECK(t->defined() && t->dim() == 3 && t->size(-1) == embed_dim, "MultiheadAttention: expected query, key ",
@@ -449,7 +448,7 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query_in, c
   }
   // (N, H, L, D) -> (N, L, H, D) -> (N, L, E)
   Tensor merged = reshape(permute(attended, {0, 2, 1, 3}), {N, L, E});
-  out.output = (*out_proj)(merged);
+  out.output = out_proj(merged);
   if (!options.batch_first) out.output = transpose(out.output, 0, 1);
   return out;
 }

@@ -5,8 +5,9 @@
 //   Tensor y = nn::scaled_dot_product_attention(q, k, v, {.is_causal = true});
 //   y = nn::scaled_dot_product_attention(q, k, v, {.attn_mask = allowed /* Bool (N, 1, 1, S) */, .dropout_p = 0.1});
 //
-//   auto mha = std::make_shared<nn::MultiheadAttention>(256, 8);   // batch_first: (N, L, E)
-//   auto [out, weights] = mha->forward(x, x, x, padding /* Bool (N, S), true = padding */, {}, true);
+//   auto mha = nn::make<nn::MultiheadAttention>(256, 8);   // batch_first: (N, L, E)
+//   auto [out, weights] = mha(x, x, x, padding /* Bool (N, S), true = padding */, Tensor(), true);
+//   Tensor y = mha(x);                                      // self-attention without masks: (N, L, E)
 //
 // scaled_dot_product_attention is the one entry point, with two implementations chosen per call
 // (attention_backend() says which one a call takes):
@@ -108,7 +109,7 @@ class MultiheadAttention : public Module {
   MultiheadAttentionOptions options;
   Tensor in_proj_weight;  // (3E, E)
   Tensor in_proj_bias;    // (3E); undefined without bias
-  std::shared_ptr<Linear> out_proj;
+  Handle<Linear> out_proj;
 };
 
 }  // namespace kiln::nn

@@ -52,7 +52,7 @@ Sequential& Sequential::append(const std::string& name, ModulePtr module) {
 
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (const auto& m : *this) x = (*m)(x);
+  for (const auto& m : *this) x = m(x);
   return x;
 }
 
@@ -85,8 +85,8 @@ ModuleDict& ModuleDict::insert(const std::string& key, ModulePtr module) {
 }
 
 Tensor ModuleDict::forward(const Tensor&) {
-  KILN_FAIL("ModuleDict has no forward: call the module you want, e.g. (*dict[\"",
-            entries_.empty() ? "key" : entries_[0].first, "\"])(x)");
+  KILN_FAIL("ModuleDict has no forward: call the module you want, e.g. dict[\"",
+            entries_.empty() ? "key" : entries_[0].first, "\"](x)");
 }
 
 const ModulePtr& ModuleDict::operator[](const std::string& key) const {
@@ -122,7 +122,7 @@ Tensor checkpoint_sequential(const Sequential& modules, int64_t segments, const 
     std::vector<ModulePtr> run(modules.begin() + begin, modules.begin() + end);
     auto forward = [run](const Tensor& x) {
       Tensor y = x;
-      for (const ModulePtr& m : run) y = (*m)(y);
+      for (const ModulePtr& m : run) y = m(y);
       return y;
     };
     h = s + 1 == segments ? forward(h) : autograd::checkpoint(forward, h);

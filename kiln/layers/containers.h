@@ -1,31 +1,46 @@
 // kiln/layers/containers.h — modules that hold other modules: Sequential, ModuleList, ModuleDict.
 //
-//   auto mlp = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
-//       std::make_shared<nn::Linear>(784, 256), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(256, 10)});
-//   Tensor logits = (*mlp)(x);                 // (N, 784) -> (N, 10); parameters "0.weight", "0.bias", "2.weight", ...
+//   nn::Sequential mlp{nn::Linear(784, 256), nn::ReLU(), nn::Linear(256, 10)};   // module values, moved in
+//   Tensor logits = mlp(x);                    // (N, 784) -> (N, 10); parameters "0.weight", "0.bias", "2.weight", ...
+//
+//   auto net = nn::make<nn::Sequential>(nn::Conv2d(1, 16, 3, {.padding = 1}), nn::ReLU(), nn::Flatten(),
+//                                       nn::Linear(16 * 28 * 28, 10));   // held by a handle: net(x)
+//   nn::Sequential both{shared_linear /* a std::shared_ptr or nn::Handle, shared */, nn::ReLU()};
 //
 //   nn::ModuleList blocks;                     // children "0", "1", ...; iterate and call them yourself
-//   blocks.push_back(std::make_shared<Block>());
-//   for (const auto& b : blocks) h = (*b)(h);
+//   blocks.push_back(Block());                 // a value (moved in), or a handle
+//   for (const auto& b : blocks) h = b(h);     // each element is an nn::ModulePtr (a Handle<Module>)
 //
 //   nn::ModuleDict heads;                      // children under their keys, in insertion order
-//   heads.insert("cls", std::make_shared<nn::Linear>(768, 2));
-//   Tensor y = (*heads["cls"])(h);
+//   heads.insert("cls", nn::Linear(768, 2));
+//   Tensor y = heads["cls"](h);
 //
 // Children are registered under "0", "1", ... (Sequential, ModuleList) or their keys (ModuleDict), so
-// parameter names match PyTorch's and state dicts can be exchanged with it.
+// parameter names match PyTorch's and state dicts can be exchanged with it. Each element is a module value
+// (moved into a new handle: a temporary, or std::move(m)), or a std::shared_ptr / nn::Handle to a module
+// (shared); anything else does not compile. The older forms (a std::vector<ModulePtr>, append) work as well.
+// As for any C++ type, a single Sequential in braces is moved, not nested: nest it among others, or append it.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kiln/layers/module.h"
 
 namespace kiln::nn {
+
+namespace module_detail {
+template <typename T>
+constexpr bool kIsVector = false;
+template <typename T>
+constexpr bool kIsVector<std::vector<T>> = true;
+}  // namespace module_detail
 
 // What Sequential and ModuleList share: children held by index, registered under "0", "1", ... (or a
 // name of the caller's choice), as PyTorch names them.
@@ -34,10 +49,10 @@ class IndexedModules : public Module {
   // The i-th module (negative i counts from the end); at<T>(i) casts it to its concrete type.
   const ModulePtr& operator[](int64_t index) const;
   template <typename M>
-  std::shared_ptr<M> at(int64_t index) const {
+  Handle<M> at(int64_t index) const {
     auto out = std::dynamic_pointer_cast<M>((*this)[index]);
     if (out == nullptr) throw_bad_cast(index);
-    return out;
+    return Handle<M>(std::move(out));
   }
   int64_t size() const { return static_cast<int64_t>(modules_.size()); }
   bool empty() const { return modules_.empty(); }
@@ -48,6 +63,11 @@ class IndexedModules : public Module {
   explicit IndexedModules(std::string type_name) : Module(std::move(type_name)) {}
   void add_indexed(const std::string& name, ModulePtr module);  // registers and appends
   std::string next_index() const { return std::to_string(modules_.size()); }
+  // The variadic constructors take module values and handles; one argument that is a vector or the container
+  // itself goes to the constructors of those.
+  template <typename Self, typename... Ms>
+  static constexpr bool kModuleArgs = sizeof...(Ms) != 1 || ((!module_detail::kIsVector<std::remove_cvref_t<Ms>> &&
+                                                              !std::is_same_v<std::remove_cvref_t<Ms>, Self>)&&...);
 
  private:
   [[noreturn]] void throw_bad_cast(int64_t index) const;
@@ -59,11 +79,30 @@ class Sequential : public IndexedModules {
  public:
   Sequential();
   explicit Sequential(const std::vector<ModulePtr>& modules);
+  template <typename M>  // a vector of std::shared_ptr to modules of one type
+  requires std::derived_from<M, Module>
+  explicit Sequential(const std::vector<std::shared_ptr<M>>& modules)
+      : Sequential(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
   Sequential(std::initializer_list<ModulePtr> modules) : Sequential(std::vector<ModulePtr>(modules)) {}
+  // nn::Sequential{nn::Linear(4, 8), nn::ReLU(), shared_head}: module values (moved in) and handles, mixed.
+  // Explicit with one module, so that a lone module never converts to a Sequential unasked.
+  template <typename... Ms>
+  requires(sizeof...(Ms) > 0 && kModuleArgs<Sequential, Ms...>) explicit(sizeof...(Ms) == 1) Sequential(Ms&&... modules)
+      : Sequential() {
+    (append(module_detail::to_handle(std::forward<Ms>(modules))), ...);
+  }
 
-  // Appends under the next index ("0", "1", ...), or under a name of your choice.
+  // Appends under the next index ("0", "1", ...), or under a name of your choice: a handle, or a module value.
   Sequential& append(ModulePtr module);
   Sequential& append(const std::string& name, ModulePtr module);
+  template <typename M>
+  Sequential& append(M&& module) {
+    return append(ModulePtr(module_detail::to_handle(std::forward<M>(module))));
+  }
+  template <typename M>
+  Sequential& append(const std::string& name, M&& module) {
+    return append(name, ModulePtr(module_detail::to_handle(std::forward<M>(module))));
+  }
 
   // An empty Sequential returns its input unchanged, as PyTorch's.
   Tensor forward(const Tensor& input) override;
@@ -74,8 +113,23 @@ class ModuleList : public IndexedModules {
  public:
   ModuleList();
   explicit ModuleList(const std::vector<ModulePtr>& modules);
+  template <typename M>  // a vector of std::shared_ptr to modules of one type
+  requires std::derived_from<M, Module>
+  explicit ModuleList(const std::vector<std::shared_ptr<M>>& modules)
+      : ModuleList(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
+  ModuleList(std::initializer_list<ModulePtr> modules) : ModuleList(std::vector<ModulePtr>(modules)) {}
+  // nn::ModuleList{Block(), Block(), shared_block}: module values (moved in) and handles, mixed; explicit with one.
+  template <typename... Ms>
+  requires(sizeof...(Ms) > 0 && kModuleArgs<ModuleList, Ms...>) explicit(sizeof...(Ms) == 1) ModuleList(Ms&&... modules)
+      : ModuleList() {
+    (push_back(module_detail::to_handle(std::forward<Ms>(modules))), ...);
+  }
 
-  ModuleList& push_back(ModulePtr module);       // registered under the next index
+  ModuleList& push_back(ModulePtr module);  // registered under the next index
+  template <typename M>
+  ModuleList& push_back(M&& module) {  // a module value (moved in) or a handle
+    return push_back(ModulePtr(module_detail::to_handle(std::forward<M>(module))));
+  }
   Tensor forward(const Tensor& input) override;  // throws: a ModuleList does not know how to chain its modules
 };
 
@@ -86,6 +140,10 @@ class ModuleDict : public Module {
 
   // Registers the module under `key`; a key already present is an error (keys are unique).
   ModuleDict& insert(const std::string& key, ModulePtr module);
+  template <typename M>
+  ModuleDict& insert(const std::string& key, M&& module) {  // a module value (moved in) or a handle
+    return insert(key, ModulePtr(module_detail::to_handle(std::forward<M>(module))));
+  }
   Tensor forward(const Tensor& input) override;  // throws: call the module you want, heads[key]
 
   const ModulePtr& operator[](const std::string& key) const;  // a missing key is an error listing the keys
@@ -104,7 +162,7 @@ class ModuleDict : public Module {
 // (as even as possible); every run but the last goes through autograd::checkpoint, so forward keeps only
 // each run's input and backward recomputes the run, with the same random numbers. The last run executes
 // normally, since backward needs its activations first (as PyTorch's checkpoint_sequential).
-//   Tensor y = nn::checkpoint_sequential(*model, 4, x);
+//   Tensor y = nn::checkpoint_sequential(*model, 4, x);   // model: a handle to a Sequential
 Tensor checkpoint_sequential(const Sequential& modules, int64_t segments, const Tensor& input);
 
 }  // namespace kiln::nn

@@ -22,11 +22,29 @@ std::string shape_str(const Shape& shape) { return detail::str_cat(shape); }
 
 }  // namespace
 
+namespace module_detail {
+
+void throw_empty_handle_call() {
+  KILN_FAIL(
+      "nn::Handle: called while it holds no module (a null handle); assign it one first, e.g. "
+      "fc = register_module(\"fc\", nn::Linear(4, 2)) or model = nn::make<Model>()");
+}
+
+void throw_sliced_module(const Module& module) {
+  KILN_FAIL("kiln::nn: cannot move this ", module.type_name(),
+            " into a container or register_module: it is seen through a reference to one of its base classes, so "
+            "moving it would keep only the base part; pass it with its own type, or share it through a "
+            "std::shared_ptr / nn::Handle");
+}
+
+}  // namespace module_detail
+
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 
 Tensor Module::forward(const Tensor&) {
   throw NotImplementedError(detail::str_cat(type_name_, " has no forward(const Tensor&): it takes other inputs; call ",
-                                            "its own forward with them"));
+                                            "it with them through a handle of its own type (block(x, mask) on an ",
+                                            "nn::Handle<", type_name_, ">), not through an nn::ModulePtr"));
 }
 
 // ---------------------------------------------------------------------------------------------------

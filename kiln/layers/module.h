@@ -1,30 +1,48 @@
-// kiln/layers/module.h — nn::Module: the base of every layer and model.
+// kiln/layers/module.h — nn::Module: the base of every layer and model, and nn::Handle, what holds one.
 //
 //   struct Mlp : nn::Module {
-//     std::shared_ptr<nn::Linear> fc1, fc2;
-//     Mlp() {
-//       fc1 = register_module("fc1", std::make_shared<nn::Linear>(784, 256));
-//       fc2 = register_module("fc2", std::make_shared<nn::Linear>(256, 10));
+//     nn::Handle<nn::Linear> fc1, fc2;
+//     Mlp() : Module("Mlp") {                      // the type name: profiler ranges, summaries, errors
+//       fc1 = register_module("fc1", nn::Linear(784, 256));   // a module value, or a std::shared_ptr to one
+//       fc2 = register_module("fc2", nn::Linear(256, 10));
 //     }
-//     Tensor forward(const Tensor& x) override { return (*fc2)(relu((*fc1)(x))); }
+//     Tensor forward(const Tensor& x) override { return fc2(relu(fc1(x))); }
 //   };
-//   auto model = std::make_shared<Mlp>();
+//   auto model = nn::make<Mlp>();                 // nn::Handle<Mlp>; std::make_shared<Mlp>() works too
 //   model->to(Device::cuda(0));
+//   Tensor logits = model(x);                     // Mlp::forward inside a profiler range "Mlp"
 //   for (auto& [name, p] : model->named_parameters()) ...;   // "fc1.weight", "fc1.bias", "fc2.weight", ...
+//
+//   class Block : public nn::Module {             // a forward of several inputs, returning anything
+//     using nn::Module::forward;                  // private: no one-tensor forward (and no -Woverloaded-virtual)
+//    public:
+//     Block() : Module("Block") {}
+//     std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& mask);
+//   };
+//   auto block = nn::make<Block>();
+//   auto [y, weights] = block(x, mask);           // Block::forward(x, mask), chosen on the static type
 //
 // A module owns its parameters (tensors that require grad and that optimizers update), buffers (state
 // such as BatchNorm's running statistics) and children, each under a name, in registration order.
-// Modules are held by std::shared_ptr; copying a module's handle shares it. Parameters are Tensor
-// handles: to() changes their device or dtype in place, so handles held elsewhere (an optimizer, a
-// data-parallel wrapper) stay valid.
+// Modules are shared: an nn::Handle<M> (a std::shared_ptr<M> that can be called) holds one, and copying
+// it shares the module. Modules cannot be copied, but they can be moved while nothing holds them yet:
+// that is how a module value (nn::Linear(4, 2)) enters a container or register_module, which move it
+// into a new handle. Nothing in a module points at the module itself (its parameters, buffers and
+// children are shared handles), so the moved module is the same module under a new address.
+// Parameters are Tensor handles: to() changes their device or dtype in place, so handles held elsewhere
+// (an optimizer, a data-parallel wrapper) stay valid.
 #pragma once
 
+#include <concepts>  // std::derived_from, for what a Handle may hold
+#include <cstddef>   // std::nullptr_t
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <typeinfo>  // typeid, to refuse moving a module seen through a base-class reference (slicing)
 #include <utility>
 #include <vector>
 
@@ -35,7 +53,111 @@
 namespace kiln::nn {
 
 class Module;
-using ModulePtr = std::shared_ptr<Module>;
+
+namespace module_detail {
+// Where a module call runs, for its profiler range: the device of its first defined Tensor argument, else the CPU.
+template <typename... Args>
+Device call_device(const Args&... args) {
+  Device device = Device::cpu();
+  bool found = false;
+  auto visit = [&](const auto& arg) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(arg)>, Tensor>) {
+      if (!found && arg.defined()) {
+        device = arg.device();
+        found = true;
+      }
+    }
+  };
+  (visit(args), ...);
+  return device;
+}
+[[noreturn]] void throw_empty_handle_call();
+[[noreturn]] void throw_sliced_module(const Module& module);
+}  // namespace module_detail
+
+// A shared module that can be called: model(x) runs model->forward(x) inside a profiler range named after the
+// module's type (trace::Kind::Module), as (*model)(x) does. It is a std::shared_ptr<M>, so ->, *, get(),
+// comparisons, conversion to std::shared_ptr<Base> / Handle<Base> and assignment from std::make_shared<M>(...)
+// work as on one. The call takes any arguments: block(x, mask) calls the forward(x, mask) that overload
+// resolution picks on M (the static type), and returns what that forward returns (a Tensor, a tuple, a
+// struct); arguments that no forward of M accepts do not compile. The arguments are forwarded, so a braced list
+// cannot be one: spell its type (Tensor() rather than {}, Options{.p = 0.1} rather than {.p = 0.1}).
+template <typename M>
+class Handle : public std::shared_ptr<M> {
+ public:
+  Handle() noexcept = default;
+  Handle(std::nullptr_t) noexcept {}  // NOLINT(google-explicit-constructor): as std::shared_ptr
+  // From a std::shared_ptr (or Handle) to M or to a class derived from it.
+  template <typename U>
+  requires std::convertible_to<U*, M*> Handle(std::shared_ptr<U> module)
+  noexcept  // NOLINT(google-explicit-constructor)
+      : std::shared_ptr<M>(std::move(module)) {}
+  // Takes ownership of `module`, deleted by `deleter` (a non-owning handle: a deleter that does nothing).
+  template <typename U, typename D>
+  requires std::convertible_to<U*, M*> Handle(U* module, D deleter) : std::shared_ptr<M>(module, std::move(deleter)) {}
+
+  // Only arguments that one of M's forward functions accepts (the compiler names the forward it tried); a forward
+  // that only a class derived from M declares needs a handle of that class, nn::Handle<Derived>.
+  // (Self is M, named so that the check waits for the call, when M is complete: Handle<Module> is instantiated
+  // inside Module's own definition.)
+  template <typename... Args, typename Self = M>
+  requires requires(Self& m, Args&&... a) { m.forward(std::forward<Args>(a)...); }
+  decltype(auto) operator()(Args&&... args) const {
+    M* module = this->get();
+    if (module == nullptr) module_detail::throw_empty_handle_call();
+    trace::Scope range(trace::Kind::Module, module->type_name(), module_detail::call_device(args...));
+    return module->forward(std::forward<Args>(args)...);
+  }
+};
+
+using ModulePtr = Handle<Module>;
+
+// std::make_shared<M>(args...) as a Handle<M>: auto model = nn::make<Mlp>(); Tensor y = model(x);
+template <typename M, typename... Args>
+Handle<M> make(Args&&... args) {
+  static_assert(std::derived_from<M, Module>, "nn::make<M>: M must be a module (a class derived from nn::Module)");
+  return Handle<M>(std::make_shared<M>(std::forward<Args>(args)...));
+}
+
+namespace module_detail {
+// A std::shared_ptr to a module, or a class derived from one (a Handle).
+template <typename T>
+concept SharedModule = requires {
+  typename T::element_type;
+}
+&&std::derived_from<typename T::element_type, Module>&& std::derived_from<T, std::shared_ptr<typename T::element_type>>;
+
+template <typename T>
+constexpr bool kNotAModule = false;  // for static_assert in the branches that refuse T
+
+// What containers and register_module accept as a module: a module value, moved into a new handle (a temporary
+// such as nn::ReLU(), or std::move(m)); a std::shared_ptr / Handle to a module, shared as it is; or nullptr,
+// which registration then refuses with a clear error.
+template <typename T>
+auto to_handle(T&& module) {
+  using V = std::remove_cvref_t<T>;
+  if constexpr (std::is_same_v<V, std::nullptr_t>) {
+    return Handle<Module>();
+  } else if constexpr (SharedModule<V>) {
+    return Handle<typename V::element_type>(std::forward<T>(module));
+  } else if constexpr (!std::derived_from<V, Module>) {
+    static_assert(kNotAModule<T>,
+                  "kiln::nn: this argument is not a module. Containers (nn::Sequential, nn::ModuleList, "
+                  "nn::ModuleDict) and register_module take module values (nn::Linear(4, 2), nn::ReLU()), or a "
+                  "std::shared_ptr / nn::Handle to a module");
+    return Handle<Module>();
+  } else if constexpr (std::is_lvalue_reference_v<T> || std::is_const_v<std::remove_reference_t<T>>) {
+    static_assert(kNotAModule<T>,
+                  "kiln::nn: a module cannot be copied; pass a temporary (nn::ReLU()), std::move(module), or share "
+                  "it through a std::shared_ptr / nn::Handle (nn::make<M>(...))");
+    return Handle<V>();
+  } else {
+    if (typeid(module) != typeid(V)) throw_sliced_module(module);
+    return Handle<V>(std::make_shared<V>(std::move(module)));
+  }
+}
+}  // namespace module_detail
+
 // name -> tensor, in registration order (parameters first, then buffers, recursively), as PyTorch's.
 using StateDict = std::vector<std::pair<std::string, Tensor>>;
 
@@ -45,15 +167,25 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual ~Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
+  // Moving is how a module value enters a handle (containers, register_module, nn::make): the new module
+  // takes over the parameters, buffers and children (the same tensors and modules), and the moved-from one is
+  // left empty. Move a module only before anything holds it or its tensors by reference.
+  Module(Module&&) noexcept = default;
+  Module& operator=(Module&&) = delete;
 
   // The type shown in summaries and error messages ("Linear", "Conv2d", ...).
   const std::string& type_name() const { return type_name_; }
 
   // The computation of modules that map one tensor to one tensor (every layer in a Sequential).
-  // Modules with other inputs define their own forward; this one then throws a clear error.
+  // Modules with other inputs define their own forward (of any arguments and result), called through a
+  // Handle: block(x, mask). This one then throws a clear error if it is called anyway (through a ModulePtr).
+  // Such a module should say `using nn::Module::forward;` in a private section: declaring another forward
+  // hides this one, which compilers warn about (-Woverloaded-virtual, in -Wall of GCC 13 and clang); made
+  // private, it is hidden on purpose and block(x) does not compile.
   virtual Tensor forward(const Tensor& input);
+  // forward(input) inside the module's profiler range; model(x) on a Handle does the same.
   Tensor operator()(const Tensor& input) {
-    trace::Scope range(trace::Kind::Module, type_name_, input.defined() ? input.device() : Device::cpu());
+    trace::Scope range(trace::Kind::Module, type_name_, module_detail::call_device(input));
     return forward(input);
   }
 
@@ -62,10 +194,17 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor& register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
   // Buffers are moved by to() and saved in state_dict() (unless not persistent), but never trained.
   Tensor& register_buffer(const std::string& name, Tensor tensor, bool persistent = true);
+  // Registers a child and returns a handle to it: a std::shared_ptr / Handle is shared as it is; a module value
+  // (register_module("fc", nn::Linear(4, 2))) is moved into a new handle.
   template <typename M>
-  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+  Handle<M> register_module(const std::string& name, std::shared_ptr<M> module) {
     add_child(name, module);
-    return module;
+    return Handle<M>(std::move(module));
+  }
+  template <typename M>
+  requires std::derived_from<std::remove_cvref_t<M>, Module>
+  auto register_module(const std::string& name, M&& module) {
+    return register_module(name, module_detail::to_handle(std::forward<M>(module)));
   }
 
   // ---- traversal (recursive ones in registration order, depth first, this module's own first) ----
@@ -136,3 +275,7 @@ class Module : public std::enable_shared_from_this<Module> {
 };
 
 }  // namespace kiln::nn
+
+// Handles hash as the std::shared_ptr they are (unordered containers keyed by module).
+template <typename M>
+struct std::hash<kiln::nn::Handle<M>> : std::hash<std::shared_ptr<M>> {};

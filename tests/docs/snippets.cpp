@@ -48,14 +48,14 @@ int readme_main() {
 TEST(DocSnippets, ReadmeUmbrellaProgram) { EXPECT_EQ(readme_main(), 0); }
 
 // ---- README.md, "Replaying a training step as a CUDA graph" (needs a GPU: compiled only)
-[[maybe_unused]] void readme_cuda_graph(std::shared_ptr<nn::Module> model, optim::Optimizer& opt,
+[[maybe_unused]] void readme_cuda_graph(nn::ModulePtr model, optim::Optimizer& opt,
                                         data::DataLoader& loader, uint64_t e) {
-  Tensor x = internal::empty({256, 3, 224, 224}, {.device = Device::cuda(0)}), y = internal::empty({256}, {.dtype = DType::Int64, .device = Device::cuda(0)});  // the step's inputs
+  Tensor x = empty({256, 3, 224, 224}, {.device = Device::cuda(0)}), y = empty({256}, {.dtype = DType::Int64, .device = Device::cuda(0)});  // the step's inputs
   Tensor loss;
   cuda::Graph graph;
   graph.capture([&] {                      // 3 eager warm-up steps (they train), then the recorded one
     opt.zero_grad();
-    { amp::Autocast cast(DType::BFloat16); loss = nn::cross_entropy((*model)(x), y); }
+    { amp::Autocast cast(DType::BFloat16); loss = nn::cross_entropy(model(x), y); }
     loss.backward();
     opt.step();
   });
@@ -66,11 +66,139 @@ TEST(DocSnippets, ReadmeUmbrellaProgram) { EXPECT_EQ(readme_main(), 0); }
 }
 
 // ---- README.md, "Training on several GPUs" (several processes: compiled only)
-[[maybe_unused]] void readme_several_gpus(std::shared_ptr<nn::Module> model) {
+[[maybe_unused]] void readme_several_gpus(nn::ModulePtr model) {
   auto env = dist::init();                 // rank, world size; makes cuda:<local rank> current
   model->to(env.device());
   dist::DataParallel ddp(model);           // rank 0's weights everywhere; gradients averaged during backward
-  // the DataLoader shards by rank by itself (DistributedSampler); train with ddp(x) instead of (*model)(x)
+  // the DataLoader shards by rank by itself (DistributedSampler); train with ddp(x) instead of model(x)
+}
+
+// ---- README.md, "Building and calling a model" (the Sequential and the ResNet run; BERT-base is compiled only)
+TEST(DocSnippets, ReadmeBuildingAModel) {
+  Tensor images = randn({2, 1, 28, 28}), cifar_images = randn({1, 3, 32, 32});
+  nn::Sequential net{nn::Conv2d(1, 16, 3, {.padding = 1}), nn::ReLU(), nn::Flatten(), nn::Linear(16 * 28 * 28, 10)};
+  Tensor logits = net(images);                                  // (N, 1, 28, 28) -> (N, 10)
+
+  auto resnet = nn::models::resnet18({.num_classes = 10, .cifar_stem = true});   // an nn::Handle<ResNet>
+  Tensor scores = resnet(cifar_images);                         // (N, 3, 32, 32) -> (N, 10)
+  EXPECT_EQ(logits.shape(), (Shape{2, 10}));
+  EXPECT_EQ(scores.shape(), (Shape{1, 10}));
+}
+
+[[maybe_unused]] Tensor readme_bert(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask,
+                                    const Tensor& labels) {
+  auto bert = nn::make<models::BertForMaskedLM>(models::BertConfig::base());
+  Tensor loss = bert(input_ids, token_type_ids, attention_mask, labels).loss;   // its forward of four tensors
+  return loss;
+}
+
+// ---- kiln/layers/README.md, "Building and calling modules" (Block::forward defined here to run it)
+namespace layers_readme {
+struct Mlp : nn::Module {
+  nn::Handle<nn::Linear> fc1, fc2;               // a std::shared_ptr<nn::Linear> that can be called
+  Mlp() : Module("Mlp") {
+    fc1 = register_module("fc1", nn::Linear(784, 256));
+    fc2 = register_module("fc2", nn::Linear(256, 10));
+  }
+  Tensor forward(const Tensor& x) override { return fc2(relu(fc1(x))); }
+};
+
+class Block : public nn::Module {                // any inputs, any result
+  using nn::Module::forward;                     // private: it has no one-tensor forward
+ public:
+  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& mask);
+};
+std::pair<Tensor, Tensor> Block::forward(const Tensor& x, const Tensor& mask) { return {x * mask, sum(mask)}; }
+}  // namespace layers_readme
+
+TEST(DocSnippets, LayersReadmeBuildingAndCallingModules) {
+  using layers_readme::Mlp, layers_readme::Block;
+  Tensor x = randn({2, 1, 28, 28});
+  nn::Sequential seq{nn::Conv2d(1, 16, 3, {.padding = 1}), nn::ReLU(), nn::Flatten(), nn::Linear(16 * 28 * 28, 10)};
+  Tensor logits = seq(x);                          // (N, 1, 28, 28) -> (N, 10); "0.weight", "3.bias", ... as PyTorch
+  EXPECT_EQ(logits.shape(), (Shape{2, 10}));
+  EXPECT_EQ(seq.named_parameters().at(3).first, "3.bias");
+
+  x = randn({3, 784});
+  auto model = nn::make<Mlp>();                    // nn::Handle<Mlp>, as nn::models::resnet50() returns
+  Tensor y = model(x);                             // (*model)(x) and model->forward(x) still work
+  EXPECT_EQ(y.shape(), (Shape{3, 10}));
+
+  Tensor mask = ones({3, 784});
+  auto block = nn::make<Block>();
+  auto [h, weights] = block(x, mask);              // Block::forward(x, mask)
+  EXPECT_EQ(h.shape(), x.shape());
+  EXPECT_EQ(weights.item<float>(), 3.f * 784.f);
+}
+
+// ---- kiln/layers/module.h and kiln/layers/containers.h, the usage examples at their tops
+namespace module_header {
+struct Mlp : nn::Module {
+  nn::Handle<nn::Linear> fc1, fc2;
+  Mlp() : Module("Mlp") {                      // the type name: profiler ranges, summaries, errors
+    fc1 = register_module("fc1", nn::Linear(784, 256));   // a module value, or a std::shared_ptr to one
+    fc2 = register_module("fc2", nn::Linear(256, 10));
+  }
+  Tensor forward(const Tensor& x) override { return fc2(relu(fc1(x))); }
+};
+class Block : public nn::Module {             // a forward of several inputs, returning anything
+  using nn::Module::forward;                  // private: no one-tensor forward (and no -Woverloaded-virtual)
+ public:
+  Block() : Module("Block") {}
+  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& mask);
+};
+std::pair<Tensor, Tensor> Block::forward(const Tensor& x, const Tensor& mask) { return {x + mask, x - mask}; }
+}  // namespace module_header
+
+TEST(DocSnippets, ModuleAndContainersHeaders) {
+  using module_header::Mlp, module_header::Block;
+  Tensor x = randn({2, 784}), mask = ones({2, 784});
+  auto model = nn::make<Mlp>();                 // nn::Handle<Mlp>; std::make_shared<Mlp>() works too
+  Tensor logits = model(x);                     // Mlp::forward inside a profiler range "Mlp"
+  std::vector<std::string> names;
+  for (auto& [name, p] : model->named_parameters()) names.push_back(name);   // "fc1.weight", "fc1.bias", "fc2.weight", ...
+  EXPECT_EQ(names, (std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}));
+  auto block = nn::make<Block>();
+  auto [y, weights] = block(x, mask);           // Block::forward(x, mask), chosen on the static type
+  EXPECT_EQ(y.shape(), weights.shape());
+
+  nn::Sequential mlp{nn::Linear(784, 256), nn::ReLU(), nn::Linear(256, 10)};   // module values, moved in
+  logits = mlp(x);                           // (N, 784) -> (N, 10); parameters "0.weight", "0.bias", "2.weight", ...
+  EXPECT_EQ(logits.shape(), (Shape{2, 10}));
+
+  auto net = nn::make<nn::Sequential>(nn::Conv2d(1, 16, 3, {.padding = 1}), nn::ReLU(), nn::Flatten(),
+                                      nn::Linear(16 * 28 * 28, 10));   // held by a handle: net(x)
+  EXPECT_EQ(net(randn({1, 1, 28, 28})).shape(), (Shape{1, 10}));
+  auto shared_linear = nn::make<nn::Linear>(10, 10);
+  nn::Sequential both{shared_linear /* a std::shared_ptr or nn::Handle, shared */, nn::ReLU()};
+  EXPECT_EQ(both[0].get(), shared_linear.get());
+
+  struct Block2 : nn::Module {
+    Block2() : Module("Block") {}
+    Tensor forward(const Tensor& h) override { return h * 2.0; }
+  };
+  Tensor h = ones({1, 10});
+  nn::ModuleList blocks;                     // children "0", "1", ...; iterate and call them yourself
+  blocks.push_back(Block2());                // a value (moved in), or a handle
+  for (const auto& b : blocks) h = b(h);     // each element is an nn::ModulePtr (a Handle<Module>)
+  EXPECT_EQ(h.sum().item<float>(), 20.f);
+
+  nn::ModuleDict heads;                      // children under their keys, in insertion order
+  heads.insert("cls", nn::Linear(10, 2));
+  Tensor out = heads["cls"](h);
+  EXPECT_EQ(out.shape(), (Shape{1, 2}));
+}
+
+// ---- kiln/layers/attention.h (MultiheadAttention through its handle)
+TEST(DocSnippets, AttentionHeader) {
+  Tensor x = randn({2, 5, 256});
+  Tensor padding = zeros({2, 5}, {.dtype = DType::Bool});
+  auto mha = nn::make<nn::MultiheadAttention>(256, 8);   // batch_first: (N, L, E)
+  auto [out, weights] = mha(x, x, x, padding /* Bool (N, S), true = padding */, Tensor(), true);
+  Tensor y = mha(x);                                      // self-attention without masks: (N, L, E)
+  EXPECT_EQ(out.shape(), (Shape{2, 5, 256}));
+  EXPECT_EQ(weights.shape(), (Shape{2, 5, 5}));
+  EXPECT_EQ(y.shape(), (Shape{2, 5, 256}));
 }
 
 // ---- kiln/io/README.md, "Checkpoints" (run with a small model in a temporary folder)
@@ -156,7 +284,7 @@ TEST(DocSnippets, LayersAndOptimizers) {
 TEST(DocSnippets, GradScalerAndAutocast) {
   auto model = std::make_shared<nn::Linear>(8, 3);
   optim::SGD opt(model->parameters(), {.lr = 0.1});
-  Tensor x = randn({4, 8}), y = internal::zeros({4}, {.dtype = DType::Int64});
+  Tensor x = randn({4, 8}), y = zeros({4}, {.dtype = DType::Int64});
   amp::GradScaler scaler({.enabled = false});
   for (int i = 0; i < 2; ++i) {
     opt.zero_grad();
@@ -173,13 +301,13 @@ TEST(DocSnippets, GradScalerAndAutocast) {
 // kiln/layers/models/resnet.h, kiln/layers/models/bert.h
 TEST(DocSnippets, Models) {
   auto cifar = nn::models::resnet18({.num_classes = 10, .cifar_stem = true});   // (N, 3, 32, 32) -> (N, 10)
-  EXPECT_EQ((*cifar)(randn({1, 3, 32, 32})).shape(), (Shape{1, 10}));
+  EXPECT_EQ(cifar(randn({1, 3, 32, 32})).shape(), (Shape{1, 10}));
 
   models::BertConfig tiny{.vocab_size = 50, .hidden_size = 16, .num_hidden_layers = 2, .num_attention_heads = 2,
                       .intermediate_size = 32, .max_position_embeddings = 16};   // any custom size
-  auto clf = std::make_shared<models::BertForSequenceClassification>(tiny, /*num_labels=*/3);
-  Tensor ids = internal::zeros({2, 5}, {.dtype = DType::Int64});
-  auto out = clf->forward(ids, ids, internal::ones({2, 5}, {.dtype = DType::Int64}));
+  auto clf = nn::make<models::BertForSequenceClassification>(tiny, /*num_labels=*/3);
+  Tensor ids = zeros({2, 5}, {.dtype = DType::Int64});
+  auto out = clf(ids, ids, ones({2, 5}, {.dtype = DType::Int64}));
   EXPECT_EQ(out.logits.shape(), (Shape{2, 3}));
 }
 
@@ -187,7 +315,7 @@ TEST(DocSnippets, Models) {
 [[maybe_unused]] void resnet_header(const Tensor& images) {
   auto model = nn::models::resnet50({.num_classes = 1000});
   model->to(Device::cuda(0), MemoryFormat::ChannelsLast);
-  Tensor logits = (*model)(images);                     // (N, 3, 224, 224) -> (N, 1000)
+  Tensor logits = model(images);                        // (N, 3, 224, 224) -> (N, 1000)
 }
 
 // kiln/data/datasets/synthetic.h, kiln/data/dataloader.h (a small synthetic set, two workers, on the CPU)
@@ -238,8 +366,8 @@ TEST(DocSnippets, SyntheticDataAndLoader) {
   io::LoadReport r = io::load_weights(*clf, "resnet18.pth", {.strict = false});  // loads what matches
   std::cout << r.summary();                                                // loaded / missing / mismatched / ...
 
-  Tensor t = internal::zeros({2, 3}, {.device = Device::cuda(0)});
-  Tensor p = internal::empty({2, 3}, {.pinned_memory = true});
+  Tensor t = zeros({2, 3}, {.device = Device::cuda(0)});
+  Tensor p = empty({2, 3}, {.pinned_memory = true});
 }
 
 }  // namespace snippets

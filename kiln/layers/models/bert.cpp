@@ -114,7 +114,6 @@ BertEmbeddings::BertEmbeddings(const BertConfig& c) : Module("BertEmbeddings") {
 }
 
 Tensor BertEmbeddings::forward(const Tensor& input_ids, const Tensor& token_type_ids) {
-  trace::Scope range(trace::Kind::Module, type_name(), input_ids.device());
   check_ids("BertEmbeddings", input_ids, "input_ids");
   const int64_t N = input_ids.size(0), S = input_ids.size(1);
   KILN_CHECK(S <= position_embeddings->num_embeddings, "BertEmbeddings: sequence length ", S,
@@ -130,8 +129,8 @@ Tensor BertEmbeddings::forward(const Tensor& input_ids, const Tensor& token_type
   }
   Tensor positions = arange(S, {.dtype = DType::Int64, .device = input_ids.device()});  // (S)
   // (N, S, H) + (S, H) + (N, S, H)
-  Tensor x = (*word_embeddings)(input_ids) + (*position_embeddings)(positions) + (*token_type_embeddings)(types);
-  return (*dropout)((*layer_norm)(x));
+  Tensor x = word_embeddings(input_ids) + position_embeddings(positions) + token_type_embeddings(types);
+  return dropout(layer_norm(x));
 }
 
 // ---------------------------------------------------------------- one encoder layer
@@ -147,7 +146,6 @@ BertSelfAttention::BertSelfAttention(const BertConfig& c)
 }
 
 Tensor BertSelfAttention::forward(const Tensor& hidden, const Tensor& mask) {
-  trace::Scope range(trace::Kind::Module, type_name(), hidden.device());
   const int64_t N = hidden.size(0), S = hidden.size(1), H = hidden.size(2);
   // (N, S, H) -> (N, S, heads, D) -> (N, heads, S, D)
   auto heads = [&](const Tensor& x) { return permute(reshape(x, {N, S, num_heads, head_dim}), {0, 2, 1, 3}); };
@@ -179,10 +177,9 @@ BertResidualOutput::BertResidualOutput(const BertConfig& c, int64_t in_features)
 }
 
 Tensor BertResidualOutput::forward(const Tensor& x, const Tensor& residual) {
-  trace::Scope range(trace::Kind::Module, type_name(), x.device());
   // dropout -> + residual -> LayerNorm as one op (one kernel each way on the GPU); the dropout module keeps its name
   // and its p, and its train()/eval() state decides whether elements are dropped.
-  return dropout_add_layer_norm((*dense)(x), residual, dropout->options.p, dropout->is_training(),
+  return dropout_add_layer_norm(dense(x), residual, dropout->options.p, dropout->is_training(),
                                 layer_norm->normalized_shape, layer_norm->weight, layer_norm->bias,
                                 layer_norm->options.eps);
 }
@@ -192,16 +189,13 @@ BertAttention::BertAttention(const BertConfig& c) : Module("BertAttention") {
   output = register_module("output", std::make_shared<BertResidualOutput>(c, c.hidden_size));
 }
 
-Tensor BertAttention::forward(const Tensor& hidden, const Tensor& mask) {
-  trace::Scope range(trace::Kind::Module, type_name(), hidden.device());
-  return output->forward(self->forward(hidden, mask), hidden);
-}
+Tensor BertAttention::forward(const Tensor& hidden, const Tensor& mask) { return output(self(hidden, mask), hidden); }
 
 BertIntermediate::BertIntermediate(const BertConfig& c) : Module("BertIntermediate"), act(c.hidden_act) {
   dense = register_module("dense", std::make_shared<Linear>(c.hidden_size, c.intermediate_size));
 }
 
-Tensor BertIntermediate::forward(const Tensor& x) { return activate((*dense)(x), act); }
+Tensor BertIntermediate::forward(const Tensor& x) { return activate(dense(x), act); }
 
 BertLayer::BertLayer(const BertConfig& c) : Module("BertLayer") {
   attention = register_module("attention", std::make_shared<BertAttention>(c));
@@ -210,9 +204,8 @@ BertLayer::BertLayer(const BertConfig& c) : Module("BertLayer") {
 }
 
 Tensor BertLayer::forward(const Tensor& hidden, const Tensor& mask) {
-  trace::Scope range(trace::Kind::Module, type_name(), hidden.device());
-  Tensor a = attention->forward(hidden, mask);
-  return output->forward((*intermediate)(a), a);
+  Tensor a = attention(hidden, mask);
+  return output(intermediate(a), a);
 }
 
 BertEncoder::BertEncoder(const BertConfig& c) : Module("BertEncoder") {
@@ -221,16 +214,15 @@ BertEncoder::BertEncoder(const BertConfig& c) : Module("BertEncoder") {
 }
 
 Tensor BertEncoder::forward(const Tensor& hidden, const Tensor& mask) {
-  trace::Scope range(trace::Kind::Module, type_name(), hidden.device());
   Tensor h = hidden;
   const bool recompute = gradient_checkpointing && GradMode::is_enabled();
   for (int64_t i = 0; i < layer->size(); ++i) {
     auto block = layer->at<BertLayer>(i);
     if (recompute) {
       // The mask is captured by value: the recomputation runs during backward, after this call has returned.
-      h = autograd::checkpoint([block, mask](const Tensor& in) { return block->forward(in, mask); }, h);
+      h = autograd::checkpoint([block, mask](const Tensor& in) { return block(in, mask); }, h);
     } else {
-      h = block->forward(h, mask);
+      h = block(h, mask);
     }
   }
   return h;
@@ -241,7 +233,7 @@ BertPooler::BertPooler(const BertConfig& c) : Module("BertPooler") {
 }
 
 Tensor BertPooler::forward(const Tensor& hidden) {
-  return kiln::tanh((*dense)(select(hidden, 1, 0)));  // (N, S, H) -> [CLS] (N, H)
+  return kiln::tanh(dense(select(hidden, 1, 0)));  // (N, S, H) -> [CLS] (N, H)
 }
 
 // ---------------------------------------------------------------- BertModel
@@ -256,7 +248,6 @@ BertModel::BertModel(const BertConfig& c, bool add_pooling_layer) : Module("Bert
 
 BertModel::Output BertModel::forward(const Tensor& input_ids, const Tensor& token_type_ids,
                                      const Tensor& attention_mask) {
-  trace::Scope range(trace::Kind::Module, type_name(), input_ids.device());
   check_ids("BertModel", input_ids, "input_ids");
   Tensor mask;  // (N, 1, 1, S) Bool, true = may attend: every query sees every real token.
   if (attention_mask.defined()) {
@@ -269,8 +260,8 @@ BertModel::Output BertModel::forward(const Tensor& input_ids, const Tensor& toke
     mask = reshape(m, {input_ids.size(0), 1, 1, input_ids.size(1)});
   }
   Output out;
-  out.sequence_output = encoder->forward(embeddings->forward(input_ids, token_type_ids), mask);
-  if (pooler) out.pooled_output = (*pooler)(out.sequence_output);
+  out.sequence_output = encoder(embeddings(input_ids, token_type_ids), mask);
+  if (pooler) out.pooled_output = pooler(out.sequence_output);
   return out;
 }
 
@@ -295,8 +286,8 @@ BertLMPredictionHead::BertLMPredictionHead(const BertConfig& c, const Tensor& wo
 }
 
 Tensor BertLMPredictionHead::forward(const Tensor& hidden) {
-  Tensor h = (*transform_layer_norm)(activate((*transform_dense)(hidden), act));  // (N, S, H)
-  return linear(h, decoder_weight, bias);                                         // (N, S, vocab)
+  Tensor h = transform_layer_norm(activate(transform_dense(hidden), act));  // (N, S, H)
+  return linear(h, decoder_weight, bias);                                   // (N, S, vocab)
 }
 
 BertForMaskedLM::BertForMaskedLM(const BertConfig& c) : Module("BertForMaskedLM") {
@@ -309,9 +300,8 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c) : Module("BertForMaskedLM"
 
 BertForMaskedLM::Output BertForMaskedLM::forward(const Tensor& input_ids, const Tensor& token_type_ids,
                                                  const Tensor& attention_mask, const Tensor& labels) {
-  trace::Scope range(trace::Kind::Module, type_name(), input_ids.device());
   Output out;
-  out.logits = (*predictions)(bert->forward(input_ids, token_type_ids, attention_mask).sequence_output);
+  out.logits = predictions(bert(input_ids, token_type_ids, attention_mask).sequence_output);
   if (labels.defined()) {
     KILN_CHECK(labels.shape() == input_ids.shape() && is_integral(labels.dtype()),
                "BertForMaskedLM: labels must be integer token ids of the input's shape ", input_ids.shape(),
@@ -337,9 +327,8 @@ BertForSequenceClassification::Output BertForSequenceClassification::forward(con
                                                                              const Tensor& token_type_ids,
                                                                              const Tensor& attention_mask,
                                                                              const Tensor& labels) {
-  trace::Scope range(trace::Kind::Module, type_name(), input_ids.device());
   Output out;
-  out.logits = (*classifier)((*dropout)(bert->forward(input_ids, token_type_ids, attention_mask).pooled_output));
+  out.logits = classifier(dropout(bert(input_ids, token_type_ids, attention_mask).pooled_output));
   if (labels.defined()) {
     if (num_labels == 1) {
       // Regression, as Hugging Face: MSE against float targets (N).

@@ -1,19 +1,25 @@
 // kiln/layers/models/bert.h — BERT (Devlin et al. 2018) with Hugging Face's module tree and parameter names.
 //
 //   using namespace kiln;
-//   auto mlm = std::make_shared<models::BertForMaskedLM>(models::BertConfig::base());
-//   auto out = mlm->forward(input_ids, token_type_ids, attention_mask, labels);  // (N, S) Int64 each
-//   out.loss.backward();                                                         // out.logits (N, S, vocab)
+//   auto mlm = nn::make<models::BertForMaskedLM>(models::BertConfig::base());   // an nn::Handle
+//   auto out = mlm(input_ids, token_type_ids, attention_mask, labels);   // (N, S) Int64 each; its forward(...)
+//   out.loss.backward();                                                 // out.logits (N, S, vocab)
 //
 //   models::BertConfig tiny{.vocab_size = 50, .hidden_size = 16, .num_hidden_layers = 2, .num_attention_heads = 2,
 //                       .intermediate_size = 32, .max_position_embeddings = 16};   // any custom size
-//   auto clf = std::make_shared<models::BertForSequenceClassification>(tiny, /*num_labels=*/3);
+//   auto clf = nn::make<models::BertForSequenceClassification>(tiny, /*num_labels=*/3);
 //
 // Names match transformers' BertModel / BertForMaskedLM / BertForSequenceClassification
 // ("bert.encoder.layer.0.attention.self.query.weight", "cls.predictions.transform.LayerNorm.weight", ...),
 // so Hugging Face state dicts load by name. Initialisation as Hugging Face's _init_weights: Linear and
 // Embedding weights N(0, initializer_range^2), biases zero, the padding row (id 0) of the word embeddings
 // zero, LayerNorm ones and zeros. Self-attention goes through nn::scaled_dot_product_attention.
+// The modules' forward functions take several inputs (ids, masks, residuals); they call one another through
+// their handles (layer(hidden, mask)), so each call is a profiler range named after the module, as yours are
+// when you call the model through a handle (mlm(ids, ...)) rather than mlm->forward(ids, ...). Those with several
+// inputs make Module's one-tensor forward private (`using Module::forward;` in a private section): it is not
+// hidden by accident (no -Woverloaded-virtual warning, which -Wall gives with GCC 13 and clang), and layer(h)
+// does not compile.
 #pragma once
 
 #include <cstdint>
@@ -68,18 +74,22 @@ struct BertConfig {
 
 // word + position + token_type embeddings -> LayerNorm -> dropout: (N, S) ids -> (N, S, H).
 class BertEmbeddings : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertEmbeddings(const BertConfig& config);
   // token_type_ids undefined: all type 0. Positions are 0 .. S-1.
   Tensor forward(const Tensor& input_ids, const Tensor& token_type_ids);
 
-  std::shared_ptr<Embedding> word_embeddings, position_embeddings, token_type_embeddings;
-  std::shared_ptr<LayerNorm> layer_norm;  // registered as "LayerNorm", HF's name
-  std::shared_ptr<Dropout> dropout;
+  Handle<Embedding> word_embeddings, position_embeddings, token_type_embeddings;
+  Handle<LayerNorm> layer_norm;  // registered as "LayerNorm", HF's name
+  Handle<Dropout> dropout;
 };
 
 // "attention.self": query, key, value (H -> H) and multi-head scaled dot-product attention.
 class BertSelfAttention : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertSelfAttention(const BertConfig& config);
   // hidden (N, S, H), mask Bool broadcastable to (N, heads, S, S) (true = may attend) or undefined -> (N, S, H).
@@ -87,28 +97,32 @@ class BertSelfAttention : public Module {
 
   int64_t num_heads, head_dim;
   double attention_dropout;
-  std::shared_ptr<Linear> query, key, value;
+  Handle<Linear> query, key, value;
 };
 
 // dense -> dropout -> LayerNorm(x + residual) (nn::dropout_add_layer_norm): "attention.output" (H -> H) and "output"
 // (I -> H).
 class BertResidualOutput : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   BertResidualOutput(const BertConfig& config, int64_t in_features);
   Tensor forward(const Tensor& x, const Tensor& residual);
 
-  std::shared_ptr<Linear> dense;
-  std::shared_ptr<LayerNorm> layer_norm;  // "LayerNorm"
-  std::shared_ptr<Dropout> dropout;
+  Handle<Linear> dense;
+  Handle<LayerNorm> layer_norm;  // "LayerNorm"
+  Handle<Dropout> dropout;
 };
 
 class BertAttention : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertAttention(const BertConfig& config);
   Tensor forward(const Tensor& hidden, const Tensor& mask);
 
-  std::shared_ptr<BertSelfAttention> self;
-  std::shared_ptr<BertResidualOutput> output;
+  Handle<BertSelfAttention> self;
+  Handle<BertResidualOutput> output;
 };
 
 // "intermediate": dense (H -> I) and the activation.
@@ -118,17 +132,19 @@ class BertIntermediate : public Module {
   Tensor forward(const Tensor& x) override;
 
   BertActivation act;
-  std::shared_ptr<Linear> dense;
+  Handle<Linear> dense;
 };
 
 class BertLayer : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertLayer(const BertConfig& config);
   Tensor forward(const Tensor& hidden, const Tensor& mask);
 
-  std::shared_ptr<BertAttention> attention;
-  std::shared_ptr<BertIntermediate> intermediate;
-  std::shared_ptr<BertResidualOutput> output;
+  Handle<BertAttention> attention;
+  Handle<BertIntermediate> intermediate;
+  Handle<BertResidualOutput> output;
 };
 
 // dense + tanh on the first ([CLS]) token: (N, S, H) -> (N, H).
@@ -137,16 +153,18 @@ class BertPooler : public Module {
   explicit BertPooler(const BertConfig& config);
   Tensor forward(const Tensor& hidden) override;
 
-  std::shared_ptr<Linear> dense;
+  Handle<Linear> dense;
 };
 
 // "encoder": the stack of layers, under "layer.0", "layer.1", ...
 class BertEncoder : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertEncoder(const BertConfig& config);
   Tensor forward(const Tensor& hidden, const Tensor& mask);
 
-  std::shared_ptr<ModuleList> layer;
+  Handle<ModuleList> layer;
   // Gradient checkpointing: while gradients are recorded, each layer keeps only its input and recomputes its
   // activations during backward (autograd::checkpoint, with forward's dropout masks and autocast state): less
   // memory for about one more forward. Off by default; BertModel::set_gradient_checkpointing sets it.
@@ -154,6 +172,8 @@ class BertEncoder : public Module {
 };
 
 class BertModel : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertModel(const BertConfig& config, bool add_pooling_layer = true);
 
@@ -168,9 +188,9 @@ class BertModel : public Module {
   void set_gradient_checkpointing(bool on = true) { encoder->gradient_checkpointing = on; }
 
   BertConfig config;
-  std::shared_ptr<BertEmbeddings> embeddings;
-  std::shared_ptr<BertEncoder> encoder;
-  std::shared_ptr<BertPooler> pooler;  // null without the pooling layer
+  Handle<BertEmbeddings> embeddings;
+  Handle<BertEncoder> encoder;
+  Handle<BertPooler> pooler;  // null without the pooling layer
 };
 
 // Hugging Face's _init_weights over every Linear, Embedding and LayerNorm under root (the constructors
@@ -186,14 +206,16 @@ class BertLMPredictionHead : public Module {
 
   BertActivation act;
   Tensor bias;  // (vocab), also registered as "decoder.bias"
-  std::shared_ptr<Module> transform;
-  std::shared_ptr<Linear> transform_dense;
-  std::shared_ptr<LayerNorm> transform_layer_norm;
-  std::shared_ptr<Module> decoder;  // holds "weight" (tied) and "bias"
-  Tensor decoder_weight;            // (vocab, H): the same Tensor as bert.embeddings.word_embeddings.weight
+  Handle<Module> transform;
+  Handle<Linear> transform_dense;
+  Handle<LayerNorm> transform_layer_norm;
+  Handle<Module> decoder;  // holds "weight" (tied) and "bias"
+  Tensor decoder_weight;   // (vocab, H): the same Tensor as bert.embeddings.word_embeddings.weight
 };
 
 class BertForMaskedLM : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   explicit BertForMaskedLM(const BertConfig& config);
 
@@ -205,12 +227,14 @@ class BertForMaskedLM : public Module {
   Output forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask,
                  const Tensor& labels = {});
 
-  std::shared_ptr<BertModel> bert;  // without the pooler, as Hugging Face's
-  std::shared_ptr<Module> cls;
-  std::shared_ptr<BertLMPredictionHead> predictions;  // "cls.predictions"
+  Handle<BertModel> bert;  // without the pooler, as Hugging Face's
+  Handle<Module> cls;
+  Handle<BertLMPredictionHead> predictions;  // "cls.predictions"
 };
 
 class BertForSequenceClassification : public Module {
+  using Module::forward;  // private: the one-tensor forward does not apply (see above)
+
  public:
   BertForSequenceClassification(const BertConfig& config, int64_t num_labels = 2);
 
@@ -222,9 +246,9 @@ class BertForSequenceClassification : public Module {
                  const Tensor& labels = {});
 
   int64_t num_labels;
-  std::shared_ptr<BertModel> bert;
-  std::shared_ptr<Dropout> dropout;
-  std::shared_ptr<Linear> classifier;
+  Handle<BertModel> bert;
+  Handle<Dropout> dropout;
+  Handle<Linear> classifier;
 };
 
 }  // namespace kiln::nn::models

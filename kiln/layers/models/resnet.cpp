@@ -53,9 +53,9 @@ BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride, std::s
 
 Tensor BasicBlock::forward(const Tensor& x) {
   // (N, C_in, H, W) -> (N, planes, H / s, W / s)
-  Tensor out = bn1->forward_relu((*conv1)(x));  // batch norm + ReLU in one pass on the GPU
-  out = (*conv2)(out);
-  const Tensor identity = downsample != nullptr ? (*downsample)(x) : x;
+  Tensor out = bn1->forward_relu(conv1(x));  // batch norm + ReLU in one pass on the GPU
+  out = conv2(out);
+  const Tensor identity = downsample != nullptr ? downsample(x) : x;
   // relu(bn2(out) + identity), one pass on the GPU (the registered `relu` module stays, for the names).
   return bn2->forward_add_relu(out, identity);
 }
@@ -79,10 +79,10 @@ Bottleneck::Bottleneck(int64_t in_planes, int64_t planes, int64_t stride, std::s
 
 Tensor Bottleneck::forward(const Tensor& x) {
   // (N, C_in, H, W) -> (N, planes, H, W) -> (N, planes, H / s, W / s) -> (N, 4 planes, H / s, W / s)
-  Tensor out = bn1->forward_relu((*conv1)(x));  // batch norm + ReLU in one pass on the GPU
-  out = bn2->forward_relu((*conv2)(out));
-  out = (*conv3)(out);
-  const Tensor identity = downsample != nullptr ? (*downsample)(x) : x;
+  Tensor out = bn1->forward_relu(conv1(x));  // batch norm + ReLU in one pass on the GPU
+  out = bn2->forward_relu(conv2(out));
+  out = conv3(out);
+  const Tensor identity = downsample != nullptr ? downsample(x) : x;
   // relu(bn3(out) + identity), one pass on the GPU (the registered `relu` module stays, for the names).
   return bn3->forward_add_relu(out, identity);
 }
@@ -167,34 +167,34 @@ void ResNet::init_weights() {
 Tensor ResNet::forward_features(const Tensor& x) {
   KILN_CHECK(x.dim() == 4 && x.size(1) == 3, "ResNet: expected images of shape (N, 3, H, W), got shape ", x.shape(),
              "; add a batch dim with unsqueeze(0) for a single image");
-  Tensor h = bn1->forward_relu((*conv1)(x));  // (N, 64, H / 2, W / 2); (N, 64, H, W) with the CIFAR stem
-  h = (*maxpool)(h);                          // (N, 64, H / 4, W / 4); unchanged with the CIFAR stem
-  h = (*layer1)(h);                           // (N, 64 e, H / 4, W / 4)
-  h = (*layer2)(h);                           // (N, 128 e, H / 8, W / 8)
-  h = (*layer3)(h);                           // (N, 256 e, H / 16, W / 16)
-  return (*layer4)(h);                        // (N, 512 e, H / 32, W / 32)
+  Tensor h = bn1->forward_relu(conv1(x));  // (N, 64, H / 2, W / 2); (N, 64, H, W) with the CIFAR stem
+  h = maxpool(h);                          // (N, 64, H / 4, W / 4); unchanged with the CIFAR stem
+  h = layer1(h);                           // (N, 64 e, H / 4, W / 4)
+  h = layer2(h);                           // (N, 128 e, H / 8, W / 8)
+  h = layer3(h);                           // (N, 256 e, H / 16, W / 16)
+  return layer4(h);                        // (N, 512 e, H / 32, W / 32)
 }
 
 Tensor ResNet::forward(const Tensor& x) {
-  Tensor h = (*avgpool)(forward_features(x));  // (N, 512 e, 1, 1)
-  return (*fc)(flatten(h, 1));                 // (N, 512 e) -> (N, num_classes)
+  Tensor h = avgpool(forward_features(x));  // (N, 512 e, 1, 1)
+  return fc(flatten(h, 1));                 // (N, 512 e) -> (N, num_classes)
 }
 
 // ---------------------------------------------------------------- factories
 
-std::shared_ptr<ResNet> resnet18(ResNetOptions options) {
+Handle<ResNet> resnet18(ResNetOptions options) {
   return std::make_shared<ResNet>(ResNetBlock::Basic, std::vector<int64_t>{2, 2, 2, 2}, options);
 }
-std::shared_ptr<ResNet> resnet34(ResNetOptions options) {
+Handle<ResNet> resnet34(ResNetOptions options) {
   return std::make_shared<ResNet>(ResNetBlock::Basic, std::vector<int64_t>{3, 4, 6, 3}, options);
 }
-std::shared_ptr<ResNet> resnet50(ResNetOptions options) {
+Handle<ResNet> resnet50(ResNetOptions options) {
   return std::make_shared<ResNet>(ResNetBlock::Bottleneck, std::vector<int64_t>{3, 4, 6, 3}, options);
 }
-std::shared_ptr<ResNet> resnet101(ResNetOptions options) {
+Handle<ResNet> resnet101(ResNetOptions options) {
   return std::make_shared<ResNet>(ResNetBlock::Bottleneck, std::vector<int64_t>{3, 4, 23, 3}, options);
 }
-std::shared_ptr<ResNet> resnet152(ResNetOptions options) {
+Handle<ResNet> resnet152(ResNetOptions options) {
   return std::make_shared<ResNet>(ResNetBlock::Bottleneck, std::vector<int64_t>{3, 8, 36, 3}, options);
 }
 

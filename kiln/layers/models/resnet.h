@@ -3,7 +3,7 @@
 //   using namespace kiln;
 //   auto model = nn::models::resnet50({.num_classes = 1000});
 //   model->to(Device::cuda(0), MemoryFormat::ChannelsLast);
-//   Tensor logits = (*model)(images);                     // (N, 3, 224, 224) -> (N, 1000)
+//   Tensor logits = model(images);                        // (N, 3, 224, 224) -> (N, 1000)
 //   auto cifar = nn::models::resnet18({.num_classes = 10, .cifar_stem = true});   // (N, 3, 32, 32) -> (N, 10)
 //
 // Module, parameter and buffer names are torchvision's ("layer1.0.conv1.weight",
@@ -45,12 +45,12 @@ class BasicBlock : public Module {
   BasicBlock(int64_t in_planes, int64_t planes, int64_t stride = 1, std::shared_ptr<Sequential> downsample = nullptr);
   Tensor forward(const Tensor& x) override;
 
-  std::shared_ptr<Conv2d> conv1;  // 3x3, stride `stride`
-  std::shared_ptr<BatchNorm2d> bn1;
-  std::shared_ptr<ReLU> relu;
-  std::shared_ptr<Conv2d> conv2;  // 3x3
-  std::shared_ptr<BatchNorm2d> bn2;
-  std::shared_ptr<Sequential> downsample;  // null: identity shortcut
+  Handle<Conv2d> conv1;  // 3x3, stride `stride`
+  Handle<BatchNorm2d> bn1;
+  Handle<ReLU> relu;
+  Handle<Conv2d> conv2;  // 3x3
+  Handle<BatchNorm2d> bn2;
+  Handle<Sequential> downsample;  // null: identity shortcut
 };
 
 // 1x1 reduce, 3x3 (with the stride: v1.5), 1x1 expand by 4 (ResNet-50/101/152).
@@ -61,14 +61,14 @@ class Bottleneck : public Module {
   Bottleneck(int64_t in_planes, int64_t planes, int64_t stride = 1, std::shared_ptr<Sequential> downsample = nullptr);
   Tensor forward(const Tensor& x) override;
 
-  std::shared_ptr<Conv2d> conv1;  // 1x1, in_planes -> planes
-  std::shared_ptr<BatchNorm2d> bn1;
-  std::shared_ptr<Conv2d> conv2;  // 3x3, stride `stride`, planes -> planes
-  std::shared_ptr<BatchNorm2d> bn2;
-  std::shared_ptr<Conv2d> conv3;  // 1x1, planes -> 4 planes
-  std::shared_ptr<BatchNorm2d> bn3;
-  std::shared_ptr<ReLU> relu;
-  std::shared_ptr<Sequential> downsample;  // null: identity shortcut
+  Handle<Conv2d> conv1;  // 1x1, in_planes -> planes
+  Handle<BatchNorm2d> bn1;
+  Handle<Conv2d> conv2;  // 3x3, stride `stride`, planes -> planes
+  Handle<BatchNorm2d> bn2;
+  Handle<Conv2d> conv3;  // 1x1, planes -> 4 planes
+  Handle<BatchNorm2d> bn3;
+  Handle<ReLU> relu;
+  Handle<Sequential> downsample;  // null: identity shortcut
 };
 
 enum class ResNetBlock { Basic, Bottleneck };
@@ -86,13 +86,13 @@ class ResNet : public Module {
   ResNetBlock block;
   std::vector<int64_t> blocks_per_stage;
   ResNetOptions options;
-  std::shared_ptr<Conv2d> conv1;
-  std::shared_ptr<BatchNorm2d> bn1;
-  std::shared_ptr<ReLU> relu;
+  Handle<Conv2d> conv1;
+  Handle<BatchNorm2d> bn1;
+  Handle<ReLU> relu;
   ModulePtr maxpool;  // MaxPool2d(3, 2, 1), or Identity with the CIFAR stem
-  std::shared_ptr<Sequential> layer1, layer2, layer3, layer4;
-  std::shared_ptr<AdaptiveAvgPool2d> avgpool;
-  std::shared_ptr<Linear> fc;  // (num_classes, 512 * expansion)
+  Handle<Sequential> layer1, layer2, layer3, layer4;
+  Handle<AdaptiveAvgPool2d> avgpool;
+  Handle<Linear> fc;  // (num_classes, 512 * expansion)
 
  private:
   std::shared_ptr<Sequential> make_stage(int64_t planes, int64_t num_blocks, int64_t stride);
@@ -100,11 +100,11 @@ class ResNet : public Module {
   int64_t in_planes_ = 64;
 };
 
-std::shared_ptr<ResNet> resnet18(ResNetOptions options = {});   // BasicBlock {2, 2, 2, 2}: 11,689,512 parameters
-std::shared_ptr<ResNet> resnet34(ResNetOptions options = {});   // BasicBlock {3, 4, 6, 3}: 21,797,672
-std::shared_ptr<ResNet> resnet50(ResNetOptions options = {});   // Bottleneck {3, 4, 6, 3}: 25,557,032
-std::shared_ptr<ResNet> resnet101(ResNetOptions options = {});  // Bottleneck {3, 4, 23, 3}: 44,549,160
-std::shared_ptr<ResNet> resnet152(ResNetOptions options = {});  // Bottleneck {3, 8, 36, 3}: 60,192,808
+Handle<ResNet> resnet18(ResNetOptions options = {});   // BasicBlock {2, 2, 2, 2}: 11,689,512 parameters
+Handle<ResNet> resnet34(ResNetOptions options = {});   // BasicBlock {3, 4, 6, 3}: 21,797,672
+Handle<ResNet> resnet50(ResNetOptions options = {});   // Bottleneck {3, 4, 6, 3}: 25,557,032
+Handle<ResNet> resnet101(ResNetOptions options = {});  // Bottleneck {3, 4, 23, 3}: 44,549,160
+Handle<ResNet> resnet152(ResNetOptions options = {});  // Bottleneck {3, 8, 36, 3}: 60,192,808
 
 }  // namespace kiln::nn::models
 

@@ -13,14 +13,12 @@ int main() {
   const int64_t n = 256;
   Tensor x = linspace(-1.0, 1.0, n).reshape({n, 1});
   Tensor y = sin(x * 3.0);
-  auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
-      std::make_shared<nn::Linear>(1, 32), std::make_shared<nn::Tanh>(), std::make_shared<nn::Linear>(32, 32),
-      std::make_shared<nn::Tanh>(), std::make_shared<nn::Linear>(32, 1)});
-  optim::Adam opt(model->parameters(), {.lr = 1e-2});
+  nn::Sequential model{nn::Linear(1, 32), nn::Tanh(), nn::Linear(32, 32), nn::Tanh(), nn::Linear(32, 1)};
+  optim::Adam opt(model.parameters(), {.lr = 1e-2});
   double first = 0, last = 0;
   for (int step = 0; step < 300; ++step) {
     opt.zero_grad();
-    Tensor loss = nn::mse_loss((*model)(x), y);
+    Tensor loss = nn::mse_loss(model(x), y);
     loss.backward();
     opt.step();
     last = loss.item<double>();
