@@ -14,6 +14,19 @@ install(TARGETS ${KILN_LIBRARY_TARGETS} EXPORT kilnTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
+# ---- ISA-L from third_party/ (a machine without the system package): installed beside libkiln.so ----
+# libkiln.so needs libisal.so.2 at run time and at a program's link. The system's copy (libisal2) is found by
+# every linker; a copy scripts/setup.sh put into the source tree is not, so the prefix carries it and libkiln.so
+# finds it through its $ORIGIN run path.
+if(ISAL_LIBRARY AND ISAL_LIBRARY MATCHES "^${PROJECT_SOURCE_DIR}/third_party/")
+  get_filename_component(_isal_dir "${ISAL_LIBRARY}" DIRECTORY)
+  file(GLOB _isal_files "${_isal_dir}/libisal.so*")
+  install(FILES ${_isal_files} DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  if(TARGET kiln AND KILN_SHARED)
+    set_property(TARGET kiln APPEND PROPERTY INSTALL_RPATH "$ORIGIN")
+  endif()
+endif()
+
 # ---- headers: kiln/**/*.h with their paths, except the backends' internals ----
 # Public headers include only kiln/<module>/*.h; the backend folders hold implementation headers
 # that may pull in Eigen or CUDA, which must never reach a user's compiler.
