@@ -23,10 +23,14 @@ PolicyTable make_default_table() {
   }
 #define KILN_X(Enum, name, result, policy_, ...) t[static_cast<size_t>(Op::Enum)] = Policy::policy_;
   KILN_UNARY_OPS(KILN_X)
+  KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, forms, policy_, ...) t[static_cast<size_t>(Op::Enum)] = Policy::policy_;
+  KILN_BINARY_PREDICATES(KILN_X)
 #undef KILN_X
   for (Op op :
-       {Op::Pow, Op::Sum, Op::Prod, Op::Var, Op::Std, Op::Norm, Op::LogSumExp, Op::Softmax, Op::LogSoftmax,
-        Op::LayerNorm, Op::GroupNorm, Op::CrossEntropy, Op::NllLoss, Op::MseLoss, Op::BinaryCrossEntropyWithLogits}) {
+       {Op::Sum, Op::Prod, Op::Var, Op::Std, Op::Norm, Op::LogSumExp, Op::Softmax, Op::LogSoftmax, Op::LayerNorm,
+        Op::GroupNorm, Op::CrossEntropy, Op::NllLoss, Op::MseLoss, Op::BinaryCrossEntropyWithLogits}) {
     t[static_cast<size_t>(op)] = Policy::Float32;
   }
   for (Op op : {Op::Cat, Op::Stack, Op::Where, Op::Lerp, Op::IndexAdd, Op::Scatter, Op::ScatterAdd}) {

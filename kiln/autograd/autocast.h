@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kiln/tensor/binary_ops.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/tensor/unary_ops.h"
 
@@ -26,25 +27,19 @@ namespace kiln::autocast {
 
 // Every op that has an autocast policy.
 enum class Op : uint16_t {
-  // the unary table's ops (kiln/tensor/unary_ops.h), whose policies it gives
+// the unary table's ops (kiln/tensor/unary_ops.h), whose policies it gives
 #define KILN_X(Enum, ...) Enum,
   KILN_UNARY_OPS(KILN_X)
+  // the binary table's ops and predicates (kiln/tensor/binary_ops.h), whose policies it gives
+  KILN_BINARY_OPS(KILN_X) KILN_BINARY_PREDICATES(KILN_X)
 #undef KILN_X
   // elementwise
-  Add,
-  Sub,
-  Mul,
-  Div,
   Gelu,
   Square,
-  Pow,
   Clamp,
-  Maximum,
-  Minimum,
   Where,
   MaskedFill,
   Lerp,
-  Remainder,
   Cast,
   // reductions
   Sum,
