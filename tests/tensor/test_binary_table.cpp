@@ -36,17 +36,6 @@ struct Row {
   std::function<Tensor&(Tensor&, const Tensor&)> in_place;
 };
 
-template <typename F>
-std::function<Tensor(const Tensor&, Scalar)> number_form(std::string_view forms, F f) {
-  if (forms == "Plain") return nullptr;
-  return f;
-}
-template <typename F>
-std::function<Tensor&(Tensor&, const Tensor&)> in_place_form(std::string_view forms, F f) {
-  if (forms == "Plain") return nullptr;
-  return f;
-}
-
 // The forms a predicate row declares (no in-place form: the result is Bool).
 #define KILN_PREDICATE_NUMBER_Plain(name) nullptr
 #define KILN_PREDICATE_NUMBER_Scalar(name) [](const Tensor& a, Scalar s) { return kiln::name(a, s); }
