@@ -1,8 +1,12 @@
 // The autocast policy table and the thread-local autocast state.
 #include "kiln/autograd/autocast.h"
 
+#include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <utility>
 
 #include "kiln/autograd/grad_mode.h"
@@ -11,22 +15,25 @@
 namespace kiln::autocast {
 namespace {
 
-using PolicyTable = std::array<Policy, static_cast<size_t>(Op::kCount)>;
+// The enum's ops, then room for the registered ones: the array never moves, so policy() reads it without a lock.
+using PolicyTable = std::array<Policy, static_cast<size_t>(Op::kCount) + kMaxRegisteredOps>;
 
 // The classes follow the usual mixed-precision practice: tensor-core ops run low, ops whose range or
 // accumulated error suffers in 16 bits run in float32, multi-input ops that must agree promote.
 PolicyTable make_default_table() {
   PolicyTable t;
   t.fill(Policy::Keep);
-  for (Op op : {Op::Matmul, Op::Mm, Op::Bmm, Op::Addmm, Op::Dot, Op::Outer, Op::Linear, Op::Conv, Op::Attention}) {
+  for (Op op : {Op::Matmul, Op::Mm, Op::Bmm, Op::Addmm, Op::Dot, Op::Outer}) {
     t[static_cast<size_t>(op)] = Policy::LowerPrecision;
   }
 #define KILN_X(Enum, name, result, policy_, ...) t[static_cast<size_t>(Op::Enum)] = Policy::policy_;
   KILN_UNARY_OPS(KILN_X)
+  KILN_BINARY_OPS(KILN_X)
 #undef KILN_X
-  for (Op op :
-       {Op::Pow, Op::Sum, Op::Prod, Op::Var, Op::Std, Op::Norm, Op::LogSumExp, Op::Softmax, Op::LogSoftmax,
-        Op::LayerNorm, Op::GroupNorm, Op::CrossEntropy, Op::NllLoss, Op::MseLoss, Op::BinaryCrossEntropyWithLogits}) {
+#define KILN_X(Enum, name, forms, policy_, ...) t[static_cast<size_t>(Op::Enum)] = Policy::policy_;
+  KILN_BINARY_PREDICATES(KILN_X)
+#undef KILN_X
+  for (Op op : {Op::Sum, Op::Prod, Op::Var, Op::Std, Op::Norm, Op::LogSumExp, Op::Softmax, Op::LogSoftmax}) {
     t[static_cast<size_t>(op)] = Policy::Float32;
   }
   for (Op op : {Op::Cat, Op::Stack, Op::Where, Op::Lerp, Op::IndexAdd, Op::Scatter, Op::ScatterAdd}) {
@@ -65,10 +72,59 @@ void refresh_any(detail::State& s) {
   for (bool e : s.enabled) s.any_enabled = s.any_enabled || e;
 }
 
+// The registered ops, in the order of their ids after Op::kCount.
+struct Registered {
+  std::string name;
+  Policy default_policy;
+};
+struct Registry {
+  std::mutex mutex;
+  std::deque<Registered> ops;  // a deque: registered_name()'s views stay valid as ops are added
+  std::atomic<size_t> count{0};
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+size_t index_of(Op op) {
+  const auto i = static_cast<size_t>(op);
+  KILN_CHECK(i < static_cast<size_t>(Op::kCount) + registry().count.load(std::memory_order_acquire), "autocast: op id ",
+             i, " is neither a value of autocast::Op nor a registered op; get one from autocast::register_op()");
+  return i;
+}
+
 }  // namespace
 
-Policy policy(Op op) { return table()[static_cast<size_t>(op)]; }
-void set_policy(Op op, Policy p) { table()[static_cast<size_t>(op)] = p; }
+Policy policy(Op op) { return table()[index_of(op)]; }
+void set_policy(Op op, Policy p) { table()[index_of(op)] = p; }
+
+Op register_op(std::string_view name, Policy default_policy) {
+  KILN_CHECK(!name.empty(), "autocast::register_op: the op needs a name");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (size_t i = 0; i < r.ops.size(); ++i) {
+    if (r.ops[i].name != name) continue;
+    KILN_CHECK(r.ops[i].default_policy == default_policy, "autocast::register_op: \"", name,
+               "\" is registered already, with another default policy; give the op another name");
+    return static_cast<Op>(static_cast<size_t>(Op::kCount) + i);
+  }
+  KILN_CHECK(r.ops.size() < kMaxRegisteredOps, "autocast::register_op: cannot register \"", name,
+             "\": ", kMaxRegisteredOps, " ops are registered already (kMaxRegisteredOps)");
+  const size_t i = static_cast<size_t>(Op::kCount) + r.ops.size();
+  table()[i] = default_policy;
+  r.ops.push_back({std::string(name), default_policy});
+  r.count.store(r.ops.size(), std::memory_order_release);
+  return static_cast<Op>(i);
+}
+
+std::string_view registered_name(Op op) {
+  const size_t i = index_of(op);
+  if (i < static_cast<size_t>(Op::kCount)) return {};
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.ops[i - static_cast<size_t>(Op::kCount)].name;
+}
 
 bool is_enabled(DeviceType type) { return detail::state.enabled[static_cast<size_t>(type)]; }
 DType get_dtype(DeviceType type) { return detail::state.dtype[static_cast<size_t>(type)]; }

@@ -9,16 +9,19 @@
 //
 // Each differentiable op passes its inputs through autocast::inputs(Op::X, ...), which looks the op up
 // in one table (policy()) keyed by the Op enum, never by name, and casts floating-point inputs on an
-// autocast-enabled device. Outside autocast regions this costs one thread-local check.
+// autocast-enabled device. Outside autocast regions this costs one thread-local check. The enum holds the tensor
+// ops; other modules (kiln/layers) register theirs with register_op() and get ids of the same table.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
+#include "kiln/tensor/binary_ops.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/tensor/unary_ops.h"
 
@@ -26,25 +29,19 @@ namespace kiln::autocast {
 
 // Every op that has an autocast policy.
 enum class Op : uint16_t {
-  // the unary table's ops (kiln/tensor/unary_ops.h), whose policies it gives
+// the unary table's ops (kiln/tensor/unary_ops.h), whose policies it gives
 #define KILN_X(Enum, ...) Enum,
   KILN_UNARY_OPS(KILN_X)
+  // the binary table's ops and predicates (kiln/tensor/binary_ops.h), whose policies it gives
+  KILN_BINARY_OPS(KILN_X) KILN_BINARY_PREDICATES(KILN_X)
 #undef KILN_X
   // elementwise
-  Add,
-  Sub,
-  Mul,
-  Div,
   Gelu,
   Square,
-  Pow,
   Clamp,
-  Maximum,
-  Minimum,
   Where,
   MaskedFill,
   Lerp,
-  Remainder,
   Cast,
   // reductions
   Sum,
@@ -81,20 +78,7 @@ enum class Op : uint16_t {
   Topk,
   Tril,
   Triu,
-  // layers and losses
-  Linear,
-  Conv,
-  BatchNorm,
-  LayerNorm,
-  GroupNorm,
-  Dropout,
-  Attention,
-  CrossEntropy,
-  NllLoss,
-  MseLoss,
-  BinaryCrossEntropy,
-  BinaryCrossEntropyWithLogits,
-  kCount
+  kCount  // the ops other modules register (register_op) come after these
 };
 
 enum class Policy : uint8_t {
@@ -106,6 +90,19 @@ enum class Policy : uint8_t {
 
 Policy policy(Op op);
 void set_policy(Op op, Policy p);
+
+// An op that another module declares (kiln/layers: linear, conv, the norms, attention, the losses, ...), so that
+// autograd names none of them: its id, to pass to inputs() and target_dtype(), and to policy() and set_policy() like
+// any other. Registering a name again returns the same id (with a different default policy it is an error). At most
+// kMaxRegisteredOps; registration is thread-safe, and a module registers each op once, on first use:
+//   autocast::Op linear_op() {
+//     static const autocast::Op op = autocast::register_op("linear", autocast::Policy::LowerPrecision);
+//     return op;
+//   }
+inline constexpr size_t kMaxRegisteredOps = 256;
+Op register_op(std::string_view name, Policy default_policy);
+// A registered op's name ("linear"); empty for the ops of the enum above.
+std::string_view registered_name(Op op);
 
 namespace detail {
 struct State {

@@ -30,28 +30,19 @@ using internal::count_nonzero;
 using internal::empty;
 using internal::empty_like;
 using internal::empty_strided;
-using internal::eq;
 using internal::equal;
 using internal::eye;
 using internal::from_blob;
 using internal::from_vector;
 using internal::full;
 using internal::full_like;
-using internal::ge;
-using internal::gt;
 using internal::infer_shape;
 using internal::is_pinned;
 using internal::isclose;
-using internal::le;
 using internal::linspace;
-using internal::logical_and;
 #define KILN_X(Enum, name, ...) using internal::name;  // the predicates of the unary table (unary_ops.h)
 KILN_UNARY_PREDICATES(KILN_X)
 #undef KILN_X
-using internal::logical_or;
-using internal::logical_xor;
-using internal::lt;
-using internal::ne;
 using internal::nonzero;
 using internal::normal;
 using internal::one_hot;
@@ -113,24 +104,24 @@ KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
 Tensor gelu(const Tensor& a, bool tanh_approximation = false);
 Tensor square(const Tensor& a);
-Tensor pow(const Tensor& a, const Tensor& exponent);
-Tensor pow(const Tensor& a, Scalar exponent);
-Tensor pow(Scalar base, const Tensor& exponent);
 Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
 
-Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);  // a + alpha * b
-Tensor add(const Tensor& a, Scalar b);
-Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1);
-Tensor sub(const Tensor& a, Scalar b);
+// The binary ops of the table (binary_ops.h), differentiable, with broadcasting and type promotion: add(a, b, alpha)
+// = a + alpha * b, sub, mul, div (true division: integers give kDefaultFloat), remainder (Python's %), pow, maximum,
+// minimum; mul(a, 2.5); the in-place forms (ops/inplace.cpp) add_, sub_, mul_, div_ write into `a` (the promoted
+// type must be castable to a's dtype: float into int is an error). The predicates (eq, ..., logical_xor) give Bool
+// and have no gradient.
+#define KILN_X(Enum, name, result, autocast, forms, ...) KILN_BINARY_DECLARE(name, forms)
+KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, forms, ...) KILN_BINARY_DECLARE_PREDICATE(name, forms)
+KILN_BINARY_PREDICATES(KILN_X)
+#undef KILN_X
+// Written by hand beside the table (binary_ops.h says why).
 Tensor rsub(const Tensor& a, Scalar b);  // b - a
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, Scalar b);
-Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give kDefaultFloat
-Tensor div(const Tensor& a, Scalar b);
 Tensor div(Scalar a, const Tensor& b);
-Tensor remainder(const Tensor& a, const Tensor& b);  // Python's %, sign of the divisor
-Tensor maximum(const Tensor& a, const Tensor& b);
-Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, Scalar exponent);
+Tensor pow(Scalar base, const Tensor& exponent);
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& condition, Scalar a, const Tensor& b);
 Tensor where(const Tensor& condition, const Tensor& a, Scalar b);
@@ -141,14 +132,6 @@ Tensor add_n(const std::vector<Tensor>& tensors);
 
 // In-place forms (ops/inplace.cpp) write into `a`; the promoted type must be castable to a's dtype (float into int is
 // an error).
-Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha = 1);
-Tensor& add_(Tensor& a, Scalar b);
-Tensor& sub_(Tensor& a, const Tensor& b, Scalar alpha = 1);
-Tensor& sub_(Tensor& a, Scalar b);
-Tensor& mul_(Tensor& a, const Tensor& b);
-Tensor& mul_(Tensor& a, Scalar b);
-Tensor& div_(Tensor& a, const Tensor& b);
-Tensor& div_(Tensor& a, Scalar b);
 Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
 Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value);
 

@@ -40,7 +40,7 @@ std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const { return 
 std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const { return kiln::chunk(*this, chunks, d); }
 Tensor Tensor::diagonal(int64_t offset, int64_t d1, int64_t d2) const { return kiln::diagonal(*this, offset, d1, d2); }
 
-#define KILN_X(Enum, name, ...)                                 \
+#define KILN_X(Enum, name, ...)                             \
   Tensor Tensor::name() const { return kiln::name(*this); } \
   Tensor& Tensor::name##_() { return kiln::name##_(*this); }
 KILN_UNARY_OPS(KILN_X)
@@ -50,33 +50,26 @@ KILN_UNARY_OPS(KILN_X)
 KILN_UNARY_PREDICATES(KILN_X)
 #undef KILN_X
 Tensor Tensor::square() const { return kiln::square(*this); }
-Tensor Tensor::pow(const Tensor& e) const { return kiln::pow(*this, e); }
 Tensor Tensor::pow(Scalar e) const { return kiln::pow(*this, e); }
 Tensor Tensor::clamp(std::optional<Scalar> lo, std::optional<Scalar> hi) const { return kiln::clamp(*this, lo, hi); }
-Tensor Tensor::add(const Tensor& o, Scalar alpha) const { return kiln::add(*this, o, alpha); }
-Tensor Tensor::sub(const Tensor& o, Scalar alpha) const { return kiln::sub(*this, o, alpha); }
-Tensor Tensor::mul(const Tensor& o) const { return kiln::mul(*this, o); }
-Tensor Tensor::div(const Tensor& o) const { return kiln::div(*this, o); }
-Tensor Tensor::maximum(const Tensor& o) const { return kiln::maximum(*this, o); }
-Tensor Tensor::minimum(const Tensor& o) const { return kiln::minimum(*this, o); }
-Tensor Tensor::eq(const Tensor& o) const { return kiln::eq(*this, o); }
-Tensor Tensor::ne(const Tensor& o) const { return kiln::ne(*this, o); }
-Tensor Tensor::lt(const Tensor& o) const { return kiln::lt(*this, o); }
-Tensor Tensor::le(const Tensor& o) const { return kiln::le(*this, o); }
-Tensor Tensor::gt(const Tensor& o) const { return kiln::gt(*this, o); }
-Tensor Tensor::ge(const Tensor& o) const { return kiln::ge(*this, o); }
-Tensor Tensor::logical_and(const Tensor& o) const { return kiln::logical_and(*this, o); }
-Tensor Tensor::logical_or(const Tensor& o) const { return kiln::logical_or(*this, o); }
+// The binary table's methods (binary_ops.h), by the row's forms.
+#define KILN_BINARY_METHODS_DEFINE_Plain(name) \
+  Tensor Tensor::name(const Tensor& o) const { return kiln::name(*this, o); }
+#define KILN_BINARY_METHODS_DEFINE_Scalar(name)                                                                       \
+  KILN_BINARY_METHODS_DEFINE_Plain(name) Tensor& Tensor::name##_(const Tensor& o) { return kiln::name##_(*this, o); } \
+  Tensor& Tensor::name##_(Scalar o) { return kiln::name##_(*this, o); }
+#define KILN_BINARY_METHODS_DEFINE_Alpha(name)                                                      \
+  Tensor Tensor::name(const Tensor& o, Scalar alpha) const { return kiln::name(*this, o, alpha); }  \
+  Tensor& Tensor::name##_(const Tensor& o, Scalar alpha) { return kiln::name##_(*this, o, alpha); } \
+  Tensor& Tensor::name##_(Scalar o) { return kiln::name##_(*this, o); }
+#define KILN_X(Enum, name, result, autocast, forms, ...) KILN_BINARY_METHODS_DEFINE_##forms(name)
+KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, ...) KILN_BINARY_METHODS_DEFINE_Plain(name)
+KILN_BINARY_PREDICATES(KILN_X)
+#undef KILN_X
 Tensor Tensor::masked_fill(const Tensor& mask, Scalar v) const { return kiln::masked_fill(*this, mask, v); }
 
-Tensor& Tensor::add_(const Tensor& o, Scalar alpha) { return kiln::add_(*this, o, alpha); }
-Tensor& Tensor::add_(Scalar o) { return kiln::add_(*this, o); }
-Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) { return kiln::sub_(*this, o, alpha); }
-Tensor& Tensor::sub_(Scalar o) { return kiln::sub_(*this, o); }
-Tensor& Tensor::mul_(const Tensor& o) { return kiln::mul_(*this, o); }
-Tensor& Tensor::mul_(Scalar o) { return kiln::mul_(*this, o); }
-Tensor& Tensor::div_(const Tensor& o) { return kiln::div_(*this, o); }
-Tensor& Tensor::div_(Scalar o) { return kiln::div_(*this, o); }
 Tensor& Tensor::clamp_(std::optional<Scalar> lo, std::optional<Scalar> hi) { return kiln::clamp_(*this, lo, hi); }
 Tensor& Tensor::masked_fill_(const Tensor& mask, Scalar v) { return kiln::masked_fill_(*this, mask, v); }
 

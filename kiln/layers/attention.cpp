@@ -1,4 +1,5 @@
 // Scaled dot-product attention and MultiheadAttention (attention.h), composed of differentiable ops.
+#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/attention.h"
 
 #include <algorithm>
@@ -67,7 +68,7 @@ bool broadcasts_to(const Shape& mask, const Shape& shape) {
 AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                                           const AttentionOptions& options) {
   // One op of the autocast table: q, k, v cast by its policy, the ops inside with autocast off.
-  auto [q, k, v] = autocast::inputs(autocast::Op::Attention, q_in, k_in, v_in);
+  auto [q, k, v] = autocast::inputs(autocast_ops::attention(), q_in, k_in, v_in);
   autocast::DisableGuard as_one_op;
   check_attention_inputs(q, k, v, options);
   const int64_t L = q.size(-2), S = k.size(-2), E = q.size(-1);
@@ -156,7 +157,7 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
     c.why_not = "kiln was built without cudnn-frontend";
     return c;
   }
-  auto [q, k, v] = autocast::inputs(autocast::Op::Attention, q0, k0, v0);
+  auto [q, k, v] = autocast::inputs(autocast_ops::attention(), q0, k0, v0);
   if (q.dtype() != DType::Float16 && q.dtype() != DType::BFloat16) {
     c.why_not = ::kiln::detail::str_cat("cuDNN's fused attention takes Float16 or BFloat16, not ", q.dtype());
     return c;
@@ -330,7 +331,7 @@ bool fused_attention_available() {
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const AttentionOptions& options) {
   // One op of the autocast table: q, k, v cast by its policy, the ops inside (either path) with autocast off.
-  auto [q, k, v] = autocast::inputs(autocast::Op::Attention, q_in, k_in, v_in);
+  auto [q, k, v] = autocast::inputs(autocast_ops::attention(), q_in, k_in, v_in);
   autocast::DisableGuard as_one_op;
 #if KILN_WITH_CUDA
   if (q.defined() && q.is_cuda()) {

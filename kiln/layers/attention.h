@@ -14,7 +14,7 @@
 // - the math path composes differentiable ops (softmax(q k^T * scale + mask) -> dropout -> @ v), so its
 //   gradients come from autograd. Every device and dtype; the reference.
 // - cuDNN's fused flash attention (AttentionBackend::CudnnFused), on GPUs when kiln was built with
-//   cudnn-frontend: after autocast (Op::Attention: float16/bfloat16 inside an autocast region) the inputs
+//   cudnn-frontend: after autocast (autocast_ops::attention(): float16/bfloat16 inside an autocast region) the inputs
 //   must be Float16 or BFloat16 (cuDNN has no fused float32 attention: float32/float64 take the math path),
 //   with 2 to 4 dims, q, k and v sharing their leading dims (no broadcasting), head dims E and Ev multiples
 //   of 8 and at most 128, and an attn_mask that does not require grad. Differences from the math path:

@@ -2,6 +2,7 @@
 // autograd node; on CUDA tensors cuDNN's convolutions (cuda/conv_cudnn.h) under another; everywhere else im2col +
 // matmul over differentiable ops, so it runs on every backend and autograd derives its gradients. The window helpers
 // (window_internal.h) are shared with pooling.cpp.
+#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/conv.h"
 
 #include <atomic>
@@ -252,7 +253,7 @@ Tensor conv2d_cudnn(const Tensor& input, const Tensor& weight, const Tensor& bia
 Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& bias_arg, const Conv2dOptions& options) {
   // Autocast first (Policy::LowerPrecision), as PyTorch does before its checks, so that mixed input and weight
   // dtypes are cast rather than refused, and the whole layer (bias included) runs in the low dtype on every device.
-  const auto [input_in, weight, bias] = autocast::inputs(autocast::Op::Conv, input_arg, weight_arg, bias_arg);
+  const auto [input_in, weight, bias] = autocast::inputs(autocast_ops::conv(), input_arg, weight_arg, bias_arg);
   autocast::DisableGuard as_one_op;
   KILN_CHECK(input_in.defined() && weight.defined(), "conv2d: input and weight must be defined tensors");
   KILN_CHECK(input_in.dim() == 4 || input_in.dim() == 3,

@@ -1,5 +1,6 @@
 // The layers as functions (functional.h): composed of kiln's differentiable ops, with fused GPU kernels
 // (kiln/layers/cuda/) for batch norm and layer norm.
+#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/functional.h"
 
 #include <algorithm>
@@ -145,7 +146,7 @@ std::optional<FusedAddInputs> fused_add_inputs(const Tensor& x, const Tensor& re
     return std::nullopt;
   // The layer's own dtype: what layer_norm would normalise (Float32 under autocast). The residual must already
   // have it, and x either has it too or is 16-bit onto a Float32 residual.
-  auto [r, weight, bias] = autocast::inputs(autocast::Op::LayerNorm, residual, weight_in, bias_in);
+  auto [r, weight, bias] = autocast::inputs(autocast_ops::layer_norm(), residual, weight_in, bias_in);
   const DType dt = r.dtype();
   const bool low_x = (x.dtype() == DType::BFloat16 || x.dtype() == DType::Float16) && dt == DType::Float32;
   auto fits = [&](const Tensor& t) { return !t.defined() || (t.dtype() == dt && t.device() == x.device()); };
@@ -324,7 +325,7 @@ static Tensor dropout_as_one_op(const Tensor& x, double p, bool training, Genera
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
                   double eps) {
   // Under autocast the whole layer runs in float32 (Policy::Float32), on every device.
-  auto [x, weight, bias] = autocast::inputs(autocast::Op::LayerNorm, x_in, weight_in, bias_in);
+  auto [x, weight, bias] = autocast::inputs(autocast_ops::layer_norm(), x_in, weight_in, bias_in);
   autocast::DisableGuard as_one_op;  // the ops inside run as cast, as one op of the table
   const auto k = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(k >= 1, "layer_norm: normalized_shape must name at least one dim");
@@ -387,7 +388,7 @@ Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double
              residual.dtype(), "; convert them with .to(DType::Float32) first");
 #if KILN_WITH_CUDA
   {
-    auto [x] = autocast::inputs(autocast::Op::Dropout, x_in);  // as nn::dropout casts it
+    auto [x] = autocast::inputs(autocast_ops::dropout(), x_in);  // as nn::dropout casts it
     if (auto in = fused_add_inputs(x, residual, normalized_shape, weight, bias);
         in && in->residual.dtype() != DType::Float64) {
       autocast::DisableGuard as_one_op;
@@ -400,7 +401,7 @@ Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double
 
 Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_in, const Tensor& bias_in, double eps) {
   auto [x, weight, bias] =
-      autocast::inputs(autocast::Op::GroupNorm, x_in, weight_in, bias_in);  // float32 under autocast
+      autocast::inputs(autocast_ops::group_norm(), x_in, weight_in, bias_in);  // float32 under autocast
   autocast::DisableGuard as_one_op;
   KILN_CHECK(x.dim() >= 2, "group_norm: the input must be (N, C, *), got shape ", x.shape());
   const int64_t n = x.size(0), c = x.size(1);
@@ -499,20 +500,20 @@ static Tensor batch_norm_add_relu_as_one_op(const Tensor& x, const Tensor& resid
 // The layers made of several ops run as one op of the autocast table: inputs cast by the layer's policy, then
 // the ops inside with autocast off (as PyTorch runs a composite op below its autocast dispatch).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  auto [xc, wc, bc] = autocast::inputs(autocast::Op::Linear, x, weight, bias);
+  auto [xc, wc, bc] = autocast::inputs(autocast_ops::linear(), x, weight, bias);
   autocast::DisableGuard as_one_op;
   return linear_as_one_op(xc, wc, bc);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
-  auto [xc] = autocast::inputs(autocast::Op::Dropout, x);
+  auto [xc] = autocast::inputs(autocast_ops::dropout(), x);
   autocast::DisableGuard as_one_op;
   return dropout_as_one_op(xc, p, training, gen);
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps, const Tensor& num_batches_tracked) {
-  auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
+  auto [xc, wc, bc] = autocast::inputs(autocast_ops::batch_norm(), x, weight, bias);
   autocast::DisableGuard as_one_op;
   return batch_norm_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps, num_batches_tracked);
 }
@@ -520,7 +521,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                        const Tensor& bias, bool training, double momentum, double eps,
                        const Tensor& num_batches_tracked) {
-  auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
+  auto [xc, wc, bc] = autocast::inputs(autocast_ops::batch_norm(), x, weight, bias);
   autocast::DisableGuard as_one_op;
   return batch_norm_relu_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps, num_batches_tracked);
 }
@@ -530,7 +531,7 @@ Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor
                            double momentum, double eps, const Tensor& num_batches_tracked) {
   // x, weight and bias as batch_norm casts them; the residual joins by the add's own promotion, as in
   // relu(batch_norm(x) + residual) (PyTorch's autocast leaves an add's inputs alone too).
-  auto [xc, wc, bc] = autocast::inputs(autocast::Op::BatchNorm, x, weight, bias);
+  auto [xc, wc, bc] = autocast::inputs(autocast_ops::batch_norm(), x, weight, bias);
   autocast::DisableGuard as_one_op;
   return batch_norm_add_relu_as_one_op(xc, residual, running_mean, running_var, wc, bc, training, momentum, eps,
                                        num_batches_tracked);

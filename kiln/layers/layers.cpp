@@ -1,4 +1,5 @@
 // The simple layers as modules (layers.h).
+#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/layers.h"
 
 #include <cmath>
@@ -212,7 +213,7 @@ Tensor BatchNorm::normalize(const Tensor& input, bool relu, const Tensor& residu
 
 Tensor BatchNorm::normalize_global(const Tensor& input, bool relu_after, double factor, bool track) {
   // Autocast keeps the input's dtype for batch norm (as nn::batch_norm); the ops below run as one op.
-  auto [x, w, b] = autocast::inputs(autocast::Op::BatchNorm, input, weight, bias);
+  auto [x, w, b] = autocast::inputs(autocast_ops::batch_norm(), input, weight, bias);
   autocast::DisableGuard as_one_op;
   const int64_t c = num_features, rank = x.dim();
   const int64_t local_count = c > 0 ? x.numel() / c : 0;  // values per channel on this process

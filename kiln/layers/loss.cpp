@@ -1,4 +1,5 @@
 // Loss functions (loss.h), composed of kiln's differentiable ops with PyTorch's semantics.
+#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/loss.h"
 
 #include <limits>
@@ -229,7 +230,7 @@ static Tensor binary_cross_entropy_with_logits_as_one_op(const Tensor& input, co
 // The losses made of several ops run as one op of the autocast table (float32 under autocast): inputs cast by
 // the policy, the ops inside with autocast off, as PyTorch runs a composite op below its autocast dispatch.
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const NllLossOptions& options) {
-  auto [lp, w] = autocast::inputs(autocast::Op::NllLoss, log_probs, options.weight);
+  auto [lp, w] = autocast::inputs(autocast_ops::nll_loss(), log_probs, options.weight);
   autocast::DisableGuard as_one_op;
   NllLossOptions o = options;
   o.weight = w;
@@ -243,7 +244,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
   if (logits.is_cuda() && !target.is_floating_point()) return cross_entropy_as_one_op(logits, target, options);
 #endif
   // Probability targets are cast with the logits; class indices are integers and stay as they are.
-  auto [x, t, w] = autocast::inputs(autocast::Op::CrossEntropy, logits, target, options.weight);
+  auto [x, t, w] = autocast::inputs(autocast_ops::cross_entropy(), logits, target, options.weight);
   autocast::DisableGuard as_one_op;
   CrossEntropyOptions o = options;
   o.weight = w;
@@ -251,15 +252,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntr
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& options) {
-  auto [x, t] = autocast::inputs(autocast::Op::MseLoss, input, target);
+  auto [x, t] = autocast::inputs(autocast_ops::mse_loss(), input, target);
   autocast::DisableGuard as_one_op;
   return mse_loss_as_one_op(x, t, options);
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const BceWithLogitsOptions& options) {
-  auto [x, t, w, pw] =
-      autocast::inputs(autocast::Op::BinaryCrossEntropyWithLogits, input, target, options.weight, options.pos_weight);
+  auto [x, t, w, pw] = autocast::inputs(autocast_ops::binary_cross_entropy_with_logits(), input, target, options.weight,
+                                        options.pos_weight);
   autocast::DisableGuard as_one_op;
   BceWithLogitsOptions o = options;
   o.weight = w;

@@ -29,6 +29,16 @@ std::string_view unary_op_name(UnaryOp op) {
   return i < std::size(kNames) ? kNames[i] : std::string_view("?");
 }
 
+std::string_view binary_op_name(BinaryOp op) {
+  static constexpr std::string_view kNames[] = {
+#define KILN_X(Enum, name, ...) #name,
+      KILN_BINARY_OPS(KILN_X) KILN_BINARY_PREDICATES(KILN_X) KILN_BINARY_OTHER(KILN_X)
+#undef KILN_X
+  };
+  const auto i = static_cast<size_t>(op);
+  return i < std::size(kNames) ? kNames[i] : std::string_view("?");
+}
+
 Backend& detail::backend_untraced(DeviceType type) {
   if (type == DeviceType::CPU) return cpu::cpu_backend();
 #if defined(KILN_WITH_CUDA)

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kiln/tensor/binary_ops.h"
 #include "kiln/tensor/generator.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/tensor/unary_ops.h"
@@ -36,38 +37,19 @@ enum class UnaryOp : uint8_t {
 // The op's name in the table ("exp", "gelu_tanh", ...): the profiler's range name, and what errors say.
 std::string_view unary_op_name(UnaryOp op);
 
+// One value per row of the binary op table (binary_ops.h), in its order. Output dtype = the compute dtype (the
+// promoted one; Div: floating), Bool for the predicates. Bool: Add and Maximum are or, Mul and Minimum are and.
+// Integers: Remainder is Python's % (the divisor's sign) and Pow wraps like multiplication; a zero divisor or
+// negative exponent throws kiln::Error on the CPU. On CUDA a kernel cannot throw and checking first would
+// synchronise the host, so there (as in PyTorch) those elements get an unspecified value and no error is raised.
+// Maximum and Minimum propagate NaN. The activations' gradients (KILN_BINARY_OTHER) are floating only.
 enum class BinaryOp : uint8_t {
-  // Output dtype = input dtype. Bool: Add is or, Mul is and. Integers: Remainder is Python's % (the
-  // divisor's sign) and Pow wraps like multiplication; a zero divisor or negative exponent throws kiln::Error
-  // on the CPU. On CUDA a kernel cannot throw and checking first would synchronise the host, so there (as in
-  // PyTorch) those elements get an unspecified value and no error is raised.
-  // Maximum and Minimum propagate NaN.
-  Add,
-  Sub,
-  Mul,
-  Div,
-  Remainder,
-  Pow,
-  Maximum,
-  Minimum,
-  Eq,
-  Ne,
-  Lt,
-  Le,
-  Gt,
-  Ge,
-  LogicalAnd,
-  LogicalOr,
-  LogicalXor,  // output Bool
-  // The gradients of the activations, one pass each: out = a * f'(b), with a the incoming gradient and b the
-  // activation's input (ReluBackward: its result). Floating dtypes only; computed in compute_t, rounded once.
-  // Where the derivative is inf * 0 (x = +-inf, and the tanh form's x^2 overflowing) the result is NaN, as
-  // in PyTorch; a NaN input gives NaN. trace_backend.cpp names every op up to the last.
-  GeluErfBackward,   // a * (Φ(b) + b φ(b)), Φ the normal CDF, φ its density
-  GeluTanhBackward,  // a * d/db [0.5 b (1 + tanh(√(2/π) (b + 0.044715 b³)))]
-  SiluBackward,      // a * s (1 + b (1 - s)), s = sigmoid(b)
-  ReluBackward,      // b > 0 ? a : 0 (0 at b = 0 and for a NaN b)
+#define KILN_X(Enum, ...) Enum,
+  KILN_BINARY_OPS(KILN_X) KILN_BINARY_PREDICATES(KILN_X) KILN_BINARY_OTHER(KILN_X)
+#undef KILN_X
 };
+// The op's name in the table ("add", "logical_xor", "gelu_tanh_backward", ...): the profiler's range name.
+std::string_view binary_op_name(BinaryOp op);
 
 enum class ReduceOp : uint8_t {
   Sum,

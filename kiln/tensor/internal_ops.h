@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/tensor/binary_ops.h"
 #include "kiln/tensor/generator.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/tensor/unary_ops.h"
@@ -120,39 +121,24 @@ KILN_UNARY_PREDICATES(KILN_X)
 #undef KILN_X
 Tensor gelu(const Tensor& a, bool tanh_approximation = false);
 Tensor square(const Tensor& a);
-Tensor pow(const Tensor& a, const Tensor& exponent);
-Tensor pow(const Tensor& a, Scalar exponent);
-Tensor pow(Scalar base, const Tensor& exponent);
 Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
 
-Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);  // a + alpha * b
-Tensor add(const Tensor& a, Scalar b);
-Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1);
-Tensor sub(const Tensor& a, Scalar b);
+// The binary ops of the table (binary_ops.h), with broadcasting and type promotion: add(a, b, alpha) = a + alpha * b,
+// sub, mul, div (true division: integers give kDefaultFloat), remainder (Python's %, the divisor's sign), pow,
+// maximum, minimum; mul(a, 2.5) and the in-place forms add_, sub_, mul_, div_, which write into `a` (the promoted
+// type must be castable to a's dtype: float into int is an error). The predicates give Bool: eq, ne, lt, le, gt,
+// ge (also with a number), logical_and, logical_or, logical_xor.
+#define KILN_X(Enum, name, result, autocast, forms, ...) KILN_BINARY_DECLARE(name, forms)
+KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, forms, ...) KILN_BINARY_DECLARE_PREDICATE(name, forms)
+KILN_BINARY_PREDICATES(KILN_X)
+#undef KILN_X
+// Written by hand beside the table (binary_ops.h says why).
 Tensor rsub(const Tensor& a, Scalar b);  // b - a
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, Scalar b);
-Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give kDefaultFloat
-Tensor div(const Tensor& a, Scalar b);
 Tensor div(Scalar a, const Tensor& b);
-Tensor remainder(const Tensor& a, const Tensor& b);  // Python's %, sign of the divisor
-Tensor maximum(const Tensor& a, const Tensor& b);
-Tensor minimum(const Tensor& a, const Tensor& b);
-Tensor eq(const Tensor& a, const Tensor& b);
-Tensor ne(const Tensor& a, const Tensor& b);
-Tensor lt(const Tensor& a, const Tensor& b);
-Tensor le(const Tensor& a, const Tensor& b);
-Tensor gt(const Tensor& a, const Tensor& b);
-Tensor ge(const Tensor& a, const Tensor& b);
-Tensor eq(const Tensor& a, Scalar b);
-Tensor ne(const Tensor& a, Scalar b);
-Tensor lt(const Tensor& a, Scalar b);
-Tensor le(const Tensor& a, Scalar b);
-Tensor gt(const Tensor& a, Scalar b);
-Tensor ge(const Tensor& a, Scalar b);
-Tensor logical_and(const Tensor& a, const Tensor& b);
-Tensor logical_or(const Tensor& a, const Tensor& b);
-Tensor logical_xor(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, Scalar exponent);
+Tensor pow(Scalar base, const Tensor& exponent);
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& condition, Scalar a, const Tensor& b);
 Tensor where(const Tensor& condition, const Tensor& a, Scalar b);
@@ -171,14 +157,6 @@ Tensor silu_backward(const Tensor& g, const Tensor& x);
 Tensor relu_backward(const Tensor& g, const Tensor& y);
 
 // In-place forms write into `a`; the promoted type must be castable to a's dtype (float into int is an error).
-Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha = 1);
-Tensor& add_(Tensor& a, Scalar b);
-Tensor& sub_(Tensor& a, const Tensor& b, Scalar alpha = 1);
-Tensor& sub_(Tensor& a, Scalar b);
-Tensor& mul_(Tensor& a, const Tensor& b);
-Tensor& mul_(Tensor& a, Scalar b);
-Tensor& div_(Tensor& a, const Tensor& b);
-Tensor& div_(Tensor& a, Scalar b);
 Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
 Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value);
 

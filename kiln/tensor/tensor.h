@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/tensor/binary_ops.h"
 #include "kiln/tensor/device.h"
 #include "kiln/tensor/dtype.h"
 #include "kiln/tensor/error.h"
@@ -172,34 +173,20 @@ class Tensor {
   KILN_UNARY_PREDICATES(KILN_X)
 #undef KILN_X
   Tensor square() const;
-  Tensor pow(const Tensor& exponent) const;
   Tensor pow(Scalar exponent) const;
   Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max) const;
-  Tensor add(const Tensor& other, Scalar alpha = 1) const;
-  Tensor sub(const Tensor& other, Scalar alpha = 1) const;
-  Tensor mul(const Tensor& other) const;
-  Tensor div(const Tensor& other) const;
-  Tensor maximum(const Tensor& other) const;
-  Tensor minimum(const Tensor& other) const;
-  Tensor eq(const Tensor& other) const;
-  Tensor ne(const Tensor& other) const;
-  Tensor lt(const Tensor& other) const;
-  Tensor le(const Tensor& other) const;
-  Tensor gt(const Tensor& other) const;
-  Tensor ge(const Tensor& other) const;
-  Tensor logical_and(const Tensor& other) const;
-  Tensor logical_or(const Tensor& other) const;
+  // The binary ops of the table (binary_ops.h): t.add(other, alpha), t.mul(other), t.pow(exponent), t.eq(other),
+  // t.logical_xor(other), ...; in place t.add_(other, alpha), t.mul_(2.5), ..., computed in the promoted dtype and
+  // stored in this tensor's (promotion beyond it, such as float into int, is an error).
+#define KILN_X(Enum, name, result, autocast, forms, ...) KILN_BINARY_METHODS(name, forms)
+  KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, ...) Tensor name(const Tensor& other) const;
+  KILN_BINARY_PREDICATES(KILN_X)
+#undef KILN_X
   Tensor masked_fill(const Tensor& mask, Scalar value) const;
 
   // in place: the result is computed in this tensor's dtype; promotion beyond it is an error
-  Tensor& add_(const Tensor& other, Scalar alpha = 1);
-  Tensor& add_(Scalar other);
-  Tensor& sub_(const Tensor& other, Scalar alpha = 1);
-  Tensor& sub_(Scalar other);
-  Tensor& mul_(const Tensor& other);
-  Tensor& mul_(Scalar other);
-  Tensor& div_(const Tensor& other);
-  Tensor& div_(Scalar other);
   Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max);
   Tensor& masked_fill_(const Tensor& mask, Scalar value);
 

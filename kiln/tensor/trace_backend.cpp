@@ -11,20 +11,16 @@ namespace kiln::detail {
 
 namespace {
 
-constexpr std::array<std::string_view, static_cast<size_t>(BinaryOp::ReluBackward) + 1> kBinaryNames = {
-    "add", "sub", "mul", "div", "remainder", "pow", "maximum", "minimum", "eq",
-    "ne",  "lt",  "le",  "gt",  "ge",        "logical_and", "logical_or", "logical_xor",
-    "gelu_backward", "gelu_tanh_backward", "silu_backward", "relu_backward"};
 constexpr std::array<std::string_view, static_cast<size_t>(ReduceOp::LogSumExp) + 1> kReduceNames = {
     "sum", "mean", "prod", "max", "min", "all", "any", "var", "std", "norm", "logsumexp"};
 constexpr std::array<std::string_view, static_cast<size_t>(ReduceOp::LogSumExp) + 1> kArgReduceNames = {
-    "arg_sum", "arg_mean", "arg_prod", "argmax", "argmin", "arg_all", "arg_any", "arg_var", "arg_std", "arg_norm",
-    "arg_logsumexp"};
+    "arg_sum", "arg_mean", "arg_prod", "argmax",   "argmin",       "arg_all",
+    "arg_any", "arg_var",  "arg_std",  "arg_norm", "arg_logsumexp"};
 constexpr std::array<std::string_view, 4> kRandomNames = {"uniform", "normal", "randint", "bernoulli"};
 
-// A name for every enum value: adding one to an enum without naming it here fails to compile.
-static_assert(!kBinaryNames.back().empty() && !kReduceNames.back().empty() &&
-              !kArgReduceNames.back().empty());
+// A name for every enum value (the unary and binary ops take theirs from their tables): adding one to an enum
+// without naming it here fails to compile.
+static_assert(!kReduceNames.back().empty() && !kArgReduceNames.back().empty());
 
 template <typename E, size_t N>
 std::string_view name_of(const std::array<std::string_view, N>& names, E e) {
@@ -75,7 +71,7 @@ class TracingBackend final : public Backend {
     inner_.unary(op, out, a, params);
   }
   void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) override {
-    trace::Scope s(trace::Kind::Op, name_of(kBinaryNames, op), out.device(), {&out, &a, &b});
+    trace::Scope s(trace::Kind::Op, binary_op_name(op), out.device(), {&out, &a, &b});
     inner_.binary(op, out, a, b);
   }
   void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) override {

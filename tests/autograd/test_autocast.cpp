@@ -21,6 +21,39 @@ TEST(AutocastPolicy, TableClasses) {
   autocast::set_policy(autocast::Op::Add, autocast::Policy::Keep);
 }
 
+// An op another module registers gets an id of the same table: its default policy, set_policy and policy, its
+// name; registering the name again gives the same id, and with another default policy is an error.
+TEST(AutocastPolicy, RegisteredOpsHaveTheirOwnEntries) {
+  const autocast::Op a = autocast::register_op("test_registered_a", autocast::Policy::LowerPrecision);
+  const autocast::Op b = autocast::register_op("test_registered_b", autocast::Policy::Float32);
+  EXPECT_NE(a, b);
+  EXPECT_GE(static_cast<size_t>(a), static_cast<size_t>(autocast::Op::kCount));
+  EXPECT_EQ(autocast::registered_name(a), "test_registered_a");
+  EXPECT_EQ(autocast::registered_name(b), "test_registered_b");
+  EXPECT_EQ(autocast::registered_name(autocast::Op::Matmul), "");
+  EXPECT_EQ(autocast::policy(a), autocast::Policy::LowerPrecision);
+  EXPECT_EQ(autocast::policy(b), autocast::Policy::Float32);
+  EXPECT_EQ(autocast::register_op("test_registered_a", autocast::Policy::LowerPrecision), a);
+  expect_error([] { autocast::register_op("test_registered_a", autocast::Policy::Keep); },
+               {"test_registered_a", "registered already", "another default policy"});
+  expect_error([] { autocast::register_op("", autocast::Policy::Keep); }, {"register_op", "name"});
+  autocast::set_policy(a, autocast::Policy::Keep);
+  EXPECT_EQ(autocast::policy(a), autocast::Policy::Keep);
+  EXPECT_EQ(autocast::policy(b), autocast::Policy::Float32);  // its own entry only
+  autocast::set_policy(a, autocast::Policy::LowerPrecision);
+  // The policy decides the dtype of a registered op as of any other.
+  Tensor x = make(uniform(4, -1, 1, 1), {4}, {.dtype = DType::Float32});
+  {
+    autocast::Guard cast(DeviceType::CPU, DType::BFloat16);
+    EXPECT_EQ(std::get<0>(autocast::inputs(a, x)).dtype(), DType::BFloat16);
+    EXPECT_EQ(std::get<0>(autocast::inputs(b, x.to(DType::BFloat16))).dtype(), DType::Float32);
+  }
+  // An id that is neither a value of the enum nor registered is refused, naming what to do.
+  const auto unknown =
+      static_cast<autocast::Op>(static_cast<size_t>(autocast::Op::kCount) + autocast::kMaxRegisteredOps);
+  expect_error([&] { autocast::policy(unknown); }, {"autocast", "register_op"});
+}
+
 TEST(AutocastPolicy, OnlyHalfTypesAreAccepted) {
   expect_error([] { autocast::Guard g(DeviceType::CPU, DType::Float64); }, {"autocast", "Float16 or BFloat16"});
 }

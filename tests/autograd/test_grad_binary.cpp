@@ -163,7 +163,7 @@ TEST_P(BinaryGradValueTest, ArithmeticNodeNames) {
   Tensor a = make({1, 2}, {2}, opts()).requires_grad_();
   Tensor b = make({3, 4}, {2}, opts());
   EXPECT_EQ((a + b).grad_fn()->name(), "AddBackward");
-  EXPECT_EQ((a - b).grad_fn()->name(), "AddBackward");
+  EXPECT_EQ((a - b).grad_fn()->name(), "SubBackward");
   EXPECT_EQ((a * b).grad_fn()->name(), "MulBackward");
   EXPECT_EQ((a / b).grad_fn()->name(), "DivBackward");
   EXPECT_EQ(kiln::rsub(a, 1).grad_fn()->name(), "RsubBackward");

@@ -200,8 +200,8 @@ TEST_F(CudaCrossEntropy, HalfLogits) {
   }
 }
 
-// Under autocast Op::CrossEntropy runs in float32: 16-bit logits are read in place, the loss is float32,
-// the gradient keeps the logits' dtype.
+// Under autocast nn::autocast_ops::cross_entropy() runs in float32: 16-bit logits are read in place, the loss is
+// float32, the gradient keeps the logits' dtype.
 TEST_F(CudaCrossEntropy, Autocast) {
   for (DType dtype : {DType::Float16, DType::BFloat16}) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));

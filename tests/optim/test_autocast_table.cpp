@@ -1,24 +1,27 @@
-// Autocast, op by op: every op of the policy table that kiln has (all of autocast::Op but Cast and
-// BinaryCrossEntropy, which name no kiln op) run under autocast gives the dtype and the exact values of the same op
-// run with autocast off on inputs cast by hand as the policy says (LowerPrecision: to the autocast dtype; Float32:
-// to float32; Promote: to the promoted dtype of the floating inputs; Keep: as they are). Inputs are chosen so that
-// each policy has work to do: float32 inputs for LowerPrecision ops, bfloat16 inputs for Float32 ops, and mixed
-// bfloat16 / float32 inputs for Keep and Promote ops.
+// Autocast, op by op: every op of the policy table that kiln has (all of autocast::Op but Cast, which names no kiln op,
+// and the layers' ops, kiln/layers/autocast_ops.h) run under autocast gives the dtype and the exact values of the same
+// op run with autocast off on inputs cast by hand as the policy says (LowerPrecision: to the autocast dtype; Float32:
+// to float32; Promote: to the promoted dtype of the floating inputs; Keep: as they are). Inputs are chosen so that each
+// policy has work to do: float32 inputs for LowerPrecision ops, bfloat16 inputs for Float32 ops, and mixed bfloat16 /
+// float32 inputs for Keep and Promote ops.
 #include <gtest/gtest.h>
 
 #include <string_view>
 
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "kiln/layers/autocast_ops.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {
 namespace {
 
 using autocast::Op;
+namespace lops = nn::autocast_ops;  // the layers' autocast ops
 using autocast::Policy;
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
@@ -48,10 +51,6 @@ class AutocastTableTest : public BackendTest {
       return Case{op, name, {x}, [fn](const std::vector<Tensor>& in) { return fn(in[0]); }};
     };
     std::vector<Case> c = {
-        {Op::Add, "add", {a, b}, [](const auto& in) { return in[0] + in[1]; }},
-        {Op::Sub, "sub", {a, b}, [](const auto& in) { return in[0] - in[1]; }},
-        {Op::Mul, "mul", {a, b}, [](const auto& in) { return in[0] * in[1]; }},
-        {Op::Div, "div", {a, pos}, [](const auto& in) { return in[0] / in[1]; }},
         {Op::Gelu, "gelu", {a}, [](const auto& in) { return gelu(in[0]); }},
         unary(Op::Square, "square", &kiln::square, a),
   // the unary table's ops (kiln/tensor/unary_ops.h), on inputs in their domains
@@ -60,14 +59,21 @@ class AutocastTableTest : public BackendTest {
         std::string_view(#domain) == "Positive" || std::string_view(#domain) == "AboveMinusOne" ? pos : a),
         KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
-        {Op::Pow, "pow", {pos, b}, [](const auto& in) { return pow(in[0], in[1]); }},
+  // the binary table's ops and predicates (kiln/tensor/binary_ops.h), on inputs in their domains
+#define KILN_X(Enum, name, result, policy_, forms, grad_a, reads_a, grad_b, reads_b, both, reference, domain, ...) \
+  {Op::Enum, #name,                                                                                               \
+   {std::string_view(#domain) == "PositiveBase" ? pos : a,                                                        \
+    std::string_view(#domain) == "All" || std::string_view(#domain) == "PositiveBase" ? b : pos},                 \
+   [](const auto& in) { return kiln::name(in[0], in[1]); }},
+        KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, ...) {Op::Enum, #name, {a, b}, [](const auto& in) { return kiln::name(in[0], in[1]); }},
+        KILN_BINARY_PREDICATES(KILN_X)
+#undef KILN_X
         {Op::Clamp, "clamp", {a}, [](const auto& in) { return clamp(in[0], Scalar(-0.5), Scalar(0.5)); }},
-        {Op::Maximum, "maximum", {a, b}, [](const auto& in) { return maximum(in[0], in[1]); }},
-        {Op::Minimum, "minimum", {a, b}, [](const auto& in) { return minimum(in[0], in[1]); }},
         {Op::Where, "where", {m, a, b}, [](const auto& in) { return where(in[0], in[1], in[2]); }},
         {Op::MaskedFill, "masked_fill", {a, m}, [](const auto& in) { return masked_fill(in[0], in[1], 0.25); }},
         {Op::Lerp, "lerp", {a, b}, [](const auto& in) { return lerp(in[0], in[1], 0.3); }},
-        {Op::Remainder, "remainder", {a, pos}, [](const auto& in) { return remainder(in[0], in[1]); }},
         {Op::Sum, "sum", {a}, [](const auto& in) { return sum(in[0], {1}); }},
         {Op::Mean, "mean", {a}, [](const auto& in) { return mean(in[0], {0}); }},
         {Op::Prod, "prod", {pos}, [](const auto& in) { return prod(in[0], {1}); }},
@@ -108,28 +114,30 @@ class AutocastTableTest : public BackendTest {
         {Op::Tril, "tril", {a}, [](const auto& in) { return tril(in[0]); }},
         {Op::Triu, "triu", {a}, [](const auto& in) { return triu(in[0]); }},
         // Layers and losses.
-        {Op::Linear, "linear", {a, f({2, 4}, -1, 1, 9), f({2}, -1, 1, 10)},
+        {lops::linear(), "linear", {a, f({2, 4}, -1, 1, 9), f({2}, -1, 1, 10)},
          [](const auto& in) { return nn::linear(in[0], in[1], in[2]); }},
-        {Op::Conv, "conv2d", {f({1, 2, 5, 5}), f({3, 2, 3, 3}, -1, 1, 11), f({3}, -1, 1, 12)},
+        {lops::conv(), "conv2d", {f({1, 2, 5, 5}), f({3, 2, 3, 3}, -1, 1, 11), f({3}, -1, 1, 12)},
          [](const auto& in) { return nn::conv2d(in[0], in[1], in[2], {.padding = 1}); }},
-        {Op::BatchNorm, "batch_norm", {f({4, 3, 2}), f({3}, 0.5, 1.5, 13), f({3}, -1, 1, 14)},
+        {lops::batch_norm(), "batch_norm", {f({4, 3, 2}), f({3}, 0.5, 1.5, 13), f({3}, -1, 1, 14)},
          [](const auto& in) { return nn::batch_norm(in[0], {}, {}, in[1], in[2], /*training=*/true); }},
-        {Op::LayerNorm, "layer_norm", {a, f({4}, 0.5, 1.5, 15), f({4}, -1, 1, 16)},
+        {lops::layer_norm(), "layer_norm", {a, f({4}, 0.5, 1.5, 15), f({4}, -1, 1, 16)},
          [](const auto& in) { return nn::layer_norm(in[0], {4}, in[1], in[2]); }},
-        {Op::GroupNorm, "group_norm", {f({2, 4, 3}), f({4}, 0.5, 1.5, 17), f({4}, -1, 1, 18)},
+        {lops::group_norm(), "group_norm", {f({2, 4, 3}), f({4}, 0.5, 1.5, 17), f({4}, -1, 1, 18)},
          [](const auto& in) { return nn::group_norm(in[0], 2, in[1], in[2]); }},
-        {Op::Dropout, "dropout", {a},
+        {lops::dropout(), "dropout", {a},
          [](const auto& in) {
            Generator gen(5);
            return nn::dropout(in[0], 0.3, /*training=*/true, &gen);
          }},
-        {Op::Attention, "scaled_dot_product_attention", {f({2, 3, 4}), f({2, 5, 4}, -1, 1, 19), f({2, 5, 4}, -1, 1, 20)},
+        {lops::attention(), "scaled_dot_product_attention",
+         {f({2, 3, 4}), f({2, 5, 4}, -1, 1, 19), f({2, 5, 4}, -1, 1, 20)},
          [](const auto& in) { return nn::scaled_dot_product_attention(in[0], in[1], in[2]); }},
-        {Op::CrossEntropy, "cross_entropy", {a, idx({1, 3, 0}, {3})},
+        {lops::cross_entropy(), "cross_entropy", {a, idx({1, 3, 0}, {3})},
          [](const auto& in) { return nn::cross_entropy(in[0], in[1]); }},
-        {Op::NllLoss, "nll_loss", {a, idx({1, 3, 0}, {3})}, [](const auto& in) { return nn::nll_loss(in[0], in[1]); }},
-        {Op::MseLoss, "mse_loss", {a, b}, [](const auto& in) { return nn::mse_loss(in[0], in[1]); }},
-        {Op::BinaryCrossEntropyWithLogits, "binary_cross_entropy_with_logits", {a, f({3, 4}, 0, 1, 21)},
+        {lops::nll_loss(), "nll_loss", {a, idx({1, 3, 0}, {3})},
+         [](const auto& in) { return nn::nll_loss(in[0], in[1]); }},
+        {lops::mse_loss(), "mse_loss", {a, b}, [](const auto& in) { return nn::mse_loss(in[0], in[1]); }},
+        {lops::binary_cross_entropy_with_logits(), "binary_cross_entropy_with_logits", {a, f({3, 4}, 0, 1, 21)},
          [](const auto& in) { return nn::binary_cross_entropy_with_logits(in[0], in[1]); }},
     };
     return c;
@@ -191,15 +199,49 @@ TEST_P(AutocastTableTest, EveryOpMatchesItsHandCastControl) {
     }
     // Exact, but for the fused CUDA cross-entropy, which reads the bf16 logits directly (8 per 16-byte load) where
     // the control reads float32 ones (4 per load): its sums add in another order.
-    const double tol = c.op == Op::CrossEntropy && dev().is_cuda() ? 1e-6 : 0;
+    const double tol = c.op == lops::cross_entropy() && dev().is_cuda() ? 1e-6 : 0;
     expect_values(got, expected.shape(), values(expected), tol, tol);
     ++checked;
   }
-  // Every op of the table but the two that name no kiln op.
-  EXPECT_EQ(checked, static_cast<size_t>(Op::kCount) - 2);
+  // Every op of autocast::Op but Cast, which names no kiln op, and the 11 ops kiln/layers registers.
+  EXPECT_EQ(checked, static_cast<size_t>(Op::kCount) - 1 + 11);
 }
 
 KILN_INSTANTIATE_BACKENDS(AutocastTableTest);
+
+// The layers' ops (kiln/layers/autocast_ops.h) are registered with autograd's table under their names, with the
+// default policies they had as values of autocast::Op, and set_policy changes them as any other op's.
+TEST(AutocastLayerOps, RegisteredWithTheirDefaultPolicies) {
+  namespace ops = nn::autocast_ops;
+  const std::vector<std::tuple<Op, std::string, Policy>> expected = {
+      {ops::linear(), "linear", Policy::LowerPrecision},
+      {ops::conv(), "conv", Policy::LowerPrecision},
+      {ops::attention(), "scaled_dot_product_attention", Policy::LowerPrecision},
+      {ops::batch_norm(), "batch_norm", Policy::Keep},
+      {ops::layer_norm(), "layer_norm", Policy::Float32},
+      {ops::group_norm(), "group_norm", Policy::Float32},
+      {ops::dropout(), "dropout", Policy::Keep},
+      {ops::cross_entropy(), "cross_entropy", Policy::Float32},
+      {ops::nll_loss(), "nll_loss", Policy::Float32},
+      {ops::mse_loss(), "mse_loss", Policy::Float32},
+      {ops::binary_cross_entropy_with_logits(), "binary_cross_entropy_with_logits", Policy::Float32},
+  };
+  for (const auto& [op, name, policy] : expected) {
+    EXPECT_GE(static_cast<size_t>(op), static_cast<size_t>(Op::kCount)) << name;
+    EXPECT_EQ(autocast::registered_name(op), name);
+    EXPECT_EQ(autocast::policy(op), policy) << name;
+  }
+  // set_policy reaches the layer: linear kept in float32 under autocast, then back to bfloat16.
+  const Tensor x = make(uniform(6, -1, 1, 1), {2, 3}, {.dtype = DType::Float32});
+  const Tensor w = make(uniform(6, -1, 1, 2), {2, 3}, {.dtype = DType::Float32});
+  autocast::Guard guard(DeviceType::CPU, DType::BFloat16);
+  EXPECT_EQ(nn::linear(x, w).dtype(), DType::BFloat16);
+  autocast::set_policy(ops::linear(), Policy::Keep);
+  EXPECT_EQ(nn::linear(x, w).dtype(), DType::Float32);
+  autocast::set_policy(ops::linear(), Policy::LowerPrecision);
+  EXPECT_EQ(nn::linear(x, w).dtype(), DType::BFloat16);
+}
+
 
 }  // namespace
 }  // namespace kiln::testing

@@ -1,43 +1,122 @@
-// Binary elementwise ops (arithmetic, remainder, maximum/minimum, where, masked_fill, lerp), forward and
-// backward side by side. Gradients come back in the broadcast shape and the computation dtype; the
+// Binary elementwise ops (the binary table's, where, masked_fill, lerp), forward and backward side by side. The
+// table's ops (kiln/tensor/binary_ops.h) are generated from it: each records an elementwise::BinaryBackward whose
+// formulas are the table's derivatives. Gradients come back in the broadcast shape and the computation dtype; the
 // engine sums them to each input's shape and casts them to its dtype. The nodes that the in-place forms
 // (inplace.cpp) share are declared in elementwise_nodes.h; their formulas are here.
 #include "kiln/autograd/ops/elementwise_nodes.h"
 #include "kiln/autograd/ops/op_recording.h"
 
+#include <iterator>  // std::size
+#include <tuple>
+
 namespace kiln {
 
-using elementwise::AddBackward;
-using elementwise::DivBackward;
+using elementwise::BinaryBackward;
+using elementwise::BinaryRow;
 using elementwise::MaskedFillBackward;
-using elementwise::MulBackward;
 using elementwise::MulScalarBackward;
 using elementwise::PassBackward;
+using elementwise::Reads;
 
-// ---------------------------------------------------------------- add, sub: out = a + alpha * b
-// d/da = g, d/db = alpha * g (sub: alpha negated).
-TensorList AddBackward::apply(TensorList&& grads) {
+// ---------------------------------------------------------------- the binary table (binary_ops.h)
+
+TensorList BinaryBackward::apply(TensorList&& grads) {
   const Tensor& g = grads[0];
-  Tensor gb;
-  if (needs_input_grad(1)) gb = alpha.to_double() == 1.0 ? g : internal::mul(g, alpha);
-  return {needs_input_grad(0) ? g : Tensor(), gb};
+  const Tensor av = a.unpack(*this), bv = b.unpack(*this), yv = y.unpack(*this);
+  Tensor ga, gb;
+  if (both != nullptr && needs_input_grad(0) && needs_input_grad(1)) {
+    std::tie(ga, gb) = both(g, av, bv);
+  } else {
+    if (needs_input_grad(0)) ga = grad_a(g, av, bv, yv);
+    if (needs_input_grad(1)) gb = grad_b(g, av, bv, yv);
+  }
+  if (gb.defined() && (alpha.is_bool() || alpha.to_double() != 1.0)) gb = internal::mul(gb, alpha);
+  return {ga, gb};
 }
 
+namespace {
+
+// The table's derivatives: g is the incoming gradient, a and b the op's inputs, y its result.
+#define KILN_X(Enum, name, result, autocast, forms, grad_a, reads_a, grad_b, reads_b, ...)   \
+  Tensor name##_grad_a([[maybe_unused]] const Tensor& g, [[maybe_unused]] const Tensor& a,   \
+                       [[maybe_unused]] const Tensor& b, [[maybe_unused]] const Tensor& y) { \
+    return grad_a;                                                                           \
+  }                                                                                          \
+  Tensor name##_grad_b([[maybe_unused]] const Tensor& g, [[maybe_unused]] const Tensor& a,   \
+                       [[maybe_unused]] const Tensor& b, [[maybe_unused]] const Tensor& y) { \
+    return grad_b;                                                                           \
+  }
+KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+
+// Records out = op(a, b) (a + alpha * b for add and sub).
+Tensor record_binary(Tensor out, const Tensor& a, const Tensor& b, BinaryOp op, Scalar alpha = 1) {
+  if (!needs_grad(a, b)) return out;
+  const BinaryRow& row = elementwise::binary_row(op);
+  auto node = make_node<BinaryBackward>(a, b);
+  node->op_name = row.node_name;
+  node->grad_a = row.grad_a;
+  node->grad_b = row.grad_b;
+  node->both = row.both;
+  node->alpha = alpha;
+  const unsigned reads = elementwise::binary_reads(row, *node);
+  if (reads & static_cast<unsigned>(Reads::A)) node->a = SavedTensor(a, false);
+  if (reads & static_cast<unsigned>(Reads::B)) node->b = SavedTensor(b, false);
+  set_history(out, node);
+  if (reads & static_cast<unsigned>(Reads::Y)) node->y = SavedTensor(out, /*is_output=*/true);
+  return out;
+}
+
+}  // namespace
+
+const BinaryRow& elementwise::binary_row(BinaryOp op) {
+  static const BinaryRow kRows[] = {
+#define KILN_X(Enum, name, result, autocast, forms, grad_a, reads_a, grad_b, reads_b, both, ...) \
+  {#Enum "Backward", name##_grad_a, Reads::reads_a, name##_grad_b, Reads::reads_b, both},
+      KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+  };
+  const auto i = static_cast<size_t>(op);
+  KILN_CHECK(i < std::size(kRows), "autograd: ", binary_op_name(op), " has no gradient (not a row of KILN_BINARY_OPS)");
+  return kRows[i];
+}
+
+// The table's differentiable ops, through their autocast policy; the in-place forms are in inplace.cpp.
+#define KILN_BINARY_FUNCTION_Plain(Enum, name)                        \
+  Tensor name(const Tensor& a_in, const Tensor& b_in) {               \
+    auto [a, b] = autocast::inputs(Op::Enum, a_in, b_in);             \
+    return record_binary(internal::name(a, b), a, b, BinaryOp::Enum); \
+  }
+#define KILN_BINARY_FUNCTION_Scalar(Enum, name) KILN_BINARY_FUNCTION_Plain(Enum, name)
+#define KILN_BINARY_FUNCTION_Alpha(Enum, name)                                      \
+  Tensor name(const Tensor& a_in, const Tensor& b_in, Scalar alpha) {               \
+    auto [a, b] = autocast::inputs(Op::Enum, a_in, b_in);                           \
+    return record_binary(internal::name(a, b, alpha), a, b, BinaryOp::Enum, alpha); \
+  }
+#define KILN_X(Enum, name, result, autocast, forms, ...) KILN_BINARY_FUNCTION_##forms(Enum, name)
+KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+
+// The predicates: no gradient, but their autocast policy.
+#define KILN_BINARY_PREDICATE_Plain(Enum, name)           \
+  Tensor name(const Tensor& a_in, const Tensor& b_in) {   \
+    auto [a, b] = autocast::inputs(Op::Enum, a_in, b_in); \
+    return internal::name(a, b);                          \
+  }
+#define KILN_BINARY_PREDICATE_Scalar(Enum, name)                                      \
+  KILN_BINARY_PREDICATE_Plain(Enum, name) Tensor name(const Tensor& a_in, Scalar b) { \
+    auto [a] = autocast::inputs(Op::Enum, a_in);                                      \
+    return internal::name(a, b);                                                      \
+  }
+#define KILN_X(Enum, name, forms, ...) KILN_BINARY_PREDICATE_##forms(Enum, name)
+KILN_BINARY_PREDICATES(KILN_X)
+#undef KILN_X
+
+// ---------------------------------------------------------------- with a number (by hand: binary_ops.h says why)
 // The gradient passes through unchanged (add/sub with a scalar), or negated (rsub).
 TensorList PassBackward::apply(TensorList&& grads) { return {negate ? internal::neg(grads[0]) : grads[0]}; }
 
 namespace {
-
-Tensor add_impl(const Tensor& a_in, const Tensor& b_in, Scalar alpha, Op op) {
-  auto [a, b] = autocast::inputs(op, a_in, b_in);
-  Tensor out = op == Op::Sub ? internal::sub(a, b, alpha) : internal::add(a, b, alpha);
-  if (needs_grad(a, b)) {
-    auto node = make_node<AddBackward>(a, b);
-    node->alpha = op == Op::Sub ? elementwise::negated(alpha) : alpha;
-    set_history(out, node);
-  }
-  return out;
-}
 
 Tensor pass_through(Tensor out, const Tensor& a, bool negate) {
   if (needs_grad(a)) {
@@ -50,25 +129,9 @@ Tensor pass_through(Tensor out, const Tensor& a, bool negate) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) { return add_impl(a, b, alpha, Op::Add); }
-Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) { return add_impl(a, b, alpha, Op::Sub); }
 Tensor add(const Tensor& a, Scalar b) { return pass_through(internal::add(a, b), a, false); }
 Tensor sub(const Tensor& a, Scalar b) { return pass_through(internal::sub(a, b), a, false); }
 Tensor rsub(const Tensor& a, Scalar b) { return pass_through(internal::rsub(a, b), a, true); }
-
-// ---------------------------------------------------------------- mul: out = a * b
-// d/da = g * b, d/db = g * a.
-TensorList MulBackward::apply(TensorList&& grads) {
-  const Tensor& g = grads[0];
-  if (needs_input_grad(0) && needs_input_grad(1)) {
-    auto [ga, gb] = internal::mul_backward(g, a.unpack(*this), b.unpack(*this));  // one pass for both
-    return {ga, gb};
-  }
-  Tensor ga, gb;
-  if (needs_input_grad(0)) ga = internal::mul(g, b.unpack(*this));
-  if (needs_input_grad(1)) gb = internal::mul(g, a.unpack(*this));
-  return {ga, gb};
-}
 
 // out = a * s, or a / s. d/da = g * s (g / s, exactly as forward computed a / s).
 TensorList MulScalarBackward::apply(TensorList&& grads) {
@@ -88,34 +151,6 @@ Tensor mul_scalar(const Tensor& a, Scalar s, bool divide) {
   return out;
 }
 
-}  // namespace
-
-Tensor mul(const Tensor& a_in, const Tensor& b_in) {
-  auto [a, b] = autocast::inputs(Op::Mul, a_in, b_in);
-  Tensor out = internal::mul(a, b);
-  if (needs_grad(a, b)) {
-    auto node = make_node<MulBackward>(a, b);
-    if (node->needs_input_grad(1)) node->a = SavedTensor(a, false);
-    if (node->needs_input_grad(0)) node->b = SavedTensor(b, false);
-    set_history(out, node);
-  }
-  return out;
-}
-Tensor mul(const Tensor& a, Scalar b) { return mul_scalar(a, b, false); }
-
-// ---------------------------------------------------------------- div: out = a / b
-// d/da = g / b, d/db = -g * a / b^2.
-TensorList DivBackward::apply(TensorList&& grads) {
-  const Tensor& g = grads[0];
-  const Tensor bv = b.unpack(*this);
-  Tensor ga, gb;
-  if (needs_input_grad(0)) ga = internal::div(g, bv);
-  if (needs_input_grad(1)) gb = internal::neg(internal::div(internal::mul(g, a.unpack(*this)), internal::mul(bv, bv)));
-  return {ga, gb};
-}
-
-namespace {
-
 // out = s / b. d/db = -g * s / b^2.
 struct ScalarDivBackward final : Node {
   Scalar numerator = 1;
@@ -130,17 +165,7 @@ struct ScalarDivBackward final : Node {
 
 }  // namespace
 
-Tensor div(const Tensor& a_in, const Tensor& b_in) {
-  auto [a, b] = autocast::inputs(Op::Div, a_in, b_in);
-  Tensor out = internal::div(a, b);
-  if (needs_grad(a, b)) {
-    auto node = make_node<DivBackward>(a, b);
-    if (node->needs_input_grad(1)) node->a = SavedTensor(a, false);
-    node->b = SavedTensor(b, false);
-    set_history(out, node);
-  }
-  return out;
-}
+Tensor mul(const Tensor& a, Scalar b) { return mul_scalar(a, b, false); }
 Tensor div(const Tensor& a, Scalar b) { return mul_scalar(a, b, true); }
 Tensor div(Scalar a, const Tensor& b) {
   Tensor out = internal::div(a, b);
@@ -152,87 +177,6 @@ Tensor div(Scalar a, const Tensor& b) {
   }
   return out;
 }
-
-// ---------------------------------------------------------------- remainder: out = a - floor(a / b) * b
-// d/da = g, d/db = -floor(a / b) * g (a and b saved only for b's gradient).
-namespace {
-
-struct RemainderBackward final : Node {
-  SavedTensor a, b;
-  std::string_view name() const override { return "RemainderBackward"; }
-  TensorList apply(TensorList&& grads) override {
-    const Tensor& g = grads[0];
-    Tensor gb;
-    if (needs_input_grad(1))
-      gb = internal::neg(internal::mul(g, internal::floor(internal::div(a.unpack(*this), b.unpack(*this)))));
-    return {needs_input_grad(0) ? g : Tensor(), gb};
-  }
-  void release_saved() override {
-    a.reset();
-    b.reset();
-  }
-};
-
-}  // namespace
-
-Tensor remainder(const Tensor& a_in, const Tensor& b_in) {
-  auto [a, b] = autocast::inputs(Op::Remainder, a_in, b_in);
-  Tensor out = internal::remainder(a, b);
-  if (needs_grad(a, b)) {
-    auto node = make_node<RemainderBackward>(a, b);
-    if (node->needs_input_grad(1)) {
-      node->a = SavedTensor(a, false);
-      node->b = SavedTensor(b, false);
-    }
-    set_history(out, node);
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------- maximum, minimum
-// The gradient goes to the larger (maximum) or smaller (minimum) input; where a == b it is split half and
-// half, as in PyTorch, so that the sum of both gradients is g. Shapes: g (broadcast of a and b).
-namespace {
-
-struct MaxMinBackward final : Node {
-  SavedTensor a, b;
-  bool is_max = true;
-  std::string_view name() const override { return is_max ? "MaximumBackward" : "MinimumBackward"; }
-  TensorList apply(TensorList&& grads) override {
-    const Tensor& g = grads[0];
-    const Tensor av = a.unpack(*this), bv = b.unpack(*this);
-    // Weight of a: 1 where a wins, 0.5 on ties, 0 where b wins; b gets the rest.
-    const Tensor wins = is_max ? internal::gt(av, bv) : internal::lt(av, bv);
-    const Tensor weight = internal::add(internal::cast(wins, g.dtype()),
-                                        internal::mul(internal::cast(internal::eq(av, bv), g.dtype()), 0.5));
-    const Tensor ga = internal::mul(g, weight);
-    Tensor gb;
-    if (needs_input_grad(1)) gb = internal::sub(g, ga);
-    return {needs_input_grad(0) ? ga : Tensor(), gb};
-  }
-  void release_saved() override {
-    a.reset();
-    b.reset();
-  }
-};
-
-Tensor max_min(const Tensor& a_in, const Tensor& b_in, bool is_max) {
-  auto [a, b] = autocast::inputs(is_max ? Op::Maximum : Op::Minimum, a_in, b_in);
-  Tensor out = is_max ? internal::maximum(a, b) : internal::minimum(a, b);
-  if (needs_grad(a, b)) {
-    auto node = make_node<MaxMinBackward>(a, b);
-    node->is_max = is_max;
-    node->a = SavedTensor(a, false);
-    node->b = SavedTensor(b, false);
-    set_history(out, node);
-  }
-  return out;
-}
-
-}  // namespace
-
-Tensor maximum(const Tensor& a, const Tensor& b) { return max_min(a, b, true); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return max_min(a, b, false); }
 
 // ---------------------------------------------------------------- where: out = condition ? a : b
 // d/da = g where condition, else 0; d/db the opposite. The condition gets no gradient. A scalar operand

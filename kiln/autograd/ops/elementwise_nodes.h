@@ -3,13 +3,15 @@
 // kiln/autograd/ops/: the forwards live in unary.cpp, binary.cpp and inplace.cpp, and each apply() is
 // defined beside the forward of its out-of-place op.
 //
-//   auto node = make_node<elementwise::MulBackward>(a, b);    // binary.cpp: kiln::mul, inplace.cpp: mul_
+//   auto node = make_node<elementwise::BinaryBackward>(a, b);  // binary.cpp: kiln::mul, inplace.cpp: mul_
 #pragma once
 
 #include <optional>
 #include <string_view>
+#include <tuple>
 
 #include "kiln/autograd/ops/op_recording.h"
+#include "kiln/tensor/backend.h"  // BinaryOp
 
 namespace kiln::elementwise {
 
@@ -48,12 +50,48 @@ struct ClampBackward final : Node {
 
 // ---------------------------------------------------------------- binary (binary.cpp)
 
-// out = a + alpha * b (sub: alpha negated).
-struct AddBackward final : Node {
+// A two-input op of the binary table (kiln/tensor/binary_ops.h), out of place or in place: the gradient of a is
+// grad_a(g, a, b, y) and that of b is grad_b(g, a, b, y) (times alpha: add and sub with alpha), or both come from
+// one pass of `both` when both are needed. The node saves a, b and the result y only where a needed gradient reads
+// them (the others stay undefined). Gradients come back in the broadcast shape; the engine sums them to each input's
+// shape and casts them to its dtype.
+struct BinaryBackward final : Node {
+  using Formula = Tensor (*)(const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& y);
+  using Both = std::tuple<Tensor, Tensor> (*)(const Tensor& g, const Tensor& a, const Tensor& b);
+  std::string_view op_name;  // "MulBackward", ...
+  Formula grad_a = nullptr, grad_b = nullptr;
+  Both both = nullptr;
   Scalar alpha = 1;
-  std::string_view name() const override { return "AddBackward"; }
+  SavedTensor a, b, y;
+  std::string_view name() const override { return op_name; }
   TensorList apply(TensorList&& grads) override;
+  // Only saved tensors are freed: a node that saved none (add) may run again without retain_graph.
+  void release_saved() override {
+    if (a.defined()) a.reset();
+    if (b.defined()) b.reset();
+    if (y.defined()) y.reset();
+  }
 };
+
+// What a row's gradient reads (binary_ops.h's reads_a and reads_b columns), as bits.
+enum class Reads : uint8_t { None = 0, A = 1, B = 2, AB = 3, Y = 4, AY = 5, BY = 6, ABY = 7 };
+
+// A row of the binary table as the autograd code needs it (defined in binary.cpp).
+struct BinaryRow {
+  std::string_view node_name;
+  BinaryBackward::Formula grad_a;
+  Reads reads_a;
+  BinaryBackward::Formula grad_b;
+  Reads reads_b;
+  BinaryBackward::Both both;
+};
+const BinaryRow& binary_row(BinaryOp op);
+
+// The bits of what `node`'s needed gradients read.
+inline unsigned binary_reads(const BinaryRow& row, const Node& node) {
+  return (node.needs_input_grad(0) ? static_cast<unsigned>(row.reads_a) : 0u) |
+         (node.needs_input_grad(1) ? static_cast<unsigned>(row.reads_b) : 0u);
+}
 
 // out = a + s, a - s (the gradient passes unchanged) or s - a (negated).
 struct PassBackward final : Node {
@@ -62,34 +100,12 @@ struct PassBackward final : Node {
   TensorList apply(TensorList&& grads) override;
 };
 
-// out = a * b; a is saved when b needs a gradient and b when a does.
-struct MulBackward final : Node {
-  SavedTensor a, b;
-  std::string_view name() const override { return "MulBackward"; }
-  TensorList apply(TensorList&& grads) override;
-  void release_saved() override {
-    a.reset();
-    b.reset();
-  }
-};
-
 // out = a * factor, or a / factor when `divide`.
 struct MulScalarBackward final : Node {
   Scalar factor = 1;
   bool divide = false;
   std::string_view name() const override { return divide ? "DivBackward" : "MulBackward"; }
   TensorList apply(TensorList&& grads) override;
-};
-
-// out = a / b; b always saved, a only when b needs a gradient.
-struct DivBackward final : Node {
-  SavedTensor a, b;
-  std::string_view name() const override { return "DivBackward"; }
-  TensorList apply(TensorList&& grads) override;
-  void release_saved() override {
-    a.reset();
-    b.reset();
-  }
 };
 
 // out = a with value where mask: the gradient passes where the mask is false.

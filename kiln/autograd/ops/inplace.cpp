@@ -21,21 +21,53 @@ SavedTensor save_other(const Tensor& b, const Tensor& a) {
   return SavedTensor(b.is_alias_of(a) ? internal::clone(b) : b, false);
 }
 
-// ---------------------------------------------------------------- add_, sub_: a += alpha * b
-Tensor& add_impl(Tensor& a, const Tensor& b, Scalar alpha, bool subtract) {
-  const char* op = subtract ? "sub_" : "add_";
+// ---------------------------------------------------------------- the binary table's in-place forms
+// a = op(a, b) (add_ and sub_: a + alpha * b) for the rows with in-place forms (binary_ops.h), with the row's
+// BinaryBackward: a's old values are copied before the write when a needed gradient reads them (mul_: b's),
+// b is saved (or copied, when it shares a's memory) when one reads it, and the result after the write.
+template <typename Write>
+Tensor& binary_inplace(Tensor& a, const Tensor& b, const char* op, BinaryOp binary_op, Scalar alpha, Write write) {
   const bool record = check_inplace(a, needs_grad(b), op);
-  std::shared_ptr<AddBackward> node;
+  std::shared_ptr<BinaryBackward> node;
+  unsigned reads = 0;
   if (record) {
-    node = make_node<AddBackward>(a, b);
-    node->alpha = subtract ? negated(alpha) : alpha;
+    const BinaryRow& row = binary_row(binary_op);
+    node = make_node<BinaryBackward>(a, b);
+    node->op_name = row.node_name;
+    node->grad_a = row.grad_a;
+    node->grad_b = row.grad_b;
+    node->both = row.both;
+    node->alpha = alpha;
+    reads = binary_reads(row, *node);
+    if (reads & static_cast<unsigned>(Reads::A)) node->a = SavedTensor(internal::clone(a), false);
+    if (reads & static_cast<unsigned>(Reads::B)) node->b = save_other(b, a);
   }
-  if (subtract) internal::sub_(a, b, alpha);
-  else internal::add_(a, b, alpha);
-  if (record) set_history(a, node);
+  write();
+  if (record) {
+    set_history(a, node);
+    if (reads & static_cast<unsigned>(Reads::Y)) node->y = SavedTensor(a, /*is_output=*/true);
+  }
   return a;
 }
 
+}  // namespace
+
+#define KILN_BINARY_INPLACE_Plain(Enum, name)
+#define KILN_BINARY_INPLACE_Scalar(Enum, name)                                                   \
+  Tensor& name##_(Tensor& a, const Tensor& b) {                                                  \
+    return binary_inplace(a, b, #name "_", BinaryOp::Enum, 1, [&] { internal::name##_(a, b); }); \
+  }
+#define KILN_BINARY_INPLACE_Alpha(Enum, name)                                                               \
+  Tensor& name##_(Tensor& a, const Tensor& b, Scalar alpha) {                                               \
+    return binary_inplace(a, b, #name "_", BinaryOp::Enum, alpha, [&] { internal::name##_(a, b, alpha); }); \
+  }
+#define KILN_X(Enum, name, result, autocast, forms, ...) KILN_BINARY_INPLACE_##forms(Enum, name)
+KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+
+namespace {
+
+// ---------------------------------------------------------------- with a number (by hand: binary_ops.h says why)
 Tensor& add_scalar_impl(Tensor& a, Scalar b, bool subtract) {
   const bool record = check_inplace(a, false, subtract ? "sub_" : "add_");
   auto node = record ? make_node<PassBackward>(a) : nullptr;
@@ -83,39 +115,11 @@ Tensor& overwrite(Tensor& a, const char* op, std::string_view name, Write write)
 
 }  // namespace
 
-Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha) { return add_impl(a, b, alpha, false); }
 Tensor& add_(Tensor& a, Scalar b) { return add_scalar_impl(a, b, false); }
-Tensor& sub_(Tensor& a, const Tensor& b, Scalar alpha) { return add_impl(a, b, alpha, true); }
 Tensor& sub_(Tensor& a, Scalar b) { return add_scalar_impl(a, b, true); }
 
-// a *= b: d/da = g * b, d/db = g * a_old (a clone from before the write).
-Tensor& mul_(Tensor& a, const Tensor& b) {
-  const bool record = check_inplace(a, needs_grad(b), "mul_");
-  std::shared_ptr<MulBackward> node;
-  if (record) {
-    node = make_node<MulBackward>(a, b);
-    if (node->needs_input_grad(1)) node->a = SavedTensor(internal::clone(a), false);
-    if (node->needs_input_grad(0)) node->b = save_other(b, a);
-  }
-  internal::mul_(a, b);
-  if (record) set_history(a, node);
-  return a;
-}
 Tensor& mul_(Tensor& a, Scalar b) { return mul_scalar_impl(a, b, false); }
 
-// a /= b: d/da = g / b, d/db = -g * a_old / b^2.
-Tensor& div_(Tensor& a, const Tensor& b) {
-  const bool record = check_inplace(a, needs_grad(b), "div_");
-  std::shared_ptr<DivBackward> node;
-  if (record) {
-    node = make_node<DivBackward>(a, b);
-    if (node->needs_input_grad(1)) node->a = SavedTensor(internal::clone(a), false);
-    node->b = save_other(b, a);
-  }
-  internal::div_(a, b);
-  if (record) set_history(a, node);
-  return a;
-}
 Tensor& div_(Tensor& a, Scalar b) { return mul_scalar_impl(a, b, true); }
 
 // The mask of where the gradient passes needs a's old values: a clone from before the write.

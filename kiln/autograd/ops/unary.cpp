@@ -99,34 +99,10 @@ Tensor square(const Tensor& a) {
   return unary(Op::Square, internal::square, a, "SquareBackward", square_grad, Save::Input);
 }
 
-// ---------------------------------------------------------------- pow
-// out = a^b. d/da = g * b * a^(b-1), 0 where b == 0; d/db = g * out * log(a), 0 where a == 0 and b >= 0
-// (there a^b is 0 or 1 and the limit of the gradient is 0). Both as in PyTorch. Shapes: broadcast of a, b.
+// ---------------------------------------------------------------- pow with a number
+// pow(a, b) of two tensors is the binary table's (binary_ops.h), with its derivatives. With a number, as there:
+// d/da = g * e * a^(e-1), 0 where e == 0; d/db = g * out * log(s), 0 where s == 0 and b >= 0, as in PyTorch.
 namespace {
-
-struct PowBackward final : Node {
-  SavedTensor base, exponent, result;
-  std::string_view name() const override { return "PowBackward"; }
-  TensorList apply(TensorList&& grads) override {
-    const Tensor& g = grads[0];
-    const Tensor a = base.unpack(*this), b = exponent.unpack(*this);
-    Tensor ga, gb;
-    if (needs_input_grad(0)) {
-      ga = internal::where(internal::eq(b, 0.0), 0.0,
-                           internal::mul(g, internal::mul(b, internal::pow(a, internal::sub(b, 1.0)))));
-    }
-    if (needs_input_grad(1)) {
-      const Tensor zero_base = internal::logical_and(internal::eq(a, 0.0), internal::ge(b, 0.0));
-      gb = internal::where(zero_base, 0.0, internal::mul(g, internal::mul(result.unpack(*this), internal::log(a))));
-    }
-    return {ga, gb};
-  }
-  void release_saved() override {
-    base.reset();
-    exponent.reset();
-    result.reset();
-  }
-};
 
 // out = a^e (scalar e). d/da = g * e * a^(e-1), 0 when e == 0.
 struct PowScalarExponentBackward final : Node {
@@ -158,19 +134,6 @@ struct PowScalarBaseBackward final : Node {
 };
 
 }  // namespace
-
-Tensor pow(const Tensor& a_in, const Tensor& b_in) {
-  auto [a, b] = autocast::inputs(Op::Pow, a_in, b_in);
-  Tensor out = internal::pow(a, b);
-  if (needs_grad(a, b)) {
-    auto node = make_node<PowBackward>(a, b);
-    node->base = SavedTensor(a, false);
-    node->exponent = SavedTensor(b, false);
-    set_history(out, node);
-    if (node->needs_input_grad(1)) node->result = SavedTensor(out, /*is_output=*/true);
-  }
-  return out;
-}
 
 Tensor pow(const Tensor& a_in, Scalar exponent) {
   auto [a] = autocast::inputs(Op::Pow, a_in);

@@ -1,5 +1,6 @@
 // nn::cross_entropy's fused CUDA path (cross_entropy.h): autocast, the (R, C) row view of the logits, and
 // the autograd node around the kernels of cross_entropy.cu.
+#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/cuda/cross_entropy.h"
 #include "kiln/tensor/trace.h"  // a range per kernel entry
 
@@ -67,11 +68,11 @@ bool cross_entropy_fits(const Tensor& logits, const Tensor& target, const CrossE
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options) {
   trace::Scope range(trace::Kind::Op, "cross_entropy", logits.device(), {&logits, &target});
-  // Autocast: with Op::CrossEntropy in float32 (the default policy), 16-bit logits are read as they are and
-  // computed in float32, rather than cast to a float32 copy first; the loss is float32 as the policy says.
+  // Autocast: with autocast_ops::cross_entropy() in float32 (the default policy), 16-bit logits are read as they are
+  // and computed in float32, rather than cast to a float32 copy first; the loss is float32 as the policy says.
   Tensor x = logits;
   DType out_dtype = x.dtype();
-  if (const auto cast = autocast::target_dtype(autocast::Op::CrossEntropy, x.device(), x.dtype());
+  if (const auto cast = autocast::target_dtype(autocast_ops::cross_entropy(), x.device(), x.dtype());
       cast && *cast != x.dtype()) {
     const bool narrow = x.dtype() == DType::Float16 || x.dtype() == DType::BFloat16;
     if (!(narrow && *cast == DType::Float32)) x = autocast::cast_to(x, *cast);

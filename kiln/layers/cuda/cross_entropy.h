@@ -23,7 +23,7 @@ namespace kiln::nn::cuda_impl {
 bool cross_entropy_fits(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options);
 
 // nn::cross_entropy for logits (N, C) or (N, C, d1, ...) and class indices (N) / (N, d1, ...) whose shapes
-// were checked by the caller. Applies autocast (Op::CrossEntropy) itself.
+// were checked by the caller. Applies autocast (autocast_ops::cross_entropy()) itself.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const CrossEntropyOptions& options);
 
 // ---- the kernels' launchers (cross_entropy.cu) ----

@@ -1,4 +1,5 @@
 // BERT with Hugging Face's module tree and names (bert.h).
+#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/models/bert.h"
 
 #include <string>
@@ -155,11 +156,11 @@ Tensor BertSelfAttention::forward(const Tensor& hidden, const Tensor& mask) {
   // made in the autocast dtype: stacking the float32 parameters would copy them once more every step, and the
   // stack's float32 gradient would be split into views that .grad must copy; cast one by one, each gradient
   // comes back as its own float32 tensor.
-  const auto [wq, wk, wv] = autocast::inputs(autocast::Op::Linear, query->weight, key->weight, value->weight);
+  const auto [wq, wk, wv] = autocast::inputs(autocast_ops::linear(), query->weight, key->weight, value->weight);
   const Tensor w = cat({wq, wk, wv}, 0);  // (3H, H)
   Tensor b;
   if (query->bias.defined() && key->bias.defined() && value->bias.defined()) {
-    const auto [bq, bk, bv] = autocast::inputs(autocast::Op::Linear, query->bias, key->bias, value->bias);
+    const auto [bq, bk, bv] = autocast::inputs(autocast_ops::linear(), query->bias, key->bias, value->bias);
     b = cat({bq, bk, bv}, 0);  // (3H)
   }
   const std::vector<Tensor> qkv = split(linear(hidden, w, b), H, -1);  // 3 x (N, S, H), views

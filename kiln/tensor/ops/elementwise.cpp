@@ -22,7 +22,7 @@ DType result_type(const Tensor& a, Scalar b) {
   return detail::result_type_of({&x, &y});
 }
 
-// ---------------------------------------------------------------- add and sub with alpha
+// ---------------------------------------------------------------- add and sub: alpha
 
 namespace {
 bool is_one(const Scalar& s) { return !s.is_bool() && s.to_double() == 1.0; }
@@ -42,69 +42,46 @@ Operand scaled(std::string_view op, const Tensor& a, const Tensor& b, const Scal
 }
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
-  return detail::binary("add", BinaryOp::Add, a, scaled("add", a, b, alpha), ResultKind::Same);
-}
-Tensor add(const Tensor& a, Scalar b) { return detail::binary("add", BinaryOp::Add, a, b, ResultKind::Same); }
-Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
-  return detail::binary("sub", BinaryOp::Sub, a, scaled("sub", a, b, alpha), ResultKind::Same);
-}
-Tensor sub(const Tensor& a, Scalar b) { return detail::binary("sub", BinaryOp::Sub, a, b, ResultKind::Same); }
+// ---------------------------------------------------------------- the binary table (binary_ops.h)
+// Each row's forms: name(a, b) with the row's dtype rule; Scalar rows also name(a, number) and the in-place
+// name_(a, b), name_(a, number); Alpha rows as Scalar, with alpha * b in b's promoted dtype.
+#define KILN_BINARY_DEFINE_Plain(Enum, name, kind)                        \
+  Tensor name(const Tensor& a, const Tensor& b) {                         \
+    return detail::binary(#name, BinaryOp::Enum, a, b, ResultKind::kind); \
+  }
+#define KILN_BINARY_DEFINE_Scalar(Enum, name, kind)                                   \
+  KILN_BINARY_DEFINE_Plain(Enum, name, kind) Tensor name(const Tensor& a, Scalar b) { \
+    return detail::binary(#name, BinaryOp::Enum, a, b, ResultKind::kind);             \
+  }                                                                                   \
+  Tensor& name##_(Tensor& a, const Tensor& b) {                                       \
+    return detail::binary_(#name "_", BinaryOp::Enum, a, b, ResultKind::kind);        \
+  }                                                                                   \
+  Tensor& name##_(Tensor& a, Scalar b) { return detail::binary_(#name "_", BinaryOp::Enum, a, b, ResultKind::kind); }
+#define KILN_BINARY_DEFINE_Alpha(Enum, name, kind)                                                                 \
+  Tensor name(const Tensor& a, const Tensor& b, Scalar alpha) {                                                    \
+    return detail::binary(#name, BinaryOp::Enum, a, scaled(#name, a, b, alpha), ResultKind::kind);                 \
+  }                                                                                                                \
+  Tensor name(const Tensor& a, Scalar b) { return detail::binary(#name, BinaryOp::Enum, a, b, ResultKind::kind); } \
+  Tensor& name##_(Tensor& a, const Tensor& b, Scalar alpha) {                                                      \
+    return detail::binary_(#name "_", BinaryOp::Enum, a, scaled(#name "_", a, b, alpha), ResultKind::kind);        \
+  }                                                                                                                \
+  Tensor& name##_(Tensor& a, Scalar b) { return detail::binary_(#name "_", BinaryOp::Enum, a, b, ResultKind::kind); }
+#define KILN_BINARY_DEFINE_PREDICATE_Plain(Enum, name) KILN_BINARY_DEFINE_Plain(Enum, name, Bool)
+#define KILN_BINARY_DEFINE_PREDICATE_Scalar(Enum, name)                               \
+  KILN_BINARY_DEFINE_Plain(Enum, name, Bool) Tensor name(const Tensor& a, Scalar b) { \
+    return detail::binary(#name, BinaryOp::Enum, a, b, ResultKind::Bool);             \
+  }
+
+#define KILN_X(Enum, name, result, autocast, forms, ...) KILN_BINARY_DEFINE_##forms(Enum, name, result)
+KILN_BINARY_OPS(KILN_X)
+#undef KILN_X
+#define KILN_X(Enum, name, forms, ...) KILN_BINARY_DEFINE_PREDICATE_##forms(Enum, name)
+KILN_BINARY_PREDICATES(KILN_X)
+#undef KILN_X
+
+// Written by hand beside the table (binary_ops.h): the number comes first.
 Tensor rsub(const Tensor& a, Scalar b) { return detail::binary("rsub", BinaryOp::Sub, b, a, ResultKind::Same); }
-
-Tensor& add_(Tensor& a, const Tensor& b, Scalar alpha) {
-  return detail::binary_("add_", BinaryOp::Add, a, scaled("add_", a, b, alpha), ResultKind::Same);
-}
-Tensor& add_(Tensor& a, Scalar b) { return detail::binary_("add_", BinaryOp::Add, a, b, ResultKind::Same); }
-Tensor& sub_(Tensor& a, const Tensor& b, Scalar alpha) {
-  return detail::binary_("sub_", BinaryOp::Sub, a, scaled("sub_", a, b, alpha), ResultKind::Same);
-}
-Tensor& sub_(Tensor& a, Scalar b) { return detail::binary_("sub_", BinaryOp::Sub, a, b, ResultKind::Same); }
-
-// ---------------------------------------------------------------- mul, div and friends
-
-Tensor mul(const Tensor& a, const Tensor& b) { return detail::binary("mul", BinaryOp::Mul, a, b, ResultKind::Same); }
-Tensor mul(const Tensor& a, Scalar b) { return detail::binary("mul", BinaryOp::Mul, a, b, ResultKind::Same); }
-Tensor div(const Tensor& a, const Tensor& b) { return detail::binary("div", BinaryOp::Div, a, b, ResultKind::Float); }
-Tensor div(const Tensor& a, Scalar b) { return detail::binary("div", BinaryOp::Div, a, b, ResultKind::Float); }
 Tensor div(Scalar a, const Tensor& b) { return detail::binary("div", BinaryOp::Div, a, b, ResultKind::Float); }
-Tensor remainder(const Tensor& a, const Tensor& b) {
-  return detail::binary("remainder", BinaryOp::Remainder, a, b, ResultKind::Same);
-}
-Tensor maximum(const Tensor& a, const Tensor& b) {
-  return detail::binary("maximum", BinaryOp::Maximum, a, b, ResultKind::Same);
-}
-Tensor minimum(const Tensor& a, const Tensor& b) {
-  return detail::binary("minimum", BinaryOp::Minimum, a, b, ResultKind::Same);
-}
-
-Tensor& mul_(Tensor& a, const Tensor& b) { return detail::binary_("mul_", BinaryOp::Mul, a, b, ResultKind::Same); }
-Tensor& mul_(Tensor& a, Scalar b) { return detail::binary_("mul_", BinaryOp::Mul, a, b, ResultKind::Same); }
-Tensor& div_(Tensor& a, const Tensor& b) { return detail::binary_("div_", BinaryOp::Div, a, b, ResultKind::Float); }
-Tensor& div_(Tensor& a, Scalar b) { return detail::binary_("div_", BinaryOp::Div, a, b, ResultKind::Float); }
-
-// ---------------------------------------------------------------- comparisons and logical ops (Bool results)
-
-#define KILN_COMPARISON(name, Op)                                                                             \
-  Tensor name(const Tensor& a, const Tensor& b) { return detail::binary(#name, Op, a, b, ResultKind::Bool); } \
-  Tensor name(const Tensor& a, Scalar b) { return detail::binary(#name, Op, a, b, ResultKind::Bool); }
-KILN_COMPARISON(eq, BinaryOp::Eq)
-KILN_COMPARISON(ne, BinaryOp::Ne)
-KILN_COMPARISON(lt, BinaryOp::Lt)
-KILN_COMPARISON(le, BinaryOp::Le)
-KILN_COMPARISON(gt, BinaryOp::Gt)
-KILN_COMPARISON(ge, BinaryOp::Ge)
-#undef KILN_COMPARISON
-
-Tensor logical_and(const Tensor& a, const Tensor& b) {
-  return detail::binary("logical_and", BinaryOp::LogicalAnd, a, b, ResultKind::Bool);
-}
-Tensor logical_or(const Tensor& a, const Tensor& b) {
-  return detail::binary("logical_or", BinaryOp::LogicalOr, a, b, ResultKind::Bool);
-}
-Tensor logical_xor(const Tensor& a, const Tensor& b) {
-  return detail::binary("logical_xor", BinaryOp::LogicalXor, a, b, ResultKind::Bool);
-}
 
 // ---------------------------------------------------------------- where and masked_fill
 

@@ -66,7 +66,7 @@ Tensor square(const Tensor& a) {
   return detail::unary("square", UnaryOp::Square, a, ResultKind::Same);
 }
 
-// ---------------------------------------------------------------- pow
+// ---------------------------------------------------------------- pow with a number (pow(a, b) is the binary table's)
 
 namespace {
 // An integer result with a negative integer exponent has no integer answer (PyTorch refuses it too).
@@ -76,10 +76,6 @@ void check_integer_exponent(DType result, const Scalar& exponent) {
              "); convert the base to a floating dtype first, e.g. with .to(DType::Float32)");
 }
 }  // namespace
-
-Tensor pow(const Tensor& a, const Tensor& exponent) {
-  return detail::binary("pow", BinaryOp::Pow, a, exponent, ResultKind::Same);
-}
 
 Tensor pow(const Tensor& a, Scalar exponent) {
   const Operand base(a), e(exponent);
