@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "kiln/autograd/grad_mode.h"
@@ -60,6 +61,59 @@ struct WeightCache {
   std::map<std::pair<const TensorImpl*, DType>, CacheEntry> entries;
 };
 thread_local WeightCache weight_cache;
+
+// The 16-bit shadows (shadow:: in the header), process-wide: the optimizer may step on another thread.
+struct Shadow {
+  std::weak_ptr<TensorImpl> param;  // the entry's key is its address while it lives
+  DType dtype = DType::BFloat16;    // what the last region cast the parameter to
+  Tensor values;                    // undefined until the optimizer asks for it (buffer())
+  const void* storage = nullptr;    // the parameter's storage and version when values were written
+  uint64_t version = 0;
+  bool current = false;
+};
+struct Shadows {
+  std::mutex mutex;
+  std::unordered_map<const TensorImpl*, Shadow> entries;
+  size_t pruned_size = 0;  // entries after the last sweep of freed parameters
+};
+Shadows& shadows() {
+  static Shadows s;
+  return s;
+}
+
+// The entry of a live parameter, or nullptr (the caller holds the lock).
+Shadow* live_shadow(Shadows& s, const Tensor& param) {
+  auto it = s.entries.find(&param.impl());
+  if (it == s.entries.end()) return nullptr;
+  if (it->second.param.lock().get() != &param.impl()) {  // freed; the address now belongs to another tensor
+    s.entries.erase(it);
+    return nullptr;
+  }
+  return &it->second;
+}
+
+// The current shadow of `param` cast to `dtype`, or undefined; remembers that a region casts param to dtype.
+Tensor current_shadow(const Tensor& param, DType dtype) {
+  Shadows& s = shadows();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  Shadow* e = live_shadow(s, param);
+  if (e != nullptr && e->dtype == dtype) {
+    if (e->current && e->storage == param.impl().storage().get() && e->version == param.version()) {
+      return e->values;
+    }
+    e->current = false;
+    return {};
+  }
+  if (e == nullptr && s.entries.size() >= 2 * s.pruned_size + 64) {  // drop the entries of freed parameters
+    std::erase_if(s.entries, [](const auto& kv) { return kv.second.param.expired(); });
+    s.pruned_size = s.entries.size();
+  }
+  Shadow& fresh = s.entries[&param.impl()];
+  fresh = Shadow{};
+  fresh.param = param.impl_ptr();
+  fresh.dtype = dtype;
+  return {};
+}
 
 bool cacheable(const Tensor& t, DType dtype) {
   return weight_cache.depth > 0 && t.dtype() == DType::Float32 &&
@@ -173,10 +227,52 @@ Tensor cast_to(const Tensor& t, DType dtype) {
   const void* storage = t.impl().storage().get();
   CacheEntry& e = weight_cache.entries[{&t.impl(), dtype}];
   if (!e.cast.defined() || e.version != t.version() || e.storage != storage) {
-    e = CacheEntry{t, t.version(), storage, t.to(dtype)};
+    Tensor shadow = current_shadow(t, dtype);
+    // A new alias of the shadow carries this region's history; the shadow itself stays a plain tensor.
+    e = CacheEntry{t, t.version(), storage,
+                   shadow.defined() ? detail::with_cast_history(shadow.detach(), t) : t.to(dtype)};
   }
   return e.cast;
 }
+
+namespace shadow {
+
+Tensor buffer(const Tensor& param) {
+  if (!param.defined() || param.dtype() != DType::Float32 ||
+      !(param.is_contiguous() || param.is_contiguous(MemoryFormat::ChannelsLast))) {
+    return {};
+  }
+  Shadows& s = shadows();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  Shadow* e = live_shadow(s, param);
+  if (e == nullptr) return {};
+  e->current = false;
+  if (!e->values.defined() || e->values.dtype() != e->dtype || e->values.device() != param.device() ||
+      e->values.shape() != param.shape() || e->values.strides() != param.strides()) {
+    e->values = internal::empty_strided(param.shape(), param.strides(), {.dtype = e->dtype, .device = param.device()});
+  }
+  return e->values;
+}
+
+void mark_written(const Tensor& param) {
+  Shadows& s = shadows();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  Shadow* e = live_shadow(s, param);
+  KILN_CHECK(e != nullptr && e->values.defined(), "autocast::shadow::mark_written: no shadow of this parameter (shape ",
+             param.shape(), ") was asked for with shadow::buffer()");
+  e->storage = param.impl().storage().get();
+  e->version = param.version();
+  e->current = true;
+  e->values.impl().storage()->bump_version();  // new values: a graph that saved the old ones must not use them
+}
+
+size_t count() {
+  Shadows& s = shadows();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.entries.size();
+}
+
+}  // namespace shadow
 
 std::vector<Tensor> inputs_list(Op op, const std::vector<Tensor>& ts) {
   if (!detail::state.any_enabled) return ts;

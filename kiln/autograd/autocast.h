@@ -111,6 +111,8 @@ struct State {
   bool any_enabled = false;
 };
 inline thread_local State state;
+// `values` with the autograd history of casting `source` to values' dtype (gradients reach `source`).
+Tensor with_cast_history(Tensor values, const Tensor& source);
 }  // namespace detail
 
 bool is_enabled(DeviceType type);
@@ -157,6 +159,27 @@ class CacheRegion {
   CacheRegion& operator=(const CacheRegion&) = delete;
 };
 size_t cache_size();  // entries in this thread's weight-cast cache (for tests and diagnostics)
+
+// 16-bit shadows: the cast a region needs, written by the optimizer step. When a region casts a parameter
+// (as above), autocast remembers which dtype it was cast to. The fused CUDA optimizers (kiln/optim) then ask for
+// a shadow of each parameter they update, write the updated parameter's cast into it in the kernel that writes
+// the parameter (no extra pass, no extra launch), and mark it written. The next region's cast_to() of that
+// parameter returns the shadow (with the cast's autograd history) instead of casting again, as long as it is
+// current: the parameter has the storage and the version it had when the shadow was marked written. Any other
+// in-place write to the parameter bumps its version, so the next region casts it again; its values are always
+// those of casting the parameter. A shadow costs 2 bytes per element of memory for as long as the parameter
+// lives; it stops being written when no region casts the parameter any more (after one step).
+namespace shadow {
+// The shadow the optimizer should write for `param` in this step: a float16/bfloat16 tensor with param's shape
+// and strides on its device, made on the first call. Undefined when the last region that used `param` did not
+// cast it (or none did), or when param is not a dense float32 tensor. Marks the shadow not current until
+// mark_written().
+Tensor buffer(const Tensor& param);
+// The shadow of `param` holds param's values cast, for param's version now (call after bumping it).
+void mark_written(const Tensor& param);
+// Shadows kept (for tests and diagnostics); shadows of freed parameters are dropped when new ones are added.
+size_t count();
+}  // namespace shadow
 
 // The dtype `op` computes in for floating inputs on `device`, or nothing (keep the inputs' dtypes).
 // `widest` is the promoted dtype of the floating inputs, for Policy::Promote.

@@ -83,7 +83,7 @@ void AdamBase<Options>::update_bucket(size_t group, Optimizer::CudaBucket& bucke
                          .amsgrad = o.amsgrad,
                          .maximize = o.maximize,
                          .lr_device = this->graph_lr(group, bucket.params[0].device())},
-                        grad_scale, found_inf);
+                        grad_scale, found_inf, bucket.shadows);
 #else
   OptimizerWith<Options>::update_bucket(group, bucket, grad_scale, found_inf);
 #endif

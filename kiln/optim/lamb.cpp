@@ -63,7 +63,7 @@ void LAMB::update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_sc
                          .bias_correction = o.bias_correction,
                          .max_trust_ratio = o.max_trust_ratio,
                          .lr_device = graph_lr(group, bucket.params[0].device())},
-                        grad_scale, found_inf);
+                        grad_scale, found_inf, bucket.shadows);
 #else
   OptimizerWith::update_bucket(group, bucket, grad_scale, found_inf);
 #endif

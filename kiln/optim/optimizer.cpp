@@ -5,6 +5,7 @@
 #include <set>
 #include <string_view>
 
+#include "kiln/autograd/autocast.h"  // autocast::shadow
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/optim/grad_groups.h"  // flat_dense, flat_layout, same_order
 #include "kiln/tensor/cuda.h"        // cuda::Graph
@@ -234,6 +235,15 @@ Optimizer::StepPlan Optimizer::plan_step(const std::vector<Tensor>& params) cons
       const Tensor& flat = bucket->params.back();
       Tensor gc = g.dtype() == p.dtype() ? g : internal::cast(g, p.dtype());
       bucket->grads.push_back(detail::same_order(gc, flat) ? gc : internal::contiguous(gc, detail::flat_layout(p)));
+      // The cast autocast regions take of p, written with it (one dtype per bucket: another one is cast anew).
+      Tensor shadow = flat.is_same(p) ? autocast::shadow::buffer(p) : Tensor();
+      for (const Tensor& other : bucket->shadows) {
+        if (other.defined()) {
+          if (shadow.defined() && other.dtype() != shadow.dtype()) shadow = Tensor();
+          break;
+        }
+      }
+      bucket->shadows.push_back(std::move(shadow));
       continue;
     }
 #endif
@@ -244,7 +254,14 @@ Optimizer::StepPlan Optimizer::plan_step(const std::vector<Tensor>& params) cons
 
 void Optimizer::finish_bucket(CudaBucket& bucket) {
   for (size_t i = 0; i < bucket.params.size(); ++i) {
-    if (!bucket.params[i].is_same(bucket.originals[i])) internal::copy_(bucket.originals[i], bucket.params[i]);
+    if (!bucket.params[i].is_same(bucket.originals[i])) {
+      internal::copy_(bucket.originals[i], bucket.params[i]);  // counts the write in the version
+    } else {
+      bucket.originals[i].impl().storage()->bump_version();  // updated in place by the fused kernel
+    }
+  }
+  for (size_t i = 0; i < bucket.shadows.size(); ++i) {
+    if (bucket.shadows[i].defined()) autocast::shadow::mark_written(bucket.originals[i]);
   }
 }
 

@@ -94,13 +94,17 @@ class Optimizer {
   struct CudaBucket {                   // one device and dtype: one fused call
     std::vector<Tensor> params, grads;  // contiguous (a copy where the parameter or gradient is not)
     std::vector<Tensor> originals;      // the parameters themselves (state lookup, copy-back)
+    // The 16-bit shadows update_bucket writes (autocast::shadow): empty, or one per parameter, undefined where
+    // none is kept; all of one dtype.
+    std::vector<Tensor> shadows;
   };
   struct StepPlan {
     std::vector<Tensor> cpu;  // updated with kiln ops, one by one
     std::vector<CudaBucket> cuda;
   };
   StepPlan plan_step(const std::vector<Tensor>& params) const;
-  // Writes bucket.params back into the parameters they were copied from (non-contiguous parameters).
+  // Writes bucket.params back into the parameters they were copied from (non-contiguous parameters), counts
+  // the in-place update in each parameter's version, and marks the shadows written.
   static void finish_bucket(CudaBucket& bucket);
 
   // One step of every group through two hooks (what SGD, Adam, AdamW and LAMB implement): each CUDA bucket goes

@@ -57,7 +57,7 @@ void SGD::update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_sca
                         .nesterov = o.nesterov,
                         .maximize = o.maximize,
                         .lr_device = graph_lr(group, bucket.params[0].device())},
-                       grad_scale, found_inf);
+                       grad_scale, found_inf, bucket.shadows);
 #else
   OptimizerWith::update_bucket(group, bucket, grad_scale, found_inf);
 #endif

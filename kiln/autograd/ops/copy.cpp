@@ -2,6 +2,7 @@
 // is g itself, brought back to the input's device (the engine checks devices but does not move
 // gradients) and dtype. These ops skip autocast: their result dtype is the one the caller asked for.
 
+#include "kiln/autograd/autocast.h"
 #include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
@@ -54,6 +55,13 @@ Tensor to(const Tensor& t, Device device, std::optional<DType> dtype, bool non_b
 }
 
 Tensor cast(const Tensor& t, DType dtype) { return record_to(internal::cast(t, dtype), t, "CastBackward"); }
+
+Tensor autocast::detail::with_cast_history(Tensor values, const Tensor& source) {
+  KILN_CHECK(
+      values.defined() && source.defined() && values.shape() == source.shape() && values.device() == source.device(),
+      "autocast: a cast's values must have the shape and device of their source");
+  return record_to(std::move(values), source, "ToBackward");
+}
 
 Tensor contiguous(const Tensor& t, MemoryFormat format) {
   return record_identity(internal::contiguous(t, format), t, "ContiguousBackward");

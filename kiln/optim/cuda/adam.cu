@@ -13,7 +13,7 @@
 namespace kiln::optim::cuda_impl {
 namespace {
 
-template <typename P, bool kAmsgrad>
+template <typename P, bool kAmsgrad, typename S = void>  // S: the shadows' type (last list), void: none
 struct AdamFunctor {
   double lr, beta1, beta2, weight_decay_d;  // for the bias corrections (float64)
   float lr_f, beta1_f, one_minus_beta1, beta2_f, one_minus_beta2, eps, weight_decay, lr_wd;
@@ -24,10 +24,11 @@ struct AdamFunctor {
 
   template <int D>
   __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
-    if (mt::skip_step(found_inf)) return;
+    if (mt::skip_step(found_inf)) return mt::refresh_shadow<P, S>(m, slot, chunk);
     const int64_t off = chunk * mt::kChunk;
     P* p = static_cast<P*>(m.ptr[0][slot]) + off;
     const P* g = static_cast<const P*>(m.ptr[1][slot]) + off;
+    S* sh = mt::shadow_ptr<S>(m, slot, chunk);
     float* ea = static_cast<float*>(m.ptr[2][slot]) + off;
     float* eas = static_cast<float*>(m.ptr[3][slot]) + off;
     float* mx = nullptr;
@@ -66,6 +67,7 @@ struct AdamFunctor {
         rp[k] -= step_size * rm[k] / denom;
       }
       mt::store<W>(p + i, rp);
+      mt::store_shadow<W>(sh, i, rp);
       mt::store<W>(ea + i, rm);
       mt::store<W>(eas + i, rv);
       if constexpr (kAmsgrad) mt::store<W>(mx + i, rx);
@@ -77,7 +79,7 @@ struct AdamFunctor {
 
 void fused_adam(const TensorVec& params, const TensorVec& grads, const TensorVec& exp_avgs,
                 const TensorVec& exp_avg_sqs, const TensorVec& max_exp_avg_sqs, const TensorVec& steps,
-                const AdamHyper& h, const Tensor& grad_scale, const Tensor& found_inf) {
+                const AdamHyper& h, const Tensor& grad_scale, const Tensor& found_inf, const TensorVec& shadows) {
   trace::Scope range(trace::Kind::Op, "fused_adam", params.empty() ? Device::cpu() : params[0].device());
   constexpr const char* kOp = "fused_adam";
   const Device dev = check_params(params, kOp);
@@ -93,6 +95,7 @@ void fused_adam(const TensorVec& params, const TensorVec& grads, const TensorVec
   check_steps(steps, kOp, dev, params.size());
   check_scalar(grad_scale, kOp, "grad_scale", dev, false);
   check_scalar(found_inf, kOp, "found_inf", dev, false);
+  const std::optional<DType> shadow_dtype = check_shadows(shadows, kOp, params);
   cudaStream_t stream = cuda::stream_for(params[0]);
   mt::dispatch_fused(params[0].dtype(), kOp, [&](auto tag) {
     using P = decltype(tag);
@@ -116,7 +119,20 @@ void fused_adam(const TensorVec& params, const TensorVec& grads, const TensorVec
       f.found_inf = mt::scalar_ptr(found_inf);
       return f;
     };
-    if (h.amsgrad) {
+    if (shadow_dtype) {
+      if constexpr (std::is_same_v<P, float>) {  // check_shadows: shadows only of float32 parameters
+        mt::dispatch_shadow(*shadow_dtype, [&](auto stag) {
+          using S = decltype(stag);
+          if (h.amsgrad) {
+            mt::apply<6>({&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs, &shadows}, &steps, stream,
+                         fill(AdamFunctor<P, true, S>{}), kOp);
+          } else {
+            mt::apply<5>({&params, &grads, &exp_avgs, &exp_avg_sqs, &shadows}, &steps, stream,
+                         fill(AdamFunctor<P, false, S>{}), kOp);
+          }
+        });
+      }
+    } else if (h.amsgrad) {
       mt::apply<5>({&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, &steps, stream,
                    fill(AdamFunctor<P, true>{}), kOp);
     } else {

@@ -51,7 +51,7 @@ void check_list(const TensorVec& list, const char* op, const char* name, Device 
       // The update pairs the elements at equal offsets: the same memory order as the parameter, or the same
       // contiguous order where the shapes differ (a flat view of it).
       const bool same = t.shape() == (*like)[i].shape() ? detail::same_order(t, (*like)[i])
-                                                          : t.is_contiguous() && (*like)[i].is_contiguous();
+                                                        : t.is_contiguous() && (*like)[i].is_contiguous();
       KILN_CHECK(same, op, ": ", name, "[", i, "] (strides ", t.strides(), ") is not in the memory order of params[", i,
                  "] (shape ", (*like)[i].shape(), ", strides ", (*like)[i].strides(),
                  "); pass it in the parameter's layout (e.g. .contiguous(params[i].suggest_memory_format()))");
@@ -77,6 +77,30 @@ void check_steps(const TensorVec& steps, const char* op, Device device, size_t s
     KILN_CHECK(s.defined() && s.numel() == 1 && s.dtype() == DType::Float32 && s.device() == device, op, ": steps[", i,
                "] must be a 1-element float32 tensor on ", device);
   }
+}
+
+std::optional<DType> check_shadows(const TensorVec& shadows, const char* op, const TensorVec& params) {
+  if (shadows.empty()) return std::nullopt;
+  KILN_CHECK(shadows.size() == params.size(), op, ": shadows has ", shadows.size(), " tensors, expected ",
+             params.size(), " (none, or one per parameter: undefined where no 16-bit copy is kept)");
+  std::optional<DType> dtype;
+  for (size_t i = 0; i < shadows.size(); ++i) {
+    const Tensor& s = shadows[i];
+    if (!s.defined()) continue;
+    const Tensor& p = params[i];
+    KILN_CHECK(p.dtype() == DType::Float32, op, ": shadows[", i, "] is defined but params[", i, "] has dtype ",
+               p.dtype(), "; only float32 parameters have 16-bit shadows");
+    KILN_CHECK(s.dtype() == DType::Float16 || s.dtype() == DType::BFloat16, op, ": shadows[", i, "] has dtype ",
+               s.dtype(), "; a shadow is float16 or bfloat16");
+    KILN_CHECK(!dtype || *dtype == s.dtype(), op, ": shadows[", i, "] is ", s.dtype(), " but an earlier shadow is ",
+               *dtype, "; one call writes shadows of one dtype");
+    dtype = s.dtype();
+    KILN_CHECK(s.device() == p.device() && s.shape() == p.shape() && s.strides() == p.strides(), op, ": shadows[", i,
+               "] (shape ", s.shape(), ", strides ", s.strides(), ", on ", s.device(),
+               ") must have the shape, strides ", "and device of params[", i, "] (shape ", p.shape(), ", strides ",
+               p.strides(), ", on ", p.device(), ")");
+  }
+  return dtype;
 }
 
 }  // namespace kiln::optim::cuda_impl

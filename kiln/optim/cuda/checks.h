@@ -38,4 +38,9 @@ void check_scalar(const Tensor& t, const char* op, const char* name, Device devi
 // One 1-element float32 step counter per parameter, on device.
 void check_steps(const TensorVec& steps, const char* op, Device device, size_t size);
 
+// The 16-bit shadows of float32 params (fused.h): empty, or one per parameter, each undefined (none kept) or
+// of the parameter's shape and memory order on its device, all of one dtype, float16 or bfloat16. Returns
+// that dtype, or nothing when no shadow is defined.
+std::optional<DType> check_shadows(const TensorVec& shadows, const char* op, const TensorVec& params);
+
 }  // namespace kiln::optim::cuda_impl

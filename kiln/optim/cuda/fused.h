@@ -22,6 +22,12 @@
 // GradScaler never has to read it on the host. Gradients are only read (PyTorch's fused Adam also writes the
 // unscaled gradient back; these kernels do not).
 //
+// 16-bit shadows: `shadows` (empty, or one per parameter: undefined where none is kept) are float16 or bfloat16
+// tensors of float32 parameters' shapes and strides. The kernel that writes the updated parameter also writes
+// its value rounded once (to nearest even) into the shadow: what casting the parameter gives, without another
+// pass over it. On a skipped step (found_inf) the shadow gets the unchanged parameter's cast. Autocast regions
+// use these copies instead of casting the parameters again (kiln/autograd/autocast.h, autocast::shadow).
+//
 // Step counters: steps[i] is read by the update (which uses steps[i] + 1, as PyTorch increments first) and
 // incremented by a second launch after it, so that all chunks of a tensor see the same count.
 //
@@ -47,7 +53,8 @@ struct SgdHyper {
 // implied by `steps`: steps[i] (1-element float32) == 0 means the buffer is initialised to the gradient (PyTorch).
 // steps[i] is incremented (unless found_inf). With momentum == 0, steps may also be empty (nothing reads it).
 void fused_sgd(const TensorVec& params, const TensorVec& grads, const TensorVec& momentum_buffers,
-               const TensorVec& steps, const SgdHyper& h, const Tensor& grad_scale, const Tensor& found_inf);
+               const TensorVec& steps, const SgdHyper& h, const Tensor& grad_scale, const Tensor& found_inf,
+               const TensorVec& shadows = {});
 
 struct AdamHyper {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
@@ -59,7 +66,7 @@ struct AdamHyper {
 // found_inf). max_exp_avg_sqs: empty unless amsgrad.
 void fused_adam(const TensorVec& params, const TensorVec& grads, const TensorVec& exp_avgs,
                 const TensorVec& exp_avg_sqs, const TensorVec& max_exp_avg_sqs, const TensorVec& steps,
-                const AdamHyper& h, const Tensor& grad_scale, const Tensor& found_inf);
+                const AdamHyper& h, const Tensor& grad_scale, const Tensor& found_inf, const TensorVec& shadows = {});
 
 // LAMB (Apex FusedLAMB with decoupled weight decay), per parameter with t = steps[i] + 1, bc = 1 - beta^t
 // (or 1 without bias_correction):
@@ -75,7 +82,7 @@ struct LambHyper {
 };
 void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec& exp_avgs,
                 const TensorVec& exp_avg_sqs, const TensorVec& steps, const LambHyper& h, const Tensor& grad_scale,
-                const Tensor& found_inf);
+                const Tensor& found_inf, const TensorVec& shadows = {});
 
 // grads[i] *= inv_scale[0] for all i, and found_inf[0] = 1 if any element of any grad is inf or NaN (it is
 // never reset to 0 here: callers zero it). inv_scale, found_inf: 1-element float32 device tensors.

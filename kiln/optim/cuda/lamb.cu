@@ -27,9 +27,12 @@ struct LambMath {
     const double t = static_cast<double>(*step) + 1.0;
     return {static_cast<float>(1.0 / (1.0 - pow(beta1, t))), static_cast<float>(1.0 / (1.0 - pow(beta2, t)))};
   }
-  // The update of one element from the new m, v and the parameter (identical in both phases).
+  // The update of one element from the new m, v and the parameter: identical in both phases and in every
+  // instantiation of phase 2 (with or without shadows), so each operation is rounded on its own (the _rn
+  // intrinsics are never contracted into fused multiply-adds, which the compiler may choose per instantiation).
   __device__ __forceinline__ float update(float p, float m, float v, Corrections c) const {
-    return (m * c.inv_bc1) / (sqrtf(v * c.inv_bc2) + eps) + weight_decay * p;
+    return __fadd_rn(__fdiv_rn(__fmul_rn(m, c.inv_bc1), __fadd_rn(__fsqrt_rn(__fmul_rn(v, c.inv_bc2)), eps)),
+                     __fmul_rn(weight_decay, p));
   }
 };
 
@@ -81,8 +84,8 @@ struct LambPhase1 {
   }
 };
 
-// Phase 2 over (p, m, v).
-template <typename P>
+// Phase 2 over (p, m, v[, shadows]).
+template <typename P, typename S = void>  // S: the shadows' type (last list), void: none
 struct LambPhase2 {
   LambMath math;
   float lr, max_trust_ratio;
@@ -92,7 +95,7 @@ struct LambPhase2 {
 
   template <int D>
   __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
-    if (mt::skip_step(found_inf)) return;
+    if (mt::skip_step(found_inf)) return mt::refresh_shadow<P, S>(m, slot, chunk);
     // The tensor's norms from its chunks' partials, in the same order in every block of the tensor.
     const int64_t base = m.chunk_base[slot];
     const int64_t chunks = (m.numel[slot] + mt::kChunk - 1) / mt::kChunk;
@@ -108,6 +111,7 @@ struct LambPhase2 {
 
     const int64_t off = chunk * mt::kChunk;
     P* p = static_cast<P*>(m.ptr[0][slot]) + off;
+    S* sh = mt::shadow_ptr<S>(m, slot, chunk);
     const float* ea = static_cast<const float*>(m.ptr[1][slot]) + off;
     const float* eas = static_cast<const float*>(m.ptr[2][slot]) + off;
     const LambMath::Corrections c = math.corrections(m.step[slot]);
@@ -118,8 +122,9 @@ struct LambPhase2 {
       mt::load<W>(ea + i, rm);
       mt::load<W>(eas + i, rv);
 #pragma unroll
-      for (int k = 0; k < W; ++k) rp[k] -= scale * math.update(rp[k], rm[k], rv[k], c);
+      for (int k = 0; k < W; ++k) rp[k] = __fsub_rn(rp[k], __fmul_rn(scale, math.update(rp[k], rm[k], rv[k], c)));
       mt::store<W>(p + i, rp);
+      mt::store_shadow<W>(sh, i, rp);
     });
   }
 };
@@ -128,7 +133,7 @@ struct LambPhase2 {
 
 void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec& exp_avgs,
                 const TensorVec& exp_avg_sqs, const TensorVec& steps, const LambHyper& h, const Tensor& grad_scale,
-                const Tensor& found_inf) {
+                const Tensor& found_inf, const TensorVec& shadows) {
   trace::Scope range(trace::Kind::Op, "fused_lamb", params.empty() ? Device::cpu() : params[0].device());
   constexpr const char* kOp = "fused_lamb";
   const Device dev = check_params(params, kOp);
@@ -139,6 +144,7 @@ void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec
   check_steps(steps, kOp, dev, params.size());
   check_scalar(grad_scale, kOp, "grad_scale", dev, false);
   check_scalar(found_inf, kOp, "found_inf", dev, false);
+  const std::optional<DType> shadow_dtype = check_shadows(shadows, kOp, params);
   KILN_CHECK(h.max_trust_ratio >= 0, kOp, ": max_trust_ratio must be >= 0, got ", h.max_trust_ratio);
   int64_t chunks = 0;
   for (const Tensor& p : params) chunks += mt::num_chunks(p.numel());
@@ -164,10 +170,22 @@ void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec
     mt::apply<4>({&params, &grads, &exp_avgs, &exp_avg_sqs}, &steps, stream,
                  LambPhase1<P>{math, mt::scalar_ptr(grad_scale), mt::scalar_ptr(found_inf), partials.data_ptr<float>()},
                  kOp);
-    mt::apply<3>({&params, &exp_avgs, &exp_avg_sqs}, &steps, stream,
-                 LambPhase2<P>{math, static_cast<float>(h.lr), static_cast<float>(h.max_trust_ratio),
-                               mt::scalar_ptr(found_inf), partials.data_ptr<float>(), h.lr_device},
-                 kOp);
+    if (shadow_dtype) {
+      if constexpr (std::is_same_v<P, float>) {  // check_shadows: shadows only of float32 parameters
+        mt::dispatch_shadow(*shadow_dtype, [&](auto stag) {
+          using S = decltype(stag);
+          mt::apply<4>({&params, &exp_avgs, &exp_avg_sqs, &shadows}, &steps, stream,
+                       LambPhase2<P, S>{math, static_cast<float>(h.lr), static_cast<float>(h.max_trust_ratio),
+                                        mt::scalar_ptr(found_inf), partials.data_ptr<float>(), h.lr_device},
+                       kOp);
+        });
+      }
+    } else {
+      mt::apply<3>({&params, &exp_avgs, &exp_avg_sqs}, &steps, stream,
+                   LambPhase2<P>{math, static_cast<float>(h.lr), static_cast<float>(h.max_trust_ratio),
+                                 mt::scalar_ptr(found_inf), partials.data_ptr<float>(), h.lr_device},
+                   kOp);
+    }
   });
   mt::increment_steps(steps, found_inf, stream, kOp);
 }

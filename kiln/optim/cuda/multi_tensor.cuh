@@ -150,6 +150,42 @@ __device__ __forceinline__ float grad_divisor(const float* grad_scale) {
   return grad_scale != nullptr ? *grad_scale : 1.f;
 }
 
+// ---- 16-bit shadows (fused.h) ----
+// A functor templated on S (Half or BFloat16; void: no shadows) finds the shadows in its last list, D - 1: per
+// slot the 16-bit copy of the parameter to write, or nullptr.
+template <typename S, int D>
+__device__ __forceinline__ S* shadow_ptr(const Meta<D>& m, int slot, int64_t chunk) {
+  if constexpr (std::is_void_v<S>) {
+    return nullptr;
+  } else {
+    void* base = m.ptr[D - 1][slot];
+    return base == nullptr ? nullptr : static_cast<S*>(base) + chunk * kChunk;
+  }
+}
+// Writes W values (the updated parameter, in float32) into the shadow, rounded once to S.
+template <int W, typename S>
+__device__ __forceinline__ void store_shadow(S* sh, int64_t i, const float (&r)[kVec]) {
+  if constexpr (!std::is_void_v<S>) {
+    if (sh != nullptr) store<W>(sh + i, r);
+  }
+}
+// A skipped step (found_inf) leaves the parameter as it is, and its shadow becomes its cast: a shadow made for
+// this step holds nothing yet.
+template <typename P, typename S, int D>
+__device__ __forceinline__ void refresh_shadow(const Meta<D>& m, int slot, int64_t chunk) {
+  if constexpr (!std::is_void_v<S>) {
+    S* sh = shadow_ptr<S>(m, slot, chunk);
+    if (sh == nullptr) return;
+    const P* p = static_cast<const P*>(m.ptr[0][slot]) + chunk * kChunk;
+    for_each_group(chunk_len(m, slot, chunk), all_aligned(m, slot), [&](int64_t i, auto w) {
+      constexpr int W = decltype(w)::value;
+      float r[kVec];
+      load<W>(p + i, r);
+      store<W>(sh + i, r);
+    });
+  }
+}
+
 template <int kDepth, typename F>
 __global__ void __launch_bounds__(kBlock) multi_tensor_kernel(Meta<kDepth> meta, F f) {
   f(meta, static_cast<int>(meta.block_slot[blockIdx.x]), static_cast<int64_t>(meta.block_chunk[blockIdx.x]));
@@ -183,7 +219,10 @@ int64_t apply(const std::array<const TensorVec*, kDepth>& lists, const TensorVec
     const int64_t chunks = num_chunks(n);
     if (chunks == 0) continue;
     KILN_CHECK(chunk_base + chunks < (int64_t{1} << 31), op, ": too many elements for one call");
-    for (int d = 0; d < kDepth; ++d) meta.ptr[d][slots] = (*lists[d])[t].data_ptr();
+    for (int d = 0; d < kDepth; ++d) {
+      const Tensor& x = (*lists[d])[t];
+      meta.ptr[d][slots] = x.defined() ? x.data_ptr() : nullptr;  // an undefined entry: a shadow not kept
+    }
     meta.numel[slots] = n;
     meta.step[slots] = steps != nullptr ? (*steps)[t].data_ptr<float>() : nullptr;
     meta.tensor[slots] = static_cast<int32_t>(t);
@@ -225,6 +264,13 @@ void dispatch_fused(DType dtype, const char* op, Fn&& fn) {
     case DType::BFloat16: fn(BFloat16{}); break;
     default: KILN_FAIL(op, ": dtype ", dtype, " is not supported (float32, float16 or bfloat16)");
   }
+}
+
+// Calls fn(S{}) with S the kiln type of the shadows' dtype (float16: Half, bfloat16: BFloat16; check_shadows).
+template <typename Fn>
+void dispatch_shadow(DType shadow_dtype, Fn&& fn) {
+  if (shadow_dtype == DType::Float16) fn(Half{});
+  else fn(BFloat16{});
 }
 
 // Calls fn(dtype, group) for each dtype of list (in the order of first appearance), group holding that

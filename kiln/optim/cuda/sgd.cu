@@ -10,7 +10,7 @@
 namespace kiln::optim::cuda_impl {
 namespace {
 
-template <typename P, bool kMomentum>
+template <typename P, bool kMomentum, typename S = void>  // S: the shadows' type (last list), void: none
 struct SgdFunctor {
   float lr, momentum, one_minus_dampening, weight_decay;
   bool nesterov, maximize;
@@ -20,11 +20,12 @@ struct SgdFunctor {
 
   template <int D>
   __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
-    if (mt::skip_step(found_inf)) return;
+    if (mt::skip_step(found_inf)) return mt::refresh_shadow<P, S>(m, slot, chunk);
     const float lr = lr_device != nullptr ? static_cast<float>(*lr_device) : this->lr;
     const int64_t off = chunk * mt::kChunk;
     P* p = static_cast<P*>(m.ptr[0][slot]) + off;
     const P* g = static_cast<const P*>(m.ptr[1][slot]) + off;
+    S* sh = mt::shadow_ptr<S>(m, slot, chunk);
     float* buf = nullptr;
     if constexpr (kMomentum) buf = static_cast<float*>(m.ptr[2][slot]) + off;
     const bool first = kMomentum && m.step[slot] != nullptr && *m.step[slot] == 0.f;
@@ -50,6 +51,7 @@ struct SgdFunctor {
         rp[k] -= lr * d;
       }
       mt::store<W>(p + i, rp);
+      mt::store_shadow<W>(sh, i, rp);
       if constexpr (kMomentum) mt::store<W>(buf + i, rb);
     });
   }
@@ -58,7 +60,8 @@ struct SgdFunctor {
 }  // namespace
 
 void fused_sgd(const TensorVec& params, const TensorVec& grads, const TensorVec& momentum_buffers,
-               const TensorVec& steps, const SgdHyper& h, const Tensor& grad_scale, const Tensor& found_inf) {
+               const TensorVec& steps, const SgdHyper& h, const Tensor& grad_scale, const Tensor& found_inf,
+               const TensorVec& shadows) {
   trace::Scope range(trace::Kind::Op, "fused_sgd", params.empty() ? Device::cpu() : params[0].device());
   constexpr const char* kOp = "fused_sgd";
   const Device dev = check_params(params, kOp);
@@ -77,6 +80,7 @@ void fused_sgd(const TensorVec& params, const TensorVec& grads, const TensorVec&
              ")");
   check_scalar(grad_scale, kOp, "grad_scale", dev, false);
   check_scalar(found_inf, kOp, "found_inf", dev, false);
+  const std::optional<DType> shadow_dtype = check_shadows(shadows, kOp, params);
   cudaStream_t stream = cuda::stream_for(params[0]);
   mt::dispatch_fused(params[0].dtype(), kOp, [&](auto tag) {
     using P = decltype(tag);
@@ -85,14 +89,28 @@ void fused_sgd(const TensorVec& params, const TensorVec& grads, const TensorVec&
       std::array<const TensorVec*, D> lists;
       lists[0] = &params;
       lists[1] = &grads;
-      if constexpr (D == 3) lists[2] = &momentum_buffers;
+      if constexpr (D == 3) lists[2] = momentum ? &momentum_buffers : &shadows;
+      if constexpr (D == 4) lists[2] = &momentum_buffers, lists[3] = &shadows;
       mt::apply<D>(lists, steps.empty() ? nullptr : &steps, stream, functor, kOp);
     };
     const float lr = static_cast<float>(h.lr), mom = static_cast<float>(h.momentum),
                 omd = static_cast<float>(1 - h.dampening), wd = static_cast<float>(h.weight_decay);
     const float* gs = mt::scalar_ptr(grad_scale);
     const float* fi = mt::scalar_ptr(found_inf);
-    if (momentum) {
+    if (shadow_dtype) {
+      if constexpr (std::is_same_v<P, float>) {  // check_shadows: shadows only of float32 parameters
+        mt::dispatch_shadow(*shadow_dtype, [&](auto stag) {
+          using S = decltype(stag);
+          if (momentum) {
+            run(SgdFunctor<P, true, S>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi, h.lr_device},
+                std::integral_constant<int, 4>{});
+          } else {
+            run(SgdFunctor<P, false, S>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi, h.lr_device},
+                std::integral_constant<int, 3>{});
+          }
+        });
+      }
+    } else if (momentum) {
       run(SgdFunctor<P, true>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi, h.lr_device},
           std::integral_constant<int, 3>{});
     } else {
