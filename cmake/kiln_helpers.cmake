@@ -4,9 +4,9 @@
 #
 # Records a package that kiln's exported targets refer to, so the generated kilnConfig.cmake calls
 # find_dependency(<arguments>) before it loads the targets. Needed for every external target that
-# appears in a kiln library's link interface: PUBLIC dependencies, and PRIVATE ones of static
-# libraries (CMake exports those as $<LINK_ONLY:...> because the final link still needs them).
-# With KILN_SHARED (one libkiln.so) private dependencies are linked into the library and never
+# appears in kiln's link interface: PUBLIC dependencies, and PRIVATE ones of the modules when kiln is
+# the static libkiln.a (CMake exports those as $<LINK_ONLY:...> because a program's link still needs
+# them). With KILN_SHARED (one libkiln.so) private dependencies are linked into the library and never
 # exported, so only the packages marked PUBLIC are recorded: a user's project then needs none of
 # the CUDA, cuDNN, NCCL, MPI, HDF5 or image development packages.
 # Header-only private dependencies (Eigen) need none: link them as $<BUILD_INTERFACE:...> instead.
@@ -28,38 +28,29 @@ function(kiln_package_dependency)
   endif()
 endfunction()
 
-# ${KILN_MODULE_LIBRARY_TYPE}: the type of each module's library (kiln_tensor, kiln_autograd, ...):
-# OBJECT with KILN_SHARED, whose objects make up the one shared library kiln (libkiln.so); STATIC
-# otherwise, one archive per module. Module folders write add_library(kiln_<module>
-# ${KILN_MODULE_LIBRARY_TYPE} <sources>) and then kiln_module_alias(kiln_<module> <module>).
-if(KILN_SHARED)
-  set(KILN_MODULE_LIBRARY_TYPE OBJECT)
-else()
-  set(KILN_MODULE_LIBRARY_TYPE STATIC)
-endif()
-
+# Module libraries (kiln_tensor, kiln_autograd, ...) are OBJECT libraries, in shared and static builds
+# alike: their objects make up the one library kiln (libkiln.so, or libkiln.a with KILN_SHARED off), and
+# kiln/CMakeLists.txt refuses a module of any other type. Module folders write add_library(kiln_<module>
+# OBJECT <sources>) (or INTERFACE while they have no sources) and then kiln_module_alias(kiln_<module>
+# <module>).
+#
 # kiln_module_alias(<target> <module>)
 #
-# Names what users link for one module: kiln::<module>. For static libraries that is the module's own
-# library (exported as kiln::<module>); with KILN_SHARED every module lives in libkiln.so, so
-# kiln::<module> becomes another name of kiln::kiln (kiln/CMakeLists.txt makes these aliases once
-# the library exists; the installed kilnConfig.cmake defines the same names).
+# Names what users link for one module: kiln::<module>. Every module lives in the one library kiln, so
+# kiln::<module> is another name of kiln::kiln: kiln/CMakeLists.txt makes these aliases once the library
+# exists, and the installed kilnConfig.cmake defines the same names. (A module is not a library of its own:
+# Tensor's methods, declared in kiln/tensor, are defined in kiln/autograd.)
 function(kiln_module_alias target module)
-  if(KILN_SHARED)
-    set_property(GLOBAL APPEND PROPERTY KILN_MODULE_NAMES ${module})
-  else()
-    add_library(kiln::${module} ALIAS ${target})
-    set_target_properties(${target} PROPERTIES EXPORT_NAME ${module})
-  endif()
+  set_property(GLOBAL APPEND PROPERTY KILN_MODULE_NAMES ${module})
 endfunction()
 
 # kiln_use_privately(<target> <interface target>...)
 #
 # Gives <target> the compile-time usage requirements (include folders, definitions, options) of
 # header-only or flag-only INTERFACE targets such as Eigen3::Eigen or kiln_warnings, without adding
-# them to its link interface. target_link_libraries(... PRIVATE) would put them there as
-# $<LINK_ONLY:...> for a static library, and the exported targets would then require every user
-# to find Eigen. (CMake 3.26's $<BUILD_LOCAL_INTERFACE:...> does the same; kiln supports 3.24.)
+# them to its link interface. target_link_libraries(... PRIVATE) would put them there (an object
+# library's private links are kiln's, kiln/CMakeLists.txt), and a static libkiln.a would then require
+# every user to find Eigen. (CMake 3.26's $<BUILD_LOCAL_INTERFACE:...> does the same; kiln supports 3.24.)
 function(kiln_use_privately target)
   foreach(dep IN LISTS ARGN)
     if(NOT TARGET ${dep})
@@ -76,7 +67,7 @@ endfunction()
 # Links the HDF5 C library privately through kiln_hdf5 and takes HDF5::HDF5's include folders and
 # definitions for compiling only. In the build tree kiln_hdf5 is HDF5_C_LIBRARIES (file paths); the
 # installed package names no file of the build machine: with KILN_SHARED it is not exported at all, and
-# for static libraries kilnConfig.cmake finds the HDF5 C library itself (kiln::hdf5_c, by name) — not
+# for the static libkiln.a kilnConfig.cmake finds the HDF5 C library itself (kiln::hdf5_c, by name) — not
 # with find_package(HDF5 COMPONENTS C), which fails in a C++-only project (FindHDF5 test-compiles a C
 # file).
 function(kiln_link_hdf5 target)

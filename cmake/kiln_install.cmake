@@ -7,7 +7,8 @@ set(KILN_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/kiln" CACHE STRING
     "Where kilnConfig.cmake is installed, relative to the prefix")
 mark_as_advanced(KILN_INSTALL_CMAKEDIR)
 
-# ---- libraries: libkiln.so (KILN_SHARED), or the modules' static libraries ----
+# ---- the library: libkiln.so (KILN_SHARED), or libkiln.a with the kiln helpers its link interface names ----
+# (kiln::nvml, kiln::hdf5). The modules are not libraries of their own: kiln::<module> is kiln::kiln.
 install(TARGETS ${KILN_LIBRARY_TARGETS} EXPORT kilnTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -57,7 +58,7 @@ endforeach()
 get_property(_kiln_module_names GLOBAL PROPERTY KILN_MODULE_NAMES)
 list(JOIN _kiln_module_names " " KILN_MODULE_NAMES)
 
-# Static libraries call the HDF5 C library: the installed package finds it by name (kiln::hdf5_c, which
+# libkiln.a calls the HDF5 C library: the installed package finds it by name (kiln::hdf5_c, which
 # kiln_hdf5 stands for once installed), never by the build machine's path. Not with find_package(HDF5
 # COMPONENTS C): FindHDF5 test-compiles a C file, which fails in a C++-only project.
 set(KILN_CONFIG_HDF5 "")
@@ -77,10 +78,10 @@ if(NOT KILN_SHARED)
   list(REMOVE_DUPLICATES _kiln_hdf5_names)
   list(JOIN _kiln_hdf5_names " " _kiln_hdf5_names)
   string(CONCAT KILN_CONFIG_HDF5
-    "# The HDF5 C library kiln's static libraries call, found by name (set KILN_HDF5_C_LIBRARY to choose one).\n"
+    "# The HDF5 C library libkiln.a calls, found by name (set KILN_HDF5_C_LIBRARY to choose one).\n"
     "if(NOT TARGET kiln::hdf5_c)\n"
     "  find_library(KILN_HDF5_C_LIBRARY NAMES ${_kiln_hdf5_names} PATH_SUFFIXES hdf5/serial\n"
-    "               DOC \"the HDF5 C library that kiln's static libraries link\")\n"
+    "               DOC \"the HDF5 C library that libkiln.a links\")\n"
     "  if(NOT KILN_HDF5_C_LIBRARY)\n"
     "    set(kiln_FOUND FALSE)\n"
     "    set(kiln_NOT_FOUND_MESSAGE \"kiln (static) needs the HDF5 C library (${_kiln_hdf5_names}): install it \"\n"

@@ -6,6 +6,7 @@
 //   std::cout << (x * 2).sum() << "\n";
 #pragma once
 
+#include "kiln/autograd/amp.h"          // amp::Autocast: an autocast region with the weight-cast cache
 #include "kiln/autograd/autocast.h"     // autocast::Guard, the per-op policy table
 #include "kiln/autograd/checkpoint.h"   // autograd::checkpoint
 #include "kiln/autograd/engine.h"       // autograd::backward, autograd::grad
@@ -49,7 +50,6 @@
 #include "kiln/monitor/gpu_monitor.h"   // monitor::gpu_stats: GPU utilisation, memory and power through NVML
 #include "kiln/monitor/metrics.h"       // monitor::MetricsLogger: metrics to CSV and TensorBoard, resumable
 #include "kiln/optim/adam.h"            // optim::Adam, optim::AdamW
-#include "kiln/optim/amp.h"             // amp::Autocast (with the weight-cast cache)
 #include "kiln/optim/clip_grad.h"       // optim::clip_grad_norm_, clip_grad_value_ (and as nn::utils::)
 #include "kiln/optim/grad_scaler.h"     // amp::GradScaler
 #include "kiln/optim/lamb.h"            // optim::LAMB

@@ -280,7 +280,7 @@ TEST(DocSnippets, LayersAndOptimizers) {
   }
 }
 
-// kiln/optim/grad_scaler.h, kiln/optim/amp.h (on the CPU: autocast and the scaler do nothing to CPU ops)
+// kiln/optim/grad_scaler.h, kiln/autograd/amp.h (on the CPU: autocast and the scaler do nothing to CPU ops)
 TEST(DocSnippets, GradScalerAndAutocast) {
   auto model = std::make_shared<nn::Linear>(8, 3);
   optim::SGD opt(model->parameters(), {.lr = 0.1});

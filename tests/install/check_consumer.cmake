@@ -12,7 +12,8 @@
 #                  uses kiln on the CPU needs none of them.
 # MODE=build-tree  finds kiln in its build folder (kiln_DIR=KILN_BUILD_DIR), nothing installed.
 #
-# Both build and run two programs: consumer (one tensor) and mlp (a small MLP whose loss must fall).
+# Both build and run three programs: consumer (one tensor), mlp (a small MLP whose loss must fall) and
+# tensor_only (linked with kiln::tensor alone, which must be the whole library).
 cmake_minimum_required(VERSION 3.24)
 
 foreach(var MODE KILN_BUILD_DIR WORK_DIR CONSUMER_DIR)
@@ -80,12 +81,22 @@ if(MODE STREQUAL "install")
       lib/cmake/kiln/kilnConfig.cmake lib/cmake/kiln/kilnConfigVersion.cmake lib/cmake/kiln/kilnTargets.cmake)
   if(shared)
     list(APPEND required_files lib/libkiln.so)
+  else()
+    list(APPEND required_files lib/libkiln.a)
   endif()
   foreach(required IN LISTS required_files)
     if(NOT EXISTS "${prefix}/${required}")
       message(FATAL_ERROR "check_consumer [install]: ${required} was not installed")
     endif()
   endforeach()
+  # One kiln library: no module is a library of its own (libkiln_tensor.a could not link by itself). Only the
+  # helper libkiln_nvml.a, which libkiln.a's link interface names, may sit beside it.
+  file(GLOB kiln_archives RELATIVE "${prefix}/lib" "${prefix}/lib/libkiln*")
+  list(FILTER kiln_archives EXCLUDE REGEX "^libkiln\\.(a|so(\\.[0-9.]+)?)$|^libkiln_nvml\\.a$")
+  if(kiln_archives)
+    message(FATAL_ERROR "check_consumer [install]: libraries other than libkiln were installed: ${kiln_archives} "
+                        "(the modules' objects belong in libkiln)")
+  endif()
   foreach(private_dir include/kiln/tensor/cpu include/kiln/tensor/cuda)
     if(EXISTS "${prefix}/${private_dir}")
       message(FATAL_ERROR "check_consumer [install]: backend-internal ${private_dir} was installed")
@@ -209,7 +220,7 @@ if(shared)
 endif()
 
 run_step("build the consumer" "${CMAKE_COMMAND}" --build "${WORK_DIR}/build")
-foreach(program consumer mlp)
+foreach(program consumer mlp tensor_only)
   run_step("run ${program}" "${WORK_DIR}/build/${program}")
   message(STATUS "check_consumer [${MODE}]: ${program} printed:\n${step_output}")
   if(NOT step_output MATCHES "${program} ok")

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Checks that each of kiln's module libraries links by itself: every kiln symbol its objects use is defined
-# in the module or in a module it links (its CMake link closure). A module that calls upward (kiln_tensor
-# calling a function that only kiln_autograd defines) would link only as part of the whole library; as a
-# static library linked alone it fails.
+# Checks kiln's link boundaries: every kiln symbol a library's files use is defined in them or in a kiln
+# library it links (its CMake link closure).
+#   - Each module's objects (kiln_tensor, kiln_autograd, ...; OBJECT libraries): a module that calls upward
+#     (kiln_tensor calling a function that only kiln_autograd defines) breaks the layering of DESIGN.md.
+#   - kiln, the library users link (libkiln.so, or libkiln.a): a kiln symbol that nothing in it or its
+#     helpers (kiln_nvml) defines would fail a program's link, or its load.
 #
 #   check_module_links.sh <nm> <manifest>
 #
-# The manifest (written by tests/CMakeLists.txt) has one line per module: name, the modules it links
-# (space-separated), then its object files (';'-separated), separated by '|'.
+# The manifest (written by tests/CMakeLists.txt) has one line per library: its target name, the kiln
+# libraries it links (space-separated), then its object files or library file (';'-separated), separated by
+# '|'.
 set -euo pipefail
 nm_tool=$1 manifest=$2
 work=$(mktemp -d)
@@ -21,7 +24,7 @@ while IFS='|' read -r module module_deps objects; do
   deps[$module]=$module_deps
   IFS=';' read -r -a files <<<"$objects"
   if [[ ${#files[@]} -eq 0 ]]; then
-    echo "check_module_links: $module lists no object files in $manifest" >&2
+    echo "check_module_links: $module lists no files in $manifest" >&2
     exit 1
   fi
   # Defined symbols (any kind but undefined), and the undefined ones that name kiln's own code.
@@ -51,11 +54,15 @@ for module in "${modules[@]}"; do
   count=$(wc -l <"$work/missing")
   if [[ $count -gt 0 ]]; then
     status=1
-    echo "FAIL kiln_$module (links: ${deps[$module]:-nothing}) uses $count kiln symbol(s) defined outside what it links:"
+    echo "FAIL $module (links: ${deps[$module]:-nothing}) uses $count kiln symbol(s) defined outside what it links:"
     head -n 20 "$work/missing" | sed 's/^/  /'
-    echo "  Move the code down to a module kiln_$module links, or have kiln_$module link the module that defines it."
+    if [[ $module == kiln ]]; then
+      echo "  Define them (a declared function without a definition?), or link kiln with the library that does."
+    else
+      echo "  Move the code down to a module $module links, or have $module link the module that defines it."
+    fi
   else
-    echo "ok   kiln_$module (links: ${deps[$module]:-nothing}): $(wc -l <"$work/$module.used") kiln symbols used, all defined"
+    echo "ok   $module (links: ${deps[$module]:-nothing}): $(wc -l <"$work/$module.used") kiln symbols used, all defined"
   fi
 done
 exit $status

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "kiln/optim/amp.h"
+#include "kiln/autograd/amp.h"
 #include "support/test_support.h"
 
 namespace kiln::testing {

@@ -1,5 +1,5 @@
 // amp::Autocast: an autocast::Guard plus a weight-cast cache region.
-#include "kiln/optim/amp.h"
+#include "kiln/autograd/amp.h"
 
 namespace kiln::amp {
 

@@ -1,4 +1,4 @@
-// kiln/optim/amp.h — amp::Autocast: a mixed-precision region (per thread, nestable) with the weight-cast cache.
+// kiln/autograd/amp.h — amp::Autocast: a mixed-precision region (per thread, nestable) with the weight-cast cache.
 //
 //   Tensor loss;
 //   {
@@ -7,7 +7,7 @@
 //   }                                                  // outermost exit: cast cache emptied, previous state back
 //   loss.backward();                                   // float32 gradients in the float32 parameters
 //
-// Which op runs in which dtype is kiln::autocast's policy table (kiln/autograd/autocast.h). On top of
+// Which op runs in which dtype is kiln::autocast's policy table (autocast.h, beside this file). On top of
 // autocast::Guard this adds autocast::CacheRegion: within the outermost Autocast, casting the same float32
 // parameter (a leaf that requires grad) to the same low dtype returns the same cast tensor (recomputed after an
 // in-place update of the parameter), as torch.autocast does. `enabled = false` turns autocast off for the
