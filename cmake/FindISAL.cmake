@@ -19,11 +19,15 @@ endif()
 find_path(ISAL_INCLUDE_DIR isa-l/crc.h HINTS ${_isal_hints} PATH_SUFFIXES include
           DOC "the folder holding isa-l/crc.h (ISA-L)")
 find_library(ISAL_LIBRARY NAMES isal HINTS ${_isal_hints} PATH_SUFFIXES lib lib64 DOC "ISA-L's library (libisal)")
-# Then the copy in the kiln tree this module belongs to (an installed copy of this file has no third_party beside it).
+# Then the copy in the kiln tree this module belongs to, or, for the copy kiln installs (<prefix>/lib/cmake/kiln/
+# modules/), the prefix, where a static kiln built with third_party's ISA-L installs it (cmake/kiln_install.cmake).
 set(_isal_third_party ${CMAKE_CURRENT_LIST_DIR}/../third_party/isal)
-find_path(ISAL_INCLUDE_DIR isa-l/crc.h HINTS ${_isal_third_party}/include NO_DEFAULT_PATH)
-find_library(ISAL_LIBRARY NAMES isal HINTS ${_isal_third_party}/lib NO_DEFAULT_PATH)
+get_filename_component(_isal_prefix ${CMAKE_CURRENT_LIST_DIR}/../../../.. ABSOLUTE)
+find_path(ISAL_INCLUDE_DIR isa-l/crc.h HINTS ${_isal_third_party}/include ${_isal_prefix}/include NO_DEFAULT_PATH)
+find_library(ISAL_LIBRARY NAMES isal HINTS ${_isal_third_party}/lib ${_isal_prefix}/lib ${_isal_prefix}/lib64
+             NO_DEFAULT_PATH)
 unset(_isal_third_party)
+unset(_isal_prefix)
 unset(_isal_hints)
 
 if(ISAL_INCLUDE_DIR AND EXISTS "${ISAL_INCLUDE_DIR}/isa-l.h")

@@ -15,16 +15,21 @@ install(TARGETS ${KILN_LIBRARY_TARGETS} EXPORT kilnTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
-# ---- ISA-L from third_party/ (a machine without the system package): installed beside libkiln.so ----
+# ---- ISA-L from third_party/ (a machine without the system package): installed into the prefix ----
 # libkiln.so needs libisal.so.2 at run time and at a program's link. The system's copy (libisal2) is found by
 # every linker; a copy scripts/setup.sh put into the source tree is not, so the prefix carries it and libkiln.so
-# finds it through its $ORIGIN run path.
+# finds it through its $ORIGIN run path. A static libkiln.a leaves ISA-L to the program's link: kilnConfig.cmake
+# finds it (FindISAL looks in the prefix it was installed into too), so the prefix carries its headers as well.
 if(ISAL_LIBRARY AND ISAL_LIBRARY MATCHES "^${PROJECT_SOURCE_DIR}/third_party/")
   get_filename_component(_isal_dir "${ISAL_LIBRARY}" DIRECTORY)
   file(GLOB _isal_files "${_isal_dir}/libisal.so*")
   install(FILES ${_isal_files} DESTINATION ${CMAKE_INSTALL_LIBDIR})
   if(TARGET kiln AND KILN_SHARED)
     set_property(TARGET kiln APPEND PROPERTY INSTALL_RPATH "$ORIGIN")
+  endif()
+  if(NOT KILN_SHARED)
+    install(FILES ${ISAL_INCLUDE_DIR}/isa-l.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+    install(DIRECTORY ${ISAL_INCLUDE_DIR}/isa-l DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   endif()
 endif()
 
