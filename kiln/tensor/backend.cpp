@@ -19,25 +19,26 @@ Allocator& pinned_allocator();  // tensor/cuda/pinned_allocator.cpp
 }  // namespace cuda
 #endif
 
-std::string_view unary_op_name(UnaryOp op) {
-  static constexpr std::string_view kNames[] = {
-#define KILN_X(Enum, name, ...) #name,
-      KILN_UNARY_OPS(KILN_X) KILN_UNARY_PREDICATES(KILN_X) KILN_UNARY_OTHER(KILN_X)
-#undef KILN_X
-  };
-  const auto i = static_cast<size_t>(op);
-  return i < std::size(kNames) ? kNames[i] : std::string_view("?");
+namespace {
+// Entry i of an op table's names (the rows' name column, in the enum's order); "?" past the end.
+template <size_t N>
+std::string_view name_at(const std::string_view (&names)[N], size_t i) {
+  return i < N ? names[i] : std::string_view("?");
 }
+}  // namespace
 
-std::string_view binary_op_name(BinaryOp op) {
-  static constexpr std::string_view kNames[] = {
 #define KILN_X(Enum, name, ...) #name,
-      KILN_BINARY_OPS(KILN_X) KILN_BINARY_PREDICATES(KILN_X) KILN_BINARY_OTHER(KILN_X)
-#undef KILN_X
-  };
-  const auto i = static_cast<size_t>(op);
-  return i < std::size(kNames) ? kNames[i] : std::string_view("?");
+std::string_view unary_op_name(UnaryOp op) {
+  static constexpr std::string_view kNames[] = {KILN_UNARY_OPS(KILN_X) KILN_UNARY_PREDICATES(KILN_X)
+                                                    KILN_UNARY_OTHER(KILN_X)};
+  return name_at(kNames, static_cast<size_t>(op));
 }
+std::string_view binary_op_name(BinaryOp op) {
+  static constexpr std::string_view kNames[] = {KILN_BINARY_OPS(KILN_X) KILN_BINARY_PREDICATES(KILN_X)
+                                                    KILN_BINARY_OTHER(KILN_X)};
+  return name_at(kNames, static_cast<size_t>(op));
+}
+#undef KILN_X
 
 Backend& detail::backend_untraced(DeviceType type) {
   if (type == DeviceType::CPU) return cpu::cpu_backend();

@@ -145,6 +145,24 @@
 #define KILN_BINARY_DECLARE_PREDICATE_Scalar(name) \
   Tensor name(const Tensor& a, const Tensor& b);   \
   Tensor name(const Tensor& a, Scalar b);
+// Every function of the binary ops: the table's rows, and those written by hand beside it (they do not fit its
+// forms). internal_ops.h declares them in kiln::internal, autograd/functions.h in kiln (differentiable there).
+#define KILN_BINARY_DECLARE_ROW(Enum, name, result, autocast, forms, ...) KILN_BINARY_DECLARE(name, forms)
+#define KILN_BINARY_DECLARE_PREDICATE_ROW(Enum, name, forms, ...) KILN_BINARY_DECLARE_PREDICATE(name, forms)
+#define KILN_BINARY_DECLARE_ALL()                                                                         \
+  KILN_BINARY_OPS(KILN_BINARY_DECLARE_ROW)                                                                \
+  KILN_BINARY_PREDICATES(KILN_BINARY_DECLARE_PREDICATE_ROW)                                               \
+  Tensor rsub(const Tensor& a, Scalar b); /* b - a */                                                     \
+  Tensor div(Scalar a, const Tensor& b);                                                                  \
+  Tensor pow(const Tensor& a, Scalar exponent);                                                           \
+  Tensor pow(Scalar base, const Tensor& exponent);                                                        \
+  Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);                                \
+  Tensor where(const Tensor& condition, Scalar a, const Tensor& b);                                       \
+  Tensor where(const Tensor& condition, const Tensor& a, Scalar b);                                       \
+  Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);                                  \
+  Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight); /* a + weight * (b - a) */                \
+  /* The sum of one or more tensors of one shape, dtype and device, in one pass (one kernel on a GPU). */ \
+  Tensor add_n(const std::vector<Tensor>& tensors);
 // Tensor's methods (tensor.h): t.name(other), and t.name_(other), t.name_(number) for the in-place forms.
 #define KILN_BINARY_METHODS(name, forms) KILN_BINARY_METHODS_##forms(name)
 #define KILN_BINARY_METHODS_Plain(name) Tensor name(const Tensor& other) const;

@@ -128,24 +128,7 @@ Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> m
 // maximum, minimum; mul(a, 2.5) and the in-place forms add_, sub_, mul_, div_, which write into `a` (the promoted
 // type must be castable to a's dtype: float into int is an error). The predicates give Bool: eq, ne, lt, le, gt,
 // ge (also with a number), logical_and, logical_or, logical_xor.
-#define KILN_X(Enum, name, result, autocast, forms, ...) KILN_BINARY_DECLARE(name, forms)
-KILN_BINARY_OPS(KILN_X)
-#undef KILN_X
-#define KILN_X(Enum, name, forms, ...) KILN_BINARY_DECLARE_PREDICATE(name, forms)
-KILN_BINARY_PREDICATES(KILN_X)
-#undef KILN_X
-// Written by hand beside the table (binary_ops.h says why).
-Tensor rsub(const Tensor& a, Scalar b);  // b - a
-Tensor div(Scalar a, const Tensor& b);
-Tensor pow(const Tensor& a, Scalar exponent);
-Tensor pow(Scalar base, const Tensor& exponent);
-Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
-Tensor where(const Tensor& condition, Scalar a, const Tensor& b);
-Tensor where(const Tensor& condition, const Tensor& a, Scalar b);
-Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
-Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight);  // a + weight * (b - a)
-// The sum of one or more tensors of one shape, dtype and device, in one pass (one kernel on a GPU).
-Tensor add_n(const std::vector<Tensor>& tensors);
+KILN_BINARY_DECLARE_ALL()
 // (g * b, g * a): the gradients of a * b, in one pass (one kernel on a GPU) when g, a and b have one shape
 // and floating dtype; otherwise the two products with broadcasting and promotion.
 std::tuple<Tensor, Tensor> mul_backward(const Tensor& g, const Tensor& a, const Tensor& b);

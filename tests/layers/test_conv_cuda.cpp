@@ -16,6 +16,8 @@
 #include "kiln/tensor/cuda.h"                   // cuda::is_available, allow_tf32, memory_stats
 #include "support/test_support.h"
 
+// The CUDA layer internals these tests call (nn::cuda_impl) exist only in a CUDA build.
+#if KILN_TEST_CUDA
 namespace kiln::testing {
 namespace {
 
@@ -639,3 +641,7 @@ TEST_F(CudaConvTest, BadInputGivesTheSameClearErrors) {
 
 }  // namespace
 }  // namespace kiln::testing
+
+#else
+TEST(CudaConv, NeedsACudaBuild) { GTEST_SKIP() << "kiln was built without CUDA (KILN_CUDA=OFF)"; }
+#endif
