@@ -1,5 +1,6 @@
 // bench/model_cases.h — the model benchmarks' cases, built once for bench_models, bench_ddp and bench_train: a
-// model on `dev` in train mode and one random batch that every step reuses.
+// model on `dev` in train mode and random batches (one, or `batches` distinct ones that bench_train's steps cycle
+// through, so that no step trains on the batch of the step before).
 //
 //   auto c = bench::make_resnet50(dev, MemoryFormat::ChannelsLast, /*quick=*/false);
 //   Tensor loss = nn::cross_entropy(c.model(c.x), c.y);
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kiln/kiln.h"
 
@@ -22,14 +24,18 @@ namespace kiln::bench {
 
 struct ResNetCase {
   nn::Handle<nn::models::ResNet> model;
-  Tensor x;  // (batch, 3, size, size) float32, in the model's memory format
-  Tensor y;  // (batch,) Int64 class indices
+  Tensor x;  // (batch, 3, size, size) float32, in the model's memory format: xs[0]
+  Tensor y;  // (batch,) Int64 class indices: ys[0]
+  std::vector<Tensor> xs, ys;  // the distinct batches
   int64_t batch = 0, size = 0;
 };
 
-// A ResNet (18, 34, 50 or 101) on `dev` in `format`, and one batch of standard-normal images with random labels.
+// A ResNet (18, 34, 50 or 101) on `dev` in `format`, and `batches` batches of standard-normal images with random
+// labels. With `learnable` (bench_train; `size` a multiple of 8), each class has a standard-normal 8x8 pattern per
+// channel, drawn first, which is tiled over its images and added to their noise: a task whose loss can fall (pure
+// noise under random labels stays at log(classes)). pytorch_train.py makes its batches the same way.
 inline ResNetCase make_resnet(int depth, int64_t batch, int64_t size, int64_t classes, bool cifar_stem, Device dev,
-                              MemoryFormat format) {
+                              MemoryFormat format, int batches = 1, bool learnable = false) {
   ResNetCase c;
   c.batch = batch;
   c.size = size;
@@ -40,8 +46,21 @@ inline ResNetCase make_resnet(int depth, int64_t batch, int64_t size, int64_t cl
                           : nn::models::resnet101(o);
   c.model->to(dev, format);
   c.model->train();
-  c.x = randn({batch, 3, size, size}, {.device = dev}).contiguous(format);
-  c.y = randint(0, classes, {batch}, {.dtype = DType::Int64, .device = dev});
+  KILN_CHECK(!learnable || size % 8 == 0, "make_resnet: a learnable batch needs a size divisible by 8, got ", size);
+  const Tensor patterns = learnable ? randn({classes, 3, 8, 8}, {.device = dev}) : Tensor();
+  for (int i = 0; i < batches; ++i) {
+    Tensor x = randn({batch, 3, size, size}, {.device = dev});
+    Tensor y = randint(0, classes, {batch}, {.dtype = DType::Int64, .device = dev});
+    if (learnable)  // pixel (h, w) of an image of class k gets patterns[k][:, h % 8, w % 8]
+      x = x + patterns.index_select(0, y)
+                  .reshape({batch, 3, 1, 8, 1, 8})
+                  .expand({batch, 3, size / 8, 8, size / 8, 8})
+                  .reshape({batch, 3, size, size});
+    c.xs.push_back(x.contiguous(format));
+    c.ys.push_back(y);
+  }
+  c.x = c.xs.at(0);
+  c.y = c.ys.at(0);
   return c;
 }
 
@@ -52,12 +71,14 @@ inline ResNetCase make_resnet50(Device dev, MemoryFormat format, bool quick) {
 struct BertCase {
   nn::models::BertConfig config;
   nn::Handle<nn::models::BertForMaskedLM> model;
-  Tensor ids, types, mask, labels;  // (batch, seq) Int64 each
+  Tensor ids, types, mask, labels;  // (batch, seq) Int64 each; ids and labels are all_ids[0] and all_labels[0]
+  std::vector<Tensor> all_ids, all_labels;  // the distinct batches (types and mask are the same in each)
   int64_t batch = 0, seq = 0;
 };
 
-// A BERT masked-LM model of `config` on `dev` and one batch of `batch` sequences of `seq` tokens.
-inline BertCase make_bert(const nn::models::BertConfig& config, int64_t batch, int64_t seq, Device dev) {
+// A BERT masked-LM model of `config` on `dev` and `batches` batches of `batch` sequences of `seq` tokens.
+inline BertCase make_bert(const nn::models::BertConfig& config, int64_t batch, int64_t seq, Device dev,
+                          int batches = 1) {
   BertCase c;
   c.batch = batch;
   c.seq = seq;
@@ -66,15 +87,19 @@ inline BertCase make_bert(const nn::models::BertConfig& config, int64_t batch, i
   c.model->to(dev);
   c.model->train();
   const int64_t b = c.batch, s = c.seq;
-  c.ids = randint(0, c.config.vocab_size, {b, s}, {.dtype = DType::Int64, .device = dev});
   c.types = zeros({b, s}, {.dtype = DType::Int64, .device = dev});
   // The last 16 tokens of every other sequence are padding.
   c.mask = ones({b, s}, {.dtype = DType::Int64, .device = dev});
   for (int64_t i = 1; i < b; i += 2)
     c.mask[i].narrow(0, s - std::min<int64_t>(16, s - 1), std::min<int64_t>(16, s - 1)).fill_(0);
-  // 15% of positions carry a label; the rest are ignored (-100).
-  Tensor pick = rand({b, s}, {.device = dev}) < Scalar(0.15);
-  c.labels = where(pick, c.ids, full({b, s}, -100, {.dtype = DType::Int64, .device = dev}));
+  // Random tokens; 15% of positions carry a label (the token itself); the rest are ignored (-100).
+  for (int i = 0; i < batches; ++i) {
+    c.all_ids.push_back(randint(0, c.config.vocab_size, {b, s}, {.dtype = DType::Int64, .device = dev}));
+    Tensor pick = rand({b, s}, {.device = dev}) < Scalar(0.15);
+    c.all_labels.push_back(where(pick, c.all_ids.back(), full({b, s}, -100, {.dtype = DType::Int64, .device = dev})));
+  }
+  c.ids = c.all_ids.at(0);
+  c.labels = c.all_labels.at(0);
   return c;
 }
 

@@ -1,23 +1,39 @@
-"""PyTorch on the cases of bench_train (issue 12): whole training steps (zero_grad, forward under autocast, loss,
-backward, optimizer step; GradScaler for fp16) through PyTorch eager and torch.compile, on the same GPU as kiln.
+"""PyTorch on the cases of bench_train: whole training steps (zero_grad, forward under autocast, loss, backward,
+optimizer step; GradScaler for fp16) in each of the modes a PyTorch expert would use, on the same GPU as kiln.
 
-    python3 bench/pytorch_train.py [--mode eager|compile|both] [--case NAME]... [--steps N] [--warmup N] [--repeat N]
-                                   [--photos DIR] [--quick]
-    python3 bench/train_table.py kiln.log torch.log        # kiln / PyTorch, per case
+    python3 bench/pytorch_train.py [--mode MODE]... [--case NAME]... [--steps N] [--warmup N] [--batches N]
+                                   [--repeat N] [--photos DIR] [--quick]
+    python3 bench/train_table.py kiln.log torch.log        # kiln / PyTorch's fastest mode, per case
+
+Modes (--mode, repeatable; default eager, compile, eager_graph, compile_graph):
+    eager          the model as it is
+    compile        torch.compile(model) (default mode), no CUDA graph
+    eager_graph    the whole step captured once in a CUDA graph and replayed: warm-up steps on a side stream, then
+                   torch.cuda.graph around forward, backward and the optimizer step (and the GradScaler's step and
+                   update), with fused optimizers (AdamW capturable=True); each batch is copied into the static
+                   inputs before its replay
+    compile_graph  the same around torch.compile(model)
+    compile_max    torch.compile(model, mode="max-autotune"), which captures CUDA graphs itself; slow to compile
+    all            every mode above
 
 Cases (the names bench_train uses): resnet50_bf16, resnet50_fp16, resnet18_cifar_bf16, bert_base_128, bert_base_512,
-bert_large_128, bert_base_128_ckpt (eager only), resnet50_jpeg (eager only; needs --photos, a folder from
-bench/make_photos.py). Random (not zero) data made once on the GPU and reused by every step, as bench/model_cases.h
-does, except resnet50_jpeg, whose batches come from the JPEGs through torchvision's ImageFolder and a DataLoader.
+bert_large_128, bert_base_128_ckpt (eager and compile only), resnet50_jpeg (eager and compile only; needs --photos, a
+folder from bench/make_photos.py). As bench_train: --batches distinct random batches (8) made once on the GPU, which
+the steps cycle through; the learning rate rises linearly over the warm-up steps to the case's rate; every step's
+loss (and the GradScaler's scale) is logged on the GPU and judged after the timing by bench/train_log.h's rules
+(bench/train_rules.py): a non-finite loss, a timed step the GradScaler skipped or a loss that did not fall makes
+the line say "trained": false and "failed": why, and train_table.py leaves that run out.
 
 Timing: the warm-up steps (at least 15 under torch.compile, so compilation stays outside), a synchronize, the peak
 memory statistics reset, then one CUDA event before the first of --steps steps and one after the last: step_ms is
 the block's time / steps (not a median of single steps), throughput = batch * 1000 / step_ms, peak_gib =
-torch.cuda.max_memory_allocated() / 2**30 over the timed steps. After a header "pytorch <version> ...", one JSON
-line per case and mode:
+torch.cuda.max_memory_allocated() / 2**30 over the timed steps (with a graph: over the capture and the replays).
+First a line {"bench": "gemm_peak", ...}: the bf16 matrix product's rate on this GPU (8192^3, cuBLAS), which
+train_table.py takes for the MFU. After a header "pytorch <version> ...", one JSON line per case, mode and run:
     {"bench":"train","framework":"torch-eager","case":"resnet50_bf16","model":"resnet50","batch":256,
      "input":"224x224","precision":"bf16","optimizer":"sgd","step_ms":..,"throughput":..,"unit":"img/s",
-     "peak_gib":..,"steps":30,"warmup":10,"loss":..}
+     "peak_gib":..,"steps":30,"warmup":10,"loss":..,"batches":8,"trained":true,"loss_first":..,"loss_last":..,
+     "skipped_steps":0,"skipped_total":0,"losses":[..]}
 A case that is not run prints {"bench":"train","framework":..,"case":..,"skipped":"<reason>"}; one that fails
 (out of memory, a compile error) {"bench":"train","framework":..,"case":..,"error":"<message>"}, and the script
 goes on with the next.
@@ -35,10 +51,14 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from train_rules import judge_training
+
 BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 COMPILE_WARMUP = 15  # torch.compile's first calls compile (and may recompile once); keep them out of the timing
+MODES = ("eager", "compile", "eager_graph", "compile_graph", "compile_max")
+DEFAULT_MODES = MODES[:4]
 
 
 class Skip(Exception):
@@ -48,22 +68,26 @@ class Skip(Exception):
 @dataclasses.dataclass
 class Case:
     model: torch.nn.Module  # on the GPU, in train mode; what torch.compile wraps
-    loss: Callable  # loss(net) -> scalar: one step's forward and loss through net (the model or its compiled form)
+    loss: Callable  # loss(net, batch) -> scalar: one step's forward and loss through net (the model or its compiled
+    #                 form) on batch (a tuple of tensors; None for a case that draws its own, the JPEG one)
     opt: torch.optim.Optimizer
     dtype: torch.dtype  # autocast's; float16 adds a GradScaler
     info: dict  # model, batch, input, precision, optimizer: printed as they are
     unit: str  # "img/s" or "seq/s"
+    batches: Optional[list] = None  # the distinct batches the steps cycle through (tuples of tensors)
     min_warmup: int = 0
     extra: Optional[Callable] = None  # () -> dict of case-specific figures for the JSON line, read after timing
     close: Optional[Callable] = None  # releases what the case holds besides tensors (the loader's workers)
+    graphs: bool = True  # whether the graph modes apply
 
 
-def sgd(model):
+def sgd(model, graph):
+    del graph  # fused SGD is capturable as it is
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5, fused=True)
 
 
-def adamw(model):
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+def adamw(model, graph):
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True, capturable=graph)
 
 
 def info(model, batch, input, dtype, optimizer):
@@ -78,10 +102,24 @@ def resnet50_random(args, dtype):
 
     batch, size = (2, 64) if args.quick else (256, 224)
     model = torchvision.models.resnet50(num_classes=1000).cuda().to(memory_format=torch.channels_last).train()
-    x = torch.randn(batch, 3, size, size, device="cuda").contiguous(memory_format=torch.channels_last)  # (B, 3, H, W)
-    y = torch.randint(0, 1000, (batch,), device="cuda")  # (B,)
-    return Case(model, lambda net: F.cross_entropy(net(x), y), sgd(model), dtype,
-                info("resnet50", batch, f"{size}x{size}", dtype, "sgd"), "img/s")
+    return Case(model, lambda net, b: F.cross_entropy(net(b[0]), b[1]), sgd(model, args.graph), dtype,
+                info("resnet50", batch, f"{size}x{size}", dtype, "sgd"), "img/s",
+                batches=image_batches(args, batch, size, 1000))
+
+
+def image_batches(args, batch, size, classes):
+    """--batches pairs of (B, 3, H, W) channels-last images and (B,) random labels, as bench/model_cases.h makes
+    them: standard-normal noise plus the image's class pattern (8x8 per channel, standard-normal, tiled), so that
+    the loss can fall."""
+    patterns = torch.randn(classes, 3, 8, 8, device="cuda")
+    out = []
+    for _ in range(args.batches):
+        x = torch.randn(batch, 3, size, size, device="cuda")
+        y = torch.randint(0, classes, (batch,), device="cuda")
+        x = x + patterns[y].reshape(batch, 3, 1, 8, 1, 8).expand(batch, 3, size // 8, 8, size // 8, 8).reshape(
+            batch, 3, size, size)  # pixel (h, w) of class k gets patterns[k][:, h % 8, w % 8]
+        out.append((x.contiguous(memory_format=torch.channels_last), y))
+    return out
 
 
 def resnet50_bf16(args):
@@ -100,10 +138,9 @@ def resnet18_cifar_bf16(args):
     model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)  # the CIFAR stem: 3x3, stride 1, no max pooling
     model.maxpool = torch.nn.Identity()
     model = model.cuda().to(memory_format=torch.channels_last).train()
-    x = torch.randn(batch, 3, size, size, device="cuda").contiguous(memory_format=torch.channels_last)
-    y = torch.randint(0, 10, (batch,), device="cuda")
-    return Case(model, lambda net: F.cross_entropy(net(x), y), sgd(model), torch.bfloat16,
-                info("resnet18-cifar", batch, f"{size}x{size}", torch.bfloat16, "sgd"), "img/s")
+    return Case(model, lambda net, b: F.cross_entropy(net(b[0]), b[1]), sgd(model, args.graph), torch.bfloat16,
+                info("resnet18-cifar", batch, f"{size}x{size}", torch.bfloat16, "sgd"), "img/s",
+                batches=image_batches(args, batch, size, 10))
 
 
 def bert_random(args, name, sizes, batch, seq, checkpointing=False):
@@ -118,19 +155,23 @@ def bert_random(args, name, sizes, batch, seq, checkpointing=False):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         except TypeError:  # a transformers without the keyword
             model.gradient_checkpointing_enable()
-    # The batch as bench/model_cases.h builds it; every tensor (B, T) int64.
-    ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
+    # The batches as bench/model_cases.h builds them; every tensor (B, T) int64. Random tokens; 15% of positions
+    # carry a label (the token itself), the rest are ignored (-100); the same types and mask in each.
     types = torch.zeros(batch, seq, dtype=torch.long, device="cuda")
     mask = torch.ones(batch, seq, dtype=torch.long, device="cuda")
     mask[1::2, seq - 16:] = 0  # the last 16 tokens of every other sequence are padding
-    labels = torch.where(torch.rand(batch, seq, device="cuda") < 0.15, ids, torch.full_like(ids, -100))
+    batches = []
+    for _ in range(args.batches):
+        ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
+        batches.append((ids, torch.where(torch.rand(batch, seq, device="cuda") < 0.15, ids, torch.full_like(ids, -100))))
     attention = getattr(model.config, "_attn_implementation", None)
 
-    def loss(net):
-        return net(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels).loss
+    def loss(net, b):
+        return net(input_ids=b[0], token_type_ids=types, attention_mask=mask, labels=b[1]).loss
 
-    return Case(model, loss, adamw(model), torch.bfloat16, info(name, batch, f"{seq} tokens", torch.bfloat16, "adamw"),
-                "seq/s", extra=lambda: {"attention": attention, "checkpointing": checkpointing})
+    return Case(model, loss, adamw(model, args.graph), torch.bfloat16,
+                info(name, batch, f"{seq} tokens", torch.bfloat16, "adamw"), "seq/s", batches=batches,
+                extra=lambda: {"attention": attention, "checkpointing": checkpointing}, graphs=not checkpointing)
 
 
 def bert_base_128(args):
@@ -201,7 +242,8 @@ def resnet50_jpeg(args):
 
     batches = cycle()
 
-    def loss(net):
+    def loss(net, b):
+        del b  # the loader's batches
         t = time.perf_counter()
         x, y = next(batches)  # (B, 3, 224, 224) channels-last, (B,)
         waited["s"] += time.perf_counter() - t
@@ -212,60 +254,156 @@ def resnet50_jpeg(args):
 
     # The loader keeps workers * prefetch_factor (2) batches in flight; warm up past them so that the timed steps
     # are fed at the loader's steady rate, not from batches made while cuDNN searched its algorithms.
-    return Case(model, loss, sgd(model), torch.bfloat16, info("resnet50", batch, f"{size}x{size} jpeg",
-                                                              torch.bfloat16, "sgd"),
+    return Case(model, loss, sgd(model, False), torch.bfloat16, info("resnet50", batch, f"{size}x{size} jpeg",
+                                                                     torch.bfloat16, "sgd"),
                 "img/s", min_warmup=0 if args.quick else 2 * 2 * workers,
-                extra=extra, close=batches.close)
+                extra=extra, close=batches.close, graphs=False)
 
 
-# name -> (builder, runs under torch.compile); the order of the issue's table
+# name -> builder; the order of the issue's table
 CASES = {
-    "resnet50_bf16": (resnet50_bf16, True),
-    "resnet50_fp16": (resnet50_fp16, True),
-    "resnet18_cifar_bf16": (resnet18_cifar_bf16, True),
-    "bert_base_128": (bert_base_128, True),
-    "bert_base_512": (bert_base_512, True),
-    "bert_large_128": (bert_large_128, True),
-    "bert_base_128_ckpt": (bert_base_128_ckpt, False),
-    "resnet50_jpeg": (resnet50_jpeg, False),
+    "resnet50_bf16": resnet50_bf16,
+    "resnet50_fp16": resnet50_fp16,
+    "resnet18_cifar_bf16": resnet18_cifar_bf16,
+    "bert_base_128": bert_base_128,
+    "bert_base_512": bert_base_512,
+    "bert_large_128": bert_large_128,
+    "bert_base_128_ckpt": bert_base_128_ckpt,
+    "resnet50_jpeg": resnet50_jpeg,
 }
+GRAPH_MODES = ("eager_graph", "compile_graph")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Timing
 
-def time_case(case, net, warmup, steps):
-    """(ms per step, peak GiB, last loss) over `steps` steps timed as one block after `warmup` steps."""
-    scaler = torch.amp.GradScaler("cuda") if case.dtype == torch.float16 else None
+class StepLog:
+    """Every step's loss and the GradScaler's scale after it, written on the GPU as the steps run (no host sync)."""
 
-    def step():
+    def __init__(self, capacity, scaler):
+        self.losses = torch.zeros(capacity, device="cuda")
+        self.scales = torch.zeros(capacity, device="cuda") if scaler is not None else None
+        self.scaler, self.n, self.timed = scaler, 0, []
+
+    def record(self, loss):
+        if self.n >= len(self.losses):
+            raise RuntimeError(f"more steps than the step log holds ({len(self.losses)})")
+        self.losses[self.n].copy_(loss.detach().float().reshape(()))
+        if self.scales is not None:
+            self.scales[self.n].copy_(self.scaler._scale.reshape(()))  # the scale tensor update() rewrites
+        self.n += 1
+
+    def fields(self, cycle):
+        losses = self.losses[:self.n].double().tolist()
+        scales = self.scales[:self.n].double().tolist() if self.scales is not None else []
+        init = getattr(self.scaler, "_init_scale", 65536.0)  # the scale before the first step
+        return judge_training(losses, scales, init, self.timed, cycle)
+
+
+def set_lr_warmup(opt, base, k, warmup):
+    """Step k of the warm-up trains at base * (k + 1) / warmup, later steps at base (as bench_train's LrWarmup)."""
+    f = (k + 1) / warmup if k < warmup else 1.0
+    for group, lr in zip(opt.param_groups, base):
+        group["lr"] = lr * f
+
+
+def time_case(case, net, warmup, steps, graph):
+    """(ms per step, peak GiB, last loss, step log) over `steps` steps timed as one block after `warmup` steps;
+    with `graph`, the warm-up runs on a side stream, one step is captured and the timed steps are its replays."""
+    scaler = torch.amp.GradScaler("cuda") if case.dtype == torch.float16 else None
+    log = StepLog(2 * (warmup + steps) + 64, scaler)
+    base_lr = [g["lr"] for g in case.opt.param_groups]
+    count = {"k": 0}
+
+    def step(batch):
         case.opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=case.dtype):
-            loss = case.loss(net)
+            loss = case.loss(net, batch)
         if scaler is None:
             loss.backward()
             case.opt.step()
-        else:  # fused SGD takes the scale and the inf check itself: no host sync in scaler.step
+        else:  # the fused optimizers take the scale and the inf check themselves: no host sync in scaler.step
             scaler.scale(loss).backward()
             scaler.step(case.opt)
             scaler.update()
         return loss
 
-    for _ in range(warmup):
-        step()
+    def next_batch():
+        k = count["k"]
+        count["k"] += 1
+        return case.batches[k % len(case.batches)] if case.batches else None
+
+    def eager_step():
+        set_lr_warmup(case.opt, base_lr, count["k"], warmup)
+        loss = step(next_batch())
+        log.record(loss)
+        return loss
+
+    if not graph:
+        for _ in range(warmup):
+            eager_step()
+        run = eager_step
+    else:
+        static = tuple(t.clone() for t in case.batches[0])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                eager_step()
+        torch.cuda.current_stream().wait_stream(side)
+        set_lr_warmup(case.opt, base_lr, warmup, warmup)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()  # the peak over the capture and the replays, as bench_train's
+        g = torch.cuda.CUDAGraph()
+        case.opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            static_loss = step(static)
+
+        def run():
+            for t, src in zip(static, next_batch()):
+                t.copy_(src)
+            g.replay()
+            log.record(static_loss)
+            return static_loss
+
+        for _ in range(3):  # as bench_train's replay warm-up
+            run()
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if not graph:
+        torch.cuda.reset_peak_memory_stats()
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     loss = None
+    first = log.n
     torch.cuda.profiler.start()  # the timed steps are the range an attached profiler records (bench/kernel_trace.cpp)
     start.record()
     for _ in range(steps):
-        loss = step()
+        loss = run()
     stop.record()
     stop.synchronize()
     torch.cuda.profiler.stop()
+    log.timed.append((first, log.n))
     ms = start.elapsed_time(stop) / steps
-    return ms, torch.cuda.max_memory_allocated() / 2**30, loss.detach().float().item()
+    return ms, torch.cuda.max_memory_allocated() / 2**30, loss.detach().float().item(), log
+
+
+def gemm_peak(quick):
+    """The bf16 matrix product's rate here: {"bench": "gemm_peak", ...} with TFLOP/s, the median of 20 timed
+    products of 8192^3 (2 * 8192^3 FLOPs each) after 5 untimed ones."""
+    n = 512 if quick else 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    times = []
+    for i in range(25):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.matmul(a, b)
+        stop.record()
+        stop.synchronize()
+        if i >= 5:
+            times.append(start.elapsed_time(stop))
+    ms = sorted(times)[len(times) // 2]
+    return {"bench": "gemm_peak", "framework": "torch", "dtype": "bf16", "n": n, "ms": round(ms, 4),
+            "tflops": round(2 * n**3 / (ms / 1000) / 1e12, 1)}
 
 
 def message(e):
@@ -277,20 +415,27 @@ def message(e):
 
 def run_case(args, name, mode):
     line = {"bench": "train", "framework": f"torch-{mode}", "case": name}
-    build, compiles = CASES[name]
+    build = CASES[name]
     case = net = None
+    compiles = mode.startswith("compile")
     try:
-        if mode == "compile" and not compiles:
-            raise Skip("eager only")
         torch.manual_seed(args.seed)
+        args.graph = mode in GRAPH_MODES
         case = build(args)
-        net = torch.compile(case.model) if mode == "compile" else case.model
-        warmup = max(args.warmup, case.min_warmup, args.compile_warmup if mode == "compile" else 0)
-        ms, peak, loss = time_case(case, net, warmup, args.steps)
+        if not case.graphs and (args.graph or mode == "compile_max"):
+            raise Skip("no CUDA graph for this case (eager and compile only)")
+        if mode == "compile_max":
+            net = torch.compile(case.model, mode="max-autotune")
+        else:
+            net = torch.compile(case.model) if compiles else case.model
+        warmup = max(args.warmup, case.min_warmup, args.compile_warmup if compiles else 0)
+        ms, peak, loss, log = time_case(case, net, warmup, args.steps, args.graph)
+        ok, why, fields = log.fields(len(case.batches) if case.batches else args.batches)
         line.update(case.info)
         line.update({"step_ms": round(ms, 3), "throughput": round(case.info["batch"] * 1000.0 / ms, 1),
                      "unit": case.unit, "peak_gib": round(peak, 3), "steps": args.steps, "warmup": warmup,
-                     "loss": round(loss, 4)})
+                     "cuda_graph": args.graph or mode == "compile_max", "loss": round(loss, 4)})
+        line.update(fields)
         if case.extra:
             line.update(case.extra())
     except Skip as e:
@@ -303,7 +448,7 @@ def run_case(args, name, mode):
     print(json.dumps(line), flush=True)
     # Free this case's model, optimizer state, data and compiled graphs, so that each peak is the case's own.
     del case, net
-    if mode == "compile":
+    if compiles:
         torch._dynamo.reset()
     gc.collect()
     torch.cuda.empty_cache()
@@ -321,13 +466,15 @@ def versions():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", default="both", choices=["eager", "compile", "both"])
+    p.add_argument("--mode", action="append", choices=list(MODES) + ["all"],
+                   help=f"repeatable; default: {', '.join(DEFAULT_MODES)}")
     p.add_argument("--case", action="append", choices=list(CASES), help="repeatable; default: every case")
     p.add_argument("--steps", type=int, help="timed steps (30; --quick 2)")
     p.add_argument("--warmup", type=int, help=f"untimed steps before (10; --quick 1; torch.compile at least "
                                              f"{COMPILE_WARMUP})")
     p.add_argument("--photos", default=os.environ.get("KILN_BENCH_IMAGES"),
                    help="a folder of JPEGs for resnet50_jpeg (bench/make_photos.py)")
+    p.add_argument("--batches", type=int, help="distinct batches the steps cycle through (8; --quick 2)")
     p.add_argument("--seed", type=int, default=1234, help="torch.manual_seed before each case builds its weights "
                    "and data (1234)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 2 steps: checks that the script runs")
@@ -339,10 +486,12 @@ def main():
         args.steps = 2 if args.quick else 30
     if args.warmup is None:
         args.warmup = 1 if args.quick else 10
-    if args.steps < 1 or args.warmup < 0 or args.repeat < 1:
-        p.error("--steps and --repeat must be at least 1 and --warmup at least 0")
+    if args.batches is None:
+        args.batches = 2 if args.quick else 8
+    if args.steps < 1 or args.warmup < 1 or args.repeat < 1 or args.batches < 1:
+        p.error("--steps, --warmup, --batches and --repeat must be at least 1")
     args.compile_warmup = 2 if args.quick else COMPILE_WARMUP
-    modes = ["eager", "compile"] if args.mode == "both" else [args.mode]
+    modes = list(MODES) if "all" in (args.mode or []) else list(dict.fromkeys(args.mode or DEFAULT_MODES))
     names = args.case or list(CASES)
     if not torch.cuda.is_available():
         print(f"pytorch {torch.__version__} train: no GPU visible; nothing to measure", flush=True)
@@ -350,9 +499,11 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
+    print(json.dumps(gemm_peak(args.quick)), flush=True)
     print(f"pytorch {torch.__version__} train: {torch.cuda.get_device_name()}, {versions()}; {args.steps} steps "
-          f"timed as one block after {args.warmup} warm-up steps, seed {args.seed} (torch.compile: at least "
-          f"{max(args.warmup, args.compile_warmup)}){', quick sizes' if args.quick else ''}", flush=True)
+          f"timed as one block after {args.warmup} warm-up steps, cycling through {args.batches} batches, seed "
+          f"{args.seed} (torch.compile: at least {max(args.warmup, args.compile_warmup)} warm-up steps); modes "
+          f"{', '.join(modes)}{', quick sizes' if args.quick else ''}", flush=True)
     for name in names:
         for mode in modes:
             for _ in range(args.repeat):

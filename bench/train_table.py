@@ -1,240 +1,349 @@
-"""The table of issue 12's training cases: kiln (bench_train) beside PyTorch eager and torch.compile
-(bench/pytorch_train.py), from their JSON lines, in Markdown.
+"""The table of the training cases: kiln (bench_train) beside PyTorch's fastest mode (bench/pytorch_train.py), from
+their JSON lines, in Markdown.
 
-    python3 bench/train_table.py kiln.log torch.log
+    python3 bench/train_table.py kiln*.log torch*.log
     cat *.log | python3 bench/train_table.py
-    python3 bench/train_table.py --selftest        # the table builder on made-up lines; needs no GPU
+    python3 bench/train_table.py --selftest        # the table builder and the training rules on made-up lines
 
-Reads every line that is a JSON object with "bench": "train" (other lines are skipped). "framework" is "kiln" (or
-absent: kiln's), "torch-eager" or "torch-compile". For kiln a later line for the same case replaces an earlier one;
-for PyTorch, whose step times move between runs (its eager steps are bound by the host's launches), the fastest
-measured run of a case is the one kiln is compared with, and every run's step time is listed under the table. One row per case: each framework's throughput and peak GiB, kiln / eager and kiln / compile (throughputs), the
-issue's goal for the case and whether it is met. A figure that is missing shows as "—" and its goal as "not
-measured"; the reasons of "error" and "skipped" lines are listed under the table. Exits 0.
+Reads every line that is a JSON object with "bench": "train" (other lines are skipped) and the "gemm_peak" lines.
+"framework" is "kiln" (or absent: kiln's) or "torch-<mode>" (eager, compile, eager_graph, compile_graph,
+compile_max). A run counts only if it trained: lines with "trained": false (their "failed" reason), "error" or
+"skipped" are listed under the table and left out of every figure. Both sides get the same selection rule: each
+figure is the median of the step times of a case's counted runs, shown with their [min..max] and count; five or more
+runs per side are what the issue asks (fewer are flagged). kiln's graph figure is "step_ms" of lines with
+"cuda_graph": true, its eager figure "eager_step_ms" (or "step_ms" of an eager-only line). PyTorch's fastest mode is
+the one with the lowest median.
+
+MFU (transformer cases): the model's FLOPs per step over the median step time, as a share of the bf16 matrix-product
+rate measured in the same run (the highest "gemm_peak" line read). The count, per step of B sequences of S tokens
+with hidden size H, L layers, feed-forward size I and vocabulary V (every position goes through the masked-LM head on
+both sides, and padding is computed as any token):
+    6 * B*S * (L * (4*H*H + 2*H*I) + H*H + H*V)     the linear layers (Q, K, V, output, feed-forward; the head's
+                                                     transform and decoder), forward and backward
+  + 12 * L * B * S*S * H                            attention's two batched products, forward and backward
+Gradient checkpointing's recomputation is not counted (model FLOPs, not hardware FLOPs).
 """
+import math
+import statistics
 import sys
 
 from json_lines import bench_lines, read_logs
+from train_rules import judge_training
 
-KILN, EAGER, COMPILE = "kiln", "torch-eager", "torch-compile"
-FRAMEWORKS = (KILN, EAGER, COMPILE)
+KILN = "kiln"
+TORCH_MODES = ("torch-eager", "torch-compile", "torch-eager_graph", "torch-compile_graph", "torch-compile_max")
 DASH = "—"
+MIN_RUNS = 5
+BERT_SIZES = {"bert-base": (768, 12, 3072), "bert-large": (1024, 24, 4096)}  # hidden, layers, feed-forward
+BERT_VOCAB = 30522
 
 
-def vs_torch(framework, factor):
-    """Goal: kiln's throughput >= factor x the PyTorch framework's, on the same case."""
-    label = "eager" if framework == EAGER else "compile"
+def model_flops(r):
+    """FLOPs of one training step of a BERT line (the count in the docstring), or None for other models."""
+    sizes = BERT_SIZES.get(r.get("model"))
+    try:
+        seq = int(str(r.get("input", "")).split()[0])
+        batch = int(r["batch"])
+    except (KeyError, ValueError, IndexError):
+        return None
+    if sizes is None:
+        return None
+    h, layers, ff = sizes
+    linear = layers * (4 * h * h + 2 * h * ff) + h * h + h * BERT_VOCAB
+    return 6 * batch * seq * linear + 12 * layers * batch * seq * seq * h
 
-    def check(results, case):
-        k, t = figure(results, KILN, case, "throughput"), figure(results, framework, case, "throughput")
-        if k is None or t is None:
+
+def counted(r):
+    return (isinstance(r.get("step_ms"), (int, float)) and "error" not in r and "skipped" not in r
+            and r.get("trained", True) is not False)
+
+
+class Results:
+    """Every train line by (framework, case), and the highest bf16 matrix-product rate seen."""
+
+    def __init__(self):
+        self.lines = {}
+        self.peak_tflops = None
+
+    def add(self, lines):
+        lines = list(lines)
+        for r in bench_lines(lines, "gemm_peak"):
+            if isinstance(r.get("tflops"), (int, float)):
+                self.peak_tflops = max(self.peak_tflops or 0.0, float(r["tflops"]))
+        for r in bench_lines(lines, "train"):
+            if "case" in r:
+                self.lines.setdefault((r.get("framework", KILN), r["case"]), []).append(r)
+
+    def times(self, framework, case, key="step_ms"):
+        """The step times of the counted runs: kiln's "graph" or "eager" figure, or a PyTorch mode's step_ms."""
+        out = []
+        for r in self.lines.get((framework, case), []):
+            if not counted(r):
+                continue
+            if framework == KILN and key == "graph":
+                if r.get("cuda_graph") is True:
+                    out.append(float(r["step_ms"]))
+            elif framework == KILN and key == "eager":
+                v = r.get("eager_step_ms", r["step_ms"] if r.get("cuda_graph") is not True else None)
+                if isinstance(v, (int, float)):
+                    out.append(float(v))
+            else:
+                out.append(float(r[key]))
+        return out
+
+    def cases(self):
+        seen = []
+        for (_, case) in self.lines:
+            if case not in seen:
+                seen.append(case)
+        order = list(GOALS)
+        return [c for c in order if c in seen] + [c for c in seen if c not in order]
+
+    def first(self, framework, case):
+        rows = self.lines.get((framework, case), [])
+        return next((r for r in rows if counted(r)), rows[0] if rows else None)
+
+
+def summary(times):
+    """(median, min, max, n) or None."""
+    if not times:
+        return None
+    return statistics.median(times), min(times), max(times), len(times)
+
+
+def fmt(s):
+    if s is None:
+        return DASH
+    med, lo, hi, n = s
+    flag = "" if n >= MIN_RUNS else " ⚠"
+    return f"{med:.2f} [{lo:.2f}..{hi:.2f}] ×{n}{flag}"
+
+
+def fastest_torch(res, case):
+    """(mode, summary) of the PyTorch mode with the lowest median step time, or (None, None)."""
+    best = (None, None)
+    for mode in TORCH_MODES:
+        s = summary(res.times(mode, case))
+        if s is not None and (best[1] is None or s[0] < best[1][0]):
+            best = (mode, s)
+    return best
+
+
+def mfu(res, case, ms):
+    r = res.first(KILN, case) or next((res.first(m, case) for m in TORCH_MODES if res.first(m, case)), None)
+    flops = model_flops(r) if r else None
+    if flops is None or ms is None or not res.peak_tflops:
+        return None
+    return flops / (ms / 1000.0) / (res.peak_tflops * 1e12)
+
+
+def speedup(goal_ms, kiln_ms):
+    return goal_ms / kiln_ms if goal_ms and kiln_ms else None
+
+
+def graph_vs_fastest(factor):
+    def check(res, case):
+        _, t = fastest_torch(res, case)
+        k = summary(res.times(KILN, case, "graph"))
+        if t is None or k is None:
             return None, ""
-        return k >= factor * t, f"{k / t:.2f}×"
+        x = speedup(t[0], k[0])
+        return x >= factor, f"{x:.2f}×"
 
-    return f"kiln ≥ {factor:g}× {label}", check
+    return f"kiln graph ≥ {factor:g}× fastest torch", check
 
 
-def checkpointing_goal(results, case):
-    """bert_base_128_ckpt: kiln's peak <= 55% of its own bert_base_128 peak, at >= 75% of that case's throughput."""
-    peak, base_peak = figure(results, KILN, case, "peak_gib"), figure(results, KILN, "bert_base_128", "peak_gib")
-    thr, base_thr = figure(results, KILN, case, "throughput"), figure(results, KILN, "bert_base_128", "throughput")
-    if None in (peak, base_peak, thr, base_thr) or base_peak <= 0 or base_thr <= 0:
+def eager_vs_compile(factor):
+    def check(res, case):
+        t = summary(res.times("torch-compile", case))
+        k = summary(res.times(KILN, case, "eager"))
+        if t is None or k is None:
+            return None, ""
+        x = speedup(t[0], k[0])
+        return x >= factor, f"{x:.2f}×"
+
+    return f"kiln eager ≥ {factor:g}× compile", check
+
+
+def both(*goals):
+    text = "; ".join(g[0] for g in goals)
+
+    def check(res, case):
+        results = [g[1](res, case) for g in goals]
+        detail = ", ".join(d for _, d in results if d)
+        if any(m is False for m, _ in results):
+            return False, detail
+        return (None if any(m is None for m, _ in results) else True), detail
+
+    return text, check
+
+
+def mfu_goal(share):
+    def check(res, case):
+        k = summary(res.times(KILN, case, "graph")) or summary(res.times(KILN, case, "eager"))
+        m = mfu(res, case, k[0] if k else None)
+        if m is None:
+            return None, ""
+        return m >= share, f"MFU {100 * m:.1f}%"
+
+    return f"MFU ≥ {100 * share:.0f}%", check
+
+
+def checkpointing_goal(res, case):
+    """bert_base_128_ckpt: kiln's peak <= 55% of its own bert_base_128 eager peak, at >= 75% of its eager speed."""
+    r, base = res.first(KILN, case), res.first(KILN, "bert_base_128")
+    if not r or not base or not counted(r) or not counted(base):
         return None, ""
-    memory, speed = peak / base_peak, thr / base_thr
+    base_peak = base.get("eager_peak_gib", base.get("peak_gib"))
+    base_ms = base.get("eager_step_ms", base.get("step_ms"))
+    if not base_peak or not base_ms:
+        return None, ""
+    memory, speed = r["peak_gib"] / base_peak, base_ms / r["step_ms"]
     return memory <= 0.55 and speed >= 0.75, f"memory {100 * memory:.0f}%, throughput {100 * speed:.0f}%"
 
 
-def jpeg_goal(results, case):
-    """resnet50_jpeg(_gpu): kiln >= 90% of its own resnet50_bf16 throughput (the loader keeps the GPU fed)."""
-    thr, base = figure(results, KILN, case, "throughput"), figure(results, KILN, "resnet50_bf16", "throughput")
-    if thr is None or base is None or base <= 0:
-        return None, ""
-    return thr >= 0.9 * base, f"{100 * thr / base:.0f}%"
+def own_speed_goal(share):
+    """A JPEG case: kiln's graph throughput >= share of its own in-memory resnet50_bf16 graph throughput."""
+    def check(res, case):
+        k, base = summary(res.times(KILN, case, "graph")), summary(res.times(KILN, "resnet50_bf16", "graph"))
+        if k is None or base is None:
+            return None, ""
+        x = base[0] / k[0]
+        return x >= share, f"{100 * x:.0f}%"
+
+    return f"kiln ≥ {100 * share:.0f}% of kiln resnet50_bf16", check
 
 
 # case -> (goal as text, check(results, case) -> (met: True/False/None when not measured, detail))
+STANDARD = both(graph_vs_fastest(1.15), eager_vs_compile(1.05))
 GOALS = {
-    "resnet50_bf16": vs_torch(COMPILE, 1.05),
-    "resnet50_fp16": vs_torch(EAGER, 1.3),
-    "resnet18_cifar_bf16": vs_torch(EAGER, 1.5),
-    "bert_base_128": vs_torch(COMPILE, 1.05),
-    "bert_base_512": vs_torch(EAGER, 1.3),
-    "bert_large_128": vs_torch(EAGER, 1.3),
+    "resnet50_bf16": STANDARD,
+    "resnet50_fp16": STANDARD,
+    "resnet18_cifar_bf16": STANDARD,
+    "bert_base_128": STANDARD,
+    "bert_base_512": STANDARD,
+    "bert_large_128": both(graph_vs_fastest(1.15), eager_vs_compile(1.05), mfu_goal(0.55)),
     "bert_base_128_ckpt": ("kiln peak ≤ 55% of kiln bert_base_128's, throughput ≥ 75% of it", checkpointing_goal),
-    "resnet50_jpeg": ("kiln ≥ 90% of kiln resnet50_bf16", jpeg_goal),
-    "resnet50_jpeg_gpu": ("kiln ≥ 90% of kiln resnet50_bf16", jpeg_goal),
+    "resnet50_jpeg": own_speed_goal(0.90),
+    "resnet50_jpeg_gpu": own_speed_goal(0.95),
 }
 
-
-def measured(r):
-    return isinstance(r.get("throughput"), (int, float)) and "error" not in r and "skipped" not in r
-
-
-def read(lines, results):
-    """Adds the "train" JSON lines among `lines` to results[(framework, case)]: kiln's last line per case, PyTorch's
-    fastest measured one (else its last); "_runs" holds every line read for the pair, in order."""
-    for r in bench_lines(lines, "train"):
-        if "case" not in r:
-            continue
-        key = (r.get("framework", KILN), r["case"])
-        prev = results.get(key)
-        runs = (prev["_runs"] if prev else []) + [r]
-        chosen = r
-        if key[0] != KILN and prev is not None and measured(prev) and (
-                not measured(r) or prev["throughput"] >= r["throughput"]):
-            chosen = prev
-        results[key] = dict(chosen, _runs=runs)
+HEADER = ["case", "kiln graph ms", "kiln eager ms", "fastest torch", "its ms", "torch compile ms",
+          "graph / fastest", "eager / compile", "MFU kiln", "MFU torch", "goal", "met"]
 
 
-def figure(results, framework, case, key):
-    """A measured number, or None (no line, an error or skipped line, or the key absent)."""
-    r = results.get((framework, case))
-    if not r or "error" in r or "skipped" in r:
-        return None
-    value = r.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def ratio(results, case, framework):
-    k, t = figure(results, KILN, case, "throughput"), figure(results, framework, case, "throughput")
-    return k / t if k is not None and t is not None and t > 0 else None
-
-
-def cell(results, framework, case, key, digits):
-    r = results.get((framework, case))
-    if r and "error" in r:
-        return "error"
-    if r and "skipped" in r:
-        return "skipped"
-    value = figure(results, framework, case, key)
-    return DASH if value is None else f"{value:,.{digits}f}"
-
-
-def build_rows(results):
-    """One dict per case: the cells of the table, and the numbers behind them (ratios, met) for the self-test."""
-    present = {case for (_, case) in results}
-    cases = [c for c in GOALS if c in present] + sorted(present - set(GOALS))
+def build_rows(res):
     rows = []
-    for case in cases:
-        unit = next((results[(f, case)].get("unit") for f in FRAMEWORKS
-                     if (f, case) in results and results[(f, case)].get("unit")), "")
-        to_eager, to_compile = ratio(results, case, EAGER), ratio(results, case, COMPILE)
+    for case in res.cases():
+        kg, ke = summary(res.times(KILN, case, "graph")), summary(res.times(KILN, case, "eager"))
+        mode, ft = fastest_torch(res, case)
+        tc = summary(res.times("torch-compile", case))
+        g_ratio = speedup(ft[0], kg[0]) if ft and kg else None
+        e_ratio = speedup(tc[0], ke[0]) if tc and ke else None
+        mk = mfu(res, case, (kg or ke)[0] if (kg or ke) else None)
+        mt = mfu(res, case, ft[0] if ft else None)
         goal, check = GOALS.get(case, (DASH, None))
-        met, detail = check(results, case) if check else (None, "")
-        if check is None:
-            status = DASH
-        elif met is None:
-            status = "not measured"
-        else:
-            status = f"{'yes' if met else 'no'} ({detail})"
-        rows.append({
-            "case": case, "unit": unit, "to_eager": to_eager, "to_compile": to_compile, "met": met,
-            "cells": [case, unit,
-                      cell(results, KILN, case, "throughput", 1), cell(results, KILN, case, "peak_gib", 2),
-                      cell(results, EAGER, case, "throughput", 1), cell(results, EAGER, case, "peak_gib", 2),
-                      cell(results, COMPILE, case, "throughput", 1), cell(results, COMPILE, case, "peak_gib", 2),
-                      DASH if to_eager is None else f"{to_eager:.2f}×",
-                      DASH if to_compile is None else f"{to_compile:.2f}×",
-                      goal, status],
-        })
+        met, detail = check(res, case) if check else (None, "")
+        status = DASH if check is None else "not measured" if met is None else f"{'yes' if met else 'no'} ({detail})"
+        pct = lambda m: DASH if m is None else f"{100 * m:.1f}%"  # noqa: E731
+        rows.append({"case": case, "graph_ratio": g_ratio, "eager_ratio": e_ratio, "mfu": mk, "met": met,
+                     "fastest": mode,
+                     "cells": [case, fmt(kg), fmt(ke), mode.removeprefix("torch-") if mode else DASH, fmt(ft), fmt(tc),
+                               DASH if g_ratio is None else f"{g_ratio:.2f}×",
+                               DASH if e_ratio is None else f"{e_ratio:.2f}×", pct(mk), pct(mt), goal, status]})
     return rows
 
 
-HEADER = ["case", "unit", "kiln", "kiln GiB", "eager", "eager GiB", "compile", "compile GiB", "kiln / eager",
-          "kiln / compile", "goal", "met"]
-
-
-def table(results):
-    rows = build_rows(results)
+def table(res):
+    rows = build_rows(res)
     out = ["| " + " | ".join(HEADER) + " |", "| " + " | ".join("---" for _ in HEADER) + " |"]
     out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r["cells"]) + " |" for r in rows]
+    out.append("")
+    out.append("Step times in ms: median [min..max] ×runs over the runs that trained (⚠: fewer than "
+               f"{MIN_RUNS}). bf16 matrix-product rate: "
+               + (f"{res.peak_tflops:.1f} TFLOP/s." if res.peak_tflops else "not measured."))
     notes = []
-    for (framework, case), r in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        for key in ("error", "skipped"):
-            if key in r:
-                notes.append(f"- {case}, {framework}: {key}: {r[key]}")
-    for (framework, case), r in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        times = [f"{x['step_ms']:.2f}" for x in r.get("_runs", []) if measured(x) and "step_ms" in x]
-        if len(times) > 1:
-            which = "the last" if framework == KILN else "the fastest"
-            notes.append(f"- {case}, {framework}: {len(times)} runs at {', '.join(times)} ms/step; the table takes "
-                         f"{which}")
-    if notes:
-        out += [""] + notes
-    # How each throughput was measured: step time, batch, precision, input.
-    details = []
-    for (framework, case), r in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        if figure(results, framework, case, "step_ms") is not None:
-            parts = [f"{r['step_ms']:.2f} ms/step"] + [f"{k} {r[k]}" for k in ("batch", "steps") if k in r]
-            parts += [str(r[k]) for k in ("input", "precision", "optimizer") if k in r]
-            details.append(f"- {case}, {framework}: " + ", ".join(parts))
-    if details:
-        out += [""] + details
-    return "\n".join(out)
+    for (framework, case), lines in sorted(res.lines.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        for r in lines:
+            for key in ("error", "skipped", "failed"):
+                if key in r:
+                    notes.append(f"- {case}, {framework}: {key}: {r[key]}")
+        s = summary(res.times(framework, case))
+        if framework != KILN and s is not None:
+            notes.append(f"- {case}, {framework}: {fmt(s)} ms")
+    return "\n".join(out + notes)
 
 
 SELFTEST_LINES = """\
 kiln 0.1 bench_train: made-up figures
-{"bench":"train","framework":"kiln","case":"resnet50_bf16","model":"resnet50","batch":256,"step_ms":70.0,"throughput":3657.1,"unit":"img/s","peak_gib":20.0,"steps":30}
-{"bench":"train","framework":"torch-eager","case":"resnet50_bf16","throughput":3000.0,"unit":"img/s","peak_gib":22.0,"step_ms":85.3}
-{"bench":"train","framework":"torch-compile","case":"resnet50_bf16","throughput":3400.0,"unit":"img/s","peak_gib":19.0,"step_ms":75.3}
-{"bench":"train","framework":"torch-eager","case":"resnet50_bf16","throughput":2500.0,"unit":"img/s","peak_gib":22.0,"step_ms":102.4}
-{"bench":"train","framework":"torch-eager","case":"resnet50_bf16","error":"a later run that failed"}
-{"bench":"train","case":"resnet50_fp16","throughput":3600.0,"unit":"img/s","peak_gib":20.0,"step_ms":71.1}
-{"bench":"train","framework":"torch-eager","case":"resnet50_fp16","throughput":3000.0,"unit":"img/s","peak_gib":22.0}
-{"bench":"train","framework":"torch-compile","case":"resnet50_fp16","error":"OutOfMemoryError: CUDA out of memory"}
-{"bench":"train","framework":"kiln","case":"bert_base_128","throughput":1000.0,"unit":"seq/s","peak_gib":10.0}
-{"bench":"train","framework":"torch-compile","case":"bert_base_128","throughput":900.0,"unit":"seq/s","peak_gib":9.0}
-{"bench":"train","framework":"kiln","case":"bert_base_128_ckpt","throughput":800.0,"unit":"seq/s","peak_gib":5.0}
-{"bench":"train","framework":"torch-eager","case":"bert_base_128_ckpt","throughput":700.0,"unit":"seq/s","peak_gib":6.0}
+{"bench":"gemm_peak","framework":"torch","tflops":800.0}
+{"bench":"gemm_peak","framework":"torch","tflops":700.0}
+{"bench":"train","framework":"kiln","case":"resnet50_bf16","model":"resnet50","batch":256,"step_ms":30.0,"eager_step_ms":31.0,"cuda_graph":true,"peak_gib":20.0,"trained":true}
+{"bench":"train","framework":"kiln","case":"resnet50_bf16","model":"resnet50","batch":256,"step_ms":32.0,"eager_step_ms":33.0,"cuda_graph":true,"peak_gib":20.0,"trained":true}
+{"bench":"train","framework":"kiln","case":"resnet50_bf16","model":"resnet50","batch":256,"step_ms":10.0,"eager_step_ms":10.0,"cuda_graph":true,"peak_gib":20.0,"trained":false,"failed":"the loss of step 3 is NaN"}
+{"bench":"train","framework":"torch-eager","case":"resnet50_bf16","step_ms":50.0,"trained":true}
+{"bench":"train","framework":"torch-compile","case":"resnet50_bf16","step_ms":36.0,"trained":true}
+{"bench":"train","framework":"torch-compile","case":"resnet50_bf16","step_ms":34.0,"trained":true}
+{"bench":"train","framework":"torch-compile_graph","case":"resnet50_bf16","step_ms":33.0,"trained":true}
+{"bench":"train","framework":"torch-compile_graph","case":"resnet50_bf16","step_ms":37.0,"trained":true}
+{"bench":"train","framework":"torch-compile_graph","case":"resnet50_bf16","step_ms":35.0,"trained":true}
+{"bench":"train","framework":"torch-eager_graph","case":"resnet50_bf16","step_ms":20.0,"trained":false,"failed":"2 timed step(s) skipped by the GradScaler (inf/NaN gradients)"}
+{"bench":"train","framework":"torch-eager_graph","case":"resnet50_bf16","error":"OutOfMemoryError: CUDA out of memory"}
+{"bench":"train","framework":"kiln","case":"bert_large_128","model":"bert-large","batch":64,"input":"128 tokens","step_ms":40.0,"eager_step_ms":42.0,"cuda_graph":true,"peak_gib":30.0}
+{"bench":"train","framework":"torch-compile_graph","case":"bert_large_128","model":"bert-large","batch":64,"input":"128 tokens","step_ms":45.0,"trained":true}
+{"bench":"train","framework":"kiln","case":"bert_base_128","model":"bert-base","batch":128,"input":"128 tokens","step_ms":30.0,"eager_step_ms":31.0,"eager_peak_gib":10.0,"cuda_graph":true,"peak_gib":10.0}
+{"bench":"train","framework":"kiln","case":"bert_base_128_ckpt","model":"bert-base","batch":128,"input":"128 tokens","step_ms":40.0,"cuda_graph":false,"peak_gib":5.0}
 {"bench":"train","framework":"torch-compile","case":"bert_base_128_ckpt","skipped":"eager only"}
-{"bench":"train","framework":"kiln","case":"resnet50_jpeg","throughput":3200.0,"unit":"img/s","peak_gib":20.5}
-{"bench":"train","framework":"torch-eager","case":"resnet50_jpeg","skipped":"no --photos DIR given"}
-{"bench":"ddp","framework":"pytorch","model":"resnet50","world":1,"throughput":1.0}
-{"bench":"train","framework":"torch-eager","case":"bert_large_128","throughput":100.0,"unit":"seq/s","peak_gib":30.0}
 not json {"bench":"train"
 """
 
 
 def selftest():
-    results = {}
-    read(SELFTEST_LINES.splitlines(), results)
-    rows = {r["case"]: r for r in build_rows(results)}
+    res = Results()
+    res.add(SELFTEST_LINES.splitlines())
+    rows = {r["case"]: r for r in build_rows(res)}
     close = lambda a, b: a is not None and abs(a - b) < 1e-9  # noqa: E731
-    # resnet50_bf16: 3657.1 / 3400 = 1.0756 >= 1.05 of compile: met.
+    assert res.peak_tflops == 800.0
+    # resnet50_bf16: kiln graph median of 30 and 32 (the failed 10 left out) = 31, eager 32. Fastest torch mode by
+    # median: compile (35) vs compile_graph (35)... compile's median is 35.0 too; ties keep the first in mode order.
     r = rows["resnet50_bf16"]
-    assert close(r["to_eager"], 3657.1 / 3000.0) and close(r["to_compile"], 3657.1 / 3400.0), r
-    assert r["met"] is True and r["cells"][-1] == "yes (1.08×)", r["cells"]
-    assert r["cells"][2] == "3,657.1" and r["cells"][3] == "20.00", r["cells"]
-    # resnet50_fp16 (a kiln line without "framework"): 3600 / 3000 = 1.2 < 1.3 of eager: not met; compile's error.
-    r = rows["resnet50_fp16"]
-    assert close(r["to_eager"], 1.2) and r["to_compile"] is None and r["met"] is False, r
-    assert r["cells"][6] == "error" and r["cells"][9] == DASH and r["cells"][-1] == "no (1.20×)", r["cells"]
-    # bert_base_128: 1000 / 900 = 1.11 >= 1.05 of compile: met, with eager missing.
-    r = rows["bert_base_128"]
-    assert r["met"] is True and r["to_eager"] is None and r["cells"][4] == DASH and r["cells"][8] == DASH, r
-    # bert_base_128_ckpt: peak 5 / 10 = 50% <= 55%, throughput 800 / 1000 = 80% >= 75%: met; compile skipped.
-    r = rows["bert_base_128_ckpt"]
-    assert r["met"] is True and r["cells"][-1] == "yes (memory 50%, throughput 80%)", r["cells"]
-    assert r["cells"][6] == "skipped" and close(r["to_eager"], 800.0 / 700.0), r
-    # resnet50_jpeg: 3200 / 3657.1 = 87.5% < 90% of kiln's resnet50_bf16: not met.
-    r = rows["resnet50_jpeg"]
-    assert r["met"] is False and r["cells"][-1] == "no (88%)" and r["cells"][4] == "skipped", r["cells"]
-    # bert_large_128: no kiln figure: not measured.
+    assert r["fastest"] == "torch-compile", r
+    assert close(r["graph_ratio"], 35.0 / 31.0) and close(r["eager_ratio"], 35.0 / 32.0), r
+    assert r["met"] is False and r["cells"][-1] == "no (1.13×, 1.09×)", r["cells"]
+    assert r["cells"][1] == "31.00 [30.00..32.00] ×2 ⚠" and r["cells"][2] == "32.00 [31.00..33.00] ×2 ⚠", r["cells"]
+    assert r["mfu"] is None and r["cells"][8] == DASH, r
+    # bert_large_128: 12 * 24 * 64 * 128^2 * 1024 attention + 6 * 8192 * linear FLOPs, over 40 ms at 800 TFLOP/s.
+    flops = 6 * 64 * 128 * (24 * (4 * 1024**2 + 2 * 1024 * 4096) + 1024**2 + 1024 * 30522) \
+        + 12 * 24 * 64 * 128**2 * 1024
     r = rows["bert_large_128"]
-    assert r["met"] is None and r["cells"][2] == DASH and r["cells"][-1] == "not measured", r["cells"]
-    # Cases without any line have no row; the ddp line and the broken line are ignored; the issue's order holds.
-    assert list(rows) == ["resnet50_bf16", "resnet50_fp16", "bert_base_128", "bert_large_128",
-                          "bert_base_128_ckpt", "resnet50_jpeg"], list(rows)
-    text = table(results)
-    assert "- resnet50_fp16, torch-compile: error: OutOfMemoryError: CUDA out of memory" in text, text
-    assert "- resnet50_jpeg, torch-eager: skipped: no --photos DIR given" in text, text
-    # resnet50_bf16's eager runs: 3000, 2500 and an error; the fastest (3000) is the one compared, all are listed.
-    assert "- resnet50_bf16, torch-eager: 2 runs at 85.30, 102.40 ms/step; the table takes the fastest" in text, text
-    assert rows["resnet50_bf16"]["cells"][4] == "3,000.0", rows["resnet50_bf16"]["cells"]
-    # The checkpointing goal without kiln's bert_base_128: not measured.
-    del results[(KILN, "bert_base_128")]
-    assert {r["case"]: r for r in build_rows(results)}["bert_base_128_ckpt"]["met"] is None
+    assert close(r["mfu"], flops / 0.040 / 800e12), (r["mfu"], flops)
+    assert close(r["graph_ratio"], 45.0 / 40.0) and r["eager_ratio"] is None, r
+    assert r["met"] is False and r["cells"][-1] == "no (1.12×, MFU 52.3%)", r["cells"]
+    # bert_base_128_ckpt: peak 5 / 10 = 50%, speed 31 / 40 = 77.5%: met.
+    r = rows["bert_base_128_ckpt"]
+    assert r["met"] is True and r["cells"][-1] == "yes (memory 50%, throughput 78%)", r["cells"]
+    # bert_base_128: no PyTorch line: not measured.
+    assert rows["bert_base_128"]["met"] is None and rows["bert_base_128"]["cells"][-1] == "not measured"
+    text = table(res)
+    assert "- resnet50_bf16, kiln: failed: the loss of step 3 is NaN" in text, text
+    assert "- resnet50_bf16, torch-eager_graph: error: OutOfMemoryError: CUDA out of memory" in text, text
+    assert "- resnet50_bf16, torch-compile_graph: 35.00 [33.00..37.00] ×3 ⚠ ms" in text, text
+    assert list(rows) == ["resnet50_bf16", "bert_base_128", "bert_large_128", "bert_base_128_ckpt"], list(rows)
+    # The training rules: the same made-up logs and outcomes as bench_train --selftest (bench/train_log.h).
+    timed = [(4, 8)]
+    ok, why, f = judge_training([5, 4, 3, 3, 2, 2, 1, 0.5], [], 0, timed, 2)
+    assert ok and f["loss_first"] == 4.5 and f["loss_last"] == 0.75, f
+    ok, why, _ = judge_training([2] * 6, [], 0, timed, 2)
+    assert not ok and "did not fall" in why, why
+    assert judge_training([5, 4, math.nan, 3, 2, 1], [], 0, timed, 2)[1] == "the loss of step 2 is NaN"
+    assert judge_training([5, 4, 3, math.inf, 2, 1], [], 0, timed, 2)[1] == "the loss of step 3 is Infinity"
+    ok, why, f = judge_training([5, 4, 3, 3, 2, 2, 1, 0.5], [8, 4, 4, 4, 4, 2, 2, 2], 8, timed, 2)
+    assert not ok and f["skipped_steps"] == 1 and f["skipped_total"] == 2 and why.startswith("1 timed step"), f
+    ok, why, f = judge_training([5, 4, 3, 3, 2, 2, 1, 0.5], [4, 4, 8, 8, 8, 8, 16, 16], 8, timed, 2)
+    assert ok and f["skipped_steps"] == 0 and f["skipped_total"] == 1, f
+    ok, why, f = judge_training([3, 3, 3], [], 0, timed, 2)
+    assert ok and f["fall_checked"] is False and math.isnan(f["loss_first"]), f
+    assert judge_training([], [], 0, timed, 2)[1] == "no step was logged"
     print(text)
     print("train_table: selftest passed")
     return 0
@@ -243,12 +352,12 @@ def selftest():
 def main(argv):
     if argv == ["--selftest"]:
         return selftest()
-    results = {}
-    read_logs(argv, read, results)
-    if not results:
+    res = Results()
+    read_logs(argv, lambda lines, r: r.add(lines), res)
+    if not res.lines:
         print("train_table: no train JSON lines found")
         return 0
-    print(table(results))
+    print(table(res))
     return 0
 
 
