@@ -28,7 +28,9 @@
 // Checkpointed BERT stays eager (its recomputed dropout rewinds the generator, which a replay cannot follow).
 //
 // Cases: resnet50_bf16, resnet50_fp16 (GradScaler), resnet18_cifar_bf16, bert_base_128, bert_base_512,
-// bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_jpeg (--photos, or KILN_BENCH_IMAGES),
+// bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_fp32 and bert_base_128_fp32 (float32, TF32
+// products), bert_base_dynamic (sequence classification on batches of varying length; see dynamic_case),
+// resnet50_jpeg (--photos, or KILN_BENCH_IMAGES),
 // resnet50_jpeg_gpu (the same photos decoded by nvJPEG on the GPU: ImageFolderOptions::decode = Decode::Gpu).
 // ResNets: channels-last, SGD (lr 0.1, momentum 0.9, weight decay 5e-5); BERT: AdamW (lr 1e-4, weight decay
 // 0.01); bf16 (or fp16) autocast; cuDNN benchmark mode on. Peak memory: the most the caching allocator handed
@@ -71,9 +73,15 @@ struct Settings {
   uint64_t seed = 1234;  // --seed N
 };
 
-const std::vector<std::string> kCases = {"resnet50_bf16",      "resnet50_fp16", "resnet18_cifar_bf16",
-                                         "bert_base_128",      "bert_base_512", "bert_large_128",
-                                         "bert_base_128_ckpt", "resnet50_jpeg", "resnet50_jpeg_gpu"};
+const std::vector<std::string> kCases = {
+    "resnet50_bf16",      "resnet50_fp16",     "resnet18_cifar_bf16", "bert_base_128",      "bert_base_512",
+    "bert_large_128",     "bert_base_128_ckpt", "resnet50_fp32",      "bert_base_128_fp32", "bert_base_dynamic",
+    "resnet50_jpeg",      "resnet50_jpeg_gpu"};
+
+// "bf16", "fp16" or "fp32" (float32 products in TF32, kiln's default as PyTorch's with allow_tf32).
+std::string precision_name(DType precision) {
+  return precision == DType::Float16 ? "fp16" : precision == DType::BFloat16 ? "bf16" : "fp32";
+}
 
 // What a case reports besides its timing.
 struct Info {
@@ -90,9 +98,10 @@ struct Measured {
 // no host sync); read and judged once the case is timed.
 class StepLog {
  public:
-  // Room for the eager warm-up and timed steps, the profiled ones, and the graph's warm-up and timed replays.
-  StepLog(const Settings& s, int warmup, const amp::GradScaler* scaler = nullptr)
-      : capacity_(2 * (warmup + s.steps) + 2 * s.profile + 64), scaler_(scaler) {
+  // Room for the eager warm-up and timed steps, the profiled ones, and the graph's warm-up and timed replays (or
+  // `at_least` steps).
+  StepLog(const Settings& s, int warmup, const amp::GradScaler* scaler = nullptr, int64_t at_least = 0)
+      : capacity_(std::max<int64_t>(at_least, 2 * (warmup + s.steps) + 2 * s.profile + 64)), scaler_(scaler) {
     losses_ = zeros({capacity_}, {.device = s.device});
     if (scaler_ != nullptr && scaler_->is_enabled()) scales_ = zeros({capacity_}, {.device = s.device});
   }
@@ -327,7 +336,7 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
   auto train = [&](const Tensor& x, const Tensor& y) {
     opt.zero_grad(true);
     {
-      amp::Autocast cast(precision);
+      amp::Autocast cast(precision == DType::Float32 ? DType::BFloat16 : precision, precision != DType::Float32);
       loss = nn::cross_entropy(c.model(x), y);
     }
     scaler.scale(loss).backward();
@@ -349,7 +358,7 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
   };
   const Info info{.model = cifar ? "resnet" + std::to_string(depth) + "-cifar" : "resnet" + std::to_string(depth),
                   .input = std::to_string(size) + "x" + std::to_string(size),
-                  .precision = precision == DType::Float16 ? "fp16" : "bf16",
+                  .precision = precision_name(precision),
                   .optimizer = "sgd",
                   .unit = "img/s",
                   .batch = batch};
@@ -363,7 +372,7 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
 }
 
 void bert_case(const std::string& name, const Settings& s, const nn::models::BertConfig& config, int64_t batch,
-               int64_t seq, bool checkpointing) {
+               int64_t seq, bool checkpointing, DType precision = DType::BFloat16) {
   const Device dev = s.device;
   bench::BertCase c = bench::make_bert(config, batch, seq, dev, s.batches);
   c.model->bert->set_gradient_checkpointing(checkpointing);
@@ -374,7 +383,7 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
   auto train = [&](const Tensor& ids, const Tensor& labels) {
     opt.zero_grad(true);
     {
-      amp::Autocast cast(DType::BFloat16);
+      amp::Autocast cast(precision == DType::Float32 ? DType::BFloat16 : precision, precision != DType::Float32);
       loss = c.model(ids, c.types, c.mask, labels).loss;
     }
     loss.backward();
@@ -395,7 +404,7 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
   };
   const Info info{.model = config.hidden_size >= 1024 ? "bert-large" : "bert-base",
                   .input = std::to_string(seq) + " tokens",
-                  .precision = "bf16",
+                  .precision = precision_name(precision),
                   .optimizer = "adamw",
                   .unit = "seq/s",
                   .batch = batch};
@@ -408,6 +417,93 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
                            .warmup = s.warmup,
                            .loss = &loss,
                            .log = &log});
+}
+
+// BERT-base fine-tuning for sequence classification on batches of varying length: the dynamic-shape case, where no
+// CUDA graph applies. 64 batches of 32 sequences (quick: 4 of 2): the 2,048 lengths are drawn uniformly from
+// [16, 128], sorted and cut into batches (as length-grouped sampling does), so each batch is padded only to its
+// longest sequence and the batches come in dozens of distinct shapes; their order is shuffled once. Tokens are
+// uniform over [1, vocab), padding is token 0 with mask 0; the label says whether the first token after position 0
+// lies in the upper half of the vocabulary, which the model can learn. AdamW (lr 1e-4, weight decay 0.01, the LR
+// warm-up over the first --warmup steps), bf16 autocast. The first epoch, where every shape is new (plans, cuDNN
+// autotuning), is timed on its own ("first_epoch_s", host time to the last step's completion); then two more
+// epochs are timed as one block ("step_ms", per step; "tokens_per_step", the mean padded tokens of a batch).
+void dynamic_case(const std::string& name, const Settings& s) {
+  const Device dev = s.device;
+  const int64_t batches = s.quick ? 4 : 64, batch = s.quick ? 2 : 32, lo = 16, hi = 128;
+  nn::models::BertConfig config = nn::models::BertConfig::base();
+  if (s.quick) {
+    config.num_hidden_layers = 2;
+    config.vocab_size = 1000;
+  }
+  const int64_t vocab = config.vocab_size;
+  std::vector<int64_t> lengths;
+  {
+    const Tensor drawn = randint(lo, hi + 1, {batches * batch}, {.dtype = DType::Int64});
+    for (int64_t i = 0; i < drawn.numel(); ++i) lengths.push_back(drawn[i].item<int64_t>());
+  }
+  std::sort(lengths.begin(), lengths.end());
+  const Tensor order = randperm(batches, {.dtype = DType::Int64});
+  struct B {
+    Tensor ids, types, mask, labels;
+  };
+  std::vector<B> data;
+  int64_t padded_tokens = 0;
+  for (int64_t k = 0; k < batches; ++k) {
+    const int64_t b0 = order[k].item<int64_t>() * batch;
+    const int64_t len = lengths[static_cast<size_t>(b0 + batch - 1)];  // the batch's longest
+    std::vector<int64_t> lens(lengths.begin() + b0, lengths.begin() + b0 + batch);
+    const Tensor keep = arange(len, {.dtype = DType::Int64}).reshape({1, len}) <
+                        from_vector(lens, {batch, 1});  // (batch, len): inside each sequence
+    Tensor ids = where(keep, randint(1, vocab, {batch, len}, {.dtype = DType::Int64}), zeros({batch, len}, {.dtype = DType::Int64}));
+    Tensor labels = cast(ids.select(1, 1) >= Scalar(vocab / 2), DType::Int64);
+    data.push_back({ids.to(dev), zeros({batch, len}, {.dtype = DType::Int64, .device = dev}),
+                    cast(keep, DType::Int64).to(dev), labels.to(dev)});
+    padded_tokens += batch * len;
+  }
+  auto model = nn::make<nn::models::BertForSequenceClassification>(config, 2);
+  model->to(dev);
+  model->train();
+  optim::AdamW opt(model->parameters(), {.lr = 1e-4, .weight_decay = 0.01});
+  StepLog log(s, s.warmup, nullptr, 3 * batches + 2 * s.profile + 64);
+  LrWarmup lr(opt, s.warmup);
+  Tensor loss;
+  size_t next = 0;
+  auto step = [&] {
+    const B& b = data[next++ % data.size()];
+    lr.before_step();
+    opt.zero_grad(true);
+    {
+      amp::Autocast cast(DType::BFloat16);
+      loss = model(b.ids, b.types, b.mask, b.labels).loss;
+    }
+    loss.backward();
+    opt.step();
+    log.record(loss);
+  };
+  if (dev.is_cuda()) cuda::synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < batches; ++i) step();
+  if (dev.is_cuda()) cuda::synchronize();
+  const double first_epoch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Settings timed = s;
+  timed.steps = static_cast<int>(2 * batches);
+  const Measured m = measure(timed, 0, step, log);
+  const Info info{.model = "bert-base-classifier",
+                  .input = std::to_string(lo) + "-" + std::to_string(hi) + " tokens",
+                  .precision = "bf16",
+                  .optimizer = "adamw",
+                  .unit = "seq/s",
+                  .batch = batch};
+  std::string extra = ", \"cuda_graph\": false, \"first_epoch_s\": " + json_number(first_epoch_s, 3) +
+                      ", \"epoch_batches\": " + std::to_string(batches) + ", \"tokens_per_step\": " +
+                      json_number(static_cast<double>(padded_tokens) / static_cast<double>(batches), 1);
+  if (loss.defined()) extra += ", \"loss\": " + json_number(loss.item<double>(), 4);
+  bool ok = true;
+  extra += log.judge(batches, ok);
+  if (!ok) g_failed = true;
+  report(name, info, timed, 0, m, extra);
+  profile_steps(name, s, step);
 }
 
 // ResNet-50 fed from a folder of JPEG photos (ImageFolder layout, bench/make_photos.py): imagenet_train(224)
@@ -525,6 +621,10 @@ void run_case(const std::string& name, const Settings& s) {
   if (name == "bert_base_512") return bert_case(name, s, base, q ? 2 : 64, q ? 32 : 512, false);
   if (name == "bert_large_128") return bert_case(name, s, large, q ? 2 : 64, q ? 32 : 128, false);
   if (name == "bert_base_128_ckpt") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, true);
+  if (name == "resnet50_fp32") return resnet_case(name, s, 50, q ? 2 : 256, q ? 64 : 224, 1000, false, DType::Float32);
+  if (name == "bert_base_128_fp32")
+    return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::Float32);
+  if (name == "bert_base_dynamic") return dynamic_case(name, s);
   if (name == "resnet50_jpeg") return jpeg_case(name, s, false);
   if (name == "resnet50_jpeg_gpu") return jpeg_case(name, s, true);
 }
@@ -540,7 +640,8 @@ int main(int argc, char** argv) {
         "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--batches N] [--seed N] [--photos DIR]\n"
         "                   [--no-graphs] [--profile N] [--quick] [--selftest]\n"
         "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
-        "       bert_large_128 bert_base_128_ckpt resnet50_jpeg resnet50_jpeg_gpu\n");
+        "       bert_large_128 bert_base_128_ckpt resnet50_fp32 bert_base_128_fp32 bert_base_dynamic\n"
+        "       resnet50_jpeg resnet50_jpeg_gpu\n");
     return 2;
   };
   for (int i = 1; i < argc; ++i) {
