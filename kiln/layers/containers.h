@@ -90,10 +90,15 @@ class IndexedModulesOf : public IndexedModules {
       : IndexedModulesOf(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
   IndexedModulesOf(std::initializer_list<ModulePtr> modules) : IndexedModulesOf(std::vector<ModulePtr>(modules)) {}
   // Self{nn::Linear(4, 8), nn::ReLU(), shared_head}: module values (moved in) and handles, mixed. Explicit
-  // with one module, so that a lone module never converts to a container unasked.
+  // with one module, so that a lone module never converts to a container unasked. (Two constructors rather than
+  // one with explicit(sizeof...(Ms) == 1): GCC 12 drops a conditional explicit from inherited constructors.)
+  template <typename M>
+  requires kModuleArgs<Self, M>
+  explicit IndexedModulesOf(M&& module) : IndexedModulesOf() {
+    add_indexed(next_index(), module_detail::to_handle(std::forward<M>(module)));
+  }
   template <typename... Ms>
-  requires(sizeof...(Ms) > 0 && kModuleArgs<Self, Ms...>) explicit(sizeof...(Ms) == 1) IndexedModulesOf(Ms&&... modules)
-      : IndexedModulesOf() {
+  requires(sizeof...(Ms) > 1) IndexedModulesOf(Ms&&... modules) : IndexedModulesOf() {
     (add_indexed(next_index(), module_detail::to_handle(std::forward<Ms>(modules))), ...);
   }
 };
