@@ -44,6 +44,24 @@ function(kiln_module_alias target module)
   set_property(GLOBAL APPEND PROPERTY KILN_MODULE_NAMES ${module})
 endfunction()
 
+# kiln_add_module(<module> DEPENDS <target>... [GLOBS <pattern>...])
+#
+# The usual module folder in one call: the object library kiln_<module> of the calling folder's *.cpp (and of the
+# files that GLOBS, relative to the folder, match), named kiln::<module> (kiln_module_alias), linked PUBLIC to the
+# modules it DEPENDS on, and compiled with kiln's warnings.
+function(kiln_add_module module)
+  cmake_parse_arguments(PARSE_ARGV 1 _arg "" "" "DEPENDS;GLOBS")
+  set(_patterns ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  foreach(_glob IN LISTS _arg_GLOBS)
+    list(APPEND _patterns ${CMAKE_CURRENT_SOURCE_DIR}/${_glob})
+  endforeach()
+  file(GLOB _sources CONFIGURE_DEPENDS ${_patterns})
+  add_library(kiln_${module} OBJECT ${_sources})
+  kiln_module_alias(kiln_${module} ${module})
+  target_link_libraries(kiln_${module} PUBLIC ${_arg_DEPENDS})
+  kiln_use_privately(kiln_${module} kiln_warnings)
+endfunction()
+
 # kiln_use_privately(<target> <interface target>...)
 #
 # Gives <target> the compile-time usage requirements (include folders, definitions, options) of
@@ -85,4 +103,18 @@ function(kiln_find_nvidia_header var header folder env doc)
   if(NOT ${var})
     find_path(${var} ${header} HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include DOC "${doc}")
   endif()
+endfunction()
+
+# kiln_add_cuda_sources(<target>)
+#
+# A module's GPU implementations: compiles the calling folder's cuda/*.cpp and cuda/*.cu into <target>, defines
+# KILN_WITH_CUDA=1 for its sources (the code that calls them for CUDA tensors), links the CUDA runtime privately
+# and gives nvcc kiln's options. Call it under if(KILN_CUDA).
+function(kiln_add_cuda_sources target)
+  file(GLOB _sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cpp ${CMAKE_CURRENT_SOURCE_DIR}/cuda/*.cu)
+  target_sources(${target} PRIVATE ${_sources})
+  target_compile_definitions(${target} PRIVATE KILN_WITH_CUDA=1)
+  target_link_libraries(${target} PRIVATE ${KILN_CUDART})
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda -Xcompiler=-Wall>)
 endfunction()

@@ -12,6 +12,7 @@
 #include <climits>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "kiln/distributed/detail/group_internal.h"
@@ -37,6 +38,16 @@ struct MpiLock {
     if (!mpi_thread_multiple()) mpi_mutex().unlock();
   }
 };
+
+// Throws unless MPI's rank and size in comm are those the launcher's variables gave; `where` starts the message.
+void check_launcher_agrees(MPI_Comm comm, int expected_rank, int expected_size, std::string_view where) {
+  int r = 0, n = 0;
+  MPI_Comm_rank(comm, &r);
+  MPI_Comm_size(comm, &n);
+  KILN_CHECK_AS(DistributedError, r == expected_rank && n == expected_size, where, ": MPI says rank ", r, " of ", n,
+                " but the launcher's variables say rank ", expected_rank, " of ", expected_size,
+                "; start the job with one launcher (mpirun) and do not set RANK/WORLD_SIZE by hand");
+}
 
 std::string mpi_error_string(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -106,12 +117,7 @@ class MpiGroup final : public ProcessGroup {
   explicit MpiGroup(const GroupConfig& config) : ProcessGroup(config.rank, config.size), config_(config) {
     MpiLock lock;
     KILN_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "creating the MPI group");
-    int r = 0, n = 0;
-    MPI_Comm_rank(comm_, &r);
-    MPI_Comm_size(comm_, &n);
-    KILN_CHECK_AS(DistributedError, r == rank_ && n == size_, "dist: MPI says rank ", r, " of ", n,
-                  " but the launcher's variables say rank ", rank_, " of ", size_,
-                  "; start the job with one launcher (mpirun) and do not set RANK/WORLD_SIZE by hand");
+    check_launcher_agrees(comm_, rank_, size_, "dist");
   }
   ~MpiGroup() override {
     int finalized = 0;
@@ -331,12 +337,7 @@ bool mpi_init(int expected_rank, int expected_size) {
     MPI_Query_thread(&provided);
   }
   mpi_thread_multiple() = provided == MPI_THREAD_MULTIPLE;
-  int r = 0, n = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  KILN_CHECK_AS(DistributedError, r == expected_rank && n == expected_size, "dist::init: MPI says rank ", r, " of ", n,
-                " but the launcher's variables say rank ", expected_rank, " of ", expected_size,
-                "; start the job with one launcher and do not set RANK/WORLD_SIZE by hand");
+  check_launcher_agrees(MPI_COMM_WORLD, expected_rank, expected_size, "dist::init");
   return owned;
 }
 

@@ -30,6 +30,16 @@ void require_group(const H5File& f, const std::string& group, const std::string&
              "); it was saved without it: load without that part, or use a checkpoint that has it");
 }
 
+// A typed part (optimizer, scheduler) must be in the file and saved from the same class as the one it is loaded
+// into: `what` names the part in messages ("optimizer", "LR scheduler"), `kind` what to build ("scheduler").
+void require_typed_group(const H5File& f, const std::string& group, const std::string& what, const std::string& kind,
+                         const std::string& expected_type) {
+  require_group(f, group, kind);
+  const std::string type = f.has_attr(group, kTypeAttr) ? f.attr_string(group, kTypeAttr) : "";
+  KILN_CHECK(type == expected_type, f.path(), ": the checkpoint's ", what, " is ", type.empty() ? "of no type" : type,
+             ", this one is ", expected_type, "; build the same ", kind, " as the one that was saved");
+}
+
 // Every attribute of `object` as a number (all must be numeric), but `skip`.
 std::map<std::string, double> numeric_attrs(const H5File& f, const std::string& object, const std::string& skip = "") {
   std::map<std::string, double> values;
@@ -97,10 +107,7 @@ nn::StateDict stage_model(const H5File& f, nn::Module& model) {
 }
 
 optim::OptimizerState stage_optimizer(const H5File& f, const optim::Optimizer& opt) {
-  require_group(f, "/optimizer", "optimizer");
-  const std::string type = f.has_attr("/optimizer", kTypeAttr) ? f.attr_string("/optimizer", kTypeAttr) : "";
-  KILN_CHECK(type == opt.name(), f.path(), ": the checkpoint's optimizer is ", type.empty() ? "of no type" : type,
-             ", this one is ", opt.name(), "; build the same optimizer as the one that was saved");
+  require_typed_group(f, "/optimizer", "optimizer", "optimizer", opt.name());
   optim::OptimizerState state;
   state.values = numeric_attrs(f, "/optimizer", kTypeAttr);
   // Group structure: the count and the sizes, before anything is read further.
@@ -122,10 +129,7 @@ optim::OptimizerState stage_optimizer(const H5File& f, const optim::Optimizer& o
 }
 
 optim::SchedulerState stage_scheduler(const H5File& f, const optim::LRScheduler& sched) {
-  require_group(f, "/scheduler", "scheduler");
-  const std::string type = f.has_attr("/scheduler", kTypeAttr) ? f.attr_string("/scheduler", kTypeAttr) : "";
-  KILN_CHECK(type == sched.name(), f.path(), ": the checkpoint's LR scheduler is ", type.empty() ? "of no type" : type,
-             ", this one is ", sched.name(), "; build the same scheduler as the one that was saved");
+  require_typed_group(f, "/scheduler", "LR scheduler", "scheduler", sched.name());
   return numeric_attrs(f, "/scheduler", kTypeAttr);
 }
 

@@ -37,12 +37,6 @@ void IndexedModules::throw_bad_cast(int64_t index) const {
 }
 
 // ---------------------------------------------------------------- Sequential
-Sequential::Sequential() : IndexedModules("Sequential") {}
-
-Sequential::Sequential(const std::vector<ModulePtr>& modules) : IndexedModules("Sequential") {
-  for (const auto& m : modules) append(m);
-}
-
 Sequential& Sequential::append(ModulePtr module) { return append(next_index(), std::move(module)); }
 
 Sequential& Sequential::append(const std::string& name, ModulePtr module) {
@@ -57,12 +51,6 @@ Tensor Sequential::forward(const Tensor& input) {
 }
 
 // ---- ModuleList ----
-
-ModuleList::ModuleList() : IndexedModules("ModuleList") {}
-
-ModuleList::ModuleList(const std::vector<ModulePtr>& modules) : IndexedModules("ModuleList") {
-  for (const auto& m : modules) push_back(m);
-}
 
 ModuleList& ModuleList::push_back(ModulePtr module) {
   add_indexed(next_index(), std::move(module));

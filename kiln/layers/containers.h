@@ -74,23 +74,40 @@ class IndexedModules : public Module {
   std::vector<ModulePtr> modules_;
 };
 
-// Chains modules that each map one tensor to one tensor: forward(x) = m_n(... m_1(m_0(x))).
-class Sequential : public IndexedModules {
+// The constructors Sequential and ModuleList share (each inherits them): empty, a vector of handles (of
+// ModulePtr, or of std::shared_ptr to modules of one type), an initializer list of handles, or module values
+// and handles mixed. Self is the container, whose kTypeName names it.
+template <typename Self>
+class IndexedModulesOf : public IndexedModules {
  public:
-  Sequential();
-  explicit Sequential(const std::vector<ModulePtr>& modules);
+  IndexedModulesOf() : IndexedModules(Self::kTypeName) {}
+  explicit IndexedModulesOf(const std::vector<ModulePtr>& modules) : IndexedModulesOf() {
+    for (const auto& m : modules) add_indexed(next_index(), m);
+  }
   template <typename M>  // a vector of std::shared_ptr to modules of one type
   requires std::derived_from<M, Module>
-  explicit Sequential(const std::vector<std::shared_ptr<M>>& modules)
-      : Sequential(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
-  Sequential(std::initializer_list<ModulePtr> modules) : Sequential(std::vector<ModulePtr>(modules)) {}
-  // nn::Sequential{nn::Linear(4, 8), nn::ReLU(), shared_head}: module values (moved in) and handles, mixed.
-  // Explicit with one module, so that a lone module never converts to a Sequential unasked.
-  template <typename... Ms>
-  requires(sizeof...(Ms) > 0 && kModuleArgs<Sequential, Ms...>) explicit(sizeof...(Ms) == 1) Sequential(Ms&&... modules)
-      : Sequential() {
-    (append(module_detail::to_handle(std::forward<Ms>(modules))), ...);
+  explicit IndexedModulesOf(const std::vector<std::shared_ptr<M>>& modules)
+      : IndexedModulesOf(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
+  IndexedModulesOf(std::initializer_list<ModulePtr> modules) : IndexedModulesOf(std::vector<ModulePtr>(modules)) {}
+  // Self{nn::Linear(4, 8), nn::ReLU(), shared_head}: module values (moved in) and handles, mixed. Explicit
+  // with one module, so that a lone module never converts to a container unasked. (Two constructors rather than
+  // one with explicit(sizeof...(Ms) == 1): GCC 12 drops a conditional explicit from inherited constructors.)
+  template <typename M>
+  requires kModuleArgs<Self, M>
+  explicit IndexedModulesOf(M&& module) : IndexedModulesOf() {
+    add_indexed(next_index(), module_detail::to_handle(std::forward<M>(module)));
   }
+  template <typename... Ms>
+  requires(sizeof...(Ms) > 1) IndexedModulesOf(Ms&&... modules) : IndexedModulesOf() {
+    (add_indexed(next_index(), module_detail::to_handle(std::forward<Ms>(modules))), ...);
+  }
+};
+
+// Chains modules that each map one tensor to one tensor: forward(x) = m_n(... m_1(m_0(x))).
+class Sequential : public IndexedModulesOf<Sequential> {
+ public:
+  static constexpr const char* kTypeName = "Sequential";
+  using IndexedModulesOf::IndexedModulesOf;  // Sequential{nn::Linear(4, 8), nn::ReLU()}, and the forms above
 
   // Appends under the next index ("0", "1", ...), or under a name of your choice: a handle, or a module value.
   Sequential& append(ModulePtr module);
@@ -109,21 +126,10 @@ class Sequential : public IndexedModules {
 };
 
 // Holds modules by index for code that calls them itself (a stack of transformer blocks). No forward.
-class ModuleList : public IndexedModules {
+class ModuleList : public IndexedModulesOf<ModuleList> {
  public:
-  ModuleList();
-  explicit ModuleList(const std::vector<ModulePtr>& modules);
-  template <typename M>  // a vector of std::shared_ptr to modules of one type
-  requires std::derived_from<M, Module>
-  explicit ModuleList(const std::vector<std::shared_ptr<M>>& modules)
-      : ModuleList(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
-  ModuleList(std::initializer_list<ModulePtr> modules) : ModuleList(std::vector<ModulePtr>(modules)) {}
-  // nn::ModuleList{Block(), Block(), shared_block}: module values (moved in) and handles, mixed; explicit with one.
-  template <typename... Ms>
-  requires(sizeof...(Ms) > 0 && kModuleArgs<ModuleList, Ms...>) explicit(sizeof...(Ms) == 1) ModuleList(Ms&&... modules)
-      : ModuleList() {
-    (push_back(module_detail::to_handle(std::forward<Ms>(modules))), ...);
-  }
+  static constexpr const char* kTypeName = "ModuleList";
+  using IndexedModulesOf::IndexedModulesOf;  // nn::ModuleList{Block(), Block(), shared_block}, and the forms above
 
   ModuleList& push_back(ModulePtr module);  // registered under the next index
   template <typename M>

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <memory>  // std::shared_ptr
 
 #include "kiln/autograd/autocast.h"   // autocast::inputs
 #include "kiln/autograd/functions.h"  // kiln::cat, kiln::matmul, kiln::as_strided, ...
@@ -78,6 +79,36 @@ bool cudnn_benchmark() { return cudnn_benchmark_enabled.load(std::memory_order_r
 
 namespace {
 
+// What the backward of both convolution paths (1x1 as a matrix product, cuDNN) keeps: the input as computed on,
+// saved where the weight needs a gradient, the weight as computed on, saved where the input needs one, the shapes
+// of both, the weight argument's own memory format (given to grad_weight) and the computation dtype.
+struct ConvolutionBackward : autograd::Node {
+  autograd::SavedTensor input, weight;
+  Shape input_shape, weight_shape;
+  MemoryFormat weight_format = MemoryFormat::Contiguous;
+  DType dtype = DType::Float32;
+  void release_saved() override {
+    input.reset();
+    weight.reset();
+  }
+};
+
+// Node N for y = conv(input, weight) + bias, computed on x and w (the input and weight in the layout the
+// computation used), filled with what ConvolutionBackward keeps; null when no argument needs a gradient.
+template <typename N>
+std::shared_ptr<N> convolution_node(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& x,
+                                    const Tensor& w) {
+  if (!autograd::needs_grad(input, weight, bias)) return nullptr;
+  auto node = autograd::make_node<N>(input, weight, bias);
+  if (node->needs_input_grad(1)) node->input = autograd::SavedTensor(x, /*is_output=*/false);
+  if (node->needs_input_grad(0)) node->weight = autograd::SavedTensor(w, /*is_output=*/false);
+  node->input_shape = x.shape();
+  node->weight_shape = weight.shape();
+  node->weight_format = weight.suggest_memory_format();
+  node->dtype = x.dtype();
+  return node;
+}
+
 // (N, C, H, W) channels-last as the (N H W, C) matrix its memory is (a view).
 Tensor nhwc_rows(const Tensor& t) {
   return internal::view(internal::permute(t, {0, 2, 3, 1}), {t.size(0) * t.size(2) * t.size(3), t.size(1)});
@@ -88,13 +119,8 @@ Tensor nhwc_rows(const Tensor& t) {
 // is added straight into the gradient already summed for the input where the engine offers it (the block input of
 // a residual network, whose other gradient came through the shortcut): the product's epilogue reads that sum
 // (beta = 1) instead of the engine reading both gradients and writing their sum.
-struct PointwiseConvolutionBackward final : autograd::Node {
-  autograd::SavedTensor input;   // (N, C_in, H, W) channels-last; saved when the weight needs a gradient
-  autograd::SavedTensor weight;  // (C_out, C_in) rows; saved when the input needs a gradient
-  Shape input_shape, weight_shape;
-  MemoryFormat weight_format = MemoryFormat::Contiguous;  // the weight argument's own, given to grad_weight
-  DType dtype = DType::Float32;
-
+// input (N, C_in, H, W) channels-last; weight (C_out, C_in) rows; weight_shape the argument's (C_out, C_in, 1, 1).
+struct PointwiseConvolutionBackward final : ConvolutionBackward {
   std::string_view name() const override { return "PointwiseConvolutionBackward"; }
   bool accepts_gradient_buffers() const override { return true; }
   autograd::TensorList apply(autograd::TensorList&& grads) override {
@@ -132,10 +158,6 @@ struct PointwiseConvolutionBackward final : autograd::Node {
     }
     return {grad_input, grad_weight, grad_bias};
   }
-  void release_saved() override {
-    input.reset();
-    weight.reset();
-  }
 };
 
 // A 1x1, stride-1, unpadded, ungrouped convolution of a channels-last (N, C_in, H, W) input: y = x w^T + b over the
@@ -149,14 +171,7 @@ Tensor pointwise_conv2d(const Tensor& input, const Tensor& weight, const Tensor&
   const Tensor wt = internal::transpose(w2, 0, 1);
   const Tensor y_rows = bias.defined() ? internal::addmm(bias, rows, wt) : internal::mm(rows, wt);  // (N H W, C_out)
   Tensor y = internal::permute(internal::reshape(y_rows, {n, h, w, c_out}), {0, 3, 1, 2});
-  if (autograd::needs_grad(input, weight, bias)) {
-    auto node = autograd::make_node<PointwiseConvolutionBackward>(input, weight, bias);
-    if (node->needs_input_grad(1)) node->input = autograd::SavedTensor(x, /*is_output=*/false);
-    if (node->needs_input_grad(0)) node->weight = autograd::SavedTensor(w2, /*is_output=*/false);
-    node->input_shape = x.shape();
-    node->weight_shape = weight.shape();
-    node->weight_format = weight.suggest_memory_format();
-    node->dtype = x.dtype();
+  if (auto node = convolution_node<PointwiseConvolutionBackward>(input, weight, bias, x, w2)) {
     autograd::set_history(y, node);
   }
   return y;
@@ -171,15 +186,11 @@ namespace {
 
 // Gradients of y = conv(x, w) + b: grad_input by cuDNN's backward-data, grad_weight by its backward-filter,
 // grad_bias = the sum of grad_output over N, OH, OW; each only where an input needs it.
-struct CudnnConvolutionBackward final : autograd::Node {
-  autograd::SavedTensor input;   // (N, C_in, H, W) in `format`; saved when the weight needs a gradient
-  autograd::SavedTensor weight;  // (C_out, C_in / groups, KH, KW) in `format`; saved when the input needs one
+// input (N, C_in, H, W) and weight (C_out, C_in / groups, KH, KW), both in `format`.
+struct CudnnConvolutionBackward final : ConvolutionBackward {
   cuda_impl::ConvGeometry geometry;
-  MemoryFormat format = MemoryFormat::Contiguous;         // of the computation
-  MemoryFormat input_format = MemoryFormat::Contiguous;   // the input's (and output's), given to grad_input
-  MemoryFormat weight_format = MemoryFormat::Contiguous;  // the weight argument's own, given to grad_weight
-  DType dtype = DType::Float32;
-  Shape input_shape, weight_shape;
+  MemoryFormat format = MemoryFormat::Contiguous;        // of the computation
+  MemoryFormat input_format = MemoryFormat::Contiguous;  // the input's (and output's), given to grad_input
 
   std::string_view name() const override { return "CudnnConvolutionBackward"; }
   bool accepts_gradient_buffers() const override {
@@ -210,10 +221,6 @@ struct CudnnConvolutionBackward final : autograd::Node {
     if (needs_input_grad(2)) grad_bias = internal::sum(g, {0, 2, 3});  // (C_out)
     return {grad_input, grad_weight, grad_bias};
   }
-  void release_saved() override {
-    input.reset();
-    weight.reset();
-  }
 };
 
 // input (N, C_in, H, W) on a GPU, arguments already checked -> (N, C_out, OH, OW) in the input's format.
@@ -229,17 +236,10 @@ Tensor conv2d_cudnn(const Tensor& input, const Tensor& weight, const Tensor& bia
   Tensor y = internal::contiguous(cuda_impl::conv2d_forward(x, w, geometry, format), out_format);  // (N, C_out, OH, OW)
   if (bias.defined())
     internal::add_(y, internal::reshape(bias, {1, bias.size(0), 1, 1}));  // one broadcast add, in place
-  if (autograd::needs_grad(input, weight, bias)) {
-    auto node = autograd::make_node<CudnnConvolutionBackward>(input, weight, bias);
-    if (node->needs_input_grad(1)) node->input = autograd::SavedTensor(x, /*is_output=*/false);
-    if (node->needs_input_grad(0)) node->weight = autograd::SavedTensor(w, /*is_output=*/false);
+  if (auto node = convolution_node<CudnnConvolutionBackward>(input, weight, bias, x, w)) {
     node->geometry = geometry;
     node->format = format;
     node->input_format = out_format;
-    node->weight_format = weight.suggest_memory_format();
-    node->dtype = x.dtype();
-    node->input_shape = x.shape();
-    node->weight_shape = w.shape();
     autograd::set_history(y, node);
   }
   return y;

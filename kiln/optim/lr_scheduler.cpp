@@ -93,6 +93,12 @@ double LRScheduler::get(const SchedulerState& state, const std::string& key) con
   return it->second;
 }
 
+int64_t LRScheduler::get_int(const SchedulerState& state, const std::string& key, int64_t at_least) const {
+  const int64_t v = as_int(name(), key, get(state, key));
+  KILN_CHECK(v >= at_least, name(), "::load_state_dict: ", key, " must be >= ", at_least, ", got ", v);
+  return v;
+}
+
 SchedulerState LRScheduler::state_dict() const {
   SchedulerState state;
   state["last_epoch"] = static_cast<double>(last_epoch_);
@@ -102,8 +108,7 @@ SchedulerState LRScheduler::state_dict() const {
 }
 
 void LRScheduler::load_state_dict(const SchedulerState& state) {
-  const int64_t epoch = as_int(name(), "last_epoch", get(state, "last_epoch"));
-  KILN_CHECK(epoch >= 0, name(), "::load_state_dict: last_epoch must be >= 0, got ", epoch);
+  const int64_t epoch = get_int(state, "last_epoch", 0);
   KILN_CHECK(!state.count("base_lrs." + std::to_string(base_lrs_.size())), name(),
              "::load_state_dict: the state has more base_lrs than the ", base_lrs_.size(),
              " parameter groups of this scheduler's optimizer");
@@ -148,9 +153,7 @@ void StepLR::save_own(SchedulerState& state) const {
 }
 
 void StepLR::load_own(const SchedulerState& state) {
-  const int64_t step_size = as_int(name(), "step_size", get(state, "step_size"));
-  KILN_CHECK(step_size > 0, "StepLR::load_state_dict: step_size must be >= 1, got ", step_size);
-  step_size_ = step_size;
+  step_size_ = get_int(state, "step_size", 1);
   gamma_ = get(state, "gamma");
 }
 
@@ -175,8 +178,7 @@ void MultiStepLR::save_own(SchedulerState& state) const {
 }
 
 void MultiStepLR::load_own(const SchedulerState& state) {
-  const int64_t n = as_int(name(), "milestones.size", get(state, "milestones.size"));
-  KILN_CHECK(n >= 0, "MultiStepLR::load_state_dict: milestones.size must be >= 0, got ", n);
+  const int64_t n = get_int(state, "milestones.size", 0);
   std::vector<int64_t> milestones(static_cast<size_t>(n));
   for (size_t i = 0; i < milestones.size(); ++i) {
     const std::string key = "milestones." + std::to_string(i);
@@ -218,8 +220,7 @@ void CosineAnnealingLR::save_own(SchedulerState& state) const {
 }
 
 void CosineAnnealingLR::load_own(const SchedulerState& state) {
-  const int64_t t_max = as_int(name(), "T_max", get(state, "T_max"));
-  KILN_CHECK(t_max > 0, "CosineAnnealingLR::load_state_dict: T_max must be >= 1, got ", t_max);
+  const int64_t t_max = get_int(state, "T_max", 1);
   eta_min_ = get(state, "eta_min");
   t_max_ = t_max;
 }

@@ -78,6 +78,8 @@ class LRScheduler {
 
   // The entry `key` of `state` (error naming the scheduler and the key when absent).
   double get(const SchedulerState& state, const std::string& key) const;
+  // The entry `key` as a whole number >= at_least (error naming the scheduler, the key and the value otherwise).
+  int64_t get_int(const SchedulerState& state, const std::string& key, int64_t at_least) const;
   size_t num_groups() const { return base_lrs_.size(); }
 
  private:

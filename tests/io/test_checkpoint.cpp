@@ -383,6 +383,24 @@ TEST_F(IoCheckpointBad, OptimizerStructureIsCheckedBeforeAnythingChanges) {
   expect_same_state(before, net->state_dict());
 }
 
+// A scheduler of another class than the saved one is refused by name, before the optimizer or the model change.
+TEST(IoCheckpoint, AnotherSchedulerClassIsRefusedByName) {
+  TempFolder dir;
+  Everything a(1);
+  const std::string path = dir.file("c.h5");
+  io::save_checkpoint(path, a.parts());
+
+  Everything b(2);
+  train_one_step(*b.net, *b.opt);
+  const nn::StateDict before = snapshot(*b.net);
+  const optim::OptimizerState opt_before = b.opt->state_dict();
+  optim::StepLR step(*b.opt, 3);
+  expect_error([&] { io::load_checkpoint(path, {.model = b.net.get(), .optimizer = b.opt.get(), .scheduler = &step}); },
+               {path, "the checkpoint's LR scheduler is LambdaLR, this one is StepLR", "build the same scheduler"});
+  expect_same_state(before, b.net->state_dict());
+  EXPECT_EQ(b.opt->state_dict().values, opt_before.values);
+}
+
 // The scheduler refuses its state only when it is applied, after the optimizer took its own: the optimizer is
 // put back as it was, and the model (applied after both) is untouched.
 TEST(IoCheckpoint, ARefusedSchedulerStateRestoresTheOptimizer) {

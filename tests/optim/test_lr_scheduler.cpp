@@ -363,6 +363,32 @@ TEST(LRSchedulerTest, BadStateDictIsAnErrorAndChangesNothing) {
   EXPECT_EQ(cycle.last_epoch(), 0);
 }
 
+// Whole-number entries below their bound (a step size, a count, a step) are refused naming the scheduler, the
+// entry and the value, and the scheduler keeps its state.
+TEST(LRSchedulerTest, StateEntriesBelowTheirBoundAreErrors) {
+  LrOnlyOptimizer opt(kBase);
+  StepLR step(opt, 3);
+  step.step();
+  const SchedulerState step_before = step.state_dict();
+  SchedulerState zero_size = step_before;
+  zero_size["step_size"] = 0;
+  SchedulerState negative_epoch = step_before;
+  negative_epoch["last_epoch"] = -1;
+  expect_error([&] { step.load_state_dict(zero_size); },
+               {"StepLR::load_state_dict", "step_size must be >= 1", "got 0"});
+  expect_error([&] { step.load_state_dict(negative_epoch); },
+               {"StepLR::load_state_dict", "last_epoch must be >= 0", "got -1"});
+  EXPECT_EQ(step.state_dict(), step_before);
+
+  MultiStepLR multi(opt, {2, 4});
+  const SchedulerState multi_before = multi.state_dict();
+  SchedulerState negative_count = multi_before;
+  negative_count["milestones.size"] = -2;
+  expect_error([&] { multi.load_state_dict(negative_count); },
+               {"MultiStepLR::load_state_dict", "milestones.size must be >= 0", "got -2"});
+  EXPECT_EQ(multi.state_dict(), multi_before);
+}
+
 // ---- bad arguments ----
 
 TEST(LRSchedulerTest, BadArgumentsAreClearErrors) {

@@ -8,6 +8,7 @@
 
 #include <iterator>  // std::size
 #include <tuple>
+#include <utility>  // std::move
 
 namespace kiln {
 
@@ -119,12 +120,7 @@ TensorList PassBackward::apply(TensorList&& grads) { return {negate ? internal::
 namespace {
 
 Tensor pass_through(Tensor out, const Tensor& a, bool negate) {
-  if (needs_grad(a)) {
-    auto node = make_node<PassBackward>(a);
-    node->negate = negate;
-    set_history(out, node);
-  }
-  return out;
+  return record<PassBackward>(std::move(out), a, [&](PassBackward& node) { node.negate = negate; });
 }
 
 }  // namespace
@@ -142,13 +138,10 @@ namespace {
 
 Tensor mul_scalar(const Tensor& a, Scalar s, bool divide) {
   Tensor out = divide ? internal::div(a, s) : internal::mul(a, s);
-  if (needs_grad(a)) {
-    auto node = make_node<MulScalarBackward>(a);
-    node->factor = s;
-    node->divide = divide;
-    set_history(out, node);
-  }
-  return out;
+  return record<MulScalarBackward>(out, a, [&](MulScalarBackward& node) {
+    node.factor = s;
+    node.divide = divide;
+  });
 }
 
 // out = s / b. d/db = -g * s / b^2.
@@ -168,14 +161,10 @@ struct ScalarDivBackward final : Node {
 Tensor mul(const Tensor& a, Scalar b) { return mul_scalar(a, b, false); }
 Tensor div(const Tensor& a, Scalar b) { return mul_scalar(a, b, true); }
 Tensor div(Scalar a, const Tensor& b) {
-  Tensor out = internal::div(a, b);
-  if (needs_grad(b)) {
-    auto node = make_node<ScalarDivBackward>(b);
-    node->numerator = a;
-    node->b = SavedTensor(b, false);
-    set_history(out, node);
-  }
-  return out;
+  return record<ScalarDivBackward>(internal::div(a, b), b, [&](ScalarDivBackward& node) {
+    node.numerator = a;
+    node.b = SavedTensor(b, false);
+  });
 }
 
 // ---------------------------------------------------------------- where: out = condition ? a : b
@@ -201,14 +190,11 @@ struct WhereBackward final : Node {
 
 template <typename... Inputs>
 Tensor record_where(Tensor out, const Tensor& condition, bool a_is_tensor, bool b_is_tensor, const Inputs&... tensors) {
-  if (needs_grad(tensors...)) {
-    auto node = make_node<WhereBackward>(tensors...);
-    node->condition = SavedTensor(condition, false);
-    node->a_is_tensor = a_is_tensor;
-    node->b_is_tensor = b_is_tensor;
-    set_history(out, node);
-  }
-  return out;
+  return record<WhereBackward>(std::move(out), tensors..., [&](WhereBackward& node) {
+    node.condition = SavedTensor(condition, false);
+    node.a_is_tensor = a_is_tensor;
+    node.b_is_tensor = b_is_tensor;
+  });
 }
 
 }  // namespace
@@ -234,13 +220,8 @@ TensorList MaskedFillBackward::apply(TensorList&& grads) {
 
 Tensor masked_fill(const Tensor& a_in, const Tensor& mask, Scalar value) {
   auto [a] = autocast::inputs(Op::MaskedFill, a_in);
-  Tensor out = internal::masked_fill(a, mask, value);
-  if (needs_grad(a)) {
-    auto node = make_node<MaskedFillBackward>(a);
-    node->mask = SavedTensor(mask, false);
-    set_history(out, node);
-  }
-  return out;
+  return record<MaskedFillBackward>(internal::masked_fill(a, mask, value), a,
+                                    [&](MaskedFillBackward& node) { node.mask = SavedTensor(mask, false); });
 }
 
 // ---------------------------------------------------------------- lerp: out = a + w * (b - a)
@@ -263,13 +244,8 @@ struct LerpBackward final : Node {
 
 Tensor lerp(const Tensor& a_in, const Tensor& b_in, Scalar weight) {
   auto [a, b] = autocast::inputs(Op::Lerp, a_in, b_in);
-  Tensor out = internal::lerp(a, b, weight);
-  if (needs_grad(a, b)) {
-    auto node = make_node<LerpBackward>(a, b);
-    node->weight = weight.to_double();
-    set_history(out, node);
-  }
-  return out;
+  return record<LerpBackward>(internal::lerp(a, b, weight), a, b,
+                              [&](LerpBackward& node) { node.weight = weight.to_double(); });
 }
 
 // ---------------------------------------------------------------- add_n: out = sum_k x_k

@@ -46,32 +46,28 @@ struct StackBackward final : Node {
 Tensor cat(const std::vector<Tensor>& tensors_in, int64_t dim) {
   const std::vector<Tensor> tensors = autocast::inputs_list(Op::Cat, tensors_in);
   Tensor out = internal::cat(tensors, dim);
-  if (!autograd::needs_grad_list(tensors)) return out;
-  auto node = make_node<CatBackward>(tensors);
-  node->dim = wrap_dim(dim, out.dim(), "cat");
-  int64_t start = 0;
-  for (const Tensor& t : tensors) {
-    // The same rule as the raw cat: a 1-D empty tensor is skipped when the result has another rank.
-    const bool skip = t.dim() == 1 && t.size(0) == 0 && (out.dim() != 1 || node->dim != 0);
-    const int64_t length = skip ? 0 : t.size(node->dim);
-    node->skipped.push_back(skip);
-    node->starts.push_back(start);
-    node->lengths.push_back(length);
-    start += length;
-  }
-  set_history(out, node);
-  return out;
+  return record<CatBackward>(out, tensors, [&](CatBackward& node) {
+    node.dim = wrap_dim(dim, out.dim(), "cat");
+    int64_t start = 0;
+    for (const Tensor& t : tensors) {
+      // The same rule as the raw cat: a 1-D empty tensor is skipped when the result has another rank.
+      const bool skip = t.dim() == 1 && t.size(0) == 0 && (out.dim() != 1 || node.dim != 0);
+      const int64_t length = skip ? 0 : t.size(node.dim);
+      node.skipped.push_back(skip);
+      node.starts.push_back(start);
+      node.lengths.push_back(length);
+      start += length;
+    }
+  });
 }
 
 Tensor stack(const std::vector<Tensor>& tensors_in, int64_t dim) {
   const std::vector<Tensor> tensors = autocast::inputs_list(Op::Stack, tensors_in);
   Tensor out = internal::stack(tensors, dim);
-  if (!autograd::needs_grad_list(tensors)) return out;
-  auto node = make_node<StackBackward>(tensors);
-  node->dim = wrap_dim(dim, out.dim(), "stack");
-  node->count = tensors.size();
-  set_history(out, node);
-  return out;
+  return record<StackBackward>(out, tensors, [&](StackBackward& node) {
+    node.dim = wrap_dim(dim, out.dim(), "stack");
+    node.count = tensors.size();
+  });
 }
 
 }  // namespace kiln

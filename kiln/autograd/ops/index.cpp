@@ -24,27 +24,18 @@ Tensor pad_to(const Tensor& t, const Shape& shape) {
 }
 
 // ---------------------------------------------------------------- index_select: out = a[..., index, ...]
-// d/da: g rows summed back into the selected rows (an index may repeat).
-struct IndexSelectBackward final : Node {
+//                                                                   gather: out[i][j] = a[index[i][j]][j] (dim 0)
+// d/da: g summed back into the positions read (an index may repeat): with index_add for index_select, with
+// scatter_add for gather.
+struct IndexReadBackward final : Node {
+  bool is_gather = false;
   Shape input_shape;
   int64_t dim = 0;
   SavedTensor index;
-  std::string_view name() const override { return "IndexSelectBackward"; }
+  std::string_view name() const override { return is_gather ? "GatherBackward" : "IndexSelectBackward"; }
   TensorList apply(TensorList&& grads) override {
-    return {internal::index_add(zeros_for(grads[0], input_shape), dim, index.unpack(*this), grads[0])};
-  }
-  void release_saved() override { index.reset(); }
-};
-
-// ---------------------------------------------------------------- gather: out[i][j] = a[index[i][j]][j] (dim 0)
-// d/da: g summed back into the gathered positions.
-struct GatherBackward final : Node {
-  Shape input_shape;
-  int64_t dim = 0;
-  SavedTensor index;
-  std::string_view name() const override { return "GatherBackward"; }
-  TensorList apply(TensorList&& grads) override {
-    return {internal::scatter_add(zeros_for(grads[0], input_shape), dim, index.unpack(*this), grads[0])};
+    const auto sum_back = is_gather ? &internal::scatter_add : &internal::index_add;
+    return {sum_back(zeros_for(grads[0], input_shape), dim, index.unpack(*this), grads[0])};
   }
   void release_saved() override { index.reset(); }
 };
@@ -191,42 +182,29 @@ std::tuple<Tensor, Tensor> record_sort(std::tuple<Tensor, Tensor> result, const 
 Tensor triangle(const Tensor& a_in, int64_t diagonal, bool lower) {
   auto [a] = autocast::inputs(lower ? Op::Tril : Op::Triu, a_in);
   Tensor out = lower ? internal::tril(a, diagonal) : internal::triu(a, diagonal);
-  if (needs_grad(a)) {
-    auto node = make_node<TriangleBackward>(a);
-    node->lower = lower;
-    node->diagonal = diagonal;
-    set_history(out, node);
-  }
-  return out;
+  return record<TriangleBackward>(out, a, [&](TriangleBackward& node) {
+    node.lower = lower;
+    node.diagonal = diagonal;
+  });
+}
+
+Tensor index_read(const Tensor& a_in, int64_t dim, const Tensor& index, bool is_gather) {
+  auto [a] = autocast::inputs(is_gather ? Op::Gather : Op::IndexSelect, a_in);
+  Tensor out = is_gather ? internal::gather(a, dim, index) : internal::index_select(a, dim, index);
+  return record<IndexReadBackward>(out, a, [&](IndexReadBackward& node) {
+    node.is_gather = is_gather;
+    node.input_shape = a.shape();
+    node.dim = dim;
+    node.index = SavedTensor(index, false);
+  });
 }
 
 }  // namespace
 
 Tensor index_select(const Tensor& a_in, int64_t dim, const Tensor& index) {
-  auto [a] = autocast::inputs(Op::IndexSelect, a_in);
-  Tensor out = internal::index_select(a, dim, index);
-  if (needs_grad(a)) {
-    auto node = make_node<IndexSelectBackward>(a);
-    node->input_shape = a.shape();
-    node->dim = dim;
-    node->index = SavedTensor(index, false);
-    set_history(out, node);
-  }
-  return out;
+  return index_read(a_in, dim, index, false);
 }
-
-Tensor gather(const Tensor& a_in, int64_t dim, const Tensor& index) {
-  auto [a] = autocast::inputs(Op::Gather, a_in);
-  Tensor out = internal::gather(a, dim, index);
-  if (needs_grad(a)) {
-    auto node = make_node<GatherBackward>(a);
-    node->input_shape = a.shape();
-    node->dim = dim;
-    node->index = SavedTensor(index, false);
-    set_history(out, node);
-  }
-  return out;
-}
+Tensor gather(const Tensor& a_in, int64_t dim, const Tensor& index) { return index_read(a_in, dim, index, true); }
 
 Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
   return scatter_impl(a, dim, index, src, false);
@@ -253,39 +231,27 @@ Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& 
 
 Tensor index_add(const Tensor& a_in, int64_t dim, const Tensor& index, const Tensor& src_in) {
   auto [a, src] = autocast::inputs(Op::IndexAdd, a_in, src_in);
-  Tensor out = internal::index_add(a, dim, index, src);
-  if (needs_grad(a, src)) {
-    auto node = make_node<IndexAddBackward>(a, src);
-    node->dim = dim;
-    node->src_shape = src.shape();
-    if (node->needs_input_grad(1)) node->index = SavedTensor(index, false);
-    set_history(out, node);
-  }
-  return out;
+  return record<IndexAddBackward>(internal::index_add(a, dim, index, src), a, src, [&](IndexAddBackward& node) {
+    node.dim = dim;
+    node.src_shape = src.shape();
+    if (node.needs_input_grad(1)) node.index = SavedTensor(index, false);
+  });
 }
 
 Tensor masked_select(const Tensor& a_in, const Tensor& mask) {
   auto [a] = autocast::inputs(Op::MaskedSelect, a_in);
-  Tensor out = internal::masked_select(a, mask);
-  if (needs_grad(a)) {
-    auto node = make_node<MaskedSelectBackward>(a);
-    node->shape = broadcast_shapes(a.shape(), mask.shape(), "masked_select");
-    node->mask = SavedTensor(mask, false);
-    set_history(out, node);
-  }
-  return out;
+  return record<MaskedSelectBackward>(internal::masked_select(a, mask), a, [&](MaskedSelectBackward& node) {
+    node.shape = broadcast_shapes(a.shape(), mask.shape(), "masked_select");
+    node.mask = SavedTensor(mask, false);
+  });
 }
 
 Tensor embedding(const Tensor& weight_in, const Tensor& index) {
   auto [weight] = autocast::inputs(Op::Embedding, weight_in);
-  Tensor out = internal::embedding(weight, index);
-  if (needs_grad(weight)) {
-    auto node = make_node<EmbeddingBackward>(weight);
-    node->weight_shape = weight.shape();
-    node->index = SavedTensor(index, false);
-    set_history(out, node);
-  }
-  return out;
+  return record<EmbeddingBackward>(internal::embedding(weight, index), weight, [&](EmbeddingBackward& node) {
+    node.weight_shape = weight.shape();
+    node.index = SavedTensor(index, false);
+  });
 }
 
 std::tuple<Tensor, Tensor> sort(const Tensor& a_in, int64_t dim, bool descending, bool stable) {

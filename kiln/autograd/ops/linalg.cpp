@@ -2,6 +2,8 @@
 // addmm, dot, outer. For out = A @ B: dA = g @ B^T, dB = A^T @ g, with transposes as views. Gradients
 // with broadcast batch dims are summed down to each input's shape by the engine.
 
+#include <utility>  // std::move
+
 #include "kiln/autograd/ops/op_recording.h"
 
 namespace kiln {
@@ -10,18 +12,30 @@ namespace {
 
 Tensor mT(const Tensor& t) { return internal::transpose(t, -2, -1); }  // (..., M, K) -> (..., K, M)
 
-// Saves each operand only where the other one's gradient needs it.
-template <typename N>
-void save_operands(N& node, const Tensor& a, const Tensor& b) {
-  if (node.needs_input_grad(1)) node.a = SavedTensor(a, false);
-  if (node.needs_input_grad(0)) node.b = SavedTensor(b, false);
+// What the backward of every product here keeps: its two factors a and b (unsaved where not needed).
+struct ProductBackward : Node {
+  SavedTensor a, b;
+  void release_saved() override {
+    a.reset();
+    b.reset();
+  }
+};
+
+// Records out = a @ b (any of the products) with node N, which saves each factor only where the other
+// one's gradient needs it; fill(N&) sets N's own fields.
+template <typename N, typename Fill>
+Tensor record_product(Tensor out, const Tensor& a, const Tensor& b, Fill&& fill) {
+  return record<N>(std::move(out), a, b, [&](N& node) {
+    if (node.needs_input_grad(1)) node.a = SavedTensor(a, false);
+    if (node.needs_input_grad(0)) node.b = SavedTensor(b, false);
+    fill(node);
+  });
 }
 
 // ---------------------------------------------------------------- matmul
 // The 1-D cases follow from the promotions forward makes: a 1-D a is a row (1, K) whose dim is squeezed
 // from the result, a 1-D b a column (K, 1). g has the result's shape.
-struct MatmulBackward final : Node {
-  SavedTensor a, b;
+struct MatmulBackward final : ProductBackward {
   int64_t a_dim = 0, b_dim = 0;
   std::string_view name() const override { return "MatmulBackward"; }
   TensorList apply(TensorList&& grads) override {
@@ -53,32 +67,22 @@ struct MatmulBackward final : Node {
     }
     return {ga, gb};
   }
-  void release_saved() override {
-    a.reset();
-    b.reset();
-  }
 };
 
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   auto [a, b] = autocast::inputs(Op::Matmul, a_in, b_in);
-  Tensor out = internal::matmul(a, b);
-  if (needs_grad(a, b)) {
-    auto node = make_node<MatmulBackward>(a, b);
-    save_operands(*node, a, b);
-    node->a_dim = a.dim();
-    node->b_dim = b.dim();
-    set_history(out, node);
-  }
-  return out;
+  return record_product<MatmulBackward>(internal::matmul(a, b), a, b, [&](MatmulBackward& node) {
+    node.a_dim = a.dim();
+    node.b_dim = b.dim();
+  });
 }
 
 namespace {
 
 // ---------------------------------------------------------------- mm, bmm: (M, K) @ (K, N), (B, M, K) @ (B, K, N)
-struct MmBackward final : Node {
-  SavedTensor a, b;
+struct MmBackward final : ProductBackward {
   bool batched = false;
   std::string_view name() const override { return batched ? "BmmBackward" : "MmBackward"; }
   TensorList apply(TensorList&& grads) override {
@@ -91,22 +95,12 @@ struct MmBackward final : Node {
     if (needs_input_grad(1)) gb = product(mT(a.unpack(*this)), g);
     return {ga, gb};
   }
-  void release_saved() override {
-    a.reset();
-    b.reset();
-  }
 };
 
 Tensor mm_impl(const Tensor& a_in, const Tensor& b_in, bool batched) {
   auto [a, b] = autocast::inputs(batched ? Op::Bmm : Op::Mm, a_in, b_in);
   Tensor out = batched ? internal::bmm(a, b) : internal::mm(a, b);
-  if (needs_grad(a, b)) {
-    auto node = make_node<MmBackward>(a, b);
-    save_operands(*node, a, b);
-    node->batched = batched;
-    set_history(out, node);
-  }
-  return out;
+  return record_product<MmBackward>(out, a, b, [&](MmBackward& node) { node.batched = batched; });
 }
 
 }  // namespace
@@ -120,8 +114,7 @@ namespace {
 // dc = beta * g (summed to c's broadcast shape by the engine), da = alpha * g @ b^T, db = alpha * a^T @ g.
 // A linear layer's bias (c of shape (N) or (1, N), beta = alpha = 1) gets the row sums of g^T, computed by the
 // product db^T = g^T @ a itself (internal::mm_with_row_sums) instead of by a reduction of g of its own.
-struct AddmmBackward final : Node {
-  SavedTensor a, b;
+struct AddmmBackward final : ProductBackward {
   Scalar beta = 1, alpha = 1;
   Shape bias_shape;  // c's shape when c is a bias as above, else empty
   std::string_view name() const override { return "AddmmBackward"; }
@@ -139,10 +132,6 @@ struct AddmmBackward final : Node {
     if (needs_input_grad(0)) gc = scaled(g, beta);
     if (needs_input_grad(2)) gb = scaled(internal::mm(mT(a.unpack(*this)), g), alpha);
     return {gc, ga, gb};
-  }
-  void release_saved() override {
-    a.reset();
-    b.reset();
   }
 };
 
@@ -171,8 +160,7 @@ namespace {
 // ---------------------------------------------------------------- dot, outer
 // dot: out = sum a_i b_i (0-d): da = g * b, db = g * a.
 // outer: out_ij = a_i b_j (M, N): da = g @ b (M), db = g^T @ a (N).
-struct VectorProductBackward final : Node {
-  SavedTensor a, b;
+struct VectorProductBackward final : ProductBackward {
   bool is_outer = false;
   std::string_view name() const override { return is_outer ? "OuterBackward" : "DotBackward"; }
   TensorList apply(TensorList&& grads) override {
@@ -188,22 +176,13 @@ struct VectorProductBackward final : Node {
     }
     return {ga, gb};
   }
-  void release_saved() override {
-    a.reset();
-    b.reset();
-  }
 };
 
 Tensor vector_product(const Tensor& a_in, const Tensor& b_in, bool is_outer) {
   auto [a, b] = autocast::inputs(is_outer ? Op::Outer : Op::Dot, a_in, b_in);
   Tensor out = is_outer ? internal::outer(a, b) : internal::dot(a, b);
-  if (needs_grad(a, b)) {
-    auto node = make_node<VectorProductBackward>(a, b);
-    save_operands(*node, a, b);
-    node->is_outer = is_outer;
-    set_history(out, node);
-  }
-  return out;
+  return record_product<VectorProductBackward>(out, a, b,
+                                               [&](VectorProductBackward& node) { node.is_outer = is_outer; });
 }
 
 }  // namespace

@@ -70,31 +70,23 @@ struct SumBackward final : Node {
 
 Tensor sum(const Tensor& a_in, const Dims& dims, bool keepdim, std::optional<DType> dtype) {
   auto [a] = autocast::inputs(Op::Sum, a_in);
-  Tensor out = internal::sum(a, dims, keepdim, dtype);
-  if (needs_grad(a)) {
-    auto node = make_node<SumBackward>(a);
-    node->input_shape = a.shape();
-    node->dims = reduced_dims(dims, a.dim(), "sum");
-    node->keepdim = keepdim;
-    set_history(out, node);
-  }
-  return out;
+  return record<SumBackward>(internal::sum(a, dims, keepdim, dtype), a, [&](SumBackward& node) {
+    node.input_shape = a.shape();
+    node.dims = reduced_dims(dims, a.dim(), "sum");
+    node.keepdim = keepdim;
+  });
 }
 
 Tensor mean(const Tensor& a_in, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::Mean, a_in);
-  Tensor out = internal::mean(a, dims, keepdim);
-  if (needs_grad(a)) {
-    auto node = make_node<SumBackward>(a);
-    node->input_shape = a.shape();
-    node->dims = reduced_dims(dims, a.dim(), "mean");
-    node->keepdim = keepdim;
+  return record<SumBackward>(internal::mean(a, dims, keepdim), a, [&](SumBackward& node) {
+    node.input_shape = a.shape();
+    node.dims = reduced_dims(dims, a.dim(), "mean");
+    node.keepdim = keepdim;
     int64_t count = 1;
-    for (int64_t d : node->dims) count *= a.size(d);
-    node->scale = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
-    set_history(out, node);
-  }
-  return out;
+    for (int64_t d : node.dims) count *= a.size(d);
+    node.scale = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
+  });
 }
 
 namespace {
@@ -127,15 +119,11 @@ struct ProdBackward final : Node {
 
 Tensor prod(const Tensor& a_in, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::Prod, a_in);
-  Tensor out = internal::prod(a, dims, keepdim);
-  if (needs_grad(a)) {
-    auto node = make_node<ProdBackward>(a);
-    node->input = SavedTensor(a, false);
-    node->dims = reduced_dims(dims, a.dim(), "prod");
-    node->keepdim = keepdim;
-    set_history(out, node);
-  }
-  return out;
+  return record<ProdBackward>(internal::prod(a, dims, keepdim), a, [&](ProdBackward& node) {
+    node.input = SavedTensor(a, false);
+    node.dims = reduced_dims(dims, a.dim(), "prod");
+    node.keepdim = keepdim;
+  });
 }
 
 namespace {
@@ -161,16 +149,13 @@ struct ExtremumBackward final : Node {
 
 Tensor record_extremum(Tensor out, const Tensor& a, const Dims& dims, bool keepdim, std::string_view label,
                        std::string_view op) {
-  if (needs_grad(a)) {
-    auto node = make_node<ExtremumBackward>(a);
-    node->input = SavedTensor(a, false);
-    node->dims = reduced_dims(dims, a.dim(), op);
-    node->keepdim = keepdim;
-    node->label = label;
-    set_history(out, node);
-    node->result = SavedTensor(out, /*is_output=*/true);
-  }
-  return out;
+  return record<ExtremumBackward>(out, a, [&](ExtremumBackward& node) {
+    node.input = SavedTensor(a, false);
+    node.dims = reduced_dims(dims, a.dim(), op);
+    node.keepdim = keepdim;
+    node.label = label;
+    node.result = SavedTensor(out, /*is_output=*/true);
+  });
 }
 
 }  // namespace
@@ -374,17 +359,14 @@ struct NormBackward final : Node {
 Tensor norm(const Tensor& a_in, double p, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::Norm, a_in);
   Tensor out = internal::norm(a, p, dims, keepdim);
-  if (needs_grad(a)) {
-    auto node = make_node<NormBackward>(a);
-    node->p = p;
-    node->input_shape = a.shape();
-    node->dims = reduced_dims(dims, a.dim(), "norm");
-    node->keepdim = keepdim;
-    if (p != 0) node->input = SavedTensor(a, false);
-    set_history(out, node);
-    if (p != 0 && p != 1) node->result = SavedTensor(out, /*is_output=*/true);
-  }
-  return out;
+  return record<NormBackward>(out, a, [&](NormBackward& node) {
+    node.p = p;
+    node.input_shape = a.shape();
+    node.dims = reduced_dims(dims, a.dim(), "norm");
+    node.keepdim = keepdim;
+    if (p != 0) node.input = SavedTensor(a, false);
+    if (p != 0 && p != 1) node.result = SavedTensor(out, /*is_output=*/true);
+  });
 }
 
 namespace {
@@ -412,15 +394,12 @@ struct LogSumExpBackward final : Node {
 Tensor logsumexp(const Tensor& a_in, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::LogSumExp, a_in);
   Tensor out = internal::logsumexp(a, dims, keepdim);
-  if (needs_grad(a)) {
-    auto node = make_node<LogSumExpBackward>(a);
-    node->input = SavedTensor(a, false);
-    node->dims = reduced_dims(dims, a.dim(), "logsumexp");
-    node->keepdim = keepdim;
-    set_history(out, node);
-    node->result = SavedTensor(out, /*is_output=*/true);
-  }
-  return out;
+  return record<LogSumExpBackward>(out, a, [&](LogSumExpBackward& node) {
+    node.input = SavedTensor(a, false);
+    node.dims = reduced_dims(dims, a.dim(), "logsumexp");
+    node.keepdim = keepdim;
+    node.result = SavedTensor(out, /*is_output=*/true);
+  });
 }
 
 }  // namespace kiln
