@@ -17,8 +17,10 @@ Modes (--mode, repeatable; default eager, compile, eager_graph, compile_graph):
     all            every mode above
 
 Cases (the names bench_train uses): resnet50_bf16, resnet50_fp16, resnet18_cifar_bf16, bert_base_128, bert_base_512,
-bert_large_128, bert_base_128_ckpt (eager and compile only), resnet50_jpeg (eager and compile only; needs --photos, a
-folder from bench/make_photos.py). As bench_train: --batches distinct random batches (8) made once on the GPU, which
+bert_large_128, bert_base_128_ckpt (eager and compile only), resnet50_fp32 and bert_base_128_fp32 (float32, TF32
+products), bert_base_dynamic (sequence classification on batches of varying length: eager and
+torch.compile(dynamic=True) only; the first epoch is timed on its own, "first_epoch_s", then two epochs as one block),
+resnet50_jpeg (eager and compile only; needs --photos, a folder from bench/make_photos.py). As bench_train: --batches distinct random batches (8) made once on the GPU, which
 the steps cycle through; the learning rate rises linearly over the warm-up steps to the case's rate; every step's
 loss (and the GradScaler's scale) is logged on the GPU and judged after the timing by bench/train_log.h's rules
 (bench/train_rules.py): a non-finite loss, a timed step the GradScaler skipped or a loss that did not fall makes
@@ -55,7 +57,7 @@ from train_rules import judge_training
 
 BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+PRECISION = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}  # fp32: TF32 products
 COMPILE_WARMUP = 15  # torch.compile's first calls compile (and may recompile once); keep them out of the timing
 MODES = ("eager", "compile", "eager_graph", "compile_graph", "compile_max")
 DEFAULT_MODES = MODES[:4]
@@ -79,6 +81,7 @@ class Case:
     extra: Optional[Callable] = None  # () -> dict of case-specific figures for the JSON line, read after timing
     close: Optional[Callable] = None  # releases what the case holds besides tensors (the loader's workers)
     graphs: bool = True  # whether the graph modes apply
+    dynamic: bool = False  # batches of varying shapes: timed by epochs (time_dynamic), compiled with dynamic=True
 
 
 def sgd(model, graph):
@@ -143,7 +146,7 @@ def resnet18_cifar_bf16(args):
                 batches=image_batches(args, batch, size, 10))
 
 
-def bert_random(args, name, sizes, batch, seq, checkpointing=False):
+def bert_random(args, name, sizes, batch, seq, checkpointing=False, dtype=torch.bfloat16):
     from transformers import BertConfig, BertForMaskedLM
 
     if args.quick:
@@ -169,8 +172,8 @@ def bert_random(args, name, sizes, batch, seq, checkpointing=False):
     def loss(net, b):
         return net(input_ids=b[0], token_type_ids=types, attention_mask=mask, labels=b[1]).loss
 
-    return Case(model, loss, adamw(model, args.graph), torch.bfloat16,
-                info(name, batch, f"{seq} tokens", torch.bfloat16, "adamw"), "seq/s", batches=batches,
+    return Case(model, loss, adamw(model, args.graph), dtype,
+                info(name, batch, f"{seq} tokens", dtype, "adamw"), "seq/s", batches=batches,
                 extra=lambda: {"attention": attention, "checkpointing": checkpointing}, graphs=not checkpointing)
 
 
@@ -188,6 +191,47 @@ def bert_large_128(args):
 
 def bert_base_128_ckpt(args):
     return bert_random(args, "bert-base", {}, 128, 128, checkpointing=True)
+
+
+def resnet50_fp32(args):
+    return resnet50_random(args, torch.float32)
+
+
+def bert_base_128_fp32(args):
+    return bert_random(args, "bert-base", {}, 128, 128, dtype=torch.float32)
+
+
+def bert_base_dynamic(args):
+    """BERT-base sequence classification on batches of varying length, as bench_train's dynamic_case: 64 batches
+    of 32 (quick: 4 of 2); 2,048 lengths uniform on [16, 128], sorted and cut into batches, each padded to its
+    longest, the batches' order shuffled; tokens uniform on [1, vocab), padding 0; label: the token at position 1
+    in the upper half of the vocabulary. AdamW, bf16 autocast."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    batches, batch, lo, hi = (4, 2, 16, 128) if args.quick else (64, 32, 16, 128)
+    config = BertConfig(num_labels=2, attn_implementation="sdpa",
+                        **({"num_hidden_layers": 2, "vocab_size": 1000} if args.quick else {}))
+    model = BertForSequenceClassification(config).cuda().train()
+    lengths = torch.randint(lo, hi + 1, (batches * batch,)).sort().values
+    data = []
+    padded = 0
+    for k in torch.randperm(batches).tolist():
+        lens = lengths[k * batch:(k + 1) * batch]
+        n = int(lens.max())
+        keep = torch.arange(n).reshape(1, n) < lens.reshape(batch, 1)  # (B, n): inside each sequence
+        ids = torch.where(keep, torch.randint(1, config.vocab_size, (batch, n)), torch.zeros(batch, n, dtype=torch.long))
+        labels = (ids[:, 1] >= config.vocab_size // 2).long()
+        data.append((ids.cuda(), torch.zeros(batch, n, dtype=torch.long, device="cuda"), keep.long().cuda(),
+                     labels.cuda()))
+        padded += batch * n
+
+    def loss(net, b):
+        return net(input_ids=b[0], token_type_ids=b[1], attention_mask=b[2], labels=b[3]).loss
+
+    return Case(model, loss, adamw(model, False), torch.bfloat16,
+                info("bert-base-classifier", batch, f"{lo}-{hi} tokens", torch.bfloat16, "adamw"), "seq/s",
+                batches=data, graphs=False, dynamic=True,
+                extra=lambda: {"epoch_batches": batches, "tokens_per_step": round(padded / batches, 1)})
 
 
 class FlatPhotos(torch.utils.data.Dataset):
@@ -269,6 +313,9 @@ CASES = {
     "bert_base_512": bert_base_512,
     "bert_large_128": bert_large_128,
     "bert_base_128_ckpt": bert_base_128_ckpt,
+    "resnet50_fp32": resnet50_fp32,
+    "bert_base_128_fp32": bert_base_128_fp32,
+    "bert_base_dynamic": bert_base_dynamic,
     "resnet50_jpeg": resnet50_jpeg,
 }
 GRAPH_MODES = ("eager_graph", "compile_graph")
@@ -317,7 +364,8 @@ def time_case(case, net, warmup, steps, graph):
 
     def step(batch):
         case.opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=case.dtype):
+        with torch.autocast("cuda", dtype=torch.bfloat16 if case.dtype == torch.float32 else case.dtype,
+                            enabled=case.dtype != torch.float32):
             loss = case.loss(net, batch)
         if scaler is None:
             loss.backward()
@@ -386,6 +434,45 @@ def time_case(case, net, warmup, steps, graph):
     return ms, torch.cuda.max_memory_allocated() / 2**30, loss.detach().float().item(), log
 
 
+def time_dynamic(case, net, warmup):
+    """The dynamic-shape case: (first epoch s, ms per step over two more epochs timed as one block, peak GiB, last
+    loss, step log). The LR warm-up spans the first `warmup` steps; every step is logged."""
+    n = len(case.batches)
+    log = StepLog(3 * n + 64, None)
+    base_lr = [g["lr"] for g in case.opt.param_groups]
+    count = {"k": 0}
+
+    def run():
+        k = count["k"]
+        count["k"] += 1
+        set_lr_warmup(case.opt, base_lr, k, warmup)
+        case.opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=case.dtype):
+            loss = case.loss(net, case.batches[k % n])
+        loss.backward()
+        case.opt.step()
+        log.record(loss)
+        return loss
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        run()
+    torch.cuda.synchronize()
+    first_epoch_s = time.perf_counter() - t0
+    torch.cuda.reset_peak_memory_stats()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first = log.n
+    start.record()
+    for _ in range(2 * n):
+        loss = run()
+    stop.record()
+    stop.synchronize()
+    log.timed.append((first, log.n))
+    return (first_epoch_s, start.elapsed_time(stop) / (2 * n), torch.cuda.max_memory_allocated() / 2**30,
+            loss.detach().float().item(), log)
+
+
 def gemm_peak(quick):
     """The bf16 matrix product's rate here: {"bench": "gemm_peak", ...} with TFLOP/s, the median of 20 timed
     products of 8192^3 (2 * 8192^3 FLOPs each) after 5 untimed ones."""
@@ -424,16 +511,24 @@ def run_case(args, name, mode):
         case = build(args)
         if not case.graphs and (args.graph or mode == "compile_max"):
             raise Skip("no CUDA graph for this case (eager and compile only)")
+        if case.dynamic and mode not in ("eager", "compile"):
+            raise Skip("varying shapes: eager and compile(dynamic=True) only")
         if mode == "compile_max":
             net = torch.compile(case.model, mode="max-autotune")
         else:
-            net = torch.compile(case.model) if compiles else case.model
-        warmup = max(args.warmup, case.min_warmup, args.compile_warmup if compiles else 0)
-        ms, peak, loss, log = time_case(case, net, warmup, args.steps, args.graph)
+            net = torch.compile(case.model, dynamic=True if case.dynamic else None) if compiles else case.model
+        if case.dynamic:  # the first epoch compiles and plans for new shapes: timed on its own
+            first_epoch_s, ms, peak, loss, log = time_dynamic(case, net, args.warmup)
+            steps, warmup = 2 * len(case.batches), 0
+            line["first_epoch_s"] = round(first_epoch_s, 3)
+        else:
+            warmup = max(args.warmup, case.min_warmup, args.compile_warmup if compiles else 0)
+            ms, peak, loss, log = time_case(case, net, warmup, args.steps, args.graph)
+            steps = args.steps
         ok, why, fields = log.fields(len(case.batches) if case.batches else args.batches)
         line.update(case.info)
         line.update({"step_ms": round(ms, 3), "throughput": round(case.info["batch"] * 1000.0 / ms, 1),
-                     "unit": case.unit, "peak_gib": round(peak, 3), "steps": args.steps, "warmup": warmup,
+                     "unit": case.unit, "peak_gib": round(peak, 3), "steps": steps, "warmup": warmup,
                      "cuda_graph": args.graph or mode == "compile_max", "loss": round(loss, 4)})
         line.update(fields)
         if case.extra:

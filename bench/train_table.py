@@ -130,8 +130,9 @@ def fastest_torch(res, case):
 
 
 def mfu(res, case, ms):
+    """The bf16 cases' MFU at `ms` per step (None for other precisions: the peak is bf16's)."""
     r = res.first(KILN, case) or next((res.first(m, case) for m in TORCH_MODES if res.first(m, case)), None)
-    flops = model_flops(r) if r else None
+    flops = model_flops(r) if r and r.get("precision") == "bf16" else None
     if flops is None or ms is None or not res.peak_tflops:
         return None
     return flops / (ms / 1000.0) / (res.peak_tflops * 1e12)
@@ -163,6 +164,18 @@ def eager_vs_compile(factor):
         return x >= factor, f"{x:.2f}×"
 
     return f"kiln eager ≥ {factor:g}× compile", check
+
+
+def eager_vs(framework, factor):
+    """kiln's eager figure against one PyTorch mode (the dynamic-shape case, where no graph applies)."""
+    def check(res, case):
+        t, k = summary(res.times(framework, case)), summary(res.times(KILN, case, "eager"))
+        if t is None or k is None:
+            return None, ""
+        x = speedup(t[0], k[0])
+        return x >= factor, f"{x:.2f}× {framework.removeprefix('torch-')}"
+
+    return f"kiln ≥ {factor:g}× {framework.removeprefix('torch-')}", check
 
 
 def both(*goals):
@@ -224,6 +237,9 @@ GOALS = {
     "bert_base_512": STANDARD,
     "bert_large_128": both(graph_vs_fastest(1.15), eager_vs_compile(1.05), mfu_goal(0.55)),
     "bert_base_128_ckpt": ("kiln peak ≤ 55% of kiln bert_base_128's, throughput ≥ 75% of it", checkpointing_goal),
+    "resnet50_fp32": graph_vs_fastest(1.1),
+    "bert_base_128_fp32": graph_vs_fastest(1.1),
+    "bert_base_dynamic": both(eager_vs("torch-eager", 1.2), eager_vs("torch-compile", 1.0)),
     "resnet50_jpeg": own_speed_goal(0.90),
     "resnet50_jpeg_gpu": own_speed_goal(0.95),
 }
@@ -271,6 +287,10 @@ def table(res):
         s = summary(res.times(framework, case))
         if framework != KILN and s is not None:
             notes.append(f"- {case}, {framework}: {fmt(s)} ms")
+        firsts = [r["first_epoch_s"] for r in lines if counted(r) and isinstance(r.get("first_epoch_s"), (int, float))]
+        if firsts:
+            notes.append(f"- {case}, {framework}: first epoch (new shapes) {statistics.median(firsts):.2f} s "
+                         f"[{min(firsts):.2f}..{max(firsts):.2f}] ×{len(firsts)}")
     return "\n".join(out + notes)
 
 
@@ -289,11 +309,14 @@ kiln 0.1 bench_train: made-up figures
 {"bench":"train","framework":"torch-compile_graph","case":"resnet50_bf16","step_ms":35.0,"trained":true}
 {"bench":"train","framework":"torch-eager_graph","case":"resnet50_bf16","step_ms":20.0,"trained":false,"failed":"2 timed step(s) skipped by the GradScaler (inf/NaN gradients)"}
 {"bench":"train","framework":"torch-eager_graph","case":"resnet50_bf16","error":"OutOfMemoryError: CUDA out of memory"}
-{"bench":"train","framework":"kiln","case":"bert_large_128","model":"bert-large","batch":64,"input":"128 tokens","step_ms":40.0,"eager_step_ms":42.0,"cuda_graph":true,"peak_gib":30.0}
-{"bench":"train","framework":"torch-compile_graph","case":"bert_large_128","model":"bert-large","batch":64,"input":"128 tokens","step_ms":45.0,"trained":true}
-{"bench":"train","framework":"kiln","case":"bert_base_128","model":"bert-base","batch":128,"input":"128 tokens","step_ms":30.0,"eager_step_ms":31.0,"eager_peak_gib":10.0,"cuda_graph":true,"peak_gib":10.0}
+{"bench":"train","framework":"kiln","case":"bert_large_128","model":"bert-large","batch":64,"input":"128 tokens","precision":"bf16","step_ms":40.0,"eager_step_ms":42.0,"cuda_graph":true,"peak_gib":30.0}
+{"bench":"train","framework":"torch-compile_graph","case":"bert_large_128","model":"bert-large","batch":64,"input":"128 tokens","precision":"bf16","step_ms":45.0,"trained":true}
+{"bench":"train","framework":"kiln","case":"bert_base_128","model":"bert-base","batch":128,"input":"128 tokens","precision":"bf16","step_ms":30.0,"eager_step_ms":31.0,"eager_peak_gib":10.0,"cuda_graph":true,"peak_gib":10.0}
 {"bench":"train","framework":"kiln","case":"bert_base_128_ckpt","model":"bert-base","batch":128,"input":"128 tokens","step_ms":40.0,"cuda_graph":false,"peak_gib":5.0}
 {"bench":"train","framework":"torch-compile","case":"bert_base_128_ckpt","skipped":"eager only"}
+{"bench":"train","framework":"kiln","case":"bert_base_dynamic","model":"bert-base-classifier","batch":32,"step_ms":10.0,"cuda_graph":false,"first_epoch_s":4.0,"trained":true}
+{"bench":"train","framework":"torch-eager","case":"bert_base_dynamic","step_ms":13.0,"first_epoch_s":2.0,"trained":true}
+{"bench":"train","framework":"torch-compile","case":"bert_base_dynamic","step_ms":9.0,"first_epoch_s":60.0,"trained":true}
 not json {"bench":"train"
 """
 
@@ -328,7 +351,13 @@ def selftest():
     assert "- resnet50_bf16, kiln: failed: the loss of step 3 is NaN" in text, text
     assert "- resnet50_bf16, torch-eager_graph: error: OutOfMemoryError: CUDA out of memory" in text, text
     assert "- resnet50_bf16, torch-compile_graph: 35.00 [33.00..37.00] ×3 ⚠ ms" in text, text
-    assert list(rows) == ["resnet50_bf16", "bert_base_128", "bert_large_128", "bert_base_128_ckpt"], list(rows)
+    # bert_base_dynamic: kiln eager 10 ms against eager 13 (1.3 >= 1.2) and compile 9 (0.9 < 1.0): not met.
+    r = rows["bert_base_dynamic"]
+    assert r["met"] is False and r["cells"][-1] == "no (1.30× eager, 0.90× compile)", r["cells"]
+    assert "- bert_base_dynamic, torch-compile: first epoch (new shapes) 60.00 s [60.00..60.00] ×1" in text, text
+    assert "- bert_base_dynamic, kiln: first epoch (new shapes) 4.00 s [4.00..4.00] ×1" in text, text
+    assert list(rows) == ["resnet50_bf16", "bert_base_128", "bert_large_128", "bert_base_128_ckpt",
+                          "bert_base_dynamic"], list(rows)
     # The training rules: the same made-up logs and outcomes as bench_train --selftest (bench/train_log.h).
     timed = [(4, 8)]
     ok, why, f = judge_training([5, 4, 3, 3, 2, 2, 1, 0.5], [], 0, timed, 2)
