@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,6 +98,8 @@ class Optimizer {
     // The 16-bit shadows update_bucket writes (autocast::shadow): empty, or one per parameter, undefined where
     // none is kept; all of one dtype.
     std::vector<Tensor> shadows;
+    // That dtype: the first shadow's, set when it joins the bucket (a later one of another dtype is not kept).
+    std::optional<DType> shadow_dtype;
   };
   struct StepPlan {
     std::vector<Tensor> cpu;  // updated with kiln ops, one by one
