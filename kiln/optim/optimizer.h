@@ -155,11 +155,11 @@ class OptimizerWith : public Optimizer {
  public:
   // An empty parameter list (or no group, or an empty group) is an error, as in PyTorch: it is almost always a
   // model whose parameters were not registered, or a filter that matched nothing.
-  OptimizerWith(std::vector<Tensor> params, Options defaults) : defaults_(defaults) {
+  OptimizerWith(std::vector<Tensor> params, Options defaults = {}) : defaults_(defaults) {
     defaults_.validate();
     add_param_group({std::move(params), defaults});
   }
-  OptimizerWith(std::vector<ParamGroup<Options>> groups, Options defaults) : defaults_(defaults) {
+  OptimizerWith(std::vector<ParamGroup<Options>> groups, Options defaults = {}) : defaults_(defaults) {
     defaults_.validate();
     if (groups.empty()) check_nonempty(0, 0, Options::kName);
     for (auto& g : groups) add_param_group(std::move(g));
