@@ -681,7 +681,7 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
     }
     KILN_CUDA_CHECK_LAUNCH(name);
   };
-  constexpr int kWide = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  constexpr int kWide = kVecWidth<T>;
   if (v == kWide) run(std::integral_constant<int, kWide>{});
   else run(std::integral_constant<int, 1>{});
   return partial;
@@ -771,7 +771,7 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
     }
     KILN_CUDA_CHECK_LAUNCH("batch_norm (normalize)");
   };
-  constexpr int kWide = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  constexpr int kWide = kVecWidth<T>;
   if (v == kWide) apply(std::integral_constant<int, kWide>{});
   else apply(std::integral_constant<int, 1>{});
 }
@@ -838,7 +838,7 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
     }
     KILN_CUDA_CHECK_LAUNCH("batch_norm backward (input)");
   };
-  constexpr int kWide = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  constexpr int kWide = kVecWidth<T>;
   if (v == kWide) apply(std::integral_constant<int, kWide>{});
   else apply(std::integral_constant<int, 1>{});
   return out;
