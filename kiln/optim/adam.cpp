@@ -2,7 +2,6 @@
 #include "kiln/optim/adam.h"
 
 #include <cmath>
-#include <string_view>
 
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/internal_ops.h"
@@ -13,33 +12,31 @@
 
 namespace kiln::optim {
 
-namespace {
-
-template <typename Options>
-void validate_adam(const Options& o, std::string_view name) {
-  KILN_CHECK(std::isfinite(o.lr) && o.lr >= 0, name, ": invalid learning rate ", o.lr, " (lr must be >= 0)");
-  KILN_CHECK(std::isfinite(o.eps) && o.eps >= 0, name, ": invalid eps ", o.eps, " (must be >= 0)");
+template <bool kDecoupled>
+void AdamOptionsOf<kDecoupled>::validate() const {
+  KILN_CHECK(std::isfinite(lr) && lr >= 0, kName, ": invalid learning rate ", lr, " (lr must be >= 0)");
+  KILN_CHECK(std::isfinite(eps) && eps >= 0, kName, ": invalid eps ", eps, " (must be >= 0)");
   for (int i = 0; i < 2; ++i) {
-    KILN_CHECK(o.betas[i] >= 0 && o.betas[i] < 1, name, ": invalid beta parameter at index ", i, ": ", o.betas[i],
+    KILN_CHECK(betas[i] >= 0 && betas[i] < 1, kName, ": invalid beta parameter at index ", i, ": ", betas[i],
                " (betas must be in [0, 1))");
   }
-  KILN_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, name, ": invalid weight_decay ", o.weight_decay,
+  KILN_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, kName, ": invalid weight_decay ", weight_decay,
              " (must be >= 0)");
 }
 
-template <typename Options>
-std::map<std::string, double> adam_values(const Options& o) {
-  return {{"lr", o.lr},
-          {"betas.0", o.betas[0]},
-          {"betas.1", o.betas[1]},
-          {"eps", o.eps},
-          {"weight_decay", o.weight_decay},
-          {"amsgrad", o.amsgrad ? 1.0 : 0.0},
-          {"maximize", o.maximize ? 1.0 : 0.0}};
+template <bool kDecoupled>
+std::map<std::string, double> AdamOptionsOf<kDecoupled>::values() const {
+  return {{"lr", lr},
+          {"betas.0", betas[0]},
+          {"betas.1", betas[1]},
+          {"eps", eps},
+          {"weight_decay", weight_decay},
+          {"amsgrad", amsgrad ? 1.0 : 0.0},
+          {"maximize", maximize ? 1.0 : 0.0}};
 }
 
-template <typename Options>
-Options adam_from_values(const std::map<std::string, double>& v) {
+template <bool kDecoupled>
+AdamOptionsOf<kDecoupled> AdamOptionsOf<kDecoupled>::from_values(const std::map<std::string, double>& v) {
   return {.lr = v.at("lr"),
           .betas = {v.at("betas.0"), v.at("betas.1")},
           .eps = v.at("eps"),
@@ -48,18 +45,8 @@ Options adam_from_values(const std::map<std::string, double>& v) {
           .maximize = v.at("maximize") != 0};
 }
 
-}  // namespace
-
-void AdamOptions::validate() const { validate_adam(*this, "Adam"); }
-std::map<std::string, double> AdamOptions::values() const { return adam_values(*this); }
-AdamOptions AdamOptions::from_values(const std::map<std::string, double>& v) {
-  return adam_from_values<AdamOptions>(v);
-}
-void AdamWOptions::validate() const { validate_adam(*this, "AdamW"); }
-std::map<std::string, double> AdamWOptions::values() const { return adam_values(*this); }
-AdamWOptions AdamWOptions::from_values(const std::map<std::string, double>& v) {
-  return adam_from_values<AdamWOptions>(v);
-}
+template struct AdamOptionsOf<false>;
+template struct AdamOptionsOf<true>;
 
 template <typename Options>
 void AdamBase<Options>::update_bucket(size_t group, Optimizer::CudaBucket& bucket, const Tensor& grad_scale,

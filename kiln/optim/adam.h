@@ -20,42 +20,32 @@
 
 namespace kiln::optim {
 
-struct AdamOptions {
-  static constexpr const char* kName = "Adam";
+// Adam's options (kDecoupled false) and AdamW's (true): they differ in the name and in weight decay, which AdamW
+// applies to the parameter (p *= 1 - lr * weight_decay) with 0.01 by default, and Adam adds to the gradient (L2).
+template <bool kDecoupled>
+struct AdamOptionsOf {
+  static constexpr const char* kName = kDecoupled ? "AdamW" : "Adam";
   double lr = 1e-3;
   std::array<double, 2> betas = {0.9, 0.999};  // each in [0, 1)
   double eps = 1e-8;
-  double weight_decay = 0;  // L2: added to the gradient
+  double weight_decay = kDecoupled ? 1e-2 : 0;
   bool amsgrad = false;
   bool maximize = false;
 
   void validate() const;  // throws kiln::Error naming the bad option
   std::map<std::string, double> values() const;
-  static AdamOptions from_values(const std::map<std::string, double>& values);
+  static AdamOptionsOf from_values(const std::map<std::string, double>& values);
 };
-
-// The same options with AdamW's default weight decay (0.01, decoupled: p *= 1 - lr * weight_decay).
-struct AdamWOptions {
-  static constexpr const char* kName = "AdamW";
-  double lr = 1e-3;
-  std::array<double, 2> betas = {0.9, 0.999};
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-  bool amsgrad = false;
-  bool maximize = false;
-
-  void validate() const;
-  std::map<std::string, double> values() const;
-  static AdamWOptions from_values(const std::map<std::string, double>& values);
-};
+using AdamOptions = AdamOptionsOf<false>;
+using AdamWOptions = AdamOptionsOf<true>;
+extern template struct AdamOptionsOf<false>;
+extern template struct AdamOptionsOf<true>;
 
 // Adam and AdamW share one implementation (adam.cpp), instantiated for both options types.
 template <typename Options>
 class AdamBase : public HookedOptimizer<Options> {
  public:
-  AdamBase(std::vector<Tensor> params, Options options = {}) : HookedOptimizer<Options>(std::move(params), options) {}
-  AdamBase(std::vector<ParamGroup<Options>> groups, Options defaults = {})
-      : HookedOptimizer<Options>(std::move(groups), defaults) {}
+  using HookedOptimizer<Options>::HookedOptimizer;  // (params, options = {}) or (groups, defaults = {})
 
  protected:
   void update_bucket(size_t group, Optimizer::CudaBucket& bucket, const Tensor& grad_scale,

@@ -13,7 +13,7 @@ namespace kiln::optim::detail {
 
 struct GradGroup {
   Device device = Device::cpu();
-  std::vector<Tensor> all;                               // every gradient on this device, in parameter order
+  std::vector<Tensor> all;                          // every gradient on this device, in parameter order
   std::vector<std::vector<Tensor>> dense_by_dtype;  // dense (flat_dense) 32/16-bit floats, one list per dtype
   std::vector<Tensor> others;                       // the rest (strided views, float64)
 };

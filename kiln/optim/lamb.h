@@ -38,9 +38,7 @@ struct LAMBOptions {
 
 class LAMB : public HookedOptimizer<LAMBOptions> {
  public:
-  LAMB(std::vector<Tensor> params, LAMBOptions options = {}) : HookedOptimizer(std::move(params), options) {}
-  LAMB(std::vector<ParamGroup<LAMBOptions>> groups, LAMBOptions defaults = {})
-      : HookedOptimizer(std::move(groups), defaults) {}
+  using HookedOptimizer::HookedOptimizer;  // (params, options = {}) or (groups, defaults = {})
 
  protected:
   void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;

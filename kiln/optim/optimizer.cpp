@@ -237,10 +237,11 @@ Optimizer::StepPlan Optimizer::plan_step(const std::vector<Tensor>& params) cons
       bucket->grads.push_back(detail::same_order(gc, flat) ? gc : internal::contiguous(gc, detail::flat_layout(p)));
       // The cast autocast regions take of p, written with it (one dtype per bucket: another one is cast anew).
       Tensor shadow = flat.is_same(p) ? autocast::shadow::buffer(p) : Tensor();
-      for (const Tensor& other : bucket->shadows) {
-        if (other.defined()) {
-          if (shadow.defined() && other.dtype() != shadow.dtype()) shadow = Tensor();
-          break;
+      if (shadow.defined()) {
+        if (!bucket->shadow_dtype) {
+          bucket->shadow_dtype = shadow.dtype();
+        } else if (*bucket->shadow_dtype != shadow.dtype()) {
+          shadow = Tensor();
         }
       }
       bucket->shadows.push_back(std::move(shadow));

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,6 +98,8 @@ class Optimizer {
     // The 16-bit shadows update_bucket writes (autocast::shadow): empty, or one per parameter, undefined where
     // none is kept; all of one dtype.
     std::vector<Tensor> shadows;
+    // That dtype: the first shadow's, set when it joins the bucket (a later one of another dtype is not kept).
+    std::optional<DType> shadow_dtype;
   };
   struct StepPlan {
     std::vector<Tensor> cpu;  // updated with kiln ops, one by one
@@ -152,11 +155,11 @@ class OptimizerWith : public Optimizer {
  public:
   // An empty parameter list (or no group, or an empty group) is an error, as in PyTorch: it is almost always a
   // model whose parameters were not registered, or a filter that matched nothing.
-  OptimizerWith(std::vector<Tensor> params, Options defaults) : defaults_(defaults) {
+  OptimizerWith(std::vector<Tensor> params, Options defaults = {}) : defaults_(defaults) {
     defaults_.validate();
     add_param_group({std::move(params), defaults});
   }
-  OptimizerWith(std::vector<ParamGroup<Options>> groups, Options defaults) : defaults_(defaults) {
+  OptimizerWith(std::vector<ParamGroup<Options>> groups, Options defaults = {}) : defaults_(defaults) {
     defaults_.validate();
     if (groups.empty()) check_nonempty(0, 0, Options::kName);
     for (auto& g : groups) add_param_group(std::move(g));

@@ -36,9 +36,7 @@ struct SGDOptions {
 
 class SGD : public HookedOptimizer<SGDOptions> {
  public:
-  SGD(std::vector<Tensor> params, SGDOptions options = {}) : HookedOptimizer(std::move(params), options) {}
-  SGD(std::vector<ParamGroup<SGDOptions>> groups, SGDOptions defaults = {})
-      : HookedOptimizer(std::move(groups), defaults) {}
+  using HookedOptimizer::HookedOptimizer;  // (params, options = {}) or (groups, defaults = {})
 
  protected:
   void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;

@@ -186,6 +186,48 @@ TEST_F(CudaShadowArgs, BadShadowsAreNamed) {
                {"only float32 parameters have 16-bit shadows"});
 }
 
+// A bucket's shadows are of one dtype, its first shadow's (CudaBucket::shadow_dtype): a parameter that its last
+// region cast to the other dtype gets none in that step, and one that no region cast gets none either.
+class PlanProbe : public SGD {
+ public:
+  using SGD::SGD;
+  auto plan() const { return plan_step(params(0)); }
+};
+
+TEST_F(CudaShadowArgs, ABucketKeepsTheShadowsOfItsFirstShadowsDtype) {
+  std::vector<Tensor> ps;
+  for (int i = 0; i < 5; ++i) {
+    ps.push_back(make(uniform(6, -1, 1, 40 + i), {2, 3}, {.device = kGpu}).requires_grad_());
+    ps.back().mutable_grad() = make(uniform(6, -1, 1, 50 + i), {2, 3}, {.device = kGpu});
+  }
+  {
+    amp::Autocast cast(DType::Float16);
+    autocast::cast_to(ps[2], DType::Float16);
+  }
+  {
+    amp::Autocast cast(DType::BFloat16);
+    autocast::cast_to(ps[1], DType::BFloat16);
+    autocast::cast_to(ps[3], DType::BFloat16);
+  }
+  {
+    amp::Autocast cast(DType::Float16);
+    autocast::cast_to(ps[4], DType::Float16);
+  }
+  // ps[0]: no region cast it. Bucket order: 0 (none), 1 (bfloat16: the bucket's dtype), 2 (float16), 3, 4.
+  const PlanProbe opt(ps, SGDOptions{.lr = 0.1});
+  const auto plan = opt.plan();
+  ASSERT_EQ(plan.cuda.size(), 1u);
+  const auto& bucket = plan.cuda[0];
+  ASSERT_EQ(bucket.shadows.size(), 5u);
+  ASSERT_TRUE(bucket.shadow_dtype.has_value());
+  EXPECT_EQ(*bucket.shadow_dtype, DType::BFloat16);
+  const std::vector<bool> kept{false, true, false, true, false};
+  for (size_t i = 0; i < kept.size(); ++i) {
+    EXPECT_EQ(bucket.shadows[i].defined(), kept[i]) << "parameter " << i;
+    if (kept[i]) EXPECT_EQ(bucket.shadows[i].dtype(), DType::BFloat16) << "parameter " << i;
+  }
+}
+
 // ---------------------------------------------------------------- training through the optimizers
 
 struct TrainRun {

@@ -107,6 +107,19 @@ __device__ __forceinline__ unsigned mask_bits(const uint8_t* relu_mask, int64_t 
   return static_cast<unsigned>(__ldg(relu_mask + (off >> 3))) >> (off & 7);
 }
 
+// The vectors of element `off` on that a pass reads: `first` always (x for the statistics, dy for the gradients),
+// `second` and y where their pointers are set, and the mask's bits where there is a mask; the others are left as
+// they are.
+template <typename T, int V>
+__device__ __forceinline__ void load_at(int64_t off, const device_t<T>* first, const device_t<T>* second,
+                                        const device_t<T>* y, const uint8_t* relu_mask, Vec<T, V>& v_first,
+                                        Vec<T, V>& v_second, Vec<T, V>& vy, unsigned& bits) {
+  v_first = load_vec<T, V>(first + off);
+  if (second) v_second = load_vec<T, V>(second + off);
+  if (y) vy = load_vec<T, V>(y + off);
+  if (relu_mask) bits = mask_bits<V>(relu_mask, off);
+}
+
 // Whether element j of a vector passed the fused ReLU: by its mask bit, or by its y, or (no ReLU) always.
 template <typename T, typename Acc>
 __device__ __forceinline__ bool passed(bool has_mask, unsigned bits, bool has_y, device_t<T> y, int j) {
@@ -144,11 +157,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t k = split * chunk + threadIdx.x; k < k1; k += blockDim.x) {
     const int64_t n = k / sv;
     const int64_t off = (n * C + c) * S + (k - n * sv) * V;
-    const Vec<T, V> vx = load_vec<T, V>(in.x + off);
-    Vec<T, V> vdy{}, vy{};
-    if (in.dy) vdy = load_vec<T, V>(in.dy + off);
-    if (in.y) vy = load_vec<T, V>(in.y + off);
-    const unsigned bits = in.relu_mask ? mask_bits<V>(in.relu_mask, off) : 0u;
+    Vec<T, V> vx, vdy{}, vy{};
+    unsigned bits = 0;
+    load_at<T, V>(off, in.x, in.dy, in.y, in.relu_mask, vx, vdy, vy, bits);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const Acc dy = in.dy ? static_cast<Acc>(to_compute<T>(vdy.v[j])) : Acc(0);
@@ -216,22 +227,15 @@ __device__ __forceinline__ void reduce_rows_block(Inputs<T> in, const Op& op, St
       unsigned bits[U] = {};
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int64_t off = w.row(k + u) * C + c0;
-        vx[u] = load_vec<T, V>(in.x + off);
-        if (in.dy) vdy[u] = load_vec<T, V>(in.dy + off);
-        if (in.y) vy[u] = load_vec<T, V>(in.y + off);
-        if (in.relu_mask) bits[u] = mask_bits<V>(in.relu_mask, off);
+        load_at<T, V>(w.row(k + u) * C + c0, in.x, in.dy, in.y, in.relu_mask, vx[u], vdy[u], vy[u], bits[u]);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) add_vectors<T, V, Acc>(op, in, st, center, vx[u], vdy[u], vy[u], bits[u]);
     }
     for (; k < w.count; ++k) {  // the last rows, fewer than U
-      const int64_t off = w.row(k) * C + c0;
-      Vec<T, V> vdy{}, vy{};
-      const Vec<T, V> vx = load_vec<T, V>(in.x + off);
-      if (in.dy) vdy = load_vec<T, V>(in.dy + off);
-      if (in.y) vy = load_vec<T, V>(in.y + off);
-      const unsigned bits = in.relu_mask ? mask_bits<V>(in.relu_mask, off) : 0u;
+      Vec<T, V> vx, vdy{}, vy{};
+      unsigned bits = 0;
+      load_at<T, V>(w.row(k) * C + c0, in.x, in.dy, in.y, in.relu_mask, vx, vdy, vy, bits);
       add_vectors<T, V, Acc>(op, in, st, center, vx, vdy, vy, bits);
     }
   }
@@ -481,6 +485,7 @@ __device__ __forceinline__ void backward_rows(const device_t<T>* x, const device
                                               int64_t c0, RowWalk w) {
   if constexpr (!kY) y = nullptr;  // known at compile time: no registers for y's vectors
   const bool need_x = training && out.dx;
+  const device_t<T>* x_read = need_x ? x : nullptr;
   Acc mu[V], cp[V], cq[V], cr[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -496,11 +501,7 @@ __device__ __forceinline__ void backward_rows(const device_t<T>* x, const device
     unsigned bits[U] = {};
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t off = w.row(k + u) * C + c0;
-      vdy[u] = load_vec<T, V>(dy + off);
-      if (need_x) vx[u] = load_vec<T, V>(x + off);
-      if (y) vy[u] = load_vec<T, V>(y + off);
-      if (relu_mask) bits[u] = mask_bits<V>(relu_mask, off);
+      load_at<T, V>(w.row(k + u) * C + c0, dy, x_read, y, relu_mask, vdy[u], vx[u], vy[u], bits[u]);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -510,11 +511,9 @@ __device__ __forceinline__ void backward_rows(const device_t<T>* x, const device
   }
   for (; k < w.count; ++k) {
     const int64_t off = w.row(k) * C + c0;
-    Vec<T, V> vx{}, vy{};
-    const Vec<T, V> vdy = load_vec<T, V>(dy + off);
-    if (need_x) vx = load_vec<T, V>(x + off);
-    if (y) vy = load_vec<T, V>(y + off);
-    const unsigned bits = relu_mask ? mask_bits<V>(relu_mask, off) : 0u;
+    Vec<T, V> vdy, vx{}, vy{};
+    unsigned bits = 0;
+    load_at<T, V>(off, dy, x_read, y, relu_mask, vdy, vx, vy, bits);
     backward_vec<T, V, Acc>(vx, vdy, vy, y != nullptr, relu_mask != nullptr, bits, need_x, mu, cp, cq, cr, 1, out, off);
   }
 }
@@ -567,17 +566,16 @@ __global__ void __launch_bounds__(kThreads)
                            GradOutputs<T> out, const Acc* mean, const Acc* p, const Acc* q, const Acc* r, bool training,
                            int64_t vecs, int64_t C, int64_t S) {
   const bool need_x = training && out.dx;
+  const device_t<T>* x_read = need_x ? x : nullptr;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t e = i * V;
     const int64_t c = (e / S) % C;
     const Acc mu = need_x ? mean[c] : Acc(0), cp = out.dx ? p[c] : Acc(0), cq = need_x ? q[c] : Acc(0),
               cr = need_x ? r[c] : Acc(0);
-    Vec<T, V> vx{}, vy{};
-    const Vec<T, V> vdy = load_vec<T, V>(dy + e);
-    if (need_x) vx = load_vec<T, V>(x + e);
-    if (y) vy = load_vec<T, V>(y + e);
-    const unsigned bits = relu_mask ? mask_bits<V>(relu_mask, e) : 0u;
+    Vec<T, V> vdy, vx{}, vy{};
+    unsigned bits = 0;
+    load_at<T, V>(e, dy, x_read, y, relu_mask, vdy, vx, vy, bits);
     backward_vec<T, V, Acc>(vx, vdy, vy, y != nullptr, relu_mask != nullptr, bits, need_x, &mu, &cp, &cq, &cr, 0, out,
                             e);
   }
@@ -681,7 +679,7 @@ Tensor reduce_channels(const Tensor& like, const Layout& L, const Inputs<T>& in,
     }
     KILN_CUDA_CHECK_LAUNCH(name);
   };
-  constexpr int kWide = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  constexpr int kWide = kVecWidth<T>;
   if (v == kWide) run(std::integral_constant<int, kWide>{});
   else run(std::integral_constant<int, 1>{});
   return partial;
@@ -771,7 +769,7 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
     }
     KILN_CUDA_CHECK_LAUNCH("batch_norm (normalize)");
   };
-  constexpr int kWide = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  constexpr int kWide = kVecWidth<T>;
   if (v == kWide) apply(std::integral_constant<int, kWide>{});
   else apply(std::integral_constant<int, 1>{});
 }
@@ -838,7 +836,7 @@ BatchNormGrads launch_backward(const Tensor& dy, const Tensor& x, const Tensor& 
     }
     KILN_CUDA_CHECK_LAUNCH("batch_norm backward (input)");
   };
-  constexpr int kWide = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  constexpr int kWide = kVecWidth<T>;
   if (v == kWide) apply(std::integral_constant<int, kWide>{});
   else apply(std::integral_constant<int, 1>{});
   return out;

@@ -118,29 +118,12 @@ struct Problem {
                      kOp);
     KILN_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv.get(), to_int(g.groups)), kOp);
     KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv.get(), math), kOp);
-    key = {static_cast<int64_t>(pass),
-           like.device().index(),
-           static_cast<int64_t>(like.dtype()),
-           channels_last ? 1 : 0,
-           static_cast<int64_t>(math),
-           benchmark ? 1 : 0,
-           std::min({pointer_alignment(x_ptr), pointer_alignment(w_ptr), pointer_alignment(y_ptr)}),
-           x_shape[0],
-           x_shape[1],
-           x_shape[2],
-           x_shape[3],
-           w_shape[0],
-           w_shape[1],
-           w_shape[2],
-           w_shape[3],
-           g.stride[0],
-           g.stride[1],
-           g.padding[0],
-           g.padding[1],
-           g.dilation[0],
-           g.dilation[1],
-           g.groups,
-           deterministic ? 1 : 0};
+    key = join_key(
+        std::array<int64_t, 7>{
+            static_cast<int64_t>(pass), like.device().index(), static_cast<int64_t>(like.dtype()),
+            channels_last ? 1 : 0, static_cast<int64_t>(math), benchmark ? 1 : 0,
+            std::min({pointer_alignment(x_ptr), pointer_alignment(w_ptr), pointer_alignment(y_ptr)})},
+        conv_key_dims(x_shape, w_shape, g), std::array<int64_t, 2>{g.groups, deterministic ? 1 : 0});
   }
 
   cudnnHandle_t handle;  // on the current kiln stream of the tensors' device
@@ -161,80 +144,70 @@ struct Problem {
 
 // ---------------------------------------------------------------- the three passes
 
-struct ForwardPass {  // y = conv(x, w)
-  using Perf = cudnnConvolutionFwdAlgoPerf_t;
-  using Algo = cudnnConvolutionFwdAlgo_t;
-  static constexpr const char* kName = "forward";
-  static cudnnStatus_t max_count(const Problem& p, int* n) {
-    return cudnnGetConvolutionForwardAlgorithmMaxCount(p.handle, n);
-  }
+// The three operands of a problem: x (or dx), w (or dw), y (or dy).
+enum class Role { X, W, Y };
+
+template <Role R>
+auto descriptor(const Problem& p) {
+  if constexpr (R == Role::X) return p.x.get();
+  else if constexpr (R == Role::W) return p.w.get();
+  else return p.y.get();
+}
+
+template <Role R>
+void* data(const Problem& p) {
+  if constexpr (R == Role::X) return p.x_data;
+  else if constexpr (R == Role::W) return p.w_data;
+  else return p.y_data;
+}
+
+// A pass through cuDNN's five calls for it, which all take the operands in one order: the two the pass reads (A,
+// B), then the one it writes (Out).
+template <typename PerfT, typename AlgoT, auto kMaxCount, auto kHeuristics, auto kFind, auto kWorkspaceSize, auto kRun,
+          Role A, Role B, Role Out, const char* kPassName>
+struct Pass {
+  using Perf = PerfT;
+  using Algo = AlgoT;
+  static constexpr const char* kName = kPassName;
+  static cudnnStatus_t max_count(const Problem& p, int* n) { return kMaxCount(p.handle, n); }
   static cudnnStatus_t heuristics(const Problem& p, int requested, int* n, Perf* out) {
-    return cudnnGetConvolutionForwardAlgorithm_v7(p.handle, p.x.get(), p.w.get(), p.conv.get(), p.y.get(), requested, n,
-                                                  out);
+    return kHeuristics(p.handle, descriptor<A>(p), descriptor<B>(p), p.conv.get(), descriptor<Out>(p), requested, n,
+                       out);
   }
   static cudnnStatus_t find(const Problem& p, int requested, int* n, Perf* out, void* ws, size_t bytes) {
-    return cudnnFindConvolutionForwardAlgorithmEx(p.handle, p.x.get(), p.x_data, p.w.get(), p.w_data, p.conv.get(),
-                                                  p.y.get(), p.y_data, requested, n, out, ws, bytes);
+    return kFind(p.handle, descriptor<A>(p), data<A>(p), descriptor<B>(p), data<B>(p), p.conv.get(), descriptor<Out>(p),
+                 data<Out>(p), requested, n, out, ws, bytes);
   }
   static cudnnStatus_t workspace_size(const Problem& p, Algo a, size_t* bytes) {
-    return cudnnGetConvolutionForwardWorkspaceSize(p.handle, p.x.get(), p.w.get(), p.conv.get(), p.y.get(), a, bytes);
+    return kWorkspaceSize(p.handle, descriptor<A>(p), descriptor<B>(p), p.conv.get(), descriptor<Out>(p), a, bytes);
   }
   static cudnnStatus_t run(const Problem& p, Algo a, void* ws, size_t bytes, const void* alpha, const void* beta) {
-    return cudnnConvolutionForward(p.handle, alpha, p.x.get(), p.x_data, p.w.get(), p.w_data, p.conv.get(), a, ws,
-                                   bytes, beta, p.y.get(), p.y_data);
+    return kRun(p.handle, alpha, descriptor<A>(p), data<A>(p), descriptor<B>(p), data<B>(p), p.conv.get(), a, ws, bytes,
+                beta, descriptor<Out>(p), data<Out>(p));
   }
 };
 
-struct BackwardDataPass {  // dx = conv_backward_data(dy, w); x_data is dx, y_data dy
-  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
-  using Algo = cudnnConvolutionBwdDataAlgo_t;
-  static constexpr const char* kName = "backward-data";
-  static cudnnStatus_t max_count(const Problem& p, int* n) {
-    return cudnnGetConvolutionBackwardDataAlgorithmMaxCount(p.handle, n);
-  }
-  static cudnnStatus_t heuristics(const Problem& p, int requested, int* n, Perf* out) {
-    return cudnnGetConvolutionBackwardDataAlgorithm_v7(p.handle, p.w.get(), p.y.get(), p.conv.get(), p.x.get(),
-                                                       requested, n, out);
-  }
-  static cudnnStatus_t find(const Problem& p, int requested, int* n, Perf* out, void* ws, size_t bytes) {
-    return cudnnFindConvolutionBackwardDataAlgorithmEx(p.handle, p.w.get(), p.w_data, p.y.get(), p.y_data, p.conv.get(),
-                                                       p.x.get(), p.x_data, requested, n, out, ws, bytes);
-  }
-  static cudnnStatus_t workspace_size(const Problem& p, Algo a, size_t* bytes) {
-    return cudnnGetConvolutionBackwardDataWorkspaceSize(p.handle, p.w.get(), p.y.get(), p.conv.get(), p.x.get(), a,
-                                                        bytes);
-  }
-  static cudnnStatus_t run(const Problem& p, Algo a, void* ws, size_t bytes, const void* alpha, const void* beta) {
-    return cudnnConvolutionBackwardData(p.handle, alpha, p.w.get(), p.w_data, p.y.get(), p.y_data, p.conv.get(), a, ws,
-                                        bytes, beta, p.x.get(), p.x_data);
-  }
-};
+constexpr char kForward[] = "forward";
+constexpr char kBackwardData[] = "backward-data";
+constexpr char kBackwardFilter[] = "backward-filter";
 
-struct BackwardFilterPass {  // dw = conv_backward_filter(x, dy); w_data is dw, y_data dy
-  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
-  using Algo = cudnnConvolutionBwdFilterAlgo_t;
-  static constexpr const char* kName = "backward-filter";
-  static cudnnStatus_t max_count(const Problem& p, int* n) {
-    return cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(p.handle, n);
-  }
-  static cudnnStatus_t heuristics(const Problem& p, int requested, int* n, Perf* out) {
-    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(p.handle, p.x.get(), p.y.get(), p.conv.get(), p.w.get(),
-                                                         requested, n, out);
-  }
-  static cudnnStatus_t find(const Problem& p, int requested, int* n, Perf* out, void* ws, size_t bytes) {
-    return cudnnFindConvolutionBackwardFilterAlgorithmEx(p.handle, p.x.get(), p.x_data, p.y.get(), p.y_data,
-                                                         p.conv.get(), p.w.get(), p.w_data, requested, n, out, ws,
-                                                         bytes);
-  }
-  static cudnnStatus_t workspace_size(const Problem& p, Algo a, size_t* bytes) {
-    return cudnnGetConvolutionBackwardFilterWorkspaceSize(p.handle, p.x.get(), p.y.get(), p.conv.get(), p.w.get(), a,
-                                                          bytes);
-  }
-  static cudnnStatus_t run(const Problem& p, Algo a, void* ws, size_t bytes, const void* alpha, const void* beta) {
-    return cudnnConvolutionBackwardFilter(p.handle, alpha, p.x.get(), p.x_data, p.y.get(), p.y_data, p.conv.get(), a,
-                                          ws, bytes, beta, p.w.get(), p.w_data);
-  }
-};
+// y = conv(x, w)
+using ForwardPass =
+    Pass<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t, cudnnGetConvolutionForwardAlgorithmMaxCount,
+         cudnnGetConvolutionForwardAlgorithm_v7, cudnnFindConvolutionForwardAlgorithmEx,
+         cudnnGetConvolutionForwardWorkspaceSize, cudnnConvolutionForward, Role::X, Role::W, Role::Y, kForward>;
+// dx = conv_backward_data(w, dy)
+using BackwardDataPass =
+    Pass<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t,
+         cudnnGetConvolutionBackwardDataAlgorithmMaxCount, cudnnGetConvolutionBackwardDataAlgorithm_v7,
+         cudnnFindConvolutionBackwardDataAlgorithmEx, cudnnGetConvolutionBackwardDataWorkspaceSize,
+         cudnnConvolutionBackwardData, Role::W, Role::Y, Role::X, kBackwardData>;
+// dw = conv_backward_filter(x, dy)
+using BackwardFilterPass =
+    Pass<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t,
+         cudnnGetConvolutionBackwardFilterAlgorithmMaxCount, cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+         cudnnFindConvolutionBackwardFilterAlgorithmEx, cudnnGetConvolutionBackwardFilterWorkspaceSize,
+         cudnnConvolutionBackwardFilter, Role::X, Role::Y, Role::W, kBackwardFilter>;
 
 // ---------------------------------------------------------------- the algorithm cache
 
@@ -404,6 +377,11 @@ TensorOptions options_like(const Tensor& t, MemoryFormat format) {
 }
 
 }  // namespace
+
+std::array<int64_t, 14> conv_key_dims(const Shape& x, const Shape& w, const ConvGeometry& g) {
+  return {x[0], x[1],        x[2],        x[3],         w[0],         w[1],          w[2],
+          w[3], g.stride[0], g.stride[1], g.padding[0], g.padding[1], g.dilation[0], g.dilation[1]};
+}
 
 bool conv2d_supported(const Tensor& input, const Tensor& weight, const ConvGeometry& g) {
   if (input.dim() != 4 || weight.dim() != 4 || input.numel() == 0 || weight.numel() == 0) return false;

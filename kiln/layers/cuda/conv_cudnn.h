@@ -30,6 +30,10 @@ struct ConvGeometry {
   int64_t groups = 1;
 };
 
+// A problem's extents and geometry as the algorithm and graph caches key them: x's (N, C_in, H, W), w's
+// (C_out, C_in / groups, KH, KW), then stride, padding and dilation.
+std::array<int64_t, 14> conv_key_dims(const Shape& x, const Shape& w, const ConvGeometry& g);
+
 // Whether cuDNN's 4-d descriptors can describe this problem: no empty tensor, and every extent and element
 // count of input (N, C_in, H, W), weight (C_out, C_in / groups, KH, KW) and output within int32. The caller
 // takes another path otherwise.

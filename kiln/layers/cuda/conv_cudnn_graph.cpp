@@ -186,6 +186,18 @@ void mark_channel_output(const TensorAttr& out, int64_t uid, int64_t channels) {
       .set_stride({channels, 1, channels, channels});
 }
 
+// A convolution node's attributes (Conv_fprop_attributes, Conv_dgrad_attributes, Conv_wgrad_attributes): its name
+// and the geometry.
+template <typename Attributes>
+Attributes conv_attributes(const char* name, const ConvGeometry& g) {
+  Attributes a;
+  a.set_name(name)
+      .set_padding({g.padding[0], g.padding[1]})
+      .set_stride({g.stride[0], g.stride[1]})
+      .set_dilation({g.dilation[0], g.dilation[1]});
+  return a;
+}
+
 // The graph over x, w and y (see conv2d_graph_pass for which one a pass writes; the forward with sums writes y and
 // the sums).
 std::shared_ptr<fe::graph::Graph> make_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y,
@@ -194,18 +206,13 @@ std::shared_ptr<fe::graph::Graph> make_graph(GraphKind kind, const Tensor& x, co
   graph->set_io_data_type(x.dtype() == DType::BFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  const Dims padding{g.padding[0], g.padding[1]}, stride{g.stride[0], g.stride[1]},
-      dilation{g.dilation[0], g.dilation[1]};
   switch (kind) {
     case GraphKind::Forward:
     case GraphKind::ForwardWithSums:
     case GraphKind::ForwardWithSumsOfFloat: {
       TensorAttr X = add_tensor(*graph, "x", kX, x, channels_last);
       TensorAttr W = add_tensor(*graph, "w", kW, w, channels_last);
-      TensorAttr Y = graph->conv_fprop(
-          X, W,
-          fe::graph::Conv_fprop_attributes().set_name("fprop").set_padding(padding).set_stride(stride).set_dilation(
-              dilation));
+      TensorAttr Y = graph->conv_fprop(X, W, conv_attributes<fe::graph::Conv_fprop_attributes>("fprop", g));
       TensorAttr summed = Y;  // what genstats reads
       if (kind == GraphKind::ForwardWithSumsOfFloat) {
         Y->set_data_type(fe::DataType_t::FLOAT);  // a virtual float32 intermediate
@@ -224,10 +231,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(GraphKind kind, const Tensor& x, co
     case GraphKind::BackwardDataAccumulate: {
       TensorAttr DY = add_tensor(*graph, "dy", kY, y, channels_last);
       TensorAttr W = add_tensor(*graph, "w", kW, w, channels_last);
-      TensorAttr DX = graph->conv_dgrad(
-          DY, W,
-          fe::graph::Conv_dgrad_attributes().set_name("dgrad").set_padding(padding).set_stride(stride).set_dilation(
-              dilation));
+      TensorAttr DX = graph->conv_dgrad(DY, W, conv_attributes<fe::graph::Conv_dgrad_attributes>("dgrad", g));
       if (kind == GraphKind::BackwardDataAccumulate) {
         // A virtual float32 intermediate; a dgrad's output shape cannot be inferred, so it is given.
         DX->set_data_type(fe::DataType_t::FLOAT).set_dim(dims_of(x)).set_stride(strides_of(x, channels_last));
@@ -241,10 +245,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(GraphKind kind, const Tensor& x, co
     case GraphKind::BackwardFilter: {
       TensorAttr DY = add_tensor(*graph, "dy", kY, y, channels_last);
       TensorAttr X = add_tensor(*graph, "x", kX, x, channels_last);
-      TensorAttr DW = graph->conv_wgrad(
-          DY, X,
-          fe::graph::Conv_wgrad_attributes().set_name("wgrad").set_padding(padding).set_stride(stride).set_dilation(
-              dilation));
+      TensorAttr DW = graph->conv_wgrad(DY, X, conv_attributes<fe::graph::Conv_wgrad_attributes>("wgrad", g));
       mark_output(DW, kW, w, channels_last);
       break;
     }
@@ -311,26 +312,11 @@ bool run_graph(GraphKind kind, const Tensor& x, const Tensor& w, const Tensor& y
   // the plan timed before the capture (the eager warm-up steps), else the heuristics' plan.
   const bool benchmark = nn::cudnn_benchmark();
   const bool can_time = benchmark && !cuda::Graph::capturing();
-  Key key{static_cast<int64_t>(kind),
-          x.device().index(),
-          static_cast<int64_t>(x.dtype()),
-          channels_last ? 1 : 0,
-          std::min({pointer_alignment(x.data_ptr()), pointer_alignment(w.data_ptr()), pointer_alignment(y.data_ptr())}),
-          x.size(0),
-          x.size(1),
-          x.size(2),
-          x.size(3),
-          w.size(0),
-          w.size(1),
-          w.size(2),
-          w.size(3),
-          g.stride[0],
-          g.stride[1],
-          g.padding[0],
-          g.padding[1],
-          g.dilation[0],
-          g.dilation[1],
-          benchmark ? 1 : 0};
+  Key key = join_key(std::array<int64_t, 5>{static_cast<int64_t>(kind), x.device().index(),
+                                            static_cast<int64_t>(x.dtype()), channels_last ? 1 : 0,
+                                            std::min({pointer_alignment(x.data_ptr()), pointer_alignment(w.data_ptr()),
+                                                      pointer_alignment(y.data_ptr())})},
+                     conv_key_dims(x.shape(), w.shape(), g), std::array<int64_t, 1>{benchmark ? 1 : 0});
   std::unordered_map<int64_t, void*> pack{{kX, x.data_ptr()}, {kW, w.data_ptr()}, {kY, y.data_ptr()}};
   if (sums != nullptr) {
     pack[kSum] = sums->sum.data_ptr();

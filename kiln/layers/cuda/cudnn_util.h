@@ -57,6 +57,15 @@ struct ArrayHash {
   }
 };
 
+// A cache key of the parts' numbers in order: join_key(std::array<int64_t, 2>{a, b}, dims) holds a, b, dims...
+template <size_t... N>
+std::array<int64_t, (N + ...)> join_key(const std::array<int64_t, N>&... parts) {
+  std::array<int64_t, (N + ...)> key{};
+  size_t at = 0;
+  ((std::copy(parts.begin(), parts.end(), key.begin() + at), at += N), ...);
+  return key;
+}
+
 // Float32, Float64, Float16, BFloat16 (and Int32, Int64, UInt8 for indices); anything else throws.
 cudnnDataType_t cudnn_dtype(DType dtype, const char* op);
 

@@ -18,6 +18,10 @@ namespace kiln::nn::cuda_impl {
 
 using cuda::device_t;
 
+// The elements of kiln type T in one 16-byte vector (1 for types of 16 bytes or more).
+template <typename T>
+inline constexpr int kVecWidth = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+
 template <typename T, int V>
 struct alignas(sizeof(device_t<T>) * V) Vec {
   device_t<T> v[V];
@@ -37,7 +41,7 @@ __device__ __forceinline__ void store_vec(device_t<T>* p, const Vec<T, V>& v) {
 // must not cross) divides by it; 1 otherwise. Null pointers are ignored.
 template <typename T>
 int vector_width(std::initializer_list<const void*> ptrs, int64_t multiple) {
-  constexpr int kWide = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+  constexpr int kWide = kVecWidth<T>;
   if (multiple % kWide != 0) return 1;
   for (const void* p : ptrs) {
     if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;

@@ -9,7 +9,7 @@
 
 #include <limits>
 
-#include "kiln/layers/cuda/layer_kernels.cuh"  // grid_for, Vec, load_vec, vector_width
+#include "kiln/layers/cuda/layer_kernels.cuh"  // grid_for, Vec, load_vec, vector_width, kVecWidth
 #include "kiln/tensor/cuda/cuda_backend.h"     // cuda::stream_for
 #include "kiln/tensor/cuda/cuda_check.h"       // KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/cuda/kernel_util.cuh"    // to_compute, from_compute
@@ -24,6 +24,14 @@ using cuda::to_compute;
 
 constexpr int kThreads = 256;
 
+// i's last digit in radix r (i moves on to the next): the coordinates of a linear index, fastest first.
+template <typename I>
+__device__ __forceinline__ I pop_digit(I& i, I r) {
+  const I d = i % r;
+  i /= r;
+  return d;
+}
+
 // Sizes of the input (H, W) and output (OH, OW) planes, N, C, and the layout both share.
 struct Geometry {
   int64_t N, C, H, W, OH, OW;
@@ -33,24 +41,29 @@ struct Geometry {
   // Linear index i of an element in a tensor (N, C, h_size, w_size) of this layout -> (n, c, h, w).
   __device__ __forceinline__ void split(int64_t i, int64_t hs, int64_t ws, int64_t& n, int64_t& c, int64_t& h,
                                         int64_t& w) const {
-    if (nhwc) {
-      c = i % C;
-      i /= C;
-      w = i % ws;
-      i /= ws;
-      h = i % hs;
-      n = i / hs;
-    } else {
-      w = i % ws;
-      i /= ws;
-      h = i % hs;
-      i /= hs;
-      c = i % C;
-      n = i / C;
-    }
+    if (nhwc) c = pop_digit(i, C);
+    w = pop_digit(i, ws);
+    h = pop_digit(i, hs);
+    if (!nhwc) c = pop_digit(i, C);
+    n = i;
   }
   __device__ __forceinline__ int64_t offset(int64_t n, int64_t c, int64_t h, int64_t w, int64_t hs, int64_t ws) const {
     return nhwc ? ((n * hs + h) * ws + w) * C + c : ((n * C + c) * hs + h) * ws + w;
+  }
+  // The window of output (oh, ow) within the input: rows [hs, he), columns [ws, we), in index type I.
+  template <typename I>
+  __device__ __forceinline__ void window(I oh, I ow, I& hs, I& he, I& ws, I& we) const {
+    const I h0 = oh * static_cast<I>(sh) - static_cast<I>(ph), w0 = ow * static_cast<I>(sw) - static_cast<I>(pw);
+    hs = max(h0, I{0});
+    ws = max(w0, I{0});
+    he = min(h0 + static_cast<I>(kh), static_cast<I>(H));
+    we = min(w0 + static_cast<I>(kw), static_cast<I>(W));
+  }
+  // The outputs whose windows hold input position (h, w): rows [oh0, oh1), columns [ow0, ow1).
+  template <typename I>
+  __device__ __forceinline__ void holding(I h, I w, I& oh0, I& oh1, I& ow0, I& ow1) const {
+    windows_holding<I>(h, static_cast<I>(kh), static_cast<I>(sh), static_cast<I>(ph), static_cast<I>(OH), oh0, oh1);
+    windows_holding<I>(w, static_cast<I>(kw), static_cast<I>(sw), static_cast<I>(pw), static_cast<I>(OW), ow0, ow1);
   }
   // avg pooling's divisor of output (oh, ow), as PyTorch's.
   __device__ __forceinline__ int64_t divisor(int64_t oh, int64_t ow) const {
@@ -63,28 +76,64 @@ struct Geometry {
     w1 = min(w1, W);
     return (h1 - h0) * (w1 - w0);
   }
+
+ private:
+  // The outputs along one dim whose window [o s - p, o s - p + k) holds input position h: [first, last).
+  template <typename I>
+  __device__ __forceinline__ static void windows_holding(I h, I k, I s, I p, I out, I& first, I& last) {
+    first = h + p < k ? I{0} : (h + p - k) / s + 1;
+    last = min((h + p) / s + 1, out);
+  }
 };
 
-#define KILN_GRID_STRIDE(i, n)                                                           \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+// An element read into the accumulation type, and an accumulated value rounded once back to T.
+template <typename T>
+__device__ __forceinline__ acc_t<T> to_acc(device_t<T> v) {
+  return static_cast<acc_t<T>>(to_compute<T>(v));
+}
+template <typename T>
+__device__ __forceinline__ device_t<T> from_acc(acc_t<T> a) {
+  return from_compute<T>(static_cast<compute_t<T>>(a));
+}
+
+// V accumulated values rounded to T and stored as one vector at p.
+template <typename T, int V>
+__device__ __forceinline__ void store_acc(device_t<T>* p, const acc_t<T> (&a)[V]) {
+  Vec<T, V> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j) out.v[j] = from_acc<T>(a[j]);
+  store_vec<T, V>(p, out);
+}
+
+// The sum of channel c of image n of x over input rows [hs, he) and columns [ws, we), row by row.
+template <typename T>
+__device__ __forceinline__ acc_t<T> window_sum(const device_t<T>* x, const Geometry& g, int64_t n, int64_t c,
+                                               int64_t hs, int64_t he, int64_t ws, int64_t we) {
+  acc_t<T> sum = 0;
+  for (int64_t h = hs; h < he; ++h)
+    for (int64_t w = ws; w < we; ++w) sum += to_acc<T>(x[g.offset(n, c, h, w, g.H, g.W)]);
+  return sum;
+}
+
+// A grid-stride loop of index i of type I over [0, n).
+#define KILN_GRID_STRIDE(I, i, n)                                            \
+  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<I>(gridDim.x) * blockDim.x)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     max_forward_kernel(const device_t<T>* x, device_t<T>* y, int32_t* idx, Geometry g, int64_t total) {
   using Acc = acc_t<T>;
-  KILN_GRID_STRIDE(i, total) {
-    int64_t n, c, oh, ow;
+  KILN_GRID_STRIDE(int64_t, i, total) {
+    int64_t n, c, oh, ow, hs, he, ws, we;
     g.split(i, g.OH, g.OW, n, c, oh, ow);
-    const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-    const int64_t hs = max(h0, int64_t{0}), ws = max(w0, int64_t{0});
-    const int64_t he = min(h0 + g.kh, g.H), we = min(w0 + g.kw, g.W);
+    g.window(oh, ow, hs, he, ws, we);
     // PyTorch's rule: start at the window's first in-input position with -inf; strictly greater (or NaN) wins.
     Acc best = -INFINITY;
     int64_t best_at = hs * g.W + ws;
     for (int64_t h = hs; h < he; ++h) {
       for (int64_t w = ws; w < we; ++w) {
-        const Acc v = static_cast<Acc>(to_compute<T>(x[g.offset(n, c, h, w, g.H, g.W)]));
+        const Acc v = to_acc<T>(x[g.offset(n, c, h, w, g.H, g.W)]);
         if (v > best || v != v) {
           best = v;
           best_at = h * g.W + w;
@@ -93,37 +142,28 @@ __global__ void __launch_bounds__(kThreads)
       }
       if (best != best) break;
     }
-    y[i] = from_compute<T>(static_cast<compute_t<T>>(best));
+    y[i] = from_acc<T>(best);
     idx[i] = static_cast<int32_t>(best_at);
   }
-}
-
-// The outputs along one dim whose window [o s - p, o s - p + k) holds input position h: [first, last).
-__device__ __forceinline__ void windows_holding(int64_t h, int64_t k, int64_t s, int64_t p, int64_t out, int64_t& first,
-                                                int64_t& last) {
-  first = h + p < k ? 0 : (h + p - k) / s + 1;
-  last = min((h + p) / s + 1, out);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     max_backward_kernel(const device_t<T>* dy, const int32_t* idx, device_t<T>* dx, Geometry g, int64_t total) {
   using Acc = acc_t<T>;
-  KILN_GRID_STRIDE(i, total) {
-    int64_t n, c, h, w;
+  KILN_GRID_STRIDE(int64_t, i, total) {
+    int64_t n, c, h, w, oh0, oh1, ow0, ow1;
     g.split(i, g.H, g.W, n, c, h, w);
-    int64_t oh0, oh1, ow0, ow1;
-    windows_holding(h, g.kh, g.sh, g.ph, g.OH, oh0, oh1);
-    windows_holding(w, g.kw, g.sw, g.pw, g.OW, ow0, ow1);
+    g.holding(h, w, oh0, oh1, ow0, ow1);
     const int64_t me = h * g.W + w;
     Acc sum = 0;
     for (int64_t oh = oh0; oh < oh1; ++oh) {
       for (int64_t ow = ow0; ow < ow1; ++ow) {
         const int64_t o = g.offset(n, c, oh, ow, g.OH, g.OW);
-        if (idx[o] == me) sum += static_cast<Acc>(to_compute<T>(dy[o]));
+        if (idx[o] == me) sum += to_acc<T>(dy[o]);
       }
     }
-    dx[i] = from_compute<T>(static_cast<compute_t<T>>(sum));
+    dx[i] = from_acc<T>(sum);
   }
 }
 
@@ -159,6 +199,26 @@ __device__ __forceinline__ void load_indices(const int32_t* idx, int32_t (&at)[V
   }
 }
 
+// g's extents in index type I, for the NHWC kernels that take V channels a thread (cv vectors a pixel).
+template <int V, typename I>
+struct VecExtents {
+  I C, H, W, OH, OW, cv;
+  __device__ __forceinline__ explicit VecExtents(const Geometry& g)
+      : C(static_cast<I>(g.C)),
+        H(static_cast<I>(g.H)),
+        W(static_cast<I>(g.W)),
+        OH(static_cast<I>(g.OH)),
+        OW(static_cast<I>(g.OW)),
+        cv(C / V) {}
+  // Vector i of an NHWC tensor (N, C, h_size, w_size) -> its pixel (n, h, w) and first channel c0.
+  __device__ __forceinline__ void split(I i, I h_size, I w_size, I& n, I& h, I& w, I& c0) const {
+    c0 = pop_digit(i, cv) * V;
+    w = pop_digit(i, w_size);
+    h = pop_digit(i, h_size);
+    n = i;
+  }
+};
+
 // NHWC with C % V == 0 and 16-byte aligned pointers (the indices' too): a thread takes V consecutive channels of
 // one pixel, so the pixel's coordinates are worked out once per V elements and every access is a vector (16 bytes
 // of values; the V int32 indices in V / 4 int4). Same results as the kernels above: the same window order, first
@@ -168,20 +228,12 @@ template <typename T, int V, typename I>
 __global__ void __launch_bounds__(kThreads)
     max_forward_nhwc_kernel(const device_t<T>* x, device_t<T>* y, int32_t* idx, Geometry g64, I total_vecs) {
   using Acc = acc_t<T>;
-  const I C = static_cast<I>(g64.C), H = static_cast<I>(g64.H), W = static_cast<I>(g64.W);
-  const I OH = static_cast<I>(g64.OH), OW = static_cast<I>(g64.OW);
-  const I cv = C / V;
-  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total_vecs;
-       i += static_cast<I>(gridDim.x) * blockDim.x) {
-    const I c0 = (i % cv) * V;
-    I p = i / cv;  // output pixel
-    const I ow = p % OW;
-    p /= OW;
-    const I oh = p % OH, n = p / OH;
-    const I h0 = oh * static_cast<I>(g64.sh) - static_cast<I>(g64.ph);
-    const I w0 = ow * static_cast<I>(g64.sw) - static_cast<I>(g64.pw);
-    const I hs = max(h0, I{0}), ws = max(w0, I{0});
-    const I he = min(h0 + static_cast<I>(g64.kh), H), we = min(w0 + static_cast<I>(g64.kw), W);
+  const VecExtents<V, I> e(g64);
+  const I C = e.C, W = e.W;
+  KILN_GRID_STRIDE(I, i, total_vecs) {
+    I n, oh, ow, c0, hs, he, ws, we;
+    e.split(i, e.OH, e.OW, n, oh, ow, c0);  // output pixel
+    g64.window(oh, ow, hs, he, ws, we);
     Acc best[V];
     int32_t at[V];
 #pragma unroll
@@ -191,11 +243,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     for (I h = hs; h < he; ++h) {
       for (I w = ws; w < we; ++w) {
-        const Vec<T, V> v = load_vec<T, V>(x + ((n * H + h) * W + w) * C + c0);
+        const Vec<T, V> v = load_vec<T, V>(x + ((n * e.H + h) * W + w) * C + c0);
         const auto here = static_cast<int32_t>(h * W + w);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          const Acc a = static_cast<Acc>(to_compute<T>(v.v[j]));
+          const Acc a = to_acc<T>(v.v[j]);
           if (best[j] == best[j] && (a > best[j] || a != a)) {  // a NaN, once found, stays
             best[j] = a;
             at[j] = here;
@@ -203,11 +255,8 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    Vec<T, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) out.v[j] = from_compute<T>(static_cast<compute_t<T>>(best[j]));
     const I o = i * V;  // y and idx are NHWC: output pixel p's channels c0.. at p C + c0 = i V
-    store_vec<T, V>(y + o, out);
+    store_acc<T, V>(y + o, best);
     store_indices<V>(idx + o, at);
   }
 }
@@ -216,41 +265,28 @@ template <typename T, int V, typename I>
 __global__ void __launch_bounds__(kThreads)
     max_backward_nhwc_kernel(const device_t<T>* dy, const int32_t* idx, device_t<T>* dx, Geometry g64, I total_vecs) {
   using Acc = acc_t<T>;
-  const I C = static_cast<I>(g64.C), H = static_cast<I>(g64.H), W = static_cast<I>(g64.W);
-  const I OH = static_cast<I>(g64.OH), OW = static_cast<I>(g64.OW);
-  const I kh = static_cast<I>(g64.kh), kw = static_cast<I>(g64.kw), sh = static_cast<I>(g64.sh),
-          sw = static_cast<I>(g64.sw), ph = static_cast<I>(g64.ph), pw = static_cast<I>(g64.pw);
-  const I cv = C / V;
-  for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < total_vecs;
-       i += static_cast<I>(gridDim.x) * blockDim.x) {
-    const I c0 = (i % cv) * V;
-    I p = i / cv;  // input pixel
-    const I w = p % W;
-    p /= W;
-    const I h = p % H, n = p / H;
-    // The outputs whose windows hold (h, w), as windows_holding.
-    const I oh0 = h + ph < kh ? I{0} : (h + ph - kh) / sh + 1, oh1 = min((h + ph) / sh + 1, OH);
-    const I ow0 = w + pw < kw ? I{0} : (w + pw - kw) / sw + 1, ow1 = min((w + pw) / sw + 1, OW);
-    const auto me = static_cast<int32_t>(h * W + w);
+  const VecExtents<V, I> e(g64);
+  KILN_GRID_STRIDE(I, i, total_vecs) {
+    I n, h, w, c0, oh0, oh1, ow0, ow1;
+    e.split(i, e.H, e.W, n, h, w, c0);  // input pixel
+    g64.holding(h, w, oh0, oh1, ow0, ow1);
+    const auto me = static_cast<int32_t>(h * e.W + w);
     Acc sum[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) sum[j] = Acc(0);
     for (I oh = oh0; oh < oh1; ++oh) {
       for (I ow = ow0; ow < ow1; ++ow) {
-        const I o = ((n * OH + oh) * OW + ow) * C + c0;
+        const I o = ((n * e.OH + oh) * e.OW + ow) * e.C + c0;
         const Vec<T, V> d = load_vec<T, V>(dy + o);
         int32_t at[V];
         load_indices<V>(idx + o, at);
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          if (at[j] == me) sum[j] += static_cast<Acc>(to_compute<T>(d.v[j]));
+          if (at[j] == me) sum[j] += to_acc<T>(d.v[j]);
         }
       }
     }
-    Vec<T, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) out.v[j] = from_compute<T>(static_cast<compute_t<T>>(sum[j]));
-    store_vec<T, V>(dx + i * V, out);
+    store_acc<T, V>(dx + i * V, sum);
   }
 }
 
@@ -262,7 +298,7 @@ __global__ void __launch_bounds__(kThreads)
     global_avg_forward_nhwc_kernel(const device_t<T>* x, device_t<T>* y, int64_t C, int64_t HW, int64_t total_vecs) {
   using Acc = acc_t<T>;
   const int64_t cv = C / V;
-  KILN_GRID_STRIDE(i, total_vecs) {
+  KILN_GRID_STRIDE(int64_t, i, total_vecs) {
     const int64_t n = i / cv, c0 = (i - n * cv) * V;
     const device_t<T>* base = x + n * HW * C + c0;
     Acc sum[V];
@@ -271,12 +307,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t q = 0; q < HW; ++q) {
       const Vec<T, V> v = load_vec<T, V>(base + q * C);
 #pragma unroll
-      for (int j = 0; j < V; ++j) sum[j] += static_cast<Acc>(to_compute<T>(v.v[j]));
+      for (int j = 0; j < V; ++j) sum[j] += to_acc<T>(v.v[j]);
     }
-    Vec<T, V> out;
 #pragma unroll
-    for (int j = 0; j < V; ++j) out.v[j] = from_compute<T>(static_cast<compute_t<T>>(sum[j] / static_cast<Acc>(HW)));
-    store_vec<T, V>(y + i * V, out);
+    for (int j = 0; j < V; ++j) sum[j] /= static_cast<Acc>(HW);
+    store_acc<T, V>(y + i * V, sum);
   }
 }
 
@@ -285,33 +320,24 @@ __global__ void __launch_bounds__(kThreads)
     global_avg_backward_nhwc_kernel(const device_t<T>* dy, device_t<T>* dx, int64_t C, int64_t HW, int64_t total_vecs) {
   using Acc = acc_t<T>;
   const int64_t cv = C / V, image_vecs = HW * cv;
-  KILN_GRID_STRIDE(i, total_vecs) {
+  KILN_GRID_STRIDE(int64_t, i, total_vecs) {
     const int64_t n = i / image_vecs, c0 = (i % cv) * V;
     const Vec<T, V> d = load_vec<T, V>(dy + n * C + c0);
-    Vec<T, V> out;
+    Acc sum[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const Acc sum = Acc(0) + static_cast<Acc>(to_compute<T>(d.v[j])) / static_cast<Acc>(HW);
-      out.v[j] = from_compute<T>(static_cast<compute_t<T>>(sum));
-    }
-    store_vec<T, V>(dx + i * V, out);
+    for (int j = 0; j < V; ++j) sum[j] = Acc(0) + to_acc<T>(d.v[j]) / static_cast<Acc>(HW);
+    store_acc<T, V>(dx + i * V, sum);
   }
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     avg_forward_kernel(const device_t<T>* x, device_t<T>* y, Geometry g, int64_t total) {
-  using Acc = acc_t<T>;
-  KILN_GRID_STRIDE(i, total) {
-    int64_t n, c, oh, ow;
+  KILN_GRID_STRIDE(int64_t, i, total) {
+    int64_t n, c, oh, ow, hs, he, ws, we;
     g.split(i, g.OH, g.OW, n, c, oh, ow);
-    const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-    const int64_t hs = max(h0, int64_t{0}), ws = max(w0, int64_t{0});
-    const int64_t he = min(h0 + g.kh, g.H), we = min(w0 + g.kw, g.W);
-    Acc sum = 0;
-    for (int64_t h = hs; h < he; ++h)
-      for (int64_t w = ws; w < we; ++w) sum += static_cast<Acc>(to_compute<T>(x[g.offset(n, c, h, w, g.H, g.W)]));
-    y[i] = from_compute<T>(static_cast<compute_t<T>>(sum / static_cast<Acc>(g.divisor(oh, ow))));
+    g.window(oh, ow, hs, he, ws, we);
+    y[i] = from_acc<T>(window_sum<T>(x, g, n, c, hs, he, ws, we) / static_cast<acc_t<T>>(g.divisor(oh, ow)));
   }
 }
 
@@ -319,18 +345,15 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     avg_backward_kernel(const device_t<T>* dy, device_t<T>* dx, Geometry g, int64_t total) {
   using Acc = acc_t<T>;
-  KILN_GRID_STRIDE(i, total) {
-    int64_t n, c, h, w;
+  KILN_GRID_STRIDE(int64_t, i, total) {
+    int64_t n, c, h, w, oh0, oh1, ow0, ow1;
     g.split(i, g.H, g.W, n, c, h, w);
-    int64_t oh0, oh1, ow0, ow1;
-    windows_holding(h, g.kh, g.sh, g.ph, g.OH, oh0, oh1);
-    windows_holding(w, g.kw, g.sw, g.pw, g.OW, ow0, ow1);
+    g.holding(h, w, oh0, oh1, ow0, ow1);
     Acc sum = 0;
     for (int64_t oh = oh0; oh < oh1; ++oh)
       for (int64_t ow = ow0; ow < ow1; ++ow)
-        sum += static_cast<Acc>(to_compute<T>(dy[g.offset(n, c, oh, ow, g.OH, g.OW)])) /
-               static_cast<Acc>(g.divisor(oh, ow));
-    dx[i] = from_compute<T>(static_cast<compute_t<T>>(sum));
+        sum += to_acc<T>(dy[g.offset(n, c, oh, ow, g.OH, g.OW)]) / static_cast<Acc>(g.divisor(oh, ow));
+    dx[i] = from_acc<T>(sum);
   }
 }
 
@@ -342,16 +365,12 @@ __device__ __forceinline__ int64_t adaptive_end(int64_t o, int64_t in, int64_t o
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     adaptive_forward_kernel(const device_t<T>* x, device_t<T>* y, Geometry g, int64_t total) {
-  using Acc = acc_t<T>;
-  KILN_GRID_STRIDE(i, total) {
+  KILN_GRID_STRIDE(int64_t, i, total) {
     int64_t n, c, oh, ow;
     g.split(i, g.OH, g.OW, n, c, oh, ow);
     const int64_t hs = adaptive_start(oh, g.H, g.OH), he = adaptive_end(oh, g.H, g.OH);
     const int64_t ws = adaptive_start(ow, g.W, g.OW), we = adaptive_end(ow, g.W, g.OW);
-    Acc sum = 0;
-    for (int64_t h = hs; h < he; ++h)
-      for (int64_t w = ws; w < we; ++w) sum += static_cast<Acc>(to_compute<T>(x[g.offset(n, c, h, w, g.H, g.W)]));
-    y[i] = from_compute<T>(static_cast<compute_t<T>>(sum / static_cast<Acc>((he - hs) * (we - ws))));
+    y[i] = from_acc<T>(window_sum<T>(x, g, n, c, hs, he, ws, we) / static_cast<acc_t<T>>((he - hs) * (we - ws)));
   }
 }
 
@@ -359,7 +378,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     adaptive_backward_kernel(const device_t<T>* dy, device_t<T>* dx, Geometry g, int64_t total) {
   using Acc = acc_t<T>;
-  KILN_GRID_STRIDE(i, total) {
+  KILN_GRID_STRIDE(int64_t, i, total) {
     int64_t n, c, h, w;
     g.split(i, g.H, g.W, n, c, h, w);
     // Output o holds h exactly when floor(h OH / H) <= o < ceil((h + 1) OH / H).
@@ -372,11 +391,10 @@ __global__ void __launch_bounds__(kThreads)
       for (int64_t ow = ow0; ow < ow1; ++ow) {
         const int64_t ws = adaptive_start(ow, g.W, g.OW), we = adaptive_end(ow, g.W, g.OW);
         if (w < ws || w >= we) continue;
-        sum += static_cast<Acc>(to_compute<T>(dy[g.offset(n, c, oh, ow, g.OH, g.OW)])) /
-               static_cast<Acc>((he - hs) * (we - ws));
+        sum += to_acc<T>(dy[g.offset(n, c, oh, ow, g.OH, g.OW)]) / static_cast<Acc>((he - hs) * (we - ws));
       }
     }
-    dx[i] = from_compute<T>(static_cast<compute_t<T>>(sum));
+    dx[i] = from_acc<T>(sum);
   }
 }
 
@@ -386,29 +404,93 @@ __global__ void __launch_bounds__(kThreads)
 
 bool is_nhwc(const Tensor& x) { return x.is_contiguous(MemoryFormat::ChannelsLast) && !x.is_contiguous(); }
 
-// x as the kernels read it: NHWC stays, everything else is made NCHW-contiguous.
-Tensor dense(const Tensor& x) { return is_nhwc(x) ? x : internal::contiguous(x); }
-
 // An uninitialised (N, C, h, w) tensor of dtype in the layout nhwc says.
 Tensor empty_4d(int64_t n, int64_t c, int64_t h, int64_t w, DType dtype, Device device, bool nhwc) {
   const Strides strides = nhwc ? Strides{h * w * c, 1, w * c, c} : Strides{c * h * w, h * w, w, 1};
   return internal::empty_strided({n, c, h, w}, strides, TensorOptions{.dtype = dtype, .device = device});
 }
 
-Geometry geometry(const Tensor& x, const PoolParams& p, std::array<int64_t, 2> out) {
-  return {x.size(0),   x.size(1),   x.size(2),   x.size(3),   out[0],   out[1],   is_nhwc(x),
-          p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.count_include_pad};
+// What every op starts from: x as the kernels read it (NHWC stays, everything else is made NCHW-contiguous) and
+// the geometry of its pooling to `out`; the tensors the op makes take x's layout.
+struct Pooling {
+  Tensor x;  // (N, C, H, W)
+  Geometry g;
+
+  Pooling(const Tensor& x0, const PoolParams& p, std::array<int64_t, 2> out)
+      : x(is_nhwc(x0) ? x0 : internal::contiguous(x0)),
+        g{x.size(0),   x.size(1),   x.size(2),   x.size(3),   out[0],   out[1],   is_nhwc(x),
+          p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.pad[0], p.pad[1], p.count_include_pad} {}
+
+  // An uninitialised output (N, C, OH, OW) of dtype.
+  Tensor output(DType dtype) const { return empty_4d(g.N, g.C, g.OH, g.OW, dtype, x.device(), g.nhwc); }
+  // An uninitialised input gradient (N, C, H, W).
+  Tensor input_grad() const { return empty_4d(g.N, g.C, g.H, g.W, x.dtype(), x.device(), g.nhwc); }
+  // t (N, C, OH, OW) (the indices, a gradient already in x's dtype) dense in x's layout.
+  Tensor in_layout(const Tensor& t) const {
+    return g.nhwc ? internal::contiguous(t, MemoryFormat::ChannelsLast) : internal::contiguous(t);
+  }
+  // The gradient of the output in x's dtype and layout.
+  Tensor output_grad(const Tensor& grad_out) const { return in_layout(grad_out.to(x.dtype())); }
+
+  // Runs body(T{}, stream) with T the kiln type of x's dtype, on x's stream, unless there is nothing to
+  // compute (total == 0).
+  template <typename Body>
+  void dispatch(int64_t total, const char* op, Body&& body) const {
+    if (total == 0) return;
+    cudaStream_t stream = cuda::stream_for(x);
+    visit_floating_dtype(x.dtype(), op, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      body(T{}, stream);
+    });
+    KILN_CUDA_CHECK_LAUNCH(op);
+  }
+
+  // The output y of a forward pass that body(T{}, stream, y, total) computes from x, total = y.numel().
+  template <typename Body>
+  Tensor forward(const char* op, Body&& body) const {
+    Tensor y = output(x.dtype());
+    const int64_t total = y.numel();
+    dispatch(total, op, [&](auto t, cudaStream_t stream) { body(t, stream, y, total); });
+    return y;
+  }
+  // The input gradient dx of a backward pass that body(T{}, stream, dy, dx, total) computes from dy (grad_out in
+  // x's dtype and layout), total = dx.numel().
+  template <typename Body>
+  Tensor backward(const Tensor& grad_out, const char* op, Body&& body) const {
+    const Tensor dy = output_grad(grad_out);
+    Tensor dx = input_grad();
+    const int64_t total = dx.numel();
+    dispatch(total, op, [&](auto t, cudaStream_t stream) { body(t, stream, dy, dx, total); });
+    return dx;
+  }
+
+  // Whether the NHWC vector kernels (V = kVecWidth<T> channels a thread) take tensors at these pointers.
+  template <typename T>
+  bool vectorizable(std::initializer_list<const void*> ptrs) const {
+    return g.nhwc && kVecWidth<T> > 1 && vector_width<T>(ptrs, g.C) == kVecWidth<T>;
+  }
+  // Global average pooling (output 1 x 1) that the NHWC vector kernels take.
+  template <typename T>
+  bool is_global_nhwc(std::initializer_list<const void*> ptrs) const {
+    return g.OH == 1 && g.OW == 1 && vectorizable<T>(ptrs);
+  }
+};
+
+// kernel<<<the grid for a grid-stride loop over `items`, kThreads>>>(args...) on stream.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), int64_t items, cudaStream_t stream, const Args&... args) {
+  kernel<<<grid_for(items, kThreads), kThreads, 0, stream>>>(args...);
 }
 
-// Runs kernel<T>(in, out, extra..., g, total) over `total` threads on x's stream.
-template <typename Launch>
-void dispatch(const Tensor& x, const char* op, Launch&& launch) {
-  cudaStream_t stream = cuda::stream_for(x);
-  visit_floating_dtype(x.dtype(), op, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    launch(T{}, stream);
-  });
-  KILN_CUDA_CHECK_LAUNCH(op);
+// Calls fn(I{}) with I = int32_t where every element index of t fits in it (the NHWC max-pooling kernels then
+// index in 32 bits), else int64_t.
+template <typename Fn>
+void with_index_type(const Tensor& t, Fn&& fn) {
+  if (t.numel() <= std::numeric_limits<int32_t>::max()) {
+    fn(int32_t{});
+  } else {
+    fn(int64_t{});
+  }
 }
 
 template <typename T>
@@ -420,149 +502,102 @@ device_t<T>* out_ptr(const Tensor& t) {
   return static_cast<device_t<T>*>(t.data_ptr());
 }
 
-// Whether every element index of t fits in int32 (the NHWC max-pooling kernels then index in 32 bits).
-bool fits_int32(const Tensor& t) { return t.numel() <= std::numeric_limits<int32_t>::max(); }
-
-// Global average pooling (output 1 x 1) of an NHWC input whose channels fill 16-byte vectors at the pointers.
-template <typename T>
-bool is_global_nhwc(const Geometry& g, std::initializer_list<const void*> ptrs) {
-  constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-  return g.nhwc && g.OH == 1 && g.OW == 1 && V > 1 && vector_width<T>(ptrs, g.C) == V;
-}
-
 }  // namespace
 
 std::pair<Tensor, Tensor> max_pool2d_forward(const Tensor& x0, const PoolParams& p) {
   trace::Scope range(trace::Kind::Op, "max_pool2d_forward", x0.device(), {&x0});
-  const Tensor x = dense(x0);
-  const Geometry g = geometry(x, p, p.out);
+  const Pooling s(x0, p, p.out);
+  const Tensor& x = s.x;
+  const Geometry& g = s.g;
   // The indices (saved for backward only) are positions h W + w in the input plane, as int32.
   KILN_CHECK(g.H * g.W <= std::numeric_limits<int32_t>::max(), "max_pool2d: input planes of ", g.H, " x ", g.W,
              " positions are more than this kernel indexes (2^31 - 1)");
-  Tensor y = empty_4d(g.N, g.C, g.OH, g.OW, x.dtype(), x.device(), g.nhwc);
-  Tensor idx = empty_4d(g.N, g.C, g.OH, g.OW, DType::Int32, x.device(), g.nhwc);
+  Tensor y = s.output(x.dtype());
+  Tensor idx = s.output(DType::Int32);
   const int64_t total = y.numel();
-  if (total == 0) return {y, idx};
-  dispatch(x, "max_pool2d", [&](auto t, cudaStream_t stream) {
+  s.dispatch(total, "max_pool2d", [&](auto t, cudaStream_t stream) {
     using T = decltype(t);
-    constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-    if (g.nhwc && V > 1 && vector_width<T>({x.data_ptr(), y.data_ptr(), idx.data_ptr()}, g.C) == V) {
-      if (fits_int32(x)) {
-        max_forward_nhwc_kernel<T, V, int32_t><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
-            in_ptr<T>(x), out_ptr<T>(y), idx.data_ptr<int32_t>(), g, static_cast<int32_t>(total / V));
-      } else {
-        max_forward_nhwc_kernel<T, V, int64_t><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
-            in_ptr<T>(x), out_ptr<T>(y), idx.data_ptr<int32_t>(), g, total / V);
-      }
-    } else {
-      max_forward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y),
-                                                                                idx.data_ptr<int32_t>(), g, total);
+    constexpr int V = kVecWidth<T>;
+    if (!s.vectorizable<T>({x.data_ptr(), y.data_ptr(), idx.data_ptr()})) {
+      return launch(max_forward_kernel<T>, total, stream, in_ptr<T>(x), out_ptr<T>(y), idx.data_ptr<int32_t>(), g,
+                    total);
     }
+    with_index_type(x, [&](auto index) {
+      using I = decltype(index);
+      launch(max_forward_nhwc_kernel<T, V, I>, total / V, stream, in_ptr<T>(x), out_ptr<T>(y), idx.data_ptr<int32_t>(),
+             g, static_cast<I>(total / V));
+    });
   });
   return {y, idx};
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const PoolParams& p, const Tensor& x0) {
   trace::Scope range(trace::Kind::Op, "max_pool2d_backward", x0.device(), {&grad_out, &x0});
-  const Tensor x = dense(x0);
-  const Geometry g = geometry(x, p, p.out);
-  const Tensor dy = g.nhwc ? internal::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
-                           : internal::contiguous(grad_out.to(x.dtype()));
-  const Tensor idx = g.nhwc ? internal::contiguous(indices, MemoryFormat::ChannelsLast) : internal::contiguous(indices);
-  Tensor dx = empty_4d(g.N, g.C, g.H, g.W, x.dtype(), x.device(), g.nhwc);
-  const int64_t total = dx.numel();
-  if (total == 0) return dx;
-  dispatch(x, "max_pool2d backward", [&](auto t, cudaStream_t stream) {
-    using T = decltype(t);
-    constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-    if (g.nhwc && V > 1 && vector_width<T>({dy.data_ptr(), dx.data_ptr(), idx.data_ptr()}, g.C) == V) {
-      if (fits_int32(dx)) {
-        max_backward_nhwc_kernel<T, V, int32_t><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
-            in_ptr<T>(dy), idx.data_ptr<int32_t>(), out_ptr<T>(dx), g, static_cast<int32_t>(total / V));
-      } else {
-        max_backward_nhwc_kernel<T, V, int64_t><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
-            in_ptr<T>(dy), idx.data_ptr<int32_t>(), out_ptr<T>(dx), g, total / V);
-      }
-    } else {
-      max_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), idx.data_ptr<int32_t>(),
-                                                                                 out_ptr<T>(dx), g, total);
-    }
-  });
-  return dx;
+  const Pooling s(x0, p, p.out);
+  const Tensor idx = s.in_layout(indices);
+  return s.backward(grad_out, "max_pool2d backward",
+                    [&](auto t, cudaStream_t stream, const Tensor& dy, const Tensor& dx, int64_t total) {
+                      using T = decltype(t);
+                      constexpr int V = kVecWidth<T>;
+                      const int32_t* at = idx.data_ptr<int32_t>();
+                      if (!s.vectorizable<T>({dy.data_ptr(), dx.data_ptr(), at})) {
+                        return launch(max_backward_kernel<T>, total, stream, in_ptr<T>(dy), at, out_ptr<T>(dx), s.g,
+                                      total);
+                      }
+                      with_index_type(dx, [&](auto index) {
+                        using I = decltype(index);
+                        launch(max_backward_nhwc_kernel<T, V, I>, total / V, stream, in_ptr<T>(dy), at, out_ptr<T>(dx),
+                               s.g, static_cast<I>(total / V));
+                      });
+                    });
 }
 
 Tensor avg_pool2d_forward(const Tensor& x0, const PoolParams& p) {
   trace::Scope range(trace::Kind::Op, "avg_pool2d_forward", x0.device(), {&x0});
-  const Tensor x = dense(x0);
-  const Geometry g = geometry(x, p, p.out);
-  Tensor y = empty_4d(g.N, g.C, g.OH, g.OW, x.dtype(), x.device(), g.nhwc);
-  const int64_t total = y.numel();
-  if (total == 0) return y;
-  dispatch(x, "avg_pool2d", [&](auto t, cudaStream_t stream) {
+  const Pooling s(x0, p, p.out);
+  return s.forward("avg_pool2d", [&](auto t, cudaStream_t stream, const Tensor& y, int64_t total) {
     using T = decltype(t);
-    avg_forward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y), g, total);
+    launch(avg_forward_kernel<T>, total, stream, in_ptr<T>(s.x), out_ptr<T>(y), s.g, total);
   });
-  return y;
 }
 
 Tensor avg_pool2d_backward(const Tensor& grad_out, const PoolParams& p, const Tensor& x0) {
   trace::Scope range(trace::Kind::Op, "avg_pool2d_backward", x0.device(), {&grad_out, &x0});
-  const Tensor x = dense(x0);
-  const Geometry g = geometry(x, p, p.out);
-  const Tensor dy = g.nhwc ? internal::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
-                           : internal::contiguous(grad_out.to(x.dtype()));
-  Tensor dx = empty_4d(g.N, g.C, g.H, g.W, x.dtype(), x.device(), g.nhwc);
-  const int64_t total = dx.numel();
-  if (total == 0) return dx;
-  dispatch(x, "avg_pool2d backward", [&](auto t, cudaStream_t stream) {
-    using T = decltype(t);
-    avg_backward_kernel<T><<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), out_ptr<T>(dx), g, total);
-  });
-  return dx;
+  const Pooling s(x0, p, p.out);
+  return s.backward(grad_out, "avg_pool2d backward",
+                    [&](auto t, cudaStream_t stream, const Tensor& dy, const Tensor& dx, int64_t total) {
+                      using T = decltype(t);
+                      launch(avg_backward_kernel<T>, total, stream, in_ptr<T>(dy), out_ptr<T>(dx), s.g, total);
+                    });
 }
 
 Tensor adaptive_avg_pool2d_forward(const Tensor& x0, std::array<int64_t, 2> out) {
   trace::Scope range(trace::Kind::Op, "adaptive_avg_pool2d_forward", x0.device(), {&x0});
-  const Tensor x = dense(x0);
-  const Geometry g = geometry(x, PoolParams{}, out);
-  Tensor y = empty_4d(g.N, g.C, g.OH, g.OW, x.dtype(), x.device(), g.nhwc);
-  const int64_t total = y.numel();
-  if (total == 0) return y;
-  dispatch(x, "adaptive_avg_pool2d", [&](auto t, cudaStream_t stream) {
+  const Pooling s(x0, PoolParams{}, out);
+  return s.forward("adaptive_avg_pool2d", [&](auto t, cudaStream_t stream, const Tensor& y, int64_t total) {
     using T = decltype(t);
-    constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-    if (is_global_nhwc<T>(g, {x.data_ptr(), y.data_ptr()})) {
-      global_avg_forward_nhwc_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
-          in_ptr<T>(x), out_ptr<T>(y), g.C, g.H * g.W, total / V);
-      return;
+    constexpr int V = kVecWidth<T>;
+    if (s.is_global_nhwc<T>({s.x.data_ptr(), y.data_ptr()})) {
+      return launch(global_avg_forward_nhwc_kernel<T, V>, total / V, stream, in_ptr<T>(s.x), out_ptr<T>(y), s.g.C,
+                    s.g.H * s.g.W, total / V);
     }
-    adaptive_forward_kernel<T>
-        <<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(x), out_ptr<T>(y), g, total);
+    launch(adaptive_forward_kernel<T>, total, stream, in_ptr<T>(s.x), out_ptr<T>(y), s.g, total);
   });
-  return y;
 }
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_out, const Tensor& x0) {
   trace::Scope range(trace::Kind::Op, "adaptive_avg_pool2d_backward", x0.device(), {&grad_out, &x0});
-  const Tensor x = dense(x0);
-  const Geometry g = geometry(x, PoolParams{}, {grad_out.size(2), grad_out.size(3)});
-  const Tensor dy = g.nhwc ? internal::contiguous(grad_out.to(x.dtype()), MemoryFormat::ChannelsLast)
-                           : internal::contiguous(grad_out.to(x.dtype()));
-  Tensor dx = empty_4d(g.N, g.C, g.H, g.W, x.dtype(), x.device(), g.nhwc);
-  const int64_t total = dx.numel();
-  if (total == 0) return dx;
-  dispatch(x, "adaptive_avg_pool2d backward", [&](auto t, cudaStream_t stream) {
-    using T = decltype(t);
-    constexpr int V = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
-    if (is_global_nhwc<T>(g, {dy.data_ptr(), dx.data_ptr()})) {
-      global_avg_backward_nhwc_kernel<T, V><<<grid_for(total / V, kThreads), kThreads, 0, stream>>>(
-          in_ptr<T>(dy), out_ptr<T>(dx), g.C, g.H * g.W, total / V);
-      return;
-    }
-    adaptive_backward_kernel<T>
-        <<<grid_for(total, kThreads), kThreads, 0, stream>>>(in_ptr<T>(dy), out_ptr<T>(dx), g, total);
-  });
-  return dx;
+  const Pooling s(x0, PoolParams{}, {grad_out.size(2), grad_out.size(3)});
+  return s.backward(grad_out, "adaptive_avg_pool2d backward",
+                    [&](auto t, cudaStream_t stream, const Tensor& dy, const Tensor& dx, int64_t total) {
+                      using T = decltype(t);
+                      constexpr int V = kVecWidth<T>;
+                      if (s.is_global_nhwc<T>({dy.data_ptr(), dx.data_ptr()})) {
+                        return launch(global_avg_backward_nhwc_kernel<T, V>, total / V, stream, in_ptr<T>(dy),
+                                      out_ptr<T>(dx), s.g.C, s.g.H * s.g.W, total / V);
+                      }
+                      launch(adaptive_backward_kernel<T>, total, stream, in_ptr<T>(dy), out_ptr<T>(dx), s.g, total);
+                    });
 }
 
 }  // namespace kiln::nn::cuda_impl

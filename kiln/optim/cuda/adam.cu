@@ -18,27 +18,24 @@ struct AdamFunctor {
   double lr, beta1, beta2, weight_decay_d;  // for the bias corrections (float64)
   float lr_f, beta1_f, one_minus_beta1, beta2_f, one_minus_beta2, eps, weight_decay, lr_wd;
   bool decoupled, maximize;
-  const float* grad_scale;
-  const float* found_inf;
-  const double* lr_device;  // when set, the learning rate (CUDA graphs)
+  mt::Hooks hooks;
 
   template <int D>
   __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
-    if (mt::skip_step(found_inf)) return mt::refresh_shadow<P, S>(m, slot, chunk);
-    const int64_t off = chunk * mt::kChunk;
-    P* p = static_cast<P*>(m.ptr[0][slot]) + off;
-    const P* g = static_cast<const P*>(m.ptr[1][slot]) + off;
+    if (hooks.skip_step()) return mt::refresh_shadow<P, S>(m, slot, chunk);
+    P* p = mt::chunk_ptr<P>(m, 0, slot, chunk);
+    const P* g = mt::chunk_ptr<const P>(m, 1, slot, chunk);
     S* sh = mt::shadow_ptr<S>(m, slot, chunk);
-    float* ea = static_cast<float*>(m.ptr[2][slot]) + off;
-    float* eas = static_cast<float*>(m.ptr[3][slot]) + off;
+    float* ea = mt::chunk_ptr<float>(m, 2, slot, chunk);
+    float* eas = mt::chunk_ptr<float>(m, 3, slot, chunk);
     float* mx = nullptr;
-    if constexpr (kAmsgrad) mx = static_cast<float*>(m.ptr[4][slot]) + off;
+    if constexpr (kAmsgrad) mx = mt::chunk_ptr<float>(m, 4, slot, chunk);
     const double t = static_cast<double>(*m.step[slot]) + 1.0;
-    const double lr = lr_device != nullptr ? *lr_device : this->lr;
-    const float lr_wd = lr_device != nullptr ? static_cast<float>(lr * weight_decay_d) : this->lr_wd;
+    const double lr = hooks.lr(this->lr);
+    const float lr_wd = hooks.lr_device != nullptr ? static_cast<float>(lr * weight_decay_d) : this->lr_wd;
     const float step_size = static_cast<float>(lr / (1.0 - pow(beta1, t)));
     const float bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(beta2, t)));
-    const float divisor = mt::grad_divisor(grad_scale);
+    const float divisor = hooks.grad_divisor();
     mt::for_each_group(mt::chunk_len(m, slot, chunk), mt::all_aligned(m, slot), [&](int64_t i, auto w) {
       constexpr int W = decltype(w)::value;
       float rp[mt::kVec], rg[mt::kVec], rm[mt::kVec], rv[mt::kVec];
@@ -93,9 +90,7 @@ void fused_adam(const TensorVec& params, const TensorVec& grads, const TensorVec
     KILN_CHECK(max_exp_avg_sqs.empty(), kOp, ": max_exp_avg_sqs must be empty unless amsgrad");
   }
   check_steps(steps, kOp, dev, params.size());
-  check_scalar(grad_scale, kOp, "grad_scale", dev, false);
-  check_scalar(found_inf, kOp, "found_inf", dev, false);
-  const std::optional<DType> shadow_dtype = check_shadows(shadows, kOp, params);
+  const std::optional<DType> shadow_dtype = check_hooks(grad_scale, found_inf, shadows, kOp, dev, params);
   cudaStream_t stream = cuda::stream_for(params[0]);
   mt::dispatch_fused(params[0].dtype(), kOp, [&](auto tag) {
     using P = decltype(tag);
@@ -112,32 +107,21 @@ void fused_adam(const TensorVec& params, const TensorVec& grads, const TensorVec
       f.weight_decay = static_cast<float>(h.weight_decay);
       f.lr_wd = static_cast<float>(h.lr * h.weight_decay);
       f.weight_decay_d = h.weight_decay;
-      f.lr_device = h.lr_device;
       f.decoupled = h.decoupled_weight_decay;
       f.maximize = h.maximize;
-      f.grad_scale = mt::scalar_ptr(grad_scale);
-      f.found_inf = mt::scalar_ptr(found_inf);
+      f.hooks = mt::hooks(grad_scale, found_inf, h.lr_device);
       return f;
     };
-    if (shadow_dtype) {
-      if constexpr (std::is_same_v<P, float>) {  // check_shadows: shadows only of float32 parameters
-        mt::dispatch_shadow(*shadow_dtype, [&](auto stag) {
-          using S = decltype(stag);
-          if (h.amsgrad) {
-            mt::apply<6>({&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs, &shadows}, &steps, stream,
-                         fill(AdamFunctor<P, true, S>{}), kOp);
-          } else {
-            mt::apply<5>({&params, &grads, &exp_avgs, &exp_avg_sqs, &shadows}, &steps, stream,
-                         fill(AdamFunctor<P, false, S>{}), kOp);
-          }
-        });
+    mt::dispatch_shadows<P>(shadow_dtype, [&](auto stag) {
+      using S = typename decltype(stag)::type;
+      if (h.amsgrad) {
+        mt::apply_with_shadows<S>({&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, shadows, &steps, stream,
+                                  fill(AdamFunctor<P, true, S>{}), kOp);
+      } else {
+        mt::apply_with_shadows<S>({&params, &grads, &exp_avgs, &exp_avg_sqs}, shadows, &steps, stream,
+                                  fill(AdamFunctor<P, false, S>{}), kOp);
       }
-    } else if (h.amsgrad) {
-      mt::apply<5>({&params, &grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs}, &steps, stream,
-                   fill(AdamFunctor<P, true>{}), kOp);
-    } else {
-      mt::apply<4>({&params, &grads, &exp_avgs, &exp_avg_sqs}, &steps, stream, fill(AdamFunctor<P, false>{}), kOp);
-    }
+    });
   });
   mt::increment_steps(steps, found_inf, stream, kOp);
 }

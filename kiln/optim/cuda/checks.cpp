@@ -103,4 +103,11 @@ std::optional<DType> check_shadows(const TensorVec& shadows, const char* op, con
   return dtype;
 }
 
+std::optional<DType> check_hooks(const Tensor& grad_scale, const Tensor& found_inf, const TensorVec& shadows,
+                                 const char* op, Device device, const TensorVec& params) {
+  check_scalar(grad_scale, op, "grad_scale", device, false);
+  check_scalar(found_inf, op, "found_inf", device, false);
+  return check_shadows(shadows, op, params);
+}
+
 }  // namespace kiln::optim::cuda_impl

@@ -43,4 +43,9 @@ void check_steps(const TensorVec& steps, const char* op, Device device, size_t s
 // that dtype, or nothing when no shadow is defined.
 std::optional<DType> check_shadows(const TensorVec& shadows, const char* op, const TensorVec& params);
 
+// What an update takes besides its lists, checked in this order: grad_scale and found_inf (check_scalar, not
+// required), then the shadows. Returns check_shadows' dtype.
+std::optional<DType> check_hooks(const Tensor& grad_scale, const Tensor& found_inf, const TensorVec& shadows,
+                                 const char* op, Device device, const TensorVec& params);
+
 }  // namespace kiln::optim::cuda_impl

@@ -40,20 +40,18 @@ struct LambMath {
 template <typename P>
 struct LambPhase1 {
   LambMath math;
-  const float* grad_scale;
-  const float* found_inf;
+  mt::Hooks hooks;  // lr_device unused
   float* partials;  // (2 * chunks): sum p^2, sum u^2 per global chunk
 
   template <int D>
   __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
-    if (mt::skip_step(found_inf)) return;
-    const int64_t off = chunk * mt::kChunk;
-    const P* p = static_cast<const P*>(m.ptr[0][slot]) + off;
-    const P* g = static_cast<const P*>(m.ptr[1][slot]) + off;
-    float* ea = static_cast<float*>(m.ptr[2][slot]) + off;
-    float* eas = static_cast<float*>(m.ptr[3][slot]) + off;
+    if (hooks.skip_step()) return;
+    const P* p = mt::chunk_ptr<const P>(m, 0, slot, chunk);
+    const P* g = mt::chunk_ptr<const P>(m, 1, slot, chunk);
+    float* ea = mt::chunk_ptr<float>(m, 2, slot, chunk);
+    float* eas = mt::chunk_ptr<float>(m, 3, slot, chunk);
     const LambMath::Corrections c = math.corrections(m.step[slot]);
-    const float divisor = mt::grad_divisor(grad_scale);
+    const float divisor = hooks.grad_divisor();
     float sp = 0.f, su = 0.f;
     mt::for_each_group(mt::chunk_len(m, slot, chunk), mt::all_aligned(m, slot), [&](int64_t i, auto w) {
       constexpr int W = decltype(w)::value;
@@ -89,13 +87,12 @@ template <typename P, typename S = void>  // S: the shadows' type (last list), v
 struct LambPhase2 {
   LambMath math;
   float lr, max_trust_ratio;
-  const float* found_inf;
+  mt::Hooks hooks;  // grad_scale unused
   const float* partials;
-  const double* lr_device;  // when set, the learning rate (CUDA graphs)
 
   template <int D>
   __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
-    if (mt::skip_step(found_inf)) return mt::refresh_shadow<P, S>(m, slot, chunk);
+    if (hooks.skip_step()) return mt::refresh_shadow<P, S>(m, slot, chunk);
     // The tensor's norms from its chunks' partials, in the same order in every block of the tensor.
     const int64_t base = m.chunk_base[slot];
     const int64_t chunks = (m.numel[slot] + mt::kChunk - 1) / mt::kChunk;
@@ -107,13 +104,12 @@ struct LambPhase2 {
     const float p_norm = sqrtf(mt::block_sum(sp));
     const float u_norm = sqrtf(mt::block_sum(su));
     const float trust = (p_norm > 0.f && u_norm > 0.f) ? fminf(p_norm / u_norm, max_trust_ratio) : 1.f;
-    const float scale = (lr_device != nullptr ? static_cast<float>(*lr_device) : lr) * trust;
+    const float scale = static_cast<float>(hooks.lr(lr)) * trust;
 
-    const int64_t off = chunk * mt::kChunk;
-    P* p = static_cast<P*>(m.ptr[0][slot]) + off;
+    P* p = mt::chunk_ptr<P>(m, 0, slot, chunk);
     S* sh = mt::shadow_ptr<S>(m, slot, chunk);
-    const float* ea = static_cast<const float*>(m.ptr[1][slot]) + off;
-    const float* eas = static_cast<const float*>(m.ptr[2][slot]) + off;
+    const float* ea = mt::chunk_ptr<const float>(m, 1, slot, chunk);
+    const float* eas = mt::chunk_ptr<const float>(m, 2, slot, chunk);
     const LambMath::Corrections c = math.corrections(m.step[slot]);
     mt::for_each_group(mt::chunk_len(m, slot, chunk), mt::all_aligned(m, slot), [&](int64_t i, auto w) {
       constexpr int W = decltype(w)::value;
@@ -142,9 +138,7 @@ void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec
   check_list(exp_avgs, kOp, "exp_avgs", dev, params.size(), DType::Float32, &params);
   check_list(exp_avg_sqs, kOp, "exp_avg_sqs", dev, params.size(), DType::Float32, &params);
   check_steps(steps, kOp, dev, params.size());
-  check_scalar(grad_scale, kOp, "grad_scale", dev, false);
-  check_scalar(found_inf, kOp, "found_inf", dev, false);
-  const std::optional<DType> shadow_dtype = check_shadows(shadows, kOp, params);
+  const std::optional<DType> shadow_dtype = check_hooks(grad_scale, found_inf, shadows, kOp, dev, params);
   KILN_CHECK(h.max_trust_ratio >= 0, kOp, ": max_trust_ratio must be >= 0, got ", h.max_trust_ratio);
   int64_t chunks = 0;
   for (const Tensor& p : params) chunks += mt::num_chunks(p.numel());
@@ -168,24 +162,15 @@ void fused_lamb(const TensorVec& params, const TensorVec& grads, const TensorVec
   mt::dispatch_fused(params[0].dtype(), kOp, [&](auto tag) {
     using P = decltype(tag);
     mt::apply<4>({&params, &grads, &exp_avgs, &exp_avg_sqs}, &steps, stream,
-                 LambPhase1<P>{math, mt::scalar_ptr(grad_scale), mt::scalar_ptr(found_inf), partials.data_ptr<float>()},
-                 kOp);
-    if (shadow_dtype) {
-      if constexpr (std::is_same_v<P, float>) {  // check_shadows: shadows only of float32 parameters
-        mt::dispatch_shadow(*shadow_dtype, [&](auto stag) {
-          using S = decltype(stag);
-          mt::apply<4>({&params, &exp_avgs, &exp_avg_sqs, &shadows}, &steps, stream,
-                       LambPhase2<P, S>{math, static_cast<float>(h.lr), static_cast<float>(h.max_trust_ratio),
-                                        mt::scalar_ptr(found_inf), partials.data_ptr<float>(), h.lr_device},
-                       kOp);
-        });
-      }
-    } else {
-      mt::apply<3>({&params, &exp_avgs, &exp_avg_sqs}, &steps, stream,
-                   LambPhase2<P>{math, static_cast<float>(h.lr), static_cast<float>(h.max_trust_ratio),
-                                 mt::scalar_ptr(found_inf), partials.data_ptr<float>(), h.lr_device},
-                   kOp);
-    }
+                 LambPhase1<P>{math, mt::hooks(grad_scale, found_inf, nullptr), partials.data_ptr<float>()}, kOp);
+    mt::dispatch_shadows<P>(shadow_dtype, [&](auto stag) {
+      using S = typename decltype(stag)::type;
+      mt::apply_with_shadows<S>(
+          {&params, &exp_avgs, &exp_avg_sqs}, shadows, &steps, stream,
+          LambPhase2<P, S>{math, static_cast<float>(h.lr), static_cast<float>(h.max_trust_ratio),
+                           mt::hooks(Tensor(), found_inf, h.lr_device), partials.data_ptr<float>()},
+          kOp);
+    });
   });
   mt::increment_steps(steps, found_inf, stream, kOp);
 }

@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -143,11 +144,27 @@ __device__ __forceinline__ float block_sum(float v) {
   return result;
 }
 
-// found_inf / grad_scale hooks (fused.h): nullptr when the caller passed an undefined tensor.
+// found_inf (fused.h): nullptr when the caller passed an undefined tensor.
 __device__ __forceinline__ bool skip_step(const float* found_inf) { return found_inf != nullptr && *found_inf != 0.f; }
-// The divisor of the gradients (PyTorch divides rather than multiplying by the inverse; x / 1 is exact).
-__device__ __forceinline__ float grad_divisor(const float* grad_scale) {
-  return grad_scale != nullptr ? *grad_scale : 1.f;
+
+// What an update reads besides its lists (fused.h), each nullptr where the caller has none: AMP's gradient scale
+// and inf flag, and the learning rate the replays of a CUDA graph write.
+struct Hooks {
+  const float* grad_scale;
+  const float* found_inf;
+  const double* lr_device;
+
+  __device__ __forceinline__ bool skip_step() const { return mt::skip_step(found_inf); }
+  // The divisor of the gradients (PyTorch divides rather than multiplying by the inverse; x / 1 is exact).
+  __device__ __forceinline__ float grad_divisor() const { return grad_scale != nullptr ? *grad_scale : 1.f; }
+  // The learning rate: lr_device's where set, else the host's value.
+  __device__ __forceinline__ double lr(double host_lr) const { return lr_device != nullptr ? *lr_device : host_lr; }
+};
+
+// List d's elements in a block's chunk, as T.
+template <typename T, int D>
+__device__ __forceinline__ T* chunk_ptr(const Meta<D>& m, int d, int slot, int64_t chunk) {
+  return static_cast<T*>(m.ptr[d][slot]) + chunk * kChunk;
 }
 
 // ---- 16-bit shadows (fused.h) ----
@@ -253,7 +270,21 @@ int64_t apply(const std::array<const TensorVec*, kDepth>& lists, const TensorVec
   return chunk_base - chunk_base0;
 }
 
+// apply over `lists`, followed by the shadows' list where S is a shadow type (shadow_ptr finds it last).
+template <typename S, size_t N, typename F>
+void apply_with_shadows(const TensorVec* const (&lists)[N], const TensorVec& shadows, const TensorVec* steps,
+                        cudaStream_t stream, const F& f, const char* op) {
+  constexpr int kDepth = static_cast<int>(N) + (std::is_void_v<S> ? 0 : 1);
+  std::array<const TensorVec*, kDepth> all{};
+  for (size_t d = 0; d < N; ++d) all[d] = lists[d];
+  if constexpr (!std::is_void_v<S>) all[N] = &shadows;
+  apply<kDepth>(all, steps, stream, f, op);
+}
+
 inline const float* scalar_ptr(const Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+inline Hooks hooks(const Tensor& grad_scale, const Tensor& found_inf, const double* lr_device) {
+  return {scalar_ptr(grad_scale), scalar_ptr(found_inf), lr_device};
+}
 
 // Calls fn(T{}) with T the kiln type of dtype (float, Half, BFloat16).
 template <typename Fn>
@@ -266,11 +297,21 @@ void dispatch_fused(DType dtype, const char* op, Fn&& fn) {
   }
 }
 
-// Calls fn(S{}) with S the kiln type of the shadows' dtype (float16: Half, bfloat16: BFloat16; check_shadows).
-template <typename Fn>
-void dispatch_shadow(DType shadow_dtype, Fn&& fn) {
-  if (shadow_dtype == DType::Float16) fn(Half{});
-  else fn(BFloat16{});
+// Calls fn(ShadowType<S>{}) with S the kiln type of the shadows' dtype (float16: Half, bfloat16: BFloat16), or
+// S = void where there are no shadows. Only float32 parameters have shadows (check_shadows): for other P only
+// S = void is instantiated.
+template <typename S>
+struct ShadowType {
+  using type = S;
+};
+template <typename P, typename Fn>
+void dispatch_shadows(const std::optional<DType>& shadow_dtype, Fn&& fn) {
+  if (!shadow_dtype) {
+    fn(ShadowType<void>{});
+  } else if constexpr (std::is_same_v<P, float>) {
+    if (*shadow_dtype == DType::Float16) fn(ShadowType<Half>{});
+    else fn(ShadowType<BFloat16>{});
+  }
 }
 
 // Calls fn(dtype, group) for each dtype of list (in the order of first appearance), group holding that

@@ -14,22 +14,19 @@ template <typename P, bool kMomentum, typename S = void>  // S: the shadows' typ
 struct SgdFunctor {
   float lr, momentum, one_minus_dampening, weight_decay;
   bool nesterov, maximize;
-  const float* grad_scale;
-  const float* found_inf;
-  const double* lr_device;  // when set, the learning rate (CUDA graphs)
+  mt::Hooks hooks;
 
   template <int D>
   __device__ void operator()(const mt::Meta<D>& m, int slot, int64_t chunk) const {
-    if (mt::skip_step(found_inf)) return mt::refresh_shadow<P, S>(m, slot, chunk);
-    const float lr = lr_device != nullptr ? static_cast<float>(*lr_device) : this->lr;
-    const int64_t off = chunk * mt::kChunk;
-    P* p = static_cast<P*>(m.ptr[0][slot]) + off;
-    const P* g = static_cast<const P*>(m.ptr[1][slot]) + off;
+    if (hooks.skip_step()) return mt::refresh_shadow<P, S>(m, slot, chunk);
+    const auto lr = static_cast<float>(hooks.lr(this->lr));
+    P* p = mt::chunk_ptr<P>(m, 0, slot, chunk);
+    const P* g = mt::chunk_ptr<const P>(m, 1, slot, chunk);
     S* sh = mt::shadow_ptr<S>(m, slot, chunk);
     float* buf = nullptr;
-    if constexpr (kMomentum) buf = static_cast<float*>(m.ptr[2][slot]) + off;
+    if constexpr (kMomentum) buf = mt::chunk_ptr<float>(m, 2, slot, chunk);
     const bool first = kMomentum && m.step[slot] != nullptr && *m.step[slot] == 0.f;
-    const float divisor = mt::grad_divisor(grad_scale);
+    const float divisor = hooks.grad_divisor();
     mt::for_each_group(mt::chunk_len(m, slot, chunk), mt::all_aligned(m, slot), [&](int64_t i, auto w) {
       constexpr int W = decltype(w)::value;
       float rp[mt::kVec], rg[mt::kVec];
@@ -78,45 +75,24 @@ void fused_sgd(const TensorVec& params, const TensorVec& grads, const TensorVec&
   KILN_CHECK(!h.nesterov || (h.momentum > 0 && h.dampening == 0), kOp,
              ": nesterov needs momentum > 0 and dampening == 0 (momentum ", h.momentum, ", dampening ", h.dampening,
              ")");
-  check_scalar(grad_scale, kOp, "grad_scale", dev, false);
-  check_scalar(found_inf, kOp, "found_inf", dev, false);
-  const std::optional<DType> shadow_dtype = check_shadows(shadows, kOp, params);
+  const std::optional<DType> shadow_dtype = check_hooks(grad_scale, found_inf, shadows, kOp, dev, params);
   cudaStream_t stream = cuda::stream_for(params[0]);
   mt::dispatch_fused(params[0].dtype(), kOp, [&](auto tag) {
     using P = decltype(tag);
-    auto run = [&](auto functor, auto depth) {
-      constexpr int D = decltype(depth)::value;
-      std::array<const TensorVec*, D> lists;
-      lists[0] = &params;
-      lists[1] = &grads;
-      if constexpr (D == 3) lists[2] = momentum ? &momentum_buffers : &shadows;
-      if constexpr (D == 4) lists[2] = &momentum_buffers, lists[3] = &shadows;
-      mt::apply<D>(lists, steps.empty() ? nullptr : &steps, stream, functor, kOp);
-    };
     const float lr = static_cast<float>(h.lr), mom = static_cast<float>(h.momentum),
                 omd = static_cast<float>(1 - h.dampening), wd = static_cast<float>(h.weight_decay);
-    const float* gs = mt::scalar_ptr(grad_scale);
-    const float* fi = mt::scalar_ptr(found_inf);
-    if (shadow_dtype) {
-      if constexpr (std::is_same_v<P, float>) {  // check_shadows: shadows only of float32 parameters
-        mt::dispatch_shadow(*shadow_dtype, [&](auto stag) {
-          using S = decltype(stag);
-          if (momentum) {
-            run(SgdFunctor<P, true, S>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi, h.lr_device},
-                std::integral_constant<int, 4>{});
-          } else {
-            run(SgdFunctor<P, false, S>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi, h.lr_device},
-                std::integral_constant<int, 3>{});
-          }
-        });
+    const mt::Hooks hooks = mt::hooks(grad_scale, found_inf, h.lr_device);
+    const TensorVec* step_list = steps.empty() ? nullptr : &steps;
+    mt::dispatch_shadows<P>(shadow_dtype, [&](auto stag) {
+      using S = typename decltype(stag)::type;
+      if (momentum) {
+        mt::apply_with_shadows<S>({&params, &grads, &momentum_buffers}, shadows, step_list, stream,
+                                  SgdFunctor<P, true, S>{lr, mom, omd, wd, h.nesterov, h.maximize, hooks}, kOp);
+      } else {
+        mt::apply_with_shadows<S>({&params, &grads}, shadows, step_list, stream,
+                                  SgdFunctor<P, false, S>{lr, mom, omd, wd, h.nesterov, h.maximize, hooks}, kOp);
       }
-    } else if (momentum) {
-      run(SgdFunctor<P, true>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi, h.lr_device},
-          std::integral_constant<int, 3>{});
-    } else {
-      run(SgdFunctor<P, false>{lr, mom, omd, wd, h.nesterov, h.maximize, gs, fi, h.lr_device},
-          std::integral_constant<int, 2>{});
-    }
+    });
   });
   if (!steps.empty()) mt::increment_steps(steps, found_inf, stream, kOp);
 }
