@@ -65,6 +65,11 @@ enum class ReduceOp : uint8_t {
   Norm,       // (sum |x|^p)^(1/p), p = params.p; p = 0 counts nonzeros, p = +-inf gives max/min |x|
   LogSumExp,  // max + log(sum(exp(x - max))); all -inf gives -inf, +inf gives +inf
 };
+// The floating-only ops above (Var, Std, Norm, LogSumExp): one floating dtype in and out (visit_stats_dtype,
+// dispatch.h); each backend serves them on a path of their own.
+constexpr bool is_statistics_op(ReduceOp op) {
+  return op == ReduceOp::Var || op == ReduceOp::Std || op == ReduceOp::Norm || op == ReduceOp::LogSumExp;
+}
 
 enum class RandomKind : uint8_t { Uniform, Normal, Randint, Bernoulli };
 

@@ -70,6 +70,14 @@ void visit_reduce_dtypes(std::string_view who, DType in, DType out, const F& typ
   });
 }
 
+// The dtype rule of every backend's statistics reductions (Var, Std, Norm, LogSumExp: is_statistics_op, backend.h):
+// one floating dtype in and out. Calls typed.template operator()<T>() for it, or throws naming `who`.
+template <typename F>
+void visit_stats_dtype(std::string_view who, DType in, DType out, const F& typed) {
+  KILN_CHECK(out == in, who, ": var/norm/logsumexp expect one dtype, got ", in, " into ", out);
+  visit_floating_dtype(in, "reduce", [&](auto tag) { typed.template operator()<typename decltype(tag)::type>(); });
+}
+
 // T with kiln's 16-bit floats replaced: Half by HalfAs, BFloat16 by BFloat16As, every other type kept. The one
 // rule behind compute_t, acc_t and the CUDA backend's device_t (cuda/device_types.cuh).
 template <typename T, typename HalfAs, typename BFloat16As>
