@@ -65,106 +65,26 @@ using Dims = std::vector<int64_t>;
 Tensor& uniform_(Tensor& t, double from = 0, double to = 1, Generator* gen = nullptr);
 Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);
 
-// ---------------------------------------------------------------- copy and cast (ops/copy.cpp)
-Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);
-Tensor to(const Tensor& t, Device device, std::optional<DType> dtype = {}, bool non_blocking = false);
-Tensor cast(const Tensor& t, DType dtype);
-Tensor contiguous(const Tensor& t, MemoryFormat format = MemoryFormat::Contiguous);
-Tensor clone(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
-Tensor& fill_(Tensor& t, Scalar value);
+// ---------------------------------------------------------------- the differentiable ops
+// Declared by the lists kiln::internal expands too (op_signatures.h, unary_ops.h, binary_ops.h), so each takes the
+// raw op's arguments and defaults; their forward and backward live in ops/<family>.cpp.
+KILN_COPY_DECLARE_ALL()  // ops/copy.cpp
+KILN_VIEW_DECLARE_ALL()  // ops/view.cpp
 
-// ---------------------------------------------------------------- views (ops/view.cpp)
-Tensor view(const Tensor& t, const Shape& shape);
-Tensor reshape(const Tensor& t, const Shape& shape);
-Tensor permute(const Tensor& t, const Dims& dims);
-Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1);
-Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length);
-Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step = 1);
-Tensor select(const Tensor& t, int64_t dim, int64_t index);
-Tensor expand(const Tensor& t, const Shape& shape);
-Tensor squeeze(const Tensor& t);
-Tensor squeeze(const Tensor& t, int64_t dim);
-Tensor unsqueeze(const Tensor& t, int64_t dim);
-Tensor flatten(const Tensor& t, int64_t start_dim = 0, int64_t end_dim = -1);
-Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes);
-Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides, std::optional<int64_t> offset = {});
-Tensor diagonal(const Tensor& t, int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1);
-std::vector<Tensor> split(const Tensor& t, int64_t split_size, int64_t dim = 0);
-std::vector<Tensor> split_with_sizes(const Tensor& t, const std::vector<int64_t>& sizes, int64_t dim = 0);
-std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
-std::vector<Tensor> unbind(const Tensor& t, int64_t dim = 0);
-
-// ---------------------------------------------------------------- elementwise (ops/unary.cpp, ops/binary.cpp)
-// The unary ops of the table (unary_ops.h), differentiable: exp(a), and exp_(a) in place. Floating inputs keep
-// their dtype; integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat.
-#define KILN_X(Enum, name, ...) \
-  Tensor name(const Tensor& a); \
-  Tensor& name##_(Tensor& a);
-KILN_UNARY_OPS(KILN_X)
-#undef KILN_X
-Tensor gelu(const Tensor& a, bool tanh_approximation = false);
-Tensor square(const Tensor& a);
-Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
+// The unary ops of the table (unary_ops.h), differentiable: exp(a), and exp_(a) in place; gelu, square, clamp
+// (ops/unary.cpp) and clamp_ (ops/inplace.cpp).
+KILN_UNARY_DECLARE_ALL()
 
 // The binary ops of the table (binary_ops.h), differentiable, with broadcasting and type promotion: add(a, b, alpha)
 // = a + alpha * b, sub, mul, div (true division: integers give kDefaultFloat), remainder (Python's %), pow, maximum,
-// minimum; mul(a, 2.5); the in-place forms (ops/inplace.cpp) add_, sub_, mul_, div_ write into `a` (the promoted
-// type must be castable to a's dtype: float into int is an error). The predicates (eq, ..., logical_xor) give Bool
-// and have no gradient.
+// minimum; mul(a, 2.5); the in-place forms (ops/inplace.cpp) add_, sub_, mul_, div_, masked_fill_ write into `a`
+// (the promoted type must be castable to a's dtype: float into int is an error). The predicates (eq, ...,
+// logical_xor) give Bool and have no gradient.
 KILN_BINARY_DECLARE_ALL()
 
-// In-place forms (ops/inplace.cpp) write into `a`; the promoted type must be castable to a's dtype (float into int is
-// an error).
-Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
-Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value);
-
-// ---------------------------------------------------------------- reductions (ops/reduce.cpp, ops/softmax.cpp)
-// `dims` empty means all dims. Integer and bool sums give Int64, as in PyTorch.
-Tensor sum(const Tensor& a, const Dims& dims = {}, bool keepdim = false, std::optional<DType> dtype = {});
-Tensor mean(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
-Tensor prod(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
-Tensor amax(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
-Tensor amin(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
-Tensor max(const Tensor& a);  // over all elements, 0-d
-Tensor min(const Tensor& a);
-std::tuple<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim = false);  // values, Int64 indices
-std::tuple<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim = false);
-Tensor var(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
-Tensor std(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
-std::tuple<Tensor, Tensor> var_mean(const Tensor& a, const Dims& dims = {}, int64_t correction = 1,
-                                    bool keepdim = false);
-Tensor norm(const Tensor& a, double p = 2, const Dims& dims = {}, bool keepdim = false);  // p may be INFINITY
-Tensor logsumexp(const Tensor& a, const Dims& dims, bool keepdim = false);
-Tensor softmax(const Tensor& a, int64_t dim);
-Tensor log_softmax(const Tensor& a, int64_t dim);
-
-// ---------------------------------------------------------------- linear algebra (ops/linalg.cpp)
-// matmul follows torch.matmul: 1-D operands are promoted and squeezed, batch dims broadcast.
-Tensor matmul(const Tensor& a, const Tensor& b);
-Tensor mm(const Tensor& a, const Tensor& b);   // (M,K) x (K,N)
-Tensor bmm(const Tensor& a, const Tensor& b);  // (B,M,K) x (B,K,N)
-Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1,
-             Scalar alpha = 1);  // beta*c + alpha*a@b
-Tensor dot(const Tensor& a, const Tensor& b);
-Tensor outer(const Tensor& a, const Tensor& b);
-
-// ---------------------------------------------------------------- indexing (ops/index.cpp, ops/concat.cpp)
-Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
-Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
-Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, Scalar value);
-Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor& scatter_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor masked_select(const Tensor& a, const Tensor& mask);    // 1-D
-Tensor embedding(const Tensor& weight, const Tensor& index);  // weight (V, D), index (...) -> (..., D)
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
-std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false, bool stable = true);
-std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
-Tensor tril(const Tensor& a, int64_t diagonal = 0);
-Tensor triu(const Tensor& a, int64_t diagonal = 0);
+KILN_REDUCE_DECLARE_ALL()  // ops/reduce.cpp, ops/softmax.cpp
+KILN_LINALG_DECLARE_ALL()  // ops/linalg.cpp
+KILN_INDEX_DECLARE_ALL()   // ops/index.cpp, ops/concat.cpp
 
 // ---------------------------------------------------------------- comparison helpers (compare.cpp)
 // |a - b| <= atol + rtol * |b| elementwise, NaNs equal when equal_nan; shapes must broadcast.

@@ -65,6 +65,11 @@ enum class ReduceOp : uint8_t {
   Norm,       // (sum |x|^p)^(1/p), p = params.p; p = 0 counts nonzeros, p = +-inf gives max/min |x|
   LogSumExp,  // max + log(sum(exp(x - max))); all -inf gives -inf, +inf gives +inf
 };
+// The floating-only ops above (Var, Std, Norm, LogSumExp): one floating dtype in and out (visit_stats_dtype,
+// dispatch.h); each backend serves them on a path of their own.
+constexpr bool is_statistics_op(ReduceOp op) {
+  return op == ReduceOp::Var || op == ReduceOp::Std || op == ReduceOp::Norm || op == ReduceOp::LogSumExp;
+}
 
 enum class RandomKind : uint8_t { Uniform, Normal, Randint, Bernoulli };
 
@@ -189,6 +194,36 @@ class Backend {
   // p in [0, 1).
   virtual void dropout(const Tensor& out, const Tensor& mask, const Tensor& x, double p, GeneratorState draw) = 0;
 };
+
+// What a backend class declares to implement the pure primitives of Backend, copy to dropout (each is defined in
+// the backend's file of its family). The compiler holds the list to the contract: an entry that is not a primitive
+// does not override, and a primitive missing from it leaves the backend abstract. Each backend declares the device
+// queries (device_type to synchronize) and the optional primitives (matmul_row_pitch, matmul_epilogue) it has.
+#define KILN_BACKEND_PRIMITIVES_OVERRIDE()                                                                           \
+  void copy(const Tensor& dst, const Tensor& src, bool non_blocking) override;                                       \
+  void fill(const Tensor& dst, Scalar value) override;                                                               \
+  void arange(const Tensor& dst, Scalar start, Scalar step) override;                                                \
+  void linspace(const Tensor& dst, double start, double end) override;                                               \
+  void unary(UnaryOp op, const Tensor& out, const Tensor& a, const UnaryParams& params) override;                    \
+  void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b) override;                            \
+  void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) override;                      \
+  void add_n(const Tensor& out, const std::vector<Tensor>& inputs) override;                                         \
+  void mul_backward(const Tensor& ga, const Tensor& gb, const Tensor& g, const Tensor& a, const Tensor& b) override; \
+  void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce,                     \
+              const ReduceParams& params) override;                                                                  \
+  void arg_reduce(ReduceOp op, const Tensor& values, const Tensor& indices, const Tensor& in, int64_t dim) override; \
+  void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) override;                                 \
+  void matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) override;              \
+  void index_select(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) override;                  \
+  void gather(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) override;                        \
+  void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) override;    \
+  Tensor nonzero(const Tensor& a) override;                                                                          \
+  void sort(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t dim, bool descending, bool stable) \
+      override;                                                                                                      \
+  void topk(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t k, int64_t dim, bool largest,      \
+            bool sorted) override;                                                                                   \
+  void random(const Tensor& out, const RandomParams& params, GeneratorState draw) override;                          \
+  void dropout(const Tensor& out, const Tensor& mask, const Tensor& x, double p, GeneratorState draw) override;
 
 // The backend of a device type. CUDA throws a kiln::Error when kiln was built without CUDA.
 Backend& backend(DeviceType type);

@@ -160,6 +160,7 @@
   Tensor where(const Tensor& condition, Scalar a, const Tensor& b);                                       \
   Tensor where(const Tensor& condition, const Tensor& a, Scalar b);                                       \
   Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);                                  \
+  Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value);                                      \
   Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight); /* a + weight * (b - a) */                \
   /* The sum of one or more tensors of one shape, dtype and device, in one pass (one kernel on a GPU). */ \
   Tensor add_n(const std::vector<Tensor>& tensors);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string_view>
+#include <type_traits>
 
 #include "kiln/tensor/dtype.h"
 #include "kiln/tensor/error.h"
@@ -69,44 +70,27 @@ void visit_reduce_dtypes(std::string_view who, DType in, DType out, const F& typ
   });
 }
 
+// The dtype rule of every backend's statistics reductions (Var, Std, Norm, LogSumExp: is_statistics_op, backend.h):
+// one floating dtype in and out. Calls typed.template operator()<T>() for it, or throws naming `who`.
+template <typename F>
+void visit_stats_dtype(std::string_view who, DType in, DType out, const F& typed) {
+  KILN_CHECK(out == in, who, ": var/norm/logsumexp expect one dtype, got ", in, " into ", out);
+  visit_floating_dtype(in, "reduce", [&](auto tag) { typed.template operator()<typename decltype(tag)::type>(); });
+}
+
+// T with kiln's 16-bit floats replaced: Half by HalfAs, BFloat16 by BFloat16As, every other type kept. The one
+// rule behind compute_t, acc_t and the CUDA backend's device_t (cuda/device_types.cuh).
+template <typename T, typename HalfAs, typename BFloat16As>
+using map_16bit_t =
+    std::conditional_t<std::is_same_v<T, Half>, HalfAs, std::conditional_t<std::is_same_v<T, BFloat16>, BFloat16As, T>>;
+
 // The type arithmetic on T is done in: float for Half/BFloat16, T otherwise.
 template <typename T>
-struct ComputeType {
-  using type = T;
-};
-template <>
-struct ComputeType<Half> {
-  using type = float;
-};
-template <>
-struct ComputeType<BFloat16> {
-  using type = float;
-};
-template <typename T>
-using compute_t = typename ComputeType<T>::type;
+using compute_t = map_16bit_t<T, float, float>;
 
-// The type reductions accumulate in: float for 16-bit floats and float, double for double, int64 for integers.
+// The type reductions accumulate in: float for 16-bit floats and float, double for double, int64 for integers
+// (and Bool).
 template <typename T>
-struct AccType {
-  using type = int64_t;
-};
-template <>
-struct AccType<Half> {
-  using type = float;
-};
-template <>
-struct AccType<BFloat16> {
-  using type = float;
-};
-template <>
-struct AccType<float> {
-  using type = float;
-};
-template <>
-struct AccType<double> {
-  using type = double;
-};
-template <typename T>
-using acc_t = typename AccType<T>::type;
+using acc_t = std::conditional_t<std::is_integral_v<T>, int64_t, compute_t<T>>;
 
 }  // namespace kiln

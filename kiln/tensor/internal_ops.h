@@ -22,6 +22,7 @@
 
 #include "kiln/tensor/binary_ops.h"
 #include "kiln/tensor/generator.h"
+#include "kiln/tensor/op_signatures.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/tensor/unary_ops.h"
 
@@ -76,58 +77,28 @@ std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator* gen = n
 GeneratorState draw_for(Generator* gen, Device device);
 
 // ---------------------------------------------------------------- copy and cast (copy.cpp)
-Tensor& copy_(Tensor& dst, const Tensor& src, bool non_blocking = false);
-Tensor to(const Tensor& t, Device device, std::optional<DType> dtype = {}, bool non_blocking = false);
-Tensor cast(const Tensor& t, DType dtype);
-Tensor contiguous(const Tensor& t, MemoryFormat format = MemoryFormat::Contiguous);
-Tensor clone(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
+KILN_COPY_DECLARE_ALL()
 Tensor pin_memory(const Tensor& t);  // a CPU tensor copied into page-locked memory (t itself if it already is)
 bool is_pinned(const Tensor& t);
-Tensor& fill_(Tensor& t, Scalar value);
 
 // ---------------------------------------------------------------- views (view.cpp)
-Tensor view(const Tensor& t, const Shape& shape);
-Tensor reshape(const Tensor& t, const Shape& shape);
-Tensor permute(const Tensor& t, const Dims& dims);
-Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1);
-Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length);
-Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step = 1);
-Tensor select(const Tensor& t, int64_t dim, int64_t index);
-Tensor expand(const Tensor& t, const Shape& shape);
-Tensor squeeze(const Tensor& t);
-Tensor squeeze(const Tensor& t, int64_t dim);
-Tensor unsqueeze(const Tensor& t, int64_t dim);
-Tensor flatten(const Tensor& t, int64_t start_dim = 0, int64_t end_dim = -1);
-Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes);
-Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides, std::optional<int64_t> offset = {});
-Tensor diagonal(const Tensor& t, int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1);
-std::vector<Tensor> split(const Tensor& t, int64_t split_size, int64_t dim = 0);
-std::vector<Tensor> split_with_sizes(const Tensor& t, const std::vector<int64_t>& sizes, int64_t dim = 0);
-std::vector<Tensor> chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
-std::vector<Tensor> unbind(const Tensor& t, int64_t dim = 0);
+KILN_VIEW_DECLARE_ALL()
 // Inferred -1 and validity of a target shape for numel elements; throws naming op.
 Shape infer_shape(const Shape& shape, int64_t numel, std::string_view op);
 
 // ---------------------------------------------------------------- elementwise (elementwise.cpp)
-// The unary ops of the table (unary_ops.h): internal::exp(a), and exp_(a) in place. Floating inputs keep their dtype;
-// integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat; predicates give Bool.
-#define KILN_X(Enum, name, ...) \
-  Tensor name(const Tensor& a); \
-  Tensor& name##_(Tensor& a);
-KILN_UNARY_OPS(KILN_X)
-#undef KILN_X
+// The unary ops of the table (unary_ops.h): internal::exp(a), and exp_(a) in place; gelu, square, clamp and clamp_.
+// The predicates give Bool.
+KILN_UNARY_DECLARE_ALL()
 #define KILN_X(Enum, name, ...) Tensor name(const Tensor& a);
 KILN_UNARY_PREDICATES(KILN_X)
 #undef KILN_X
-Tensor gelu(const Tensor& a, bool tanh_approximation = false);
-Tensor square(const Tensor& a);
-Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
 
 // The binary ops of the table (binary_ops.h), with broadcasting and type promotion: add(a, b, alpha) = a + alpha * b,
 // sub, mul, div (true division: integers give kDefaultFloat), remainder (Python's %, the divisor's sign), pow,
 // maximum, minimum; mul(a, 2.5) and the in-place forms add_, sub_, mul_, div_, which write into `a` (the promoted
 // type must be castable to a's dtype: float into int is an error). The predicates give Bool: eq, ne, lt, le, gt,
-// ge (also with a number), logical_and, logical_or, logical_xor.
+// ge (also with a number), logical_and, logical_or, logical_xor. masked_fill_ writes into `a` likewise.
 KILN_BINARY_DECLARE_ALL()
 // (g * b, g * a): the gradients of a * b, in one pass (one kernel on a GPU) when g, a and b have one shape
 // and floating dtype; otherwise the two products with broadcasting and promotion.
@@ -139,46 +110,20 @@ Tensor gelu_backward(const Tensor& g, const Tensor& x, bool tanh_approximation =
 Tensor silu_backward(const Tensor& g, const Tensor& x);
 Tensor relu_backward(const Tensor& g, const Tensor& y);
 
-// In-place forms write into `a`; the promoted type must be castable to a's dtype (float into int is an error).
-Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);
-Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value);
-
 // The dtype PyTorch would compute a binary op in (0-d tensors and scalars count less than dimensioned tensors).
 DType result_type(const Tensor& a, const Tensor& b);
 DType result_type(const Tensor& a, Scalar b);
 
 // ---------------------------------------------------------------- reductions (reduce.cpp)
-// `dims` empty means all dims. Integer and bool sums give Int64, as in PyTorch.
-Tensor sum(const Tensor& a, const Dims& dims = {}, bool keepdim = false, std::optional<DType> dtype = {});
-Tensor mean(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
-Tensor prod(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
-Tensor amax(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
-Tensor amin(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
-Tensor max(const Tensor& a);  // over all elements, 0-d
-Tensor min(const Tensor& a);
-std::tuple<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim = false);  // values, Int64 indices
-std::tuple<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim = false);
+KILN_REDUCE_DECLARE_ALL()
 Tensor argmax(const Tensor& a, std::optional<int64_t> dim = {}, bool keepdim = false);
 Tensor argmin(const Tensor& a, std::optional<int64_t> dim = {}, bool keepdim = false);
-Tensor var(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
-Tensor std(const Tensor& a, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false);
-std::tuple<Tensor, Tensor> var_mean(const Tensor& a, const Dims& dims = {}, int64_t correction = 1,
-                                    bool keepdim = false);
-Tensor norm(const Tensor& a, double p = 2, const Dims& dims = {}, bool keepdim = false);  // p may be INFINITY
-Tensor logsumexp(const Tensor& a, const Dims& dims, bool keepdim = false);
 Tensor all(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
 Tensor any(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
 Tensor count_nonzero(const Tensor& a, const Dims& dims = {});
-Tensor softmax(const Tensor& a, int64_t dim);
-Tensor log_softmax(const Tensor& a, int64_t dim);
 
 // ---------------------------------------------------------------- linear algebra (linalg.cpp)
-// matmul follows torch.matmul: 1-D operands are promoted and squeezed, batch dims broadcast.
-Tensor matmul(const Tensor& a, const Tensor& b);
-Tensor mm(const Tensor& a, const Tensor& b);   // (M,K) x (K,N)
-Tensor bmm(const Tensor& a, const Tensor& b);  // (B,M,K) x (B,K,N)
-Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1,
-             Scalar alpha = 1);  // beta*c + alpha*a@b
+KILN_LINALG_DECLARE_ALL()
 // In place: c = beta*c + alpha*a@b, for a (M, K), b (K, N) and c (M, N) of one dtype and device whose rows are
 // contiguous (column stride 1, row stride N): one product that adds into c (a gradient summed where it is, say).
 Tensor& addmm_(Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1, Scalar alpha = 1);
@@ -186,29 +131,12 @@ Tensor& addmm_(Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1, Sca
 // One product on the GPU where the dims allow (the sums come from its epilogue); elsewhere the product and a
 // matrix-vector product with ones.
 std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b);
-Tensor dot(const Tensor& a, const Tensor& b);
-Tensor outer(const Tensor& a, const Tensor& b);
 
 // ---------------------------------------------------------------- indexing (index.cpp)
-Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);
-Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
-Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, Scalar value);
-Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor& scatter_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor masked_select(const Tensor& a, const Tensor& mask);      // 1-D
+KILN_INDEX_DECLARE_ALL()
 Tensor nonzero(const Tensor& a);                                // (count, rank) Int64
 Tensor one_hot(const Tensor& index, int64_t num_classes = -1);  // Int64 output, (..., num_classes)
-Tensor embedding(const Tensor& weight, const Tensor& index);    // weight (V, D), index (...) -> (..., D)
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
-std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false, bool stable = true);
 Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);
-std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
-Tensor tril(const Tensor& a, int64_t diagonal = 0);
-Tensor triu(const Tensor& a, int64_t diagonal = 0);
 
 // ---------------------------------------------------------------- comparison helpers (compare.cpp)
 // |a - b| <= atol + rtol * |b| elementwise, NaNs equal when equal_nan; shapes must broadcast.

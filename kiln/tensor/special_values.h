@@ -163,24 +163,26 @@ KILN_HOST_DEVICE C log1p_finish(C x, C r) {
   return magnitude(x) < L::kTiny ? x : r;
 }
 
-// ---- tanh: NaN; ±1 for |x| >= kTanhOne (±inf included); x itself for |x| < kTiny ----
+// ---- the odd functions that saturate at ±1 (tanh, erf): NaN; ±1 for |x| >= one (±inf included); `tiny` (their
+// first-order term) for |x| < kTiny; else r ----
 template <typename C>
-KILN_HOST_DEVICE C tanh_finish(C x, C r) {
-  using L = Limits<C>;
+KILN_HOST_DEVICE C saturating_odd_finish(C x, C r, C one, C tiny) {
   if (is_nan(x)) return x;
   const C m = magnitude(x);
-  if (m >= L::kTanhOne) return x < C(0) ? C(-1) : C(1);
-  return m < L::kTiny ? x : r;
+  if (m >= one) return x < C(0) ? C(-1) : C(1);
+  return m < Limits<C>::kTiny ? tiny : r;
 }
 
-// ---- erf: NaN; ±1 for |x| >= kErfOne (±inf included); 2x/sqrt(pi) for |x| < kTiny ----
+// ---- tanh: ±1 for |x| >= kTanhOne; x itself for |x| < kTiny ----
+template <typename C>
+KILN_HOST_DEVICE C tanh_finish(C x, C r) {
+  return saturating_odd_finish(x, r, Limits<C>::kTanhOne, x);
+}
+
+// ---- erf: ±1 for |x| >= kErfOne; 2x/sqrt(pi) for |x| < kTiny ----
 template <typename C>
 KILN_HOST_DEVICE C erf_finish(C x, C r) {
-  using L = Limits<C>;
-  if (is_nan(x)) return x;
-  const C m = magnitude(x);
-  if (m >= L::kErfOne) return x < C(0) ? C(-1) : C(1);
-  return m < L::kTiny ? C(kTwoOverSqrtPi) * x : r;
+  return saturating_odd_finish(x, r, Limits<C>::kErfOne, C(kTwoOverSqrtPi) * x);
 }
 
 // ---- sigmoid, from e = exp(-|x|) (exp's rules above): e / (1 + e) for x < 0, 1 / (1 + e) otherwise. Exact 0 and

@@ -93,3 +93,17 @@
   X(Square,   square)     /* a Bool input is squared as int64, as pow(x, 2) */                                                      \
   X(Clamp,    clamp)      /* min(max(x, params.a), params.b); a = -inf or b = +inf when absent; NaN stays NaN */
 // clang-format on
+
+// Every function of the unary ops, declared alike in kiln::internal (internal_ops.h) and kiln (autograd/functions.h,
+// differentiable there): name(a) and name_(a) of the table's rows, and those written by hand beside it. Floating
+// inputs keep their dtype; integer inputs to floating functions (exp, sqrt, sigmoid, ...) give kDefaultFloat. The
+// in-place forms write into `a`; the result's dtype must be castable to a's (float into int is an error).
+#define KILN_UNARY_DECLARE_ROW(Enum, name, ...) \
+  Tensor name(const Tensor& a);                 \
+  Tensor& name##_(Tensor& a);
+#define KILN_UNARY_DECLARE_ALL()                                                       \
+  KILN_UNARY_OPS(KILN_UNARY_DECLARE_ROW)                                               \
+  Tensor gelu(const Tensor& a, bool tanh_approximation = false);                       \
+  Tensor square(const Tensor& a);                                                      \
+  Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max); \
+  Tensor& clamp_(Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max);

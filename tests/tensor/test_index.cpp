@@ -490,6 +490,13 @@ TEST_P(SortTest, Topk) {
     expect_values(i0, {1, 4}, {1, 0, 1, 0});
     auto [vall, iall] = internal::topk(a, 4, -1, true, /*sorted=*/false);  // k == size: every element, some order
     EXPECT_EQ(vall.shape(), (Shape{2, 4}));
+    // k == size, sorted: the whole row in order, ties by position (as sort gives it).
+    auto [vk, ik] = internal::topk(a, 4);
+    expect_values(vk, {2, 4}, {9, 7, 3, 1, 8, 4, 4, 0});
+    expect_values(ik, {2, 4}, {1, 3, 2, 0, 2, 0, 1, 3});
+    auto [vks, iks] = internal::topk(a, 4, -1, /*largest=*/false);
+    expect_values(vks, {2, 4}, {1, 3, 7, 9, 0, 4, 4, 8});
+    expect_values(iks, {2, 4}, {0, 2, 3, 1, 3, 0, 1, 2});
   }
   const Tensor a = make({1, 2, 3}, {3}, opts());
   auto [v, i] = internal::topk(a, 0);

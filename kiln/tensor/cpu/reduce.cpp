@@ -141,13 +141,7 @@ void reduce_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::v
 
 void CpuBackend::reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce,
                         const ReduceParams& params) {
-  switch (op) {
-    case ReduceOp::Var:
-    case ReduceOp::Std:
-    case ReduceOp::Norm:
-    case ReduceOp::LogSumExp: return reduce_detail::reduce_stats(op, out, in, reduce, params);
-    default: break;
-  }
+  if (is_statistics_op(op)) return reduce_detail::reduce_stats(op, out, in, reduce, params);
   visit_reduce_dtypes("cpu::reduce", in.dtype(), out.dtype(),
                       [&]<typename In, typename Out>() { reduce_typed<In, Out>(op, out, in, reduce); });
 }

@@ -12,36 +12,6 @@
 namespace kiln::cpu::reduce_detail {
 namespace {
 
-template <typename Acc>
-struct MaxBlock {
-  Acc best = -std::numeric_limits<Acc>::infinity();
-  void block(const Acc* x, int64_t n) {
-    best = nan_max(best, ArrayMap<Acc>(x, n).template maxCoeff<Eigen::PropagateNaN>());
-  }
-  Acc value() const { return best; }
-  static Acc merge(Acc a, Acc b) { return nan_max(a, b); }
-};
-
-template <typename Acc>
-struct MinAbsBlock {
-  Acc best = std::numeric_limits<Acc>::infinity();
-  void block(const Acc* x, int64_t n) {
-    best = nan_min(best, ArrayMap<Acc>(x, n).abs().template minCoeff<Eigen::PropagateNaN>());
-  }
-  Acc value() const { return best; }
-  static Acc merge(Acc a, Acc b) { return nan_min(a, b); }
-};
-
-template <typename Acc>
-struct MaxAbsBlock {
-  Acc best = 0;
-  void block(const Acc* x, int64_t n) {
-    best = nan_max(best, ArrayMap<Acc>(x, n).abs().template maxCoeff<Eigen::PropagateNaN>());
-  }
-  Acc value() const { return best; }
-  static Acc merge(Acc a, Acc b) { return nan_max(a, b); }
-};
-
 // sum((x - center)^2)
 template <typename Acc>
 struct SquaredDeviationBlock {
@@ -146,6 +116,23 @@ struct ExtremeColumns {  // max or min of x (or |x|), NaN winning
   static Acc merge(Acc a, Acc b) { return kMax ? nan_max(a, b) : nan_min(a, b); }
 };
 
+// The same on the row path: one Eigen call per block of contiguous values.
+template <typename Acc, bool kMax, bool kAbs>
+struct ExtremeBlock {
+  Acc best = ExtremeColumns<Acc, kMax, kAbs>::identity();
+  void block(const Acc* x, int64_t n) {
+    if constexpr (kAbs) take(ArrayMap<Acc>(x, n).abs());
+    else take(ArrayMap<Acc>(x, n));
+  }
+  template <typename Values>
+  void take(const Values& v) {
+    if constexpr (kMax) best = nan_max(best, v.template maxCoeff<Eigen::PropagateNaN>());
+    else best = nan_min(best, v.template minCoeff<Eigen::PropagateNaN>());
+  }
+  Acc value() const { return best; }
+  static Acc merge(Acc a, Acc b) { return ExtremeColumns<Acc, kMax, kAbs>::merge(a, b); }
+};
+
 template <typename T>
 void stats_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& mask,
                  const ReduceParams& params) {
@@ -184,7 +171,7 @@ void stats_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::ve
     case ReduceOp::LogSumExp: {
       std::vector<Acc> max(static_cast<size_t>(g.n_out));
       run(
-          TypeTag<ExtremeColumns<Acc, true, false>>{}, [](int64_t) { return MaxBlock<Acc>{}; },
+          TypeTag<ExtremeColumns<Acc, true, false>>{}, [](int64_t) { return ExtremeBlock<Acc, true, false>{}; },
           [&](int64_t o, int64_t, Acc v) { max[o] = v; });
       run(
           TypeTag<SumLikeColumns<Acc, ShiftedExp>>{}, [&](int64_t o) { return ExpBlock<Acc>(max[o]); },
@@ -197,10 +184,11 @@ void stats_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::ve
       auto plain = [&](int64_t, int64_t off, Acc v) { store(off, v); };
       if (std::isinf(p) && p > 0) {
         run(
-            TypeTag<ExtremeColumns<Acc, true, true>>{}, [](int64_t) { return MaxAbsBlock<Acc>{}; }, plain);
+            TypeTag<ExtremeColumns<Acc, true, true>>{}, [](int64_t) { return ExtremeBlock<Acc, true, true>{}; }, plain);
       } else if (std::isinf(p)) {
         run(
-            TypeTag<ExtremeColumns<Acc, false, true>>{}, [](int64_t) { return MinAbsBlock<Acc>{}; }, plain);
+            TypeTag<ExtremeColumns<Acc, false, true>>{}, [](int64_t) { return ExtremeBlock<Acc, false, true>{}; },
+            plain);
       } else if (p == 0) {
         run(
             TypeTag<SumLikeColumns<Acc, NonZero>>{}, [](int64_t) { return PowerSumBlock<Acc, 0>{}; }, plain);
@@ -228,12 +216,8 @@ void stats_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::ve
 
 void reduce_stats(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce,
                   const ReduceParams& params) {
-  KILN_CHECK(out.dtype() == in.dtype(), "cpu::reduce: var/norm/logsumexp expect one dtype, got ", in.dtype(), " into ",
-             out.dtype());
-  visit_floating_dtype(in.dtype(), "reduce", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    stats_typed<T>(op, out, in, reduce, params);
-  });
+  visit_stats_dtype("cpu::reduce", in.dtype(), out.dtype(),
+                    [&]<typename T>() { stats_typed<T>(op, out, in, reduce, params); });
 }
 
 }  // namespace kiln::cpu::reduce_detail

@@ -6,6 +6,7 @@
 // the thread count.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -65,42 +66,29 @@ void for_each_row(const Tensor& values, const Tensor& indices, const Tensor& a, 
   });
 }
 
+// Orders each row along dim (descending, or ascending) and writes its first k elements, with their positions, to
+// values and indices: the whole row for sort (k absent), the k extremes for topk. A topk result is always sorted:
+// the order is free when sorted == false, and a sorted result costs little more.
 template <typename T>
-void sort_kernel(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t dim, bool descending) {
+void sort_kernel(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t dim, std::optional<int64_t> k,
+                 bool descending) {
   using K = compute_t<T>;
-  const int64_t n = geometry_of(a.shape(), a.strides()).shape[dim];
+  const int64_t n = geometry_of(a.shape(), a.strides()).shape[dim], count = k.value_or(n);
   const int64_t as = a.dim() ? a.stride(dim) : 1, vs = a.dim() ? values.stride(dim) : 1,
                 is = a.dim() ? indices.stride(dim) : 1;
   const T* src = a.data_ptr<T>();
   T* vp = values.data_ptr<T>();
   int64_t* ip = indices.data_ptr<int64_t>();
+  const auto order = [&](auto& row, auto less) {
+    if (count == n) std::sort(row.begin(), row.end(), less);
+    else std::partial_sort(row.begin(), row.begin() + count, row.end(), less);
+  };
   for_each_row<T>(values, indices, a, dim, [&](auto& row, int64_t a0, int64_t v0, int64_t i0) {
     for (int64_t j = 0; j < n; ++j) row[j] = {static_cast<K>(src[a0 + j * as]), j};
-    if (descending) std::sort(row.begin(), row.end(), Descending<K>{});
-    else std::sort(row.begin(), row.end(), Ascending<K>{});
-    for (int64_t j = 0; j < n; ++j) {
+    if (descending) order(row, Descending<K>{});
+    else order(row, Ascending<K>{});
+    for (int64_t j = 0; j < count; ++j) {
       vp[v0 + j * vs] = src[a0 + row[j].second * as];  // the original element: no rounding through K
-      ip[i0 + j * is] = row[j].second;
-    }
-  });
-}
-
-template <typename T>
-void topk_kernel(const Tensor& values, const Tensor& indices, const Tensor& a, int64_t k, int64_t dim, bool largest) {
-  using K = compute_t<T>;
-  const int64_t n = geometry_of(a.shape(), a.strides()).shape[dim];
-  const int64_t as = a.dim() ? a.stride(dim) : 1, vs = a.dim() ? values.stride(dim) : 1,
-                is = a.dim() ? indices.stride(dim) : 1;
-  const T* src = a.data_ptr<T>();
-  T* vp = values.data_ptr<T>();
-  int64_t* ip = indices.data_ptr<int64_t>();
-  for_each_row<T>(values, indices, a, dim, [&](auto& row, int64_t a0, int64_t v0, int64_t i0) {
-    for (int64_t j = 0; j < n; ++j) row[j] = {static_cast<K>(src[a0 + j * as]), j};
-    // Always sorted: the order is free when sorted == false, and a sorted result costs little more.
-    if (largest) std::partial_sort(row.begin(), row.begin() + k, row.end(), Descending<K>{});
-    else std::partial_sort(row.begin(), row.begin() + k, row.end(), Ascending<K>{});
-    for (int64_t j = 0; j < k; ++j) {
-      vp[v0 + j * vs] = src[a0 + row[j].second * as];
       ip[i0 + j * is] = row[j].second;
     }
   });
@@ -112,7 +100,7 @@ void CpuBackend::sort(const Tensor& values, const Tensor& indices, const Tensor&
                       bool stable) {
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    sort_kernel<T>(values, indices, a, dim, descending);
+    sort_kernel<T>(values, indices, a, dim, std::nullopt, descending);
   });
 }
 
@@ -120,7 +108,7 @@ void CpuBackend::topk(const Tensor& values, const Tensor& indices, const Tensor&
                       bool largest, bool sorted) {
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    topk_kernel<T>(values, indices, a, k, dim, largest);
+    sort_kernel<T>(values, indices, a, dim, k, largest);
   });
 }
 

@@ -394,21 +394,23 @@ class DeviceAllocator final : public Allocator {
     if (b->prev != nullptr && b->prev->in_pool()) {
       Block* p = b->prev;
       pool.erase(p);
-      p->size += b->size;
-      p->next = b->next;
-      if (b->next != nullptr) b->next->prev = p;
-      delete b;
+      absorb_next(p);
       b = p;
     }
     if (b->next != nullptr && b->next->in_pool()) {
-      Block* n = b->next;
-      pool.erase(n);
-      b->size += n->size;
-      b->next = n->next;
-      if (n->next != nullptr) n->next->prev = b;
-      delete n;
+      pool.erase(b->next);
+      absorb_next(b);
     }
     pool.insert(b);
+  }
+
+  // b takes in the block after it (out of every pool), which is deleted.
+  static void absorb_next(Block* b) {
+    Block* n = b->next;
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next != nullptr) n->next->prev = b;
+    delete n;
   }
 
   Pool& pool_of(const Block* b) { return b->small ? small_ : large_; }

@@ -8,25 +8,14 @@
 
 #include <type_traits>
 
-#include "kiln/tensor/dispatch.h"  // compute_t
+#include "kiln/tensor/dispatch.h"  // compute_t, map_16bit_t
 #include "kiln/tensor/half.h"      // Half, BFloat16
 
 namespace kiln::cuda {
 
+// compute_t's rule (dispatch.h) with CUDA's own 16-bit types.
 template <typename T>
-struct DeviceStorage {
-  using type = T;
-};
-template <>
-struct DeviceStorage<Half> {
-  using type = __half;
-};
-template <>
-struct DeviceStorage<BFloat16> {
-  using type = __nv_bfloat16;
-};
-template <typename T>
-using device_t = typename DeviceStorage<T>::type;
+using device_t = map_16bit_t<T, __half, __nv_bfloat16>;
 static_assert(sizeof(__half) == sizeof(Half) && sizeof(__nv_bfloat16) == sizeof(BFloat16),
               "kiln's 16-bit floats must have the bits of CUDA's");
 

@@ -101,20 +101,32 @@ class IndexCheck {
   IndexReport report_;
 };
 
+// The loop of the index kernels, grid-stride over the n positions of the walk: v = index[off[kIndex]] where off
+// are the position's offsets; body(i, off, v) when 0 <= v < dim_size, else v is reported (report_bad_index) and
+// skip(i) runs instead, so nothing is written outside the tensor.
+template <int kIndex, typename Body, typename Skip>
+__device__ __forceinline__ void for_each_index(const Walk& w, int64_t n, const int64_t* index, int64_t dim_size,
+                                               const IndexReport& err, Body&& body, Skip&& skip) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t off[3];
+    walk_offsets(w, i, off);
+    const int64_t v = index[off[kIndex]];
+    if (v < 0 || v >= dim_size) {
+      report_bad_index(err, v);
+      skip(i);
+      continue;
+    }
+    body(i, off, v);
+  }
+}
+
 // out[p] = a[p with coordinate `dim` replaced by index[p]]; walk tensors: 0 out, 1 a (dim stride 0), 2 index.
 template <typename U>
 __global__ void gather_kernel(Walk w, int64_t n, U* out, const U* a, const int64_t* index, int64_t a_dim_stride,
                               int64_t a_dim_size, IndexReport err) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t off[3];
-    walk_offsets(w, i, off);
-    const int64_t v = index[off[2]];
-    if (v < 0 || v >= a_dim_size) {
-      report_bad_index(err, v);
-      continue;
-    }
-    out[off[0]] = a[off[1] + v * a_dim_stride];
-  }
+  for_each_index<2>(
+      w, n, index, a_dim_size, err,
+      [&](int64_t, const int64_t* off, int64_t v) { out[off[0]] = a[off[1] + v * a_dim_stride]; }, [](int64_t) {});
 }
 
 template <typename F>
@@ -185,18 +197,14 @@ __device__ __forceinline__ void atomic_accumulate(D* target, D value) {
 template <typename D, bool kAccumulate>
 __global__ void scatter_kernel(Walk w, int64_t n, D* out, const int64_t* index, const D* src, int64_t out_dim_stride,
                                int64_t out_dim_size, IndexReport err) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t off[3];
-    walk_offsets(w, i, off);
-    const int64_t v = index[off[1]];
-    if (v < 0 || v >= out_dim_size) {
-      report_bad_index(err, v);
-      continue;
-    }
-    D* target = out + off[0] + v * out_dim_stride;
-    if constexpr (kAccumulate) atomic_accumulate(target, src[off[2]]);
-    else *target = src[off[2]];  // duplicates: one of the writers wins, as in PyTorch
-  }
+  for_each_index<1>(
+      w, n, index, out_dim_size, err,
+      [&](int64_t, const int64_t* off, int64_t v) {
+        D* target = out + off[0] + v * out_dim_stride;
+        if constexpr (kAccumulate) atomic_accumulate(target, src[off[2]]);
+        else *target = src[off[2]];  // duplicates: one of the writers wins, as in PyTorch
+      },
+      [](int64_t) {});
 }
 
 // ---- deterministic mode: scatter through targets sorted by offset ----
@@ -206,18 +214,16 @@ __global__ void scatter_kernel(Walk w, int64_t n, D* out, const int64_t* index, 
 __global__ void scatter_keys_kernel(Walk w, int64_t n, const int64_t* index, int64_t out_dim_stride,
                                     int64_t out_dim_size, int64_t lo, uint64_t sentinel, uint64_t* keys,
                                     int64_t* positions, IndexReport err) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t off[3];
-    walk_offsets(w, i, off);
-    const int64_t v = index[off[1]];
-    positions[i] = i;
-    if (v < 0 || v >= out_dim_size) {
-      report_bad_index(err, v);
-      keys[i] = sentinel;
-      continue;
-    }
-    keys[i] = static_cast<uint64_t>(off[0] + v * out_dim_stride - lo);
-  }
+  for_each_index<1>(
+      w, n, index, out_dim_size, err,
+      [&](int64_t i, const int64_t* off, int64_t v) {
+        positions[i] = i;
+        keys[i] = static_cast<uint64_t>(off[0] + v * out_dim_stride - lo);
+      },
+      [&](int64_t i) {
+        positions[i] = i;
+        keys[i] = sentinel;
+      });
 }
 
 // Over keys sorted ascending (positions in index order within equal keys): the thread at the start of each

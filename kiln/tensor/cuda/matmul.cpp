@@ -59,24 +59,20 @@ CublasOperand describe(const Tensor& t) {
   const int64_t rs = t.stride(1), cs = t.stride(2);
   CublasOperand op;
   op.batch_stride = t.size(0) == 1 ? 0 : t.stride(0);
-  // Row-major R x C with leading dim rs: stored column-major it is C x R, op N.
-  if ((cs == 1 || cols == 1) && (rows == 1 || rs >= std::max<int64_t>(cols, 1))) {
+  // Whether t is stored column-major as an inner x outer matrix: its dim of `inner` elements has stride 1 (or one
+  // element), and the other, of `outer` elements, a valid leading dim (or one element). Fills op if so.
+  const auto stored_as = [&](bool trans, int64_t inner, int64_t inner_stride, int64_t outer, int64_t outer_stride) {
+    if ((inner_stride != 1 && inner != 1) || (outer != 1 && outer_stride < std::max<int64_t>(inner, 1))) return false;
     op.ptr = t.data_ptr();
-    op.trans = false;
-    op.rows = cols;
-    op.cols = rows;
-    op.ld = rows == 1 ? std::max<int64_t>(cols, 1) : rs;
-    return op;
-  }
-  // Column-major R x C with leading dim cs: stored column-major it is R x C, op T.
-  if ((rs == 1 || rows == 1) && (cols == 1 || cs >= std::max<int64_t>(rows, 1))) {
-    op.ptr = t.data_ptr();
-    op.trans = true;
-    op.rows = rows;
-    op.cols = cols;
-    op.ld = cols == 1 ? std::max<int64_t>(rows, 1) : cs;
-    return op;
-  }
+    op.trans = trans;
+    op.rows = inner;
+    op.cols = outer;
+    op.ld = outer == 1 ? std::max<int64_t>(inner, 1) : outer_stride;
+    return true;
+  };
+  // Row-major R x C with leading dim rs: stored column-major it is C x R, op N. Column-major R x C with leading dim
+  // cs: stored column-major it is R x C, op T.
+  if (stored_as(false, cols, cs, rows, rs) || stored_as(true, rows, rs, cols, cs)) return op;
   // A zero or overlapping stride (e.g. one row expanded over M rows): copy to row-major. A broadcast
   // batch (stride 0) stays one matrix.
   Tensor copy = (t.size(0) == 1 || t.stride(0) == 0) ? internal::contiguous(internal::narrow(t, 0, 0, 1))
@@ -122,27 +118,28 @@ Types types_for(DType dtype) {
 // destruction, and the driver reclaims everything at exit) ----
 std::mutex g_mutex;
 
+// The handle of `device` in `handles`, made with create(&handle) on first use; the caller holds the map's mutex.
+template <typename Handle>
+Handle device_handle(std::map<int, Handle>& handles, int device, cublasStatus_t (*create)(Handle*)) {
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  Handle h = nullptr;
+  KILN_CUBLAS_CHECK(create(&h), "matmul");
+  handles.emplace(device, h);
+  return h;
+}
+
 cublasLtHandle_t lt_handle(int device) {
   static auto* handles = new std::map<int, cublasLtHandle_t>();
   std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = handles->find(device);
-  if (it != handles->end()) return it->second;
-  cublasLtHandle_t h = nullptr;
-  KILN_CUBLAS_CHECK(cublasLtCreate(&h), "matmul");
-  handles->emplace(device, h);
-  return h;
+  return device_handle(*handles, device, cublasLtCreate);
 }
 
 // The cuBLAS (non-Lt) handle of a device; callers hold g_cublas_mutex while they set its stream and use it.
 std::mutex g_cublas_mutex;
 cublasHandle_t cublas_handle(int device) {
   static auto* handles = new std::map<int, cublasHandle_t>();
-  auto it = handles->find(device);
-  if (it != handles->end()) return it->second;
-  cublasHandle_t h = nullptr;
-  KILN_CUBLAS_CHECK(cublasCreate(&h), "matmul");
-  handles->emplace(device, h);
-  return h;
+  return device_handle(*handles, device, cublasCreate);
 }
 
 // One workspace per (device, stream): products queued on one stream run one after another, so they can
@@ -173,25 +170,17 @@ std::map<AlgoKey, AlgoEntry>& algo_cache() {
   return *cache;
 }
 
-// RAII holders for the cuBLASLt descriptors of one call.
-struct MatmulDesc {
-  cublasLtMatmulDesc_t d = nullptr;
-  ~MatmulDesc() {
-    if (d) cublasLtMatmulDescDestroy(d);
+// RAII holders for the cuBLASLt descriptors of one call: d, destroyed with Destroy when set.
+template <typename Handle, cublasStatus_t (*Destroy)(Handle)>
+struct LtDesc {
+  Handle d = nullptr;
+  ~LtDesc() {
+    if (d) Destroy(d);
   }
 };
-struct LayoutDesc {
-  cublasLtMatrixLayout_t d = nullptr;
-  ~LayoutDesc() {
-    if (d) cublasLtMatrixLayoutDestroy(d);
-  }
-};
-struct PreferenceDesc {
-  cublasLtMatmulPreference_t d = nullptr;
-  ~PreferenceDesc() {
-    if (d) cublasLtMatmulPreferenceDestroy(d);
-  }
-};
+using MatmulDesc = LtDesc<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using LayoutDesc = LtDesc<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using PreferenceDesc = LtDesc<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
 void make_layout(LayoutDesc& layout, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batches,
                  int64_t batch_stride) {
@@ -284,25 +273,18 @@ bool run_lt(const Problem& p) {
   if (!cached) {
     PreferenceDesc pref;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), "matmul");
+    const auto set = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
+      KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, attribute, &value, sizeof value), "matmul");
+    };
     const uint64_t ws = kWorkspaceBytes;
-    KILN_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-        "matmul");
+    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
     // Views may start anywhere: tell the heuristic how aligned the pointers are (it assumes 256 bytes).
     const uint32_t align_a = static_cast<uint32_t>(key[15]), align_b = static_cast<uint32_t>(key[16]),
                    align_c = static_cast<uint32_t>(key[17]);
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                           sizeof align_a),
-                      "matmul");
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                           sizeof align_b),
-                      "matmul");
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-                                                           sizeof align_c),
-                      "matmul");
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
-                                                           sizeof align_c),
-                      "matmul");
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op.d, a_layout.d, b_layout.d, c_layout.d,

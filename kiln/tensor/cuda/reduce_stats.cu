@@ -95,12 +95,8 @@ void stats_typed(ReduceOp op, const Tensor& out, const Tensor& in, const std::ve
 
 void reduce_stats(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<bool>& reduce,
                   const ReduceParams& params) {
-  KILN_CHECK(out.dtype() == in.dtype(), "cuda::reduce: var/norm/logsumexp expect one dtype, got ", in.dtype(), " into ",
-             out.dtype());
-  visit_floating_dtype(in.dtype(), "reduce", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    stats_typed<T>(op, out, in, reduce, params);
-  });
+  visit_stats_dtype("cuda::reduce", in.dtype(), out.dtype(),
+                    [&]<typename T>() { stats_typed<T>(op, out, in, reduce, params); });
 }
 
 }  // namespace kiln::cuda

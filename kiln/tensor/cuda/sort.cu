@@ -109,24 +109,12 @@ void sort_pairs(const K* keys_in, K* keys_out, const int64_t* pos_in, int64_t* p
                   "sort");
 }
 
+// The unsigned integer of kSize bytes (void for any other size): the keys' type.
 template <size_t kSize>
-struct Bits;
-template <>
-struct Bits<1> {
-  using type = uint8_t;
-};
-template <>
-struct Bits<2> {
-  using type = uint16_t;
-};
-template <>
-struct Bits<4> {
-  using type = uint32_t;
-};
-template <>
-struct Bits<8> {
-  using type = uint64_t;
-};
+using bits_t = std::conditional_t<
+    kSize == 1, uint8_t,
+    std::conditional_t<kSize == 2, uint16_t,
+                       std::conditional_t<kSize == 4, uint32_t, std::conditional_t<kSize == 8, uint64_t, void>>>>;
 
 // x: contiguous (..., n), sorted along its last dim into values_out (x's dtype) and indices_out (Int64),
 // both contiguous with x's shape.
@@ -136,7 +124,7 @@ void sort_rows(const Tensor& x, int64_t n, bool descending, const Tensor& values
   const Device device = x.device();
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using U = typename Bits<sizeof(T)>::type;
+    using U = bits_t<sizeof(T)>;
     using K = std::conditional_t<sizeof(U) == 1, uint16_t, U>;  // one sort instantiation fewer
     KeyKind kind = KeyKind::Unsigned;
     U abs_inf = 0;
