@@ -6,7 +6,8 @@
 // the case's rate (the same recipe as pytorch_train.py's), which keeps fp16 from diverging early.
 // Every step's loss (and the GradScaler's scale) is logged on the device and judged after the timing
 // (bench/train_log.h): a case whose loss is not finite, whose timed steps were skipped, or whose loss did not fall
-// is reported with "trained": false and the reason in "failed", and bench_train exits 1. One JSON line per case,
+// is reported with "trained": false and the reason in "failed", and bench_train exits 1 (not with --quick, whose
+// tiny batches at full learning rates are not expected to train: there the verdict is only shown). One JSON line per case,
 // with the last step's loss ("loss") and the log ("losses", "loss_first", "loss_last", "skipped_steps");
 // bench/pytorch_train.py prints the same cases through PyTorch's modes, and bench/train_table.py puts both side
 // by side with the goals.
@@ -208,7 +209,7 @@ std::string loss_field(const Tensor* loss, const StepLog& log, const Settings& s
   if (loss != nullptr && loss->defined()) out = ", \"loss\": " + json_number(loss->item<double>(), 4);
   bool ok = true;
   out += log.judge(s.batches, ok);
-  if (!ok) g_failed = true;
+  if (!ok && !s.quick) g_failed = true;  // --quick: tiny batches at full learning rates; the verdict is shown only
   return out;
 }
 
@@ -501,7 +502,7 @@ void dynamic_case(const std::string& name, const Settings& s) {
   if (loss.defined()) extra += ", \"loss\": " + json_number(loss.item<double>(), 4);
   bool ok = true;
   extra += log.judge(batches, ok);
-  if (!ok) g_failed = true;
+  if (!ok && !s.quick) g_failed = true;
   report(name, info, timed, 0, m, extra);
   profile_steps(name, s, step);
 }
