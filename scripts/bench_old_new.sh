@@ -7,6 +7,8 @@
 #   scripts/bench_old_new.sh oldsrc 3 bert_base_128 resnet50_bf16
 #
 # Builds: build-gpu (this tree) and OLD/build-gpu. Logs and a summary go to $OUT (else ./gpu-logs).
+# KILN_OLD_NEW_BENCH=current: build the old library with this tree's bench/ (copied over OLD/bench first), so both
+# sides run the same harness and only the library differs (when the harness itself changed between the trees).
 set -uo pipefail
 
 # shellcheck source=scripts/gpu_env.sh
@@ -30,6 +32,10 @@ configure_and_build() {  # source dir, build dir, label
   note "$3: configure + build bench_train: $((SECONDS - start)) s"
 }
 [[ -d "$old_src/third_party" ]] || ln -s "$root/third_party" "$old_src/third_party"
+if [[ "${KILN_OLD_NEW_BENCH:-}" == current ]]; then
+  rm -rf "$old_src/bench" && cp -r "$root/bench" "$old_src/bench"
+  note "old: built with this tree's bench/"
+fi
 configure_and_build "$old_src" "$old_src/build-gpu" old
 configure_and_build "$root" "$root/$build" new
 
