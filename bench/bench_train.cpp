@@ -2,13 +2,13 @@
 // step, timed as one block of steps between two CUDA events after warm-up steps, on random (not zero) data made
 // once on the GPU: --batches distinct batches (8 by default) that the steps cycle through (the JPEG case reads a
 // folder of photos through the DataLoader instead). The ResNet cases' images carry a pattern of their class
-// (bench/model_cases.h), so that their loss can fall; BERT's labels are tokens of the input. The learning rate rises linearly over the warm-up steps to
-// the case's rate (the same recipe as pytorch_train.py's), which keeps fp16 from diverging early.
-// Every step's loss (and the GradScaler's scale) is logged on the device and judged after the timing
+// (bench/model_cases.h), so that their loss can fall; BERT's labels are tokens of the input. The learning rate rises
+// linearly over the warm-up steps to the case's rate (the same recipe as pytorch_train.py's), which keeps fp16 from
+// diverging early. Every step's loss (and the GradScaler's scale) is logged on the device and judged after the timing
 // (bench/train_log.h): a case whose loss is not finite, whose timed steps were skipped, or whose loss did not fall
 // is reported with "trained": false and the reason in "failed", and bench_train exits 1 (not with --quick, whose
-// tiny batches at full learning rates are not expected to train: there the verdict is only shown). One JSON line per case,
-// with the last step's loss ("loss") and the log ("losses", "loss_first", "loss_last", "skipped_steps");
+// tiny batches at full learning rates are not expected to train: there the verdict is only shown). One JSON line per
+// case, with the last step's loss ("loss") and the log ("losses", "loss_first", "loss_last", "skipped_steps");
 // bench/pytorch_train.py prints the same cases through PyTorch's modes, and bench/train_table.py puts both side
 // by side with the goals.
 //
@@ -74,10 +74,10 @@ struct Settings {
   uint64_t seed = 1234;  // --seed N
 };
 
-const std::vector<std::string> kCases = {
-    "resnet50_bf16",      "resnet50_fp16",     "resnet18_cifar_bf16", "bert_base_128",      "bert_base_512",
-    "bert_large_128",     "bert_base_128_ckpt", "resnet50_fp32",      "bert_base_128_fp32", "bert_base_dynamic",
-    "resnet50_jpeg",      "resnet50_jpeg_gpu"};
+const std::vector<std::string> kCases = {"resnet50_bf16",      "resnet50_fp16", "resnet18_cifar_bf16",
+                                         "bert_base_128",      "bert_base_512", "bert_large_128",
+                                         "bert_base_128_ckpt", "resnet50_fp32", "bert_base_128_fp32",
+                                         "bert_base_dynamic",  "resnet50_jpeg", "resnet50_jpeg_gpu"};
 
 // "bf16", "fp16" or "fp32" (float32 products in TF32, kiln's default as PyTorch's with allow_tf32).
 std::string precision_name(DType precision) {
@@ -120,19 +120,16 @@ class StepLog {
   // The verdict and the log as JSON fields; `ok` tells whether the run trained.
   std::string judge(int64_t cycle, bool& ok) const {
     const std::vector<double> losses = host(losses_), scales = host(scales_);
-    const bench::TrainingVerdict v = bench::judge_training(
-        losses, scales, scaler_ != nullptr ? scaler_->options().init_scale : 0.0, timed_, cycle);
+    const bench::TrainingVerdict v =
+        bench::judge_training(losses, scales, scaler_ != nullptr ? scaler_->options().init_scale : 0.0, timed_, cycle);
     ok = v.ok;
     return bench::training_fields(v, losses, cycle);
   }
 
  private:
   std::vector<double> host(const Tensor& t) const {
-    std::vector<double> out;
-    if (!t.defined() || n_ == 0) return out;
-    const Tensor h = t.narrow(0, 0, n_).to(DType::Float64).cpu();
-    for (int64_t i = 0; i < n_; ++i) out.push_back(h[i].item<double>());
-    return out;
+    if (!t.defined() || n_ == 0) return {};
+    return t.narrow(0, 0, n_).to_vector<double>();
   }
   int64_t capacity_;
   const amp::GradScaler* scaler_;
@@ -142,6 +139,31 @@ class StepLog {
 };
 
 bool g_failed = false;  // a case did not train: bench_train exits 1
+
+// The distinct batches a case cycles through (each a list of the tensors one step reads), and their static copies
+// for a CUDA graph: an eager step takes the next batch, a feed copies the next one into the static tensors.
+class BatchCycle {
+ public:
+  // columns[j][b]: tensor j of batch b (e.g. {images, labels}).
+  explicit BatchCycle(const std::vector<std::vector<Tensor>>& columns) {
+    for (size_t b = 0; b < columns.at(0).size(); ++b) {
+      batches_.emplace_back();
+      for (const auto& column : columns) batches_.back().push_back(column.at(b));
+    }
+    for (const Tensor& t : batches_.at(0)) statics_.push_back(t.clone());
+  }
+  const std::vector<Tensor>& next() { return batches_[next_++ % batches_.size()]; }
+  void feed() {
+    const std::vector<Tensor>& b = next();
+    for (size_t j = 0; j < b.size(); ++j) statics_[j].copy_(b[j]);
+  }
+  const std::vector<Tensor>& statics() const { return statics_; }
+
+ private:
+  std::vector<std::vector<Tensor>> batches_;
+  std::vector<Tensor> statics_;
+  size_t next_ = 0;
+};
 
 // The learning rate over the eager warm-up steps: step k < warmup trains at base * (k + 1) / warmup, later steps at
 // base (every group of `opt`).
@@ -203,12 +225,12 @@ void report(const std::string& name, const Info& info, const Settings& s, int wa
 }
 
 // ", \"loss\": value" of the last step (a host sync, after the timing), or nothing without a loss tensor; then the
-// step log's verdict (a failed one marks the run failed).
-std::string loss_field(const Tensor* loss, const StepLog& log, const Settings& s) {
+// step log's verdict, the fall judged over `cycle` steps (default: --batches; a failed verdict marks the run failed).
+std::string loss_field(const Tensor* loss, const StepLog& log, const Settings& s, int64_t cycle = 0) {
   std::string out;
   if (loss != nullptr && loss->defined()) out = ", \"loss\": " + json_number(loss->item<double>(), 4);
   bool ok = true;
-  out += log.judge(s.batches, ok);
+  out += log.judge(cycle > 0 ? cycle : s.batches, ok);
   if (!ok && !s.quick) g_failed = true;  // --quick: tiny batches at full learning rates; the verdict is shown only
   return out;
 }
@@ -344,18 +366,12 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
     scaler.step(opt);
     scaler.update();
   };
-  size_t next = 0;  // the batch the next step trains on, cycling
+  BatchCycle cycle({c.xs, c.ys});
   auto eager = [&] {
-    const size_t b = next++ % c.xs.size();
+    const std::vector<Tensor>& b = cycle.next();
     lr.before_step();
-    train(c.xs[b], c.ys[b]);
+    train(b[0], b[1]);
     log.record(loss);
-  };
-  Tensor static_x = c.xs[0].clone(), static_y = c.ys[0].clone();  // what the graph reads; fed before each replay
-  auto feed = [&] {
-    const size_t b = next++ % c.xs.size();
-    static_x.copy_(c.xs[b]);
-    static_y.copy_(c.ys[b]);
   };
   const Info info{.model = cifar ? "resnet" + std::to_string(depth) + "-cifar" : "resnet" + std::to_string(depth),
                   .input = std::to_string(size) + "x" + std::to_string(size),
@@ -365,8 +381,8 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
                   .batch = batch};
   time_and_report_graphed(name, info, s,
                           {.eager = eager,
-                           .captured = [&] { train(static_x, static_y); },
-                           .feed = feed,
+                           .captured = [&] { train(cycle.statics()[0], cycle.statics()[1]); },
+                           .feed = [&] { cycle.feed(); },
                            .warmup = s.warmup,
                            .loss = &loss,
                            .log = &log});
@@ -390,18 +406,12 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
     loss.backward();
     opt.step();
   };
-  size_t next = 0;  // the batch the next step trains on, cycling
+  BatchCycle cycle({c.all_ids, c.all_labels});
   auto eager = [&] {
-    const size_t b = next++ % c.all_ids.size();
+    const std::vector<Tensor>& b = cycle.next();
     lr.before_step();
-    train(c.all_ids[b], c.all_labels[b]);
+    train(b[0], b[1]);
     log.record(loss);
-  };
-  Tensor static_ids = c.all_ids[0].clone(), static_labels = c.all_labels[0].clone();
-  auto feed = [&] {
-    const size_t b = next++ % c.all_ids.size();
-    static_ids.copy_(c.all_ids[b]);
-    static_labels.copy_(c.all_labels[b]);
   };
   const Info info{.model = config.hidden_size >= 1024 ? "bert-large" : "bert-base",
                   .input = std::to_string(seq) + " tokens",
@@ -413,8 +423,8 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
   if (checkpointing) return time_and_report(name, info, s, s.warmup, eager, log, &loss);
   time_and_report_graphed(name, info, s,
                           {.eager = eager,
-                           .captured = [&] { train(static_ids, static_labels); },
-                           .feed = feed,
+                           .captured = [&] { train(cycle.statics()[0], cycle.statics()[1]); },
+                           .feed = [&] { cycle.feed(); },
                            .warmup = s.warmup,
                            .loss = &loss,
                            .log = &log});
@@ -438,11 +448,7 @@ void dynamic_case(const std::string& name, const Settings& s) {
     config.vocab_size = 1000;
   }
   const int64_t vocab = config.vocab_size;
-  std::vector<int64_t> lengths;
-  {
-    const Tensor drawn = randint(lo, hi + 1, {batches * batch}, {.dtype = DType::Int64});
-    for (int64_t i = 0; i < drawn.numel(); ++i) lengths.push_back(drawn[i].item<int64_t>());
-  }
+  std::vector<int64_t> lengths = randint(lo, hi + 1, {batches * batch}, {.dtype = DType::Int64}).to_vector<int64_t>();
   std::sort(lengths.begin(), lengths.end());
   const Tensor order = randperm(batches, {.dtype = DType::Int64});
   struct B {
@@ -456,7 +462,8 @@ void dynamic_case(const std::string& name, const Settings& s) {
     std::vector<int64_t> lens(lengths.begin() + b0, lengths.begin() + b0 + batch);
     const Tensor keep = arange(len, {.dtype = DType::Int64}).reshape({1, len}) <
                         from_vector(lens, {batch, 1});  // (batch, len): inside each sequence
-    Tensor ids = where(keep, randint(1, vocab, {batch, len}, {.dtype = DType::Int64}), zeros({batch, len}, {.dtype = DType::Int64}));
+    Tensor ids = where(keep, randint(1, vocab, {batch, len}, {.dtype = DType::Int64}),
+                       zeros({batch, len}, {.dtype = DType::Int64}));
     Tensor labels = cast(ids.select(1, 1) >= Scalar(vocab / 2), DType::Int64);
     data.push_back({ids.to(dev), zeros({batch, len}, {.dtype = DType::Int64, .device = dev}),
                     cast(keep, DType::Int64).to(dev), labels.to(dev)});
@@ -496,14 +503,10 @@ void dynamic_case(const std::string& name, const Settings& s) {
                   .optimizer = "adamw",
                   .unit = "seq/s",
                   .batch = batch};
-  std::string extra = ", \"cuda_graph\": false, \"first_epoch_s\": " + json_number(first_epoch_s, 3) +
-                      ", \"epoch_batches\": " + std::to_string(batches) + ", \"tokens_per_step\": " +
-                      json_number(static_cast<double>(padded_tokens) / static_cast<double>(batches), 1);
-  if (loss.defined()) extra += ", \"loss\": " + json_number(loss.item<double>(), 4);
-  bool ok = true;
-  extra += log.judge(batches, ok);
-  if (!ok && !s.quick) g_failed = true;
-  report(name, info, timed, 0, m, extra);
+  const std::string extra = ", \"cuda_graph\": false, \"first_epoch_s\": " + json_number(first_epoch_s, 3) +
+                            ", \"epoch_batches\": " + std::to_string(batches) + ", \"tokens_per_step\": " +
+                            json_number(static_cast<double>(padded_tokens) / static_cast<double>(batches), 1);
+  report(name, info, timed, 0, m, extra + loss_field(&loss, log, s, /*cycle=*/batches));  // first epoch vs last
   profile_steps(name, s, step);
 }
 
@@ -623,8 +626,7 @@ void run_case(const std::string& name, const Settings& s) {
   if (name == "bert_large_128") return bert_case(name, s, large, q ? 2 : 64, q ? 32 : 128, false);
   if (name == "bert_base_128_ckpt") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, true);
   if (name == "resnet50_fp32") return resnet_case(name, s, 50, q ? 2 : 256, q ? 64 : 224, 1000, false, DType::Float32);
-  if (name == "bert_base_128_fp32")
-    return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::Float32);
+  if (name == "bert_base_128_fp32") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::Float32);
   if (name == "bert_base_dynamic") return dynamic_case(name, s);
   if (name == "resnet50_jpeg") return jpeg_case(name, s, false);
   if (name == "resnet50_jpeg_gpu") return jpeg_case(name, s, true);
@@ -655,7 +657,13 @@ int main(int argc, char** argv) {
       s.warmup = 1;
       s.batches = 2;
     } else if (a == "--batches" && has_value) {
-      s.batches = std::max(1, std::atoi(argv[++i]));
+      char* end = nullptr;
+      const long n = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || argv[i][0] == '\0' || n < 1 || n > 4096) {
+        std::fprintf(stderr, "bench_train: --batches takes a whole number from 1 to 4096, not '%s'\n", argv[i]);
+        return 2;
+      }
+      s.batches = static_cast<int>(n);
     } else if (a == "--case" && has_value) {
       const std::string name = argv[++i];
       if (std::find(kCases.begin(), kCases.end(), name) == kCases.end()) {
@@ -697,7 +705,8 @@ int main(int argc, char** argv) {
   std::printf(
       "kiln %s train on %s: %d steps timed as one block after %d warm-up steps, cycling through %d batches; "
       "seed %llu\n",
-      KILN_VERSION_STRING, s.device.str().c_str(), s.steps, s.warmup, s.batches, static_cast<unsigned long long>(s.seed));
+      KILN_VERSION_STRING, s.device.str().c_str(), s.steps, s.warmup, s.batches,
+      static_cast<unsigned long long>(s.seed));
   for (const std::string& name : kCases) {
     if (!s.cases.empty() && !s.cases.count(name)) continue;
     try {

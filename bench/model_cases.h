@@ -24,8 +24,8 @@ namespace kiln::bench {
 
 struct ResNetCase {
   nn::Handle<nn::models::ResNet> model;
-  Tensor x;  // (batch, 3, size, size) float32, in the model's memory format: xs[0]
-  Tensor y;  // (batch,) Int64 class indices: ys[0]
+  Tensor x;                    // (batch, 3, size, size) float32, in the model's memory format: xs[0]
+  Tensor y;                    // (batch,) Int64 class indices: ys[0]
   std::vector<Tensor> xs, ys;  // the distinct batches
   int64_t batch = 0, size = 0;
 };
@@ -71,7 +71,7 @@ inline ResNetCase make_resnet50(Device dev, MemoryFormat format, bool quick) {
 struct BertCase {
   nn::models::BertConfig config;
   nn::Handle<nn::models::BertForMaskedLM> model;
-  Tensor ids, types, mask, labels;  // (batch, seq) Int64 each; ids and labels are all_ids[0] and all_labels[0]
+  Tensor ids, types, mask, labels;          // (batch, seq) Int64 each; ids and labels are all_ids[0] and all_labels[0]
   std::vector<Tensor> all_ids, all_labels;  // the distinct batches (types and mask are the same in each)
   int64_t batch = 0, seq = 0;
 };

@@ -354,14 +354,9 @@ def set_lr_warmup(opt, base, k, warmup):
         group["lr"] = lr * f
 
 
-def time_case(case, net, warmup, steps, graph):
-    """(ms per step, peak GiB, last loss, step log) over `steps` steps timed as one block after `warmup` steps;
-    with `graph`, the warm-up runs on a side stream, one step is captured and the timed steps are its replays."""
-    scaler = torch.amp.GradScaler("cuda") if case.dtype == torch.float16 else None
-    log = StepLog(2 * (warmup + steps) + 64, scaler)
-    base_lr = [g["lr"] for g in case.opt.param_groups]
-    count = {"k": 0}
-
+def training_step(case, net, scaler):
+    """step(batch) -> loss: zero_grad, forward and loss under autocast (off for float32), backward, optimizer step
+    (through the GradScaler when there is one)."""
     def step(batch):
         case.opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16 if case.dtype == torch.float32 else case.dtype,
@@ -375,6 +370,18 @@ def time_case(case, net, warmup, steps, graph):
             scaler.step(case.opt)
             scaler.update()
         return loss
+
+    return step
+
+
+def time_case(case, net, warmup, steps, graph):
+    """(ms per step, peak GiB, last loss, step log) over `steps` steps timed as one block after `warmup` steps;
+    with `graph`, the warm-up runs on a side stream, one step is captured and the timed steps are its replays."""
+    scaler = torch.amp.GradScaler("cuda") if case.dtype == torch.float16 else None
+    log = StepLog(2 * (warmup + steps) + 64, scaler)
+    base_lr = [g["lr"] for g in case.opt.param_groups]
+    count = {"k": 0}
+    step = training_step(case, net, scaler)
 
     def next_batch():
         k = count["k"]
@@ -441,16 +448,13 @@ def time_dynamic(case, net, warmup):
     log = StepLog(3 * n + 64, None)
     base_lr = [g["lr"] for g in case.opt.param_groups]
     count = {"k": 0}
+    step = training_step(case, net, None)
 
     def run():
         k = count["k"]
         count["k"] += 1
         set_lr_warmup(case.opt, base_lr, k, warmup)
-        case.opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=case.dtype):
-            loss = case.loss(net, case.batches[k % n])
-        loss.backward()
-        case.opt.step()
+        loss = step(case.batches[k % n])
         log.record(loss)
         return loss
 

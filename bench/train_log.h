@@ -24,12 +24,12 @@ namespace kiln::bench {
 
 struct TrainingVerdict {
   bool ok = true;
-  std::string why;           // the first rule broken (empty when ok)
-  double loss_first = NAN;   // mean loss over the first cycle of logged steps
-  double loss_last = NAN;    // over the last cycle
-  int64_t skipped_timed = 0; // steps the GradScaler skipped inside the timed blocks
-  int64_t skipped_total = 0; // and over the whole run
-  bool fall_checked = false; // false when the run was shorter than two cycles
+  std::string why;            // the first rule broken (empty when ok)
+  double loss_first = NAN;    // mean loss over the first cycle of logged steps
+  double loss_last = NAN;     // over the last cycle
+  int64_t skipped_timed = 0;  // steps the GradScaler skipped inside the timed blocks
+  int64_t skipped_total = 0;  // and over the whole run
+  bool fall_checked = false;  // false when the run was shorter than two cycles
 };
 
 // `losses[i]`: step i's loss; `scales`: the loss scale after step i (empty without a GradScaler), `init_scale` the

@@ -142,40 +142,36 @@ def speedup(goal_ms, kiln_ms):
     return goal_ms / kiln_ms if goal_ms and kiln_ms else None
 
 
-def graph_vs_fastest(factor):
+def speed_goal(text, kiln_key, torch_figure, factor, label=""):
+    """Goal: kiln's `kiln_key` figure ("graph" or "eager") ≥ factor × faster than torch_figure(res, case) (a
+    summary or None); the detail is the ratio, followed by `label` when given."""
     def check(res, case):
-        _, t = fastest_torch(res, case)
-        k = summary(res.times(KILN, case, "graph"))
+        t, k = torch_figure(res, case), summary(res.times(KILN, case, kiln_key))
         if t is None or k is None:
             return None, ""
         x = speedup(t[0], k[0])
-        return x >= factor, f"{x:.2f}×"
+        return x >= factor, f"{x:.2f}×" + (f" {label}" if label else "")
 
-    return f"kiln graph ≥ {factor:g}× fastest torch", check
+    return text, check
+
+
+def mode_figure(framework):
+    return lambda res, case: summary(res.times(framework, case))
+
+
+def graph_vs_fastest(factor):
+    return speed_goal(f"kiln graph ≥ {factor:g}× fastest torch", "graph", lambda res, case: fastest_torch(res, case)[1],
+                      factor)
 
 
 def eager_vs_compile(factor):
-    def check(res, case):
-        t = summary(res.times("torch-compile", case))
-        k = summary(res.times(KILN, case, "eager"))
-        if t is None or k is None:
-            return None, ""
-        x = speedup(t[0], k[0])
-        return x >= factor, f"{x:.2f}×"
-
-    return f"kiln eager ≥ {factor:g}× compile", check
+    return speed_goal(f"kiln eager ≥ {factor:g}× compile", "eager", mode_figure("torch-compile"), factor)
 
 
 def eager_vs(framework, factor):
     """kiln's eager figure against one PyTorch mode (the dynamic-shape case, where no graph applies)."""
-    def check(res, case):
-        t, k = summary(res.times(framework, case)), summary(res.times(KILN, case, "eager"))
-        if t is None or k is None:
-            return None, ""
-        x = speedup(t[0], k[0])
-        return x >= factor, f"{x:.2f}× {framework.removeprefix('torch-')}"
-
-    return f"kiln ≥ {factor:g}× {framework.removeprefix('torch-')}", check
+    name = framework.removeprefix("torch-")
+    return speed_goal(f"kiln ≥ {factor:g}× {name}", "eager", mode_figure(framework), factor, name)
 
 
 def both(*goals):

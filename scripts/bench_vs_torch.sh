@@ -17,6 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # root, out, build, note
 
 repeats="${1:?usage: bench_vs_torch.sh REPEATS CASE...}"
 shift
+[[ "$repeats" =~ ^[1-9][0-9]*$ ]] || { echo "bench_vs_torch.sh: REPEATS must be a whole number of at least 1, not '$repeats'" >&2; exit 2; }
 cases=("$@")
 [[ ${#cases[@]} -gt 0 ]] || { echo "name at least one bench_train case" >&2; exit 2; }
 read -r -a modes <<<"${KILN_TORCH_MODES:-eager compile eager_graph compile_graph}"
