@@ -32,8 +32,12 @@ struct ResNetCase {
 
 // A ResNet (18, 34, 50 or 101) on `dev` in `format`, and `batches` batches of standard-normal images with random
 // labels. With `learnable` (bench_train; `size` a multiple of 8), each class has a standard-normal 8x8 pattern per
-// channel, drawn first, which is tiled over its images and added to their noise: a task whose loss can fall (pure
-// noise under random labels stays at log(classes)). pytorch_train.py makes its batches the same way.
+// channel, drawn first; an image's class pattern, times kPatternGain, is tiled over it and added to its noise, and
+// kLabelNoise of the labels are then redrawn uniformly. The loss can fall (pure noise under random labels stays at
+// log(classes)) but not to zero (the redrawn labels keep it above their entropy, about 0.50 for 10 classes, so a
+// loss near 0 would mean the batches were memorised). pytorch_train.py makes its batches the same way.
+inline constexpr double kPatternGain = 0.5;
+inline constexpr double kLabelNoise = 0.1;
 inline ResNetCase make_resnet(int depth, int64_t batch, int64_t size, int64_t classes, bool cifar_stem, Device dev,
                               MemoryFormat format, int batches = 1, bool learnable = false) {
   ResNetCase c;
@@ -51,11 +55,14 @@ inline ResNetCase make_resnet(int depth, int64_t batch, int64_t size, int64_t cl
   for (int i = 0; i < batches; ++i) {
     Tensor x = randn({batch, 3, size, size}, {.device = dev});
     Tensor y = randint(0, classes, {batch}, {.dtype = DType::Int64, .device = dev});
-    if (learnable)  // pixel (h, w) of an image of class k gets patterns[k][:, h % 8, w % 8]
-      x = x + patterns.index_select(0, y)
-                  .reshape({batch, 3, 1, 8, 1, 8})
-                  .expand({batch, 3, size / 8, 8, size / 8, 8})
-                  .reshape({batch, 3, size, size});
+    if (learnable) {  // pixel (h, w) of an image of class k gets kPatternGain * patterns[k][:, h % 8, w % 8]
+      x = x + kPatternGain * patterns.index_select(0, y)
+                                 .reshape({batch, 3, 1, 8, 1, 8})
+                                 .expand({batch, 3, size / 8, 8, size / 8, 8})
+                                 .reshape({batch, 3, size, size});
+      y = where(rand({batch}, {.device = dev}) < kLabelNoise,
+                randint(0, classes, {batch}, {.dtype = DType::Int64, .device = dev}), y);
+    }
     c.xs.push_back(x.contiguous(format));
     c.ys.push_back(y);
   }

@@ -110,17 +110,23 @@ def resnet50_random(args, dtype):
                 batches=image_batches(args, batch, size, 1000))
 
 
+PATTERN_GAIN = 0.5  # kPatternGain and kLabelNoise in bench/model_cases.h
+LABEL_NOISE = 0.1
+
+
 def image_batches(args, batch, size, classes):
-    """--batches pairs of (B, 3, H, W) channels-last images and (B,) random labels, as bench/model_cases.h makes
-    them: standard-normal noise plus the image's class pattern (8x8 per channel, standard-normal, tiled), so that
-    the loss can fall."""
+    """--batches pairs of (B, 3, H, W) channels-last images and (B,) labels, as bench/model_cases.h makes them:
+    standard-normal noise plus PATTERN_GAIN times the image's class pattern (8x8 per channel, standard-normal,
+    tiled), then LABEL_NOISE of the labels redrawn uniformly, so that the loss can fall but not to zero."""
     patterns = torch.randn(classes, 3, 8, 8, device="cuda")
     out = []
     for _ in range(args.batches):
         x = torch.randn(batch, 3, size, size, device="cuda")
         y = torch.randint(0, classes, (batch,), device="cuda")
-        x = x + patterns[y].reshape(batch, 3, 1, 8, 1, 8).expand(batch, 3, size // 8, 8, size // 8, 8).reshape(
-            batch, 3, size, size)  # pixel (h, w) of class k gets patterns[k][:, h % 8, w % 8]
+        x = x + PATTERN_GAIN * patterns[y].reshape(batch, 3, 1, 8, 1, 8).expand(
+            batch, 3, size // 8, 8, size // 8, 8).reshape(batch, 3, size, size)  # pixel (h, w): patterns[k][:, h%8, w%8]
+        y = torch.where(torch.rand(batch, device="cuda") < LABEL_NOISE,
+                        torch.randint(0, classes, (batch,), device="cuda"), y)
         out.append((x.contiguous(memory_format=torch.channels_last), y))
     return out
 
