@@ -64,6 +64,20 @@ TEST(IoFloat8, H5FileKeepsEveryCodeAndTheDtype) {
   }
 }
 
+TEST(IoFloat8, ADtypeAttributeThatDoesNotFitTheDataIsRefused) {
+  TempFolder dir;
+  const std::string path = dir.file("bad.h5");
+  {
+    io::H5File f(path, io::H5File::Mode::Create);
+    f.create_group("/t");
+    f.write_tensor("/t", "x", internal::zeros({4}, {.dtype = DType::Int32}));
+    f.set_attr("/t/x", "dtype", std::string("float8_e4m3fn"));  // 4-byte signed data called float8
+    f.close();
+  }
+  io::H5File g(path, io::H5File::Mode::Read);
+  testing::expect_error([&] { (void)g.read_tensor("/t", "x"); }, {path, "/t/x", "float8_e4m3fn", "4-byte"});
+}
+
 // A module with float8 buffers (as an FP8 recipe's scaled weights would be) saved in a checkpoint and loaded back.
 struct Float8Holder : nn::Module {
   Float8Holder() : Module("Float8Holder") {

@@ -484,6 +484,20 @@ TEST(Float8Tensors, ComputingOpsRefuseWithTheOpAndDtype) {
   }
 }
 
+TEST(Float8Tensors, AutocastLeavesThemForTheOpToRefuse) {
+  // Autocast casts floating inputs to its dtype; float8 ones stay as they are, so the op refuses them rather than
+  // computing in bfloat16 behind the user's back.
+  const Tensor a = testing::make({1, 2, 3, 4}, {2, 2}, {.dtype = DType::Float8_e4m3fn});
+  autocast::Guard guard(DeviceType::CPU, DType::BFloat16);
+  expect_error([&] { (void)kiln::matmul(a, a); }, {"matmul", "float8_e4m3fn", kAdvice});
+  // Mixed with float32: autocast cannot promote the two, and says so.
+  expect_error(
+      [&] {
+        (void)kiln::matmul(a, testing::make({1, 0, 0, 1}, {2, 2}));
+      },
+      {"float8_e4m3fn", "float32", "no implicit type promotion"});
+}
+
 TEST(Float8Tensors, NoImplicitPromotion) {
   expect_error([] { (void)promote_types(DType::Float8_e4m3fn, DType::Float32); },
                {"promote_types", "float8_e4m3fn", "float32", "no implicit type promotion"});
