@@ -10,6 +10,7 @@
 #include "kiln/autograd/autocast.h"     // autocast::Guard, the per-op policy table
 #include "kiln/autograd/checkpoint.h"   // autograd::checkpoint
 #include "kiln/autograd/engine.h"       // autograd::backward, autograd::grad
+#include "kiln/autograd/fp8.h"          // amp::Fp8Recipe, amp::Fp8ScalingState: FP8 delayed scaling
 #include "kiln/autograd/function.h"     // autograd::Function: custom forward + backward
 #include "kiln/autograd/functions.h"    // kiln::zeros, kiln::matmul, kiln::softmax, ... (differentiable)
 #include "kiln/autograd/grad_mode.h"    // NoGradGuard, EnableGradGuard

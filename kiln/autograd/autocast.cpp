@@ -222,7 +222,8 @@ CacheRegion::~CacheRegion() {
 size_t cache_size() { return weight_cache.entries.size(); }
 
 Tensor cast_to(const Tensor& t, DType dtype) {
-  if (!t.defined() || !is_floating_point(t.dtype()) || t.dtype() == dtype) return t;
+  // float8 tensors are left as they are: the op then refuses them, rather than autocast computing them silently.
+  if (!t.defined() || !is_floating_point(t.dtype()) || is_float8(t.dtype()) || t.dtype() == dtype) return t;
   if (!cacheable(t, dtype)) return t.to(dtype);  // differentiable: the gradient flows back to t in its own dtype
   const void* storage = t.impl().storage().get();
   CacheEntry& e = weight_cache.entries[{&t.impl(), dtype}];
@@ -279,7 +280,7 @@ std::vector<Tensor> inputs_list(Op op, const std::vector<Tensor>& ts) {
   const Tensor* first = nullptr;
   DType widest = DType::Float32;
   for (const Tensor& t : ts) {
-    if (!t.defined() || !is_floating_point(t.dtype())) continue;
+    if (!t.defined() || !is_floating_point(t.dtype()) || is_float8(t.dtype())) continue;
     widest = first != nullptr ? promote_types(widest, t.dtype()) : t.dtype();
     if (first == nullptr) first = &t;
   }

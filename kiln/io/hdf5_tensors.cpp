@@ -77,17 +77,29 @@ Handle stored_type(DType dtype) {
     case DType::Int32: return Handle(H5Tcopy(H5T_STD_I32LE), H5Tclose);
     case DType::UInt8: return Handle(H5Tcopy(H5T_STD_U8LE), H5Tclose);
     case DType::Bool: return bool_type();
+    case DType::Float8_e4m3fn:
+    case DType::Float8_e5m2: return Handle(H5Tcopy(H5T_STD_U8LE), H5Tclose);  // the raw codes, + a dtype attribute
   }
   KILN_FAIL("H5File: unsupported dtype ", dtype_name(dtype));
 }
 
-// The dtype of a stored type (and the dataset's dtype attribute), or throws naming the dataset.
-DType dtype_of_type(hid_t type, bool bfloat16_attr, const std::string& where) {
+// The dtypes stored as raw unsigned codes with a dataset attribute dtype="<name>" (h5py has no type for them).
+bool stored_with_dtype_attr(DType t) { return t == DType::BFloat16 || is_float8(t); }
+
+// The dtype of a stored type (and the dataset's dtype attribute, "" when it has none), or throws naming the dataset.
+DType dtype_of_type(hid_t type, const std::string& dtype_attr, const std::string& where) {
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);
   if (cls == H5T_INTEGER) {
     const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
-    if (size == 2 && !is_signed && bfloat16_attr) return DType::BFloat16;
+    for (DType t : {DType::BFloat16, DType::Float8_e4m3fn, DType::Float8_e5m2}) {
+      if (dtype_attr == dtype_name(t) && size == element_size(t) && !is_signed) return t;
+    }
+    KILN_CHECK(dtype_attr.empty() || dtype_attr == "uint8" || dtype_attr == "int32" || dtype_attr == "int64", where,
+               ": the dtype attribute says '", dtype_attr, "' but the data is stored as ", size, "-byte ",
+               is_signed ? "signed" : "unsigned",
+               " integers; the file was not written by kiln or is damaged (kiln stores bfloat16 as uint16, float8 "
+               "as uint8)");
     if (size == 8 && is_signed) return DType::Int64;
     if (size == 4 && is_signed) return DType::Int32;
     if (size == 1 && !is_signed) return DType::UInt8;
@@ -99,7 +111,7 @@ DType dtype_of_type(hid_t type, bool bfloat16_attr, const std::string& where) {
     return DType::Bool;
   }
   KILN_FAIL(where, ": stored type (HDF5 class ", static_cast<int>(cls), ", ", size,
-            " bytes) is not one kiln reads (float16/32/64, bfloat16, int32/64, uint8, bool)");
+            " bytes) is not one kiln reads (float16/32/64, bfloat16, float8_e4m3fn/e5m2, int32/64, uint8, bool)");
 }
 
 std::string join(const std::string& group, const std::string& name) {
@@ -294,8 +306,8 @@ void H5File::write_tensor(const std::string& group, const std::string& name, con
   Handle crc_attr = checked(H5Acreate2(ds.get(), "crc32", H5T_STD_U32LE, scalar.get(), H5P_DEFAULT, H5P_DEFAULT),
                             H5Aclose, path_, "write the crc32 of " + join(group, name));
   check(H5Awrite(crc_attr.get(), H5T_NATIVE_UINT32, &crc) >= 0, path_, "write the crc32 of " + join(group, name));
-  if (host.dtype() == DType::BFloat16) {
-    const std::string value = "bfloat16";
+  if (stored_with_dtype_attr(host.dtype())) {
+    const std::string value(dtype_name(host.dtype()));
     Handle st = string_type(value.size());
     Handle a = checked(H5Acreate2(ds.get(), "dtype", st.get(), scalar.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, path_,
                        "write the dtype of " + join(group, name));
@@ -305,7 +317,8 @@ void H5File::write_tensor(const std::string& group, const std::string& name, con
 
 TensorInfo H5File::tensor_info(const std::string& group, const std::string& name) const {
   const std::string p = join(group, name);
-  bool bfloat16 = has_attr(p, "dtype") && attr_is_string(p, "dtype") && attr_string(p, "dtype") == "bfloat16";
+  const std::string dtype_attr =
+      has_attr(p, "dtype") && attr_is_string(p, "dtype") ? attr_string(p, "dtype") : std::string();
   Guard guard;
   Handle ds = checked(H5Dopen2(file_, p.c_str(), H5P_DEFAULT), H5Dclose, path_, "open dataset " + p);
   Handle space(H5Dget_space(ds.get()), H5Sclose);
@@ -314,7 +327,7 @@ TensorInfo H5File::tensor_info(const std::string& group, const std::string& name
   std::vector<hsize_t> dims(static_cast<size_t>(rank));
   if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   Handle type(H5Dget_type(ds.get()), H5Tclose);
-  TensorInfo info{dtype_of_type(type.get(), bfloat16, path_ + ": tensor " + p), {}};
+  TensorInfo info{dtype_of_type(type.get(), dtype_attr, path_ + ": tensor " + p), {}};
   for (hsize_t d : dims) info.shape.push_back(static_cast<int64_t>(d));
   return info;
 }

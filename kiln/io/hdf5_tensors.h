@@ -11,7 +11,9 @@
 //
 // Tensors keep their dtype and shape: float32/float64/int64/int32/uint8 natively, bool as h5py's enum
 // (int8 FALSE=0/TRUE=1), float16 as the IEEE half type h5py reads as numpy float16, bfloat16 as uint16 with a
-// dataset attribute dtype="bfloat16" (h5py shows uint16; view as bfloat16 with torch's .view(torch.bfloat16)).
+// dataset attribute dtype="bfloat16" (h5py shows uint16; view as bfloat16 with torch's .view(torch.bfloat16)),
+// float8_e4m3fn and float8_e5m2 as their raw uint8 codes with an attribute dtype="float8_e4m3fn" / "float8_e5m2"
+// (view them with torch's .view(torch.float8_e4m3fn)); reading gives back the same bits and dtype.
 // Each dataset has an attribute crc32 (zlib's crc32 of its contiguous little-endian bytes) checked on read.
 //
 // Every call holds data::hdf5_mutex() (the serial HDF5 library is not thread-safe), silences HDF5's own error

@@ -107,6 +107,8 @@ const char* safetensors_dtype(DType t) {
     case DType::Int32: return "I32";
     case DType::UInt8: return "U8";
     case DType::Bool: return "BOOL";
+    case DType::Float8_e4m3fn: return "F8_E4M3";
+    case DType::Float8_e5m2: return "F8_E5M2";
   }
   return nullptr;
 }

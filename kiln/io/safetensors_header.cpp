@@ -26,12 +26,19 @@ struct DTypeName {
   DType dtype;
 };
 constexpr DTypeName kKnownDTypes[] = {
-    {"F64", DType::Float64}, {"F32", DType::Float32}, {"F16", DType::Float16}, {"BF16", DType::BFloat16},
-    {"I64", DType::Int64},   {"I32", DType::Int32},   {"U8", DType::UInt8},    {"BOOL", DType::Bool},
+    {"F64", DType::Float64},
+    {"F32", DType::Float32},
+    {"F16", DType::Float16},
+    {"BF16", DType::BFloat16},
+    {"I64", DType::Int64},
+    {"I32", DType::Int32},
+    {"U8", DType::UInt8},
+    {"BOOL", DType::Bool},
+    {"F8_E4M3", DType::Float8_e4m3fn},
+    {"F8_E5M2", DType::Float8_e5m2},
 };
-constexpr std::string_view kUnheldDTypes[] = {"I8",      "I16",     "U16",         "U32",        "U64",
-                                              "F8_E4M3", "F8_E5M2", "F8_E8M0",     "F6_E2M3",    "F6_E3M2",
-                                              "F4",      "C64",     "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
+constexpr std::string_view kUnheldDTypes[] = {"I8",      "I16",     "U16", "U32", "U64",         "F8_E8M0",
+                                              "F6_E2M3", "F6_E3M2", "F4",  "C64", "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
 
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
 

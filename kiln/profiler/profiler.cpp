@@ -35,6 +35,8 @@ std::string_view dtype_short(DType t) {
     case DType::BFloat16: return "bf16";
     case DType::Float32: return "f32";
     case DType::Float64: return "f64";
+    case DType::Float8_e4m3fn: return "f8e4m3";
+    case DType::Float8_e5m2: return "f8e5m2";
   }
   return "?";
 }
@@ -81,7 +83,7 @@ struct ThreadBuffer {
 struct DevicePool {
   std::vector<std::unique_ptr<cuda::Event>> events;
   size_t used = 0;
-  int anchor = -1;            // the event recorded when this device's first range of the cycle began
+  int anchor = -1;             // the event recorded when this device's first range of the cycle began
   int64_t anchor_host_ns = 0;  // the host time at that moment (the device was idle: synchronised first)
   std::map<void*, int> streams;
 
@@ -170,8 +172,8 @@ class Profile::Impl final : public trace::Listener {
     const Phase before = phase_of(step_.load());
     step_.fetch_add(1);
     const Phase after = phase_of(step_.load());
-    const bool cycle_over = before == Phase::Active &&
-                            (after != Phase::Active || first_active_of(step_.load()) != first_active_step_);
+    const bool cycle_over =
+        before == Phase::Active && (after != Phase::Active || first_active_of(step_.load()) != first_active_step_);
     if (cycle_over) {
       remove_from_trace(self);
       finish_cycle();
@@ -354,7 +356,7 @@ class Profile::Impl final : public trace::Listener {
   int cycles_ = 0;
   Device step_device_ = Device::cpu();
 
-  std::mutex mutex_;  // buffers_, threads_, generation_
+  std::mutex mutex_;                                    // buffers_, threads_, generation_
   std::vector<std::unique_ptr<ThreadBuffer>> buffers_;  // kept until the Impl goes: threads may hold pointers
   size_t buffers_in_cycle_ = 0;
   std::unordered_map<std::thread::id, int> threads_;

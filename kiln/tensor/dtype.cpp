@@ -16,14 +16,29 @@ std::string_view dtype_name(DType t) {
     case DType::BFloat16: return "bfloat16";
     case DType::Float32: return "float32";
     case DType::Float64: return "float64";
+    case DType::Float8_e4m3fn: return "float8_e4m3fn";
+    case DType::Float8_e5m2: return "float8_e5m2";
   }
   return "invalid";
 }
 
 std::ostream& operator<<(std::ostream& os, DType t) { return os << dtype_name(t); }
 
+void check_not_float8(std::string_view op, DType t) {
+  if (!is_float8(t)) return;
+  throw NotImplementedError(detail::str_cat(
+      op, ": not implemented for ", t,
+      " tensors (float8 dtypes are storage types: they support casts, copies, views, printing and checkpoints, "
+      "but no arithmetic); cast to bfloat16 or float32 first, e.g. t.to(DType::BFloat16)"));
+}
+
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
+  if (is_float8(a) || is_float8(b)) {
+    throw NotImplementedError(detail::str_cat("promote_types: no implicit type promotion between ", a, " and ", b,
+                                              " (float8 dtypes promote only with themselves, as in PyTorch); cast "
+                                              "explicitly first, e.g. to bfloat16 or float32 with .to(dtype)"));
+  }
   if (a == DType::Bool) return b;
   if (b == DType::Bool) return a;
   const bool fa = is_floating_point(a), fb = is_floating_point(b);

@@ -8,7 +8,7 @@
 #include <ostream>
 #include <type_traits>
 
-#include "kiln/tensor/dtype.h"  // DType, Half, BFloat16
+#include "kiln/tensor/dtype.h"  // DType, Half, BFloat16, Float8_e4m3fn, Float8_e5m2
 
 namespace kiln {
 
@@ -24,6 +24,8 @@ class Scalar {
   Scalar(T v) : kind_(Kind::Floating), d_(static_cast<double>(v)) {}  // NOLINT
   Scalar(Half v) : Scalar(static_cast<float>(v)) {}                   // NOLINT
   Scalar(BFloat16 v) : Scalar(static_cast<float>(v)) {}               // NOLINT
+  Scalar(Float8_e4m3fn v) : Scalar(static_cast<float>(v)) {}          // NOLINT
+  Scalar(Float8_e5m2 v) : Scalar(static_cast<float>(v)) {}            // NOLINT
 
   Kind kind() const { return kind_; }
   bool is_floating_point() const { return kind_ == Kind::Floating; }
@@ -43,6 +45,8 @@ class Scalar {
       return static_cast<T>(to_int64());
     } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
       return T(static_cast<float>(to_double()));
+    } else if constexpr (std::is_same_v<T, Float8_e4m3fn> || std::is_same_v<T, Float8_e5m2>) {
+      return T(to_double());  // one rounding, saturating (float8.h)
     } else {
       return static_cast<T>(to_double());
     }

@@ -104,12 +104,14 @@ template Half* Tensor::data_ptr<Half>() const;
 template BFloat16* Tensor::data_ptr<BFloat16>() const;
 template float* Tensor::data_ptr<float>() const;
 template double* Tensor::data_ptr<double>() const;
+template Float8_e4m3fn* Tensor::data_ptr<Float8_e4m3fn>() const;
+template Float8_e5m2* Tensor::data_ptr<Float8_e5m2>() const;
 
 Scalar Tensor::item() const {
   KILN_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape(), " (", numel(),
              " elements); reduce it first, e.g. with sum() or select()");
   Tensor host = is_cpu() ? *this : internal::to(*this, Device::cpu());
-  return visit_dtype(dtype(), [&](auto tag) -> Scalar {
+  return visit_storage_dtype(dtype(), [&](auto tag) -> Scalar {
     using T = typename decltype(tag)::type;
     return Scalar(*host.data_ptr<T>());
   });
@@ -127,6 +129,8 @@ template Half Tensor::item<Half>() const;
 template BFloat16 Tensor::item<BFloat16>() const;
 template float Tensor::item<float>() const;
 template double Tensor::item<double>() const;
+template Float8_e4m3fn Tensor::item<Float8_e4m3fn>() const;
+template Float8_e5m2 Tensor::item<Float8_e5m2>() const;
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
@@ -142,5 +146,7 @@ template std::vector<Half> Tensor::to_vector<Half>() const;
 template std::vector<BFloat16> Tensor::to_vector<BFloat16>() const;
 template std::vector<float> Tensor::to_vector<float>() const;
 template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<Float8_e4m3fn> Tensor::to_vector<Float8_e4m3fn>() const;
+template std::vector<Float8_e5m2> Tensor::to_vector<Float8_e5m2>() const;
 
 }  // namespace kiln

@@ -131,6 +131,8 @@ inline std::string storage_type_of(DType d) {
     case DType::Int32: return "IntStorage";
     case DType::UInt8: return "ByteStorage";
     case DType::Bool: return "BoolStorage";
+    case DType::Float8_e4m3fn: return "Float8_e4m3fnStorage";
+    case DType::Float8_e5m2: return "Float8_e5m2Storage";
   }
   return "?";
 }

@@ -39,6 +39,8 @@ Handle memory_type(DType dtype) {
     case DType::Float64: return Handle(H5Tcopy(H5T_NATIVE_DOUBLE), H5Tclose);
     case DType::Float16: return half_type(false);
     case DType::BFloat16: return half_type(true);
+    case DType::Float8_e4m3fn:
+    case DType::Float8_e5m2: break;  // dtype_for never reads an array as float8
   }
   return {};
 }

@@ -100,6 +100,8 @@ SyntheticDataset::SyntheticDataset(SyntheticOptions options) : options_(std::mov
   for (auto& f : options_.fields) {
     for (int64_t d : f.shape)
       KILN_CHECK(d >= 0, "SyntheticDataset: field '", f.name, "' has a negative dim in its shape");
+    KILN_CHECK(!is_float8(f.dtype), "SyntheticDataset: field '", f.name, "' has dtype ", f.dtype,
+               ", a storage-only type; generate it as bfloat16 or float32 and cast the batch");
     if (f.dtype == DType::UInt8 && f.num_classes == 0) f.num_classes = 256;
     if (f.dtype == DType::Bool) f.num_classes = 2;
     if (is_integral(f.dtype)) {
@@ -136,6 +138,8 @@ Example SyntheticDataset::get(int64_t index, SampleRng&) const {
       case DType::Bool: fill_below(t.data_ptr<bool>(), key, idx, n, bound); break;
       case DType::Int32: fill_below(t.data_ptr<int32_t>(), key, idx, n, bound); break;
       case DType::Int64: fill_below(t.data_ptr<int64_t>(), key, idx, n, bound); break;
+      case DType::Float8_e4m3fn:
+      case DType::Float8_e5m2: break;  // refused by the constructor
     }
     ex.add(f.name, std::move(t));
   }

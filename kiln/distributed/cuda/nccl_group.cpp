@@ -316,6 +316,11 @@ class NcclGroup final : public ProcessGroup {
       case DType::Int32: return ncclInt32;
       case DType::Int64: return ncclInt64;
       case DType::UInt8: return ncclUint8;
+      case DType::Float8_e4m3fn:
+      case DType::Float8_e5m2:
+        throw DistributedError(str_cat("dist::", what, " #", seq_, " on rank ", rank_, ": collectives on ", t.dtype(),
+                                       " tensors are not supported (a storage-only dtype); cast to ",
+                                       "bfloat16 or float32 first"));
       case DType::Bool: break;
     }
     throw DistributedError(str_cat("dist::", what, " #", seq_, " on rank ", rank_, ": NCCL has no bool type; ",

@@ -5,7 +5,7 @@
 #include "kiln/tensor/cpu/convert.h"  // convert<To>(From)
 #include "kiln/tensor/cpu/cpu_backend.h"
 #include "kiln/tensor/cpu/loops.h"  // for_each_run
-#include "kiln/tensor/dispatch.h"   // visit_dtype
+#include "kiln/tensor/dispatch.h"   // visit_dtype, visit_storage_dtype
 
 namespace kiln::cpu {
 namespace {
@@ -114,9 +114,9 @@ void CpuBackend::copy(const Tensor& dst, const Tensor& src, bool non_blocking) {
     copy_same_dtype(dst, src);
     return;
   }
-  visit_dtype(dst.dtype(), [&](auto to_tag) {
+  visit_storage_dtype(dst.dtype(), [&](auto to_tag) {
     using To = typename decltype(to_tag)::type;
-    visit_dtype(src.dtype(), [&](auto from_tag) {
+    visit_storage_dtype(src.dtype(), [&](auto from_tag) {
       using From = typename decltype(from_tag)::type;
       const LoopGeometry<2> g({dst, src});
       if (is_transpose(g, sizeof(To), sizeof(From))) return copy_tiled<To, From>(g);
@@ -127,7 +127,7 @@ void CpuBackend::copy(const Tensor& dst, const Tensor& src, bool non_blocking) {
 
 void CpuBackend::fill(const Tensor& dst, Scalar value) {
   if (dst.numel() == 0) return;
-  visit_dtype(dst.dtype(), [&](auto tag) {
+  visit_storage_dtype(dst.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T v = value.to<T>();
     for_each_run<1>({dst}, [v](char* const* p, const int64_t* s, int64_t n) {

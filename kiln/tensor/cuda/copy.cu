@@ -161,6 +161,11 @@ void CudaBackend::copy(const Tensor& dst, const Tensor& src, bool non_blocking) 
 
 void CudaBackend::fill(const Tensor& dst, Scalar value) {
   if (dst.numel() == 0) return;
+  if (is_float8(dst.dtype())) {  // converted on the host (float8.h, as the CPU does), stored as the code
+    const uint8_t code =
+        dst.dtype() == DType::Float8_e4m3fn ? value.to<Float8_e4m3fn>().bits : value.to<Float8_e5m2>().bits;
+    return launch_elementwise("fill_", Types<uint8_t>{}, {dst}, FillF<uint8_t>{code});
+  }
   visit_dtype(dst.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     // Converted like the CPU (Scalar::to<T>), then widened exactly to the compute type.

@@ -22,6 +22,7 @@ void check_pair(std::string_view op, const Tensor& a, const Tensor& b) {
 
 Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
   check_pair("isclose", a, b);
+  check_not_float8("isclose", a.dtype());
   KILN_CHECK(a.dtype() == b.dtype(), "isclose: expected both tensors to have the same dtype, got ", a.dtype(), " and ",
              b.dtype(), "; convert one with .to(dtype) first");
   KILN_CHECK(rtol >= 0 && atol >= 0, "isclose: rtol and atol must be non-negative, got rtol ", rtol, " and atol ",
@@ -50,6 +51,11 @@ bool equal(const Tensor& a, const Tensor& b) {
   auto category = [](DType t) { return t == DType::Bool ? 0 : is_integral(t) ? 1 : 2; };
   if (category(a.dtype()) != category(b.dtype())) return false;
   if (a.numel() == 0) return true;
+  if (is_float8(a.dtype()) || is_float8(b.dtype())) {
+    // float8 values widen exactly to float32, where they compare as numbers (NaN unequal, -0 == +0).
+    auto widen = [](const Tensor& t) { return is_float8(t.dtype()) ? to(t, t.device(), DType::Float32) : t; };
+    return all_true(eq(widen(a), widen(b)));
+  }
   return all_true(eq(a, b));
 }
 

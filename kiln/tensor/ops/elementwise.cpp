@@ -114,6 +114,7 @@ Tensor where(const Tensor& condition, const Tensor& a, Scalar b) { return where_
 
 Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value) {
   KILN_CHECK(a.defined(), "masked_fill: the tensor is an undefined tensor");
+  check_not_float8("masked_fill", a.dtype());
   check_bool_mask("masked_fill", mask, "mask");
   // The value takes a's dtype (masked_fill never promotes); a and mask broadcast together, as in PyTorch.
   const Operand x(a), m(mask);
@@ -130,6 +131,7 @@ Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value) {
 
 Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value) {
   KILN_CHECK(a.defined(), "masked_fill_: the tensor is an undefined tensor");
+  check_not_float8("masked_fill_", a.dtype());
   check_bool_mask("masked_fill_", mask, "mask");
   const Operand x(a), m(mask);
   const Device device = detail::common_device("masked_fill_", {&x, &m});
@@ -146,6 +148,9 @@ Tensor& masked_fill_(Tensor& a, const Tensor& mask, Scalar value) {
 // ---------------------------------------------------------------- lerp
 
 Tensor lerp(const Tensor& a, const Tensor& b, Scalar weight) {
+  KILN_CHECK(a.defined() && b.defined(), "lerp: an argument is an undefined tensor");
+  check_not_float8("lerp", a.dtype());
+  check_not_float8("lerp", b.dtype());
   const DType dtype = result_type(a, b);
   KILN_CHECK(is_floating_point(dtype), "lerp: expected floating-point tensors, got ", a.dtype(), " and ", b.dtype(),
              "; convert them with .to(DType::Float32) first");
@@ -164,6 +169,7 @@ std::tuple<Tensor, Tensor> mul_backward(const Tensor& g, const Tensor& a, const 
                      g.dtype() == a.dtype() && g.dtype() == b.dtype() && is_floating_point(g.dtype()) &&
                      g.device() == a.device() && g.device() == b.device();
   if (!fused) return {mul(g, b), mul(g, a)};
+  check_not_float8("mul_backward", g.dtype());
   Tensor ga = empty(g.shape(), {.dtype = g.dtype(), .device = g.device()});
   Tensor gb = empty(g.shape(), {.dtype = g.dtype(), .device = g.device()});
   if (g.numel() > 0) backend(g.device()).mul_backward(ga, gb, contiguous(g), contiguous(a), contiguous(b));
@@ -181,6 +187,7 @@ Tensor add_n(const std::vector<Tensor>& tensors) {
                first.dtype(), ", ", first.device(), "), but tensor ", i, " is ", t.shape(), ", ", t.dtype(), ", ",
                t.device(), "; use add() for broadcasting or mixed dtypes");
   }
+  check_not_float8("add_n", first.dtype());
   KILN_CHECK(first.dtype() != DType::Bool, "add_n: bool tensors cannot be summed; convert them first, e.g. with ",
              ".to(DType::Int64)");
   if (tensors.size() == 1) return clone(first, MemoryFormat::Contiguous);

@@ -95,6 +95,10 @@ void check_defined(std::string_view op, std::initializer_list<const Operand*> op
                " (a default-constructed Tensor); pass the result of an op or a factory");
     ++i;
   }
+  // Every elementwise op computes: none takes a float8 operand (storage only).
+  for (const Operand* o : operands) {
+    if (!o->is_scalar()) check_not_float8(op, o->tensor.dtype());
+  }
 }
 
 Device common_device(std::string_view op, std::initializer_list<const Operand*> operands) {
@@ -206,6 +210,7 @@ Tensor& binary_(std::string_view name, BinaryOp op, Tensor& self, const Operand&
 Tensor unary(std::string_view name, UnaryOp op, const Tensor& a, ResultKind kind, const UnaryParams& params) {
   KILN_CHECK(a.defined(), name, ": the argument is an undefined tensor (a default-constructed Tensor); pass the ",
              "result of an op or a factory");
+  check_not_float8(name, a.dtype());
   const DType compute = compute_dtype(a.dtype(), kind);
   Tensor out = empty(a.shape(), {.dtype = kind == ResultKind::Bool ? DType::Bool : compute,
                                  .device = a.device(),
@@ -217,6 +222,7 @@ Tensor unary(std::string_view name, UnaryOp op, const Tensor& a, ResultKind kind
 
 Tensor& unary_(std::string_view name, UnaryOp op, Tensor& self, ResultKind kind, const UnaryParams& params) {
   KILN_CHECK(self.defined(), name, ": the argument is an undefined tensor (a default-constructed Tensor)");
+  check_not_float8(name, self.dtype());
   KILN_CHECK(kind != ResultKind::Bool, name, ": an op with a Bool result has no in-place form");
   check_can_cast(name, compute_dtype(self.dtype(), kind), self.dtype());
   check_inplace_destination(name, self, self.shape());

@@ -121,6 +121,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, const TensorOptions& option
   TensorOptions o = options;
   if (!o.dtype) o.dtype = all_integral ? DType::Int64 : kDefaultFloat;
   KILN_CHECK(*o.dtype != DType::Bool, "arange: bool is not a valid dtype for a range");
+  check_not_float8("arange", *o.dtype);
   int64_t n;
   if (all_integral) {
     const int64_t a = start.to_int64(), b = end.to_int64(), s = step.to_int64();
@@ -146,6 +147,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, const TensorOptions& option
 
 Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options) {
   KILN_CHECK(steps >= 0, "linspace: number of steps must be non-negative, got ", steps);
+  if (options.dtype) check_not_float8("linspace", *options.dtype);
   Tensor t = empty({steps}, options);
   if (steps == 1) fill_(t, start);
   if (steps >= 2) backend(t.device()).linspace(t, start, end);
@@ -196,6 +198,8 @@ template Tensor from_vector<Half>(const std::vector<Half>&, const Shape&, Device
 template Tensor from_vector<BFloat16>(const std::vector<BFloat16>&, const Shape&, Device);
 template Tensor from_vector<float>(const std::vector<float>&, const Shape&, Device);
 template Tensor from_vector<double>(const std::vector<double>&, const Shape&, Device);
+template Tensor from_vector<Float8_e4m3fn>(const std::vector<Float8_e4m3fn>&, const Shape&, Device);
+template Tensor from_vector<Float8_e5m2>(const std::vector<Float8_e5m2>&, const Shape&, Device);
 
 Tensor scalar_tensor(Scalar value, const TensorOptions& options) { return full({}, value, options); }
 

@@ -57,6 +57,7 @@ void check_dim_not_empty(std::string_view op, int64_t size, int64_t dim, int64_t
 // out.scatter_(dim, index, src) with src's values at index's positions (src already has out's dtype).
 void scatter_into(std::string_view op, Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
                   bool accumulate) {
+  check_not_float8(op, out.dtype());
   if (index.numel() == 0) return;
   check_dim_not_empty(op, out.dim() ? out.size(dim) : 1, dim, index.numel());
   // src may be larger than index; the kernel reads the leading index.shape() block of it.
@@ -96,6 +97,7 @@ Tensor& scatter_tensor_(std::string_view op, Tensor& a, int64_t dim, const Tenso
 
 Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   check_defined("index_select", a, "the input");
+  check_not_float8("index_select", a.dtype());
   const Tensor idx = index_tensor("index_select", index, a.device());
   check_vector_index("index_select", idx);
   const int64_t d = wrap_dim(dim, a.dim(), "index_select");
@@ -114,6 +116,7 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   check_defined("gather", a, "the input");
+  check_not_float8("gather", a.dtype());
   const Tensor idx = index_tensor("gather", index, a.device());
   const int64_t d = wrap_dim(dim, a.dim(), "gather");
   KILN_CHECK(idx.dim() == a.dim(), "gather: the index (shape ", idx.shape(), ") must have the input's rank (shape ",
@@ -190,6 +193,7 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
 
 Tensor masked_select(const Tensor& a, const Tensor& mask) {
   check_defined("masked_select", a, "the input");
+  check_not_float8("masked_select", a.dtype());
   check_defined("masked_select", mask, "the mask");
   check_same_device("masked_select", a, mask, "the mask");
   KILN_CHECK(mask.dtype() == DType::Bool, "masked_select: expected a Bool mask, got ", mask.dtype(),
@@ -206,6 +210,7 @@ Tensor masked_select(const Tensor& a, const Tensor& mask) {
 
 Tensor nonzero(const Tensor& a) {
   check_defined("nonzero", a, "the input");
+  check_not_float8("nonzero", a.dtype());
   if (a.numel() == 0) return empty({0, a.dim()}, {.dtype = DType::Int64, .device = a.device()});
   return backend(a.device()).nonzero(a);
 }
@@ -242,6 +247,7 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
 
 Tensor embedding(const Tensor& weight, const Tensor& index) {
   check_defined("embedding", weight, "the weight");
+  check_not_float8("embedding", weight.dtype());
   KILN_CHECK(weight.dim() == 2, "embedding: expected a 2-D weight (num_embeddings, embedding_dim), got shape ",
              weight.shape());
   const Tensor idx = index_tensor("embedding", index, weight.device());
@@ -266,6 +272,7 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
 
 std::tuple<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending, bool stable) {
   check_defined("sort", a, "the input");
+  check_not_float8("sort", a.dtype());
   const int64_t d = wrap_dim(dim, a.dim(), "sort");
   Tensor values = empty(a.shape(), a.options());
   Tensor indices = empty(a.shape(), {.dtype = DType::Int64, .device = a.device()});
@@ -279,6 +286,7 @@ Tensor argsort(const Tensor& a, int64_t dim, bool descending) {
 
 std::tuple<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
   check_defined("topk", a, "the input");
+  check_not_float8("topk", a.dtype());
   const int64_t d = wrap_dim(dim, a.dim(), "topk");
   const int64_t n = a.dim() == 0 ? 1 : a.size(d);
   KILN_CHECK(k >= 0 && k <= n, "topk: k = ", k, " is out of range for dim ", d, " of size ", n, " (shape ", a.shape(),

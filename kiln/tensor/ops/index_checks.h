@@ -22,6 +22,8 @@ inline std::string_view dtype_enum_name(DType t) {
     case DType::BFloat16: return "BFloat16";
     case DType::Float32: return "Float32";
     case DType::Float64: return "Float64";
+    case DType::Float8_e4m3fn: return "Float8_e4m3fn";
+    case DType::Float8_e5m2: return "Float8_e5m2";
   }
   return "?";
 }

@@ -19,6 +19,8 @@ void check_operands(std::string_view op, const Tensor& a, const Tensor& b) {
              " operand is an undefined tensor");
   KILN_CHECK(a.device() == b.device(), op, ": expected both operands on the same device, got ", a.device(), " and ",
              b.device(), "; move one with .to(Device(\"", a.device().str(), "\"))");
+  check_not_float8(op, a.dtype());
+  check_not_float8(op, b.dtype());
   KILN_CHECK(a.dtype() == b.dtype(), op, ": expected both operands to have the same dtype, got ", a.dtype(), " and ",
              b.dtype(), " (shapes ", a.shape(), " and ", b.shape(),
              "); matmul does not promote, convert one with .to(DType::",

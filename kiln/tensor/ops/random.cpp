@@ -48,6 +48,8 @@ void check_floating(DType dtype, std::string_view op) {
 // Fills t with one draw; t may be any layout (element i is the i-th in row-major order).
 Tensor& sample_(Tensor& t, const RandomParams& params, Generator* gen) {
   KILN_CHECK(t.defined(), "random: the tensor is undefined");
+  static constexpr std::string_view kNames[] = {"uniform_", "normal_", "randint", "bernoulli"};
+  check_not_float8(kNames[static_cast<int>(params.kind)], t.dtype());
   if (t.numel() == 0) return t;
   const GeneratorState draw = draw_for(gen, t.device());
   backend(t.device()).random(t, params, draw);
@@ -104,6 +106,7 @@ Tensor bernoulli(const Shape& shape, double p, const TensorOptions& options, Gen
 
 Tensor bernoulli(const Tensor& p, Generator* gen) {
   KILN_CHECK(p.defined(), "bernoulli: the probability tensor is undefined");
+  check_not_float8("bernoulli", p.dtype());
   check_floating(p.dtype(), "bernoulli");
   // One uniform draw in p's layout, compared with p: element i of the result is u_i < p_i.
   Tensor u = empty(p.shape(), {.dtype = p.dtype(), .device = p.device()});
@@ -113,6 +116,7 @@ Tensor bernoulli(const Tensor& p, Generator* gen) {
 
 std::tuple<Tensor, Tensor> dropout(const Tensor& x, double p, Generator* gen) {
   KILN_CHECK(x.defined(), "dropout: the input is undefined (a default-constructed Tensor)");
+  check_not_float8("dropout", x.dtype());
   KILN_CHECK(p >= 0 && p < 1, "dropout: p must lie in [0, 1), got ", p,
              " (p is the probability of zeroing an element)");
   KILN_CHECK(x.is_floating_point(), "dropout: the input must be floating point, got ", x.dtype(),

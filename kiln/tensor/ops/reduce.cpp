@@ -18,6 +18,7 @@ namespace {
 // The reduced dims of `a` as a mask: empty dims mean all of them; negative dims wrap; a dim given
 // twice is an error naming op.
 std::vector<bool> reduce_mask(const Tensor& a, const Dims& dims, std::string_view op) {
+  check_not_float8(op, a.dtype());  // every reduction passes here
   const int64_t rank = a.dim();
   std::vector<bool> mask(static_cast<size_t>(std::max<int64_t>(rank, 1)), dims.empty());
   for (int64_t d : dims) {
@@ -107,6 +108,7 @@ Tensor extreme_all(ReduceOp op, const Tensor& a, std::string_view name) {
 
 // max/min along one dim with the index of the first extreme.
 std::tuple<Tensor, Tensor> extreme_dim(ReduceOp op, const Tensor& a, int64_t dim, bool keepdim, std::string_view name) {
+  check_not_float8(name, a.dtype());
   const int64_t d = wrap_dim(dim, a.dim(), name);
   Tensor in = a.dim() == 0 ? reshaped(a, {1}) : a;  // a 0-d tensor is its own line of one element
   KILN_CHECK(in.size(d) > 0, name, ": cannot reduce over dim ", d, " of size 0 (input shape ", a.shape(),
@@ -233,6 +235,7 @@ Tensor count_nonzero(const Tensor& a, const Dims& dims) {
 namespace {
 Tensor softmax_impl(const Tensor& a, int64_t dim, bool log) {
   const std::string_view name = log ? "log_softmax" : "softmax";
+  check_not_float8(name, a.dtype());
   KILN_CHECK(a.is_floating_point(), name, ": expected a floating-point tensor, got ", a.dtype(), " (shape ", a.shape(),
              "); convert it first with .to(DType::Float32)");
   const int64_t d = wrap_dim(dim, a.dim(), name);
