@@ -141,6 +141,18 @@ TEST(Profiler, DropoutIsOneOpAndOneBackwardNode) {
   EXPECT_EQ(muls_inside, 1);
 }
 
+// A product whose batch dims need two strides (attention's heads transposed out of (B, S, H, D)) is one backend
+// product, not one per outer batch index.
+TEST(Profiler, HeadTransposedMatmulIsOneProduct) {
+  const Tensor q = randn({16, 8, 4, 32}).permute({0, 2, 1, 3});  // (B, H, S, D)
+  const Tensor k = randn({16, 8, 4, 32}).permute({0, 2, 3, 1});  // (B, H, D, S)
+  Profile prof;
+  const Tensor scores = matmul(q, k);
+  prof.stop();
+  EXPECT_EQ(scores.shape(), (Shape{16, 4, 8, 8}));
+  EXPECT_EQ(of_kind(prof.result(), Kind::Op, "matmul").size(), 1u);
+}
+
 TEST(Profiler, ShapesCanBeLeftOut) {
   auto net = small_mlp();
   Profile prof({.record_shapes = false});

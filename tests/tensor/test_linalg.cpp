@@ -235,6 +235,36 @@ TEST_P(MatmulTest, BatchedRankCombinations) {
                 {5, m, n}, ref_matmul(a3, {5}, b3, {5}, {5}, m, k, n));
 }
 
+// Attention's products: heads transposed out of (B, S, H, D) activations, so the batch dims (B, H) need two
+// strides, and a key operand broadcast over the heads (stride 0 in H only). Both take the single-product path
+// (operands copied where their batch dims do not walk with one stride); values against the reference.
+TEST_P(MatmulTest, HeadTransposedBatches) {
+  const int64_t bs = 3, s = 5, h = 4, d = 6;
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    const std::vector<double> q = quarters(bs * s * h * d, 31), kv = quarters(bs * s * h * d, 32),
+                              k1 = quarters(bs * s * d, 33);
+    const Tensor qt = make(q, {bs, s, h, d}, opts(dt)).permute({0, 2, 1, 3});   // (B, H, S, D)
+    const Tensor kt = make(kv, {bs, s, h, d}, opts(dt)).permute({0, 2, 3, 1});  // (B, H, D, S)
+    const Tensor kb = make(k1, {bs, 1, d, s}, opts(dt)).expand({bs, h, d, s});  // (B, H, D, S), stride 0 in H
+    std::vector<double> qp, ktp, kbp;  // the operands' values in row-major order of their (B, H, ...) shapes
+    for (int64_t b = 0; b < bs; ++b)
+      for (int64_t j = 0; j < h; ++j) {
+        for (int64_t i = 0; i < s; ++i)
+          for (int64_t e = 0; e < d; ++e) qp.push_back(q[static_cast<size_t>(((b * s + i) * h + j) * d + e)]);
+        for (int64_t e = 0; e < d; ++e)
+          for (int64_t i = 0; i < s; ++i) {
+            ktp.push_back(kv[static_cast<size_t>(((b * s + i) * h + j) * d + e)]);
+            kbp.push_back(k1[static_cast<size_t>((b * d + e) * s + i)]);
+          }
+      }
+    expect_values(internal::matmul(qt, kt), {bs, h, s, s}, ref_matmul(qp, {bs, h}, ktp, {bs, h}, {bs, h}, s, d, s),
+                  -1, matmul_atol(dt, d));
+    expect_values(internal::matmul(qt, kb), {bs, h, s, s}, ref_matmul(qp, {bs, h}, kbp, {bs, h}, {bs, h}, s, d, s),
+                  -1, matmul_atol(dt, d));
+  }
+}
+
 TEST_P(MatmulTest, ZeroSizedDims) {
   // K = 0: sums over nothing are zeros.
   expect_values(internal::matmul(internal::empty({3, 0}, opts()), internal::empty({0, 2}, opts())), {3, 2},

@@ -103,6 +103,18 @@ std::vector<BatchGroup> batch_groups(const Shape& batch, const Tensor& a, const 
   return groups;
 }
 
+// Whether t's dims of `batch` (size-1 ones aside) walk with one stride, as a single batch dim would.
+bool batch_walks_with_one_stride(const Shape& batch, const Tensor& t) {
+  int64_t inner = -1, inner_size = 1;  // the stride and size of the dims merged so far, innermost first
+  for (size_t d = batch.size(); d-- > 0;) {
+    if (batch[d] == 1) continue;
+    if (inner >= 0 && t.stride(static_cast<int64_t>(d)) != inner * inner_size) return false;
+    if (inner < 0) inner = t.stride(static_cast<int64_t>(d));
+    inner_size *= batch[d];
+  }
+  return true;
+}
+
 // Batched matmul of a (..., M, K) and b (..., K, N) with broadcast batch dims into a new tensor of
 // shape (batch..., M, N).
 Tensor matmul_batched(const Tensor& a, const Tensor& b, const Tensor& a_orig, const Tensor& b_orig) {
@@ -119,11 +131,20 @@ Tensor matmul_batched(const Tensor& a, const Tensor& b, const Tensor& a_orig, co
   a_shape.insert(a_shape.end(), {m, k});
   b_shape.insert(b_shape.end(), {k, n});
   out_shape.insert(out_shape.end(), {m, n});
-  const Tensor ae = expand(a, a_shape), be = expand(b, b_shape);
+  Tensor ae = expand(a, a_shape), be = expand(b, b_shape);
   Tensor out = empty(out_shape, a.options());
   if (out.numel() == 0) return out;
 
-  const std::vector<BatchGroup> groups = batch_groups(batch, ae, be, out);
+  std::vector<BatchGroup> groups = batch_groups(batch, ae, be, out);
+  if (groups.size() > 1) {
+    // The batch dims need more than one stride (e.g. heads transposed out of a (B, S, H, D) activation): one
+    // batched product over a copy is far cheaper than a product per outer index. An operand whose own batch dims
+    // walk with one stride (broadcast ones included) is used in place; the others are copied contiguous, after
+    // which every batch dim merges into one group.
+    if (!batch_walks_with_one_stride(batch, ae)) ae = contiguous(ae);
+    if (!batch_walks_with_one_stride(batch, be)) be = contiguous(be);
+    groups = batch_groups(batch, ae, be, out);
+  }
   const int64_t r = static_cast<int64_t>(batch.size());
   // The last group becomes the backend's batch dim; the ones before it are walked here.
   const BatchGroup inner = groups.empty() ? BatchGroup{1, 0, 0, 0} : groups.back();
