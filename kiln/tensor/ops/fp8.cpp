@@ -6,6 +6,7 @@
 #include "kiln/tensor/fp8_ops.h"
 #include "kiln/tensor/internal_ops.h"
 #include "kiln/tensor/ops/fp8_kernels.h"
+#include "kiln/tensor/trace.h"
 
 namespace kiln::internal {
 namespace {
@@ -41,6 +42,7 @@ Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const
   const Shape shape = transpose ? Shape{x.size(1), x.size(0)} : x.shape();
   Tensor out = empty(shape, {.dtype = fp8_dtype, .device = x.device()});
   if (x.numel() == 0) return out;  // nothing seen: amax keeps its value
+  trace::Scope range(trace::Kind::Op, op, x.device(), {&out, &x, &scale, &amax});
   if (x.device().is_cuda()) {
 #if KILN_WITH_CUDA
     cuda::fp8_quantize(out, x, scale, amax, transpose);
@@ -103,6 +105,7 @@ Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, con
     if (bias_c.defined()) add_(out, reshape(bias_c, {1, n}));
     return out;
   }
+  trace::Scope range(trace::Kind::Op, op, a.device(), {&out, &a, &b});
   if (a.device().is_cuda()) {
 #if KILN_WITH_CUDA
     cuda::fp8_gemm(out, a, b, a_scale_inv, b_scale_inv, bias_c, accumulate_into != nullptr);
