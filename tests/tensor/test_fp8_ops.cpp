@@ -322,11 +322,14 @@ struct GemmReference {
 GemmReference reference_gemm(const std::vector<uint8_t>& a, const Format& fa, const std::vector<uint8_t>& b,
                              const Format& fb, int64_t m, int64_t n, int64_t k, double sa, double sb) {
   GemmReference r{std::vector<double>(m * n), std::vector<double>(m * n)};
+  std::vector<double> va, vb;  // decoded once
+  for (uint8_t c : a) va.push_back(code_value(fa, c));
+  for (uint8_t c : b) vb.push_back(code_value(fb, c));
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double s = 0, sabs = 0;
       for (int64_t kk = 0; kk < k; ++kk) {
-        const double p = code_value(fa, a[i * k + kk]) * code_value(fb, b[j * k + kk]);
+        const double p = va[i * k + kk] * vb[j * k + kk];
         s += p;
         sabs += std::abs(p);
       }
@@ -568,11 +571,13 @@ TEST(Fp8CudaOps, GemmMatchesTheCpu) {
     std::vector<uint8_t> ca, cb;
     for (double u : testing::uniform(m * k, -fa.max_value, fa.max_value, 51)) ca.push_back(code_of(fa, u));
     for (double u : testing::uniform(n * k, -1, 1, 52)) cb.push_back(code_of(fb, u));
-    const GemmReference ref = reference_gemm(ca, fa, cb, fb, m, n, k, 0.01, 3.0);
+    // Scales that bring the sums (up to K * fp8_max in size) well inside float16's range.
+    const float sa = static_cast<float>(0.02 / fa.max_value), sb = 3.0f;
+    const GemmReference ref = reference_gemm(ca, fa, cb, fb, m, n, k, sa, sb);
     const Tensor a = from_codes(ca, {m, k}, p.a, gpu), b = from_codes(cb, {n, k}, p.b, gpu);
     for (DType out_dtype : kOutTypes) {
       SCOPED_TRACE(::testing::Message() << out_dtype);
-      const Tensor out = internal::fp8_gemm(a, b, cell_view(0.01, 1, 2, gpu), cell_view(3.0, 0, 1, gpu), out_dtype);
+      const Tensor out = internal::fp8_gemm(a, b, cell_view(sa, 1, 2, gpu), cell_view(sb, 0, 1, gpu), out_dtype);
       expect_product(out, ref.value, ref.abs_sum, out_dtype, true, false);
     }
   }
