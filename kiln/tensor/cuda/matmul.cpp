@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "kiln/tensor/cuda.h"
+#include "kiln/tensor/cuda/cublas_lt.h"  // handles, workspaces, descriptors (shared with fp8_gemm.cpp)
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
 #include "kiln/tensor/internal_ops.h"
@@ -40,7 +41,7 @@ bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 
 namespace {
 
-constexpr uint64_t kWorkspaceBytes = uint64_t{32} << 20;
+using lt::kWorkspaceBytes;
 
 // One operand as cuBLAS sees it: op(X) is the (cols of kiln's matrix) x (rows of kiln's matrix)
 // transpose of kiln's matrix. `trans` says whether the stored column-major matrix must be transposed.
@@ -87,11 +88,7 @@ CublasOperand describe(const Tensor& t) {
   return op;
 }
 
-int64_t pointer_alignment(const void* p) {
-  const auto v = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t low = v & (~v + 1);  // the lowest set bit
-  return static_cast<int64_t>(low == 0 || low > 256 ? 256 : low);
-}
+using lt::pointer_alignment;
 
 struct Types {
   cudaDataType_t data;
@@ -170,17 +167,9 @@ std::map<AlgoKey, AlgoEntry>& algo_cache() {
   return *cache;
 }
 
-// RAII holders for the cuBLASLt descriptors of one call: d, destroyed with Destroy when set.
-template <typename Handle, cublasStatus_t (*Destroy)(Handle)>
-struct LtDesc {
-  Handle d = nullptr;
-  ~LtDesc() {
-    if (d) Destroy(d);
-  }
-};
-using MatmulDesc = LtDesc<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
-using LayoutDesc = LtDesc<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using PreferenceDesc = LtDesc<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+using lt::LayoutDesc;
+using lt::MatmulDesc;
+using lt::PreferenceDesc;
 
 void make_layout(LayoutDesc& layout, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batches,
                  int64_t batch_stride) {
@@ -364,6 +353,9 @@ Problem problem_for(const Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 }  // namespace
+
+cublasLtHandle_t lt::handle(int device) { return lt_handle(device); }
+void* lt::workspace(int device, cudaStream_t stream) { return cuda::workspace(device, stream); }
 
 // The row pitch of a new product (Backend::matmul_row_pitch): 16-bit rows rounded up to a multiple of 16 bytes. A
 // row of, say, 30522 bfloat16 values (BERT's vocabulary) is only 4-byte aligned, which keeps cuBLASLt from its

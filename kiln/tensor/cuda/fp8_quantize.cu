@@ -1,0 +1,194 @@
+// CUDA kernels: FP8 quantisation with a fused amax (fp8_ops.h), plain or transposed, one pass over x.
+//
+// Each thread keeps the largest |x| it saw (a NaN sticks); a block reduces those with warp shuffles and its first
+// thread adds the block's value to amax[0] with one atomicMax on the float's bits: values >= +0 (+inf included)
+// order like their bit patterns read as int, and a NaN is written as the canonical NaN 0x7fc00000, which is larger
+// than +inf's bits, so once amax[0] holds a NaN it keeps it. The result does not depend on the order of the atomics.
+// scale and amax are read and written on the device: nothing synchronises with the host (graph-capturable).
+//
+// Plain: a grid-stride loop, 16 bytes of x per thread and step (4 floats or 8 16-bit values) where x is 16-byte
+// aligned. Transposed (R, C) -> (C, R): 32 x 32 tiles through shared memory, read along x's rows and written along
+// out's rows, so both sides are coalesced.
+#include <cuda_fp16.h>  // __half2float
+#include <cuda_fp8.h>   // __nv_cvt_float_to_fp8
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>  // std::conditional_t
+
+#include "kiln/tensor/cuda/cuda_backend.h"  // stream_for
+#include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/error.h"
+#include "kiln/tensor/ops/fp8_kernels.h"
+
+namespace kiln::cuda {
+namespace {
+
+enum class In { F32, BF16, F16 };
+template <In kIn>
+using raw_t = std::conditional_t<kIn == In::F32, float, uint16_t>;  // 16-bit floats as their bits
+
+template <In kIn>
+__device__ __forceinline__ float load_float(raw_t<kIn> v) {
+  if constexpr (kIn == In::F32) {
+    return v;
+  } else if constexpr (kIn == In::BF16) {
+    return __uint_as_float(static_cast<uint32_t>(v) << 16);
+  } else {
+    return __half2float(__ushort_as_half(v));
+  }
+}
+
+// float -> FP8 code: the cast's conversion (convert.cu): round to nearest even, saturating, NaN -> 0x7f.
+template <bool kE4M3>
+__device__ __forceinline__ uint8_t encode(float v) {
+  if (v != v) return 0x7f;
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, kE4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+// max(m, v) where a NaN v wins and a NaN m stays (v > NaN is false).
+__device__ __forceinline__ float nan_max(float m, float v) { return (v > m || v != v) ? v : m; }
+
+// The block's largest value into amax[0] (see the header comment). Every thread of the block calls it once.
+__device__ void commit_block_amax(float local, float* amax) {
+  __shared__ float warp_max[32];
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int lane = tid % 32, warp = tid / 32, warps = (blockDim.x * blockDim.y + 31) / 32;
+  for (int o = 16; o > 0; o >>= 1) local = nan_max(local, __shfl_xor_sync(0xffffffffu, local, o));
+  if (lane == 0) warp_max[warp] = local;
+  __syncthreads();
+  if (warp != 0) return;
+  local = lane < warps ? warp_max[lane] : 0.0f;
+  for (int o = 16; o > 0; o >>= 1) local = nan_max(local, __shfl_xor_sync(0xffffffffu, local, o));
+  if (lane == 0) {
+    const int bits = local != local ? 0x7fc00000 : __float_as_int(local);
+    atomicMax(reinterpret_cast<int*>(amax), bits);
+  }
+}
+
+constexpr int kThreads = 256;
+
+// out[i] = q(x[i] * scale), i < n. `vec`: x 16-byte and out (16 / sizeof(raw)-byte) aligned, so the first
+// n / kVec groups move as vectors; the rest one by one.
+template <In kIn, bool kE4M3>
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(const raw_t<kIn>* __restrict__ x, uint8_t* __restrict__ out, int64_t n, bool vec,
+                    const float* __restrict__ scale, float* amax) {
+  using Raw = raw_t<kIn>;
+  constexpr int kVec = 16 / sizeof(Raw);
+  const float s = *scale;
+  float local = 0.0f;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t groups = vec ? n / kVec : 0;
+  for (int64_t g = first; g < groups; g += stride) {
+    union {
+      uint4 v;
+      Raw e[kVec];
+    } in;
+    in.v = reinterpret_cast<const uint4*>(x)[g];
+    union {
+      uint32_t w[kVec / 4];
+      uint8_t b[kVec];
+    } o;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float f = load_float<kIn>(in.e[j]);
+      local = nan_max(local, fabsf(f));
+      o.b[j] = encode<kE4M3>(f * s);
+    }
+    if constexpr (kVec == 4) {
+      reinterpret_cast<uint32_t*>(out)[g] = o.w[0];
+    } else {
+      reinterpret_cast<uint2*>(out)[g] = make_uint2(o.w[0], o.w[1]);
+    }
+  }
+  for (int64_t i = groups * kVec + first; i < n; i += stride) {
+    const float f = load_float<kIn>(x[i]);
+    local = nan_max(local, fabsf(f));
+    out[i] = encode<kE4M3>(f * s);
+  }
+  commit_block_amax(local, amax);
+}
+
+constexpr int kTile = 32, kTileRows = 8;  // a 32 x 32 tile, blocks of 32 x 8 threads
+
+// out (C, R) = q(x (R, C) * scale)^T. Block (bx, by) does the tiles of column block bx and row blocks by,
+// by + gridDim.y, ...
+template <In kIn, bool kE4M3>
+__global__ void __launch_bounds__(kTile* kTileRows)
+    quantize_transpose_kernel(const raw_t<kIn>* __restrict__ x, uint8_t* __restrict__ out, int64_t rows, int64_t cols,
+                              const float* __restrict__ scale, float* amax) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const float s = *scale;
+  float local = 0.0f;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t r0 = rt * kTile;
+    // Read along x's rows: threadIdx.x walks the columns.
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) {
+        const float f = load_float<kIn>(x[r * cols + c]);
+        local = nan_max(local, fabsf(f));
+        tile[i][threadIdx.x] = encode<kE4M3>(f * s);
+      }
+    }
+    __syncthreads();
+    // Write along out's rows: threadIdx.x walks x's rows.
+    for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+      const int64_t c = c0 + i, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) out[c * rows + r] = tile[threadIdx.x][i];
+    }
+    __syncthreads();
+  }
+  commit_block_amax(local, amax);
+}
+
+template <In kIn, bool kE4M3>
+void launch(const Tensor& out, const Tensor& x, const Tensor& scale, const Tensor& amax, bool transpose) {
+  cudaStream_t stream = stream_for(out);
+  const auto* px = static_cast<const raw_t<kIn>*>(x.data_ptr());
+  auto* po = static_cast<uint8_t*>(out.data_ptr());
+  const auto* ps = static_cast<const float*>(scale.data_ptr());
+  auto* pa = static_cast<float*>(amax.data_ptr());
+  if (!transpose) {
+    const int64_t n = x.numel();
+    constexpr int kVec = 16 / sizeof(raw_t<kIn>);
+    const bool vec = reinterpret_cast<uintptr_t>(px) % 16 == 0 && reinterpret_cast<uintptr_t>(po) % kVec == 0;
+    const int64_t work = vec ? std::max<int64_t>(n / kVec, 1) : n;
+    // Enough blocks to fill an H200 several times over; each thread loops over the rest.
+    const int64_t blocks = std::min<int64_t>((work + kThreads - 1) / kThreads, 4096);
+    quantize_kernel<kIn, kE4M3><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(px, po, n, vec, ps, pa);
+  } else {
+    const int64_t rows = x.size(0), cols = x.size(1);
+    const int64_t col_tiles = (cols + kTile - 1) / kTile, row_tiles = (rows + kTile - 1) / kTile;
+    KILN_CHECK(col_tiles <= 0x7fffffff, "fp8_quantize: ", cols, " columns are too many to transpose on CUDA");
+    const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(std::min<int64_t>(row_tiles, 65535)));
+    quantize_transpose_kernel<kIn, kE4M3><<<grid, dim3(kTile, kTileRows), 0, stream>>>(px, po, rows, cols, ps, pa);
+  }
+  KILN_CUDA_CHECK_LAUNCH("fp8_quantize");
+}
+
+template <In kIn>
+void launch_for_format(const Tensor& out, const Tensor& x, const Tensor& scale, const Tensor& amax, bool transpose) {
+  if (out.dtype() == DType::Float8_e4m3fn) {
+    launch<kIn, true>(out, x, scale, amax, transpose);
+  } else {
+    launch<kIn, false>(out, x, scale, amax, transpose);
+  }
+}
+
+}  // namespace
+
+void fp8_quantize(const Tensor& out, const Tensor& x, const Tensor& scale, const Tensor& amax, bool transpose) {
+  switch (x.dtype()) {
+    case DType::Float32: return launch_for_format<In::F32>(out, x, scale, amax, transpose);
+    case DType::BFloat16: return launch_for_format<In::BF16>(out, x, scale, amax, transpose);
+    case DType::Float16: return launch_for_format<In::F16>(out, x, scale, amax, transpose);
+    default: KILN_FAIL("cuda::fp8_quantize: unexpected input dtype ", x.dtype());
+  }
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,54 @@
+// kiln/tensor/fp8_ops.h — the FP8 compute primitives (kiln::internal): quantisation with a fused amax, and the
+// scaled FP8 matrix product. The FP8 Linear layer is built on them; programs do not call them directly.
+//
+//   amp::Fp8ScalingState st = amp::Fp8ScalingState::for_linear(recipe, dev);   // 0: input, 1: weight, 2: grad
+//   Tensor x8 = internal::fp8_quantize(x, DType::Float8_e4m3fn, st.scale().narrow(0, 0, 1),
+//                                      st.amax_history().select(0, 0).narrow(0, 0, 1));      // (M, K)
+//   Tensor w8 = internal::fp8_quantize(w, DType::Float8_e4m3fn, st.scale().narrow(0, 1, 1),
+//                                      st.amax_history().select(0, 0).narrow(0, 1, 1));      // (N, K)
+//   Tensor y = internal::fp8_gemm(x8, w8, st.scale_inv().narrow(0, 0, 1), st.scale_inv().narrow(0, 1, 1),
+//                                 DType::BFloat16, bias);                                     // (M, N)
+//
+// Both run on the CPU (the reference semantics, used by CI) and on CUDA (one kernel; cuBLASLt), and neither reads a
+// device value on the host, so a training step that uses them can be captured into a CUDA graph.
+#pragma once
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::internal {
+
+// saturate_to_fp8(x * scale) in fp8_dtype (Float8_e4m3fn or Float8_e5m2), x's shape; with transpose, x must be 2-D
+// (R, C) and the result is the contiguous (C, R) transpose (the K-major copy an FP8 GEMM of the backward pass needs),
+// made in the same pass. In the same pass amax[0] = max(amax[0], max |x|).
+//
+// - x: float32, bfloat16 or float16, contiguous. scale, amax: 1-element float32 tensors on x's device (views such
+//   as `state.scale().narrow(0, j, 1)` and an element of the amax history's row 0 are fine: only their element is
+//   read or written).
+// - x * scale is computed in float32 and rounded once to the FP8 format as every cast into FP8 is (float8.h): to
+//   nearest even, finite values beyond the largest finite one and ±inf saturate to ±max (448 for E4M3FN, 57344 for
+//   E5M2: never an E5M2 infinity), NaN becomes the NaN code 0x7f, values below half the smallest subnormal ±0.
+// - amax follows Fp8ScalingState::record_amax: a NaN in x makes amax[0] NaN (and a NaN amax[0] stays NaN), an inf
+//   makes it inf. amax[0] is expected to hold a value >= 0 or NaN, as an amax history does.
+// - Empty x: an empty result; amax is left as it is.
+// kiln::Error (nothing written) for a non-float x, a non-FP8 dtype, scale or amax not 1-element float32 on x's
+// device, a non-contiguous x, transpose of a tensor that is not 2-D.
+Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax, bool transpose = false);
+
+// out = (a_scale_inv * float(a)) @ (b_scale_inv * float(b))^T (+ bias) (+ *accumulate_into), out (M, N) row-major.
+//
+// - a (M, K), b (N, K): FP8, contiguous (K contiguous in both: the "TN" layout cuBLASLt's FP8 kernels need, so a
+//   Linear's weight (out_features, in_features) is b as it is). Formats: e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3;
+//   e5m2 x e5m2 is refused (cuBLASLt has no kernel for it). M, N and K must be multiples of 16 (FP8 tensor cores).
+// - a_scale_inv, b_scale_inv: 1-element float32 tensors on the operands' device (the scaling state's scale_inv),
+//   read by the GPU (no host sync).
+// - out_dtype: BFloat16, Float16 or Float32. bias: undefined or (N) in out_dtype, added to every row.
+// - accumulate_into: null, or a contiguous float32 (M, N) tensor (out_dtype must then be Float32): the product (and
+//   bias) is added into it in place (beta = 1, for weight gradients summed in float32) and it is returned.
+// Products of FP8 values are exact in float32; the CPU sums them in float64 and rounds once; cuBLASLt sums in float32
+// (on Hopper: its tensor cores' narrower accumulator within chunks of K, promoted to float32 between them, as
+// CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0 asks). NaN and E5M2 infinities propagate by IEEE rules.
+// On CUDA it needs compute capability 8.9 or newer (Ada, Hopper): kiln::Error on older GPUs, never a fallback.
+Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv, DType out_dtype,
+                const Tensor& bias = {}, Tensor* accumulate_into = nullptr);
+
+}  // namespace kiln::internal

@@ -1,0 +1,122 @@
+// Frontend of the FP8 ops (fp8_ops.h): argument checks, output allocation, empty cases, then the backend's kernel
+// (ops/fp8_kernels.h). Every check is here, once, so the CPU and CUDA kernels see only valid problems.
+#include <string_view>
+
+#include "kiln/tensor/error.h"
+#include "kiln/tensor/fp8_ops.h"
+#include "kiln/tensor/internal_ops.h"
+#include "kiln/tensor/ops/fp8_kernels.h"
+#include "kiln/tensor/trace.h"
+
+namespace kiln::internal {
+namespace {
+
+// A 1-element float32 tensor on `device` (a scale, a scale_inv or an amax cell), named `what` in errors.
+void check_scalar_operand(std::string_view op, std::string_view what, const Tensor& t, Device device) {
+  KILN_CHECK(t.defined(), op, ": ", what, " is an undefined tensor; pass a 1-element float32 tensor (a view of the ",
+             "scaling state's element, say)");
+  KILN_CHECK(t.dtype() == DType::Float32 && t.numel() == 1, op, ": ", what, " must be a 1-element float32 tensor, got ",
+             t.dtype(), " of shape ", t.shape(),
+             "; pass one element of the scaling state, e.g. state.scale().narrow(0, j, 1)");
+  KILN_CHECK(t.device() == device, op, ": ", what, " is on ", t.device(), " but the data is on ", device,
+             "; keep the scaling state on the data's device");
+}
+
+bool is_fp8_input_dtype(DType t) { return t == DType::Float32 || t == DType::BFloat16 || t == DType::Float16; }
+
+}  // namespace
+
+Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax, bool transpose) {
+  constexpr std::string_view op = "fp8_quantize";
+  KILN_CHECK(x.defined(), op, ": the input is an undefined tensor");
+  KILN_CHECK(is_float8(fp8_dtype), op, ": the target dtype ", fp8_dtype,
+             " is not an FP8 dtype; use DType::Float8_e4m3fn or DType::Float8_e5m2");
+  KILN_CHECK(is_fp8_input_dtype(x.dtype()), op, ": the input is ", x.dtype(), " of shape ", x.shape(),
+             "; expected float32, bfloat16 or float16 (convert it with .to(DType::Float32) first)");
+  KILN_CHECK(x.is_contiguous(), op, ": the input of shape ", x.shape(), " with strides ", x.strides(),
+             " is not contiguous; call .contiguous() first");
+  KILN_CHECK(!transpose || x.dim() == 2, op, ": transpose needs a 2-D input, got shape ", x.shape(),
+             "; reshape it to (rows, columns) first");
+  check_scalar_operand(op, "scale", scale, x.device());
+  check_scalar_operand(op, "amax", amax, x.device());
+  const Shape shape = transpose ? Shape{x.size(1), x.size(0)} : x.shape();
+  Tensor out = empty(shape, {.dtype = fp8_dtype, .device = x.device()});
+  if (x.numel() == 0) return out;  // nothing seen: amax keeps its value
+  trace::Scope range(trace::Kind::Op, op, x.device(), {&out, &x, &scale, &amax});
+  if (x.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    cuda::fp8_quantize(out, x, scale, amax, transpose);
+#else
+    KILN_FAIL(op, ": kiln was built without CUDA");
+#endif
+  } else {
+    cpu::fp8_quantize(out, x, scale, amax, transpose);
+  }
+  amax.impl().storage()->bump_version();
+  return out;
+}
+
+Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv, DType out_dtype,
+                const Tensor& bias, Tensor* accumulate_into) {
+  constexpr std::string_view op = "fp8_gemm";
+  KILN_CHECK(a.defined() && b.defined(), op, ": ", a.defined() ? "b" : "a", " is an undefined tensor");
+  KILN_CHECK(is_float8(a.dtype()) && is_float8(b.dtype()), op, ": both operands must be FP8 (float8_e4m3fn or ",
+             "float8_e5m2), got a ", a.dtype(), " and b ", b.dtype(), "; quantise them with fp8_quantize first");
+  KILN_CHECK_AS(NotImplementedError, !(a.dtype() == DType::Float8_e5m2 && b.dtype() == DType::Float8_e5m2), op,
+                ": float8_e5m2 x float8_e5m2 is not supported (cuBLASLt has no FP8 kernel for two E5M2 operands); ",
+                "quantise one operand to float8_e4m3fn (gradients E5M2, activations and weights E4M3)");
+  KILN_CHECK(a.device() == b.device(), op, ": a is on ", a.device(), " and b on ", b.device(),
+             "; move both to one device");
+  KILN_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), op, ": expected a (M, K) and b (N, K) with one K ",
+             "(out = a @ b^T), got a ", a.shape(), " and b ", b.shape());
+  const int64_t m = a.size(0), n = b.size(0), k = a.size(1);
+  KILN_CHECK(m % 16 == 0 && n % 16 == 0 && k % 16 == 0, op, ": M, N and K must be multiples of 16 for FP8 tensor ",
+             "cores, got M = ", m, ", N = ", n, ", K = ", k, " (a ", a.shape(), ", b ", b.shape(),
+             "); pad the operands or compute this product in bfloat16");
+  KILN_CHECK(a.is_contiguous() && b.is_contiguous(), op, ": a ", a.shape(), " (strides ", a.strides(), ") and b ",
+             b.shape(), " (strides ", b.strides(), ") must be contiguous, K the fastest dim; call .contiguous() or ",
+             "quantise with transpose = true");
+  check_scalar_operand(op, "a_scale_inv", a_scale_inv, a.device());
+  check_scalar_operand(op, "b_scale_inv", b_scale_inv, a.device());
+  KILN_CHECK(out_dtype == DType::BFloat16 || out_dtype == DType::Float16 || out_dtype == DType::Float32, op,
+             ": out_dtype ", out_dtype, " is not supported; use BFloat16, Float16 or Float32");
+  if (bias.defined()) {
+    KILN_CHECK(bias.dim() == 1 && bias.size(0) == n && bias.dtype() == out_dtype && bias.device() == a.device(), op,
+               ": the bias must be (", n, ") ", out_dtype, " on ", a.device(), ", got ", bias.shape(), " ",
+               bias.dtype(), " on ", bias.device());
+  }
+  Tensor out;
+  if (accumulate_into != nullptr) {
+    Tensor& acc = *accumulate_into;
+    KILN_CHECK(acc.defined(), op, ": accumulate_into is an undefined tensor; pass nullptr to get a new result");
+    KILN_CHECK(out_dtype == DType::Float32, op, ": accumulating needs out_dtype Float32, got ", out_dtype);
+    KILN_CHECK(acc.dtype() == DType::Float32 && acc.shape() == Shape({m, n}) && acc.is_contiguous() &&
+                   acc.device() == a.device(),
+               op, ": accumulate_into must be a contiguous float32 (", m, ", ", n, ") tensor on ", a.device(), ", got ",
+               acc.dtype(), " ", acc.shape(), " with strides ", acc.strides(), " on ", acc.device());
+    out = acc;
+  } else {
+    out = empty({m, n}, {.dtype = out_dtype, .device = a.device()});
+  }
+  if (m == 0 || n == 0) return out;
+  const Tensor bias_c = bias.defined() ? contiguous(bias) : Tensor();
+  if (k == 0) {  // an empty sum: out = bias (+ out)
+    if (accumulate_into == nullptr) fill_(out, 0);
+    if (bias_c.defined()) add_(out, reshape(bias_c, {1, n}));
+    return out;
+  }
+  trace::Scope range(trace::Kind::Op, op, a.device(), {&out, &a, &b});
+  if (a.device().is_cuda()) {
+#if KILN_WITH_CUDA
+    cuda::fp8_gemm(out, a, b, a_scale_inv, b_scale_inv, bias_c, accumulate_into != nullptr);
+#else
+    KILN_FAIL(op, ": kiln was built without CUDA");
+#endif
+  } else {
+    cpu::fp8_gemm(out, a, b, a_scale_inv, b_scale_inv, bias_c, accumulate_into != nullptr);
+  }
+  out.impl().storage()->bump_version();
+  return out;
+}
+
+}  // namespace kiln::internal

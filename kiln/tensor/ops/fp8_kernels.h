@@ -1,0 +1,23 @@
+// kiln/tensor/ops/fp8_kernels.h — the backends' kernels of the FP8 ops (fp8_ops.h), called by ops/fp8.cpp once it
+// has checked the arguments (backend-internal). Like the layers' fused kernels they are not part of the Backend
+// contract: only the CPU and CUDA backends have them.
+#pragma once
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::cpu {
+// out = saturate(x * scale[0]) (transposed when `transpose`), amax[0] = max(amax[0], max |x|). x non-empty and
+// contiguous (float32, bfloat16, float16), out contiguous FP8 of x's (or the transposed) shape.
+void fp8_quantize(const Tensor& out, const Tensor& x, const Tensor& scale, const Tensor& amax, bool transpose);
+// out (M, N) contiguous = sa * sb * a @ b^T (+ bias) (+ out when accumulate); M, N, K > 0; a (M, K), b (N, K)
+// contiguous FP8; bias undefined or (N) contiguous in out's dtype.
+void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv,
+              const Tensor& bias, bool accumulate);
+}  // namespace kiln::cpu
+
+namespace kiln::cuda {
+// The same on the GPU (cuda/fp8_quantize.cu, cuda/fp8_gemm.cpp), on the current stream of out's device.
+void fp8_quantize(const Tensor& out, const Tensor& x, const Tensor& scale, const Tensor& amax, bool transpose);
+void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv,
+              const Tensor& bias, bool accumulate);
+}  // namespace kiln::cuda

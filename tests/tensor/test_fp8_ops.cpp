@@ -1,0 +1,625 @@
+// The FP8 compute primitives (kiln/tensor/fp8_ops.h): fp8_quantize (saturating quantisation with a fused amax,
+// plain and transposed) and fp8_gemm (the scaled FP8 product). References are computed here in float64 from the
+// OCP FP8 bit fields (a code's value from its sign, exponent and mantissa; the code of a value by searching the
+// decoded codes for the nearest, ties to even), never by kiln's conversions.
+//
+// Fp8OpsTest runs on every backend (cuda0 too where a GPU is visible: there it checks the CUDA kernels and
+// cuBLASLt). Fp8CudaOps holds the GPU-only cases (GPU against CPU on large shapes, a CUDA graph capture).
+//
+// Tolerances of the products. Inputs are exact FP8 values and every product of two of them is exact in float32, so
+// the only errors are the summation's and the final rounding's:
+//  - rounding: 2 ulps of the output dtype at |reference| + |bias| (one rounding to float32, one to the output dtype;
+//    the bias may be added before either);
+//  - summation on the CPU: float64, negligible;
+//  - summation on the GPU: float32 between chunks of K in cuBLASLt's order (K * 2^-24 * S at most, S = sa * sb *
+//    sum_k |a_ik b_jk|), and within each chunk Hopper's FP8 tensor cores keep their own accumulator, about 13
+//    mantissa bits that truncate, for up to 4 instructions of 32 products before cuBLASLt promotes the partial sum
+//    to float32 (FAST_ACCUM off). That bounds the error by 2^-9 * S, the bound used for random data.
+//  The "exact grid" cases take values whose every partial sum, in any order and chunking, is exact in 11 bits, and
+//  powers of two for the scales: there accumulation adds no error at all, so the GPU must give the reference up to
+//  the output rounding alone. They are the tight check of layouts, scales, bias and accumulation.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kiln/autograd/fp8.h"
+#include "kiln/tensor/cuda.h"
+#include "kiln/tensor/fp8_ops.h"
+#include "support/test_support.h"
+
+namespace kiln {
+namespace {
+
+using testing::expect_error;
+using testing::kInf;
+using testing::kNaN;
+
+// ---------------------------------------------------------------- references from the bit fields
+
+struct Format {
+  DType dtype;
+  int exp_bits, man_bits, bias;
+  bool ieee;  // E5M2: exponent all ones is inf / NaN; E4M3FN: only S.1111.111 is NaN
+  uint8_t max_code;
+  double max_value, min_sub;
+};
+const Format kE4M3 = {DType::Float8_e4m3fn, 4, 3, 7, false, 0x7e, 448.0, 0x1p-9};
+const Format kE5M2 = {DType::Float8_e5m2, 5, 2, 15, true, 0x7b, 57344.0, 0x1p-16};
+const Format& format_of(DType t) { return t == DType::Float8_e4m3fn ? kE4M3 : kE5M2; }
+
+double code_value(const Format& f, uint8_t code) {
+  const int sign = code >> 7, e = (code >> f.man_bits) & ((1 << f.exp_bits) - 1), m = code & ((1 << f.man_bits) - 1);
+  const int all_ones = (1 << f.exp_bits) - 1;
+  const double s = sign ? -1.0 : 1.0;
+  if (f.ieee && e == all_ones) return m == 0 ? s * kInf : kNaN;
+  if (!f.ieee && e == all_ones && m == (1 << f.man_bits) - 1) return kNaN;
+  if (e == 0) return s * std::ldexp(static_cast<double>(m), 1 - f.bias - f.man_bits);
+  return s * std::ldexp(1.0 + static_cast<double>(m) / (1 << f.man_bits), e - f.bias);
+}
+
+// NaN -> 0x7f; |v| >= max (inf included) -> ±max; else the nearest code, ties to the even code.
+uint8_t code_of(const Format& f, double v) {
+  if (std::isnan(v)) return 0x7f;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  const double a = std::abs(v);
+  if (a >= f.max_value) return sign | f.max_code;
+  int lo = 0;
+  while (lo + 1 <= f.max_code && code_value(f, static_cast<uint8_t>(lo + 1)) <= a) ++lo;
+  const double vlo = code_value(f, static_cast<uint8_t>(lo));
+  if (vlo == a) return sign | static_cast<uint8_t>(lo);
+  const double vhi = code_value(f, static_cast<uint8_t>(lo + 1));
+  const double dlo = a - vlo, dhi = vhi - a;
+  const int c = dlo < dhi ? lo : dhi < dlo ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1);
+  return sign | static_cast<uint8_t>(c);
+}
+
+// The codes of an FP8 tensor (any device), row-major.
+std::vector<uint8_t> codes_of(const Tensor& t) {
+  const Tensor host = t.to(Device::cpu()).contiguous();
+  std::vector<uint8_t> out(static_cast<size_t>(host.numel()));
+  if (!out.empty()) std::memcpy(out.data(), host.data_ptr(), out.size());
+  return out;
+}
+
+Tensor from_codes(const std::vector<uint8_t>& codes, const Shape& shape, DType dtype, Device device) {
+  return from_blob(codes.data(), shape, dtype, device);
+}
+
+// The reference quantisation of x's values (as x holds them, in its dtype) with a float32 scale: the product in
+// float32 (one IEEE rounding), then the nearest code.
+std::vector<uint8_t> reference_codes(const std::vector<double>& x, float scale, const Format& f) {
+  std::vector<uint8_t> out;
+  for (double v : x) out.push_back(code_of(f, static_cast<double>(static_cast<float>(v) * scale)));
+  return out;
+}
+
+// max |x| where a NaN wins.
+double reference_amax(const std::vector<double>& x, double start = 0) {
+  double m = start;
+  for (double v : x) m = (std::isnan(m) || std::isnan(v)) ? kNaN : std::max(m, std::abs(v));
+  return m;
+}
+
+float f32(const Tensor& t) { return t.to(Device::cpu()).item<float>(); }
+
+// A (1,) float32 view at element `index` of a fresh (n,) tensor of `fill`: a non-owning view with an offset.
+Tensor cell_view(double fill, int64_t index, int64_t n, Device dev) {
+  return full({n}, fill, {.dtype = DType::Float32, .device = dev}).narrow(0, index, 1);
+}
+
+const DType kInputTypes[] = {DType::Float32, DType::BFloat16, DType::Float16};
+
+// ---------------------------------------------------------------- fp8_quantize
+
+class Fp8OpsTest : public testing::BackendTest {};
+
+// Values that exercise every path of the conversion, for a format, before scaling by `scale`: zeros, ±max and just
+// beyond, ±inf, NaN, the subnormals, half the smallest subnormal (a tie to 0) and just above it, a midpoint between
+// two codes (ties to even), values in the normal range.
+std::vector<double> probe_values(const Format& f, double scale) {
+  std::vector<double> v = {0.0,
+                           -0.0,
+                           f.max_value,
+                           -f.max_value,
+                           f.max_value * 1.01,
+                           -f.max_value * 4,
+                           kInf,
+                           -kInf,
+                           kNaN,
+                           f.min_sub,
+                           -3 * f.min_sub,
+                           f.min_sub / 2,
+                           f.min_sub * 0.75,
+                           1.0,
+                           -1.0625,
+                           3.3,
+                           -0.1,
+                           1e30};
+  // The midpoint between 1 and the next code up: a tie, which rounds to 1 (the even code).
+  v.push_back(1.0 + std::ldexp(1.0, -f.man_bits - 1));
+  for (double& x : v) x /= scale;  // so that x * scale lands on the probe
+  return v;
+}
+
+TEST_P(Fp8OpsTest, QuantizeRoundsSaturatesAndKeepsNaN) {
+  for (const Format* f : {&kE4M3, &kE5M2}) {
+    for (DType in : kInputTypes) {
+      for (double scale : {1.0, 0.375, 16.0}) {
+        SCOPED_TRACE(::testing::Message() << f->dtype << " from " << in << ", scale " << scale);
+        std::vector<double> probes = probe_values(*f, scale);
+        probes.erase(probes.begin() + 8);  // NaN: its amax is checked apart; here amax must stay finite
+        const Tensor x = testing::make(probes, {static_cast<int64_t>(probes.size())}, opts(in));
+        const std::vector<double> held = testing::values(x);  // the values as x's dtype holds them
+        const Tensor s = cell_view(scale, 0, 1, dev());
+        const Tensor amax = cell_view(0.0, 0, 1, dev());
+        const Tensor q = internal::fp8_quantize(x, f->dtype, s, amax);
+        EXPECT_EQ(q.dtype(), f->dtype);
+        EXPECT_EQ(q.shape(), x.shape());
+        EXPECT_EQ(q.device(), dev());
+        EXPECT_EQ(codes_of(q), reference_codes(held, static_cast<float>(scale), *f));
+        EXPECT_EQ(f32(amax), reference_amax(held));  // inf among the probes
+      }
+    }
+  }
+}
+
+TEST_P(Fp8OpsTest, QuantizeNaNCodesAndAmax) {
+  for (const Format* f : {&kE4M3, &kE5M2}) {
+    for (DType in : kInputTypes) {
+      SCOPED_TRACE(::testing::Message() << f->dtype << " from " << in);
+      const Tensor x = testing::make({1.0, kNaN, -2.0, -kNaN, 0.5}, {5}, opts(in));
+      const Tensor amax = cell_view(3.0, 0, 1, dev());
+      const Tensor q = internal::fp8_quantize(x, f->dtype, cell_view(2.0, 0, 1, dev()), amax);
+      const std::vector<uint8_t> codes = codes_of(q);
+      EXPECT_EQ(codes[1], 0x7f);
+      EXPECT_EQ(codes[3], 0x7f);  // any NaN is the canonical code
+      EXPECT_EQ(codes[0], code_of(*f, 2.0));
+      EXPECT_EQ(codes[2], code_of(*f, -4.0));
+      EXPECT_TRUE(std::isnan(f32(amax)));
+      // A NaN amax stays NaN whatever comes next.
+      internal::fp8_quantize(testing::make({100.0}, {1}, opts(in)), f->dtype, cell_view(1.0, 0, 1, dev()), amax);
+      EXPECT_TRUE(std::isnan(f32(amax)));
+    }
+  }
+}
+
+// Every code of a format, decoded, quantised with scale 1, gives itself back (NaN codes give 0x7f, E5M2's
+// infinities saturate to ±max).
+TEST_P(Fp8OpsTest, QuantizeEveryCodeRoundTrips) {
+  for (const Format* f : {&kE4M3, &kE5M2}) {
+    std::vector<double> v;
+    for (int c = 0; c < 256; ++c) v.push_back(code_value(*f, static_cast<uint8_t>(c)));
+    const Tensor x = testing::make(v, {256}, opts(DType::Float32));
+    const Tensor q = internal::fp8_quantize(x, f->dtype, cell_view(1.0, 0, 1, dev()), cell_view(0.0, 0, 1, dev()));
+    const std::vector<uint8_t> codes = codes_of(q);
+    for (int c = 0; c < 256; ++c) {
+      const double value = v[c];
+      const uint8_t expected = std::isnan(value)   ? uint8_t{0x7f}
+                               : std::isinf(value) ? uint8_t((value < 0 ? 0x80 : 0) | f->max_code)
+                                                   : static_cast<uint8_t>(c);
+      EXPECT_EQ(codes[c], expected) << f->dtype << " code " << c;
+    }
+  }
+}
+
+// The amax cell and the scale as the scaling state holds them: views with offsets into its tensors. Only the cell
+// changes; it keeps the largest value over calls, like Fp8ScalingState::record_amax.
+TEST_P(Fp8OpsTest, AmaxAccumulatesInAViewOfTheHistory) {
+  amp::Fp8ScalingState st(amp::Fp8Recipe{.amax_history_len = 3},
+                          {amp::Fp8Pass::Forward, amp::Fp8Pass::Forward, amp::Fp8Pass::Backward}, dev());
+  amp::Fp8ScalingState twin(amp::Fp8Recipe{.amax_history_len = 3},
+                            {amp::Fp8Pass::Forward, amp::Fp8Pass::Forward, amp::Fp8Pass::Backward}, dev());
+  st.scale().narrow(0, 1, 1).fill_(0.5);
+  const Tensor scale = st.scale().narrow(0, 1, 1);                     // offset 1
+  const Tensor amax = st.amax_history().select(0, 0).narrow(0, 1, 1);  // h[0, 1]: offset 1
+  const std::vector<std::vector<double>> steps = {{1, -5, 2}, {3, 0.25, -1}, {-7, 6, 0}, {4, kInf, 1}, {2, 2, 2}};
+  double expected = 0;
+  for (const auto& data : steps) {
+    const Tensor x = testing::make(data, {3}, opts());
+    const Tensor q = internal::fp8_quantize(x, DType::Float8_e4m3fn, scale, amax);
+    twin.record_amax(1, x);
+    expected = reference_amax(data, expected);
+    EXPECT_EQ(f32(amax), expected);
+    EXPECT_EQ(codes_of(q), reference_codes(data, 0.5f, kE4M3));
+  }
+  // The rest of the history and the scales are untouched; the cell holds what record_amax would have recorded.
+  const std::vector<double> h = testing::values(st.amax_history());
+  EXPECT_EQ(h, testing::values(twin.amax_history()));
+  EXPECT_EQ(h, (std::vector<double>{0, kInf, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(testing::values(st.scale()), (std::vector<double>{1, 0.5, 1}));
+}
+
+TEST_P(Fp8OpsTest, QuantizeTransposed) {
+  for (const Format* f : {&kE4M3, &kE5M2}) {
+    for (DType in : kInputTypes) {
+      // Shapes around the 32 x 32 tiles of the CUDA kernel: partial tiles, one row, one column.
+      for (const Shape& shape : {Shape{37, 70}, Shape{64, 96}, Shape{1, 45}, Shape{50, 1}, Shape{33, 31}}) {
+        SCOPED_TRACE(::testing::Message() << f->dtype << " from " << in << " (" << shape[0] << ", " << shape[1] << ")");
+        const int64_t r = shape[0], c = shape[1];
+        std::vector<double> v = testing::uniform(r * c, -600, 600, 7);
+        v[static_cast<size_t>(r * c / 2)] = -1e6;  // saturates, and is the amax
+        const Tensor x = testing::make(v, shape, opts(in));
+        const std::vector<double> held = testing::values(x);
+        const Tensor amax = cell_view(1.0, 2, 4, dev());
+        const Tensor q = internal::fp8_quantize(x, f->dtype, cell_view(0.75, 3, 5, dev()), amax, true);
+        EXPECT_EQ(q.shape(), (Shape{c, r}));
+        EXPECT_TRUE(q.is_contiguous());
+        const std::vector<uint8_t> plain = reference_codes(held, 0.75f, *f);
+        std::vector<uint8_t> expected(plain.size());
+        for (int64_t i = 0; i < r; ++i)
+          for (int64_t j = 0; j < c; ++j) expected[j * r + i] = plain[i * c + j];
+        EXPECT_EQ(codes_of(q), expected);
+        EXPECT_EQ(f32(amax), reference_amax(held));
+      }
+    }
+  }
+}
+
+// Many elements (several blocks and grid-stride steps on a GPU), and a contiguous view at an odd offset (the CUDA
+// kernel's scalar path and its vector tail).
+TEST_P(Fp8OpsTest, QuantizeLargeAndOffsetViews) {
+  for (DType in : kInputTypes) {
+    SCOPED_TRACE(::testing::Message() << in);
+    const int64_t n = 300007;
+    std::vector<double> v = testing::uniform(n + 3, -3000, 3000, 11);
+    v[123457] = 70000;  // beyond E5M2's max: saturates; the amax
+    const Tensor base = testing::make(v, {n + 3}, opts(in));
+    for (int64_t offset : {0, 1, 3}) {
+      const Tensor x = base.narrow(0, offset, n);
+      const std::vector<double> held = testing::values(x);
+      const Tensor amax = cell_view(0.0, 0, 1, dev());
+      const Tensor q = internal::fp8_quantize(x, DType::Float8_e5m2, cell_view(1.5, 0, 1, dev()), amax);
+      EXPECT_EQ(codes_of(q), reference_codes(held, 1.5f, kE5M2)) << "offset " << offset;
+      EXPECT_EQ(f32(amax), reference_amax(held)) << "offset " << offset;
+    }
+  }
+}
+
+TEST_P(Fp8OpsTest, QuantizeEmptyLeavesAmax) {
+  const Tensor amax = cell_view(2.5, 0, 1, dev());
+  const Tensor s = cell_view(1.0, 0, 1, dev());
+  const Tensor q = internal::fp8_quantize(zeros({0, 5}, opts()), DType::Float8_e4m3fn, s, amax);
+  EXPECT_EQ(q.shape(), (Shape{0, 5}));
+  const Tensor t = internal::fp8_quantize(zeros({0, 5}, opts()), DType::Float8_e4m3fn, s, amax, true);
+  EXPECT_EQ(t.shape(), (Shape{5, 0}));
+  EXPECT_EQ(f32(amax), 2.5f);
+}
+
+TEST_P(Fp8OpsTest, QuantizeErrors) {
+  const Tensor x = zeros({4, 4}, opts());
+  const Tensor s = cell_view(1.0, 0, 1, dev()), a = cell_view(0.0, 0, 1, dev());
+  const DType e4 = DType::Float8_e4m3fn;
+  expect_error([&] { internal::fp8_quantize(x, DType::BFloat16, s, a); }, {"fp8_quantize", "bfloat16", "not an FP8"});
+  expect_error([&] { internal::fp8_quantize(zeros({4}, opts(DType::Int32)), e4, s, a); },
+               {"fp8_quantize", "int32", "float32, bfloat16 or float16"});
+  expect_error([&] { internal::fp8_quantize(zeros({4}, opts(DType::Float64)), e4, s, a); }, {"float64"});
+  expect_error([&] { internal::fp8_quantize(x.to(e4), e4, s, a); }, {"float8_e4m3fn"});
+  expect_error([&] { internal::fp8_quantize(x.t(), e4, s, a); }, {"not contiguous"});
+  expect_error(
+      [&] {
+        internal::fp8_quantize(zeros({2, 2, 2}, opts()), e4, s, a, true);
+      },
+      {"transpose needs a 2-D input", "[2, 2, 2]"});
+  expect_error([&] { internal::fp8_quantize(x, e4, zeros({2}, opts()), a); }, {"scale", "1-element float32"});
+  expect_error([&] { internal::fp8_quantize(x, e4, s, zeros({1}, opts(DType::Float64))); },
+               {"amax", "1-element float32", "float64"});
+  expect_error([&] { internal::fp8_quantize(x, e4, Tensor(), a); }, {"scale", "undefined"});
+  expect_error([&] { internal::fp8_quantize(Tensor(), e4, s, a); }, {"undefined"});
+  if (dev().is_cuda()) {
+    expect_error([&] { internal::fp8_quantize(x, e4, s, zeros({1}, {.dtype = DType::Float32})); },
+                 {"amax", "cpu", "cuda:0"});
+  }
+  EXPECT_EQ(f32(a), 0.0f);  // nothing written by a refused call
+}
+
+// ---------------------------------------------------------------- fp8_gemm
+
+// float64 reference of (sa a) @ (sb b)^T from the codes, and the bound of sum_k |a_ik b_jk| * sa * sb.
+struct GemmReference {
+  std::vector<double> value, abs_sum;
+};
+GemmReference reference_gemm(const std::vector<uint8_t>& a, const Format& fa, const std::vector<uint8_t>& b,
+                             const Format& fb, int64_t m, int64_t n, int64_t k, double sa, double sb) {
+  GemmReference r{std::vector<double>(m * n), std::vector<double>(m * n)};
+  std::vector<double> va, vb;  // decoded once
+  for (uint8_t c : a) va.push_back(code_value(fa, c));
+  for (uint8_t c : b) vb.push_back(code_value(fb, c));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, sabs = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double p = va[i * k + kk] * vb[j * k + kk];
+        s += p;
+        sabs += std::abs(p);
+      }
+      r.value[i * n + j] = s * sa * sb;
+      r.abs_sum[i * n + j] = sabs * sa * sb;
+    }
+  return r;
+}
+
+double unit_roundoff(DType t) {
+  return t == DType::Float32 ? 0x1p-24 : t == DType::Float16 ? 0x1p-11 : 0x1p-8;  // bfloat16: 8 bits
+}
+
+// got against expected within 2 ulps of the output dtype at |expected| + |bias| (bias: one value per column, or
+// none), plus on the GPU (except on exact grids) the accumulation bound 2^-9 * abs_sum (the header comment).
+void expect_product(const Tensor& got, const std::vector<double>& expected, const std::vector<double>& abs_sum,
+                    DType out_dtype, bool on_gpu, bool exact_grid, const std::vector<double>& bias = {}) {
+  const std::vector<double> g = testing::values(got);
+  ASSERT_EQ(g.size(), expected.size());
+  int failures = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double sum_term = on_gpu && !exact_grid ? 0x1p-9 * abs_sum[i] : 0.0;
+    const double b = bias.empty() ? 0.0 : std::abs(bias[i % bias.size()]);
+    const double tol = 2 * unit_roundoff(out_dtype) * (std::abs(expected[i]) + b) + sum_term + 1e-30;
+    if (!(std::abs(g[i] - expected[i]) <= tol) && ++failures <= 5) {
+      ADD_FAILURE() << "element " << i << ": got " << g[i] << ", expected " << expected[i] << " (tolerance " << tol
+                    << ")";
+    }
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+struct Pair {
+  DType a, b;
+};
+const Pair kPairs[] = {{DType::Float8_e4m3fn, DType::Float8_e4m3fn},
+                       {DType::Float8_e4m3fn, DType::Float8_e5m2},
+                       {DType::Float8_e5m2, DType::Float8_e4m3fn}};
+const DType kOutTypes[] = {DType::BFloat16, DType::Float32, DType::Float16};
+
+// Random data quantised with fp8_quantize at a delayed-scaling scale (fp8_max / amax), multiplied back with the
+// inverse scales: the product of the codes, scaled.
+TEST_P(Fp8OpsTest, GemmOfQuantisedInputsMatchesTheReference) {
+  const int64_t m = 32, n = 48, k = 64;
+  for (const Pair& p : kPairs) {
+    for (DType out_dtype : kOutTypes) {
+      SCOPED_TRACE(::testing::Message() << p.a << " x " << p.b << " -> " << out_dtype);
+      const Format &fa = format_of(p.a), &fb = format_of(p.b);
+      const Tensor xa = testing::make(testing::uniform(m * k, -3, 3, 21), {m, k}, opts());
+      const Tensor xb = testing::make(testing::uniform(n * k, -0.02, 0.02, 22), {n, k}, opts());
+      const float scale_a = static_cast<float>(fa.max_value / 3), scale_b = static_cast<float>(fb.max_value / 0.02);
+      const Tensor qa = internal::fp8_quantize(xa, p.a, cell_view(scale_a, 1, 2, dev()), cell_view(0, 0, 1, dev()));
+      const Tensor qb = internal::fp8_quantize(xb, p.b, cell_view(scale_b, 0, 3, dev()), cell_view(0, 0, 1, dev()));
+      const float inv_a = 1.0f / scale_a, inv_b = 1.0f / scale_b;
+      const Tensor out =
+          internal::fp8_gemm(qa, qb, cell_view(inv_a, 2, 3, dev()), cell_view(inv_b, 1, 2, dev()), out_dtype);
+      EXPECT_EQ(out.shape(), (Shape{m, n}));
+      EXPECT_EQ(out.dtype(), out_dtype);
+      const GemmReference ref = reference_gemm(codes_of(qa), fa, codes_of(qb), fb, m, n, k, inv_a, inv_b);
+      expect_product(out, ref.value, ref.abs_sum, out_dtype, dev().is_cuda(), false);
+      // And it approximates the product of the unquantised data: each FP8 value is within 2^-3 (E5M2) or 2^-4
+      // (E4M3) of the value it stands for, so each product within 0.27 of its own size.
+      const std::vector<double> va = testing::values(xa), vb = testing::values(xb), got = testing::values(out);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double exact = 0, size = 0;
+          for (int64_t kk = 0; kk < k; ++kk) {
+            exact += va[i * k + kk] * vb[j * k + kk];
+            size += std::abs(va[i * k + kk] * vb[j * k + kk]);
+          }
+          EXPECT_LE(std::abs(got[i * n + j] - exact), 0.3 * size) << i << ", " << j;
+        }
+    }
+  }
+}
+
+// Codes from a small grid (multiples of 1/2 up to 2 in magnitude: products are multiples of 1/4 up to 4, so with
+// K = 80 every partial sum, in any order and chunking, is a multiple of 1/4 below 320, exact in 11 bits); scales are
+// powers of two. The GPU must then give the reference up to the output's
+// rounding, with bias, and accumulating into float32.
+TEST_P(Fp8OpsTest, GemmExactGridWithBiasAndAccumulate) {
+  const int64_t m = 48, n = 32, k = 80;
+  for (const Pair& p : kPairs) {
+    SCOPED_TRACE(::testing::Message() << p.a << " x " << p.b);
+    const Format &fa = format_of(p.a), &fb = format_of(p.b);
+    const auto grid_codes = [](const Format& f, int64_t count, uint64_t seed) {
+      std::vector<uint8_t> c;
+      for (double u : testing::uniform(count, -4.5, 4.5, seed)) c.push_back(code_of(f, std::round(u) / 2));
+      return c;
+    };
+    const std::vector<uint8_t> ca = grid_codes(fa, m * k, 31), cb = grid_codes(fb, n * k, 32);
+    const Tensor a = from_codes(ca, {m, k}, p.a, dev()), b = from_codes(cb, {n, k}, p.b, dev());
+    const double sa = 0.25, sb = 8.0;
+    const GemmReference ref = reference_gemm(ca, fa, cb, fb, m, n, k, sa, sb);
+    const std::vector<double> bias_v = testing::uniform(n, -4, 4, 33);
+    for (DType out_dtype : kOutTypes) {
+      SCOPED_TRACE(::testing::Message() << out_dtype);
+      const Tensor plain = internal::fp8_gemm(a, b, cell_view(sa, 0, 1, dev()), cell_view(sb, 0, 1, dev()), out_dtype);
+      expect_product(plain, ref.value, ref.abs_sum, out_dtype, dev().is_cuda(), true);
+      const Tensor bias = testing::make(bias_v, {n}, opts(out_dtype));
+      const std::vector<double> bias_held = testing::values(bias);
+      std::vector<double> with_bias = ref.value;
+      for (int64_t i = 0; i < m * n; ++i) with_bias[i] += bias_held[i % n];
+      const Tensor biased =
+          internal::fp8_gemm(a, b, cell_view(sa, 0, 1, dev()), cell_view(sb, 0, 1, dev()), out_dtype, bias);
+      expect_product(biased, with_bias, ref.abs_sum, out_dtype, dev().is_cuda(), true, bias_held);
+    }
+    // Accumulate into float32 twice: acc0 + 2 * (product + bias).
+    const std::vector<double> acc0 = testing::uniform(m * n, -100, 100, 34);
+    Tensor acc = testing::make(acc0, {m, n}, opts());
+    const Tensor bias = testing::make(bias_v, {n}, opts());
+    const std::vector<double> acc0_held = testing::values(acc), bias_held = testing::values(bias);
+    const void* storage = acc.data_ptr();
+    for (int round = 1; round <= 2; ++round) {
+      const Tensor r =
+          internal::fp8_gemm(a, b, cell_view(sa, 0, 1, dev()), cell_view(sb, 0, 1, dev()), DType::Float32, bias, &acc);
+      EXPECT_EQ(r.data_ptr(), storage);  // the same tensor, updated in place
+      std::vector<double> expected(m * n), abs_sum(m * n);
+      for (int64_t i = 0; i < m * n; ++i) {
+        expected[i] = acc0_held[i] + round * (ref.value[i] + bias_held[i % n]);
+        abs_sum[i] = round * ref.abs_sum[i];
+      }
+      // Rounding: the sum of a few float32 roundings of values up to |acc0| + |product|.
+      std::vector<double> bound = abs_sum;
+      for (int64_t i = 0; i < m * n; ++i) bound[i] = std::abs(acc0_held[i]) + abs_sum[i] + std::abs(bias_held[i % n]);
+      const std::vector<double> got = testing::values(acc);
+      int failures = 0;
+      for (int64_t i = 0; i < m * n; ++i) {
+        const double tol = 4 * round * 0x1p-24 * bound[i];
+        if (!(std::abs(got[i] - expected[i]) <= tol) && ++failures <= 5)
+          ADD_FAILURE() << "round " << round << " element " << i << ": got " << got[i] << ", expected " << expected[i];
+      }
+      EXPECT_EQ(failures, 0);
+    }
+  }
+}
+
+TEST_P(Fp8OpsTest, GemmPropagatesNaNAndInfinity) {
+  const int64_t m = 16, n = 16, k = 16;
+  std::vector<uint8_t> ca(m * k, code_of(kE5M2, 1.0)), cb(n * k, code_of(kE4M3, 0.5));
+  ca[0] = 0x7f;          // a[0, 0] NaN: row 0 of the result is NaN
+  ca[1 * k + 3] = 0x7c;  // a[1, 3] = +inf in E5M2: row 1 is +inf (times positive b)
+  const Tensor a = from_codes(ca, {m, k}, DType::Float8_e5m2, dev());
+  const Tensor b = from_codes(cb, {n, k}, DType::Float8_e4m3fn, dev());
+  const Tensor out = internal::fp8_gemm(a, b, cell_view(1, 0, 1, dev()), cell_view(1, 0, 1, dev()), DType::Float32);
+  const std::vector<double> v = testing::values(out);
+  for (int64_t j = 0; j < n; ++j) {
+    EXPECT_TRUE(std::isnan(v[j])) << j;
+    EXPECT_EQ(v[n + j], kInf) << j;
+    EXPECT_EQ(v[2 * n + j], 8.0) << j;  // 16 * 1 * 0.5
+  }
+}
+
+TEST_P(Fp8OpsTest, GemmEmptyDims) {
+  const TensorOptions e4 = opts(DType::Float8_e4m3fn);
+  const Tensor one = cell_view(1, 0, 1, dev());
+  const Tensor out = internal::fp8_gemm(zeros({0, 32}, e4), zeros({16, 32}, e4), one, one, DType::BFloat16);
+  EXPECT_EQ(out.shape(), (Shape{0, 16}));
+  // K = 0: the empty sum, plus the bias (and the accumulator).
+  const Tensor bias = testing::make(testing::uniform(16, -1, 1, 5), {16}, opts());
+  const Tensor k0 = internal::fp8_gemm(zeros({16, 0}, e4), zeros({16, 0}, e4), one, one, DType::Float32, bias);
+  std::vector<double> expected;
+  for (int i = 0; i < 16; ++i)
+    for (double b : testing::values(bias)) expected.push_back(b);
+  EXPECT_EQ(testing::values(k0), expected);
+  Tensor acc = ones({16, 16}, opts());
+  internal::fp8_gemm(zeros({16, 0}, e4), zeros({16, 0}, e4), one, one, DType::Float32, {}, &acc);
+  EXPECT_EQ(testing::values(acc), std::vector<double>(256, 1.0));
+}
+
+TEST_P(Fp8OpsTest, GemmErrors) {
+  const TensorOptions e4 = opts(DType::Float8_e4m3fn), e5 = opts(DType::Float8_e5m2);
+  const Tensor a = zeros({32, 64}, e4), b = zeros({16, 64}, e4), one = cell_view(1, 0, 1, dev());
+  const DType bf = DType::BFloat16;
+  try {
+    internal::fp8_gemm(zeros({32, 64}, e5), zeros({16, 64}, e5), one, one, bf);
+    ADD_FAILURE() << "e5m2 x e5m2 was accepted";
+  } catch (const NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("float8_e5m2 x float8_e5m2 is not supported"), std::string::npos) << e.what();
+  }
+  expect_error(
+      [&] {
+        internal::fp8_gemm(zeros({32, 24}, e4), zeros({16, 24}, e4), one, one, bf);
+      },
+      {"fp8_gemm", "multiples of 16", "K = 24"});
+  expect_error([&] { internal::fp8_gemm(zeros({20, 64}, e4), b, one, one, bf); }, {"multiples of 16", "M = 20"});
+  expect_error([&] { internal::fp8_gemm(a, zeros({8, 64}, e4), one, one, bf); }, {"multiples of 16", "N = 8"});
+  expect_error([&] { internal::fp8_gemm(a, zeros({16, 32}, e4), one, one, bf); }, {"(M, K)", "[32, 64]", "[16, 32]"});
+  expect_error([&] { internal::fp8_gemm(zeros({32, 64}, opts(bf)), b, one, one, bf); }, {"must be FP8", "bfloat16"});
+  expect_error([&] { internal::fp8_gemm(zeros({64, 32}, e4).t(), b, one, one, bf); }, {"contiguous"});
+  expect_error([&] { internal::fp8_gemm(a, b, zeros({2}, opts()), one, bf); }, {"a_scale_inv", "1-element float32"});
+  expect_error([&] { internal::fp8_gemm(a, b, one, zeros({1}, opts(DType::Float64)), bf); }, {"b_scale_inv"});
+  expect_error([&] { internal::fp8_gemm(a, b, one, one, DType::Float64); }, {"out_dtype", "float64"});
+  expect_error([&] { internal::fp8_gemm(a, b, one, one, bf, zeros({16}, opts())); }, {"bias", "(16)", "bfloat16"});
+  expect_error([&] { internal::fp8_gemm(a, b, one, one, bf, zeros({32}, opts(bf))); }, {"bias", "[32]"});
+  Tensor acc = zeros({32, 16}, opts());
+  expect_error([&] { internal::fp8_gemm(a, b, one, one, bf, {}, &acc); }, {"accumulating needs out_dtype Float32"});
+  Tensor wrong = zeros({16, 32}, opts());
+  expect_error([&] { internal::fp8_gemm(a, b, one, one, DType::Float32, {}, &wrong); },
+               {"accumulate_into", "(32, 16)", "[16, 32]"});
+  Tensor acc_bf = zeros({32, 16}, opts(bf));
+  expect_error([&] { internal::fp8_gemm(a, b, one, one, DType::Float32, {}, &acc_bf); }, {"accumulate_into"});
+  EXPECT_EQ(testing::values(acc), std::vector<double>(32 * 16, 0.0));  // untouched
+}
+
+KILN_INSTANTIATE_BACKENDS(Fp8OpsTest);
+
+// ---------------------------------------------------------------- GPU only
+
+// Large shapes on the GPU against the CPU: quantisation bit for bit (plain and transposed, with the amax), and the
+// product within the tolerance of the header comment.
+TEST(Fp8CudaOps, QuantizeMatchesTheCpuBitForBit) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  for (DType in : kInputTypes) {
+    for (DType f8 : {DType::Float8_e4m3fn, DType::Float8_e5m2}) {
+      SCOPED_TRACE(::testing::Message() << in << " -> " << f8);
+      std::vector<double> v = testing::uniform(1000 * 3000, -1000, 1000, 41);
+      v[2'222'222] = 1e5;
+      const Tensor x = testing::make(v, {1000, 3000}, {.dtype = in});
+      for (bool transpose : {false, true}) {
+        const Tensor amax_cpu = cell_view(0, 0, 1, Device::cpu()), amax_gpu = cell_view(0, 0, 1, gpu);
+        const Tensor q_cpu = internal::fp8_quantize(x, f8, cell_view(0.3, 0, 1, Device::cpu()), amax_cpu, transpose);
+        const Tensor q_gpu = internal::fp8_quantize(x.to(gpu), f8, cell_view(0.3, 0, 1, gpu), amax_gpu, transpose);
+        EXPECT_EQ(codes_of(q_gpu), codes_of(q_cpu)) << "transpose " << transpose;
+        EXPECT_EQ(f32(amax_gpu), f32(amax_cpu)) << "transpose " << transpose;
+      }
+    }
+  }
+}
+
+TEST(Fp8CudaOps, GemmMatchesTheCpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  const int64_t m = 256, n = 512, k = 1024;
+  for (const Pair& p : kPairs) {
+    SCOPED_TRACE(::testing::Message() << p.a << " x " << p.b);
+    const Format &fa = format_of(p.a), &fb = format_of(p.b);
+    std::vector<uint8_t> ca, cb;
+    for (double u : testing::uniform(m * k, -fa.max_value, fa.max_value, 51)) ca.push_back(code_of(fa, u));
+    for (double u : testing::uniform(n * k, -1, 1, 52)) cb.push_back(code_of(fb, u));
+    // Scales that bring the sums (up to K * fp8_max in size) well inside float16's range.
+    const float sa = static_cast<float>(0.02 / fa.max_value), sb = 3.0f;
+    const GemmReference ref = reference_gemm(ca, fa, cb, fb, m, n, k, sa, sb);
+    const Tensor a = from_codes(ca, {m, k}, p.a, gpu), b = from_codes(cb, {n, k}, p.b, gpu);
+    for (DType out_dtype : kOutTypes) {
+      SCOPED_TRACE(::testing::Message() << out_dtype);
+      const Tensor out = internal::fp8_gemm(a, b, cell_view(sa, 1, 2, gpu), cell_view(sb, 0, 1, gpu), out_dtype);
+      expect_product(out, ref.value, ref.abs_sum, out_dtype, true, false);
+    }
+  }
+}
+
+// Quantise and multiply inside a CUDA graph capture (which fails on any host synchronisation), then replay on new
+// data: the amax and the product follow the new data.
+TEST(Fp8CudaOps, QuantizeAndGemmCaptureIntoAGraph) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  const TensorOptions f32o{.dtype = DType::Float32, .device = gpu};
+  const int64_t m = 64, n = 32, k = 48;
+  Tensor x = testing::make(testing::uniform(m * k, -2, 2, 61), {m, k}, f32o);
+  Tensor w = testing::make(testing::uniform(n * k, -1, 1, 62), {n, k}, f32o);
+  amp::Fp8ScalingState st = amp::Fp8ScalingState::for_linear(amp::Fp8Recipe{.amax_history_len = 4}, gpu);
+  Tensor(st.scale()).copy_(testing::make({100, 200, 1}, {3}, f32o));
+  Tensor(st.scale_inv()).copy_(testing::make({0.01, 0.005, 1}, {3}, f32o));
+  Tensor y = zeros({m, n}, f32o);
+  const auto step = [&] {
+    const Tensor xq = internal::fp8_quantize(x, DType::Float8_e4m3fn, st.scale().narrow(0, 0, 1),
+                                             st.amax_history().select(0, 0).narrow(0, 0, 1));
+    const Tensor wq = internal::fp8_quantize(w, DType::Float8_e4m3fn, st.scale().narrow(0, 1, 1),
+                                             st.amax_history().select(0, 0).narrow(0, 1, 1));
+    y.copy_(internal::fp8_gemm(xq, wq, st.scale_inv().narrow(0, 0, 1), st.scale_inv().narrow(0, 1, 1), DType::Float32));
+  };
+  cuda::Graph graph;
+  graph.capture(step);
+  const std::vector<double> nx = testing::uniform(m * k, -3, 3, 63), nw = testing::uniform(n * k, -0.5, 0.5, 64);
+  x.copy_(testing::make(nx, {m, k}, f32o));
+  w.copy_(testing::make(nw, {n, k}, f32o));
+  Tensor(st.amax_history()).fill_(0);
+  graph.replay();
+  cuda::synchronize();
+  const std::vector<double> h = testing::values(st.amax_history().select(0, 0));
+  EXPECT_EQ(h[0], reference_amax(testing::values(x)));
+  EXPECT_EQ(h[1], reference_amax(testing::values(w)));
+  EXPECT_EQ(h[2], 0.0);
+  const std::vector<uint8_t> cx = reference_codes(testing::values(x), 100.0f, kE4M3);
+  const std::vector<uint8_t> cw = reference_codes(testing::values(w), 200.0f, kE4M3);
+  const GemmReference ref = reference_gemm(cx, kE4M3, cw, kE4M3, m, n, k, 0.01f, 0.005f);
+  expect_product(y, ref.value, ref.abs_sum, DType::Float32, true, false);
+}
+
+}  // namespace
+}  // namespace kiln
