@@ -105,8 +105,12 @@ void fp8_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const T
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   set_desc(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a);
   set_desc(op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b);
-  const void* a_scale = b_scale_inv.data_ptr();  // cuBLAS's A is kiln's b
-  const void* b_scale = a_scale_inv.data_ptr();
+  // The scales as cuBLASLt reads them: its FP8 kernels refuse (CUBLAS_STATUS_NOT_SUPPORTED at launch) a scale
+  // pointer that is not 16-byte aligned, as an element of a scaling state's (N,) scale_inv is, so such a scale is
+  // copied into a fresh allocation first (a device copy: no host sync, fine under capture).
+  const Tensor a_scale_t = aligned16(a_scale_inv), b_scale_t = aligned16(b_scale_inv);
+  const void* a_scale = b_scale_t.data_ptr();  // cuBLAS's A is kiln's b
+  const void* b_scale = a_scale_t.data_ptr();
   set_desc(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof a_scale);
   set_desc(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof b_scale);
   const int8_t fast_accum = 0;
