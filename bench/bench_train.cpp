@@ -1,8 +1,9 @@
 // Whole training steps on one GPU, the cases of the performance issue: forward, loss, backward and the optimizer
 // step, timed as one block of steps between two CUDA events after warm-up steps, on random (not zero) data made
-// once on the GPU: --batches distinct batches (8 by default) that the steps cycle through (the JPEG case reads a
-// folder of photos through the DataLoader instead). The ResNet cases' images carry a pattern of their class
-// (bench/model_cases.h), so that their loss can fall; BERT's labels are tokens of the input. The learning rate rises
+// once on the GPU: --batches distinct batches (8 by default; 64 for the CIFAR case) that the steps cycle through
+// (the JPEG case reads a folder of photos through the DataLoader instead). The ResNet cases' images carry a pattern
+// of their class and 10% of their labels are redrawn (bench/model_cases.h), so that their loss can fall but not to
+// zero; BERT's labels are tokens of the input. The learning rate rises
 // linearly over the warm-up steps to the case's rate (the same recipe as pytorch_train.py's), which keeps fp16 from
 // diverging early. Every step's loss (and the GradScaler's scale) is logged on the device and judged after the timing
 // (bench/train_log.h): a case whose loss is not finite, whose timed steps were skipped, or whose loss did not fall
@@ -67,6 +68,7 @@ struct Settings {
   int steps = 30;
   int warmup = 10;
   int batches = 8;  // distinct batches the steps cycle through (--batches N)
+  bool batches_given = false;  // --batches was given: every case uses it (else resnet18_cifar_bf16 uses kCifarBatches)
   std::string photos;
   bool quick = false;
   bool graphs = true;    // capture the static-shape steps in CUDA graphs (--no-graphs: eager only)
@@ -288,6 +290,7 @@ struct GraphedCase {
   int replay_warmup = 3;
   const Tensor* loss = nullptr;  // where the step leaves its loss: the last step's value goes in the line
   StepLog* log = nullptr;
+  int64_t cycle = 0;  // distinct batches the steps cycle through (0: --batches)
 };
 
 void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s, const GraphedCase& c) {
@@ -300,7 +303,7 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
       std::max(1, c.warmup + s.steps);
   profile_steps(name, s, c.eager);
   if (!s.device.is_cuda() || !s.graphs) {
-    report(name, info, s, c.warmup, eager, ", \"cuda_graph\": false" + loss_field(c.loss, log, s));
+    report(name, info, s, c.warmup, eager, ", \"cuda_graph\": false" + loss_field(c.loss, log, s, c.cycle));
     return;
   }
   c.feed();
@@ -316,7 +319,7 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
         /*warmup=*/2);
   } catch (const std::exception& e) {  // the eager figure, and why there is no graph one
     report(name, info, s, c.warmup, eager,
-           ", \"cuda_graph\": false, \"graph_error\": \"" + json_escape(e.what()) + "\"" + loss_field(c.loss, log, s));
+           ", \"cuda_graph\": false, \"graph_error\": \"" + json_escape(e.what()) + "\"" + loss_field(c.loss, log, s, c.cycle));
     return;
   }
   cuda::synchronize();
@@ -336,7 +339,7 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
       extra, sizeof extra,
       ", \"cuda_graph\": true, \"eager_step_ms\": %.3f, \"eager_peak_gib\": %.3f, \"conv_accumulations\": %.1f",
       eager.step_ms, eager.peak_gib, accumulations_per_step);
-  report(name, info, s, c.warmup, graphed, extra + loss_field(c.loss, log, s));
+  report(name, info, s, c.warmup, graphed, extra + loss_field(c.loss, log, s, c.cycle));
 }
 
 void report_other(const std::string& name, const char* key, const std::string& why) {
@@ -345,12 +348,17 @@ void report_other(const std::string& name, const char* key, const std::string& w
   std::fflush(stdout);
 }
 
+// The CIFAR case's distinct batches unless --batches says otherwise: its ~100 steps of 256 small images would
+// otherwise see each of 8 batches a dozen times, and ResNet-18 memorises 2,048 images (even their redrawn labels) in
+// that many passes. 64 batches (50 MB of images) are each seen about once or twice.
+constexpr int kCifarBatches = 64;
+
 void resnet_case(const std::string& name, const Settings& s, int depth, int64_t batch, int64_t size, int64_t classes,
                  bool cifar, DType precision) {
   const Device dev = s.device;
-  bench::ResNetCase c =
-      bench::make_resnet(depth, batch, size, classes, cifar, dev, MemoryFormat::ChannelsLast, s.batches,
-                         /*learnable=*/true);
+  const int batches = cifar && !s.batches_given && !s.quick ? kCifarBatches : s.batches;
+  bench::ResNetCase c = bench::make_resnet(depth, batch, size, classes, cifar, dev, MemoryFormat::ChannelsLast,
+                                           batches, /*learnable=*/true);
   optim::SGD opt(c.model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-5});
   amp::GradScaler scaler({.enabled = precision == DType::Float16});
   StepLog log(s, s.warmup, &scaler);
@@ -385,7 +393,8 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
                            .feed = [&] { cycle.feed(); },
                            .warmup = s.warmup,
                            .loss = &loss,
-                           .log = &log});
+                           .log = &log,
+                           .cycle = batches});
 }
 
 void bert_case(const std::string& name, const Settings& s, const nn::models::BertConfig& config, int64_t batch,
@@ -664,6 +673,7 @@ int main(int argc, char** argv) {
         return 2;
       }
       s.batches = static_cast<int>(n);
+      s.batches_given = true;
     } else if (a == "--case" && has_value) {
       const std::string name = argv[++i];
       if (std::find(kCases.begin(), kCases.end(), name) == kCases.end()) {

@@ -110,17 +110,25 @@ def resnet50_random(args, dtype):
                 batches=image_batches(args, batch, size, 1000))
 
 
+CIFAR_BATCHES = 64  # kCifarBatches in bench/bench_train.cpp
+
+
+def cifar_batches(args):
+    """The CIFAR case's distinct batches: 64 unless --batches is given, so that its steps do not memorise them."""
+    return args.batches if args.batches_given or args.quick else CIFAR_BATCHES
+
+
 PATTERN_GAIN = 0.5  # kPatternGain and kLabelNoise in bench/model_cases.h
 LABEL_NOISE = 0.1
 
 
-def image_batches(args, batch, size, classes):
+def image_batches(args, batch, size, classes, count=None):
     """--batches pairs of (B, 3, H, W) channels-last images and (B,) labels, as bench/model_cases.h makes them:
     standard-normal noise plus PATTERN_GAIN times the image's class pattern (8x8 per channel, standard-normal,
     tiled), then LABEL_NOISE of the labels redrawn uniformly, so that the loss can fall but not to zero."""
     patterns = torch.randn(classes, 3, 8, 8, device="cuda")
     out = []
-    for _ in range(args.batches):
+    for _ in range(count or args.batches):
         x = torch.randn(batch, 3, size, size, device="cuda")
         y = torch.randint(0, classes, (batch,), device="cuda")
         x = x + PATTERN_GAIN * patterns[y].reshape(batch, 3, 1, 8, 1, 8).expand(
@@ -149,7 +157,7 @@ def resnet18_cifar_bf16(args):
     model = model.cuda().to(memory_format=torch.channels_last).train()
     return Case(model, lambda net, b: F.cross_entropy(net(b[0]), b[1]), sgd(model, args.graph), torch.bfloat16,
                 info("resnet18-cifar", batch, f"{size}x{size}", torch.bfloat16, "sgd"), "img/s",
-                batches=image_batches(args, batch, size, 10))
+                batches=image_batches(args, batch, size, 10, cifar_batches(args)))
 
 
 def bert_random(args, name, sizes, batch, seq, checkpointing=False, dtype=torch.bfloat16):
@@ -591,6 +599,7 @@ def main():
         args.steps = 2 if args.quick else 30
     if args.warmup is None:
         args.warmup = 1 if args.quick else 10
+    args.batches_given = args.batches is not None
     if args.batches is None:
         args.batches = 2 if args.quick else 8
     if args.steps < 1 or args.warmup < 1 or args.repeat < 1 or args.batches < 1:
