@@ -73,35 +73,53 @@ AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q_in, co
   check_attention_inputs(q, k, v, options);
   const int64_t L = q.size(-2), S = k.size(-2), E = q.size(-1);
   const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
-  Tensor scores = mul(matmul(q, transpose(k, -2, -1)), scale);  // (..., L, E) x (..., E, S) -> (..., L, S)
-
-  bool masked = false;
-  if (options.attn_mask.defined()) {
-    const Tensor& m = options.attn_mask;
-    KILN_CHECK(broadcasts_to(m.shape(), scores.shape()), "scaled_dot_product_attention: attn_mask of shape ", m.shape(),
-               " does not broadcast to the scores' shape ", scores.shape(),
+  // The scale goes on the smaller of q (..., L, E) and the scores (..., L, S).
+  Tensor scores = E < S ? matmul(mul(q, scale), transpose(k, -2, -1))    // (..., L, E) x (..., E, S) -> (..., L, S)
+                        : mul(matmul(q, transpose(k, -2, -1)), scale);
+  if (options.attn_mask.defined())
+    KILN_CHECK(broadcasts_to(options.attn_mask.shape(), scores.shape()), "scaled_dot_product_attention: attn_mask of ",
+               "shape ", options.attn_mask.shape(), " does not broadcast to the scores' shape ", scores.shape(),
                " (..., L, S); give it shape (L, S) or (..., L, S) with 1 where it broadcasts");
-    scores = m.dtype() == DType::Bool ? masked_fill(scores, logical_not(m), kNegInf) : scores + cast(m, scores.dtype());
-    masked = true;
-  }
-  if (options.is_causal) {
-    // allowed[i, j] = j <= i: (L, 1) >= (1, S) -> (L, S).
-    const TensorOptions index{.dtype = DType::Int64, .device = q.device()};
-    Tensor allowed = ge(unsqueeze(arange(L, index), 1), unsqueeze(arange(S, index), 0));
-    scores = masked_fill(scores, logical_not(allowed), kNegInf);
-    masked = true;
+  const bool bool_mask = options.attn_mask.defined() && options.attn_mask.dtype() == DType::Bool;
+  const bool float_mask = options.attn_mask.defined() && !bool_mask;
+
+  // The keys each query may not see, as a Bool tensor in the masks' own broadcast shape (e.g. BERT's (N, 1, 1, S)
+  // key padding), never expanded to the scores': the Bool mask's false entries, and with is_causal the keys after
+  // the query (allowed[i, j] = j <= i, top-left aligned).
+  Tensor forbidden;
+  {
+    NoGradGuard no_grad;
+    if (bool_mask) forbidden = logical_not(options.attn_mask);
+    if (options.is_causal) {
+      const TensorOptions index{.dtype = DType::Int64, .device = q.device()};
+      const Tensor later = lt(unsqueeze(arange(L, index), 1), unsqueeze(arange(S, index), 0));  // (L, S): j > i
+      forbidden = forbidden.defined() ? logical_or(forbidden, later) : later;
+    }
   }
 
+  // softmax of a row with every key masked would be NaN: such rows ("dead") get zero probabilities, so their output
+  // and every gradient through them are zero.
   Tensor probs;
-  if (masked) {
-    // softmax of a row that is all -inf is NaN. Such rows get finite stand-in scores, then zero probabilities,
-    // so their output and every gradient through them are zero.
+  if (float_mask) {
+    // Additive: dead rows are known only from the scores (a row of -inf), found after the mask is added.
+    scores = scores + cast(options.attn_mask, scores.dtype());
+    if (forbidden.defined()) scores = masked_fill(scores, forbidden, kNegInf);
     Tensor dead;  // (..., L, 1) Bool
     {
       NoGradGuard no_grad;
       dead = eq(amax(scores.detach(), {-1}, true), kNegInf);
     }
     probs = masked_fill(softmax(masked_fill(scores, dead, 0.0), -1), dead, 0.0);
+  } else if (forbidden.defined()) {
+    // Dead rows come from the mask alone (small): they are left unmasked, so their softmax stays finite, and their
+    // probabilities are zeroed after it. One masked fill of the scores, one of the probabilities.
+    Tensor dead, hidden;  // (..., Lm, 1) and the mask's shape, Bool
+    {
+      NoGradGuard no_grad;
+      dead = internal::all(forbidden, {-1}, true);
+      hidden = logical_and(forbidden, logical_not(dead));
+    }
+    probs = masked_fill(softmax(masked_fill(scores, hidden, kNegInf), -1), dead, 0.0);
   } else {
     probs = softmax(scores, -1);
   }

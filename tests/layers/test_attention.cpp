@@ -106,6 +106,17 @@ TEST_P(AttentionTest, SdpaFourDimsWithPerSampleKeyMask) {
       {.attn_mask = make(md, {N, 1, 1, S}, {.dtype = DType::Bool, .device = dev()})});
   auto allowed = [&](int64_t b, int64_t, int64_t j) { return md[(b / H) * S + j] != 0; };  // b = n * H + h
   expect_values(out, {N, H, L, E}, reference_attention(qd, kd, vd, N * H, L, S, E, E, 0.5, allowed), 1e-5, 1e-6);
+  // Sample 1 may see no key at all: every row of its heads is dead (zeros), found from the (N, 1, 1, S) mask alone;
+  // alone and with a causal mask on top (which leaves sample 0's query 0 one key).
+  const std::vector<double> dead_md = {1, 0, 1, 0, 0, 0};
+  const Tensor dead_mask = make(dead_md, {N, 1, 1, S}, {.dtype = DType::Bool, .device = dev()});
+  auto dead_allowed = [&](int64_t b, int64_t, int64_t j) { return dead_md[(b / H) * S + j] != 0; };
+  auto causal_allowed = [&](int64_t b, int64_t i, int64_t j) { return dead_allowed(b, i, j) && j <= i; };
+  const Tensor q = make(qd, {N, H, L, E}, opts()), k = make(kd, {N, H, S, E}, opts()), v = make(vd, {N, H, S, E}, opts());
+  expect_values(nn::scaled_dot_product_attention(q, k, v, {.attn_mask = dead_mask}), {N, H, L, E},
+                reference_attention(qd, kd, vd, N * H, L, S, E, E, 0.5, dead_allowed), 1e-5, 1e-6);
+  expect_values(nn::scaled_dot_product_attention(q, k, v, {.attn_mask = dead_mask, .is_causal = true}), {N, H, L, E},
+                reference_attention(qd, kd, vd, N * H, L, S, E, E, 0.5, causal_allowed), 1e-5, 1e-6);
 }
 
 TEST_P(AttentionTest, FullyMaskedRowsGiveZerosAndFiniteGradients) {
@@ -176,6 +187,11 @@ TEST(Attention, SdpaGradients) {
   Tensor bm = make({1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1}, {3, 5}, {.dtype = DType::Bool});
   check_gradients(sdpa({}), {qkv[0], qkv[1], qkv[2], bm});
   check_gradients(sdpa({}), {qkv[0], qkv[1], qkv[2], make(uniform(15, -1, 1, 4), {3, 5}, {.dtype = DType::Float64})});
+  // A per-sample key mask (N, 1, S) whose second sample sees no key, alone and with a causal mask on top (rows dead
+  // only once both apply: sample 0 may see keys 1 and 3, so its query 0 has none).
+  Tensor key_mask = make({0, 1, 0, 1, 0, 0, 0, 0, 0, 0}, {2, 1, 5}, {.dtype = DType::Bool});
+  check_gradients(sdpa({}), {qkv[0], qkv[1], qkv[2], key_mask});
+  check_gradients(sdpa({.is_causal = true}), {qkv[0], qkv[1], qkv[2], key_mask});
 }
 
 TEST(Attention, SdpaBadInput) {
