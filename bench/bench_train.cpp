@@ -67,7 +67,7 @@ struct Settings {
   std::set<std::string> cases;      // empty: all
   int steps = 30;
   int warmup = 10;
-  int batches = 8;  // distinct batches the steps cycle through (--batches N)
+  int batches = 8;             // distinct batches the steps cycle through (--batches N)
   bool batches_given = false;  // --batches was given: every case uses it (else resnet18_cifar_bf16 uses kCifarBatches)
   std::string photos;
   bool quick = false;
@@ -319,7 +319,8 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
         /*warmup=*/2);
   } catch (const std::exception& e) {  // the eager figure, and why there is no graph one
     report(name, info, s, c.warmup, eager,
-           ", \"cuda_graph\": false, \"graph_error\": \"" + json_escape(e.what()) + "\"" + loss_field(c.loss, log, s, c.cycle));
+           ", \"cuda_graph\": false, \"graph_error\": \"" + json_escape(e.what()) + "\"" +
+               loss_field(c.loss, log, s, c.cycle));
     return;
   }
   cuda::synchronize();
@@ -357,8 +358,8 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
                  bool cifar, DType precision) {
   const Device dev = s.device;
   const int batches = cifar && !s.batches_given && !s.quick ? kCifarBatches : s.batches;
-  bench::ResNetCase c = bench::make_resnet(depth, batch, size, classes, cifar, dev, MemoryFormat::ChannelsLast,
-                                           batches, /*learnable=*/true);
+  bench::ResNetCase c = bench::make_resnet(depth, batch, size, classes, cifar, dev, MemoryFormat::ChannelsLast, batches,
+                                           /*learnable=*/true);
   optim::SGD opt(c.model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-5});
   amp::GradScaler scaler({.enabled = precision == DType::Float16});
   StepLog log(s, s.warmup, &scaler);

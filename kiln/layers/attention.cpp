@@ -1,6 +1,6 @@
 // Scaled dot-product attention and MultiheadAttention (attention.h), composed of differentiable ops.
-#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/attention.h"
+#include "kiln/layers/autocast_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -74,7 +74,7 @@ AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q_in, co
   const int64_t L = q.size(-2), S = k.size(-2), E = q.size(-1);
   const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
   // The scale goes on the smaller of q (..., L, E) and the scores (..., L, S).
-  Tensor scores = E < S ? matmul(mul(q, scale), transpose(k, -2, -1))    // (..., L, E) x (..., E, S) -> (..., L, S)
+  Tensor scores = E < S ? matmul(mul(q, scale), transpose(k, -2, -1))  // (..., L, E) x (..., E, S) -> (..., L, S)
                         : mul(matmul(q, transpose(k, -2, -1)), scale);
   if (options.attn_mask.defined())
     KILN_CHECK(broadcasts_to(options.attn_mask.shape(), scores.shape()), "scaled_dot_product_attention: attn_mask of ",

@@ -112,7 +112,8 @@ TEST_P(AttentionTest, SdpaFourDimsWithPerSampleKeyMask) {
   const Tensor dead_mask = make(dead_md, {N, 1, 1, S}, {.dtype = DType::Bool, .device = dev()});
   auto dead_allowed = [&](int64_t b, int64_t, int64_t j) { return dead_md[(b / H) * S + j] != 0; };
   auto causal_allowed = [&](int64_t b, int64_t i, int64_t j) { return dead_allowed(b, i, j) && j <= i; };
-  const Tensor q = make(qd, {N, H, L, E}, opts()), k = make(kd, {N, H, S, E}, opts()), v = make(vd, {N, H, S, E}, opts());
+  const Tensor q = make(qd, {N, H, L, E}, opts()), k = make(kd, {N, H, S, E}, opts()),
+               v = make(vd, {N, H, S, E}, opts());
   expect_values(nn::scaled_dot_product_attention(q, k, v, {.attn_mask = dead_mask}), {N, H, L, E},
                 reference_attention(qd, kd, vd, N * H, L, S, E, E, 0.5, dead_allowed), 1e-5, 1e-6);
   expect_values(nn::scaled_dot_product_attention(q, k, v, {.attn_mask = dead_mask, .is_causal = true}), {N, H, L, E},

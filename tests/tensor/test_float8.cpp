@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "kiln/tensor/cuda.h"
+#include "support/float8_reference.h"
 #include "support/test_support.h"
 
 namespace kiln {
@@ -22,48 +23,10 @@ using testing::kNaN;
 
 // ---------------------------------------------------------------- references from the bit fields
 
-struct Format {
-  DType dtype;
-  int exp_bits, man_bits, bias;
-  bool ieee;         // E5M2: exponent all ones is inf / NaN; E4M3FN: only S.1111.111 is NaN
-  uint8_t max_code;  // the largest finite positive code
-  double max_value;  // its value
-  double min_sub;    // the smallest positive subnormal
-};
-const Format kE4M3 = {DType::Float8_e4m3fn, 4, 3, 7, false, 0x7e, 448.0, 0x1p-9};
-const Format kE5M2 = {DType::Float8_e5m2, 5, 2, 15, true, 0x7b, 57344.0, 0x1p-16};
+using Format = testing::Fp8Format;
+using testing::kE4M3;
+using testing::kE5M2;
 const Format kFormats[] = {kE4M3, kE5M2};
-
-// The value of a code, from its sign, exponent and mantissa fields.
-double reference_value(const Format& f, uint8_t code) {
-  const int sign = code >> 7;
-  const int e = (code >> f.man_bits) & ((1 << f.exp_bits) - 1);
-  const int m = code & ((1 << f.man_bits) - 1);
-  const int all_ones = (1 << f.exp_bits) - 1;
-  const double s = sign ? -1.0 : 1.0;
-  if (f.ieee && e == all_ones) return m == 0 ? s * kInf : kNaN;
-  if (!f.ieee && e == all_ones && m == (1 << f.man_bits) - 1) return kNaN;
-  if (e == 0) return s * std::ldexp(static_cast<double>(m), 1 - f.bias - f.man_bits);
-  return s * std::ldexp(1.0 + static_cast<double>(m) / (1 << f.man_bits), e - f.bias);
-}
-
-// The code a double should become: NaN -> 0x7f; |v| >= max (inf included) -> ±max; else the nearest code, ties
-// to the even code (the code's last bit is the mantissa's). Found by searching the decoded positive codes; the
-// two distances are exact (Sterbenz: v lies within a factor of 2 of both neighbours, or the lower one is 0).
-uint8_t reference_code(const Format& f, double v) {
-  if (std::isnan(v)) return 0x7f;
-  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
-  const double a = std::abs(v);
-  if (a >= f.max_value) return sign | f.max_code;
-  int lo = 0;
-  while (lo + 1 <= f.max_code && reference_value(f, static_cast<uint8_t>(lo + 1)) <= a) ++lo;
-  const double vlo = reference_value(f, static_cast<uint8_t>(lo));
-  if (vlo == a) return sign | static_cast<uint8_t>(lo);
-  const double vhi = reference_value(f, static_cast<uint8_t>(lo + 1));
-  const double dlo = a - vlo, dhi = vhi - a;
-  int c = dlo < dhi ? lo : dhi < dlo ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1);
-  return sign | static_cast<uint8_t>(c);
-}
 
 std::vector<uint8_t> all_codes() {
   std::vector<uint8_t> c(256);
@@ -93,7 +56,8 @@ uint32_t float_bits(float f) { return std::bit_cast<uint32_t>(f); }
 std::vector<double> probe_values(const Format& f) {
   std::vector<double> v = {0.0, kInf, -kInf, kNaN, -kNaN, 1e300, 1e-300, 5e-324, 1e-40, 1e6, 1e9};
   for (int c = 0; c < f.max_code; ++c) {
-    const double a = reference_value(f, static_cast<uint8_t>(c)), b = reference_value(f, static_cast<uint8_t>(c + 1));
+    const double a = testing::fp8_value(f, static_cast<uint8_t>(c)),
+                 b = testing::fp8_value(f, static_cast<uint8_t>(c + 1));
     const double mid = (a + b) / 2;
     for (double x : {a, mid, std::nextafter(mid, 0.0), std::nextafter(mid, kInf),
                      static_cast<double>(std::nextafter(static_cast<float>(mid), 0.0f)),
@@ -103,7 +67,7 @@ std::vector<double> probe_values(const Format& f) {
       v.push_back(-x);
     }
   }
-  const double max = f.max_value, ulp = max - reference_value(f, static_cast<uint8_t>(f.max_code - 1));
+  const double max = f.max_value, ulp = max - testing::fp8_value(f, static_cast<uint8_t>(f.max_code - 1));
   for (double x : {max, max + 1, max + ulp / 2, max + ulp / 2 + 1, max + ulp, 2 * max, 1e30}) {
     v.push_back(x);
     v.push_back(-x);
@@ -134,7 +98,7 @@ TEST(Float8Types, EveryCodeDecodesToItsFieldValue) {
     int nans = 0;
     for (int c = 0; c < 256; ++c) {
       SCOPED_TRACE(::testing::Message() << f.dtype << " code " << c);
-      const double ref = reference_value(f, static_cast<uint8_t>(c));
+      const double ref = testing::fp8_value(f, static_cast<uint8_t>(c));
       const float got = f.dtype == DType::Float8_e4m3fn ? float(Float8_e4m3fn::from_bits(static_cast<uint8_t>(c)))
                                                         : float(Float8_e5m2::from_bits(static_cast<uint8_t>(c)));
       if (std::isnan(ref)) {
@@ -169,12 +133,12 @@ TEST(Float8Types, ConversionMatchesTheNearestEvenReference) {
   for (const Format& f : kFormats) {
     for (double v : probe_values(f)) {
       SCOPED_TRACE(::testing::Message() << f.dtype << " from " << std::hexfloat << v);
-      const uint8_t expected = reference_code(f, v);
+      const uint8_t expected = testing::fp8_code(f, v);
       const uint8_t from_double = f.dtype == DType::Float8_e4m3fn ? Float8_e4m3fn(v).bits : Float8_e5m2(v).bits;
       EXPECT_EQ(int(from_double), int(expected));
       const float vf = static_cast<float>(v);
       const uint8_t from_float = f.dtype == DType::Float8_e4m3fn ? Float8_e4m3fn(vf).bits : Float8_e5m2(vf).bits;
-      EXPECT_EQ(int(from_float), int(reference_code(f, static_cast<double>(vf))));
+      EXPECT_EQ(int(from_float), int(testing::fp8_code(f, static_cast<double>(vf))));
     }
   }
 }
@@ -235,7 +199,7 @@ TEST_P(Float8CastTest, EveryCodeCastsExactlyToEveryFloatType) {
       const std::vector<double> got = t.to(to).to_vector<double>();
       for (int c = 0; c < 256; ++c) {
         SCOPED_TRACE(::testing::Message() << f.dtype << " code " << c << " -> " << to);
-        const double ref = reference_value(f, static_cast<uint8_t>(c));
+        const double ref = testing::fp8_value(f, static_cast<uint8_t>(c));
         if (std::isnan(ref)) {
           EXPECT_TRUE(std::isnan(got[c]));
         } else {
@@ -245,7 +209,7 @@ TEST_P(Float8CastTest, EveryCodeCastsExactlyToEveryFloatType) {
       }
     }
     for (int c = 0; c < 256; ++c) {
-      const double ref = reference_value(f, static_cast<uint8_t>(c));
+      const double ref = testing::fp8_value(f, static_cast<uint8_t>(c));
       const uint32_t expected = std::isnan(ref) ? 0x7fc00000u : float_bits(static_cast<float>(ref));
       EXPECT_EQ(float_bits(as_float[c]), expected) << f.dtype << " code " << c;
     }
@@ -256,7 +220,7 @@ TEST_P(Float8CastTest, EveryCodeRoundTripsThroughEveryFloatType) {
   for (const Format& f : kFormats) {
     std::vector<uint8_t> finite;
     for (uint8_t c : all_codes())
-      if (!std::isnan(reference_value(f, c)) && !std::isinf(reference_value(f, c))) finite.push_back(c);
+      if (!std::isnan(testing::fp8_value(f, c)) && !std::isinf(testing::fp8_value(f, c))) finite.push_back(c);
     const Tensor t = from_codes(finite, f.dtype, dev());
     for (DType via : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16}) {
       SCOPED_TRACE(::testing::Message() << f.dtype << " via " << via);
@@ -271,8 +235,8 @@ TEST_P(Float8CastTest, FromFloat32AndFloat64MatchTheReference) {
     const Tensor d = testing::make(values, {static_cast<int64_t>(values.size())}, opts(DType::Float64));
     std::vector<uint8_t> expected_double, expected_float;
     for (double v : values) {
-      expected_double.push_back(reference_code(f, v));
-      expected_float.push_back(reference_code(f, static_cast<double>(static_cast<float>(v))));
+      expected_double.push_back(testing::fp8_code(f, v));
+      expected_float.push_back(testing::fp8_code(f, static_cast<double>(static_cast<float>(v))));
     }
     SCOPED_TRACE(::testing::Message() << f.dtype);
     EXPECT_EQ(codes_of(d.to(f.dtype)), expected_double);  // one rounding from double
@@ -289,19 +253,19 @@ TEST_P(Float8CastTest, From16BitFloatsAndIntegers) {
     for (DType from : {DType::Float16, DType::BFloat16}) {
       const Tensor t = testing::make(v, {static_cast<int64_t>(v.size())}, opts(from));
       std::vector<uint8_t> expected;
-      for (double x : t.to_vector<double>()) expected.push_back(reference_code(f, x));
+      for (double x : t.to_vector<double>()) expected.push_back(testing::fp8_code(f, x));
       EXPECT_EQ(codes_of(t.to(f.dtype)), expected) << from;
     }
     // Integers: their value, rounded once; huge ones saturate.
     const std::vector<int64_t> ints = {0, 1, -3, 17, 100, 449, -1000, 57345, int64_t{1} << 40, -(int64_t{1} << 62)};
     std::vector<uint8_t> expected;
-    for (int64_t i : ints) expected.push_back(reference_code(f, static_cast<double>(i)));
+    for (int64_t i : ints) expected.push_back(testing::fp8_code(f, static_cast<double>(i)));
     const Tensor i64 = from_vector(ints, {static_cast<int64_t>(ints.size())}, dev());
     EXPECT_EQ(codes_of(i64.to(f.dtype)), expected);
     const Tensor i32 = i64.narrow(0, 0, 8).to(DType::Int32);
     EXPECT_EQ(codes_of(i32.to(f.dtype)), std::vector<uint8_t>(expected.begin(), expected.begin() + 8));
     const Tensor b = testing::make({0, 1, 1}, {3}, opts(DType::Bool));
-    std::vector<uint8_t> bool_expected = {0x00, reference_code(f, 1.0), reference_code(f, 1.0)};
+    std::vector<uint8_t> bool_expected = {0x00, testing::fp8_code(f, 1.0), testing::fp8_code(f, 1.0)};
     EXPECT_EQ(codes_of(b.to(f.dtype)), bool_expected);
   }
 }
@@ -320,12 +284,12 @@ TEST_P(Float8CastTest, BetweenTheTwoFormats) {
   // E4M3FN -> E5M2: every E4M3FN value rounded to E5M2's 2 mantissa bits.
   const Tensor e4 = from_codes(all_codes(), DType::Float8_e4m3fn, dev());
   std::vector<uint8_t> expected;
-  for (uint8_t c : all_codes()) expected.push_back(reference_code(kE5M2, reference_value(kE4M3, c)));
+  for (uint8_t c : all_codes()) expected.push_back(testing::fp8_code(kE5M2, testing::fp8_value(kE4M3, c)));
   EXPECT_EQ(codes_of(e4.to(DType::Float8_e5m2)), expected);
   // E5M2 -> E4M3FN: saturates (57344 and inf -> 448), NaN -> NaN.
   const Tensor e5 = from_codes(all_codes(), DType::Float8_e5m2, dev());
   expected.clear();
-  for (uint8_t c : all_codes()) expected.push_back(reference_code(kE4M3, reference_value(kE5M2, c)));
+  for (uint8_t c : all_codes()) expected.push_back(testing::fp8_code(kE4M3, testing::fp8_value(kE5M2, c)));
   EXPECT_EQ(codes_of(e5.to(DType::Float8_e4m3fn)), expected);
 }
 

@@ -26,6 +26,7 @@
 #include "kiln/autograd/fp8.h"
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/fp8_ops.h"
+#include "support/float8_reference.h"
 #include "support/test_support.h"
 
 namespace kiln {
@@ -37,42 +38,10 @@ using testing::kNaN;
 
 // ---------------------------------------------------------------- references from the bit fields
 
-struct Format {
-  DType dtype;
-  int exp_bits, man_bits, bias;
-  bool ieee;  // E5M2: exponent all ones is inf / NaN; E4M3FN: only S.1111.111 is NaN
-  uint8_t max_code;
-  double max_value, min_sub;
-};
-const Format kE4M3 = {DType::Float8_e4m3fn, 4, 3, 7, false, 0x7e, 448.0, 0x1p-9};
-const Format kE5M2 = {DType::Float8_e5m2, 5, 2, 15, true, 0x7b, 57344.0, 0x1p-16};
-const Format& format_of(DType t) { return t == DType::Float8_e4m3fn ? kE4M3 : kE5M2; }
-
-double code_value(const Format& f, uint8_t code) {
-  const int sign = code >> 7, e = (code >> f.man_bits) & ((1 << f.exp_bits) - 1), m = code & ((1 << f.man_bits) - 1);
-  const int all_ones = (1 << f.exp_bits) - 1;
-  const double s = sign ? -1.0 : 1.0;
-  if (f.ieee && e == all_ones) return m == 0 ? s * kInf : kNaN;
-  if (!f.ieee && e == all_ones && m == (1 << f.man_bits) - 1) return kNaN;
-  if (e == 0) return s * std::ldexp(static_cast<double>(m), 1 - f.bias - f.man_bits);
-  return s * std::ldexp(1.0 + static_cast<double>(m) / (1 << f.man_bits), e - f.bias);
-}
-
-// NaN -> 0x7f; |v| >= max (inf included) -> ±max; else the nearest code, ties to the even code.
-uint8_t code_of(const Format& f, double v) {
-  if (std::isnan(v)) return 0x7f;
-  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
-  const double a = std::abs(v);
-  if (a >= f.max_value) return sign | f.max_code;
-  int lo = 0;
-  while (lo + 1 <= f.max_code && code_value(f, static_cast<uint8_t>(lo + 1)) <= a) ++lo;
-  const double vlo = code_value(f, static_cast<uint8_t>(lo));
-  if (vlo == a) return sign | static_cast<uint8_t>(lo);
-  const double vhi = code_value(f, static_cast<uint8_t>(lo + 1));
-  const double dlo = a - vlo, dhi = vhi - a;
-  const int c = dlo < dhi ? lo : dhi < dlo ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1);
-  return sign | static_cast<uint8_t>(c);
-}
+using Format = testing::Fp8Format;
+using testing::fp8_format_of;
+using testing::kE4M3;
+using testing::kE5M2;
 
 // The codes of an FP8 tensor (any device), row-major.
 std::vector<uint8_t> codes_of(const Tensor& t) {
@@ -90,7 +59,7 @@ Tensor from_codes(const std::vector<uint8_t>& codes, const Shape& shape, DType d
 // float32 (one IEEE rounding), then the nearest code.
 std::vector<uint8_t> reference_codes(const std::vector<double>& x, float scale, const Format& f) {
   std::vector<uint8_t> out;
-  for (double v : x) out.push_back(code_of(f, static_cast<double>(static_cast<float>(v) * scale)));
+  for (double v : x) out.push_back(testing::fp8_code(f, static_cast<double>(static_cast<float>(v) * scale)));
   return out;
 }
 
@@ -174,8 +143,8 @@ TEST_P(Fp8OpsTest, QuantizeNaNCodesAndAmax) {
       const std::vector<uint8_t> codes = codes_of(q);
       EXPECT_EQ(codes[1], 0x7f);
       EXPECT_EQ(codes[3], 0x7f);  // any NaN is the canonical code
-      EXPECT_EQ(codes[0], code_of(*f, 2.0));
-      EXPECT_EQ(codes[2], code_of(*f, -4.0));
+      EXPECT_EQ(codes[0], testing::fp8_code(*f, 2.0));
+      EXPECT_EQ(codes[2], testing::fp8_code(*f, -4.0));
       EXPECT_TRUE(std::isnan(f32(amax)));
       // A NaN amax stays NaN whatever comes next.
       internal::fp8_quantize(testing::make({100.0}, {1}, opts(in)), f->dtype, cell_view(1.0, 0, 1, dev()), amax);
@@ -189,7 +158,7 @@ TEST_P(Fp8OpsTest, QuantizeNaNCodesAndAmax) {
 TEST_P(Fp8OpsTest, QuantizeEveryCodeRoundTrips) {
   for (const Format* f : {&kE4M3, &kE5M2}) {
     std::vector<double> v;
-    for (int c = 0; c < 256; ++c) v.push_back(code_value(*f, static_cast<uint8_t>(c)));
+    for (int c = 0; c < 256; ++c) v.push_back(testing::fp8_value(*f, static_cast<uint8_t>(c)));
     const Tensor x = testing::make(v, {256}, opts(DType::Float32));
     const Tensor q = internal::fp8_quantize(x, f->dtype, cell_view(1.0, 0, 1, dev()), cell_view(0.0, 0, 1, dev()));
     const std::vector<uint8_t> codes = codes_of(q);
@@ -323,8 +292,8 @@ GemmReference reference_gemm(const std::vector<uint8_t>& a, const Format& fa, co
                              const Format& fb, int64_t m, int64_t n, int64_t k, double sa, double sb) {
   GemmReference r{std::vector<double>(m * n), std::vector<double>(m * n)};
   std::vector<double> va, vb;  // decoded once
-  for (uint8_t c : a) va.push_back(code_value(fa, c));
-  for (uint8_t c : b) vb.push_back(code_value(fb, c));
+  for (uint8_t c : a) va.push_back(testing::fp8_value(fa, c));
+  for (uint8_t c : b) vb.push_back(testing::fp8_value(fb, c));
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double s = 0, sabs = 0;
@@ -377,7 +346,7 @@ TEST_P(Fp8OpsTest, GemmOfQuantisedInputsMatchesTheReference) {
   for (const Pair& p : kPairs) {
     for (DType out_dtype : kOutTypes) {
       SCOPED_TRACE(::testing::Message() << p.a << " x " << p.b << " -> " << out_dtype);
-      const Format &fa = format_of(p.a), &fb = format_of(p.b);
+      const Format &fa = fp8_format_of(p.a), &fb = fp8_format_of(p.b);
       const Tensor xa = testing::make(testing::uniform(m * k, -3, 3, 21), {m, k}, opts());
       const Tensor xb = testing::make(testing::uniform(n * k, -0.02, 0.02, 22), {n, k}, opts());
       const float scale_a = static_cast<float>(fa.max_value / 3), scale_b = static_cast<float>(fb.max_value / 0.02);
@@ -414,10 +383,10 @@ TEST_P(Fp8OpsTest, GemmExactGridWithBiasAndAccumulate) {
   const int64_t m = 48, n = 32, k = 80;
   for (const Pair& p : kPairs) {
     SCOPED_TRACE(::testing::Message() << p.a << " x " << p.b);
-    const Format &fa = format_of(p.a), &fb = format_of(p.b);
+    const Format &fa = fp8_format_of(p.a), &fb = fp8_format_of(p.b);
     const auto grid_codes = [](const Format& f, int64_t count, uint64_t seed) {
       std::vector<uint8_t> c;
-      for (double u : testing::uniform(count, -4.5, 4.5, seed)) c.push_back(code_of(f, std::round(u) / 2));
+      for (double u : testing::uniform(count, -4.5, 4.5, seed)) c.push_back(testing::fp8_code(f, std::round(u) / 2));
       return c;
     };
     const std::vector<uint8_t> ca = grid_codes(fa, m * k, 31), cb = grid_codes(fb, n * k, 32);
@@ -469,7 +438,7 @@ TEST_P(Fp8OpsTest, GemmExactGridWithBiasAndAccumulate) {
 
 TEST_P(Fp8OpsTest, GemmPropagatesNaNAndInfinity) {
   const int64_t m = 16, n = 16, k = 16;
-  std::vector<uint8_t> ca(m * k, code_of(kE5M2, 1.0)), cb(n * k, code_of(kE4M3, 0.5));
+  std::vector<uint8_t> ca(m * k, testing::fp8_code(kE5M2, 1.0)), cb(n * k, testing::fp8_code(kE4M3, 0.5));
   ca[0] = 0x7f;          // a[0, 0] NaN: row 0 of the result is NaN
   ca[1 * k + 3] = 0x7c;  // a[1, 3] = +inf in E5M2: row 1 is +inf (times positive b)
   const Tensor a = from_codes(ca, {m, k}, DType::Float8_e5m2, dev());
@@ -567,10 +536,10 @@ TEST(Fp8CudaOps, GemmMatchesTheCpu) {
   const int64_t m = 256, n = 512, k = 1024;
   for (const Pair& p : kPairs) {
     SCOPED_TRACE(::testing::Message() << p.a << " x " << p.b);
-    const Format &fa = format_of(p.a), &fb = format_of(p.b);
+    const Format &fa = fp8_format_of(p.a), &fb = fp8_format_of(p.b);
     std::vector<uint8_t> ca, cb;
-    for (double u : testing::uniform(m * k, -fa.max_value, fa.max_value, 51)) ca.push_back(code_of(fa, u));
-    for (double u : testing::uniform(n * k, -1, 1, 52)) cb.push_back(code_of(fb, u));
+    for (double u : testing::uniform(m * k, -fa.max_value, fa.max_value, 51)) ca.push_back(testing::fp8_code(fa, u));
+    for (double u : testing::uniform(n * k, -1, 1, 52)) cb.push_back(testing::fp8_code(fb, u));
     // Scales that bring the sums (up to K * fp8_max in size) well inside float16's range.
     const float sa = static_cast<float>(0.02 / fa.max_value), sb = 3.0f;
     const GemmReference ref = reference_gemm(ca, fa, cb, fb, m, n, k, sa, sb);

@@ -258,10 +258,10 @@ TEST_P(MatmulTest, HeadTransposedBatches) {
             kbp.push_back(k1[static_cast<size_t>((b * d + e) * s + i)]);
           }
       }
-    expect_values(internal::matmul(qt, kt), {bs, h, s, s}, ref_matmul(qp, {bs, h}, ktp, {bs, h}, {bs, h}, s, d, s),
-                  -1, matmul_atol(dt, d));
-    expect_values(internal::matmul(qt, kb), {bs, h, s, s}, ref_matmul(qp, {bs, h}, kbp, {bs, h}, {bs, h}, s, d, s),
-                  -1, matmul_atol(dt, d));
+    expect_values(internal::matmul(qt, kt), {bs, h, s, s}, ref_matmul(qp, {bs, h}, ktp, {bs, h}, {bs, h}, s, d, s), -1,
+                  matmul_atol(dt, d));
+    expect_values(internal::matmul(qt, kb), {bs, h, s, s}, ref_matmul(qp, {bs, h}, kbp, {bs, h}, {bs, h}, s, d, s), -1,
+                  matmul_atol(dt, d));
   }
 }
 
