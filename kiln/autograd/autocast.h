@@ -25,6 +25,10 @@
 #include "kiln/tensor/tensor.h"
 #include "kiln/tensor/unary_ops.h"
 
+namespace kiln::amp {
+struct Fp8Recipe;  // kiln/autograd/fp8.h
+}  // namespace kiln::amp
+
 namespace kiln::autocast {
 
 // Every op that has an autocast policy.
@@ -109,6 +113,8 @@ struct State {
   std::array<bool, kNumDeviceTypes> enabled{};
   std::array<DType, kNumDeviceTypes> dtype{DType::BFloat16, DType::Float16};
   bool any_enabled = false;
+  // The FP8 recipe of the innermost amp::Autocast region that asked for one (owned by that region), per device type.
+  std::array<const amp::Fp8Recipe*, kNumDeviceTypes> fp8{};
 };
 inline thread_local State state;
 // `values` with the autograd history of casting `source` to values' dtype (gradients reach `source`).
@@ -120,7 +126,15 @@ DType get_dtype(DeviceType type);
 // Turns autocast on (or off) for one device type on this thread, with the lower-precision dtype to use.
 void set_enabled(DeviceType type, bool enabled, DType dtype);
 
-// Autocast on for one device type during the guard's scope (float16 or bfloat16).
+// The FP8 recipe in force for `type` on this thread: the one of the innermost amp::Autocast region for that device
+// type, when that region asked for FP8 and autocast is on for the type; nullptr otherwise (also inside a Guard or
+// DisableGuard opened within the region). nn::Linear reads it to decide whether to compute in FP8.
+const amp::Fp8Recipe* fp8_recipe(DeviceType type);
+// Sets (or clears, with nullptr) the FP8 recipe of `type` on this thread; the caller keeps `recipe` alive while it is
+// set. amp::Autocast does this for its region; a Guard's exit restores the previous one.
+void set_fp8_recipe(DeviceType type, const amp::Fp8Recipe* recipe);
+
+// Autocast on for one device type during the guard's scope (float16 or bfloat16), with no FP8 recipe for that type.
 class Guard {
  public:
   Guard(DeviceType type, DType dtype, bool enabled = true);
