@@ -225,6 +225,41 @@ TEST_P(Fp8LinearTest, ThreeStepsMatchTheReference) {
   testing::expect_values(sd[3].second, {3}, {ref.scale[0], ref.scale[1], ref.scale[2]}, 0, 0);
 }
 
+// Gradient accumulation: two forwards, then their backwards in reverse order. The second forward updates the state
+// in place; the first call's backward still uses the scales its forward quantised with (1 on a fresh state).
+TEST_P(Fp8LinearTest, BackwardUsesItsForwardsScales) {
+  const int64_t in = 16, out = 16, rows = 16;
+  auto fc = nn::make<nn::Linear>(in, out);
+  fc->to(dev());
+  const amp::Fp8Recipe recipe{.amax_history_len = 2};
+  const Tensor x1 = input({rows, in}, -2, 2, 100).requires_grad_(), x2 = input({rows, in}, -8, 8, 101).requires_grad_();
+  Tensor y1, y2;
+  {
+    amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+    y1 = fc(x1);
+    y2 = fc(x2);
+  }
+  const Tensor dy = input({rows, out}, -1, 1, 102, DType::BFloat16);
+  y2.backward(dy);
+  fc->zero_grad();
+  y1.backward(dy);
+  // The first call: every scale 1.
+  const std::vector<double> w = values(fc->weight);
+  const std::vector<double> qw = quantise(w, 1.0f, kE4M3), qg = quantise(values(dy), 1.0f, kE5M2);
+  std::vector<double> qwt(in * out), expected, abs_sum;
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t k = 0; k < in; ++k) qwt[k * out + o] = qw[o * in + k];
+  reference_product(qg, qwt, rows, in, out, 1.0, 1.0, {}, expected, abs_sum);
+  expect_product(x1.grad(), {rows, in}, expected, abs_sum, std::ldexp(1.0, -24), "dX of the first call");
+  // ... and the second call's scales were not 1 (so the test can tell them apart).
+  ReferenceScaling ref(2, 0);
+  ref.record(0, amax_of(values(x1)));
+  ref.record(1, amax_of(w));
+  ref.update();
+  testing::expect_values(fc->fp8_state()->scale().narrow(0, 0, 2), {2}, {ref.scale[0], ref.scale[1]}, 0, 0);
+  EXPECT_NE(ref.scale[1], 1.0f);
+}
+
 // E4M3 everywhere: the gradient is quantised to E4M3 too (its scale from 448, not 57344), 16 rows (no padding), no
 // bias, and a float16 region: y in float16.
 TEST_P(Fp8LinearTest, E4M3RecipeAndNoBias) {
@@ -418,8 +453,11 @@ TEST_P(Fp8LinearTest, StateDictResumesExactly) {
   for (const auto& [k, t] : a->state_dict()) saved.emplace_back(k, t.clone());
   const std::vector<Tensor> want = step(*a, 2);
 
-  auto b = make_model();
-  amp::prepare_fp8(*b, recipe, dev());
+  // Prepared on the CPU, then moved (as a program does before training): on a GPU the state is remade there at the
+  // first FP8 forward, from the buffers' loaded values.
+  auto b = nn::make<TwoLayers>();
+  amp::prepare_fp8(*b, recipe, Device::cpu());
+  b->to(dev());
   b->load_state_dict(saved);
   const std::vector<Tensor> got = step(*b, 2);
   const char* names[] = {"y", "dX", "fc1 dW", "fc2 dW", "fc1 db"};
