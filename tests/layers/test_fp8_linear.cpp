@@ -340,6 +340,14 @@ TEST_P(Fp8LinearTest, UnselectedOrNestedRegionsStayPlain) {
   EXPECT_EQ(autocast::fp8_recipe(dev().type()), nullptr);
   EXPECT_EQ(fc->fp8_state(), nullptr);
   EXPECT_EQ(fc->state_dict().size(), 2u);
+  // The plain spelling (device type CUDA by default), where no GPU or an FP8-capable one is visible.
+  if (!cuda::is_available() || cuda::compute_capability(cuda::current_device()) >= 89) {
+    amp::Autocast cast(DType::BFloat16, {.fp8 = amp::Fp8Recipe{}});
+    ASSERT_NE(autocast::fp8_recipe(DeviceType::CUDA), nullptr);
+    EXPECT_EQ(autocast::fp8_recipe(DeviceType::CUDA)->amax_history_len, 1024);
+    EXPECT_EQ(autocast::get_dtype(DeviceType::CUDA), DType::BFloat16);
+  }
+  EXPECT_EQ(autocast::fp8_recipe(DeviceType::CUDA), nullptr);
   // The region of another device type leaves this one's Linears plain.
   const DeviceType other = dev().is_cpu() ? DeviceType::CUDA : DeviceType::CPU;
   if (other == DeviceType::CPU || cuda::is_available()) {
