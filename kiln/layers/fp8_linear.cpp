@@ -29,6 +29,9 @@ Tensor pad_rows(const Tensor& t, int64_t rows) {
 // The first `rows` rows of t, contiguous.
 Tensor first_rows(const Tensor& t, int64_t rows) { return t.size(0) == rows ? t : t.narrow(0, 0, rows).contiguous(); }
 
+// The dtypes the FP8 quantisation reads and the FP8 GEMM writes.
+bool fp8_gemm_dtype(DType t) { return t == DType::Float32 || t == DType::BFloat16 || t == DType::Float16; }
+
 Tensor cell(const Tensor& t, int64_t j) { return t.narrow(0, j, 1); }  // (1,) view
 
 struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
@@ -41,8 +44,9 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     const Tensor scale = state->scale().clone(), scale_inv = state->scale_inv().clone();  // (3,)
     const Tensor amax = state->amax_history().select(0, 0);  // (3,) view of the current row: the quantisations write it
     const DType x_fp8 = state->fp8_dtype(kInput), w_fp8 = state->fp8_dtype(kWeight);
-    const Tensor xp = pad_rows(x, mp);    // (Mp, in)
-    const Tensor w = contiguous(weight);  // (out, in), float32 master weight
+    const Tensor xp = pad_rows(x, mp);  // (Mp, in)
+    // (out, in): the float32 master weight as it is (a float64 one, of a model moved to float64, in float32)
+    const Tensor w = contiguous(fp8_gemm_dtype(weight.dtype()) ? weight : weight.to(DType::Float32));
     const Tensor xq = internal::fp8_quantize(xp, x_fp8, cell(scale, kInput), cell(amax, kInput));   // (Mp, in)
     const Tensor wq = internal::fp8_quantize(w, w_fp8, cell(scale, kWeight), cell(amax, kWeight));  // (out, in)
     const Tensor b = bias.defined() ? bias.to(out_dtype) : Tensor();
@@ -89,8 +93,6 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     return {dx, dw, db};
   }
 };
-
-bool fp8_gemm_dtype(DType t) { return t == DType::Float32 || t == DType::BFloat16 || t == DType::Float16; }
 
 }  // namespace
 
@@ -150,11 +152,16 @@ amp::Fp8ScalingState* Linear::fp8_state_for(const amp::Fp8Recipe& recipe, Device
     if (!recipe.module_filter(amp::Fp8ModuleInfo{"", type_name(), in_features, out_features})) return nullptr;
     enable_fp8(recipe, device);
   }
-  // Module::to() moves (or converts) the buffers in place, which are the state's tensors; the state then is
-  // remade on the buffers' device from their values, and the buffers take its tensors' memory.
-  const Tensor& h = fp8_buffers_[0];
-  if (h.device() != fp8_state_->device() || h.dtype() != DType::Float32 || fp8_buffers_[1].dtype() != DType::Float32 ||
-      fp8_buffers_[2].dtype() != DType::Float32) {
+  // The buffers share the state's memory (first as the same tensors, after a move as tensors on the same memory).
+  // Module::to() moves (or converts) the buffers in place: they then sit on another device or in another dtype than
+  // the state's, or on other memory. The state is then remade on the buffers' device from their values, and the
+  // buffers take its tensors' memory.
+  auto shares = [this](const Tensor& buffer, const Tensor& own) {
+    return buffer.device() == fp8_state_->device() && buffer.dtype() == DType::Float32 &&
+           buffer.impl().storage() == own.impl().storage() && buffer.offset() == own.offset();
+  };
+  if (!shares(fp8_buffers_[0], fp8_state_->amax_history()) || !shares(fp8_buffers_[1], fp8_state_->scale()) ||
+      !shares(fp8_buffers_[2], fp8_state_->scale_inv())) {
     amp::Fp8StateDict saved = fp8_state_->state_dict();
     saved.tensors["amax_history"] = fp8_buffers_[0].to(DType::Float32);
     saved.tensors["scale"] = fp8_buffers_[1].to(DType::Float32);

@@ -482,6 +482,48 @@ TEST_P(Fp8LinearTest, StateDictResumesExactly) {
   const std::vector<Tensor> again = step(*b, 3);
   const std::vector<Tensor> want4 = step(*a, 3);
   for (size_t i = 0; i < want4.size(); ++i) expect_bitwise_equal(again[i], want4[i], names[i]);
+  // ... and its buffers (what a checkpoint saves) still are the state it computes with.
+  const nn::StateDict sa = a->state_dict(), sb = b->state_dict();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) expect_bitwise_equal(sb[i].second, sa[i].second, sb[i].first);
+  for (const auto& [k, t] : sb) {
+    if (k == "fc1.fp8_amax_history") expect_bitwise_equal(t, b->fc1->fp8_state()->amax_history(), k);
+    if (k == "fc2.fp8_scale") expect_bitwise_equal(t, b->fc2->fp8_state()->scale(), k);
+  }
+}
+
+// Module::to() moves or converts the FP8 buffers in place; the next FP8 forward remakes the state from their values
+// (float32, on the buffers' device), and the buffers keep being the state's tensors.
+TEST_P(Fp8LinearTest, ConvertedModelKeepsItsState) {
+  auto fc = nn::make<nn::Linear>(16, 16);
+  fc->to(dev());
+  const amp::Fp8Recipe recipe{.amax_history_len = 3};
+  amp::prepare_fp8(*fc, recipe, dev());
+  const Tensor x = input({4, 16}, -3, 3, 110);
+  auto forward = [&](const Tensor& in) {
+    amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+    return fc(in);
+  };
+  forward(x);  // records amax(x), amax(W) in row 0
+  const double ax = amax_of(values(x)), aw = amax_of(values(fc->weight));
+  fc->to(DType::Float64);  // the buffers too
+  EXPECT_EQ(fc->state_dict()[2].second.dtype(), DType::Float64);
+  const Tensor y = forward(x.to(DType::Float64));  // update(): row 0 rolls to the last row
+  EXPECT_EQ(y.dtype(), DType::BFloat16);
+  const amp::Fp8ScalingState* st = fc->fp8_state();
+  EXPECT_EQ(st->amax_history().dtype(), DType::Float32);
+  const std::vector<double> h = values(st->amax_history());  // (3, 3)
+  EXPECT_EQ(h[2 * 3 + 0], ax);
+  EXPECT_EQ(h[2 * 3 + 1], aw);
+  EXPECT_EQ(values(st->scale())[0], static_cast<double>(448.0f / static_cast<float>(ax)));
+  fc->to(DType::Float32);
+  forward(x);
+  const nn::StateDict sd = fc->state_dict();
+  ASSERT_EQ(sd.size(), 5u);
+  expect_bitwise_equal(sd[2].second, fc->fp8_state()->amax_history(), "fp8_amax_history");
+  expect_bitwise_equal(sd[3].second, fc->fp8_state()->scale(), "fp8_scale");
+  expect_bitwise_equal(sd[4].second, fc->fp8_state()->scale_inv(), "fp8_scale_inv");
+  EXPECT_EQ(values(sd[2].second)[0], ax);  // the last forward recorded into the state the buffers show
 }
 
 TEST_P(Fp8LinearTest, Errors) {
