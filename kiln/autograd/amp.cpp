@@ -9,8 +9,8 @@
 namespace kiln::amp {
 namespace {
 
-std::optional<Fp8Recipe> checked_recipe(std::optional<Fp8Recipe> recipe, DeviceType device_type, bool enabled) {
-  if (!recipe) return recipe;
+std::shared_ptr<const Fp8Recipe> checked_recipe(std::optional<Fp8Recipe> recipe, DeviceType device_type, bool enabled) {
+  if (!recipe) return nullptr;
   recipe->validate();
   // FP8 tensor cores arrived with sm_89 (Ada) and sm_90 (Hopper). Checked for the current GPU where one is visible
   // (without one, CUDA tensors cannot exist and the FP8 path is never reached).
@@ -21,7 +21,7 @@ std::optional<Fp8Recipe> checked_recipe(std::optional<Fp8Recipe> recipe, DeviceT
                   "capability 8.9 or newer (sm_89+: Ada or Hopper) for its FP8 tensor cores, but cuda:", device,
                   " is sm_", cc, "; use bf16 autocast (leave AutocastOptions::fp8 unset) on this GPU");
   }
-  return recipe;
+  return std::make_shared<const Fp8Recipe>(std::move(*recipe));
 }
 
 }  // namespace
@@ -31,7 +31,7 @@ Autocast::Autocast(DType dtype, bool enabled, DeviceType device_type) : guard_(d
 Autocast::Autocast(DType dtype, AutocastOptions options)
     : fp8_(checked_recipe(std::move(options.fp8), options.device_type, options.enabled)),
       guard_(options.device_type, dtype, options.enabled) {
-  if (options.enabled && fp8_) autocast::set_fp8_recipe(options.device_type, &*fp8_);
+  if (options.enabled && fp8_) autocast::set_fp8_recipe(options.device_type, fp8_);
 }
 
 }  // namespace kiln::amp

@@ -33,6 +33,7 @@
 // Asking for FP8 on a GPU older than sm_89 throws kiln::Error here (there is no silent bf16 fallback).
 #pragma once
 
+#include <memory>
 #include <optional>
 
 #include "kiln/autograd/autocast.h"
@@ -58,12 +59,12 @@ class Autocast {
   Autocast& operator=(const Autocast&) = delete;
 
   // The region's FP8 recipe, or nullptr.
-  const Fp8Recipe* fp8_recipe() const { return fp8_ ? &*fp8_ : nullptr; }
+  const Fp8Recipe* fp8_recipe() const { return fp8_.get(); }
 
  private:
-  std::optional<Fp8Recipe> fp8_;  // first: the thread's state points at it while the region is open
-  autocast::Guard guard_;         // constructed before, destroyed after the cache: the state outlives the cache
-  autocast::CacheRegion region_;  // the outermost region's exit clears the weight-cast cache
+  std::shared_ptr<const Fp8Recipe> fp8_;  // shared with the thread's autocast state (and copies of it)
+  autocast::Guard guard_;                 // constructed before, destroyed after the cache: the state outlives the cache
+  autocast::CacheRegion region_;          // the outermost region's exit clears the weight-cast cache
 };
 
 }  // namespace kiln::amp

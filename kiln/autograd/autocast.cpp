@@ -194,10 +194,10 @@ void set_enabled(DeviceType type, bool enabled, DType dtype) {
 
 const amp::Fp8Recipe* fp8_recipe(DeviceType type) {
   const size_t i = static_cast<size_t>(type);
-  return detail::state.enabled[i] ? detail::state.fp8[i] : nullptr;
+  return detail::state.enabled[i] ? detail::state.fp8[i].get() : nullptr;
 }
-void set_fp8_recipe(DeviceType type, const amp::Fp8Recipe* recipe) {
-  detail::state.fp8[static_cast<size_t>(type)] = recipe;
+void set_fp8_recipe(DeviceType type, std::shared_ptr<const amp::Fp8Recipe> recipe) {
+  detail::state.fp8[static_cast<size_t>(type)] = std::move(recipe);
 }
 
 Guard::Guard(DeviceType type, DType dtype, bool enabled) : previous_(detail::state) {

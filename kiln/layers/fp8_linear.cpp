@@ -4,9 +4,10 @@
 #include <memory>
 #include <utility>
 
-#include "kiln/autograd/autocast.h"  // DisableGuard: the ops around the function run as one op
-#include "kiln/autograd/function.h"  // autograd::Function
-#include "kiln/layers/functional.h"  // nn::linear, for empty inputs
+#include "kiln/autograd/autocast.h"    // DisableGuard: the ops around the function run as one op
+#include "kiln/autograd/checkpoint.h"  // in_recomputation: one scale update per forward
+#include "kiln/autograd/function.h"    // autograd::Function
+#include "kiln/layers/functional.h"    // nn::linear, for empty inputs
 #include "kiln/layers/linear.h"
 #include "kiln/tensor/error.h"    // KILN_CHECK
 #include "kiln/tensor/fp8_ops.h"  // internal::fp8_quantize, internal::fp8_gemm
@@ -39,7 +40,10 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
   static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
                         amp::Fp8ScalingState* state, DType out_dtype) {
     const int64_t m = x.size(0), mp = round_up16(m);
-    state->update();  // delayed scaling: this call's scales from the amaxes of the calls before
+    // Delayed scaling: this call's scales from the amaxes of the calls before. A checkpoint's recomputation in backward
+    // repeats a forward: it keeps the scales that forward used (and records the same amaxes again, which changes
+    // nothing).
+    if (!autograd::in_recomputation()) state->update();
     // This call's scales, kept for backward: a later forward (gradient accumulation) updates the state in place.
     const Tensor scale = state->scale().clone(), scale_inv = state->scale_inv().clone();  // (3,)
     const Tensor amax = state->amax_history().select(0, 0);  // (3,) view of the current row: the quantisations write it
