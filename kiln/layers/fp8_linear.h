@@ -21,7 +21,10 @@
 // The amaxes of x and W are recorded by their quantisation (into row 0 of the amax history), that of dY by its
 // quantisation in backward. The scales of a call are those update() set at its start: backward uses the same ones
 // (kept with the graph), even when another forward of the same layer (gradient accumulation) updated the state
-// since. Everything is device work with no host sync, so a step can be captured into a CUDA graph.
+// since. A forward that a checkpoint recomputes in backward keeps its scales (no second update). A forward without
+// gradients (evaluation) in an FP8 region updates and records as a training one does: evaluate outside FP8 regions
+// (or in a region without a recipe) to leave the training scales alone. An empty input computes nothing in FP8.
+// Everything is device work with no host sync, so a step can be captured into a CUDA graph.
 //
 // The FP8 GEMMs need every dimension a multiple of 16: in_features and out_features must be (the default module
 // filter only selects such Linears); the rows (the number of x's elements / in_features) need not be: they are
