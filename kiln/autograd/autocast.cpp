@@ -192,8 +192,17 @@ void set_enabled(DeviceType type, bool enabled, DType dtype) {
   refresh_any(s);
 }
 
+const amp::Fp8Recipe* fp8_recipe(DeviceType type) {
+  const size_t i = static_cast<size_t>(type);
+  return detail::state.enabled[i] ? detail::state.fp8[i].get() : nullptr;
+}
+void set_fp8_recipe(DeviceType type, std::shared_ptr<const amp::Fp8Recipe> recipe) {
+  detail::state.fp8[static_cast<size_t>(type)] = std::move(recipe);
+}
+
 Guard::Guard(DeviceType type, DType dtype, bool enabled) : previous_(detail::state) {
   set_enabled(type, enabled, dtype);
+  detail::state.fp8[static_cast<size_t>(type)] = nullptr;  // the innermost region decides
 }
 Guard::~Guard() { detail::state = previous_; }
 

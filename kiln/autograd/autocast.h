@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>  // std::shared_ptr: the FP8 recipe of a region
 #include <optional>
 #include <string_view>
 #include <tuple>
@@ -24,6 +25,10 @@
 #include "kiln/tensor/binary_ops.h"
 #include "kiln/tensor/tensor.h"
 #include "kiln/tensor/unary_ops.h"
+
+namespace kiln::amp {
+struct Fp8Recipe;  // kiln/autograd/fp8.h
+}  // namespace kiln::amp
 
 namespace kiln::autocast {
 
@@ -109,6 +114,9 @@ struct State {
   std::array<bool, kNumDeviceTypes> enabled{};
   std::array<DType, kNumDeviceTypes> dtype{DType::BFloat16, DType::Float16};
   bool any_enabled = false;
+  // The FP8 recipe of the innermost amp::Autocast region that asked for one, per device type. Shared: a copy of the
+  // state (the one a checkpoint keeps for its recomputation in backward) keeps the recipe alive after the region.
+  std::array<std::shared_ptr<const amp::Fp8Recipe>, kNumDeviceTypes> fp8{};
 };
 inline thread_local State state;
 // `values` with the autograd history of casting `source` to values' dtype (gradients reach `source`).
@@ -120,7 +128,15 @@ DType get_dtype(DeviceType type);
 // Turns autocast on (or off) for one device type on this thread, with the lower-precision dtype to use.
 void set_enabled(DeviceType type, bool enabled, DType dtype);
 
-// Autocast on for one device type during the guard's scope (float16 or bfloat16).
+// The FP8 recipe in force for `type` on this thread: the one of the innermost amp::Autocast region for that device
+// type, when that region asked for FP8 and autocast is on for the type; nullptr otherwise (also inside a Guard or
+// DisableGuard opened within the region). nn::Linear reads it to decide whether to compute in FP8.
+const amp::Fp8Recipe* fp8_recipe(DeviceType type);
+// Sets (or clears, with nullptr) the FP8 recipe of `type` on this thread. amp::Autocast does this for its region; a
+// Guard's exit restores the previous one.
+void set_fp8_recipe(DeviceType type, std::shared_ptr<const amp::Fp8Recipe> recipe);
+
+// Autocast on for one device type during the guard's scope (float16 or bfloat16), with no FP8 recipe for that type.
 class Guard {
  public:
   Guard(DeviceType type, DType dtype, bool enabled = true);

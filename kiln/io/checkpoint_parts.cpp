@@ -1,5 +1,6 @@
 // kiln/io/checkpoint_parts.cpp — each checkpoint part to and from its HDF5 group: written, staged (read and
 // checked against the objects, nothing changed) and applied.
+#include <algorithm>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -99,6 +100,18 @@ nn::StateDict stage_model(const H5File& f, nn::Module& model) {
     if (!missing.empty()) s << "; missing in the file: " << list_names(missing);
     if (!unexpected.empty()) s << "; unexpected in the file: " << list_names(unexpected);
     if (!mismatched.empty()) s << "; different shape or dtype: " << list_names(mismatched);
+    // FP8 scaling state: the buffers nn::Linear has only once amp::prepare_fp8 (or an FP8 forward) made them.
+    const auto is_fp8 = [](const std::string& name) {
+      for (const std::string b : {"fp8_amax_history", "fp8_scale", "fp8_scale_inv"}) {
+        if (name == b || name.ends_with("." + b)) return true;
+      }
+      return false;
+    };
+    if (std::any_of(unexpected.begin(), unexpected.end(), is_fp8)) {
+      s << ". The file holds the FP8 scaling state of FP8 Linear layers (fp8_* buffers): call "
+           "amp::prepare_fp8(model, recipe, device) (kiln/layers/fp8_linear.h) on this model, with the recipe of the "
+           "run that saved it, before loading";
+    }
     KILN_FAIL(s.str());
   }
   nn::StateDict out;

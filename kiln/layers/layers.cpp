@@ -1,6 +1,6 @@
 // The simple layers as modules (layers.h).
-#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/layers.h"
+#include "kiln/layers/autocast_ops.h"
 
 #include <cmath>
 #include <utility>
@@ -8,6 +8,7 @@
 #include "kiln/autograd/autocast.h"    // autocast::inputs: the reducer path runs as one op, as nn::batch_norm
 #include "kiln/autograd/checkpoint.h"  // in_recomputation: running statistics once per batch
 #include "kiln/autograd/grad_mode.h"   // NoGradGuard for the batch counter
+#include "kiln/layers/fp8_linear.h"    // nn::fp8_linear: Linear inside FP8 autocast regions
 #include "kiln/layers/functional.h"    // nn::linear, nn::batch_norm, ...
 #include "kiln/layers/init.h"          // PyTorch's default initialisation
 #include "kiln/tensor/checked_size.h"  // checked_nbytes: the weight's size
@@ -38,6 +39,12 @@ void Linear::reset_parameters(Generator* gen) {
 Tensor Linear::forward(const Tensor& input) {
   KILN_CHECK(input.dim() >= 1 && input.size(-1) == in_features, "Linear: expected input of shape (..., ", in_features,
              ") (in_features = ", in_features, "), got shape ", input.shape());
+  const DeviceType type = input.device().type();
+  if (const amp::Fp8Recipe* recipe = autocast::fp8_recipe(type); recipe != nullptr && input.is_floating_point()) {
+    if (amp::Fp8ScalingState* state = fp8_state_for(*recipe, input.device())) {
+      return fp8_linear(input, weight, bias, *state, autocast::get_dtype(type));
+    }
+  }
   return linear(input, weight, bias);
 }
 

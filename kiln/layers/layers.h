@@ -17,6 +17,7 @@
 #include "kiln/layers/dropout.h"        // nn::Dropout
 #include "kiln/layers/embedding.h"      // nn::Embedding
 #include "kiln/layers/flatten.h"        // nn::Flatten
+#include "kiln/layers/fp8_linear.h"     // amp::prepare_fp8, nn::fp8_linear: Linear layers in FP8
 #include "kiln/layers/identity.h"       // nn::Identity
 #include "kiln/layers/linear.h"         // nn::Linear
 #include "kiln/layers/normalization.h"  // nn::LayerNorm, GroupNorm, BatchNorm1d/2d (and BatchNormStatsReducer)

@@ -3,12 +3,24 @@
 //   auto fc = std::make_shared<nn::Linear>(784, 10);                 // "weight" (10, 784), "bias" (10)
 //   auto head = std::make_shared<nn::Linear>(256, 2, nn::LinearOptions{.bias = false});
 //   Tensor y = (*fc)(x);                                              // x (N, 784) -> (N, 10)
+//
+// Inside an amp::Autocast region with an FP8 recipe (kiln/autograd/amp.h) on the input's device type, a Linear the
+// recipe's module filter selects computes in FP8 (kiln/layers/fp8_linear.h) and keeps its delayed-scaling state in
+// three persistent buffers: "fp8_amax_history" (L, 3), "fp8_scale" (3), "fp8_scale_inv" (3) (columns: input, weight,
+// output gradient). amp::prepare_fp8() makes them ahead of time; otherwise the first FP8 forward asks the filter
+// with the name "" and makes them then.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "kiln/layers/module.h"     // nn::Module
 #include "kiln/tensor/generator.h"  // Generator (reset_parameters)
+
+namespace kiln::amp {
+struct Fp8Recipe;
+class Fp8ScalingState;
+}  // namespace kiln::amp
 
 namespace kiln::nn {
 
@@ -23,9 +35,25 @@ class Linear : public Module {
   Tensor forward(const Tensor& input) override;
   void reset_parameters(Generator* gen = nullptr);
 
+  // FP8 (amp::prepare_fp8 calls these; a program rarely does). enable_fp8 makes the delayed-scaling state on
+  // `device` and registers its buffers (nothing changes if there is one already); disable_fp8 keeps this Linear out
+  // of FP8 regions (an existing state is kept, and unused).
+  void enable_fp8(const amp::Fp8Recipe& recipe, Device device);
+  void disable_fp8() { fp8_excluded_ = true; }
+  // The FP8 state, or nullptr before enable_fp8 / the first FP8 forward.
+  const amp::Fp8ScalingState* fp8_state() const { return fp8_state_.get(); }
+
   int64_t in_features, out_features;
   Tensor weight;  // (out_features, in_features)
   Tensor bias;    // (out_features); undefined without bias
+
+ private:
+  // The state for this forward in an FP8 region, or nullptr where this Linear stays out of FP8.
+  amp::Fp8ScalingState* fp8_state_for(const amp::Fp8Recipe& recipe, Device device);
+
+  std::shared_ptr<amp::Fp8ScalingState> fp8_state_;
+  bool fp8_excluded_ = false;
+  Tensor fp8_buffers_[3];  // the registered buffers: amax history, scale, scale_inv (share the state's storage)
 };
 
 }  // namespace kiln::nn

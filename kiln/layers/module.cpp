@@ -364,6 +364,27 @@ Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) 
     list("shape mismatches", mismatched);
     msg << "\n  Check that the state comes from the same architecture"
         << (strict ? ", or pass strict = false to load only the keys that match." : ".");
+    // FP8 state (nn::Linear's fp8_* buffers) exists only in Linears that amp::prepare_fp8 (or an FP8 forward) set up.
+    auto is_fp8_key = [](const std::string& key) {
+      for (const char* b : {"fp8_amax_history", "fp8_scale", "fp8_scale_inv"}) {
+        const std::string tail = b;
+        if (key == tail || (key.size() > tail.size() && key.ends_with("." + tail))) return true;
+      }
+      return false;
+    };
+    auto any_fp8 = [&](const std::vector<std::string>& keys) {
+      for (const auto& k : keys)
+        if (is_fp8_key(k)) return true;
+      return false;
+    };
+    if (any_fp8(result.unexpected_keys)) {
+      msg << "\n  The state holds FP8 scaling state (the fp8_amax_history / fp8_scale / fp8_scale_inv buffers of "
+             "FP8 Linear layers): call amp::prepare_fp8(model, recipe, device) (kiln/layers/fp8_linear.h) on this "
+             "model, with the recipe of the run that saved it, before loading.";
+    } else if (any_fp8(result.missing_keys)) {
+      msg << "\n  This model has FP8 scaling state (fp8_* buffers) that the given state lacks (saved by a run without "
+             "FP8?): pass strict = false to keep the fresh FP8 state.";
+    }
     throw Error(msg.str());
   }
 

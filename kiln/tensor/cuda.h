@@ -36,6 +36,8 @@ void profiler_stop();
 // hex). It names the GPU the same way in every process and tool (NVML, nvidia-smi), whatever
 // CUDA_VISIBLE_DEVICES renumbered kiln's device indices to.
 std::string pci_bus_id(int device);
+// The compute capability of `device` as major * 10 + minor (90 for an H100/H200, 89 for Ada, 80 for an A100).
+int compute_capability(int device);
 
 // Makes `device` current for the scope (restores the previous one on exit).
 class DeviceGuard {

@@ -24,6 +24,7 @@ void synchronize(int) { no_cuda("synchronize"); }
 void profiler_start() {}  // no GPU: nothing to profile
 void profiler_stop() {}
 std::string pci_bus_id(int) { no_cuda("pci_bus_id"); }
+int compute_capability(int) { no_cuda("compute_capability"); }
 
 DeviceGuard::DeviceGuard(int) : previous_(0) { no_cuda("DeviceGuard"); }
 DeviceGuard::~DeviceGuard() = default;

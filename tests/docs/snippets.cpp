@@ -298,6 +298,33 @@ TEST(DocSnippets, GradScalerAndAutocast) {
   }
 }
 
+// kiln/autograd/amp.h (FP8) and kiln/layers/fp8_linear.h, as written (a GPU region: compiled only) and on the CPU
+[[maybe_unused]] void amp_fp8_on_a_gpu(nn::Module& module, const nn::Handle<nn::Module>& model, const Tensor& x,
+                                       const Tensor& y, Device dev) {
+  Tensor loss;
+  amp::Fp8Recipe recipe{.format = amp::Fp8Format::Hybrid, .amax_history_len = 16, .margin = 0};
+  amp::prepare_fp8(module, recipe, dev);            // kiln/layers/fp8_linear.h: FP8 state of the chosen Linears
+  {
+    amp::Autocast cast(DType::BFloat16, {.fp8 = recipe});
+    loss = nn::cross_entropy(model(x), y);           // Linears in FP8 (E4M3), everything else bf16 / float32
+  }
+  loss.backward();                                   // gradients in E5M2; float32 weight gradients
+}
+TEST(DocSnippets, AmpFp8OnTheCpu) {
+  auto model = nn::make<nn::Sequential>(nn::Linear(32, 64), nn::ReLU(), nn::Linear(64, 16));
+  Tensor x = randn({8, 32}), y = zeros({8}, {.dtype = DType::Int64});
+  Tensor loss;
+  amp::Fp8Recipe recipe{.amax_history_len = 16};
+  EXPECT_EQ(amp::prepare_fp8(*model, recipe, Device::cpu()), 2);
+  {
+    amp::Autocast cast(DType::BFloat16, {.device_type = DeviceType::CPU, .fp8 = recipe});
+    loss = nn::cross_entropy(model(x), y);
+  }
+  loss.backward();
+  EXPECT_EQ(model->named_parameters()[0].second.grad().dtype(), DType::Float32);
+  EXPECT_EQ(model->state_dict().size(), 10u);        // weight, bias and fp8_amax_history, fp8_scale, fp8_scale_inv
+}
+
 // kiln/layers/models/resnet.h, kiln/layers/models/bert.h
 TEST(DocSnippets, Models) {
   auto cifar = nn::models::resnet18({.num_classes = 10, .cifar_stem = true});   // (N, 3, 32, 32) -> (N, 10)

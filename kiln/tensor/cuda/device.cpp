@@ -52,6 +52,14 @@ void check_device(int device, const char* op) {
 }
 }  // namespace
 
+int compute_capability(int device) {
+  check_device(device, "compute_capability");
+  int major = 0, minor = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "compute_capability");
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "compute_capability");
+  return major * 10 + minor;
+}
+
 int current_device() {
   check_device(0, "current_device");
   int d = 0;

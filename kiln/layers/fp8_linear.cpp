@@ -1,0 +1,204 @@
+// The FP8 Linear (fp8_linear.h): its autograd function, nn::Linear's FP8 state, and amp::prepare_fp8.
+#include "kiln/layers/fp8_linear.h"
+
+#include <memory>
+#include <utility>
+
+#include "kiln/autograd/autocast.h"    // DisableGuard: the ops around the function run as one op
+#include "kiln/autograd/checkpoint.h"  // in_recomputation: one scale update per forward
+#include "kiln/autograd/function.h"    // autograd::Function
+#include "kiln/layers/functional.h"    // nn::linear, for empty inputs
+#include "kiln/layers/linear.h"
+#include "kiln/tensor/error.h"    // KILN_CHECK
+#include "kiln/tensor/fp8_ops.h"  // internal::fp8_quantize, internal::fp8_gemm
+
+namespace kiln::nn {
+namespace {
+
+constexpr int64_t kInput = 0, kWeight = 1, kGrad = 2;  // the columns of a Linear's Fp8ScalingState
+
+int64_t round_up16(int64_t m) { return (m + 15) / 16 * 16; }
+
+// t (R, C) with zero rows appended up to `rows` (t itself when it has them): FP8 GEMMs need R % 16 == 0.
+Tensor pad_rows(const Tensor& t, int64_t rows) {
+  if (t.size(0) == rows) return t;
+  Tensor out = internal::zeros({rows, t.size(1)}, {.dtype = t.dtype(), .device = t.device()});
+  out.narrow(0, 0, t.size(0)).copy_(t);
+  return out;
+}
+
+// The first `rows` rows of t, contiguous.
+Tensor first_rows(const Tensor& t, int64_t rows) { return t.size(0) == rows ? t : t.narrow(0, 0, rows).contiguous(); }
+
+// The dtypes the FP8 quantisation reads and the FP8 GEMM writes.
+bool fp8_gemm_dtype(DType t) { return t == DType::Float32 || t == DType::BFloat16 || t == DType::Float16; }
+
+Tensor cell(const Tensor& t, int64_t j) { return t.narrow(0, j, 1); }  // (1,) view
+
+struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
+  // x (M, in) contiguous; weight (out, in); bias (out) or undefined. Returns (M, out) in out_dtype.
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        amp::Fp8ScalingState* state, DType out_dtype) {
+    const int64_t m = x.size(0), mp = round_up16(m);
+    // Delayed scaling: this call's scales from the amaxes of the calls before. A checkpoint's recomputation in backward
+    // repeats a forward: it keeps the scales that forward used (and records the same amaxes again, which changes
+    // nothing).
+    if (!autograd::in_recomputation()) state->update();
+    // This call's scales, kept for backward: a later forward (gradient accumulation) updates the state in place.
+    const Tensor scale = state->scale().clone(), scale_inv = state->scale_inv().clone();  // (3,)
+    const Tensor amax = state->amax_history().select(0, 0);  // (3,) view of the current row: the quantisations write it
+    const DType x_fp8 = state->fp8_dtype(kInput), w_fp8 = state->fp8_dtype(kWeight);
+    const Tensor xp = pad_rows(x, mp);  // (Mp, in)
+    // (out, in): the float32 master weight as it is (a float64 one, of a model moved to float64, in float32)
+    const Tensor w = contiguous(fp8_gemm_dtype(weight.dtype()) ? weight : weight.to(DType::Float32));
+    const Tensor xq = internal::fp8_quantize(xp, x_fp8, cell(scale, kInput), cell(amax, kInput));   // (Mp, in)
+    const Tensor wq = internal::fp8_quantize(w, w_fp8, cell(scale, kWeight), cell(amax, kWeight));  // (out, in)
+    const Tensor b = bias.defined() ? bias.to(out_dtype) : Tensor();
+    const Tensor y = internal::fp8_gemm(xq, wq, cell(scale_inv, kInput), cell(scale_inv, kWeight), out_dtype, b);
+    // The K-major copies the backward GEMMs need. Quantising the same tensor again with the same scale gives the same
+    // codes and leaves the amax as it is (max with the same value).
+    if (ctx.needs_input_grad(1)) {
+      ctx.set("xt", internal::fp8_quantize(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), true));  // (in, Mp)
+    }
+    if (ctx.needs_input_grad(0)) {
+      ctx.set("wt", internal::fp8_quantize(w, w_fp8, cell(scale, kWeight), cell(amax, kWeight), true));  // (in, out)
+    }
+    ctx.set("scale", scale);
+    ctx.set("scale_inv", scale_inv);
+    ctx.set("amax", amax);
+    ctx.set("grad_fp8", state->fp8_dtype(kGrad));
+    ctx.set("x_dtype", x.dtype());
+    ctx.set("w_dtype", weight.dtype());
+    ctx.set("b_dtype", bias.defined() ? bias.dtype() : DType::Float32);
+    return first_rows(y, m);  // (M, out)
+  }
+
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const Tensor dy = contiguous(grads[0]);  // (M, out)
+    const int64_t m = dy.size(0), mp = round_up16(m);
+    const Tensor g = pad_rows(dy, mp);  // (Mp, out)
+    const auto scale = ctx.get<Tensor>("scale"), scale_inv = ctx.get<Tensor>("scale_inv"),
+               amax = ctx.get<Tensor>("amax");
+    const auto grad_fp8 = ctx.get<DType>("grad_fp8");
+    Tensor dx, dw, db;
+    if (ctx.needs_input_grad(0)) {
+      const Tensor gq = internal::fp8_quantize(g, grad_fp8, cell(scale, kGrad), cell(amax, kGrad));  // (Mp, out)
+      dx = internal::fp8_gemm(gq, ctx.get<Tensor>("wt"), cell(scale_inv, kGrad), cell(scale_inv, kWeight),
+                              ctx.get<DType>("x_dtype"));  // (Mp, in)
+      dx = first_rows(dx, m);
+    }
+    if (ctx.needs_input_grad(1)) {
+      const Tensor gtq = internal::fp8_quantize(g, grad_fp8, cell(scale, kGrad), cell(amax, kGrad), true);  // (out, Mp)
+      dw = internal::fp8_gemm(gtq, ctx.get<Tensor>("xt"), cell(scale_inv, kGrad), cell(scale_inv, kInput),
+                              DType::Float32);  // (out, in), float32 for the master weight
+      dw = dw.to(ctx.get<DType>("w_dtype"));
+    }
+    if (ctx.needs_input_grad(2)) db = sum(dy, {0}, false, DType::Float32).to(ctx.get<DType>("b_dtype"));  // (out)
+    return {dx, dw, db};
+  }
+};
+
+}  // namespace
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp::Fp8ScalingState& state,
+                  DType out_dtype) {
+  KILN_CHECK(weight.defined() && weight.dim() == 2 && weight.is_floating_point() && !is_float8(weight.dtype()),
+             "fp8_linear: weight must be a 2-D floating tensor (out_features, in_features), got ",
+             weight.defined() ? detail::str_cat(weight.dtype(), " of shape ", weight.shape()) : std::string("none"));
+  const int64_t out = weight.size(0), in = weight.size(1);
+  KILN_CHECK(in % 16 == 0 && out % 16 == 0, "fp8_linear: FP8 matrix products need in_features and out_features ",
+             "that are multiples of 16, but the weight has shape ", weight.shape(),
+             "; leave this layer out of FP8 (the recipe's module_filter) or pad its features");
+  KILN_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in && x.is_floating_point() && !is_float8(x.dtype()),
+             "fp8_linear: expected a floating input of shape (..., ", in, ") for weight ", weight.shape(), ", got ",
+             x.defined() ? detail::str_cat(x.dtype(), " of shape ", x.shape()) : std::string("none"));
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == out), "fp8_linear: bias must have shape (", out,
+             "), got ", bias.defined() ? bias.shape() : Shape{});
+  KILN_CHECK(fp8_gemm_dtype(out_dtype), "fp8_linear: out_dtype must be BFloat16, Float16 or Float32, got ", out_dtype);
+  KILN_CHECK(state.size() == 3, "fp8_linear: the scaling state tracks ", state.size(),
+             " tensors; a Linear's has 3 (Fp8ScalingState::for_linear)");
+  KILN_CHECK(
+      x.device() == weight.device() && state.device() == x.device() && (!bias.defined() || bias.device() == x.device()),
+      "fp8_linear: the input is on ", x.device(), ", the weight on ", weight.device(), " and the FP8 state on ",
+      state.device(), "; put them on one device (move the model with to() before its first FP8 forward, or ",
+      "call amp::prepare_fp8 with the model's device)");
+  const int64_t rows = in == 0 ? 0 : x.numel() / in;
+  autocast::DisableGuard as_one_op;
+  if (rows == 0) {  // nothing to compute: the plain product's empty result, and no state update
+    return linear(x.to(out_dtype), weight.to(out_dtype), bias.defined() ? bias.to(out_dtype) : bias);
+  }
+  Shape shape = x.shape();
+  shape.back() = out;
+  const Tensor xin = fp8_gemm_dtype(x.dtype()) ? x : x.to(out_dtype);
+  const Tensor y = Fp8LinearFunction::apply(reshape(contiguous(xin), {rows, in}), weight, bias, &state, out_dtype);
+  return reshape(y, shape);
+}
+
+// ---------------------------------------------------------------- nn::Linear's FP8 state
+
+void Linear::enable_fp8(const amp::Fp8Recipe& recipe, Device device) {
+  fp8_excluded_ = false;
+  if (fp8_state_) return;
+  KILN_CHECK(in_features % 16 == 0 && out_features % 16 == 0, "Linear(", in_features, ", ", out_features,
+             "): FP8 needs in_features and out_features that are multiples of 16; leave this Linear out of FP8 (the ",
+             "recipe's module_filter: the default one does)");
+  fp8_state_ = std::make_shared<amp::Fp8ScalingState>(amp::Fp8ScalingState::for_linear(recipe, device));
+  // The buffers are handles to the state's own tensors, which it updates in place: state_dict() reads them and
+  // load_state_dict() writes into them.
+  fp8_buffers_[0] = register_buffer("fp8_amax_history", fp8_state_->amax_history());
+  fp8_buffers_[1] = register_buffer("fp8_scale", fp8_state_->scale());
+  fp8_buffers_[2] = register_buffer("fp8_scale_inv", fp8_state_->scale_inv());
+}
+
+amp::Fp8ScalingState* Linear::fp8_state_for(const amp::Fp8Recipe& recipe, Device device) {
+  if (fp8_excluded_) return nullptr;
+  if (!fp8_state_) {
+    if (!recipe.module_filter(amp::Fp8ModuleInfo{"", type_name(), in_features, out_features})) return nullptr;
+    enable_fp8(recipe, device);
+  }
+  // The buffers share the state's memory (first as the same tensors, after a move as tensors on the same memory).
+  // Module::to() moves (or converts) the buffers in place: they then sit on another device or in another dtype than
+  // the state's, or on other memory. The state is then remade on the buffers' device from their values, and the
+  // buffers take its tensors' memory.
+  auto shares = [this](const Tensor& buffer, const Tensor& own) {
+    return buffer.device() == fp8_state_->device() && buffer.dtype() == DType::Float32 &&
+           buffer.impl().storage() == own.impl().storage() && buffer.offset() == own.offset();
+  };
+  if (!shares(fp8_buffers_[0], fp8_state_->amax_history()) || !shares(fp8_buffers_[1], fp8_state_->scale()) ||
+      !shares(fp8_buffers_[2], fp8_state_->scale_inv())) {
+    amp::Fp8StateDict saved = fp8_state_->state_dict();
+    saved.tensors["amax_history"] = fp8_buffers_[0].to(DType::Float32);
+    saved.tensors["scale"] = fp8_buffers_[1].to(DType::Float32);
+    saved.tensors["scale_inv"] = fp8_buffers_[2].to(DType::Float32);
+    auto moved = std::make_shared<amp::Fp8ScalingState>(
+        amp::Fp8ScalingState::for_linear(fp8_state_->recipe(), fp8_buffers_[0].device()));
+    moved->load_state_dict(saved);
+    fp8_buffers_[0].impl().set_data(moved->amax_history().impl());
+    fp8_buffers_[1].impl().set_data(moved->scale().impl());
+    fp8_buffers_[2].impl().set_data(moved->scale_inv().impl());
+    fp8_state_ = std::move(moved);
+  }
+  return fp8_state_.get();
+}
+
+}  // namespace kiln::nn
+
+namespace kiln::amp {
+
+int64_t prepare_fp8(nn::Module& model, const Fp8Recipe& recipe, Device device) {
+  recipe.validate();
+  int64_t chosen = 0;
+  for (const auto& [name, module] : model.named_modules()) {
+    auto* linear = dynamic_cast<nn::Linear*>(module.get());
+    if (linear == nullptr) continue;
+    if (recipe.module_filter(Fp8ModuleInfo{name, linear->type_name(), linear->in_features, linear->out_features})) {
+      linear->enable_fp8(recipe, device);
+      ++chosen;
+    } else {
+      linear->disable_fp8();
+    }
+  }
+  return chosen;
+}
+
+}  // namespace kiln::amp

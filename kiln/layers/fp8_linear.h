@@ -1,0 +1,62 @@
+// kiln/layers/fp8_linear.h — the FP8 Linear: y = x W^T + b with the products in FP8 and delayed scaling, and
+// amp::prepare_fp8, which chooses the Linears of a model that compute in FP8.
+//
+//   amp::Fp8Recipe recipe{.amax_history_len = 16};     // Hybrid: E4M3 forward, E5M2 gradients
+//   amp::prepare_fp8(*model, recipe, dev);            // every Linear the filter selects gets its FP8 buffers
+//   model->load_state_dict(checkpoint_state);        // a checkpoint of an FP8 run (its fp8_* buffers) loads now
+//   {
+//     amp::Autocast cast(DType::BFloat16, {.fp8 = recipe});
+//     Tensor y = model(x);                             // the selected Linears through nn::fp8_linear
+//   }
+//
+// nn::fp8_linear, for each call (one training micro-batch):
+//   state.update()                                    the scales from the amaxes recorded by the previous calls
+//   xq = fp8(x * s[0]), wq = fp8(W * s[1])            E4M3; W the float32 master weight itself (no bf16 copy)
+//   y  = (xq @ wq^T) / (s[0] s[1]) + b                 one FP8 GEMM, y in the autocast dtype
+// backward:
+//   gq = fp8(dY * s[2])                               E5M2 under Hybrid, E4M3 under Fp8Format::E4M3
+//   dX = (gq @ wq) / (s[2] s[1])                      in x's dtype
+//   dW = (gq^T @ xq) / (s[2] s[0])                    float32, for the float32 master weight
+//   db = sum of dY's rows                             float32
+// The amaxes of x and W are recorded by their quantisation (into row 0 of the amax history), that of dY by its
+// quantisation in backward. The scales of a call are those update() set at its start: backward uses the same ones
+// (kept with the graph), even when another forward of the same layer (gradient accumulation) updated the state
+// since. A forward that a checkpoint recomputes in backward keeps its scales (no second update). A forward without
+// gradients (evaluation) in an FP8 region updates and records as a training one does: evaluate outside FP8 regions
+// (or in a region without a recipe) to leave the training scales alone. An empty input computes nothing in FP8.
+// Everything is device work with no host sync, so a step can be captured into a CUDA graph.
+//
+// The FP8 GEMMs need every dimension a multiple of 16: in_features and out_features must be (the default module
+// filter only selects such Linears); the rows (the number of x's elements / in_features) need not be: they are
+// padded with zero rows inside (which change neither the amaxes nor dW) and the padding is cut from y and dX.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/autograd/fp8.h"  // Fp8Recipe, Fp8ScalingState
+#include "kiln/layers/module.h"
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::amp {
+
+// For every nn::Linear of `model` (named_modules(), so the filter sees qualified names such as "encoder.0.fc1"):
+// if recipe.module_filter selects it, its FP8 state is made on `device` with `recipe` (as buffers "fp8_amax_history",
+// "fp8_scale", "fp8_scale_inv", so the model's state_dict() and checkpoints carry it); if not, the Linear stays out of
+// FP8 regions. Returns how many Linears compute in FP8. Call it before loading a checkpoint of an FP8 run into a new
+// model, and whenever the filter looks at names. Without it, a Linear decides on its first forward in an FP8 region:
+// the region's filter is asked with the name "" and, if it selects the Linear, the state is made then with the
+// region's recipe. A Linear's state keeps the recipe it was made with (formats, history length, margin).
+int64_t prepare_fp8(nn::Module& model, const Fp8Recipe& recipe, Device device);
+
+}  // namespace kiln::amp
+
+namespace kiln::nn {
+
+// x (..., in) float32, bfloat16 or float16 (other floating dtypes are cast to out_dtype first); weight (out, in) with
+// in and out multiples of 16; bias (out) or undefined; state: a Linear's (Fp8ScalingState::for_linear) on x's
+// device; out_dtype BFloat16, Float16 or Float32. Returns (..., out) in out_dtype, differentiable in x, weight, bias.
+// nn::Linear calls it inside FP8 regions; it is public for layers of their own and for tests.
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp::Fp8ScalingState& state,
+                  DType out_dtype);
+
+}  // namespace kiln::nn

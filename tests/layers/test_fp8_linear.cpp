@@ -1,0 +1,675 @@
+// nn::Linear in FP8 (kiln/layers/fp8_linear.h) under amp::Autocast with an FP8 recipe, against references computed
+// here in float64: FP8 codes decoded from their bit fields (OCP FP8: sign, exponent, mantissa), quantisation by
+// searching the decoded codes for the nearest (ties to even), and delayed scaling by a small reference of its rules
+// (Transformer Engine's). Nothing here uses kiln's own FP8 conversions.
+//
+// Fp8LinearTest runs on every backend: on cuda0 (an sm_89+ GPU) it checks the cuBLASLt path the same way, with the
+// tolerance of a float32 accumulation (see tests/tensor/test_fp8_ops.cpp for that bound).
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor/cuda.h"
+#include "support/test_support.h"
+
+namespace kiln {
+namespace {
+
+using testing::expect_error;
+using testing::values;
+
+// ---------------------------------------------------------------- FP8 references
+
+struct Format {
+  int exp_bits, man_bits, bias;
+  bool ieee;  // E5M2: exponent all ones is inf / NaN; E4M3FN: only S.1111.111 is NaN
+  int max_code;
+  double max_value;
+};
+const Format kE4M3 = {4, 3, 7, false, 0x7e, 448.0};
+const Format kE5M2 = {5, 2, 15, true, 0x7b, 57344.0};
+
+double code_value(const Format& f, int code) {
+  const int e = (code >> f.man_bits) & ((1 << f.exp_bits) - 1), m = code & ((1 << f.man_bits) - 1);
+  if (e == 0) return std::ldexp(static_cast<double>(m), 1 - f.bias - f.man_bits);
+  return std::ldexp(1.0 + static_cast<double>(m) / (1 << f.man_bits), e - f.bias);
+}
+
+// The value of the code nearest to v (finite inputs): saturating at ±max, ties to the even code.
+double quantised(const Format& f, double v) {
+  const double a = std::abs(v), s = std::signbit(v) ? -1.0 : 1.0;
+  if (a >= f.max_value) return s * f.max_value;
+  int lo = 0;
+  while (lo + 1 <= f.max_code && code_value(f, lo + 1) <= a) ++lo;
+  const double vlo = code_value(f, lo);
+  if (vlo == a) return s * vlo;
+  const double vhi = code_value(f, lo + 1), dlo = a - vlo, dhi = vhi - a;
+  return s * (dlo < dhi ? vlo : dhi < dlo ? vhi : (lo % 2 == 0 ? vlo : vhi));
+}
+
+// The FP8 values (not rescaled) of x * scale, the product in float32 as the quantisation computes it.
+std::vector<double> quantise(const std::vector<double>& x, float scale, const Format& f) {
+  std::vector<double> out;
+  for (double v : x) out.push_back(quantised(f, static_cast<double>(static_cast<float>(v) * scale)));
+  return out;
+}
+
+double amax_of(const std::vector<double>& x) {
+  double m = 0;
+  for (double v : x) m = std::max(m, std::abs(v));
+  return m;
+}
+
+// Delayed scaling of a Linear's three tensors (input, weight: E4M3; gradient: E5M2 under Hybrid), amax algorithm
+// Max, in float32 arithmetic as the recipe documents it.
+struct ReferenceScaling {
+  int64_t len;
+  int margin;
+  std::vector<std::vector<double>> history;  // [row][column]
+  double fmax[3];                            // 448 for E4M3, 57344 for E5M2
+  float scale[3] = {1, 1, 1}, scale_inv[3] = {1, 1, 1};
+  ReferenceScaling(int64_t len, int margin, bool hybrid = true)
+      : len(len), margin(margin), history(len, std::vector<double>(3, 0.0)), fmax{448, 448, hybrid ? 57344.0 : 448} {}
+  void record(int j, double amax) { history[0][j] = std::max(history[0][j], amax); }
+  void update() {
+    for (int j = 0; j < 3; ++j) {
+      const double c = history[0][j];
+      if (c == 0) continue;
+      double a = 0;
+      for (const auto& row : history) a = std::max(a, row[j]);
+      for (int64_t i = 1; i + 1 < len; ++i) history[i][j] = history[i + 1][j];
+      if (len > 1) history[len - 1][j] = c;
+      history[0][j] = 0;
+      const float next = static_cast<float>(std::ldexp(fmax[j], -margin)) / static_cast<float>(a);
+      if (std::isfinite(a) && a > 0) scale[j] = std::isinf(next) ? FLT_MAX : next;
+      scale_inv[j] = 1.0f / scale[j];
+    }
+  }
+};
+
+// out[i][n] = sa * sb * sum_k a[i][k] b[n][k] (+ bias[n]); abs_sum the same over |a b| (for the tolerance).
+void reference_product(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t n, int64_t k,
+                       double sa, double sb, const std::vector<double>& bias, std::vector<double>& out,
+                       std::vector<double>& abs_sum) {
+  out.assign(m * n, 0.0);
+  abs_sum.assign(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, t = 0;
+      for (int64_t q = 0; q < k; ++q) {
+        s += a[i * k + q] * b[j * k + q];
+        t += std::abs(a[i * k + q] * b[j * k + q]);
+      }
+      out[i * n + j] = sa * sb * s + (bias.empty() ? 0.0 : bias[j]);
+      abs_sum[i * n + j] = sa * sb * t + (bias.empty() ? 0.0 : std::abs(bias[j]));
+    }
+  }
+}
+
+// |got - ref| within the output dtype's rounding (`ulp`, relative) and a float32 accumulation of the products
+// (2^-9 of the sum of their magnitudes on the GPU; the CPU sums in float64).
+void expect_product(const Tensor& got, const Shape& shape, const std::vector<double>& ref,
+                    const std::vector<double>& abs_sum, double ulp, const std::string& what) {
+  ASSERT_EQ(got.shape(), shape) << what;
+  const std::vector<double> v = values(got);
+  const double accumulation = got.device().is_cpu() ? 0.0 : std::ldexp(1.0, -9);
+  int bad = 0;
+  for (size_t i = 0; i < ref.size() && bad < 5; ++i) {
+    const double tol = 2 * ulp * abs_sum[i] + accumulation * abs_sum[i] + 1e-30;
+    if (!(std::abs(v[i] - ref[i]) <= tol)) {
+      ADD_FAILURE() << what << "[" << i << "]: got " << v[i] << ", expected " << ref[i] << " (tolerance " << tol << ")";
+      ++bad;
+    }
+  }
+}
+
+void expect_bitwise_equal(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_TRUE(a.defined() && b.defined()) << what;
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  const std::vector<double> va = values(a), vb = values(b);
+  for (size_t i = 0; i < va.size(); ++i) ASSERT_EQ(va[i], vb[i]) << what << "[" << i << "]";
+}
+
+// ---------------------------------------------------------------- the test suite
+
+class Fp8LinearTest : public testing::BackendTest {
+ protected:
+  amp::AutocastOptions fp8_options(const amp::Fp8Recipe& recipe) const {
+    return {.device_type = dev().type(), .fp8 = recipe};
+  }
+  // Values of x as `dtype` holds them.
+  Tensor input(const Shape& shape, double lo, double hi, uint64_t seed, DType dtype = DType::Float32) const {
+    return testing::make(testing::uniform(numel(shape), lo, hi, seed), shape, opts(dtype));
+  }
+};
+
+// Three training steps of one Linear(32, 16) (6 rows, padded to 16 inside): each step's output and gradients against
+// the references from the quantised operands, with the scales the reference delayed scaling gives at that step, and
+// the state's buffers against the reference state after each step. The input's range changes from step to step, so
+// the window maximum (history 4) and the margin (1) show in the scales.
+TEST_P(Fp8LinearTest, ThreeStepsMatchTheReference) {
+  const int64_t in = 32, out = 16, rows = 6;
+  auto fc = nn::make<nn::Linear>(in, out);
+  fc->to(dev());
+  const amp::Fp8Recipe recipe{.amax_history_len = 4, .margin = 1};
+  ReferenceScaling ref(4, 1);
+  const std::vector<double> w = values(fc->weight), bias = values(fc->bias);
+  std::vector<double> bias_bf16 = values(fc->bias.to(DType::BFloat16));
+  const double ranges[3] = {1.0, 4.0, 2.0};
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step + 1));
+    const Tensor x = input({2, 3, in}, -ranges[step], ranges[step], 10 + step).requires_grad_();
+    const Tensor dy = input({2, 3, out}, -0.5, 0.5, 20 + step, DType::BFloat16);
+    fc->zero_grad();
+    Tensor y;
+    {
+      amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+      y = fc(x);
+    }
+    y.backward(dy);
+
+    // The reference of this step: update, quantise with the new scales, record the amaxes.
+    ref.update();
+    const std::vector<double> xv = values(x), dyv = values(dy);
+    const std::vector<double> qx = quantise(xv, ref.scale[0], kE4M3), qw = quantise(w, ref.scale[1], kE4M3);
+    const std::vector<double> qg = quantise(dyv, ref.scale[2], kE5M2);
+    ref.record(0, amax_of(xv));
+    ref.record(1, amax_of(w));
+    ref.record(2, amax_of(dyv));
+
+    std::vector<double> expected, abs_sum;
+    reference_product(qx, qw, rows, out, in, ref.scale_inv[0], ref.scale_inv[1], bias_bf16, expected, abs_sum);
+    EXPECT_EQ(y.dtype(), DType::BFloat16);
+    expect_product(y, {2, 3, out}, expected, abs_sum, std::ldexp(1.0, -8), "y");
+
+    // dX (rows, in) = g (rows, out) @ W (out, in): b operand is W^T (in, out).
+    std::vector<double> qwt(in * out), qgt(out * rows), qxt(in * rows);
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < in; ++k) qwt[k * out + o] = qw[o * in + k];
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t o = 0; o < out; ++o) qgt[o * rows + i] = qg[i * out + o];
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t k = 0; k < in; ++k) qxt[k * rows + i] = qx[i * in + k];
+    reference_product(qg, qwt, rows, in, out, ref.scale_inv[2], ref.scale_inv[1], {}, expected, abs_sum);
+    EXPECT_EQ(x.grad().dtype(), DType::Float32);
+    expect_product(x.grad(), {2, 3, in}, expected, abs_sum, std::ldexp(1.0, -24), "dX");
+    reference_product(qgt, qxt, out, in, rows, ref.scale_inv[2], ref.scale_inv[0], {}, expected, abs_sum);
+    EXPECT_EQ(fc->weight.grad().dtype(), DType::Float32);
+    expect_product(fc->weight.grad(), {out, in}, expected, abs_sum, std::ldexp(1.0, -24), "dW");
+    std::vector<double> db(out, 0.0);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t o = 0; o < out; ++o) db[o] += dyv[i * out + o];
+    EXPECT_EQ(fc->bias.grad().dtype(), DType::Float32);
+    testing::expect_values(fc->bias.grad(), {out}, db, 1e-6, 1e-7);
+
+    // The state after the step: buffers of the module, equal to the reference's.
+    const amp::Fp8ScalingState* st = fc->fp8_state();
+    ASSERT_NE(st, nullptr);
+    std::vector<double> hist;
+    for (const auto& row : ref.history) hist.insert(hist.end(), row.begin(), row.end());
+    testing::expect_values(st->amax_history(), {4, 3}, hist, 0, 0);
+    testing::expect_values(st->scale(), {3}, {ref.scale[0], ref.scale[1], ref.scale[2]}, 0, 0);
+    testing::expect_values(st->scale_inv(), {3}, {ref.scale_inv[0], ref.scale_inv[1], ref.scale_inv[2]}, 0, 0);
+  }
+  // The scales did move off 1 (steps 2 and 3 used recorded amaxes).
+  EXPECT_NE(ref.scale[0], 1.0f);
+  EXPECT_NE(ref.scale[2], 1.0f);
+  // The buffers are the state's tensors, under the names checkpoints use.
+  const nn::StateDict sd = fc->state_dict();
+  std::vector<std::string> keys;
+  for (const auto& [k, t] : sd) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"weight", "bias", "fp8_amax_history", "fp8_scale", "fp8_scale_inv"}));
+  testing::expect_values(sd[3].second, {3}, {ref.scale[0], ref.scale[1], ref.scale[2]}, 0, 0);
+}
+
+// Gradient accumulation: two forwards, then their backwards in reverse order. The second forward updates the state
+// in place; the first call's backward still uses the scales its forward quantised with (1 on a fresh state).
+TEST_P(Fp8LinearTest, BackwardUsesItsForwardsScales) {
+  const int64_t in = 16, out = 16, rows = 16;
+  auto fc = nn::make<nn::Linear>(in, out);
+  fc->to(dev());
+  const amp::Fp8Recipe recipe{.amax_history_len = 2};
+  const Tensor x1 = input({rows, in}, -2, 2, 100).requires_grad_(), x2 = input({rows, in}, -8, 8, 101).requires_grad_();
+  Tensor y1, y2;
+  {
+    amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+    y1 = fc(x1);
+    y2 = fc(x2);
+  }
+  const Tensor dy = input({rows, out}, -1, 1, 102, DType::BFloat16);
+  y2.backward(dy);
+  fc->zero_grad();
+  y1.backward(dy);
+  // The first call: every scale 1.
+  const std::vector<double> w = values(fc->weight);
+  const std::vector<double> qw = quantise(w, 1.0f, kE4M3), qg = quantise(values(dy), 1.0f, kE5M2);
+  std::vector<double> qwt(in * out), expected, abs_sum;
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t k = 0; k < in; ++k) qwt[k * out + o] = qw[o * in + k];
+  reference_product(qg, qwt, rows, in, out, 1.0, 1.0, {}, expected, abs_sum);
+  expect_product(x1.grad(), {rows, in}, expected, abs_sum, std::ldexp(1.0, -24), "dX of the first call");
+  // ... and the second call's scales were not 1 (so the test can tell them apart).
+  ReferenceScaling ref(2, 0);
+  ref.record(0, amax_of(values(x1)));
+  ref.record(1, amax_of(w));
+  ref.update();
+  testing::expect_values(fc->fp8_state()->scale().narrow(0, 0, 2), {2}, {ref.scale[0], ref.scale[1]}, 0, 0);
+  EXPECT_NE(ref.scale[1], 1.0f);
+}
+
+// E4M3 everywhere: the gradient is quantised to E4M3 too (its scale from 448, not 57344), 16 rows (no padding), no
+// bias, and a float16 region: y in float16.
+TEST_P(Fp8LinearTest, E4M3RecipeAndNoBias) {
+  const int64_t in = 16, out = 32, rows = 16;
+  auto fc = nn::make<nn::Linear>(in, out, nn::LinearOptions{.bias = false});
+  fc->to(dev());
+  const amp::Fp8Recipe recipe{.format = amp::Fp8Format::E4M3, .amax_history_len = 2};
+  ReferenceScaling ref(2, 0, /*hybrid=*/false);
+  const std::vector<double> w = values(fc->weight);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step + 1));
+    const Tensor x = input({rows, in}, -3, 3, 30 + step).requires_grad_();
+    const Tensor dy = input({rows, out}, -2, 2, 40 + step, DType::Float16);
+    fc->zero_grad();
+    Tensor y;
+    {
+      amp::Autocast cast(DType::Float16, fp8_options(recipe));
+      y = fc(x);
+    }
+    y.backward(dy);
+    ref.update();
+    const std::vector<double> xv = values(x), dyv = values(dy);
+    const std::vector<double> qx = quantise(xv, ref.scale[0], kE4M3), qw = quantise(w, ref.scale[1], kE4M3);
+    const std::vector<double> qg = quantise(dyv, ref.scale[2], kE4M3);
+    ref.record(0, amax_of(xv));
+    ref.record(1, amax_of(w));
+    ref.record(2, amax_of(dyv));
+    std::vector<double> expected, abs_sum;
+    reference_product(qx, qw, rows, out, in, ref.scale_inv[0], ref.scale_inv[1], {}, expected, abs_sum);
+    EXPECT_EQ(y.dtype(), DType::Float16);
+    expect_product(y, {rows, out}, expected, abs_sum, std::ldexp(1.0, -11), "y");
+    std::vector<double> qwt(in * out);
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < in; ++k) qwt[k * out + o] = qw[o * in + k];
+    reference_product(qg, qwt, rows, in, out, ref.scale_inv[2], ref.scale_inv[1], {}, expected, abs_sum);
+    expect_product(x.grad(), {rows, in}, expected, abs_sum, std::ldexp(1.0, -24), "dX");
+    testing::expect_values(fc->fp8_state()->scale(), {3}, {ref.scale[0], ref.scale[1], ref.scale[2]}, 0, 0);
+  }
+}
+
+// A region whose filter selects nothing, a nested region without FP8, and enabled = false all compute exactly as the
+// plain (bf16 or float32) Linear does, and make no FP8 state.
+TEST_P(Fp8LinearTest, UnselectedOrNestedRegionsStayPlain) {
+  auto fc = nn::make<nn::Linear>(32, 16);
+  fc->to(dev());
+  const Tensor x = input({5, 32}, -1, 1, 50);
+  Tensor plain_bf16, plain_f32;
+  {
+    amp::Autocast cast(DType::BFloat16, false, dev().type());
+    plain_f32 = fc(x);
+  }
+  {
+    amp::Autocast cast(DType::BFloat16, true, dev().type());
+    plain_bf16 = fc(x);
+  }
+  amp::Fp8Recipe none;
+  none.module_filter = [](const amp::Fp8ModuleInfo&) { return false; };
+  {
+    amp::Autocast cast(DType::BFloat16, fp8_options(none));
+    expect_bitwise_equal(fc(x), plain_bf16, "filter off");
+  }
+  const amp::Fp8Recipe all{};
+  {
+    amp::Autocast outer(DType::BFloat16, fp8_options(all));
+    EXPECT_NE(autocast::fp8_recipe(dev().type()), nullptr);
+    {
+      amp::Autocast inner(DType::BFloat16, true, dev().type());  // the innermost region decides: no FP8
+      EXPECT_EQ(autocast::fp8_recipe(dev().type()), nullptr);
+      expect_bitwise_equal(fc(x), plain_bf16, "nested bf16 region");
+    }
+    {
+      amp::Autocast inner(DType::BFloat16, {.enabled = false, .device_type = dev().type(), .fp8 = all});
+      EXPECT_EQ(autocast::fp8_recipe(dev().type()), nullptr);
+      expect_bitwise_equal(fc(x), plain_f32, "enabled = false");
+    }
+    EXPECT_NE(autocast::fp8_recipe(dev().type()), nullptr);  // back after the inner regions
+  }
+  EXPECT_EQ(autocast::fp8_recipe(dev().type()), nullptr);
+  EXPECT_EQ(fc->fp8_state(), nullptr);
+  EXPECT_EQ(fc->state_dict().size(), 2u);
+  // The plain spelling (device type CUDA by default), where no GPU or an FP8-capable one is visible.
+  if (!cuda::is_available() || cuda::compute_capability(cuda::current_device()) >= 89) {
+    amp::Autocast cast(DType::BFloat16, {.fp8 = amp::Fp8Recipe{}});
+    ASSERT_NE(autocast::fp8_recipe(DeviceType::CUDA), nullptr);
+    EXPECT_EQ(autocast::fp8_recipe(DeviceType::CUDA)->amax_history_len, 1024);
+    EXPECT_EQ(autocast::get_dtype(DeviceType::CUDA), DType::BFloat16);
+  }
+  EXPECT_EQ(autocast::fp8_recipe(DeviceType::CUDA), nullptr);
+  // The region of another device type leaves this one's Linears plain.
+  const DeviceType other = dev().is_cpu() ? DeviceType::CUDA : DeviceType::CPU;
+  if (other == DeviceType::CPU || cuda::is_available()) {
+    amp::Autocast cast(DType::BFloat16, {.device_type = other, .fp8 = all});
+    EXPECT_EQ(autocast::fp8_recipe(dev().type()), nullptr);
+    expect_bitwise_equal(fc(x), plain_f32, "other device type");
+  }
+  EXPECT_EQ(fc->fp8_state(), nullptr);
+}
+
+struct TwoLayers : nn::Module {
+  nn::Handle<nn::Linear> fc1, fc2, odd;
+  TwoLayers() : Module("TwoLayers") {
+    fc1 = register_module("fc1", nn::Linear(32, 32));
+    fc2 = register_module("fc2", nn::Linear(32, 16));
+    odd = register_module("odd", nn::Linear(16, 20));  // 20: not a multiple of 16
+  }
+  Tensor forward(const Tensor& x) override { return odd(fc2(relu(fc1(x)))); }
+};
+
+// prepare_fp8 asks the filter with qualified names; a Linear it leaves out, and one the default filter refuses (20
+// features), stay plain in the region, even though a lazy decision (name "") would take the first.
+TEST_P(Fp8LinearTest, PrepareChoosesByName) {
+  auto model = nn::make<TwoLayers>();
+  model->to(dev());
+  amp::Fp8Recipe recipe{.amax_history_len = 8};
+  std::vector<std::string> asked;
+  recipe.module_filter = [&asked](const amp::Fp8ModuleInfo& m) {
+    asked.emplace_back(m.name);
+    return amp::default_fp8_module_filter(m) && m.name != "fc2";
+  };
+  EXPECT_EQ(amp::prepare_fp8(*model, recipe, dev()), 1);
+  EXPECT_EQ(asked, (std::vector<std::string>{"fc1", "fc2", "odd"}));
+  EXPECT_NE(model->fc1->fp8_state(), nullptr);
+  EXPECT_EQ(model->fc2->fp8_state(), nullptr);
+  EXPECT_EQ(model->odd->fp8_state(), nullptr);
+  EXPECT_EQ(model->fc1->fp8_state()->recipe().amax_history_len, 8);
+
+  const Tensor x = input({3, 32}, -1, 1, 60);
+  Tensor h, y;
+  {
+    amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+    h = relu(model->fc1(x));
+    y = model->fc2(h);
+  }
+  Tensor plain;
+  {
+    amp::Autocast cast(DType::BFloat16, true, dev().type());
+    plain = model->fc2(h);
+  }
+  expect_bitwise_equal(y, plain, "fc2 (left out by name)");
+  EXPECT_EQ(model->fc2->fp8_state(), nullptr);
+  // fc1 recorded its input's amax in the current row.
+  EXPECT_EQ(values(model->fc1->fp8_state()->amax_history())[0], amax_of(values(x)));
+
+  // A Linear the default filter refuses, forced in by a filter that takes everything: a clear error.
+  amp::Fp8Recipe all;
+  all.module_filter = [](const amp::Fp8ModuleInfo&) { return true; };
+  expect_error([&] { amp::prepare_fp8(*model, all, dev()); }, {"Linear(16, 20)", "multiples of 16", "module_filter"});
+}
+
+// Unprepared Linears decide on their first FP8 forward (the filter sees the name ""), and make their state then.
+TEST_P(Fp8LinearTest, LazyStateOnFirstForward) {
+  auto fc = nn::make<nn::Linear>(16, 16);
+  fc->to(dev());
+  amp::Fp8Recipe recipe{.amax_history_len = 3};
+  std::vector<std::string> asked;
+  recipe.module_filter = [&asked](const amp::Fp8ModuleInfo& m) {
+    asked.emplace_back(std::string(m.name) + "/" + std::string(m.type));
+    return true;
+  };
+  EXPECT_EQ(fc->state_dict().size(), 2u);
+  {
+    amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+    NoGradGuard no_grad;  // an inference forward works (nothing saved for backward)
+    const Tensor y = fc(input({4, 16}, -1, 1, 70));
+    EXPECT_EQ(y.shape(), (Shape{4, 16}));
+    EXPECT_FALSE(y.requires_grad());
+  }
+  EXPECT_EQ(asked, (std::vector<std::string>{"/Linear"}));
+  ASSERT_NE(fc->fp8_state(), nullptr);
+  EXPECT_EQ(fc->state_dict().size(), 5u);
+  EXPECT_EQ(fc->fp8_state()->amax_history().shape(), (Shape{3, 3}));
+}
+
+// Exact resume: the state saved after step 2 (weights and FP8 buffers), loaded into a freshly prepared model, gives a
+// step 3 bit-identical to the one of the run that went on; a model not prepared refuses the state and says why.
+TEST_P(Fp8LinearTest, StateDictResumesExactly) {
+  const amp::Fp8Recipe recipe{.amax_history_len = 4};
+  auto make_model = [&] {
+    auto m = nn::make<TwoLayers>();
+    m->to(dev());
+    return m;
+  };
+  auto step = [&](TwoLayers& m, int i) {
+    m.zero_grad();
+    const Tensor x = input({5, 32}, -1.0 - i, 1.0 + i, 80 + i).requires_grad_();
+    Tensor y;
+    {
+      amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+      y = m.fc2(relu(m.fc1(x)));
+    }
+    y.backward(input({5, 16}, -1, 1, 90 + i, DType::BFloat16));
+    return std::vector<Tensor>{y, x.grad(), m.fc1->weight.grad(), m.fc2->weight.grad(), m.fc1->bias.grad()};
+  };
+  auto a = make_model();
+  amp::prepare_fp8(*a, recipe, dev());
+  step(*a, 0);
+  step(*a, 1);
+  nn::StateDict saved;
+  for (const auto& [k, t] : a->state_dict()) saved.emplace_back(k, t.clone());
+  const std::vector<Tensor> want = step(*a, 2);
+
+  // Prepared on the CPU, then moved (as a program does before training): on a GPU the state is remade there at the
+  // first FP8 forward, from the buffers' loaded values.
+  auto b = nn::make<TwoLayers>();
+  amp::prepare_fp8(*b, recipe, Device::cpu());
+  b->to(dev());
+  b->load_state_dict(saved);
+  const std::vector<Tensor> got = step(*b, 2);
+  const char* names[] = {"y", "dX", "fc1 dW", "fc2 dW", "fc1 db"};
+  for (size_t i = 0; i < want.size(); ++i) expect_bitwise_equal(got[i], want[i], names[i]);
+  expect_bitwise_equal(b->fc1->fp8_state()->amax_history(), a->fc1->fp8_state()->amax_history(), "history");
+  expect_bitwise_equal(b->fc2->fp8_state()->scale(), a->fc2->fp8_state()->scale(), "scale");
+
+  auto c = make_model();  // not prepared
+  expect_error([&] { c->load_state_dict(saved); },
+               {"unexpected keys", "fc1.fp8_amax_history", "amp::prepare_fp8(model, recipe, device)"});
+  // Moving a prepared model keeps its FP8 state (remade on the buffers' device at the next FP8 forward).
+  b->to(Device::cpu());
+  b->to(dev());
+  const std::vector<Tensor> again = step(*b, 3);
+  const std::vector<Tensor> want4 = step(*a, 3);
+  for (size_t i = 0; i < want4.size(); ++i) expect_bitwise_equal(again[i], want4[i], names[i]);
+  // ... and its buffers (what a checkpoint saves) still are the state it computes with.
+  const nn::StateDict sa = a->state_dict(), sb = b->state_dict();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) expect_bitwise_equal(sb[i].second, sa[i].second, sb[i].first);
+  for (const auto& [k, t] : sb) {
+    if (k == "fc1.fp8_amax_history") expect_bitwise_equal(t, b->fc1->fp8_state()->amax_history(), k);
+    if (k == "fc2.fp8_scale") expect_bitwise_equal(t, b->fc2->fp8_state()->scale(), k);
+  }
+}
+
+// Gradient checkpointing: backward recomputes the forward (after the region has closed) under the region's FP8
+// recipe, with the scales the forward used; outputs, gradients and the state equal those of a run without
+// checkpointing, bit for bit, over two steps (the second with scales from recorded amaxes).
+TEST_P(Fp8LinearTest, CheckpointRecomputationKeepsTheScales) {
+  const amp::Fp8Recipe recipe{.amax_history_len = 4};
+  const nn::StateDict init = nn::make<TwoLayers>()->state_dict();
+  auto run = [&](bool checkpointed) {
+    auto m = nn::make<TwoLayers>();
+    m->load_state_dict(init);
+    m->to(dev());
+    std::vector<Tensor> out;
+    for (int i = 0; i < 2; ++i) {
+      m->zero_grad();
+      const Tensor x = input({5, 32}, -1.0 - i, 1.0 + i, 130 + i).requires_grad_();
+      Tensor y;
+      {
+        amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+        auto block = [&](const Tensor& in) { return m->fc2(relu(m->fc1(in))); };
+        y = checkpointed ? autograd::checkpoint(block, x) : block(x);
+      }
+      y.backward(input({5, 16}, -1, 1, 140 + i, DType::BFloat16));
+      out.insert(out.end(), {y, x.grad(), m->fc1->weight.grad(), m->fc2->weight.grad()});
+    }
+    out.insert(out.end(), {m->fc1->fp8_state()->amax_history(), m->fc1->fp8_state()->scale(),
+                           m->fc2->fp8_state()->amax_history(), m->fc2->fp8_state()->scale()});
+    return out;
+  };
+  const std::vector<Tensor> plain = run(false), checkpointed = run(true);
+  ASSERT_EQ(plain.size(), checkpointed.size());
+  for (size_t i = 0; i < plain.size(); ++i) expect_bitwise_equal(checkpointed[i], plain[i], std::to_string(i));
+}
+
+// Module::to() moves or converts the FP8 buffers in place; the next FP8 forward remakes the state from their values
+// (float32, on the buffers' device), and the buffers keep being the state's tensors.
+TEST_P(Fp8LinearTest, ConvertedModelKeepsItsState) {
+  auto fc = nn::make<nn::Linear>(16, 16);
+  fc->to(dev());
+  const amp::Fp8Recipe recipe{.amax_history_len = 3};
+  amp::prepare_fp8(*fc, recipe, dev());
+  const Tensor x = input({4, 16}, -3, 3, 110);
+  auto forward = [&](const Tensor& in) {
+    amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+    return fc(in);
+  };
+  forward(x);  // records amax(x), amax(W) in row 0
+  const double ax = amax_of(values(x)), aw = amax_of(values(fc->weight));
+  fc->to(DType::Float64);  // the buffers too
+  EXPECT_EQ(fc->state_dict()[2].second.dtype(), DType::Float64);
+  const Tensor y = forward(x.to(DType::Float64));  // update(): row 0 rolls to the last row
+  EXPECT_EQ(y.dtype(), DType::BFloat16);
+  const amp::Fp8ScalingState* st = fc->fp8_state();
+  EXPECT_EQ(st->amax_history().dtype(), DType::Float32);
+  const std::vector<double> h = values(st->amax_history());  // (3, 3)
+  EXPECT_EQ(h[2 * 3 + 0], ax);
+  EXPECT_EQ(h[2 * 3 + 1], aw);
+  EXPECT_EQ(values(st->scale())[0], static_cast<double>(448.0f / static_cast<float>(ax)));
+  fc->to(DType::Float32);
+  forward(x);
+  const nn::StateDict sd = fc->state_dict();
+  ASSERT_EQ(sd.size(), 5u);
+  expect_bitwise_equal(sd[2].second, fc->fp8_state()->amax_history(), "fp8_amax_history");
+  expect_bitwise_equal(sd[3].second, fc->fp8_state()->scale(), "fp8_scale");
+  expect_bitwise_equal(sd[4].second, fc->fp8_state()->scale_inv(), "fp8_scale_inv");
+  EXPECT_EQ(values(sd[2].second)[0], ax);  // the last forward recorded into the state the buffers show
+}
+
+TEST_P(Fp8LinearTest, Errors) {
+  amp::Fp8Recipe bad{.amax_history_len = 0};
+  expect_error([&] { amp::Autocast cast(DType::BFloat16, fp8_options(bad)); }, {"Fp8Recipe", "amax_history_len"});
+  EXPECT_EQ(autocast::fp8_recipe(dev().type()), nullptr);
+  EXPECT_FALSE(autocast::is_enabled(dev().type()));  // nothing left switched on
+  amp::Fp8Recipe no_filter;
+  no_filter.module_filter = nullptr;
+  expect_error([&] { amp::Autocast cast(DType::BFloat16, fp8_options(no_filter)); }, {"module_filter"});
+  expect_error([&] { amp::Autocast cast(DType::Float32, fp8_options(amp::Fp8Recipe{})); }, {"Float16 or BFloat16"});
+
+  auto state = amp::Fp8ScalingState::for_linear(amp::Fp8Recipe{}, dev());
+  const Tensor w = input({16, 20}, -1, 1, 1);
+  expect_error(
+      [&] {
+        nn::fp8_linear(input({4, 20}, -1, 1, 2), w, {}, state, DType::BFloat16);
+      },
+      {"fp8_linear", "multiples of 16", "[16, 20]"});
+  const Tensor w16 = input({16, 32}, -1, 1, 3);
+  expect_error(
+      [&] {
+        nn::fp8_linear(input({4, 16}, -1, 1, 4), w16, {}, state, DType::BFloat16);
+      },
+      {"fp8_linear", "(..., 32)"});
+  expect_error(
+      [&] {
+        nn::fp8_linear(input({4, 32}, -1, 1, 4), w16, {}, state, DType::Float64);
+      },
+      {"fp8_linear", "out_dtype"});
+  amp::Fp8ScalingState two(amp::Fp8Recipe{}, {amp::Fp8Pass::Forward, amp::Fp8Pass::Forward}, dev());
+  expect_error(
+      [&] {
+        nn::fp8_linear(input({4, 32}, -1, 1, 4), w16, {}, two, DType::BFloat16);
+      },
+      {"fp8_linear", "tracks 2"});
+  expect_error([&] { nn::Linear(20, 16).enable_fp8(amp::Fp8Recipe{}, dev()); }, {"multiples of 16"});
+  if (!dev().is_cpu()) {
+    auto cpu_state = amp::Fp8ScalingState::for_linear(amp::Fp8Recipe{}, Device::cpu());
+    expect_error(
+        [&] {
+          nn::fp8_linear(input({4, 32}, -1, 1, 4), w16, {}, cpu_state, DType::BFloat16);
+        },
+        {"fp8_linear", "FP8 state on cpu"});
+  }
+}
+
+KILN_INSTANTIATE_BACKENDS(Fp8LinearTest);
+
+// ---------------------------------------------------------------- GPU only
+
+// Whole training steps (FP8 forward, backward, SGD) captured in a cuda::Graph and replayed: no host sync anywhere in
+// the FP8 path (a capture fails on one), and the replayed run follows an eager run of the same steps, its FP8 scales
+// and amax histories included (the delayed scaling updates inside the graph).
+TEST(Fp8LinearCuda, CapturedStepsFollowEagerSteps) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  if (cuda::compute_capability(0) < 89) GTEST_SKIP() << "FP8 needs sm_89+";
+  const Device gpu = Device::cuda(0);
+  const amp::Fp8Recipe recipe{.amax_history_len = 4};
+  const nn::StateDict init = nn::make<TwoLayers>()->state_dict();
+  const Tensor x = testing::make(testing::uniform(24 * 32, -2, 2, 120), {24, 32}, {.device = gpu});
+  struct Run {
+    nn::Handle<TwoLayers> model;
+    std::unique_ptr<optim::SGD> opt;
+    Tensor loss;
+  };
+  auto make_run = [&] {
+    Run r{nn::make<TwoLayers>(), nullptr, {}};
+    r.model->load_state_dict(init);
+    r.model->to(gpu);
+    amp::prepare_fp8(*r.model, recipe, gpu);
+    r.opt = std::make_unique<optim::SGD>(r.model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+    return r;
+  };
+  auto step = [&](Run& r) {
+    r.opt->zero_grad();
+    Tensor y;
+    {
+      amp::Autocast cast(DType::BFloat16, {.fp8 = recipe});
+      y = (*r.model)(x);
+    }
+    r.loss = mean(square(y.to(DType::Float32)));
+    r.loss.backward();
+    r.opt->step();
+  };
+  Run eager = make_run(), graphed = make_run();
+  const int warmup = 3, steps = 6;
+  for (int i = 0; i < warmup; ++i) step(eager);
+  cuda::Graph graph;
+  graph.capture([&] { step(graphed); }, warmup);
+  std::vector<double> scales;
+  for (int k = 0; k < steps; ++k) {
+    step(eager);
+    graph.replay();
+    EXPECT_NEAR(graphed.loss.item<double>(), eager.loss.item<double>(), 1e-3 * std::abs(eager.loss.item<double>()))
+        << "step " << k;
+    scales.push_back(values(graphed.model->fc1->fp8_state()->scale())[0]);
+  }
+  // The scales moved between replays (the update runs in the graph) and agree with the eager run's.
+  EXPECT_NE(scales.front(), scales.back());
+  const nn::StateDict se = eager.model->state_dict(), sg = graphed.model->state_dict();
+  ASSERT_EQ(se.size(), sg.size());
+  for (size_t i = 0; i < se.size(); ++i) {
+    const std::vector<double> a = values(se[i].second), b = values(sg[i].second);
+    double scale = 0, diff = 0;
+    for (size_t j = 0; j < a.size(); ++j) {
+      scale = std::max(scale, std::abs(a[j]));
+      diff = std::max(diff, std::abs(a[j] - b[j]));
+    }
+    EXPECT_LE(diff, 1e-3 * scale) << se[i].first;
+  }
+  EXPECT_EQ(sg.size(), 5u + 5u + 2u);  // fc1, fc2: weight, bias and 3 FP8 buffers; odd (20 features): plain
+}
+
+}  // namespace
+}  // namespace kiln
