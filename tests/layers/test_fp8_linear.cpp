@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/tensor/cuda.h"
+#include "support/float8_reference.h"
 #include "support/test_support.h"
 
 namespace kiln {
@@ -23,32 +24,12 @@ using testing::values;
 
 // ---------------------------------------------------------------- FP8 references
 
-struct Format {
-  int exp_bits, man_bits, bias;
-  bool ieee;  // E5M2: exponent all ones is inf / NaN; E4M3FN: only S.1111.111 is NaN
-  int max_code;
-  double max_value;
-};
-const Format kE4M3 = {4, 3, 7, false, 0x7e, 448.0};
-const Format kE5M2 = {5, 2, 15, true, 0x7b, 57344.0};
+using Format = testing::Fp8Format;
+using testing::kE4M3;
+using testing::kE5M2;
 
-double code_value(const Format& f, int code) {
-  const int e = (code >> f.man_bits) & ((1 << f.exp_bits) - 1), m = code & ((1 << f.man_bits) - 1);
-  if (e == 0) return std::ldexp(static_cast<double>(m), 1 - f.bias - f.man_bits);
-  return std::ldexp(1.0 + static_cast<double>(m) / (1 << f.man_bits), e - f.bias);
-}
-
-// The value of the code nearest to v (finite inputs): saturating at ±max, ties to the even code.
-double quantised(const Format& f, double v) {
-  const double a = std::abs(v), s = std::signbit(v) ? -1.0 : 1.0;
-  if (a >= f.max_value) return s * f.max_value;
-  int lo = 0;
-  while (lo + 1 <= f.max_code && code_value(f, lo + 1) <= a) ++lo;
-  const double vlo = code_value(f, lo);
-  if (vlo == a) return s * vlo;
-  const double vhi = code_value(f, lo + 1), dlo = a - vlo, dhi = vhi - a;
-  return s * (dlo < dhi ? vlo : dhi < dlo ? vhi : (lo % 2 == 0 ? vlo : vhi));
-}
+// The value of the code nearest to v: saturating at ±max, ties to the even code.
+double quantised(const Format& f, double v) { return testing::fp8_value(f, testing::fp8_code(f, v)); }
 
 // The FP8 values (not rescaled) of x * scale, the product in float32 as the quantisation computes it.
 std::vector<double> quantise(const std::vector<double>& x, float scale, const Format& f) {
