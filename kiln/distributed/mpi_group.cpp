@@ -75,7 +75,9 @@ MPI_Datatype mpi_type(DType t, const std::string& what) {
     case DType::Float16:
     case DType::BFloat16: return MPI_UINT16_T;
     case DType::Float8_e4m3fn:
-    case DType::Float8_e5m2: break;  // storage only: cast to bfloat16 or float32 first
+    case DType::Float8_e5m2:
+      KILN_FAIL(what, ": collectives on ", dtype_name(t), " tensors are not supported (a storage-only dtype); cast to ",
+                "bfloat16 or float32 first");
   }
   KILN_FAIL(what, ": dtype ", dtype_name(t), " is not supported by the MPI group");
 }

@@ -109,6 +109,8 @@ TEST_P(MpiCollectives, BadTensorsAreRefusedWithTheReason) {
   Tensor t = internal::zeros({4, 4}, {.device = dev()}).transpose(0, 1);
   expect_error([&] { dist::group(dev()).all_reduce(t); }, {"all_reduce", "not contiguous", "contiguous()"});
   expect_error([&] { dist::group(dev()).all_reduce(Tensor()); }, {"undefined"});
+  Tensor f8 = internal::zeros({4}, {.dtype = DType::Float8_e4m3fn, .device = dev()});
+  expect_error([&] { dist::all_reduce(f8); }, {"all_reduce", "float8_e4m3fn", "not supported", "cast to"});
   if (dev().is_cpu()) {
     Tensor i = internal::zeros({2}, {.dtype = DType::Int64});
     expect_error([&] { dist::all_reduce(i, dist::ReduceOp::Average); }, {"Average", "int64"});
