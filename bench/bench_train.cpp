@@ -31,7 +31,7 @@
 //
 // Cases: resnet50_bf16, resnet50_fp16 (GradScaler), resnet18_cifar_bf16, bert_base_128, bert_base_512,
 // bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_fp32 and bert_base_128_fp32 (float32, TF32
-// products), bert_base_dynamic (sequence classification on batches of varying length; see dynamic_case),
+// products), bert_base_128_fp8 and bert_large_128_fp8 (FP8 Linears, kiln/layers/fp8_linear.h), bert_base_dynamic (sequence classification on batches of varying length; see dynamic_case),
 // resnet50_jpeg (--photos, or KILN_BENCH_IMAGES),
 // resnet50_jpeg_gpu (the same photos decoded by nvJPEG on the GPU: ImageFolderOptions::decode = Decode::Gpu).
 // ResNets: channels-last, SGD (lr 0.1, momentum 0.9, weight decay 5e-5); BERT: AdamW (lr 1e-4, weight decay
@@ -44,6 +44,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -79,10 +80,12 @@ struct Settings {
 const std::vector<std::string> kCases = {"resnet50_bf16",      "resnet50_fp16", "resnet18_cifar_bf16",
                                          "bert_base_128",      "bert_base_512", "bert_large_128",
                                          "bert_base_128_ckpt", "resnet50_fp32", "bert_base_128_fp32",
-                                         "bert_base_dynamic",  "resnet50_jpeg", "resnet50_jpeg_gpu"};
+                                         "bert_base_128_fp8",  "bert_large_128_fp8", "bert_base_dynamic",
+                                         "resnet50_jpeg",      "resnet50_jpeg_gpu"};
 
 // "bf16", "fp16" or "fp32" (float32 products in TF32, kiln's default as PyTorch's with allow_tf32).
 std::string precision_name(DType precision) {
+  if (precision == DType::Float8_e4m3fn) return "fp8";
   return precision == DType::Float16 ? "fp16" : precision == DType::BFloat16 ? "bf16" : "fp32";
 }
 
@@ -398,11 +401,16 @@ void resnet_case(const std::string& name, const Settings& s, int depth, int64_t 
                            .cycle = batches});
 }
 
+// precision: BFloat16 (autocast), Float32 (TF32 products) or Float8_e4m3fn (bf16 autocast with the default FP8
+// recipe: every Linear whose sizes are multiples of 16 in FP8, the 30,522-wide MLM decoder in bf16).
 void bert_case(const std::string& name, const Settings& s, const nn::models::BertConfig& config, int64_t batch,
                int64_t seq, bool checkpointing, DType precision = DType::BFloat16) {
   const Device dev = s.device;
   bench::BertCase c = bench::make_bert(config, batch, seq, dev, s.batches);
   c.model->bert->set_gradient_checkpointing(checkpointing);
+  const bool fp8 = precision == DType::Float8_e4m3fn;
+  const amp::Fp8Recipe recipe{};
+  if (fp8) amp::prepare_fp8(*c.model, recipe, dev);
   optim::AdamW opt(c.model->parameters(), {.lr = 1e-4, .weight_decay = 0.01});
   StepLog log(s, s.warmup);
   LrWarmup lr(opt, s.warmup);
@@ -410,7 +418,11 @@ void bert_case(const std::string& name, const Settings& s, const nn::models::Ber
   auto train = [&](const Tensor& ids, const Tensor& labels) {
     opt.zero_grad(true);
     {
-      amp::Autocast cast(precision == DType::Float32 ? DType::BFloat16 : precision, precision != DType::Float32);
+      amp::Autocast cast(DType::BFloat16, {.enabled = precision != DType::Float32,
+                                           // on the CPU (--quick) autocast applies only with FP8, which the
+                                           // CPU computes by its reference
+                                           .device_type = fp8 ? dev.type() : DeviceType::CUDA,
+                                           .fp8 = fp8 ? std::optional<amp::Fp8Recipe>(recipe) : std::nullopt});
       loss = c.model(ids, c.types, c.mask, labels).loss;
     }
     loss.backward();
@@ -637,6 +649,8 @@ void run_case(const std::string& name, const Settings& s) {
   if (name == "bert_base_128_ckpt") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, true);
   if (name == "resnet50_fp32") return resnet_case(name, s, 50, q ? 2 : 256, q ? 64 : 224, 1000, false, DType::Float32);
   if (name == "bert_base_128_fp32") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::Float32);
+  if (name == "bert_base_128_fp8") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::Float8_e4m3fn);
+  if (name == "bert_large_128_fp8") return bert_case(name, s, large, q ? 2 : 64, q ? 32 : 128, false, DType::Float8_e4m3fn);
   if (name == "bert_base_dynamic") return dynamic_case(name, s);
   if (name == "resnet50_jpeg") return jpeg_case(name, s, false);
   if (name == "resnet50_jpeg_gpu") return jpeg_case(name, s, true);
@@ -653,8 +667,8 @@ int main(int argc, char** argv) {
         "usage: bench_train [--case NAME]... [--steps N] [--warmup N] [--batches N] [--seed N] [--photos DIR]\n"
         "                   [--no-graphs] [--profile N] [--quick] [--selftest]\n"
         "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
-        "       bert_large_128 bert_base_128_ckpt resnet50_fp32 bert_base_128_fp32 bert_base_dynamic\n"
-        "       resnet50_jpeg resnet50_jpeg_gpu\n");
+        "       bert_large_128 bert_base_128_ckpt resnet50_fp32 bert_base_128_fp32 bert_base_128_fp8\n"
+        "       bert_large_128_fp8 bert_base_dynamic resnet50_jpeg resnet50_jpeg_gpu\n");
     return 2;
   };
   for (int i = 1; i < argc; ++i) {

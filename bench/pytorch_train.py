@@ -18,7 +18,8 @@ Modes (--mode, repeatable; default eager, compile, eager_graph, compile_graph):
 
 Cases (the names bench_train uses): resnet50_bf16, resnet50_fp16, resnet18_cifar_bf16, bert_base_128, bert_base_512,
 bert_large_128, bert_base_128_ckpt (eager and compile only), resnet50_fp32 and bert_base_128_fp32 (float32, TF32
-products), bert_base_dynamic (sequence classification on batches of varying length: eager and
+products), bert_base_128_fp8 and bert_large_128_fp8 (torchao's float8 training on the Linears whose sizes are
+multiples of 16, bf16 autocast elsewhere; skipped where torchao is not installed), bert_base_dynamic (sequence classification on batches of varying length: eager and
 torch.compile(dynamic=True) only; the first epoch is timed on its own, "first_epoch_s", then two epochs as one block),
 resnet50_jpeg (eager and compile only; needs --photos, a folder from bench/make_photos.py). As bench_train: --batches distinct random batches (8) made once on the GPU, which
 the steps cycle through; the learning rate rises linearly over the warm-up steps to the case's rate; every step's
@@ -160,13 +161,28 @@ def resnet18_cifar_bf16(args):
                 batches=image_batches(args, batch, size, 10, cifar_batches(args)))
 
 
-def bert_random(args, name, sizes, batch, seq, checkpointing=False, dtype=torch.bfloat16):
+def float8_training():
+    """torchao's float8 training (convert_to_float8_training), or Skip where torchao is not installed."""
+    try:
+        from torchao.float8 import convert_to_float8_training
+    except ImportError as e:
+        raise Skip(f"torchao's float8 training is not installed ({e}); pip install torchao") from e
+    return convert_to_float8_training
+
+
+def bert_random(args, name, sizes, batch, seq, checkpointing=False, dtype=torch.bfloat16, fp8=False):
     from transformers import BertConfig, BertForMaskedLM
+
+    convert = float8_training() if fp8 else None
 
     if args.quick:
         batch, seq, sizes = 2, 32, {**sizes, "num_hidden_layers": 2}
     config = BertConfig(**sizes, attn_implementation="sdpa")  # max_position_embeddings 512 by default
     model = BertForMaskedLM(config).cuda().train()
+    if convert is not None:
+        # torchao's default recipe (tensorwise scales from each tensor's current amax) on the Linears whose sizes
+        # are multiples of 16, as kiln's default FP8 filter: the 30,522-wide MLM decoder stays bf16.
+        convert(model, module_filter_fn=lambda m, fqn: m.in_features % 16 == 0 and m.out_features % 16 == 0)
     if checkpointing:
         try:  # the non-reentrant variant, which PyTorch recommends; each BertLayer is one checkpointed segment
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -186,8 +202,10 @@ def bert_random(args, name, sizes, batch, seq, checkpointing=False, dtype=torch.
     def loss(net, b):
         return net(input_ids=b[0], token_type_ids=types, attention_mask=mask, labels=b[1]).loss
 
-    return Case(model, loss, adamw(model, args.graph), dtype,
-                info(name, batch, f"{seq} tokens", dtype, "adamw"), "seq/s", batches=batches,
+    described = info(name, batch, f"{seq} tokens", dtype, "adamw")
+    if fp8:
+        described["precision"] = "fp8"
+    return Case(model, loss, adamw(model, args.graph), dtype, described, "seq/s", batches=batches,
                 extra=lambda: {"attention": attention, "checkpointing": checkpointing}, graphs=not checkpointing)
 
 
@@ -213,6 +231,14 @@ def resnet50_fp32(args):
 
 def bert_base_128_fp32(args):
     return bert_random(args, "bert-base", {}, 128, 128, dtype=torch.float32)
+
+
+def bert_base_128_fp8(args):
+    return bert_random(args, "bert-base", {}, 128, 128, fp8=True)
+
+
+def bert_large_128_fp8(args):
+    return bert_random(args, "bert-large", BERT_LARGE, 64, 128, fp8=True)
 
 
 def bert_base_dynamic(args):
@@ -329,6 +355,8 @@ CASES = {
     "bert_base_128_ckpt": bert_base_128_ckpt,
     "resnet50_fp32": resnet50_fp32,
     "bert_base_128_fp32": bert_base_128_fp32,
+    "bert_base_128_fp8": bert_base_128_fp8,
+    "bert_large_128_fp8": bert_large_128_fp8,
     "bert_base_dynamic": bert_base_dynamic,
     "resnet50_jpeg": resnet50_jpeg,
 }

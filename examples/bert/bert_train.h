@@ -113,7 +113,8 @@ inline RunOptions add_run_options(ex::Options& o, const RunDefaults& d) {
                     number(100 * d.warmup_fraction) + "% of the steps"),
       o.add_double("clip-grad", 1.0, "clip the global gradient norm to this (0: off)"),
       o.add_string("amp", "auto",
-                   "mixed precision on the GPU: bf16 | fp16 (with loss scaling) | off; auto: "
+                   "mixed precision on the GPU: bf16 | fp16 (with loss scaling) | fp8 (bf16 with the "
+                   "Linears' products in FP8, sm_89 or newer; on the CPU, kiln's FP8 reference) | off; auto: "
                    "bf16 on a GPU, off on the CPU"),
       o.add_flag("checkpointing",
                  "gradient checkpointing: recompute each encoder layer during backward "
@@ -156,8 +157,8 @@ inline void check_run_options(const ex::Options& opts, const RunOptions& o) {
   if (o.optimizer != "adamw" && o.optimizer != "lamb") {
     opts.fail("--optimizer takes adamw or lamb, not '" + o.optimizer + "'");
   }
-  if (o.amp != "auto" && o.amp != "bf16" && o.amp != "fp16" && o.amp != "off") {
-    opts.fail("--amp takes bf16, fp16, off or auto, not '" + o.amp + "'");
+  if (o.amp != "auto" && o.amp != "bf16" && o.amp != "fp16" && o.amp != "fp8" && o.amp != "off") {
+    opts.fail("--amp takes bf16, fp16, fp8, off or auto, not '" + o.amp + "'");
   }
   if (o.lr != -1 && !(o.lr > 0)) opts.fail("--lr must be positive (or -1 for the default)");
   if (o.clip < 0 || o.weight_decay < 0) opts.fail("--clip-grad and --weight-decay must be >= 0");
@@ -187,7 +188,20 @@ struct Runtime {
   const dist::Env* env = nullptr;
   Device device = Device::cpu();
   std::optional<DType> amp;  // the autocast dtype, or none (float32)
+  // --amp fp8: the recipe of the training forwards (bf16 autocast, the Linears the recipe selects in FP8).
+  // Evaluation runs in bf16 without it, so that it leaves the training scales alone.
+  std::optional<kiln::amp::Fp8Recipe> fp8;
   bool main() const { return env->is_main(); }
+
+  // The autocast region of a training forward (nothing when the run is in float32).
+  void enter_training_autocast(std::optional<kiln::amp::Autocast>& cast) const {
+    if (!amp) return;
+    if (fp8) {
+      cast.emplace(*amp, kiln::amp::AutocastOptions{.device_type = device.type(), .fp8 = fp8});
+    } else {
+      cast.emplace(*amp);
+    }
+  }
 };
 
 // Joins the job (a single process, or one rank of mpirun) and picks the device and the precision.
@@ -197,7 +211,21 @@ inline Runtime start_runtime(const RunOptions& o) {
   rt.device = ex::pick_device(o.device, *rt.env);
   if (o.threads > 0) kiln::set_num_threads(static_cast<int>(o.threads));
   if (o.deterministic) kiln::set_deterministic(true);
-  if (rt.device.is_cuda()) {
+  if (o.amp == "fp8") {
+    // Every Linear whose sizes are multiples of 16 (the default filter: the MLM decoder over the vocabulary stays
+    // bf16), E4M3 forward and E5M2 gradients, scales from the amax history of the last 1,024 steps.
+    rt.amp = DType::BFloat16;
+    rt.fp8 = kiln::amp::Fp8Recipe{};
+    if (rt.device.is_cuda() && kiln::cuda::compute_capability(rt.device.index()) < 89) {
+      throw std::runtime_error("--amp fp8 needs a GPU with FP8 tensor cores (compute capability 8.9 or newer: Ada, "
+                               "Hopper, Blackwell); " + rt.device.str() + " has " +
+                               std::to_string(kiln::cuda::compute_capability(rt.device.index())) +
+                               "; use --amp bf16");
+    }
+    if (!rt.device.is_cuda() && rt.main()) {
+      std::cout << "note: --amp fp8 on the CPU runs kiln's FP8 reference implementation (slow; for checking)\n";
+    }
+  } else if (rt.device.is_cuda()) {
     if (o.amp == "auto" || o.amp == "bf16") rt.amp = DType::BFloat16;
     if (o.amp == "fp16") rt.amp = DType::Float16;
   } else if ((o.amp == "bf16" || o.amp == "fp16") && rt.main()) {
@@ -224,9 +252,10 @@ inline void check_cuda_graph(const ex::Options& opts, const RunOptions& o, const
   }
 }
 
-inline const char* amp_name(const std::optional<DType>& amp) {
-  if (!amp) return "off";
-  return *amp == DType::BFloat16 ? "bf16" : "fp16";
+inline const char* amp_name(const Runtime& rt) {
+  if (!rt.amp) return "off";
+  if (rt.fp8) return "fp8";
+  return *rt.amp == DType::BFloat16 ? "bf16" : "fp16";
 }
 
 // ---------------------------------------------------------------- optimizer and schedule
@@ -362,6 +391,9 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
   }
   const double lr = o.lr > 0 ? o.lr : (o.optimizer == "lamb" ? d.lr_lamb : d.lr_adamw);
 
+  // FP8 state (buffers of the Linears that compute in FP8) before the checkpoint is loaded: a resumed run restores
+  // the amax histories and scales with the weights.
+  if (rt.fp8) kiln::amp::prepare_fp8(*task.model, *rt.fp8, rt.device);
   auto opt = make_optimizer(*task.model, o, lr);
   std::unique_ptr<optim::LRScheduler> sched = optim::linear_warmup_linear_decay(*opt, warmup, total);
   // fp16 needs loss scaling (its range is narrow); bf16 and float32 do not: a disabled scaler passes through.
@@ -376,7 +408,7 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
   io::Metadata meta = task.meta;
   meta.strings["task"] = task.name;
   meta.strings["optimizer"] = o.optimizer;
-  meta.strings["amp"] = amp_name(rt.amp);
+  meta.strings["amp"] = amp_name(rt);
   meta.numbers["seq_len"] = static_cast<double>(o.seq_len);
   meta.numbers["batch"] = static_cast<double>(o.batch);
   meta.numbers["accum_steps"] = static_cast<double>(o.accum);
@@ -420,7 +452,7 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
     std::cout << task.name << ": " << env.world_size << " process(es) on " << rt.device << ", global batch "
               << samples_per_step << " (" << o.batch << " x " << o.accum << " accum x " << env.world_size << "), "
               << steps_per_epoch << " steps per epoch, " << total << " steps, warmup " << warmup << ", " << opt->name()
-              << " lr " << lr << ", amp " << amp_name(rt.amp) << (o.checkpointing ? ", gradient checkpointing" : "")
+              << " lr " << lr << ", amp " << amp_name(rt) << (o.checkpointing ? ", gradient checkpointing" : "")
               << (o.cuda_graph ? ", CUDA graph from the 3rd step" : "") << "\n";
   }
   ex::Progress progress(total, samples_per_step, rt.device);
@@ -448,7 +480,7 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
       Tensor loss;
       {
         std::optional<kiln::amp::Autocast> cast;
-        if (rt.amp) cast.emplace(*rt.amp);
+        rt.enter_training_autocast(cast);
         loss = task.loss(graph_inputs.batch());  // 0-d
       }
       scaler.scale(loss / static_cast<double>(o.accum)).backward();  // accum is 1: the eager step's ops
@@ -514,7 +546,7 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
         Tensor loss;
         {
           std::optional<kiln::amp::Autocast> cast;
-          if (rt.amp) cast.emplace(*rt.amp);
+          rt.enter_training_autocast(cast);
           loss = task.loss(batch);  // 0-d
         }
         scaler.scale(loss / static_cast<double>(o.accum)).backward();

@@ -150,12 +150,28 @@ Tensor BertSelfAttention::forward(const Tensor& hidden, const Tensor& mask) {
   const int64_t N = hidden.size(0), S = hidden.size(1), H = hidden.size(2);
   // (N, S, H) -> (N, S, heads, D) -> (N, heads, S, D)
   auto heads = [&](const Tensor& x) { return permute(reshape(x, {N, S, num_heads, head_dim}), {0, 2, 1, 3}); };
-  // The three projections as one product with the weights stacked (one read of `hidden`, one cast of it under
-  // autocast, one larger GEMM); the parameters stay query, key and value, as in Hugging Face's checkpoints.
-  // Under autocast each parameter is cast on its own (through the region's weight-cast cache) and the stack is
-  // made in the autocast dtype: stacking the float32 parameters would copy them once more every step, and the
-  // stack's float32 gradient would be split into views that .grad must copy; cast one by one, each gradient
-  // comes back as its own float32 tensor.
+  // The three projections as one product with the weights stacked (stacked_projection), except in an FP8 region:
+  // there each projection is its own nn::Linear call, so that each keeps its own delayed-scaling state (the fp8_*
+  // buffers of query, key and value) and the recipe's module filter sees each by name.
+  std::vector<Tensor> qkv;
+  if (autocast::fp8_recipe(hidden.device().type()) != nullptr) {
+    qkv = {query(hidden), key(hidden), value(hidden)};
+  } else {
+    qkv = stacked_projection(hidden);
+  }
+  Tensor context =
+      scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                   {.attn_mask = mask, .dropout_p = is_training() ? attention_dropout : 0.0});
+  return reshape(permute(context, {0, 2, 1, 3}), {N, S, H});  // (N, heads, S, D) -> (N, S, H)
+}
+
+std::vector<Tensor> BertSelfAttention::stacked_projection(const Tensor& hidden) {
+  // One read of `hidden`, one cast of it under autocast, one larger GEMM; the parameters stay query, key and value,
+  // as in Hugging Face's checkpoints. Under autocast each parameter is cast on its own (through the region's
+  // weight-cast cache) and the stack is made in the autocast dtype: stacking the float32 parameters would copy them
+  // once more every step, and the stack's float32 gradient would be split into views that .grad must copy; cast one
+  // by one, each gradient comes back as its own float32 tensor.
+  const int64_t H = hidden.size(2);
   const auto [wq, wk, wv] = autocast::inputs(autocast_ops::linear(), query->weight, key->weight, value->weight);
   const Tensor w = cat({wq, wk, wv}, 0);  // (3H, H)
   Tensor b;
@@ -163,11 +179,7 @@ Tensor BertSelfAttention::forward(const Tensor& hidden, const Tensor& mask) {
     const auto [bq, bk, bv] = autocast::inputs(autocast_ops::linear(), query->bias, key->bias, value->bias);
     b = cat({bq, bk, bv}, 0);  // (3H)
   }
-  const std::vector<Tensor> qkv = split(linear(hidden, w, b), H, -1);  // 3 x (N, S, H), views
-  Tensor context =
-      scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                   {.attn_mask = mask, .dropout_p = is_training() ? attention_dropout : 0.0});
-  return reshape(permute(context, {0, 2, 1, 3}), {N, S, H});  // (N, heads, S, D) -> (N, S, H)
+  return split(linear(hidden, w, b), H, -1);  // 3 x (N, S, H), views
 }
 
 BertResidualOutput::BertResidualOutput(const BertConfig& c, int64_t in_features) : Module("BertOutput") {

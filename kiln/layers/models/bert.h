@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kiln/layers/containers.h"  // nn::ModuleList
 #include "kiln/layers/layers.h"      // nn::Linear, nn::Embedding, nn::LayerNorm, nn::Dropout
@@ -98,6 +99,10 @@ class BertSelfAttention : public Module {
   int64_t num_heads, head_dim;
   double attention_dropout;
   Handle<Linear> query, key, value;
+
+ private:
+  // q, k, v as one product with the three weights stacked: 3 views (N, S, H).
+  std::vector<Tensor> stacked_projection(const Tensor& hidden);
 };
 
 // dense -> dropout -> LayerNorm(x + residual) (nn::dropout_add_layer_norm): "attention.output" (H -> H) and "output"
