@@ -2,6 +2,7 @@
 #include "kiln/layers/fp8_linear.h"
 
 #include <memory>
+#include <tuple>
 #include <utility>
 
 #include "kiln/autograd/autocast.h"    // DisableGuard: the ops around the function run as one op
@@ -57,18 +58,18 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     const Tensor xp = pad_rows(x, mp);  // (Mp, in)
     // (out, in): the float32 master weight as it is (a float64 one, of a model moved to float64, in float32)
     const Tensor w = contiguous(fp8_gemm_dtype(weight.dtype()) ? weight : weight.to(DType::Float32));
-    const Tensor xq = internal::fp8_quantize(xp, x_fp8, cell(scale, kInput), cell(amax, kInput));   // (Mp, in)
-    const Tensor wq = internal::fp8_quantize(w, w_fp8, cell(scale, kWeight), cell(amax, kWeight));  // (out, in)
+    // Each operand quantised, with the K-major transposed copy a backward GEMM needs made in the same pass: x's for
+    // dW, W's for dX.
+    auto quantise = [](const Tensor& t, DType fp8, const Tensor& s, const Tensor& a, bool also_transposed) {
+      return also_transposed ? internal::fp8_quantize_pair(t, fp8, s, a)
+                             : std::pair<Tensor, Tensor>{internal::fp8_quantize(t, fp8, s, a), Tensor()};
+    };
+    const auto [xq, xt] = quantise(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), ctx.needs_input_grad(1));
+    const auto [wq, wt] = quantise(w, w_fp8, cell(scale, kWeight), cell(amax, kWeight), ctx.needs_input_grad(0));
     const Tensor b = bias.defined() ? bias.to(out_dtype) : Tensor();
     const Tensor y = internal::fp8_gemm(xq, wq, cell(scale_inv, kInput), cell(scale_inv, kWeight), out_dtype, b);
-    // The K-major copies the backward GEMMs need. Quantising the same tensor again with the same scale gives the same
-    // codes and leaves the amax as it is (max with the same value).
-    if (ctx.needs_input_grad(1)) {
-      ctx.set("xt", internal::fp8_quantize(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), true));  // (in, Mp)
-    }
-    if (ctx.needs_input_grad(0)) {
-      ctx.set("wt", internal::fp8_quantize(w, w_fp8, cell(scale, kWeight), cell(amax, kWeight), true));  // (in, out)
-    }
+    if (xt.defined()) ctx.set("xt", xt);  // (in, Mp)
+    if (wt.defined()) ctx.set("wt", wt);  // (in, out)
     ctx.set("scale", scale);
     ctx.set("scale_inv", scale_inv);
     ctx.set("amax", amax);
@@ -87,19 +88,29 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
                amax = ctx.get<Tensor>("amax");
     const auto grad_fp8 = ctx.get<DType>("grad_fp8");
     Tensor dx, dw, db;
+    // dY quantised: (Mp, out) for dX, its transpose (out, Mp) for dW, and with the transpose the bias gradient
+    // (dY's rows summed in float32; the padding rows are zero) from the same pass.
+    Tensor gq, gtq, row_sums;
+    if (ctx.needs_input_grad(1)) {
+      std::tie(gq, gtq) = internal::fp8_quantize_pair(g, grad_fp8, cell(scale, kGrad), cell(amax, kGrad),
+                                                      ctx.needs_input_grad(2) ? &row_sums : nullptr);
+    } else if (ctx.needs_input_grad(0)) {
+      gq = internal::fp8_quantize(g, grad_fp8, cell(scale, kGrad), cell(amax, kGrad));
+    }
     if (ctx.needs_input_grad(0)) {
-      const Tensor gq = internal::fp8_quantize(g, grad_fp8, cell(scale, kGrad), cell(amax, kGrad));  // (Mp, out)
       dx = internal::fp8_gemm(gq, ctx.get<Tensor>("wt"), cell(scale_inv, kGrad), cell(scale_inv, kWeight),
                               ctx.get<DType>("x_dtype"));  // (Mp, in)
       dx = first_rows(dx, m);
     }
     if (ctx.needs_input_grad(1)) {
-      const Tensor gtq = internal::fp8_quantize(g, grad_fp8, cell(scale, kGrad), cell(amax, kGrad), true);  // (out, Mp)
       dw = internal::fp8_gemm(gtq, ctx.get<Tensor>("xt"), cell(scale_inv, kGrad), cell(scale_inv, kInput),
                               DType::Float32);  // (out, in), float32 for the master weight
       dw = dw.to(ctx.get<DType>("w_dtype"));
     }
-    if (ctx.needs_input_grad(2)) db = sum(dy, {0}, false, DType::Float32).to(ctx.get<DType>("b_dtype"));  // (out)
+    if (ctx.needs_input_grad(2)) {
+      if (!row_sums.defined()) row_sums = sum(dy, {0}, false, DType::Float32);
+      db = row_sums.to(ctx.get<DType>("b_dtype"));  // (out)
+    }
     return {dx, dw, db};
   }
 };

@@ -13,6 +13,8 @@
 // device value on the host, so a training step that uses them can be captured into a CUDA graph.
 #pragma once
 
+#include <utility>
+
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::internal {
@@ -33,6 +35,14 @@ namespace kiln::internal {
 // kiln::Error (nothing written) for a non-float x, a non-FP8 dtype, scale or amax not 1-element float32 on x's
 // device, a non-contiguous x, transpose of a tensor that is not 2-D.
 Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax, bool transpose = false);
+
+// {fp8_quantize(x, ...), fp8_quantize(x, ..., true)} for a 2-D x (R, C), made in one pass over x where the GPU kernel
+// takes the shape (C a multiple of 64, R of 4), with the same codes and the same amax update. column_sums: null, or
+// it receives the float32 sums of x's columns (C) (a bias gradient: the output gradient's rows summed), from the
+// same pass on the GPU (partial sums per tile of 64 rows, then summed: the same value on every run). Errors as
+// fp8_quantize's, and for an x that is not 2-D.
+std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax,
+                                            Tensor* column_sums = nullptr);
 
 // out = (a_scale_inv * float(a)) @ (b_scale_inv * float(b))^T (+ bias) (+ *accumulate_into), out (M, N) row-major.
 //

@@ -225,6 +225,57 @@ TEST_P(Fp8OpsTest, QuantizeTransposed) {
   }
 }
 
+// Both layouts in one call, against the references, with the column sums against float64 sums: shapes the GPU's
+// paired kernel takes (whole and partial 64-row tiles, several column tiles, a row count past one grid row of
+// tiles' worth of work) and shapes it leaves to the two separate quantisations (columns not a multiple of 64, rows
+// not of 4). The sums are float32 sums, within a bound of the float64 one by the sum of magnitudes.
+TEST_P(Fp8OpsTest, QuantizePairGivesBothLayoutsAndColumnSums) {
+  for (const Format* f : {&kE4M3, &kE5M2}) {
+    for (DType in : kInputTypes) {
+      for (const Shape& shape : {Shape{128, 192}, Shape{132, 64}, Shape{4, 128}, Shape{20, 48}, Shape{37, 64}}) {
+        SCOPED_TRACE(::testing::Message() << f->dtype << " from " << in << " (" << shape[0] << ", " << shape[1] << ")");
+        const int64_t r = shape[0], c = shape[1];
+        std::vector<double> v = testing::uniform(r * c, -300, 300, 11);
+        v[static_cast<size_t>(r * c / 3)] = -2e4;  // saturates E4M3, and is the amax
+        const Tensor x = testing::make(v, shape, opts(in));
+        const std::vector<double> held = testing::values(x);
+        const Tensor amax = cell_view(1.0, 1, 3, dev());
+        Tensor sums;
+        const auto [q, qt] = internal::fp8_quantize_pair(x, f->dtype, cell_view(0.5, 2, 4, dev()), amax, &sums);
+        ASSERT_EQ(q.shape(), shape);
+        ASSERT_EQ(qt.shape(), (Shape{c, r}));
+        EXPECT_TRUE(q.is_contiguous() && qt.is_contiguous());
+        const std::vector<uint8_t> plain = reference_codes(held, 0.5f, *f);
+        std::vector<uint8_t> transposed(plain.size());
+        for (int64_t i = 0; i < r; ++i)
+          for (int64_t j = 0; j < c; ++j) transposed[j * r + i] = plain[i * c + j];
+        EXPECT_EQ(codes_of(q), plain);
+        EXPECT_EQ(codes_of(qt), transposed);
+        EXPECT_EQ(f32(amax), reference_amax(held));
+        ASSERT_EQ(sums.shape(), (Shape{c}));
+        ASSERT_EQ(sums.dtype(), DType::Float32);
+        const std::vector<double> got = testing::values(sums);
+        for (int64_t j = 0; j < c; ++j) {
+          double exact = 0, magnitude = 0;
+          for (int64_t i = 0; i < r; ++i) {
+            exact += held[i * c + j];
+            magnitude += std::abs(held[i * c + j]);
+          }
+          ASSERT_NEAR(got[j], exact, 4 * r * 0x1p-24 * magnitude) << "column " << j;
+        }
+        // Without sums: the same codes.
+        const auto [q2, qt2] = internal::fp8_quantize_pair(x, f->dtype, cell_view(0.5, 0, 1, dev()), amax);
+        EXPECT_EQ(codes_of(q2), plain);
+        EXPECT_EQ(codes_of(qt2), transposed);
+      }
+    }
+  }
+  expect_error([&] {
+    internal::fp8_quantize_pair(zeros({2, 2, 2}, opts()), DType::Float8_e4m3fn, cell_view(1, 0, 1, dev()),
+                                cell_view(0, 0, 1, dev()));
+  }, {"fp8_quantize_pair", "2-D"});
+}
+
 // Many elements (several blocks and grid-stride steps on a GPU), and a contiguous view at an odd offset (the CUDA
 // kernel's scalar path and its vector tail).
 TEST_P(Fp8OpsTest, QuantizeLargeAndOffsetViews) {

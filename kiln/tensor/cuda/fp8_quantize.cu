@@ -9,6 +9,10 @@
 // Plain: a grid-stride loop, 16 bytes of x per thread and step (4 floats or 8 16-bit values) where x is 16-byte
 // aligned. Transposed (R, C) -> (C, R): 32 x 32 tiles through shared memory, read along x's rows and written along
 // out's rows, so both sides are coalesced.
+// Both layouts at once (fp8_quantize_pair): 64 x 64 tiles, x read once in 16-byte vectors, the plain codes written
+// straight from registers and the transposed ones through shared memory, 4 bytes per thread; the tile's column sums
+// (for a bias gradient) are added in a fixed order into one row of partial sums per row tile, which the frontend
+// sums: the result does not depend on scheduling.
 #include <cuda_fp16.h>  // __half2float
 #include <cuda_fp8.h>   // __nv_cvt_float_to_fp8
 
@@ -146,6 +150,109 @@ __global__ void __launch_bounds__(kTile* kTileRows)
   commit_block_amax(local, amax);
 }
 
+constexpr int kPairTile = 64, kPairThreads = 256;
+
+// out (R, C) = q(x * scale), out_t (C, R) its transpose, partial (row tiles, C) the column sums of each 64-row tile
+// (null: none). C % 64 == 0, R % 4 == 0, x 16-byte aligned (pair_kernel_applies).
+template <In kIn, bool kE4M3, bool kSums>
+__global__ void __launch_bounds__(kPairThreads)
+    quantize_pair_kernel(const raw_t<kIn>* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                         float* __restrict__ partial, int64_t rows, int64_t cols, const float* __restrict__ scale,
+                         float* amax) {
+  using Raw = raw_t<kIn>;
+  constexpr int kVec = 16 / sizeof(Raw);               // elements per 16-byte load: 4 or 8
+  constexpr int kPerRow = kPairTile / kVec;            // threads across a tile row: 16 or 8
+  constexpr int kRowsPerPass = kPairThreads / kPerRow;  // 16 or 32
+  constexpr int kPitch = kPairTile + 8;                // bytes per shared row: 8-byte aligned, banks spread
+  __shared__ __align__(16) uint8_t tile[kPairTile * kPitch];
+  __shared__ float sums[kSums ? kRowsPerPass : 1][kSums ? kPairTile : 1];
+  const float s = *scale;
+  const int tid = threadIdx.x, tc = tid % kPerRow, tr = tid / kPerRow;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kPairTile;
+  const int64_t row_tiles = (rows + kPairTile - 1) / kPairTile;
+  float local = 0.0f;
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t r0 = rt * kPairTile;
+    float colsum[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) colsum[j] = 0.0f;
+    for (int i = tr; i < kPairTile; i += kRowsPerPass) {
+      const int64_t r = r0 + i;
+      if (r >= rows) break;
+      const int64_t at = r * cols + c0 + tc * kVec;
+      union {
+        uint4 v;
+        Raw e[kVec];
+      } in;
+      in.v = *reinterpret_cast<const uint4*>(x + at);
+      union {
+        uint32_t w[kVec / 4];
+        uint8_t b[kVec];
+      } o;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float f = load_float<kIn>(in.e[j]);
+        local = nan_max(local, fabsf(f));
+        if constexpr (kSums) colsum[j] += f;
+        o.b[j] = encode<kE4M3>(f * s);
+      }
+      uint8_t* t = tile + i * kPitch + tc * kVec;
+      if constexpr (kVec == 4) {
+        *reinterpret_cast<uint32_t*>(out + at) = o.w[0];
+        *reinterpret_cast<uint32_t*>(t) = o.w[0];
+      } else {
+        *reinterpret_cast<uint2*>(out + at) = make_uint2(o.w[0], o.w[1]);
+        *reinterpret_cast<uint2*>(t) = make_uint2(o.w[0], o.w[1]);
+      }
+    }
+    __syncthreads();
+    // The transpose: out_t row c0 + c holds x's column c0 + c; each thread writes 4 codes (4 consecutive rows).
+    for (int p = tid; p < kPairTile * (kPairTile / 4); p += kPairThreads) {
+      const int c = p / (kPairTile / 4), rq = (p % (kPairTile / 4)) * 4;
+      if (r0 + rq >= rows) continue;  // rows % 4 == 0: a group of 4 rows is in or out whole
+      const uint32_t w = static_cast<uint32_t>(tile[rq * kPitch + c]) |
+                         static_cast<uint32_t>(tile[(rq + 1) * kPitch + c]) << 8 |
+                         static_cast<uint32_t>(tile[(rq + 2) * kPitch + c]) << 16 |
+                         static_cast<uint32_t>(tile[(rq + 3) * kPitch + c]) << 24;
+      *reinterpret_cast<uint32_t*>(out_t + (c0 + c) * rows + r0 + rq) = w;
+    }
+    if constexpr (kSums) {
+      // Each thread's column sums over its rows of the tile, then the threads of a column in order of tr.
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sums[tr][tc * kVec + j] = colsum[j];
+      __syncthreads();
+      if (tid < kPairTile) {
+        float total = 0.0f;
+        for (int k = 0; k < kRowsPerPass; ++k) total += sums[k][tid];
+        partial[rt * cols + c0 + tid] = total;
+      }
+    }
+    __syncthreads();
+  }
+  commit_block_amax(local, amax);
+}
+
+template <In kIn, bool kE4M3>
+void launch_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial, const Tensor& x, const Tensor& scale,
+                 const Tensor& amax) {
+  cudaStream_t stream = stream_for(out);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const int64_t row_tiles = (rows + kPairTile - 1) / kPairTile;
+  const dim3 grid(static_cast<unsigned>(cols / kPairTile), static_cast<unsigned>(std::min<int64_t>(row_tiles, 65535)));
+  const auto* px = static_cast<const raw_t<kIn>*>(x.data_ptr());
+  auto* po = static_cast<uint8_t*>(out.data_ptr());
+  auto* pt = static_cast<uint8_t*>(out_t.data_ptr());
+  const auto* ps = static_cast<const float*>(scale.data_ptr());
+  auto* pa = static_cast<float*>(amax.data_ptr());
+  if (partial.defined()) {
+    quantize_pair_kernel<kIn, kE4M3, true><<<grid, kPairThreads, 0, stream>>>(
+        px, po, pt, static_cast<float*>(partial.data_ptr()), rows, cols, ps, pa);
+  } else {
+    quantize_pair_kernel<kIn, kE4M3, false><<<grid, kPairThreads, 0, stream>>>(px, po, pt, nullptr, rows, cols, ps, pa);
+  }
+  KILN_CUDA_CHECK_LAUNCH("fp8_quantize_pair");
+}
+
 template <In kIn, bool kE4M3>
 void launch(const Tensor& out, const Tensor& x, const Tensor& scale, const Tensor& amax, bool transpose) {
   cudaStream_t stream = stream_for(out);
@@ -180,7 +287,34 @@ void launch_for_format(const Tensor& out, const Tensor& x, const Tensor& scale, 
   }
 }
 
+template <In kIn>
+void launch_pair_for_format(const Tensor& out, const Tensor& out_t, const Tensor& partial, const Tensor& x,
+                            const Tensor& scale, const Tensor& amax) {
+  if (out.dtype() == DType::Float8_e4m3fn) {
+    launch_pair<kIn, true>(out, out_t, partial, x, scale, amax);
+  } else {
+    launch_pair<kIn, false>(out, out_t, partial, x, scale, amax);
+  }
+}
+
 }  // namespace
+
+bool fp8_pair_kernel_applies(const Tensor& x) {
+  return x.dim() == 2 && x.size(1) % kPairTile == 0 && x.size(0) % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+}
+
+int64_t fp8_pair_row_tiles(int64_t rows) { return (rows + kPairTile - 1) / kPairTile; }
+
+void fp8_quantize_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial_sums, const Tensor& x,
+                       const Tensor& scale, const Tensor& amax) {
+  switch (x.dtype()) {
+    case DType::Float32: return launch_pair_for_format<In::F32>(out, out_t, partial_sums, x, scale, amax);
+    case DType::BFloat16: return launch_pair_for_format<In::BF16>(out, out_t, partial_sums, x, scale, amax);
+    case DType::Float16: return launch_pair_for_format<In::F16>(out, out_t, partial_sums, x, scale, amax);
+    default: KILN_FAIL("cuda::fp8_quantize_pair: unexpected input dtype ", x.dtype());
+  }
+}
 
 void fp8_quantize(const Tensor& out, const Tensor& x, const Tensor& scale, const Tensor& amax, bool transpose) {
   switch (x.dtype()) {

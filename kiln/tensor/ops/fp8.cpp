@@ -1,6 +1,7 @@
 // Frontend of the FP8 ops (fp8_ops.h): argument checks, output allocation, empty cases, then the backend's kernel
 // (ops/fp8_kernels.h). Every check is here, once, so the CPU and CUDA kernels see only valid problems.
 #include <string_view>
+#include <utility>
 
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/fp8_ops.h"
@@ -54,6 +55,39 @@ Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const
   }
   amax.impl().storage()->bump_version();
   return out;
+}
+
+std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax,
+                                            Tensor* column_sums) {
+  constexpr std::string_view op = "fp8_quantize_pair";
+  KILN_CHECK(x.defined() && x.dim() == 2, op, ": expected a 2-D input (rows, columns), got ",
+             x.defined() ? detail::str_cat("shape ", x.shape()) : std::string("an undefined tensor"));
+#if KILN_WITH_CUDA
+  if (x.device().is_cuda() && x.numel() > 0 && is_float8(fp8_dtype) && is_fp8_input_dtype(x.dtype()) &&
+      x.is_contiguous() && cuda::fp8_pair_kernel_applies(x)) {
+    check_scalar_operand(op, "scale", scale, x.device());
+    check_scalar_operand(op, "amax", amax, x.device());
+    Tensor out = empty(x.shape(), {.dtype = fp8_dtype, .device = x.device()});
+    Tensor out_t = empty({x.size(1), x.size(0)}, {.dtype = fp8_dtype, .device = x.device()});
+    Tensor partial;
+    if (column_sums != nullptr) {
+      partial = empty({cuda::fp8_pair_row_tiles(x.size(0)), x.size(1)}, {.dtype = DType::Float32, .device = x.device()});
+    }
+    {
+      trace::Scope range(trace::Kind::Op, op, x.device(), {&out, &out_t, &x, &scale, &amax});
+      cuda::fp8_quantize_pair(out, out_t, partial, x, scale, amax);
+    }
+    amax.impl().storage()->bump_version();
+    if (column_sums != nullptr) *column_sums = sum(partial, {0}, false);
+    return {out, out_t};
+  }
+#endif
+  // Elsewhere (the CPU, shapes the paired kernel does not take): the two quantisations one after the other (the
+  // second records the same amax again, which changes nothing) and the sums by the reduction.
+  Tensor out = fp8_quantize(x, fp8_dtype, scale, amax);
+  Tensor out_t = fp8_quantize(x, fp8_dtype, scale, amax, true);
+  if (column_sums != nullptr) *column_sums = sum(x, {0}, false, DType::Float32);
+  return {out, out_t};
 }
 
 Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv, DType out_dtype,

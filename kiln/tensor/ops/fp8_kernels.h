@@ -20,4 +20,11 @@ namespace kiln::cuda {
 void fp8_quantize(const Tensor& out, const Tensor& x, const Tensor& scale, const Tensor& amax, bool transpose);
 void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv,
               const Tensor& bias, bool accumulate);
+// Both layouts of x's quantisation in one pass (out (R, C), out_t (C, R)), and, when partial_sums is defined, the
+// column sums of each tile of rows into its row of partial_sums (fp8_pair_row_tiles(R), C) float32. Only where
+// fp8_pair_kernel_applies(x): 2-D, C a multiple of 64, R of 4, x 16-byte aligned.
+bool fp8_pair_kernel_applies(const Tensor& x);
+int64_t fp8_pair_row_tiles(int64_t rows);
+void fp8_quantize_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial_sums, const Tensor& x,
+                       const Tensor& scale, const Tensor& amax);
 }  // namespace kiln::cuda
