@@ -31,12 +31,12 @@
 //
 // Cases: resnet50_bf16, resnet50_fp16 (GradScaler), resnet18_cifar_bf16, bert_base_128, bert_base_512,
 // bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_fp32 and bert_base_128_fp32 (float32, TF32
-// products), bert_base_128_fp8 and bert_large_128_fp8 (FP8 Linears, kiln/layers/fp8_linear.h), bert_base_dynamic (sequence classification on batches of varying length; see dynamic_case),
-// resnet50_jpeg (--photos, or KILN_BENCH_IMAGES),
-// resnet50_jpeg_gpu (the same photos decoded by nvJPEG on the GPU: ImageFolderOptions::decode = Decode::Gpu).
-// ResNets: channels-last, SGD (lr 0.1, momentum 0.9, weight decay 5e-5); BERT: AdamW (lr 1e-4, weight decay
-// 0.01); bf16 (or fp16) autocast; cuDNN benchmark mode on. Peak memory: the most the caching allocator handed
-// out to tensors during the timed steps (parameters, optimizer state and data included).
+// products), bert_base_128_fp8 and bert_large_128_fp8 (FP8 Linears, kiln/layers/fp8_linear.h), bert_base_dynamic
+// (sequence classification on batches of varying length; see dynamic_case), resnet50_jpeg (--photos, or
+// KILN_BENCH_IMAGES), resnet50_jpeg_gpu (the same photos decoded by nvJPEG on the GPU: ImageFolderOptions::decode =
+// Decode::Gpu). ResNets: channels-last, SGD (lr 0.1, momentum 0.9, weight decay 5e-5); BERT: AdamW (lr 1e-4, weight
+// decay 0.01); bf16 (or fp16) autocast; cuDNN benchmark mode on. Peak memory: the most the caching allocator handed out
+// to tensors during the timed steps (parameters, optimizer state and data included).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -77,11 +77,10 @@ struct Settings {
   uint64_t seed = 1234;  // --seed N
 };
 
-const std::vector<std::string> kCases = {"resnet50_bf16",      "resnet50_fp16", "resnet18_cifar_bf16",
-                                         "bert_base_128",      "bert_base_512", "bert_large_128",
-                                         "bert_base_128_ckpt", "resnet50_fp32", "bert_base_128_fp32",
-                                         "bert_base_128_fp8",  "bert_large_128_fp8", "bert_base_dynamic",
-                                         "resnet50_jpeg",      "resnet50_jpeg_gpu"};
+const std::vector<std::string> kCases = {
+    "resnet50_bf16",      "resnet50_fp16",      "resnet18_cifar_bf16", "bert_base_128",      "bert_base_512",
+    "bert_large_128",     "bert_base_128_ckpt", "resnet50_fp32",       "bert_base_128_fp32", "bert_base_128_fp8",
+    "bert_large_128_fp8", "bert_base_dynamic",  "resnet50_jpeg",       "resnet50_jpeg_gpu"};
 
 // "bf16", "fp16" or "fp32" (float32 products in TF32, kiln's default as PyTorch's with allow_tf32).
 std::string precision_name(DType precision) {
@@ -649,8 +648,10 @@ void run_case(const std::string& name, const Settings& s) {
   if (name == "bert_base_128_ckpt") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, true);
   if (name == "resnet50_fp32") return resnet_case(name, s, 50, q ? 2 : 256, q ? 64 : 224, 1000, false, DType::Float32);
   if (name == "bert_base_128_fp32") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::Float32);
-  if (name == "bert_base_128_fp8") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::Float8_e4m3fn);
-  if (name == "bert_large_128_fp8") return bert_case(name, s, large, q ? 2 : 64, q ? 32 : 128, false, DType::Float8_e4m3fn);
+  if (name == "bert_base_128_fp8")
+    return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::Float8_e4m3fn);
+  if (name == "bert_large_128_fp8")
+    return bert_case(name, s, large, q ? 2 : 64, q ? 32 : 128, false, DType::Float8_e4m3fn);
   if (name == "bert_base_dynamic") return dynamic_case(name, s);
   if (name == "resnet50_jpeg") return jpeg_case(name, s, false);
   if (name == "resnet50_jpeg_gpu") return jpeg_case(name, s, true);

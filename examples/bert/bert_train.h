@@ -217,10 +217,11 @@ inline Runtime start_runtime(const RunOptions& o) {
     rt.amp = DType::BFloat16;
     rt.fp8 = kiln::amp::Fp8Recipe{};
     if (rt.device.is_cuda() && kiln::cuda::compute_capability(rt.device.index()) < 89) {
-      throw std::runtime_error("--amp fp8 needs a GPU with FP8 tensor cores (compute capability 8.9 or newer: Ada, "
-                               "Hopper, Blackwell); " + rt.device.str() + " has " +
-                               std::to_string(kiln::cuda::compute_capability(rt.device.index())) +
-                               "; use --amp bf16");
+      throw std::runtime_error(
+          "--amp fp8 needs a GPU with FP8 tensor cores (compute capability 8.9 or newer: Ada, "
+          "Hopper, Blackwell); " +
+          rt.device.str() + " has " + std::to_string(kiln::cuda::compute_capability(rt.device.index())) +
+          "; use --amp bf16");
     }
     if (!rt.device.is_cuda() && rt.main()) {
       std::cout << "note: --amp fp8 on the CPU runs kiln's FP8 reference implementation (slow; for checking)\n";
@@ -371,7 +372,7 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
                              .drop_last = true,
                              .pin_memory = rt.device.is_cuda(),
                              .prefetch_next_epoch = true};  // epochs in order: no bubble between them
-  if (rt.device.is_cuda()) lo.device = rt.device;  // batches arrive on the GPU, copied ahead on a copy stream
+  if (rt.device.is_cuda()) lo.device = rt.device;           // batches arrive on the GPU, copied ahead on a copy stream
   data::DataLoader loader(task.train, lo);
   const int64_t micro_per_epoch = loader.size();
   const int64_t steps_per_epoch = micro_per_epoch / o.accum;  // the leftover micro-batches of an epoch are skipped

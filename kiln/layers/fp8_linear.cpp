@@ -67,7 +67,10 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     const auto [xq, xt] = quantise(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), ctx.needs_input_grad(1));
     const auto [wq, wt] = quantise(w, w_fp8, cell(scale, kWeight), cell(amax, kWeight), ctx.needs_input_grad(0));
     const Tensor b = bias.defined() ? bias.to(out_dtype) : Tensor();
-    const Tensor y = internal::fp8_gemm(xq, wq, cell(scale_inv, kInput), cell(scale_inv, kWeight), out_dtype, b);
+    // The forward product with fast accumulation (as Transformer Engine's and torchao's recipes do); the backward
+    // products, whose output gradients span a wider range, keep the float32 promotion.
+    const Tensor y = internal::fp8_gemm(xq, wq, cell(scale_inv, kInput), cell(scale_inv, kWeight), out_dtype, b,
+                                        nullptr, /*fast_accumulation=*/true);
     if (xt.defined()) ctx.set("xt", xt);  // (in, Mp)
     if (wt.defined()) ctx.set("wt", wt);  // (in, out)
     ctx.set("scale", scale);

@@ -12,7 +12,8 @@
 // nn::fp8_linear, for each call (one training micro-batch):
 //   state.update()                                    the scales from the amaxes recorded by the previous calls
 //   xq = fp8(x * s[0]), wq = fp8(W * s[1])            E4M3; W the float32 master weight itself (no bf16 copy)
-//   y  = (xq @ wq^T) / (s[0] s[1]) + b                 one FP8 GEMM, y in the autocast dtype
+//   y  = (xq @ wq^T) / (s[0] s[1]) + b                 one FP8 GEMM (fast accumulation on CUDA), y in the autocast
+//   dtype
 // backward:
 //   gq = fp8(dY * s[2])                               E5M2 under Hybrid, E4M3 under Fp8Format::E4M3
 //   dX = (gq @ wq) / (s[2] s[1])                      in x's dtype

@@ -55,10 +55,13 @@ std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, co
 // - accumulate_into: null, or a contiguous float32 (M, N) tensor (out_dtype must then be Float32): the product (and
 //   bias) is added into it in place (beta = 1, for weight gradients summed in float32) and it is returned.
 // Products of FP8 values are exact in float32; the CPU sums them in float64 and rounds once; cuBLASLt sums in float32
-// (on Hopper: its tensor cores' narrower accumulator within chunks of K, promoted to float32 between them, as
-// CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0 asks). NaN and E5M2 infinities propagate by IEEE rules.
+// (on Hopper: its tensor cores' narrower accumulator within chunks of K, promoted to float32 between them, unless
+// fast_accumulation). NaN and E5M2 infinities propagate by IEEE rules.
 // On CUDA it needs compute capability 8.9 or newer (Ada, Hopper): kiln::Error on older GPUs, never a fallback.
+// - fast_accumulation: on CUDA, keep the partial sums in the tensor cores' accumulator for the whole of K
+//   (CUBLASLT_MATMUL_DESC_FAST_ACCUM), which is faster and less precise; the choice of FP8 training recipes for the
+//   forward product (the output gradients' products keep the promotion). The CPU ignores it.
 Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv, DType out_dtype,
-                const Tensor& bias = {}, Tensor* accumulate_into = nullptr);
+                const Tensor& bias = {}, Tensor* accumulate_into = nullptr, bool fast_accumulation = false);
 
 }  // namespace kiln::internal

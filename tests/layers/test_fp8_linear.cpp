@@ -425,8 +425,8 @@ TEST_P(Fp8LinearTest, BertSelfAttentionUsesEachProjectionsState) {
   EXPECT_LE(diff, 0.15 * scale) << "FP8 output against the bf16 path's";
   EXPECT_GT(diff, 0) << "the FP8 region computed the same as bf16: FP8 was not used";
   sum(y.to(DType::Float32)).backward();
-  for (const auto& [name, linear] : {std::pair{"query", attention->query}, std::pair{"key", attention->key},
-                                     std::pair{"value", attention->value}}) {
+  for (const auto& [name, linear] :
+       {std::pair{"query", attention->query}, std::pair{"key", attention->key}, std::pair{"value", attention->value}}) {
     ASSERT_NE(linear->fp8_state(), nullptr) << name;
     const std::vector<double> h = values(linear->fp8_state()->amax_history());  // (2, 3): row 0 is this call's
     EXPECT_EQ(h[0], amax_of(values(hidden))) << name << ": input amax";

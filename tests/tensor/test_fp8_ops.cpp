@@ -270,10 +270,12 @@ TEST_P(Fp8OpsTest, QuantizePairGivesBothLayoutsAndColumnSums) {
       }
     }
   }
-  expect_error([&] {
-    internal::fp8_quantize_pair(zeros({2, 2, 2}, opts()), DType::Float8_e4m3fn, cell_view(1, 0, 1, dev()),
-                                cell_view(0, 0, 1, dev()));
-  }, {"fp8_quantize_pair", "2-D"});
+  expect_error(
+      [&] {
+        internal::fp8_quantize_pair(zeros({2, 2, 2}, opts()), DType::Float8_e4m3fn, cell_view(1, 0, 1, dev()),
+                                    cell_view(0, 0, 1, dev()));
+      },
+      {"fp8_quantize_pair", "2-D"});
 }
 
 // Many elements (several blocks and grid-stride steps on a GPU), and a contiguous view at an odd offset (the CUDA
@@ -396,32 +398,34 @@ TEST_P(Fp8OpsTest, GemmOfQuantisedInputsMatchesTheReference) {
   const int64_t m = 32, n = 48, k = 64;
   for (const Pair& p : kPairs) {
     for (DType out_dtype : kOutTypes) {
-      SCOPED_TRACE(::testing::Message() << p.a << " x " << p.b << " -> " << out_dtype);
-      const Format &fa = fp8_format_of(p.a), &fb = fp8_format_of(p.b);
-      const Tensor xa = testing::make(testing::uniform(m * k, -3, 3, 21), {m, k}, opts());
-      const Tensor xb = testing::make(testing::uniform(n * k, -0.02, 0.02, 22), {n, k}, opts());
-      const float scale_a = static_cast<float>(fa.max_value / 3), scale_b = static_cast<float>(fb.max_value / 0.02);
-      const Tensor qa = internal::fp8_quantize(xa, p.a, cell_view(scale_a, 1, 2, dev()), cell_view(0, 0, 1, dev()));
-      const Tensor qb = internal::fp8_quantize(xb, p.b, cell_view(scale_b, 0, 3, dev()), cell_view(0, 0, 1, dev()));
-      const float inv_a = 1.0f / scale_a, inv_b = 1.0f / scale_b;
-      const Tensor out =
-          internal::fp8_gemm(qa, qb, cell_view(inv_a, 2, 3, dev()), cell_view(inv_b, 1, 2, dev()), out_dtype);
-      EXPECT_EQ(out.shape(), (Shape{m, n}));
-      EXPECT_EQ(out.dtype(), out_dtype);
-      const GemmReference ref = reference_gemm(codes_of(qa), fa, codes_of(qb), fb, m, n, k, inv_a, inv_b);
-      expect_product(out, ref.value, ref.abs_sum, out_dtype, dev().is_cuda(), false);
-      // And it approximates the product of the unquantised data: each FP8 value is within 2^-3 (E5M2) or 2^-4
-      // (E4M3) of the value it stands for, so each product within 0.27 of its own size.
-      const std::vector<double> va = testing::values(xa), vb = testing::values(xb), got = testing::values(out);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) {
-          double exact = 0, size = 0;
-          for (int64_t kk = 0; kk < k; ++kk) {
-            exact += va[i * k + kk] * vb[j * k + kk];
-            size += std::abs(va[i * k + kk] * vb[j * k + kk]);
+      for (bool fast : {false, true}) {  // fast accumulation (the FP8 Linear's forward) within the same bound
+        SCOPED_TRACE(::testing::Message() << p.a << " x " << p.b << " -> " << out_dtype << (fast ? ", fast" : ""));
+        const Format &fa = fp8_format_of(p.a), &fb = fp8_format_of(p.b);
+        const Tensor xa = testing::make(testing::uniform(m * k, -3, 3, 21), {m, k}, opts());
+        const Tensor xb = testing::make(testing::uniform(n * k, -0.02, 0.02, 22), {n, k}, opts());
+        const float scale_a = static_cast<float>(fa.max_value / 3), scale_b = static_cast<float>(fb.max_value / 0.02);
+        const Tensor qa = internal::fp8_quantize(xa, p.a, cell_view(scale_a, 1, 2, dev()), cell_view(0, 0, 1, dev()));
+        const Tensor qb = internal::fp8_quantize(xb, p.b, cell_view(scale_b, 0, 3, dev()), cell_view(0, 0, 1, dev()));
+        const float inv_a = 1.0f / scale_a, inv_b = 1.0f / scale_b;
+        const Tensor out = internal::fp8_gemm(qa, qb, cell_view(inv_a, 2, 3, dev()), cell_view(inv_b, 1, 2, dev()),
+                                              out_dtype, Tensor(), nullptr, fast);
+        EXPECT_EQ(out.shape(), (Shape{m, n}));
+        EXPECT_EQ(out.dtype(), out_dtype);
+        const GemmReference ref = reference_gemm(codes_of(qa), fa, codes_of(qb), fb, m, n, k, inv_a, inv_b);
+        expect_product(out, ref.value, ref.abs_sum, out_dtype, dev().is_cuda(), false);
+        // And it approximates the product of the unquantised data: each FP8 value is within 2^-3 (E5M2) or 2^-4
+        // (E4M3) of the value it stands for, so each product within 0.27 of its own size.
+        const std::vector<double> va = testing::values(xa), vb = testing::values(xb), got = testing::values(out);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double exact = 0, size = 0;
+            for (int64_t kk = 0; kk < k; ++kk) {
+              exact += va[i * k + kk] * vb[j * k + kk];
+              size += std::abs(va[i * k + kk] * vb[j * k + kk]);
+            }
+            EXPECT_LE(std::abs(got[i * n + j] - exact), 0.3 * size) << i << ", " << j;
           }
-          EXPECT_LE(std::abs(got[i * n + j] - exact), 0.3 * size) << i << ", " << j;
-        }
+      }
     }
   }
 }

@@ -1,6 +1,6 @@
 // BERT with Hugging Face's module tree and names (bert.h).
-#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/models/bert.h"
+#include "kiln/layers/autocast_ops.h"
 
 #include <string>
 

@@ -5,8 +5,9 @@
 // taken as it is: the "TN" layout that cuBLASLt's FP8 kernels require. So cuBLAS's A scale is b's and its B scale
 // is a's; both are device pointers (CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER), read by the kernel, so nothing waits
 // for the host. FP8 kernels need compute type 32F, scale type 32F, 16-byte aligned pointers and leading dims (K,
-// N multiples of 16: checked by the frontend). CUBLASLT_MATMUL_DESC_FAST_ACCUM stays 0: the tensor cores' partial
-// sums are promoted to float32 periodically rather than kept in their narrower accumulator for the whole of K.
+// N multiples of 16: checked by the frontend). CUBLASLT_MATMUL_DESC_FAST_ACCUM is 0 unless asked: the tensor cores'
+// partial sums are then promoted to float32 periodically rather than kept in their narrower accumulator for the
+// whole of K.
 //
 // The bias epilogue (CUBLASLT_EPILOGUE_BIAS) takes a bias of D's type for 16-bit outputs; for a float32 output
 // cuBLASLt's FP8 kernels want a bfloat16 bias, which would round kiln's float32 one, so there the bias is added by
@@ -67,7 +68,7 @@ Tensor aligned16(const Tensor& t) {
   return internal::clone(t);
 }
 
-using AlgoKey = std::array<int64_t, 12>;
+using AlgoKey = std::array<int64_t, 13>;
 struct AlgoEntry {
   bool ok = false;
   cublasLtMatmulAlgo_t algo{};
@@ -86,7 +87,7 @@ void set_desc(lt::MatmulDesc& desc, cublasLtMatmulDescAttributes_t attribute, co
 }  // namespace
 
 void fp8_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const Tensor& a_scale_inv,
-              const Tensor& b_scale_inv, const Tensor& bias_in, bool accumulate) {
+              const Tensor& b_scale_inv, const Tensor& bias_in, bool accumulate, bool fast_accumulation) {
   const int device = out.device().index();
   check_fp8_capable(device);
   cudaStream_t stream = stream_for(out);
@@ -113,7 +114,7 @@ void fp8_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const T
   const void* b_scale = a_scale_t.data_ptr();
   set_desc(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof a_scale);
   set_desc(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof b_scale);
-  const int8_t fast_accum = 0;
+  const int8_t fast_accum = fast_accumulation ? 1 : 0;
   set_desc(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum);
   const cublasLtEpilogue_t epilogue = epilogue_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   if (epilogue_bias) {
@@ -142,7 +143,8 @@ void fp8_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const T
                        lt::pointer_alignment(a.data_ptr()),
                        lt::pointer_alignment(b.data_ptr()),
                        lt::pointer_alignment(out.data_ptr()),
-                       epilogue_bias ? lt::pointer_alignment(bias.data_ptr()) : 0};
+                       epilogue_bias ? lt::pointer_alignment(bias.data_ptr()) : 0,
+                       fast_accumulation ? 1 : 0};
   AlgoEntry entry;
   bool cached = false;
   {

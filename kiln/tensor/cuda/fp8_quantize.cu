@@ -160,10 +160,10 @@ __global__ void __launch_bounds__(kPairThreads)
                          float* __restrict__ partial, int64_t rows, int64_t cols, const float* __restrict__ scale,
                          float* amax) {
   using Raw = raw_t<kIn>;
-  constexpr int kVec = 16 / sizeof(Raw);               // elements per 16-byte load: 4 or 8
-  constexpr int kPerRow = kPairTile / kVec;            // threads across a tile row: 16 or 8
+  constexpr int kVec = 16 / sizeof(Raw);                // elements per 16-byte load: 4 or 8
+  constexpr int kPerRow = kPairTile / kVec;             // threads across a tile row: 16 or 8
   constexpr int kRowsPerPass = kPairThreads / kPerRow;  // 16 or 32
-  constexpr int kPitch = kPairTile + 8;                // bytes per shared row: 8-byte aligned, banks spread
+  constexpr int kPitch = kPairTile + 8;                 // bytes per shared row: 8-byte aligned, banks spread
   __shared__ __align__(16) uint8_t tile[kPairTile * kPitch];
   __shared__ float sums[kSums ? kRowsPerPass : 1][kSums ? kPairTile : 1];
   const float s = *scale;
@@ -245,8 +245,8 @@ void launch_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial, 
   const auto* ps = static_cast<const float*>(scale.data_ptr());
   auto* pa = static_cast<float*>(amax.data_ptr());
   if (partial.defined()) {
-    quantize_pair_kernel<kIn, kE4M3, true><<<grid, kPairThreads, 0, stream>>>(
-        px, po, pt, static_cast<float*>(partial.data_ptr()), rows, cols, ps, pa);
+    quantize_pair_kernel<kIn, kE4M3, true>
+        <<<grid, kPairThreads, 0, stream>>>(px, po, pt, static_cast<float*>(partial.data_ptr()), rows, cols, ps, pa);
   } else {
     quantize_pair_kernel<kIn, kE4M3, false><<<grid, kPairThreads, 0, stream>>>(px, po, pt, nullptr, rows, cols, ps, pa);
   }

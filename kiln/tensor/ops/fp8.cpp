@@ -71,7 +71,8 @@ std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, co
     Tensor out_t = empty({x.size(1), x.size(0)}, {.dtype = fp8_dtype, .device = x.device()});
     Tensor partial;
     if (column_sums != nullptr) {
-      partial = empty({cuda::fp8_pair_row_tiles(x.size(0)), x.size(1)}, {.dtype = DType::Float32, .device = x.device()});
+      partial =
+          empty({cuda::fp8_pair_row_tiles(x.size(0)), x.size(1)}, {.dtype = DType::Float32, .device = x.device()});
     }
     {
       trace::Scope range(trace::Kind::Op, op, x.device(), {&out, &out_t, &x, &scale, &amax});
@@ -91,7 +92,7 @@ std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, co
 }
 
 Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv, DType out_dtype,
-                const Tensor& bias, Tensor* accumulate_into) {
+                const Tensor& bias, Tensor* accumulate_into, bool fast_accumulation) {
   constexpr std::string_view op = "fp8_gemm";
   KILN_CHECK(a.defined() && b.defined(), op, ": ", a.defined() ? "b" : "a", " is an undefined tensor");
   KILN_CHECK(is_float8(a.dtype()) && is_float8(b.dtype()), op, ": both operands must be FP8 (float8_e4m3fn or ",
@@ -142,7 +143,7 @@ Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, con
   trace::Scope range(trace::Kind::Op, op, a.device(), {&out, &a, &b});
   if (a.device().is_cuda()) {
 #if KILN_WITH_CUDA
-    cuda::fp8_gemm(out, a, b, a_scale_inv, b_scale_inv, bias_c, accumulate_into != nullptr);
+    cuda::fp8_gemm(out, a, b, a_scale_inv, b_scale_inv, bias_c, accumulate_into != nullptr, fast_accumulation);
 #else
     KILN_FAIL(op, ": kiln was built without CUDA");
 #endif
