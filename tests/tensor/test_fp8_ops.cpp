@@ -1,5 +1,6 @@
 // The FP8 compute primitives (kiln/tensor/fp8_ops.h): fp8_quantize (saturating quantisation with a fused amax,
-// plain and transposed) and fp8_gemm (the scaled FP8 product). References are computed here in float64 from the
+// plain and transposed), fp8_gemm (the scaled FP8 product) and fp8_update_scales (the delayed-scaling update, against
+// a float64 reference of Fp8ScalingState's rules). References are computed here in float64 from the
 // OCP FP8 bit fields (a code's value from its sign, exponent and mantissa; the code of a value by searching the
 // decoded codes for the nearest, ties to even), never by kiln's conversions.
 //
