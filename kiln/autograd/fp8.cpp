@@ -1,4 +1,5 @@
-// kiln/autograd/fp8.cpp — the FP8 recipe's options and the delayed-scaling update, in kiln tensor ops (no host sync).
+// kiln/autograd/fp8.cpp — the FP8 recipe's options and the delayed-scaling state; its update is one backend call
+// (internal::fp8_update_scales, no host sync).
 #include "kiln/autograd/fp8.h"
 
 #include <cmath>
@@ -7,6 +8,7 @@
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/tensor/error.h"
+#include "kiln/tensor/fp8_ops.h"
 #include "kiln/tensor/internal_ops.h"
 
 namespace kiln::amp {
@@ -116,36 +118,11 @@ void Fp8ScalingState::record_amax(int64_t j, const Tensor& t) {
 }
 
 void Fp8ScalingState::update() {
+  // One backend call (one kernel on CUDA) does the whole update; fp8_ops.h states its rules: the window's amax,
+  // the roll of the columns that saw data, scale = scaled_max / amax where usable (inf -> FLT_MAX), scale_inv.
   NoGradGuard no_grad;
-  const int64_t len = recipe_.amax_history_len, n = size();
-  Tensor& h = amax_history_;                 // (L, N)
-  Tensor current = h.select(0, 0).clone();   // (N,) c = h[0]
-  Tensor seen = internal::ne(current, 0.0);  // (N,) bool: the columns that change
-  Tensor amax;                               // (N,) the window's amax
-  if (recipe_.amax_compute_algo == AmaxComputeAlgo::Max) {
-    amax = internal::amax(internal::where(internal::isnan(h), 0.0, h), {0});  // NaN entries skipped
-  } else {
-    amax = current;
-  }
-  // The rolled history: h'[0] = 0, h'[1 .. L-2] = h[2 .. L-1], h'[L-1] = h[0]; columns not seen keep theirs.
-  Tensor rolled;
-  if (len == 1) {
-    rolled = internal::zeros({1, n}, f32_on(device_));
-  } else {
-    std::vector<Tensor> rows{internal::zeros({1, n}, f32_on(device_))};
-    if (len > 2) rows.push_back(h.narrow(0, 2, len - 2));
-    rows.push_back(h.narrow(0, 0, 1));
-    rolled = internal::cat(rows, 0);
-  }
-  h.copy_(internal::where(seen.reshape({1, n}), rolled, h));
-
-  // scale' = scaled_max / a where a is finite and > 0 (and the column was seen), else the old scale; inf -> FLT_MAX.
-  Tensor usable = internal::logical_and(seen, internal::logical_and(internal::isfinite(amax), internal::gt(amax, 0.0)));
-  Tensor candidate = internal::div(scaled_max_, amax);
-  Tensor next = internal::where(usable, candidate, scale_);
-  next = internal::where(internal::isinf(next), static_cast<double>(std::numeric_limits<float>::max()), next);
-  scale_.copy_(next);
-  scale_inv_.copy_(internal::reciprocal(next));
+  internal::fp8_update_scales(amax_history_, scale_, scale_inv_, scaled_max_,
+                              recipe_.amax_compute_algo == AmaxComputeAlgo::MostRecent);
 }
 
 // ---------------------------------------------------------------- checkpoints
@@ -218,9 +195,10 @@ void Fp8ScalingState::load_state_dict(const Fp8StateDict& state) {
   const Tensor& scale_inv = tensor_of(state, "scale_inv", {n});
 
   NoGradGuard no_grad;
-  Tensor new_history = history.to(device_).clone();  // copies: the state never aliases the dict's tensors
-  Tensor new_scale = scale.to(device_).clone();
-  Tensor new_scale_inv = scale_inv.to(device_).clone();
+  // Contiguous copies: the state never aliases the dict's tensors, and update() works on them in place.
+  Tensor new_history = history.to(device_).clone(MemoryFormat::Contiguous);
+  Tensor new_scale = scale.to(device_).clone(MemoryFormat::Contiguous);
+  Tensor new_scale_inv = scale_inv.to(device_).clone(MemoryFormat::Contiguous);
   recipe_ = std::move(loaded);
   amax_history_ = std::move(new_history);
   scale_ = std::move(new_scale);

@@ -34,9 +34,10 @@
 //     under Fp8Format::E4M3 every tensor uses E4M3. A margin m leaves headroom of 2^m above the window's amax.
 //
 // These are Transformer Engine's rules (its fused amax-and-scale update): NaN amaxes are skipped by the window
-// maximum, an inf in the window keeps the scale until it leaves the window. Everything is kiln tensor ops on the
-// state's device (no host loop, no read of a device value), so the same code can run on a GPU stream, inside a CUDA
-// graph capture. The initial state is a zero history, scale = scale_inv = 1.
+// maximum, an inf in the window keeps the scale until it leaves the window. update() is one backend call on the
+// state's device (internal::fp8_update_scales in kiln/tensor/fp8_ops.h: one kernel on CUDA, no host loop, no read of
+// a device value), so it can run on a GPU stream, inside a CUDA graph capture. The initial state is a zero history,
+// scale = scale_inv = 1.
 #pragma once
 
 #include <cstdint>

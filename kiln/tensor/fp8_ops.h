@@ -1,5 +1,6 @@
-// kiln/tensor/fp8_ops.h — the FP8 compute primitives (kiln::internal): quantisation with a fused amax, and the
-// scaled FP8 matrix product. The FP8 Linear layer is built on them; programs do not call them directly.
+// kiln/tensor/fp8_ops.h — the FP8 compute primitives (kiln::internal): quantisation with a fused amax, the scaled
+// FP8 matrix product, and the delayed-scaling update of the scales. The FP8 Linear layer is built on them; programs
+// do not call them directly.
 //
 //   amp::Fp8ScalingState st = amp::Fp8ScalingState::for_linear(recipe, dev);   // 0: input, 1: weight, 2: grad
 //   Tensor x8 = internal::fp8_quantize(x, DType::Float8_e4m3fn, st.scale().narrow(0, 0, 1),
@@ -8,8 +9,9 @@
 //                                      st.amax_history().select(0, 0).narrow(0, 1, 1));      // (N, K)
 //   Tensor y = internal::fp8_gemm(x8, w8, st.scale_inv().narrow(0, 0, 1), st.scale_inv().narrow(0, 1, 1),
 //                                 DType::BFloat16, bias);                                     // (M, N)
+//   internal::fp8_update_scales(history, scale, scale_inv, scaled_max, false);  // what st.update() runs
 //
-// Both run on the CPU (the reference semantics, used by CI) and on CUDA (one kernel; cuBLASLt), and neither reads a
+// They run on the CPU (the reference semantics, used by CI) and on CUDA (one kernel each; cuBLASLt), and none reads a
 // device value on the host, so a training step that uses them can be captured into a CUDA graph.
 #pragma once
 
@@ -63,5 +65,25 @@ std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, co
 //   forward product (the output gradients' products keep the promotion). The CPU ignores it.
 Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv, DType out_dtype,
                 const Tensor& bias = {}, Tensor* accumulate_into = nullptr, bool fast_accumulation = false);
+
+// The delayed-scaling update of an Fp8ScalingState (Fp8ScalingState::update()) in one kernel: for each tracked
+// tensor j (a column of the history), with c = amax_history[0, j]:
+//
+// - seen = (c != 0): the column saw data since the last update (a NaN c counts as seen).
+// - amax = c when most_recent, else the maximum over the window, max_i amax_history[i, j] with NaN entries read as
+//   0 (one NaN step does not poison the window).
+// - a seen column's history rolls by one step: row 0 becomes 0, rows 1 .. L-2 take rows 2 .. L-1, row L-1 takes the
+//   old row 0 (with L == 1 the single row becomes 0). A column not seen keeps its history.
+// - scale[j] = scaled_max[j] / amax (float32 division) where the column was seen and amax is finite and > 0, else
+//   scale[j] keeps its value; a scale that is ±inf (an overflowing division, or an infinite old scale) becomes
+//   FLT_MAX. scale_inv[j] = 1 / scale[j] (float32), for every column.
+//
+// - amax_history: (L, N) float32 contiguous, L >= 1; scale, scale_inv, scaled_max: (N) float32 contiguous; all on
+//   one device. amax_history, scale and scale_inv are written in place; scaled_max (fp8_max / 2^margin) is read.
+// On CUDA this is one launch on the current stream that reads nothing on the host (graph-capturable); the CPU and
+// CUDA results are equal bit for bit. kiln::Error (nothing written) for an undefined tensor, a dtype other than
+// float32, shapes that do not agree, a non-contiguous tensor, tensors on different devices.
+void fp8_update_scales(const Tensor& amax_history, const Tensor& scale, const Tensor& scale_inv,
+                       const Tensor& scaled_max, bool most_recent);
 
 }  // namespace kiln::internal

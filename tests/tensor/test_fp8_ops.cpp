@@ -1,5 +1,6 @@
 // The FP8 compute primitives (kiln/tensor/fp8_ops.h): fp8_quantize (saturating quantisation with a fused amax,
-// plain and transposed) and fp8_gemm (the scaled FP8 product). References are computed here in float64 from the
+// plain and transposed), fp8_gemm (the scaled FP8 product) and fp8_update_scales (the delayed-scaling update, against
+// a float64 reference of Fp8ScalingState's rules). References are computed here in float64 from the
 // OCP FP8 bit fields (a code's value from its sign, exponent and mantissa; the code of a value by searching the
 // decoded codes for the nearest, ties to even), never by kiln's conversions.
 //
@@ -559,6 +560,172 @@ TEST_P(Fp8OpsTest, GemmErrors) {
   EXPECT_EQ(testing::values(acc), std::vector<double>(32 * 16, 0.0));  // untouched
 }
 
+// ---------------------------------------------------------------- fp8_update_scales
+
+// x rounded to float32 as IEEE division does (to nearest even; past FLT_MAX + half an ulp, to ±inf), written out so
+// the reference never relies on a double-to-float conversion of an out-of-range value.
+double round_to_f32(double x) {
+  const double overflow = std::ldexp(2.0 - std::ldexp(1.0, -24), 127);  // FLT_MAX + half its ulp: a tie to inf
+  if (std::isnan(x)) return x;
+  if (std::abs(x) >= overflow) return x > 0 ? kInf : -kInf;
+  return static_cast<double>(static_cast<float>(x));
+}
+
+// The delayed-scaling update in float64 from Fp8ScalingState's rules, one column at a time. A quotient of two float32
+// values computed in float64 and rounded once to float32 is the float32 quotient (53 >= 2 * 24 + 2 bits).
+struct ScalingReference {
+  std::vector<double> history, scale, scale_inv;
+};
+ScalingReference reference_update(ScalingReference s, const std::vector<double>& scaled_max, int64_t len, int64_t n,
+                                  bool most_recent) {
+  const double flt_max = std::numeric_limits<float>::max();
+  std::vector<double>& h = s.history;
+  for (int64_t j = 0; j < n; ++j) {
+    const double c = h[j];
+    const bool seen = c != 0;
+    double amax = c;
+    if (!most_recent) {
+      amax = 0;  // every entry >= 0 or NaN here, and NaN entries count as 0
+      for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::isnan(h[i * n + j]) ? 0.0 : h[i * n + j]);
+    }
+    if (seen) {
+      std::vector<double> rolled(len, 0.0);
+      for (int64_t i = 1; i + 1 < len; ++i) rolled[i] = h[(i + 1) * n + j];
+      if (len > 1) rolled[len - 1] = c;
+      for (int64_t i = 0; i < len; ++i) h[i * n + j] = rolled[i];
+    }
+    const bool usable = seen && std::isfinite(amax) && amax > 0;
+    double next = usable ? round_to_f32(scaled_max[j] / amax) : s.scale[j];
+    if (std::isinf(next)) next = flt_max;
+    s.scale[j] = next;
+    s.scale_inv[j] = round_to_f32(1.0 / next);
+  }
+  return s;
+}
+
+// Every element equal (NaN where the reference is NaN), reporting the first few that are not.
+void expect_same(const std::vector<double>& actual, const std::vector<double>& expected, const char* what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  int reported = 0;
+  for (size_t i = 0; i < actual.size() && reported < 5; ++i) {
+    const bool same = std::isnan(expected[i]) ? std::isnan(actual[i]) : actual[i] == expected[i];
+    if (!same) {
+      ADD_FAILURE() << what << "[" << i << "] = " << actual[i] << ", expected " << expected[i];
+      ++reported;
+    }
+  }
+}
+
+// A scaling state's tensors with one column per case the update distinguishes (L rows, kCases columns):
+//   0 plain values; 1 NaN entries below row 0 (the maximum skips them); 2 a NaN current amax (seen; in Max mode the
+//   window's other entries give the amax, in MostRecent the scale is kept); 3 an inf current amax (not usable);
+//   4 an amax so small that scaled_max / amax overflows float32 (-> FLT_MAX); 5 not seen (c == 0: unchanged);
+//   6 not seen with an infinite old scale (-> FLT_MAX); 7 a subnormal amax (overflow again, scale_inv subnormal);
+//   8 the window's largest entry in its last row; 9 an inf below row 0 (Max: not usable); 10 a current amax of 1 and
+//   2 below it (exact quotients: scaled_max in MostRecent, scaled_max / 2 in Max).
+constexpr int64_t kCases = 11;
+struct ScalingCase {
+  std::vector<double> history, scale, scale_inv, scaled_max;
+};
+ScalingCase scaling_case(int64_t len, uint64_t seed) {
+  const int64_t n = kCases;
+  ScalingCase c;
+  c.history = testing::uniform(len * n, 0.01, 100, seed);
+  const auto at = [&](int64_t i, int64_t j) -> double& { return c.history[i * n + j]; };
+  for (int64_t i = 1; i < len; i += 3) at(i, 1) = kNaN;
+  at(0, 2) = kNaN;
+  at(0, 3) = kInf;
+  for (int64_t i = 0; i < len; ++i) at(i, 4) = i == 0 ? 1e-37 : 0.0;
+  at(0, 5) = 0;
+  at(0, 6) = 0;
+  for (int64_t i = 0; i < len; ++i) at(i, 7) = i == 0 ? 1e-40 : 0.0;
+  at(len - 1, 8) = 1000;
+  if (len > 1) at(len / 2, 9) = kInf;
+  for (int64_t i = 0; i < len; ++i) at(i, 10) = i == 0 ? 1.0 : 2.0;
+  c.scale = testing::uniform(n, 0.5, 2, seed + 1);
+  c.scale[6] = kInf;
+  c.scale_inv.assign(n, 7.0);  // stale: the update recomputes every column's
+  for (int64_t j = 0; j < n; ++j) c.scaled_max.push_back(j % 3 == 0 ? 448.0 : j % 3 == 1 ? 57344.0 : 448.0 / 8);
+  return c;
+}
+
+// Lengths around the CUDA kernel's chunk of 256 rows: 1 (no roll), 2 and 3 (the shortest rolls), one chunk and one
+// more row, and 1000 and 5000 (many chunks).
+const int64_t kHistoryLengths[] = {1, 2, 3, 256, 258, 1000, 5000};
+
+TEST_P(Fp8OpsTest, UpdateScalesMatchesTheReference) {
+  for (bool most_recent : {false, true}) {
+    for (int64_t len : kHistoryLengths) {
+      SCOPED_TRACE(::testing::Message() << "L = " << len << (most_recent ? ", most_recent" : ", max"));
+      const ScalingCase c = scaling_case(len, 70 + static_cast<uint64_t>(len));
+      Tensor h = testing::make(c.history, {len, kCases}, opts());
+      Tensor scale = testing::make(c.scale, {kCases}, opts());
+      Tensor scale_inv = testing::make(c.scale_inv, {kCases}, opts());
+      const Tensor scaled_max = testing::make(c.scaled_max, {kCases}, opts());
+      // The reference starts from the float32 values the tensors hold.
+      const ScalingReference start{testing::values(h), testing::values(scale), testing::values(scale_inv)};
+      ScalingReference ref = start;
+      const std::vector<double> sm = testing::values(scaled_max);
+      // Twice: the second update sees row 0 zeroed by the first wherever a column was seen.
+      for (int step = 0; step < 2; ++step) {
+        SCOPED_TRACE(::testing::Message() << "update " << step);
+        internal::fp8_update_scales(h, scale, scale_inv, scaled_max, most_recent);
+        ref = reference_update(ref, sm, len, kCases, most_recent);
+        expect_same(testing::values(h), ref.history, "amax_history");
+        expect_same(testing::values(scale), ref.scale, "scale");
+        expect_same(testing::values(scale_inv), ref.scale_inv, "scale_inv");
+      }
+      // The cases the reference is meant to exercise, spelled out (first update).
+      const ScalingReference once = reference_update(start, sm, len, kCases, most_recent);
+      const double flt_max = std::numeric_limits<float>::max();
+      EXPECT_EQ(once.scale[3], start.scale[3]);  // inf amax: kept
+      EXPECT_EQ(once.scale[4], flt_max);         // 57344 / 1e-37 overflows
+      EXPECT_EQ(once.scale[6], flt_max);         // infinite old scale
+      EXPECT_EQ(once.scale[7], flt_max);         // subnormal amax
+      EXPECT_EQ(once.scale[10], most_recent || len == 1 ? 57344.0 : 28672.0);
+      EXPECT_EQ(once.scale_inv[5], round_to_f32(1.0 / start.scale[5]));  // not seen: scale kept, scale_inv from it
+      if (most_recent) {
+        EXPECT_EQ(once.scale[2], start.scale[2]);  // NaN amax: kept
+      } else if (len > 1) {
+        EXPECT_EQ(once.scale[9], start.scale[9]);  // an inf in the window: kept
+      }
+    }
+  }
+}
+
+TEST_P(Fp8OpsTest, UpdateScalesOfAnEmptyStateIsANoOp) {
+  Tensor h = zeros({4, 0}, opts()), v = zeros({0}, opts());
+  internal::fp8_update_scales(h, v, v, v, false);
+  EXPECT_EQ(h.shape(), Shape({4, 0}));
+}
+
+TEST_P(Fp8OpsTest, UpdateScalesErrors) {
+  const Tensor h = full({4, 3}, 2.0, opts()), s = ones({3}, opts()), si = ones({3}, opts()),
+               sm = full({3}, 448.0, opts());
+  const auto call = [](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) {
+    internal::fp8_update_scales(a, b, c, d, false);
+  };
+  expect_error([&] { call(Tensor(), s, si, sm); }, {"fp8_update_scales", "amax_history", "undefined"});
+  expect_error([&] { call(h.to(DType::Float64), s, si, sm); },
+               {"fp8_update_scales", "amax_history", "float32 (L, N)", "float64", "[4, 3]"});
+  expect_error([&] { call(zeros({12}, opts()), s, si, sm); }, {"amax_history", "(L, N)", "[12]"});
+  expect_error([&] { call(zeros({0, 3}, opts()), s, si, sm); }, {"amax_history", "L >= 1", "[0, 3]"});
+  expect_error([&] { call(h, ones({4}, opts()), si, sm); }, {"scale", "float32 (3)", "[4]"});
+  expect_error([&] { call(h, s, Tensor(), sm); }, {"scale_inv", "undefined"});
+  expect_error([&] { call(h, s, si, sm.to(DType::Int32)); }, {"scaled_max", "float32 (3)", "int32"});
+  expect_error([&] { call(h, s, si, ones({3, 1}, opts())); }, {"scaled_max", "[3, 1]"});
+  expect_error([&] { call(full({3, 4}, 2.0, opts()).t(), s, si, sm); }, {"amax_history", "not contiguous"});
+  expect_error([&] { call(h, ones({3, 2}, opts()).select(1, 0), si, sm); }, {"scale", "not contiguous"});
+  if (dev().is_cuda()) {
+    expect_error([&] { call(h, s, ones({3}), sm); }, {"scale_inv", "cpu", "cuda:0", "one device"});
+    expect_error([&] { call(h.to(Device::cpu()), s, si, sm); }, {"scale", "cuda:0", "cpu"});
+  }
+  // Nothing was written by a refused call.
+  expect_same(testing::values(h), std::vector<double>(12, 2.0), "amax_history");
+  expect_same(testing::values(s), std::vector<double>(3, 1.0), "scale");
+  expect_same(testing::values(si), std::vector<double>(3, 1.0), "scale_inv");
+}
+
 KILN_INSTANTIATE_BACKENDS(Fp8OpsTest);
 
 // ---------------------------------------------------------------- GPU only
@@ -643,6 +810,43 @@ TEST(Fp8CudaOps, QuantizeAndGemmCaptureIntoAGraph) {
   const std::vector<uint8_t> cw = reference_codes(testing::values(w), 200.0f, kE4M3);
   const GemmReference ref = reference_gemm(cx, kE4M3, cw, kE4M3, m, n, k, 0.01f, 0.005f);
   expect_product(y, ref.value, ref.abs_sum, DType::Float32, true, false);
+}
+
+// The update on the GPU equals the CPU's bit for bit, and runs inside a CUDA graph capture (which fails on any host
+// synchronisation); a replay updates the state from the history it then holds.
+TEST(Fp8CudaOps, UpdateScalesMatchesTheCpuAndCapturesIntoAGraph) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  const TensorOptions f32o{.dtype = DType::Float32, .device = gpu};
+  for (bool most_recent : {false, true}) {
+    const int64_t len = 1024;
+    SCOPED_TRACE(most_recent ? "most_recent" : "max");
+    const ScalingCase c = scaling_case(len, 91);
+    Tensor h = testing::make(c.history, {len, kCases}, f32o), scale = testing::make(c.scale, {kCases}, f32o),
+           scale_inv = testing::make(c.scale_inv, {kCases}, f32o);
+    const Tensor scaled_max = testing::make(c.scaled_max, {kCases}, f32o);
+    Tensor hc = h.to(Device::cpu()), sc = scale.to(Device::cpu()), sic = scale_inv.to(Device::cpu());
+    const Tensor smc = scaled_max.to(Device::cpu());
+    // capture() runs the step kWarmup times (the CPU state follows), then records it without running it.
+    constexpr int kWarmup = 1;
+    cuda::Graph graph;
+    graph.capture([&] { internal::fp8_update_scales(h, scale, scale_inv, scaled_max, most_recent); }, kWarmup);
+    for (int i = 0; i < kWarmup; ++i) internal::fp8_update_scales(hc, sc, sic, smc, most_recent);
+    cuda::synchronize();
+    expect_same(testing::values(h), testing::values(hc), "amax_history after the warm-up");
+    // The replays are the next updates; between them, a new row 0.
+    const Tensor row0 = testing::make(testing::uniform(kCases, 0.5, 3, 92), {kCases}, {.dtype = DType::Float32});
+    for (int step = 0; step < 3; ++step) {
+      graph.replay();
+      cuda::synchronize();
+      internal::fp8_update_scales(hc, sc, sic, smc, most_recent);
+      expect_same(testing::values(h), testing::values(hc), "amax_history");
+      expect_same(testing::values(scale), testing::values(sc), "scale");
+      expect_same(testing::values(scale_inv), testing::values(sic), "scale_inv");
+      Tensor(h.select(0, 0)).copy_(row0.to(gpu));
+      Tensor(hc.select(0, 0)).copy_(row0);
+    }
+  }
 }
 
 }  // namespace

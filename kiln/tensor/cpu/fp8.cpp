@@ -6,9 +6,12 @@
 //
 // The product: FP8 values decoded exactly to float; each product (exact: at most 8 significant bits) summed over K
 // in float64, then scaled, biased and accumulated in float64 and rounded to float32, then to the output dtype.
+//
+// The scaling update: one column of the amax history at a time, in the order Fp8ScalingState::update() states it.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -133,6 +136,40 @@ void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor&
     case DType::BFloat16: return gemm_typed<BFloat16>(out, a, b, sa, sb, bias, accumulate);
     case DType::Float16: return gemm_typed<Half>(out, a, b, sa, sb, bias, accumulate);
     default: KILN_FAIL("cpu::fp8_gemm: unexpected output dtype ", out.dtype());
+  }
+}
+
+void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
+                       bool most_recent) {
+  const int64_t len = history.size(0), n = history.size(1);
+  float* h = static_cast<float*>(history.data_ptr());  // (L, N): h[i * n + j]
+  float* ps = static_cast<float*>(scale.data_ptr());
+  float* pinv = static_cast<float*>(scale_inv.data_ptr());
+  const float* pmax = static_cast<const float*>(scaled_max.data_ptr());
+  // Columns are independent; the update is a handful of operations per history entry, cheap next to a step.
+  for (int64_t j = 0; j < n; ++j) {
+    const float c = h[j];
+    const bool seen = c != 0.0f;  // a NaN c is seen
+    float amax = c;
+    if (!most_recent) {
+      amax = std::isnan(c) ? 0.0f : c;
+      for (int64_t i = 1; i < len; ++i) {
+        const float v = h[i * n + j];
+        const float w = std::isnan(v) ? 0.0f : v;
+        amax = w > amax ? w : amax;
+      }
+    }
+    if (seen) {
+      // Row 0 -> 0, rows 1 .. L-2 <- rows 2 .. L-1, row L-1 <- the old row 0 (c); with L == 1 row 0 -> 0 only.
+      for (int64_t i = 1; i + 1 < len; ++i) h[i * n + j] = h[(i + 1) * n + j];
+      if (len > 1) h[(len - 1) * n + j] = c;
+      h[j] = 0.0f;
+    }
+    const bool usable = seen && std::isfinite(amax) && amax > 0.0f;
+    float next = usable ? pmax[j] / amax : ps[j];
+    if (std::isinf(next)) next = std::numeric_limits<float>::max();
+    ps[j] = next;
+    pinv[j] = 1.0f / next;
   }
 }
 

@@ -1,7 +1,7 @@
 // Frontend of the FP8 ops (fp8_ops.h): argument checks, output allocation, empty cases, then the backend's kernel
 // (ops/fp8_kernels.h). Every check is here, once, so the CPU and CUDA kernels see only valid problems.
 #include <string_view>
-#include <utility>
+#include <utility>  // std::pair
 
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/fp8_ops.h"
@@ -152,6 +152,49 @@ Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, con
   }
   out.impl().storage()->bump_version();
   return out;
+}
+
+void fp8_update_scales(const Tensor& amax_history, const Tensor& scale, const Tensor& scale_inv,
+                       const Tensor& scaled_max, bool most_recent) {
+  constexpr std::string_view op = "fp8_update_scales";
+  KILN_CHECK(amax_history.defined(), op, ": amax_history is an undefined tensor; pass the scaling state's (L, N) ",
+             "float32 history");
+  KILN_CHECK(amax_history.dtype() == DType::Float32 && amax_history.dim() == 2 && amax_history.size(0) >= 1, op,
+             ": amax_history must be a float32 (L, N) tensor with L >= 1, got ", amax_history.dtype(), " of shape ",
+             amax_history.shape());
+  KILN_CHECK(amax_history.is_contiguous(), op, ": amax_history of shape ", amax_history.shape(), " with strides ",
+             amax_history.strides(), " is not contiguous; it is updated in place, so pass the scaling state's own ",
+             "(contiguous) history");
+  const int64_t n = amax_history.size(1);
+  const Device device = amax_history.device();
+  // scale, scale_inv and scaled_max: (N) float32 on the history's device.
+  const std::pair<std::string_view, const Tensor*> vectors[] = {
+      {"scale", &scale}, {"scale_inv", &scale_inv}, {"scaled_max", &scaled_max}};
+  for (const auto& [what, t] : vectors) {
+    KILN_CHECK(t->defined(), op, ": ", what, " is an undefined tensor; pass a (", n,
+               ") float32 tensor, one value per column of amax_history");
+    KILN_CHECK(t->dtype() == DType::Float32 && t->dim() == 1 && t->size(0) == n, op, ": ", what, " must be a float32 (",
+               n, ") tensor, one value per column of amax_history ", amax_history.shape(), ", got ", t->dtype(),
+               " of shape ", t->shape());
+    KILN_CHECK(t->device() == device, op, ": ", what, " is on ", t->device(), " but amax_history is on ", device,
+               "; keep the whole scaling state on one device");
+    KILN_CHECK(t->is_contiguous(), op, ": ", what, " of shape ", t->shape(), " with strides ", t->strides(),
+               " is not contiguous; it is updated in place, so pass the scaling state's own (contiguous) tensors");
+  }
+  if (n == 0) return;  // no tracked tensors: nothing to update
+  trace::Scope range(trace::Kind::Op, op, device, {&amax_history, &scale, &scale_inv, &scaled_max});
+  if (device.is_cuda()) {
+#if KILN_WITH_CUDA
+    cuda::fp8_update_scales(amax_history, scale, scale_inv, scaled_max, most_recent);
+#else
+    KILN_FAIL(op, ": kiln was built without CUDA");
+#endif
+  } else {
+    cpu::fp8_update_scales(amax_history, scale, scale_inv, scaled_max, most_recent);
+  }
+  amax_history.impl().storage()->bump_version();
+  scale.impl().storage()->bump_version();
+  scale_inv.impl().storage()->bump_version();
 }
 
 }  // namespace kiln::internal

@@ -13,10 +13,15 @@ void fp8_quantize(const Tensor& out, const Tensor& x, const Tensor& scale, const
 // contiguous FP8; bias undefined or (N) contiguous in out's dtype.
 void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv,
               const Tensor& bias, bool accumulate);
+// The delayed-scaling update (fp8_update_scales): history (L, N) with L >= 1, N >= 1, scale, scale_inv,
+// scaled_max (N); all float32 contiguous.
+void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
+                       bool most_recent);
 }  // namespace kiln::cpu
 
 namespace kiln::cuda {
-// The same on the GPU (cuda/fp8_quantize.cu, cuda/fp8_gemm.cpp), on the current stream of out's device.
+// The same on the GPU (cuda/fp8_quantize.cu, cuda/fp8_gemm.cpp, cuda/fp8_scaling.cu), on the current stream of the
+// (first) output's device.
 void fp8_quantize(const Tensor& out, const Tensor& x, const Tensor& scale, const Tensor& amax, bool transpose);
 // fast_accumulation: CUBLASLT_MATMUL_DESC_FAST_ACCUM (fp8_ops.h).
 void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv,
@@ -28,4 +33,6 @@ bool fp8_pair_kernel_applies(const Tensor& x);
 int64_t fp8_pair_row_tiles(int64_t rows);
 void fp8_quantize_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial_sums, const Tensor& x,
                        const Tensor& scale, const Tensor& amax);
+void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
+                       bool most_recent);
 }  // namespace kiln::cuda
