@@ -8,6 +8,7 @@
 #   KILN_TORCH_MODES="eager compile_graph" scripts/bench_vs_torch.sh 3 resnet50_bf16
 #
 # KILN_TORCH_MODES: pytorch_train.py's --mode values (default: eager compile eager_graph compile_graph).
+# KILN_BENCH_TRAIN: a bench_train already built (with its libraries on LD_LIBRARY_PATH): nothing is built.
 # Logs (kiln_<case>_<round>.log, torch_<case>_<round>.log, table.md) and a summary go to $OUT (else ./gpu-logs);
 # the build goes to $KILN_GPU_BUILD_DIR (build-gpu).
 set -uo pipefail
@@ -25,17 +26,22 @@ mode_args=()
 for m in "${modes[@]}"; do mode_args+=(--mode "$m"); done
 
 start=$SECONDS
-if ! { [[ -f "$build/build.ninja" ]] || cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
+bench_train="${KILN_BENCH_TRAIN:-$build/bench/bench_train}"
+if [[ -n "${KILN_BENCH_TRAIN:-}" ]]; then
+  [[ -x "$bench_train" ]] || { echo "bench_vs_torch.sh: KILN_BENCH_TRAIN=$bench_train is not an executable" >&2; exit 2; }
+  note "bench_train: $bench_train (prebuilt)"
+elif ! { [[ -f "$build/build.ninja" ]] || cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/configure.log" 2>&1; } ||
   ! cmake --build "$build" -j "$(nproc)" --target bench_train >"$out/build.log" 2>&1; then
   note "configure or build FAILED"; tail -20 "$out/build.log" "$out/configure.log" 2>/dev/null; exit 1
+else
+  note "build bench_train: $((SECONDS - start)) s"
 fi
-note "build bench_train: $((SECONDS - start)) s"
 
 for ((r = 1; r <= repeats; ++r)); do
   for c in "${cases[@]}"; do
     t=$SECONDS
-    "$build/bench/bench_train" --case "$c" >"$out/kiln_${c}_$r.log" 2>&1
+    "$bench_train" --case "$c" >"$out/kiln_${c}_$r.log" 2>&1
     note "round $r $c kiln: exit $?, $((SECONDS - t)) s: $(grep -o '"step_ms": [0-9.]*\|"eager_step_ms": [0-9.]*\|"trained": [a-z]*' "$out/kiln_${c}_$r.log" | tr '\n' ' ')"
     t=$SECONDS
     PYTHONUNBUFFERED=1 python3 bench/pytorch_train.py --case "$c" "${mode_args[@]}" >"$out/torch_${c}_$r.log" 2>&1
