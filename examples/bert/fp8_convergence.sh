@@ -54,13 +54,13 @@ mkdir -p "$out"
 # The corpus, made once (it is a pure function of its options; the runs only read it).
 corpus=$out/corpus
 if [[ -d "$corpus" ]]; then
+  # make_corpus.py writes vocab.txt last: without it the folder is what an interrupted run left.
   [[ -d "$corpus/text" && -s "$corpus/vocab.txt" ]] ||
     fail "$corpus exists but lacks text/ or vocab.txt (an interrupted make_corpus.py?); remove it"
   echo "the corpus: $corpus (already there)"
 else
   echo "making the corpus in $corpus (make_corpus.py)..."
-  python3 "$here/make_corpus.py" --out "$corpus.partial" ${sentences:+--sentences "$sentences"}
-  mv "$corpus.partial" "$corpus"
+  python3 "$here/make_corpus.py" --out "$corpus" ${sentences:+--sentences "$sentences"}
 fi
 
 warmup=$((steps / 10 < 200 ? steps / 10 : 200))

@@ -191,8 +191,6 @@ def main(argv):
     capitalised = [w.capitalize() for w in words]
 
     os.makedirs(text_dir, exist_ok=True)
-    with open(os.path.join(args.out, "vocab.txt"), "w", encoding="utf-8") as f:
-        f.write("\n".join(SPECIAL_TOKENS + [PERIOD] + words) + "\n")
 
     written = tokens = 0
     part = 0
@@ -219,6 +217,9 @@ def main(argv):
             f.write("\n".join(lines) + "\n")
         written += n
         part += 1
+    # vocab.txt last: a folder with it holds a whole corpus (fp8_convergence.sh reuses one only then).
+    with open(os.path.join(args.out, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(SPECIAL_TOKENS + [PERIOD] + words) + "\n")
     vocab_size = len(SPECIAL_TOKENS) + 1 + len(words)
     print(
         f"make_corpus.py: {written} sentences, {tokens} tokens in {part} file(s) under {text_dir}; "
