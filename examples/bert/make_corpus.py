@@ -31,6 +31,8 @@ after it (a BERT sees both sides). The uniform guess over the vocabulary costs l
 nats with the default --words. A model first learns the Zipf frequencies, then the successor sets of each word
 (bigrams), then those of each pair. (Measured on the default corpus: 6.0 nats of unigram entropy, 1.18
 nats of entropy of a word given the two before it; about 2,600 of the words occur, the rarest never.)
+BERT-Tiny (2 layers, hidden 128) on the CPU, 400 steps of 32 x 128 at lr 1e-3 (--amp off), went from 8.30 through the
+unigram plateau (6.0 at step 100) to 5.8, below it; BERT-base over 2,000 steps of 128 sees 20 times as many sequences.
 
 Output, in --out:
   text/part-NNN.txt   the corpus, --sentences-per-file sentences per file (UTF-8, ASCII in fact)
