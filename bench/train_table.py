@@ -223,6 +223,18 @@ def own_speed_goal(share):
     return f"kiln ≥ {100 * share:.0f}% of kiln resnet50_bf16", check
 
 
+def fp8_speed_goal(bf16_case, factor):
+    """An FP8 case: kiln's FP8 graph step >= factor x faster than its own bf16 graph step of bf16_case."""
+    def check(res, case):
+        k, base = summary(res.times(KILN, case, "graph")), summary(res.times(KILN, bf16_case, "graph"))
+        if k is None or base is None:
+            return None, ""
+        x = base[0] / k[0]
+        return x >= factor, f"{x:.2f}× kiln bf16"
+
+    return f"kiln FP8 ≥ {factor:g}× kiln {bf16_case}", check
+
+
 # case -> (goal as text, check(results, case) -> (met: True/False/None when not measured, detail))
 STANDARD = both(graph_vs_fastest(1.15), eager_vs_compile(1.05))
 GOALS = {
@@ -235,6 +247,8 @@ GOALS = {
     "bert_base_128_ckpt": ("kiln peak ≤ 55% of kiln bert_base_128's, throughput ≥ 75% of it", checkpointing_goal),
     "resnet50_fp32": graph_vs_fastest(1.1),
     "bert_base_128_fp32": graph_vs_fastest(1.1),
+    "bert_base_128_fp8": fp8_speed_goal("bert_base_128", 1.2),
+    "bert_large_128_fp8": fp8_speed_goal("bert_large_128", 1.35),
     "bert_base_dynamic": both(eager_vs("torch-eager", 1.2), eager_vs("torch-compile", 1.0)),
     "resnet50_jpeg": own_speed_goal(0.90),
     "resnet50_jpeg_gpu": own_speed_goal(0.95),
@@ -308,6 +322,8 @@ kiln 0.1 bench_train: made-up figures
 {"bench":"train","framework":"kiln","case":"bert_large_128","model":"bert-large","batch":64,"input":"128 tokens","precision":"bf16","step_ms":40.0,"eager_step_ms":42.0,"cuda_graph":true,"peak_gib":30.0}
 {"bench":"train","framework":"torch-compile_graph","case":"bert_large_128","model":"bert-large","batch":64,"input":"128 tokens","precision":"bf16","step_ms":45.0,"trained":true}
 {"bench":"train","framework":"kiln","case":"bert_base_128","model":"bert-base","batch":128,"input":"128 tokens","precision":"bf16","step_ms":30.0,"eager_step_ms":31.0,"eager_peak_gib":10.0,"cuda_graph":true,"peak_gib":10.0}
+{"bench":"train","framework":"kiln","case":"bert_base_128_fp8","model":"bert-base","batch":128,"input":"128 tokens","precision":"fp8","step_ms":24.0,"eager_step_ms":25.0,"cuda_graph":true,"peak_gib":10.0,"trained":true}
+{"bench":"train","framework":"torch-compile_graph","case":"bert_base_128_fp8","model":"bert-base","batch":128,"input":"128 tokens","precision":"fp8","step_ms":28.0,"trained":true}
 {"bench":"train","framework":"kiln","case":"bert_base_128_ckpt","model":"bert-base","batch":128,"input":"128 tokens","step_ms":40.0,"cuda_graph":false,"peak_gib":5.0}
 {"bench":"train","framework":"torch-compile","case":"bert_base_128_ckpt","skipped":"eager only"}
 {"bench":"train","framework":"kiln","case":"bert_base_dynamic","model":"bert-base-classifier","batch":32,"step_ms":10.0,"cuda_graph":false,"first_epoch_s":4.0,"trained":true}
@@ -341,6 +357,10 @@ def selftest():
     # bert_base_128_ckpt: peak 5 / 10 = 50%, speed 31 / 40 = 77.5%: met.
     r = rows["bert_base_128_ckpt"]
     assert r["met"] is True and r["cells"][-1] == "yes (memory 50%, throughput 78%)", r["cells"]
+    # bert_base_128_fp8: 30 / 24 = 1.25 >= 1.2 of kiln's own bf16 bert_base_128; torchao's line beside it.
+    r = rows["bert_base_128_fp8"]
+    assert r["met"] is True and r["cells"][-1] == "yes (1.25× kiln bf16)", r["cells"]
+    assert close(r["graph_ratio"], 28.0 / 24.0), r
     # bert_base_128: no PyTorch line: not measured.
     assert rows["bert_base_128"]["met"] is None and rows["bert_base_128"]["cells"][-1] == "not measured"
     text = table(res)
@@ -353,7 +373,7 @@ def selftest():
     assert "- bert_base_dynamic, torch-compile: first epoch (new shapes) 60.00 s [60.00..60.00] ×1" in text, text
     assert "- bert_base_dynamic, kiln: first epoch (new shapes) 4.00 s [4.00..4.00] ×1" in text, text
     assert list(rows) == ["resnet50_bf16", "bert_base_128", "bert_large_128", "bert_base_128_ckpt",
-                          "bert_base_dynamic"], list(rows)
+                          "bert_base_128_fp8", "bert_base_dynamic"], list(rows)
     # The training rules: the same made-up logs and outcomes as bench_train --selftest (bench/train_log.h).
     timed = [(4, 8)]
     ok, why, f = judge_training([5, 4, 3, 3, 2, 2, 1, 0.5], [], 0, timed, 2)
