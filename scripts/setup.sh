@@ -7,6 +7,8 @@
 #   scripts/setup.sh --deps-only          only install the packages
 #   scripts/setup.sh --no-build           install and configure, but do not build
 #   scripts/setup.sh --target quickstart  build one target instead of everything
+#   scripts/setup.sh --no-test-deps       leave out what only the tests need (scripts/quickstart.sh does)
+#   scripts/setup.sh --test-deps          only install what the tests need besides the build (scripts/test.sh does)
 #   scripts/setup.sh --fuzz               also install clang and libFuzzer (fuzz/README.md)
 #
 # Environment (all optional):
@@ -31,6 +33,7 @@ do_deps=1
 do_configure=1
 do_build=1
 do_fuzz=0
+do_test_deps=1
 target=""
 cmake_args=()
 while [[ $# -gt 0 ]]; do
@@ -39,9 +42,11 @@ while [[ $# -gt 0 ]]; do
     --deps-only) do_configure=0; do_build=0 ;;
     --no-build) do_build=0 ;;
     --fuzz) do_fuzz=1 ;;
+    --no-test-deps) do_test_deps=0 ;;
+    --test-deps) do_test_deps=2 ;;
     --target) [[ $# -ge 2 ]] || die "--target needs a target name"; target="$2"; shift ;;
     -D*) cmake_args+=("$1") ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (try --help)" ;;
   esac
   shift
@@ -293,6 +298,11 @@ install_tensorboard() {
   fi
 }
 
+if [[ $do_test_deps -eq 2 ]]; then  # --test-deps: the test-only packages, nothing else
+  install_tensorboard
+  exit 0
+fi
+
 if [[ $do_deps -eq 1 ]]; then
   install_packages
   stage_offline_packages
@@ -300,7 +310,7 @@ if [[ $do_deps -eq 1 ]]; then
     "kiln builds without GPU monitoring"
   install_wheel_headers nvidia-nvjpeg "$nvjpeg_version" third_party/nvjpeg nvjpeg.h \
     "kiln builds without GPU JPEG decoding (images decode on the CPU)" libs
-  install_tensorboard
+  if [[ $do_test_deps -eq 1 ]]; then install_tensorboard; fi
   if [[ "${KILN_CUDA:-auto}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
     install_wheel_headers nvidia-cudnn-frontend "$cudnn_frontend_version" third_party/cudnn_frontend \
       cudnn_frontend.h "GPUs use the math attention path"

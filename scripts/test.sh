@@ -31,6 +31,8 @@ if [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
   say "$build_dir is not configured: running scripts/setup.sh"
   scripts/setup.sh
 else
+  # A build folder made by scripts/quickstart.sh lacks the test-only packages: installed now (a no-op when there).
+  scripts/setup.sh --test-deps
   say "building $build_dir"
   cmake --build "$build_dir" --parallel "${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 fi

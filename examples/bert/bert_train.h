@@ -216,6 +216,8 @@ inline Runtime start_runtime(const RunOptions& o) {
     // bf16), E4M3 forward and E5M2 gradients, scales from the amax history of the last 1,024 steps.
     rt.amp = DType::BFloat16;
     rt.fp8 = kiln::amp::Fp8Recipe{};
+    // Under several processes every rank scales by the maximum of the ranks' amaxes, so all hold the same scales.
+    if (rt.env->world_size > 1) rt.fp8->amax_reduction = dist::fp8_amax_reduction();
     if (rt.device.is_cuda() && kiln::cuda::compute_capability(rt.device.index()) < 89) {
       throw std::runtime_error(
           "--amp fp8 needs a GPU with FP8 tensor cores (compute capability 8.9 or newer: Ada, "
@@ -356,6 +358,24 @@ inline void check_same_run(const std::string& path, const io::Metadata& now, con
                              "\nresume with the options (and number of processes) of that run, or choose another "
                              "--out");
   }
+}
+
+// After an FP8 run on several processes: every rank must hold the same FP8 scales (the amaxes are reduced over the
+// ranks, Fp8Recipe::amax_reduction). Compares each Linear's scales with their minimum and maximum over the ranks;
+// throws naming the first that differs.
+inline void check_fp8_scales_agree(const nn::Module& model, const Runtime& rt) {
+  int64_t layers = 0;
+  for (const auto& [name, buffer] : model.named_buffers()) {
+    if (!name.ends_with("fp8_scale")) continue;
+    Tensor lo = buffer.clone(), hi = buffer.clone();
+    dist::all_reduce(lo, dist::ReduceOp::Min);
+    dist::all_reduce(hi, dist::ReduceOp::Max);
+    if (!kiln::equal(lo, hi)) {
+      throw std::runtime_error("--amp fp8: the FP8 scales of " + name + " differ between the ranks after training");
+    }
+    ++layers;
+  }
+  if (rt.main()) std::cout << "FP8 scales: the same on every rank (" << layers << " layers)\n";
 }
 
 // Trains task.model; returns the last step. Every rank runs it; rank 0 prints and writes metrics.csv.
@@ -589,6 +609,7 @@ inline int64_t run_training(Task& task, const RunOptions& o, const RunDefaults& 
     }
   }
   if (saved_step != step) save(step);
+  if (rt.fp8 && env.world_size > 1) check_fp8_scales_agree(*task.model, rt);
   if (o.print_checksum && rt.main()) std::cout << "parameter checksum " << parameter_checksum(*task.model) << "\n";
   return step;
 }

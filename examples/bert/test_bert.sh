@@ -214,6 +214,13 @@ case "$case_name" in
     [[ $(rows "$work/mpi/metrics.csv") -eq 2 ]] || fail "metrics.csv should have 2 rows"
     [[ -s "$work/mpi/ckpt-00000004.h5" && -s "$work/mpi/ckpt-00000004.h5.rank1.h5" ]] ||
       fail "the checkpoint of step 4 or its rank-1 file is missing"
+    # --amp fp8 on 2 processes: the amaxes are reduced over the ranks, so both hold the same FP8 scales, which the
+    # run checks itself after its last step (it fails otherwise).
+    rm -rf "$work/mpi_fp8"
+    run "${launcher[@]}" "$bert" pretrain "${tiny[@]/off/fp8}" --max-steps 3 --log-every 1 --out "$work/mpi_fp8" |
+      tee "$work/mpi_fp8.log"
+    grep -q 'amp fp8' "$work/mpi_fp8.log" || fail "the 2-process run does not say it trains with --amp fp8"
+    grep -q 'FP8 scales: the same on every rank' "$work/mpi_fp8.log" || fail "the ranks' FP8 scales were not checked"
     ;;
 
   help)

@@ -85,6 +85,13 @@ struct Fp8Recipe {
   int64_t margin = 0;               // scales leave 2^margin of headroom; 0 <= margin <= 64
   AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::Max;
   Fp8ModuleFilter module_filter = default_fp8_module_filter;  // which modules compute in FP8
+  // Under data parallelism every rank must compute the same scales. When set, update() first calls it on the
+  // amaxes recorded since the last update (row 0 of the history: (N,) float32, contiguous, on the state's device),
+  // which it replaces in place by their maximum over the ranks: dist::fp8_amax_reduction()
+  // (kiln/distributed/process_group.h) does that on the world group, one small all-reduce per state and update.
+  // Every rank must then update the same states in the same order, as the ranks of one model do. Empty: each
+  // process scales by its own amaxes. Like the module filter it is code, so checkpoints do not hold it.
+  std::function<void(const Tensor& amaxes)> amax_reduction{};
 
   // Throws kiln::Error naming the first invalid option and its valid range.
   void validate() const;

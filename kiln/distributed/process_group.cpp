@@ -51,6 +51,13 @@ void barrier() {
   group(e.device()).barrier();
 }
 
+std::function<void(const Tensor& amaxes)> fp8_amax_reduction() {
+  return [](const Tensor& amaxes) {
+    if (env().world_size == 1) return;  // one process: its own amaxes are everyone's
+    all_reduce(amaxes, ReduceOp::Max);
+  };
+}
+
 namespace detail {
 
 std::string describe(const char* what, uint64_t seq, const Tensor& t) {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -94,5 +95,11 @@ inline void reduce_scatter(const Tensor& out, const Tensor& input, ReduceOp op =
 }
 // Every rank waits for every other (through the CPU group when there is one, else the GPU group).
 void barrier();
+
+// amp::Fp8Recipe::amax_reduction for data parallelism: the FP8 amaxes replaced in place by their maximum over every
+// rank (all_reduce Max on the world group of their device), so that every rank computes the same scales. A NaN amax
+// (a step whose tensor held a NaN) may not survive the maximum (MPI and NCCL order NaN differently), but every rank
+// gets the same result.
+std::function<void(const Tensor& amaxes)> fp8_amax_reduction();
 
 }  // namespace kiln::dist
