@@ -397,5 +397,248 @@ TEST(DocSnippets, SyntheticDataAndLoader) {
   Tensor p = empty({2, 3}, {.pinned_memory = true});
 }
 
+// ---- docs/coming-from-pytorch.md, "A training loop, side by side" (its main(), renamed; run in a temporary folder)
+namespace pytorch_guide {
+struct Points : data::Dataset {                  // a Dataset: size() and get(i)
+  Tensor x = randn({512, 16});
+  Tensor y = (x.sum({1}) > 0.0).to(DType::Int64);
+  int64_t size() const override { return x.size(0); }
+  data::Example get(int64_t i, data::SampleRng&) const override { return {{"x", x[i]}, {"y", y[i]}}; }
+};
+
+int guide_main() {
+  manual_seed(0);
+  data::DataLoader loader(std::make_shared<Points>(), {.batch_size = 64, .workers = 2, .shuffle = true});
+
+  auto model = nn::make<nn::Sequential>(nn::Linear(16, 64), nn::ReLU(), nn::Linear(64, 2));
+  optim::AdamW opt(model->parameters(), {.lr = 1e-2});
+  optim::StepLR sched(opt, /*step_size=*/2, /*gamma=*/0.5);
+
+  model->train();
+  double first = 0, last = 0;
+  for (int epoch = 0; epoch < 5; ++epoch) {
+    for (data::Batch& batch : loader.epoch(epoch)) {
+      auto [x, y] = batch;                       // the fields "x" (64, 16) and "y" (64), stacked
+      opt.zero_grad();
+      Tensor loss = nn::cross_entropy(model(x), y);
+      loss.backward();
+      opt.step();
+      last = loss.item<double>();
+      if (first == 0) first = last;
+    }
+    sched.step();
+    std::cout << "epoch " << epoch << "  loss " << last << "\n";
+  }
+  io::save_checkpoint("model.h5", {.model = model.get(), .optimizer = &opt});
+  return last < first ? 0 : 1;
+}
+}  // namespace pytorch_guide
+
+TEST(DocSnippets, PytorchGuideTrainingLoop) {
+  InTempFolder here("kiln_doc_snippets_pytorch_loop");
+  EXPECT_EQ(pytorch_guide::guide_main(), 0);     // the loss fell
+  EXPECT_TRUE(std::filesystem::exists("model.h5"));
+}
+
+// ---- docs/coming-from-pytorch.md, "Autograd" (the custom function, then its use; run)
+namespace pytorch_guide {
+struct ScaledTanh : autograd::Function<ScaledTanh> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, double scale) {
+    Tensor y = tanh(x);
+    ctx.save_for_backward({y});
+    ctx.set("scale", scale);
+    return y * scale;
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grad_outputs) {
+    Tensor y = ctx.saved()[0];
+    return {grad_outputs[0] * ctx.get<double>("scale") * (1 - y * y)};   // one per Tensor argument of forward
+  }
+};
+}  // namespace pytorch_guide
+
+TEST(DocSnippets, PytorchGuideAutograd) {
+  using pytorch_guide::ScaledTanh;
+  manual_seed(1);
+  const Tensor w0 = randn({3});
+  const Tensor expected_grad = 2.0 * (1 - tanh(w0) * tanh(w0));
+  manual_seed(1);                            // the snippet's randn gives w0 again
+Tensor w = randn({3}).requires_grad_();
+Tensor loss = ScaledTanh::apply(w, 2.0).sum();
+loss.backward();
+std::cout << w.grad() << "\n";
+{
+  NoGradGuard no_grad;                       // torch.no_grad()
+  w -= w.grad() * 0.1;
+}
+w.mutable_grad() = Tensor();                 // w.grad = None
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_TRUE(allclose(w.detach(), w0 - expected_grad * 0.1, 1e-5, 1e-6));
+}
+
+// ---- docs/coming-from-pytorch.md, "Modules" (the module, then its use; run)
+namespace pytorch_guide {
+struct Net : nn::Module {
+  nn::Handle<nn::Linear> fc1, fc2;
+  nn::Handle<nn::Dropout> drop;
+  Net() : Module("Net") {
+    fc1 = register_module("fc1", nn::Linear(16, 64));
+    drop = register_module("drop", nn::Dropout(0.1));
+    fc2 = register_module("fc2", nn::Linear(64, 2));
+  }
+  Tensor forward(const Tensor& x) override { return fc2(drop(relu(fc1(x)))); }
+};
+}  // namespace pytorch_guide
+
+TEST(DocSnippets, PytorchGuideModules) {
+  using pytorch_guide::Net;
+auto net = nn::make<Net>();
+Tensor logits = net(randn({8, 16}));         // (8, 16) -> (8, 2)
+net->eval();                                 // dropout off
+nn::StateDict sd = net->state_dict();        // "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"
+auto copy = nn::make<Net>();
+copy->load_state_dict(sd);                   // strict: a kiln::Error names any missing or extra name
+  EXPECT_EQ(logits.shape(), (Shape{8, 2}));
+  EXPECT_FALSE(net->is_training());
+  std::vector<std::string> names;
+  for (auto& [name, t] : sd) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}));
+  copy->eval();
+  Tensor x = randn({8, 16});
+  EXPECT_TRUE(allclose(net(x), copy(x)));
+  nn::StateDict wrong{{"fc1.weight", zeros({64, 16})}};
+  EXPECT_THROW(copy->load_state_dict(wrong), kiln::Error);
+}
+
+// ---- docs/coming-from-pytorch.md, "Mixed precision, FP8, CUDA graphs" (a GPU: compiled only)
+namespace pytorch_guide {
+void amp_step(nn::Handle<nn::Module> model, optim::Optimizer& opt, const Tensor& x, const Tensor& y, Device dev) {
+  // bf16: no scaler needed
+  opt.zero_grad();
+  Tensor loss;
+  { amp::Autocast cast(DType::BFloat16); loss = nn::cross_entropy(model(x), y); }
+  loss.backward();
+  opt.step();
+
+  // fp16: dynamic loss scaling
+  amp::GradScaler scaler;
+  opt.zero_grad();
+  { amp::Autocast cast(DType::Float16); loss = nn::cross_entropy(model(x), y); }
+  scaler.scale(loss).backward();
+  scaler.step(opt);                          // skipped when a gradient was inf or NaN
+  scaler.update();
+
+  // FP8: the nn::Linear layers the recipe selects compute in FP8 (a GPU of compute capability 8.9 or more)
+  amp::Fp8Recipe recipe{};
+  amp::prepare_fp8(*model, recipe, dev);     // once per model, and before loading an FP8 checkpoint
+  opt.zero_grad();
+  { amp::Autocast cast(DType::BFloat16, {.fp8 = recipe}); loss = nn::cross_entropy(model(x), y); }
+  loss.backward();
+  opt.step();
+}
+}  // namespace pytorch_guide
+
+// ---- docs/coming-from-pytorch.md, "Saving and loading" (run in a temporary folder)
+TEST(DocSnippets, PytorchGuideSavingAndLoading) {
+  InTempFolder here("kiln_doc_snippets_pytorch_save");
+auto model = nn::make<nn::Sequential>(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2));
+optim::AdamW opt(model->parameters(), {.lr = 1e-3});
+optim::StepLR sched(opt, /*step_size=*/10);
+data::LoaderPosition pos;                    // where the data loader is: {epoch, batch}
+io::CheckpointParts parts{.model = model.get(), .optimizer = &opt, .scheduler = &sched,
+                          .generators = true, .loader = &pos};
+io::CheckpointManager ckpt("run/", {.keep_last = 3});
+int64_t step = ckpt.resume(parts).value_or(0);   // the newest complete checkpoint, or a fresh start
+ckpt.save(step + 100, parts);                    // run/ckpt-00000100.h5
+
+io::save_safetensors("run/model.safetensors", model->state_dict());
+io::load_weights(*model, "run/model.safetensors");
+  EXPECT_EQ(step, 0);
+  EXPECT_TRUE(std::filesystem::exists("run/ckpt-00000100.h5"));
+  io::CheckpointManager again("run/", {.keep_last = 3});
+  EXPECT_EQ(again.resume(parts).value_or(0), 100);
+}
+
+// ---- docs/coming-from-pytorch.md, "Several GPUs" (several processes: compiled only)
+namespace pytorch_guide {
+void train_on_several_gpus(nn::Handle<nn::Module> model, std::shared_ptr<data::Dataset> dataset) {
+  auto env = dist::init();                   // one process of `mpirun -np N`; world size 1 without a launcher
+  model->to(env.device());                   // cuda:<local rank>, or the CPU without a GPU
+  dist::DataParallel ddp(model);             // rank 0's weights everywhere; gradients averaged in backward
+  optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+  data::DataLoader loader(dataset, {.batch_size = 64, .workers = 4, .shuffle = true,
+                                    .device = env.device()});   // each rank gets its own shard
+  for (int epoch = 0; epoch < 10; ++epoch) {
+    for (data::Batch& batch : loader.epoch(epoch)) {
+      auto [x, y] = batch;
+      opt.zero_grad();
+      nn::cross_entropy(ddp(x), y).backward();
+      opt.step();
+    }
+    if (env.is_main()) io::save_checkpoint("run/ckpt.h5", {.model = model.get(), .optimizer = &opt});
+  }
+}
+}  // namespace pytorch_guide
+
+// ---- docs/coming-from-pytorch.md, "Profiling" (run on the CPU with a small step, in a temporary folder)
+namespace pytorch_guide {
+void profile_steps(const std::function<void()>& train_step) {
+  profiler::Profile prof({.schedule = {.wait = 1, .warmup = 1, .active = 2}, .trace_path = "run/trace.json"});
+  for (int step = 0; step < 4; ++step) {
+    train_step();
+    prof.step();
+  }
+  std::cout << prof.result().table(10);      // the top 10 ops
+}
+}  // namespace pytorch_guide
+
+TEST(DocSnippets, PytorchGuideProfiling) {
+  InTempFolder here("kiln_doc_snippets_pytorch_profile");
+  std::filesystem::create_directories("run");
+  Tensor a = randn({16, 16});
+  pytorch_guide::profile_steps([&] { a = relu(matmul(a, a.t())) * 0.01; });
+  EXPECT_TRUE(std::filesystem::exists("run/trace.json"));
+}
+
+// ---- docs/coming-from-pytorch.md, "What differs" (a forward of several arguments, errors, CPU autocast; run)
+namespace pytorch_guide {
+class Masked : public nn::Module {
+  using nn::Module::forward;                 // private: no one-tensor forward
+ public:
+  Masked() : Module("Masked") {}
+  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& mask) { return {x * mask, mask.sum()}; }
+};
+}  // namespace pytorch_guide
+
+TEST(DocSnippets, PytorchGuideWhatDiffers) {
+  using pytorch_guide::Masked;
+  {
+auto masked = nn::make<Masked>();
+auto [out, count] = masked(randn({2, 4}), ones({2, 4}));   // Masked::forward(x, mask)
+    EXPECT_EQ(out.shape(), (Shape{2, 4}));
+    EXPECT_EQ(count.item<float>(), 8.f);
+  }
+  testing::internal::CaptureStderr();
+try {
+  std::cout << matmul(randn({2, 3}), randn({4, 5}));
+} catch (const kiln::Error& e) {
+  std::cerr << e.what() << "\n";             // names matmul and both shapes
+}
+  const std::string message = testing::internal::GetCapturedStderr();
+  EXPECT_NE(message.find("matmul"), std::string::npos) << message;
+
+  testing::internal::CaptureStdout();
+Tensor a = randn({4, 8}), b = randn({8, 2});
+{
+  amp::Autocast cast(DType::BFloat16);                                     // CUDA ops only
+  std::cout << matmul(a, b).dtype() << "\n";                               // float32
+}
+{
+  amp::Autocast cast(DType::BFloat16, {.device_type = DeviceType::CPU});   // CPU ops too
+  std::cout << matmul(a, b).dtype() << "\n";                               // bfloat16
+}
+  const std::string dtypes = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(dtypes, "float32\nbfloat16\n");
+}
+
 }  // namespace snippets
 // clang-format on
