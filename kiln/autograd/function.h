@@ -9,7 +9,7 @@
 //       return y * scale;
 //     }
 //     // One gradient per Tensor argument of forward, in order (undefined where none is needed).
-//     static TensorList backward(autograd::Context& ctx, const TensorList& grad_outputs) {
+//     static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grad_outputs) {
 //       Tensor y = ctx.saved()[0];
 //       return {grad_outputs[0] * ctx.get<double>("scale") * (1 - y * y)};
 //     }
