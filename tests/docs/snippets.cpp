@@ -38,6 +38,42 @@ struct InTempFolder {
   }
 };
 
+// ---- README.md, "A training program" (its main(), renamed; run: the loss must fall)
+int readme_training_main() {
+  manual_seed(0);
+  Tensor x = linspace(-1.0, 1.0, 256).reshape({256, 1});   // 256 points on [-1, 1]
+  Tensor y = sin(x * 3.0);                                  // the function to learn
+  nn::Sequential model{nn::Linear(1, 32), nn::Tanh(), nn::Linear(32, 32), nn::Tanh(), nn::Linear(32, 1)};
+  optim::Adam opt(model.parameters(), {.lr = 1e-2});
+  for (int step = 1; step <= 300; ++step) {
+    opt.zero_grad();
+    Tensor loss = nn::mse_loss(model(x), y);
+    loss.backward();
+    opt.step();
+    if (step % 100 == 0) std::cout << "step " << step << "  loss " << loss.item<double>() << "\n";
+  }
+  return 0;
+}
+
+TEST(DocSnippets, ReadmeTrainingProgram) {
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(readme_training_main(), 0);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  std::cout << out;
+  // Three progress lines; the last loss is a small part of the first (about 0.5 for predicting 0).
+  std::istringstream lines(out);
+  std::string word;
+  double first = -1, last = -1;
+  while (lines >> word) {
+    if (word == "loss") {
+      lines >> last;
+      if (first < 0) first = last;
+    }
+  }
+  EXPECT_GT(first, 0.0);
+  EXPECT_LT(last, 0.01);
+}
+
 // ---- README.md, "Using kiln from another CMake project" (its main(), renamed)
 int readme_main() {
   Tensor x = randn({4, 8});
