@@ -16,7 +16,7 @@ export KILN_BUILD_DIR="$build_dir"
 # Only what the quick start needs: the library and the program (no tests, benchmarks or test-only packages;
 # scripts/test.sh builds and installs the rest).
 echo "quickstart.sh: installing what is missing, then building the kiln library and the quick start program:" \
-  "about __QS_MIN__ minutes on a 2-core machine the first time (much less with a warm compiler cache)"
+  "about 8 minutes on a 2-core machine the first time (much less with a warm compiler cache)"
 scripts/setup.sh --no-test-deps --target quickstart "$@"
 program="$build_dir/examples/quickstart/quickstart"
 if [[ ! -x "$program" ]]; then
