@@ -256,6 +256,8 @@ case "$case_name" in
     expect "does not exist" "$bert" pretrain --text "$work/bad/missing.txt" --build-vocab 100 --device cpu \
       --out "$work/bad/a"
     expect "--size takes base, large, tiny or custom" "$bert" pretrain "${tiny[@]}" --size huge --out "$work/bad/b"
+    expect "--amp takes bf16, fp16, fp8, off or auto, not 'fp4'" "$bert" pretrain "${tiny[@]/off/fp4}" \
+      --out "$work/bad/amp"
     expect "--vocab $work/bad/none.txt does not exist" "$bert" pretrain --text "$data/sample.txt" \
       --vocab "$work/bad/none.txt" --device cpu --out "$work/bad/c"
     expect "needs a vocabulary" "$bert" pretrain --text "$data/sample.txt" --device cpu --out "$work/bad/d"
