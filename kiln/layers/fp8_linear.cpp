@@ -201,6 +201,19 @@ amp::Fp8ScalingState* Linear::fp8_state_for(const amp::Fp8Recipe& recipe, Device
   return fp8_state_.get();
 }
 
+void Linear::share_fp8_state(const Linear& owner) {
+  KILN_CHECK(fp8_state_ && owner.fp8_state_, "Linear::share_fp8_state: both Linears need an FP8 state first ",
+             "(amp::prepare_fp8, or fp8_state_for)");
+  KILN_CHECK(fp8_state_->device() == owner.fp8_state_->device(), "Linear::share_fp8_state: this Linear's FP8 state is ",
+             "on ", fp8_state_->device(), ", the owner's on ", owner.fp8_state_->device(), "; move both to one device");
+  if (fp8_state_ == owner.fp8_state_) return;
+  fp8_state_ = owner.fp8_state_;
+  fp8_excluded_ = false;
+  fp8_buffers_[0].impl().set_data(fp8_state_->amax_history().impl());
+  fp8_buffers_[1].impl().set_data(fp8_state_->scale().impl());
+  fp8_buffers_[2].impl().set_data(fp8_state_->scale_inv().impl());
+}
+
 }  // namespace kiln::nn
 
 namespace kiln::amp {

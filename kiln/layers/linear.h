@@ -42,15 +42,20 @@ class Linear : public Module {
   void disable_fp8() { fp8_excluded_ = true; }
   // The FP8 state, or nullptr before enable_fp8 / the first FP8 forward.
   const amp::Fp8ScalingState* fp8_state() const { return fp8_state_.get(); }
+  // The state a forward in an FP8 region under `recipe` on `device` uses (made now, as the first FP8 forward would,
+  // where the filter selects this Linear and there is none yet), or nullptr where this Linear stays out of FP8. For
+  // layers that compute a Linear's product themselves.
+  amp::Fp8ScalingState* fp8_state_for(const amp::Fp8Recipe& recipe, Device device);
+  // Makes this Linear use `owner`'s FP8 state (and its buffers hold the same memory as owner's): for one FP8 product
+  // of several Linears' stacked weights on one input, which one state scales (BERT's query, key and value). Both must
+  // have a state on one device. Module::to() separates them again (each then has its own copy); share again after.
+  void share_fp8_state(const Linear& owner);
 
   int64_t in_features, out_features;
   Tensor weight;  // (out_features, in_features)
   Tensor bias;    // (out_features); undefined without bias
 
  private:
-  // The state for this forward in an FP8 region, or nullptr where this Linear stays out of FP8.
-  amp::Fp8ScalingState* fp8_state_for(const amp::Fp8Recipe& recipe, Device device);
-
   std::shared_ptr<amp::Fp8ScalingState> fp8_state_;
   bool fp8_excluded_ = false;
   Tensor fp8_buffers_[3];  // the registered buffers: amax history, scale, scale_inv (share the state's storage)

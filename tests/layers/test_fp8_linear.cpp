@@ -392,11 +392,12 @@ TEST_P(Fp8LinearTest, PrepareChoosesByName) {
   expect_error([&] { amp::prepare_fp8(*model, all, dev()); }, {"Linear(16, 20)", "multiples of 16", "module_filter"});
 }
 
-// BERT's self-attention stacks its q/k/v weights into one product outside FP8 regions; inside one, each projection is
-// its own Linear with its own state: each records the input's amax and its own weight's, and each weight gets a
-// gradient. The output stays near the bf16 path's (FP8's 3 mantissa bits: a loose bound, and a tight one would say
-// nothing more than the Linear tests above).
-TEST_P(Fp8LinearTest, BertSelfAttentionUsesEachProjectionsState) {
+// BERT's self-attention stacks its q/k/v weights into one product; in an FP8 region that selects all three it is one
+// FP8 product under query's state, which key and value then share: the output equals, bit for bit, nn::fp8_linear
+// with the stacked weight and a state of its own that saw the same calls; the state records the input's amax and the
+// largest of the three weights' amaxes; each weight gets a gradient. The output stays near the bf16 path's (FP8's 3
+// mantissa bits: a loose bound, and a tight one would say nothing more than the Linear tests above).
+TEST_P(Fp8LinearTest, BertSelfAttentionStacksItsProjectionsUnderOneState) {
   const nn::models::BertConfig config = nn::models::BertConfig::custom(100, 32, 1, 2, 64, 16);
   auto attention = std::make_shared<nn::models::BertSelfAttention>(config);
   attention->to(dev());
@@ -404,20 +405,34 @@ TEST_P(Fp8LinearTest, BertSelfAttentionUsesEachProjectionsState) {
   const amp::Fp8Recipe recipe{.amax_history_len = 2};
   EXPECT_EQ(amp::prepare_fp8(*attention, recipe, dev()), 3);
   const Tensor hidden = input({2, 5, 32}, -1.5, 1.5, 70);
-  Tensor y, plain;
+  Tensor y, plain, stacked;
+  amp::Fp8ScalingState own = amp::Fp8ScalingState::for_linear(recipe, dev());
+  const Tensor w = cat({attention->query->weight, attention->key->weight, attention->value->weight}, 0).detach();
+  const Tensor bias = cat({attention->query->bias, attention->key->bias, attention->value->bias}, 0).detach();
   {
     amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
     {
       NoGradGuard no_grad;  // the first call records the amaxes; its own scales are still 1
       attention->forward(hidden, Tensor());
+      nn::fp8_linear(hidden, w, bias, own, DType::BFloat16);
     }
     y = attention->forward(hidden, Tensor());  // with the scales from the recorded amaxes
+    NoGradGuard no_grad;
+    stacked = nn::fp8_linear(hidden, w, bias, own, DType::BFloat16);  // (2, 5, 96): q | k | v
   }
   {
     amp::Autocast cast(DType::BFloat16, true, dev().type());
     plain = attention->forward(hidden, Tensor());
   }
   ASSERT_EQ(y.shape(), (Shape{2, 5, 32}));
+  // The same q, k, v as the stacked product: the same attention output from them.
+  {
+    NoGradGuard no_grad;
+    const auto heads = [](const Tensor& t) { return permute(reshape(t, {2, 5, 2, 16}), {0, 2, 1, 3}); };
+    const std::vector<Tensor> qkv = split(stacked, 32, -1);
+    const Tensor context = nn::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), {});
+    expect_bitwise_equal(y, reshape(permute(context, {0, 2, 1, 3}), {2, 5, 32}), "the stacked FP8 product");
+  }
   const std::vector<double> yv = values(y), pv = values(plain);
   const double scale = amax_of(pv);
   double diff = 0;
@@ -425,15 +440,51 @@ TEST_P(Fp8LinearTest, BertSelfAttentionUsesEachProjectionsState) {
   EXPECT_LE(diff, 0.15 * scale) << "FP8 output against the bf16 path's";
   EXPECT_GT(diff, 0) << "the FP8 region computed the same as bf16: FP8 was not used";
   sum(y.to(DType::Float32)).backward();
+  ASSERT_NE(attention->query->fp8_state(), nullptr);
+  EXPECT_EQ(attention->key->fp8_state(), attention->query->fp8_state());
+  EXPECT_EQ(attention->value->fp8_state(), attention->query->fp8_state());
+  const std::vector<double> h = values(attention->query->fp8_state()->amax_history());  // (2, 3): row 0 this call's
+  EXPECT_EQ(h[0], amax_of(values(hidden))) << "input amax";
+  EXPECT_EQ(h[1], amax_of(values(w))) << "the stacked weights' amax";
+  EXPECT_GT(h[2], 0) << "the output gradient's amax";
+  // The buffers, as state_dict() (and so a checkpoint) shows them, hold the shared state.
+  int shown = 0;
+  for (const auto& [name, tensor] : attention->state_dict()) {
+    if (name != "key.fp8_amax_history" && name != "value.fp8_amax_history") continue;
+    EXPECT_EQ(values(tensor), h) << name;
+    ++shown;
+  }
+  EXPECT_EQ(shown, 2) << "key's and value's fp8_amax_history in state_dict()";
   for (const auto& [name, linear] :
        {std::pair{"query", attention->query}, std::pair{"key", attention->key}, std::pair{"value", attention->value}}) {
-    ASSERT_NE(linear->fp8_state(), nullptr) << name;
-    const std::vector<double> h = values(linear->fp8_state()->amax_history());  // (2, 3): row 0 is this call's
-    EXPECT_EQ(h[0], amax_of(values(hidden))) << name << ": input amax";
-    EXPECT_EQ(h[1], amax_of(values(linear->weight))) << name << ": its own weight's amax";
-    EXPECT_GT(h[2], 0) << name << ": the output gradient's amax";
     ASSERT_TRUE(linear->weight.grad().defined()) << name;
     EXPECT_GT(amax_of(values(linear->weight.grad())), 0) << name;
+    ASSERT_TRUE(linear->bias.grad().defined()) << name;
+  }
+}
+
+// Where the filter selects only some of query, key and value, each is its own Linear call: the selected ones in FP8
+// with their own state, the others in bf16, and no state is shared.
+TEST_P(Fp8LinearTest, BertSelfAttentionWithSomeProjectionsSelected) {
+  const nn::models::BertConfig config = nn::models::BertConfig::custom(100, 32, 1, 2, 64, 16);
+  auto attention = std::make_shared<nn::models::BertSelfAttention>(config);
+  attention->to(dev());
+  attention->eval();
+  amp::Fp8Recipe recipe{.amax_history_len = 2};
+  recipe.module_filter = [](const amp::Fp8ModuleInfo& m) { return m.name != "value"; };
+  EXPECT_EQ(amp::prepare_fp8(*attention, recipe, dev()), 2);
+  const Tensor hidden = input({2, 5, 32}, -1.5, 1.5, 71);
+  {
+    amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+    sum(attention->forward(hidden, Tensor()).to(DType::Float32)).backward();
+  }
+  ASSERT_NE(attention->query->fp8_state(), nullptr);
+  ASSERT_NE(attention->key->fp8_state(), nullptr);
+  EXPECT_NE(attention->key->fp8_state(), attention->query->fp8_state());
+  EXPECT_EQ(attention->value->fp8_state(), nullptr);
+  for (const auto& linear : {attention->query, attention->key}) {
+    const std::vector<double> h = values(linear->fp8_state()->amax_history());
+    EXPECT_EQ(h[1], amax_of(values(linear->weight))) << "its own weight's amax";
   }
 }
 

@@ -8,6 +8,7 @@
 #include "kiln/autograd/checkpoint.h"  // autograd::checkpoint (gradient checkpointing)
 #include "kiln/autograd/grad_mode.h"   // NoGradGuard for initialisation
 #include "kiln/layers/attention.h"     // nn::scaled_dot_product_attention
+#include "kiln/layers/fp8_linear.h"    // nn::fp8_linear: the stacked q/k/v product in FP8 regions
 #include "kiln/layers/functional.h"    // nn::linear
 #include "kiln/layers/init.h"          // normal_, zeros_, ones_
 #include "kiln/layers/loss.h"          // cross_entropy, mse_loss
@@ -150,12 +151,20 @@ Tensor BertSelfAttention::forward(const Tensor& hidden, const Tensor& mask) {
   const int64_t N = hidden.size(0), S = hidden.size(1), H = hidden.size(2);
   // (N, S, H) -> (N, S, heads, D) -> (N, heads, S, D)
   auto heads = [&](const Tensor& x) { return permute(reshape(x, {N, S, num_heads, head_dim}), {0, 2, 1, 3}); };
-  // The three projections as one product with the weights stacked (stacked_projection), except in an FP8 region:
-  // there each projection is its own nn::Linear call, so that each keeps its own delayed-scaling state (the fp8_*
-  // buffers of query, key and value) and the recipe's module filter sees each by name.
+  // The three projections as one product with the weights stacked: stacked_projection, or in an FP8 region where the
+  // recipe selects all three, stacked_fp8_projection. Where it selects only some, each is its own nn::Linear call.
   std::vector<Tensor> qkv;
-  if (autocast::fp8_recipe(hidden.device().type()) != nullptr) {
-    qkv = {query(hidden), key(hidden), value(hidden)};
+  if (const amp::Fp8Recipe* recipe = autocast::fp8_recipe(hidden.device().type());
+      recipe != nullptr && hidden.is_floating_point()) {
+    amp::Fp8ScalingState* state = query->fp8_state_for(*recipe, hidden.device());
+    const bool all = state != nullptr && key->fp8_state_for(*recipe, hidden.device()) != nullptr &&
+                     value->fp8_state_for(*recipe, hidden.device()) != nullptr;
+    const int biases = int(query->bias.defined()) + int(key->bias.defined()) + int(value->bias.defined());
+    if (all && (biases == 0 || biases == 3)) {
+      qkv = stacked_fp8_projection(hidden, *state);
+    } else {
+      qkv = {query(hidden), key(hidden), value(hidden)};
+    }
   } else {
     qkv = stacked_projection(hidden);
   }
@@ -180,6 +189,20 @@ std::vector<Tensor> BertSelfAttention::stacked_projection(const Tensor& hidden) 
     b = cat({bq, bk, bv}, 0);  // (3H)
   }
   return split(linear(hidden, w, b), H, -1);  // 3 x (N, S, H), views
+}
+
+std::vector<Tensor> BertSelfAttention::stacked_fp8_projection(const Tensor& hidden, amp::Fp8ScalingState& state) {
+  // One FP8 product for the three: `hidden` quantised once, one (3H, H) weight, and in backward one quantisation of
+  // the output gradient and one dX product (no sum of three). One scale per operand covers the stack, so the three
+  // Linears share query's state (key's and value's fp8_* buffers then hold the same values as query's, as a
+  // checkpoint saves them). The weights are the float32 master weights, stacked.
+  const int64_t H = hidden.size(2);
+  key->share_fp8_state(*query);
+  value->share_fp8_state(*query);
+  const Tensor w = cat({query->weight, key->weight, value->weight}, 0);  // (3H, H)
+  const Tensor b = query->bias.defined() ? cat({query->bias, key->bias, value->bias}, 0) : Tensor();
+  const Tensor y = fp8_linear(hidden, w, b, state, autocast::get_dtype(hidden.device().type()));
+  return split(y, H, -1);  // 3 x (N, S, H), views
 }
 
 BertResidualOutput::BertResidualOutput(const BertConfig& c, int64_t in_features) : Module("BertOutput") {

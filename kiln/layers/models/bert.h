@@ -103,6 +103,8 @@ class BertSelfAttention : public Module {
  private:
   // q, k, v as one product with the three weights stacked: 3 views (N, S, H).
   std::vector<Tensor> stacked_projection(const Tensor& hidden);
+  // The same in an FP8 region, as one FP8 product under `state` (query's, which key and value then share).
+  std::vector<Tensor> stacked_fp8_projection(const Tensor& hidden, amp::Fp8ScalingState& state);
 };
 
 // dense -> dropout -> LayerNorm(x + residual) (nn::dropout_add_layer_norm): "attention.output" (H -> H) and "output"
