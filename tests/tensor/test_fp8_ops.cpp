@@ -227,13 +227,13 @@ TEST_P(Fp8OpsTest, QuantizeTransposed) {
 }
 
 // Both layouts in one call, against the references, with the column sums against float64 sums: shapes the GPU's
-// paired kernel takes (whole and partial 64-row tiles, several column tiles, a row count past one grid row of
-// tiles' worth of work) and shapes it leaves to the two separate quantisations (columns not a multiple of 64, rows
-// not of 4). The sums are float32 sums, within a bound of the float64 one by the sum of magnitudes.
+// paired kernel takes (whole and partial 64-row tiles, rows a multiple of 16 or only of 4, several column tiles) and
+// shapes it leaves to the two separate quantisations (columns not a multiple of 64, rows not of 4). The sums are float32 sums, within a bound of the float64 one by the sum of magnitudes.
 TEST_P(Fp8OpsTest, QuantizePairGivesBothLayoutsAndColumnSums) {
   for (const Format* f : {&kE4M3, &kE5M2}) {
     for (DType in : kInputTypes) {
-      for (const Shape& shape : {Shape{128, 192}, Shape{132, 64}, Shape{4, 128}, Shape{20, 48}, Shape{37, 64}}) {
+      for (const Shape& shape :
+           {Shape{128, 192}, Shape{80, 128}, Shape{132, 64}, Shape{4, 128}, Shape{20, 48}, Shape{37, 64}}) {
         SCOPED_TRACE(::testing::Message() << f->dtype << " from " << in << " (" << shape[0] << ", " << shape[1] << ")");
         const int64_t r = shape[0], c = shape[1];
         std::vector<double> v = testing::uniform(r * c, -300, 300, 11);

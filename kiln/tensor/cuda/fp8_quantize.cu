@@ -9,16 +9,17 @@
 // Plain: a grid-stride loop, 16 bytes of x per thread and step (4 floats or 8 16-bit values) where x is 16-byte
 // aligned. Transposed (R, C) -> (C, R): 32 x 32 tiles through shared memory, read along x's rows and written along
 // out's rows, so both sides are coalesced.
-// Both layouts at once (fp8_quantize_pair): 64 x 64 tiles, x read once in 16-byte vectors, the plain codes written
-// straight from registers and the transposed ones through shared memory, 4 bytes per thread; the tile's column sums
-// (for a bias gradient) are added in a fixed order into one row of partial sums per row tile, which the frontend
-// sums: the result does not depend on scheduling.
+// Both layouts at once (fp8_quantize_pair): one 64 x 64 tile per block, x read once in 16-byte vectors (all of a
+// thread's loads issued before any is used), the plain codes written straight from registers and the transposed ones
+// through shared memory, 16 bytes per thread where R % 16 == 0 (4 otherwise); the tile's column sums (for a bias
+// gradient) are added in a fixed order into one row of partial sums per row tile, which the frontend sums: the result
+// does not depend on scheduling.
 #include <cuda_fp16.h>  // __half2float
 #include <cuda_fp8.h>   // __nv_cvt_float_to_fp8
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>  // std::conditional_t
+#include <type_traits>  // std::conditional_t, std::true_type
 
 #include "kiln/tensor/cuda/cuda_backend.h"  // stream_for
 #include "kiln/tensor/cuda/cuda_check.h"
@@ -50,6 +51,16 @@ __device__ __forceinline__ uint8_t encode(float v) {
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, kE4M3 ? __NV_E4M3 : __NV_E5M2);
 }
 
+// Two floats -> two FP8 codes (a in the low byte), as encode() does each: one conversion instruction for the pair on
+// FP8-capable GPUs (sm_89+).
+template <bool kE4M3>
+__device__ __forceinline__ uint16_t encode2(float a, float b) {
+  uint16_t v = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kE4M3 ? __NV_E4M3 : __NV_E5M2);
+  if (a != a) v = static_cast<uint16_t>((v & 0xff00u) | 0x7fu);
+  if (b != b) v = static_cast<uint16_t>((v & 0x00ffu) | 0x7f00u);
+  return v;
+}
+
 // max(m, v) where a NaN v wins and a NaN m stays (v > NaN is false).
 __device__ __forceinline__ float nan_max(float m, float v) { return (v > m || v != v) ? v : m; }
 
@@ -67,6 +78,26 @@ __device__ void commit_block_amax(float local, float* amax) {
   if (lane == 0) {
     const int bits = local != local ? 0x7fc00000 : __float_as_int(local);
     atomicMax(reinterpret_cast<int*>(amax), bits);
+  }
+}
+
+// One 16-byte group of x: its kVec values (as raw bits in `in`) scaled and encoded into `codes`, their |max| into
+// `local`, and (kSums) each value added to its column sum.
+template <In kIn, bool kE4M3, bool kSums, int kVec>
+__device__ __forceinline__ void encode_group(const raw_t<kIn> (&in)[kVec], float s, float& local, float (&colsum)[kVec],
+                                             uint8_t (&codes)[kVec]) {
+  static_assert(kVec % 2 == 0);
+#pragma unroll
+  for (int j = 0; j < kVec; j += 2) {
+    const float f0 = load_float<kIn>(in[j]), f1 = load_float<kIn>(in[j + 1]);
+    local = nan_max(nan_max(local, fabsf(f0)), fabsf(f1));
+    if constexpr (kSums) {
+      colsum[j] += f0;
+      colsum[j + 1] += f1;
+    }
+    const uint16_t two = encode2<kE4M3>(f0 * s, f1 * s);
+    codes[j] = static_cast<uint8_t>(two & 0xffu);
+    codes[j + 1] = static_cast<uint8_t>(two >> 8);
   }
 }
 
@@ -95,12 +126,8 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t w[kVec / 4];
       uint8_t b[kVec];
     } o;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const float f = load_float<kIn>(in.e[j]);
-      local = nan_max(local, fabsf(f));
-      o.b[j] = encode<kE4M3>(f * s);
-    }
+    float no_sums[kVec];
+    encode_group<kIn, kE4M3, false>(in.e, s, local, no_sums, o.b);
     if constexpr (kVec == 4) {
       reinterpret_cast<uint32_t*>(out)[g] = o.w[0];
     } else {
@@ -153,9 +180,16 @@ __global__ void __launch_bounds__(kTile* kTileRows)
 constexpr int kPairTile = 64, kPairThreads = 256;
 
 // out (R, C) = q(x * scale), out_t (C, R) its transpose, partial (row tiles, C) the column sums of each 64-row tile
-// (null: none). C % 64 == 0, R % 4 == 0, x 16-byte aligned (pair_kernel_applies).
-template <In kIn, bool kE4M3, bool kSums>
-__global__ void __launch_bounds__(kPairThreads)
+// (null: none). C % 64 == 0, R % 4 == 0, x 16-byte aligned (pair_kernel_applies); kRows16: R % 16 == 0, so that the
+// transposed codes go out 16 bytes per store (else 4).
+//
+// One 64 x 64 tile per block. Each thread first loads all of its rows of the tile (2 or 4 16-byte loads, issued back
+// to back, so that several are in flight), then encodes them: the plain codes go straight to `out`, and into a shared
+// tile from which the transposed rows are written. The column sums: each thread's rows summed in order, then the
+// lanes of a warp that hold the same columns (shuffles in a fixed order), then the block's warps in order; so the sums
+// do not depend on scheduling.
+template <In kIn, bool kE4M3, bool kSums, bool kRows16>
+__global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) per SM: the kernel is latency-bound
     quantize_pair_kernel(const raw_t<kIn>* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
                          float* __restrict__ partial, int64_t rows, int64_t cols, const float* __restrict__ scale,
                          float* amax) {
@@ -163,71 +197,95 @@ __global__ void __launch_bounds__(kPairThreads)
   constexpr int kVec = 16 / sizeof(Raw);                // elements per 16-byte load: 4 or 8
   constexpr int kPerRow = kPairTile / kVec;             // threads across a tile row: 16 or 8
   constexpr int kRowsPerPass = kPairThreads / kPerRow;  // 16 or 32
-  constexpr int kPitch = kPairTile + 8;                 // bytes per shared row: 8-byte aligned, banks spread
+  constexpr int kPasses = kPairTile / kRowsPerPass;     // 4 or 2
+  constexpr int kWarps = kPairThreads / 32;
+  constexpr int kPitch = kPairTile + 8;  // bytes per shared row: 8-byte aligned, banks spread
   __shared__ __align__(16) uint8_t tile[kPairTile * kPitch];
-  __shared__ float sums[kSums ? kRowsPerPass : 1][kSums ? kPairTile : 1];
+  __shared__ float sums[kSums ? kWarps : 1][kSums ? kPairTile : 1];
   const float s = *scale;
   const int tid = threadIdx.x, tc = tid % kPerRow, tr = tid / kPerRow;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kPairTile;
-  const int64_t row_tiles = (rows + kPairTile - 1) / kPairTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kPairTile;
+  union Loaded {
+    uint4 v;
+    Raw e[kVec];
+  };
+  Loaded in[kPasses];
+#pragma unroll
+  for (int k = 0; k < kPasses; ++k) {
+    const int64_t r = r0 + tr + k * kRowsPerPass;
+    in[k].v = r < rows ? *reinterpret_cast<const uint4*>(x + r * cols + c0 + tc * kVec) : make_uint4(0, 0, 0, 0);
+  }
   float local = 0.0f;
-  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
-    const int64_t r0 = rt * kPairTile;
-    float colsum[kVec];
+  float colsum[kVec];
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) colsum[j] = 0.0f;
-    for (int i = tr; i < kPairTile; i += kRowsPerPass) {
-      const int64_t r = r0 + i;
-      if (r >= rows) break;
-      const int64_t at = r * cols + c0 + tc * kVec;
-      union {
-        uint4 v;
-        Raw e[kVec];
-      } in;
-      in.v = *reinterpret_cast<const uint4*>(x + at);
-      union {
-        uint32_t w[kVec / 4];
-        uint8_t b[kVec];
-      } o;
+  for (int j = 0; j < kVec; ++j) colsum[j] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float f = load_float<kIn>(in.e[j]);
-        local = nan_max(local, fabsf(f));
-        if constexpr (kSums) colsum[j] += f;
-        o.b[j] = encode<kE4M3>(f * s);
-      }
-      uint8_t* t = tile + i * kPitch + tc * kVec;
+  for (int k = 0; k < kPasses; ++k) {
+    const int i = tr + k * kRowsPerPass;
+    union {
+      uint32_t w[kVec / 4];
+      uint8_t b[kVec];
+    } o;
+    encode_group<kIn, kE4M3, kSums>(in[k].e, s, local, colsum, o.b);  // a row past the end is 0s: no effect
+    uint8_t* t = tile + i * kPitch + tc * kVec;
+    if constexpr (kVec == 4) {
+      *reinterpret_cast<uint32_t*>(t) = o.w[0];
+    } else {
+      *reinterpret_cast<uint2*>(t) = make_uint2(o.w[0], o.w[1]);
+    }
+    if (r0 + i < rows) {
+      uint8_t* dst = out + (r0 + i) * cols + c0 + tc * kVec;
       if constexpr (kVec == 4) {
-        *reinterpret_cast<uint32_t*>(out + at) = o.w[0];
-        *reinterpret_cast<uint32_t*>(t) = o.w[0];
+        *reinterpret_cast<uint32_t*>(dst) = o.w[0];
       } else {
-        *reinterpret_cast<uint2*>(out + at) = make_uint2(o.w[0], o.w[1]);
-        *reinterpret_cast<uint2*>(t) = make_uint2(o.w[0], o.w[1]);
+        *reinterpret_cast<uint2*>(dst) = make_uint2(o.w[0], o.w[1]);
       }
     }
-    __syncthreads();
-    // The transpose: out_t row c0 + c holds x's column c0 + c; each thread writes 4 codes (4 consecutive rows).
+  }
+  if constexpr (kSums) {
+    // Lanes tc, tc + kPerRow, ... of a warp hold the same columns (rows tr of this warp): summed by shuffles.
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      for (int o = kPerRow; o < 32; o <<= 1) colsum[j] += __shfl_xor_sync(0xffffffffu, colsum[j], o);
+    }
+    if (tid % 32 < kPerRow) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sums[tid / 32][tc * kVec + j] = colsum[j];
+    }
+  }
+  __syncthreads();
+  if constexpr (kRows16) {
+    // out_t row c0 + c holds x's column c0 + c; each thread writes 16 codes (16 consecutive rows).
+    const int c = tid / 4, rq = (tid % 4) * 16;
+    if (r0 + rq < rows) {  // rows % 16 == 0: a group of 16 rows is in or out whole
+      uint32_t w[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint8_t* col = tile + (rq + 4 * q) * kPitch + c;
+        w[q] = static_cast<uint32_t>(col[0]) | static_cast<uint32_t>(col[kPitch]) << 8 |
+               static_cast<uint32_t>(col[2 * kPitch]) << 16 | static_cast<uint32_t>(col[3 * kPitch]) << 24;
+      }
+      *reinterpret_cast<uint4*>(out_t + (c0 + c) * rows + r0 + rq) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  } else {
+    // Each thread writes 4 codes (4 consecutive rows) at a time.
     for (int p = tid; p < kPairTile * (kPairTile / 4); p += kPairThreads) {
       const int c = p / (kPairTile / 4), rq = (p % (kPairTile / 4)) * 4;
       if (r0 + rq >= rows) continue;  // rows % 4 == 0: a group of 4 rows is in or out whole
-      const uint32_t w = static_cast<uint32_t>(tile[rq * kPitch + c]) |
-                         static_cast<uint32_t>(tile[(rq + 1) * kPitch + c]) << 8 |
-                         static_cast<uint32_t>(tile[(rq + 2) * kPitch + c]) << 16 |
-                         static_cast<uint32_t>(tile[(rq + 3) * kPitch + c]) << 24;
+      const uint8_t* col = tile + rq * kPitch + c;
+      const uint32_t w = static_cast<uint32_t>(col[0]) | static_cast<uint32_t>(col[kPitch]) << 8 |
+                         static_cast<uint32_t>(col[2 * kPitch]) << 16 | static_cast<uint32_t>(col[3 * kPitch]) << 24;
       *reinterpret_cast<uint32_t*>(out_t + (c0 + c) * rows + r0 + rq) = w;
     }
-    if constexpr (kSums) {
-      // Each thread's column sums over its rows of the tile, then the threads of a column in order of tr.
+  }
+  if constexpr (kSums) {
+    if (tid < kPairTile) {
+      float total = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) sums[tr][tc * kVec + j] = colsum[j];
-      __syncthreads();
-      if (tid < kPairTile) {
-        float total = 0.0f;
-        for (int k = 0; k < kRowsPerPass; ++k) total += sums[k][tid];
-        partial[rt * cols + c0 + tid] = total;
-      }
+      for (int w = 0; w < kWarps; ++w) total += sums[w][tid];
+      partial[blockIdx.y * cols + c0 + tid] = total;
     }
-    __syncthreads();
   }
   commit_block_amax(local, amax);
 }
@@ -238,17 +296,24 @@ void launch_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial, 
   cudaStream_t stream = stream_for(out);
   const int64_t rows = x.size(0), cols = x.size(1);
   const int64_t row_tiles = (rows + kPairTile - 1) / kPairTile;
-  const dim3 grid(static_cast<unsigned>(cols / kPairTile), static_cast<unsigned>(std::min<int64_t>(row_tiles, 65535)));
+  KILN_CHECK(row_tiles <= 65535, "cuda::fp8_quantize_pair: ", rows, " rows are more than its grid covers (",
+             65535 * kPairTile, ")");  // fp8_pair_kernel_applies sends larger ones to the separate kernels
+  const dim3 grid(static_cast<unsigned>(cols / kPairTile), static_cast<unsigned>(row_tiles));
   const auto* px = static_cast<const raw_t<kIn>*>(x.data_ptr());
   auto* po = static_cast<uint8_t*>(out.data_ptr());
   auto* pt = static_cast<uint8_t*>(out_t.data_ptr());
+  auto* pp = partial.defined() ? static_cast<float*>(partial.data_ptr()) : nullptr;
   const auto* ps = static_cast<const float*>(scale.data_ptr());
   auto* pa = static_cast<float*>(amax.data_ptr());
-  if (partial.defined()) {
-    quantize_pair_kernel<kIn, kE4M3, true>
-        <<<grid, kPairThreads, 0, stream>>>(px, po, pt, static_cast<float*>(partial.data_ptr()), rows, cols, ps, pa);
+  auto run = [&](auto sums, auto rows16) {
+    quantize_pair_kernel<kIn, kE4M3, decltype(sums)::value, decltype(rows16)::value>
+        <<<grid, kPairThreads, 0, stream>>>(px, po, pt, pp, rows, cols, ps, pa);
+  };
+  const bool rows16 = rows % 16 == 0;
+  if (pp != nullptr) {
+    rows16 ? run(std::true_type{}, std::true_type{}) : run(std::true_type{}, std::false_type{});
   } else {
-    quantize_pair_kernel<kIn, kE4M3, false><<<grid, kPairThreads, 0, stream>>>(px, po, pt, nullptr, rows, cols, ps, pa);
+    rows16 ? run(std::false_type{}, std::true_type{}) : run(std::false_type{}, std::false_type{});
   }
   KILN_CUDA_CHECK_LAUNCH("fp8_quantize_pair");
 }
@@ -301,7 +366,7 @@ void launch_pair_for_format(const Tensor& out, const Tensor& out_t, const Tensor
 
 bool fp8_pair_kernel_applies(const Tensor& x) {
   return x.dim() == 2 && x.size(1) % kPairTile == 0 && x.size(0) % 4 == 0 &&
-         reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+         (x.size(0) + kPairTile - 1) / kPairTile <= 65535 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
 }
 
 int64_t fp8_pair_row_tiles(int64_t rows) { return (rows + kPairTile - 1) / kPairTile; }
