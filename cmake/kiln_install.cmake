@@ -34,10 +34,7 @@ if(ISAL_LIBRARY AND ISAL_LIBRARY MATCHES "^${PROJECT_SOURCE_DIR}/third_party/")
 endif()
 
 # ---- headers: kiln/**/*.h with their paths, except the backends' internals ----
-# Public headers include only kiln/<module>/*.h; the backend folders hold implementation headers
-# that may pull in Eigen or CUDA, which must never reach a user's compiler.
-set(KILN_PRIVATE_HEADER_DIRS kiln/tensor/cpu kiln/tensor/cuda kiln/layers/cuda kiln/optim/cuda kiln/data/hdf5 kiln/data/gpu_decode
-    kiln/distributed/detail kiln/distributed/cuda kiln/monitor/nvml)
+# Public headers include only kiln/<module>/*.h; KILN_PRIVATE_HEADER_DIRS (CMakeLists.txt) are the backends' internals.
 file(GLOB_RECURSE _kiln_headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/kiln/*.h)
 foreach(_header IN LISTS _kiln_headers)
   get_filename_component(_dir ${_header} DIRECTORY)

@@ -65,6 +65,8 @@ required=(cmake ninja-build g++ make pkg-config libeigen3-dev libhdf5-dev libope
           libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libisal-dev)
 # python3-pip fetches the header-only parts kiln takes from PyPI (nvml.h, cudnn-frontend) into third_party/.
 optional=(ccache clang-format git python3-pip)
+# Only the tests need these (left out by --no-test-deps): doxygen, for the API reference's check docs.undocumented.
+test_packages=(doxygen)
 # --fuzz: clang and libFuzzer's runtime (Debian 12 ships it in libclang-rt-14-dev), for fuzz/.
 fuzz_packages=(clang libclang-rt-14-dev)
 
@@ -86,6 +88,7 @@ probe() {
     make) command -v make >/dev/null ;;
     pkg-config) command -v pkg-config >/dev/null ;;
     ccache) command -v ccache >/dev/null ;;
+    doxygen) command -v doxygen >/dev/null ;;
     git) command -v git >/dev/null ;;
     python3-pip) python3 -m pip --version >/dev/null 2>&1 ;;
     clang-format) compgen -c clang-format | grep -qE '^clang-format(-[0-9]+)?$' ;;
@@ -135,6 +138,16 @@ install_packages() {
     die "could not install ${still_missing[*]}; install them by hand (as root: apt-get install ${still_missing[*]})"
   fi
   say "warning: could not install the optional ${missing[*]}; building without them"
+}
+
+# The test-only Debian packages (test_packages), when missing; a failure is a warning (the build does not need them).
+install_test_packages() {
+  local missing
+  mapfile -t missing < <(missing_from "${test_packages[@]}")
+  [[ ${#missing[@]} -eq 0 ]] && return
+  say "installing for the tests: ${missing[*]}"
+  apt_install "${missing[@]}" ||
+    say "warning: could not install ${missing[*]}: the test docs.undocumented will fail until it is installed"
 }
 
 # apt-get update + install, as root or through sudo. Returns non-zero (with a message) on failure.
@@ -299,6 +312,7 @@ install_tensorboard() {
 }
 
 if [[ $do_test_deps -eq 2 ]]; then  # --test-deps: the test-only packages, nothing else
+  install_test_packages
   install_tensorboard
   exit 0
 fi
@@ -310,7 +324,10 @@ if [[ $do_deps -eq 1 ]]; then
     "kiln builds without GPU monitoring"
   install_wheel_headers nvidia-nvjpeg "$nvjpeg_version" third_party/nvjpeg nvjpeg.h \
     "kiln builds without GPU JPEG decoding (images decode on the CPU)" libs
-  if [[ $do_test_deps -eq 1 ]]; then install_tensorboard; fi
+  if [[ $do_test_deps -eq 1 ]]; then
+    install_test_packages
+    install_tensorboard
+  fi
   if [[ "${KILN_CUDA:-auto}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
     install_wheel_headers nvidia-cudnn-frontend "$cudnn_frontend_version" third_party/cudnn_frontend \
       cudnn_frontend.h "GPUs use the math attention path"
