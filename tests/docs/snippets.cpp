@@ -603,5 +603,70 @@ Tensor a = randn({4, 8}), b = randn({8, 2});
   EXPECT_EQ(dtypes, "float32\nbfloat16\n");
 }
 
+// ---- docs/multi-gpu.md, "The variables kiln reads", "Timeouts and a hung rank", "SyncBatchNorm", "Gradient
+// accumulation under DataParallel", "Checkpoints under several ranks" (several processes: compiled only)
+namespace multi_gpu {
+[[maybe_unused]] void print_place() {
+const dist::Env& env = dist::init();
+if (env.is_main()) std::cout << env.world_size << " processes, launcher " << env.launcher << "\n";
+std::cout << "rank " << env.rank << " (local rank " << env.local_rank << ") on " << env.device() << "\n";
+}
+
+[[maybe_unused]] bool all_reduce_or_report(const Tensor& t) {
+dist::init({.timeout = std::chrono::minutes(30), .on_timeout = dist::OnTimeout::Throw});
+try {
+  dist::all_reduce(t);
+} catch (const dist::TimeoutError& e) {
+  std::cerr << e.what() << "\n";         // the group is unusable now: save what is this rank's, then exit
+  return false;
+}
+  return true;
+}
+
+[[maybe_unused]] void sync_batch_norm(nn::ModulePtr model) {
+auto env = dist::init();
+if (env.distributed()) dist::convert_sync_batchnorm(*model);   // every BatchNorm layer of the model
+model->to(env.device());
+dist::DataParallel ddp(model);
+}
+
+[[maybe_unused]] void accumulate(dist::DataParallel& ddp, optim::Optimizer& opt, data::DataLoader& loader,
+                                 uint64_t epoch, int64_t accum) {
+int64_t micro = 0;
+for (data::Batch& batch : loader.epoch(epoch)) {
+  auto [x, y] = batch;
+  Tensor loss = nn::cross_entropy(ddp(x), y) * (1.0 / static_cast<double>(accum));
+  if (++micro % accum != 0) {
+    auto local = ddp.no_sync();              // this backward stays on this rank
+    loss.backward();
+    continue;
+  }
+  loss.backward();                           // the summed gradients are averaged over the ranks
+  opt.step();
+  opt.zero_grad();
+}
+}
+
+[[maybe_unused]] void checkpoints(nn::ModulePtr model, optim::Optimizer& opt, data::DataLoader& loader,
+                                  uint64_t epochs) {
+io::CheckpointManager ckpt("run/", {.keep_last = 3, .prefix = "ckpt"});
+data::LoaderPosition pos;
+io::CheckpointParts parts{.model = model.get(), .optimizer = &opt, .generators = true, .loader = &pos};
+int64_t step = ckpt.resume(parts).value_or(0);   // every rank; the same step on all of them
+dist::DataParallel ddp(model);
+for (uint64_t epoch = pos.epoch; epoch < epochs; ++epoch) {
+  auto range = loader.epoch(epoch, epoch == pos.epoch ? pos.batch : 0);   // skips the batches already trained on
+  for (data::Batch& batch : range) {
+    auto [x, y] = batch;
+    opt.zero_grad();
+    nn::cross_entropy(ddp(x), y).backward();
+    opt.step();
+    pos = range.position();
+    if (++step % 500 == 0) ckpt.save(step, parts);   // every rank, with the same step
+  }
+}
+}
+}  // namespace multi_gpu
+
 }  // namespace snippets
 // clang-format on
