@@ -668,5 +668,158 @@ for (uint64_t epoch = pos.epoch; epoch < epochs; ++epoch) {
 }
 }  // namespace multi_gpu
 
+// ---- docs/performance.md, "Channels-last" (run on the CPU)
+TEST(DocSnippets, PerformanceGuideChannelsLast) {
+  testing::internal::CaptureStdout();
+auto conv = nn::make<nn::Conv2d>(3, 8, 3, nn::Conv2dOptions{.padding = 1});
+conv->to(MemoryFormat::ChannelsLast);                              // 4-d parameters in NHWC order
+Tensor x = randn({2, 3, 16, 16}).to(MemoryFormat::ChannelsLast);   // the shape is still (2, 3, 16, 16)
+Tensor y = conv(x);                                                // (2, 8, 16, 16), NHWC in memory
+std::cout << y.is_contiguous(MemoryFormat::ChannelsLast) << "\n";  // 1
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "1\n");
+  EXPECT_EQ(y.shape(), (Shape{2, 8, 16, 16}));
+  EXPECT_EQ(conv->weight.suggest_memory_format(), MemoryFormat::ChannelsLast);
+}
+
+// ---- docs/performance.md, "Mixed precision: bf16, fp16 and the GradScaler" (a GPU: compiled only)
+[[maybe_unused]] void performance_guide_fp16(nn::ModulePtr model, optim::Optimizer& opt, data::DataLoader& loader,
+                                             uint64_t epoch) {
+  amp::GradScaler scaler;                                  // for float16; bfloat16 needs none
+  for (data::Batch& b : loader.epoch(epoch)) {
+    auto [x, y] = b;
+    opt.zero_grad();
+    Tensor loss;
+    { amp::Autocast cast(DType::Float16); loss = nn::cross_entropy(model(x), y); }
+    scaler.scale(loss).backward();                         // gradients scaled by S
+    scaler.unscale_(opt);                                  // the true gradients, before clipping
+    nn::utils::clip_grad_norm_(model->parameters(), 1.0);  // fused on CUDA, no host sync
+    scaler.step(opt);                                      // skipped on the GPU when a gradient is inf or NaN
+    scaler.update();
+  }
+}
+
+// ---- docs/performance.md, "FP8" (a GPU of compute capability 8.9 or more: compiled only)
+[[maybe_unused]] void performance_guide_fp8(nn::ModulePtr model, optim::Optimizer& opt, const Tensor& x,
+                                            const Tensor& y) {
+  amp::Fp8Recipe recipe{};                                   // Hybrid, amax history of 1024 steps, margin 0
+  recipe.module_filter = [](const amp::Fp8ModuleInfo& m) {   // the default choice, less the classifier
+    return amp::default_fp8_module_filter(m) && m.name != "classifier";
+  };
+  int64_t n = amp::prepare_fp8(*model, recipe, Device::cuda(0));
+  std::cout << n << " Linear layers compute in FP8\n";
+  opt.zero_grad();
+  Tensor loss;
+  { amp::Autocast cast(DType::BFloat16, {.fp8 = recipe}); loss = nn::cross_entropy(model(x), y); }
+  loss.backward();                                           // gradients quantised to E5M2; float32 weight gradients
+  opt.step();
+}
+
+// ---- docs/performance.md, "CUDA graphs" (a GPU: compiled only)
+[[maybe_unused]] void performance_guide_cuda_graph(nn::ModulePtr model, optim::Optimizer& opt,
+                                                   optim::LRScheduler& scheduler, data::DataLoader& loader,
+                                                   uint64_t epoch) {
+  Tensor x = empty({256, 3, 224, 224}, {.device = Device::cuda(0), .memory_format = MemoryFormat::ChannelsLast});
+  Tensor y = empty({256}, {.dtype = DType::Int64, .device = Device::cuda(0)});
+  Tensor loss;                                         // the captured step's loss; each replay rewrites it
+  auto step = [&] {
+    opt.zero_grad();
+    { amp::Autocast cast(DType::BFloat16); loss = nn::cross_entropy(model(x), y); }
+    loss.backward();
+    opt.step();
+  };
+  cuda::Graph graph;
+  int64_t calls = 0;
+  for (data::Batch& b : loader.epoch(epoch)) {
+    x.copy_(b[0]);  y.copy_(b[1]);                     // into the tensors the step reads
+    if (graph.captured()) graph.replay();
+    else if (calls++ < 2) step();                      // eager steps first
+    else graph.capture(step, /*warmup=*/1);            // one real step on this batch, then the recording
+    scheduler.step();                                  // learning rates are read again before each replay
+  }
+}
+
+// ---- docs/performance.md, "Fused layers and optimizers" (run on the CPU: the math path, dropout then add + norm)
+TEST(DocSnippets, PerformanceGuideFusedLayers) {
+  testing::internal::CaptureStdout();
+Tensor q = randn({2, 4, 16, 32}), k = randn({2, 4, 16, 32}), v = randn({2, 4, 16, 32});   // (N, H, L, E)
+std::string why;
+if (nn::attention_backend(q, k, v, {.is_causal = true}, &why) == nn::AttentionBackend::Math)
+  std::cout << "math path: " << why << "\n";
+Tensor h = nn::scaled_dot_product_attention(q, k, v, {.is_causal = true});
+
+Tensor x = randn({2, 16, 64}), sub = randn({2, 16, 64});   // the residual stream and a sublayer's output
+Tensor out = nn::dropout_add_layer_norm(sub, x, 0.1, /*training=*/true, {64}, ones({64}), zeros({64}));
+  const std::string printed = testing::internal::GetCapturedStdout();
+  EXPECT_NE(printed.find("math path: "), std::string::npos) << printed;
+  EXPECT_FALSE(why.empty());
+  EXPECT_EQ(h.shape(), (Shape{2, 4, 16, 32}));
+  EXPECT_EQ(out.shape(), (Shape{2, 16, 64}));
+}
+
+// ---- docs/performance.md, "Feeding the GPU" (an image folder and a GPU: compiled only)
+[[maybe_unused]] void performance_guide_loader(uint64_t epoch,
+                                               const std::function<void(const Tensor&, const Tensor&)>& train_step) {
+  data::ImageFolderOptions folder{.decode = data::Decode::Gpu,
+                                  .gpu = {.dtype = DType::BFloat16, .channels_last = true}};   // the model's format
+  auto train = std::make_shared<data::ImageFolder>("imagenet/train", data::transforms::imagenet_train(224), folder);
+  data::DataLoader loader(train, {.batch_size = 256, .workers = 8, .shuffle = true, .drop_last = true,
+                                  .device = Device::cuda(0), .prefetch_next_epoch = true});
+  for (data::Batch& b : loader.epoch(epoch)) {
+    auto [x, y] = b;                                  // on the GPU: bfloat16, channels-last
+    train_step(x, y);
+  }
+  std::cout << "data wait " << loader.stats().wait_fraction * 100 << "%\n";
+}
+
+// ---- docs/performance.md, "Gradient checkpointing" (run on the CPU)
+TEST(DocSnippets, PerformanceGuideCheckpointing) {
+auto block = nn::make<nn::Sequential>(nn::Linear(64, 256), nn::GELU(), nn::Linear(256, 64));
+Tensor x = randn({32, 64}).requires_grad_();
+Tensor y = autograd::checkpoint([&](const Tensor& in) { return block(in); }, x);   // keeps only x
+y.sum().backward();                                 // recomputes block's forward, then runs its backward
+Tensor z = nn::checkpoint_sequential(*block, 2, x); // the first segment checkpointed, the last run as usual
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_TRUE(block->parameters().front().grad().defined());
+  EXPECT_EQ(z.shape(), (Shape{32, 64}));
+}
+
+// ---- docs/performance.md, "kiln's profiler: tables and Perfetto traces" (run on the CPU, in a temporary folder)
+namespace performance_guide {
+void profile(const std::function<void()>& augment, const std::function<void()>& train_step) {
+  profiler::Profile prof({.schedule = {.wait = 1, .warmup = 1, .active = 2}, .trace_path = "run/trace.json"});
+  for (int step = 0; step < 4; ++step) {
+    { trace::Scope range(trace::Kind::User, "augment"); augment(); }   // a range of your own
+    train_step();
+    prof.step();
+  }
+  std::cout << prof.result().table(10);                // the top 10 ops by GPU self time (host time without a GPU)
+  for (const profiler::OpStats& s : prof.result().stats(trace::Kind::Module))
+    std::cout << s.name << " " << s.calls << " calls, " << s.host_self_ns / 1e6 << " ms host self\n";
+}
+}  // namespace performance_guide
+
+TEST(DocSnippets, PerformanceGuideProfiler) {
+  InTempFolder here("kiln_doc_snippets_performance_profile");
+  std::filesystem::create_directories("run");
+  auto model = nn::make<nn::Sequential>(nn::Linear(16, 16), nn::ReLU(), nn::Linear(16, 4));
+  Tensor a = randn({8, 16});
+  testing::internal::CaptureStdout();
+  performance_guide::profile([&] { a = a * 0.5 + 0.1; }, [&] { model(a).sum().backward(); });
+  const std::string printed = testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(std::filesystem::exists("run/trace.json"));
+  EXPECT_NE(printed.find("Sequential"), std::string::npos) << printed;
+}
+
+// ---- docs/performance.md, "Nsight Systems with --nvtx" (NVTX needs a CUDA build: compiled only)
+[[maybe_unused]] void performance_guide_nvtx(int64_t steps, const std::function<void()>& train_step) {
+  profiler::enable_nvtx({.ops = false});     // steps, modules and backward nodes; no range per op
+  for (int64_t step = 0; step < steps; ++step) {
+    trace::mark_step(step);                  // closes the previous step's range, opens this one's
+    if (step == 10) cuda::profiler_start();  // what nsys --capture-range=cudaProfilerApi records
+    train_step();
+    if (step == 19) cuda::profiler_stop();
+  }
+}
+
 }  // namespace snippets
 // clang-format on
