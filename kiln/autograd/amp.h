@@ -42,12 +42,15 @@
 
 namespace kiln::amp {
 
+// Options of an amp::Autocast region beyond its dtype (the FP8 recipe among them).
 struct AutocastOptions {
   bool enabled = true;
   DeviceType device_type = DeviceType::CUDA;
   std::optional<Fp8Recipe> fp8{};  // FP8 matrix products for the modules the recipe selects (nn::Linear)
 };
 
+// A scope in which the ops autocast lists run in a lower precision (bf16 or fp16; FP8 products with a recipe), as
+// torch.autocast.
 class Autocast {
  public:
   // dtype: DType::Float16 or DType::BFloat16 (anything else throws kiln::Error).

@@ -31,6 +31,8 @@
 
 namespace kiln::autograd {
 
+// What a custom autograd::Function keeps from its forward for its backward: saved tensors, values, and which inputs
+// need gradients.
 class Context {
  public:
   // Tensors backward needs (inputs or outputs of forward); in-place changes to them are detected.

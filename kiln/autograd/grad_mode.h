@@ -15,6 +15,7 @@ namespace autograd::detail {
 inline thread_local bool grad_mode_enabled = true;
 }  // namespace autograd::detail
 
+// Whether autograd records ops on this thread (on by default); the guards below set it for a scope.
 struct GradMode {
   static bool is_enabled() { return autograd::detail::grad_mode_enabled; }
   static void set_enabled(bool enabled) { autograd::detail::grad_mode_enabled = enabled; }
@@ -32,10 +33,12 @@ class AutoGradMode {
   bool previous_;
 };
 
+// Turns gradient recording off for its scope (evaluation, parameter updates), as torch.no_grad().
 struct NoGradGuard : AutoGradMode {
   NoGradGuard() : AutoGradMode(false) {}
 };
 
+// Turns gradient recording on for its scope, inside a NoGradGuard's.
 struct EnableGradGuard : AutoGradMode {
   EnableGradGuard() : AutoGradMode(true) {}
 };

@@ -39,6 +39,8 @@ namespace kiln::data {
 // More loading threads than this is a mistake (a worker count meant as something else), not a configuration.
 inline constexpr int kMaxLoaderWorkers = 1024;
 
+// How a DataLoader batches, shuffles, shards and prefetches: batch size, worker threads, pinned memory, the device
+// batches go to.
 struct DataLoaderOptions {
   int64_t batch_size = 1;
   int workers = 0;                // loading threads, at most kMaxLoaderWorkers; 0: loaded on the calling thread
@@ -90,6 +92,8 @@ struct LoaderStats {
   double wait_fraction = 0;  // total_wait_s / elapsed_s: the data-wait share
 };
 
+// Batches of a Dataset made by worker threads ahead of the step, optionally pinned and copied to the GPU
+// asynchronously; loader.epoch(e) iterates one epoch.
 class DataLoader {
  public:
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {});

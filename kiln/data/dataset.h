@@ -27,6 +27,7 @@ namespace kiln::data {
 // (as data::collate does). A batch may also hold fields already on a GPU, with Batch::ready.
 using CollateFn = std::function<Batch(const std::vector<Example>& examples, bool pinned)>;
 
+// A dataset: size() examples, each made by get(i) as named tensors (an Example); the DataLoader batches them.
 class Dataset {
  public:
   virtual ~Dataset() = default;

@@ -48,6 +48,7 @@ struct ImageFolderOptions {
   GpuTransformOptions gpu{};    // the batch's dtype and memory format when decoding on the GPU
 };
 
+// A folder of class folders of JPEG/PNG images as a Dataset, as torchvision's ImageFolder.
 class ImageFolder : public Dataset {
  public:
   struct Sample {

@@ -34,6 +34,7 @@
 
 namespace kiln::dist {
 
+// How DataParallel buckets and averages gradients, and over which process group.
 struct DataParallelOptions {
   double bucket_mb = 25.0;              // bucket size cap, in MiB of gradients
   bool broadcast_buffers = true;        // also broadcast buffers (batch-norm statistics) at construction
@@ -41,6 +42,8 @@ struct DataParallelOptions {
   ProcessGroup* group = nullptr;        // nullptr: the world group of the model's device
 };
 
+// Data-parallel training of one model replica per process: broadcasts rank 0's parameters, then averages gradients
+// over the ranks during backward, as torch DistributedDataParallel.
 class DataParallel {
  public:
   explicit DataParallel(nn::ModulePtr module, DataParallelOptions options = {});

@@ -45,6 +45,8 @@ enum class Bootstrap {
   Tcp,  // MASTER_ADDR / MASTER_PORT (rank 0 listens there)
 };
 
+// How dist::init() bootstraps (MPI, TCP, or chosen from the launcher), how long a collective may wait and what a
+// timeout does, and whether ranks use GPUs.
 struct InitOptions {
   // Longest wait for any one collective (and for the bootstrap to meet). KILN_DIST_TIMEOUT_S overrides it.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
@@ -53,6 +55,7 @@ struct InitOptions {
   bool use_gpu = true;  // device() is cuda:<local rank> when GPUs are visible
 };
 
+// This process's place in the job (rank, world size, local rank) and its device, as dist::init() returns it.
 struct Env {
   int rank = 0;
   int world_size = 1;

@@ -42,6 +42,7 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+// A set of ranks and the collectives between them (NCCL on GPUs, MPI on the CPU).
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;

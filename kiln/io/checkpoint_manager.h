@@ -48,6 +48,8 @@
 
 namespace kiln::io {
 
+// How many checkpoints a CheckpointManager keeps, how it names them, and how long rank 0 waits for the other ranks'
+// files.
 struct CheckpointManagerOptions {
   int keep_last = 3;  // complete checkpoints kept after a save; 0 keeps all
   std::string prefix = "ckpt";
@@ -64,6 +66,8 @@ struct SkippedCheckpoint {
   std::string reason{};  // what reading it (or one of its rank files) gave, naming the file
 };
 
+// Numbered checkpoints in a folder: saves every N steps, keeps the last K, finds the latest complete one to resume
+// from (several ranks included).
 class CheckpointManager {
  public:
   explicit CheckpointManager(std::string folder, CheckpointManagerOptions options = {});

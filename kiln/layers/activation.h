@@ -11,6 +11,7 @@
 
 namespace kiln::nn {
 
+// max(x, 0), as torch.nn.ReLU.
 class ReLU : public Module {
  public:
   ReLU() : Module("ReLU") {}
@@ -21,6 +22,7 @@ struct GELUOptions {
   bool tanh_approximation = false;  // PyTorch's approximate="tanh"
 };
 
+// The Gaussian error linear unit, exact (erf) or tanh-approximated, as torch.nn.GELU.
 class GELU : public Module {
  public:
   explicit GELU(GELUOptions options = {}) : Module("GELU"), options(options) {}
@@ -29,18 +31,21 @@ class GELU : public Module {
   GELUOptions options;
 };
 
+// x * sigmoid(x), as torch.nn.SiLU.
 class SiLU : public Module {
  public:
   SiLU() : Module("SiLU") {}
   Tensor forward(const Tensor& input) override { return silu(input); }
 };
 
+// tanh(x), as torch.nn.Tanh.
 class Tanh : public Module {
  public:
   Tanh() : Module("Tanh") {}
   Tensor forward(const Tensor& input) override { return kiln::tanh(input); }
 };
 
+// 1 / (1 + exp(-x)), as torch.nn.Sigmoid.
 class Sigmoid : public Module {
  public:
   Sigmoid() : Module("Sigmoid") {}

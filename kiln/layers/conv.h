@@ -33,6 +33,7 @@ struct Pair {
   int64_t operator[](size_t i) const { return v[i]; }
 };
 
+// Conv2d's stride, padding, dilation, groups and bias, with PyTorch's defaults.
 struct Conv2dOptions {
   Pair stride = 1;
   Pair padding = 0;  // zeros on each side
@@ -56,6 +57,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 void set_cudnn_benchmark(bool enabled);
 bool cudnn_benchmark();
 
+// 2-D convolution over (N, C, H, W) or channels-last input (cuDNN on the GPU), as torch.nn.Conv2d.
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, Pair kernel_size, Conv2dOptions options = {});

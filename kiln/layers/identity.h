@@ -7,6 +7,7 @@
 
 namespace kiln::nn {
 
+// Returns its input (a placeholder layer), as torch.nn.Identity.
 class Identity : public Module {
  public:
   Identity() : Module("Identity") {}

@@ -24,6 +24,7 @@ class Fp8ScalingState;
 
 namespace kiln::nn {
 
+// Whether a Linear has a bias.
 struct LinearOptions {
   bool bias = true;
 };

@@ -161,6 +161,8 @@ auto to_handle(T&& module) {
 // name -> tensor, in registration order (parameters first, then buffers, recursively), as PyTorch's.
 using StateDict = std::vector<std::pair<std::string, Tensor>>;
 
+// The base of every layer and model: named parameters, buffers and child modules, train()/eval(), to(), state_dict()
+// and load_state_dict(), as torch.nn.Module.
 class Module : public std::enable_shared_from_this<Module> {
  public:
   explicit Module(std::string type_name = "Module");

@@ -31,6 +31,7 @@ Tensor avg_pool2d(const Tensor& input, const Pool2dOptions& options);
 // columns likewise, as PyTorch.
 Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size);
 
+// 2-D max pooling, as torch.nn.MaxPool2d.
 class MaxPool2d : public Module {
  public:
   explicit MaxPool2d(Pool2dOptions options);
@@ -38,6 +39,7 @@ class MaxPool2d : public Module {
   Pool2dOptions options;
 };
 
+// 2-D average pooling, as torch.nn.AvgPool2d.
 class AvgPool2d : public Module {
  public:
   explicit AvgPool2d(Pool2dOptions options);
@@ -45,6 +47,7 @@ class AvgPool2d : public Module {
   Pool2dOptions options;
 };
 
+// Average pooling to a given output size, as torch.nn.AdaptiveAvgPool2d.
 class AdaptiveAvgPool2d : public Module {
  public:
   explicit AdaptiveAvgPool2d(Pair output_size);

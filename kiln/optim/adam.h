@@ -56,6 +56,7 @@ class AdamBase : public HookedOptimizer<Options> {
 extern template class AdamBase<AdamOptions>;
 extern template class AdamBase<AdamWOptions>;
 
+// Adam (L2 weight decay added to the gradient), with fused multi-tensor kernels on the GPU.
 class Adam : public AdamBase<AdamOptions> {
  public:
   using AdamBase::AdamBase;
@@ -64,6 +65,7 @@ class Adam : public AdamBase<AdamOptions> {
   bool decoupled_weight_decay() const override { return false; }
 };
 
+// AdamW (decoupled weight decay), with fused multi-tensor kernels on the GPU.
 class AdamW : public AdamBase<AdamWOptions> {
  public:
   using AdamBase::AdamBase;

@@ -30,6 +30,7 @@
 
 namespace kiln::amp {
 
+// The loss scale's start, growth and back-off, as torch.amp.GradScaler's arguments.
 struct GradScalerOptions {
   double init_scale = 65536.0;     // 2^16
   double growth_factor = 2.0;      // > 1
@@ -38,6 +39,8 @@ struct GradScalerOptions {
   bool enabled = true;
 };
 
+// Dynamic loss scaling for fp16 training: scales the loss, unscales and checks the gradients, skips steps with
+// inf/NaN, adapts the scale; its state stays on the device.
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});

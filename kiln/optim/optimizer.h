@@ -40,6 +40,8 @@ struct OptimizerState {
   std::map<std::string, double> values{};
 };
 
+// The base of the optimizers: parameter groups, step(), zero_grad(), state_dict() and load_state_dict(), as
+// torch.optim.Optimizer.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;

@@ -20,6 +20,7 @@
 
 namespace kiln::optim {
 
+// SGD's hyperparameters, with PyTorch's names and defaults.
 struct SGDOptions {
   static constexpr const char* kName = "SGD";
   double lr = 1e-3;
@@ -34,6 +35,7 @@ struct SGDOptions {
   static SGDOptions from_values(const std::map<std::string, double>& values);
 };
 
+// Stochastic gradient descent with optional momentum, dampening, Nesterov and weight decay, as torch.optim.SGD.
 class SGD : public HookedOptimizer<SGDOptions> {
  public:
   using HookedOptimizer::HookedOptimizer;  // (params, options = {}) or (groups, defaults = {})

@@ -95,6 +95,8 @@ struct Options {
   std::function<void(const Result&)> on_trace_ready{};  // called when each cycle ends
 };
 
+// Records the ops, their host and GPU times and user ranges over a scope or schedule; result() gives tables and a
+// Perfetto trace.
 class Profile {
  public:
   explicit Profile(Options options = {});

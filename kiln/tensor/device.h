@@ -15,6 +15,7 @@ namespace kiln {
 enum class DeviceType : uint8_t { CPU, CUDA };
 inline constexpr int kNumDeviceTypes = 2;
 
+// Where a tensor lives: the CPU, or one CUDA GPU by index (Device::cpu(), Device::cuda(0)).
 class Device {
  public:
   constexpr Device() = default;  // cpu

@@ -18,6 +18,8 @@
 
 namespace kiln {
 
+// A generator's seed and offset (its position in the stream), as Generator::state() returns it and set_state() takes
+// it (checkpoints keep it).
 struct GeneratorState {
   uint64_t seed = 0;
   uint64_t offset = 0;
@@ -27,6 +29,7 @@ struct GeneratorState {
   friend bool operator==(const GeneratorState&, const GeneratorState&) = default;
 };
 
+// A seeded random stream (Philox) for one device: the random ops take one, or use the device's default generator.
 class Generator {
  public:
   explicit Generator(uint64_t seed = kDefaultSeed) : state_{seed, 0} {}

@@ -78,6 +78,9 @@ class TensorImpl {
   std::shared_ptr<AutogradMetaBase> autograd_meta_;
 };
 
+// An n-dimensional array on a device (CPU or CUDA) with a dtype, shape and strides; views share memory. Copying a
+// Tensor copies a handle to the same data (as a torch.Tensor does); tensors that require gradients record the ops
+// autograd differentiates.
 class Tensor {
  public:
   Tensor() = default;

@@ -61,11 +61,13 @@ class CIFARBase : public Dataset {
   std::vector<std::string> classes_;
 };
 
+// CIFAR-10's binary batches as a Dataset of (3, 32, 32) images and labels.
 class CIFAR10 : public CIFARBase {
  public:
   explicit CIFAR10(const std::filesystem::path& root, CIFAR10Options options = {});
 };
 
+// CIFAR-100's binary files as a Dataset of (3, 32, 32) images and fine (or coarse) labels.
 class CIFAR100 : public CIFARBase {
  public:
   // classes() are read from fine_label_names.txt / coarse_label_names.txt when the folder has them (the

@@ -34,6 +34,7 @@ struct HDF5Options {
   bool float16_as_float32 = false;     // 16-bit float arrays come out as Float32 instead of Float16
 };
 
+// Rows of arrays in an HDF5 file as a Dataset: sample i is row i of each named array.
 class HDF5Dataset : public Dataset {
  public:
   // `names` empty: every top-level dataset of the file (they must all have the same first dim).

@@ -25,6 +25,7 @@ struct MNISTOptions {
   ImageTransform transform = {};  // applied to the uint8 (H, W, 1) image in get(); none when empty
 };
 
+// The MNIST (or Fashion-MNIST) IDX files as a Dataset of (1, 28, 28) images and labels.
 class MNIST : public Dataset {
  public:
   explicit MNIST(const std::filesystem::path& root, MNISTOptions options = {});

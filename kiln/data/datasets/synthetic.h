@@ -33,6 +33,7 @@ struct SyntheticOptions {
   uint64_t seed = 0;
 };
 
+// Generated examples of given shapes, seeded (for benchmarks and tests).
 class SyntheticDataset : public Dataset {
  public:
   explicit SyntheticDataset(SyntheticOptions options);

@@ -121,6 +121,7 @@ class BertResidualOutput : public Module {
   Handle<Dropout> dropout;
 };
 
+// Self-attention with its output projection, dropout, residual and layer norm ("attention").
 class BertAttention : public Module {
   using Module::forward;  // private: the one-tensor forward does not apply (see above)
 
@@ -142,6 +143,7 @@ class BertIntermediate : public Module {
   Handle<Linear> dense;
 };
 
+// One encoder layer: self-attention, then the feed-forward block, each with its residual and layer norm.
 class BertLayer : public Module {
   using Module::forward;  // private: the one-tensor forward does not apply (see above)
 
@@ -178,6 +180,7 @@ class BertEncoder : public Module {
   bool gradient_checkpointing = false;
 };
 
+// BERT's encoder (embeddings, layers, pooler) with Hugging Face's parameter names, so its checkpoints load.
 class BertModel : public Module {
   using Module::forward;  // private: the one-tensor forward does not apply (see above)
 
@@ -220,6 +223,7 @@ class BertLMPredictionHead : public Module {
   Tensor decoder_weight;   // (vocab, H): the same Tensor as bert.embeddings.word_embeddings.weight
 };
 
+// BERT with the masked-language-model head (pretraining), as Hugging Face's BertForMaskedLM.
 class BertForMaskedLM : public Module {
   using Module::forward;  // private: the one-tensor forward does not apply (see above)
 
@@ -239,6 +243,7 @@ class BertForMaskedLM : public Module {
   Handle<BertLMPredictionHead> predictions;  // "cls.predictions"
 };
 
+// BERT with a classifier on the pooled output (fine-tuning), as Hugging Face's BertForSequenceClassification.
 class BertForSequenceClassification : public Module {
   using Module::forward;  // private: the one-tensor forward does not apply (see above)
 

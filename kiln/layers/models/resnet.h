@@ -25,6 +25,8 @@
 
 namespace kiln::nn::models {
 
+// A ResNet's classes, its CIFAR stem (3x3 convolution, no max pooling), and the zero-initialised last batch norm of
+// each block.
 struct ResNetOptions {
   int64_t num_classes = 1000;
   // Start the last BatchNorm of each residual branch (bn2 of BasicBlock, bn3 of Bottleneck) with weight 0,
@@ -73,6 +75,7 @@ class Bottleneck : public Module {
 
 enum class ResNetBlock { Basic, Bottleneck };
 
+// ResNet-18 to -152 with torchvision's parameter names (so its checkpoints load); made by resnet18() ... resnet152().
 class ResNet : public Module {
  public:
   // blocks_per_stage: the number of blocks in layer1..layer4, e.g. {3, 4, 6, 3} for ResNet-50.
