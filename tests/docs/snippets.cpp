@@ -403,6 +403,165 @@ TEST(DocSnippets, SyntheticDataAndLoader) {
   Tensor p = empty({2, 3}, {.pinned_memory = true});
 }
 
+// ---- docs/getting-started.md, "Tensors", "Autograd", "A model", "Data" (run; the data from
+// examples/quickstart/data, found from the working folder upwards) and "On a GPU, with mixed precision"
+// (compiled only)
+namespace getting_started {
+void tensors() {
+  Tensor a = zeros({2, 3});                                 // float32 on the CPU
+  Tensor b = ones({2, 3}, {.dtype = DType::Float64});       // options: dtype, device, ...
+  Tensor c = arange(6).reshape({2, 3});                     // int64: [[0, 1, 2], [3, 4, 5]]
+  Tensor d = from_vector(std::vector<float>{1, 2, 3}, {3}); // copied from host memory
+  Tensor r = randn({2, 3});                                 // N(0, 1), from the seed given to manual_seed
+  std::cout << c << "\n";                                   // the values, then shape, dtype and device
+
+  Tensor e = (r * 2 + 1).relu() + d;                        // elementwise; d (3) broadcasts over the rows
+  Tensor f = matmul(r, r.t());                              // (2, 3) x (3, 2) -> (2, 2)
+  Tensor m = c.to(DType::Float32).mean({1});                // (2): 1 and 4
+  float first = m[0].item<float>();                         // 1: the element of a one-element tensor
+  std::cout << e.dtype() << " " << f.device() << " " << first << "\n";   // float32 cpu 1
+
+  EXPECT_EQ(a.dtype(), DType::Float32);
+  EXPECT_EQ(b.dtype(), DType::Float64);
+  EXPECT_EQ(c.dtype(), DType::Int64);
+  EXPECT_EQ(e.shape(), (Shape{2, 3}));
+  EXPECT_EQ(f.shape(), (Shape{2, 2}));
+  EXPECT_EQ(first, 1.0f);
+  EXPECT_EQ(m[1].item<float>(), 4.0f);
+}
+
+Tensor autograd_basics() {
+  Tensor w = randn({3}).requires_grad_();                   // a leaf: its gradient accumulates in grad()
+  Tensor x = from_vector(std::vector<float>{1, 2, 3}, {3});
+  Tensor y = (w * x).sum();                                 // y = w . x, a 0-d tensor
+  y.backward();                                             // dy/dw = x
+  std::cout << w.grad() << "\n";                            // [1, 2, 3]
+  {
+    NoGradGuard no_grad;                                    // nothing is recorded in this scope
+    Tensor z = w * 2;
+    std::cout << z.requires_grad() << "\n";                 // 0
+  }
+  w.mutable_grad() = Tensor();                              // forget the gradient before the next backward
+  EXPECT_FALSE(w.grad().defined());
+  (w * x).sum().backward();
+  return w.grad();
+}
+
+Tensor sequential_model() {
+  auto model = nn::make<nn::Sequential>(nn::Conv2d(1, 16, 3, {.padding = 1}), nn::ReLU(),   // (N, 16, 8, 8)
+                                        nn::Conv2d(16, 32, 3, {.padding = 1}), nn::ReLU(),  // (N, 32, 8, 8)
+                                        nn::MaxPool2d({.kernel_size = 2}),                  // (N, 32, 4, 4)
+                                        nn::Flatten(),                                      // (N, 512)
+                                        nn::Linear(32 * 4 * 4, 64), nn::ReLU(),
+                                        nn::Linear(64, 10));                                // (N, 10)
+  Tensor logits = model(randn({4, 1, 8, 8}));                                              // (4, 10)
+  std::cout << model->num_parameters() << " parameters\n";
+  return logits;
+}
+
+struct DigitNet : nn::Module {
+  nn::Handle<nn::Conv2d> conv1, conv2;
+  nn::Handle<nn::Linear> fc1, fc2;
+  DigitNet() : Module("DigitNet") {                       // the name shows in profiles and errors
+    conv1 = register_module("conv1", nn::Conv2d(1, 16, 3, {.padding = 1}));
+    conv2 = register_module("conv2", nn::Conv2d(16, 32, 3, {.padding = 1}));
+    fc1 = register_module("fc1", nn::Linear(32 * 4 * 4, 64));
+    fc2 = register_module("fc2", nn::Linear(64, 10));
+  }
+  Tensor forward(const Tensor& x) override {              // (N, 1, 8, 8) -> (N, 10)
+    Tensor h = relu(conv2(relu(conv1(x))));
+    h = nn::max_pool2d(h, {.kernel_size = 2}).flatten(1);
+    return fc2(relu(fc1(h)));
+  }
+};
+
+Tensor subclass_model() {
+  auto net = nn::make<DigitNet>();                          // an nn::Handle<DigitNet>
+  Tensor scores = net(randn({4, 1, 8, 8}));                 // DigitNet::forward: (4, 10)
+  for (auto& [name, p] : net->named_parameters()) std::cout << name << " " << p.numel() << "\n";
+  EXPECT_EQ(net->named_parameters().front().first, "conv1.weight");
+  return scores;
+}
+
+int64_t data_basics(const std::filesystem::path& root) {
+  namespace T = data::transforms;
+  T::Compose to_input{T::ToTensor(), T::Normalize({0.5}, {0.5})};   // uint8 (H, W, 1) -> float32 (1, H, W)
+  auto train = std::make_shared<data::MNIST>(root, data::MNISTOptions{.split = data::Split::Train,
+                                                                      .transform = to_input});
+  data::DataLoader loader(train, {.batch_size = 32, .workers = 2, .shuffle = true});
+  for (data::Batch& batch : loader.epoch(0)) {
+    auto [x, y] = batch;                                    // "image" (32, 1, 8, 8) float32, "label" (32) int64
+    std::cout << x.size(0) << " images, first label " << y[0].item<int64_t>() << "\n";
+    break;
+  }
+  int64_t seen = 0;
+  for (data::Batch& batch : loader.epoch(1)) {
+    auto [x, y] = batch;
+    EXPECT_EQ(x.shape(), (Shape{32, 1, 8, 8}));
+    EXPECT_EQ(x.dtype(), DType::Float32);
+    EXPECT_EQ(y.dtype(), DType::Int64);
+    seen = x.size(0);
+    break;
+  }
+  EXPECT_EQ(train->size(), 1437);
+  return seen;
+}
+
+[[maybe_unused]] void on_a_gpu(nn::Handle<nn::Sequential> model, std::shared_ptr<data::MNIST> train) {
+  const Device dev = cuda::is_available() ? Device::cuda(0) : Device::cpu();   // <kiln/tensor/cuda.h>
+  model->to(dev);                                           // the parameters move, in place
+  optim::AdamW opt(model->parameters(), {.lr = 2e-3, .weight_decay = 1e-4});
+  data::DataLoader loader(train, {.batch_size = 256, .workers = 4, .shuffle = true, .device = dev});
+  for (int epoch = 0; epoch < 8; ++epoch) {
+    for (data::Batch& batch : loader.epoch(epoch)) {
+      auto [x, y] = batch;                                  // already on dev
+      opt.zero_grad();
+      Tensor loss;
+      {
+        amp::Autocast cast(DType::BFloat16);                // matmuls and convolutions in bf16
+        loss = nn::cross_entropy(model(x), y);              // the loss itself in float32
+      }
+      loss.backward();                                      // float32 gradients of the float32 parameters
+      opt.step();
+    }
+  }
+}
+
+[[maybe_unused]] void with_a_grad_scaler(nn::Handle<nn::Sequential> model, optim::Optimizer& opt,
+                                         data::DataLoader& loader) {
+  amp::GradScaler scaler;                                   // starts at a scale of 65536
+  for (data::Batch& batch : loader.epoch(0)) {
+    auto [x, y] = batch;
+    opt.zero_grad();
+    Tensor loss;
+    { amp::Autocast cast(DType::Float16); loss = nn::cross_entropy(model(x), y); }
+    scaler.scale(loss).backward();                          // gradients scaled by the scale
+    scaler.unscale_(opt);                                   // optional: the true gradients, e.g. to clip them
+    nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+    scaler.step(opt);                                       // skipped when a gradient was inf or NaN
+    scaler.update();                                        // halves the scale after an overflow, else may grow it
+  }
+}
+}  // namespace getting_started
+
+TEST(DocSnippets, GettingStarted) {
+  manual_seed(0);
+  getting_started::tensors();
+  Tensor grad = getting_started::autograd_basics();
+  EXPECT_EQ(grad.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(getting_started::sequential_model().shape(), (Shape{4, 10}));
+  EXPECT_EQ(getting_started::subclass_model().shape(), (Shape{4, 10}));
+  // The bundled digits, found from the working folder upwards (the tests run inside the build folder), as the
+  // guide's whole program finds them.
+  std::filesystem::path digits;
+  for (auto dir = std::filesystem::current_path(); digits.empty(); dir = dir.parent_path()) {
+    if (std::filesystem::exists(dir / "examples/quickstart/data")) digits = dir / "examples/quickstart/data";
+    if (dir == dir.parent_path()) break;
+  }
+  if (digits.empty()) GTEST_SKIP() << "examples/quickstart/data is not above the working folder";
+  EXPECT_EQ(getting_started::data_basics(digits), 32);
+}
+
 // ---- docs/coming-from-pytorch.md, "Autograd" (the custom function, then its use; run)
 namespace pytorch_guide {
 struct ScaledTanh : autograd::Function<ScaledTanh> {
