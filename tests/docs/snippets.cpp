@@ -762,6 +762,79 @@ Tensor a = randn({4, 8}), b = randn({8, 2});
   EXPECT_EQ(dtypes, "float32\nbfloat16\n");
 }
 
+// ---- docs/writing-an-op.md, "The tests a new op needs" (the test body for the guide's RmsNorm; run). The guide's
+// whole program defines RmsNormFunction and RmsNorm; they are copied here as it writes them.
+namespace writing_an_op {
+struct RmsNormFunction : autograd::Function<RmsNormFunction> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& weight, double eps) {
+    Tensor r = rsqrt(mean(x * x, {-1}, /*keepdim=*/true) + eps);   // 1 / rms, one per row
+    Tensor xhat = x * r;
+    ctx.save_for_backward({xhat, r, weight});
+    return xhat * weight;
+  }
+  // One gradient per Tensor argument of forward (x, weight), in order; undefined where none is needed.
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const autograd::TensorList s = ctx.saved();
+    const Tensor &xhat = s[0], &r = s[1], &weight = s[2], &g = grads[0];
+    Tensor gx, gw;
+    if (ctx.needs_input_grad(0)) {
+      Tensor gxhat = g * weight;
+      gx = r * (gxhat - xhat * mean(gxhat * xhat, {-1}, /*keepdim=*/true));
+    }
+    if (ctx.needs_input_grad(1)) gw = (g * xhat).reshape({-1, weight.numel()}).sum({0});
+    return {gx, gw};
+  }
+};
+
+autocast::Op rms_norm_op() {
+  static const autocast::Op op = autocast::register_op("rms_norm", autocast::Policy::Float32);
+  return op;
+}
+
+class RmsNorm : public nn::Module {
+ public:
+  explicit RmsNorm(int64_t dim, double eps = 1e-6) : Module("RmsNorm"), eps_(eps) {
+    weight_ = register_parameter("weight", ones({dim}));                       // trained, saved, moved by to()
+    calls_ = register_buffer("calls", zeros({}, {.dtype = DType::Int64}));     // saved and moved, never trained
+  }
+  Tensor forward(const Tensor& input) override {
+    KILN_CHECK(input.dim() >= 1 && input.size(-1) == weight_.numel(), "RmsNorm: the input's last dim must be ",
+               weight_.numel(), ", got shape ", input.shape());
+    if (is_training()) {
+      NoGradGuard no_grad;
+      calls_.add_(1);
+    }
+    auto [x, w] = autocast::inputs(rms_norm_op(), input, weight_);
+    autocast::DisableGuard as_one_op;    // the ops inside run in the dtype chosen here
+    return RmsNormFunction::apply(x, w, eps_);
+  }
+
+ private:
+  double eps_;
+  Tensor weight_, calls_;
+};
+}  // namespace writing_an_op
+
+TEST(DocSnippets, WritingAnOpTests) {
+  using writing_an_op::RmsNorm;
+  using writing_an_op::RmsNormFunction;
+  manual_seed(3);
+Tensor x = randn({2, 3, 4}, {.dtype = DType::Float64}).requires_grad_();
+Tensor w = randn({4}, {.dtype = DType::Float64}).requires_grad_();
+EXPECT_TRUE(autograd::gradcheck([](const autograd::TensorList& in) {
+  return autograd::TensorList{RmsNormFunction::apply(in[0], in[1], 1e-6)};
+}, {x, w}));                                                  // float64, central differences
+
+auto norm = nn::make<RmsNorm>(4);
+Tensor x32 = randn({2, 3, 4});
+Tensor x64 = x32.to(DType::Float64);
+Tensor expected = x64 * rsqrt(mean(square(x64), {-1}, /*keepdim=*/true) + 1e-6);
+EXPECT_TRUE(allclose(norm(x32).to(DType::Float64), expected, 1e-5, 1e-6));   // float32 against float64
+
+EXPECT_THROW(norm(randn({2, 3})), kiln::Error);               // the message names RmsNorm and the shape
+  EXPECT_EQ(norm->buffers()[0].item<int64_t>(), 1);             // the bad input was refused before counting
+}
+
 // ---- docs/multi-gpu.md, "The variables kiln reads", "Timeouts and a hung rank", "SyncBatchNorm", "Gradient
 // accumulation under DataParallel", "Checkpoints under several ranks" (several processes: compiled only)
 namespace multi_gpu {
