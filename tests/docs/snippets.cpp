@@ -833,6 +833,84 @@ EXPECT_TRUE(allclose(norm(x32).to(DType::Float64), expected, 1e-5, 1e-6));   // 
 
 EXPECT_THROW(norm(randn({2, 3})), kiln::Error);               // the message names RmsNorm and the shape
   EXPECT_EQ(norm->buffers()[0].item<int64_t>(), 1);             // the bad input was refused before counting
+
+// ---- docs/checkpoints.md, "Saving and loading one file", "A folder of checkpoints", "state_dict and
+// load_state_dict", "Exporting weights for PyTorch" (run in a temporary folder); "Loading PyTorch and Hugging Face
+// weights" (files that are not there: compiled only)
+TEST(DocSnippets, CheckpointsGuide) {
+  InTempFolder here("kiln_doc_snippets_checkpoints");
+  auto model = nn::make<nn::Sequential>(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2));
+  optim::AdamW opt(model->parameters(), {.lr = 1e-3});
+  optim::StepLR sched(opt, /*step_size=*/10);
+  {
+io::Metadata meta{.numbers = {{"step", 1000}, {"val_loss", 0.31}}, .strings = {{"run_name", "baseline"}}};
+io::CheckpointParts parts{.model = model.get(), .optimizer = &opt, .metadata = &meta};
+io::save_checkpoint("model.h5", parts);    // atomic: a temporary file, then a rename
+
+io::CheckpointInfo info = io::inspect_checkpoint("model.h5");    // reads no tensor data
+for (const std::string& part : info.parts) std::cout << part << " ";   // model optimizer metadata
+std::cout << "\n";
+io::load_checkpoint("model.h5", parts);     // checks everything, then changes the objects
+    EXPECT_EQ(info.parts, (std::vector<std::string>{"model", "optimizer", "metadata"}));
+    EXPECT_TRUE(info.complete);
+
+io::Metadata saved;
+io::load_checkpoint("model.h5", {.metadata = &saved});   // only /metadata: check the run's settings first
+if (saved.numbers.at("step") != 1000) std::cout << "another run\n";
+    EXPECT_EQ(saved, meta);
+  }
+  {
+io::CheckpointManager ckpt("run/", {.keep_last = 3, .prefix = "ckpt"});
+data::LoaderPosition pos;
+io::CheckpointParts parts{.model = model.get(), .optimizer = &opt, .scheduler = &sched,
+                          .generators = true, .loader = &pos};
+int64_t step = ckpt.resume(parts).value_or(0);   // the newest loadable checkpoint, or a fresh start
+for (const auto& [saved_step, path] : ckpt.list()) std::cout << saved_step << " " << path << "\n";
+ckpt.save(step + 100, parts);                    // run/ckpt-00000100.h5, then the oldest beyond 3 go
+    EXPECT_EQ(step, 0);
+    EXPECT_TRUE(std::filesystem::exists("run/ckpt-00000100.h5"));
+  }
+  {
+nn::StateDict sd = model->state_dict();                      // (dotted name, tensor), sharing memory
+auto bigger = nn::make<nn::Sequential>(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2), nn::ReLU(),
+                                       nn::Linear(2, 2));    // one layer more: its "4.weight", "4.bias"
+nn::Module::LoadResult r = bigger->load_state_dict(sd, /*strict=*/false);
+for (const std::string& key : r.missing_keys) std::cout << "not in the state: " << key << "\n";
+    EXPECT_EQ(r.missing_keys, (std::vector<std::string>{"4.weight", "4.bias"}));
+    EXPECT_TRUE(r.unexpected_keys.empty());
+    auto wrong_head = nn::make<nn::Sequential>(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 3));
+    EXPECT_THROW(wrong_head->load_state_dict(sd, /*strict=*/false), kiln::Error);   // a shape mismatch
+  }
+  {
+auto three_classes = nn::make<nn::Sequential>(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 3));
+io::LoadReport report = io::load_weights(*three_classes, model->state_dict(), {.strict = false});
+std::cout << report.summary();      // loaded 2, missing 0, unexpected 0, mismatched 2 (2.weight, 2.bias)
+    EXPECT_EQ(report.loaded, (std::vector<std::string>{"0.weight", "0.bias"}));
+    EXPECT_EQ(report.mismatched.size(), 2u);
+    EXPECT_FALSE(report.ok());
+  }
+  {
+io::save_safetensors("model.safetensors", model->state_dict(), {{"format", "pt"}});
+    EXPECT_TRUE(io::load_weights(*model, "model.safetensors").ok());
+  }
+}
+
+[[maybe_unused]] void checkpoints_guide_pretrained() {
+auto model = nn::models::resnet18({.num_classes = 1000});
+io::load_weights(*model, "resnet18.pth");            // strict: a kiln::Error listing any difference
+
+auto clf = nn::models::resnet18({.num_classes = 10});                     // fine-tuning: a new classifier
+io::LoadReport r = io::load_weights(*clf, "resnet18.pth", {.strict = false});
+std::cout << r.summary();                            // fc.weight and fc.bias: another shape, left as they are
+}
+
+[[maybe_unused]] void checkpoints_guide_prefix_map(nn::Module& target) {
+  nn::Module* model = &target;
+// a file whose names start with "encoder." where the model's start with "backbone."
+io::LoadReport r = io::load_weights(*model, "weights.safetensors",
+                                    {.strict = false, .prefix_map = {{"encoder.", "backbone."}}});
+for (const io::LoadMismatch& m : r.mismatched) std::cout << m.name << "\n";
+for (const std::string& rename : r.renames) std::cout << rename << "\n";
 }
 
 // ---- docs/multi-gpu.md, "The variables kiln reads", "Timeouts and a hung rank", "SyncBatchNorm", "Gradient
