@@ -833,6 +833,7 @@ EXPECT_TRUE(allclose(norm(x32).to(DType::Float64), expected, 1e-5, 1e-6));   // 
 
 EXPECT_THROW(norm(randn({2, 3})), kiln::Error);               // the message names RmsNorm and the shape
   EXPECT_EQ(norm->buffers()[0].item<int64_t>(), 1);             // the bad input was refused before counting
+}
 
 // ---- docs/checkpoints.md, "Saving and loading one file", "A folder of checkpoints", "state_dict and
 // load_state_dict", "Exporting weights for PyTorch" (run in a temporary folder); "Loading PyTorch and Hugging Face
