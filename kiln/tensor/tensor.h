@@ -119,7 +119,7 @@ class Tensor {
   const Shape& sizes() const { return impl().sizes(); }
   // The stride of each dim, in elements.
   const Strides& strides() const { return impl().strides(); }
-  int64_t size(int64_t dim) const;  // negative dims count from the end
+  int64_t size(int64_t dim) const;    // negative dims count from the end
   int64_t stride(int64_t dim) const;  // in elements; negative dims count from the end
   // The number of dims (0 for a scalar tensor).
   int64_t dim() const { return static_cast<int64_t>(impl().sizes().size()); }
@@ -159,10 +159,10 @@ class Tensor {
   std::string str() const;  // the printed form
 
   // ---- conversion and copying ----
-  Tensor to(Device device, bool non_blocking = false) const;  // returns *this when already there
-  Tensor to(DType dtype) const;                               // returns *this when already that dtype
+  Tensor to(Device device, bool non_blocking = false) const;               // returns *this when already there
+  Tensor to(DType dtype) const;                                            // returns *this when already that dtype
   Tensor to(Device device, DType dtype, bool non_blocking = false) const;  // returns *this when nothing changes
-  Tensor to(MemoryFormat format) const;  // same as contiguous(format)
+  Tensor to(MemoryFormat format) const;                                    // same as contiguous(format)
   // A copy on the CPU (this tensor if it is there already).
   Tensor cpu() const { return to(Device::cpu()); }
   // A copy on CUDA device `index` (this tensor if it is there already).
@@ -173,18 +173,18 @@ class Tensor {
   Tensor clone(MemoryFormat format = MemoryFormat::Preserve) const;
   // A copy in page-locked host memory (this tensor if it already is), for asynchronous copies to a GPU.
   Tensor pin_memory() const;
-  bool is_pinned() const;  // in page-locked host memory
+  bool is_pinned() const;                                       // in page-locked host memory
   Tensor& copy_(const Tensor& src, bool non_blocking = false);  // any layout, dtype and device; src broadcasts
-  Tensor& fill_(Scalar value);  // sets every element to value; returns *this
+  Tensor& fill_(Scalar value);                                  // sets every element to value; returns *this
   // Sets every element to zero; returns *this.
   Tensor& zero_() { return fill_(0); }
 
   // ---- views (no copy) ----
-  Tensor view(const Shape& shape) const;     // needs compatible strides; one size may be -1
-  Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
-  Tensor permute(const std::vector<int64_t>& dims) const;  // dim i of the result is dims[i] of this
-  Tensor transpose(int64_t dim0, int64_t dim1) const;  // swaps two dims
-  Tensor t() const;  // transpose of a matrix (or a 1-D tensor unchanged)
+  Tensor view(const Shape& shape) const;                            // needs compatible strides; one size may be -1
+  Tensor reshape(const Shape& shape) const;                         // a view when possible, else a copy
+  Tensor permute(const std::vector<int64_t>& dims) const;           // dim i of the result is dims[i] of this
+  Tensor transpose(int64_t dim0, int64_t dim1) const;               // swaps two dims
+  Tensor t() const;                                                 // transpose of a matrix (or a 1-D tensor unchanged)
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;  // `length` entries of dim from start
   // t[start:end:step] along dim, with Python's rules: negative bounds count from the end, out-of-range ones clamp;
   // step must be positive.
@@ -195,15 +195,15 @@ class Tensor {
   Tensor expand(const Shape& shape) const;  // -1 keeps a size
   // expand(other.shape()).
   Tensor expand_as(const Tensor& other) const { return expand(other.shape()); }
-  Tensor squeeze() const;  // drops every size-1 dim
-  Tensor squeeze(int64_t dim) const;  // drops dim if its size is 1, else returns the tensor as is
+  Tensor squeeze() const;               // drops every size-1 dim
+  Tensor squeeze(int64_t dim) const;    // drops dim if its size is 1, else returns the tensor as is
   Tensor unsqueeze(int64_t dim) const;  // inserts a size-1 dim at dim
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;  // merges start_dim..end_dim; copies if needed
-  Tensor unflatten(int64_t dim, const Shape& sizes) const;  // splits dim into sizes (one may be -1)
+  Tensor unflatten(int64_t dim, const Shape& sizes) const;            // splits dim into sizes (one may be -1)
   // A view of the same storage with the given geometry; offset (in elements) defaults to this tensor's.
   Tensor as_strided(const Shape& sizes, const Strides& strides, std::optional<int64_t> offset = {}) const;
   std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;  // views of split_size (the last may be less)
-  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;  // at most `chunks` views, as torch.chunk
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;      // at most `chunks` views, as torch.chunk
   Tensor diagonal(int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1) const;  // a view, as torch.diagonal
 
   // ---- elementwise ----
@@ -216,8 +216,8 @@ class Tensor {
 #define KILN_X(Enum, name, ...) Tensor name() const;
   KILN_UNARY_PREDICATES(KILN_X)
 #undef KILN_X
-  Tensor square() const;  // x * x
-  Tensor pow(Scalar exponent) const;  // x ** exponent
+  Tensor square() const;                                                     // x * x
+  Tensor pow(Scalar exponent) const;                                         // x ** exponent
   Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max) const;  // limits to [min, max]; either may be {}
   // The binary ops of the table (binary_ops.h): t.add(other, alpha), t.mul(other), t.pow(exponent), t.eq(other),
   // t.logical_xor(other), ...; in place t.add_(other, alpha), t.mul_(2.5), ..., computed in the promoted dtype and
@@ -238,8 +238,8 @@ class Tensor {
   Tensor sum(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
   Tensor mean(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;  // floating-point dtypes only
   Tensor prod(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;  // integers and Bool give Int64
-  Tensor max() const;  // over all elements
-  Tensor min() const;  // over all elements
+  Tensor max() const;                                                              // over all elements
+  Tensor min() const;                                                              // over all elements
   Tensor amax(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;  // the largest values
   Tensor amin(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;  // the smallest values
   // Int64 index of the largest value along dim, or into the row-major flattened tensor when dim is {}.
@@ -250,16 +250,16 @@ class Tensor {
   Tensor std(const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false) const;  // sqrt of var
   Tensor norm(double p = 2, const std::vector<int64_t>& dims = {}, bool keepdim = false) const;  // p may be INFINITY
   Tensor logsumexp(const std::vector<int64_t>& dims, bool keepdim = false) const;  // log(sum(exp(x))) over dims
-  Tensor all() const;  // 0-d Bool: every element is nonzero
-  Tensor any() const;  // 0-d Bool: some element is nonzero
-  Tensor softmax(int64_t dim) const;  // along dim
-  Tensor log_softmax(int64_t dim) const;  // along dim
+  Tensor all() const;                                                              // 0-d Bool: every element is nonzero
+  Tensor any() const;                                                              // 0-d Bool: some element is nonzero
+  Tensor softmax(int64_t dim) const;                                               // along dim
+  Tensor log_softmax(int64_t dim) const;                                           // along dim
 
   // ---- linear algebra and indexing ----
   Tensor matmul(const Tensor& other) const;
   Tensor index_select(int64_t dim, const Tensor& index) const;  // as torch.index_select
-  Tensor gather(int64_t dim, const Tensor& index) const;  // as torch.gather
-  Tensor masked_select(const Tensor& mask) const;  // 1-D: the elements where mask is true
+  Tensor gather(int64_t dim, const Tensor& index) const;        // as torch.gather
+  Tensor masked_select(const Tensor& mask) const;               // 1-D: the elements where mask is true
 
   // ---- autograd (kiln/autograd; every method above records the graph when an input requires grad) ----
   bool requires_grad() const;
@@ -269,11 +269,11 @@ class Tensor {
   Tensor& mutable_grad();                             // assign or reset (set to Tensor()) the gradient
   std::shared_ptr<autograd::Node> grad_fn() const;    // the backward node of a recorded result
   Tensor detach() const;                              // same memory, no history, requires_grad false
-  Tensor& detach_();  // drops history and requires_grad in place
+  Tensor& detach_();                                  // drops history and requires_grad in place
   // Backward from this tensor: gradient defaults to 1 for a one-element tensor. The graph's saved
   // tensors are freed unless retain_graph.
   void backward(const Tensor& gradient = {}, bool retain_graph = false) const;
-  void retain_grad() const;  // keep grad() on a non-leaf too
+  void retain_grad() const;   // keep grad() on a non-leaf too
   bool retains_grad() const;  // retain_grad() was called on this non-leaf
   // hook(grad) runs when this tensor's gradient is computed; returning a defined tensor replaces it.
   uint64_t register_hook(std::function<Tensor(const Tensor&)> hook) const;
@@ -292,42 +292,42 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);  // writes t.str()
 
 // ---- operators (elementwise, broadcasting, with type promotion) ----
 Tensor operator-(const Tensor& a);
-Tensor operator+(const Tensor& a, const Tensor& b);  // add(a, b)
-Tensor operator-(const Tensor& a, const Tensor& b);  // sub(a, b)
-Tensor operator*(const Tensor& a, const Tensor& b);  // mul(a, b)
-Tensor operator/(const Tensor& a, const Tensor& b);  // div(a, b): true division
-Tensor operator+(const Tensor& a, Scalar b);  // add(a, b)
-Tensor operator-(const Tensor& a, Scalar b);  // sub(a, b)
-Tensor operator*(const Tensor& a, Scalar b);  // mul(a, b)
-Tensor operator/(const Tensor& a, Scalar b);  // div(a, b): true division
-Tensor operator+(Scalar a, const Tensor& b);  // add(b, a)
-Tensor operator-(Scalar a, const Tensor& b);  // a - b, as rsub(b, a)
-Tensor operator*(Scalar a, const Tensor& b);  // mul(b, a)
-Tensor operator/(Scalar a, const Tensor& b);  // div(a, b)
+Tensor operator+(const Tensor& a, const Tensor& b);   // add(a, b)
+Tensor operator-(const Tensor& a, const Tensor& b);   // sub(a, b)
+Tensor operator*(const Tensor& a, const Tensor& b);   // mul(a, b)
+Tensor operator/(const Tensor& a, const Tensor& b);   // div(a, b): true division
+Tensor operator+(const Tensor& a, Scalar b);          // add(a, b)
+Tensor operator-(const Tensor& a, Scalar b);          // sub(a, b)
+Tensor operator*(const Tensor& a, Scalar b);          // mul(a, b)
+Tensor operator/(const Tensor& a, Scalar b);          // div(a, b): true division
+Tensor operator+(Scalar a, const Tensor& b);          // add(b, a)
+Tensor operator-(Scalar a, const Tensor& b);          // a - b, as rsub(b, a)
+Tensor operator*(Scalar a, const Tensor& b);          // mul(b, a)
+Tensor operator/(Scalar a, const Tensor& b);          // div(a, b)
 Tensor operator==(const Tensor& a, const Tensor& b);  // eq(a, b), Bool
 Tensor operator!=(const Tensor& a, const Tensor& b);  // ne(a, b), Bool
-Tensor operator<(const Tensor& a, const Tensor& b);  // lt(a, b), Bool
+Tensor operator<(const Tensor& a, const Tensor& b);   // lt(a, b), Bool
 Tensor operator<=(const Tensor& a, const Tensor& b);  // le(a, b), Bool
-Tensor operator>(const Tensor& a, const Tensor& b);  // gt(a, b), Bool
+Tensor operator>(const Tensor& a, const Tensor& b);   // gt(a, b), Bool
 Tensor operator>=(const Tensor& a, const Tensor& b);  // ge(a, b), Bool
-Tensor operator==(const Tensor& a, Scalar b);  // eq(a, b), Bool
-Tensor operator!=(const Tensor& a, Scalar b);  // ne(a, b), Bool
-Tensor operator<(const Tensor& a, Scalar b);  // lt(a, b), Bool
-Tensor operator<=(const Tensor& a, Scalar b);  // le(a, b), Bool
-Tensor operator>(const Tensor& a, Scalar b);  // gt(a, b), Bool
-Tensor operator>=(const Tensor& a, Scalar b);  // ge(a, b), Bool
+Tensor operator==(const Tensor& a, Scalar b);         // eq(a, b), Bool
+Tensor operator!=(const Tensor& a, Scalar b);         // ne(a, b), Bool
+Tensor operator<(const Tensor& a, Scalar b);          // lt(a, b), Bool
+Tensor operator<=(const Tensor& a, Scalar b);         // le(a, b), Bool
+Tensor operator>(const Tensor& a, Scalar b);          // gt(a, b), Bool
+Tensor operator>=(const Tensor& a, Scalar b);         // ge(a, b), Bool
 // On bool tensors only (masks): logical not, and, or, xor.
 Tensor operator~(const Tensor& a);
 Tensor operator&(const Tensor& a, const Tensor& b);  // logical_and
 Tensor operator|(const Tensor& a, const Tensor& b);  // logical_or
 Tensor operator^(const Tensor& a, const Tensor& b);  // logical_xor
-Tensor& operator+=(Tensor& a, const Tensor& b);  // add_(a, b)
-Tensor& operator-=(Tensor& a, const Tensor& b);  // sub_(a, b)
-Tensor& operator*=(Tensor& a, const Tensor& b);  // mul_(a, b)
-Tensor& operator/=(Tensor& a, const Tensor& b);  // div_(a, b)
-Tensor& operator+=(Tensor& a, Scalar b);  // add_(a, b)
-Tensor& operator-=(Tensor& a, Scalar b);  // sub_(a, b)
-Tensor& operator*=(Tensor& a, Scalar b);  // mul_(a, b)
-Tensor& operator/=(Tensor& a, Scalar b);  // div_(a, b)
+Tensor& operator+=(Tensor& a, const Tensor& b);      // add_(a, b)
+Tensor& operator-=(Tensor& a, const Tensor& b);      // sub_(a, b)
+Tensor& operator*=(Tensor& a, const Tensor& b);      // mul_(a, b)
+Tensor& operator/=(Tensor& a, const Tensor& b);      // div_(a, b)
+Tensor& operator+=(Tensor& a, Scalar b);             // add_(a, b)
+Tensor& operator-=(Tensor& a, Scalar b);             // sub_(a, b)
+Tensor& operator*=(Tensor& a, Scalar b);             // mul_(a, b)
+Tensor& operator/=(Tensor& a, Scalar b);             // div_(a, b)
 
 }  // namespace kiln
