@@ -124,8 +124,9 @@ class Optimizer {
   // when it already is) and the step number t = 1, 2, ... being taken. The caller then copies w back into the
   // parameter and advances "step". Runs without recording the graph.
   void step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf);
-  // The hooks step_by_hooks calls; the base versions throw (an optimizer overrides those it needs).
+  // The CUDA hook: updates a bucket with one fused launch; the base version throws.
   virtual void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf);
+  // The CPU hook: writes the parameter's new value into w; the base version throws.
   virtual void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t);
 
   // The dtype state tensors and CPU math use for a parameter: float32 for 16-bit floats, else its dtype.
