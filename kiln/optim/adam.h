@@ -51,7 +51,8 @@ class AdamBase : public HookedOptimizer<Options> {
   void update_bucket(size_t group, Optimizer::CudaBucket& bucket, const Tensor& grad_scale,
                      const Tensor& found_inf) override;
   void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;  // the CPU update
-  virtual bool decoupled_weight_decay() const = 0;                                                  // true for AdamW
+  // True for AdamW (weight decay scales the parameter), false for Adam.
+  virtual bool decoupled_weight_decay() const = 0;
 };
 extern template class AdamBase<AdamOptions>;
 extern template class AdamBase<AdamWOptions>;

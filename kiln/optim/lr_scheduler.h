@@ -190,13 +190,14 @@ enum class AnnealStrategy { Cos, Linear };
 
 // OneCycleLR's settings, with PyTorch's names and defaults.
 struct OneCycleOptions {
-  std::vector<double> max_lr{};                          // one value (every group) or one per group
-  int64_t total_steps = 0;                               // >= 1; step() may reach total_steps (as PyTorch), not beyond
-  double pct_start = 0.3;                                // in [0, 1]: the fraction of steps spent increasing the lr
-  AnnealStrategy anneal_strategy = AnnealStrategy::Cos;  // the shape of each phase
-  double div_factor = 25.0;                              // initial lr = max_lr / div_factor
-  double final_div_factor = 1e4;                         // min lr = initial lr / final_div_factor
-  bool three_phase = false;  // up, back down to the initial lr (symmetric), then down to min lr
+  std::vector<double> max_lr{};  // one value (every group) or one per group
+  int64_t total_steps = 0;       // >= 1; step() may reach total_steps (as PyTorch), not beyond
+  double pct_start = 0.3;        // in [0, 1]: the fraction of steps spent increasing the lr
+  // The shape of each phase.
+  AnnealStrategy anneal_strategy = AnnealStrategy::Cos;
+  double div_factor = 25.0;       // initial lr = max_lr / div_factor
+  double final_div_factor = 1e4;  // min lr = initial lr / final_div_factor
+  bool three_phase = false;       // up, back down to the initial lr (symmetric), then down to min lr
 };
 
 // The 1cycle policy (Smith & Topin), as PyTorch's OneCycleLR. Sets the lr only: the Optimizer interface has no

@@ -73,7 +73,8 @@ struct Half {
   Half(float f) : bits(detail::float_to_half_bits(f)) {}  // NOLINT: implicit like a builtin float type
   // The value as a float (exact).
   operator float() const { return detail::half_bits_to_float(bits); }  // NOLINT
-  static Half from_bits(uint16_t b) {                                  // a Half with bit pattern b
+  // A Half with bit pattern b.
+  static Half from_bits(uint16_t b) {
     Half h;
     h.bits = b;
     return h;
@@ -88,7 +89,8 @@ struct BFloat16 {
   BFloat16(float f) : bits(detail::float_to_bfloat16_bits(f)) {}  // NOLINT
   // The value as a float (exact).
   operator float() const { return detail::bfloat16_bits_to_float(bits); }  // NOLINT
-  static BFloat16 from_bits(uint16_t b) {                                  // a BFloat16 with bit pattern b
+  // A BFloat16 with bit pattern b.
+  static BFloat16 from_bits(uint16_t b) {
     BFloat16 h;
     h.bits = b;
     return h;

@@ -29,7 +29,8 @@ struct UnaryBackward final : Node {
   SavedTensor saved;                                                              // x or y, as saved_is_result says
   bool saved_is_result = false;                                                   // true: `saved` holds y, else x
   std::string_view name() const override { return op_name; }
-  TensorList apply(TensorList&& grads) override {  // formula(g, x, y) with the saved one
+  // formula(g, x, y) with the saved tensor in its place.
+  TensorList apply(TensorList&& grads) override {
     const Tensor s = saved.unpack(*this);
     return {saved_is_result ? formula(grads[0], Tensor(), s) : formula(grads[0], s, Tensor())};
   }
