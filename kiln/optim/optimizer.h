@@ -206,7 +206,7 @@ class OptimizerWith : public Optimizer {
   }
   // Options::kName: "SGD", "Adam", ...
   std::string name() const override { return Options::kName; }
-  // The groups, editable (options are validated at the next step).
+  // The groups, editable (HookedOptimizer validates their options at each step).
   std::vector<ParamGroup<Options>>& groups() { return groups_; }
   // The groups.
   const std::vector<ParamGroup<Options>>& groups() const { return groups_; }

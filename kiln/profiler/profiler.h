@@ -68,7 +68,8 @@ struct OpStats {
   int64_t gpu_total_ns = 0, gpu_self_ns = 0;  // gpu_self_ns: without nested events
 };
 
-// What a Profile recorded over one cycle: the events, per-name totals, a table and a Chrome trace.
+// What a Profile recorded over one cycle (or the whole run, without a schedule): the events, per-name totals, a
+// table and a Chrome trace.
 class Result {
  public:
   // Per thread, in the order the ranges began (threads one after the other).
