@@ -8,11 +8,14 @@
 
 namespace kiln::autograd {
 
+// The node at a leaf that requires grad: adds the arriving gradient into leaf.grad() (see above).
 class AccumulateGrad final : public Node {
  public:
-  explicit AccumulateGrad(const Tensor& leaf);
+  explicit AccumulateGrad(const Tensor& leaf);  // for leaf; its gradient has leaf's metadata
+  // "AccumulateGrad".
   std::string_view name() const override { return "AccumulateGrad"; }
-  TensorList apply(TensorList&& grads) override;
+  TensorList apply(TensorList&& grads) override;  // hooks, then .grad = g or .grad += g; returns nothing
+  // The leaf's impl.
   const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
 
  private:

@@ -44,9 +44,9 @@ namespace kiln::amp {
 
 // Options of an amp::Autocast region beyond its dtype (the FP8 recipe among them).
 struct AutocastOptions {
-  bool enabled = true;
-  DeviceType device_type = DeviceType::CUDA;
-  std::optional<Fp8Recipe> fp8{};  // FP8 matrix products for the modules the recipe selects (nn::Linear)
+  bool enabled = true;                        // false: autocast off for device_type inside the region
+  DeviceType device_type = DeviceType::CUDA;  // the device type the region casts for
+  std::optional<Fp8Recipe> fp8{};             // FP8 matrix products for the modules the recipe selects (nn::Linear)
 };
 
 // A scope in which the ops autocast lists run in a lower precision (bf16 or fp16; FP8 products with a recipe), as

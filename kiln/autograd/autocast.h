@@ -86,6 +86,7 @@ enum class Op : uint16_t {
   kCount  // the ops other modules register (register_op) come after these
 };
 
+// What autocast does to an op's floating inputs.
 enum class Policy : uint8_t {
   Keep,            // run in the inputs' dtypes
   LowerPrecision,  // cast floating inputs to the autocast dtype (float16 / bfloat16): matmuls, convolutions
@@ -93,8 +94,8 @@ enum class Policy : uint8_t {
   Promote,         // cast floating inputs to their promoted dtype (promote_types: float16 + bfloat16 -> float32)
 };
 
-Policy policy(Op op);
-void set_policy(Op op, Policy p);
+Policy policy(Op op);              // op's policy now; throws for an unknown op id
+void set_policy(Op op, Policy p);  // changes op's policy, process-wide
 
 // An op that another module declares (kiln/layers: linear, conv, the norms, attention, the losses, ...), so that
 // autograd names none of them: its id, to pass to inputs() and target_dtype(), and to policy() and set_policy() like
@@ -105,6 +106,8 @@ void set_policy(Op op, Policy p);
 //     return op;
 //   }
 inline constexpr size_t kMaxRegisteredOps = 256;
+// A new op id after kCount for an op of another module; the same name again gives the same id (with the same
+// policy, else it throws).
 Op register_op(std::string_view name, Policy default_policy);
 // A registered op's name ("linear"); empty for the ops of the enum above.
 std::string_view registered_name(Op op);
@@ -123,8 +126,8 @@ inline thread_local State state;
 Tensor with_cast_history(Tensor values, const Tensor& source);
 }  // namespace detail
 
-bool is_enabled(DeviceType type);
-DType get_dtype(DeviceType type);
+bool is_enabled(DeviceType type);  // autocast on for type, on this thread
+DType get_dtype(DeviceType type);  // its lower-precision dtype on this thread
 // Turns autocast on (or off) for one device type on this thread, with the lower-precision dtype to use.
 void set_enabled(DeviceType type, bool enabled, DType dtype);
 
@@ -139,7 +142,7 @@ void set_fp8_recipe(DeviceType type, std::shared_ptr<const amp::Fp8Recipe> recip
 // Autocast on for one device type during the guard's scope (float16 or bfloat16), with no FP8 recipe for that type.
 class Guard {
  public:
-  Guard(DeviceType type, DType dtype, bool enabled = true);
+  Guard(DeviceType type, DType dtype, bool enabled = true);  // sets type's state; restores all on exit
   ~Guard();
   Guard(const Guard&) = delete;
   Guard& operator=(const Guard&) = delete;

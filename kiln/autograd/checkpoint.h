@@ -22,8 +22,9 @@
 
 namespace kiln::autograd {
 
+// fn(inputs), keeping only the inputs for backward, which runs fn again (see above); without grad mode, just fn.
 TensorList checkpoint(const std::function<TensorList(const TensorList&)>& fn, const TensorList& inputs);
-Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);
+Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);  // one input, one output
 
 // True while backward recomputes a checkpointed function on this thread. Code with side effects beyond its
 // outputs does them in forward only: BatchNorm, for one, leaves its running statistics as forward set them.

@@ -68,22 +68,23 @@ enum class Fp8Pass { Forward, Backward };
 
 // What the module filter sees of a module that could compute in FP8.
 struct Fp8ModuleInfo {
-  std::string_view name;  // the module's qualified name in its model ("encoder.layer.0.attention.query"), or ""
-  std::string_view type;  // the module's type name ("Linear")
-  int64_t in_features = 0;
-  int64_t out_features = 0;
+  std::string_view name;     // the module's qualified name in its model ("encoder.layer.0.attention.query"), or ""
+  std::string_view type;     // the module's type name ("Linear")
+  int64_t in_features = 0;   // its input features
+  int64_t out_features = 0;  // its output features
 };
-using Fp8ModuleFilter = std::function<bool(const Fp8ModuleInfo&)>;
+using Fp8ModuleFilter = std::function<bool(const Fp8ModuleInfo&)>;  // true: the module computes in FP8
 
 // The default filter: every "Linear" whose in_features and out_features are positive multiples of 16 (what the FP8
 // tensor-core GEMMs need).
 bool default_fp8_module_filter(const Fp8ModuleInfo& module);
 
+// How FP8 autocast quantises: formats, the amax history, the scale margin, which modules.
 struct Fp8Recipe {
-  Fp8Format format = Fp8Format::Hybrid;
-  int64_t amax_history_len = 1024;  // rows of the amax history, >= 1
-  int64_t margin = 0;               // scales leave 2^margin of headroom; 0 <= margin <= 64
-  AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::Max;
+  Fp8Format format = Fp8Format::Hybrid;                       // the FP8 formats of forward and backward tensors
+  int64_t amax_history_len = 1024;                            // rows of the amax history, >= 1
+  int64_t margin = 0;                                         // scales leave 2^margin of headroom; 0 <= margin <= 64
+  AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::Max;   // how a scale is chosen from the history
   Fp8ModuleFilter module_filter = default_fp8_module_filter;  // which modules compute in FP8
   // Under data parallelism every rank must compute the same scales. When set, update() first calls it on the
   // amaxes recorded since the last update (row 0 of the history: (N,) float32, contiguous, on the state's device),
@@ -112,8 +113,8 @@ double fp8_max(DType fp8_dtype);  // 448 (Float8_e4m3fn), 57344 (Float8_e5m2)
 //            "num_tensors" (N), "pass.<j>" (0 Forward, 1 Backward) for each column j.
 // The module filter is code and is not saved: the loading recipe keeps its own.
 struct Fp8StateDict {
-  std::map<std::string, Tensor> tensors{};
-  std::map<std::string, double> values{};
+  std::map<std::string, Tensor> tensors{};  // "amax_history", "scale", "scale_inv" (copies)
+  std::map<std::string, double> values{};   // the recipe's options, "num_tensors" and "pass.<j>"
 };
 
 // The delayed-scaling state of N tensors (e.g. one Linear layer's input, weight and output gradient).
@@ -125,14 +126,17 @@ class Fp8ScalingState {
   static Fp8ScalingState for_linear(Fp8Recipe recipe, Device device = Device::cpu());
   // Movable, not copyable: a copy would share the history and scale tensors (use state_dict() for a snapshot).
   Fp8ScalingState(Fp8ScalingState&&) = default;
-  Fp8ScalingState& operator=(Fp8ScalingState&&) = default;
+  Fp8ScalingState& operator=(Fp8ScalingState&&) = default;  // takes over the other's tensors
   Fp8ScalingState(const Fp8ScalingState&) = delete;
   Fp8ScalingState& operator=(const Fp8ScalingState&) = delete;
 
+  // The number of tensors tracked (columns).
   int64_t size() const { return static_cast<int64_t>(passes_.size()); }
+  // The recipe it was made with.
   const Fp8Recipe& recipe() const { return recipe_; }
+  // The device of its tensors.
   Device device() const { return device_; }
-  Fp8Pass pass(int64_t j) const;
+  Fp8Pass pass(int64_t j) const;     // tensor j's pass; IndexError when out of range
   DType fp8_dtype(int64_t j) const;  // the FP8 dtype tensor j is quantised to
 
   // h[0, j] = max(h[0, j], amax(|t|)), by tensor ops on t's device, which must be the state's. A NaN in t records
@@ -141,11 +145,14 @@ class Fp8ScalingState {
   // The new scales from the history, and the history rolled (see the header comment).
   void update();
 
-  const Tensor& amax_history() const { return amax_history_; }  // (L, N) float32; row 0 is the current step's
-  const Tensor& scale() const { return scale_; }                // (N,) float32
-  const Tensor& scale_inv() const { return scale_inv_; }        // (N,) float32, 1 / scale
+  // The amax history, (L, N) float32; row 0 is the current step's.
+  const Tensor& amax_history() const { return amax_history_; }
+  // The scales, (N,) float32.
+  const Tensor& scale() const { return scale_; }
+  // Their inverses 1 / scale, (N,) float32.
+  const Tensor& scale_inv() const { return scale_inv_; }
 
-  Fp8StateDict state_dict() const;
+  Fp8StateDict state_dict() const;  // copies of the tensors and the recipe's options
   // Restores the history, scales and recipe options (not the module filter) saved by state_dict(), copying the
   // tensors onto this state's device. kiln::Error, and nothing changed, when a key is missing, a tensor's shape or
   // dtype does not match the saved options, an option is invalid, or the columns' number or passes differ.

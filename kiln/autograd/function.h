@@ -37,14 +37,14 @@ class Context {
  public:
   // Tensors backward needs (inputs or outputs of forward); in-place changes to them are detected.
   void save_for_backward(TensorList tensors) { to_save_ = std::move(tensors); }
-  TensorList saved() const;
+  TensorList saved() const;  // what forward saved; throws once backward has released it
   // Non-tensor values for backward.
   template <typename T>
   void set(const std::string& key, T value) {
     data_[key] = std::move(value);
   }
   template <typename T>
-  T get(const std::string& key) const {
+  T get(const std::string& key) const {  // throws when absent or of another type
     auto it = data_.find(key);
     KILN_CHECK(it != data_.end(), "Context::get: nothing was set under \"", key, "\" in forward");
     const T* v = std::any_cast<T>(&it->second);
@@ -56,7 +56,7 @@ class Context {
 
   // Used by Function::apply.
   void finish_forward(const Node* node, const TensorList& outputs);
-  void release() {
+  void release() {  // frees the saved tensors (after backward)
     saved_.clear();
     released_ = true;
   }
@@ -71,19 +71,21 @@ class Context {
   friend void set_needs_input_grad(Context& ctx, std::vector<bool> v);
 };
 
+// Sets ctx.needs_input_grad(i) for each Tensor argument i (used by Function::apply).
 inline void set_needs_input_grad(Context& ctx, std::vector<bool> v) { ctx.needs_input_grad_ = std::move(v); }
 
-std::string demangled_name(const char* mangled);
+std::string demangled_name(const char* mangled);  // a C++ type name as written (mangled if that fails)
 
 template <typename F>
+// The graph node of a custom Function F: its backward calls F::backward with the Context of the forward.
 class FunctionNode final : public Node {
  public:
-  Context ctx;
-  std::string_view name() const override {
+  Context ctx;                              // what F::forward saved
+  std::string_view name() const override {  // "<F's name>Backward"
     static const std::string n = demangled_name(typeid(F).name()) + "Backward";
     return n;
   }
-  TensorList apply(TensorList&& grads) override {
+  TensorList apply(TensorList&& grads) override {  // F::backward, undefined grads given as zeros
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) grads[i] = zeros_for(i);
     }
@@ -99,15 +101,18 @@ class FunctionNode final : public Node {
   Tensor zeros_for(size_t i) const;
 };
 
-Tensor zeros_from_meta(const InputMeta& meta);
+Tensor zeros_from_meta(const InputMeta& meta);  // zeros of meta's shape, dtype and device
 template <typename F>
 Tensor FunctionNode<F>::zeros_for(size_t i) const {
   return zeros_from_meta(input_meta(i));
 }
 
 template <typename Derived>
+// The base of a custom differentiable function (see above): Derived provides static forward and backward.
 struct Function {
   template <typename... Args>
+  // Runs Derived::forward(ctx, args...) without recording and, when grad mode is on and a Tensor argument requires
+  // grad, attaches its floating-point outputs to a FunctionNode<Derived>; returns forward's Tensor or TensorList.
   static auto apply(Args&&... args) {
     TensorList inputs;
     auto collect = [&inputs](const auto& a) {

@@ -15,7 +15,7 @@
 
 namespace kiln {
 
-using Dims = std::vector<int64_t>;
+using Dims = std::vector<int64_t>;  // a list of dims (negative ones count from the end)
 
 // ---------------------------------------------------------------- not differentiable (kiln/tensor/internal_ops.h)
 using internal::all;

@@ -17,13 +17,16 @@ inline thread_local bool grad_mode_enabled = true;
 
 // Whether autograd records ops on this thread (on by default); the guards below set it for a scope.
 struct GradMode {
+  // Whether ops record the graph on this thread.
   static bool is_enabled() { return autograd::detail::grad_mode_enabled; }
+  // Sets it for this thread, until set again (prefer the guards).
   static void set_enabled(bool enabled) { autograd::detail::grad_mode_enabled = enabled; }
 };
 
 // Sets grad mode for the guard's scope, restoring the previous mode when it ends.
 class AutoGradMode {
  public:
+  // Sets grad mode to `enabled`, remembering the previous one.
   explicit AutoGradMode(bool enabled) : previous_(GradMode::is_enabled()) { GradMode::set_enabled(enabled); }
   ~AutoGradMode() { GradMode::set_enabled(previous_); }
   AutoGradMode(const AutoGradMode&) = delete;

@@ -15,13 +15,14 @@
 
 namespace kiln::autograd {
 
+// The step and tolerances of gradcheck.
 struct GradcheckOptions {
   double eps = 1e-6;   // finite-difference step
   double atol = 1e-5;  // |analytic - numeric| <= atol + rtol * |numeric|
-  double rtol = 1e-3;
+  double rtol = 1e-3;  // relative tolerance (see atol)
 };
 
-using DifferentiableFn = std::function<TensorList(const TensorList&)>;
+using DifferentiableFn = std::function<TensorList(const TensorList&)>;  // the function gradcheck differentiates
 
 // Returns true, or throws kiln::Error describing the first mismatch.
 bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& options = {});

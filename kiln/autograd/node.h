@@ -40,7 +40,7 @@
 namespace kiln::autograd {
 
 class Node;
-using TensorList = std::vector<Tensor>;
+using TensorList = std::vector<Tensor>;  // gradients, inputs or outputs, in order
 // A hook on a gradient: returns a replacement, or an undefined Tensor to keep the gradient as it is.
 using TensorHook = std::function<Tensor(const Tensor&)>;
 // A hook that runs after a leaf's .grad has been accumulated; gets the leaf.
@@ -49,16 +49,17 @@ using PostAccumulateHook = std::function<void(const Tensor&)>;
 // Where a gradient goes: input number `input_nr` of node `fn`. Invalid (fn null) when the forward
 // input did not require grad.
 struct Edge {
-  std::shared_ptr<Node> fn;
-  uint32_t input_nr = 0;
+  std::shared_ptr<Node> fn;  // the node the gradient goes to; null: nowhere
+  uint32_t input_nr = 0;     // which of fn's inputs it arrives at
+  // Whether the edge leads to a node.
   bool valid() const { return fn != nullptr; }
 };
 
 // The shape, dtype and device that a gradient arriving at a node must have (those of the forward output).
 struct InputMeta {
-  Shape shape;
-  DType dtype;
-  Device device;
+  Shape shape;    // the gradient's shape
+  DType dtype;    // its dtype
+  Device device;  // its device
 };
 
 // A tensor that backward needs, with the storage version it had when it was saved. unpack() raises a
@@ -68,9 +69,10 @@ struct InputMeta {
 class SavedTensor {
  public:
   SavedTensor() = default;
-  SavedTensor(const Tensor& t, bool is_output);
-  Tensor unpack(const Node& owner) const;
-  void reset();  // frees the tensor; unpack() afterwards raises "graph freed"
+  SavedTensor(const Tensor& t, bool is_output);  // records t's version; is_output: t is the saver's output
+  Tensor unpack(const Node& owner) const;        // the tensor; throws if released or modified since
+  void reset();                                  // frees the tensor; unpack() afterwards raises "graph freed"
+  // Whether a defined tensor is held.
   bool defined() const { return data_.defined(); }
 
  private:
@@ -89,27 +91,32 @@ class Node {
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  virtual std::string_view name() const = 0;
-  virtual TensorList apply(TensorList&& grads) = 0;
+  virtual std::string_view name() const = 0;         // "MulBackward", ...: errors and the profiler
+  virtual TensorList apply(TensorList&& grads) = 0;  // the backward: gradients of the inputs
   // Frees what forward saved; the engine calls it after apply() unless backward retains the graph.
   virtual void release_saved() {}
 
   // Order of creation: the engine runs later nodes first, which frees memory early and makes
   // gradients of the last layers ready first (data-parallel training overlaps their all-reduce).
   uint64_t sequence_nr() const { return sequence_nr_; }
+  // One edge per forward input: where its gradient goes.
   const std::vector<Edge>& next_edges() const { return next_edges_; }
+  // The edges, for the code that builds the node.
   std::vector<Edge>& mutable_next_edges() { return next_edges_; }
   // Whether backward must produce a gradient for forward input i.
   bool needs_input_grad(size_t i) const { return i < next_edges_.size() && next_edges_[i].valid(); }
-  size_t num_inputs() const { return input_meta_.size(); }  // gradients it receives
+  // The number of gradients apply() receives (one per forward output).
+  size_t num_inputs() const { return input_meta_.size(); }
+  // What gradient i must look like (unchecked index).
   const InputMeta& input_meta(size_t i) const { return input_meta_[i]; }
-  uint32_t add_input_meta(const Tensor& t);
+  uint32_t add_input_meta(const Tensor& t);  // adds t as the next output; returns its number
 
   // Hooks on the gradient arriving at input `input_nr` (a non-leaf tensor's register_hook).
   uint64_t add_pre_hook(uint32_t input_nr, TensorHook hook);
-  bool remove_pre_hook(uint64_t id);
+  bool remove_pre_hook(uint64_t id);  // false when no hook has that id
+  // Whether any pre-hook is installed.
   bool has_pre_hooks() const { return !pre_hooks_.empty(); }
-  void run_pre_hooks(TensorList& grads);
+  void run_pre_hooks(TensorList& grads);  // replaces each defined gradient by its hooks' results
 
   // The engine's index of this node in the graph task that runs it (engine.cpp); meaningless elsewhere.
   int32_t& engine_slot() { return engine_slot_; }
@@ -121,9 +128,11 @@ class Node {
   // both gradients and a write of their sum); any other tensor it returns is added as usual. The engine takes the
   // buffers back after apply().
   virtual bool accepts_gradient_buffers() const { return false; }
+  // The buffers offered for the coming apply() (see above).
   TensorList& offered_buffers() { return offered_buffers_; }
 
  protected:
+  // A node with a given order instead of the next one (UINT64_MAX: leaf accumulators and roots).
   explicit Node(uint64_t sequence_nr) : sequence_nr_(sequence_nr) {}
 
  private:
@@ -151,7 +160,7 @@ bool needs_grad(const Ts&... inputs) {
   if (!GradMode::is_enabled()) return false;
   return ((inputs.defined() && inputs.impl().autograd_meta_ptr() != nullptr && requires_grad(inputs)) || ...);
 }
-bool needs_grad_list(const std::vector<Tensor>& inputs);
+bool needs_grad_list(const std::vector<Tensor>& inputs);  // needs_grad for a list of inputs
 
 // The edge a gradient for t travels along: t's grad_fn, or the accumulator of a leaf that requires grad.
 Edge gradient_edge(const Tensor& t);

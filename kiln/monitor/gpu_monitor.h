@@ -30,8 +30,8 @@ struct GpuStats {
   int64_t memory_total_bytes = 0;       // the GPU's memory; a little more than CUDA lets kiln allocate
   double power_watts = -1;              // the board's draw now
   double power_limit_watts = -1;        // the enforced limit
-  int temperature_c = -1;
-  int sm_clock_mhz = -1;
+  int temperature_c = -1;               // the GPU die's, in degrees Celsius
+  int sm_clock_mhz = -1;                // the SM clock now, in MHz
 };
 
 // Whether NVML is loaded and started (libnvidia-ml.so.1 found, the driver answers, kiln built with nvml.h).

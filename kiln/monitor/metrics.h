@@ -68,10 +68,14 @@ class CsvLogger {
   void row(const std::vector<double>& values);  // exactly one value per column
   void named_row(const Scalars& values);        // names from the columns, each at most once
 
+  // The file written.
   const std::filesystem::path& path() const { return path_; }
+  // The header's column names, in order.
   const std::vector<std::string>& columns() const { return columns_; }
-  int64_t rows_kept() const { return rows_kept_; }        // rows of the earlier run kept when resuming
-  int64_t rows_dropped() const { return rows_dropped_; }  // rows at steps >= resume_step, removed
+  // Rows of the earlier run kept when resuming.
+  int64_t rows_kept() const { return rows_kept_; }
+  // Rows at steps >= resume_step, removed when resuming.
+  int64_t rows_dropped() const { return rows_dropped_; }
 
  private:
   void write_line(const std::string& line);
@@ -106,6 +110,8 @@ struct TensorBoardOptions {
 //   tb.add_scalars(1202, {{"train/loss", 0.24}, {"train/lr", 1e-3}});   // one event with both values
 class TensorBoardWriter {
  public:
+  // Creates `dir` if missing and a new event file in it; throws kiln::Error when it cannot, or when another live
+  // writer of this process uses `dir`.
   explicit TensorBoardWriter(std::filesystem::path dir, TensorBoardOptions options = {});
   ~TensorBoardWriter();
   TensorBoardWriter(const TensorBoardWriter&) = delete;
@@ -113,10 +119,11 @@ class TensorBoardWriter {
 
   // wall_time: seconds since the Unix epoch; < 0 means now.
   void add_scalar(const std::string& tag, double value, int64_t step, double wall_time = -1);
-  void add_scalars(int64_t step, const Scalars& values, double wall_time = -1);
+  void add_scalars(int64_t step, const Scalars& values, double wall_time = -1);  // one event; nothing if empty
   void flush();  // throws kiln::Error (path and reason) when the write fails
 
-  const std::filesystem::path& path() const { return path_; }  // the event file
+  // The event file written.
+  const std::filesystem::path& path() const { return path_; }
 
  private:
   void add_event(const std::string& event);
@@ -153,17 +160,21 @@ struct MetricsOptions {
 //                                     .tensorboard = train_log.tensorboard(), .tag_prefix = "eval/"});
 class MetricsLogger {
  public:
+  // Opens the TensorBoard writer and, when columns are given, the CSV file; disabled, it opens nothing.
   explicit MetricsLogger(MetricsOptions options);
   ~MetricsLogger();
-  MetricsLogger(MetricsLogger&&) noexcept;
-  MetricsLogger& operator=(MetricsLogger&&) noexcept;
+  MetricsLogger(MetricsLogger&&) noexcept;             // takes over the files
+  MetricsLogger& operator=(MetricsLogger&&) noexcept;  // takes over the other's files, releasing its own
 
-  void log(int64_t step, const Scalars& values);
-  void flush();  // the TensorBoard buffer (CSV rows are flushed as written)
+  void log(int64_t step, const Scalars& values);  // no value may be named "step"
+  void flush();                                   // the TensorBoard buffer (CSV rows are flushed as written)
 
+  // options.enabled: false makes every call do nothing.
   bool enabled() const { return options_.enabled; }
-  const std::shared_ptr<TensorBoardWriter>& tensorboard() const { return tensorboard_; }  // null without one
-  CsvLogger* csv() const { return csv_.get(); }  // null without a CSV file, or before the first log()
+  // The TensorBoard writer, to share with another logger; null without one.
+  const std::shared_ptr<TensorBoardWriter>& tensorboard() const { return tensorboard_; }
+  // The CSV logger; null without a CSV file, or before the first log().
+  CsvLogger* csv() const { return csv_.get(); }
 
  private:
   void open_csv(std::vector<std::string> columns);

@@ -24,20 +24,20 @@ namespace kiln::optim {
 // applies to the parameter (p *= 1 - lr * weight_decay) with 0.01 by default, and Adam adds to the gradient (L2).
 template <bool kDecoupled>
 struct AdamOptionsOf {
-  static constexpr const char* kName = kDecoupled ? "AdamW" : "Adam";
-  double lr = 1e-3;
-  std::array<double, 2> betas = {0.9, 0.999};  // each in [0, 1)
-  double eps = 1e-8;
-  double weight_decay = kDecoupled ? 1e-2 : 0;
-  bool amsgrad = false;
-  bool maximize = false;
+  static constexpr const char* kName = kDecoupled ? "AdamW" : "Adam";  // the optimizer's name
+  double lr = 1e-3;                                                    // learning rate, >= 0
+  std::array<double, 2> betas = {0.9, 0.999};                          // each in [0, 1)
+  double eps = 1e-8;                                                   // added to the denominator, >= 0
+  double weight_decay = kDecoupled ? 1e-2 : 0;                         // >= 0; decoupled in AdamW, L2 in Adam
+  bool amsgrad = false;   // divide by the running max of v (state "max_exp_avg_sq")
+  bool maximize = false;  // ascend instead of descend
 
-  void validate() const;  // throws kiln::Error naming the bad option
-  std::map<std::string, double> values() const;
-  static AdamOptionsOf from_values(const std::map<std::string, double>& values);
+  void validate() const;                         // throws kiln::Error naming the bad option
+  std::map<std::string, double> values() const;  // by name, flags as 0 or 1 (state_dict)
+  static AdamOptionsOf from_values(const std::map<std::string, double>& values);  // the inverse of values()
 };
-using AdamOptions = AdamOptionsOf<false>;
-using AdamWOptions = AdamOptionsOf<true>;
+using AdamOptions = AdamOptionsOf<false>;  // Adam's options
+using AdamWOptions = AdamOptionsOf<true>;  // AdamW's options
 extern template struct AdamOptionsOf<false>;
 extern template struct AdamOptionsOf<true>;
 
@@ -50,7 +50,8 @@ class AdamBase : public HookedOptimizer<Options> {
  protected:
   void update_bucket(size_t group, Optimizer::CudaBucket& bucket, const Tensor& grad_scale,
                      const Tensor& found_inf) override;
-  void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;
+  void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;  // the CPU update
+  // True for AdamW (weight decay scales the parameter), false for Adam.
   virtual bool decoupled_weight_decay() const = 0;
 };
 extern template class AdamBase<AdamOptions>;
@@ -62,6 +63,7 @@ class Adam : public AdamBase<AdamOptions> {
   using AdamBase::AdamBase;
 
  protected:
+  // False: weight decay is added to the gradient.
   bool decoupled_weight_decay() const override { return false; }
 };
 
@@ -71,6 +73,7 @@ class AdamW : public AdamBase<AdamWOptions> {
   using AdamBase::AdamBase;
 
  protected:
+  // True: weight decay scales the parameter.
   bool decoupled_weight_decay() const override { return true; }
 };
 

@@ -36,14 +36,14 @@ struct GradScalerOptions {
   double growth_factor = 2.0;      // > 1
   double backoff_factor = 0.5;     // in (0, 1)
   int64_t growth_interval = 2000;  // consecutive steps without inf/NaN before the scale grows
-  bool enabled = true;
+  bool enabled = true;             // false: scale() returns the loss, step() calls opt.step(), update() does nothing
 };
 
 // Dynamic loss scaling for fp16 training: scales the loss, unscales and checks the gradients, skips steps with
 // inf/NaN, adapts the scale; its state stays on the device.
 class GradScaler {
  public:
-  explicit GradScaler(GradScalerOptions options = {});
+  explicit GradScaler(GradScalerOptions options = {});  // throws kiln::Error on an invalid option
 
   // loss * scale (the scale as a float32 tensor on the loss's device); the loss itself when disabled.
   Tensor scale(const Tensor& loss);
@@ -55,7 +55,9 @@ class GradScaler {
   // The new scale from this iteration's inf/NaN checks (of every optimizer stepped or unscaled), on the device.
   void update();
 
+  // options().enabled.
   bool is_enabled() const { return options_.enabled; }
+  // The options given to the constructor.
   const GradScalerOptions& options() const { return options_; }
   // The current scale. Reads the device tensor: synchronises the host with its stream (for logging, not for
   // every step). 1.0 when disabled; init_scale before the first scale().

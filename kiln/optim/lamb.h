@@ -22,27 +22,29 @@
 
 namespace kiln::optim {
 
+// LAMB's hyperparameters (see the update above).
 struct LAMBOptions {
-  static constexpr const char* kName = "LAMB";
-  double lr = 1e-3;
-  std::array<double, 2> betas = {0.9, 0.999};  // each in [0, 1)
-  double eps = 1e-6;
-  double weight_decay = 0.01;  // decoupled: part of the update the trust ratio scales
-  bool bias_correction = true;
-  double max_trust_ratio = 10.0;  // > 0
+  static constexpr const char* kName = "LAMB";  // the optimizer's name
+  double lr = 1e-3;                             // learning rate, >= 0
+  std::array<double, 2> betas = {0.9, 0.999};   // each in [0, 1)
+  double eps = 1e-6;                            // added to the denominator, >= 0
+  double weight_decay = 0.01;                   // decoupled: part of the update the trust ratio scales
+  bool bias_correction = true;                  // divide m, v by 1 - beta1^t, 1 - beta2^t
+  double max_trust_ratio = 10.0;                // > 0
 
-  void validate() const;  // throws kiln::Error naming the bad option
-  std::map<std::string, double> values() const;
-  static LAMBOptions from_values(const std::map<std::string, double>& values);
+  void validate() const;                         // throws kiln::Error naming the bad option
+  std::map<std::string, double> values() const;  // by name, flags as 0 or 1 (state_dict)
+  static LAMBOptions from_values(const std::map<std::string, double>& values);  // the inverse of values()
 };
 
+// The LAMB optimizer (see above), with fused multi-tensor kernels for CUDA parameters.
 class LAMB : public HookedOptimizer<LAMBOptions> {
  public:
   using HookedOptimizer::HookedOptimizer;  // (params, options = {}) or (groups, defaults = {})
 
  protected:
   void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;
-  void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;
+  void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;  // the CPU update
 };
 
 }  // namespace kiln::optim

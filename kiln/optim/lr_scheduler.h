@@ -32,6 +32,8 @@ namespace kiln::optim {
 // "gamma"; SequentialLR nests its children under "schedulers.<i>.").
 using SchedulerState = std::map<std::string, double>;
 
+// The base of the schedulers: sets each parameter group's lr of an optimizer from a step count, as
+// torch.optim.lr_scheduler.LRScheduler.
 class LRScheduler {
  public:
   virtual ~LRScheduler() = default;
@@ -53,9 +55,10 @@ class LRScheduler {
   // (as PyTorch: the checkpoint wins over the constructor's arguments) and sets the optimizer's lrs to those of
   // the loaded step. Throws kiln::Error naming a missing or invalid entry, and changes nothing then.
   SchedulerState state_dict() const;
-  void load_state_dict(const SchedulerState& state);
+  void load_state_dict(const SchedulerState& state);  // the inverse of state_dict()
 
   virtual std::string name() const = 0;  // "StepLR", ... (error messages)
+  // The optimizer whose lrs this scheduler sets.
   Optimizer& optimizer() const { return *optimizer_; }
 
  protected:
@@ -72,6 +75,7 @@ class LRScheduler {
   virtual void check_step(int64_t next_step) const { (void)next_step; }
   // Own entries of state_dict; load_own validates everything before it changes anything.
   virtual void save_own(SchedulerState& state) const { (void)state; }
+  // Reads back what save_own wrote; the base has nothing to read.
   virtual void load_own(const SchedulerState& state) { (void)state; }
   // SequentialLR gives its children the base lrs of the first one made (PyTorch's shared initial_lr).
   virtual void rebase(const std::vector<double>& base_lrs) { base_lrs_ = base_lrs; }
@@ -80,6 +84,7 @@ class LRScheduler {
   double get(const SchedulerState& state, const std::string& key) const;
   // The entry `key` as a whole number >= at_least (error naming the scheduler, the key and the value otherwise).
   int64_t get_int(const SchedulerState& state, const std::string& key, int64_t at_least) const;
+  // The number of parameter groups scheduled.
   size_t num_groups() const { return base_lrs_.size(); }
 
  private:
@@ -96,7 +101,7 @@ class LRScheduler {
 // lr = base_lr * gamma^floor(step / step_size).
 class StepLR final : public LRScheduler {
  public:
-  StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
+  StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);  // step_size >= 1
   double lr_at(size_t group, int64_t step) const override;
   std::string name() const override { return "StepLR"; }
 
@@ -110,7 +115,7 @@ class StepLR final : public LRScheduler {
 // lr = base_lr * gamma^(number of milestones <= step); a milestone listed twice counts twice (as PyTorch).
 class MultiStepLR final : public LRScheduler {
  public:
-  MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma = 0.1);
+  MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma = 0.1);  // milestones in any order
   double lr_at(size_t group, int64_t step) const override;
   std::string name() const override { return "MultiStepLR"; }
 
@@ -124,7 +129,7 @@ class MultiStepLR final : public LRScheduler {
 // lr = base_lr * gamma^step.
 class ExponentialLR final : public LRScheduler {
  public:
-  ExponentialLR(Optimizer& optimizer, double gamma);
+  ExponentialLR(Optimizer& optimizer, double gamma);  // gamma: the factor applied per step
   double lr_at(size_t group, int64_t step) const override;
   std::string name() const override { return "ExponentialLR"; }
 
@@ -139,7 +144,7 @@ class ExponentialLR final : public LRScheduler {
 // special case at t_max + 1 continues the same cosine). Use linear_warmup_cosine_decay to hold the minimum.
 class CosineAnnealingLR final : public LRScheduler {
  public:
-  CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min = 0.0);
+  CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min = 0.0);  // t_max >= 1
   double lr_at(size_t group, int64_t step) const override;
   std::string name() const override { return "CosineAnnealingLR"; }
 
@@ -154,6 +159,7 @@ class CosineAnnealingLR final : public LRScheduler {
 // warmup (or decay). As PyTorch: 0 < start_factor <= 1, 0 <= end_factor <= 1.
 class LinearLR final : public LRScheduler {
  public:
+  // Throws unless 0 < start_factor <= 1, 0 <= end_factor <= 1 and total_iters >= 1.
   LinearLR(Optimizer& optimizer, double start_factor = 1.0 / 3.0, double end_factor = 1.0, int64_t total_iters = 5);
   double lr_at(size_t group, int64_t step) const override;
   std::string name() const override { return "LinearLR"; }
@@ -169,9 +175,9 @@ class LinearLR final : public LRScheduler {
 // state_dict (as PyTorch's functions): construct the scheduler with the same ones before loading.
 class LambdaLR final : public LRScheduler {
  public:
-  using Lambda = std::function<double(int64_t step)>;
-  LambdaLR(Optimizer& optimizer, Lambda lambda);
-  LambdaLR(Optimizer& optimizer, std::vector<Lambda> lambdas);
+  using Lambda = std::function<double(int64_t step)>;           // the factor for a step
+  LambdaLR(Optimizer& optimizer, Lambda lambda);                // the same lambda for every group
+  LambdaLR(Optimizer& optimizer, std::vector<Lambda> lambdas);  // one per group
   double lr_at(size_t group, int64_t step) const override;
   std::string name() const override { return "LambdaLR"; }
 
@@ -179,12 +185,15 @@ class LambdaLR final : public LRScheduler {
   std::vector<Lambda> lambdas_;  // one per group
 };
 
+// How OneCycleLR moves between lrs: cosine or linear.
 enum class AnnealStrategy { Cos, Linear };
 
+// OneCycleLR's settings, with PyTorch's names and defaults.
 struct OneCycleOptions {
   std::vector<double> max_lr{};  // one value (every group) or one per group
   int64_t total_steps = 0;       // >= 1; step() may reach total_steps (as PyTorch), not beyond
   double pct_start = 0.3;        // in [0, 1]: the fraction of steps spent increasing the lr
+  // The shape of each phase.
   AnnealStrategy anneal_strategy = AnnealStrategy::Cos;
   double div_factor = 25.0;       // initial lr = max_lr / div_factor
   double final_div_factor = 1e4;  // min lr = initial lr / final_div_factor
@@ -196,7 +205,7 @@ struct OneCycleOptions {
 // are max_lr / div_factor (the optimizer's own lrs are ignored, as PyTorch).
 class OneCycleLR final : public LRScheduler {
  public:
-  OneCycleLR(Optimizer& optimizer, OneCycleOptions options);
+  OneCycleLR(Optimizer& optimizer, OneCycleOptions options);  // throws on invalid options
   double lr_at(size_t group, int64_t step) const override;
   std::string name() const override { return "OneCycleLR"; }
 
@@ -221,10 +230,12 @@ class OneCycleLR final : public LRScheduler {
 // The children's own last_epoch is not advanced: the SequentialLR's is the one that counts.
 class SequentialLR final : public LRScheduler {
  public:
+  // Takes ownership of the schedulers; throws kiln::Error when the rules above are broken.
   SequentialLR(Optimizer& optimizer, std::vector<std::unique_ptr<LRScheduler>> schedulers,
                std::vector<int64_t> milestones);
   double lr_at(size_t group, int64_t step) const override;
   std::string name() const override { return "SequentialLR"; }
+  // Child i, in the order given; throws std::out_of_range past the last.
   const LRScheduler& scheduler(size_t i) const { return *schedulers_.at(i); }
 
  private:

@@ -36,8 +36,8 @@ namespace kiln::optim {
 //            "param_groups.0.betas.1"; flags are 0 or 1) and "param_groups.<g>.size".
 // state_dict() gives the live state tensors (as PyTorch: copy them for a snapshot); load_state_dict() copies.
 struct OptimizerState {
-  std::map<std::string, Tensor> tensors{};
-  std::map<std::string, double> values{};
+  std::map<std::string, Tensor> tensors{};  // "state.<param index>.<name>" -> the state tensor
+  std::map<std::string, double> values{};   // "param_groups.<g>.<option>" and "param_groups.<g>.size"
 };
 
 // The base of the optimizers: parameter groups, step(), zero_grad(), state_dict() and load_state_dict(), as
@@ -57,20 +57,21 @@ class Optimizer {
   // (or undefined: no scaling, no check). CUDA parameters read them on the device (no host sync); CPU
   // parameters read them on the host. Optimizers without support throw; see supports_step_with().
   virtual void step_with(const Tensor& grad_scale, const Tensor& found_inf);
+  // True when step_with() is implemented (the base's throws).
   virtual bool supports_step_with() const { return false; }
 
-  virtual size_t num_param_groups() const = 0;
-  virtual const std::vector<Tensor>& params(size_t group) const = 0;
-  virtual double lr(size_t group) const = 0;
-  virtual void set_lr(size_t group, double lr) = 0;
+  virtual size_t num_param_groups() const = 0;                        // the number of parameter groups
+  virtual const std::vector<Tensor>& params(size_t group) const = 0;  // the parameters of a group
+  virtual double lr(size_t group) const = 0;                          // the learning rate of a group
+  virtual void set_lr(size_t group, double lr) = 0;                   // what the LR schedulers call
   // Every parameter of every group, in order.
   std::vector<Tensor> all_params() const;
 
   // The per-parameter state ("step", "exp_avg", "momentum_buffer", ...); empty before the first step.
   std::map<std::string, Tensor>& state(const Tensor& param);
-  const std::map<std::string, Tensor>* find_state(const Tensor& param) const;
+  const std::map<std::string, Tensor>* find_state(const Tensor& param) const;  // null when param has none
 
-  virtual OptimizerState state_dict() const;
+  virtual OptimizerState state_dict() const;  // the live state tensors and every group's options
   // Throws kiln::Error naming the first mismatch (group count or sizes, a missing option, a tensor's shape)
   // and changes nothing then. Tensors are copied to each parameter's device (and state dtype).
   virtual void load_state_dict(const OptimizerState& state);
@@ -81,6 +82,7 @@ class Optimizer {
   // Options of a group as name -> value (numbers and flags), for state_dict; and back (`values` holds every
   // name group_values gives; set_group_values validates and throws before changing anything).
   virtual std::map<std::string, double> group_values(size_t group) const = 0;
+  // Sets a group's options from such a map; throws, changing nothing, on a bad value.
   virtual void set_group_values(size_t group, const std::map<std::string, double>& values) = 0;
 
   // ---- helpers for the optimizers' step() ----
@@ -103,10 +105,13 @@ class Optimizer {
     // That dtype: the first shadow's, set when it joins the bucket (a later one of another dtype is not kept).
     std::optional<DType> shadow_dtype;
   };
+  // The parameters of one group that have a gradient, split by where they are updated.
   struct StepPlan {
-    std::vector<Tensor> cpu;  // updated with kiln ops, one by one
-    std::vector<CudaBucket> cuda;
+    std::vector<Tensor> cpu;       // updated with kiln ops, one by one
+    std::vector<CudaBucket> cuda;  // CUDA ones, one bucket per device and dtype
   };
+  // Sorts the parameters that have a gradient into CPU ones and CUDA buckets; throws when a gradient's shape or
+  // device differs from its parameter's.
   StepPlan plan_step(const std::vector<Tensor>& params) const;
   // Writes bucket.params back into the parameters they were copied from (non-contiguous parameters), counts
   // the in-place update in each parameter's version, and marks the shadows written.
@@ -119,7 +124,9 @@ class Optimizer {
   // when it already is) and the step number t = 1, 2, ... being taken. The caller then copies w back into the
   // parameter and advances "step". Runs without recording the graph.
   void step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf);
+  // The CUDA hook: updates a bucket with one fused launch; the base version throws.
   virtual void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf);
+  // The CPU hook: writes the parameter's new value into w; the base version throws.
   virtual void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t);
 
   // The dtype state tensors and CPU math use for a parameter: float32 for 16-bit floats, else its dtype.
@@ -145,8 +152,8 @@ class Optimizer {
 // A group of parameters with its own options.
 template <typename Options>
 struct ParamGroup {
-  std::vector<Tensor> params{};
-  Options options{};
+  std::vector<Tensor> params{};  // the parameters, updated in place
+  Options options{};             // this group's hyperparameters
 };
 
 // The typed half of an optimizer: groups of Options. `Derived` implements step() over groups().
@@ -161,6 +168,7 @@ class OptimizerWith : public Optimizer {
     defaults_.validate();
     add_param_group({std::move(params), defaults});
   }
+  // Several groups, each with its own options; `defaults` are only kept (defaults()), not merged into the groups.
   OptimizerWith(std::vector<ParamGroup<Options>> groups, Options defaults = {}) : defaults_(defaults) {
     defaults_.validate();
     if (groups.empty()) check_nonempty(0, 0, Options::kName);
@@ -176,8 +184,11 @@ class OptimizerWith : public Optimizer {
     groups_.push_back(std::move(group));
   }
 
+  // The number of groups.
   size_t num_param_groups() const override { return groups_.size(); }
+  // A group's parameters; throws std::out_of_range for a bad group.
   const std::vector<Tensor>& params(size_t group) const override { return groups_.at(group).params; }
+  // A group's lr; throws std::out_of_range for a bad group.
   double lr(size_t group) const override { return groups_.at(group).options.lr; }
   // Validated as the constructor validates (a NaN, infinite or negative lr is refused, the group unchanged).
   void set_lr(size_t group, double lr) override {
@@ -193,21 +204,26 @@ class OptimizerWith : public Optimizer {
     options.validate();
     groups_[group].options = options;
   }
+  // Options::kName: "SGD", "Adam", ...
   std::string name() const override { return Options::kName; }
+  // The groups, editable (HookedOptimizer validates their options at each step).
   std::vector<ParamGroup<Options>>& groups() { return groups_; }
+  // The groups.
   const std::vector<ParamGroup<Options>>& groups() const { return groups_; }
+  // The options given to the constructor.
   const Options& defaults() const { return defaults_; }
 
  protected:
+  // A group's options as Options::values() names them.
   std::map<std::string, double> group_values(size_t group) const override { return groups_.at(group).options.values(); }
-  void set_group_values(size_t group, const std::map<std::string, double>& values) override {
+  void set_group_values(size_t group, const std::map<std::string, double>& values) override {  // validated first
     Options options = Options::from_values(values);
     options.validate();
     groups_.at(group).options = options;
   }
 
-  Options defaults_;
-  std::vector<ParamGroup<Options>> groups_;
+  Options defaults_;                         // the constructor's options
+  std::vector<ParamGroup<Options>> groups_;  // the parameter groups, in order
 };
 
 // An OptimizerWith whose step is step_by_hooks: the derived optimizer implements update_bucket (CUDA) and
@@ -221,10 +237,11 @@ class HookedOptimizer : public OptimizerWith<Options> {
     for (const auto& g : this->groups_) g.options.validate();
     this->step_by_hooks(Tensor(), Tensor());
   }
-  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override {
+  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override {  // step_by_hooks with both
     for (const auto& g : this->groups_) g.options.validate();
     this->step_by_hooks(grad_scale, found_inf);
   }
+  // Always true: step_by_hooks takes the scale and the flag.
   bool supports_step_with() const override { return true; }
 };
 

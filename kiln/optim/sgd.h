@@ -22,17 +22,17 @@ namespace kiln::optim {
 
 // SGD's hyperparameters, with PyTorch's names and defaults.
 struct SGDOptions {
-  static constexpr const char* kName = "SGD";
-  double lr = 1e-3;
-  double momentum = 0;
-  double dampening = 0;
-  double weight_decay = 0;
-  bool nesterov = false;  // needs momentum > 0 and dampening == 0
-  bool maximize = false;
+  static constexpr const char* kName = "SGD";  // the optimizer's name
+  double lr = 1e-3;                            // learning rate, >= 0
+  double momentum = 0;                         // >= 0; 0 keeps no momentum buffer
+  double dampening = 0;                        // scales the new gradient by 1 - dampening in the buffer
+  double weight_decay = 0;                     // L2 penalty added to the gradient, >= 0
+  bool nesterov = false;                       // needs momentum > 0 and dampening == 0
+  bool maximize = false;                       // ascend instead of descend
 
-  void validate() const;  // throws kiln::Error naming the bad option
-  std::map<std::string, double> values() const;
-  static SGDOptions from_values(const std::map<std::string, double>& values);
+  void validate() const;                         // throws kiln::Error naming the bad option
+  std::map<std::string, double> values() const;  // by name, flags as 0 or 1 (state_dict)
+  static SGDOptions from_values(const std::map<std::string, double>& values);  // the inverse of values()
 };
 
 // Stochastic gradient descent with optional momentum, dampening, Nesterov and weight decay, as torch.optim.SGD.
@@ -42,7 +42,7 @@ class SGD : public HookedOptimizer<SGDOptions> {
 
  protected:
   void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;
-  void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;
+  void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;  // the CPU update
 };
 
 }  // namespace kiln::optim

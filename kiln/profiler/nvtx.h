@@ -11,17 +11,18 @@
 
 namespace kiln::profiler {
 
+// Which kinds of trace range enable_nvtx turns into NVTX ranges.
 struct NvtxOptions {
-  bool steps = true;
-  bool modules = true;
-  bool backward = true;
-  bool ops = true;
-  bool user = true;  // trace::Kind::User ranges
+  bool steps = true;     // trace::Kind::Step (mark_step) ranges
+  bool modules = true;   // trace::Kind::Module ranges (Module calls)
+  bool backward = true;  // trace::Kind::Backward ranges (autograd nodes)
+  bool ops = true;       // trace::Kind::Op ranges (every op: the most numerous)
+  bool user = true;      // trace::Kind::User ranges
 };
 
 void enable_nvtx(NvtxOptions options = {});  // again: replaces the options
-void disable_nvtx();
-bool nvtx_enabled();
-bool nvtx_compiled();  // built with the NVTX headers (every CUDA build)
+void disable_nvtx();                         // stops emitting NVTX ranges; nothing happens when none are on
+bool nvtx_enabled();                         // enable_nvtx is in effect
+bool nvtx_compiled();                        // built with the NVTX headers (every CUDA build)
 
 }  // namespace kiln::profiler

@@ -51,6 +51,7 @@ enum class BinaryOp : uint8_t {
 // The op's name in the table ("add", "logical_xor", "gelu_tanh_backward", ...): the profiler's range name.
 std::string_view binary_op_name(BinaryOp op);
 
+// The reductions of Backend::reduce (Max and Min also of arg_reduce).
 enum class ReduceOp : uint8_t {
   Sum,
   Mean,
@@ -71,43 +72,51 @@ constexpr bool is_statistics_op(ReduceOp op) {
   return op == ReduceOp::Var || op == ReduceOp::Std || op == ReduceOp::Norm || op == ReduceOp::LogSumExp;
 }
 
+// The distributions of Backend::random (see RandomParams).
 enum class RandomKind : uint8_t { Uniform, Normal, Randint, Bernoulli };
 
+// The extra arguments of a unary op (only Clamp has any).
 struct UnaryParams {
   double a = 0;  // Clamp: lower bound
   double b = 0;  // Clamp: upper bound
 };
 
+// The extra arguments of a reduction (Var/Std and Norm).
 struct ReduceParams {
   int64_t correction = 1;  // Var: the divisor is n - correction (Bessel's correction by default)
   double p = 2;            // Norm: the order
 };
 
+// What Backend::matmul_epilogue fuses into a product; an undefined tensor means not wanted.
 struct MatmulEpilogue {
   Tensor bias;      // (N): added to every row of the product
   Tensor row_sums;  // (M): written with the row sums of a
 };
 
+// The distribution Backend::random draws from.
 struct RandomParams {
-  RandomKind kind = RandomKind::Uniform;
-  double a = 0, b = 1;        // Uniform [a, b); Normal mean a, std b; Bernoulli probability a
+  RandomKind kind = RandomKind::Uniform;  // which distribution
+  // The real parameters a and b, as the comment at the right says.
+  double a = 0, b = 1;  // Uniform [a, b); Normal mean a, std b; Bernoulli probability a
+  // Randint's bounds low and high, as the comment at the right says.
   int64_t low = 0, high = 2;  // Randint [low, high)
 };
 
+// The primitive kernels of one device type (see above); backend() gives the one of a device.
 class Backend {
  public:
   virtual ~Backend() = default;
 
-  virtual DeviceType device_type() const = 0;
-  virtual int device_count() const = 0;
-  virtual Allocator& allocator(int device_index) = 0;
-  virtual void synchronize(int device_index) = 0;
+  virtual DeviceType device_type() const = 0;          // the device type it serves
+  virtual int device_count() const = 0;                // devices of that type visible (1 for the CPU)
+  virtual Allocator& allocator(int device_index) = 0;  // the allocator of one device
+  virtual void synchronize(int device_index) = 0;      // waits for the device's queued work (CPU: nothing)
 
   // ---- data movement ----
   // dst = src converted to dst's dtype; src has dst's shape. Either side may be on the CPU when this
   // backend is not the CPU's (host <-> device copies are done by the device's backend).
   virtual void copy(const Tensor& dst, const Tensor& src, bool non_blocking) = 0;
-  virtual void fill(const Tensor& dst, Scalar value) = 0;
+  virtual void fill(const Tensor& dst, Scalar value) = 0;  // every element of dst = value in dst's dtype
   // 1-D dst: dst[i] = start + i * step, computed in dst's dtype (double for floating dtypes).
   virtual void arange(const Tensor& dst, Scalar start, Scalar step) = 0;
   // 1-D dst of n >= 2 elements, symmetric as PyTorch: start + i*step for i < n/2, else end - (n-1-i)*step.
@@ -227,6 +236,7 @@ class Backend {
 
 // The backend of a device type. CUDA throws a kiln::Error when kiln was built without CUDA.
 Backend& backend(DeviceType type);
+// The backend of device's type.
 inline Backend& backend(Device device) { return backend(device.type()); }
 
 // Page-locked host memory for asynchronous copies to and from GPUs; null when no GPU can be used.

@@ -23,13 +23,14 @@ int64_t numel(const Shape& shape, std::string_view op);
 // a * b and a + b, or kiln::Error "<what>: <a> * <b> overflows a 64-bit integer ..."; `what` names the op or
 // the file and what is being computed.
 int64_t checked_mul(int64_t a, int64_t b, std::string_view what);
-int64_t checked_add(int64_t a, int64_t b, std::string_view what);
+int64_t checked_add(int64_t a, int64_t b, std::string_view what);  // a + b, or the same kind of error
 
 // numel(shape) * element_size bytes, checked; the message names `op`, the shape and the element size.
 int64_t checked_nbytes(const Shape& shape, int64_t element_size, std::string_view op);
 
 // The non-throwing forms: true on overflow (then *out is the wrapped value and must not be used).
 inline bool mul_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
+// *out = a + b; true when it overflows.
 inline bool add_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_add_overflow(a, b, out); }
 
 }  // namespace kiln

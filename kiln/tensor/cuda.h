@@ -22,16 +22,16 @@
 
 namespace kiln::cuda {
 
-bool is_available();   // built with CUDA, a driver loaded, and at least one GPU visible
-int device_count();    // 0 when unavailable (never throws)
-int current_device();  // of the calling thread
-void set_device(int device);
+bool is_available();                // built with CUDA, a driver loaded, and at least one GPU visible
+int device_count();                 // 0 when unavailable (never throws)
+int current_device();               // of the calling thread
+void set_device(int device);        // the calling thread's current device; throws for a bad index
 void synchronize(int device = -1);  // -1: the current device; waits for all its streams
 // The range a profiler attached to the process records when told to (cudaProfilerStart / cudaProfilerStop: Nsight
 // Systems' --capture-range=cudaProfilerApi, Nsight Compute's --profile-from-start off, bench/kernel_trace.cpp). Without
 // one attached they do nothing.
 void profiler_start();
-void profiler_stop();
+void profiler_stop();  // cudaProfilerStop (see above)
 // The PCI bus id of `device`, as the CUDA runtime writes it ("0000:3B:00.0": domain:bus:device.function in
 // hex). It names the GPU the same way in every process and tool (NVML, nvidia-smi), whatever
 // CUDA_VISIBLE_DEVICES renumbered kiln's device indices to.
@@ -42,7 +42,7 @@ int compute_capability(int device);
 // Makes `device` current for the scope (restores the previous one on exit).
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device);
+  explicit DeviceGuard(int device);  // makes device current, remembering the previous
   ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
@@ -56,13 +56,17 @@ class DeviceGuard {
 // allocator may still refer to it). The default stream of each device is the legacy default stream.
 class Stream {
  public:
+  // A non-blocking stream on `device` (-1: the current one), taken from the pool when one is free there.
   static Stream create(int device = -1, bool high_priority = false);
-  static Stream default_stream(int device = -1);
+  static Stream default_stream(int device = -1);  // the legacy default stream; -1: current device
 
+  // The device index the stream belongs to.
   int device() const { return device_; }
+  // The raw stream handle (null for a default stream).
   void* handle() const { return handle_; }  // a cudaStream_t
-  void synchronize() const;
-  bool query() const;  // true when all work on it has finished
+  void synchronize() const;                 // the host waits for all work queued on it
+  bool query() const;                       // true when all work on it has finished
+  // Same stream handle on the same device.
   friend bool operator==(const Stream& a, const Stream& b) { return a.handle_ == b.handle_ && a.device_ == b.device_; }
 
  private:
@@ -75,12 +79,12 @@ class Stream {
 
 // The stream kiln's ops on `device` launch on, for the calling thread (the default stream until set).
 Stream current_stream(int device = -1);
-void set_current_stream(const Stream& stream);
+void set_current_stream(const Stream& stream);  // on stream's device, for the calling thread
 
 // Makes `stream` current on its device for the scope.
 class StreamGuard {
  public:
-  explicit StreamGuard(const Stream& stream);
+  explicit StreamGuard(const Stream& stream);  // restores the previous stream on exit
   ~StreamGuard();
   StreamGuard(const StreamGuard&) = delete;
   StreamGuard& operator=(const StreamGuard&) = delete;
@@ -92,16 +96,16 @@ class StreamGuard {
 // A CUDA event: record it on a stream, make another stream wait for it, or time between two events.
 class Event {
  public:
-  explicit Event(bool enable_timing = false);
+  explicit Event(bool enable_timing = false);  // created at its first record(); timing for elapsed_ms
   ~Event();
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
 
-  void record(const Stream& stream);
-  void record();                    // on the current stream of the current device
-  void wait(const Stream& stream);  // `stream` waits (on the GPU) until this event has happened
-  void synchronize() const;         // the host waits
-  bool query() const;
+  void record(const Stream& stream);         // marks the point reached on `stream`; one device per event
+  void record();                             // on the current stream of the current device
+  void wait(const Stream& stream);           // `stream` waits (on the GPU) until this event has happened
+  void synchronize() const;                  // the host waits
+  bool query() const;                        // true when it has happened (or was never recorded)
   float elapsed_ms(const Event& end) const;  // both recorded with enable_timing
 
  private:
@@ -113,7 +117,7 @@ class Event {
 // Whether float32 matmuls may use TF32 tensor cores (10-bit mantissa inputs, float32 accumulation), as
 // PyTorch's torch.backends.cuda.matmul.allow_tf32. On by default; turn it off for full float32 products.
 void set_allow_tf32(bool allow);
-bool allow_tf32();
+bool allow_tf32();  // the current setting (true on a build without CUDA)
 
 // Marks that `t`'s memory is in use on `stream` (besides the stream it was allocated on): the caching
 // allocator will not hand it out again before the work queued on `stream` so far has finished.
@@ -158,9 +162,9 @@ class Graph {
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 
-  void capture(const std::function<void()>& step, int warmup = 3);
-  void replay();
-  bool captured() const;
+  void capture(const std::function<void()>& step, int warmup = 3);  // once per Graph (see above)
+  void replay();          // after the work on the current stream; throws before capture()
+  bool captured() const;  // capture() has succeeded
 
   // Whether the calling thread is capturing a graph now (for code that must act differently then).
   static bool capturing();
@@ -185,17 +189,17 @@ struct MemoryStats {
   int64_t allocated_bytes = 0;       // in tensors now
   int64_t reserved_bytes = 0;        // obtained from cudaMalloc and not released
   int64_t peak_allocated_bytes = 0;  // since start or reset_peak_memory_stats()
-  int64_t peak_reserved_bytes = 0;
-  int64_t active_blocks = 0;
-  int64_t cached_blocks = 0;       // free blocks kept for reuse
-  int64_t num_device_mallocs = 0;  // cudaMalloc calls so far
-  int64_t num_device_frees = 0;
-  int64_t num_ooms = 0;           // allocations that failed even after the cache was released
-  int64_t num_alloc_retries = 0;  // allocations that succeeded only after releasing the cache
+  int64_t peak_reserved_bytes = 0;   // since start or reset_peak_memory_stats()
+  int64_t active_blocks = 0;         // blocks handed out and not yet freed
+  int64_t cached_blocks = 0;         // free blocks kept for reuse
+  int64_t num_device_mallocs = 0;    // cudaMalloc calls so far
+  int64_t num_device_frees = 0;      // cudaFree calls so far
+  int64_t num_ooms = 0;              // allocations that failed even after the cache was released
+  int64_t num_alloc_retries = 0;     // allocations that succeeded only after releasing the cache
 };
-MemoryStats memory_stats(int device = -1);
-std::string memory_summary(int device = -1);  // a printable table of the stats
-void reset_peak_memory_stats(int device = -1);
-void empty_cache();  // returns every cached, unused block to the driver (all devices)
+MemoryStats memory_stats(int device = -1);      // of `device`'s caching allocator; -1: the current one
+std::string memory_summary(int device = -1);    // a printable table of the stats
+void reset_peak_memory_stats(int device = -1);  // peaks set to the current values
+void empty_cache();                             // returns every cached, unused block to the driver (all devices)
 
 }  // namespace kiln::cuda

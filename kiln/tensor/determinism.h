@@ -37,12 +37,13 @@
 
 namespace kiln {
 
-void set_deterministic(bool enabled);
-bool deterministic();
+void set_deterministic(bool enabled);  // turns deterministic mode on or off, process-wide
+bool deterministic();                  // whether it is on
 
 // Sets the switch for a scope and restores the previous value on exit.
 class DeterministicGuard {
  public:
+  // Sets the switch to `enabled`, remembering the previous value.
   explicit DeterministicGuard(bool enabled) : previous_(deterministic()) { set_deterministic(enabled); }
   ~DeterministicGuard() { set_deterministic(previous_); }
   DeterministicGuard(const DeterministicGuard&) = delete;

@@ -17,8 +17,9 @@
 namespace kiln {
 
 template <typename T>
+// An empty value that carries the C++ type T to a generic lambda.
 struct TypeTag {
-  using type = T;
+  using type = T;  // the element type
 };
 
 template <typename F>
@@ -62,6 +63,7 @@ decltype(auto) visit_numeric_dtype(DType t, std::string_view op, F&& f) {
 }
 
 template <typename F>
+// Float16, BFloat16, Float32 and Float64 only; any other dtype throws NotImplementedError naming `op`.
 decltype(auto) visit_floating_dtype(DType t, std::string_view op, F&& f) {
   switch (t) {
     case DType::Float16: return f(TypeTag<Half>{});

@@ -20,6 +20,7 @@
 
 namespace kiln {
 
+// A tensor's element type; each is the torch.dtype of the same name in lower case (float32, bfloat16, ...).
 enum class DType : uint8_t {
   Bool,
   UInt8,
@@ -32,7 +33,7 @@ enum class DType : uint8_t {
   Float8_e4m3fn,  // storage only (see above)
   Float8_e5m2,    // storage only
 };
-inline constexpr int kNumDTypes = 10;
+inline constexpr int kNumDTypes = 10;  // the number of DType values
 
 inline size_t element_size(DType t) {
   switch (t) {
@@ -50,15 +51,17 @@ inline size_t element_size(DType t) {
   return 0;  // unreachable for a valid DType
 }
 std::string_view dtype_name(DType t);  // "float32", "bfloat16", "int64", "float8_e4m3fn", ... (PyTorch's spelling)
-std::ostream& operator<<(std::ostream& os, DType t);
+std::ostream& operator<<(std::ostream& os, DType t);  // writes dtype_name(t)
 
+// Float8_e4m3fn or Float8_e5m2.
 inline constexpr bool is_float8(DType t) { return t == DType::Float8_e4m3fn || t == DType::Float8_e5m2; }
-inline constexpr bool is_floating_point(DType t) {
+inline constexpr bool is_floating_point(DType t) {  // 16-, 32-, 64-bit and float8 types
   return t == DType::Float16 || t == DType::BFloat16 || t == DType::Float32 || t == DType::Float64 || is_float8(t);
 }
-inline constexpr bool is_integral(DType t, bool include_bool = false) {
+inline constexpr bool is_integral(DType t, bool include_bool = false) {  // UInt8, Int32, Int64 (and Bool if asked)
   return t == DType::UInt8 || t == DType::Int32 || t == DType::Int64 || (include_bool && t == DType::Bool);
 }
+// Float16 or BFloat16.
 inline constexpr bool is_reduced_float(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 
 // The type two operands are computed in (PyTorch's table): bool < integers < floating point;
@@ -79,43 +82,43 @@ inline constexpr DType kDefaultFloat = DType::Float32;
 template <typename T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<bool>() {
+constexpr DType dtype_of<bool>() {  // DType::Bool
   return DType::Bool;
 }
 template <>
-constexpr DType dtype_of<uint8_t>() {
+constexpr DType dtype_of<uint8_t>() {  // DType::UInt8
   return DType::UInt8;
 }
 template <>
-constexpr DType dtype_of<int32_t>() {
+constexpr DType dtype_of<int32_t>() {  // DType::Int32
   return DType::Int32;
 }
 template <>
-constexpr DType dtype_of<int64_t>() {
+constexpr DType dtype_of<int64_t>() {  // DType::Int64
   return DType::Int64;
 }
 template <>
-constexpr DType dtype_of<Half>() {
+constexpr DType dtype_of<Half>() {  // DType::Float16
   return DType::Float16;
 }
 template <>
-constexpr DType dtype_of<BFloat16>() {
+constexpr DType dtype_of<BFloat16>() {  // DType::BFloat16
   return DType::BFloat16;
 }
 template <>
-constexpr DType dtype_of<float>() {
+constexpr DType dtype_of<float>() {  // DType::Float32
   return DType::Float32;
 }
 template <>
-constexpr DType dtype_of<double>() {
+constexpr DType dtype_of<double>() {  // DType::Float64
   return DType::Float64;
 }
 template <>
-constexpr DType dtype_of<Float8_e4m3fn>() {
+constexpr DType dtype_of<Float8_e4m3fn>() {  // DType::Float8_e4m3fn
   return DType::Float8_e4m3fn;
 }
 template <>
-constexpr DType dtype_of<Float8_e5m2>() {
+constexpr DType dtype_of<Float8_e5m2>() {  // DType::Float8_e5m2
   return DType::Float8_e5m2;
 }
 

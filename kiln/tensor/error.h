@@ -17,32 +17,33 @@ namespace kiln {
 // Base class of every error kiln raises.
 class Error : public std::runtime_error {
  public:
+  // An error whose what() is message.
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
 // A device allocation failed even after cached memory was released.
 class OutOfMemoryError : public Error {
  public:
-  using Error::Error;
+  using Error::Error;  // (message), as Error
 };
 
 // A CUDA runtime, driver or library call failed.
 class CudaError : public Error {
  public:
-  using Error::Error;
+  using Error::Error;  // (message), as Error
 };
 
 // Something kiln does not implement (yet) for these arguments, e.g. an op on a dtype it does not support.
 class NotImplementedError : public Error {
  public:
-  using Error::Error;
+  using Error::Error;  // (message), as Error
 };
 
 // An out-of-range index that a CUDA kernel found. The GPU runs behind the host, so it may be raised by a later
 // call than the one that launched the kernel (an index op, or a synchronisation); the message names the op.
 class IndexError : public Error {
  public:
-  using Error::Error;
+  using Error::Error;  // (message), as Error
 };
 
 namespace detail {

@@ -97,12 +97,17 @@ inline float fp8_bits_to_float(uint8_t c, const Fp8Format& fmt) {
 
 }  // namespace detail
 
+// An FP8 E4M3FN value (see above), as torch.float8_e4m3fn; converts through float.
 struct Float8_e4m3fn {
-  uint8_t bits = 0;
+  uint8_t bits = 0;  // the bit pattern
   Float8_e4m3fn() = default;
+  // Rounds f to nearest even, once, saturating (see above).
   explicit Float8_e4m3fn(float f) : bits(detail::double_to_fp8_bits(f, detail::kE4M3)) {}
+  // Rounds d to nearest even, once, saturating (see above).
   explicit Float8_e4m3fn(double d) : bits(detail::double_to_fp8_bits(d, detail::kE4M3)) {}
+  // The value as a float (exact).
   operator float() const { return detail::fp8_bits_to_float(bits, detail::kE4M3); }  // NOLINT: exact, like a widening
+  // The value with bit pattern b.
   static Float8_e4m3fn from_bits(uint8_t b) {
     Float8_e4m3fn v;
     v.bits = b;
@@ -110,12 +115,17 @@ struct Float8_e4m3fn {
   }
 };
 
+// An FP8 E5M2 value (see above), as torch.float8_e5m2; converts through float.
 struct Float8_e5m2 {
-  uint8_t bits = 0;
+  uint8_t bits = 0;  // the bit pattern
   Float8_e5m2() = default;
+  // Rounds f to nearest even, once, saturating (see above).
   explicit Float8_e5m2(float f) : bits(detail::double_to_fp8_bits(f, detail::kE5M2)) {}
+  // Rounds d to nearest even, once, saturating (see above).
   explicit Float8_e5m2(double d) : bits(detail::double_to_fp8_bits(d, detail::kE5M2)) {}
+  // The value as a float (exact).
   operator float() const { return detail::fp8_bits_to_float(bits, detail::kE5M2); }  // NOLINT
+  // The value with bit pattern b.
   static Float8_e5m2 from_bits(uint8_t b) {
     Float8_e5m2 v;
     v.bits = b;
@@ -123,7 +133,9 @@ struct Float8_e5m2 {
   }
 };
 
+// Writes the value as a float.
 inline std::ostream& operator<<(std::ostream& os, Float8_e4m3fn v) { return os << static_cast<float>(v); }
+// Writes the value as a float.
 inline std::ostream& operator<<(std::ostream& os, Float8_e5m2 v) { return os << static_cast<float>(v); }
 
 }  // namespace kiln

@@ -21,24 +21,26 @@ namespace kiln {
 // A generator's seed and offset (its position in the stream), as Generator::state() returns it and set_state() takes
 // it (checkpoints keep it).
 struct GeneratorState {
-  uint64_t seed = 0;
-  uint64_t offset = 0;
+  uint64_t seed = 0;    // the Philox key
+  uint64_t offset = 0;  // the offset the next draw takes
   // CUDA graphs (backend use only): when set, a kernel reads the draw's offset here, in device memory, and not
   // `offset`; each replay of the graph writes a fresh one (see internal::random's draws during a capture).
   const uint64_t* device_offset = nullptr;
+  // Equal seed, offset and device_offset.
   friend bool operator==(const GeneratorState&, const GeneratorState&) = default;
 };
 
 // A seeded random stream (Philox) for one device: the random ops take one, or use the device's default generator.
 class Generator {
  public:
+  // A stream at offset 0 of `seed`.
   explicit Generator(uint64_t seed = kDefaultSeed) : state_{seed, 0} {}
-  static constexpr uint64_t kDefaultSeed = 67280421310721ULL;
+  static constexpr uint64_t kDefaultSeed = 67280421310721ULL;  // the seed of an unseeded generator
 
-  void manual_seed(uint64_t seed);
-  uint64_t seed() const;
-  GeneratorState state() const;
-  void set_state(const GeneratorState& state);
+  void manual_seed(uint64_t seed);              // restarts the stream: this seed, offset 0
+  uint64_t seed() const;                        // the current seed
+  GeneratorState state() const;                 // the seed and offset, for set_state()
+  void set_state(const GeneratorState& state);  // rewinds or advances to `state` (device_offset dropped)
   // Reserves the offset of one draw and returns {seed, offset}. Thread-safe.
   GeneratorState next_draw();
   // Whether set_state() was called while a CUDA graph was being captured on the calling thread (a rewind that
@@ -59,8 +61,10 @@ void manual_seed(uint64_t seed);
 
 // ---- the Philox4x32-10 block function (Salmon et al., SC'11), shared by the backends' kernels ----
 namespace philox {
-inline constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-inline constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+// Philox's round multipliers (kM0: the first, kM1: the second).
+inline constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // kM1: the second multiplier
+// Philox's key increments per round (Weyl constants; kW0: for the key's low word).
+inline constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // kW1: for the key's high word
 
 #if defined(__CUDACC__)
 #define KILN_HOST_DEVICE __host__ __device__ __forceinline__
@@ -68,7 +72,7 @@ inline constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 #define KILN_HOST_DEVICE inline
 #endif
 
-KILN_HOST_DEVICE void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+KILN_HOST_DEVICE void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {  // the 64-bit a * b in two halves
   uint64_t p = static_cast<uint64_t>(a) * b;
   hi = static_cast<uint32_t>(p >> 32);
   lo = static_cast<uint32_t>(p);
@@ -99,7 +103,7 @@ KILN_HOST_DEVICE void block(uint64_t seed, uint64_t index, uint64_t offset, uint
 
 // A 32-bit word to a float in [0, 1) with 24 random bits; to a double in [0, 1) with 53 bits from two words.
 KILN_HOST_DEVICE float to_unit_float(uint32_t x) { return static_cast<float>(x >> 8) * (1.0f / 16777216.0f); }
-KILN_HOST_DEVICE double to_unit_double(uint32_t hi, uint32_t lo) {
+KILN_HOST_DEVICE double to_unit_double(uint32_t hi, uint32_t lo) {  // [0, 1), 53 bits
   uint64_t v = (static_cast<uint64_t>(hi) << 32 | lo) >> 11;
   return static_cast<double>(v) * (1.0 / 9007199254740992.0);
 }

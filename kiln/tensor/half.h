@@ -65,11 +65,15 @@ inline uint16_t float_to_bfloat16_bits(float f) {
 inline float bfloat16_bits_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
 }  // namespace detail
 
+// IEEE binary16 (1 sign, 5 exponent, 10 mantissa bits), as torch.float16; converts through float.
 struct Half {
-  uint16_t bits = 0;
+  uint16_t bits = 0;  // the binary16 bit pattern
   Half() = default;
-  Half(float f) : bits(detail::float_to_half_bits(f)) {}               // NOLINT: implicit like a builtin float type
+  // Rounds f to nearest even; beyond the range gives ±inf, NaN stays NaN.
+  Half(float f) : bits(detail::float_to_half_bits(f)) {}  // NOLINT: implicit like a builtin float type
+  // The value as a float (exact).
   operator float() const { return detail::half_bits_to_float(bits); }  // NOLINT
+  // A Half with bit pattern b.
   static Half from_bits(uint16_t b) {
     Half h;
     h.bits = b;
@@ -77,11 +81,15 @@ struct Half {
   }
 };
 
+// bfloat16 (1 sign, 8 exponent, 7 mantissa bits: float32's top half), as torch.bfloat16.
 struct BFloat16 {
-  uint16_t bits = 0;
+  uint16_t bits = 0;  // the bfloat16 bit pattern
   BFloat16() = default;
-  BFloat16(float f) : bits(detail::float_to_bfloat16_bits(f)) {}           // NOLINT
+  // Rounds f to nearest even; NaN stays a quiet NaN.
+  BFloat16(float f) : bits(detail::float_to_bfloat16_bits(f)) {}  // NOLINT
+  // The value as a float (exact).
   operator float() const { return detail::bfloat16_bits_to_float(bits); }  // NOLINT
+  // A BFloat16 with bit pattern b.
   static BFloat16 from_bits(uint16_t b) {
     BFloat16 h;
     h.bits = b;
@@ -89,7 +97,9 @@ struct BFloat16 {
   }
 };
 
+// Writes the value as a float.
 inline std::ostream& operator<<(std::ostream& os, Half h) { return os << static_cast<float>(h); }
+// Writes the value as a float.
 inline std::ostream& operator<<(std::ostream& os, BFloat16 h) { return os << static_cast<float>(h); }
 
 }  // namespace kiln

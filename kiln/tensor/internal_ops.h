@@ -28,24 +28,27 @@
 
 namespace kiln::internal {
 
-using Dims = std::vector<int64_t>;
+using Dims = std::vector<int64_t>;  // a list of dims (negative ones count from the end)
 
 // ---------------------------------------------------------------- factories (factory.cpp)
 Tensor empty(const Shape& shape, const TensorOptions& options = {});
+// Uninitialised memory laid out with the given strides (each >= 0).
 Tensor empty_strided(const Shape& shape, const Strides& strides, const TensorOptions& options = {});
-Tensor zeros(const Shape& shape, const TensorOptions& options = {});
-Tensor ones(const Shape& shape, const TensorOptions& options = {});
-Tensor full(const Shape& shape, Scalar value, const TensorOptions& options = {});
+Tensor zeros(const Shape& shape, const TensorOptions& options = {});               // as torch.zeros
+Tensor ones(const Shape& shape, const TensorOptions& options = {});                // as torch.ones
+Tensor full(const Shape& shape, Scalar value, const TensorOptions& options = {});  // every element value (see below)
 // Like the given tensor (shape, dtype, device, and its memory format unless one is given).
 Tensor empty_like(const Tensor& t, std::optional<DType> dtype = {}, MemoryFormat format = MemoryFormat::Preserve);
-Tensor zeros_like(const Tensor& t, std::optional<DType> dtype = {});
-Tensor ones_like(const Tensor& t, std::optional<DType> dtype = {});
-Tensor full_like(const Tensor& t, Scalar value, std::optional<DType> dtype = {});
+Tensor zeros_like(const Tensor& t, std::optional<DType> dtype = {});               // as empty_like, filled with 0
+Tensor ones_like(const Tensor& t, std::optional<DType> dtype = {});                // as empty_like, filled with 1
+Tensor full_like(const Tensor& t, Scalar value, std::optional<DType> dtype = {});  // as empty_like, filled with value
 // [start, end) in steps; dtype Int64 when all three are integers, else the default float, unless given.
 // full() without a dtype takes it from the value (Int64 for integers, Bool for bools), as in PyTorch.
 Tensor arange(Scalar end, const TensorOptions& options = {});  // see TensorOptions::dtype for the dtype
-Tensor arange(Scalar start, Scalar end, Scalar step = 1, const TensorOptions& options = {});
+Tensor arange(Scalar start, Scalar end, Scalar step = 1, const TensorOptions& options = {});  // step != 0
+// `steps` values evenly spaced from start to end, both included.
 Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options = {});
+// An (n, m) matrix (m defaults to n) with ones on the diagonal, zeros elsewhere.
 Tensor eye(int64_t n, std::optional<int64_t> m = {}, const TensorOptions& options = {});
 // Copies host data (row-major, numel(shape) elements) into a new tensor of dtype_of<T>() on options.device.
 template <typename T>
@@ -61,10 +64,13 @@ Tensor randn(const Shape& shape, const TensorOptions& options = {}, Generator* g
 Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options = {.dtype = DType::Int64},
                Generator* gen = nullptr);                     // [low, high)
 Tensor bernoulli(const Tensor& p, Generator* gen = nullptr);  // 1 with probability p, in p's dtype
+// 1 with probability p (in [0, 1]), else 0, in options' dtype.
 Tensor bernoulli(const Shape& shape, double p, const TensorOptions& options = {}, Generator* gen = nullptr);
+// N(mean, std^2); std finite and >= 0.
 Tensor normal(const Shape& shape, double mean, double std, const TensorOptions& options = {}, Generator* gen = nullptr);
-Tensor& uniform_(Tensor& t, double from = 0, double to = 1, Generator* gen = nullptr);
-Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);
+Tensor& uniform_(Tensor& t, double from = 0, double to = 1, Generator* gen = nullptr);  // U[from, to), floating t
+Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);  // N(mean, std^2), floating t
+// A random permutation of 0 .. n-1.
 Tensor randperm(int64_t n, const TensorOptions& options = {.dtype = DType::Int64}, Generator* gen = nullptr);
 // Inverted dropout in one pass and one draw: {out, mask}, both x's shape and dtype (floating), where mask holds
 // 0 or 1 / (1 - p) (rounded to the dtype) and out == x * mask. The mask is exactly
@@ -79,7 +85,7 @@ GeneratorState draw_for(Generator* gen, Device device);
 // ---------------------------------------------------------------- copy and cast (copy.cpp)
 KILN_COPY_DECLARE_ALL()
 Tensor pin_memory(const Tensor& t);  // a CPU tensor copied into page-locked memory (t itself if it already is)
-bool is_pinned(const Tensor& t);
+bool is_pinned(const Tensor& t);     // in page-locked host memory from pinned_host_allocator()
 
 // ---------------------------------------------------------------- views (view.cpp)
 KILN_VIEW_DECLARE_ALL()
@@ -107,20 +113,20 @@ std::tuple<Tensor, Tensor> mul_backward(const Tensor& g, const Tensor& a, const 
 // that reads g and the activation's input x and writes the result; floating dtypes, promoted and broadcast as
 // mul(g, x) would be. relu_backward takes relu's result y instead: g where y > 0, else 0 (0 at 0).
 Tensor gelu_backward(const Tensor& g, const Tensor& x, bool tanh_approximation = false);
-Tensor silu_backward(const Tensor& g, const Tensor& x);
-Tensor relu_backward(const Tensor& g, const Tensor& y);
+Tensor silu_backward(const Tensor& g, const Tensor& x);  // g * silu'(x)
+Tensor relu_backward(const Tensor& g, const Tensor& y);  // g where y > 0, else 0
 
 // The dtype PyTorch would compute a binary op in (0-d tensors and scalars count less than dimensioned tensors).
 DType result_type(const Tensor& a, const Tensor& b);
-DType result_type(const Tensor& a, Scalar b);
+DType result_type(const Tensor& a, Scalar b);  // the same with a number
 
 // ---------------------------------------------------------------- reductions (reduce.cpp)
 KILN_REDUCE_DECLARE_ALL()
 Tensor argmax(const Tensor& a, std::optional<int64_t> dim = {}, bool keepdim = false);
-Tensor argmin(const Tensor& a, std::optional<int64_t> dim = {}, bool keepdim = false);
-Tensor all(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
-Tensor any(const Tensor& a, const Dims& dims = {}, bool keepdim = false);
-Tensor count_nonzero(const Tensor& a, const Dims& dims = {});
+Tensor argmin(const Tensor& a, std::optional<int64_t> dim = {}, bool keepdim = false);  // as argmax, of the smallest
+Tensor all(const Tensor& a, const Dims& dims = {}, bool keepdim = false);               // Bool: every element nonzero
+Tensor any(const Tensor& a, const Dims& dims = {}, bool keepdim = false);               // Bool: some element nonzero
+Tensor count_nonzero(const Tensor& a, const Dims& dims = {});                           // Int64, over dims (empty: all)
 
 // ---------------------------------------------------------------- linear algebra (linalg.cpp)
 KILN_LINALG_DECLARE_ALL()
@@ -134,13 +140,14 @@ std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b);
 
 // ---------------------------------------------------------------- indexing (index.cpp)
 KILN_INDEX_DECLARE_ALL()
-Tensor nonzero(const Tensor& a);                                // (count, rank) Int64
-Tensor one_hot(const Tensor& index, int64_t num_classes = -1);  // Int64 output, (..., num_classes)
-Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);
+Tensor nonzero(const Tensor& a);                                             // (count, rank) Int64
+Tensor one_hot(const Tensor& index, int64_t num_classes = -1);               // Int64 output, (..., num_classes)
+Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);  // Int64 indices of a stable sort
 
 // ---------------------------------------------------------------- comparison helpers (compare.cpp)
 // |a - b| <= atol + rtol * |b| elementwise, NaNs equal when equal_nan; shapes must broadcast.
 bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
+// The same test elementwise, as a Bool tensor.
 Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
 bool equal(const Tensor& a, const Tensor& b);  // same shape and same values (and dtype category)
 

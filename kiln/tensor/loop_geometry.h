@@ -27,18 +27,28 @@ namespace kiln {
 // loop allocates nothing; higher ranks spill to the heap.
 class DimVec {
  public:
-  static constexpr size_t kInline = 8;
+  static constexpr size_t kInline = 8;  // entries kept without a heap allocation
+  // The number of entries.
   size_t size() const { return size_; }
+  // No entries.
   bool empty() const { return size_ == 0; }
+  // The first entry (inline or on the heap).
   int64_t* data() { return heap_.empty() ? inline_.data() : heap_.data(); }
+  // The first entry, read-only.
   const int64_t* data() const { return heap_.empty() ? inline_.data() : heap_.data(); }
+  // Entry i, unchecked.
   int64_t& operator[](size_t i) { return data()[i]; }
+  // Entry i, unchecked, by value.
   int64_t operator[](size_t i) const { return data()[i]; }
+  // The last entry; the vector must not be empty.
   int64_t& back() { return data()[size_ - 1]; }
+  // The last entry, by value; the vector must not be empty.
   int64_t back() const { return data()[size_ - 1]; }
+  // Iteration over the entries.
   int64_t* begin() { return data(); }
+  // One past the last entry.
   int64_t* end() { return data() + size_; }
-  void push_back(int64_t v) {
+  void push_back(int64_t v) {  // moves to the heap past kInline entries
     if (heap_.empty() && size_ < kInline) {
       inline_[size_++] = v;
       return;
@@ -59,8 +69,8 @@ template <size_t N>
 struct LoopGeometry {
   DimVec sizes;                   // (ndim), at least one dim
   std::array<DimVec, N> strides;  // (N, ndim) in bytes
-  std::array<char*, N> base{};
-  int64_t numel = 0;
+  std::array<char*, N> base{};    // each operand's first element (data_ptr())
+  int64_t numel = 0;              // elements of the shape
 
   explicit LoopGeometry(const std::array<Tensor, N>& ops) {
     const Shape& shape = ops[0].shape();
@@ -103,8 +113,9 @@ struct LoopGeometry {
     }
   }
 
+  // The number of dims after coalescing (at least 1).
   int ndim() const { return static_cast<int>(sizes.size()); }
-  std::array<int64_t, N> inner_strides() const {
+  std::array<int64_t, N> inner_strides() const {  // each operand's byte stride along the innermost dim
     std::array<int64_t, N> s{};
     for (size_t k = 0; k < N; ++k) s[k] = strides[k][0];
     return s;

@@ -27,14 +27,19 @@ inline int64_t offset_of(int64_t i, const int64_t* sizes, const int64_t* strides
   return off;
 }
 
+// What plan_reduction returns: the kept (output) and reduced dims, coalesced, with their strides in elements.
 struct ReduceGeometry {
   Shape kept_sizes;  // coalesced kept dims, largest input stride first (never empty: {1} for a full reduction)
-  Strides kept_in, kept_out;
-  Shape red_sizes;  // coalesced reduced dims, largest input stride first (never empty)
-  Strides red_in;
-  int64_t n_out = 1, n_red = 1;
+  // The kept dims' input strides (kept_in) and output strides (kept_out).
+  Strides kept_in, kept_out;  // kept_out: the output's strides along the kept dims
+  Shape red_sizes;            // coalesced reduced dims, largest input stride first (never empty)
+  Strides red_in;             // the reduced dims' input strides
+  // The number of outputs (n_out) and of inputs each reduces (n_red).
+  int64_t n_out = 1, n_red = 1;  // n_red: the inputs each output reduces
 
+  // Output offset of output o (row-major over the kept dims).
   int64_t out_offset(int64_t o) const { return offset_of(o, kept_sizes.data(), kept_out.data(), kept_sizes.size()); }
+  // Input offset where output o's reduced elements start.
   int64_t in_offset(int64_t o) const { return offset_of(o, kept_sizes.data(), kept_in.data(), kept_sizes.size()); }
   // Input offset of reduced position r (row-major over the reduced dims), relative to the output's start.
   int64_t red_offset(int64_t r) const { return offset_of(r, red_sizes.data(), red_in.data(), red_sizes.size()); }

@@ -12,28 +12,44 @@
 
 namespace kiln {
 
+// A bool, integer or floating-point number, kept as int64 or double with its kind (see above).
 class Scalar {
  public:
+  // How the number was written.
   enum class Kind : uint8_t { Bool, Integral, Floating };
 
   Scalar() : Scalar(int64_t{0}) {}
+  // A Bool scalar.
   Scalar(bool v) : kind_(Kind::Bool), i_(v) {}  // NOLINT: implicit, like a literal
   template <typename T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
+  // An Integral scalar from any integer type, stored as int64.
   Scalar(T v) : kind_(Kind::Integral), i_(static_cast<int64_t>(v)) {}  // NOLINT
   template <typename T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
+  // A Floating scalar from float or double, stored as double.
   Scalar(T v) : kind_(Kind::Floating), d_(static_cast<double>(v)) {}  // NOLINT
-  Scalar(Half v) : Scalar(static_cast<float>(v)) {}                   // NOLINT
-  Scalar(BFloat16 v) : Scalar(static_cast<float>(v)) {}               // NOLINT
-  Scalar(Float8_e4m3fn v) : Scalar(static_cast<float>(v)) {}          // NOLINT
-  Scalar(Float8_e5m2 v) : Scalar(static_cast<float>(v)) {}            // NOLINT
+  // A Floating scalar of the value of v (likewise for the other 16-bit and 8-bit float types below).
+  Scalar(Half v) : Scalar(static_cast<float>(v)) {}  // NOLINT
+  // A Floating scalar of the value of v.
+  Scalar(BFloat16 v) : Scalar(static_cast<float>(v)) {}  // NOLINT
+  // A Floating scalar of the value of v.
+  Scalar(Float8_e4m3fn v) : Scalar(static_cast<float>(v)) {}  // NOLINT
+  // A Floating scalar of the value of v.
+  Scalar(Float8_e5m2 v) : Scalar(static_cast<float>(v)) {}  // NOLINT
 
+  // Bool, Integral or Floating.
   Kind kind() const { return kind_; }
+  // Written as a floating-point number.
   bool is_floating_point() const { return kind_ == Kind::Floating; }
+  // Written as an integer (not a bool).
   bool is_integral() const { return kind_ == Kind::Integral; }
+  // Written as a bool.
   bool is_bool() const { return kind_ == Kind::Bool; }
 
+  // The value as a double.
   double to_double() const { return kind_ == Kind::Floating ? d_ : static_cast<double>(i_); }
+  // The value as int64; a floating value is truncated toward zero.
   int64_t to_int64() const { return kind_ == Kind::Floating ? static_cast<int64_t>(d_) : i_; }
+  // Whether the value is nonzero.
   bool to_bool() const { return kind_ == Kind::Floating ? d_ != 0.0 : i_ != 0; }
 
   // Converts to an element type, e.g. to<float>() or to<Half>().
@@ -65,6 +81,6 @@ class Scalar {
   };
 };
 
-std::ostream& operator<<(std::ostream& os, const Scalar& s);
+std::ostream& operator<<(std::ostream& os, const Scalar& s);  // true/false, an integer or a double
 
 }  // namespace kiln

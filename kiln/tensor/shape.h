@@ -16,8 +16,8 @@ namespace kiln {
 using Shape = std::vector<int64_t>;    // sizes, outermost first
 using Strides = std::vector<int64_t>;  // in elements, not bytes
 
-int64_t numel(const Shape& shape);
-Strides contiguous_strides(const Shape& shape);
+int64_t numel(const Shape& shape);               // the product of the sizes; throws on a negative size or overflow
+Strides contiguous_strides(const Shape& shape);  // row-major strides, in elements
 
 // NumPy broadcasting of two shapes; throws kiln::Error naming `op` and both shapes when they do not broadcast.
 Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op = "broadcast");
@@ -26,6 +26,6 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op = "br
 // A 0-d tensor accepts dims -1 and 0, as in PyTorch.
 int64_t wrap_dim(int64_t dim, int64_t rank, std::string_view op);
 
-std::ostream& operator<<(std::ostream& os, const std::vector<int64_t>& v);
+std::ostream& operator<<(std::ostream& os, const std::vector<int64_t>& v);  // "[2, 3, 4]"
 
 }  // namespace kiln

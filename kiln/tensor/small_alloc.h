@@ -34,18 +34,19 @@ void pooled_block_free(void* p, int size_class) noexcept;
 // A std::allocator replacement that draws small objects from the per-thread object cache.
 template <typename T>
 struct PooledAllocator {
-  using value_type = T;
+  using value_type = T;  // the allocated type
   PooledAllocator() = default;
   template <typename U>
+  // From an allocator of another type (it has no state).
   PooledAllocator(const PooledAllocator<U>&) {}  // NOLINT: rebinding, as allocate_shared needs
-  T* allocate(size_t n) {
+  T* allocate(size_t n) {                        // n objects: from the cache when small enough, else operator new
     const size_t bytes = n * sizeof(T);
     if (bytes <= detail::kMaxPooledObject && alignof(T) <= alignof(std::max_align_t)) {
       return static_cast<T*>(detail::pooled_object_alloc(bytes));
     }
     return static_cast<T*>(::operator new(bytes));
   }
-  void deallocate(T* p, size_t n) noexcept {
+  void deallocate(T* p, size_t n) noexcept {  // returns what allocate(n) gave
     const size_t bytes = n * sizeof(T);
     if (bytes <= detail::kMaxPooledObject && alignof(T) <= alignof(std::max_align_t)) {
       detail::pooled_object_free(p, bytes);
@@ -54,7 +55,7 @@ struct PooledAllocator {
     }
   }
   template <typename U>
-  bool operator==(const PooledAllocator<U>&) const {
+  bool operator==(const PooledAllocator<U>&) const {  // always true: all share the caches
     return true;
   }
 };

@@ -35,6 +35,7 @@ namespace kiln::special {
 template <typename C>
 struct Limits;
 
+// The thresholds for float (and the 16-bit types, which compute in float).
 template <>
 struct Limits<float> {
   static constexpr float kExpOverflow = 88.72283172607422f;      // the largest x with exp(x) <= FLT_MAX
@@ -45,7 +46,7 @@ struct Limits<float> {
   static constexpr float kExpm1MinusOne = -17.5f;                // e^x < 2^-25: expm1(x) rounds to -1
   static constexpr float kMinNormal = 1.17549435e-38f;           // FLT_MIN: below, log(x) = log(x 2^24) - 24 ln 2
   static constexpr float kLogScale = 16777216.0f;                // 2^24
-  static constexpr float kLog2Unscale = 24.0f;
+  static constexpr float kLog2Unscale = 24.0f;  // log2(2^24): what log2 subtracts after scaling by kLogScale
   static constexpr float kLogUnscale = 16.635532333438686f;  // 24 ln 2
   static constexpr float kTiny = 1.4901161e-8f;       // 2^-26: f(x) = x (tanh, expm1, log1p) or 2x/sqrt(pi) (erf)
   static constexpr float kTanhOne = 9.5f;             // 1 - tanh(x) < 2^-25: tanh(x) rounds to 1
@@ -53,22 +54,23 @@ struct Limits<float> {
   static constexpr float kGeluTanhGradLimit = 10.0f;  // gelu_tanh'(x) is within 1e-35 of its limit
 };
 
+// The thresholds for double, each with the meaning of Limits<float>'s of the same name.
 template <>
 struct Limits<double> {
-  static constexpr double kExpOverflow = 709.782712893384;  // the largest x with exp(x) <= DBL_MAX
-  static constexpr double kExpZero = -746.0;                // exp(x) < 2^-1075 rounds to +0 below ~-745.13
-  static constexpr double kExpSubnormal = -708.0;
-  static constexpr double kExpShift = 64.0;
+  static constexpr double kExpOverflow = 709.782712893384;       // the largest x with exp(x) <= DBL_MAX
+  static constexpr double kExpZero = -746.0;                     // exp(x) < 2^-1075 rounds to +0 below ~-745.13
+  static constexpr double kExpSubnormal = -708.0;                // below: exp(x) is near or under DBL_MIN ...
+  static constexpr double kExpShift = 64.0;                      // ... so it is exp(x + 64) e^-64
   static constexpr double kExpUnshift = 1.603810890548638e-28;   // e^-64
   static constexpr double kExpm1MinusOne = -38.0;                // e^x < 2^-54
   static constexpr double kMinNormal = 2.2250738585072014e-308;  // DBL_MIN
   static constexpr double kLogScale = 18014398509481984.0;       // 2^54
-  static constexpr double kLog2Unscale = 54.0;
-  static constexpr double kLogUnscale = 37.42994775023705;  // 54 ln 2
-  static constexpr double kTiny = 2.7755575615628914e-17;   // 2^-55
-  static constexpr double kTanhOne = 19.5;
-  static constexpr double kErfOne = 6.0;
-  static constexpr double kGeluTanhGradLimit = 20.0;
+  static constexpr double kLog2Unscale = 54.0;                   // log2(2^54)
+  static constexpr double kLogUnscale = 37.42994775023705;       // 54 ln 2
+  static constexpr double kTiny = 2.7755575615628914e-17;        // 2^-55
+  static constexpr double kTanhOne = 19.5;                       // tanh(x) rounds to 1 from here
+  static constexpr double kErfOne = 6.0;                         // erf(x) rounds to 1 from here
+  static constexpr double kGeluTanhGradLimit = 20.0;             // gelu_tanh'(x) rounds to its limit from here
 };
 
 inline constexpr double kTwoOverSqrtPi = 1.12837916709551257390;  // erf'(0)

@@ -18,15 +18,16 @@ enum class MemoryFormat : uint8_t {
   ChannelsLast,  // NHWC in memory, 4-D tensors only
   Preserve,      // keep the input's format (for *_like factories, clone, contiguous)
 };
-std::ostream& operator<<(std::ostream& os, MemoryFormat f);
+std::ostream& operator<<(std::ostream& os, MemoryFormat f);  // "contiguous", "channels_last", ...
 
+// The dtype, device, memory format and pinning a factory makes a tensor with.
 struct TensorOptions {
   // Unset means the factory's default: kDefaultFloat, except where the values decide (arange and full
   // of integers give Int64, of bools Bool).
   std::optional<DType> dtype{};
-  Device device = Device::cpu();
-  MemoryFormat memory_format = MemoryFormat::Contiguous;
-  bool pinned_memory = false;  // page-locked host memory, for asynchronous copies to a GPU
+  Device device = Device::cpu();                          // where the tensor is made
+  MemoryFormat memory_format = MemoryFormat::Contiguous;  // the stride order (ChannelsLast: 4-D only)
+  bool pinned_memory = false;                             // page-locked host memory, for asynchronous copies to a GPU
 };
 
 }  // namespace kiln

@@ -40,10 +40,10 @@ std::string_view kind_name(Kind kind);  // "op", "module", "backward", "step", "
 // range's work runs (CPU for host-only ranges): a listener may time it there. `tensors` are the op's
 // operands (outputs first where the op has them), only at begin.
 struct Range {
-  Kind kind;
-  std::string_view name;
-  Device device;
-  std::span<const Tensor* const> tensors;
+  Kind kind;                               // what the range covers
+  std::string_view name;                   // the op's, module's, node's or step's name
+  Device device;                           // where the range's work runs
+  std::span<const Tensor* const> tensors;  // the op's operands at begin; empty at end
 };
 
 // Receives every range's begin and end on the thread that opened it, in LIFO order per thread. A listener
@@ -51,8 +51,8 @@ struct Range {
 class Listener {
  public:
   virtual ~Listener() = default;
-  virtual void begin(const Range& range) = 0;
-  virtual void end(const Range& range) = 0;
+  virtual void begin(const Range& range) = 0;  // a range opened on this thread
+  virtual void end(const Range& range) = 0;    // the innermost open range of this thread closed
 };
 
 // Listeners stay alive while a range on another thread may still call them (the list holds them).
@@ -71,6 +71,7 @@ inline bool active() { return detail::g_listener_count.load(std::memory_order_re
 // A range for the lifetime of the object. `name` must outlive it (string literals, type names).
 class Scope {
  public:
+  // Opens the range when a listener is installed; the destructor closes it.
   Scope(Kind kind, std::string_view name, Device device = Device::cpu(),
         std::initializer_list<const Tensor*> tensors = {}) {
     if (active()) open(kind, name, device, tensors);

@@ -23,12 +23,13 @@ inline Scalar negated(Scalar s) { return s.is_floating_point() ? Scalar(-s.to_do
 // formula(g, x, y), of which the node saved the input x or the result y (the other is undefined; both are when
 // the formula needs neither, e.g. neg).
 struct UnaryBackward final : Node {
-  using Formula = Tensor (*)(const Tensor& g, const Tensor& x, const Tensor& y);
-  std::string_view op_name;  // "ExpBackward", ...
-  Formula formula = nullptr;
-  SavedTensor saved;
-  bool saved_is_result = false;
+  using Formula = Tensor (*)(const Tensor& g, const Tensor& x, const Tensor& y);  // g * f'(x), from x or y
+  std::string_view op_name;                                                       // "ExpBackward", ...
+  Formula formula = nullptr;                                                      // the row's derivative
+  SavedTensor saved;                                                              // x or y, as saved_is_result says
+  bool saved_is_result = false;                                                   // true: `saved` holds y, else x
   std::string_view name() const override { return op_name; }
+  // formula(g, x, y) with the saved tensor in its place.
   TensorList apply(TensorList&& grads) override {
     const Tensor s = saved.unpack(*this);
     return {saved_is_result ? formula(grads[0], Tensor(), s) : formula(grads[0], s, Tensor())};
@@ -41,10 +42,11 @@ struct UnaryBackward final : Node {
 
 // clamp: the gradient passes where min <= input <= max (boundaries included), else 0.
 struct ClampBackward final : Node {
-  SavedTensor input;
-  std::optional<Scalar> min, max;
+  SavedTensor input;  // clamp's input
+  // The bounds clamp had: min the lower one, max the upper one; {} for none.
+  std::optional<Scalar> min, max;  // max: the upper bound, {} for none
   std::string_view name() const override { return "ClampBackward"; }
-  TensorList apply(TensorList&& grads) override;
+  TensorList apply(TensorList&& grads) override;  // g where min <= input <= max, else 0
   void release_saved() override { input.reset(); }
 };
 
@@ -56,15 +58,19 @@ struct ClampBackward final : Node {
 // them (the others stay undefined). Gradients come back in the broadcast shape; the engine sums them to each input's
 // shape and casts them to its dtype.
 struct BinaryBackward final : Node {
+  // A derivative of the table: the gradient of one input from g, a, b and y.
   using Formula = Tensor (*)(const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& y);
+  // Both gradients in one pass.
   using Both = std::tuple<Tensor, Tensor> (*)(const Tensor& g, const Tensor& a, const Tensor& b);
   std::string_view op_name;  // "MulBackward", ...
-  Formula grad_a = nullptr, grad_b = nullptr;
-  Both both = nullptr;
-  Scalar alpha = 1;
-  SavedTensor a, b, y;
+  // The gradients of a (grad_a) and of b (grad_b).
+  Formula grad_a = nullptr, grad_b = nullptr;  // grad_b: b's derivative
+  Both both = nullptr;                         // used when both gradients are needed; may be null
+  Scalar alpha = 1;                            // b's gradient is multiplied by it (add, sub)
+  // The inputs a and b and the result y, each saved only where a needed gradient reads it.
+  SavedTensor a, b, y;  // y: the result
   std::string_view name() const override { return op_name; }
-  TensorList apply(TensorList&& grads) override;
+  TensorList apply(TensorList&& grads) override;  // {a's gradient, b's}, undefined where not needed
   // Only saved tensors are freed: a node that saved none (add) may run again without retain_graph.
   void release_saved() override {
     if (a.defined()) a.reset();
@@ -78,12 +84,12 @@ enum class Reads : uint8_t { None = 0, A = 1, B = 2, AB = 3, Y = 4, AY = 5, BY =
 
 // A row of the binary table as the autograd code needs it (defined in binary.cpp).
 struct BinaryRow {
-  std::string_view node_name;
-  BinaryBackward::Formula grad_a;
-  Reads reads_a;
-  BinaryBackward::Formula grad_b;
-  Reads reads_b;
-  BinaryBackward::Both both;
+  std::string_view node_name;      // "AddBackward", ...
+  BinaryBackward::Formula grad_a;  // a's derivative
+  Reads reads_a;                   // what grad_a reads
+  BinaryBackward::Formula grad_b;  // b's derivative
+  Reads reads_b;                   // what grad_b reads
+  BinaryBackward::Both both;       // both at once, or null
 };
 const BinaryRow& binary_row(BinaryOp op);
 
@@ -95,24 +101,24 @@ inline unsigned binary_reads(const BinaryRow& row, const Node& node) {
 
 // out = a + s, a - s (the gradient passes unchanged) or s - a (negated).
 struct PassBackward final : Node {
-  bool negate = false;
+  bool negate = false;  // s - a: the gradient is negated
   std::string_view name() const override { return negate ? "RsubBackward" : "AddBackward"; }
-  TensorList apply(TensorList&& grads) override;
+  TensorList apply(TensorList&& grads) override;  // g, or -g
 };
 
 // out = a * factor, or a / factor when `divide`.
 struct MulScalarBackward final : Node {
-  Scalar factor = 1;
-  bool divide = false;
+  Scalar factor = 1;    // the scalar s
+  bool divide = false;  // a / s rather than a * s
   std::string_view name() const override { return divide ? "DivBackward" : "MulBackward"; }
-  TensorList apply(TensorList&& grads) override;
+  TensorList apply(TensorList&& grads) override;  // g * s, or g / s
 };
 
 // out = a with value where mask: the gradient passes where the mask is false.
 struct MaskedFillBackward final : Node {
-  SavedTensor mask;
+  SavedTensor mask;  // the Bool mask of the forward
   std::string_view name() const override { return "MaskedFillBackward"; }
-  TensorList apply(TensorList&& grads) override;
+  TensorList apply(TensorList&& grads) override;  // g with 0 where mask is true
   void release_saved() override { mask.reset(); }
 };
 

@@ -39,7 +39,7 @@ Tensor record(Tensor out, const Input& input, Fill&& fill) {
   return out;
 }
 template <typename N, typename Fill>
-Tensor record(Tensor out, const Tensor& a, const Tensor& b, Fill&& fill) {
+Tensor record(Tensor out, const Tensor& a, const Tensor& b, Fill&& fill) {  // two Tensor inputs
   if (!needs_grad(a, b)) return out;
   auto node = make_node<N>(a, b);
   fill(*node);

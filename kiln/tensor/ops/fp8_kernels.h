@@ -30,9 +30,11 @@ void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor&
 // column sums of each tile of rows into its row of partial_sums (fp8_pair_row_tiles(R), C) float32. Only where
 // fp8_pair_kernel_applies(x): 2-D, C a multiple of 64, R of 4, x 16-byte aligned.
 bool fp8_pair_kernel_applies(const Tensor& x);
-int64_t fp8_pair_row_tiles(int64_t rows);
+int64_t fp8_pair_row_tiles(int64_t rows);  // ceil(rows / 64): the row count of partial_sums
+// The pair kernel described above.
 void fp8_quantize_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial_sums, const Tensor& x,
                        const Tensor& scale, const Tensor& amax);
+// The delayed-scaling update, as the CPU's above.
 void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
                        bool most_recent);
 }  // namespace kiln::cuda

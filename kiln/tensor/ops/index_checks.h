@@ -28,10 +28,12 @@ inline std::string_view dtype_enum_name(DType t) {
   return "?";
 }
 
+// Throws kiln::Error "<op>: <what> is an undefined tensor" when t is undefined.
 inline void check_defined(std::string_view op, const Tensor& t, std::string_view what) {
   KILN_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
 }
 
+// Throws kiln::Error naming op, b_name and both devices when b is not on a's device.
 inline void check_same_device(std::string_view op, const Tensor& a, const Tensor& b, std::string_view b_name) {
   KILN_CHECK(a.device() == b.device(), op, ": expected ", b_name, " on the input's device ", a.device(), ", got ",
              b.device(), "; move it with .to(Device(\"", a.device().str(), "\"))");
