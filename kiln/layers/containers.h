@@ -167,8 +167,8 @@ class ModuleDict : public Module {
   Tensor forward(const Tensor& input) override;  // throws: call the module you want, heads[key]
 
   const ModulePtr& operator[](const std::string& key) const;  // a missing key is an error listing the keys
-  bool contains(const std::string& key) const;  // whether a module is held under key
-  std::vector<std::string> keys() const;  // insertion order
+  bool contains(const std::string& key) const;                // whether a module is held under key
+  std::vector<std::string> keys() const;                      // insertion order
   // The number of modules held.
   int64_t size() const { return static_cast<int64_t>(entries_.size()); }
   // Whether no module is held.

@@ -219,8 +219,8 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;  // "layer1.0.conv1.weight"
   std::vector<Tensor> buffers(bool recurse = true) const;  // persistent or not; a shared tensor once
   std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;  // "bn1.running_mean"
-  std::vector<ModulePtr> children() const;                                            // direct children only
-  std::vector<std::pair<std::string, ModulePtr>> named_children() const;              // direct children only
+  std::vector<ModulePtr> children() const;                                               // direct children only
+  std::vector<std::pair<std::string, ModulePtr>> named_children() const;                 // direct children only
   std::vector<ModulePtr> modules();                                // this module and every descendant
   std::vector<std::pair<std::string, ModulePtr>> named_modules();  // "" for this module
   // fn(module) on every module, children first then this one (as PyTorch's apply).
@@ -235,10 +235,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // Moves parameters and buffers (recursively) in place: gradients move with them. dtype applies to
   // floating-point tensors only; a memory format applies to 4-d tensors only.
   Module& to(Device device, bool non_blocking = false);
-  Module& to(DType dtype);  // kiln::Error unless dtype is floating point
+  Module& to(DType dtype);                                            // kiln::Error unless dtype is floating point
   Module& to(Device device, DType dtype, bool non_blocking = false);  // kiln::Error unless dtype is floating point
-  Module& to(MemoryFormat format);                                   // e.g. MemoryFormat::ChannelsLast
-  Module& to(Device device, MemoryFormat format);                    // both at once
+  Module& to(MemoryFormat format);                                    // e.g. MemoryFormat::ChannelsLast
+  Module& to(Device device, MemoryFormat format);                     // both at once
   // Resets every parameter's gradient: to undefined (set_to_none, the default), or to zeros.
   void zero_grad(bool set_to_none = true);
 
