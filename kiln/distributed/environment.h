@@ -63,7 +63,7 @@ struct Env {
   int rank = 0;                    // 0 .. world_size - 1
   int world_size = 1;              // processes in the job
   int local_rank = 0;              // this process's index on its node
-  int local_world_size = 1;        // processes on this node (from the launcher; world_size without one)
+  int local_world_size = 1;        // processes on this node, as the launcher reports it
   std::string launcher{};          // "none", "Open MPI", "MPICH/Hydra", "torchrun", "SLURM"
   std::string bootstrap{};         // "none", "mpi", "tcp"
   Device device_ = Device::cpu();  // what device() returns
@@ -78,7 +78,7 @@ struct Env {
 
 // Joins the job (idempotent: later calls return the first result; options are read once).
 const Env& init(const InitOptions& options = {});
-bool is_initialized();  // whether init() has returned successfully
+bool is_initialized();  // whether init() has succeeded (and finalize() not run since)
 // The environment of init(); calls init() with default options when it was not called yet.
 const Env& env();
 // env().rank (calls init() if needed).
