@@ -37,7 +37,7 @@ namespace kiln::data::transforms {
 class Transform {
  public:
   virtual ~Transform() = default;
-  // The transformed image; random choices draw from rng (the same rng state gives the same result).
+  // The transformed image; random choices draw from rng.
   virtual Tensor operator()(Tensor image, SampleRng& rng) const = 0;
   // The step and its settings, for messages and Compose::describe() ("Resize(256)").
   virtual std::string name() const = 0;
