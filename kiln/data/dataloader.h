@@ -42,7 +42,7 @@ inline constexpr int kMaxLoaderWorkers = 1024;
 // How a DataLoader batches, shuffles, shards and prefetches: batch size, worker threads, pinned memory, the device
 // batches go to.
 struct DataLoaderOptions {
-  int64_t batch_size = 1;
+  int64_t batch_size = 1;         // samples per batch, >= 1
   int workers = 0;                // loading threads, at most kMaxLoaderWorkers; 0: loaded on the calling thread
   bool shuffle = false;           // the default sampler: RandomSampler (true) or SequentialSampler
   uint64_t seed = 0;              // of the shuffle and of every sample's SampleRng
@@ -78,8 +78,9 @@ struct DataLoaderOptions {
 // Where a run stands in the data: the next batch to train on. Save it in checkpoints; resume with
 // loader.epoch(pos.epoch, pos.batch).
 struct LoaderPosition {
-  uint64_t epoch = 0;
-  int64_t batch = 0;
+  uint64_t epoch = 0;  // the epoch, as loader.epoch(e) numbers it
+  int64_t batch = 0;   // the next batch's index within the epoch
+  // Equal when both the epoch and the batch are.
   friend bool operator==(const LoaderPosition&, const LoaderPosition&) = default;
 };
 
@@ -96,9 +97,13 @@ struct LoaderStats {
 // asynchronously; loader.epoch(e) iterates one epoch.
 class DataLoader {
  public:
+  // kiln::Error for a null or empty dataset, an option out of range, a sampler together with shuffle, or a CUDA
+  // device that is not available. No thread starts before epoch().
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {});
   ~DataLoader();
+  // Takes over the other loader's state; the moved-from loader is left empty.
   DataLoader(DataLoader&&) noexcept;
+  // Drops this loader's look-ahead (joining its threads), then takes over the other's.
   DataLoader& operator=(DataLoader&&) noexcept;
 
   struct Core;  // what the loader and its epochs share (dataset, sampler, options, copy stream, stats)
@@ -111,14 +116,20 @@ class DataLoader {
   // A failed batch throws from the loop; the loader can then start another epoch.
   class Epoch {
    public:
+    // An input iterator over the epoch's batches: *it is the batch handed out last, replaced by the next ++.
     class iterator {
      public:
-      using value_type = Batch;
-      using difference_type = std::ptrdiff_t;
+      using value_type = Batch;                // what the iterator yields
+      using difference_type = std::ptrdiff_t;  // as input iterators require
+      // The batch handed out last.
       Batch& operator*() const;
+      // The batch handed out last, for it->field.
       Batch* operator->() const { return &**this; }
+      // Hands out the next batch, waiting for it; a batch that failed to load throws here.
       iterator& operator++();
+      // ++it, returning nothing.
       void operator++(int) { ++*this; }
+      // Whether the epoch's batches are all handed out.
       friend bool operator==(const iterator& it, std::default_sentinel_t) { return it.done(); }
 
      private:
@@ -128,15 +139,16 @@ class DataLoader {
       Epoch* epoch_ = nullptr;
     };
 
-    Epoch(Epoch&&) noexcept;
-    Epoch& operator=(Epoch&&) noexcept;
+    Epoch(Epoch&&) noexcept;             // the moved-from range cannot be iterated
+    Epoch& operator=(Epoch&&) noexcept;  // the moved-from range cannot be iterated
     ~Epoch();
 
     iterator begin();  // hands out the first batch (once per Epoch)
+    // The end of the range: compared with the iterator, true once every batch is handed out.
     std::default_sentinel_t end() const { return {}; }
     int64_t size() const;             // batches this range hands out (from its start batch to the end)
     LoaderPosition position() const;  // the next batch to be handed out
-    LoaderStats stats() const;
+    LoaderStats stats() const;        // as the loader's stats(): of the latest epoch started
 
    private:
     friend class DataLoader;
@@ -148,12 +160,13 @@ class DataLoader {
   // The batches of `epoch`, starting at batch `start_batch` (0..size(); earlier ones are skipped unloaded).
   // Takes over the look-ahead of the previous epoch's range where it is (epoch, 0); drops it otherwise.
   Epoch epoch(uint64_t epoch, int64_t start_batch = 0);
+  // epoch(position.epoch, position.batch): resumes where a checkpoint's LoaderPosition says.
   Epoch epoch(LoaderPosition position) { return epoch(position.epoch, position.batch); }
 
-  int64_t size() const;       // batches per epoch
-  LoaderStats stats() const;  // of the latest epoch started
-  const Dataset& dataset() const;
-  const Sampler& sampler() const;
+  int64_t size() const;                      // batches per epoch
+  LoaderStats stats() const;                 // of the latest epoch started
+  const Dataset& dataset() const;            // the dataset given at construction
+  const Sampler& sampler() const;            // the one given, or the default chosen (see DataLoaderOptions)
   const DataLoaderOptions& options() const;  // as resolved (the sampler and prefetch filled in)
 
  private:

@@ -31,7 +31,10 @@ using CollateFn = std::function<Batch(const std::vector<Example>& examples, bool
 class Dataset {
  public:
   virtual ~Dataset() = default;
+  // The number of examples, as torch.utils.data.Dataset.__len__.
   virtual int64_t size() const = 0;
+  // Example `index` (0 <= index < size(), checked by the caller); random augmentations draw from rng, so a sample
+  // is the same for the same seed, epoch and index. May be called from several worker threads at once.
   virtual Example get(int64_t index, SampleRng& rng) const = 0;
   // A short description for messages ("MNIST(train, 60000 images, /data/mnist)").
   virtual std::string describe() const { return "dataset of " + std::to_string(size()) + " samples"; }
@@ -46,6 +49,7 @@ class Dataset {
 // A dataset whose samples are another's, passed through a function (applied in the worker threads):
 //   auto ds = data::map(mnist, [](data::Example ex, data::SampleRng& rng) { ...; return ex; });
 using ExampleFn = std::function<Example(Example, SampleRng&)>;
+// base's examples through fn, of base's size; kiln::Error if base is null or fn empty.
 std::shared_ptr<Dataset> map(std::shared_ptr<const Dataset> base, ExampleFn fn);
 
 // What image datasets (MNIST, CIFAR, ImageFolder) apply to each image in the worker threads: a uint8 (H, W, C)

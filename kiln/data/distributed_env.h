@@ -7,9 +7,10 @@
 
 namespace kiln::data {
 
+// This process's place in a job, read from the launcher's environment variables (distributed_env()).
 struct DistributedEnv {
-  int rank = 0;
-  int world_size = 1;
+  int rank = 0;        // 0 .. world_size - 1
+  int world_size = 1;  // processes in the job
   int local_rank = 0;  // the rank among the processes of this node (which GPU to use)
 };
 

@@ -28,19 +28,24 @@ namespace kiln::data {
 // Named tensors, in the order they were added. Names are unique.
 class Example {
  public:
+  // No fields.
   Example() = default;
+  // {{"image", x}, {"label", y}}: the fields in order, each added as add() does.
   Example(std::initializer_list<std::pair<std::string, Tensor>> fields);
 
   void add(std::string name, Tensor value);  // throws when the name is already there
+  // The number of fields.
   size_t size() const { return values_.size(); }
+  // Whether there is no field.
   bool empty() const { return values_.empty(); }
-  bool contains(std::string_view name) const;
+  bool contains(std::string_view name) const;  // whether a field has that name
+  // The field names, in the order added.
   const std::vector<std::string>& names() const { return names_; }
 
-  Tensor& operator[](size_t i);
-  const Tensor& operator[](size_t i) const;
-  Tensor& operator[](std::string_view name);  // throws, naming the fields there are
-  const Tensor& operator[](std::string_view name) const;
+  Tensor& operator[](size_t i);                           // the i-th field added; throws when out of range
+  const Tensor& operator[](size_t i) const;               // the i-th field added; throws when out of range
+  Tensor& operator[](std::string_view name);              // throws, naming the fields there are
+  const Tensor& operator[](std::string_view name) const;  // throws, naming the fields there are
 
   // For structured bindings (auto [x, y] = example): needs exactly two fields, else throws saying to index
   // by name.
@@ -90,8 +95,10 @@ Batch collate(const std::vector<Example>& examples, bool pinned = false);
 //   Batch b = c.finish();
 class Collator {
  public:
+  // A batch of `count` (> 0) examples; pinned: write it into page-locked host memory (where CUDA is available).
   explicit Collator(size_t count, bool pinned = false);
   void add(const Example& example);  // example number `added()`; throws when it does not match the first one
+  // The number of examples added so far.
   size_t added() const { return added_; }
   Batch finish();  // after `count` examples; the collator is empty afterwards
 
@@ -110,13 +117,15 @@ class Collator {
 
 template <>
 struct std::tuple_size<kiln::data::Example> : std::integral_constant<size_t, 2> {};
+// The type of a structured binding's element: a const Tensor.
 template <size_t I>
 struct std::tuple_element<I, kiln::data::Example> {
-  using type = const kiln::Tensor;
+  using type = const kiln::Tensor;  // what Example::get returns
 };
 template <>
 struct std::tuple_size<kiln::data::Batch> : std::integral_constant<size_t, 2> {};
+// The type of a structured binding's element: a const Tensor.
 template <size_t I>
 struct std::tuple_element<I, kiln::data::Batch> {
-  using type = const kiln::Tensor;
+  using type = const kiln::Tensor;  // what Example::get returns
 };

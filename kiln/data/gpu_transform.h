@@ -36,16 +36,19 @@ enum class Decode { Cpu, Gpu };
 // CenterCrop), `clamp` the pixels bilinear sampling may read (the box's pixels for a crop that is resized,
 // as torchvision crops first; the whole image for Resize + CenterCrop), both in source pixels.
 struct GpuImagePlan {
-  Box box{};
-  Box clamp{};
-  bool flip = false;
+  Box box{};          // the source region that becomes the output
+  Box clamp{};        // the source pixels bilinear sampling may read
+  bool flip = false;  // mirror the output left-right
 };
 
+// The batch a GPU-decoding ImageFolder makes (ImageFolderOptions::gpu).
 struct GpuTransformOptions {
   DType dtype = DType::Float32;  // of the batch: Float32 or BFloat16
   bool channels_last = false;    // (N, 3, H, W) with NHWC strides (what cuDNN convolutions want)
 };
 
+// A transforms::Compose read as what the GPU decoder runs in one kernel: RandomResizedCrop, or Resize (+ CenterCrop);
+// then an optional RandomHorizontalFlip, ToTensor, and an optional Normalize.
 class GpuTransform {
  public:
   // Reads the steps of `compose` (throws for a pipeline the GPU path lacks, naming the step).
@@ -54,10 +57,15 @@ class GpuTransform {
   // The choices for an image of `size`, drawing from rng as Compose::load would (step i from rng.fork(i)).
   GpuImagePlan plan(ImageSize size, SampleRng& rng) const;
 
+  // The size of every output image (the same for the whole batch).
   ImageSize output_size() const { return out_; }
+  // Normalize's per-channel (RGB) means; zeros without Normalize.
   const std::array<float, 3>& mean() const { return mean_; }
+  // Normalize's per-channel (RGB) standard deviations; ones without Normalize.
   const std::array<float, 3>& std() const { return std_; }
+  // The options given to from().
   const GpuTransformOptions& options() const { return options_; }
+  // "GPU(" + the Compose's describe() + ")".
   std::string describe() const { return describe_; }
 
  private:

@@ -34,18 +34,20 @@
 
 namespace kiln::data {
 
+// An image's size in pixels.
 struct ImageSize {
-  int64_t height = 0;
-  int64_t width = 0;
+  int64_t height = 0;  // rows
+  int64_t width = 0;   // columns
+  // Equal when both sides are.
   bool operator==(const ImageSize&) const = default;
 };
 
 // A box in pixels of an image; fractional coordinates are allowed where a box is scaled.
 struct Box {
-  double top = 0;
-  double left = 0;
-  double height = 0;
-  double width = 0;
+  double top = 0;     // the first row
+  double left = 0;    // the first column
+  double height = 0;  // rows
+  double width = 0;   // columns
 };
 
 // What a transform wants decoded: the source pixels of `box` (in full-resolution coordinates), to be resized
@@ -55,19 +57,19 @@ struct Box {
 // fast paths). Without it the pixels are those of a full decode (exactly, except that with 4:2:0 chroma,
 // skipping into the middle of a 16-row band may move a few pixels of the box's first row by one level).
 struct DecodePlan {
-  Box box{};
-  int64_t out_height = 0;
-  int64_t out_width = 0;
-  bool dct_scaling = false;
+  Box box{};                 // the source pixels wanted, in full-resolution coordinates
+  int64_t out_height = 0;    // the height the box is resized to
+  int64_t out_width = 0;     // the width the box is resized to
+  bool dct_scaling = false;  // allow a reduced JPEG scale (see above)
 };
 
 // The decoded part of an image for a plan: `image` (h, w, 3) uint8 holds at least the plan's box, which is
 // `box` in image's pixel coordinates (scaled by `scale` = k/8 of the source, offset by the rows/columns
 // that were not decoded).
 struct DecodedRegion {
-  Tensor image{};
-  Box box{};
-  double scale = 1.0;
+  Tensor image{};      // (h, w, 3) uint8, holding at least the plan's box
+  Box box{};           // the plan's box in image's pixel coordinates
+  double scale = 1.0;  // the decode scale, k/8 of the source (1 for a full-scale decode)
 };
 
 // PIL's Image.MAX_IMAGE_PIXELS is 89,478,485; PIL refuses images of more than twice that.
@@ -75,8 +77,9 @@ inline constexpr int64_t kDefaultMaxImagePixels = 2 * int64_t{89'478'485};
 
 // The largest height x width any decoder accepts (process-wide, thread-safe); std::nullopt: no limit.
 std::optional<int64_t> max_image_pixels();
-void set_max_image_pixels(std::optional<int64_t> limit);
+void set_max_image_pixels(std::optional<int64_t> limit);  // kiln::Error for a limit <= 0
 
+// An image file's format, as image_format() finds it.
 enum class ImageFormat { Jpeg, Png, Unknown };
 
 // The format from the magic number (not the file name).
@@ -85,13 +88,17 @@ ImageFormat image_format(std::span<const uint8_t> bytes);
 // The whole file's bytes (a clear error when it cannot be read).
 std::vector<uint8_t> read_file_bytes(const std::string& path);
 
+// The JPEG or PNG file at `path`, decoded to (H, W, 3) uint8 RGB.
 Tensor read_image(const std::string& path);
+// A JPEG or PNG file's bytes decoded to (H, W, 3) uint8 RGB; `name` names it in errors.
 Tensor decode_image(std::span<const uint8_t> bytes, const std::string& name);
+// What `plan` needs of a JPEG (see DecodePlan); a PNG is decoded whole (scale 1). kiln::Error for a plan whose box
+// or output size is not positive.
 DecodedRegion decode_image_region(std::span<const uint8_t> bytes, const std::string& name, const DecodePlan& plan);
 
 // Height and width from the header alone (reads the first few KB; validates the magic number and header).
 ImageSize image_size(const std::string& path);
-ImageSize image_size(std::span<const uint8_t> bytes, const std::string& name);
+ImageSize image_size(std::span<const uint8_t> bytes, const std::string& name);  // from bytes in memory
 
 // The per-format decoders (image_jpeg.cpp, image_png.cpp); decode_image dispatches on the magic number.
 namespace detail {

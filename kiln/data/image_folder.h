@@ -41,9 +41,10 @@
 
 namespace kiln::data {
 
+// Options of ImageFolder: which files count as images, what to do with bad ones, and where to decode.
 struct ImageFolderOptions {
   std::vector<std::string> extensions = {".jpg", ".jpeg", ".png"};  // torchvision's, that kiln decodes
-  bool skip_bad_files = false;
+  bool skip_bad_files = false;  // read every header at construction and drop the files that fail (see above)
   Decode decode = Decode::Cpu;  // Decode::Gpu: nvJPEG on the loader's GPU (see the top of this file)
   GpuTransformOptions gpu{};    // the batch's dtype and memory format when decoding on the GPU
 };
@@ -51,11 +52,14 @@ struct ImageFolderOptions {
 // A folder of class folders of JPEG/PNG images as a Dataset, as torchvision's ImageFolder.
 class ImageFolder : public Dataset {
  public:
+  // One image file and its class.
   struct Sample {
-    std::string path{};
-    int64_t label = 0;
+    std::string path{};  // the file's path (root joined with its relative path)
+    int64_t label = 0;   // the index of its class in classes()
   };
 
+  // Lists root's class folders and their images (see the top of this file); transform applies to each image in
+  // get(). kiln::Error for a bad root, no class folder, a class folder without images, or no extensions.
   explicit ImageFolder(std::string root, ImageTransform transform = {}, ImageFolderOptions options = {});
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
@@ -63,9 +67,13 @@ class ImageFolder : public Dataset {
   std::string describe() const override;
   CollateFn collate_fn() const override;  // with Decode::Gpu: decodes a batch on the current GPU
 
+  // The root folder given at construction.
   const std::string& root() const { return root_; }
+  // The class folder names, sorted; a label is an index into it.
   const std::vector<std::string>& classes() const { return classes_; }
+  // Each class folder name's label, as torchvision's class_to_idx.
   const std::map<std::string, int64_t>& class_to_idx() const { return class_to_idx_; }
+  // Every sample (path, label), in dataset order.
   const std::vector<Sample>& samples() const { return samples_; }
   std::vector<int64_t> targets() const;  // every sample's label, in order
   // With skip_bad_files: the files dropped because their header failed (damaged, or a decompression bomb

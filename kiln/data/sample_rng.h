@@ -12,16 +12,18 @@
 
 namespace kiln::data {
 
+// A counter-based (Philox) random stream for one sample, a pure function of (seed, epoch, index).
 class SampleRng {
  public:
+  // The stream of sample `index` in `epoch` of a run seeded with `seed`.
   SampleRng(uint64_t seed, uint64_t epoch, int64_t index);
 
-  double uniform();                         // [0, 1), 53 random bits
-  double uniform(double lo, double hi);     // [lo, hi)
-  int64_t randint(int64_t n);               // [0, n), n > 0, without modulo bias
-  bool bernoulli(double p);
-  double normal();                          // standard normal
-  uint64_t bits();                          // 64 random bits
+  double uniform();                      // [0, 1), 53 random bits
+  double uniform(double lo, double hi);  // [lo, hi)
+  int64_t randint(int64_t n);            // [0, n), n > 0, without modulo bias
+  bool bernoulli(double p);              // true with probability p
+  double normal();                       // standard normal
+  uint64_t bits();                       // 64 random bits
   // An independent stream for a sub-task (e.g. one transform of a Compose): same inputs, same stream.
   SampleRng fork(uint64_t stream) const;
 

@@ -12,6 +12,7 @@
 
 namespace kiln::data {
 
+// The order in which a DataLoader visits a dataset's indices, epoch by epoch, as torch.utils.data.Sampler.
 class Sampler {
  public:
   virtual ~Sampler() = default;
@@ -24,7 +25,7 @@ class Sampler {
 // 0, 1, ..., n-1 every epoch.
 class SequentialSampler : public Sampler {
  public:
-  explicit SequentialSampler(int64_t n);
+  explicit SequentialSampler(int64_t n);  // kiln::Error if n < 0
   int64_t size() const override { return n_; }
   std::vector<int64_t> indices(uint64_t epoch) const override;
 
@@ -32,16 +33,18 @@ class SequentialSampler : public Sampler {
   int64_t n_;
 };
 
+// Options of RandomSampler.
 struct RandomSamplerOptions {
-  bool replacement = false;
+  bool replacement = false;  // true: num_samples independent uniform draws (an index may repeat)
   int64_t num_samples = -1;  // -1: n. Without replacement and > n: whole permutations, then part of one
-  uint64_t seed = 0;
+  uint64_t seed = 0;         // with the epoch, decides the order
 };
 
 // A new permutation of 0..n-1 each epoch (or num_samples uniform draws with replacement), as
 // torch.utils.data.RandomSampler (the numbers differ: kiln has its own generator).
 class RandomSampler : public Sampler {
  public:
+  // kiln::Error if n < 0, num_samples < -1, or samples are asked of an empty dataset.
   explicit RandomSampler(int64_t n, RandomSamplerOptions options = {});
   int64_t size() const override { return num_samples_; }
   std::vector<int64_t> indices(uint64_t epoch) const override;
@@ -52,9 +55,10 @@ class RandomSampler : public Sampler {
   RandomSamplerOptions options_;
 };
 
+// Options of WeightedRandomSampler.
 struct WeightedRandomSamplerOptions {
-  bool replacement = true;
-  uint64_t seed = 0;
+  bool replacement = true;  // false: an index comes at most once per epoch
+  uint64_t seed = 0;        // with the epoch, decides the draws
 };
 
 // num_samples indices drawn with probability weights[i] / sum(weights), as torch's WeightedRandomSampler.
@@ -62,6 +66,8 @@ struct WeightedRandomSamplerOptions {
 // torch.multinomial), so num_samples may not exceed the number of non-zero weights.
 class WeightedRandomSampler : public Sampler {
  public:
+  // kiln::Error for no weights, a negative or non-finite weight, a zero sum, num_samples < 0, or (without
+  // replacement) more samples than non-zero weights.
   WeightedRandomSampler(std::vector<double> weights, int64_t num_samples, WeightedRandomSamplerOptions options = {});
   int64_t size() const override { return num_samples_; }
   std::vector<int64_t> indices(uint64_t epoch) const override;
@@ -73,12 +79,13 @@ class WeightedRandomSampler : public Sampler {
   WeightedRandomSamplerOptions options_;
 };
 
+// Options of DistributedSampler, as torch.utils.data.DistributedSampler's arguments.
 struct DistributedSamplerOptions {
-  int num_replicas = -1;  // -1: world_size of distributed_env()
-  int rank = -1;          // -1: rank of distributed_env()
-  bool shuffle = true;
-  uint64_t seed = 0;      // must be the same on every rank
-  bool drop_last = false;
+  int num_replicas = -1;   // -1: world_size of distributed_env()
+  int rank = -1;           // -1: rank of distributed_env()
+  bool shuffle = true;     // a new permutation each epoch; false: 0..n-1 in order
+  uint64_t seed = 0;       // must be the same on every rank
+  bool drop_last = false;  // drop the tail that does not divide evenly, rather than pad by repeating the start
 };
 
 // This rank's share of 0..n-1, as torch.utils.data.DistributedSampler: the (shuffled) list is padded by
@@ -87,10 +94,13 @@ struct DistributedSamplerOptions {
 // passed to indices() plays the role of set_epoch().
 class DistributedSampler : public Sampler {
  public:
+  // kiln::Error if n < 0, num_replicas < 1 or rank >= num_replicas.
   explicit DistributedSampler(int64_t n, DistributedSamplerOptions options = {});
   int64_t size() const override { return num_samples_; }
   std::vector<int64_t> indices(uint64_t epoch) const override;
+  // The number of ranks the indices are shared among (resolved from distributed_env() when -1).
   int num_replicas() const { return options_.num_replicas; }
+  // This rank (resolved from distributed_env() when -1).
   int rank() const { return options_.rank; }
 
  private:

@@ -46,6 +46,9 @@ struct DataParallelOptions {
 // over the ranks during backward, as torch DistributedDataParallel.
 class DataParallel {
  public:
+  // Wraps `module` (every parameter on one device) and broadcasts rank 0's parameters (and buffers, with
+  // broadcast_buffers) to every rank. kiln::Error for a null module, one without parameters, or parameters on
+  // several devices. With one process it is a plain wrapper.
   explicit DataParallel(nn::ModulePtr module, DataParallelOptions options = {});
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -55,16 +58,20 @@ class DataParallel {
   // forward takes other inputs (BERT's input ids, token types, attention mask) is called directly,
   // e.g. bert(ids, types, mask) through its nn::Handle, with the same effect.
   Tensor forward(const Tensor& input) { return (*module_)(input); }
+  // forward(input).
   Tensor operator()(const Tensor& input) { return forward(input); }
+  // The wrapped module (to save it, or call its own forward).
   nn::Module& module() { return *module_; }
+  // The handle to the wrapped module.
   const nn::ModulePtr& module_ptr() const { return module_; }
+  // The group gradients are averaged over: options.group, or the world group of the parameters' device.
   ProcessGroup& process_group() { return *group_; }
 
   // While the returned guard lives, backward accumulates gradients locally without communicating (the
   // next backward outside it averages the accumulated gradients).
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(DataParallel& ddp);
+    explicit NoSyncGuard(DataParallel& ddp);  // turns ddp's gradient averaging off until destroyed
     ~NoSyncGuard();
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
@@ -73,6 +80,7 @@ class DataParallel {
     DataParallel& ddp_;
     bool previous_;
   };
+  // A guard that turns gradient averaging off while it lives, as torch DistributedDataParallel.no_sync.
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
 
   // The buckets as parameter indices into module().parameters() (for tests and tuning).

@@ -23,6 +23,7 @@ namespace kiln::dist {
 // A collective or bootstrap failure: the message names the rank, the collective and its sequence number.
 class DistributedError : public Error {
  public:
+  // Constructs from a message, as kiln::Error.
   using Error::Error;
 };
 // A collective that did not finish within the timeout.
@@ -37,12 +38,14 @@ enum class OnTimeout {
           // mpirun (or torchrun, srun) ends the whole job instead of leaving the other ranks hanging
   Throw,  // abort the communicator and raise TimeoutError from the waiting call (the group is unusable after)
 };
+// The exit status of a process that OnTimeout::Exit ends.
 constexpr int kTimeoutExitCode = 3;
 
+// How the ranks of a job find one another in dist::init() (InitOptions::bootstrap).
 enum class Bootstrap {
   Auto,  // MPI when built with it and started by an MPI launcher or Slurm; else TCP
-  Mpi,
-  Tcp,  // MASTER_ADDR / MASTER_PORT (rank 0 listens there)
+  Mpi,   // through MPI (kiln built with it)
+  Tcp,   // MASTER_ADDR / MASTER_PORT (rank 0 listens there)
 };
 
 // How dist::init() bootstraps (MPI, TCP, or chosen from the launcher), how long a collective may wait and what a
@@ -50,32 +53,37 @@ enum class Bootstrap {
 struct InitOptions {
   // Longest wait for any one collective (and for the bootstrap to meet). KILN_DIST_TIMEOUT_S overrides it.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
-  OnTimeout on_timeout = OnTimeout::Exit;
-  Bootstrap bootstrap = Bootstrap::Auto;
-  bool use_gpu = true;  // device() is cuda:<local rank> when GPUs are visible
+  OnTimeout on_timeout = OnTimeout::Exit;  // what a timeout does (the default ends the process)
+  Bootstrap bootstrap = Bootstrap::Auto;   // how the ranks meet
+  bool use_gpu = true;                     // device() is cuda:<local rank> when GPUs are visible
 };
 
 // This process's place in the job (rank, world size, local rank) and its device, as dist::init() returns it.
 struct Env {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  int local_world_size = 1;
-  std::string launcher{};   // "none", "Open MPI", "MPICH/Hydra", "torchrun", "SLURM"
-  std::string bootstrap{};  // "none", "mpi", "tcp"
-  Device device_ = Device::cpu();
+  int rank = 0;                    // 0 .. world_size - 1
+  int world_size = 1;              // processes in the job
+  int local_rank = 0;              // this process's index on its node
+  int local_world_size = 1;        // processes on this node, as the launcher reports it
+  std::string launcher{};          // "none", "Open MPI", "MPICH/Hydra", "torchrun", "SLURM"
+  std::string bootstrap{};         // "none", "mpi", "tcp"
+  Device device_ = Device::cpu();  // what device() returns
 
+  // cuda:<local_rank % GPU count> when use_gpu and GPUs are visible (made current by init()), else the CPU.
   Device device() const { return device_; }
+  // Whether this is rank 0 (the process that usually logs and saves).
   bool is_main() const { return rank == 0; }
+  // Whether the job has more than one process.
   bool distributed() const { return world_size > 1; }
 };
 
 // Joins the job (idempotent: later calls return the first result; options are read once).
 const Env& init(const InitOptions& options = {});
-bool is_initialized();
+bool is_initialized();  // whether init() has succeeded (and finalize() not run since)
 // The environment of init(); calls init() with default options when it was not called yet.
 const Env& env();
+// env().rank (calls init() if needed).
 inline int rank() { return env().rank; }
+// env().world_size (calls init() if needed).
 inline int world_size() { return env().world_size; }
 // Destroys every process group and finalizes MPI (also done at exit). Collectives are errors afterwards.
 void finalize();

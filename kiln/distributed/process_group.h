@@ -25,8 +25,9 @@
 
 namespace kiln::dist {
 
+// How a reduction combines the ranks' values, elementwise (Average: the sum divided by the number of ranks).
 enum class ReduceOp { Sum, Average, Max, Min };
-const char* to_string(ReduceOp op);
+const char* to_string(ReduceOp op);  // "Sum", "Average", "Max" or "Min"
 
 // The handle of an asynchronous collective.
 class Work {
@@ -40,6 +41,7 @@ class Work {
   // Whether the collective has finished (a host-side query that never blocks).
   virtual bool is_completed() = 0;
 };
+// What the *_async collectives return.
 using WorkPtr = std::shared_ptr<Work>;
 
 // A set of ranks and the collectives between them (NCCL on GPUs, MPI on the CPU).
@@ -47,7 +49,9 @@ class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
   virtual std::string backend() const = 0;  // "nccl", "mpi" or "single"
+  // This process's rank in the group, 0 .. size() - 1.
   int rank() const { return rank_; }
+  // The number of ranks in the group.
   int size() const { return size_; }
   // Collectives issued so far (the next one gets this sequence number).
   uint64_t sequence_number() const { return seq_; }
@@ -64,23 +68,28 @@ class ProcessGroup {
   // Returns once every rank has called it (the host waits, for GPU groups too).
   virtual void barrier() = 0;
 
+  // all_reduce_async(tensor, op)->wait(): on a GPU the current stream waits, not the host.
   void all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::Sum) { all_reduce_async(tensor, op)->wait(); }
+  // broadcast_async(tensor, root)->wait().
   void broadcast(const Tensor& tensor, int root = 0) { broadcast_async(tensor, root)->wait(); }
+  // all_gather_async(out, input)->wait().
   void all_gather(const Tensor& out, const Tensor& input) { all_gather_async(out, input)->wait(); }
+  // reduce_scatter_async(out, input, op)->wait().
   void reduce_scatter(const Tensor& out, const Tensor& input, ReduceOp op = ReduceOp::Sum) {
     reduce_scatter_async(out, input, op)->wait();
   }
 
  protected:
+  // For backends: this process's rank and the group's size.
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
   // Checks what every collective needs (defined, contiguous, on `device`, a dtype the backend takes) and
   // returns the collective's sequence number. `what` names the collective in messages.
   uint64_t begin(const char* what, const Tensor& t, Device device);
   // The same checks for a second tensor of collective #seq (all_gather's and reduce_scatter's out).
   void check_tensor(const char* what, uint64_t seq, const Tensor& t, Device device) const;
-  int rank_;
-  int size_;
-  uint64_t seq_ = 0;
+  int rank_;          // what rank() returns
+  int size_;          // what size() returns
+  uint64_t seq_ = 0;  // what sequence_number() returns; begin() increments it
 };
 
 // The world group for tensors on `device` (CUDA devices: NCCL, on this process's GPU; cpu: MPI), created
@@ -89,8 +98,11 @@ ProcessGroup& group(Device device);
 
 // The collectives on the world group of the tensor's device.
 inline void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) { group(t.device()).all_reduce(t, op); }
+// ProcessGroup::broadcast on the world group of t's device.
 inline void broadcast(const Tensor& t, int root = 0) { group(t.device()).broadcast(t, root); }
+// ProcessGroup::all_gather on the world group of input's device.
 inline void all_gather(const Tensor& out, const Tensor& input) { group(input.device()).all_gather(out, input); }
+// ProcessGroup::reduce_scatter on the world group of input's device.
 inline void reduce_scatter(const Tensor& out, const Tensor& input, ReduceOp op = ReduceOp::Sum) {
   group(input.device()).reduce_scatter(out, input, op);
 }

@@ -40,6 +40,7 @@ namespace kiln::io {
 struct Metadata {
   std::map<std::string, double> numbers{};       // "step", "epoch", "val_loss", ...
   std::map<std::string, std::string> strings{};  // "config" (e.g. a JSON text), "run_name", "git_commit", ...
+  // Equal when both maps are.
   friend bool operator==(const Metadata&, const Metadata&) = default;
 };
 
@@ -55,15 +56,20 @@ struct CheckpointParts {
   Metadata* metadata = nullptr;             // /metadata
 };
 
+// The format version save_checkpoint writes (the root attribute "format_version").
 inline constexpr int kCheckpointFormatVersion = 1;
 
+// Writes the non-null parts to the HDF5 file `path` atomically: into a temporary file in the same folder, synced to
+// disk, then renamed over `path`. kiln::Error if the folder does not exist; on failure `path` is left as it was.
 void save_checkpoint(const std::string& path, const CheckpointParts& parts);
+// Reads the asked-for parts of a complete checkpoint written by save_checkpoint into the objects. The file is
+// verified and every part read and checked before any object changes; kiln::Error naming the file otherwise.
 void load_checkpoint(const std::string& path, const CheckpointParts& parts);
 
 // What a checkpoint holds, read from its root attributes and groups (no tensor data is read).
 struct CheckpointInfo {
-  int64_t format_version = 0;
-  std::string kiln_version{};
+  int64_t format_version = 0;        // the file's format version (kCheckpointFormatVersion when written)
+  std::string kiln_version{};        // the kiln that wrote it; empty if not recorded
   std::string created{};             // UTC, ISO 8601
   bool complete = false;             // the last attribute written (see CheckpointManager)
   std::vector<std::string> parts{};  // "model", "optimizer", "scheduler", "scaler", "rng", "loader", "metadata"

@@ -51,8 +51,8 @@ namespace kiln::io {
 // How many checkpoints a CheckpointManager keeps, how it names them, and how long rank 0 waits for the other ranks'
 // files.
 struct CheckpointManagerOptions {
-  int keep_last = 3;  // complete checkpoints kept after a save; 0 keeps all
-  std::string prefix = "ckpt";
+  int keep_last = 3;            // complete checkpoints kept after a save; 0 keeps all
+  std::string prefix = "ckpt";  // file names <prefix>-<step>.h5; non-empty, no '/'
   int digits = 8;               // zero-padding of the step in file names
   int rank = -1;                // -1: data::distributed_env().rank (set both to simulate ranks in tests)
   int world_size = -1;          // -1: data::distributed_env().world_size
@@ -61,7 +61,7 @@ struct CheckpointManagerOptions {
 
 // A checkpoint that latest() and resume() passed over, and why.
 struct SkippedCheckpoint {
-  int64_t step = 0;
+  int64_t step = 0;      // the training step it was saved at
   std::string path{};    // the main file of that step
   std::string reason{};  // what reading it (or one of its rank files) gave, naming the file
 };
@@ -70,6 +70,8 @@ struct SkippedCheckpoint {
 // from (several ranks included).
 class CheckpointManager {
  public:
+  // Creates `folder` if needed. kiln::Error for options out of range, rank >= world_size, or a folder that cannot
+  // be created.
   explicit CheckpointManager(std::string folder, CheckpointManagerOptions options = {});
 
   // Saves the checkpoint of `step` (>= 0) and deletes complete ones older than the newest keep_last. Returns
@@ -91,7 +93,9 @@ class CheckpointManager {
 
   std::string path_for(int64_t step) const;                 // <folder>/<prefix>-<step>.h5
   std::string rank_path_for(int64_t step, int rank) const;  // <main file>.rank<r>.h5
+  // This process's rank: options.rank, or data::distributed_env()'s.
   int rank() const { return rank_; }
+  // The number of ranks: options.world_size, or data::distributed_env()'s.
   int world_size() const { return world_size_; }
 
  private:

@@ -28,13 +28,16 @@
 
 namespace kiln::io {
 
+// A stored tensor's dtype and shape (H5File::tensor_info).
 struct TensorInfo {
-  DType dtype{};
-  Shape shape{};
+  DType dtype{};  // the dtype read_tensor returns
+  Shape shape{};  // the dataset's dims; empty for a 0-d tensor
 };
 
+// One open HDF5 file: groups, checksummed tensors (datasets) and scalar attributes (see the top of this file).
 class H5File {
  public:
+  // How the constructor opens the file.
   enum class Mode {
     Create,     // a new file (an existing one is truncated)
     Read,       // an existing file, read only
@@ -47,17 +50,20 @@ class H5File {
   H5File(const H5File&) = delete;
   H5File& operator=(const H5File&) = delete;
 
+  // The path given at construction.
   const std::string& path() const { return path_; }
   // Flushes everything to the operating system and closes the file; throws on failure. Idempotent.
   void close();
 
   // Groups are absolute paths ("/", "/model", "/rng/cpu"); create_group makes missing parents.
   void create_group(const std::string& group);
-  bool has_group(const std::string& group) const;
-  bool has_dataset(const std::string& group, const std::string& name) const;
+  bool has_group(const std::string& group) const;                             // whether `group` is a group
+  bool has_dataset(const std::string& group, const std::string& name) const;  // whether group/name is a dataset
   // The names of the links (datasets and groups) in `group`, in name order.
   std::vector<std::string> children(const std::string& group) const;
 
+  // Stores `tensor` (any device and layout, copied to contiguous host memory) as dataset `name` of the existing
+  // `group`, with its crc32. kiln::Error for an undefined tensor, a name empty or with '/', or a name already used.
   void write_tensor(const std::string& group, const std::string& name, const Tensor& tensor);
   TensorInfo tensor_info(const std::string& group, const std::string& name) const;  // reads no data
   Tensor read_tensor(const std::string& group, const std::string& name) const;      // CPU; crc32 checked
@@ -65,15 +71,18 @@ class H5File {
   // Attributes of a group or dataset ("/model/fc1.weight"). Numbers are stored as float64, integers as
   // int64/uint64 (exact: generator offsets need all 64 bits), strings as variable-length UTF-8.
   void set_attr(const std::string& object, const std::string& name, double value);
-  void set_attr(const std::string& object, const std::string& name, int64_t value);
-  void set_attr(const std::string& object, const std::string& name, uint64_t value);
-  void set_attr(const std::string& object, const std::string& name, const std::string& value);
+  // Writing an attribute that exists replaces it.
+  void set_attr(const std::string& object, const std::string& name, int64_t value);             // as int64
+  void set_attr(const std::string& object, const std::string& name, uint64_t value);            // as uint64
+  void set_attr(const std::string& object, const std::string& name, const std::string& value);  // as a string
+  // Whether `object` exists and has the attribute.
   bool has_attr(const std::string& object, const std::string& name) const;
-  std::vector<std::string> attr_names(const std::string& object) const;  // in name order
-  bool attr_is_string(const std::string& object, const std::string& name) const;
-  double attr_double(const std::string& object, const std::string& name) const;  // any numeric attribute
-  int64_t attr_int(const std::string& object, const std::string& name) const;    // integer attributes only
-  uint64_t attr_uint(const std::string& object, const std::string& name) const;  // integer attributes only
+  std::vector<std::string> attr_names(const std::string& object) const;           // in name order
+  bool attr_is_string(const std::string& object, const std::string& name) const;  // kiln::Error if it is missing
+  double attr_double(const std::string& object, const std::string& name) const;   // any numeric attribute
+  int64_t attr_int(const std::string& object, const std::string& name) const;     // integer attributes only
+  uint64_t attr_uint(const std::string& object, const std::string& name) const;   // integer attributes only
+  // kiln::Error unless the attribute is a fixed-length string (as kiln writes them).
   std::string attr_string(const std::string& object, const std::string& name) const;
 
  private:

@@ -35,30 +35,36 @@
 
 namespace kiln::io {
 
+// How load_weights matches a file's names to a model's (see the top of this file).
 struct LoadOptions {
   // true: any missing, unexpected or mismatched name is a kiln::Error listing them, and nothing is loaded.
   // false (torch's strict=False): what matches is loaded, the rest reported in the LoadReport.
   bool strict = true;
   std::vector<std::pair<std::string, std::string>> prefix_map{};  // {from, to}, applied to the file's names
-  bool auto_prefix = true;
+  bool auto_prefix = true;  // strip the file's or add the model's first name component when more names match
   // true: floating-point values are converted to the model's dtype. false: a dtype difference is a mismatch.
   // Integer and bool tensors must always match the model's dtype (e.g. BatchNorm's num_batches_tracked).
   bool convert_dtype = true;
 };
 
+// A name in both the file and the model whose values differ in shape (or in dtype, see convert_dtype).
 struct LoadMismatch {
   std::string name{};  // the model's name
-  Shape file_shape{}, model_shape{};
-  DType file_dtype{}, model_dtype{};
+  // The file's shape.
+  Shape file_shape{}, model_shape{};  // the model's shape
+  // The file's dtype.
+  DType file_dtype{}, model_dtype{};  // the model's dtype
 };
 
+// What load_weights did: which names were loaded, missing, unexpected, mismatched or renamed.
 struct LoadReport {
-  std::string path{};
+  std::string path{};                      // the file loaded (or the `source` given for tensors in memory)
   std::vector<std::string> loaded{};       // model names given values
   std::vector<std::string> missing{};      // model names the file has no value for
   std::vector<std::string> unexpected{};   // file names (after mapping) the model has no tensor for
   std::vector<LoadMismatch> mismatched{};  // in both, but of another shape (or dtype, see convert_dtype)
   std::vector<std::string> renames{};      // what was done to the file's names, in words
+  // Whether every name matched: nothing missing, unexpected or mismatched.
   bool ok() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
   std::string summary() const;  // counts, then the names (up to 20 of each list)
 };
@@ -66,6 +72,7 @@ struct LoadReport {
 // The tensors of a weights file, whichever its format (see above): CPU tensors of the file's dtypes.
 NamedTensors read_weights(const std::string& path);
 
+// Reads the weights file `path` (read_weights) and loads it into model's parameters and buffers by name.
 LoadReport load_weights(nn::Module& model, const std::string& path, const LoadOptions& options = {});
 // The same from tensors already in memory; source names them in messages.
 LoadReport load_weights(nn::Module& model, const NamedTensors& tensors, const LoadOptions& options = {},

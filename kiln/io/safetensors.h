@@ -22,21 +22,24 @@
 
 namespace kiln::io {
 
+// Tensors by name, in order (a state dict's form).
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// One tensor of a safetensors header.
 struct SafetensorsEntry {
-  std::string name{};
-  DType dtype{};
-  Shape shape{};
+  std::string name{};  // its key in the header
+  DType dtype{};       // the stored dtype
+  Shape shape{};       // the stored shape
+  // begin, end: byte offsets within the data section.
   uint64_t begin = 0, end = 0;  // byte offsets within the data section
 };
 
 // The checked header of a safetensors file: where its data section starts, its tensors in data-offset order
 // (together they cover the data section exactly), its string metadata.
 struct SafetensorsHeader {
-  uint64_t data_start = 0;  // 8 + the JSON header's length
-  std::vector<SafetensorsEntry> entries{};
-  std::map<std::string, std::string> metadata{};
+  uint64_t data_start = 0;                        // 8 + the JSON header's length
+  std::vector<SafetensorsEntry> entries{};        // in data-offset order
+  std::map<std::string, std::string> metadata{};  // the header's "__metadata__" strings
 };
 
 // The largest JSON header accepted (as the reference implementation): a bigger one is a corrupt file.
@@ -56,17 +59,22 @@ namespace detail {
 void check_safetensors_bools(const uint8_t* bytes, size_t n, const SafetensorsEntry& entry, const std::string& name);
 }  // namespace detail
 
+// A safetensors file on disk, its header read at construction; tensors are read one by one or all at once.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(std::string path);  // reads and checks the header
+  // The file offset of the data section: 8 + the JSON header's length.
   uint64_t data_start() const { return data_start_; }
+  // The path given at construction.
   const std::string& path() const { return path_; }
+  // The tensors, in data-offset order.
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in data-offset order
+  // The header's "__metadata__" strings.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  bool contains(const std::string& name) const;
+  bool contains(const std::string& name) const;                  // whether a tensor is named `name`
   const SafetensorsEntry& entry(const std::string& name) const;  // throws, naming the file
   Tensor read(const std::string& name) const;                    // a CPU tensor of the stored dtype
-  NamedTensors read_all() const;
+  NamedTensors read_all() const;                                 // every tensor, in data-offset order, as CPU tensors
 
  private:
   std::string path_;
@@ -75,6 +83,7 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// Every tensor of the safetensors file `path` (CPU tensors of the stored dtypes), in data-offset order.
 NamedTensors load_safetensors(const std::string& path);
 // A whole safetensors file already in memory (`name` names it in errors); the tensors are copied out.
 NamedTensors load_safetensors(const uint8_t* data, size_t size, const std::string& name);

@@ -26,11 +26,13 @@
 
 namespace kiln::io {
 
+// What a torch.save file holds: its tensors under dotted names, and its other leaves described.
 struct TorchFile {
   NamedTensors tensors{};                                    // in pickle order, CPU tensors of the file's dtypes
   std::vector<std::pair<std::string, std::string>> other{};  // non-tensor leaves: name and a short description
 };
 
+// Reads a torch.save file (see the top of this file); kiln::Error naming the file for anything it refuses.
 TorchFile read_torch_file(const std::string& path);
 NamedTensors load_torch_file(const std::string& path);  // read_torch_file(path).tensors
 

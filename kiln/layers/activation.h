@@ -18,6 +18,7 @@ class ReLU : public Module {
   Tensor forward(const Tensor& input) override { return relu(input); }
 };
 
+// Options of nn::GELU.
 struct GELUOptions {
   bool tanh_approximation = false;  // PyTorch's approximate="tanh"
 };
@@ -25,10 +26,11 @@ struct GELUOptions {
 // The Gaussian error linear unit, exact (erf) or tanh-approximated, as torch.nn.GELU.
 class GELU : public Module {
  public:
+  // The exact GELU by default; options.tanh_approximation for the tanh form.
   explicit GELU(GELUOptions options = {}) : Module("GELU"), options(options) {}
   Tensor forward(const Tensor& input) override { return gelu(input, options.tanh_approximation); }
 
-  GELUOptions options;
+  GELUOptions options;  // as constructed
 };
 
 // x * sigmoid(x), as torch.nn.SiLU.
@@ -55,10 +57,11 @@ class Sigmoid : public Module {
 // Softmax along `dim` (negative counts from the end).
 class Softmax : public Module {
  public:
+  // Softmax along `dim`, as torch.nn.Softmax(dim).
   explicit Softmax(int64_t dim) : Module("Softmax"), dim(dim) {}
   Tensor forward(const Tensor& input) override { return softmax(input, dim); }
 
-  int64_t dim;
+  int64_t dim;  // the dim normalised over, as constructed
 };
 
 }  // namespace kiln::nn

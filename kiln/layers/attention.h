@@ -40,6 +40,7 @@
 
 namespace kiln::nn {
 
+// Options of scaled_dot_product_attention, as torch.nn.functional.scaled_dot_product_attention's arguments.
 struct AttentionOptions {
   // Bool: true = the query may attend to that key (PyTorch's sdpa convention); floating: added to the scores
   // (use -inf to forbid). Broadcastable to (..., L, S). Undefined: no mask.
@@ -63,6 +64,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // autocast mode (on a GPU this may build and cache cuDNN's graphs). With why_not, the reason the fused path
 // was not taken.
 enum class AttentionBackend { Math, CudnnFused };
+// The implementation scaled_dot_product_attention would take for these arguments (see AttentionBackend); why_not,
+// if given, receives why the fused path was not taken.
 AttentionBackend attention_backend(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const AttentionOptions& options = {}, std::string* why_not = nullptr);
 // Whether this build and machine can run the fused path at all (built with CUDA and cudnn-frontend, a GPU
@@ -75,6 +78,7 @@ struct AttentionResult {
   Tensor output{};   // (..., L, Ev)
   Tensor weights{};  // (..., L, S)
 };
+// scaled_dot_product_attention's output together with the attention probabilities (see AttentionResult).
 AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q, const Tensor& k, const Tensor& v,
                                                           const AttentionOptions& options = {});
 
@@ -90,8 +94,10 @@ struct MultiheadAttentionOptions {
 // Init as PyTorch: xavier_uniform_ in_proj_weight, zero biases, out_proj.weight as Linear's default.
 class MultiheadAttention : public Module {
  public:
+  // kiln::Error unless embed_dim and num_heads are positive, num_heads divides embed_dim and 0 <= dropout < 1.
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, MultiheadAttentionOptions options = {});
 
+  // What forward(query, key, value, ...) returns.
   struct Output {
     Tensor output{};   // (N, L, E) (or (L, N, E) without batch_first)
     Tensor weights{};  // need_weights: (N, L, S) averaged over heads, or (N, num_heads, L, S); else undefined
@@ -103,13 +109,15 @@ class MultiheadAttention : public Module {
                  const Tensor& attn_mask = {}, bool need_weights = false, bool average_attn_weights = true);
   // Self-attention without masks: forward(x, x, x).output.
   Tensor forward(const Tensor& x) override;
+  // Re-initialises as at construction (see above), drawing from gen or the default generator.
   void reset_parameters(Generator* gen = nullptr);
 
-  int64_t embed_dim, num_heads, head_dim;
-  MultiheadAttentionOptions options;
-  Tensor in_proj_weight;  // (3E, E)
-  Tensor in_proj_bias;    // (3E); undefined without bias
-  Handle<Linear> out_proj;
+  // E, the model dimension.
+  int64_t embed_dim, num_heads, head_dim;  // head_dim: embed_dim / num_heads
+  MultiheadAttentionOptions options;       // as constructed
+  Tensor in_proj_weight;                   // (3E, E)
+  Tensor in_proj_bias;                     // (3E); undefined without bias
+  Handle<Linear> out_proj;                 // "out_proj": E -> E, after the heads are concatenated
 };
 
 }  // namespace kiln::nn

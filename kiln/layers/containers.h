@@ -48,20 +48,27 @@ class IndexedModules : public Module {
  public:
   // The i-th module (negative i counts from the end); at<T>(i) casts it to its concrete type.
   const ModulePtr& operator[](int64_t index) const;
+  // The i-th module as a Handle<M>; kiln::Error if it is not an M.
   template <typename M>
   Handle<M> at(int64_t index) const {
     auto out = std::dynamic_pointer_cast<M>((*this)[index]);
     if (out == nullptr) throw_bad_cast(index);
     return Handle<M>(std::move(out));
   }
+  // The number of modules held.
   int64_t size() const { return static_cast<int64_t>(modules_.size()); }
+  // Whether no module is held.
   bool empty() const { return modules_.empty(); }
+  // Iteration over the modules in order, each an nn::ModulePtr.
   std::vector<ModulePtr>::const_iterator begin() const { return modules_.begin(); }
+  // The end of the iteration that begin() starts.
   std::vector<ModulePtr>::const_iterator end() const { return modules_.end(); }
 
  protected:
+  // An empty container whose type name is type_name.
   explicit IndexedModules(std::string type_name) : Module(std::move(type_name)) {}
   void add_indexed(const std::string& name, ModulePtr module);  // registers and appends
+  // The name the next appended module gets: its index, "0", "1", ...
   std::string next_index() const { return std::to_string(modules_.size()); }
   // The variadic constructors take module values and handles; one argument that is a vector or the container
   // itself goes to the constructors of those.
@@ -80,14 +87,18 @@ class IndexedModules : public Module {
 template <typename Self>
 class IndexedModulesOf : public IndexedModules {
  public:
+  // An empty container.
   IndexedModulesOf() : IndexedModules(Self::kTypeName) {}
+  // The modules in order, each shared as it is, under "0", "1", ...
   explicit IndexedModulesOf(const std::vector<ModulePtr>& modules) : IndexedModulesOf() {
     for (const auto& m : modules) add_indexed(next_index(), m);
   }
+  // A vector of std::shared_ptr to modules of one type, shared as they are.
   template <typename M>  // a vector of std::shared_ptr to modules of one type
   requires std::derived_from<M, Module>
   explicit IndexedModulesOf(const std::vector<std::shared_ptr<M>>& modules)
       : IndexedModulesOf(std::vector<ModulePtr>(modules.begin(), modules.end())) {}
+  // Handles in braces, shared as they are.
   IndexedModulesOf(std::initializer_list<ModulePtr> modules) : IndexedModulesOf(std::vector<ModulePtr>(modules)) {}
   // Self{nn::Linear(4, 8), nn::ReLU(), shared_head}: module values (moved in) and handles, mixed. Explicit
   // with one module, so that a lone module never converts to a container unasked. (Two constructors rather than
@@ -97,6 +108,7 @@ class IndexedModulesOf : public IndexedModules {
   explicit IndexedModulesOf(M&& module) : IndexedModulesOf() {
     add_indexed(next_index(), module_detail::to_handle(std::forward<M>(module)));
   }
+  // Two or more modules: values (moved in) and handles, mixed, under "0", "1", ...
   template <typename... Ms>
   requires(sizeof...(Ms) > 1) IndexedModulesOf(Ms&&... modules) : IndexedModulesOf() {
     (add_indexed(next_index(), module_detail::to_handle(std::forward<Ms>(modules))), ...);
@@ -106,16 +118,18 @@ class IndexedModulesOf : public IndexedModules {
 // Chains modules that each map one tensor to one tensor: forward(x) = m_n(... m_1(m_0(x))).
 class Sequential : public IndexedModulesOf<Sequential> {
  public:
-  static constexpr const char* kTypeName = "Sequential";
+  static constexpr const char* kTypeName = "Sequential";  // its type_name()
   using IndexedModulesOf::IndexedModulesOf;  // Sequential{nn::Linear(4, 8), nn::ReLU()}, and the forms above
 
   // Appends under the next index ("0", "1", ...), or under a name of your choice: a handle, or a module value.
   Sequential& append(ModulePtr module);
-  Sequential& append(const std::string& name, ModulePtr module);
+  Sequential& append(const std::string& name, ModulePtr module);  // under `name` rather than the next index
+  // A module value (moved in) or a handle, under the next index.
   template <typename M>
   Sequential& append(M&& module) {
     return append(ModulePtr(module_detail::to_handle(std::forward<M>(module))));
   }
+  // A module value (moved in) or a handle, under `name`.
   template <typename M>
   Sequential& append(const std::string& name, M&& module) {
     return append(name, ModulePtr(module_detail::to_handle(std::forward<M>(module))));
@@ -128,7 +142,7 @@ class Sequential : public IndexedModulesOf<Sequential> {
 // Holds modules by index for code that calls them itself (a stack of transformer blocks). No forward.
 class ModuleList : public IndexedModulesOf<ModuleList> {
  public:
-  static constexpr const char* kTypeName = "ModuleList";
+  static constexpr const char* kTypeName = "ModuleList";  // its type_name()
   using IndexedModulesOf::IndexedModulesOf;  // nn::ModuleList{Block(), Block(), shared_block}, and the forms above
 
   ModuleList& push_back(ModulePtr module);  // registered under the next index
@@ -153,11 +167,15 @@ class ModuleDict : public Module {
   Tensor forward(const Tensor& input) override;  // throws: call the module you want, heads[key]
 
   const ModulePtr& operator[](const std::string& key) const;  // a missing key is an error listing the keys
-  bool contains(const std::string& key) const;
-  std::vector<std::string> keys() const;  // insertion order
+  bool contains(const std::string& key) const;                // whether a module is held under key
+  std::vector<std::string> keys() const;                      // insertion order
+  // The number of modules held.
   int64_t size() const { return static_cast<int64_t>(entries_.size()); }
+  // Whether no module is held.
   bool empty() const { return entries_.empty(); }
+  // Iteration over (key, module) pairs in insertion order.
   std::vector<std::pair<std::string, ModulePtr>>::const_iterator begin() const { return entries_.begin(); }
+  // The end of the iteration that begin() starts.
   std::vector<std::pair<std::string, ModulePtr>>::const_iterator end() const { return entries_.end(); }
 
  private:

@@ -27,19 +27,22 @@ namespace kiln::nn {
 
 // Per-dim settings are {height, width}; a single number means the same for both.
 struct Pair {
-  std::array<int64_t, 2> v;
+  std::array<int64_t, 2> v;  // {height, width}
+  // The same value for both dims.
   Pair(int64_t both) : v{both, both} {}  // NOLINT: implicit, so {.stride = 2} reads naturally
+  // Height and width.
   Pair(int64_t h, int64_t w) : v{h, w} {}
+  // v[i]: 0 the height, 1 the width.
   int64_t operator[](size_t i) const { return v[i]; }
 };
 
 // Conv2d's stride, padding, dilation, groups and bias, with PyTorch's defaults.
 struct Conv2dOptions {
-  Pair stride = 1;
-  Pair padding = 0;  // zeros on each side
-  Pair dilation = 1;
-  int64_t groups = 1;
-  bool bias = true;
+  Pair stride = 1;     // the step between applications of the kernel
+  Pair padding = 0;    // zeros on each side
+  Pair dilation = 1;   // the spacing between kernel elements
+  int64_t groups = 1;  // blocked connections: in and out channels must be multiples of it
+  bool bias = true;    // false: no "bias" parameter (Conv2d)
 };
 
 // input (N, C_in, H, W), weight (C_out, C_in / groups, KH, KW), bias (C_out) or undefined
@@ -55,21 +58,23 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 // kiln::deterministic() is on (kiln/tensor/determinism.h): then only deterministic algorithms are chosen,
 // by the heuristics.
 void set_cudnn_benchmark(bool enabled);
-bool cudnn_benchmark();
+bool cudnn_benchmark();  // whether set_cudnn_benchmark turned it on (off by default)
 
 // 2-D convolution over (N, C, H, W) or channels-last input (cuDNN on the GPU), as torch.nn.Conv2d.
 class Conv2d : public Module {
  public:
+  // kiln::Error for non-positive sizes, strides or dilations, negative padding, or channels not multiples of groups.
   Conv2d(int64_t in_channels, int64_t out_channels, Pair kernel_size, Conv2dOptions options = {});
   Tensor forward(const Tensor& input) override;
   // PyTorch's default: kaiming_uniform_(a = sqrt(5)) on the weight, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) bias.
   void reset_parameters(Generator* gen = nullptr);
 
-  int64_t in_channels, out_channels;
-  Pair kernel_size;
-  Conv2dOptions options;
-  Tensor weight;  // (out_channels, in_channels / groups, KH, KW)
-  Tensor bias;    // (out_channels); undefined without bias
+  // C_in, the input's channels.
+  int64_t in_channels, out_channels;  // C_out, the output's channels
+  Pair kernel_size;                   // {KH, KW}
+  Conv2dOptions options;              // as constructed
+  Tensor weight;                      // (out_channels, in_channels / groups, KH, KW)
+  Tensor bias;                        // (out_channels); undefined without bias
 };
 
 }  // namespace kiln::nn

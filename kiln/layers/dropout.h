@@ -8,6 +8,7 @@
 
 namespace kiln::nn {
 
+// Options of nn::Dropout.
 struct DropoutOptions {
   double p = 0.5;  // probability of zeroing an element, in [0, 1)
 };
@@ -15,11 +16,12 @@ struct DropoutOptions {
 // Inverted dropout in training mode; the identity in eval mode.
 class Dropout : public Module {
  public:
-  explicit Dropout(DropoutOptions options = {});
+  explicit Dropout(DropoutOptions options = {});  // kiln::Error unless 0 <= p < 1
+  // Dropout(DropoutOptions{.p = p}), as torch.nn.Dropout(p).
   explicit Dropout(double p) : Dropout(DropoutOptions{.p = p}) {}
   Tensor forward(const Tensor& input) override;
 
-  DropoutOptions options;
+  DropoutOptions options;  // as constructed; p is read at every forward
 };
 
 }  // namespace kiln::nn

@@ -12,6 +12,7 @@
 
 namespace kiln::nn {
 
+// Options of nn::Embedding.
 struct EmbeddingOptions {
   std::optional<int64_t> padding_idx{};  // that row starts at zero and gets no gradient; negative counts from the end
 };
@@ -19,13 +20,16 @@ struct EmbeddingOptions {
 // Integer indices (...) -> (..., embedding_dim). "weight" (num_embeddings, embedding_dim) starts N(0, 1).
 class Embedding : public Module {
  public:
+  // kiln::Error unless both sizes are positive and padding_idx lies in [-num_embeddings, num_embeddings).
   Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options = {});
   Tensor forward(const Tensor& indices) override;
+  // Redraws weight from N(0, 1) (from gen, or the default generator) and zeroes the padding row.
   void reset_parameters(Generator* gen = nullptr);
 
-  int64_t num_embeddings, embedding_dim;
-  std::optional<int64_t> padding_idx;  // non-negative once constructed
-  Tensor weight;
+  // The number of rows (the vocabulary size).
+  int64_t num_embeddings, embedding_dim;  // the size of each row
+  std::optional<int64_t> padding_idx;     // non-negative once constructed
+  Tensor weight;                          // (num_embeddings, embedding_dim)
 };
 
 }  // namespace kiln::nn

@@ -19,6 +19,7 @@
 
 namespace kiln::nn::init {
 
+// The activation a weight feeds, for calculate_gain (as torch.nn.init.calculate_gain's names).
 enum class Nonlinearity {
   Linear,
   Conv1d,
@@ -33,6 +34,7 @@ enum class Nonlinearity {
   LeakyReLU,
   SELU
 };
+// Which fan the Kaiming initialisations scale by: FanIn preserves the forward pass's variance, FanOut backward's.
 enum class FanMode { FanIn, FanOut };
 
 // PyTorch's recommended gains: 1 for linear, conv and sigmoid; 5/3 for tanh; sqrt(2) for ReLU;
@@ -43,11 +45,15 @@ double calculate_gain(Nonlinearity nonlinearity, std::optional<double> param = {
 // (the product of dims 2...), e.g. a conv weight (out, in, kh, kw) gives (in*kh*kw, out*kh*kw).
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t);
 
+// The functions below fill t in place without recording gradients and return t, as torch.nn.init's; gen: the
+// generator drawn from, or the default one of t's device.
+// U(a, b); kiln::Error if a > b.
 Tensor& uniform_(Tensor& t, double a = 0, double b = 1, Generator* gen = nullptr);
+// N(mean, std^2); kiln::Error if std < 0.
 Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);
-Tensor& constant_(Tensor& t, Scalar value);
-Tensor& zeros_(Tensor& t);
-Tensor& ones_(Tensor& t);
+Tensor& constant_(Tensor& t, Scalar value);  // every element `value`
+Tensor& zeros_(Tensor& t);                   // every element 0
+Tensor& ones_(Tensor& t);                    // every element 1
 
 // U(-bound, bound) with bound = gain * sqrt(3 / fan), gain = calculate_gain(nonlinearity, a).
 Tensor& kaiming_uniform_(Tensor& t, double a = 0, FanMode mode = FanMode::FanIn,

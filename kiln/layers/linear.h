@@ -26,20 +26,23 @@ namespace kiln::nn {
 
 // Whether a Linear has a bias.
 struct LinearOptions {
-  bool bias = true;
+  bool bias = true;  // false: no "bias" parameter
 };
 
 // (..., in_features) -> (..., out_features). weight (out, in) and bias (out) start U(-1/sqrt(in), 1/sqrt(in)).
 class Linear : public Module {
  public:
+  // kiln::Error unless both sizes are positive.
   Linear(int64_t in_features, int64_t out_features, LinearOptions options = {});
   Tensor forward(const Tensor& input) override;
+  // Redraws weight and bias from U(-1/sqrt(in), 1/sqrt(in)) (from gen, or the default generator), as PyTorch's.
   void reset_parameters(Generator* gen = nullptr);
 
   // FP8 (amp::prepare_fp8 calls these; a program rarely does). enable_fp8 makes the delayed-scaling state on
   // `device` and registers its buffers (nothing changes if there is one already); disable_fp8 keeps this Linear out
   // of FP8 regions (an existing state is kept, and unused).
   void enable_fp8(const amp::Fp8Recipe& recipe, Device device);
+  // Keeps this Linear out of FP8 regions (see enable_fp8).
   void disable_fp8() { fp8_excluded_ = true; }
   // The FP8 state, or nullptr before enable_fp8 / the first FP8 forward.
   const amp::Fp8ScalingState* fp8_state() const { return fp8_state_.get(); }
@@ -52,9 +55,10 @@ class Linear : public Module {
   // have a state on one device. Module::to() separates them again (each then has its own copy); share again after.
   void share_fp8_state(const Linear& owner);
 
-  int64_t in_features, out_features;
-  Tensor weight;  // (out_features, in_features)
-  Tensor bias;    // (out_features); undefined without bias
+  // The size of the input's last dim.
+  int64_t in_features, out_features;  // the size of the output's last dim
+  Tensor weight;                      // (out_features, in_features)
+  Tensor bias;                        // (out_features); undefined without bias
 
  private:
   std::shared_ptr<amp::Fp8ScalingState> fp8_state_;

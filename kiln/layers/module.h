@@ -86,6 +86,7 @@ template <typename M>
 class Handle : public std::shared_ptr<M> {
  public:
   Handle() noexcept = default;
+  // An empty handle, as std::shared_ptr's from nullptr.
   Handle(std::nullptr_t) noexcept {}  // NOLINT(google-explicit-constructor): as std::shared_ptr
   // From a std::shared_ptr (or Handle) to M or to a class derived from it.
   template <typename U>
@@ -110,6 +111,7 @@ class Handle : public std::shared_ptr<M> {
   }
 };
 
+// A handle to any module, as containers and named_children() hold them.
 using ModulePtr = Handle<Module>;
 
 // std::make_shared<M>(args...) as a Handle<M>: auto model = nn::make<Mlp>(); Tensor y = model(x);
@@ -165,6 +167,8 @@ using StateDict = std::vector<std::pair<std::string, Tensor>>;
 // and load_state_dict(), as torch.nn.Module.
 class Module : public std::enable_shared_from_this<Module> {
  public:
+  // A module with no parameters, buffers or children, in training mode; type_name names it in profiler ranges,
+  // summaries and errors.
   explicit Module(std::string type_name = "Module");
   virtual ~Module() = default;
   Module(const Module&) = delete;
@@ -203,6 +207,7 @@ class Module : public std::enable_shared_from_this<Module> {
     add_child(name, module);
     return Handle<M>(std::move(module));
   }
+  // A module value (register_module("fc", nn::Linear(4, 2))) moved into a new handle, or a Handle shared as it is.
   template <typename M>
   requires std::derived_from<std::remove_cvref_t<M>, Module>
   auto register_module(const std::string& name, M&& module) {
@@ -212,10 +217,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // ---- traversal (recursive ones in registration order, depth first, this module's own first) ----
   std::vector<Tensor> parameters(bool recurse = true) const;
   std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;  // "layer1.0.conv1.weight"
-  std::vector<Tensor> buffers(bool recurse = true) const;
-  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
-  std::vector<ModulePtr> children() const;
-  std::vector<std::pair<std::string, ModulePtr>> named_children() const;
+  std::vector<Tensor> buffers(bool recurse = true) const;  // persistent or not; a shared tensor once
+  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;  // "bn1.running_mean"
+  std::vector<ModulePtr> children() const;                                               // direct children only
+  std::vector<std::pair<std::string, ModulePtr>> named_children() const;                 // direct children only
   std::vector<ModulePtr> modules();                                // this module and every descendant
   std::vector<std::pair<std::string, ModulePtr>> named_modules();  // "" for this module
   // fn(module) on every module, children first then this one (as PyTorch's apply).
@@ -223,22 +228,26 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // ---- modes and placement ----
   virtual Module& train(bool on = true);  // recursive
+  // train(false), as torch.nn.Module.eval.
   Module& eval() { return train(false); }
+  // Whether the module is in training mode (the default), as torch.nn.Module.training.
   bool is_training() const { return training_; }
   // Moves parameters and buffers (recursively) in place: gradients move with them. dtype applies to
   // floating-point tensors only; a memory format applies to 4-d tensors only.
   Module& to(Device device, bool non_blocking = false);
-  Module& to(DType dtype);
-  Module& to(Device device, DType dtype, bool non_blocking = false);
-  Module& to(MemoryFormat format);
-  Module& to(Device device, MemoryFormat format);
+  Module& to(DType dtype);                                            // kiln::Error unless dtype is floating point
+  Module& to(Device device, DType dtype, bool non_blocking = false);  // kiln::Error unless dtype is floating point
+  Module& to(MemoryFormat format);                                    // e.g. MemoryFormat::ChannelsLast
+  Module& to(Device device, MemoryFormat format);                     // both at once
   // Resets every parameter's gradient: to undefined (set_to_none, the default), or to zeros.
   void zero_grad(bool set_to_none = true);
 
   // ---- state ----
   StateDict state_dict() const;  // parameters and persistent buffers, detached, sharing memory
+  // What a non-strict load_state_dict() did not load.
   struct LoadResult {
-    std::vector<std::string> missing_keys{}, unexpected_keys{};
+    // missing_keys: the module's names absent from the state (a tied tensor loaded under another name is not).
+    std::vector<std::string> missing_keys{}, unexpected_keys{};  // unexpected_keys: the state's names not in the module
   };
   // Copies values into the module's tensors (converting dtype and device). strict: every key must match
   // and every shape agree, else kiln::Error listing the missing, unexpected and mismatched keys and
@@ -252,11 +261,13 @@ class Module : public std::enable_shared_from_this<Module> {
   // One line per module (dotted name, type, own parameter count), then the trainable and total
   // parameter counts and their bytes.
   std::string summary();
+  // The number of parameter elements (a tied tensor counted once); trainable_only: those that require grad.
   int64_t num_parameters(bool trainable_only = false) const;
 
  protected:
   // For containers that hold children by index ("0", "1", ...).
   void add_child(const std::string& name, ModulePtr module);
+  // Renames the module's type (what type_name() returns).
   void set_type_name(std::string name) { type_name_ = std::move(name); }
 
  private:

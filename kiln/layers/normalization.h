@@ -14,8 +14,9 @@
 
 namespace kiln::nn {
 
+// Options of nn::LayerNorm, as torch.nn.LayerNorm's arguments.
 struct LayerNormOptions {
-  double eps = 1e-5;
+  double eps = 1e-5;               // added to the variance, for numerical stability
   bool elementwise_affine = true;  // "weight" (ones) and "bias" (zeros) of normalized_shape
   bool bias = true;                // with elementwise_affine: whether there is a bias
 };
@@ -23,32 +24,39 @@ struct LayerNormOptions {
 // Normalises over the last dims, which must equal normalized_shape.
 class LayerNorm : public Module {
  public:
+  // kiln::Error if normalized_shape is empty.
   explicit LayerNorm(Shape normalized_shape, LayerNormOptions options = {});
   Tensor forward(const Tensor& input) override;
 
-  Shape normalized_shape;
-  LayerNormOptions options;
+  Shape normalized_shape;    // the trailing dims normalised over
+  LayerNormOptions options;  // as constructed
+  // (normalized_shape), ones at construction; undefined without elementwise_affine.
   Tensor weight, bias;  // undefined without elementwise_affine
 };
 
+// Options of nn::GroupNorm, as torch.nn.GroupNorm's arguments.
 struct GroupNormOptions {
-  double eps = 1e-5;
+  double eps = 1e-5;   // added to the variance, for numerical stability
   bool affine = true;  // "weight" (ones) and "bias" (zeros) of (num_channels)
 };
 
 // (N, C, *) with C = num_channels, normalised per sample over groups of C / num_groups channels.
 class GroupNorm : public Module {
  public:
+  // kiln::Error unless num_groups is positive and divides num_channels.
   GroupNorm(int64_t num_groups, int64_t num_channels, GroupNormOptions options = {});
   Tensor forward(const Tensor& input) override;
 
-  int64_t num_groups, num_channels;
-  GroupNormOptions options;
-  Tensor weight, bias;
+  // The number of groups the channels are split into.
+  int64_t num_groups, num_channels;  // num_channels: C, the size of the input's dim 1
+  GroupNormOptions options;          // as constructed
+  // (num_channels), ones at construction; undefined without affine.
+  Tensor weight, bias;  // (num_channels), zeros at construction; undefined without affine
 };
 
+// Options of nn::BatchNorm1d and nn::BatchNorm2d, as torch.nn.BatchNorm2d's arguments.
 struct BatchNormOptions {
-  double eps = 1e-5;
+  double eps = 1e-5;  // added to the variance, for numerical stability
   // Weight of the new batch in the running statistics; none: the cumulative average over all batches.
   std::optional<double> momentum = 0.1;
   bool affine = true;               // "weight" (ones) and "bias" (zeros) of (num_features)
@@ -89,19 +97,27 @@ class BatchNorm : public Module {
   // blocks, one pass forward and one reduction + one pass backward on the GPU. With a statistics reducer the
   // normalisation is the global one, then the add and the ReLU as separate ops.
   Tensor forward_add_relu(const Tensor& input, const Tensor& residual);
+  // Running mean to zeros, running variance to ones, the batch count to 0 (nothing without track_running_stats),
+  // as torch.nn.BatchNorm2d.reset_running_stats.
   void reset_running_stats();
+  // reset_running_stats(), then weight to ones and bias to zeros (with affine).
   void reset_parameters();
   // Null (the default) turns the global statistics off again.
   void set_stats_reducer(std::shared_ptr<BatchNormStatsReducer> reducer) { stats_reducer_ = std::move(reducer); }
+  // The reducer set by set_stats_reducer, or null.
   const std::shared_ptr<BatchNormStatsReducer>& stats_reducer() const { return stats_reducer_; }
 
-  int64_t num_features;
-  BatchNormOptions options;
-  Tensor weight, bias;                                    // (num_features); undefined without affine
+  int64_t num_features;      // C, the size of the input's dim 1
+  BatchNormOptions options;  // as constructed
+  // (num_features), ones at construction; undefined without affine.
+  Tensor weight, bias;  // (num_features); undefined without affine
+  // (num_features), zeros at construction; undefined without track_running_stats.
   Tensor running_mean, running_var, num_batches_tracked;  // undefined without track_running_stats
 
  protected:
+  // kiln::Error unless num_features is positive; type_name: "BatchNorm1d" or "BatchNorm2d".
   BatchNorm(const char* type_name, int64_t num_features, BatchNormOptions options);
+  // kiln::Error unless the input has the dims the subclass expects.
   virtual void check_input(const Tensor& input) const = 0;
 
  private:
@@ -117,19 +133,19 @@ class BatchNorm : public Module {
 // (N, C) or (N, C, L).
 class BatchNorm1d : public BatchNorm {
  public:
-  explicit BatchNorm1d(int64_t num_features, BatchNormOptions options = {});
+  explicit BatchNorm1d(int64_t num_features, BatchNormOptions options = {});  // num_features: C
 
  protected:
-  void check_input(const Tensor& input) const override;
+  void check_input(const Tensor& input) const override;  // kiln::Error unless 2-D or 3-D
 };
 
 // (N, C, H, W).
 class BatchNorm2d : public BatchNorm {
  public:
-  explicit BatchNorm2d(int64_t num_features, BatchNormOptions options = {});
+  explicit BatchNorm2d(int64_t num_features, BatchNormOptions options = {});  // num_features: C
 
  protected:
-  void check_input(const Tensor& input) const override;
+  void check_input(const Tensor& input) const override;  // kiln::Error unless 4-D
 };
 
 }  // namespace kiln::nn

@@ -17,15 +17,18 @@
 
 namespace kiln::nn {
 
+// Options of max_pool2d and avg_pool2d (and their modules), as torch.nn.MaxPool2d's arguments.
 struct Pool2dOptions {
-  Pair kernel_size = 2;
-  std::optional<Pair> stride{};  // default: kernel_size
-  Pair padding = 0;              // at most half the kernel size
-  bool ceil_mode = false;
+  Pair kernel_size = 2;           // the window, {height, width}
+  std::optional<Pair> stride{};   // default: kernel_size
+  Pair padding = 0;               // at most half the kernel size
+  bool ceil_mode = false;         // round the output size up rather than down (a last window may overhang)
   bool count_include_pad = true;  // average pooling only
 };
 
+// The maximum over each window of a floating-point (N, C, H, W) or unbatched (C, H, W) input, in its memory format.
 Tensor max_pool2d(const Tensor& input, const Pool2dOptions& options);
+// The mean over each window (padding counted with count_include_pad), inputs as max_pool2d's.
 Tensor avg_pool2d(const Tensor& input, const Pool2dOptions& options);
 // Output (N, C, out_h, out_w); cell (i, j) averages rows [floor(i H / out_h), ceil((i + 1) H / out_h)), and
 // columns likewise, as PyTorch.
@@ -34,25 +37,25 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size);
 // 2-D max pooling, as torch.nn.MaxPool2d.
 class MaxPool2d : public Module {
  public:
-  explicit MaxPool2d(Pool2dOptions options);
+  explicit MaxPool2d(Pool2dOptions options);  // checked at forward
   Tensor forward(const Tensor& input) override;
-  Pool2dOptions options;
+  Pool2dOptions options;  // as constructed
 };
 
 // 2-D average pooling, as torch.nn.AvgPool2d.
 class AvgPool2d : public Module {
  public:
-  explicit AvgPool2d(Pool2dOptions options);
+  explicit AvgPool2d(Pool2dOptions options);  // checked at forward
   Tensor forward(const Tensor& input) override;
-  Pool2dOptions options;
+  Pool2dOptions options;  // as constructed
 };
 
 // Average pooling to a given output size, as torch.nn.AdaptiveAvgPool2d.
 class AdaptiveAvgPool2d : public Module {
  public:
-  explicit AdaptiveAvgPool2d(Pair output_size);
+  explicit AdaptiveAvgPool2d(Pair output_size);  // kiln::Error unless both sizes are positive
   Tensor forward(const Tensor& input) override;
-  Pair output_size;
+  Pair output_size;  // {out_h, out_w}
 };
 
 }  // namespace kiln::nn

@@ -27,6 +27,7 @@
 
 namespace kiln::data {
 
+// How HDF5Dataset reads: rows in chunks, a few chunks cached.
 struct HDF5Options {
   int64_t chunk_rows = 1024;           // rows read per HDF5 call (fewer when a chunk would pass max_chunk_bytes)
   int64_t cache_chunks = 4;            // chunks kept in memory (least recently used evicted)
@@ -48,7 +49,9 @@ class HDF5Dataset : public Dataset {
   Example get(int64_t index, SampleRng& rng) const override;  // {name: row `index` of that array}
   std::string describe() const override;
 
+  // The arrays read, in field order (every top-level dataset when none were named).
   const std::vector<std::string>& names() const { return names_; }
+  // The rows read per HDF5 call, after the max_chunk_bytes bound.
   int64_t chunk_rows() const { return chunk_rows_; }  // after the max_chunk_bytes bound
   int64_t reads() const;                              // HDF5 reads done so far (for tests and tuning)
 

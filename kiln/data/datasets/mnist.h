@@ -20,14 +20,16 @@
 
 namespace kiln::data {
 
+// Options of MNIST and FashionMNIST.
 struct MNISTOptions {
-  Split split = Split::Train;
+  Split split = Split::Train;     // the train-* files, or the t10k-* files
   ImageTransform transform = {};  // applied to the uint8 (H, W, 1) image in get(); none when empty
 };
 
 // The MNIST (or Fashion-MNIST) IDX files as a Dataset of (1, 28, 28) images and labels.
 class MNIST : public Dataset {
  public:
+  // Reads the split's files from root or root/MNIST/raw; kiln::Error naming a missing or bad file.
   explicit MNIST(const std::filesystem::path& root, MNISTOptions options = {});
 
   int64_t size() const override { return targets_.numel(); }
@@ -35,8 +37,11 @@ class MNIST : public Dataset {
   Example get(int64_t index, SampleRng& rng) const override;
   std::string describe() const override;
 
-  const Tensor& images() const { return images_; }    // uint8 (N, 28, 28)
+  // Every image, uint8 (N, 28, 28).
+  const Tensor& images() const { return images_; }  // uint8 (N, 28, 28)
+  // Every label, int64 (N).
   const Tensor& targets() const { return targets_; }  // int64 (N)
+  // The images file that was read (found in root or its raw folder).
   const std::filesystem::path& images_file() const { return images_file_; }
 
  protected:
@@ -54,6 +59,7 @@ class MNIST : public Dataset {
 // The same format and class with another name, found in root or root/FashionMNIST/raw.
 class FashionMNIST : public MNIST {
  public:
+  // Reads the split's files from root or root/FashionMNIST/raw; kiln::Error naming a missing or bad file.
   explicit FashionMNIST(const std::filesystem::path& root, MNISTOptions options = {});
 };
 

@@ -5,6 +5,7 @@
 
 namespace kiln::data {
 
+// Which part of a dataset with a fixed train/test split to read (MNIST, CIFAR).
 enum class Split { Train, Test };
 
 }  // namespace kiln::data

@@ -20,22 +20,26 @@
 
 namespace kiln::data {
 
+// One field of SyntheticDataset's examples.
 struct SyntheticField {
-  std::string name{};
-  Shape shape{};  // of one sample; {} for a scalar
-  DType dtype = DType::Float32;
-  int64_t num_classes = 0;  // integer fields: values in [0, num_classes) (needed; UInt8 defaults to 256)
+  std::string name{};            // the field's name in the Example; unique
+  Shape shape{};                 // of one sample; {} for a scalar
+  DType dtype = DType::Float32;  // floating: standard normal values; integer or Bool: see num_classes
+  int64_t num_classes = 0;       // integer fields: values in [0, num_classes) (needed; UInt8 defaults to 256)
 };
 
+// Options of SyntheticDataset.
 struct SyntheticOptions {
-  int64_t size = 0;
-  std::vector<SyntheticField> fields{};
-  uint64_t seed = 0;
+  int64_t size = 0;                      // the number of examples
+  std::vector<SyntheticField> fields{};  // at least one
+  uint64_t seed = 0;                     // with the index, decides each example's values
 };
 
 // Generated examples of given shapes, seeded (for benchmarks and tests).
 class SyntheticDataset : public Dataset {
  public:
+  // kiln::Error for a negative size, no fields, a duplicate name, a negative dim, a float8 dtype, or an integer
+  // field without a num_classes its dtype can hold.
   explicit SyntheticDataset(SyntheticOptions options);
 
   int64_t size() const override { return options_.size; }

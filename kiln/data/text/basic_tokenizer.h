@@ -13,15 +13,17 @@
 
 namespace kiln::data {
 
+// Options of BasicTokenizer, as Hugging Face's BasicTokenizer arguments.
 struct BasicTokenizerOptions {
-  bool lower_case = true;
+  bool lower_case = true;               // Python's str.lower() on every word
   std::optional<bool> strip_accents{};  // unset: strip when lower-casing (as Hugging Face)
   bool tokenize_chinese_chars = true;   // spaces around CJK ideographs, so each is a word
 };
 
+// Splits text into words and punctuation, as BERT does before WordPiece (see the top of this file).
 class BasicTokenizer {
  public:
-  explicit BasicTokenizer(BasicTokenizerOptions options = {});
+  explicit BasicTokenizer(BasicTokenizerOptions options = {});  // strip_accents unset: = lower_case
 
   // UTF-8 in (invalid bytes are dropped, as U+FFFD would be), words as code points out. Steps: drop NUL, U+FFFD
   // and "control" characters (category C*: Cc, Cf, unassigned, private use; not tab, newline, return); whitespace
@@ -31,7 +33,9 @@ class BasicTokenizer {
   std::vector<std::u32string> split(std::string_view text) const;
   std::vector<std::string> tokenize(std::string_view text) const;  // the same words, in UTF-8
 
+  // The options as given.
   const BasicTokenizerOptions& options() const { return options_; }
+  // Whether accents are stripped: strip_accents, or lower_case when it is unset.
   bool strips_accents() const { return strip_accents_; }
 
  private:

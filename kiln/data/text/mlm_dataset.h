@@ -29,22 +29,27 @@
 
 namespace kiln::data {
 
+// Options of MaskedLMDataset: the sequence length and BERT's masking probabilities (see the top of this file).
 struct MaskedLMOptions {
-  int64_t seq_len = 128;  // L, including [CLS] and [SEP]
-  double mask_prob = 0.15;
-  double mask_token_prob = 0.8;
-  double random_token_prob = 0.1;
+  int64_t seq_len = 128;           // L, including [CLS] and [SEP]
+  double mask_prob = 0.15;         // the chance that a token is chosen for prediction, in (0, 1]
+  double mask_token_prob = 0.8;    // the chance that a chosen token becomes [MASK]
+  double random_token_prob = 0.1;  // the chance that a chosen token becomes a random one (the rest stay)
   // With this probability a sequence is cut shorter: a length drawn uniformly in [2, seq_len - 2] (as Google's
   // create_pretraining_data.py), from SampleRng(short_seq_seed, 0, document index), so it is fixed at construction.
   double short_seq_prob = 0;
-  uint64_t short_seq_seed = 0;
-  int threads = 0;  // tokenizer threads at construction; 0: std::thread::hardware_concurrency()
+  uint64_t short_seq_seed = 0;  // the seed of the short-sequence draws
+  int threads = 0;              // tokenizer threads at construction; 0: std::thread::hardware_concurrency()
 };
 
 inline constexpr int64_t kIgnoreLabel = -100;  // labels where nothing is predicted (nn::cross_entropy's default)
 
+// BERT's masked-LM pretraining samples from UTF-8 text files, tokenized once at construction (see the top of this
+// file).
 class MaskedLMDataset : public Dataset {
  public:
+  // Reads, checks (TextCheck) and tokenizes `files`. kiln::Error for no files, options out of range, a vocabulary
+  // without the special tokens, or a file that is unreadable or not UTF-8 text.
   MaskedLMDataset(const std::vector<std::filesystem::path>& files, const WordPieceTokenizer& tokenizer,
                   MaskedLMOptions options = {});
 
@@ -54,8 +59,11 @@ class MaskedLMDataset : public Dataset {
 
   // The unmasked tokens of sequence i, without [CLS]/[SEP]/padding.
   std::vector<int32_t> tokens(int64_t index) const;
+  // The documents (runs of non-blank lines) found in the files.
   int64_t num_documents() const { return num_documents_; }
+  // The tokens of every sequence together, without special tokens and padding.
   int64_t num_tokens() const { return static_cast<int64_t>(ids_.size()); }
+  // The options as given.
   const MaskedLMOptions& options() const { return options_; }
 
  private:

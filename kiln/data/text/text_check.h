@@ -18,6 +18,7 @@
 
 namespace kiln::data {
 
+// Checks a text file's bytes as they are read, and throws at the first sign that it is not UTF-8 text.
 class TextCheck {
  public:
   // `file` names the text in messages; `who` is the caller, for the messages' start (e.g. "MaskedLMDataset").

@@ -19,21 +19,24 @@ enum CharFlag : uint8_t {
   kPythonSpace = 64,    // str.isspace(): where str.split() splits
 };
 
+// A run of code points sharing the same CharFlag bits (kFlagRanges, sorted by first).
 struct FlagRange {
   char32_t first;  // the flags hold from here up to the next range's first
-  uint8_t flags;
+  uint8_t flags;   // CharFlag bits
 };
+// Lower-case mappings of evenly spaced code points to evenly spaced targets (kLowerRuns).
 struct MappingRun {  // first + k * stride -> target + k * target_step, for k < count
   char32_t first;
-  uint32_t count;
-  int32_t stride;
-  char32_t target;
-  int32_t target_step;
+  uint32_t count;       // the code points in the run
+  int32_t stride;       // the step between the run's code points
+  char32_t target;      // what `first` maps to
+  int32_t target_step;  // the step between the targets
 };
+// A code point whose lower case is several code points (kLowerSpecial).
 struct SpecialMapping {  // code point -> pool[offset, offset + length)
   char32_t code_point;
-  uint32_t offset;
-  uint32_t length;
+  uint32_t offset;  // where its mapping starts in kLowerSpecialPool
+  uint32_t length;  // how many code points it maps to
 };
 
 extern const char* const kUnicodeVersion;
@@ -44,15 +47,17 @@ extern const size_t kLowerRunCount;
 extern const SpecialMapping kLowerSpecial[];
 extern const char32_t kLowerSpecialPool[];
 extern const size_t kLowerSpecialCount;
+// One level of a canonical decomposition (kDecompositions).
 struct Decomposition {  // one level of a canonical decomposition: code_point -> first (second); second 0: one
   char32_t code_point;
-  char32_t first;
-  char32_t second;
+  char32_t first;    // the first code point it decomposes to
+  char32_t second;   // the second, or 0 for a decomposition into one code point
   uint8_t composes;  // NFC composes first + second back into code_point
 };
+// A run of code points sharing one canonical combining class (kCombiningClasses, sorted by first).
 struct CombiningClassRange {
   char32_t first;  // the canonical combining class holds from here up to the next range's first
-  uint8_t ccc;
+  uint8_t ccc;     // the canonical combining class
 };
 extern const Decomposition kDecompositions[];
 extern const size_t kDecompositionCount;

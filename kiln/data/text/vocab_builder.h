@@ -15,13 +15,15 @@
 
 namespace kiln::data {
 
+// Options of build_wordpiece_vocab: the vocabulary's size and the pre-tokenization it is built for.
 struct WordPieceTrainerOptions {
-  int64_t vocab_size = 30522;  // merges stop here (the specials and the alphabet are kept even beyond it)
-  int64_t min_frequency = 2;   // a pair seen fewer times (in the whole corpus) is never merged
-  bool lower_case = true;      // as the tokenizer that will use the vocabulary
-  std::optional<bool> strip_accents{};
-  bool tokenize_chinese_chars = true;
+  int64_t vocab_size = 30522;              // merges stop here (the specials and the alphabet are kept even beyond it)
+  int64_t min_frequency = 2;               // a pair seen fewer times (in the whole corpus) is never merged
+  bool lower_case = true;                  // as the tokenizer that will use the vocabulary
+  std::optional<bool> strip_accents{};     // as the tokenizer's (unset: = lower_case)
+  bool tokenize_chinese_chars = true;      // as the tokenizer's
   int64_t max_input_chars_per_word = 100;  // longer words are left out (the tokenizer makes them unknown)
+  // The first ids of the vocabulary, in this order.
   std::vector<std::string> special_tokens = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
 };
 

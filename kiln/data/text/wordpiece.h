@@ -21,14 +21,16 @@
 
 namespace kiln::data {
 
+// Options of WordPieceTokenizer, as Hugging Face's BertTokenizer arguments.
 struct WordPieceOptions {
-  bool lower_case = true;
-  std::optional<bool> strip_accents{};  // unset: = lower_case (as Hugging Face)
-  bool tokenize_chinese_chars = true;
+  bool lower_case = true;                  // lower-case the text first (an uncased vocabulary)
+  std::optional<bool> strip_accents{};     // unset: = lower_case (as Hugging Face)
+  bool tokenize_chinese_chars = true;      // spaces around CJK ideographs, so each is a word
   int64_t max_input_chars_per_word = 100;  // longer words (in code points) become unk_token
-  std::string unk_token = "[UNK]";
+  std::string unk_token = "[UNK]";         // the token of words that cannot be split; must be in the vocabulary
 };
 
+// BERT's WordPiece tokenizer over a fixed vocabulary (see the top of this file).
 class WordPieceTokenizer {
  public:
   // A standard BERT vocab.txt: one token per line, id = line number (0-based); "\r\n" is accepted, a final
@@ -43,21 +45,31 @@ class WordPieceTokenizer {
   std::vector<int32_t> convert_tokens_to_ids(const std::vector<std::string>& tokens) const;  // unknown: unk
   std::vector<std::string> convert_ids_to_tokens(const std::vector<int32_t>& ids) const;     // throws out of range
   const std::string& id_to_token(int32_t id) const;                                          // throws out of range
-  int32_t token_to_id(std::string_view token) const;  // throws when absent, naming the vocabulary file
-  std::optional<int32_t> find(std::string_view token) const;
+  int32_t token_to_id(std::string_view token) const;          // throws when absent, naming the vocabulary file
+  std::optional<int32_t> find(std::string_view token) const;  // the token's id, or nullopt when absent
+  // The number of tokens in the vocabulary.
   int64_t vocab_size() const { return static_cast<int64_t>(vocab_.size()); }
+  // The tokens, in id order.
   const std::vector<std::string>& vocab() const { return vocab_; }
 
+  // The id of "[CLS]"; throws when absent.
   int32_t cls_id() const { return token_to_id("[CLS]"); }
+  // The id of "[SEP]"; throws when absent.
   int32_t sep_id() const { return token_to_id("[SEP]"); }
+  // The id of "[PAD]"; throws when absent.
   int32_t pad_id() const { return token_to_id("[PAD]"); }
+  // The id of "[MASK]"; throws when absent.
   int32_t mask_id() const { return token_to_id("[MASK]"); }
+  // The id of options().unk_token.
   int32_t unk_id() const { return unk_id_; }
 
+  // The vocabulary file (or the `source` given with an in-memory vocabulary).
   const std::string& source() const { return source_; }  // the vocabulary file (or "in-memory vocabulary")
+  // The options as given.
   const WordPieceOptions& options() const { return options_; }
+  // The word splitter run before WordPiece, configured from the options.
   const BasicTokenizer& basic() const { return basic_; }
-  void save_vocab(const std::filesystem::path& path) const;
+  void save_vocab(const std::filesystem::path& path) const;  // data::save_vocab(vocab(), path)
 
  private:
   // Appends the ids of one word's pieces (or unk).

@@ -34,25 +34,28 @@
 
 namespace kiln::nn::models {
 
+// The activation of the feed-forward block and the LM head's transform (BertConfig::hidden_act).
 enum class BertActivation { Gelu, GeluTanh, Relu };  // HF's "gelu", "gelu_new", "relu"
 
 // The defaults are bert-base-uncased's.
 struct BertConfig {
-  int64_t vocab_size = 30522;
-  int64_t hidden_size = 768;
-  int64_t num_hidden_layers = 12;
-  int64_t num_attention_heads = 12;
-  int64_t intermediate_size = 3072;
-  int64_t max_position_embeddings = 512;
-  int64_t type_vocab_size = 2;
-  double hidden_dropout_prob = 0.1;
-  double attention_probs_dropout_prob = 0.1;
-  double layer_norm_eps = 1e-12;
-  BertActivation hidden_act = BertActivation::Gelu;
-  double initializer_range = 0.02;
-  int64_t pad_token_id = 0;
+  int64_t vocab_size = 30522;                        // rows of the word-embedding table (and the MLM logits)
+  int64_t hidden_size = 768;                         // H; a multiple of num_attention_heads
+  int64_t num_hidden_layers = 12;                    // encoder layers
+  int64_t num_attention_heads = 12;                  // heads per self-attention
+  int64_t intermediate_size = 3072;                  // I, the feed-forward block's inner size
+  int64_t max_position_embeddings = 512;             // the longest sequence S the model accepts
+  int64_t type_vocab_size = 2;                       // token types (segments)
+  double hidden_dropout_prob = 0.1;                  // dropout on the embeddings and every residual branch
+  double attention_probs_dropout_prob = 0.1;         // dropout on the attention weights (training only)
+  double layer_norm_eps = 1e-12;                     // every LayerNorm's eps
+  BertActivation hidden_act = BertActivation::Gelu;  // the feed-forward activation
+  double initializer_range = 0.02;                   // standard deviation of the initial Linear and Embedding weights
+  int64_t pad_token_id = 0;                          // the word-embedding row zeroed at initialisation (padding_idx)
 
+  // bert-base: the defaults (H 768, 12 layers, 12 heads, I 3072).
   static BertConfig base() { return {}; }
+  // bert-large: H 1024, 24 layers, 16 heads, I 4096; the other fields as base().
   static BertConfig large() {
     return {.hidden_size = 1024, .num_hidden_layers = 24, .num_attention_heads = 16, .intermediate_size = 4096};
   }
@@ -82,9 +85,10 @@ class BertEmbeddings : public Module {
   // token_type_ids undefined: all type 0. Positions are 0 .. S-1.
   Tensor forward(const Tensor& input_ids, const Tensor& token_type_ids);
 
-  Handle<Embedding> word_embeddings, position_embeddings, token_type_embeddings;
+  // (vocab_size, H), its padding row pad_token_id.
+  Handle<Embedding> word_embeddings, position_embeddings, token_type_embeddings;  // (type_vocab_size, H)
   Handle<LayerNorm> layer_norm;  // registered as "LayerNorm", HF's name
-  Handle<Dropout> dropout;
+  Handle<Dropout> dropout;       // hidden_dropout_prob
 };
 
 // "attention.self": query, key, value (H -> H) and multi-head scaled dot-product attention.
@@ -96,9 +100,11 @@ class BertSelfAttention : public Module {
   // hidden (N, S, H), mask Bool broadcastable to (N, heads, S, S) (true = may attend) or undefined -> (N, S, H).
   Tensor forward(const Tensor& hidden, const Tensor& mask);
 
-  int64_t num_heads, head_dim;
-  double attention_dropout;
-  Handle<Linear> query, key, value;
+  // num_attention_heads.
+  int64_t num_heads, head_dim;  // hidden_size / num_attention_heads
+  double attention_dropout;     // attention_probs_dropout_prob, applied in training mode only
+  // H -> H each.
+  Handle<Linear> query, key, value;  // H -> H
 
  private:
   // q, k, v as one product with the three weights stacked: 3 views (N, S, H).
@@ -114,11 +120,12 @@ class BertResidualOutput : public Module {
 
  public:
   BertResidualOutput(const BertConfig& config, int64_t in_features);
+  // LayerNorm(dropout(dense(x)) + residual): x (N, S, in_features), residual (N, S, H) -> (N, S, H).
   Tensor forward(const Tensor& x, const Tensor& residual);
 
-  Handle<Linear> dense;
+  Handle<Linear> dense;          // in_features -> H
   Handle<LayerNorm> layer_norm;  // "LayerNorm"
-  Handle<Dropout> dropout;
+  Handle<Dropout> dropout;       // hidden_dropout_prob
 };
 
 // Self-attention with its output projection, dropout, residual and layer norm ("attention").
@@ -127,20 +134,21 @@ class BertAttention : public Module {
 
  public:
   explicit BertAttention(const BertConfig& config);
+  // output(self(hidden, mask), hidden): (N, S, H) -> (N, S, H); mask as BertSelfAttention's.
   Tensor forward(const Tensor& hidden, const Tensor& mask);
 
-  Handle<BertSelfAttention> self;
-  Handle<BertResidualOutput> output;
+  Handle<BertSelfAttention> self;     // "self"
+  Handle<BertResidualOutput> output;  // "output": H -> H, with the residual `hidden`
 };
 
 // "intermediate": dense (H -> I) and the activation.
 class BertIntermediate : public Module {
  public:
-  explicit BertIntermediate(const BertConfig& config);
+  explicit BertIntermediate(const BertConfig& config);  // dense H -> I, act = config.hidden_act
   Tensor forward(const Tensor& x) override;
 
-  BertActivation act;
-  Handle<Linear> dense;
+  BertActivation act;    // config.hidden_act
+  Handle<Linear> dense;  // H -> I
 };
 
 // One encoder layer: self-attention, then the feed-forward block, each with its residual and layer norm.
@@ -149,20 +157,21 @@ class BertLayer : public Module {
 
  public:
   explicit BertLayer(const BertConfig& config);
+  // (N, S, H) -> (N, S, H); mask as BertSelfAttention's.
   Tensor forward(const Tensor& hidden, const Tensor& mask);
 
-  Handle<BertAttention> attention;
-  Handle<BertIntermediate> intermediate;
-  Handle<BertResidualOutput> output;
+  Handle<BertAttention> attention;        // "attention"
+  Handle<BertIntermediate> intermediate;  // "intermediate": H -> I
+  Handle<BertResidualOutput> output;      // "output": I -> H, with the attention's output as the residual
 };
 
 // dense + tanh on the first ([CLS]) token: (N, S, H) -> (N, H).
 class BertPooler : public Module {
  public:
-  explicit BertPooler(const BertConfig& config);
+  explicit BertPooler(const BertConfig& config);  // dense H -> H
   Tensor forward(const Tensor& hidden) override;
 
-  Handle<Linear> dense;
+  Handle<Linear> dense;  // H -> H
 };
 
 // "encoder": the stack of layers, under "layer.0", "layer.1", ...
@@ -171,9 +180,10 @@ class BertEncoder : public Module {
 
  public:
   explicit BertEncoder(const BertConfig& config);
+  // The layers in order: (N, S, H) -> (N, S, H); mask as BertSelfAttention's.
   Tensor forward(const Tensor& hidden, const Tensor& mask);
 
-  Handle<ModuleList> layer;
+  Handle<ModuleList> layer;  // num_hidden_layers BertLayer modules
   // Gradient checkpointing: while gradients are recorded, each layer keeps only its input and recomputes its
   // activations during backward (autograd::checkpoint, with forward's dropout masks and autocast state): less
   // memory for about one more forward. Off by default; BertModel::set_gradient_checkpointing sets it.
@@ -187,6 +197,7 @@ class BertModel : public Module {
  public:
   explicit BertModel(const BertConfig& config, bool add_pooling_layer = true);
 
+  // What forward returns.
   struct Output {
     Tensor sequence_output{};  // (N, S, H)
     Tensor pooled_output{};    // (N, H); undefined without the pooling layer
@@ -197,10 +208,10 @@ class BertModel : public Module {
   // Recompute each encoder layer during backward instead of keeping its activations (BertEncoder).
   void set_gradient_checkpointing(bool on = true) { encoder->gradient_checkpointing = on; }
 
-  BertConfig config;
-  Handle<BertEmbeddings> embeddings;
-  Handle<BertEncoder> encoder;
-  Handle<BertPooler> pooler;  // null without the pooling layer
+  BertConfig config;                  // as constructed (validated)
+  Handle<BertEmbeddings> embeddings;  // "embeddings"
+  Handle<BertEncoder> encoder;        // "encoder"
+  Handle<BertPooler> pooler;          // null without the pooling layer
 };
 
 // Hugging Face's _init_weights over every Linear, Embedding and LayerNorm under root (the constructors
@@ -211,16 +222,17 @@ void bert_init_weights(Module& root, const BertConfig& config, Generator* gen = 
 // weight is the word-embedding table itself (tied) and whose bias is "cls.predictions.bias".
 class BertLMPredictionHead : public Module {
  public:
+  // word_embedding_weight: the (vocab_size, H) table to tie the decoder to, else kiln::Error.
   BertLMPredictionHead(const BertConfig& config, const Tensor& word_embedding_weight);
   Tensor forward(const Tensor& hidden) override;  // (N, S, H) -> (N, S, vocab)
 
-  BertActivation act;
-  Tensor bias;  // (vocab), also registered as "decoder.bias"
-  Handle<Module> transform;
-  Handle<Linear> transform_dense;
-  Handle<LayerNorm> transform_layer_norm;
-  Handle<Module> decoder;  // holds "weight" (tied) and "bias"
-  Tensor decoder_weight;   // (vocab, H): the same Tensor as bert.embeddings.word_embeddings.weight
+  BertActivation act;                      // config.hidden_act, in the transform
+  Tensor bias;                             // (vocab), also registered as "decoder.bias"
+  Handle<Module> transform;                // "transform", holding "dense" and "LayerNorm"
+  Handle<Linear> transform_dense;          // "transform.dense": H -> H
+  Handle<LayerNorm> transform_layer_norm;  // "transform.LayerNorm"
+  Handle<Module> decoder;                  // holds "weight" (tied) and "bias"
+  Tensor decoder_weight;                   // (vocab, H): the same Tensor as bert.embeddings.word_embeddings.weight
 };
 
 // BERT with the masked-language-model head (pretraining), as Hugging Face's BertForMaskedLM.
@@ -230,6 +242,7 @@ class BertForMaskedLM : public Module {
  public:
   explicit BertForMaskedLM(const BertConfig& config);
 
+  // What forward returns.
   struct Output {
     Tensor logits{};  // (N, S, vocab)
     Tensor loss{};    // 0-d mean cross-entropy over labels != -100; undefined without labels
@@ -238,8 +251,8 @@ class BertForMaskedLM : public Module {
   Output forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask,
                  const Tensor& labels = {});
 
-  Handle<BertModel> bert;  // without the pooler, as Hugging Face's
-  Handle<Module> cls;
+  Handle<BertModel> bert;                    // without the pooler, as Hugging Face's
+  Handle<Module> cls;                        // "cls", holding "predictions"
   Handle<BertLMPredictionHead> predictions;  // "cls.predictions"
 };
 
@@ -250,17 +263,20 @@ class BertForSequenceClassification : public Module {
  public:
   BertForSequenceClassification(const BertConfig& config, int64_t num_labels = 2);
 
+  // What forward returns.
   struct Output {
     Tensor logits{};  // (N, num_labels)
     Tensor loss{};    // cross-entropy (num_labels > 1, labels Int64 (N)) or MSE (num_labels == 1); or undefined
   };
+  // Inputs as BertModel::forward's; labels (N) class indices, (N) values with num_labels == 1, or undefined (no
+  // loss). The logits come from the pooled output, after dropout.
   Output forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask,
                  const Tensor& labels = {});
 
-  int64_t num_labels;
-  Handle<BertModel> bert;
-  Handle<Dropout> dropout;
-  Handle<Linear> classifier;
+  int64_t num_labels;         // the classifier's outputs; 1: regression
+  Handle<BertModel> bert;     // with the pooler
+  Handle<Dropout> dropout;    // hidden_dropout_prob, on the pooled output
+  Handle<Linear> classifier;  // H -> num_labels
 };
 
 }  // namespace kiln::nn::models

@@ -28,7 +28,7 @@ namespace kiln::nn::models {
 // A ResNet's classes, its CIFAR stem (3x3 convolution, no max pooling), and the zero-initialised last batch norm of
 // each block.
 struct ResNetOptions {
-  int64_t num_classes = 1000;
+  int64_t num_classes = 1000;  // fc's outputs; must be positive
   // Start the last BatchNorm of each residual branch (bn2 of BasicBlock, bn3 of Bottleneck) with weight 0,
   // so every block begins as the identity (Goyal et al. 2017); torchvision's zero_init_residual.
   bool zero_init_residual = false;
@@ -37,21 +37,22 @@ struct ResNetOptions {
   // (64, 3, 3, 3) instead of (64, 3, 7, 7).
   bool cifar_stem = false;
 };
+// Another name for ResNetOptions.
 using ResNetConfig = ResNetOptions;
 
 // Two 3x3 convs (ResNet-18/34). x (N, in_planes, H, W) -> (N, planes, H / stride, W / stride).
 class BasicBlock : public Module {
  public:
-  static constexpr int64_t kExpansion = 1;
+  static constexpr int64_t kExpansion = 1;  // output channels per `planes`
   // downsample: the projection of the shortcut (1x1 conv "0" + BatchNorm "1"), or null for the identity.
   BasicBlock(int64_t in_planes, int64_t planes, int64_t stride = 1, std::shared_ptr<Sequential> downsample = nullptr);
   Tensor forward(const Tensor& x) override;
 
-  Handle<Conv2d> conv1;  // 3x3, stride `stride`
-  Handle<BatchNorm2d> bn1;
-  Handle<ReLU> relu;
-  Handle<Conv2d> conv2;  // 3x3
-  Handle<BatchNorm2d> bn2;
+  Handle<Conv2d> conv1;           // 3x3, stride `stride`
+  Handle<BatchNorm2d> bn1;        // after conv1, with the ReLU fused (BatchNorm::forward_relu)
+  Handle<ReLU> relu;              // registered for torchvision's names; forward fuses the ReLUs into bn1 and bn2
+  Handle<Conv2d> conv2;           // 3x3
+  Handle<BatchNorm2d> bn2;        // after conv2, then + shortcut and ReLU (BatchNorm::forward_add_relu)
   Handle<Sequential> downsample;  // null: identity shortcut
 };
 
@@ -59,20 +60,23 @@ class BasicBlock : public Module {
 // x (N, in_planes, H, W) -> (N, 4 planes, H / stride, W / stride).
 class Bottleneck : public Module {
  public:
-  static constexpr int64_t kExpansion = 4;
+  static constexpr int64_t kExpansion = 4;  // output channels per `planes`
+  // downsample: the projection of the shortcut (1x1 conv "0" + BatchNorm "1"), or null for the identity; kiln::Error
+  // if it is null while stride != 1 or in_planes != 4 planes.
   Bottleneck(int64_t in_planes, int64_t planes, int64_t stride = 1, std::shared_ptr<Sequential> downsample = nullptr);
   Tensor forward(const Tensor& x) override;
 
-  Handle<Conv2d> conv1;  // 1x1, in_planes -> planes
-  Handle<BatchNorm2d> bn1;
-  Handle<Conv2d> conv2;  // 3x3, stride `stride`, planes -> planes
-  Handle<BatchNorm2d> bn2;
-  Handle<Conv2d> conv3;  // 1x1, planes -> 4 planes
-  Handle<BatchNorm2d> bn3;
-  Handle<ReLU> relu;
+  Handle<Conv2d> conv1;           // 1x1, in_planes -> planes
+  Handle<BatchNorm2d> bn1;        // after conv1, with the ReLU fused
+  Handle<Conv2d> conv2;           // 3x3, stride `stride`, planes -> planes
+  Handle<BatchNorm2d> bn2;        // after conv2, with the ReLU fused
+  Handle<Conv2d> conv3;           // 1x1, planes -> 4 planes
+  Handle<BatchNorm2d> bn3;        // after conv3, then + shortcut and ReLU (BatchNorm::forward_add_relu)
+  Handle<ReLU> relu;              // registered for torchvision's names; forward fuses the ReLUs into the batch norms
   Handle<Sequential> downsample;  // null: identity shortcut
 };
 
+// The residual block of a ResNet's stages: BasicBlock (ResNet-18/34) or Bottleneck (ResNet-50 and deeper).
 enum class ResNetBlock { Basic, Bottleneck };
 
 // ResNet-18 to -152 with torchvision's parameter names (so its checkpoints load); made by resnet18() ... resnet152().
@@ -86,16 +90,17 @@ class ResNet : public Module {
   // (H / 8 with the CIFAR stem).
   Tensor forward_features(const Tensor& x);
 
-  ResNetBlock block;
-  std::vector<int64_t> blocks_per_stage;
-  ResNetOptions options;
-  Handle<Conv2d> conv1;
-  Handle<BatchNorm2d> bn1;
-  Handle<ReLU> relu;
-  ModulePtr maxpool;  // MaxPool2d(3, 2, 1), or Identity with the CIFAR stem
-  Handle<Sequential> layer1, layer2, layer3, layer4;
-  Handle<AdaptiveAvgPool2d> avgpool;
-  Handle<Linear> fc;  // (num_classes, 512 * expansion)
+  ResNetBlock block;                      // as constructed
+  std::vector<int64_t> blocks_per_stage;  // as constructed: 4 positive counts
+  ResNetOptions options;                  // as constructed
+  Handle<Conv2d> conv1;                   // 7x7 stride 2, 3 -> 64 channels (3x3 stride 1 with the CIFAR stem)
+  Handle<BatchNorm2d> bn1;                // after conv1, with the ReLU fused
+  Handle<ReLU> relu;                      // registered for torchvision's names; forward fuses it into bn1
+  ModulePtr maxpool;                      // MaxPool2d(3, 2, 1), or Identity with the CIFAR stem
+  // The four stages of blocks: 64, 128, 256, 512 planes; layer1 at stride 1, the others halve H and W.
+  Handle<Sequential> layer1, layer2, layer3, layer4;  // layer4: 512 planes, stride 2
+  Handle<AdaptiveAvgPool2d> avgpool;                  // to 1x1
+  Handle<Linear> fc;                                  // (num_classes, 512 * expansion)
 
  private:
   std::shared_ptr<Sequential> make_stage(int64_t planes, int64_t num_blocks, int64_t stride);
