@@ -251,7 +251,9 @@ class Module : public std::enable_shared_from_this<Module> {
   };
   // Copies values into the module's tensors (converting dtype and device). strict: every key must match
   // and every shape agree, else kiln::Error listing the missing, unexpected and mismatched keys and
-  // nothing is changed. Not strict: loads what matches by name and shape, reports the rest.
+  // nothing is changed. Not strict: loads the keys that match and reports the missing and unexpected ones; a shape
+  // mismatch is still a kiln::Error with nothing changed (as in PyTorch): io::load_weights(model, tensors,
+  // {.strict = false}) skips mismatched tensors and reports them instead.
   // A tied tensor (registered under several names) needs one of its names and is copied once, from the
   // first given in state_dict() order: state dicts that keep one copy of a tied weight (Hugging Face's
   // save_pretrained) load strictly.

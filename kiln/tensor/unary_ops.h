@@ -9,8 +9,8 @@
 //   - the autocast policy (autograd/autocast.h);
 //   - the profiler's range name (trace_backend.cpp);
 //   - the conformance tests: every backend's kernel against the float64 reference below, in every floating
-//     dtype (tests/tensor/test_unary_table.cpp), and gradcheck of the derivative on the domain below, on the
-//     CPU and on the GPU (tests/autograd/test_unary_table_grad.cpp).
+//     dtype (tests/tensor/test_elementwise.cpp), and gradcheck of the derivative on the domain below, on the
+//     CPU and on the GPU (tests/autograd/test_grad_unary.cpp).
 //
 // KILN_UNARY_OPS(X) calls X(Enum, name, result, autocast, save, derivative, reference, domain, bool_advice):
 //   Enum        the UnaryOp value, and autocast::Op's
