@@ -66,16 +66,18 @@ int main(int argc, char** argv) {
     report("copy (read + write)", copy_ms, 2 * in_bytes);
     Tensor q, qt, sums;
     report("quantize e4m3",
-           kiln::bench::median_step_ms(
-               warmup, steps, [&] { q = kiln::internal::fp8_quantize(x, DType::Float8_e4m3fn, scale, amax); }),
+           kiln::bench::median_step_ms(warmup, steps,
+                                       [&] { q = kiln::internal::fp8_quantize(x, DType::Float8_e4m3fn, scale, amax); }),
            in_bytes + n);
-    report("quantize_pair e4m3", kiln::bench::median_step_ms(warmup, steps, [&] {
-             std::tie(q, qt) = kiln::internal::fp8_quantize_pair(x, DType::Float8_e4m3fn, scale, amax);
-           }),
+    report("quantize_pair e4m3",
+           kiln::bench::median_step_ms(
+               warmup, steps,
+               [&] { std::tie(q, qt) = kiln::internal::fp8_quantize_pair(x, DType::Float8_e4m3fn, scale, amax); }),
            in_bytes + 2 * n);
-    report("quantize_pair e5m2 + sums", kiln::bench::median_step_ms(warmup, steps, [&] {
-             std::tie(q, qt) = kiln::internal::fp8_quantize_pair(x, DType::Float8_e5m2, scale, amax, &sums);
-           }),
+    report("quantize_pair e5m2 + sums",
+           kiln::bench::median_step_ms(
+               warmup, steps,
+               [&] { std::tie(q, qt) = kiln::internal::fp8_quantize_pair(x, DType::Float8_e5m2, scale, amax, &sums); }),
            in_bytes + 2 * n);
   }
 
@@ -86,12 +88,10 @@ int main(int argc, char** argv) {
     bool fast;
     const char* what;
   };
-  const std::vector<Gemm> gemms = {{rows, 2304, 768, true, "q/k/v forward"},
-                                   {rows, 3072, 768, true, "fc1 forward"},
-                                   {rows, 768, 3072, true, "fc2 forward"},
-                                   {rows, 768, 3072, false, "fc1 dX"},
-                                   {3072, 768, rows, false, "fc1 dW"},
-                                   {rows, 768, 768, true, "attention-out forward"}};
+  const std::vector<Gemm> gemms = {
+      {rows, 2304, 768, true, "q/k/v forward"}, {rows, 3072, 768, true, "fc1 forward"},
+      {rows, 768, 3072, true, "fc2 forward"},   {rows, 768, 3072, false, "fc1 dX"},
+      {3072, 768, rows, false, "fc1 dW"},       {rows, 768, 768, true, "attention-out forward"}};
   const Tensor one = kiln::ones({1}, f32);
   for (const Gemm& g : gemms) {
     const Tensor a = kiln::internal::fp8_quantize(kiln::randn({g.m, g.k}, f32, &gen), DType::Float8_e4m3fn, one, amax);

@@ -228,7 +228,8 @@ TEST_P(Fp8OpsTest, QuantizeTransposed) {
 
 // Both layouts in one call, against the references, with the column sums against float64 sums: shapes the GPU's
 // paired kernel takes (whole and partial 64-row tiles, rows a multiple of 16 or only of 4, several column tiles) and
-// shapes it leaves to the two separate quantisations (columns not a multiple of 64, rows not of 4). The sums are float32 sums, within a bound of the float64 one by the sum of magnitudes.
+// shapes it leaves to the two separate quantisations (columns not a multiple of 64, rows not of 4). The sums are
+// float32 sums, within a bound of the float64 one by the sum of magnitudes.
 TEST_P(Fp8OpsTest, QuantizePairGivesBothLayoutsAndColumnSums) {
   for (const Format* f : {&kE4M3, &kE5M2}) {
     for (DType in : kInputTypes) {
