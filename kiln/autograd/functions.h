@@ -62,8 +62,8 @@ using Dims = std::vector<int64_t>;
 
 // ---------------------------------------------------------------- in-place initialisation (ops/inplace.cpp)
 // The new values do not depend on the old ones: no gradient flows to what the tensor held before.
-Tensor& uniform_(Tensor& t, double from = 0, double to = 1, Generator* gen = nullptr);
-Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);
+Tensor& uniform_(Tensor& t, double from = 0, double to = 1, Generator* gen = nullptr);  // U[from, to), floating t
+Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);  // N(mean, std^2), floating t
 
 // ---------------------------------------------------------------- the differentiable ops
 // Declared by the lists kiln::internal expands too (op_signatures.h, unary_ops.h, binary_ops.h), so each takes the

@@ -112,12 +112,13 @@ class MultiheadAttention : public Module {
   // Re-initialises as at construction (see above), drawing from gen or the default generator.
   void reset_parameters(Generator* gen = nullptr);
 
-  // E, the model dimension.
-  int64_t embed_dim, num_heads, head_dim;  // head_dim: embed_dim / num_heads
-  MultiheadAttentionOptions options;       // as constructed
-  Tensor in_proj_weight;                   // (3E, E)
-  Tensor in_proj_bias;                     // (3E); undefined without bias
-  Handle<Linear> out_proj;                 // "out_proj": E -> E, after the heads are concatenated
+  int64_t embed_dim;                  // E, the model dimension
+  int64_t num_heads;                  // the number of attention heads
+  int64_t head_dim;                   // embed_dim / num_heads
+  MultiheadAttentionOptions options;  // as constructed
+  Tensor in_proj_weight;              // (3E, E)
+  Tensor in_proj_bias;                // (3E); undefined without bias
+  Handle<Linear> out_proj;            // "out_proj": E -> E, after the heads are concatenated
 };
 
 }  // namespace kiln::nn

@@ -110,9 +110,10 @@ class BatchNorm : public Module {
   int64_t num_features;      // C, the size of the input's dim 1
   BatchNormOptions options;  // as constructed
   // (num_features), ones at construction; undefined without affine.
-  Tensor weight, bias;  // (num_features); undefined without affine
-  // (num_features), zeros at construction; undefined without track_running_stats.
-  Tensor running_mean, running_var, num_batches_tracked;  // undefined without track_running_stats
+  Tensor weight, bias;         // (num_features); undefined without affine
+  Tensor running_mean;         // (num_features), zeros at construction; undefined without track_running_stats
+  Tensor running_var;          // (num_features), ones at construction; undefined without track_running_stats
+  Tensor num_batches_tracked;  // Int64, 0-d: the batches seen in training; undefined without track_running_stats
 
  protected:
   // kiln::Error unless num_features is positive; type_name: "BatchNorm1d" or "BatchNorm2d".

@@ -68,7 +68,9 @@ struct BinaryBackward final : Node {
   Both both = nullptr;                         // used when both gradients are needed; may be null
   Scalar alpha = 1;                            // b's gradient is multiplied by it (add, sub)
   // The inputs a and b and the result y, each saved only where a needed gradient reads it.
-  SavedTensor a, b, y;  // y: the result
+  SavedTensor a;  // the first input
+  SavedTensor b;  // the second input
+  SavedTensor y;  // the result
   std::string_view name() const override { return op_name; }
   TensorList apply(TensorList&& grads) override;  // {a's gradient, b's}, undefined where not needed
   // Only saved tensors are freed: a node that saved none (add) may run again without retain_graph.

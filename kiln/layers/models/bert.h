@@ -85,10 +85,11 @@ class BertEmbeddings : public Module {
   // token_type_ids undefined: all type 0. Positions are 0 .. S-1.
   Tensor forward(const Tensor& input_ids, const Tensor& token_type_ids);
 
-  // (vocab_size, H), its padding row pad_token_id.
-  Handle<Embedding> word_embeddings, position_embeddings, token_type_embeddings;  // (type_vocab_size, H)
-  Handle<LayerNorm> layer_norm;  // registered as "LayerNorm", HF's name
-  Handle<Dropout> dropout;       // hidden_dropout_prob
+  Handle<Embedding> word_embeddings;        // (vocab_size, H), its padding row pad_token_id
+  Handle<Embedding> position_embeddings;    // (max_position_embeddings, H)
+  Handle<Embedding> token_type_embeddings;  // (type_vocab_size, H)
+  Handle<LayerNorm> layer_norm;             // registered as "LayerNorm", HF's name
+  Handle<Dropout> dropout;                  // hidden_dropout_prob
 };
 
 // "attention.self": query, key, value (H -> H) and multi-head scaled dot-product attention.
@@ -103,8 +104,9 @@ class BertSelfAttention : public Module {
   // num_attention_heads.
   int64_t num_heads, head_dim;  // hidden_size / num_attention_heads
   double attention_dropout;     // attention_probs_dropout_prob, applied in training mode only
-  // H -> H each.
-  Handle<Linear> query, key, value;  // H -> H
+  Handle<Linear> query;         // H -> H
+  Handle<Linear> key;           // H -> H
+  Handle<Linear> value;         // H -> H
 
  private:
   // q, k, v as one product with the three weights stacked: 3 views (N, S, H).

@@ -97,10 +97,13 @@ class ResNet : public Module {
   Handle<BatchNorm2d> bn1;                // after conv1, with the ReLU fused
   Handle<ReLU> relu;                      // registered for torchvision's names; forward fuses it into bn1
   ModulePtr maxpool;                      // MaxPool2d(3, 2, 1), or Identity with the CIFAR stem
-  // The four stages of blocks: 64, 128, 256, 512 planes; layer1 at stride 1, the others halve H and W.
-  Handle<Sequential> layer1, layer2, layer3, layer4;  // layer4: 512 planes, stride 2
-  Handle<AdaptiveAvgPool2d> avgpool;                  // to 1x1
-  Handle<Linear> fc;                                  // (num_classes, 512 * expansion)
+  // The four stages of blocks: layer1 (64 planes, stride 1), then layer2, layer3 and layer4, which halve H and W.
+  Handle<Sequential> layer1;          // 64 planes, stride 1
+  Handle<Sequential> layer2;          // 128 planes, stride 2
+  Handle<Sequential> layer3;          // 256 planes, stride 2
+  Handle<Sequential> layer4;          // 512 planes, stride 2
+  Handle<AdaptiveAvgPool2d> avgpool;  // to 1x1
+  Handle<Linear> fc;                  // (num_classes, 512 * expansion)
 
  private:
   std::shared_ptr<Sequential> make_stage(int64_t planes, int64_t num_blocks, int64_t stride);
