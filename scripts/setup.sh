@@ -61,7 +61,8 @@ jobs="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # with tools installed another way (CMake from pip or Kitware, say) is not sent to apt for them.
 # Required to build and test; the optional ones only speed up or tidy (ccache, clang-format, git).
 # libcli11-dev: the examples' and tools' option parsing; libisal-dev: ISA-L's CRC-32C for TensorBoard event files.
-required=(cmake ninja-build g++ make pkg-config libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin
+# python3: CMake runs tests/docs/check_snippets.py when it configures (the documentation's programs).
+required=(cmake ninja-build g++ make pkg-config python3 libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin
           libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libisal-dev)
 # python3-pip fetches the header-only parts kiln takes from PyPI (nvml.h, cudnn-frontend) into third_party/.
 optional=(ccache clang-format git python3-pip)
@@ -87,6 +88,7 @@ probe() {
     g++) command -v g++ >/dev/null ;;
     make) command -v make >/dev/null ;;
     pkg-config) command -v pkg-config >/dev/null ;;
+    python3) command -v python3 >/dev/null ;;
     ccache) command -v ccache >/dev/null ;;
     doxygen) command -v doxygen >/dev/null ;;
     git) command -v git >/dev/null ;;
