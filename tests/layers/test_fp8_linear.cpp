@@ -463,6 +463,25 @@ TEST_P(Fp8LinearTest, BertSelfAttentionStacksItsProjectionsUnderOneState) {
   }
 }
 
+// Linear::share_fp8_state needs a state on both sides, and says so.
+TEST_P(Fp8LinearTest, ShareFp8StateNeedsBothStates) {
+  nn::Linear a(16, 16), b(16, 16);
+  expect_error([&] { b.share_fp8_state(a); }, {"share_fp8_state", "FP8 state first", "prepare_fp8"});
+  a.enable_fp8(amp::Fp8Recipe{}, dev());
+  expect_error([&] { b.share_fp8_state(a); }, {"share_fp8_state", "FP8 state first"});
+  EXPECT_EQ(b.fp8_state(), nullptr) << "a refused share leaves the Linear as it was";
+  b.enable_fp8(amp::Fp8Recipe{}, dev());
+  b.share_fp8_state(a);
+  EXPECT_EQ(b.fp8_state(), a.fp8_state());
+  int shared = 0;  // b's buffers now hold a's state's memory
+  for (const auto& [name, t] : b.named_buffers()) {
+    if (name.rfind("fp8_", 0) == 0) shared += t.impl().storage() == a.fp8_state()->amax_history().impl().storage() ||
+                                              t.impl().storage() == a.fp8_state()->scale().impl().storage() ||
+                                              t.impl().storage() == a.fp8_state()->scale_inv().impl().storage();
+  }
+  EXPECT_EQ(shared, 3);
+}
+
 // Where the filter selects only some of query, key and value, each is its own Linear call: the selected ones in FP8
 // with their own state, the others in bf16, and no state is shared.
 TEST_P(Fp8LinearTest, BertSelfAttentionWithSomeProjectionsSelected) {
