@@ -475,9 +475,10 @@ TEST_P(Fp8LinearTest, ShareFp8StateNeedsBothStates) {
   EXPECT_EQ(b.fp8_state(), a.fp8_state());
   int shared = 0;  // b's buffers now hold a's state's memory
   for (const auto& [name, t] : b.named_buffers()) {
-    if (name.rfind("fp8_", 0) == 0) shared += t.impl().storage() == a.fp8_state()->amax_history().impl().storage() ||
-                                              t.impl().storage() == a.fp8_state()->scale().impl().storage() ||
-                                              t.impl().storage() == a.fp8_state()->scale_inv().impl().storage();
+    if (name.rfind("fp8_", 0) == 0)
+      shared += t.impl().storage() == a.fp8_state()->amax_history().impl().storage() ||
+                t.impl().storage() == a.fp8_state()->scale().impl().storage() ||
+                t.impl().storage() == a.fp8_state()->scale_inv().impl().storage();
   }
   EXPECT_EQ(shared, 3);
 }
