@@ -35,6 +35,7 @@
 #include "kiln/io/checkpoint.h"            // io::save_checkpoint, io::load_checkpoint: HDF5, atomic, checksummed
 #include "kiln/io/checkpoint_manager.h"    // io::CheckpointManager: keep the last K, resume from the newest complete
 #include "kiln/io/pretrained.h"            // io::load_weights: torchvision/Hugging Face weights by name, with a report
+#include "kiln/io/onnx_export.h"           // io::export_onnx: a trained model as ONNX, for ONNX Runtime and TensorRT
 #include "kiln/io/safetensors.h"           // io::load_safetensors, io::save_safetensors
 #include "kiln/io/torch_file.h"            // io::load_torch_file: PyTorch's torch.save zip files (tensors only)
 #include "kiln/layers/attention.h"         // nn::scaled_dot_product_attention, nn::MultiheadAttention

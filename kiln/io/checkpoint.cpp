@@ -35,7 +35,12 @@ std::string utc_now() {
   return buf;
 }
 
-// fsync of a file or folder; `what` names it in the error.
+const char* kPartGroups[] = {"model", "optimizer", "scheduler", "scaler", "rng", "loader", "metadata"};
+
+}  // namespace
+
+namespace detail {
+
 void fsync_path(const std::string& path, bool folder, const std::string& what) {
   const int fd = ::open(path.c_str(), folder ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
   KILN_CHECK(fd >= 0, what, ": cannot open ", path, " to sync it to disk (", std::strerror(errno), ")");
@@ -44,12 +49,6 @@ void fsync_path(const std::string& path, bool folder, const std::string& what) {
   ::close(fd);
   KILN_CHECK(rc == 0, what, ": cannot sync ", path, " to disk (", std::strerror(err), ")");
 }
-
-const char* kPartGroups[] = {"model", "optimizer", "scheduler", "scaler", "rng", "loader", "metadata"};
-
-}  // namespace
-
-namespace detail {
 
 void check_format(const H5File& f, bool require_complete) {
   const bool has_format = f.has_attr("/", "format") && f.attr_is_string("/", "format");

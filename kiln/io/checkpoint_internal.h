@@ -47,6 +47,9 @@ void seal_checkpoint(const std::string& path);
 // checkpoint (or one without the header), truncated, longer than written, or its crc32 does not match.
 void verify_checkpoint_file(const std::string& path);
 
+// fsync of a file or folder; `what` names it in the error.
+void fsync_path(const std::string& path, bool folder, const std::string& what);
+
 // The temporary file a save of `path` by this process writes: ".<name>.tmp-<host>-<pid>" in the same folder.
 std::string temporary_path(const std::string& path);
 // Removes the files of `folder` whose names start with `name_prefix` (e.g. ".ckpt-") and are temporary files of

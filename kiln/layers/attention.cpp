@@ -20,6 +20,7 @@
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/attention_cudnn.h"  // cuDNN's fused attention (no CUDA header)
 #include "kiln/layers/cuda/attention_rows.h"   // zero_flagged_rows
+#include "kiln/tensor/capture.h"
 #endif
 
 namespace kiln::nn {
@@ -323,6 +324,13 @@ struct FusedAttention : autograd::Function<FusedAttention> {
 };
 #endif  // KILN_WITH_CUDA
 
+// scaled_dot_product_attention's options as a capture record holds them (the mask is an input).
+std::vector<capture::Attr> attention_attrs(const AttentionOptions& o) {
+  std::vector<capture::Attr> attrs{{"dropout_p", o.dropout_p}, {"is_causal", int64_t{o.is_causal}}};
+  if (o.scale) attrs.push_back({"scale", *o.scale});
+  return attrs;
+}
+
 }  // namespace
 
 AttentionBackend attention_backend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
@@ -348,6 +356,7 @@ bool fused_attention_available() {
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const AttentionOptions& options) {
+  capture::Op cap("scaled_dot_product_attention");
   // One op of the autocast table: q, k, v cast by its policy, the ops inside (either path) with autocast off.
   auto [q, k, v] = autocast::inputs(autocast_ops::attention(), q_in, k_in, v_in);
   autocast::DisableGuard as_one_op;
@@ -358,11 +367,15 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     if (c.why_not.empty()) {
       const FusedState state{c.bias, c.dead, c.cfg, dropout_draw(c, q.device())};
       Tensor out = FusedAttention::apply(c.q, c.k, c.v, state);  // (B, H, L, Ev)
-      return out.shape() == c.out_shape ? out : reshape(out, c.out_shape);
+      return cap.done(out.shape() == c.out_shape ? out : reshape(out, c.out_shape), [&] {
+        return capture::Args{{q_in, k_in, v_in, options.attn_mask}, attention_attrs(options)};
+      });
     }
   }
 #endif
-  return scaled_dot_product_attention_with_weights(q, k, v, options).output;
+  return cap.done(scaled_dot_product_attention_with_weights(q, k, v, options).output, [&] {
+    return capture::Args{{q_in, k_in, v_in, options.attn_mask}, attention_attrs(options)};
+  });
 }
 
 // ---------------------------------------------------------------- MultiheadAttention

@@ -2,8 +2,8 @@
 // autograd node; on CUDA tensors cuDNN's convolutions (cuda/conv_cudnn.h) under another; everywhere else im2col +
 // matmul over differentiable ops, so it runs on every backend and autograd derives its gradients. The window helpers
 // (window_internal.h) are shared with pooling.cpp.
-#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/conv.h"
+#include "kiln/layers/autocast_ops.h"
 
 #include <atomic>
 #include <cmath>
@@ -19,6 +19,7 @@
 
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/conv_cudnn.h"  // cuda_impl::conv2d_forward, ...
+#include "kiln/tensor/capture.h"
 #endif
 
 namespace kiln::nn {
@@ -251,6 +252,7 @@ Tensor conv2d_cudnn(const Tensor& input, const Tensor& weight, const Tensor& bia
 // ---------------------------------------------------------------- conv2d
 
 Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& bias_arg, const Conv2dOptions& options) {
+  capture::Op cap("conv2d");
   // Autocast first (Policy::LowerPrecision), as PyTorch does before its checks, so that mixed input and weight
   // dtypes are cast rather than refused, and the whole layer (bias included) runs in the low dtype on every device.
   const auto [input_in, weight, bias] = autocast::inputs(autocast_ops::conv(), input_arg, weight_arg, bias_arg);
@@ -306,7 +308,13 @@ Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& b
                           options.padding[0] == 0 && options.padding[1] == 0;
   if (one_by_one && input.suggest_memory_format() == MemoryFormat::ChannelsLast) {
     const Tensor y = pointwise_conv2d(input, weight, bias);
-    return unbatched ? squeeze(y, 0) : y;  // (N, C_out, H, W), channels-last
+    return cap.done(unbatched ? squeeze(y, 0) : y, [&] {
+      return capture::Args{{input_arg, weight_arg, bias_arg},
+                           {{"stride", std::vector<int64_t>{options.stride[0], options.stride[1]}},
+                            {"padding", std::vector<int64_t>{options.padding[0], options.padding[1]}},
+                            {"dilation", std::vector<int64_t>{options.dilation[0], options.dilation[1]}},
+                            {"groups", options.groups}}};
+    });  // (N, C_out, H, W), channels-last
   }
 
 #if KILN_WITH_CUDA
@@ -315,7 +323,13 @@ Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& b
         .stride = options.stride.v, .padding = options.padding.v, .dilation = options.dilation.v, .groups = groups};
     if (cuda_impl::conv2d_supported(input, weight, geometry)) {
       Tensor y = conv2d_cudnn(input, weight, bias, geometry);
-      return unbatched ? squeeze(y, 0) : y;
+      return cap.done(unbatched ? squeeze(y, 0) : y, [&] {
+        return capture::Args{{input_arg, weight_arg, bias_arg},
+                             {{"stride", std::vector<int64_t>{options.stride[0], options.stride[1]}},
+                              {"padding", std::vector<int64_t>{options.padding[0], options.padding[1]}},
+                              {"dilation", std::vector<int64_t>{options.dilation[0], options.dilation[1]}},
+                              {"groups", options.groups}}};
+      });
     }
   }
 #endif
@@ -341,7 +355,13 @@ Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& b
   if (bias.defined()) out = add(out, bias);
   // (N, OH, OW, C_out) -> (N, C_out, OH, OW): a channels-last view; copy to the input's format.
   Tensor y = contiguous(permute(reshape(out, {n, oh, ow, c_out}), {0, 3, 1, 2}), format);
-  return unbatched ? squeeze(y, 0) : y;
+  return cap.done(unbatched ? squeeze(y, 0) : y, [&] {
+    return capture::Args{{input_arg, weight_arg, bias_arg},
+                         {{"stride", std::vector<int64_t>{options.stride[0], options.stride[1]}},
+                          {"padding", std::vector<int64_t>{options.padding[0], options.padding[1]}},
+                          {"dilation", std::vector<int64_t>{options.dilation[0], options.dilation[1]}},
+                          {"groups", options.groups}}};
+  });
 }
 
 // ---------------------------------------------------------------- Conv2d

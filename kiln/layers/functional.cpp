@@ -1,7 +1,7 @@
 // The layers as functions (functional.h): composed of kiln's differentiable ops, with fused GPU kernels
 // (kiln/layers/cuda/) for batch norm and layer norm.
-#include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/functional.h"
+#include "kiln/layers/autocast_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +15,7 @@
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/batch_norm.h"  // cuda_impl::batch_norm_forward / _backward
 #include "kiln/layers/cuda/layer_norm.h"  // the fused GPU layer norm
+#include "kiln/tensor/capture.h"
 #endif
 
 namespace kiln::nn {
@@ -324,6 +325,7 @@ static Tensor dropout_as_one_op(const Tensor& x, double p, bool training, Genera
 
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
                   double eps) {
+  capture::Op cap("layer_norm");
   // Under autocast the whole layer runs in float32 (Policy::Float32), on every device.
   auto [x, weight, bias] = autocast::inputs(autocast_ops::layer_norm(), x_in, weight_in, bias_in);
   autocast::DisableGuard as_one_op;  // the ops inside run as cast, as one op of the table
@@ -337,7 +339,9 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   if (x.is_cuda() && x.is_floating_point() && (!weight.defined() || weight.device() == x.device()) &&
       (!bias.defined() || bias.device() == x.device())) {
     if ((!weight.defined() || weight.dtype() == x.dtype()) && (!bias.defined() || bias.dtype() == x.dtype())) {
-      return LayerNormFunction::apply(x, weight, bias, normalized_shape, eps);
+      return cap.done(LayerNormFunction::apply(x, weight, bias, normalized_shape, eps), [&] {
+        return capture::Args{{x_in, weight_in, bias_in}, {{"normalized_shape", normalized_shape}, {"eps", eps}}};
+      });
     }
   }
 #endif
@@ -348,26 +352,34 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   Tensor y = centered * rsqrt(var + eps);
   if (weight.defined()) y = y * weight;  // broadcasts over the leading dims
   if (bias.defined()) y = y + bias;
-  return y;
+  return cap.done(y, [&] {
+    return capture::Args{{x_in, weight_in, bias_in}, {{"normalized_shape", normalized_shape}, {"eps", eps}}};
+  });
 }
 
 Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape, const Tensor& weight_in,
                       const Tensor& bias_in, double eps) {
+  capture::Op cap("add_layer_norm");
   KILN_CHECK(x.defined() && residual.defined(), "add_layer_norm: x and residual must be defined tensors");
   KILN_CHECK(x.shape() == residual.shape(), "add_layer_norm: x and residual must have one shape, got ", x.shape(),
              " and ", residual.shape(), "; add them and call layer_norm to broadcast");
 #if KILN_WITH_CUDA
   if (auto in = fused_add_inputs(x, residual, normalized_shape, weight_in, bias_in)) {
     autocast::DisableGuard as_one_op;
-    return AddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps);
+    return cap.done(AddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps), [&] {
+      return capture::Args{{x, residual, weight_in, bias_in}, {{"normalized_shape", normalized_shape}, {"eps", eps}}};
+    });
   }
 #endif
-  return layer_norm(x + residual, normalized_shape, weight_in, bias_in, eps);
+  return cap.done(layer_norm(x + residual, normalized_shape, weight_in, bias_in, eps), [&] {
+    return capture::Args{{x, residual, weight_in, bias_in}, {{"normalized_shape", normalized_shape}, {"eps", eps}}};
+  });
 }
 
 Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double p, bool training,
                               const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps,
                               Generator* gen) {
+  capture::Op cap("dropout_add_layer_norm");
   // Every check before the draw, so that a bad call leaves the generator as it was.
   KILN_CHECK(p >= 0 && p < 1, "dropout_add_layer_norm: p must lie in [0, 1), got ", p,
              " (p is the probability of zeroing an element of x)");
@@ -382,7 +394,12 @@ Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double
              x_in.shape());
   check_affine("dropout_add_layer_norm", weight, "weight", normalized_shape);
   check_affine("dropout_add_layer_norm", bias, "bias", normalized_shape);
-  if (!training || p == 0) return add_layer_norm(x_in, residual, normalized_shape, weight, bias, eps);
+  if (!training || p == 0)
+    return cap.done(add_layer_norm(x_in, residual, normalized_shape, weight, bias, eps), [&] {
+      return capture::Args{
+          {x_in, residual, weight, bias},
+          {{"p", p}, {"training", int64_t{training}}, {"normalized_shape", normalized_shape}, {"eps", eps}}};
+    });
   KILN_CHECK(x_in.is_floating_point() && residual.is_floating_point(),
              "dropout_add_layer_norm: x and residual must be floating point, got ", x_in.dtype(), " and ",
              residual.dtype(), "; convert them with .to(DType::Float32) first");
@@ -392,14 +409,25 @@ Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double
     if (auto in = fused_add_inputs(x, residual, normalized_shape, weight, bias);
         in && in->residual.dtype() != DType::Float64) {
       autocast::DisableGuard as_one_op;
-      return DropoutAddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps, p, gen);
+      return cap.done(
+          DropoutAddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps, p, gen),
+          [&] {
+            return capture::Args{
+                {x_in, residual, weight, bias},
+                {{"p", p}, {"training", int64_t{training}}, {"normalized_shape", normalized_shape}, {"eps", eps}}};
+          });
     }
   }
 #endif
-  return add_layer_norm(dropout(x_in, p, true, gen), residual, normalized_shape, weight, bias, eps);
+  return cap.done(add_layer_norm(dropout(x_in, p, true, gen), residual, normalized_shape, weight, bias, eps), [&] {
+    return capture::Args{
+        {x_in, residual, weight, bias},
+        {{"p", p}, {"training", int64_t{training}}, {"normalized_shape", normalized_shape}, {"eps", eps}}};
+  });
 }
 
 Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_in, const Tensor& bias_in, double eps) {
+  capture::Op cap("group_norm");
   auto [x, weight, bias] =
       autocast::inputs(autocast_ops::group_norm(), x_in, weight_in, bias_in);  // float32 under autocast
   autocast::DisableGuard as_one_op;
@@ -416,7 +444,9 @@ Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_i
   Tensor y = reshape(centered * rsqrt(var + eps), x.shape());
   if (weight.defined()) y = y * per_channel(weight, x.dim());
   if (bias.defined()) y = y + per_channel(bias, x.dim());
-  return y;
+  return cap.done(y, [&] {
+    return capture::Args{{x_in, weight_in, bias_in}, {{"num_groups", num_groups}, {"eps", eps}}};
+  });
 }
 
 static Tensor batch_norm_as_one_op(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
@@ -500,50 +530,71 @@ static Tensor batch_norm_add_relu_as_one_op(const Tensor& x, const Tensor& resid
 // The layers made of several ops run as one op of the autocast table: inputs cast by the layer's policy, then
 // the ops inside with autocast off (as PyTorch runs a composite op below its autocast dispatch).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  capture::Op cap("linear");
   auto [xc, wc, bc] = autocast::inputs(autocast_ops::linear(), x, weight, bias);
   autocast::DisableGuard as_one_op;
-  return linear_as_one_op(xc, wc, bc);
+  return cap.done(linear_as_one_op(xc, wc, bc), [&] { return capture::Args{{x, weight, bias}, {}}; });
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  capture::Op cap("dropout");
   auto [xc] = autocast::inputs(autocast_ops::dropout(), x);
   autocast::DisableGuard as_one_op;
-  return dropout_as_one_op(xc, p, training, gen);
+  return cap.done(dropout_as_one_op(xc, p, training, gen), [&] {
+    return capture::Args{{x}, {{"p", p}, {"training", int64_t{training}}}};
+  });
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps, const Tensor& num_batches_tracked) {
+  capture::Op cap("batch_norm");
   auto [xc, wc, bc] = autocast::inputs(autocast_ops::batch_norm(), x, weight, bias);
   autocast::DisableGuard as_one_op;
-  return batch_norm_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps, num_batches_tracked);
+  return cap.done(
+      batch_norm_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps, num_batches_tracked), [&] {
+        return capture::Args{{x, running_mean, running_var, weight, bias},
+                             {{"training", int64_t{training}}, {"eps", eps}}};
+      });
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                        const Tensor& bias, bool training, double momentum, double eps,
                        const Tensor& num_batches_tracked) {
+  capture::Op cap("batch_norm_relu");
   auto [xc, wc, bc] = autocast::inputs(autocast_ops::batch_norm(), x, weight, bias);
   autocast::DisableGuard as_one_op;
-  return batch_norm_relu_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps, num_batches_tracked);
+  return cap.done(
+      batch_norm_relu_as_one_op(xc, running_mean, running_var, wc, bc, training, momentum, eps, num_batches_tracked),
+      [&] {
+        return capture::Args{{x, running_mean, running_var, weight, bias},
+                             {{"training", int64_t{training}}, {"eps", eps}}};
+      });
 }
 
 Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& running_mean,
                            const Tensor& running_var, const Tensor& weight, const Tensor& bias, bool training,
                            double momentum, double eps, const Tensor& num_batches_tracked) {
+  capture::Op cap("batch_norm_add_relu");
   // x, weight and bias as batch_norm casts them; the residual joins by the add's own promotion, as in
   // relu(batch_norm(x) + residual) (PyTorch's autocast leaves an add's inputs alone too).
   auto [xc, wc, bc] = autocast::inputs(autocast_ops::batch_norm(), x, weight, bias);
   autocast::DisableGuard as_one_op;
-  return batch_norm_add_relu_as_one_op(xc, residual, running_mean, running_var, wc, bc, training, momentum, eps,
-                                       num_batches_tracked);
+  return cap.done(batch_norm_add_relu_as_one_op(xc, residual, running_mean, running_var, wc, bc, training, momentum,
+                                                eps, num_batches_tracked),
+                  [&] {
+                    return capture::Args{{x, running_mean, running_var, weight, bias, residual},
+                                         {{"training", int64_t{training}}, {"eps", eps}}};
+                  });
 }
 
 Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx) {
+  capture::Op cap("embedding");
   KILN_CHECK(weight.dim() == 2, "embedding: weight must be 2-D (num_embeddings, embedding_dim), got shape ",
              weight.shape());
   KILN_CHECK(is_integral(index.dtype()), "embedding: indices must be Int64 or Int32, got ", index.dtype(),
              "; cast them with .to(DType::Int64)");
   Tensor out = kiln::embedding(weight, index);  // (..., D)
-  if (!padding_idx) return out;
+  if (!padding_idx) return cap.done(out, [&] { return capture::Args{{weight, index}, {}}; });
   const int64_t v = weight.size(0);
   int64_t pad = *padding_idx;
   KILN_CHECK(pad >= -v && pad < v, "embedding: padding_idx ", pad, " is out of range for ", v,
@@ -551,7 +602,7 @@ Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_
   if (pad < 0) pad += v;
   // Lookups of the padding row take the detached value: the same numbers, but no gradient to that row.
   Tensor is_pad = unsqueeze(index == Scalar(pad), -1);  // (..., 1)
-  return where(is_pad, out.detach(), out);
+  return cap.done(where(is_pad, out.detach(), out), [&] { return capture::Args{{weight, index}, {}}; });
 }
 
 }  // namespace kiln::nn

@@ -163,12 +163,12 @@ void BatchNorm::reset_parameters() {
 Tensor BatchNorm::forward(const Tensor& input) { return normalize(input, false); }
 
 Tensor BatchNorm::forward_relu(const Tensor& input) {
-  trace::Scope range(trace::Kind::Module, type_name(), input.device());  // as operator() marks forward
+  trace::Scope range(trace::Kind::Module, type_name(), input.device(), {}, this);  // as operator() marks forward
   return normalize(input, true);
 }
 
 Tensor BatchNorm::forward_add_relu(const Tensor& input, const Tensor& residual) {
-  trace::Scope range(trace::Kind::Module, type_name(), input.device());  // as operator() marks forward
+  trace::Scope range(trace::Kind::Module, type_name(), input.device(), {}, this);  // as operator() marks forward
   KILN_CHECK(residual.defined(), type_name(), ": forward_add_relu needs a defined residual");
   return normalize(input, true, residual);
 }

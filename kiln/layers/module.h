@@ -106,7 +106,7 @@ class Handle : public std::shared_ptr<M> {
   decltype(auto) operator()(Args&&... args) const {
     M* module = this->get();
     if (module == nullptr) module_detail::throw_empty_handle_call();
-    trace::Scope range(trace::Kind::Module, module->type_name(), module_detail::call_device(args...));
+    trace::Scope range(trace::Kind::Module, module->type_name(), module_detail::call_device(args...), {}, module);
     return module->forward(std::forward<Args>(args)...);
   }
 };
@@ -191,7 +191,7 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual Tensor forward(const Tensor& input);
   // forward(input) inside the module's profiler range; model(x) on a Handle does the same.
   Tensor operator()(const Tensor& input) {
-    trace::Scope range(trace::Kind::Module, type_name_, module_detail::call_device(input));
+    trace::Scope range(trace::Kind::Module, type_name_, module_detail::call_device(input), {}, this);
     return forward(input);
   }
 

@@ -73,12 +73,14 @@ void dispatch_end(const Range& range) {
 
 }  // namespace detail
 
-void Scope::open(Kind kind, std::string_view name, Device device, std::initializer_list<const Tensor*> tensors) {
+void Scope::open(Kind kind, std::string_view name, Device device, std::initializer_list<const Tensor*> tensors,
+                 const void* object) {
   kind_ = kind;
   name_ = name;
   device_ = device;
   open_ = true;
-  detail::dispatch_begin(Range{kind, name, device, std::span<const Tensor* const>(tensors.begin(), tensors.size())});
+  detail::dispatch_begin(
+      Range{kind, name, device, std::span<const Tensor* const>(tensors.begin(), tensors.size()), object});
 }
 
 void end_step() {

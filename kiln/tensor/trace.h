@@ -44,6 +44,7 @@ struct Range {
   std::string_view name;                   // the op's, module's, node's or step's name
   Device device;                           // where the range's work runs
   std::span<const Tensor* const> tensors;  // the op's operands at begin; empty at end
+  const void* object = nullptr;            // Module ranges: the nn::Module called (at begin)
 };
 
 // Receives every range's begin and end on the thread that opened it, in LIFO order per thread. A listener
@@ -73,8 +74,8 @@ class Scope {
  public:
   // Opens the range when a listener is installed; the destructor closes it.
   Scope(Kind kind, std::string_view name, Device device = Device::cpu(),
-        std::initializer_list<const Tensor*> tensors = {}) {
-    if (active()) open(kind, name, device, tensors);
+        std::initializer_list<const Tensor*> tensors = {}, const void* object = nullptr) {
+    if (active()) open(kind, name, device, tensors, object);
   }
   ~Scope() {
     if (open_) detail::dispatch_end(Range{kind_, name_, device_, {}});
@@ -83,7 +84,8 @@ class Scope {
   Scope& operator=(const Scope&) = delete;
 
  private:
-  void open(Kind kind, std::string_view name, Device device, std::initializer_list<const Tensor*> tensors);
+  void open(Kind kind, std::string_view name, Device device, std::initializer_list<const Tensor*> tensors,
+            const void* object);
   std::string_view name_;
   Device device_ = Device::cpu();
   Kind kind_ = Kind::User;

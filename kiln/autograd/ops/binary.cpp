@@ -5,6 +5,7 @@
 // (inplace.cpp) share are declared in elementwise_nodes.h; their formulas are here.
 #include "kiln/autograd/ops/elementwise_nodes.h"
 #include "kiln/autograd/ops/op_recording.h"
+#include "kiln/tensor/capture.h"
 
 #include <iterator>  // std::size
 #include <tuple>
@@ -83,16 +84,22 @@ const BinaryRow& elementwise::binary_row(BinaryOp op) {
 }
 
 // The table's differentiable ops, through their autocast policy; the in-place forms are in inplace.cpp.
-#define KILN_BINARY_FUNCTION_Plain(Enum, name)                        \
-  Tensor name(const Tensor& a_in, const Tensor& b_in) {               \
-    auto [a, b] = autocast::inputs(Op::Enum, a_in, b_in);             \
-    return record_binary(internal::name(a, b), a, b, BinaryOp::Enum); \
+#define KILN_BINARY_FUNCTION_Plain(Enum, name)                              \
+  Tensor name(const Tensor& a_in, const Tensor& b_in) {                     \
+    capture::Op cap(#name);                                                 \
+    auto [a, b] = autocast::inputs(Op::Enum, a_in, b_in);                   \
+    Tensor out = record_binary(internal::name(a, b), a, b, BinaryOp::Enum); \
+    if (cap) cap.record({a_in, b_in}, {out});                               \
+    return out;                                                             \
   }
 #define KILN_BINARY_FUNCTION_Scalar(Enum, name) KILN_BINARY_FUNCTION_Plain(Enum, name)
-#define KILN_BINARY_FUNCTION_Alpha(Enum, name)                                      \
-  Tensor name(const Tensor& a_in, const Tensor& b_in, Scalar alpha) {               \
-    auto [a, b] = autocast::inputs(Op::Enum, a_in, b_in);                           \
-    return record_binary(internal::name(a, b, alpha), a, b, BinaryOp::Enum, alpha); \
+#define KILN_BINARY_FUNCTION_Alpha(Enum, name)                                            \
+  Tensor name(const Tensor& a_in, const Tensor& b_in, Scalar alpha) {                     \
+    capture::Op cap(#name);                                                               \
+    auto [a, b] = autocast::inputs(Op::Enum, a_in, b_in);                                 \
+    Tensor out = record_binary(internal::name(a, b, alpha), a, b, BinaryOp::Enum, alpha); \
+    if (cap) cap.record({a_in, b_in}, {out}, {{"alpha", capture::scalar_value(alpha)}});  \
+    return out;                                                                           \
   }
 #define KILN_X(Enum, name, result, autocast, forms, ...) KILN_BINARY_FUNCTION_##forms(Enum, name)
 KILN_BINARY_OPS(KILN_X)
@@ -101,13 +108,19 @@ KILN_BINARY_OPS(KILN_X)
 // The predicates: no gradient, but their autocast policy.
 #define KILN_BINARY_PREDICATE_Plain(Enum, name)           \
   Tensor name(const Tensor& a_in, const Tensor& b_in) {   \
+    capture::Op cap(#name);                               \
     auto [a, b] = autocast::inputs(Op::Enum, a_in, b_in); \
-    return internal::name(a, b);                          \
+    Tensor out = internal::name(a, b);                    \
+    if (cap) cap.record({a_in, b_in}, {out});             \
+    return out;                                           \
   }
 #define KILN_BINARY_PREDICATE_Scalar(Enum, name)                                      \
   KILN_BINARY_PREDICATE_Plain(Enum, name) Tensor name(const Tensor& a_in, Scalar b) { \
+    capture::Op cap(#name);                                                           \
     auto [a] = autocast::inputs(Op::Enum, a_in);                                      \
-    return internal::name(a, b);                                                      \
+    Tensor out = internal::name(a, b);                                                \
+    if (cap) cap.record({a_in}, {out}, {{"other", capture::scalar_value(b)}});        \
+    return out;                                                                       \
   }
 #define KILN_X(Enum, name, forms, ...) KILN_BINARY_PREDICATE_##forms(Enum, name)
 KILN_BINARY_PREDICATES(KILN_X)
@@ -125,9 +138,25 @@ Tensor pass_through(Tensor out, const Tensor& a, bool negate) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, Scalar b) { return pass_through(internal::add(a, b), a, false); }
-Tensor sub(const Tensor& a, Scalar b) { return pass_through(internal::sub(a, b), a, false); }
-Tensor rsub(const Tensor& a, Scalar b) { return pass_through(internal::rsub(a, b), a, true); }
+// The forms with a number record as "<name>_scalar" with the number as attribute "other".
+Tensor add(const Tensor& a, Scalar b) {
+  capture::Op cap("add_scalar");
+  Tensor out = pass_through(internal::add(a, b), a, false);
+  if (cap) cap.record({a}, {out}, {{"other", capture::scalar_value(b)}});
+  return out;
+}
+Tensor sub(const Tensor& a, Scalar b) {
+  capture::Op cap("sub_scalar");
+  Tensor out = pass_through(internal::sub(a, b), a, false);
+  if (cap) cap.record({a}, {out}, {{"other", capture::scalar_value(b)}});
+  return out;
+}
+Tensor rsub(const Tensor& a, Scalar b) {  // b - a
+  capture::Op cap("rsub_scalar");
+  Tensor out = pass_through(internal::rsub(a, b), a, true);
+  if (cap) cap.record({a}, {out}, {{"other", capture::scalar_value(b)}});
+  return out;
+}
 
 // out = a * s, or a / s. d/da = g * s (g / s, exactly as forward computed a / s).
 TensorList MulScalarBackward::apply(TensorList&& grads) {
@@ -158,13 +187,26 @@ struct ScalarDivBackward final : Node {
 
 }  // namespace
 
-Tensor mul(const Tensor& a, Scalar b) { return mul_scalar(a, b, false); }
-Tensor div(const Tensor& a, Scalar b) { return mul_scalar(a, b, true); }
-Tensor div(Scalar a, const Tensor& b) {
-  return record<ScalarDivBackward>(internal::div(a, b), b, [&](ScalarDivBackward& node) {
+Tensor mul(const Tensor& a, Scalar b) {
+  capture::Op cap("mul_scalar");
+  Tensor out = mul_scalar(a, b, false);
+  if (cap) cap.record({a}, {out}, {{"other", capture::scalar_value(b)}});
+  return out;
+}
+Tensor div(const Tensor& a, Scalar b) {
+  capture::Op cap("div_scalar");
+  Tensor out = mul_scalar(a, b, true);
+  if (cap) cap.record({a}, {out}, {{"other", capture::scalar_value(b)}});
+  return out;
+}
+Tensor div(Scalar a, const Tensor& b) {  // a / b
+  capture::Op cap("rdiv_scalar");
+  Tensor out = record<ScalarDivBackward>(internal::div(a, b), b, [&](ScalarDivBackward& node) {
     node.numerator = a;
     node.b = SavedTensor(b, false);
   });
+  if (cap) cap.record({b}, {out}, {{"other", capture::scalar_value(a)}});
+  return out;
 }
 
 // ---------------------------------------------------------------- where: out = condition ? a : b
@@ -199,17 +241,28 @@ Tensor record_where(Tensor out, const Tensor& condition, bool a_is_tensor, bool 
 
 }  // namespace
 
+// Recorded as "where" with inputs (condition, a, b); a number operand is an attribute ("a" or "b") and its
+// input undefined.
 Tensor where(const Tensor& condition, const Tensor& a_in, const Tensor& b_in) {
+  capture::Op cap("where");
   auto [a, b] = autocast::inputs(Op::Where, a_in, b_in);
-  return record_where(internal::where(condition, a, b), condition, true, true, a, b);
+  Tensor out = record_where(internal::where(condition, a, b), condition, true, true, a, b);
+  if (cap) cap.record({condition, a_in, b_in}, {out});
+  return out;
 }
 Tensor where(const Tensor& condition, Scalar a, const Tensor& b_in) {
+  capture::Op cap("where");
   auto [b] = autocast::inputs(Op::Where, b_in);
-  return record_where(internal::where(condition, a, b), condition, false, true, b);
+  Tensor out = record_where(internal::where(condition, a, b), condition, false, true, b);
+  if (cap) cap.record({condition, Tensor(), b_in}, {out}, {{"a", capture::scalar_value(a)}});
+  return out;
 }
 Tensor where(const Tensor& condition, const Tensor& a_in, Scalar b) {
+  capture::Op cap("where");
   auto [a] = autocast::inputs(Op::Where, a_in);
-  return record_where(internal::where(condition, a, b), condition, true, false, a);
+  Tensor out = record_where(internal::where(condition, a, b), condition, true, false, a);
+  if (cap) cap.record({condition, a_in, Tensor()}, {out}, {{"b", capture::scalar_value(b)}});
+  return out;
 }
 
 // ---------------------------------------------------------------- masked_fill: out = mask ? value : a
@@ -219,9 +272,12 @@ TensorList MaskedFillBackward::apply(TensorList&& grads) {
 }
 
 Tensor masked_fill(const Tensor& a_in, const Tensor& mask, Scalar value) {
+  capture::Op cap("masked_fill");
   auto [a] = autocast::inputs(Op::MaskedFill, a_in);
-  return record<MaskedFillBackward>(internal::masked_fill(a, mask, value), a,
-                                    [&](MaskedFillBackward& node) { node.mask = SavedTensor(mask, false); });
+  Tensor out = record<MaskedFillBackward>(internal::masked_fill(a, mask, value), a,
+                                          [&](MaskedFillBackward& node) { node.mask = SavedTensor(mask, false); });
+  if (cap) cap.record({a_in, mask}, {out}, {{"value", capture::scalar_value(value)}});
+  return out;
 }
 
 // ---------------------------------------------------------------- lerp: out = a + w * (b - a)

@@ -1,6 +1,7 @@
 // cat and stack, forward and backward side by side: each input's gradient is its piece of g.
 
 #include "kiln/autograd/ops/op_recording.h"
+#include "kiln/tensor/capture.h"
 
 namespace kiln {
 
@@ -44,30 +45,42 @@ struct StackBackward final : Node {
 }  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors_in, int64_t dim) {
+  capture::Op cap("cat");
   const std::vector<Tensor> tensors = autocast::inputs_list(Op::Cat, tensors_in);
   Tensor out = internal::cat(tensors, dim);
-  return record<CatBackward>(out, tensors, [&](CatBackward& node) {
-    node.dim = wrap_dim(dim, out.dim(), "cat");
-    int64_t start = 0;
-    for (const Tensor& t : tensors) {
-      // The same rule as the raw cat: a 1-D empty tensor is skipped when the result has another rank.
-      const bool skip = t.dim() == 1 && t.size(0) == 0 && (out.dim() != 1 || node.dim != 0);
-      const int64_t length = skip ? 0 : t.size(node.dim);
-      node.skipped.push_back(skip);
-      node.starts.push_back(start);
-      node.lengths.push_back(length);
-      start += length;
-    }
-  });
+  return cap.done(record<CatBackward>(out, tensors,
+                                      [&](CatBackward& node) {
+                                        node.dim = wrap_dim(dim, out.dim(), "cat");
+                                        int64_t start = 0;
+                                        for (const Tensor& t : tensors) {
+                                          // The same rule as the raw cat: a 1-D empty tensor is skipped when the result
+                                          // has another rank.
+                                          const bool skip =
+                                              t.dim() == 1 && t.size(0) == 0 && (out.dim() != 1 || node.dim != 0);
+                                          const int64_t length = skip ? 0 : t.size(node.dim);
+                                          node.skipped.push_back(skip);
+                                          node.starts.push_back(start);
+                                          node.lengths.push_back(length);
+                                          start += length;
+                                        }
+                                      }),
+                  [&] {
+                    return capture::Args{tensors_in, {{"dim", dim}}};
+                  });
 }
 
 Tensor stack(const std::vector<Tensor>& tensors_in, int64_t dim) {
+  capture::Op cap("stack");
   const std::vector<Tensor> tensors = autocast::inputs_list(Op::Stack, tensors_in);
   Tensor out = internal::stack(tensors, dim);
-  return record<StackBackward>(out, tensors, [&](StackBackward& node) {
-    node.dim = wrap_dim(dim, out.dim(), "stack");
-    node.count = tensors.size();
-  });
+  return cap.done(record<StackBackward>(out, tensors,
+                                        [&](StackBackward& node) {
+                                          node.dim = wrap_dim(dim, out.dim(), "stack");
+                                          node.count = tensors.size();
+                                        }),
+                  [&] {
+                    return capture::Args{tensors_in, {{"dim", dim}}};
+                  });
 }
 
 }  // namespace kiln

@@ -4,6 +4,7 @@
 
 #include "kiln/autograd/autocast.h"
 #include "kiln/autograd/ops/op_recording.h"
+#include "kiln/tensor/capture.h"
 
 namespace kiln {
 
@@ -51,10 +52,16 @@ Tensor record_identity(Tensor out, const Tensor& t, std::string_view name) {
 }  // namespace
 
 Tensor to(const Tensor& t, Device device, std::optional<DType> dtype, bool non_blocking) {
-  return record_to(internal::to(t, device, dtype, non_blocking), t, "ToBackward");
+  capture::Op cap("to");
+  return cap.done(record_to(internal::to(t, device, dtype, non_blocking), t, "ToBackward"), [&] {
+    return capture::Args{{t}, {}};
+  });
 }
 
-Tensor cast(const Tensor& t, DType dtype) { return record_to(internal::cast(t, dtype), t, "CastBackward"); }
+Tensor cast(const Tensor& t, DType dtype) {
+  capture::Op cap("cast");
+  return cap.done(record_to(internal::cast(t, dtype), t, "CastBackward"), [&] { return capture::Args{{t}, {}}; });
+}
 
 Tensor autocast::detail::with_cast_history(Tensor values, const Tensor& source) {
   KILN_CHECK(
@@ -64,11 +71,17 @@ Tensor autocast::detail::with_cast_history(Tensor values, const Tensor& source) 
 }
 
 Tensor contiguous(const Tensor& t, MemoryFormat format) {
-  return record_identity(internal::contiguous(t, format), t, "ContiguousBackward");
+  capture::Op cap("contiguous");
+  return cap.done(record_identity(internal::contiguous(t, format), t, "ContiguousBackward"), [&] {
+    return capture::Args{{t}, {}};
+  });
 }
 
 Tensor clone(const Tensor& t, MemoryFormat format) {
-  return record_identity(internal::clone(t, format), t, "CloneBackward");
+  capture::Op cap("clone");
+  return cap.done(record_identity(internal::clone(t, format), t, "CloneBackward"), [&] {
+    return capture::Args{{t}, {}};
+  });
 }
 
 // dst's old values are overwritten: its previous history gets no gradient. src gets g (summed over the

@@ -3,6 +3,7 @@
 // read back with gather. Index tensors and masks get no gradient.
 
 #include "kiln/autograd/ops/op_recording.h"
+#include "kiln/tensor/capture.h"
 
 namespace kiln {
 
@@ -202,9 +203,13 @@ Tensor index_read(const Tensor& a_in, int64_t dim, const Tensor& index, bool is_
 }  // namespace
 
 Tensor index_select(const Tensor& a_in, int64_t dim, const Tensor& index) {
-  return index_read(a_in, dim, index, false);
+  capture::Op cap("index_select");
+  return cap.done(index_read(a_in, dim, index, false), [&] { return capture::Args{{a_in, index}, {{"dim", dim}}}; });
 }
-Tensor gather(const Tensor& a_in, int64_t dim, const Tensor& index) { return index_read(a_in, dim, index, true); }
+Tensor gather(const Tensor& a_in, int64_t dim, const Tensor& index) {
+  capture::Op cap("gather");
+  return cap.done(index_read(a_in, dim, index, true), [&] { return capture::Args{{a_in, index}, {{"dim", dim}}}; });
+}
 
 Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
   return scatter_impl(a, dim, index, src, false);
@@ -247,11 +252,16 @@ Tensor masked_select(const Tensor& a_in, const Tensor& mask) {
 }
 
 Tensor embedding(const Tensor& weight_in, const Tensor& index) {
+  capture::Op cap("embedding");
   auto [weight] = autocast::inputs(Op::Embedding, weight_in);
-  return record<EmbeddingBackward>(internal::embedding(weight, index), weight, [&](EmbeddingBackward& node) {
-    node.weight_shape = weight.shape();
-    node.index = SavedTensor(index, false);
-  });
+  return cap.done(record<EmbeddingBackward>(internal::embedding(weight, index), weight,
+                                            [&](EmbeddingBackward& node) {
+                                              node.weight_shape = weight.shape();
+                                              node.index = SavedTensor(index, false);
+                                            }),
+                  [&] {
+                    return capture::Args{{weight_in, index}, {}};
+                  });
 }
 
 std::tuple<Tensor, Tensor> sort(const Tensor& a_in, int64_t dim, bool descending, bool stable) {
@@ -264,7 +274,13 @@ std::tuple<Tensor, Tensor> topk(const Tensor& a_in, int64_t k, int64_t dim, bool
   return record_sort(internal::topk(a, k, dim, largest, sorted), a, dim, "TopkBackward");
 }
 
-Tensor tril(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, true); }
-Tensor triu(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, false); }
+Tensor tril(const Tensor& a, int64_t diagonal) {
+  capture::Op cap("tril");
+  return cap.done(triangle(a, diagonal, true), [&] { return capture::Args{{a}, {{"diagonal", diagonal}}}; });
+}
+Tensor triu(const Tensor& a, int64_t diagonal) {
+  capture::Op cap("triu");
+  return cap.done(triangle(a, diagonal, false), [&] { return capture::Args{{a}, {{"diagonal", diagonal}}}; });
+}
 
 }  // namespace kiln

@@ -5,6 +5,7 @@
 #include <utility>  // std::move
 
 #include "kiln/autograd/ops/op_recording.h"
+#include "kiln/tensor/capture.h"
 
 namespace kiln {
 
@@ -72,11 +73,16 @@ struct MatmulBackward final : ProductBackward {
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  capture::Op cap("matmul");
   auto [a, b] = autocast::inputs(Op::Matmul, a_in, b_in);
-  return record_product<MatmulBackward>(internal::matmul(a, b), a, b, [&](MatmulBackward& node) {
-    node.a_dim = a.dim();
-    node.b_dim = b.dim();
-  });
+  return cap.done(record_product<MatmulBackward>(internal::matmul(a, b), a, b,
+                                                 [&](MatmulBackward& node) {
+                                                   node.a_dim = a.dim();
+                                                   node.b_dim = b.dim();
+                                                 }),
+                  [&] {
+                    return capture::Args{{a_in, b_in}, {}};
+                  });
 }
 
 namespace {
@@ -105,8 +111,14 @@ Tensor mm_impl(const Tensor& a_in, const Tensor& b_in, bool batched) {
 
 }  // namespace
 
-Tensor mm(const Tensor& a, const Tensor& b) { return mm_impl(a, b, false); }
-Tensor bmm(const Tensor& a, const Tensor& b) { return mm_impl(a, b, true); }
+Tensor mm(const Tensor& a, const Tensor& b) {
+  capture::Op cap("matmul");
+  return cap.done(mm_impl(a, b, false), [&] { return capture::Args{{a, b}, {}}; });
+}
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  capture::Op cap("matmul");
+  return cap.done(mm_impl(a, b, true), [&] { return capture::Args{{a, b}, {}}; });
+}
 
 namespace {
 
@@ -138,6 +150,7 @@ struct AddmmBackward final : ProductBackward {
 }  // namespace
 
 Tensor addmm(const Tensor& c_in, const Tensor& a_in, const Tensor& b_in, Scalar beta, Scalar alpha) {
+  capture::Op cap("addmm");
   auto [c, a, b] = autocast::inputs(Op::Addmm, c_in, a_in, b_in);
   Tensor out = internal::addmm(c, a, b, beta, alpha);
   if (needs_grad(c, a, b)) {
@@ -152,7 +165,10 @@ Tensor addmm(const Tensor& c_in, const Tensor& a_in, const Tensor& b_in, Scalar 
     }
     set_history(out, node);
   }
-  return out;
+  return cap.done(out, [&] {
+    return capture::Args{{c_in, a_in, b_in},
+                         {{"beta", capture::scalar_value(beta)}, {"alpha", capture::scalar_value(alpha)}}};
+  });
 }
 
 namespace {
@@ -187,7 +203,13 @@ Tensor vector_product(const Tensor& a_in, const Tensor& b_in, bool is_outer) {
 
 }  // namespace
 
-Tensor dot(const Tensor& a, const Tensor& b) { return vector_product(a, b, false); }
-Tensor outer(const Tensor& a, const Tensor& b) { return vector_product(a, b, true); }
+Tensor dot(const Tensor& a, const Tensor& b) {
+  capture::Op cap("matmul");
+  return cap.done(vector_product(a, b, false), [&] { return capture::Args{{a, b}, {}}; });
+}
+Tensor outer(const Tensor& a, const Tensor& b) {
+  capture::Op cap("outer");
+  return cap.done(vector_product(a, b, true), [&] { return capture::Args{{a, b}, {}}; });
+}
 
 }  // namespace kiln

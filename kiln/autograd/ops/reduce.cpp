@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include "kiln/autograd/ops/op_recording.h"
+#include "kiln/tensor/capture.h"
 
 namespace kiln {
 
@@ -69,24 +70,34 @@ struct SumBackward final : Node {
 }  // namespace
 
 Tensor sum(const Tensor& a_in, const Dims& dims, bool keepdim, std::optional<DType> dtype) {
+  capture::Op cap("sum");
   auto [a] = autocast::inputs(Op::Sum, a_in);
-  return record<SumBackward>(internal::sum(a, dims, keepdim, dtype), a, [&](SumBackward& node) {
-    node.input_shape = a.shape();
-    node.dims = reduced_dims(dims, a.dim(), "sum");
-    node.keepdim = keepdim;
-  });
+  return cap.done(record<SumBackward>(internal::sum(a, dims, keepdim, dtype), a,
+                                      [&](SumBackward& node) {
+                                        node.input_shape = a.shape();
+                                        node.dims = reduced_dims(dims, a.dim(), "sum");
+                                        node.keepdim = keepdim;
+                                      }),
+                  [&] {
+                    return capture::Args{{a_in}, {{"dims", dims}, {"keepdim", int64_t{keepdim}}}};
+                  });
 }
 
 Tensor mean(const Tensor& a_in, const Dims& dims, bool keepdim) {
+  capture::Op cap("mean");
   auto [a] = autocast::inputs(Op::Mean, a_in);
-  return record<SumBackward>(internal::mean(a, dims, keepdim), a, [&](SumBackward& node) {
-    node.input_shape = a.shape();
-    node.dims = reduced_dims(dims, a.dim(), "mean");
-    node.keepdim = keepdim;
-    int64_t count = 1;
-    for (int64_t d : node.dims) count *= a.size(d);
-    node.scale = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
-  });
+  return cap.done(record<SumBackward>(internal::mean(a, dims, keepdim), a,
+                                      [&](SumBackward& node) {
+                                        node.input_shape = a.shape();
+                                        node.dims = reduced_dims(dims, a.dim(), "mean");
+                                        node.keepdim = keepdim;
+                                        int64_t count = 1;
+                                        for (int64_t d : node.dims) count *= a.size(d);
+                                        node.scale = 1.0 / static_cast<double>(std::max<int64_t>(count, 1));
+                                      }),
+                  [&] {
+                    return capture::Args{{a_in}, {{"dims", dims}, {"keepdim", int64_t{keepdim}}}};
+                  });
 }
 
 namespace {
@@ -118,12 +129,17 @@ struct ProdBackward final : Node {
 }  // namespace
 
 Tensor prod(const Tensor& a_in, const Dims& dims, bool keepdim) {
+  capture::Op cap("prod");
   auto [a] = autocast::inputs(Op::Prod, a_in);
-  return record<ProdBackward>(internal::prod(a, dims, keepdim), a, [&](ProdBackward& node) {
-    node.input = SavedTensor(a, false);
-    node.dims = reduced_dims(dims, a.dim(), "prod");
-    node.keepdim = keepdim;
-  });
+  return cap.done(record<ProdBackward>(internal::prod(a, dims, keepdim), a,
+                                       [&](ProdBackward& node) {
+                                         node.input = SavedTensor(a, false);
+                                         node.dims = reduced_dims(dims, a.dim(), "prod");
+                                         node.keepdim = keepdim;
+                                       }),
+                  [&] {
+                    return capture::Args{{a_in}, {{"dims", dims}, {"keepdim", int64_t{keepdim}}}};
+                  });
 }
 
 namespace {
@@ -161,23 +177,35 @@ Tensor record_extremum(Tensor out, const Tensor& a, const Dims& dims, bool keepd
 }  // namespace
 
 Tensor amax(const Tensor& a_in, const Dims& dims, bool keepdim) {
+  capture::Op cap("amax");
   auto [a] = autocast::inputs(Op::Amax, a_in);
-  return record_extremum(internal::amax(a, dims, keepdim), a, dims, keepdim, "AmaxBackward", "amax");
+  return cap.done(record_extremum(internal::amax(a, dims, keepdim), a, dims, keepdim, "AmaxBackward", "amax"), [&] {
+    return capture::Args{{a_in}, {{"dims", dims}, {"keepdim", int64_t{keepdim}}}};
+  });
 }
 
 Tensor amin(const Tensor& a_in, const Dims& dims, bool keepdim) {
+  capture::Op cap("amin");
   auto [a] = autocast::inputs(Op::Amin, a_in);
-  return record_extremum(internal::amin(a, dims, keepdim), a, dims, keepdim, "AminBackward", "amin");
+  return cap.done(record_extremum(internal::amin(a, dims, keepdim), a, dims, keepdim, "AminBackward", "amin"), [&] {
+    return capture::Args{{a_in}, {{"dims", dims}, {"keepdim", int64_t{keepdim}}}};
+  });
 }
 
 Tensor max(const Tensor& a_in) {
+  capture::Op cap("amax");
   auto [a] = autocast::inputs(Op::MaxMin, a_in);
-  return record_extremum(internal::max(a), a, {}, false, "MaxBackward", "max");
+  return cap.done(record_extremum(internal::max(a), a, {}, false, "MaxBackward", "max"), [&] {
+    return capture::Args{{a_in}, {{"dims", Dims{}}, {"keepdim", int64_t{0}}}};
+  });
 }
 
 Tensor min(const Tensor& a_in) {
+  capture::Op cap("amin");
   auto [a] = autocast::inputs(Op::MaxMin, a_in);
-  return record_extremum(internal::min(a), a, {}, false, "MinBackward", "min");
+  return cap.done(record_extremum(internal::min(a), a, {}, false, "MinBackward", "min"), [&] {
+    return capture::Args{{a_in}, {{"dims", Dims{}}, {"keepdim", int64_t{0}}}};
+  });
 }
 
 namespace {
@@ -220,11 +248,17 @@ std::tuple<Tensor, Tensor> indexed_extremum(const Tensor& a_in, int64_t dim, boo
 }  // namespace
 
 std::tuple<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
-  return indexed_extremum(a, dim, keepdim, true);
+  capture::Op cap("max_dim");
+  return cap.done(indexed_extremum(a, dim, keepdim, true), [&] {
+    return capture::Args{{a}, {{"dim", dim}, {"keepdim", int64_t{keepdim}}}};
+  });
 }
 
 std::tuple<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim) {
-  return indexed_extremum(a, dim, keepdim, false);
+  capture::Op cap("min_dim");
+  return cap.done(indexed_extremum(a, dim, keepdim, false), [&] {
+    return capture::Args{{a}, {{"dim", dim}, {"keepdim", int64_t{keepdim}}}};
+  });
 }
 
 namespace {
@@ -287,15 +321,19 @@ std::shared_ptr<VarianceBackward> variance_node(const Tensor& a, const Dims& dim
 }  // namespace
 
 Tensor var(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdim) {
+  capture::Op cap("var");
   auto [a] = autocast::inputs(Op::Var, a_in);
   Tensor out = internal::var(a, dims, correction, keepdim);
   if (needs_grad(a)) {
     set_history(out, variance_node(a, dims, correction, keepdim, VarianceBackward::Kind::Var, "var"));
   }
-  return out;
+  return cap.done(out, [&] {
+    return capture::Args{{a_in}, {{"dims", dims}, {"correction", correction}, {"keepdim", int64_t{keepdim}}}};
+  });
 }
 
 Tensor std(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdim) {
+  capture::Op cap("std");
   auto [a] = autocast::inputs(Op::Std, a_in);
   Tensor out = internal::std(a, dims, correction, keepdim);
   if (needs_grad(a)) {
@@ -303,7 +341,9 @@ Tensor std(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdi
     set_history(out, node);
     node->result = SavedTensor(out, /*is_output=*/true);
   }
-  return out;
+  return cap.done(out, [&] {
+    return capture::Args{{a_in}, {{"dims", dims}, {"correction", correction}, {"keepdim", int64_t{keepdim}}}};
+  });
 }
 
 std::tuple<Tensor, Tensor> var_mean(const Tensor& a_in, const Dims& dims, int64_t correction, bool keepdim) {
@@ -357,16 +397,21 @@ struct NormBackward final : Node {
 }  // namespace
 
 Tensor norm(const Tensor& a_in, double p, const Dims& dims, bool keepdim) {
+  capture::Op cap("norm");
   auto [a] = autocast::inputs(Op::Norm, a_in);
   Tensor out = internal::norm(a, p, dims, keepdim);
-  return record<NormBackward>(out, a, [&](NormBackward& node) {
-    node.p = p;
-    node.input_shape = a.shape();
-    node.dims = reduced_dims(dims, a.dim(), "norm");
-    node.keepdim = keepdim;
-    if (p != 0) node.input = SavedTensor(a, false);
-    if (p != 0 && p != 1) node.result = SavedTensor(out, /*is_output=*/true);
-  });
+  return cap.done(record<NormBackward>(out, a,
+                                       [&](NormBackward& node) {
+                                         node.p = p;
+                                         node.input_shape = a.shape();
+                                         node.dims = reduced_dims(dims, a.dim(), "norm");
+                                         node.keepdim = keepdim;
+                                         if (p != 0) node.input = SavedTensor(a, false);
+                                         if (p != 0 && p != 1) node.result = SavedTensor(out, /*is_output=*/true);
+                                       }),
+                  [&] {
+                    return capture::Args{{a_in}, {{"p", p}, {"dims", dims}, {"keepdim", int64_t{keepdim}}}};
+                  });
 }
 
 namespace {
@@ -392,14 +437,19 @@ struct LogSumExpBackward final : Node {
 }  // namespace
 
 Tensor logsumexp(const Tensor& a_in, const Dims& dims, bool keepdim) {
+  capture::Op cap("logsumexp");
   auto [a] = autocast::inputs(Op::LogSumExp, a_in);
   Tensor out = internal::logsumexp(a, dims, keepdim);
-  return record<LogSumExpBackward>(out, a, [&](LogSumExpBackward& node) {
-    node.input = SavedTensor(a, false);
-    node.dims = reduced_dims(dims, a.dim(), "logsumexp");
-    node.keepdim = keepdim;
-    node.result = SavedTensor(out, /*is_output=*/true);
-  });
+  return cap.done(record<LogSumExpBackward>(out, a,
+                                            [&](LogSumExpBackward& node) {
+                                              node.input = SavedTensor(a, false);
+                                              node.dims = reduced_dims(dims, a.dim(), "logsumexp");
+                                              node.keepdim = keepdim;
+                                              node.result = SavedTensor(out, /*is_output=*/true);
+                                            }),
+                  [&] {
+                    return capture::Args{{a_in}, {{"dims", dims}, {"keepdim", int64_t{keepdim}}}};
+                  });
 }
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 // softmax and log_softmax, forward and backward side by side. Both save their result only.
 
 #include "kiln/autograd/ops/op_recording.h"
+#include "kiln/tensor/capture.h"
 
 namespace kiln {
 
@@ -40,7 +41,13 @@ Tensor softmax_impl(const Tensor& a_in, int64_t dim, bool log) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, false); }
-Tensor log_softmax(const Tensor& a, int64_t dim) { return softmax_impl(a, dim, true); }
+Tensor softmax(const Tensor& a, int64_t dim) {
+  capture::Op cap("softmax");
+  return cap.done(softmax_impl(a, dim, false), [&] { return capture::Args{{a}, {{"dim", dim}}}; });
+}
+Tensor log_softmax(const Tensor& a, int64_t dim) {
+  capture::Op cap("log_softmax");
+  return cap.done(softmax_impl(a, dim, true), [&] { return capture::Args{{a}, {{"dim", dim}}}; });
+}
 
 }  // namespace kiln

@@ -7,6 +7,7 @@
 #include "kiln/autograd/ops/op_recording.h"
 
 #include "kiln/autograd/ops/elementwise_nodes.h"
+#include "kiln/tensor/capture.h"
 
 namespace kiln {
 
@@ -80,23 +81,36 @@ Tensor square_grad(const Tensor& g, const Tensor& x, const Tensor&) { return int
 
 }  // namespace
 
-#define KILN_X(Enum, name, result, autocast, save, ...)                                                     \
-  Tensor name(const Tensor& a) {                                                                            \
-    return unary(Op::Enum, internal::name, a, #Enum "Backward", name##_derivative, Save::save);             \
-  }                                                                                                         \
-  Tensor& name##_(Tensor& a) {                                                                              \
-    return unary_inplace(a, #name "_", internal::name##_, #Enum "Backward", name##_derivative, Save::save); \
+#define KILN_X(Enum, name, result, autocast, save, ...)                                                            \
+  Tensor name(const Tensor& a) {                                                                                   \
+    capture::Op cap(#name);                                                                                        \
+    Tensor out = unary(Op::Enum, internal::name, a, #Enum "Backward", name##_derivative, Save::save);              \
+    if (cap) cap.record({a}, {out});                                                                               \
+    return out;                                                                                                    \
+  }                                                                                                                \
+  Tensor& name##_(Tensor& a) {                                                                                     \
+    capture::Op cap(#name); /* recorded as the op, its result the same tensor */                                   \
+    const Tensor before = a;                                                                                       \
+    Tensor& out = unary_inplace(a, #name "_", internal::name##_, #Enum "Backward", name##_derivative, Save::save); \
+    if (cap) cap.record({before}, {out});                                                                          \
+    return out;                                                                                                    \
   }
 KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
 
 Tensor gelu(const Tensor& a_in, bool tanh_approximation) {
+  capture::Op cap("gelu");
   auto [a] = autocast::inputs(Op::Gelu, a_in);
-  return record_unary(internal::gelu(a, tanh_approximation), a, "GeluBackward",
-                      tanh_approximation ? gelu_tanh_grad : gelu_grad, Save::Input);
+  Tensor out = record_unary(internal::gelu(a, tanh_approximation), a, "GeluBackward",
+                            tanh_approximation ? gelu_tanh_grad : gelu_grad, Save::Input);
+  if (cap) cap.record({a_in}, {out}, {{"tanh_approximation", int64_t{tanh_approximation}}});
+  return out;
 }
 Tensor square(const Tensor& a) {
-  return unary(Op::Square, internal::square, a, "SquareBackward", square_grad, Save::Input);
+  capture::Op cap("square");
+  Tensor out = unary(Op::Square, internal::square, a, "SquareBackward", square_grad, Save::Input);
+  if (cap) cap.record({a}, {out});
+  return out;
 }
 
 // ---------------------------------------------------------------- pow with a number
@@ -136,6 +150,7 @@ struct PowScalarBaseBackward final : Node {
 }  // namespace
 
 Tensor pow(const Tensor& a_in, Scalar exponent) {
+  capture::Op cap("pow_scalar");  // a ** exponent
   auto [a] = autocast::inputs(Op::Pow, a_in);
   Tensor out = internal::pow(a, exponent);
   if (needs_grad(a)) {
@@ -144,10 +159,12 @@ Tensor pow(const Tensor& a_in, Scalar exponent) {
     if (node->exponent != 0.0) node->base = SavedTensor(a, false);
     set_history(out, node);
   }
+  if (cap) cap.record({a_in}, {out}, {{"exponent", capture::scalar_value(exponent)}});
   return out;
 }
 
 Tensor pow(Scalar base, const Tensor& b_in) {
+  capture::Op cap("rpow_scalar");  // base ** b
   auto [b] = autocast::inputs(Op::Pow, b_in);
   Tensor out = internal::pow(base, b);
   if (needs_grad(b)) {
@@ -157,6 +174,7 @@ Tensor pow(Scalar base, const Tensor& b_in) {
     set_history(out, node);
     node->result = SavedTensor(out, /*is_output=*/true);
   }
+  if (cap) cap.record({b_in}, {out}, {{"base", capture::scalar_value(base)}});
   return out;
 }
 
@@ -172,6 +190,7 @@ TensorList ClampBackward::apply(TensorList&& grads) {
 }
 
 Tensor clamp(const Tensor& a_in, std::optional<Scalar> min, std::optional<Scalar> max) {
+  capture::Op cap("clamp");
   auto [a] = autocast::inputs(Op::Clamp, a_in);
   Tensor out = internal::clamp(a, min, max);
   if (needs_grad(a)) {
@@ -180,6 +199,12 @@ Tensor clamp(const Tensor& a_in, std::optional<Scalar> min, std::optional<Scalar
     node->min = min;
     node->max = max;
     set_history(out, node);
+  }
+  if (cap) {
+    std::vector<capture::Attr> attrs;
+    if (min) attrs.push_back({"min", capture::scalar_value(*min)});
+    if (max) attrs.push_back({"max", capture::scalar_value(*max)});
+    cap.record({a_in}, {out}, std::move(attrs));
   }
   return out;
 }

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string_view>
 #include "kiln/autograd/ops/op_recording.h"
+#include "kiln/tensor/capture.h"
 
 namespace kiln {
 
@@ -167,107 +168,161 @@ std::vector<Tensor> record_split(std::vector<Tensor> parts, const Tensor& t, int
   return parts;
 }
 
+// slice's arguments; an absent start or end is left out.
+std::vector<capture::Attr> slice_attrs(int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end,
+                                       int64_t step) {
+  std::vector<capture::Attr> attrs{{"dim", dim}, {"step", step}};
+  if (start) attrs.push_back({"start", *start});
+  if (end) attrs.push_back({"end", *end});
+  return attrs;
+}
+
 }  // namespace
 
 Tensor view(const Tensor& t_in, const Shape& shape) {
+  capture::Op cap("view");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(internal::view(t, shape), t, "ViewBackward");
+  return cap.done(record_reshape(internal::view(t, shape), t, "ViewBackward"), [&] {
+    return capture::Args{{t_in}, {{"shape", shape}}};
+  });
 }
 
 Tensor reshape(const Tensor& t_in, const Shape& shape) {
+  capture::Op cap("reshape");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(internal::reshape(t, shape), t, "ReshapeBackward");
+  return cap.done(record_reshape(internal::reshape(t, shape), t, "ReshapeBackward"), [&] {
+    return capture::Args{{t_in}, {{"shape", shape}}};
+  });
 }
 
 Tensor flatten(const Tensor& t_in, int64_t start_dim, int64_t end_dim) {
+  capture::Op cap("flatten");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(internal::flatten(t, start_dim, end_dim), t, "FlattenBackward");
+  return cap.done(record_reshape(internal::flatten(t, start_dim, end_dim), t, "FlattenBackward"), [&] {
+    return capture::Args{{t_in}, {{"start_dim", start_dim}, {"end_dim", end_dim}}};
+  });
 }
 
 Tensor unflatten(const Tensor& t_in, int64_t dim, const Shape& sizes) {
+  capture::Op cap("unflatten");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(internal::unflatten(t, dim, sizes), t, "UnflattenBackward");
+  return cap.done(record_reshape(internal::unflatten(t, dim, sizes), t, "UnflattenBackward"), [&] {
+    return capture::Args{{t_in}, {{"dim", dim}, {"sizes", sizes}}};
+  });
 }
 
 Tensor squeeze(const Tensor& t_in) {
+  capture::Op cap("squeeze");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(internal::squeeze(t), t, "SqueezeBackward");
+  return cap.done(record_reshape(internal::squeeze(t), t, "SqueezeBackward"), [&] {
+    return capture::Args{{t_in}, {}};
+  });
 }
 
 Tensor squeeze(const Tensor& t_in, int64_t dim) {
+  capture::Op cap("squeeze");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(internal::squeeze(t, dim), t, "SqueezeBackward");
+  return cap.done(record_reshape(internal::squeeze(t, dim), t, "SqueezeBackward"), [&] {
+    return capture::Args{{t_in}, {{"dim", dim}}};
+  });
 }
 
 Tensor unsqueeze(const Tensor& t_in, int64_t dim) {
+  capture::Op cap("unsqueeze");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_reshape(internal::unsqueeze(t, dim), t, "UnsqueezeBackward");
+  return cap.done(record_reshape(internal::unsqueeze(t, dim), t, "UnsqueezeBackward"), [&] {
+    return capture::Args{{t_in}, {{"dim", dim}}};
+  });
 }
 
 Tensor permute(const Tensor& t_in, const Dims& dims) {
+  capture::Op cap("permute");
   auto [t] = autocast::inputs(Op::View, t_in);
   Tensor out = internal::permute(t, dims);
-  if (out.is_same(t) || !needs_grad(t)) return out;
+  if (out.is_same(t) || !needs_grad(t)) return cap.done(out, [&] { return capture::Args{{t_in}, {{"dims", dims}}}; });
   auto node = make_node<PermuteBackward>(t);
   node->op_name = "PermuteBackward";
   node->inverse.resize(dims.size());
   for (size_t i = 0; i < dims.size(); ++i)
     node->inverse[wrap_dim(dims[i], t.dim(), "permute")] = static_cast<int64_t>(i);
   set_history(out, node);
-  return out;
+  return cap.done(out, [&] { return capture::Args{{t_in}, {{"dims", dims}}}; });
 }
 
 Tensor transpose(const Tensor& t_in, int64_t dim0, int64_t dim1) {
+  capture::Op cap("transpose");
   auto [t] = autocast::inputs(Op::View, t_in);
   Tensor out = internal::transpose(t, dim0, dim1);
-  if (out.is_same(t) || !needs_grad(t)) return out;  // 0-d: transpose is the input itself
+  if (out.is_same(t) || !needs_grad(t))
+    return cap.done(out, [&] {
+      return capture::Args{{t_in}, {{"dim0", dim0}, {"dim1", dim1}}};
+    });  // 0-d: transpose is the input itself
   auto node = make_node<PermuteBackward>(t);
   node->op_name = "TransposeBackward";
   // A transposition is its own inverse.
   for (int64_t d = 0; d < t.dim(); ++d) node->inverse.push_back(d);
   std::swap(node->inverse[wrap_dim(dim0, t.dim(), "transpose")], node->inverse[wrap_dim(dim1, t.dim(), "transpose")]);
   set_history(out, node);
-  return out;
+  return cap.done(out, [&] { return capture::Args{{t_in}, {{"dim0", dim0}, {"dim1", dim1}}}; });
 }
 
 Tensor expand(const Tensor& t_in, const Shape& shape) {
+  capture::Op cap("expand");
   auto [t] = autocast::inputs(Op::View, t_in);
   Tensor out = internal::expand(t, shape);
-  if (out.is_same(t) || !needs_grad(t)) return out;
+  if (out.is_same(t) || !needs_grad(t)) return cap.done(out, [&] { return capture::Args{{t_in}, {{"shape", shape}}}; });
   auto node = make_node<ExpandBackward>(t);
   node->input_shape = t.shape();
   set_history(out, node);
-  return out;
+  return cap.done(out, [&] { return capture::Args{{t_in}, {{"shape", shape}}}; });
 }
 
 Tensor narrow(const Tensor& t_in, int64_t dim, int64_t start, int64_t length) {
+  capture::Op cap("narrow");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_region(internal::narrow(t, dim, start, length), t, "NarrowBackward",
-                       [=](const Tensor& z) { return internal::narrow(z, dim, start, length); });
+  return cap.done(record_region(internal::narrow(t, dim, start, length), t, "NarrowBackward",
+                                [=](const Tensor& z) { return internal::narrow(z, dim, start, length); }),
+                  [&] {
+                    return capture::Args{{t_in}, {{"dim", dim}, {"start", start}, {"length", length}}};
+                  });
 }
 
 Tensor slice(const Tensor& t_in, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step) {
+  capture::Op cap("slice");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_region(internal::slice(t, dim, start, end, step), t, "SliceBackward",
-                       [=](const Tensor& z) { return internal::slice(z, dim, start, end, step); });
+  return cap.done(record_region(internal::slice(t, dim, start, end, step), t, "SliceBackward",
+                                [=](const Tensor& z) { return internal::slice(z, dim, start, end, step); }),
+                  [&] {
+                    return capture::Args{{t_in}, slice_attrs(dim, start, end, step)};
+                  });
 }
 
 Tensor select(const Tensor& t_in, int64_t dim, int64_t index) {
+  capture::Op cap("select");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_region(internal::select(t, dim, index), t, "SelectBackward",
-                       [=](const Tensor& z) { return internal::select(z, dim, index); });
+  return cap.done(record_region(internal::select(t, dim, index), t, "SelectBackward",
+                                [=](const Tensor& z) { return internal::select(z, dim, index); }),
+                  [&] {
+                    return capture::Args{{t_in}, {{"dim", dim}, {"index", index}}};
+                  });
 }
 
 Tensor diagonal(const Tensor& t_in, int64_t offset, int64_t dim1, int64_t dim2) {
+  capture::Op cap("diagonal");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_region(internal::diagonal(t, offset, dim1, dim2), t, "DiagonalBackward",
-                       [=](const Tensor& z) { return internal::diagonal(z, offset, dim1, dim2); });
+  return cap.done(record_region(internal::diagonal(t, offset, dim1, dim2), t, "DiagonalBackward",
+                                [=](const Tensor& z) { return internal::diagonal(z, offset, dim1, dim2); }),
+                  [&] {
+                    return capture::Args{{t_in}, {{"offset", offset}, {"dim1", dim1}, {"dim2", dim2}}};
+                  });
 }
 
 Tensor as_strided(const Tensor& t_in, const Shape& sizes, const Strides& strides, std::optional<int64_t> offset) {
+  capture::Op cap("as_strided");
   auto [t] = autocast::inputs(Op::View, t_in);
   Tensor out = internal::as_strided(t, sizes, strides, offset);
-  if (out.is_same(t) || !needs_grad(t)) return out;
+  if (out.is_same(t) || !needs_grad(t))
+    return cap.done(out, [&] { return capture::Args{{t_in}, {{"sizes", sizes}, {"strides", strides}}}; });
   // The backward maps storage positions to input elements, which is only exact for a contiguous input
   // whose elements cover every position the view reads.
   const int64_t relative = offset.value_or(t.offset()) - t.offset();
@@ -285,27 +340,40 @@ Tensor as_strided(const Tensor& t_in, const Shape& sizes, const Strides& strides
   node->strides = strides;
   node->offset = empty_view ? 0 : relative;
   set_history(out, node);
-  return out;
+  return cap.done(out, [&] { return capture::Args{{t_in}, {{"sizes", sizes}, {"strides", strides}}}; });
 }
 
 std::vector<Tensor> split(const Tensor& t_in, int64_t split_size, int64_t dim) {
+  capture::Op cap("split");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_split(internal::split(t, split_size, dim), t, dim, "SplitBackward", false);
+  return cap.done(record_split(internal::split(t, split_size, dim), t, dim, "SplitBackward", false), [&] {
+    return capture::Args{{t_in}, {{"split_size", split_size}, {"dim", dim}}};
+  });
 }
 
 std::vector<Tensor> split_with_sizes(const Tensor& t_in, const std::vector<int64_t>& sizes, int64_t dim) {
+  capture::Op cap("split_with_sizes");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_split(internal::split_with_sizes(t, sizes, dim), t, dim, "SplitWithSizesBackward", false);
+  return cap.done(record_split(internal::split_with_sizes(t, sizes, dim), t, dim, "SplitWithSizesBackward", false),
+                  [&] {
+                    return capture::Args{{t_in}, {{"sizes", sizes}, {"dim", dim}}};
+                  });
 }
 
 std::vector<Tensor> chunk(const Tensor& t_in, int64_t chunks, int64_t dim) {
+  capture::Op cap("chunk");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_split(internal::chunk(t, chunks, dim), t, dim, "ChunkBackward", false);
+  return cap.done(record_split(internal::chunk(t, chunks, dim), t, dim, "ChunkBackward", false), [&] {
+    return capture::Args{{t_in}, {{"chunks", chunks}, {"dim", dim}}};
+  });
 }
 
 std::vector<Tensor> unbind(const Tensor& t_in, int64_t dim) {
+  capture::Op cap("unbind");
   auto [t] = autocast::inputs(Op::View, t_in);
-  return record_split(internal::unbind(t, dim), t, dim, "UnbindBackward", true);
+  return cap.done(record_split(internal::unbind(t, dim), t, dim, "UnbindBackward", true), [&] {
+    return capture::Args{{t_in}, {{"dim", dim}}};
+  });
 }
 
 }  // namespace kiln

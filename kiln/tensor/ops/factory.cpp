@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kiln/tensor/backend.h"
+#include "kiln/tensor/capture.h"
 #include "kiln/tensor/checked_size.h"
 #include "kiln/tensor/dispatch.h"
 #include "kiln/tensor/internal_ops.h"
@@ -76,21 +77,28 @@ Tensor empty_strided(const Shape& shape, const Strides& strides, const TensorOpt
 
 Tensor empty(const Shape& shape, const TensorOptions& options) { return empty_for(shape, options, "empty"); }
 
+// zeros, ones and full record as "full" (shape, value); the _like forms as "full_like" (value), their input the
+// tensor whose shape they take; arange as "arange" (start, end, step). The dtype is the result's.
 Tensor zeros(const Shape& shape, const TensorOptions& options) {
+  capture::Op cap("full");
   Tensor t = empty_for(shape, options, "zeros");
-  return fill_(t, 0);
+  return cap.done(fill_(t, 0), [&] { return capture::Args{{}, {{"shape", shape}, {"value", int64_t{0}}}}; });
 }
 
 Tensor ones(const Shape& shape, const TensorOptions& options) {
+  capture::Op cap("full");
   Tensor t = empty_for(shape, options, "ones");
-  return fill_(t, 1);
+  return cap.done(fill_(t, 1), [&] { return capture::Args{{}, {{"shape", shape}, {"value", int64_t{1}}}}; });
 }
 
 Tensor full(const Shape& shape, Scalar value, const TensorOptions& options) {
+  capture::Op cap("full");
   TensorOptions o = options;
   if (!o.dtype) o.dtype = value.natural_dtype();
   Tensor t = empty_for(shape, o, "full");
-  return fill_(t, value);
+  return cap.done(fill_(t, value), [&] {
+    return capture::Args{{}, {{"shape", shape}, {"value", capture::scalar_value(value)}}};
+  });
 }
 
 Tensor empty_like(const Tensor& t, std::optional<DType> dtype, MemoryFormat format) {
@@ -99,24 +107,20 @@ Tensor empty_like(const Tensor& t, std::optional<DType> dtype, MemoryFormat form
   return empty(t.shape(), {.dtype = dtype.value_or(t.dtype()), .device = t.device(), .memory_format = format});
 }
 
-Tensor zeros_like(const Tensor& t, std::optional<DType> dtype) {
-  Tensor out = empty_like(t, dtype);
-  return fill_(out, 0);
-}
+Tensor zeros_like(const Tensor& t, std::optional<DType> dtype) { return full_like(t, 0, dtype); }
 
-Tensor ones_like(const Tensor& t, std::optional<DType> dtype) {
-  Tensor out = empty_like(t, dtype);
-  return fill_(out, 1);
-}
+Tensor ones_like(const Tensor& t, std::optional<DType> dtype) { return full_like(t, 1, dtype); }
 
 Tensor full_like(const Tensor& t, Scalar value, std::optional<DType> dtype) {
+  capture::Op cap("full_like");
   Tensor out = empty_like(t, dtype);
-  return fill_(out, value);
+  return cap.done(fill_(out, value), [&] { return capture::Args{{t}, {{"value", capture::scalar_value(value)}}}; });
 }
 
 Tensor arange(Scalar end, const TensorOptions& options) { return arange(0, end, 1, options); }
 
 Tensor arange(Scalar start, Scalar end, Scalar step, const TensorOptions& options) {
+  capture::Op cap("arange");
   const bool all_integral = !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
   TensorOptions o = options;
   if (!o.dtype) o.dtype = all_integral ? DType::Int64 : kDefaultFloat;
@@ -142,7 +146,12 @@ Tensor arange(Scalar start, Scalar end, Scalar step, const TensorOptions& option
   }
   Tensor t = empty({n}, o);
   if (n > 0) backend(t.device()).arange(t, start, step);
-  return t;
+  return cap.done(t, [&] {
+    return capture::Args{{},
+                         {{"start", capture::scalar_value(start)},
+                          {"end", capture::scalar_value(end)},
+                          {"step", capture::scalar_value(step)}}};
+  });
 }
 
 Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options) {
