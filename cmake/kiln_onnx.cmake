@@ -17,8 +17,8 @@
 
 set(KILN_ONNX_PROTO "${PROJECT_SOURCE_DIR}/third_party/onnx/onnx.proto" CACHE FILEPATH
     "ONNX's onnx.proto, which kiln's ONNX export is generated from (scripts/setup.sh fetches it)")
-set(_kiln_onnx_fix "run scripts/setup.sh (it installs them), or configure with -DKILN_ONNX=OFF to build kiln without \
-ONNX export")
+set(_kiln_onnx_fix "run scripts/setup.sh (it installs protobuf, and puts onnx.proto into third_party/onnx), or \
+configure with -DKILN_ONNX=OFF to build kiln without ONNX export")
 
 # ---- protobuf: the system's, else third_party/protobuf ----
 set(_kiln_protobuf_copy "${PROJECT_SOURCE_DIR}/third_party/protobuf")
