@@ -110,8 +110,10 @@ probe() {
     nlohmann-json3-dev) have_file /usr/include/nlohmann/json.hpp /usr/local/include/nlohmann/json.hpp ;;
     libcli11-dev) have_file /usr/include/CLI/CLI.hpp /usr/local/include/CLI/CLI.hpp ;;
     libisal-dev) have_file /usr/include/isa-l/crc.h /usr/local/include/isa-l/crc.h ;;
-    libprotobuf-dev) have_file /usr/include/google/protobuf/message.h /usr/local/include/google/protobuf/message.h ;;
-    protobuf-compiler) command -v protoc >/dev/null ;;
+    # protobuf: also the copy in third_party/protobuf (below), with which a machine without a package source builds.
+    libprotobuf-dev) have_file /usr/include/google/protobuf/message.h /usr/local/include/google/protobuf/message.h \
+                               third_party/protobuf/include/google/protobuf/message.h ;;
+    protobuf-compiler) command -v protoc >/dev/null || [[ -x third_party/protobuf/bin/protoc ]] ;;
     openmpi-bin) command -v mpirun >/dev/null ;;
     libgtest-dev | googletest)
       compgen -G '/usr/lib/*/cmake/GTest/GTestConfig.cmake' >/dev/null ||
