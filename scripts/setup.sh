@@ -71,7 +71,8 @@ jobs="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 required=(cmake ninja-build g++ make pkg-config python3 libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin
           libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libisal-dev
           libprotobuf-dev protobuf-compiler)
-# python3-pip fetches the header-only parts kiln takes from PyPI (nvml.h, cudnn-frontend) into third_party/.
+# python3-pip fetches the parts kiln takes from PyPI (nvml.h, cudnn-frontend, onnx.proto; the tests' Python packages)
+# into third_party/.
 optional=(ccache clang-format git python3-pip)
 # Only the tests need these (left out by --no-test-deps): doxygen, for the API reference's check docs.undocumented.
 test_packages=(doxygen)
