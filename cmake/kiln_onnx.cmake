@@ -28,9 +28,10 @@ if(_at EQUAL 0)
   set(_kiln_protobuf_use_copy TRUE)  # an earlier configure chose the copy
 else()
   find_package(Protobuf QUIET)
-  if((NOT Protobuf_FOUND OR NOT Protobuf_PROTOC_EXECUTABLE) AND EXISTS "${_kiln_protobuf_copy}/bin/protoc")
+  # The copy only where the system has no protobuf library and headers (then FindProtobuf defines no target yet).
+  if(NOT Protobuf_FOUND AND EXISTS "${_kiln_protobuf_copy}/bin/protoc")
     set(_kiln_protobuf_use_copy TRUE)
-    # Forget what was found of a partial system installation: headers, library and protoc from one place.
+    # Forget what was found of a partial system installation (a protoc, say): all from one place.
     foreach(_var Protobuf_INCLUDE_DIR Protobuf_LIBRARY Protobuf_LIBRARY_RELEASE Protobuf_LIBRARY_DEBUG
                  Protobuf_LITE_LIBRARY Protobuf_LITE_LIBRARY_RELEASE Protobuf_LITE_LIBRARY_DEBUG Protobuf_PROTOC_LIBRARY
                  Protobuf_PROTOC_LIBRARY_RELEASE Protobuf_PROTOC_LIBRARY_DEBUG Protobuf_PROTOC_EXECUTABLE)
@@ -48,9 +49,13 @@ if(_kiln_protobuf_use_copy)
   find_package(Protobuf QUIET)
   set(ENV{LD_LIBRARY_PATH} "${_kiln_saved_ld_path}")
 endif()
-if(NOT Protobuf_FOUND OR NOT Protobuf_PROTOC_EXECUTABLE OR NOT TARGET protobuf::libprotobuf)
+if(NOT Protobuf_FOUND OR NOT TARGET protobuf::libprotobuf)
   message(FATAL_ERROR "KILN_ONNX: protobuf (its headers, libprotobuf and protoc) was not found, neither on the system "
                       "nor in third_party/protobuf: ${_kiln_onnx_fix}")
+endif()
+if(NOT Protobuf_PROTOC_EXECUTABLE)
+  message(FATAL_ERROR "KILN_ONNX: protobuf ${Protobuf_VERSION} was found (${Protobuf_INCLUDE_DIR}), but not its compiler "
+                      "protoc (Debian: protobuf-compiler): ${_kiln_onnx_fix}")
 endif()
 if(NOT EXISTS "${KILN_ONNX_PROTO}")
   message(FATAL_ERROR "KILN_ONNX: ONNX's schema ${KILN_ONNX_PROTO} is missing: ${_kiln_onnx_fix}")
