@@ -8,29 +8,46 @@ set(KILN_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/kiln" CACHE STRING
 mark_as_advanced(KILN_INSTALL_CMAKEDIR)
 
 # ---- the library: libkiln.so (KILN_SHARED), or libkiln.a with the kiln helpers its link interface names ----
-# (kiln::nvml, kiln::hdf5). The modules are not libraries of their own: kiln::<module> is kiln::kiln.
+# (kiln::nvml, kiln::hdf5, kiln::onnx_proto). The modules are not libraries of their own: kiln::<module> is kiln::kiln.
 install(TARGETS ${KILN_LIBRARY_TARGETS} EXPORT kilnTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
-# ---- ISA-L from third_party/ (a machine without the system package): installed into the prefix ----
-# libkiln.so needs libisal.so.2 at run time and at a program's link. The system's copy (libisal2) is found by
-# every linker; a copy scripts/setup.sh put into the source tree is not, so the prefix carries it and libkiln.so
-# finds it through its $ORIGIN run path. A static libkiln.a leaves ISA-L to the program's link: kilnConfig.cmake
-# finds it (FindISAL looks in the prefix it was installed into too), so the prefix carries its headers as well.
-if(ISAL_LIBRARY AND ISAL_LIBRARY MATCHES "^${PROJECT_SOURCE_DIR}/third_party/")
-  get_filename_component(_isal_dir "${ISAL_LIBRARY}" DIRECTORY)
-  file(GLOB _isal_files "${_isal_dir}/libisal.so*")
-  install(FILES ${_isal_files} DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# ---- libraries from third_party/ (a machine without the system package): installed into the prefix ----
+# libkiln.so needs ISA-L's libisal.so.2 and protobuf's libprotobuf.so.32 (KILN_ONNX) at run time and at a program's
+# link. The system's copies are found by every linker; a copy scripts/setup.sh put into the source tree is not, so the
+# prefix carries it and libkiln.so finds it through its $ORIGIN run path. A static libkiln.a leaves them to the
+# program's link: kilnConfig.cmake finds them (FindISAL looks in the prefix it was installed into too; FindProtobuf in
+# CMAKE_PREFIX_PATH), so the prefix carries their headers as well.
+# kiln_install_third_party(<library file> <file name glob> <header file or folder>...)
+function(kiln_install_third_party library glob)
+  if(NOT library OR NOT library MATCHES "^${PROJECT_SOURCE_DIR}/third_party/")
+    return()  # the system's
+  endif()
+  get_filename_component(_dir "${library}" DIRECTORY)
+  file(GLOB _files "${_dir}/${glob}")
+  install(FILES ${_files} DESTINATION ${CMAKE_INSTALL_LIBDIR})
   if(TARGET kiln AND KILN_SHARED)
-    set_property(TARGET kiln APPEND PROPERTY INSTALL_RPATH "$ORIGIN")
+    get_target_property(_rpath kiln INSTALL_RPATH)
+    if(NOT "$ORIGIN" IN_LIST _rpath)
+      set_property(TARGET kiln APPEND PROPERTY INSTALL_RPATH "$ORIGIN")
+    endif()
   endif()
   if(NOT KILN_SHARED)
-    install(FILES ${ISAL_INCLUDE_DIR}/isa-l.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-    install(DIRECTORY ${ISAL_INCLUDE_DIR}/isa-l DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+    foreach(_header IN LISTS ARGN)
+      if(IS_DIRECTORY "${_header}")
+        install(DIRECTORY "${_header}" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+      else()
+        install(FILES "${_header}" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+      endif()
+    endforeach()
   endif()
+endfunction()
+kiln_install_third_party("${ISAL_LIBRARY}" "libisal.so*" ${ISAL_INCLUDE_DIR}/isa-l.h ${ISAL_INCLUDE_DIR}/isa-l)
+if(KILN_ONNX)
+  kiln_install_third_party("${Protobuf_LIBRARY_RELEASE}" "libprotobuf.so*" ${Protobuf_INCLUDE_DIR}/google)
 endif()
 
 # ---- headers: kiln/**/*.h with their paths, except the backends' internals ----

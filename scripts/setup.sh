@@ -18,7 +18,11 @@
 #   KILN_CUDA                ON, OFF or auto (default: auto = ON when nvcc is found)
 #   KILN_CUDA_ARCHITECTURES  CMAKE_CUDA_ARCHITECTURES when CUDA is on (default: 90, the H200)
 #
-# Packages come from apt, only those missing; it runs apt as root, or through sudo when not root.
+# Packages come from apt, only those missing; it runs apt as root, or through sudo when not root. What apt lacks comes
+# from PyPI into the git-ignored third_party/ (NVIDIA's headers, ONNX's onnx.proto; the tests' Python packages
+# tensorboard, onnx and onnxruntime into third_party/python), and CLI11, ISA-L and protobuf are copied there from
+# their Debian packages: a machine without a package source (the GPU machine) builds from the working tree plus
+# third_party/ (for ONNX export: third_party/onnx and third_party/protobuf).
 # Running it again is cheap: nothing is installed twice, and an existing build folder keeps its
 # settings (only -D arguments given now change them).
 set -euo pipefail
@@ -46,7 +50,7 @@ while [[ $# -gt 0 ]]; do
     --test-deps) do_test_deps=2 ;;
     --target) [[ $# -ge 2 ]] || die "--target needs a target name"; target="$2"; shift ;;
     -D*) cmake_args+=("$1") ;;
-    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (try --help)" ;;
   esac
   shift
@@ -62,9 +66,13 @@ jobs="${KILN_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # Required to build and test; the optional ones only speed up or tidy (ccache, clang-format, git).
 # libcli11-dev: the examples' and tools' option parsing; libisal-dev: ISA-L's CRC-32C for TensorBoard event files.
 # python3: CMake runs tests/docs/check_snippets.py when it configures (the documentation's programs).
+# libprotobuf-dev, protobuf-compiler: ONNX export (io::export_onnx) writes ONNX's protobuf messages; protoc generates
+# their C++ from onnx.proto (taken from the onnx wheel, below) when kiln builds (-DKILN_ONNX=OFF builds without both).
 required=(cmake ninja-build g++ make pkg-config python3 libeigen3-dev libhdf5-dev libopenmpi-dev openmpi-bin
-          libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libisal-dev)
-# python3-pip fetches the header-only parts kiln takes from PyPI (nvml.h, cudnn-frontend) into third_party/.
+          libgtest-dev googletest libjpeg-dev libpng-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libisal-dev
+          libprotobuf-dev protobuf-compiler)
+# python3-pip fetches the parts kiln takes from PyPI (nvml.h, cudnn-frontend, onnx.proto; the tests' Python packages)
+# into third_party/.
 optional=(ccache clang-format git python3-pip)
 # Only the tests need these (left out by --no-test-deps): doxygen, for the API reference's check docs.undocumented.
 test_packages=(doxygen)
@@ -103,6 +111,10 @@ probe() {
     nlohmann-json3-dev) have_file /usr/include/nlohmann/json.hpp /usr/local/include/nlohmann/json.hpp ;;
     libcli11-dev) have_file /usr/include/CLI/CLI.hpp /usr/local/include/CLI/CLI.hpp ;;
     libisal-dev) have_file /usr/include/isa-l/crc.h /usr/local/include/isa-l/crc.h ;;
+    # protobuf: also the copy in third_party/protobuf (below), with which a machine without a package source builds.
+    libprotobuf-dev) have_file /usr/include/google/protobuf/message.h /usr/local/include/google/protobuf/message.h \
+                               third_party/protobuf/include/google/protobuf/message.h ;;
+    protobuf-compiler) command -v protoc >/dev/null || [[ -x third_party/protobuf/bin/protoc ]] ;;
     openmpi-bin) command -v mpirun >/dev/null ;;
     libgtest-dev | googletest)
       compgen -G '/usr/lib/*/cmake/GTest/GTestConfig.cmake' >/dev/null ||
@@ -176,8 +188,8 @@ apt_install() {
   fi
 }
 
-# Header-only pieces from NVIDIA's PyPI wheels, kept in the git-ignored third_party/<name>/include/ (sent along
-# to machines without a package registry, such as the GPU machine) with a VERSION stamp:
+# Files taken from PyPI wheels, kept in the git-ignored third_party/<name>/ (sent along to machines without a package
+# registry, such as the GPU machine) with a VERSION stamp. Header-only pieces from NVIDIA's wheels:
 # - cuDNN's fused attention is used through cudnn-frontend (nvidia-cudnn-frontend, its include/ folder);
 # - GPU monitoring (kiln/monitor/nvml/) and kiln-doctor read the driver's NVML library, loaded at run time;
 #   only its header is needed to build (nvidia-nvml-dev's nvml.h). Without it kiln builds, and says at run
@@ -185,18 +197,26 @@ apt_install() {
 # - GPU JPEG decoding (kiln/data/gpu_decode/) loads nvJPEG at run time; nvidia-nvjpeg gives its header to build
 #   against and libnvjpeg.so.13 (into third_party/nvjpeg/lib/, where kiln looks first at run time). The 13.0
 #   release runs with every CUDA 13 driver. Without it kiln builds, and a GPU decode says how to get it.
+# And ONNX's schema: onnx.proto (with the onnx wheel's license) into third_party/onnx/, from which CMake generates
+# kiln's C++ for the ONNX messages (KILN_ONNX, ON by default; cmake/kiln_onnx.cmake). The same onnx release is
+# installed into third_party/python for the tests (below), so the exporter and the checker read one schema.
 cudnn_frontend_version="1.32.0"
 nvml_version="13.0.87"
 nvjpeg_version="13.0.4.44"
+onnx_version="1.23.2"
 
-# install_wheel_headers PACKAGE VERSION DIR CHECK_FILE WITHOUT [libs]
-#   Puts every file under an include/ folder of the wheel into DIR/include/ (the part after "include/"), unless
-#   DIR's stamp says VERSION and DIR/include/CHECK_FILE exists. WITHOUT says what a failure costs. With "libs",
-#   the shared libraries under the wheel's lib/ folders go to DIR/lib/ too.
-install_wheel_headers() {
-  local package="$1" version="$2" dir="$3" check="$4" without="$5" libs="${6:-}"
+# install_from_wheel PACKAGE VERSION DIR CHECK_FILE WITHOUT WHAT...
+#   Puts the files WHAT names from PACKAGE's wheel into DIR, unless DIR's stamp says VERSION and DIR/CHECK_FILE
+#   exists. WITHOUT says what a failure costs. Each WHAT is one of:
+#     include   every file under an include/ folder of the wheel, into DIR/include/ (the part after "include/");
+#     libs      the shared libraries under the wheel's lib/ folders, into DIR/lib/;
+#     licenses  the wheel's license files (*.dist-info/licenses/*), into DIR/;
+#     a path    that one file of the wheel (e.g. onnx/onnx.proto), into DIR/.
+install_from_wheel() {
+  local package="$1" version="$2" dir="$3" check="$4" without="$5"
+  shift 5
   local stamp="$dir/VERSION"
-  if [[ -f "$stamp" && "$(cat "$stamp")" == "$version" && -f "$dir/include/$check" ]]; then
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$version" && -f "$dir/$check" ]]; then
     say "$package $version is already in $dir"
     return
   fi
@@ -208,28 +228,37 @@ install_wheel_headers() {
   fi
   local tmp
   tmp="$(mktemp -d)"
-  say "installing $package $version ($([[ "$libs" == libs ]] && echo "headers and libraries" || echo "headers only")) from PyPI into $dir"
+  say "installing $package $version ($*) from PyPI into $dir"
   if "$py" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "$package==$version" &&
-     "$py" - "$tmp" "$dir" "$check" "$libs" <<'PY'
-import glob, os, shutil, sys, zipfile
-tmp, dest, check, libs = sys.argv[1:5]
+     "$py" - "$tmp" "$dir" "$check" "$@" <<'PY'
+import fnmatch, glob, os, shutil, sys, zipfile
+tmp, dest, check, *what = sys.argv[1:]
 wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
 shutil.rmtree(dest, ignore_errors=True)
+
+def target(name):  # where a file of the wheel goes in dest, or None
+    base = os.path.basename(name)
+    if "libs" in what and "/lib/" in name and ".so" in base:
+        return os.path.join("lib", base)
+    if "include" in what and "include/" in name:
+        return os.path.join("include", name.split("include/", 1)[1])
+    if "licenses" in what and fnmatch.fnmatch(name, "*.dist-info/licenses/*"):
+        return base
+    if name in what:
+        return base
+    return None
+
 with zipfile.ZipFile(wheel) as z:
     for name in z.namelist():
-        if name.endswith("/"):
+        rel = None if name.endswith("/") else target(name)
+        if rel is None:
             continue
-        if libs == "libs" and "/lib/" in name and ".so" in os.path.basename(name):
-            target = os.path.join(dest, "lib", os.path.basename(name))
-        elif "include/" in name:
-            target = os.path.join(dest, "include", name.split("include/", 1)[1])
-        else:
-            continue
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with z.open(name) as src, open(target, "wb") as out:
+        path = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with z.open(name) as src, open(path, "wb") as out:
             shutil.copyfileobj(src, out)
-if not os.path.isfile(os.path.join(dest, "include", check)):
-    sys.exit("setup.sh: no include/" + check + " in " + os.path.basename(wheel))
+if not os.path.isfile(os.path.join(dest, check)):
+    sys.exit("setup.sh: no " + check + " from " + os.path.basename(wheel))
 PY
   then
     echo "$version" >"$stamp"
@@ -239,10 +268,15 @@ PY
   rm -rf "$tmp"
 }
 
-# Two of the Debian packages are copied into the git-ignored third_party/ too, so that they travel with the working
+# Three of the Debian packages are copied into the git-ignored third_party/ too, so that they travel with the working
 # tree to a machine that has no package source (the GPU machine), where CMake looks for them after the system:
 # CLI11 (headers and its CMake package) into third_party/cli11, ISA-L (headers and libisal.so*) into
-# third_party/isal. A stamp holds the package's version; nothing is copied twice.
+# third_party/isal, and protobuf into third_party/protobuf: its headers, libprotobuf.so*, and protoc (bin/) with the
+# libprotoc.so* it runs with, so that the GPU machine generates the ONNX messages' C++ at build time as every other
+# machine does (one way to build; the generated code always matches the libprotobuf it links, since both come from
+# one copy). CMake runs that protoc with LD_LIBRARY_PATH on third_party/protobuf/lib. About 9 MB.
+# A stamp holds the package's version; nothing is copied twice. package_runtime names the packages that hold the
+# files beside the -dev package's (its run-time library, the compiler).
 stage_package() {
   local package="$1" dir="$2"
   shift 2
@@ -263,6 +297,7 @@ stage_package() {
       if [[ "$file" == $keep && ( -f "$file" || -L "$file" ) ]]; then
         case "$file" in
           */include/*) mkdir -p "$dir/include/$(dirname "${file#*/include/}")" && cp -P "$file" "$dir/include/${file#*/include/}" ;;
+          */bin/*) mkdir -p "$dir/bin" && cp -P "$file" "$dir/bin/" ;;
           */share/cmake/*) mkdir -p "$dir/share/cmake/$(dirname "${file#*/share/cmake/}")" &&
                            cp -P "$file" "$dir/share/cmake/${file#*/share/cmake/}" ;;
           *) mkdir -p "$dir/lib" && cp -P "$file" "$dir/lib/" ;;
@@ -278,61 +313,76 @@ stage_offline_packages() {
   stage_package libcli11-dev third_party/cli11 '/usr/include/CLI/*' '/usr/share/cmake/CLI11/*'
   package_runtime=(libisal2)  # the library itself (libisal.so.2), beside the -dev package's libisal.so link
   stage_package libisal-dev third_party/isal '/usr/include/isa-l*' '/usr/lib/*/libisal.so*'
+  # The run-time libraries' package names carry their soname (Debian 12: libprotobuf32, libprotoc32): asked of dpkg.
+  mapfile -t package_runtime < <(dpkg-query -S '/usr/lib/*/libprotobuf.so.*' '/usr/lib/*/libprotoc.so.*' 2>/dev/null |
+                                   cut -d: -f1 | sort -u)
+  package_runtime+=(protobuf-compiler)
+  stage_package libprotobuf-dev third_party/protobuf '/usr/include/google/protobuf/*' '/usr/lib/*/libprotobuf.so*' \
+    '/usr/lib/*/libprotoc.so*' '/usr/bin/protoc'
 }
 
-# TensorBoard's own Python reader checks kiln's event files (the CTest test monitor.tensorboard_reader):
-# installed with pip into third_party/python (git-ignored), not into any system or user Python; the test puts
-# it on PYTHONPATH. The stamp names the version and the Python it was installed for.
+# The Python packages the tests use, installed with pip into third_party/python (git-ignored), not into any system or
+# user Python; the tests put it on PYTHONPATH:
+# - tensorboard: its own reader checks kiln's event files (monitor.tensorboard_reader);
+# - onnx and onnxruntime (CPU): ONNX's checker and ONNX Runtime run the models io::export_onnx writes and compare
+#   their outputs with kiln's (tests/io/onnx_check.py: io.onnx_runtime, io.onnx_check_selftest). onnx is the release
+#   whose onnx.proto kiln builds with (onnx_version, above).
+# One pip call for all of them, so that pip chooses one numpy and one protobuf that suit every one. The stamp names
+# every version and the Python they were installed for: a change of either installs them all again.
 tensorboard_version="2.20.0"
+onnxruntime_version="1.32.0"
 python_dir="third_party/python"
-install_tensorboard() {
+install_test_python_packages() {
   local py stamp want
+  local packages=("tensorboard==$tensorboard_version" "onnx==$onnx_version" "onnxruntime==$onnxruntime_version")
   py="$(command -v python3 || true)"
   if [[ -z "$py" ]] || ! "$py" -m pip --version >/dev/null 2>&1; then
-    say "warning: python3 with pip not found: tensorboard not installed into $python_dir, so the test" \
-      "monitor.tensorboard_reader will fail; install python3 and pip (apt-get install python3-pip), then rerun"
+    say "warning: python3 with pip not found: ${packages[*]} not installed into $python_dir, so the tests" \
+      "monitor.tensorboard_reader and io.onnx_* will fail; install python3 and pip (apt-get install python3-pip), then rerun"
     return
   fi
   stamp="$python_dir/KILN_STAMP"
-  want="tensorboard==$tensorboard_version $("$py" -c 'import sys; print("python%d.%d" % sys.version_info[:2])')"
+  want="${packages[*]} $("$py" -c 'import sys; print("python%d.%d" % sys.version_info[:2])')"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     say "$want is already in $python_dir"
     return
   fi
-  say "installing $want from PyPI into $python_dir (for the test that reads event files with TensorBoard)"
+  say "installing $want from PyPI into $python_dir (for the tests that read event files and run ONNX models)"
   rm -rf "$python_dir.tmp"
   if "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-warn-script-location \
-      --target "$python_dir.tmp" "tensorboard==$tensorboard_version"; then
+      --target "$python_dir.tmp" "${packages[@]}"; then
     rm -rf "$python_dir"
     mv "$python_dir.tmp" "$python_dir"
     echo "$want" >"$stamp"
   else
     rm -rf "$python_dir.tmp"
-    say "warning: pip could not install tensorboard==$tensorboard_version: the test monitor.tensorboard_reader" \
-      "will fail until scripts/setup.sh installs it"
+    say "warning: pip could not install ${packages[*]}: the tests monitor.tensorboard_reader and io.onnx_*" \
+      "will fail until scripts/setup.sh installs them"
   fi
 }
 
 if [[ $do_test_deps -eq 2 ]]; then  # --test-deps: the test-only packages, nothing else
   install_test_packages
-  install_tensorboard
+  install_test_python_packages
   exit 0
 fi
 
 if [[ $do_deps -eq 1 ]]; then
   install_packages
   stage_offline_packages
-  install_wheel_headers nvidia-nvml-dev "$nvml_version" third_party/nvml nvml.h \
-    "kiln builds without GPU monitoring"
-  install_wheel_headers nvidia-nvjpeg "$nvjpeg_version" third_party/nvjpeg nvjpeg.h \
-    "kiln builds without GPU JPEG decoding (images decode on the CPU)" libs
+  install_from_wheel nvidia-nvml-dev "$nvml_version" third_party/nvml include/nvml.h \
+    "kiln builds without GPU monitoring" include
+  install_from_wheel nvidia-nvjpeg "$nvjpeg_version" third_party/nvjpeg include/nvjpeg.h \
+    "kiln builds without GPU JPEG decoding (images decode on the CPU)" include libs
+  install_from_wheel onnx "$onnx_version" third_party/onnx onnx.proto \
+    "kiln needs it for ONNX export: configure with -DKILN_ONNX=OFF to build without" onnx/onnx.proto licenses
   if [[ $do_test_deps -eq 1 ]]; then
     install_test_packages
-    install_tensorboard
+    install_test_python_packages
   fi
   if [[ "${KILN_CUDA:-auto}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
-    install_wheel_headers nvidia-cudnn-frontend "$cudnn_frontend_version" third_party/cudnn_frontend \
-      cudnn_frontend.h "GPUs use the math attention path"
+    install_from_wheel nvidia-cudnn-frontend "$cudnn_frontend_version" third_party/cudnn_frontend \
+      include/cudnn_frontend.h "GPUs use the math attention path" include
   fi
 fi
 

@@ -90,9 +90,10 @@ if(MODE STREQUAL "install")
     endif()
   endforeach()
   # One kiln library: no module is a library of its own (libkiln_tensor.a could not link by itself). Only the
-  # helper libkiln_nvml.a, which libkiln.a's link interface names, may sit beside it.
+  # helpers libkiln_nvml.a and libkiln_onnx_proto.a (ONNX's messages), which libkiln.a's link interface names, may sit
+  # beside it.
   file(GLOB kiln_archives RELATIVE "${prefix}/lib" "${prefix}/lib/libkiln*")
-  list(FILTER kiln_archives EXCLUDE REGEX "^libkiln\\.(a|so(\\.[0-9.]+)?)$|^libkiln_nvml\\.a$")
+  list(FILTER kiln_archives EXCLUDE REGEX "^libkiln\\.(a|so(\\.[0-9.]+)?)$|^libkiln_(nvml|onnx_proto)\\.a$")
   if(kiln_archives)
     message(FATAL_ERROR "check_consumer [install]: libraries other than libkiln were installed: ${kiln_archives} "
                         "(the modules' objects belong in libkiln)")
