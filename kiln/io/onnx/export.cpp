@@ -370,6 +370,11 @@ OnnxExportReport export_onnx(nn::Module& module, const OnnxForward& forward, con
     graph.outputs.push_back(ValueInfo{name, y.dtype(), dims_of(y, second.outputs[k], builder, name)});
   }
 
+  // Initializers no node reads: the weights and statistics a folded batch norm replaced.
+  std::unordered_set<std::string> read;
+  for (const auto& n : graph.nodes) read.insert(n.inputs.begin(), n.inputs.end());
+  std::erase_if(graph.initializers, [&](const auto& init) { return read.count(init.first) == 0; });
+
   report.bytes = onnx::write_model(graph, path, options.external_data_threshold, KILN_VERSION_STRING);
   report.nodes = static_cast<int64_t>(graph.nodes.size());
   report.initializers = static_cast<int64_t>(graph.initializers.size());

@@ -41,8 +41,11 @@ std::vector<std::string> Builder::add_n(const std::string& op_type, std::vector<
   node.inputs = std::move(inputs);
   node.attrs = std::move(attrs);
   node.name = (scope.empty() ? std::string() : scope + "/") + op_type + "_" + std::to_string(nodes_++);
-  for (size_t i = 0; i < outputs; ++i)
-    node.outputs.push_back(fresh(node.name + (outputs > 1 ? ":" + std::to_string(i) : "")));
+  for (size_t i = 0; i < outputs; ++i) {
+    std::string value = node.name;  // (appended piecewise: GCC 12 warns falsely on ":" + std::string)
+    if (outputs > 1) value.append(":").append(std::to_string(i));
+    node.outputs.push_back(fresh(value));
+  }
   graph_.nodes.push_back(node);
   return graph_.nodes.back().outputs;
 }

@@ -12,7 +12,7 @@
 #include "kiln/version.h"
 
 #if KILN_HAS_ONNX
-#include "onnx.pb.h"  // generated from ONNX's onnx.proto, package kiln_onnx (cmake/kiln_onnx.cmake)
+#include "kiln_onnx/onnx.pb.h"  // generated from ONNX's onnx.proto, package kiln_onnx (cmake/kiln_onnx.cmake)
 #endif
 
 namespace kiln::io::onnx {
