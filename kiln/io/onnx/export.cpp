@@ -48,9 +48,14 @@ class Tracer final : public capture::Recorder, public trace::Listener {
     for (const Tensor& t : trace.inputs) mark(t);
   }
 
+  // A record's results are computed from the inputs when one of its tensor inputs is (a factory's are not: a size
+  // it took from an input is a dynamic axis, which the second trace finds).
   void record(capture::OpRecord&& op) override {
+    const bool derived = std::any_of(op.inputs.begin(), op.inputs.end(), [&](const Tensor& t) {
+      return t.defined() && (values_.count(key(t)) != 0 || storages_.count(storage_key(t)) != 0);
+    });
     for (const Tensor& t : op.outputs) {
-      if (t.defined()) mark(t);
+      if (derived && t.defined()) mark(t);
     }
     trace_.modules.push_back(current_module());
     trace_.records.push_back(std::move(op));
@@ -295,11 +300,15 @@ OnnxExportReport export_onnx(nn::Module& module, const OnnxForward& forward, con
   for (const auto& [name, t] : state) {
     if (t.defined()) parameters.emplace(key(t), name);
   }
+  // The memory of every value computed from the inputs, in record order as the tracer judged it.
   std::unordered_set<const void*> traced_storages;
   for (const Tensor& t : example_inputs) traced_storages.insert(storage_key(t));
   for (const auto& r : first.records) {
+    const bool derived = std::any_of(r.inputs.begin(), r.inputs.end(), [&](const Tensor& t) {
+      return t.defined() && traced_storages.count(storage_key(t)) != 0;
+    });
     for (const Tensor& t : r.outputs) {
-      if (t.defined()) traced_storages.insert(storage_key(t));
+      if (derived && t.defined()) traced_storages.insert(storage_key(t));
     }
   }
 
