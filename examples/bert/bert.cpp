@@ -5,6 +5,7 @@
 //   bert finetune --train train.tsv --eval dev.tsv --init-from runs/pre --out runs/cls
 //   bert finetune --train train.tsv --eval dev.tsv --init-from bert-base-uncased/     (Hugging Face weights)
 //   mpirun -np 8 bert pretrain ...                                                     (one process per GPU)
+//   bert finetune ... --export-onnx cls.onnx          (at the end: the classifier for ONNX Runtime / TensorRT)
 //
 // The same program runs on one GPU, on the CPU (--device cpu, or no GPU) and under mpirun (data-parallel, one
 // process per GPU). `bert MODE --help` lists the options. What the two modes share — options, setup, the
@@ -12,10 +13,12 @@
 // bert_data.h. README.md has the recipes.
 #include <kiln/kiln.h>  // models::Bert*, data::MaskedLMDataset, WordPieceTokenizer, io::*, dist::*, optim::*
 
-#include <algorithm>  // std::find
-#include <cstdio>     // std::printf, std::fflush
-#include <cstdlib>    // std::_Exit
-#include <iostream>   // std::cout, std::cerr
+#include <algorithm>   // std::find
+#include <cstdio>      // std::printf, std::fflush
+#include <cstdlib>     // std::_Exit
+#include <functional>  // std::function
+#include <iostream>    // std::cout, std::cerr
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>  // std::ostringstream
@@ -120,6 +123,46 @@ void save_weights(const RunOptions& o, const nn::Module& model) {
   const fs::path p = fs::path(o.out) / "model.safetensors";
   io::save_safetensors(p.string(), model.state_dict(), {{"format", "pt"}});
   std::cout << "weights: " << p.string() << "\n";
+}
+
+// ---------------------------------------------------------------- ONNX export
+
+// --export-onnx FILE, an option of both modes; `output` says what "logits" holds.
+std::string& add_export_option(ex::Options& opts, const std::string& output) {
+  return opts.add_string("export-onnx", "",
+                         "after training, write the model to FILE as ONNX (opset 17) for ONNX Runtime or TensorRT: "
+                         "inputs \"input_ids\", \"token_type_ids\", \"attention_mask\" (N, S) int64 of any N and S "
+                         "up to the model's positions, output \"logits\" " +
+                             output);
+}
+
+// Its folder must exist: checked before the run rather than found out after the training.
+void check_export_path(const ex::Options& opts, const std::string& path) {
+  const fs::path folder = fs::path(path).parent_path();
+  if (!path.empty() && !folder.empty() && !fs::is_directory(folder)) {
+    opts.fail("--export-onnx " + path + ": the folder " + folder.string() + " does not exist");
+  }
+}
+
+// The trained model as ONNX, traced in eval mode (dropout off) on one sequence of seq_len tokens on the model's
+// device, outside every autocast region: float32 throughout. `logits` calls the model on (input_ids,
+// token_type_ids, attention_mask).
+void export_model(const std::string& path, nn::Module& model,
+                  const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& logits, int64_t seq_len,
+                  Device device) {
+  model.eval();  // (export_onnx would trace in eval mode anyway, with a warning)
+  const kiln::TensorOptions i64{.dtype = DType::Int64, .device = device};
+  const std::vector<Tensor> example = {kiln::ones({1, seq_len}, i64), kiln::zeros({1, seq_len}, i64),
+                                       kiln::ones({1, seq_len}, i64)};  // (1, S) each: ids, types, mask
+  const std::map<int64_t, std::string> varying = {{0, "batch"}, {1, "sequence"}};
+  const io::OnnxExportReport r = io::export_onnx(
+      model, [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{logits(in[0], in[1], in[2])}; }, example,
+      path,
+      {.input_names = {"input_ids", "token_type_ids", "attention_mask"},
+       .output_names = {"logits"},
+       .dynamic_axes = {{"input_ids", varying}, {"token_type_ids", varying}, {"attention_mask", varying}}});
+  std::cout << "exported " << path << ": " << r.nodes << " ONNX nodes, " << r.bytes
+            << " bytes; run it with ONNX Runtime or trtexec --onnx=" << path << "\n";
 }
 
 // ---------------------------------------------------------------- where initial weights come from
@@ -337,6 +380,7 @@ int pretrain(int argc, char** argv) {
                                     "or domain adaptation; the size and vocabulary are then the folder's");
   auto& mask_prob = opts.add_double("mask-prob", 0.15, "share of the tokens chosen for prediction");
   auto& short_seq = opts.add_double("short-seq-prob", 0.1, "share of sequences cut shorter (as Google's BERT data)");
+  auto& export_onnx = add_export_option(opts, "(N, S, vocab): the masked-LM head's");
   const RunDefaults defaults{.seq_len = 128,
                              .batch = 32,
                              .epochs = 1,
@@ -350,6 +394,7 @@ int pretrain(int argc, char** argv) {
   opts.parse(argc, argv);
   check_run_options(opts, o);
   if (text.empty()) opts.fail("give the text to pretrain on: --text FILE[,FILE|FOLDER...]");
+  check_export_path(opts, export_onnx);
   if (o.seq_len < 3) opts.fail("--seq-len must be at least 3 ([CLS], a token, [SEP])");
   if (!init_from.empty() && build_vocab > 0) opts.fail("--init-from brings its vocabulary; drop --build-vocab");
   if (!init_from.empty() && (size != "base" || layers > 0 || hidden > 0 || heads > 0 || intermediate > 0)) {
@@ -414,6 +459,14 @@ int pretrain(int argc, char** argv) {
   describe_config(task.meta, config);
   run_training(task, o, defaults, rt);
   if (rt.main()) save_weights(o, *mlm);
+  if (rt.main() && !export_onnx.empty()) {
+    export_model(
+        export_onnx, *mlm,
+        [&](const Tensor& ids, const Tensor& types, const Tensor& mask) {
+          return mlm(ids, types, mask).logits;  // (N, S, vocab)
+        },
+        o.seq_len, rt.device);
+  }
   return 0;
 }
 
@@ -469,6 +522,7 @@ int finetune(int argc, char** argv) {
                                     "Hugging Face BERT folder (required)");
   auto& vocab = opts.add_string("vocab", "", "vocab.txt to use instead of the one in --init-from's folder");
   auto& cased = opts.add_flag("cased", "keep case (when the folder has no tokenizer_config.json saying so)");
+  auto& export_onnx = add_export_option(opts, "(N, labels)");
   const RunDefaults defaults{.seq_len = 128,
                              .batch = 32,
                              .epochs = 3,
@@ -482,6 +536,7 @@ int finetune(int argc, char** argv) {
   opts.parse(argc, argv);
   check_run_options(opts, o);
   if (train_path.empty() || eval_path.empty()) opts.fail("give --train FILE.tsv and --eval FILE.tsv");
+  check_export_path(opts, export_onnx);
 
   const Runtime rt = start_runtime(o);
   check_cuda_graph(opts, o, rt);
@@ -567,6 +622,14 @@ int finetune(int argc, char** argv) {
   describe_config(task.meta, config);
   run_training(task, o, defaults, rt);
   if (rt.main()) save_weights(o, *clf);
+  if (rt.main() && !export_onnx.empty()) {  // after the last epoch's evaluation (task.after_epoch)
+    export_model(
+        export_onnx, *clf,
+        [&](const Tensor& ids, const Tensor& types, const Tensor& mask) {
+          return clf(ids, types, mask).logits;  // (N, labels)
+        },
+        o.seq_len, rt.device);
+  }
   return 0;
 }
 

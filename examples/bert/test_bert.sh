@@ -123,12 +123,15 @@ case "$case_name" in
   finetune)
     # From the pretrain case's checkpoint file (kiln checkpoint path), one epoch with its evaluation; then from
     # the folder (its model.safetensors, the path Hugging Face weights take) for a few steps.
-    rm -rf "$work/finetune" "$work/finetune2"
+    rm -rf "$work/finetune" "$work/finetune2" "$work/finetune_cls.onnx"
     cls=(--train "$data/sample_cls.tsv" --eval "$data/sample_cls.tsv" --seq-len 32 --batch 8 --device cpu
          --amp off --threads 1 --workers 1)
     run "$bert" finetune "${cls[@]}" --init-from "$work/pretrain/ckpt-00000006.h5" --epochs 1 --log-every 4 \
-      --out "$work/finetune" | tee "$work/finetune.log"
+      --out "$work/finetune" --export-onnx "$work/finetune_cls.onnx" | tee "$work/finetune.log"
     grep -q 'eval loss .* accuracy' "$work/finetune.log" || fail "no evaluation line"
+    # --export-onnx writes the classifier (ONNX Runtime runs exported models in tests/io/onnx_models.cpp)
+    [[ -s "$work/finetune_cls.onnx" ]] || fail "--export-onnx wrote no $work/finetune_cls.onnx (or an empty one)"
+    grep -q "^exported $work/finetune_cls.onnx: [0-9]* ONNX nodes" "$work/finetune.log" || fail "no export line"
     [[ $(rows "$work/finetune/eval.csv") -eq 1 ]] || fail "eval.csv should have one row"
     [[ $(rows "$work/finetune/metrics.csv") -ge 1 ]] || fail "metrics.csv has no rows"
     run "$bert" finetune "${cls[@]}" --init-from "$work/pretrain" --max-steps 3 --log-every 1 \

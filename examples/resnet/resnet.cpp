@@ -7,6 +7,7 @@
 //   mpirun -np 8 -x NCCL_NVLS_ENABLE=0 ./resnet ...   # one process per GPU, data-parallel
 //   ./resnet ... --resume                            # continues from the newest checkpoint in --output
 //   ./resnet ... --cuda-graph                        # one GPU: the training step captured once and replayed
+//   ./resnet ... --export-onnx resnet.onnx           # at the end: the trained model for ONNX Runtime / TensorRT
 //
 // The same program runs on one GPU, on the CPU (--device cpu, or no GPU visible) and under mpirun: with
 // several processes each trains on its shard of every epoch (the DataLoader's DistributedSampler), the
@@ -89,6 +90,10 @@ struct Config {
   int64_t& keep_checkpoints = o.add_int("keep-checkpoints", 3, "checkpoints kept (0: all)");
   int64_t& log_every = o.add_int("log-every", 50, "progress line and train_log.csv row every N steps");
   std::string& tensorboard = o.add_string("tensorboard", "", "also log the metrics as TensorBoard event files to DIR");
+  std::string& export_onnx = o.add_string("export-onnx", "",
+                                          "after training, write the model to FILE as ONNX (opset 17, batch norm "
+                                          "folded) for ONNX Runtime or TensorRT: input \"images\" (N, 3, H, W) "
+                                          "float32 of any batch N, output \"logits\" (N, classes)");
   ex::ProfileOptions profiling = ex::StepProfiler::add_options(o, "<output>/trace.json");
   int64_t& seed = o.add_int("seed", 0, "seed of the initial weights, the data order and the augmentations");
   bool& deterministic = o.add_flag("deterministic", "bit-reproducible GPU kernels (for exact GPU resumes)");
@@ -188,6 +193,11 @@ void Config::parse(int argc, char** argv) {
   if (c.image_size == 0) c.image_size = c.dataset == "folder" ? 224 : 32;
   if (c.image_size < 16) o.fail("--image-size must be at least 16");
   if (c.schedule == "step") parse_milestones(c.lr_steps);  // exits with the reason when malformed
+  if (!c.export_onnx.empty()) {                            // found out now rather than after the training
+    const fs::path folder = fs::path(c.export_onnx).parent_path();
+    if (!folder.empty() && !fs::is_directory(folder))
+      o.fail("--export-onnx " + c.export_onnx + ": the folder " + folder.string() + " does not exist");
+  }
   if (c.cuda_graph) {  // what a replayed step cannot do (the GPU and the number of processes: in run())
     if (const std::string why = ex::cuda_graph_env_conflict(); !why.empty()) o.fail(why);
     if (c.accumulate > 1)
@@ -445,6 +455,23 @@ std::string weights_checksum(nn::Module& model) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "%.17g %.17g", sum, magnitude);
   return buf;
+}
+
+// ---------------------------------------------------------------- export
+
+// --export-onnx: the trained model as ONNX (opset 17), for ONNX Runtime and TensorRT. Traced in eval mode (batch norm
+// on its running statistics, then folded into the convolution before it) on one image of the training size, on the
+// model's device; called outside every autocast region, so the graph computes in float32 with the float32 weights.
+void export_model(nn::models::ResNet& model, const Config& c, Device dev) {
+  model.eval();  // (export_onnx would trace in eval mode anyway, with a warning)
+  const Tensor example = randn({1, 3, c.image_size, c.image_size}, {.device = dev});  // (1, 3, H, W) float32
+  const io::OnnxExportReport r = io::export_onnx(model, example, c.export_onnx,
+                                                 {.input_names = {"images"},
+                                                  .output_names = {"logits"},
+                                                  .dynamic_axes = {{"images", {{0, "batch"}}}},
+                                                  .fold_batch_norm = true});
+  std::cout << "exported " << c.export_onnx << ": " << r.nodes << " ONNX nodes, " << r.bytes
+            << " bytes; run it with ONNX Runtime or trtexec --onnx=" << c.export_onnx << "\n";
 }
 
 // ---------------------------------------------------------------- training
@@ -807,6 +834,7 @@ int run(int argc, char** argv) {
     if (c.print_checksum)
       std::printf("checksum %s final loss %.9g\n", weights_checksum(*model).c_str(),
                   step_loss.item<double>() / static_cast<double>(c.accumulate));
+    if (!c.export_onnx.empty()) export_model(*model, c, dev);
   }
   return 0;
 }

@@ -2,7 +2,8 @@
 # examples/resnet/test_resnet.sh MODE RESNET WORKDIR [LAUNCHER...] — what CTest runs for the ResNet example
 # (examples/resnet/CMakeLists.txt). Tiny settings, so that each mode takes seconds on a 2-core CPU.
 #
-#   smoke      a few steps on synthetic data (--device auto: the GPU where there is one); checks the CSV files
+#   smoke      a few steps on synthetic data (--device auto: the GPU where there is one); checks the CSV files,
+#              and that --export-onnx writes the model (ONNX Runtime runs exported models in tests/io/onnx_models.cpp)
 #   resume     exact resume: an uninterrupted 6-step run (2 epochs of 3 steps) against one killed after step 2,
 #              resumed and killed after step 5, and resumed again (mid-epoch, then across the epoch boundary, then
 #              mid-epoch); the final weight checksum, loss and metrics.csv must be equal to the last digit (CPU);
@@ -67,11 +68,14 @@ PY
 
 case "$mode" in
 smoke)
-  "$exe" "${tiny[@]}" --batch-size 8 --epochs 2 --steps-per-epoch 3 --output "$work/run" | tee "$work/out.txt"
+  "$exe" "${tiny[@]}" --batch-size 8 --epochs 2 --steps-per-epoch 3 --output "$work/run" \
+    --export-onnx "$work/resnet.onnx" | tee "$work/out.txt"
   [[ $(rows "$work/run/metrics.csv") == 2 ]] || fail "metrics.csv should hold one row per epoch (2)"
   [[ $(rows "$work/run/train_log.csv") == 6 ]] || fail "train_log.csv should hold one row per step (6)"
   ls "$work/run"/ckpt-*.h5 >/dev/null || fail "no checkpoint written"
   grep -q "epoch 2 done" "$work/out.txt" || fail "no end-of-epoch line"
+  [[ -s "$work/resnet.onnx" ]] || fail "--export-onnx wrote no $work/resnet.onnx (or an empty one)"
+  grep -q "^exported $work/resnet.onnx: [0-9]* ONNX nodes, [0-9]* bytes" "$work/out.txt" || fail "no export line"
   ;;
 
 resume)

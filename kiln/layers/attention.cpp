@@ -14,13 +14,13 @@
 #include "kiln/autograd/grad_mode.h"   // NoGradGuard for the fully-masked-row test
 #include "kiln/layers/functional.h"    // nn::linear, nn::dropout
 #include "kiln/layers/init.h"          // xavier_uniform_, zeros_
+#include "kiln/tensor/capture.h"       // capture::Op: the op recorded for ONNX export
 #include "kiln/tensor/cuda.h"          // cuda::is_available
 #include "kiln/tensor/error.h"         // KILN_CHECK
 #include "kiln/tensor/internal_ops.h"  // internal::* inside the fused path's forward and backward
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/attention_cudnn.h"  // cuDNN's fused attention (no CUDA header)
 #include "kiln/layers/cuda/attention_rows.h"   // zero_flagged_rows
-#include "kiln/tensor/capture.h"
 #endif
 
 namespace kiln::nn {

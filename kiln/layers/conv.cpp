@@ -14,12 +14,12 @@
 #include "kiln/autograd/node.h"       // Node, SavedTensor, make_node, set_history
 #include "kiln/layers/init.h"         // PyTorch's default initialisation
 #include "kiln/layers/window_internal.h"
+#include "kiln/tensor/capture.h"       // capture::Op: the op recorded for ONNX export
 #include "kiln/tensor/error.h"         // KILN_CHECK
 #include "kiln/tensor/internal_ops.h"  // raw ops: the nodes' work is not recorded
 
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/conv_cudnn.h"  // cuda_impl::conv2d_forward, ...
-#include "kiln/tensor/capture.h"
 #endif
 
 namespace kiln::nn {

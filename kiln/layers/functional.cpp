@@ -11,11 +11,11 @@
 #include "kiln/autograd/function.h"   // autograd::Function: the fused GPU paths' nodes
 #include "kiln/autograd/grad_mode.h"  // NoGradGuard for the running-statistics update
 #include "kiln/autograd/node.h"       // Node, SavedTensor, make_node, set_history: dropout's node
+#include "kiln/tensor/capture.h"      // capture::Op: the op recorded for ONNX export
 #include "kiln/tensor/error.h"        // KILN_CHECK
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/batch_norm.h"  // cuda_impl::batch_norm_forward / _backward
 #include "kiln/layers/cuda/layer_norm.h"  // the fused GPU layer norm
-#include "kiln/tensor/capture.h"
 #endif
 
 namespace kiln::nn {

@@ -9,12 +9,12 @@
 
 #include "kiln/autograd/functions.h"  // kiln::amax, kiln::mean, kiln::cat, ...
 #include "kiln/layers/window_internal.h"
-#include "kiln/tensor/error.h"  // KILN_CHECK
+#include "kiln/tensor/capture.h"  // capture::Op: the op recorded for ONNX export
+#include "kiln/tensor/error.h"    // KILN_CHECK
 
 #if KILN_WITH_CUDA
 #include "kiln/autograd/function.h"    // autograd::Function
 #include "kiln/layers/cuda/pooling.h"  // cuda_impl::max_pool2d_forward, ...
-#include "kiln/tensor/capture.h"
 #endif
 
 namespace kiln::nn {

@@ -12,14 +12,17 @@
 #include <kiln/kiln.h>
 #include <kiln/tensor/cuda.h>  // cuda::Graph
 
-#include <cmath>    // std::isfinite
+#include <algorithm>  // std::count
+#include <cmath>      // std::isfinite
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 // The snippets keep the layout of the documents they come from.
 // clang-format off
@@ -96,6 +99,47 @@ TEST(DocSnippets, ReadmeBuildingAModel) {
   EXPECT_EQ(got.scores.shape(), (Shape{1, 10}));
   EXPECT_EQ(got.loss.numel(), 1);
   EXPECT_TRUE(std::isfinite(got.loss.item<double>()));
+}
+
+// ---- README.md, "Deploy: ONNX Runtime and TensorRT", "Your own model" (run with a small BERT in a temporary
+// folder; the ONNX Runtime fragments beside it are ONNX Runtime's API and Python, not compiled here)
+io::OnnxExportReport readme_deploy(const models::BertConfig& config, const Tensor& input_ids,
+                                   const Tensor& token_type_ids, const Tensor& attention_mask) {
+  nn::Sequential net{nn::Linear(16, 64), nn::GELU(), nn::Linear(64, 4)};   // your trained model
+  net.eval();
+  io::OnnxExportReport report = io::export_onnx(net, randn({1, 16}), "net.onnx",
+                                                {.input_names = {"features"}, .output_names = {"logits"},
+                                                 .dynamic_axes = {{"features", {{0, "batch"}}}}});
+  std::cout << report.nodes << " nodes, " << report.bytes << " bytes\n";   // and report.op_types, report.warnings
+
+  auto clf = nn::make<models::BertForSequenceClassification>(config, /*num_labels=*/2);   // (N, S) int64 inputs
+  clf->eval();
+  const std::map<int64_t, std::string> varying = {{0, "batch"}, {1, "sequence"}};
+  io::export_onnx(*clf, [&](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{clf(in[0], in[1], in[2]).logits};
+      }, {input_ids, token_type_ids, attention_mask}, "bert.onnx",
+      {.input_names = {"input_ids", "token_type_ids", "attention_mask"}, .output_names = {"logits"},
+       .dynamic_axes = {{"input_ids", varying}, {"token_type_ids", varying}, {"attention_mask", varying}}});
+  return report;
+}
+
+TEST(DocSnippets, ReadmeDeploy) {
+  InTempFolder here("kiln_doc_snippets_deploy");
+  const models::BertConfig tiny{.vocab_size = 50, .hidden_size = 16, .num_hidden_layers = 2,
+                                .num_attention_heads = 2, .intermediate_size = 32, .max_position_embeddings = 16};
+  const Tensor ids = full({1, 8}, 7, {.dtype = DType::Int64}), types = zeros({1, 8}, {.dtype = DType::Int64});
+  const Tensor mask = ones({1, 8}, {.dtype = DType::Int64});
+  io::OnnxExportReport report;
+  try {
+    report = readme_deploy(tiny, ids, types, mask);
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("built without ONNX support") != std::string::npos) GTEST_SKIP() << e.what();
+    throw;
+  }
+  EXPECT_GT(report.nodes, 0);
+  EXPECT_GT(std::filesystem::file_size("net.onnx"), 0u);
+  EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size("net.onnx")), report.bytes);
+  EXPECT_GT(std::filesystem::file_size("bert.onnx"), 0u);
 }
 
 // ---- kiln/layers/README.md, "Building and calling modules" (Block::forward defined here to run it)
@@ -629,6 +673,35 @@ copy->load_state_dict(sd);                   // strict: a kiln::Error names any 
   EXPECT_TRUE(allclose(net(x), copy(x)));
   nn::StateDict wrong{{"fc1.weight", zeros({64, 16})}};
   EXPECT_THROW(copy->load_state_dict(wrong), kiln::Error);
+}
+
+// ---- docs/coming-from-pytorch.md, "Exporting to ONNX" (run in a temporary folder)
+namespace pytorch_guide {
+io::OnnxExportReport onnx_export() {
+  auto model = nn::models::resnet18({.num_classes = 10, .cifar_stem = true});
+  model->eval();                                        // (export_onnx would trace in eval mode anyway, with a warning)
+  io::OnnxExportReport report = io::export_onnx(*model, randn({1, 3, 32, 32}), "resnet18.onnx",
+                                                {.input_names = {"images"}, .output_names = {"logits"},
+                                                 .dynamic_axes = {{"images", {{0, "batch"}}}},
+                                                 .fold_batch_norm = true});
+  return report;
+}
+}  // namespace pytorch_guide
+
+TEST(DocSnippets, PytorchGuideOnnxExport) {
+  InTempFolder here("kiln_doc_snippets_pytorch_onnx");
+  io::OnnxExportReport report;
+  try {
+    report = pytorch_guide::onnx_export();
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("built without ONNX support") != std::string::npos) GTEST_SKIP() << e.what();
+    throw;
+  }
+  EXPECT_GT(report.nodes, 0);
+  EXPECT_TRUE(report.warnings.empty());  // in eval mode: no warning
+  // Folded: no BatchNormalization left
+  EXPECT_EQ(std::count(report.op_types.begin(), report.op_types.end(), "BatchNormalization"), 0);
+  EXPECT_EQ(static_cast<int64_t>(std::filesystem::file_size("resnet18.onnx")), report.bytes);
 }
 
 // ---- docs/coming-from-pytorch.md, "Mixed precision, FP8, CUDA graphs" (a GPU: compiled only)
