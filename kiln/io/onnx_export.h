@@ -39,9 +39,11 @@
 
 namespace kiln::io {
 
+// How export_onnx names, sizes and stores what it writes.
 struct OnnxExportOptions {
-  // The graph's input and output names, in order; unnamed ones are "input_<i>" and "output_<i>".
+  // The graph's input names, in order; unnamed ones are "input_<i>".
   std::vector<std::string> input_names{};
+  // The graph's output names, in order; unnamed ones are "output_<i>".
   std::vector<std::string> output_names{};
   // The dims of each input (by name) whose size varies at run time, with a label each: {0, "batch"}. Inputs that
   // share a label must share its size. Outputs' dims that follow a label get it too.

@@ -35,9 +35,10 @@ namespace kiln::capture {
 // An argument of a recorded op: an integer (also bools and enums), a real number, a list of integers (dims,
 // shapes), a list of reals, or a name.
 using AttrValue = std::variant<int64_t, double, std::vector<int64_t>, std::vector<double>, std::string>;
+// A named argument of a recorded op.
 struct Attr {
-  std::string name;
-  AttrValue value;
+  std::string name;  // the argument's declared name: "dim", "shape", "eps", ...
+  AttrValue value;   // its value, defaults applied
 };
 
 // A number argument as it was given: integral (and bool) as int64_t, floating as double.
@@ -56,10 +57,11 @@ struct OpRecord {
 
 // The inputs and attributes of a record, as Op::done's `describe` gives them.
 struct Args {
-  std::vector<Tensor> inputs;
-  std::vector<Attr> attrs;
+  std::vector<Tensor> inputs;  // the op's tensor arguments, in declaration order
+  std::vector<Attr> attrs;     // its other arguments
 };
 
+// An op's result as a record's outputs: one tensor, a list of them, or a pair.
 inline std::vector<Tensor> outputs_of(const Tensor& t) { return {t}; }
 inline std::vector<Tensor> outputs_of(const std::vector<Tensor>& ts) { return ts; }
 inline std::vector<Tensor> outputs_of(const std::tuple<Tensor, Tensor>& ts) {
@@ -70,6 +72,7 @@ inline std::vector<Tensor> outputs_of(const std::tuple<Tensor, Tensor>& ts) {
 class Recorder {
  public:
   virtual ~Recorder() = default;
+  // Called once per outermost op, after it computed its results, on the thread that ran it.
   virtual void record(OpRecord&& op) = 0;
 };
 
@@ -90,7 +93,9 @@ inline int depth() { return detail::t_depth; }
 // Installs `recorder` on this thread for the object's lifetime (one at a time: a second throws).
 class Session {
  public:
+  // Installs `recorder` (which must outlive the session); kiln::Error if one is installed already.
   explicit Session(Recorder& recorder);
+  // Uninstalls it.
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -100,19 +105,23 @@ class Session {
 // an installed recorder: then, and only then, it records.
 class Op {
  public:
+  // Opens the op `name` (a string literal: the kiln function's name).
   explicit Op(const char* name) : name_(name) {
     if (active()) {
       open_ = true;
       ++detail::t_depth;
     }
   }
+  // Closes it.
   ~Op() {
     if (open_) --detail::t_depth;
   }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
+  // Whether this op records: a recorder is installed and no other op is open around this one.
   explicit operator bool() const { return open_ && detail::t_depth == 1; }
+  // Hands the recorder this op's record, when it records (see operator bool).
   void record(std::vector<Tensor> inputs, std::vector<Tensor> outputs, std::vector<Attr> attrs = {}) const;
 
   // Records `result` (a Tensor, a list of them, or a pair) with the inputs and attributes that `describe`
