@@ -7,8 +7,8 @@ namespace kiln::capture {
 
 namespace detail {
 std::atomic<int> g_sessions{0};
-thread_local Recorder* t_recorder = nullptr;
-thread_local int t_depth = 0;
+constinit thread_local Recorder* t_recorder = nullptr;
+constinit thread_local int t_depth = 0;
 }  // namespace detail
 
 const Attr* OpRecord::attr(std::string_view name) const {

@@ -77,9 +77,9 @@ class Recorder {
 };
 
 namespace detail {
-extern std::atomic<int> g_sessions;  // recorders installed on any thread: the cheap first test
-extern thread_local Recorder* t_recorder;
-extern thread_local int t_depth;  // how many Ops are open on this thread while a recorder is installed
+extern std::atomic<int> g_sessions;                  // recorders installed on any thread: the cheap first test
+extern constinit thread_local Recorder* t_recorder;  // constinit: no TLS init call on each access
+extern constinit thread_local int t_depth;  // how many Ops are open on this thread while a recorder is installed
 }  // namespace detail
 
 // True while a recorder is installed on this thread.
