@@ -5,12 +5,14 @@
 // The models: ResNet-18 (plain, and with batch norm folded into the convolutions), a small BERT for masked-LM and
 // for sequence classification (padding masks, dynamic batch and sequence), a model written here from kiln's layers
 // that reaches the rest of the translations (causal attention, pooling, reductions, factories, comparisons, GELU's
-// tanh form, ...), and an MLP whose weights go to an external data file.
+// tanh form, ...), and an MLP whose weights go to an external data file. With --gpu, ResNet-50 and BERT-base
+// exported from GPU-resident models instead (see gpu_models).
 #include <cmath>
 #include <filesystem>
 #include <iostream>
 
 #include "kiln/kiln.h"
+#include "kiln/tensor/cuda.h"  // cuda::is_available
 
 using namespace kiln;
 namespace fs = std::filesystem;
@@ -47,6 +49,18 @@ void export_model(const fs::path& out, const std::string& name, nn::Module& mode
   for (const auto& op : report.op_types) std::cout << " " << op;
   std::cout << "\n";
   write_sets(dir, model, forward, sets);
+}
+
+// Writes a data set of `outputs` for `inputs` into dir/test_data_set_<k> (outputs computed by the caller).
+void write_set(const fs::path& dir, int k, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
+  const fs::path set = dir / ("test_data_set_" + std::to_string(k));
+  fs::create_directories(set);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    io::write_onnx_tensor(inputs[i], (set / ("input_" + std::to_string(i) + ".pb")).string());
+  }
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    io::write_onnx_tensor(outputs[j], (set / ("output_" + std::to_string(j) + ".pb")).string());
+  }
 }
 
 // A few steps of training, so that batch norm's running statistics and the weights are not at their initial values.
@@ -182,15 +196,71 @@ void external(const fs::path& out) {
                {.external_data_threshold = 4096});
 }
 
+// --gpu: ResNet-50 (224 x 224) and BERT-base (sequence 128) exported from models on the GPU, with two folders each:
+// <model>_tf32 holds kiln's float32 GPU eval outputs (TF32 products, kiln's default), <model>_bf16 its outputs under
+// bf16 autocast; the model file is the same (float32). ONNX Runtime's CPU run is then compared with each at its
+// precision's tolerance (tests/io/onnx_gpu_check.sh).
+void gpu_models(const fs::path& out) {
+  const Device gpu = Device::cuda(0);
+  auto export_pair = [&](const std::string& name, nn::Module& model, const Forward& forward,
+                         const std::vector<std::vector<Tensor>>& sets, const io::OnnxExportOptions& options) {
+    const fs::path tf32 = out / (name + "_tf32"), bf16 = out / (name + "_bf16");
+    fs::create_directories(tf32);
+    fs::create_directories(bf16);
+    model.eval();
+    const auto report = io::export_onnx(model, forward, sets[0], (tf32 / "model.onnx").string(), options);
+    std::cout << name << " (from " << gpu << "): " << report.nodes << " nodes, " << report.bytes << " bytes\n";
+    fs::create_symlink(fs::absolute(tf32 / "model.onnx"), bf16 / "model.onnx");
+    NoGradGuard no_grad;
+    for (size_t k = 0; k < sets.size(); ++k) {
+      write_set(tf32, static_cast<int>(k), sets[k], forward(sets[k]));
+      std::vector<Tensor> low;
+      {
+        amp::Autocast cast(DType::BFloat16);
+        low = forward(sets[k]);
+      }
+      for (auto& t : low) t = t.to(DType::Float32);
+      write_set(bf16, static_cast<int>(k), sets[k], low);
+    }
+  };
+  manual_seed(5);
+  auto resnet = nn::models::resnet50();
+  resnet->to(gpu);
+  export_pair("resnet50", *resnet, [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{resnet(in[0])}; },
+              {{randn({2, 3, 224, 224}).to(gpu)}, {randn({3, 3, 224, 224}).to(gpu)}},
+              {.input_names = {"images"}, .output_names = {"logits"}, .dynamic_axes = {{"images", {{0, "batch"}}}}});
+  auto bert = std::make_shared<nn::models::BertForSequenceClassification>(nn::models::BertConfig::base(), 2);
+  bert->to(gpu);
+  auto on_gpu = [&](std::vector<Tensor> v) {
+    for (auto& t : v) t = t.to(gpu);
+    return v;
+  };
+  export_pair(
+      "bert_base", *bert,
+      [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{bert->forward(in[0], in[1], in[2]).logits}; },
+      {on_gpu(bert_inputs(2, 128, 30522, {0, 40})), on_gpu(bert_inputs(3, 100, 30522, {7, 0, 60}))},
+      {.input_names = {"input_ids", "token_type_ids", "attention_mask"},
+       .output_names = {"logits"},
+       .dynamic_axes = {{"input_ids", {{0, "batch"}, {1, "sequence"}}},
+                        {"token_type_ids", {{0, "batch"}, {1, "sequence"}}},
+                        {"attention_mask", {{0, "batch"}, {1, "sequence"}}}}});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: onnx_models OUT_FOLDER\n";
+  const bool gpu = argc == 3 && std::string(argv[1]) == "--gpu";
+  if (argc != 2 && !gpu) {
+    std::cerr << "usage: onnx_models [--gpu] OUT_FOLDER\n";
     return 2;
   }
-  const fs::path out(argv[1]);
+  const fs::path out(argv[argc - 1]);
   try {
+    if (gpu) {
+      KILN_CHECK(cuda::is_available(), "onnx_models --gpu: no GPU is visible");
+      gpu_models(out);
+      return 0;
+    }
     resnets(out);
     berts(out);
     zoo(out);
