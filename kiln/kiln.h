@@ -31,6 +31,7 @@
 #include "kiln/distributed/data_parallel.h"  // dist::DataParallel: bucketed gradient all-reduce during backward
 #include "kiln/distributed/environment.h"    // dist::init: rank, world size, this process's GPU, the bootstrap
 #include "kiln/distributed/process_group.h"  // dist::all_reduce, broadcast, all_gather, reduce_scatter, barrier
+#include "kiln/distributed/sparse_sync.h"    // dist::all_gather_sparse_grads: replicated embedding tables
 #include "kiln/distributed/sync_batch_norm.h"  // dist::convert_sync_batchnorm: batch statistics over all ranks
 #include "kiln/io/checkpoint.h"            // io::save_checkpoint, io::load_checkpoint: HDF5, atomic, checksummed
 #include "kiln/io/checkpoint_manager.h"    // io::CheckpointManager: keep the last K, resume from the newest complete
