@@ -12,6 +12,7 @@
 //   ./build/examples/recsys/recsys                                  # small tables, on the CPU in about 20 s
 //   ./build/examples/recsys/recsys --table-sizes 1000,100000,10000000 --embedding-dim 64 --device cuda
 //   ./build/examples/recsys/recsys --checkpoint runs/rs/ckpt.h5 --steps 400   # then again with --resume
+//   mpirun -np 2 ./build/examples/recsys/recsys --device cpu                    # the MLPs data-parallel
 #include <kiln/kiln.h>  // Tensor, nn::, optim::, io::
 
 #include <algorithm>
@@ -228,11 +229,21 @@ int main(int argc, char** argv) {
     model->to(dev);
     int64_t table_rows = 0;
     for (int64_t r : rows) table_rows += r;
-    std::printf("kiln %s recsys: 26 tables, %lld rows of %lld (%.1f MB), Zipf(%.2f) ids, %lld parameters, on %s\n",
-                KILN_VERSION_STRING, static_cast<long long>(table_rows), static_cast<long long>(dim),
-                static_cast<double>(table_rows * dim * 4) / 1e6, zipf, static_cast<long long>(model->num_parameters()),
-                dev.str().c_str());
+    if (env.is_main())
+      std::printf("kiln %s recsys: 26 tables, %lld rows of %lld (%.1f MB), Zipf(%.2f) ids, %lld parameters, on %s\n",
+                  KILN_VERSION_STRING, static_cast<long long>(table_rows), static_cast<long long>(dim),
+                  static_cast<double>(table_rows * dim * 4) / 1e6, zipf,
+                  static_cast<long long>(model->num_parameters()), dev.str().c_str());
     optim::SGD opt(model->parameters(), {.lr = lr});
+    // Under mpirun: the MLPs data-parallel (DataParallel averages their gradients during backward, and broadcasts
+    // rank 0's weights now); the tables replicated, their sparse gradients averaged by all_gather_sparse_grads.
+    // With one process both are no-ops.
+    std::unique_ptr<dist::DataParallel> bottom_ddp, top_ddp;
+    if (env.distributed()) {
+      bottom_ddp = std::make_unique<dist::DataParallel>(model->bottom);
+      top_ddp = std::make_unique<dist::DataParallel>(model->top);
+      for (const Tensor& table : model->tables->parameters()) dist::broadcast(table);
+    }
 
     io::Metadata metadata;
     int64_t start = 0;
@@ -263,23 +274,39 @@ int main(int argc, char** argv) {
 
     Tensor loss_sum = zeros({}, {.device = dev});
     for (int64_t step = start; step < steps; ++step) {
-      const Batch b = generate(data_seed, step * batch_size, batch_size, rows, zipf);
+      // Each rank takes its own batch_size samples of the step: the global batch is batch_size * world size.
+      const int64_t first = (step * env.world_size + env.rank) * batch_size;
+      const Batch b = generate(data_seed, first, batch_size, rows, zipf);
       opt.zero_grad();
       const Tensor loss =
           nn::binary_cross_entropy_with_logits(model->forward(b.dense.to(dev), b.ids.to(dev)), b.labels.to(dev));
       loss.backward();
+      dist::all_gather_sparse_grads(model->tables->parameters());
       opt.step();
       loss_sum.add_(loss.detach());
       if ((step + 1) % log_every == 0) {
-        std::printf("step %6lld  loss %.4f\n", static_cast<long long>(step + 1),
-                    loss_sum.item<double>() / static_cast<double>(log_every));
+        if (env.is_main())
+          std::printf("step %6lld  loss %.4f (rank 0's batches)\n", static_cast<long long>(step + 1),
+                      loss_sum.item<double>() / static_cast<double>(log_every));
         loss_sum.zero_();
       }
     }
     const double final_auc = evaluate();
-    std::printf("AUC on %lld held-out samples: %.4f\n", static_cast<long long>(eval_size), final_auc);
-    std::printf("parameters digest %016llx\n", static_cast<unsigned long long>(digest(*model)));
-    if (!checkpoint.empty()) {
+    if (env.is_main())
+      std::printf("AUC on %lld held-out samples: %.4f\n", static_cast<long long>(eval_size), final_auc);
+    const uint64_t mine = digest(*model);
+    if (env.distributed()) {
+      // The replicas must agree: every rank's digest, gathered (as two 32-bit halves, exact in int64).
+      const Tensor halves = from_vector(
+          std::vector<int64_t>{static_cast<int64_t>(mine >> 32), static_cast<int64_t>(mine & 0xffffffffull)}, {2});
+      const Tensor all = empty({env.world_size, 2}, {.dtype = DType::Int64});
+      dist::group(Device::cpu()).all_gather(all, halves);
+      const Tensor same = all.eq(unsqueeze(halves, 0)).all();
+      KILN_CHECK(same.item<bool>(), "the ranks' parameters differ after training: the replicas drifted apart");
+      if (env.is_main()) std::printf("replicas: the same parameters on all %d ranks\n", env.world_size);
+    }
+    if (env.is_main()) std::printf("parameters digest %016llx\n", static_cast<unsigned long long>(mine));
+    if (!checkpoint.empty() && env.is_main()) {
       metadata.numbers["step"] = static_cast<double>(std::max(start, steps));
       io::save_checkpoint(checkpoint, {.model = model.get(), .optimizer = &opt, .metadata = &metadata});
       std::printf("saved %s\n", checkpoint.c_str());
