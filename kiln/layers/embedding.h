@@ -15,6 +15,9 @@ namespace kiln::nn {
 // Options of nn::Embedding.
 struct EmbeddingOptions {
   std::optional<int64_t> padding_idx{};  // that row starts at zero and gets no gradient; negative counts from the end
+  // Row-sparse gradients (kiln/autograd/sparse_grad.h): backward writes only the looked-up rows, for
+  // optim::SparseAdam, optim::RowWiseAdagrad or optim::SGD; weight.grad() stays undefined.
+  bool sparse = false;
 };
 
 // Integer indices (...) -> (..., embedding_dim). "weight" (num_embeddings, embedding_dim) starts N(0, 1).
@@ -29,6 +32,7 @@ class Embedding : public Module {
   // The number of rows (the vocabulary size).
   int64_t num_embeddings, embedding_dim;  // the size of each row
   std::optional<int64_t> padding_idx;     // non-negative once constructed
+  bool sparse = false;                    // row-sparse gradients (EmbeddingOptions::sparse)
   Tensor weight;                          // (num_embeddings, embedding_dim)
 };
 

@@ -7,12 +7,13 @@
 #include <cmath>
 #include <string>
 
-#include "kiln/autograd/autocast.h"   // autocast::inputs for the fused GPU paths
-#include "kiln/autograd/function.h"   // autograd::Function: the fused GPU paths' nodes
-#include "kiln/autograd/grad_mode.h"  // NoGradGuard for the running-statistics update
-#include "kiln/autograd/node.h"       // Node, SavedTensor, make_node, set_history: dropout's node
-#include "kiln/tensor/capture.h"      // capture::Op: the op recorded for ONNX export
-#include "kiln/tensor/error.h"        // KILN_CHECK
+#include "kiln/autograd/autocast.h"     // autocast::inputs for the fused GPU paths
+#include "kiln/autograd/function.h"     // autograd::Function: the fused GPU paths' nodes
+#include "kiln/autograd/grad_mode.h"    // NoGradGuard for the running-statistics update
+#include "kiln/autograd/node.h"         // Node, SavedTensor, make_node, set_history: dropout's node
+#include "kiln/autograd/sparse_grad.h"  // accumulate_sparse_grad: sparse embedding lookups
+#include "kiln/tensor/capture.h"        // capture::Op: the op recorded for ONNX export
+#include "kiln/tensor/error.h"          // KILN_CHECK
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/batch_norm.h"  // cuda_impl::batch_norm_forward / _backward
 #include "kiln/layers/cuda/layer_norm.h"  // the fused GPU layer norm
@@ -587,12 +588,57 @@ Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor
                   });
 }
 
-Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx) {
+namespace {
+
+// nn::embedding with sparse = true: the forward is the table lookup; the backward adds the rows' gradients to the
+// weight's sparse gradient (lookups of the padding row left out, as PyTorch's) and hands the engine none.
+struct SparseEmbeddingFunction : autograd::Function<SparseEmbeddingFunction> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& weight, const Tensor& index, int64_t padding) {
+    ctx.set("weight", weight);  // the leaf the rows accumulate into
+    ctx.set("index", index);
+    ctx.set("padding", padding);  // -1: none
+    return internal::embedding(weight, index);
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const Tensor weight = ctx.get<Tensor>("weight");
+    const Tensor index = ctx.get<Tensor>("index");
+    const int64_t padding = ctx.get<int64_t>("padding");
+    const int64_t n = index.numel();
+    Tensor rows = internal::contiguous(internal::reshape(grads[0], {n, weight.size(1)}));            // (N, D)
+    Tensor idx = internal::contiguous(internal::reshape(internal::cast(index, DType::Int64), {n}));  // (N)
+    if (padding >= 0) {
+      const Tensor keep = internal::reshape(internal::nonzero(internal::ne(idx, padding)), {-1});
+      idx = internal::index_select(idx, 0, keep);
+      rows = internal::index_select(rows, 0, keep);
+    }
+    autograd::accumulate_sparse_grad(weight, {idx, internal::cast(rows, weight.dtype()), weight.shape()});
+    return {Tensor(), Tensor()};
+  }
+};
+
+}  // namespace
+
+Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx, bool sparse) {
   capture::Op cap("embedding");
   KILN_CHECK(weight.dim() == 2, "embedding: weight must be 2-D (num_embeddings, embedding_dim), got shape ",
              weight.shape());
   KILN_CHECK(is_integral(index.dtype()), "embedding: indices must be Int64 or Int32, got ", index.dtype(),
              "; cast them with .to(DType::Int64)");
+  if (sparse && GradMode::is_enabled() && weight.requires_grad()) {
+    KILN_CHECK(weight.is_leaf(),
+               "embedding: sparse gradients accumulate into the weight itself, so it must be a leaf "
+               "(a parameter), not the result of an op; use sparse = false for a computed table");
+    int64_t pad = -1;
+    if (padding_idx) {
+      const int64_t v = weight.size(0);
+      KILN_CHECK(*padding_idx >= -v && *padding_idx < v, "embedding: padding_idx ", *padding_idx,
+                 " is out of range for ", v, " embeddings; use a value in [-", v, ", ", v, ")");
+      pad = *padding_idx < 0 ? *padding_idx + v : *padding_idx;
+    }
+    return cap.done(SparseEmbeddingFunction::apply(weight, index, pad), [&] {
+      return capture::Args{{weight, index}, {}};
+    });
+  }
   Tensor out = kiln::embedding(weight, index);  // (..., D)
   if (!padding_idx) return cap.done(out, [&] { return capture::Args{{weight, index}, {}}; });
   const int64_t v = weight.size(0);

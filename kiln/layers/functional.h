@@ -81,7 +81,10 @@ Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor
                            const Tensor& num_batches_tracked = {});
 
 // Rows of weight (V, D) picked by integer index (...) -> (..., D). The padding row's lookups pass no
-// gradient to it (a negative padding_idx counts from V).
-Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx = {});
+// gradient to it (a negative padding_idx counts from V). sparse: backward adds the looked-up rows' gradients to
+// weight's row-sparse gradient (kiln/autograd/sparse_grad.h) rather than a dense (V, D) one; weight must then be a
+// leaf (a parameter).
+Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx = {},
+                 bool sparse = false);
 
 }  // namespace kiln::nn

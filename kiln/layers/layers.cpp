@@ -59,7 +59,7 @@ Tensor Dropout::forward(const Tensor& input) { return dropout(input, options.p, 
 // ---------------------------------------------------------------- Embedding
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options)
-    : Module("Embedding"), num_embeddings(num_embeddings), embedding_dim(embedding_dim) {
+    : Module("Embedding"), num_embeddings(num_embeddings), embedding_dim(embedding_dim), sparse(options.sparse) {
   KILN_CHECK(num_embeddings > 0 && embedding_dim > 0,
              "Embedding: num_embeddings and embedding_dim must be positive, got ", num_embeddings, " and ",
              embedding_dim);
@@ -87,7 +87,7 @@ void Embedding::reset_parameters(Generator* gen) {
 Tensor Embedding::forward(const Tensor& indices) {
   KILN_CHECK(is_integral(indices.dtype()), "Embedding: expected integer indices (Int64), got ", indices.dtype(),
              " of shape ", indices.shape());
-  return embedding(indices, weight, padding_idx);
+  return embedding(indices, weight, padding_idx, sparse);
 }
 
 // ---------------------------------------------------------------- LayerNorm, GroupNorm

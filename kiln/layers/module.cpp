@@ -8,7 +8,8 @@
 #include <sstream>        // std::ostringstream, to build summaries and error messages
 #include <unordered_map>  // std::unordered_map, state keys by name in load_state_dict
 
-#include "kiln/autograd/grad_mode.h"  // NoGradGuard: moves, resets and loads are not recorded
+#include "kiln/autograd/grad_mode.h"    // NoGradGuard: moves, resets and loads are not recorded
+#include "kiln/autograd/sparse_grad.h"  // clear_sparse_grad in zero_grad
 
 namespace kiln::nn {
 
@@ -269,6 +270,7 @@ Module& Module::to(Device device, MemoryFormat format) {
 void Module::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
   for (auto& p : parameters()) {
+    autograd::clear_sparse_grad(p);  // a sparse gradient is dropped either way: it has no rows to keep at zero
     if (!p.grad().defined()) continue;
     if (set_to_none) {
       p.mutable_grad() = Tensor();

@@ -7,6 +7,7 @@
 
 #include "kiln/autograd/autocast.h"  // autocast::shadow
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/sparse_grad.h"
 #include "kiln/optim/grad_groups.h"  // flat_dense, flat_layout, same_order
 #include "kiln/tensor/cuda.h"        // cuda::Graph
 #include "kiln/tensor/error.h"
@@ -67,6 +68,7 @@ Tensor cpu_grad(const Tensor& param, const Tensor& grad_scale, DType math_dtype)
 void Optimizer::zero_grad(bool set_to_none) {
   for (const Tensor& p : all_params()) {
     Tensor param = p;
+    autograd::clear_sparse_grad(param);  // a sparse gradient is dropped either way: it has no rows to keep at zero
     if (!param.grad().defined()) continue;
     if (set_to_none) {
       param.mutable_grad() = Tensor();
