@@ -7,11 +7,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <vector>
 
+#include <unistd.h>  // getpid: a temporary file name per process
+
 #include "kiln/autograd/sparse_grad.h"
+#include "kiln/io/checkpoint.h"
 #include "kiln/kiln.h"
 #include "kiln/optim/rowwise_adagrad.h"
 #include "kiln/optim/sparse_adam.h"
@@ -203,6 +207,31 @@ TEST(SparseSgd, MomentumKeepsTheUnionOfRowsAsPyTorchAndMatchesTheDensePath) {
   }
 }
 
+// Dense and sparse steps mixed on one parameter: after a dense step the buffer is dense (every row), and a sparse
+// step after it updates every row as the dense step would; a dense step after sparse ones covers every row too.
+TEST(SparseSgd, DenseAndSparseStepsMixAsTheDensePath) {
+  for (const bool dense_first : {true, false}) {
+    Tensor p = table_param(kV, kD, 31), q = p.detach().clone().requires_grad_();
+    const optim::SGDOptions o{.lr = 0.1, .momentum = 0.9, .dampening = 0.2};
+    optim::SGD mixed({p}, o), dense({q}, o);
+    for (size_t s = 0; s < kSteps.size(); ++s) {
+      const bool dense_step = (s == 0) == dense_first;
+      if (dense_step) {
+        p.mutable_grad() = dense_of(kSteps[s], kV, kD);
+      } else {
+        give_sparse(p, kSteps[s]);
+      }
+      q.mutable_grad() = dense_of(kSteps[s], kV, kD);
+      mixed.step();
+      dense.step();
+      expect_same_bits(p, q, "mixed vs dense SGD, step " + std::to_string(s));
+      mixed.zero_grad();
+      dense.zero_grad();
+    }
+    EXPECT_FALSE(mixed.state(p).count("momentum_rows"));  // dense since the dense step
+  }
+}
+
 // ---------------------------------------------------------------- SparseAdam
 
 // Lazy Adam in float64 (torch.optim.SparseAdam): one step count per parameter; only the gradient's rows move.
@@ -258,6 +287,38 @@ TEST(SparseAdam, Float32Table) {
   }
   expect_values(p, {kV, kD}, ref.p, 1e-5, 1e-6);
   EXPECT_EQ(opt.state(p).at("exp_avg").dtype(), DType::Float32);
+}
+
+// A bfloat16 table: state and math in float32, the rows rounded once per step; other rows keep their bits.
+TEST(SparseAdam, BFloat16TableKeepsFloat32State) {
+  Tensor p = table_param(kV, kD, 33, DType::BFloat16);
+  optim::SparseAdam opt({p}, {.lr = 0.05});
+  LazyAdamRef ref{0.05, 0.9, 0.999, 1e-8, false, values(p), Table(kV * kD, 0.0), Table(kV * kD, 0.0), kD};
+  const Table before = values(p);
+  give_sparse(p, kSteps[0]);
+  opt.step();
+  ref.step(kSteps[0]);
+  EXPECT_EQ(opt.state(p).at("exp_avg").dtype(), DType::Float32);
+  EXPECT_EQ(p.dtype(), DType::BFloat16);
+  expect_values(p, {kV, kD}, ref.p, 1e-2, 1e-2);
+  expect_rows_unchanged(before, p, kV, {0, 3}, "bfloat16 rows outside the gradient");
+}
+
+// A gradient that holds no row (a batch that looked nothing up): nothing moves, the step count advances (PyTorch).
+TEST(SparseAdam, EmptyGradientMovesNothing) {
+  Tensor p = table_param(kV, kD, 35);
+  const Table before = values(p);
+  optim::SparseAdam adam({p});
+  autograd::accumulate_sparse_grad(p, sparse_of(p, {{}, {}}));
+  adam.step();
+  expect_values(p, {kV, kD}, before, 0, 0);
+  EXPECT_EQ(adam.state(p).at("step").item<float>(), 1.0f);
+  optim::SGD sgd({p}, {.lr = 0.1, .momentum = 0.9});
+  sgd.step();  // the first step: an empty buffer
+  give_sparse(p, kSteps[1]);
+  sgd.step();  // the union is row 2's
+  expect_rows_unchanged(before, p, kV, {2}, "SGD after an empty gradient");
+  expect_values(sgd.state(p).at("momentum_rows"), {1}, {2}, 0, 0);
 }
 
 // ---------------------------------------------------------------- RowWiseAdagrad
@@ -460,6 +521,38 @@ TEST(SparseOptimizers, StateDictRoundTripGivesAnIdenticalNextStep) {
   check([](const Tensor& p) { return optim::RowWiseAdagrad({p}, {.lr = 0.1}); }, {"state.0.step", "state.0.sum"});
   check([](const Tensor& p) { return optim::SGD({p}, {.lr = 0.1, .momentum = 0.9, .nesterov = true}); },
         {"state.0.step", "state.0.momentum_buffer", "state.0.momentum_rows"});
+}
+
+// Through a checkpoint file (HDF5): SGD's Int64 row list and RowWiseAdagrad's (V) sums come back, and the next step
+// is the same bit for bit.
+TEST(SparseOptimizers, CheckpointFileResumesExactly) {
+  const std::string path = ::testing::TempDir() + "/kiln_sparse_optim_" + std::to_string(::getpid()) + ".h5";
+  auto check = [&](auto make_opt) {
+    Tensor p = table_param(kV, kD, 37);
+    auto a = make_opt(p);
+    for (size_t s = 0; s < 2; ++s) {
+      give_sparse(p, kSteps[s]);
+      a.step();
+      a.zero_grad();
+    }
+    io::save_checkpoint(path, {.optimizer = &a});
+    Tensor q = p.detach().clone().requires_grad_();
+    auto b = make_opt(q);
+    io::load_checkpoint(path, {.optimizer = &b});
+    give_sparse(p, kSteps[2]);
+    give_sparse(q, kSteps[2]);
+    a.step();
+    b.step();
+    expect_same_bits(p, q, a.name() + " parameter after a checkpoint");
+    for (const auto& [name, t] : a.state(p)) {
+      EXPECT_EQ(t.dtype(), b.state(q).at(name).dtype()) << name;
+      expect_same_bits(t, b.state(q).at(name), a.name() + " " + name);
+    }
+  };
+  check([](const Tensor& p) { return optim::SGD({p}, {.lr = 0.1, .momentum = 0.9}); });
+  check([](const Tensor& p) { return optim::RowWiseAdagrad({p}, {.lr = 0.1}); });
+  check([](const Tensor& p) { return optim::SparseAdam({p}, {.lr = 0.1}); });
+  std::filesystem::remove(path);
 }
 
 TEST(SparseOptimizers, OptionsRoundTripAndBadStatesAreRefused) {
