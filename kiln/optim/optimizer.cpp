@@ -4,6 +4,7 @@
 
 #include <set>
 #include <string_view>
+#include <vector>
 
 #include "kiln/autograd/autocast.h"  // autocast::shadow
 #include "kiln/autograd/grad_mode.h"
@@ -275,12 +276,12 @@ void Optimizer::finish_bucket(CudaBucket& bucket) {
 void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf) {
   NoGradGuard no_grad;
   // Sparse gradients are checked first, so that a refused one changes nothing.
-  bool any_sparse = false;
+  std::vector<bool> has_sparse(num_param_groups(), false);  // per group: some parameter holds a sparse gradient
   for (size_t group = 0; group < num_param_groups(); ++group) {
     for (const Tensor& p : params(group)) {
       if (!autograd::has_sparse_grad(p)) continue;
       check_sparse_param(group, p);
-      any_sparse = true;
+      has_sparse[group] = true;
     }
   }
   bool skip_cpu = false, skip_read = false;  // found_inf is read on the host once, if a CPU parameter needs it
@@ -290,7 +291,7 @@ void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf)
       update_bucket(group, bucket, grad_scale, found_inf);
       finish_bucket(bucket);
     }
-    if (plan.cpu.empty() && !any_sparse) continue;
+    if (plan.cpu.empty() && !has_sparse[group]) continue;
     if (!skip_read) skip_cpu = found_inf_set(found_inf), skip_read = true;
     if (skip_cpu) continue;
     for (Tensor& p : plan.cpu) {
@@ -302,7 +303,7 @@ void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf)
       if (!w.is_same(p)) internal::copy_(p, w);
       internal::fill_(step, t);
     }
-    if (any_sparse) step_sparse(group, grad_scale);
+    if (has_sparse[group]) step_sparse(group, grad_scale);
   }
 }
 

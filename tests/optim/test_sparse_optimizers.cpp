@@ -232,6 +232,23 @@ TEST(SparseSgd, DenseAndSparseStepsMixAsTheDensePath) {
   }
 }
 
+// The usual setup: dense parameters with weight decay in one group, the table without in another.
+TEST(SparseSgd, WeightDecayIsCheckedPerGroup) {
+  Tensor w = make({1, -2}, {2}, {.dtype = DType::Float64}).requires_grad_();
+  Tensor p = table_param(kV, kD, 39);
+  Table ref = values(p);
+  optim::SGD opt(
+      {{.params = {w}, .options = {.lr = 0.1, .weight_decay = 0.5}}, {.params = {p}, .options = {.lr = 0.2}}});
+  w.mutable_grad() = make({1, 1}, {2}, {.dtype = DType::Float64});
+  give_sparse(p, kSteps[0]);
+  opt.step();
+  expect_values(w, {2}, {1 - 0.1 * (1 + 0.5 * 1), -2 - 0.1 * (1 + 0.5 * -2)}, 1e-15, 1e-15);
+  for (const auto& [row, vals] : summed(kSteps[0], kD)) {
+    for (int64_t j = 0; j < kD; ++j) ref[static_cast<size_t>(row * kD + j)] -= 0.2 * vals[j];
+  }
+  expect_values(p, {kV, kD}, ref, 1e-15, 1e-15);
+}
+
 // ---------------------------------------------------------------- SparseAdam
 
 // Lazy Adam in float64 (torch.optim.SparseAdam): one step count per parameter; only the gradient's rows move.
