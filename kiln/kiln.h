@@ -58,7 +58,9 @@
 #include "kiln/optim/lamb.h"            // optim::LAMB
 #include "kiln/optim/lr_scheduler.h"    // optim::StepLR, optim::CosineAnnealingLR, optim::OneCycleLR, warmups, ...
 #include "kiln/optim/optimizer.h"       // optim::Optimizer: parameter groups, state, state_dict
-#include "kiln/optim/sgd.h"             // optim::SGD
+#include "kiln/optim/rowwise_adagrad.h"  // optim::RowWiseAdagrad: one Adagrad accumulator per embedding row
+#include "kiln/optim/sgd.h"             // optim::SGD (sparse gradients too)
+#include "kiln/optim/sparse_adam.h"     // optim::SparseAdam: lazy Adam for sparse embedding gradients
 #include "kiln/profiler/nvtx.h"        // profiler::enable_nvtx: kiln's steps, modules and ops in Nsight Systems
 #include "kiln/profiler/profiler.h"    // profiler::Profile: host and GPU time per op, Chrome trace, top-ops table
 #include "kiln/tensor/determinism.h"    // set_deterministic: bit-for-bit reproducible GPU training

@@ -3,8 +3,10 @@
 #include "kiln/optim/clip_grad.h"
 
 #include <cmath>
+#include <utility>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/sparse_grad.h"
 #include "kiln/optim/grad_groups.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/internal_ops.h"
@@ -29,13 +31,20 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   KILN_CHECK(!std::isnan(max_norm) && max_norm >= 0, "clip_grad_norm_: max_norm must be >= 0, got ", max_norm);
   NoGradGuard no_grad;
   std::vector<optim::detail::GradGroup> groups = optim::detail::group_grads(params);
-  if (groups.empty()) return internal::zeros({}, {.dtype = DType::Float32});
+  // Sparse gradients (sparse_grad.h) count as their coalesced rows (repeated rows summed), as PyTorch's norm of a
+  // sparse tensor: (parameter, coalesced gradient).
+  std::vector<std::pair<Tensor, SparseRowGrad>> sparse;
+  for (const Tensor& p : params) {
+    if (p.defined() && autograd::has_sparse_grad(p)) sparse.emplace_back(p, autograd::sparse_grad(p)->coalesce());
+  }
+  if (groups.empty() && sparse.empty()) return internal::zeros({}, {.dtype = DType::Float32});
   bool all_float64 = true;
   for (const auto& group : groups) {
     for (const Tensor& g : group.all) all_float64 = all_float64 && g.dtype() == DType::Float64;
   }
+  for (const auto& [p, g] : sparse) all_float64 = all_float64 && g.values.dtype() == DType::Float64;
   const DType norm_dtype = all_float64 ? DType::Float64 : DType::Float32;
-  const Device first = groups.front().device;
+  const Device first = groups.empty() ? sparse.front().second.values.device() : groups.front().device;
 
   std::vector<Tensor> device_norms;  // one 0-d norm per device, moved to `first`
   for (const auto& group : groups) {
@@ -54,6 +63,9 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 #endif
     const Tensor norm = norms.size() == 1 ? norms.front() : internal::norm(internal::stack(norms), norm_type);
     device_norms.push_back(norm.to(first, /*non_blocking=*/true));
+  }
+  for (const auto& [p, g] : sparse) {
+    device_norms.push_back(tensor_norm(g.values, norm_type, norm_dtype).to(first, /*non_blocking=*/true));
   }
   const Tensor total = device_norms.size() == 1 ? device_norms.front()
                                                 : internal::norm(internal::stack(device_norms), norm_type);  // 0-d
@@ -79,6 +91,14 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
 #endif
     const Tensor coef0 = coef.to(group.device, /*non_blocking=*/true);
     for (Tensor& g : group.all) optim::detail::mul_in_float32_(g, coef0);
+  }
+  // A sparse gradient's values are scaled in a copy (they may be a tensor the caller still holds), and the
+  // coalesced, scaled gradient replaces the parameter's.
+  for (auto& [p, g] : sparse) {
+    Tensor values = internal::clone(g.values);
+    optim::detail::mul_in_float32_(values, coef.to(values.device(), /*non_blocking=*/true));
+    g.values = values;
+    autograd::set_sparse_grad(p, g);
   }
   return total;
 }

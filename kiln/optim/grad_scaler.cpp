@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/sparse_grad.h"
 #include "kiln/optim/grad_groups.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/internal_ops.h"
@@ -87,6 +88,21 @@ void GradScaler::unscale_(optim::Optimizer& opt) {
 #endif
     const Tensor inv0 = inv_d.reshape({});
     for (Tensor& g : group.all) unscale_with_ops(g, inv0, found_d);
+    st.found_inf.push_back(found_d);
+  }
+  // Sparse gradients (sparse_grad.h): their values, unscaled in a copy (they may be a tensor the caller still
+  // holds) that replaces them. As PyTorch, a float16 one is coalesced first: summing repeated rows of scaled
+  // values can overflow, and the check must see the sums the optimizer will use. (bfloat16 likewise.)
+  for (const Tensor& p : optim::detail::params_of(opt)) {
+    const SparseRowGrad* sparse = autograd::sparse_grad(p);
+    if (sparse == nullptr) continue;
+    const DType dtype = sparse->values.dtype();
+    SparseRowGrad g = dtype == DType::Float16 || dtype == DType::BFloat16 ? sparse->coalesce() : *sparse;
+    const Device device = g.values.device();
+    Tensor found_d = internal::zeros({1}, f32_on(device));
+    g.values = internal::clone(g.values);
+    unscale_with_ops(g.values, inv_scale.to(device, /*non_blocking=*/true).reshape({}), found_d);
+    autograd::set_sparse_grad(p, std::move(g));
     st.found_inf.push_back(found_d);
   }
   st.stage = Stage::Unscaled;

@@ -4,6 +4,7 @@
 
 #include <set>
 #include <string_view>
+#include <vector>
 
 #include "kiln/autograd/autocast.h"  // autocast::shadow
 #include "kiln/autograd/grad_mode.h"
@@ -152,16 +153,7 @@ void Optimizer::load_state_dict(const OptimizerState& sd) {
     KILN_CHECK(index < ps.size(), op, ": '", key, "' is for parameter ", index, " but this optimizer has ", ps.size(),
                " parameters");
     KILN_CHECK(t.defined(), op, ": '", key, "' is an undefined tensor");
-    const Tensor& p = ps[index];
-    if (sname == "step") {
-      KILN_CHECK(t.numel() == 1, op, ": '", key, "' has shape ", t.shape(), "; a step count has one element");
-      new_state[index][sname] = copy_to(internal::reshape(t, {1}), DType::Float32, p.device());
-    } else {
-      KILN_CHECK(t.shape() == p.shape(), op, ": '", key, "' has shape ", t.shape(), " but parameter ", index,
-                 " has shape ", p.shape());
-      KILN_CHECK(t.is_floating_point(), op, ": '", key, "' has dtype ", t.dtype(), "; optimizer states are floating");
-      new_state[index][sname] = copy_to(t, state_dtype(p), p.device());
-    }
+    new_state[index][sname] = load_state_tensor(ps[index], index, sname, t, key);
   }
   // Apply: the options (validated, restored if one group's are refused), then the state.
   std::vector<std::map<std::string, double>> old_values(num_param_groups());
@@ -179,6 +171,19 @@ void Optimizer::load_state_dict(const OptimizerState& sd) {
       state_[&ps[i].impl()] = std::move(new_state[i]);
     }
   }
+}
+
+Tensor Optimizer::load_state_tensor(const Tensor& p, size_t index, const std::string& name, const Tensor& t,
+                                    const std::string& key) const {
+  const std::string op = this->name() + ".load_state_dict";
+  if (name == "step") {
+    KILN_CHECK(t.numel() == 1, op, ": '", key, "' has shape ", t.shape(), "; a step count has one element");
+    return copy_to(internal::reshape(t, {1}), DType::Float32, p.device());
+  }
+  KILN_CHECK(t.shape() == p.shape(), op, ": '", key, "' has shape ", t.shape(), " but parameter ", index, " has shape ",
+             p.shape());
+  KILN_CHECK(t.is_floating_point(), op, ": '", key, "' has dtype ", t.dtype(), "; optimizer states are floating");
+  return copy_to(t, state_dtype(p), p.device());
 }
 
 void Optimizer::check_nonempty(size_t group_number, size_t size, const std::string& optimizer_name) {
@@ -270,6 +275,15 @@ void Optimizer::finish_bucket(CudaBucket& bucket) {
 
 void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf) {
   NoGradGuard no_grad;
+  // Sparse gradients are checked first, so that a refused one changes nothing.
+  std::vector<bool> has_sparse(num_param_groups(), false);  // per group: some parameter holds a sparse gradient
+  for (size_t group = 0; group < num_param_groups(); ++group) {
+    for (const Tensor& p : params(group)) {
+      if (!autograd::has_sparse_grad(p)) continue;
+      check_sparse_param(group, p);
+      has_sparse[group] = true;
+    }
+  }
   bool skip_cpu = false, skip_read = false;  // found_inf is read on the host once, if a CPU parameter needs it
   for (size_t group = 0; group < num_param_groups(); ++group) {
     StepPlan plan = plan_step(params(group));
@@ -277,7 +291,7 @@ void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf)
       update_bucket(group, bucket, grad_scale, found_inf);
       finish_bucket(bucket);
     }
-    if (plan.cpu.empty()) continue;
+    if (plan.cpu.empty() && !has_sparse[group]) continue;
     if (!skip_read) skip_cpu = found_inf_set(found_inf), skip_read = true;
     if (skip_cpu) continue;
     for (Tensor& p : plan.cpu) {
@@ -289,7 +303,39 @@ void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf)
       if (!w.is_same(p)) internal::copy_(p, w);
       internal::fill_(step, t);
     }
+    if (has_sparse[group]) step_sparse(group, grad_scale);
   }
+}
+
+void Optimizer::step_sparse(size_t group, const Tensor& grad_scale) {
+  for (const Tensor& p : params(group)) {
+    const SparseRowGrad* sparse = autograd::sparse_grad(p);
+    if (sparse == nullptr) continue;
+    SparseRowGrad g = sparse->coalesce();  // (K) sorted unique rows, (K, D...) summed values
+    const DType math = state_dtype(p);
+    if (g.values.dtype() != math) g.values = internal::cast(g.values, math);
+    if (grad_scale.defined()) {
+      KILN_CHECK(grad_scale.numel() == 1, "Optimizer.step_with: grad_scale has shape ", grad_scale.shape(),
+                 "; expected one element");
+      g.values = internal::div(g.values, internal::cast(grad_scale, DType::Float64).to(Device::cpu()).item<double>());
+    }
+    Tensor& step = step_tensor(p);
+    const double t = static_cast<double>(step.item<float>()) + 1;
+    update_sparse_param(group, p, g, t);
+    internal::fill_(step, t);
+  }
+}
+
+void Optimizer::check_sparse_param(size_t /*group*/, const Tensor& param) const {
+  KILN_CHECK(false, name(), ".step: a parameter of shape ", param.shape(),
+             " has a sparse gradient (an nn::Embedding with {.sparse = true}?), which ", name(),
+             " does not take; use optim::SGD (without weight decay), optim::SparseAdam or optim::RowWiseAdagrad for "
+             "it (in a second optimizer for the embedding tables), or make the embedding dense");
+}
+
+void Optimizer::update_sparse_param(size_t /*group*/, const Tensor& /*param*/, const SparseRowGrad& /*grad*/,
+                                    double /*t*/) {
+  KILN_CHECK(false, name(), ": step_by_hooks needs update_sparse_param for sparse gradients");
 }
 
 void Optimizer::update_bucket(size_t /*group*/, CudaBucket& /*bucket*/, const Tensor& /*grad_scale*/,

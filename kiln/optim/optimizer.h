@@ -28,6 +28,10 @@
 
 #include "kiln/tensor/tensor.h"
 
+namespace kiln {
+struct SparseRowGrad;  // kiln/autograd/sparse_grad.h
+}  // namespace kiln
+
 namespace kiln::optim {
 
 // A flat, name-keyed form of an optimizer's state, for checkpoints (kiln/data's HDF5 writer stores it as is):
@@ -124,10 +128,28 @@ class Optimizer {
   // when it already is) and the step number t = 1, 2, ... being taken. The caller then copies w back into the
   // parameter and advances "step". Runs without recording the graph.
   void step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf);
+  // step_by_hooks' part for the parameters of `group` that hold a sparse gradient (update_sparse_param each).
+  void step_sparse(size_t group, const Tensor& grad_scale);
   // The CUDA hook: updates a bucket with one fused launch; the base version throws.
   virtual void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf);
   // The CPU hook: writes the parameter's new value into w; the base version throws.
   virtual void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t);
+
+  // Row-sparse gradients (kiln/autograd/sparse_grad.h). step_by_hooks first calls check_sparse_param for every
+  // parameter that holds one, before any parameter changes; the base refuses, naming the optimizer, the shape and
+  // the optimizers that take them (SGD, SparseAdam, RowWiseAdagrad override it). Then, on any device and through
+  // kiln ops (unless found_inf is set, read on the host), update_sparse_param gets the gradient coalesced (sorted
+  // unique rows, duplicates summed), divided by grad_scale, its values in the math dtype (state_dtype); it updates
+  // only those rows of the parameter (and of its state) in place. The caller then advances "step".
+  virtual void check_sparse_param(size_t group, const Tensor& param) const;
+  // The sparse hook (see check_sparse_param); the base version throws.
+  virtual void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t);
+  // load_state_dict's check and copy of one saved state tensor `name` (under `key`) of `param`: the base takes
+  // "step" (one element; 1-element float32 on the parameter's device) and floating tensors of the parameter's
+  // shape (copied in state_dtype to its device). Optimizers whose state has another form (a per-row state, a
+  // list of rows) override it for those names and call it for the others. Throws kiln::Error naming `key`.
+  virtual Tensor load_state_tensor(const Tensor& param, size_t index, const std::string& name, const Tensor& saved,
+                                   const std::string& key) const;
 
   // The dtype state tensors and CPU math use for a parameter: float32 for 16-bit floats, else its dtype.
   static DType state_dtype(const Tensor& param);

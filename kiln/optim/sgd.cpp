@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "kiln/autograd/sparse_grad.h"
+#include "kiln/optim/sparse_rows.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/internal_ops.h"
 
@@ -49,6 +51,7 @@ void SGD::update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_sca
     if (o.momentum != 0) bufs.push_back(state_tensor(p, "momentum_buffer"));
     steps.push_back(step_tensor(p));
   }
+  for (const Tensor& p : bucket.originals) state(p).erase("momentum_rows");  // a dense step touches every row
   cuda_impl::fused_sgd(bucket.params, bucket.grads, bufs, steps,
                        {.lr = o.lr,
                         .momentum = o.momentum,
@@ -68,6 +71,7 @@ void SGD::update_param(size_t group, const Tensor& p, Tensor d, Tensor& w, doubl
   if (o.maximize) d = internal::neg(d);
   if (o.weight_decay != 0) d = internal::add(d, w, o.weight_decay);
   if (o.momentum != 0) {
+    state(p).erase("momentum_rows");  // a dense step touches every row: the buffer is dense from now on
     // A buffer made now (first step, or momentum switched on later) starts as the gradient (PyTorch).
     const bool fresh = t == 1 || !state(p).count("momentum_buffer");
     Tensor& buf = state_tensor(p, "momentum_buffer");
@@ -80,6 +84,78 @@ void SGD::update_param(size_t group, const Tensor& p, Tensor d, Tensor& w, doubl
     d = o.nesterov ? internal::add(d, buf, o.momentum) : buf;
   }
   internal::add_(w, d, -o.lr);
+}
+
+void SGD::check_sparse_param(size_t group, const Tensor& p) const {
+  const SGDOptions& o = groups_[group].options;
+  KILN_CHECK(o.weight_decay == 0, "SGD.step: a parameter of shape ", p.shape(),
+             " has a sparse gradient but its parameter group ", group, " has weight_decay ", o.weight_decay,
+             "; weight decay would change every row, so SGD (as torch.optim.SGD) refuses it with sparse gradients: put "
+             "the embedding tables in a parameter group with weight_decay = 0");
+}
+
+void SGD::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad& g, double t) {
+  const SGDOptions& o = groups_[group].options;
+  Tensor param = p;
+  const DType math = state_dtype(p);
+  Tensor rows = g.indices;                                     // (K) sorted unique
+  Tensor d = o.maximize ? internal::neg(g.values) : g.values;  // (K, D...), never written in place
+  if (o.momentum != 0) {
+    auto& s = state(p);
+    const bool fresh = t == 1 || !s.count("momentum_buffer");
+    if (!fresh && !s.count("momentum_rows")) {
+      // The buffer is dense (earlier steps had dense gradients): every row is in it, the update is the dense one.
+      Tensor w = p.dtype() == math ? param : internal::cast(p, math);
+      update_param(group, p, SparseRowGrad{rows, g.values, g.dense_shape, true}.to_dense(), w, t);
+      if (!w.is_same(p)) internal::copy_(param, w);
+      return;
+    }
+    const bool existed = s.count("momentum_buffer") != 0;
+    Tensor& buf = state_tensor(p, "momentum_buffer");  // (V, D...), zeros when new
+    if (fresh) {
+      // buf = g (PyTorch clones the gradient): its rows are the union so far.
+      if (existed) internal::fill_(buf, 0);  // momentum switched on again after a reset of the step count
+      detail::write_rows_(buf, rows, d);
+      s["momentum_rows"] = internal::clone(rows);
+    } else {
+      // U = rows ever touched ∪ this step's; g on U (zero where g has no row).
+      const detail::RowUnion u = detail::row_union(detail::host_rows(s.at("momentum_rows")), detail::host_rows(rows));
+      const int64_t n = static_cast<int64_t>(u.rows.size());
+      const Tensor union_rows = internal::to(internal::from_vector(u.rows, {n}), p.device());
+      Shape union_shape = p.shape();
+      union_shape[0] = n;
+      const Tensor positions =
+          internal::to(internal::from_vector(u.b_positions, {static_cast<int64_t>(u.b_positions.size())}), p.device());
+      const Tensor g_u =
+          internal::index_add(internal::zeros(union_shape, {.dtype = math, .device = p.device()}), 0, positions, d);
+      Tensor buf_u = detail::gather_rows(buf, union_rows);  // (U, D...)
+      internal::mul_(buf_u, o.momentum);
+      internal::add_(buf_u, g_u, 1 - o.dampening);
+      detail::write_rows_(buf, union_rows, buf_u);
+      s["momentum_rows"] = union_rows;
+      rows = union_rows;
+      d = g_u;
+    }
+    const Tensor buf_rows = detail::gather_rows(buf, rows);
+    d = o.nesterov ? internal::add(d, buf_rows, o.momentum) : buf_rows;
+  }
+  Tensor w = detail::gather_rows(p, rows, math);  // (K, D...) in the math dtype
+  internal::add_(w, d, -o.lr);
+  detail::write_rows_(param, rows, w);
+}
+
+Tensor SGD::load_state_tensor(const Tensor& p, size_t index, const std::string& name, const Tensor& saved,
+                              const std::string& key) const {
+  if (name != "momentum_rows") return Optimizer::load_state_tensor(p, index, name, saved, key);
+  KILN_CHECK(saved.dim() == 1 && saved.dtype() == DType::Int64, "SGD.load_state_dict: '", key, "' has shape ",
+             saved.shape(), " and dtype ", saved.dtype(), "; a row list is 1-D Int64");
+  const std::vector<int64_t> rows = detail::host_rows(saved);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    KILN_CHECK(rows[i] >= 0 && rows[i] < p.size(0) && (i == 0 || rows[i - 1] < rows[i]), "SGD.load_state_dict: '", key,
+               "' holds row ", rows[i], " at position ", i, "; expected sorted, unique rows in [0, ", p.size(0),
+               ") (parameter ", index, " has shape ", p.shape(), ")");
+  }
+  return internal::to(internal::from_vector(rows, {static_cast<int64_t>(rows.size())}), p.device());
 }
 
 }  // namespace kiln::optim

@@ -10,6 +10,16 @@
 //   g = nesterov ? g + momentum * buf : buf                                      (when momentum != 0)
 //   p -= lr * g
 // State: "momentum_buffer" (when momentum != 0) and "step".
+//
+// Sparse gradients (nn::Embedding with {.sparse = true}; kiln/autograd/sparse_grad.h), as torch.optim.SGD with a
+// sparse .grad: the gradient is coalesced (repeated rows summed) and only rows are updated. Without momentum,
+// p[rows] -= lr * g. With momentum, PyTorch's buffer is a sparse tensor holding every row ever touched; here it is
+// "momentum_buffer" (V, D...), zero outside those rows, plus "momentum_rows" (R) Int64, those rows sorted, and each
+// step updates buf and p on that union only (O(rows touched so far), as PyTorch):
+//   buf[U] = momentum * buf[U] + (1 - dampening) * g[U]   (g is 0 on rows of U it does not hold; first step buf = g)
+//   p[U] -= lr * (nesterov ? g[U] + momentum * buf[U] : buf[U])
+// which is the dense update with the dense gradient, on every row. weight_decay > 0 with a sparse gradient is
+// refused (it would touch every row; PyTorch refuses it too): give the tables a group with weight_decay 0.
 #pragma once
 
 #include <map>
@@ -43,6 +53,12 @@ class SGD : public HookedOptimizer<SGDOptions> {
  protected:
   void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;
   void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;  // the CPU update
+  // Sparse gradients: refused with weight_decay > 0; updated row by row through kiln ops on any device.
+  void check_sparse_param(size_t group, const Tensor& param) const override;
+  void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t) override;
+  // "momentum_rows": a sorted, unique Int64 row list in [0, V); the rest as the base.
+  Tensor load_state_tensor(const Tensor& param, size_t index, const std::string& name, const Tensor& saved,
+                           const std::string& key) const override;
 };
 
 }  // namespace kiln::optim

@@ -1,0 +1,58 @@
+// kiln/optim/sparse_rows.cpp — rows of a table read (index_select) and written (scatter_ with the row index
+// broadcast along the other dims) through kiln ops; the host-side union of two row lists.
+#include "kiln/optim/sparse_rows.h"
+
+#include <algorithm>
+
+#include "kiln/tensor/error.h"
+#include "kiln/tensor/internal_ops.h"
+
+namespace kiln::optim::detail {
+
+Tensor gather_rows(const Tensor& t, const Tensor& rows, std::optional<DType> dtype) {
+  Tensor out = internal::index_select(t, 0, rows);  // (K, D...)
+  return dtype && *dtype != out.dtype() ? internal::cast(out, *dtype) : out;
+}
+
+void write_rows_(Tensor& t, const Tensor& rows, const Tensor& values) {
+  const int64_t k = rows.numel();
+  Shape expected = t.shape();
+  expected[0] = k;
+  KILN_CHECK(values.shape() == expected, "optim: rows of shape ", values.shape(), " written into a table of shape ",
+             t.shape(), " at ", k, " rows");
+  if (k == 0) return;
+  // scatter_ along dim 0 with index[i, j...] = rows[i]: a stride-0 view of the (K) rows, no (K, D...) copy.
+  Shape one(static_cast<size_t>(t.dim()), 1);
+  one[0] = k;
+  const Tensor index = internal::expand(internal::reshape(rows, one), expected);
+  internal::scatter_(t, 0, index, values.dtype() == t.dtype() ? values : internal::cast(values, t.dtype()));
+}
+
+Tensor per_row(const Tensor& v, int64_t dims) {
+  Shape shape(static_cast<size_t>(std::max<int64_t>(dims, 1)), 1);
+  shape[0] = v.numel();
+  return internal::reshape(v, shape);
+}
+
+RowUnion row_union(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  RowUnion u;
+  u.rows.reserve(a.size() + b.size());
+  std::set_union(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(u.rows));
+  u.b_positions.reserve(b.size());
+  auto it = u.rows.begin();
+  for (const int64_t row : b) {  // b is sorted: one forward pass
+    it = std::lower_bound(it, u.rows.end(), row);
+    u.b_positions.push_back(static_cast<int64_t>(it - u.rows.begin()));
+  }
+  return u;
+}
+
+std::vector<int64_t> host_rows(const Tensor& rows) {
+  KILN_CHECK(rows.dim() == 1 && rows.dtype() == DType::Int64, "optim: a row list must be 1-D Int64, got shape ",
+             rows.shape(), " and dtype ", rows.dtype());
+  const Tensor host = internal::contiguous(internal::to(rows, Device::cpu()));
+  const int64_t* p = host.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + host.numel());
+}
+
+}  // namespace kiln::optim::detail

@@ -1,0 +1,36 @@
+// kiln/optim/sparse_rows.h — internal: the rows of a (V, D...) table (a parameter or an optimizer state) read and
+// written at a list of rows, through kiln ops on any device, for the optimizers' updates from row-sparse gradients
+// (kiln/autograd/sparse_grad.h): each costs O(K) for K rows, never O(V).
+//
+//   Tensor w = detail::gather_rows(param, g.indices);     // (K, D...)
+//   internal::add_(w, g.values, -lr);
+//   detail::write_rows_(param, g.indices, w);             // param[g.indices[i]] = w[i]; the other rows untouched
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "kiln/tensor/tensor.h"
+
+namespace kiln::optim::detail {
+
+// t[rows] as a new (K, D...) tensor in `dtype` (t's own when not given); rows (K) Int64 on t's device.
+Tensor gather_rows(const Tensor& t, const Tensor& rows, std::optional<DType> dtype = {});
+// t[rows[i]] = values[i] in place, values (K, D...) cast to t's dtype once; rows unique. The rows are overwritten
+// (not added to), so a row's new value is exactly values[i]; every other row keeps its bits. Counts the write in
+// t's version.
+void write_rows_(Tensor& t, const Tensor& rows, const Tensor& values);
+// A (K) tensor of per-row numbers shaped to broadcast against (K, D...) rows: (K, 1, ...) with `dims` dims.
+Tensor per_row(const Tensor& v, int64_t dims);
+
+// The sorted union of two sorted, unique row lists (host vectors), and where each row of `b` sits in it.
+struct RowUnion {
+  std::vector<int64_t> rows;         // sorted, unique: a ∪ b
+  std::vector<int64_t> b_positions;  // rows[b_positions[j]] == b[j]
+};
+RowUnion row_union(const std::vector<int64_t>& a, const std::vector<int64_t>& b);
+// A 1-D Int64 tensor's entries on the host (a device tensor is copied, which waits for it).
+std::vector<int64_t> host_rows(const Tensor& rows);
+
+}  // namespace kiln::optim::detail
