@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
   auto& zipf = opts.add_double("zipf", 1.05, "the exponent of the ids' Zipf distribution");
   auto& steps = opts.add_int("steps", 600, "training steps");
   auto& batch_size = opts.add_int("batch-size", 256, "samples per step");
-  auto& lr = opts.add_double("lr", 0.2, "SGD's learning rate (DLRM's recipe: plain SGD for every parameter)");
+  auto& lr = opts.add_double("lr", 1.0, "SGD's learning rate (DLRM's recipe: plain SGD for every parameter)");
   auto& eval_size = opts.add_int("eval-size", 20000, "held-out samples for the AUC");
   auto& target = opts.add_double("target-auc", 0.0, "exit with status 1 if the final AUC is below this");
   auto& device_name = opts.add_string("device", "auto", "auto | cpu | cuda");
