@@ -377,6 +377,33 @@ TEST(HybridEmbedding, CheckpointRoundTripThroughIo) {
   EXPECT_EQ(bytes_of(b.emb->counts), bytes_of(a.emb->counts));
 }
 
+TEST(HybridEmbedding, ToMovesTheHotTierAndCastsBothKeepingThePlacement) {
+  manual_seed(16);
+  auto emb = scattered();
+  const Tensor before = emb.table();
+  emb.to(Device::cpu(), DType::Float64);
+  EXPECT_EQ(emb.hot.dtype(), DType::Float64);
+  EXPECT_EQ(emb.cold.dtype(), DType::Float64);
+  EXPECT_TRUE(emb.cold.is_cpu());
+  EXPECT_EQ(emb.slot.dtype(), DType::Int64);  // integer buffers keep their dtype and stay on the CPU
+  EXPECT_EQ(emb.counts.dtype(), DType::Int64);
+  EXPECT_EQ(emb.slot_of(7), 2);
+  EXPECT_EQ(bytes_of(emb.table()), bytes_of(before.to(DType::Float64)));
+  const Tensor out = emb(ids_of({7, 0}, {2}));
+  EXPECT_EQ(out.dtype(), DType::Float64);
+  loss_of(out).backward();
+  EXPECT_EQ(autograd::sparse_grad(emb.cold)->values.dtype(), DType::Float64);
+}
+
+TEST(HybridEmbedding, EmptyIdsGiveAnEmptyResult) {
+  auto emb = scattered();
+  const Tensor out = emb(ids_of({}, {2, 0}));
+  EXPECT_EQ(out.shape(), (Shape{2, 0, 3}));
+  loss_of(out).backward();
+  EXPECT_EQ(autograd::sparse_grad(emb.hot)->nnz(), 0);  // both tiers take a gradient on every call, as one table
+  EXPECT_EQ(autograd::sparse_grad(emb.cold)->nnz(), 0);
+}
+
 TEST(HybridEmbedding, BadIdsNameTheTableAndTheId) {
   auto emb = scattered();
   expect_error(
