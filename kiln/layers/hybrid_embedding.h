@@ -17,8 +17,11 @@
 // Gradients are row-sparse (kiln/autograd/sparse_grad.h) and land where each row lives: the hot rows' in `hot` (on
 // the device), the cold rows' in `cold` (on the host), so a sparse optimizer (optim::SGD, SparseAdam,
 // RowWiseAdagrad) given both parameters updates each row, and keeps its state, in the row's own tier.
-// state_dict() presents one logical table: "weight" (V, D) in row order on the CPU, "slot" and "counts"; loading one
-// restores the saved placement and scatters the table into the tiers.
+// state_dict() presents one logical table: "weight" (V, D) in row order on the CPU (a new tensor, not sharing the
+// tiers' memory), "slot" and "counts"; loading one restores the saved placement and scatters the table into the tiers.
+// counts accumulate from construction (or from the loaded state): counts.zero_() forgets the past.
+// Today every lookup reads the ids on the host (placement, counts and the range check are there; ids on a GPU are
+// copied back, which waits for them) and the cold rows reach the device through one copy (gather_cold).
 #pragma once
 
 #include <cstdint>
