@@ -204,36 +204,44 @@ Module& Module::train(bool on) {
   return *this;
 }
 
+Tensor Module::MoveRequest::moved(const Tensor& t) const {
+  Tensor out = t.detach();  // a detached alias, so that nothing is recorded
+  const bool cast = dtype.has_value() && t.is_floating_point() && *dtype != t.dtype();
+  if (device.has_value() && cast) {
+    out = out.to(*device, *dtype, non_blocking);
+  } else if (device.has_value()) {
+    out = out.to(*device, non_blocking);
+  } else if (cast) {
+    out = out.to(*dtype);
+  }
+  if (format.has_value() && out.dim() == 4) out = out.contiguous(*format);
+  return out;
+}
+
+// Swaps the data under the handle: copies of it (in optimizers, in user code) see the move.
+void Module::set_data_in_place(const Tensor& t, const Tensor& value) {
+  const TensorImpl &a = value.impl(), &b = t.impl();
+  const bool unchanged = a.storage() == b.storage() && a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
+                         a.strides() == b.strides() && a.offset() == b.offset();
+  if (!unchanged) t.impl().set_data(a);
+}
+
+void Module::to_own(const MoveRequest& request) {
+  for (const auto& [name, p] : parameters_) {
+    if (!p.defined()) continue;
+    set_data_in_place(p, request.moved(p));
+    if (p.grad().defined()) set_data_in_place(p.grad(), request.moved(p.grad()));
+  }
+  for (const auto& b : buffers_)
+    if (b.tensor.defined()) set_data_in_place(b.tensor, request.moved(b.tensor));
+}
+
 void Module::to_impl(std::optional<Device> device, std::optional<DType> dtype, std::optional<MemoryFormat> format,
                      bool non_blocking) {
   NoGradGuard no_grad;
-  // The moved tensor, computed from a detached alias so that nothing is recorded.
-  auto moved = [&](const Tensor& t) {
-    Tensor out = t.detach();
-    const bool cast = dtype.has_value() && t.is_floating_point() && *dtype != t.dtype();
-    if (device.has_value() && cast) {
-      out = out.to(*device, *dtype, non_blocking);
-    } else if (device.has_value()) {
-      out = out.to(*device, non_blocking);
-    } else if (cast) {
-      out = out.to(*dtype);
-    }
-    if (format.has_value() && out.dim() == 4) out = out.contiguous(*format);
-    return out;
-  };
-  // Swap the data under each handle: copies of it (in optimizers, in user code) see the move.
-  auto move_in_place = [&](const Tensor& t) {
-    Tensor m = moved(t);
-    const TensorImpl &a = m.impl(), &b = t.impl();
-    const bool unchanged = a.storage() == b.storage() && a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
-                           a.strides() == b.strides() && a.offset() == b.offset();
-    if (!unchanged) t.impl().set_data(a);
-  };
-  for (const auto& [name, p] : named_parameters()) {
-    move_in_place(p);
-    if (p.grad().defined()) move_in_place(p.grad());
-  }
-  for (const auto& [name, b] : named_buffers()) move_in_place(b);
+  const MoveRequest request{device, dtype, format, non_blocking};
+  // Each module moves its own tensors; a tensor shared by several modules moves once (the later ones find it moved).
+  apply([&](Module& m) { m.to_own(request); });
 }
 
 Module& Module::to(Device device, bool non_blocking) {
@@ -287,36 +295,44 @@ void Module::zero_grad(bool set_to_none) {
 namespace {
 
 // As PyTorch: every module's own parameters, then its persistent buffers, then its children's, with no
-// de-duplication, so tied weights appear under each of their names.
-void collect_state(const Module& m, const std::string& prefix, StateDict& out,
-                   const std::function<void(const Module&, const std::string&, StateDict&)>& own) {
+// de-duplication, so tied weights appear under each of their names. M: Module or const Module (children are
+// reached through handles, which are not const).
+template <typename M>
+void collect_state(M& m, const std::string& prefix, StateDict& out,
+                   const std::function<void(M&, const std::string&, StateDict&)>& own) {
   own(m, prefix, out);
-  for (const auto& [name, child] : m.named_children()) collect_state(*child, join_name(prefix, name), out, own);
+  for (const auto& [name, child] : m.named_children()) collect_state<M>(*child, join_name(prefix, name), out, own);
 }
 
 }  // namespace
 
+StateDict Module::own_state() const {
+  StateDict out;
+  for (const auto& [name, p] : parameters_)
+    if (p.defined()) out.emplace_back(name, p.detach());
+  for (const auto& b : buffers_)
+    if (b.persistent && b.tensor.defined()) out.emplace_back(b.name, b.tensor.detach());
+  return out;
+}
+
+StateDict Module::own_load_targets(const std::function<const Tensor*(const std::string&)>& /*given*/) {
+  StateDict out;
+  for (const auto& [name, p] : parameters_)
+    if (p.defined()) out.emplace_back(name, p);
+  for (const auto& b : buffers_)
+    if (b.persistent && b.tensor.defined()) out.emplace_back(b.name, b.tensor);
+  return out;
+}
+
 StateDict Module::state_dict() const {
   StateDict out;
-  collect_state(*this, "", out, [](const Module& m, const std::string& prefix, StateDict& o) {
-    for (const auto& [name, p] : m.parameters_)
-      if (p.defined()) o.emplace_back(join_name(prefix, name), p.detach());
-    for (const auto& b : m.buffers_)
-      if (b.persistent && b.tensor.defined()) o.emplace_back(join_name(prefix, b.name), b.tensor.detach());
+  collect_state<const Module>(*this, "", out, [](const Module& m, const std::string& prefix, StateDict& o) {
+    for (auto& [name, t] : m.own_state()) o.emplace_back(join_name(prefix, name), std::move(t));
   });
   return out;
 }
 
 Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) {
-  // The module's own tensors under their state-dict names (handles, not detached: values are copied in).
-  StateDict targets;
-  collect_state(*this, "", targets, [](const Module& m, const std::string& prefix, StateDict& o) {
-    for (const auto& [name, p] : m.parameters_)
-      if (p.defined()) o.emplace_back(join_name(prefix, name), p);
-    for (const auto& b : m.buffers_)
-      if (b.persistent && b.tensor.defined()) o.emplace_back(join_name(prefix, b.name), b.tensor);
-  });
-
   std::unordered_map<std::string, const Tensor*> given;
   for (const auto& [key, value] : state) {
     KILN_CHECK(given.emplace(key, &value).second, type_name_, ".load_state_dict: key \"", key,
@@ -324,6 +340,15 @@ Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) 
     KILN_CHECK(value.defined(), type_name_, ".load_state_dict: the value of \"", key,
                "\" is an undefined tensor; remove the key or give it a value");
   }
+  // The module's own tensors under their state-dict names (handles, not detached: values are copied in).
+  StateDict targets;
+  collect_state<Module>(*this, "", targets, [&](Module& m, const std::string& prefix, StateDict& o) {
+    auto find = [&](const std::string& name) -> const Tensor* {
+      auto it = given.find(join_name(prefix, name));
+      return it == given.end() ? nullptr : it->second;
+    };
+    for (auto& [name, t] : m.own_load_targets(find)) o.emplace_back(join_name(prefix, name), std::move(t));
+  });
 
   LoadResult result;
   std::vector<std::string> mismatched;
@@ -392,6 +417,7 @@ Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) 
 
   NoGradGuard no_grad;
   for (auto& [dst, src] : to_copy) dst.copy_(*src);
+  apply([](Module& m) { m.finish_load_state(); });
   return result;
 }
 

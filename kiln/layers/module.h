@@ -272,6 +272,30 @@ class Module : public std::enable_shared_from_this<Module> {
   // Renames the module's type (what type_name() returns).
   void set_type_name(std::string name) { type_name_ = std::move(name); }
 
+  // ---- hooks for a module whose stored tensors differ from what it presents (nn::HybridEmbedding keeps its
+  // table in two parameters on two devices but presents one "weight"). Names are relative to the module. ----
+  // This module's own entries of state_dict() (not its children's). The default: its parameters, then its persistent
+  // buffers, detached (sharing memory).
+  virtual StateDict own_state() const;
+  // The tensors load_state_dict() copies this module's own entries into: the names and shapes of own_state(). `given`
+  // finds a given value by own name (null when absent); an override may refuse a value here (kiln::Error), which is
+  // before anything in the model changed. The default: its parameters and persistent buffers themselves.
+  virtual StateDict own_load_targets(const std::function<const Tensor*(const std::string&)>& given);
+  // Runs on every module, children first, after a load_state_dict() that copied values in. The default does nothing.
+  virtual void finish_load_state() {}
+  // What to() asked for; moved(t) is t moved so (a detached alias, or t itself when nothing changes).
+  struct MoveRequest {
+    std::optional<Device> device;
+    std::optional<DType> dtype;          // applies to floating-point tensors only
+    std::optional<MemoryFormat> format;  // applies to 4-d tensors only
+    bool non_blocking = false;
+    Tensor moved(const Tensor& t) const;
+  };
+  // Moves this module's own tensors for to(). The default: each parameter (and its gradient) and buffer, in place.
+  virtual void to_own(const MoveRequest& request);
+  // Makes `t` (and every handle sharing it) hold `value`'s data, unless it already does.
+  static void set_data_in_place(const Tensor& t, const Tensor& value);
+
  private:
   struct BufferSlot {
     std::string name;

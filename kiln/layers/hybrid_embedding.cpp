@@ -1,0 +1,360 @@
+// kiln/layers/hybrid_embedding.cpp — nn::HybridEmbedding: placement (slot), the two-tier lookup and its row-sparse
+// backward, rebalancing, and the one-table state dict.
+#include "kiln/layers/hybrid_embedding.h"
+
+#include <algorithm>  // std::nth_element, std::sort
+#include <cmath>      // std::llround, std::isfinite
+#include <numeric>    // std::iota
+#include <utility>
+#include <vector>
+
+#include "kiln/autograd/function.h"     // autograd::Function: the lookup's node
+#include "kiln/autograd/grad_mode.h"    // NoGradGuard: moving rows of parameters
+#include "kiln/autograd/sparse_grad.h"  // accumulate_sparse_grad, has_sparse_grad
+#include "kiln/layers/init.h"           // init::normal_
+#include "kiln/tensor/checked_size.h"   // checked_nbytes: the table's size
+#include "kiln/tensor/error.h"          // KILN_CHECK
+#include "kiln/tensor/internal_ops.h"   // internal::index_select, cat, scatter_, ... (no autograd recording)
+
+namespace kiln::nn {
+
+namespace {
+
+// Where the lookups of one call go, by the placement at the time: output position i reads hot row hot_slots[j]
+// (hot_pos[j] == i) or cold row cold_slots[j] (cold_pos[j] == i).
+struct Partition {
+  std::vector<int64_t> hot_pos, hot_slots, cold_pos, cold_slots;
+};
+
+Partition partition(const Tensor& ids, const Tensor& slot) {  // ids (N) Int64, slot (V) Int64, both on the CPU
+  const int64_t n = ids.numel();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t* s = slot.data_ptr<int64_t>();
+  Partition p;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t where = s[id[i]];
+    if (where >= 0) {
+      p.hot_pos.push_back(i);
+      p.hot_slots.push_back(where);
+    } else {
+      p.cold_pos.push_back(i);
+      p.cold_slots.push_back(-where - 1);
+    }
+  }
+  return p;
+}
+
+Tensor index_tensor(const std::vector<int64_t>& v, Device device) {  // (K) Int64 on device
+  return internal::to(internal::from_vector(v, {static_cast<int64_t>(v.size())}), device);
+}
+
+// t[rows[i]] = values[i] in place (t (R, ...), rows (K) on t's device, values (K, ...)).
+void write_rows(Tensor t, const Tensor& rows, const Tensor& values) {
+  const int64_t k = rows.numel();
+  if (k == 0) return;
+  Shape expected = t.shape();
+  expected[0] = k;
+  Shape one(static_cast<size_t>(t.dim()), 1);
+  one[0] = k;
+  const Tensor index = internal::expand(internal::reshape(rows, one), expected);  // stride 0 beyond dim 0
+  internal::scatter_(t, 0, index, internal::cast(values, t.dtype()));
+}
+
+// The lookup as one node: forward reads the rows gathered from both tiers (hot ones, then cold ones) in output order;
+// backward gives each tier the gradients of its own rows, sparse, on its own device. The split is redone from the
+// ids and the placement at backward time, so a rebalance between the two still sends each gradient to its row.
+struct HybridLookupFunction : autograd::Function<HybridLookupFunction> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& hot, const Tensor& cold, const Tensor& rows,
+                        const Tensor& order, const Tensor& ids, const Tensor& slot) {
+    ctx.set("hot", hot);  // the leaves the rows' gradients accumulate into
+    ctx.set("cold", cold);
+    ctx.set("ids", ids);    // (N) Int64 on the CPU
+    ctx.set("slot", slot);  // (V) the module's placement (a handle: rebalance changes it in place)
+    return internal::index_select(rows, 0, order);  // (N, D)
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const Tensor hot = ctx.get<Tensor>("hot"), cold = ctx.get<Tensor>("cold");
+    const Partition p = partition(ctx.get<Tensor>("ids"), ctx.get<Tensor>("slot"));
+    const Tensor g = internal::contiguous(grads[0]);  // (N, D)
+    // Both tiers take a gradient on every call, empty when no row of theirs was looked up, as one table would.
+    if (hot.requires_grad()) {
+      const Tensor rows = internal::index_select(g, 0, index_tensor(p.hot_pos, g.device()));
+      autograd::accumulate_sparse_grad(
+          hot, {index_tensor(p.hot_slots, hot.device()), internal::to(rows, hot.device(), hot.dtype()), hot.shape()});
+    }
+    if (cold.requires_grad()) {
+      const Tensor rows = internal::index_select(g, 0, index_tensor(p.cold_pos, g.device()));
+      autograd::accumulate_sparse_grad(cold, {index_tensor(p.cold_slots, cold.device()),
+                                              internal::to(rows, cold.device(), cold.dtype()), cold.shape()});
+    }
+    return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+}  // namespace
+
+HybridEmbedding::HybridEmbedding(int64_t num_embeddings, int64_t embedding_dim, HybridEmbeddingOptions options)
+    : Module("HybridEmbedding"),
+      num_embeddings(num_embeddings),
+      embedding_dim(embedding_dim),
+      hot_rows(0),
+      device(options.device),
+      count_batches(options.count_batches) {
+  const int64_t v = num_embeddings;
+  KILN_CHECK(v > 0 && embedding_dim > 0, "HybridEmbedding: num_embeddings and embedding_dim must be positive, got ", v,
+             " and ", embedding_dim);
+  // The table's element and byte counts must fit in int64 (a wrapped count would allocate too little).
+  (void)checked_nbytes({v, embedding_dim}, 4, "HybridEmbedding (num_embeddings, embedding_dim) table");
+  if (options.hot_rows == -1) {
+    KILN_CHECK(options.hot_fraction >= 0 && options.hot_fraction <= 1, "HybridEmbedding: hot_fraction ",
+               options.hot_fraction, " is outside [0, 1]");
+    hot_rows = std::llround(options.hot_fraction * static_cast<double>(v));
+  } else {
+    KILN_CHECK(options.hot_rows >= 0 && options.hot_rows <= v, "HybridEmbedding: hot_rows ", options.hot_rows,
+               " is out of range for ", v, " rows; use a value in [0, ", v, "], or -1 for hot_fraction of them");
+    hot_rows = options.hot_rows;
+  }
+  KILN_CHECK(count_batches >= 0, "HybridEmbedding: count_batches must be >= 0, got ", count_batches);
+  if (options.frequencies.defined()) {
+    const Tensor& f = options.frequencies;
+    KILN_CHECK(f.dim() == 1 && f.numel() == v, "HybridEmbedding: frequencies of shape ", f.shape(), " for a table of ",
+               v, " rows; give one number per row, shape [", v, "]");
+    KILN_CHECK(f.dtype() != DType::Bool, "HybridEmbedding: frequencies must be numbers, got ", f.dtype());
+    const Tensor host = internal::contiguous(internal::to(f.detach(), Device::cpu(), DType::Float64));
+    const double* d = host.data_ptr<double>();
+    frequencies_.assign(d, d + v);
+    for (int64_t r = 0; r < v; ++r)
+      KILN_CHECK(std::isfinite(frequencies_[r]) && frequencies_[r] >= 0, "HybridEmbedding: frequencies[", r, "] is ",
+                 frequencies_[r], "; frequencies must be finite and non-negative");
+  }
+  const int64_t h = hot_rows;
+  hot = register_parameter("hot", internal::empty({h, embedding_dim}, {.device = device}));
+  cold = register_parameter("cold", internal::empty({v - h, embedding_dim}, {.pinned_memory = device.is_cuda()}));
+  slot = register_buffer("slot", internal::zeros({v}, {.dtype = DType::Int64}));
+  counts = register_buffer("counts", internal::zeros({v}, {.dtype = DType::Int64}));
+  if (!frequencies_.empty()) {
+    place_by(frequencies_);
+  } else {
+    int64_t* s = slot.data_ptr<int64_t>();  // rows 0..H-1 hot, in order; the rest cold, in order
+    for (int64_t r = 0; r < v; ++r) s[r] = r < h ? r : -(r - h) - 1;
+  }
+  counting_ = count_batches > 0;
+  reset_parameters();
+}
+
+void HybridEmbedding::reset_parameters(Generator* gen) {
+  init::normal_(hot, 0, 1, gen);
+  init::normal_(cold, 0, 1, gen);
+}
+
+void HybridEmbedding::place_by(const std::vector<double>& score) {
+  const int64_t v = num_embeddings, h = hot_rows;
+  // The H first rows by (score descending, row ascending): a strict total order, so the set is exact.
+  std::vector<int64_t> order(static_cast<size_t>(v));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  auto before = [&](int64_t a, int64_t b) { return score[a] != score[b] ? score[a] > score[b] : a < b; };
+  if (h < v) std::nth_element(order.begin(), order.begin() + h, order.end(), before);
+  std::vector<char> is_hot(static_cast<size_t>(v), 0);
+  for (int64_t i = 0; i < h; ++i) is_hot[order[i]] = 1;
+  int64_t* s = slot.data_ptr<int64_t>();  // hot and cold slots in row order
+  int64_t next_hot = 0, next_cold = 0;
+  for (int64_t r = 0; r < v; ++r) s[r] = is_hot[r] ? next_hot++ : -(next_cold++) - 1;
+}
+
+std::vector<double> HybridEmbedding::scores() const {
+  const int64_t v = num_embeddings;
+  std::vector<double> score(static_cast<size_t>(v));
+  const int64_t* c = counts.data_ptr<int64_t>();
+  for (int64_t r = 0; r < v; ++r) score[r] = static_cast<double>(c[r]) + (frequencies_.empty() ? 0.0 : frequencies_[r]);
+  return score;
+}
+
+int64_t HybridEmbedding::slot_of(int64_t row) const {
+  KILN_CHECK(row >= 0 && row < num_embeddings, "HybridEmbedding (", num_embeddings, " rows): row ", row,
+             " is out of range [0, ", num_embeddings, ")");
+  return slot.data_ptr<int64_t>()[row];
+}
+
+Tensor HybridEmbedding::gather_cold(const Tensor& cold_slots) const {
+  // On the CPU: index_select on the host table, then one copy of the (N, D) rows to the device.
+  return internal::to(internal::index_select(cold.detach(), 0, cold_slots), device);
+}
+
+Tensor HybridEmbedding::forward(const Tensor& ids) {
+  KILN_CHECK(is_integral(ids.dtype()), "HybridEmbedding: expected integer ids (Int64), got ", ids.dtype(), " of shape ",
+             ids.shape());
+  // The ids on the host: the placement and the counts are there. (N) Int64.
+  const Tensor host =
+      internal::contiguous(internal::reshape(internal::to(ids.detach(), Device::cpu(), DType::Int64), {ids.numel()}));
+  const int64_t n = host.numel(), v = num_embeddings;
+  const int64_t* id = host.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    KILN_CHECK(id[i] >= 0 && id[i] < v, "HybridEmbedding (", v, " x ", embedding_dim, " table): id ", id[i],
+               " at position ", i, " of the ids is out of range [0, ", v, ")");
+
+  // The automatic rebalance, once count_batches calls were counted, at a call with no pending gradient.
+  if (counting_ && calls_counted_ >= count_batches && !autograd::has_sparse_grad(hot) &&
+      !autograd::has_sparse_grad(cold))
+    rebalance();
+  if (is_training()) {
+    int64_t* c = counts.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) ++c[id[i]];
+    if (counting_) ++calls_counted_;
+  }
+
+  const Partition p = partition(host, slot);
+  const Tensor hot_rows_got = internal::index_select(hot.detach(), 0, index_tensor(p.hot_slots, device));  // (Nh, D)
+  const Tensor cold_rows_got = gather_cold(index_tensor(p.cold_slots, Device::cpu()));                     // (Nc, D)
+  // Output position i reads row order[i] of [hot rows; cold rows].
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  const int64_t nh = static_cast<int64_t>(p.hot_pos.size());
+  for (int64_t j = 0; j < nh; ++j) order[p.hot_pos[j]] = j;
+  for (size_t j = 0; j < p.cold_pos.size(); ++j) order[p.cold_pos[j]] = nh + static_cast<int64_t>(j);
+  const Tensor rows = internal::cat({hot_rows_got, cold_rows_got}, 0);                                 // (Nh + Nc, D)
+  Tensor out = HybridLookupFunction::apply(hot, cold, rows, index_tensor(order, device), host, slot);  // (N, D)
+  Shape shape = ids.shape();
+  shape.push_back(embedding_dim);
+  return out.reshape(shape);  // (..., D)
+}
+
+RowSwaps HybridEmbedding::rebalance() {
+  KILN_CHECK(!autograd::has_sparse_grad(hot) && !autograd::has_sparse_grad(cold) && !hot.grad().defined() &&
+                 !cold.grad().defined(),
+             "HybridEmbedding::rebalance: a tier still holds a gradient, whose rows would no longer match; call "
+             "rebalance after the optimizer step and zero_grad()");
+  const int64_t v = num_embeddings;
+  // The placement the scores ask for, then the rows that must change tier, each side in slot order.
+  const std::vector<int64_t> before(slot.data_ptr<int64_t>(), slot.data_ptr<int64_t>() + v);
+  place_by(scores());
+  int64_t* s = slot.data_ptr<int64_t>();
+  std::vector<std::pair<int64_t, int64_t>> leaving, entering;  // (old slot index, row)
+  for (int64_t r = 0; r < v; ++r) {
+    if (before[r] >= 0 && s[r] < 0) leaving.emplace_back(before[r], r);
+    if (before[r] < 0 && s[r] >= 0) entering.emplace_back(-before[r] - 1, r);
+  }
+  // place_by renumbered every slot; keep the old ones and pair the movers instead, so that only they move.
+  std::copy(before.begin(), before.end(), s);
+  std::sort(leaving.begin(), leaving.end());
+  std::sort(entering.begin(), entering.end());
+  const size_t m = leaving.size();  // == entering.size(): the tiers keep their sizes
+  std::vector<int64_t> hot_slots(m), cold_slots(m);
+  for (size_t i = 0; i < m; ++i) {
+    hot_slots[i] = leaving[i].first;
+    cold_slots[i] = entering[i].first;
+    s[entering[i].second] = hot_slots[i];
+    s[leaving[i].second] = -cold_slots[i] - 1;
+  }
+  RowSwaps swaps{index_tensor(hot_slots, Device::cpu()), index_tensor(cold_slots, Device::cpu())};
+  {
+    NoGradGuard no_grad;
+    swap_rows(swaps, hot, cold);
+  }
+  counting_ = false;
+  if (on_rebalance) on_rebalance(swaps);
+  return swaps;
+}
+
+void HybridEmbedding::swap_rows(const RowSwaps& swaps, const Tensor& hot_like, const Tensor& cold_like) {
+  KILN_CHECK(hot_like.defined() && cold_like.defined() && hot_like.dim() >= 1 && cold_like.dim() >= 1,
+             "HybridEmbedding::swap_rows: needs two defined tensors of at least one dim");
+  Shape a = hot_like.shape(), b = cold_like.shape();
+  a.erase(a.begin());
+  b.erase(b.begin());
+  KILN_CHECK(a == b, "HybridEmbedding::swap_rows: rows of shape ", a, " and ", b, " cannot trade places");
+  if (swaps.size() == 0) return;
+  const Tensor hs = internal::to(swaps.hot_slots, hot_like.device());
+  const Tensor cs = internal::to(swaps.cold_slots, cold_like.device());
+  const Tensor from_hot = internal::index_select(hot_like.detach(), 0, hs);  // (M, ...): new copies
+  const Tensor from_cold = internal::index_select(cold_like.detach(), 0, cs);
+  write_rows(hot_like.detach(), hs, internal::to(from_cold, hot_like.device()));
+  write_rows(cold_like.detach(), cs, internal::to(from_hot, cold_like.device()));
+}
+
+void HybridEmbedding::swap_state_rows(const RowSwaps& swaps, std::map<std::string, Tensor>& hot_state,
+                                      std::map<std::string, Tensor>& cold_state) const {
+  for (const auto& [name, h] : hot_state)
+    KILN_CHECK(cold_state.count(name) != 0, "HybridEmbedding::swap_state_rows: the hot tier's optimizer state \"", name,
+               "\" has no counterpart in the cold tier's; its rows could not follow the swap");
+  for (const auto& [name, c] : cold_state) {
+    auto it = hot_state.find(name);
+    KILN_CHECK(it != hot_state.end(), "HybridEmbedding::swap_state_rows: the cold tier's optimizer state \"", name,
+               "\" has no counterpart in the hot tier's; its rows could not follow the swap");
+    const Tensor& h = it->second;
+    const bool per_row =
+        h.dim() >= 1 && c.dim() >= 1 && h.size(0) == hot_rows && c.size(0) == num_embeddings - hot_rows;
+    if (per_row) swap_rows(swaps, h, c);
+  }
+}
+
+Tensor HybridEmbedding::table() const {
+  const int64_t v = num_embeddings, h = hot_rows;
+  const int64_t* s = slot.data_ptr<int64_t>();
+  std::vector<int64_t> at(static_cast<size_t>(v));  // row r is row at[r] of [hot; cold]
+  for (int64_t r = 0; r < v; ++r) at[r] = s[r] >= 0 ? s[r] : h + (-s[r] - 1);
+  const Tensor both = internal::cat({internal::to(hot.detach(), Device::cpu()), cold.detach()}, 0);  // (V, D)
+  return internal::index_select(both, 0, index_tensor(at, Device::cpu()));
+}
+
+StateDict HybridEmbedding::own_state() const {
+  return {{"weight", table()}, {"slot", slot.detach()}, {"counts", counts.detach()}};
+}
+
+StateDict HybridEmbedding::own_load_targets(const std::function<const Tensor*(const std::string&)>& given) {
+  const int64_t v = num_embeddings, h = hot_rows;
+  const Tensor* s = given("slot");
+  slot_given_ = s != nullptr;
+  if (s != nullptr && s->shape() == Shape{v}) {  // another shape is reported as a mismatch by load_state_dict
+    KILN_CHECK(is_integral(s->dtype()), "HybridEmbedding.load_state_dict: \"slot\" must hold integers, got ",
+               s->dtype());
+    const Tensor host = internal::contiguous(internal::to(s->detach(), Device::cpu(), DType::Int64));
+    const int64_t* p = host.data_ptr<int64_t>();
+    int64_t saved_hot = 0;
+    for (int64_t r = 0; r < v; ++r) saved_hot += p[r] >= 0 ? 1 : 0;
+    KILN_CHECK(saved_hot == h, "HybridEmbedding.load_state_dict: the saved table has ", saved_hot,
+               " hot rows, this one ", h, "; construct it with hot_rows = ", saved_hot);
+    std::vector<char> hot_taken(static_cast<size_t>(h), 0), cold_taken(static_cast<size_t>(v - h), 0);
+    for (int64_t r = 0; r < v; ++r) {
+      const bool is_hot = p[r] >= 0;
+      const int64_t i = is_hot ? p[r] : -p[r] - 1;
+      std::vector<char>& taken = is_hot ? hot_taken : cold_taken;
+      KILN_CHECK(i < static_cast<int64_t>(taken.size()) && !taken[i], "HybridEmbedding.load_state_dict: \"slot\" ",
+                 "is not a placement of ", v, " rows with ", h, " hot: row ", r, " has slot ", p[r],
+                 (i < static_cast<int64_t>(taken.size()) ? ", taken twice" : ", out of range"), " (hot slots are 0..",
+                 h - 1, ", cold ones -1..", -(v - h));
+      taken[i] = 1;
+    }
+  }
+  // Staging copies holding the current values, so that what the state lacks (strict = false) stays as it is.
+  staged_weight_ = table();
+  staged_slot_ = slot.clone();
+  staged_counts_ = counts.clone();
+  return {{"weight", staged_weight_}, {"slot", staged_slot_}, {"counts", staged_counts_}};
+}
+
+void HybridEmbedding::finish_load_state() {
+  if (!staged_weight_.defined()) return;
+  NoGradGuard no_grad;
+  slot.copy_(staged_slot_);
+  counts.copy_(staged_counts_);
+  const int64_t v = num_embeddings, h = hot_rows;
+  const int64_t* s = slot.data_ptr<int64_t>();
+  std::vector<int64_t> hot_src(static_cast<size_t>(h)), cold_src(static_cast<size_t>(v - h));  // slot -> row
+  for (int64_t r = 0; r < v; ++r) (s[r] >= 0 ? hot_src[s[r]] : cold_src[-s[r] - 1]) = r;
+  hot.copy_(internal::index_select(staged_weight_, 0, index_tensor(hot_src, Device::cpu())));
+  cold.copy_(internal::index_select(staged_weight_, 0, index_tensor(cold_src, Device::cpu())));
+  if (slot_given_) counting_ = false;  // the saved placement stands
+  staged_weight_ = staged_slot_ = staged_counts_ = Tensor();
+}
+
+void HybridEmbedding::to_own(const MoveRequest& request) {
+  if (request.device) device = *request.device;
+  set_data_in_place(hot, request.moved(hot));
+  if (hot.grad().defined()) set_data_in_place(hot.grad(), request.moved(hot.grad()));
+  const MoveRequest host_only{std::nullopt, request.dtype, std::nullopt, request.non_blocking};
+  Tensor c = host_only.moved(cold);
+  if (device.is_cuda() && !c.is_pinned()) c = c.pin_memory();
+  set_data_in_place(cold, c);
+  if (cold.grad().defined()) set_data_in_place(cold.grad(), host_only.moved(cold.grad()));
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,126 @@
+// kiln/layers/hybrid_embedding.h — nn::HybridEmbedding: a table too large for the GPU, its frequent ("hot") rows on
+// the GPU and the others ("cold") in pinned host memory, looked up as one table.
+//
+//   auto emb = nn::make<nn::HybridEmbedding>(50'000'000, 64,
+//       nn::HybridEmbeddingOptions{.device = Device::cuda(0), .hot_fraction = 0.05, .count_batches = 100});
+//   Tensor h = emb(ids);                              // ids Int64 (B, S) on any device -> (B, S, 64) on cuda:0
+//   optim::SparseAdam opt(emb->parameters(), {});      // "hot" (H, 64) on the GPU, "cold" (V - H, 64) on the host
+//   emb->on_rebalance = [&](const nn::RowSwaps& s) {  // carry the optimizer's per-row state with the rows
+//     emb->swap_state_rows(s, opt.state(emb->hot), opt.state(emb->cold));
+//   };
+//   ... every N steps, after opt.step() and zero_grad():  emb->rebalance();
+//
+// Placement: "slot" (V) Int64 says where each logical row lives: s >= 0 is row s of `hot`, s < 0 row -s - 1 of `cold`.
+// The hot set is the H most frequent rows (ties: the lower row id first), by a given frequency table, or by the
+// lookups counted over the first count_batches training-mode forward calls, after which the next forward rebalances
+// once by itself; without either, rows 0..H-1 are hot (and stay so while counting).
+// Gradients are row-sparse (kiln/autograd/sparse_grad.h) and land where each row lives: the hot rows' in `hot` (on
+// the device), the cold rows' in `cold` (on the host), so a sparse optimizer (optim::SGD, SparseAdam,
+// RowWiseAdagrad) given both parameters updates each row, and keeps its state, in the row's own tier.
+// state_dict() presents one logical table: "weight" (V, D) in row order on the CPU (a new tensor, not sharing the
+// tiers' memory), "slot" and "counts"; loading one restores the saved placement and scatters the table into the tiers.
+// counts accumulate from construction (or from the loaded state): counts.zero_() forgets the past.
+// Today every lookup reads the ids on the host (placement, counts and the range check are there; ids on a GPU are
+// copied back, which waits for them) and the cold rows reach the device through one copy (gather_cold).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "kiln/layers/module.h"     // nn::Module
+#include "kiln/tensor/generator.h"  // Generator (reset_parameters)
+
+namespace kiln::nn {
+
+// Options of nn::HybridEmbedding.
+struct HybridEmbeddingOptions {
+  Device device = Device::cpu();  // where the hot rows live and where lookups return their rows
+  int64_t hot_rows = -1;          // H, in [0, num_embeddings]; -1: round(hot_fraction * num_embeddings)
+  double hot_fraction = 0.1;      // in [0, 1], used when hot_rows is -1
+  // (num_embeddings), any real or integer dtype: how often each row is looked up. The H largest are hot at
+  // construction, and rebalance() adds them to the counted lookups (a prior of that many lookups).
+  Tensor frequencies{};
+  // > 0: count the ids of the first count_batches training-mode forward calls, then rebalance once by itself (at the
+  // start of the next forward call at which neither tier holds a gradient, so never between a backward and its step).
+  int64_t count_batches = 0;
+};
+
+// Rows that a rebalance swapped between the tiers: hot row hot_slots[i] and cold row cold_slots[i] traded places.
+// Both (M) Int64 on the CPU. Any per-row companion of the tiers (optimizer state) follows with swap_rows.
+struct RowSwaps {
+  Tensor hot_slots, cold_slots;
+  int64_t size() const { return hot_slots.defined() ? hot_slots.numel() : 0; }
+};
+
+// Integer ids (...) -> (..., embedding_dim) on options.device. "hot" (H, D) on options.device and "cold" (V - H, D) on
+// the CPU (pinned when the device is a GPU) start N(0, 1) and take row-sparse gradients. Buffers "slot" (V) Int64
+// and "counts" (V) Int64 (the ids seen by training-mode forward calls) stay on the CPU. No padding row.
+class HybridEmbedding : public Module {
+ public:
+  // kiln::Error unless both sizes are positive, hot_rows is -1 or in [0, num_embeddings], hot_fraction in [0, 1],
+  // count_batches >= 0, and frequencies (when given) is 1-D of num_embeddings numbers.
+  HybridEmbedding(int64_t num_embeddings, int64_t embedding_dim, HybridEmbeddingOptions options = {});
+  // ids of any integer dtype on any device; kiln::Error naming the table and the id for one outside
+  // [0, num_embeddings). In training mode, adds the ids to counts.
+  Tensor forward(const Tensor& ids) override;
+  // Makes the H rows of highest counts (+ frequencies) hot, ties to the lower row id; rows already in the right tier
+  // stay where they are, so only the rows that change tier move. Values move exactly; the swaps are returned and
+  // given to on_rebalance. kiln::Error while either tier holds a gradient (call it after the step and zero_grad).
+  RowSwaps rebalance();
+  // Redraws both tiers from N(0, 1) (from gen, or the default generator): hot first, then cold, each in slot order.
+  void reset_parameters(Generator* gen = nullptr);
+  // The logical table (num_embeddings, embedding_dim) in row order, a new tensor on the CPU.
+  Tensor table() const;
+  // Where a logical row lives (slot's value for it): >= 0 a hot slot, < 0 the cold slot -s - 1.
+  int64_t slot_of(int64_t row) const;
+
+  // Applies `swaps` to a pair of per-row tensors (hot_like (H, ...), cold_like (V - H, ...), on any devices): their
+  // rows trade places as the tiers' rows did. In place, exact.
+  static void swap_rows(const RowSwaps& swaps, const Tensor& hot_like, const Tensor& cold_like);
+  // swap_rows on every per-row tensor of an optimizer's state of `hot` and of `cold` (optim::Optimizer::state(p)):
+  // the pairs of the same name whose first dims are H and V - H (exp_avg, exp_avg_sq, momentum_buffer,
+  // RowWiseAdagrad's sum). The others (step counters) are left alone. kiln::Error for a name present on one side
+  // only: its rows could not follow (both tiers take a gradient, possibly empty, on every lookup, so a sparse
+  // optimizer steps both).
+  void swap_state_rows(const RowSwaps& swaps, std::map<std::string, Tensor>& hot_state,
+                       std::map<std::string, Tensor>& cold_state) const;
+
+  int64_t num_embeddings, embedding_dim;  // V, D
+  int64_t hot_rows;                       // H
+  Device device;                          // where hot lives (to() changes it)
+  int64_t count_batches;                  // options.count_batches
+  Tensor hot, cold;                       // parameters (H, D), (V - H, D)
+  Tensor slot, counts;                    // buffers (V) Int64 on the CPU
+  // Called by every rebalance (the automatic one too) with its swaps: the place to move optimizer state.
+  std::function<void(const RowSwaps&)> on_rebalance;
+
+ protected:
+  // "weight" (V, D) (table()), "slot", "counts".
+  StateDict own_state() const override;
+  // Staging copies of the three, filled with the current values (so a partial load keeps the rest); a given "slot"
+  // must place H rows in hot slots 0..H-1 and the others in cold slots 0..V-H-1, each once.
+  StateDict own_load_targets(const std::function<const Tensor*(const std::string&)>& given) override;
+  // Adopts the staged placement and counts, scatters the staged table into the tiers, and ends the counting phase.
+  void finish_load_state() override;
+  // The hot tier (and its dense gradient) follows the device; cold stays on the CPU (pinned when the device is a GPU)
+  // and both follow a dtype; slot and counts stay.
+  void to_own(const MoveRequest& request) override;
+
+ private:
+  // cold's rows at cold_slots ((N) Int64 on the CPU) as (N, D) on `device`: the one place cold rows cross to the
+  // device (a GPU kernel reading mapped pinned memory, or rows the data loader staged, slot in here).
+  Tensor gather_cold(const Tensor& cold_slots) const;
+  // Sets slot from per-row scores (V doubles): the top H hot. Used at construction (no values to move).
+  void place_by(const std::vector<double>& score);
+  std::vector<double> scores() const;  // counts + frequencies, per row
+
+  std::vector<double> frequencies_;  // options.frequencies as doubles, or empty
+  int64_t calls_counted_ = 0;        // training-mode forward calls counted so far (while counting)
+  bool counting_ = false;            // the automatic rebalance is still ahead
+  bool slot_given_ = false;          // the load being staged has a "slot" (it then ends the counting)
+  Tensor staged_weight_, staged_slot_, staged_counts_;  // load_state_dict's staging (own_load_targets)
+};
+
+}  // namespace kiln::nn

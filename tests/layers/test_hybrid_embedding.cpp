@@ -1,0 +1,437 @@
+// nn::HybridEmbedding on the CPU (both tiers in host memory, which tests the placement logic): lookups and sparse
+// gradients bit for bit as a plain sparse nn::Embedding holding the same table, SGD steps across a rebalance, the hot
+// set from a frequency table and from counted batches, rebalance moving values and optimizer state exactly, the
+// one-table state dict and its round trips (also through io::save_checkpoint), and the errors.
+#include <gtest/gtest.h>
+
+#include <cstring>  // std::memcpy: bytes of a tensor
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/autograd/grad_mode.h"       // NoGradGuard: the hand-written SGD step
+#include "kiln/autograd/sparse_grad.h"     // sparse_grad: the gradients compared
+#include "kiln/io/checkpoint.h"            // io::save_checkpoint / load_checkpoint
+#include "kiln/layers/containers.h"        // nn::Sequential: a state dict with a prefix
+#include "kiln/layers/hybrid_embedding.h"  // nn::HybridEmbedding
+#include "kiln/layers/layers.h"            // nn::Embedding, nn::Linear: the reference and a model around it
+#include "kiln/tensor/internal_ops.h"      // internal::from_vector
+#include "support/temp_folder.h"           // TempFolder: the checkpoint file
+#include "support/test_support.h"          // expect_error, make
+
+namespace kiln::testing {
+namespace {
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor c = t.detach().cpu().contiguous();
+  std::vector<uint8_t> out(c.nbytes());
+  if (!out.empty()) std::memcpy(out.data(), c.data_ptr(), out.size());
+  return out;
+}
+
+Tensor ids_of(const std::vector<int64_t>& v, const Shape& shape) { return internal::from_vector(v, shape); }
+
+// A tier-shaped pair (hot_like (H, ...), cold_like (V - H, ...)) as one (V, ...) tensor in logical row order.
+Tensor logical(const nn::HybridEmbedding& emb, const Tensor& hot_like, const Tensor& cold_like) {
+  std::vector<int64_t> at;
+  for (int64_t r = 0; r < emb.num_embeddings; ++r) {
+    const int64_t s = emb.slot_of(r);
+    at.push_back(s >= 0 ? s : emb.hot_rows + (-s - 1));
+  }
+  return internal::index_select(internal::cat({hot_like.cpu(), cold_like.cpu()}, 0), 0,
+                                ids_of(at, {emb.num_embeddings}));
+}
+
+// The dense (V, D) gradient of a parameter's sparse gradient (zeros when it has none).
+Tensor dense_grad(const Tensor& p) {
+  const SparseRowGrad* g = autograd::sparse_grad(p);
+  return g == nullptr ? zeros(p.shape()) : g->to_dense();
+}
+
+// The hybrid's gradient mapped back to logical rows.
+Tensor logical_grad(const nn::HybridEmbedding& emb) { return logical(emb, dense_grad(emb.hot), dense_grad(emb.cold)); }
+
+// A fixed loss that weighs each output element differently, so every row's gradient is distinct.
+Tensor loss_of(const Tensor& out) {
+  const int64_t n = out.numel();
+  return sum(out * make(uniform(n, -2, 2, 42), out.shape()));
+}
+
+// The hand-written sparse SGD: rows -= lr * coalesced gradient rows (the same expression for every table).
+void sgd_step(const Tensor& p, double lr) {
+  const SparseRowGrad* g = autograd::sparse_grad(p);
+  if (g == nullptr) return;
+  const SparseRowGrad c = g->coalesce();
+  NoGradGuard no_grad;
+  const Tensor indices = c.indices.cpu().contiguous();
+  const int64_t* rows = indices.data_ptr<int64_t>();
+  for (int64_t i = 0; i < c.nnz(); ++i) {
+    Tensor row = p.select(0, rows[i]);
+    row.copy_(row - c.values.select(0, i) * lr);
+  }
+}
+
+// A table whose hot rows (by frequency) are scattered: rows 7, 2, 9, 4 hot of 10.
+nn::HybridEmbedding scattered(int64_t d = 3) {
+  return nn::HybridEmbedding(
+      10, d, {.hot_rows = 4, .frequencies = make({0, 1, 8, 0, 5, 1, 0, 9, 2, 7}, {10}, {.dtype = DType::Int32})});
+}
+
+// A plain sparse Embedding holding `emb`'s logical table.
+std::shared_ptr<nn::Embedding> plain_copy(const nn::HybridEmbedding& emb) {
+  auto plain =
+      std::make_shared<nn::Embedding>(emb.num_embeddings, emb.embedding_dim, nn::EmbeddingOptions{.sparse = true});
+  NoGradGuard no_grad;
+  plain->weight.copy_(emb.table());
+  return plain;
+}
+
+TEST(HybridEmbedding, LookupsAndSparseGradientsMatchAPlainEmbedding) {
+  manual_seed(3);
+  auto emb = scattered();
+  auto plain = plain_copy(emb);
+  // Repeats of hot rows (7) and of cold rows (0), both tiers in one call.
+  const Tensor ids = ids_of({7, 0, 3, 7, 9, 0, 0, 5, 2, 8}, {2, 5});
+  const Tensor a = emb(ids), b = (*plain)(ids);
+  ASSERT_EQ(a.shape(), (Shape{2, 5, 3}));
+  EXPECT_EQ(bytes_of(a), bytes_of(b));
+  loss_of(a).backward();
+  loss_of(b).backward();
+  EXPECT_FALSE(emb.hot.grad().defined());  // sparse only
+  EXPECT_FALSE(emb.cold.grad().defined());
+  ASSERT_TRUE(autograd::has_sparse_grad(emb.hot));
+  ASSERT_TRUE(autograd::has_sparse_grad(emb.cold));
+  EXPECT_EQ(autograd::sparse_grad(emb.hot)->nnz(), 4);   // 7, 9, 7, 2
+  EXPECT_EQ(autograd::sparse_grad(emb.cold)->nnz(), 6);  // 0, 3, 0, 0, 5, 8
+  EXPECT_EQ(bytes_of(logical_grad(emb)), bytes_of(dense_grad(plain->weight)));
+  // Int32 ids look up the same rows; a second backward appends to both tiers' gradients.
+  const Tensor a32 = emb(ids.to(DType::Int32));
+  EXPECT_EQ(bytes_of(a32), bytes_of(b));
+  loss_of(a32).backward();
+  loss_of((*plain)(ids)).backward();
+  EXPECT_EQ(bytes_of(logical_grad(emb)), bytes_of(dense_grad(plain->weight)));
+}
+
+TEST(HybridEmbedding, AllHotAndAllColdTablesWork) {
+  for (int64_t h : {int64_t{0}, int64_t{6}}) {
+    manual_seed(4);
+    nn::HybridEmbedding emb(6, 2, {.hot_rows = h});
+    EXPECT_EQ(emb.hot.shape(), (Shape{h, 2}));
+    EXPECT_EQ(emb.cold.shape(), (Shape{6 - h, 2}));
+    auto plain = plain_copy(emb);
+    const Tensor ids = ids_of({5, 0, 5, 3}, {4});
+    const Tensor a = emb(ids);
+    EXPECT_EQ(bytes_of(a), bytes_of((*plain)(ids))) << "hot_rows " << h;
+    loss_of(a).backward();
+    loss_of((*plain)(ids)).backward();
+    EXPECT_EQ(bytes_of(logical_grad(emb)), bytes_of(dense_grad(plain->weight))) << "hot_rows " << h;
+  }
+}
+
+TEST(HybridEmbedding, SgdStepsAcrossARebalanceGiveTheSameTableAsAPlainEmbedding) {
+  manual_seed(5);
+  nn::HybridEmbedding emb(10, 4, {.hot_rows = 4});  // rows 0..3 hot
+  auto plain = plain_copy(emb);
+  const std::vector<std::vector<int64_t>> batches = {{0, 1, 1, 2, 7}, {3, 3, 3, 9, 9, 0}, {5, 6, 6, 6, 6, 1},
+                                                     {8, 8, 2, 4},    {6, 1, 0, 0, 3, 3}, {7, 6, 5, 4}};
+  for (size_t step = 0; step < batches.size(); ++step) {
+    const Tensor ids = ids_of(batches[step], {static_cast<int64_t>(batches[step].size())});
+    loss_of(emb(ids)).backward();
+    loss_of((*plain)(ids)).backward();
+    sgd_step(emb.hot, 0.1);
+    sgd_step(emb.cold, 0.1);
+    sgd_step(plain->weight, 0.1);
+    emb.zero_grad();
+    plain->zero_grad();
+    ASSERT_EQ(bytes_of(emb.table()), bytes_of(plain->weight)) << "after step " << step;
+    if (step == 2) {  // counts 6: 4, 1: 3, 3: 3, 0: 2, 9: 2 (0 wins the tie): row 6 comes in, row 2 leaves
+      const nn::RowSwaps swaps = emb.rebalance();
+      EXPECT_EQ(swaps.size(), 1);
+      EXPECT_GE(emb.slot_of(6), 0);
+      EXPECT_LT(emb.slot_of(2), 0);
+      EXPECT_EQ(bytes_of(emb.table()), bytes_of(plain->weight));
+    }
+  }
+}
+
+// SparseAdam keeps (rows, D) moments per parameter: on_rebalance carries the moved rows' moments between the
+// tiers' states, so the steps after a rebalance still equal SparseAdam on one plain table, bit for bit.
+TEST(HybridEmbedding, SparseAdamAcrossARebalanceMatchesAPlainEmbedding) {
+  manual_seed(15);
+  auto emb = std::make_shared<nn::HybridEmbedding>(10, 4, nn::HybridEmbeddingOptions{.hot_rows = 3});
+  auto plain = plain_copy(*emb);
+  optim::SparseAdam opt(emb->parameters(), {.lr = 0.05});
+  optim::SparseAdam ref(plain->parameters(), {.lr = 0.05});
+  int rebalances = 0;
+  emb->on_rebalance = [&](const nn::RowSwaps& s) {
+    ++rebalances;
+    emb->swap_state_rows(s, opt.state(emb->hot), opt.state(emb->cold));
+  };
+  const std::vector<std::vector<int64_t>> batches = {{0, 1, 9, 9, 8}, {9, 8, 8, 7, 2}, {9, 9, 8, 0}, {1, 8, 9, 5},
+                                                     {7, 7, 0, 3},    {9, 2, 8, 8, 1}, {4, 6, 9}};
+  for (size_t step = 0; step < batches.size(); ++step) {
+    const Tensor ids = ids_of(batches[step], {static_cast<int64_t>(batches[step].size())});
+    opt.zero_grad();
+    ref.zero_grad();
+    loss_of((*emb)(ids)).backward();
+    loss_of((*plain)(ids)).backward();
+    opt.step();
+    ref.step();
+    ASSERT_EQ(bytes_of(emb->table()), bytes_of(plain->weight)) << "after step " << step;
+    if (step == 2) {
+      opt.zero_grad();
+      ASSERT_EQ(emb->rebalance().size(), 2);  // 9 and 8 come in, 1 and 2 leave (0 stays: ties go to the lower row)
+      EXPECT_GE(emb->slot_of(9), 0);
+      EXPECT_GE(emb->slot_of(8), 0);
+    }
+  }
+  EXPECT_EQ(rebalances, 1);
+  // The moments themselves, mapped back to logical rows, equal the plain table's.
+  for (const char* name : {"exp_avg", "exp_avg_sq"})
+    EXPECT_EQ(bytes_of(logical(*emb, opt.state(emb->hot).at(name), opt.state(emb->cold).at(name))),
+              bytes_of(ref.state(plain->weight).at(name)))
+        << name;
+}
+
+TEST(HybridEmbedding, HotRowsComeFromAFrequencyTableTiesToTheLowerRow) {
+  auto emb = scattered();
+  for (int64_t r : {7, 2, 9, 4}) EXPECT_GE(emb.slot_of(r), 0) << r;
+  for (int64_t r : {0, 1, 3, 5, 6, 8}) EXPECT_LT(emb.slot_of(r), 0) << r;
+  // Hot slots follow row order: 2, 4, 7, 9 -> 0, 1, 2, 3; cold ones too: 0 -> -1, 1 -> -2, ...
+  EXPECT_EQ(emb.slot_of(2), 0);
+  EXPECT_EQ(emb.slot_of(9), 3);
+  EXPECT_EQ(emb.slot_of(0), -1);
+  EXPECT_EQ(emb.slot_of(8), -6);
+  // Float frequencies with ties: rows 1, 2, 3 tie at 0.25; the lower ids (1, 2) win.
+  nn::HybridEmbedding tied(5, 2, {.hot_rows = 2, .frequencies = make({0.1, 0.25, 0.25, 0.25, 0.15}, {5})});
+  EXPECT_GE(tied.slot_of(1), 0);
+  EXPECT_GE(tied.slot_of(2), 0);
+  EXPECT_LT(tied.slot_of(3), 0);
+  // hot_fraction: round(0.25 * 10) = 3 rows (the default placement: rows 0..2).
+  nn::HybridEmbedding fraction(10, 2, {.hot_fraction = 0.25});
+  EXPECT_EQ(fraction.hot_rows, 3);
+  EXPECT_EQ(fraction.slot_of(2), 2);
+  EXPECT_EQ(fraction.slot_of(3), -1);
+}
+
+TEST(HybridEmbedding, HotRowsComeFromCountingTheFirstBatches) {
+  manual_seed(6);
+  nn::HybridEmbedding emb(8, 2, {.hot_rows = 2, .count_batches = 2});
+  EXPECT_GE(emb.slot_of(0), 0);  // rows 0..H-1 are hot while counting
+  EXPECT_GE(emb.slot_of(1), 0);
+  int rebalances = 0;
+  emb.on_rebalance = [&](const nn::RowSwaps& s) {
+    ++rebalances;
+    EXPECT_EQ(s.size(), 2);
+  };
+  emb.eval();
+  (void)emb(ids_of({3, 3, 3, 3}, {4}));  // not counted: eval mode
+  EXPECT_EQ(values(emb.counts), std::vector<double>(8, 0.0));
+  emb.train();
+  const Tensor before = emb.table();
+  (void)emb(ids_of({5, 6, 6, 0}, {4}));
+  loss_of(emb(ids_of({5, 6, 5, 1}, {4}))).backward();  // the second counted call, its gradient still pending
+  EXPECT_EQ(values(emb.counts), (std::vector<double>{1, 1, 0, 0, 0, 3, 3, 0}));
+  (void)emb(ids_of({2}, {1}));  // a gradient is pending: the rebalance waits
+  EXPECT_EQ(rebalances, 0);
+  EXPECT_GE(emb.slot_of(0), 0);
+  emb.zero_grad();
+  (void)emb(ids_of({2}, {1}));  // now it runs, before this call's lookup
+  EXPECT_EQ(rebalances, 1);
+  EXPECT_GE(emb.slot_of(5), 0);
+  EXPECT_GE(emb.slot_of(6), 0);
+  EXPECT_LT(emb.slot_of(0), 0);
+  EXPECT_EQ(bytes_of(emb.table()), bytes_of(before));  // values moved, not changed
+  emb.zero_grad();
+  for (int i = 0; i < 5; ++i) (void)emb(ids_of({2, 2, 2, 2}, {4}));  // once only: no second automatic rebalance
+  EXPECT_EQ(rebalances, 1);
+  EXPECT_LT(emb.slot_of(2), 0);
+}
+
+TEST(HybridEmbedding, RebalanceMovesOnlyTheRowsThatChangeTierAndCarriesTheirState) {
+  manual_seed(7);
+  auto emb = scattered(3);  // hot: 2, 4, 7, 9
+  // Per-row companions of the tiers, as an optimizer's state: copies of the tiers' values, and a step counter.
+  std::map<std::string, Tensor> hot_state{{"exp_avg", emb.hot.detach().clone()},
+                                          {"step", internal::scalar_tensor(3.0)}};
+  std::map<std::string, Tensor> cold_state{{"exp_avg", emb.cold.detach().clone()},
+                                           {"step", internal::scalar_tensor(3.0)}};
+  emb.on_rebalance = [&](const nn::RowSwaps& s) { emb.swap_state_rows(s, hot_state, cold_state); };
+  (void)emb(ids_of({0, 0, 0, 2, 2, 1, 1, 5, 5, 5, 7, 7}, {12}));  // with the frequencies: 7 (11), 2 (10), 9, 0|5
+  const Tensor before_table = emb.table();
+  std::vector<int64_t> before_slot;
+  for (int64_t r = 0; r < 10; ++r) before_slot.push_back(emb.slot_of(r));
+  const nn::RowSwaps swaps = emb.rebalance();
+  // Scores: 7: 9 + 2, 2: 8 + 2, 9: 7, 4: 5, 5: 1 + 3, 0: 0 + 3 -> hot 7, 2, 9, 4: nothing moves.
+  EXPECT_EQ(swaps.size(), 0);
+  (void)emb(ids_of({0, 0, 0, 5, 5, 5, 5, 5, 5, 5, 5, 5}, {12}));  // 0: 6, 5: 13 -> hot 5, 7, 2, 9; 4 leaves
+  const nn::RowSwaps swaps2 = emb.rebalance();
+  ASSERT_EQ(swaps2.size(), 1);
+  EXPECT_EQ(values(swaps2.hot_slots), std::vector<double>{1});   // row 4's hot slot
+  EXPECT_EQ(values(swaps2.cold_slots), std::vector<double>{3});  // row 5's cold slot (cold rows 0, 1, 3, 5, ...)
+  EXPECT_EQ(emb.slot_of(5), 1);
+  EXPECT_EQ(emb.slot_of(4), -4);
+  for (int64_t r : {0, 1, 2, 3, 6, 7, 8, 9}) EXPECT_EQ(emb.slot_of(r), before_slot[r]) << r;
+  EXPECT_EQ(bytes_of(emb.table()), bytes_of(before_table));
+  // The state followed its rows; the counter stayed.
+  EXPECT_EQ(bytes_of(hot_state["exp_avg"]), bytes_of(emb.hot));
+  EXPECT_EQ(bytes_of(cold_state["exp_avg"]), bytes_of(emb.cold));
+  EXPECT_EQ(values(hot_state["step"]), std::vector<double>{3});
+  // A pending gradient refuses a rebalance; a state on one side only refuses to move.
+  loss_of(emb(ids_of({1}, {1}))).backward();
+  expect_error([&] { emb.rebalance(); }, {"HybridEmbedding::rebalance", "still holds a gradient", "zero_grad"});
+  std::map<std::string, Tensor> lone{{"exp_avg", emb.hot.detach().clone()}}, none;
+  expect_error([&] { emb.swap_state_rows(swaps2, lone, none); }, {"\"exp_avg\"", "no counterpart in the cold"});
+}
+
+TEST(HybridEmbedding, StateDictPresentsOneLogicalTable) {
+  manual_seed(8);
+  auto emb = scattered();
+  (void)emb(ids_of({1, 1, 9}, {3}));
+  const nn::StateDict sd = emb.state_dict();
+  ASSERT_EQ(sd.size(), 3u);
+  EXPECT_EQ(sd[0].first, "weight");
+  EXPECT_EQ(sd[0].second.shape(), (Shape{10, 3}));
+  EXPECT_TRUE(sd[0].second.is_cpu());
+  EXPECT_EQ(bytes_of(sd[0].second), bytes_of(emb.table()));
+  EXPECT_EQ(sd[1].first, "slot");
+  EXPECT_EQ(sd[2].first, "counts");
+  EXPECT_EQ(values(sd[2].second), (std::vector<double>{0, 2, 0, 0, 0, 0, 0, 0, 0, 1}));
+  // Row 7 of the logical table is hot slot 2.
+  EXPECT_EQ(bytes_of(sd[0].second.select(0, 7)), bytes_of(emb.hot.select(0, 2)));
+  // Inside a model, under its name; parameters() still lists the tiers (what optimizers update).
+  nn::Sequential seq{std::make_shared<nn::HybridEmbedding>(6, 2, nn::HybridEmbeddingOptions{.hot_rows = 2})};
+  std::vector<std::string> names;
+  for (const auto& [name, t] : seq.state_dict()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.slot", "0.counts"}));
+  names.clear();
+  for (const auto& [name, t] : seq.named_parameters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.hot", "0.cold"}));
+}
+
+TEST(HybridEmbedding, StateDictLoadsIntoAnotherPlacement) {
+  manual_seed(9);
+  auto a = scattered();
+  (void)a(ids_of({1, 1, 9, 0}, {4}));
+  manual_seed(10);
+  nn::HybridEmbedding b(10, 3, {.hot_rows = 4});  // rows 0..3 hot, other values
+  ASSERT_NE(bytes_of(b.table()), bytes_of(a.table()));
+  b.load_state_dict(a.state_dict());
+  for (int64_t r = 0; r < 10; ++r) EXPECT_EQ(b.slot_of(r), a.slot_of(r)) << r;
+  EXPECT_EQ(bytes_of(b.hot), bytes_of(a.hot));
+  EXPECT_EQ(bytes_of(b.cold), bytes_of(a.cold));
+  EXPECT_EQ(bytes_of(b.counts), bytes_of(a.counts));
+  const Tensor ids = ids_of({0, 9, 4, 7, 7, 1}, {3, 2});
+  EXPECT_EQ(bytes_of(b(ids)), bytes_of(a(ids)));
+  // A state with the table only (a plain Embedding's) keeps the placement and scatters the rows into it.
+  manual_seed(11);
+  nn::HybridEmbedding c(10, 3, {.hot_rows = 4});
+  nn::Embedding plain(10, 3);
+  const auto result = c.load_state_dict(plain.state_dict(), /*strict=*/false);
+  EXPECT_EQ(result.missing_keys, (std::vector<std::string>{"slot", "counts"}));
+  EXPECT_EQ(c.slot_of(0), 0);
+  EXPECT_EQ(bytes_of(c.table()), bytes_of(plain.weight));
+}
+
+TEST(HybridEmbedding, BadSavedPlacementsAreRefusedAndChangeNothing) {
+  manual_seed(12);
+  auto emb = scattered();
+  const Tensor before = emb.table();
+  nn::StateDict sd = emb.state_dict();
+  sd[1].second = make({0, 1, 2, 3, -1, -2, -3, -4, -5, -5}, {10}, {.dtype = DType::Int64});  // cold slot 4 twice
+  expect_error(
+      [&] { emb.load_state_dict(sd); },
+      {"HybridEmbedding.load_state_dict", "\"slot\" is not a placement of 10 rows with 4 hot", "row 9", "taken twice"});
+  sd[1].second = make({0, 1, 2, 3, 4, -1, -2, -3, -4, -5}, {10}, {.dtype = DType::Int64});  // 5 hot
+  expect_error([&] { emb.load_state_dict(sd); }, {"the saved table has 5 hot rows, this one 4", "hot_rows = 5"});
+  sd[1].second = make({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {10});  // floats
+  expect_error([&] { emb.load_state_dict(sd); }, {"\"slot\" must hold integers"});
+  EXPECT_EQ(bytes_of(emb.table()), bytes_of(before));
+  EXPECT_EQ(emb.slot_of(7), 2);
+}
+
+// A small model holding a hybrid table: the checkpoint's model part stores the logical table.
+struct Recommender : nn::Module {
+  nn::Handle<nn::HybridEmbedding> emb;
+  nn::Handle<nn::Linear> head;
+  explicit Recommender(nn::HybridEmbeddingOptions o) : Module("Recommender") {
+    emb = register_module("emb", nn::HybridEmbedding(12, 4, std::move(o)));
+    head = register_module("head", nn::Linear(4, 2));
+  }
+  Tensor forward(const Tensor& ids) override { return head(emb(ids)); }
+};
+
+TEST(HybridEmbedding, CheckpointRoundTripThroughIo) {
+  TempFolder dir;
+  manual_seed(13);
+  Recommender a({.hot_rows = 3, .frequencies = make(uniform(12, 0, 1, 5), {12})});
+  (void)a(ids_of({11, 11, 4, 0}, {4}));
+  io::save_checkpoint(dir.file("c.h5"), {.model = &a});
+  manual_seed(14);
+  Recommender b({.hot_rows = 3});
+  io::load_checkpoint(dir.file("c.h5"), {.model = &b});
+  const Tensor ids = ids_of({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4});
+  EXPECT_EQ(bytes_of(b(ids)), bytes_of(a(ids)));
+  for (int64_t r = 0; r < 12; ++r) EXPECT_EQ(b.emb->slot_of(r), a.emb->slot_of(r)) << r;
+  EXPECT_EQ(bytes_of(b.emb->counts), bytes_of(a.emb->counts));
+}
+
+TEST(HybridEmbedding, ToMovesTheHotTierAndCastsBothKeepingThePlacement) {
+  manual_seed(16);
+  auto emb = scattered();
+  const Tensor before = emb.table();
+  emb.to(Device::cpu(), DType::Float64);
+  EXPECT_EQ(emb.hot.dtype(), DType::Float64);
+  EXPECT_EQ(emb.cold.dtype(), DType::Float64);
+  EXPECT_TRUE(emb.cold.is_cpu());
+  EXPECT_EQ(emb.slot.dtype(), DType::Int64);  // integer buffers keep their dtype and stay on the CPU
+  EXPECT_EQ(emb.counts.dtype(), DType::Int64);
+  EXPECT_EQ(emb.slot_of(7), 2);
+  EXPECT_EQ(bytes_of(emb.table()), bytes_of(before.to(DType::Float64)));
+  const Tensor out = emb(ids_of({7, 0}, {2}));
+  EXPECT_EQ(out.dtype(), DType::Float64);
+  loss_of(out).backward();
+  EXPECT_EQ(autograd::sparse_grad(emb.cold)->values.dtype(), DType::Float64);
+}
+
+TEST(HybridEmbedding, EmptyIdsGiveAnEmptyResult) {
+  auto emb = scattered();
+  const Tensor out = emb(ids_of({}, {2, 0}));
+  EXPECT_EQ(out.shape(), (Shape{2, 0, 3}));
+  loss_of(out).backward();
+  EXPECT_EQ(autograd::sparse_grad(emb.hot)->nnz(), 0);  // both tiers take a gradient on every call, as one table
+  EXPECT_EQ(autograd::sparse_grad(emb.cold)->nnz(), 0);
+}
+
+TEST(HybridEmbedding, BadIdsNameTheTableAndTheId) {
+  auto emb = scattered();
+  expect_error(
+      [&] {
+        (void)emb(ids_of({1, 10}, {2}));
+      },
+      {"HybridEmbedding (10 x 3 table)", "id 10 at position 1", "out of range [0, 10)"});
+  expect_error([&] { (void)emb(ids_of({-1}, {1})); }, {"HybridEmbedding", "id -1 at position 0"});
+  expect_error([&] { (void)emb(make({1.0}, {1})); }, {"HybridEmbedding: expected integer ids", "float32"});
+  EXPECT_EQ(values(emb.counts), std::vector<double>(10, 0.0));  // nothing counted
+}
+
+TEST(HybridEmbedding, BadOptionsAreRefused) {
+  expect_error([] { nn::HybridEmbedding(10, 3, {.hot_rows = 11}); },
+               {"HybridEmbedding: hot_rows 11 is out of range for 10 rows", "[0, 10]"});
+  expect_error([] { nn::HybridEmbedding(10, 3, {.hot_rows = -2}); }, {"hot_rows -2 is out of range"});
+  expect_error([] { nn::HybridEmbedding(10, 3, {.hot_fraction = 1.5}); }, {"hot_fraction 1.5 is outside [0, 1]"});
+  expect_error([] { nn::HybridEmbedding(10, 3, {.frequencies = zeros({9})}); },
+               {"HybridEmbedding: frequencies of shape [9] for a table of 10 rows", "shape [10]"});
+  expect_error([] { nn::HybridEmbedding(2, 3, {.frequencies = zeros({2, 1})}); }, {"frequencies of shape [2, 1]"});
+  expect_error(
+      [] {
+        nn::HybridEmbedding(2, 3, {.frequencies = make({1, -1}, {2})});
+      },
+      {"frequencies[1] is -1", "finite and non-negative"});
+  expect_error([] { nn::HybridEmbedding(10, 3, {.count_batches = -1}); }, {"count_batches must be >= 0"});
+  expect_error([] { nn::HybridEmbedding(0, 3); }, {"num_embeddings and embedding_dim must be positive"});
+}
+
+}  // namespace
+}  // namespace kiln::testing
