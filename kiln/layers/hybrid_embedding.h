@@ -50,7 +50,9 @@ struct HybridEmbeddingOptions {
 // Rows that a rebalance swapped between the tiers: hot row hot_slots[i] and cold row cold_slots[i] traded places.
 // Both (M) Int64 on the CPU. Any per-row companion of the tiers (optimizer state) follows with swap_rows.
 struct RowSwaps {
-  Tensor hot_slots, cold_slots;
+  Tensor hot_slots;   // (M) Int64 on the CPU: the hot slots whose rows move to the host
+  Tensor cold_slots;  // (M) Int64 on the CPU: the cold slots whose rows take their places on the device
+  // M, the number of swaps.
   int64_t size() const { return hot_slots.defined() ? hot_slots.numel() : 0; }
 };
 
@@ -87,12 +89,15 @@ class HybridEmbedding : public Module {
   void swap_state_rows(const RowSwaps& swaps, std::map<std::string, Tensor>& hot_state,
                        std::map<std::string, Tensor>& cold_state) const;
 
-  int64_t num_embeddings, embedding_dim;  // V, D
-  int64_t hot_rows;                       // H
-  Device device;                          // where hot lives (to() changes it)
-  int64_t count_batches;                  // options.count_batches
-  Tensor hot, cold;                       // parameters (H, D), (V - H, D)
-  Tensor slot, counts;                    // buffers (V) Int64 on the CPU
+  int64_t num_embeddings;  // V, the logical table's rows
+  int64_t embedding_dim;   // D
+  int64_t hot_rows;        // H
+  Device device;           // where hot lives (to() changes it)
+  int64_t count_batches;   // options.count_batches
+  Tensor hot;              // parameter (H, D) on the device: the hot rows, by hot slot
+  Tensor cold;             // parameter (V - H, D) in host memory: the cold rows, by cold slot
+  Tensor slot;             // buffer (V) Int64 on the CPU: row r's place, s >= 0 hot slot s, s < 0 cold slot -s - 1
+  Tensor counts;           // buffer (V) Int64 on the CPU: the lookups of each row seen in training mode
   // Called by every rebalance (the automatic one too) with its swaps: the place to move optimizer state.
   std::function<void(const RowSwaps&)> on_rebalance;
 

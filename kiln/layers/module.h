@@ -285,10 +285,11 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual void finish_load_state() {}
   // What to() asked for; moved(t) is t moved so (a detached alias, or t itself when nothing changes).
   struct MoveRequest {
-    std::optional<Device> device;
+    std::optional<Device> device;        // where to, if anywhere
     std::optional<DType> dtype;          // applies to floating-point tensors only
     std::optional<MemoryFormat> format;  // applies to 4-d tensors only
-    bool non_blocking = false;
+    bool non_blocking = false;           // asynchronous copies where possible
+    // `t` as the request moves it: a detached alias, or t itself when nothing changes.
     Tensor moved(const Tensor& t) const;
   };
   // Moves this module's own tensors for to(). The default: each parameter (and its gradient) and buffer, in place.
