@@ -107,7 +107,15 @@ void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
   KILN_CHECK(!std::isnan(clip_value) && clip_value >= 0, "clip_grad_value_: clip_value must be >= 0, got ", clip_value);
   NoGradGuard no_grad;
   for (const Tensor& p : params) {
-    if (!p.defined() || !p.grad().defined()) continue;
+    if (!p.defined()) continue;
+    if (const SparseRowGrad* sparse = autograd::sparse_grad(p)) {
+      // The coalesced rows are clamped: the same as clamping the dense gradient, whose other rows are 0.
+      SparseRowGrad g = sparse->coalesce();
+      g.values = internal::clamp(g.values, -clip_value, clip_value);
+      autograd::set_sparse_grad(p, std::move(g));
+      continue;
+    }
+    if (!p.grad().defined()) continue;
     Tensor g = p.grad();  // shares the gradient's memory
     internal::clamp_(g, -clip_value, clip_value);
   }

@@ -28,7 +28,8 @@ namespace kiln::optim {
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
 
-// Clamps every element of every gradient into [-clip_value, clip_value] in place.
+// Clamps every element of every gradient into [-clip_value, clip_value] in place; a row-sparse gradient is
+// coalesced first (repeated rows summed), then its values clamped, as the dense gradient's would be.
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value);
 
 }  // namespace kiln::optim

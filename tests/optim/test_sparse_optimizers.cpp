@@ -748,4 +748,25 @@ TEST(SparseOptimizers, StepWithDividesByTheScaleAndSkipsOnFoundInf) {
 }
 
 }  // namespace
+// clip_grad_value_ on a sparse gradient: the coalesced rows clamped, equal to clamping the dense gradient.
+TEST(SparseOptimizers, ClipGradValueClampsTheCoalescedRowsAsTheDenseGradient) {
+  Tensor p = zeros({5, 2}, {.dtype = DType::Float64});
+  p.requires_grad_();
+  // Row 1 twice: 0.3 + 0.4 = 0.7 is clamped to 0.5, although neither addend alone would be.
+  autograd::accumulate_sparse_grad(p, {from_vector(std::vector<int64_t>{1, 3, 1}, {3}),
+                                       from_vector(std::vector<double>{0.3, -2.0, 0.1, 0.2, 0.4, -0.1}, {3, 2}),
+                                       {5, 2}});
+  const Tensor dense = autograd::sparse_grad(p)->to_dense();
+  optim::clip_grad_value_({p}, 0.5);
+  const SparseRowGrad* g = autograd::sparse_grad(p);
+  ASSERT_NE(g, nullptr);
+  EXPECT_TRUE(g->coalesced);
+  const Tensor want = clamp(dense, -0.5, 0.5);
+  const Tensor got = g->to_dense();
+  const double* w = want.contiguous().data_ptr<double>();
+  const double* x = got.contiguous().data_ptr<double>();
+  for (int64_t i = 0; i < 10; ++i) EXPECT_EQ(x[i], w[i]) << i;
+  EXPECT_EQ(x[2], 0.5);  // row 1, first column: 0.7 clamped
+}
+
 }  // namespace kiln::testing
