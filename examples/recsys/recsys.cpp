@@ -85,24 +85,41 @@ Batch generate(uint64_t seed, int64_t first, int64_t count, const std::vector<in
 // ---------------------------------------------------------------- the model
 
 // (B, 13) dense and (B, 26) ids -> (B) logits.
+// Tables of at least `hybrid_rows` rows are nn::HybridEmbedding (hot_fraction of their rows on `device`, the rest
+// in host memory, the hot set from the lookups of the first 20 steps); the others nn::Embedding on `device`. Both
+// start from the same draws, so a run's numbers do not depend on where the rows live.
 class Dlrm : public nn::Module {
  public:
-  Dlrm(const std::vector<int64_t>& rows, int64_t dim) : Module("Dlrm") {
+  Dlrm(const std::vector<int64_t>& rows, int64_t dim, Device device, int64_t hybrid_rows, double hot_fraction,
+       uint64_t table_seed)
+      : Module("Dlrm") {
     using namespace nn;
     bottom = register_module("bottom", nn::make<Sequential>(Linear(kDense, 64), ReLU(), Linear(64, dim), ReLU()));
-    tables = register_module("tables", nn::make<ModuleList>());
-    for (int64_t r : rows) {
-      auto table = std::make_shared<Embedding>(r, dim, EmbeddingOptions{.sparse = true});
-      {
-        NoGradGuard no_grad;  // DLRM's initialisation: U(-1/sqrt(rows), 1/sqrt(rows))
-        const double bound = 1.0 / std::sqrt(static_cast<double>(r));
-        init::uniform_(table->weight, -bound, bound);
-      }
-      tables->push_back(table);
-    }
     const int64_t vectors = kSparse + 1, pairs = vectors * (vectors - 1) / 2;
     top = register_module("top",
                           nn::make<Sequential>(Linear(dim + pairs, 64), ReLU(), Linear(64, 32), ReLU(), Linear(32, 1)));
+    tables = register_module("tables", nn::make<ModuleList>());
+    // The tables' values come from a generator of their own: a table's constructor draws its own start from the
+    // default one, and a hybrid table draws differently from a plain one.
+    Generator table_gen(table_seed);
+    for (int64_t r : rows) {
+      Tensor weight = empty({r, dim});  // DLRM's initialisation: U(-1/sqrt(rows), 1/sqrt(rows))
+      const double bound = 1.0 / std::sqrt(static_cast<double>(r));
+      init::uniform_(weight, -bound, bound, &table_gen);
+      const bool hybrid = hybrid_rows > 0 && r >= hybrid_rows;
+      is_hybrid.push_back(hybrid);
+      if (hybrid) {
+        auto table = std::make_shared<HybridEmbedding>(
+            r, dim, HybridEmbeddingOptions{.device = device, .hot_fraction = hot_fraction, .count_batches = 20});
+        table->load_state_dict({{"weight", weight}}, /*strict=*/false);
+        tables->push_back(table);
+      } else {
+        auto table = std::make_shared<Embedding>(r, dim, EmbeddingOptions{.sparse = true});
+        NoGradGuard no_grad;
+        table->weight.copy_(weight);
+        tables->push_back(table);
+      }
+    }
     // The strictly lower triangle of the (27, 27) dot products, as positions in the flattened matrix.
     std::vector<int64_t> lower;
     for (int64_t i = 0; i < vectors; ++i) {
@@ -115,7 +132,11 @@ class Dlrm : public nn::Module {
     const int64_t b = dense.size(0);
     const Tensor x = bottom(dense);  // (B, D)
     std::vector<Tensor> vectors{x};
-    for (int64_t t = 0; t < kSparse; ++t) vectors.push_back(tables->at<nn::Embedding>(t)(select(ids, 1, t)));
+    for (int64_t t = 0; t < kSparse; ++t) {
+      const Tensor column = select(ids, 1, t);  // (B)
+      vectors.push_back(is_hybrid[static_cast<size_t>(t)] ? tables->at<nn::HybridEmbedding>(t)(column)
+                                                          : tables->at<nn::Embedding>(t)(column));
+    }
     const Tensor all = stack(vectors, 1);                                      // (B, 27, D)
     const Tensor dots = reshape(bmm(all, transpose(all, 1, 2)), {b, -1});      // (B, 27 * 27)
     const Tensor pairs = index_select(dots, 1, pair_index.to(dots.device()));  // (B, 351)
@@ -124,6 +145,7 @@ class Dlrm : public nn::Module {
 
   nn::Handle<nn::Sequential> bottom, top;
   nn::Handle<nn::ModuleList> tables;
+  std::vector<bool> is_hybrid;  // per table: an nn::HybridEmbedding
   Tensor pair_index;
 
  private:
@@ -210,6 +232,10 @@ int main(int argc, char** argv) {
   auto& device_name = opts.add_string("device", "auto", "auto | cpu | cuda");
   auto& seed = opts.add_int("seed", 0, "seed of the data and the weights");
   auto& log_every = opts.add_int("log-every", 100, "print the mean loss every this many steps");
+  auto& hybrid_rows = opts.add_int("hybrid-rows", 0,
+                                   "tables of at least this many rows keep only --hot-fraction of them on the device "
+                                   "(nn::HybridEmbedding); 0: every table whole on the device");
+  auto& hot_fraction = opts.add_double("hot-fraction", 0.1, "the share of a hybrid table's rows on the device");
   auto& checkpoint = opts.add_string("checkpoint", "", "save the model, optimizer and step to this file at the end");
   auto& resume = opts.add_flag("resume", "continue from --checkpoint (exactly: the data stream resumes too)");
   opts.parse(argc, argv);
@@ -218,6 +244,9 @@ int main(int argc, char** argv) {
   }
   if (!(lr > 0) || !(zipf > 0)) opts.fail("--lr and --zipf must be positive");
   if (resume && checkpoint.empty()) opts.fail("--resume needs --checkpoint");
+  if (hybrid_rows < 0 || !(hot_fraction >= 0 && hot_fraction <= 1)) {
+    opts.fail("--hybrid-rows must be >= 0 and --hot-fraction in [0, 1]");
+  }
 
   try {
     const std::vector<int64_t> rows = parse_sizes(table_sizes);
@@ -225,7 +254,12 @@ int main(int argc, char** argv) {
     const Device dev = ex::pick_device(device_name, env);
     const auto data_seed = static_cast<uint64_t>(seed);
     manual_seed(data_seed);
-    auto model = nn::make<Dlrm>(rows, dim);
+    // Under mpirun each rank would count its own lookups and place the hot rows differently; the tables' gradients,
+    // gathered over the ranks by slot, need one placement.
+    if (env.distributed() && hybrid_rows > 0) {
+      throw Error("--hybrid-rows is not supported under mpirun yet: each rank would choose its own hot rows");
+    }
+    auto model = nn::make<Dlrm>(rows, dim, dev, hybrid_rows, hot_fraction, data_seed + 1);
     model->to(dev);
     int64_t table_rows = 0;
     for (int64_t r : rows) table_rows += r;
