@@ -357,6 +357,7 @@ bool fused_attention_available() {
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const AttentionOptions& options) {
   capture::Op cap("scaled_dot_product_attention");
+  const auto describe = [&] { return capture::Args{{q_in, k_in, v_in, options.attn_mask}, attention_attrs(options)}; };
   // One op of the autocast table: q, k, v cast by its policy, the ops inside (either path) with autocast off.
   auto [q, k, v] = autocast::inputs(autocast_ops::attention(), q_in, k_in, v_in);
   autocast::DisableGuard as_one_op;
@@ -367,15 +368,11 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     if (c.why_not.empty()) {
       const FusedState state{c.bias, c.dead, c.cfg, dropout_draw(c, q.device())};
       Tensor out = FusedAttention::apply(c.q, c.k, c.v, state);  // (B, H, L, Ev)
-      return cap.done(out.shape() == c.out_shape ? out : reshape(out, c.out_shape), [&] {
-        return capture::Args{{q_in, k_in, v_in, options.attn_mask}, attention_attrs(options)};
-      });
+      return cap.done(out.shape() == c.out_shape ? out : reshape(out, c.out_shape), describe);
     }
   }
 #endif
-  return cap.done(scaled_dot_product_attention_with_weights(q, k, v, options).output, [&] {
-    return capture::Args{{q_in, k_in, v_in, options.attn_mask}, attention_attrs(options)};
-  });
+  return cap.done(scaled_dot_product_attention_with_weights(q, k, v, options).output, describe);
 }
 
 // ---------------------------------------------------------------- MultiheadAttention

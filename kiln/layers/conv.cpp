@@ -253,6 +253,13 @@ Tensor conv2d_cudnn(const Tensor& input, const Tensor& weight, const Tensor& bia
 
 Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& bias_arg, const Conv2dOptions& options) {
   capture::Op cap("conv2d");
+  const auto describe = [&] {
+    return capture::Args{{input_arg, weight_arg, bias_arg},
+                         {{"stride", std::vector<int64_t>{options.stride[0], options.stride[1]}},
+                          {"padding", std::vector<int64_t>{options.padding[0], options.padding[1]}},
+                          {"dilation", std::vector<int64_t>{options.dilation[0], options.dilation[1]}},
+                          {"groups", options.groups}}};
+  };
   // Autocast first (Policy::LowerPrecision), as PyTorch does before its checks, so that mixed input and weight
   // dtypes are cast rather than refused, and the whole layer (bias included) runs in the low dtype on every device.
   const auto [input_in, weight, bias] = autocast::inputs(autocast_ops::conv(), input_arg, weight_arg, bias_arg);
@@ -308,13 +315,7 @@ Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& b
                           options.padding[0] == 0 && options.padding[1] == 0;
   if (one_by_one && input.suggest_memory_format() == MemoryFormat::ChannelsLast) {
     const Tensor y = pointwise_conv2d(input, weight, bias);
-    return cap.done(unbatched ? squeeze(y, 0) : y, [&] {
-      return capture::Args{{input_arg, weight_arg, bias_arg},
-                           {{"stride", std::vector<int64_t>{options.stride[0], options.stride[1]}},
-                            {"padding", std::vector<int64_t>{options.padding[0], options.padding[1]}},
-                            {"dilation", std::vector<int64_t>{options.dilation[0], options.dilation[1]}},
-                            {"groups", options.groups}}};
-    });  // (N, C_out, H, W), channels-last
+    return cap.done(unbatched ? squeeze(y, 0) : y, describe);  // (N, C_out, H, W), channels-last
   }
 
 #if KILN_WITH_CUDA
@@ -323,13 +324,7 @@ Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& b
         .stride = options.stride.v, .padding = options.padding.v, .dilation = options.dilation.v, .groups = groups};
     if (cuda_impl::conv2d_supported(input, weight, geometry)) {
       Tensor y = conv2d_cudnn(input, weight, bias, geometry);
-      return cap.done(unbatched ? squeeze(y, 0) : y, [&] {
-        return capture::Args{{input_arg, weight_arg, bias_arg},
-                             {{"stride", std::vector<int64_t>{options.stride[0], options.stride[1]}},
-                              {"padding", std::vector<int64_t>{options.padding[0], options.padding[1]}},
-                              {"dilation", std::vector<int64_t>{options.dilation[0], options.dilation[1]}},
-                              {"groups", options.groups}}};
-      });
+      return cap.done(unbatched ? squeeze(y, 0) : y, describe);
     }
   }
 #endif
@@ -355,13 +350,7 @@ Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& b
   if (bias.defined()) out = add(out, bias);
   // (N, OH, OW, C_out) -> (N, C_out, OH, OW): a channels-last view; copy to the input's format.
   Tensor y = contiguous(permute(reshape(out, {n, oh, ow, c_out}), {0, 3, 1, 2}), format);
-  return cap.done(unbatched ? squeeze(y, 0) : y, [&] {
-    return capture::Args{{input_arg, weight_arg, bias_arg},
-                         {{"stride", std::vector<int64_t>{options.stride[0], options.stride[1]}},
-                          {"padding", std::vector<int64_t>{options.padding[0], options.padding[1]}},
-                          {"dilation", std::vector<int64_t>{options.dilation[0], options.dilation[1]}},
-                          {"groups", options.groups}}};
-  });
+  return cap.done(unbatched ? squeeze(y, 0) : y, describe);
 }
 
 // ---------------------------------------------------------------- Conv2d

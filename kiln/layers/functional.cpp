@@ -327,6 +327,9 @@ static Tensor dropout_as_one_op(const Tensor& x, double p, bool training, Genera
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
                   double eps) {
   capture::Op cap("layer_norm");
+  const auto describe = [&] {
+    return capture::Args{{x_in, weight_in, bias_in}, {{"normalized_shape", normalized_shape}, {"eps", eps}}};
+  };
   // Under autocast the whole layer runs in float32 (Policy::Float32), on every device.
   auto [x, weight, bias] = autocast::inputs(autocast_ops::layer_norm(), x_in, weight_in, bias_in);
   autocast::DisableGuard as_one_op;  // the ops inside run as cast, as one op of the table
@@ -340,9 +343,7 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   if (x.is_cuda() && x.is_floating_point() && (!weight.defined() || weight.device() == x.device()) &&
       (!bias.defined() || bias.device() == x.device())) {
     if ((!weight.defined() || weight.dtype() == x.dtype()) && (!bias.defined() || bias.dtype() == x.dtype())) {
-      return cap.done(LayerNormFunction::apply(x, weight, bias, normalized_shape, eps), [&] {
-        return capture::Args{{x_in, weight_in, bias_in}, {{"normalized_shape", normalized_shape}, {"eps", eps}}};
-      });
+      return cap.done(LayerNormFunction::apply(x, weight, bias, normalized_shape, eps), describe);
     }
   }
 #endif
@@ -353,34 +354,37 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   Tensor y = centered * rsqrt(var + eps);
   if (weight.defined()) y = y * weight;  // broadcasts over the leading dims
   if (bias.defined()) y = y + bias;
-  return cap.done(y, [&] {
-    return capture::Args{{x_in, weight_in, bias_in}, {{"normalized_shape", normalized_shape}, {"eps", eps}}};
-  });
+  return cap.done(y, describe);
 }
 
 Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape, const Tensor& weight_in,
                       const Tensor& bias_in, double eps) {
   capture::Op cap("add_layer_norm");
+  const auto describe = [&] {
+    return capture::Args{{x, residual, weight_in, bias_in}, {{"normalized_shape", normalized_shape}, {"eps", eps}}};
+  };
   KILN_CHECK(x.defined() && residual.defined(), "add_layer_norm: x and residual must be defined tensors");
   KILN_CHECK(x.shape() == residual.shape(), "add_layer_norm: x and residual must have one shape, got ", x.shape(),
              " and ", residual.shape(), "; add them and call layer_norm to broadcast");
 #if KILN_WITH_CUDA
   if (auto in = fused_add_inputs(x, residual, normalized_shape, weight_in, bias_in)) {
     autocast::DisableGuard as_one_op;
-    return cap.done(AddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps), [&] {
-      return capture::Args{{x, residual, weight_in, bias_in}, {{"normalized_shape", normalized_shape}, {"eps", eps}}};
-    });
+    return cap.done(AddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps),
+                    describe);
   }
 #endif
-  return cap.done(layer_norm(x + residual, normalized_shape, weight_in, bias_in, eps), [&] {
-    return capture::Args{{x, residual, weight_in, bias_in}, {{"normalized_shape", normalized_shape}, {"eps", eps}}};
-  });
+  return cap.done(layer_norm(x + residual, normalized_shape, weight_in, bias_in, eps), describe);
 }
 
 Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double p, bool training,
                               const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps,
                               Generator* gen) {
   capture::Op cap("dropout_add_layer_norm");
+  const auto describe = [&] {
+    return capture::Args{
+        {x_in, residual, weight, bias},
+        {{"p", p}, {"training", int64_t{training}}, {"normalized_shape", normalized_shape}, {"eps", eps}}};
+  };
   // Every check before the draw, so that a bad call leaves the generator as it was.
   KILN_CHECK(p >= 0 && p < 1, "dropout_add_layer_norm: p must lie in [0, 1), got ", p,
              " (p is the probability of zeroing an element of x)");
@@ -396,11 +400,7 @@ Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double
   check_affine("dropout_add_layer_norm", weight, "weight", normalized_shape);
   check_affine("dropout_add_layer_norm", bias, "bias", normalized_shape);
   if (!training || p == 0)
-    return cap.done(add_layer_norm(x_in, residual, normalized_shape, weight, bias, eps), [&] {
-      return capture::Args{
-          {x_in, residual, weight, bias},
-          {{"p", p}, {"training", int64_t{training}}, {"normalized_shape", normalized_shape}, {"eps", eps}}};
-    });
+    return cap.done(add_layer_norm(x_in, residual, normalized_shape, weight, bias, eps), describe);
   KILN_CHECK(x_in.is_floating_point() && residual.is_floating_point(),
              "dropout_add_layer_norm: x and residual must be floating point, got ", x_in.dtype(), " and ",
              residual.dtype(), "; convert them with .to(DType::Float32) first");
@@ -412,19 +412,11 @@ Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double
       autocast::DisableGuard as_one_op;
       return cap.done(
           DropoutAddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps, p, gen),
-          [&] {
-            return capture::Args{
-                {x_in, residual, weight, bias},
-                {{"p", p}, {"training", int64_t{training}}, {"normalized_shape", normalized_shape}, {"eps", eps}}};
-          });
+          describe);
     }
   }
 #endif
-  return cap.done(add_layer_norm(dropout(x_in, p, true, gen), residual, normalized_shape, weight, bias, eps), [&] {
-    return capture::Args{
-        {x_in, residual, weight, bias},
-        {{"p", p}, {"training", int64_t{training}}, {"normalized_shape", normalized_shape}, {"eps", eps}}};
-  });
+  return cap.done(add_layer_norm(dropout(x_in, p, true, gen), residual, normalized_shape, weight, bias, eps), describe);
 }
 
 Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_in, const Tensor& bias_in, double eps) {
@@ -620,6 +612,7 @@ struct SparseEmbeddingFunction : autograd::Function<SparseEmbeddingFunction> {
 
 Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_t> padding_idx, bool sparse) {
   capture::Op cap("embedding");
+  const auto describe = [&] { return capture::Args{{weight, index}, {}}; };
   KILN_CHECK(weight.dim() == 2, "embedding: weight must be 2-D (num_embeddings, embedding_dim), got shape ",
              weight.shape());
   KILN_CHECK(is_integral(index.dtype()), "embedding: indices must be Int64 or Int32, got ", index.dtype(),
@@ -635,12 +628,10 @@ Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_
                  " is out of range for ", v, " embeddings; use a value in [-", v, ", ", v, ")");
       pad = *padding_idx < 0 ? *padding_idx + v : *padding_idx;
     }
-    return cap.done(SparseEmbeddingFunction::apply(weight, index, pad), [&] {
-      return capture::Args{{weight, index}, {}};
-    });
+    return cap.done(SparseEmbeddingFunction::apply(weight, index, pad), describe);
   }
   Tensor out = kiln::embedding(weight, index);  // (..., D)
-  if (!padding_idx) return cap.done(out, [&] { return capture::Args{{weight, index}, {}}; });
+  if (!padding_idx) return cap.done(out, describe);
   const int64_t v = weight.size(0);
   int64_t pad = *padding_idx;
   KILN_CHECK(pad >= -v && pad < v, "embedding: padding_idx ", pad, " is out of range for ", v,
@@ -648,7 +639,7 @@ Tensor embedding(const Tensor& index, const Tensor& weight, std::optional<int64_
   if (pad < 0) pad += v;
   // Lookups of the padding row take the detached value: the same numbers, but no gradient to that row.
   Tensor is_pad = unsqueeze(index == Scalar(pad), -1);  // (..., 1)
-  return cap.done(where(is_pad, out.detach(), out), [&] { return capture::Args{{weight, index}, {}}; });
+  return cap.done(where(is_pad, out.detach(), out), describe);
 }
 
 }  // namespace kiln::nn

@@ -172,11 +172,12 @@ std::vector<capture::Attr> pool_attrs(const Pool2dOptions& o) {
 
 Tensor max_pool2d(const Tensor& input, const Pool2dOptions& options) {
   capture::Op cap("max_pool2d");
+  const auto describe = [&] { return capture::Args{{input}, pool_attrs(options)}; };
   const Pool2dGeometry g = check_pool("max_pool2d", input, options);
 #if KILN_WITH_CUDA
   if (g.input.is_cuda()) {
     const Tensor y = CudaMaxPool2d::apply(contiguous(g.input, g.format), pool_params(g, true));
-    return cap.done(g.unbatched ? squeeze(y, 0) : y, [&] { return capture::Args{{input}, pool_attrs(options)}; });
+    return cap.done(g.unbatched ? squeeze(y, 0) : y, describe);
   }
 #endif
   // -inf padding never wins: every window overlaps the input (padding <= kernel / 2, ceil-mode rule).
@@ -184,16 +185,17 @@ Tensor max_pool2d(const Tensor& input, const Pool2dOptions& options) {
   // (N, C, OH, OW, KH, KW) -> (N, C, OH, OW, KH KW) -> (N, C, OH, OW). max over one dim gives the whole gradient
   // to the first maximum of a window, as PyTorch and kiln's GPU kernel do (amax would split it between ties).
   const Tensor flat = reshape(win, {win.size(0), win.size(1), g.h.out, g.w.out, g.h.kernel * g.w.kernel});
-  return cap.done(finish(g, std::get<0>(max(flat, 4))), [&] { return capture::Args{{input}, pool_attrs(options)}; });
+  return cap.done(finish(g, std::get<0>(max(flat, 4))), describe);
 }
 
 Tensor avg_pool2d(const Tensor& input, const Pool2dOptions& options) {
   capture::Op cap("avg_pool2d");
+  const auto describe = [&] { return capture::Args{{input}, pool_attrs(options)}; };
   const Pool2dGeometry g = check_pool("avg_pool2d", input, options);
 #if KILN_WITH_CUDA
   if (g.input.is_cuda()) {
     const Tensor y = CudaAvgPool2d::apply(contiguous(g.input, g.format), pool_params(g, options.count_include_pad));
-    return cap.done(g.unbatched ? squeeze(y, 0) : y, [&] { return capture::Args{{input}, pool_attrs(options)}; });
+    return cap.done(g.unbatched ? squeeze(y, 0) : y, describe);
   }
 #endif
   const Tensor win = pool_windows(g, 0.0);
@@ -202,22 +204,20 @@ Tensor avg_pool2d(const Tensor& input, const Pool2dOptions& options) {
   const double full_window = static_cast<double>(g.h.kernel * g.w.kernel);
   const bool uniform = std::all_of(dh.begin(), dh.end(), [&](double v) { return v == g.h.kernel; }) &&
                        std::all_of(dw.begin(), dw.end(), [&](double v) { return v == g.w.kernel; });
-  if (uniform)
-    return cap.done(finish(g, div(sum(win, {4, 5}), full_window)), [&] {
-      return capture::Args{{input}, pool_attrs(options)};
-    });
+  if (uniform) return cap.done(finish(g, div(sum(win, {4, 5}), full_window)), describe);
   // The divisor (OH, OW), computed once on the host, broadcast over (N, C).
   std::vector<double> d(dh.size() * dw.size());
   for (size_t i = 0; i < dh.size(); ++i)
     for (size_t j = 0; j < dw.size(); ++j) d[i * dw.size() + j] = dh[i] * dw[j];
   const Tensor divisor = from_vector(d, {g.h.out, g.w.out}, g.input.device()).to(g.input.dtype());
-  return cap.done(finish(g, div(sum(win, {4, 5}), divisor)), [&] {
-    return capture::Args{{input}, pool_attrs(options)};
-  });
+  return cap.done(finish(g, div(sum(win, {4, 5}), divisor)), describe);
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
   capture::Op cap("adaptive_avg_pool2d");
+  const auto describe = [&] {
+    return capture::Args{{input}, {{"output_size", std::vector<int64_t>{output_size[0], output_size[1]}}}};
+  };
   KILN_CHECK(input.defined(), "adaptive_avg_pool2d: the input is an undefined tensor");
   KILN_CHECK(input.dim() == 4 || input.dim() == 3,
              "adaptive_avg_pool2d: expected a 4-d input (N, C, H, W) or a 3-d unbatched input (C, H, W), got shape ",
@@ -233,17 +233,13 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
     const Tensor x = unbatched ? unsqueeze(input, 0) : input;
     const Tensor y = CudaAdaptiveAvgPool2d::apply(contiguous(x, detail::output_format(x)),
                                                   std::array<int64_t, 2>{output_size[0], output_size[1]});
-    return cap.done(unbatched ? squeeze(y, 0) : y, [&] {
-      return capture::Args{{input}, {{"output_size", std::vector<int64_t>{output_size[0], output_size[1]}}}};
-    });
+    return cap.done(unbatched ? squeeze(y, 0) : y, describe);
   }
 #endif
   const MemoryFormat format = detail::output_format(input);
   const int64_t hd = input.dim() - 2;
   const Tensor y = adaptive_mean_dim(adaptive_mean_dim(input, hd, output_size[0]), hd + 1, output_size[1]);
-  return cap.done(input.dim() == 4 ? contiguous(y, format) : contiguous(y), [&] {
-    return capture::Args{{input}, {{"output_size", std::vector<int64_t>{output_size[0], output_size[1]}}}};
-  });
+  return cap.done(input.dim() == 4 ? contiguous(y, format) : contiguous(y), describe);
 }
 
 // ---------------------------------------------------------------- modules

@@ -275,10 +275,11 @@ void Optimizer::finish_bucket(CudaBucket& bucket) {
 
 void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf) {
   NoGradGuard no_grad;
-  // Sparse gradients are checked first, so that a refused one changes nothing.
+  // Every gradient is checked first, so that a refused one changes nothing.
   std::vector<bool> has_sparse(num_param_groups(), false);  // per group: some parameter holds a sparse gradient
   for (size_t group = 0; group < num_param_groups(); ++group) {
     for (const Tensor& p : params(group)) {
+      if (p.grad().defined()) check_dense_param(group, p);
       if (!autograd::has_sparse_grad(p)) continue;
       check_sparse_param(group, p);
       has_sparse[group] = true;
@@ -331,6 +332,13 @@ void Optimizer::check_sparse_param(size_t /*group*/, const Tensor& param) const 
              " has a sparse gradient (an nn::Embedding with {.sparse = true}?), which ", name(),
              " does not take; use optim::SGD (without weight decay), optim::SparseAdam or optim::RowWiseAdagrad for "
              "it (in a second optimizer for the embedding tables), or make the embedding dense");
+}
+
+void Optimizer::refuse_sparse_weight_decay(size_t group, double weight_decay, const Tensor& param) const {
+  KILN_CHECK(weight_decay == 0, name(), ".step: a parameter of shape ", param.shape(),
+             " has a sparse gradient but its parameter group ", group, " has weight_decay ", weight_decay,
+             "; weight decay would change every row, so it is refused with sparse gradients (as torch.optim does): "
+             "put the embedding tables in a parameter group with weight_decay = 0");
 }
 
 void Optimizer::update_sparse_param(size_t /*group*/, const Tensor& /*param*/, const SparseRowGrad& /*grad*/,

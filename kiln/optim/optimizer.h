@@ -142,6 +142,11 @@ class Optimizer {
   // unique rows, duplicates summed), divided by grad_scale, its values in the math dtype (state_dtype); it updates
   // only those rows of the parameter (and of its state) in place. The caller then advances "step".
   virtual void check_sparse_param(size_t group, const Tensor& param) const;
+  // The same first pass calls this for every parameter that holds a dense gradient; the base accepts them all
+  // (SparseAdam refuses them, RowWiseAdagrad refuses 0-d parameters).
+  virtual void check_dense_param(size_t /*group*/, const Tensor& /*param*/) const {}
+  // For check_sparse_param overrides: kiln::Error unless `weight_decay` is 0, as weight decay would change every row.
+  void refuse_sparse_weight_decay(size_t group, double weight_decay, const Tensor& param) const;
   // The sparse hook (see check_sparse_param); the base version throws.
   virtual void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t);
   // load_state_dict's check and copy of one saved state tensor `name` (under `key`) of `param`: the base takes

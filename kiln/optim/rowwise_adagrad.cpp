@@ -47,24 +47,10 @@ RowWiseAdagradOptions RowWiseAdagradOptions::from_values(const std::map<std::str
       .lr = v.at("lr"), .eps = v.at("eps"), .weight_decay = v.at("weight_decay"), .maximize = v.at("maximize") != 0};
 }
 
-void RowWiseAdagrad::refuse_scalars() const {
-  for (size_t group = 0; group < groups_.size(); ++group) {
-    for (const Tensor& p : groups_[group].params) {
-      KILN_CHECK(p.dim() >= 1 || !p.grad().defined(), "RowWiseAdagrad.step: the parameter in parameter group ", group,
-                 " is 0-d (a scalar); row-wise Adagrad keeps one accumulator per row of a parameter with at least one "
-                 "dim: use optim::Adam or SGD for scalars");
-    }
-  }
-}
-
-void RowWiseAdagrad::step() {
-  refuse_scalars();
-  HookedOptimizer::step();
-}
-
-void RowWiseAdagrad::step_with(const Tensor& grad_scale, const Tensor& found_inf) {
-  refuse_scalars();
-  HookedOptimizer::step_with(grad_scale, found_inf);
+void RowWiseAdagrad::check_dense_param(size_t group, const Tensor& p) const {
+  KILN_CHECK(p.dim() >= 1, "RowWiseAdagrad.step: the parameter in parameter group ", group,
+             " is 0-d (a scalar); row-wise Adagrad keeps one accumulator per row of a parameter with at least one "
+             "dim: use optim::Adam or SGD for scalars");
 }
 
 Tensor& RowWiseAdagrad::row_sums(const Tensor& p) {
@@ -107,11 +93,7 @@ void RowWiseAdagrad::update_bucket(size_t group, CudaBucket& bucket, const Tenso
 }
 
 void RowWiseAdagrad::check_sparse_param(size_t group, const Tensor& p) const {
-  const RowWiseAdagradOptions& o = groups_[group].options;
-  KILN_CHECK(o.weight_decay == 0, "RowWiseAdagrad.step: a parameter of shape ", p.shape(),
-             " has a sparse gradient but its parameter group ", group, " has weight_decay ", o.weight_decay,
-             "; weight decay would change every row, so it is refused with sparse gradients: put the embedding "
-             "tables in a parameter group with weight_decay = 0");
+  refuse_sparse_weight_decay(group, groups_[group].options.weight_decay, p);
 }
 
 void RowWiseAdagrad::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad& g, double /*t*/) {

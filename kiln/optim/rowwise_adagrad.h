@@ -42,14 +42,11 @@ class RowWiseAdagrad : public HookedOptimizer<RowWiseAdagradOptions> {
  public:
   using HookedOptimizer::HookedOptimizer;  // (params, options = {}) or (groups, defaults = {})
 
-  // Both refuse a 0-d parameter with a gradient before anything changes.
-  void step() override;
-  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override;
-
  protected:
   // CUDA parameters with dense gradients: kiln ops, one parameter at a time (found_inf read on the host).
   void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;
   void update_param(size_t group, const Tensor& param, Tensor grad, Tensor& w, double t) override;  // dense rows
+  void check_dense_param(size_t group, const Tensor& param) const override;   // refuses a 0-d parameter
   void check_sparse_param(size_t group, const Tensor& param) const override;  // refuses weight_decay > 0
   void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t) override;
   // "sum": (V) floating; the rest as the base.
@@ -57,7 +54,6 @@ class RowWiseAdagrad : public HookedOptimizer<RowWiseAdagradOptions> {
                            const std::string& key) const override;
 
  private:
-  void refuse_scalars() const;            // the check step() and step_with() make first
   Tensor& row_sums(const Tensor& param);  // "sum" (V), created as zeros
 };
 

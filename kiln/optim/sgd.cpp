@@ -87,11 +87,7 @@ void SGD::update_param(size_t group, const Tensor& p, Tensor d, Tensor& w, doubl
 }
 
 void SGD::check_sparse_param(size_t group, const Tensor& p) const {
-  const SGDOptions& o = groups_[group].options;
-  KILN_CHECK(o.weight_decay == 0, "SGD.step: a parameter of shape ", p.shape(),
-             " has a sparse gradient but its parameter group ", group, " has weight_decay ", o.weight_decay,
-             "; weight decay would change every row, so SGD (as torch.optim.SGD) refuses it with sparse gradients: put "
-             "the embedding tables in a parameter group with weight_decay = 0");
+  refuse_sparse_weight_decay(group, groups_[group].options.weight_decay, p);
 }
 
 void SGD::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad& g, double t) {

@@ -30,26 +30,10 @@ SparseAdamOptions SparseAdamOptions::from_values(const std::map<std::string, dou
           .maximize = v.at("maximize") != 0};
 }
 
-void SparseAdam::refuse_dense_grads() const {
-  for (size_t group = 0; group < groups_.size(); ++group) {
-    for (const Tensor& p : groups_[group].params) {
-      KILN_CHECK(!p.grad().defined(), "SparseAdam.step: the parameter of shape ", p.shape(), " in parameter group ",
-                 group,
-                 " has a dense gradient; SparseAdam takes only sparse gradients (nn::Embedding with "
-                 "{.sparse = true}), as torch.optim.SparseAdam: use optim::Adam (or AdamW) for dense parameters, in "
-                 "a second optimizer");
-    }
-  }
-}
-
-void SparseAdam::step() {
-  refuse_dense_grads();
-  HookedOptimizer::step();
-}
-
-void SparseAdam::step_with(const Tensor& grad_scale, const Tensor& found_inf) {
-  refuse_dense_grads();
-  HookedOptimizer::step_with(grad_scale, found_inf);
+void SparseAdam::check_dense_param(size_t group, const Tensor& p) const {
+  KILN_FAIL("SparseAdam.step: the parameter of shape ", p.shape(), " in parameter group ", group,
+            " has a dense gradient; SparseAdam takes only sparse gradients (nn::Embedding with {.sparse = true}), "
+            "as torch.optim.SparseAdam: use optim::Adam (or AdamW) for dense parameters, in a second optimizer");
 }
 
 void SparseAdam::check_sparse_param(size_t /*group*/, const Tensor& /*param*/) const {}

@@ -43,16 +43,10 @@ class SparseAdam : public HookedOptimizer<SparseAdamOptions> {
  public:
   using HookedOptimizer::HookedOptimizer;  // (params, options = {}) or (groups, defaults = {})
 
-  // Both refuse a parameter with a dense gradient before anything changes.
-  void step() override;
-  void step_with(const Tensor& grad_scale, const Tensor& found_inf) override;
-
  protected:
+  void check_dense_param(size_t group, const Tensor& param) const override;   // refuses every dense gradient
   void check_sparse_param(size_t group, const Tensor& param) const override;  // accepts every sparse gradient
   void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t) override;
-
- private:
-  void refuse_dense_grads() const;  // the check step() and step_with() make first
 };
 
 }  // namespace kiln::optim

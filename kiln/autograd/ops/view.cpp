@@ -237,44 +237,44 @@ Tensor unsqueeze(const Tensor& t_in, int64_t dim) {
 
 Tensor permute(const Tensor& t_in, const Dims& dims) {
   capture::Op cap("permute");
+  const auto describe = [&] { return capture::Args{{t_in}, {{"dims", dims}}}; };
   auto [t] = autocast::inputs(Op::View, t_in);
   Tensor out = internal::permute(t, dims);
-  if (out.is_same(t) || !needs_grad(t)) return cap.done(out, [&] { return capture::Args{{t_in}, {{"dims", dims}}}; });
+  if (out.is_same(t) || !needs_grad(t)) return cap.done(out, describe);
   auto node = make_node<PermuteBackward>(t);
   node->op_name = "PermuteBackward";
   node->inverse.resize(dims.size());
   for (size_t i = 0; i < dims.size(); ++i)
     node->inverse[wrap_dim(dims[i], t.dim(), "permute")] = static_cast<int64_t>(i);
   set_history(out, node);
-  return cap.done(out, [&] { return capture::Args{{t_in}, {{"dims", dims}}}; });
+  return cap.done(out, describe);
 }
 
 Tensor transpose(const Tensor& t_in, int64_t dim0, int64_t dim1) {
   capture::Op cap("transpose");
+  const auto describe = [&] { return capture::Args{{t_in}, {{"dim0", dim0}, {"dim1", dim1}}}; };
   auto [t] = autocast::inputs(Op::View, t_in);
   Tensor out = internal::transpose(t, dim0, dim1);
-  if (out.is_same(t) || !needs_grad(t))
-    return cap.done(out, [&] {
-      return capture::Args{{t_in}, {{"dim0", dim0}, {"dim1", dim1}}};
-    });  // 0-d: transpose is the input itself
+  if (out.is_same(t) || !needs_grad(t)) return cap.done(out, describe);  // 0-d: transpose is the input itself
   auto node = make_node<PermuteBackward>(t);
   node->op_name = "TransposeBackward";
   // A transposition is its own inverse.
   for (int64_t d = 0; d < t.dim(); ++d) node->inverse.push_back(d);
   std::swap(node->inverse[wrap_dim(dim0, t.dim(), "transpose")], node->inverse[wrap_dim(dim1, t.dim(), "transpose")]);
   set_history(out, node);
-  return cap.done(out, [&] { return capture::Args{{t_in}, {{"dim0", dim0}, {"dim1", dim1}}}; });
+  return cap.done(out, describe);
 }
 
 Tensor expand(const Tensor& t_in, const Shape& shape) {
   capture::Op cap("expand");
+  const auto describe = [&] { return capture::Args{{t_in}, {{"shape", shape}}}; };
   auto [t] = autocast::inputs(Op::View, t_in);
   Tensor out = internal::expand(t, shape);
-  if (out.is_same(t) || !needs_grad(t)) return cap.done(out, [&] { return capture::Args{{t_in}, {{"shape", shape}}}; });
+  if (out.is_same(t) || !needs_grad(t)) return cap.done(out, describe);
   auto node = make_node<ExpandBackward>(t);
   node->input_shape = t.shape();
   set_history(out, node);
-  return cap.done(out, [&] { return capture::Args{{t_in}, {{"shape", shape}}}; });
+  return cap.done(out, describe);
 }
 
 Tensor narrow(const Tensor& t_in, int64_t dim, int64_t start, int64_t length) {
@@ -319,10 +319,10 @@ Tensor diagonal(const Tensor& t_in, int64_t offset, int64_t dim1, int64_t dim2) 
 
 Tensor as_strided(const Tensor& t_in, const Shape& sizes, const Strides& strides, std::optional<int64_t> offset) {
   capture::Op cap("as_strided");
+  const auto describe = [&] { return capture::Args{{t_in}, {{"sizes", sizes}, {"strides", strides}}}; };
   auto [t] = autocast::inputs(Op::View, t_in);
   Tensor out = internal::as_strided(t, sizes, strides, offset);
-  if (out.is_same(t) || !needs_grad(t))
-    return cap.done(out, [&] { return capture::Args{{t_in}, {{"sizes", sizes}, {"strides", strides}}}; });
+  if (out.is_same(t) || !needs_grad(t)) return cap.done(out, describe);
   // The backward maps storage positions to input elements, which is only exact for a contiguous input
   // whose elements cover every position the view reads.
   const int64_t relative = offset.value_or(t.offset()) - t.offset();
@@ -340,7 +340,7 @@ Tensor as_strided(const Tensor& t_in, const Shape& sizes, const Strides& strides
   node->strides = strides;
   node->offset = empty_view ? 0 : relative;
   set_history(out, node);
-  return cap.done(out, [&] { return capture::Args{{t_in}, {{"sizes", sizes}, {"strides", strides}}}; });
+  return cap.done(out, describe);
 }
 
 std::vector<Tensor> split(const Tensor& t_in, int64_t split_size, int64_t dim) {

@@ -37,6 +37,8 @@ struct Trace {
   std::vector<capture::OpRecord> records;
   std::vector<std::string> modules;  // per record: the dotted path of the innermost module ("" the model itself)
   std::string unrecorded;            // an error message, or empty
+  // The memory of the inputs and of every value computed from them (what a view of one shares).
+  std::unordered_set<const void*> derived_storages;
 };
 
 // Receives the records (capture::Recorder) and watches every backend op and module call (trace::Listener) on the
@@ -45,17 +47,16 @@ class Tracer final : public capture::Recorder, public trace::Listener {
  public:
   Tracer(Trace& trace, const std::unordered_map<const void*, std::string>& paths)
       : trace_(trace), paths_(paths), thread_(std::this_thread::get_id()) {
-    for (const Tensor& t : trace.inputs) mark(t);
+    for (const Tensor& t : trace.inputs) trace.derived_storages.insert(storage_key(t));
   }
 
   // A record's results are computed from the inputs when one of its tensor inputs is (a factory's are not: a size
   // it took from an input is a dynamic axis, which the second trace finds).
   void record(capture::OpRecord&& op) override {
-    const bool derived = std::any_of(op.inputs.begin(), op.inputs.end(), [&](const Tensor& t) {
-      return t.defined() && (values_.count(key(t)) != 0 || storages_.count(storage_key(t)) != 0);
-    });
+    const bool derived =
+        std::any_of(op.inputs.begin(), op.inputs.end(), [&](const Tensor& t) { return t.defined() && is_derived(t); });
     for (const Tensor& t : op.outputs) {
-      if (derived && t.defined()) mark(t);
+      if (derived && t.defined()) trace_.derived_storages.insert(storage_key(t));
     }
     trace_.modules.push_back(current_module());
     trace_.records.push_back(std::move(op));
@@ -69,7 +70,7 @@ class Tracer final : public capture::Recorder, public trace::Listener {
     }
     if (range.kind != trace::Kind::Op || capture::depth() != 0 || !trace_.unrecorded.empty()) return;
     for (const Tensor* t : range.tensors) {
-      if (t != nullptr && t->defined() && (values_.count(key(*t)) != 0 || storages_.count(storage_key(*t)) != 0)) {
+      if (t != nullptr && t->defined() && is_derived(*t)) {
         trace_.unrecorded = "export_onnx: the op '" + std::string(range.name) + "' " + where(current_module()) +
                             " works on a value computed from the inputs, but it was not called through a kiln op "
                             "that export_onnx can translate (an internal op, an in-place write, or a kiln op "
@@ -89,10 +90,7 @@ class Tracer final : public capture::Recorder, public trace::Listener {
   }
 
  private:
-  void mark(const Tensor& t) {
-    values_.insert(key(t));
-    storages_.insert(storage_key(t));
-  }
+  bool is_derived(const Tensor& t) const { return trace_.derived_storages.count(storage_key(t)) != 0; }
   std::string current_module() const {
     for (auto it = modules_.rbegin(); it != modules_.rend(); ++it) {
       auto p = paths_.find(*it);
@@ -105,7 +103,6 @@ class Tracer final : public capture::Recorder, public trace::Listener {
   const std::unordered_map<const void*, std::string>& paths_;
   std::thread::id thread_;
   std::vector<const void*> modules_;
-  std::unordered_set<const void*> values_, storages_;
 };
 
 Trace run_trace(const OnnxForward& forward, const std::vector<Tensor>& inputs,
@@ -300,18 +297,6 @@ OnnxExportReport export_onnx(nn::Module& module, const OnnxForward& forward, con
   for (const auto& [name, t] : state) {
     if (t.defined()) parameters.emplace(key(t), name);
   }
-  // The memory of every value computed from the inputs, in record order as the tracer judged it.
-  std::unordered_set<const void*> traced_storages;
-  for (const Tensor& t : example_inputs) traced_storages.insert(storage_key(t));
-  for (const auto& r : first.records) {
-    const bool derived = std::any_of(r.inputs.begin(), r.inputs.end(), [&](const Tensor& t) {
-      return t.defined() && traced_storages.count(storage_key(t)) != 0;
-    });
-    for (const Tensor& t : r.outputs) {
-      if (derived && t.defined()) traced_storages.insert(storage_key(t));
-    }
-  }
-
   // The graph's name for a tensor a record reads: a value, a parameter (an initializer under its state_dict name),
   // or a constant the forward made without reading the inputs.
   auto resolve = [&](const Tensor& a, const Tensor& b, const std::string& where) -> std::string {
@@ -320,7 +305,7 @@ OnnxExportReport export_onnx(nn::Module& module, const OnnxForward& forward, con
       names[key(a)] = builder.initializer(it->second, a);
       return names[key(a)];
     }
-    KILN_CHECK(traced_storages.count(storage_key(a)) == 0, "export_onnx: a tensor ", where,
+    KILN_CHECK(first.derived_storages.count(storage_key(a)) == 0, "export_onnx: a tensor ", where,
                " shares memory with a value computed from the inputs but was not made by a kiln op that export_onnx "
                "records (a view taken through internal ops?); make it with kiln's public ops");
     KILN_CHECK(a.shape() == b.shape(), "export_onnx: a tensor ", where, " has shape ", a.shape(),
