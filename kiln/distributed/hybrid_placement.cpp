@@ -3,6 +3,7 @@
 #include "kiln/distributed/hybrid_placement.h"
 
 #include <algorithm>  // std::min
+#include <string>
 
 #include "kiln/layers/hybrid_embedding.h"  // nn::HybridEmbedding::count_reduction
 #include "kiln/tensor/error.h"             // KILN_CHECK

@@ -86,8 +86,9 @@ class HybridEmbedding : public Module {
   // With a count_reduction: adds the lookups counted by every rank since the last agreement (their sum over the
   // ranks) to counts, and starts the pending counts again from zero; a collective, which every rank calls at the
   // same point (before saving counts in a checkpoint, say: saved counts hold only agreed lookups). Without one, the
-  // lookups are in counts already and it does nothing. kiln::Error when count_reduction gives back a tensor of
-  // another shape, dtype or device than the (V) Int64 CPU tensor it was given.
+  // lookups are in counts already (those left pending by a count_reduction since unset are added now). kiln::Error
+  // when count_reduction gives back a tensor of another shape, dtype or device than the (V) Int64 CPU tensor it was
+  // given.
   void agree_counts();
   // Redraws both tiers from N(0, 1) (from gen, or the default generator): hot first, then cold, each in slot order.
   void reset_parameters(Generator* gen = nullptr);
@@ -121,8 +122,9 @@ class HybridEmbedding : public Module {
   // Under data parallelism with replicated tables (dist::share_placement sets it): sums an Int64 tensor on the CPU
   // over the ranks, in place (or by assigning a tensor of the same shape, dtype and device), a collective that every
   // rank calls with the same shape. Set, it makes counts the sum of every rank's lookups as of the last agreement,
-  // the same on every rank (the lookups since then are pending, counted per rank). Set it before the first
-  // training-mode forward call: counts present then (zero, or loaded from a checkpoint) count as agreed.
+  // the same on every rank (the lookups since then are pending, counted per rank in one more (V) Int64 array, made at
+  // the first counted call). Set it before the first training-mode forward call: counts present then (zero, or
+  // loaded from a checkpoint) count as agreed.
   std::function<void(Tensor&)> count_reduction;
 
  protected:
