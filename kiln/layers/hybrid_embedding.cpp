@@ -286,17 +286,55 @@ void HybridEmbedding::swap_state_rows(const RowSwaps& swaps, std::map<std::strin
   }
 }
 
-Tensor HybridEmbedding::table() const {
-  const int64_t v = num_embeddings, h = hot_rows;
+namespace {
+
+// Row r of the logical table for each slot: hot_rows_of[s] and cold_rows_of[s] (the inverse of slot).
+struct SlotRows {
+  std::vector<int64_t> hot, cold;
+};
+SlotRows rows_by_slot(const Tensor& slot, int64_t hot_rows) {
+  const int64_t v = slot.numel();
   const int64_t* s = slot.data_ptr<int64_t>();
-  std::vector<int64_t> at(static_cast<size_t>(v));  // row r is row at[r] of [hot; cold]
-  for (int64_t r = 0; r < v; ++r) at[r] = s[r] >= 0 ? s[r] : h + (-s[r] - 1);
-  const Tensor both = internal::cat({internal::to(hot.detach(), Device::cpu()), cold.detach()}, 0);  // (V, D)
-  return internal::index_select(both, 0, index_tensor(at, Device::cpu()));
+  SlotRows out{std::vector<int64_t>(static_cast<size_t>(hot_rows)),
+               std::vector<int64_t>(static_cast<size_t>(v - hot_rows))};
+  for (int64_t r = 0; r < v; ++r) (s[r] >= 0 ? out.hot[s[r]] : out.cold[-s[r] - 1]) = r;
+  return out;
+}
+
+// dst[i] = src[rows[i]] for every i (dst (K, D) on any device and dtype, src (V, D)), a bounded number of rows at a
+// time, so that no (K, D) temporary the size of the table is made.
+void copy_rows_in_chunks(const Tensor& dst, const Tensor& src, const std::vector<int64_t>& rows) {
+  const int64_t k = static_cast<int64_t>(rows.size());
+  if (k == 0) return;
+  const int64_t row_bytes = std::max<int64_t>(1, src.numel() / std::max<int64_t>(1, src.size(0))) *
+                            static_cast<int64_t>(element_size(src.dtype()));
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{64} << 20) / row_bytes);  // about 64 MiB of rows
+  for (int64_t start = 0; start < k; start += chunk) {
+    const int64_t n = std::min(chunk, k - start);
+    const std::vector<int64_t> part(rows.begin() + start, rows.begin() + start + n);
+    Tensor piece = internal::narrow(dst, 0, start, n);
+    piece.copy_(internal::index_select(src, 0, index_tensor(part, src.device())));
+  }
+}
+
+}  // namespace
+
+Tensor HybridEmbedding::table() const {
+  // One (V, D) tensor, each tier's rows written to their rows in place: at most the table and a host copy of the
+  // hot tier beside the tiers, never a second table.
+  const SlotRows rows = rows_by_slot(slot, hot_rows);
+  Tensor out = internal::empty({num_embeddings, embedding_dim}, {.dtype = cold.dtype()});
+  write_rows(out, index_tensor(rows.hot, Device::cpu()), internal::to(hot.detach(), Device::cpu()));
+  write_rows(out, index_tensor(rows.cold, Device::cpu()), cold.detach());
+  return out;
+}
+
+Tensor HybridEmbedding::calls_state() const {
+  return internal::full({}, counting_ ? calls_counted_ : -1, {.dtype = DType::Int64});
 }
 
 StateDict HybridEmbedding::own_state() const {
-  return {{"weight", table()}, {"slot", slot.detach()}, {"counts", counts.detach()}};
+  return {{"weight", table()}, {"slot", slot.detach()}, {"counts", counts.detach()}, {"calls_counted", calls_state()}};
 }
 
 StateDict HybridEmbedding::own_load_targets(const std::function<const Tensor*(const std::string&)>& given) {
@@ -324,11 +362,27 @@ StateDict HybridEmbedding::own_load_targets(const std::function<const Tensor*(co
       taken[i] = 1;
     }
   }
-  // Staging copies holding the current values, so that what the state lacks (strict = false) stays as it is.
-  staged_weight_ = table();
+  // The given table itself is the target when it is whole (nothing is copied: finish_load_state scatters it into the
+  // tiers); otherwise a staging copy of the current values, so that what the state lacks (strict = false) stays.
+  const Tensor* w = given("weight");
+  const Shape table_shape{v, embedding_dim};
+  staged_weight_ = w != nullptr && w->shape() == table_shape ? *w
+                   : w != nullptr ? internal::empty(table_shape)  // a mismatch: nothing loads
+                                  : table();
   staged_slot_ = slot.clone();
   staged_counts_ = counts.clone();
-  return {{"weight", staged_weight_}, {"slot", staged_slot_}, {"counts", staged_counts_}};
+  staged_calls_ = calls_state();
+  const Tensor* calls = given("calls_counted");
+  calls_given_ = calls != nullptr;
+  if (calls != nullptr && calls->shape() == Shape{}) {  // another shape is reported as a mismatch
+    KILN_CHECK(is_integral(calls->dtype()),
+               "HybridEmbedding.load_state_dict: \"calls_counted\" must be an integer, got ", calls->dtype());
+    const int64_t n = internal::to(calls->detach(), Device::cpu(), DType::Int64).item<int64_t>();
+    KILN_CHECK(n >= -1, "HybridEmbedding.load_state_dict: \"calls_counted\" is ", n,
+               "; it is the number of forward calls counted so far, or -1 once the counting phase is over");
+  }
+  return {
+      {"weight", staged_weight_}, {"slot", staged_slot_}, {"counts", staged_counts_}, {"calls_counted", staged_calls_}};
 }
 
 void HybridEmbedding::finish_load_state() {
@@ -336,14 +390,17 @@ void HybridEmbedding::finish_load_state() {
   NoGradGuard no_grad;
   slot.copy_(staged_slot_);
   counts.copy_(staged_counts_);
-  const int64_t v = num_embeddings, h = hot_rows;
-  const int64_t* s = slot.data_ptr<int64_t>();
-  std::vector<int64_t> hot_src(static_cast<size_t>(h)), cold_src(static_cast<size_t>(v - h));  // slot -> row
-  for (int64_t r = 0; r < v; ++r) (s[r] >= 0 ? hot_src[s[r]] : cold_src[-s[r] - 1]) = r;
-  hot.copy_(internal::index_select(staged_weight_, 0, index_tensor(hot_src, Device::cpu())));
-  cold.copy_(internal::index_select(staged_weight_, 0, index_tensor(cold_src, Device::cpu())));
-  if (slot_given_) counting_ = false;  // the saved placement stands
-  staged_weight_ = staged_slot_ = staged_counts_ = Tensor();
+  const SlotRows rows = rows_by_slot(slot, hot_rows);  // slot -> row
+  copy_rows_in_chunks(hot.detach(), staged_weight_, rows.hot);
+  copy_rows_in_chunks(cold.detach(), staged_weight_, rows.cold);
+  if (calls_given_) {  // the saved counting phase: a resumed run rebalances at the same call as the one that saved
+    const int64_t n = staged_calls_.item<int64_t>();
+    counting_ = n >= 0 && count_batches > 0;
+    calls_counted_ = std::max<int64_t>(n, 0);
+  } else if (slot_given_) {
+    counting_ = false;  // the saved placement stands
+  }
+  staged_weight_ = staged_slot_ = staged_counts_ = staged_calls_ = Tensor();
 }
 
 void HybridEmbedding::to_own(const MoveRequest& request) {

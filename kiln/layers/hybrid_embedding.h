@@ -18,7 +18,11 @@
 // the device), the cold rows' in `cold` (on the host), so a sparse optimizer (optim::SGD, SparseAdam,
 // RowWiseAdagrad) given both parameters updates each row, and keeps its state, in the row's own tier.
 // state_dict() presents one logical table: "weight" (V, D) in row order on the CPU (a new tensor, not sharing the
-// tiers' memory), "slot" and "counts"; loading one restores the saved placement and scatters the table into the tiers.
+// tiers' memory), "slot", "counts" and "calls_counted" (where the counting of count_batches stands); loading one
+// restores the saved placement and counting phase and scatters the table into the tiers.
+// Host memory for a large table: state_dict() builds that one table beside the tiers (plus a host copy of the hot
+// tier); load_state_dict() takes the given table as it is (no staging copy) and writes it into the tiers 64 MiB of
+// rows at a time.
 // counts accumulate from construction (or from the loaded state): counts.zero_() forgets the past.
 // Today every lookup reads the ids on the host (placement, counts and the range check are there; ids on a GPU are
 // copied back, which waits for them) and the cold rows reach the device through one copy (gather_cold).
@@ -102,12 +106,16 @@ class HybridEmbedding : public Module {
   std::function<void(const RowSwaps&)> on_rebalance;
 
  protected:
-  // "weight" (V, D) (table()), "slot", "counts".
+  // "weight" (V, D) (table()), "slot", "counts", and "calls_counted" (an Int64 scalar: the forward calls counted so far
+  // while count_batches runs, -1 once its rebalance is done), so that a resumed run rebalances at the same step.
   StateDict own_state() const override;
-  // Staging copies of the three, filled with the current values (so a partial load keeps the rest); a given "slot"
-  // must place H rows in hot slots 0..H-1 and the others in cold slots 0..V-H-1, each once.
+  // The given "weight" itself when it is whole (read by finish_load_state, not copied), else a staging copy of the
+  // table; staging copies of the other three, filled with the current values (so a partial load keeps the rest). A
+  // given "slot" must place H rows in hot slots 0..H-1 and the others in cold slots 0..V-H-1, each once;
+  // "calls_counted" must be an integer >= -1.
   StateDict own_load_targets(const std::function<const Tensor*(const std::string&)>& given) override;
-  // Adopts the staged placement and counts, scatters the staged table into the tiers, and ends the counting phase.
+  // Adopts the staged placement, counts and counting phase (a "slot" given without "calls_counted" ends the
+  // counting phase), and scatters the table into the tiers.
   void finish_load_state() override;
   // The hot tier (and its dense gradient) follows the device; cold stays on the CPU (pinned when the device is a GPU)
   // and both follow a dtype; slot and counts stay.
@@ -124,8 +132,10 @@ class HybridEmbedding : public Module {
   std::vector<double> frequencies_;  // options.frequencies as doubles, or empty
   int64_t calls_counted_ = 0;        // training-mode forward calls counted so far (while counting)
   bool counting_ = false;            // the automatic rebalance is still ahead
-  bool slot_given_ = false;          // the load being staged has a "slot" (it then ends the counting)
-  Tensor staged_weight_, staged_slot_, staged_counts_;  // load_state_dict's staging (own_load_targets)
+  bool slot_given_ = false;   // the load being staged has a "slot" (without "calls_counted", it ends the counting)
+  bool calls_given_ = false;  // the load being staged has "calls_counted"
+  Tensor staged_weight_, staged_slot_, staged_counts_, staged_calls_;  // load_state_dict's staging (own_load_targets)
+  Tensor calls_state() const;  // "calls_counted": calls counted while counting, -1 once the counting phase is over
 };
 
 }  // namespace kiln::nn

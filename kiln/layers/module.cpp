@@ -365,8 +365,8 @@ Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) 
     if (it->second->shape() != target.shape()) {
       mismatched.push_back(detail::str_cat(key, ": expected shape ", shape_str(target.shape()), " vs given shape ",
                                            shape_str(it->second->shape())));
-    } else if (loaded.insert(target.impl_ptr().get()).second) {
-      to_copy.emplace_back(target, it->second);
+    } else if (loaded.insert(target.impl_ptr().get()).second && target.impl_ptr() != it->second->impl_ptr()) {
+      to_copy.emplace_back(target, it->second);  // (a target that is the given tensor itself is read by its module)
     }
   }
   for (const auto& [key, target] : targets)

@@ -279,7 +279,10 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual StateDict own_state() const;
   // The tensors load_state_dict() copies this module's own entries into: the names and shapes of own_state(). `given`
   // finds a given value by own name (null when absent); an override may refuse a value here (kiln::Error), which is
-  // before anything in the model changed. The default: its parameters and persistent buffers themselves.
+  // before anything in the model changed. An override may also return a given value itself (*given(name), the same
+  // tensor) as the target: nothing is copied for it, and the module reads it in finish_load_state, before
+  // load_state_dict returns (a table too large for a second copy in memory is taken that way). The default: its
+  // parameters and persistent buffers themselves.
   virtual StateDict own_load_targets(const std::function<const Tensor*(const std::string&)>& given);
   // Runs on every module, children first, after a load_state_dict() that copied values in. The default does nothing.
   virtual void finish_load_state() {}
