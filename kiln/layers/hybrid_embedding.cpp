@@ -13,8 +13,12 @@
 #include "kiln/autograd/sparse_grad.h"  // accumulate_sparse_grad, has_sparse_grad
 #include "kiln/layers/init.h"           // init::normal_
 #include "kiln/tensor/checked_size.h"   // checked_nbytes: the table's size
+#include "kiln/tensor/cuda.h"           // cuda::synchronize: waiting for mapped reads of the cold tier
 #include "kiln/tensor/error.h"          // KILN_CHECK
 #include "kiln/tensor/internal_ops.h"   // internal::index_select, cat, scatter_, ... (no autograd recording)
+#if KILN_WITH_CUDA
+#include "kiln/layers/cuda/hybrid_rows.h"  // gather_host_rows: cold rows read by a kernel (no CUDA header)
+#endif
 
 namespace kiln::nn {
 
@@ -99,7 +103,8 @@ HybridEmbedding::HybridEmbedding(int64_t num_embeddings, int64_t embedding_dim, 
       embedding_dim(embedding_dim),
       hot_rows(0),
       device(options.device),
-      count_batches(options.count_batches) {
+      count_batches(options.count_batches),
+      cold_reads(options.cold_reads) {
   const int64_t v = num_embeddings;
   KILN_CHECK(v > 0 && embedding_dim > 0, "HybridEmbedding: num_embeddings and embedding_dim must be positive, got ", v,
              " and ", embedding_dim);
@@ -176,8 +181,19 @@ int64_t HybridEmbedding::slot_of(int64_t row) const {
 }
 
 Tensor HybridEmbedding::gather_cold(const Tensor& cold_slots) const {
-  // On the CPU: index_select on the host table, then one copy of the (N, D) rows to the device.
+#if KILN_WITH_CUDA
+  if (device.is_cuda() && cold_reads == ColdReads::Mapped) {
+    Tensor out = internal::empty({cold_slots.numel(), embedding_dim}, {.dtype = cold.dtype(), .device = device});
+    cuda_impl::gather_host_rows(out, cold.detach(), internal::to(cold_slots, device));
+    return out;
+  }
+#endif
+  // index_select on the host table, then one copy of the (N, D) rows to the device.
   return internal::to(internal::index_select(cold.detach(), 0, cold_slots), device);
+}
+
+void HybridEmbedding::wait_for_cold_reads() const {
+  if (device.is_cuda() && cold_reads == ColdReads::Mapped) cuda::synchronize(device.index());
 }
 
 Tensor HybridEmbedding::forward(const Tensor& ids) {
@@ -245,6 +261,7 @@ RowSwaps HybridEmbedding::rebalance() {
     s[leaving[i].second] = -cold_slots[i] - 1;
   }
   RowSwaps swaps{index_tensor(hot_slots, Device::cpu()), index_tensor(cold_slots, Device::cpu())};
+  wait_for_cold_reads();
   {
     NoGradGuard no_grad;
     swap_rows(swaps, hot, cold);
@@ -387,6 +404,7 @@ StateDict HybridEmbedding::own_load_targets(const std::function<const Tensor*(co
 
 void HybridEmbedding::finish_load_state() {
   if (!staged_weight_.defined()) return;
+  wait_for_cold_reads();
   NoGradGuard no_grad;
   slot.copy_(staged_slot_);
   counts.copy_(staged_counts_);

@@ -25,7 +25,8 @@
 // rows at a time.
 // counts accumulate from construction (or from the loaded state): counts.zero_() forgets the past.
 // Today every lookup reads the ids on the host (placement, counts and the range check are there; ids on a GPU are
-// copied back, which waits for them) and the cold rows reach the device through one copy (gather_cold).
+// copied back, which waits for them). On a GPU the cold rows reach the device by cold_reads: gathered on the host and
+// copied (ColdReads::Copy), or read by a kernel from the page-locked table (ColdReads::Mapped).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,12 @@
 
 namespace kiln::nn {
 
+// How a lookup on a GPU brings the cold rows it needs to the device.
+enum class ColdReads {
+  Copy,    // gathered on the host, then one copy to the device
+  Mapped,  // read by a GPU kernel straight from the page-locked host table (no host gather, no staging copy)
+};
+
 // Options of nn::HybridEmbedding.
 struct HybridEmbeddingOptions {
   Device device = Device::cpu();  // where the hot rows live and where lookups return their rows
@@ -49,6 +56,7 @@ struct HybridEmbeddingOptions {
   // > 0: count the ids of the first count_batches training-mode forward calls, then rebalance once by itself (at the
   // start of the next forward call at which neither tier holds a gradient, so never between a backward and its step).
   int64_t count_batches = 0;
+  ColdReads cold_reads = ColdReads::Copy;  // on a GPU (ignored on the CPU); the member cold_reads can change it later
 };
 
 // Rows that a rebalance swapped between the tiers: hot row hot_slots[i] and cold row cold_slots[i] traded places.
@@ -98,6 +106,7 @@ class HybridEmbedding : public Module {
   int64_t hot_rows;        // H
   Device device;           // where hot lives (to() changes it)
   int64_t count_batches;   // options.count_batches
+  ColdReads cold_reads;    // options.cold_reads: how lookups on a GPU read cold rows
   Tensor hot;              // parameter (H, D) on the device: the hot rows, by hot slot
   Tensor cold;             // parameter (V - H, D) in host memory: the cold rows, by cold slot
   Tensor slot;             // buffer (V) Int64 on the CPU: row r's place, s >= 0 hot slot s, s < 0 cold slot -s - 1
@@ -123,8 +132,12 @@ class HybridEmbedding : public Module {
 
  private:
   // cold's rows at cold_slots ((N) Int64 on the CPU) as (N, D) on `device`: the one place cold rows cross to the
-  // device (a GPU kernel reading mapped pinned memory, or rows the data loader staged, slot in here).
+  // device, by cold_reads.
   Tensor gather_cold(const Tensor& cold_slots) const;
+  // Waits for GPU kernels that may still read the cold tier (ColdReads::Mapped) before the host writes it outside an
+  // optimizer step (rebalance, load). An optimizer's writes come after backward, which waited for the cold rows'
+  // gradients.
+  void wait_for_cold_reads() const;
   // Sets slot from per-row scores (V doubles): the top H hot. Used at construction (no values to move).
   void place_by(const std::vector<double>& score);
   std::vector<double> scores() const;  // counts + frequencies, per row
