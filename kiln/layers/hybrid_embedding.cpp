@@ -4,6 +4,7 @@
 
 #include <algorithm>  // std::nth_element, std::sort
 #include <cmath>      // std::llround, std::isfinite
+#include <cstring>    // std::memcpy: rows of the host tiers
 #include <numeric>    // std::iota
 #include <utility>
 #include <vector>
@@ -325,6 +326,14 @@ void copy_rows_in_chunks(const Tensor& dst, const Tensor& src, const std::vector
   if (k == 0) return;
   const int64_t row_bytes = std::max<int64_t>(1, src.numel() / std::max<int64_t>(1, src.size(0))) *
                             static_cast<int64_t>(element_size(src.dtype()));
+  if (dst.is_cpu() && src.is_cpu() && dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    auto* d = static_cast<char*>(dst.data_ptr());  // host rows by memcpy, at memory speed
+    const auto* from = static_cast<const char*>(src.data_ptr());
+    for (int64_t i = 0; i < k; ++i)
+      std::memcpy(d + i * row_bytes, from + rows[i] * row_bytes, static_cast<size_t>(row_bytes));
+    dst.impl().storage()->bump_version();
+    return;
+  }
   const int64_t chunk = std::max<int64_t>(1, (int64_t{64} << 20) / row_bytes);  // about 64 MiB of rows
   for (int64_t start = 0; start < k; start += chunk) {
     const int64_t n = std::min(chunk, k - start);
@@ -339,10 +348,18 @@ void copy_rows_in_chunks(const Tensor& dst, const Tensor& src, const std::vector
 Tensor HybridEmbedding::table() const {
   // One (V, D) tensor, each tier's rows written to their rows in place: at most the table and a host copy of the
   // hot tier beside the tiers, never a second table.
-  const SlotRows rows = rows_by_slot(slot, hot_rows);
   Tensor out = internal::empty({num_embeddings, embedding_dim}, {.dtype = cold.dtype()});
-  write_rows(out, index_tensor(rows.hot, Device::cpu()), internal::to(hot.detach(), Device::cpu()));
-  write_rows(out, index_tensor(rows.cold, Device::cpu()), cold.detach());
+  const Tensor h = internal::contiguous(internal::to(hot.detach(), Device::cpu(), cold.dtype()));
+  const Tensor c = internal::contiguous(cold.detach());
+  const int64_t row_bytes = embedding_dim * static_cast<int64_t>(element_size(out.dtype()));
+  const int64_t* s = slot.data_ptr<int64_t>();
+  auto* o = static_cast<char*>(out.data_ptr());
+  const auto* hp = static_cast<const char*>(h.data_ptr());
+  const auto* cp = static_cast<const char*>(c.data_ptr());
+  for (int64_t r = 0; r < num_embeddings; ++r) {
+    const char* from = s[r] >= 0 ? hp + s[r] * row_bytes : cp + (-s[r] - 1) * row_bytes;
+    std::memcpy(o + r * row_bytes, from, static_cast<size_t>(row_bytes));
+  }
   return out;
 }
 
