@@ -3,9 +3,9 @@
 # GPU"), one JSON line per run (recsys --bench-steps, bench/pytorch_recsys.py), then bench/recsys_table.py's table.
 #
 #   examples/recsys/bench_goals.sh build-gpu /tmp/rs build        # configure (CUDA, sm_90), build the recsys target
-#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g1 g2        # ~6 min on the H200 (estimate)
-#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3 table     # ~5 min
-#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3sgd table  # ~6 min, if time is left
+#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g1 g2        # estimated 460 s on the H200
+#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3 table     # estimated 375 s
+#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3sgd table  # estimated 420 s, if time is left
 #   KILN_RECSYS_SCALE=small examples/recsys/bench_goals.sh build-cpu /tmp/rs g1 g2 g3 table   # the CPU, tiny sizes
 #
 # Stages:
@@ -19,6 +19,7 @@
 #          largest size where SparseAdam's state fits (the largest table 10^7 x 128: 33.6M rows, 17 GB of tables,
 #          52 GB with state); G3_COMPILE=1 adds a torch.compile run of the dense part to each round.
 #   g3sgd  kiln and PyTorch with SGD on the tables, all on the GPU, at g1's size, G3SGD_ROUNDS (3) rounds.
+# The first stage to run on a fresh GPU machine is `build`; the measurements then take two invocations (g1 g2; g3).
 #   table  bench/recsys_table.py over every OUT_DIR/recsys_*.jsonl (also printed after every other stage).
 # Each stage appends its JSON lines to OUT_DIR/recsys_<stage>.jsonl and each run's full output to
 # OUT_DIR/logs/<run>.log (packed into OUT_DIR/logs.tar.gz at the end, and copied to $OUT with the rest: below).
@@ -57,8 +58,8 @@ if [[ "${KILN_RECSYS_SCALE:-full}" == small ]]; then  # the same runs at sizes a
   model=(--embedding-dim 16 --bottom-mlp 64 --top-mlp 64,32 --batch-size 256 --lr 0.1)
   timing=(--bench-warmup 25 --bench-steps 10 --bench-cycle 10)
   device=cpu
-  declare -A estimate=([g1_gpu]=30 [g1_hybrid]=30 [g2_small]=20 [g2_large]=30 [g3_kiln]=20 [g3_torch]=30
-                       [g3sgd_kiln]=30 [g3sgd_torch]=40)
+  declare -A estimate=([g1_gpu]=30 [g1_hybrid]=30 [g2_small]=20 [g2_large]=30 [g2_large_hybrid]=30 [g3_kiln]=20
+                       [g3_torch]=30 [g3sgd_kiln]=30 [g3sgd_torch]=40)
 else
   largest_goal=100000000 largest_g2_small=1000000 largest_g3=10000000 id_rows=1000000 hybrid_rows=1000000 g2_hot=100000
   # MLPerf DLRM's MLPs and row length; SGD at 0.1 for the MLPs (the example's recipe, a rate at which these wider
@@ -67,10 +68,11 @@ else
   timing=(--bench-warmup 30 --bench-steps 100 --bench-cycle 10)
   device=cuda
   # Seconds per run, estimated (not measured) from the 2-core development machine's figures: building the 10^8-row
-  # tables draws ~14e9 numbers on the host (kiln's tables start N(0, 1) on the CPU, ~44 ns of CPU time per number
-  # there: ~40 s on 16 cores) and copies them to the GPU or pins them; the rest is seconds.
-  declare -A estimate=([g1_gpu]=110 [g1_hybrid]=140 [g2_small]=40 [g2_large]=120 [g3_kiln]=40 [g3_torch]=30
-                       [g3sgd_kiln]=110 [g3sgd_torch]=60)
+  # model draws 14e9 to 16e9 numbers on the host (kiln's tables start N(0, 1) on the CPU, ~44 ns of CPU time per
+  # number there: ~40-45 s on 16 cores) and moves 63 GB to the GPU or pins 57 GB; the 10^7 model a quarter of that;
+  # PyTorch draws on the GPU. The steps themselves take seconds.
+  declare -A estimate=([g1_gpu]=90 [g1_hybrid]=110 [g2_small]=30 [g2_large]=90 [g2_large_hybrid]=110 [g3_kiln]=40
+                       [g3_torch]=35 [g3sgd_kiln]=90 [g3sgd_torch]=50)
 fi
 goal_sizes="$(sizes_with_largest "$largest_goal")"
 g2_small_sizes="$(sizes_with_largest "$largest_g2_small")"
@@ -157,7 +159,7 @@ for stage in "$@"; do
           run g2 g2_small "g2_small_gpu_r$r" $(kiln g2_small_gpu "$g2_small_sizes" "${common[@]}")
           run g2 g2_large "g2_large_gpu_r$r" $(kiln g2_large_gpu "$goal_sizes" "${common[@]}")
           run g2 g2_small "g2_small_hybrid_r$r" $(kiln g2_small_hybrid "$g2_small_sizes" "${common[@]}" "${hybrid[@]}")
-          run g2 g2_large "g2_large_hybrid_r$r" $(kiln g2_large_hybrid "$goal_sizes" "${common[@]}" "${hybrid[@]}")
+          run g2 g2_large_hybrid "g2_large_hybrid_r$r" $(kiln g2_large_hybrid "$goal_sizes" "${common[@]}" "${hybrid[@]}")
         }
       done
       ;;
