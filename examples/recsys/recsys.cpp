@@ -6,8 +6,8 @@
 // features, so there is something to learn and the best possible AUC is well above 0.5. The model is the DLRM
 // recipe: a bottom MLP for the dense features, one embedding table per categorical feature with row-sparse
 // gradients, the pairwise dot products of all 27 vectors, and a top MLP; the loss is binary cross-entropy. The
-// embedding tables are trained by optim::SGD on their sparse gradients, so a step costs what its looked-up rows
-// cost, whatever the tables' sizes.
+// embedding tables are trained by optim::SGD (or --table-optimizer: SparseAdam, RowWiseAdagrad) on their sparse
+// gradients, so a step costs what its looked-up rows cost, whatever the tables' sizes.
 //
 //   ./build/examples/recsys/recsys                                  # small tables, on the CPU in about 20 s
 //   ./build/examples/recsys/recsys --table-sizes 1000,100000,10000000 --embedding-dim 64 --device cuda
@@ -610,7 +610,7 @@ int main(int argc, char** argv) {
       std::vector<double> sorted = ms;
       std::sort(sorted.begin(), sorted.end());
       const double median = sorted[sorted.size() / 2];
-      const TableMemory mem = table_memory(*model, {&opt, table_opt.get() ? table_opt.get() : &opt});
+      const TableMemory mem = table_memory(*model, {&tables_opt});
       const auto [rss, rss_peak] = host_rss_gib();
       const double gib = 1.0 / static_cast<double>(1ull << 30);
       double mean_touched = 0;
