@@ -206,7 +206,7 @@ Tensor HybridEmbedding::forward(const Tensor& ids) {
   const int64_t n = host.numel(), v = num_embeddings;
   const int64_t* id = host.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i)
-    KILN_CHECK(id[i] >= 0 && id[i] < v, "HybridEmbedding (", v, " x ", embedding_dim, " table): id ", id[i],
+    KILN_CHECK(id[i] >= 0 && id[i] < v, display_name(), " (", v, " x ", embedding_dim, " table): id ", id[i],
                " at position ", i, " of the ids is out of range [0, ", v, ")");
 
   // The automatic rebalance, once count_batches calls were counted, at a call with no pending gradient.

@@ -76,8 +76,9 @@ class HybridEmbedding : public Module {
   // kiln::Error unless both sizes are positive, hot_rows is -1 or in [0, num_embeddings], hot_fraction in [0, 1],
   // count_batches >= 0, and frequencies (when given) is 1-D of num_embeddings numbers.
   HybridEmbedding(int64_t num_embeddings, int64_t embedding_dim, HybridEmbeddingOptions options = {});
-  // ids of any integer dtype on any device; kiln::Error naming the table and the id for one outside
-  // [0, num_embeddings). In training mode, adds the ids to counts.
+  // ids of any integer dtype on any device; kiln::Error naming the table (its place in the model, path(), and its
+  // shape: `HybridEmbedding "tables.3" (1000 x 16 table)`) and the id for one outside [0, num_embeddings), thrown
+  // by this call (the ids are checked on the host). In training mode, adds the ids to counts.
   Tensor forward(const Tensor& ids) override;
   // Makes the H rows of highest counts (+ frequencies) hot, ties to the lower row id; rows already in the right tier
   // stay where they are, so only the rows that change tier move. Values move exactly; the swaps are returned and

@@ -1,7 +1,8 @@
 // nn::HybridEmbedding on the CPU (both tiers in host memory, which tests the placement logic): lookups and sparse
 // gradients bit for bit as a plain sparse nn::Embedding holding the same table, SGD steps across a rebalance, the hot
 // set from a frequency table and from counted batches, rebalance moving values and optimizer state exactly, the
-// one-table state dict and its round trips (also through io::save_checkpoint), and the errors.
+// one-table state dict and its round trips (also through io::save_checkpoint), and the errors (a bad id's names the
+// table by its place in the model).
 #include <gtest/gtest.h>
 
 #include <cstring>  // std::memcpy: bytes of a tensor
@@ -475,6 +476,24 @@ TEST(HybridEmbedding, BadIdsNameTheTableAndTheId) {
   expect_error([&] { (void)emb(ids_of({-1}, {1})); }, {"HybridEmbedding", "id -1 at position 0"});
   expect_error([&] { (void)emb(make({1.0}, {1})); }, {"HybridEmbedding: expected integer ids", "float32"});
   EXPECT_EQ(values(emb.counts), std::vector<double>(10, 0.0));  // nothing counted
+}
+
+TEST(HybridEmbedding, BadIdsNameTheTableByItsPlaceInTheModel) {
+  // As DLRM: the tables in a ModuleList "tables" inside the model.
+  auto tables = nn::make<nn::ModuleList>();
+  tables->push_back(std::make_shared<nn::HybridEmbedding>(4, 2)).push_back(scattered());
+  nn::Sequential model;
+  model.append("tables", tables);
+  auto emb = tables->at<nn::HybridEmbedding>(1);
+  expect_error(
+      [&] {
+        (void)emb(ids_of({1, 10}, {2}));
+      },
+      {"HybridEmbedding \"tables.1\" (10 x 3 table)", "id 10 at position 1", "out of range [0, 10)"});
+  expect_error([&] { (void)emb(ids_of({-1}, {1})); }, {"HybridEmbedding \"tables.1\" (10 x 3 table)", "id -1"});
+  expect_error([&] { (void)tables->at<nn::HybridEmbedding>(0)(ids_of({4}, {1})); },
+               {"HybridEmbedding \"tables.0\" (4 x 2 table)", "id 4 at position 0"});
+  EXPECT_EQ(values(emb->counts), std::vector<double>(10, 0.0));  // nothing counted
 }
 
 TEST(HybridEmbedding, BadOptionsAreRefused) {
