@@ -25,6 +25,10 @@ class Embedding : public Module {
  public:
   // kiln::Error unless both sizes are positive and padding_idx lies in [-num_embeddings, num_embeddings).
   Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options = {});
+  // Integer indices (...) -> (..., embedding_dim). An index outside [0, num_embeddings) is a kiln::Error naming the
+  // table by its place in the model (path()), its shape and the index: `Embedding "tables.17" (1000 x 16 table):
+  // index 1000 is out of range for dim 0 of size 1000 ...` (`Embedding (1000 x 16 table): ...` outside a model).
+  // On a GPU the kernel finds it, and a later call raises it (kiln::IndexError) with the same name.
   Tensor forward(const Tensor& indices) override;
   // Redraws weight from N(0, 1) (from gen, or the default generator) and zeroes the padding row.
   void reset_parameters(Generator* gen = nullptr);

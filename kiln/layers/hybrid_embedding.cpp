@@ -4,6 +4,7 @@
 
 #include <algorithm>  // std::nth_element, std::sort
 #include <cmath>      // std::llround, std::isfinite
+#include <cstring>    // std::memcpy: rows of the host tiers
 #include <numeric>    // std::iota
 #include <utility>
 #include <vector>
@@ -13,8 +14,12 @@
 #include "kiln/autograd/sparse_grad.h"  // accumulate_sparse_grad, has_sparse_grad
 #include "kiln/layers/init.h"           // init::normal_
 #include "kiln/tensor/checked_size.h"   // checked_nbytes: the table's size
+#include "kiln/tensor/cuda.h"           // cuda::synchronize: waiting for mapped reads of the cold tier
 #include "kiln/tensor/error.h"          // KILN_CHECK
 #include "kiln/tensor/internal_ops.h"   // internal::index_select, cat, scatter_, ... (no autograd recording)
+#if KILN_WITH_CUDA
+#include "kiln/layers/cuda/hybrid_rows.h"  // gather_host_rows: cold rows read by a kernel (no CUDA header)
+#endif
 
 namespace kiln::nn {
 
@@ -99,7 +104,8 @@ HybridEmbedding::HybridEmbedding(int64_t num_embeddings, int64_t embedding_dim, 
       embedding_dim(embedding_dim),
       hot_rows(0),
       device(options.device),
-      count_batches(options.count_batches) {
+      count_batches(options.count_batches),
+      cold_reads(options.cold_reads) {
   const int64_t v = num_embeddings;
   KILN_CHECK(v > 0 && embedding_dim > 0, "HybridEmbedding: num_embeddings and embedding_dim must be positive, got ", v,
              " and ", embedding_dim);
@@ -176,8 +182,19 @@ int64_t HybridEmbedding::slot_of(int64_t row) const {
 }
 
 Tensor HybridEmbedding::gather_cold(const Tensor& cold_slots) const {
-  // On the CPU: index_select on the host table, then one copy of the (N, D) rows to the device.
+#if KILN_WITH_CUDA
+  if (device.is_cuda() && cold_reads == ColdReads::Mapped) {
+    Tensor out = internal::empty({cold_slots.numel(), embedding_dim}, {.dtype = cold.dtype(), .device = device});
+    cuda_impl::gather_host_rows(out, cold.detach(), internal::to(cold_slots, device));
+    return out;
+  }
+#endif
+  // index_select on the host table, then one copy of the (N, D) rows to the device.
   return internal::to(internal::index_select(cold.detach(), 0, cold_slots), device);
+}
+
+void HybridEmbedding::wait_for_cold_reads() const {
+  if (device.is_cuda() && cold_reads == ColdReads::Mapped) cuda::synchronize(device.index());
 }
 
 Tensor HybridEmbedding::forward(const Tensor& ids) {
@@ -189,7 +206,7 @@ Tensor HybridEmbedding::forward(const Tensor& ids) {
   const int64_t n = host.numel(), v = num_embeddings;
   const int64_t* id = host.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i)
-    KILN_CHECK(id[i] >= 0 && id[i] < v, "HybridEmbedding (", v, " x ", embedding_dim, " table): id ", id[i],
+    KILN_CHECK(id[i] >= 0 && id[i] < v, display_name(), " (", v, " x ", embedding_dim, " table): id ", id[i],
                " at position ", i, " of the ids is out of range [0, ", v, ")");
 
   // The automatic rebalance, once count_batches calls were counted, at a call with no pending gradient. With a
@@ -291,6 +308,7 @@ RowSwaps HybridEmbedding::place_and_swap() {
     s[leaving[i].second] = -cold_slots[i] - 1;
   }
   RowSwaps swaps{index_tensor(hot_slots, Device::cpu()), index_tensor(cold_slots, Device::cpu())};
+  wait_for_cold_reads();
   {
     NoGradGuard no_grad;
     swap_rows(swaps, hot, cold);
@@ -332,17 +350,71 @@ void HybridEmbedding::swap_state_rows(const RowSwaps& swaps, std::map<std::strin
   }
 }
 
-Tensor HybridEmbedding::table() const {
-  const int64_t v = num_embeddings, h = hot_rows;
+namespace {
+
+// Row r of the logical table for each slot: hot_rows_of[s] and cold_rows_of[s] (the inverse of slot).
+struct SlotRows {
+  std::vector<int64_t> hot, cold;
+};
+SlotRows rows_by_slot(const Tensor& slot, int64_t hot_rows) {
+  const int64_t v = slot.numel();
   const int64_t* s = slot.data_ptr<int64_t>();
-  std::vector<int64_t> at(static_cast<size_t>(v));  // row r is row at[r] of [hot; cold]
-  for (int64_t r = 0; r < v; ++r) at[r] = s[r] >= 0 ? s[r] : h + (-s[r] - 1);
-  const Tensor both = internal::cat({internal::to(hot.detach(), Device::cpu()), cold.detach()}, 0);  // (V, D)
-  return internal::index_select(both, 0, index_tensor(at, Device::cpu()));
+  SlotRows out{std::vector<int64_t>(static_cast<size_t>(hot_rows)),
+               std::vector<int64_t>(static_cast<size_t>(v - hot_rows))};
+  for (int64_t r = 0; r < v; ++r) (s[r] >= 0 ? out.hot[s[r]] : out.cold[-s[r] - 1]) = r;
+  return out;
+}
+
+// dst[i] = src[rows[i]] for every i (dst (K, D) on any device and dtype, src (V, D)), a bounded number of rows at a
+// time, so that no (K, D) temporary the size of the table is made.
+void copy_rows_in_chunks(const Tensor& dst, const Tensor& src, const std::vector<int64_t>& rows) {
+  const int64_t k = static_cast<int64_t>(rows.size());
+  if (k == 0) return;
+  const int64_t row_bytes = std::max<int64_t>(1, src.numel() / std::max<int64_t>(1, src.size(0))) *
+                            static_cast<int64_t>(element_size(src.dtype()));
+  if (dst.is_cpu() && src.is_cpu() && dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    auto* d = static_cast<char*>(dst.data_ptr());  // host rows by memcpy, at memory speed
+    const auto* from = static_cast<const char*>(src.data_ptr());
+    for (int64_t i = 0; i < k; ++i)
+      std::memcpy(d + i * row_bytes, from + rows[i] * row_bytes, static_cast<size_t>(row_bytes));
+    dst.impl().storage()->bump_version();
+    return;
+  }
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{64} << 20) / row_bytes);  // about 64 MiB of rows
+  for (int64_t start = 0; start < k; start += chunk) {
+    const int64_t n = std::min(chunk, k - start);
+    const std::vector<int64_t> part(rows.begin() + start, rows.begin() + start + n);
+    Tensor piece = internal::narrow(dst, 0, start, n);
+    piece.copy_(internal::index_select(src, 0, index_tensor(part, src.device())));
+  }
+}
+
+}  // namespace
+
+Tensor HybridEmbedding::table() const {
+  // One (V, D) tensor, each tier's rows written to their rows in place: at most the table and a host copy of the
+  // hot tier beside the tiers, never a second table.
+  Tensor out = internal::empty({num_embeddings, embedding_dim}, {.dtype = cold.dtype()});
+  const Tensor h = internal::contiguous(internal::to(hot.detach(), Device::cpu(), cold.dtype()));
+  const Tensor c = internal::contiguous(cold.detach());
+  const int64_t row_bytes = embedding_dim * static_cast<int64_t>(element_size(out.dtype()));
+  const int64_t* s = slot.data_ptr<int64_t>();
+  auto* o = static_cast<char*>(out.data_ptr());
+  const auto* hp = static_cast<const char*>(h.data_ptr());
+  const auto* cp = static_cast<const char*>(c.data_ptr());
+  for (int64_t r = 0; r < num_embeddings; ++r) {
+    const char* from = s[r] >= 0 ? hp + s[r] * row_bytes : cp + (-s[r] - 1) * row_bytes;
+    std::memcpy(o + r * row_bytes, from, static_cast<size_t>(row_bytes));
+  }
+  return out;
+}
+
+Tensor HybridEmbedding::calls_state() const {
+  return internal::full({}, counting_ ? calls_counted_ : -1, {.dtype = DType::Int64});
 }
 
 StateDict HybridEmbedding::own_state() const {
-  return {{"weight", table()}, {"slot", slot.detach()}, {"counts", counts.detach()}};
+  return {{"weight", table()}, {"slot", slot.detach()}, {"counts", counts.detach()}, {"calls_counted", calls_state()}};
 }
 
 StateDict HybridEmbedding::own_load_targets(const std::function<const Tensor*(const std::string&)>& given) {
@@ -371,27 +443,47 @@ StateDict HybridEmbedding::own_load_targets(const std::function<const Tensor*(co
       taken[i] = 1;
     }
   }
-  // Staging copies holding the current values, so that what the state lacks (strict = false) stays as it is.
-  staged_weight_ = table();
+  // The given table itself is the target when it is whole (nothing is copied: finish_load_state scatters it into the
+  // tiers); otherwise a staging copy of the current values, so that what the state lacks (strict = false) stays.
+  const Tensor* w = given("weight");
+  const Shape table_shape{v, embedding_dim};
+  staged_weight_ = w != nullptr && w->shape() == table_shape ? *w
+                   : w != nullptr ? internal::empty(table_shape)  // a mismatch: nothing loads
+                                  : table();
   staged_slot_ = slot.clone();
   staged_counts_ = counts.clone();
-  return {{"weight", staged_weight_}, {"slot", staged_slot_}, {"counts", staged_counts_}};
+  staged_calls_ = calls_state();
+  const Tensor* calls = given("calls_counted");
+  calls_given_ = calls != nullptr;
+  if (calls != nullptr && calls->shape() == Shape{}) {  // another shape is reported as a mismatch
+    KILN_CHECK(is_integral(calls->dtype()),
+               "HybridEmbedding.load_state_dict: \"calls_counted\" must be an integer, got ", calls->dtype());
+    const int64_t n = internal::to(calls->detach(), Device::cpu(), DType::Int64).item<int64_t>();
+    KILN_CHECK(n >= -1, "HybridEmbedding.load_state_dict: \"calls_counted\" is ", n,
+               "; it is the number of forward calls counted so far, or -1 once the counting phase is over");
+  }
+  return {
+      {"weight", staged_weight_}, {"slot", staged_slot_}, {"counts", staged_counts_}, {"calls_counted", staged_calls_}};
 }
 
 void HybridEmbedding::finish_load_state() {
   if (!staged_weight_.defined()) return;
+  wait_for_cold_reads();
   NoGradGuard no_grad;
   slot.copy_(staged_slot_);
   counts.copy_(staged_counts_);
-  const int64_t v = num_embeddings, h = hot_rows;
-  const int64_t* s = slot.data_ptr<int64_t>();
-  std::vector<int64_t> hot_src(static_cast<size_t>(h)), cold_src(static_cast<size_t>(v - h));  // slot -> row
-  for (int64_t r = 0; r < v; ++r) (s[r] >= 0 ? hot_src[s[r]] : cold_src[-s[r] - 1]) = r;
-  hot.copy_(internal::index_select(staged_weight_, 0, index_tensor(hot_src, Device::cpu())));
-  cold.copy_(internal::index_select(staged_weight_, 0, index_tensor(cold_src, Device::cpu())));
-  if (slot_given_) counting_ = false;                         // the saved placement stands
+  const SlotRows rows = rows_by_slot(slot, hot_rows);  // slot -> row
+  copy_rows_in_chunks(hot.detach(), staged_weight_, rows.hot);
+  copy_rows_in_chunks(cold.detach(), staged_weight_, rows.cold);
+  if (calls_given_) {  // the saved counting phase: a resumed run rebalances at the same call as the one that saved
+    const int64_t n = staged_calls_.item<int64_t>();
+    counting_ = n >= 0 && count_batches > 0;
+    calls_counted_ = std::max<int64_t>(n, 0);
+  } else if (slot_given_) {
+    counting_ = false;  // the saved placement stands
+  }
   if (counts_given_ && pending_.defined()) pending_.zero_();  // the loaded counts stand for every rank's
-  staged_weight_ = staged_slot_ = staged_counts_ = Tensor();
+  staged_weight_ = staged_slot_ = staged_counts_ = staged_calls_ = Tensor();
 }
 
 void HybridEmbedding::to_own(const MoveRequest& request) {

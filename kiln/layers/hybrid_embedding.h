@@ -18,7 +18,11 @@
 // the device), the cold rows' in `cold` (on the host), so a sparse optimizer (optim::SGD, SparseAdam,
 // RowWiseAdagrad) given both parameters updates each row, and keeps its state, in the row's own tier.
 // state_dict() presents one logical table: "weight" (V, D) in row order on the CPU (a new tensor, not sharing the
-// tiers' memory), "slot" and "counts"; loading one restores the saved placement and scatters the table into the tiers.
+// tiers' memory), "slot", "counts" and "calls_counted" (where the counting of count_batches stands); loading one
+// restores the saved placement and counting phase and scatters the table into the tiers.
+// Host memory for a large table: state_dict() builds that one table beside the tiers (plus a host copy of the hot
+// tier); load_state_dict() takes the given table as it is (no staging copy) and writes it into the tiers 64 MiB of
+// rows at a time.
 // counts accumulate from construction (or from the loaded state): counts.zero_() forgets the past.
 // Data parallelism with replicated tables (every rank holds the whole table; dist::all_gather_sparse_grads averages
 // the gradients): each rank sees only its own batches, so the ranks must agree on the counts before they place rows.
@@ -28,7 +32,8 @@
 // same placement. Every rank must make the same training-mode forward calls and call rebalance() (and agree_counts())
 // at the same points, as it does in a data-parallel loop.
 // Today every lookup reads the ids on the host (placement, counts and the range check are there; ids on a GPU are
-// copied back, which waits for them) and the cold rows reach the device through one copy (gather_cold).
+// copied back, which waits for them). On a GPU the cold rows reach the device by cold_reads: gathered on the host and
+// copied (ColdReads::Copy), or read by a kernel from the page-locked table (ColdReads::Mapped).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +45,12 @@
 #include "kiln/tensor/generator.h"  // Generator (reset_parameters)
 
 namespace kiln::nn {
+
+// How a lookup on a GPU brings the cold rows it needs to the device.
+enum class ColdReads {
+  Copy,    // gathered on the host, then one copy to the device
+  Mapped,  // read by a GPU kernel straight from the page-locked host table (no host gather, no staging copy)
+};
 
 // Options of nn::HybridEmbedding.
 struct HybridEmbeddingOptions {
@@ -54,6 +65,7 @@ struct HybridEmbeddingOptions {
   // With a count_reduction only a training-mode call rebalances by itself, once no rank's tiers hold a gradient (the
   // ranks decide together, so they rebalance at the same call; evaluation may run on some ranks only).
   int64_t count_batches = 0;
+  ColdReads cold_reads = ColdReads::Copy;  // on a GPU (ignored on the CPU); the member cold_reads can change it later
 };
 
 // Rows that a rebalance swapped between the tiers: hot row hot_slots[i] and cold row cold_slots[i] traded places.
@@ -73,9 +85,10 @@ class HybridEmbedding : public Module {
   // kiln::Error unless both sizes are positive, hot_rows is -1 or in [0, num_embeddings], hot_fraction in [0, 1],
   // count_batches >= 0, and frequencies (when given) is 1-D of num_embeddings numbers.
   HybridEmbedding(int64_t num_embeddings, int64_t embedding_dim, HybridEmbeddingOptions options = {});
-  // ids of any integer dtype on any device; kiln::Error naming the table and the id for one outside
-  // [0, num_embeddings). In training mode, adds the ids to counts (with a count_reduction: to this rank's pending
-  // counts).
+  // ids of any integer dtype on any device; kiln::Error naming the table (its place in the model, path(), and its
+  // shape: `HybridEmbedding "tables.3" (1000 x 16 table)`) and the id for one outside [0, num_embeddings), thrown
+  // by this call (the ids are checked on the host). In training mode, adds the ids to counts (with a
+  // count_reduction: to this rank's pending counts).
   Tensor forward(const Tensor& ids) override;
   // Makes the H rows of highest counts (+ frequencies) hot, ties to the lower row id; rows already in the right tier
   // stay where they are, so only the rows that change tier move. Values move exactly; the swaps are returned and
@@ -113,6 +126,7 @@ class HybridEmbedding : public Module {
   int64_t hot_rows;        // H
   Device device;           // where hot lives (to() changes it)
   int64_t count_batches;   // options.count_batches
+  ColdReads cold_reads;    // options.cold_reads: how lookups on a GPU read cold rows
   Tensor hot;              // parameter (H, D) on the device: the hot rows, by hot slot
   Tensor cold;             // parameter (V - H, D) in host memory: the cold rows, by cold slot
   Tensor slot;             // buffer (V) Int64 on the CPU: row r's place, s >= 0 hot slot s, s < 0 cold slot -s - 1
@@ -128,12 +142,16 @@ class HybridEmbedding : public Module {
   std::function<void(Tensor&)> count_reduction;
 
  protected:
-  // "weight" (V, D) (table()), "slot", "counts".
+  // "weight" (V, D) (table()), "slot", "counts", and "calls_counted" (an Int64 scalar: the forward calls counted so far
+  // while count_batches runs, -1 once its rebalance is done), so that a resumed run rebalances at the same step.
   StateDict own_state() const override;
-  // Staging copies of the three, filled with the current values (so a partial load keeps the rest); a given "slot"
-  // must place H rows in hot slots 0..H-1 and the others in cold slots 0..V-H-1, each once.
+  // The given "weight" itself when it is whole (read by finish_load_state, not copied), else a staging copy of the
+  // table; staging copies of the other three, filled with the current values (so a partial load keeps the rest). A
+  // given "slot" must place H rows in hot slots 0..H-1 and the others in cold slots 0..V-H-1, each once;
+  // "calls_counted" must be an integer >= -1.
   StateDict own_load_targets(const std::function<const Tensor*(const std::string&)>& given) override;
-  // Adopts the staged placement and counts, scatters the staged table into the tiers, and ends the counting phase.
+  // Adopts the staged placement, counts and counting phase (a "slot" given without "calls_counted" ends the
+  // counting phase), and scatters the table into the tiers.
   void finish_load_state() override;
   // The hot tier (and its dense gradient) follows the device; cold stays on the CPU (pinned when the device is a GPU)
   // and both follow a dtype; slot and counts stay.
@@ -141,8 +159,12 @@ class HybridEmbedding : public Module {
 
  private:
   // cold's rows at cold_slots ((N) Int64 on the CPU) as (N, D) on `device`: the one place cold rows cross to the
-  // device (a GPU kernel reading mapped pinned memory, or rows the data loader staged, slot in here).
+  // device, by cold_reads.
   Tensor gather_cold(const Tensor& cold_slots) const;
+  // Waits for GPU kernels that may still read the cold tier (ColdReads::Mapped) before the host writes it outside an
+  // optimizer step (rebalance, load). An optimizer's writes come after backward, which waited for the cold rows'
+  // gradients.
+  void wait_for_cold_reads() const;
   // Sets slot from per-row scores (V doubles): the top H hot. Used at construction (no values to move).
   void place_by(const std::vector<double>& score);
   std::vector<double> scores() const;  // counts + frequencies, per row
@@ -156,10 +178,12 @@ class HybridEmbedding : public Module {
   std::vector<double> frequencies_;  // options.frequencies as doubles, or empty
   int64_t calls_counted_ = 0;        // training-mode forward calls counted so far (while counting)
   bool counting_ = false;            // the automatic rebalance is still ahead
-  bool slot_given_ = false;          // the load being staged has a "slot" (it then ends the counting)
-  bool counts_given_ = false;        // the load being staged has "counts" (they replace the pending ones too)
-  Tensor pending_;                   // (V) Int64 on the CPU: this rank's lookups since the last agreement, or none
-  Tensor staged_weight_, staged_slot_, staged_counts_;  // load_state_dict's staging (own_load_targets)
+  bool slot_given_ = false;    // the load being staged has a "slot" (without "calls_counted", it ends the counting)
+  bool calls_given_ = false;   // the load being staged has "calls_counted"
+  bool counts_given_ = false;  // the load being staged has "counts" (they replace the pending ones too)
+  Tensor pending_;             // (V) Int64 on the CPU: this rank's lookups since the last agreement, or none
+  Tensor staged_weight_, staged_slot_, staged_counts_, staged_calls_;  // load_state_dict's staging (own_load_targets)
+  Tensor calls_state() const;  // "calls_counted": calls counted while counting, -1 once the counting phase is over
 };
 
 }  // namespace kiln::nn

@@ -3,6 +3,7 @@
 #include "kiln/layers/autocast_ops.h"
 
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "kiln/autograd/autocast.h"    // autocast::inputs: the reducer path runs as one op, as nn::batch_norm
@@ -11,6 +12,7 @@
 #include "kiln/layers/fp8_linear.h"    // nn::fp8_linear: Linear inside FP8 autocast regions
 #include "kiln/layers/functional.h"    // nn::linear, nn::batch_norm, ...
 #include "kiln/layers/init.h"          // PyTorch's default initialisation
+#include "kiln/tensor/backend.h"       // detail::IndexOpScope: a bad id names the table
 #include "kiln/tensor/checked_size.h"  // checked_nbytes: the weight's size
 #include "kiln/tensor/error.h"         // KILN_CHECK
 
@@ -87,6 +89,11 @@ void Embedding::reset_parameters(Generator* gen) {
 Tensor Embedding::forward(const Tensor& indices) {
   KILN_CHECK(is_integral(indices.dtype()), "Embedding: expected integer indices (Int64), got ", indices.dtype(),
              " of shape ", indices.shape());
+  // A bad id's error names this table (`Embedding "tables.17" (1000 x 16 table): index 1000 is out of range ...`):
+  // thrown by this call on the CPU, by a later call on a GPU (whose kernel records the scope's name at launch).
+  const std::string table =
+      kiln::detail::str_cat(display_name(), " (", num_embeddings, " x ", embedding_dim, " table)");
+  kiln::detail::IndexOpScope scope(table);
   return embedding(indices, weight, padding_idx, sparse);
 }
 

@@ -42,6 +42,42 @@ void throw_sliced_module(const Module& module) {
 
 Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
 
+Module::~Module() {
+  // A child shared elsewhere lives on: it must not point at this module any more.
+  for (const auto& [name, child] : children_) {
+    if (child->parent_ == this) {
+      child->parent_ = nullptr;
+      child->name_in_parent_.clear();
+    }
+  }
+}
+
+Module::Module(Module&& other) noexcept
+    : std::enable_shared_from_this<Module>(),
+      type_name_(std::move(other.type_name_)),
+      training_(other.training_),
+      parameters_(std::move(other.parameters_)),
+      buffers_(std::move(other.buffers_)),
+      children_(std::move(other.children_)) {
+  // The children's parent is now this module (other is left without children). This one has no parent: one that
+  // registered `other` holds `other`, not this.
+  for (const auto& [name, child] : children_)
+    if (child->parent_ == &other) child->parent_ = this;
+}
+
+std::string Module::path() const {
+  std::vector<const std::string*> names;  // this module's name first, the outermost parent's child's last
+  for (const Module* m = this; m->parent_ != nullptr; m = m->parent_) names.push_back(&m->name_in_parent_);
+  std::string out;
+  for (auto it = names.rbegin(); it != names.rend(); ++it) out = join_name(out, **it);
+  return out;
+}
+
+std::string Module::display_name() const {
+  const std::string where = path();
+  return where.empty() ? type_name_ : detail::str_cat(type_name_, " \"", where, "\"");
+}
+
 Tensor Module::forward(const Tensor&) {
   throw NotImplementedError(detail::str_cat(type_name_, " has no forward(const Tensor&): it takes other inputs; call ",
                                             "it with them through a handle of its own type (block(x, mask) on an ",
@@ -97,7 +133,15 @@ void Module::add_child(const std::string& name, ModulePtr module) {
              "\": the pointer is null; create it with std::make_shared first");
   KILN_CHECK(module.get() != this, type_name_, ": cannot register child module \"", name,
              "\": it is this module itself");
+  Module* child = module.get();
   children_.emplace_back(name, std::move(module));
+  // The first parent names the child (path()); one registered elsewhere already keeps that parent, and an ancestor
+  // of this module registered under it keeps none (a parent chain never loops).
+  if (child->parent_ != nullptr) return;
+  for (const Module* m = this; m != nullptr; m = m->parent_)
+    if (m == child) return;
+  child->parent_ = this;
+  child->name_in_parent_ = name;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -365,8 +409,8 @@ Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) 
     if (it->second->shape() != target.shape()) {
       mismatched.push_back(detail::str_cat(key, ": expected shape ", shape_str(target.shape()), " vs given shape ",
                                            shape_str(it->second->shape())));
-    } else if (loaded.insert(target.impl_ptr().get()).second) {
-      to_copy.emplace_back(target, it->second);
+    } else if (loaded.insert(target.impl_ptr().get()).second && target.impl_ptr() != it->second->impl_ptr()) {
+      to_copy.emplace_back(target, it->second);  // (a target that is the given tensor itself is read by its module)
     }
   }
   for (const auto& [key, target] : targets)

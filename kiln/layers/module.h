@@ -28,7 +28,11 @@
 // it shares the module. Modules cannot be copied, but they can be moved while nothing holds them yet:
 // that is how a module value (nn::Linear(4, 2)) enters a container or register_module, which move it
 // into a new handle. Nothing in a module points at the module itself (its parameters, buffers and
-// children are shared handles), so the moved module is the same module under a new address.
+// children are shared handles; a child's pointer back to its parent follows the move), so the moved module is
+// the same module under a new address.
+// A module knows where it sits in a model: the first parent that registers it (a module shared by several keeps
+// the first), so path() is "tables.17" or "encoder.layer.3.attention.self", which errors name (nn::Embedding's
+// bad ids: `Embedding "tables.17" (1000 x 16 table): index 1000 is out of range ...`).
 // Parameters are Tensor handles: to() changes their device or dtype in place, so handles held elsewhere
 // (an optimizer, a data-parallel wrapper) stay valid.
 #pragma once
@@ -170,17 +174,24 @@ class Module : public std::enable_shared_from_this<Module> {
   // A module with no parameters, buffers or children, in training mode; type_name names it in profiler ranges,
   // summaries and errors.
   explicit Module(std::string type_name = "Module");
-  virtual ~Module() = default;
+  // Children that live on (shared elsewhere) forget this module as their parent: their path() loses it.
+  virtual ~Module();
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
   // Moving is how a module value enters a handle (containers, register_module, nn::make): the new module
-  // takes over the parameters, buffers and children (the same tensors and modules), and the moved-from one is
-  // left empty. Move a module only before anything holds it or its tensors by reference.
-  Module(Module&&) noexcept = default;
+  // takes over the parameters, buffers and children (the same tensors and modules; the children's parent is now
+  // the new module), and the moved-from one is left empty. The new module has no parent: a parent holds the
+  // moved-from one. Move a module only before anything holds it or its tensors by reference.
+  Module(Module&& other) noexcept;
   Module& operator=(Module&&) = delete;
 
   // The type shown in summaries and error messages ("Linear", "Conv2d", ...).
   const std::string& type_name() const { return type_name_; }
+  // Where the module sits in its model: the dotted names from the outermost parent that is still alive down to this
+  // module, as named_modules() of that parent lists it ("tables.17", "encoder.layer.3.attention.self"); "" for a
+  // module that no module registered. The parent is the first module that registered this one (register_module
+  // or a container); a module shared by several parents keeps that first one, and loses it when it is destroyed.
+  std::string path() const;
 
   // The computation of modules that map one tensor to one tensor (every layer in a Sequential).
   // Modules with other inputs define their own forward (of any arguments and result), called through a
@@ -271,6 +282,8 @@ class Module : public std::enable_shared_from_this<Module> {
   void add_child(const std::string& name, ModulePtr module);
   // Renames the module's type (what type_name() returns).
   void set_type_name(std::string name) { type_name_ = std::move(name); }
+  // How errors name this module: the type and, inside a model, the path: `Embedding "tables.17"`, or `Embedding`.
+  std::string display_name() const;
 
   // ---- hooks for a module whose stored tensors differ from what it presents (nn::HybridEmbedding keeps its
   // table in two parameters on two devices but presents one "weight"). Names are relative to the module. ----
@@ -279,7 +292,10 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual StateDict own_state() const;
   // The tensors load_state_dict() copies this module's own entries into: the names and shapes of own_state(). `given`
   // finds a given value by own name (null when absent); an override may refuse a value here (kiln::Error), which is
-  // before anything in the model changed. The default: its parameters and persistent buffers themselves.
+  // before anything in the model changed. An override may also return a given value itself (*given(name), the same
+  // tensor) as the target: nothing is copied for it, and the module reads it in finish_load_state, before
+  // load_state_dict returns (a table too large for a second copy in memory is taken that way). The default: its
+  // parameters and persistent buffers themselves.
   virtual StateDict own_load_targets(const std::function<const Tensor*(const std::string&)>& given);
   // Runs on every module, children first, after a load_state_dict() that copied values in. The default does nothing.
   virtual void finish_load_state() {}
@@ -309,6 +325,10 @@ class Module : public std::enable_shared_from_this<Module> {
 
   std::string type_name_;
   bool training_ = true;
+  // The module that registered this one first, and this one's name there (see path()). Not owning: a parent
+  // clears it in its destructor, and a moved parent points its children at the new module.
+  Module* parent_ = nullptr;
+  std::string name_in_parent_;
   std::vector<std::pair<std::string, Tensor>> parameters_;
   std::vector<BufferSlot> buffers_;
   std::vector<std::pair<std::string, ModulePtr>> children_;

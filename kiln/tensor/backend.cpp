@@ -60,7 +60,9 @@ namespace {
 thread_local std::string_view t_index_op;
 }  // namespace
 
-detail::IndexOpScope::IndexOpScope(std::string_view op) : previous_(t_index_op) { t_index_op = op; }
+detail::IndexOpScope::IndexOpScope(std::string_view op) : previous_(t_index_op) {
+  if (t_index_op.empty()) t_index_op = op;  // an outer scope (a module's label) keeps its name
+}
 detail::IndexOpScope::~IndexOpScope() { t_index_op = previous_; }
 std::string_view detail::IndexOpScope::current() { return t_index_op; }
 

@@ -244,14 +244,18 @@ Allocator* pinned_host_allocator();
 
 namespace detail {
 // The op a user called (embedding, index_add, one_hot...) while it runs a backend's index kernels, on this
-// thread: a backend that finds a bad index only after the call returned (CUDA) names this op in its error.
+// thread: the backends name this op, rather than their kernel, in a bad index's error (the CPU's at once; CUDA's,
+// found after the call returned, at a later call). The outermost scope names it: a module opens one with its own
+// label around its call (nn::Embedding: `Embedding "tables.17" (1000 x 16 table)`), and the ops it calls
+// (embedding opens "embedding") keep that label, so the error names the table rather than the op inside it.
 class IndexOpScope {
  public:
-  explicit IndexOpScope(std::string_view op);  // viewed, not copied: op must outlive the scope
+  // Names `op`, unless an outer scope on this thread already names one. Viewed, not copied: op must outlive the scope.
+  explicit IndexOpScope(std::string_view op);
   ~IndexOpScope();
   IndexOpScope(const IndexOpScope&) = delete;
   IndexOpScope& operator=(const IndexOpScope&) = delete;
-  static std::string_view current();  // empty outside every scope
+  static std::string_view current();  // the outermost scope's op; empty outside every scope
 
  private:
   std::string_view previous_;

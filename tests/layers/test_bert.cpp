@@ -360,6 +360,14 @@ TEST(Bert, BadInput) {
         mlm.forward(zeros({2, 5}, {.dtype = DType::Int64}), {}, {}, zeros({2, 4}, {.dtype = DType::Int64}));
       },
       {"BertForMaskedLM", "labels", "[2, 4]"});
+  // A token id past the vocabulary: the error names the table by its place in the model, and the id.
+  EXPECT_EQ(mlm.bert->encoder->layer->at<models::BertLayer>(1)->attention->self->path(),
+            "bert.encoder.layer.1.attention.self");
+  expect_error(
+      [&] {
+        mlm.forward(ids({3, 50}, {1, 2}), {}, {}, {});
+      },
+      {"Embedding \"bert.embeddings.word_embeddings\" (50 x 16 table)", "index 50", "out of range"});
 }
 
 }  // namespace

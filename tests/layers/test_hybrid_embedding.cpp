@@ -1,7 +1,8 @@
 // nn::HybridEmbedding on the CPU (both tiers in host memory, which tests the placement logic): lookups and sparse
 // gradients bit for bit as a plain sparse nn::Embedding holding the same table, SGD steps across a rebalance, the hot
 // set from a frequency table and from counted batches, rebalance moving values and optimizer state exactly, the
-// one-table state dict and its round trips (also through io::save_checkpoint), and the errors.
+// one-table state dict and its round trips (also through io::save_checkpoint), and the errors (a bad id's names the
+// table by its place in the model).
 #include <gtest/gtest.h>
 
 #include <cstring>  // std::memcpy: bytes of a tensor
@@ -250,6 +251,43 @@ TEST(HybridEmbedding, HotRowsComeFromCountingTheFirstBatches) {
   EXPECT_LT(emb.slot_of(2), 0);
 }
 
+TEST(HybridEmbedding, AStateSavedWhileCountingResumesTheCountingPhase) {
+  // Saved after 1 of 3 counted calls: the loaded table rebalances after 2 more calls, as the saving one does.
+  manual_seed(17);
+  nn::HybridEmbedding a(8, 2, {.hot_rows = 2, .count_batches = 3});
+  (void)a(ids_of({5, 5, 6}, {3}));
+  const nn::StateDict sd = a.state_dict();
+  EXPECT_EQ(sd[3].second.item<int64_t>(), 1);
+  manual_seed(18);
+  nn::HybridEmbedding b(8, 2, {.hot_rows = 2, .count_batches = 3});
+  (void)b(ids_of({1, 1, 1}, {3}));
+  (void)b(ids_of({1, 1, 1}, {3}));  // two calls of its own, forgotten by the load
+  b.load_state_dict(sd);
+  for (nn::HybridEmbedding* e : {&a, &b}) {
+    (void)(*e)(ids_of({6, 7}, {2}));
+    (void)(*e)(ids_of({7}, {1}));
+    EXPECT_GE(e->slot_of(0), 0);  // three calls counted, the rebalance waits for the next call
+    (void)(*e)(ids_of({0}, {1}));
+    EXPECT_LT(e->slot_of(0), 0);
+    EXPECT_GE(e->slot_of(5), 0);
+    EXPECT_GE(e->slot_of(6), 0);
+  }
+  EXPECT_EQ(bytes_of(b.table()), bytes_of(a.table()));
+  EXPECT_EQ(b.state_dict()[3].second.item<int64_t>(), -1);
+  // A state without "calls_counted" (an older one) keeps its saved placement: the counting phase ends.
+  nn::HybridEmbedding c(8, 2, {.hot_rows = 2, .count_batches = 3});
+  nn::StateDict old = sd;
+  old.pop_back();
+  c.load_state_dict(old, /*strict=*/false);
+  EXPECT_EQ(c.state_dict()[3].second.item<int64_t>(), -1);
+  // A bad value is refused before anything changes.
+  nn::StateDict bad = sd;
+  bad[3].second = internal::full({}, -2, {.dtype = DType::Int64});
+  expect_error([&] { c.load_state_dict(bad); }, {"\"calls_counted\" is -2", "or -1 once the counting phase is over"});
+  bad[3].second = internal::full({}, 1.5);
+  expect_error([&] { c.load_state_dict(bad); }, {"\"calls_counted\" must be an integer"});
+}
+
 TEST(HybridEmbedding, RebalanceMovesOnlyTheRowsThatChangeTierAndCarriesTheirState) {
   manual_seed(7);
   auto emb = scattered(3);  // hot: 2, 4, 7, 9
@@ -291,7 +329,7 @@ TEST(HybridEmbedding, StateDictPresentsOneLogicalTable) {
   auto emb = scattered();
   (void)emb(ids_of({1, 1, 9}, {3}));
   const nn::StateDict sd = emb.state_dict();
-  ASSERT_EQ(sd.size(), 3u);
+  ASSERT_EQ(sd.size(), 4u);
   EXPECT_EQ(sd[0].first, "weight");
   EXPECT_EQ(sd[0].second.shape(), (Shape{10, 3}));
   EXPECT_TRUE(sd[0].second.is_cpu());
@@ -299,13 +337,16 @@ TEST(HybridEmbedding, StateDictPresentsOneLogicalTable) {
   EXPECT_EQ(sd[1].first, "slot");
   EXPECT_EQ(sd[2].first, "counts");
   EXPECT_EQ(values(sd[2].second), (std::vector<double>{0, 2, 0, 0, 0, 0, 0, 0, 0, 1}));
+  EXPECT_EQ(sd[3].first, "calls_counted");  // no counting phase: -1
+  EXPECT_EQ(sd[3].second.shape(), Shape{});
+  EXPECT_EQ(sd[3].second.item<int64_t>(), -1);
   // Row 7 of the logical table is hot slot 2.
   EXPECT_EQ(bytes_of(sd[0].second.select(0, 7)), bytes_of(emb.hot.select(0, 2)));
   // Inside a model, under its name; parameters() still lists the tiers (what optimizers update).
   nn::Sequential seq{std::make_shared<nn::HybridEmbedding>(6, 2, nn::HybridEmbeddingOptions{.hot_rows = 2})};
   std::vector<std::string> names;
   for (const auto& [name, t] : seq.state_dict()) names.push_back(name);
-  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.slot", "0.counts"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.slot", "0.counts", "0.calls_counted"}));
   names.clear();
   for (const auto& [name, t] : seq.named_parameters()) names.push_back(name);
   EXPECT_EQ(names, (std::vector<std::string>{"0.hot", "0.cold"}));
@@ -330,9 +371,30 @@ TEST(HybridEmbedding, StateDictLoadsIntoAnotherPlacement) {
   nn::HybridEmbedding c(10, 3, {.hot_rows = 4});
   nn::Embedding plain(10, 3);
   const auto result = c.load_state_dict(plain.state_dict(), /*strict=*/false);
-  EXPECT_EQ(result.missing_keys, (std::vector<std::string>{"slot", "counts"}));
+  EXPECT_EQ(result.missing_keys, (std::vector<std::string>{"slot", "counts", "calls_counted"}));
   EXPECT_EQ(c.slot_of(0), 0);
   EXPECT_EQ(bytes_of(c.table()), bytes_of(plain.weight));
+}
+
+TEST(HybridEmbedding, LoadTakesTheGivenTableInPiecesInAnyDtypeAndLayout) {
+  // Rows of 16.8 MB: the tiers are written from the given table 3 rows (64 MiB) at a time, so the 5 cold rows take two
+  // pieces. The table is given as Float64 columns 1..D of a (V, D + 1) tensor: read as it is, cast on the way.
+  constexpr int64_t d = 4'200'000;
+  manual_seed(15);
+  nn::HybridEmbedding a(7, d, {.hot_rows = 2, .frequencies = make({0, 3, 0, 1, 0, 9, 0}, {7})});  // rows 5, 1 hot
+  const Tensor given = cat({zeros({7, 1}), a.table()}, 1).to(DType::Float64).narrow(1, 1, d);  // (V, D), strided
+  ASSERT_FALSE(given.is_contiguous());
+  const std::vector<uint8_t> given_before = bytes_of(given);
+  manual_seed(16);
+  nn::HybridEmbedding b(7, d, {.hot_rows = 2});  // rows 0, 1 hot, other values
+  const auto result = b.load_state_dict(
+      {{"weight", given}, {"slot", a.slot}, {"counts", a.counts}, {"calls_counted", a.state_dict()[3].second}});
+  EXPECT_TRUE(result.missing_keys.empty());
+  EXPECT_EQ(b.slot_of(5), a.slot_of(5));
+  EXPECT_EQ(bytes_of(b.hot), bytes_of(a.hot));    // Float64 of Float32 values casts back exactly
+  EXPECT_EQ(bytes_of(b.cold), bytes_of(a.cold));  // five rows, two pieces
+  EXPECT_EQ(bytes_of(given), given_before);       // the given table is read, not written
+  EXPECT_EQ(b.cold.dtype(), DType::Float32);
 }
 
 TEST(HybridEmbedding, BadSavedPlacementsAreRefusedAndChangeNothing) {
@@ -519,6 +581,24 @@ TEST(HybridEmbedding, BadIdsNameTheTableAndTheId) {
   expect_error([&] { (void)emb(ids_of({-1}, {1})); }, {"HybridEmbedding", "id -1 at position 0"});
   expect_error([&] { (void)emb(make({1.0}, {1})); }, {"HybridEmbedding: expected integer ids", "float32"});
   EXPECT_EQ(values(emb.counts), std::vector<double>(10, 0.0));  // nothing counted
+}
+
+TEST(HybridEmbedding, BadIdsNameTheTableByItsPlaceInTheModel) {
+  // As DLRM: the tables in a ModuleList "tables" inside the model.
+  auto tables = nn::make<nn::ModuleList>();
+  tables->push_back(std::make_shared<nn::HybridEmbedding>(4, 2)).push_back(scattered());
+  nn::Sequential model;
+  model.append("tables", tables);
+  auto emb = tables->at<nn::HybridEmbedding>(1);
+  expect_error(
+      [&] {
+        (void)emb(ids_of({1, 10}, {2}));
+      },
+      {"HybridEmbedding \"tables.1\" (10 x 3 table)", "id 10 at position 1", "out of range [0, 10)"});
+  expect_error([&] { (void)emb(ids_of({-1}, {1})); }, {"HybridEmbedding \"tables.1\" (10 x 3 table)", "id -1"});
+  expect_error([&] { (void)tables->at<nn::HybridEmbedding>(0)(ids_of({4}, {1})); },
+               {"HybridEmbedding \"tables.0\" (4 x 2 table)", "id 4 at position 0"});
+  EXPECT_EQ(values(emb->counts), std::vector<double>(10, 0.0));  // nothing counted
 }
 
 TEST(HybridEmbedding, BadOptionsAreRefused) {

@@ -311,6 +311,48 @@ TEST(Layers, BadInputNamesTheLayerAndTheShapes) {
   expect_error([] { nn::Dropout(1.0); }, {"Dropout", "[0, 1)"});
 }
 
+// As DLRM: embedding tables in a ModuleList "tables" (a plain one, one with a padding row, one with sparse gradients).
+struct Tables : nn::Module {
+  nn::Handle<nn::ModuleList> tables;
+  Tables() : Module("Tables") {
+    tables = register_module("tables", nn::ModuleList{nn::Embedding(4, 2), nn::Embedding(5, 2, {.padding_idx = 0}),
+                                                      nn::Embedding(6, 3, {.sparse = true})});
+  }
+};
+
+TEST_P(LayersTest, BadEmbeddingIdsNameTheTableAndTheId) {
+  auto model = nn::make<Tables>();
+  model->to(dev());
+  const auto ids = [&](const std::vector<double>& v) {
+    return make(v, {static_cast<int64_t>(v.size())}, opts(DType::Int64));
+  };
+  // On the CPU the call throws (a kiln::Error); on a GPU the kernel records the bad id and a later call, here the
+  // copy back, raises it (a kiln::IndexError), naming the table as the module named it at launch.
+  const auto lookup = [&](int64_t table, const std::vector<double>& v) {
+    return [&, table, v] { (void)model->tables->at<nn::Embedding>(table)(ids(v)).cpu(); };
+  };
+  expect_error(lookup(0, {1, 4}), {"Embedding \"tables.0\" (4 x 2 table)", "index 4", "out of range", "size 4"});
+  expect_error(lookup(0, {-1}), {"Embedding \"tables.0\" (4 x 2 table)", "index -1", "out of range"});
+  expect_error(lookup(1, {0, 5}), {"Embedding \"tables.1\" (5 x 2 table)", "index 5", "size 5"});  // padding_idx
+  expect_error(lookup(2, {6}), {"Embedding \"tables.2\" (6 x 3 table)", "index 6", "size 6"});     // sparse
+  expect_error(lookup(2, {-3}), {"Embedding \"tables.2\" (6 x 3 table)", "index -3"});
+  if (dev().is_cpu()) {
+    expect_error([&] { (void)model->tables->at<nn::Embedding>(0)(ids({4})); }, {"Embedding \"tables.0\"", "index 4"});
+  } else {
+    EXPECT_THROW(lookup(0, {4})(), IndexError);
+  }
+  // A good lookup still works, and an embedding outside any module names the op again (the module's name was
+  // scoped to its call).
+  auto table = model->tables->at<nn::Embedding>(0);
+  expect_values(table(ids({3})), {1, 2}, values(table->weight.select(0, 3)));
+  expect_error([&] { (void)nn::embedding(ids({4}), table->weight).cpu(); }, {"embedding: index 4", "size 4"});
+
+  // A table in no model is named by its type and shape alone.
+  nn::Embedding lone(5, 3);
+  lone.to(dev());
+  expect_error([&] { (void)lone(ids({2, 5})).cpu(); }, {"Embedding (5 x 3 table): index 5", "out of range", "size 5"});
+}
+
 KILN_INSTANTIATE_BACKENDS(LayersTest);
 
 }  // namespace

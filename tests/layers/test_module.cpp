@@ -1,5 +1,6 @@
 // nn::Module and the containers: registration, dotted names and their order, tied weights, modes,
-// in-place to(), zero_grad, state_dict round trips and load errors, summary, Sequential/ModuleList/ModuleDict.
+// in-place to(), zero_grad, state_dict round trips and load errors, summary, Sequential/ModuleList/ModuleDict,
+// and where a module sits in its model (path()) through moves, sharing and destruction.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -404,6 +405,114 @@ TEST(ModuleDict, KeysInInsertionOrderAndMissingKeyError) {
   expect_error([&] { dict.insert("enc", std::make_shared<Scale>(1.0)); }, {"ModuleDict", "\"enc\"", "already"});
   expect_error([&] { dict.insert("a.b", std::make_shared<Scale>(1.0)); }, {"ModuleDict", "\"a.b\""});
   EXPECT_EQ(dict.size(), 3);
+}
+
+// ---- where a module sits: path() ----
+
+// A module with a child registered from a value (moved in): inner, a Leaf(2, 2).
+struct Wrapper : nn::Module {
+  std::shared_ptr<Leaf> inner;
+  Wrapper() : Module("Wrapper") { inner = register_module("inner", Leaf(2, 2)); }
+};
+
+// As a DLRM model: "tables" (a ModuleList built from values, then appended to) and "heads" (a ModuleDict).
+struct Tables : nn::Module {
+  nn::Handle<nn::ModuleList> tables;
+  nn::Handle<nn::ModuleDict> heads;
+  Tables() : Module("Tables") {
+    tables = register_module("tables", nn::ModuleList{Leaf(2, 2), Leaf(2, 2)});
+    tables->push_back(Leaf(2, 2));
+    heads = register_module("heads", nn::ModuleDict());
+    heads->insert("cls", nn::Sequential{Leaf(2, 3), AddConst(1.0)});
+  }
+};
+
+TEST(ModulePath, NestedModulesKnowTheirDottedPath) {
+  auto net = std::make_shared<Net>();
+  EXPECT_EQ(net->path(), "");
+  EXPECT_EQ(net->encoder->path(), "encoder");
+  EXPECT_EQ(net->seq->path(), "seq");
+  EXPECT_EQ((*net->seq)[2]->path(), "seq.2");
+  EXPECT_EQ((*net->blocks)[1]->path(), "blocks.1");
+  // Each module's path is the name that named_modules() of the outermost module gives it.
+  for (const auto& [name, m] : net->named_modules()) EXPECT_EQ(m->path(), name);
+  // The model inside a container: every path gains the container's name for it.
+  nn::ModuleList outer;
+  outer.push_back(std::make_shared<AddConst>(0.0)).push_back(net);
+  EXPECT_EQ(net->path(), "1");
+  EXPECT_EQ((*net->seq)[2]->path(), "1.seq.2");
+  for (const auto& [name, m] : outer.named_modules()) EXPECT_EQ(m->path(), name);
+}
+
+TEST(ModulePath, ContainersNameTheirChildrenByIndexOrKey) {
+  auto model = nn::make<Tables>();
+  EXPECT_EQ((*model->tables)[0]->path(), "tables.0");
+  EXPECT_EQ((*model->tables)[2]->path(), "tables.2");  // appended after the list was moved into its handle
+  auto cls = std::dynamic_pointer_cast<nn::Sequential>((*model->heads)["cls"]);
+  ASSERT_NE(cls, nullptr);
+  EXPECT_EQ(cls->path(), "heads.cls");
+  EXPECT_EQ((*cls)[1]->path(), "heads.cls.1");
+  for (const auto& [name, m] : model->named_modules()) EXPECT_EQ(m->path(), name);
+}
+
+TEST(ModulePath, AMovedModuleTakesItsChildrenAlong) {
+  Wrapper w;
+  const std::shared_ptr<Leaf> inner = w.inner;
+  EXPECT_EQ(inner->path(), "inner");
+  nn::Sequential seq{std::move(w), AddConst(0.0)};  // w moved into a new handle, named "0"; w is gone
+  EXPECT_EQ(seq[0]->path(), "0");
+  EXPECT_EQ(inner->path(), "0.inner");  // its parent is the moved-in Wrapper
+  // The container itself moved twice (to the stack, then into a handle of another container): the chain follows.
+  nn::Sequential moved = std::move(seq);
+  EXPECT_EQ(moved.path(), "");
+  EXPECT_EQ(inner->path(), "0.inner");  // the Wrapper's parent is now `moved`
+  nn::ModuleList holder;
+  holder.push_back(std::make_shared<AddConst>(0.0)).push_back(std::move(moved));
+  EXPECT_EQ(holder[1]->path(), "1");
+  EXPECT_EQ(inner->path(), "1.0.inner");
+  for (const auto& [name, m] : holder.named_modules()) EXPECT_EQ(m->path(), name);
+}
+
+TEST(ModulePath, ASharedChildKeepsItsFirstParentWhileThatLives) {
+  auto shared = std::make_shared<Leaf>(2, 2);
+  auto first = nn::make<nn::ModuleDict>();
+  first->insert("a", shared);
+  nn::Sequential second{std::make_shared<AddConst>(0.0), shared};
+  EXPECT_EQ(shared->path(), "a");                                      // the first registration wins
+  EXPECT_EQ(names_of(second.named_modules()), (Names{"", "0", "1"}));  // each parent lists it under its own name
+  // The first parent is destroyed while the child lives on (in `second`): the child forgets it; nothing dangles.
+  first.reset();
+  EXPECT_EQ(shared->path(), "");
+  // Registered again, it takes the new parent.
+  nn::ModuleList third;
+  third.push_back(shared);
+  EXPECT_EQ(shared->path(), "0");
+}
+
+TEST(ModulePath, AParentDestroyedBeforeItsChild) {
+  std::shared_ptr<Leaf> child;
+  {
+    Wrapper w;  // on the stack
+    child = w.inner;
+    EXPECT_EQ(child->path(), "inner");
+  }
+  EXPECT_EQ(child->path(), "");
+  // A grandparent destroyed: the path starts at the parent that is left.
+  auto mid = nn::make<Wrapper>();
+  {
+    nn::ModuleList top;
+    top.push_back(mid);
+    EXPECT_EQ(mid->inner->path(), "0.inner");
+  }
+  EXPECT_EQ(mid->path(), "");
+  EXPECT_EQ(mid->inner->path(), "inner");
+}
+
+TEST(ModulePath, AModuleRegisteredUnderItsOwnDescendantKeepsNoParent) {
+  Wrapper top;  // on the stack; its child registers it back (through a handle that does not own it)
+  top.inner->register_module("up", nn::ModulePtr(&top, [](nn::Module*) {}));
+  EXPECT_EQ(top.path(), "");  // the parent chain never loops
+  EXPECT_EQ(top.inner->path(), "inner");
 }
 
 // ---- placement on every backend ----

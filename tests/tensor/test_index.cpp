@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "kiln/tensor/backend.h"  // detail::IndexOpScope: the name a bad index's error gives
 #include "kiln/tensor/cuda.h"
 #include "support/test_support.h"
 
@@ -112,6 +114,41 @@ TEST_P(IndexTest, Embedding) {
       {"embedding", "index 4", "0 <= index < 4"});
   expect_error([&] { internal::embedding(make(w, {12}, opts()), idx({1}, {1})); }, {"embedding", "2-D", "[12]"});
   expect_error([&] { internal::embedding(weight, make({1}, {1}, opts())); }, {"embedding", "Int64", "float32"});
+}
+
+// A bad index's error names the op the user called: the outermost detail::IndexOpScope (a module opens one with its
+// table's name), on every backend (the CPU's at the call, a GPU's at the copy back); ops inside keep that name.
+TEST_P(IndexTest, TheOutermostIndexOpScopeNamesABadIndex) {
+  const Tensor weight = internal::ones({4, 3}, opts());
+  const std::string table = "Embedding \"tables.3\" (4 x 3 table)";
+  {
+    detail::IndexOpScope scope(table);
+    EXPECT_EQ(detail::IndexOpScope::current(), table);
+    {
+      detail::IndexOpScope inner("embedding");
+      EXPECT_EQ(detail::IndexOpScope::current(), table);  // the outer name is kept
+    }
+    expect_error(
+        [&] {
+          (void)internal::embedding(weight, idx({0, 4}, {2})).cpu();
+        },
+        {"Embedding \"tables.3\" (4 x 3 table): index 4 is out of range", "size 4"});
+    expect_error(
+        [&] {
+          (void)internal::index_add(internal::zeros({2, 2}, opts()), 0, idx({-1}, {1}), internal::ones({1, 2}, opts()))
+              .cpu();
+        },
+        {"Embedding \"tables.3\" (4 x 3 table): index -1 is out of range", "size 2"});
+  }
+  EXPECT_EQ(detail::IndexOpScope::current(), "");
+  // Outside every scope: the op called (embedding, index_add), on the CPU as on a GPU.
+  expect_error([&] { (void)internal::embedding(weight, idx({4}, {1})).cpu(); }, {"embedding: index 4", "size 4"});
+  expect_error(
+      [&] {
+        (void)internal::index_add(internal::zeros({2, 2}, opts()), 0, idx({2}, {1}), internal::ones({1, 2}, opts()))
+            .cpu();
+      },
+      {"index_add: index 2", "size 2"});
 }
 
 // ---------------------------------------------------------------- gather, scatter, index_add

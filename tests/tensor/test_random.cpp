@@ -1,5 +1,7 @@
 // Random numbers: reproducible from a seed, with the documented Philox numbering and sound statistics.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <string>
@@ -125,6 +127,79 @@ TEST_P(RandomTest, RandintBernoulliRandperm) {
   expect_error([&] { randint(3, 3, {2}, {.device = dev()}, &g); }, {"randint", "low < high"});
   expect_error([&] { bernoulli({2}, 1.5, opts(), &g); }, {"bernoulli", "[0, 1]"});
   expect_error([&] { randn({2}, opts(DType::Int32), &g); }, {"normal_", "floating-point", "int32"});
+}
+
+// Every element of a large CPU draw (many threads' chunks, each starting anywhere inside a Philox block or a
+// Box-Muller pair) is generator.h's value for its row-major index, also written through a transposed layout. Integer
+// results and the Bernoulli decisions are exact; floating ones within a few units in the last place of their dtype
+// (the kernels are built for the machine's instruction set, whose fused multiply-adds may round a + b * x once).
+TEST(RandomCpu, EveryElementIsItsDocumentedValue) {
+  constexpr int64_t rows = 613, cols = 331;  // 202,903 elements: odd sizes, many chunks
+  Generator g(2024);
+  const auto transposed = [](DType dtype) { return empty({cols, rows}, {.dtype = dtype}).t(); };  // (rows, cols)
+  double rel = 0;  // the tolerance of the checks that follow
+  const auto expect_each = [&](const Tensor& t, auto expected, const char* what) {
+    const std::vector<double> got = values(t);
+    ASSERT_EQ(got.size(), static_cast<size_t>(rows * cols));
+    for (uint64_t i = 0; i < got.size(); ++i) {
+      const double want = expected(i);
+      ASSERT_LE(std::abs(got[i] - want), rel * std::max(1.0, std::abs(want))) << what << " element " << i;
+    }
+  };
+  rel = 4 * std::numeric_limits<float>::epsilon();
+  {
+    Tensor t = transposed(DType::Float32);
+    const GeneratorState d = g.state();
+    normal_(t, 0.5, 2.0, &g);
+    expect_each(
+        t,
+        [&](uint64_t i) {
+          return double{static_cast<float>(0.5 + 2.0 * philox::normal_value(d.seed, d.offset, i, false))};
+        },
+        "float32 normal");
+  }
+  rel = 4 * std::numeric_limits<double>::epsilon();
+  {
+    Tensor t = transposed(DType::Float64);
+    const GeneratorState d = g.state();
+    normal_(t, -1.0, 3.0, &g);
+    expect_each(
+        t, [&](uint64_t i) { return -1.0 + 3.0 * philox::normal_value(d.seed, d.offset, i, true); }, "float64 normal");
+  }
+  rel = 4 * std::numeric_limits<float>::epsilon();
+  {
+    Tensor t = transposed(DType::Float32);
+    const GeneratorState d = g.state();
+    uniform_(t, -2.0, 6.0, &g);
+    expect_each(
+        t, [&](uint64_t i) { return double{-2.0f + 8.0f * philox::uniform_float(d.seed, d.offset, i)}; },
+        "float32 uniform");
+  }
+  rel = 4 * std::numeric_limits<double>::epsilon();
+  {
+    Tensor t = transposed(DType::Float64);
+    const GeneratorState d = g.state();
+    uniform_(t, 0.0, 1.0, &g);
+    expect_each(
+        t, [&](uint64_t i) { return philox::uniform_double(d.seed, d.offset, i); }, "float64 uniform");
+  }
+  rel = 0;
+  {
+    const GeneratorState d = g.state();
+    const Tensor t = randint(-1000, 1000, {rows, cols}, {.dtype = DType::Int64}, &g);
+    expect_each(
+        t,
+        [&](uint64_t i) {
+          return static_cast<double>(-1000 + static_cast<int64_t>(philox::bits64(d.seed, d.offset, i) % 2000));
+        },
+        "randint");
+  }
+  {
+    const GeneratorState d = g.state();
+    const Tensor t = bernoulli({rows, cols}, 0.3, {}, &g);
+    expect_each(
+        t, [&](uint64_t i) { return philox::uniform_float(d.seed, d.offset, i) < 0.3 ? 1.0 : 0.0; }, "bernoulli");
+  }
 }
 
 // The GPU draws exactly the CPU's numbers for a seed (generator.h's numbering). Normal values pass

@@ -2,8 +2,10 @@
 //
 // Bounds are checked here, element by element, because only the kernel reads the index values; an
 // out-of-range index throws a kiln::Error naming the op, the value and the valid range (the thread
-// pool carries it back to the caller).
+// pool carries it back to the caller). The op is the one the user called (detail::IndexOpScope: embedding,
+// index_add, or a module's table), as the CUDA backend names it, else the kernel's own name.
 #include <cstring>  // std::memcpy for the contiguous index_select rows
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -16,12 +18,18 @@
 namespace kiln::cpu {
 namespace {
 
-[[noreturn]] void throw_out_of_range(const char* op, int64_t value, int64_t dim, int64_t size) {
+// The op to name in an index error: the user's (read on the calling thread: the pool's threads have no scope).
+std::string_view user_op(std::string_view kernel) {
+  const std::string_view op = kiln::detail::IndexOpScope::current();
+  return op.empty() ? kernel : op;
+}
+
+[[noreturn]] void throw_out_of_range(std::string_view op, int64_t value, int64_t dim, int64_t size) {
   KILN_FAIL(op, ": index ", value, " is out of range for dim ", dim, " of size ", size, " (expected 0 <= index < ",
             size, ")");
 }
 
-inline void check_index(const char* op, int64_t value, int64_t dim, int64_t size) {
+inline void check_index(std::string_view op, int64_t value, int64_t dim, int64_t size) {
   if (value < 0 || value >= size) [[unlikely]]
     throw_out_of_range(op, value, dim, size);
 }
@@ -29,7 +37,7 @@ inline void check_index(const char* op, int64_t value, int64_t dim, int64_t size
 // out[p] = a[p with coordinate `dim` replaced by index[p]] for every position p of `shape`.
 // index_strides may be 0 in dims the index does not vary along (index_select's expanded 1-D index).
 template <typename T>
-void gather_kernel(const char* op, const Tensor& out, const Tensor& a, int64_t dim, const int64_t* index,
+void gather_kernel(std::string_view op, const Tensor& out, const Tensor& a, int64_t dim, const int64_t* index,
                    const Strides& index_strides) {
   Geometry og = geometry_of(out.shape(), out.strides());
   Geometry ag = geometry_of(a.shape(), a.strides());
@@ -52,7 +60,8 @@ void gather_kernel(const char* op, const Tensor& out, const Tensor& a, int64_t d
 
 // index_select on contiguous a and out: whole rows of `inner` elements move with one memcpy.
 template <typename T>
-void index_select_contiguous(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) {
+void index_select_contiguous(std::string_view op, const Tensor& out, const Tensor& a, int64_t dim,
+                             const Tensor& index) {
   const Shape& shape = a.shape();
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
@@ -66,7 +75,7 @@ void index_select_contiguous(const Tensor& out, const Tensor& a, int64_t dim, co
                  for (int64_t r = begin; r < end; ++r) {
                    const int64_t j = r % n, block = r / n;
                    const int64_t v = idx[j * index_stride];
-                   check_index("index_select", v, dim, size);
+                   check_index(op, v, dim, size);
                    std::memcpy(o + r * inner, src + (block * size + v) * inner, sizeof(T) * inner);
                  }
                });
@@ -77,7 +86,8 @@ void index_select_contiguous(const Tensor& out, const Tensor& a, int64_t dim, co
 // step along `dim` in order, so two tasks never write the same element and accumulation needs no atomics
 // (and duplicates are applied in index order, deterministically).
 template <typename T>
-void scatter_kernel(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) {
+void scatter_kernel(std::string_view op, const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                    bool accumulate) {
   Geometry og = geometry_of(out.shape(), out.strides());
   Geometry ig = geometry_of(index.shape(), index.strides());
   Geometry sg = geometry_of(src.shape(), src.strides());
@@ -96,7 +106,7 @@ void scatter_kernel(const Tensor& out, int64_t dim, const Tensor& index, const T
                    w.seek(begin);
                    for (int64_t r = begin; r < end; ++r, w.next()) {
                      const int64_t v = idx[w.offset(1) + t * i_stride];
-                     check_index(accumulate ? "scatter_add" : "scatter", v, dim, out_size);
+                     check_index(op, v, dim, out_size);
                      T& target = o[w.offset(0) + v * out_stride];
                      const T value = s[w.offset(2) + t * s_stride];
                      if (accumulate) {
@@ -121,29 +131,32 @@ bool is_nonzero(T v) {
 
 void CpuBackend::index_select(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) {
   // a (..., S, ...), index (n,), out (..., n, ...)
+  const std::string_view op = user_op("index_select");
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (a.dim() > 0 && a.is_contiguous() && out.is_contiguous()) {
-      index_select_contiguous<T>(out, a, dim, index);
+      index_select_contiguous<T>(op, out, a, dim, index);
       return;
     }
     Strides index_strides(std::max<int64_t>(out.dim(), 1), 0);
     index_strides[dim] = index.dim() == 0 ? 0 : index.stride(0);
-    gather_kernel<T>("index_select", out, a, dim, index.data_ptr<int64_t>(), index_strides);
+    gather_kernel<T>(op, out, a, dim, index.data_ptr<int64_t>(), index_strides);
   });
 }
 
 void CpuBackend::gather(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) {
+  const std::string_view op = user_op("gather");
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    gather_kernel<T>("gather", out, a, dim, index.data_ptr<int64_t>(), index.strides());
+    gather_kernel<T>(op, out, a, dim, index.data_ptr<int64_t>(), index.strides());
   });
 }
 
 void CpuBackend::scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) {
+  const std::string_view op = user_op(accumulate ? "scatter_add" : "scatter");
   visit_dtype(out.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    scatter_kernel<T>(out, dim, index, src, accumulate);
+    scatter_kernel<T>(op, out, dim, index, src, accumulate);
   });
 }
 
