@@ -30,6 +30,7 @@
 #include "kiln/data/transforms.h"          // data::transforms::Compose, RandomResizedCrop, Normalize, presets, ...
 #include "kiln/distributed/data_parallel.h"  // dist::DataParallel: bucketed gradient all-reduce during backward
 #include "kiln/distributed/environment.h"    // dist::init: rank, world size, this process's GPU, the bootstrap
+#include "kiln/distributed/hybrid_placement.h"  // dist::share_placement: one HybridEmbedding placement on all ranks
 #include "kiln/distributed/process_group.h"  // dist::all_reduce, broadcast, all_gather, reduce_scatter, barrier
 #include "kiln/distributed/sparse_sync.h"    // dist::all_gather_sparse_grads: replicated embedding tables
 #include "kiln/distributed/sync_batch_norm.h"  // dist::convert_sync_batchnorm: batch statistics over all ranks

@@ -13,6 +13,7 @@
 //   ./build/examples/recsys/recsys --table-sizes 1000,100000,10000000 --embedding-dim 64 --device cuda
 //   ./build/examples/recsys/recsys --checkpoint runs/rs/ckpt.h5 --steps 400   # then again with --resume
 //   mpirun -np 2 ./build/examples/recsys/recsys --device cpu                    # the MLPs data-parallel
+//   mpirun -np 2 ./build/examples/recsys/recsys --device cpu --hybrid-rows 100000   # one hot set for all ranks
 //   ./build/examples/recsys/recsys --bench-steps 100 --bench-name x ...         # timing mode: one JSON line
 //
 // The timing mode (--bench-steps N, README "Measuring on a GPU") makes the batches of --bench-warmup + N steps
@@ -250,12 +251,13 @@ std::vector<float> to_floats(const Tensor& t) {
   return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
 }
 
-// A hash of every parameter's bytes (FNV-1a), printed at the end: two runs that end with the same parameters print
-// the same digest (how the resume test compares a resumed run with an uninterrupted one).
-uint64_t digest(nn::Module& model) {
+// A hash of the tensors' bytes (FNV-1a). Of every parameter, printed at the end: two runs that end with the same
+// parameters print the same digest (how the resume test compares a resumed run with an uninterrupted one). Of the
+// parameters and buffers (the hybrid tables' slot and counts), compared between the ranks under mpirun.
+uint64_t digest(const std::vector<Tensor>& tensors) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (const auto& [name, p] : model.named_parameters()) {
-    const Tensor c = p.detach().to(Device::cpu()).contiguous();
+  for (const Tensor& t : tensors) {
+    const Tensor c = t.detach().to(Device::cpu()).contiguous();
     const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
     for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
   }
@@ -460,17 +462,15 @@ int main(int argc, char** argv) {
     const Device dev = ex::pick_device(device_name, env);
     const auto data_seed = static_cast<uint64_t>(seed);
     manual_seed(data_seed);
-    // Under mpirun each rank would count its own lookups and place the hot rows differently; the tables' gradients,
-    // gathered over the ranks by slot, need one placement.
-    if (env.distributed() && hybrid_rows > 0) {
-      throw Error("--hybrid-rows is not supported under mpirun yet: each rank would choose its own hot rows");
-    }
     auto model = nn::make<Dlrm>(config, dev);
     model->to(dev);
     // The tables' values come from a generator of their own (drawn after the move, on the device).
     Generator table_gen(data_seed + 1);
     model->init_tables(table_gen, dev);
     const double build_s = seconds_since(clock_start);
+    // Under mpirun each rank counts the lookups of its own batches; the hybrid tables' gradients, gathered over the
+    // ranks by slot, need one placement: every rebalance first sums the counts over the ranks.
+    if (env.distributed()) dist::share_placement(*model);
     int64_t table_rows = 0;
     for (int64_t r : rows) table_rows += r;
     if (env.is_main())
@@ -709,16 +709,30 @@ int main(int argc, char** argv) {
     const double final_auc = evaluate();
     if (env.is_main())
       std::printf("AUC on %lld held-out samples: %.4f\n", static_cast<long long>(eval_size), final_auc);
-    const uint64_t mine = digest(*model);
+    const uint64_t mine = digest(model->parameters());
     if (env.distributed()) {
-      // The replicas must agree: every rank's digest, gathered (as two 32-bit halves, exact in int64).
+      // The hybrid tables' counts take every rank's lookups since the hot set was chosen (what a checkpoint saves).
+      for (size_t t = 0; t < model->is_hybrid.size(); ++t) {
+        if (model->is_hybrid[t]) model->tables->at<nn::HybridEmbedding>(static_cast<int64_t>(t))->agree_counts();
+      }
+      // The replicas must agree: every rank's digest of its parameters and buffers (the hybrid tables' placement and
+      // counts), gathered (as two 32-bit halves, exact in int64).
+      std::vector<Tensor> state = model->parameters();
+      for (const Tensor& b : model->buffers()) state.push_back(b);
+      const uint64_t replica = digest(state);
       const Tensor halves = from_vector(
-          std::vector<int64_t>{static_cast<int64_t>(mine >> 32), static_cast<int64_t>(mine & 0xffffffffull)}, {2});
+          std::vector<int64_t>{static_cast<int64_t>(replica >> 32), static_cast<int64_t>(replica & 0xffffffffull)},
+          {2});
       const Tensor all = empty({env.world_size, 2}, {.dtype = DType::Int64});
       dist::group(Device::cpu()).all_gather(all, halves);
       const Tensor same = all.eq(unsqueeze(halves, 0)).all();
-      KILN_CHECK(same.item<bool>(), "the ranks' parameters differ after training: the replicas drifted apart");
-      if (env.is_main()) std::printf("replicas: the same parameters on all %d ranks\n", env.world_size);
+      KILN_CHECK(same.item<bool>(), "the ranks' parameters or hybrid tables' placements differ after training: the ",
+                 "replicas drifted apart");
+      if (env.is_main()) {
+        std::printf("replicas: the same parameters on all %d ranks", env.world_size);
+        if (any_hybrid) std::printf(", and the same placement and counts of the hybrid tables");
+        std::printf("\n");
+      }
     }
     if (env.is_main()) std::printf("parameters digest %016llx\n", static_cast<unsigned long long>(mine));
     if (!checkpoint.empty() && env.is_main()) {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # test_recsys.sh RECSYS DIR resume|resume-hybrid|hybrid|timing
+# test_recsys.sh RECSYS DIR mpi-hybrid MPIEXEC [NUMPROC_FLAG]
 #   resume: 60 steps straight through, and 30 steps, a checkpoint, then the other 30 resumed from it, must end with the
 #           same parameters (the printed digest of every parameter's bytes).
 #   resume-hybrid: the same with the 100,000-row table as nn::HybridEmbedding, stopped at step 10 (its hot rows still
@@ -9,6 +10,7 @@
 #   timing: the timing mode (--bench-steps) with plain tables and SparseAdam, then with hybrid tables and
 #           RowWiseAdagrad: each prints one JSON line that parses, with a finite loss for every step, a loss that
 #           fell, the step times, and (hybrid) the hot and cold tiers' memory; bench/recsys_table.py reads both.
+#   mpi-hybrid: as hybrid, on 2 processes (mpirun, the ranks agreeing on the hot sets), whose replicas must also agree.
 set -euo pipefail
 recsys="$1" dir="$2" mode="${3:-resume}"
 rm -rf "$dir" && mkdir -p "$dir"
@@ -40,6 +42,20 @@ case "$mode" in
     diff "$dir/plain.txt" "$dir/hybrid.txt" || { echo "test_recsys.sh: the hybrid tables trained differently" >&2; exit 1; }
     echo "recsys hybrid: the same losses and AUC as plain tables"
     ;;
+  mpi-hybrid)
+    mpiexec=("${4:?mpi-hybrid needs the MPIEXEC path}" "${5:--np}" 2 --oversubscribe)
+    flags=(--device cpu --table-sizes 500,5000,100000 --batch-size 64 --eval-size 1000 --log-every 10 --steps 60)
+    "${mpiexec[@]}" "$recsys" "${flags[@]}" >"$dir/plain.out"
+    "${mpiexec[@]}" "$recsys" "${flags[@]}" --hybrid-rows 100000 --hot-fraction 0.1 >"$dir/hybrid.out"
+    grep -E '^(step|AUC)' "$dir/plain.out" >"$dir/plain.txt"
+    grep -E '^(step|AUC)' "$dir/hybrid.out" >"$dir/hybrid.txt"
+    cat "$dir/hybrid.out"
+    [[ $(wc -l <"$dir/plain.txt") -eq 7 ]] || { echo "test_recsys.sh: expected 6 loss lines and the AUC" >&2; exit 1; }
+    grep -q '^replicas: the same parameters on all 2 ranks, and the same placement' "$dir/hybrid.out" ||
+      { echo "test_recsys.sh: the hybrid run's replicas were not checked equal" >&2; exit 1; }
+    diff "$dir/plain.txt" "$dir/hybrid.txt" || { echo "test_recsys.sh: the hybrid tables trained differently" >&2; exit 1; }
+    echo "recsys mpi-hybrid: the same losses and AUC as plain tables on 2 processes"
+    ;;
   timing)
     bench=(--batch-size 256 --bench-warmup 25 --bench-steps 10 --bench-cycle 10 --lr 0.1)
     "$recsys" "${common[@]}" "${bench[@]}" --table-optimizer sparse_adam --bench-name plain | grep '^{' >"$dir/runs.jsonl"
@@ -66,5 +82,5 @@ PY
     python3 "$(dirname "$0")/../../bench/recsys_table.py" "$dir/runs.jsonl" >"$dir/table.md"
     grep -q '| kiln | hybrid | 1 (<5) |' "$dir/table.md" || { cat "$dir/table.md"; echo "test_recsys.sh: no table" >&2; exit 1; }
     ;;
-  *) echo "usage: test_recsys.sh RECSYS DIR resume|resume-hybrid|hybrid|timing" >&2; exit 2 ;;
+  *) echo "usage: test_recsys.sh RECSYS DIR resume|resume-hybrid|hybrid|timing, or RECSYS DIR mpi-hybrid MPIEXEC [NUMPROC_FLAG]" >&2; exit 2 ;;
 esac

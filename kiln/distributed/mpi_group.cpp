@@ -132,6 +132,7 @@ class MpiGroup final : public ProcessGroup {
     }
   }
   std::string backend() const override { return "mpi"; }
+  Device device() const override { return Device::cpu(); }
 
   WorkPtr all_reduce_async(const Tensor& t, ReduceOp op) override {
     const uint64_t seq = begin("all_reduce", t, Device::cpu());

@@ -98,6 +98,7 @@ class SingleGroup final : public ProcessGroup {
  public:
   explicit SingleGroup(Device device) : ProcessGroup(0, 1), device_(device) {}
   std::string backend() const override { return "single"; }
+  Device device() const override { return device_; }
 
   WorkPtr all_reduce_async(const Tensor& t, ReduceOp) override {
     begin("all_reduce", t, device_);

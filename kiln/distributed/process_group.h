@@ -49,6 +49,8 @@ class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
   virtual std::string backend() const = 0;  // "nccl", "mpi" or "single"
+  // The device whose tensors the collectives take: the group's GPU (NCCL), the CPU (MPI), or the single group's.
+  virtual Device device() const = 0;
   // This process's rank in the group, 0 .. size() - 1.
   int rank() const { return rank_; }
   // The number of ranks in the group.

@@ -11,12 +11,17 @@
 namespace kiln::dist {
 
 void all_gather_sparse_grads(const std::vector<Tensor>& params, ProcessGroup* group_in) {
-  if (params.empty()) return;
-  ProcessGroup& group = group_in != nullptr ? *group_in : dist::group(params[0].device());
-  const int world = group.size();
   NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
+    // Each parameter through the group of its own device (an nn::HybridEmbedding's hot tier on the GPU: NCCL; its
+    // cold tier in host memory: MPI), unless one group was given for all.
+    KILN_CHECK(group_in == nullptr || group_in->device() == p.device(), "all_gather_sparse_grads: parameter ", i,
+               " (shape ", p.shape(), ") is on ", p.device(), " but the given ", group_in->backend(),
+               " group works on ", group_in->device(),
+               "; pass no group, so that each parameter uses the world group of its own device (dist::group)");
+    ProcessGroup& group = group_in != nullptr ? *group_in : dist::group(p.device());
+    const int world = group.size();
     const SparseRowGrad* g = autograd::sparse_grad(p);
     const Device device = p.device();
     // Every rank's row count (-1: no sparse gradient), gathered first: the rows' all-gathers need one size.

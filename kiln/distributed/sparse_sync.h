@@ -10,7 +10,10 @@
 // counterpart. Each rank's rows are gathered (indices and values, of different counts per rank), concatenated in
 // rank order and divided by the world size, so that the gradient is the mean over ranks as DataParallel's is, and
 // each rank's optimizer then applies the same update to its replica. Costs one small all-gather of the row counts and
-// two all-gathers per table; on a GPU the counts are read on the host.
+// two all-gathers per table; on a GPU the counts are read on the host. Each parameter goes through the world group of
+// its own device, so an nn::HybridEmbedding's two tiers both work: the hot rows' gradient through NCCL (or MPI on the
+// CPU), the cold rows' (in host memory) through MPI, which needs a job started by mpirun (dist::group says so when
+// it was not). Its placement must be the same on every rank: dist::share_placement (hybrid_placement.h).
 #pragma once
 
 #include <vector>
@@ -20,9 +23,10 @@
 
 namespace kiln::dist {
 
-// Replaces each sparse gradient of `params` by the mean over the ranks of `group` (null: dist::group of the first
-// parameter's device). Parameters without a sparse gradient must have none on every rank (kiln::Error otherwise,
-// naming the parameter's position). Every rank calls it with the same parameters in the same order.
+// Replaces each sparse gradient of `params` by the mean over the ranks of `group` (null: each parameter's through
+// dist::group of its device; a given group must work on every parameter's device, kiln::Error otherwise). Parameters
+// without a sparse gradient must have none on every rank (kiln::Error otherwise, naming the parameter's position).
+// Every rank calls it with the same parameters in the same order.
 void all_gather_sparse_grads(const std::vector<Tensor>& params, ProcessGroup* group = nullptr);
 
 }  // namespace kiln::dist

@@ -209,12 +209,14 @@ Tensor HybridEmbedding::forward(const Tensor& ids) {
     KILN_CHECK(id[i] >= 0 && id[i] < v, display_name(), " (", v, " x ", embedding_dim, " table): id ", id[i],
                " at position ", i, " of the ids is out of range [0, ", v, ")");
 
-  // The automatic rebalance, once count_batches calls were counted, at a call with no pending gradient.
-  if (counting_ && calls_counted_ >= count_batches && !autograd::has_sparse_grad(hot) &&
-      !autograd::has_sparse_grad(cold))
-    rebalance();
+  // The automatic rebalance, once count_batches calls were counted, at a call with no pending gradient. With a
+  // count_reduction the ranks decide together, at a training-mode call (one every rank makes: the same step).
+  if (counting_ && calls_counted_ >= count_batches && (is_training() || !count_reduction) &&
+      !on_any_rank(autograd::has_sparse_grad(hot) || autograd::has_sparse_grad(cold)))
+    (void)place_and_swap();
   if (is_training()) {
-    int64_t* c = counts.data_ptr<int64_t>();
+    if (count_reduction && !pending_.defined()) pending_ = internal::zeros({v}, {.dtype = DType::Int64});
+    int64_t* c = (count_reduction ? pending_ : counts).data_ptr<int64_t>();  // this rank's own, or counts
     for (int64_t i = 0; i < n; ++i) ++c[id[i]];
     if (counting_) ++calls_counted_;
   }
@@ -234,11 +236,55 @@ Tensor HybridEmbedding::forward(const Tensor& ids) {
   return out.reshape(shape);  // (..., D)
 }
 
+void HybridEmbedding::sum_over_ranks(Tensor& t, const char* what) const {
+  const Shape shape = t.shape();
+  Tensor reduced = t;  // the hook may reduce in place or assign its result
+  count_reduction(reduced);
+  KILN_CHECK(reduced.defined() && reduced.shape() == shape && reduced.dtype() == DType::Int64 && reduced.is_cpu(),
+             "HybridEmbedding (", num_embeddings, " rows): count_reduction was given the ", what, ", shape ", shape,
+             " Int64 on the CPU, and gave back ",
+             reduced.defined()
+                 ? ::kiln::detail::str_cat("shape ", reduced.shape(), " ", reduced.dtype(), " on ", reduced.device())
+                 : std::string("an undefined tensor"),
+             "; it must sum the tensor over the ranks in place (dist::share_placement sets one that does)");
+  if (!reduced.is_same(t)) t.copy_(reduced);
+}
+
+bool HybridEmbedding::on_any_rank(bool mine) const {
+  if (!count_reduction) return mine;
+  Tensor flag = internal::full({1}, mine ? 1 : 0, {.dtype = DType::Int64});  // (1): the ranks where it holds
+  sum_over_ranks(flag, "flag of the ranks whose tiers hold a gradient");
+  return flag.data_ptr<int64_t>()[0] > 0;
+}
+
+void HybridEmbedding::agree_counts() {
+  const int64_t v = num_embeddings;
+  if (!count_reduction && !pending_.defined()) return;  // the lookups went to counts directly
+  // Every rank reduces, whether or not it counted anything (a collective), so every rank has a pending count.
+  if (!pending_.defined()) pending_ = internal::zeros({v}, {.dtype = DType::Int64});
+  if (count_reduction) sum_over_ranks(pending_, "counts pending since the last agreement");
+  int64_t* c = counts.data_ptr<int64_t>();
+  int64_t* p = pending_.data_ptr<int64_t>();
+  for (int64_t r = 0; r < v; ++r) c[r] += p[r];
+  if (count_reduction) {
+    std::fill(p, p + v, int64_t{0});
+  } else {
+    pending_ = Tensor();  // count_reduction was unset: forward counts into counts again
+  }
+}
+
 RowSwaps HybridEmbedding::rebalance() {
-  KILN_CHECK(!autograd::has_sparse_grad(hot) && !autograd::has_sparse_grad(cold) && !hot.grad().defined() &&
-                 !cold.grad().defined(),
-             "HybridEmbedding::rebalance: a tier still holds a gradient, whose rows would no longer match; call "
-             "rebalance after the optimizer step and zero_grad()");
+  const bool mine = autograd::has_sparse_grad(hot) || autograd::has_sparse_grad(cold) || hot.grad().defined() ||
+                    cold.grad().defined();
+  const bool anywhere = on_any_rank(mine);  // every rank takes the same branch: raises, or rebalances
+  KILN_CHECK(!anywhere, "HybridEmbedding::rebalance: a tier still holds a gradient", mine ? "" : " on another rank",
+             ", whose rows would no longer match; call rebalance after the optimizer step and zero_grad()",
+             count_reduction ? " on every rank" : "");
+  return place_and_swap();
+}
+
+RowSwaps HybridEmbedding::place_and_swap() {
+  agree_counts();
   const int64_t v = num_embeddings;
   // The placement the scores ask for, then the rows that must change tier, each side in slot order.
   const std::vector<int64_t> before(slot.data_ptr<int64_t>(), slot.data_ptr<int64_t>() + v);
@@ -375,6 +421,7 @@ StateDict HybridEmbedding::own_load_targets(const std::function<const Tensor*(co
   const int64_t v = num_embeddings, h = hot_rows;
   const Tensor* s = given("slot");
   slot_given_ = s != nullptr;
+  counts_given_ = given("counts") != nullptr;
   if (s != nullptr && s->shape() == Shape{v}) {  // another shape is reported as a mismatch by load_state_dict
     KILN_CHECK(is_integral(s->dtype()), "HybridEmbedding.load_state_dict: \"slot\" must hold integers, got ",
                s->dtype());
@@ -435,6 +482,7 @@ void HybridEmbedding::finish_load_state() {
   } else if (slot_given_) {
     counting_ = false;  // the saved placement stands
   }
+  if (counts_given_ && pending_.defined()) pending_.zero_();  // the loaded counts stand for every rank's
   staged_weight_ = staged_slot_ = staged_counts_ = staged_calls_ = Tensor();
 }
 

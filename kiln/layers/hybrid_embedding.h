@@ -24,6 +24,13 @@
 // tier); load_state_dict() takes the given table as it is (no staging copy) and writes it into the tiers 64 MiB of
 // rows at a time.
 // counts accumulate from construction (or from the loaded state): counts.zero_() forgets the past.
+// Data parallelism with replicated tables (every rank holds the whole table; dist::all_gather_sparse_grads averages
+// the gradients): each rank sees only its own batches, so the ranks must agree on the counts before they place rows.
+// dist::share_placement(model) (kiln/distributed/hybrid_placement.h) sets count_reduction, a sum over the ranks;
+// training-mode lookups are then counted in a pending (V) count of this rank's own, and every rebalance first adds the
+// pending counts' sum over the ranks to counts (agree_counts()), so every rank holds the same counts and chooses the
+// same placement. Every rank must make the same training-mode forward calls and call rebalance() (and agree_counts())
+// at the same points, as it does in a data-parallel loop.
 // Today every lookup reads the ids on the host (placement, counts and the range check are there; ids on a GPU are
 // copied back, which waits for them). On a GPU the cold rows reach the device by cold_reads: gathered on the host and
 // copied (ColdReads::Copy), or read by a kernel from the page-locked table (ColdReads::Mapped).
@@ -55,6 +62,8 @@ struct HybridEmbeddingOptions {
   Tensor frequencies{};
   // > 0: count the ids of the first count_batches training-mode forward calls, then rebalance once by itself (at the
   // start of the next forward call at which neither tier holds a gradient, so never between a backward and its step).
+  // With a count_reduction only a training-mode call rebalances by itself, once no rank's tiers hold a gradient (the
+  // ranks decide together, so they rebalance at the same call; evaluation may run on some ranks only).
   int64_t count_batches = 0;
   ColdReads cold_reads = ColdReads::Copy;  // on a GPU (ignored on the CPU); the member cold_reads can change it later
 };
@@ -78,12 +87,22 @@ class HybridEmbedding : public Module {
   HybridEmbedding(int64_t num_embeddings, int64_t embedding_dim, HybridEmbeddingOptions options = {});
   // ids of any integer dtype on any device; kiln::Error naming the table (its place in the model, path(), and its
   // shape: `HybridEmbedding "tables.3" (1000 x 16 table)`) and the id for one outside [0, num_embeddings), thrown
-  // by this call (the ids are checked on the host). In training mode, adds the ids to counts.
+  // by this call (the ids are checked on the host). In training mode, adds the ids to counts (with a
+  // count_reduction: to this rank's pending counts).
   Tensor forward(const Tensor& ids) override;
   // Makes the H rows of highest counts (+ frequencies) hot, ties to the lower row id; rows already in the right tier
   // stay where they are, so only the rows that change tier move. Values move exactly; the swaps are returned and
   // given to on_rebalance. kiln::Error while either tier holds a gradient (call it after the step and zero_grad).
+  // With a count_reduction it is a collective: the ranks first agree that no rank's tiers hold a gradient (else every
+  // rank raises the error), then on the counts (agree_counts()), so every rank makes the same swaps.
   RowSwaps rebalance();
+  // With a count_reduction: adds the lookups counted by every rank since the last agreement (their sum over the
+  // ranks) to counts, and starts the pending counts again from zero; a collective, which every rank calls at the
+  // same point (before saving counts in a checkpoint, say: saved counts hold only agreed lookups). Without one, the
+  // lookups are in counts already (those left pending by a count_reduction since unset are added now). kiln::Error
+  // when count_reduction gives back a tensor of another shape, dtype or device than the (V) Int64 CPU tensor it was
+  // given.
+  void agree_counts();
   // Redraws both tiers from N(0, 1) (from gen, or the default generator): hot first, then cold, each in slot order.
   void reset_parameters(Generator* gen = nullptr);
   // The logical table (num_embeddings, embedding_dim) in row order, a new tensor on the CPU.
@@ -114,6 +133,13 @@ class HybridEmbedding : public Module {
   Tensor counts;           // buffer (V) Int64 on the CPU: the lookups of each row seen in training mode
   // Called by every rebalance (the automatic one too) with its swaps: the place to move optimizer state.
   std::function<void(const RowSwaps&)> on_rebalance;
+  // Under data parallelism with replicated tables (dist::share_placement sets it): sums an Int64 tensor on the CPU
+  // over the ranks, in place (or by assigning a tensor of the same shape, dtype and device), a collective that every
+  // rank calls with the same shape. Set, it makes counts the sum of every rank's lookups as of the last agreement,
+  // the same on every rank (the lookups since then are pending, counted per rank in one more (V) Int64 array, made at
+  // the first counted call). Set it before the first training-mode forward call: counts present then (zero, or
+  // loaded from a checkpoint) count as agreed.
+  std::function<void(Tensor&)> count_reduction;
 
  protected:
   // "weight" (V, D) (table()), "slot", "counts", and "calls_counted" (an Int64 scalar: the forward calls counted so far
@@ -142,12 +168,20 @@ class HybridEmbedding : public Module {
   // Sets slot from per-row scores (V doubles): the top H hot. Used at construction (no values to move).
   void place_by(const std::vector<double>& score);
   std::vector<double> scores() const;  // counts + frequencies, per row
+  // count_reduction(t), then the check that t kept its shape, dtype (Int64) and device (the CPU); `what` names t.
+  void sum_over_ranks(Tensor& t, const char* what) const;
+  // Whether `mine` holds on any rank (with a count_reduction: a sum of flags over the ranks; else just `mine`).
+  bool on_any_rank(bool mine) const;
+  // The rebalance after its gradient check: agree_counts(), then the placement of the scores and the swaps.
+  RowSwaps place_and_swap();
 
   std::vector<double> frequencies_;  // options.frequencies as doubles, or empty
   int64_t calls_counted_ = 0;        // training-mode forward calls counted so far (while counting)
   bool counting_ = false;            // the automatic rebalance is still ahead
-  bool slot_given_ = false;   // the load being staged has a "slot" (without "calls_counted", it ends the counting)
-  bool calls_given_ = false;  // the load being staged has "calls_counted"
+  bool slot_given_ = false;    // the load being staged has a "slot" (without "calls_counted", it ends the counting)
+  bool calls_given_ = false;   // the load being staged has "calls_counted"
+  bool counts_given_ = false;  // the load being staged has "counts" (they replace the pending ones too)
+  Tensor pending_;             // (V) Int64 on the CPU: this rank's lookups since the last agreement, or none
   Tensor staged_weight_, staged_slot_, staged_counts_, staged_calls_;  // load_state_dict's staging (own_load_targets)
   Tensor calls_state() const;  // "calls_counted": calls counted while counting, -1 once the counting phase is over
 };

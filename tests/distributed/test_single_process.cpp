@@ -33,6 +33,7 @@ TEST_P(DistSingleProcessOn, CollectivesAreIdentities) {
   auto& g = dist::group(dev());
   EXPECT_EQ(g.backend(), "single");
   EXPECT_EQ(g.size(), 1);
+  EXPECT_EQ(g.device(), dev());
   for (auto op : {dist::ReduceOp::Sum, dist::ReduceOp::Average, dist::ReduceOp::Max, dist::ReduceOp::Min}) {
     dist::all_reduce(t, op);
   }
@@ -87,6 +88,32 @@ TEST(DistSingleProcess, DataParallelRefusesModelsItCannotReduce) {
         std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(2, 2), std::make_shared<nn::Linear>(2, 2)});
     seq->children()[1]->to(Device::cuda(0));
     expect_error([&] { dist::DataParallel ddp(seq); }, {"DataParallel", "1.weight", "cuda:0", "one device"});
+  }
+}
+
+// dist::share_placement sets count_reduction on every nn::HybridEmbedding of a model (not on other layers); at world
+// size 1 the sum changes nothing, so the counts are the lookups. Only CPU groups carry the counts.
+TEST_P(DistSingleProcessOn, SharePlacementSetsEveryHybridTable) {
+  auto tables = std::make_shared<nn::ModuleList>();
+  tables->push_back(std::make_shared<nn::HybridEmbedding>(10, 2, nn::HybridEmbeddingOptions{.hot_rows = 2}));
+  tables->push_back(std::make_shared<nn::Embedding>(10, 2));
+  tables->push_back(std::make_shared<nn::HybridEmbedding>(6, 2, nn::HybridEmbeddingOptions{.hot_rows = 1}));
+  tables->to(dev());
+  EXPECT_EQ(dist::share_placement(*tables), 2);
+  auto a = tables->at<nn::HybridEmbedding>(0);
+  EXPECT_TRUE(static_cast<bool>(a->count_reduction));
+  EXPECT_TRUE(static_cast<bool>(tables->at<nn::HybridEmbedding>(2)->count_reduction));
+  (void)(*a)(from_vector(std::vector<int64_t>{7, 7, 3}, {3}).to(dev()));
+  (void)a->rebalance();
+  kiln::testing::expect_values(a->counts, {10}, {0, 0, 0, 1, 0, 0, 0, 2, 0, 0});
+  EXPECT_GE(a->slot_of(7), 0);
+  EXPECT_GE(a->slot_of(3), 0);
+  Tensor floats = internal::zeros({3});
+  expect_error([&] { dist::sum_counts()(floats); },
+               {"dist::sum_counts: expected a contiguous Int64 tensor on the CPU", "float32 of shape [3]"});
+  if (dev().is_cuda()) {
+    expect_error([&] { (void)dist::sum_counts(&dist::group(dev())); },
+                 {"dist::sum_counts: the given single group works on cuda:0", "give a CPU group"});
   }
 }
 

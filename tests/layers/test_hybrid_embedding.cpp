@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>  // std::exchange: the simulated rank's pending counts
 #include <vector>
 
 #include "kiln/autograd/grad_mode.h"       // NoGradGuard: the hand-written SGD step
@@ -437,6 +438,110 @@ TEST(HybridEmbedding, CheckpointRoundTripThroughIo) {
   EXPECT_EQ(bytes_of(b(ids)), bytes_of(a(ids)));
   for (int64_t r = 0; r < 12; ++r) EXPECT_EQ(b.emb->slot_of(r), a.emb->slot_of(r)) << r;
   EXPECT_EQ(bytes_of(b.emb->counts), bytes_of(a.emb->counts));
+}
+
+// count_reduction as a second rank would answer it: adds that rank's lookups since the last agreement to a (V) tensor
+// (and starts its own again from zero), and 1 to a (1) flag when that rank holds a gradient.
+struct OtherRank {
+  std::vector<int64_t> pending;  // (V)
+  bool holds_gradient = false;
+  int reductions = 0;  // how many collectives were asked of it
+  std::function<void(Tensor&)> reduction() {
+    return [this](Tensor& t) {
+      ++reductions;
+      int64_t* p = t.data_ptr<int64_t>();
+      if (t.numel() == 1) {
+        p[0] += holds_gradient ? 1 : 0;
+        return;
+      }
+      for (size_t r = 0; r < pending.size(); ++r) p[r] += std::exchange(pending[r], 0);
+    };
+  }
+};
+
+TEST(HybridEmbedding, ACountReductionAddsEveryRanksLookupsOnce) {
+  manual_seed(20);
+  nn::HybridEmbedding emb(6, 2, {.hot_rows = 2});
+  OtherRank other{.pending = {0, 0, 0, 0, 4, 1}};
+  emb.count_reduction = other.reduction();
+  (void)emb(ids_of({3, 3, 5}, {3}));
+  EXPECT_EQ(values(emb.counts), std::vector<double>(6, 0.0));  // pending until the ranks agree
+  emb.agree_counts();
+  EXPECT_EQ(values(emb.counts), (std::vector<double>{0, 0, 0, 2, 4, 2}));
+  emb.agree_counts();  // nothing new on either rank: nothing added
+  EXPECT_EQ(values(emb.counts), (std::vector<double>{0, 0, 0, 2, 4, 2}));
+  other.pending[1] = 5;
+  const Tensor before = emb.table();
+  (void)emb.rebalance();  // agrees first: 1 (5) and 4 (4) hot
+  EXPECT_EQ(values(emb.counts), (std::vector<double>{0, 5, 0, 2, 4, 2}));
+  EXPECT_GE(emb.slot_of(1), 0);
+  EXPECT_GE(emb.slot_of(4), 0);
+  EXPECT_EQ(bytes_of(emb.table()), bytes_of(before));
+  emb.eval();
+  (void)emb(ids_of({0}, {1}));  // not counted
+  emb.train();
+  emb.agree_counts();
+  EXPECT_EQ(values(emb.counts), (std::vector<double>{0, 5, 0, 2, 4, 2}));
+  // Loaded counts stand for every rank's: the lookups pending before the load are dropped.
+  const nn::StateDict saved = emb.state_dict();
+  (void)emb(ids_of({0, 0}, {2}));
+  emb.load_state_dict(saved);
+  emb.agree_counts();
+  EXPECT_EQ(values(emb.counts), (std::vector<double>{0, 5, 0, 2, 4, 2}));
+  // Without a reduction the lookups go to counts again, with those still pending.
+  (void)emb(ids_of({2}, {1}));
+  emb.count_reduction = nullptr;
+  (void)emb(ids_of({2}, {1}));
+  EXPECT_EQ(values(emb.counts), (std::vector<double>{0, 5, 1, 2, 4, 2}));
+  emb.agree_counts();
+  EXPECT_EQ(values(emb.counts), (std::vector<double>{0, 5, 2, 2, 4, 2}));
+}
+
+TEST(HybridEmbedding, WithACountReductionTheRanksDecideTogetherWhenToRebalance) {
+  manual_seed(21);
+  nn::HybridEmbedding emb(6, 2, {.hot_rows = 2, .count_batches = 1});
+  OtherRank other{.pending = std::vector<int64_t>(6, 0), .holds_gradient = true};
+  emb.count_reduction = other.reduction();
+  int rebalances = 0;
+  emb.on_rebalance = [&](const nn::RowSwaps&) { ++rebalances; };
+  (void)emb(ids_of({4, 5}, {2}));  // the counted call
+  (void)emb(ids_of({4}, {1}));     // due, but the other rank holds a gradient: both wait
+  EXPECT_EQ(rebalances, 0);
+  other.holds_gradient = false;
+  emb.eval();
+  const int asked = other.reductions;
+  (void)emb(ids_of({4}, {1}));  // an evaluation (perhaps on one rank only) neither rebalances nor asks the ranks
+  EXPECT_EQ(rebalances, 0);
+  EXPECT_EQ(other.reductions, asked);
+  emb.train();
+  (void)emb(ids_of({4}, {1}));
+  EXPECT_EQ(rebalances, 1);
+  EXPECT_GE(emb.slot_of(4), 0);
+  EXPECT_GE(emb.slot_of(5), 0);
+  EXPECT_EQ(values(emb.counts), (std::vector<double>{0, 0, 0, 0, 2, 1}));  // the call at which it waited too
+  other.holds_gradient = true;
+  expect_error([&] { (void)emb.rebalance(); },
+               {"HybridEmbedding::rebalance: a tier still holds a gradient on another rank", "on every rank"});
+}
+
+TEST(HybridEmbedding, ACountReductionThatChangesTheTensorIsRefused) {
+  nn::HybridEmbedding emb(6, 2, {.hot_rows = 2});
+  emb.count_reduction = [](Tensor&) {};  // one rank: the sum is its own
+  (void)emb(ids_of({1}, {1}));
+  emb.count_reduction = [](Tensor& t) { t = internal::zeros({3}, {.dtype = DType::Int64}); };
+  expect_error([&] { emb.agree_counts(); },
+               {"HybridEmbedding (6 rows): count_reduction was given the counts pending since the last agreement",
+                "shape [6] Int64 on the CPU", "gave back shape [3] int64 on cpu", "sum the tensor over the ranks"});
+  emb.count_reduction = [](Tensor& t) { t = t.to(DType::Float64); };
+  expect_error([&] { emb.agree_counts(); }, {"gave back shape [6] float64"});
+  emb.count_reduction = [](Tensor& t) { t = Tensor(); };
+  expect_error([&] { (void)emb.rebalance(); },
+               {"the flag of the ranks whose tiers hold a gradient", "gave back an undefined tensor"});
+  EXPECT_EQ(values(emb.counts), std::vector<double>(6, 0.0));
+  // A reduction may give back a new tensor of the same shape: here the other rank looked up what this one did.
+  emb.count_reduction = [](Tensor& t) { t = t + t; };
+  emb.agree_counts();
+  EXPECT_EQ(values(emb.counts), (std::vector<double>{0, 2, 0, 0, 0, 0}));
 }
 
 TEST(HybridEmbedding, ToMovesTheHotTierAndCastsBothKeepingThePlacement) {

@@ -231,6 +231,7 @@ class NcclGroup final : public ProcessGroup {
   }
 
   std::string backend() const override { return "nccl"; }
+  Device device() const override { return dev(); }
 
   WorkPtr all_reduce_async(const Tensor& t, ReduceOp op) override {
     const ncclDataType_t type = check("all_reduce", t);
