@@ -12,6 +12,8 @@
 #   build  configure BUILD_DIR (Release, KILN_CUDA=ON, CUDA architecture 90) unless configured, build recsys
 #   g1     the goal model (the largest table 10^8 x 128) with every table on the GPU, and with every table of at
 #          least 10^6 rows an nn::HybridEmbedding 10% hot; RowWiseAdagrad on the tables. G1_ROUNDS (1) rounds.
+#   cold   g1's hybrid model with each way of reading cold rows on the GPU (--cold-reads copy, mapped), alternating,
+#          COLD_ROUNDS (1) rounds: which is faster.
 #   g2     the same ids (--id-rows 10^6: each table's ids from its first 10^6 rows) with the largest table at 10^6
 #          and at 10^8 rows, all on the GPU and hybrid (10^5 hot rows per hybrid table, so the lookups split the
 #          same way): equal k, two table sizes. G2_ROUNDS (1) rounds.
@@ -31,7 +33,7 @@ set -uo pipefail
 build="${1:?usage: bench_goals.sh BUILD_DIR OUT_DIR STAGE...}"
 out="${2:?usage: bench_goals.sh BUILD_DIR OUT_DIR STAGE...}"
 shift 2
-[[ $# -gt 0 ]] || { echo "bench_goals.sh: name at least one stage: build g1 g2 g3 g3sgd table" >&2; exit 2; }
+[[ $# -gt 0 ]] || { echo "bench_goals.sh: name at least one stage: build g1 cold g2 g3 g3sgd table" >&2; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root" || exit 2
 mkdir -p "$out/logs"
@@ -59,7 +61,7 @@ if [[ "${KILN_RECSYS_SCALE:-full}" == small ]]; then  # the same runs at sizes a
   timing=(--bench-warmup 25 --bench-steps 10 --bench-cycle 10)
   device=cpu
   declare -A estimate=([g1_gpu]=30 [g1_hybrid]=30 [g2_small]=20 [g2_large]=30 [g2_large_hybrid]=30 [g3_kiln]=20
-                       [g3_torch]=30 [g3sgd_kiln]=30 [g3sgd_torch]=40)
+                       [g3_torch]=30 [g3sgd_kiln]=30 [g3sgd_torch]=40 [cold]=30)
 else
   largest_goal=100000000 largest_g2_small=1000000 largest_g3=10000000 id_rows=1000000 hybrid_rows=1000000 g2_hot=100000
   # MLPerf DLRM's MLPs and row length; SGD at 0.1 for the MLPs (the example's recipe, a rate at which these wider
@@ -72,7 +74,7 @@ else
   # number there: ~40-45 s on 16 cores) and moves 63 GB to the GPU or pins 57 GB; the 10^7 model a quarter of that;
   # PyTorch draws on the GPU. The steps themselves take seconds.
   declare -A estimate=([g1_gpu]=90 [g1_hybrid]=110 [g2_small]=30 [g2_large]=90 [g2_large_hybrid]=110 [g3_kiln]=40
-                       [g3_torch]=35 [g3sgd_kiln]=90 [g3sgd_torch]=50)
+                       [g3_torch]=35 [g3sgd_kiln]=90 [g3sgd_torch]=50 [cold]=110)
 fi
 goal_sizes="$(sizes_with_largest "$largest_goal")"
 g2_small_sizes="$(sizes_with_largest "$largest_g2_small")"
@@ -149,6 +151,16 @@ for stage in "$@"; do
           --hybrid-rows "$hybrid_rows" --hot-fraction 0.1)
       done
       ;;
+    cold)
+      need_recsys || continue
+      for ((r = 1; r <= ${COLD_ROUNDS:-1}; ++r)); do
+        for reads in copy mapped; do
+          # shellcheck disable=SC2046
+          run cold cold "cold_${reads}_r$r" $(kiln "cold_$reads" "$goal_sizes" --table-optimizer rowwise_adagrad \
+            --hybrid-rows "$hybrid_rows" --hot-fraction 0.1 --cold-reads "$reads")
+        done
+      done
+      ;;
     g2)
       need_recsys || continue
       for ((r = 1; r <= ${G2_ROUNDS:-1}; ++r)); do
@@ -187,7 +199,7 @@ for stage in "$@"; do
       done
       ;;
     table) ;;
-    *) echo "bench_goals.sh: unknown stage '$stage' (build g1 g2 g3 g3sgd table)" >&2; exit 2 ;;
+    *) echo "bench_goals.sh: unknown stage '$stage' (build g1 cold g2 g3 g3sgd table)" >&2; exit 2 ;;
   esac
 done
 note "bench_goals.sh $*: $((SECONDS - start)) s"

@@ -105,6 +105,7 @@ struct DlrmConfig {
   int64_t hybrid_rows = 0;           // 0: every table whole on the device
   double hot_fraction = 0.1;         // a hybrid table's share of rows on the device ...
   int64_t hot_rows = -1;             // ... or this many (-1: use hot_fraction)
+  nn::ColdReads cold_reads = nn::ColdReads::Copy;  // how a hybrid table's lookups on a GPU read its cold rows
 };
 
 // (B, 13) dense and (B, 26) ids -> (B) logits.
@@ -131,7 +132,8 @@ class Dlrm : public nn::Module {
             HybridEmbeddingOptions{.device = device,
                                    .hot_rows = config.hot_rows < 0 ? -1 : std::min(config.hot_rows, r),
                                    .hot_fraction = config.hot_fraction,
-                                   .count_batches = 20}));
+                                   .count_batches = 20,
+                                   .cold_reads = config.cold_reads}));
       } else {
         tables->push_back(std::make_shared<Embedding>(r, dim, EmbeddingOptions{.sparse = true}));
       }
@@ -403,6 +405,9 @@ int main(int argc, char** argv) {
                                    "(nn::HybridEmbedding); 0: every table whole on the device");
   auto& hot_fraction = opts.add_double("hot-fraction", 0.1, "the share of a hybrid table's rows on the device");
   auto& hot_rows = opts.add_int("hot-rows", -1, "a hybrid table's rows on the device (-1: --hot-fraction of them)");
+  auto& cold_reads = opts.add_string("cold-reads", "copy",
+                                     "how a hybrid table's lookups on a GPU read its cold rows: copy (gathered on the "
+                                     "host, then copied) | mapped (a kernel reads the page-locked host table)");
   auto& checkpoint = opts.add_string("checkpoint", "", "save the model, optimizer and step to this file at the end");
   auto& resume = opts.add_flag("resume", "continue from --checkpoint (exactly: the data stream resumes too)");
   auto& bench_steps = opts.add_int("bench-steps", 0,
@@ -424,6 +429,7 @@ int main(int argc, char** argv) {
   if (hybrid_rows < 0 || !(hot_fraction >= 0 && hot_fraction <= 1) || hot_rows < -1 || id_rows < 0) {
     opts.fail("--hybrid-rows and --id-rows must be >= 0, --hot-fraction in [0, 1], --hot-rows -1 or more");
   }
+  if (cold_reads != "copy" && cold_reads != "mapped") opts.fail("--cold-reads must be copy or mapped");
   if (table_optimizer != "sgd" && table_optimizer != "sparse_adam" && table_optimizer != "rowwise_adagrad") {
     opts.fail("--table-optimizer must be sgd, sparse_adam or rowwise_adagrad, not '" + table_optimizer + "'");
   }
@@ -454,7 +460,8 @@ int main(int argc, char** argv) {
                       .top = parse_list(top_mlp, "--top-mlp", true),
                       .hybrid_rows = hybrid_rows,
                       .hot_fraction = hot_fraction,
-                      .hot_rows = hot_rows};
+                      .hot_rows = hot_rows,
+                      .cold_reads = cold_reads == "mapped" ? nn::ColdReads::Mapped : nn::ColdReads::Copy};
     const std::vector<int64_t>& rows = config.rows;
     std::vector<int64_t> id_range = rows;  // the rows each table's ids are drawn from
     for (int64_t& r : id_range) r = id_rows > 0 ? std::min(r, static_cast<int64_t>(id_rows)) : r;
@@ -627,7 +634,8 @@ int main(int argc, char** argv) {
               ", \"dense_optimizer\": \"sgd\", \"lr\": " + json_number(lr, 6) +
               ", \"hybrid_rows\": " + std::to_string(hybrid_rows) +
               ", \"hybrid_tables\": " + std::to_string(hybrid_tables) +
-              ", \"hot_fraction\": " + json_number(hot_fraction, 4) + ", \"hot_rows\": " + std::to_string(hot_rows);
+              ", \"hot_fraction\": " + json_number(hot_fraction, 4) + ", \"hot_rows\": " + std::to_string(hot_rows) +
+              ", \"cold_reads\": \"" + cold_reads + "\"";
       line += ", \"warmup\": " + std::to_string(bench_warmup) + ", \"steps\": " + std::to_string(bench_steps) +
               ", \"step_ms\": " + json_number(median, 4) + ", \"step_ms_min\": " + json_number(sorted.front(), 4) +
               ", \"step_ms_max\": " + json_number(sorted.back(), 4) +

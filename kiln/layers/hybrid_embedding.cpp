@@ -241,7 +241,7 @@ void HybridEmbedding::sum_over_ranks(Tensor& t, const char* what) const {
   Tensor reduced = t;  // the hook may reduce in place or assign its result
   count_reduction(reduced);
   KILN_CHECK(reduced.defined() && reduced.shape() == shape && reduced.dtype() == DType::Int64 && reduced.is_cpu(),
-             "HybridEmbedding (", num_embeddings, " rows): count_reduction was given the ", what, ", shape ", shape,
+             display_name(), " (", num_embeddings, " rows): count_reduction was given the ", what, ", shape ", shape,
              " Int64 on the CPU, and gave back ",
              reduced.defined()
                  ? ::kiln::detail::str_cat("shape ", reduced.shape(), " ", reduced.dtype(), " on ", reduced.device())
