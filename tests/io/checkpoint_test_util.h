@@ -16,6 +16,7 @@
 #include "kiln/layers/layers.h"
 #include "kiln/layers/module.h"
 #include "kiln/tensor/internal_ops.h"
+#include "support/test_support.h"  // bytes_of
 
 namespace kiln::testing {
 
@@ -39,14 +40,6 @@ struct TinyNet : nn::Module {
   Tensor forward(const Tensor& x) override { return (*fc2)(relu((*fc1)(x))); }
   std::shared_ptr<nn::Linear> fc1, fc2;
 };
-
-// The tensor's bytes (contiguous, on the host).
-inline std::vector<uint8_t> bytes_of(const Tensor& t) {
-  Tensor c = t.detach().cpu().contiguous();
-  std::vector<uint8_t> out(c.nbytes());
-  if (!out.empty()) std::memcpy(out.data(), c.data_ptr(), out.size());
-  return out;
-}
 
 // Same names, dtypes, shapes and bytes.
 inline void expect_same_state(const nn::StateDict& a, const nn::StateDict& b) {

@@ -5,7 +5,6 @@
 // table by its place in the model).
 #include <gtest/gtest.h>
 
-#include <cstring>  // std::memcpy: bytes of a tensor
 #include <map>
 #include <memory>
 #include <string>
@@ -24,13 +23,6 @@
 
 namespace kiln::testing {
 namespace {
-
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor c = t.detach().cpu().contiguous();
-  std::vector<uint8_t> out(c.nbytes());
-  if (!out.empty()) std::memcpy(out.data(), c.data_ptr(), out.size());
-  return out;
-}
 
 Tensor ids_of(const std::vector<int64_t>& v, const Shape& shape) { return internal::from_vector(v, shape); }
 

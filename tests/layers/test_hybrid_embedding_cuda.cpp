@@ -5,7 +5,6 @@
 // the order in which the plain table's GPU coalescing adds a row's gradients cannot change its sum's bits.)
 #include <gtest/gtest.h>
 
-#include <cstring>  // std::memcpy
 #include <memory>
 #include <vector>
 
@@ -21,13 +20,6 @@
 
 namespace kiln::testing {
 namespace {
-
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor c = t.detach().cpu().contiguous();
-  std::vector<uint8_t> out(c.nbytes());
-  if (!out.empty()) std::memcpy(out.data(), c.data_ptr(), out.size());
-  return out;
-}
 
 Tensor ids_of(const std::vector<int64_t>& v) { return internal::from_vector(v, {static_cast<int64_t>(v.size())}); }
 

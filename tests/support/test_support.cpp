@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>  // std::memcpy: bytes_of
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -32,6 +33,13 @@ std::string device_param_name(const ::testing::TestParamInfo<Device>& info) {
 }
 
 std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor c = t.detach().cpu().contiguous();
+  std::vector<uint8_t> out(c.nbytes());
+  if (!out.empty()) std::memcpy(out.data(), c.data_ptr(), out.size());
+  return out;
+}
 
 double default_rtol(DType dtype) {
   switch (dtype) {

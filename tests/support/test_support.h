@@ -51,6 +51,8 @@ std::string device_param_name(const ::testing::TestParamInfo<Device>& info);
 
 // The tensor's elements in row-major order as doubles (copied to the host, converted).
 std::vector<double> values(const Tensor& t);
+// The bytes of the tensor's elements in row-major order (copied to the host): equal exactly when the bits are.
+std::vector<uint8_t> bytes_of(const Tensor& t);
 
 // Tolerances that match a dtype's precision (tight for float64/float32, looser for 16-bit floats).
 double default_rtol(DType dtype);
