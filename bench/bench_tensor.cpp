@@ -1,6 +1,6 @@
 // bench/bench_tensor.cpp — throughput of the tensor core's CPU backend on this machine.
 //
-//   ./build/bench/bench_tensor                   matmul 256..2048, add and sum over 64M floats
+//   ./build/bench/bench_tensor                   matmul 256..2048; add, sum and random draws over 64M floats
 //   ./build/bench/bench_tensor --quick           small sizes: checks that it runs, measures little
 //   ./build/bench/bench_tensor --sizes 512,1024 --elements 16777216 --reps 10
 //   KILN_NUM_THREADS=1 ./build/bench/bench_tensor  one thread
@@ -11,6 +11,7 @@
 //   matmul (float32, n x n x n):    GFLOP/s = 2 n^3 / time
 //   c = a + b, a.add_(b) (float32): GB/s = 3 * 4 n / time   (read a, read b, write the result)
 //   a.sum() (float32):              GB/s = 4 n / time
+//   normal_, uniform_ (float32):    millions of numbers drawn per second
 #include <kiln/kiln.h>  // Tensor, kiln::randn, kiln::matmul, kiln::manual_seed, KILN_VERSION_STRING
 
 #include <algorithm>  // std::min
@@ -131,6 +132,12 @@ int run(int argc, char** argv) {
     const Timing t = time_best(opt, [&] { sink = a.sum().item<float>(); });
     std::printf("%-28s %12.3f %8d %9.1f GB/s\n", ("a.sum() (" + std::to_string(n) + ")").c_str(), t.best * 1e3, t.runs,
                 4.0 * n / t.best / 1e9);
+  }
+  for (const bool normal : {true, false}) {  // random draws into a preallocated tensor: numbers per second
+    const Timing t = time_best(opt, [&] { normal ? kiln::normal_(a, 0, 1) : kiln::uniform_(a, -1, 1); });
+    std::printf("%-28s %12.3f %8d %9.1f M/s\n",
+                ((normal ? "a.normal_() (" : "a.uniform_() (") + std::to_string(n) + ")").c_str(), t.best * 1e3, t.runs,
+                static_cast<double>(n) / t.best / 1e6);
   }
   std::printf("\n(elementwise tensors: %.0f MB each)\n", mb);
   return 0;
