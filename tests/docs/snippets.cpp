@@ -1140,6 +1140,23 @@ Tensor out = nn::dropout_add_layer_norm(sub, x, 0.1, /*training=*/true, {64}, on
   EXPECT_EQ(out.shape(), (Shape{2, 16, 64}));
 }
 
+// ---- docs/performance.md, "Embedding tables larger than the GPU" (run on the CPU)
+TEST(DocSnippets, PerformanceGuideHybridEmbedding) {
+auto table = nn::make<nn::HybridEmbedding>(100'000, 16,
+    nn::HybridEmbeddingOptions{.device = Device::cpu(), .hot_fraction = 0.1, .count_batches = 20});
+optim::SparseAdam opt(table->parameters(), {.lr = 1e-3});   // "hot" and "cold": each row updated where it lives
+table->on_rebalance = [&](const nn::RowSwaps& swaps) {      // rows that move take their Adam moments along
+  table->swap_state_rows(swaps, opt.state(table->hot), opt.state(table->cold));
+};
+Tensor ids = randint(0, 100'000, {256});                    // the ids on the host: no wait for a GPU copy
+Tensor rows = table(ids);                                   // (256, 16) on the device
+  EXPECT_EQ(rows.shape(), (Shape{256, 16}));
+  EXPECT_EQ(table->hot.size(0), 10'000);
+  rows.sum().backward();
+  opt.step();
+  EXPECT_EQ(opt.state(table->cold).count("exp_avg"), 1u);
+}
+
 // ---- docs/performance.md, "Feeding the GPU" (an image folder and a GPU: compiled only)
 [[maybe_unused]] void performance_guide_loader(uint64_t epoch,
                                                const std::function<void(const Tensor&, const Tensor&)>& train_step) {
