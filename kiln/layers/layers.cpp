@@ -90,10 +90,14 @@ Tensor Embedding::forward(const Tensor& indices) {
   KILN_CHECK(is_integral(indices.dtype()), "Embedding: expected integer indices (Int64), got ", indices.dtype(),
              " of shape ", indices.shape());
   // A bad id's error names this table (`Embedding "tables.17" (1000 x 16 table): index 1000 is out of range ...`):
-  // thrown by this call on the CPU, by a later call on a GPU (whose kernel records the scope's name at launch).
-  const std::string table =
-      kiln::detail::str_cat(display_name(), " (", num_embeddings, " x ", embedding_dim, " table)");
-  kiln::detail::IndexOpScope scope(table);
+  // thrown by this call on the CPU, by a later call on a GPU (whose kernel records the scope's name at launch). The
+  // name is made only then.
+  kiln::detail::IndexOpScope scope(
+      [](const void* self) {
+        const auto& e = *static_cast<const Embedding*>(self);
+        return kiln::detail::str_cat(e.display_name(), " (", e.num_embeddings, " x ", e.embedding_dim, " table)");
+      },
+      this);
   return embedding(indices, weight, padding_idx, sparse);
 }
 

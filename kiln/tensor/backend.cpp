@@ -57,14 +57,19 @@ Backend& backend(DeviceType type) {
 }
 
 namespace {
-thread_local std::string_view t_index_op;
+thread_local detail::IndexOpName t_index_op;
 }  // namespace
 
-detail::IndexOpScope::IndexOpScope(std::string_view op) : previous_(t_index_op) {
-  if (t_index_op.empty()) t_index_op = op;  // an outer scope (a module's label) keeps its name
+void detail::IndexOpScope::open(const IndexOpName& name) {
+  previous_ = t_index_op;
+  if (t_index_op.empty()) t_index_op = name;  // an outer scope (a module's label) keeps its name
+}
+detail::IndexOpScope::IndexOpScope(std::string_view op) { open({.text = op}); }
+detail::IndexOpScope::IndexOpScope(std::string (*make)(const void*), const void* arg) {
+  open({.make = make, .arg = arg});
 }
 detail::IndexOpScope::~IndexOpScope() { t_index_op = previous_; }
-std::string_view detail::IndexOpScope::current() { return t_index_op; }
+detail::IndexOpName detail::IndexOpScope::current_name() { return t_index_op; }
 
 Allocator* pinned_host_allocator() {
 #if defined(KILN_WITH_CUDA)

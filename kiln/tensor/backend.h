@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>  // IndexOpName::str
 
 #include "kiln/tensor/binary_ops.h"
 #include "kiln/tensor/generator.h"
@@ -248,17 +249,31 @@ namespace detail {
 // found after the call returned, at a later call). The outermost scope names it: a module opens one with its own
 // label around its call (nn::Embedding: `Embedding "tables.17" (1000 x 16 table)`), and the ops it calls
 // (embedding opens "embedding") keep that label, so the error names the table rather than the op inside it.
+// What a scope names: a fixed text, or a text made only when it is needed (a bad index on the CPU, a launch on a
+// GPU) by make(arg), so that a module's label costs nothing on the calls that never need it.
+struct IndexOpName {
+  std::string_view text{};                     // viewed, not copied
+  std::string (*make)(const void*) = nullptr;  // when set: the name is make(arg)
+  const void* arg = nullptr;
+  bool empty() const { return make == nullptr && text.empty(); }
+  std::string str() const { return make != nullptr ? make(arg) : std::string(text); }
+};
+
 class IndexOpScope {
  public:
   // Names `op`, unless an outer scope on this thread already names one. Viewed, not copied: op must outlive the scope.
   explicit IndexOpScope(std::string_view op);
+  // Names make(arg), made when asked for, unless an outer scope names one. Both must outlive the scope.
+  IndexOpScope(std::string (*make)(const void*), const void* arg);
   ~IndexOpScope();
   IndexOpScope(const IndexOpScope&) = delete;
   IndexOpScope& operator=(const IndexOpScope&) = delete;
-  static std::string_view current();  // the outermost scope's op; empty outside every scope
+  static IndexOpName current_name();  // the outermost scope's name, not yet made (empty outside every scope)
+  static std::string current() { return current_name().str(); }  // that name, made
 
  private:
-  std::string_view previous_;
+  void open(const IndexOpName& name);
+  IndexOpName previous_;
 };
 }  // namespace detail
 

@@ -19,17 +19,18 @@ namespace kiln::cpu {
 namespace {
 
 // The op to name in an index error: the user's (read on the calling thread: the pool's threads have no scope).
-std::string_view user_op(std::string_view kernel) {
-  const std::string_view op = kiln::detail::IndexOpScope::current();
-  return op.empty() ? kernel : op;
+// The name is made only for an error.
+kiln::detail::IndexOpName user_op(std::string_view kernel) {
+  const kiln::detail::IndexOpName op = kiln::detail::IndexOpScope::current_name();
+  return op.empty() ? kiln::detail::IndexOpName{.text = kernel} : op;
 }
 
-[[noreturn]] void throw_out_of_range(std::string_view op, int64_t value, int64_t dim, int64_t size) {
-  KILN_FAIL(op, ": index ", value, " is out of range for dim ", dim, " of size ", size, " (expected 0 <= index < ",
-            size, ")");
+[[noreturn]] void throw_out_of_range(const kiln::detail::IndexOpName& op, int64_t value, int64_t dim, int64_t size) {
+  KILN_FAIL(op.str(), ": index ", value, " is out of range for dim ", dim, " of size ", size,
+            " (expected 0 <= index < ", size, ")");
 }
 
-inline void check_index(std::string_view op, int64_t value, int64_t dim, int64_t size) {
+inline void check_index(const kiln::detail::IndexOpName& op, int64_t value, int64_t dim, int64_t size) {
   if (value < 0 || value >= size) [[unlikely]]
     throw_out_of_range(op, value, dim, size);
 }
@@ -37,8 +38,8 @@ inline void check_index(std::string_view op, int64_t value, int64_t dim, int64_t
 // out[p] = a[p with coordinate `dim` replaced by index[p]] for every position p of `shape`.
 // index_strides may be 0 in dims the index does not vary along (index_select's expanded 1-D index).
 template <typename T>
-void gather_kernel(std::string_view op, const Tensor& out, const Tensor& a, int64_t dim, const int64_t* index,
-                   const Strides& index_strides) {
+void gather_kernel(const kiln::detail::IndexOpName& op, const Tensor& out, const Tensor& a, int64_t dim,
+                   const int64_t* index, const Strides& index_strides) {
   Geometry og = geometry_of(out.shape(), out.strides());
   Geometry ag = geometry_of(a.shape(), a.strides());
   const int64_t a_dim_size = ag.shape[dim], a_dim_stride = ag.strides[dim];
@@ -60,7 +61,7 @@ void gather_kernel(std::string_view op, const Tensor& out, const Tensor& a, int6
 
 // index_select on contiguous a and out: whole rows of `inner` elements move with one memcpy.
 template <typename T>
-void index_select_contiguous(std::string_view op, const Tensor& out, const Tensor& a, int64_t dim,
+void index_select_contiguous(const kiln::detail::IndexOpName& op, const Tensor& out, const Tensor& a, int64_t dim,
                              const Tensor& index) {
   const Shape& shape = a.shape();
   int64_t outer = 1, inner = 1;
@@ -86,8 +87,8 @@ void index_select_contiguous(std::string_view op, const Tensor& out, const Tenso
 // step along `dim` in order, so two tasks never write the same element and accumulation needs no atomics
 // (and duplicates are applied in index order, deterministically).
 template <typename T>
-void scatter_kernel(std::string_view op, const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
-                    bool accumulate) {
+void scatter_kernel(const kiln::detail::IndexOpName& op, const Tensor& out, int64_t dim, const Tensor& index,
+                    const Tensor& src, bool accumulate) {
   Geometry og = geometry_of(out.shape(), out.strides());
   Geometry ig = geometry_of(index.shape(), index.strides());
   Geometry sg = geometry_of(src.shape(), src.strides());
@@ -131,7 +132,7 @@ bool is_nonzero(T v) {
 
 void CpuBackend::index_select(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) {
   // a (..., S, ...), index (n,), out (..., n, ...)
-  const std::string_view op = user_op("index_select");
+  const kiln::detail::IndexOpName op = user_op("index_select");
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (a.dim() > 0 && a.is_contiguous() && out.is_contiguous()) {
@@ -145,7 +146,7 @@ void CpuBackend::index_select(const Tensor& out, const Tensor& a, int64_t dim, c
 }
 
 void CpuBackend::gather(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) {
-  const std::string_view op = user_op("gather");
+  const kiln::detail::IndexOpName op = user_op("gather");
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     gather_kernel<T>(op, out, a, dim, index.data_ptr<int64_t>(), index.strides());
@@ -153,7 +154,7 @@ void CpuBackend::gather(const Tensor& out, const Tensor& a, int64_t dim, const T
 }
 
 void CpuBackend::scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) {
-  const std::string_view op = user_op(accumulate ? "scatter_add" : "scatter");
+  const kiln::detail::IndexOpName op = user_op(accumulate ? "scatter_add" : "scatter");
   visit_dtype(out.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     scatter_kernel<T>(op, out, dim, index, src, accumulate);

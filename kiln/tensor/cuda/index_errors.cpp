@@ -111,8 +111,12 @@ IndexReport begin_index_launch(int device, const char* op, int64_t dim, int64_t 
   const unsigned long long seq = s.next_seq++;
   Record& rec = s.records[seq % kRecords];
   rec.seq = seq;
-  const std::string_view user_op = kiln::detail::IndexOpScope::current();
-  rec.op.assign(user_op.empty() ? std::string_view(op) : user_op);
+  const kiln::detail::IndexOpName user_op = kiln::detail::IndexOpScope::current_name();
+  if (user_op.empty()) {
+    rec.op.assign(op);
+  } else {
+    rec.op = user_op.str();  // made now: the error is found after the call (and its module) may be gone
+  }
   rec.dim = dim;
   return {s.device, seq, static_cast<long long>(size)};
 }

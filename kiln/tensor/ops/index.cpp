@@ -56,9 +56,9 @@ void check_dim_not_empty(std::string_view op, int64_t size, int64_t dim, int64_t
 
 // The op the backends name in a bad index's error (detail::IndexOpScope): a caller's label when one is open (a
 // module's table, nn::Embedding), else op.
-std::string_view index_op_name(std::string_view op) {
-  const std::string_view outer = detail::IndexOpScope::current();
-  return outer.empty() ? op : outer;
+std::string index_op_name(std::string_view op) {
+  const detail::IndexOpName outer = detail::IndexOpScope::current_name();
+  return outer.empty() ? std::string(op) : outer.str();
 }
 
 // out.scatter_(dim, index, src) with src's values at index's positions (src already has out's dtype).
@@ -72,7 +72,6 @@ void scatter_into(std::string_view op, Tensor& out, int64_t dim, const Tensor& i
   if (src_view.is_alias_of(out)) src_view = clone(src_view, MemoryFormat::Contiguous);
   Tensor idx = index.is_alias_of(out) ? clone(index) : index;
   const std::string_view base = op.substr(0, op.find_last_not_of('_') + 1);
-  const std::string_view name = index_op_name(base);
   try {
     detail::IndexOpScope scope(base);
     backend(out.device()).scatter(out, dim, idx, src_view, accumulate);
@@ -80,7 +79,7 @@ void scatter_into(std::string_view op, Tensor& out, int64_t dim, const Tensor& i
     throw;  // from a GPU kernel: it names its op already (and may be an earlier call's)
   } catch (const Error& e) {
     // A bad index: the kernel names the op already (this one, index_add or one_hot, or the caller's label).
-    if (std::string_view(e.what()).starts_with(name)) throw;
+    if (std::string_view(e.what()).starts_with(index_op_name(base))) throw;
     KILN_FAIL(op, ": ", e.what());
   }
   out.impl().storage()->bump_version();
@@ -264,7 +263,6 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
   if (out.numel() > 0) {
     KILN_CHECK(weight.size(0) > 0, "embedding: the weight has no rows (shape ", weight.shape(),
                "), so every index is out of range");
-    const std::string_view name = index_op_name("embedding");
     try {
       detail::IndexOpScope scope("embedding");  // or the caller's label, kept: nn::Embedding names its table
       backend(weight.device()).index_select(out, weight, 0, reshape(idx, {n}));
@@ -273,8 +271,8 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
     } catch (const Error& e) {
       // A bad index: the CPU kernel names the op already (embedding, or the caller's label).
       const std::string_view what = e.what();
-      KILN_FAIL(what.starts_with(name) ? "" : "embedding: ", what, " (weight of shape ", weight.shape(),
-                ", index of shape ", idx.shape(), ")");
+      KILN_FAIL(what.starts_with(index_op_name("embedding")) ? "" : "embedding: ", what, " (weight of shape ",
+                weight.shape(), ", index of shape ", idx.shape(), ")");
     }
   }
   Shape shape = idx.shape();
