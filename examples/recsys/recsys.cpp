@@ -120,8 +120,9 @@ class Dlrm : public nn::Module {
     bottom = register_module("bottom", mlp(kDense, config.bottom, dim, true));
     top = register_module("top", mlp(dim + pairs, config.top, 1, false));
     tables = register_module("tables", nn::make<ModuleList>());
-    // The constructors draw a start of their own from the default generator (N(0, 1)), which init_tables
-    // overwrites: a hybrid table's constructor draws differently from a plain one's.
+    // The tables are made where they live, without the N(0, 1) start their constructors would draw (12.8e9 numbers
+    // on the host for a 10^8-row table): init_tables draws the start.
+    nn::SkipInit skip;
     for (int64_t r : config.rows) {
       rows.push_back(r);
       const bool hybrid = config.hybrid_rows > 0 && r >= config.hybrid_rows;
@@ -135,7 +136,7 @@ class Dlrm : public nn::Module {
                                    .count_batches = 20,
                                    .cold_reads = config.cold_reads}));
       } else {
-        tables->push_back(std::make_shared<Embedding>(r, dim, EmbeddingOptions{.sparse = true}));
+        tables->push_back(std::make_shared<Embedding>(r, dim, EmbeddingOptions{.sparse = true, .device = device}));
       }
     }
     // The strictly lower triangle of the (27, 27) dot products, as positions in the flattened matrix.

@@ -18,6 +18,7 @@ struct EmbeddingOptions {
   // Row-sparse gradients (kiln/autograd/sparse_grad.h): backward writes only the looked-up rows, for
   // optim::SparseAdam, optim::RowWiseAdagrad or optim::SGD; weight.grad() stays undefined.
   bool sparse = false;
+  Device device = Device::cpu();  // where the weight is made and drawn (the numbers are the same on every device)
 };
 
 // Integer indices (...) -> (..., embedding_dim). "weight" (num_embeddings, embedding_dim) starts N(0, 1).

@@ -9,6 +9,17 @@
 #include "kiln/autograd/grad_mode.h"  // NoGradGuard
 #include "kiln/tensor/error.h"        // KILN_CHECK
 
+namespace kiln::nn {
+namespace {
+thread_local int skip_init_depth = 0;  // SkipInit guards alive on this thread
+}  // namespace
+
+SkipInit::SkipInit() { ++skip_init_depth; }
+SkipInit::~SkipInit() { --skip_init_depth; }
+bool SkipInit::active() { return skip_init_depth > 0; }
+
+}  // namespace kiln::nn
+
 namespace kiln::nn::init {
 namespace {
 
@@ -90,17 +101,20 @@ std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t) {
 
 Tensor& uniform_(Tensor& t, double a, double b, Generator* gen) {
   KILN_CHECK(a <= b, "init::uniform_: the lower bound ", a, " must not exceed the upper bound ", b);
+  if (SkipInit::active()) return t;
   NoGradGuard no_grad;
   return kiln::uniform_(t, a, b, gen);
 }
 
 Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
   KILN_CHECK(std >= 0, "init::normal_: std must be >= 0, got ", std);
+  if (SkipInit::active()) return t;
   NoGradGuard no_grad;
   return kiln::normal_(t, mean, std, gen);
 }
 
 Tensor& constant_(Tensor& t, Scalar value) {
+  if (SkipInit::active()) return t;
   NoGradGuard no_grad;
   return kiln::fill_(t, value);
 }
@@ -135,6 +149,7 @@ Tensor& xavier_normal_(Tensor& t, double gain, Generator* gen) {
 Tensor& trunc_normal_(Tensor& t, double mean, double std, double a, double b, Generator* gen) {
   KILN_CHECK(std > 0 && a < b, "init::trunc_normal_: needs std > 0 and a < b, got std ", std, ", a ", a, ", b ", b);
   KILN_CHECK(t.is_floating_point(), "init::trunc_normal_: the tensor must be floating point, got ", t.dtype());
+  if (SkipInit::active()) return t;
   NoGradGuard no_grad;
   // Uniform in the CDF range of [a, b], mapped back through the quantile function. The draw comes from the
   // tensor's device generator (same numbers on every device); the quantile is computed on the host in double.

@@ -73,16 +73,15 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOpt
   }
   // The weight's element and byte counts must fit in int64 (a wrapped count would allocate too little).
   (void)checked_nbytes({num_embeddings, embedding_dim}, 4, "Embedding (num_embeddings, embedding_dim) weight");
-  weight = register_parameter("weight", empty({num_embeddings, embedding_dim}));
+  weight = register_parameter("weight", empty({num_embeddings, embedding_dim}, {.device = options.device}));
   reset_parameters();
 }
 
 void Embedding::reset_parameters(Generator* gen) {
   init::normal_(weight, 0, 1, gen);
   if (padding_idx) {
-    NoGradGuard no_grad;
     Tensor row = weight.select(0, *padding_idx);
-    row.zero_();
+    init::zeros_(row);
   }
 }
 

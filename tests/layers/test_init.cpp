@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
+#include "kiln/layers/embedding.h"  // nn::Embedding: built under SkipInit, and on a device
 #include "kiln/layers/init.h"
 #include "support/test_support.h"
 
@@ -144,6 +146,65 @@ TEST_P(InitTest, ParametersAreFilledInPlaceWithoutHistoryAndGeneratorsReplay) {
   init::trunc_normal_(w, 0, 1, -2, 2, &g3);
   init::trunc_normal_(v, 0, 1, -2, 2, &g4);
   EXPECT_EQ(values(w), values(v));
+}
+
+TEST_P(InitTest, UnderSkipInitNothingIsWrittenOrDrawnAndArgumentsAreStillChecked) {
+  Tensor w = full({4, 6}, 7.0, opts());
+  {
+    nn::SkipInit skip;
+    {
+      nn::SkipInit nested;
+      EXPECT_TRUE(nn::SkipInit::active());
+    }
+    EXPECT_TRUE(nn::SkipInit::active());  // the outer guard still skips
+    Generator g(1);
+    init::uniform_(w, -1, 1, &g);
+    init::normal_(w, 0, 1, &g);
+    init::zeros_(w);
+    init::ones_(w);
+    init::kaiming_uniform_(w, 0, init::FanMode::FanIn, init::Nonlinearity::ReLU, &g);
+    init::xavier_normal_(w, 1, &g);
+    init::trunc_normal_(w, 0, 1, -2, 2, &g);
+    EXPECT_EQ(values(w), std::vector<double>(24, 7.0));
+    // g drew nothing: its next number is its first.
+    Generator fresh(1);
+    EXPECT_EQ(values(rand({3}, opts(), &g)), values(rand({3}, opts(), &fresh)));
+    EXPECT_THROW(init::uniform_(w, 1, -1), Error);  // bad arguments are still refused
+    EXPECT_THROW(init::normal_(w, 0, -1), Error);
+    // Another thread initialises as usual.
+    bool other_thread_active = true;
+    std::thread([&] { other_thread_active = nn::SkipInit::active(); }).join();
+    EXPECT_FALSE(other_thread_active);
+  }
+  EXPECT_FALSE(nn::SkipInit::active());
+  Generator g(1), h(1);
+  init::normal_(w, 0, 1, &g);
+  EXPECT_EQ(values(w), values(normal({4, 6}, 0, 1, opts(), &h)));
+}
+
+TEST_P(InitTest, AModuleBuiltUnderSkipInitLeavesTheDefaultGeneratorWhereItWas) {
+  manual_seed(11);
+  const std::vector<double> expected = values(rand({5}, opts()));
+  manual_seed(11);
+  {
+    nn::SkipInit skip;
+    nn::Embedding table(1000, 8, {.padding_idx = 3, .device = GetParam()});
+    EXPECT_EQ(table.weight.device(), GetParam());
+    EXPECT_EQ(table.weight.shape(), (Shape{1000, 8}));
+  }
+  EXPECT_EQ(values(rand({5}, opts())), expected);
+}
+
+TEST_P(InitTest, AnEmbeddingMadeOnADeviceDrawsTheNumbersOfOneMadeOnTheHost) {
+  manual_seed(5);
+  nn::Embedding host(300, 4, {.padding_idx = 2});
+  Generator g(8), h(8);
+  host.reset_parameters(&g);
+  nn::Embedding there(300, 4, {.padding_idx = 2, .device = GetParam()});
+  EXPECT_EQ(there.weight.device(), GetParam());
+  there.reset_parameters(&h);
+  EXPECT_EQ(values(there.weight), values(host.weight));
+  EXPECT_EQ(values(there.weight.select(0, 2)), std::vector<double>(4, 0.0));  // the padding row
 }
 
 KILN_INSTANTIATE_BACKENDS(InitTest);
