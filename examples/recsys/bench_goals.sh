@@ -3,9 +3,9 @@
 # GPU"), one JSON line per run (recsys --bench-steps, bench/pytorch_recsys.py), then bench/recsys_table.py's table.
 #
 #   examples/recsys/bench_goals.sh build-gpu /tmp/rs build        # configure (CUDA, sm_90), build the recsys target
-#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g1 g2        # estimated 460 s on the H200
-#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3 table     # estimated 375 s
-#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3sgd table  # estimated 420 s, if time is left
+#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g1 cold g2   # estimated 395 s on the H200
+#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3 table     # estimated 325 s
+#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3sgd table  # estimated 285 s, if time is left
 #   KILN_RECSYS_SCALE=small examples/recsys/bench_goals.sh build-cpu /tmp/rs g1 g2 g3 table   # the CPU, tiny sizes
 #
 # Stages:
@@ -21,7 +21,7 @@
 #          largest size where SparseAdam's state fits (the largest table 10^7 x 128: 33.6M rows, 17 GB of tables,
 #          52 GB with state); G3_COMPILE=1 adds a torch.compile run of the dense part to each round.
 #   g3sgd  kiln and PyTorch with SGD on the tables, all on the GPU, at g1's size, G3SGD_ROUNDS (3) rounds.
-# The first stage to run on a fresh GPU machine is `build`; the measurements then take two invocations (g1 g2; g3).
+# The first stage to run on a fresh GPU machine is `build`; the measurements then take two invocations (g1 cold g2; g3).
 #   table  bench/recsys_table.py over every OUT_DIR/recsys_*.jsonl (also printed after every other stage).
 # Each stage appends its JSON lines to OUT_DIR/recsys_<stage>.jsonl and each run's full output to
 # OUT_DIR/logs/<run>.log (packed into OUT_DIR/logs.tar.gz at the end, and copied to $OUT with the rest: below).
@@ -69,12 +69,11 @@ else
   model=(--embedding-dim 128 --bottom-mlp 512,256 --top-mlp 1024,1024,512,256 --batch-size 4096 --lr 0.1)
   timing=(--bench-warmup 30 --bench-steps 100 --bench-cycle 10)
   device=cuda
-  # Seconds per run, estimated (not measured) from the 2-core development machine's figures: building the 10^8-row
-  # model draws 14e9 to 16e9 numbers on the host (kiln's tables start N(0, 1) on the CPU, ~44 ns of CPU time per
-  # number there: ~40-45 s on 16 cores) and moves 63 GB to the GPU or pins 57 GB; the 10^7 model a quarter of that;
-  # PyTorch draws on the GPU. The steps themselves take seconds.
-  declare -A estimate=([g1_gpu]=90 [g1_hybrid]=110 [g2_small]=30 [g2_large]=90 [g2_large_hybrid]=110 [g3_kiln]=40
-                       [g3_torch]=35 [g3sgd_kiln]=90 [g3sgd_torch]=50 [cold]=110)
+  # Seconds per run, estimated (not measured): the tables are made on the GPU and drawn there (nn::SkipInit: no host
+  # draw), a hybrid table pins its cold tier (46 GB at 10^8 rows) and receives its draws from the GPU; PyTorch draws
+  # on the GPU. The steps themselves take seconds.
+  declare -A estimate=([g1_gpu]=45 [g1_hybrid]=70 [g2_small]=25 [g2_large]=45 [g2_large_hybrid]=70 [g3_kiln]=30
+                       [g3_torch]=35 [g3sgd_kiln]=45 [g3sgd_torch]=50 [cold]=70)
 fi
 goal_sizes="$(sizes_with_largest "$largest_goal")"
 g2_small_sizes="$(sizes_with_largest "$largest_g2_small")"
