@@ -21,6 +21,8 @@
 #          largest size where SparseAdam's state fits (the largest table 10^7 x 128: 33.6M rows, 17 GB of tables,
 #          52 GB with state); G3_COMPILE=1 adds a torch.compile run of the dense part to each round.
 #   g3sgd  kiln and PyTorch with SGD on the tables, all on the GPU, at g1's size, G3SGD_ROUNDS (3) rounds.
+#   profile  g1's two models with kiln's profiler over 5 steps after the warm-up (recsys --profile): the top ops of
+#          each in the summary (these runs' JSON lines go to recsys_profile.jsonl, which the table leaves out).
 # The first stage to run on a fresh GPU machine is `build`; the measurements then take two invocations (g1 cold g2; g3).
 #   table  bench/recsys_table.py over every OUT_DIR/recsys_*.jsonl (also printed after every other stage).
 # Each stage appends its JSON lines to OUT_DIR/recsys_<stage>.jsonl and each run's full output to
@@ -33,7 +35,7 @@ set -uo pipefail
 build="${1:?usage: bench_goals.sh BUILD_DIR OUT_DIR STAGE...}"
 out="${2:?usage: bench_goals.sh BUILD_DIR OUT_DIR STAGE...}"
 shift 2
-[[ $# -gt 0 ]] || { echo "bench_goals.sh: name at least one stage: build g1 cold g2 g3 g3sgd table" >&2; exit 2; }
+[[ $# -gt 0 ]] || { echo "bench_goals.sh: name at least one stage: build g1 cold g2 g3 g3sgd profile table" >&2; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root" || exit 2
 mkdir -p "$out/logs"
@@ -124,8 +126,9 @@ need_torch() {
 }
 
 table() {
-  local files=("$out"/recsys_*.jsonl)
-  [[ -e "${files[0]}" ]] || { note "no JSON lines in $out yet"; return; }
+  local files=()
+  for f in "$out"/recsys_*.jsonl; do [[ "$f" == */recsys_profile.jsonl ]] || files+=("$f"); done
+  [[ ${#files[@]} -gt 0 && -e "${files[0]}" ]] || { note "no JSON lines in $out yet"; return; }
   python3 bench/recsys_table.py "${files[@]}" | tee "$out/recsys_table.md"
 }
 
@@ -197,8 +200,20 @@ for stage in "$@"; do
         fi
       done
       ;;
+    profile)
+      need_recsys || continue
+      # shellcheck disable=SC2046
+      {
+        run profile g1_gpu profile_g1_gpu $(kiln profile_g1_gpu "$goal_sizes" --table-optimizer rowwise_adagrad \
+          --profile "${timing[1]},3,5" --trace "$out/logs/profile_g1_gpu.json")
+        run profile g1_hybrid profile_g1_hybrid $(kiln profile_g1_hybrid "$goal_sizes" --table-optimizer rowwise_adagrad \
+          --hybrid-rows "$hybrid_rows" --hot-fraction 0.1 --profile "${timing[1]},3,5" \
+          --trace "$out/logs/profile_g1_hybrid.json")
+      }
+      sed -n '/^profile of/,/ ops in .* steps/p' "$out/logs/profile_g1_gpu.log" "$out/logs/profile_g1_hybrid.log" | tee -a "$summary"
+      ;;
     table) ;;
-    *) echo "bench_goals.sh: unknown stage '$stage' (build g1 cold g2 g3 g3sgd table)" >&2; exit 2 ;;
+    *) echo "bench_goals.sh: unknown stage '$stage' (build g1 cold g2 g3 g3sgd profile table)" >&2; exit 2 ;;
   esac
 done
 note "bench_goals.sh $*: $((SECONDS - start)) s"

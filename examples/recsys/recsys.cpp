@@ -421,6 +421,7 @@ int main(int argc, char** argv) {
                                    "timing mode: the loss must fall, the mean of the last this many steps below "
                                    "that of the first this many");
   auto& bench_name = opts.add_string("bench-name", "recsys", "timing mode: the JSON line's \"case\"");
+  const ex::ProfileOptions profiling = ex::StepProfiler::add_options(opts, "recsys_trace.json");
   opts.parse(argc, argv);
   if (dim < 1 || steps < 0 || batch_size < 1 || eval_size < 2 || log_every < 1) {
     opts.fail("--embedding-dim, --batch-size and --log-every must be at least 1, --steps at least 0, --eval-size 2");
@@ -567,11 +568,15 @@ int main(int argc, char** argv) {
       const double data_s = seconds_since(data_start);
       // Every step's loss, written on the device as the steps run (no wait), read after the timing.
       const Tensor losses = zeros({total}, {.device = dev});
+      // --profile counts steps from the first warm-up step (e.g. 30,3,5 after 30 warm-up steps); the steps it
+      // records are slower, so a run to time takes no --profile.
+      ex::StepProfiler profiler(profiling, profiling.trace, env.rank == 0, env.rank, env.world_size);
       auto run = [&](int64_t step) {
         const DeviceBatch& b = batches[static_cast<size_t>(step)];
         const Tensor loss = train_step(b.dense, b.ids, any_hybrid ? b.host_ids : Tensor(), b.labels);
         NoGradGuard no_grad;
         losses.narrow(0, step, 1).copy_(reshape(loss, {1}));
+        profiler.step();
       };
       const auto warmup_start = std::chrono::steady_clock::now();
       for (int64_t step = 0; step < bench_warmup; ++step) run(step);

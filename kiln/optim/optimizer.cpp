@@ -276,13 +276,19 @@ void Optimizer::finish_bucket(CudaBucket& bucket) {
 void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf) {
   NoGradGuard no_grad;
   // Every gradient is checked first, so that a refused one changes nothing.
-  std::vector<bool> has_sparse(num_param_groups(), false);  // per group: some parameter holds a sparse gradient
+  // Per group: some parameter holds a sparse gradient for the unfused path; the parameters for the fused one.
+  std::vector<bool> has_sparse(num_param_groups(), false);
+  std::vector<std::vector<Tensor>> sparse_fused_params(num_param_groups());
   for (size_t group = 0; group < num_param_groups(); ++group) {
     for (const Tensor& p : params(group)) {
       if (p.grad().defined()) check_dense_param(group, p);
       if (!autograd::has_sparse_grad(p)) continue;
       check_sparse_param(group, p);
-      has_sparse[group] = true;
+      if (sparse_fused(group, p)) {
+        sparse_fused_params[group].push_back(p);
+      } else {
+        has_sparse[group] = true;
+      }
     }
   }
   bool skip_cpu = false, skip_read = false;  // found_inf is read on the host once, if a CPU parameter needs it
@@ -292,6 +298,8 @@ void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf)
       update_bucket(group, bucket, grad_scale, found_inf);
       finish_bucket(bucket);
     }
+    for (const Tensor& p : sparse_fused_params[group])
+      update_sparse_fused(group, p, *autograd::sparse_grad(p), grad_scale, found_inf);
     if (plan.cpu.empty() && !has_sparse[group]) continue;
     if (!skip_read) skip_cpu = found_inf_set(found_inf), skip_read = true;
     if (skip_cpu) continue;
@@ -344,6 +352,11 @@ void Optimizer::refuse_sparse_weight_decay(size_t group, double weight_decay, co
 void Optimizer::update_sparse_param(size_t /*group*/, const Tensor& /*param*/, const SparseRowGrad& /*grad*/,
                                     double /*t*/) {
   KILN_CHECK(false, name(), ": step_by_hooks needs update_sparse_param for sparse gradients");
+}
+
+void Optimizer::update_sparse_fused(size_t /*group*/, const Tensor& /*param*/, const SparseRowGrad& /*grad*/,
+                                    const Tensor& /*grad_scale*/, const Tensor& /*found_inf*/) {
+  KILN_CHECK(false, name(), ": step_by_hooks needs update_sparse_fused where sparse_fused is true");
 }
 
 void Optimizer::update_bucket(size_t /*group*/, CudaBucket& /*bucket*/, const Tensor& /*grad_scale*/,

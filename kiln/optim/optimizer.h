@@ -128,7 +128,8 @@ class Optimizer {
   // when it already is) and the step number t = 1, 2, ... being taken. The caller then copies w back into the
   // parameter and advances "step". Runs without recording the graph.
   void step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf);
-  // step_by_hooks' part for the parameters of `group` that hold a sparse gradient (update_sparse_param each).
+  // step_by_hooks' part for the parameters of `group` that hold a sparse gradient and take the unfused path
+  // (update_sparse_param each).
   void step_sparse(size_t group, const Tensor& grad_scale);
   // The CUDA hook: updates a bucket with one fused launch; the base version throws.
   virtual void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf);
@@ -149,6 +150,13 @@ class Optimizer {
   void refuse_sparse_weight_decay(size_t group, double weight_decay, const Tensor& param) const;
   // The sparse hook (see check_sparse_param); the base version throws.
   virtual void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t);
+  // The fused path of a sparse gradient on a GPU: for a parameter where sparse_fused is true, step_by_hooks calls
+  // update_sparse_fused instead, with the gradient as accumulated (not coalesced) and grad_scale and found_inf as
+  // given; it updates the rows and advances "step" on the device, without a host synchronisation. The base
+  // versions: false, and a throw.
+  virtual bool sparse_fused(size_t /*group*/, const Tensor& /*param*/) const { return false; }
+  virtual void update_sparse_fused(size_t group, const Tensor& param, const SparseRowGrad& grad,
+                                   const Tensor& grad_scale, const Tensor& found_inf);
   // load_state_dict's check and copy of one saved state tensor `name` (under `key`) of `param`: the base takes
   // "step" (one element; 1-element float32 on the parameter's device) and floating tensors of the parameter's
   // shape (copied in state_dtype to its device). Optimizers whose state has another form (a per-row state, a

@@ -140,6 +140,18 @@ void SGD::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad
   detail::write_rows_(param, rows, w);
 }
 
+bool SGD::sparse_fused(size_t group, const Tensor& p) const {
+  return groups_[group].options.momentum == 0 && detail::sparse_fusable(p);
+}
+
+void SGD::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad& g, const Tensor& grad_scale,
+                              const Tensor& found_inf) {
+  const SGDOptions& o = groups_[group].options;
+  detail::fused_sparse_step(p, g, {}, step_tensor(p),
+                            {.rule = cuda_impl::SparseRule::Sgd, .lr = o.lr, .maximize = o.maximize}, grad_scale,
+                            found_inf);
+}
+
 Tensor SGD::load_state_tensor(const Tensor& p, size_t index, const std::string& name, const Tensor& saved,
                               const std::string& key) const {
   if (name != "momentum_rows") return Optimizer::load_state_tensor(p, index, name, saved, key);

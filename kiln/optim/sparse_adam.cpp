@@ -62,4 +62,19 @@ void SparseAdam::update_sparse_param(size_t group, const Tensor& p, const Sparse
   detail::write_rows_(param, rows, w);
 }
 
+bool SparseAdam::sparse_fused(size_t /*group*/, const Tensor& p) const { return detail::sparse_fusable(p); }
+
+void SparseAdam::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad& g, const Tensor& grad_scale,
+                                     const Tensor& found_inf) {
+  const SparseAdamOptions& o = groups_[group].options;
+  detail::fused_sparse_step(p, g, {state_tensor(p, "exp_avg"), state_tensor(p, "exp_avg_sq")}, step_tensor(p),
+                            {.rule = cuda_impl::SparseRule::Adam,
+                             .lr = o.lr,
+                             .beta1 = o.betas[0],
+                             .beta2 = o.betas[1],
+                             .eps = o.eps,
+                             .maximize = o.maximize},
+                            grad_scale, found_inf);
+}
+
 }  // namespace kiln::optim

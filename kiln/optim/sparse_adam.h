@@ -47,6 +47,9 @@ class SparseAdam : public HookedOptimizer<SparseAdamOptions> {
   void check_dense_param(size_t group, const Tensor& param) const override;   // refuses every dense gradient
   void check_sparse_param(size_t group, const Tensor& param) const override;  // accepts every sparse gradient
   void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t) override;
+  bool sparse_fused(size_t group, const Tensor& param) const override;  // CUDA parameters
+  void update_sparse_fused(size_t group, const Tensor& param, const SparseRowGrad& grad, const Tensor& grad_scale,
+                           const Tensor& found_inf) override;
 };
 
 }  // namespace kiln::optim

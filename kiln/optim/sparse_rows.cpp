@@ -9,6 +9,33 @@
 
 namespace kiln::optim::detail {
 
+bool sparse_fusable(const Tensor& param) {
+#if KILN_WITH_CUDA
+  return cuda_impl::fuses_sparse(param);
+#else
+  (void)param;
+  return false;
+#endif
+}
+
+void fused_sparse_step(const Tensor& param, const SparseRowGrad& grad, const std::vector<Tensor>& states,
+                       const Tensor& step, const cuda_impl::SparseHyper& hyper, const Tensor& grad_scale,
+                       const Tensor& found_inf) {
+  KILN_CHECK(sparse_fusable(param), "optim: the fused sparse update takes a contiguous float32, float16 or bfloat16 "
+             "CUDA parameter, got ", param.shape(), " ", param.dtype(), " on ", param.device());
+#if KILN_WITH_CUDA
+  const auto scalar = [&](const Tensor& t) {
+    if (!t.defined()) return t;
+    KILN_CHECK(t.numel() == 1, "optim: grad_scale and found_inf hold one element, got shape ", t.shape());
+    return internal::contiguous(internal::reshape(internal::to(t, param.device(), DType::Float32), {1}));
+  };
+  cuda_impl::fused_sparse_update(param, grad.indices, internal::contiguous(grad.values), states, step, hyper,
+                                 scalar(grad_scale), scalar(found_inf));
+#else
+  (void)grad, (void)states, (void)step, (void)hyper, (void)grad_scale, (void)found_inf;
+#endif
+}
+
 Tensor gather_rows(const Tensor& t, const Tensor& rows, std::optional<DType> dtype) {
   Tensor out = internal::index_select(t, 0, rows);  // (K, D...)
   return dtype && *dtype != out.dtype() ? internal::cast(out, *dtype) : out;

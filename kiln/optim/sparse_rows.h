@@ -11,9 +11,20 @@
 #include <optional>
 #include <vector>
 
+#include "kiln/autograd/sparse_grad.h"  // SparseRowGrad
+#include "kiln/optim/cuda/fused.h"      // cuda_impl::SparseHyper (declarations only; no CUDA header)
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::optim::detail {
+
+// Whether a sparse gradient of `param` takes the fused CUDA update (cuda_impl::fuses_sparse): false in a build
+// without CUDA.
+bool sparse_fusable(const Tensor& param);
+// cuda_impl::fused_sparse_update with the gradient as accumulated (values made contiguous) and grad_scale and
+// found_inf (undefined, or one element anywhere) as a 1-element float32 tensor on the parameter's device.
+void fused_sparse_step(const Tensor& param, const SparseRowGrad& grad, const std::vector<Tensor>& states,
+                       const Tensor& step, const cuda_impl::SparseHyper& hyper, const Tensor& grad_scale,
+                       const Tensor& found_inf);
 
 // t[rows] as a new (K, D...) tensor in `dtype` (t's own when not given); rows (K) Int64 on t's device.
 Tensor gather_rows(const Tensor& t, const Tensor& rows, std::optional<DType> dtype = {});

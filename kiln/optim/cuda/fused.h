@@ -95,4 +95,22 @@ Tensor fused_l2_norm(const TensorVec& tensors);
 // tensors[i] *= factor[0] (a 1-element float32 device tensor) for all i.
 void fused_scale(const TensorVec& tensors, const Tensor& factor);
 
+// Row-sparse updates (sparse.cu): `indices` (K) Int64 and `values` (K, D...) of the parameter's dtype, as
+// SparseRowGrad holds them before coalescing (rows in any order, repeated rows summed in the entries' order); only
+// those rows of `param` and of its states change. Sgd: no state (no momentum). Adam (SparseAdam): states
+// {exp_avg, exp_avg_sq}, float32 of the parameter's shape. RowWiseAdagrad: states {sum}, float32 (V). `step`: the
+// parameter's 1-element float32 counter on its device, read as step + 1 (Adam's bias corrections, in double) and
+// incremented after the update; grad_scale divides the summed gradient; found_inf != 0 makes it all a no-op. No host
+// synchronisation. Sgd and Adam round each operation as the unfused kiln-op path does (bit-equal results).
+enum class SparseRule { Sgd, Adam, RowWiseAdagrad };
+struct SparseHyper {
+  SparseRule rule = SparseRule::Sgd;
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  bool maximize = false;
+};
+// Whether fused_sparse_update takes this parameter: contiguous, on a GPU, float32, float16 or bfloat16.
+bool fuses_sparse(const Tensor& param);
+void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tensor& values, const TensorVec& states,
+                         const Tensor& step, const SparseHyper& h, const Tensor& grad_scale, const Tensor& found_inf);
+
 }  // namespace kiln::optim::cuda_impl
