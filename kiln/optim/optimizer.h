@@ -155,6 +155,7 @@ class Optimizer {
   // given; it updates the rows and advances "step" on the device, without a host synchronisation. The base
   // versions: false, and a throw.
   virtual bool sparse_fused(size_t /*group*/, const Tensor& /*param*/) const { return false; }
+  // The fused update itself (see sparse_fused); the base version throws.
   virtual void update_sparse_fused(size_t group, const Tensor& param, const SparseRowGrad& grad,
                                    const Tensor& grad_scale, const Tensor& found_inf);
   // load_state_dict's check and copy of one saved state tensor `name` (under `key`) of `param`: the base takes

@@ -128,7 +128,7 @@ void RowWiseAdagrad::update_sparse_fused(size_t group, const Tensor& p, const Sp
                                          const Tensor& grad_scale, const Tensor& found_inf) {
   const RowWiseAdagradOptions& o = groups_[group].options;
   detail::fused_sparse_step(p, g, {row_sums(p)}, step_tensor(p),
-                            {.rule = cuda_impl::SparseRule::RowWiseAdagrad, .lr = o.lr, .eps = o.eps,
+                            {.rule = detail::SparseRule::RowWiseAdagrad, .lr = o.lr, .eps = o.eps,
                              .maximize = o.maximize},
                             grad_scale, found_inf);
 }

@@ -51,7 +51,7 @@ class RowWiseAdagrad : public HookedOptimizer<RowWiseAdagradOptions> {
   void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t) override;
   bool sparse_fused(size_t group, const Tensor& param) const override;  // CUDA parameters
   void update_sparse_fused(size_t group, const Tensor& param, const SparseRowGrad& grad, const Tensor& grad_scale,
-                           const Tensor& found_inf) override;
+                           const Tensor& found_inf) override;  // cuda/sparse.cu's kernel
   // "sum": (V) floating; the rest as the base.
   Tensor load_state_tensor(const Tensor& param, size_t index, const std::string& name, const Tensor& saved,
                            const std::string& key) const override;

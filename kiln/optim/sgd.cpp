@@ -148,7 +148,7 @@ void SGD::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad
                               const Tensor& found_inf) {
   const SGDOptions& o = groups_[group].options;
   detail::fused_sparse_step(p, g, {}, step_tensor(p),
-                            {.rule = cuda_impl::SparseRule::Sgd, .lr = o.lr, .maximize = o.maximize}, grad_scale,
+                            {.rule = detail::SparseRule::Sgd, .lr = o.lr, .maximize = o.maximize}, grad_scale,
                             found_inf);
 }
 

@@ -68,7 +68,7 @@ void SparseAdam::update_sparse_fused(size_t group, const Tensor& p, const Sparse
                                      const Tensor& found_inf) {
   const SparseAdamOptions& o = groups_[group].options;
   detail::fused_sparse_step(p, g, {state_tensor(p, "exp_avg"), state_tensor(p, "exp_avg_sq")}, step_tensor(p),
-                            {.rule = cuda_impl::SparseRule::Adam,
+                            {.rule = detail::SparseRule::Adam,
                              .lr = o.lr,
                              .beta1 = o.betas[0],
                              .beta2 = o.betas[1],

@@ -49,7 +49,7 @@ class SparseAdam : public HookedOptimizer<SparseAdamOptions> {
   void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t) override;
   bool sparse_fused(size_t group, const Tensor& param) const override;  // CUDA parameters
   void update_sparse_fused(size_t group, const Tensor& param, const SparseRowGrad& grad, const Tensor& grad_scale,
-                           const Tensor& found_inf) override;
+                           const Tensor& found_inf) override;  // cuda/sparse.cu's kernel
 };
 
 }  // namespace kiln::optim

@@ -2,6 +2,10 @@
 // broadcast along the other dims) through kiln ops; the host-side union of two row lists.
 #include "kiln/optim/sparse_rows.h"
 
+#if KILN_WITH_CUDA
+#include "kiln/optim/cuda/fused.h"  // fuses_sparse, fused_sparse_update
+#endif
+
 #include <algorithm>
 
 #include "kiln/tensor/error.h"
@@ -19,7 +23,7 @@ bool sparse_fusable(const Tensor& param) {
 }
 
 void fused_sparse_step(const Tensor& param, const SparseRowGrad& grad, const std::vector<Tensor>& states,
-                       const Tensor& step, const cuda_impl::SparseHyper& hyper, const Tensor& grad_scale,
+                       const Tensor& step, const SparseHyper& hyper, const Tensor& grad_scale,
                        const Tensor& found_inf) {
   KILN_CHECK(sparse_fusable(param), "optim: the fused sparse update takes a contiguous float32, float16 or bfloat16 "
              "CUDA parameter, got ", param.shape(), " ", param.dtype(), " on ", param.device());

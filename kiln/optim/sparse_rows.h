@@ -12,10 +12,18 @@
 #include <vector>
 
 #include "kiln/autograd/sparse_grad.h"  // SparseRowGrad
-#include "kiln/optim/cuda/fused.h"      // cuda_impl::SparseHyper (declarations only; no CUDA header)
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::optim::detail {
+
+// The fused CUDA update of a row-sparse gradient (cuda/fused.h: fused_sparse_update): the rule and its numbers.
+enum class SparseRule { Sgd, Adam, RowWiseAdagrad };
+// What fused_sparse_update applies (rule, learning rate, ...).
+struct SparseHyper {
+  SparseRule rule = SparseRule::Sgd;
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // betas: Adam; eps: Adam and RowWiseAdagrad
+  bool maximize = false;
+};
 
 // Whether a sparse gradient of `param` takes the fused CUDA update (cuda_impl::fuses_sparse): false in a build
 // without CUDA.
@@ -23,7 +31,7 @@ bool sparse_fusable(const Tensor& param);
 // cuda_impl::fused_sparse_update with the gradient as accumulated (values made contiguous) and grad_scale and
 // found_inf (undefined, or one element anywhere) as a 1-element float32 tensor on the parameter's device.
 void fused_sparse_step(const Tensor& param, const SparseRowGrad& grad, const std::vector<Tensor>& states,
-                       const Tensor& step, const cuda_impl::SparseHyper& hyper, const Tensor& grad_scale,
+                       const Tensor& step, const SparseHyper& hyper, const Tensor& grad_scale,
                        const Tensor& found_inf);
 
 // t[rows] as a new (K, D...) tensor in `dtype` (t's own when not given); rows (K) Int64 on t's device.

@@ -38,6 +38,7 @@
 
 #include <vector>
 
+#include "kiln/optim/sparse_rows.h"  // detail::SparseRule, detail::SparseHyper
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::optim::cuda_impl {
@@ -102,12 +103,8 @@ void fused_scale(const TensorVec& tensors, const Tensor& factor);
 // parameter's 1-element float32 counter on its device, read as step + 1 (Adam's bias corrections, in double) and
 // incremented after the update; grad_scale divides the summed gradient; found_inf != 0 makes it all a no-op. No host
 // synchronisation. Sgd and Adam round each operation as the unfused kiln-op path does (bit-equal results).
-enum class SparseRule { Sgd, Adam, RowWiseAdagrad };
-struct SparseHyper {
-  SparseRule rule = SparseRule::Sgd;
-  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  bool maximize = false;
-};
+using SparseRule = detail::SparseRule;
+using SparseHyper = detail::SparseHyper;
 // Whether fused_sparse_update takes this parameter: contiguous, on a GPU, float32, float16 or bfloat16.
 bool fuses_sparse(const Tensor& param);
 void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tensor& values, const TensorVec& states,
