@@ -3,7 +3,7 @@
 # GPU"), one JSON line per run (recsys --bench-steps, bench/pytorch_recsys.py), then bench/recsys_table.py's table.
 #
 #   examples/recsys/bench_goals.sh build-gpu /tmp/rs build        # configure (CUDA, sm_90), build the recsys target
-#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g1 cold g2   # estimated 395 s on the H200
+#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g1 cold g2   # estimated 420 s on the H200
 #   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3 table     # estimated 325 s
 #   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3sgd table  # estimated 285 s, if time is left
 #   KILN_RECSYS_SCALE=small examples/recsys/bench_goals.sh build-cpu /tmp/rs g1 g2 g3 table   # the CPU, tiny sizes

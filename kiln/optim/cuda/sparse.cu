@@ -107,7 +107,7 @@ __global__ void sparse_update_kernel(T* param, const T* values, const int64_t* i
     __syncwarp();
     if (lane == 0) state1[row] = sum;
     const float denom = __fadd_rn(__fsqrt_rn(sum), a.eps);
-    for (int64_t c = lane; c < w; c += 32) {
+    for (int64_t c = lane; c < w; c += 32) {  // the run's sums again (from L2), not kept in registers of any width
       const float g = run_grad(values, order, j, end, w, c, grad_scale, a.maximize);
       store_as(p + c, __fadd_rn(load_as<float>(p + c), __fmul_rn(__fdiv_rn(g, denom), a.neg_lr)));
     }
