@@ -439,6 +439,8 @@ int main(int argc, char** argv) {
     opts.fail("--bench-steps and --bench-warmup must be >= 0, --bench-cycle >= 1");
   }
   const bool timing = bench_steps > 0;
+  if (!timing && (!profiling.profile.empty() || profiling.nvtx))
+    opts.fail("--profile and --nvtx profile the timing mode's steps: add --bench-steps N");
   if (timing && (!checkpoint.empty() || resume)) opts.fail("the timing mode (--bench-steps) takes no --checkpoint");
   const double tables_lr = table_lr > 0                       ? table_lr
                            : table_optimizer == "sgd"         ? lr
