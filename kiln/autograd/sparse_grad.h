@@ -16,6 +16,13 @@
 // Who reads them: optim::SGD (without weight decay), optim::SparseAdam and optim::RowWiseAdagrad update only the
 // rows; optim::clip_grad_norm_ counts them; amp::GradScaler unscales them and checks them for inf/NaN;
 // Module::zero_grad and Optimizer::zero_grad clear them. Other optimizers refuse a parameter with a sparse gradient.
+//
+// Device-held gradients: the gradient of a parameter in page-locked host memory (is_pinned()) may stay on a GPU
+// (nn::HybridEmbedding's cold tier with ColdReads::Mapped leaves it there). The optimizers' fused CUDA updates then
+// write the touched rows, and the parameter's state (made in page-locked memory too), through the memory's device
+// mapping, on that GPU's stream, with no host synchronisation; so the host reads them only after a synchronisation
+// (Optimizer::state_dict and HybridEmbedding's host reads wait for the device themselves). An update that has no
+// fused form (SGD with momentum, float64) first copies the gradient to the host.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +33,8 @@ namespace kiln {
 
 // A row-sparse gradient of a parameter of shape dense_shape = (V, D...): row indices[i] gets values[i].
 struct SparseRowGrad {
-  Tensor indices;          // (K) Int64 in [0, V), on the parameter's device; may repeat unless coalesced
-  Tensor values;           // (K, D...) in the parameter's dtype, on its device
+  Tensor indices;          // (K) Int64 in [0, V), on values' device; may repeat unless coalesced
+  Tensor values;           // (K, D...) in the parameter's dtype, on its device (or a GPU: see above)
   Shape dense_shape;       // (V, D...), the parameter's shape
   bool coalesced = false;  // indices sorted ascending and unique
 
@@ -46,7 +53,9 @@ const SparseRowGrad* sparse_grad(const Tensor& param);
 // Whether `param` holds a sparse gradient.
 inline bool has_sparse_grad(const Tensor& param) { return sparse_grad(param) != nullptr; }
 // Adds `g`'s rows to `param`'s sparse gradient (appending them; the first call stores g). kiln::Error when g's
-// dense_shape, dtype or device differ from param's, or param also holds a dense gradient.
+// dense_shape or dtype differ from param's, its device differs from param's (unless param is page-locked host memory
+// and g is on a GPU: a device-held gradient, above) or from that of the rows already held, or param also holds a
+// dense gradient.
 void accumulate_sparse_grad(const Tensor& param, SparseRowGrad g);
 // Replaces `param`'s sparse gradient (what optimizers and the GradScaler write back).
 void set_sparse_grad(const Tensor& param, SparseRowGrad g);

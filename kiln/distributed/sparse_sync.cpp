@@ -14,16 +14,18 @@ void all_gather_sparse_grads(const std::vector<Tensor>& params, ProcessGroup* gr
   NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
-    // Each parameter through the group of its own device (an nn::HybridEmbedding's hot tier on the GPU: NCCL; its
-    // cold tier in host memory: MPI), unless one group was given for all.
-    KILN_CHECK(group_in == nullptr || group_in->device() == p.device(), "all_gather_sparse_grads: parameter ", i,
-               " (shape ", p.shape(), ") is on ", p.device(), " but the given ", group_in->backend(),
-               " group works on ", group_in->device(),
-               "; pass no group, so that each parameter uses the world group of its own device (dist::group)");
-    ProcessGroup& group = group_in != nullptr ? *group_in : dist::group(p.device());
-    const int world = group.size();
+    // Each parameter through the group of its gradient's device (an nn::HybridEmbedding's hot tier on the GPU: NCCL;
+    // its cold tier in host memory: MPI, or NCCL when its gradient is device-held), unless one group was given for all.
     const SparseRowGrad* g = autograd::sparse_grad(p);
-    const Device device = p.device();
+    // Where the gradient lives: the parameter's device, or the GPU of a device-held one (sparse_grad.h: an
+    // nn::HybridEmbedding's cold tier read through its mapping), whose rows then go through NCCL.
+    const Device device = g != nullptr ? g->values.device() : p.device();
+    KILN_CHECK(group_in == nullptr || group_in->device() == device, "all_gather_sparse_grads: parameter ", i,
+               " (shape ", p.shape(), ") has its gradient on ", device, " but the given ", group_in->backend(),
+               " group works on ", group_in->device(),
+               "; pass no group, so that each parameter uses the world group of its gradient's device (dist::group)");
+    ProcessGroup& group = group_in != nullptr ? *group_in : dist::group(device);
+    const int world = group.size();
     // Every rank's row count (-1: no sparse gradient), gathered first: the rows' all-gathers need one size.
     const Tensor count = internal::full({1}, g == nullptr ? -1 : g->nnz(), {.dtype = DType::Int64, .device = device});
     const Tensor counts = internal::empty({world}, {.dtype = DType::Int64, .device = device});

@@ -11,9 +11,10 @@
 // rank order and divided by the world size, so that the gradient is the mean over ranks as DataParallel's is, and
 // each rank's optimizer then applies the same update to its replica. Costs one small all-gather of the row counts and
 // two all-gathers per table; on a GPU the counts are read on the host. Each parameter goes through the world group of
-// its own device, so an nn::HybridEmbedding's two tiers both work: the hot rows' gradient through NCCL (or MPI on the
-// CPU), the cold rows' (in host memory) through MPI, which needs a job started by mpirun (dist::group says so when
-// it was not). Its placement must be the same on every rank: dist::share_placement (hybrid_placement.h).
+// its gradient's device, so an nn::HybridEmbedding's two tiers both work: the hot rows' gradient through NCCL (or MPI
+// on the CPU), the cold rows' through MPI when they are in host memory (which needs a job started by mpirun:
+// dist::group says so when it was not), or NCCL when they stayed on the GPU (ColdReads::Mapped, a device-held
+// gradient: kiln/autograd/sparse_grad.h). Its placement must be the same on every rank: dist::share_placement (hybrid_placement.h).
 #pragma once
 
 #include <vector>
@@ -24,7 +25,7 @@
 namespace kiln::dist {
 
 // Replaces each sparse gradient of `params` by the mean over the ranks of `group` (null: each parameter's through
-// dist::group of its device; a given group must work on every parameter's device, kiln::Error otherwise). Parameters
+// dist::group of its gradient's device; a given group must work on every gradient's device, kiln::Error otherwise). Parameters
 // without a sparse gradient must have none on every rank (kiln::Error otherwise, naming the parameter's position).
 // Every rank calls it with the same parameters in the same order.
 void all_gather_sparse_grads(const std::vector<Tensor>& params, ProcessGroup* group = nullptr);

@@ -49,8 +49,15 @@ Partition partition(const Tensor& ids, const Tensor& slot) {  // ids (N) Int64, 
   return p;
 }
 
-Tensor index_tensor(const std::vector<int64_t>& v, Device device) {  // (K) Int64 on device
-  return internal::to(internal::from_vector(v, {static_cast<int64_t>(v.size())}), device);
+// (K) Int64 on device. For a GPU the list is staged in page-locked memory and copied without waiting: the caching
+// pinned allocator keeps the staging buffer until the copy is done, so a lookup and its backward queue their index
+// lists without a host synchronisation each.
+Tensor index_tensor(const std::vector<int64_t>& v, Device device) {
+  const auto k = static_cast<int64_t>(v.size());
+  if (!device.is_cuda()) return internal::to(internal::from_vector(v, {k}), device);
+  Tensor staged = internal::empty({k}, {.dtype = DType::Int64, .pinned_memory = true});
+  if (k > 0) std::memcpy(staged.data_ptr<int64_t>(), v.data(), static_cast<size_t>(k) * sizeof(int64_t));
+  return internal::to(staged, device, {}, /*non_blocking=*/true);
 }
 
 // t[rows[i]] = values[i] in place (t (R, ...), rows (K) on t's device, values (K, ...)).
@@ -66,15 +73,18 @@ void write_rows(Tensor t, const Tensor& rows, const Tensor& values) {
 }
 
 // The lookup as one node: forward reads the rows gathered from both tiers (hot ones, then cold ones) in output order;
-// backward gives each tier the gradients of its own rows, sparse, on its own device. The split is redone from the
-// ids and the placement at backward time, so a rebalance between the two still sends each gradient to its row.
+// backward gives each tier the gradients of its own rows, sparse: the hot tier's on its device, the cold tier's on
+// the host, or left on the device when device_held (ColdReads::Mapped on a GPU: the optimizer then updates them
+// through the mapping). The split is redone from the ids and the placement at backward time, so a rebalance between
+// the two still sends each gradient to its row.
 struct HybridLookupFunction : autograd::Function<HybridLookupFunction> {
   static Tensor forward(autograd::Context& ctx, const Tensor& hot, const Tensor& cold, const Tensor& rows,
-                        const Tensor& order, const Tensor& ids, const Tensor& slot) {
+                        const Tensor& order, const Tensor& ids, const Tensor& slot, bool device_held) {
     ctx.set("hot", hot);  // the leaves the rows' gradients accumulate into
     ctx.set("cold", cold);
     ctx.set("ids", ids);    // (N) Int64 on the CPU
     ctx.set("slot", slot);  // (V) the module's placement (a handle: rebalance changes it in place)
+    ctx.set("device_held", device_held);
     return internal::index_select(rows, 0, order);  // (N, D)
   }
   static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
@@ -89,10 +99,11 @@ struct HybridLookupFunction : autograd::Function<HybridLookupFunction> {
     }
     if (cold.requires_grad()) {
       const Tensor rows = internal::index_select(g, 0, index_tensor(p.cold_pos, g.device()));
-      autograd::accumulate_sparse_grad(cold, {index_tensor(p.cold_slots, cold.device()),
-                                              internal::to(rows, cold.device(), cold.dtype()), cold.shape()});
+      const Device to = ctx.get<bool>("device_held") ? g.device() : cold.device();
+      autograd::accumulate_sparse_grad(
+          cold, {index_tensor(p.cold_slots, to), internal::to(rows, to, cold.dtype()), cold.shape()});
     }
-    return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};  // one per Tensor argument
   }
 };
 
@@ -149,6 +160,7 @@ HybridEmbedding::HybridEmbedding(int64_t num_embeddings, int64_t embedding_dim, 
 }
 
 void HybridEmbedding::reset_parameters(Generator* gen) {
+  wait_for_device_access();
   init::normal_(hot, 0, 1, gen);
   init::normal_(cold, 0, 1, gen);
 }
@@ -181,20 +193,38 @@ int64_t HybridEmbedding::slot_of(int64_t row) const {
   return slot.data_ptr<int64_t>()[row];
 }
 
-Tensor HybridEmbedding::gather_cold(const Tensor& cold_slots) const {
+bool HybridEmbedding::maps_cold() const {
+  return device.is_cuda() && cold_reads == ColdReads::Mapped && cold.is_pinned();
+}
+
+Tensor HybridEmbedding::gather_cold(const std::vector<int64_t>& cold_slots) {
+  const auto n = static_cast<int64_t>(cold_slots.size());
 #if KILN_WITH_CUDA
-  if (device.is_cuda() && cold_reads == ColdReads::Mapped) {
-    Tensor out = internal::empty({cold_slots.numel(), embedding_dim}, {.dtype = cold.dtype(), .device = device});
-    cuda_impl::gather_host_rows(out, cold.detach(), internal::to(cold_slots, device));
+  if (maps_cold()) {
+    device_access_ = device;  // this read, and the update of its rows' gradients, run on the device
+    Tensor out = internal::empty({n, embedding_dim}, {.dtype = cold.dtype(), .device = device});
+    cuda_impl::gather_host_rows(out, cold.detach(), index_tensor(cold_slots, device));
     return out;
   }
 #endif
-  // index_select on the host table, then one copy of the (N, D) rows to the device.
-  return internal::to(internal::index_select(cold.detach(), 0, cold_slots), device);
+  // index_select on the host table into page-locked memory, then one copy of the (N, D) rows to the device, which
+  // the host does not wait for (the caching pinned allocator keeps the buffer until the copy is done).
+  wait_for_device_access();
+  if (!device.is_cuda()) return internal::index_select(cold.detach(), 0, index_tensor(cold_slots, Device::cpu()));
+  Tensor staged = internal::empty({n, embedding_dim}, {.dtype = cold.dtype(), .pinned_memory = true});
+  const Tensor table = internal::contiguous(cold.detach());
+  const auto row_bytes = static_cast<size_t>(embedding_dim * static_cast<int64_t>(element_size(table.dtype())));
+  const int64_t* slots = cold_slots.data();
+  auto* to = static_cast<char*>(staged.data_ptr());
+  const auto* from = static_cast<const char*>(table.data_ptr());
+  for (int64_t i = 0; i < n; ++i) std::memcpy(to + i * row_bytes, from + slots[i] * row_bytes, row_bytes);
+  return internal::to(staged, device, {}, /*non_blocking=*/true);
 }
 
-void HybridEmbedding::wait_for_cold_reads() const {
-  if (device.is_cuda() && cold_reads == ColdReads::Mapped) cuda::synchronize(device.index());
+void HybridEmbedding::wait_for_device_access() const {
+  if (!device_access_) return;
+  cuda::synchronize(device_access_->index());
+  device_access_.reset();
 }
 
 Tensor HybridEmbedding::forward(const Tensor& ids) {
@@ -223,14 +253,15 @@ Tensor HybridEmbedding::forward(const Tensor& ids) {
 
   const Partition p = partition(host, slot);
   const Tensor hot_rows_got = internal::index_select(hot.detach(), 0, index_tensor(p.hot_slots, device));  // (Nh, D)
-  const Tensor cold_rows_got = gather_cold(index_tensor(p.cold_slots, Device::cpu()));                     // (Nc, D)
+  const Tensor cold_rows_got = gather_cold(p.cold_slots);                                                  // (Nc, D)
   // Output position i reads row order[i] of [hot rows; cold rows].
   std::vector<int64_t> order(static_cast<size_t>(n));
   const int64_t nh = static_cast<int64_t>(p.hot_pos.size());
   for (int64_t j = 0; j < nh; ++j) order[p.hot_pos[j]] = j;
   for (size_t j = 0; j < p.cold_pos.size(); ++j) order[p.cold_pos[j]] = nh + static_cast<int64_t>(j);
-  const Tensor rows = internal::cat({hot_rows_got, cold_rows_got}, 0);                                 // (Nh + Nc, D)
-  Tensor out = HybridLookupFunction::apply(hot, cold, rows, index_tensor(order, device), host, slot);  // (N, D)
+  const Tensor rows = internal::cat({hot_rows_got, cold_rows_got}, 0);  // (Nh + Nc, D)
+  const bool device_held = maps_cold();  // the cold rows' gradients stay on the device, updated through the mapping
+  Tensor out = HybridLookupFunction::apply(hot, cold, rows, index_tensor(order, device), host, slot, device_held);
   Shape shape = ids.shape();
   shape.push_back(embedding_dim);
   return out.reshape(shape);  // (..., D)
@@ -308,7 +339,7 @@ RowSwaps HybridEmbedding::place_and_swap() {
     s[leaving[i].second] = -cold_slots[i] - 1;
   }
   RowSwaps swaps{index_tensor(hot_slots, Device::cpu()), index_tensor(cold_slots, Device::cpu())};
-  wait_for_cold_reads();
+  wait_for_device_access();
   {
     NoGradGuard no_grad;
     swap_rows(swaps, hot, cold);
@@ -392,6 +423,7 @@ void copy_rows_in_chunks(const Tensor& dst, const Tensor& src, const std::vector
 }  // namespace
 
 Tensor HybridEmbedding::table() const {
+  wait_for_device_access();  // the device's reads and writes of the cold tier
   // One (V, D) tensor, each tier's rows written to their rows in place: at most the table and a host copy of the
   // hot tier beside the tiers, never a second table.
   Tensor out = internal::empty({num_embeddings, embedding_dim}, {.dtype = cold.dtype()});
@@ -468,7 +500,7 @@ StateDict HybridEmbedding::own_load_targets(const std::function<const Tensor*(co
 
 void HybridEmbedding::finish_load_state() {
   if (!staged_weight_.defined()) return;
-  wait_for_cold_reads();
+  wait_for_device_access();
   NoGradGuard no_grad;
   slot.copy_(staged_slot_);
   counts.copy_(staged_counts_);
@@ -487,6 +519,7 @@ void HybridEmbedding::finish_load_state() {
 }
 
 void HybridEmbedding::to_own(const MoveRequest& request) {
+  wait_for_device_access();  // the cold tier may be moved (a new dtype) or freed below
   if (request.device) device = *request.device;
   set_data_in_place(hot, request.moved(hot));
   if (hot.grad().defined()) set_data_in_place(hot.grad(), request.moved(hot.grad()));

@@ -14,8 +14,8 @@
 // The hot set is the H most frequent rows (ties: the lower row id first), by a given frequency table, or by the
 // lookups counted over the first count_batches training-mode forward calls, after which the next forward rebalances
 // once by itself; without either, rows 0..H-1 are hot (and stay so while counting).
-// Gradients are row-sparse (kiln/autograd/sparse_grad.h) and land where each row lives: the hot rows' in `hot` (on
-// the device), the cold rows' in `cold` (on the host), so a sparse optimizer (optim::SGD, SparseAdam,
+// Gradients are row-sparse (kiln/autograd/sparse_grad.h): the hot rows' in `hot` (on the device), the cold rows' in
+// `cold` (on the host; with ColdReads::Mapped held on the device), so a sparse optimizer (optim::SGD, SparseAdam,
 // RowWiseAdagrad) given both parameters updates each row, and keeps its state, in the row's own tier.
 // state_dict() presents one logical table: "weight" (V, D) in row order on the CPU (a new tensor, not sharing the
 // tiers' memory), "slot", "counts" and "calls_counted" (where the counting of count_batches stands); loading one
@@ -33,23 +33,36 @@
 // at the same points, as it does in a data-parallel loop.
 // Today every lookup reads the ids on the host (placement, counts and the range check are there; ids on a GPU are
 // copied back, which waits for them). On a GPU the cold rows reach the device by cold_reads: gathered on the host and
-// copied (ColdReads::Copy), or read by a kernel from the page-locked table (ColdReads::Mapped).
+// copied (ColdReads::Copy), or read by a kernel from the page-locked table (ColdReads::Mapped), which also leaves
+// their gradients on the device, for the optimizer to update the cold rows from the device. In that mode the GPU
+// reads and writes the cold tier (and the optimizer's state of it) asynchronously: this module's own host accesses
+// (state_dict, rebalance, load, a move) wait for the device first, as Optimizer::state_dict does; code that reads
+// `cold` or its optimizer state directly calls cuda::synchronize() first.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "kiln/layers/module.h"     // nn::Module
 #include "kiln/tensor/generator.h"  // Generator (reset_parameters)
 
 namespace kiln::nn {
 
-// How a lookup on a GPU brings the cold rows it needs to the device.
+// How a lookup on a GPU brings the cold rows it needs to the device, and where their gradients are applied.
 enum class ColdReads {
-  Copy,    // gathered on the host, then one copy to the device
-  Mapped,  // read by a GPU kernel straight from the page-locked host table (no host gather, no staging copy)
+  // Gathered on the host, then one copy to the device. Backward copies the cold rows' gradients to the host (a
+  // wait), and the optimizer updates them there.
+  Copy,
+  // Read by a GPU kernel straight from the page-locked host table (no host gather, no staging copy). The cold rows'
+  // gradients stay on the device (device-held, kiln/autograd/sparse_grad.h), and the optimizers' fused updates
+  // (SGD without momentum, SparseAdam, RowWiseAdagrad) write the rows and their state, in page-locked host memory,
+  // from the device: the step has no host synchronisation. An update without a fused form copies the gradient to
+  // the host first.
+  Mapped,
 };
 
 // Options of nn::HybridEmbedding.
@@ -158,13 +171,16 @@ class HybridEmbedding : public Module {
   void to_own(const MoveRequest& request) override;
 
  private:
-  // cold's rows at cold_slots ((N) Int64 on the CPU) as (N, D) on `device`: the one place cold rows cross to the
-  // device, by cold_reads.
-  Tensor gather_cold(const Tensor& cold_slots) const;
-  // Waits for GPU kernels that may still read the cold tier (ColdReads::Mapped) before the host writes it outside an
-  // optimizer step (rebalance, load). An optimizer's writes come after backward, which waited for the cold rows'
-  // gradients.
-  void wait_for_cold_reads() const;
+  // cold's rows at cold_slots (N cold slots) as (N, D) on `device`: the one place cold rows cross to the device, by
+  // cold_reads (a host gather first waits for the device's access: wait_for_device_access).
+  Tensor gather_cold(const std::vector<int64_t>& cold_slots);
+  // Whether the device reads the cold tier through its mapping, and its gradients stay on the device (updated
+  // through the mapping too): ColdReads::Mapped on a GPU.
+  bool maps_cold() const;
+  // Waits for the GPU kernels that may still read or write the cold tier through its mapping (a lookup, and the
+  // optimizer's update of its device-held gradient) before the host reads or writes it: a host gather, table() and
+  // state_dict, rebalance, load, reset_parameters, a move.
+  void wait_for_device_access() const;
   // Sets slot from per-row scores (V doubles): the top H hot. Used at construction (no values to move).
   void place_by(const std::vector<double>& score);
   std::vector<double> scores() const;  // counts + frequencies, per row
@@ -184,6 +200,9 @@ class HybridEmbedding : public Module {
   Tensor pending_;             // (V) Int64 on the CPU: this rank's lookups since the last agreement, or none
   Tensor staged_weight_, staged_slot_, staged_counts_, staged_calls_;  // load_state_dict's staging (own_load_targets)
   Tensor calls_state() const;  // "calls_counted": calls counted while counting, -1 once the counting phase is over
+  // The device that may still be reading or writing the cold tier through its mapping (set by a mapped lookup),
+  // until wait_for_device_access.
+  mutable std::optional<Device> device_access_;
 };
 
 }  // namespace kiln::nn

@@ -10,6 +10,7 @@
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/sparse_grad.h"
 #include "kiln/optim/grad_groups.h"  // flat_dense, flat_layout, same_order
+#include "kiln/optim/sparse_rows.h"  // state_options
 #include "kiln/tensor/cuda.h"        // cuda::Graph
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/internal_ops.h"
@@ -38,8 +39,8 @@ std::string group_key(size_t g, const std::string& option) {
 }
 
 // A fresh copy of `t` with the given dtype on the given device (never sharing memory with t).
-Tensor copy_to(const Tensor& t, DType dtype, Device device) {
-  Tensor out = internal::empty(t.shape(), {.dtype = dtype, .device = device});
+Tensor copy_to(const Tensor& t, const TensorOptions& options) {
+  Tensor out = internal::empty(t.shape(), options);
   internal::copy_(out, t);
   return out;
 }
@@ -101,7 +102,12 @@ const std::map<std::string, Tensor>* Optimizer::find_state(const Tensor& param) 
   return it == state_.end() ? nullptr : &it->second;
 }
 
+void Optimizer::wait_for_mapped_updates() const {
+  for (const int device : mapped_devices_) cuda::synchronize(device);
+}
+
 OptimizerState Optimizer::state_dict() const {
+  wait_for_mapped_updates();  // host state written by a GPU through its mapping
   OptimizerState out;
   size_t index = 0;
   for (size_t g = 0; g < num_param_groups(); ++g) {
@@ -120,6 +126,7 @@ OptimizerState Optimizer::state_dict() const {
 
 void Optimizer::load_state_dict(const OptimizerState& sd) {
   const std::string op = name() + ".load_state_dict";
+  wait_for_mapped_updates();  // the state it replaces may still be written by a GPU through its mapping
   // Groups: count and sizes.
   size_t saved_groups = 0;
   while (sd.values.count(group_key(saved_groups, "size"))) ++saved_groups;
@@ -178,12 +185,12 @@ Tensor Optimizer::load_state_tensor(const Tensor& p, size_t index, const std::st
   const std::string op = this->name() + ".load_state_dict";
   if (name == "step") {
     KILN_CHECK(t.numel() == 1, op, ": '", key, "' has shape ", t.shape(), "; a step count has one element");
-    return copy_to(internal::reshape(t, {1}), DType::Float32, p.device());
+    return copy_to(internal::reshape(t, {1}), detail::state_options(p, DType::Float32));
   }
   KILN_CHECK(t.shape() == p.shape(), op, ": '", key, "' has shape ", t.shape(), " but parameter ", index, " has shape ",
              p.shape());
   KILN_CHECK(t.is_floating_point(), op, ": '", key, "' has dtype ", t.dtype(), "; optimizer states are floating");
-  return copy_to(t, state_dtype(p), p.device());
+  return copy_to(t, detail::state_options(p, state_dtype(p)));
 }
 
 void Optimizer::check_nonempty(size_t group_number, size_t size, const std::string& optimizer_name) {
@@ -298,8 +305,11 @@ void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf)
       update_bucket(group, bucket, grad_scale, found_inf);
       finish_bucket(bucket);
     }
-    for (const Tensor& p : sparse_fused_params[group])
-      update_sparse_fused(group, p, *autograd::sparse_grad(p), grad_scale, found_inf);
+    for (const Tensor& p : sparse_fused_params[group]) {
+      const SparseRowGrad& g = *autograd::sparse_grad(p);
+      if (p.is_cpu()) mapped_devices_.insert(g.values.device().index());  // updated through the mapping
+      update_sparse_fused(group, p, g, grad_scale, found_inf);
+    }
     if (plan.cpu.empty() && !has_sparse[group]) continue;
     if (!skip_read) skip_cpu = found_inf_set(found_inf), skip_read = true;
     if (skip_cpu) continue;
@@ -321,6 +331,10 @@ void Optimizer::step_sparse(size_t group, const Tensor& grad_scale) {
     const SparseRowGrad* sparse = autograd::sparse_grad(p);
     if (sparse == nullptr) continue;
     SparseRowGrad g = sparse->coalesce();  // (K) sorted unique rows, (K, D...) summed values
+    if (g.values.device() != p.device()) {  // device-held (sparse_grad.h), without a fused update: to the parameter
+      g.indices = internal::to(g.indices, p.device());
+      g.values = internal::to(g.values, p.device());
+    }
     const DType math = state_dtype(p);
     if (g.values.dtype() != math) g.values = internal::cast(g.values, math);
     if (grad_scale.defined()) {
@@ -382,17 +396,19 @@ Tensor& Optimizer::state_tensor(const Tensor& param, const std::string& name) {
   if (it != s.end()) {
     Tensor& t = it->second;
     if (!t.is_contiguous(layout)) t = internal::contiguous(t, layout);
+    detail::pin_like(param, t);
     return t;
   }
-  return s[name] = internal::zeros(param.shape(),
-                                   {.dtype = state_dtype(param), .device = param.device(), .memory_format = layout});
+  TensorOptions options = detail::state_options(param, state_dtype(param));
+  options.memory_format = layout;
+  return s[name] = internal::zeros(param.shape(), options);
 }
 
 Tensor& Optimizer::step_tensor(const Tensor& param) {
   auto& s = state(param);
   auto it = s.find("step");
-  if (it != s.end()) return it->second;
-  return s["step"] = internal::zeros({1}, {.dtype = DType::Float32, .device = param.device()});
+  if (it != s.end()) return detail::pin_like(param, it->second);
+  return s["step"] = internal::zeros({1}, detail::state_options(param, DType::Float32));
 }
 
 const double* Optimizer::graph_lr(size_t group, Device device) {

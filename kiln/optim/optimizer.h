@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,7 +76,9 @@ class Optimizer {
   std::map<std::string, Tensor>& state(const Tensor& param);
   const std::map<std::string, Tensor>* find_state(const Tensor& param) const;  // null when param has none
 
-  virtual OptimizerState state_dict() const;  // the live state tensors and every group's options
+  // The live state tensors and every group's options. Waits first for the GPUs that updated a parameter in
+  // page-locked host memory through its mapping (a device-held sparse gradient, kiln/autograd/sparse_grad.h).
+  virtual OptimizerState state_dict() const;
   // Throws kiln::Error naming the first mismatch (group count or sizes, a missing option, a tensor's shape)
   // and changes nothing then. Tensors are copied to each parameter's device (and state dtype).
   virtual void load_state_dict(const OptimizerState& state);
@@ -152,24 +155,27 @@ class Optimizer {
   virtual void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t);
   // The fused path of a sparse gradient on a GPU: for a parameter where sparse_fused is true, step_by_hooks calls
   // update_sparse_fused instead, with the gradient as accumulated (not coalesced) and grad_scale and found_inf as
-  // given; it updates the rows and advances "step" on the device, without a host synchronisation. The base
-  // versions: false, and a throw.
+  // given; it updates the rows and advances "step" on the gradient's device, without a host synchronisation (also
+  // for a parameter in page-locked host memory, through its mapping). The base versions: false, and a throw. A
+  // device-held gradient (on another device than its parameter) that takes the unfused path is copied to the
+  // parameter's device first.
   virtual bool sparse_fused(size_t /*group*/, const Tensor& /*param*/) const { return false; }
   // The fused update itself (see sparse_fused); the base version throws.
   virtual void update_sparse_fused(size_t group, const Tensor& param, const SparseRowGrad& grad,
                                    const Tensor& grad_scale, const Tensor& found_inf);
   // load_state_dict's check and copy of one saved state tensor `name` (under `key`) of `param`: the base takes
   // "step" (one element; 1-element float32 on the parameter's device) and floating tensors of the parameter's
-  // shape (copied in state_dtype to its device). Optimizers whose state has another form (a per-row state, a
+  // shape (copied in state_dtype to its device; page-locked for a page-locked parameter, as detail::state_options). Optimizers whose state has another form (a per-row state, a
   // list of rows) override it for those names and call it for the others. Throws kiln::Error naming `key`.
   virtual Tensor load_state_tensor(const Tensor& param, size_t index, const std::string& name, const Tensor& saved,
                                    const std::string& key) const;
 
   // The dtype state tensors and CPU math use for a parameter: float32 for 16-bit floats, else its dtype.
   static DType state_dtype(const Tensor& param);
-  // The state tensor `name` of `param`: created as zeros (param's shape, state dtype, device) when absent.
+  // The state tensor `name` of `param`: created as zeros (param's shape, state dtype, device; page-locked for a
+  // page-locked parameter, detail::state_options) when absent.
   Tensor& state_tensor(const Tensor& param, const std::string& name);
-  // The "step" tensor of `param` (1-element float32 on its device), created as 0 when absent.
+  // The "step" tensor of `param` (1-element float32 beside it, as state_tensor), created as 0 when absent.
   Tensor& step_tensor(const Tensor& param);
   // For the fused kernels' lr_device (kiln/optim/cuda/fused.h). Outside a CUDA graph capture: nullptr (the
   // kernels take the group's lr as a value). During one (cuda::Graph::capturing()): the memory of a 1-element
@@ -181,6 +187,10 @@ class Optimizer {
   // Keyed by the parameter's TensorImpl: a parameter is the same tensor for the optimizer's lifetime
   // (Module::to() changes tensors in place).
   std::map<const void*, std::map<std::string, Tensor>> state_;
+  // The GPUs (indices) that have updated a page-locked host parameter through its mapping: state_dict() and
+  // load_state_dict() wait for them.
+  std::set<int> mapped_devices_;
+  void wait_for_mapped_updates() const;
   // Replay hooks of CUDA graphs hold this weakly: a replay after the optimizer is gone throws.
   std::shared_ptr<Optimizer*> alive_ = std::make_shared<Optimizer*>(this);
 };

@@ -56,8 +56,8 @@ void RowWiseAdagrad::check_dense_param(size_t group, const Tensor& p) const {
 Tensor& RowWiseAdagrad::row_sums(const Tensor& p) {
   auto& s = state(p);
   auto it = s.find("sum");
-  if (it != s.end()) return it->second;
-  return s["sum"] = internal::zeros({p.size(0)}, {.dtype = state_dtype(p), .device = p.device()});
+  if (it != s.end()) return detail::pin_like(p, it->second);
+  return s["sum"] = internal::zeros({p.size(0)}, detail::state_options(p, state_dtype(p)));
 }
 
 void RowWiseAdagrad::update_param(size_t group, const Tensor& p, Tensor g, Tensor& w, double /*t*/) {
@@ -117,12 +117,14 @@ Tensor RowWiseAdagrad::load_state_tensor(const Tensor& p, size_t index, const st
              " needs one number per row (", p.dim() >= 1 ? p.size(0) : 0, ")");
   KILN_CHECK(saved.is_floating_point(), "RowWiseAdagrad.load_state_dict: '", key, "' has dtype ", saved.dtype(),
              "; optimizer states are floating");
-  Tensor out = internal::empty(saved.shape(), {.dtype = state_dtype(p), .device = p.device()});
+  Tensor out = internal::empty(saved.shape(), detail::state_options(p, state_dtype(p)));
   internal::copy_(out, saved);
   return out;
 }
 
-bool RowWiseAdagrad::sparse_fused(size_t /*group*/, const Tensor& p) const { return detail::sparse_fusable(p); }
+bool RowWiseAdagrad::sparse_fused(size_t /*group*/, const Tensor& p) const {
+  return detail::sparse_fusable(p, *autograd::sparse_grad(p));
+}
 
 void RowWiseAdagrad::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad& g,
                                          const Tensor& grad_scale, const Tensor& found_inf) {

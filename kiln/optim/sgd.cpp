@@ -141,7 +141,7 @@ void SGD::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad
 }
 
 bool SGD::sparse_fused(size_t group, const Tensor& p) const {
-  return groups_[group].options.momentum == 0 && detail::sparse_fusable(p);
+  return groups_[group].options.momentum == 0 && detail::sparse_fusable(p, *autograd::sparse_grad(p));
 }
 
 void SGD::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad& g, const Tensor& grad_scale,

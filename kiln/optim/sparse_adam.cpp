@@ -62,7 +62,9 @@ void SparseAdam::update_sparse_param(size_t group, const Tensor& p, const Sparse
   detail::write_rows_(param, rows, w);
 }
 
-bool SparseAdam::sparse_fused(size_t /*group*/, const Tensor& p) const { return detail::sparse_fusable(p); }
+bool SparseAdam::sparse_fused(size_t /*group*/, const Tensor& p) const {
+  return detail::sparse_fusable(p, *autograd::sparse_grad(p));
+}
 
 void SparseAdam::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad& g, const Tensor& grad_scale,
                                      const Tensor& found_inf) {

@@ -13,11 +13,11 @@
 
 namespace kiln::optim::detail {
 
-bool sparse_fusable(const Tensor& param) {
+bool sparse_fusable(const Tensor& param, const SparseRowGrad& grad) {
 #if KILN_WITH_CUDA
-  return cuda_impl::fuses_sparse(param);
+  return grad.values.defined() && cuda_impl::fuses_sparse(param, grad.values.device());
 #else
-  (void)param;
+  (void)param, (void)grad;
   return false;
 #endif
 }
@@ -25,19 +25,31 @@ bool sparse_fusable(const Tensor& param) {
 void fused_sparse_step(const Tensor& param, const SparseRowGrad& grad, const std::vector<Tensor>& states,
                        const Tensor& step, const SparseHyper& hyper, const Tensor& grad_scale,
                        const Tensor& found_inf) {
-  KILN_CHECK(sparse_fusable(param), "optim: the fused sparse update takes a contiguous float32, float16 or bfloat16 "
-             "CUDA parameter, got ", param.shape(), " ", param.dtype(), " on ", param.device());
+  KILN_CHECK(sparse_fusable(param, grad), "optim: the fused sparse update takes a contiguous float32, float16 or "
+             "bfloat16 parameter on its gradient's GPU (or in page-locked host memory), got ", param.shape(), " ",
+             param.dtype(), " on ", param.device(), " with a gradient on ",
+             grad.values.defined() ? grad.values.device() : param.device());
 #if KILN_WITH_CUDA
+  const Device device = grad.values.device();
   const auto scalar = [&](const Tensor& t) {
     if (!t.defined()) return t;
     KILN_CHECK(t.numel() == 1, "optim: grad_scale and found_inf hold one element, got shape ", t.shape());
-    return internal::contiguous(internal::reshape(internal::to(t, param.device(), DType::Float32), {1}));
+    return internal::contiguous(internal::reshape(internal::to(t, device, DType::Float32), {1}));
   };
   cuda_impl::fused_sparse_update(param, grad.indices, internal::contiguous(grad.values), states, step, hyper,
                                  scalar(grad_scale), scalar(found_inf));
 #else
-  (void)grad, (void)states, (void)step, (void)hyper, (void)grad_scale, (void)found_inf;
+  (void)states, (void)step, (void)hyper, (void)grad_scale, (void)found_inf;
 #endif
+}
+
+TensorOptions state_options(const Tensor& param, DType dtype) {
+  return {.dtype = dtype, .device = param.device(), .pinned_memory = param.is_cpu() && param.is_pinned()};
+}
+
+Tensor& pin_like(const Tensor& param, Tensor& state) {
+  if (param.is_cpu() && param.is_pinned() && state.is_cpu() && !state.is_pinned()) state = state.pin_memory();
+  return state;
 }
 
 Tensor gather_rows(const Tensor& t, const Tensor& rows, std::optional<DType> dtype) {

@@ -25,11 +25,12 @@ struct SparseHyper {
   bool maximize = false;
 };
 
-// Whether a sparse gradient of `param` takes the fused CUDA update (cuda_impl::fuses_sparse): false in a build
-// without CUDA.
-bool sparse_fusable(const Tensor& param);
-// cuda_impl::fused_sparse_update with the gradient as accumulated (values made contiguous) and grad_scale and
-// found_inf (undefined, or one element anywhere) as a 1-element float32 tensor on the parameter's device.
+// Whether `param`'s sparse gradient `grad` takes the fused CUDA update (cuda_impl::fuses_sparse): a contiguous
+// float32, float16 or bfloat16 parameter on the gradient's GPU, or in page-locked host memory with the gradient on
+// a GPU (device-held, sparse_grad.h). False in a build without CUDA.
+bool sparse_fusable(const Tensor& param, const SparseRowGrad& grad);
+// cuda_impl::fused_sparse_update on the gradient's GPU, with the gradient as accumulated (values made contiguous) and
+// grad_scale and found_inf (undefined, or one element anywhere) as a 1-element float32 tensor on that GPU.
 void fused_sparse_step(const Tensor& param, const SparseRowGrad& grad, const std::vector<Tensor>& states,
                        const Tensor& step, const SparseHyper& hyper, const Tensor& grad_scale,
                        const Tensor& found_inf);
@@ -49,6 +50,12 @@ struct RowUnion {
   std::vector<int64_t> b_positions;  // rows[b_positions[j]] == b[j]
 };
 RowUnion row_union(const std::vector<int64_t>& a, const std::vector<int64_t>& b);
+// The state of a parameter in `dtype`: on its device, and page-locked when the parameter is (so that the fused update
+// of a device-held gradient reaches it through the device mapping).
+TensorOptions state_options(const Tensor& param, DType dtype);
+// A state made before its parameter was page-locked (the parameter moved) moves to page-locked memory once.
+// Returns `state`.
+Tensor& pin_like(const Tensor& param, Tensor& state);
 // A 1-D Int64 tensor's entries on the host (a device tensor is copied, which waits for it).
 std::vector<int64_t> host_rows(const Tensor& rows);
 

@@ -1,17 +1,24 @@
 // nn::HybridEmbedding on a GPU: the hot tier on the device, the cold one in page-locked host memory, read by either
-// cold path (ColdReads::Copy, ColdReads::Mapped). Lookups, and SGD and SparseAdam steps across a rebalance, must equal
-// a plain sparse nn::Embedding whose whole table is on the GPU, bit for bit in float32; the kernel that reads host
+// cold path (ColdReads::Copy, ColdReads::Mapped: the cold rows' gradients then stay on the GPU and the optimizers
+// update the rows through the mapping). Lookups, and SGD (with and without momentum), SparseAdam (also under a
+// GradScaler) and RowWiseAdagrad steps across a rebalance, must equal a plain sparse nn::Embedding whose whole table
+// is on the GPU, bit for bit in float32 (the one exception is said where it is), state included; the kernel that reads host
 // rows must move every byte of rows of any width and dtype. (Each row appears at most twice in a batch, so that
 // the order in which the plain table's GPU coalescing adds a row's gradients cannot change its sum's bits.)
 #include <gtest/gtest.h>
 
+#include <cmath>  // INFINITY
 #include <memory>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kiln/autograd/grad_mode.h"       // NoGradGuard
 #include "kiln/autograd/sparse_grad.h"     // sparse_grad
 #include "kiln/layers/hybrid_embedding.h"  // nn::HybridEmbedding
 #include "kiln/layers/layers.h"            // nn::Embedding: the all-on-GPU reference
+#include "kiln/optim/grad_scaler.h"        // amp::GradScaler
+#include "kiln/optim/rowwise_adagrad.h"    // optim::RowWiseAdagrad
 #include "kiln/optim/sgd.h"                // optim::SGD
 #include "kiln/optim/sparse_adam.h"        // optim::SparseAdam
 #include "kiln/tensor/cuda.h"              // cuda::is_available
@@ -35,10 +42,28 @@ class HybridEmbeddingCuda : public ::testing::TestWithParam<nn::ColdReads> {
   }
 };
 
+// The logical (12, ...) table of a per-row state kept as a hot (3, ...) and a cold (9, ...) tensor, by emb's slots.
+Tensor logical_rows(const nn::HybridEmbedding& emb, const Tensor& hot, const Tensor& cold) {
+  const Tensor h = hot.to(Device::cpu()), c = cold.to(Device::cpu());
+  std::vector<Tensor> rows;
+  for (int64_t r = 0; r < emb.num_embeddings; ++r) {
+    const int64_t s = emb.slot_of(r);
+    rows.push_back(s >= 0 ? h.narrow(0, s, 1) : c.narrow(0, -s - 1, 1));
+  }
+  return cat(rows, 0);
+}
+
+struct SideBySide {
+  bool exact = true;        // bit-equal; else within float32 rounding (rtol 1e-5)
+  bool with_scaler = false;  // through an amp::GradScaler (scale 2^10) on both sides
+};
+
 // Trains a hybrid table (3 of 12 rows hot, on cuda:0) and a plain sparse Embedding holding the same table on cuda:0
-// with the same batches, checking lookups and the whole table after every step.
+// with the same batches, checking lookups and the whole table after every step, and at the end the optimizer's
+// per-row state (as state_dict gives it) row by row. With ColdReads::Mapped the cold rows' gradients stay on the
+// GPU and their state is made in page-locked memory; with Copy both are on the host.
 template <typename Opt, typename Options>
-void train_side_by_side(nn::ColdReads reads, Options options) {
+void train_side_by_side(nn::ColdReads reads, Options options, SideBySide how = {}) {
   const Device gpu = Device::cuda(0);
   manual_seed(21);
   auto emb = std::make_shared<nn::HybridEmbedding>(
@@ -53,8 +78,17 @@ void train_side_by_side(nn::ColdReads reads, Options options) {
   plain->to(gpu);
   Opt opt(emb->parameters(), options);
   Opt ref(plain->parameters(), options);
+  amp::GradScaler scaler({.init_scale = 1024.0, .enabled = how.with_scaler});
+  amp::GradScaler ref_scaler({.init_scale = 1024.0, .enabled = how.with_scaler});
   emb->on_rebalance = [&](const nn::RowSwaps& s) {
     emb->swap_state_rows(s, opt.state(emb->hot), opt.state(emb->cold));
+  };
+  const auto same = [&](const Tensor& a, const Tensor& b, const std::string& what) {
+    if (how.exact) {
+      ASSERT_EQ(bytes_of(a), bytes_of(b)) << what;
+    } else {
+      ASSERT_TRUE(internal::allclose(a.to(Device::cpu()), b.to(Device::cpu()), 1e-5, 1e-7)) << what;
+    }
   };
   const std::vector<std::vector<int64_t>> batches = {{0, 1, 11, 11, 10}, {11, 10, 10, 7, 2}, {11, 9, 10, 0},
                                                      {1, 10, 11, 5},     {7, 7, 0, 3},       {11, 2, 10, 4, 1}};
@@ -65,11 +99,17 @@ void train_side_by_side(nn::ColdReads reads, Options options) {
     const Tensor a = (*emb)(ids), b = (*plain)(ids.to(gpu));
     ASSERT_TRUE(a.is_cuda());
     ASSERT_EQ(bytes_of(a), bytes_of(b)) << "lookup of step " << step;
-    loss_of(a).backward();
-    loss_of(b).backward();
-    opt.step();
-    ref.step();
-    ASSERT_EQ(bytes_of(emb->table()), bytes_of(plain->weight)) << "after step " << step;
+    scaler.scale(loss_of(a)).backward();
+    ref_scaler.scale(loss_of(b)).backward();
+    const SparseRowGrad* cold_grad = autograd::sparse_grad(emb->cold);
+    ASSERT_NE(cold_grad, nullptr);
+    EXPECT_EQ(cold_grad->values.device(), reads == nn::ColdReads::Mapped ? gpu : Device::cpu())
+        << "the cold rows' gradient is device-held exactly when the cold tier is mapped";
+    scaler.step(opt);
+    ref_scaler.step(ref);
+    scaler.update();
+    ref_scaler.update();
+    same(emb->table(), plain->weight, "the table after step " + std::to_string(step));
     if (step == 2) {
       opt.zero_grad();
       ASSERT_GT(emb->rebalance().size(), 0);  // 11 and 10 come in
@@ -77,14 +117,87 @@ void train_side_by_side(nn::ColdReads reads, Options options) {
       EXPECT_GE(emb->slot_of(10), 0);
     }
   }
+  // The per-row state: hot (index 0) and cold (index 1) against the plain table's (index 0), by slot.
+  const optim::OptimizerState mine = opt.state_dict(), theirs = ref.state_dict();
+  int compared = 0;
+  for (const auto& [key, t] : theirs.tensors) {
+    const std::string name = key.substr(std::string("state.0.").size());
+    if (t.dim() < 1 || t.size(0) != 12) continue;  // the step counter
+    const Tensor& hot = mine.tensors.at("state.0." + name);
+    const Tensor& cold = mine.tensors.at("state.1." + name);
+    EXPECT_TRUE(cold.is_cpu());
+    if (reads == nn::ColdReads::Mapped) EXPECT_TRUE(cold.is_pinned()) << name << ": written through the mapping";
+    same(logical_rows(*emb, hot, cold), t, "optimizer state " + name);
+    ++compared;
+  }
+  EXPECT_GT(compared + (std::is_same_v<Opt, optim::SGD> ? 1 : 0), 0) << "no per-row state was compared";
 }
 
 TEST_P(HybridEmbeddingCuda, SgdStepsEqualAWholeTableOnTheGpu) {
+  train_side_by_side<optim::SGD>(GetParam(), optim::SGDOptions{.lr = 0.1});
+}
+
+TEST_P(HybridEmbeddingCuda, SgdMomentumStepsEqualAWholeTableOnTheGpu) {
+  // No fused form: a device-held gradient is copied to the host for the cold rows' update.
   train_side_by_side<optim::SGD>(GetParam(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
 }
 
 TEST_P(HybridEmbeddingCuda, SparseAdamStepsEqualAWholeTableOnTheGpu) {
   train_side_by_side<optim::SparseAdam>(GetParam(), optim::SparseAdamOptions{.lr = 0.05});
+}
+
+TEST_P(HybridEmbeddingCuda, SparseAdamUnderAGradScalerEqualsAWholeTableOnTheGpu) {
+  train_side_by_side<optim::SparseAdam>(GetParam(), optim::SparseAdamOptions{.lr = 0.05}, {.with_scaler = true});
+}
+
+TEST_P(HybridEmbeddingCuda, RowWiseAdagradStepsEqualAWholeTableOnTheGpu) {
+  // Mapped: both tiers take the fused update, as the whole table does (bit-equal). Copy: the cold rows' update runs
+  // through kiln ops on the host, whose row mean may add in another order (float32 rounding).
+  train_side_by_side<optim::RowWiseAdagrad>(GetParam(), optim::RowWiseAdagradOptions{.lr = 0.1},
+                                            {.exact = GetParam() == nn::ColdReads::Mapped});
+}
+
+TEST_P(HybridEmbeddingCuda, AFoundInfSkipsTheColdRowsToo) {
+  // An inf in one looked-up cold row's gradient: the GradScaler skips the step on both tiers, on the device.
+  const Device gpu = Device::cuda(0);
+  manual_seed(24);
+  nn::HybridEmbedding emb(12, 8, {.device = gpu, .hot_rows = 3, .cold_reads = GetParam()});
+  optim::SparseAdam opt(emb.parameters(), {.lr = 0.05});
+  amp::GradScaler scaler({.init_scale = 1024.0});
+  const Tensor before = emb.table();
+  const Tensor out = emb(ids_of({0, 7, 9}));
+  const Tensor weights = make({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, INFINITY, 1, 1, 1, 1, 1, 1, 1}, {3, 8});
+  scaler.scale(sum(out * weights.to(gpu))).backward();  // row 9 (cold) gets an inf
+  scaler.step(opt);
+  scaler.update();
+  EXPECT_EQ(bytes_of(emb.table()), bytes_of(before)) << "a step with an inf changed the table";
+  EXPECT_EQ(scaler.get_scale(), 512.0);
+  const optim::OptimizerState st = opt.state_dict();
+  for (const auto& [key, t] : st.tensors) {
+    if (key.find(".step") != std::string::npos) EXPECT_EQ(values(t), std::vector<double>{0.0}) << key;
+  }
+}
+
+TEST(HybridEmbeddingCudaGrad, ADeviceHeldGradientNeedsAPageLockedParameter) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  Tensor pageable = zeros({4, 2});
+  pageable.requires_grad_();
+  const SparseRowGrad g{ids_of({1}).to(gpu), ones({1, 2}).to(gpu), {4, 2}};
+  expect_error([&] { autograd::accumulate_sparse_grad(pageable, g); },
+                        {"on cuda:0 but the parameter is Float32 on cpu in pageable memory",
+                         "only for a parameter in page-locked host memory"});
+  Tensor locked = zeros({4, 2}).pin_memory();
+  locked.requires_grad_();
+  autograd::accumulate_sparse_grad(locked, g);  // device-held
+  EXPECT_TRUE(autograd::sparse_grad(locked)->values.is_cuda());
+  const SparseRowGrad host{ids_of({2}), ones({1, 2}), {4, 2}};
+  expect_error([&] { autograd::accumulate_sparse_grad(locked, host); },
+                        {"holds a sparse gradient on cuda:0 and is given rows on cpu"});
+  // An optimizer without a fused update for it (SGD with momentum) brings it to the host.
+  optim::SGD sgd({locked}, {.lr = 1.0, .momentum = 0.5});
+  sgd.step();
+  EXPECT_EQ(values(locked), (std::vector<double>{0, 0, -1, -1, 0, 0, 0, 0}));
 }
 
 TEST_P(HybridEmbeddingCuda, LookupsOfManyRowsEqualTheLogicalTable) {

@@ -97,16 +97,19 @@ Tensor fused_l2_norm(const TensorVec& tensors);
 void fused_scale(const TensorVec& tensors, const Tensor& factor);
 
 // Row-sparse updates (sparse.cu): `indices` (K) Int64 and `values` (K, D...) of the parameter's dtype, as
-// SparseRowGrad holds them before coalescing (rows in any order, repeated rows summed in the entries' order); only
-// those rows of `param` and of its states change. Sgd: no state (no momentum). Adam (SparseAdam): states
+// SparseRowGrad holds them before coalescing (rows in any order, repeated rows summed in the entries' order), on the
+// GPU that runs the update; only those rows of `param` and of its states change. `param`, its states and `step` are
+// on that GPU, or all in page-locked host memory (a device-held gradient, sparse_grad.h), which the kernel reads and
+// writes through its device mapping. Sgd: no state (no momentum). Adam (SparseAdam): states
 // {exp_avg, exp_avg_sq}, float32 of the parameter's shape. RowWiseAdagrad: states {sum}, float32 (V). `step`: the
-// parameter's 1-element float32 counter on its device, read as step + 1 (Adam's bias corrections, in double) and
+// parameter's 1-element float32 counter beside it, read as step + 1 (Adam's bias corrections, in double) and
 // incremented after the update; grad_scale divides the summed gradient; found_inf != 0 makes it all a no-op. No host
 // synchronisation. Sgd and Adam round each operation as the unfused kiln-op path does (bit-equal results).
 using SparseRule = detail::SparseRule;
 using SparseHyper = detail::SparseHyper;
-// Whether fused_sparse_update takes this parameter: contiguous, on a GPU, float32, float16 or bfloat16.
-bool fuses_sparse(const Tensor& param);
+// Whether fused_sparse_update takes this parameter for a gradient on `device`: contiguous, float32, float16 or
+// bfloat16, on `device` (a GPU) or in page-locked host memory.
+bool fuses_sparse(const Tensor& param, Device device);
 void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tensor& values, const TensorVec& states,
                          const Tensor& step, const SparseHyper& h, const Tensor& grad_scale, const Tensor& found_inf);
 

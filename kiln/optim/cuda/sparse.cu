@@ -124,43 +124,55 @@ const char* rule_name(SparseRule r) {
 
 }  // namespace
 
-bool fuses_sparse(const Tensor& param) {
-  return param.defined() && param.is_cuda() && param.is_contiguous() && param.dim() >= 1 &&
-         is_fused_dtype(param.dtype());
+bool fuses_sparse(const Tensor& param, Device device) {
+  return param.defined() && device.is_cuda() && (param.device() == device || (param.is_cpu() && param.is_pinned())) &&
+         param.is_contiguous() && param.dim() >= 1 && is_fused_dtype(param.dtype());
 }
 
 void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tensor& values, const TensorVec& states,
                          const Tensor& step, const SparseHyper& h, const Tensor& grad_scale,
                          const Tensor& found_inf) {
   const char* op = "fused_sparse_update";
-  KILN_CHECK(fuses_sparse(param), op, ": the parameter must be a contiguous float32, float16 or bfloat16 CUDA tensor, got ",
-             param.shape(), " ", param.dtype(), " on ", param.device());
-  const Device dev = param.device();
+  KILN_CHECK(indices.defined() && indices.is_cuda(), op, ": the indices must be on the GPU that runs the update, got ",
+             indices.defined() ? indices.device() : Device::cpu());
+  const Device dev = indices.device();
+  KILN_CHECK(fuses_sparse(param, dev), op, ": the parameter must be a contiguous float32, float16 or bfloat16 tensor ",
+             "on ", dev, " or in page-locked host memory, got ", param.shape(), " ", param.dtype(), " on ",
+             param.device(), param.is_cpu() && !param.is_pinned() ? " (pageable)" : "");
+  // Where the parameter lives (dev, or page-locked host memory): its states and step counter live there too.
+  const Device home = param.device();
+  const auto at_home = [&](const Tensor& t) { return t.device() == home && (home.is_cuda() || t.is_pinned()); };
   const int64_t k = indices.numel();
-  KILN_CHECK(indices.dim() == 1 && indices.dtype() == DType::Int64 && indices.device() == dev, op,
-             ": indices must be 1-D Int64 on ", dev, ", got ", indices.shape(), " ", indices.dtype(), " on ",
-             indices.device());
+  KILN_CHECK(indices.dim() == 1 && indices.dtype() == DType::Int64, op, ": indices must be 1-D Int64, got ",
+             indices.shape(), " ", indices.dtype());
   Shape value_shape = param.shape();
   value_shape[0] = k;
   KILN_CHECK(values.shape() == value_shape && values.dtype() == param.dtype() && values.device() == dev &&
                  values.is_contiguous(),
              op, ": values must be contiguous ", value_shape, " ", param.dtype(), " on ", dev, ", got ",
              values.shape(), " ", values.dtype(), " on ", values.device());
+  const char* where = home.is_cuda() ? "" : " (page-locked)";
   const size_t want = h.rule == SparseRule::Sgd ? 0 : h.rule == SparseRule::Adam ? 2 : 1;
   KILN_CHECK(states.size() == want, op, ": ", rule_name(h.rule), " takes ", want, " state tensors, got ", states.size());
   for (size_t i = 0; i < states.size(); ++i) {
     const Shape expected = h.rule == SparseRule::Adam ? param.shape() : Shape{param.size(0)};
-    KILN_CHECK(states[i].shape() == expected && states[i].dtype() == DType::Float32 && states[i].device() == dev &&
+    KILN_CHECK(states[i].shape() == expected && states[i].dtype() == DType::Float32 && at_home(states[i]) &&
                    states[i].is_contiguous(),
-               op, ": state ", i, " must be a contiguous float32 ", expected, " on ", dev, ", got ", states[i].shape(),
-               " ", states[i].dtype(), " on ", states[i].device());
+               op, ": state ", i, " must be a contiguous float32 ", expected, " on ", home, where, ", got ",
+               states[i].shape(), " ", states[i].dtype(), " on ", states[i].device());
   }
-  check_scalar(step, op, "step", dev, /*required=*/true);
+  KILN_CHECK(step.defined() && step.numel() == 1 && step.dtype() == DType::Float32 && at_home(step), op,
+             ": step must be a 1-element float32 tensor on ", home, where, ", got ",
+             step.defined() ? ::kiln::detail::str_cat(step.numel(), " elements of ", step.dtype(), " on ",
+                                                       step.device())
+                            : std::string("an undefined tensor"));
   check_scalar(grad_scale, op, "grad_scale", dev, /*required=*/false);
   check_scalar(found_inf, op, "found_inf", dev, /*required=*/false);
+  // Page-locked host memory is mapped for every device at its host address under unified addressing (every 64-bit
+  // platform CUDA supports; gather_host_rows relies on the same), so its pointers are used as they are.
   const float* scale_ptr = grad_scale.defined() ? grad_scale.data_ptr<float>() : nullptr;
   const float* inf_ptr = found_inf.defined() ? found_inf.data_ptr<float>() : nullptr;
-  const cudaStream_t stream = cuda::stream_for(param);
+  const cudaStream_t stream = cuda::stream_for(indices);
   trace::Scope range(trace::Kind::Op, op, dev, {&param, &indices, &values});
   if (k > 0 && param.numel() > 0) {
     const Tensor order = internal::argsort(indices, 0);  // stable: runs of a row keep the entries' order
