@@ -2,7 +2,8 @@
 // against the unfused kiln-op path on the CPU, given the same tables and gradients: SGD and SparseAdam bit for bit in
 // float32 (each operation rounded once on both sides), row-wise Adagrad within float32 rounding (its row mean may add
 // in another order), 16-bit tables within one 16-bit rounding; repeated and unsorted rows, maximize, grad_scale and a
-// found_inf that skips the step, untouched rows keeping their bits, and the step counters. The CPU path itself is
+// found_inf that skips the step, untouched rows keeping their bits, and the step counters; also for a table in
+// page-locked host memory whose gradient is held on the GPU (updated through the mapping). The CPU path itself is
 // checked against float64 references in test_sparse_optimizers.cpp. Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -91,12 +92,13 @@ void expect_close(const Tensor& gpu, const Tensor& cpu, bool exact, double tol, 
 }
 
 // Four steps on the GPU (fused) and on the CPU (kiln ops) from the same table, with step_with's grad_scale on
-// steps 2 and 3 and a found_inf on step 3 (skipped on both sides).
-void run_case(const Case& c, DType dtype, bool exact, double tol) {
-  SCOPED_TRACE(c.name + " " + std::string(dtype_name(dtype)));
+// steps 2 and 3 and a found_inf on step 3 (skipped on both sides). mapped: the fused side's table is in page-locked
+// host memory with its gradients held on the GPU (sparse_grad.h), updated through the mapping, its state made there.
+void run_case(const Case& c, DType dtype, bool exact, double tol, bool mapped = false) {
+  SCOPED_TRACE(c.name + " " + std::string(dtype_name(dtype)) + (mapped ? " (mapped)" : ""));
   const Tensor start = make(uniform(kRows * kWidth, -1, 1, 7), {kRows, kWidth}, {.dtype = dtype});
   Tensor cpu = start.clone().requires_grad_();
-  Tensor gpu = start.to(kGpu).requires_grad_();
+  Tensor gpu = (mapped ? start.pin_memory() : start.to(kGpu)).requires_grad_();
   auto cpu_opt = c.make(cpu);
   auto gpu_opt = c.make(gpu);
   ASSERT_TRUE(gpu_opt->supports_step_with());
@@ -115,13 +117,19 @@ void run_case(const Case& c, DType dtype, bool exact, double tol) {
     cpu_opt->zero_grad();
     gpu_opt->zero_grad();
   }
+  cuda::synchronize();
   expect_close(gpu, cpu, exact, tol, "param");
   for (const auto& [name, state] : cpu_opt->state(cpu)) {
     const auto& gpu_state = gpu_opt->state(gpu);
     ASSERT_TRUE(gpu_state.count(name)) << name;
-    EXPECT_TRUE(gpu_state.at(name).is_cuda()) << name;
+    if (mapped) {
+      EXPECT_TRUE(gpu_state.at(name).is_cpu() && gpu_state.at(name).is_pinned()) << name << ": beside its table";
+    } else {
+      EXPECT_TRUE(gpu_state.at(name).is_cuda()) << name;
+    }
     expect_close(gpu_state.at(name), state, exact || name == "step", tol, name);
   }
+  cuda::synchronize();  // the mapped side's state is written by the GPU: read it on the host after a wait
   EXPECT_EQ(values(gpu_opt->state(gpu).at("step")), std::vector<double>{3.0});  // step 3 was skipped
   // Rows no gradient touched keep their bits.
   const std::vector<double> before = values(start), after = values(gpu);
@@ -145,6 +153,14 @@ TEST(SparseFusedCuda, SixteenBitTablesMatchTheUnfusedPathWithinOneRounding) {
   for (const Case& c : cases()) {
     run_case(c, DType::BFloat16, false, 1e-2);
     run_case(c, DType::Float16, false, 2e-3);
+  }
+}
+
+TEST(SparseFusedCuda, APageLockedTableWithItsGradientOnTheGpuMatchesTheUnfusedPath) {
+  KILN_REQUIRE_GPU();
+  for (const Case& c : cases()) {
+    run_case(c, DType::Float32, c.exact, 2e-6, /*mapped=*/true);
+    run_case(c, DType::BFloat16, false, 1e-2, /*mapped=*/true);
   }
 }
 
