@@ -5,6 +5,7 @@
 #include <algorithm>  // std::nth_element, std::sort
 #include <cmath>      // std::llround, std::isfinite
 #include <cstring>    // std::memcpy: rows of the host tiers
+#include <memory>     // std::shared_ptr: a lookup's index lists, kept for its backward
 #include <numeric>    // std::iota
 #include <utility>
 #include <vector>
@@ -60,6 +61,45 @@ Tensor index_tensor(const std::vector<int64_t>& v, Device device) {
   return internal::to(staged, device, {}, /*non_blocking=*/true);
 }
 
+// One lookup's partition and its index lists where they are used, made by one copy (make_lists): hot_slots, hot_pos,
+// cold_pos and order (output position i reads row order[i] of [hot rows; cold rows]) on the device, and cold_slots
+// there too when the cold tier is mapped (read, and its gradients kept, on the device).
+struct LookupLists {
+  Partition p;
+  Tensor hot_slots, hot_pos, cold_pos, order;  // (Nh), (Nh), (Nc), (N) Int64 on the device
+  Tensor cold_slots;                           // (Nc) Int64 on the device when mapped, else undefined
+};
+
+std::shared_ptr<const LookupLists> make_lists(Partition p, Device device, bool mapped) {
+  const auto nh = static_cast<int64_t>(p.hot_pos.size()), nc = static_cast<int64_t>(p.cold_pos.size());
+  // [hot_slots | hot_pos | cold_pos | order | cold_slots (mapped)], one buffer, one copy to the device.
+  std::vector<int64_t> packed;
+  packed.reserve(static_cast<size_t>(3 * (nh + nc) + (mapped ? nc : 0)));
+  packed.insert(packed.end(), p.hot_slots.begin(), p.hot_slots.end());
+  packed.insert(packed.end(), p.hot_pos.begin(), p.hot_pos.end());
+  packed.insert(packed.end(), p.cold_pos.begin(), p.cold_pos.end());
+  const size_t order_at = packed.size();
+  packed.resize(order_at + static_cast<size_t>(nh + nc));
+  for (int64_t j = 0; j < nh; ++j) packed[order_at + p.hot_pos[j]] = j;
+  for (int64_t j = 0; j < nc; ++j) packed[order_at + p.cold_pos[j]] = nh + j;
+  if (mapped) packed.insert(packed.end(), p.cold_slots.begin(), p.cold_slots.end());
+  const Tensor all = index_tensor(packed, device);
+  auto lists = std::make_shared<LookupLists>();
+  int64_t at = 0;
+  const auto next = [&](int64_t k) {
+    const Tensor t = internal::narrow(all, 0, at, k);
+    at += k;
+    return t;
+  };
+  lists->hot_slots = next(nh);
+  lists->hot_pos = next(nh);
+  lists->cold_pos = next(nc);
+  lists->order = next(nh + nc);
+  if (mapped) lists->cold_slots = next(nc);
+  lists->p = std::move(p);
+  return lists;
+}
+
 // t[rows[i]] = values[i] in place (t (R, ...), rows (K) on t's device, values (K, ...)).
 void write_rows(Tensor t, const Tensor& rows, const Tensor& values) {
   const int64_t k = rows.numel();
@@ -75,35 +115,46 @@ void write_rows(Tensor t, const Tensor& rows, const Tensor& values) {
 // The lookup as one node: forward reads the rows gathered from both tiers (hot ones, then cold ones) in output order;
 // backward gives each tier the gradients of its own rows, sparse: the hot tier's on its device, the cold tier's on
 // the host, or left on the device when device_held (ColdReads::Mapped on a GPU: the optimizer then updates them
-// through the mapping). The split is redone from the ids and the placement at backward time, so a rebalance between
-// the two still sends each gradient to its row.
+// through the mapping). Backward redoes the split from the ids and the placement at its own time, so a rebalance
+// between the two still sends each gradient to its row; when the split is unchanged (the usual case) it reuses the
+// forward's index lists on the device, so it copies no index list.
 struct HybridLookupFunction : autograd::Function<HybridLookupFunction> {
   static Tensor forward(autograd::Context& ctx, const Tensor& hot, const Tensor& cold, const Tensor& rows,
-                        const Tensor& order, const Tensor& ids, const Tensor& slot, bool device_held) {
+                        const Tensor& ids, const Tensor& slot, std::shared_ptr<const LookupLists> lists,
+                        bool device_held) {
     ctx.set("hot", hot);  // the leaves the rows' gradients accumulate into
     ctx.set("cold", cold);
     ctx.set("ids", ids);    // (N) Int64 on the CPU
     ctx.set("slot", slot);  // (V) the module's placement (a handle: rebalance changes it in place)
     ctx.set("device_held", device_held);
+    const Tensor order = lists->order;
+    ctx.set("lists", std::move(lists));
     return internal::index_select(rows, 0, order);  // (N, D)
   }
   static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
     const Tensor hot = ctx.get<Tensor>("hot"), cold = ctx.get<Tensor>("cold");
-    const Partition p = partition(ctx.get<Tensor>("ids"), ctx.get<Tensor>("slot"));
+    const bool device_held = ctx.get<bool>("device_held");
     const Tensor g = internal::contiguous(grads[0]);  // (N, D)
+    auto lists = ctx.get<std::shared_ptr<const LookupLists>>("lists");
+    Partition p = partition(ctx.get<Tensor>("ids"), ctx.get<Tensor>("slot"));
+    if (p.hot_pos != lists->p.hot_pos || p.hot_slots != lists->p.hot_slots || p.cold_slots != lists->p.cold_slots)
+      lists = make_lists(std::move(p), g.device(), device_held);  // a rebalance moved some of these rows
     // Both tiers take a gradient on every call, empty when no row of theirs was looked up, as one table would.
     if (hot.requires_grad()) {
-      const Tensor rows = internal::index_select(g, 0, index_tensor(p.hot_pos, g.device()));
-      autograd::accumulate_sparse_grad(
-          hot, {index_tensor(p.hot_slots, hot.device()), internal::to(rows, hot.device(), hot.dtype()), hot.shape()});
+      const Tensor rows = internal::index_select(g, 0, lists->hot_pos);
+      autograd::accumulate_sparse_grad(hot, {lists->hot_slots, internal::to(rows, hot.device(), hot.dtype()),
+                                             hot.shape()});
     }
     if (cold.requires_grad()) {
-      const Tensor rows = internal::index_select(g, 0, index_tensor(p.cold_pos, g.device()));
-      const Device to = ctx.get<bool>("device_held") ? g.device() : cold.device();
-      autograd::accumulate_sparse_grad(
-          cold, {index_tensor(p.cold_slots, to), internal::to(rows, to, cold.dtype()), cold.shape()});
+      const Tensor rows = internal::index_select(g, 0, lists->cold_pos);
+      if (device_held) {
+        autograd::accumulate_sparse_grad(cold, {lists->cold_slots, internal::cast(rows, cold.dtype()), cold.shape()});
+      } else {
+        autograd::accumulate_sparse_grad(cold, {index_tensor(lists->p.cold_slots, cold.device()),
+                                                internal::to(rows, cold.device(), cold.dtype()), cold.shape()});
+      }
     }
-    return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};  // one per Tensor argument
+    return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};  // one per Tensor argument
   }
 };
 
@@ -197,22 +248,29 @@ bool HybridEmbedding::maps_cold() const {
   return device.is_cuda() && cold_reads == ColdReads::Mapped && cold.is_pinned();
 }
 
-Tensor HybridEmbedding::gather_cold(const std::vector<int64_t>& cold_slots) {
+Tensor HybridEmbedding::gather_cold(const std::vector<int64_t>& cold_slots, const Tensor& device_slots) {
   const auto n = static_cast<int64_t>(cold_slots.size());
 #if KILN_WITH_CUDA
   if (maps_cold()) {
     device_access_ = device;  // this read, and the update of its rows' gradients, run on the device
     Tensor out = internal::empty({n, embedding_dim}, {.dtype = cold.dtype(), .device = device});
-    cuda_impl::gather_host_rows(out, cold.detach(), index_tensor(cold_slots, device));
+    cuda_impl::gather_host_rows(out, cold.detach(),
+                                device_slots.defined() ? device_slots : index_tensor(cold_slots, device));
     return out;
   }
+#else
+  (void)device_slots;
 #endif
   // index_select on the host table into page-locked memory, then one copy of the (N, D) rows to the device, which
   // the host does not wait for (the caching pinned allocator keeps the buffer until the copy is done).
   wait_for_device_access();
   if (!device.is_cuda()) return internal::index_select(cold.detach(), 0, index_tensor(cold_slots, Device::cpu()));
   Tensor staged = internal::empty({n, embedding_dim}, {.dtype = cold.dtype(), .pinned_memory = true});
-  const Tensor table = internal::contiguous(cold.detach());
+  if (!cold.is_contiguous()) {  // (never made so by this module) rows through kiln ops, not a contiguous copy
+    staged.copy_(internal::index_select(cold.detach(), 0, index_tensor(cold_slots, Device::cpu())));
+    return internal::to(staged, device, {}, /*non_blocking=*/true);
+  }
+  const Tensor& table = cold;
   const auto row_bytes = static_cast<size_t>(embedding_dim * static_cast<int64_t>(element_size(table.dtype())));
   const int64_t* slots = cold_slots.data();
   auto* to = static_cast<char*>(staged.data_ptr());
@@ -222,8 +280,13 @@ Tensor HybridEmbedding::gather_cold(const std::vector<int64_t>& cold_slots) {
 }
 
 void HybridEmbedding::wait_for_device_access() const {
-  if (!device_access_) return;
-  cuda::synchronize(device_access_->index());
+  // While mapped, the device may be reading or writing the cold tier at any time (a step's update comes after the
+  // lookup, with no call here in between): always wait. After a switch to Copy, wait once for the mapped steps.
+  if (maps_cold()) {
+    cuda::synchronize(device.index());
+  } else if (device_access_) {
+    cuda::synchronize(device_access_->index());
+  }
   device_access_.reset();
 }
 
@@ -251,17 +314,12 @@ Tensor HybridEmbedding::forward(const Tensor& ids) {
     if (counting_) ++calls_counted_;
   }
 
-  const Partition p = partition(host, slot);
-  const Tensor hot_rows_got = internal::index_select(hot.detach(), 0, index_tensor(p.hot_slots, device));  // (Nh, D)
-  const Tensor cold_rows_got = gather_cold(p.cold_slots);                                                  // (Nc, D)
-  // Output position i reads row order[i] of [hot rows; cold rows].
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  const int64_t nh = static_cast<int64_t>(p.hot_pos.size());
-  for (int64_t j = 0; j < nh; ++j) order[p.hot_pos[j]] = j;
-  for (size_t j = 0; j < p.cold_pos.size(); ++j) order[p.cold_pos[j]] = nh + static_cast<int64_t>(j);
-  const Tensor rows = internal::cat({hot_rows_got, cold_rows_got}, 0);  // (Nh + Nc, D)
   const bool device_held = maps_cold();  // the cold rows' gradients stay on the device, updated through the mapping
-  Tensor out = HybridLookupFunction::apply(hot, cold, rows, index_tensor(order, device), host, slot, device_held);
+  const std::shared_ptr<const LookupLists> lists = make_lists(partition(host, slot), device, device_held);
+  const Tensor hot_rows_got = internal::index_select(hot.detach(), 0, lists->hot_slots);  // (Nh, D)
+  const Tensor cold_rows_got = gather_cold(lists->p.cold_slots, lists->cold_slots);       // (Nc, D)
+  const Tensor rows = internal::cat({hot_rows_got, cold_rows_got}, 0);                    // (Nh + Nc, D)
+  Tensor out = HybridLookupFunction::apply(hot, cold, rows, host, slot, lists, device_held);  // (N, D)
   Shape shape = ids.shape();
   shape.push_back(embedding_dim);
   return out.reshape(shape);  // (..., D)

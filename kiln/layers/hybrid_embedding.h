@@ -139,7 +139,7 @@ class HybridEmbedding : public Module {
   int64_t hot_rows;        // H
   Device device;           // where hot lives (to() changes it)
   int64_t count_batches;   // options.count_batches
-  ColdReads cold_reads;    // options.cold_reads: how lookups on a GPU read cold rows
+  ColdReads cold_reads;    // options.cold_reads: how lookups on a GPU read cold rows (change it between steps only)
   Tensor hot;              // parameter (H, D) on the device: the hot rows, by hot slot
   Tensor cold;             // parameter (V - H, D) in host memory: the cold rows, by cold slot
   Tensor slot;             // buffer (V) Int64 on the CPU: row r's place, s >= 0 hot slot s, s < 0 cold slot -s - 1
@@ -172,14 +172,16 @@ class HybridEmbedding : public Module {
 
  private:
   // cold's rows at cold_slots (N cold slots) as (N, D) on `device`: the one place cold rows cross to the device, by
-  // cold_reads (a host gather first waits for the device's access: wait_for_device_access).
-  Tensor gather_cold(const std::vector<int64_t>& cold_slots);
+  // cold_reads (a host gather first waits for the device's access: wait_for_device_access). device_slots: the same
+  // slots already on the device, when at hand (a mapped read uses them).
+  Tensor gather_cold(const std::vector<int64_t>& cold_slots, const Tensor& device_slots);
   // Whether the device reads the cold tier through its mapping, and its gradients stay on the device (updated
   // through the mapping too): ColdReads::Mapped on a GPU.
   bool maps_cold() const;
   // Waits for the GPU kernels that may still read or write the cold tier through its mapping (a lookup, and the
   // optimizer's update of its device-held gradient) before the host reads or writes it: a host gather, table() and
-  // state_dict, rebalance, load, reset_parameters, a move.
+  // state_dict, rebalance, load, reset_parameters, a move. While mapped it always waits; after a switch to
+  // ColdReads::Copy, once.
   void wait_for_device_access() const;
   // Sets slot from per-row scores (V doubles): the top H hot. Used at construction (no values to move).
   void place_by(const std::vector<double>& score);
@@ -200,8 +202,8 @@ class HybridEmbedding : public Module {
   Tensor pending_;             // (V) Int64 on the CPU: this rank's lookups since the last agreement, or none
   Tensor staged_weight_, staged_slot_, staged_counts_, staged_calls_;  // load_state_dict's staging (own_load_targets)
   Tensor calls_state() const;  // "calls_counted": calls counted while counting, -1 once the counting phase is over
-  // The device that may still be reading or writing the cold tier through its mapping (set by a mapped lookup),
-  // until wait_for_device_access.
+  // The device of the mapped lookups since the last wait (set by a mapped lookup): a switch to ColdReads::Copy waits
+  // for it once (wait_for_device_access).
   mutable std::optional<Device> device_access_;
 };
 

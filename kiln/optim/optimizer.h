@@ -190,6 +190,7 @@ class Optimizer {
   // The GPUs (indices) that have updated a page-locked host parameter through its mapping: state_dict() and
   // load_state_dict() wait for them.
   std::set<int> mapped_devices_;
+  // Waits for every GPU in mapped_devices_.
   void wait_for_mapped_updates() const;
   // Replay hooks of CUDA graphs hold this weakly: a replay after the optimizer is gone throws.
   std::shared_ptr<Optimizer*> alive_ = std::make_shared<Optimizer*>(this);

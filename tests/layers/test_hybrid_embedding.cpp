@@ -107,6 +107,32 @@ TEST(HybridEmbedding, LookupsAndSparseGradientsMatchAPlainEmbedding) {
   EXPECT_EQ(bytes_of(logical_grad(emb)), bytes_of(dense_grad(plain->weight)));
 }
 
+TEST(HybridEmbedding, ARebalanceBetweenALookupAndItsBackwardSendsEachGradientToItsRow) {
+  // Backward redoes the split by the placement of its own time: rows that changed tier since the lookup take their
+  // gradients in their new tier (the lookup's own index lists would send them to the old one).
+  manual_seed(5);
+  auto emb = scattered();  // 7, 2, 9, 4 hot
+  auto plain = plain_copy(emb);
+  const Tensor ids = ids_of({7, 0, 3, 7, 9, 0, 2, 8}, {8});
+  const Tensor a = emb(ids), b = (*plain)(ids);
+  EXPECT_EQ(bytes_of(a), bytes_of(b));
+  int64_t* c = emb.counts.data_ptr<int64_t>();
+  c[0] = c[3] = c[8] = 100;  // 0, 3 and 8 come in, 7 and 2 stay (frequencies 9, 8), 9 and 4 go out... of 4 slots
+  const nn::RowSwaps swaps = emb.rebalance();
+  ASSERT_GT(swaps.size(), 0);
+  EXPECT_GE(emb.slot_of(0), 0);
+  EXPECT_LT(emb.slot_of(9), 0);
+  loss_of(a).backward();
+  loss_of(b).backward();
+  EXPECT_EQ(bytes_of(logical_grad(emb)), bytes_of(dense_grad(plain->weight)));
+  // Without a rebalance in between, the lookup's own lists serve its backward: the same gradients.
+  emb.zero_grad();
+  plain->zero_grad();
+  loss_of(emb(ids)).backward();
+  loss_of((*plain)(ids)).backward();
+  EXPECT_EQ(bytes_of(logical_grad(emb)), bytes_of(dense_grad(plain->weight)));
+}
+
 TEST(HybridEmbedding, AllHotAndAllColdTablesWork) {
   for (int64_t h : {int64_t{0}, int64_t{6}}) {
     manual_seed(4);
