@@ -21,8 +21,9 @@
 #          largest size where SparseAdam's state fits (the largest table 10^7 x 128: 33.6M rows, 17 GB of tables,
 #          52 GB with state); G3_COMPILE=1 adds a torch.compile run of the dense part to each round.
 #   g3sgd  kiln and PyTorch with SGD on the tables, all on the GPU, at g1's size, G3SGD_ROUNDS (3) rounds.
-#   profile  g1's two models with kiln's profiler over 5 steps after the warm-up (recsys --profile): the top ops of
-#          each in the summary (these runs' JSON lines go to recsys_profile.jsonl, which the table leaves out).
+#   profile  g1's models (all on the GPU; hybrid with each --cold-reads) with kiln's profiler over 5 steps after the
+#          warm-up (recsys --profile): the top ops of each in the summary (these runs' JSON lines go to
+#          recsys_profile.jsonl, which the table leaves out).
 # The first stage to run on a fresh GPU machine is `build`; the measurements then take two invocations (g1 cold g2; g3).
 #   table  bench/recsys_table.py over every OUT_DIR/recsys_*.jsonl (also printed after every other stage).
 # Each stage appends its JSON lines to OUT_DIR/recsys_<stage>.jsonl and each run's full output to
@@ -206,11 +207,14 @@ for stage in "$@"; do
       {
         run profile g1_gpu profile_g1_gpu $(kiln profile_g1_gpu "$goal_sizes" --table-optimizer rowwise_adagrad \
           --profile "${timing[1]},3,5" --trace "$out/logs/profile_g1_gpu.json")
-        run profile g1_hybrid profile_g1_hybrid $(kiln profile_g1_hybrid "$goal_sizes" --table-optimizer rowwise_adagrad \
-          --hybrid-rows "$hybrid_rows" --hot-fraction 0.1 --profile "${timing[1]},3,5" \
-          --trace "$out/logs/profile_g1_hybrid.json")
+        for reads in copy mapped; do
+          run profile g1_hybrid "profile_g1_hybrid_$reads" $(kiln "profile_g1_hybrid_$reads" "$goal_sizes" \
+            --table-optimizer rowwise_adagrad --hybrid-rows "$hybrid_rows" --hot-fraction 0.1 --cold-reads "$reads" \
+            --profile "${timing[1]},3,5" --trace "$out/logs/profile_g1_hybrid_$reads.json")
+        done
       }
-      sed -n '/^profile of/,/ ops in .* steps/p' "$out/logs/profile_g1_gpu.log" "$out/logs/profile_g1_hybrid.log" | tee -a "$summary"
+      sed -n '/^profile of/,/ ops in .* steps/p' "$out/logs/profile_g1_gpu.log" "$out/logs/profile_g1_hybrid_copy.log" \
+        "$out/logs/profile_g1_hybrid_mapped.log" | tee -a "$summary"
       ;;
     table) ;;
     *) echo "bench_goals.sh: unknown stage '$stage' (build g1 cold g2 g3 g3sgd profile table)" >&2; exit 2 ;;

@@ -122,7 +122,7 @@ void train_side_by_side(nn::ColdReads reads, Options options, SideBySide how = {
   int compared = 0;
   for (const auto& [key, t] : theirs.tensors) {
     const std::string name = key.substr(std::string("state.0.").size());
-    if (t.dim() < 1 || t.size(0) != 12) continue;  // the step counter
+    if (name == "momentum_rows" || t.dim() < 1 || t.size(0) != 12) continue;  // a row list; the step counter
     const Tensor& hot = mine.tensors.at("state.0." + name);
     const Tensor& cold = mine.tensors.at("state.1." + name);
     EXPECT_TRUE(cold.is_cpu());
@@ -185,7 +185,7 @@ TEST(HybridEmbeddingCudaGrad, ADeviceHeldGradientNeedsAPageLockedParameter) {
   pageable.requires_grad_();
   const SparseRowGrad g{ids_of({1}).to(gpu), ones({1, 2}).to(gpu), {4, 2}};
   expect_error([&] { autograd::accumulate_sparse_grad(pageable, g); },
-                        {"on cuda:0 but the parameter is Float32 on cpu in pageable memory",
+                        {"on cuda:0 but the parameter is float32 on cpu in pageable memory",
                          "only for a parameter in page-locked host memory"});
   Tensor locked = zeros({4, 2}).pin_memory();
   locked.requires_grad_();
