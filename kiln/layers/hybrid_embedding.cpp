@@ -576,6 +576,10 @@ void HybridEmbedding::finish_load_state() {
   staged_weight_ = staged_slot_ = staged_counts_ = staged_calls_ = Tensor();
 }
 
+void HybridEmbedding::abandon_load_state() {
+  staged_weight_ = staged_slot_ = staged_counts_ = staged_calls_ = Tensor();
+}
+
 void HybridEmbedding::to_own(const MoveRequest& request) {
   wait_for_device_access();  // the cold tier may be moved (a new dtype) or freed below
   if (request.device) device = *request.device;

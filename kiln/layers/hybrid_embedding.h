@@ -166,6 +166,8 @@ class HybridEmbedding : public Module {
   // Adopts the staged placement, counts and counting phase (a "slot" given without "calls_counted" ends the
   // counting phase), and scatters the table into the tiers.
   void finish_load_state() override;
+  // Drops the staging of a load that failed (a staged copy of the table can be as large as the table).
+  void abandon_load_state() override;
   // The hot tier (and its dense gradient) follows the device; cold stays on the CPU (pinned when the device is a GPU)
   // and both follow a dtype; slot and counts stay.
   void to_own(const MoveRequest& request) override;

@@ -384,6 +384,16 @@ Module::LoadResult Module::load_state_dict(const StateDict& state, bool strict) 
     KILN_CHECK(value.defined(), type_name_, ".load_state_dict: the value of \"", key,
                "\" is an undefined tensor; remove the key or give it a value");
   }
+  try {
+    return load_targets(given, state, strict);
+  } catch (...) {
+    apply([](Module& m) { m.abandon_load_state(); });  // staging made for the load goes with it
+    throw;
+  }
+}
+
+Module::LoadResult Module::load_targets(const std::unordered_map<std::string, const Tensor*>& given,
+                                        const StateDict& state, bool strict) {
   // The module's own tensors under their state-dict names (handles, not detached: values are copied in).
   StateDict targets;
   collect_state<Module>(*this, "", targets, [&](Module& m, const std::string& prefix, StateDict& o) {

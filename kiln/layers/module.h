@@ -46,6 +46,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <typeinfo>  // typeid, to refuse moving a module seen through a base-class reference (slicing)
 #include <utility>
 #include <vector>
@@ -299,6 +300,9 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual StateDict own_load_targets(const std::function<const Tensor*(const std::string&)>& given);
   // Runs on every module, children first, after a load_state_dict() that copied values in. The default does nothing.
   virtual void finish_load_state() {}
+  // Runs on every module, children first, when a load_state_dict() fails after asking for targets (a refused value, a
+  // shape mismatch, missing keys): the place to drop what own_load_targets staged. The default does nothing.
+  virtual void abandon_load_state() {}
   // What to() asked for; moved(t) is t moved so (a detached alias, or t itself when nothing changes).
   struct MoveRequest {
     std::optional<Device> device;        // where to, if anywhere
@@ -320,6 +324,9 @@ class Module : public std::enable_shared_from_this<Module> {
     bool persistent;
   };
   void check_new_name(const std::string& name, const char* what) const;
+  // load_state_dict after its checks of the given keys: the targets, the checks against them, the copies.
+  LoadResult load_targets(const std::unordered_map<std::string, const Tensor*>& given, const StateDict& state,
+                          bool strict);
   void to_impl(std::optional<Device> device, std::optional<DType> dtype, std::optional<MemoryFormat> format,
                bool non_blocking);
 

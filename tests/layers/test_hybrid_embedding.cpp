@@ -458,6 +458,29 @@ TEST(HybridEmbedding, CheckpointRoundTripThroughIo) {
   EXPECT_EQ(bytes_of(b.emb->counts), bytes_of(a.emb->counts));
 }
 
+TEST(HybridEmbedding, AFailedLoadLetsGoOfItsStaging) {
+  // The table is taken as given (no copy) and held for finish_load_state; when the load fails on another module (the
+  // head's shape), nothing is loaded and the table is let go, not kept until the next load.
+  manual_seed(15);
+  Recommender model({.hot_rows = 3});
+  const Tensor before = model.emb->table();
+  Tensor weight = make(uniform(12 * 4, -1, 1, 6), {12, 4});
+  const long users = weight.impl_ptr().use_count();
+  nn::StateDict state = model.state_dict();
+  for (auto& [key, t] : state) {
+    if (key == "emb.weight") t = weight;
+    if (key == "head.weight") t = zeros({3, 4});  // the head is (2, 4)
+  }
+  expect_error([&] { model.load_state_dict(state); }, {"shape mismatches", "head.weight"});
+  EXPECT_EQ(weight.impl_ptr().use_count(), users + 1) << "only the state holds the given table";
+  EXPECT_EQ(bytes_of(model.emb->table()), bytes_of(before));
+  // A load that succeeds afterwards takes its own values.
+  for (auto& [key, t] : state)
+    if (key == "head.weight") t = zeros({2, 4});
+  model.load_state_dict(state);
+  EXPECT_EQ(bytes_of(model.emb->table()), bytes_of(weight));
+}
+
 // count_reduction as a second rank would answer it: adds that rank's lookups since the last agreement to a (V) tensor
 // (and starts its own again from zero), and 1 to a (1) flag when that rank holds a gradient.
 struct OtherRank {
