@@ -11,10 +11,15 @@
 #           RowWiseAdagrad: each prints one JSON line that parses, with a finite loss for every step, a loss that
 #           fell, the step times, and (hybrid) the hot and cold tiers' memory; bench/recsys_table.py reads both.
 #   mpi-hybrid: as hybrid, on 2 processes (mpirun, the ranks agreeing on the hot sets), whose replicas must also agree.
+# RECSYS_DEVICE (cpu) runs resume, resume-hybrid and hybrid on another device, and RECSYS_ARGS adds options to every
+# run of them: on a GPU, RECSYS_DEVICE=cuda RECSYS_ARGS="--cold-reads mapped" checks the mapped cold tier's exact
+# resume and its losses against whole tables on the GPU.
 set -euo pipefail
 recsys="$1" dir="$2" mode="${3:-resume}"
 rm -rf "$dir" && mkdir -p "$dir"
-common=(--device cpu --table-sizes 500,5000,100000 --batch-size 64 --eval-size 2000 --log-every 10)
+read -r -a extra <<<"${RECSYS_ARGS:-}"
+common=(--device "${RECSYS_DEVICE:-cpu}" --table-sizes 500,5000,100000 --batch-size 64 --eval-size 2000 --log-every 10
+        "${extra[@]}")
 case "$mode" in
   resume | resume-hybrid)
     stops=(30)
