@@ -175,6 +175,38 @@ TEST(HybridEmbedding, SgdStepsAcrossARebalanceGiveTheSameTableAsAPlainEmbedding)
   }
 }
 
+// SGD's sparse momentum applies to every row a gradient ever touched (PyTorch's semantics): a row that changes tier
+// keeps that membership, so it goes on moving by its momentum in its new tier.
+TEST(HybridEmbedding, SgdMomentumAcrossARebalanceMatchesAPlainEmbedding) {
+  manual_seed(16);
+  auto emb = std::make_shared<nn::HybridEmbedding>(8, 2, nn::HybridEmbeddingOptions{.hot_rows = 3});  // 0, 1, 2 hot
+  auto plain = plain_copy(*emb);
+  optim::SGD opt(emb->parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD ref(plain->parameters(), {.lr = 0.1, .momentum = 0.9});
+  emb->on_rebalance = [&](const nn::RowSwaps& s) {
+    emb->swap_state_rows(s, opt.state(emb->hot), opt.state(emb->cold));
+  };
+  // Rows 5 and 6 (cold, with momentum) trade places with rows 1 and 2 (hot, never touched); then only row 0 is looked
+  // up, and 5 and 6 move by their momentum alone.
+  const std::vector<std::vector<int64_t>> batches = {{0, 5}, {0, 6}, {6, 6, 6}, {0}, {0}, {0, 7}};
+  for (size_t step = 0; step < batches.size(); ++step) {
+    const Tensor ids = ids_of(batches[step], {static_cast<int64_t>(batches[step].size())});
+    opt.zero_grad();
+    ref.zero_grad();
+    loss_of((*emb)(ids)).backward();
+    loss_of((*plain)(ids)).backward();
+    opt.step();
+    ref.step();
+    ASSERT_EQ(bytes_of(emb->table()), bytes_of(plain->weight)) << "after step " << step;
+    if (step == 2) {
+      opt.zero_grad();
+      ASSERT_EQ(emb->rebalance().size(), 2);
+      ASSERT_GE(emb->slot_of(5), 0);
+      ASSERT_GE(emb->slot_of(6), 0);
+    }
+  }
+}
+
 // SparseAdam keeps (rows, D) moments per parameter: on_rebalance carries the moved rows' moments between the
 // tiers' states, so the steps after a rebalance still equal SparseAdam on one plain table, bit for bit.
 TEST(HybridEmbedding, SparseAdamAcrossARebalanceMatchesAPlainEmbedding) {
