@@ -51,7 +51,10 @@ void SGD::update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_sca
     if (o.momentum != 0) bufs.push_back(state_tensor(p, "momentum_buffer"));
     steps.push_back(step_tensor(p));
   }
-  for (const Tensor& p : bucket.originals) state(p).erase("momentum_rows");  // a dense step touches every row
+  for (const Tensor& p : bucket.originals) {  // a dense step touches every row
+    state(p).erase("momentum_rows");
+    state(p).erase("momentum_mask");
+  }
   cuda_impl::fused_sgd(bucket.params, bucket.grads, bufs, steps,
                        {.lr = o.lr,
                         .momentum = o.momentum,
@@ -72,6 +75,7 @@ void SGD::update_param(size_t group, const Tensor& p, Tensor d, Tensor& w, doubl
   if (o.weight_decay != 0) d = internal::add(d, w, o.weight_decay);
   if (o.momentum != 0) {
     state(p).erase("momentum_rows");  // a dense step touches every row: the buffer is dense from now on
+    state(p).erase("momentum_mask");
     // A buffer made now (first step, or momentum switched on later) starts as the gradient (PyTorch).
     const bool fresh = t == 1 || !state(p).count("momentum_buffer");
     Tensor& buf = state_tensor(p, "momentum_buffer");
@@ -99,7 +103,7 @@ void SGD::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad
   if (o.momentum != 0) {
     auto& s = state(p);
     const bool fresh = t == 1 || !s.count("momentum_buffer");
-    if (!fresh && !s.count("momentum_rows")) {
+    if (!fresh && !s.count("momentum_mask") && !s.count("momentum_rows")) {
       // The buffer is dense (earlier steps had dense gradients): every row is in it, the update is the dense one.
       Tensor w = p.dtype() == math ? param : internal::cast(p, math);
       update_param(group, p, SparseRowGrad{rows, g.values, g.dense_shape, true}.to_dense(), w, t);
@@ -108,27 +112,31 @@ void SGD::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad
     }
     const bool existed = s.count("momentum_buffer") != 0;
     Tensor& buf = state_tensor(p, "momentum_buffer");  // (V, D...), zeros when new
+    Tensor& mask = momentum_mask(p, p.device());        // (V) Bool: the rows the momentum covers
+    const Tensor listed = internal::ones({rows.numel()}, {.dtype = DType::Bool, .device = p.device()});
     if (fresh) {
       // buf = g (PyTorch clones the gradient): its rows are the union so far.
       if (existed) internal::fill_(buf, 0);  // momentum switched on again after a reset of the step count
+      internal::fill_(mask, false);
       detail::write_rows_(buf, rows, d);
-      s["momentum_rows"] = internal::clone(rows);
+      detail::write_rows_(mask, rows, listed);
     } else {
-      // U = rows ever touched ∪ this step's; g on U (zero where g has no row).
-      const detail::RowUnion u = detail::row_union(detail::host_rows(s.at("momentum_rows")), detail::host_rows(rows));
-      const int64_t n = static_cast<int64_t>(u.rows.size());
-      const Tensor union_rows = internal::to(internal::from_vector(u.rows, {n}), p.device());
+      // U = rows ever touched ∪ this step's (sorted: the mask's nonzero rows); g on U (zero where g has no row).
+      detail::write_rows_(mask, rows, listed);
+      const std::vector<int64_t> u = detail::host_rows(internal::reshape(internal::nonzero(mask), {-1}));
+      const detail::RowUnion where = detail::row_union(u, detail::host_rows(rows));  // u already holds every row
+      const int64_t n = static_cast<int64_t>(u.size());
+      const Tensor union_rows = internal::to(internal::from_vector(u, {n}), p.device());
       Shape union_shape = p.shape();
       union_shape[0] = n;
-      const Tensor positions =
-          internal::to(internal::from_vector(u.b_positions, {static_cast<int64_t>(u.b_positions.size())}), p.device());
+      const Tensor positions = internal::to(
+          internal::from_vector(where.b_positions, {static_cast<int64_t>(where.b_positions.size())}), p.device());
       const Tensor g_u =
           internal::index_add(internal::zeros(union_shape, {.dtype = math, .device = p.device()}), 0, positions, d);
       Tensor buf_u = detail::gather_rows(buf, union_rows);  // (U, D...)
       internal::mul_(buf_u, o.momentum);
       internal::add_(buf_u, g_u, 1 - o.dampening);
       detail::write_rows_(buf, union_rows, buf_u);
-      s["momentum_rows"] = union_rows;
       rows = union_rows;
       d = g_u;
     }
@@ -138,6 +146,36 @@ void SGD::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad
   Tensor w = detail::gather_rows(p, rows, math);  // (K, D...) in the math dtype
   internal::add_(w, d, -o.lr);
   detail::write_rows_(param, rows, w);
+}
+
+Tensor& SGD::momentum_mask(const Tensor& p, Device device) {
+  auto& s = state(p);
+  if (auto it = s.find("momentum_mask"); it != s.end()) {
+    if (it->second.device() != device) it->second = internal::to(it->second, device);
+    return it->second;
+  }
+  Tensor mask = internal::zeros({p.size(0)}, {.dtype = DType::Bool, .device = device});
+  if (auto it = s.find("momentum_rows"); it != s.end()) {  // a loaded state's row list
+    const Tensor rows = internal::to(it->second, device);
+    detail::write_rows_(mask, rows, internal::ones({rows.numel()}, {.dtype = DType::Bool, .device = device}));
+    s.erase(it);
+  }
+  return s["momentum_mask"] = mask;
+}
+
+OptimizerState SGD::state_dict() const {
+  OptimizerState out = HookedOptimizer::state_dict();
+  // The mask a step keeps goes out as the sorted rows it covers ("momentum_rows"), on the CPU.
+  std::vector<std::string> masks;
+  for (const auto& [key, t] : out.tensors)
+    if (key.ends_with(".momentum_mask")) masks.push_back(key);
+  for (const std::string& key : masks) {
+    const Tensor mask = internal::to(out.tensors.at(key), Device::cpu());
+    out.tensors.erase(key);
+    out.tensors[key.substr(0, key.size() - std::string("mask").size()) + "rows"] =
+        internal::contiguous(internal::reshape(internal::nonzero(mask), {-1}));
+  }
+  return out;
 }
 
 bool SGD::sparse_fused(size_t group, const Tensor& p) const {
@@ -154,6 +192,12 @@ void SGD::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad
 
 Tensor SGD::load_state_tensor(const Tensor& p, size_t index, const std::string& name, const Tensor& saved,
                               const std::string& key) const {
+  if (name == "momentum_mask") {
+    KILN_CHECK(p.dim() >= 1 && saved.shape() == Shape{p.size(0)} && saved.dtype() == DType::Bool, "SGD.load_state_dict: '",
+               key, "' has shape ", saved.shape(), " and dtype ", saved.dtype(), "; a momentum mask is (",
+               p.dim() >= 1 ? p.size(0) : 0, ") Bool, one flag per row of parameter ", index);
+    return internal::to(saved, p.device());
+  }
   if (name != "momentum_rows") return Optimizer::load_state_tensor(p, index, name, saved, key);
   KILN_CHECK(saved.dim() == 1 && saved.dtype() == DType::Int64, "SGD.load_state_dict: '", key, "' has shape ",
              saved.shape(), " and dtype ", saved.dtype(), "; a row list is 1-D Int64");

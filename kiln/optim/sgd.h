@@ -14,12 +14,14 @@
 // Sparse gradients (nn::Embedding with {.sparse = true}; kiln/autograd/sparse_grad.h), as torch.optim.SGD with a
 // sparse .grad: the gradient is coalesced (repeated rows summed) and only rows are updated. Without momentum,
 // p[rows] -= lr * g. With momentum, PyTorch's buffer is a sparse tensor holding every row ever touched; here it is
-// "momentum_buffer" (V, D...), zero outside those rows, plus "momentum_rows" (R) Int64, those rows sorted, and each
-// step updates buf and p on that union only (O(rows touched so far), as PyTorch):
+// "momentum_buffer" (V, D...), zero outside those rows, plus "momentum_mask" (V) Bool, true on those rows (state_dict
+// gives it as "momentum_rows" (R) Int64, the rows sorted, and load_state_dict takes that), and each step updates buf
+// and p on that union only (O(rows touched so far), as PyTorch):
 //   buf[U] = momentum * buf[U] + (1 - dampening) * g[U]   (g is 0 on rows of U it does not hold; first step buf = g)
 //   p[U] -= lr * (nesterov ? g[U] + momentum * buf[U] : buf[U])
 // which is the dense update with the dense gradient, on every row. weight_decay > 0 with a sparse gradient is
 // refused (it would touch every row; PyTorch refuses it too): give the tables a group with weight_decay 0.
+// The mask is per row, so nn::HybridEmbedding::swap_state_rows carries it with rows that change tier.
 #pragma once
 
 #include <map>
@@ -49,6 +51,9 @@ struct SGDOptions {
 class SGD : public HookedOptimizer<SGDOptions> {
  public:
   using HookedOptimizer::HookedOptimizer;  // (params, options = {}) or (groups, defaults = {})
+  // The base's, with each sparse momentum's "momentum_mask" given as "momentum_rows" (R) Int64 on the CPU: the
+  // sorted rows it covers.
+  OptimizerState state_dict() const override;
 
  protected:
   void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;
@@ -59,9 +64,15 @@ class SGD : public HookedOptimizer<SGDOptions> {
   bool sparse_fused(size_t group, const Tensor& param) const override;  // CUDA parameters without momentum
   void update_sparse_fused(size_t group, const Tensor& param, const SparseRowGrad& grad, const Tensor& grad_scale,
                            const Tensor& found_inf) override;  // cuda/sparse.cu's kernel
-  // "momentum_rows": a sorted, unique Int64 row list in [0, V); the rest as the base.
+  // "momentum_rows": a sorted, unique Int64 row list in [0, V) (the next sparse step makes it "momentum_mask");
+  // "momentum_mask": (V) Bool; the rest as the base.
   Tensor load_state_tensor(const Tensor& param, size_t index, const std::string& name, const Tensor& saved,
                            const std::string& key) const override;
+
+ private:
+  // p's "momentum_mask" on `device` (moved there if elsewhere), made from a loaded "momentum_rows" (then dropped) or
+  // as zeros when absent.
+  Tensor& momentum_mask(const Tensor& p, Device device);
 };
 
 }  // namespace kiln::optim

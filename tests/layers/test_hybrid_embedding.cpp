@@ -207,6 +207,16 @@ TEST(HybridEmbedding, SgdMomentumAcrossARebalanceMatchesAPlainEmbedding) {
   }
 }
 
+TEST(HybridEmbedding, SlotListsFollowTheSwaps) {
+  // A loaded SGD state holds its momentum's rows as slot lists until its next step: a rebalance before that step
+  // moves each listed row's entry to its new slot. Hot slot 0 (listed) trades with cold slot 3 (not listed), hot slot
+  // 1 (not listed) with cold slot 1 (listed); hot slot 2 and cold slot 4 stay.
+  Tensor hot = ids_of({0, 2}, {2}), cold = ids_of({1, 4}, {2});
+  nn::HybridEmbedding::swap_row_lists({ids_of({0, 1}, {2}), ids_of({3, 1}, {2})}, hot, cold);
+  expect_values(hot, {2}, {1, 2}, 0, 0);
+  expect_values(cold, {2}, {3, 4}, 0, 0);
+}
+
 // SparseAdam keeps (rows, D) moments per parameter: on_rebalance carries the moved rows' moments between the
 // tiers' states, so the steps after a rebalance still equal SparseAdam on one plain table, bit for bit.
 TEST(HybridEmbedding, SparseAdamAcrossARebalanceMatchesAPlainEmbedding) {

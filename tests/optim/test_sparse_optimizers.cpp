@@ -199,7 +199,12 @@ TEST(SparseSgd, MomentumKeepsTheUnionOfRowsAsPyTorchAndMatchesTheDensePath) {
       // The rows ever touched, sorted.
       std::vector<double> rows;
       for (const auto& [r, b] : buf) rows.push_back(static_cast<double>(r));
-      expect_values(sparse.state(p).at("momentum_rows"), {static_cast<int64_t>(rows.size())}, rows, 0, 0);
+      expect_values(sparse.state_dict().tensors.at("state.0.momentum_rows"), {static_cast<int64_t>(rows.size())}, rows,
+                    0, 0);
+      // Live, they are a mask over the rows.
+      std::vector<double> mask(static_cast<size_t>(kV), 0.0);
+      for (const double r : rows) mask[static_cast<size_t>(r)] = 1.0;
+      expect_values(sparse.state(p).at("momentum_mask"), {kV}, mask, 0, 0);
       sparse.zero_grad();
       dense.zero_grad();
     }
@@ -229,6 +234,7 @@ TEST(SparseSgd, DenseAndSparseStepsMixAsTheDensePath) {
       dense.zero_grad();
     }
     EXPECT_FALSE(mixed.state(p).count("momentum_rows"));  // dense since the dense step
+    EXPECT_FALSE(mixed.state(p).count("momentum_mask"));
   }
 }
 
@@ -335,7 +341,7 @@ TEST(SparseAdam, EmptyGradientMovesNothing) {
   give_sparse(p, kSteps[1]);
   sgd.step();  // the union is row 2's
   expect_rows_unchanged(before, p, kV, {2}, "SGD after an empty gradient");
-  expect_values(sgd.state(p).at("momentum_rows"), {1}, {2}, 0, 0);
+  expect_values(sgd.state_dict().tensors.at("state.0.momentum_rows"), {1}, {2}, 0, 0);
 }
 
 // ---------------------------------------------------------------- RowWiseAdagrad
