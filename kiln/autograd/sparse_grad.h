@@ -22,7 +22,7 @@
 // write the touched rows, and the parameter's state (made in page-locked memory too), through the memory's device
 // mapping, on that GPU's stream, with no host synchronisation; so the host reads them only after a synchronisation
 // (Optimizer::state_dict and HybridEmbedding's host reads wait for the device themselves). An update that has no
-// fused form (SGD with momentum, float64) first copies the gradient to the host.
+// fused form (a float64 parameter) first copies the gradient to the host.
 #pragma once
 
 #include <cstdint>

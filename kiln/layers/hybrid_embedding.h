@@ -59,7 +59,7 @@ enum class ColdReads {
   Copy,
   // Read by a GPU kernel straight from the page-locked host table (no host gather, no staging copy). The cold rows'
   // gradients stay on the device (device-held, kiln/autograd/sparse_grad.h), and the optimizers' fused updates
-  // (SGD without momentum, SparseAdam, RowWiseAdagrad) write the rows and their state, in page-locked host memory,
+  // (SGD, SparseAdam, RowWiseAdagrad) write the rows and their state, in page-locked host memory,
   // from the device: the step has no host synchronisation. An update without a fused form copies the gradient to
   // the host first.
   Mapped,

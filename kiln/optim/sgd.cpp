@@ -178,16 +178,35 @@ OptimizerState SGD::state_dict() const {
   return out;
 }
 
-bool SGD::sparse_fused(size_t group, const Tensor& p) const {
-  return groups_[group].options.momentum == 0 && detail::sparse_fusable(p, *autograd::sparse_grad(p));
+bool SGD::sparse_fused(size_t /*group*/, const Tensor& p) const {
+  return detail::sparse_fusable(p, *autograd::sparse_grad(p));
 }
 
 void SGD::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad& g, const Tensor& grad_scale,
                               const Tensor& found_inf) {
   const SGDOptions& o = groups_[group].options;
-  detail::fused_sparse_step(p, g, {}, step_tensor(p),
-                            {.rule = detail::SparseRule::Sgd, .lr = o.lr, .maximize = o.maximize}, grad_scale,
-                            found_inf);
+  if (o.momentum == 0) {
+    detail::fused_sparse_step(p, g, {}, step_tensor(p),
+                              {.rule = detail::SparseRule::Sgd, .lr = o.lr, .maximize = o.maximize}, grad_scale,
+                              found_inf);
+    return;
+  }
+  auto& s = state(p);
+  const bool fresh = !s.count("momentum_buffer");  // (a step count of 0 makes it a first step too, on the device)
+  // A buffer without a mask or row list is dense (earlier steps had dense gradients): it covers every row.
+  const bool dense = !fresh && !s.count("momentum_mask") && !s.count("momentum_rows");
+  Tensor& buf = state_tensor(p, "momentum_buffer");
+  Tensor& mask = momentum_mask(p, g.values.device());  // on the GPU, also for a page-locked parameter
+  if (dense) internal::fill_(mask, true);
+  detail::fused_sparse_step(p, g, {buf, mask}, step_tensor(p),
+                            {.rule = detail::SparseRule::SgdMomentum,
+                             .lr = o.lr,
+                             .maximize = o.maximize,
+                             .momentum = o.momentum,
+                             .dampening = o.dampening,
+                             .nesterov = o.nesterov,
+                             .fresh = fresh},
+                            grad_scale, found_inf);
 }
 
 Tensor SGD::load_state_tensor(const Tensor& p, size_t index, const std::string& name, const Tensor& saved,

@@ -61,9 +61,10 @@ class SGD : public HookedOptimizer<SGDOptions> {
   // Sparse gradients: refused with weight_decay > 0; updated row by row through kiln ops on any device.
   void check_sparse_param(size_t group, const Tensor& param) const override;
   void update_sparse_param(size_t group, const Tensor& param, const SparseRowGrad& grad, double t) override;
-  bool sparse_fused(size_t group, const Tensor& param) const override;  // CUDA parameters without momentum
+  bool sparse_fused(size_t group, const Tensor& param) const override;  // detail::sparse_fusable
+  // cuda/sparse.cu's kernels; with momentum, a sweep over the mask (O(V / 32) warps) updates every covered row.
   void update_sparse_fused(size_t group, const Tensor& param, const SparseRowGrad& grad, const Tensor& grad_scale,
-                           const Tensor& found_inf) override;  // cuda/sparse.cu's kernel
+                           const Tensor& found_inf) override;
   // "momentum_rows": a sorted, unique Int64 row list in [0, V) (the next sparse step makes it "momentum_mask");
   // "momentum_mask": (V) Bool; the rest as the base.
   Tensor load_state_tensor(const Tensor& param, size_t index, const std::string& name, const Tensor& saved,

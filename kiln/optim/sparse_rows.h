@@ -17,12 +17,15 @@
 namespace kiln::optim::detail {
 
 // The fused CUDA update of a row-sparse gradient (cuda/fused.h: fused_sparse_update): the rule and its numbers.
-enum class SparseRule { Sgd, Adam, RowWiseAdagrad };
+enum class SparseRule { Sgd, SgdMomentum, Adam, RowWiseAdagrad };
 // What fused_sparse_update applies (rule, learning rate, ...).
 struct SparseHyper {
   SparseRule rule = SparseRule::Sgd;
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // betas: Adam; eps: Adam and RowWiseAdagrad
   bool maximize = false;
+  double momentum = 0, dampening = 0;  // SgdMomentum
+  bool nesterov = false;               // SgdMomentum
+  bool fresh = false;                  // SgdMomentum: the buffer is new (a first step, as step == 0 is too)
 };
 
 // Whether `param`'s sparse gradient `grad` takes the fused CUDA update (cuda_impl::fuses_sparse): a contiguous

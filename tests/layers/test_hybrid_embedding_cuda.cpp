@@ -7,7 +7,8 @@
 // the order in which the plain table's GPU coalescing adds a row's gradients cannot change its sum's bits.)
 #include <gtest/gtest.h>
 
-#include <cmath>  // INFINITY
+#include <algorithm>  // std::count
+#include <cmath>      // INFINITY
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -122,11 +123,26 @@ void train_side_by_side(nn::ColdReads reads, Options options, SideBySide how = {
   int compared = 0;
   for (const auto& [key, t] : theirs.tensors) {
     const std::string name = key.substr(std::string("state.0.").size());
-    if (name == "momentum_rows" || t.dim() < 1 || t.size(0) != 12) continue;  // a row list; the step counter
+    if (name == "momentum_rows") {  // SGD's sparse momentum: the rows it covers, as slot lists per tier
+      const std::vector<double> hot = values(mine.tensors.at("state.0." + name));
+      const std::vector<double> cold = values(mine.tensors.at("state.1." + name));
+      std::vector<double> rows;
+      for (int64_t r = 0; r < 12; ++r) {
+        const int64_t s = emb->slot_of(r);
+        const std::vector<double>& list = s >= 0 ? hot : cold;
+        if (std::count(list.begin(), list.end(), static_cast<double>(s >= 0 ? s : -s - 1)) != 0) rows.push_back(r);
+      }
+      EXPECT_EQ(rows, values(t)) << "the rows SGD's momentum covers";
+      ++compared;
+      continue;
+    }
+    if (t.dim() < 1 || t.size(0) != 12) continue;  // the step counter
     const Tensor& hot = mine.tensors.at("state.0." + name);
     const Tensor& cold = mine.tensors.at("state.1." + name);
     EXPECT_TRUE(cold.is_cpu());
-    if (reads == nn::ColdReads::Mapped) EXPECT_TRUE(cold.is_pinned()) << name << ": written through the mapping";
+    if (reads == nn::ColdReads::Mapped) {
+      EXPECT_TRUE(cold.is_pinned()) << name << ": beside the cold rows";
+    }
     same(logical_rows(*emb, hot, cold), t, "optimizer state " + name);
     ++compared;
   }
@@ -138,8 +154,8 @@ TEST_P(HybridEmbeddingCuda, SgdStepsEqualAWholeTableOnTheGpu) {
 }
 
 TEST_P(HybridEmbeddingCuda, SgdMomentumStepsEqualAWholeTableOnTheGpu) {
-  // No fused form: a device-held gradient is copied to the host for the cold rows' update.
-  train_side_by_side<optim::SGD>(GetParam(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  // The momentum covers every row ever touched; its per-row mask follows the rows across the rebalance.
+  train_side_by_side<optim::SGD>(GetParam(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.1});
 }
 
 TEST_P(HybridEmbeddingCuda, SparseAdamStepsEqualAWholeTableOnTheGpu) {
@@ -174,7 +190,9 @@ TEST_P(HybridEmbeddingCuda, AFoundInfSkipsTheColdRowsToo) {
   EXPECT_EQ(scaler.get_scale(), 512.0);
   const optim::OptimizerState st = opt.state_dict();
   for (const auto& [key, t] : st.tensors) {
-    if (key.find(".step") != std::string::npos) EXPECT_EQ(values(t), std::vector<double>{0.0}) << key;
+    if (key.find(".step") != std::string::npos) {
+      EXPECT_EQ(values(t), std::vector<double>{0.0}) << key;
+    }
   }
 }
 
@@ -194,10 +212,13 @@ TEST(HybridEmbeddingCudaGrad, ADeviceHeldGradientNeedsAPageLockedParameter) {
   const SparseRowGrad host{ids_of({2}), ones({1, 2}), {4, 2}};
   expect_error([&] { autograd::accumulate_sparse_grad(locked, host); },
                         {"holds a sparse gradient on cuda:0 and is given rows on cpu"});
-  // An optimizer without a fused update for it (SGD with momentum) brings it to the host.
-  optim::SGD sgd({locked}, {.lr = 1.0, .momentum = 0.5});
+  // An update without a fused form (a float64 table) brings the gradient to the host.
+  Tensor wide = zeros({4, 2}, {.dtype = DType::Float64}).pin_memory();
+  wide.requires_grad_();
+  autograd::accumulate_sparse_grad(wide, {ids_of({1}).to(gpu), ones({1, 2}, {.dtype = DType::Float64}).to(gpu), {4, 2}});
+  optim::SGD sgd({wide}, {.lr = 1.0, .momentum = 0.5});
   sgd.step();
-  EXPECT_EQ(values(locked), (std::vector<double>{0, 0, -1, -1, 0, 0, 0, 0}));
+  EXPECT_EQ(values(wide), (std::vector<double>{0, 0, -1, -1, 0, 0, 0, 0}));
 }
 
 TEST_P(HybridEmbeddingCuda, LookupsOfManyRowsEqualTheLogicalTable) {

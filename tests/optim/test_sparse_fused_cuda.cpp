@@ -1,10 +1,11 @@
 // tests/optim/test_sparse_fused_cuda.cpp — the fused CUDA update of row-sparse gradients (kiln/optim/cuda/sparse.cu)
-// against the unfused kiln-op path on the CPU, given the same tables and gradients: SGD and SparseAdam bit for bit in
-// float32 (each operation rounded once on both sides), row-wise Adagrad within float32 rounding (its row mean may add
-// in another order), 16-bit tables within one 16-bit rounding; repeated and unsorted rows, maximize, grad_scale and a
-// found_inf that skips the step, untouched rows keeping their bits, and the step counters; also for a table in
-// page-locked host memory whose gradient is held on the GPU (updated through the mapping). The CPU path itself is
-// checked against float64 references in test_sparse_optimizers.cpp. Skips without a GPU.
+// against the unfused kiln-op path on the CPU, given the same tables and gradients: SGD (also with momentum,
+// dampening and Nesterov: every row ever touched moves) and SparseAdam bit for bit in float32 (each operation rounded
+// once on both sides), row-wise Adagrad within float32 rounding (its row mean may add in another order), 16-bit
+// tables within one 16-bit rounding; repeated and unsorted rows, maximize, grad_scale and a found_inf that skips the
+// step, untouched rows keeping their bits, and the step counters; also for a table in page-locked host memory whose
+// gradient is held on the GPU (updated through the mapping). The CPU path itself is checked against float64
+// references in test_sparse_optimizers.cpp. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -56,6 +57,18 @@ std::vector<Case> cases() {
          return std::make_unique<optim::SparseAdam>(
              std::vector<Tensor>{p},
              optim::SparseAdamOptions{.lr = 0.02, .betas = {0.8, 0.99}, .eps = 1e-6, .maximize = true});
+       },
+       true},
+      {"sgd_momentum",
+       [](const Tensor& p) {
+         return std::make_unique<optim::SGD>(std::vector<Tensor>{p},
+                                             optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.25});
+       },
+       true},
+      {"sgd_nesterov_maximize",
+       [](const Tensor& p) {
+         return std::make_unique<optim::SGD>(
+             std::vector<Tensor>{p}, optim::SGDOptions{.lr = 0.05, .momentum = 0.8, .nesterov = true, .maximize = true});
        },
        true},
       {"rowwise_adagrad",
@@ -122,7 +135,9 @@ void run_case(const Case& c, DType dtype, bool exact, double tol, bool mapped = 
   for (const auto& [name, state] : cpu_opt->state(cpu)) {
     const auto& gpu_state = gpu_opt->state(gpu);
     ASSERT_TRUE(gpu_state.count(name)) << name;
-    if (mapped) {
+    if (mapped && name == "momentum_mask") {
+      EXPECT_TRUE(gpu_state.at(name).is_cuda()) << name << ": on the GPU that sweeps it";
+    } else if (mapped) {
       EXPECT_TRUE(gpu_state.at(name).is_cpu() && gpu_state.at(name).is_pinned()) << name << ": beside its table";
     } else {
       EXPECT_TRUE(gpu_state.at(name).is_cuda()) << name;
@@ -161,6 +176,48 @@ TEST(SparseFusedCuda, APageLockedTableWithItsGradientOnTheGpuMatchesTheUnfusedPa
   for (const Case& c : cases()) {
     run_case(c, DType::Float32, c.exact, 2e-6, /*mapped=*/true);
     run_case(c, DType::BFloat16, false, 1e-2, /*mapped=*/true);
+  }
+}
+
+TEST(SparseFusedCuda, SgdMomentumStateMovesBetweenTheFusedAndTheUnfusedPaths) {
+  KILN_REQUIRE_GPU();
+  // The fused path keeps the rows its momentum covers as a mask on the GPU; state_dict gives them as the sorted row
+  // list the unfused path saves too. Two steps on one path, the state carried over, two more on the other: the same
+  // table, bit for bit, as four steps on the CPU.
+  const optim::SGDOptions o{.lr = 0.1, .momentum = 0.9, .dampening = 0.1};
+  const Tensor start = make(uniform(kRows * kWidth, -1, 1, 8), {kRows, kWidth});
+  Tensor ref = start.clone().requires_grad_();
+  optim::SGD ref_opt({ref}, o);
+  for (int64_t s = 0; s < 4; ++s) {
+    autograd::set_sparse_grad(ref, step_grad(s, DType::Float32, Device::cpu()));
+    ref_opt.step();
+    ref_opt.zero_grad();
+  }
+  for (const bool gpu_first : {true, false}) {
+    SCOPED_TRACE(gpu_first ? "GPU, then CPU" : "CPU, then GPU");
+    const Device first = gpu_first ? kGpu : Device::cpu(), second = gpu_first ? Device::cpu() : kGpu;
+    Tensor a = start.to(first).requires_grad_();
+    optim::SGD a_opt({a}, o);
+    for (int64_t s = 0; s < 2; ++s) {
+      autograd::set_sparse_grad(a, step_grad(s, DType::Float32, first));
+      a_opt.step();
+      a_opt.zero_grad();
+    }
+    const optim::OptimizerState saved = a_opt.state_dict();
+    ASSERT_TRUE(saved.tensors.count("state.0.momentum_rows"));
+    ASSERT_FALSE(saved.tensors.count("state.0.momentum_mask"));
+    Tensor b = a.detach().to(second).requires_grad_();
+    optim::SGD b_opt({b}, o);
+    b_opt.load_state_dict(saved);
+    for (int64_t s = 2; s < 4; ++s) {
+      autograd::set_sparse_grad(b, step_grad(s, DType::Float32, second));
+      b_opt.step();
+      b_opt.zero_grad();
+    }
+    expect_close(b, ref, true, 0, "param");
+    expect_close(b_opt.state(b).at("momentum_buffer"), ref_opt.state(ref).at("momentum_buffer"), true, 0, "buffer");
+    EXPECT_EQ(values(b_opt.state_dict().tensors.at("state.0.momentum_rows")),
+              values(ref_opt.state_dict().tensors.at("state.0.momentum_rows")));
   }
 }
 

@@ -5,8 +5,8 @@
 // of its state. Each step is one rounding, as the kiln ops of the unfused path (sgd.cpp, sparse_adam.cpp,
 // rowwise_adagrad.cpp) round it, with the _rn intrinsics so that nothing is contracted into a fused multiply-add:
 // SGD and SparseAdam give the unfused path's values bit for bit; row-wise Adagrad's row mean may add in another
-// order. A step counter is read as steps + 1 and incremented by a second launch; with found_inf != 0 nothing is
-// written.
+// order. SGD's momentum instead marks the gradient's rows in its mask, then sweeps the mask (below). A step counter is
+// read as steps + 1 and incremented by a last launch; with found_inf != 0 nothing is written.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -35,6 +35,8 @@ struct SparseArgs {
   float neg_lr = 0, one_minus_beta1 = 0, one_minus_beta2 = 0, eps = 0;
   double lr = 0, beta1 = 0, beta2 = 0;
   bool maximize = false;
+  float momentum = 0, one_minus_dampening = 0;  // SgdMomentum
+  bool nesterov = false, fresh = false;         // SgdMomentum
 };
 
 // x rounded to T and read back as float (identity for float).
@@ -114,12 +116,86 @@ __global__ void sparse_update_kernel(T* param, const T* values, const int64_t* i
   }
 }
 
+// SGD's sparse momentum covers every row a gradient ever touched (mask): first each row of this gradient joins it;
+// then a sweep over the whole mask, one warp per 32 rows, updates each covered row as the unfused path does (sgd.cpp:
+// buf = momentum * buf + (1 - dampening) * g, g the row's summed gradient or 0; p -= lr * (nesterov ? g + momentum *
+// buf : buf); on a first step buf = g on the gradient's rows only, and the other rows leave the mask with a zero
+// buffer).
+__global__ void momentum_mark_kernel(const int64_t* indices, bool* mask, const float* found_inf, int64_t k,
+                                     int64_t rows) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= k || (found_inf != nullptr && *found_inf != 0.f)) return;
+  const int64_t row = indices[j];
+  if (row >= 0 && row < rows) mask[row] = true;
+}
+
+// The first position in [0, k) whose sorted entry's row is >= row (> row with `after`).
+__device__ __forceinline__ int64_t run_bound(const int64_t* indices, const int64_t* order, int64_t k, int64_t row,
+                                             bool after) {
+  int64_t lo = 0, hi = k;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    const int64_t r = indices[order[mid]];
+    if (r < row || (after && r == row)) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+template <typename T>
+__global__ void momentum_sweep_kernel(T* param, const T* values, const int64_t* indices, const int64_t* order,
+                                      float* buf, bool* mask, const float* step, const float* grad_scale,
+                                      const float* found_inf, SparseArgs a) {
+  const int64_t base = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32) * 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (base >= a.rows) return;
+  if (found_inf != nullptr && *found_inf != 0.f) return;
+  const bool fresh = a.fresh || *step == 0.f;  // the unfused path's t == 1
+  const int64_t w = a.width;
+  unsigned covered = __ballot_sync(0xffffffffu, base + lane < a.rows && mask[base + lane]);
+  while (covered != 0u) {
+    const int64_t row = base + (__ffs(covered) - 1);
+    covered &= covered - 1;
+    const int64_t begin = run_bound(indices, order, a.k, row, false);
+    const int64_t end = run_bound(indices, order, a.k, row, true);
+    const bool in_grad = end > begin;
+    float* b = buf + row * w;
+    if (fresh && !in_grad) {  // a first step covers only its gradient's rows
+      for (int64_t c = lane; c < w; c += 32) b[c] = 0.f;
+      __syncwarp();
+      if (lane == 0) mask[row] = false;
+      continue;
+    }
+    T* p = param + row * w;
+    for (int64_t c = lane; c < w; c += 32) {
+      const float d = in_grad ? run_grad(values, order, begin, end, w, c, grad_scale, a.maximize) : 0.f;
+      float b_new, step_dir;
+      if (fresh) {
+        b_new = d;
+        step_dir = a.nesterov ? __fadd_rn(d, __fmul_rn(b_new, a.momentum)) : b_new;
+      } else {
+        const float g = in_grad ? __fadd_rn(0.f, d) : 0.f;  // the union's gradient: index_add into zeros
+        b_new = __fadd_rn(__fmul_rn(b[c], a.momentum), __fmul_rn(g, a.one_minus_dampening));
+        step_dir = a.nesterov ? __fadd_rn(g, __fmul_rn(b_new, a.momentum)) : b_new;
+      }
+      b[c] = b_new;
+      store_as(p + c, __fadd_rn(load_as<float>(p + c), __fmul_rn(step_dir, a.neg_lr)));
+    }
+  }
+}
+
 __global__ void increment_step_kernel(float* step, const float* found_inf) {
   if (found_inf == nullptr || *found_inf == 0.f) *step += 1.f;
 }
 
 const char* rule_name(SparseRule r) {
-  return r == SparseRule::Sgd ? "SGD" : r == SparseRule::Adam ? "SparseAdam" : "RowWiseAdagrad";
+  return r == SparseRule::Sgd           ? "SGD"
+         : r == SparseRule::SgdMomentum ? "SGD with momentum"
+         : r == SparseRule::Adam        ? "SparseAdam"
+                                        : "RowWiseAdagrad";
 }
 
 }  // namespace
@@ -152,10 +228,19 @@ void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tenso
              op, ": values must be contiguous ", value_shape, " ", param.dtype(), " on ", dev, ", got ",
              values.shape(), " ", values.dtype(), " on ", values.device());
   const char* where = home.is_cuda() ? "" : " (page-locked)";
-  const size_t want = h.rule == SparseRule::Sgd ? 0 : h.rule == SparseRule::Adam ? 2 : 1;
+  const size_t want = h.rule == SparseRule::Sgd ? 0 : h.rule == SparseRule::RowWiseAdagrad ? 1 : 2;
   KILN_CHECK(states.size() == want, op, ": ", rule_name(h.rule), " takes ", want, " state tensors, got ", states.size());
-  for (size_t i = 0; i < states.size(); ++i) {
-    const Shape expected = h.rule == SparseRule::Adam ? param.shape() : Shape{param.size(0)};
+  if (h.rule == SparseRule::SgdMomentum) {  // {buffer beside the parameter, mask on the GPU}
+    const Tensor& mask = states[1];
+    KILN_CHECK(mask.shape() == Shape{param.size(0)} && mask.dtype() == DType::Bool && mask.device() == dev &&
+                   mask.is_contiguous(),
+               op, ": state 1 (the momentum's mask) must be a contiguous (", param.size(0), ") Bool tensor on ", dev,
+               ", got ", mask.shape(), " ", mask.dtype(), " on ", mask.device());
+  }
+  const size_t floats = h.rule == SparseRule::SgdMomentum ? 1 : states.size();
+  for (size_t i = 0; i < floats; ++i) {
+    const bool full = h.rule == SparseRule::Adam || h.rule == SparseRule::SgdMomentum;
+    const Shape expected = full ? param.shape() : Shape{param.size(0)};
     KILN_CHECK(states[i].shape() == expected && states[i].dtype() == DType::Float32 && at_home(states[i]) &&
                    states[i].is_contiguous(),
                op, ": state ", i, " must be a contiguous float32 ", expected, " on ", home, where, ", got ",
@@ -173,9 +258,15 @@ void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tenso
   const float* scale_ptr = grad_scale.defined() ? grad_scale.data_ptr<float>() : nullptr;
   const float* inf_ptr = found_inf.defined() ? found_inf.data_ptr<float>() : nullptr;
   const cudaStream_t stream = cuda::stream_for(indices);
+  // The kernels' warps read the step count; one kept in page-locked memory is first copied to the GPU (in stream
+  // order, without a wait), so that they read device memory, not the bus. The last launch increments the count itself.
+  const Tensor step_read = step.device() == dev ? step : internal::to(step, dev, {}, /*non_blocking=*/true);
   trace::Scope range(trace::Kind::Op, op, dev, {&param, &indices, &values});
-  if (k > 0 && param.numel() > 0) {
-    const Tensor order = internal::argsort(indices, 0);  // stable: runs of a row keep the entries' order
+  // Momentum moves every covered row, also on a step whose gradient holds no row.
+  const bool momentum = h.rule == SparseRule::SgdMomentum;
+  if ((k > 0 || momentum) && param.numel() > 0) {
+    // stable: runs of a row keep the entries' order
+    const Tensor order = k > 0 ? internal::argsort(indices, 0) : indices;
     SparseArgs a{.rule = h.rule,
                  .k = k,
                  .rows = param.size(0),
@@ -188,14 +279,35 @@ void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tenso
                  .beta1 = h.beta1,
                  .beta2 = h.beta2,
                  .maximize = h.maximize};
+    a.momentum = static_cast<float>(h.momentum);
+    a.one_minus_dampening = static_cast<float>(1 - h.dampening);
+    a.nesterov = h.nesterov;
+    a.fresh = h.fresh;
     float* s1 = states.size() > 0 ? states[0].data_ptr<float>() : nullptr;
-    float* s2 = states.size() > 1 ? states[1].data_ptr<float>() : nullptr;
+    float* s2 = states.size() > 1 && !momentum ? states[1].data_ptr<float>() : nullptr;
     const auto blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(k, kWarpsPerBlock));
     const auto launch = [&](auto tag) {
       using T = decltype(tag);
+      if (momentum) {
+        bool* mask = static_cast<bool*>(states[1].data_ptr());
+        if (k > 0) {
+          const auto mark_blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(k, int64_t{256}));
+          momentum_mark_kernel<<<mark_blocks, 256, 0, stream>>>(indices.data_ptr<int64_t>(), mask, inf_ptr, k,
+                                                                 a.rows);
+          KILN_CUDA_CHECK_LAUNCH("fused_sparse_update (momentum rows)");
+        }
+        const auto sweep_blocks =
+            static_cast<unsigned>(cuda::kdetail::ceil_div(cuda::kdetail::ceil_div(a.rows, int64_t{32}),
+                                                          int64_t{kWarpsPerBlock}));
+        momentum_sweep_kernel<T><<<sweep_blocks, kWarpsPerBlock * 32, 0, stream>>>(
+            param.data_ptr<T>(), values.data_ptr<T>(), indices.data_ptr<int64_t>(), order.data_ptr<int64_t>(), s1,
+            mask, step_read.data_ptr<float>(), scale_ptr, inf_ptr, a);
+        KILN_CUDA_CHECK_LAUNCH("fused_sparse_update (momentum)");
+        return;
+      }
       sparse_update_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
           param.data_ptr<T>(), values.data_ptr<T>(), indices.data_ptr<int64_t>(), order.data_ptr<int64_t>(), s1, s2,
-          step.data_ptr<float>(), scale_ptr, inf_ptr, a);
+          step_read.data_ptr<float>(), scale_ptr, inf_ptr, a);
       KILN_CUDA_CHECK_LAUNCH("fused_sparse_update");
     };
     switch (param.dtype()) {
