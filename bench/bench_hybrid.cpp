@@ -73,8 +73,9 @@ int main(int argc, char** argv) {
   }
   if (rows <= 0 || dim <= 0 || ids <= 0 || calls <= 0 || !(hot >= 0 && hot <= 1) ||
       (device_name != "cpu" && device_name != "cuda") || (reads != "copy" && reads != "mapped")) {
-    std::fprintf(stderr, "bench_hybrid: --rows, --dim, --ids and --calls must be positive, --hot in [0, 1], "
-                         "--device cpu or cuda, --cold-reads copy or mapped\n");
+    std::fprintf(stderr,
+                 "bench_hybrid: --rows, --dim, --ids and --calls must be positive, --hot in [0, 1], "
+                 "--device cpu or cuda, --cold-reads copy or mapped\n");
     return 2;
   }
   if (device_name == "cuda" && !cuda::is_available()) {

@@ -91,9 +91,9 @@ void check_against(const Tensor& param, const SparseRowGrad& g, const char* what
   check_grad(g, what);
   KILN_CHECK(g.dense_shape == param.shape(), what, ": a sparse gradient of shape ", g.dense_shape,
              " for a parameter of shape ", param.shape());
-  KILN_CHECK(g.values.dtype() == param.dtype() && (g.values.device() == param.device() || device_held(param, g)),
-             what, ": sparse gradient values are ", g.values.dtype(), " on ", g.values.device(),
-             " but the parameter is ", param.dtype(), " on ", param.device(),
+  KILN_CHECK(g.values.dtype() == param.dtype() && (g.values.device() == param.device() || device_held(param, g)), what,
+             ": sparse gradient values are ", g.values.dtype(), " on ", g.values.device(), " but the parameter is ",
+             param.dtype(), " on ", param.device(),
              param.is_cpu() && g.values.is_cuda() ? " in pageable memory (a gradient may stay on a GPU only for a "
                                                     "parameter in page-locked host memory)"
                                                   : "");
@@ -112,9 +112,9 @@ void accumulate_sparse_grad(const Tensor& param, SparseRowGrad g) {
     return;
   }
   SparseRowGrad& acc = *m.sparse_grad;
-  KILN_CHECK(acc.values.device() == g.values.device(), "accumulate_sparse_grad: the parameter of shape ",
-             param.shape(), " holds a sparse gradient on ", acc.values.device(), " and is given rows on ",
-             g.values.device(), "; every lookup of a backward pass must leave its rows on the same device");
+  KILN_CHECK(acc.values.device() == g.values.device(), "accumulate_sparse_grad: the parameter of shape ", param.shape(),
+             " holds a sparse gradient on ", acc.values.device(), " and is given rows on ", g.values.device(),
+             "; every lookup of a backward pass must leave its rows on the same device");
   acc.indices = internal::cat({acc.indices, g.indices}, 0);
   acc.values = internal::cat({acc.values, g.values}, 0);
   acc.coalesced = false;

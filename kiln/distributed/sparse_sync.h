@@ -14,7 +14,8 @@
 // its gradient's device, so an nn::HybridEmbedding's two tiers both work: the hot rows' gradient through NCCL (or MPI
 // on the CPU), the cold rows' through MPI when they are in host memory (which needs a job started by mpirun:
 // dist::group says so when it was not), or NCCL when they stayed on the GPU (ColdReads::Mapped, a device-held
-// gradient: kiln/autograd/sparse_grad.h). Its placement must be the same on every rank: dist::share_placement (hybrid_placement.h).
+// gradient: kiln/autograd/sparse_grad.h). Its placement must be the same on every rank: dist::share_placement
+// (hybrid_placement.h).
 #pragma once
 
 #include <vector>
@@ -25,9 +26,9 @@
 namespace kiln::dist {
 
 // Replaces each sparse gradient of `params` by the mean over the ranks of `group` (null: each parameter's through
-// dist::group of its gradient's device; a given group must work on every gradient's device, kiln::Error otherwise). Parameters
-// without a sparse gradient must have none on every rank (kiln::Error otherwise, naming the parameter's position).
-// Every rank calls it with the same parameters in the same order.
+// dist::group of its gradient's device; a given group must work on every gradient's device, kiln::Error otherwise).
+// Parameters without a sparse gradient must have none on every rank (kiln::Error otherwise, naming the parameter's
+// position). Every rank calls it with the same parameters in the same order.
 void all_gather_sparse_grads(const std::vector<Tensor>& params, ProcessGroup* group = nullptr);
 
 }  // namespace kiln::dist

@@ -142,8 +142,8 @@ struct HybridLookupFunction : autograd::Function<HybridLookupFunction> {
     // Both tiers take a gradient on every call, empty when no row of theirs was looked up, as one table would.
     if (hot.requires_grad()) {
       const Tensor rows = internal::index_select(g, 0, lists->hot_pos);
-      autograd::accumulate_sparse_grad(hot, {lists->hot_slots, internal::to(rows, hot.device(), hot.dtype()),
-                                             hot.shape()});
+      autograd::accumulate_sparse_grad(hot,
+                                       {lists->hot_slots, internal::to(rows, hot.device(), hot.dtype()), hot.shape()});
     }
     if (cold.requires_grad()) {
       const Tensor rows = internal::index_select(g, 0, lists->cold_pos);
@@ -316,9 +316,9 @@ Tensor HybridEmbedding::forward(const Tensor& ids) {
 
   const bool device_held = maps_cold();  // the cold rows' gradients stay on the device, updated through the mapping
   const std::shared_ptr<const LookupLists> lists = make_lists(partition(host, slot), device, device_held);
-  const Tensor hot_rows_got = internal::index_select(hot.detach(), 0, lists->hot_slots);  // (Nh, D)
-  const Tensor cold_rows_got = gather_cold(lists->p.cold_slots, lists->cold_slots);       // (Nc, D)
-  const Tensor rows = internal::cat({hot_rows_got, cold_rows_got}, 0);                    // (Nh + Nc, D)
+  const Tensor hot_rows_got = internal::index_select(hot.detach(), 0, lists->hot_slots);      // (Nh, D)
+  const Tensor cold_rows_got = gather_cold(lists->p.cold_slots, lists->cold_slots);           // (Nc, D)
+  const Tensor rows = internal::cat({hot_rows_got, cold_rows_got}, 0);                        // (Nh + Nc, D)
   Tensor out = HybridLookupFunction::apply(hot, cold, rows, host, slot, lists, device_held);  // (N, D)
   Shape shape = ids.shape();
   shape.push_back(embedding_dim);
@@ -435,8 +435,8 @@ void HybridEmbedding::swap_state_rows(const RowSwaps& swaps, std::map<std::strin
     Tensor& h = it->second;
     const bool per_row =
         h.dim() >= 1 && c.dim() >= 1 && h.size(0) == hot_rows && c.size(0) == num_embeddings - hot_rows;
-    const bool row_lists = !per_row && h.dim() == 1 && c.dim() == 1 && h.dtype() == DType::Int64 &&
-                           c.dtype() == DType::Int64;
+    const bool row_lists =
+        !per_row && h.dim() == 1 && c.dim() == 1 && h.dtype() == DType::Int64 && c.dtype() == DType::Int64;
     if (per_row) {
       swap_rows(swaps, h, c);
     } else if (row_lists) {
@@ -466,7 +466,7 @@ void HybridEmbedding::swap_row_lists(const RowSwaps& swaps, Tensor& hot_list, Te
   for (const int64_t s : cold_in)
     if (!holds(cs_sorted, s)) cold_out.push_back(s);
   for (size_t i = 0; i < hs.size(); ++i) {
-    if (holds(cold_in, cs[i])) hot_out.push_back(hs[i]);   // cold slot cs[i]'s row is now in hot slot hs[i]
+    if (holds(cold_in, cs[i])) hot_out.push_back(hs[i]);  // cold slot cs[i]'s row is now in hot slot hs[i]
     if (holds(hot_in, hs[i])) cold_out.push_back(cs[i]);  // and hot slot hs[i]'s row in cold slot cs[i]
   }
   std::sort(hot_out.begin(), hot_out.end());

@@ -46,8 +46,8 @@
 #include <optional>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <typeinfo>  // typeid, to refuse moving a module seen through a base-class reference (slicing)
+#include <unordered_map>
 #include <utility>
 #include <vector>
 

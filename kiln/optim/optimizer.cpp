@@ -330,7 +330,7 @@ void Optimizer::step_sparse(size_t group, const Tensor& grad_scale) {
   for (const Tensor& p : params(group)) {
     const SparseRowGrad* sparse = autograd::sparse_grad(p);
     if (sparse == nullptr) continue;
-    SparseRowGrad g = sparse->coalesce();  // (K) sorted unique rows, (K, D...) summed values
+    SparseRowGrad g = sparse->coalesce();   // (K) sorted unique rows, (K, D...) summed values
     if (g.values.device() != p.device()) {  // device-held (sparse_grad.h), without a fused update: to the parameter
       g.indices = internal::to(g.indices, p.device());
       g.values = internal::to(g.values, p.device());

@@ -165,8 +165,9 @@ class Optimizer {
                                    const Tensor& grad_scale, const Tensor& found_inf);
   // load_state_dict's check and copy of one saved state tensor `name` (under `key`) of `param`: the base takes
   // "step" (one element; 1-element float32 on the parameter's device) and floating tensors of the parameter's
-  // shape (copied in state_dtype to its device; page-locked for a page-locked parameter, as detail::state_options). Optimizers whose state has another form (a per-row state, a
-  // list of rows) override it for those names and call it for the others. Throws kiln::Error naming `key`.
+  // shape (copied in state_dtype to its device; page-locked for a page-locked parameter, as detail::state_options).
+  // Optimizers whose state has another form (a per-row state, a list of rows) override it for those names and call it
+  // for the others. Throws kiln::Error naming `key`.
   virtual Tensor load_state_tensor(const Tensor& param, size_t index, const std::string& name, const Tensor& saved,
                                    const std::string& key) const;
 

@@ -129,10 +129,10 @@ bool RowWiseAdagrad::sparse_fused(size_t /*group*/, const Tensor& p) const {
 void RowWiseAdagrad::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad& g,
                                          const Tensor& grad_scale, const Tensor& found_inf) {
   const RowWiseAdagradOptions& o = groups_[group].options;
-  detail::fused_sparse_step(p, g, {row_sums(p)}, step_tensor(p),
-                            {.rule = detail::SparseRule::RowWiseAdagrad, .lr = o.lr, .eps = o.eps,
-                             .maximize = o.maximize},
-                            grad_scale, found_inf);
+  detail::fused_sparse_step(
+      p, g, {row_sums(p)}, step_tensor(p),
+      {.rule = detail::SparseRule::RowWiseAdagrad, .lr = o.lr, .eps = o.eps, .maximize = o.maximize}, grad_scale,
+      found_inf);
 }
 
 }  // namespace kiln::optim

@@ -112,7 +112,7 @@ void SGD::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad
     }
     const bool existed = s.count("momentum_buffer") != 0;
     Tensor& buf = state_tensor(p, "momentum_buffer");  // (V, D...), zeros when new
-    Tensor& mask = momentum_mask(p, p.device());        // (V) Bool: the rows the momentum covers
+    Tensor& mask = momentum_mask(p, p.device());       // (V) Bool: the rows the momentum covers
     const Tensor listed = internal::ones({rows.numel()}, {.dtype = DType::Bool, .device = p.device()});
     if (fresh) {
       // buf = g (PyTorch clones the gradient): its rows are the union so far.
@@ -212,9 +212,9 @@ void SGD::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad
 Tensor SGD::load_state_tensor(const Tensor& p, size_t index, const std::string& name, const Tensor& saved,
                               const std::string& key) const {
   if (name == "momentum_mask") {
-    KILN_CHECK(p.dim() >= 1 && saved.shape() == Shape{p.size(0)} && saved.dtype() == DType::Bool, "SGD.load_state_dict: '",
-               key, "' has shape ", saved.shape(), " and dtype ", saved.dtype(), "; a momentum mask is (",
-               p.dim() >= 1 ? p.size(0) : 0, ") Bool, one flag per row of parameter ", index);
+    KILN_CHECK(p.dim() >= 1 && saved.shape() == Shape{p.size(0)} && saved.dtype() == DType::Bool,
+               "SGD.load_state_dict: '", key, "' has shape ", saved.shape(), " and dtype ", saved.dtype(),
+               "; a momentum mask is (", p.dim() >= 1 ? p.size(0) : 0, ") Bool, one flag per row of parameter ", index);
     return internal::to(saved, p.device());
   }
   if (name != "momentum_rows") return Optimizer::load_state_tensor(p, index, name, saved, key);

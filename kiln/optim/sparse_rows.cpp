@@ -25,9 +25,10 @@ bool sparse_fusable(const Tensor& param, const SparseRowGrad& grad) {
 void fused_sparse_step(const Tensor& param, const SparseRowGrad& grad, const std::vector<Tensor>& states,
                        const Tensor& step, const SparseHyper& hyper, const Tensor& grad_scale,
                        const Tensor& found_inf) {
-  KILN_CHECK(sparse_fusable(param, grad), "optim: the fused sparse update takes a contiguous float32, float16 or "
-             "bfloat16 parameter on its gradient's GPU (or in page-locked host memory), got ", param.shape(), " ",
-             param.dtype(), " on ", param.device(), " with a gradient on ",
+  KILN_CHECK(sparse_fusable(param, grad),
+             "optim: the fused sparse update takes a contiguous float32, float16 or "
+             "bfloat16 parameter on its gradient's GPU (or in page-locked host memory), got ",
+             param.shape(), " ", param.dtype(), " on ", param.device(), " with a gradient on ",
              grad.values.defined() ? grad.values.device() : param.device());
 #if KILN_WITH_CUDA
   const Device device = grad.values.device();

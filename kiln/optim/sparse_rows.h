@@ -35,8 +35,7 @@ bool sparse_fusable(const Tensor& param, const SparseRowGrad& grad);
 // cuda_impl::fused_sparse_update on the gradient's GPU, with the gradient as accumulated (values made contiguous) and
 // grad_scale and found_inf (undefined, or one element anywhere) as a 1-element float32 tensor on that GPU.
 void fused_sparse_step(const Tensor& param, const SparseRowGrad& grad, const std::vector<Tensor>& states,
-                       const Tensor& step, const SparseHyper& hyper, const Tensor& grad_scale,
-                       const Tensor& found_inf);
+                       const Tensor& step, const SparseHyper& hyper, const Tensor& grad_scale, const Tensor& found_inf);
 
 // t[rows] as a new (K, D...) tensor in `dtype` (t's own when not given); rows (K) Int64 on t's device.
 Tensor gather_rows(const Tensor& t, const Tensor& rows, std::optional<DType> dtype = {});

@@ -442,7 +442,7 @@ TEST(HybridEmbedding, LoadTakesTheGivenTableInPiecesInAnyDtypeAndLayout) {
   constexpr int64_t d = 4'200'000;
   manual_seed(15);
   nn::HybridEmbedding a(7, d, {.hot_rows = 2, .frequencies = make({0, 3, 0, 1, 0, 9, 0}, {7})});  // rows 5, 1 hot
-  const Tensor given = cat({zeros({7, 1}), a.table()}, 1).to(DType::Float64).narrow(1, 1, d);  // (V, D), strided
+  const Tensor given = cat({zeros({7, 1}), a.table()}, 1).to(DType::Float64).narrow(1, 1, d);     // (V, D), strided
   ASSERT_FALSE(given.is_contiguous());
   const std::vector<uint8_t> given_before = bytes_of(given);
   manual_seed(16);

@@ -2,8 +2,8 @@
 // cold path (ColdReads::Copy, ColdReads::Mapped: the cold rows' gradients then stay on the GPU and the optimizers
 // update the rows through the mapping). Lookups, and SGD (with and without momentum), SparseAdam (also under a
 // GradScaler) and RowWiseAdagrad steps across a rebalance, must equal a plain sparse nn::Embedding whose whole table
-// is on the GPU, bit for bit in float32 (the one exception is said where it is), state included; the kernel that reads host
-// rows must move every byte of rows of any width and dtype. (Each row appears at most twice in a batch, so that
+// is on the GPU, bit for bit in float32 (the one exception is said where it is), state included; the kernel that reads
+// host rows must move every byte of rows of any width and dtype. (Each row appears at most twice in a batch, so that
 // the order in which the plain table's GPU coalescing adds a row's gradients cannot change its sum's bits.)
 #include <gtest/gtest.h>
 
@@ -55,7 +55,7 @@ Tensor logical_rows(const nn::HybridEmbedding& emb, const Tensor& hot, const Ten
 }
 
 struct SideBySide {
-  bool exact = true;        // bit-equal; else within float32 rounding (rtol 1e-5)
+  bool exact = true;         // bit-equal; else within float32 rounding (rtol 1e-5)
   bool with_scaler = false;  // through an amp::GradScaler (scale 2^10) on both sides
 };
 
@@ -203,19 +203,20 @@ TEST(HybridEmbeddingCudaGrad, ADeviceHeldGradientNeedsAPageLockedParameter) {
   pageable.requires_grad_();
   const SparseRowGrad g{ids_of({1}).to(gpu), ones({1, 2}).to(gpu), {4, 2}};
   expect_error([&] { autograd::accumulate_sparse_grad(pageable, g); },
-                        {"on cuda:0 but the parameter is float32 on cpu in pageable memory",
-                         "only for a parameter in page-locked host memory"});
+               {"on cuda:0 but the parameter is float32 on cpu in pageable memory",
+                "only for a parameter in page-locked host memory"});
   Tensor locked = zeros({4, 2}).pin_memory();
   locked.requires_grad_();
   autograd::accumulate_sparse_grad(locked, g);  // device-held
   EXPECT_TRUE(autograd::sparse_grad(locked)->values.is_cuda());
   const SparseRowGrad host{ids_of({2}), ones({1, 2}), {4, 2}};
   expect_error([&] { autograd::accumulate_sparse_grad(locked, host); },
-                        {"holds a sparse gradient on cuda:0 and is given rows on cpu"});
+               {"holds a sparse gradient on cuda:0 and is given rows on cpu"});
   // An update without a fused form (a float64 table) brings the gradient to the host.
   Tensor wide = zeros({4, 2}, {.dtype = DType::Float64}).pin_memory();
   wide.requires_grad_();
-  autograd::accumulate_sparse_grad(wide, {ids_of({1}).to(gpu), ones({1, 2}, {.dtype = DType::Float64}).to(gpu), {4, 2}});
+  autograd::accumulate_sparse_grad(wide,
+                                   {ids_of({1}).to(gpu), ones({1, 2}, {.dtype = DType::Float64}).to(gpu), {4, 2}});
   optim::SGD sgd({wide}, {.lr = 1.0, .momentum = 0.5});
   sgd.step();
   EXPECT_EQ(values(wide), (std::vector<double>{0, 0, -1, -1, 0, 0, 0, 0}));

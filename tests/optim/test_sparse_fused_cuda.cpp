@@ -40,7 +40,10 @@ struct Case {
 
 std::vector<Case> cases() {
   return {
-      {"sgd", [](const Tensor& p) { return std::make_unique<optim::SGD>(std::vector<Tensor>{p}, optim::SGDOptions{.lr = 0.3}); },
+      {"sgd",
+       [](const Tensor& p) {
+         return std::make_unique<optim::SGD>(std::vector<Tensor>{p}, optim::SGDOptions{.lr = 0.3});
+       },
        true},
       {"sgd_maximize",
        [](const Tensor& p) {
@@ -68,7 +71,8 @@ std::vector<Case> cases() {
       {"sgd_nesterov_maximize",
        [](const Tensor& p) {
          return std::make_unique<optim::SGD>(
-             std::vector<Tensor>{p}, optim::SGDOptions{.lr = 0.05, .momentum = 0.8, .nesterov = true, .maximize = true});
+             std::vector<Tensor>{p},
+             optim::SGDOptions{.lr = 0.05, .momentum = 0.8, .nesterov = true, .maximize = true});
        },
        true},
       {"rowwise_adagrad",
@@ -87,10 +91,10 @@ SparseRowGrad step_grad(int64_t step, DType dtype, Device device) {
   std::vector<double> rows(k);
   const std::vector<double> u = uniform(k, 0, 1, 100 + step);
   for (int64_t i = 0; i < k; ++i) rows[i] = std::floor(kRows * std::pow(u[i], 3.0));  // dense near row 0
-  return SparseRowGrad{.indices = make(rows, {k}, {.dtype = DType::Int64, .device = device}),
-                       .values = make(uniform(k * kWidth, -2, 2, 200 + step), {k, kWidth},
-                                      {.dtype = dtype, .device = device}),
-                       .dense_shape = {kRows, kWidth}};
+  return SparseRowGrad{
+      .indices = make(rows, {k}, {.dtype = DType::Int64, .device = device}),
+      .values = make(uniform(k * kWidth, -2, 2, 200 + step), {k, kWidth}, {.dtype = dtype, .device = device}),
+      .dense_shape = {kRows, kWidth}};
 }
 
 void expect_close(const Tensor& gpu, const Tensor& cpu, bool exact, double tol, const std::string& what) {
@@ -245,7 +249,7 @@ TEST(SparseFusedCuda, ManyEmbeddingTablesTrainAsOnTheCpu) {
     for (int t = 0; t < 20; ++t) {
       const Tensor ids = make(uniform(64, 0, 49.99, 300 + 20 * step + t), {64}, {.dtype = DType::Int64});
       const Tensor target = make(uniform(64 * 8, -1, 1, 900 + step), {64, 8});
-      const Tensor c = sum(square((*cpu_tables[t])(ids) - target));
+      const Tensor c = sum(square((*cpu_tables[t])(ids)-target));
       const Tensor g = sum(square((*gpu_tables[t])(ids.to(kGpu)) - target.to(kGpu)));
       cpu_loss = cpu_loss.defined() ? cpu_loss + c : c;
       gpu_loss = gpu_loss.defined() ? gpu_loss + g : g;

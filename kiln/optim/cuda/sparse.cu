@@ -14,9 +14,9 @@
 
 #include "kiln/optim/cuda/checks.h"          // check_scalar, is_fused_dtype
 #include "kiln/optim/cuda/fused.h"           // fused_sparse_update
+#include "kiln/tensor/cuda/cuda_check.h"     // KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/cuda/kernel_util.cuh"  // load_as, store_as, ceil_div, stream_for
 #include "kiln/tensor/dispatch.h"            // Half, BFloat16
-#include "kiln/tensor/cuda/cuda_check.h"     // KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/internal_ops.h"  // argsort
 #include "kiln/tensor/trace.h"         // a range per kernel entry
@@ -55,7 +55,8 @@ template <typename T>
 __device__ __forceinline__ float run_grad(const T* values, const int64_t* order, int64_t begin, int64_t end,
                                           int64_t width, int64_t c, const float* grad_scale, bool maximize) {
   float acc = 0.f;
-  for (int64_t e = begin; e < end; ++e) acc = round_to<T>(__fadd_rn(acc, load_as<float>(values + order[e] * width + c)));
+  for (int64_t e = begin; e < end; ++e)
+    acc = round_to<T>(__fadd_rn(acc, load_as<float>(values + order[e] * width + c)));
   if (grad_scale != nullptr) acc = __fdiv_rn(acc, *grad_scale);
   return maximize ? -acc : acc;
 }
@@ -104,7 +105,8 @@ __global__ void sparse_update_kernel(T* param, const T* values, const int64_t* i
       const float g = run_grad(values, order, j, end, w, c, grad_scale, a.maximize);
       squares = __fadd_rn(squares, __fmul_rn(g, g));
     }
-    for (int offset = 16; offset > 0; offset /= 2) squares = __fadd_rn(squares, __shfl_xor_sync(0xffffffffu, squares, offset));
+    for (int offset = 16; offset > 0; offset /= 2)
+      squares = __fadd_rn(squares, __shfl_xor_sync(0xffffffffu, squares, offset));
     const float sum = __fadd_rn(state1[row], __fdiv_rn(squares, static_cast<float>(w)));
     __syncwarp();
     if (lane == 0) state1[row] = sum;
@@ -206,8 +208,7 @@ bool fuses_sparse(const Tensor& param, Device device) {
 }
 
 void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tensor& values, const TensorVec& states,
-                         const Tensor& step, const SparseHyper& h, const Tensor& grad_scale,
-                         const Tensor& found_inf) {
+                         const Tensor& step, const SparseHyper& h, const Tensor& grad_scale, const Tensor& found_inf) {
   const char* op = "fused_sparse_update";
   KILN_CHECK(indices.defined() && indices.is_cuda(), op, ": the indices must be on the GPU that runs the update, got ",
              indices.defined() ? indices.device() : Device::cpu());
@@ -225,11 +226,12 @@ void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tenso
   value_shape[0] = k;
   KILN_CHECK(values.shape() == value_shape && values.dtype() == param.dtype() && values.device() == dev &&
                  values.is_contiguous(),
-             op, ": values must be contiguous ", value_shape, " ", param.dtype(), " on ", dev, ", got ",
-             values.shape(), " ", values.dtype(), " on ", values.device());
+             op, ": values must be contiguous ", value_shape, " ", param.dtype(), " on ", dev, ", got ", values.shape(),
+             " ", values.dtype(), " on ", values.device());
   const char* where = home.is_cuda() ? "" : " (page-locked)";
   const size_t want = h.rule == SparseRule::Sgd ? 0 : h.rule == SparseRule::RowWiseAdagrad ? 1 : 2;
-  KILN_CHECK(states.size() == want, op, ": ", rule_name(h.rule), " takes ", want, " state tensors, got ", states.size());
+  KILN_CHECK(states.size() == want, op, ": ", rule_name(h.rule), " takes ", want, " state tensors, got ",
+             states.size());
   if (h.rule == SparseRule::SgdMomentum) {  // {buffer beside the parameter, mask on the GPU}
     const Tensor& mask = states[1];
     KILN_CHECK(mask.shape() == Shape{param.size(0)} && mask.dtype() == DType::Bool && mask.device() == dev &&
@@ -248,9 +250,9 @@ void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tenso
   }
   KILN_CHECK(step.defined() && step.numel() == 1 && step.dtype() == DType::Float32 && at_home(step), op,
              ": step must be a 1-element float32 tensor on ", home, where, ", got ",
-             step.defined() ? ::kiln::detail::str_cat(step.numel(), " elements of ", step.dtype(), " on ",
-                                                       step.device())
-                            : std::string("an undefined tensor"));
+             step.defined()
+                 ? ::kiln::detail::str_cat(step.numel(), " elements of ", step.dtype(), " on ", step.device())
+                 : std::string("an undefined tensor"));
   check_scalar(grad_scale, op, "grad_scale", dev, /*required=*/false);
   check_scalar(found_inf, op, "found_inf", dev, /*required=*/false);
   // Page-locked host memory is mapped for every device at its host address under unified addressing (every 64-bit
@@ -292,16 +294,14 @@ void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tenso
         bool* mask = static_cast<bool*>(states[1].data_ptr());
         if (k > 0) {
           const auto mark_blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(k, int64_t{256}));
-          momentum_mark_kernel<<<mark_blocks, 256, 0, stream>>>(indices.data_ptr<int64_t>(), mask, inf_ptr, k,
-                                                                 a.rows);
+          momentum_mark_kernel<<<mark_blocks, 256, 0, stream>>>(indices.data_ptr<int64_t>(), mask, inf_ptr, k, a.rows);
           KILN_CUDA_CHECK_LAUNCH("fused_sparse_update (momentum rows)");
         }
-        const auto sweep_blocks =
-            static_cast<unsigned>(cuda::kdetail::ceil_div(cuda::kdetail::ceil_div(a.rows, int64_t{32}),
-                                                          int64_t{kWarpsPerBlock}));
+        const auto sweep_blocks = static_cast<unsigned>(
+            cuda::kdetail::ceil_div(cuda::kdetail::ceil_div(a.rows, int64_t{32}), int64_t{kWarpsPerBlock}));
         momentum_sweep_kernel<T><<<sweep_blocks, kWarpsPerBlock * 32, 0, stream>>>(
-            param.data_ptr<T>(), values.data_ptr<T>(), indices.data_ptr<int64_t>(), order.data_ptr<int64_t>(), s1,
-            mask, step_read.data_ptr<float>(), scale_ptr, inf_ptr, a);
+            param.data_ptr<T>(), values.data_ptr<T>(), indices.data_ptr<int64_t>(), order.data_ptr<int64_t>(), s1, mask,
+            step_read.data_ptr<float>(), scale_ptr, inf_ptr, a);
         KILN_CUDA_CHECK_LAUNCH("fused_sparse_update (momentum)");
         return;
       }
