@@ -5,6 +5,7 @@
 // table by its place in the model).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -175,6 +176,27 @@ TEST(HybridEmbedding, SgdStepsAcrossARebalanceGiveTheSameTableAsAPlainEmbedding)
   }
 }
 
+// Steps a hybrid table and a plain one holding the same table with their optimizers on the same batches; the two
+// tables must stay equal bit for bit. After step 2 (and zero_grad), `at_step_2` (a rebalance and its checks).
+template <typename Opt>
+void train_beside(nn::HybridEmbedding& emb, nn::Embedding& plain, Opt& opt, Opt& ref,
+                  const std::vector<std::vector<int64_t>>& batches, const std::function<void()>& at_step_2) {
+  for (size_t step = 0; step < batches.size(); ++step) {
+    const Tensor ids = ids_of(batches[step], {static_cast<int64_t>(batches[step].size())});
+    opt.zero_grad();
+    ref.zero_grad();
+    loss_of(emb(ids)).backward();
+    loss_of(plain(ids)).backward();
+    opt.step();
+    ref.step();
+    ASSERT_EQ(bytes_of(emb.table()), bytes_of(plain.weight)) << "after step " << step;
+    if (step == 2) {
+      opt.zero_grad();
+      at_step_2();
+    }
+  }
+}
+
 // SGD's sparse momentum applies to every row a gradient ever touched (PyTorch's semantics): a row that changes tier
 // keeps that membership, so it goes on moving by its momentum in its new tier.
 TEST(HybridEmbedding, SgdMomentumAcrossARebalanceMatchesAPlainEmbedding) {
@@ -188,23 +210,11 @@ TEST(HybridEmbedding, SgdMomentumAcrossARebalanceMatchesAPlainEmbedding) {
   };
   // Rows 5 and 6 (cold, with momentum) trade places with rows 1 and 2 (hot, never touched); then only row 0 is looked
   // up, and 5 and 6 move by their momentum alone.
-  const std::vector<std::vector<int64_t>> batches = {{0, 5}, {0, 6}, {6, 6, 6}, {0}, {0}, {0, 7}};
-  for (size_t step = 0; step < batches.size(); ++step) {
-    const Tensor ids = ids_of(batches[step], {static_cast<int64_t>(batches[step].size())});
-    opt.zero_grad();
-    ref.zero_grad();
-    loss_of((*emb)(ids)).backward();
-    loss_of((*plain)(ids)).backward();
-    opt.step();
-    ref.step();
-    ASSERT_EQ(bytes_of(emb->table()), bytes_of(plain->weight)) << "after step " << step;
-    if (step == 2) {
-      opt.zero_grad();
-      ASSERT_EQ(emb->rebalance().size(), 2);
-      ASSERT_GE(emb->slot_of(5), 0);
-      ASSERT_GE(emb->slot_of(6), 0);
-    }
-  }
+  train_beside(*emb, *plain, opt, ref, {{0, 5}, {0, 6}, {6, 6, 6}, {0}, {0}, {0, 7}}, [&] {
+    ASSERT_EQ(emb->rebalance().size(), 2);
+    ASSERT_GE(emb->slot_of(5), 0);
+    ASSERT_GE(emb->slot_of(6), 0);
+  });
 }
 
 TEST(HybridEmbedding, SlotListsFollowTheSwaps) {
@@ -230,24 +240,13 @@ TEST(HybridEmbedding, SparseAdamAcrossARebalanceMatchesAPlainEmbedding) {
     ++rebalances;
     emb->swap_state_rows(s, opt.state(emb->hot), opt.state(emb->cold));
   };
-  const std::vector<std::vector<int64_t>> batches = {{0, 1, 9, 9, 8}, {9, 8, 8, 7, 2}, {9, 9, 8, 0}, {1, 8, 9, 5},
-                                                     {7, 7, 0, 3},    {9, 2, 8, 8, 1}, {4, 6, 9}};
-  for (size_t step = 0; step < batches.size(); ++step) {
-    const Tensor ids = ids_of(batches[step], {static_cast<int64_t>(batches[step].size())});
-    opt.zero_grad();
-    ref.zero_grad();
-    loss_of((*emb)(ids)).backward();
-    loss_of((*plain)(ids)).backward();
-    opt.step();
-    ref.step();
-    ASSERT_EQ(bytes_of(emb->table()), bytes_of(plain->weight)) << "after step " << step;
-    if (step == 2) {
-      opt.zero_grad();
-      ASSERT_EQ(emb->rebalance().size(), 2);  // 9 and 8 come in, 1 and 2 leave (0 stays: ties go to the lower row)
-      EXPECT_GE(emb->slot_of(9), 0);
-      EXPECT_GE(emb->slot_of(8), 0);
-    }
-  }
+  train_beside(*emb, *plain, opt, ref,
+               {{0, 1, 9, 9, 8}, {9, 8, 8, 7, 2}, {9, 9, 8, 0}, {1, 8, 9, 5}, {7, 7, 0, 3}, {9, 2, 8, 8, 1}, {4, 6, 9}},
+               [&] {
+                 ASSERT_EQ(emb->rebalance().size(), 2);  // 9 and 8 come in, 1 and 2 leave (0 stays: ties, lower row)
+                 EXPECT_GE(emb->slot_of(9), 0);
+                 EXPECT_GE(emb->slot_of(8), 0);
+               });
   EXPECT_EQ(rebalances, 1);
   // The moments themselves, mapped back to logical rows, equal the plain table's.
   for (const char* name : {"exp_avg", "exp_avg_sq"})
