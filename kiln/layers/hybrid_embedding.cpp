@@ -100,6 +100,9 @@ std::shared_ptr<const LookupLists> make_lists(Partition p, Device device, bool m
   return lists;
 }
 
+// dst[i] = src[rows[i]] for every i: below, with the table's other host row copies.
+void copy_rows_in_chunks(const Tensor& dst, const Tensor& src, const std::vector<int64_t>& rows);
+
 // t[rows[i]] = values[i] in place (t (R, ...), rows (K) on t's device, values (K, ...)).
 void write_rows(Tensor t, const Tensor& rows, const Tensor& values) {
   const int64_t k = rows.numel();
@@ -266,16 +269,7 @@ Tensor HybridEmbedding::gather_cold(const std::vector<int64_t>& cold_slots, cons
   wait_for_device_access();
   if (!device.is_cuda()) return internal::index_select(cold.detach(), 0, index_tensor(cold_slots, Device::cpu()));
   Tensor staged = internal::empty({n, embedding_dim}, {.dtype = cold.dtype(), .pinned_memory = true});
-  if (!cold.is_contiguous()) {  // (never made so by this module) rows through kiln ops, not a contiguous copy
-    staged.copy_(internal::index_select(cold.detach(), 0, index_tensor(cold_slots, Device::cpu())));
-    return internal::to(staged, device, {}, /*non_blocking=*/true);
-  }
-  const Tensor& table = cold;
-  const auto row_bytes = static_cast<size_t>(embedding_dim * static_cast<int64_t>(element_size(table.dtype())));
-  const int64_t* slots = cold_slots.data();
-  auto* to = static_cast<char*>(staged.data_ptr());
-  const auto* from = static_cast<const char*>(table.data_ptr());
-  for (int64_t i = 0; i < n; ++i) std::memcpy(to + i * row_bytes, from + slots[i] * row_bytes, row_bytes);
+  copy_rows_in_chunks(staged, cold.detach(), cold_slots);
   return internal::to(staged, device, {}, /*non_blocking=*/true);
 }
 
@@ -432,47 +426,11 @@ void HybridEmbedding::swap_state_rows(const RowSwaps& swaps, std::map<std::strin
     auto it = hot_state.find(name);
     KILN_CHECK(it != hot_state.end(), "HybridEmbedding::swap_state_rows: the cold tier's optimizer state \"", name,
                "\" has no counterpart in the hot tier's; its rows could not follow the swap");
-    Tensor& h = it->second;
+    const Tensor& h = it->second;
     const bool per_row =
         h.dim() >= 1 && c.dim() >= 1 && h.size(0) == hot_rows && c.size(0) == num_embeddings - hot_rows;
-    const bool row_lists =
-        !per_row && h.dim() == 1 && c.dim() == 1 && h.dtype() == DType::Int64 && c.dtype() == DType::Int64;
-    if (per_row) {
-      swap_rows(swaps, h, c);
-    } else if (row_lists) {
-      swap_row_lists(swaps, h, cold_state.at(name));
-    }
+    if (per_row) swap_rows(swaps, h, c);
   }
-}
-
-void HybridEmbedding::swap_row_lists(const RowSwaps& swaps, Tensor& hot_list, Tensor& cold_list) {
-  if (swaps.size() == 0) return;
-  const auto read = [](const Tensor& t) {
-    const Tensor host = internal::contiguous(internal::to(t, Device::cpu()));
-    const int64_t* p = host.data_ptr<int64_t>();
-    return std::vector<int64_t>(p, p + host.numel());
-  };
-  const std::vector<int64_t> hot_in = read(hot_list), cold_in = read(cold_list);
-  const std::vector<int64_t> hs = read(swaps.hot_slots), cs = read(swaps.cold_slots);
-  const auto holds = [](const std::vector<int64_t>& sorted, int64_t v) {
-    return std::binary_search(sorted.begin(), sorted.end(), v);
-  };
-  std::vector<int64_t> hot_out, cold_out;  // the slots that keep their rows, then the rows that came in
-  std::vector<int64_t> hs_sorted = hs, cs_sorted = cs;
-  std::sort(hs_sorted.begin(), hs_sorted.end());
-  std::sort(cs_sorted.begin(), cs_sorted.end());
-  for (const int64_t s : hot_in)
-    if (!holds(hs_sorted, s)) hot_out.push_back(s);
-  for (const int64_t s : cold_in)
-    if (!holds(cs_sorted, s)) cold_out.push_back(s);
-  for (size_t i = 0; i < hs.size(); ++i) {
-    if (holds(cold_in, cs[i])) hot_out.push_back(hs[i]);  // cold slot cs[i]'s row is now in hot slot hs[i]
-    if (holds(hot_in, hs[i])) cold_out.push_back(cs[i]);  // and hot slot hs[i]'s row in cold slot cs[i]
-  }
-  std::sort(hot_out.begin(), hot_out.end());
-  std::sort(cold_out.begin(), cold_out.end());
-  hot_list = internal::to(index_tensor(hot_out, Device::cpu()), hot_list.device());
-  cold_list = internal::to(index_tensor(cold_out, Device::cpu()), cold_list.device());
 }
 
 namespace {

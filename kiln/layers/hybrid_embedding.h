@@ -127,16 +127,12 @@ class HybridEmbedding : public Module {
   // rows trade places as the tiers' rows did. In place, exact.
   static void swap_rows(const RowSwaps& swaps, const Tensor& hot_like, const Tensor& cold_like);
   // swap_rows on every per-row tensor of an optimizer's state of `hot` and of `cold` (optim::Optimizer::state(p)):
-  // the pairs of the same name whose first dims are H and V - H (exp_avg, exp_avg_sq, momentum_buffer,
-  // RowWiseAdagrad's sum). A pair of other 1-D Int64 tensors is a pair of sorted slot lists (SGD's momentum_rows: the
-  // rows its sparse momentum covers): swap_row_lists. The others (step counters) are left alone. kiln::Error for a
-  // name present on one side only: its rows could not follow (both tiers take a gradient, possibly empty, on every
-  // lookup, so a sparse optimizer steps both).
+  // the pairs of the same name whose first dims are H and V - H (exp_avg, exp_avg_sq, momentum_buffer, SGD's
+  // momentum_mask, RowWiseAdagrad's sum). The others (step counters) are left alone. kiln::Error for a name present on
+  // one side only: its rows could not follow (both tiers take a gradient, possibly empty, on every lookup, so a
+  // sparse optimizer steps both).
   void swap_state_rows(const RowSwaps& swaps, std::map<std::string, Tensor>& hot_state,
                        std::map<std::string, Tensor>& cold_state) const;
-  // Applies `swaps` to a pair of sorted slot lists (hot_list: hot slots, cold_list: cold slots; 1-D Int64 on any
-  // devices): a row that changed tier stays listed (or unlisted) in its new slot. Replaces both, each on its device.
-  static void swap_row_lists(const RowSwaps& swaps, Tensor& hot_list, Tensor& cold_list);
 
   int64_t num_embeddings;  // V, the logical table's rows
   int64_t embedding_dim;   // D

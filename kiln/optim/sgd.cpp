@@ -51,10 +51,7 @@ void SGD::update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_sca
     if (o.momentum != 0) bufs.push_back(state_tensor(p, "momentum_buffer"));
     steps.push_back(step_tensor(p));
   }
-  for (const Tensor& p : bucket.originals) {  // a dense step touches every row
-    state(p).erase("momentum_rows");
-    state(p).erase("momentum_mask");
-  }
+  for (const Tensor& p : bucket.originals) state(p).erase("momentum_mask");  // a dense step touches every row
   cuda_impl::fused_sgd(bucket.params, bucket.grads, bufs, steps,
                        {.lr = o.lr,
                         .momentum = o.momentum,
@@ -74,8 +71,7 @@ void SGD::update_param(size_t group, const Tensor& p, Tensor d, Tensor& w, doubl
   if (o.maximize) d = internal::neg(d);
   if (o.weight_decay != 0) d = internal::add(d, w, o.weight_decay);
   if (o.momentum != 0) {
-    state(p).erase("momentum_rows");  // a dense step touches every row: the buffer is dense from now on
-    state(p).erase("momentum_mask");
+    state(p).erase("momentum_mask");  // a dense step touches every row: the buffer is dense from now on
     // A buffer made now (first step, or momentum switched on later) starts as the gradient (PyTorch).
     const bool fresh = t == 1 || !state(p).count("momentum_buffer");
     Tensor& buf = state_tensor(p, "momentum_buffer");
@@ -103,7 +99,7 @@ void SGD::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad
   if (o.momentum != 0) {
     auto& s = state(p);
     const bool fresh = t == 1 || !s.count("momentum_buffer");
-    if (!fresh && !s.count("momentum_mask") && !s.count("momentum_rows")) {
+    if (!fresh && !s.count("momentum_mask")) {
       // The buffer is dense (earlier steps had dense gradients): every row is in it, the update is the dense one.
       Tensor w = p.dtype() == math ? param : internal::cast(p, math);
       update_param(group, p, SparseRowGrad{rows, g.values, g.dense_shape, true}.to_dense(), w, t);
@@ -124,13 +120,12 @@ void SGD::update_sparse_param(size_t group, const Tensor& p, const SparseRowGrad
       // U = rows ever touched ∪ this step's (sorted: the mask's nonzero rows); g on U (zero where g has no row).
       detail::write_rows_(mask, rows, listed);
       const std::vector<int64_t> u = detail::host_rows(internal::reshape(internal::nonzero(mask), {-1}));
-      const detail::RowUnion where = detail::row_union(u, detail::host_rows(rows));  // u already holds every row
+      const std::vector<int64_t> at = detail::positions_in(u, detail::host_rows(rows));  // u holds every one
       const int64_t n = static_cast<int64_t>(u.size());
       const Tensor union_rows = internal::to(internal::from_vector(u, {n}), p.device());
       Shape union_shape = p.shape();
       union_shape[0] = n;
-      const Tensor positions = internal::to(
-          internal::from_vector(where.b_positions, {static_cast<int64_t>(where.b_positions.size())}), p.device());
+      const Tensor positions = internal::to(internal::from_vector(at, {static_cast<int64_t>(at.size())}), p.device());
       const Tensor g_u =
           internal::index_add(internal::zeros(union_shape, {.dtype = math, .device = p.device()}), 0, positions, d);
       Tensor buf_u = detail::gather_rows(buf, union_rows);  // (U, D...)
@@ -155,12 +150,24 @@ Tensor& SGD::momentum_mask(const Tensor& p, Device device) {
     return it->second;
   }
   Tensor mask = internal::zeros({p.size(0)}, {.dtype = DType::Bool, .device = device});
-  if (auto it = s.find("momentum_rows"); it != s.end()) {  // a loaded state's row list
+  if (auto it = s.find("momentum_rows"); it != s.end()) {  // a loaded state's row list (load_state_dict)
     const Tensor rows = internal::to(it->second, device);
     detail::write_rows_(mask, rows, internal::ones({rows.numel()}, {.dtype = DType::Bool, .device = device}));
     s.erase(it);
   }
   return s["momentum_mask"] = mask;
+}
+
+void SGD::load_state_dict(const OptimizerState& saved) {
+  HookedOptimizer::load_state_dict(saved);
+  // The saved row lists become masks at once: the live state has one form (which a hybrid table's rebalance carries
+  // as per-row state).
+  for (size_t g = 0; g < num_param_groups(); ++g) {
+    for (const Tensor& p : params(g)) {
+      const auto* s = find_state(p);
+      if (s != nullptr && s->count("momentum_rows") != 0) (void)momentum_mask(p, p.device());
+    }
+  }
 }
 
 OptimizerState SGD::state_dict() const {
@@ -193,8 +200,8 @@ void SGD::update_sparse_fused(size_t group, const Tensor& p, const SparseRowGrad
   }
   auto& s = state(p);
   const bool fresh = !s.count("momentum_buffer");  // (a step count of 0 makes it a first step too, on the device)
-  // A buffer without a mask or row list is dense (earlier steps had dense gradients): it covers every row.
-  const bool dense = !fresh && !s.count("momentum_mask") && !s.count("momentum_rows");
+  // A buffer without a mask is dense (earlier steps had dense gradients): it covers every row.
+  const bool dense = !fresh && !s.count("momentum_mask");
   Tensor& buf = state_tensor(p, "momentum_buffer");
   Tensor& mask = momentum_mask(p, g.values.device());  // on the GPU, also for a page-locked parameter
   if (dense) internal::fill_(mask, true);

@@ -16,7 +16,7 @@
 // p[rows] -= lr * g. With momentum, PyTorch's buffer is a sparse tensor holding every row ever touched; here it is
 // "momentum_buffer" (V, D...), zero outside those rows, plus "momentum_mask" (V) Bool, true on those rows (state_dict
 // gives it as "momentum_rows" (R) Int64, the rows sorted, and load_state_dict takes that), and each step updates buf
-// and p on that union only (O(rows touched so far), as PyTorch):
+// and p on that union only (O(rows touched so far), as PyTorch, plus a scan of the V flags that finds them):
 //   buf[U] = momentum * buf[U] + (1 - dampening) * g[U]   (g is 0 on rows of U it does not hold; first step buf = g)
 //   p[U] -= lr * (nesterov ? g[U] + momentum * buf[U] : buf[U])
 // which is the dense update with the dense gradient, on every row. weight_decay > 0 with a sparse gradient is
@@ -54,6 +54,8 @@ class SGD : public HookedOptimizer<SGDOptions> {
   // The base's, with each sparse momentum's "momentum_mask" given as "momentum_rows" (R) Int64 on the CPU: the
   // sorted rows it covers.
   OptimizerState state_dict() const override;
+  // The base's, then each loaded "momentum_rows" made the "momentum_mask" it stands for.
+  void load_state_dict(const OptimizerState& state) override;
 
  protected:
   void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf) override;
@@ -65,7 +67,7 @@ class SGD : public HookedOptimizer<SGDOptions> {
   // cuda/sparse.cu's kernels; with momentum, a sweep over the mask (O(V / 32) warps) updates every covered row.
   void update_sparse_fused(size_t group, const Tensor& param, const SparseRowGrad& grad, const Tensor& grad_scale,
                            const Tensor& found_inf) override;
-  // "momentum_rows": a sorted, unique Int64 row list in [0, V) (the next sparse step makes it "momentum_mask");
+  // "momentum_rows": a sorted, unique Int64 row list in [0, V) (load_state_dict then makes it "momentum_mask");
   // "momentum_mask": (V) Bool; the rest as the base.
   Tensor load_state_tensor(const Tensor& param, size_t index, const std::string& name, const Tensor& saved,
                            const std::string& key) const override;

@@ -1,5 +1,5 @@
 // kiln/optim/sparse_rows.cpp — rows of a table read (index_select) and written (scatter_ with the row index
-// broadcast along the other dims) through kiln ops; the host-side union of two row lists.
+// broadcast along the other dims) through kiln ops; where rows sit in a sorted row list.
 #include "kiln/optim/sparse_rows.h"
 
 #if KILN_WITH_CUDA
@@ -78,17 +78,15 @@ Tensor per_row(const Tensor& v, int64_t dims) {
   return internal::reshape(v, shape);
 }
 
-RowUnion row_union(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
-  RowUnion u;
-  u.rows.reserve(a.size() + b.size());
-  std::set_union(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(u.rows));
-  u.b_positions.reserve(b.size());
-  auto it = u.rows.begin();
-  for (const int64_t row : b) {  // b is sorted: one forward pass
-    it = std::lower_bound(it, u.rows.end(), row);
-    u.b_positions.push_back(static_cast<int64_t>(it - u.rows.begin()));
+std::vector<int64_t> positions_in(const std::vector<int64_t>& sorted, const std::vector<int64_t>& rows) {
+  std::vector<int64_t> out;
+  out.reserve(rows.size());
+  auto it = sorted.begin();
+  for (const int64_t row : rows) {  // rows are sorted: one forward pass
+    it = std::lower_bound(it, sorted.end(), row);
+    out.push_back(static_cast<int64_t>(it - sorted.begin()));
   }
-  return u;
+  return out;
 }
 
 std::vector<int64_t> host_rows(const Tensor& rows) {

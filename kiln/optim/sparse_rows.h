@@ -46,12 +46,9 @@ void write_rows_(Tensor& t, const Tensor& rows, const Tensor& values);
 // A (K) tensor of per-row numbers shaped to broadcast against (K, D...) rows: (K, 1, ...) with `dims` dims.
 Tensor per_row(const Tensor& v, int64_t dims);
 
-// The sorted union of two sorted, unique row lists (host vectors), and where each row of `b` sits in it.
-struct RowUnion {
-  std::vector<int64_t> rows;         // sorted, unique: a ∪ b
-  std::vector<int64_t> b_positions;  // rows[b_positions[j]] == b[j]
-};
-RowUnion row_union(const std::vector<int64_t>& a, const std::vector<int64_t>& b);
+// Where each of `rows` (sorted) sits in `sorted` (sorted, unique, holding every one of them): sorted[out[j]] ==
+// rows[j].
+std::vector<int64_t> positions_in(const std::vector<int64_t>& sorted, const std::vector<int64_t>& rows);
 // The state of a parameter in `dtype`: on its device, and page-locked when the parameter is (so that the fused update
 // of a device-held gradient reaches it through the device mapping).
 TensorOptions state_options(const Tensor& param, DType dtype);

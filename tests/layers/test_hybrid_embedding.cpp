@@ -217,14 +217,30 @@ TEST(HybridEmbedding, SgdMomentumAcrossARebalanceMatchesAPlainEmbedding) {
   });
 }
 
-TEST(HybridEmbedding, SlotListsFollowTheSwaps) {
-  // A loaded SGD state holds its momentum's rows as slot lists until its next step: a rebalance before that step
-  // moves each listed row's entry to its new slot. Hot slot 0 (listed) trades with cold slot 3 (not listed), hot slot
-  // 1 (not listed) with cold slot 1 (listed); hot slot 2 and cold slot 4 stay.
-  Tensor hot = ids_of({0, 2}, {2}), cold = ids_of({1, 4}, {2});
-  nn::HybridEmbedding::swap_row_lists({ids_of({0, 1}, {2}), ids_of({3, 1}, {2})}, hot, cold);
-  expect_values(hot, {2}, {1, 2}, 0, 0);
-  expect_values(cold, {2}, {3, 4}, 0, 0);
+TEST(HybridEmbedding, SgdMomentumLoadedBeforeARebalanceMatchesAPlainEmbedding) {
+  // A checkpoint saves the momentum's rows as sorted slot lists; loaded, they become the per-row mask again, so a
+  // rebalance right after the load (before any step) carries them like the rest of the state.
+  manual_seed(17);
+  auto emb = std::make_shared<nn::HybridEmbedding>(8, 2, nn::HybridEmbeddingOptions{.hot_rows = 3});  // 0, 1, 2 hot
+  auto plain = plain_copy(*emb);
+  const optim::SGDOptions o{.lr = 0.1, .momentum = 0.9};
+  optim::SGD first(emb->parameters(), o), ref(plain->parameters(), o);
+  train_beside(*emb, *plain, first, ref, {{0, 5}, {0, 6}, {6, 6, 6}}, [] {});
+  const optim::OptimizerState saved = first.state_dict();
+  ASSERT_TRUE(saved.tensors.count("state.1.momentum_rows"));
+  optim::SGD resumed(emb->parameters(), o);
+  resumed.load_state_dict(saved);
+  for (const Tensor& tier : {emb->hot, emb->cold}) {
+    EXPECT_TRUE(resumed.state(tier).count("momentum_mask")) << "loaded rows made a mask";
+    EXPECT_FALSE(resumed.state(tier).count("momentum_rows"));
+  }
+  emb->on_rebalance = [&](const nn::RowSwaps& s) {
+    emb->swap_state_rows(s, resumed.state(emb->hot), resumed.state(emb->cold));
+  };
+  ASSERT_EQ(emb->rebalance().size(), 2);  // 6 and 5 come in
+  ASSERT_GE(emb->slot_of(5), 0);
+  ASSERT_GE(emb->slot_of(6), 0);
+  train_beside(*emb, *plain, resumed, ref, {{0}, {0}, {0, 7}}, [] {});
 }
 
 // SparseAdam keeps (rows, D) moments per parameter: on_rebalance carries the moved rows' moments between the

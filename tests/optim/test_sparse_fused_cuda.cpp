@@ -38,49 +38,24 @@ struct Case {
   bool exact;  // bit-equal in float32
 };
 
+// An optimizer of type Opt over one parameter, with `options`.
+template <typename Opt, typename Options>
+MakeOpt maker(Options options) {
+  return [options](const Tensor& p) { return std::make_unique<Opt>(std::vector<Tensor>{p}, options); };
+}
+
 std::vector<Case> cases() {
+  using optim::SGD, optim::SGDOptions, optim::SparseAdam, optim::SparseAdamOptions;
   return {
-      {"sgd",
-       [](const Tensor& p) {
-         return std::make_unique<optim::SGD>(std::vector<Tensor>{p}, optim::SGDOptions{.lr = 0.3});
-       },
-       true},
-      {"sgd_maximize",
-       [](const Tensor& p) {
-         return std::make_unique<optim::SGD>(std::vector<Tensor>{p}, optim::SGDOptions{.lr = 0.05, .maximize = true});
-       },
-       true},
-      {"sparse_adam",
-       [](const Tensor& p) {
-         return std::make_unique<optim::SparseAdam>(std::vector<Tensor>{p}, optim::SparseAdamOptions{.lr = 0.01});
-       },
-       true},
+      {"sgd", maker<SGD>(SGDOptions{.lr = 0.3}), true},
+      {"sgd_maximize", maker<SGD>(SGDOptions{.lr = 0.05, .maximize = true}), true},
+      {"sparse_adam", maker<SparseAdam>(SparseAdamOptions{.lr = 0.01}), true},
       {"sparse_adam_maximize",
-       [](const Tensor& p) {
-         return std::make_unique<optim::SparseAdam>(
-             std::vector<Tensor>{p},
-             optim::SparseAdamOptions{.lr = 0.02, .betas = {0.8, 0.99}, .eps = 1e-6, .maximize = true});
-       },
+       maker<SparseAdam>(SparseAdamOptions{.lr = 0.02, .betas = {0.8, 0.99}, .eps = 1e-6, .maximize = true}), true},
+      {"sgd_momentum", maker<SGD>(SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.25}), true},
+      {"sgd_nesterov_maximize", maker<SGD>(SGDOptions{.lr = 0.05, .momentum = 0.8, .nesterov = true, .maximize = true}),
        true},
-      {"sgd_momentum",
-       [](const Tensor& p) {
-         return std::make_unique<optim::SGD>(std::vector<Tensor>{p},
-                                             optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .dampening = 0.25});
-       },
-       true},
-      {"sgd_nesterov_maximize",
-       [](const Tensor& p) {
-         return std::make_unique<optim::SGD>(
-             std::vector<Tensor>{p},
-             optim::SGDOptions{.lr = 0.05, .momentum = 0.8, .nesterov = true, .maximize = true});
-       },
-       true},
-      {"rowwise_adagrad",
-       [](const Tensor& p) {
-         return std::make_unique<optim::RowWiseAdagrad>(std::vector<Tensor>{p},
-                                                        optim::RowWiseAdagradOptions{.lr = 0.1});
-       },
-       false},
+      {"rowwise_adagrad", maker<optim::RowWiseAdagrad>(optim::RowWiseAdagradOptions{.lr = 0.1}), false},
   };
 }
 
