@@ -599,6 +599,10 @@ TEST(SparseOptimizers, OptionsRoundTripAndBadStatesAreRefused) {
   optim::OptimizerState rows = s.state_dict();
   rows.tensors["state.0.momentum_rows"] = make({3, 1}, {2}, {.dtype = DType::Int64});
   expect_error([&] { s.load_state_dict(rows); }, {"SGD.load_state_dict", "momentum_rows", "sorted, unique"});
+  optim::OptimizerState mask = s.state_dict();
+  mask.tensors["state.0.momentum_mask"] = make({1, 0, 1}, {3}, {.dtype = DType::Int64});
+  expect_error([&] { s.load_state_dict(mask); }, {"SGD.load_state_dict", "state.0.momentum_mask", "(6) Bool"});
+  EXPECT_TRUE(s.state(p).empty()) << "a refused state changes nothing";
   EXPECT_TRUE(s.state(p).empty());  // nothing loaded
 
   // An LR scheduler drives the new optimizers as the others.
