@@ -28,8 +28,10 @@ class GraphRoot final : public Node {
   TensorList grads_;
 };
 
-// Brings a gradient that `producer` computed to the shape, dtype and device the receiving input expects.
-Tensor validate_gradient(Tensor g, const InputMeta& meta, const Node& producer, size_t index) {
+// Brings a gradient that `producer` computed to the shape, dtype and device that input `input_nr` of `receiver`
+// expects: the input's own dtype, or the other one the receiver accepts there (Node::accepted_gradient_dtype).
+Tensor validate_gradient(Tensor g, const Node& receiver, uint32_t input_nr, const Node& producer, size_t index) {
+  const InputMeta& meta = receiver.input_meta(input_nr);
   if (g.shape() != meta.shape) {
     bool reducible = g.dim() >= static_cast<int64_t>(meta.shape.size());
     const int64_t lead = g.dim() - static_cast<int64_t>(meta.shape.size());
@@ -46,7 +48,7 @@ Tensor validate_gradient(Tensor g, const InputMeta& meta, const Node& producer, 
   if (g.dtype() != meta.dtype) {
     KILN_CHECK(is_floating_point(g.dtype()), producer.name(), " returned a ", g.dtype(), " gradient for its input ",
                index, " (", meta.dtype, "); gradients must be floating-point");
-    g = internal::cast(g, meta.dtype);
+    if (receiver.accepted_gradient_dtype(input_nr) != g.dtype()) g = internal::cast(g, meta.dtype);
   }
   return g;
 }
@@ -124,7 +126,12 @@ class GraphTask {
       grads.resize(node->num_inputs());
       if (node->has_pre_hooks()) node->run_pre_hooks(grads);
       if (prune) {
-        for (auto [input_nr, index] : capture_at[static_cast<size_t>(slot)]) captured_[index] = grads[input_nr];
+        for (auto [input_nr, index] : capture_at[static_cast<size_t>(slot)]) {
+          // In the input's own dtype, also where the node accepts another (Node::accepted_gradient_dtype).
+          const Tensor& g = grads[input_nr];
+          const DType dtype = node->input_meta(input_nr).dtype;
+          captured_[index] = g.defined() && g.dtype() != dtype ? internal::cast(g, dtype) : g;
+        }
         if (!needed_[static_cast<size_t>(slot)]) continue;
       }
 
@@ -163,7 +170,7 @@ class GraphTask {
           if (added_in_place) outputs[i] = Tensor();
         }
         if (outputs[i].defined()) {
-          Tensor g = validate_gradient(std::move(outputs[i]), next->input_meta(e.input_nr), *node, i);
+          Tensor g = validate_gradient(std::move(outputs[i]), *next, e.input_nr, *node, i);
           add_to_buffer(next_slot, next->num_inputs(), e.input_nr, std::move(g));
         }
         --producers_[input_offsets_[next_slot] + e.input_nr];
@@ -195,6 +202,15 @@ class GraphTask {
     Tensor& acc = buf[input_nr];
     if (!acc.defined()) {
       acc = std::move(g);
+      return;
+    }
+    if (g.dtype() != acc.dtype()) {
+      // Gradients of one input in two dtypes (its node accepts a wider one than the input's own: some producers
+      // computed it there, others did not): the sum takes the wider, with whatever waits to join it.
+      if (auto p = pending_.find(slot); p != pending_.end() && p->second.size() > input_nr) {
+        flush_one(acc, p->second[input_nr]);
+      }
+      acc = internal::add(acc, g);
       return;
     }
     if (g.is_cuda() && static_cast<int64_t>(g.nbytes()) <= kDeferBytes) {

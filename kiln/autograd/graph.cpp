@@ -39,6 +39,36 @@ bool Node::remove_pre_hook(uint64_t id) {
   return false;
 }
 
+std::optional<DType> Node::accepted_gradient_dtype(uint32_t input_nr) const {
+  for (const PreHook& h : pre_hooks_) {
+    if (h.input_nr == input_nr) return std::nullopt;
+  }
+  return other_gradient_dtype(input_nr);
+}
+
+std::optional<DType> Node::gradient_dtype_wanted(size_t i) const {
+  if (!needs_input_grad(i)) return std::nullopt;
+  const Edge& e = next_edges_[i];
+  return e.fn->accepted_gradient_dtype(e.input_nr);
+}
+
+std::optional<DType> Node::dtype_all_next_accept() const {
+  // Views of views are short chains; a deeper one stops asking (its gradient is then cast as usual).
+  static thread_local int depth = 0;
+  if (depth >= 8) return std::nullopt;
+  ++depth;
+  std::optional<DType> common;
+  bool agree = true;
+  for (size_t i = 0; i < next_edges_.size() && agree; ++i) {
+    if (!next_edges_[i].valid()) continue;
+    const std::optional<DType> d = gradient_dtype_wanted(i);
+    agree = d.has_value() && (!common || *common == *d);
+    common = d;
+  }
+  --depth;
+  return agree ? common : std::nullopt;
+}
+
 void Node::run_pre_hooks(TensorList& grads) {
   for (auto& h : pre_hooks_) {
     Tensor& g = grads[h.input_nr];
@@ -90,6 +120,11 @@ AutogradMeta& materialize_meta(const Tensor& t) {
 
 bool exclusively_owned(const Tensor& t) {
   return t.impl_ptr().use_count() == 1 && t.impl().storage().use_count() == 1 && !t.impl().is_view();
+}
+
+bool sole_view_of_its_storage(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.impl().storage().use_count() == 1 && t.offset() == 0 &&
+         t.nbytes() == t.impl().storage()->nbytes();
 }
 
 bool requires_grad(const Tensor& t) {
@@ -194,9 +229,16 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   if (!m.grad.defined()) {
     // Keep the incoming gradient when nothing else holds it and it is dense in the leaf's layout;
     // otherwise copy, so that in-place updates of .grad (zero_, clipping) cannot reach another tensor.
-    const bool owned = exclusively_owned(g);
     const bool dense = g.is_contiguous(layout == MemoryFormat::ChannelsLast ? layout : MemoryFormat::Contiguous);
-    m.grad = owned && dense ? std::move(g) : internal::clone(g, layout);
+    if (dense && exclusively_owned(g)) {
+      m.grad = std::move(g);
+    } else if (dense && sole_view_of_its_storage(g)) {
+      // A view whose base is gone (a bias gradient reshaped from the (1, N) sums a kernel wrote, say): the same
+      // memory, as a tensor of its own.
+      m.grad = Tensor(std::make_shared<TensorImpl>(g.impl().storage(), g.dtype(), g.shape(), g.strides(), g.offset()));
+    } else {
+      m.grad = internal::clone(g, layout);
+    }
   } else {
     internal::add_(m.grad, g);
   }

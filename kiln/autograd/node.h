@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -118,6 +119,17 @@ class Node {
   bool has_pre_hooks() const { return !pre_hooks_.empty(); }
   void run_pre_hooks(TensorList& grads);  // replaces each defined gradient by its hooks' results
 
+  // Gradients in another dtype. A node may take the gradient for its input `input_nr` in a dtype other than the
+  // input's own (input_meta's) and work on it as it is: a cast's backward, whose only work is to bring the gradient
+  // to its source's dtype, takes that dtype (autocast's casts of float32 parameters and activations to bfloat16,
+  // say). Returns that dtype, or nullopt for none; never while a hook on that input (register_hook, retain_grad)
+  // must see the input's own dtype. The engine passes such a gradient on without a cast.
+  std::optional<DType> accepted_gradient_dtype(uint32_t input_nr) const;
+  // accepted_gradient_dtype of the node that the gradient of forward input i goes to (nullopt where there is none):
+  // a node computing a 16-bit gradient whose next node takes float32 computes it in float32 directly (a product's
+  // float32 sums, without a rounding to 16 bits and a cast back).
+  std::optional<DType> gradient_dtype_wanted(size_t i) const;
+
   // The engine's index of this node in the graph task that runs it (engine.cpp); meaningless elsewhere.
   int32_t& engine_slot() { return engine_slot_; }
 
@@ -134,6 +146,14 @@ class Node {
  protected:
   // A node with a given order instead of the next one (UINT64_MAX: leaf accumulators and roots).
   explicit Node(uint64_t sequence_nr) : sequence_nr_(sequence_nr) {}
+  // The node's own answer for accepted_gradient_dtype (which checks the hooks first); none by default.
+  virtual std::optional<DType> other_gradient_dtype(uint32_t input_nr) const {
+    (void)input_nr;
+    return std::nullopt;
+  }
+  // For a node that only moves, reshapes or slices its gradients (a view's backward): the dtype every one of its
+  // forward inputs' next nodes accepts, so that the gradient passes through it in that dtype; else nullopt.
+  std::optional<DType> dtype_all_next_accept() const;
 
  private:
   struct PreHook {
@@ -193,6 +213,9 @@ bool check_inplace(const Tensor& self, bool others_require_grad, std::string_vie
 // Nothing else refers to t or its memory (one handle, one storage owner, not a view): it may be updated in
 // place or kept without a copy.
 bool exclusively_owned(const Tensor& t);
+// Nothing else refers to t or its memory, and t spans all of that memory, but t is a view (of a base since let go):
+// a tensor of its own over the same memory can take its place without a copy.
+bool sole_view_of_its_storage(const Tensor& t);
 
 // Sums g over broadcast dims down to `shape` (g's shape must broadcast from it).
 Tensor sum_to(const Tensor& g, const Shape& shape);

@@ -151,7 +151,8 @@ class Backend {
   virtual void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) = 0;
 
   // ---- matrix multiply ----
-  // out = alpha * a @ b + beta * out, batched: a (B, M, K), b (B, K, N), out (B, M, N), one dtype.
+  // out = alpha * a @ b + beta * out, batched: a (B, M, K), b (B, K, N), out (B, M, N), one dtype; or, for
+  // Float16/BFloat16 a and b, a Float32 out, which gets the product's float32 sums without a rounding to 16 bits.
   // In a and b one of the two matrix dims has stride 1 (row- or column-major); batch strides may be 0.
   // out's rows are contiguous (column stride 1) and its row stride is N or the pitch matmul_row_pitch gave.
   // beta == 0 ignores out's previous contents (NaN included).
@@ -168,7 +169,8 @@ class Backend {
   //  - e.bias (N) defined: out[i, j] += bias[j] (the forward of a linear layer);
   //  - e.row_sums (M) defined: row_sums[i] = sum_k a[0, i, k] (the bias gradient of a linear layer, computed
   //    while its weight gradient is).
-  // Both tensors are contiguous with out's dtype. Returns false, having written nothing, where this backend or
+  // Both tensors are contiguous with out's dtype (which may be Float32 for 16-bit a and b, as for matmul). Returns
+  // false, having written nothing, where this backend or
   // this problem has no such epilogue; the caller then does the same work with matmul and other ops.
   virtual bool matmul_epilogue(const Tensor& out, const Tensor& a, const Tensor& b, const MatmulEpilogue& e) {
     (void)out, (void)a, (void)b, (void)e;

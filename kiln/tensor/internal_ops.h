@@ -133,10 +133,14 @@ KILN_LINALG_DECLARE_ALL()
 // In place: c = beta*c + alpha*a@b, for a (M, K), b (K, N) and c (M, N) of one dtype and device whose rows are
 // contiguous (column stride 1, row stride N): one product that adds into c (a gradient summed where it is, say).
 Tensor& addmm_(Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1, Scalar alpha = 1);
+// a @ b for 2-D a and b, stored in out_dtype: a's dtype, or Float32 for Float16/BFloat16 operands (a widening
+// product: the float32 sums the product accumulates are kept, not rounded to 16 bits first).
+Tensor mm(const Tensor& a, const Tensor& b, DType out_dtype);
 // {a @ b, the row sums of a} for a (M, K), b (K, N): with a = g^T, the weight and bias gradients of a linear layer.
 // One product on the GPU where the dims allow (the sums come from its epilogue); elsewhere the product and a
-// matrix-vector product with ones.
-std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b);
+// matrix-vector product with ones. Both in out_dtype (a's by default; Float32 widens as mm's does).
+std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b,
+                                           std::optional<DType> out_dtype = std::nullopt);
 
 // ---------------------------------------------------------------- indexing (index.cpp)
 KILN_INDEX_DECLARE_ALL()

@@ -86,9 +86,8 @@ TEST_P(AutocastTest, OpsComputeInThePolicyDtype) {
 TEST_P(AutocastTest, UnaryTableOpsFollowTheirPolicy) {
   Tensor x = make(uniform(12, 0.5, 2, 3), {3, 4}, opts(DType::BFloat16));  // in every op's domain
   autocast::Guard cast(dev().type(), DType::BFloat16);
-#define KILN_X(Enum, name, result, policy_, ...)                                                              \
-  EXPECT_EQ(name(x).dtype(), std::string_view(#policy_) == "Float32" ? DType::Float32 : DType::BFloat16)  \
-      << #name;                                                                                              \
+#define KILN_X(Enum, name, result, policy_, ...)                                                                   \
+  EXPECT_EQ(name(x).dtype(), std::string_view(#policy_) == "Float32" ? DType::Float32 : DType::BFloat16) << #name; \
   EXPECT_EQ(autocast::policy(autocast::Op::Enum), autocast::Policy::policy_) << #name;
   KILN_UNARY_OPS(KILN_X)
 #undef KILN_X
@@ -110,6 +109,140 @@ TEST_P(AutocastTest, GradientsReachFloat32LeavesInFloat32) {
   Tensor w32 = w.detach().clone().requires_grad_();
   log_softmax(matmul(x, w32), -1).sum().backward();
   expect_values(w.grad(), {4, 2}, values(w32.grad()), 0.05, 0.05);
+}
+
+// Multiples of 1/64 in [-0.75, 0.75]: exact in bfloat16, and their products (multiples of 2^-12) sum exactly in
+// float32 for the sizes below, so a gradient computed in float32 equals a double reference exactly, and one rounded
+// to bfloat16 on the way does not.
+std::vector<double> sixty_fourths(int64_t n, uint32_t seed) {
+  std::vector<double> v(static_cast<size_t>(n));
+  uint32_t s = seed * 2654435761u + 99u;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<double>(static_cast<int>((s >> 16) % 97) - 48) / 64.0;
+  }
+  return v;
+}
+
+// Whether some value is not a bfloat16 (8 significant bits): a reference a rounding would change.
+bool needs_more_than_bfloat16(const std::vector<double>& v) {
+  for (double x : v) {
+    if (static_cast<double>(static_cast<float>(BFloat16(static_cast<float>(x)))) != x) return true;
+  }
+  return false;
+}
+
+// Under bfloat16 autocast the gradients of a linear layer's float32 weight, bias and input (each cast to bfloat16
+// for the product) are the products' float32 sums, equal to double references: the backward computes them in
+// float32 for the casts that take them back to float32 (Node::gradient_dtype_wanted), instead of rounding them to
+// bfloat16 first. For a 3-D input (reshaped to rows), a 2-D one, and no bias.
+TEST_P(AutocastTest, LinearGradientsOfFloat32TensorsAreFloat32Sums) {
+  const int64_t rows = 10, h = 48, o = 40;
+  for (const bool three_d : {true, false}) {
+    for (const bool with_bias : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << (three_d ? "(2, 5, 48) input" : "(10, 48) input")
+                                        << (with_bias ? ", bias" : ", no bias"));
+      const std::vector<double> xv = sixty_fourths(rows * h, 1), wv = sixty_fourths(o * h, 2), bv = sixty_fourths(o, 3),
+                                rv = sixty_fourths(rows * o, 4);
+      const Shape x_shape = three_d ? Shape{2, 5, h} : Shape{rows, h};
+      const Shape y_shape = three_d ? Shape{2, 5, o} : Shape{rows, o};
+      Tensor x = make(xv, x_shape, opts()).requires_grad_();
+      Tensor w = make(wv, {o, h}, opts()).requires_grad_();
+      Tensor b = make(bv, {o}, opts()).requires_grad_();
+      Tensor y;
+      {
+        autocast::Guard cast(dev().type(), DType::BFloat16);
+        y = nn::linear(x, w, with_bias ? b : Tensor());
+      }
+      ASSERT_EQ(y.dtype(), DType::BFloat16);
+      (y.to(DType::Float32) * make(rv, y_shape, opts())).sum().backward();
+
+      std::vector<double> dw(o * h, 0.0), db(o, 0.0), dx(rows * h, 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < o; ++j) {
+          const double g = rv[r * o + j];
+          db[j] += g;
+          for (int64_t i = 0; i < h; ++i) {
+            dw[j * h + i] += g * xv[r * h + i];
+            dx[r * h + i] += g * wv[j * h + i];
+          }
+        }
+      }
+      ASSERT_TRUE(needs_more_than_bfloat16(dw) && needs_more_than_bfloat16(dx) && needs_more_than_bfloat16(db));
+      EXPECT_EQ(w.grad().dtype(), DType::Float32);
+      EXPECT_EQ(x.grad().dtype(), DType::Float32);
+      expect_values(w.grad(), {o, h}, dw, 0, 0);
+      expect_values(x.grad(), x_shape, dx, 0, 0);
+      if (with_bias) expect_values(b.grad(), {o}, db, 0, 0);
+      if (!with_bias) EXPECT_FALSE(b.grad().defined());
+    }
+  }
+}
+
+// The same for matmul of a (B, T, K) float32 input by a (K, N) float32 weight, both cast by autocast.
+TEST_P(AutocastTest, MatmulGradientsOfFloat32TensorsAreFloat32Sums) {
+  const int64_t batch = 3, t = 4, k = 32, n = 24;
+  const std::vector<double> av = sixty_fourths(batch * t * k, 5), bv = sixty_fourths(k * n, 6),
+                            rv = sixty_fourths(batch * t * n, 7);
+  Tensor a = make(av, {batch, t, k}, opts()).requires_grad_();
+  Tensor b = make(bv, {k, n}, opts()).requires_grad_();
+  Tensor y;
+  {
+    autocast::Guard cast(dev().type(), DType::BFloat16);
+    y = matmul(a, b);
+  }
+  (y.to(DType::Float32) * make(rv, {batch, t, n}, opts())).sum().backward();
+  std::vector<double> da(batch * t * k, 0.0), db(k * n, 0.0);
+  for (int64_t r = 0; r < batch * t; ++r)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t i = 0; i < k; ++i) {
+        da[r * k + i] += rv[r * n + j] * bv[i * n + j];
+        db[i * n + j] += av[r * k + i] * rv[r * n + j];
+      }
+  ASSERT_TRUE(needs_more_than_bfloat16(da) && needs_more_than_bfloat16(db));
+  expect_values(a.grad(), {batch, t, k}, da, 0, 0);
+  expect_values(b.grad(), {k, n}, db, 0, 0);
+}
+
+// What a user sees of a cast's gradient keeps the cast's dtype: a hook on the bfloat16 tensor, and autograd::grad
+// taken at it, get bfloat16 gradients (the float32 products are then not wanted there), while the float32 leaf's
+// gradient stays float32.
+TEST_P(AutocastTest, HooksAndGradAtACastSeeItsDtype) {
+  const std::vector<double> xv = sixty_fourths(6 * 16, 8), wv = sixty_fourths(16 * 8, 9);
+  Tensor x = make(xv, {6, 16}, opts()).requires_grad_();
+  const Tensor w = make(wv, {16, 8}, opts(DType::BFloat16));
+  Tensor xb = x.to(DType::BFloat16);
+  DType seen = DType::Float64;
+  xb.register_hook([&](const Tensor& g) {
+    seen = g.dtype();
+    return Tensor();
+  });
+  mm(xb, w).sum().backward();
+  EXPECT_EQ(seen, DType::BFloat16);
+  EXPECT_EQ(x.grad().dtype(), DType::Float32);
+
+  Tensor x2 = make(xv, {6, 16}, opts()).requires_grad_();
+  Tensor xb2 = x2.to(DType::BFloat16);
+  const std::vector<Tensor> grads = autograd::grad({mm(xb2, w).sum()}, {xb2});
+  ASSERT_EQ(grads.size(), 1u);
+  EXPECT_EQ(grads[0].dtype(), DType::BFloat16);
+}
+
+// One cast feeding a product (whose gradient comes in float32) and an elementwise op (whose gradient comes in
+// bfloat16): the engine sums the two in float32, exactly here (2 + a sum of multiples of 2^-12).
+TEST_P(AutocastTest, GradientsOfOneCastInTwoDtypesAreSummedInTheWider) {
+  const std::vector<double> xv = sixty_fourths(6 * 16, 10), wv = sixty_fourths(16 * 8, 11),
+                            rv = sixty_fourths(6 * 8, 12);
+  Tensor x = make(xv, {6, 16}, opts()).requires_grad_();
+  const Tensor w = make(wv, {16, 8}, opts(DType::BFloat16));
+  Tensor xb = x.to(DType::BFloat16);
+  ((mm(xb, w).to(DType::Float32) * make(rv, {6, 8}, opts())).sum() + (xb * 2).to(DType::Float32).sum()).backward();
+  std::vector<double> dx(6 * 16, 2.0);
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t i = 0; i < 16; ++i)
+      for (int64_t j = 0; j < 8; ++j) dx[r * 16 + i] += rv[r * 8 + j] * wv[i * 8 + j];
+  ASSERT_TRUE(needs_more_than_bfloat16(dx));
+  expect_values(x.grad(), {6, 16}, dx, 0, 0);
 }
 
 KILN_INSTANTIATE_BACKENDS(AutocastTest);

@@ -155,6 +155,38 @@ TEST_P(EngineTest, PostAccumulateHooksSeeTheAccumulatedGradient) {
   expect_error([&] { h.register_post_accumulate_grad_hook([](const Tensor&) {}); }, {"only leaves"});
 }
 
+// A leaf's gradient that arrives as a view whose base is gone (a reshape of the sums a node wrote, as a bias's is)
+// becomes .grad without a copy: .grad holds the very memory the node wrote, as a tensor of its own (not a view), so
+// in-place updates of it are allowed.
+TEST_P(EngineTest, ALeafKeepsAViewGradientWhoseBaseIsGone) {
+  Tensor b = make({1, 1, 1, 1}, {4}, opts()).requires_grad_();
+  Tensor row = b.reshape({1, 4});
+  const void* written = nullptr;
+  row.register_hook([&](const Tensor& g) {
+    written = g.data_ptr();
+    return Tensor();
+  });
+  (row * make({1, 2, 3, 4}, {1, 4}, opts())).sum().backward();
+  ASSERT_NE(written, nullptr);
+  EXPECT_EQ(b.grad().data_ptr(), written);
+  EXPECT_FALSE(b.grad().impl().is_view());
+  expect_values(b.grad(), {4}, {1, 2, 3, 4});
+  b.mutable_grad().mul_(2);
+  expect_values(b.grad(), {4}, {2, 4, 6, 8});
+}
+
+// Gradients that are views of one tensor (the pieces of a concatenation's gradient) each get memory of their own:
+// an in-place change of one leaf's .grad leaves the other's alone.
+TEST_P(EngineTest, LeavesSharingAGradientsMemoryGetCopies) {
+  Tensor a = make({1, 1}, {2}, opts()).requires_grad_();
+  Tensor b = make({1, 1}, {2}, opts()).requires_grad_();
+  (cat({a, b}, 0) * make({1, 2, 3, 4}, {4}, opts())).sum().backward();
+  expect_values(a.grad(), {2}, {1, 2});
+  expect_values(b.grad(), {2}, {3, 4});
+  a.mutable_grad().zero_();
+  expect_values(b.grad(), {2}, {3, 4});
+}
+
 TEST_P(EngineTest, RetainGradKeepsNonLeafGradients) {
   Tensor a = make({1, 2}, {2}, opts()).requires_grad_();
   Tensor h = a * 3;

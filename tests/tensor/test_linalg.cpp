@@ -611,6 +611,68 @@ TEST_P(MatmulTest, ProductsCutAtUnalignedDimensions) {
   }
 }
 
+// Widening products (internal::mm and mm_with_row_sums with a Float32 result for 16-bit operands, as a backward
+// computes the gradient of a float32 tensor that autocast cast): the float32 sums themselves, not rounded to 16 bits.
+// The values are multiples of 1/64 below 1 (exact in bfloat16 and float16) whose products sum exactly in float32, so
+// the result must equal the double reference exactly, which a 16-bit result rounded to 8 or 11 bits cannot. The
+// sizes exercise CUDA's cut at unaligned dimensions (m = 256 + 4, k = 296 + 4, n = 264 + 6) and the epilogue's
+// aligned tiles.
+TEST_P(MatmulTest, WideningProductsKeepTheFloat32Sums) {
+  auto sixty_fourths = [](int64_t n, uint32_t seed) {
+    std::vector<double> v(static_cast<size_t>(n));
+    uint32_t s = seed * 2654435761u + 777u;
+    for (auto& x : v) {
+      s = s * 1664525u + 1013904223u;
+      x = static_cast<double>(static_cast<int>((s >> 16) % 97) - 48) / 64.0;
+    }
+    return v;
+  };
+  struct Size {
+    int64_t m, k, n;
+  };
+  for (const Size sz : {Size{37, 48, 24}, Size{64, 128, 96}, Size{260, 300, 270}}) {
+    const int64_t m = sz.m, k = sz.k, n = sz.n;
+    const std::vector<double> a = sixty_fourths(m * k, 71), b = sixty_fourths(k * n, 72);
+    const std::vector<double> ab = ref_mm(a, b, m, k, n);
+    std::vector<double> sums(static_cast<size_t>(m), 0.0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t q = 0; q < k; ++q) sums[i] += a[i * k + q];
+    for (DType dt : {DType::BFloat16, DType::Float16}) {
+      SCOPED_TRACE(::testing::Message() << dt << " " << m << "x" << k << "x" << n);
+      const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
+      const Tensor at = internal::contiguous(ac.t()).t();  // column-major, as g^T is in a backward
+      for (const Tensor& x : {ac, at}) {
+        const Tensor prod = internal::mm(x, bc, DType::Float32);
+        EXPECT_EQ(prod.dtype(), DType::Float32);
+        expect_values(prod, {m, n}, ab, 0, 0);
+        auto [with_sums, row_sums] = internal::mm_with_row_sums(x, bc, DType::Float32);
+        EXPECT_EQ(with_sums.dtype(), DType::Float32);
+        EXPECT_EQ(row_sums.dtype(), DType::Float32);
+        expect_values(with_sums, {m, n}, ab, 0, 0);
+        expect_values(row_sums, {m}, sums, 0, 0);
+      }
+      // The same product in the operands' dtype is rounded: the widening one is not that with a cast.
+      EXPECT_FALSE(internal::equal(internal::mm(ac, bc, DType::Float32), internal::mm(ac, bc).to(DType::Float32)));
+    }
+  }
+  // An empty inner dim gives zeros in float32.
+  expect_values(internal::mm(internal::ones({2, 0}, opts(DType::BFloat16)),
+                             internal::ones({0, 3}, opts(DType::BFloat16)), DType::Float32),
+                {2, 3}, std::vector<double>(6, 0.0));
+  // Only 16-bit operands widen, and only to float32.
+  expect_error(
+      [&] {
+        internal::mm(internal::ones({2, 2}, opts()), internal::ones({2, 2}, opts()), DType::Float64);
+      },
+      {"mm", "float32 operands", "not in float64"});
+  expect_error(
+      [&] {
+        internal::mm_with_row_sums(internal::ones({2, 2}, opts(DType::BFloat16)),
+                                   internal::ones({2, 2}, opts(DType::BFloat16)), DType::Float16);
+      },
+      {"mm_with_row_sums", "bfloat16 operands", "bfloat16 or float32", "not in float16"});
+}
+
 KILN_INSTANTIATE_BACKENDS(MatmulTest);
 
 }  // namespace

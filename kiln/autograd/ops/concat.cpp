@@ -26,6 +26,10 @@ struct CatBackward final : Node {
     }
     return out;
   }
+
+ protected:
+  // Each input's gradient is a slice of the gradient received: it may come in the dtype all of them take.
+  std::optional<DType> other_gradient_dtype(uint32_t) const override { return dtype_all_next_accept(); }
 };
 
 // ---------------------------------------------------------------- stack: out[..., i, ...] = t_i

@@ -21,6 +21,13 @@ struct ToBackward final : Node {
     if (!needs_input_grad(0)) return {Tensor()};  // copy_ from a src without grad
     return {internal::to(grads[0], device, dtype)};
   }
+
+ protected:
+  // A gradient already in the source's dtype needs no cast here (Node::accepted_gradient_dtype).
+  std::optional<DType> other_gradient_dtype(uint32_t) const override {
+    if (!dtype || !is_floating_point(*dtype)) return std::nullopt;
+    return dtype;
+  }
 };
 
 // ---------------------------------------------------------------- contiguous, clone

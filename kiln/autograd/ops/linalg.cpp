@@ -13,6 +13,15 @@ namespace {
 
 Tensor mT(const Tensor& t) { return internal::transpose(t, -2, -1); }  // (..., M, K) -> (..., K, M)
 
+// The dtype to compute the gradient of `node`'s input i in, from g, the gradient it received: Float32 where g is
+// 16-bit and the next node takes that gradient in Float32 (Node::gradient_dtype_wanted: a cast of a float32 tensor,
+// as autocast makes of parameters and activations), so that the product stores its float32 sums instead of
+// rounding them to 16 bits for the cast to widen again; else g's dtype.
+DType grad_dtype(const Node& node, size_t i, const Tensor& g) {
+  if (g.dtype() != DType::BFloat16 && g.dtype() != DType::Float16) return g.dtype();
+  return node.gradient_dtype_wanted(i) == DType::Float32 ? DType::Float32 : g.dtype();
+}
+
 // What the backward of every product here keeps: its two factors a and b (unsaved where not needed).
 struct ProductBackward : Node {
   SavedTensor a, b;
@@ -54,13 +63,23 @@ struct MatmulBackward final : ProductBackward {
       if (bv.defined()) ga = internal::matmul(internal::unsqueeze(g, -1), internal::unsqueeze(bv, 0));  // (..., M, K)
       if (av.defined()) gb = internal::squeeze(internal::matmul(mT(av), internal::unsqueeze(g, -1)), -1);  // (..., K)
     } else {
-      if (bv.defined()) ga = internal::matmul(g, mT(bv));  // (..., M, K)
+      if (bv.defined()) {
+        const DType dtype = grad_dtype(*this, 0, g);
+        if (dtype != g.dtype() && b_dim == 2) {  // (..., M, N) @ (N, K) as one widening (rows, N) @ (N, K) product
+          Shape shape = g.shape();
+          shape.back() = bv.size(0);
+          ga = internal::reshape(internal::mm(internal::reshape(g, {-1, g.size(-1)}), mT(bv), dtype), shape);
+        } else {
+          ga = internal::matmul(g, mT(bv));  // (..., M, K)
+        }
+      }
       if (av.defined()) {
-        if (b_dim == 2 && a_dim > 2) {
+        const DType dtype = grad_dtype(*this, 1, g);
+        if (b_dim == 2) {
           // (B, T, K) @ (K, N), as in a linear layer: fold the batch into the rows, one (K, N) product
           // instead of a (B, K, N) one summed afterwards.
           const int64_t k = av.size(-1), n = g.size(-1);
-          gb = internal::mm(mT(internal::reshape(av, {-1, k})), internal::reshape(g, {-1, n}));
+          gb = internal::mm(mT(internal::reshape(av, {-1, k})), internal::reshape(g, {-1, n}), dtype);
         } else {
           gb = internal::matmul(mT(av), g);  // (..., K, N)
         }
@@ -93,12 +112,12 @@ struct MmBackward final : ProductBackward {
   std::string_view name() const override { return batched ? "BmmBackward" : "MmBackward"; }
   TensorList apply(TensorList&& grads) override {
     const Tensor& g = grads[0];
-    auto product = [this](const Tensor& x, const Tensor& y) {
-      return batched ? internal::bmm(x, y) : internal::mm(x, y);
+    auto product = [this, &g](const Tensor& x, const Tensor& y, size_t i) {
+      return batched ? internal::bmm(x, y) : internal::mm(x, y, grad_dtype(*this, i, g));
     };
     Tensor ga, gb;
-    if (needs_input_grad(0)) ga = product(g, mT(b.unpack(*this)));
-    if (needs_input_grad(1)) gb = product(mT(a.unpack(*this)), g);
+    if (needs_input_grad(0)) ga = product(g, mT(b.unpack(*this)), 0);
+    if (needs_input_grad(1)) gb = product(mT(a.unpack(*this)), g, 1);
     return {ga, gb};
   }
 };
@@ -134,15 +153,16 @@ struct AddmmBackward final : ProductBackward {
     const Tensor& g = grads[0];  // (M, N)
     auto scaled = [](const Tensor& t, Scalar s) { return s.to_double() == 1.0 ? t : internal::mul(t, s); };
     Tensor gc, ga, gb;
-    if (needs_input_grad(1)) ga = scaled(internal::mm(g, mT(b.unpack(*this))), alpha);
+    if (needs_input_grad(1)) ga = scaled(internal::mm(g, mT(b.unpack(*this)), grad_dtype(*this, 1, g)), alpha);
     if (needs_input_grad(0) && needs_input_grad(2) && !bias_shape.empty()) {
-      auto [gb_t, sums] = internal::mm_with_row_sums(mT(g), a.unpack(*this));  // (N, K), (N)
+      // In Float32 where the weight's gradient is wanted there (the bias's then is cast if it is not).
+      auto [gb_t, sums] = internal::mm_with_row_sums(mT(g), a.unpack(*this), grad_dtype(*this, 2, g));  // (N, K), (N)
       gb = mT(gb_t);
       gc = internal::reshape(sums, bias_shape);
       return {gc, ga, gb};
     }
     if (needs_input_grad(0)) gc = scaled(g, beta);
-    if (needs_input_grad(2)) gb = scaled(internal::mm(mT(a.unpack(*this)), g), alpha);
+    if (needs_input_grad(2)) gb = scaled(internal::mm(mT(a.unpack(*this)), g, grad_dtype(*this, 2, g)), alpha);
     return {gc, ga, gb};
   }
 };

@@ -24,6 +24,9 @@ struct ReshapeBackward final : Node {
   Shape input_shape;
   std::string_view name() const override { return op_name; }
   TensorList apply(TensorList&& grads) override { return {internal::reshape(grads[0], input_shape)}; }
+
+ protected:
+  std::optional<DType> other_gradient_dtype(uint32_t) const override { return dtype_all_next_accept(); }
 };
 
 // ---------------------------------------------------------------- permute, transpose
@@ -33,6 +36,9 @@ struct PermuteBackward final : Node {
   Dims inverse;
   std::string_view name() const override { return op_name; }
   TensorList apply(TensorList&& grads) override { return {internal::permute(grads[0], inverse)}; }
+
+ protected:
+  std::optional<DType> other_gradient_dtype(uint32_t) const override { return dtype_all_next_accept(); }
 };
 
 // ---------------------------------------------------------------- expand

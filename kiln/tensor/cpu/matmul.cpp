@@ -81,12 +81,19 @@ BatchedRef<const float> to_float(const Tensor& t, std::vector<float>& buffer) {
   return {dst, t.stride(0) == 0 ? 0 : rows * cols, cols, 1};
 }
 
-// Float16/BFloat16: multiply in float32 buffers, round once when storing into out (contiguous).
+// Float16/BFloat16: multiply in float32 buffers, round once when storing into out (contiguous). A Float32 out (a
+// widening product) gets the float32 sums themselves.
 template <typename T>
 void reduced_precision_matmul(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
   std::vector<float> a_buf, b_buf;
   BatchedRef<const float> af = to_float<T>(a, a_buf);
   BatchedRef<const float> bf = to_float<T>(b, b_buf);
+  if (out.dtype() == DType::Float32) {
+    BatchedRef<float> c{out.data_ptr<float>(), out.size(1) * out.size(2), out.size(2), 1};
+    batched_gemm<float>(af, bf, c, out.size(0), out.size(1), out.size(2), a.size(2), static_cast<float>(alpha),
+                        static_cast<float>(beta));
+    return;
+  }
   const int64_t total = out.numel();
   T* o = out.data_ptr<T>();
   std::vector<float> c_buf(static_cast<size_t>(total));
@@ -110,7 +117,11 @@ void CpuBackend::matmul(const Tensor& out, const Tensor& a, const Tensor& b, dou
   // out (B, M, N) contiguous, a (B, M, K), b (B, K, N)
   KILN_CHECK(out.dim() == 3 && a.dim() == 3 && b.dim() == 3, "cpu::matmul: expected 3-D operands, got ", a.shape(),
              ", ", b.shape(), " -> ", out.shape());
-  visit_numeric_dtype(out.dtype(), "matmul", [&](auto tag) {
+  KILN_CHECK(a.dtype() == b.dtype() &&
+                 (out.dtype() == a.dtype() ||
+                  (out.dtype() == DType::Float32 && (a.dtype() == DType::Float16 || a.dtype() == DType::BFloat16))),
+             "cpu::matmul: a ", a.dtype(), " by ", b.dtype(), " product cannot be stored in ", out.dtype());
+  visit_numeric_dtype(a.dtype(), "matmul", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
       reduced_precision_matmul<T>(out, a, b, alpha, beta);

@@ -190,8 +190,9 @@ void make_layout(LayoutDesc& layout, cudaDataType_t type, int64_t rows, int64_t 
 struct Problem {
   int device;
   cudaStream_t stream;
-  Types types;
-  CublasOperand A, B;  // A = kiln's b, B = kiln's a
+  Types types;              // of A and B, and the computation
+  cudaDataType_t out_type;  // of C and D: types.data, or CUDA_R_32F for 16-bit A and B (a widening product)
+  CublasOperand A, B;       // A = kiln's b, B = kiln's a
   void* c;
   int64_t m, n, k, ldc, batches, c_batch_stride;
   const void* alpha;
@@ -225,7 +226,7 @@ bool run_lt(const Problem& p) {
                        pointer_alignment(p.c),
                        static_cast<int64_t>(p.epilogue),
                        p.bias != nullptr ? pointer_alignment(p.bias) : 0,
-                       0,
+                       static_cast<int64_t>(p.out_type),
                        0};
 
   MatmulDesc op;
@@ -240,13 +241,13 @@ bool run_lt(const Problem& p) {
                       "matmul");
     // The bias (or its gradient) in D's type.
     KILN_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &p.types.data, sizeof p.types.data),
+        cublasLtMatmulDescSetAttribute(op.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &p.out_type, sizeof p.out_type),
         "matmul");
   }
   LayoutDesc a_layout, b_layout, c_layout;
   make_layout(a_layout, p.types.data, p.A.rows, p.A.cols, p.A.ld, p.batches, p.A.batch_stride);
   make_layout(b_layout, p.types.data, p.B.rows, p.B.cols, p.B.ld, p.batches, p.B.batch_stride);
-  make_layout(c_layout, p.types.data, p.m, p.n, p.ldc, p.batches, p.c_batch_stride);
+  make_layout(c_layout, p.out_type, p.m, p.n, p.ldc, p.batches, p.c_batch_stride);
 
   AlgoEntry entry;
   bool cached = false;
@@ -315,18 +316,19 @@ void run_cublas(const Problem& p) {
   if (!broadcast) {
     KILN_CUBLAS_CHECK(
         cublasGemmStridedBatchedEx(handle, ta, tb, m, n, k, p.alpha, p.A.ptr, p.types.data, lda, p.A.batch_stride,
-                                   p.B.ptr, p.types.data, ldb, p.B.batch_stride, p.beta, p.c, p.types.data, ldc,
+                                   p.B.ptr, p.types.data, ldb, p.B.batch_stride, p.beta, p.c, p.out_type, ldc,
                                    p.c_batch_stride, to_int(p.batches), p.types.compute, CUBLAS_GEMM_DEFAULT),
         "matmul");
     return;
   }
-  const int64_t esize = p.types.data == CUDA_R_64F ? 8 : p.types.data == CUDA_R_32F ? 4 : 2;
+  const auto size_of = [](cudaDataType_t t) -> int64_t { return t == CUDA_R_64F ? 8 : t == CUDA_R_32F ? 4 : 2; };
+  const int64_t esize = size_of(p.types.data), out_esize = size_of(p.out_type);
   for (int64_t i = 0; i < p.batches; ++i) {
     const char* a = static_cast<const char*>(p.A.ptr) + i * p.A.batch_stride * esize;
     const char* b = static_cast<const char*>(p.B.ptr) + i * p.B.batch_stride * esize;
-    char* c = static_cast<char*>(p.c) + i * p.c_batch_stride * esize;
+    char* c = static_cast<char*>(p.c) + i * p.c_batch_stride * out_esize;
     KILN_CUBLAS_CHECK(cublasGemmEx(handle, ta, tb, m, n, k, p.alpha, a, p.types.data, lda, b, p.types.data, ldb, p.beta,
-                                   c, p.types.data, ldc, p.types.compute, CUBLAS_GEMM_DEFAULT),
+                                   c, p.out_type, ldc, p.types.compute, CUBLAS_GEMM_DEFAULT),
                       "matmul");
   }
 }
@@ -338,7 +340,12 @@ Problem problem_for(const Tensor& out, const Tensor& a, const Tensor& b) {
   Problem p{};
   p.device = out.device().index();
   p.stream = stream_for(out);
-  p.types = types_for(out.dtype());
+  p.types = types_for(a.dtype());
+  KILN_CHECK(a.dtype() == b.dtype() &&
+                 (out.dtype() == a.dtype() ||
+                  (out.dtype() == DType::Float32 && p.types.data != CUDA_R_32F && p.types.data != CUDA_R_64F)),
+             "cuda::matmul: a ", a.dtype(), " by ", b.dtype(), " product cannot be stored in ", out.dtype());
+  p.out_type = out.dtype() == a.dtype() ? p.types.data : CUDA_R_32F;
   p.A = describe(b);  // op(A) = b^T: N x K
   p.B = describe(a);  // op(B) = a^T: K x M
   p.c = out.data_ptr();
@@ -379,7 +386,7 @@ struct Cut {
 };
 
 Cut unaligned_cut(const Tensor& out, const Tensor& a) {
-  if (out.dtype() != DType::BFloat16 && out.dtype() != DType::Float16) return {};
+  if (a.dtype() != DType::BFloat16 && a.dtype() != DType::Float16) return {};
   auto cut_of = [](int64_t d) -> int64_t { return d >= 256 && d % 8 != 0 ? d / 8 * 8 : 0; };
   if (const int64_t at = cut_of(out.size(2))) return {2, at};
   if (const int64_t at = cut_of(out.size(1))) return {1, at};
@@ -445,9 +452,10 @@ bool CudaBackend::matmul_epilogue(const Tensor& out, const Tensor& a, const Tens
                  vec.numel() == (e.bias.defined() ? n : m),
              "cuda::matmul_epilogue: the bias or row sums must be contiguous with out's dtype and device and ",
              e.bias.defined() ? n : m, " values, got ", vec.shape(), " ", vec.dtype());
-  // Half and bfloat16 only: these are the epilogues that training with autocast runs, and the ones cuBLASLt offers
-  // for every layout. A problem cuBLASLt has no algorithm for is left to the caller.
-  if (out.dtype() != DType::BFloat16 && out.dtype() != DType::Float16) return false;
+  // Half and bfloat16 operands only (out in their dtype or widened to float32): these are the epilogues that training
+  // with autocast runs, and the ones cuBLASLt offers for every layout. A problem cuBLASLt has no algorithm for is
+  // left to the caller.
+  if (a.dtype() != DType::BFloat16 && a.dtype() != DType::Float16) return false;
   if (m == 0 || n == 0 || k == 0) return false;
   if (const Cut cut = unaligned_cut(out, a); cut.dim != 0) {
     // Each part takes its share of the bias (N) or of the row sums (M); a part without one is a plain product.

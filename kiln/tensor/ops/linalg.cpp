@@ -4,6 +4,7 @@
 // file checks shapes, dtypes and devices, turns 1-D operands and broadcast batch dims into such views
 // (no copies: broadcast batches get stride 0), and handles the cases the contract keeps from backends
 // (empty outputs, K = 0, operands with no unit stride in their matrix dims).
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,13 @@ void check_inner(std::string_view op, const Tensor& a, const Tensor& b, int64_t 
   KILN_CHECK(ka == kb, op, ": shapes ", a.shape(), " and ", b.shape(), " cannot be multiplied (", ka, " != ", kb, ")");
 }
 
+// The dtype a product of a's dtype may be stored in: a's, or Float32 for 16-bit operands (Backend::matmul).
+void check_out_dtype(std::string_view op, const Tensor& a, DType out) {
+  const bool half = a.dtype() == DType::BFloat16 || a.dtype() == DType::Float16;
+  KILN_CHECK(out == a.dtype() || (half && out == DType::Float32), op, ": a product of ", a.dtype(),
+             " operands can be stored in ", a.dtype(), half ? " or float32" : " only", ", not in ", out);
+}
+
 // A (B, R, C) operand whose matrix dims have no unit stride gets copied (one matrix only when the
 // batch is broadcast with stride 0), because the backend reads matrices as row- or column-major.
 Tensor with_unit_stride(const Tensor& t) {
@@ -44,11 +52,12 @@ Tensor with_unit_stride(const Tensor& t) {
   return contiguous(t);
 }
 
-// A new (M, N) product of a and b: rows at the pitch the backend asks for (Backend::matmul_row_pitch), the (M, N)
-// view of them.
-Tensor empty_product(int64_t m, int64_t n, const Tensor& a) {
-  const TensorOptions options = a.options();
-  const int64_t pitch = m > 1 ? backend(a.device()).matmul_row_pitch(a.dtype(), n) : n;
+// A new (M, N) product of a and b in `dtype` (a's by default): rows at the pitch the backend asks for
+// (Backend::matmul_row_pitch), the (M, N) view of them.
+Tensor empty_product(int64_t m, int64_t n, const Tensor& a, std::optional<DType> dtype = std::nullopt) {
+  TensorOptions options = a.options();
+  if (dtype) options.dtype = *dtype;
+  const int64_t pitch = m > 1 ? backend(a.device()).matmul_row_pitch(options.dtype.value_or(a.dtype()), n) : n;
   if (pitch == n) return empty({m, n}, options);
   return narrow(empty({m, pitch}, options), 1, 0, n);
 }
@@ -60,7 +69,7 @@ void run_batched(const Tensor& out, Tensor a, Tensor b, double alpha, double bet
     // K = 0: the product is zeros. Multiply by a zero inner dim of 1 instead, which keeps beta * out
     // on the backend and hands it no zero-element tensor.
     const int64_t m = a.size(1), n = b.size(2), batches = out.size(0);
-    Tensor za = zeros({1, m, 1}, out.options()), zb = zeros({1, 1, n}, out.options());
+    Tensor za = zeros({1, m, 1}, a.options()), zb = zeros({1, 1, n}, b.options());
     a = as_strided(za, {batches, m, 1}, {0, 1, 1});
     b = as_strided(zb, {batches, 1, n}, {0, n, 1});
   }
@@ -71,9 +80,9 @@ void run_batched(const Tensor& out, Tensor a, Tensor b, double alpha, double bet
 // A 2-D tensor as a (1, R, C) batch of one.
 Tensor as_batch(const Tensor& t) { return as_strided(t, {1, t.size(0), t.size(1)}, {0, t.stride(0), t.stride(1)}); }
 
-// (M, K) @ (K, N) -> new (M, N), after the checks.
-Tensor matmul_2d(const Tensor& a, const Tensor& b) {
-  Tensor out = empty_product(a.size(0), b.size(1), a);
+// (M, K) @ (K, N) -> new (M, N) in `dtype` (a's by default), after the checks.
+Tensor matmul_2d(const Tensor& a, const Tensor& b, std::optional<DType> dtype = std::nullopt) {
+  Tensor out = empty_product(a.size(0), b.size(1), a, dtype);
   run_batched(as_batch(out), as_batch(a), as_batch(b), 1, 0);
   return out;
 }
@@ -222,6 +231,15 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   return matmul_2d(a, b);
 }
 
+Tensor mm(const Tensor& a, const Tensor& b, DType out_dtype) {
+  check_operands("mm", a, b);
+  KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected two 2-D tensors, got shapes ", a.shape(), " and ", b.shape(),
+             "; use matmul() for other ranks");
+  check_inner("mm", a, b, a.size(1), b.size(0));
+  check_out_dtype("mm", a, out_dtype);
+  return matmul_2d(a, b, out_dtype);
+}
+
 Tensor bmm(const Tensor& a, const Tensor& b) {
   check_operands("bmm", a, b);
   KILN_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected two 3-D tensors, got shapes ", a.shape(), " and ", b.shape(),
@@ -287,14 +305,18 @@ Tensor& addmm_(Tensor& c, const Tensor& a, const Tensor& b, Scalar beta, Scalar 
   return c;
 }
 
-std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b) {
+std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b, std::optional<DType> out_dtype) {
   check_operands("mm_with_row_sums", a, b);
   KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm_with_row_sums: expected two 2-D tensors, got shapes ", a.shape(),
              " and ", b.shape());
   check_inner("mm_with_row_sums", a, b, a.size(1), b.size(0));
+  const DType dtype = out_dtype.value_or(a.dtype());
+  check_out_dtype("mm_with_row_sums", a, dtype);
   if (a.size(0) > 0 && a.size(1) > 0 && b.size(1) > 0) {
-    Tensor out = empty_product(a.size(0), b.size(1), a);
-    Tensor sums = empty({a.size(0)}, a.options());
+    Tensor out = empty_product(a.size(0), b.size(1), a, dtype);
+    TensorOptions sums_options = a.options();
+    sums_options.dtype = dtype;
+    Tensor sums = empty({a.size(0)}, sums_options);
     if (backend(out.device())
             .matmul_epilogue(as_batch(out), with_unit_stride(as_batch(a)), with_unit_stride(as_batch(b)),
                              {.bias = {}, .row_sums = sums})) {
@@ -305,9 +327,9 @@ std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b) {
   // The row sums as a product with a column of ones: a matrix-vector product reads a once at full bandwidth, where a
   // reduction over a transposed view would not.
   Tensor sums = is_floating_point(a.dtype()) && a.size(1) > 0
-                    ? reshape(matmul_2d(a, ones({a.size(1), 1}, a.options())), {a.size(0)})
+                    ? reshape(matmul_2d(a, ones({a.size(1), 1}, a.options()), dtype), {a.size(0)})
                     : sum(a, {1});
-  return {matmul_2d(a, b), sums};
+  return {matmul_2d(a, b, dtype), sums.dtype() == dtype ? sums : cast(sums, dtype)};
 }
 
 Tensor dot(const Tensor& a, const Tensor& b) {
