@@ -117,13 +117,13 @@ void Fp8ScalingState::record_amax(int64_t j, const Tensor& t) {
   cell.copy_(internal::maximum(cell, amax));  // maximum propagates NaN: a NaN tensor records NaN
 }
 
-void Fp8ScalingState::update() {
+void Fp8ScalingState::update(const Tensor& scale_copy, const Tensor& scale_inv_copy) {
   // One backend call (one kernel on CUDA) does the whole update; fp8_ops.h states its rules: the window's amax,
   // the roll of the columns that saw data, scale = scaled_max / amax where usable (inf -> FLT_MAX), scale_inv.
   NoGradGuard no_grad;
   if (recipe_.amax_reduction) recipe_.amax_reduction(amax_history_.select(0, 0));  // (N,) view of row 0, in place
   internal::fp8_update_scales(amax_history_, scale_, scale_inv_, scaled_max_,
-                              recipe_.amax_compute_algo == AmaxComputeAlgo::MostRecent);
+                              recipe_.amax_compute_algo == AmaxComputeAlgo::MostRecent, scale_copy, scale_inv_copy);
 }
 
 // ---------------------------------------------------------------- checkpoints

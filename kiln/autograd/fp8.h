@@ -142,8 +142,11 @@ class Fp8ScalingState {
   // h[0, j] = max(h[0, j], amax(|t|)), by tensor ops on t's device, which must be the state's. A NaN in t records
   // NaN; an empty t records nothing. t: a floating tensor (float32, float64, float16, bfloat16).
   void record_amax(int64_t j, const Tensor& t);
-  // The new scales from the history, and the history rolled (see the header comment).
-  void update();
+  // The new scales from the history, and the history rolled (see the header comment). scale_copy and
+  // scale_inv_copy, where given ((N,) float32 on the state's device, any stride), receive copies of the new scale and
+  // scale_inv from the same kernel: the scales of this call, which a later update() does not change (an FP8 layer
+  // keeps them for its backward).
+  void update(const Tensor& scale_copy = {}, const Tensor& scale_inv_copy = {});
 
   // The amax history, (L, N) float32; row 0 is the current step's.
   const Tensor& amax_history() const { return amax_history_; }

@@ -41,18 +41,22 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
   static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
                         amp::Fp8ScalingState* state, DType out_dtype) {
     const int64_t m = x.size(0), mp = round_up16(m);
-    // Delayed scaling: this call's scales from the amaxes of the calls before. A checkpoint's recomputation in backward
-    // repeats a forward: it keeps the scales that forward used (and records the same amaxes again, which changes
-    // nothing).
-    if (!autograd::in_recomputation()) state->update();
     // This call's scales, kept for backward: a later forward (gradient accumulation) updates the state in place.
-    const Tensor scale = state->scale().clone();  // (3,)
     // scale_inv with its elements 16 bytes apart (a (3,) view of stride 4 into a (3, 4) block): cuBLASLt's FP8 kernels
     // read a scale only from a 16-byte aligned address, and fp8_gemm would otherwise copy each one before every
     // product.
+    Tensor scale = internal::empty({3}, {.dtype = DType::Float32, .device = x.device()});
     Tensor scale_inv_rows = internal::empty({3, 4}, {.dtype = DType::Float32, .device = x.device()});
     Tensor scale_inv = scale_inv_rows.select(1, 0);
-    scale_inv.copy_(state->scale_inv());
+    // Delayed scaling: this call's scales from the amaxes of the calls before, copied by the update's own kernel. A
+    // checkpoint's recomputation in backward repeats a forward: it keeps the scales that forward used (and records the
+    // same amaxes again, which changes nothing).
+    if (!autograd::in_recomputation()) {
+      state->update(scale, scale_inv);
+    } else {
+      scale.copy_(state->scale());
+      scale_inv.copy_(state->scale_inv());
+    }
     const Tensor amax = state->amax_history().select(0, 0);  // (3,) view of the current row: the quantisations write it
     const DType x_fp8 = state->fp8_dtype(kInput), w_fp8 = state->fp8_dtype(kWeight);
     const Tensor xp = pad_rows(x, mp);  // (Mp, in)

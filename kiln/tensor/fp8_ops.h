@@ -80,10 +80,15 @@ Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, con
 //
 // - amax_history: (L, N) float32 contiguous, L >= 1; scale, scale_inv, scaled_max: (N) float32 contiguous; all on
 //   one device. amax_history, scale and scale_inv are written in place; scaled_max (fp8_max / 2^margin) is read.
+// - scale_copy, scale_inv_copy: undefined, or (N) float32 tensors on that device, of any stride, apart from the
+//   others: they receive copies of the new scale and scale_inv from the same pass (a snapshot that later updates do
+//   not change, as an FP8 layer keeps for its backward).
 // On CUDA this is one launch on the current stream that reads nothing on the host (graph-capturable); the CPU and
 // CUDA results are equal bit for bit. kiln::Error (nothing written) for an undefined tensor, a dtype other than
-// float32, shapes that do not agree, a non-contiguous tensor, tensors on different devices.
+// float32, shapes that do not agree, a non-contiguous tensor, tensors on different devices, a copy that shares
+// memory with the state.
 void fp8_update_scales(const Tensor& amax_history, const Tensor& scale, const Tensor& scale_inv,
-                       const Tensor& scaled_max, bool most_recent);
+                       const Tensor& scaled_max, bool most_recent, const Tensor& scale_copy = {},
+                       const Tensor& scale_inv_copy = {});
 
 }  // namespace kiln::internal

@@ -694,6 +694,35 @@ TEST_P(Fp8OpsTest, UpdateScalesMatchesTheReference) {
   }
 }
 
+// The copies an update writes (a layer's snapshot of its call's scales): the new scale and scale_inv, into strided
+// views (scale_inv 16 bytes apart, as an FP8 Linear keeps it), left alone by the next update, which changes the state.
+TEST_P(Fp8OpsTest, UpdateScalesWritesCopiesOfTheNewScales) {
+  for (int64_t len : kHistoryLengths) {
+    SCOPED_TRACE(::testing::Message() << "L = " << len);
+    const ScalingCase c = scaling_case(len, 90 + static_cast<uint64_t>(len));
+    Tensor h = testing::make(c.history, {len, kCases}, opts());
+    Tensor scale = testing::make(c.scale, {kCases}, opts());
+    Tensor scale_inv = testing::make(c.scale_inv, {kCases}, opts());
+    const Tensor scaled_max = testing::make(c.scaled_max, {kCases}, opts());
+    Tensor copy_rows = full({kCases, 2}, -1.0, opts()), inv_rows = full({kCases, 4}, -1.0, opts());
+    const Tensor copy = copy_rows.select(1, 1), inv_copy = inv_rows.select(1, 0);
+    internal::fp8_update_scales(h, scale, scale_inv, scaled_max, false, copy, inv_copy);
+    const std::vector<double> first_scale = testing::values(scale), first_inv = testing::values(scale_inv);
+    expect_same(testing::values(copy), first_scale, "scale_copy");
+    expect_same(testing::values(inv_copy), first_inv, "scale_inv_copy");
+    // Only the viewed elements were written.
+    expect_same(testing::values(copy_rows.select(1, 0)), std::vector<double>(kCases, -1.0), "scale_copy's neighbours");
+    expect_same(testing::values(inv_rows.narrow(1, 1, 3)), std::vector<double>(kCases * 3, -1.0),
+                "scale_inv_copy's neighbours");
+    // A second update (new amaxes in every column) moves the state, not the copies.
+    h.select(0, 0).fill_(3.0);
+    internal::fp8_update_scales(h, scale, scale_inv, scaled_max, false);
+    EXPECT_FALSE(internal::equal(scale, copy));
+    expect_same(testing::values(copy), first_scale, "scale_copy after the next update");
+    expect_same(testing::values(inv_copy), first_inv, "scale_inv_copy after the next update");
+  }
+}
+
 TEST_P(Fp8OpsTest, UpdateScalesOfAnEmptyStateIsANoOp) {
   Tensor h = zeros({4, 0}, opts()), v = zeros({0}, opts());
   internal::fp8_update_scales(h, v, v, v, false);
@@ -717,7 +746,15 @@ TEST_P(Fp8OpsTest, UpdateScalesErrors) {
   expect_error([&] { call(h, s, si, ones({3, 1}, opts())); }, {"scaled_max", "[3, 1]"});
   expect_error([&] { call(full({3, 4}, 2.0, opts()).t(), s, si, sm); }, {"amax_history", "not contiguous"});
   expect_error([&] { call(h, ones({3, 2}, opts()).select(1, 0), si, sm); }, {"scale", "not contiguous"});
+  // Copies of the wrong shape or dtype, or sharing the state's memory.
+  expect_error([&] { internal::fp8_update_scales(h, s, si, sm, false, ones({4}, opts())); },
+               {"fp8_update_scales", "scale_copy", "float32 (3)", "[4]"});
+  expect_error([&] { internal::fp8_update_scales(h, s, si, sm, false, {}, ones({3}, opts(DType::Float64))); },
+               {"scale_inv_copy", "float32 (3)", "float64"});
+  expect_error([&] { internal::fp8_update_scales(h, s, si, sm, false, s.view({3})); },
+               {"scale_copy", "shares memory with the scaling state"});
   if (dev().is_cuda()) {
+    expect_error([&] { internal::fp8_update_scales(h, s, si, sm, false, ones({3})); }, {"scale_copy", "cpu", "cuda:0"});
     expect_error([&] { call(h, s, ones({3}), sm); }, {"scale_inv", "cpu", "cuda:0", "one device"});
     expect_error([&] { call(h.to(Device::cpu()), s, si, sm); }, {"scale", "cuda:0", "cpu"});
   }

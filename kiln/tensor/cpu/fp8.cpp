@@ -140,8 +140,12 @@ void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor&
 }
 
 void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
-                       bool most_recent) {
+                       bool most_recent, const Tensor& scale_copy, const Tensor& scale_inv_copy) {
   const int64_t len = history.size(0), n = history.size(1);
+  float* copy = scale_copy.defined() ? static_cast<float*>(scale_copy.data_ptr()) : nullptr;
+  float* inv_copy = scale_inv_copy.defined() ? static_cast<float*>(scale_inv_copy.data_ptr()) : nullptr;
+  const int64_t copy_stride = copy != nullptr ? scale_copy.stride(0) : 0;
+  const int64_t inv_copy_stride = inv_copy != nullptr ? scale_inv_copy.stride(0) : 0;
   float* h = static_cast<float*>(history.data_ptr());  // (L, N): h[i * n + j]
   float* ps = static_cast<float*>(scale.data_ptr());
   float* pinv = static_cast<float*>(scale_inv.data_ptr());
@@ -170,6 +174,8 @@ void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor&
     if (std::isinf(next)) next = std::numeric_limits<float>::max();
     ps[j] = next;
     pinv[j] = 1.0f / next;
+    if (copy != nullptr) copy[j * copy_stride] = ps[j];
+    if (inv_copy != nullptr) inv_copy[j * inv_copy_stride] = pinv[j];
   }
 }
 

@@ -28,10 +28,13 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-// history (L, N) row-major, scale, scale_inv, scaled_max (N); block j updates column j.
+// history (L, N) row-major, scale, scale_inv, scaled_max (N); block j updates column j. copy, inv_copy: null, or
+// where the new scale and scale_inv are copied too (element j at j * its stride).
 __global__ void __launch_bounds__(kThreads)
     update_scales_kernel(float* __restrict__ history, float* __restrict__ scale, float* __restrict__ scale_inv,
-                         const float* __restrict__ scaled_max, int64_t len, int64_t n, bool most_recent) {
+                         const float* __restrict__ scaled_max, int64_t len, int64_t n, bool most_recent,
+                         float* __restrict__ copy, int64_t copy_stride, float* __restrict__ inv_copy,
+                         int64_t inv_copy_stride) {
   __shared__ float warp_max[kWarps];
   const int64_t j = blockIdx.x;
   const int t = threadIdx.x;
@@ -78,21 +81,28 @@ __global__ void __launch_bounds__(kThreads)
     const bool usable = seen && isfinite(amax) && amax > 0.0f;
     float next = usable ? scaled_max[j] / amax : scale[j];
     if (isinf(next)) next = std::numeric_limits<float>::max();
+    const float inv = 1.0f / next;
     scale[j] = next;
-    scale_inv[j] = 1.0f / next;
+    scale_inv[j] = inv;
+    if (copy != nullptr) copy[j * copy_stride] = next;
+    if (inv_copy != nullptr) inv_copy[j * inv_copy_stride] = inv;
   }
 }
 
 }  // namespace
 
 void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
-                       bool most_recent) {
+                       bool most_recent, const Tensor& scale_copy, const Tensor& scale_inv_copy) {
   const int64_t len = history.size(0), n = history.size(1);
   KILN_CHECK(n <= 0x7fffffff, "fp8_update_scales: ", n, " tracked tensors are too many for one launch on CUDA");
   cudaStream_t stream = stream_for(history);
   update_scales_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
       static_cast<float*>(history.data_ptr()), static_cast<float*>(scale.data_ptr()),
-      static_cast<float*>(scale_inv.data_ptr()), static_cast<const float*>(scaled_max.data_ptr()), len, n, most_recent);
+      static_cast<float*>(scale_inv.data_ptr()), static_cast<const float*>(scaled_max.data_ptr()), len, n, most_recent,
+      scale_copy.defined() ? static_cast<float*>(scale_copy.data_ptr()) : nullptr,
+      scale_copy.defined() ? scale_copy.stride(0) : 0,
+      scale_inv_copy.defined() ? static_cast<float*>(scale_inv_copy.data_ptr()) : nullptr,
+      scale_inv_copy.defined() ? scale_inv_copy.stride(0) : 0);
   KILN_CUDA_CHECK_LAUNCH("fp8_update_scales");
 }
 

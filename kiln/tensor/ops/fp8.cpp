@@ -155,7 +155,8 @@ Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, con
 }
 
 void fp8_update_scales(const Tensor& amax_history, const Tensor& scale, const Tensor& scale_inv,
-                       const Tensor& scaled_max, bool most_recent) {
+                       const Tensor& scaled_max, bool most_recent, const Tensor& scale_copy,
+                       const Tensor& scale_inv_copy) {
   constexpr std::string_view op = "fp8_update_scales";
   KILN_CHECK(amax_history.defined(), op, ": amax_history is an undefined tensor; pass the scaling state's (L, N) ",
              "float32 history");
@@ -181,20 +182,37 @@ void fp8_update_scales(const Tensor& amax_history, const Tensor& scale, const Te
     KILN_CHECK(t->is_contiguous(), op, ": ", what, " of shape ", t->shape(), " with strides ", t->strides(),
                " is not contiguous; it is updated in place, so pass the scaling state's own (contiguous) tensors");
   }
+  // The copies: (N) float32 on the device, any stride, not overlapping the state (they are written in the same pass).
+  const std::pair<std::string_view, const Tensor*> copies[] = {{"scale_copy", &scale_copy},
+                                                               {"scale_inv_copy", &scale_inv_copy}};
+  for (const auto& [what, t] : copies) {
+    if (!t->defined()) continue;
+    KILN_CHECK(t->dtype() == DType::Float32 && t->dim() == 1 && t->size(0) == n, op, ": ", what, " must be a float32 (",
+               n, ") tensor, one value per column of amax_history ", amax_history.shape(), ", got ", t->dtype(),
+               " of shape ", t->shape());
+    KILN_CHECK(t->device() == device, op, ": ", what, " is on ", t->device(), " but amax_history is on ", device);
+    for (const Tensor* state : {&amax_history, &scale, &scale_inv, &scaled_max}) {
+      KILN_CHECK(t->impl().storage() != state->impl().storage(), op, ": ", what,
+                 " shares memory with the scaling state; pass a tensor of its own to copy into");
+    }
+  }
   if (n == 0) return;  // no tracked tensors: nothing to update
   trace::Scope range(trace::Kind::Op, op, device, {&amax_history, &scale, &scale_inv, &scaled_max});
   if (device.is_cuda()) {
 #if KILN_WITH_CUDA
-    cuda::fp8_update_scales(amax_history, scale, scale_inv, scaled_max, most_recent);
+    cuda::fp8_update_scales(amax_history, scale, scale_inv, scaled_max, most_recent, scale_copy, scale_inv_copy);
 #else
     KILN_FAIL(op, ": kiln was built without CUDA");
 #endif
   } else {
-    cpu::fp8_update_scales(amax_history, scale, scale_inv, scaled_max, most_recent);
+    cpu::fp8_update_scales(amax_history, scale, scale_inv, scaled_max, most_recent, scale_copy, scale_inv_copy);
   }
   amax_history.impl().storage()->bump_version();
   scale.impl().storage()->bump_version();
   scale_inv.impl().storage()->bump_version();
+  for (const Tensor* t : {&scale_copy, &scale_inv_copy}) {
+    if (t->defined()) t->impl().storage()->bump_version();
+  }
 }
 
 }  // namespace kiln::internal

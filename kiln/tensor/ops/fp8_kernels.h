@@ -14,9 +14,9 @@ void fp8_quantize(const Tensor& out, const Tensor& x, const Tensor& scale, const
 void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv,
               const Tensor& bias, bool accumulate);
 // The delayed-scaling update (fp8_update_scales): history (L, N) with L >= 1, N >= 1, scale, scale_inv,
-// scaled_max (N); all float32 contiguous.
+// scaled_max (N); all float32 contiguous. scale_copy, scale_inv_copy: undefined or (N) float32 of any stride.
 void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
-                       bool most_recent);
+                       bool most_recent, const Tensor& scale_copy, const Tensor& scale_inv_copy);
 }  // namespace kiln::cpu
 
 namespace kiln::cuda {
@@ -36,5 +36,5 @@ void fp8_quantize_pair(const Tensor& out, const Tensor& out_t, const Tensor& par
                        const Tensor& scale, const Tensor& amax);
 // The delayed-scaling update, as the CPU's above.
 void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
-                       bool most_recent);
+                       bool most_recent, const Tensor& scale_copy, const Tensor& scale_inv_copy);
 }  // namespace kiln::cuda
