@@ -37,9 +37,10 @@ bool fp8_gemm_dtype(DType t) { return t == DType::Float32 || t == DType::BFloat1
 Tensor cell(const Tensor& t, int64_t j) { return t.narrow(0, j, 1); }  // (1,) view
 
 struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
-  // x (M, in) contiguous; weight (out, in); bias (out) or undefined. Returns (M, out) in out_dtype.
+  // x (M, in) contiguous; weight (out, in); bias (out) or undefined. Returns (M, out) in out_dtype: the product of
+  // act(x) (internal::Fp8Activation, applied in x's quantisation) and the weight.
   static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        amp::Fp8ScalingState* state, DType out_dtype) {
+                        amp::Fp8ScalingState* state, DType out_dtype, internal::Fp8Activation act) {
     const int64_t m = x.size(0), mp = round_up16(m);
     // This call's scales, kept for backward: a later forward (gradient accumulation) updates the state in place.
     // scale_inv with its elements 16 bytes apart (a (3,) view of stride 4 into a (3, 4) block): cuBLASLt's FP8 kernels
@@ -64,18 +65,24 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     const Tensor w = contiguous(fp8_gemm_dtype(weight.dtype()) ? weight : weight.to(DType::Float32));
     // Each operand quantised, with the K-major transposed copy a backward GEMM needs made in the same pass: x's for
     // dW, W's for dX.
-    auto quantise = [](const Tensor& t, DType fp8, const Tensor& s, const Tensor& a, bool also_transposed) {
-      return also_transposed ? internal::fp8_quantize_pair(t, fp8, s, a)
-                             : std::pair<Tensor, Tensor>{internal::fp8_quantize(t, fp8, s, a), Tensor()};
+    // act (a GELU) is applied to x's values in x's quantisation: act(x) itself is never written.
+    auto quantise = [](const Tensor& t, DType fp8, const Tensor& s, const Tensor& a, bool also_transposed,
+                       internal::Fp8Activation f) {
+      return also_transposed ? internal::fp8_quantize_pair(t, fp8, s, a, nullptr, f)
+                             : std::pair<Tensor, Tensor>{internal::fp8_quantize(t, fp8, s, a, false, f), Tensor()};
     };
-    const auto [xq, xt] = quantise(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), ctx.needs_input_grad(1));
-    const auto [wq, wt] = quantise(w, w_fp8, cell(scale, kWeight), cell(amax, kWeight), ctx.needs_input_grad(0));
+    const auto [xq, xt] = quantise(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), ctx.needs_input_grad(1), act);
+    const auto [wq, wt] = quantise(w, w_fp8, cell(scale, kWeight), cell(amax, kWeight), ctx.needs_input_grad(0),
+                                   internal::Fp8Activation::None);
     const Tensor b = bias.defined() ? bias.to(out_dtype) : Tensor();
     // The forward product with fast accumulation (as Transformer Engine's and torchao's recipes do); the backward
     // products, whose output gradients span a wider range, keep the float32 promotion.
     const Tensor y = internal::fp8_gemm(xq, wq, cell(scale_inv, kInput), cell(scale_inv, kWeight), out_dtype, b,
                                         nullptr, /*fast_accumulation=*/true);
     if (xt.defined()) ctx.set("xt", xt);  // (in, Mp)
+    // The activation's gradient needs its input: x itself (not act(x)).
+    if (act != internal::Fp8Activation::None && ctx.needs_input_grad(0)) ctx.save_for_backward({x});
+    ctx.set("act", act);
     if (wt.defined()) ctx.set("wt", wt);  // (in, out)
     ctx.set("scale", scale);
     ctx.set("scale_inv", scale_inv);
@@ -108,6 +115,10 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
       dx = internal::fp8_gemm(gq, ctx.get<Tensor>("wt"), cell(scale_inv, kGrad), cell(scale_inv, kWeight),
                               ctx.get<DType>("x_dtype"));  // (Mp, in)
       dx = first_rows(dx, m);
+      // That is the gradient of act(x); through the activation to x's.
+      if (const auto act = ctx.get<internal::Fp8Activation>("act"); act != internal::Fp8Activation::None) {
+        dx = internal::gelu_backward(dx, ctx.saved()[0], act == internal::Fp8Activation::GeluTanh);
+      }
     }
     if (ctx.needs_input_grad(1)) {
       dw = internal::fp8_gemm(gtq, ctx.get<Tensor>("xt"), cell(scale_inv, kGrad), cell(scale_inv, kInput),
@@ -125,7 +136,7 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
 }  // namespace
 
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp::Fp8ScalingState& state,
-                  DType out_dtype) {
+                  DType out_dtype, internal::Fp8Activation act) {
   KILN_CHECK(weight.defined() && weight.dim() == 2 && weight.is_floating_point() && !is_float8(weight.dtype()),
              "fp8_linear: weight must be a 2-D floating tensor (out_features, in_features), got ",
              weight.defined() ? detail::str_cat(weight.dtype(), " of shape ", weight.shape()) : std::string("none"));
@@ -149,12 +160,13 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
   autocast::DisableGuard as_one_op;
   if (rows == 0) {  // nothing to compute: the plain product's empty result, and no state update
-    return linear(x.to(out_dtype), weight.to(out_dtype), bias.defined() ? bias.to(out_dtype) : bias);
+    const Tensor xa = act == internal::Fp8Activation::None ? x : gelu(x, act == internal::Fp8Activation::GeluTanh);
+    return linear(xa.to(out_dtype), weight.to(out_dtype), bias.defined() ? bias.to(out_dtype) : bias);
   }
   Shape shape = x.shape();
   shape.back() = out;
   const Tensor xin = fp8_gemm_dtype(x.dtype()) ? x : x.to(out_dtype);
-  const Tensor y = Fp8LinearFunction::apply(reshape(contiguous(xin), {rows, in}), weight, bias, &state, out_dtype);
+  const Tensor y = Fp8LinearFunction::apply(reshape(contiguous(xin), {rows, in}), weight, bias, &state, out_dtype, act);
   return reshape(y, shape);
 }
 

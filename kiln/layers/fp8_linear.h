@@ -36,6 +36,7 @@
 
 #include "kiln/autograd/fp8.h"  // Fp8Recipe, Fp8ScalingState
 #include "kiln/layers/module.h"
+#include "kiln/tensor/fp8_ops.h"  // internal::Fp8Activation
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::amp {
@@ -57,7 +58,9 @@ namespace kiln::nn {
 // in and out multiples of 16; bias (out) or undefined; state: a Linear's (Fp8ScalingState::for_linear) on x's
 // device; out_dtype BFloat16, Float16 or Float32. Returns (..., out) in out_dtype, differentiable in x, weight, bias.
 // nn::Linear calls it inside FP8 regions; it is public for layers of their own and for tests.
+// act: fp8_linear(act(x), ...), with the activation (a GELU, internal::Fp8Activation) applied to x's values in x's
+// quantisation, so that act(x) is never written; backward takes the gradient through it to x.
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp::Fp8ScalingState& state,
-                  DType out_dtype);
+                  DType out_dtype, internal::Fp8Activation act = internal::Fp8Activation::None);
 
 }  // namespace kiln::nn

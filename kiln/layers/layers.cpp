@@ -15,6 +15,7 @@
 #include "kiln/tensor/backend.h"       // detail::IndexOpScope: a bad id names the table
 #include "kiln/tensor/checked_size.h"  // checked_nbytes: the weight's size
 #include "kiln/tensor/error.h"         // KILN_CHECK
+#include "kiln/tensor/trace.h"         // trace::Scope: the module ranges of calls that bypass a handle
 
 namespace kiln::nn {
 
@@ -38,16 +39,27 @@ void Linear::reset_parameters(Generator* gen) {
   }
 }
 
-Tensor Linear::forward(const Tensor& input) {
+amp::Fp8ScalingState* Linear::fp8_state_in_region(const Tensor& input) {
   KILN_CHECK(input.dim() >= 1 && input.size(-1) == in_features, "Linear: expected input of shape (..., ", in_features,
              ") (in_features = ", in_features, "), got shape ", input.shape());
-  const DeviceType type = input.device().type();
-  if (const amp::Fp8Recipe* recipe = autocast::fp8_recipe(type); recipe != nullptr && input.is_floating_point()) {
-    if (amp::Fp8ScalingState* state = fp8_state_for(*recipe, input.device())) {
-      return fp8_linear(input, weight, bias, *state, autocast::get_dtype(type));
-    }
+  const amp::Fp8Recipe* recipe = autocast::fp8_recipe(input.device().type());
+  return recipe != nullptr && input.is_floating_point() ? fp8_state_for(*recipe, input.device()) : nullptr;
+}
+
+Tensor Linear::forward(const Tensor& input) {
+  if (amp::Fp8ScalingState* state = fp8_state_in_region(input)) {
+    return fp8_linear(input, weight, bias, *state, autocast::get_dtype(input.device().type()));
   }
   return linear(input, weight, bias);
+}
+
+Tensor Linear::forward_gelu(const Tensor& pre, bool tanh_approximation) {
+  trace::Scope range(trace::Kind::Module, type_name(), pre.device(), {}, this);  // as a call through a handle
+  if (amp::Fp8ScalingState* state = fp8_state_in_region(pre)) {
+    return fp8_linear(pre, weight, bias, *state, autocast::get_dtype(pre.device().type()),
+                      tanh_approximation ? internal::Fp8Activation::GeluTanh : internal::Fp8Activation::Gelu);
+  }
+  return forward(gelu(pre, tanh_approximation));
 }
 
 // ---------------------------------------------------------------- Dropout

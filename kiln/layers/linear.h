@@ -35,6 +35,10 @@ class Linear : public Module {
   // kiln::Error unless both sizes are positive.
   Linear(int64_t in_features, int64_t out_features, LinearOptions options = {});
   Tensor forward(const Tensor& input) override;
+  // forward(gelu(pre, tanh_approximation)), for a transformer MLP's second product (fc2->forward_gelu(fc1(x))). In an
+  // FP8 region where this Linear computes in FP8, the GELU is applied as its input is quantised (nn::fp8_linear's
+  // act), so that gelu(pre) is never written; elsewhere it is the two ops as written.
+  Tensor forward_gelu(const Tensor& pre, bool tanh_approximation = false);
   // Redraws weight and bias from U(-1/sqrt(in), 1/sqrt(in)) (from gen, or the default generator), as PyTorch's.
   void reset_parameters(Generator* gen = nullptr);
 
@@ -61,6 +65,8 @@ class Linear : public Module {
   Tensor bias;                        // (out_features); undefined without bias
 
  private:
+  // The FP8 state a forward on `input` computes with here (an FP8 region whose recipe selects this Linear), or null.
+  amp::Fp8ScalingState* fp8_state_in_region(const Tensor& input);
   std::shared_ptr<amp::Fp8ScalingState> fp8_state_;
   bool fp8_excluded_ = false;
   Tensor fp8_buffers_[3];  // the registered buffers: amax history, scale, scale_inv (share the state's storage)

@@ -21,6 +21,12 @@
 
 namespace kiln::internal {
 
+// An activation applied to the values as they are quantised (fp8_quantize, fp8_quantize_pair): a transformer MLP's
+// GELU, fused into the quantisation of the next product's input. The values quantised are act(x) computed in float32
+// from x's values (not rounded to x's dtype first), with kiln's gelu (both forms: gelu(x, tanh_approximation)); the
+// amax and column sums are those of act(x).
+enum class Fp8Activation { None, Gelu, GeluTanh };
+
 // saturate_to_fp8(x * scale) in fp8_dtype (Float8_e4m3fn or Float8_e5m2), x's shape; with transpose, x must be 2-D
 // (R, C) and the result is the contiguous (C, R) transpose (the K-major copy an FP8 GEMM of the backward pass needs),
 // made in the same pass. In the same pass amax[0] = max(amax[0], max |x|).
@@ -34,17 +40,21 @@ namespace kiln::internal {
 // - amax follows Fp8ScalingState::record_amax: a NaN in x makes amax[0] NaN (and a NaN amax[0] stays NaN), an inf
 //   makes it inf. amax[0] is expected to hold a value >= 0 or NaN, as an amax history does.
 // - Empty x: an empty result; amax is left as it is.
+// - act: Fp8Activation above.
 // kiln::Error (nothing written) for a non-float x, a non-FP8 dtype, scale or amax not 1-element float32 on x's
 // device, a non-contiguous x, transpose of a tensor that is not 2-D.
-Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax, bool transpose = false);
+Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax, bool transpose = false,
+                    Fp8Activation act = Fp8Activation::None);
 
 // {fp8_quantize(x, ...), fp8_quantize(x, ..., true)} for a 2-D x (R, C), made in one pass over x where the GPU kernel
 // takes the shape (C a multiple of 64, R of 4), with the same codes and the same amax update. column_sums: null, or
 // it receives the float32 sums of x's columns (C) (a bias gradient: the output gradient's rows summed), from the
-// same pass on the GPU (partial sums per tile of 64 rows, then summed: the same value on every run). Errors as
-// fp8_quantize's, and for an x that is not 2-D.
+// same pass on the GPU (partial sums per tile of 64 rows, then summed: the same value on every run). act: as
+// fp8_quantize's; the GPU applies it in the same pass for a 16-bit x quantised to E4M3 without column sums (a GELU
+// output's quantisation in a forward pass), elsewhere in a float32 pass first. Errors as fp8_quantize's, and for an
+// x that is not 2-D.
 std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax,
-                                            Tensor* column_sums = nullptr);
+                                            Tensor* column_sums = nullptr, Fp8Activation act = Fp8Activation::None);
 
 // out = (a_scale_inv * float(a)) @ (b_scale_inv * float(b))^T (+ bias) (+ *accumulate_into), out (M, N) row-major.
 //

@@ -283,6 +283,58 @@ TEST_P(Fp8LinearTest, E4M3RecipeAndNoBias) {
   }
 }
 
+// forward_gelu(h) in an FP8 region applies the GELU in the input's quantisation: over two steps its output, weight
+// and bias gradients and FP8 state equal, bit for bit, those of a twin Linear given kiln's float32 gelu of h (the
+// values the fused quantisation sees), and h's gradient is that twin input's gradient taken through gelu's
+// derivative (bit for bit for a float32 h, whose gradient the twin computes in the same dtype; within bfloat16's
+// rounding for a bfloat16 h). Outside FP8 regions it is forward(gelu(h)).
+TEST_P(Fp8LinearTest, ForwardGeluAppliesTheGeluInTheInputQuantisation) {
+  const int64_t in = 64, out = 32, rows = 20;
+  for (const DType h_dtype : {DType::Float32, DType::BFloat16}) {
+    for (const bool tanh_form : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << h_dtype << (tanh_form ? ", tanh GELU" : ", GELU"));
+      manual_seed(3);
+      auto fused = nn::make<nn::Linear>(in, out), twin = nn::make<nn::Linear>(in, out);
+      twin->weight.detach().copy_(fused->weight.detach());
+      twin->bias.detach().copy_(fused->bias.detach());
+      fused->to(dev());
+      twin->to(dev());
+      const amp::Fp8Recipe recipe{.amax_history_len = 4};
+      for (int step = 0; step < 2; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step + 1));
+        const Tensor h = input({rows, in}, -4, 4, 60 + step, h_dtype).requires_grad_();
+        const Tensor h32 = h.detach().to(DType::Float32).requires_grad_();
+        const Tensor dy = input({rows, out}, -1, 1, 70 + step, DType::BFloat16);
+        fused->zero_grad();
+        twin->zero_grad();
+        Tensor y, y_twin, g;
+        {
+          amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+          y = fused->forward_gelu(h, tanh_form);
+          g = gelu(h32, tanh_form);
+          y_twin = twin(g);
+        }
+        EXPECT_TRUE(internal::equal(y, y_twin));
+        y.backward(dy);
+        y_twin.backward(dy);
+        EXPECT_TRUE(internal::equal(fused->weight.grad(), twin->weight.grad()));
+        EXPECT_TRUE(internal::equal(fused->bias.grad(), twin->bias.grad()));
+        EXPECT_TRUE(internal::equal(fused->fp8_state()->amax_history(), twin->fp8_state()->amax_history()));
+        EXPECT_TRUE(internal::equal(fused->fp8_state()->scale(), twin->fp8_state()->scale()));
+        ASSERT_EQ(h.grad().dtype(), h_dtype);
+        if (h_dtype == DType::Float32) {
+          EXPECT_TRUE(internal::equal(h.grad(), h32.grad()));
+        } else {
+          testing::expect_values(h.grad(), {rows, in}, values(h32.grad()), 2e-2, 1e-2);
+        }
+      }
+      // Outside an FP8 region: the plain ops (float32 here, as the Linear's parameters).
+      const Tensor h = input({rows, in}, -4, 4, 80);
+      EXPECT_TRUE(internal::equal(fused->forward_gelu(h, tanh_form), fused(gelu(h, tanh_form))));
+    }
+  }
+}
+
 // A region whose filter selects nothing, a nested region without FP8, and enabled = false all compute exactly as the
 // plain (bf16 or float32) Linear does, and make no FP8 state.
 TEST_P(Fp8LinearTest, UnselectedOrNestedRegionsStayPlain) {

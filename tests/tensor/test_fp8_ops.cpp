@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numbers>
 #include <vector>
 
 #include "kiln/autograd/fp8.h"
@@ -278,6 +279,75 @@ TEST_P(Fp8OpsTest, QuantizePairGivesBothLayoutsAndColumnSums) {
                                     cell_view(0, 0, 1, dev()));
       },
       {"fp8_quantize_pair", "2-D"});
+}
+
+// A GELU applied as the values are quantised (Fp8Activation): the codes, amax and column sums are exactly those of
+// quantising kiln's float32 gelu of x, on every backend (on a GPU: the pair kernel applying it itself for 16-bit x to
+// E4M3 without sums, the other cases a float32 pass first; both call the unary kernels' functions), for shapes the
+// pair kernel takes and shapes it does not, both GELU forms, and the plain quantisation too. And independently of
+// kiln's gelu: each code decodes to within half an E4M3/E5M2 step of the float64 GELU times the scale.
+TEST_P(Fp8OpsTest, QuantizeWithAGeluIsTheQuantisationOfTheFloat32Gelu) {
+  using internal::Fp8Activation;
+  for (const Fp8Activation act : {Fp8Activation::Gelu, Fp8Activation::GeluTanh}) {
+    const bool tanh_form = act == Fp8Activation::GeluTanh;
+    for (const Format* f : {&kE4M3, &kE5M2}) {
+      for (DType in : kInputTypes) {
+        for (const Shape& shape : {Shape{128, 192}, Shape{132, 64}, Shape{20, 48}}) {
+          for (const bool with_sums : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << (tanh_form ? "tanh GELU, " : "GELU, ") << f->dtype << " from " << in << " (" << shape[0]
+                         << ", " << shape[1] << ")" << (with_sums ? ", sums" : ""));
+            const int64_t r = shape[0], c = shape[1];
+            std::vector<double> v = testing::uniform(r * c, -6, 6, 21);
+            v[5] = -kInf;  // GELU(-inf) = -0
+            v[6] = 300;    // the amax: GELU(300) = 300
+            const Tensor x = testing::make(v, shape, opts(in));
+            const Tensor reference_input = internal::gelu(x.to(DType::Float32), tanh_form);
+            const Tensor scale = cell_view(0.75, 1, 2, dev());
+            const Tensor amax = cell_view(0.0, 0, 1, dev()), reference_amax_cell = cell_view(0.0, 0, 1, dev());
+            Tensor sums, reference_sums;
+            const auto [q, qt] =
+                internal::fp8_quantize_pair(x, f->dtype, scale, amax, with_sums ? &sums : nullptr, act);
+            const auto [rq, rqt] = internal::fp8_quantize_pair(reference_input, f->dtype, scale, reference_amax_cell,
+                                                               with_sums ? &reference_sums : nullptr);
+            EXPECT_EQ(codes_of(q), codes_of(rq));
+            EXPECT_EQ(codes_of(qt), codes_of(rqt));
+            EXPECT_EQ(f32(amax), f32(reference_amax_cell));
+            EXPECT_EQ(f32(amax), 300.0f);
+            if (with_sums) EXPECT_TRUE(internal::equal(sums, reference_sums));
+            // The plain quantisation with the activation.
+            const Tensor plain_amax = cell_view(0.0, 0, 1, dev());
+            EXPECT_EQ(codes_of(internal::fp8_quantize(x, f->dtype, scale, plain_amax, false, act)), codes_of(rq));
+            EXPECT_EQ(f32(plain_amax), 300.0f);
+            // Against the float64 GELU of the values x holds.
+            const std::vector<double> held = testing::values(x);
+            const std::vector<uint8_t> got = codes_of(q);
+            int failures = 0;
+            for (size_t i = 0; i < held.size(); ++i) {
+              const double h = held[i];
+              const double g =
+                  std::isinf(h) ? (h > 0 ? h : -0.0)
+                  : tanh_form ? 0.5 * h * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (h + 0.044715 * h * h * h)))
+                              : 0.5 * h * (1 + std::erf(h / std::sqrt(2.0)));
+              const double want = std::min(g * 0.75, f->max_value);
+              const double decoded = testing::fp8_value(*f, got[i]);
+              // Half a step at the value's exponent (the spacing of codes there), and the subnormal spacing near 0;
+              // plus the float32 GELU's own error, which in the far negative tail (1 + erf(x) cancelling) is a few
+              // float32 ulps of |x| rather than of the result.
+              const double step =
+                  std::max(std::ldexp(1.0, std::ilogb(std::max(std::abs(want), f->min_sub)) - f->man_bits), f->min_sub);
+              const double gelu_error = 16 * 0x1p-24 * std::abs(h) * 0.75;
+              if (!(std::abs(decoded - want) <= 0.5 * step + gelu_error) && ++failures <= 5) {
+                ADD_FAILURE() << "x = " << h << ": code " << int(got[i]) << " decodes to " << decoded << ", want "
+                              << want;
+              }
+            }
+            EXPECT_EQ(failures, 0);
+          }
+        }
+      }
+    }
+  }
 }
 
 // Many elements (several blocks and grid-stride steps on a GPU), and a contiguous view at an odd offset (the CUDA

@@ -14,6 +14,7 @@
 #include "kiln/layers/loss.h"          // cross_entropy, mse_loss
 #include "kiln/tensor/checked_size.h"  // checked_mul, mul_overflows: sizes from a config
 #include "kiln/tensor/error.h"         // KILN_CHECK
+#include "kiln/tensor/trace.h"         // trace::Scope: the module ranges of calls that bypass a handle
 
 namespace kiln::nn::models {
 namespace {
@@ -212,10 +213,17 @@ BertResidualOutput::BertResidualOutput(const BertConfig& c, int64_t in_features)
   dropout = register_module("dropout", std::make_shared<Dropout>(c.hidden_dropout_prob));
 }
 
-Tensor BertResidualOutput::forward(const Tensor& x, const Tensor& residual) {
+Tensor BertResidualOutput::forward(const Tensor& x, const Tensor& residual) { return add_and_norm(dense(x), residual); }
+
+Tensor BertResidualOutput::forward_gelu(const Tensor& pre, bool tanh_approximation, const Tensor& residual) {
+  trace::Scope range(trace::Kind::Module, type_name(), pre.device(), {}, this);  // as a call through a handle
+  return add_and_norm(dense->forward_gelu(pre, tanh_approximation), residual);
+}
+
+Tensor BertResidualOutput::add_and_norm(const Tensor& projected, const Tensor& residual) {
   // dropout -> + residual -> LayerNorm as one op (one kernel each way on the GPU); the dropout module keeps its name
   // and its p, and its train()/eval() state decides whether elements are dropped.
-  return dropout_add_layer_norm(dense(x), residual, dropout->options.p, dropout->is_training(),
+  return dropout_add_layer_norm(projected, residual, dropout->options.p, dropout->is_training(),
                                 layer_norm->normalized_shape, layer_norm->weight, layer_norm->bias,
                                 layer_norm->options.eps);
 }
@@ -241,6 +249,16 @@ BertLayer::BertLayer(const BertConfig& c) : Module("BertLayer") {
 
 Tensor BertLayer::forward(const Tensor& hidden, const Tensor& mask) {
   Tensor a = attention(hidden, mask);
+  // A GELU goes with the output projection (BertResidualOutput::forward_gelu): in an FP8 region it is applied as that
+  // projection quantises its input, and the activation is never written. The same values as intermediate(a).
+  if (intermediate->act == BertActivation::Gelu || intermediate->act == BertActivation::GeluTanh) {
+    Tensor pre;
+    {
+      trace::Scope range(trace::Kind::Module, intermediate->type_name(), a.device(), {}, intermediate.get());
+      pre = intermediate->dense(a);
+    }
+    return output->forward_gelu(pre, intermediate->act == BertActivation::GeluTanh, a);
+  }
   return output(intermediate(a), a);
 }
 

@@ -124,10 +124,16 @@ class BertResidualOutput : public Module {
   BertResidualOutput(const BertConfig& config, int64_t in_features);
   // LayerNorm(dropout(dense(x)) + residual): x (N, S, in_features), residual (N, S, H) -> (N, S, H).
   Tensor forward(const Tensor& x, const Tensor& residual);
+  // forward(gelu(pre, tanh_approximation), residual), the GELU through dense->forward_gelu (applied in its FP8
+  // input quantisation in an FP8 region).
+  Tensor forward_gelu(const Tensor& pre, bool tanh_approximation, const Tensor& residual);
 
   Handle<Linear> dense;          // in_features -> H
   Handle<LayerNorm> layer_norm;  // "LayerNorm"
   Handle<Dropout> dropout;       // hidden_dropout_prob
+
+ private:
+  Tensor add_and_norm(const Tensor& projected, const Tensor& residual);  // LayerNorm(dropout(projected) + residual)
 };
 
 // Self-attention with its output projection, dropout, residual and layer norm ("attention").

@@ -13,7 +13,8 @@
 // thread's loads issued before any is used), the plain codes written straight from registers and the transposed ones
 // through shared memory, 16 bytes per thread where R % 16 == 0 (4 otherwise); the tile's column sums (for a bias
 // gradient) are added in a fixed order into one row of partial sums per row tile, which the frontend sums: the result
-// does not depend on scheduling.
+// does not depend on scheduling. The pair kernel may apply a GELU to each value as it reads it (a transformer MLP's
+// activation, fused into the quantisation of the next product's input), with the unary kernels' own functions.
 #include <cuda_fp16.h>  // __half2float
 #include <cuda_fp8.h>   // __nv_cvt_float_to_fp8
 
@@ -21,7 +22,8 @@
 #include <cstdint>
 #include <type_traits>  // std::conditional_t, std::true_type
 
-#include "kiln/tensor/cuda/cuda_backend.h"  // stream_for
+#include "kiln/tensor/cuda/activations.cuh"  // gelu_erf, gelu_tanh
+#include "kiln/tensor/cuda/cuda_backend.h"   // stream_for
 #include "kiln/tensor/cuda/cuda_check.h"
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops/fp8_kernels.h"
@@ -81,15 +83,29 @@ __device__ void commit_block_amax(float local, float* amax) {
   }
 }
 
-// One 16-byte group of x: its kVec values (as raw bits in `in`) scaled and encoded into `codes`, their |max| into
-// `local`, and (kSums) each value added to its column sum.
-template <In kIn, bool kE4M3, bool kSums, int kVec>
+// What the pair kernel applies to each value before quantising it (internal::Fp8Activation).
+enum class Act { None, Gelu, GeluTanh };
+
+template <Act kAct>
+__device__ __forceinline__ float activate(float v) {
+  if constexpr (kAct == Act::Gelu) {
+    return gelu_erf(v);
+  } else if constexpr (kAct == Act::GeluTanh) {
+    return gelu_tanh(v);
+  } else {
+    return v;
+  }
+}
+
+// One 16-byte group of x: its kVec values (as raw bits in `in`, each passed through kAct) scaled and encoded into
+// `codes`, their |max| into `local`, and (kSums) each value added to its column sum.
+template <In kIn, bool kE4M3, bool kSums, int kVec, Act kAct = Act::None>
 __device__ __forceinline__ void encode_group(const raw_t<kIn> (&in)[kVec], float s, float& local, float (&colsum)[kVec],
                                              uint8_t (&codes)[kVec]) {
   static_assert(kVec % 2 == 0);
 #pragma unroll
   for (int j = 0; j < kVec; j += 2) {
-    const float f0 = load_float<kIn>(in[j]), f1 = load_float<kIn>(in[j + 1]);
+    const float f0 = activate<kAct>(load_float<kIn>(in[j])), f1 = activate<kAct>(load_float<kIn>(in[j + 1]));
     local = nan_max(nan_max(local, fabsf(f0)), fabsf(f1));
     if constexpr (kSums) {
       colsum[j] += f0;
@@ -179,16 +195,16 @@ __global__ void __launch_bounds__(kTile* kTileRows)
 
 constexpr int kPairTile = 64, kPairThreads = 256;
 
-// out (R, C) = q(x * scale), out_t (C, R) its transpose, partial (row tiles, C) the column sums of each 64-row tile
-// (null: none). C % 64 == 0, R % 4 == 0, x 16-byte aligned (pair_kernel_applies); kRows16: R % 16 == 0, so that the
-// transposed codes go out 16 bytes per store (else 4).
+// out (R, C) = q(act(x) * scale), out_t (C, R) its transpose, partial (row tiles, C) the column sums of each 64-row
+// tile (null: none). C % 64 == 0, R % 4 == 0, x 16-byte aligned (pair_kernel_applies); kRows16: R % 16 == 0, so that
+// the transposed codes go out 16 bytes per store (else 4).
 //
 // One 64 x 64 tile per block. Each thread first loads all of its rows of the tile (2 or 4 16-byte loads, issued back
 // to back, so that several are in flight), then encodes them: the plain codes go straight to `out`, and into a shared
 // tile from which the transposed rows are written. The column sums: each thread's rows summed in order, then the
 // lanes of a warp that hold the same columns (shuffles in a fixed order), then the block's warps in order; so the sums
 // do not depend on scheduling.
-template <In kIn, bool kE4M3, bool kSums, bool kRows16>
+template <In kIn, bool kE4M3, bool kSums, bool kRows16, Act kAct>
 __global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) per SM: the kernel is latency-bound
     quantize_pair_kernel(const raw_t<kIn>* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
                          float* __restrict__ partial, int64_t rows, int64_t cols, const float* __restrict__ scale,
@@ -227,7 +243,8 @@ __global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) p
       uint32_t w[kVec / 4];
       uint8_t b[kVec];
     } o;
-    encode_group<kIn, kE4M3, kSums>(in[k].e, s, local, colsum, o.b);  // a row past the end is 0s: no effect
+    // A row past the end is 0s, and act(0) = 0: no effect.
+    encode_group<kIn, kE4M3, kSums, kVec, kAct>(in[k].e, s, local, colsum, o.b);
     uint8_t* t = tile + i * kPitch + tc * kVec;
     if constexpr (kVec == 4) {
       *reinterpret_cast<uint32_t*>(t) = o.w[0];
@@ -292,7 +309,7 @@ __global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) p
 
 template <In kIn, bool kE4M3>
 void launch_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial, const Tensor& x, const Tensor& scale,
-                 const Tensor& amax) {
+                 const Tensor& amax, internal::Fp8Activation act) {
   cudaStream_t stream = stream_for(out);
   const int64_t rows = x.size(0), cols = x.size(1);
   const int64_t row_tiles = (rows + kPairTile - 1) / kPairTile;
@@ -305,15 +322,29 @@ void launch_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial, 
   auto* pp = partial.defined() ? static_cast<float*>(partial.data_ptr()) : nullptr;
   const auto* ps = static_cast<const float*>(scale.data_ptr());
   auto* pa = static_cast<float*>(amax.data_ptr());
-  auto run = [&](auto sums, auto rows16) {
-    quantize_pair_kernel<kIn, kE4M3, decltype(sums)::value, decltype(rows16)::value>
+  auto run = [&](auto sums, auto rows16, auto activation) {
+    quantize_pair_kernel<kIn, kE4M3, decltype(sums)::value, decltype(rows16)::value, decltype(activation)::value>
         <<<grid, kPairThreads, 0, stream>>>(px, po, pt, pp, rows, cols, ps, pa);
   };
+  using None = std::integral_constant<Act, Act::None>;
   const bool rows16 = rows % 16 == 0;
   if (pp != nullptr) {
-    rows16 ? run(std::true_type{}, std::true_type{}) : run(std::true_type{}, std::false_type{});
+    rows16 ? run(std::true_type{}, std::true_type{}, None{}) : run(std::true_type{}, std::false_type{}, None{});
+  } else if (act == internal::Fp8Activation::None) {
+    rows16 ? run(std::false_type{}, std::true_type{}, None{}) : run(std::false_type{}, std::false_type{}, None{});
+  } else if constexpr (kIn != In::F32 && kE4M3) {  // the problems fp8_pair_kernel_activates takes
+    auto with = [&](auto activation) {
+      rows16 ? run(std::false_type{}, std::true_type{}, activation)
+             : run(std::false_type{}, std::false_type{}, activation);
+    };
+    if (act == internal::Fp8Activation::Gelu) {
+      with(std::integral_constant<Act, Act::Gelu>{});
+    } else {
+      with(std::integral_constant<Act, Act::GeluTanh>{});
+    }
   } else {
-    rows16 ? run(std::false_type{}, std::true_type{}) : run(std::false_type{}, std::false_type{});
+    KILN_FAIL("cuda::fp8_quantize_pair: no kernel applies an activation to ", x.dtype(), " quantised to ", out.dtype(),
+              "; the frontend activates such inputs first");
   }
   KILN_CUDA_CHECK_LAUNCH("fp8_quantize_pair");
 }
@@ -354,11 +385,11 @@ void launch_for_format(const Tensor& out, const Tensor& x, const Tensor& scale, 
 
 template <In kIn>
 void launch_pair_for_format(const Tensor& out, const Tensor& out_t, const Tensor& partial, const Tensor& x,
-                            const Tensor& scale, const Tensor& amax) {
+                            const Tensor& scale, const Tensor& amax, internal::Fp8Activation act) {
   if (out.dtype() == DType::Float8_e4m3fn) {
-    launch_pair<kIn, true>(out, out_t, partial, x, scale, amax);
+    launch_pair<kIn, true>(out, out_t, partial, x, scale, amax, act);
   } else {
-    launch_pair<kIn, false>(out, out_t, partial, x, scale, amax);
+    launch_pair<kIn, false>(out, out_t, partial, x, scale, amax, act);
   }
 }
 
@@ -371,12 +402,17 @@ bool fp8_pair_kernel_applies(const Tensor& x) {
 
 int64_t fp8_pair_row_tiles(int64_t rows) { return (rows + kPairTile - 1) / kPairTile; }
 
+bool fp8_pair_kernel_activates(const Tensor& x, DType fp8_dtype, bool column_sums) {
+  return (x.dtype() == DType::BFloat16 || x.dtype() == DType::Float16) && fp8_dtype == DType::Float8_e4m3fn &&
+         !column_sums;
+}
+
 void fp8_quantize_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial_sums, const Tensor& x,
-                       const Tensor& scale, const Tensor& amax) {
+                       const Tensor& scale, const Tensor& amax, internal::Fp8Activation act) {
   switch (x.dtype()) {
-    case DType::Float32: return launch_pair_for_format<In::F32>(out, out_t, partial_sums, x, scale, amax);
-    case DType::BFloat16: return launch_pair_for_format<In::BF16>(out, out_t, partial_sums, x, scale, amax);
-    case DType::Float16: return launch_pair_for_format<In::F16>(out, out_t, partial_sums, x, scale, amax);
+    case DType::Float32: return launch_pair_for_format<In::F32>(out, out_t, partial_sums, x, scale, amax, act);
+    case DType::BFloat16: return launch_pair_for_format<In::BF16>(out, out_t, partial_sums, x, scale, amax, act);
+    case DType::Float16: return launch_pair_for_format<In::F16>(out, out_t, partial_sums, x, scale, amax, act);
     default: KILN_FAIL("cuda::fp8_quantize_pair: unexpected input dtype ", x.dtype());
   }
 }

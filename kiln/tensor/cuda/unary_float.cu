@@ -1,16 +1,12 @@
 // CUDA kernels: the unary ops defined on floating dtypes only (exp, log, tanh, gelu, ...). Half and
 // BFloat16 compute in float; the formulas and their edges (special_values.h) are those of cpu/unary.cpp. The
 // other unary ops are in unary.cu.
-#include "kiln/tensor/activation_constants.h"    // GELU's constants
+#include "kiln/tensor/cuda/activations.cuh"      // safe_tanh, safe_erf, gelu_erf, gelu_tanh
 #include "kiln/tensor/cuda/elementwise_ops.cuh"  // m_exp, ..., launch_same
 #include "kiln/tensor/cuda/unary_ops.h"          // unary_floating
 #include "kiln/tensor/special_values.h"          // the functions' values at NaN, ±inf, ±0, subnormals
 
 namespace kiln::cuda {
-
-using activation::kCubic;
-using activation::kSqrt2OverPi;
-using activation::kSqrtHalf;
 
 namespace {
 
@@ -27,15 +23,6 @@ __device__ __forceinline__ C safe_exp(C x) {
 template <typename C>
 __device__ __forceinline__ C sigmoid(C x) {
   return special::sigmoid_from_exp(x, safe_exp(special::sigmoid_arg(x)));
-}
-
-template <typename C>
-__device__ __forceinline__ C safe_tanh(C x) {
-  return special::tanh_finish(x, m_tanh(x));
-}
-template <typename C>
-__device__ __forceinline__ C safe_erf(C x) {
-  return special::erf_finish(x, m_erf(x));
 }
 
 // One functor for every floating unary op: the op is a template argument, so each instantiation
@@ -57,10 +44,8 @@ struct FloatF {
     else if constexpr (kOp == UnaryOp::Erf) return safe_erf(x);
     else if constexpr (kOp == UnaryOp::Sigmoid) return sigmoid(x);
     else if constexpr (kOp == UnaryOp::Silu) return activation_finish(x, x * sigmoid(x));
-    else if constexpr (kOp == UnaryOp::GeluErf)
-      return activation_finish(x, x * C(0.5) * (C(1) + safe_erf(x * C(kSqrtHalf))));
-    else if constexpr (kOp == UnaryOp::GeluTanh)
-      return activation_finish(x, C(0.5) * x * (C(1) + safe_tanh(C(kSqrt2OverPi) * (x + C(kCubic) * (x * x * x)))));
+    else if constexpr (kOp == UnaryOp::GeluErf) return gelu_erf(x);
+    else if constexpr (kOp == UnaryOp::GeluTanh) return gelu_tanh(x);
     else if constexpr (kOp == UnaryOp::Reciprocal) return C(1) / x;
     else static_assert(kOp == UnaryOp::Exp, "not a floating unary op");
   }

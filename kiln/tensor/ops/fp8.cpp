@@ -25,9 +25,16 @@ void check_scalar_operand(std::string_view op, std::string_view what, const Tens
 
 bool is_fp8_input_dtype(DType t) { return t == DType::Float32 || t == DType::BFloat16 || t == DType::Float16; }
 
+// act(x) in float32 (Fp8Activation), for the quantisations that do not apply it in their own pass.
+Tensor activated(const Tensor& x, Fp8Activation act) {
+  const Tensor x32 = x.dtype() == DType::Float32 ? x : cast(x, DType::Float32);
+  return gelu(x32, act == Fp8Activation::GeluTanh);
+}
+
 }  // namespace
 
-Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax, bool transpose) {
+Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax, bool transpose,
+                    Fp8Activation act) {
   constexpr std::string_view op = "fp8_quantize";
   KILN_CHECK(x.defined(), op, ": the input is an undefined tensor");
   KILN_CHECK(is_float8(fp8_dtype), op, ": the target dtype ", fp8_dtype,
@@ -40,6 +47,7 @@ Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const
              "; reshape it to (rows, columns) first");
   check_scalar_operand(op, "scale", scale, x.device());
   check_scalar_operand(op, "amax", amax, x.device());
+  if (act != Fp8Activation::None) return fp8_quantize(activated(x, act), fp8_dtype, scale, amax, transpose);
   const Shape shape = transpose ? Shape{x.size(1), x.size(0)} : x.shape();
   Tensor out = empty(shape, {.dtype = fp8_dtype, .device = x.device()});
   if (x.numel() == 0) return out;  // nothing seen: amax keeps its value
@@ -58,13 +66,15 @@ Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const
 }
 
 std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax,
-                                            Tensor* column_sums) {
+                                            Tensor* column_sums, Fp8Activation act) {
   constexpr std::string_view op = "fp8_quantize_pair";
   KILN_CHECK(x.defined() && x.dim() == 2, op, ": expected a 2-D input (rows, columns), got ",
              x.defined() ? detail::str_cat("shape ", x.shape()) : std::string("an undefined tensor"));
 #if KILN_WITH_CUDA
-  if (x.device().is_cuda() && x.numel() > 0 && is_float8(fp8_dtype) && is_fp8_input_dtype(x.dtype()) &&
-      x.is_contiguous() && cuda::fp8_pair_kernel_applies(x)) {
+  const bool pair_kernel = x.device().is_cuda() && x.numel() > 0 && is_float8(fp8_dtype) &&
+                           is_fp8_input_dtype(x.dtype()) && x.is_contiguous() && cuda::fp8_pair_kernel_applies(x);
+  if (pair_kernel &&
+      (act == Fp8Activation::None || cuda::fp8_pair_kernel_activates(x, fp8_dtype, column_sums != nullptr))) {
     check_scalar_operand(op, "scale", scale, x.device());
     check_scalar_operand(op, "amax", amax, x.device());
     Tensor out = empty(x.shape(), {.dtype = fp8_dtype, .device = x.device()});
@@ -76,13 +86,23 @@ std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, co
     }
     {
       trace::Scope range(trace::Kind::Op, op, x.device(), {&out, &out_t, &x, &scale, &amax});
-      cuda::fp8_quantize_pair(out, out_t, partial, x, scale, amax);
+      cuda::fp8_quantize_pair(out, out_t, partial, x, scale, amax, act);
     }
     amax.impl().storage()->bump_version();
     if (column_sums != nullptr) *column_sums = sum(partial, {0}, false);
     return {out, out_t};
   }
 #endif
+  // An activation the kernel does not apply itself: act(x) in float32 first, then its quantisation.
+  if (act != Fp8Activation::None) {
+    KILN_CHECK(is_fp8_input_dtype(x.dtype()), op, ": the input is ", x.dtype(),
+               "; expected float32, bfloat16 or float16");
+    KILN_CHECK(x.is_contiguous(), op, ": the input of shape ", x.shape(), " with strides ", x.strides(),
+               " is not contiguous; call .contiguous() first");
+    check_scalar_operand(op, "scale", scale, x.device());
+    check_scalar_operand(op, "amax", amax, x.device());
+    return fp8_quantize_pair(activated(x, act), fp8_dtype, scale, amax, column_sums);
+  }
   // Elsewhere (the CPU, shapes the paired kernel does not take): the two quantisations one after the other (the
   // second records the same amax again, which changes nothing) and the sums by the reduction.
   Tensor out = fp8_quantize(x, fp8_dtype, scale, amax);

@@ -3,6 +3,7 @@
 // contract: only the CPU and CUDA backends have them.
 #pragma once
 
+#include "kiln/tensor/fp8_ops.h"  // Fp8Activation
 #include "kiln/tensor/tensor.h"
 
 namespace kiln::cpu {
@@ -31,9 +32,12 @@ void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor&
 // fp8_pair_kernel_applies(x): 2-D, C a multiple of 64, R of 4, x 16-byte aligned.
 bool fp8_pair_kernel_applies(const Tensor& x);
 int64_t fp8_pair_row_tiles(int64_t rows);  // ceil(rows / 64): the row count of partial_sums
-// The pair kernel described above.
+// The pair kernel described above, quantising act(x) (fp8_ops.h); an activation only where fp8_pair_kernel_activates.
 void fp8_quantize_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial_sums, const Tensor& x,
-                       const Tensor& scale, const Tensor& amax);
+                       const Tensor& scale, const Tensor& amax, internal::Fp8Activation act);
+// Whether the pair kernel applies an activation itself for this problem: a 16-bit x quantised to E4M3, without column
+// sums (the frontend activates the others in a float32 pass first).
+bool fp8_pair_kernel_activates(const Tensor& x, DType fp8_dtype, bool column_sums);
 // The delayed-scaling update, as the CPU's above.
 void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
                        bool most_recent, const Tensor& scale_copy, const Tensor& scale_inv_copy);
