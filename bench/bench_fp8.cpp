@@ -6,7 +6,8 @@
 // reference is a device-to-device copy of the same input in this program (read + write). Each line gives the median
 // of 20 timed calls (bench/gpu_timing.h), the bytes moved per second, and that as a share of the copy's rate:
 //   quantize       one layout (R, C)
-//   quantize_pair  both layouts, (R, C) and (C, R), in one pass; "+ sums" also the column sums (a bias gradient)
+//   quantize_pair  both layouts, (R, C) and (C, R), in one pass; "+ sums" also the column sums (a bias gradient);
+//                  "of gelu(x)" with the GELU applied as x is read (fc2's input), beside the GELU kernel alone
 // Then each FP8 product of a BERT Linear (fp8_gemm: forward with fast accumulation, the two backward products
 // without) beside the bf16 matmul of the same shape, in TFLOP/s. Rows: 16384 = BERT-base's 128 x 128 tokens.
 #include <kiln/kiln.h>
@@ -79,6 +80,20 @@ int main(int argc, char** argv) {
                warmup, steps,
                [&] { std::tie(q, qt) = kiln::internal::fp8_quantize_pair(x, DType::Float8_e5m2, scale, amax, &sums); }),
            in_bytes + 2 * n);
+    if (s.dtype != DType::Float32 && s.cols == 3072) {
+      // fc2's input: the GELU of fc1's output, applied in the quantisation, against the GELU kernel alone (which the
+      // fused pass replaces together with the quantisation of its output).
+      report("gelu (read + write, the unfused op)",
+             kiln::bench::median_step_ms(warmup, steps, [&] { y = kiln::internal::gelu(x); }), 2 * in_bytes);
+      report("quantize_pair e4m3 of gelu(x), fused",
+             kiln::bench::median_step_ms(warmup, steps,
+                                         [&] {
+                                           std::tie(q, qt) = kiln::internal::fp8_quantize_pair(
+                                               x, DType::Float8_e4m3fn, scale, amax, nullptr,
+                                               kiln::internal::Fp8Activation::Gelu);
+                                         }),
+             in_bytes + 2 * n);
+    }
   }
 
   // The products of BERT-base's Linears: (M, K) x (N, K)^T.
