@@ -4,6 +4,7 @@
 
 #include <string_view>
 
+#include "support/grad_support.h"  // linear_gradients
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -114,15 +115,7 @@ TEST_P(AutocastTest, GradientsReachFloat32LeavesInFloat32) {
 // Multiples of 1/64 in [-0.75, 0.75]: exact in bfloat16, and their products (multiples of 2^-12) sum exactly in
 // float32 for the sizes below, so a gradient computed in float32 equals a double reference exactly, and one rounded
 // to bfloat16 on the way does not.
-std::vector<double> sixty_fourths(int64_t n, uint32_t seed) {
-  std::vector<double> v(static_cast<size_t>(n));
-  uint32_t s = seed * 2654435761u + 99u;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = static_cast<double>(static_cast<int>((s >> 16) % 97) - 48) / 64.0;
-  }
-  return v;
-}
+std::vector<double> sixty_fourths(int64_t n, uint32_t seed) { return exact_grid(n, 48, 64.0, seed); }
 
 // Whether some value is not a bfloat16 (8 significant bits): a reference a rounding would change.
 bool needs_more_than_bfloat16(const std::vector<double>& v) {
@@ -142,8 +135,10 @@ TEST_P(AutocastTest, LinearGradientsOfFloat32TensorsAreFloat32Sums) {
     for (const bool with_bias : {true, false}) {
       SCOPED_TRACE(::testing::Message() << (three_d ? "(2, 5, 48) input" : "(10, 48) input")
                                         << (with_bias ? ", bias" : ", no bias"));
-      const std::vector<double> xv = sixty_fourths(rows * h, 1), wv = sixty_fourths(o * h, 2), bv = sixty_fourths(o, 3),
-                                rv = sixty_fourths(rows * o, 4);
+      const std::vector<double> xv = sixty_fourths(rows * h, 1), wv = sixty_fourths(o * h, 2), bv = sixty_fourths(o, 3);
+      // The output gradient with 8 significant bits (exact in bfloat16), so that its row sums (the bias gradient) need
+      // more than bfloat16 holds; every product and sum here is still exact in float32.
+      const std::vector<double> rv = exact_grid(rows * o, 255, 4096.0, 4);
       const Shape x_shape = three_d ? Shape{2, 5, h} : Shape{rows, h};
       const Shape y_shape = three_d ? Shape{2, 5, o} : Shape{rows, o};
       Tensor x = make(xv, x_shape, opts()).requires_grad_();
@@ -157,23 +152,14 @@ TEST_P(AutocastTest, LinearGradientsOfFloat32TensorsAreFloat32Sums) {
       ASSERT_EQ(y.dtype(), DType::BFloat16);
       (y.to(DType::Float32) * make(rv, y_shape, opts())).sum().backward();
 
-      std::vector<double> dw(o * h, 0.0), db(o, 0.0), dx(rows * h, 0.0);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t j = 0; j < o; ++j) {
-          const double g = rv[r * o + j];
-          db[j] += g;
-          for (int64_t i = 0; i < h; ++i) {
-            dw[j * h + i] += g * xv[r * h + i];
-            dx[r * h + i] += g * wv[j * h + i];
-          }
-        }
-      }
-      ASSERT_TRUE(needs_more_than_bfloat16(dw) && needs_more_than_bfloat16(dx) && needs_more_than_bfloat16(db));
+      const LinearGradients ref = linear_gradients(xv, wv, rv, rows, h, o);
+      ASSERT_TRUE(needs_more_than_bfloat16(ref.dw) && needs_more_than_bfloat16(ref.dx) &&
+                  needs_more_than_bfloat16(ref.db));
       EXPECT_EQ(w.grad().dtype(), DType::Float32);
       EXPECT_EQ(x.grad().dtype(), DType::Float32);
-      expect_values(w.grad(), {o, h}, dw, 0, 0);
-      expect_values(x.grad(), x_shape, dx, 0, 0);
-      if (with_bias) expect_values(b.grad(), {o}, db, 0, 0);
+      expect_values(w.grad(), {o, h}, ref.dw, 0, 0);
+      expect_values(x.grad(), x_shape, ref.dx, 0, 0);
+      if (with_bias) expect_values(b.grad(), {o}, ref.db, 0, 0);
       if (!with_bias) EXPECT_FALSE(b.grad().defined());
     }
   }

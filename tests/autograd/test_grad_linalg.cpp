@@ -234,17 +234,7 @@ TEST_P(LinalgGradTest, LinearBiasGradientFromTheWeightProduct) {
   for (size_t i = 0; i < wv.size(); ++i) wv[i] = static_cast<double>(static_cast<int64_t>(i * 5 % 7) - 3) / 4;
   for (size_t i = 0; i < bv.size(); ++i) bv[i] = static_cast<double>(i % 3) / 2;
   for (size_t i = 0; i < gv.size(); ++i) gv[i] = static_cast<double>(static_cast<int64_t>(i * 3 % 5) - 2) / 2;
-  std::vector<double> gb(out, 0.0), gw(out * in, 0.0), gx(m * in, 0.0);
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t o = 0; o < out; ++o) {
-      const double g = gv[r * out + o];
-      gb[o] += g;
-      for (int64_t i = 0; i < in; ++i) {
-        gw[o * in + i] += g * xv[r * in + i];
-        gx[r * in + i] += g * wv[o * in + i];
-      }
-    }
-  }
+  const LinearGradients ref = linear_gradients(xv, wv, gv, m, in, out);
   for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
     SCOPED_TRACE(::testing::Message() << dt);
     const TensorOptions o = opts(dt);
@@ -253,9 +243,9 @@ TEST_P(LinalgGradTest, LinearBiasGradientFromTheWeightProduct) {
     Tensor y = kiln::addmm(b, x, w.t());
     (y * make(gv, {m, out}, o)).sum().backward();
     const double tol = dt == DType::Float32 ? 1e-4 : 0.02;
-    expect_values(b.grad(), {out}, gb, tol, tol * 4);
-    expect_values(w.grad(), {out, in}, gw, tol, tol * 4);
-    expect_values(x.grad(), {m, in}, gx, tol, tol * 4);
+    expect_values(b.grad(), {out}, ref.db, tol, tol * 4);
+    expect_values(w.grad(), {out, in}, ref.dw, tol, tol * 4);
+    expect_values(x.grad(), {m, in}, ref.dx, tol, tol * 4);
   }
 }
 

@@ -10,6 +10,24 @@ Tensor make_input(const Shape& shape, double lo, double hi, uint64_t seed) {
   return make(uniform(kiln::numel(shape), lo, hi, seed), shape, {.dtype = DType::Float64}).requires_grad_();
 }
 
+LinearGradients linear_gradients(const std::vector<double>& x, const std::vector<double>& w,
+                                 const std::vector<double>& g, int64_t rows, int64_t in, int64_t out) {
+  LinearGradients r{std::vector<double>(static_cast<size_t>(rows * in), 0.0),
+                    std::vector<double>(static_cast<size_t>(out * in), 0.0),
+                    std::vector<double>(static_cast<size_t>(out), 0.0)};
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t o = 0; o < out; ++o) {
+      const double gi = g[static_cast<size_t>(i * out + o)];
+      r.db[static_cast<size_t>(o)] += gi;
+      for (int64_t k = 0; k < in; ++k) {
+        r.dw[static_cast<size_t>(o * in + k)] += gi * x[static_cast<size_t>(i * in + k)];
+        r.dx[static_cast<size_t>(i * in + k)] += gi * w[static_cast<size_t>(o * in + k)];
+      }
+    }
+  }
+  return r;
+}
+
 namespace {
 
 // Gradients of sum(outputs[k] * weights[k]) with respect to the inputs that require grad, on `device`.

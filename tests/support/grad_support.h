@@ -27,4 +27,11 @@ struct GradCheckOptions {
 void check_gradients(const autograd::DifferentiableFn& fn, const TensorList& inputs,
                      const GradCheckOptions& options = {});
 
+// The gradients of sum(g * (x w^T + b)) in doubles: x (rows, in), w (out, in), g (rows, out), all row-major.
+struct LinearGradients {
+  std::vector<double> dx, dw, db;  // (rows, in), (out, in), (out)
+};
+LinearGradients linear_gradients(const std::vector<double>& x, const std::vector<double>& w,
+                                 const std::vector<double>& g, int64_t rows, int64_t in, int64_t out);
+
 }  // namespace kiln::testing

@@ -188,6 +188,17 @@ std::vector<double> uniform(int64_t n, double lo, double hi, uint64_t seed) {
   return v;
 }
 
+std::vector<double> exact_grid(int64_t n, int half_range, double denominator, uint32_t seed) {
+  std::vector<double> v(static_cast<size_t>(n));
+  uint32_t s = seed * 2654435761u + 12345u;
+  const auto count = static_cast<uint32_t>(2 * half_range + 1);
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<double>(static_cast<int>((s >> 16) % count) - half_range) / denominator;
+  }
+  return v;
+}
+
 std::vector<int64_t> unravel(int64_t flat, const Shape& shape) {
   std::vector<int64_t> index(shape.size());
   for (size_t d = shape.size(); d-- > 0;) {

@@ -26,6 +26,10 @@ inline const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, D
 
 // Deterministic values in [lo, hi) from a small LCG, so references do not depend on kiln's generator.
 std::vector<double> uniform(int64_t n, double lo, double hi, uint64_t seed = 1);
+// n values k / denominator, for integers k in [-half_range, half_range] drawn from a seeded generator: exact in every
+// float dtype whose mantissa holds k, so that products and sums of them can be exact too (references then compare
+// without a tolerance).
+std::vector<double> exact_grid(int64_t n, int half_range, double denominator, uint32_t seed);
 
 // cpu, plus cuda:0 when the build has a CUDA backend and a GPU is visible.
 std::vector<Device> test_devices();

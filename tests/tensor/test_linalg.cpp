@@ -24,15 +24,7 @@ class MatmulTest : public testing::BackendTest {
 
 // Multiples of 0.25 in [-1, 1]: exact in every float dtype, and their products sum exactly in float32
 // for the sizes used here, so float32/float64/integer results can be compared tightly.
-std::vector<double> quarters(int64_t n, uint32_t seed) {
-  std::vector<double> v(static_cast<size_t>(n));
-  uint32_t s = seed * 2654435761u + 12345u;
-  for (auto& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = static_cast<double>(static_cast<int>((s >> 16) % 9) - 4) / 4.0;
-  }
-  return v;
-}
+std::vector<double> quarters(int64_t n, uint32_t seed) { return testing::exact_grid(n, 4, 4.0, seed); }
 
 // Small integers in [-4, 4] for the integer dtypes.
 std::vector<double> small_ints(int64_t n, uint32_t seed) {
@@ -618,15 +610,7 @@ TEST_P(MatmulTest, ProductsCutAtUnalignedDimensions) {
 // sizes exercise CUDA's cut at unaligned dimensions (m = 256 + 4, k = 296 + 4, n = 264 + 6) and the epilogue's
 // aligned tiles.
 TEST_P(MatmulTest, WideningProductsKeepTheFloat32Sums) {
-  auto sixty_fourths = [](int64_t n, uint32_t seed) {
-    std::vector<double> v(static_cast<size_t>(n));
-    uint32_t s = seed * 2654435761u + 777u;
-    for (auto& x : v) {
-      s = s * 1664525u + 1013904223u;
-      x = static_cast<double>(static_cast<int>((s >> 16) % 97) - 48) / 64.0;
-    }
-    return v;
-  };
+  auto sixty_fourths = [](int64_t n, uint32_t seed) { return testing::exact_grid(n, 48, 64.0, seed); };
   struct Size {
     int64_t m, k, n;
   };
