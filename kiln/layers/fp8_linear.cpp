@@ -4,6 +4,7 @@
 #include <memory>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "kiln/autograd/autocast.h"    // DisableGuard: the ops around the function run as one op
 #include "kiln/autograd/checkpoint.h"  // in_recomputation: one scale update per forward
@@ -36,12 +37,25 @@ bool fp8_gemm_dtype(DType t) { return t == DType::Float32 || t == DType::BFloat1
 
 Tensor cell(const Tensor& t, int64_t j) { return t.narrow(0, j, 1); }  // (1,) view
 
+// What an FP8 product takes besides its differentiable tensors.
+struct Fp8Call {
+  amp::Fp8ScalingState* state;
+  DType out_dtype;
+  internal::Fp8Activation act;  // applied to x in its quantisation
+  Tensor bias_values;           // the biases, concatenated, in out_dtype (no history), or undefined
+};
+
+constexpr size_t kMaxParts = 3;  // Linears one product computes: BERT's query, key and value
+
 struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
-  // x (M, in) contiguous; weight (out, in); bias (out) or undefined. Returns (M, out) in out_dtype: the product of
-  // act(x) (internal::Fp8Activation, applied in x's quantisation) and the weight.
-  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        amp::Fp8ScalingState* state, DType out_dtype, internal::Fp8Activation act) {
+  // x (M, in) contiguous; w0 .. w2 (out_i, in): the weights of the Linears whose outputs this one product computes
+  // side by side (w1, w2 undefined for one Linear); b0 .. b2 their biases (undefined without), whose values come in
+  // call.bias_values. Returns (M, sum out_i) in call.out_dtype: act(x) (call.act, applied in x's quantisation) times
+  // the stacked weights, plus the biases.
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& w2,
+                        const Tensor& b0, const Tensor& b1, const Tensor& b2, const Fp8Call& call) {
     const int64_t m = x.size(0), mp = round_up16(m);
+    amp::Fp8ScalingState* state = call.state;
     // This call's scales, kept for backward: a later forward (gradient accumulation) updates the state in place.
     // scale_inv with its elements 16 bytes apart (a (3,) view of stride 4 into a (3, 4) block): cuBLASLt's FP8 kernels
     // read a scale only from a 16-byte aligned address, and fp8_gemm would otherwise copy each one before every
@@ -61,36 +75,50 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     const Tensor amax = state->amax_history().select(0, 0);  // (3,) view of the current row: the quantisations write it
     const DType x_fp8 = state->fp8_dtype(kInput), w_fp8 = state->fp8_dtype(kWeight);
     const Tensor xp = pad_rows(x, mp);  // (Mp, in)
-    // (out, in): the float32 master weight as it is (a float64 one, of a model moved to float64, in float32)
-    const Tensor w = contiguous(fp8_gemm_dtype(weight.dtype()) ? weight : weight.to(DType::Float32));
+    // Each weight (out_i, in): the float32 master weight as it is (a float64 one, of a model moved to float64, in
+    // float32).
+    std::vector<Tensor> ws;
+    std::vector<int64_t> outs;
+    for (const Tensor* w : {&w0, &w1, &w2}) {
+      if (!w->defined()) continue;
+      ws.push_back(contiguous(fp8_gemm_dtype(w->dtype()) ? *w : w->to(DType::Float32)));
+      outs.push_back(w->size(0));
+    }
+    const bool needs_dw = ctx.needs_input_grad(1) || ctx.needs_input_grad(2) || ctx.needs_input_grad(3);
     // Each operand quantised, with the K-major transposed copy a backward GEMM needs made in the same pass: x's for
-    // dW, W's for dX.
-    // act (a GELU) is applied to x's values in x's quantisation: act(x) itself is never written.
-    auto quantise = [](const Tensor& t, DType fp8, const Tensor& s, const Tensor& a, bool also_transposed,
-                       internal::Fp8Activation f) {
-      return also_transposed ? internal::fp8_quantize_pair(t, fp8, s, a, nullptr, f)
-                             : std::pair<Tensor, Tensor>{internal::fp8_quantize(t, fp8, s, a, false, f), Tensor()};
-    };
-    const auto [xq, xt] = quantise(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), ctx.needs_input_grad(1), act);
-    const auto [wq, wt] = quantise(w, w_fp8, cell(scale, kWeight), cell(amax, kWeight), ctx.needs_input_grad(0),
-                                   internal::Fp8Activation::None);
-    const Tensor b = bias.defined() ? bias.to(out_dtype) : Tensor();
+    // dW, W's for dX. act (a GELU) is applied to x's values in x's quantisation: act(x) itself is never written.
+    // Several weights are quantised as one (out, in) stack without writing the stack first.
+    Tensor xq, xt, wq, wt;
+    if (needs_dw) {
+      std::tie(xq, xt) =
+          internal::fp8_quantize_pair(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), nullptr, call.act);
+    } else {
+      xq = internal::fp8_quantize(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), false, call.act);
+    }
+    if (ws.size() > 1) {
+      std::tie(wq, wt) = internal::fp8_quantize_pair_of_rows(ws, w_fp8, cell(scale, kWeight), cell(amax, kWeight));
+    } else if (ctx.needs_input_grad(0)) {
+      std::tie(wq, wt) = internal::fp8_quantize_pair(ws[0], w_fp8, cell(scale, kWeight), cell(amax, kWeight));
+    } else {
+      wq = internal::fp8_quantize(ws[0], w_fp8, cell(scale, kWeight), cell(amax, kWeight));
+    }
     // The forward product with fast accumulation (as Transformer Engine's and torchao's recipes do); the backward
     // products, whose output gradients span a wider range, keep the float32 promotion.
-    const Tensor y = internal::fp8_gemm(xq, wq, cell(scale_inv, kInput), cell(scale_inv, kWeight), out_dtype, b,
-                                        nullptr, /*fast_accumulation=*/true);
+    const Tensor y = internal::fp8_gemm(xq, wq, cell(scale_inv, kInput), cell(scale_inv, kWeight), call.out_dtype,
+                                        call.bias_values, nullptr, /*fast_accumulation=*/true);
     if (xt.defined()) ctx.set("xt", xt);  // (in, Mp)
-    // The activation's gradient needs its input: x itself (not act(x)).
-    if (act != internal::Fp8Activation::None && ctx.needs_input_grad(0)) ctx.save_for_backward({x});
-    ctx.set("act", act);
     if (wt.defined()) ctx.set("wt", wt);  // (in, out)
+    // The activation's gradient needs its input: x itself (not act(x)).
+    if (call.act != internal::Fp8Activation::None && ctx.needs_input_grad(0)) ctx.save_for_backward({x});
+    ctx.set("act", call.act);
+    ctx.set("outs", outs);
     ctx.set("scale", scale);
     ctx.set("scale_inv", scale_inv);
     ctx.set("amax", amax);
     ctx.set("grad_fp8", state->fp8_dtype(kGrad));
     ctx.set("x_dtype", x.dtype());
-    ctx.set("w_dtype", weight.dtype());
-    ctx.set("b_dtype", bias.defined() ? bias.dtype() : DType::Float32);
+    ctx.set("w_dtype", w0.dtype());
+    ctx.set("b_dtype", b0.defined() ? b0.dtype() : DType::Float32);
     return first_rows(y, m);  // (M, out)
   }
 
@@ -101,52 +129,64 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     const auto scale = ctx.get<Tensor>("scale"), scale_inv = ctx.get<Tensor>("scale_inv"),
                amax = ctx.get<Tensor>("amax");
     const auto grad_fp8 = ctx.get<DType>("grad_fp8");
-    Tensor dx, dw, db;
+    const auto outs = ctx.get<std::vector<int64_t>>("outs");
+    const bool needs_dw = ctx.needs_input_grad(1) || ctx.needs_input_grad(2) || ctx.needs_input_grad(3);
+    const bool needs_db = ctx.needs_input_grad(4) || ctx.needs_input_grad(5) || ctx.needs_input_grad(6);
+    autograd::TensorList out(7);
     // dY quantised: (Mp, out) for dX, its transpose (out, Mp) for dW, and with the transpose the bias gradient
     // (dY's rows summed in float32; the padding rows are zero) from the same pass.
     Tensor gq, gtq, row_sums;
-    if (ctx.needs_input_grad(1)) {
+    if (needs_dw) {
       std::tie(gq, gtq) = internal::fp8_quantize_pair(g, grad_fp8, cell(scale, kGrad), cell(amax, kGrad),
-                                                      ctx.needs_input_grad(2) ? &row_sums : nullptr);
+                                                      needs_db ? &row_sums : nullptr);
     } else if (ctx.needs_input_grad(0)) {
       gq = internal::fp8_quantize(g, grad_fp8, cell(scale, kGrad), cell(amax, kGrad));
     }
     if (ctx.needs_input_grad(0)) {
-      dx = internal::fp8_gemm(gq, ctx.get<Tensor>("wt"), cell(scale_inv, kGrad), cell(scale_inv, kWeight),
-                              ctx.get<DType>("x_dtype"));  // (Mp, in)
+      Tensor dx = internal::fp8_gemm(gq, ctx.get<Tensor>("wt"), cell(scale_inv, kGrad), cell(scale_inv, kWeight),
+                                     ctx.get<DType>("x_dtype"));  // (Mp, in)
       dx = first_rows(dx, m);
       // That is the gradient of act(x); through the activation to x's.
       if (const auto act = ctx.get<internal::Fp8Activation>("act"); act != internal::Fp8Activation::None) {
         dx = internal::gelu_backward(dx, ctx.saved()[0], act == internal::Fp8Activation::GeluTanh);
       }
+      out[0] = dx;
     }
-    if (ctx.needs_input_grad(1)) {
-      dw = internal::fp8_gemm(gtq, ctx.get<Tensor>("xt"), cell(scale_inv, kGrad), cell(scale_inv, kInput),
-                              DType::Float32);  // (out, in), float32 for the master weight
-      dw = dw.to(ctx.get<DType>("w_dtype"));
+    if (needs_db && !row_sums.defined()) row_sums = sum(dy, {0}, false, DType::Float32);
+    // Each Linear's gradients, from its rows of dY's transpose and its columns of the row sums: dW_i (out_i, in) in
+    // float32 for the master weight, a product of its own (not a view of a stacked one, so that .grad keeps it).
+    int64_t at = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (ctx.needs_input_grad(1 + i)) {
+        const Tensor rows_i = outs.size() == 1 ? gtq : gtq.narrow(0, at, outs[i]);
+        out[1 + i] = internal::fp8_gemm(rows_i, ctx.get<Tensor>("xt"), cell(scale_inv, kGrad), cell(scale_inv, kInput),
+                                        DType::Float32)
+                         .to(ctx.get<DType>("w_dtype"));
+      }
+      if (ctx.needs_input_grad(4 + i)) {
+        const Tensor sums_i = outs.size() == 1 ? row_sums : row_sums.narrow(0, at, outs[i]).contiguous();
+        out[4 + i] = sums_i.to(ctx.get<DType>("b_dtype"));  // (out_i)
+      }
+      at += outs[i];
     }
-    if (ctx.needs_input_grad(2)) {
-      if (!row_sums.defined()) row_sums = sum(dy, {0}, false, DType::Float32);
-      db = row_sums.to(ctx.get<DType>("b_dtype"));  // (out)
-    }
-    return {dx, dw, db};
+    return out;
   }
 };
 
-}  // namespace
+// t's values in `dtype` without history: a parameter's cast of the autocast region where there is one (cached, or
+// the 16-bit shadow the fused optimizer wrote: no kernel then), else a cast.
+Tensor values_in(const Tensor& t, DType dtype) {
+  if (!t.defined()) return t;
+  return (t.dtype() == dtype ? t : autocast::cast_to(t, dtype)).detach();
+}
 
-Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp::Fp8ScalingState& state,
-                  DType out_dtype, internal::Fp8Activation act) {
-  KILN_CHECK(weight.defined() && weight.dim() == 2 && weight.is_floating_point() && !is_float8(weight.dtype()),
-             "fp8_linear: weight must be a 2-D floating tensor (out_features, in_features), got ",
-             weight.defined() ? detail::str_cat(weight.dtype(), " of shape ", weight.shape()) : std::string("none"));
-  const int64_t out = weight.size(0), in = weight.size(1);
+// The checks every FP8 product makes of its arguments (fp8_linear and fp8_linear_stacked).
+void check_fp8_call(const Tensor& x, const Tensor& weight, const Tensor& bias, const amp::Fp8ScalingState& state,
+                    DType out_dtype, int64_t in) {
+  const int64_t out = weight.size(0);
   KILN_CHECK(in % 16 == 0 && out % 16 == 0, "fp8_linear: FP8 matrix products need in_features and out_features ",
              "that are multiples of 16, but the weight has shape ", weight.shape(),
              "; leave this layer out of FP8 (the recipe's module_filter) or pad its features");
-  KILN_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in && x.is_floating_point() && !is_float8(x.dtype()),
-             "fp8_linear: expected a floating input of shape (..., ", in, ") for weight ", weight.shape(), ", got ",
-             x.defined() ? detail::str_cat(x.dtype(), " of shape ", x.shape()) : std::string("none"));
   KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == out), "fp8_linear: bias must have shape (", out,
              "), got ", bias.defined() ? bias.shape() : Shape{});
   KILN_CHECK(fp8_gemm_dtype(out_dtype), "fp8_linear: out_dtype must be BFloat16, Float16 or Float32, got ", out_dtype);
@@ -157,17 +197,76 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp
       "fp8_linear: the input is on ", x.device(), ", the weight on ", weight.device(), " and the FP8 state on ",
       state.device(), "; put them on one device (move the model with to() before its first FP8 forward, or ",
       "call amp::prepare_fp8 with the model's device)");
+}
+
+}  // namespace
+
+namespace {
+
+// fp8_linear and fp8_linear_stacked: the product of x with the weights stacked along the output, as one FP8 product.
+Tensor fp8_product(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
+                   amp::Fp8ScalingState& state, DType out_dtype, internal::Fp8Activation act) {
+  KILN_CHECK(!weights.empty() && weights.size() <= kMaxParts, "fp8_linear_stacked: give 1 to ", kMaxParts,
+             " weights, got ", weights.size());
+  KILN_CHECK(biases.empty() || biases.size() == weights.size(), "fp8_linear_stacked: give one bias per weight (",
+             weights.size(), ") or none, got ", biases.size());
+  int64_t in = 0, out = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Tensor& weight = weights[i];
+    KILN_CHECK(weight.defined() && weight.dim() == 2 && weight.is_floating_point() && !is_float8(weight.dtype()),
+               "fp8_linear: weight must be a 2-D floating tensor (out_features, in_features), got ",
+               weight.defined() ? detail::str_cat(weight.dtype(), " of shape ", weight.shape()) : std::string("none"));
+    if (i == 0) in = weight.size(1);
+    KILN_CHECK(weight.size(1) == in && weight.dtype() == weights[0].dtype(), "fp8_linear_stacked: weight ", i, " (",
+               weight.dtype(), " of shape ", weight.shape(), ") does not take the input weight 0 takes (",
+               weights[0].dtype(), " of shape ", weights[0].shape(), ")");
+    check_fp8_call(x, weight, biases.empty() ? Tensor() : biases[i], state, out_dtype, in);
+    out += weight.size(0);
+  }
+  for (const Tensor& b : biases) {
+    KILN_CHECK(b.defined() && b.dtype() == biases[0].dtype(), "fp8_linear_stacked: the biases must all be defined, ",
+               "of one dtype (or give none)");
+  }
+  KILN_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in && x.is_floating_point() && !is_float8(x.dtype()),
+             "fp8_linear: expected a floating input of shape (..., ", in, ") for weight ", weights[0].shape(), ", got ",
+             x.defined() ? detail::str_cat(x.dtype(), " of shape ", x.shape()) : std::string("none"));
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
+  // The biases' values in out_dtype, concatenated: a parameter's cast from the autocast region (the optimizer's
+  // 16-bit shadow where it wrote one).
+  Tensor bias_values;
+  if (!biases.empty()) {
+    std::vector<Tensor> parts;
+    for (const Tensor& b : biases) parts.push_back(values_in(b, out_dtype));
+    bias_values = parts.size() == 1 ? parts[0] : internal::cat(parts, 0);
+  }
   autocast::DisableGuard as_one_op;
   if (rows == 0) {  // nothing to compute: the plain product's empty result, and no state update
     const Tensor xa = act == internal::Fp8Activation::None ? x : gelu(x, act == internal::Fp8Activation::GeluTanh);
-    return linear(xa.to(out_dtype), weight.to(out_dtype), bias.defined() ? bias.to(out_dtype) : bias);
+    const Tensor w = weights.size() == 1 ? weights[0] : cat(weights, 0);
+    const Tensor b = biases.empty() ? Tensor() : biases.size() == 1 ? biases[0] : cat(biases, 0);
+    return linear(xa.to(out_dtype), w.to(out_dtype), b.defined() ? b.to(out_dtype) : b);
   }
   Shape shape = x.shape();
   shape.back() = out;
   const Tensor xin = fp8_gemm_dtype(x.dtype()) ? x : x.to(out_dtype);
-  const Tensor y = Fp8LinearFunction::apply(reshape(contiguous(xin), {rows, in}), weight, bias, &state, out_dtype, act);
+  auto part = [](const std::vector<Tensor>& v, size_t i) { return i < v.size() ? v[i] : Tensor(); };
+  const Tensor y = Fp8LinearFunction::apply(reshape(contiguous(xin), {rows, in}), part(weights, 0), part(weights, 1),
+                                            part(weights, 2), part(biases, 0), part(biases, 1), part(biases, 2),
+                                            Fp8Call{&state, out_dtype, act, bias_values});
   return reshape(y, shape);
+}
+
+}  // namespace
+
+Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp::Fp8ScalingState& state,
+                  DType out_dtype, internal::Fp8Activation act) {
+  return fp8_product(x, {weight}, bias.defined() ? std::vector<Tensor>{bias} : std::vector<Tensor>{}, state, out_dtype,
+                     act);
+}
+
+Tensor fp8_linear_stacked(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
+                          amp::Fp8ScalingState& state, DType out_dtype) {
+  return fp8_product(x, weights, biases, state, out_dtype, internal::Fp8Activation::None);
 }
 
 // ---------------------------------------------------------------- nn::Linear's FP8 state

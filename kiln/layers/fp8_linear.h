@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kiln/autograd/fp8.h"  // Fp8Recipe, Fp8ScalingState
 #include "kiln/layers/module.h"
@@ -62,5 +63,12 @@ namespace kiln::nn {
 // quantisation, so that act(x) is never written; backward takes the gradient through it to x.
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp::Fp8ScalingState& state,
                   DType out_dtype, internal::Fp8Activation act = internal::Fp8Activation::None);
+
+// The outputs of up to 3 Linears on one input, side by side, as one FP8 product: fp8_linear(x, cat(weights),
+// cat(biases), ...) without stacking the weights (their quantisation writes the stacked codes directly) and with each
+// weight's and bias's gradient a tensor of its own. One state scales them all (BERT's query, key and value, whose
+// Linears share it: Linear::share_fp8_state). weights: (out_i, in) of one dtype; biases: one per weight, or none.
+Tensor fp8_linear_stacked(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
+                          amp::Fp8ScalingState& state, DType out_dtype);
 
 }  // namespace kiln::nn

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <utility>
+#include <vector>
 
 #include "kiln/tensor/tensor.h"
 
@@ -55,6 +56,14 @@ Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const
 // x that is not 2-D.
 std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax,
                                             Tensor* column_sums = nullptr, Fp8Activation act = Fp8Activation::None);
+
+// fp8_quantize_pair(cat(parts, 0), ...) without writing the concatenation: parts (R_i, C), 2-D, of one floating
+// dtype and device, quantised into one (sum R_i, C) result and its (C, sum R_i) transpose with one amax over all (the
+// weights of several Linears that one scaling state scales, such as BERT's query, key and value, multiplied as one).
+// On the GPU one pass per part where each part takes the pair kernel and has a multiple of 16 rows; elsewhere the
+// concatenation is made first. Errors as fp8_quantize_pair's, and for an empty list or parts that do not agree.
+std::pair<Tensor, Tensor> fp8_quantize_pair_of_rows(const std::vector<Tensor>& parts, DType fp8_dtype,
+                                                    const Tensor& scale, const Tensor& amax);
 
 // out = (a_scale_inv * float(a)) @ (b_scale_inv * float(b))^T (+ bias) (+ *accumulate_into), out (M, N) row-major.
 //

@@ -516,6 +516,74 @@ TEST_P(Fp8LinearTest, BertSelfAttentionStacksItsProjectionsUnderOneState) {
 }
 
 // Linear::share_fp8_state needs a state on both sides, and says so.
+// fp8_linear_stacked computes what fp8_linear of the concatenated weights and biases computes: over two steps the
+// same output, input gradient and FP8 state, and each weight's and bias's gradient equal to its block of the
+// concatenation's (bit for bit on the CPU; on a GPU each weight's product is its own, whose float32 sums may be
+// ordered differently), each a tensor of its own.
+TEST_P(Fp8LinearTest, StackedProductEqualsTheProductOfTheConcatenation) {
+  const int64_t in = 32, rows = 24;
+  const std::vector<int64_t> outs = {16, 32, 16};
+  const amp::Fp8Recipe recipe{.amax_history_len = 4};
+  amp::Fp8ScalingState stacked_state = amp::Fp8ScalingState::for_linear(recipe, dev());
+  amp::Fp8ScalingState cat_state = amp::Fp8ScalingState::for_linear(recipe, dev());
+  std::vector<Tensor> ws, bs, ws_ref, bs_ref;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    ws.push_back(input({outs[i], in}, -0.5, 0.5, 90 + i).requires_grad_());
+    bs.push_back(input({outs[i]}, -0.5, 0.5, 95 + i).requires_grad_());
+    ws_ref.push_back(ws.back().detach().clone().requires_grad_());
+    bs_ref.push_back(bs.back().detach().clone().requires_grad_());
+  }
+  const double rtol = dev().is_cuda() ? 1e-5 : 0, atol = dev().is_cuda() ? 1e-6 : 0;
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step + 1));
+    for (auto* list : {&ws, &bs, &ws_ref, &bs_ref}) {
+      for (Tensor& t : *list) t.mutable_grad() = Tensor();
+    }
+    const Tensor x = input({2, rows / 2, in}, -2, 2, 100 + step, DType::BFloat16).requires_grad_();
+    const Tensor x_ref = x.detach().clone().requires_grad_();
+    const Tensor dy = input({2, rows / 2, 64}, -1, 1, 110 + step, DType::BFloat16);
+    Tensor y, y_ref;
+    {
+      amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+      y = nn::fp8_linear_stacked(x, ws, bs, stacked_state, DType::BFloat16);
+      y_ref = nn::fp8_linear(x_ref, cat(ws_ref, 0), cat(bs_ref, 0), cat_state, DType::BFloat16);
+    }
+    ASSERT_EQ(y.shape(), (Shape{2, rows / 2, 64}));
+    expect_bitwise_equal(y, y_ref, "the output");
+    y.backward(dy);
+    y_ref.backward(dy);
+    expect_bitwise_equal(x.grad(), x_ref.grad(), "the input's gradient");
+    EXPECT_TRUE(internal::equal(stacked_state.amax_history(), cat_state.amax_history()));
+    EXPECT_TRUE(internal::equal(stacked_state.scale(), cat_state.scale()));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "part " << i);
+      testing::expect_values(ws[i].grad(), {outs[i], in}, values(ws_ref[i].grad()), rtol, atol);
+      testing::expect_values(bs[i].grad(), {outs[i]}, values(bs_ref[i].grad()), rtol, atol);
+      EXPECT_EQ(ws[i].grad().dtype(), DType::Float32);
+      for (size_t j = 0; j < i; ++j) {
+        EXPECT_NE(ws[i].grad().impl().storage(), ws[j].grad().impl().storage());
+        EXPECT_NE(bs[i].grad().impl().storage(), bs[j].grad().impl().storage());
+      }
+    }
+  }
+  expect_error(
+      [&] {
+        nn::fp8_linear_stacked(input({4, in}, -1, 1, 1), {}, {}, stacked_state, DType::BFloat16);
+      },
+      {"fp8_linear_stacked", "1 to 3 weights", "got 0"});
+  expect_error(
+      [&] {
+        nn::fp8_linear_stacked(input({4, in}, -1, 1, 1), ws, {bs[0]}, stacked_state, DType::BFloat16);
+      },
+      {"fp8_linear_stacked", "one bias per weight"});
+  expect_error(
+      [&] {
+        nn::fp8_linear_stacked(input({4, in}, -1, 1, 1), {ws[0], input({16, 48}, -1, 1, 2)}, {}, stacked_state,
+                               DType::BFloat16);
+      },
+      {"fp8_linear_stacked", "weight 1", "[16, 48]"});
+}
+
 TEST_P(Fp8LinearTest, ShareFp8StateNeedsBothStates) {
   nn::Linear a(16, 16), b(16, 16);
   expect_error([&] { b.share_fp8_state(a); }, {"share_fp8_state", "FP8 state first", "prepare_fp8"});

@@ -350,6 +350,52 @@ TEST_P(Fp8OpsTest, QuantizeWithAGeluIsTheQuantisationOfTheFloat32Gelu) {
   }
 }
 
+// Stacked rows quantised without the stack (fp8_quantize_pair_of_rows): the codes of both layouts and the amax equal
+// those of quantising the concatenation, for parts the GPU quantises one by one into the stack (rows multiples of
+// 16) and parts it concatenates first (20 rows), in every input dtype and both formats.
+TEST_P(Fp8OpsTest, QuantizePairOfRowsEqualsThePairOfTheConcatenation) {
+  for (const Format* f : {&kE4M3, &kE5M2}) {
+    for (DType in : kInputTypes) {
+      for (const std::vector<int64_t>& rows :
+           {std::vector<int64_t>{64, 128, 32}, std::vector<int64_t>{48, 20}, std::vector<int64_t>{96}}) {
+        SCOPED_TRACE(::testing::Message() << f->dtype << " from " << in << ", " << rows.size() << " parts");
+        std::vector<Tensor> parts;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          std::vector<double> v = testing::uniform(rows[i] * 128, -300, 300, 40 + i);
+          if (i == 1) v[7] = -5e4;  // the amax, in the second part
+          parts.push_back(testing::make(v, {rows[i], 128}, opts(in)));
+        }
+        const Tensor amax = cell_view(1.0, 1, 3, dev()), reference_amax_cell = cell_view(1.0, 1, 3, dev());
+        const Tensor scale = cell_view(0.5, 0, 2, dev());
+        const auto [q, qt] = internal::fp8_quantize_pair_of_rows(parts, f->dtype, scale, amax);
+        const auto [rq, rqt] = internal::fp8_quantize_pair(cat(parts, 0), f->dtype, scale, reference_amax_cell);
+        ASSERT_EQ(q.shape(), rq.shape());
+        ASSERT_EQ(qt.shape(), rqt.shape());
+        EXPECT_EQ(codes_of(q), codes_of(rq));
+        EXPECT_EQ(codes_of(qt), codes_of(rqt));
+        EXPECT_EQ(f32(amax), f32(reference_amax_cell));
+      }
+    }
+  }
+  const Tensor one = cell_view(1, 0, 1, dev()), zero = cell_view(0, 0, 1, dev());
+  expect_error([&] { internal::fp8_quantize_pair_of_rows({}, DType::Float8_e4m3fn, one, zero); },
+               {"fp8_quantize_pair_of_rows", "no parts"});
+  expect_error(
+      [&] {
+        internal::fp8_quantize_pair_of_rows({zeros({16, 64}, opts()), zeros({16, 128}, opts())}, DType::Float8_e4m3fn,
+                                            one, zero);
+      },
+      {"fp8_quantize_pair_of_rows", "part 1", "[16, 128]", "does not agree with part 0"});
+  expect_error(
+      [&] {
+        internal::fp8_quantize_pair_of_rows({zeros({16, 64}, opts()), zeros({16, 64}, opts(DType::BFloat16))},
+                                            DType::Float8_e4m3fn, one, zero);
+      },
+      {"part 1", "bfloat16", "float32"});
+  expect_error([&] { internal::fp8_quantize_pair_of_rows({zeros({64}, opts())}, DType::Float8_e4m3fn, one, zero); },
+               {"part 0", "2-D"});
+}
+
 // Many elements (several blocks and grid-stride steps on a GPU), and a contiguous view at an odd offset (the CUDA
 // kernel's scalar path and its vector tail).
 TEST_P(Fp8OpsTest, QuantizeLargeAndOffsetViews) {

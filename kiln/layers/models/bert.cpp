@@ -196,13 +196,15 @@ std::vector<Tensor> BertSelfAttention::stacked_fp8_projection(const Tensor& hidd
   // One FP8 product for the three: `hidden` quantised once, one (3H, H) weight, and in backward one quantisation of
   // the output gradient and one dX product (no sum of three). One scale per operand covers the stack, so the three
   // Linears share query's state (key's and value's fp8_* buffers then hold the same values as query's, as a
-  // checkpoint saves them). The weights are the float32 master weights, stacked.
+  // checkpoint saves them). The float32 master weights are quantised into the stack directly (nothing copies them),
+  // and each weight's gradient is its own product.
   const int64_t H = hidden.size(2);
   key->share_fp8_state(*query);
   value->share_fp8_state(*query);
-  const Tensor w = cat({query->weight, key->weight, value->weight}, 0);  // (3H, H)
-  const Tensor b = query->bias.defined() ? cat({query->bias, key->bias, value->bias}, 0) : Tensor();
-  const Tensor y = fp8_linear(hidden, w, b, state, autocast::get_dtype(hidden.device().type()));
+  const std::vector<Tensor> biases =
+      query->bias.defined() ? std::vector<Tensor>{query->bias, key->bias, value->bias} : std::vector<Tensor>{};
+  const Tensor y = fp8_linear_stacked(hidden, {query->weight, key->weight, value->weight}, biases, state,
+                                      autocast::get_dtype(hidden.device().type()));
   return split(y, H, -1);  // 3 x (N, S, H), views
 }
 

@@ -195,9 +195,10 @@ __global__ void __launch_bounds__(kTile* kTileRows)
 
 constexpr int kPairTile = 64, kPairThreads = 256;
 
-// out (R, C) = q(act(x) * scale), out_t (C, R) its transpose, partial (row tiles, C) the column sums of each 64-row
-// tile (null: none). C % 64 == 0, R % 4 == 0, x 16-byte aligned (pair_kernel_applies); kRows16: R % 16 == 0, so that
-// the transposed codes go out 16 bytes per store (else 4).
+// out (R, C) = q(act(x) * scale), out_t (C, R) its transpose with rows ld_t >= R apart (a block of columns of a wider
+// transpose), partial (row tiles, C) the column sums of each 64-row tile (null: none). C % 64 == 0, R % 4 == 0, x
+// 16-byte aligned (pair_kernel_applies); kRows16: R % 16 == 0, so that the transposed codes go out 16 bytes per store
+// (else 4).
 //
 // One 64 x 64 tile per block. Each thread first loads all of its rows of the tile (2 or 4 16-byte loads, issued back
 // to back, so that several are in flight), then encodes them: the plain codes go straight to `out`, and into a shared
@@ -207,8 +208,8 @@ constexpr int kPairTile = 64, kPairThreads = 256;
 template <In kIn, bool kE4M3, bool kSums, bool kRows16, Act kAct>
 __global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) per SM: the kernel is latency-bound
     quantize_pair_kernel(const raw_t<kIn>* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                         float* __restrict__ partial, int64_t rows, int64_t cols, const float* __restrict__ scale,
-                         float* amax) {
+                         float* __restrict__ partial, int64_t rows, int64_t cols, int64_t ld_t,
+                         const float* __restrict__ scale, float* amax) {
   using Raw = raw_t<kIn>;
   constexpr int kVec = 16 / sizeof(Raw);                // elements per 16-byte load: 4 or 8
   constexpr int kPerRow = kPairTile / kVec;             // threads across a tile row: 16 or 8
@@ -283,7 +284,7 @@ __global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) p
         w[q] = static_cast<uint32_t>(col[0]) | static_cast<uint32_t>(col[kPitch]) << 8 |
                static_cast<uint32_t>(col[2 * kPitch]) << 16 | static_cast<uint32_t>(col[3 * kPitch]) << 24;
       }
-      *reinterpret_cast<uint4*>(out_t + (c0 + c) * rows + r0 + rq) = make_uint4(w[0], w[1], w[2], w[3]);
+      *reinterpret_cast<uint4*>(out_t + (c0 + c) * ld_t + r0 + rq) = make_uint4(w[0], w[1], w[2], w[3]);
     }
   } else {
     // Each thread writes 4 codes (4 consecutive rows) at a time.
@@ -293,7 +294,7 @@ __global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) p
       const uint8_t* col = tile + rq * kPitch + c;
       const uint32_t w = static_cast<uint32_t>(col[0]) | static_cast<uint32_t>(col[kPitch]) << 8 |
                          static_cast<uint32_t>(col[2 * kPitch]) << 16 | static_cast<uint32_t>(col[3 * kPitch]) << 24;
-      *reinterpret_cast<uint32_t*>(out_t + (c0 + c) * rows + r0 + rq) = w;
+      *reinterpret_cast<uint32_t*>(out_t + (c0 + c) * ld_t + r0 + rq) = w;
     }
   }
   if constexpr (kSums) {
@@ -324,7 +325,7 @@ void launch_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial, 
   auto* pa = static_cast<float*>(amax.data_ptr());
   auto run = [&](auto sums, auto rows16, auto activation) {
     quantize_pair_kernel<kIn, kE4M3, decltype(sums)::value, decltype(rows16)::value, decltype(activation)::value>
-        <<<grid, kPairThreads, 0, stream>>>(px, po, pt, pp, rows, cols, ps, pa);
+        <<<grid, kPairThreads, 0, stream>>>(px, po, pt, pp, rows, cols, out_t.stride(0), ps, pa);
   };
   using None = std::integral_constant<Act, Act::None>;
   const bool rows16 = rows % 16 == 0;

@@ -1,7 +1,9 @@
 // Frontend of the FP8 ops (fp8_ops.h): argument checks, output allocation, empty cases, then the backend's kernel
 // (ops/fp8_kernels.h). Every check is here, once, so the CPU and CUDA kernels see only valid problems.
+#include <string>
 #include <string_view>
 #include <utility>  // std::pair
+#include <vector>
 
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/fp8_ops.h"
@@ -109,6 +111,51 @@ std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, co
   Tensor out_t = fp8_quantize(x, fp8_dtype, scale, amax, true);
   if (column_sums != nullptr) *column_sums = sum(x, {0}, false, DType::Float32);
   return {out, out_t};
+}
+
+std::pair<Tensor, Tensor> fp8_quantize_pair_of_rows(const std::vector<Tensor>& parts, DType fp8_dtype,
+                                                    const Tensor& scale, const Tensor& amax) {
+  constexpr std::string_view op = "fp8_quantize_pair_of_rows";
+  KILN_CHECK(!parts.empty(), op, ": no parts to quantise; pass the (R_i, C) tensors to stack");
+  const Tensor& first = parts[0];
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Tensor& p = parts[i];
+    KILN_CHECK(p.defined() && p.dim() == 2, op, ": part ", i, " must be a 2-D tensor (rows, columns), got ",
+               p.defined() ? detail::str_cat("shape ", p.shape()) : std::string("an undefined tensor"));
+    KILN_CHECK(p.size(1) == first.size(1) && p.dtype() == first.dtype() && p.device() == first.device(), op, ": part ",
+               i, " (", p.dtype(), " of shape ", p.shape(), " on ", p.device(), ") does not agree with part 0 (",
+               first.dtype(), " of shape ", first.shape(), " on ", first.device(),
+               "); the parts need one column count, dtype and device");
+  }
+  if (parts.size() == 1) return fp8_quantize_pair(first, fp8_dtype, scale, amax);
+#if KILN_WITH_CUDA
+  bool per_part = first.device().is_cuda() && is_float8(fp8_dtype) && is_fp8_input_dtype(first.dtype());
+  int64_t rows = 0;
+  for (const Tensor& p : parts) {
+    per_part =
+        per_part && p.numel() > 0 && p.is_contiguous() && p.size(0) % 16 == 0 && cuda::fp8_pair_kernel_applies(p);
+    rows += p.size(0);
+  }
+  if (per_part) {
+    check_scalar_operand(op, "scale", scale, first.device());
+    check_scalar_operand(op, "amax", amax, first.device());
+    const int64_t cols = first.size(1);
+    Tensor out = empty({rows, cols}, {.dtype = fp8_dtype, .device = first.device()});
+    Tensor out_t = empty({cols, rows}, {.dtype = fp8_dtype, .device = first.device()});
+    {
+      trace::Scope range(trace::Kind::Op, op, first.device(), {&out, &out_t, &first, &scale, &amax});
+      int64_t at = 0;
+      for (const Tensor& p : parts) {  // each part's rows of out, and its block of out_t's columns
+        cuda::fp8_quantize_pair(out.narrow(0, at, p.size(0)), out_t.narrow(1, at, p.size(0)), Tensor(), p, scale, amax,
+                                Fp8Activation::None);
+        at += p.size(0);
+      }
+    }
+    amax.impl().storage()->bump_version();
+    return {out, out_t};
+  }
+#endif
+  return fp8_quantize_pair(cat(parts, 0), fp8_dtype, scale, amax);
 }
 
 Tensor fp8_gemm(const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv, DType out_dtype,

@@ -27,7 +27,9 @@ void fp8_quantize(const Tensor& out, const Tensor& x, const Tensor& scale, const
 // fast_accumulation: CUBLASLT_MATMUL_DESC_FAST_ACCUM (fp8_ops.h).
 void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv, const Tensor& b_scale_inv,
               const Tensor& bias, bool accumulate, bool fast_accumulation);
-// Both layouts of x's quantisation in one pass (out (R, C), out_t (C, R)), and, when partial_sums is defined, the
+// Both layouts of x's quantisation in one pass (out (R, C) contiguous, out_t (C, R) with unit column stride and rows
+// at any stride >= R that keeps them 16-byte aligned where R % 16 == 0, 4-byte aligned otherwise: a block of columns
+// of a wider transpose), and, when partial_sums is defined, the
 // column sums of each tile of rows into its row of partial_sums (fp8_pair_row_tiles(R), C) float32. Only where
 // fp8_pair_kernel_applies(x): 2-D, C a multiple of 64, R of 4, x 16-byte aligned.
 bool fp8_pair_kernel_applies(const Tensor& x);
