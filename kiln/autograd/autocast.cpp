@@ -56,9 +56,18 @@ struct CacheEntry {
   const void* storage = nullptr;  // Module::to() may swap a parameter's data without an in-place write
   Tensor cast;
 };
+// A cast an op offered for its output (offer_cast): the output is held weakly (an activation is not kept alive by
+// the cache), the cast strongly.
+struct OfferedCast {
+  std::weak_ptr<TensorImpl> source;
+  uint64_t version = 0;
+  const void* storage = nullptr;
+  Tensor cast;
+};
 struct WeightCache {
   int depth = 0;
   std::map<std::pair<const TensorImpl*, DType>, CacheEntry> entries;
+  std::map<std::pair<const TensorImpl*, DType>, OfferedCast> offered;
 };
 thread_local WeightCache weight_cache;
 
@@ -226,13 +235,47 @@ std::optional<DType> target_dtype(Op op, Device device, DType widest) {
 
 CacheRegion::CacheRegion() { ++weight_cache.depth; }
 CacheRegion::~CacheRegion() {
-  if (--weight_cache.depth == 0) weight_cache.entries.clear();
+  if (--weight_cache.depth == 0) {
+    weight_cache.entries.clear();
+    weight_cache.offered.clear();
+  }
+}
+
+void offer_cast(const Tensor& t, const Tensor& values) {
+  if (weight_cache.depth == 0 || !t.defined() || !values.defined()) return;
+  KILN_CHECK(values.shape() == t.shape() && values.device() == t.device() && is_floating_point(values.dtype()) &&
+                 is_floating_point(t.dtype()),
+             "autocast::offer_cast: the cast (", values.dtype(), " of shape ", values.shape(), " on ", values.device(),
+             ") must be a floating tensor of the shape and device of its source (", t.dtype(), " of shape ", t.shape(),
+             " on ", t.device(), ")");
+  weight_cache.offered[{&t.impl(), values.dtype()}] =
+      OfferedCast{t.impl_ptr(), t.version(), t.impl().storage().get(), detail::with_cast_history(values, t)};
+}
+
+std::optional<DType> cast_worth_offering(Device device) {
+  const DeviceType type = device.type();
+  if (weight_cache.depth == 0 || !GradMode::is_enabled() || !is_enabled(type) || fp8_recipe(type) != nullptr) {
+    return std::nullopt;
+  }
+  const DType dtype = get_dtype(type);
+  if (dtype != DType::BFloat16 && dtype != DType::Float16) return std::nullopt;
+  return dtype;
 }
 size_t cache_size() { return weight_cache.entries.size(); }
 
 Tensor cast_to(const Tensor& t, DType dtype) {
   // float8 tensors are left as they are: the op then refuses them, rather than autocast computing them silently.
   if (!t.defined() || !is_floating_point(t.dtype()) || is_float8(t.dtype()) || t.dtype() == dtype) return t;
+  if (!weight_cache.offered.empty()) {  // the cast the op that made t wrote (offer_cast)
+    auto it = weight_cache.offered.find({&t.impl(), dtype});
+    if (it != weight_cache.offered.end()) {
+      const OfferedCast& o = it->second;
+      if (o.source.lock().get() == &t.impl() && o.version == t.version() && o.storage == t.impl().storage().get()) {
+        return o.cast;
+      }
+      weight_cache.offered.erase(it);  // t changed since, or its address now belongs to another tensor
+    }
+  }
   if (!cacheable(t, dtype)) return t.to(dtype);  // differentiable: the gradient flows back to t in its own dtype
   const void* storage = t.impl().storage().get();
   CacheEntry& e = weight_cache.entries[{&t.impl(), dtype}];

@@ -179,6 +179,17 @@ class CacheRegion {
 };
 size_t cache_size();  // entries in this thread's weight-cast cache (for tests and diagnostics)
 
+// Casts made by the op that made the tensor. An op whose float32 output the next op will cast (a layer norm's,
+// which a Linear takes in bfloat16) can write that cast in its own pass and offer it: while the region lasts,
+// cast_to(t, values.dtype()) then returns `values`, with the cast's autograd history (the gradient reaches t in
+// float32), instead of casting t again, as long as t keeps its storage and version. An offer is kept for as long as
+// the outermost CacheRegion and holds `values` (not t). Nothing is kept outside a region.
+void offer_cast(const Tensor& t, const Tensor& values);
+// The dtype an op on `device` should offer its float32 output in (offer_cast), or nullopt: autocast casts to a
+// 16-bit dtype on that device, a CacheRegion is open, grad mode is on (training: the product that takes the cast
+// saves it anyway), and no FP8 recipe is active there (an FP8 product reads the float32 values itself).
+std::optional<DType> cast_worth_offering(Device device);
+
 // 16-bit shadows: the cast a region needs, written by the optimizer step. When a region casts a parameter
 // (as above), autocast remembers which dtype it was cast to. The fused CUDA optimizers (kiln/optim) then ask for
 // a shadow of each parameter they update, write the updated parameter's cast into it in the kernel that writes

@@ -267,7 +267,11 @@ int64_t mixed_key(const GeneratorState& draw) {
 cuda_impl::FusedAttentionDropout dropout_draw(const FusedCall& c, Device device) {
   if (c.cfg.dropout_p <= 0) return {};
   Generator& gen = c.generator != nullptr ? *c.generator : default_generator(device);
-  if (!cuda::Graph::capturing()) return {mixed_key(gen.next_draw()), 0, Tensor()};
+  if (!cuda::Graph::capturing()) {
+    // The key in device memory, filled once here for the call's forward and backward (one fill, not one per pass).
+    const int64_t key = mixed_key(gen.next_draw());
+    return {key, 0, internal::full({1, 1, 1, 1}, key, {.dtype = DType::Int64, .device = device})};
+  }
   // In a CUDA graph capture cuDNN reads the key from device memory that each replay fills with a fresh draw's key
   // first (one tensor for the forward and the backward of the call). It is a replay input, left unfilled: a fill
   // kernel, or an earlier temporary of the capture on the same memory, would be recorded in the graph and

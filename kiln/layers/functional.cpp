@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "kiln/autograd/autocast.h"     // autocast::inputs for the fused GPU paths
@@ -51,14 +52,29 @@ void check_affine(const char* op, const Tensor& t, const char* name, const Shape
 }
 
 #if KILN_WITH_CUDA
+// The 16-bit cast of a layer norm's float32 output that its kernel also writes (autocast::offer_cast): the dtype to
+// write it in (none: not wanted) and where forward leaves it.
+struct OutputCast {
+  std::optional<DType> dtype;
+  Tensor* values = nullptr;
+};
+
+// y, offering the cast its kernel wrote where there is one (for the next product's autocast cast to take).
+Tensor offering_cast(const Tensor& y, const Tensor& cast) {
+  if (cast.defined()) autocast::offer_cast(y, cast);
+  return y;
+}
+
 // Layer norm on the GPU: one kernel forward, saving the per-row mean and 1/std for backward.
 struct LayerNormFunction : autograd::Function<LayerNormFunction> {
   // x (..., *normalized), weight and bias (*normalized) or undefined.
   static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                        const Shape& normalized, double eps) {
+                        const Shape& normalized, double eps, const OutputCast& cast) {
     const int64_t d = numel(normalized);
     const Tensor xc = contiguous(x), wc = weight.defined() ? contiguous(weight) : weight;
-    auto saved = cuda_impl::layer_norm_forward(xc, d, wc, bias.defined() ? contiguous(bias) : bias, eps);
+    auto saved = cuda_impl::layer_norm_forward(xc, d, wc, bias.defined() ? contiguous(bias) : bias, eps, {}, nullptr,
+                                               cast.dtype);
+    *cast.values = saved.y_low;
     ctx.save_for_backward({xc, wc, saved.mean, saved.rstd});
     ctx.set("normalized", normalized);
     return saved.y;
@@ -77,11 +93,12 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
 // backward), and backward writing the gradient once in the residual's dtype and once more in x's when that is lower.
 struct AddLayerNormFunction : autograd::Function<AddLayerNormFunction> {
   static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& residual, const Tensor& weight,
-                        const Tensor& bias, const Shape& normalized, double eps) {
+                        const Tensor& bias, const Shape& normalized, double eps, const OutputCast& cast) {
     const int64_t d = numel(normalized);
     const Tensor wc = weight.defined() ? contiguous(weight) : weight;
     auto saved = cuda_impl::layer_norm_forward(contiguous(x), d, wc, bias.defined() ? contiguous(bias) : bias, eps,
-                                               contiguous(residual));
+                                               contiguous(residual), nullptr, cast.dtype);
+    *cast.values = saved.y_low;
     ctx.save_for_backward({saved.sum, wc, saved.mean, saved.rstd});
     ctx.set("normalized", normalized);
     ctx.set("x_dtype", x.dtype());
@@ -107,14 +124,16 @@ struct AddLayerNormFunction : autograd::Function<AddLayerNormFunction> {
 // backward is add_layer_norm's, writing x's gradient through the mask.
 struct DropoutAddLayerNormFunction : autograd::Function<DropoutAddLayerNormFunction> {
   static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& residual, const Tensor& weight,
-                        const Tensor& bias, const Shape& normalized, double eps, double p, Generator* gen) {
+                        const Tensor& bias, const Shape& normalized, double eps, double p, Generator* gen,
+                        const OutputCast& cast) {
     const int64_t d = numel(normalized);
     const Tensor wc = weight.defined() ? contiguous(weight) : weight;
     cuda_impl::FusedDropout dropout{.p = p};
     if (x.numel() > 0)
       dropout.draw = internal::draw_for(gen, x.device());  // as internal::dropout: no draw for no elements
     auto saved = cuda_impl::layer_norm_forward(contiguous(x), d, wc, bias.defined() ? contiguous(bias) : bias, eps,
-                                               contiguous(residual), &dropout);
+                                               contiguous(residual), &dropout, cast.dtype);
+    *cast.values = saved.y_low;
     ctx.save_for_backward({saved.sum, wc, saved.mean, saved.rstd, saved.keep});
     ctx.set("normalized", normalized);
     ctx.set("x_dtype", x.dtype());
@@ -332,6 +351,9 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   };
   // Under autocast the whole layer runs in float32 (Policy::Float32), on every device.
   auto [x, weight, bias] = autocast::inputs(autocast_ops::layer_norm(), x_in, weight_in, bias_in);
+#if KILN_WITH_CUDA
+  const std::optional<DType> offer = autocast::cast_worth_offering(x.device());  // before autocast is off
+#endif
   autocast::DisableGuard as_one_op;  // the ops inside run as cast, as one op of the table
   const auto k = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(k >= 1, "layer_norm: normalized_shape must name at least one dim");
@@ -343,7 +365,9 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
   if (x.is_cuda() && x.is_floating_point() && (!weight.defined() || weight.device() == x.device()) &&
       (!bias.defined() || bias.device() == x.device())) {
     if ((!weight.defined() || weight.dtype() == x.dtype()) && (!bias.defined() || bias.dtype() == x.dtype())) {
-      return cap.done(LayerNormFunction::apply(x, weight, bias, normalized_shape, eps), describe);
+      Tensor cast;
+      const Tensor y = LayerNormFunction::apply(x, weight, bias, normalized_shape, eps, OutputCast{offer, &cast});
+      return cap.done(offering_cast(y, cast), describe);
     }
   }
 #endif
@@ -368,9 +392,12 @@ Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& norm
              " and ", residual.shape(), "; add them and call layer_norm to broadcast");
 #if KILN_WITH_CUDA
   if (auto in = fused_add_inputs(x, residual, normalized_shape, weight_in, bias_in)) {
+    const OutputCast cast_of_y{autocast::cast_worth_offering(x.device())};
     autocast::DisableGuard as_one_op;
-    return cap.done(AddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps),
-                    describe);
+    Tensor cast;
+    const Tensor y = AddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps,
+                                                 OutputCast{cast_of_y.dtype, &cast});
+    return cap.done(offering_cast(y, cast), describe);
   }
 #endif
   return cap.done(layer_norm(x + residual, normalized_shape, weight_in, bias_in, eps), describe);
@@ -409,10 +436,12 @@ Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double
     auto [x] = autocast::inputs(autocast_ops::dropout(), x_in);  // as nn::dropout casts it
     if (auto in = fused_add_inputs(x, residual, normalized_shape, weight, bias);
         in && in->residual.dtype() != DType::Float64) {
+      const std::optional<DType> offer = autocast::cast_worth_offering(x.device());
       autocast::DisableGuard as_one_op;
-      return cap.done(
-          DropoutAddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps, p, gen),
-          describe);
+      Tensor cast;
+      const Tensor y = DropoutAddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps,
+                                                          p, gen, OutputCast{offer, &cast});
+      return cap.done(offering_cast(y, cast), describe);
     }
   }
 #endif

@@ -4,6 +4,7 @@
 
 #include <string_view>
 
+#include "kiln/tensor/cuda.h"      // compute_capability
 #include "support/grad_support.h"  // linear_gradients
 #include "support/test_support.h"
 
@@ -229,6 +230,47 @@ TEST_P(AutocastTest, GradientsOfOneCastInTwoDtypesAreSummedInTheWider) {
       for (int64_t j = 0; j < 8; ++j) dx[r * 16 + i] += rv[r * 8 + j] * wv[i * 8 + j];
   ASSERT_TRUE(needs_more_than_bfloat16(dx));
   expect_values(x.grad(), {6, 16}, dx, 0, 0);
+}
+
+// An op's offered cast of its output (autocast::offer_cast): the region's cast_to of that output returns it, with the
+// cast's history (the gradient reaches the output, and through it its inputs), while the output keeps its version;
+// after an in-place change, or outside a region, casts are made as usual. cast_worth_offering says when an op should
+// make one: a region with a 16-bit autocast dtype on the device, grad mode on, no FP8 recipe.
+TEST_P(AutocastTest, AnOfferedCastIsTheOneTheRegionUses) {
+  Tensor x = make(uniform(12, -1, 1, 31), {3, 4}, opts()).requires_grad_();
+  {
+    amp::Autocast region(DType::BFloat16, {.device_type = dev().type()});
+    ASSERT_EQ(autocast::cast_worth_offering(dev()), DType::BFloat16);
+    Tensor t = x * 2;
+    const Tensor values = t.detach().to(DType::BFloat16);
+    autocast::offer_cast(t, values);
+    const Tensor c = autocast::cast_to(t, DType::BFloat16);
+    EXPECT_EQ(c.data_ptr(), values.data_ptr());
+    ASSERT_NE(c.grad_fn(), nullptr);
+    (c.to(DType::Float32) * 3).sum().backward();
+    expect_values(x.grad(), {3, 4}, std::vector<double>(12, 6.0), 0, 0);
+    // Changed in place: a new cast.
+    t.add_(1);
+    EXPECT_NE(autocast::cast_to(t, DType::BFloat16).data_ptr(), values.data_ptr());
+    {
+      NoGradGuard no_grad;
+      EXPECT_FALSE(autocast::cast_worth_offering(dev()).has_value());
+    }
+    if (!dev().is_cuda() || cuda::compute_capability(dev().index()) >= 89) {  // FP8 regions need sm_89+ on a GPU
+      amp::Autocast fp8_region(DType::BFloat16, {.device_type = dev().type(), .fp8 = amp::Fp8Recipe{}});
+      EXPECT_FALSE(autocast::cast_worth_offering(dev()).has_value());
+    }
+  }
+  // Outside a region an offer is not kept.
+  EXPECT_FALSE(autocast::cast_worth_offering(dev()).has_value());
+  Tensor t = x * 2;
+  const Tensor values = t.detach().to(DType::BFloat16);
+  autocast::offer_cast(t, values);
+  autocast::Guard guard(dev().type(), DType::BFloat16);
+  EXPECT_NE(autocast::cast_to(t, DType::BFloat16).data_ptr(), values.data_ptr());
+  // A cast that does not fit its source is refused.
+  amp::Autocast region(DType::BFloat16, {.device_type = dev().type()});
+  expect_error([&] { autocast::offer_cast(t, values.reshape({4, 3})); }, {"autocast::offer_cast", "shape"});
 }
 
 KILN_INSTANTIATE_BACKENDS(AutocastTest);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -170,6 +171,57 @@ TEST(CudaAddLayerNorm, UnderAutocastAsBertRunsIt) {
   }
   EXPECT_EQ(fused.dtype(), DType::Float32);
   expect_values(fused, {8, 64}, values(plain), 1e-5, 1e-5);
+}
+
+// In an autocast region the three fused layer norms write their float32 output's bfloat16 cast in the same kernel and
+// offer it (autocast::offer_cast): the region's cast of the output is that tensor (the same one each time), bit for
+// bit the cast a cast kernel makes of it, and gradients through it equal those of a region in which the kernel does
+// not offer one (autocast::Guard alone: no CacheRegion). Without grad mode nothing is offered.
+TEST(CudaLayerNorm, OffersTheCastOfItsOutputToTheNextProduct) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  const int64_t rows = 64, d = 768;
+  for (int which = 0; which < 3; ++which) {
+    SCOPED_TRACE(which == 0 ? "layer_norm" : which == 1 ? "add_layer_norm" : "dropout_add_layer_norm");
+    auto run = [&](bool offered, Tensor* cast_out) {
+      Tensor x = make(uniform(rows * d, -2, 2, 81), {rows, d}, {.dtype = DType::BFloat16, .device = gpu});
+      Tensor res = make(uniform(rows * d, -1, 1, 82), {rows, d}, {.device = gpu});
+      Tensor w = make(uniform(d, 0.5, 1.5, 83), {d}, {.device = gpu}),
+             b = make(uniform(d, -1, 1, 84), {d}, {.device = gpu});
+      for (Tensor* t : {&x, &res, &w, &b}) t->requires_grad_();
+      Generator gen(7);
+      Tensor product;
+      {
+        std::optional<amp::Autocast> region;
+        std::optional<autocast::Guard> guard;
+        if (offered) {
+          region.emplace(DType::BFloat16);
+        } else {
+          guard.emplace(DeviceType::CUDA, DType::BFloat16);
+        }
+        const Tensor y = which == 0   ? nn::layer_norm(x.to(DType::Float32) + res, {d}, w, b)
+                         : which == 1 ? nn::add_layer_norm(x, res, {d}, w, b)
+                                      : nn::dropout_add_layer_norm(x, res, 0.1, true, {d}, w, b, 1e-5, &gen);
+        EXPECT_EQ(y.dtype(), DType::Float32);
+        const Tensor cast = autocast::cast_to(y, DType::BFloat16);
+        if (offered) {
+          EXPECT_EQ(autocast::cast_to(y, DType::BFloat16).data_ptr(), cast.data_ptr()) << "not the offered cast";
+          EXPECT_TRUE(internal::equal(cast, y.detach().to(DType::BFloat16))) << "not the cast of the output";
+        }
+        if (cast_out != nullptr) *cast_out = cast.detach();
+        product = matmul(cast, make(uniform(d * 16, -1, 1, 85), {d, 16}, {.dtype = DType::BFloat16, .device = gpu}));
+      }
+      product.to(DType::Float32).sum().backward();
+      return std::vector<Tensor>{x.grad(), res.grad(), w.grad(), b.grad()};
+    };
+    Tensor offered_cast;
+    const std::vector<Tensor> with = run(true, &offered_cast), without = run(false, nullptr);
+    for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(internal::equal(with[i], without[i])) << "gradient " << i;
+  }
+  // No grad mode: no offer (the cast would only take memory).
+  NoGradGuard no_grad;
+  amp::Autocast region(DType::BFloat16);
+  EXPECT_FALSE(autocast::cast_worth_offering(gpu).has_value());
 }
 
 // nn::dropout_add_layer_norm's fused kernels against internal::dropout then add_layer_norm on the GPU, from the same

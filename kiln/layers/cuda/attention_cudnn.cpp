@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace
+#include "kiln/tensor/cuda.h"             // cuda::Graph::capturing
 #include "kiln/tensor/determinism.h"      // kiln::deterministic
 #include "kiln/tensor/error.h"            // KILN_CHECK, CudaError, NotImplementedError
 #include "kiln/tensor/internal_ops.h"     // internal::empty, internal::full
@@ -300,14 +301,30 @@ bool fused_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v
 
 namespace {
 
-// The seed and offset of the dropout draw as (1, 1, 1, 1) Int64 GPU tensors (filled by a kernel on the
-// current stream: no host synchronization, nothing to keep alive on the host).
+// A (1, 1, 1, 1) Int64 zero on `device`, made once (outside CUDA graph captures, whose memory belongs to the graph)
+// and never written: the offset of every dropout draw whose offset is 0 (kiln mixes its generator's position into
+// the seed), so that no call fills one. Undefined where it does not exist yet and a capture is running.
+Tensor zero_offset(Device device) {
+  static std::mutex mutex;
+  static auto* zeros = new std::map<int, Tensor>();  // never destroyed: used until exit
+  std::lock_guard<std::mutex> lock(mutex);
+  Tensor& z = (*zeros)[device.index()];
+  if (!z.defined() && !cuda::Graph::capturing()) {
+    z = internal::zeros({1, 1, 1, 1}, {.dtype = DType::Int64, .device = device});
+  }
+  return z;
+}
+
+// The seed and offset of the dropout draw as (1, 1, 1, 1) Int64 GPU tensors: the draw's seed tensor (which the
+// forward and backward of a call share), or one filled by a kernel on the current stream (no host synchronization,
+// nothing to keep alive on the host); the offset's shared zero, or a filled one.
 void add_dropout_tensors(std::unordered_map<int64_t, void*>& pack, std::vector<Tensor>& keep, const Tensor& like,
                          FusedAttentionDropout dropout) {
   const TensorOptions options{.dtype = DType::Int64, .device = like.device()};
   keep.push_back(dropout.seed_device.defined() ? dropout.seed_device
                                                : internal::full({1, 1, 1, 1}, dropout.seed, options));
-  keep.push_back(internal::full({1, 1, 1, 1}, dropout.offset, options));
+  const Tensor zero = dropout.offset == 0 ? zero_offset(like.device()) : Tensor();
+  keep.push_back(zero.defined() ? zero : internal::full({1, 1, 1, 1}, dropout.offset, options));
   pack[kSeed] = keep[keep.size() - 2].data_ptr();
   pack[kOffset] = keep.back().data_ptr();
 }

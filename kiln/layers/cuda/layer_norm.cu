@@ -185,10 +185,12 @@ __device__ __forceinline__ uint32_t keep_bits(const DropParams& drop, int64_t ro
 // s = x (+ residual), y = (s - mean) * rstd * w + b. X: x's type; S: the residual's, s's and y's type (X when there
 // is no residual). Lane l holds elements l, l + 32, ... of its row. kDrop (with a residual, A float): x is first
 // dropped as internal::dropout drops it (the same decision per element, x * mask rounded once to X) and the keep bits
-// written, so s = dropout(x) + residual bit for bit.
+// written, so s = dropout(x) + residual bit for bit. y_low (null: none): y rounded once to bfloat16 (low_bf16) or
+// float16 as well.
 template <int J, typename X, typename S, typename A, bool kDrop>
-__global__ void layer_norm_forward_warp(const X* x, const S* residual, const S* w, const S* b, S* y, S* sum_out,
-                                        A* mean_out, A* rstd_out, int64_t rows, int d, A eps, DropParams drop) {
+__global__ void layer_norm_forward_warp(const X* x, const S* residual, const S* w, const S* b, S* y, void* y_low,
+                                        bool low_bf16, S* sum_out, A* mean_out, A* rstd_out, int64_t rows, int d, A eps,
+                                        DropParams drop) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardRows + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
@@ -240,6 +242,15 @@ __global__ void layer_norm_forward_warp(const X* x, const S* residual, const S* 
     if (w != nullptr) o *= static_cast<A>(load_compute(w + i));
     if (b != nullptr) o += static_cast<A>(load_compute(b + i));
     store_as(y + row * d + i, o);
+    if constexpr (std::is_same_v<S, float>) {  // y_low is asked for float32 y only: o is y's value as stored
+      if (y_low != nullptr) {
+        if (low_bf16) {
+          store_as(static_cast<BFloat16*>(y_low) + row * d + i, o);
+        } else {
+          store_as(static_cast<Half*>(y_low) + row * d + i, o);
+        }
+      }
+    }
   }
   if (lane == 0) {
     mean_out[row] = mean;
@@ -487,7 +498,7 @@ const T* ptr_or_null(const Tensor& t) {
 }  // namespace
 
 LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weight, const Tensor& bias, double eps,
-                                  const Tensor& residual, const FusedDropout* dropout) {
+                                  const Tensor& residual, const FusedDropout* dropout, std::optional<DType> y_also_in) {
   trace::Scope range(trace::Kind::Op,
                      dropout != nullptr   ? "dropout_add_layer_norm_forward"
                      : residual.defined() ? "add_layer_norm_forward"
@@ -507,6 +518,10 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
                " elements, a dtype other than Float64 and p in (0, 1), got ", d, ", ", out_dtype,
                " and p = ", dropout->p);
     out.keep = internal::empty({rows, 32}, {.dtype = DType::Int32, .device = x.device()});
+  }
+  if (y_also_in && (*y_also_in == DType::BFloat16 || *y_also_in == DType::Float16) && out_dtype == DType::Float32 &&
+      d <= kWarpMaxD) {
+    out.y_low = internal::empty(x.shape(), {.dtype = *y_also_in, .device = x.device()});
   }
   if (rows == 0) return out;
   KILN_CHECK(!residual.defined() ||
@@ -535,8 +550,10 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
           auto run = [&](auto kernel) {
             kernel<<<blocks, 32 * kForwardRows, 0, stream>>>(
                 x.data_ptr<X>(), ptr_or_null<S>(residual), ptr_or_null<S>(weight), ptr_or_null<S>(bias),
-                out.y.data_ptr<S>(), out.sum.defined() ? out.sum.data_ptr<S>() : nullptr, out.mean.data_ptr<A>(),
-                out.rstd.data_ptr<A>(), rows, static_cast<int>(d), static_cast<A>(eps), drop);
+                out.y.data_ptr<S>(), out.y_low.defined() ? out.y_low.data_ptr() : nullptr,
+                out.y_low.defined() && out.y_low.dtype() == DType::BFloat16,
+                out.sum.defined() ? out.sum.data_ptr<S>() : nullptr, out.mean.data_ptr<A>(), out.rstd.data_ptr<A>(),
+                rows, static_cast<int>(d), static_cast<A>(eps), drop);
           };
           constexpr int J = decltype(lanes)::value;
           if constexpr (std::is_same_v<A, float>) {

@@ -12,11 +12,12 @@
 namespace kiln::nn::cuda_impl {
 
 struct LayerNormSaved {
-  Tensor y;     // x's shape and dtype (the residual's with a residual)
-  Tensor mean;  // (R), float32 (float64 for float64 x)
-  Tensor rstd;  // (R), 1 / sqrt(var + eps)
-  Tensor sum;   // with a residual: x + residual, the layer's input for backward
-  Tensor keep;  // with a dropout: (R, 32) Int32, bit j of word l of row r set when element l + 32 j of the row stayed
+  Tensor y;      // x's shape and dtype (the residual's with a residual)
+  Tensor mean;   // (R), float32 (float64 for float64 x)
+  Tensor rstd;   // (R), 1 / sqrt(var + eps)
+  Tensor sum;    // with a residual: x + residual, the layer's input for backward
+  Tensor keep;   // with a dropout: (R, 32) Int32, bit j of word l of row r set when element l + 32 j of the row stayed
+  Tensor y_low;  // y in y_also_in as well, when asked for and written (see layer_norm_forward)
 };
 // A dropout of x fused before the residual add: p in (0, 1), and the generator's draw (internal::draw_for) that
 // internal::dropout would have taken.
@@ -29,8 +30,12 @@ struct FusedDropout {
 // normalises dropout(x) + residual, where dropout(x) has exactly internal::dropout(x, p)'s mask and values for the same
 // draw (element i of x, row-major, kept by the Philox word internal::dropout's kernels give it), and returns the keep
 // bits.
+// y_also_in (BFloat16 or Float16): y written in that dtype too, from the same values (y cast as a cast would round
+// it), where y is float32 and D <= 1024 (else y_low stays undefined): the cast autocast would make of y for the next
+// product, in the same pass.
 LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weight, const Tensor& bias, double eps,
-                                  const Tensor& residual = {}, const FusedDropout* dropout = nullptr);
+                                  const Tensor& residual = {}, const FusedDropout* dropout = nullptr,
+                                  std::optional<DType> y_also_in = std::nullopt);
 
 struct LayerNormGrads {
   Tensor dx, dweight, dbias;  // undefined where not asked for

@@ -146,8 +146,8 @@ std::pair<Tensor, Tensor> fp8_quantize_pair_of_rows(const std::vector<Tensor>& p
       trace::Scope range(trace::Kind::Op, op, first.device(), {&out, &out_t, &first, &scale, &amax});
       int64_t at = 0;
       for (const Tensor& p : parts) {  // each part's rows of out, and its block of out_t's columns
-        cuda::fp8_quantize_pair(out.narrow(0, at, p.size(0)), out_t.narrow(1, at, p.size(0)), Tensor(), p, scale, amax,
-                                Fp8Activation::None);
+        cuda::fp8_quantize_pair(narrow(out, 0, at, p.size(0)), narrow(out_t, 1, at, p.size(0)), Tensor(), p, scale,
+                                amax, Fp8Activation::None);
         at += p.size(0);
       }
     }
