@@ -57,6 +57,16 @@ Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const
 std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax,
                                             Tensor* column_sums = nullptr, Fp8Activation act = Fp8Activation::None);
 
+// fp8_quantize_pair of the gradient that reaches a GELU's input: the values quantised (and their amax and column
+// sums) are grad * gelu'(h) in float32, where h is the GELU's input and grad the gradient of its output (2-D, one
+// shape, float32, bfloat16 or float16): kiln's gelu_backward of the two in float32. A transformer MLP's backward
+// quantises the first product's output gradient so without writing it. On the GPU one pass for 16-bit grad and h that
+// the pair kernel takes (erf form); elsewhere gelu_backward in float32 first. Errors as fp8_quantize_pair's, and for
+// h of another shape, dtype or device.
+std::pair<Tensor, Tensor> fp8_quantize_pair_through_gelu(const Tensor& grad, const Tensor& h, bool tanh_approximation,
+                                                         DType fp8_dtype, const Tensor& scale, const Tensor& amax,
+                                                         Tensor* column_sums = nullptr);
+
 // fp8_quantize_pair(cat(parts, 0), ...) without writing the concatenation: parts (R_i, C), 2-D, of one floating
 // dtype and device, quantised into one (sum R_i, C) result and its (C, sum R_i) transpose with one amax over all (the
 // weights of several Linears that one scaling state scales, such as BERT's query, key and value, multiplied as one).

@@ -19,6 +19,7 @@
 //  The "exact grid" cases take values whose every partial sum, in any order and chunking, is exact in 11 bits, and
 //  powers of two for the scales: there accumulation adds no error at all, so the GPU must give the reference up to
 //  the output rounding alone. They are the tight check of layouts, scales, bias and accumulation.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -348,6 +349,72 @@ TEST_P(Fp8OpsTest, QuantizeWithAGeluIsTheQuantisationOfTheFloat32Gelu) {
       }
     }
   }
+}
+
+// The gradient through a GELU quantised without writing it (fp8_quantize_pair_through_gelu): codes, amax and column
+// sums exactly those of quantising kiln's float32 gelu_backward of the two inputs, on every backend (on a GPU the pair
+// kernel takes 16-bit inputs of the erf form itself, the rest a float32 pass first), and each code within half a step
+// of the float64 product g * gelu'(h).
+TEST_P(Fp8OpsTest, QuantizeThroughAGeluIsTheQuantisationOfItsFloat32Gradient) {
+  for (const bool tanh_form : {false, true}) {
+    for (const Format* f : {&kE4M3, &kE5M2}) {
+      for (DType in : kInputTypes) {
+        for (const Shape& shape : {Shape{128, 192}, Shape{20, 48}}) {
+          for (const bool with_sums : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << (tanh_form ? "tanh GELU, " : "GELU, ") << f->dtype << " from " << in << " (" << shape[0]
+                         << ", " << shape[1] << ")" << (with_sums ? ", sums" : ""));
+            const int64_t n = shape[0] * shape[1];
+            const Tensor g = testing::make(testing::uniform(n, -3, 3, 31), shape, opts(in));
+            const Tensor h = testing::make(testing::uniform(n, -5, 5, 32), shape, opts(in));
+            const Tensor reference_input =
+                internal::gelu_backward(g.to(DType::Float32), h.to(DType::Float32), tanh_form);
+            const Tensor scale = cell_view(2.0, 0, 1, dev());
+            const Tensor amax = cell_view(0.0, 0, 1, dev()), reference_amax_cell = cell_view(0.0, 0, 1, dev());
+            Tensor sums, reference_sums;
+            const auto [q, qt] = internal::fp8_quantize_pair_through_gelu(g, h, tanh_form, f->dtype, scale, amax,
+                                                                          with_sums ? &sums : nullptr);
+            const auto [rq, rqt] = internal::fp8_quantize_pair(reference_input, f->dtype, scale, reference_amax_cell,
+                                                               with_sums ? &reference_sums : nullptr);
+            EXPECT_EQ(codes_of(q), codes_of(rq));
+            EXPECT_EQ(codes_of(qt), codes_of(rqt));
+            EXPECT_EQ(f32(amax), f32(reference_amax_cell));
+            if (with_sums) testing::expect_values(sums, {shape[1]}, testing::values(reference_sums), 1e-6, 1e-5);
+            // Against float64.
+            const std::vector<double> gv = testing::values(g), hv = testing::values(h);
+            const std::vector<uint8_t> got = codes_of(q);
+            int failures = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              const double x = hv[i];
+              double d;
+              if (tanh_form) {
+                const double k = std::sqrt(2 / std::numbers::pi), t = std::tanh(k * (x + 0.044715 * x * x * x));
+                d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+              } else {
+                d = 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
+                    x * std::exp(-0.5 * x * x) / std::sqrt(2 * std::numbers::pi);
+              }
+              const double want = std::clamp(gv[i] * d * 2.0, -f->max_value, f->max_value);
+              const double step =
+                  std::max(std::ldexp(1.0, std::ilogb(std::max(std::abs(want), f->min_sub)) - f->man_bits), f->min_sub);
+              const double float32_error = 16 * 0x1p-24 * (std::abs(gv[i]) * (1 + std::abs(x))) * 2.0;
+              if (!(std::abs(testing::fp8_value(*f, got[i]) - want) <= 0.5 * step + float32_error) && ++failures <= 5) {
+                ADD_FAILURE() << "g = " << gv[i] << ", h = " << x << ": code " << int(got[i]) << ", want " << want;
+              }
+            }
+            EXPECT_EQ(failures, 0);
+          }
+        }
+      }
+    }
+  }
+  const Tensor one = cell_view(1, 0, 1, dev()), zero = cell_view(0, 0, 1, dev());
+  expect_error(
+      [&] {
+        internal::fp8_quantize_pair_through_gelu(zeros({16, 64}, opts()), zeros({16, 32}, opts()), false,
+                                                 DType::Float8_e5m2, one, zero);
+      },
+      {"fp8_quantize_pair_through_gelu", "[16, 32]", "[16, 64]"});
 }
 
 // Stacked rows quantised without the stack (fp8_quantize_pair_of_rows): the codes of both layouts and the amax equal

@@ -3,17 +3,12 @@
 // x (ReLU: the saved result) and writes out, instead of a chain of small ops over the whole tensor. Half and
 // BFloat16 compute in float and round once. The formulas, their order of operations and their values at the
 // edges (special_values.h: f'(+inf) = 1, f'(-inf) = 0, NaN for NaN) are those of cpu/activation_backward.cpp.
-#include "kiln/tensor/activation_constants.h"    // GELU's constants
+#include "kiln/tensor/cuda/activations.cuh"      // gelu_erf_grad, gelu_tanh_grad
 #include "kiln/tensor/cuda/binary_ops.h"         // binary_activation_backward
 #include "kiln/tensor/cuda/elementwise_ops.cuh"  // launch_same, m_erf, m_exp, m_tanh
 #include "kiln/tensor/special_values.h"          // the derivatives' limits, the edges of exp, erf, tanh
 
 namespace kiln::cuda {
-
-using activation::kCubic;
-using activation::kInvSqrt2Pi;
-using activation::kSqrt2OverPi;
-using activation::kSqrtHalf;
 
 namespace {
 // f'(x), NaN for a NaN x and its limit at ±inf (special_values.h), with the edge-safe exp, erf and tanh of
@@ -21,19 +16,9 @@ namespace {
 template <BinaryOp kOp, typename C>
 __device__ __forceinline__ C derivative(C x) {
   if constexpr (kOp == BinaryOp::GeluErfBackward) {
-    // gelu(x) = x Φ(x): Φ(x) + x φ(x), with Φ the normal CDF and φ its density.
-    const C cdf = (special::erf_finish(x * C(kSqrtHalf), m_erf(x * C(kSqrtHalf))) + C(1)) * C(0.5);
-    const C e = x * x * C(-0.5);
-    const C pdf = special::exp_finish(e, m_exp(special::exp_arg(e))) * C(kInvSqrt2Pi);
-    return special::activation_grad_finish(x, cdf + x * pdf);
+    return gelu_erf_grad(x);  // activations.cuh, shared with the FP8 quantisation through a GELU
   } else if constexpr (kOp == BinaryOp::GeluTanhBackward) {
-    // gelu(x) ~ x/2 (1 + t), t = tanh(k (x + c x^3)): (1 + t)/2 + x/2 (1 - t^2) k (1 + 3 c x^2).
-    const C x2 = x * x;
-    const C u = x * (x2 * C(kCubic) + C(1)) * C(kSqrt2OverPi);
-    const C t = special::tanh_finish(u, m_tanh(u));
-    const C left = (t + C(1)) * C(0.5);
-    const C du = (x2 * C(3 * kCubic) + C(1)) * C(kSqrt2OverPi);
-    return special::gelu_tanh_grad_finish(x, left + x * (C(1) - t * t) * du * C(0.5));
+    return gelu_tanh_grad(x);
   } else {
     // silu(x) = x s, s = sigmoid(x): s (1 + x (1 - s)), s from e = exp(-|x|) as the CPU's sigmoid_n.
     const C a = special::sigmoid_arg(x);

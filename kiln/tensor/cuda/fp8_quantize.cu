@@ -83,8 +83,9 @@ __device__ void commit_block_amax(float local, float* amax) {
   }
 }
 
-// What the pair kernel applies to each value before quantising it (internal::Fp8Activation).
-enum class Act { None, Gelu, GeluTanh };
+// What the pair kernel applies to each value before quantising it (internal::Fp8Activation), or GeluGrad: the value
+// times gelu'(h) for h from a second input (the gradient through a GELU, fp8_quantize_pair_through_gelu).
+enum class Act { None, Gelu, GeluTanh, GeluGrad };
 
 template <Act kAct>
 __device__ __forceinline__ float activate(float v) {
@@ -99,13 +100,21 @@ __device__ __forceinline__ float activate(float v) {
 
 // One 16-byte group of x: its kVec values (as raw bits in `in`, each passed through kAct) scaled and encoded into
 // `codes`, their |max| into `local`, and (kSums) each value added to its column sum.
+// `h` (GeluGrad only): the second input's values at the same places.
 template <In kIn, bool kE4M3, bool kSums, int kVec, Act kAct = Act::None>
 __device__ __forceinline__ void encode_group(const raw_t<kIn> (&in)[kVec], float s, float& local, float (&colsum)[kVec],
-                                             uint8_t (&codes)[kVec]) {
+                                             uint8_t (&codes)[kVec], const raw_t<kIn>* h = nullptr) {
   static_assert(kVec % 2 == 0);
+  const auto value = [&](int j) {
+    if constexpr (kAct == Act::GeluGrad) {
+      return load_float<kIn>(in[j]) * gelu_erf_grad(load_float<kIn>(h[j]));  // as gelu_backward computes it
+    } else {
+      return activate<kAct>(load_float<kIn>(in[j]));
+    }
+  };
 #pragma unroll
   for (int j = 0; j < kVec; j += 2) {
-    const float f0 = activate<kAct>(load_float<kIn>(in[j])), f1 = activate<kAct>(load_float<kIn>(in[j + 1]));
+    const float f0 = value(j), f1 = value(j + 1);
     local = nan_max(nan_max(local, fabsf(f0)), fabsf(f1));
     if constexpr (kSums) {
       colsum[j] += f0;
@@ -196,7 +205,8 @@ __global__ void __launch_bounds__(kTile* kTileRows)
 constexpr int kPairTile = 64, kPairThreads = 256;
 
 // out (R, C) = q(act(x) * scale), out_t (C, R) its transpose with rows ld_t >= R apart (a block of columns of a wider
-// transpose), partial (row tiles, C) the column sums of each 64-row tile (null: none). C % 64 == 0, R % 4 == 0, x
+// transpose), partial (row tiles, C) the column sums of each 64-row tile (null: none). GeluGrad: act(x) = x gelu'(h),
+// h (R, C) laid out as x. C % 64 == 0, R % 4 == 0, x
 // 16-byte aligned (pair_kernel_applies); kRows16: R % 16 == 0, so that the transposed codes go out 16 bytes per store
 // (else 4).
 //
@@ -207,9 +217,9 @@ constexpr int kPairTile = 64, kPairThreads = 256;
 // do not depend on scheduling.
 template <In kIn, bool kE4M3, bool kSums, bool kRows16, Act kAct>
 __global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) per SM: the kernel is latency-bound
-    quantize_pair_kernel(const raw_t<kIn>* __restrict__ x, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                         float* __restrict__ partial, int64_t rows, int64_t cols, int64_t ld_t,
-                         const float* __restrict__ scale, float* amax) {
+    quantize_pair_kernel(const raw_t<kIn>* __restrict__ x, const raw_t<kIn>* __restrict__ h, uint8_t* __restrict__ out,
+                         uint8_t* __restrict__ out_t, float* __restrict__ partial, int64_t rows, int64_t cols,
+                         int64_t ld_t, const float* __restrict__ scale, float* amax) {
   using Raw = raw_t<kIn>;
   constexpr int kVec = 16 / sizeof(Raw);                // elements per 16-byte load: 4 or 8
   constexpr int kPerRow = kPairTile / kVec;             // threads across a tile row: 16 or 8
@@ -228,10 +238,14 @@ __global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) p
     Raw e[kVec];
   };
   Loaded in[kPasses];
+  Loaded in_h[kAct == Act::GeluGrad ? kPasses : 1];
 #pragma unroll
   for (int k = 0; k < kPasses; ++k) {
     const int64_t r = r0 + tr + k * kRowsPerPass;
     in[k].v = r < rows ? *reinterpret_cast<const uint4*>(x + r * cols + c0 + tc * kVec) : make_uint4(0, 0, 0, 0);
+    if constexpr (kAct == Act::GeluGrad) {
+      in_h[k].v = r < rows ? *reinterpret_cast<const uint4*>(h + r * cols + c0 + tc * kVec) : make_uint4(0, 0, 0, 0);
+    }
   }
   float local = 0.0f;
   float colsum[kVec];
@@ -244,8 +258,12 @@ __global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) p
       uint32_t w[kVec / 4];
       uint8_t b[kVec];
     } o;
-    // A row past the end is 0s, and act(0) = 0: no effect.
-    encode_group<kIn, kE4M3, kSums, kVec, kAct>(in[k].e, s, local, colsum, o.b);
+    // A row past the end is 0s, and act(0) = 0 (GeluGrad: 0 times gelu'(0)): no effect.
+    if constexpr (kAct == Act::GeluGrad) {
+      encode_group<kIn, kE4M3, kSums, kVec, kAct>(in[k].e, s, local, colsum, o.b, in_h[k].e);
+    } else {
+      encode_group<kIn, kE4M3, kSums, kVec, kAct>(in[k].e, s, local, colsum, o.b);
+    }
     uint8_t* t = tile + i * kPitch + tc * kVec;
     if constexpr (kVec == 4) {
       *reinterpret_cast<uint32_t*>(t) = o.w[0];
@@ -308,9 +326,10 @@ __global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) p
   commit_block_amax(local, amax);
 }
 
+// act: internal::Fp8Activation, or (h defined) the gradient through a GELU (erf form) with h its input.
 template <In kIn, bool kE4M3>
 void launch_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial, const Tensor& x, const Tensor& scale,
-                 const Tensor& amax, internal::Fp8Activation act) {
+                 const Tensor& amax, internal::Fp8Activation act, const Tensor& h) {
   cudaStream_t stream = stream_for(out);
   const int64_t rows = x.size(0), cols = x.size(1);
   const int64_t row_tiles = (rows + kPairTile - 1) / kPairTile;
@@ -323,13 +342,25 @@ void launch_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial, 
   auto* pp = partial.defined() ? static_cast<float*>(partial.data_ptr()) : nullptr;
   const auto* ps = static_cast<const float*>(scale.data_ptr());
   auto* pa = static_cast<float*>(amax.data_ptr());
+  const auto* ph = h.defined() ? static_cast<const raw_t<kIn>*>(h.data_ptr()) : nullptr;
   auto run = [&](auto sums, auto rows16, auto activation) {
     quantize_pair_kernel<kIn, kE4M3, decltype(sums)::value, decltype(rows16)::value, decltype(activation)::value>
-        <<<grid, kPairThreads, 0, stream>>>(px, po, pt, pp, rows, cols, out_t.stride(0), ps, pa);
+        <<<grid, kPairThreads, 0, stream>>>(px, ph, po, pt, pp, rows, cols, out_t.stride(0), ps, pa);
   };
   using None = std::integral_constant<Act, Act::None>;
   const bool rows16 = rows % 16 == 0;
-  if (pp != nullptr) {
+  if (ph != nullptr) {
+    if constexpr (kIn != In::F32) {  // fp8_pair_kernel_through_gelu: 16-bit inputs, either format, sums or not
+      using Grad = std::integral_constant<Act, Act::GeluGrad>;
+      if (pp != nullptr) {
+        rows16 ? run(std::true_type{}, std::true_type{}, Grad{}) : run(std::true_type{}, std::false_type{}, Grad{});
+      } else {
+        rows16 ? run(std::false_type{}, std::true_type{}, Grad{}) : run(std::false_type{}, std::false_type{}, Grad{});
+      }
+    } else {
+      KILN_FAIL("cuda::fp8_quantize_pair: the gradient through a GELU is taken for 16-bit inputs only");
+    }
+  } else if (pp != nullptr) {
     rows16 ? run(std::true_type{}, std::true_type{}, None{}) : run(std::true_type{}, std::false_type{}, None{});
   } else if (act == internal::Fp8Activation::None) {
     rows16 ? run(std::false_type{}, std::true_type{}, None{}) : run(std::false_type{}, std::false_type{}, None{});
@@ -386,11 +417,11 @@ void launch_for_format(const Tensor& out, const Tensor& x, const Tensor& scale, 
 
 template <In kIn>
 void launch_pair_for_format(const Tensor& out, const Tensor& out_t, const Tensor& partial, const Tensor& x,
-                            const Tensor& scale, const Tensor& amax, internal::Fp8Activation act) {
+                            const Tensor& scale, const Tensor& amax, internal::Fp8Activation act, const Tensor& h) {
   if (out.dtype() == DType::Float8_e4m3fn) {
-    launch_pair<kIn, true>(out, out_t, partial, x, scale, amax, act);
+    launch_pair<kIn, true>(out, out_t, partial, x, scale, amax, act, h);
   } else {
-    launch_pair<kIn, false>(out, out_t, partial, x, scale, amax, act);
+    launch_pair<kIn, false>(out, out_t, partial, x, scale, amax, act, h);
   }
 }
 
@@ -408,12 +439,18 @@ bool fp8_pair_kernel_activates(const Tensor& x, DType fp8_dtype, bool column_sum
          !column_sums;
 }
 
+bool fp8_pair_kernel_through_gelu(const Tensor& grad, const Tensor& h, bool tanh_approximation) {
+  return !tanh_approximation && (grad.dtype() == DType::BFloat16 || grad.dtype() == DType::Float16) &&
+         h.dtype() == grad.dtype() && h.shape() == grad.shape() && h.is_contiguous() &&
+         reinterpret_cast<uintptr_t>(h.data_ptr()) % 16 == 0 && fp8_pair_kernel_applies(grad);
+}
+
 void fp8_quantize_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial_sums, const Tensor& x,
-                       const Tensor& scale, const Tensor& amax, internal::Fp8Activation act) {
+                       const Tensor& scale, const Tensor& amax, internal::Fp8Activation act, const Tensor& h) {
   switch (x.dtype()) {
-    case DType::Float32: return launch_pair_for_format<In::F32>(out, out_t, partial_sums, x, scale, amax, act);
-    case DType::BFloat16: return launch_pair_for_format<In::BF16>(out, out_t, partial_sums, x, scale, amax, act);
-    case DType::Float16: return launch_pair_for_format<In::F16>(out, out_t, partial_sums, x, scale, amax, act);
+    case DType::Float32: return launch_pair_for_format<In::F32>(out, out_t, partial_sums, x, scale, amax, act, h);
+    case DType::BFloat16: return launch_pair_for_format<In::BF16>(out, out_t, partial_sums, x, scale, amax, act, h);
+    case DType::Float16: return launch_pair_for_format<In::F16>(out, out_t, partial_sums, x, scale, amax, act, h);
     default: KILN_FAIL("cuda::fp8_quantize_pair: unexpected input dtype ", x.dtype());
   }
 }

@@ -113,6 +113,42 @@ std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, co
   return {out, out_t};
 }
 
+std::pair<Tensor, Tensor> fp8_quantize_pair_through_gelu(const Tensor& grad, const Tensor& h, bool tanh_approximation,
+                                                         DType fp8_dtype, const Tensor& scale, const Tensor& amax,
+                                                         Tensor* column_sums) {
+  constexpr std::string_view op = "fp8_quantize_pair_through_gelu";
+  KILN_CHECK(grad.defined() && h.defined() && grad.dim() == 2, op, ": expected a 2-D gradient and the GELU's input");
+  KILN_CHECK(h.shape() == grad.shape() && h.dtype() == grad.dtype() && h.device() == grad.device(), op,
+             ": the GELU's input (", h.dtype(), " of shape ", h.shape(), " on ", h.device(),
+             ") must have the gradient's shape, dtype and device (", grad.dtype(), " of shape ", grad.shape(), " on ",
+             grad.device(), ")");
+  KILN_CHECK(is_fp8_input_dtype(grad.dtype()), op, ": the gradient is ", grad.dtype(),
+             "; expected float32, bfloat16 or float16");
+#if KILN_WITH_CUDA
+  if (grad.device().is_cuda() && grad.numel() > 0 && is_float8(fp8_dtype) && grad.is_contiguous() &&
+      cuda::fp8_pair_kernel_through_gelu(grad, h, tanh_approximation)) {
+    check_scalar_operand(op, "scale", scale, grad.device());
+    check_scalar_operand(op, "amax", amax, grad.device());
+    const TensorOptions codes{.dtype = fp8_dtype, .device = grad.device()};
+    Tensor out = empty(grad.shape(), codes), out_t = empty({grad.size(1), grad.size(0)}, codes), partial;
+    if (column_sums != nullptr) {
+      partial = empty({cuda::fp8_pair_row_tiles(grad.size(0)), grad.size(1)},
+                      {.dtype = DType::Float32, .device = grad.device()});
+    }
+    {
+      trace::Scope range(trace::Kind::Op, op, grad.device(), {&out, &out_t, &grad, &h, &scale, &amax});
+      cuda::fp8_quantize_pair(out, out_t, partial, grad, scale, amax, Fp8Activation::None, h);
+    }
+    amax.impl().storage()->bump_version();
+    if (column_sums != nullptr) *column_sums = sum(partial, {0}, false);
+    return {out, out_t};
+  }
+#endif
+  const auto in_float32 = [](const Tensor& t) { return t.dtype() == DType::Float32 ? t : cast(t, DType::Float32); };
+  return fp8_quantize_pair(gelu_backward(in_float32(grad), in_float32(h), tanh_approximation), fp8_dtype, scale, amax,
+                           column_sums);
+}
+
 std::pair<Tensor, Tensor> fp8_quantize_pair_of_rows(const std::vector<Tensor>& parts, DType fp8_dtype,
                                                     const Tensor& scale, const Tensor& amax) {
   constexpr std::string_view op = "fp8_quantize_pair_of_rows";

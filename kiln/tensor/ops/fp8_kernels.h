@@ -35,8 +35,13 @@ void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor&
 bool fp8_pair_kernel_applies(const Tensor& x);
 int64_t fp8_pair_row_tiles(int64_t rows);  // ceil(rows / 64): the row count of partial_sums
 // The pair kernel described above, quantising act(x) (fp8_ops.h); an activation only where fp8_pair_kernel_activates.
+// With h defined (act None): x * gelu'(h), the gradient through a GELU (fp8_quantize_pair_through_gelu), only where
+// fp8_pair_kernel_through_gelu.
 void fp8_quantize_pair(const Tensor& out, const Tensor& out_t, const Tensor& partial_sums, const Tensor& x,
-                       const Tensor& scale, const Tensor& amax, internal::Fp8Activation act);
+                       const Tensor& scale, const Tensor& amax, internal::Fp8Activation act, const Tensor& h = {});
+// Whether the pair kernel takes the gradient through a GELU itself: grad and h of one 16-bit dtype and shape, h
+// contiguous and 16-byte aligned, grad taking the pair kernel, the erf form.
+bool fp8_pair_kernel_through_gelu(const Tensor& grad, const Tensor& h, bool tanh_approximation);
 // Whether the pair kernel applies an activation itself for this problem: a 16-bit x quantised to E4M3, without column
 // sums (the frontend activates the others in a float32 pass first).
 bool fp8_pair_kernel_activates(const Tensor& x, DType fp8_dtype, bool column_sums);
