@@ -1,6 +1,7 @@
 // The FP8 Linear (fp8_linear.h): its autograd function, nn::Linear's FP8 state, and amp::prepare_fp8.
 #include "kiln/layers/fp8_linear.h"
 
+#include <algorithm>
 #include <memory>
 #include <tuple>
 #include <utility>
@@ -47,6 +48,119 @@ struct Fp8Call {
 
 constexpr size_t kMaxParts = 3;  // Linears one product computes: BERT's query, key and value
 
+// What one FP8 product's backward needs from its forward.
+struct Fp8Saved {
+  Tensor scale, scale_inv, amax;  // this call's scales (kept: a later forward updates the state), the amax cells
+  Tensor xt, wt;                  // (in, Mp) and (in, out) codes, where a backward product needs them
+  std::vector<int64_t> outs;      // each weight's rows
+  DType grad_fp8, x_dtype, w_dtype, b_dtype;
+};
+
+// One FP8 product on xp (Mp, in), Mp a multiple of 16: act(xp) (call.act) times the weights ws (out_i, in) stacked,
+// plus call.bias_values; (Mp, sum out_i) in call.out_dtype. Fills `saved`; with_xt / with_wt: keep the transposed
+// codes the weight gradients / the input gradient will need.
+Tensor product_forward(const Tensor& xp, const std::vector<Tensor>& weights, const Fp8Call& call, bool with_xt,
+                       bool with_wt, Fp8Saved& saved) {
+  amp::Fp8ScalingState* state = call.state;
+  // This call's scales, kept for backward: a later forward (gradient accumulation) updates the state in place.
+  // scale_inv with its elements 16 bytes apart (a (3,) view of stride 4 into a (3, 4) block): cuBLASLt's FP8 kernels
+  // read a scale only from a 16-byte aligned address, and fp8_gemm would otherwise copy each one before every product.
+  saved.scale = internal::empty({3}, {.dtype = DType::Float32, .device = xp.device()});
+  saved.scale_inv = internal::empty({3, 4}, {.dtype = DType::Float32, .device = xp.device()}).select(1, 0);
+  // Delayed scaling: this call's scales from the amaxes of the calls before, copied by the update's own kernel. A
+  // checkpoint's recomputation in backward repeats a forward: it keeps the scales that forward used (and records the
+  // same amaxes again, which changes nothing).
+  if (!autograd::in_recomputation()) {
+    state->update(saved.scale, saved.scale_inv);
+  } else {
+    saved.scale.copy_(state->scale());
+    saved.scale_inv.copy_(state->scale_inv());
+  }
+  saved.amax = state->amax_history().select(0, 0);  // (3,) view of the current row: the quantisations write it
+  const Tensor &scale = saved.scale, &amax = saved.amax;
+  // Each weight (out_i, in): the float32 master weight as it is (a float64 one, of a model moved to float64, in
+  // float32).
+  std::vector<Tensor> ws;
+  saved.outs.clear();
+  for (const Tensor& w : weights) {
+    ws.push_back(contiguous(fp8_gemm_dtype(w.dtype()) ? w : w.to(DType::Float32)));
+    saved.outs.push_back(w.size(0));
+  }
+  // Each operand quantised, with the K-major transposed copy a backward GEMM needs made in the same pass: x's for
+  // dW, W's for dX. act (a GELU) is applied to x's values in x's quantisation: act(x) itself is never written.
+  // Several weights are quantised as one (out, in) stack without writing the stack first.
+  const DType x_fp8 = state->fp8_dtype(kInput), w_fp8 = state->fp8_dtype(kWeight);
+  Tensor xq, wq;
+  if (with_xt) {
+    std::tie(xq, saved.xt) =
+        internal::fp8_quantize_pair(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), nullptr, call.act);
+  } else {
+    xq = internal::fp8_quantize(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), false, call.act);
+  }
+  if (ws.size() > 1) {
+    std::tie(wq, saved.wt) = internal::fp8_quantize_pair_of_rows(ws, w_fp8, cell(scale, kWeight), cell(amax, kWeight));
+  } else if (with_wt) {
+    std::tie(wq, saved.wt) = internal::fp8_quantize_pair(ws[0], w_fp8, cell(scale, kWeight), cell(amax, kWeight));
+  } else {
+    wq = internal::fp8_quantize(ws[0], w_fp8, cell(scale, kWeight), cell(amax, kWeight));
+  }
+  saved.grad_fp8 = state->fp8_dtype(kGrad);
+  saved.x_dtype = xp.dtype();
+  saved.w_dtype = weights[0].dtype();
+  // The forward product with fast accumulation (as Transformer Engine's and torchao's recipes do); the backward
+  // products, whose output gradients span a wider range, keep the float32 promotion.
+  return internal::fp8_gemm(xq, wq, cell(saved.scale_inv, kInput), cell(saved.scale_inv, kWeight), call.out_dtype,
+                            call.bias_values, nullptr, /*fast_accumulation=*/true);
+}
+
+// What product_backward computes: the input's gradient (Mp rows; before any activation's derivative), each weight's,
+// each bias's.
+struct ProductGrads {
+  Tensor dx;
+  std::vector<Tensor> dw, db;
+};
+
+// The gradients of one FP8 product from its output gradient's quantisation: gq (Mp, out) for dX, gtq (out, Mp) for
+// the weights (undefined where none is wanted), row_sums (out) float32 for the biases (undefined without).
+ProductGrads product_backward(const Fp8Saved& p, const Tensor& gq, const Tensor& gtq, const Tensor& row_sums,
+                              bool want_dx, const std::vector<bool>& want_dw, const std::vector<bool>& want_db) {
+  ProductGrads out{{}, std::vector<Tensor>(p.outs.size()), std::vector<Tensor>(p.outs.size())};
+  if (want_dx) {
+    out.dx = internal::fp8_gemm(gq, p.wt, cell(p.scale_inv, kGrad), cell(p.scale_inv, kWeight), p.x_dtype);
+  }
+  // Each Linear's gradients, from its rows of dY's transpose and its columns of the row sums: dW_i (out_i, in) in
+  // float32 for the master weight, a product of its own (not a view of a stacked one, so that .grad keeps it).
+  int64_t at = 0;
+  for (size_t i = 0; i < p.outs.size(); ++i) {
+    if (want_dw[i]) {
+      const Tensor rows_i = p.outs.size() == 1 ? gtq : gtq.narrow(0, at, p.outs[i]);
+      out.dw[i] = internal::fp8_gemm(rows_i, p.xt, cell(p.scale_inv, kGrad), cell(p.scale_inv, kInput), DType::Float32)
+                      .to(p.w_dtype);
+    }
+    if (want_db[i]) {
+      const Tensor sums_i = p.outs.size() == 1 ? row_sums : row_sums.narrow(0, at, p.outs[i]).contiguous();
+      out.db[i] = sums_i.to(p.b_dtype);  // (out_i)
+    }
+    at += p.outs[i];
+  }
+  return out;
+}
+
+// dY (M, out) padded and quantised for a product's backward: gq always, gtq where a weight's gradient is wanted, the
+// row sums where a bias's is.
+std::tuple<Tensor, Tensor, Tensor> quantise_output_gradient(const Tensor& g, const Fp8Saved& p, bool want_dw,
+                                                            bool want_db) {
+  Tensor gq, gtq, row_sums;
+  if (want_dw) {
+    std::tie(gq, gtq) = internal::fp8_quantize_pair(g, p.grad_fp8, cell(p.scale, kGrad), cell(p.amax, kGrad),
+                                                    want_db ? &row_sums : nullptr);
+  } else {
+    gq = internal::fp8_quantize(g, p.grad_fp8, cell(p.scale, kGrad), cell(p.amax, kGrad));
+    if (want_db) row_sums = sum(g, {0}, false, DType::Float32);
+  }
+  return {gq, gtq, row_sums};
+}
+
 struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
   // x (M, in) contiguous; w0 .. w2 (out_i, in): the weights of the Linears whose outputs this one product computes
   // side by side (w1, w2 undefined for one Linear); b0 .. b2 their biases (undefined without), whose values come in
@@ -54,121 +168,117 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
   // the stacked weights, plus the biases.
   static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& w2,
                         const Tensor& b0, const Tensor& b1, const Tensor& b2, const Fp8Call& call) {
-    const int64_t m = x.size(0), mp = round_up16(m);
-    amp::Fp8ScalingState* state = call.state;
-    // This call's scales, kept for backward: a later forward (gradient accumulation) updates the state in place.
-    // scale_inv with its elements 16 bytes apart (a (3,) view of stride 4 into a (3, 4) block): cuBLASLt's FP8 kernels
-    // read a scale only from a 16-byte aligned address, and fp8_gemm would otherwise copy each one before every
-    // product.
-    Tensor scale = internal::empty({3}, {.dtype = DType::Float32, .device = x.device()});
-    Tensor scale_inv_rows = internal::empty({3, 4}, {.dtype = DType::Float32, .device = x.device()});
-    Tensor scale_inv = scale_inv_rows.select(1, 0);
-    // Delayed scaling: this call's scales from the amaxes of the calls before, copied by the update's own kernel. A
-    // checkpoint's recomputation in backward repeats a forward: it keeps the scales that forward used (and records the
-    // same amaxes again, which changes nothing).
-    if (!autograd::in_recomputation()) {
-      state->update(scale, scale_inv);
-    } else {
-      scale.copy_(state->scale());
-      scale_inv.copy_(state->scale_inv());
-    }
-    const Tensor amax = state->amax_history().select(0, 0);  // (3,) view of the current row: the quantisations write it
-    const DType x_fp8 = state->fp8_dtype(kInput), w_fp8 = state->fp8_dtype(kWeight);
-    const Tensor xp = pad_rows(x, mp);  // (Mp, in)
-    // Each weight (out_i, in): the float32 master weight as it is (a float64 one, of a model moved to float64, in
-    // float32).
+    const int64_t m = x.size(0);
     std::vector<Tensor> ws;
-    std::vector<int64_t> outs;
     for (const Tensor* w : {&w0, &w1, &w2}) {
-      if (!w->defined()) continue;
-      ws.push_back(contiguous(fp8_gemm_dtype(w->dtype()) ? *w : w->to(DType::Float32)));
-      outs.push_back(w->size(0));
+      if (w->defined()) ws.push_back(*w);
     }
+    Fp8Saved saved;
     const bool needs_dw = ctx.needs_input_grad(1) || ctx.needs_input_grad(2) || ctx.needs_input_grad(3);
-    // Each operand quantised, with the K-major transposed copy a backward GEMM needs made in the same pass: x's for
-    // dW, W's for dX. act (a GELU) is applied to x's values in x's quantisation: act(x) itself is never written.
-    // Several weights are quantised as one (out, in) stack without writing the stack first.
-    Tensor xq, xt, wq, wt;
-    if (needs_dw) {
-      std::tie(xq, xt) =
-          internal::fp8_quantize_pair(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), nullptr, call.act);
-    } else {
-      xq = internal::fp8_quantize(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), false, call.act);
-    }
-    if (ws.size() > 1) {
-      std::tie(wq, wt) = internal::fp8_quantize_pair_of_rows(ws, w_fp8, cell(scale, kWeight), cell(amax, kWeight));
-    } else if (ctx.needs_input_grad(0)) {
-      std::tie(wq, wt) = internal::fp8_quantize_pair(ws[0], w_fp8, cell(scale, kWeight), cell(amax, kWeight));
-    } else {
-      wq = internal::fp8_quantize(ws[0], w_fp8, cell(scale, kWeight), cell(amax, kWeight));
-    }
-    // The forward product with fast accumulation (as Transformer Engine's and torchao's recipes do); the backward
-    // products, whose output gradients span a wider range, keep the float32 promotion.
-    const Tensor y = internal::fp8_gemm(xq, wq, cell(scale_inv, kInput), cell(scale_inv, kWeight), call.out_dtype,
-                                        call.bias_values, nullptr, /*fast_accumulation=*/true);
-    if (xt.defined()) ctx.set("xt", xt);  // (in, Mp)
-    if (wt.defined()) ctx.set("wt", wt);  // (in, out)
+    const Tensor y = product_forward(pad_rows(x, round_up16(m)), ws, call, needs_dw, ctx.needs_input_grad(0), saved);
+    saved.x_dtype = x.dtype();
+    saved.b_dtype = b0.defined() ? b0.dtype() : DType::Float32;
     // The activation's gradient needs its input: x itself (not act(x)).
     if (call.act != internal::Fp8Activation::None && ctx.needs_input_grad(0)) ctx.save_for_backward({x});
     ctx.set("act", call.act);
-    ctx.set("outs", outs);
-    ctx.set("scale", scale);
-    ctx.set("scale_inv", scale_inv);
-    ctx.set("amax", amax);
-    ctx.set("grad_fp8", state->fp8_dtype(kGrad));
-    ctx.set("x_dtype", x.dtype());
-    ctx.set("w_dtype", w0.dtype());
-    ctx.set("b_dtype", b0.defined() ? b0.dtype() : DType::Float32);
+    ctx.set("saved", saved);
     return first_rows(y, m);  // (M, out)
   }
 
   static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
     const Tensor dy = contiguous(grads[0]);  // (M, out)
-    const int64_t m = dy.size(0), mp = round_up16(m);
-    const Tensor g = pad_rows(dy, mp);  // (Mp, out)
-    const auto scale = ctx.get<Tensor>("scale"), scale_inv = ctx.get<Tensor>("scale_inv"),
-               amax = ctx.get<Tensor>("amax");
-    const auto grad_fp8 = ctx.get<DType>("grad_fp8");
-    const auto outs = ctx.get<std::vector<int64_t>>("outs");
-    const bool needs_dw = ctx.needs_input_grad(1) || ctx.needs_input_grad(2) || ctx.needs_input_grad(3);
-    const bool needs_db = ctx.needs_input_grad(4) || ctx.needs_input_grad(5) || ctx.needs_input_grad(6);
-    autograd::TensorList out(7);
+    const int64_t m = dy.size(0);
+    const auto saved = ctx.get<Fp8Saved>("saved");
+    std::vector<bool> want_dw, want_db;
+    for (size_t i = 0; i < saved.outs.size(); ++i) {
+      want_dw.push_back(ctx.needs_input_grad(1 + i));
+      want_db.push_back(ctx.needs_input_grad(4 + i));
+    }
+    const bool any_dw = std::find(want_dw.begin(), want_dw.end(), true) != want_dw.end();
+    const bool any_db = std::find(want_db.begin(), want_db.end(), true) != want_db.end();
     // dY quantised: (Mp, out) for dX, its transpose (out, Mp) for dW, and with the transpose the bias gradient
     // (dY's rows summed in float32; the padding rows are zero) from the same pass.
-    Tensor gq, gtq, row_sums;
-    if (needs_dw) {
-      std::tie(gq, gtq) = internal::fp8_quantize_pair(g, grad_fp8, cell(scale, kGrad), cell(amax, kGrad),
-                                                      needs_db ? &row_sums : nullptr);
-    } else if (ctx.needs_input_grad(0)) {
-      gq = internal::fp8_quantize(g, grad_fp8, cell(scale, kGrad), cell(amax, kGrad));
-    }
-    if (ctx.needs_input_grad(0)) {
-      Tensor dx = internal::fp8_gemm(gq, ctx.get<Tensor>("wt"), cell(scale_inv, kGrad), cell(scale_inv, kWeight),
-                                     ctx.get<DType>("x_dtype"));  // (Mp, in)
-      dx = first_rows(dx, m);
+    const auto [gq, gtq, row_sums] = quantise_output_gradient(pad_rows(dy, round_up16(m)), saved, any_dw, any_db);
+    ProductGrads g = product_backward(saved, gq, gtq, row_sums, ctx.needs_input_grad(0), want_dw, want_db);
+    autograd::TensorList out(7);
+    if (g.dx.defined()) {
+      out[0] = first_rows(g.dx, m);
       // That is the gradient of act(x); through the activation to x's.
       if (const auto act = ctx.get<internal::Fp8Activation>("act"); act != internal::Fp8Activation::None) {
-        dx = internal::gelu_backward(dx, ctx.saved()[0], act == internal::Fp8Activation::GeluTanh);
+        out[0] = internal::gelu_backward(out[0], ctx.saved()[0], act == internal::Fp8Activation::GeluTanh);
       }
-      out[0] = dx;
     }
-    if (needs_db && !row_sums.defined()) row_sums = sum(dy, {0}, false, DType::Float32);
-    // Each Linear's gradients, from its rows of dY's transpose and its columns of the row sums: dW_i (out_i, in) in
-    // float32 for the master weight, a product of its own (not a view of a stacked one, so that .grad keeps it).
-    int64_t at = 0;
-    for (size_t i = 0; i < outs.size(); ++i) {
-      if (ctx.needs_input_grad(1 + i)) {
-        const Tensor rows_i = outs.size() == 1 ? gtq : gtq.narrow(0, at, outs[i]);
-        out[1 + i] = internal::fp8_gemm(rows_i, ctx.get<Tensor>("xt"), cell(scale_inv, kGrad), cell(scale_inv, kInput),
-                                        DType::Float32)
-                         .to(ctx.get<DType>("w_dtype"));
-      }
-      if (ctx.needs_input_grad(4 + i)) {
-        const Tensor sums_i = outs.size() == 1 ? row_sums : row_sums.narrow(0, at, outs[i]).contiguous();
-        out[4 + i] = sums_i.to(ctx.get<DType>("b_dtype"));  // (out_i)
-      }
-      at += outs[i];
+    for (size_t i = 0; i < saved.outs.size(); ++i) {
+      out[1 + i] = g.dw[i];
+      out[4 + i] = g.db[i];
     }
+    return out;
+  }
+};
+
+// What fp8_mlp's product pair takes besides its differentiable tensors.
+struct Fp8MlpCall {
+  amp::Fp8ScalingState *state1, *state2;
+  DType out_dtype;
+  bool tanh_approximation;
+  Tensor bias_values1, bias_values2;  // in out_dtype, no history; undefined without
+};
+
+// fc2(gelu(fc1(x))) as two FP8 products whose GELU is never written: forward applies it in the quantisation of fc2's
+// input, backward takes fc2's input gradient through it in the quantisation of fc1's output gradient.
+struct Fp8MlpFunction : autograd::Function<Fp8MlpFunction> {
+  // x (M, in) contiguous; w1 (hidden, in), b1; w2 (out, hidden), b2 (biases undefined without). Returns (M, out).
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                        const Tensor& b2, const Fp8MlpCall& call) {
+    const int64_t m = x.size(0), mp = round_up16(m);
+    const bool below_fc2 = ctx.needs_input_grad(0) || ctx.needs_input_grad(1) || ctx.needs_input_grad(2);
+    Fp8Saved fc1, fc2;
+    // fc1, and its output's rows without the padding's (which hold the bias): fc2 pads them with zeros, as it would
+    // pad its own input.
+    const Tensor h =
+        first_rows(product_forward(pad_rows(x, mp), {w1},
+                                   {call.state1, call.out_dtype, internal::Fp8Activation::None, call.bias_values1},
+                                   ctx.needs_input_grad(1), ctx.needs_input_grad(0), fc1),
+                   m);
+    const internal::Fp8Activation act =
+        call.tanh_approximation ? internal::Fp8Activation::GeluTanh : internal::Fp8Activation::Gelu;
+    const Tensor y = product_forward(pad_rows(h, mp), {w2}, {call.state2, call.out_dtype, act, call.bias_values2},
+                                     ctx.needs_input_grad(3), below_fc2, fc2);
+    fc1.x_dtype = x.dtype();
+    fc1.b_dtype = b1.defined() ? b1.dtype() : DType::Float32;
+    fc2.b_dtype = b2.defined() ? b2.dtype() : DType::Float32;
+    if (below_fc2) ctx.save_for_backward({h});  // the GELU's input, for its derivative
+    ctx.set("fc1", fc1);
+    ctx.set("fc2", fc2);
+    ctx.set("tanh", call.tanh_approximation);
+    return first_rows(y, m);
+  }
+
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const Tensor dy = contiguous(grads[0]);  // (M, out)
+    const int64_t m = dy.size(0), mp = round_up16(m);
+    const auto fc1 = ctx.get<Fp8Saved>("fc1"), fc2 = ctx.get<Fp8Saved>("fc2");
+    const bool below_fc2 = ctx.needs_input_grad(0) || ctx.needs_input_grad(1) || ctx.needs_input_grad(2);
+    autograd::TensorList out(5);
+    const auto [gq2, gtq2, sums2] =
+        quantise_output_gradient(pad_rows(dy, mp), fc2, ctx.needs_input_grad(3), ctx.needs_input_grad(4));
+    ProductGrads g2 =
+        product_backward(fc2, gq2, gtq2, sums2, below_fc2, {ctx.needs_input_grad(3)}, {ctx.needs_input_grad(4)});
+    out[3] = g2.dw[0];
+    out[4] = g2.db[0];
+    if (!below_fc2) return out;
+    // g2.dx is the gradient of gelu(h) (its padding rows zero); through the GELU to h's in fc1's output-gradient
+    // quantisation (the padding rows stay zero: zero times gelu'(h)).
+    const Tensor h = pad_rows(ctx.saved()[0], mp);
+    Tensor gq1, gtq1, sums1;
+    std::tie(gq1, gtq1) =
+        internal::fp8_quantize_pair_through_gelu(g2.dx, h, ctx.get<bool>("tanh"), fc1.grad_fp8, cell(fc1.scale, kGrad),
+                                                 cell(fc1.amax, kGrad), ctx.needs_input_grad(2) ? &sums1 : nullptr);
+    ProductGrads g1 = product_backward(fc1, gq1, gtq1, sums1, ctx.needs_input_grad(0), {ctx.needs_input_grad(1)},
+                                       {ctx.needs_input_grad(2)});
+    if (g1.dx.defined()) out[0] = first_rows(g1.dx, m);
+    out[1] = g1.dw[0];
+    out[2] = g1.db[0];
     return out;
   }
 };
@@ -267,6 +377,50 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp
 Tensor fp8_linear_stacked(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
                           amp::Fp8ScalingState& state, DType out_dtype) {
   return fp8_product(x, weights, biases, state, out_dtype, internal::Fp8Activation::None);
+}
+
+Tensor fp8_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, amp::Fp8ScalingState& state1, const Tensor& w2,
+               const Tensor& b2, amp::Fp8ScalingState& state2, DType out_dtype, bool tanh_approximation) {
+  for (const Tensor* w : {&w1, &w2}) {
+    KILN_CHECK(w->defined() && w->dim() == 2 && w->is_floating_point() && !is_float8(w->dtype()),
+               "fp8_mlp: the weights must be 2-D floating tensors (out_features, in_features), got ",
+               w->defined() ? detail::str_cat(w->dtype(), " of shape ", w->shape()) : std::string("none"));
+  }
+  const int64_t in = w1.size(1), hidden = w1.size(0), out = w2.size(0);
+  KILN_CHECK(w2.size(1) == hidden, "fp8_mlp: the second weight ", w2.shape(), " does not take the first's ", hidden,
+             " outputs (first weight ", w1.shape(), ")");
+  check_fp8_call(x, w1, b1, state1, out_dtype, in);
+  check_fp8_call(x, w2, b2, state2, out_dtype, hidden);
+  KILN_CHECK(&state1 != &state2, "fp8_mlp: the two products need scaling states of their own");
+  KILN_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in && x.is_floating_point() && !is_float8(x.dtype()),
+             "fp8_mlp: expected a floating input of shape (..., ", in, ") for weight ", w1.shape(), ", got ",
+             x.defined() ? detail::str_cat(x.dtype(), " of shape ", x.shape()) : std::string("none"));
+  const int64_t rows = in == 0 ? 0 : x.numel() / in;
+  const Tensor bias1 = values_in(b1, out_dtype), bias2 = values_in(b2, out_dtype);
+  autocast::DisableGuard as_one_op;
+  if (rows == 0) {  // nothing to compute: the plain products' empty result, and no state update
+    const Tensor h = linear(x.to(out_dtype), w1.to(out_dtype), b1.defined() ? b1.to(out_dtype) : b1);
+    return linear(gelu(h, tanh_approximation), w2.to(out_dtype), b2.defined() ? b2.to(out_dtype) : b2);
+  }
+  Shape shape = x.shape();
+  shape.back() = out;
+  const Tensor xin = fp8_gemm_dtype(x.dtype()) ? x : x.to(out_dtype);
+  const Tensor y = Fp8MlpFunction::apply(reshape(contiguous(xin), {rows, in}), w1, b1, w2, b2,
+                                         Fp8MlpCall{&state1, &state2, out_dtype, tanh_approximation, bias1, bias2});
+  return reshape(y, shape);
+}
+
+Tensor linear_gelu_linear(Linear& fc1, Linear& fc2, const Tensor& x, bool tanh_approximation) {
+  const DeviceType type = x.device().type();
+  if (const amp::Fp8Recipe* recipe = autocast::fp8_recipe(type); recipe != nullptr && x.is_floating_point()) {
+    amp::Fp8ScalingState* state1 = fc1.fp8_state_for(*recipe, x.device());
+    amp::Fp8ScalingState* state2 = fc2.fp8_state_for(*recipe, x.device());
+    if (state1 != nullptr && state2 != nullptr && state1 != state2) {
+      return fp8_mlp(x, fc1.weight, fc1.bias, *state1, fc2.weight, fc2.bias, *state2, autocast::get_dtype(type),
+                     tanh_approximation);
+    }
+  }
+  return fc2.forward_gelu(fc1(x), tanh_approximation);
 }
 
 // ---------------------------------------------------------------- nn::Linear's FP8 state

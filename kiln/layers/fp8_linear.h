@@ -71,4 +71,16 @@ Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp
 Tensor fp8_linear_stacked(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
                           amp::Fp8ScalingState& state, DType out_dtype);
 
+// fp8_linear(gelu(fp8_linear(x, w1, b1, state1)), w2, b2, state2) (gelu(., tanh_approximation)), a transformer's
+// MLP, as one function whose GELU is never written: forward applies it as the second product quantises its input,
+// backward takes the second product's input gradient through it as the first product's output gradient is quantised
+// (internal::fp8_quantize_pair_through_gelu). w1 (hidden, in), w2 (out, hidden); two states of their own.
+Tensor fp8_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, amp::Fp8ScalingState& state1, const Tensor& w2,
+               const Tensor& b2, amp::Fp8ScalingState& state2, DType out_dtype, bool tanh_approximation = false);
+
+class Linear;
+// fc2(gelu(fc1(x))): fp8_mlp in an FP8 region where both Linears compute in FP8 (each with its own state), else
+// fc2.forward_gelu(fc1(x)).
+Tensor linear_gelu_linear(Linear& fc1, Linear& fc2, const Tensor& x, bool tanh_approximation = false);
+
 }  // namespace kiln::nn

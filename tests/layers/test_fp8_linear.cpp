@@ -584,6 +584,101 @@ TEST_P(Fp8LinearTest, StackedProductEqualsTheProductOfTheConcatenation) {
       {"fp8_linear_stacked", "weight 1", "[16, 48]"});
 }
 
+// fp8_mlp: fc2(gelu(fc1(x))) as one function, against its two products (fp8_linear, then fp8_linear with the GELU
+// applied in its input quantisation, then gelu_backward between them). With float32 products the two compute the
+// same values, so over two steps and both GELU forms the output, every gradient and both states are equal bit for bit.
+// With bfloat16 products the output still is, and the gradients differ only where the fused backward's unrounded
+// gradient through the GELU falls on the other side of an E5M2 rounding than its bfloat16 rounding does.
+TEST_P(Fp8LinearTest, MlpEqualsItsTwoProducts) {
+  const int64_t in = 64, hidden = 96, out = 32;
+  for (const DType out_dtype : {DType::Float32, DType::BFloat16}) {
+    for (const bool tanh_form : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << out_dtype << (tanh_form ? ", tanh GELU" : ", GELU"));
+      const amp::Fp8Recipe recipe{.amax_history_len = 4};
+      amp::Fp8ScalingState s1 = amp::Fp8ScalingState::for_linear(recipe, dev());
+      amp::Fp8ScalingState s2 = amp::Fp8ScalingState::for_linear(recipe, dev());
+      amp::Fp8ScalingState r1 = amp::Fp8ScalingState::for_linear(recipe, dev());
+      amp::Fp8ScalingState r2 = amp::Fp8ScalingState::for_linear(recipe, dev());
+      std::vector<Tensor> params = {input({hidden, in}, -0.3, 0.3, 120), input({hidden}, -0.5, 0.5, 121),
+                                    input({out, hidden}, -0.3, 0.3, 122), input({out}, -0.5, 0.5, 123)};
+      std::vector<Tensor> refs;
+      for (Tensor& p : params) {
+        p.requires_grad_();
+        refs.push_back(p.detach().clone().requires_grad_());
+      }
+      for (int step = 0; step < 2; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step + 1));
+        for (auto* list : {&params, &refs}) {
+          for (Tensor& t : *list) t.mutable_grad() = Tensor();
+        }
+        const Tensor x = input({2, 12, in}, -2, 2, 130 + step).requires_grad_();
+        const Tensor x_ref = x.detach().clone().requires_grad_();
+        const Tensor dy = input({2, 12, out}, -1, 1, 140 + step, out_dtype);
+        const Tensor y = nn::fp8_mlp(x, params[0], params[1], s1, params[2], params[3], s2, out_dtype, tanh_form);
+        const Tensor h = nn::fp8_linear(x_ref, refs[0], refs[1], r1, out_dtype);
+        const Tensor y_ref =
+            nn::fp8_linear(h, refs[2], refs[3], r2, out_dtype,
+                           tanh_form ? internal::Fp8Activation::GeluTanh : internal::Fp8Activation::Gelu);
+        expect_bitwise_equal(y, y_ref, "the output");
+        y.backward(dy);
+        y_ref.backward(dy);
+        EXPECT_TRUE(internal::equal(s2.amax_history(), r2.amax_history()));
+        const std::vector<Tensor> got = {x.grad(), params[0].grad(), params[1].grad(), params[2].grad(),
+                                         params[3].grad()};
+        const std::vector<Tensor> want = {x_ref.grad(), refs[0].grad(), refs[1].grad(), refs[2].grad(), refs[3].grad()};
+        for (size_t i = 0; i < got.size(); ++i) {
+          SCOPED_TRACE(::testing::Message() << "gradient " << i);
+          ASSERT_TRUE(got[i].defined());
+          EXPECT_EQ(got[i].dtype(), want[i].dtype());
+          if (out_dtype == DType::Float32 || i >= 3) {  // fc2's own gradients do not go through the GELU
+            expect_bitwise_equal(got[i], want[i], "the gradient");
+          } else {
+            const std::vector<double> w = values(want[i]);
+            testing::expect_values(got[i], want[i].shape(), w, 0.3, 0.05 * amax_of(w));
+          }
+        }
+        if (out_dtype == DType::Float32) {
+          EXPECT_TRUE(internal::equal(s1.amax_history(), r1.amax_history()));
+          EXPECT_TRUE(internal::equal(s1.scale(), r1.scale()));
+        }
+      }
+    }
+  }
+  amp::Fp8ScalingState s = amp::Fp8ScalingState::for_linear(amp::Fp8Recipe{}, dev());
+  expect_error(
+      [&] {
+        nn::fp8_mlp(input({4, 64}, -1, 1, 1), input({96, 64}, -1, 1, 2), {}, s, input({32, 80}, -1, 1, 3), {}, s,
+                    DType::BFloat16);
+      },
+      {"fp8_mlp", "[32, 80]", "96 outputs"});
+}
+
+// In an FP8 region nn::linear_gelu_linear (which BERT's MLP takes) is fp8_mlp with the two Linears' states: the same
+// output as fc2->forward_gelu(fc1(x)) of twin Linears, bit for bit.
+TEST_P(Fp8LinearTest, LinearGeluLinearIsTheMlpFunctionInFp8Regions) {
+  manual_seed(4);
+  auto fc1 = nn::make<nn::Linear>(64, 96), fc2 = nn::make<nn::Linear>(96, 32);
+  auto tw1 = nn::make<nn::Linear>(64, 96), tw2 = nn::make<nn::Linear>(96, 32);
+  for (auto [a, b] : {std::pair{fc1, tw1}, std::pair{fc2, tw2}}) {
+    b->weight.detach().copy_(a->weight.detach());
+    b->bias.detach().copy_(a->bias.detach());
+  }
+  for (auto* m : {&fc1, &fc2, &tw1, &tw2}) (*m)->to(dev());
+  const Tensor x = input({3, 8, 64}, -2, 2, 150);
+  const amp::Fp8Recipe recipe{.amax_history_len = 4};
+  Tensor y, y_twin;
+  {
+    amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+    y = nn::linear_gelu_linear(*fc1, *fc2, x);
+    y_twin = tw2->forward_gelu(tw1(x));
+  }
+  expect_bitwise_equal(y, y_twin, "the output");
+  ASSERT_NE(fc1->fp8_state(), nullptr);
+  EXPECT_TRUE(internal::equal(fc1->fp8_state()->amax_history(), tw1->fp8_state()->amax_history()));
+  // Outside FP8 regions: the plain ops.
+  expect_bitwise_equal(nn::linear_gelu_linear(*fc1, *fc2, x), fc2(gelu(fc1(x))), "outside FP8");
+}
+
 TEST_P(Fp8LinearTest, ShareFp8StateNeedsBothStates) {
   nn::Linear a(16, 16), b(16, 16);
   expect_error([&] { b.share_fp8_state(a); }, {"share_fp8_state", "FP8 state first", "prepare_fp8"});
