@@ -7,7 +7,8 @@
 // of 20 timed calls (bench/gpu_timing.h), the bytes moved per second, and that as a share of the copy's rate:
 //   quantize       one layout (R, C)
 //   quantize_pair  both layouts, (R, C) and (C, R), in one pass; "+ sums" also the column sums (a bias gradient);
-//                  "of gelu(x)" with the GELU applied as x is read (fc2's input), beside the GELU kernel alone
+//                  "of gelu(x)" with the GELU applied as x is read (fc2's input), beside the GELU kernel alone;
+//                  "through gelu" the gradient through the GELU (fc1's output gradient), beside gelu_backward alone
 // Then each FP8 product of a BERT Linear (fp8_gemm: forward with fast accumulation, the two backward products
 // without) beside the bf16 matmul of the same shape, in TFLOP/s. Rows: 16384 = BERT-base's 128 x 128 tokens.
 #include <kiln/kiln.h>
@@ -85,6 +86,18 @@ int main(int argc, char** argv) {
       // fused pass replaces together with the quantisation of its output).
       report("gelu (read + write, the unfused op)",
              kiln::bench::median_step_ms(warmup, steps, [&] { y = kiln::internal::gelu(x); }), 2 * in_bytes);
+      // fc1's output gradient: the gradient through the GELU taken in the quantisation, against gelu_backward alone.
+      const Tensor h = kiln::randn({s.rows, s.cols}, f32, &gen).to(s.dtype);
+      report("gelu_backward (2 reads + write, the unfused op)",
+             kiln::bench::median_step_ms(warmup, steps, [&] { y = kiln::internal::gelu_backward(x, h); }),
+             3 * in_bytes);
+      report("quantize_pair e5m2 + sums through gelu, fused",
+             kiln::bench::median_step_ms(warmup, steps,
+                                         [&] {
+                                           std::tie(q, qt) = kiln::internal::fp8_quantize_pair_through_gelu(
+                                               x, h, false, DType::Float8_e5m2, scale, amax, &sums);
+                                         }),
+             2 * in_bytes + 2 * n);
       report("quantize_pair e4m3 of gelu(x), fused",
              kiln::bench::median_step_ms(warmup, steps,
                                          [&] {
