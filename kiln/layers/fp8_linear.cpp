@@ -290,6 +290,20 @@ Tensor values_in(const Tensor& t, DType dtype) {
   return (t.dtype() == dtype ? t : autocast::cast_to(t, dtype)).detach();
 }
 
+// A weight an FP8 product takes: 2-D, floating, not FP8 itself (`op` names the caller in the error).
+void check_fp8_weight(const char* op, const Tensor& w) {
+  KILN_CHECK(w.defined() && w.dim() == 2 && w.is_floating_point() && !is_float8(w.dtype()), op,
+             ": weight must be a 2-D floating tensor (out_features, in_features), got ",
+             w.defined() ? detail::str_cat(w.dtype(), " of shape ", w.shape()) : std::string("none"));
+}
+
+// An input an FP8 product takes: floating (not FP8), of shape (..., in) for `weight`.
+void check_fp8_input(const char* op, const Tensor& x, int64_t in, const Tensor& weight) {
+  KILN_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in && x.is_floating_point() && !is_float8(x.dtype()), op,
+             ": expected a floating input of shape (..., ", in, ") for weight ", weight.shape(), ", got ",
+             x.defined() ? detail::str_cat(x.dtype(), " of shape ", x.shape()) : std::string("none"));
+}
+
 // The checks every FP8 product makes of its arguments (fp8_linear and fp8_linear_stacked).
 void check_fp8_call(const Tensor& x, const Tensor& weight, const Tensor& bias, const amp::Fp8ScalingState& state,
                     DType out_dtype, int64_t in) {
@@ -309,10 +323,6 @@ void check_fp8_call(const Tensor& x, const Tensor& weight, const Tensor& bias, c
       "call amp::prepare_fp8 with the model's device)");
 }
 
-}  // namespace
-
-namespace {
-
 // fp8_linear and fp8_linear_stacked: the product of x with the weights stacked along the output, as one FP8 product.
 Tensor fp8_product(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<Tensor>& biases,
                    amp::Fp8ScalingState& state, DType out_dtype, internal::Fp8Activation act) {
@@ -323,9 +333,7 @@ Tensor fp8_product(const Tensor& x, const std::vector<Tensor>& weights, const st
   int64_t in = 0, out = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
     const Tensor& weight = weights[i];
-    KILN_CHECK(weight.defined() && weight.dim() == 2 && weight.is_floating_point() && !is_float8(weight.dtype()),
-               "fp8_linear: weight must be a 2-D floating tensor (out_features, in_features), got ",
-               weight.defined() ? detail::str_cat(weight.dtype(), " of shape ", weight.shape()) : std::string("none"));
+    check_fp8_weight("fp8_linear", weight);
     if (i == 0) in = weight.size(1);
     KILN_CHECK(weight.size(1) == in && weight.dtype() == weights[0].dtype(), "fp8_linear_stacked: weight ", i, " (",
                weight.dtype(), " of shape ", weight.shape(), ") does not take the input weight 0 takes (",
@@ -337,9 +345,7 @@ Tensor fp8_product(const Tensor& x, const std::vector<Tensor>& weights, const st
     KILN_CHECK(b.defined() && b.dtype() == biases[0].dtype(), "fp8_linear_stacked: the biases must all be defined, ",
                "of one dtype (or give none)");
   }
-  KILN_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in && x.is_floating_point() && !is_float8(x.dtype()),
-             "fp8_linear: expected a floating input of shape (..., ", in, ") for weight ", weights[0].shape(), ", got ",
-             x.defined() ? detail::str_cat(x.dtype(), " of shape ", x.shape()) : std::string("none"));
+  check_fp8_input("fp8_linear", x, in, weights[0]);
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
   // The biases' values in out_dtype, concatenated: a parameter's cast from the autocast region (the optimizer's
   // 16-bit shadow where it wrote one).
@@ -381,20 +387,15 @@ Tensor fp8_linear_stacked(const Tensor& x, const std::vector<Tensor>& weights, c
 
 Tensor fp8_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, amp::Fp8ScalingState& state1, const Tensor& w2,
                const Tensor& b2, amp::Fp8ScalingState& state2, DType out_dtype, bool tanh_approximation) {
-  for (const Tensor* w : {&w1, &w2}) {
-    KILN_CHECK(w->defined() && w->dim() == 2 && w->is_floating_point() && !is_float8(w->dtype()),
-               "fp8_mlp: the weights must be 2-D floating tensors (out_features, in_features), got ",
-               w->defined() ? detail::str_cat(w->dtype(), " of shape ", w->shape()) : std::string("none"));
-  }
+  check_fp8_weight("fp8_mlp", w1);
+  check_fp8_weight("fp8_mlp", w2);
   const int64_t in = w1.size(1), hidden = w1.size(0), out = w2.size(0);
   KILN_CHECK(w2.size(1) == hidden, "fp8_mlp: the second weight ", w2.shape(), " does not take the first's ", hidden,
              " outputs (first weight ", w1.shape(), ")");
   check_fp8_call(x, w1, b1, state1, out_dtype, in);
   check_fp8_call(x, w2, b2, state2, out_dtype, hidden);
   KILN_CHECK(&state1 != &state2, "fp8_mlp: the two products need scaling states of their own");
-  KILN_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in && x.is_floating_point() && !is_float8(x.dtype()),
-             "fp8_mlp: expected a floating input of shape (..., ", in, ") for weight ", w1.shape(), ", got ",
-             x.defined() ? detail::str_cat(x.dtype(), " of shape ", x.shape()) : std::string("none"));
+  check_fp8_input("fp8_mlp", x, in, w1);
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
   const Tensor bias1 = values_in(b1, out_dtype), bias2 = values_in(b2, out_dtype);
   autocast::DisableGuard as_one_op;

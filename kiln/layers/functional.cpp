@@ -392,11 +392,11 @@ Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& norm
              " and ", residual.shape(), "; add them and call layer_norm to broadcast");
 #if KILN_WITH_CUDA
   if (auto in = fused_add_inputs(x, residual, normalized_shape, weight_in, bias_in)) {
-    const OutputCast cast_of_y{autocast::cast_worth_offering(x.device())};
+    const std::optional<DType> offer = autocast::cast_worth_offering(x.device());  // before autocast is off
     autocast::DisableGuard as_one_op;
     Tensor cast;
     const Tensor y = AddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps,
-                                                 OutputCast{cast_of_y.dtype, &cast});
+                                                 OutputCast{offer, &cast});
     return cap.done(offering_cast(y, cast), describe);
   }
 #endif

@@ -217,11 +217,6 @@ BertResidualOutput::BertResidualOutput(const BertConfig& c, int64_t in_features)
 
 Tensor BertResidualOutput::forward(const Tensor& x, const Tensor& residual) { return add_and_norm(dense(x), residual); }
 
-Tensor BertResidualOutput::forward_gelu(const Tensor& pre, bool tanh_approximation, const Tensor& residual) {
-  trace::Scope range(trace::Kind::Module, type_name(), pre.device(), {}, this);  // as a call through a handle
-  return add_and_norm(dense->forward_gelu(pre, tanh_approximation), residual);
-}
-
 Tensor BertResidualOutput::forward_mlp(Linear& fc1, const Tensor& x, bool tanh_approximation, const Tensor& residual) {
   trace::Scope range(trace::Kind::Module, type_name(), x.device(), {}, this);  // as a call through a handle
   return add_and_norm(linear_gelu_linear(fc1, *dense, x, tanh_approximation), residual);
@@ -256,19 +251,12 @@ BertLayer::BertLayer(const BertConfig& c) : Module("BertLayer") {
 
 Tensor BertLayer::forward(const Tensor& hidden, const Tensor& mask) {
   Tensor a = attention(hidden, mask);
-  // A GELU goes with the two products around it (BertResidualOutput::forward_mlp, nn::linear_gelu_linear): in an FP8
-  // region the activation is never written, forward or backward (the intermediate's product then runs inside the
-  // output's profiler range). The same values as output(intermediate(a), a).
-  if (intermediate->act == BertActivation::Gelu || intermediate->act == BertActivation::GeluTanh) {
-    const bool tanh_form = intermediate->act == BertActivation::GeluTanh;
-    if (autocast::fp8_recipe(a.device().type()) != nullptr)
-      return output->forward_mlp(*intermediate->dense, a, tanh_form, a);
-    Tensor pre;
-    {
-      trace::Scope range(trace::Kind::Module, intermediate->type_name(), a.device(), {}, intermediate.get());
-      pre = intermediate->dense(a);
-    }
-    return output->forward_gelu(pre, tanh_form, a);
+  // In an FP8 region a GELU goes with the two products around it (BertResidualOutput::forward_mlp,
+  // nn::linear_gelu_linear), so that the activation is never written, forward or backward (the intermediate's product
+  // then runs inside the output's profiler range). The same values as output(intermediate(a), a).
+  const bool gelu = intermediate->act == BertActivation::Gelu || intermediate->act == BertActivation::GeluTanh;
+  if (gelu && autocast::fp8_recipe(a.device().type()) != nullptr) {
+    return output->forward_mlp(*intermediate->dense, a, intermediate->act == BertActivation::GeluTanh, a);
   }
   return output(intermediate(a), a);
 }

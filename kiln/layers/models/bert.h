@@ -124,9 +124,6 @@ class BertResidualOutput : public Module {
   BertResidualOutput(const BertConfig& config, int64_t in_features);
   // LayerNorm(dropout(dense(x)) + residual): x (N, S, in_features), residual (N, S, H) -> (N, S, H).
   Tensor forward(const Tensor& x, const Tensor& residual);
-  // forward(gelu(pre, tanh_approximation), residual), the GELU through dense->forward_gelu (applied in its FP8
-  // input quantisation in an FP8 region).
-  Tensor forward_gelu(const Tensor& pre, bool tanh_approximation, const Tensor& residual);
   // forward(gelu(fc1(x), tanh_approximation), residual), fc1 and dense through nn::linear_gelu_linear: in an FP8
   // region one function whose GELU is never written, forward or backward.
   Tensor forward_mlp(Linear& fc1, const Tensor& x, bool tanh_approximation, const Tensor& residual);
