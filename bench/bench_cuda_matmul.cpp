@@ -3,6 +3,8 @@
 //
 //   ./build/bench/bench_cuda_matmul               n = 8192: bfloat16, float16, float32 (TF32)
 //   ./build/bench/bench_cuda_matmul --n 4096 --reps 20
+//   ./build/bench/bench_cuda_matmul --linear-grads   a linear layer's gradients at BERT's shapes, each way kiln can
+//                                                    compute them (below)
 //
 // Each case: random (n, n) operands on cuda:0, 3 untimed products (cuBLASLt's algorithm choice, the
 // workspace and the allocator's cache all settle there), then 5 trials of --reps products each,
@@ -10,6 +12,8 @@
 // the median trial are printed. Without a GPU it prints "no GPU visible" and exits 0.
 #include <kiln/kiln.h>
 #include <kiln/tensor/cuda.h>
+
+#include "kiln/tensor/internal_ops.h"  // internal::mm, internal::mm_with_row_sums, internal::sum: raw ops
 
 #include <algorithm>
 #include <cstdio>
@@ -24,17 +28,15 @@ struct Result {
   double best_ms = 0, median_ms = 0;
 };
 
-Result time_matmul(int64_t n, kiln::DType dtype, int reps) {
-  using kiln::Tensor;
-  const kiln::TensorOptions opts{.dtype = dtype, .device = kiln::Device::cuda(0)};
-  Tensor a = kiln::randn({n, n}, opts), b = kiln::randn({n, n}, opts);
-  for (int i = 0; i < 3; ++i) Tensor c = kiln::matmul(a, b);
+template <typename F>
+Result time_calls(F&& call, int reps) {
+  for (int i = 0; i < 3; ++i) call();
   kiln::cuda::synchronize(0);
   std::vector<double> trials;
   for (int t = 0; t < 5; ++t) {
     kiln::cuda::Event start(true), stop(true);
     start.record();
-    for (int i = 0; i < reps; ++i) Tensor c = kiln::matmul(a, b);
+    for (int i = 0; i < reps; ++i) call();
     stop.record();
     stop.synchronize();
     trials.push_back(static_cast<double>(start.elapsed_ms(stop)) / reps);
@@ -43,20 +45,73 @@ Result time_matmul(int64_t n, kiln::DType dtype, int reps) {
   return {trials.front(), trials[trials.size() / 2]};
 }
 
+Result time_matmul(int64_t n, kiln::DType dtype, int reps) {
+  using kiln::Tensor;
+  const kiln::TensorOptions opts{.dtype = dtype, .device = kiln::Device::cuda(0)};
+  Tensor a = kiln::randn({n, n}, opts), b = kiln::randn({n, n}, opts);
+  return time_calls([&] { Tensor c = kiln::matmul(a, b); }, reps);
+}
+
+// A bfloat16 linear layer y = x W^T + b over 16384 tokens (BERT at batch 128, sequence 128), at each shape BERT-base
+// has: the forward product with its bias, the input gradient g W, and the weight and bias gradients g^T x and the
+// column sums of g computed four ways: in one product whose epilogue sums (mm_with_row_sums), or a plain product and
+// a reduction of g of its own; each stored in bfloat16 or float32 (the widening product autocast's backward uses
+// for float32 parameters).
+void time_linear_grads(int reps) {
+  using kiln::DType;
+  using kiln::Tensor;
+  namespace in = kiln::internal;
+  const kiln::TensorOptions opts{.dtype = DType::BFloat16, .device = kiln::Device::cuda(0)};
+  const int64_t tokens = 16384;
+  const std::pair<int64_t, int64_t> shapes[] = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 30522}};
+  for (const auto& [in_f, out_f] : shapes) {
+    Tensor x = kiln::randn({tokens, in_f}, opts), w = kiln::randn({out_f, in_f}, opts);
+    Tensor bias = kiln::randn({out_f}, opts), g = kiln::randn({tokens, out_f}, opts);
+    const double flops = 2.0 * static_cast<double>(tokens) * static_cast<double>(in_f) * static_cast<double>(out_f);
+    auto report = [&](const char* what, const Result& r) {
+      std::printf("linear %5lld -> %5lld  %-34s median %7.3f ms %6.1f TFLOP/s (best %7.3f ms)\n",
+                  static_cast<long long>(in_f), static_cast<long long>(out_f), what, r.median_ms,
+                  flops / (r.median_ms * 1e-3) / 1e12, r.best_ms);
+    };
+    report("forward x W^T + b", time_calls([&] { Tensor y = kiln::nn::linear(x, w, bias); }, reps));
+    report("input gradient g W", time_calls([&] { Tensor d = in::mm(g, w, DType::BFloat16); }, reps));
+    for (DType out : {DType::BFloat16, DType::Float32}) {
+      const bool wide = out == DType::Float32;
+      report(wide ? "dW, db: epilogue sums, float32" : "dW, db: epilogue sums, bfloat16",
+             time_calls([&] { auto r = in::mm_with_row_sums(in::transpose(g, 0, 1), x, out); }, reps));
+      report(wide ? "dW, db: product + sum, float32" : "dW, db: product + sum, bfloat16",
+             time_calls(
+                 [&] {
+                   Tensor d = in::mm(in::transpose(g, 0, 1), x, out);
+                   Tensor s = in::sum(g, {0});
+                 },
+                 reps));
+      report(wide ? "dW alone, float32" : "dW alone, bfloat16",
+             time_calls([&] { Tensor d = in::mm(in::transpose(g, 0, 1), x, out); }, reps));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t n = 8192;
   int reps = 10;
+  bool linear_grads = false;
   for (int i = 1; i < argc; i += 2) {
+    if (std::strcmp(argv[i], "--linear-grads") == 0) {
+      linear_grads = true;
+      --i;
+      continue;
+    }
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: %s [--n N] [--reps R]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n N] [--reps R] [--linear-grads]\n", argv[0]);
       return EXIT_FAILURE;
     }
     if (std::strcmp(argv[i], "--n") == 0) n = std::strtoll(argv[i + 1], nullptr, 10);
     else if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
     else {
-      std::fprintf(stderr, "usage: %s [--n N] [--reps R]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n N] [--reps R] [--linear-grads]\n", argv[0]);
       return EXIT_FAILURE;
     }
   }
@@ -65,6 +120,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   kiln::manual_seed(0);
+  if (linear_grads) {
+    time_linear_grads(reps);
+    return 0;
+  }
   struct Case {
     const char* name;
     kiln::DType dtype;
