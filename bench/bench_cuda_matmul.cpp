@@ -54,9 +54,9 @@ Result time_matmul(int64_t n, kiln::DType dtype, int reps) {
 
 // A bfloat16 linear layer y = x W^T + b over 16384 tokens (BERT at batch 128, sequence 128), at each shape BERT-base
 // has: the forward product with its bias, the input gradient g W, and the weight and bias gradients g^T x and the
-// column sums of g computed four ways: in one product whose epilogue sums (mm_with_row_sums), or a plain product and
-// a reduction of g of its own; each stored in bfloat16 or float32 (the widening product autocast's backward uses
-// for float32 parameters).
+// column sums of g computed three ways: in one product whose epilogue sums (mm_with_row_sums), or a plain product
+// and a reduction of g or a product of g^T with a column of ones; each stored in bfloat16 or float32 (the widening
+// product autocast's backward uses for float32 parameters).
 void time_linear_grads(int reps) {
   using kiln::DType;
   using kiln::Tensor;
@@ -75,19 +75,28 @@ void time_linear_grads(int reps) {
     };
     report("forward x W^T + b", time_calls([&] { Tensor y = kiln::nn::linear(x, w, bias); }, reps));
     report("input gradient g W", time_calls([&] { Tensor d = in::mm(g, w, DType::BFloat16); }, reps));
+    const Tensor ones = kiln::ones({tokens, 1}, opts);
     for (DType out : {DType::BFloat16, DType::Float32}) {
-      const bool wide = out == DType::Float32;
-      report(wide ? "dW, db: epilogue sums, float32" : "dW, db: epilogue sums, bfloat16",
-             time_calls([&] { auto r = in::mm_with_row_sums(in::transpose(g, 0, 1), x, out); }, reps));
-      report(wide ? "dW, db: product + sum, float32" : "dW, db: product + sum, bfloat16",
-             time_calls(
-                 [&] {
-                   Tensor d = in::mm(in::transpose(g, 0, 1), x, out);
-                   Tensor s = in::sum(g, {0});
-                 },
-                 reps));
-      report(wide ? "dW alone, float32" : "dW alone, bfloat16",
-             time_calls([&] { Tensor d = in::mm(in::transpose(g, 0, 1), x, out); }, reps));
+      const std::string in_type = out == DType::Float32 ? ", float32" : ", bfloat16";
+      auto named = [&](const char* what) { return std::string(what) + in_type; };
+      const Tensor gt = in::transpose(g, 0, 1);  // (out, tokens): the row sums of g^T are the bias gradient
+      report(named("dW, db: epilogue sums").c_str(),
+             time_calls([&] { auto r = in::mm_with_row_sums(gt, x, out); }, reps));
+      report(named("dW, db: product + column sum").c_str(), time_calls(
+                                                                [&] {
+                                                                  Tensor d = in::mm(gt, x, out);
+                                                                  Tensor s = in::sum(g, {0}, false, out);
+                                                                },
+                                                                reps));
+      report(named("dW, db: product + ones product").c_str(), time_calls(
+                                                                  [&] {
+                                                                    Tensor d = in::mm(gt, x, out);
+                                                                    Tensor s = in::mm(gt, ones, out);
+                                                                  },
+                                                                  reps));
+      report(named("dW alone").c_str(), time_calls([&] { Tensor d = in::mm(gt, x, out); }, reps));
+      report(named("db alone: column sum").c_str(), time_calls([&] { Tensor s = in::sum(g, {0}, false, out); }, reps));
+      report(named("db alone: ones product").c_str(), time_calls([&] { Tensor s = in::mm(gt, ones, out); }, reps));
     }
   }
 }

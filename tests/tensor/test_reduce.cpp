@@ -3,6 +3,8 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <string>
+#include <utility>
 
 #include "support/test_support.h"
 
@@ -194,6 +196,34 @@ TEST_P(ReduceTest, ColumnPathShapes) {
   expect_values(y.amin({0}), {2}, {kNaN, 0});
   expect_values(y.sum({0}), {2}, {kNaN, 5});
   expect_values(y.prod({0}), {2}, {kNaN, 0});
+}
+
+// Sums over the rows of (R, C) with C a multiple of the pack (8 16-bit floats, 4 float32, 2 float64 in 16 bytes):
+// on the GPU each thread reads a pack of neighbouring outputs per row. Also views whose rows start off a 16-byte
+// boundary (the unpacked path), a view starting a whole row in, the outer dims of a 3-D tensor, and statistics.
+TEST_P(ReduceTest, ColumnSumsOverRowsOfPacks) {
+  for (DType dt : kFloatTypes) {
+    for (const Shape& shape : std::vector<Shape>{{3000, 64}, {7, 2304}, {1, 48}, {513, 24}, {20000, 16}}) {
+      SCOPED_TRACE(::testing::Message() << dt << " shape " << ::testing::PrintToString(shape));
+      Tensor x = testing::make(uniform(numel(shape), -1, 1, 21), shape, opts(dt));
+      const int64_t rows = shape[0], cols = shape[1];
+      std::vector<std::pair<std::string, Tensor>> inputs = {{"whole", x}};
+      if (cols > 8) inputs.emplace_back("a column in", x.narrow(1, 1, cols - 8));  // rows off 16-byte boundaries
+      if (rows > 1) inputs.emplace_back("a row in", x.narrow(0, 1, rows - 1));
+      for (const auto& [what, t] : inputs) {
+        SCOPED_TRACE(what);
+        const Groups g = groups(t, {0}, false);
+        const size_t n = g.members[0].size();
+        expect_values(t.sum({0}), g.shape, g.apply(ref_sum), -1, sum_atol(dt, n));
+        expect_values(t.mean({0}), g.shape, g.apply(ref_mean), -1, sum_atol(dt, n) / static_cast<double>(n));
+        if (n > 1) expect_values(t.var({0}), g.shape, g.apply([](const auto& v) { return ref_var(v, 1); }));
+        expect_values(t.amax({0}), g.shape, g.apply(ref_max), 0, 0);
+      }
+    }
+    Tensor cube = testing::make(uniform(6 * 50 * 40, -1, 1, 22), {6, 50, 40}, opts(dt));
+    const Groups g = groups(cube, {0, 1}, false);
+    expect_values(cube.sum({0, 1}), g.shape, g.apply(ref_sum), -1, sum_atol(dt, 300));
+  }
 }
 
 // var, norms and logsumexp of outer dims (channels-last statistics) take the column path too.

@@ -9,7 +9,10 @@
 //    walk one output's elements; a contiguous row is read with 16-byte vector loads.
 //  - column mode (reduced dims outer, innermost kept dim contiguous: a sum over dim 0 of (N, C),
 //    channels-last statistics): threadIdx.x runs over consecutive outputs (coalesced), threadIdx.y
-//    splits the rows, and shared memory merges them.
+//    splits the rows, and shared memory merges them. Where the outputs' elements lie next to each
+//    other in every reduced row, 16-byte aligned (a contiguous (N, C) with C a multiple of the pack),
+//    each thread takes a pack of 16 / sizeof(T) neighbouring outputs and reads each row's share in
+//    one 16-byte load (reduce_columns_packed): a warp moves 512 bytes of a row per load, not 64.
 //  - when that leaves too few blocks to fill the GPU (a full reduction, a few huge rows) the rows are
 //    also split across blockIdx.y; each block writes a partial to a temporary and a second launch
 //    merges the partials of each output in a fixed order (results do not depend on timing).
@@ -143,6 +146,24 @@ struct Plan {
   int splits = 1;
 };
 
+// Elements of T in one 16-byte load: the pack of neighbouring outputs a thread of reduce_columns_packed takes, for
+// floating-point sums (2 to 8 elements; the pack's shared memory stays within 16 KB), else 1: no packing.
+template <typename T, typename Acc>
+constexpr int column_pack() {
+  return std::is_floating_point_v<Acc> && sizeof(T) >= 2 && sizeof(T) <= 8 ? static_cast<int>(16 / sizeof(T)) : 1;
+}
+
+// Whether column mode may read packs of V outputs: output o is element o of every reduced row (one kept dim of
+// stride 1), the outputs come in whole packs, and every row starts on a 16-byte boundary.
+template <typename T>
+bool columns_packable(const T* in, const Geometry& g, int V) {
+  if (V <= 1 || !g.columns || g.kept_in.ndim != 1 || g.kept_in.strides[0] != 1 || g.n_out % V != 0) return false;
+  if (reinterpret_cast<uintptr_t>(in) % 16 != 0) return false;
+  for (int d = 0; d < g.red.ndim; ++d)
+    if (g.red.strides[d] % V != 0) return false;
+  return true;
+}
+
 // ---- kernels ----
 template <typename Acc, typename Op>
 __device__ __forceinline__ Acc warp_combine(const Op& op, Acc v) {
@@ -237,6 +258,66 @@ __global__ void reduce_kernel(const T* in, O* out, Acc* partial, const Acc* cent
   else partial[o * plan.splits + s] = acc;
 }
 
+// Column mode over packs (columns_packable): thread (tx, ty) of block (bx, s) sums outputs o0 .. o0 + V - 1,
+// o0 = V (blockIdx.x * blockDim.x + tx), over rows r0 + ty, r0 + ty + blockDim.y, ... of its split s, reading the V
+// elements of a row as one 16-byte load (two in flight); shared memory then merges the threadIdx.y lanes of each
+// output in a fixed tree, as the unpacked column mode does.
+template <int V, typename T, typename O, typename Acc, typename Op>
+__global__ void reduce_columns_packed(const T* in, O* out, Acc* partial, const Acc* center, Geometry g, Plan plan,
+                                      Op op, Finish<Acc> finish) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Acc* smem = reinterpret_cast<Acc*>(smem_raw);
+  const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * bx + tx) * V;
+  const int s = blockIdx.y;
+  const int64_t r0 = s * plan.chunk, r1 = min(g.n_red, r0 + plan.chunk);
+  const bool valid = o0 < g.n_out;  // the outputs come in whole packs
+  struct alignas(16) Pack {
+    T v[V];
+  };
+  Acc c[V], acc[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    c[k] = (valid && center) ? center[o0 + k] : Acc(0);
+    acc[k] = op.identity();
+  }
+  if (valid) {
+    const T* base = in + o0;
+    int64_t r = r0 + ty;
+    for (; r + by < r1; r += 2 * by) {
+      const Pack a = *reinterpret_cast<const Pack*>(base + g.red(r));
+      const Pack b = *reinterpret_cast<const Pack*>(base + g.red(r + by));
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        acc[k] =
+            op.combine(op.combine(acc[k], op.map(load_as<Acc>(&a.v[k]), c[k])), op.map(load_as<Acc>(&b.v[k]), c[k]));
+    }
+    if (r < r1) {
+      const Pack a = *reinterpret_cast<const Pack*>(base + g.red(r));
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] = op.combine(acc[k], op.map(load_as<Acc>(&a.v[k]), c[k]));
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) smem[(k * by + ty) * bx + tx] = acc[k];  // consecutive tx: no bank conflicts
+  __syncthreads();
+  for (int h = by / 2; h > 0; h /= 2) {  // by is a power of two
+    if (ty < h) {
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        smem[(k * by + ty) * bx + tx] = op.combine(smem[(k * by + ty) * bx + tx], smem[(k * by + ty + h) * bx + tx]);
+    }
+    __syncthreads();
+  }
+  if (!valid || ty != 0) return;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const Acc total = smem[k * by * bx + tx];
+    if (plan.splits == 1) kdetail::store_as(out + g.kept_out(o0 + k), finish(total, c[k]));
+    else partial[(o0 + k) * plan.splits + s] = total;
+  }
+}
+
 // Second stage: a warp per output merges its partials in order.
 template <typename O, typename Acc, typename Op>
 __global__ void merge_kernel(const Acc* partial, O* out, const Acc* center, Offsets kept_out, int64_t n_out, int splits,
@@ -272,22 +353,26 @@ void run_reduce(const T* in, O* out, const Offsets& out_layout, Geometry g, cons
   Plan plan;
   plan.row = !g.columns;
   plan.contiguous = plan.row && g.contiguous;
+  constexpr int kPack = column_pack<T, Acc>();
+  const int pack = !plan.row && columns_packable(in, g, kPack) ? kPack : 1;
+  const int64_t columns = g.n_out / pack;  // threads across the outputs, in column mode
   int bx, by;
   if (plan.row) {
     if (g.n_red <= 1024) bx = 32, by = 8;  // a warp per output
     else bx = g.n_red <= 16384 ? 256 : 512, by = 1;
   } else {
-    bx = next_pow2(g.n_out, 32);
+    bx = next_pow2(columns, 32);
     by = next_pow2(g.n_red, 512 / bx);
   }
   const int lanes = plan.row ? bx : by;
-  const int64_t blocks = ceil_div(g.n_out, plan.row ? by : bx);
+  const int64_t blocks = ceil_div(plan.row ? g.n_out : columns, plan.row ? by : bx);
   KILN_CHECK(blocks < (int64_t{1} << 31), "cuda::reduce: too many outputs (", g.n_out, ")");
-  // Too few blocks to fill the GPU: split the rows too, keeping at least 64 elements per lane.
+  // Too few blocks to fill the GPU: split the rows too, keeping at least 64 elements per lane (16 packs).
   const int64_t target = 4 * static_cast<int64_t>(kdetail::sm_count());
+  const int64_t per_lane = pack > 1 ? 16 : 64;
   int64_t splits = 1;
   if (blocks < target) {
-    splits = std::min({ceil_div(target, blocks), ceil_div(g.n_red, int64_t{64} * lanes), int64_t{1024}});
+    splits = std::min({ceil_div(target, blocks), ceil_div(g.n_red, per_lane * lanes), int64_t{1024}});
     splits = std::max<int64_t>(splits, 1);
   }
   plan.chunk = ceil_div(g.n_red, splits);
@@ -300,8 +385,17 @@ void run_reduce(const T* in, O* out, const Offsets& out_layout, Geometry g, cons
     partial_ptr = partial.data_ptr<Acc>();
   }
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(plan.splits)), block(bx, by);
-  const size_t smem = static_cast<size_t>(bx) * by * sizeof(Acc);
-  reduce_kernel<T, O, Acc, Op><<<grid, block, smem, stream>>>(in, out, partial_ptr, center, g, plan, op, finish);
+  const size_t smem = static_cast<size_t>(bx) * by * pack * sizeof(Acc);
+  if constexpr (kPack > 1) {
+    if (pack > 1) {
+      reduce_columns_packed<kPack, T, O, Acc, Op>
+          <<<grid, block, smem, stream>>>(in, out, partial_ptr, center, g, plan, op, finish);
+    } else {
+      reduce_kernel<T, O, Acc, Op><<<grid, block, smem, stream>>>(in, out, partial_ptr, center, g, plan, op, finish);
+    }
+  } else {
+    reduce_kernel<T, O, Acc, Op><<<grid, block, smem, stream>>>(in, out, partial_ptr, center, g, plan, op, finish);
+  }
   KILN_CUDA_CHECK_LAUNCH("reduce");
   if (plan.splits > 1) {
     constexpr int kWarps = 8;
