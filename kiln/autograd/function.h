@@ -18,6 +18,13 @@
 //
 // forward runs without recording (its ops do not enter the graph) and returns a Tensor or a TensorList;
 // backward receives one gradient per output (zeros where no gradient reached it).
+//
+// A Function whose backward can add an input's gradient into memory that already holds other gradients of that input
+// (a product with beta = 1, say) declares `static constexpr bool kAddsIntoGradientSums = true;`. Its backward then
+// finds in ctx.gradient_sum(i) the sum other nodes have already begun for Tensor argument i, where there is one, and
+// may add its own gradient into it in place and return that tensor itself: the engine then adds nothing (a read of
+// both gradients and a write of their sum saved). The engine runs such a node after the other producers of its
+// inputs' gradients where the graph allows (as it does for kiln's convolutions).
 #pragma once
 
 #include <any>
@@ -53,6 +60,14 @@ class Context {
   }
   // Whether backward must return a gradient for Tensor argument i of forward.
   bool needs_input_grad(size_t i) const { return i < needs_input_grad_.size() && needs_input_grad_[i]; }
+  // In backward of a Function with kAddsIntoGradientSums: the gradient other nodes have already summed for Tensor
+  // argument i (of its shape and dtype, or the wider dtype its node accepts), which backward may add into in place
+  // and return as argument i's gradient; undefined where there is none (also outside backward, and for Functions
+  // without kAddsIntoGradientSums).
+  const Tensor& gradient_sum(size_t i) const {
+    static const Tensor none;
+    return offered_ != nullptr && i < offered_->size() ? (*offered_)[i] : none;
+  }
 
   // Used by Function::apply.
   void finish_forward(const Node* node, const TensorList& outputs);
@@ -63,12 +78,15 @@ class Context {
 
  private:
   const Node* node_ = nullptr;
+  const TensorList* offered_ = nullptr;  // the node's offered buffers, during backward
   TensorList to_save_;
   std::vector<SavedTensor> saved_;
   bool released_ = false;
   std::unordered_map<std::string, std::any> data_;
   std::vector<bool> needs_input_grad_;
   friend void set_needs_input_grad(Context& ctx, std::vector<bool> v);
+  template <typename F>
+  friend class FunctionNode;
 };
 
 // Sets ctx.needs_input_grad(i) for each Tensor argument i (used by Function::apply).
@@ -85,10 +103,22 @@ class FunctionNode final : public Node {
     static const std::string n = demangled_name(typeid(F).name()) + "Backward";
     return n;
   }
+  bool accepts_gradient_buffers() const override {
+    if constexpr (requires { F::kAddsIntoGradientSums; }) {
+      return F::kAddsIntoGradientSums;
+    } else {
+      return false;
+    }
+  }
   TensorList apply(TensorList&& grads) override {  // F::backward, undefined grads given as zeros
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) grads[i] = zeros_for(i);
     }
+    ctx.offered_ = &offered_buffers();
+    struct Clear {  // also when backward throws
+      Context& c;
+      ~Clear() { c.offered_ = nullptr; }
+    } clear{ctx};
     TensorList out = F::backward(ctx, grads);
     KILN_CHECK(out.size() == next_edges().size(), name(), ": backward returned ", out.size(),
                " gradients, but forward ", "took ", next_edges().size(),

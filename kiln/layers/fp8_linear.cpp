@@ -122,10 +122,16 @@ struct ProductGrads {
 
 // The gradients of one FP8 product from its output gradient's quantisation: gq (Mp, out) for dX, gtq (out, Mp) for
 // the weights (undefined where none is wanted), row_sums (out) float32 for the biases (undefined without).
+// dx_into (null: none): a float32 (Mp, in) tensor that already holds other gradients of the input: dX is added into it
+// by the product itself (and out.dx is that tensor).
 ProductGrads product_backward(const Fp8Saved& p, const Tensor& gq, const Tensor& gtq, const Tensor& row_sums,
-                              bool want_dx, const std::vector<bool>& want_dw, const std::vector<bool>& want_db) {
+                              bool want_dx, const std::vector<bool>& want_dw, const std::vector<bool>& want_db,
+                              Tensor* dx_into = nullptr) {
   ProductGrads out{{}, std::vector<Tensor>(p.outs.size()), std::vector<Tensor>(p.outs.size())};
-  if (want_dx) {
+  if (want_dx && dx_into != nullptr) {
+    out.dx =
+        internal::fp8_gemm(gq, p.wt, cell(p.scale_inv, kGrad), cell(p.scale_inv, kWeight), DType::Float32, {}, dx_into);
+  } else if (want_dx) {
     out.dx = internal::fp8_gemm(gq, p.wt, cell(p.scale_inv, kGrad), cell(p.scale_inv, kWeight), p.x_dtype);
   }
   // Each Linear's gradients, from its rows of dY's transpose and its columns of the row sums: dW_i (out_i, in) in
@@ -161,14 +167,34 @@ std::tuple<Tensor, Tensor, Tensor> quantise_output_gradient(const Tensor& g, con
   return {gq, gtq, row_sums};
 }
 
+// The gradient sum the engine offers for x (ctx.gradient_sum(0)) as the float32 (m, in) matrix an FP8 product can add
+// its dX into, where it is one: float32 like x, contiguous, x's shape, m a multiple of 16 (no padding rows); else
+// undefined.
+Tensor sum_to_add_into(const autograd::Context& ctx, const Shape& x_shape, int64_t m, int64_t in) {
+  const Tensor& sum = ctx.gradient_sum(0);
+  if (!sum.defined() || sum.dtype() != DType::Float32 || sum.shape() != x_shape || !sum.is_contiguous() ||
+      m % 16 != 0 || m == 0 || in == 0)
+    return {};
+  return reshape(sum, {m, in});
+}
+
+// x (..., in) contiguous as the (M, in) matrix the products take.
+Tensor as_rows(const Tensor& x) { return reshape(x, {x.numel() / x.size(-1), x.size(-1)}); }
+
 struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
-  // x (M, in) contiguous; w0 .. w2 (out_i, in): the weights of the Linears whose outputs this one product computes
-  // side by side (w1, w2 undefined for one Linear); b0 .. b2 their biases (undefined without), whose values come in
-  // call.bias_values. Returns (M, sum out_i) in call.out_dtype: act(x) (call.act, applied in x's quantisation) times
-  // the stacked weights, plus the biases.
-  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& w0, const Tensor& w1, const Tensor& w2,
-                        const Tensor& b0, const Tensor& b1, const Tensor& b2, const Fp8Call& call) {
+  // Backward adds x's gradient into the sum its other uses began (a residual stream's), where it is float32 and the
+  // graph offers it (act None).
+  static constexpr bool kAddsIntoGradientSums = true;
+
+  // x (..., in) contiguous, M rows of in; w0 .. w2 (out_i, in): the weights of the Linears whose outputs this one
+  // product computes side by side (w1, w2 undefined for one Linear); b0 .. b2 their biases (undefined without), whose
+  // values come in call.bias_values. Returns (M, sum out_i) in call.out_dtype: act(x) (call.act, applied in x's
+  // quantisation) times the stacked weights, plus the biases.
+  static Tensor forward(autograd::Context& ctx, const Tensor& x_in, const Tensor& w0, const Tensor& w1,
+                        const Tensor& w2, const Tensor& b0, const Tensor& b1, const Tensor& b2, const Fp8Call& call) {
+    const Tensor x = as_rows(x_in);
     const int64_t m = x.size(0);
+    ctx.set("x_shape", x_in.shape());
     std::vector<Tensor> ws;
     for (const Tensor* w : {&w0, &w1, &w2}) {
       if (w->defined()) ws.push_back(*w);
@@ -179,7 +205,7 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     saved.x_dtype = x.dtype();
     saved.b_dtype = b0.defined() ? b0.dtype() : DType::Float32;
     // The activation's gradient needs its input: x itself (not act(x)).
-    if (call.act != internal::Fp8Activation::None && ctx.needs_input_grad(0)) ctx.save_for_backward({x});
+    if (call.act != internal::Fp8Activation::None && ctx.needs_input_grad(0)) ctx.save_for_backward({x_in});
     ctx.set("act", call.act);
     ctx.set("saved", saved);
     return first_rows(y, m);  // (M, out)
@@ -199,14 +225,23 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     // dY quantised: (Mp, out) for dX, its transpose (out, Mp) for dW, and with the transpose the bias gradient
     // (dY's rows summed in float32; the padding rows are zero) from the same pass.
     const auto [gq, gtq, row_sums] = quantise_output_gradient(pad_rows(dy, round_up16(m)), saved, any_dw, any_db);
-    ProductGrads g = product_backward(saved, gq, gtq, row_sums, ctx.needs_input_grad(0), want_dw, want_db);
+    const auto act = ctx.get<internal::Fp8Activation>("act");
+    const auto x_shape = ctx.get<Shape>("x_shape");
+    Tensor into = act == internal::Fp8Activation::None && ctx.needs_input_grad(0)
+                      ? sum_to_add_into(ctx, x_shape, m, x_shape.back())
+                      : Tensor();
+    ProductGrads g = product_backward(saved, gq, gtq, row_sums, ctx.needs_input_grad(0), want_dw, want_db,
+                                      into.defined() ? &into : nullptr);
     autograd::TensorList out(7);
-    if (g.dx.defined()) {
+    if (into.defined()) {
+      out[0] = ctx.gradient_sum(0);  // dX added into it: the engine adds nothing
+    } else if (g.dx.defined()) {
       out[0] = first_rows(g.dx, m);
       // That is the gradient of act(x); through the activation to x's.
-      if (const auto act = ctx.get<internal::Fp8Activation>("act"); act != internal::Fp8Activation::None) {
-        out[0] = internal::gelu_backward(out[0], ctx.saved()[0], act == internal::Fp8Activation::GeluTanh);
+      if (act != internal::Fp8Activation::None) {
+        out[0] = internal::gelu_backward(out[0], as_rows(ctx.saved()[0]), act == internal::Fp8Activation::GeluTanh);
       }
+      out[0] = reshape(out[0], x_shape);
     }
     for (size_t i = 0; i < saved.outs.size(); ++i) {
       out[1 + i] = g.dw[i];
@@ -227,10 +262,16 @@ struct Fp8MlpCall {
 // fc2(gelu(fc1(x))) as two FP8 products whose GELU is never written: forward applies it in the quantisation of fc2's
 // input, backward takes fc2's input gradient through it in the quantisation of fc1's output gradient.
 struct Fp8MlpFunction : autograd::Function<Fp8MlpFunction> {
-  // x (M, in) contiguous; w1 (hidden, in), b1; w2 (out, hidden), b2 (biases undefined without). Returns (M, out).
-  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
-                        const Tensor& b2, const Fp8MlpCall& call) {
+  // Backward adds x's gradient into the sum its other uses began, where it is float32 and the graph offers it.
+  static constexpr bool kAddsIntoGradientSums = true;
+
+  // x (..., in) contiguous, M rows of in; w1 (hidden, in), b1; w2 (out, hidden), b2 (biases undefined without).
+  // Returns (M, out).
+  static Tensor forward(autograd::Context& ctx, const Tensor& x_in, const Tensor& w1, const Tensor& b1,
+                        const Tensor& w2, const Tensor& b2, const Fp8MlpCall& call) {
+    const Tensor x = as_rows(x_in);
     const int64_t m = x.size(0), mp = round_up16(m);
+    ctx.set("x_shape", x_in.shape());
     const bool below_fc2 = ctx.needs_input_grad(0) || ctx.needs_input_grad(1) || ctx.needs_input_grad(2);
     Fp8Saved fc1, fc2;
     // fc1, and its output's rows without the padding's (which hold the bias): fc2 pads them with zeros, as it would
@@ -274,9 +315,15 @@ struct Fp8MlpFunction : autograd::Function<Fp8MlpFunction> {
     std::tie(gq1, gtq1) =
         internal::fp8_quantize_pair_through_gelu(g2.dx, h, ctx.get<bool>("tanh"), fc1.grad_fp8, cell(fc1.scale, kGrad),
                                                  cell(fc1.amax, kGrad), ctx.needs_input_grad(2) ? &sums1 : nullptr);
+    const auto x_shape = ctx.get<Shape>("x_shape");
+    Tensor into = ctx.needs_input_grad(0) ? sum_to_add_into(ctx, x_shape, m, x_shape.back()) : Tensor();
     ProductGrads g1 = product_backward(fc1, gq1, gtq1, sums1, ctx.needs_input_grad(0), {ctx.needs_input_grad(1)},
-                                       {ctx.needs_input_grad(2)});
-    if (g1.dx.defined()) out[0] = first_rows(g1.dx, m);
+                                       {ctx.needs_input_grad(2)}, into.defined() ? &into : nullptr);
+    if (into.defined()) {
+      out[0] = ctx.gradient_sum(0);  // dX added into it: the engine adds nothing
+    } else if (g1.dx.defined()) {
+      out[0] = reshape(first_rows(g1.dx, m), x_shape);
+    }
     out[1] = g1.dw[0];
     out[2] = g1.db[0];
     return out;
@@ -366,9 +413,9 @@ Tensor fp8_product(const Tensor& x, const std::vector<Tensor>& weights, const st
   shape.back() = out;
   const Tensor xin = fp8_gemm_dtype(x.dtype()) ? x : x.to(out_dtype);
   auto part = [](const std::vector<Tensor>& v, size_t i) { return i < v.size() ? v[i] : Tensor(); };
-  const Tensor y = Fp8LinearFunction::apply(reshape(contiguous(xin), {rows, in}), part(weights, 0), part(weights, 1),
-                                            part(weights, 2), part(biases, 0), part(biases, 1), part(biases, 2),
-                                            Fp8Call{&state, out_dtype, act, bias_values});
+  const Tensor y =
+      Fp8LinearFunction::apply(contiguous(xin), part(weights, 0), part(weights, 1), part(weights, 2), part(biases, 0),
+                               part(biases, 1), part(biases, 2), Fp8Call{&state, out_dtype, act, bias_values});
   return reshape(y, shape);
 }
 
@@ -406,7 +453,7 @@ Tensor fp8_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, amp::Fp8Scal
   Shape shape = x.shape();
   shape.back() = out;
   const Tensor xin = fp8_gemm_dtype(x.dtype()) ? x : x.to(out_dtype);
-  const Tensor y = Fp8MlpFunction::apply(reshape(contiguous(xin), {rows, in}), w1, b1, w2, b2,
+  const Tensor y = Fp8MlpFunction::apply(contiguous(xin), w1, b1, w2, b2,
                                          Fp8MlpCall{&state1, &state2, out_dtype, tanh_approximation, bias1, bias2});
   return reshape(y, shape);
 }

@@ -161,7 +161,9 @@ TEST_P(AutocastTest, LinearGradientsOfFloat32TensorsAreFloat32Sums) {
       expect_values(w.grad(), {o, h}, ref.dw, 0, 0);
       expect_values(x.grad(), x_shape, ref.dx, 0, 0);
       if (with_bias) expect_values(b.grad(), {o}, ref.db, 0, 0);
-      if (!with_bias) EXPECT_FALSE(b.grad().defined());
+      if (!with_bias) {
+        EXPECT_FALSE(b.grad().defined());
+      }
     }
   }
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/layers/models/bert.h"  // the FP8 path of BertSelfAttention
+#include "kiln/profiler/profiler.h"   // the additions a backward makes
 #include "kiln/tensor/cuda.h"
 #include "support/float8_reference.h"
 #include "support/test_support.h"
@@ -677,6 +678,74 @@ TEST_P(Fp8LinearTest, LinearGeluLinearIsTheMlpFunctionInFp8Regions) {
   EXPECT_TRUE(internal::equal(fc1->fp8_state()->amax_history(), tw1->fp8_state()->amax_history()));
   // Outside FP8 regions: the plain ops.
   expect_bitwise_equal(nn::linear_gelu_linear(*fc1, *fc2, x), fc2(gelu(fc1(x))), "outside FP8");
+}
+
+// The additions of float32 tensors of `shape` ("[2, 16, 64]", as the profiler prints shapes) among a profile's ops.
+size_t additions_of(const profiler::Result& r, const std::string& shape) {
+  size_t n = 0;
+  for (const profiler::Event& e : r.events()) {
+    if (e.kind == trace::Kind::Op && e.name.rfind("add", 0) == 0 && e.shapes.find(shape + " f32") != std::string::npos)
+      ++n;
+  }
+  return n;
+}
+
+// A float32 input that other ops also use (a residual stream: h = 1.5 r, used by the product and by h * u): the FP8
+// products' backward adds the input's gradient into the sum those began (fp8_gemm's accumulate_into), and the
+// backward runs no addition of its own. r's gradient is the same as when h's two gradients are added by the engine
+// (the reference: the product's gradient of h alone, plus u). Rows that are not a multiple of 16 (padded inside)
+// take the plain path, with the same result.
+TEST_P(Fp8LinearTest, InputGradientIsAddedIntoTheSumItsOtherUsesBegan) {
+  const int64_t in = 64;
+  const amp::Fp8Recipe recipe{.amax_history_len = 4};
+  for (const int64_t batch : {int64_t{2}, int64_t{3}}) {  // 2 x 16 rows (added into), 3 x 12 (padded: not)
+    const int64_t seq = batch == 2 ? 16 : 12;
+    const std::string shape =
+        "[" + std::to_string(batch) + ", " + std::to_string(seq) + ", " + std::to_string(in) + "]";
+    for (const int kind : {0, 1, 2}) {  // fp8_linear, fp8_linear_stacked (two weights), fp8_mlp
+      SCOPED_TRACE(::testing::Message() << (kind == 0   ? "fp8_linear"
+                                            : kind == 1 ? "fp8_linear_stacked"
+                                                        : "fp8_mlp")
+                                        << ", input " << shape);
+      amp::Fp8ScalingState s1 = amp::Fp8ScalingState::for_linear(recipe, dev());
+      amp::Fp8ScalingState s2 = amp::Fp8ScalingState::for_linear(recipe, dev());
+      amp::Fp8ScalingState r1 = amp::Fp8ScalingState::for_linear(recipe, dev());
+      amp::Fp8ScalingState r2 = amp::Fp8ScalingState::for_linear(recipe, dev());
+      const Tensor w1 = input({48, in}, -0.3, 0.3, 160), b1 = input({48}, -0.5, 0.5, 161);
+      const Tensor w2 = input({32, kind == 2 ? int64_t{48} : in}, -0.3, 0.3, 162), b2 = input({32}, -0.5, 0.5, 163);
+      auto product = [&](const Tensor& h, amp::Fp8ScalingState& a, amp::Fp8ScalingState& b) {
+        if (kind == 0) return nn::fp8_linear(h, w1, b1, a, DType::BFloat16);
+        if (kind == 1) return nn::fp8_linear_stacked(h, {w1, w2}, {b1, b2}, a, DType::BFloat16);
+        return nn::fp8_mlp(h, w1, b1, a, w2, b2, b, DType::BFloat16);
+      };
+      const Tensor r0 = input({batch, seq, in}, -2, 2, 164);
+      const Tensor u = input({batch, seq, in}, -1, 1, 165);
+      // The reference: h's gradient from the product alone (retained), then 1.5 (that + u).
+      Tensor r_ref = r0.clone().requires_grad_();
+      Tensor h_ref = r_ref * 1.5;
+      h_ref.retain_grad();
+      const Tensor y_ref = product(h_ref, r1, r2);
+      const Tensor dy = input(y_ref.shape(), -1, 1, 166, DType::BFloat16);
+      y_ref.backward(dy);
+      const std::vector<double> dh = values(h_ref.grad()), uv = values(u);
+      std::vector<double> want;
+      for (size_t i = 0; i < dh.size(); ++i) {
+        want.push_back(
+            static_cast<double>(1.5f * static_cast<float>(static_cast<float>(dh[i]) + static_cast<float>(uv[i]))));
+      }
+      Tensor r = r0.clone().requires_grad_();
+      const Tensor h = r * 1.5;
+      const Tensor y = product(h, s1, s2);
+      const Tensor loss = (y.to(DType::Float32) * dy.to(DType::Float32)).sum() + (h * u).sum();
+      profiler::Profile prof;
+      loss.backward();
+      prof.stop();
+      ASSERT_TRUE(r.grad().defined());
+      EXPECT_EQ(r.grad().dtype(), DType::Float32);
+      testing::expect_values(r.grad(), r0.shape(), want, 1e-6, 1e-6);
+      EXPECT_EQ(additions_of(prof.result(), shape), batch == 2 ? 0u : 1u) << "additions of h's gradients";
+    }
+  }
 }
 
 TEST_P(Fp8LinearTest, ShareFp8StateNeedsBothStates) {
