@@ -283,19 +283,14 @@ void Optimizer::finish_bucket(CudaBucket& bucket) {
 void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf) {
   NoGradGuard no_grad;
   // Every gradient is checked first, so that a refused one changes nothing.
-  // Per group: some parameter holds a sparse gradient for the unfused path; the parameters for the fused one.
-  std::vector<bool> has_sparse(num_param_groups(), false);
-  std::vector<std::vector<Tensor>> sparse_fused_params(num_param_groups());
+  // Per group: the parameters holding a sparse gradient, by the path that updates them (unfused, fused).
+  std::vector<std::vector<Tensor>> sparse_params(num_param_groups()), sparse_fused_params(num_param_groups());
   for (size_t group = 0; group < num_param_groups(); ++group) {
     for (const Tensor& p : params(group)) {
       if (p.grad().defined()) check_dense_param(group, p);
       if (!autograd::has_sparse_grad(p)) continue;
       check_sparse_param(group, p);
-      if (sparse_fused(group, p)) {
-        sparse_fused_params[group].push_back(p);
-      } else {
-        has_sparse[group] = true;
-      }
+      (sparse_fused(group, p) ? sparse_fused_params : sparse_params)[group].push_back(p);
     }
   }
   bool skip_cpu = false, skip_read = false;  // found_inf is read on the host once, if a CPU parameter needs it
@@ -310,7 +305,7 @@ void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf)
       if (p.is_cpu()) mapped_devices_.insert(g.values.device().index());  // updated through the mapping
       update_sparse_fused(group, p, g, grad_scale, found_inf);
     }
-    if (plan.cpu.empty() && !has_sparse[group]) continue;
+    if (plan.cpu.empty() && sparse_params[group].empty()) continue;
     if (!skip_read) skip_cpu = found_inf_set(found_inf), skip_read = true;
     if (skip_cpu) continue;
     for (Tensor& p : plan.cpu) {
@@ -322,14 +317,13 @@ void Optimizer::step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf)
       if (!w.is_same(p)) internal::copy_(p, w);
       internal::fill_(step, t);
     }
-    if (has_sparse[group]) step_sparse(group, grad_scale);
+    if (!sparse_params[group].empty()) step_sparse(group, sparse_params[group], grad_scale);
   }
 }
 
-void Optimizer::step_sparse(size_t group, const Tensor& grad_scale) {
-  for (const Tensor& p : params(group)) {
+void Optimizer::step_sparse(size_t group, const std::vector<Tensor>& sparse_params, const Tensor& grad_scale) {
+  for (const Tensor& p : sparse_params) {
     const SparseRowGrad* sparse = autograd::sparse_grad(p);
-    if (sparse == nullptr) continue;
     SparseRowGrad g = sparse->coalesce();   // (K) sorted unique rows, (K, D...) summed values
     if (g.values.device() != p.device()) {  // device-held (sparse_grad.h), without a fused update: to the parameter
       g.indices = internal::to(g.indices, p.device());

@@ -132,8 +132,8 @@ class Optimizer {
   // parameter and advances "step". Runs without recording the graph.
   void step_by_hooks(const Tensor& grad_scale, const Tensor& found_inf);
   // step_by_hooks' part for the parameters of `group` that hold a sparse gradient and take the unfused path
-  // (update_sparse_param each).
-  void step_sparse(size_t group, const Tensor& grad_scale);
+  // (update_sparse_param each): `sparse_params`, without those the fused path updated.
+  void step_sparse(size_t group, const std::vector<Tensor>& sparse_params, const Tensor& grad_scale);
   // The CUDA hook: updates a bucket with one fused launch; the base version throws.
   virtual void update_bucket(size_t group, CudaBucket& bucket, const Tensor& grad_scale, const Tensor& found_inf);
   // The CPU hook: writes the parameter's new value into w; the base version throws.
