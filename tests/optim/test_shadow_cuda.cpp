@@ -224,7 +224,9 @@ TEST_F(CudaShadowArgs, ABucketKeepsTheShadowsOfItsFirstShadowsDtype) {
   const std::vector<bool> kept{false, true, false, true, false};
   for (size_t i = 0; i < kept.size(); ++i) {
     EXPECT_EQ(bucket.shadows[i].defined(), kept[i]) << "parameter " << i;
-    if (kept[i]) EXPECT_EQ(bucket.shadows[i].dtype(), DType::BFloat16) << "parameter " << i;
+    if (kept[i]) {
+      EXPECT_EQ(bucket.shadows[i].dtype(), DType::BFloat16) << "parameter " << i;
+    }
   }
 }
 

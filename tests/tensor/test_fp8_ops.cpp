@@ -315,7 +315,9 @@ TEST_P(Fp8OpsTest, QuantizeWithAGeluIsTheQuantisationOfTheFloat32Gelu) {
             EXPECT_EQ(codes_of(qt), codes_of(rqt));
             EXPECT_EQ(f32(amax), f32(reference_amax_cell));
             EXPECT_EQ(f32(amax), 300.0f);
-            if (with_sums) EXPECT_TRUE(internal::equal(sums, reference_sums));
+            if (with_sums) {
+              EXPECT_TRUE(internal::equal(sums, reference_sums));
+            }
             // The plain quantisation with the activation.
             const Tensor plain_amax = cell_view(0.0, 0, 1, dev());
             EXPECT_EQ(codes_of(internal::fp8_quantize(x, f->dtype, scale, plain_amax, false, act)), codes_of(rq));
