@@ -22,3 +22,47 @@ pack_logs() {
     echo "logs packed into $out/logs.tar.gz (${#files[@]} files)"
   fi
 }
+
+# A fingerprint of the sources a build reads (the folders below and the top CMakeLists.txt, each file's path and
+# content), the same on the development machine (files git tracks or would track) and on the GPU machine (the copy
+# of those files it receives, without .git).
+source_id() {
+  local dirs=(CMakeLists.txt bench cmake examples fuzz kiln tests tools)
+  {
+    if git -C "$root" rev-parse --git-dir >/dev/null 2>&1; then
+      git -C "$root" ls-files -co --exclude-standard -- "${dirs[@]}"
+    else
+      (cd "$root" && find "${dirs[@]}" -type f ! -path '*/__pycache__/*')
+    fi
+  } | LC_ALL=C sort | (cd "$root" && while IFS= read -r f; do [[ -f "$f" ]] && printf '%s  %s\n' "$(sha256sum <"$f" | cut -c1-64)" "$f"; done) |
+    sha256sum | cut -c1-32
+}
+
+# Binaries built on the development machine (scripts/gpu_prebuilt.sh) and carried along in gpu-carry/: unpacked into
+# build/ (their libraries' run path) when they were built from this very tree, hold every target named, and every
+# library they need loads here (ldd). Then sets build=build and returns 0; else says why and returns 1 (build here).
+use_prebuilt() {
+  local pack="$root/gpu-carry/prebuilt.tar.xz" id_file="$root/gpu-carry/prebuilt.id" t
+  [[ -f "$pack" && -f "$id_file" ]] || return 1
+  if [[ "$(cat "$id_file")" != "$(source_id)" ]]; then
+    note "prebuilt binaries: made from another tree than this one; building here"
+    return 1
+  fi
+  tar -xJf "$pack" -C "$root" || { note "prebuilt binaries: the pack does not unpack; building here"; return 1; }
+  for t in "$@"; do
+    if [[ -z "$(find "$root/build/tests" "$root/build/bench" "$root/build/examples" -name "$t" -type f -perm -u+x 2>/dev/null | head -n1)" ]]; then
+      note "prebuilt binaries: $t is not in the pack; building here"
+      return 1
+    fi
+  done
+  local missing
+  missing="$(tar -tJf "$pack" | grep -v '/$' | (cd "$root" && xargs -r ldd 2>/dev/null) | grep 'not found' | sort -u |
+    paste -sd' ')"
+  if [[ -n "$missing" ]]; then
+    note "prebuilt binaries: libraries missing here ($missing); building here"
+    return 1
+  fi
+  build=build
+  note "prebuilt binaries from the development machine ($(cat "$root/gpu-carry/prebuilt.targets")): nothing built"
+  return 0
+}

@@ -12,6 +12,8 @@
 #                   run as is from the repository root.
 # KILN_FOCUS_TARGETS: extra build targets.
 # KILN_FOCUS_TEST_TIMEOUT: seconds each test binary may run (default 900).
+# With gpu-carry/ carried along (scripts/gpu_prebuilt.sh TARGET... on the development machine, from this same tree),
+# its binaries are used and nothing is built here.
 set -uo pipefail
 
 # shellcheck source=scripts/gpu_env.sh
@@ -30,14 +32,16 @@ targets+=("${extra[@]}")
 
 note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | paste -sd';')"
 start=$SECONDS
-if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  >"$out/configure.log" 2>&1; then
-  note "configure FAILED"; tail -30 "$out/configure.log"; exit 1
+if ! use_prebuilt "${targets[@]}"; then  # gpu-carry/ from scripts/gpu_prebuilt.sh, where it matches this tree
+  if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    >"$out/configure.log" 2>&1; then
+    note "configure FAILED"; tail -30 "$out/configure.log"; exit 1
+  fi
+  if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$out/build.log" 2>&1; then
+    note "build FAILED"; grep -E "error|Error" "$out/build.log" | head -40; exit 1
+  fi
+  note "configure + build (${targets[*]}): $((SECONDS - start)) s"
 fi
-if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$out/build.log" 2>&1; then
-  note "build FAILED"; grep -E "error|Error" "$out/build.log" | head -40; exit 1
-fi
-note "configure + build (${targets[*]}): $((SECONDS - start)) s"
 
 status=0
 for pair in "${test_pairs[@]}"; do
