@@ -34,7 +34,7 @@ source_id() {
     else
       (cd "$root" && find "${dirs[@]}" -type f ! -path '*/__pycache__/*')
     fi
-  } | LC_ALL=C sort | (cd "$root" && while IFS= read -r f; do [[ -f "$f" ]] && printf '%s  %s\n' "$(sha256sum <"$f" | cut -c1-64)" "$f"; done) |
+  } | LC_ALL=C sort | (cd "$root" && while IFS= read -r f; do [[ -f "$f" ]] && echo "$f"; done | xargs -r -d '\n' sha256sum) |
     sha256sum | cut -c1-32
 }
 

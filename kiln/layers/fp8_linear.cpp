@@ -167,19 +167,20 @@ std::tuple<Tensor, Tensor, Tensor> quantise_output_gradient(const Tensor& g, con
   return {gq, gtq, row_sums};
 }
 
-// The gradient sum the engine offers for x (ctx.gradient_sum(0)) as the float32 (m, in) matrix an FP8 product can add
-// its dX into, where it is one: float32 like x, contiguous, x's shape, m a multiple of 16 (no padding rows); else
-// undefined.
-Tensor sum_to_add_into(const autograd::Context& ctx, const Shape& x_shape, int64_t m, int64_t in) {
-  const Tensor& sum = ctx.gradient_sum(0);
-  if (!sum.defined() || sum.dtype() != DType::Float32 || sum.shape() != x_shape || !sum.is_contiguous() ||
-      m % 16 != 0 || m == 0 || in == 0)
-    return {};
-  return reshape(sum, {m, in});
-}
-
 // x (..., in) contiguous as the (M, in) matrix the products take.
 Tensor as_rows(const Tensor& x) { return reshape(x, {x.numel() / x.size(-1), x.size(-1)}); }
+
+// The gradient sum the engine offers for x (ctx.gradient_sum(0)) as the float32 (M, in) matrix an FP8 product can add
+// its dX into, where it is one: float32, contiguous, of x's shape, M a multiple of 16 (no padding rows); else
+// undefined.
+Tensor sum_to_add_into(const autograd::Context& ctx, const Shape& x_shape) {
+  const Tensor& sum = ctx.gradient_sum(0);
+  if (!sum.defined() || sum.dtype() != DType::Float32 || sum.shape() != x_shape || !sum.is_contiguous() ||
+      sum.numel() == 0)
+    return {};
+  const Tensor rows = as_rows(sum);
+  return rows.size(0) % 16 == 0 ? rows : Tensor();
+}
 
 struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
   // Backward adds x's gradient into the sum its other uses began (a residual stream's), where it is float32 and the
@@ -227,9 +228,8 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     const auto [gq, gtq, row_sums] = quantise_output_gradient(pad_rows(dy, round_up16(m)), saved, any_dw, any_db);
     const auto act = ctx.get<internal::Fp8Activation>("act");
     const auto x_shape = ctx.get<Shape>("x_shape");
-    Tensor into = act == internal::Fp8Activation::None && ctx.needs_input_grad(0)
-                      ? sum_to_add_into(ctx, x_shape, m, x_shape.back())
-                      : Tensor();
+    Tensor into =
+        act == internal::Fp8Activation::None && ctx.needs_input_grad(0) ? sum_to_add_into(ctx, x_shape) : Tensor();
     ProductGrads g = product_backward(saved, gq, gtq, row_sums, ctx.needs_input_grad(0), want_dw, want_db,
                                       into.defined() ? &into : nullptr);
     autograd::TensorList out(7);
@@ -316,7 +316,7 @@ struct Fp8MlpFunction : autograd::Function<Fp8MlpFunction> {
         internal::fp8_quantize_pair_through_gelu(g2.dx, h, ctx.get<bool>("tanh"), fc1.grad_fp8, cell(fc1.scale, kGrad),
                                                  cell(fc1.amax, kGrad), ctx.needs_input_grad(2) ? &sums1 : nullptr);
     const auto x_shape = ctx.get<Shape>("x_shape");
-    Tensor into = ctx.needs_input_grad(0) ? sum_to_add_into(ctx, x_shape, m, x_shape.back()) : Tensor();
+    Tensor into = ctx.needs_input_grad(0) ? sum_to_add_into(ctx, x_shape) : Tensor();
     ProductGrads g1 = product_backward(fc1, gq1, gtq1, sums1, ctx.needs_input_grad(0), {ctx.needs_input_grad(1)},
                                        {ctx.needs_input_grad(2)}, into.defined() ? &into : nullptr);
     if (into.defined()) {
