@@ -55,9 +55,19 @@ use_prebuilt() {
       return 1
     fi
   done
-  local missing
-  missing="$(tar -tJf "$pack" | grep -v '/$' | (cd "$root" && xargs -r ldd 2>/dev/null) | grep 'not found' | sort -u |
-    paste -sd' ')"
+  local missing binaries lib
+  binaries="$(tar -tJf "$pack" | grep -v '/$' | grep -v '^build/prebuilt-libs/')"
+  # A system library this machine lacks is taken from the pack's copy (gpu_prebuilt.sh), put on the library path.
+  for lib in $(cd "$root" && echo "$binaries" | xargs -r ldd 2>/dev/null | awk '$3 == "not" {print $1}' | sort -u); do
+    [[ -f "$root/build/prebuilt-libs/$lib" ]] || continue
+    mkdir -p "$root/build/prebuilt-libs/use"
+    ln -sf "../$lib" "$root/build/prebuilt-libs/use/$lib"
+  done
+  if [[ -d "$root/build/prebuilt-libs/use" ]]; then
+    export LD_LIBRARY_PATH="$root/build/prebuilt-libs/use${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    note "prebuilt binaries: this machine lacks $(ls "$root/build/prebuilt-libs/use" | paste -sd' '); the pack's copies are used"
+  fi
+  missing="$(cd "$root" && echo "$binaries" | xargs -r ldd 2>/dev/null | grep 'not found' | sort -u | paste -sd' ')"
   if [[ -n "$missing" ]]; then
     note "prebuilt binaries: libraries missing here ($missing); building here"
     return 1

@@ -26,6 +26,19 @@ for t in "${targets[@]}"; do
   [[ -n "$exe" ]] || { echo "gpu_prebuilt.sh: no executable named $t under build/tests, build/bench or build/examples" >&2; exit 1; }
   files+=("${exe#"$root"/}")
 done
+# The system libraries they load, under their sonames in build/prebuilt-libs/, for a GPU machine that lacks some
+# (libjpeg, libisal): use_prebuilt puts the missing ones, and only those, on the library path there. The C and C++
+# runtimes and the CUDA libraries are the GPU machine's own.
+rm -rf "$root/build/prebuilt-libs"
+mkdir -p "$root/build/prebuilt-libs"
+while read -r soname path; do
+  case "$soname" in
+    libc.so.* | libm.so.* | libstdc++.so.* | libgcc_s.so.* | libpthread.so.* | libdl.so.* | librt.so.* | ld-linux*) continue ;;
+  esac
+  [[ "$path" == /usr/lib/* || "$path" == /lib/* ]] || continue
+  cp -L "$path" "$root/build/prebuilt-libs/$soname"
+done < <(cd "$root" && ldd "${files[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u)
+files+=(build/prebuilt-libs)
 mkdir -p "$root/gpu-carry"
 (cd "$root" && tar -cf - "${files[@]}" | xz -6 -T0 >gpu-carry/prebuilt.tar.xz)
 source_id >"$root/gpu-carry/prebuilt.id"

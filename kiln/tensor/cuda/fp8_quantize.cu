@@ -215,8 +215,16 @@ constexpr int kPairTile = 64, kPairThreads = 256;
 // tile from which the transposed rows are written. The column sums: each thread's rows summed in order, then the
 // lanes of a warp that hold the same columns (shuffles in a fixed order), then the block's warps in order; so the sums
 // do not depend on scheduling.
+// Blocks per SM the pair kernel is compiled for: 8 (all 64 warps; 32 registers a thread) where it only scales and
+// encodes, as it is latency-bound; 4 (64 registers) where it also computes a GELU or its derivative, whose erf and exp
+// spill out of 32 registers.
+template <Act kAct>
+constexpr int pair_blocks_per_sm() {
+  return kAct == Act::None ? 8 : 4;
+}
+
 template <In kIn, bool kE4M3, bool kSums, bool kRows16, Act kAct>
-__global__ void __launch_bounds__(kPairThreads, 8)  // 8 blocks (all 64 warps) per SM: the kernel is latency-bound
+__global__ void __launch_bounds__(kPairThreads, pair_blocks_per_sm<kAct>())
     quantize_pair_kernel(const raw_t<kIn>* __restrict__ x, const raw_t<kIn>* __restrict__ h, uint8_t* __restrict__ out,
                          uint8_t* __restrict__ out_t, float* __restrict__ partial, int64_t rows, int64_t cols,
                          int64_t ld_t, const float* __restrict__ scale, float* amax) {
