@@ -28,6 +28,7 @@
 #pragma once
 
 #include <any>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <typeinfo>
@@ -67,6 +68,13 @@ class Context {
   const Tensor& gradient_sum(size_t i) const {
     static const Tensor none;
     return offered_ != nullptr && i < offered_->size() ? (*offered_)[i] : none;
+  }
+
+  // In backward: the dtype the node receiving Tensor argument i's gradient takes it in besides the argument's own
+  // (Node::gradient_dtype_wanted: Float32 where the argument is autocast's 16-bit cast of a float32 tensor), so that
+  // backward can compute that gradient in it directly; nullopt where there is none (also outside backward).
+  std::optional<DType> gradient_dtype_wanted(size_t i) const {
+    return node_ != nullptr ? node_->gradient_dtype_wanted(i) : std::nullopt;
   }
 
   // Used by Function::apply.

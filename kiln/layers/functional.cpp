@@ -315,6 +315,74 @@ static Tensor linear_as_one_op(const Tensor& x, const Tensor& weight, const Tens
 
 namespace {
 
+// nn::linear where autocast computes it in 16 bits from a float32 x (an activation of the float32 residual stream,
+// say): one node instead of the cast of x, its reshape, the product and the reshape back. It takes x itself, so that
+// x's gradient goes straight to x's slot, and adds dX (a widening product: float32 sums of 16-bit factors) into the
+// float32 sum x's other uses began there (a residual connection's) in place, where the engine offers it. The 16-bit
+// values of x (the cast a layer norm offers, or a new one) come as values, with no history of their own; the weight
+// and bias are autocast's casts of the parameters (their histories reach the float32 parameters, in float32).
+struct SixteenBitInput {
+  Tensor values;  // x cast to the product's dtype, no history
+};
+
+struct AutocastLinearFunction : autograd::Function<AutocastLinearFunction> {
+  static constexpr bool kAddsIntoGradientSums = true;
+
+  // x (..., in) float32; w (out, in) and b (out) (or undefined) in the product's dtype; xv x's values in that dtype.
+  static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& w, const Tensor& b,
+                        const SixteenBitInput& xv) {
+    const int64_t in = w.size(1), out = w.size(0);
+    const Tensor x2 = internal::reshape(xv.values, {-1, in});  // (M, in)
+    const Tensor y = b.defined() ? internal::addmm(b, x2, internal::transpose(w, 0, 1))
+                                 : internal::mm(x2, internal::transpose(w, 0, 1));
+    // What each gradient needs: W for dX, x's 16-bit values for dW.
+    ctx.save_for_backward(
+        {ctx.needs_input_grad(0) ? w : Tensor(), ctx.needs_input_grad(1) || ctx.needs_input_grad(2) ? x2 : Tensor()});
+    ctx.set("x_shape", x.shape());
+    Shape out_shape = x.shape();
+    out_shape.back() = out;
+    return internal::reshape(y, out_shape);
+  }
+
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const autograd::TensorList saved = ctx.saved();
+    const auto x_shape = ctx.get<Shape>("x_shape");
+    const Tensor& g = grads[0];
+    const Tensor g2 = internal::reshape(g, {-1, g.size(-1)});  // (M, out)
+    Tensor dx, dw, db;
+    if (ctx.needs_input_grad(0)) {
+      const Tensor& w = saved[0];
+      const Tensor& sum = ctx.gradient_sum(0);
+      if (sum.defined() && sum.dtype() == DType::Float32 && sum.shape() == x_shape && sum.is_contiguous()) {
+        Tensor rows = internal::reshape(sum, {-1, w.size(1)});
+        internal::addmm_(rows, g2, w);  // dX added into the sum: the engine adds nothing
+        dx = sum;
+      } else {
+        dx = internal::reshape(internal::mm(g2, w, DType::Float32), x_shape);
+      }
+    }
+    const bool want_w = ctx.needs_input_grad(1), want_b = ctx.needs_input_grad(2);
+    if (want_w || want_b) {
+      const Tensor& x2 = saved[1];
+      // In float32 where the parameter's cast takes its gradient so (the float32 sums of the product, unrounded).
+      const auto dtype_for = [&](size_t i) {
+        return ctx.gradient_dtype_wanted(i) == DType::Float32 ? DType::Float32 : g.dtype();
+      };
+      const Tensor gt = internal::transpose(g2, 0, 1);  // (out, M)
+      if (want_w && want_b) {
+        auto [w_grad, sums] = internal::mm_with_row_sums(gt, x2, dtype_for(1));  // (out, in), (out)
+        dw = w_grad;
+        db = sums.dtype() == dtype_for(2) ? sums : internal::cast(sums, dtype_for(2));
+      } else if (want_w) {
+        dw = internal::mm(gt, x2, dtype_for(1));
+      } else {
+        db = internal::sum(g2, {0}, false, dtype_for(2));
+      }
+    }
+    return {dx, dw, db};
+  }
+};
+
 // out = x * mask: the gradient is g * mask, one multiply (mask holds 0 or 1 / (1 - p) in x's dtype).
 struct DropoutBackward final : autograd::Node {
   autograd::SavedTensor mask;
@@ -551,8 +619,33 @@ static Tensor batch_norm_add_relu_as_one_op(const Tensor& x, const Tensor& resid
 
 // The layers made of several ops run as one op of the autocast table: inputs cast by the layer's policy, then
 // the ops inside with autocast off (as PyTorch runs a composite op below its autocast dispatch).
+// nn::linear as one AutocastLinearFunction, where it applies: autocast computes a Linear on x's device in 16 bits, x
+// is a float32 tensor whose gradient is wanted, with at least 2 dims and elements, and the weight and bias fit it
+// (any other case, errors included, takes the composed path). Undefined where it does not apply.
+Tensor linear_from_float32(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (x.dtype() != DType::Float32 || x.dim() < 2 || x.numel() == 0 || !autograd::needs_grad(x)) return {};
+  const std::optional<DType> dtype = autocast::target_dtype(autocast_ops::linear(), x.device(), DType::Float32);
+  if (dtype != DType::BFloat16 && dtype != DType::Float16) return {};
+  const auto fits = [&](const Tensor& t) {
+    return is_floating_point(t.dtype()) && !is_float8(t.dtype()) && t.device() == x.device();
+  };
+  if (weight.dim() != 2 || weight.size(1) != x.size(-1) || weight.size(0) == 0 || !fits(weight)) return {};
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0) || !fits(bias))) return {};
+  const Tensor wc = autocast::cast_to(weight, *dtype), bc = autocast::cast_to(bias, *dtype);
+  SixteenBitInput xv;
+  {
+    NoGradGuard values_only;  // the cast's values: the function's node is the only one x's gradient passes
+    xv.values = autocast::cast_to(x, *dtype).detach();
+  }
+  autocast::DisableGuard as_one_op;
+  return AutocastLinearFunction::apply(x, wc, bc, xv);
+}
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   capture::Op cap("linear");
+  if (Tensor y = linear_from_float32(x, weight, bias); y.defined()) {
+    return cap.done(y, [&] { return capture::Args{{x, weight, bias}, {}}; });
+  }
   auto [xc, wc, bc] = autocast::inputs(autocast_ops::linear(), x, weight, bias);
   autocast::DisableGuard as_one_op;
   return cap.done(linear_as_one_op(xc, wc, bc), [&] { return capture::Args{{x, weight, bias}, {}}; });

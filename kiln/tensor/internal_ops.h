@@ -130,8 +130,9 @@ Tensor count_nonzero(const Tensor& a, const Dims& dims = {});                   
 
 // ---------------------------------------------------------------- linear algebra (linalg.cpp)
 KILN_LINALG_DECLARE_ALL()
-// In place: c = beta*c + alpha*a@b, for a (M, K), b (K, N) and c (M, N) of one dtype and device whose rows are
-// contiguous (column stride 1, row stride N): one product that adds into c (a gradient summed where it is, say).
+// In place: c = beta*c + alpha*a@b, for a (M, K), b (K, N) and c (M, N) on one device, c's rows contiguous (column
+// stride 1, row stride N): one product that adds into c (a gradient summed where it is, say). c has the operands'
+// dtype, or Float32 for Float16/BFloat16 operands (their float32 sums added into c without a rounding to 16 bits).
 Tensor& addmm_(Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1, Scalar alpha = 1);
 // a @ b for 2-D a and b, stored in out_dtype: a's dtype, or Float32 for Float16/BFloat16 operands (a widening
 // product: the float32 sums the product accumulates are kept, not rounded to 16 bits first).

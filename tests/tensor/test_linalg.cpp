@@ -348,7 +348,36 @@ TEST_P(MatmulTest, AddmmInPlaceAddsIntoTheDestination) {
       [&] {
         internal::addmm_(doubles, make(a, {m, k}, opts()), make(b, {k, n}, opts()));
       },
-      {"addmm_", "dtype"});
+      {"addmm_", "float32 only", "float64"});
+  Tensor halves = make(c, {m, n}, opts(DType::BFloat16));
+  expect_error(
+      [&] {
+        internal::addmm_(halves, make(a, {m, k}, opts(DType::Float16)), make(b, {k, n}, opts(DType::Float16)));
+      },
+      {"addmm_", "float16", "bfloat16"});
+}
+
+// 16-bit operands add their float32 sums into a float32 destination: a gradient sum kept in float32 (a residual
+// stream's) takes a 16-bit product's share without a rounding to 16 bits. The destination holds values that 16 bits
+// cannot represent (1 + 2^-20 and the like), and the operands' quarters multiply and sum exactly in float32, so the
+// result equals the float64 reference exactly (every sum here is exact in float32).
+TEST_P(MatmulTest, AddmmInPlaceAddsSixteenBitProductsIntoFloat32) {
+  const int64_t m = 6, k = 5, n = 4;
+  const std::vector<double> a = quarters(m * k, 44), b = quarters(k * n, 45);
+  const std::vector<double> ab = ref_mm(a, b, m, k, n);
+  std::vector<double> c(m * n);
+  for (int64_t i = 0; i < m * n; ++i) c[i] = 1.0 + std::ldexp(static_cast<double>(i + 1), -20);
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    Tensor dest = make(c, {m, n}, opts(DType::Float32));
+    const void* before = dest.data_ptr();
+    internal::addmm_(dest, make(a, {m, k}, opts(dt)), make(b, {k, n}, opts(dt)));
+    EXPECT_EQ(dest.dtype(), DType::Float32);
+    EXPECT_EQ(dest.data_ptr(), before);
+    std::vector<double> want(m * n);
+    for (int64_t i = 0; i < m * n; ++i) want[i] = c[i] + ab[i];
+    expect_values(dest, {m, n}, want, 0, 1e-7);
+  }
 }
 
 TEST_P(MatmulTest, AddmmScalesAndBroadcastsC) {

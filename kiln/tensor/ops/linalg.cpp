@@ -290,8 +290,9 @@ Tensor& addmm_(Tensor& c, const Tensor& a, const Tensor& b, Scalar beta, Scalar 
   KILN_CHECK(a.dim() == 2 && b.dim() == 2, "addmm_: expected 2-D operands, got shapes ", a.shape(), " and ", b.shape());
   check_inner("addmm_", a, b, a.size(1), b.size(0));
   const Shape shape{a.size(0), b.size(1)};
-  KILN_CHECK(c.device() == a.device() && c.dtype() == a.dtype(), "addmm_: the destination (", c.dtype(), " on ",
-             c.device(), ") must have the operands' dtype and device (", a.dtype(), " on ", a.device(), ")");
+  KILN_CHECK(c.device() == a.device(), "addmm_: the destination is on ", c.device(), " but the operands are on ",
+             a.device(), "; move it with .to(", a.device(), ")");
+  check_out_dtype("addmm_", a, c.dtype());  // the operands' dtype, or float32 sums of 16-bit operands
   KILN_CHECK(c.shape() == shape, "addmm_: the destination has shape ", c.shape(), " but the product has shape ", shape,
              "; an in-place product does not broadcast its destination");
   KILN_CHECK((shape[1] <= 1 || c.stride(1) == 1) && (shape[0] <= 1 || c.stride(0) == shape[1]),
