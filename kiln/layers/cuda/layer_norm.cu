@@ -281,6 +281,122 @@ __device__ __forceinline__ void store_pack(T* p, const A* v) {
   *reinterpret_cast<Pack<T, V>*>(p) = q;
 }
 
+// The forward kernel above for rows whose elements come in groups of 4 (d % 4 == 0, every pointer aligned to its
+// pack): lane l holds groups l, l + 32, ..., l + 32 (G - 1) of its row, each moved with one access (16 bytes of
+// float32, 8 of 16-bit floats), where the per-element kernel needs one access per element. Each element's value is
+// computed as there (dropout, residual add and roundings alike); the row's sums add the same values in another order.
+// kDrop: a lane's group is one Philox block, which it draws itself; the keep bits are written in the per-element
+// kernel's layout (bit j of word w: element w + 32 j), gathered with one ballot per group and position in it.
+template <int G, typename X, typename S, typename A, bool kDrop>
+__global__ void layer_norm_forward_packed(const X* x, const S* residual, const S* w, const S* b, S* y, void* y_low,
+                                          bool low_bf16, S* sum_out, A* mean_out, A* rstd_out, int64_t rows, int d,
+                                          A eps, DropParams drop) {
+  constexpr int V = 4;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardRows + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const int groups = d / V;
+  const int64_t start = row * d;
+  if constexpr (kDrop) {
+    if (drop.draw.device_offset != nullptr) drop.draw.offset = *drop.draw.device_offset;  // a CUDA graph's draw
+  }
+  A v[G][V];
+  uint32_t ballots[kDrop ? G : 1][V];
+  A s = 0;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int grp = lane + 32 * g;
+    bool kept[V] = {true, true, true, true};
+    if (grp < groups) {
+      load_pack<V>(x + start + V * grp, v[g]);
+      if constexpr (kDrop) {
+        cuda::keep_flags<X, V>(kept, drop.draw, drop.keep, static_cast<uint64_t>(start + V * grp));
+#pragma unroll
+        for (int k = 0; k < V; ++k) {  // internal::dropout's value; __fmul_rn: not contracted into an FMA below
+          X dropped;
+          store_as(&dropped, __fmul_rn(v[g][k], kept[k] ? drop.scale : 0.0f));
+          v[g][k] = static_cast<A>(load_compute(&dropped));
+        }
+      }
+      if (residual != nullptr) {
+        A r[V];
+        load_pack<V>(residual + start + V * grp, r);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          v[g][k] += r[k];
+          if constexpr (!std::is_same_v<S, A>) {  // a 16-bit sum is rounded, as the add would round it
+            S rounded;
+            store_as(&rounded, v[g][k]);
+            v[g][k] = static_cast<A>(load_compute(&rounded));
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k) s += v[g][k];
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[g][k] = 0;
+    }
+    if constexpr (kDrop) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) ballots[g][k] = __ballot_sync(0xffffffffu, grp < groups && kept[k]);
+    }
+  }
+  if constexpr (kDrop) {
+    // Element e = lane + 32 j of the row is position lane % 4 of group lane / 4 + 8 j: in group slot j / 4, held by
+    // lane (lane / 4 + 8 (j % 4)).
+    uint32_t bits = 0;
+    const int k = lane % 4;
+#pragma unroll
+    for (int j = 0; j < 4 * G && j < 32; ++j) {
+      const uint32_t m = k == 0 ? ballots[j / 4][0] : k == 1 ? ballots[j / 4][1] : k == 2 ? ballots[j / 4][2]
+                                                                                          : ballots[j / 4][3];
+      bits |= ((m >> (lane / 4 + 8 * (j % 4))) & 1u) << j;
+    }
+    drop.bits[row * 32 + lane] = bits;
+  }
+  const A mean = warp_sum(s) / static_cast<A>(d);
+  A q = 0;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane + 32 * g < groups) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) q += (v[g][k] - mean) * (v[g][k] - mean);
+    }
+  }
+  const A rstd = A(1) / sqrt(warp_sum(q) / static_cast<A>(d) + eps);  // biased variance, as LayerNorm
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int grp = lane + 32 * g;
+    if (grp >= groups) continue;
+    const int64_t at = start + V * grp;
+    if (sum_out != nullptr) store_pack<V>(sum_out + at, v[g]);
+    A o[V], wv[V], bv[V];
+    if (w != nullptr) load_pack<V>(w + V * grp, wv);
+    if (b != nullptr) load_pack<V>(b + V * grp, bv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      o[k] = (v[g][k] - mean) * rstd;
+      if (w != nullptr) o[k] *= wv[k];
+      if (b != nullptr) o[k] += bv[k];
+    }
+    store_pack<V>(y + at, o);
+    if constexpr (std::is_same_v<S, float>) {  // y_low is asked for float32 y only: o is y's value as stored
+      if (y_low != nullptr) {
+        if (low_bf16) {
+          store_pack<V>(static_cast<BFloat16*>(y_low) + at, o);
+        } else {
+          store_pack<V>(static_cast<Half*>(y_low) + at, o);
+        }
+      }
+    }
+  }
+  if (lane == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rstd;
+  }
+}
+
 // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy * w, written in x's type T and, when dx_low is given, also in
 // the type L (the gradient of a lower-precision input that was added to the residual), from the same float values.
 // Warp k of the grid takes rows k, k + W, k + 2 W, ... (W: the grid's warps) and holds each row's dy * w and xhat in
@@ -546,15 +662,33 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
           drop.scale = static_cast<float>(static_cast<compute_t<X>>(Scalar(1.0 / (1.0 - dropout->p)).to<X>()));
           drop.bits = reinterpret_cast<uint32_t*>(out.keep.data_ptr<int32_t>());
         }
+        // Groups of 4 where d and every pointer allow (x's pack is 8 or 16 bytes, the others' 16, y_low's 8).
+        const auto packs = [&](const Tensor& t, size_t element) {
+          return !t.defined() || aligned_to(t.data_ptr(), 4 * element);
+        };
+        const bool packed = !std::is_same_v<S, double> && d % 4 == 0 && packs(x, sizeof(X)) &&
+                            packs(residual, sizeof(S)) && packs(weight, sizeof(S)) && packs(bias, sizeof(S)) &&
+                            packs(out.y, sizeof(S)) && packs(out.sum, sizeof(S)) && packs(out.y_low, 2);
+        const auto run = [&](auto kernel) {
+          kernel<<<blocks, 32 * kForwardRows, 0, stream>>>(
+              x.data_ptr<X>(), ptr_or_null<S>(residual), ptr_or_null<S>(weight), ptr_or_null<S>(bias),
+              out.y.data_ptr<S>(), out.y_low.defined() ? out.y_low.data_ptr() : nullptr,
+              out.y_low.defined() && out.y_low.dtype() == DType::BFloat16,
+              out.sum.defined() ? out.sum.data_ptr<S>() : nullptr, out.mean.data_ptr<A>(), out.rstd.data_ptr<A>(), rows,
+              static_cast<int>(d), static_cast<A>(eps), drop);
+        };
+        if constexpr (!std::is_same_v<S, double>) {
+          if (packed) {
+            with_group_count(d, [&](auto groups) {
+              constexpr int G = decltype(groups)::value;
+              if (dropout != nullptr) return run(layer_norm_forward_packed<G, X, S, A, true>);
+              run(layer_norm_forward_packed<G, X, S, A, false>);
+            });
+            KILN_CUDA_CHECK_LAUNCH("layer_norm");
+            return;
+          }
+        }
         with_lane_count(d, [&](auto lanes) {
-          auto run = [&](auto kernel) {
-            kernel<<<blocks, 32 * kForwardRows, 0, stream>>>(
-                x.data_ptr<X>(), ptr_or_null<S>(residual), ptr_or_null<S>(weight), ptr_or_null<S>(bias),
-                out.y.data_ptr<S>(), out.y_low.defined() ? out.y_low.data_ptr() : nullptr,
-                out.y_low.defined() && out.y_low.dtype() == DType::BFloat16,
-                out.sum.defined() ? out.sum.data_ptr<S>() : nullptr, out.mean.data_ptr<A>(), out.rstd.data_ptr<A>(),
-                rows, static_cast<int>(d), static_cast<A>(eps), drop);
-          };
           constexpr int J = decltype(lanes)::value;
           if constexpr (std::is_same_v<A, float>) {
             if (dropout != nullptr) return run(layer_norm_forward_warp<J, X, S, A, true>);
