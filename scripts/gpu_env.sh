@@ -9,17 +9,20 @@ build="${KILN_GPU_BUILD_DIR:-build-gpu}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 summary="$out/summary.txt"
-: >"$summary"
+[[ -n "${KILN_APPEND_SUMMARY:-}" ]] || : >"$summary"  # a script run after another in one command keeps its lines
 note() { echo "$*" | tee -a "$summary"; }
 
 # The GPU runner brings back at most 8 files from $OUT (/work/.library/device/README.md). pack_logs, called last
 # by the scripts, leaves summary.txt beside logs.tar.gz (every other file, packed) when there are more.
 pack_logs() {
-  local files
-  mapfile -t files < <(cd "$out" && find . -maxdepth 1 -type f ! -name summary.txt ! -name logs.tar.gz -printf '%P\n')
-  if (( ${#files[@]} + 1 > 8 )); then
-    (cd "$out" && tar -czf logs.tar.gz "${files[@]}" && rm -f "${files[@]}")
-    echo "logs packed into $out/logs.tar.gz (${#files[@]} files)"
+  local files packs name
+  mapfile -t files < <(cd "$out" && find . -maxdepth 1 -type f ! -name summary.txt ! -name 'logs*.tar.gz' -printf '%P\n')
+  packs="$(cd "$out" && find . -maxdepth 1 -name 'logs*.tar.gz' | wc -l)"
+  if (( ${#files[@]} + packs + 1 > 8 )); then
+    name="logs.tar.gz"
+    (( packs == 0 )) || name="logs$((packs + 1)).tar.gz"  # a later script's logs beside an earlier one's pack
+    (cd "$out" && tar -czf "$name" "${files[@]}" && rm -f "${files[@]}")
+    echo "logs packed into $out/$name (${#files[@]} files)"
   fi
 }
 
