@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kiln/autograd/autocast.h"    // autocast::inputs (the fused path casts its own inputs)
 #include "kiln/autograd/function.h"    // autograd::Function for the fused path
@@ -164,6 +166,39 @@ Tensor rows_aligned(const Tensor& t) {
   return ok ? t : clone(t, MemoryFormat::Contiguous);
 }
 
+// The masks prepared inside AttentionMaskScopes on this thread (attention.h): the bias and dead-row flags of a mask
+// for a query dtype and device, the scores' (L, S) and the causal flag.
+struct PreparedMask {
+  std::weak_ptr<TensorImpl> mask;
+  uint64_t version = 0;
+  const void* storage = nullptr;
+  DType dtype = DType::Float32;
+  Device device;
+  Shape mask_shape;  // (B|1, H|1, L|1, S|1)
+  int64_t L = 0, S = 0;
+  bool causal = false;
+  Tensor bias, dead;
+};
+struct PreparedMasks {
+  int depth = 0;
+  std::vector<PreparedMask> entries;
+};
+thread_local PreparedMasks prepared_masks;
+
+// The entry for this mask and call, or null (outside a scope, or not prepared yet).
+PreparedMask* find_prepared(const Tensor& mask, const Tensor& m4, DType dtype, Device device, int64_t L, int64_t S,
+                            bool causal) {
+  if (prepared_masks.depth == 0) return nullptr;
+  for (PreparedMask& e : prepared_masks.entries) {
+    if (e.mask.lock().get() == &mask.impl() && e.version == mask.version() &&
+        e.storage == mask.impl().storage().get() && e.dtype == dtype && e.device == device &&
+        e.mask_shape == m4.shape() && e.L == L && e.S == S && e.causal == causal) {
+      return &e;
+    }
+  }
+  return nullptr;
+}
+
 // materialize = false only answers whether the fused path would run (the bias is left uninitialised).
 FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const AttentionOptions& o,
                      bool materialize) {
@@ -221,6 +256,9 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
     const Shape bias_shape{m4.size(0), m4.size(1), L, S};
     if (!materialize) {
       c.bias = internal::empty(bias_shape, c.q.options());
+    } else if (const PreparedMask* e = find_prepared(m, m4, q.dtype(), q.device(), L, S, o.is_causal)) {
+      c.bias = e->bias;
+      c.dead = e->dead;
     } else {
       // -inf where a key is forbidden, the mask's values where it is floating: (B|1, H|1, L|1, S|1).
       Tensor additive = m4.dtype() == DType::Bool
@@ -236,6 +274,10 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
       }
       c.dead = eq(amax(scores, {-1}, true), kNegInf);
       c.bias = additive.expand(bias_shape).clamp(kMaskedBias, std::nullopt).contiguous();
+      if (prepared_masks.depth > 0) {
+        prepared_masks.entries.push_back(PreparedMask{m.impl_ptr(), m.version(), m.impl().storage().get(), q.dtype(),
+                                                      q.device(), m4.shape(), L, S, o.is_causal, c.bias, c.dead});
+      }
     }
   }
   if (!cuda_impl::fused_attention_supported(c.q, c.k, c.v, c.bias, c.cfg, &c.why_not) && c.bias.defined()) {
@@ -336,6 +378,18 @@ std::vector<capture::Attr> attention_attrs(const AttentionOptions& o) {
 }
 
 }  // namespace
+
+AttentionMaskScope::AttentionMaskScope() {
+#if KILN_WITH_CUDA
+  ++prepared_masks.depth;
+#endif
+}
+
+AttentionMaskScope::~AttentionMaskScope() {
+#if KILN_WITH_CUDA
+  if (--prepared_masks.depth == 0) prepared_masks.entries.clear();
+#endif
+}
 
 AttentionBackend attention_backend(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                                    std::string* why_not) {

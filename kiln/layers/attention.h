@@ -60,6 +60,19 @@ struct AttentionOptions {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionOptions& options = {});
 
+// Masks shared by several attention calls (the layers of one transformer forward). On the fused GPU path each call
+// turns a mask into the additive bias cuDNN reads and the flags of rows with no allowed key: a few small kernels.
+// While a scope is open on this thread, the calls after the first with the same mask tensor (same storage and
+// version), query dtype and device, shapes and causal flag reuse what the first prepared. BertModel::forward opens one
+// around its encoder. Entries are freed when the outermost scope closes; nothing is kept outside a scope.
+class AttentionMaskScope {
+ public:
+  AttentionMaskScope();
+  ~AttentionMaskScope();
+  AttentionMaskScope(const AttentionMaskScope&) = delete;
+  AttentionMaskScope& operator=(const AttentionMaskScope&) = delete;
+};
+
 // Which implementation scaled_dot_product_attention takes for these arguments in the current grad and
 // autocast mode (on a GPU this may build and cache cuDNN's graphs). With why_not, the reason the fused path
 // was not taken.

@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kiln/autograd/autocast.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/layers/attention.h"
+#include "kiln/profiler/profiler.h"  // the ops a call runs
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/generator.h"
 #include "kiln/tensor/internal_ops.h"
@@ -369,6 +371,71 @@ TEST(CudaAttentionDropout, GradientsMatchTheMathPathWithTheKernelsMask) {
 }
 
 // ---------------------------------------------------------------- memory
+
+// The GPU ops that turn a mask into cuDNN's bias and the dead-row flags (the profiler's op names).
+size_t mask_preparation_ops(const profiler::Result& r) {
+  size_t n = 0;
+  for (const profiler::Event& e : r.events()) {
+    if (e.kind == trace::Kind::Op && (e.name == "eq" || e.name == "max" || e.name == "clamp")) ++n;
+  }
+  return n;
+}
+
+// Inside an AttentionMaskScope, calls with the same mask prepare it once: the second call runs none of the mask's
+// ops and gives what a call outside the scope gives, bit for bit (output and gradients); a mask changed in place, or
+// another mask, is prepared again. Padding at the start with a causal mask leaves dead rows, so the reused flags
+// matter.
+TEST(CudaAttentionMaskScope, CallsWithOneMaskPrepareItOnce) {
+  SKIP_WITHOUT_FUSED_ATTENTION();
+  const Shape qs{2, 2, 128, 64};
+  Tensor mask = key_padding(2, 128, 88, /*padded_at_start=*/true);
+  const nn::AttentionOptions opts{.attn_mask = mask, .is_causal = true};
+  auto run = [&](uint64_t seed, bool scoped_second, profiler::Result* second_profile) {
+    Tensor q = gpu_leaf(qs, DType::BFloat16, seed), k = gpu_leaf(qs, DType::BFloat16, seed + 1),
+           v = gpu_leaf(qs, DType::BFloat16, seed + 2);
+    std::vector<double> out;
+    {
+      std::optional<nn::AttentionMaskScope> scope;
+      if (scoped_second) scope.emplace();
+      Tensor first = nn::scaled_dot_product_attention(q, k, v, opts);
+      profiler::Profile prof;
+      Tensor second = nn::scaled_dot_product_attention(q, k, v, opts);
+      prof.stop();
+      if (second_profile != nullptr) *second_profile = prof.result();
+      (first.to(DType::Float32).sum() + second.to(DType::Float32).sum()).backward();
+      out = values(second);
+    }
+    for (const Tensor& t : {q, k, v}) {
+      const std::vector<double> g = values(t.grad());
+      out.insert(out.end(), g.begin(), g.end());
+    }
+    return out;
+  };
+  profiler::Result scoped, plain;
+  const std::vector<double> with_scope = run(40, true, &scoped), without = run(40, false, &plain);
+  EXPECT_EQ(with_scope, without);
+  EXPECT_GT(mask_preparation_ops(plain), 0u) << "the mask's preparation ops were not found in the profile";
+  EXPECT_EQ(mask_preparation_ops(scoped), 0u) << "the second call inside the scope prepared the mask again";
+  // A mask changed in place, or another mask: prepared again, with the values of a call outside any scope.
+  NoGradGuard no_grad;
+  Tensor q = gpu_leaf(qs, DType::BFloat16, 50), k = gpu_leaf(qs, DType::BFloat16, 51),
+         v = gpu_leaf(qs, DType::BFloat16, 52);
+  std::vector<double> changed;
+  {
+    nn::AttentionMaskScope scope;
+    (void)nn::scaled_dot_product_attention(q, k, v, opts);
+    mask.copy_(key_padding(2, 128, 100, /*padded_at_start=*/true));
+    profiler::Profile prof;
+    {
+      nn::AttentionMaskScope inner;  // an inner scope shares the outer one's entries
+      changed = values(nn::scaled_dot_product_attention(q, k, v, opts));
+      (void)nn::scaled_dot_product_attention(q, k, v, {.attn_mask = key_padding(2, 128, 60), .is_causal = true});
+    }
+    prof.stop();
+    EXPECT_GE(mask_preparation_ops(prof.result()), 2 * mask_preparation_ops(plain));
+  }
+  EXPECT_EQ(changed, values(nn::scaled_dot_product_attention(q, k, v, opts)));
+}
 
 TEST(CudaAttentionMemory, NoDeviceMallocOnceWarm) {
   SKIP_WITHOUT_FUSED_ATTENTION();

@@ -313,6 +313,7 @@ BertModel::Output BertModel::forward(const Tensor& input_ids, const Tensor& toke
     mask = reshape(m, {input_ids.size(0), 1, 1, input_ids.size(1)});
   }
   Output out;
+  AttentionMaskScope one_mask;  // every layer's attention takes the same mask: prepared once for the GPU's kernels
   out.sequence_output = encoder(embeddings(input_ids, token_type_ids), mask);
   if (pooler) out.pooled_output = pooler(out.sequence_output);
   return out;
