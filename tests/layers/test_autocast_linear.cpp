@@ -10,6 +10,7 @@
 #include "kiln/autograd/autocast.h"
 #include "kiln/layers/functional.h"
 #include "kiln/profiler/profiler.h"  // the additions a backward makes
+#include "support/profile_counts.h"  // additions_of
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -52,7 +53,8 @@ TEST_P(AutocastLinearTest, OneNodeGivesEveryGradientAsFloat64Says) {
   for (const DType dtype : {DType::BFloat16, DType::Float16}) {
     for (const bool with_bias : {true, false}) {
       for (const Shape& shape : {Shape{6, in}, Shape{2, 3, in}}) {
-        SCOPED_TRACE(::testing::Message() << dtype << (with_bias ? ", bias" : ", no bias") << ", input of " << shape.size() << " dims");
+        SCOPED_TRACE(::testing::Message()
+                     << dtype << (with_bias ? ", bias" : ", no bias") << ", input of " << shape.size() << " dims");
         const int64_t rows = 6;
         const auto xv = quarter_values(rows * in, 1), wv = quarter_values(out * in, 2), bv = quarter_values(out, 3);
         const auto gv = quarter_values(rows * out, 4);
@@ -94,16 +96,6 @@ TEST_P(AutocastLinearTest, OneNodeGivesEveryGradientAsFloat64Says) {
       }
     }
   }
-}
-
-// The additions of float32 tensors of `shape` ("[2, 16, 8]", as the profiler prints shapes) among a profile's ops.
-size_t additions_of(const profiler::Result& result, const std::string& shape) {
-  size_t n = 0;
-  for (const profiler::Event& e : result.events()) {
-    if (e.kind == trace::Kind::Op && e.name.rfind("add", 0) == 0 && e.shapes.find(shape + " f32") != std::string::npos)
-      ++n;
-  }
-  return n;
 }
 
 // A residual stream: h = 2 r is used by the product and by h * u. Backward adds the product's dX into the sum h * u's

@@ -16,11 +16,13 @@
 #include "kiln/profiler/profiler.h"   // the additions a backward makes
 #include "kiln/tensor/cuda.h"
 #include "support/float8_reference.h"
+#include "support/profile_counts.h"  // additions_of
 #include "support/test_support.h"
 
 namespace kiln {
 namespace {
 
+using testing::additions_of;
 using testing::expect_error;
 using testing::values;
 
@@ -678,16 +680,6 @@ TEST_P(Fp8LinearTest, LinearGeluLinearIsTheMlpFunctionInFp8Regions) {
   EXPECT_TRUE(internal::equal(fc1->fp8_state()->amax_history(), tw1->fp8_state()->amax_history()));
   // Outside FP8 regions: the plain ops.
   expect_bitwise_equal(nn::linear_gelu_linear(*fc1, *fc2, x), fc2(gelu(fc1(x))), "outside FP8");
-}
-
-// The additions of float32 tensors of `shape` ("[2, 16, 64]", as the profiler prints shapes) among a profile's ops.
-size_t additions_of(const profiler::Result& r, const std::string& shape) {
-  size_t n = 0;
-  for (const profiler::Event& e : r.events()) {
-    if (e.kind == trace::Kind::Op && e.name.rfind("add", 0) == 0 && e.shapes.find(shape + " f32") != std::string::npos)
-      ++n;
-  }
-  return n;
 }
 
 // A float32 input that other ops also use (a residual stream: h = 1.5 r, used by the product and by h * u): the FP8
