@@ -617,12 +617,10 @@ static Tensor batch_norm_add_relu_as_one_op(const Tensor& x, const Tensor& resid
       residual);
 }
 
-// The layers made of several ops run as one op of the autocast table: inputs cast by the layer's policy, then
-// the ops inside with autocast off (as PyTorch runs a composite op below its autocast dispatch).
 // nn::linear as one AutocastLinearFunction, where it applies: autocast computes a Linear on x's device in 16 bits, x
 // is a float32 tensor whose gradient is wanted, with at least 2 dims and elements, and the weight and bias fit it
 // (any other case, errors included, takes the composed path). Undefined where it does not apply.
-Tensor linear_from_float32(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+static Tensor linear_from_float32(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (x.dtype() != DType::Float32 || x.dim() < 2 || x.numel() == 0 || !autograd::needs_grad(x)) return {};
   const std::optional<DType> dtype = autocast::target_dtype(autocast_ops::linear(), x.device(), DType::Float32);
   if (dtype != DType::BFloat16 && dtype != DType::Float16) return {};
@@ -641,14 +639,15 @@ Tensor linear_from_float32(const Tensor& x, const Tensor& weight, const Tensor& 
   return AutocastLinearFunction::apply(x, wc, bc, xv);
 }
 
+// The layers made of several ops run as one op of the autocast table: inputs cast by the layer's policy, then
+// the ops inside with autocast off (as PyTorch runs a composite op below its autocast dispatch).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   capture::Op cap("linear");
-  if (Tensor y = linear_from_float32(x, weight, bias); y.defined()) {
-    return cap.done(y, [&] { return capture::Args{{x, weight, bias}, {}}; });
-  }
+  const auto describe = [&] { return capture::Args{{x, weight, bias}, {}}; };
+  if (Tensor y = linear_from_float32(x, weight, bias); y.defined()) return cap.done(y, describe);
   auto [xc, wc, bc] = autocast::inputs(autocast_ops::linear(), x, weight, bias);
   autocast::DisableGuard as_one_op;
-  return cap.done(linear_as_one_op(xc, wc, bc), [&] { return capture::Args{{x, weight, bias}, {}}; });
+  return cap.done(linear_as_one_op(xc, wc, bc), describe);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
