@@ -559,10 +559,11 @@ TEST_P(MatmulTest, LinearEpilogues) {
       {"mm_with_row_sums", "[2, 3]", "[2, 2]"});
 }
 
-// Products whose rows of 16-bit values would not be 16-byte aligned (n = 1001) get rows padded to a multiple of
-// 8 elements on CUDA (Backend::matmul_row_pitch): the result is the (m, n) view of (m, 1008) storage, with the
-// right values, for mm, addmm with a bias (which then takes the epilogue) and the products of a linear layer's
-// backward that read such rows (g @ w and g^T @ x). Elsewhere, and for short rows, products stay contiguous.
+// Products whose rows would not be 16-byte aligned (n = 1001) get rows padded to a multiple of 16 bytes on CUDA
+// (Backend::matmul_row_pitch): the result is the (m, n) view of (m, 1008) storage for 16-bit values and (m, 1004) for
+// float32, with the right values, for mm, addmm with a bias (which then takes the epilogue) and the products of a
+// linear layer's backward that read such rows (g @ w and g^T @ x). Elsewhere, and for short rows, products stay
+// contiguous.
 TEST_P(MatmulTest, ProductRowsPaddedToAnAlignedPitch) {
   const int64_t m = 40, k = 64, n = 1001, j = 48;
   const std::vector<double> a = quarters(m * k, 51), b = quarters(k * n, 52), bias = quarters(n, 53),
@@ -578,14 +579,14 @@ TEST_P(MatmulTest, ProductRowsPaddedToAnAlignedPitch) {
   }
   for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
     SCOPED_TRACE(::testing::Message() << dt);
-    const bool padded = dev().is_cuda() && dt != DType::Float32;
+    const int64_t pitch = !dev().is_cuda() ? n : dt == DType::Float32 ? 1004 : 1008;
     const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
     const Tensor prod = internal::mm(ac, bc);
-    EXPECT_EQ(prod.stride(0), padded ? 1008 : n);
+    EXPECT_EQ(prod.stride(0), pitch);
     EXPECT_EQ(prod.stride(1), 1);
     expect_values(prod, {m, n}, ab, -1, matmul_atol(dt, k));
     const Tensor biased = internal::addmm(make(bias, {n}, opts(dt)), ac, bc);
-    EXPECT_EQ(biased.stride(0), padded ? 1008 : n);
+    EXPECT_EQ(biased.stride(0), pitch);
     expect_values(biased, {m, n}, with_bias, -1, matmul_atol(dt, k));
     expect_values(internal::matmul(ac, bc), {m, n}, ab, -1, matmul_atol(dt, k));
     // Reading padded rows: the products of a backward. prod holds exact values (quarters, k = 64), so these
@@ -600,11 +601,12 @@ TEST_P(MatmulTest, ProductRowsPaddedToAnAlignedPitch) {
   }
 }
 
-// On CUDA a 16-bit product with a large dimension that is not a multiple of 8 runs as an aligned part and a rest
-// of at most 7 (kiln/tensor/cuda/matmul.cpp): every dimension cut here (m = 256 + 4, k = 296 + 4, n = 264 + 6),
-// with general scalars (the rest of K adds onto the first part's result), batched, and through the epilogues.
+// On CUDA a product with a large dimension that is not a multiple of 16 bytes' worth of elements (8 16-bit values, 4
+// floats) runs as an aligned part and a rest of at most 7 (kiln/tensor/cuda/matmul.cpp): every dimension cut here in
+// every dtype (m = 256 + 6, k = 296 + 6, n = 264 + 6), with general scalars (the rest of K adds onto the first part's
+// result), batched, and through the epilogues.
 TEST_P(MatmulTest, ProductsCutAtUnalignedDimensions) {
-  const int64_t m = 260, k = 300, n = 270, batches = 2;
+  const int64_t m = 262, k = 302, n = 270, batches = 2;
   const std::vector<double> a = quarters(batches * m * k, 61), b = quarters(batches * k * n, 62),
                             c = quarters(m * n, 63), bias = quarters(n, 64);
   const std::vector<double> ab = ref_matmul(a, {batches}, b, {batches}, {batches}, m, k, n);
@@ -629,6 +631,20 @@ TEST_P(MatmulTest, ProductsCutAtUnalignedDimensions) {
     expect_values(sums, {m}, row_sums, -1, atol);
     // Column-major a (as g^T in a backward).
     expect_values(internal::mm(internal::contiguous(a2.t()).t(), b2), {m, n}, first, -1, atol);
+  }
+}
+
+// The row sums of a float32 product (a linear layer's bias gradient) are float32 sums of a's values, also where the
+// product itself runs in TF32 (the default): every element is 1 + 2^-12, which TF32's 10-bit mantissa rounds to 1,
+// and the sums (k + k 2^-12) are exact in float32, so sums of TF32-rounded values would be short by k 2^-12. Through
+// the epilogue (aligned shapes) and the cut (unaligned ones).
+TEST_P(MatmulTest, Float32RowSumsAreFloat32SumsUnderTf32) {
+  for (const auto& [m, k] : {std::pair<int64_t, int64_t>{512, 4096}, {262, 302}}) {
+    SCOPED_TRACE(::testing::Message() << "(" << m << ", " << k << ")");
+    const double v = 1 + std::ldexp(1.0, -12);
+    const Tensor a = internal::full({m, k}, v, opts()), b = internal::full({k, 64}, 0.25, opts());
+    auto [prod, sums] = internal::mm_with_row_sums(a, b);
+    expect_values(sums, {m}, std::vector<double>(m, v * static_cast<double>(k)), 0, 0);
   }
 }
 

@@ -364,30 +364,39 @@ Problem problem_for(const Tensor& out, const Tensor& a, const Tensor& b) {
 cublasLtHandle_t lt::handle(int device) { return lt_handle(device); }
 void* lt::workspace(int device, cudaStream_t stream) { return cuda::workspace(device, stream); }
 
-// The row pitch of a new product (Backend::matmul_row_pitch): 16-bit rows rounded up to a multiple of 16 bytes. A
-// row of, say, 30522 bfloat16 values (BERT's vocabulary) is only 4-byte aligned, which keeps cuBLASLt from its
-// vectorised kernels for every product that reads or writes those rows (the logits, and both products of their
-// gradient): at that size they run at a third of the speed of aligned rows. Short rows are left alone.
-int64_t CudaBackend::matmul_row_pitch(DType dtype, int64_t n) const {
-  if (dtype != DType::BFloat16 && dtype != DType::Float16) return n;
-  if (n < 256 || n % 8 == 0) return n;
-  return (n + 7) / 8 * 8;
+// The elements in 16 bytes of a dtype whose products cuBLASLt runs on tensor cores (16-bit floats, float32 in TF32),
+// or 0 for the others.
+static int64_t per_16_bytes(DType dtype) {
+  if (dtype == DType::BFloat16 || dtype == DType::Float16) return 8;
+  return dtype == DType::Float32 ? 4 : 0;
 }
 
-// Where a 16-bit product is cut in two. cuBLASLt's kernels for a dimension that is not a multiple of 8 run at a
-// third to two thirds of their aligned speed even when every leading dimension is aligned (BERT's 30522-word
-// vocabulary: 240-500 against 730-820 TFLOP/s on an H200). A large dimension d (>= 256) is therefore cut at
-// d rounded down to a multiple of 8: the aligned part runs at full speed and the rest (at most 7 rows, columns
-// or products) is a thin product that costs little. The cut parts start at 16-byte offsets, so each keeps the
-// operands' alignment.
+// The row pitch of a new product (Backend::matmul_row_pitch): rows of 16-bit floats and of float32 rounded up to a
+// multiple of 16 bytes. A row of, say, 30522 bfloat16 values (BERT's vocabulary) is only 4-byte aligned, which keeps
+// cuBLASLt from its vectorised kernels for every product that reads or writes those rows (the logits, and both
+// products of their gradient): at that size they run at a third of the speed of aligned rows (float32 in TF32: 120
+// against about 400 TFLOP/s on an H100). Short rows are left alone.
+int64_t CudaBackend::matmul_row_pitch(DType dtype, int64_t n) const {
+  const int64_t per = per_16_bytes(dtype);
+  if (per == 0 || n < 256 || n % per == 0) return n;
+  return (n + per - 1) / per * per;
+}
+
+// Where a 16-bit or float32 product is cut in two. cuBLASLt's kernels for a dimension that is not a multiple of 16
+// bytes' worth of elements (8 16-bit values, 4 floats) run at a third to two thirds of their aligned speed even when
+// every leading dimension is aligned (BERT's 30522-word vocabulary: 240-500 against 730-820 TFLOP/s on an H200 in
+// bfloat16). A large dimension d (>= 256) is therefore cut at d rounded down to such a multiple: the aligned part runs
+// at full speed and the rest (at most 7 rows, columns or products) is a thin product that costs little. The cut parts
+// start at 16-byte offsets, so each keeps the operands' alignment.
 struct Cut {
   int dim = 0;  // 0: none; 1: M (rows of out and a), 2: N (columns of out and b), 3: K
   int64_t at = 0;
 };
 
 Cut unaligned_cut(const Tensor& out, const Tensor& a) {
-  if (a.dtype() != DType::BFloat16 && a.dtype() != DType::Float16) return {};
-  auto cut_of = [](int64_t d) -> int64_t { return d >= 256 && d % 8 != 0 ? d / 8 * 8 : 0; };
+  const int64_t per = per_16_bytes(a.dtype());
+  if (per == 0) return {};
+  auto cut_of = [per](int64_t d) -> int64_t { return d >= 256 && d % per != 0 ? d / per * per : 0; };
   if (const int64_t at = cut_of(out.size(2))) return {2, at};
   if (const int64_t at = cut_of(out.size(1))) return {1, at};
   if (const int64_t at = cut_of(a.size(2))) return {3, at};
@@ -452,10 +461,10 @@ bool CudaBackend::matmul_epilogue(const Tensor& out, const Tensor& a, const Tens
                  vec.numel() == (e.bias.defined() ? n : m),
              "cuda::matmul_epilogue: the bias or row sums must be contiguous with out's dtype and device and ",
              e.bias.defined() ? n : m, " values, got ", vec.shape(), " ", vec.dtype());
-  // Half and bfloat16 operands only (out in their dtype or widened to float32): these are the epilogues that training
-  // with autocast runs, and the ones cuBLASLt offers for every layout. A problem cuBLASLt has no algorithm for is
-  // left to the caller.
-  if (a.dtype() != DType::BFloat16 && a.dtype() != DType::Float16) return false;
+  // Half and bfloat16 operands (out in their dtype or widened to float32), and float32 ones (TF32 or not): these are
+  // the epilogues that training runs, with autocast or in float32. A problem cuBLASLt has no algorithm for is left to
+  // the caller.
+  if (per_16_bytes(a.dtype()) == 0) return false;
   if (m == 0 || n == 0 || k == 0) return false;
   if (const Cut cut = unaligned_cut(out, a); cut.dim != 0) {
     // Each part takes its share of the bias (N) or of the row sums (M); a part without one is a plain product.
@@ -492,7 +501,8 @@ bool CudaBackend::matmul_epilogue(const Tensor& out, const Tensor& a, const Tens
   // Leading dimensions and pointers of 16-byte multiples only: elsewhere cuBLASLt's epilogue kernels can be many
   // times slower than a plain product (rows of 30522 columns, unpadded), and the caller's own way is cheaper.
   // Padded rows (matmul_row_pitch) qualify.
-  if (p.A.ld % 8 != 0 || p.B.ld % 8 != 0 || p.ldc % 8 != 0 || k % 8 != 0) return false;
+  const int64_t per = per_16_bytes(a.dtype()), per_out = per_16_bytes(out.dtype());
+  if (p.A.ld % per != 0 || p.B.ld % per != 0 || p.ldc % per_out != 0 || k % per != 0) return false;
   if (pointer_alignment(p.A.ptr) < 16 || pointer_alignment(p.B.ptr) < 16 || pointer_alignment(p.c) < 16) return false;
   // D = out^T (n x m column-major): the bias runs along D's rows (CUBLASLT_EPILOGUE_BIAS); a's row sums are the
   // sums of op(B) = a^T over k, one per column of D (CUBLASLT_EPILOGUE_BGRADB).

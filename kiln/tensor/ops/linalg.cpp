@@ -325,11 +325,11 @@ std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b, std
       return {out, sums};
     }
   }
-  // The row sums as a product with a column of ones: a matrix-vector product reads a once at full bandwidth, where a
-  // reduction over a transposed view would not.
-  Tensor sums = is_floating_point(a.dtype()) && a.size(1) > 0
-                    ? reshape(matmul_2d(a, ones({a.size(1), 1}, a.options()), dtype), {a.size(0)})
-                    : sum(a, {1});
+  // The row sums of 16-bit (or float64) a as a product with a column of ones: a matrix-vector product reads a once at
+  // full bandwidth, where a reduction over a transposed view would not. Float32 a is reduced: its product would run
+  // in TF32 where that is allowed (the default), summing a's values rounded to 10 bits.
+  const bool by_product = is_floating_point(a.dtype()) && a.dtype() != DType::Float32 && a.size(1) > 0;
+  Tensor sums = by_product ? reshape(matmul_2d(a, ones({a.size(1), 1}, a.options()), dtype), {a.size(0)}) : sum(a, {1});
   return {matmul_2d(a, b, dtype), sums.dtype() == dtype ? sums : cast(sums, dtype)};
 }
 
