@@ -22,6 +22,7 @@
 #include "kiln/tensor/internal_ops.h"  // internal::* inside the fused path's forward and backward
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/attention_cudnn.h"  // cuDNN's fused attention (no CUDA header)
+#include "kiln/layers/cuda/attention_probs.h"  // the math path's probabilities in one kernel each way
 #include "kiln/layers/cuda/attention_rows.h"   // zero_flagged_rows
 #endif
 
@@ -66,6 +67,30 @@ bool broadcasts_to(const Shape& mask, const Shape& shape) {
   return true;
 }
 
+#if KILN_WITH_CUDA
+// The math path's probabilities on the GPU, forward and backward in one kernel each (cuda/attention_probs.h): the
+// same values as the masked softmax, the zeroed dead rows and the dropout composed below (the same dropout mask for
+// the same generator), without their passes over the (..., L, S) scores.
+struct ProbsState {
+  Tensor forbidden;  // Bool, expanded to the scores' shape, or undefined
+  double p = 0;
+  GeneratorState draw;
+};
+
+struct AttentionProbsFunction : autograd::Function<AttentionProbsFunction> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& scores, const ProbsState& state) {
+    cuda_impl::AttentionProbs r = cuda_impl::attention_probs_forward(scores, state.forbidden, state.p, state.draw);
+    ctx.save_for_backward({r.probs, r.keep, state.forbidden});
+    ctx.set("p", state.p);
+    return state.p > 0 ? r.dropped : r.probs;
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const autograd::TensorList saved = ctx.saved();
+    return {cuda_impl::attention_probs_backward(grads[0], saved[0], saved[1], saved[2], ctx.get<double>("p"))};
+  }
+};
+#endif
+
 }  // namespace
 
 AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -103,6 +128,14 @@ AttentionResult scaled_dot_product_attention_with_weights(const Tensor& q_in, co
   // softmax of a row with every key masked would be NaN: such rows ("dead") get zero probabilities, so their output
   // and every gradient through them are zero.
   Tensor probs;
+#if KILN_WITH_CUDA
+  if (!float_mask && cuda_impl::attention_probs_fusable(scores)) {
+    ProbsState state{forbidden.defined() ? expand(forbidden, scores.shape()) : Tensor(), options.dropout_p, {}};
+    if (state.p > 0) state.draw = internal::draw_for(options.generator, scores.device());
+    probs = AttentionProbsFunction::apply(scores, state);
+    return {matmul(probs, v), probs};
+  }
+#endif
   if (float_mask) {
     // Additive: dead rows are known only from the scores (a row of -inf), found after the mask is added.
     scores = scores + cast(options.attn_mask, scores.dtype());

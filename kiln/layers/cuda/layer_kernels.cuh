@@ -4,6 +4,7 @@
 //
 //   const int v = vector_width<T>({x.data_ptr(), y.data_ptr()}, c);   // 16 / sizeof(T) when aligned and c % v == 0
 //   Vec<T, V> a = load_vec<T, V>(x + i);                               // device_t<T> elements
+//   float f[4]; load_pack<4>(x + i, f); store_pack<4>(y + i, f);      // 4 elements widened, then rounded back
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,6 +36,23 @@ __device__ __forceinline__ Vec<T, V> load_vec(const device_t<T>* p) {
 template <typename T, int V>
 __device__ __forceinline__ void store_vec(device_t<T>* p, const Vec<T, V>& v) {
   *reinterpret_cast<Vec<T, V>*>(p) = v;
+}
+
+// p[0 .. V) read in one access (a Vec: p is aligned to it) and widened to A through T's compute type.
+template <int V, typename T, typename A>
+__device__ __forceinline__ void load_pack(const T* p, A* out) {
+  const Vec<T, V> q = *reinterpret_cast<const Vec<T, V>*>(p);
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = static_cast<A>(cuda::to_compute<T>(q.v[k]));
+}
+
+// p[0 .. V) = v[0 .. V), each rounded once into T, written in one access.
+template <int V, typename T, typename A>
+__device__ __forceinline__ void store_pack(T* p, const A* v) {
+  Vec<T, V> q;
+#pragma unroll
+  for (int k = 0; k < V; ++k) q.v[k] = cuda::from_compute<T>(static_cast<compute_t<T>>(v[k]));
+  *reinterpret_cast<Vec<T, V>*>(p) = q;
 }
 
 // The widest vector (16 bytes) every pointer's alignment allows, when `multiple` (the run length the vector

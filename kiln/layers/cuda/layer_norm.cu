@@ -20,10 +20,11 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "kiln/tensor/cuda/dropout_keep.cuh"  // keep_flags: internal::dropout's keep/drop decision of an element
-#include "kiln/tensor/cuda/kernel_util.cuh"   // load_compute, store_as, stream_for, KILN_CUDA_CHECK_LAUNCH
-#include "kiln/tensor/internal_ops.h"         // internal::empty, internal::sum
-#include "kiln/tensor/scalar.h"               // Scalar: the mask value as internal::dropout rounds it
+#include "kiln/layers/cuda/layer_kernels.cuh"  // load_pack, store_pack
+#include "kiln/tensor/cuda/dropout_keep.cuh"   // keep_flags: internal::dropout's keep/drop decision of an element
+#include "kiln/tensor/cuda/kernel_util.cuh"    // load_compute, store_as, stream_for, KILN_CUDA_CHECK_LAUNCH
+#include "kiln/tensor/internal_ops.h"          // internal::empty, internal::sum
+#include "kiln/tensor/scalar.h"                // Scalar: the mask value as internal::dropout rounds it
 
 namespace kiln::nn::cuda_impl {
 namespace {
@@ -258,29 +259,6 @@ __global__ void layer_norm_forward_warp(const X* x, const S* residual, const S* 
   }
 }
 
-// V consecutive elements of T moved in one access: 4 floats in 16 bytes, 4 16-bit floats in 8, or one element.
-template <typename T, int V>
-struct alignas(V * sizeof(T)) Pack {
-  cuda::device_t<T> v[V];
-};
-
-// out[0 .. V) = p[0 .. V) in A; p is aligned to the pack.
-template <int V, typename T, typename A>
-__device__ __forceinline__ void load_pack(const T* p, A* out) {
-  const Pack<T, V> q = *reinterpret_cast<const Pack<T, V>*>(p);
-#pragma unroll
-  for (int k = 0; k < V; ++k) out[k] = static_cast<A>(cuda::to_compute<T>(q.v[k]));
-}
-
-// p[0 .. V) = v[0 .. V), each rounded once into T.
-template <int V, typename T, typename A>
-__device__ __forceinline__ void store_pack(T* p, const A* v) {
-  Pack<T, V> q;
-#pragma unroll
-  for (int k = 0; k < V; ++k) q.v[k] = cuda::from_compute<T>(static_cast<compute_t<T>>(v[k]));
-  *reinterpret_cast<Pack<T, V>*>(p) = q;
-}
-
 // The forward kernel above for rows whose elements come in groups of 4 (d % 4 == 0, every pointer aligned to its
 // pack): lane l holds groups l, l + 32, ..., l + 32 (G - 1) of its row, each moved with one access (16 bytes of
 // float32, 8 of 16-bit floats), where the per-element kernel needs one access per element. Each element's value is
@@ -349,8 +327,10 @@ __global__ void layer_norm_forward_packed(const X* x, const S* residual, const S
     const int k = lane % 4;
 #pragma unroll
     for (int j = 0; j < 4 * G && j < 32; ++j) {
-      const uint32_t m = k == 0 ? ballots[j / 4][0] : k == 1 ? ballots[j / 4][1] : k == 2 ? ballots[j / 4][2]
-                                                                                          : ballots[j / 4][3];
+      const uint32_t m = k == 0   ? ballots[j / 4][0]
+                         : k == 1 ? ballots[j / 4][1]
+                         : k == 2 ? ballots[j / 4][2]
+                                  : ballots[j / 4][3];
       bits |= ((m >> (lane / 4 + 8 * (j % 4))) & 1u) << j;
     }
     drop.bits[row * 32 + lane] = bits;
