@@ -76,6 +76,12 @@ void check_case(const Case& c, DType dtype) {
   std::vector<Tensor> grads_g;
   std::vector<Tensor> grads_c;
   Tensor out_c, weights_c;
+  // float32 products in full float32 on the GPU too (TF32 would round q k^T's inputs to 10 bits), restored after.
+  struct Float32Products {
+    bool was = cuda::allow_tf32();
+    Float32Products() { cuda::set_allow_tf32(false); }
+    ~Float32Products() { cuda::set_allow_tf32(was); }
+  } float32_products;
   for (const Device dev : {kGpu, Device::cpu()}) {
     Tensor q = leaf(qs, 1, dev), k = leaf(ks, 2, dev), v = leaf(ks, 3, dev);
     nn::AttentionOptions o{.dropout_p = c.p, .is_causal = c.causal};

@@ -1,6 +1,7 @@
 // Attention's probabilities, forward and backward in one kernel each (attention_probs.h). One warp per row of S
-// scores: lane l holds elements 4 l + 128 j .. + 3 (j < G = ceil(S / 128)) in registers, moved with one 16-byte
-// (float32) or 8-byte (16-bit) access each, so the scores are read once and the probabilities written once.
+// scores (per 4 rows where S <= 128, per 2 where S <= 256, their loads issued together): lane l holds elements
+// 4 l + 128 j .. + 3 (j < G = ceil(S / 128)) in registers, moved with one 16-byte (float32) or 8-byte (16-bit) access
+// each, so the scores are read once and the probabilities written once.
 // The dropout draws one Philox block per 4 elements with internal::dropout's numbering (element row * S + col of the
 // probabilities), so it keeps exactly the elements internal::dropout(probs, p) would for the same draw. Keep bits:
 // word 4 j + k of a row holds, at bit l, the decision for element 128 j + 4 l + k (one ballot per word).
@@ -21,7 +22,7 @@
 namespace kiln::nn::cuda_impl {
 namespace {
 
-constexpr int kWarps = 4;         // rows (warps) per block
+constexpr int kWarps = 4;  // rows (warps) per block
 constexpr int kMaxLeadingDims = 5;
 
 // Where a row's mask starts: the scores' leading dims (all but the last) and the mask's strides along them.
@@ -33,7 +34,9 @@ struct MaskGeometry {
 
 __device__ __forceinline__ int64_t mask_row_offset(const MaskGeometry& g, int64_t row) {
   int64_t offset = 0;
-  for (int d = g.dims - 1; d >= 0; --d) {
+#pragma unroll
+  for (int d = kMaxLeadingDims - 1; d >= 0; --d) {  // unrolled: the arrays stay in registers, not in local memory
+    if (d >= g.dims) continue;
     offset += (row % g.size[d]) * g.stride[d];
     row /= g.size[d];
   }
@@ -69,75 +72,96 @@ __device__ __forceinline__ void forbidden_flags(bool (&f)[4], const bool* row_ma
   for (int k = 0; k < 4; ++k) f[k] = kMask && row_mask[(c + k) * last];
 }
 
+// Rows per warp: short rows are taken several at a time, every load of them issued before any is used, so that
+// enough bytes are in flight for memory to stay busy (one 128-key row is only 512 bytes of float32 per warp).
+template <int G>
+inline constexpr int kRowsPerWarp = G == 1   ? 4
+                                    : G == 2 ? 2
+                                             : 1;
+
 template <typename T, int G, bool kMask, bool kDrop>
 __global__ void __launch_bounds__(32 * kWarps)
     probs_forward(const T* __restrict__ scores, const bool* __restrict__ mask, MaskGeometry mg, T* __restrict__ probs,
                   T* __restrict__ dropped, uint32_t* __restrict__ keep_bits, int64_t rows, int s, GeneratorState draw,
                   philox::KeepThreshold keep, float scale) {
+  constexpr int R = kRowsPerWarp<G>;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (row >= rows) return;  // a whole warp leaves together
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
+  if (first >= rows) return;  // a whole warp leaves together
   if constexpr (kDrop) {
     if (draw.device_offset != nullptr) draw.offset = *draw.device_offset;  // a CUDA graph's draw
   }
-  const T* in = scores + row * s;
-  const bool* row_mask = kMask ? mask + mask_row_offset(mg, row) : nullptr;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float v[G][4];
-  bool any_allowed = false;
+  float v[R][G][4];
 #pragma unroll
-  for (int j = 0; j < G; ++j) {
-    const int c = 128 * j + 4 * lane;
-    if (c < s) {
-      load_pack<4>(in + c, v[j]);
-      bool f[4];
-      forbidden_flags<kMask>(f, row_mask, mg.last, c);
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (f[k]) v[j][k] = kNegInf;
-        any_allowed = any_allowed || !f[k];
+    for (int j = 0; j < G; ++j) {
+      const int c = 128 * j + 4 * lane;
+      if (first + r < rows && c < s) {
+        load_pack<4>(scores + (first + r) * s + c, v[r][j]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[r][j][k] = kNegInf;
       }
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) v[j][k] = kNegInf;
     }
-  }
-  // A row whose every key is masked gets zeros (not the NaN of a softmax over nothing).
-  const bool dead = kMask && !__any_sync(0xffffffffu, any_allowed);
-  float mx = kNegInf;
 #pragma unroll
-  for (int j = 0; j < G; ++j)
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = first + r;
+    if (row >= rows) break;  // uniform across the warp
+    bool any_allowed = false;
+    if constexpr (kMask) {
+      const bool* row_mask = mask + mask_row_offset(mg, row);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) mx = nan_max(mx, v[j][k]);
-  mx = warp_max(mx);
-  float sum = 0;
+      for (int j = 0; j < G; ++j) {
+        const int c = 128 * j + 4 * lane;
+        if (c >= s) continue;
+        bool f[4];
+        forbidden_flags<kMask>(f, row_mask, mg.last, c);
 #pragma unroll
-  for (int j = 0; j < G; ++j)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      // exp(-inf - mx) = 0 for masked and absent elements; a row of -inf scores gives NaN, as softmax.
-      v[j][k] = expf(v[j][k] - mx);
-      if (128 * j + 4 * lane + k < s) sum += v[j][k];
+        for (int k = 0; k < 4; ++k) {
+          if (f[k]) v[r][j][k] = kNegInf;
+          any_allowed = any_allowed || !f[k];
+        }
+      }
     }
-  sum = warp_sum(sum);
+    // A row whose every key is masked gets zeros (not the NaN of a softmax over nothing).
+    const bool dead = kMask && !__any_sync(0xffffffffu, any_allowed);
+    float mx = kNegInf;
 #pragma unroll
-  for (int j = 0; j < G; ++j) {
-    const int c = 128 * j + 4 * lane;
-    float p[4];
+    for (int j = 0; j < G; ++j)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) p[k] = dead ? 0.0f : as_stored<T>(v[j][k] / sum);
-    if (c < s) store_pack<4>(probs + row * s + c, p);
-    if constexpr (kDrop) {
-      bool kept[4] = {false, false, false, false};
-      if (c < s) cuda::keep_flags<T, 4>(kept, draw, keep, static_cast<uint64_t>(row * s + c));
-      float d[4];
+      for (int k = 0; k < 4; ++k) mx = nan_max(mx, v[r][j][k]);
+    mx = warp_max(mx);
+    float sum = 0;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) d[k] = kept[k] ? p[k] * scale : 0.0f;  // as internal::dropout: x * mask
-      if (c < s) store_pack<4>(dropped + row * s + c, d);
+    for (int j = 0; j < G; ++j)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const uint32_t word = __ballot_sync(0xffffffffu, kept[k]);
-        if (lane == 0) keep_bits[row * (4 * G) + 4 * j + k] = word;
+        // exp(-inf - mx) = 0 for masked and absent elements; a row of -inf scores gives NaN, as softmax.
+        v[r][j][k] = expf(v[r][j][k] - mx);
+        if (128 * j + 4 * lane + k < s) sum += v[r][j][k];
+      }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int c = 128 * j + 4 * lane;
+      float p[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) p[k] = dead ? 0.0f : as_stored<T>(v[r][j][k] / sum);
+      if (c < s) store_pack<4>(probs + row * s + c, p);
+      if constexpr (kDrop) {
+        bool kept[4] = {false, false, false, false};
+        if (c < s) cuda::keep_flags<T, 4>(kept, draw, keep, static_cast<uint64_t>(row * s + c));
+        float d[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) d[k] = kept[k] ? p[k] * scale : 0.0f;  // as internal::dropout: x * mask
+        if (c < s) store_pack<4>(dropped + row * s + c, d);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t word = __ballot_sync(0xffffffffu, kept[k]);
+          if (lane == 0) keep_bits[row * (4 * G) + 4 * j + k] = word;
+        }
       }
     }
   }
@@ -148,43 +172,60 @@ __global__ void __launch_bounds__(32 * kWarps)
     probs_backward(const T* __restrict__ grad, const T* __restrict__ probs, const uint32_t* __restrict__ keep_bits,
                    const bool* __restrict__ mask, MaskGeometry mg, T* __restrict__ d_scores, int64_t rows, int s,
                    float scale) {
+  constexpr int R = kRowsPerWarp<G>;
   const int lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (row >= rows) return;
-  const bool* row_mask = kMask ? mask + mask_row_offset(mg, row) : nullptr;
-  float dp[G][4], p[G][4];
-  bool f[G][4];
-  bool any_allowed = false;
-  float dot = 0;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * R;
+  if (first >= rows) return;
+  float dp[R][G][4], p[R][G][4];
 #pragma unroll
-  for (int j = 0; j < G; ++j) {
-    const int c = 128 * j + 4 * lane;
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) dp[j][k] = p[j][k] = 0, f[j][k] = true;
-    if (c >= s) continue;
-    load_pack<4>(grad + row * s + c, dp[j]);
-    load_pack<4>(probs + row * s + c, p[j]);
-    forbidden_flags<kMask>(f[j], row_mask, mg.last, c);
+    for (int j = 0; j < G; ++j) {
+      const int c = 128 * j + 4 * lane;
+      if (first + r < rows && c < s) {
+        load_pack<4>(grad + (first + r) * s + c, dp[r][j]);
+        load_pack<4>(probs + (first + r) * s + c, p[r][j]);
+      } else {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      any_allowed = any_allowed || !f[j][k];
-      if constexpr (kDrop) {  // dropout's backward: the gradient times the mask, rounded to T
-        const bool kept = ((keep_bits[row * (4 * G) + 4 * j + k] >> lane) & 1u) != 0;
-        dp[j][k] = kept ? as_stored<T>(dp[j][k] * scale) : 0.0f;
+        for (int k = 0; k < 4; ++k) dp[r][j][k] = p[r][j][k] = 0;
       }
-      dot += dp[j][k] * p[j][k];
     }
-  }
-  dot = warp_sum(dot);
-  const bool dead = kMask && !__any_sync(0xffffffffu, any_allowed);
 #pragma unroll
-  for (int j = 0; j < G; ++j) {
-    const int c = 128 * j + 4 * lane;
-    if (c >= s) continue;
-    float ds[4];
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = first + r;
+    if (row >= rows) break;  // uniform across the warp
+    const bool* row_mask = kMask ? mask + mask_row_offset(mg, row) : nullptr;
+    bool f[G][4];
+    bool any_allowed = false;
+    float dot = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) ds[k] = (dead || (kMask && f[j][k])) ? 0.0f : p[j][k] * (dp[j][k] - dot);
-    store_pack<4>(d_scores + row * s + c, ds);
+    for (int j = 0; j < G; ++j) {
+      const int c = 128 * j + 4 * lane;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) f[j][k] = true;
+      if (c >= s) continue;
+      forbidden_flags<kMask>(f[j], row_mask, mg.last, c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        any_allowed = any_allowed || !f[j][k];
+        if constexpr (kDrop) {  // dropout's backward: the gradient times the mask, rounded to T
+          const bool kept = ((keep_bits[row * (4 * G) + 4 * j + k] >> lane) & 1u) != 0;
+          dp[r][j][k] = kept ? as_stored<T>(dp[r][j][k] * scale) : 0.0f;
+        }
+        dot += dp[r][j][k] * p[r][j][k];
+      }
+    }
+    dot = warp_sum(dot);
+    const bool dead = kMask && !__any_sync(0xffffffffu, any_allowed);
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int c = 128 * j + 4 * lane;
+      if (c >= s) continue;
+      float ds[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) ds[k] = (dead || (kMask && f[j][k])) ? 0.0f : p[r][j][k] * (dp[r][j][k] - dot);
+      store_pack<4>(d_scores + row * s + c, ds);
+    }
   }
 }
 
@@ -259,7 +300,6 @@ AttentionProbs attention_probs_forward(const Tensor& scores, const Tensor& forbi
   }
   const MaskGeometry mg = geometry_of(forbidden, scores);
   const bool* mask = forbidden.defined() ? forbidden.data_ptr<bool>() : nullptr;
-  const auto blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(rows, kWarps));
   cudaStream_t stream = cuda::stream_for(scores);
   visit_floating_dtype(scores.dtype(), "attention_probs", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -270,9 +310,10 @@ AttentionProbs attention_probs_forward(const Tensor& scores, const Tensor& forbi
       auto* bits = drop ? reinterpret_cast<uint32_t*>(out.keep.data_ptr<int32_t>()) : nullptr;
       with_chunks(s, [&](auto chunks) {
         constexpr int G = decltype(chunks)::value;
+        const auto blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(rows, kWarps * kRowsPerWarp<G>));
         auto launch = [&](auto kernel) {
           kernel<<<blocks, 32 * kWarps, 0, stream>>>(scores.data_ptr<T>(), mask, mg, out.probs.data_ptr<T>(), dropped,
-                                                      bits, rows, static_cast<int>(s), draw, keep, scale);
+                                                     bits, rows, static_cast<int>(s), draw, keep, scale);
         };
         if (mask != nullptr) {
           drop ? launch(probs_forward<T, G, true, true>) : launch(probs_forward<T, G, true, false>);
@@ -303,7 +344,6 @@ Tensor attention_probs_backward(const Tensor& grad_in, const Tensor& probs, cons
   const MaskGeometry mg = geometry_of(forbidden, probs);
   const bool* mask = forbidden.defined() ? forbidden.data_ptr<bool>() : nullptr;
   const auto* bits = drop ? reinterpret_cast<const uint32_t*>(keep.data_ptr<int32_t>()) : nullptr;
-  const auto blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(rows, kWarps));
   cudaStream_t stream = cuda::stream_for(probs);
   visit_floating_dtype(probs.dtype(), "attention_probs_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -311,9 +351,10 @@ Tensor attention_probs_backward(const Tensor& grad_in, const Tensor& probs, cons
       const float scale = drop ? dropout_scale<T>(p) : 0.0f;
       with_chunks(s, [&](auto chunks) {
         constexpr int G = decltype(chunks)::value;
+        const auto blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(rows, kWarps * kRowsPerWarp<G>));
         auto launch = [&](auto kernel) {
           kernel<<<blocks, 32 * kWarps, 0, stream>>>(grad.data_ptr<T>(), probs.data_ptr<T>(), bits, mask, mg,
-                                                      d_scores.data_ptr<T>(), rows, static_cast<int>(s), scale);
+                                                     d_scores.data_ptr<T>(), rows, static_cast<int>(s), scale);
         };
         if (mask != nullptr) {
           drop ? launch(probs_backward<T, G, true, true>) : launch(probs_backward<T, G, true, false>);
