@@ -4,7 +4,7 @@
 //   ./build/bench/bench_cuda_matmul               n = 8192: bfloat16, float16, float32 (TF32)
 //   ./build/bench/bench_cuda_matmul --n 4096 --reps 20
 //   ./build/bench/bench_cuda_matmul --linear-grads   a linear layer's gradients at BERT's shapes, each way kiln can
-//                                                    compute them (below)
+//                                                    compute them (below); --float32 for float32 (TF32) layers
 //
 // Each case: random (n, n) operands on cuda:0, 3 untimed products (cuBLASLt's algorithm choice, the
 // workspace and the allocator's cache all settle there), then 5 trials of --reps products each,
@@ -52,16 +52,17 @@ Result time_matmul(int64_t n, kiln::DType dtype, int reps) {
   return time_calls([&] { Tensor c = kiln::matmul(a, b); }, reps);
 }
 
-// A bfloat16 linear layer y = x W^T + b over 16384 tokens (BERT at batch 128, sequence 128), at each shape BERT-base
-// has: the forward product with its bias, the input gradient g W, and the weight and bias gradients g^T x and the
-// column sums of g computed three ways: in one product whose epilogue sums (mm_with_row_sums), or a plain product
-// and a reduction of g or a product of g^T with a column of ones; each stored in bfloat16 or float32 (the widening
-// product autocast's backward uses for float32 parameters).
-void time_linear_grads(int reps) {
+// A bfloat16 (or float32, TF32 products) linear layer y = x W^T + b over 16384 tokens (BERT at batch 128, sequence
+// 128), at each shape BERT-base has: the forward product with its bias, the input gradient g W, and the weight and
+// bias gradients g^T x and the column sums of g computed three ways: in one product whose epilogue sums
+// (mm_with_row_sums), or a plain product and a reduction of g or a product of g^T with a column of ones; each stored
+// in bfloat16 or float32 (the widening product autocast's backward uses for float32 parameters). Also the weight
+// gradient's transpose x^T g as a product, and that product transposed into W's layout.
+void time_linear_grads(int reps, kiln::DType dtype) {
   using kiln::DType;
   using kiln::Tensor;
   namespace in = kiln::internal;
-  const kiln::TensorOptions opts{.dtype = DType::BFloat16, .device = kiln::Device::cuda(0)};
+  const kiln::TensorOptions opts{.dtype = dtype, .device = kiln::Device::cuda(0)};
   const int64_t tokens = 16384;
   const std::pair<int64_t, int64_t> shapes[] = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 30522}};
   for (const auto& [in_f, out_f] : shapes) {
@@ -74,9 +75,11 @@ void time_linear_grads(int reps) {
                   flops / (r.median_ms * 1e-3) / 1e12, r.best_ms);
     };
     report("forward x W^T + b", time_calls([&] { Tensor y = kiln::nn::linear(x, w, bias); }, reps));
-    report("input gradient g W", time_calls([&] { Tensor d = in::mm(g, w, DType::BFloat16); }, reps));
+    report("input gradient g W", time_calls([&] { Tensor d = in::mm(g, w, dtype); }, reps));
     const Tensor ones = kiln::ones({tokens, 1}, opts);
-    for (DType out : {DType::BFloat16, DType::Float32}) {
+    const std::vector<DType> outs = dtype == DType::Float32 ? std::vector<DType>{DType::Float32}
+                                                            : std::vector<DType>{DType::BFloat16, DType::Float32};
+    for (DType out : outs) {
       const std::string in_type = out == DType::Float32 ? ", float32" : ", bfloat16";
       auto named = [&](const char* what) { return std::string(what) + in_type; };
       const Tensor gt = in::transpose(g, 0, 1);  // (out, tokens): the row sums of g^T are the bias gradient
@@ -95,6 +98,14 @@ void time_linear_grads(int reps) {
                                                                   },
                                                                   reps));
       report(named("dW alone").c_str(), time_calls([&] { Tensor d = in::mm(gt, x, out); }, reps));
+      const Tensor xt = in::transpose(x, 0, 1);
+      report(named("dW^T = x^T g").c_str(), time_calls([&] { Tensor d = in::mm(xt, g, out); }, reps));
+      report(named("dW^T = x^T g, transposed").c_str(), time_calls(
+                                                            [&] {
+                                                              Tensor d = in::mm(xt, g, out);
+                                                              Tensor w = in::contiguous(in::transpose(d, 0, 1));
+                                                            },
+                                                            reps));
       report(named("db alone: column sum").c_str(), time_calls([&] { Tensor s = in::sum(g, {0}, false, out); }, reps));
       report(named("db alone: ones product").c_str(), time_calls([&] { Tensor s = in::mm(gt, ones, out); }, reps));
     }
@@ -106,21 +117,21 @@ void time_linear_grads(int reps) {
 int main(int argc, char** argv) {
   int64_t n = 8192;
   int reps = 10;
-  bool linear_grads = false;
+  bool linear_grads = false, float32 = false;
   for (int i = 1; i < argc; i += 2) {
-    if (std::strcmp(argv[i], "--linear-grads") == 0) {
-      linear_grads = true;
+    if (std::strcmp(argv[i], "--linear-grads") == 0 || std::strcmp(argv[i], "--float32") == 0) {
+      (argv[i][2] == 'l' ? linear_grads : float32) = true;
       --i;
       continue;
     }
     if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: %s [--n N] [--reps R] [--linear-grads]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n N] [--reps R] [--linear-grads [--float32]]\n", argv[0]);
       return EXIT_FAILURE;
     }
     if (std::strcmp(argv[i], "--n") == 0) n = std::strtoll(argv[i + 1], nullptr, 10);
     else if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
     else {
-      std::fprintf(stderr, "usage: %s [--n N] [--reps R] [--linear-grads]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n N] [--reps R] [--linear-grads [--float32]]\n", argv[0]);
       return EXIT_FAILURE;
     }
   }
@@ -130,7 +141,7 @@ int main(int argc, char** argv) {
   }
   kiln::manual_seed(0);
   if (linear_grads) {
-    time_linear_grads(reps);
+    time_linear_grads(reps, float32 ? kiln::DType::Float32 : kiln::DType::BFloat16);
     return 0;
   }
   struct Case {

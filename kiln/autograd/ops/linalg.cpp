@@ -94,11 +94,18 @@ struct MatmulBackward final : ProductBackward {
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   capture::Op cap("matmul");
   auto [a, b] = autocast::inputs(Op::Matmul, a_in, b_in);
-  return cap.done(record_product<MatmulBackward>(internal::matmul(a, b), a, b,
-                                                 [&](MatmulBackward& node) {
-                                                   node.a_dim = a.dim();
-                                                   node.b_dim = b.dim();
-                                                 }),
+  // An operand the product would copy (batch dims that need two strides, as heads transposed out of a (B, S, H, D)
+  // activation) is copied here once: the product reads the copy, and so do backward's products, which would
+  // otherwise copy the view again. The gradients still go to a and b.
+  const Tensor ac = internal::matmul_copies_operand(a) ? internal::contiguous(a) : a;
+  const Tensor bc = internal::matmul_copies_operand(b) ? internal::contiguous(b) : b;
+  return cap.done(record<MatmulBackward>(internal::matmul(ac, bc), a, b,
+                                         [&](MatmulBackward& node) {
+                                           if (node.needs_input_grad(1)) node.a = SavedTensor(ac, false);
+                                           if (node.needs_input_grad(0)) node.b = SavedTensor(bc, false);
+                                           node.a_dim = a.dim();
+                                           node.b_dim = b.dim();
+                                         }),
                   [&] {
                     return capture::Args{{a_in, b_in}, {}};
                   });

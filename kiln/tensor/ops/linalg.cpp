@@ -356,4 +356,8 @@ Tensor outer(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+bool matmul_copies_operand(const Tensor& t) {
+  return t.dim() >= 3 && !batch_walks_with_one_stride(Shape(t.shape().begin(), t.shape().end() - 2), t);
+}
+
 }  // namespace kiln::internal
