@@ -265,10 +265,34 @@ void check_forbidden(const Tensor& forbidden, const Tensor& scores, const char* 
              scores.device(), ", got ", forbidden.shape(), " ", forbidden.dtype());
 }
 
-// The mask value of a kept element as internal::dropout stores it in T, widened exactly to float.
-template <typename T>
-float dropout_scale(double p) {
-  return static_cast<float>(static_cast<compute_t<T>>(Scalar(1.0 / (1.0 - p)).to<T>()));
+// The mask value of a kept element as internal::dropout stores it in the dtype, widened exactly to float.
+float dropout_scale(DType dtype, double p) {
+  float scale = 0;
+  visit_floating_dtype(dtype, "attention_probs", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    scale = static_cast<float>(static_cast<compute_t<T>>(Scalar(1.0 / (1.0 - p)).to<T>()));
+  });
+  return scale;
+}
+
+// Calls f(TypeTag<T>, G, masked, dropping) with the element type, the chunk count and the two flags as types (the
+// kernels' template arguments): float32 and the 16-bit types only.
+template <typename F>
+void with_variant(DType dtype, int64_t s, bool masked, bool dropping, F&& f) {
+  visit_floating_dtype(dtype, "attention_probs", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (!std::is_same_v<T, double>) {
+      with_chunks(s, [&](auto chunks) {
+        using Yes = std::true_type;
+        using No = std::false_type;
+        if (masked) {
+          dropping ? f(tag, chunks, Yes{}, Yes{}) : f(tag, chunks, Yes{}, No{});
+        } else {
+          dropping ? f(tag, chunks, No{}, Yes{}) : f(tag, chunks, No{}, No{});
+        }
+      });
+    }
+  });
 }
 
 }  // namespace
@@ -301,28 +325,17 @@ AttentionProbs attention_probs_forward(const Tensor& scores, const Tensor& forbi
   const MaskGeometry mg = geometry_of(forbidden, scores);
   const bool* mask = forbidden.defined() ? forbidden.data_ptr<bool>() : nullptr;
   cudaStream_t stream = cuda::stream_for(scores);
-  visit_floating_dtype(scores.dtype(), "attention_probs", [&](auto tag) {
+  const float scale = drop ? dropout_scale(scores.dtype(), p) : 0.0f;
+  const philox::KeepThreshold keep = philox::keep_threshold(1.0 - p);
+  auto* bits = drop ? reinterpret_cast<uint32_t*>(out.keep.data_ptr<int32_t>()) : nullptr;
+  with_variant(scores.dtype(), s, mask != nullptr, drop, [&](auto tag, auto chunks, auto masked, auto dropping) {
     using T = typename decltype(tag)::type;
-    if constexpr (!std::is_same_v<T, double>) {
-      const float scale = drop ? dropout_scale<T>(p) : 0.0f;
-      const philox::KeepThreshold keep = philox::keep_threshold(1.0 - p);
-      T* dropped = drop ? out.dropped.data_ptr<T>() : nullptr;
-      auto* bits = drop ? reinterpret_cast<uint32_t*>(out.keep.data_ptr<int32_t>()) : nullptr;
-      with_chunks(s, [&](auto chunks) {
-        constexpr int G = decltype(chunks)::value;
-        const auto blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(rows, kWarps * kRowsPerWarp<G>));
-        auto launch = [&](auto kernel) {
-          kernel<<<blocks, 32 * kWarps, 0, stream>>>(scores.data_ptr<T>(), mask, mg, out.probs.data_ptr<T>(), dropped,
-                                                     bits, rows, static_cast<int>(s), draw, keep, scale);
-        };
-        if (mask != nullptr) {
-          drop ? launch(probs_forward<T, G, true, true>) : launch(probs_forward<T, G, true, false>);
-        } else {
-          drop ? launch(probs_forward<T, G, false, true>) : launch(probs_forward<T, G, false, false>);
-        }
-        KILN_CUDA_CHECK_LAUNCH("attention_probs");
-      });
-    }
+    constexpr int G = decltype(chunks)::value;
+    const auto blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(rows, kWarps * kRowsPerWarp<G>));
+    probs_forward<T, G, decltype(masked)::value, decltype(dropping)::value><<<blocks, 32 * kWarps, 0, stream>>>(
+        scores.data_ptr<T>(), mask, mg, out.probs.data_ptr<T>(), drop ? out.dropped.data_ptr<T>() : nullptr, bits, rows,
+        static_cast<int>(s), draw, keep, scale);
+    KILN_CUDA_CHECK_LAUNCH("attention_probs");
   });
   return out;
 }
@@ -345,25 +358,15 @@ Tensor attention_probs_backward(const Tensor& grad_in, const Tensor& probs, cons
   const bool* mask = forbidden.defined() ? forbidden.data_ptr<bool>() : nullptr;
   const auto* bits = drop ? reinterpret_cast<const uint32_t*>(keep.data_ptr<int32_t>()) : nullptr;
   cudaStream_t stream = cuda::stream_for(probs);
-  visit_floating_dtype(probs.dtype(), "attention_probs_backward", [&](auto tag) {
+  const float scale = drop ? dropout_scale(probs.dtype(), p) : 0.0f;
+  with_variant(probs.dtype(), s, mask != nullptr, drop, [&](auto tag, auto chunks, auto masked, auto dropping) {
     using T = typename decltype(tag)::type;
-    if constexpr (!std::is_same_v<T, double>) {
-      const float scale = drop ? dropout_scale<T>(p) : 0.0f;
-      with_chunks(s, [&](auto chunks) {
-        constexpr int G = decltype(chunks)::value;
-        const auto blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(rows, kWarps * kRowsPerWarp<G>));
-        auto launch = [&](auto kernel) {
-          kernel<<<blocks, 32 * kWarps, 0, stream>>>(grad.data_ptr<T>(), probs.data_ptr<T>(), bits, mask, mg,
-                                                     d_scores.data_ptr<T>(), rows, static_cast<int>(s), scale);
-        };
-        if (mask != nullptr) {
-          drop ? launch(probs_backward<T, G, true, true>) : launch(probs_backward<T, G, true, false>);
-        } else {
-          drop ? launch(probs_backward<T, G, false, true>) : launch(probs_backward<T, G, false, false>);
-        }
-        KILN_CUDA_CHECK_LAUNCH("attention_probs_backward");
-      });
-    }
+    constexpr int G = decltype(chunks)::value;
+    const auto blocks = static_cast<unsigned>(cuda::kdetail::ceil_div(rows, kWarps * kRowsPerWarp<G>));
+    probs_backward<T, G, decltype(masked)::value, decltype(dropping)::value>
+        <<<blocks, 32 * kWarps, 0, stream>>>(grad.data_ptr<T>(), probs.data_ptr<T>(), bits, mask, mg,
+                                             d_scores.data_ptr<T>(), rows, static_cast<int>(s), scale);
+    KILN_CUDA_CHECK_LAUNCH("attention_probs_backward");
   });
   return d_scores;
 }
