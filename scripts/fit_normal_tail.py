@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The coefficients of the GPU's float GELU (kiln/tensor/cuda/activations.cuh, normal_tail_of).
+"""The coefficients of the float GELU on both backends (kiln/tensor/activation_constants.h, kTail0 .. kTail8).
 
 erfcx(z) = exp(z^2) erfc(z) is written as 2 t P(t) with t = 1 / (1 + z/2) and P a polynomial of degree 8, fitted to
 minimise the largest relative error over z in [0, 9.5] (beyond that exp(-z^2) is below float's smallest normal).
@@ -11,7 +11,7 @@ in float32 (t = 1 at x = 0: gelu'(0) = 1/2 exactly).
     python3 scripts/fit_normal_tail.py        # needs numpy and mpmath (pip install numpy mpmath)
 
 Prints the largest relative error in float64 and with the float32 coefficients, then the coefficients from the
-highest degree down, in the order of the Horner steps in activations.cuh.
+highest degree down, in the order of the Horner steps of tail_polynomial.
 """
 import mpmath as mp
 import numpy as np

@@ -70,11 +70,18 @@ void gelu_erf(const Tensor& out, const Tensor& g, const Tensor& x) {
       out, g, x, "gelu_backward",
       [](const auto& xb, auto& d) {
         using C = scalar_of<decltype(xb)>;
-        BlockArray<C> pdf = xb.square() * C(-0.5);
-        exp_n(pdf.data(), pdf.data(), pdf.size());
-        d = xb * C(kSqrtHalf);
-        erf_n(d.data(), d.data(), d.size());
-        d = (d + C(1)) * C(0.5) + xb * (pdf * C(kInvSqrt2Pi));
+        if constexpr (std::is_same_v<C, float>) {  // from the normal tail (special_math.h), as the GPU
+          alignas(64) float e[kBlock];
+          normal_tail_n(xb.data(), d.data(), e, xb.size());  // d = Phi(-|x|)
+          const Eigen::Map<const Eigen::ArrayXf> ev(e, xb.size());
+          d = (xb >= 0.0f).select(1.0f - d, d) + xb * (ev * float(kInvSqrt2Pi));
+        } else {
+          BlockArray<C> pdf = xb.square() * C(-0.5);
+          exp_n(pdf.data(), pdf.data(), pdf.size());
+          d = xb * C(kSqrtHalf);
+          erf_n(d.data(), d.data(), d.size());
+          d = (d + C(1)) * C(0.5) + xb * (pdf * C(kInvSqrt2Pi));
+        }
       },
       [](auto v, auto dv) { return special::activation_grad_finish(v, dv); });
 }

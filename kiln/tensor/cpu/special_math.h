@@ -20,6 +20,7 @@
 
 #include <unsupported/Eigen/SpecialFunctions>  // ArrayBase::erf
 
+#include "kiln/tensor/activation_constants.h"     // GELU's normal tail
 #include "kiln/tensor/cpu/elementwise_kernels.h"  // kBlock, ArrayMap
 #include "kiln/tensor/special_values.h"
 
@@ -104,6 +105,20 @@ void tanh_n(const C* x, C* o, int64_t n) {
         else return t.tanh();  // double: the C library's
       },
       [](C v, C r) { return special::tanh_finish(v, r); });
+}
+
+// GELU's normal tail in float (activation_constants.h, as the GPU computes it): q[i] = Phi(-|x[i]|) =
+// exp(-x^2/2) t P(t), t = 1 / (1 + |x| kTailScale), and e[i] = exp(-x[i]^2 / 2) (exp_n's edges: 0 for |x| beyond
+// about 14.5 and for ±inf, subnormal below that). NaN for a NaN x. n <= kBlock; q and e must not alias x.
+inline void normal_tail_n(const float* x, float* q, float* e, int64_t n) {
+  using activation::kTailScale;
+  const Eigen::Map<const Eigen::ArrayXf> xv(x, n);
+  Eigen::Map<Eigen::ArrayXf> qv(q, n), ev(e, n);
+  ev = xv.square() * -0.5f;
+  exp_n(e, e, n);
+  qv = (xv.abs() * kTailScale + 1.0f).inverse();                                     // t
+  using Block = Eigen::Array<float, Eigen::Dynamic, 1, Eigen::ColMajor, kBlock, 1>;  // on the stack
+  qv = qv * activation::tail_polynomial(Block(qv)) * ev;
 }
 
 template <typename C>

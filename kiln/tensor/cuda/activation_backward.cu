@@ -2,8 +2,8 @@
 // ReluBackward): out = g * f'(x) in one elementwise kernel that reads the incoming gradient g and the saved
 // x (ReLU: the saved result) and writes out, instead of a chain of small ops over the whole tensor. Half and
 // BFloat16 compute in float and round once. The formulas, their order of operations and their values at the
-// edges (special_values.h: f'(+inf) = 1, f'(-inf) = 0, NaN for NaN) are those of cpu/activation_backward.cpp,
-// except gelu' (erf form) in float, which goes through the normal tail (activations.cuh).
+// edges (special_values.h: f'(+inf) = 1, f'(-inf) = 0, NaN for NaN) are those of cpu/activation_backward.cpp
+// (gelu' of the erf form in float through the normal tail on both: activations.cuh).
 #include "kiln/tensor/cuda/activations.cuh"      // gelu_erf_grad, gelu_tanh_grad
 #include "kiln/tensor/cuda/binary_ops.h"         // binary_activation_backward
 #include "kiln/tensor/cuda/elementwise_ops.cuh"  // launch_same, m_erf, m_exp, m_tanh

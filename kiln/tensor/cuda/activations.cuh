@@ -27,36 +27,24 @@ __device__ __forceinline__ C safe_erf(C x) {
 
 // ---- GELU (erf form) and its derivative in float: through the normal tail Q(x) = Phi(-|x|) = erfc(|x|/sqrt(2))/2,
 // so that Phi(x) = 1 - Q (x >= 0) or Q (x < 0) and gelu(x) = x Phi(x), gelu'(x) = Phi(x) + x phi(x). Q is
-// exp(-x^2/2) times erfcx(|x|/sqrt(2))/2, and erfcx(z) = exp(z^2) erfc(z) is smooth and slowly varying: with
-// t = 1/(1 + z/2), erfcx(z)/2 = t P(t) for a degree-8 polynomial P fitted by minimax of the relative error over
-// z in [0, 9.5] (4e-8 in float64, 6e-8 with the float32 coefficients; beyond 9.5 exp(-z^2) is below float's
-// smallest normal) by scripts/fit_normal_tail.py. One reciprocal and one exp2 (the hardware's approximations, within 2
-// ulps) and 8 FMAs, against the library's erff and expf with their branches; the derivative shares them, phi(x) =
-// exp(-x^2/2)/sqrt(2 pi). Accuracy against float64 at every float in [-16, 16] on a grid of 2^-12 (CudaGeluAccuracy, on
-// an H100): gelu within 8.3 ulps for |x| <= 3, the error coming from exp2's argument x^2/2 rounded to float, 37 ulps
-// for |x| <= 8 and 112 beyond, in the left tail, where the formula 1 + erf(x/sqrt(2)) would cancel to nothing; gelu'
-// within 1.7e-7. exp2 flushes results below float's smallest normal to 0: Q is 0, not subnormal, for |x| > 13.2. The
-// coefficients' sum is 1/2 exactly in float (P(1) = 1/2 at x = 0, t = 1), so gelu'(0) = 1/2 exactly.
+// exp(-x^2/2) t P(t) with t = 1/(1 + |x|/(2 sqrt 2)) and P the polynomial of activation_constants.h (the CPU's float
+// GELU uses the same). One reciprocal and one exp2 (the hardware's approximations, within 2 ulps) and 8 FMAs, against
+// the library's erff and expf with their branches; the derivative shares them, phi(x) = exp(-x^2/2)/sqrt(2 pi).
+// Accuracy against float64 at every float in [-16, 16] on a grid of 2^-12 (GeluAccuracy, on an H100): gelu within 8.3
+// ulps for |x| <= 3, the error coming from exp2's argument x^2/2 rounded to float, 37 ulps for |x| <= 8 and 112
+// beyond, in the left tail, where the formula 1 + erf(x/sqrt(2)) would cancel to nothing; gelu' within 1.7e-7.
+// exp2 flushes results below float's smallest normal to 0: Q is 0, not subnormal, for |x| > 13.2. P(1) = 1/2
+// exactly, so gelu'(0) = 1/2 exactly.
 struct NormalTail {
   float q;  // Phi(-|x|)
   float e;  // exp(-x^2/2)
 };
 __device__ __forceinline__ NormalTail normal_tail_of(float x) {
-  constexpr float kHalfOverSqrt2 = float(0.5 * activation::kSqrtHalf);  // t = 1/(1 + |x| kHalfOverSqrt2)
-  constexpr float kMinusHalfLog2e = -0.72134752044448170368f;           // exp(-x^2/2) = 2^(x^2 kMinusHalfLog2e)
+  constexpr float kMinusHalfLog2e = -0.72134752044448170368f;  // exp(-x^2/2) = 2^(x^2 kMinusHalfLog2e)
   float t, e;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(fmaf(fabsf(x), kHalfOverSqrt2, 1.0f)));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(fmaf(fabsf(x), activation::kTailScale, 1.0f)));
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * x * kMinusHalfLog2e));
-  float p = -0.029445309191942215f;
-  p = fmaf(p, t, 0.14185060560703278f);
-  p = fmaf(p, t, -0.2426910698413849f);
-  p = fmaf(p, t, 0.13798817992210388f);
-  p = fmaf(p, t, -0.012588226236402988f);
-  p = fmaf(p, t, 0.10103465616703033f);
-  p = fmaf(p, t, 0.12163057178258896f);
-  p = fmaf(p, t, 0.1411767303943634f);
-  p = fmaf(p, t, 0.14104384183883667f);
-  return {t * p * e, e};
+  return {t * activation::tail_polynomial(t) * e, e};
 }
 // Phi(x) from the tail: NaN for a NaN x (Q is NaN).
 __device__ __forceinline__ float normal_cdf_from(float x, float q) { return x >= 0.0f ? 1.0f - q : q; }

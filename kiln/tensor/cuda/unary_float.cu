@@ -1,7 +1,6 @@
 // CUDA kernels: the unary ops defined on floating dtypes only (exp, log, tanh, gelu, ...). Half and
-// BFloat16 compute in float; the formulas and their edges (special_values.h) are those of cpu/unary.cpp, except
-// GELU's erf form in float, which goes through the normal tail (activations.cuh). The other unary ops are in
-// unary.cu.
+// BFloat16 compute in float; the formulas and their edges (special_values.h) are those of cpu/unary.cpp (GELU's erf
+// form in float through the normal tail on both: activations.cuh). The other unary ops are in unary.cu.
 #include "kiln/tensor/cuda/activations.cuh"      // safe_tanh, safe_erf, gelu_erf, gelu_tanh
 #include "kiln/tensor/cuda/elementwise_ops.cuh"  // m_exp, ..., launch_same
 #include "kiln/tensor/cuda/unary_ops.h"          // unary_floating
