@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
   bool linear_grads = false, float32 = false;
   for (int i = 1; i < argc; i += 2) {
     if (std::strcmp(argv[i], "--linear-grads") == 0 || std::strcmp(argv[i], "--float32") == 0) {
-      (argv[i][2] == 'l' ? linear_grads : float32) = true;
+      bool& flag = std::strcmp(argv[i], "--float32") == 0 ? float32 : linear_grads;
+      flag = true;
       --i;
       continue;
     }
@@ -134,6 +135,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: %s [--n N] [--reps R] [--linear-grads [--float32]]\n", argv[0]);
       return EXIT_FAILURE;
     }
+  }
+  if (float32 && !linear_grads) {
+    std::fprintf(stderr, "%s: --float32 applies to --linear-grads (the n x n products already run every dtype)\n",
+                 argv[0]);
+    return EXIT_FAILURE;
   }
   if (!kiln::cuda::is_available()) {
     std::printf("no GPU visible\n");

@@ -49,6 +49,23 @@ TEST(MatmulGrad, BatchedAndBroadcast) {
                   {make_input({3, 2, 4}).detach().transpose(0, 1).requires_grad_(), make_input({4, 2}, -1, 1, 8)});
 }
 
+// Heads transposed out of a (B, S, H, D) activation, as attention's q k^T: batch dims (B, H) that need two strides.
+// The product copies such an operand once and backward reads that copy; the gradients still reach the views' leaves.
+TEST(MatmulGrad, HeadTransposedOperands) {
+  auto heads = [](const TensorList& in) {
+    const Tensor q = in[0].transpose(1, 2), k = in[1].transpose(1, 2);  // (B, H, S, D)
+    return TensorList{kiln::matmul(q, k.transpose(-2, -1))};            // (B, H, S, S)
+  };
+  check_gradients(heads, {make_input({2, 3, 2, 4}), make_input({2, 3, 2, 4}, -1, 1, 8)});
+  // The same gradients as with the operands made contiguous first.
+  const Tensor a = make_input({2, 3, 2, 4}), b = make_input({2, 3, 2, 4}, -1, 1, 8);
+  kiln::matmul(a.transpose(1, 2), b.transpose(1, 2).transpose(-2, -1)).sum().backward();
+  const Tensor a2 = a.detach().clone().requires_grad_(), b2 = b.detach().clone().requires_grad_();
+  kiln::matmul(a2.transpose(1, 2).contiguous(), b2.transpose(1, 2).contiguous().transpose(-2, -1)).sum().backward();
+  expect_values(a.grad(), a.shape(), values(a2.grad()), 0, 0);
+  expect_values(b.grad(), b.shape(), values(b2.grad()), 0, 0);
+}
+
 TEST_P(LinalgGradTest, MatmulValues) {
   // A = [[1, 2], [3, 4]], B = [[5, 6], [7, 8]], g = 1: dA = g B^T = [[11, 15], [11, 15]], dB = A^T g = [[4, 4], [6,
   // 6]].

@@ -72,9 +72,8 @@ void gelu_erf(const Tensor& out, const Tensor& g, const Tensor& x) {
         using C = scalar_of<decltype(xb)>;
         if constexpr (std::is_same_v<C, float>) {  // from the normal tail (special_math.h), as the GPU
           alignas(64) float e[kBlock];
-          normal_tail_n(xb.data(), d.data(), e, xb.size());  // d = Phi(-|x|)
-          const Eigen::Map<const Eigen::ArrayXf> ev(e, xb.size());
-          d = (xb >= 0.0f).select(1.0f - d, d) + xb * (ev * float(kInvSqrt2Pi));
+          normal_cdf_n(xb.data(), d.data(), e, xb.size());  // d = Phi(x)
+          d += xb * (Eigen::Map<const Eigen::ArrayXf>(e, xb.size()) * float(kInvSqrt2Pi));
         } else {
           BlockArray<C> pdf = xb.square() * C(-0.5);
           exp_n(pdf.data(), pdf.data(), pdf.size());

@@ -107,18 +107,19 @@ void tanh_n(const C* x, C* o, int64_t n) {
       [](C v, C r) { return special::tanh_finish(v, r); });
 }
 
-// GELU's normal tail in float (activation_constants.h, as the GPU computes it): q[i] = Phi(-|x[i]|) =
-// exp(-x^2/2) t P(t), t = 1 / (1 + |x| kTailScale), and e[i] = exp(-x[i]^2 / 2) (exp_n's edges: 0 for |x| beyond
-// about 14.5 and for ±inf, subnormal below that). NaN for a NaN x. n <= kBlock; q and e must not alias x.
-inline void normal_tail_n(const float* x, float* q, float* e, int64_t n) {
+// GELU's normal CDF in float from its tail (activation_constants.h, as the GPU computes it): cdf[i] = Phi(x[i]), from
+// Phi(-|x|) = exp(-x^2/2) t P(t), t = 1 / (1 + |x| kTailScale); and e[i] = exp(-x[i]^2 / 2) (exp_n's edges: 0 for
+// |x| beyond about 14.5 and for ±inf, subnormal below that). NaN for a NaN x. n <= kBlock; cdf and e must not alias x.
+inline void normal_cdf_n(const float* x, float* cdf, float* e, int64_t n) {
   using activation::kTailScale;
   const Eigen::Map<const Eigen::ArrayXf> xv(x, n);
-  Eigen::Map<Eigen::ArrayXf> qv(q, n), ev(e, n);
+  Eigen::Map<Eigen::ArrayXf> cv(cdf, n), ev(e, n);
   ev = xv.square() * -0.5f;
   exp_n(e, e, n);
-  qv = (xv.abs() * kTailScale + 1.0f).inverse();                                     // t
+  cv = (xv.abs() * kTailScale + 1.0f).inverse();                                     // t
   using Block = Eigen::Array<float, Eigen::Dynamic, 1, Eigen::ColMajor, kBlock, 1>;  // on the stack
-  qv = qv * activation::tail_polynomial(Block(qv)) * ev;
+  cv = cv * activation::tail_polynomial(Block(cv)) * ev;                             // Phi(-|x|)
+  cv = (xv >= 0.0f).select(1.0f - cv, cv);                                           // NaN x: Phi(-|x|) is NaN
 }
 
 template <typename C>

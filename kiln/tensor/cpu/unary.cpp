@@ -104,14 +104,14 @@ void CpuBackend::unary(UnaryOp op, const Tensor& out, const Tensor& a, const Una
           y = xb * y;
         });
       });
-    case UnaryOp::GeluErf:  // x/2 (1 + erf(x/sqrt(2))); float: x Phi(x) from the normal tail (special_math.h)
+    case UnaryOp::GeluErf:  // x/2 (1 + erf(x/sqrt(2))); float: x Phi(x), Phi from its tail (special_math.h)
       return floating("gelu", out, a, [](auto x, auto o) {
         activation_n(x.data(), o.data(), x.size(), [](auto xb, auto y) {
           using C = scalar_of<decltype(xb)>;
           if constexpr (std::is_same_v<C, float>) {
             alignas(64) float e[kBlock];
-            normal_tail_n(xb.data(), y.data(), e, xb.size());  // y = Phi(-|x|)
-            y = (xb >= 0.0f).select(1.0f - y, y) * xb;
+            normal_cdf_n(xb.data(), y.data(), e, xb.size());  // y = Phi(x)
+            y *= xb;
           } else {
             y = xb * C(kSqrtHalf);
             erf_n(y.data(), y.data(), y.size());
