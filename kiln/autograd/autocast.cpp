@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <deque>
+#include <iterator>  // std::next
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,10 +65,18 @@ struct OfferedCast {
   const void* storage = nullptr;
   Tensor cast;
 };
+// An FP8 quantisation an op offered for its output (offer_fp8): the output held weakly, the payload strongly.
+struct OfferedFp8 {
+  std::weak_ptr<TensorImpl> source;
+  uint64_t version = 0;
+  const void* storage = nullptr;
+  std::shared_ptr<const void> payload;
+};
 struct WeightCache {
   int depth = 0;
   std::map<std::pair<const TensorImpl*, DType>, CacheEntry> entries;
   std::map<std::pair<const TensorImpl*, DType>, OfferedCast> offered;
+  std::map<std::pair<const TensorImpl*, const void*>, OfferedFp8> offered_fp8;
 };
 thread_local WeightCache weight_cache;
 
@@ -238,6 +247,7 @@ CacheRegion::~CacheRegion() {
   if (--weight_cache.depth == 0) {
     weight_cache.entries.clear();
     weight_cache.offered.clear();
+    weight_cache.offered_fp8.clear();
   }
 }
 
@@ -250,6 +260,28 @@ void offer_cast(const Tensor& t, const Tensor& values) {
              " on ", t.device(), ")");
   weight_cache.offered[{&t.impl(), values.dtype()}] =
       OfferedCast{t.impl_ptr(), t.version(), t.impl().storage().get(), detail::with_cast_history(values, t)};
+}
+
+void offer_fp8(const Tensor& t, const void* consumer, std::shared_ptr<const void> payload) {
+  if (weight_cache.depth == 0 || !t.defined() || payload == nullptr) return;
+  // Offers whose output has gone (never taken) are dropped as new ones come.
+  for (auto it = weight_cache.offered_fp8.begin(); it != weight_cache.offered_fp8.end();) {
+    it = it->second.source.expired() ? weight_cache.offered_fp8.erase(it) : std::next(it);
+  }
+  weight_cache.offered_fp8[{&t.impl(), consumer}] =
+      OfferedFp8{t.impl_ptr(), t.version(), t.impl().storage().get(), std::move(payload)};
+}
+
+std::shared_ptr<const void> take_fp8_offer(const Tensor& t, const void* consumer) {
+  if (weight_cache.offered_fp8.empty() || !t.defined()) return nullptr;
+  auto it = weight_cache.offered_fp8.find({&t.impl(), consumer});
+  if (it == weight_cache.offered_fp8.end()) return nullptr;
+  const OfferedFp8 o = std::move(it->second);
+  weight_cache.offered_fp8.erase(it);
+  if (o.source.lock().get() != &t.impl() || o.version != t.version() || o.storage != t.impl().storage().get()) {
+    return nullptr;  // t changed since, or its address now belongs to another tensor
+  }
+  return o.payload;
 }
 
 std::optional<DType> cast_worth_offering(Device device) {

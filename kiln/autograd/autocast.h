@@ -185,6 +185,13 @@ size_t cache_size();  // entries in this thread's weight-cast cache (for tests a
 // float32), instead of casting t again, as long as t keeps its storage and version. An offer is kept for as long as
 // the outermost CacheRegion and holds `values` (not t). Nothing is kept outside a region.
 void offer_cast(const Tensor& t, const Tensor& values);
+// FP8 codes made by the op that made the tensor, for one FP8 product that reads it next (nn::fp8_linear's input,
+// quantised in a layer norm's own pass): `consumer` names that product (its scaling state), `payload` is what the
+// product takes (its type is the FP8 layer's business). Kept like an offered cast: while the outermost CacheRegion
+// lasts and t keeps its storage and version; nothing is kept outside a region. take_fp8_offer returns the payload
+// once (and forgets it), or null when there is none for (t, consumer) or t has changed.
+void offer_fp8(const Tensor& t, const void* consumer, std::shared_ptr<const void> payload);
+std::shared_ptr<const void> take_fp8_offer(const Tensor& t, const void* consumer);
 // The dtype an op on `device` should offer its float32 output in (offer_cast), or nullopt: autocast casts to a
 // 16-bit dtype on that device, a CacheRegion is open, grad mode is on (training: the product that takes the cast
 // saves it anyway), and no FP8 recipe is active there (an FP8 product reads the float32 values itself).

@@ -2,7 +2,9 @@
 #include "kiln/layers/fp8_linear.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -44,6 +46,7 @@ struct Fp8Call {
   DType out_dtype;
   internal::Fp8Activation act;  // applied to x in its quantisation
   Tensor bias_values;           // the biases, concatenated, in out_dtype (no history), or undefined
+  std::shared_ptr<const Fp8InputCodes> offered = nullptr;  // x's codes, made ahead by the op that made x, or null
 };
 
 constexpr size_t kMaxParts = 3;  // Linears one product computes: BERT's query, key and value
@@ -56,25 +59,51 @@ struct Fp8Saved {
   DType grad_fp8, x_dtype, w_dtype, b_dtype;
 };
 
+// Begins an FP8 product's call on `state`: scale (3,) and scale_inv (3,) receive this call's scales, kept for backward
+// (a later forward, gradient accumulation, updates the state in place). scale_inv has its elements 16 bytes apart (a
+// (3,) view of stride 4 into a (3, 4) block): cuBLASLt's FP8 kernels read a scale only from a 16-byte aligned address,
+// and fp8_gemm would otherwise copy each one before every product. Delayed scaling: the scales come from the amaxes of
+// the calls before, copied by the update's own kernel. A checkpoint's recomputation in backward repeats a forward: it
+// keeps the scales that forward used (and records the same amaxes again, which changes nothing).
+void fresh_scales(amp::Fp8ScalingState& state, Device device, Tensor& scale, Tensor& scale_inv) {
+  scale = internal::empty({3}, {.dtype = DType::Float32, .device = device});
+  scale_inv = internal::empty({3, 4}, {.dtype = DType::Float32, .device = device}).select(1, 0);
+  if (!autograd::in_recomputation()) {
+    state.update(scale, scale_inv);
+  } else {
+    scale.copy_(state.scale());
+    scale_inv.copy_(state.scale_inv());
+  }
+}
+
+// Steps that fp8_begin_input began for a product whose call has not come yet: the state's scales of that step. The
+// call takes them (its step's one update has run) whether or not it also receives the codes (an input that reached it
+// as another tensor, say).
+thread_local std::map<const amp::Fp8ScalingState*, std::pair<Tensor, Tensor>> begun_steps;
+
+// This call's scales: those of a step begun ahead (begun_steps), else fresh_scales.
+void begin_scales(amp::Fp8ScalingState& state, Device device, Tensor& scale, Tensor& scale_inv) {
+  if (auto it = begun_steps.find(&state); it != begun_steps.end()) {
+    std::tie(scale, scale_inv) = it->second;
+    begun_steps.erase(it);
+    return;
+  }
+  fresh_scales(state, device, scale, scale_inv);
+}
+
 // One FP8 product on xp (Mp, in), Mp a multiple of 16: act(xp) (call.act) times the weights ws (out_i, in) stacked,
 // plus call.bias_values; (Mp, sum out_i) in call.out_dtype. Fills `saved`; with_xt / with_wt: keep the transposed
 // codes the weight gradients / the input gradient will need.
 Tensor product_forward(const Tensor& xp, const std::vector<Tensor>& weights, const Fp8Call& call, bool with_xt,
                        bool with_wt, Fp8Saved& saved) {
   amp::Fp8ScalingState* state = call.state;
-  // This call's scales, kept for backward: a later forward (gradient accumulation) updates the state in place.
-  // scale_inv with its elements 16 bytes apart (a (3,) view of stride 4 into a (3, 4) block): cuBLASLt's FP8 kernels
-  // read a scale only from a 16-byte aligned address, and fp8_gemm would otherwise copy each one before every product.
-  saved.scale = internal::empty({3}, {.dtype = DType::Float32, .device = xp.device()});
-  saved.scale_inv = internal::empty({3, 4}, {.dtype = DType::Float32, .device = xp.device()}).select(1, 0);
-  // Delayed scaling: this call's scales from the amaxes of the calls before, copied by the update's own kernel. A
-  // checkpoint's recomputation in backward repeats a forward: it keeps the scales that forward used (and records the
-  // same amaxes again, which changes nothing).
-  if (!autograd::in_recomputation()) {
-    state->update(saved.scale, saved.scale_inv);
+  const Fp8InputCodes* offered = call.offered.get();
+  if (offered != nullptr) {  // the op that made x began this call's step (fp8_begin_input)
+    saved.scale = offered->scale;
+    saved.scale_inv = offered->scale_inv;
+    begun_steps.erase(state);
   } else {
-    saved.scale.copy_(state->scale());
-    saved.scale_inv.copy_(state->scale_inv());
+    begin_scales(*state, xp.device(), saved.scale, saved.scale_inv);
   }
   saved.amax = state->amax_history().select(0, 0);  // (3,) view of the current row: the quantisations write it
   const Tensor &scale = saved.scale, &amax = saved.amax;
@@ -91,7 +120,12 @@ Tensor product_forward(const Tensor& xp, const std::vector<Tensor>& weights, con
   // Several weights are quantised as one (out, in) stack without writing the stack first.
   const DType x_fp8 = state->fp8_dtype(kInput), w_fp8 = state->fp8_dtype(kWeight);
   Tensor xq, wq;
-  if (with_xt) {
+  if (offered != nullptr && offered->codes.shape() == xp.shape() && call.act == internal::Fp8Activation::None) {
+    // x's codes were written by the op that made x, with this call's scale, and their amax recorded: only the
+    // transposed copy is left to make, from the codes.
+    xq = offered->codes;
+    if (with_xt) saved.xt = internal::fp8_transpose(xq);
+  } else if (with_xt) {
     std::tie(xq, saved.xt) =
         internal::fp8_quantize_pair(xp, x_fp8, cell(scale, kInput), cell(amax, kInput), nullptr, call.act);
   } else {
@@ -135,10 +169,18 @@ ProductGrads product_backward(const Fp8Saved& p, const Tensor& gq, const Tensor&
     out.dx = internal::fp8_gemm(gq, p.wt, cell(p.scale_inv, kGrad), cell(p.scale_inv, kWeight), p.x_dtype);
   }
   // Each Linear's gradients, from its rows of dY's transpose and its columns of the row sums: dW_i (out_i, in) in
-  // float32 for the master weight, a product of its own (not a view of a stacked one, so that .grad keeps it).
+  // float32 for the master weight. Where every weight's gradient is wanted, one product of the stacked rows gives them
+  // all (its rows are dW_i, which .grad copies out as tensors of their own): on a BERT layer's (3 x 768, 768) that is
+  // faster than three (768, 768) products over K = 16384 rows, each too small to fill the GPU without a split-K pass.
+  const bool stacked = p.outs.size() > 1 && std::find(want_dw.begin(), want_dw.end(), false) == want_dw.end();
+  const Tensor all_dw =
+      stacked ? internal::fp8_gemm(gtq, p.xt, cell(p.scale_inv, kGrad), cell(p.scale_inv, kInput), DType::Float32)
+              : Tensor();
   int64_t at = 0;
   for (size_t i = 0; i < p.outs.size(); ++i) {
-    if (want_dw[i]) {
+    if (stacked) {
+      out.dw[i] = all_dw.narrow(0, at, p.outs[i]).to(p.w_dtype);
+    } else if (want_dw[i]) {
       const Tensor rows_i = p.outs.size() == 1 ? gtq : gtq.narrow(0, at, p.outs[i]);
       out.dw[i] = internal::fp8_gemm(rows_i, p.xt, cell(p.scale_inv, kGrad), cell(p.scale_inv, kInput), DType::Float32)
                       .to(p.w_dtype);
@@ -256,7 +298,8 @@ struct Fp8MlpCall {
   amp::Fp8ScalingState *state1, *state2;
   DType out_dtype;
   bool tanh_approximation;
-  Tensor bias_values1, bias_values2;  // in out_dtype, no history; undefined without
+  Tensor bias_values1, bias_values2;                       // in out_dtype, no history; undefined without
+  std::shared_ptr<const Fp8InputCodes> offered = nullptr;  // x's codes for the first product (see Fp8Call)
 };
 
 // fc2(gelu(fc1(x))) as two FP8 products whose GELU is never written: forward applies it in the quantisation of fc2's
@@ -276,11 +319,11 @@ struct Fp8MlpFunction : autograd::Function<Fp8MlpFunction> {
     Fp8Saved fc1, fc2;
     // fc1, and its output's rows without the padding's (which hold the bias): fc2 pads them with zeros, as it would
     // pad its own input.
-    const Tensor h =
-        first_rows(product_forward(pad_rows(x, mp), {w1},
-                                   {call.state1, call.out_dtype, internal::Fp8Activation::None, call.bias_values1},
-                                   ctx.needs_input_grad(1), ctx.needs_input_grad(0), fc1),
-                   m);
+    const Tensor h = first_rows(
+        product_forward(pad_rows(x, mp), {w1},
+                        {call.state1, call.out_dtype, internal::Fp8Activation::None, call.bias_values1, call.offered},
+                        ctx.needs_input_grad(1), ctx.needs_input_grad(0), fc1),
+        m);
     const internal::Fp8Activation act =
         call.tanh_approximation ? internal::Fp8Activation::GeluTanh : internal::Fp8Activation::Gelu;
     const Tensor y = product_forward(pad_rows(h, mp), {w2}, {call.state2, call.out_dtype, act, call.bias_values2},
@@ -329,6 +372,11 @@ struct Fp8MlpFunction : autograd::Function<Fp8MlpFunction> {
     return out;
   }
 };
+
+// The codes the op that made x wrote for the product with `state` (fp8_offer_input), or null.
+std::shared_ptr<const Fp8InputCodes> taken_offer(const Tensor& x, const amp::Fp8ScalingState& state) {
+  return std::static_pointer_cast<const Fp8InputCodes>(autocast::take_fp8_offer(x, &state));
+}
 
 // t's values in `dtype` without history: a parameter's cast of the autocast region where there is one (cached, or
 // the 16-bit shadow the fused optimizer wrote: no kernel then), else a cast.
@@ -411,15 +459,36 @@ Tensor fp8_product(const Tensor& x, const std::vector<Tensor>& weights, const st
   }
   Shape shape = x.shape();
   shape.back() = out;
+  const auto offered = taken_offer(x, state);
   const Tensor xin = fp8_gemm_dtype(x.dtype()) ? x : x.to(out_dtype);
   auto part = [](const std::vector<Tensor>& v, size_t i) { return i < v.size() ? v[i] : Tensor(); };
   const Tensor y =
       Fp8LinearFunction::apply(contiguous(xin), part(weights, 0), part(weights, 1), part(weights, 2), part(biases, 0),
-                               part(biases, 1), part(biases, 2), Fp8Call{&state, out_dtype, act, bias_values});
+                               part(biases, 1), part(biases, 2), Fp8Call{&state, out_dtype, act, bias_values, offered});
   return reshape(y, shape);
 }
 
 }  // namespace
+
+std::optional<Fp8InputCodes> fp8_begin_input(amp::Fp8ScalingState& state, const Shape& shape, Device device) {
+  const int64_t in = shape.empty() ? 0 : shape.back();
+  const int64_t rows = in == 0 ? 0 : numel(shape) / in;
+  if (autocast::fp8_recipe(device.type()) == nullptr || autograd::in_recomputation() || state.device() != device ||
+      state.size() != 3 || rows == 0 || rows % 16 != 0 || in % 16 != 0) {
+    return std::nullopt;
+  }
+  Fp8InputCodes codes;
+  fresh_scales(state, device, codes.scale, codes.scale_inv);
+  begun_steps[&state] = {codes.scale, codes.scale_inv};
+  codes.codes = internal::empty({rows, in}, {.dtype = state.fp8_dtype(kInput), .device = device});
+  codes.input_scale = cell(codes.scale, kInput);
+  codes.input_amax = state.amax_history().select(0, 0).narrow(0, kInput, 1);
+  return codes;
+}
+
+void fp8_offer_input(const Tensor& y, const amp::Fp8ScalingState& state, Fp8InputCodes codes) {
+  autocast::offer_fp8(y, &state, std::make_shared<const Fp8InputCodes>(std::move(codes)));
+}
 
 Tensor fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, amp::Fp8ScalingState& state,
                   DType out_dtype, internal::Fp8Activation act) {
@@ -452,9 +521,11 @@ Tensor fp8_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, amp::Fp8Scal
   }
   Shape shape = x.shape();
   shape.back() = out;
+  const auto offered = taken_offer(x, state1);
   const Tensor xin = fp8_gemm_dtype(x.dtype()) ? x : x.to(out_dtype);
-  const Tensor y = Fp8MlpFunction::apply(contiguous(xin), w1, b1, w2, b2,
-                                         Fp8MlpCall{&state1, &state2, out_dtype, tanh_approximation, bias1, bias2});
+  const Tensor y =
+      Fp8MlpFunction::apply(contiguous(xin), w1, b1, w2, b2,
+                            Fp8MlpCall{&state1, &state2, out_dtype, tanh_approximation, bias1, bias2, offered});
   return reshape(y, shape);
 }
 

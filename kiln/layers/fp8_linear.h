@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kiln/autograd/fp8.h"  // Fp8Recipe, Fp8ScalingState
@@ -77,6 +78,31 @@ Tensor fp8_linear_stacked(const Tensor& x, const std::vector<Tensor>& weights, c
 // (internal::fp8_quantize_pair_through_gelu). w1 (hidden, in), w2 (out, hidden); two states of their own.
 Tensor fp8_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, amp::Fp8ScalingState& state1, const Tensor& w2,
                const Tensor& b2, amp::Fp8ScalingState& state2, DType out_dtype, bool tanh_approximation = false);
+
+// x's FP8 codes made ahead, by the op that makes x, for the FP8 product that reads x next (a layer norm whose output
+// the next Linear takes: nn::dropout_add_layer_norm's fp8_next), so that x is quantised in the op's own pass instead
+// of being read again by the product.
+//
+//   auto codes = nn::fp8_begin_input(state, y_shape, device);  // the product's step begins: state.update() now
+//   ... the op writes y, and y's codes into codes->codes: saturate(y * input_scale), amax into input_amax ...
+//   nn::fp8_offer_input(y, state, *codes);                     // the product with `state` that reads y takes them
+//
+// The product then neither updates the state nor quantises x: it takes the scales and codes as they are (and makes
+// only the transposed copy its weight gradient needs). The values are those of the product quantising x itself.
+struct Fp8InputCodes {
+  Tensor codes;        // (rows, in) in the state's input format: to be written by the op
+  Tensor scale;        // (3,) float32: the state's scales of this step (from its update), for the product
+  Tensor scale_inv;    // (3,) float32, their inverses (elements 16 bytes apart)
+  Tensor input_scale;  // (1,) view: the scale the codes are made with
+  Tensor input_amax;   // (1,) view of the state's amax history: takes max |y|
+};
+// Begins the FP8 step of the product with `state` for an input of `shape` on `device` (the state's update), or
+// nullopt where that product would not take codes made ahead: outside an FP8 region on the device, in a
+// checkpoint's recomputation, for rows or features that are not multiples of 16, or a state on another device.
+std::optional<Fp8InputCodes> fp8_begin_input(amp::Fp8ScalingState& state, const Shape& shape, Device device);
+// Offers y's codes, written, to the product with `state` (autocast::offer_fp8): its next fp8_linear or fp8_mlp on y
+// takes them; the state's update of that call is the one fp8_begin_input ran.
+void fp8_offer_input(const Tensor& y, const amp::Fp8ScalingState& state, Fp8InputCodes codes);
 
 class Linear;
 // fc2(gelu(fc1(x))): fp8_mlp in an FP8 region where both Linears compute in FP8 (each with its own state), else

@@ -13,8 +13,10 @@
 #include "kiln/autograd/grad_mode.h"    // NoGradGuard for the running-statistics update
 #include "kiln/autograd/node.h"         // Node, SavedTensor, make_node, set_history: dropout's node
 #include "kiln/autograd/sparse_grad.h"  // accumulate_sparse_grad: sparse embedding lookups
+#include "kiln/layers/fp8_linear.h"     // fp8_begin_input, fp8_offer_input: dropout_add_layer_norm's fp8_next
 #include "kiln/tensor/capture.h"        // capture::Op: the op recorded for ONNX export
 #include "kiln/tensor/error.h"          // KILN_CHECK
+#include "kiln/tensor/fp8_ops.h"        // internal::fp8_quantize
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/batch_norm.h"  // cuda_impl::batch_norm_forward / _backward
 #include "kiln/layers/cuda/layer_norm.h"  // the fused GPU layer norm
@@ -122,18 +124,25 @@ struct AddLayerNormFunction : autograd::Function<AddLayerNormFunction> {
 // add_layer_norm(dropout(x), residual) on the GPU: the forward kernel draws the mask (internal::dropout's, from one
 // draw of the generator: internal::draw_for, so that a CUDA graph's replays draw anew) and saves it as keep bits;
 // backward is add_layer_norm's, writing x's gradient through the mask.
+// The FP8 codes of the output asked of the fused kernel (dropout_add_layer_norm's fp8_next), and whether it wrote them.
+struct OutputFp8 {
+  const cuda_impl::Fp8Output* out = nullptr;  // null: none asked for
+  bool* written = nullptr;
+};
+
 struct DropoutAddLayerNormFunction : autograd::Function<DropoutAddLayerNormFunction> {
   static Tensor forward(autograd::Context& ctx, const Tensor& x, const Tensor& residual, const Tensor& weight,
                         const Tensor& bias, const Shape& normalized, double eps, double p, Generator* gen,
-                        const OutputCast& cast) {
+                        const OutputCast& cast, const OutputFp8& fp8) {
     const int64_t d = numel(normalized);
     const Tensor wc = weight.defined() ? contiguous(weight) : weight;
     cuda_impl::FusedDropout dropout{.p = p};
     if (x.numel() > 0)
       dropout.draw = internal::draw_for(gen, x.device());  // as internal::dropout: no draw for no elements
     auto saved = cuda_impl::layer_norm_forward(contiguous(x), d, wc, bias.defined() ? contiguous(bias) : bias, eps,
-                                               contiguous(residual), &dropout, cast.dtype);
+                                               contiguous(residual), &dropout, cast.dtype, fp8.out);
     *cast.values = saved.y_low;
+    if (fp8.written != nullptr) *fp8.written = saved.fp8_written;
     ctx.save_for_backward({saved.sum, wc, saved.mean, saved.rstd, saved.keep});
     ctx.set("normalized", normalized);
     ctx.set("x_dtype", x.dtype());
@@ -471,9 +480,23 @@ Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& norm
   return cap.done(layer_norm(x + residual, normalized_shape, weight_in, bias_in, eps), describe);
 }
 
+// y with its FP8 codes offered to the product with `state` (dropout_add_layer_norm's fp8_next): the codes the kernel
+// wrote (`written`), or y quantised now.
+static Tensor offering_fp8(const Tensor& y, amp::Fp8ScalingState* state, std::optional<Fp8InputCodes>& codes,
+                           bool written) {
+  if (!codes) return y;
+  if (!written) {
+    const int64_t in = y.size(-1);
+    codes->codes = internal::fp8_quantize(internal::reshape(contiguous(y.detach()), {y.numel() / in, in}),
+                                          codes->codes.dtype(), codes->input_scale, codes->input_amax);
+  }
+  fp8_offer_input(y, *state, std::move(*codes));
+  return y;
+}
+
 Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double p, bool training,
                               const Shape& normalized_shape, const Tensor& weight, const Tensor& bias, double eps,
-                              Generator* gen) {
+                              Generator* gen, amp::Fp8ScalingState* fp8_next) {
   capture::Op cap("dropout_add_layer_norm");
   const auto describe = [&] {
     return capture::Args{
@@ -499,6 +522,9 @@ Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double
   KILN_CHECK(x_in.is_floating_point() && residual.is_floating_point(),
              "dropout_add_layer_norm: x and residual must be floating point, got ", x_in.dtype(), " and ",
              residual.dtype(), "; convert them with .to(DType::Float32) first");
+  // The next FP8 product's step begins here where its input's codes can be made here (fp8_begin_input).
+  std::optional<Fp8InputCodes> codes;
+  if (fp8_next != nullptr) codes = fp8_begin_input(*fp8_next, x_in.shape(), x_in.device());
 #if KILN_WITH_CUDA
   {
     auto [x] = autocast::inputs(autocast_ops::dropout(), x_in);  // as nn::dropout casts it
@@ -507,13 +533,18 @@ Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double
       const std::optional<DType> offer = autocast::cast_worth_offering(x.device());
       autocast::DisableGuard as_one_op;
       Tensor cast;
+      std::optional<cuda_impl::Fp8Output> fp8_out;
+      if (codes) fp8_out = cuda_impl::Fp8Output{codes->codes, codes->input_scale, codes->input_amax};
+      bool written = false;
       const Tensor y = DropoutAddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps,
-                                                          p, gen, OutputCast{offer, &cast});
-      return cap.done(offering_cast(y, cast), describe);
+                                                          p, gen, OutputCast{offer, &cast},
+                                                          OutputFp8{fp8_out ? &*fp8_out : nullptr, &written});
+      return cap.done(offering_fp8(offering_cast(y, cast), fp8_next, codes, written), describe);
     }
   }
 #endif
-  return cap.done(add_layer_norm(dropout(x_in, p, true, gen), residual, normalized_shape, weight, bias, eps), describe);
+  const Tensor y = add_layer_norm(dropout(x_in, p, true, gen), residual, normalized_shape, weight, bias, eps);
+  return cap.done(offering_fp8(y, fp8_next, codes, false), describe);
 }
 
 Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_in, const Tensor& bias_in, double eps) {

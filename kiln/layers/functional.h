@@ -17,6 +17,10 @@
 #include "kiln/tensor/generator.h"    // Generator
 #include "kiln/tensor/tensor.h"       // Tensor, Shape
 
+namespace kiln::amp {
+class Fp8ScalingState;
+}  // namespace kiln::amp
+
 namespace kiln::nn {
 
 // y = x @ weight^T + bias, weight (out, in) as PyTorch: x (..., in) -> (..., out). bias (out) may be undefined.
@@ -45,9 +49,14 @@ Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& norm
 // kernel forward, which draws the mask, keeps it as one bit per element and adds the dropped x to the residual, and
 // one backward, which masks x's gradient as it writes it; a CUDA graph replay draws a new mask, as internal::dropout's.
 // Elsewhere it runs the two ops. Eval or p == 0: add_layer_norm. p must lie in [0, 1).
+// fp8_next (null: none): the FP8 scaling state of the Linear that takes the output next (BERT's next layer's query, or
+// its MLP's first Linear). In training, in an FP8 region on the output's device, with rows and features multiples of
+// 16, the output's FP8 codes for that product are made here (nn::fp8_begin_input: on the GPU in the kernel's own pass,
+// elsewhere by quantising the output) and offered to it (nn::fp8_offer_input), so that the product does not read the
+// output again to quantise it. The product's values are the same either way.
 Tensor dropout_add_layer_norm(const Tensor& x, const Tensor& residual, double p, bool training,
                               const Shape& normalized_shape, const Tensor& weight = {}, const Tensor& bias = {},
-                              double eps = 1e-5, Generator* gen = nullptr);
+                              double eps = 1e-5, Generator* gen = nullptr, amp::Fp8ScalingState* fp8_next = nullptr);
 
 // x (N, C, *): normalises each of num_groups groups of C / num_groups channels (and all of *) per sample;
 // weight and bias (C) may be undefined.

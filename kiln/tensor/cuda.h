@@ -119,6 +119,18 @@ class Event {
 void set_allow_tf32(bool allow);
 bool allow_tf32();  // the current setting (true on a build without CUDA)
 
+// Whether the first run of a large matrix product (at least 2^31 multiply-adds) times the first 8 algorithms cuBLASLt's
+// heuristic offers for it and keeps the fastest for the rest of the process (the heuristic's own choice unless another
+// is more than 2% faster), as XLA does and PyTorch's TunableOp can. On by default. The timing happens once per problem
+// (shape, dtypes, layouts, alignments), in an eager call: the host waits for it, and a problem first met while a CUDA
+// graph is being captured keeps the heuristic's choice until an eager call times it. Off in deterministic mode
+// (kiln::set_deterministic), where every product keeps the heuristic's choice: two processes could time differently
+// and pick algorithms that round differently. Turn it off for results that do not depend on timing without
+// deterministic mode's other costs. The environment variable KILN_MATMUL_TUNING=0 makes it start off.
+void set_matmul_tuning(bool enabled);
+bool matmul_tuning();             // the current setting (true on a build without CUDA)
+int64_t matmul_problems_timed();  // how many problems this process has timed so far (for tests and diagnostics)
+
 // Marks that `t`'s memory is in use on `stream` (besides the stream it was allocated on): the caching
 // allocator will not hand it out again before the work queued on `stream` so far has finished.
 void record_stream(const Tensor& t, const Stream& stream);

@@ -59,6 +59,9 @@ Tensor Graph::replay_input(const Shape&, const TensorOptions&) { no_cuda("Graph:
 
 void set_allow_tf32(bool) {}
 bool allow_tf32() { return true; }
+void set_matmul_tuning(bool) {}
+bool matmul_tuning() { return true; }
+int64_t matmul_problems_timed() { return 0; }
 void record_stream(const Tensor&, const Stream&) { no_cuda("record_stream"); }
 MemoryStats memory_stats(int) { no_cuda("memory_stats"); }
 std::string memory_summary(int) { no_cuda("memory_summary"); }

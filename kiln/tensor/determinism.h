@@ -24,15 +24,18 @@
 //     Hopper: a dP workspace instead of atomic dQ accumulation; somewhat slower and more memory). Where
 //     cuDNN cannot run that (e.g. with dropout on Blackwell) fused_attention_supported() says no, and the
 //     attention runs unfused (deterministic: matmul + softmax).
-// What needs no change: cuBLAS/cuBLASLt matmuls are deterministic as kiln calls them (one algorithm chosen
-// by the heuristic per problem and cached; a fixed 32 MiB workspace per stream; atomics mode left at
-// CUBLAS_ATOMICS_NOT_ALLOWED; split-K reductions cuBLASLt may pick are ordered, not atomic); kiln's
+//   - cuBLASLt matrix products (float and FP8) keep the heuristic's algorithm: the timing of large products
+//     (cuda::set_matmul_tuning) is skipped, since another process could time differently and pick an algorithm
+//     that rounds differently.
+// What needs no change: each cuBLAS/cuBLASLt algorithm is deterministic as kiln calls it (a fixed 32 MiB
+// workspace per stream; atomics mode left at CUBLAS_ATOMICS_NOT_ALLOWED; split-K reductions cuBLASLt may pick
+// are ordered, not atomic); kiln's
 // reductions, softmax, normalisations and losses use fixed launch geometries and no atomics; dropout and
 // other random ops draw from kiln's Philox generators (kiln::default_generator, saved in checkpoints); the
 // data loader draws from per-sample SampleRngs.
-// Two algorithm caches (cuDNN convolutions and fused attention) key on the switch, so it may be flipped at
-// any time; a change affects ops launched after it. Process-wide and thread-safe; no effect on the CPU
-// backend, whose kernels are deterministic already.
+// The algorithm caches (cuDNN convolutions, fused attention, cuBLASLt products) key on the switch, so it may be flipped
+// at any time; a change affects ops launched after it. Process-wide and thread-safe; no effect on the CPU backend,
+// whose kernels are deterministic already.
 #pragma once
 
 namespace kiln {

@@ -75,6 +75,11 @@ std::pair<Tensor, Tensor> fp8_quantize_pair_through_gelu(const Tensor& grad, con
 std::pair<Tensor, Tensor> fp8_quantize_pair_of_rows(const std::vector<Tensor>& parts, DType fp8_dtype,
                                                     const Tensor& scale, const Tensor& amax);
 
+// The contiguous (C, R) transpose of FP8 codes x (R, C), the same codes (a product's K-major operand made from codes
+// already written, such as a layer norm's output quantised in its own pass). On the GPU one tiled kernel where C is a
+// multiple of 64 and R of 16, else a strided copy. kiln::Error for x that is not a 2-D FP8 tensor.
+Tensor fp8_transpose(const Tensor& x);
+
 // out = (a_scale_inv * float(a)) @ (b_scale_inv * float(b))^T (+ bias) (+ *accumulate_into), out (M, N) row-major.
 //
 // - a (M, K), b (N, K): FP8, contiguous (K contiguous in both: the "TN" layout cuBLASLt's FP8 kernels need, so a

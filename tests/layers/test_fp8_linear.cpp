@@ -740,6 +740,94 @@ TEST_P(Fp8LinearTest, InputGradientIsAddedIntoTheSumItsOtherUsesBegan) {
   }
 }
 
+// A layer norm that makes the next FP8 product's input codes (dropout_add_layer_norm's fp8_next; on the GPU in the
+// kernel's own pass) changes nothing: over three steps the product's output, every gradient (the layer norm's
+// included) and the scaling states equal, bit for bit, those of the same ops where the product quantises the layer
+// norm's output itself. For one Linear, the stacked product (BERT's query, key and value), the MLP, and a Linear
+// that receives the output as another tensor (a view: it cannot take the codes, but takes the step's scales, so the
+// state still updates once a step). Where the codes are taken, the product quantises no input of its own.
+TEST_P(Fp8LinearTest, LayerNormCodesOfferedToTheNextProductChangeNothing) {
+  const int64_t d = 64, hidden = 96, out = 48;
+  const Shape shape{2, 16, d};
+  const std::string in_shape = "[32, 64]";  // the product's input rows, as the profiler prints them
+  const amp::Fp8Recipe recipe{.amax_history_len = 4};
+  for (const int kind : {0, 1, 2, 3}) {  // fp8_linear, fp8_linear_stacked, fp8_mlp, fp8_linear of a view
+    SCOPED_TRACE(::testing::Message() << (kind == 0   ? "fp8_linear"
+                                          : kind == 1 ? "fp8_linear_stacked"
+                                          : kind == 2 ? "fp8_mlp"
+                                                      : "fp8_linear of a view"));
+    struct Side {
+      std::vector<Tensor> params;  // layer norm weight, bias; w1, b1, w2, b2
+      std::unique_ptr<amp::Fp8ScalingState> s1, s2;
+    };
+    Side sides[2];
+    for (Side& side : sides) {
+      side.params = {input({d}, 0.5, 1.5, 170),
+                     input({d}, -0.2, 0.2, 171),
+                     input({hidden, d}, -0.3, 0.3, 172),
+                     input({hidden}, -0.5, 0.5, 173),
+                     input({out, kind == 2 ? hidden : d}, -0.3, 0.3, 174),
+                     input({out}, -0.5, 0.5, 175)};
+      for (Tensor& t : side.params) t.requires_grad_();
+      side.s1 = std::make_unique<amp::Fp8ScalingState>(amp::Fp8ScalingState::for_linear(recipe, dev()));
+      side.s2 = std::make_unique<amp::Fp8ScalingState>(amp::Fp8ScalingState::for_linear(recipe, dev()));
+    }
+    for (int step = 0; step < 3; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step + 1));
+      const Tensor x0 = input(shape, -2 - step, 2 + step, 180 + step, DType::BFloat16);
+      const Tensor r0 = input(shape, -1, 1, 190 + step);
+      const Tensor dy = input({2, 16, out}, -1, 1, 200 + step, DType::BFloat16);
+      std::vector<Tensor> results[2];
+      size_t input_quantisations[2] = {0, 0};
+      for (int offered = 0; offered < 2; ++offered) {
+        Side& side = sides[offered];
+        std::vector<Tensor>& p = side.params;
+        for (Tensor& t : p) t.mutable_grad() = Tensor();
+        Tensor x = x0.clone().requires_grad_(), r = r0.clone().requires_grad_();
+        Generator gen(300 + step);
+        Tensor y;
+        profiler::Profile prof;
+        {
+          amp::Autocast cast(DType::BFloat16, fp8_options(recipe));
+          const Tensor h = nn::dropout_add_layer_norm(x, r, 0.1, true, {d}, p[0], p[1], 1e-5, &gen,
+                                                      offered == 1 ? side.s1.get() : nullptr);
+          if (kind == 0) y = nn::fp8_linear(h, p[4], p[5], *side.s1, DType::BFloat16);
+          if (kind == 1) {
+            y = nn::fp8_linear_stacked(h, {p[2], p[4]}, {p[3], p[5]}, *side.s1, DType::BFloat16).narrow(2, hidden, out);
+          }
+          if (kind == 2) y = nn::fp8_mlp(h, p[2], p[3], *side.s1, p[4], p[5], *side.s2, DType::BFloat16);
+          if (kind == 3) y = nn::fp8_linear(h.view({32, d}), p[4], p[5], *side.s1, DType::BFloat16).view({2, 16, out});
+        }
+        prof.stop();
+        for (const profiler::Event& e : prof.result().events()) {
+          if (e.kind == trace::Kind::Op && e.name.rfind("fp8_quantize", 0) == 0 &&
+              e.shapes.find(in_shape + " f32") != std::string::npos) {
+            ++input_quantisations[offered];
+          }
+        }
+        y.backward(dy);
+        results[offered] = {y, x.grad(), r.grad()};
+        for (const Tensor& t : p) results[offered].push_back(t.grad());
+        for (const amp::Fp8ScalingState* st : {side.s1.get(), side.s2.get()}) {
+          results[offered].push_back(st->amax_history().clone());
+          results[offered].push_back(st->scale().clone());
+        }
+      }
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        if (!results[0][i].defined() && !results[1][i].defined()) continue;
+        expect_bitwise_equal(results[1][i], results[0][i], "result " + std::to_string(i));
+      }
+      // The product's quantisation of its input in both layouts: one pair kernel on the GPU, two quantisations on
+      // the CPU. With the codes taken it quantises none: the GPU's layer norm writes them in its kernel, the CPU
+      // quantises its output once. The view's product takes no codes and quantises its input as before.
+      const size_t pair = dev().is_cuda() ? 1u : 2u, made = dev().is_cuda() ? 0u : 1u;
+      EXPECT_EQ(input_quantisations[0], pair) << "quantisations of the layer norm's output, no codes offered";
+      EXPECT_EQ(input_quantisations[1], kind == 3 ? made + pair : made)
+          << "quantisations of the layer norm's output, codes offered";
+    }
+  }
+}
+
 TEST_P(Fp8LinearTest, ShareFp8StateNeedsBothStates) {
   nn::Linear a(16, 16), b(16, 16);
   expect_error([&] { b.share_fp8_state(a); }, {"share_fp8_state", "FP8 state first", "prepare_fp8"});

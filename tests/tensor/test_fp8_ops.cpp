@@ -485,6 +485,29 @@ TEST_P(Fp8OpsTest, QuantizeLargeAndOffsetViews) {
   }
 }
 
+// fp8_transpose: the same codes, transposed, for shapes the GPU's tiled kernel takes (columns a multiple of 64, rows of
+// 16) and for those it leaves to a strided copy; every byte value, NaN codes included, moves as it is.
+TEST_P(Fp8OpsTest, TransposeMovesEveryCode) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{64, 128}, {48, 64},  {208, 192},
+                                                           {20, 64},  {64, 100}, {1, 1}};
+  for (const auto& [r, c] : shapes) {
+    for (DType f8 : {DType::Float8_e4m3fn, DType::Float8_e5m2}) {
+      SCOPED_TRACE(::testing::Message() << f8 << " (" << r << ", " << c << ")");
+      std::vector<uint8_t> codes(static_cast<size_t>(r * c));
+      for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 37 + i / 7) & 0xff);
+      const Tensor t = internal::fp8_transpose(from_codes(codes, {r, c}, f8, dev()));
+      ASSERT_EQ(t.shape(), (Shape{c, r}));
+      ASSERT_EQ(t.dtype(), f8);
+      EXPECT_TRUE(t.is_contiguous());
+      const std::vector<uint8_t> got = codes_of(t);
+      for (int64_t i = 0; i < r; ++i) {
+        for (int64_t j = 0; j < c; ++j) ASSERT_EQ(got[j * r + i], codes[i * c + j]) << i << ", " << j;
+      }
+    }
+  }
+  expect_error([&] { internal::fp8_transpose(testing::make({1, 2}, {2}, opts())); }, {"fp8_transpose", "2-D FP8"});
+}
+
 TEST_P(Fp8OpsTest, QuantizeEmptyLeavesAmax) {
   const Tensor amax = cell_view(2.5, 0, 1, dev());
   const Tensor s = cell_view(1.0, 0, 1, dev());
@@ -995,6 +1018,53 @@ TEST(Fp8CudaOps, GemmMatchesTheCpu) {
       expect_product(out, ref.value, ref.abs_sum, out_dtype, true, false);
     }
   }
+}
+
+// A large FP8 product times the heuristic's candidate algorithms on its first eager call (cuda::set_matmul_tuning):
+// one that adds into a float32 destination must time on scratch memory and add once; one that writes a new tensor
+// writes it again after the timing. Halves in [-2.5, 2.5] multiply exactly and their sums over K = 1024 (multiples of
+// 1/4, below 2^13) are exact in float32, so every result equals the float64 reference exactly whichever algorithm runs
+// (without fast accumulation); the reference is checked on every 16th row.
+TEST(Fp8CudaOps, TimedAlgorithmsLeaveTheProductAsTheHeuristicsWould) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  const bool before = cuda::matmul_tuning();
+  cuda::set_matmul_tuning(true);
+  const int64_t m = 2048, k = 1024;
+  const Format& f = fp8_format_of(DType::Float8_e4m3fn);
+  const auto halves = [&](int64_t count, uint64_t seed) {
+    std::vector<uint8_t> c;
+    for (double u : testing::uniform(count, -5.4, 5.4, seed)) c.push_back(testing::fp8_code(f, std::round(u) / 2));
+    return c;
+  };
+  const std::vector<uint8_t> ca = halves(m * k, 61);
+  const Tensor a = from_codes(ca, {m, k}, DType::Float8_e4m3fn, gpu);
+  const Tensor one = cell_view(1.0, 0, 1, gpu);
+  for (const int64_t n : {int64_t{1104}, int64_t{1120}}) {
+    const bool accumulate = n == 1104;
+    SCOPED_TRACE(accumulate ? "added into a float32 destination" : "into a new float32 tensor");
+    const std::vector<uint8_t> cb = halves(n * k, 62 + n);
+    const GemmReference ref = reference_gemm(ca, f, cb, f, m, n, k, 1.0, 1.0);
+    const Tensor b = from_codes(cb, {n, k}, DType::Float8_e4m3fn, gpu);
+    const std::vector<double> acc0 = testing::exact_grid(m * n, 4, 64.0, 63);
+    Tensor acc = testing::make(acc0, {m, n}, {.device = gpu});
+    const int64_t timed = cuda::matmul_problems_timed();
+    const Tensor out = accumulate ? internal::fp8_gemm(a, b, one, one, DType::Float32, {}, &acc)
+                                  : internal::fp8_gemm(a, b, one, one, DType::Float32);
+    EXPECT_EQ(cuda::matmul_problems_timed(), timed + 1);
+    const std::vector<double> got = testing::values(out);
+    int failures = 0;
+    for (int64_t i = 0; i < m; i += 16) {
+      for (int64_t j = 0; j < n; ++j) {
+        const double want = ref.value[i * n + j] + (accumulate ? acc0[i * n + j] : 0.0);
+        if (got[i * n + j] != want && ++failures <= 5) {
+          ADD_FAILURE() << "row " << i << ", column " << j << ": got " << got[i * n + j] << ", expected " << want;
+        }
+      }
+    }
+    EXPECT_EQ(failures, 0);
+  }
+  cuda::set_matmul_tuning(before);
 }
 
 // Quantise and multiply inside a CUDA graph capture (which fails on any host synchronisation), then replay on new

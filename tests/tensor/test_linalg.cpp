@@ -5,8 +5,9 @@
 #include <limits>
 #include <vector>
 
-#include "kiln/tensor/backend.h"  // matmul_epilogue, called directly
-#include "kiln/tensor/cuda.h"     // allow_tf32, set_allow_tf32
+#include "kiln/tensor/backend.h"      // matmul_epilogue, called directly
+#include "kiln/tensor/cuda.h"         // allow_tf32, set_allow_tf32, set_matmul_tuning
+#include "kiln/tensor/determinism.h"  // DeterministicGuard
 #include "support/test_support.h"
 
 namespace kiln {
@@ -378,6 +379,85 @@ TEST_P(MatmulTest, AddmmInPlaceAddsSixteenBitProductsIntoFloat32) {
     for (int64_t i = 0; i < m * n; ++i) want[i] = c[i] + ab[i];
     expect_values(dest, {m, n}, want, 0, 1e-7);
   }
+}
+
+// Large products time the heuristic's candidate algorithms on their first eager run (cuda::set_matmul_tuning). The
+// timed runs must leave no trace: a product that adds into its destination (beta = 1) times on scratch memory, and
+// one that overwrites it is written again. Quarters in [-1, 1] multiply and sum exactly in float32 for K = 1024, so
+// every result equals the float64 reference exactly, whichever algorithm ran; the reference is checked on every 16th
+// row. Deterministic mode, and a product first met inside a CUDA graph capture, keep the heuristic's choice (nothing
+// timed); the first eager call after the capture times it.
+TEST_P(MatmulTest, TimedAlgorithmsLeaveTheProductAsTheHeuristicsWould) {
+  if (!dev().is_cuda()) GTEST_SKIP() << "algorithm timing applies to CUDA matmuls only";
+  const bool before = cuda::matmul_tuning();
+  cuda::set_matmul_tuning(true);
+  const int64_t m = 2048, k = 1024;
+  const std::vector<double> a = quarters(m * k, 46);
+  // Each block uses its own N, so that no earlier product of this process has chosen its algorithm.
+  auto check = [&](const Tensor& got, const std::vector<double>& b, const std::vector<double>& c, int64_t n) {
+    ASSERT_EQ(got.shape(), (Shape{m, n}));
+    const std::vector<double> v = testing::values(got);
+    for (int64_t i = 0; i < m; i += 16) {
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = c.empty() ? 0.0 : c[i * n + j];
+        for (int64_t p = 0; p < k; ++p) acc += a[i * k + p] * b[p * n + j];
+        ASSERT_EQ(v[i * n + j], acc) << "row " << i << ", column " << j;
+      }
+    }
+  };
+  const Tensor a16 = make(a, {m, k}, opts(DType::BFloat16));
+  {
+    SCOPED_TRACE("timed: a product added into a destination, then the same problem into a new tensor");
+    const int64_t n = 1040;
+    const std::vector<double> b = quarters(k * n, 47), c = quarters(m * n, 48);
+    const Tensor b16 = make(b, {k, n}, opts(DType::BFloat16));
+    const int64_t timed = cuda::matmul_problems_timed();
+    Tensor dest = make(c, {m, n}, opts(DType::Float32));
+    internal::addmm_(dest, a16, b16);  // beta = 1: timed on scratch memory
+    EXPECT_EQ(cuda::matmul_problems_timed(), timed + 1);
+    check(dest, b, c, n);
+    // The same problem (beta is not part of it) into a new float32 tensor: the algorithm chosen above, not timed again.
+    check(internal::mm(a16, b16, DType::Float32), b, {}, n);
+    EXPECT_EQ(cuda::matmul_problems_timed(), timed + 1);
+  }
+  {
+    SCOPED_TRACE("timed: a product that overwrites its destination (beta = 0) is written again after the timing");
+    const int64_t n = 1088;
+    const std::vector<double> b = quarters(k * n, 52);
+    const int64_t timed = cuda::matmul_problems_timed();
+    check(internal::mm(a16, make(b, {k, n}, opts(DType::BFloat16)), DType::Float32), b, {}, n);
+    EXPECT_EQ(cuda::matmul_problems_timed(), timed + 1);
+  }
+  {
+    SCOPED_TRACE("deterministic mode: the heuristic's choice, nothing timed");
+    const int64_t n = 1056;
+    const std::vector<double> b = quarters(k * n, 49);
+    const int64_t timed = cuda::matmul_problems_timed();
+    {
+      DeterministicGuard deterministic(true);
+      check(internal::mm(a16, make(b, {k, n}, opts(DType::BFloat16)), DType::Float32), b, {}, n);
+    }
+    EXPECT_EQ(cuda::matmul_problems_timed(), timed);
+  }
+  {
+    SCOPED_TRACE("first met inside a CUDA graph capture: not timed there; the next eager call times it");
+    const int64_t n = 1072;
+    const std::vector<double> b = quarters(k * n, 50), c = quarters(m * n, 51);
+    const Tensor b16 = make(b, {k, n}, opts(DType::BFloat16));
+    Tensor dest = make(c, {m, n}, opts(DType::Float32));
+    const int64_t timed = cuda::matmul_problems_timed();
+    cuda::Graph graph;
+    graph.capture([&] { internal::addmm_(dest, a16, b16); }, 0);
+    EXPECT_EQ(cuda::matmul_problems_timed(), timed);
+    graph.replay();
+    cuda::synchronize();
+    check(dest, b, c, n);
+    dest.copy_(make(c, {m, n}, opts(DType::Float32)));
+    internal::addmm_(dest, a16, b16);
+    EXPECT_EQ(cuda::matmul_problems_timed(), timed + 1);
+    check(dest, b, c, n);
+  }
+  cuda::set_matmul_tuning(before);
 }
 
 TEST_P(MatmulTest, AddmmScalesAndBroadcastsC) {

@@ -22,6 +22,7 @@
 
 #include "kiln/layers/cuda/layer_kernels.cuh"  // load_pack, store_pack
 #include "kiln/tensor/cuda/dropout_keep.cuh"   // keep_flags: internal::dropout's keep/drop decision of an element
+#include "kiln/tensor/cuda/fp8_codes.cuh"      // encode2, nan_max, commit_block_amax: the FP8 codes of y
 #include "kiln/tensor/cuda/kernel_util.cuh"    // load_compute, store_as, stream_for, KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/internal_ops.h"          // internal::empty, internal::sum
 #include "kiln/tensor/scalar.h"                // Scalar: the mask value as internal::dropout rounds it
@@ -138,6 +139,14 @@ struct DropParams {
   philox::KeepThreshold keep;
   float scale = 0;
   uint32_t* bits = nullptr;  // (rows, 32): bit j of word l of a row is element l + 32 j of it
+};
+
+// The E4M3 codes of a float32 y written by the forward kernel (Fp8Output): codes (rows, d), the scale they are made
+// with, and the amax cell that takes max |y| (one atomicMax per block, fp8_codes.cuh).
+struct Fp8Params {
+  uint8_t* codes = nullptr;
+  const float* scale = nullptr;
+  float* amax = nullptr;
 };
 
 // The keep bits of this lane's elements of `row` (bit j: element lane + 32 j), internal::dropout's decisions for x's
@@ -265,15 +274,16 @@ __global__ void layer_norm_forward_warp(const X* x, const S* residual, const S* 
 // computed as there (dropout, residual add and roundings alike); the row's sums add the same values in another order.
 // kDrop: a lane's group is one Philox block, which it draws itself; the keep bits are written in the per-element
 // kernel's layout (bit j of word w: element w + 32 j), gathered with one ballot per group and position in it.
-template <int G, typename X, typename S, typename A, bool kDrop>
-__global__ void layer_norm_forward_packed(const X* x, const S* residual, const S* w, const S* b, S* y, void* y_low,
-                                          bool low_bf16, S* sum_out, A* mean_out, A* rstd_out, int64_t rows, int d,
-                                          A eps, DropParams drop) {
+// kFp8 (S float): y's E4M3 codes too, as fp8_quantize writes them (fp8_codes.cuh: saturate(y * scale) from the float
+// y stored), with the largest |y| of the row returned for the block's amax (FP8Params).
+template <int G, typename X, typename S, typename A, bool kDrop, bool kFp8>
+__device__ __forceinline__ float forward_packed_row(const X* x, const S* residual, const S* w, const S* b, S* y,
+                                                    void* y_low, bool low_bf16, S* sum_out, A* mean_out, A* rstd_out,
+                                                    int d, A eps, DropParams& drop, const Fp8Params& fp8, int64_t row,
+                                                    int lane) {
   constexpr int V = 4;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardRows + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int lane = threadIdx.x % 32;
   const int groups = d / V;
+  float local_amax = 0.0f;
   const int64_t start = row * d;
   if constexpr (kDrop) {
     if (drop.draw.device_offset != nullptr) drop.draw.offset = *drop.draw.device_offset;  // a CUDA graph's draw
@@ -370,11 +380,32 @@ __global__ void layer_norm_forward_packed(const X* x, const S* residual, const S
         }
       }
     }
+    if constexpr (kFp8) {
+      const float sc = *fp8.scale;
+      const uint32_t lo = cuda::encode2<true>(o[0] * sc, o[1] * sc), hi = cuda::encode2<true>(o[2] * sc, o[3] * sc);
+      *reinterpret_cast<uint32_t*>(fp8.codes + at) = lo | hi << 16;
+#pragma unroll
+      for (int k = 0; k < V; ++k) local_amax = cuda::nan_max(local_amax, fabsf(o[k]));
+    }
   }
   if (lane == 0) {
     mean_out[row] = mean;
     rstd_out[row] = rstd;
   }
+  return local_amax;
+}
+
+template <int G, typename X, typename S, typename A, bool kDrop, bool kFp8>
+__global__ void layer_norm_forward_packed(const X* x, const S* residual, const S* w, const S* b, S* y, void* y_low,
+                                          bool low_bf16, S* sum_out, A* mean_out, A* rstd_out, int64_t rows, int d,
+                                          A eps, DropParams drop, Fp8Params fp8) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kForwardRows + threadIdx.x / 32;
+  float local_amax = 0.0f;
+  if (row < rows) {
+    local_amax = forward_packed_row<G, X, S, A, kDrop, kFp8>(x, residual, w, b, y, y_low, low_bf16, sum_out, mean_out,
+                                                             rstd_out, d, eps, drop, fp8, row, threadIdx.x % 32);
+  }
+  if constexpr (kFp8) cuda::commit_block_amax(local_amax, fp8.amax);  // every thread, rows past the end with 0
 }
 
 // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy * w, written in x's type T and, when dx_low is given, also in
@@ -594,7 +625,8 @@ const T* ptr_or_null(const Tensor& t) {
 }  // namespace
 
 LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weight, const Tensor& bias, double eps,
-                                  const Tensor& residual, const FusedDropout* dropout, std::optional<DType> y_also_in) {
+                                  const Tensor& residual, const FusedDropout* dropout, std::optional<DType> y_also_in,
+                                  const Fp8Output* fp8) {
   trace::Scope range(trace::Kind::Op,
                      dropout != nullptr   ? "dropout_add_layer_norm_forward"
                      : residual.defined() ? "add_layer_norm_forward"
@@ -649,22 +681,38 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
         const bool packed = !std::is_same_v<S, double> && d % 4 == 0 && packs(x, sizeof(X)) &&
                             packs(residual, sizeof(S)) && packs(weight, sizeof(S)) && packs(bias, sizeof(S)) &&
                             packs(out.y, sizeof(S)) && packs(out.sum, sizeof(S)) && packs(out.y_low, 2);
-        const auto run = [&](auto kernel) {
+        const auto run = [&](auto kernel, auto... fp8_params) {
           kernel<<<blocks, 32 * kForwardRows, 0, stream>>>(
               x.data_ptr<X>(), ptr_or_null<S>(residual), ptr_or_null<S>(weight), ptr_or_null<S>(bias),
               out.y.data_ptr<S>(), out.y_low.defined() ? out.y_low.data_ptr() : nullptr,
               out.y_low.defined() && out.y_low.dtype() == DType::BFloat16,
               out.sum.defined() ? out.sum.data_ptr<S>() : nullptr, out.mean.data_ptr<A>(), out.rstd.data_ptr<A>(), rows,
-              static_cast<int>(d), static_cast<A>(eps), drop);
+              static_cast<int>(d), static_cast<A>(eps), drop, fp8_params...);
         };
         if constexpr (!std::is_same_v<S, double>) {
           if (packed) {
+            // y's FP8 codes in the same pass: float32 y, codes 4-byte aligned (the packed kernel stores 4 at a time).
+            bool codes = false;
+            if constexpr (std::is_same_v<S, float>) {
+              codes = fp8 != nullptr && aligned_to(fp8->codes.data_ptr(), 4);
+            }
+            const Fp8Params params = codes ? Fp8Params{static_cast<uint8_t*>(fp8->codes.data_ptr()),
+                                                       fp8->scale.data_ptr<float>(), fp8->amax.data_ptr<float>()}
+                                           : Fp8Params{};
             with_group_count(d, [&](auto groups) {
               constexpr int G = decltype(groups)::value;
-              if (dropout != nullptr) return run(layer_norm_forward_packed<G, X, S, A, true>);
-              run(layer_norm_forward_packed<G, X, S, A, false>);
+              if constexpr (std::is_same_v<S, float>) {
+                if (codes && dropout != nullptr) return run(layer_norm_forward_packed<G, X, S, A, true, true>, params);
+                if (codes) return run(layer_norm_forward_packed<G, X, S, A, false, true>, params);
+              }
+              if (dropout != nullptr) return run(layer_norm_forward_packed<G, X, S, A, true, false>, params);
+              run(layer_norm_forward_packed<G, X, S, A, false, false>, params);
             });
             KILN_CUDA_CHECK_LAUNCH("layer_norm");
+            if (codes) {
+              out.fp8_written = true;
+              fp8->amax.impl().storage()->bump_version();
+            }
             return;
           }
         }

@@ -18,6 +18,14 @@ struct LayerNormSaved {
   Tensor sum;    // with a residual: x + residual, the layer's input for backward
   Tensor keep;   // with a dropout: (R, 32) Int32, bit j of word l of row r set when element l + 32 j of the row stayed
   Tensor y_low;  // y in y_also_in as well, when asked for and written (see layer_norm_forward)
+  bool fp8_written = false;  // the forward pass wrote Fp8Output's codes and amax (see layer_norm_forward)
+};
+// y's FP8 codes, for the FP8 product that reads y next: codes (rows, d) Float8_e4m3fn contiguous, as
+// internal::fp8_quantize(y, Float8_e4m3fn, scale, amax) writes them (and amax[0] = max(amax[0], max |y|)).
+struct Fp8Output {
+  Tensor codes;
+  Tensor scale;  // 1-element float32 on x's device
+  Tensor amax;   // 1-element float32 on x's device
 };
 // A dropout of x fused before the residual add: p in (0, 1), and the generator's draw (internal::draw_for) that
 // internal::dropout would have taken.
@@ -33,9 +41,12 @@ struct FusedDropout {
 // y_also_in (BFloat16 or Float16): y written in that dtype too, from the same values (y cast as a cast would round
 // it), where y is float32 and D <= 1024 (else y_low stays undefined): the cast autocast would make of y for the next
 // product, in the same pass.
+// fp8 (null: none): y's FP8 codes written into fp8->codes in the same pass (and fp8->amax updated), where y is float32
+// and the row kernel moves groups of 4 (D <= 1024, D % 4 == 0, aligned pointers): fp8_written says whether it did; the
+// caller quantises y itself where not.
 LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weight, const Tensor& bias, double eps,
                                   const Tensor& residual = {}, const FusedDropout* dropout = nullptr,
-                                  std::optional<DType> y_also_in = std::nullopt);
+                                  std::optional<DType> y_also_in = std::nullopt, const Fp8Output* fp8 = nullptr);
 
 struct LayerNormGrads {
   Tensor dx, dweight, dbias;  // undefined where not asked for

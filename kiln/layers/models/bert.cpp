@@ -197,7 +197,7 @@ std::vector<Tensor> BertSelfAttention::stacked_fp8_projection(const Tensor& hidd
   // the output gradient and one dX product (no sum of three). One scale per operand covers the stack, so the three
   // Linears share query's state (key's and value's fp8_* buffers then hold the same values as query's, as a
   // checkpoint saves them). The float32 master weights are quantised into the stack directly (nothing copies them),
-  // and each weight's gradient is its own product.
+  // and the weights' gradients come from one product of the stack (each then copied out as its own .grad).
   const int64_t H = hidden.size(2);
   key->share_fp8_state(*query);
   value->share_fp8_state(*query);
@@ -225,9 +225,14 @@ Tensor BertResidualOutput::forward_mlp(Linear& fc1, const Tensor& x, bool tanh_a
 Tensor BertResidualOutput::add_and_norm(const Tensor& projected, const Tensor& residual) {
   // dropout -> + residual -> LayerNorm as one op (one kernel each way on the GPU); the dropout module keeps its name
   // and its p, and its train()/eval() state decides whether elements are dropped.
+  amp::Fp8ScalingState* next = nullptr;
+  if (const amp::Fp8Recipe* recipe = autocast::fp8_recipe(projected.device().type());
+      recipe != nullptr && fp8_next != nullptr) {
+    next = fp8_next->fp8_state_for(*recipe, projected.device());
+  }
   return dropout_add_layer_norm(projected, residual, dropout->options.p, dropout->is_training(),
                                 layer_norm->normalized_shape, layer_norm->weight, layer_norm->bias,
-                                layer_norm->options.eps);
+                                layer_norm->options.eps, nullptr, next);
 }
 
 BertAttention::BertAttention(const BertConfig& c) : Module("BertAttention") {
@@ -247,6 +252,7 @@ BertLayer::BertLayer(const BertConfig& c) : Module("BertLayer") {
   attention = register_module("attention", std::make_shared<BertAttention>(c));
   intermediate = register_module("intermediate", std::make_shared<BertIntermediate>(c));
   output = register_module("output", std::make_shared<BertResidualOutput>(c, c.intermediate_size));
+  attention->output->fp8_next = intermediate->dense.get();
 }
 
 Tensor BertLayer::forward(const Tensor& hidden, const Tensor& mask) {
@@ -271,6 +277,10 @@ Tensor BertEncoder::forward(const Tensor& hidden, const Tensor& mask) {
   const bool recompute = gradient_checkpointing && GradMode::is_enabled();
   for (int64_t i = 0; i < layer->size(); ++i) {
     auto block = layer->at<BertLayer>(i);
+    // A layer's output goes to the next layer's query (its FP8 codes made in the layer norm's pass), except across
+    // checkpointed layers, where the next layer receives the checkpoint's own output.
+    block->output->fp8_next =
+        !recompute && i + 1 < layer->size() ? layer->at<BertLayer>(i + 1)->attention->self->query.get() : nullptr;
     if (recompute) {
       // The mask is captured by value: the recomputation runs during backward, after this call has returned.
       h = autograd::checkpoint([block, mask](const Tensor& in) { return block(in, mask); }, h);

@@ -131,6 +131,11 @@ class BertResidualOutput : public Module {
   Handle<Linear> dense;          // in_features -> H
   Handle<LayerNorm> layer_norm;  // "LayerNorm"
   Handle<Dropout> dropout;       // hidden_dropout_prob
+  // The Linear that reads this block's output next (not owned; null: none): in an FP8 region where it computes in
+  // FP8, the layer norm writes the output's FP8 codes for it in its own pass (dropout_add_layer_norm's fp8_next).
+  // BertLayer and BertEncoder set it: the intermediate's dense for "attention.output", the next layer's query for
+  // "output".
+  Linear* fp8_next = nullptr;
 
  private:
   Tensor add_and_norm(const Tensor& projected, const Tensor& residual);  // LayerNorm(dropout(projected) + residual)

@@ -1,5 +1,6 @@
 // kiln/tensor/cuda/cublas_lt.h — what kiln's cuBLASLt products share (backend-internal): the per-device handles, the
-// per-(device, stream) workspaces and RAII holders for the descriptors. matmul.cpp (every float product) and
+// per-(device, stream) workspaces, RAII holders for the descriptors, and the choice of an algorithm (the heuristic's
+// first, or the fastest of its first few, timed: cuda::set_matmul_tuning). matmul.cpp (every float product) and
 // fp8_gemm.cpp (the FP8 products) use them.
 #pragma once
 
@@ -7,6 +8,8 @@
 #include <cuda_runtime.h>  // cudaStream_t
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 namespace kiln::cuda::lt {
 
@@ -38,5 +41,38 @@ struct Desc {
 using MatmulDesc = Desc<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
 using LayoutDesc = Desc<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
 using PreferenceDesc = Desc<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+// ---- choosing an algorithm ----
+// How many of the heuristic's algorithms a tuned problem times.
+inline constexpr int kTuneCandidates = 8;
+
+// Whether a product of m x n x k (times batches) multiply-adds is worth timing: at least 2^31 of them (about 4 GFLOP,
+// a few microseconds on a Hopper GPU), so that the one-off cost of timing (about 80 runs of the product) is repaid
+// within a few hundred steps and the many small products of a model are left to the heuristic.
+bool worth_tuning(int64_t m, int64_t n, int64_t k, int64_t batches);
+
+// Whether every product keeps the heuristic's choice: tuning is off or kiln is in deterministic mode. The algorithm
+// caches key on it, so that a product chosen by timing is not reused after either switch changes.
+bool heuristic_only();
+
+// Whether a product queued on `stream` may time its candidates now: tuning is on (cuda::matmul_tuning()), kiln is
+// not in deterministic mode (another process could time differently and pick an algorithm that rounds differently),
+// and `stream` is not capturing a CUDA graph (timing waits on the host).
+bool may_tune(cudaStream_t stream);
+
+// Up to `count` of the heuristic's algorithms for the problem (C and D share c_layout), its first choice first; empty
+// when it has none.
+std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
+                                                  cublasLtMatrixLayout_t a_layout, cublasLtMatrixLayout_t b_layout,
+                                                  cublasLtMatrixLayout_t c_layout, cublasLtMatmulPreference_t pref,
+                                                  int count);
+
+// The index of the algorithm to keep among `algos` (the heuristic's order): each is run through `run` (which queues
+// the product with that algorithm on `stream` and returns cuBLASLt's status) once to warm up, then timed in 3 rounds
+// of 3 runs, the candidates interleaved; each keeps its fastest round. The first is kept unless another was faster by
+// more than 2% (timing noise must not swap algorithms that are level); one whose run failed is never chosen (where all
+// failed: 0). The host waits for `stream`. Whatever `run` writes must be written again by the product that follows.
+size_t fastest_algo(const std::vector<cublasLtMatmulAlgo_t>& algos, cudaStream_t stream,
+                    const std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>& run);
 
 }  // namespace kiln::cuda::lt

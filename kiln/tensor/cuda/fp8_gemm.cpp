@@ -11,11 +11,13 @@
 //
 // The bias epilogue (CUBLASLT_EPILOGUE_BIAS) takes a bias of D's type for 16-bit outputs; for a float32 output
 // cuBLASLt's FP8 kernels want a bfloat16 bias, which would round kiln's float32 one, so there the bias is added by
-// a second kernel on the same stream. The algorithm for each problem is the heuristic's first choice, cached; the
+// a second kernel on the same stream. The algorithm for each problem is the heuristic's first choice, or for a large
+// problem the fastest of its first few, timed (cuda::set_matmul_tuning), cached; the
 // handle and the per-stream workspace are matmul.cpp's (cublas_lt.h).
 #include <array>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "kiln/tensor/cuda/cublas_lt.h"
 #include "kiln/tensor/cuda/cuda_backend.h"
@@ -68,9 +70,10 @@ Tensor aligned16(const Tensor& t) {
   return internal::clone(t);
 }
 
-using AlgoKey = std::array<int64_t, 13>;
+using AlgoKey = std::array<int64_t, 14>;
 struct AlgoEntry {
   bool ok = false;
+  bool tuned = false;  // chosen by timing the heuristic's candidates (lt::fastest_algo)
   cublasLtMatmulAlgo_t algo{};
 };
 
@@ -144,7 +147,8 @@ void fp8_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const T
                        lt::pointer_alignment(b.data_ptr()),
                        lt::pointer_alignment(out.data_ptr()),
                        epilogue_bias ? lt::pointer_alignment(bias.data_ptr()) : 0,
-                       fast_accumulation ? 1 : 0};
+                       fast_accumulation ? 1 : 0,
+                       lt::heuristic_only() ? 1 : 0};
   AlgoEntry entry;
   bool cached = false;
   {
@@ -156,7 +160,10 @@ void fp8_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const T
     }
   }
   cublasLtHandle_t handle = lt::handle(device);
-  if (!cached) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  // A large problem is timed once (cuda::set_matmul_tuning), in the first eager call that may time it.
+  const bool tune = (!cached || (entry.ok && !entry.tuned)) && lt::worth_tuning(m, n, k, 1) && lt::may_tune(stream);
+  if (!cached || tune) {
     lt::PreferenceDesc pref;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), kOp);
     const auto set = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
@@ -167,19 +174,31 @@ void fp8_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const T
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(key[8]));
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(key[10]));
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(key[10]));
-    cublasLtMatmulHeuristicResult_t result{};
-    int returned = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op.d, a_layout.d, b_layout.d, c_layout.d,
-                                                                 c_layout.d, pref.d, 1, &result, &returned);
-    entry.ok = status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (entry.ok) entry.algo = result.algo;
+    const std::vector<cublasLtMatmulAlgo_t> algos =
+        lt::heuristic_algos(handle, op.d, a_layout.d, b_layout.d, c_layout.d, pref.d, tune ? lt::kTuneCandidates : 1);
+    entry.ok = !algos.empty();
+    entry.tuned = entry.ok && tune;
+    if (entry.tuned) {
+      // Without accumulation the timed runs write `out`, which the product below writes again; with it they read
+      // `out`, and run on a scratch tensor of its shape instead.
+      const Tensor target =
+          accumulate ? internal::empty(out.shape(), {.dtype = out.dtype(), .device = out.device()}) : out;
+      void* space = lt::workspace(device, stream);
+      const size_t chosen = lt::fastest_algo(algos, stream, [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(handle, op.d, &alpha, b.data_ptr(), a_layout.d, a.data_ptr(), b_layout.d, &beta,
+                              target.data_ptr(), c_layout.d, target.data_ptr(), c_layout.d, &algo, space,
+                              lt::kWorkspaceBytes, stream);
+      });
+      entry.algo = algos[chosen];
+    } else if (entry.ok) {
+      entry.algo = algos[0];
+    }
     std::lock_guard<std::mutex> lock(g_algo_mutex);
     algo_cache()[key] = entry;
   }
   KILN_CHECK_AS(NotImplementedError, entry.ok, kOp, ": cuBLASLt has no FP8 kernel for a ", a.dtype(), " (", m, ", ", k,
                 ") x ", b.dtype(), " (", n, ", ", k, ")^T product into ", out.dtype(),
                 epilogue_bias ? " with a bias" : "", " on this GPU; compute it in bfloat16 instead");
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   KILN_CUBLAS_CHECK(cublasLtMatmul(handle, op.d, &alpha, b.data_ptr(), a_layout.d, a.data_ptr(), b_layout.d, &beta,
                                    out.data_ptr(), c_layout.d, out.data_ptr(), c_layout.d, &entry.algo,
                                    lt::workspace(device, stream), lt::kWorkspaceBytes, stream),

@@ -16,7 +16,6 @@
 // does not depend on scheduling. The pair kernel may apply a GELU to each value as it reads it (a transformer MLP's
 // activation, fused into the quantisation of the next product's input), with the unary kernels' own functions.
 #include <cuda_fp16.h>  // __half2float
-#include <cuda_fp8.h>   // __nv_cvt_float_to_fp8
 
 #include <algorithm>
 #include <cstdint>
@@ -25,6 +24,7 @@
 #include "kiln/tensor/cuda/activations.cuh"  // gelu_erf, gelu_tanh
 #include "kiln/tensor/cuda/cuda_backend.h"   // stream_for
 #include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/cuda/fp8_codes.cuh"  // encode, encode2, nan_max, commit_block_amax
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/ops/fp8_kernels.h"
 
@@ -43,43 +43,6 @@ __device__ __forceinline__ float load_float(raw_t<kIn> v) {
     return __uint_as_float(static_cast<uint32_t>(v) << 16);
   } else {
     return __half2float(__ushort_as_half(v));
-  }
-}
-
-// float -> FP8 code: the cast's conversion (convert.cu): round to nearest even, saturating, NaN -> 0x7f.
-template <bool kE4M3>
-__device__ __forceinline__ uint8_t encode(float v) {
-  if (v != v) return 0x7f;
-  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, kE4M3 ? __NV_E4M3 : __NV_E5M2);
-}
-
-// Two floats -> two FP8 codes (a in the low byte), as encode() does each: one conversion instruction for the pair on
-// FP8-capable GPUs (sm_89+).
-template <bool kE4M3>
-__device__ __forceinline__ uint16_t encode2(float a, float b) {
-  uint16_t v = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kE4M3 ? __NV_E4M3 : __NV_E5M2);
-  if (a != a) v = static_cast<uint16_t>((v & 0xff00u) | 0x7fu);
-  if (b != b) v = static_cast<uint16_t>((v & 0x00ffu) | 0x7f00u);
-  return v;
-}
-
-// max(m, v) where a NaN v wins and a NaN m stays (v > NaN is false).
-__device__ __forceinline__ float nan_max(float m, float v) { return (v > m || v != v) ? v : m; }
-
-// The block's largest value into amax[0] (see the header comment). Every thread of the block calls it once.
-__device__ void commit_block_amax(float local, float* amax) {
-  __shared__ float warp_max[32];
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int lane = tid % 32, warp = tid / 32, warps = (blockDim.x * blockDim.y + 31) / 32;
-  for (int o = 16; o > 0; o >>= 1) local = nan_max(local, __shfl_xor_sync(0xffffffffu, local, o));
-  if (lane == 0) warp_max[warp] = local;
-  __syncthreads();
-  if (warp != 0) return;
-  local = lane < warps ? warp_max[lane] : 0.0f;
-  for (int o = 16; o > 0; o >>= 1) local = nan_max(local, __shfl_xor_sync(0xffffffffu, local, o));
-  if (lane == 0) {
-    const int bits = local != local ? 0x7fc00000 : __float_as_int(local);
-    atomicMax(reinterpret_cast<int*>(amax), bits);
   }
 }
 
@@ -204,6 +167,20 @@ __global__ void __launch_bounds__(kTile* kTileRows)
 
 constexpr int kPairTile = 64, kPairThreads = 256;
 
+// Column c, rows rq .. rq + 15, of a shared tile of codes with kPitch bytes per row, as one 16-byte store to dst (a
+// row of the transposed output, 16-byte aligned).
+template <int kPitch>
+__device__ __forceinline__ void store_tile_column16(const uint8_t* tile, int c, int rq, uint8_t* dst) {
+  uint32_t w[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint8_t* col = tile + (rq + 4 * q) * kPitch + c;
+    w[q] = static_cast<uint32_t>(col[0]) | static_cast<uint32_t>(col[kPitch]) << 8 |
+           static_cast<uint32_t>(col[2 * kPitch]) << 16 | static_cast<uint32_t>(col[3 * kPitch]) << 24;
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // out (R, C) = q(act(x) * scale), out_t (C, R) its transpose with rows ld_t >= R apart (a block of columns of a wider
 // transpose), partial (row tiles, C) the column sums of each 64-row tile (null: none). GeluGrad: act(x) = x gelu'(h),
 // h (R, C) laid out as x. C % 64 == 0, R % 4 == 0, x
@@ -303,14 +280,7 @@ __global__ void __launch_bounds__(kPairThreads, pair_blocks_per_sm<kAct>())
     // out_t row c0 + c holds x's column c0 + c; each thread writes 16 codes (16 consecutive rows).
     const int c = tid / 4, rq = (tid % 4) * 16;
     if (r0 + rq < rows) {  // rows % 16 == 0: a group of 16 rows is in or out whole
-      uint32_t w[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint8_t* col = tile + (rq + 4 * q) * kPitch + c;
-        w[q] = static_cast<uint32_t>(col[0]) | static_cast<uint32_t>(col[kPitch]) << 8 |
-               static_cast<uint32_t>(col[2 * kPitch]) << 16 | static_cast<uint32_t>(col[3 * kPitch]) << 24;
-      }
-      *reinterpret_cast<uint4*>(out_t + (c0 + c) * ld_t + r0 + rq) = make_uint4(w[0], w[1], w[2], w[3]);
+      store_tile_column16<kPitch>(tile, c, rq, out_t + (c0 + c) * ld_t + r0 + rq);
     }
   } else {
     // Each thread writes 4 codes (4 consecutive rows) at a time.
@@ -332,6 +302,28 @@ __global__ void __launch_bounds__(kPairThreads, pair_blocks_per_sm<kAct>())
     }
   }
   commit_block_amax(local, amax);
+}
+
+// out (C, R) = x (R, C)^T for FP8 codes (bytes): 64 x 64 tiles through shared memory, 16 bytes per thread each way.
+// C % 64 == 0, R % 16 == 0, both pointers 16-byte aligned (fp8_transpose_kernel_applies).
+__global__ void __launch_bounds__(kPairThreads)
+    transpose_codes_kernel(const uint8_t* __restrict__ x, uint8_t* __restrict__ out, int64_t rows, int64_t cols) {
+  constexpr int kPitch = kPairTile + 16;  // 16-byte aligned shared rows
+  __shared__ __align__(16) uint8_t tile[kPairTile * kPitch];
+  const int tid = threadIdx.x;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kPairTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kPairTile;
+  {
+    const int r = tid / 4, q = (tid % 4) * 16;  // tile row r, bytes q .. q + 15
+    const uint4 v =
+        r0 + r < rows ? *reinterpret_cast<const uint4*>(x + (r0 + r) * cols + c0 + q) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(tile + r * kPitch + q) = v;
+  }
+  __syncthreads();
+  const int c = tid / 4, rq = (tid % 4) * 16;  // out row c0 + c, its bytes r0 + rq .. r0 + rq + 15
+  if (r0 + rq < rows) {                        // rows % 16 == 0: a group of 16 rows is in or out whole
+    store_tile_column16<kPitch>(tile, c, rq, out + (c0 + c) * rows + r0 + rq);
+  }
 }
 
 // act: internal::Fp8Activation, or (h defined) the gradient through a GELU (erf form) with h its input.
@@ -461,6 +453,19 @@ void fp8_quantize_pair(const Tensor& out, const Tensor& out_t, const Tensor& par
     case DType::Float16: return launch_pair_for_format<In::F16>(out, out_t, partial_sums, x, scale, amax, act, h);
     default: KILN_FAIL("cuda::fp8_quantize_pair: unexpected input dtype ", x.dtype());
   }
+}
+
+bool fp8_transpose_kernel_applies(const Tensor& x) {
+  return x.dim() == 2 && x.size(1) % kPairTile == 0 && x.size(0) % 16 == 0 &&
+         (x.size(0) + kPairTile - 1) / kPairTile <= 65535 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+}
+
+void fp8_transpose(const Tensor& out, const Tensor& x) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const dim3 grid(static_cast<unsigned>(cols / kPairTile), static_cast<unsigned>((rows + kPairTile - 1) / kPairTile));
+  transpose_codes_kernel<<<grid, kPairThreads, 0, stream_for(out)>>>(static_cast<const uint8_t*>(x.data_ptr()),
+                                                                     static_cast<uint8_t*>(out.data_ptr()), rows, cols);
+  KILN_CUDA_CHECK_LAUNCH("fp8_transpose");
 }
 
 void fp8_quantize(const Tensor& out, const Tensor& x, const Tensor& scale, const Tensor& amax, bool transpose) {

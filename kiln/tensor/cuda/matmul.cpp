@@ -6,14 +6,16 @@
 // (column stride 1: read as column-major it already is the transpose cuBLAS wants, op N) or column-major
 // (row stride 1: op T); anything else (a zero row stride from expand(), say) is copied first.
 //
-// The algorithm for each (shape, dtypes, layouts, alignments) is chosen once by cuBLASLt's heuristic
-// and cached; the workspace is one 32 MiB kiln tensor per (device, stream) from the caching allocator.
+// The algorithm for each (shape, dtypes, layouts, alignments) is chosen once and cached: cuBLASLt's heuristic's
+// first choice, or for a large problem the fastest of its first few, timed (lt::fastest_algo, cuda::set_matmul_tuning);
+// the workspace is one 32 MiB kiln tensor per (device, stream) from the caching allocator.
 // Where cuBLASLt offers no algorithm, cublasGemmStridedBatchedEx (or a loop of cublasGemmEx when a
 // batch stride is 0) does the product.
 //
 // Determinism (../determinism.h): for a fixed problem on one GPU model and cuBLAS version the products are
-// bitwise reproducible without any setting: the algorithm is the heuristic's first choice (a pure function of
-// the problem and the fixed workspace size) cached for the process, each stream has its own workspace (also
+// bitwise reproducible: in deterministic mode the algorithm is the heuristic's first choice (a pure function of
+// the problem and the fixed workspace size) cached for the process (timing could choose another in another
+// process), each stream has its own workspace (also
 // for the cuBLAS fallback, so concurrent streams never share one), atomics mode stays at cuBLAS's default
 // CUBLAS_ATOMICS_NOT_ALLOWED, and the split-K reductions cuBLASLt may choose sum the parts in a fixed order.
 #include <array>
@@ -23,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cublas_lt.h"  // handles, workspaces, descriptors (shared with fp8_gemm.cpp)
@@ -158,6 +161,7 @@ void* workspace(int device, cudaStream_t stream) {
 using AlgoKey = std::array<int64_t, 22>;
 struct AlgoEntry {
   bool lt_ok = false;  // false: cuBLASLt has no algorithm for this problem, use the cuBLAS fallback
+  bool tuned = false;  // chosen by timing the heuristic's candidates (lt::fastest_algo), not by the heuristic alone
   cublasLtMatmulAlgo_t algo{};
 };
 
@@ -227,7 +231,7 @@ bool run_lt(const Problem& p) {
                        static_cast<int64_t>(p.epilogue),
                        p.bias != nullptr ? pointer_alignment(p.bias) : 0,
                        static_cast<int64_t>(p.out_type),
-                       0};
+                       lt::heuristic_only() ? 1 : 0};
 
   MatmulDesc op;
   KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.d, p.types.compute, p.types.scale), "matmul");
@@ -260,7 +264,10 @@ bool run_lt(const Problem& p) {
     }
   }
   cublasLtHandle_t handle = lt_handle(p.device);
-  if (!cached) {
+  // A large problem is timed once (cuda::set_matmul_tuning), in the first eager call that may time it.
+  const bool tune = (!cached || (entry.lt_ok && !entry.tuned)) && lt::worth_tuning(p.m, p.n, p.k, p.batches) &&
+                    lt::may_tune(p.stream);
+  if (!cached || tune) {
     PreferenceDesc pref;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), "matmul");
     const auto set = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
@@ -275,12 +282,32 @@ bool run_lt(const Problem& p) {
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
-    cublasLtMatmulHeuristicResult_t result{};
-    int returned = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op.d, a_layout.d, b_layout.d, c_layout.d,
-                                                                 c_layout.d, pref.d, 1, &result, &returned);
-    entry.lt_ok = status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (entry.lt_ok) entry.algo = result.algo;
+    const std::vector<cublasLtMatmulAlgo_t> algos =
+        lt::heuristic_algos(handle, op.d, a_layout.d, b_layout.d, c_layout.d, pref.d, tune ? lt::kTuneCandidates : 1);
+    entry.lt_ok = !algos.empty();
+    entry.tuned = entry.lt_ok && tune;
+    if (entry.tuned) {
+      // With beta == 0 the timed runs write D (and a bias gradient), which the product below writes again; otherwise
+      // they read C == D, and run on a scratch block of D's extent instead.
+      const bool beta_zero = p.types.scale == CUDA_R_64F ? *static_cast<const double*>(p.beta) == 0.0
+                                                         : *static_cast<const float*>(p.beta) == 0.0f;
+      void* target = p.c;
+      Tensor scratch;
+      if (!beta_zero) {
+        const int64_t esize = p.out_type == CUDA_R_64F ? 8 : p.out_type == CUDA_R_32F ? 4 : 2;
+        const int64_t extent = p.ldc * p.n + (p.batches > 1 ? p.c_batch_stride * (p.batches - 1) : 0);
+        scratch = internal::empty({extent * esize}, {.dtype = DType::UInt8, .device = Device::cuda(p.device)});
+        target = scratch.data_ptr();
+      }
+      void* space = workspace(p.device, p.stream);
+      const size_t chosen = lt::fastest_algo(algos, p.stream, [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(handle, op.d, p.alpha, p.A.ptr, a_layout.d, p.B.ptr, b_layout.d, p.beta, target,
+                              c_layout.d, target, c_layout.d, &algo, space, kWorkspaceBytes, p.stream);
+      });
+      entry.algo = algos[chosen];
+    } else if (entry.lt_ok) {
+      entry.algo = algos[0];
+    }
     std::lock_guard<std::mutex> lock(g_algo_mutex);
     algo_cache()[key] = entry;
   }

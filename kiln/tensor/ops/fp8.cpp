@@ -35,6 +35,21 @@ Tensor activated(const Tensor& x, Fp8Activation act) {
 
 }  // namespace
 
+Tensor fp8_transpose(const Tensor& x) {
+  constexpr std::string_view op = "fp8_transpose";
+  KILN_CHECK(x.defined() && x.dim() == 2 && is_float8(x.dtype()), op, ": expected 2-D FP8 codes (rows, columns), got ",
+             x.defined() ? detail::str_cat(x.dtype(), " of shape ", x.shape()) : std::string("an undefined tensor"));
+#if KILN_WITH_CUDA
+  if (x.device().is_cuda() && x.numel() > 0 && x.is_contiguous() && cuda::fp8_transpose_kernel_applies(x)) {
+    Tensor out = empty({x.size(1), x.size(0)}, {.dtype = x.dtype(), .device = x.device()});
+    trace::Scope range(trace::Kind::Op, op, x.device(), {&out, &x});
+    cuda::fp8_transpose(out, x);
+    return out;
+  }
+#endif
+  return contiguous(x.t());
+}
+
 Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax, bool transpose,
                     Fp8Activation act) {
   constexpr std::string_view op = "fp8_quantize";

@@ -45,6 +45,10 @@ bool fp8_pair_kernel_through_gelu(const Tensor& grad, const Tensor& h, bool tanh
 // Whether the pair kernel applies an activation itself for this problem: a 16-bit x quantised to E4M3, without column
 // sums (the frontend activates the others in a float32 pass first).
 bool fp8_pair_kernel_activates(const Tensor& x, DType fp8_dtype, bool column_sums);
+// out (C, R) contiguous = x (R, C)^T for FP8 codes, x contiguous; only where fp8_transpose_kernel_applies(x): C a
+// multiple of 64, R of 16, x and out 16-byte aligned (out is a fresh tensor).
+bool fp8_transpose_kernel_applies(const Tensor& x);
+void fp8_transpose(const Tensor& out, const Tensor& x);
 // The delayed-scaling update, as the CPU's above.
 void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
                        bool most_recent, const Tensor& scale_copy, const Tensor& scale_inv_copy);

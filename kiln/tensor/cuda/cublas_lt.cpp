@@ -1,0 +1,117 @@
+// Choosing a cuBLASLt algorithm (cublas_lt.h): the heuristic's candidates, and timing them.
+#include "kiln/tensor/cuda/cublas_lt.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>  // INFINITY
+#include <cstdlib>  // getenv
+#include <string_view>
+
+#include "kiln/tensor/cuda.h"  // set_matmul_tuning
+#include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/determinism.h"
+
+namespace kiln::cuda {
+
+namespace {
+// On unless the environment says KILN_MATMUL_TUNING=0 (as PyTorch's PYTORCH_TUNABLEOP_ENABLED switches TunableOp).
+bool tuning_from_environment() {
+  const char* v = std::getenv("KILN_MATMUL_TUNING");
+  return v == nullptr || std::string_view(v) != "0";
+}
+std::atomic<bool> g_matmul_tuning{tuning_from_environment()};
+std::atomic<int64_t> g_problems_timed{0};
+}  // namespace
+
+void set_matmul_tuning(bool enabled) { g_matmul_tuning.store(enabled, std::memory_order_relaxed); }
+bool matmul_tuning() { return g_matmul_tuning.load(std::memory_order_relaxed); }
+int64_t matmul_problems_timed() { return g_problems_timed.load(std::memory_order_relaxed); }
+
+namespace lt {
+
+bool worth_tuning(int64_t m, int64_t n, int64_t k, int64_t batches) {
+  const double multiply_adds =
+      static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batches);
+  return multiply_adds >= 2147483648.0;
+}
+
+bool heuristic_only() { return !matmul_tuning() || kiln::deterministic(); }
+
+bool may_tune(cudaStream_t stream) {
+  if (heuristic_only()) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // e.g. the legacy stream while another thread captures: do not time
+    return false;
+  }
+  return status == cudaStreamCaptureStatusNone;
+}
+
+std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
+                                                  cublasLtMatrixLayout_t a_layout, cublasLtMatrixLayout_t b_layout,
+                                                  cublasLtMatrixLayout_t c_layout, cublasLtMatmulPreference_t pref,
+                                                  int count) {
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(std::max(count, 1)));
+  int returned = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op, a_layout, b_layout, c_layout, c_layout,
+                                                               pref, count, results.data(), &returned);
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  if (status != CUBLAS_STATUS_SUCCESS) return algos;
+  for (int i = 0; i < returned; ++i) {
+    if (results[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS) {
+      algos.push_back(results[static_cast<size_t>(i)].algo);
+    }
+  }
+  return algos;
+}
+
+namespace {
+// Events for timing, destroyed on every way out.
+struct TimingEvents {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TimingEvents() {
+    KILN_CUDA_CHECK(cudaEventCreate(&start), "matmul tuning");
+    KILN_CUDA_CHECK(cudaEventCreate(&stop), "matmul tuning");
+  }
+  ~TimingEvents() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  TimingEvents(const TimingEvents&) = delete;
+  TimingEvents& operator=(const TimingEvents&) = delete;
+};
+}  // namespace
+
+size_t fastest_algo(const std::vector<cublasLtMatmulAlgo_t>& algos, cudaStream_t stream,
+                    const std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>& run) {
+  if (algos.size() < 2) return 0;
+  g_problems_timed.fetch_add(1, std::memory_order_relaxed);
+  constexpr int kRounds = 3, kRunsPerRound = 3;
+  std::vector<bool> ok(algos.size(), true);
+  // A first run of each: it loads the kernel's module and shows which candidates cannot run this problem.
+  for (size_t i = 0; i < algos.size(); ++i) ok[i] = run(algos[i]) == CUBLAS_STATUS_SUCCESS;
+  TimingEvents ev;
+  std::vector<float> best(algos.size(), INFINITY);
+  for (int round = 0; round < kRounds; ++round) {
+    for (size_t i = 0; i < algos.size(); ++i) {
+      if (!ok[i]) continue;
+      KILN_CUDA_CHECK(cudaEventRecord(ev.start, stream), "matmul tuning");
+      for (int r = 0; r < kRunsPerRound && ok[i]; ++r) ok[i] = run(algos[i]) == CUBLAS_STATUS_SUCCESS;
+      KILN_CUDA_CHECK(cudaEventRecord(ev.stop, stream), "matmul tuning");
+      KILN_CUDA_CHECK(cudaEventSynchronize(ev.stop), "matmul tuning");
+      float ms = 0;
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop), "matmul tuning");
+      if (ok[i]) best[i] = std::min(best[i], ms);
+    }
+  }
+  size_t fastest = 0;
+  for (size_t i = 1; i < algos.size(); ++i) {
+    if (ok[i] && (!ok[fastest] || best[i] < best[fastest])) fastest = i;
+  }
+  if (!ok[fastest]) return 0;
+  // The heuristic's choice stays unless the fastest beats it by more than 2%.
+  return ok[0] && best[fastest] >= 0.98f * best[0] ? 0 : fastest;
+}
+
+}  // namespace lt
+}  // namespace kiln::cuda
