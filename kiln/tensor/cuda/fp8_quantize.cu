@@ -12,9 +12,9 @@
 // Both layouts at once (fp8_quantize_pair): one 64 x 64 tile per block, x read once in 16-byte vectors (all of a
 // thread's loads issued before any is used), the plain codes written straight from registers and the transposed ones
 // through shared memory, 16 bytes per thread where R % 16 == 0 (4 otherwise); the tile's column sums (for a bias
-// gradient) are added in a fixed order into one row of partial sums per row tile, which the frontend sums: the result
-// does not depend on scheduling. The pair kernel may apply a GELU to each value as it reads it (a transformer MLP's
-// activation, fused into the quantisation of the next product's input), with the unary kernels' own functions.
+// gradient) are added in a fixed order into one partial sum per column and row tile, which the frontend sums: the
+// result does not depend on scheduling. The pair kernel may apply a GELU to each value as it reads it (a transformer
+// MLP's activation, fused into the quantisation of the next product's input), with the unary kernels' own functions.
 #include <cuda_fp16.h>  // __half2float
 
 #include <algorithm>
@@ -182,7 +182,7 @@ __device__ __forceinline__ void store_tile_column16(const uint8_t* tile, int c, 
 }
 
 // out (R, C) = q(act(x) * scale), out_t (C, R) its transpose with rows ld_t >= R apart (a block of columns of a wider
-// transpose), partial (row tiles, C) the column sums of each 64-row tile (null: none). GeluGrad: act(x) = x gelu'(h),
+// transpose), partial (C, row tiles) the column sums of each 64-row tile (null: none). GeluGrad: act(x) = x gelu'(h),
 // h (R, C) laid out as x. C % 64 == 0, R % 4 == 0, x
 // 16-byte aligned (pair_kernel_applies); kRows16: R % 16 == 0, so that the transposed codes go out 16 bytes per store
 // (else 4).
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kPairThreads, pair_blocks_per_sm<kAct>())
       float total = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) total += sums[w][tid];
-      partial[blockIdx.y * cols + c0 + tid] = total;
+      partial[(c0 + tid) * gridDim.y + blockIdx.y] = total;
     }
   }
   commit_block_amax(local, amax);

@@ -99,14 +99,14 @@ std::pair<Tensor, Tensor> fp8_quantize_pair(const Tensor& x, DType fp8_dtype, co
     Tensor partial;
     if (column_sums != nullptr) {
       partial =
-          empty({cuda::fp8_pair_row_tiles(x.size(0)), x.size(1)}, {.dtype = DType::Float32, .device = x.device()});
+          empty({x.size(1), cuda::fp8_pair_row_tiles(x.size(0))}, {.dtype = DType::Float32, .device = x.device()});
     }
     {
       trace::Scope range(trace::Kind::Op, op, x.device(), {&out, &out_t, &x, &scale, &amax});
       cuda::fp8_quantize_pair(out, out_t, partial, x, scale, amax, act);
     }
     amax.impl().storage()->bump_version();
-    if (column_sums != nullptr) *column_sums = sum(partial, {0}, false);
+    if (column_sums != nullptr) *column_sums = sum(partial, {1}, false);  // each column's row of partials
     return {out, out_t};
   }
 #endif
@@ -147,7 +147,7 @@ std::pair<Tensor, Tensor> fp8_quantize_pair_through_gelu(const Tensor& grad, con
     const TensorOptions codes{.dtype = fp8_dtype, .device = grad.device()};
     Tensor out = empty(grad.shape(), codes), out_t = empty({grad.size(1), grad.size(0)}, codes), partial;
     if (column_sums != nullptr) {
-      partial = empty({cuda::fp8_pair_row_tiles(grad.size(0)), grad.size(1)},
+      partial = empty({grad.size(1), cuda::fp8_pair_row_tiles(grad.size(0))},
                       {.dtype = DType::Float32, .device = grad.device()});
     }
     {
@@ -155,7 +155,7 @@ std::pair<Tensor, Tensor> fp8_quantize_pair_through_gelu(const Tensor& grad, con
       cuda::fp8_quantize_pair(out, out_t, partial, grad, scale, amax, Fp8Activation::None, h);
     }
     amax.impl().storage()->bump_version();
-    if (column_sums != nullptr) *column_sums = sum(partial, {0}, false);
+    if (column_sums != nullptr) *column_sums = sum(partial, {1}, false);  // each column's row of partials
     return {out, out_t};
   }
 #endif

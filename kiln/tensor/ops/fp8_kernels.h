@@ -30,10 +30,11 @@ void fp8_gemm(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor&
 // Both layouts of x's quantisation in one pass (out (R, C) contiguous, out_t (C, R) with unit column stride and rows
 // at any stride >= R that keeps them 16-byte aligned where R % 16 == 0, 4-byte aligned otherwise: a block of columns
 // of a wider transpose), and, when partial_sums is defined, the
-// column sums of each tile of rows into its row of partial_sums (fp8_pair_row_tiles(R), C) float32. Only where
+// column sums of each tile of rows into its column of partial_sums (C, fp8_pair_row_tiles(R)) float32: each column's
+// partials contiguous, so that summing them is a row reduction (one warp reads a column's in a few loads). Only where
 // fp8_pair_kernel_applies(x): 2-D, C a multiple of 64, R of 4, x 16-byte aligned.
 bool fp8_pair_kernel_applies(const Tensor& x);
-int64_t fp8_pair_row_tiles(int64_t rows);  // ceil(rows / 64): the row count of partial_sums
+int64_t fp8_pair_row_tiles(int64_t rows);  // ceil(rows / 64): the column count of partial_sums
 // The pair kernel described above, quantising act(x) (fp8_ops.h); an activation only where fp8_pair_kernel_activates.
 // With h defined (act None): x * gelu'(h), the gradient through a GELU (fp8_quantize_pair_through_gelu), only where
 // fp8_pair_kernel_through_gelu.
