@@ -694,7 +694,8 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
             // y's FP8 codes in the same pass: float32 y, codes 4-byte aligned (the packed kernel stores 4 at a time).
             bool codes = false;
             if constexpr (std::is_same_v<S, float>) {
-              codes = fp8 != nullptr && aligned_to(fp8->codes.data_ptr(), 4);
+              codes =
+                  fp8 != nullptr && fp8->codes.dtype() == DType::Float8_e4m3fn && aligned_to(fp8->codes.data_ptr(), 4);
             }
             const Fp8Params params = codes ? Fp8Params{static_cast<uint8_t*>(fp8->codes.data_ptr()),
                                                        fp8->scale.data_ptr<float>(), fp8->amax.data_ptr<float>()}

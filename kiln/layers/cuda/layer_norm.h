@@ -20,7 +20,8 @@ struct LayerNormSaved {
   Tensor y_low;  // y in y_also_in as well, when asked for and written (see layer_norm_forward)
   bool fp8_written = false;  // the forward pass wrote Fp8Output's codes and amax (see layer_norm_forward)
 };
-// y's FP8 codes, for the FP8 product that reads y next: codes (rows, d) Float8_e4m3fn contiguous, as
+// y's FP8 codes, for the FP8 product that reads y next: codes (rows, d) Float8_e4m3fn contiguous (the kernel writes
+// E4M3, the format of every forward tensor; codes of another dtype are left to the caller), as
 // internal::fp8_quantize(y, Float8_e4m3fn, scale, amax) writes them (and amax[0] = max(amax[0], max |y|)).
 struct Fp8Output {
   Tensor codes;
