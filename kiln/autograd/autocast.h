@@ -191,6 +191,7 @@ void offer_cast(const Tensor& t, const Tensor& values);
 // lasts and t keeps its storage and version; nothing is kept outside a region. take_fp8_offer returns the payload
 // once (and forgets it), or null when there is none for (t, consumer) or t has changed.
 void offer_fp8(const Tensor& t, const void* consumer, std::shared_ptr<const void> payload);
+// The payload offer_fp8 left for (t, consumer), once; null when there is none or t has changed since.
 std::shared_ptr<const void> take_fp8_offer(const Tensor& t, const void* consumer);
 // The dtype an op on `device` should offer its float32 output in (offer_cast), or nullopt: autocast casts to a
 // 16-bit dtype on that device, a CacheRegion is open, grad mode is on (training: the product that takes the cast

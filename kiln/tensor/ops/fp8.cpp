@@ -47,7 +47,7 @@ Tensor fp8_transpose(const Tensor& x) {
     return out;
   }
 #endif
-  return contiguous(x.t());
+  return contiguous(transpose(x, 0, 1));
 }
 
 Tensor fp8_quantize(const Tensor& x, DType fp8_dtype, const Tensor& scale, const Tensor& amax, bool transpose,

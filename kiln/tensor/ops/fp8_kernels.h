@@ -49,6 +49,7 @@ bool fp8_pair_kernel_activates(const Tensor& x, DType fp8_dtype, bool column_sum
 // out (C, R) contiguous = x (R, C)^T for FP8 codes, x contiguous; only where fp8_transpose_kernel_applies(x): C a
 // multiple of 64, R of 16, x and out 16-byte aligned (out is a fresh tensor).
 bool fp8_transpose_kernel_applies(const Tensor& x);
+// The transpose described above, where fp8_transpose_kernel_applies(x).
 void fp8_transpose(const Tensor& out, const Tensor& x);
 // The delayed-scaling update, as the CPU's above.
 void fp8_update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv, const Tensor& scaled_max,
