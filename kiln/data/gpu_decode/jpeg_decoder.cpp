@@ -1,14 +1,13 @@
 // kiln/data/gpu_decode/jpeg_decoder.cpp — nvJPEG's hardware batched decode and hybrid per-image decode.
 #include "kiln/data/gpu_decode/jpeg_decoder.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <vector>
 
 #include "kiln/data/gpu_decode/nvjpeg_functions.h"
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
+#include "kiln/tensor/env_flag.h"
 #include "kiln/tensor/error.h"
 
 namespace kiln::data::gpu {
@@ -31,8 +30,7 @@ const Handles& handles_for(int device) {
   const nvjpeg::Functions& f = nvjpeg::functions();
   cuda::DeviceGuard guard(device);
   Handles h;
-  const char* hw_env = std::getenv("KILN_NVJPEG_HARDWARE");
-  if (!(hw_env && std::strcmp(hw_env, "0") == 0)) {
+  if (env_flag("KILN_NVJPEG_HARDWARE", true)) {
     // Fails (NVJPEG_STATUS_ARCH_MISMATCH or similar) on GPUs without JPEG engines: then the hybrid one only.
     if (f.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, 0, &h.hardware) != NVJPEG_STATUS_SUCCESS) {
       h.hardware = nullptr;

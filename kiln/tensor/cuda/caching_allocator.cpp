@@ -28,8 +28,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -40,6 +38,7 @@
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/env_flag.h"
 #include "kiln/tensor/ops/elementwise_common.h"  // release_cached_constants
 
 namespace kiln::cuda {
@@ -77,10 +76,7 @@ uint64_t inputs_pool_of(uint64_t pool) { return pool + 1; }
 bool debug_mode() {
   // Read once: KILN_CUDA_ALLOC_DEBUG=1 sends every allocation straight to cudaMalloc/cudaFree, so tools
   // like compute-sanitizer see each tensor's exact bounds.
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_CUDA_ALLOC_DEBUG");
-    return v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = env_flag("KILN_CUDA_ALLOC_DEBUG", false);
   return on;
 }
 

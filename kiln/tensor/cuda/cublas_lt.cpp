@@ -4,22 +4,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>  // INFINITY
-#include <cstdlib>  // getenv
-#include <string_view>
 
 #include "kiln/tensor/cuda.h"  // set_matmul_tuning
 #include "kiln/tensor/cuda/cuda_check.h"
 #include "kiln/tensor/determinism.h"
+#include "kiln/tensor/env_flag.h"
 
 namespace kiln::cuda {
 
 namespace {
-// On unless the environment says KILN_MATMUL_TUNING=0 (as PyTorch's PYTORCH_TUNABLEOP_ENABLED switches TunableOp).
-bool tuning_from_environment() {
-  const char* v = std::getenv("KILN_MATMUL_TUNING");
-  return v == nullptr || std::string_view(v) != "0";
-}
-std::atomic<bool> g_matmul_tuning{tuning_from_environment()};
+// On unless the environment turns it off (KILN_MATMUL_TUNING=0, as PyTorch's PYTORCH_TUNABLEOP_ENABLED switches
+// TunableOp).
+std::atomic<bool> g_matmul_tuning{env_flag("KILN_MATMUL_TUNING", true)};
 std::atomic<int64_t> g_problems_timed{0};
 }  // namespace
 
@@ -47,14 +43,29 @@ bool may_tune(cudaStream_t stream) {
   return status == cudaStreamCaptureStatusNone;
 }
 
-std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
-                                                  cublasLtMatrixLayout_t a_layout, cublasLtMatrixLayout_t b_layout,
-                                                  cublasLtMatrixLayout_t c_layout, cublasLtMatmulPreference_t pref,
-                                                  int count) {
+namespace {
+using PreferenceDesc = Desc<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+// How many of the heuristic's algorithms a timed problem tries.
+constexpr int kTuneCandidates = 8;
+
+// Up to `count` of the heuristic's algorithms for the problem, its first choice first; empty when it has none.
+std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, const LtProblem& p, int count,
+                                                  const char* op_name) {
+  PreferenceDesc pref;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), op_name);
+  const auto set = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, attribute, &value, sizeof value), op_name);
+  };
+  set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kWorkspaceBytes);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(p.align_a));
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(p.align_b));
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(p.align_c));
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(p.align_c));
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(std::max(count, 1)));
   int returned = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, op, a_layout, b_layout, c_layout, c_layout,
-                                                               pref, count, results.data(), &returned);
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c, pref.d, count, results.data(), &returned);
   std::vector<cublasLtMatmulAlgo_t> algos;
   if (status != CUBLAS_STATUS_SUCCESS) return algos;
   for (int i = 0; i < returned; ++i) {
@@ -65,7 +76,6 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, cubla
   return algos;
 }
 
-namespace {
 // Events for timing, destroyed on every way out.
 struct TimingEvents {
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -80,10 +90,9 @@ struct TimingEvents {
   TimingEvents(const TimingEvents&) = delete;
   TimingEvents& operator=(const TimingEvents&) = delete;
 };
-}  // namespace
 
-size_t fastest_algo(const std::vector<cublasLtMatmulAlgo_t>& algos, cudaStream_t stream,
-                    const std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>& run) {
+// The index of the algorithm to keep among `algos` (the heuristic's order), timed as choose_algo says.
+size_t fastest_algo(const std::vector<cublasLtMatmulAlgo_t>& algos, cudaStream_t stream, const RunWith& run) {
   if (algos.size() < 2) return 0;
   g_problems_timed.fetch_add(1, std::memory_order_relaxed);
   constexpr int kRounds = 3, kRunsPerRound = 3;
@@ -111,6 +120,23 @@ size_t fastest_algo(const std::vector<cublasLtMatmulAlgo_t>& algos, cudaStream_t
   if (!ok[fastest]) return 0;
   // The heuristic's choice stays unless the fastest beats it by more than 2%.
   return ok[0] && best[fastest] >= 0.98f * best[0] ? 0 : fastest;
+}
+}  // namespace
+
+AlgoChoice choose_algo(cublasLtHandle_t handle, const LtProblem& problem, const std::optional<AlgoChoice>& cached,
+                       cudaStream_t stream, const RunWith& run, const char* op_name, bool* fresh) {
+  // A large problem is timed once (cuda::set_matmul_tuning), in the first eager call that may time it.
+  const bool tune = (!cached || (cached->ok && !cached->tuned)) &&
+                    worth_tuning(problem.m, problem.n, problem.k, problem.batches) && may_tune(stream);
+  *fresh = !cached || tune;
+  if (!*fresh) return *cached;
+  const std::vector<cublasLtMatmulAlgo_t> algos = heuristic_algos(handle, problem, tune ? kTuneCandidates : 1, op_name);
+  AlgoChoice choice;
+  choice.ok = !algos.empty();
+  if (!choice.ok) return choice;
+  choice.tuned = tune;
+  choice.algo = algos[tune ? fastest_algo(algos, stream, run) : 0];
+  return choice;
 }
 
 }  // namespace lt

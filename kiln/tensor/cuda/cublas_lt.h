@@ -1,15 +1,18 @@
 // kiln/tensor/cuda/cublas_lt.h — what kiln's cuBLASLt products share (backend-internal): the per-device handles, the
 // per-(device, stream) workspaces, RAII holders for the descriptors, and the choice of an algorithm (the heuristic's
-// first, or the fastest of its first few, timed: cuda::set_matmul_tuning). matmul.cpp (every float product) and
-// fp8_gemm.cpp (the FP8 products) use them.
+// first, or the fastest of its first few, timed: cuda::set_matmul_tuning) with the cache that keeps it. matmul.cpp
+// (every float product) and fp8_gemm.cpp (the FP8 products) use them.
 #pragma once
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>  // cudaStream_t
 
+#include <array>
 #include <cstdint>
 #include <functional>
-#include <vector>
+#include <map>
+#include <mutex>
+#include <optional>
 
 namespace kiln::cuda::lt {
 
@@ -40,12 +43,8 @@ struct Desc {
 };
 using MatmulDesc = Desc<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
 using LayoutDesc = Desc<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using PreferenceDesc = Desc<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
 // ---- choosing an algorithm ----
-// How many of the heuristic's algorithms a tuned problem times.
-inline constexpr int kTuneCandidates = 8;
-
 // Whether a product of m x n x k (times batches) multiply-adds is worth timing: at least 2^31 of them (about 4 GFLOP,
 // a few microseconds on a Hopper GPU), so that the one-off cost of timing (about 80 runs of the product) is repaid
 // within a few hundred steps and the many small products of a model are left to the heuristic.
@@ -60,19 +59,71 @@ bool heuristic_only();
 // and `stream` is not capturing a CUDA graph (timing waits on the host).
 bool may_tune(cudaStream_t stream);
 
-// Up to `count` of the heuristic's algorithms for the problem (C and D share c_layout), its first choice first; empty
-// when it has none.
-std::vector<cublasLtMatmulAlgo_t> heuristic_algos(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
-                                                  cublasLtMatrixLayout_t a_layout, cublasLtMatrixLayout_t b_layout,
-                                                  cublasLtMatrixLayout_t c_layout, cublasLtMatmulPreference_t pref,
-                                                  int count);
+// The algorithm a problem runs with, as an algorithm cache keeps it.
+struct AlgoChoice {
+  bool ok = false;     // false: cuBLASLt has no algorithm for this problem (the caller falls back or refuses)
+  bool tuned = false;  // chosen by timing the heuristic's candidates, not by the heuristic alone
+  cublasLtMatmulAlgo_t algo{};
+};
 
-// The index of the algorithm to keep among `algos` (the heuristic's order): each is run through `run` (which queues
-// the product with that algorithm on `stream` and returns cuBLASLt's status) once to warm up, then timed in 3 rounds
-// of 3 runs, the candidates interleaved; each keeps its fastest round. The first is kept unless another was faster by
-// more than 2% (timing noise must not swap algorithms that are level); one whose run failed is never chosen (where all
-// failed: 0). The host waits for `stream`. Whatever `run` writes must be written again by the product that follows.
-size_t fastest_algo(const std::vector<cublasLtMatmulAlgo_t>& algos, cudaStream_t stream,
-                    const std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>& run);
+// One product as choose_algo sees it: its descriptors (C and D share `c`), how aligned the pointers of A, B and C/D
+// are (pointer_alignment: views may start anywhere, and the heuristic otherwise assumes 256 bytes), and its size,
+// m x n x k multiply-adds per batch.
+struct LtProblem {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, c;
+  int64_t align_a, align_b, align_c;
+  int64_t m, n, k, batches;
+};
+
+// Queues the product with `algo` on the problem's stream and returns cuBLASLt's status. choose_algo calls it only to
+// time candidates, so it may write scratch memory instead of D (it must, where the product reads C == D); whatever
+// it writes to D is written again by the product that follows.
+using RunWith = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
+
+// The algorithm for `problem`, from `cached` (what the caller's cache holds for it; nullopt where nothing) or chosen
+// now, with `fresh` set where it was chosen now (the caller stores it). A problem is chosen when it is not cached, or
+// when it was cached untimed and may be timed now (worth_tuning, may_tune). Choosing asks the heuristic (a workspace
+// of kWorkspaceBytes); where timing applies, its first 8 algorithms are each run through `run` (a warm-up, then 3
+// interleaved rounds of 3 runs, each keeping its fastest round; the host waits for `stream`) and the fastest is kept
+// unless the heuristic's own is within 2% (noise must not swap algorithms that are level); a candidate whose run fails
+// is never kept. `op_name` names the caller in errors.
+AlgoChoice choose_algo(cublasLtHandle_t handle, const LtProblem& problem, const std::optional<AlgoChoice>& cached,
+                       cudaStream_t stream, const RunWith& run, const char* op_name, bool* fresh);
+
+// A process-wide cache of choices, keyed by everything that decides a problem's algorithm (an array of N integers:
+// device, types, shape, layouts, alignments, epilogue, heuristic_only()). Thread-safe; never destroyed (products may
+// run during static destruction).
+template <size_t N>
+class AlgoCache {
+ public:
+  using Key = std::array<int64_t, N>;
+  // The algorithm for `problem` under `key`: cached, or chosen now (choose_algo) and stored.
+  AlgoChoice get(const Key& key, cublasLtHandle_t handle, const LtProblem& problem, cudaStream_t stream,
+                 const RunWith& run, const char* op_name) {
+    std::optional<AlgoChoice> cached;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = map_.find(key);
+      if (it != map_.end()) cached = it->second;
+    }
+    bool fresh = false;
+    const AlgoChoice choice = choose_algo(handle, problem, cached, stream, run, op_name, &fresh);
+    if (fresh) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      map_[key] = choice;
+    }
+    return choice;
+  }
+  // Marks `key` as having no cuBLASLt algorithm (its chosen one was refused at launch).
+  void mark_unsupported(const Key& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    map_[key].ok = false;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<Key, AlgoChoice> map_;
+};
 
 }  // namespace kiln::cuda::lt

@@ -70,16 +70,10 @@ Tensor aligned16(const Tensor& t) {
   return internal::clone(t);
 }
 
-using AlgoKey = std::array<int64_t, 14>;
-struct AlgoEntry {
-  bool ok = false;
-  bool tuned = false;  // chosen by timing the heuristic's candidates (lt::fastest_algo)
-  cublasLtMatmulAlgo_t algo{};
-};
-
-std::mutex g_algo_mutex;
-std::map<AlgoKey, AlgoEntry>& algo_cache() {
-  static auto* cache = new std::map<AlgoKey, AlgoEntry>();  // never destroyed (used during static destruction)
+using AlgoCache = lt::AlgoCache<14>;
+using AlgoKey = AlgoCache::Key;
+AlgoCache& algo_cache() {
+  static auto* cache = new AlgoCache();  // never destroyed (used during static destruction)
   return *cache;
 }
 
@@ -149,53 +143,22 @@ void fp8_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const T
                        epilogue_bias ? lt::pointer_alignment(bias.data_ptr()) : 0,
                        fast_accumulation ? 1 : 0,
                        lt::heuristic_only() ? 1 : 0};
-  AlgoEntry entry;
-  bool cached = false;
-  {
-    std::lock_guard<std::mutex> lock(g_algo_mutex);
-    auto it = algo_cache().find(key);
-    if (it != algo_cache().end()) {
-      entry = it->second;
-      cached = true;
-    }
-  }
   cublasLtHandle_t handle = lt::handle(device);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-  // A large problem is timed once (cuda::set_matmul_tuning), in the first eager call that may time it.
-  const bool tune = (!cached || (entry.ok && !entry.tuned)) && lt::worth_tuning(m, n, k, 1) && lt::may_tune(stream);
-  if (!cached || tune) {
-    lt::PreferenceDesc pref;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), kOp);
-    const auto set = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
-      KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, attribute, &value, sizeof value), kOp);
-    };
-    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, lt::kWorkspaceBytes);
-    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(key[9]));
-    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(key[8]));
-    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(key[10]));
-    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(key[10]));
-    const std::vector<cublasLtMatmulAlgo_t> algos =
-        lt::heuristic_algos(handle, op.d, a_layout.d, b_layout.d, c_layout.d, pref.d, tune ? lt::kTuneCandidates : 1);
-    entry.ok = !algos.empty();
-    entry.tuned = entry.ok && tune;
-    if (entry.tuned) {
-      // Without accumulation the timed runs write `out`, which the product below writes again; with it they read
-      // `out`, and run on a scratch tensor of its shape instead.
-      const Tensor target =
-          accumulate ? internal::empty(out.shape(), {.dtype = out.dtype(), .device = out.device()}) : out;
-      void* space = lt::workspace(device, stream);
-      const size_t chosen = lt::fastest_algo(algos, stream, [&](const cublasLtMatmulAlgo_t& algo) {
-        return cublasLtMatmul(handle, op.d, &alpha, b.data_ptr(), a_layout.d, a.data_ptr(), b_layout.d, &beta,
-                              target.data_ptr(), c_layout.d, target.data_ptr(), c_layout.d, &algo, space,
-                              lt::kWorkspaceBytes, stream);
-      });
-      entry.algo = algos[chosen];
-    } else if (entry.ok) {
-      entry.algo = algos[0];
-    }
-    std::lock_guard<std::mutex> lock(g_algo_mutex);
-    algo_cache()[key] = entry;
-  }
+  // Timing runs without accumulation write `out`, which the product below writes again; with it they would read
+  // `out`, and run on a scratch tensor of its shape instead.
+  Tensor scratch;
+  const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    if (accumulate && !scratch.defined())
+      scratch = internal::empty(out.shape(), {.dtype = out.dtype(), .device = out.device()});
+    void* target = accumulate ? scratch.data_ptr() : out.data_ptr();
+    return cublasLtMatmul(handle, op.d, &alpha, b.data_ptr(), a_layout.d, a.data_ptr(), b_layout.d, &beta, target,
+                          c_layout.d, target, c_layout.d, &algo, lt::workspace(device, stream), lt::kWorkspaceBytes,
+                          stream);
+  };
+  // cuBLAS's A is kiln's b: their alignments swap.
+  const lt::LtProblem problem{op.d, a_layout.d, b_layout.d, c_layout.d, key[9], key[8], key[10], n, m, k, 1};
+  const lt::AlgoChoice entry = algo_cache().get(key, handle, problem, stream, run, kOp);
   KILN_CHECK_AS(NotImplementedError, entry.ok, kOp, ": cuBLASLt has no FP8 kernel for a ", a.dtype(), " (", m, ", ", k,
                 ") x ", b.dtype(), " (", n, ", ", k, ")^T product into ", out.dtype(),
                 epilogue_bias ? " with a bias" : "", " on this GPU; compute it in bfloat16 instead");

@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -13,6 +12,7 @@
 #include "kiln/tensor/backend.h"  // IndexOpScope
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/env_flag.h"
 #include "kiln/tensor/error.h"
 
 namespace kiln::cuda::detail {
@@ -36,10 +36,7 @@ struct DeviceSlots {
 };
 
 bool sync_checks() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_CUDA_SYNC_INDEX_CHECKS");
-    return v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = env_flag("KILN_CUDA_SYNC_INDEX_CHECKS", false);
   return on;
 }
 

@@ -7,7 +7,7 @@
 // (row stride 1: op T); anything else (a zero row stride from expand(), say) is copied first.
 //
 // The algorithm for each (shape, dtypes, layouts, alignments) is chosen once and cached: cuBLASLt's heuristic's
-// first choice, or for a large problem the fastest of its first few, timed (lt::fastest_algo, cuda::set_matmul_tuning);
+// first choice, or for a large problem the fastest of its first few, timed (lt::choose_algo, cuda::set_matmul_tuning);
 // the workspace is one 32 MiB kiln tensor per (device, stream) from the caching allocator.
 // Where cuBLASLt offers no algorithm, cublasGemmStridedBatchedEx (or a loop of cublasGemmEx when a
 // batch stride is 0) does the product.
@@ -158,22 +158,15 @@ void* workspace(int device, cudaStream_t stream) {
 }
 
 // ---- the algorithm cache ----
-using AlgoKey = std::array<int64_t, 22>;
-struct AlgoEntry {
-  bool lt_ok = false;  // false: cuBLASLt has no algorithm for this problem, use the cuBLAS fallback
-  bool tuned = false;  // chosen by timing the heuristic's candidates (lt::fastest_algo), not by the heuristic alone
-  cublasLtMatmulAlgo_t algo{};
-};
-
-std::mutex g_algo_mutex;
-std::map<AlgoKey, AlgoEntry>& algo_cache() {
-  static auto* cache = new std::map<AlgoKey, AlgoEntry>();
+using AlgoCache = lt::AlgoCache<22>;
+using AlgoKey = AlgoCache::Key;
+AlgoCache& algo_cache() {
+  static auto* cache = new AlgoCache();  // never destroyed (products may run during static destruction)
   return *cache;
 }
 
 using lt::LayoutDesc;
 using lt::MatmulDesc;
-using lt::PreferenceDesc;
 
 void make_layout(LayoutDesc& layout, cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int64_t batches,
                  int64_t batch_stride) {
@@ -253,71 +246,31 @@ bool run_lt(const Problem& p) {
   make_layout(b_layout, p.types.data, p.B.rows, p.B.cols, p.B.ld, p.batches, p.B.batch_stride);
   make_layout(c_layout, p.out_type, p.m, p.n, p.ldc, p.batches, p.c_batch_stride);
 
-  AlgoEntry entry;
-  bool cached = false;
-  {
-    std::lock_guard<std::mutex> lock(g_algo_mutex);
-    auto it = algo_cache().find(key);
-    if (it != algo_cache().end()) {
-      entry = it->second;
-      cached = true;
-    }
-  }
   cublasLtHandle_t handle = lt_handle(p.device);
-  // A large problem is timed once (cuda::set_matmul_tuning), in the first eager call that may time it.
-  const bool tune = (!cached || (entry.lt_ok && !entry.tuned)) && lt::worth_tuning(p.m, p.n, p.k, p.batches) &&
-                    lt::may_tune(p.stream);
-  if (!cached || tune) {
-    PreferenceDesc pref;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), "matmul");
-    const auto set = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
-      KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, attribute, &value, sizeof value), "matmul");
-    };
-    const uint64_t ws = kWorkspaceBytes;
-    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
-    // Views may start anywhere: tell the heuristic how aligned the pointers are (it assumes 256 bytes).
-    const uint32_t align_a = static_cast<uint32_t>(key[15]), align_b = static_cast<uint32_t>(key[16]),
-                   align_c = static_cast<uint32_t>(key[17]);
-    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
-    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
-    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
-    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
-    const std::vector<cublasLtMatmulAlgo_t> algos =
-        lt::heuristic_algos(handle, op.d, a_layout.d, b_layout.d, c_layout.d, pref.d, tune ? lt::kTuneCandidates : 1);
-    entry.lt_ok = !algos.empty();
-    entry.tuned = entry.lt_ok && tune;
-    if (entry.tuned) {
-      // With beta == 0 the timed runs write D (and a bias gradient), which the product below writes again; otherwise
-      // they read C == D, and run on a scratch block of D's extent instead.
-      const bool beta_zero = p.types.scale == CUDA_R_64F ? *static_cast<const double*>(p.beta) == 0.0
-                                                         : *static_cast<const float*>(p.beta) == 0.0f;
-      void* target = p.c;
-      Tensor scratch;
-      if (!beta_zero) {
-        const int64_t esize = p.out_type == CUDA_R_64F ? 8 : p.out_type == CUDA_R_32F ? 4 : 2;
-        const int64_t extent = p.ldc * p.n + (p.batches > 1 ? p.c_batch_stride * (p.batches - 1) : 0);
-        scratch = internal::empty({extent * esize}, {.dtype = DType::UInt8, .device = Device::cuda(p.device)});
-        target = scratch.data_ptr();
-      }
-      void* space = workspace(p.device, p.stream);
-      const size_t chosen = lt::fastest_algo(algos, p.stream, [&](const cublasLtMatmulAlgo_t& algo) {
-        return cublasLtMatmul(handle, op.d, p.alpha, p.A.ptr, a_layout.d, p.B.ptr, b_layout.d, p.beta, target,
-                              c_layout.d, target, c_layout.d, &algo, space, kWorkspaceBytes, p.stream);
-      });
-      entry.algo = algos[chosen];
-    } else if (entry.lt_ok) {
-      entry.algo = algos[0];
+  // Timing runs with beta == 0 write D (and a bias gradient), which the product below writes again; otherwise they
+  // would read C == D, and run on a scratch block of D's extent instead.
+  const bool beta_zero = p.types.scale == CUDA_R_64F ? *static_cast<const double*>(p.beta) == 0.0
+                                                     : *static_cast<const float*>(p.beta) == 0.0f;
+  Tensor scratch;
+  const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    if (!beta_zero && !scratch.defined()) {
+      const int64_t esize = p.out_type == CUDA_R_64F ? 8 : p.out_type == CUDA_R_32F ? 4 : 2;
+      const int64_t extent = p.ldc * p.n + (p.batches > 1 ? p.c_batch_stride * (p.batches - 1) : 0);
+      scratch = internal::empty({extent * esize}, {.dtype = DType::UInt8, .device = Device::cuda(p.device)});
     }
-    std::lock_guard<std::mutex> lock(g_algo_mutex);
-    algo_cache()[key] = entry;
-  }
-  if (!entry.lt_ok) return false;
+    void* target = beta_zero ? p.c : scratch.data_ptr();
+    return cublasLtMatmul(handle, op.d, p.alpha, p.A.ptr, a_layout.d, p.B.ptr, b_layout.d, p.beta, target, c_layout.d,
+                          target, c_layout.d, &algo, workspace(p.device, p.stream), kWorkspaceBytes, p.stream);
+  };
+  const lt::LtProblem problem{op.d,    a_layout.d, b_layout.d, c_layout.d, key[15],  key[16],
+                              key[17], p.m,        p.n,        p.k,        p.batches};
+  const lt::AlgoChoice entry = algo_cache().get(key, handle, problem, p.stream, run, "matmul");
+  if (!entry.ok) return false;
   const cublasStatus_t status =
       cublasLtMatmul(handle, op.d, p.alpha, p.A.ptr, a_layout.d, p.B.ptr, b_layout.d, p.beta, p.c, c_layout.d, p.c,
                      c_layout.d, &entry.algo, workspace(p.device, p.stream), kWorkspaceBytes, p.stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {  // remember, and let the fallback do it
-    std::lock_guard<std::mutex> lock(g_algo_mutex);
-    algo_cache()[key].lt_ok = false;
+    algo_cache().mark_unsupported(key);
     return false;
   }
   KILN_CUBLAS_CHECK(status, "matmul");
