@@ -3,9 +3,9 @@
 # GPU"), one JSON line per run (recsys --bench-steps, bench/pytorch_recsys.py), then bench/recsys_table.py's table.
 #
 #   examples/recsys/bench_goals.sh build-gpu /tmp/rs build        # configure (CUDA, sm_90), build the recsys target
-#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g1 cold g2   # estimated 420 s on the H200
-#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3 table     # estimated 325 s
-#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3sgd table  # estimated 285 s, if time is left
+#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g1 cold g2   # about 190 s on the H200 (2026-12-05)
+#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3 table     # about 80 s
+#   examples/recsys/bench_goals.sh build-gpu /tmp/rs g3sgd table  # about 50 s
 #   KILN_RECSYS_SCALE=small examples/recsys/bench_goals.sh build-cpu /tmp/rs g1 g2 g3 table   # the CPU, tiny sizes
 #
 # Stages:
@@ -72,11 +72,11 @@ else
   model=(--embedding-dim 128 --bottom-mlp 512,256 --top-mlp 1024,1024,512,256 --batch-size 4096 --lr 0.1)
   timing=(--bench-warmup 30 --bench-steps 100 --bench-cycle 10)
   device=cuda
-  # Seconds per run, estimated (not measured): the tables are made on the GPU and drawn there (nn::SkipInit: no host
-  # draw), a hybrid table pins its cold tier (46 GB at 10^8 rows) and receives its draws from the GPU; PyTorch draws
-  # on the GPU. The steps themselves take seconds.
-  declare -A estimate=([g1_gpu]=45 [g1_hybrid]=70 [g2_small]=25 [g2_large]=45 [g2_large_hybrid]=70 [g3_kiln]=30
-                       [g3_torch]=35 [g3sgd_kiln]=45 [g3sgd_torch]=50 [cold]=70)
+  # Seconds per run: what the runs of 2026-12-05 on an H200 took (bench/results/2026-12-05/summary.txt), with about
+  # half again as margin. A hybrid model spends most of its time pinning its cold tier (46 GB at 10^8 rows: about 23 s);
+  # PyTorch's runs draw their tables on the GPU (about 4 s). The steps themselves take seconds.
+  declare -A estimate=([g1_gpu]=10 [g1_hybrid]=60 [g2_small]=20 [g2_large]=10 [g2_large_hybrid]=60 [g3_kiln]=10
+                       [g3_torch]=20 [g3sgd_kiln]=10 [g3sgd_torch]=20 [cold]=60)
 fi
 goal_sizes="$(sizes_with_largest "$largest_goal")"
 g2_small_sizes="$(sizes_with_largest "$largest_g2_small")"
