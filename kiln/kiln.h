@@ -66,7 +66,7 @@
 #include "kiln/profiler/nvtx.h"        // profiler::enable_nvtx: kiln's steps, modules and ops in Nsight Systems
 #include "kiln/profiler/profiler.h"    // profiler::Profile: host and GPU time per op, Chrome trace, top-ops table
 #include "kiln/tensor/determinism.h"    // set_deterministic: bit-for-bit reproducible GPU training
-#include "kiln/tensor/env_flag.h"       // env_flag: on/off switches from the environment
+#include "kiln/tensor/env_vars.h"       // env_flag, env_positive_int: KILN_* environment variables
 #include "kiln/tensor/generator.h"      // Generator, manual_seed
 #include "kiln/tensor/tensor.h"         // Tensor, DType, Device, Scalar, TensorOptions
 #include "kiln/tensor/threads.h"        // num_threads, set_num_threads

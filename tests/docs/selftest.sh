@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The documentation checks fail when they should (CTest docs.selftest): tests/docs/check_snippets.py on a made-up
 # repository whose README has a C++ fragment that snippets.cpp lacks, a whole program, and a training program whose
-# loss rises; tests/docs/undocumented.py without doxygen. Each must exit as its header says and name the problem.
+# loss rises; tests/docs/undocumented.py without doxygen; tests/docs/env_vars.py on a table that misses a variable.
+# Each must exit as its header says and name the problem.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 work=$(mktemp -d)
@@ -48,4 +49,13 @@ python3 "$here/check_snippets.py" --bogus >/dev/null 2>&1; rc=$?
 
 out=$(python3 "$here/undocumented.py" "$work/no-doxygen" "$work/Doxyfile" "$work/w.txt" "$work/list.txt" 2>&1); rc=$?
 [[ $rc -eq 2 ]] && grep -q "doxygen not found" <<<"$out" || fail "no doxygen: exit $rc ($out)"
+# env_vars.py: a variable read but not in the table, and one in the table that nothing reads.
+mkdir -p "$work/env/kiln" "$work/env/docs"
+printf 'bool a = env_flag("KILN_READ_ONLY", true);\nconst char* b = std::getenv("KILN_BOTH");\n' >"$work/env/kiln/a.cpp"
+printf '# T\n\n## 4. Environment variables kiln reads\n\n| `KILN_BOTH` | x |\n| `KILN_TABLE_ONLY` | x |\n\n## 5. Next\n' \
+  >"$work/env/docs/troubleshooting.md"
+out=$(python3 "$here/env_vars.py" "$work/env" 2>&1); rc=$?
+[[ $rc -eq 1 ]] || fail "env_vars.py on a wrong table: exit $rc, expected 1 ($out)"
+grep -q "KILN_READ_ONLY is read by kiln/a.cpp" <<<"$out" && grep -q "KILN_TABLE_ONLY is in" <<<"$out" &&
+  ! grep -q "KILN_BOTH" <<<"$out" || fail "env_vars.py did not name exactly the two wrong variables: $out"
 echo "the documentation checks fail where they should"

@@ -7,7 +7,7 @@
 
 #include "kiln/data/gpu_decode/nvjpeg_functions.h"
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
-#include "kiln/tensor/env_flag.h"
+#include "kiln/tensor/env_vars.h"
 #include "kiln/tensor/error.h"
 
 namespace kiln::data::gpu {

@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>  // getenv, atoi
 #include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "kiln/tensor/env_vars.h"
 #include "kiln/tensor/error.h"
 
 namespace kiln::cpu {
@@ -130,11 +130,8 @@ class ThreadPool {
 };
 
 int default_thread_count() {
-  if (const char* env = std::getenv("KILN_NUM_THREADS")) {
-    int n = std::atoi(env);
-    if (n > 0) return n;
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
+  const auto cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  return static_cast<int>(env_positive_int("KILN_NUM_THREADS", cores));
 }
 
 ThreadPool& pool() {

@@ -38,7 +38,7 @@
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
-#include "kiln/tensor/env_flag.h"
+#include "kiln/tensor/env_vars.h"
 #include "kiln/tensor/ops/elementwise_common.h"  // release_cached_constants
 
 namespace kiln::cuda {

@@ -8,7 +8,7 @@
 #include "kiln/tensor/cuda.h"  // set_matmul_tuning
 #include "kiln/tensor/cuda/cuda_check.h"
 #include "kiln/tensor/determinism.h"
-#include "kiln/tensor/env_flag.h"
+#include "kiln/tensor/env_vars.h"
 
 namespace kiln::cuda {
 

@@ -12,7 +12,7 @@
 #include "kiln/tensor/backend.h"  // IndexOpScope
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cuda_check.h"
-#include "kiln/tensor/env_flag.h"
+#include "kiln/tensor/env_vars.h"
 #include "kiln/tensor/error.h"
 
 namespace kiln::cuda::detail {
