@@ -56,8 +56,8 @@ int64_t env_positive_int(const char* name, int64_t default_value) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return default_value;
   if (const std::optional<int64_t> parsed = parse_positive_int(v)) return *parsed;
-  warn_once(name, v, "a whole number of at least 1, such as 8", "the default, " + std::to_string(default_value) +
-                                                                     ", is used");
+  warn_once(name, v, "a whole number of at least 1, such as 8",
+            "the default, " + std::to_string(default_value) + ", is used");
   return default_value;
 }
 

@@ -1,5 +1,5 @@
-// kiln's environment variables (kiln/tensor/env_vars.h): every spelling of a switch each way, counts, the default where a
-// value is missing or not understood, and the one warning that names a value it does not understand.
+// kiln's environment variables (kiln/tensor/env_vars.h): every spelling of a switch each way, counts, the default where
+// a value is missing or not understood, and the one warning that names a value it does not understand.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -46,7 +46,8 @@ TEST(EnvVars, AValueItDoesNotUnderstandKeepsTheDefaultAndSaysSoOnce) {
   EXPECT_TRUE(env_flag(name, true));
   EXPECT_TRUE(env_flag(name, true));  // the same value again: no second warning
   const std::string said = ::testing::internal::GetCapturedStderr();
-  for (const char* part : {"KILN_TEST_ENV_FLAG_MISTYPED", "\"fasle\"", "stays on", "0, false, off or no", "not understood"}) {
+  for (const char* part :
+       {"KILN_TEST_ENV_FLAG_MISTYPED", "\"fasle\"", "stays on", "0, false, off or no", "not understood"}) {
     EXPECT_NE(said.find(part), std::string::npos) << "missing '" << part << "' in: " << said;
   }
   EXPECT_EQ(said.find("KILN_TEST_ENV_FLAG_MISTYPED"), said.rfind("KILN_TEST_ENV_FLAG_MISTYPED")) << said;
@@ -64,8 +65,8 @@ TEST(EnvVars, ParsesCountsAndNothingElse) {
   EXPECT_EQ(parse_positive_int("8"), 8);
   EXPECT_EQ(parse_positive_int("0016"), 16);
   EXPECT_EQ(parse_positive_int("2147483647"), 2147483647);
-  for (const char* other : {"", "0", "00", "-4", "+4", " 4", "4 ", "4x", "x4", "4.0", "1e3", "2147483648",
-                            "99999999999", "four"}) {
+  for (const char* other :
+       {"", "0", "00", "-4", "+4", " 4", "4 ", "4x", "x4", "4.0", "1e3", "2147483648", "99999999999", "four"}) {
     EXPECT_FALSE(parse_positive_int(other).has_value()) << "'" << other << "'";
   }
 }
@@ -80,7 +81,8 @@ TEST(EnvVars, ACountItDoesNotUnderstandKeepsTheDefaultAndSaysSo) {
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(env_positive_int(name, 6), 6);
   const std::string said = ::testing::internal::GetCapturedStderr();
-  for (const char* part : {"KILN_TEST_ENV_COUNT", "\"4x\"", "the default, 6, is used", "a whole number of at least 1"}) {
+  for (const char* part :
+       {"KILN_TEST_ENV_COUNT", "\"4x\"", "the default, 6, is used", "a whole number of at least 1"}) {
     EXPECT_NE(said.find(part), std::string::npos) << "missing '" << part << "' in: " << said;
   }
   ::unsetenv(name);
