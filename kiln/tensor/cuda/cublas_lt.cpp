@@ -25,14 +25,17 @@ int64_t matmul_problems_timed() { return g_problems_timed.load(std::memory_order
 
 namespace lt {
 
+bool heuristic_only() { return !matmul_tuning() || kiln::deterministic(); }
+
+namespace {
+// Whether a product of m x n x k (times batches) multiply-adds is worth timing (choose_algo: at least 2^31).
 bool worth_tuning(int64_t m, int64_t n, int64_t k, int64_t batches) {
   const double multiply_adds =
       static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batches);
   return multiply_adds >= 2147483648.0;
 }
 
-bool heuristic_only() { return !matmul_tuning() || kiln::deterministic(); }
-
+// Whether a product queued on `stream` may time its candidates now (choose_algo).
 bool may_tune(cudaStream_t stream) {
   if (heuristic_only()) return false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -43,7 +46,6 @@ bool may_tune(cudaStream_t stream) {
   return status == cudaStreamCaptureStatusNone;
 }
 
-namespace {
 using PreferenceDesc = Desc<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
 
 // How many of the heuristic's algorithms a timed problem tries.

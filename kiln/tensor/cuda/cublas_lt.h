@@ -9,7 +9,7 @@
 
 #include <array>
 #include <cstdint>
-#include <functional>
+#include <functional>  // std::function, std::cref
 #include <map>
 #include <mutex>
 #include <optional>
@@ -45,19 +45,9 @@ using MatmulDesc = Desc<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
 using LayoutDesc = Desc<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
 
 // ---- choosing an algorithm ----
-// Whether a product of m x n x k (times batches) multiply-adds is worth timing: at least 2^31 of them (about 4 GFLOP,
-// a few microseconds on a Hopper GPU), so that the one-off cost of timing (about 80 runs of the product) is repaid
-// within a few hundred steps and the many small products of a model are left to the heuristic.
-bool worth_tuning(int64_t m, int64_t n, int64_t k, int64_t batches);
-
 // Whether every product keeps the heuristic's choice: tuning is off or kiln is in deterministic mode. The algorithm
 // caches key on it, so that a product chosen by timing is not reused after either switch changes.
 bool heuristic_only();
-
-// Whether a product queued on `stream` may time its candidates now: tuning is on (cuda::matmul_tuning()), kiln is
-// not in deterministic mode (another process could time differently and pick an algorithm that rounds differently),
-// and `stream` is not capturing a CUDA graph (timing waits on the host).
-bool may_tune(cudaStream_t stream);
 
 // The algorithm a problem runs with, as an algorithm cache keeps it.
 struct AlgoChoice {
@@ -83,7 +73,11 @@ using RunWith = std::function<cublasStatus_t(const cublasLtMatmulAlgo_t&)>;
 
 // The algorithm for `problem`, from `cached` (what the caller's cache holds for it; nullopt where nothing) or chosen
 // now, with `fresh` set where it was chosen now (the caller stores it). A problem is chosen when it is not cached, or
-// when it was cached untimed and may be timed now (worth_tuning, may_tune). Choosing asks the heuristic (a workspace
+// when it was cached untimed and may be timed now: it has at least 2^31 multiply-adds (about 4 GFLOP, a few
+// microseconds on a Hopper GPU, so that timing's one-off cost of about 80 runs is repaid within a few hundred steps
+// and a model's many small products are left to the heuristic), tuning is on (cuda::matmul_tuning()), kiln is not in
+// deterministic mode (another process could time differently and pick an algorithm that rounds differently), and
+// `stream` is not capturing a CUDA graph (timing waits on the host). Choosing asks the heuristic (a workspace
 // of kWorkspaceBytes); where timing applies, its first 8 algorithms are each run through `run` (a warm-up, then 3
 // interleaved rounds of 3 runs, each keeping its fastest round; the host waits for `stream`) and the fastest is kept
 // unless the heuristic's own is within 2% (noise must not swap algorithms that are level); a candidate whose run fails
@@ -98,9 +92,11 @@ template <size_t N>
 class AlgoCache {
  public:
   using Key = std::array<int64_t, N>;
-  // The algorithm for `problem` under `key`: cached, or chosen now (choose_algo) and stored.
-  AlgoChoice get(const Key& key, cublasLtHandle_t handle, const LtProblem& problem, cudaStream_t stream,
-                 const RunWith& run, const char* op_name) {
+  // The algorithm for `problem` under `key`: cached, or chosen now (choose_algo, timing through `run`, a callable as
+  // RunWith describes) and stored. `run` is passed on by reference, so that a cached call copies nothing.
+  template <typename Run>
+  AlgoChoice get(const Key& key, cublasLtHandle_t handle, const LtProblem& problem, cudaStream_t stream, const Run& run,
+                 const char* op_name) {
     std::optional<AlgoChoice> cached;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -108,7 +104,7 @@ class AlgoCache {
       if (it != map_.end()) cached = it->second;
     }
     bool fresh = false;
-    const AlgoChoice choice = choose_algo(handle, problem, cached, stream, run, op_name, &fresh);
+    const AlgoChoice choice = choose_algo(handle, problem, cached, stream, RunWith(std::cref(run)), op_name, &fresh);
     if (fresh) {
       std::lock_guard<std::mutex> lock(mutex_);
       map_[key] = choice;
