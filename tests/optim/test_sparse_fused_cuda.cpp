@@ -61,15 +61,15 @@ std::vector<Case> cases() {
 
 // Step s's gradient: 700 entries over a few hundred rows, drawn so that some rows repeat many times (as Zipf ids do)
 // and the entries are in no order.
-SparseRowGrad step_grad(int64_t step, DType dtype, Device device) {
+SparseRowGrad step_grad(int64_t step, DType dtype, Device device, int64_t width = kWidth) {
   const int64_t k = 700;
   std::vector<double> rows(k);
   const std::vector<double> u = uniform(k, 0, 1, 100 + step);
   for (int64_t i = 0; i < k; ++i) rows[i] = std::floor(kRows * std::pow(u[i], 3.0));  // dense near row 0
   return SparseRowGrad{
       .indices = make(rows, {k}, {.dtype = DType::Int64, .device = device}),
-      .values = make(uniform(k * kWidth, -2, 2, 200 + step), {k, kWidth}, {.dtype = dtype, .device = device}),
-      .dense_shape = {kRows, kWidth}};
+      .values = make(uniform(k * width, -2, 2, 200 + step), {k, width}, {.dtype = dtype, .device = device}),
+      .dense_shape = {kRows, width}};
 }
 
 void expect_close(const Tensor& gpu, const Tensor& cpu, bool exact, double tol, const std::string& what) {
@@ -86,17 +86,18 @@ void expect_close(const Tensor& gpu, const Tensor& cpu, bool exact, double tol, 
 // Four steps on the GPU (fused) and on the CPU (kiln ops) from the same table, with step_with's grad_scale on
 // steps 2 and 3 and a found_inf on step 3 (skipped on both sides). mapped: the fused side's table is in page-locked
 // host memory with its gradients held on the GPU (sparse_grad.h), updated through the mapping, its state made there.
-void run_case(const Case& c, DType dtype, bool exact, double tol, bool mapped = false) {
-  SCOPED_TRACE(c.name + " " + std::string(dtype_name(dtype)) + (mapped ? " (mapped)" : ""));
-  const Tensor start = make(uniform(kRows * kWidth, -1, 1, 7), {kRows, kWidth}, {.dtype = dtype});
+void run_case(const Case& c, DType dtype, bool exact, double tol, bool mapped = false, int64_t width = kWidth) {
+  SCOPED_TRACE(c.name + " " + std::string(dtype_name(dtype)) + (mapped ? " (mapped)" : "") + ", width " +
+               std::to_string(width));
+  const Tensor start = make(uniform(kRows * width, -1, 1, 7), {kRows, width}, {.dtype = dtype});
   Tensor cpu = start.clone().requires_grad_();
   Tensor gpu = (mapped ? start.pin_memory() : start.to(kGpu)).requires_grad_();
   auto cpu_opt = c.make(cpu);
   auto gpu_opt = c.make(gpu);
   ASSERT_TRUE(gpu_opt->supports_step_with());
   for (int64_t s = 0; s < 4; ++s) {
-    autograd::set_sparse_grad(cpu, step_grad(s, dtype, Device::cpu()));
-    autograd::set_sparse_grad(gpu, step_grad(s, dtype, kGpu));
+    autograd::set_sparse_grad(cpu, step_grad(s, dtype, Device::cpu(), width));
+    autograd::set_sparse_grad(gpu, step_grad(s, dtype, kGpu, width));
     if (s == 0 || s == 1) {
       cpu_opt->step();
       gpu_opt->step();
@@ -130,16 +131,27 @@ void run_case(const Case& c, DType dtype, bool exact, double tol, bool mapped = 
   for (int64_t r = kRows - 5; r < kRows; ++r) {
     bool touched = false;
     for (int64_t s = 0; s < 4; ++s) {
-      for (double x : values(step_grad(s, dtype, Device::cpu()).indices)) touched |= x == static_cast<double>(r);
+      for (double x : values(step_grad(s, dtype, Device::cpu(), width).indices)) touched |= x == static_cast<double>(r);
     }
     if (touched) continue;
-    for (int64_t c2 = 0; c2 < kWidth; ++c2) EXPECT_EQ(after[r * kWidth + c2], before[r * kWidth + c2]) << "row " << r;
+    for (int64_t c2 = 0; c2 < width; ++c2) EXPECT_EQ(after[r * width + c2], before[r * width + c2]) << "row " << r;
   }
 }
 
 TEST(SparseFusedCuda, Float32MatchesTheUnfusedPath) {
   KILN_REQUIRE_GPU();
   for (const Case& c : cases()) run_case(c, DType::Float32, c.exact, 2e-6);
+}
+
+TEST(SparseFusedCuda, RowsWiderThanOnePassMatchTheUnfusedPath) {
+  KILN_REQUIRE_GPU();
+  // A lane sums 4 columns per pass over a run (128 per warp): 300 columns take two whole passes and a partial one, and
+  // 128 exactly one.
+  for (const Case& c : cases()) {
+    run_case(c, DType::Float32, c.exact, 2e-6, /*mapped=*/false, /*width=*/300);
+    run_case(c, DType::Float32, c.exact, 2e-6, /*mapped=*/false, /*width=*/128);
+  }
+  run_case(cases().back(), DType::BFloat16, false, 1e-2, /*mapped=*/false, /*width=*/300);
 }
 
 TEST(SparseFusedCuda, SixteenBitTablesMatchTheUnfusedPathWithinOneRounding) {

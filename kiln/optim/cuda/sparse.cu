@@ -1,16 +1,23 @@
 // fused_sparse_update (fused.h): a row-sparse gradient applied to the rows it touches, without a host
-// synchronisation. The entries are ordered by row with a stable device sort (kiln's argsort); then one warp per
-// entry that starts a run of equal rows sums the run's values in the entries' order (what SparseRowGrad::coalesce
-// computes: index_add into zeros, each sum rounded to the values' dtype) and updates that row of the parameter and
-// of its state. Each step is one rounding, as the kiln ops of the unfused path (sgd.cpp, sparse_adam.cpp,
+// synchronisation. The entries are ordered by row with a stable device radix sort of their row ids (over only the bits
+// a row id of the table needs; an id outside the table sorts last, as the table's row count); then one warp per entry
+// that starts a run of equal rows finds the run's end (its 32 next entries at once, a binary search beyond), sums the
+// run's values in the entries' order (what SparseRowGrad::coalesce computes: index_add into zeros, each sum rounded to
+// the values' dtype) and updates that row of the parameter and of its state. A lane sums 4 columns at once and reads
+// the values of 4 entries ahead of adding them, so that a long run (a hot row of Zipf ids repeats hundreds of times
+// in a batch) waits on memory once per 4 entries, not once per entry and column; the additions stay in the entries'
+// order. Each step is one rounding, as the kiln ops of the unfused path (sgd.cpp, sparse_adam.cpp,
 // rowwise_adagrad.cpp) round it, with the _rn intrinsics so that nothing is contracted into a fused multiply-add:
 // SGD and SparseAdam give the unfused path's values bit for bit; row-wise Adagrad's row mean may add in another
 // order. SGD's momentum instead marks the gradient's rows in its mask, then sweeps the mask (below). A step counter is
 // read as steps + 1 and incremented by a last launch; with found_inf != 0 nothing is written.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 #include <type_traits>
+#include <utility>
 
 #include "kiln/optim/cuda/checks.h"          // check_scalar, is_fused_dtype
 #include "kiln/optim/cuda/fused.h"           // fused_sparse_update
@@ -18,7 +25,7 @@
 #include "kiln/tensor/cuda/kernel_util.cuh"  // load_as, store_as, ceil_div, stream_for
 #include "kiln/tensor/dispatch.h"            // Half, BFloat16
 #include "kiln/tensor/error.h"
-#include "kiln/tensor/internal_ops.h"  // argsort
+#include "kiln/tensor/internal_ops.h"  // empty, to
 #include "kiln/tensor/trace.h"         // a range per kernel entry
 
 namespace kiln::optim::cuda_impl {
@@ -49,39 +56,97 @@ __device__ __forceinline__ float round_to(float x) {
   }
 }
 
-// Column c of the run [begin, end) of sorted entries, summed in order from zero, each sum rounded to T; then
-// divided by the gradient scale and negated for maximize, in float.
+constexpr int kCols = 4;   // columns a lane sums in one pass over a run: 128 per warp
+constexpr int kAhead = 4;  // entries whose values a lane reads before adding them
+constexpr int kTile = 32 * kCols;
+
+// The run [begin, end) of sorted entries summed for the columns c0 + lane + 32 i (i < kCols) of a row of w: each
+// column from zero in the entries' order, each sum rounded to T; then divided by the gradient scale and negated for
+// maximize, in float. Columns at or past w read nothing and give 0.
 template <typename T>
-__device__ __forceinline__ float run_grad(const T* values, const int64_t* order, int64_t begin, int64_t end,
-                                          int64_t width, int64_t c, const float* grad_scale, bool maximize) {
-  float acc = 0.f;
-  for (int64_t e = begin; e < end; ++e)
-    acc = round_to<T>(__fadd_rn(acc, load_as<float>(values + order[e] * width + c)));
-  if (grad_scale != nullptr) acc = __fdiv_rn(acc, *grad_scale);
-  return maximize ? -acc : acc;
+__device__ __forceinline__ void run_grads(const T* values, const int64_t* order, int64_t begin, int64_t end, int64_t w,
+                                          int64_t c0, int lane, const float* grad_scale, bool maximize,
+                                          float (&g)[kCols]) {
+  float acc[kCols];
+  bool in[kCols];
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    acc[i] = 0.f;
+    in[i] = c0 + lane + 32 * i < w;
+  }
+  int64_t e = begin;
+  for (; e + kAhead <= end; e += kAhead) {
+    float v[kAhead][kCols];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const T* src = values + order[e + u] * w + c0 + lane;
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) v[u][i] = in[i] ? load_as<float>(src + 32 * i) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) acc[i] = round_to<T>(__fadd_rn(acc[i], v[u][i]));
+    }
+  }
+  for (; e < end; ++e) {
+    const T* src = values + order[e] * w + c0 + lane;
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) acc[i] = round_to<T>(__fadd_rn(acc[i], in[i] ? load_as<float>(src + 32 * i) : 0.f));
+  }
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    float x = acc[i];
+    if (grad_scale != nullptr) x = __fdiv_rn(x, *grad_scale);
+    g[i] = maximize ? -x : x;
+  }
 }
 
+// The end of the run of `key` that starts at `begin` in the sorted keys: the warp compares the 32 next keys at once,
+// and a run longer than that is ended by a binary search. All lanes return the same value.
+__device__ __forceinline__ int64_t run_end(const uint64_t* keys, int64_t k, int64_t begin, uint64_t key, int lane) {
+  const int64_t e = begin + 1 + lane;
+  const unsigned same = __ballot_sync(0xffffffffu, e < k && keys[e] == key);
+  if (same != 0xffffffffu) return begin + 1 + (__ffs(~same) - 1);  // sorted: the equal keys are a prefix
+  int64_t lo = begin + 33, hi = k;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] <= key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// keys: the entries' row ids sorted (an id outside the table as `rows`), order: the entries in that order.
 template <typename T>
-__global__ void sparse_update_kernel(T* param, const T* values, const int64_t* indices, const int64_t* order,
+__global__ void sparse_update_kernel(T* param, const T* values, const uint64_t* keys, const int64_t* order,
                                      float* state1, float* state2, const float* step, const float* grad_scale,
                                      const float* found_inf, SparseArgs a) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (j >= a.k) return;
   if (found_inf != nullptr && *found_inf != 0.f) return;
-  const int64_t row = indices[order[j]];
-  if (j > 0 && indices[order[j - 1]] == row) return;  // not the first entry of its row's run
+  const uint64_t key = keys[j];
+  if (j > 0 && keys[j - 1] == key) return;  // not the first entry of its row's run
   // A row outside the table was recorded by the lookup's index check and is raised at the next synchronisation:
   // it is not written here.
-  if (row < 0 || row >= a.rows) return;
-  int64_t end = j + 1;
-  while (end < a.k && indices[order[end]] == row) ++end;
+  if (key >= static_cast<uint64_t>(a.rows)) return;
+  const auto row = static_cast<int64_t>(key);
+  const int64_t end = run_end(keys, a.k, j, key, lane);
   const int64_t w = a.width;
   T* p = param + row * w;
+  float g[kCols];
   if (a.rule == SparseRule::Sgd) {
-    for (int64_t c = lane; c < w; c += 32) {
-      const float g = run_grad(values, order, j, end, w, c, grad_scale, a.maximize);
-      store_as(p + c, __fadd_rn(load_as<float>(p + c), __fmul_rn(g, a.neg_lr)));
+    for (int64_t c0 = 0; c0 < w; c0 += kTile) {
+      run_grads(values, order, j, end, w, c0, lane, grad_scale, a.maximize, g);
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int64_t c = c0 + lane + 32 * i;
+        if (c < w) store_as(p + c, __fadd_rn(load_as<float>(p + c), __fmul_rn(g[i], a.neg_lr)));
+      }
     }
   } else if (a.rule == SparseRule::Adam) {
     // step_size = lr * sqrt(1 - beta2^t) / (1 - beta1^t) in double, as the unfused path's host computes it.
@@ -90,20 +155,29 @@ __global__ void sparse_update_kernel(T* param, const T* values, const int64_t* i
     const auto neg_step = static_cast<float>(-step_size);
     float* m = state1 + row * w;
     float* v = state2 + row * w;
-    for (int64_t c = lane; c < w; c += 32) {
-      const float g = run_grad(values, order, j, end, w, c, grad_scale, a.maximize);
-      const float m_new = __fadd_rn(m[c], __fmul_rn(__fsub_rn(g, m[c]), a.one_minus_beta1));
-      const float v_new = __fadd_rn(v[c], __fmul_rn(__fsub_rn(__fmul_rn(g, g), v[c]), a.one_minus_beta2));
-      m[c] = m_new;
-      v[c] = v_new;
-      const float denom = __fadd_rn(__fsqrt_rn(v_new), a.eps);
-      store_as(p + c, __fadd_rn(load_as<float>(p + c), __fmul_rn(__fdiv_rn(m_new, denom), neg_step)));
+    for (int64_t c0 = 0; c0 < w; c0 += kTile) {
+      run_grads(values, order, j, end, w, c0, lane, grad_scale, a.maximize, g);
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int64_t c = c0 + lane + 32 * i;
+        if (c >= w) continue;
+        const float m_new = __fadd_rn(m[c], __fmul_rn(__fsub_rn(g[i], m[c]), a.one_minus_beta1));
+        const float v_new = __fadd_rn(v[c], __fmul_rn(__fsub_rn(__fmul_rn(g[i], g[i]), v[c]), a.one_minus_beta2));
+        m[c] = m_new;
+        v[c] = v_new;
+        const float denom = __fadd_rn(__fsqrt_rn(v_new), a.eps);
+        store_as(p + c, __fadd_rn(load_as<float>(p + c), __fmul_rn(__fdiv_rn(m_new, denom), neg_step)));
+      }
     }
   } else {  // row-wise Adagrad: sum[row] += mean over the row of g^2; p -= lr * g / (sqrt(sum[row]) + eps)
+    // Each lane adds its columns' squares in increasing column order, then the warp sums the lanes.
     float squares = 0.f;
-    for (int64_t c = lane; c < w; c += 32) {
-      const float g = run_grad(values, order, j, end, w, c, grad_scale, a.maximize);
-      squares = __fadd_rn(squares, __fmul_rn(g, g));
+    for (int64_t c0 = 0; c0 < w; c0 += kTile) {
+      run_grads(values, order, j, end, w, c0, lane, grad_scale, a.maximize, g);
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        if (c0 + lane + 32 * i < w) squares = __fadd_rn(squares, __fmul_rn(g[i], g[i]));
+      }
     }
     for (int offset = 16; offset > 0; offset /= 2)
       squares = __fadd_rn(squares, __shfl_xor_sync(0xffffffffu, squares, offset));
@@ -111,9 +185,14 @@ __global__ void sparse_update_kernel(T* param, const T* values, const int64_t* i
     __syncwarp();
     if (lane == 0) state1[row] = sum;
     const float denom = __fadd_rn(__fsqrt_rn(sum), a.eps);
-    for (int64_t c = lane; c < w; c += 32) {  // the run's sums again (from L2), not kept in registers of any width
-      const float g = run_grad(values, order, j, end, w, c, grad_scale, a.maximize);
-      store_as(p + c, __fadd_rn(load_as<float>(p + c), __fmul_rn(__fdiv_rn(g, denom), a.neg_lr)));
+    // A row of at most one tile keeps its sums in g; a wider one sums its run again (from L2).
+    for (int64_t c0 = 0; c0 < w; c0 += kTile) {
+      if (w > kTile) run_grads(values, order, j, end, w, c0, lane, grad_scale, a.maximize, g);
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int64_t c = c0 + lane + 32 * i;
+        if (c < w) store_as(p + c, __fadd_rn(load_as<float>(p + c), __fmul_rn(__fdiv_rn(g[i], denom), a.neg_lr)));
+      }
     }
   }
 }
@@ -131,13 +210,12 @@ __global__ void momentum_mark_kernel(const int64_t* indices, bool* mask, const f
   if (row >= 0 && row < rows) mask[row] = true;
 }
 
-// The first position in [0, k) whose sorted entry's row is >= row (> row with `after`).
-__device__ __forceinline__ int64_t run_bound(const int64_t* indices, const int64_t* order, int64_t k, int64_t row,
-                                             bool after) {
+// The first position in [0, k) whose sorted key is >= row (> row with `after`).
+__device__ __forceinline__ int64_t run_bound(const uint64_t* keys, int64_t k, uint64_t row, bool after) {
   int64_t lo = 0, hi = k;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    const int64_t r = indices[order[mid]];
+    const uint64_t r = keys[mid];
     if (r < row || (after && r == row)) {
       lo = mid + 1;
     } else {
@@ -148,9 +226,9 @@ __device__ __forceinline__ int64_t run_bound(const int64_t* indices, const int64
 }
 
 template <typename T>
-__global__ void momentum_sweep_kernel(T* param, const T* values, const int64_t* indices, const int64_t* order,
-                                      float* buf, bool* mask, const float* step, const float* grad_scale,
-                                      const float* found_inf, SparseArgs a) {
+__global__ void momentum_sweep_kernel(T* param, const T* values, const uint64_t* keys, const int64_t* order, float* buf,
+                                      bool* mask, const float* step, const float* grad_scale, const float* found_inf,
+                                      SparseArgs a) {
   const int64_t base = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32) * 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (base >= a.rows) return;
@@ -161,8 +239,8 @@ __global__ void momentum_sweep_kernel(T* param, const T* values, const int64_t* 
   while (covered != 0u) {
     const int64_t row = base + (__ffs(covered) - 1);
     covered &= covered - 1;
-    const int64_t begin = run_bound(indices, order, a.k, row, false);
-    const int64_t end = run_bound(indices, order, a.k, row, true);
+    const int64_t begin = run_bound(keys, a.k, static_cast<uint64_t>(row), false);
+    const int64_t end = run_bound(keys, a.k, static_cast<uint64_t>(row), true);
     const bool in_grad = end > begin;
     float* b = buf + row * w;
     if (fresh && !in_grad) {  // a first step covers only its gradient's rows
@@ -172,25 +250,73 @@ __global__ void momentum_sweep_kernel(T* param, const T* values, const int64_t* 
       continue;
     }
     T* p = param + row * w;
-    for (int64_t c = lane; c < w; c += 32) {
-      const float d = in_grad ? run_grad(values, order, begin, end, w, c, grad_scale, a.maximize) : 0.f;
-      float b_new, step_dir;
-      if (fresh) {
-        b_new = d;
-        step_dir = a.nesterov ? __fadd_rn(d, __fmul_rn(b_new, a.momentum)) : b_new;
+    float d[kCols];
+    for (int64_t c0 = 0; c0 < w; c0 += kTile) {
+      if (in_grad) {
+        run_grads(values, order, begin, end, w, c0, lane, grad_scale, a.maximize, d);
       } else {
-        const float g = in_grad ? __fadd_rn(0.f, d) : 0.f;  // the union's gradient: index_add into zeros
-        b_new = __fadd_rn(__fmul_rn(b[c], a.momentum), __fmul_rn(g, a.one_minus_dampening));
-        step_dir = a.nesterov ? __fadd_rn(g, __fmul_rn(b_new, a.momentum)) : b_new;
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) d[i] = 0.f;
       }
-      b[c] = b_new;
-      store_as(p + c, __fadd_rn(load_as<float>(p + c), __fmul_rn(step_dir, a.neg_lr)));
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int64_t c = c0 + lane + 32 * i;
+        if (c >= w) continue;
+        float b_new, step_dir;
+        if (fresh) {
+          b_new = d[i];
+          step_dir = a.nesterov ? __fadd_rn(d[i], __fmul_rn(b_new, a.momentum)) : b_new;
+        } else {
+          const float g = in_grad ? __fadd_rn(0.f, d[i]) : 0.f;  // the union's gradient: index_add into zeros
+          b_new = __fadd_rn(__fmul_rn(b[c], a.momentum), __fmul_rn(g, a.one_minus_dampening));
+          step_dir = a.nesterov ? __fadd_rn(g, __fmul_rn(b_new, a.momentum)) : b_new;
+        }
+        b[c] = b_new;
+        store_as(p + c, __fadd_rn(load_as<float>(p + c), __fmul_rn(step_dir, a.neg_lr)));
+      }
     }
   }
 }
 
 __global__ void increment_step_kernel(float* step, const float* found_inf) {
   if (found_inf == nullptr || *found_inf == 0.f) *step += 1.f;
+}
+
+// keys[e] = indices[e] as an unsigned sort key, an id outside [0, rows) as rows (sorted after every row, skipped by
+// the update); positions[e] = e.
+__global__ void sort_keys_kernel(const int64_t* indices, int64_t k, int64_t rows, uint64_t* keys, int64_t* positions) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= k) return;
+  const int64_t row = indices[e];
+  keys[e] = static_cast<uint64_t>(row >= 0 && row < rows ? row : rows);
+  positions[e] = e;
+}
+
+// The entries sorted by row, stably (CUB's LSD radix sort over the bits of 0..rows): {sorted keys, entry order}.
+std::pair<Tensor, Tensor> sort_by_row(const Tensor& indices, int64_t rows, cudaStream_t stream) {
+  const int64_t k = indices.numel();
+  const Device dev = indices.device();
+  const TensorOptions i64{.dtype = DType::Int64, .device = dev};  // the keys' bits are read as uint64_t
+  Tensor keys_in = internal::empty({k}, i64), keys = internal::empty({k}, i64);
+  Tensor pos_in = internal::empty({k}, i64), order = internal::empty({k}, i64);
+  sort_keys_kernel<<<static_cast<unsigned>(cuda::kdetail::ceil_div(k, int64_t{256})), 256, 0, stream>>>(
+      indices.data_ptr<int64_t>(), k, rows, static_cast<uint64_t*>(keys_in.data_ptr()), pos_in.data_ptr<int64_t>());
+  KILN_CUDA_CHECK_LAUNCH("fused_sparse_update (sort keys)");
+  int end_bit = 1;  // the bits of the largest key, rows
+  while (end_bit < 64 && (static_cast<uint64_t>(rows) >> end_bit) != 0) ++end_bit;
+  const auto* k_in = static_cast<const uint64_t*>(keys_in.data_ptr());
+  auto* k_out = static_cast<uint64_t*>(keys.data_ptr());
+  const int64_t* p_in = pos_in.data_ptr<int64_t>();
+  int64_t* p_out = order.data_ptr<int64_t>();
+  size_t bytes = 0;
+  KILN_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, k_in, k_out, p_in, p_out, k, 0, end_bit, stream),
+                  "fused_sparse_update (sort)");
+  const Tensor temp =
+      internal::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, {.dtype = DType::UInt8, .device = dev});
+  KILN_CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(temp.data_ptr(), bytes, k_in, k_out, p_in, p_out, k, 0, end_bit, stream),
+      "fused_sparse_update (sort)");
+  return {keys, order};
 }
 
 const char* rule_name(SparseRule r) {
@@ -207,11 +333,13 @@ bool fuses_sparse(const Tensor& param, Device device) {
          param.is_contiguous() && param.dim() >= 1 && is_fused_dtype(param.dtype());
 }
 
-void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tensor& values, const TensorVec& states,
+void fused_sparse_update(const Tensor& param, const Tensor& indices_in, const Tensor& values, const TensorVec& states,
                          const Tensor& step, const SparseHyper& h, const Tensor& grad_scale, const Tensor& found_inf) {
   const char* op = "fused_sparse_update";
-  KILN_CHECK(indices.defined() && indices.is_cuda(), op, ": the indices must be on the GPU that runs the update, got ",
-             indices.defined() ? indices.device() : Device::cpu());
+  KILN_CHECK(indices_in.defined() && indices_in.is_cuda(), op,
+             ": the indices must be on the GPU that runs the update, got ",
+             indices_in.defined() ? indices_in.device() : Device::cpu());
+  const Tensor indices = internal::contiguous(indices_in);  // the kernels read it as a plain array
   const Device dev = indices.device();
   KILN_CHECK(fuses_sparse(param, dev), op, ": the parameter must be a contiguous float32, float16 or bfloat16 tensor ",
              "on ", dev, " or in page-locked host memory, got ", param.shape(), " ", param.dtype(), " on ",
@@ -268,7 +396,9 @@ void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tenso
   const bool momentum = h.rule == SparseRule::SgdMomentum;
   if ((k > 0 || momentum) && param.numel() > 0) {
     // stable: runs of a row keep the entries' order
-    const Tensor order = k > 0 ? internal::argsort(indices, 0) : indices;
+    const auto [keys, order] = k > 0 ? sort_by_row(indices, param.size(0), stream) : std::pair<Tensor, Tensor>{};
+    const auto* key_ptr = keys.defined() ? static_cast<const uint64_t*>(keys.data_ptr()) : nullptr;
+    const int64_t* order_ptr = order.defined() ? order.data_ptr<int64_t>() : nullptr;
     SparseArgs a{.rule = h.rule,
                  .k = k,
                  .rows = param.size(0),
@@ -300,14 +430,14 @@ void fused_sparse_update(const Tensor& param, const Tensor& indices, const Tenso
         const auto sweep_blocks = static_cast<unsigned>(
             cuda::kdetail::ceil_div(cuda::kdetail::ceil_div(a.rows, int64_t{32}), int64_t{kWarpsPerBlock}));
         momentum_sweep_kernel<T><<<sweep_blocks, kWarpsPerBlock * 32, 0, stream>>>(
-            param.data_ptr<T>(), values.data_ptr<T>(), indices.data_ptr<int64_t>(), order.data_ptr<int64_t>(), s1, mask,
-            step_read.data_ptr<float>(), scale_ptr, inf_ptr, a);
+            param.data_ptr<T>(), values.data_ptr<T>(), key_ptr, order_ptr, s1, mask, step_read.data_ptr<float>(),
+            scale_ptr, inf_ptr, a);
         KILN_CUDA_CHECK_LAUNCH("fused_sparse_update (momentum)");
         return;
       }
-      sparse_update_kernel<T><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-          param.data_ptr<T>(), values.data_ptr<T>(), indices.data_ptr<int64_t>(), order.data_ptr<int64_t>(), s1, s2,
-          step_read.data_ptr<float>(), scale_ptr, inf_ptr, a);
+      sparse_update_kernel<T>
+          <<<blocks, kWarpsPerBlock * 32, 0, stream>>>(param.data_ptr<T>(), values.data_ptr<T>(), key_ptr, order_ptr,
+                                                       s1, s2, step_read.data_ptr<float>(), scale_ptr, inf_ptr, a);
       KILN_CUDA_CHECK_LAUNCH("fused_sparse_update");
     };
     switch (param.dtype()) {
