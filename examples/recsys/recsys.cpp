@@ -105,7 +105,7 @@ struct DlrmConfig {
   int64_t hybrid_rows = 0;           // 0: every table whole on the device
   double hot_fraction = 0.1;         // a hybrid table's share of rows on the device ...
   int64_t hot_rows = -1;             // ... or this many (-1: use hot_fraction)
-  nn::ColdReads cold_reads = nn::ColdReads::Copy;  // how a hybrid table's lookups on a GPU read its cold rows
+  nn::ColdReads cold_reads = nn::ColdReads::Mapped;  // how a hybrid table's lookups on a GPU read its cold rows
 };
 
 // (B, 13) dense and (B, 26) ids -> (B) logits.
@@ -406,9 +406,9 @@ int main(int argc, char** argv) {
                                    "(nn::HybridEmbedding); 0: every table whole on the device");
   auto& hot_fraction = opts.add_double("hot-fraction", 0.1, "the share of a hybrid table's rows on the device");
   auto& hot_rows = opts.add_int("hot-rows", -1, "a hybrid table's rows on the device (-1: --hot-fraction of them)");
-  auto& cold_reads = opts.add_string("cold-reads", "copy",
-                                     "how a hybrid table's lookups on a GPU read its cold rows: copy (gathered on the "
-                                     "host, then copied) | mapped (a kernel reads the page-locked host table)");
+  auto& cold_reads = opts.add_string("cold-reads", "mapped",
+                                     "how a hybrid table's lookups on a GPU read its cold rows: mapped (a kernel reads "
+                                     "the page-locked host table) | copy (gathered on the host, then copied)");
   auto& checkpoint = opts.add_string("checkpoint", "", "save the model, optimizer and step to this file at the end");
   auto& resume = opts.add_flag("resume", "continue from --checkpoint (exactly: the data stream resumes too)");
   auto& bench_steps = opts.add_int("bench-steps", 0,

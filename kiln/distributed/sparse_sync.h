@@ -6,16 +6,16 @@
 //   dist::all_gather_sparse_grads(model->tables->parameters());        // every rank: all ranks' rows, / world size
 //   opt.step();                                                          // the same update on every rank
 //
-// DataParallel's gradient hooks do not see sparse gradients (kiln/autograd/sparse_grad.h); this is their
-// counterpart. Each rank's rows are gathered (indices and values, of different counts per rank), concatenated in
-// rank order and divided by the world size, so that the gradient is the mean over ranks as DataParallel's is, and
-// each rank's optimizer then applies the same update to its replica. Costs one small all-gather of the row counts and
-// two all-gathers per table; on a GPU the counts are read on the host. Each parameter goes through the world group of
-// its gradient's device, so an nn::HybridEmbedding's two tiers both work: the hot rows' gradient through NCCL (or MPI
-// on the CPU), the cold rows' through MPI when they are in host memory (which needs a job started by mpirun:
-// dist::group says so when it was not), or NCCL when they stayed on the GPU (ColdReads::Mapped, a device-held
-// gradient: kiln/autograd/sparse_grad.h). Its placement must be the same on every rank: dist::share_placement
-// (hybrid_placement.h).
+// DataParallel's gradient hooks do not see sparse gradients (kiln/autograd/sparse_grad.h); this is their counterpart.
+// Each rank's rows are gathered (indices and values, of different counts per rank), concatenated in rank order and
+// divided by the world size, so that the gradient is the mean over ranks as DataParallel's is, and each rank's
+// optimizer then applies the same update to its replica. Costs one small all-gather of every table's row counts per
+// group (read on the host: one wait for the GPU) and two all-gathers per table. With one rank it does nothing. Each
+// parameter goes through the world group of its gradient's device, so an nn::HybridEmbedding's two tiers both work: the
+// hot rows' gradient through NCCL (or MPI on the CPU), the cold rows' through MPI when they are in host memory (which
+// needs a job started by mpirun: dist::group says so when it was not), or NCCL when they stayed on the GPU
+// (ColdReads::Mapped, a device-held gradient: kiln/autograd/sparse_grad.h). Its placement must be the same on every
+// rank: dist::share_placement (hybrid_placement.h).
 #pragma once
 
 #include <vector>

@@ -27,10 +27,13 @@ class MpiHybridPlacement : public ::testing::TestWithParam<Device> {
   }
   Device dev() const { return GetParam(); }
   int rank() const { return dist::rank(); }
-  // A table of `v` rows with `h` hot on dev(), whose ranks share the placement.
+  // A table of `v` rows with `h` hot on dev(), whose ranks share the placement. On a GPU its cold rows are copied
+  // (ColdReads::Copy), so that their gradients are on the host and go through MPI.
   std::shared_ptr<nn::HybridEmbedding> shared_table(int64_t v, int64_t h, int64_t count_batches = 0) const {
     auto emb = std::make_shared<nn::HybridEmbedding>(
-        v, 2, nn::HybridEmbeddingOptions{.device = dev(), .hot_rows = h, .count_batches = count_batches});
+        v, 2,
+        nn::HybridEmbeddingOptions{
+            .device = dev(), .hot_rows = h, .count_batches = count_batches, .cold_reads = nn::ColdReads::Copy});
     EXPECT_EQ(dist::share_placement(*emb), 1);
     return emb;
   }
