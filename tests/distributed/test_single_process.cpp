@@ -2,6 +2,7 @@
 // change nothing, DataParallel as a plain wrapper.
 #include <gtest/gtest.h>
 
+#include "kiln/autograd/sparse_grad.h"  // autograd::sparse_grad
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
 #include "support/test_support.h"
@@ -115,6 +116,29 @@ TEST_P(DistSingleProcessOn, SharePlacementSetsEveryHybridTable) {
     expect_error([&] { (void)dist::sum_counts(&dist::group(dev())); },
                  {"dist::sum_counts: the given single group works on cuda:0", "give a CPU group"});
   }
+}
+
+// With one rank the mean over the ranks is the gradient itself: all_gather_sparse_grads leaves it as it is, the same
+// tensors (nothing copied, nothing read back from a GPU), and a table without a gradient stays without one.
+TEST_P(DistSingleProcessOn, AllGatherSparseGradsWithOneRankLeavesTheGradientsAsTheyAre) {
+  auto looked_up = nn::make<nn::Embedding>(10, 3, nn::EmbeddingOptions{.sparse = true});
+  auto unused = nn::make<nn::Embedding>(4, 3, nn::EmbeddingOptions{.sparse = true});
+  looked_up->to(dev());
+  unused->to(dev());
+  sum(looked_up(from_vector(std::vector<int64_t>{4, 1, 4}, {3}).to(dev()))).backward();
+  const SparseRowGrad* before = autograd::sparse_grad(looked_up->weight);
+  ASSERT_NE(before, nullptr);
+  const void* indices = before->indices.data_ptr();
+  const void* values = before->values.data_ptr();
+  std::vector<Tensor> params = looked_up->parameters();
+  for (const Tensor& p : unused->parameters()) params.push_back(p);
+  dist::all_gather_sparse_grads(params);
+  const SparseRowGrad* after = autograd::sparse_grad(looked_up->weight);
+  ASSERT_NE(after, nullptr);
+  EXPECT_EQ(after->indices.data_ptr(), indices);
+  EXPECT_EQ(after->values.data_ptr(), values);
+  kiln::testing::expect_values(after->indices, {3}, {4, 1, 4});
+  EXPECT_EQ(autograd::sparse_grad(unused->weight), nullptr);
 }
 
 KILN_INSTANTIATE_BACKENDS(DistSingleProcessOn);
