@@ -1,16 +1,16 @@
-// fused_sparse_update (fused.h): a row-sparse gradient applied to the rows it touches, without a host
-// synchronisation. The entries are ordered by row with a stable device radix sort of their row ids (over only the bits
-// a row id of the table needs; an id outside the table sorts last, as the table's row count); then one warp per entry
-// that starts a run of equal rows finds the run's end (its 32 next entries at once, a binary search beyond), sums the
-// run's values in the entries' order (what SparseRowGrad::coalesce computes: index_add into zeros, each sum rounded to
-// the values' dtype) and updates that row of the parameter and of its state. A lane sums 4 columns at once and reads
-// the values of 4 entries ahead of adding them, so that a long run (a hot row of Zipf ids repeats hundreds of times
-// in a batch) waits on memory once per 4 entries, not once per entry and column; the additions stay in the entries'
-// order. Each step is one rounding, as the kiln ops of the unfused path (sgd.cpp, sparse_adam.cpp,
-// rowwise_adagrad.cpp) round it, with the _rn intrinsics so that nothing is contracted into a fused multiply-add:
-// SGD and SparseAdam give the unfused path's values bit for bit; row-wise Adagrad's row mean may add in another
-// order. SGD's momentum instead marks the gradient's rows in its mask, then sweeps the mask (below). A step counter is
-// read as steps + 1 and incremented by a last launch; with found_inf != 0 nothing is written.
+// fused_sparse_update (fused.h): a row-sparse gradient applied to the rows it touches, without a host synchronisation.
+// The entries are ordered by row with a stable device radix sort of their row ids (over only the bits a row id of the
+// table needs; an id outside the table sorts last, as the table's row count); then one warp per entry that starts a run
+// of equal rows finds the run's end (its 32 next entries at once, a binary search beyond), sums the run's values in the
+// entries' order (what SparseRowGrad::coalesce computes: index_add into zeros, each sum rounded to the values' dtype)
+// and updates that row of the parameter and of its state. A lane sums 4 columns at once and reads the values of 8
+// entries ahead of adding them (their positions read 32 at a time, a lane each), so that a long run (a hot row of Zipf
+// ids repeats hundreds of times in a batch) waits on memory once per 8 entries, not once per entry and column; the
+// additions stay in the entries' order. Each step is one rounding, as the kiln ops of the unfused path (sgd.cpp,
+// sparse_adam.cpp, rowwise_adagrad.cpp) round it, with the _rn intrinsics so that nothing is contracted into a fused
+// multiply-add: SGD and SparseAdam give the unfused path's values bit for bit; row-wise Adagrad's row mean may add in
+// another order. SGD's momentum instead marks the gradient's rows in its mask, then sweeps the mask (below). A step
+// counter is read as steps + 1 and incremented by a last launch; with found_inf != 0 nothing is written.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -57,12 +57,14 @@ __device__ __forceinline__ float round_to(float x) {
 }
 
 constexpr int kCols = 4;   // columns a lane sums in one pass over a run: 128 per warp
-constexpr int kAhead = 4;  // entries whose values a lane reads before adding them
+constexpr int kAhead = 8;  // entries whose values a lane reads before adding them
 constexpr int kTile = 32 * kCols;
 
 // The run [begin, end) of sorted entries summed for the columns c0 + lane + 32 i (i < kCols) of a row of w: each
 // column from zero in the entries' order, each sum rounded to T; then divided by the gradient scale and negated for
-// maximize, in float. Columns at or past w read nothing and give 0.
+// maximize, in float. Columns at or past w read nothing and give 0. The warp reads the positions of 32 entries at
+// once (a lane each) and passes them round by shuffles, so that reading an entry's values does not wait for reading
+// its position first.
 template <typename T>
 __device__ __forceinline__ void run_grads(const T* values, const int64_t* order, int64_t begin, int64_t end, int64_t w,
                                           int64_t c0, int lane, const float* grad_scale, bool maximize,
@@ -74,25 +76,31 @@ __device__ __forceinline__ void run_grads(const T* values, const int64_t* order,
     acc[i] = 0.f;
     in[i] = c0 + lane + 32 * i < w;
   }
-  int64_t e = begin;
-  for (; e + kAhead <= end; e += kAhead) {
-    float v[kAhead][kCols];
+  for (int64_t base = begin; base < end; base += 32) {
+    const int n = static_cast<int>(end - base < 32 ? end - base : 32);  // the same in every lane
+    const long long mine = lane < n ? order[base + lane] : 0;
+    int u0 = 0;
+    for (; u0 + kAhead <= n; u0 += kAhead) {
+      float v[kAhead][kCols];
 #pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
-      const T* src = values + order[e + u] * w + c0 + lane;
+      for (int u = 0; u < kAhead; ++u) {
+        const T* src = values + __shfl_sync(0xffffffffu, mine, u0 + u) * w + c0 + lane;
 #pragma unroll
-      for (int i = 0; i < kCols; ++i) v[u][i] = in[i] ? load_as<float>(src + 32 * i) : 0.f;
+        for (int i = 0; i < kCols; ++i) v[u][i] = in[i] ? load_as<float>(src + 32 * i) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) acc[i] = round_to<T>(__fadd_rn(acc[i], v[u][i]));
+      }
     }
+    for (; u0 < n; ++u0) {
+      const T* src = values + __shfl_sync(0xffffffffu, mine, u0) * w + c0 + lane;
 #pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
-#pragma unroll
-      for (int i = 0; i < kCols; ++i) acc[i] = round_to<T>(__fadd_rn(acc[i], v[u][i]));
+      for (int i = 0; i < kCols; ++i) {
+        acc[i] = round_to<T>(__fadd_rn(acc[i], in[i] ? load_as<float>(src + 32 * i) : 0.f));
+      }
     }
-  }
-  for (; e < end; ++e) {
-    const T* src = values + order[e] * w + c0 + lane;
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) acc[i] = round_to<T>(__fadd_rn(acc[i], in[i] ? load_as<float>(src + 32 * i) : 0.f));
   }
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
