@@ -591,6 +591,9 @@ int main(int argc, char** argv) {
       }
       std::vector<double> ms;
       const auto timed_start = std::chrono::steady_clock::now();
+      // The timed steps are the range an attached profiler records (bench/kernel_trace.cpp, Nsight's
+      // cudaProfilerApi capture range).
+      if (dev.is_cuda()) cuda::profiler_start();
       for (int64_t step = bench_warmup; step < total; ++step) {
         if (dev.is_cuda()) {  // the step between two events, then a wait for it: its own time, host gaps included
           cuda::Event start(true), stop(true);
@@ -605,6 +608,7 @@ int main(int argc, char** argv) {
           ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
         }
       }
+      if (dev.is_cuda()) cuda::profiler_stop();
       const double timed_s = seconds_since(timed_start);
       // The verdict: every loss finite, and the mean of the last bench_cycle steps below that of the first ones.
       const Tensor host_losses = losses.to(Device::cpu(), DType::Float64).contiguous();
