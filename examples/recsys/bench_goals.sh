@@ -24,6 +24,7 @@
 #   profile  g1's models (all on the GPU; hybrid with each --cold-reads) with kiln's profiler over 5 steps after the
 #          warm-up (recsys --profile): the top ops of each in the summary (these runs' JSON lines go to
 #          recsys_profile.jsonl, which the table leaves out).
+#   profile_g2  the same for g2's two hybrid models (the largest table at 10^6 and at 10^8 rows, equal k).
 # The first stage to run on a fresh GPU machine is `build`; the measurements then take two invocations (g1 cold g2; g3).
 #   table  bench/recsys_table.py over every OUT_DIR/recsys_*.jsonl (also printed after every other stage).
 # Each stage appends its JSON lines to OUT_DIR/recsys_<stage>.jsonl and each run's full output to
@@ -36,7 +37,7 @@ set -uo pipefail
 build="${1:?usage: bench_goals.sh BUILD_DIR OUT_DIR STAGE...}"
 out="${2:?usage: bench_goals.sh BUILD_DIR OUT_DIR STAGE...}"
 shift 2
-[[ $# -gt 0 ]] || { echo "bench_goals.sh: name at least one stage: build g1 cold g2 g3 g3sgd profile table" >&2; exit 2; }
+[[ $# -gt 0 ]] || { echo "bench_goals.sh: name at least one stage: build g1 cold g2 g3 g3sgd profile profile_g2 table" >&2; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root" || exit 2
 mkdir -p "$out/logs"
@@ -216,8 +217,21 @@ for stage in "$@"; do
       sed -n '/^profile of/,/ ops in .* steps/p' "$out/logs/profile_g1_gpu.log" "$out/logs/profile_g1_hybrid_copy.log" \
         "$out/logs/profile_g1_hybrid_mapped.log" | tee -a "$summary"
       ;;
+    profile_g2)
+      need_recsys || continue
+      # shellcheck disable=SC2046
+      {
+        common=(--table-optimizer rowwise_adagrad --id-rows "$id_rows" --hybrid-rows "$hybrid_rows" --hot-rows "$g2_hot")
+        run profile g2_small profile_g2_small_hybrid $(kiln profile_g2_small_hybrid "$g2_small_sizes" \
+          "${common[@]}" --profile "${timing[1]},3,5" --trace "$out/logs/profile_g2_small_hybrid.json")
+        run profile g2_large_hybrid profile_g2_large_hybrid $(kiln profile_g2_large_hybrid "$goal_sizes" \
+          "${common[@]}" --profile "${timing[1]},3,5" --trace "$out/logs/profile_g2_large_hybrid.json")
+      }
+      sed -n '/^profile of/,/ ops in .* steps/p' "$out/logs/profile_g2_small_hybrid.log" \
+        "$out/logs/profile_g2_large_hybrid.log" | tee -a "$summary"
+      ;;
     table) ;;
-    *) echo "bench_goals.sh: unknown stage '$stage' (build g1 cold g2 g3 g3sgd profile table)" >&2; exit 2 ;;
+    *) echo "bench_goals.sh: unknown stage '$stage' (build g1 cold g2 g3 g3sgd profile profile_g2 table)" >&2; exit 2 ;;
   esac
 done
 note "bench_goals.sh $*: $((SECONDS - start)) s"
