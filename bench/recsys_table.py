@@ -92,6 +92,11 @@ class Table:
                     out.append(f"- {fw} {case}: left out: {why}")
         return out
 
+    def cold_reads(self, case):
+        """' (cold reads: X)' from the counted runs of a kiln hybrid case, naming every mode if they differ."""
+        modes = sorted({r.get("cold_reads") for r in self.results.get(("kiln", case), []) if counted(r)} - {None})
+        return f" (cold reads: {', '.join(modes)})" if modes else ""
+
     def goals(self):
         out = []
         # G1
@@ -103,7 +108,7 @@ class Table:
         else:
             speed, memory = hyb_tp / gpu_tp, hyb_mem / gpu_mem
             ok = speed >= G1_SPEED and memory <= G1_MEMORY
-            out.append(f"- G1: hybrid {hyb_tp:,.0f} samples/s against all-on-GPU {gpu_tp:,.0f} = {speed:.1%} (goal >= "
+            out.append(f"- G1: hybrid{self.cold_reads('g1_hybrid')} {hyb_tp:,.0f} samples/s against all-on-GPU {gpu_tp:,.0f} = {speed:.1%} (goal >= "
                        f"{G1_SPEED:.0%}); GPU embedding memory {hyb_mem:.2f} GiB against {gpu_mem:.2f} = {memory:.1%} "
                        f"(goal <= {G1_MEMORY:.0%}): {'PASS' if ok else 'FAIL'}")
         # G2
@@ -119,7 +124,8 @@ class Table:
             ratio = ms_l / ms_s
             fast_s, fast_l = self.figure("kiln", small, "step_ms_min"), self.figure("kiln", large, "step_ms_min")
             verdict = "PASS" if same_k and ratio <= G2_RATIO else "FAIL"
-            out.append(f"- G2 ({where}): k = {k_s:,.0f} and {k_l:,.0f} rows per step{'' if same_k else ' (NOT equal)'}; "
+            reads = self.cold_reads(large) if where == "hybrid" else ""
+            out.append(f"- G2 ({where}){reads}: k = {k_s:,.0f} and {k_l:,.0f} rows per step{'' if same_k else ' (NOT equal)'}; "
                        f"{ms_s:.3f} ms with the largest table at 10^6 rows, {ms_l:.3f} ms at 10^8: {ratio:.2f}x "
                        f"(goal <= {G2_RATIO}x; fastest steps {fmt(fast_s, 3)} and {fmt(fast_l, 3)} ms): {verdict}")
         # G3
@@ -155,7 +161,7 @@ def selftest():
         return r
 
     import json
-    made = [line("kiln", "g1_gpu", 10.0), line("kiln", "g1_hybrid", 12.0, emb_device_gib=6.0),
+    made = [line("kiln", "g1_gpu", 10.0), line("kiln", "g1_hybrid", 12.0, emb_device_gib=6.0, cold_reads="mapped"),
             line("kiln", "g2_small_gpu", 5.0), line("kiln", "g2_large_gpu", 5.5),
             line("kiln", "g2_small_hybrid", 8.0), line("kiln", "g2_large_hybrid", 8.0, rows_touched_per_step=1200),
             line("kiln", "g3_sparse_adam", 4.0), line("torch", "g3_sparse_adam", 6.0),
@@ -165,7 +171,7 @@ def selftest():
     read([json.dumps(r) for r in made] + ["not json", '{"bench": "train"}'], results)
     text = Table(results).render()
     failures = 0
-    for want in ("G1: hybrid 341,333 samples/s against all-on-GPU 409,600 = 83.3%", "= 10.0% (goal <= 15%): PASS",
+    for want in ("G1: hybrid (cold reads: mapped) 341,333 samples/s against all-on-GPU 409,600 = 83.3%", "= 10.0% (goal <= 15%): PASS",
                  "G2 (gpu): k = 1,000 and 1,000 rows per step; 5.000 ms", "1.10x (goal <= 1.2x; fastest steps 4.500 and 4.950 ms): PASS",
                  "G2 (hybrid): k = 1,000 and 1,200 rows per step (NOT equal)", "FAIL",
                  "torch / kiln = 1.50x (fewer than 5 runs on a side)", "- torch g3_sparse_adam: left out: the loss did not fall",
