@@ -14,8 +14,8 @@ namespace kiln::dist {
 
 namespace {
 
-// One parameter to average: its gradient (null: none on this rank), the device it lives on and the group it goes
-// through.
+// One parameter to average: its position in the list, its gradient (null: none on this rank) and the group it goes
+// through (that of the gradient's device).
 struct Entry {
   size_t index;
   const SparseRowGrad* grad;
@@ -23,8 +23,9 @@ struct Entry {
 };
 
 // Replaces entry e's gradient by the mean of every rank's rows, given every rank's row count k (-1: none).
-void gather_one(const Tensor& p, const Entry& e, const int64_t* k, int world) {
+void gather_one(const Tensor& p, const Entry& e, const int64_t* k) {
   ProcessGroup& group = *e.group;
+  const int world = group.size();
   const Device device = group.device();
   const bool none = std::all_of(k, k + world, [](int64_t c) { return c < 0; });
   if (none) return;
@@ -110,7 +111,7 @@ void all_gather_sparse_grads(const std::vector<Tensor>& params, ProcessGroup* gr
     for (int64_t j = 0; j < n; ++j) {
       for (int r = 0; r < world; ++r) k[static_cast<size_t>(r)] = all[r * n + j];
       const Entry& e = *mine[static_cast<size_t>(j)];
-      gather_one(params[e.index], e, k.data(), world);
+      gather_one(params[e.index], e, k.data());
     }
   }
 }
