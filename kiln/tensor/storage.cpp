@@ -3,6 +3,7 @@
 #include <cstdlib>  // std::aligned_alloc, std::free
 
 #include "kiln/tensor/error.h"
+#include "kiln/tensor/huge_pages.h"
 #include "kiln/tensor/small_alloc.h"
 
 namespace kiln {
@@ -20,6 +21,11 @@ class CpuAllocator final : public Allocator {
       p = detail::pooled_block_alloc(nbytes, &size_class);
       check(p, nbytes);
       return DataPtr(p, [size_class](void* q) { detail::pooled_block_free(q, size_class); });
+    }
+    if (nbytes >= detail::kHugePageMin) {  // large arrays read at random rows: huge pages (huge_pages.h)
+      p = detail::huge_page_alloc(nbytes);
+      check(p, nbytes);
+      return DataPtr(p, [](void* q) { std::free(q); });
     }
     p = std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign);
     check(p, nbytes);

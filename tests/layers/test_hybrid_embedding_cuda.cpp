@@ -233,6 +233,29 @@ TEST_P(HybridEmbeddingCuda, LookupsOfManyRowsEqualTheLogicalTable) {
   EXPECT_EQ(bytes_of(out), bytes_of(index_select(emb.table(), 0, ids_of(ids))));
 }
 
+TEST_P(HybridEmbeddingCuda, ALargeColdTierIsReadAndUpdatedAsTheLogicalTable) {
+  // A cold tier of 96 MiB: a huge-page block that the pinned allocator registers (32 MiB and up), which the mapped
+  // lookups and the fused updates read and write at its host address.
+  manual_seed(25);
+  const Device gpu = Device::cuda(0);
+  nn::HybridEmbedding emb(393'216 + 1000, 64, {.device = gpu, .hot_rows = 1000, .cold_reads = GetParam()});
+  ASSERT_TRUE(emb.cold.is_pinned());
+  ASSERT_GE(emb.cold.nbytes(), int64_t{32} << 20);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 30000; ++i) ids.push_back((i * 104'729) % emb.num_embeddings);
+  const Tensor before = emb.table();
+  EXPECT_EQ(bytes_of(emb(ids_of(ids))), bytes_of(index_select(before, 0, ids_of(ids))));
+  // One SGD step at lr 1 on sum(rows): every looked-up row falls by its number of lookups.
+  optim::SGD sgd(emb.parameters(), {.lr = 1.0});
+  sum(emb(ids_of(ids))).backward();
+  sgd.step();
+  cuda::synchronize();
+  std::vector<double> times(static_cast<size_t>(emb.num_embeddings), 0.0);
+  for (const int64_t id : ids) times[static_cast<size_t>(id)] += 1.0;
+  const Tensor expected = before - from_vector(times, {emb.num_embeddings}).to(DType::Float32).unsqueeze(1);
+  EXPECT_EQ(bytes_of(emb.table()), bytes_of(expected));
+}
+
 INSTANTIATE_TEST_SUITE_P(ColdReads, HybridEmbeddingCuda, ::testing::Values(nn::ColdReads::Copy, nn::ColdReads::Mapped),
                          [](const ::testing::TestParamInfo<nn::ColdReads>& info) {
                            return info.param == nn::ColdReads::Copy ? "copy" : "mapped";

@@ -1,6 +1,10 @@
 // Core types: DType promotion, Half/BFloat16 conversion, Device parsing, shapes.
 #include <cmath>
+#include <cstdint>
+#include <cstdio>  // std::sscanf: /proc/self/smaps
+#include <fstream>
 #include <limits>
+#include <string>
 
 #include "support/test_support.h"
 
@@ -70,6 +74,46 @@ TEST(Shape, BroadcastsAndWrapsDims) {
   EXPECT_EQ(wrap_dim(0, 0, "op"), 0);
   testing::expect_error([] { wrap_dim(3, 3, "sum"); }, {"sum", "dim 3", "rank 3"});
   EXPECT_EQ(contiguous_strides({2, 3, 4}), (Strides{12, 4, 1}));
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The VmFlags line of the mapping in /proc/self/smaps that holds address p ("" when none does or smaps is absent).
+std::string vm_flags_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      inside = addr >= lo && addr < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+TEST(Storage, LargeHostTensorsLieOnHugePageBoundariesAdvisedAsHugePages) {
+  // 40 MiB: at least the 32 MiB from which the CPU allocator takes huge-page blocks (kiln/tensor/huge_pages.h).
+  const int64_t n = int64_t{10} << 20;
+  Tensor big = arange(n, {.dtype = DType::Int32});
+  const void* p = big.data_ptr<void>();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (uintptr_t{2} << 20), 0u) << "not at a 2 MiB boundary";
+  const int32_t* v = big.data_ptr<int32_t>();
+  for (int64_t i = 0; i < n; i += 99'991) ASSERT_EQ(v[i], static_cast<int32_t>(i)) << i;
+  EXPECT_EQ(big.sum().item<int64_t>(), n * (n - 1) / 2);
+  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) {
+    GTEST_SKIP() << "this kernel has no transparent huge pages: the advice is refused, the alignment checked above";
+  }
+  const std::string flags = vm_flags_of(p);
+  ASSERT_FALSE(flags.empty()) << "no mapping in /proc/self/smaps holds the tensor's memory";
+  EXPECT_NE(flags.find(" hg"), std::string::npos) << "not advised as huge pages (MADV_HUGEPAGE): " << flags;
 }
 
 }  // namespace

@@ -213,6 +213,41 @@ TEST_F(CudaMemory, PinnedHostMemoryIsReused) {
   EXPECT_EQ(cudaHostGetFlags(&flags, again.data_ptr<void>()), cudaSuccess) << "not page-locked memory";
 }
 
+TEST_F(CudaMemory, LargePinnedBlocksAreHugePageMappingsRegisteredWithCuda) {
+  // 80 MiB: at least the 32 MiB from which the pinned allocator takes a huge-page block (2 MiB-aligned, advised as
+  // huge pages: kiln/tensor/huge_pages.h) and registers it, where the devices read registered memory at its host
+  // address.
+  int host_pointers = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&host_pointers, cudaDevAttrCanUseHostPointerForRegisteredMem, 0), cudaSuccess);
+  const int64_t n = 20 * kMiB;
+  void* first = nullptr;
+  void* second = nullptr;
+  {
+    Tensor pinned = empty({n}, {.dtype = DType::Int32, .pinned_memory = true});
+    first = pinned.data_ptr<void>();
+    EXPECT_TRUE(pinned.is_pinned());
+    unsigned int flags = 0;
+    EXPECT_EQ(cudaHostGetFlags(&flags, first), cudaSuccess) << "not page-locked memory";
+    if (host_pointers != 0) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % (2 * kMiB), 0u) << "not a 2 MiB-aligned mapping";
+    }
+    pinned.copy_(arange(n, {.dtype = DType::Int32}));
+    Tensor back = empty({n}, {.dtype = DType::Int32, .pinned_memory = true});
+    second = back.data_ptr<void>();
+    {
+      Tensor dev = pinned.to(Device::cuda(0), /*non_blocking=*/true);
+      dev.add_(1);
+      back.copy_(dev, /*non_blocking=*/true);
+    }
+    cuda::synchronize(0);
+    const int32_t* p = back.data_ptr<int32_t>();
+    for (int64_t i = 0; i < n; i += 65'537) ASSERT_EQ(p[i], static_cast<int32_t>(i + 1)) << i;
+  }
+  cuda::synchronize(0);
+  Tensor again = empty({n}, {.dtype = DType::Int32, .pinned_memory = true});
+  EXPECT_TRUE(again.data_ptr<void>() == first || again.data_ptr<void>() == second) << "a freed block is not reused";
+}
+
 TEST_F(CudaMemory, PinMemoryAndNonBlockingCopiesRoundTrip) {
   const int64_t n = 1 << 22;
   Tensor host = arange(n, {.dtype = DType::Float32});

@@ -4,10 +4,17 @@
 // up, so freed buffers are kept and reused. A freed buffer may still be the source or target of an
 // asynchronous copy, so an event is recorded on the current stream at free time and the buffer is
 // handed out again only once that event has completed.
+//
+// A block of at least detail::kHugePageMin bytes (an nn::HybridEmbedding's cold tier: tens of GB) is instead a
+// huge-page block (kiln/tensor/huge_pages.h) registered with CUDA (cudaHostRegister, portable and mapped), so that
+// pinning it walks 512 times fewer pages and the GPU's reads of it at random rows need fewer translations. Kernels
+// read such memory at its host address, so this path is taken only where every device can (the attribute
+// cudaDevAttrCanUseHostPointerForRegisteredMem); otherwise cudaHostAlloc as for small blocks.
 #include <cuda_runtime.h>
 
 #include <bit>
 #include <cstdint>
+#include <cstdlib>  // std::free: huge-page blocks
 #include <map>
 #include <mutex>
 #include <utility>
@@ -16,6 +23,7 @@
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/cuda/cuda_backend.h"
 #include "kiln/tensor/cuda/cuda_check.h"
+#include "kiln/tensor/huge_pages.h"  // detail::huge_page_alloc: the large blocks
 
 namespace kiln::cuda {
 namespace {
@@ -36,7 +44,50 @@ size_t size_class(size_t n) {
 struct HostBlock {
   void* ptr = nullptr;
   size_t size = 0;
+  bool registered =
+      false;  // huge pages, cudaHostRegister'ed (freed by cudaHostUnregister + std::free), else cudaHostAlloc
 };
+
+// Whether every visible device reads registered host memory at its host address.
+bool devices_use_host_pointers() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  for (int d = 0; d < count; ++d) {
+    int can = 0;
+    if (cudaDeviceGetAttribute(&can, cudaDevAttrCanUseHostPointerForRegisteredMem, d) != cudaSuccess || can == 0) {
+      (void)cudaGetLastError();
+      return false;
+    }
+  }
+  return true;
+}
+
+// `size` bytes (a multiple of detail::kHugePage) of huge pages registered with CUDA; null when the host has no memory
+// for them or registration fails for want of memory.
+void* huge_and_registered(size_t size) {
+  void* ptr = kiln::detail::huge_page_alloc(size);
+  if (ptr == nullptr) return nullptr;
+  const cudaError_t err = cudaHostRegister(ptr, size, cudaHostRegisterPortable | cudaHostRegisterMapped);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::free(ptr);
+    if (err == cudaErrorMemoryAllocation) return nullptr;
+    KILN_CUDA_CHECK(err, "pinned host allocator (cudaHostRegister)");
+  }
+  return ptr;
+}
+
+void free_block(HostBlock* b) {
+  if (b->registered) {
+    KILN_CUDA_CHECK(cudaHostUnregister(b->ptr), "pinned host allocator");
+    std::free(b->ptr);
+  } else {
+    KILN_CUDA_CHECK(cudaFreeHost(b->ptr), "pinned host allocator");
+  }
+}
 
 class PinnedAllocator final : public Allocator {
  public:
@@ -66,6 +117,20 @@ class PinnedAllocator final : public Allocator {
   }
 
   HostBlock* host_alloc(size_t size) {
+    if (size >= kiln::detail::kHugePageMin && huge_pages_) {
+      void* p = huge_and_registered(size);
+      if (p == nullptr) {  // out of memory: free the cached blocks and try once more
+        synchronize_events();
+        release_cached();
+        p = huge_and_registered(size);
+      }
+      if (p == nullptr) {
+        throw OutOfMemoryError(::kiln::detail::str_cat(
+            "pinned host allocator: out of page-locked memory allocating ", size, " bytes (", cached_bytes_,
+            " bytes cached); use smaller pinned buffers, or raise the locked-memory limit (ulimit -l)"));
+      }
+      return new HostBlock{p, size, true};
+    }
     void* ptr = nullptr;
     // Portable: pinned for every device, so copies to any GPU run asynchronously.
     cudaError_t err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
@@ -153,7 +218,7 @@ class PinnedAllocator final : public Allocator {
 
   void release_cached() {
     for (auto& [size, b] : free_) {
-      KILN_CUDA_CHECK(cudaFreeHost(b->ptr), "pinned host allocator");
+      free_block(b);
       cached_bytes_ -= b->size;
       delete b;
     }
@@ -171,6 +236,7 @@ class PinnedAllocator final : public Allocator {
   std::vector<Pending> pending_;                    // freed, waiting for the copies queued before the free
   std::map<int, std::vector<cudaEvent_t>> events_;  // spare events of each device
   size_t cached_bytes_ = 0;
+  const bool huge_pages_ = devices_use_host_pointers();
 };
 
 }  // namespace
