@@ -4,9 +4,10 @@
 
 #include <algorithm>  // std::nth_element, std::sort
 #include <cmath>      // std::llround, std::isfinite
-#include <cstring>    // std::memcpy: rows of the host tiers
-#include <memory>     // std::shared_ptr: a lookup's index lists, kept for its backward
-#include <numeric>    // std::iota
+#include <cstdint>
+#include <cstring>  // std::memcpy: rows of the host tiers
+#include <memory>   // std::shared_ptr: a lookup's index lists, kept for its backward
+#include <numeric>  // std::iota
 #include <utility>
 #include <vector>
 
@@ -37,11 +38,22 @@ struct Partition {
 // their way the misses overlap instead of following one another.
 constexpr int64_t kPrefetchAhead = 16;
 
-// The split of ids (N, all in [0, V)) by the placement slot (V), and, when counts is given, ++counts[id] for each.
-// ids, slot and counts are Int64 on the CPU.
-Partition partition(const Tensor& ids, const Tensor& slot, int64_t* counts = nullptr) {
-  const int64_t n = ids.numel();
-  const int64_t* id = ids.data_ptr<int64_t>();
+// A lookup's ids as the host holds them: (N) Int64 at a stride (a column of a batch's (B, F) ids needs no copy).
+struct IdView {
+  const int64_t* data;
+  int64_t n, stride;
+  int64_t operator[](int64_t i) const { return data[i * stride]; }
+};
+
+// ids: (N) Int64 on the CPU, contiguous or not.
+IdView view_of(const Tensor& ids) {
+  return {ids.data_ptr<int64_t>(), ids.numel(), ids.numel() > 1 ? ids.stride(0) : 1};
+}
+
+// The split of ids (all in [0, V)) by the placement slot (V) Int64 on the CPU, and, when counts (V) is given,
+// ++counts[id] for each.
+Partition partition(IdView id, const Tensor& slot, int64_t* counts = nullptr) {
+  const int64_t n = id.n;
   const int64_t* s = slot.data_ptr<int64_t>();
   Partition p;
   for (auto* v : {&p.hot_pos, &p.hot_slots, &p.cold_pos, &p.cold_slots}) v->reserve(static_cast<size_t>(n));
@@ -51,8 +63,9 @@ Partition partition(const Tensor& ids, const Tensor& slot, int64_t* counts = nul
       __builtin_prefetch(s + ahead);
       if (counts != nullptr) __builtin_prefetch(counts + ahead, 1);
     }
-    if (counts != nullptr) ++counts[id[i]];
-    const int64_t where = s[id[i]];
+    const int64_t row = id[i];
+    if (counts != nullptr) ++counts[row];
+    const int64_t where = s[row];
     if (where >= 0) {
       p.hot_pos.push_back(i);
       p.hot_slots.push_back(where);
@@ -64,15 +77,19 @@ Partition partition(const Tensor& ids, const Tensor& slot, int64_t* counts = nul
   return p;
 }
 
-// (K) Int64 on device. For a GPU the list is staged in page-locked memory and copied without waiting: the caching
-// pinned allocator keeps the staging buffer until the copy is done, so a lookup and its backward queue their index
-// lists without a host synchronisation each.
+// (K) Int64 on device, its values written by fill(int64_t* dst). For a GPU they are written to page-locked memory and
+// copied without waiting: the caching pinned allocator keeps the staging buffer until the copy is done, so a lookup
+// and its backward queue their index lists without a host synchronisation each.
+template <typename Fill>
+Tensor staged_index_tensor(int64_t k, Device device, Fill fill) {
+  Tensor staged = internal::empty({k}, {.dtype = DType::Int64, .pinned_memory = device.is_cuda()});
+  if (k > 0) fill(staged.data_ptr<int64_t>());
+  return device.is_cuda() ? internal::to(staged, device, {}, /*non_blocking=*/true) : internal::to(staged, device);
+}
+
 Tensor index_tensor(const std::vector<int64_t>& v, Device device) {
-  const auto k = static_cast<int64_t>(v.size());
-  if (!device.is_cuda()) return internal::to(internal::from_vector(v, {k}), device);
-  Tensor staged = internal::empty({k}, {.dtype = DType::Int64, .pinned_memory = true});
-  if (k > 0) std::memcpy(staged.data_ptr<int64_t>(), v.data(), static_cast<size_t>(k) * sizeof(int64_t));
-  return internal::to(staged, device, {}, /*non_blocking=*/true);
+  return staged_index_tensor(static_cast<int64_t>(v.size()), device,
+                             [&](int64_t* dst) { std::memcpy(dst, v.data(), v.size() * sizeof(int64_t)); });
 }
 
 // One lookup's partition and its index lists where they are used, made by one copy (make_lists): hot_slots, hot_pos,
@@ -80,24 +97,24 @@ Tensor index_tensor(const std::vector<int64_t>& v, Device device) {
 // there too when the cold tier is mapped (read, and its gradients kept, on the device).
 struct LookupLists {
   Partition p;
+  uint64_t slot_version = 0;                   // the placement's (slot's storage's) version they were made from
   Tensor hot_slots, hot_pos, cold_pos, order;  // (Nh), (Nh), (Nc), (N) Int64 on the device
   Tensor cold_slots;                           // (Nc) Int64 on the device when mapped, else undefined
 };
 
-std::shared_ptr<const LookupLists> make_lists(Partition p, Device device, bool mapped) {
+std::shared_ptr<const LookupLists> make_lists(Partition p, Device device, bool mapped, const Tensor& slot) {
   const auto nh = static_cast<int64_t>(p.hot_pos.size()), nc = static_cast<int64_t>(p.cold_pos.size());
   // [hot_slots | hot_pos | cold_pos | order | cold_slots (mapped)], one buffer, one copy to the device.
-  std::vector<int64_t> packed;
-  packed.reserve(static_cast<size_t>(3 * (nh + nc) + (mapped ? nc : 0)));
-  packed.insert(packed.end(), p.hot_slots.begin(), p.hot_slots.end());
-  packed.insert(packed.end(), p.hot_pos.begin(), p.hot_pos.end());
-  packed.insert(packed.end(), p.cold_pos.begin(), p.cold_pos.end());
-  const size_t order_at = packed.size();
-  packed.resize(order_at + static_cast<size_t>(nh + nc));
-  for (int64_t j = 0; j < nh; ++j) packed[order_at + p.hot_pos[j]] = j;
-  for (int64_t j = 0; j < nc; ++j) packed[order_at + p.cold_pos[j]] = nh + j;
-  if (mapped) packed.insert(packed.end(), p.cold_slots.begin(), p.cold_slots.end());
-  const Tensor all = index_tensor(packed, device);
+  const Tensor all = staged_index_tensor(3 * (nh + nc) + (mapped ? nc : 0), device, [&](int64_t* dst) {
+    const auto put = [&dst](const std::vector<int64_t>& v) { dst = std::copy(v.begin(), v.end(), dst); };
+    put(p.hot_slots);
+    put(p.hot_pos);
+    put(p.cold_pos);
+    for (int64_t j = 0; j < nh; ++j) dst[p.hot_pos[j]] = j;
+    for (int64_t j = 0; j < nc; ++j) dst[p.cold_pos[j]] = nh + j;
+    dst += nh + nc;
+    if (mapped) put(p.cold_slots);
+  });
   auto lists = std::make_shared<LookupLists>();
   int64_t at = 0;
   const auto next = [&](int64_t k) {
@@ -111,6 +128,7 @@ std::shared_ptr<const LookupLists> make_lists(Partition p, Device device, bool m
   lists->order = next(nh + nc);
   if (mapped) lists->cold_slots = next(nc);
   lists->p = std::move(p);
+  lists->slot_version = slot.impl().storage()->version();
   return lists;
 }
 
@@ -132,16 +150,17 @@ void write_rows(Tensor t, const Tensor& rows, const Tensor& values) {
 // The lookup as one node: forward reads the rows gathered from both tiers (hot ones, then cold ones) in output order;
 // backward gives each tier the gradients of its own rows, sparse: the hot tier's on its device, the cold tier's on
 // the host, or left on the device when device_held (ColdReads::Mapped on a GPU: the optimizer then updates them
-// through the mapping). Backward redoes the split from the ids and the placement at its own time, so a rebalance
-// between the two still sends each gradient to its row; when the split is unchanged (the usual case) it reuses the
-// forward's index lists on the device, so it copies no index list.
+// through the mapping). While the placement is the forward's (slot's version unchanged: the usual case) backward
+// reuses the forward's index lists on the device, so it neither reads the ids again nor copies an index list; after
+// a rebalance or a load between the two it redoes the split from the ids and the placement of its own time, so that
+// each gradient still reaches its row.
 struct HybridLookupFunction : autograd::Function<HybridLookupFunction> {
   static Tensor forward(autograd::Context& ctx, const Tensor& hot, const Tensor& cold, const Tensor& rows,
                         const Tensor& ids, const Tensor& slot, std::shared_ptr<const LookupLists> lists,
                         bool device_held) {
     ctx.set("hot", hot);  // the leaves the rows' gradients accumulate into
     ctx.set("cold", cold);
-    ctx.set("ids", ids);    // (N) Int64 on the CPU
+    ctx.set("ids", ids);    // (N) Int64 on the CPU, contiguous or not
     ctx.set("slot", slot);  // (V) the module's placement (a handle: rebalance changes it in place)
     ctx.set("device_held", device_held);
     const Tensor order = lists->order;
@@ -153,9 +172,12 @@ struct HybridLookupFunction : autograd::Function<HybridLookupFunction> {
     const bool device_held = ctx.get<bool>("device_held");
     const Tensor g = internal::contiguous(grads[0]);  // (N, D)
     auto lists = ctx.get<std::shared_ptr<const LookupLists>>("lists");
-    Partition p = partition(ctx.get<Tensor>("ids"), ctx.get<Tensor>("slot"));
-    if (p.hot_pos != lists->p.hot_pos || p.hot_slots != lists->p.hot_slots || p.cold_slots != lists->p.cold_slots)
-      lists = make_lists(std::move(p), g.device(), device_held);  // a rebalance moved some of these rows
+    const Tensor& slot = ctx.get<Tensor>("slot");
+    if (slot.impl().storage()->version() != lists->slot_version) {  // a rebalance or a load moved rows
+      Partition p = partition(view_of(ctx.get<Tensor>("ids")), slot);
+      if (p.hot_pos != lists->p.hot_pos || p.hot_slots != lists->p.hot_slots || p.cold_slots != lists->p.cold_slots)
+        lists = make_lists(std::move(p), g.device(), device_held, slot);
+    }
     // Both tiers take a gradient on every call, empty when no row of theirs was looked up, as one table would.
     if (hot.requires_grad()) {
       const Tensor rows = internal::index_select(g, 0, lists->hot_pos);
@@ -222,6 +244,7 @@ HybridEmbedding::HybridEmbedding(int64_t num_embeddings, int64_t embedding_dim, 
   } else {
     int64_t* s = slot.data_ptr<int64_t>();  // rows 0..H-1 hot, in order; the rest cold, in order
     for (int64_t r = 0; r < v; ++r) s[r] = r < h ? r : -(r - h) - 1;
+    slot.impl().storage()->bump_version();
   }
   counting_ = count_batches > 0;
   reset_parameters();
@@ -245,6 +268,7 @@ void HybridEmbedding::place_by(const std::vector<double>& score) {
   int64_t* s = slot.data_ptr<int64_t>();  // hot and cold slots in row order
   int64_t next_hot = 0, next_cold = 0;
   for (int64_t r = 0; r < v; ++r) s[r] = is_hot[r] ? next_hot++ : -(next_cold++) - 1;
+  slot.impl().storage()->bump_version();  // a lookup's backward sees that the placement changed (LookupLists)
 }
 
 std::vector<double> HybridEmbedding::scores() const {
@@ -301,11 +325,11 @@ void HybridEmbedding::wait_for_device_access() const {
 Tensor HybridEmbedding::forward(const Tensor& ids) {
   KILN_CHECK(is_integral(ids.dtype()), "HybridEmbedding: expected integer ids (Int64), got ", ids.dtype(), " of shape ",
              ids.shape());
-  // The ids on the host: the placement and the counts are there. (N) Int64.
-  const Tensor host =
-      internal::contiguous(internal::reshape(internal::to(ids.detach(), Device::cpu(), DType::Int64), {ids.numel()}));
-  const int64_t n = host.numel(), v = num_embeddings;
-  const int64_t* id = host.data_ptr<int64_t>();
+  // The ids on the host, where the placement and the counts are: (N) Int64, a view where the ids are Int64 on the
+  // CPU already (a column of a batch's ids, say: read at its stride, not copied).
+  const Tensor host = internal::reshape(internal::to(ids.detach(), Device::cpu(), DType::Int64), {ids.numel()});
+  const IdView id = view_of(host);
+  const int64_t n = id.n, v = num_embeddings;
   for (int64_t i = 0; i < n; ++i)
     KILN_CHECK(id[i] >= 0 && id[i] < v, display_name(), " (", v, " x ", embedding_dim, " table): id ", id[i],
                " at position ", i, " of the ids is out of range [0, ", v, ")");
@@ -323,7 +347,8 @@ Tensor HybridEmbedding::forward(const Tensor& ids) {
   }
 
   const bool device_held = maps_cold();  // the cold rows' gradients stay on the device, updated through the mapping
-  const std::shared_ptr<const LookupLists> lists = make_lists(partition(host, slot, count_into), device, device_held);
+  const std::shared_ptr<const LookupLists> lists =
+      make_lists(partition(id, slot, count_into), device, device_held, slot);
   const Tensor hot_rows_got = internal::index_select(hot.detach(), 0, lists->hot_slots);      // (Nh, D)
   const Tensor cold_rows_got = gather_cold(lists->p.cold_slots, lists->cold_slots);           // (Nc, D)
   const Tensor rows = internal::cat({hot_rows_got, cold_rows_got}, 0);                        // (Nh + Nc, D)
@@ -404,6 +429,7 @@ RowSwaps HybridEmbedding::place_and_swap() {
     s[entering[i].second] = hot_slots[i];
     s[leaving[i].second] = -cold_slots[i] - 1;
   }
+  slot.impl().storage()->bump_version();
   RowSwaps swaps{index_tensor(hot_slots, Device::cpu()), index_tensor(cold_slots, Device::cpu())};
   wait_for_device_access();
   {
@@ -569,6 +595,7 @@ void HybridEmbedding::finish_load_state() {
   wait_for_device_access();
   NoGradGuard no_grad;
   slot.copy_(staged_slot_);
+  slot.impl().storage()->bump_version();  // (copy_ may leave it alone under no_grad)
   counts.copy_(staged_counts_);
   const SlotRows rows = rows_by_slot(slot, hot_rows);  // slot -> row
   copy_rows_in_chunks(hot.detach(), staged_weight_, rows.hot);

@@ -108,6 +108,24 @@ TEST(HybridEmbedding, LookupsAndSparseGradientsMatchAPlainEmbedding) {
   EXPECT_EQ(bytes_of(logical_grad(emb)), bytes_of(dense_grad(plain->weight)));
 }
 
+TEST(HybridEmbedding, AColumnOfABatchsIdsIsLookedUpAtItsStride) {
+  // A (B, F) batch's column t is a strided view (stride F): the lookup reads it where it lies, and the rows, the
+  // gradients and the counts are those of the same ids made contiguous.
+  manual_seed(4);
+  auto emb = scattered();
+  auto plain = plain_copy(emb);
+  const Tensor batch = ids_of({7, 1, 0, 9, 3, 3, 7, 0, 9, 5, 0, 0}, {6, 2});
+  const Tensor column = batch.select(1, 0);  // 7, 0, 3, 7, 9, 0
+  ASSERT_FALSE(column.is_contiguous());
+  const Tensor a = emb(column), b = (*plain)(column.contiguous());
+  EXPECT_EQ(bytes_of(a), bytes_of(b));
+  loss_of(a).backward();
+  loss_of(b).backward();
+  EXPECT_EQ(bytes_of(logical_grad(emb)), bytes_of(dense_grad(plain->weight)));
+  const std::vector<int64_t> counted = emb.counts.to_vector<int64_t>();
+  EXPECT_EQ(counted, (std::vector<int64_t>{2, 0, 0, 1, 0, 0, 0, 2, 0, 1}));
+}
+
 TEST(HybridEmbedding, ARebalanceBetweenALookupAndItsBackwardSendsEachGradientToItsRow) {
   // Backward redoes the split by the placement of its own time: rows that changed tier since the lookup take their
   // gradients in their new tier (the lookup's own index lists would send them to the old one).
