@@ -173,11 +173,8 @@ struct HybridLookupFunction : autograd::Function<HybridLookupFunction> {
     const Tensor g = internal::contiguous(grads[0]);  // (N, D)
     auto lists = ctx.get<std::shared_ptr<const LookupLists>>("lists");
     const Tensor& slot = ctx.get<Tensor>("slot");
-    if (slot.impl().storage()->version() != lists->slot_version) {  // a rebalance or a load moved rows
-      Partition p = partition(view_of(ctx.get<Tensor>("ids")), slot);
-      if (p.hot_pos != lists->p.hot_pos || p.hot_slots != lists->p.hot_slots || p.cold_slots != lists->p.cold_slots)
-        lists = make_lists(std::move(p), g.device(), device_held, slot);
-    }
+    if (slot.impl().storage()->version() != lists->slot_version)  // a rebalance or a load moved rows
+      lists = make_lists(partition(view_of(ctx.get<Tensor>("ids")), slot), g.device(), device_held, slot);
     // Both tiers take a gradient on every call, empty when no row of theirs was looked up, as one table would.
     if (hot.requires_grad()) {
       const Tensor rows = internal::index_select(g, 0, lists->hot_pos);
@@ -244,7 +241,6 @@ HybridEmbedding::HybridEmbedding(int64_t num_embeddings, int64_t embedding_dim, 
   } else {
     int64_t* s = slot.data_ptr<int64_t>();  // rows 0..H-1 hot, in order; the rest cold, in order
     for (int64_t r = 0; r < v; ++r) s[r] = r < h ? r : -(r - h) - 1;
-    slot.impl().storage()->bump_version();
   }
   counting_ = count_batches > 0;
   reset_parameters();
@@ -594,8 +590,7 @@ void HybridEmbedding::finish_load_state() {
   if (!staged_weight_.defined()) return;
   wait_for_device_access();
   NoGradGuard no_grad;
-  slot.copy_(staged_slot_);
-  slot.impl().storage()->bump_version();  // (copy_ may leave it alone under no_grad)
+  slot.copy_(staged_slot_);  // (a new version: a lookup's backward redoes its split)
   counts.copy_(staged_counts_);
   const SlotRows rows = rows_by_slot(slot, hot_rows);  // slot -> row
   copy_rows_in_chunks(hot.detach(), staged_weight_, rows.hot);

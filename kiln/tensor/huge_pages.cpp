@@ -6,10 +6,8 @@
 
 namespace kiln::detail {
 
-size_t huge_page_size(size_t nbytes) { return (nbytes + kHugePage - 1) / kHugePage * kHugePage; }
-
 void* huge_page_alloc(size_t nbytes) {
-  const size_t size = huge_page_size(nbytes);
+  const size_t size = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
   void* p = std::aligned_alloc(kHugePage, size);
   if (p != nullptr) (void)madvise(p, size, MADV_HUGEPAGE);  // advice only: without huge pages it changes nothing
   return p;

@@ -16,11 +16,8 @@ namespace kiln::detail {
 inline constexpr size_t kHugePageMin = size_t{32} << 20;  // blocks from here on are huge-page blocks
 inline constexpr size_t kHugePage = size_t{2} << 20;      // the huge page of x86-64 and of Arm64 with 4 KiB pages
 
-// nbytes rounded up to a multiple of kHugePage: the size of huge_page_alloc(nbytes)'s block.
-size_t huge_page_size(size_t nbytes);
-
-// huge_page_size(nbytes) bytes at a kHugePage boundary, advised as huge pages; null when the host has no memory for
-// them. Freed by std::free.
+// nbytes rounded up to a multiple of kHugePage, at a kHugePage boundary, advised as huge pages; null when the host
+// has no memory for them. Freed by std::free.
 void* huge_page_alloc(size_t nbytes);
 
 }  // namespace kiln::detail

@@ -22,12 +22,9 @@ class CpuAllocator final : public Allocator {
       check(p, nbytes);
       return DataPtr(p, [size_class](void* q) { detail::pooled_block_free(q, size_class); });
     }
-    if (nbytes >= detail::kHugePageMin) {  // large arrays read at random rows: huge pages (huge_pages.h)
-      p = detail::huge_page_alloc(nbytes);
-      check(p, nbytes);
-      return DataPtr(p, [](void* q) { std::free(q); });
-    }
-    p = std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign);
+    // Large arrays (read at random rows, as an embedding table's) on huge pages (huge_pages.h).
+    p = nbytes >= detail::kHugePageMin ? detail::huge_page_alloc(nbytes)
+                                       : std::aligned_alloc(kAlign, (nbytes + kAlign - 1) / kAlign * kAlign);
     check(p, nbytes);
     return DataPtr(p, [](void* q) { std::free(q); });
   }
