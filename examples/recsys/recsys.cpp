@@ -336,6 +336,7 @@ struct TableMemory {
   int64_t host_params = 0, host_state = 0;      // ... and in host memory (cold tiers; every table on a CPU run)
   int64_t hot_params = 0, hot_state = 0;        // of those, the hybrid tables' hot tiers ...
   int64_t cold_params = 0, cold_state = 0;      // ... and cold tiers
+  int64_t device_placement = 0;                 // the hybrid tables' placement and counts kept on the GPU
 };
 
 TableMemory table_memory(Dlrm& model, const std::vector<const optim::Optimizer*>& opts) {
@@ -367,6 +368,7 @@ TableMemory table_memory(Dlrm& model, const std::vector<const optim::Optimizer*>
       const auto h = model.tables->at<nn::HybridEmbedding>(static_cast<int64_t>(t));
       add(h->hot, &m.hot_params, &m.hot_state);
       add(h->cold, &m.cold_params, &m.cold_state);
+      m.device_placement += h->device_placement_bytes();
     } else {
       add(model.tables->at<nn::Embedding>(static_cast<int64_t>(t))->weight, nullptr, nullptr);
     }
@@ -655,14 +657,15 @@ int main(int argc, char** argv) {
               ", \"unit\": \"samples/s\", \"timed_s\": " + json_number(timed_s, 3) +
               ", \"rows_touched_per_step\": " + json_number(mean_touched, 1) + ", \"largest_table_rows_touched\": " +
               json_number(touched_largest / static_cast<double>(std::max<size_t>(touched.size(), 1)), 1);
-      line +=
-          ", \"emb_device_gib\": " + json_number(static_cast<double>(mem.device_params + mem.device_state) * gib, 4) +
-          ", \"emb_device_params_gib\": " + json_number(static_cast<double>(mem.device_params) * gib, 4) +
-          ", \"emb_device_state_gib\": " + json_number(static_cast<double>(mem.device_state) * gib, 4) +
-          ", \"emb_host_gib\": " + json_number(static_cast<double>(mem.host_params + mem.host_state) * gib, 4) +
-          ", \"emb_total_gib\": " + json_number(static_cast<double>(logical) * gib, 4) +
-          ", \"hot_gib\": " + json_number(static_cast<double>(mem.hot_params + mem.hot_state) * gib, 4) +
-          ", \"cold_gib\": " + json_number(static_cast<double>(mem.cold_params + mem.cold_state) * gib, 4);
+      line += ", \"emb_device_gib\": " +
+              json_number(static_cast<double>(mem.device_params + mem.device_state + mem.device_placement) * gib, 4) +
+              ", \"emb_device_placement_gib\": " + json_number(static_cast<double>(mem.device_placement) * gib, 4) +
+              ", \"emb_device_params_gib\": " + json_number(static_cast<double>(mem.device_params) * gib, 4) +
+              ", \"emb_device_state_gib\": " + json_number(static_cast<double>(mem.device_state) * gib, 4) +
+              ", \"emb_host_gib\": " + json_number(static_cast<double>(mem.host_params + mem.host_state) * gib, 4) +
+              ", \"emb_total_gib\": " + json_number(static_cast<double>(logical) * gib, 4) +
+              ", \"hot_gib\": " + json_number(static_cast<double>(mem.hot_params + mem.hot_state) * gib, 4) +
+              ", \"cold_gib\": " + json_number(static_cast<double>(mem.cold_params + mem.cold_state) * gib, 4);
       if (dev.is_cuda()) {
         const cuda::MemoryStats st = cuda::memory_stats();
         line += ", \"gpu_allocated_gib\": " + json_number(static_cast<double>(st.allocated_bytes) * gib, 3) +

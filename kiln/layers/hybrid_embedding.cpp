@@ -6,6 +6,7 @@
 #include <cmath>      // std::llround, std::isfinite
 #include <cstdint>
 #include <cstring>  // std::memcpy: rows of the host tiers
+#include <limits>   // std::numeric_limits: the device placement's Int32 rows
 #include <memory>   // std::shared_ptr: a lookup's index lists, kept for its backward
 #include <numeric>  // std::iota
 #include <utility>
@@ -15,6 +16,7 @@
 #include "kiln/autograd/grad_mode.h"    // NoGradGuard: moving rows of parameters
 #include "kiln/autograd/sparse_grad.h"  // accumulate_sparse_grad, has_sparse_grad
 #include "kiln/layers/init.h"           // init::normal_
+#include "kiln/tensor/backend.h"        // detail::IndexOpScope: a bad id names the table
 #include "kiln/tensor/checked_size.h"   // checked_nbytes: the table's size
 #include "kiln/tensor/cuda.h"           // cuda::synchronize: waiting for mapped reads of the cold tier
 #include "kiln/tensor/error.h"          // KILN_CHECK
@@ -147,6 +149,22 @@ void write_rows(Tensor t, const Tensor& rows, const Tensor& values) {
   internal::scatter_(t, 0, index, internal::cast(values, t.dtype()));
 }
 
+// Both tiers take a gradient on every call, empty when no row of theirs was looked up, as one table would: the
+// rows of g (N, D) at hot_pos for hot's rows hot_slots, those at cold_pos for cold's rows cold_slots (on the device
+// when the cold tier's gradients are device-held, else on the host).
+void give_tier_grads(const Tensor& hot, const Tensor& cold, const Tensor& g, const Tensor& hot_pos,
+                     const Tensor& hot_slots, const Tensor& cold_pos, const Tensor& cold_slots) {
+  if (hot.requires_grad()) {
+    const Tensor rows = internal::index_select(g, 0, hot_pos);
+    autograd::accumulate_sparse_grad(hot, {hot_slots, internal::to(rows, hot.device(), hot.dtype()), hot.shape()});
+  }
+  if (cold.requires_grad()) {
+    const Tensor rows = internal::index_select(g, 0, cold_pos);
+    autograd::accumulate_sparse_grad(cold,
+                                     {cold_slots, internal::to(rows, cold_slots.device(), cold.dtype()), cold.shape()});
+  }
+}
+
 // The lookup as one node: forward reads the rows gathered from both tiers (hot ones, then cold ones) in output order;
 // backward gives each tier the gradients of its own rows, sparse: the hot tier's on its device, the cold tier's on
 // the host, or left on the device when device_held (ColdReads::Mapped on a GPU: the optimizer then updates them
@@ -175,24 +193,66 @@ struct HybridLookupFunction : autograd::Function<HybridLookupFunction> {
     const Tensor& slot = ctx.get<Tensor>("slot");
     if (slot.impl().storage()->version() != lists->slot_version)  // a rebalance or a load moved rows
       lists = make_lists(partition(view_of(ctx.get<Tensor>("ids")), slot), g.device(), device_held, slot);
-    // Both tiers take a gradient on every call, empty when no row of theirs was looked up, as one table would.
-    if (hot.requires_grad()) {
-      const Tensor rows = internal::index_select(g, 0, lists->hot_pos);
-      autograd::accumulate_sparse_grad(hot,
-                                       {lists->hot_slots, internal::to(rows, hot.device(), hot.dtype()), hot.shape()});
-    }
-    if (cold.requires_grad()) {
-      const Tensor rows = internal::index_select(g, 0, lists->cold_pos);
-      if (device_held) {
-        autograd::accumulate_sparse_grad(cold, {lists->cold_slots, internal::cast(rows, cold.dtype()), cold.shape()});
-      } else {
-        autograd::accumulate_sparse_grad(cold, {index_tensor(lists->p.cold_slots, cold.device()),
-                                                internal::to(rows, cold.device(), cold.dtype()), cold.shape()});
-      }
-    }
+    give_tier_grads(hot, cold, g, lists->hot_pos, lists->hot_slots, lists->cold_pos,
+                    device_held ? lists->cold_slots : index_tensor(lists->p.cold_slots, cold.device()));
     return {Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};  // one per Tensor argument
   }
 };
+
+#if KILN_WITH_CUDA
+// A lookup whose placement is on the device (HybridEmbedding::places_on_device): what its backward needs.
+struct PlacedLookup {
+  Tensor ids;   // (N) Int64 on the device
+  Tensor slot;  // (V) the module's placement on the host (a handle: its version tells of a rebalance)
+  uint64_t slot_version = 0;
+  Tensor where;        // (N) Int32 on the device: each id's place (cuda_impl::placed_lookup)
+  Tensor tiers;        // (2) Int64 in page-locked memory: the ids in each tier, copied from the device ...
+  cuda::Event copied;  // ... once this has happened
+};
+
+// The placed lookup as one node: forward is one kernel (cuda_impl::placed_lookup); backward splits the positions by
+// tier on the device, so it reads only the two tier sizes back (copied after the forward's kernel, long done by
+// then). After a rebalance or a load between the two it splits on the host by the placement of its own time.
+struct PlacedLookupFunction : autograd::Function<PlacedLookupFunction> {
+  static Tensor forward(autograd::Context& ctx, const Tensor& hot, const Tensor& cold,
+                        std::shared_ptr<PlacedLookup> lookup, const Tensor* device_slot, const Tensor* counts) {
+    const int64_t n = lookup->ids.numel();
+    const Device dev = hot.device();
+    Tensor out = internal::empty({n, hot.size(1)}, {.dtype = hot.dtype(), .device = dev});
+    lookup->where = internal::empty({n}, {.dtype = DType::Int32, .device = dev});
+    const Tensor tiers = internal::empty({2}, {.dtype = DType::Int64, .device = dev});
+    cuda_impl::placed_lookup(out, lookup->where, tiers, lookup->ids, *device_slot, hot.detach(), cold.detach(),
+                             counts != nullptr ? *counts : Tensor());
+    lookup->tiers = internal::empty({2}, {.dtype = DType::Int64, .pinned_memory = true});
+    lookup->tiers.copy_(tiers, /*non_blocking=*/true);
+    lookup->copied.record(cuda::current_stream(dev.index()));
+    ctx.set("hot", hot);
+    ctx.set("cold", cold);
+    ctx.set("lookup", std::move(lookup));
+    return out;  // (N, D)
+  }
+  static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
+    const Tensor hot = ctx.get<Tensor>("hot"), cold = ctx.get<Tensor>("cold");
+    const auto& lookup = ctx.get<std::shared_ptr<PlacedLookup>>("lookup");
+    const Tensor g = internal::contiguous(grads[0]);  // (N, D)
+    const Device dev = g.device();
+    if (lookup->slot.impl().storage()->version() != lookup->slot_version) {  // a rebalance or a load moved rows
+      const Tensor ids = internal::to(lookup->ids, Device::cpu());
+      const auto lists = make_lists(partition(view_of(ids), lookup->slot), dev, /*mapped=*/true, lookup->slot);
+      give_tier_grads(hot, cold, g, lists->hot_pos, lists->hot_slots, lists->cold_pos, lists->cold_slots);
+      return {Tensor(), Tensor()};
+    }
+    lookup->copied.synchronize();
+    const int64_t* sizes = lookup->tiers.data_ptr<int64_t>();
+    const TensorOptions i64{.dtype = DType::Int64, .device = dev};
+    const Tensor hot_pos = internal::empty({sizes[0]}, i64), hot_slots = internal::empty({sizes[0]}, i64);
+    const Tensor cold_pos = internal::empty({sizes[1]}, i64), cold_slots = internal::empty({sizes[1]}, i64);
+    cuda_impl::split_by_tier(lookup->where, hot_pos, hot_slots, cold_pos, cold_slots);
+    give_tier_grads(hot, cold, g, hot_pos, hot_slots, cold_pos, cold_slots);
+    return {Tensor(), Tensor()};  // one per Tensor argument
+  }
+};
+#endif
 
 }  // namespace
 
@@ -322,19 +382,29 @@ Tensor HybridEmbedding::forward(const Tensor& ids) {
   KILN_CHECK(is_integral(ids.dtype()), "HybridEmbedding: expected integer ids (Int64), got ", ids.dtype(), " of shape ",
              ids.shape());
   // The ids on the host, where the placement and the counts are: (N) Int64, a view where the ids are Int64 on the
-  // CPU already (a column of a batch's ids, say: read at its stride, not copied).
-  const Tensor host = internal::reshape(internal::to(ids.detach(), Device::cpu(), DType::Int64), {ids.numel()});
-  const IdView id = view_of(host);
-  const int64_t n = id.n, v = num_embeddings;
-  for (int64_t i = 0; i < n; ++i)
-    KILN_CHECK(id[i] >= 0 && id[i] < v, display_name(), " (", v, " x ", embedding_dim, " table): id ", id[i],
-               " at position ", i, " of the ids is out of range [0, ", v, ")");
+  // CPU already (a column of a batch's ids, say: read at its stride, not copied). A lookup placed on the device reads
+  // ids given on the GPU there (its kernel checks them), and checks ids given on the host here.
+  const bool placed = places_on_device();
+  const int64_t n = ids.numel(), v = num_embeddings;
+  Tensor host;
+  if (!placed || ids.is_cpu()) {
+    host = internal::reshape(internal::to(ids.detach(), Device::cpu(), DType::Int64), {n});
+    const IdView id = view_of(host);
+    for (int64_t i = 0; i < n; ++i)
+      KILN_CHECK(id[i] >= 0 && id[i] < v, display_name(), " (", v, " x ", embedding_dim, " table): id ", id[i],
+                 " at position ", i, " of the ids is out of range [0, ", v, ")");
+  }
 
   // The automatic rebalance, once count_batches calls were counted, at a call with no pending gradient. With a
   // count_reduction the ranks decide together, at a training-mode call (one every rank makes: the same step).
   if (counting_ && calls_counted_ >= count_batches && (is_training() || !count_reduction) &&
       !on_any_rank(autograd::has_sparse_grad(hot) || autograd::has_sparse_grad(cold)))
     (void)place_and_swap();
+#if KILN_WITH_CUDA
+  if (placed) return placed_forward(ids, host);
+#endif
+  const IdView id = view_of(host);
+  if (device_counted_ > 0) fold_device_counts();  // lookups counted on the device before a switch to Copy
   int64_t* count_into = nullptr;  // training: this rank's own pending counts, or counts (added by the split below)
   if (is_training()) {
     if (count_reduction && !pending_.defined()) pending_ = internal::zeros({v}, {.dtype = DType::Int64});
@@ -353,6 +423,83 @@ Tensor HybridEmbedding::forward(const Tensor& ids) {
   shape.push_back(embedding_dim);
   return out.reshape(shape);  // (..., D)
 }
+
+bool HybridEmbedding::places_on_device() const {
+#if KILN_WITH_CUDA
+  return maps_cold() && num_embeddings <= std::numeric_limits<int32_t>::max();
+#else
+  return false;
+#endif
+}
+
+int64_t HybridEmbedding::device_placement_bytes() const {
+  int64_t bytes = 0;
+  for (const Tensor* t : {&device_slot_, static_cast<const Tensor*>(&device_counts_)})
+    if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
+  return bytes;
+}
+
+void HybridEmbedding::fold_device_counts() const {
+  if (device_counted_ == 0 || !device_counts_.defined()) return;
+  const Tensor counted = internal::to(device_counts_, Device::cpu());  // waits for the lookups
+  const int32_t* d = counted.data_ptr<int32_t>();
+  int64_t* c = (pending_.defined() ? pending_ : counts).data_ptr<int64_t>();  // this rank's own, or counts
+  for (int64_t r = 0; r < num_embeddings; ++r) c[r] += d[r];
+  device_counts_.zero_();
+  device_counted_ = 0;
+}
+
+#if KILN_WITH_CUDA
+const Tensor& HybridEmbedding::device_slot() {
+  const uint64_t version = slot.impl().storage()->version();
+  if (!device_slot_.defined() || device_slot_version_ != version || device_slot_.device() != device) {
+    device_slot_ = Tensor();  // the old copy's memory first
+    device_slot_ = internal::to(internal::cast(slot, DType::Int32), device);
+    device_slot_version_ = version;
+  }
+  return device_slot_;
+}
+
+Tensor HybridEmbedding::placed_forward(const Tensor& ids, const Tensor& host_ids) {
+  const int64_t n = ids.numel(), v = num_embeddings;
+  const Tensor* count_into = nullptr;
+  if (is_training()) {
+    if (count_reduction && !pending_.defined()) pending_ = internal::zeros({v}, {.dtype = DType::Int64});
+    if (!device_counts_.defined() || device_counts_.device() != device) {
+      fold_device_counts();
+      device_counts_ = internal::zeros({v}, {.dtype = DType::Int32, .device = device});
+    }
+    // An Int32 count cannot pass 2^31 - 1 while at most that many ids were counted since the last fold.
+    if (device_counted_ > std::numeric_limits<int32_t>::max() - n) fold_device_counts();
+    device_counted_ += n;
+    count_into = &device_counts_;
+    if (counting_) ++calls_counted_;
+  }
+  auto lookup = std::make_shared<PlacedLookup>();
+  if (host_ids.defined()) {  // staged in page-locked memory and copied without waiting
+    const IdView id = view_of(host_ids);
+    lookup->ids = staged_index_tensor(n, device, [&](int64_t* dst) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = id[i];
+    });
+  } else {
+    lookup->ids = internal::contiguous(internal::reshape(internal::to(ids.detach(), device, DType::Int64), {n}));
+  }
+  lookup->slot = slot;
+  lookup->slot_version = slot.impl().storage()->version();
+  device_access_ = device;  // this lookup, and the update of its rows' gradients, read and write the cold tier
+  // A bad id on the GPU is reported later, under this table's name (as nn::Embedding's are).
+  kiln::detail::IndexOpScope scope(
+      [](const void* self) {
+        const auto& e = *static_cast<const HybridEmbedding*>(self);
+        return ::kiln::detail::str_cat(e.display_name(), " (", e.num_embeddings, " x ", e.embedding_dim, " table)");
+      },
+      this);
+  Tensor out = PlacedLookupFunction::apply(hot, cold, std::move(lookup), &device_slot(), count_into);  // (N, D)
+  Shape shape = ids.shape();
+  shape.push_back(embedding_dim);
+  return out.reshape(shape);  // (..., D)
+}
+#endif
 
 void HybridEmbedding::sum_over_ranks(Tensor& t, const char* what) const {
   const Shape shape = t.shape();
@@ -376,6 +523,7 @@ bool HybridEmbedding::on_any_rank(bool mine) const {
 }
 
 void HybridEmbedding::agree_counts() {
+  fold_device_counts();
   const int64_t v = num_embeddings;
   if (!count_reduction && !pending_.defined()) return;  // the lookups went to counts directly
   // Every rank reduces, whether or not it counted anything (a collective), so every rank has a pending count.
@@ -534,6 +682,7 @@ Tensor HybridEmbedding::calls_state() const {
 }
 
 StateDict HybridEmbedding::own_state() const {
+  fold_device_counts();  // the counts saved hold every lookup so far
   return {{"weight", table()}, {"slot", slot.detach()}, {"counts", counts.detach()}, {"calls_counted", calls_state()}};
 }
 
@@ -603,6 +752,10 @@ void HybridEmbedding::finish_load_state() {
     counting_ = false;  // the saved placement stands
   }
   if (counts_given_ && pending_.defined()) pending_.zero_();  // the loaded counts stand for every rank's
+  if (counts_given_ && device_counted_ > 0) {                 // and for the lookups not yet added from the device
+    device_counts_.zero_();
+    device_counted_ = 0;
+  }
   staged_weight_ = staged_slot_ = staged_counts_ = staged_calls_ = Tensor();
 }
 
@@ -612,6 +765,8 @@ void HybridEmbedding::abandon_load_state() {
 
 void HybridEmbedding::to_own(const MoveRequest& request) {
   wait_for_device_access();  // the cold tier may be moved (a new dtype) or freed below
+  fold_device_counts();      // the device's placement and counts are made again where the table goes
+  device_slot_ = device_counts_ = Tensor();
   if (request.device) device = *request.device;
   set_data_in_place(hot, request.moved(hot));
   if (hot.grad().defined()) set_data_in_place(hot.grad(), request.moved(hot.grad()));

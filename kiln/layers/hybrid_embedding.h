@@ -31,13 +31,20 @@
 // pending counts' sum over the ranks to counts (agree_counts()), so every rank holds the same counts and chooses the
 // same placement. Every rank must make the same training-mode forward calls and call rebalance() (and agree_counts())
 // at the same points, as it does in a data-parallel loop.
-// Today every lookup reads the ids on the host (placement, counts and the range check are there; ids on a GPU are
-// copied back, which waits for them). On a GPU the cold rows reach the device by cold_reads: gathered on the host and
-// copied (ColdReads::Copy), or read by a kernel from the page-locked table (ColdReads::Mapped), which also leaves
-// their gradients on the device, for the optimizer to update the cold rows from the device. In that mode the GPU
-// reads and writes the cold tier (and the optimizer's state of it) asynchronously: this module's own host accesses
-// (state_dict, rebalance, load, a move) wait for the device first, as Optimizer::state_dict does; code that reads
-// `cold` or its optimizer state directly calls cuda::synchronize() first.
+// On the CPU, and on a GPU with ColdReads::Copy, a lookup reads the ids on the host (placement, counts and the range
+// check are there; ids on a GPU are copied back, which waits for them), gathers the cold rows there and copies them
+// over. With ColdReads::Mapped (the default on a GPU) the placement is mirrored on the device (an Int32 copy of slot,
+// 4 bytes a row, with 4 more a row for the counts: device_placement_bytes()): one kernel reads each id's place, counts
+// it, and gathers the row from the hot tier or, through the mapping, from the page-locked cold tier, so a lookup
+// waits for nothing, whether its ids are on the host or on the GPU. Its cold rows' gradients stay on the device, for
+// the optimizer to update the cold rows from the device. In that mode:
+//   - The GPU reads and writes the cold tier (and the optimizer's state of it) asynchronously: this module's own host
+//     accesses (state_dict, rebalance, load, a move) wait for the device first, as Optimizer::state_dict does; code
+//     that reads `cold` or its optimizer state directly calls cuda::synchronize() first.
+//   - Lookups are counted on the device and added to counts by agree_counts(), rebalance(), state_dict() and a move:
+//     code that reads `counts` directly calls agree_counts() first.
+//   - Ids given on the host are checked by the call; ids on the GPU by the kernel, whose error (naming the table and
+//     the id) is thrown at the next synchronisation or index op, as kiln's index ops report theirs.
 #pragma once
 
 #include <cstdint>
@@ -118,6 +125,9 @@ class HybridEmbedding : public Module {
   // when count_reduction gives back a tensor of another shape, dtype or device than the (V) Int64 CPU tensor it was
   // given.
   void agree_counts();
+  // Bytes of GPU memory the placement takes beside the hot tier: with mapped cold reads on a GPU, a copy of slot as
+  // Int32 and the lookups counted there, 8 bytes a row (0 until the first lookup; none on the CPU or with Copy).
+  int64_t device_placement_bytes() const;
   // Redraws both tiers from N(0, 1) (from gen, or the default generator): hot first, then cold, each in slot order.
   void reset_parameters(Generator* gen = nullptr);
   // The logical table (num_embeddings, embedding_dim) in row order, a new tensor on the CPU.
@@ -209,6 +219,20 @@ class HybridEmbedding : public Module {
   // The device of the mapped lookups since the last wait (set by a mapped lookup): a switch to ColdReads::Copy waits
   // for it once (wait_for_device_access).
   mutable std::optional<Device> device_access_;
+
+  // The placement on the device. With mapped cold reads (and at most 2^31 - 1 rows) a lookup reads the placement on
+  // the GPU, counts there, and gathers both tiers' rows in one kernel, so no host work stands between the ids and
+  // the rows: device_slot_ (V) Int32 mirrors slot (made again when slot's storage version moves, device_slot_version_),
+  // and device_counts_ (V) Int32 holds the training lookups counted since they were last added to counts (or to the
+  // pending counts under a count_reduction) by fold_device_counts, device_counted_ of them.
+  bool places_on_device() const;
+  const Tensor& device_slot();
+  Tensor placed_forward(const Tensor& ids, const Tensor& host_ids);  // host_ids: (N) Int64 on the CPU, or undefined
+  void fold_device_counts() const;  // waits for the device; adds device_counts_ to counts (or pending_) and zeroes it
+  Tensor device_slot_;
+  uint64_t device_slot_version_ = 0;
+  mutable Tensor device_counts_;
+  mutable int64_t device_counted_ = 0;
 };
 
 }  // namespace kiln::nn

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kiln/autograd/grad_mode.h"       // NoGradGuard
@@ -231,6 +232,101 @@ TEST_P(HybridEmbeddingCuda, LookupsOfManyRowsEqualTheLogicalTable) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7919) % 5000);
   const Tensor out = emb(ids_of(ids));
   EXPECT_EQ(bytes_of(out), bytes_of(index_select(emb.table(), 0, ids_of(ids))));
+}
+
+// A hybrid table (rows x dim, `hot` rows hot, mapped cold reads) on cuda:0 and a plain sparse Embedding holding its
+// logical table there.
+std::pair<std::shared_ptr<nn::HybridEmbedding>, std::shared_ptr<nn::Embedding>> mapped_and_whole(int64_t rows,
+                                                                                                 int64_t dim,
+                                                                                                 int64_t hot) {
+  const Device gpu = Device::cuda(0);
+  auto emb = std::make_shared<nn::HybridEmbedding>(
+      rows, dim, nn::HybridEmbeddingOptions{.device = gpu, .hot_rows = hot, .cold_reads = nn::ColdReads::Mapped});
+  auto plain = std::make_shared<nn::Embedding>(rows, dim, nn::EmbeddingOptions{.sparse = true});
+  {
+    NoGradGuard no_grad;
+    plain->weight.copy_(emb->table());
+  }
+  plain->to(gpu);
+  return {emb, plain};
+}
+
+// Backward through the lookups a (of emb) and b (of plain), one SGD step at lr 1 on each: the tables stay equal.
+void step_both(const Tensor& a, const Tensor& b, nn::HybridEmbedding& emb, nn::Embedding& plain) {
+  loss_of(a).backward();
+  loss_of(b).backward();
+  optim::SGD sgd(emb.parameters(), {.lr = 1.0});
+  optim::SGD ref(plain.parameters(), {.lr = 1.0});
+  sgd.step();
+  ref.step();
+  EXPECT_EQ(bytes_of(emb.table()), bytes_of(plain.weight));
+}
+
+// With mapped cold reads the placement lives on the GPU as well (the placed lookup): ids given on the GPU are read
+// there, counted there, and their rows and gradients are those of the logical table; the counts reach `counts` at
+// agree_counts(), state_dict() and rebalance().
+TEST(HybridEmbeddingCudaPlaced, IdsOnTheGpuAreLookedUpAndCountedThere) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  manual_seed(23);
+  const Device gpu = Device::cuda(0);
+  auto [emb, plain] = mapped_and_whole(40, 16, 10);
+  std::vector<int64_t> ids;
+  std::vector<int64_t> expected_counts(40, 0);
+  for (int64_t i = 0; i < 300; ++i) {
+    const int64_t id = (i * i * 7 + 3) % 40;
+    ids.push_back(id);
+    ++expected_counts[static_cast<size_t>(id)];
+  }
+  const Tensor on_gpu = ids_of(ids).to(gpu);
+  const Tensor a = (*emb)(on_gpu), b = (*plain)(on_gpu);
+  EXPECT_EQ(bytes_of(a), bytes_of(b));
+  EXPECT_EQ(emb->device_placement_bytes(), 40 * 4 * 2) << "an Int32 slot and Int32 counts per row on the GPU";
+  step_both(a, b, *emb, *plain);
+  // Not yet in counts: the device holds them until they are agreed.
+  emb->agree_counts();
+  EXPECT_EQ(emb->counts.to_vector<int64_t>(), expected_counts);
+  // A second lookup (ids on the host this time) counts on top; state_dict saves every lookup so far.
+  (void)(*emb)(ids_of({5, 5, 39}));
+  for (int64_t id : {5, 5, 39}) ++expected_counts[static_cast<size_t>(id)];
+  const nn::StateDict saved = emb->state_dict();
+  ASSERT_EQ(saved[2].first, "counts");
+  EXPECT_EQ(saved[2].second.to_vector<int64_t>(), expected_counts);
+  // Evaluation mode counts nothing.
+  emb->eval();
+  (void)(*emb)(ids_of({7}).to(gpu));
+  emb->agree_counts();
+  EXPECT_EQ(emb->counts.to_vector<int64_t>(), expected_counts);
+}
+
+TEST(HybridEmbeddingCudaPlaced, ARebalanceBetweenALookupAndItsBackwardSendsEachGradientToItsRow) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  manual_seed(24);
+  const Device gpu = Device::cuda(0);
+  auto [emb, plain] = mapped_and_whole(12, 8, 3);
+  const Tensor ids = ids_of({11, 0, 10, 11, 4, 10, 1}).to(gpu);
+  const Tensor a = (*emb)(ids), b = (*plain)(ids);
+  EXPECT_EQ(bytes_of(a), bytes_of(b));
+  ASSERT_GT(emb->rebalance().size(), 0);  // 11 and 10, looked up twice each, come in
+  EXPECT_GE(emb->slot_of(11), 0);
+  step_both(a, b, *emb, *plain);
+  // The next lookup reads the new placement on the device.
+  EXPECT_EQ(bytes_of((*emb)(ids)), bytes_of((*plain)(ids)));
+}
+
+TEST(HybridEmbeddingCudaPlaced, BadIdsOnTheGpuNameTheTableAndTheIdAtTheNextSynchronisation) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  nn::HybridEmbedding emb(6, 4, {.device = gpu, .hot_rows = 2, .cold_reads = nn::ColdReads::Mapped});
+  expect_error(
+      [&] {
+        (void)emb(ids_of({1, 6}).to(gpu)).cpu();
+      },
+      {"HybridEmbedding (6 x 4 table)", "index 6", "out of range", "size 6"});
+  expect_error([&] { (void)emb(ids_of({-2}).to(gpu)).cpu(); }, {"HybridEmbedding (6 x 4 table)", "index -2"});
+  // Ids on the host are checked by the call itself.
+  expect_error([&] { (void)emb(ids_of({7})); }, {"(6 x 4 table): id 7 at position 0", "out of range [0, 6)"});
+  // A good lookup still works.
+  EXPECT_EQ(bytes_of(emb(ids_of({5, 0}).to(gpu))), bytes_of(index_select(emb.table(), 0, ids_of({5, 0}))));
 }
 
 TEST_P(HybridEmbeddingCuda, ALargeColdTierIsReadAndUpdatedAsTheLogicalTable) {
