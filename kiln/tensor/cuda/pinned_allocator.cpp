@@ -44,8 +44,7 @@ size_t size_class(size_t n) {
 struct HostBlock {
   void* ptr = nullptr;
   size_t size = 0;
-  bool registered =
-      false;  // huge pages, cudaHostRegister'ed (freed by cudaHostUnregister + std::free), else cudaHostAlloc
+  bool registered = false;  // a huge-page block, cudaHostRegister'ed (freed by cudaHostUnregister + std::free)
 };
 
 // Whether every visible device reads registered host memory at its host address.
@@ -65,10 +64,21 @@ bool devices_use_host_pointers() {
   return true;
 }
 
-// `size` bytes (a multiple of detail::kHugePage) of huge pages registered with CUDA; null when the host has no memory
-// for them or registration fails for want of memory.
-void* huge_and_registered(size_t size) {
-  void* ptr = kiln::detail::huge_page_alloc(size);
+// `size` bytes of page-locked memory: where `huge`, a huge-page block registered with CUDA, else cudaHostAlloc's
+// (portable: pinned for every device, so copies to any GPU run asynchronously). Null when the host has no memory for
+// them (or registration fails for want of memory).
+void* try_pin(size_t size, bool huge) {
+  void* ptr = nullptr;
+  if (!huge) {
+    const cudaError_t err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    KILN_CUDA_CHECK(err, "pinned host allocator");
+    return ptr;
+  }
+  ptr = kiln::detail::huge_page_alloc(size);
   if (ptr == nullptr) return nullptr;
   const cudaError_t err = cudaHostRegister(ptr, size, cudaHostRegisterPortable | cudaHostRegisterMapped);
   if (err != cudaSuccess) {
@@ -117,37 +127,19 @@ class PinnedAllocator final : public Allocator {
   }
 
   HostBlock* host_alloc(size_t size) {
-    if (size >= kiln::detail::kHugePageMin && huge_pages_) {
-      void* p = huge_and_registered(size);
-      if (p == nullptr) {  // out of memory: free the cached blocks and try once more
-        synchronize_events();
-        release_cached();
-        p = huge_and_registered(size);
-      }
-      if (p == nullptr) {
-        throw OutOfMemoryError(::kiln::detail::str_cat(
-            "pinned host allocator: out of page-locked memory allocating ", size, " bytes (", cached_bytes_,
-            " bytes cached); use smaller pinned buffers, or raise the locked-memory limit (ulimit -l)"));
-      }
-      return new HostBlock{p, size, true};
-    }
-    void* ptr = nullptr;
-    // Portable: pinned for every device, so copies to any GPU run asynchronously.
-    cudaError_t err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
-    if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
+    const bool huge = size >= kiln::detail::kHugePageMin && huge_pages_;
+    void* ptr = try_pin(size, huge);
+    if (ptr == nullptr) {  // out of memory: free the cached blocks and try once more
       synchronize_events();
       release_cached();
-      err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
-      if (err == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        throw OutOfMemoryError(::kiln::detail::str_cat(
-            "pinned host allocator: out of page-locked memory allocating ", size, " bytes (", cached_bytes_,
-            " bytes cached); use smaller pinned buffers, or raise the locked-memory limit (ulimit -l)"));
-      }
+      ptr = try_pin(size, huge);
     }
-    KILN_CUDA_CHECK(err, "pinned host allocator");
-    return new HostBlock{ptr, size};
+    if (ptr == nullptr) {
+      throw OutOfMemoryError(::kiln::detail::str_cat(
+          "pinned host allocator: out of page-locked memory allocating ", size, " bytes (", cached_bytes_,
+          " bytes cached); use smaller pinned buffers, or raise the locked-memory limit (ulimit -l)"));
+    }
+    return new HostBlock{ptr, size, huge};
   }
 
   // The DataPtr's deleter: must not throw. If no event can be recorded (a broken context, or the runtime
