@@ -13,6 +13,7 @@
 #include <kiln/kiln.h>
 #include <kiln/tensor/cuda.h>
 
+#include "kiln/tensor/backend.h"       // backend(device).matmul_epilogue
 #include "kiln/tensor/internal_ops.h"  // internal::mm, internal::mm_with_row_sums, internal::sum: raw ops
 
 #include <algorithm>
@@ -54,8 +55,9 @@ Result time_matmul(int64_t n, kiln::DType dtype, int reps) {
 
 // A bfloat16 (or float32, TF32 products) linear layer y = x W^T + b over 16384 tokens (BERT at batch 128, sequence
 // 128), at each shape BERT-base has: the forward product with its bias, the input gradient g W, and the weight and
-// bias gradients g^T x and the column sums of g computed three ways: in one product whose epilogue sums
-// (mm_with_row_sums), or a plain product and a reduction of g or a product of g^T with a column of ones; each stored
+// bias gradients g^T x and the column sums of g computed four ways: as mm_with_row_sums does (one product with a
+// column of ones beside x, or the epilogue), in one product whose epilogue sums (the backend's matmul_epilogue), or a
+// plain product and a reduction of g or a product of g^T with a column of ones; each stored
 // in bfloat16 or float32 (the widening product autocast's backward uses for float32 parameters). Also the weight
 // gradient's transpose x^T g as a product, and that product transposed into W's layout.
 void time_linear_grads(int reps, kiln::DType dtype) {
@@ -67,7 +69,9 @@ void time_linear_grads(int reps, kiln::DType dtype) {
   const std::pair<int64_t, int64_t> shapes[] = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 30522}};
   for (const auto& [in_f, out_f] : shapes) {
     Tensor x = kiln::randn({tokens, in_f}, opts), w = kiln::randn({out_f, in_f}, opts);
-    Tensor bias = kiln::randn({out_f}, opts), g = kiln::randn({tokens, out_f}, opts);
+    // g as a product's output is: rows padded to 16 bytes (30522 outputs: a pitch of 30528).
+    const int64_t pitch = (out_f + 7) / 8 * 8;
+    Tensor bias = kiln::randn({out_f}, opts), g = in::narrow(kiln::randn({tokens, pitch}, opts), 1, 0, out_f);
     const double flops = 2.0 * static_cast<double>(tokens) * static_cast<double>(in_f) * static_cast<double>(out_f);
     auto report = [&](const char* what, const Result& r) {
       std::printf("linear %5lld -> %5lld  %-34s median %7.3f ms %6.1f TFLOP/s (best %7.3f ms)\n",
@@ -83,8 +87,19 @@ void time_linear_grads(int reps, kiln::DType dtype) {
       const std::string in_type = out == DType::Float32 ? ", float32" : ", bfloat16";
       auto named = [&](const char* what) { return std::string(what) + in_type; };
       const Tensor gt = in::transpose(g, 0, 1);  // (out, tokens): the row sums of g^T are the bias gradient
-      report(named("dW, db: epilogue sums").c_str(),
+      report(named("dW, db: mm_with_row_sums").c_str(),
              time_calls([&] { auto r = in::mm_with_row_sums(gt, x, out); }, reps));
+      {
+        kiln::TensorOptions out_opts = opts;
+        out_opts.dtype = out;
+        Tensor d = in::empty({1, out_f, in_f}, out_opts), s = in::empty({out_f}, out_opts);
+        const Tensor gt3 = in::unsqueeze(gt, 0);
+        const Tensor x3 = in::unsqueeze(x, 0);
+        if (kiln::backend(d.device()).matmul_epilogue(d, gt3, x3, {.bias = {}, .row_sums = s}))
+          report(named("dW, db: epilogue sums").c_str(),
+                 time_calls([&] { kiln::backend(d.device()).matmul_epilogue(d, gt3, x3, {.bias = {}, .row_sums = s}); },
+                            reps));
+      }
       report(named("dW, db: product + column sum").c_str(), time_calls(
                                                                 [&] {
                                                                   Tensor d = in::mm(gt, x, out);

@@ -782,6 +782,48 @@ TEST_P(MatmulTest, WideningProductsKeepTheFloat32Sums) {
       {"mm_with_row_sums", "bfloat16 operands", "bfloat16 or float32", "not in float16"});
 }
 
+// Row sums of a with at least twice as many rows as b has columns (a linear layer's weight and bias gradients when it
+// has many more outputs than inputs: an output layer over a vocabulary). On the GPU, for 16-bit operands,
+// mm_with_row_sums takes them as one more column of b (a @ [b | 1 | 0 ...]); they must equal the double references
+// as the other paths do: exactly where the float32 result can hold them (multiples of 1/64), for row-major,
+// column-major and padded a (the (M, N) view of a product's padded rows, transposed, as g^T is in a backward), with
+// n a multiple of 8, not one, and one short of one (no padding columns).
+TEST_P(MatmulTest, RowSumsOfTallProductsAsOneMoreColumn) {
+  auto sixty_fourths = [](int64_t n, uint32_t seed) { return testing::exact_grid(n, 48, 64.0, seed); };
+  struct Size {
+    int64_t m, k, n;
+  };
+  for (const Size sz : {Size{200, 96, 24}, Size{520, 300, 100}, Size{262, 64, 7}}) {
+    const int64_t m = sz.m, k = sz.k, n = sz.n;
+    const std::vector<double> a = sixty_fourths(m * k, 81), b = sixty_fourths(k * n, 82);
+    const std::vector<double> ab = ref_mm(a, b, m, k, n);
+    std::vector<double> sums(static_cast<size_t>(m), 0.0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t q = 0; q < k; ++q) sums[i] += a[i * k + q];
+    for (DType dt : {DType::BFloat16, DType::Float16}) {
+      SCOPED_TRACE(::testing::Message() << dt << " " << m << "x" << k << "x" << n);
+      const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
+      const Tensor at = internal::contiguous(ac.t()).t();  // column-major
+      // a as the transpose of a (K, M) view of rows M + 8 apart, as g^T is where g is a product's padded rows (for
+      // m = 262 those rows are not 16-byte aligned, so matmul copies a first).
+      Tensor padded = internal::narrow(internal::zeros({k, m + 8}, opts(dt)), 1, 0, m);
+      internal::copy_(padded, internal::contiguous(ac.t()));
+      for (const Tensor& x : {ac, at, padded.t()}) {
+        auto [wide, wide_sums] = internal::mm_with_row_sums(x, bc, DType::Float32);
+        EXPECT_EQ(wide.dtype(), DType::Float32);
+        EXPECT_TRUE(wide.is_contiguous());
+        expect_values(wide, {m, n}, ab, 0, 0);
+        expect_values(wide_sums, {m}, sums, 0, 0);
+        auto [prod, row_sums] = internal::mm_with_row_sums(x, bc);
+        EXPECT_EQ(prod.dtype(), dt);
+        EXPECT_EQ(row_sums.dtype(), dt);
+        expect_values(prod, {m, n}, ab, -1, matmul_atol(dt, k));
+        expect_values(row_sums, {m}, sums, -1, matmul_atol(dt, k));
+      }
+    }
+  }
+}
+
 KILN_INSTANTIATE_BACKENDS(MatmulTest);
 
 }  // namespace
