@@ -138,7 +138,7 @@ Tensor& addmm_(Tensor& c, const Tensor& a, const Tensor& b, Scalar beta = 1, Sca
 // product: the float32 sums the product accumulates are kept, not rounded to 16 bits first).
 Tensor mm(const Tensor& a, const Tensor& b, DType out_dtype);
 // {a @ b, the row sums of a} for a (M, K), b (K, N): with a = g^T, the weight and bias gradients of a linear layer.
-// One product on the GPU: for 16-bit a with M >= 2 N, a @ [b | 1] (the sums as one more column), else where the dims
+// One product on the GPU: for 16-bit a with M >= 8 N, a @ [b | 1] (the sums as one more column), else where the dims
 // allow the product's epilogue sums; elsewhere the product and a matrix-vector product with ones (a reduction for
 // float32, whose product may run in TF32). Both in out_dtype (a's by default; Float32 widens as mm's does).
 std::pair<Tensor, Tensor> mm_with_row_sums(const Tensor& a, const Tensor& b,

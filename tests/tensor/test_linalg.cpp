@@ -782,8 +782,8 @@ TEST_P(MatmulTest, WideningProductsKeepTheFloat32Sums) {
       {"mm_with_row_sums", "bfloat16 operands", "bfloat16 or float32", "not in float16"});
 }
 
-// Row sums of a with at least twice as many rows as b has columns (a linear layer's weight and bias gradients when it
-// has many more outputs than inputs: an output layer over a vocabulary). On the GPU, for 16-bit operands,
+// Row sums of a with at least 8 times as many rows as b has columns (a linear layer's weight and bias gradients when
+// it has many more outputs than inputs: an output layer over a vocabulary). On the GPU, for 16-bit operands,
 // mm_with_row_sums takes them as one more column of b (a @ [b | 1 | 0 ...]); they must equal the double references
 // as the other paths do: exactly where the float32 result can hold them (multiples of 1/64), for row-major,
 // column-major and padded a (the (M, N) view of a product's padded rows, transposed, as g^T is in a backward), with
@@ -793,7 +793,7 @@ TEST_P(MatmulTest, RowSumsOfTallProductsAsOneMoreColumn) {
   struct Size {
     int64_t m, k, n;
   };
-  for (const Size sz : {Size{200, 96, 24}, Size{520, 300, 100}, Size{262, 64, 7}}) {
+  for (const Size sz : {Size{200, 96, 24}, Size{840, 300, 100}, Size{262, 64, 7}}) {
     const int64_t m = sz.m, k = sz.k, n = sz.n;
     const std::vector<double> a = sixty_fourths(m * k, 81), b = sixty_fourths(k * n, 82);
     const std::vector<double> ab = ref_mm(a, b, m, k, n);
