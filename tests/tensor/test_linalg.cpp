@@ -728,6 +728,22 @@ TEST_P(MatmulTest, Float32RowSumsAreFloat32SumsUnderTf32) {
   }
 }
 
+// a (m, k) and b (k, n) of multiples of 1/64 below 1 (exact in bfloat16 and float16, their products' sums exact in
+// float32), with the double references of a @ b and of a's row sums.
+struct ExactProduct {
+  std::vector<double> a, b, ab, sums;
+};
+ExactProduct exact_product(int64_t m, int64_t k, int64_t n, uint32_t seed) {
+  ExactProduct p{testing::exact_grid(m * k, 48, 64.0, seed),
+                 testing::exact_grid(k * n, 48, 64.0, seed + 1),
+                 {},
+                 std::vector<double>(static_cast<size_t>(m), 0.0)};
+  p.ab = ref_mm(p.a, p.b, m, k, n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t q = 0; q < k; ++q) p.sums[i] += p.a[i * k + q];
+  return p;
+}
+
 // Widening products (internal::mm and mm_with_row_sums with a Float32 result for 16-bit operands, as a backward
 // computes the gradient of a float32 tensor that autocast cast): the float32 sums themselves, not rounded to 16 bits.
 // The values are multiples of 1/64 below 1 (exact in bfloat16 and float16) whose products sum exactly in float32, so
@@ -735,17 +751,12 @@ TEST_P(MatmulTest, Float32RowSumsAreFloat32SumsUnderTf32) {
 // sizes exercise CUDA's cut at unaligned dimensions (m = 256 + 4, k = 296 + 4, n = 264 + 6) and the epilogue's
 // aligned tiles.
 TEST_P(MatmulTest, WideningProductsKeepTheFloat32Sums) {
-  auto sixty_fourths = [](int64_t n, uint32_t seed) { return testing::exact_grid(n, 48, 64.0, seed); };
   struct Size {
     int64_t m, k, n;
   };
   for (const Size sz : {Size{37, 48, 24}, Size{64, 128, 96}, Size{260, 300, 270}}) {
     const int64_t m = sz.m, k = sz.k, n = sz.n;
-    const std::vector<double> a = sixty_fourths(m * k, 71), b = sixty_fourths(k * n, 72);
-    const std::vector<double> ab = ref_mm(a, b, m, k, n);
-    std::vector<double> sums(static_cast<size_t>(m), 0.0);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t q = 0; q < k; ++q) sums[i] += a[i * k + q];
+    const auto [a, b, ab, sums] = exact_product(m, k, n, 71);
     for (DType dt : {DType::BFloat16, DType::Float16}) {
       SCOPED_TRACE(::testing::Message() << dt << " " << m << "x" << k << "x" << n);
       const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
@@ -789,17 +800,12 @@ TEST_P(MatmulTest, WideningProductsKeepTheFloat32Sums) {
 // column-major and padded a (the (M, N) view of a product's padded rows, transposed, as g^T is in a backward), with
 // n a multiple of 8, not one, and one short of one (no padding columns).
 TEST_P(MatmulTest, RowSumsOfTallProductsAsOneMoreColumn) {
-  auto sixty_fourths = [](int64_t n, uint32_t seed) { return testing::exact_grid(n, 48, 64.0, seed); };
   struct Size {
     int64_t m, k, n;
   };
   for (const Size sz : {Size{200, 96, 24}, Size{840, 300, 100}, Size{262, 64, 7}}) {
     const int64_t m = sz.m, k = sz.k, n = sz.n;
-    const std::vector<double> a = sixty_fourths(m * k, 81), b = sixty_fourths(k * n, 82);
-    const std::vector<double> ab = ref_mm(a, b, m, k, n);
-    std::vector<double> sums(static_cast<size_t>(m), 0.0);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t q = 0; q < k; ++q) sums[i] += a[i * k + q];
+    const auto [a, b, ab, sums] = exact_product(m, k, n, 81);
     for (DType dt : {DType::BFloat16, DType::Float16}) {
       SCOPED_TRACE(::testing::Message() << dt << " " << m << "x" << k << "x" << n);
       const Tensor ac = make(a, {m, k}, opts(dt)), bc = make(b, {k, n}, opts(dt));
