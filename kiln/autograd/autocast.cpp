@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/stacked_cast.h"
 #include "kiln/tensor/internal_ops.h"
 
 namespace kiln::autocast {
@@ -88,6 +89,8 @@ struct Shadow {
   const void* storage = nullptr;    // the parameter's storage and version when values were written
   uint64_t version = 0;
   bool current = false;
+  Tensor stack;           // the buffer whose rows `values` are (stacked_shadow), or undefined
+  int64_t stack_row = 0;  // where in it they start
 };
 struct Shadows {
   std::mutex mutex;
@@ -110,6 +113,22 @@ Shadow* live_shadow(Shadows& s, const Tensor& param) {
   return &it->second;
 }
 
+// The entry of `param` for shadows in `dtype`, made (or remade, for another dtype) as needed; the caller holds the
+// lock.
+Shadow& shadow_entry(Shadows& s, const Tensor& param, DType dtype) {
+  Shadow* e = live_shadow(s, param);
+  if (e != nullptr && e->dtype == dtype) return *e;
+  if (e == nullptr && s.entries.size() >= 2 * s.pruned_size + 64) {  // drop the entries of freed parameters
+    std::erase_if(s.entries, [](const auto& kv) { return kv.second.param.expired(); });
+    s.pruned_size = s.entries.size();
+  }
+  Shadow& fresh = s.entries[&param.impl()];
+  fresh = Shadow{};
+  fresh.param = param.impl_ptr();
+  fresh.dtype = dtype;
+  return fresh;
+}
+
 // The current shadow of `param` cast to `dtype`, or undefined; remembers that a region casts param to dtype.
 Tensor current_shadow(const Tensor& param, DType dtype) {
   Shadows& s = shadows();
@@ -122,14 +141,7 @@ Tensor current_shadow(const Tensor& param, DType dtype) {
     e->current = false;
     return {};
   }
-  if (e == nullptr && s.entries.size() >= 2 * s.pruned_size + 64) {  // drop the entries of freed parameters
-    std::erase_if(s.entries, [](const auto& kv) { return kv.second.param.expired(); });
-    s.pruned_size = s.entries.size();
-  }
-  Shadow& fresh = s.entries[&param.impl()];
-  fresh = Shadow{};
-  fresh.param = param.impl_ptr();
-  fresh.dtype = dtype;
+  shadow_entry(s, param, dtype);
   return {};
 }
 
@@ -318,6 +330,53 @@ Tensor cast_to(const Tensor& t, DType dtype) {
                    shadow.defined() ? detail::with_cast_history(shadow.detach(), t) : t.to(dtype)};
   }
   return e.cast;
+}
+
+Tensor detail::stacked_shadow(const std::vector<Tensor>& params, DType dtype) {
+  if (params.empty()) return {};
+  const Tensor& first = params[0];
+  int64_t rows = 0;
+  for (const Tensor& p : params) {
+    if (!p.defined() || !cacheable(p, dtype) || !p.is_contiguous() || p.dim() == 0 || p.dim() != first.dim() ||
+        p.device() != first.device()) {
+      return {};
+    }
+    for (int64_t d = 1; d < p.dim(); ++d) {
+      if (p.size(d) != first.size(d)) return {};
+    }
+    rows += p.size(0);
+  }
+  Shadows& s = shadows();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  std::vector<Shadow*> entries;
+  entries.reserve(params.size());
+  for (const Tensor& p : params) entries.push_back(&shadow_entry(s, p, dtype));
+  // Whether the shadows are consecutive rows of one stack, in params' order, and each holds its parameter's values.
+  const Tensor stack = entries[0]->stack;
+  bool stacked = stack.defined() && stack.size(0) == rows, current = true;
+  int64_t at = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Shadow& e = *entries[i];
+    stacked = stacked && e.stack.is_same(stack) && e.stack_row == at && e.values.defined();
+    current = current && e.current && e.storage == params[i].impl().storage().get() && e.version == params[i].version();
+    at += params[i].size(0);
+  }
+  if (stacked && current) return stack;
+  if (stacked) return {};  // the optimizer writes them next
+  // From the next step on: one buffer, each parameter's shadow a view of its rows, with its shape and strides.
+  Shape shape = first.shape();
+  shape[0] = rows;
+  Tensor fresh = internal::empty(shape, {.dtype = dtype, .device = first.device()});
+  at = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Shadow& e = *entries[i];
+    e.values = internal::narrow(fresh, 0, at, params[i].size(0));
+    e.stack = fresh;
+    e.stack_row = at;
+    e.current = false;
+    at += params[i].size(0);
+  }
+  return {};
 }
 
 namespace shadow {

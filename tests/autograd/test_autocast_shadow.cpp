@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kiln/autograd/stacked_cast.h"
 #include "kiln/kiln.h"
 #include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
@@ -140,6 +141,96 @@ TEST(AutocastShadow, ShadowsOfFreedParametersAreDropped) {
   Tensor p = param(7);
   region_cast(p, DType::BFloat16);
   EXPECT_TRUE(autocast::shadow::buffer(p).defined());  // a live one is kept
+}
+
+// autocast::stacked_cast: the casts of several parameters stacked along dim 0 (attention's query, key and value).
+Tensor param_rows(int64_t rows, int seed) {
+  Tensor p = make(uniform(static_cast<size_t>(rows * 3), -2, 2, static_cast<uint64_t>(seed)), {rows, 3});
+  p.requires_grad_(true);
+  return p;
+}
+
+Tensor cat_of_casts(const std::vector<Tensor>& ps, DType dtype) {
+  std::vector<Tensor> casts;
+  for (const Tensor& p : ps) casts.push_back(internal::cast(p, dtype));
+  return internal::cat(casts, 0);
+}
+
+Tensor region_stacked_cast(const std::vector<Tensor>& ps, DType dtype) {
+  autocast::CacheRegion region;
+  return autocast::stacked_cast(ps, dtype);
+}
+
+// d/dp_i sum(s * c) for the stack s: the rows of c that s took from p_i, in float32. c = 1, 2, 3, ... (exact in
+// bfloat16).
+void expect_row_gradients(const Tensor& s, const std::vector<Tensor>& ps) {
+  const int64_t rows = s.size(0);
+  std::vector<double> c(static_cast<size_t>(rows * 3));
+  for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<double>(i + 1);
+  (s * make(c, {rows, 3}).to(s.dtype())).to(DType::Float32).sum().backward();
+  int64_t at = 0;
+  for (const Tensor& p : ps) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().dtype(), DType::Float32);
+    kiln::testing::expect_values(p.grad(), {p.size(0), 3},
+                                 std::vector<double>(c.begin() + at * 3, c.begin() + (at + p.size(0)) * 3), 0, 0);
+    at += p.size(0);
+  }
+}
+
+TEST(AutocastShadow, StackedCastIsOneBufferOnceTheOptimizerHasWrittenTheShadows) {
+  std::vector<Tensor> ps = {param_rows(4, 21), param_rows(2, 22), param_rows(4, 23)};
+  // The first region: the cat of the casts, and the shadows arranged as rows of one buffer.
+  const Tensor first = region_stacked_cast(ps, DType::BFloat16);
+  EXPECT_TRUE(same_bits(first, cat_of_casts(ps, DType::BFloat16)));
+  std::vector<Tensor> bufs;
+  for (Tensor& p : ps) bufs.push_back(optimizer_step(p, 0.25));
+  for (const Tensor& b : bufs) ASSERT_TRUE(b.defined());
+  EXPECT_TRUE(bufs[0].is_alias_of(bufs[1]) && bufs[1].is_alias_of(bufs[2]));
+  EXPECT_EQ(static_cast<const char*>(bufs[1].data_ptr()), static_cast<const char*>(bufs[0].data_ptr()) + 4 * 3 * 2);
+
+  Tensor s;
+  {
+    autocast::CacheRegion region;
+    s = autocast::stacked_cast(ps, DType::BFloat16);
+    EXPECT_EQ(s.data_ptr(), bufs[0].data_ptr()) << "the region stacked the casts again";
+    EXPECT_EQ(s.shape(), (Shape{10, 3}));
+    EXPECT_TRUE(same_bits(s, cat_of_casts(ps, DType::BFloat16)));
+    ASSERT_TRUE(s.requires_grad());
+    expect_row_gradients(s, ps);
+  }
+  // The gradient came back as one tensor: each .grad is its rows of it, kept as they are (no copy), and disjoint.
+  EXPECT_EQ(static_cast<const char*>(ps[1].grad().data_ptr()),
+            static_cast<const char*>(ps[0].grad().data_ptr()) + 4 * 3 * 4);
+  EXPECT_EQ(static_cast<const char*>(ps[2].grad().data_ptr()),
+            static_cast<const char*>(ps[1].grad().data_ptr()) + 2 * 3 * 4);
+  ps[0].mutable_grad().zero_();
+  kiln::testing::expect_values(ps[1].grad(), {2, 3}, {13, 14, 15, 16, 17, 18}, 0, 0);
+}
+
+TEST(AutocastShadow, StackedCastIsTheCatOfTheCastsWhereTheShadowsAreNotCurrent) {
+  std::vector<Tensor> ps = {param_rows(3, 31), param_rows(3, 32)};
+  region_stacked_cast(ps, DType::BFloat16);
+  std::vector<Tensor> bufs;
+  for (Tensor& p : ps) bufs.push_back(optimizer_step(p, 0.5));
+  {
+    NoGradGuard no_grad;
+    internal::mul_(ps[1], 2.0);  // written after the step: its shadow is stale
+  }
+  {
+    autocast::CacheRegion region;
+    const Tensor s = autocast::stacked_cast(ps, DType::BFloat16);
+    EXPECT_FALSE(s.is_alias_of(bufs[0]));
+    EXPECT_TRUE(same_bits(s, cat_of_casts(ps, DType::BFloat16)));
+    expect_row_gradients(s, ps);
+  }
+  // Outside a region (nothing cached): the cat of the casts as well, and in another order, too.
+  for (Tensor& p : ps) p.mutable_grad() = Tensor();
+  const std::vector<Tensor> swapped = {ps[1], ps[0]};
+  const Tensor s = autocast::stacked_cast(swapped, DType::Float16);
+  EXPECT_TRUE(same_bits(s, cat_of_casts(swapped, DType::Float16)));
+  expect_row_gradients(s, swapped);
+  expect_error([&] { autocast::stacked_cast({}, DType::BFloat16); }, {"stacked_cast", "no parameters"});
 }
 
 TEST(AutocastShadow, MarkWrittenWithoutABufferIsAnError) {

@@ -6,16 +6,19 @@
 //  - Argument errors name the list, the index and what is wrong.
 //  - Training: a model trained with autocast + each optimizer gives bit for bit the losses and parameters of the
 //    same training in which every step's shadows are made stale (an in-place write bumps each parameter's
-//    version, so each region casts anew), and the regions after the first step cast nothing themselves.
+//    version, so each region casts anew), and the regions after the first step cast nothing themselves. BERT's
+//    self-attention, whose query, key and value casts are one stack (autocast::stacked_cast), eagerly and graphed.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "kiln/autograd/stacked_cast.h"
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/internal_ops.h"
@@ -319,6 +322,31 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, CudaShadowTraining,
                                   (std::get<1>(info.param) == DType::BFloat16 ? "_bf16" : "_fp16");
                          });
 
+// kSteps steps of `step` (which leaves its loss in `loss`), eager or as replays of one captured step (two eager
+// warm-up steps first); the losses from step 2 on go into r. In eager runs with stale_shadows, every parameter's
+// version is bumped after each step (values unchanged), so that each region casts anew.
+void run_steps(const std::function<void()>& step, const Tensor& loss, nn::Module& model, bool stale_shadows,
+               bool graphed, int kSteps, TrainRun& r) {
+  if (graphed) {
+    cuda::Graph graph;
+    graph.capture(step, /*warmup=*/2);  // two eager steps, then the captured one (not run by the capture)
+    // The capture ran the step twice eagerly; the captured step's loss is each replay's.
+    for (int i = 0; i < kSteps - 2; ++i) {
+      graph.replay();
+      r.losses.push_back(loss.item<float>());
+    }
+    return;
+  }
+  for (int i = 0; i < kSteps; ++i) {
+    step();
+    if (i >= 2) r.losses.push_back(loss.item<float>());
+    if (stale_shadows) {
+      NoGradGuard no_grad;
+      for (Tensor& p : model.parameters()) internal::mul_(p, 1.0);
+    }
+  }
+}
+
 // A small channels-last convolutional network (3x3 and 1x1 convolutions, batch norm, a residual add), SGD with
 // momentum and, for float16, the GradScaler, trained eagerly or as CUDA graph replays; deterministic mode, so
 // that two runs can agree bit for bit. Returns the per-step losses and the final parameters.
@@ -361,43 +389,15 @@ TrainRun train_conv(DType dtype, bool stale_shadows, bool graphed) {
     scaler.step(opt);
     scaler.update();
   };
-  auto make_stale = [&] {
-    NoGradGuard no_grad;
-    for (Tensor& p : model->parameters()) internal::mul_(p, 1.0);
-  };
-  constexpr int kSteps = 10;
-  if (graphed) {
-    cuda::Graph graph;
-    graph.capture(step, /*warmup=*/2);  // two eager steps, then the captured one (not run by the capture)
-    // The capture ran the step twice eagerly; the captured step's loss is each replay's.
-    for (int i = 0; i < kSteps - 2; ++i) {
-      graph.replay();
-      r.losses.push_back(loss.item<float>());
-    }
-  } else {
-    for (int i = 0; i < kSteps; ++i) {
-      step();
-      if (i >= 2) r.losses.push_back(loss.item<float>());
-      if (stale_shadows) make_stale();
-    }
-  }
+  run_steps(step, loss, *model, stale_shadows, graphed, 10, r);
   for (const Tensor& p : model->parameters()) r.params.push_back(internal::clone(p));
   set_deterministic(false);
   return r;
 }
 
-class CudaShadowConv : public ::testing::TestWithParam<DType> {
- protected:
-  void SetUp() override {
-    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
-  }
-};
-
-TEST_P(CudaShadowConv, ChannelsLastNetworkEagerAndGraphedMatchCastingEveryStep) {
-  const DType dtype = GetParam();
-  const TrainRun reference = train_conv(dtype, /*stale_shadows=*/true, /*graphed=*/false);
-  const TrainRun eager = train_conv(dtype, false, false);
-  const TrainRun graphed = train_conv(dtype, false, true);
+// The eager and graphed runs against the reference (shadows made stale every step): the same losses from step 2 on and
+// the same final parameters, bit for bit; the reference trains.
+void expect_same_training(const TrainRun& reference, const TrainRun& eager, const TrainRun& graphed) {
   for (const TrainRun* run : {&eager, &graphed}) {
     const char* what = run == &eager ? "eager" : "graphed";
     ASSERT_EQ(run->losses.size(), reference.losses.size()) << what;
@@ -413,8 +413,84 @@ TEST_P(CudaShadowConv, ChannelsLastNetworkEagerAndGraphedMatchCastingEveryStep) 
   EXPECT_LT(reference.losses.back(), reference.losses.front());
 }
 
+class CudaShadowConv : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  }
+};
+
+TEST_P(CudaShadowConv, ChannelsLastNetworkEagerAndGraphedMatchCastingEveryStep) {
+  const DType dtype = GetParam();
+  const TrainRun reference = train_conv(dtype, /*stale_shadows=*/true, /*graphed=*/false);
+  expect_same_training(reference, train_conv(dtype, false, false), train_conv(dtype, false, true));
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaShadowConv, ::testing::Values(DType::BFloat16, DType::Float16),
                          [](const auto& info) { return info.param == DType::BFloat16 ? "bf16" : "fp16"; });
+
+// BERT's self-attention casts its query, key and value weights (and biases) as one stack (autocast::stacked_cast).
+// Trained with AdamW under autocast, eagerly and as CUDA graph replays, it gives bit for bit the losses and parameters
+// of the same training with every step's shadows made stale (each region then casts and concatenates anew, and the
+// stack's gradient is copied out per parameter). After a step the stack is the shadows' buffer, and the parameters'
+// gradients are consecutive rows of one tensor (kept without a copy).
+TrainRun train_attention(DType dtype, bool stale_shadows, bool graphed) {
+  set_deterministic(true);
+  manual_seed(13);
+  const nn::models::BertConfig config{.hidden_size = 64, .num_attention_heads = 4, .attention_probs_dropout_prob = 0.0};
+  struct Net : nn::Module {
+    nn::Handle<nn::models::BertSelfAttention> attention;
+    nn::Handle<nn::Linear> head;
+    explicit Net(const nn::models::BertConfig& c) : Module("Net") {
+      attention = register_module("attention", std::make_shared<nn::models::BertSelfAttention>(c));
+      head = register_module("head", nn::Linear(c.hidden_size, 10));
+    }
+    Tensor forward(const Tensor& x) override { return head(attention->forward(x, Tensor()).mean({1})); }
+  };
+  auto model = nn::make<Net>(config);
+  model->to(kGpu);
+  AdamW opt(model->parameters(), {.lr = 3e-3});
+  const Tensor x = make(uniform(8 * 16 * 64, -1, 1, 4), {8, 16, 64}, {.device = kGpu});
+  const Tensor y = make(std::vector<double>{0, 1, 2, 3, 4, 5, 6, 7}, {8}, {.dtype = DType::Int64, .device = kGpu});
+  TrainRun r;
+  Tensor loss;
+  auto step = [&] {
+    opt.zero_grad(true);
+    {
+      amp::Autocast cast(dtype);
+      loss = nn::cross_entropy(model(x), y);
+    }
+    loss.backward();
+    opt.step();
+  };
+  run_steps(step, loss, *model, stale_shadows, graphed, 8, r);
+  for (const Tensor& p : model->parameters()) r.params.push_back(internal::clone(p));
+  if (!stale_shadows && !graphed) {
+    const nn::models::BertSelfAttention& a = *model->attention;
+    for (const auto& [ps, size] :
+         {std::pair{std::vector<Tensor>{a.query->weight, a.key->weight, a.value->weight}, int64_t{64 * 64 * 4}},
+          std::pair{std::vector<Tensor>{a.query->bias, a.key->bias, a.value->bias}, int64_t{64 * 4}}}) {
+      const char* q = static_cast<const char*>(ps[0].grad().data_ptr());
+      EXPECT_EQ(static_cast<const char*>(ps[1].grad().data_ptr()), q + size) << "the gradients were copied apart";
+      EXPECT_EQ(static_cast<const char*>(ps[2].grad().data_ptr()), q + 2 * size);
+      amp::Autocast cast(dtype);
+      const Tensor stack = autocast::stacked_cast(ps, dtype);
+      EXPECT_TRUE(stack.is_alias_of(autocast::shadow::buffer(ps[0]))) << "the region stacked the casts again";
+      EXPECT_TRUE(same_bits(stack, internal::cast(internal::cat(ps, 0), dtype)));
+      r.casts_after_first += stack.is_alias_of(autocast::shadow::buffer(ps[0])) ? 0 : 1;
+    }
+  }
+  set_deterministic(false);
+  return r;
+}
+
+TEST_P(CudaShadowTest, StackedProjectionEagerAndGraphedMatchCastingEveryStep) {
+  const DType dtype = GetParam();
+  const TrainRun reference = train_attention(dtype, /*stale_shadows=*/true, /*graphed=*/false);
+  const TrainRun eager = train_attention(dtype, false, false);
+  expect_same_training(reference, eager, train_attention(dtype, false, true));
+  EXPECT_EQ(eager.casts_after_first, 0U);
+}
 
 }  // namespace
 }  // namespace kiln::optim::cuda_impl

@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "support/test_support.h"
 
@@ -10,6 +11,7 @@
 #include <cuda_runtime.h>  // cudaMemsetAsync: GPU work of a known length, independent of kiln's kernels
 
 #include "kiln/tensor/cuda.h"
+#include "kiln/tensor/owned_split.h"
 #endif
 
 namespace kiln {
@@ -128,6 +130,31 @@ TEST_F(CudaMemory, CrossStreamFreeWaitsForTheOtherStream) {
   side.synchronize();
   Tensor z = device_bytes(64 * kMiB);  // now the block is free for the default stream again
   EXPECT_EQ(address(z), x_ptr);
+}
+
+// A piece of a split gradient (internal::split_owned) has a Storage that starts inside the allocator's block:
+// recording a stream on it protects the whole block, which is freed when the last piece is.
+TEST_F(CudaMemory, CrossStreamFreeOfAnOwnedPieceWaitsForTheOtherStream) {
+  Tensor whole = empty({2, 32 * kMiB}, {.dtype = DType::UInt8, .device = Device::cuda(0)});
+  char* const whole_ptr = address(whole);
+  std::vector<Tensor> pieces = internal::split_owned(std::move(whole), {1, 1});
+  ASSERT_EQ(pieces.size(), 2u);
+  ASSERT_EQ(address(pieces[1]), whole_ptr + 32 * kMiB);
+  ASSERT_NE(pieces[1].impl().storage(), pieces[0].impl().storage()) << "the pieces are views, not owned pieces";
+  cuda::Stream side = cuda::Stream::create(0);
+  Tensor load = device_bytes(1024 * kMiB);
+  busy(load, side, 400);     // about 0.2 s of memsets on the side stream
+  busy(pieces[1], side, 1);  // ... and then the second piece is written there
+  cuda::record_stream(pieces[1], side);
+  cuda::Event side_done;
+  side_done.record(side);
+  pieces.clear();  // the block is freed while the side stream may still write it
+  ASSERT_FALSE(side_done.query()) << "the side stream finished too fast for this test to mean anything";
+  Tensor y = device_bytes(64 * kMiB);
+  EXPECT_NE(address(y), whole_ptr) << "a block still used by another stream was handed out";
+  side.synchronize();
+  Tensor z = device_bytes(64 * kMiB);
+  EXPECT_EQ(address(z), whole_ptr);
 }
 
 // A tensor used on a stream whose last handle went before the tensor (a group's or a loader's stream): freeing

@@ -1,4 +1,5 @@
 // Views share storage and never copy; reshape copies only when no view exists.
+#include "kiln/tensor/owned_split.h"
 #include "support/test_support.h"
 
 namespace kiln {
@@ -121,6 +122,44 @@ TEST_P(ViewTest, SplitChunkUnbindDiagonal) {
   expect_values(m.diagonal(), {3}, {0, 5, 10});
   expect_values(m.diagonal(1), {3}, {1, 6, 11});
   expect_values(m.diagonal(-1), {2}, {4, 9});
+}
+
+// internal::split_owned: pieces with storages of their own where nothing else holds the tensor, views otherwise.
+TEST_P(ViewTest, SplitOwnedGivesDisjointPiecesOfATensorNothingElseHolds) {
+  Tensor x = iota({5, 2}, {.device = dev()});
+  const char* base = static_cast<const char*>(x.data_ptr());
+  std::vector<Tensor> parts = internal::split_owned(std::move(x), {2, 0, 3});
+  ASSERT_EQ(parts.size(), 3u);
+  expect_values(parts[0], {2, 2}, {0, 1, 2, 3});
+  EXPECT_EQ(parts[1].shape(), (Shape{0, 2}));
+  expect_values(parts[2], {3, 2}, {4, 5, 6, 7, 8, 9});
+  // The same memory, no copy, each piece with a storage of its own that covers its rows only.
+  EXPECT_EQ(static_cast<const char*>(parts[0].data_ptr()), base);
+  EXPECT_EQ(static_cast<const char*>(parts[2].data_ptr()), base + 4 * sizeof(double));
+  EXPECT_FALSE(parts[0].is_alias_of(parts[2]));
+  EXPECT_EQ(parts[2].impl().storage()->nbytes(), 6 * sizeof(double));
+  EXPECT_FALSE(parts[2].impl().is_view());
+  // A write to one piece leaves the other as it was.
+  parts[0].fill_(-1.0);
+  expect_values(parts[2], {3, 2}, {4, 5, 6, 7, 8, 9});
+  parts[0] = Tensor();  // the memory stays while a piece holds it
+  expect_values(parts[2], {3, 2}, {4, 5, 6, 7, 8, 9});
+
+  // Held elsewhere too (or a view, or not contiguous): views of it.
+  Tensor y = iota({4, 2}, {.device = dev()});
+  Tensor other = y;
+  std::vector<Tensor> views = internal::split_owned(std::move(y), {1, 3});
+  EXPECT_TRUE(views[0].is_alias_of(other));
+  EXPECT_TRUE(views[1].is_alias_of(other));
+  expect_values(views[1], {3, 2}, {2, 3, 4, 5, 6, 7});
+  std::vector<Tensor> of_t = internal::split_owned(iota({2, 3}, {.device = dev()}).t(), {1, 2});
+  EXPECT_TRUE(of_t[0].is_alias_of(of_t[1]));
+  expect_values(of_t[1], {2, 2}, {1, 4, 2, 5});
+  expect_error(
+      [&] {
+        internal::split_owned(iota({3, 2}, {.device = dev()}), {1, 1});
+      },
+      {"split_owned", "2 rows in all", "3 rows"});
 }
 
 TEST_P(ViewTest, AsStridedIsBoundsChecked) {

@@ -2,19 +2,21 @@
 #include "kiln/layers/models/bert.h"
 #include "kiln/layers/autocast_ops.h"
 
+#include <optional>
 #include <string>
 
-#include "kiln/autograd/autocast.h"    // autocast::inputs: the stacked projection's parameters
-#include "kiln/autograd/checkpoint.h"  // autograd::checkpoint (gradient checkpointing)
-#include "kiln/autograd/grad_mode.h"   // NoGradGuard for initialisation
-#include "kiln/layers/attention.h"     // nn::scaled_dot_product_attention
-#include "kiln/layers/fp8_linear.h"    // nn::fp8_linear: the stacked q/k/v product in FP8 regions
-#include "kiln/layers/functional.h"    // nn::linear
-#include "kiln/layers/init.h"          // normal_, zeros_, ones_
-#include "kiln/layers/loss.h"          // cross_entropy, mse_loss
-#include "kiln/tensor/checked_size.h"  // checked_mul, mul_overflows: sizes from a config
-#include "kiln/tensor/error.h"         // KILN_CHECK
-#include "kiln/tensor/trace.h"         // trace::Scope: the module ranges of calls that bypass a handle
+#include "kiln/autograd/autocast.h"      // autocast::target_dtype: the stacked projection's dtype
+#include "kiln/autograd/checkpoint.h"    // autograd::checkpoint (gradient checkpointing)
+#include "kiln/autograd/grad_mode.h"     // NoGradGuard for initialisation
+#include "kiln/autograd/stacked_cast.h"  // autocast::stacked_cast: its parameters, cast as one stack
+#include "kiln/layers/attention.h"       // nn::scaled_dot_product_attention
+#include "kiln/layers/fp8_linear.h"      // nn::fp8_linear: the stacked q/k/v product in FP8 regions
+#include "kiln/layers/functional.h"      // nn::linear
+#include "kiln/layers/init.h"            // normal_, zeros_, ones_
+#include "kiln/layers/loss.h"            // cross_entropy, mse_loss
+#include "kiln/tensor/checked_size.h"    // checked_mul, mul_overflows: sizes from a config
+#include "kiln/tensor/error.h"           // KILN_CHECK
+#include "kiln/tensor/trace.h"           // trace::Scope: the module ranges of calls that bypass a handle
 
 namespace kiln::nn::models {
 namespace {
@@ -177,17 +179,22 @@ Tensor BertSelfAttention::forward(const Tensor& hidden, const Tensor& mask) {
 
 std::vector<Tensor> BertSelfAttention::stacked_projection(const Tensor& hidden) {
   // One read of `hidden`, one cast of it under autocast, one larger GEMM; the parameters stay query, key and value,
-  // as in Hugging Face's checkpoints. Under autocast each parameter is cast on its own (through the region's
-  // weight-cast cache) and the stack is made in the autocast dtype: stacking the float32 parameters would copy them
-  // once more every step, and the stack's float32 gradient would be split into views that .grad must copy; cast one
-  // by one, each gradient comes back as its own float32 tensor.
+  // as in Hugging Face's checkpoints. Under autocast the three weights (and the three biases) are cast as one stack
+  // (autocast::stacked_cast): once the optimizer has written their 16-bit shadows, which it keeps as the rows of one
+  // buffer, the stack is that buffer and nothing is copied, and the stack's float32 gradient comes back as three
+  // tensors that .grad keeps as they are.
   const int64_t H = hidden.size(2);
-  const auto [wq, wk, wv] = autocast::inputs(autocast_ops::linear(), query->weight, key->weight, value->weight);
-  const Tensor w = cat({wq, wk, wv}, 0);  // (3H, H)
+  const std::vector<Tensor> weights{query->weight, key->weight, value->weight};
+  const std::optional<DType> low = autocast::target_dtype(autocast_ops::linear(), hidden.device(), DType::Float32);
+  const auto stack = [&](const std::vector<Tensor>& ps) {
+    const bool cast = low && *low != DType::Float32 && ps[0].dtype() == DType::Float32 &&
+                      ps[1].dtype() == DType::Float32 && ps[2].dtype() == DType::Float32;
+    return cast ? autocast::stacked_cast(ps, *low) : cat(ps, 0);
+  };
+  const Tensor w = stack(weights);  // (3H, H)
   Tensor b;
   if (query->bias.defined() && key->bias.defined() && value->bias.defined()) {
-    const auto [bq, bk, bv] = autocast::inputs(autocast_ops::linear(), query->bias, key->bias, value->bias);
-    b = cat({bq, bk, bv}, 0);  // (3H)
+    b = stack({query->bias, key->bias, value->bias});  // (3H)
   }
   return split(linear(hidden, w, b), H, -1);  // 3 x (N, S, H), views
 }

@@ -157,11 +157,22 @@ class DeviceAllocator final : public Allocator {
     return DataPtr(block->ptr, [this, block](void*) { free(block); });
   }
 
+  // The handed-out block that holds ptr, or nullptr (the caller holds the lock). A tensor's storage may start inside
+  // a block (internal::split_owned's pieces of one gradient); those are few, and are looked for only when ptr starts
+  // no block.
+  Block* containing(void* ptr) const {
+    const char* p = static_cast<const char*>(ptr);
+    for (const auto& [start, block] : active_) {
+      if (p >= block->ptr && p < block->ptr + block->size) return block;
+    }
+    return nullptr;
+  }
+
   void record_stream(void* ptr, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = active_.find(ptr);
-    if (it == active_.end()) return;
-    Block* block = it->second;
+    Block* block = it != active_.end() ? it->second : containing(ptr);
+    if (block == nullptr) return;  // memory this allocator did not hand out
     if (stream == block->stream) return;
     for (cudaStream_t s : block->stream_uses)
       if (s == stream) return;
