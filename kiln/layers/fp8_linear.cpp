@@ -9,13 +9,15 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/autograd/autocast.h"    // DisableGuard: the ops around the function run as one op
-#include "kiln/autograd/checkpoint.h"  // in_recomputation: one scale update per forward
-#include "kiln/autograd/function.h"    // autograd::Function
-#include "kiln/layers/functional.h"    // nn::linear, for empty inputs
+#include "kiln/autograd/autocast.h"      // DisableGuard: the ops around the function run as one op
+#include "kiln/autograd/checkpoint.h"    // in_recomputation: one scale update per forward
+#include "kiln/autograd/function.h"      // autograd::Function
+#include "kiln/autograd/stacked_cast.h"  // autocast::detail::stacked_shadow: the stacked biases' values
+#include "kiln/layers/functional.h"      // nn::linear, for empty inputs
 #include "kiln/layers/linear.h"
-#include "kiln/tensor/error.h"    // KILN_CHECK
-#include "kiln/tensor/fp8_ops.h"  // internal::fp8_quantize, internal::fp8_gemm
+#include "kiln/tensor/error.h"        // KILN_CHECK
+#include "kiln/tensor/fp8_ops.h"      // internal::fp8_quantize, internal::fp8_gemm
+#include "kiln/tensor/owned_split.h"  // internal::split_owned: the stacked products' gradients
 
 namespace kiln::nn {
 namespace {
@@ -158,8 +160,8 @@ struct ProductGrads {
 // the weights (undefined where none is wanted), row_sums (out) float32 for the biases (undefined without).
 // dx_into (null: none): a float32 (Mp, in) tensor that already holds other gradients of the input: dX is added into it
 // by the product itself (and out.dx is that tensor).
-ProductGrads product_backward(const Fp8Saved& p, const Tensor& gq, const Tensor& gtq, const Tensor& row_sums,
-                              bool want_dx, const std::vector<bool>& want_dw, const std::vector<bool>& want_db,
+ProductGrads product_backward(const Fp8Saved& p, const Tensor& gq, const Tensor& gtq, Tensor row_sums, bool want_dx,
+                              const std::vector<bool>& want_dw, const std::vector<bool>& want_db,
                               Tensor* dx_into = nullptr) {
   ProductGrads out{{}, std::vector<Tensor>(p.outs.size()), std::vector<Tensor>(p.outs.size())};
   if (want_dx && dx_into != nullptr) {
@@ -170,23 +172,28 @@ ProductGrads product_backward(const Fp8Saved& p, const Tensor& gq, const Tensor&
   }
   // Each Linear's gradients, from its rows of dY's transpose and its columns of the row sums: dW_i (out_i, in) in
   // float32 for the master weight. Where every weight's gradient is wanted, one product of the stacked rows gives them
-  // all (its rows are dW_i, which .grad copies out as tensors of their own): on a BERT layer's (3 x 768, 768) that is
-  // faster than three (768, 768) products over K = 16384 rows, each too small to fill the GPU without a split-K pass.
+  // all (its rows are dW_i, split into tensors that own their rows, which .grad keeps without a copy): on a BERT
+  // layer's (3 x 768, 768) that is faster than three (768, 768) products over K = 16384 rows, each too small to fill
+  // the GPU without a split-K pass. The biases' gradients, where all are wanted, are the row sums split likewise.
   const bool stacked = p.outs.size() > 1 && std::find(want_dw.begin(), want_dw.end(), false) == want_dw.end();
-  const Tensor all_dw =
-      stacked ? internal::fp8_gemm(gtq, p.xt, cell(p.scale_inv, kGrad), cell(p.scale_inv, kInput), DType::Float32)
-              : Tensor();
+  const std::vector<Tensor> all_dw =
+      stacked ? internal::split_owned(
+                    internal::fp8_gemm(gtq, p.xt, cell(p.scale_inv, kGrad), cell(p.scale_inv, kInput), DType::Float32),
+                    p.outs)
+              : std::vector<Tensor>{};
+  const bool all_db = p.outs.size() > 1 && std::find(want_db.begin(), want_db.end(), false) == want_db.end();
+  const std::vector<Tensor> sums = all_db ? internal::split_owned(std::move(row_sums), p.outs) : std::vector<Tensor>{};
   int64_t at = 0;
   for (size_t i = 0; i < p.outs.size(); ++i) {
     if (stacked) {
-      out.dw[i] = all_dw.narrow(0, at, p.outs[i]).to(p.w_dtype);
+      out.dw[i] = all_dw[i].to(p.w_dtype);
     } else if (want_dw[i]) {
       const Tensor rows_i = p.outs.size() == 1 ? gtq : gtq.narrow(0, at, p.outs[i]);
       out.dw[i] = internal::fp8_gemm(rows_i, p.xt, cell(p.scale_inv, kGrad), cell(p.scale_inv, kInput), DType::Float32)
                       .to(p.w_dtype);
     }
     if (want_db[i]) {
-      const Tensor sums_i = p.outs.size() == 1 ? row_sums : row_sums.narrow(0, at, p.outs[i]).contiguous();
+      const Tensor sums_i = all_db ? sums[i] : p.outs.size() == 1 ? row_sums : row_sums.narrow(0, at, p.outs[i]);
       out.db[i] = sums_i.to(p.b_dtype);  // (out_i)
     }
     at += p.outs[i];
@@ -267,12 +274,12 @@ struct Fp8LinearFunction : autograd::Function<Fp8LinearFunction> {
     const bool any_db = std::find(want_db.begin(), want_db.end(), true) != want_db.end();
     // dY quantised: (Mp, out) for dX, its transpose (out, Mp) for dW, and with the transpose the bias gradient
     // (dY's rows summed in float32; the padding rows are zero) from the same pass.
-    const auto [gq, gtq, row_sums] = quantise_output_gradient(pad_rows(dy, round_up16(m)), saved, any_dw, any_db);
+    auto [gq, gtq, row_sums] = quantise_output_gradient(pad_rows(dy, round_up16(m)), saved, any_dw, any_db);
     const auto act = ctx.get<internal::Fp8Activation>("act");
     const auto x_shape = ctx.get<Shape>("x_shape");
     Tensor into =
         act == internal::Fp8Activation::None && ctx.needs_input_grad(0) ? sum_to_add_into(ctx, x_shape) : Tensor();
-    ProductGrads g = product_backward(saved, gq, gtq, row_sums, ctx.needs_input_grad(0), want_dw, want_db,
+    ProductGrads g = product_backward(saved, gq, gtq, std::move(row_sums), ctx.needs_input_grad(0), want_dw, want_db,
                                       into.defined() ? &into : nullptr);
     autograd::TensorList out(7);
     if (into.defined()) {
@@ -444,8 +451,12 @@ Tensor fp8_product(const Tensor& x, const std::vector<Tensor>& weights, const st
   const int64_t rows = in == 0 ? 0 : x.numel() / in;
   // The biases' values in out_dtype, concatenated: a parameter's cast from the autocast region (the optimizer's
   // 16-bit shadow where it wrote one).
+  // Several float32 biases: their shadows as one stack, once the optimizer has written them (nothing to copy).
   Tensor bias_values;
-  if (!biases.empty()) {
+  if (biases.size() > 1 && biases[0].dtype() == DType::Float32 && out_dtype != DType::Float32) {
+    bias_values = autocast::detail::stacked_shadow(biases, out_dtype);
+  }
+  if (!biases.empty() && !bias_values.defined()) {
     std::vector<Tensor> parts;
     for (const Tensor& b : biases) parts.push_back(values_in(b, out_dtype));
     bias_values = parts.size() == 1 ? parts[0] : internal::cat(parts, 0);

@@ -567,6 +567,15 @@ TEST_P(Fp8LinearTest, StackedProductEqualsTheProductOfTheConcatenation) {
         EXPECT_NE(ws[i].grad().impl().storage(), ws[j].grad().impl().storage());
         EXPECT_NE(bs[i].grad().impl().storage(), bs[j].grad().impl().storage());
       }
+      // One product's rows and one pass's sums, kept as they are: each gradient follows the one before in memory.
+      if (i > 0) {
+        const auto* w_prev = static_cast<const char*>(ws[i - 1].grad().data_ptr());
+        const auto* b_prev = static_cast<const char*>(bs[i - 1].grad().data_ptr());
+        EXPECT_EQ(static_cast<const char*>(ws[i].grad().data_ptr()), w_prev + outs[i - 1] * in * 4)
+            << "the weights' gradients were copied apart";
+        EXPECT_EQ(static_cast<const char*>(bs[i].grad().data_ptr()), b_prev + outs[i - 1] * 4)
+            << "the biases' gradients were copied apart";
+      }
     }
   }
   expect_error(
