@@ -9,6 +9,8 @@
 
 #include <algorithm>  // std::max
 #include <cstdint>
+#include <initializer_list>
+#include <vector>
 
 #include "kiln/tensor/cuda/cuda_check.h"     // KILN_CUDA_CHECK
 #include "kiln/tensor/cuda/index_errors.h"   // IndexReport: a bad id, reported without a wait
@@ -110,6 +112,45 @@ __global__ void split_kernel(const int32_t* where, const long long* ranks, int64
   }
 }
 
+// Page-locked host memory is read by the kernels at its host address: under unified virtual addressing (every 64-bit
+// platform CUDA supports) it is mapped for every device there, also at an offset inside an allocation. `op` names the
+// caller in the error of a device without it.
+// The attribute is read once per process (a lookup runs every step).
+void check_host_mapped(const char* op, Device device) {
+  static const std::vector<int> unified = [op] {
+    int count = 0;
+    KILN_CUDA_CHECK(cudaGetDeviceCount(&count), op);
+    std::vector<int> u(static_cast<size_t>(count), 0);
+    for (int d = 0; d < count; ++d) {
+      KILN_CUDA_CHECK(cudaDeviceGetAttribute(&u[static_cast<size_t>(d)], cudaDevAttrUnifiedAddressing, d), op);
+    }
+    return u;
+  }();
+  const auto index = static_cast<size_t>(device.index());
+  KILN_CHECK(index < unified.size() && unified[index] != 0, op, ": ", device,
+             " does not share the host's address space (unified addressing), so it cannot read host rows directly");
+}
+
+// Calls launch(W{}) with the widest word W (16, 4 or 1 bytes) that divides a row of row_bytes and aligns every
+// pointer in `ptrs`: the kernels copy rows word by word.
+template <typename F>
+void by_word_size(int64_t row_bytes, std::initializer_list<const void*> ptrs, F&& launch) {
+  const auto aligned = [&](uintptr_t a) {
+    if (row_bytes % static_cast<int64_t>(a) != 0) return false;
+    for (const void* p : ptrs) {
+      if (reinterpret_cast<uintptr_t>(p) % a != 0) return false;
+    }
+    return true;
+  };
+  if (aligned(16)) {
+    launch(uint4{});
+  } else if (aligned(4)) {
+    launch(uint32_t{});
+  } else {
+    launch(uint8_t{});
+  }
+}
+
 }  // namespace
 
 void gather_host_rows(const Tensor& out, const Tensor& table, const Tensor& rows) {
@@ -126,26 +167,11 @@ void gather_host_rows(const Tensor& out, const Tensor& table, const Tensor& rows
   const int64_t n = out.size(0);
   if (n == 0 || out.numel() == 0) return;
   trace::Scope range(trace::Kind::Op, "gather_host_rows", out.device(), {&out, &table, &rows});
-  // Under unified virtual addressing (every 64-bit platform CUDA supports), page-locked host memory is mapped for
-  // every device at its host address, so a kernel reads it as it is (also at an offset inside an allocation).
-  int unified = 0;
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, out.device().index()),
-                  "gather_host_rows");
-  KILN_CHECK(unified != 0, "gather_host_rows: ", out.device(), " does not share the host's address space (unified ",
-             "addressing), so it cannot read host rows directly");
+  check_host_mapped("gather_host_rows", out.device());
   const void* mapped = table.data_ptr();
   const int64_t row_bytes = out.numel() / n * static_cast<int64_t>(out.element_size());
-  const auto aligned = [&](uintptr_t a) {
-    return row_bytes % a == 0 && reinterpret_cast<uintptr_t>(mapped) % a == 0 &&
-           reinterpret_cast<uintptr_t>(out.data_ptr()) % a == 0;
-  };
-  if (aligned(16)) {
-    launch<uint4>(out, mapped, rows, n, row_bytes);
-  } else if (aligned(4)) {
-    launch<uint32_t>(out, mapped, rows, n, row_bytes);
-  } else {
-    launch<uint8_t>(out, mapped, rows, n, row_bytes);
-  }
+  by_word_size(row_bytes, {mapped, out.data_ptr()},
+               [&](auto word) { launch<decltype(word)>(out, mapped, rows, n, row_bytes); });
   out.impl().storage()->bump_version();
 }
 
@@ -173,24 +199,16 @@ void placed_lookup(const Tensor& out, const Tensor& where_out, const Tensor& tie
              "tier counts, contiguous on ",
              dev);
   trace::Scope range(trace::Kind::Op, "placed_lookup", dev, {&out, &ids, &hot, &cold});
+  check_host_mapped("placed_lookup", dev);
   const cudaStream_t stream = cuda::stream_for(out);
   KILN_CUDA_CHECK(cudaMemsetAsync(tiers.data_ptr(), 0, 2 * sizeof(int64_t), stream), "placed_lookup");
   if (n > 0) {
     const cuda::detail::IndexReport err =
         cuda::detail::begin_index_launch(dev.index(), "HybridEmbedding lookup", 0, slot.numel());
     const int64_t row_bytes = out.size(1) * static_cast<int64_t>(out.element_size());
-    const auto aligned = [&](uintptr_t a) {
-      return row_bytes % a == 0 && reinterpret_cast<uintptr_t>(cold.data_ptr()) % a == 0 &&
-             reinterpret_cast<uintptr_t>(hot.data_ptr()) % a == 0 &&
-             reinterpret_cast<uintptr_t>(out.data_ptr()) % a == 0;
-    };
-    if (aligned(16)) {
-      launch_placed<uint4>(out, where_out, tiers, ids, slot, hot, cold.data_ptr(), counts, row_bytes, err);
-    } else if (aligned(4)) {
-      launch_placed<uint32_t>(out, where_out, tiers, ids, slot, hot, cold.data_ptr(), counts, row_bytes, err);
-    } else {
-      launch_placed<uint8_t>(out, where_out, tiers, ids, slot, hot, cold.data_ptr(), counts, row_bytes, err);
-    }
+    by_word_size(row_bytes, {cold.data_ptr(), hot.data_ptr(), out.data_ptr()}, [&](auto word) {
+      launch_placed<decltype(word)>(out, where_out, tiers, ids, slot, hot, cold.data_ptr(), counts, row_bytes, err);
+    });
     cuda::detail::end_index_launch(dev.index(), stream);
   }
   for (const Tensor* t : {&out, &where_out, &tiers}) t->impl().storage()->bump_version();
