@@ -89,8 +89,18 @@ struct Shadow {
   const void* storage = nullptr;    // the parameter's storage and version when values were written
   uint64_t version = 0;
   bool current = false;
-  Tensor stack;           // the buffer whose rows `values` are (stacked_shadow), or undefined
-  int64_t stack_row = 0;  // where in it they start
+  std::shared_ptr<struct ShadowStack> stack;  // the stack `values` is rows of (stacked_shadow), or null
+  int64_t stack_row = 0;                      // where in it they start
+};
+// The shadows of parameters a region casts as one stack: one buffer, made when the optimizer first asks for one of
+// them (shadow::buffer), each member's shadow a view of its rows.
+struct ShadowStack {
+  std::vector<const TensorImpl*> members;  // the parameters, in order (their entries' keys)
+  std::vector<int64_t> rows;               // each one's rows
+  Shape shape;                             // the whole stack's
+  DType dtype = DType::BFloat16;
+  Device device = Device::cpu();
+  Tensor values;  // undefined until an optimizer asks
 };
 struct Shadows {
   std::mutex mutex;
@@ -351,33 +361,54 @@ Tensor detail::stacked_shadow(const std::vector<Tensor>& params, DType dtype) {
   std::vector<Shadow*> entries;
   entries.reserve(params.size());
   for (const Tensor& p : params) entries.push_back(&shadow_entry(s, p, dtype));
-  // Whether the shadows are consecutive rows of one stack, in params' order, and each holds its parameter's values.
-  const Tensor stack = entries[0]->stack;
-  bool stacked = stack.defined() && stack.size(0) == rows, current = true;
+  // Whether the shadows are planned as consecutive rows of one stack, in params' order; whether that stack is made and
+  // each holds its parameter's values now.
+  const std::shared_ptr<ShadowStack> stack = entries[0]->stack;
+  bool planned = stack != nullptr && stack->members.size() == params.size() && stack->dtype == dtype, current = true;
   int64_t at = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     const Shadow& e = *entries[i];
-    stacked = stacked && e.stack.is_same(stack) && e.stack_row == at && e.values.defined();
-    current = current && e.current && e.storage == params[i].impl().storage().get() && e.version == params[i].version();
+    planned = planned && e.stack == stack && e.stack_row == at && stack->members[i] == &params[i].impl();
+    current = current && e.current && e.values.defined() && e.storage == params[i].impl().storage().get() &&
+              e.version == params[i].version();
     at += params[i].size(0);
   }
-  if (stacked && current) return stack;
-  if (stacked) return {};  // the optimizer writes them next
-  // From the next step on: one buffer, each parameter's shadow a view of its rows, with its shape and strides.
-  Shape shape = first.shape();
-  shape[0] = rows;
-  Tensor fresh = internal::empty(shape, {.dtype = dtype, .device = first.device()});
+  if (planned && current && stack->values.defined()) return stack->values;
+  if (planned) return {};  // the optimizer makes and writes them next
+  // From the next step on: one buffer (made by shadow::buffer), each parameter's shadow a view of its rows.
+  auto plan = std::make_shared<ShadowStack>();
+  plan->shape = first.shape();
+  plan->shape[0] = rows;
+  plan->dtype = dtype;
+  plan->device = first.device();
   at = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     Shadow& e = *entries[i];
-    e.values = internal::narrow(fresh, 0, at, params[i].size(0));
-    e.stack = fresh;
+    plan->members.push_back(&params[i].impl());
+    plan->rows.push_back(params[i].size(0));
+    e.values = Tensor();
+    e.stack = plan;
     e.stack_row = at;
     e.current = false;
     at += params[i].size(0);
   }
   return {};
 }
+
+namespace {
+// Makes `stack`'s buffer and points each member's shadow at its rows (the caller holds the lock).
+void make_stack(Shadows& s, ShadowStack& stack) {
+  stack.values = internal::empty(stack.shape, {.dtype = stack.dtype, .device = stack.device});
+  int64_t at = 0;
+  for (size_t i = 0; i < stack.members.size(); ++i) {
+    auto it = s.entries.find(stack.members[i]);
+    if (it != s.entries.end() && it->second.stack.get() == &stack) {
+      it->second.values = internal::narrow(stack.values, 0, at, stack.rows[i]);
+    }
+    at += stack.rows[i];
+  }
+}
+}  // namespace
 
 namespace shadow {
 
@@ -391,9 +422,11 @@ Tensor buffer(const Tensor& param) {
   Shadow* e = live_shadow(s, param);
   if (e == nullptr) return {};
   e->current = false;
+  if (e->stack != nullptr && !e->stack->values.defined()) make_stack(s, *e->stack);
   if (!e->values.defined() || e->values.dtype() != e->dtype || e->values.device() != param.device() ||
       e->values.shape() != param.shape() || e->values.strides() != param.strides()) {
     e->values = internal::empty_strided(param.shape(), param.strides(), {.dtype = e->dtype, .device = param.device()});
+    e->stack = nullptr;  // a shadow of its own from now on
   }
   return e->values;
 }

@@ -25,9 +25,10 @@ Tensor stacked_cast(const std::vector<Tensor>& params, DType dtype);
 
 namespace detail {
 // The parameters' current shadows in `dtype`, when they are the consecutive rows of one buffer: that buffer (a plain
-// tensor, no history). Otherwise undefined, and the shadows are arranged as rows of one new buffer, for the
-// optimizer to write. Undefined too where the casts would not be cached (cast_to): no region, grad mode off, or a
-// parameter that is not a float32 leaf requiring grad, contiguous, on the first one's device.
+// tensor, no history). Otherwise undefined, and the shadows are planned as the rows of one buffer, which the
+// optimizer's first shadow::buffer() call for one of them makes (no memory where no optimizer writes shadows).
+// Undefined too where the casts would not be cached (cast_to): no region, grad mode off, or a parameter that is not a
+// float32 leaf requiring grad, contiguous, on the first one's device.
 Tensor stacked_shadow(const std::vector<Tensor>& params, DType dtype);
 }  // namespace detail
 
