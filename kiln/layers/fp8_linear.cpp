@@ -453,9 +453,7 @@ Tensor fp8_product(const Tensor& x, const std::vector<Tensor>& weights, const st
   // 16-bit shadow where it wrote one).
   // Several float32 biases: their shadows as one stack, once the optimizer has written them (nothing to copy).
   Tensor bias_values;
-  if (biases.size() > 1 && biases[0].dtype() == DType::Float32 && out_dtype != DType::Float32) {
-    bias_values = autocast::detail::stacked_shadow(biases, out_dtype);
-  }
+  if (biases.size() > 1) bias_values = autocast::detail::stacked_shadow(biases, out_dtype);
   if (!biases.empty() && !bias_values.defined()) {
     std::vector<Tensor> parts;
     for (const Tensor& b : biases) parts.push_back(values_in(b, out_dtype));

@@ -186,11 +186,7 @@ std::vector<Tensor> BertSelfAttention::stacked_projection(const Tensor& hidden) 
   const int64_t H = hidden.size(2);
   const std::vector<Tensor> weights{query->weight, key->weight, value->weight};
   const std::optional<DType> low = autocast::target_dtype(autocast_ops::linear(), hidden.device(), DType::Float32);
-  const auto stack = [&](const std::vector<Tensor>& ps) {
-    const bool cast = low && *low != DType::Float32 && ps[0].dtype() == DType::Float32 &&
-                      ps[1].dtype() == DType::Float32 && ps[2].dtype() == DType::Float32;
-    return cast ? autocast::stacked_cast(ps, *low) : cat(ps, 0);
-  };
+  const auto stack = [&](const std::vector<Tensor>& ps) { return low ? autocast::stacked_cast(ps, *low) : cat(ps, 0); };
   const Tensor w = stack(weights);  // (3H, H)
   Tensor b;
   if (query->bias.defined() && key->bias.defined() && value->bias.defined()) {
