@@ -2,7 +2,8 @@
 // Shapes: BERT-base 128 x 12 x 128 x 64 and BERT-large 64 x 16 x 128 x 64, bf16, q, k, v as the thirds of one
 // (batch, tokens, 3 x heads x 64) projection output (as kiln's BertSelfAttention gives them), O and dO in
 // (batch, tokens, heads, 64) memory. Variants of the mask: none; kiln's (a (batch, 1, tokens, tokens) bias, 0 or
-// -30000, the last 16 keys of every other sequence masked); cuDNN's padding mask (seq_len_q = tokens, seq_len_kv =
+// -30000, the last 16 keys of every other sequence masked); the same as one row per sequence, (batch, 1, 1, tokens),
+// broadcast over the queries by cuDNN ("keybias"); cuDNN's padding mask (seq_len_q = tokens, seq_len_kv =
 // tokens or tokens - 16). Dropout 0.1 or none. Implementation: AUTO, and COMPOSITE and UNIFIED where they build.
 // Heuristics A and FALLBACK, every plan built; each plan's median of 20 runs after 3 (CUDA events around one run).
 //
@@ -68,7 +69,7 @@ struct Case {
   int64_t B, H, S, D;
 };
 struct Variant {
-  const char* mask;  // "none", "bias", "padding"
+  const char* mask;  // "none", "bias", "keybias", "padding"
   float dropout;
   fe::AttentionImplementation_t impl;
   const char* impl_name;
@@ -86,6 +87,8 @@ void set_common(Attributes& a, fe::graph::Graph& g, const Case& c, const Variant
   a.set_attn_scale(0.125f);
   if (std::strcmp(v.mask, "bias") == 0) {
     a.set_bias(add(g, "bias", kBias, {c.B, 1, c.S, c.S}, {c.S * c.S, c.S * c.S, c.S, 1}));
+  } else if (std::strcmp(v.mask, "keybias") == 0) {
+    a.set_bias(add(g, "bias", kBias, {c.B, 1, 1, c.S}, {c.S, c.S, c.S, 1}));
   } else if (std::strcmp(v.mask, "padding") == 0) {
     a.set_padding_mask(true)
         .set_seq_len_q(add(g, "seq_q", kSeqQ, {c.B, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT32))
@@ -183,6 +186,10 @@ void run_case(const Case& c, const Variant& v, cudnnHandle_t handle, cudaStream_
       for (int64_t j = S - 16; j < S; ++j) bias_h[static_cast<size_t>((b * S + i) * S + j)] = 0xC6EA;
   void* bias = device_bytes(bias_h.size() * 2);
   CUDA_OK(cudaMemcpy(bias, bias_h.data(), bias_h.size() * 2, cudaMemcpyHostToDevice));
+  void* key_bias = device_bytes(static_cast<size_t>(B * S) * 2);  // row i = 0 of each sequence's bias
+  for (int64_t b = 0; b < B; ++b)
+    CUDA_OK(
+        cudaMemcpy(static_cast<char*>(key_bias) + b * S * 2, bias_h.data() + b * S * S, S * 2, cudaMemcpyHostToDevice));
   std::vector<int32_t> seq_q_h(static_cast<size_t>(B), static_cast<int32_t>(S)), seq_kv_h(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) seq_kv_h[static_cast<size_t>(b)] = static_cast<int32_t>(b % 2 == 1 ? S - 16 : S);
   void* seq_q = device_bytes(static_cast<size_t>(B) * 4);
@@ -198,6 +205,7 @@ void run_case(const Case& c, const Variant& v, cudnnHandle_t handle, cudaStream_
       {kQ, qkv},      {kK, qkv + HD * 2},   {kV, qkv + 2 * HD * 2},   {kO, o},       {kDO, d_o},    {kStats, stats},
       {kDQ, dqkv},    {kDK, dqkv + HD * 2}, {kDV, dqkv + 2 * HD * 2}, {kBias, bias}, {kSeed, seed}, {kOffset, offset},
       {kSeqQ, seq_q}, {kSeqKV, seq_kv}};
+  if (std::strcmp(v.mask, "keybias") == 0) pack[kBias] = key_bias;
   for (bool backward : {false, true}) {
     std::string why;
     auto g = build(c, v, backward, handle, why);
@@ -217,7 +225,7 @@ void run_case(const Case& c, const Variant& v, cudnnHandle_t handle, cudaStream_
       // The tensors this graph has: the direction's own, and the mask's and dropout's.
       std::vector<int64_t> uids = backward ? std::vector<int64_t>{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV}
                                            : std::vector<int64_t>{kQ, kK, kV, kO, kStats};
-      if (std::strcmp(v.mask, "bias") == 0) uids.push_back(kBias);
+      if (std::strcmp(v.mask, "bias") == 0 || std::strcmp(v.mask, "keybias") == 0) uids.push_back(kBias);
       if (std::strcmp(v.mask, "padding") == 0) uids.insert(uids.end(), {kSeqQ, kSeqKV});
       if (v.dropout > 0) uids.insert(uids.end(), {kSeed, kOffset});
       std::unordered_map<int64_t, void*> used;
@@ -229,7 +237,8 @@ void run_case(const Case& c, const Variant& v, cudnnHandle_t handle, cudaStream_
       if (ws != nullptr) cudaFree(ws);
     }
   }
-  for (void* p : {static_cast<void*>(qkv), o, d_o, stats, static_cast<void*>(dqkv), bias, seq_q, seq_kv, seed, offset})
+  for (void* p :
+       {static_cast<void*>(qkv), o, d_o, stats, static_cast<void*>(dqkv), bias, key_bias, seq_q, seq_kv, seed, offset})
     cudaFree(p);
 }
 
@@ -255,7 +264,9 @@ int main() {
       {"none", 0.0f, fe::AttentionImplementation_t::AUTO, "auto"},
       {"bias", 0.0f, fe::AttentionImplementation_t::AUTO, "auto"},
       {"padding", 0.0f, fe::AttentionImplementation_t::AUTO, "auto"},
+      {"keybias", 0.0f, fe::AttentionImplementation_t::AUTO, "auto"},
       {"bias", 0.1f, fe::AttentionImplementation_t::AUTO, "auto"},
+      {"keybias", 0.1f, fe::AttentionImplementation_t::AUTO, "auto"},
       {"padding", 0.1f, fe::AttentionImplementation_t::AUTO, "auto"},
       {"bias", 0.1f, fe::AttentionImplementation_t::COMPOSITE, "composite"},
       {"bias", 0.1f, fe::AttentionImplementation_t::UNIFIED, "unified"},

@@ -175,7 +175,7 @@ constexpr double kMaskedBias = -30000.0;
 // zero; or why the call takes the math path.
 struct FusedCall {
   Tensor q, k, v;   // (B, H, L, E), (B, H, S, E), (B, H, S, Ev), differentiable views of the caller's tensors
-  Tensor bias;      // (B|1, H|1, L, S) contiguous in q's dtype, or undefined
+  Tensor bias;      // (B|1, H|1, L|1, S) contiguous in q's dtype, or undefined
   Tensor dead;      // (B|1, H|1, L|1, 1) Bool: rows without any allowed key, zeroed; or undefined
   Shape out_shape;  // the caller's leading dims + (L, Ev)
   cuda_impl::FusedAttentionConfig cfg;
@@ -286,7 +286,8 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
     Tensor m4 = m.detach();
     while (m4.dim() < q.dim()) m4 = m4.unsqueeze(0);
     m4 = to_4d(m4);  // (B|1, H|1, L|1, S|1)
-    const Shape bias_shape{m4.size(0), m4.size(1), L, S};
+    // A mask the same for every query (a key padding mask) stays one row per batch and head: cuDNN broadcasts it.
+    const Shape bias_shape{m4.size(0), m4.size(1), m4.size(2), S};
     if (!materialize) {
       c.bias = internal::empty(bias_shape, c.q.options());
     } else if (const PreparedMask* e = find_prepared(m, m4, q.dtype(), q.device(), L, S, o.is_causal)) {
@@ -314,15 +315,18 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
     }
   }
   if (!cuda_impl::fused_attention_supported(c.q, c.k, c.v, c.bias, c.cfg, &c.why_not) && c.bias.defined()) {
-    // Some cuDNN versions refuse a bias broadcast over the batch or the heads: try it expanded in memory.
-    const Shape full{c.q.size(0), c.q.size(1), L, S};
-    if (c.bias.shape() != full) {
+    // Some cuDNN versions refuse a bias broadcast over the queries, the batch or the heads: try it expanded in
+    // memory, over the queries first, then over everything.
+    const Shape by_query{c.bias.size(0), c.bias.size(1), L, S}, full{c.q.size(0), c.q.size(1), L, S};
+    for (const Shape& shape : {by_query, full}) {
+      if (c.bias.shape() == shape) continue;
       NoGradGuard no_grad;
-      Tensor expanded = materialize ? c.bias.expand(full).contiguous() : internal::empty(full, c.bias.options());
+      Tensor expanded = materialize ? c.bias.expand(shape).contiguous() : internal::empty(shape, c.bias.options());
       std::string why_expanded;
       if (cuda_impl::fused_attention_supported(c.q, c.k, c.v, expanded, c.cfg, &why_expanded)) {
         c.bias = expanded;
         c.why_not.clear();
+        break;
       }
     }
   }

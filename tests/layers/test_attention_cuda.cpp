@@ -139,6 +139,14 @@ TEST_P(CudaAttentionFused, AdditiveBias) {
   Tensor head_bias = make(b, {1, 2, 64, 64}, {.device = kGpu});
   compare_with_math(gpu_leaf(qs, dtype(), 25), gpu_leaf(qs, dtype(), 26), gpu_leaf(qs, dtype(), 27),
                     {.attn_mask = head_bias}, "bias (1, H, L, S) with -inf");
+  // The same for every query: (N, H, 1, S) and (N, 1, 1, S), which cuDNN broadcasts over the queries.
+  std::vector<double> r = uniform(2 * 2 * 64, -2, 2, 28);
+  for (size_t i = 0; i < r.size(); i += 5) r[i] = -kInf;
+  compare_with_math(gpu_leaf(qs, dtype(), 29), gpu_leaf(qs, dtype(), 30), gpu_leaf(qs, dtype(), 31),
+                    {.attn_mask = make(r, {2, 2, 1, 64}, {.device = kGpu})}, "bias (N, H, 1, S) with -inf");
+  r.resize(2 * 64);
+  compare_with_math(gpu_leaf(qs, dtype(), 32), gpu_leaf(qs, dtype(), 33), gpu_leaf(qs, dtype(), 34),
+                    {.attn_mask = make(r, {2, 1, 1, 64}, {.device = kGpu})}, "bias (N, 1, 1, S) with -inf");
 }
 
 // A Bool key-padding mask (N, 1, 1, S): true = may attend. Batch 0 keeps its first `keep0` keys, batch 1 none.
@@ -435,6 +443,25 @@ TEST(CudaAttentionMaskScope, CallsWithOneMaskPrepareItOnce) {
     EXPECT_GE(mask_preparation_ops(prof.result()), 2 * mask_preparation_ops(plain));
   }
   EXPECT_EQ(changed, values(nn::scaled_dot_product_attention(q, k, v, opts)));
+}
+
+// A key padding mask (N, 1, 1, S) reaches cuDNN as a bias of that shape, broadcast over the heads and the queries
+// inside the kernels, forward and backward: never an (N, 1, L, S) tensor in memory (L times the bytes to read).
+TEST(CudaAttentionMaskScope, KeyPaddingMaskIsOneBiasRowPerSequence) {
+  SKIP_WITHOUT_FUSED_ATTENTION();
+  const Shape qs{2, 4, 128, 64};
+  Tensor q = gpu_leaf(qs, DType::BFloat16, 60), k = gpu_leaf(qs, DType::BFloat16, 61),
+         v = gpu_leaf(qs, DType::BFloat16, 62);
+  profiler::Profile prof;
+  Tensor out = nn::scaled_dot_product_attention(q, k, v, {.attn_mask = key_padding(2, 128, 100)});
+  out.to(DType::Float32).sum().backward();
+  prof.stop();
+  std::vector<std::string> seen;
+  for (const profiler::Event& e : prof.result().events()) {
+    if (e.name == "cudnn_attention_forward" || e.name == "cudnn_attention_backward") seen.push_back(e.shapes);
+  }
+  ASSERT_EQ(seen.size(), 2u) << "expected one fused forward and one fused backward";
+  for (const std::string& shapes : seen) EXPECT_NE(shapes.find("[2, 1, 1, 128] bf16"), std::string::npos) << shapes;
 }
 
 TEST(CudaAttentionMemory, NoDeviceMallocOnceWarm) {

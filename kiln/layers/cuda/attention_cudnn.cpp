@@ -213,8 +213,9 @@ Key make_key(bool backward, const Tensor& q, const Tensor& k, const Tensor& v, c
   for (const Tensor* t : {&q, &k, &v}) {
     for (int64_t d = 0; d < 4; ++d) key.insert(key.end(), {t->size(d), t->stride(d)});
   }
-  key.insert(key.end(), {bias.defined() ? bias.size(0) : -1, bias.defined() ? bias.size(1) : -1, cfg.causal,
-                         cfg.with_stats, std::bit_cast<int64_t>(cfg.scale), std::bit_cast<int64_t>(cfg.dropout_p)});
+  key.insert(key.end(), {bias.defined() ? bias.size(0) : -1, bias.defined() ? bias.size(1) : -1,
+                         bias.defined() ? bias.size(2) : -1, cfg.causal, cfg.with_stats,
+                         std::bit_cast<int64_t>(cfg.scale), std::bit_cast<int64_t>(cfg.dropout_p)});
   return key;
 }
 
@@ -270,9 +271,9 @@ std::string static_why_not(const Tensor& q, const Tensor& k, const Tensor& v, co
   if (!(cfg.dropout_p >= 0 && cfg.dropout_p < 1)) return "dropout_p outside [0, 1)";
   if (bias.defined()) {
     if (bias.dtype() != q.dtype() || bias.device() != q.device() || bias.dim() != 4) return "bias type or rank";
-    if ((bias.size(0) != 1 && bias.size(0) != B) || (bias.size(1) != 1 && bias.size(1) != H) || bias.size(2) != L ||
-        bias.size(3) != S) {
-      return str_cat("bias of shape ", bias.shape(), " is not (B|1, H|1, L, S)");
+    if ((bias.size(0) != 1 && bias.size(0) != B) || (bias.size(1) != 1 && bias.size(1) != H) ||
+        (bias.size(2) != 1 && bias.size(2) != L) || bias.size(3) != S) {
+      return str_cat("bias of shape ", bias.shape(), " is not (B|1, H|1, L|1, S)");
     }
     if (!bias.is_contiguous() || !aligned(bias)) return "bias not contiguous or its rows not 16-byte aligned";
   }
@@ -357,7 +358,7 @@ const GraphEntry& runnable(const std::shared_ptr<const GraphEntry>& entry, const
 
 FusedAttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                                               const FusedAttentionConfig& cfg, FusedAttentionDropout dropout) {
-  trace::Scope range(trace::Kind::Op, "cudnn_attention_forward", q.device(), {&q, &k, &v});
+  trace::Scope range(trace::Kind::Op, "cudnn_attention_forward", q.device(), {&q, &k, &v, &bias});
   const std::string why = static_why_not(q, k, v, bias, cfg);
   KILN_CHECK(why.empty(), kOp, ": unsupported input (", why, "); shapes ", q.shape(), ", ", k.shape(), ", ", v.shape());
   auto entry = graph_for(false, q, k, v, bias, cfg);
@@ -381,7 +382,7 @@ FusedAttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, 
 FusedAttentionGrads fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                              const Tensor& d_out, const Tensor& stats, const Tensor& bias,
                                              const FusedAttentionConfig& cfg, FusedAttentionDropout dropout) {
-  trace::Scope range(trace::Kind::Op, "cudnn_attention_backward", q.device(), {&q, &k, &v});
+  trace::Scope range(trace::Kind::Op, "cudnn_attention_backward", q.device(), {&q, &k, &v, &bias});
   const std::string why = static_why_not(q, k, v, bias, cfg);
   KILN_CHECK(why.empty(), kOp, ": unsupported input (", why, ")");
   KILN_CHECK(cfg.with_stats && stats.defined() && stats.dtype() == DType::Float32, kOp,

@@ -36,7 +36,7 @@ struct FusedAttentionDropout {
 };
 
 // q (B, H, L, E), k (B, H, S, E), v (B, H, S, Ev) on one GPU, all Float16 or all BFloat16, last dim
-// contiguous and 16-byte aligned rows; bias undefined or (B|1, H|1, L, S) contiguous in q's dtype.
+// contiguous and 16-byte aligned rows; bias undefined or (B|1, H|1, L|1, S) contiguous in q's dtype.
 // True when cuDNN builds both the forward graph and (with cfg.with_stats) the backward graph for this case;
 // otherwise false, with the reason in *why_not when given.
 bool fused_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
