@@ -2,10 +2,11 @@
 // Shapes: BERT-base 128 x 12 x 128 x 64 and BERT-large 64 x 16 x 128 x 64, bf16, q, k, v as the thirds of one
 // (batch, tokens, 3 x heads x 64) projection output (as kiln's BertSelfAttention gives them), O and dO in
 // (batch, tokens, heads, 64) memory. Variants of the mask: none; kiln's (a (batch, 1, tokens, tokens) bias, 0 or
-// -30000, the last 16 keys of every other sequence masked); the same as one row per sequence, (batch, 1, 1, tokens),
-// broadcast over the queries by cuDNN ("keybias"); cuDNN's padding mask (seq_len_q = tokens, seq_len_kv =
-// tokens or tokens - 16). Dropout 0.1 or none. Implementation: AUTO, and COMPOSITE and UNIFIED where they build.
-// Heuristics A and FALLBACK, every plan built; each plan's median of 20 runs after 3 (CUDA events around one run).
+// -30000, the last 16 keys of every other sequence masked); the same as one row per sequence, (batch, 1, 1, tokens)
+// in memory, read for every query through a zero stride ("keybias"); cuDNN's padding mask (seq_len_q = tokens,
+// seq_len_kv = tokens or tokens - 16). Dropout 0.1 or none. Implementation: AUTO, and COMPOSITE and UNIFIED where they
+// build. Heuristics A and FALLBACK, every plan built; each plan's median of 20 runs after 3 (CUDA events around one
+// run).
 //
 //   g++ -std=c++20 -O2 -I third_party/cudnn_frontend/include -I /usr/local/cuda/include \
 //       bench/experiments/sdpa_plans.cpp -L /usr/local/cuda/lib -L /usr/local/cuda/lib64 -lcudnn -lnvrtc -lcudart \
@@ -88,7 +89,7 @@ void set_common(Attributes& a, fe::graph::Graph& g, const Case& c, const Variant
   if (std::strcmp(v.mask, "bias") == 0) {
     a.set_bias(add(g, "bias", kBias, {c.B, 1, c.S, c.S}, {c.S * c.S, c.S * c.S, c.S, 1}));
   } else if (std::strcmp(v.mask, "keybias") == 0) {
-    a.set_bias(add(g, "bias", kBias, {c.B, 1, 1, c.S}, {c.S, c.S, c.S, 1}));
+    a.set_bias(add(g, "bias", kBias, {c.B, 1, c.S, c.S}, {c.S, c.S, 0, 1}));
   } else if (std::strcmp(v.mask, "padding") == 0) {
     a.set_padding_mask(true)
         .set_seq_len_q(add(g, "seq_q", kSeqQ, {c.B, 1, 1, 1}, {1, 1, 1, 1}, fe::DataType_t::INT32))

@@ -131,11 +131,24 @@ GraphEntry finish(std::shared_ptr<fe::graph::Graph> g, cudnnHandle_t handle) {
   return e;
 }
 
-void set_mask_and_dropout(auto& attributes, fe::graph::Graph& g, const Tensor& bias, const FusedAttentionConfig& cfg) {
+// The bias as the graph sees it: (B|1, H|1, L, S). One row per batch and head (L|1 = 1) is read for every query
+// through a zero stride, which the backward kernels need spelled out: given a size-1 dim with its contiguous
+// stride instead, cuDNN 9.14's backward reads the rows after it (wrong gradients; the forward is right).
+void add_bias(auto& attributes, fe::graph::Graph& g, const Tensor& bias, int64_t L) {
+  Dims dims = dims_of(bias), strides = strides_of(bias);
+  if (dims[2] == 1) {
+    dims[2] = L;
+    strides[2] = 0;
+  }
+  attributes.set_bias(add_tensor(g, "bias", kBias, dims, strides));
+}
+
+void set_mask_and_dropout(auto& attributes, fe::graph::Graph& g, const Tensor& bias, int64_t L,
+                          const FusedAttentionConfig& cfg) {
   attributes.set_attn_scale(static_cast<float>(cfg.scale));
   // kiln's causal mask: query i sees keys j <= i, counted from the top-left corner even when L != S.
   if (cfg.causal) attributes.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-  if (bias.defined()) attributes.set_bias(add_tensor(g, "bias", kBias, dims_of(bias), strides_of(bias)));
+  if (bias.defined()) add_bias(attributes, g, bias, L);
   if (cfg.dropout_p > 0) {
     attributes.set_dropout(static_cast<float>(cfg.dropout_p), add_int64_scalar(g, "seed", kSeed),
                            add_int64_scalar(g, "offset", kOffset));
@@ -152,7 +165,7 @@ GraphEntry build_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   TensorAttr V = add_tensor(*g, "v", kV, dims_of(v), strides_of(v));
   fe::graph::SDPA_attributes attributes;
   attributes.set_name("sdpa").set_generate_stats(cfg.with_stats);
-  set_mask_and_dropout(attributes, *g, bias, cfg);
+  set_mask_and_dropout(attributes, *g, bias, L, cfg);
   auto [O, stats] = g->sdpa(Q, K, V, std::move(attributes));
   O->set_output(true).set_uid(kO).set_dim({B, H, L, Ev}).set_stride(bxhd_strides(H, L, Ev));
   if (cfg.with_stats) {
@@ -184,7 +197,7 @@ GraphEntry build_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   stats->set_data_type(fe::DataType_t::FLOAT);
   fe::graph::SDPA_backward_attributes attributes;
   attributes.set_name("sdpa_backward").set_deterministic_algorithm(deterministic);
-  set_mask_and_dropout(attributes, *g, bias, cfg);
+  set_mask_and_dropout(attributes, *g, bias, L, cfg);
   auto grads = g->sdpa_backward(Q, K, V, O, dO, stats, std::move(attributes));
   grads[0]
       ->set_output(true)
