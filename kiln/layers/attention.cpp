@@ -388,10 +388,7 @@ struct FusedAttention : autograd::Function<FusedAttention> {
     // must give those rows no gradient: their log-sum-exp becomes +inf, so that backward's probabilities
     // exp(score - stats) are 0 there, and so are the rows' contributions to dQ, dK and dV; and rowsum(dO * O)
     // reads the zeroed O. dO itself is left as it is.
-    if (state.dead.defined()) {
-      cuda_impl::zero_flagged_rows(f.out, state.dead);
-      if (f.stats.defined()) f.stats.masked_fill_(state.dead, std::numeric_limits<double>::infinity());
-    }
+    if (state.dead.defined()) cuda_impl::zero_flagged_rows(f.out, state.dead, f.stats);
     ctx.save_for_backward({q, k, v, f.out, f.stats});
     ctx.set("state", state);
     return f.out;

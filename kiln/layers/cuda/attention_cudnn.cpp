@@ -132,8 +132,8 @@ GraphEntry finish(std::shared_ptr<fe::graph::Graph> g, cudnnHandle_t handle) {
 }
 
 // The bias as the graph sees it: (B|1, H|1, L, S). One row per batch and head (L|1 = 1) is read for every query
-// through a zero stride, which the backward kernels need spelled out: given a size-1 dim with its contiguous
-// stride instead, cuDNN 9.14's backward reads the rows after it (wrong gradients; the forward is right).
+// through a zero stride. Described instead as a size-1 dim with its contiguous stride, the forward is right but
+// cuDNN 9.14's backward gives wrong gradients (CudaAttentionFused.AdditiveBias and the key padding tests catch it).
 void add_bias(auto& attributes, fe::graph::Graph& g, const Tensor& bias, int64_t L) {
   Dims dims = dims_of(bias), strides = strides_of(bias);
   if (dims[2] == 1) {
