@@ -1,6 +1,7 @@
 // MaskedLMDataset: cutting and padding (hand-derived), masking statistics, determinism, errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kiln/data/text/mlm_dataset.h"
@@ -151,6 +152,60 @@ TEST(DataMaskedLM, MaskingStatistics) {
   EXPECT_NEAR(double(kept) / double(chosen), 0.1 + 0.1 / 108.0, 0.01);
 }
 
+// max_predictions: Google's count min(P, max(1, round(n * 0.15))) of distinct token positions, uniform over the
+// tokens, listed ascending in "masked_positions" and padded with 0; labels exactly there; nothing without it.
+TEST(DataMaskedLM, MaxPredictionsChoosesGooglesCountAndListsThePositions) {
+  TempFolder dir;
+  auto f = big_corpus(dir, 600);
+  constexpr int64_t P = 6;
+  MaskedLMDataset ds({f}, tokenizer(), {.seq_len = 48, .max_predictions = P});
+  std::vector<int64_t> hits(47, 0);  // how often each position of sequence 0 is chosen
+  int64_t draws = 0, chosen_total = 0, masked = 0;
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    for (uint64_t epoch = 0; epoch < (i == 0 ? 2000u : 2u); ++epoch) {
+      auto ex = ds.sample(i, /*seed=*/3, epoch);
+      ASSERT_TRUE(ex.contains("masked_positions"));
+      const Ids positions = ints(ex["masked_positions"]), labels = ints(ex["labels"]), input = ints(ex["input_ids"]);
+      ASSERT_EQ(positions.size(), static_cast<size_t>(P));
+      const auto original = ds.tokens(i);
+      const auto n = static_cast<int64_t>(original.size());
+      const int64_t count = std::min<int64_t>(P, std::max<int64_t>(1, std::llround(0.15 * static_cast<double>(n))));
+      for (int64_t j = 0; j < P; ++j) {
+        const int64_t at = positions[static_cast<size_t>(j)];
+        if (j >= count) {
+          ASSERT_EQ(at, 0) << "padding entry " << j << " of sequence " << i;
+          continue;
+        }
+        ASSERT_GE(at, 1);
+        ASSERT_LE(at, n);
+        if (j > 0) {
+          ASSERT_GT(at, positions[static_cast<size_t>(j - 1)]) << "not ascending";
+        }
+        ASSERT_EQ(labels[static_cast<size_t>(at)], original[static_cast<size_t>(at - 1)]);
+        masked += input[static_cast<size_t>(at)] == 4;
+        if (i == 0) ++hits[static_cast<size_t>(at)];
+      }
+      int64_t labelled = 0;
+      for (int64_t l : labels) labelled += l != -100;
+      ASSERT_EQ(labelled, count) << "sequence " << i;
+      chosen_total += count;
+      if (i == 0) draws += count;
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(masked) / static_cast<double>(chosen_total), 0.8, 0.03);
+  // Uniform over sequence 0's tokens: each is chosen count / n of the time (within 5 standard deviations).
+  const auto n0 = static_cast<int64_t>(ds.tokens(0).size());
+  ASSERT_GT(n0, 10);
+  const double expected = static_cast<double>(draws) / static_cast<double>(n0);
+  for (int64_t at = 1; at <= n0; ++at) {
+    EXPECT_NEAR(static_cast<double>(hits[static_cast<size_t>(at)]), expected, 5 * std::sqrt(expected))
+        << "position " << at;
+  }
+  // Without max_predictions there is no list.
+  MaskedLMDataset plain({f}, tokenizer(), {.seq_len = 48});
+  EXPECT_FALSE(plain.sample(0, 3, 0).contains("masked_positions"));
+}
+
 TEST(DataMaskedLM, MaskingIsAFunctionOfSeedEpochIndex) {
   TempFolder dir;
   auto f = big_corpus(dir, 200);
@@ -193,6 +248,9 @@ TEST(DataMaskedLM, Errors) {
   auto blank = dir.write("blank.txt", "\n  \n\x07\n");
   expect_error([&] { MaskedLMDataset({blank}, tokenizer()); }, {"blank.txt", "no text"});
   expect_error([&] { MaskedLMDataset({}, tokenizer()); }, {"no text files"});
+  expect_error([&] { MaskedLMDataset({good}, tokenizer(), {.seq_len = 16, .max_predictions = 15}); },
+               {"max_predictions", "[0, seq_len - 2 = 14]", "15"});
+  expect_error([&] { MaskedLMDataset({good}, tokenizer(), {.max_predictions = -1}); }, {"max_predictions", "-1"});
   // Binary or non-UTF-8 files are refused, naming the file and where, not tokenized into [UNK]s.
   auto binary = dir.write("model.bin", std::string("\x7F"
                                                    "ELF\x02\x01\x01\0\0\0",

@@ -1,6 +1,7 @@
 // BERT: shapes of a tiny model, parameter counts (tiny by hand, base and large against Hugging Face's),
 // Hugging Face's parameter names and initialisation, the tied decoder weight and its gradient, the masked-LM
-// loss under a few SGD steps, gradient checkpointing, padding independence, sequence classification, bad input.
+// loss under a few SGD steps, the head on listed positions, gradient checkpointing, padding independence, sequence
+// classification, bad input.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kiln/autograd/autocast.h"  // autocast::Guard, CacheRegion
@@ -248,6 +250,57 @@ TEST(Bert, MaskedLmLossIsFiniteAndDecreasesUnderSgd) {
   for (size_t i = 1; i < losses.size(); ++i) EXPECT_LT(losses[i], losses[i - 1]) << "step " << i;
 }
 
+// The head on the listed positions only: the same loss and parameter gradients as on every position, logits that
+// are the full logits' rows at those positions, padding entries (position 0, label -100) left out of the loss.
+TEST(Bert, MaskedPositionsGiveTheFullHeadsLossAndGradients) {
+  Tensor input = ids({2, 7, 1, 11, 3, 2, 41, 8, 1, 4, 2, 9, 9, 1, 6, 2, 17, 1, 22, 4}, {4, 5});
+  Tensor labels =
+      ids({-100, -100, 9, -100, 5, -100, 6, -100, 13, -100, -100, -100, -100, 40, -100, -100, -100, 33, -100, -100},
+          {4, 5});
+  Tensor positions = ids({2, 4, 0, 1, 3, 0, 3, 0, 0, 2, 0, 0}, {4, 3});  // 0: padding ([CLS], label -100)
+  Tensor types = zeros({4, 5}, {.dtype = DType::Int64});
+  Tensor mask = ids({1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, {4, 5});
+  auto run = [&](const Tensor& listed) {
+    manual_seed(21);
+    models::BertForMaskedLM mlm(tiny_config(0.0));
+    auto out = mlm.forward(input, types, mask, labels, listed);
+    out.loss.backward();
+    std::vector<std::vector<double>> grads;
+    for (const auto& [name, p] : mlm.named_parameters()) grads.push_back(values(p.grad()));
+    return std::make_tuple(out.logits, out.loss.item<double>(), grads);
+  };
+  const auto [all_logits, all_loss, all_grads] = run({});
+  const auto [some_logits, some_loss, some_grads] = run(positions);
+  ASSERT_EQ(some_logits.shape(), (Shape{4, 3, 50}));
+  const std::vector<double> full = values(all_logits), part = values(some_logits), pos = values(positions);
+  for (int64_t i = 0; i < 4; ++i) {
+    for (int64_t j = 0; j < 3; ++j) {
+      const auto at = static_cast<int64_t>(pos[static_cast<size_t>(i * 3 + j)]);
+      for (int64_t v = 0; v < 50; ++v) {
+        ASSERT_NEAR(part[static_cast<size_t>((i * 3 + j) * 50 + v)], full[static_cast<size_t>((i * 5 + at) * 50 + v)],
+                    1e-5)
+            << "sequence " << i << ", entry " << j;
+      }
+    }
+  }
+  EXPECT_NEAR(some_loss, all_loss, 1e-6 * std::abs(all_loss));
+  ASSERT_EQ(some_grads.size(), all_grads.size());
+  for (size_t k = 0; k < all_grads.size(); ++k) {
+    double scale = 1e-3, err = 0;
+    for (size_t e = 0; e < all_grads[k].size(); ++e) {
+      scale = std::max(scale, std::abs(all_grads[k][e]));
+      err = std::max(err, std::abs(all_grads[k][e] - some_grads[k][e]));
+    }
+    EXPECT_LE(err, 1e-5 * scale) << "parameter " << k;
+  }
+  // A labelled position left out of the list is not predicted: the loss is the mean over the listed ones.
+  manual_seed(21);
+  models::BertForMaskedLM mlm(tiny_config(0.0));
+  const double without_last = mlm.forward(input, types, mask, labels, narrow(positions, 1, 0, 1)).loss.item<double>();
+  EXPECT_NE(without_last, all_loss);
+  EXPECT_TRUE(std::isfinite(without_last));
+}
+
 TEST(Bert, GradientCheckpointingGivesTheSameLossAndGradients) {
   // With dropout on: the recomputation in backward must replay forward's dropout masks. Padding in the second
   // sequence, so the attention mask takes part in the recomputation too.
@@ -360,6 +413,27 @@ TEST(Bert, BadInput) {
         mlm.forward(zeros({2, 5}, {.dtype = DType::Int64}), {}, {}, zeros({2, 4}, {.dtype = DType::Int64}));
       },
       {"BertForMaskedLM", "labels", "[2, 4]"});
+  const Tensor input = zeros({2, 5}, {.dtype = DType::Int64});
+  expect_error(
+      [&] {
+        mlm.forward(input, {}, {}, {}, zeros({2, 3}));
+      },
+      {"BertForMaskedLM", "masked_positions", "Int64", "(N, P)", "float32"});
+  expect_error(
+      [&] {
+        mlm.forward(input, {}, {}, {}, zeros({3, 3}, {.dtype = DType::Int64}));
+      },
+      {"masked_positions", "N = 2", "[3, 3]"});
+  expect_error(
+      [&] {
+        mlm.forward(input, {}, {}, {}, ids({0, 1, 5, 2}, {2, 2}));
+      },
+      {"masked_positions", "[0, 5)", "from 0 to 5"});
+  expect_error(
+      [&] {
+        mlm.forward(input, {}, {}, {}, ids({0, -1, 4, 2}, {2, 2}));
+      },
+      {"masked_positions", "from -1 to 4"});
   // A token id past the vocabulary: the error names the table by its place in the model, and the id.
   EXPECT_EQ(mlm.bert->encoder->layer->at<models::BertLayer>(1)->attention->self->path(),
             "bert.encoder.layer.1.attention.self");

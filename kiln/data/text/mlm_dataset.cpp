@@ -2,8 +2,10 @@
 #include "kiln/data/text/mlm_dataset.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -53,6 +55,9 @@ MaskedLMDataset::MaskedLMDataset(const std::vector<std::filesystem::path>& files
              "MaskedLMDataset: mask_token_prob + random_token_prob must be <= 1, got ", options_.mask_token_prob, " + ",
              options_.random_token_prob);
   KILN_CHECK(options_.threads >= 0, "MaskedLMDataset: threads must be >= 0, got ", options_.threads);
+  KILN_CHECK(options_.max_predictions >= 0 && options_.max_predictions <= options_.seq_len - 2,
+             "MaskedLMDataset: max_predictions must be in [0, seq_len - 2 = ", options_.seq_len - 2, "], got ",
+             options_.max_predictions, " (0: every token is chosen with probability mask_prob, no cap)");
   for (size_t i = 0; i < files.size(); ++i) files_ += (i ? ", " : "") + files[i].string();
 
   const char* specials[] = {"[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]"};
@@ -179,10 +184,24 @@ Example MaskedLMDataset::get(int64_t index, SampleRng& rng) const {
 
   // Choose positions 1..n (the tokens), at least one.
   std::vector<int64_t> chosen;
-  for (int64_t i = 1; i <= n; ++i) {
-    if (rng.uniform() < options_.mask_prob) chosen.push_back(i);
+  const int64_t P = options_.max_predictions;
+  if (P > 0) {
+    // Google's count, then that many of the n positions without replacement (the first steps of a Fisher-Yates
+    // shuffle), in ascending order.
+    const int64_t count = std::min(P, std::max<int64_t>(1, std::llround(static_cast<double>(n) * options_.mask_prob)));
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 1);
+    for (int64_t i = 0; i < count; ++i) {
+      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(i + rng.randint(n - i))]);
+    }
+    chosen.assign(order.begin(), order.begin() + count);
+    std::sort(chosen.begin(), chosen.end());
+  } else {
+    for (int64_t i = 1; i <= n; ++i) {
+      if (rng.uniform() < options_.mask_prob) chosen.push_back(i);
+    }
+    if (chosen.empty()) chosen.push_back(1 + rng.randint(n));
   }
-  if (chosen.empty()) chosen.push_back(1 + rng.randint(n));
   for (int64_t pos : chosen) {
     const auto p = static_cast<size_t>(pos);
     labels[p] = input[p];
@@ -193,10 +212,16 @@ Example MaskedLMDataset::get(int64_t index, SampleRng& rng) const {
       input[p] = random_ids_[static_cast<size_t>(rng.randint(static_cast<int64_t>(random_ids_.size())))];
     }
   }
-  return Example{{"input_ids", internal::from_vector(input, {L})},
-                 {"token_type_ids", internal::from_vector(std::vector<int64_t>(static_cast<size_t>(L), 0), {L})},
-                 {"attention_mask", internal::from_vector(attention, {L})},
-                 {"labels", internal::from_vector(labels, {L})}};
+  Example ex{{"input_ids", internal::from_vector(input, {L})},
+             {"token_type_ids", internal::from_vector(std::vector<int64_t>(static_cast<size_t>(L), 0), {L})},
+             {"attention_mask", internal::from_vector(attention, {L})},
+             {"labels", internal::from_vector(labels, {L})}};
+  if (P > 0) {
+    std::vector<int64_t> positions(static_cast<size_t>(P), 0);  // 0: [CLS], whose label is -100
+    std::copy(chosen.begin(), chosen.end(), positions.begin());
+    ex.add("masked_positions", internal::from_vector(positions, {P}));
+  }
+  return ex;
 }
 
 std::string MaskedLMDataset::describe() const {

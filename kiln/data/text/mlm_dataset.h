@@ -7,6 +7,8 @@
 //   ex["token_type_ids"];  // (L) int64 zeros
 //   ex["attention_mask"];  // (L) int64: 1 on [CLS], tokens and [SEP]; 0 on padding
 //   ex["labels"];          // (L) int64: the original id where a token was chosen for prediction, else -100
+//   ex["masked_positions"];  // (P) int64, with max_predictions = P > 0 only: the chosen positions, ascending,
+//                            // then 0 (the [CLS] token, never predicted) up to P
 //
 // Construction tokenizes everything once (several threads; the result does not depend on their number). A
 // document is a run of non-blank lines; its lines' tokens are concatenated and cut into sequences of
@@ -14,7 +16,10 @@
 //
 // Masking happens in get(), from the sample's SampleRng, so each epoch masks differently: every token other
 // than [CLS]/[SEP]/[PAD] is chosen with probability mask_prob; when none is, one position is chosen uniformly
-// (every sequence then has a loss term, as Google's BERT, which predicts max(1, round(n * 0.15)) tokens). A
+// (every sequence then has a loss term, as Google's BERT, which predicts max(1, round(n * 0.15)) tokens). With
+// max_predictions = P > 0 the choice is Google's instead: min(P, max(1, round(n * mask_prob))) of the n tokens,
+// uniformly without replacement, and the sample lists them in "masked_positions", so that
+// BertForMaskedLM::forward computes its head on those P rows of each sequence only. A
 // chosen token becomes [MASK] (mask_token_prob), a uniform random token that is none of [PAD] [UNK] [CLS] [SEP]
 // [MASK] (random_token_prob), or stays (the rest). labels use -100, nn::cross_entropy's default ignore_index.
 #pragma once
@@ -39,7 +44,11 @@ struct MaskedLMOptions {
   // create_pretraining_data.py), from SampleRng(short_seq_seed, 0, document index), so it is fixed at construction.
   double short_seq_prob = 0;
   uint64_t short_seq_seed = 0;  // the seed of the short-sequence draws
-  int threads = 0;              // tokenizer threads at construction; 0: std::thread::hardware_concurrency()
+  // > 0: at most this many predictions per sequence, chosen as Google's BERT chooses them (see the top of this
+  // file), and each sample has "masked_positions" (max_predictions). At most seq_len - 2. 20 is Google's for
+  // seq_len 128 (15% of 126 tokens is 19).
+  int64_t max_predictions = 0;
+  int threads = 0;  // tokenizer threads at construction; 0: std::thread::hardware_concurrency()
 };
 
 inline constexpr int64_t kIgnoreLabel = -100;  // labels where nothing is predicted (nn::cross_entropy's default)

@@ -16,6 +16,7 @@
 #include "kiln/layers/loss.h"            // cross_entropy, mse_loss
 #include "kiln/tensor/checked_size.h"    // checked_mul, mul_overflows: sizes from a config
 #include "kiln/tensor/error.h"           // KILN_CHECK
+#include "kiln/tensor/internal_ops.h"    // internal::arange: the first row of each sequence
 #include "kiln/tensor/trace.h"           // trace::Scope: the module ranges of calls that bypass a handle
 
 namespace kiln::nn::models {
@@ -366,15 +367,44 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c) : Module("BertForMaskedLM"
 }
 
 BertForMaskedLM::Output BertForMaskedLM::forward(const Tensor& input_ids, const Tensor& token_type_ids,
-                                                 const Tensor& attention_mask, const Tensor& labels) {
-  Output out;
-  out.logits = predictions(bert(input_ids, token_type_ids, attention_mask).sequence_output);
+                                                 const Tensor& attention_mask, const Tensor& labels,
+                                                 const Tensor& masked_positions) {
   if (labels.defined()) {
     KILN_CHECK(labels.shape() == input_ids.shape() && is_integral(labels.dtype()),
                "BertForMaskedLM: labels must be integer token ids of the input's shape ", input_ids.shape(),
                " (-100 where nothing is predicted), got shape ", labels.shape(), " and dtype ", labels.dtype());
+  }
+  Tensor rows, targets;  // (N, P) row numbers of the (N * S) positions, and their labels
+  if (masked_positions.defined()) {
+    const Tensor& p = masked_positions;
+    KILN_CHECK(p.dim() == 2 && p.size(0) == input_ids.size(0) && p.dtype() == DType::Int64,
+               "BertForMaskedLM: ", "masked_positions must be Int64 of shape (N, P) with N = ", input_ids.size(0),
+               " (the batch), got ", p.dtype(), " of shape ", p.shape());
+    KILN_CHECK(p.device() == input_ids.device(), "BertForMaskedLM: masked_positions is on ", p.device(),
+               " but input_ids on ", input_ids.device());
+    const int64_t N = input_ids.size(0), S = input_ids.size(1);
+    if (!p.is_cuda() && p.numel() > 0) {  // on the GPU this would wait for it: index_select reports it instead
+      const double lo = amin(p).item<double>(), hi = amax(p).item<double>();
+      KILN_CHECK(lo >= 0 && hi < static_cast<double>(S), "BertForMaskedLM: masked_positions must be in [0, ", S,
+                 ") (the sequence length), got values from ", lo, " to ", hi);
+    }
+    // Position j of sequence i is row i * S + j. A position outside [0, S) becomes row N * S, past every row, so
+    // that index_select reports it instead of reading another sequence's row.
+    const Tensor first = internal::arange(0, N * S, S, {.dtype = DType::Int64, .device = p.device()});
+    rows = reshape((p + unsqueeze(first, 1)).masked_fill(lt(p, 0) | ge(p, S), N * S), {-1});
+    if (labels.defined()) targets = reshape(labels, {-1}).index_select(0, rows);
+  }
+  Output out;
+  Tensor hidden = bert(input_ids, token_type_ids, attention_mask).sequence_output;  // (N, S, H)
+  if (rows.defined()) {
+    hidden = reshape(reshape(hidden, {-1, hidden.size(-1)}).index_select(0, rows),
+                     {masked_positions.size(0), masked_positions.size(1), hidden.size(-1)});
+  }
+  out.logits = predictions(hidden);
+  if (labels.defined()) {
     const int64_t V = out.logits.size(-1);
-    out.loss = cross_entropy(reshape(out.logits, {-1, V}), reshape(labels, {-1}), {.ignore_index = -100});
+    out.loss = cross_entropy(reshape(out.logits, {-1, V}), rows.defined() ? targets : reshape(labels, {-1}),
+                             {.ignore_index = -100});
   }
   return out;
 }

@@ -257,12 +257,19 @@ class BertForMaskedLM : public Module {
 
   // What forward returns.
   struct Output {
-    Tensor logits{};  // (N, S, vocab)
+    Tensor logits{};  // (N, S, vocab); (N, P, vocab) with masked_positions
     Tensor loss{};    // 0-d mean cross-entropy over labels != -100; undefined without labels
   };
   // labels (N, S) Int64: the token to predict, or -100 where nothing is predicted.
+  // masked_positions (N, P) Int64, optional: the positions whose tokens are predicted, as Google's BERT and its
+  // pretraining data name them (masked_lm_positions; data::MaskedLMOptions::max_predictions makes them). The head
+  // (transform and the vocabulary-wide decoder) then runs on those N x P rows only, not on all N x S: about 15% of
+  // its work at BERT's masking rate, with the same loss and gradients as long as every labelled position is listed
+  // once. Entries past a sequence's predictions name a position whose label is -100 (the dataset pads with 0, the
+  // [CLS] token, which is never predicted). The shapes stay fixed from batch to batch, so a CUDA graph can capture
+  // the step. A labelled position that is not listed is not predicted.
   Output forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask,
-                 const Tensor& labels = {});
+                 const Tensor& labels = {}, const Tensor& masked_positions = {});
 
   Handle<BertModel> bert;                    // without the pooler, as Hugging Face's
   Handle<Module> cls;                        // "cls", holding "predictions"
