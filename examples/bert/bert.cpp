@@ -88,8 +88,10 @@ std::string shape_of(const models::BertConfig& c) {
 // The losses. With --checkpointing the models' encoders recompute each layer during backward
 // (BertModel::set_gradient_checkpointing, set where the models are made): only a layer's input is kept.
 // The masked-LM loss: mean cross-entropy over the positions whose label is not -100.
+// With --max-predictions the batch lists the predicted positions, and the head runs on those rows only.
 Tensor mlm_loss(const nn::Handle<models::BertForMaskedLM>& mlm, const data::Batch& b) {
-  return mlm(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"]).loss;
+  const Tensor positions = b.contains("masked_positions") ? b["masked_positions"] : Tensor{};
+  return mlm(b["input_ids"], b["token_type_ids"], b["attention_mask"], b["labels"], positions).loss;
 }
 
 Tensor classification_loss(const nn::Handle<models::BertForSequenceClassification>& clf, const data::Batch& b) {
@@ -379,6 +381,11 @@ int pretrain(int argc, char** argv) {
                                     "ckpt-*.h5, or a Hugging Face BERT folder): the 512 phase after the 128 one, "
                                     "or domain adaptation; the size and vocabulary are then the folder's");
   auto& mask_prob = opts.add_double("mask-prob", 0.15, "share of the tokens chosen for prediction");
+  auto& max_predictions =
+      opts.add_int("max-predictions", 0,
+                   "at most this many predictions per sequence, as Google's BERT data (20 for --seq-len 128, 80 for "
+                   "512): the masked-LM head then runs on those positions only; 0: every token is chosen with "
+                   "probability --mask-prob and the head runs on every position");
   auto& short_seq = opts.add_double("short-seq-prob", 0.1, "share of sequences cut shorter (as Google's BERT data)");
   auto& export_onnx = add_export_option(opts, "(N, S, vocab): the masked-LM head's");
   const RunDefaults defaults{.seq_len = 128,
@@ -396,6 +403,9 @@ int pretrain(int argc, char** argv) {
   if (text.empty()) opts.fail("give the text to pretrain on: --text FILE[,FILE|FOLDER...]");
   check_export_path(opts, export_onnx);
   if (o.seq_len < 3) opts.fail("--seq-len must be at least 3 ([CLS], a token, [SEP])");
+  if (max_predictions < 0 || max_predictions > o.seq_len - 2) {
+    opts.fail("--max-predictions must be in [0, --seq-len - 2 = " + std::to_string(o.seq_len - 2) + "]");
+  }
   if (!init_from.empty() && build_vocab > 0) opts.fail("--init-from brings its vocabulary; drop --build-vocab");
   if (!init_from.empty() && (size != "base" || layers > 0 || hidden > 0 || heads > 0 || intermediate > 0)) {
     opts.fail(
@@ -430,7 +440,8 @@ int pretrain(int argc, char** argv) {
                                               data::MaskedLMOptions{.seq_len = o.seq_len,
                                                                     .mask_prob = mask_prob,
                                                                     .short_seq_prob = short_seq,
-                                                                    .short_seq_seed = static_cast<uint64_t>(o.seed)});
+                                                                    .short_seq_seed = static_cast<uint64_t>(o.seed),
+                                                                    .max_predictions = max_predictions});
 
   kiln::manual_seed(static_cast<uint64_t>(o.seed));  // the same initial weights on every rank
   auto mlm = nn::make<models::BertForMaskedLM>(config);
@@ -456,6 +467,7 @@ int pretrain(int argc, char** argv) {
   task.loss = [&](const data::Batch& b) { return mlm_loss(mlm, b); };
   task.meta.strings["model_type"] = "BertForMaskedLM";
   task.meta.numbers["lower_case"] = tok->options().lower_case ? 1 : 0;
+  if (max_predictions > 0) task.meta.numbers["max_predictions"] = static_cast<double>(max_predictions);
   describe_config(task.meta, config);
   run_training(task, o, defaults, rt);
   if (rt.main()) save_weights(o, *mlm);

@@ -34,6 +34,17 @@ case "$case_name" in
     [[ $(rows "$work/pretrain/metrics.csv") -eq 3 ]] || fail "metrics.csv should have 3 rows (steps 2, 4, 6)"
     bad=$(losses "$work/pretrain/metrics.csv" | cut -d, -f2 | grep -v '^[0-9.e+-]*$' || true)
     [[ -z "$bad" ]] || fail "metrics.csv has a loss that is not a number: $bad"
+    # The head on Google's listed positions only (--max-predictions): trains, and a resume must keep the setting.
+    rm -rf "$work/pretrain_mp"
+    run "$bert" pretrain "${tiny[@]}" --max-predictions 5 --max-steps 4 --log-every 2 --ckpt-every 2 \
+      --out "$work/pretrain_mp"
+    bad=$(losses "$work/pretrain_mp/metrics.csv" | cut -d, -f2 | grep -v '^[0-9.e+-]*$' || true)
+    [[ -z "$bad" && $(rows "$work/pretrain_mp/metrics.csv") -eq 2 ]] || fail "--max-predictions 5: metrics.csv"
+    status=0
+    "$bert" pretrain "${tiny[@]}" --max-predictions 6 --max-steps 6 --out "$work/pretrain_mp" --resume \
+      >"$work/pretrain_mp_other.log" 2>&1 || status=$?
+    [[ $status -ne 0 ]] && grep -q "max_predictions: 5 there, 6 now" "$work/pretrain_mp_other.log" ||
+      fail "a resume with another --max-predictions was not refused: $(tail -3 "$work/pretrain_mp_other.log")"
     ;;
 
   resume)
