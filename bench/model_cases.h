@@ -80,12 +80,16 @@ struct BertCase {
   nn::Handle<nn::models::BertForMaskedLM> model;
   Tensor ids, types, mask, labels;          // (batch, seq) Int64 each; ids and labels are all_ids[0] and all_labels[0]
   std::vector<Tensor> all_ids, all_labels;  // the distinct batches (types and mask are the same in each)
+  std::vector<Tensor> all_positions;        // with predictions > 0: (batch, predictions) Int64, the labelled positions
   int64_t batch = 0, seq = 0;
 };
 
-// A BERT masked-LM model of `config` on `dev` and `batches` batches of `batch` sequences of `seq` tokens.
-inline BertCase make_bert(const nn::models::BertConfig& config, int64_t batch, int64_t seq, Device dev,
-                          int batches = 1) {
+// A BERT masked-LM model of `config` on `dev` and `batches` batches of `batch` sequences of `seq` tokens. With
+// predictions = P > 0 each sequence has exactly P labels, at distinct positions drawn uniformly from those no
+// sequence pads (1 .. seq - 17), listed ascending in all_positions (as Google's BERT data lists them); else 15% of
+// all positions carry a label.
+inline BertCase make_bert(const nn::models::BertConfig& config, int64_t batch, int64_t seq, Device dev, int batches = 1,
+                          int64_t predictions = 0) {
   BertCase c;
   c.batch = batch;
   c.seq = seq;
@@ -100,8 +104,24 @@ inline BertCase make_bert(const nn::models::BertConfig& config, int64_t batch, i
   for (int64_t i = 1; i < b; i += 2)
     c.mask[i].narrow(0, s - std::min<int64_t>(16, s - 1), std::min<int64_t>(16, s - 1)).fill_(0);
   // Random tokens; 15% of positions carry a label (the token itself); the rest are ignored (-100).
+  const int64_t choices = s - 1 - std::min<int64_t>(16, s - 1);  // positions 1 .. s - 17
+  KILN_CHECK(predictions <= choices, "make_bert: ", predictions, " predictions of ", choices, " positions");
   for (int i = 0; i < batches; ++i) {
     c.all_ids.push_back(randint(0, c.config.vocab_size, {b, s}, {.dtype = DType::Int64, .device = dev}));
+    if (predictions > 0) {
+      std::vector<int64_t> positions, picked(static_cast<size_t>(b * s), 0);
+      for (int64_t row = 0; row < b; ++row) {
+        std::vector<int64_t> some = (randperm(choices, {.dtype = DType::Int64}) + 1).to_vector<int64_t>();
+        some.resize(static_cast<size_t>(predictions));
+        std::sort(some.begin(), some.end());
+        for (int64_t at : some) picked[static_cast<size_t>(row * s + at)] = 1;
+        positions.insert(positions.end(), some.begin(), some.end());
+      }
+      Tensor pick = from_vector(picked, {b, s}).to(dev) != Scalar(0);
+      c.all_positions.push_back(from_vector(positions, {b, predictions}).to(dev));
+      c.all_labels.push_back(where(pick, c.all_ids.back(), full({b, s}, -100, {.dtype = DType::Int64, .device = dev})));
+      continue;
+    }
     Tensor pick = rand({b, s}, {.device = dev}) < Scalar(0.15);
     c.all_labels.push_back(where(pick, c.all_ids.back(), full({b, s}, -100, {.dtype = DType::Int64, .device = dev})));
   }

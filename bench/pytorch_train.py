@@ -19,7 +19,9 @@ Modes (--mode, repeatable; default eager, compile, eager_graph, compile_graph):
 Cases (the names bench_train uses): resnet50_bf16, resnet50_fp16, resnet18_cifar_bf16, bert_base_128, bert_base_512,
 bert_large_128, bert_base_128_ckpt (eager and compile only), resnet50_fp32 and bert_base_128_fp32 (float32, TF32
 products), bert_base_128_fp8 and bert_large_128_fp8 (torchao's float8 training on the Linears whose sizes are
-multiples of 16, bf16 autocast elsewhere; skipped where torchao is not installed), bert_base_dynamic (sequence classification on batches of varying length: eager and
+multiples of 16, bf16 autocast elsewhere; skipped where torchao is not installed), bert_base_128_p20 and
+bert_large_128_p20 (20 labelled positions per sequence, the masked-LM head on those rows only: PredictedHead),
+bert_base_dynamic (sequence classification on batches of varying length: eager and
 torch.compile(dynamic=True) only; the first epoch is timed on its own, "first_epoch_s", then two epochs as one block),
 resnet50_jpeg (eager and compile only; needs --photos, a folder from bench/make_photos.py). As bench_train: --batches distinct random batches (8) made once on the GPU, which
 the steps cycle through; the learning rate rises linearly over the warm-up steps to the case's rate; every step's
@@ -170,7 +172,24 @@ def float8_training():
     return convert_to_float8_training
 
 
-def bert_random(args, name, sizes, batch, seq, checkpointing=False, dtype=torch.bfloat16, fp8=False):
+class PredictedHead(torch.nn.Module):
+    """A BertForMaskedLM whose head runs on the listed positions only (as kiln's masked_positions): the encoder's
+    rows at positions (B, P) are gathered, then the transform and decoder, then the cross-entropy against the labels
+    there. One module, so that torch.compile sees the gather too."""
+
+    def __init__(self, mlm):
+        super().__init__()
+        self.mlm = mlm
+
+    def forward(self, ids, types, mask, labels, positions):
+        hidden = self.mlm.bert(input_ids=ids, token_type_ids=types, attention_mask=mask)[0]  # (B, S, H)
+        b, s, h = hidden.shape
+        rows = (positions + torch.arange(b, device=positions.device).unsqueeze(1) * s).reshape(-1)
+        logits = self.mlm.cls(hidden.reshape(-1, h).index_select(0, rows))
+        return F.cross_entropy(logits, labels.reshape(-1).index_select(0, rows), ignore_index=-100)
+
+
+def bert_random(args, name, sizes, batch, seq, checkpointing=False, dtype=torch.bfloat16, fp8=False, predictions=0):
     from transformers import BertConfig, BertForMaskedLM
 
     convert = float8_training() if fp8 else None
@@ -193,16 +212,31 @@ def bert_random(args, name, sizes, batch, seq, checkpointing=False, dtype=torch.
     types = torch.zeros(batch, seq, dtype=torch.long, device="cuda")
     mask = torch.ones(batch, seq, dtype=torch.long, device="cuda")
     mask[1::2, seq - 16:] = 0  # the last 16 tokens of every other sequence are padding
+    # With predictions = P: exactly P labels per sequence, at distinct positions uniform over 1 .. seq - 17 (never
+    # padding), listed ascending (bench/model_cases.h's make_bert).
+    if args.quick and predictions:
+        predictions = 4
     batches = []
     for _ in range(args.batches):
         ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
+        if predictions:
+            positions = torch.stack([torch.randperm(seq - 17)[:predictions].sort().values + 1 for _ in range(batch)])
+            positions = positions.cuda()
+            labels = torch.full_like(ids, -100).scatter(1, positions, ids.gather(1, positions))
+            batches.append((ids, labels, positions))
+            continue
         batches.append((ids, torch.where(torch.rand(batch, seq, device="cuda") < 0.15, ids, torch.full_like(ids, -100))))
     attention = getattr(model.config, "_attn_implementation", None)
 
     def loss(net, b):
+        if predictions:
+            return net(b[0], types, mask, b[1], b[2])
         return net(input_ids=b[0], token_type_ids=types, attention_mask=mask, labels=b[1]).loss
 
-    described = info(name, batch, f"{seq} tokens", dtype, "adamw")
+    if predictions:
+        model = PredictedHead(model)
+    described = info(name, batch, f"{seq} tokens" + (f", {predictions} predicted" if predictions else ""), dtype,
+                     "adamw")
     if fp8:
         described["precision"] = "fp8"
     return Case(model, loss, adamw(model, args.graph), dtype, described, "seq/s", batches=batches,
@@ -219,6 +253,14 @@ def bert_base_512(args):
 
 def bert_large_128(args):
     return bert_random(args, "bert-large", BERT_LARGE, 64, 128)
+
+
+def bert_base_128_p20(args):
+    return bert_random(args, "bert-base", {}, 128, 128, predictions=20)
+
+
+def bert_large_128_p20(args):
+    return bert_random(args, "bert-large", BERT_LARGE, 64, 128, predictions=20)
 
 
 def bert_base_128_ckpt(args):
@@ -350,6 +392,8 @@ CASES = {
     "resnet50_fp16": resnet50_fp16,
     "resnet18_cifar_bf16": resnet18_cifar_bf16,
     "bert_base_128": bert_base_128,
+    "bert_base_128_p20": bert_base_128_p20,
+    "bert_large_128_p20": bert_large_128_p20,
     "bert_base_512": bert_base_512,
     "bert_large_128": bert_large_128,
     "bert_base_128_ckpt": bert_base_128_ckpt,

@@ -16,10 +16,11 @@ the one with the lowest median.
 
 MFU (transformer cases): the model's FLOPs per step over the median step time, as a share of the bf16 matrix-product
 rate measured in the same run (the highest "gemm_peak" line read). The count, per step of B sequences of S tokens
-with hidden size H, L layers, feed-forward size I and vocabulary V (every position goes through the masked-LM head on
-both sides, and padding is computed as any token):
-    6 * B*S * (L * (4*H*H + 2*H*I) + H*H + H*V)     the linear layers (Q, K, V, output, feed-forward; the head's
-                                                     transform and decoder), forward and backward
+with hidden size H, L layers, feed-forward size I and vocabulary V (padding is computed as any token; the masked-LM
+head runs on R = S rows of each sequence, or on its P listed positions, R = P, where the line's input says
+"S tokens, P predicted"):
+    6 * B * (S * L * (4*H*H + 2*H*I) + R * (H*H + H*V))   the linear layers (Q, K, V, output, feed-forward; the
+                                                           head's transform and decoder), forward and backward
   + 12 * L * B * S*S * H                            attention's two batched products, forward and backward
 Gradient checkpointing's recomputation is not counted (model FLOPs, not hardware FLOPs).
 """
@@ -41,16 +42,18 @@ BERT_VOCAB = 30522
 def model_flops(r):
     """FLOPs of one training step of a BERT line (the count in the docstring), or None for other models."""
     sizes = BERT_SIZES.get(r.get("model"))
+    words = str(r.get("input", "")).replace(",", " ").split()
     try:
-        seq = int(str(r.get("input", "")).split()[0])
+        seq = int(words[0])
         batch = int(r["batch"])
+        rows = int(words[words.index("predicted") - 1]) if "predicted" in words else seq
     except (KeyError, ValueError, IndexError):
         return None
     if sizes is None:
         return None
     h, layers, ff = sizes
-    linear = layers * (4 * h * h + 2 * h * ff) + h * h + h * BERT_VOCAB
-    return 6 * batch * seq * linear + 12 * layers * batch * seq * seq * h
+    linear = seq * layers * (4 * h * h + 2 * h * ff) + rows * (h * h + h * BERT_VOCAB)
+    return 6 * batch * linear + 12 * layers * batch * seq * seq * h
 
 
 def counted(r):
@@ -244,6 +247,8 @@ GOALS = {
     "bert_base_128": STANDARD,
     "bert_base_512": STANDARD,
     "bert_large_128": both(graph_vs_fastest(1.15), eager_vs_compile(1.05), mfu_goal(0.55)),
+    "bert_base_128_p20": STANDARD,
+    "bert_large_128_p20": both(graph_vs_fastest(1.15), eager_vs_compile(1.05), mfu_goal(0.55)),
     "bert_base_128_ckpt": ("kiln peak ≤ 55% of kiln bert_base_128's, throughput ≥ 75% of it", checkpointing_goal),
     "resnet50_fp32": graph_vs_fastest(1.1),
     "bert_base_128_fp32": graph_vs_fastest(1.1),
@@ -321,6 +326,7 @@ kiln 0.1 bench_train: made-up figures
 {"bench":"train","framework":"torch-eager_graph","case":"resnet50_bf16","error":"OutOfMemoryError: CUDA out of memory"}
 {"bench":"train","framework":"kiln","case":"bert_large_128","model":"bert-large","batch":64,"input":"128 tokens","precision":"bf16","step_ms":40.0,"eager_step_ms":42.0,"cuda_graph":true,"peak_gib":30.0}
 {"bench":"train","framework":"torch-compile_graph","case":"bert_large_128","model":"bert-large","batch":64,"input":"128 tokens","precision":"bf16","step_ms":45.0,"trained":true}
+{"bench":"train","framework":"kiln","case":"bert_large_128_p20","model":"bert-large","batch":64,"input":"128 tokens, 20 predicted","precision":"bf16","step_ms":36.0,"eager_step_ms":38.0,"cuda_graph":true,"peak_gib":28.0}
 {"bench":"train","framework":"kiln","case":"bert_base_128","model":"bert-base","batch":128,"input":"128 tokens","precision":"bf16","step_ms":30.0,"eager_step_ms":31.0,"eager_peak_gib":10.0,"cuda_graph":true,"peak_gib":10.0}
 {"bench":"train","framework":"kiln","case":"bert_base_128_fp8","model":"bert-base","batch":128,"input":"128 tokens","precision":"fp8","step_ms":24.0,"eager_step_ms":25.0,"cuda_graph":true,"peak_gib":10.0,"trained":true}
 {"bench":"train","framework":"torch-compile_graph","case":"bert_base_128_fp8","model":"bert-base","batch":128,"input":"128 tokens","precision":"fp8","step_ms":28.0,"trained":true}
@@ -354,6 +360,12 @@ def selftest():
     assert close(r["mfu"], flops / 0.040 / 800e12), (r["mfu"], flops)
     assert close(r["graph_ratio"], 45.0 / 40.0) and r["eager_ratio"] is None, r
     assert r["met"] is False and r["cells"][-1] == "no (1.12×, MFU 52.3%)", r["cells"]
+    # bert_large_128_p20: the head's transform and decoder on 20 rows of each sequence, not 128.
+    flops_p20 = 6 * 64 * (128 * 24 * (4 * 1024**2 + 2 * 1024 * 4096) + 20 * (1024**2 + 1024 * 30522)) \
+        + 12 * 24 * 64 * 128**2 * 1024
+    r = rows["bert_large_128_p20"]
+    assert close(r["mfu"], flops_p20 / 0.036 / 800e12) and flops_p20 < flops, (r["mfu"], flops_p20)
+    assert r["met"] is False and r["cells"][-1] == f"no (MFU {100 * flops_p20 / 0.036 / 800e12:.1f}%)", r["cells"]
     # bert_base_128_ckpt: peak 5 / 10 = 50%, speed 31 / 40 = 77.5%: met.
     r = rows["bert_base_128_ckpt"]
     assert r["met"] is True and r["cells"][-1] == "yes (memory 50%, throughput 78%)", r["cells"]
@@ -372,8 +384,8 @@ def selftest():
     assert r["met"] is False and r["cells"][-1] == "no (1.30× eager, 0.90× compile)", r["cells"]
     assert "- bert_base_dynamic, torch-compile: first epoch (new shapes) 60.00 s [60.00..60.00] ×1" in text, text
     assert "- bert_base_dynamic, kiln: first epoch (new shapes) 4.00 s [4.00..4.00] ×1" in text, text
-    assert list(rows) == ["resnet50_bf16", "bert_base_128", "bert_large_128", "bert_base_128_ckpt",
-                          "bert_base_128_fp8", "bert_base_dynamic"], list(rows)
+    assert list(rows) == ["resnet50_bf16", "bert_base_128", "bert_large_128", "bert_large_128_p20",
+                          "bert_base_128_ckpt", "bert_base_128_fp8", "bert_base_dynamic"], list(rows)
     # The training rules: the same made-up logs and outcomes as bench_train --selftest (bench/train_log.h).
     timed = [(4, 8)]
     ok, why, f = judge_training([5, 4, 3, 3, 2, 2, 1, 0.5], [], 0, timed, 2)
