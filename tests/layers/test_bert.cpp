@@ -17,6 +17,7 @@
 #include "kiln/layers/functional.h"  // nn::linear
 #include "kiln/layers/models/bert.h"
 #include "kiln/profiler/profiler.h"  // counts the layers' forward calls
+#include "kiln/tensor/cuda.h"        // cuda::Graph: the listed head in a captured step
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -299,6 +300,65 @@ TEST(Bert, MaskedPositionsGiveTheFullHeadsLossAndGradients) {
   const double without_last = mlm.forward(input, types, mask, labels, narrow(positions, 1, 0, 1)).loss.item<double>();
   EXPECT_NE(without_last, all_loss);
   EXPECT_TRUE(std::isfinite(without_last));
+}
+
+// The same on a GPU, eagerly and as replays of a captured step: the listed rows' loss and gradients against the
+// full head's (float32 products: TF32 may round each product differently, hence the tolerance), and a position
+// past the sequence reported as index_select's error by the next synchronisation.
+TEST(BertCuda, MaskedPositionsMatchTheFullHeadEagerAndGraphed) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  const Device gpu = Device::cuda(0);
+  Tensor input = ids({2, 7, 1, 11, 3, 2, 41, 8, 1, 4, 2, 9, 9, 1, 6, 2, 17, 1, 22, 4}, {4, 5}).to(gpu);
+  Tensor labels =
+      ids({-100, -100, 9, -100, 5, -100, 6, -100, 13, -100, -100, -100, -100, 40, -100, -100, -100, 33, -100, -100},
+          {4, 5})
+          .to(gpu);
+  Tensor positions = ids({2, 4, 0, 1, 3, 0, 3, 0, 0, 2, 0, 0}, {4, 3}).to(gpu);
+  Tensor types = zeros({4, 5}, {.dtype = DType::Int64, .device = gpu});
+  Tensor mask = ones({4, 5}, {.dtype = DType::Int64, .device = gpu});
+  auto run = [&](const Tensor& listed, bool graphed) {
+    manual_seed(21);
+    models::BertForMaskedLM mlm(tiny_config(0.0));
+    mlm.to(gpu);
+    Tensor loss;
+    auto step = [&] {
+      mlm.zero_grad(false);
+      loss = mlm.forward(input, types, mask, labels, listed).loss;
+      loss.backward();
+    };
+    step();  // eager (and the warm-up of a capture)
+    cuda::Graph graph;
+    if (graphed) {
+      graph.capture(step);
+      graph.replay();
+    }
+    std::vector<double> out{loss.item<double>()};
+    for (const auto& [name, p] : mlm.named_parameters()) {
+      const std::vector<double> g = values(p.grad());
+      out.insert(out.end(), g.begin(), g.end());
+    }
+    return out;
+  };
+  const std::vector<double> full = run({}, false);
+  for (bool graphed : {false, true}) {
+    const std::vector<double> listed = run(positions, graphed);
+    ASSERT_EQ(listed.size(), full.size());
+    double scale = 1e-3, err = 0;
+    for (size_t i = 0; i < full.size(); ++i) {
+      scale = std::max(scale, std::abs(full[i]));
+      err = std::max(err, std::abs(full[i] - listed[i]));
+    }
+    EXPECT_LE(err, 5e-3 * scale) << (graphed ? "graph replay" : "eager");
+  }
+  manual_seed(21);
+  models::BertForMaskedLM mlm(tiny_config(0.0));
+  mlm.to(gpu);
+  expect_error(
+      [&] {
+        (void)mlm.forward(input, types, mask, labels, ids({0, 1, 5, 2, 0, 0, 0, 0}, {4, 2}).to(gpu))
+            .loss.item<double>();
+      },
+      {"index_select", "out of range"});
 }
 
 TEST(Bert, GradientCheckpointingGivesTheSameLossAndGradients) {
