@@ -486,6 +486,11 @@ TEST(Bert, BadInput) {
       {"masked_positions", "N = 2", "[3, 3]"});
   expect_error(
       [&] {
+        mlm.forward(input, {}, {}, {}, zeros({2, 0}, {.dtype = DType::Int64}));
+      },
+      {"masked_positions", "P >= 1", "[2, 0]"});
+  expect_error(
+      [&] {
         mlm.forward(input, {}, {}, {}, ids({0, 1, 5, 2}, {2, 2}));
       },
       {"masked_positions", "[0, 5)", "from 0 to 5"});

@@ -377,13 +377,13 @@ BertForMaskedLM::Output BertForMaskedLM::forward(const Tensor& input_ids, const 
   Tensor rows, targets;  // (N, P) row numbers of the (N * S) positions, and their labels
   if (masked_positions.defined()) {
     const Tensor& p = masked_positions;
-    KILN_CHECK(p.dim() == 2 && p.size(0) == input_ids.size(0) && p.dtype() == DType::Int64,
-               "BertForMaskedLM: ", "masked_positions must be Int64 of shape (N, P) with N = ", input_ids.size(0),
-               " (the batch), got ", p.dtype(), " of shape ", p.shape());
+    KILN_CHECK(p.dim() == 2 && p.size(0) == input_ids.size(0) && p.size(1) > 0 && p.dtype() == DType::Int64,
+               "BertForMaskedLM: masked_positions must be Int64 of shape (N, P) with N = ", input_ids.size(0),
+               " (the batch) and P >= 1, got ", p.dtype(), " of shape ", p.shape());
     KILN_CHECK(p.device() == input_ids.device(), "BertForMaskedLM: masked_positions is on ", p.device(),
                " but input_ids on ", input_ids.device());
     const int64_t N = input_ids.size(0), S = input_ids.size(1);
-    if (!p.is_cuda() && p.numel() > 0) {  // on the GPU this would wait for it: index_select reports it instead
+    if (!p.is_cuda()) {  // on the GPU this would wait for it: index_select reports it instead
       const double lo = amin(p).item<double>(), hi = amax(p).item<double>();
       KILN_CHECK(lo >= 0 && hi < static_cast<double>(S), "BertForMaskedLM: masked_positions must be in [0, ", S,
                  ") (the sequence length), got values from ", lo, " to ", hi);
