@@ -33,7 +33,8 @@
 // bert_large_128, bert_base_128_ckpt (gradient checkpointing), resnet50_fp32 and bert_base_128_fp32 (float32, TF32
 // products), bert_base_128_fp8 and bert_large_128_fp8 (FP8 Linears, kiln/layers/fp8_linear.h), bert_base_128_p20
 // and bert_large_128_p20 (20 labelled positions per sequence, listed as Google's BERT data lists them, and the
-// masked-LM head on those rows only: BertForMaskedLM's masked_positions), bert_base_dynamic
+// masked-LM head on those rows only: BertForMaskedLM's masked_positions; bert_base_128_fp8_p20 and
+// bert_large_128_fp8_p20 in FP8), bert_base_dynamic
 // (sequence classification on batches of varying length; see dynamic_case), resnet50_jpeg (--photos, or
 // KILN_BENCH_IMAGES), resnet50_jpeg_gpu (the same photos decoded by nvJPEG on the GPU: ImageFolderOptions::decode =
 // Decode::Gpu). ResNets: channels-last, SGD (lr 0.1, momentum 0.9, weight decay 5e-5); BERT: AdamW (lr 1e-4, weight
@@ -80,10 +81,10 @@ struct Settings {
 };
 
 const std::vector<std::string> kCases = {
-    "resnet50_bf16",      "resnet50_fp16",     "resnet18_cifar_bf16", "bert_base_128",
-    "bert_base_512",      "bert_large_128",    "bert_base_128_ckpt",  "resnet50_fp32",
-    "bert_base_128_fp32", "bert_base_128_fp8", "bert_large_128_fp8",  "bert_base_dynamic",
-    "resnet50_jpeg",      "resnet50_jpeg_gpu", "bert_base_128_p20",   "bert_large_128_p20"};
+    "resnet50_bf16",      "resnet50_fp16",         "resnet18_cifar_bf16",   "bert_base_128",      "bert_base_512",
+    "bert_large_128",     "bert_base_128_ckpt",    "resnet50_fp32",         "bert_base_128_fp32", "bert_base_128_fp8",
+    "bert_large_128_fp8", "bert_base_dynamic",     "resnet50_jpeg",         "resnet50_jpeg_gpu",  "bert_base_128_p20",
+    "bert_large_128_p20", "bert_base_128_fp8_p20", "bert_large_128_fp8_p20"};
 
 // "bf16", "fp16" or "fp32" (float32 products in TF32, kiln's default as PyTorch's with allow_tf32).
 std::string precision_name(DType precision) {
@@ -656,6 +657,10 @@ void run_case(const std::string& name, const Settings& s) {
     return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::BFloat16, q ? 4 : 20);
   if (name == "bert_large_128_p20")
     return bert_case(name, s, large, q ? 2 : 64, q ? 32 : 128, false, DType::BFloat16, q ? 4 : 20);
+  if (name == "bert_base_128_fp8_p20")
+    return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::Float8_e4m3fn, q ? 4 : 20);
+  if (name == "bert_large_128_fp8_p20")
+    return bert_case(name, s, large, q ? 2 : 64, q ? 32 : 128, false, DType::Float8_e4m3fn, q ? 4 : 20);
   if (name == "bert_base_128_ckpt") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, true);
   if (name == "resnet50_fp32") return resnet_case(name, s, 50, q ? 2 : 256, q ? 64 : 224, 1000, false, DType::Float32);
   if (name == "bert_base_128_fp32") return bert_case(name, s, base, q ? 2 : 128, q ? 32 : 128, false, DType::Float32);
@@ -681,7 +686,7 @@ int main(int argc, char** argv) {
         "cases: resnet50_bf16 resnet50_fp16 resnet18_cifar_bf16 bert_base_128 bert_base_512\n"
         "       bert_large_128 bert_base_128_ckpt resnet50_fp32 bert_base_128_fp32 bert_base_128_fp8\n"
         "       bert_large_128_fp8 bert_base_dynamic resnet50_jpeg resnet50_jpeg_gpu bert_base_128_p20\n"
-        "       bert_large_128_p20\n");
+        "       bert_large_128_p20 bert_base_128_fp8_p20 bert_large_128_fp8_p20\n");
     return 2;
   };
   for (int i = 1; i < argc; ++i) {

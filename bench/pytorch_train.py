@@ -20,7 +20,8 @@ Cases (the names bench_train uses): resnet50_bf16, resnet50_fp16, resnet18_cifar
 bert_large_128, bert_base_128_ckpt (eager and compile only), resnet50_fp32 and bert_base_128_fp32 (float32, TF32
 products), bert_base_128_fp8 and bert_large_128_fp8 (torchao's float8 training on the Linears whose sizes are
 multiples of 16, bf16 autocast elsewhere; skipped where torchao is not installed), bert_base_128_p20 and
-bert_large_128_p20 (20 labelled positions per sequence, the masked-LM head on those rows only: PredictedHead),
+bert_large_128_p20 (20 labelled positions per sequence, the masked-LM head on those rows only: PredictedHead;
+bert_base_128_fp8_p20 and bert_large_128_fp8_p20 with torchao's float8 training as the _fp8 cases),
 bert_base_dynamic (sequence classification on batches of varying length: eager and
 torch.compile(dynamic=True) only; the first epoch is timed on its own, "first_epoch_s", then two epochs as one block),
 resnet50_jpeg (eager and compile only; needs --photos, a folder from bench/make_photos.py). As bench_train: --batches distinct random batches (8) made once on the GPU, which
@@ -263,6 +264,14 @@ def bert_large_128_p20(args):
     return bert_random(args, "bert-large", BERT_LARGE, 64, 128, predictions=20)
 
 
+def bert_base_128_fp8_p20(args):
+    return bert_random(args, "bert-base", {}, 128, 128, fp8=True, predictions=20)
+
+
+def bert_large_128_fp8_p20(args):
+    return bert_random(args, "bert-large", BERT_LARGE, 64, 128, fp8=True, predictions=20)
+
+
 def bert_base_128_ckpt(args):
     return bert_random(args, "bert-base", {}, 128, 128, checkpointing=True)
 
@@ -394,6 +403,8 @@ CASES = {
     "bert_base_128": bert_base_128,
     "bert_base_128_p20": bert_base_128_p20,
     "bert_large_128_p20": bert_large_128_p20,
+    "bert_base_128_fp8_p20": bert_base_128_fp8_p20,
+    "bert_large_128_fp8_p20": bert_large_128_fp8_p20,
     "bert_base_512": bert_base_512,
     "bert_large_128": bert_large_128,
     "bert_base_128_ckpt": bert_base_128_ckpt,

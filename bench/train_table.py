@@ -249,6 +249,8 @@ GOALS = {
     "bert_large_128": both(graph_vs_fastest(1.15), eager_vs_compile(1.05), mfu_goal(0.55)),
     "bert_base_128_p20": STANDARD,
     "bert_large_128_p20": both(graph_vs_fastest(1.15), eager_vs_compile(1.05), mfu_goal(0.55)),
+    "bert_base_128_fp8_p20": fp8_speed_goal("bert_base_128_p20", 1.2),
+    "bert_large_128_fp8_p20": fp8_speed_goal("bert_large_128_p20", 1.35),
     "bert_base_128_ckpt": ("kiln peak ≤ 55% of kiln bert_base_128's, throughput ≥ 75% of it", checkpointing_goal),
     "resnet50_fp32": graph_vs_fastest(1.1),
     "bert_base_128_fp32": graph_vs_fastest(1.1),
