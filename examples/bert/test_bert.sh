@@ -34,7 +34,13 @@ case "$case_name" in
     [[ $(rows "$work/pretrain/metrics.csv") -eq 3 ]] || fail "metrics.csv should have 3 rows (steps 2, 4, 6)"
     bad=$(losses "$work/pretrain/metrics.csv" | cut -d, -f2 | grep -v '^[0-9.e+-]*$' || true)
     [[ -z "$bad" ]] || fail "metrics.csv has a loss that is not a number: $bad"
-    # The head on Google's listed positions only (--max-predictions): trains, and a resume must keep the setting.
+    # The head on Google's listed positions only (--max-predictions): trains, and a resume must keep the setting;
+    # a value past --seq-len - 2 is refused before anything is loaded.
+    status=0
+    "$bert" pretrain "${tiny[@]}" --max-predictions 31 --out "$work/pretrain_mp_bad" >"$work/pretrain_mp_bad.log" 2>&1 ||
+      status=$?
+    [[ $status -eq 2 ]] && grep -q -- "--max-predictions must be in \[0, --seq-len - 2 = 30\]" "$work/pretrain_mp_bad.log" ||
+      fail "--max-predictions 31 at --seq-len 32 was not refused (exit $status): $(tail -2 "$work/pretrain_mp_bad.log")"
     rm -rf "$work/pretrain_mp"
     run "$bert" pretrain "${tiny[@]}" --max-predictions 5 --max-steps 4 --log-every 2 --ckpt-every 2 \
       --out "$work/pretrain_mp"

@@ -374,7 +374,7 @@ BertForMaskedLM::Output BertForMaskedLM::forward(const Tensor& input_ids, const 
                "BertForMaskedLM: labels must be integer token ids of the input's shape ", input_ids.shape(),
                " (-100 where nothing is predicted), got shape ", labels.shape(), " and dtype ", labels.dtype());
   }
-  Tensor rows, targets;  // (N, P) row numbers of the (N * S) positions, and their labels
+  Tensor rows, targets;  // the listed positions as rows of the (N * S, H) sequence output (N * P), and their labels
   if (masked_positions.defined()) {
     const Tensor& p = masked_positions;
     KILN_CHECK(p.dim() == 2 && p.size(0) == input_ids.size(0) && p.size(1) > 0 && p.dtype() == DType::Int64,
