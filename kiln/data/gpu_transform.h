@@ -41,6 +41,18 @@ struct GpuImagePlan {
   bool flip = false;  // mirror the output left-right
 };
 
+// How many images this process's GPU decoding (gpu_decode_collate, ImageFolder with Decode::Gpu) has decoded
+// since it started, by where: on the GPU's JPEG engines (nvJPEG's hardware backend: A100, H100, H200), by nvJPEG's
+// CUDA decoder (Huffman decoding on the worker's CPU, the rest on the GPU's SMs: progressive JPEGs, GPUs without
+// engines, KILN_NVJPEG_HARDWARE=0), or on the CPU and uploaded (PNGs, and JPEGs nvJPEG refused: CMYK, damaged).
+// Tells whether a run's decoding takes SM time from training. All zero in a build without GPU decoding.
+struct GpuDecodeCounts {
+  int64_t engines = 0;  // JPEGs decoded by the JPEG engines
+  int64_t cuda = 0;     // JPEGs decoded by nvJPEG's CUDA (hybrid) decoder
+  int64_t cpu = 0;      // images decoded on the CPU, then uploaded
+};
+GpuDecodeCounts gpu_decode_counts();
+
 // The batch a GPU-decoding ImageFolder makes (ImageFolderOptions::gpu).
 struct GpuTransformOptions {
   DType dtype = DType::Float32;  // of the batch: Float32 or BFloat16

@@ -13,6 +13,7 @@
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
 #include "kiln/data/image_folder.h"
 #include "kiln/tensor/cuda.h"
+#include "kiln/tensor/env_vars.h"
 #include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
@@ -163,6 +164,43 @@ TEST(GpuDecodeCuda, LoaderBatchesOnTheGpu) {
     seen += n;
   }
   EXPECT_EQ(seen, 6);
+}
+
+// gpu_decode_counts(): every image counted once, by where it was decoded. Baseline JPEGs go to the JPEG engines
+// on GPUs that have them (A100 and A30: compute capability 8.0; H100 and H200: 9.0) unless KILN_NVJPEG_HARDWARE
+// turns them off; progressive JPEGs, which the engines do not take, to the CUDA decoder; PNGs and CMYK JPEGs are
+// decoded on the CPU.
+TEST(GpuDecodeCuda, CountsSayWhereEachImageWasDecoded) {
+  KILN_NEED_GPU_DECODE();
+  const T::Compose train{T::RandomResizedCrop(64), T::ToTensor()};
+  auto gpu = data::GpuTransform::from(train);
+  const int h = 240, w = 320;
+  const auto img = smooth_image(h, w, 4);
+  const auto baseline = encode_jpeg(img, h, w, 3, {.quality = 90, .subsample = true});
+  const auto progressive = encode_jpeg(img, h, w, 3, {.quality = 90, .subsample = true, .progressive = true});
+  const auto png = encode_png({img.begin(), img.end()}, h, w, {});
+  const auto cmyk = encode_jpeg(random_image(h, w, 4, 6), h, w, 4, {.quality = 90});
+  auto decode = [&](const std::vector<std::vector<uint8_t>>& files) {
+    std::vector<data::Example> examples;
+    for (size_t i = 0; i < files.size(); ++i) {
+      data::SampleRng rng(0, 0, static_cast<int64_t>(i));
+      examples.push_back(data::gpu_sample(files[i], "f", gpu, rng, 0, static_cast<int64_t>(i)));
+    }
+    const data::GpuDecodeCounts before = data::gpu_decode_counts();
+    (void)decode_on_gpu(gpu, examples);
+    const data::GpuDecodeCounts after = data::gpu_decode_counts();
+    return data::GpuDecodeCounts{after.engines - before.engines, after.cuda - before.cuda, after.cpu - before.cpu};
+  };
+  const data::GpuDecodeCounts four = decode({baseline, baseline, baseline, baseline});
+  EXPECT_EQ(four.engines + four.cuda, 4);
+  EXPECT_EQ(four.cpu, 0);
+  const int cc = cuda::compute_capability(0);
+  const bool engines_expected = (cc == 80 || cc == 90) && env_flag("KILN_NVJPEG_HARDWARE", true);
+  if (engines_expected) EXPECT_EQ(four.engines, 4) << "compute capability " << cc << ": no JPEG engine took them";
+  const data::GpuDecodeCounts mixed = decode({baseline, progressive, png, cmyk});
+  EXPECT_EQ(mixed.engines + mixed.cuda, 2);
+  EXPECT_EQ(mixed.cpu, 2);
+  if (engines_expected) EXPECT_EQ(mixed.engines, 1);
 }
 
 TEST(GpuDecodeCuda, CorruptJpegIsNamed) {

@@ -120,8 +120,8 @@ void JpegDecoder::keep_until(std::vector<Tensor> inputs, std::shared_ptr<cuda::E
   kept_done_ = std::move(done);
 }
 
-void JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& stream,
-                         std::vector<std::string>& errors) {
+size_t JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& stream,
+                           std::vector<std::string>& errors) {
   State& st = *state_;
   const nvjpeg::Functions& f = *st.f;
   cuda::DeviceGuard guard(device_);
@@ -168,6 +168,7 @@ void JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& 
     if (r != NVJPEG_STATUS_SUCCESS) {  // which image failed is not said: decode them one by one to find out
       st.hardware_batch = -1;
       one_by_one.insert(one_by_one.end(), engine.begin(), engine.end());
+      engine.clear();
     }
   }
   for (size_t i : one_by_one) {
@@ -190,6 +191,7 @@ void JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& 
     r = f.decode(st.handles.hybrid, st.hybrid_state, in.data, in.size, NVJPEG_OUTPUT_RGBI, &dst, s);
     if (r != NVJPEG_STATUS_SUCCESS) errors[i] = "nvjpegDecode: " + nvjpeg::status_text(r);
   }
+  return engine.size();
 }
 
 }  // namespace kiln::data::gpu
