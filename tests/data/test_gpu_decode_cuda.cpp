@@ -196,11 +196,15 @@ TEST(GpuDecodeCuda, CountsSayWhereEachImageWasDecoded) {
   EXPECT_EQ(four.cpu, 0);
   const int cc = cuda::compute_capability(0);
   const bool engines_expected = (cc == 80 || cc == 90) && env_flag("KILN_NVJPEG_HARDWARE", true);
-  if (engines_expected) EXPECT_EQ(four.engines, 4) << "compute capability " << cc << ": no JPEG engine took them";
+  if (engines_expected) {
+    EXPECT_EQ(four.engines, 4) << "compute capability " << cc << ": no JPEG engine took them";
+  }
   const data::GpuDecodeCounts mixed = decode({baseline, progressive, png, cmyk});
   EXPECT_EQ(mixed.engines + mixed.cuda, 2);
   EXPECT_EQ(mixed.cpu, 2);
-  if (engines_expected) EXPECT_EQ(mixed.engines, 1);
+  if (engines_expected) {
+    EXPECT_EQ(mixed.engines, 1);
+  }
 }
 
 TEST(GpuDecodeCuda, CorruptJpegIsNamed) {

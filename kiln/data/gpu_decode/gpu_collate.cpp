@@ -93,7 +93,7 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
     try {
       image = decode_image({enc.data_ptr<uint8_t>(), static_cast<size_t>(enc.numel())}, name);
     } catch (const std::exception& e) {
-      KILN_FAIL("GPU image decoding: '", name, "' could not be decoded: nvJPEG: ", errors[k],
+      KILN_FAIL("GPU image decoding: '", name, "' could not be decoded: GPU: ", errors[k],
                 "; libjpeg-turbo: ", e.what());
     }
     KILN_CHECK(image.shape()[0] == plans[i].size.height && image.shape()[1] == plans[i].size.width,

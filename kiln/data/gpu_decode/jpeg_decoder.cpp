@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kiln/data/gpu_decode/jpeg_structure.h"
 #include "kiln/data/gpu_decode/nvjpeg_functions.h"
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
 #include "kiln/tensor/env_vars.h"
@@ -134,9 +135,16 @@ size_t JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream
     return img;
   };
 
-  // Sort: what the JPEG engines take goes to them in one call; the rest (and all without engines) one by one.
+  // Sort: a file whose marker structure is broken goes to neither decoder (the engines would decode it without a
+  // word; the caller's libjpeg-turbo decides); what the JPEG engines take goes to them in one call; the rest (and
+  // all without engines) one by one.
   std::vector<size_t> engine, one_by_one;
   for (size_t i = 0; i < images.size(); ++i) {
+    const std::string problem = jpeg_structure_problem({images[i].data, images[i].size});
+    if (!problem.empty()) {
+      errors[i] = "not decoded on the GPU: its JPEG structure is broken: " + problem;
+      continue;
+    }
     int unsupported = 1;
     if (st.handles.hardware &&
         f.stream_parse(st.handles.hardware, images[i].data, images[i].size, 0, 0, st.parsed) == NVJPEG_STATUS_SUCCESS &&
