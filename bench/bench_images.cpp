@@ -208,9 +208,10 @@ int main(int argc, char** argv) {
         std::printf(
             "{\"bench\": \"images\", \"impl\": \"kiln\", \"case\": \"gpu_decode+imagenet_train\", "
             "\"threads\": %d, \"batch\": %d, \"images_per_s\": %.1f, \"per_thread\": %.1f, \"files\": %zu, "
-            "\"hardware_threads\": %u, \"decoded_by\": {\"engines\": %lld, \"cuda\": %lld, \"cpu\": %lld}}\n",
+            "\"hardware_threads\": %u, \"decoded_by\": {\"engines\": %lld, \"one_at_a_time\": %lld, \"cpu\": %lld}}\n",
             threads, batch, ips, ips / threads, files.size(), hw,
-            static_cast<long long>(after.engines - before.engines), static_cast<long long>(after.cuda - before.cuda),
+            static_cast<long long>(after.engines - before.engines),
+            static_cast<long long>(after.one_at_a_time - before.one_at_a_time),
             static_cast<long long>(after.cpu - before.cpu));
         std::fflush(stdout);
       }

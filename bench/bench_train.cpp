@@ -643,8 +643,8 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
                              if (!gpu_decode) return "";
                              const data::GpuDecodeCounts n = data::gpu_decode_counts();  // the whole run's
                              return ", \"decoded_by\": {\"engines\": " + std::to_string(n.engines) +
-                                    ", \"cuda\": " + std::to_string(n.cuda) + ", \"cpu\": " + std::to_string(n.cpu) +
-                                    "}";
+                                    ", \"one_at_a_time\": " + std::to_string(n.one_at_a_time) +
+                                    ", \"cpu\": " + std::to_string(n.cpu) + "}";
                            }});
 }
 

@@ -23,7 +23,7 @@ namespace {
 constexpr int64_t kAlign = 256;  // each image's pixels start at a multiple (row loads stay aligned)
 
 // gpu_decode_counts()'s counters.
-std::atomic<int64_t> g_engines{0}, g_cuda{0}, g_cpu{0};
+std::atomic<int64_t> g_engines{0}, g_one_at_a_time{0}, g_cpu{0};
 
 #if KILN_WITH_NVJPEG
 
@@ -81,7 +81,7 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
   int64_t refused = 0;
   for (const std::string& e : errors) refused += e.empty() ? 0 : 1;
   g_engines.fetch_add(on_engines, std::memory_order_relaxed);
-  g_cuda.fetch_add(static_cast<int64_t>(jpegs.size()) - on_engines - refused, std::memory_order_relaxed);
+  g_one_at_a_time.fetch_add(static_cast<int64_t>(jpegs.size()) - on_engines - refused, std::memory_order_relaxed);
   g_cpu.fetch_add(refused, std::memory_order_relaxed);
   for (size_t k = 0; k < jpegs.size(); ++k) {
     if (errors[k].empty()) continue;
@@ -93,8 +93,7 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
     try {
       image = decode_image({enc.data_ptr<uint8_t>(), static_cast<size_t>(enc.numel())}, name);
     } catch (const std::exception& e) {
-      KILN_FAIL("GPU image decoding: '", name, "' could not be decoded: GPU: ", errors[k],
-                "; libjpeg-turbo: ", e.what());
+      KILN_FAIL("GPU image decoding: '", name, "' could not be decoded: ", errors[k], "; libjpeg-turbo: ", e.what());
     }
     KILN_CHECK(image.shape()[0] == plans[i].size.height && image.shape()[1] == plans[i].size.width,
                "GPU image decoding: '", name, "' decodes to ", image.shape(), " but its header says ",
@@ -167,7 +166,7 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
 }  // namespace
 
 GpuDecodeCounts gpu_decode_counts() {
-  return {g_engines.load(std::memory_order_relaxed), g_cuda.load(std::memory_order_relaxed),
+  return {g_engines.load(std::memory_order_relaxed), g_one_at_a_time.load(std::memory_order_relaxed),
           g_cpu.load(std::memory_order_relaxed)};
 }
 

@@ -52,7 +52,7 @@ class JpegDecoder {
 
   // Queues every image's decode on `stream`. errors[i]: empty, or what nvJPEG said about image i (nothing was
   // written for it; the caller may decode it another way). Returns how many went to the JPEG engines (the others
-  // without an error went to the CUDA decoder).
+  // without an error went one at a time to the default backend).
   size_t decode(std::span<const JpegInput> images, const cuda::Stream& stream, std::vector<std::string>& errors);
 
   // Keeps `inputs` (the host memory a batch's decode reads: the files' bytes) alive until `done` has happened:
