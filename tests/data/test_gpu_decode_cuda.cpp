@@ -168,8 +168,8 @@ TEST(GpuDecodeCuda, LoaderBatchesOnTheGpu) {
 
 // gpu_decode_counts(): every image counted once, by where it was decoded. Baseline JPEGs go to the JPEG engines
 // on GPUs that have them (A100 and A30: compute capability 8.0; H100 and H200: 9.0) unless KILN_NVJPEG_HARDWARE
-// turns them off; progressive JPEGs, which the engines do not take, one at a time to nvJPEG's default backend; PNGs and
-// CMYK JPEGs are decoded on the CPU.
+// turns them off; progressive JPEGs, which the engines do not take, one at a time to nvJPEG's default backend;
+// PNGs and CMYK JPEGs are decoded on the CPU.
 TEST(GpuDecodeCuda, CountsSayWhereEachImageWasDecoded) {
   KILN_NEED_GPU_DECODE();
   const T::Compose train{T::RandomResizedCrop(64), T::ToTensor()};
