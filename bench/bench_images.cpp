@@ -202,12 +202,17 @@ int main(int argc, char** argv) {
       const int batch = opt.quick ? 2 : opt.batch;
       for (int threads : opt.threads) {
         if (threads > int(hw) && threads != opt.threads.front()) continue;
+        const kiln::data::GpuDecodeCounts before = kiln::data::gpu_decode_counts();
         const double ips = run_gpu(files, threads, opt.seconds, batch);
+        const kiln::data::GpuDecodeCounts after = kiln::data::gpu_decode_counts();
         std::printf(
             "{\"bench\": \"images\", \"impl\": \"kiln\", \"case\": \"gpu_decode+imagenet_train\", "
             "\"threads\": %d, \"batch\": %d, \"images_per_s\": %.1f, \"per_thread\": %.1f, \"files\": %zu, "
-            "\"hardware_threads\": %u}\n",
-            threads, batch, ips, ips / threads, files.size(), hw);
+            "\"hardware_threads\": %u, \"decoded_by\": {\"engines\": %lld, \"one_at_a_time\": %lld, \"cpu\": %lld}}\n",
+            threads, batch, ips, ips / threads, files.size(), hw,
+            static_cast<long long>(after.engines - before.engines),
+            static_cast<long long>(after.one_at_a_time - before.one_at_a_time),
+            static_cast<long long>(after.cpu - before.cpu));
         std::fflush(stdout);
       }
       return 0;

@@ -296,7 +296,8 @@ struct GraphedCase {
   int replay_warmup = 3;
   const Tensor* loss = nullptr;  // where the step leaves its loss: the last step's value goes in the line
   StepLog* log = nullptr;
-  int64_t cycle = 0;  // distinct batches the steps cycle through (0: --batches)
+  int64_t cycle = 0;                   // distinct batches the steps cycle through (0: --batches)
+  std::function<std::string()> extra;  // more fields for the line (", \"key\": value"), asked at the end
 };
 
 void time_and_report_graphed(const std::string& name, const Info& info, const Settings& s, const GraphedCase& c) {
@@ -309,7 +310,8 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
       std::max(1, c.warmup + s.steps);
   profile_steps(name, s, c.eager);
   if (!s.device.is_cuda() || !s.graphs) {
-    report(name, info, s, c.warmup, eager, ", \"cuda_graph\": false" + loss_field(c.loss, log, s, c.cycle));
+    report(name, info, s, c.warmup, eager,
+           ", \"cuda_graph\": false" + (c.extra ? c.extra() : "") + loss_field(c.loss, log, s, c.cycle));
     return;
   }
   c.feed();
@@ -346,7 +348,7 @@ void time_and_report_graphed(const std::string& name, const Info& info, const Se
       extra, sizeof extra,
       ", \"cuda_graph\": true, \"eager_step_ms\": %.3f, \"eager_peak_gib\": %.3f, \"conv_accumulations\": %.1f",
       eager.step_ms, eager.peak_gib, accumulations_per_step);
-  report(name, info, s, c.warmup, graphed, extra + loss_field(c.loss, log, s, c.cycle));
+  report(name, info, s, c.warmup, graphed, extra + (c.extra ? c.extra() : "") + loss_field(c.loss, log, s, c.cycle));
 }
 
 void report_other(const std::string& name, const char* key, const std::string& why) {
@@ -636,7 +638,14 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
                            .warmup = warmup,
                            .replay_warmup = warmup,
                            .loss = &loss,
-                           .log = &log});
+                           .log = &log,
+                           .extra = [&]() -> std::string {
+                             if (!gpu_decode) return "";
+                             const data::GpuDecodeCounts n = data::gpu_decode_counts();  // the whole run's
+                             return ", \"decoded_by\": {\"engines\": " + std::to_string(n.engines) +
+                                    ", \"one_at_a_time\": " + std::to_string(n.one_at_a_time) +
+                                    ", \"cpu\": " + std::to_string(n.cpu) + "}";
+                           }});
 }
 
 void run_case(const std::string& name, const Settings& s) {

@@ -16,6 +16,7 @@ struct JpegOptions {
   bool subsample = false;  // 4:2:0 chroma instead of 4:4:4
   bool progressive = false;
   int extra_app_bytes = 0;  // APP15 segments of this many bytes in total before the frame header
+  int restart_rows = 0;     // a restart marker (FF D0..D7) every this many MCU rows (0: none)
 };
 // pixels: (h, w, channels) row-major; channels 1 (grayscale JPEG), 3 (RGB -> YCbCr) or 4 (CMYK, stored as is).
 std::vector<uint8_t> encode_jpeg(const std::vector<uint8_t>& pixels, int h, int w, int channels, JpegOptions o = {});

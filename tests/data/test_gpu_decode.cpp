@@ -10,6 +10,7 @@
 #include "image_test_files.h"
 #include "kiln/data/dataloader.h"
 #include "kiln/data/gpu_decode/gpu_sample.h"
+#include "kiln/data/gpu_decode/jpeg_structure.h"
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
 #include "kiln/data/image_folder.h"
 #include "kiln/tensor/cuda.h"
@@ -129,6 +130,71 @@ TEST(GpuDecode, BadFilesAreNamed) {
   EXPECT_NE(m.find("/data/broken.jpg"), std::string::npos) << m;
   const std::string m2 = message_of([&] { data::gpu_sample({'h', 'i'}, "/data/notes.jpg", gpu, rng, 0, 0); });
   EXPECT_NE(m2.find("/data/notes.jpg"), std::string::npos) << m2;
+}
+
+// The marker walk that keeps broken files away from the JPEG engines (which decode them without an error).
+TEST(GpuDecode, JpegStructureWalkFindsBrokenFiles) {
+  using data::gpu::jpeg_structure_problem;
+  const int h = 64, w = 80;
+  const auto img = smooth_image(h, w, 2);
+  std::vector<uint8_t> gray(static_cast<size_t>(h * w));
+  for (size_t i = 0; i < gray.size(); ++i) gray[i] = img[3 * i];
+  const std::vector<std::vector<uint8_t>> sound = {
+      encode_jpeg(img, h, w, 3, {.quality = 90}),
+      encode_jpeg(img, h, w, 3, {.quality = 90, .subsample = true}),
+      encode_jpeg(img, h, w, 3, {.quality = 90, .progressive = true}),  // several scans, tables between them
+      encode_jpeg(img, h, w, 3, {.quality = 90, .restart_rows = 1}),    // FF D0..D7 inside the scan data
+      encode_jpeg(img, h, w, 3, {.quality = 100, .extra_app_bytes = 70000}),
+      encode_jpeg(gray, h, w, 1, {.quality = 95}),
+      encode_jpeg(random_image(h, w, 4, 3), h, w, 4, {.quality = 95}),
+      encode_jpeg(random_image(h, w, 3, 4), h, w, 3, {.quality = 100}),  // noise: many FF 00 in the data
+  };
+  for (size_t k = 0; k < sound.size(); ++k) EXPECT_EQ(jpeg_structure_problem(sound[k]), "") << "file " << k;
+  int restarts = 0;  // the restart file has its markers
+  for (size_t i = 0; i + 1 < sound[3].size(); ++i) restarts += sound[3][i] == 0xFF && (sound[3][i + 1] & 0xF8) == 0xD0;
+  EXPECT_GE(restarts, 7);
+  const std::vector<uint8_t> good = sound[1];
+  auto problem = [](const std::vector<uint8_t>& f) { return jpeg_structure_problem(f); };
+  auto expect_found = [&](const std::vector<uint8_t>& f, const std::string& part) {
+    const std::string p = problem(f);
+    EXPECT_NE(p.find(part), std::string::npos) << "'" << p << "' should say '" << part << "'";
+  };
+  // Bytes after EOI are allowed, as libjpeg-turbo allows them.
+  auto trailing = good;
+  trailing.insert(trailing.end(), {0x00, 0x12, 0xFF, 0xC0});
+  EXPECT_EQ(problem(trailing), "");
+  // The second half overwritten with SOF markers (GpuDecodeCuda.CorruptJpegIsNamed's file).
+  auto overwritten = good;
+  for (size_t i = overwritten.size() / 2; i + 2 < overwritten.size(); i += 2)
+    overwritten[i] = 0xFF, overwritten[i + 1] = 0xC0;
+  expect_found(overwritten, "FF C0 after the first scan");
+  // Truncated: in the scan data, in a segment, or right after SOI.
+  expect_found({good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() * 3 / 4)}, "no EOI");
+  expect_found({good.begin(), good.begin() + 30}, "runs past the file");
+  expect_found({good.begin(), good.begin() + 4}, "cut off by the end of the file");
+  expect_found({good.begin(), good.end() - 2}, "no EOI");
+  expect_found({0x00, 0xD8, 0xFF, 0xD9}, "no SOI");
+  expect_found({}, "no SOI");
+  expect_found({0xFF, 0xD8, 0xFF, 0xD9}, "EOI before any scan");
+  expect_found({0xFF, 0xD8, 0x12, 0x34, 0xFF, 0xD9}, "not a marker");
+  // A second frame header before the scan: SOF0 copied next to itself.
+  size_t sof = 2;
+  while (!(good[sof] == 0xFF && good[sof + 1] == 0xC0))
+    sof += 2 + (static_cast<size_t>(good[sof + 2]) << 8 | good[sof + 3]);
+  const size_t sof_length = 2 + (static_cast<size_t>(good[sof + 2]) << 8 | good[sof + 3]);
+  auto two_frames = good;
+  two_frames.insert(two_frames.begin() + static_cast<std::ptrdiff_t>(sof),
+                    good.begin() + static_cast<std::ptrdiff_t>(sof),
+                    good.begin() + static_cast<std::ptrdiff_t>(sof + sof_length));
+  expect_found(two_frames, "second frame header");
+  // A segment length past the end of the file (the first segment after SOI).
+  auto long_segment = good;
+  long_segment[4] = 0xFF, long_segment[5] = 0xF0;
+  expect_found(long_segment, "runs past the file");
+  // SOI inside the scan data.
+  auto soi_inside = good;
+  soi_inside[soi_inside.size() - 10] = 0xFF, soi_inside[soi_inside.size() - 9] = 0xD8;
+  expect_found(soi_inside, "misplaced marker FF D8");
 }
 
 TEST(GpuDecode, MissingNvjpegSaysHowToGetIt) {

@@ -13,6 +13,7 @@
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
 #include "kiln/data/image_folder.h"
 #include "kiln/tensor/cuda.h"
+#include "kiln/tensor/env_vars.h"
 #include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
@@ -165,23 +166,75 @@ TEST(GpuDecodeCuda, LoaderBatchesOnTheGpu) {
   EXPECT_EQ(seen, 6);
 }
 
-TEST(GpuDecodeCuda, CorruptJpegIsNamed) {
+// gpu_decode_counts(): every image counted once, by where it was decoded. Baseline JPEGs go to the JPEG engines
+// on GPUs that have them (A100 and A30: compute capability 8.0; H100 and H200: 9.0) unless KILN_NVJPEG_HARDWARE
+// turns them off; progressive JPEGs, which the engines do not take, one at a time to nvJPEG's default backend;
+// PNGs and CMYK JPEGs are decoded on the CPU.
+TEST(GpuDecodeCuda, CountsSayWhereEachImageWasDecoded) {
   KILN_NEED_GPU_DECODE();
+  const T::Compose train{T::RandomResizedCrop(64), T::ToTensor()};
+  auto gpu = data::GpuTransform::from(train);
+  const int h = 240, w = 320;
+  const auto img = smooth_image(h, w, 4);
+  const auto baseline = encode_jpeg(img, h, w, 3, {.quality = 90, .subsample = true});
+  const auto progressive = encode_jpeg(img, h, w, 3, {.quality = 90, .subsample = true, .progressive = true});
+  const auto png = encode_png({img.begin(), img.end()}, h, w, {});
+  const auto cmyk = encode_jpeg(random_image(h, w, 4, 6), h, w, 4, {.quality = 90});
+  auto decode = [&](const std::vector<std::vector<uint8_t>>& files) {
+    std::vector<data::Example> examples;
+    for (size_t i = 0; i < files.size(); ++i) {
+      data::SampleRng rng(0, 0, static_cast<int64_t>(i));
+      examples.push_back(data::gpu_sample(files[i], "f", gpu, rng, 0, static_cast<int64_t>(i)));
+    }
+    const data::GpuDecodeCounts before = data::gpu_decode_counts();
+    (void)decode_on_gpu(gpu, examples);
+    const data::GpuDecodeCounts after = data::gpu_decode_counts();
+    return data::GpuDecodeCounts{after.engines - before.engines, after.one_at_a_time - before.one_at_a_time,
+                                 after.cpu - before.cpu};
+  };
+  const data::GpuDecodeCounts four = decode({baseline, baseline, baseline, baseline});
+  EXPECT_EQ(four.engines + four.one_at_a_time, 4);
+  EXPECT_EQ(four.cpu, 0);
+  const int cc = cuda::compute_capability(0);
+  const bool engines_expected = (cc == 80 || cc == 90) && env_flag("KILN_NVJPEG_HARDWARE", true);
+  if (engines_expected) {
+    EXPECT_EQ(four.engines, 4) << "compute capability " << cc << ": no JPEG engine took them";
+  }
+  const data::GpuDecodeCounts mixed = decode({baseline, progressive, png, cmyk});
+  EXPECT_EQ(mixed.engines + mixed.one_at_a_time, 2);
+  EXPECT_EQ(mixed.cpu, 2);
+  if (engines_expected) {
+    EXPECT_EQ(mixed.engines, 1);
+  }
+}
+
+// Damaged JPEGs get what kiln's CPU decoding gives them. The JPEG engines decode whatever they are given without an
+// error, so a file whose marker structure is broken (jpeg_structure.h) goes to libjpeg-turbo instead: where it
+// recovers (scan data overwritten with markers: the rest of the image is filled in), the batch holds its pixels;
+// where it does not (a truncated file), the loader's error names the file.
+TEST(GpuDecodeCuda, DamagedJpegsDecodeAsOnTheCpuOrAreNamed) {
+  KILN_NEED_GPU_DECODE();
+  const auto good = encode_jpeg(smooth_image(40, 40), 40, 40, 3);
+  auto overwritten = good;
+  for (size_t i = overwritten.size() / 2; i + 2 < overwritten.size(); i += 2) {
+    overwritten[i] = 0xFF, overwritten[i + 1] = 0xC0;
+  }
+  const data::GpuDecodeCounts before = data::gpu_decode_counts();
+  expect_decode_close(overwritten, 40, 40, 1e-3, 1e-3);  // libjpeg-turbo's pixels, uploaded
+  EXPECT_EQ(data::gpu_decode_counts().cpu - before.cpu, 1);
+
   TempFolder dir;
-  auto good = encode_jpeg(smooth_image(40, 40), 40, 40, 3);
-  auto bad = good;
-  // A sound header, then scan data overwritten with markers that no decoder takes.
-  for (size_t i = bad.size() / 2; i + 2 < bad.size(); i += 2) bad[i] = 0xFF, bad[i + 1] = 0xC0;
   write_bytes(dir.file("a/good.jpg"), good);
-  write_bytes(dir.file("a/broken.jpg"), bad);
+  write_bytes(dir.file("a/truncated.jpg"),
+              {good.begin(), good.begin() + static_cast<std::ptrdiff_t>(good.size() * 3 / 5)});
   auto ds = std::make_shared<data::ImageFolder>(dir.path().string(), T::imagenet_train(16),
                                                 data::ImageFolderOptions{.decode = data::Decode::Gpu});
   data::DataLoader loader(ds, {.batch_size = 2, .device = Device::cuda(0)});
   try {
     for (auto& b : loader.epoch(0)) (void)b;
-    FAIL() << "no error for a broken JPEG";
+    FAIL() << "no error for a truncated JPEG";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("broken.jpg"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("truncated.jpg"), std::string::npos) << e.what();
   }
 }
 

@@ -38,6 +38,7 @@ std::vector<uint8_t> encode_jpeg(const std::vector<uint8_t>& pixels, int h, int 
     for (int i = 1; i < 3; ++i) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 1;
   }
   if (o.progressive) jpeg_simple_progression(&c);
+  c.restart_in_rows = o.restart_rows;
   jpeg_start_compress(&c, TRUE);
   for (int left = o.extra_app_bytes; left > 0; left -= 60000) {
     std::vector<uint8_t> junk(static_cast<size_t>(std::min(left, 60000)), 0x5A);

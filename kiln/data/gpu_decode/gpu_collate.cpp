@@ -1,5 +1,6 @@
 // kiln/data/gpu_decode/gpu_collate.cpp — a batch decoded on the GPU: one pixel buffer from the caching allocator,
 // nvJPEG into it, CPU fallbacks uploaded, the crop/resize kernel, an event. All on this thread's decoder stream.
+#include <atomic>
 #include <cstring>
 #include <exception>
 
@@ -20,6 +21,9 @@ namespace kiln::data {
 namespace {
 
 constexpr int64_t kAlign = 256;  // each image's pixels start at a multiple (row loads stay aligned)
+
+// gpu_decode_counts()'s counters.
+std::atomic<int64_t> g_engines{0}, g_one_at_a_time{0}, g_cpu{0};
 
 #if KILN_WITH_NVJPEG
 
@@ -69,10 +73,16 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
       jpeg_of.push_back(i);
     } else {
       upload(enc, pixels, offsets[i]);
+      g_cpu.fetch_add(1, std::memory_order_relaxed);
     }
   }
   std::vector<std::string> errors;
-  decoder.decode(jpegs, decoder.stream(), errors);
+  const auto on_engines = static_cast<int64_t>(decoder.decode(jpegs, decoder.stream(), errors));
+  int64_t refused = 0;
+  for (const std::string& e : errors) refused += e.empty() ? 0 : 1;
+  g_engines.fetch_add(on_engines, std::memory_order_relaxed);
+  g_one_at_a_time.fetch_add(static_cast<int64_t>(jpegs.size()) - on_engines - refused, std::memory_order_relaxed);
+  g_cpu.fetch_add(refused, std::memory_order_relaxed);
   for (size_t k = 0; k < jpegs.size(); ++k) {
     if (errors[k].empty()) continue;
     // nvJPEG could not (a CMYK or lossless JPEG, a damaged file): libjpeg-turbo on this thread, or the error.
@@ -83,8 +93,7 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
     try {
       image = decode_image({enc.data_ptr<uint8_t>(), static_cast<size_t>(enc.numel())}, name);
     } catch (const std::exception& e) {
-      KILN_FAIL("GPU image decoding: '", name, "' could not be decoded: nvJPEG: ", errors[k],
-                "; libjpeg-turbo: ", e.what());
+      KILN_FAIL("GPU image decoding: '", name, "' could not be decoded: ", errors[k], "; libjpeg-turbo: ", e.what());
     }
     KILN_CHECK(image.shape()[0] == plans[i].size.height && image.shape()[1] == plans[i].size.width,
                "GPU image decoding: '", name, "' decodes to ", image.shape(), " but its header says ",
@@ -155,6 +164,11 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
 #endif
 
 }  // namespace
+
+GpuDecodeCounts gpu_decode_counts() {
+  return {g_engines.load(std::memory_order_relaxed), g_one_at_a_time.load(std::memory_order_relaxed),
+          g_cpu.load(std::memory_order_relaxed)};
+}
 
 CollateFn gpu_decode_collate(GpuTransform transform, std::function<std::string(int64_t)> name_of) {
   KILN_CHECK(static_cast<bool>(name_of), "gpu_decode_collate: name_of is empty");

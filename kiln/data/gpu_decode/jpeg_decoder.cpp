@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kiln/data/gpu_decode/jpeg_structure.h"
 #include "kiln/data/gpu_decode/nvjpeg_functions.h"
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
 #include "kiln/tensor/env_vars.h"
@@ -120,8 +121,8 @@ void JpegDecoder::keep_until(std::vector<Tensor> inputs, std::shared_ptr<cuda::E
   kept_done_ = std::move(done);
 }
 
-void JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& stream,
-                         std::vector<std::string>& errors) {
+size_t JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& stream,
+                           std::vector<std::string>& errors) {
   State& st = *state_;
   const nvjpeg::Functions& f = *st.f;
   cuda::DeviceGuard guard(device_);
@@ -134,9 +135,16 @@ void JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& 
     return img;
   };
 
-  // Sort: what the JPEG engines take goes to them in one call; the rest (and all without engines) one by one.
+  // Sort: a file whose marker structure is broken goes to neither decoder (the engines would decode it without a
+  // word; the caller's libjpeg-turbo decides); what the JPEG engines take goes to them in one call; the rest (and
+  // all without engines) one by one.
   std::vector<size_t> engine, one_by_one;
   for (size_t i = 0; i < images.size(); ++i) {
+    const std::string problem = jpeg_structure_problem({images[i].data, images[i].size});
+    if (!problem.empty()) {
+      errors[i] = "not decoded on the GPU: its JPEG structure is broken: " + problem;
+      continue;
+    }
     int unsupported = 1;
     if (st.handles.hardware &&
         f.stream_parse(st.handles.hardware, images[i].data, images[i].size, 0, 0, st.parsed) == NVJPEG_STATUS_SUCCESS &&
@@ -168,6 +176,7 @@ void JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& 
     if (r != NVJPEG_STATUS_SUCCESS) {  // which image failed is not said: decode them one by one to find out
       st.hardware_batch = -1;
       one_by_one.insert(one_by_one.end(), engine.begin(), engine.end());
+      engine.clear();
     }
   }
   for (size_t i : one_by_one) {
@@ -190,6 +199,7 @@ void JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& 
     r = f.decode(st.handles.hybrid, st.hybrid_state, in.data, in.size, NVJPEG_OUTPUT_RGBI, &dst, s);
     if (r != NVJPEG_STATUS_SUCCESS) errors[i] = "nvjpegDecode: " + nvjpeg::status_text(r);
   }
+  return engine.size();
 }
 
 }  // namespace kiln::data::gpu

@@ -51,8 +51,9 @@ class JpegDecoder {
   JpegDecoder& operator=(const JpegDecoder&) = delete;
 
   // Queues every image's decode on `stream`. errors[i]: empty, or what nvJPEG said about image i (nothing was
-  // written for it; the caller may decode it another way).
-  void decode(std::span<const JpegInput> images, const cuda::Stream& stream, std::vector<std::string>& errors);
+  // written for it; the caller may decode it another way). Returns how many went to the JPEG engines (the others
+  // without an error went one at a time to the default backend).
+  size_t decode(std::span<const JpegInput> images, const cuda::Stream& stream, std::vector<std::string>& errors);
 
   // Keeps `inputs` (the host memory a batch's decode reads: the files' bytes) alive until `done` has happened:
   // the decode reads them while it runs on the GPU. They are let go at the next call, after a host wait on the

@@ -1,0 +1,27 @@
+// kiln/data/gpu_decode/jpeg_structure.h — a walk over a JPEG file's markers, before it goes to a GPU decoder.
+//
+//   std::string problem = data::gpu::jpeg_structure_problem(bytes);  // empty: sound
+//
+// The GPU's JPEG engines (nvJPEG's hardware backend) decode whatever bytes they are given and report no damage:
+// a file whose second half was overwritten decodes to a picture. So every JPEG is walked first, and one whose
+// structure is broken goes to libjpeg-turbo instead, which decodes it or names the file in its error. Sound means:
+//   - SOI first; every marker segment's length fits in the file;
+//   - exactly one frame header (SOF) before the first scan, and none after it;
+//   - each scan's entropy-coded data holds only stuffed bytes (FF 00), fill bytes (FF FF) and restart markers
+//     (FF D0..D7), and ends at a marker that may follow a scan (tables, restart interval, comment, application
+//     data, DNL, another scan, or EOI);
+//   - the walk reaches EOI (bytes after EOI are allowed, as libjpeg-turbo allows them).
+// Damage inside the entropy-coded data that keeps this structure (flipped bits) is not found here; libjpeg-turbo
+// recovers from most of that too.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace kiln::data::gpu {
+
+// What is wrong with the marker structure of `bytes` (a JPEG file), or an empty string when it is sound.
+std::string jpeg_structure_problem(std::span<const uint8_t> bytes);
+
+}  // namespace kiln::data::gpu
