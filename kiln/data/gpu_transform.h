@@ -51,6 +51,7 @@ struct GpuDecodeCounts {
   int64_t one_at_a_time = 0;  // JPEGs decoded one at a time by nvJPEG's default backend
   int64_t cpu = 0;            // images decoded by libjpeg-turbo or libpng, then uploaded
 };
+// The counts so far (GpuDecodeCounts); subtract two readings to count what happened between them.
 GpuDecodeCounts gpu_decode_counts();
 
 // The batch a GPU-decoding ImageFolder makes (ImageFolderOptions::gpu).
