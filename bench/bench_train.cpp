@@ -584,14 +584,30 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
   bool first = true;
   // The next batch, as a range-for would hand it out (the ++ starts the following batch's copy), epoch after
   // epoch. A copy of the Batch shares its tensors.
+  // Per batch handed out: how long the host waited for it, and whether its GPU work (the copy, or the decode)
+  // was still running then, so that the training stream waited for it on the GPU.
+  std::vector<double> waits_ms;
+  std::vector<int> pending;
   auto next_batch = [&]() -> data::Batch {
+    const auto start = std::chrono::steady_clock::now();
     if (!first) ++it;
     first = false;
     if (it == range->end()) {
       range = std::make_unique<data::DataLoader::Epoch>(loader.epoch(++epoch));
       it = range->begin();
     }
-    return *it;
+    data::Batch b = *it;
+    waits_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    pending.push_back(b.ready && !b.ready->query() ? 1 : 0);
+    return b;
+  };
+  // The last `steps` batches' mean host wait (ms) and the share still running on the GPU when handed out.
+  auto waits = [&]() -> std::string {
+    const size_t n = std::min(waits_ms.size(), static_cast<size_t>(s.steps));
+    double wait = 0, busy = 0;
+    for (size_t i = waits_ms.size() - n; i < waits_ms.size(); ++i) wait += waits_ms[i], busy += pending[i];
+    return ", \"batch_wait_ms\": " + json_number(n ? wait / static_cast<double>(n) : 0.0, 3) +
+           ", \"batch_gpu_pending\": " + json_number(n ? busy / static_cast<double>(n) : 0.0, 3);
   };
   // One training step on (images, labels): float32 images, channels-last as the model.
   Tensor loss;
@@ -640,11 +656,11 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
                            .loss = &loss,
                            .log = &log,
                            .extra = [&]() -> std::string {
-                             if (!gpu_decode) return "";
+                             if (!gpu_decode) return waits();
                              const data::GpuDecodeCounts n = data::gpu_decode_counts();  // the whole run's
                              return ", \"decoded_by\": {\"engines\": " + std::to_string(n.engines) +
                                     ", \"one_at_a_time\": " + std::to_string(n.one_at_a_time) +
-                                    ", \"cpu\": " + std::to_string(n.cpu) + "}";
+                                    ", \"cpu\": " + std::to_string(n.cpu) + "}" + waits();
                            }});
 }
 
