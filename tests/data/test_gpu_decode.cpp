@@ -132,7 +132,7 @@ TEST(GpuDecode, BadFilesAreNamed) {
   EXPECT_NE(m2.find("/data/notes.jpg"), std::string::npos) << m2;
 }
 
-// The marker walk that keeps broken files away from the JPEG engines (which decode them without an error).
+// The marker walk that sends broken files to libjpeg-turbo instead of nvJPEG (jpeg_structure.h).
 TEST(GpuDecode, JpegStructureWalkFindsBrokenFiles) {
   using data::gpu::jpeg_structure_problem;
   const int h = 64, w = 80;

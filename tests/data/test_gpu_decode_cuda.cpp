@@ -208,10 +208,10 @@ TEST(GpuDecodeCuda, CountsSayWhereEachImageWasDecoded) {
   }
 }
 
-// Damaged JPEGs get what kiln's CPU decoding gives them. The JPEG engines decode whatever they are given without an
-// error, so a file whose marker structure is broken (jpeg_structure.h) goes to libjpeg-turbo instead: where it
-// recovers (scan data overwritten with markers: the rest of the image is filled in), the batch holds its pixels;
-// where it does not (a truncated file), the loader's error names the file.
+// Damaged JPEGs get what kiln's CPU decoding gives them: a file whose marker structure is broken (jpeg_structure.h)
+// goes to libjpeg-turbo instead of nvJPEG. Where libjpeg-turbo recovers (scan data overwritten with markers: the
+// rest of the image is filled in), the batch holds its pixels; where it does not (a truncated file), the loader's
+// error names the file.
 TEST(GpuDecodeCuda, DamagedJpegsDecodeAsOnTheCpuOrAreNamed) {
   KILN_NEED_GPU_DECODE();
   const auto good = encode_jpeg(smooth_image(40, 40), 40, 40, 3);

@@ -135,9 +135,9 @@ size_t JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream
     return img;
   };
 
-  // Sort: a file whose marker structure is broken goes to neither decoder (the engines would decode it without a
-  // word; the caller's libjpeg-turbo decides); what the JPEG engines take goes to them in one call; the rest (and
-  // all without engines) one by one.
+  // Sort: a file whose marker structure is broken goes to neither decoder (the caller's libjpeg-turbo decides, as
+  // on the CPU path); what the JPEG engines take goes to them in one call; the rest (and all without engines) one
+  // by one.
   std::vector<size_t> engine, one_by_one;
   for (size_t i = 0; i < images.size(); ++i) {
     const std::string problem = jpeg_structure_problem({images[i].data, images[i].size});

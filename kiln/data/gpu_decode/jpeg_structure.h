@@ -2,9 +2,10 @@
 //
 //   std::string problem = data::gpu::jpeg_structure_problem(bytes);  // empty: sound
 //
-// The GPU's JPEG engines (nvJPEG's hardware backend) decode whatever bytes they are given and report no damage:
-// a file whose second half was overwritten decodes to a picture. So every JPEG is walked first, and one whose
-// structure is broken goes to libjpeg-turbo instead, which decodes it or names the file in its error. Sound means:
+// What nvJPEG makes of a damaged file is its own affair (the JPEG engines' batched call reports one status for the
+// whole batch, not one per image), and it need not be what kiln's CPU decoding makes of it. So every JPEG is walked
+// first, and one whose structure is broken goes to libjpeg-turbo instead, which decodes it or names the file in its
+// error, exactly as with Decode::Cpu: the same file gives the same result on either path. Sound means:
 //   - SOI first; every marker segment's length fits in the file;
 //   - exactly one frame header (SOF) before the first scan, and none after it;
 //   - each scan's entropy-coded data holds only stuffed bytes (FF 00), fill bytes (FF FF) and restart markers
