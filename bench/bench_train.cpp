@@ -582,12 +582,12 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
   auto range = std::make_unique<data::DataLoader::Epoch>(loader.epoch(epoch));
   auto it = range->begin();
   bool first = true;
-  // The next batch, as a range-for would hand it out (the ++ starts the following batch's copy), epoch after
-  // epoch. A copy of the Batch shares its tensors.
   // Per batch handed out: how long the host waited for it, and whether its GPU work (the copy, or the decode)
   // was still running then, so that the training stream waited for it on the GPU.
   std::vector<double> waits_ms;
   std::vector<int> pending;
+  // The next batch, as a range-for would hand it out (the ++ starts the following batch's copy), epoch after
+  // epoch. A copy of the Batch shares its tensors.
   auto next_batch = [&]() -> data::Batch {
     const auto start = std::chrono::steady_clock::now();
     if (!first) ++it;
