@@ -585,6 +585,7 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
   // Per batch handed out: how long the host waited for it, and whether its GPU work (the copy, or the decode)
   // was still running then, so that the training stream waited for it on the GPU.
   std::vector<double> waits_ms;
+  std::vector<double> copies_ms;  // the host's time in feed's copies (driver calls: a held lock shows there)
   std::vector<int> pending;
   // The next batch, as a range-for would hand it out (the ++ starts the following batch's copy), epoch after
   // epoch. A copy of the Batch shares its tensors.
@@ -606,8 +607,13 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
     const size_t n = std::min(waits_ms.size(), static_cast<size_t>(s.steps));
     double wait = 0, busy = 0;
     for (size_t i = waits_ms.size() - n; i < waits_ms.size(); ++i) wait += waits_ms[i], busy += pending[i];
-    return ", \"batch_wait_ms\": " + json_number(n ? wait / static_cast<double>(n) : 0.0, 3) +
-           ", \"batch_gpu_pending\": " + json_number(n ? busy / static_cast<double>(n) : 0.0, 3);
+    std::string out = ", \"batch_wait_ms\": " + json_number(n ? wait / static_cast<double>(n) : 0.0, 3) +
+                      ", \"batch_gpu_pending\": " + json_number(n ? busy / static_cast<double>(n) : 0.0, 3);
+    const size_t c = std::min(copies_ms.size(), static_cast<size_t>(s.steps));
+    double copy = 0;
+    for (size_t i = copies_ms.size() - c; i < copies_ms.size(); ++i) copy += copies_ms[i];
+    if (c > 0) out += ", \"feed_copy_ms\": " + json_number(copy / static_cast<double>(c), 3);
+    return out;
   };
   // One training step on (images, labels): float32 images, channels-last as the model.
   Tensor loss;
@@ -639,6 +645,7 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
   auto feed = [&] {
     data::Batch b = next_batch();
     auto [images, labels] = b;
+    const auto start = std::chrono::steady_clock::now();
     if (!static_images.defined()) {
       static_images = images.contiguous(MemoryFormat::ChannelsLast).clone();
       static_labels = labels.clone();
@@ -646,6 +653,7 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
       static_images.copy_(images);  // into the channels-last tensor, whatever the batch's layout
       static_labels.copy_(labels);
     }
+    copies_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   };
   time_and_report_graphed(name, info, s,
                           {.eager = step,
