@@ -13,10 +13,12 @@
 
 namespace kiln::testing {
 
-// pixels: (h, w, 3) uint8 RGB. Returns (3, oh, ow) row-major.
-inline std::vector<double> gpu_decode_reference(const std::vector<uint8_t>& pixels, int64_t h, int64_t w,
-                                                const data::GpuImagePlan& p, int64_t oh, int64_t ow,
-                                                std::array<double, 3> mean, std::array<double, 3> std) {
+// pixels: (h, w, 3) RGB, 0..255 (uint8, or double where the pixels are converted from JPEG's planes). Returns
+// (3, oh, ow) row-major.
+template <class Pixel>
+std::vector<double> gpu_decode_reference(const std::vector<Pixel>& pixels, int64_t h, int64_t w,
+                                         const data::GpuImagePlan& p, int64_t oh, int64_t ow,
+                                         std::array<double, 3> mean, std::array<double, 3> std) {
   std::vector<double> out(static_cast<size_t>(3 * oh * ow));
   const double lo_y = p.clamp.top, hi_y = p.clamp.top + p.clamp.height - 1;
   const double lo_x = p.clamp.left, hi_x = p.clamp.left + p.clamp.width - 1;

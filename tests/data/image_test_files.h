@@ -13,7 +13,8 @@ namespace kiln::testing {
 
 struct JpegOptions {
   int quality = 100;
-  bool subsample = false;  // 4:2:0 chroma instead of 4:4:4
+  bool subsample = false;      // 4:2:0 chroma instead of 4:4:4
+  int luma_h = 0, luma_v = 0;  // else, when set: luma's sampling factors over chroma's (2, 1: 4:2:2; 1, 2: 4:4:0)
   bool progressive = false;
   int extra_app_bytes = 0;  // APP15 segments of this many bytes in total before the frame header
   int restart_rows = 0;     // a restart marker (FF D0..D7) every this many MCU rows (0: none)

@@ -3,7 +3,9 @@
 // whole batches through the DataLoader.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <span>
 #include <string>
 
 #include "gpu_decode_reference.h"
@@ -76,6 +78,8 @@ TEST(GpuDecodeCuda, PixelsMatchLibjpegTurbo) {
   // 4:2:0: libjpeg-turbo upsamples chroma with its smoothing ("fancy") filter, nvJPEG otherwise: on the H200 the
   // mean difference was 2.16 levels (max within 12).
   expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95, .subsample = true}), h, w, 12, 3.0);
+  expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95, .luma_h = 2, .luma_v = 1}), h, w, 12, 3.0);  // 4:2:2
+  expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95, .luma_h = 1, .luma_v = 2}), h, w, 12, 3.0);  // 4:4:0
   expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 90, .progressive = true}), h, w, 4, 0.6);
   std::vector<uint8_t> gray(static_cast<size_t>(h * w));
   for (size_t i = 0; i < gray.size(); ++i) gray[i] = img[3 * i];
@@ -121,6 +125,86 @@ TEST(GpuDecodeCuda, KernelMatchesFloat64Reference) {
       const Diff d = diff(got, ref);
       // float32: rounding of float arithmetic; bfloat16: 8 bits of mantissa on values up to ~2.7.
       EXPECT_LE(d.max, bf16 ? 2.7 / 128 : 1e-4) << compose->describe() << (bf16 ? " bf16" : " f32");
+    }
+  }
+}
+
+// JPEG's planes, as nvJPEG's YUV output leaves them, through the kernel: random luma and chroma (saturated colours
+// among them) at odd sizes, every subsampling nvJPEG names and a grayscale image, against a float64 reference
+// written from JFIF: chroma sampled bilinearly at each pixel's centre (clamped to its plane), YCbCr to RGB clamped
+// to 0..255, then the plan's bilinear sample. The whole image at its own size, and a flipped box resized.
+TEST(GpuDecodeCuda, KernelConvertsJpegPlanes) {
+  KILN_NEED_GPU_DECODE();
+  const int h = 37, w = 53;
+  struct Case {
+    data::gpu::PixelLayout layout;
+    int fx, fy;
+  };
+  using L = data::gpu::PixelLayout;
+  const Case cases[] = {{L::kYCbCr, 1, 1}, {L::kYCbCr, 2, 1}, {L::kYCbCr, 2, 2}, {L::kYCbCr, 1, 2},
+                        {L::kYCbCr, 4, 1}, {L::kYCbCr, 4, 2}, {L::kGray, 1, 1}};
+  for (const Case& c : cases) {
+    const int cw = (w + c.fx - 1) / c.fx, ch = (h + c.fy - 1) / c.fy;
+    const uint64_t seed = static_cast<uint64_t>(10 * c.fx + c.fy);
+    const auto luma = random_image(h, w, 1, seed), cb = random_image(ch, cw, 1, seed + 100),
+               cr = random_image(ch, cw, 1, seed + 200);
+    const data::gpu::Planes planes{.layout = c.layout,
+                                   .chroma_fx = c.fx,
+                                   .chroma_fy = c.fy,
+                                   .chroma_width = cw,
+                                   .chroma_height = ch,
+                                   .cb_offset = 2304,
+                                   .cr_offset = 4352};
+    std::vector<uint8_t> buffer(8192, 0);
+    std::copy(luma.begin(), luma.end(), buffer.begin() + 256);  // the image starts 256 bytes in
+    std::copy(cb.begin(), cb.end(), buffer.begin() + 256 + planes.cb_offset);
+    std::copy(cr.begin(), cr.end(), buffer.begin() + 256 + planes.cr_offset);
+
+    // The reference's RGB pixels (unrounded).
+    std::vector<double> rgb(static_cast<size_t>(h * w * 3));
+    auto chroma_at = [&](const std::vector<uint8_t>& plane, int y, int x) {
+      const double cy = std::clamp((y + 0.5) / c.fy - 0.5, 0.0, ch - 1.0);
+      const double cx = std::clamp((x + 0.5) / c.fx - 0.5, 0.0, cw - 1.0);
+      const int y0 = static_cast<int>(std::floor(cy)), x0 = static_cast<int>(std::floor(cx));
+      const int y1 = std::min(y0 + 1, ch - 1), x1 = std::min(x0 + 1, cw - 1);
+      auto at = [&](int yy, int xx) { return static_cast<double>(plane[static_cast<size_t>(yy * cw + xx)]); };
+      const double fy = cy - y0, fx = cx - x0;
+      return (1 - fy) * ((1 - fx) * at(y0, x0) + fx * at(y0, x1)) + fy * ((1 - fx) * at(y1, x0) + fx * at(y1, x1));
+    };
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        const double Y = luma[static_cast<size_t>(y * w + x)];
+        double* px = &rgb[static_cast<size_t>((y * w + x) * 3)];
+        if (c.layout == L::kGray) {
+          px[0] = px[1] = px[2] = Y;
+          continue;
+        }
+        const double u = chroma_at(cb, y, x) - 128, v = chroma_at(cr, y, x) - 128;
+        px[0] = std::clamp(Y + 1.402 * v, 0.0, 255.0);
+        px[1] = std::clamp(Y - 0.344136286 * u - 0.714136286 * v, 0.0, 255.0);
+        px[2] = std::clamp(Y + 1.772 * u, 0.0, 255.0);
+      }
+    }
+
+    cuda::DeviceGuard guard(0);
+    Tensor pixels = internal::from_vector(buffer, {static_cast<int64_t>(buffer.size())}, Device::cuda(0));
+    const data::Box whole{0, 0, static_cast<double>(h), static_cast<double>(w)};
+    struct Resize {
+      int oh, ow;
+      data::GpuImagePlan plan;
+    };
+    const Resize resizes[] = {{h, w, {.box = whole, .clamp = whole, .flip = false}},
+                              {23, 31, {.box = {3.5, 5.25, 30, 40}, .clamp = whole, .flip = true}}};
+    for (const Resize& r : resizes) {
+      auto gpu = data::GpuTransform::from(T::Compose{T::Resize(data::ImageSize{r.oh, r.ow}), T::ToTensor()});
+      const data::DecodedImage image{.offset = 256, .planes = planes, .size = {h, w}, .plan = r.plan};
+      Tensor out = data::gpu_crop_resize(gpu, pixels, std::span<const data::DecodedImage>(&image, 1));
+      ASSERT_EQ(out.shape(), (Shape{1, 3, r.oh, r.ow}));
+      const auto got = internal::contiguous(out.to(Device::cpu()).to(DType::Float64)).to_vector<double>();
+      const auto ref = gpu_decode_reference(rgb, h, w, r.plan, r.oh, r.ow, {0, 0, 0}, {1, 1, 1});
+      const Diff d = diff(got, ref, 255.0);
+      EXPECT_LE(d.max, 2e-3) << "levels; subsampling " << c.fx << "x" << c.fy << (c.layout == L::kGray ? " gray" : "")
+                             << ", output " << r.oh << "x" << r.ow;
     }
   }
 }

@@ -30,11 +30,10 @@ std::vector<uint8_t> encode_jpeg(const std::vector<uint8_t>& pixels, int h, int 
   c.in_color_space = channels == 1 ? JCS_GRAYSCALE : channels == 3 ? JCS_RGB : JCS_CMYK;
   jpeg_set_defaults(&c);
   jpeg_set_quality(&c, o.quality, TRUE);
-  if (channels == 3 && !o.subsample) {
-    for (int i = 0; i < 3; ++i) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 1;
-  }
-  if (channels == 3 && o.subsample) {
-    c.comp_info[0].h_samp_factor = c.comp_info[0].v_samp_factor = 2;
+  if (channels == 3) {
+    const bool factors = o.luma_h > 0 && o.luma_v > 0;
+    c.comp_info[0].h_samp_factor = factors ? o.luma_h : o.subsample ? 2 : 1;
+    c.comp_info[0].v_samp_factor = factors ? o.luma_v : o.subsample ? 2 : 1;
     for (int i = 1; i < 3; ++i) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 1;
   }
   if (o.progressive) jpeg_simple_progression(&c);

@@ -1,5 +1,6 @@
 // kiln/data/gpu_decode/gpu_collate.cpp — a batch decoded on the GPU: one pixel buffer from the caching allocator,
-// nvJPEG into it, CPU fallbacks uploaded, the crop/resize kernel, an event. All on this thread's decoder stream.
+// nvJPEG into it (JPEG's planes where it can), CPU fallbacks uploaded (RGB), the crop/resize kernel (which converts
+// planes to RGB), an event. All on this thread's decoder stream.
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -10,7 +11,7 @@
 #include "kiln/tensor/internal_ops.h"
 
 #if KILN_WITH_NVJPEG
-#include "kiln/data/gpu_decode/crop_resize.h"
+#include "kiln/data/gpu_decode/crop_resize.h"  // launch_crop_resize
 #include "kiln/data/gpu_decode/jpeg_decoder.h"
 #endif
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
@@ -35,6 +36,66 @@ void upload(const Tensor& pixels, const Tensor& buffer, int64_t offset) {
   internal::copy_(slot, host, /*non_blocking=*/true);
 }
 
+}  // namespace
+
+Tensor gpu_crop_resize(const GpuTransform& transform, const Tensor& pixels, std::span<const DecodedImage> images) {
+  KILN_CHECK(pixels.is_cuda() && pixels.dtype() == DType::UInt8 && pixels.is_contiguous(),
+             "gpu_crop_resize: the pixels must be a contiguous uint8 tensor on the GPU, got ", pixels.dtype(), " on ",
+             pixels.device());
+  const Device dev = pixels.device();
+  const auto n = static_cast<int64_t>(images.size());
+  // The kernel's per-image parameters, through pinned memory on this stream.
+  const ImageSize out_size = transform.output_size();
+  Tensor jobs_host =
+      internal::empty({n * static_cast<int64_t>(sizeof(gpu::CropJob))}, {.dtype = DType::UInt8, .pinned_memory = true});
+  auto* jobs = reinterpret_cast<gpu::CropJob*>(jobs_host.data_ptr<uint8_t>());
+  for (int64_t i = 0; i < n; ++i) {
+    const DecodedImage& d = images[static_cast<size_t>(i)];
+    const GpuImagePlan& p = d.plan;
+    gpu::CropJob j;
+    j.src_offset = d.offset;
+    j.planes = d.planes;
+    j.src_height = static_cast<int32_t>(d.size.height);
+    j.src_width = static_cast<int32_t>(d.size.width);
+    j.box_top = static_cast<float>(p.box.top);
+    j.box_left = static_cast<float>(p.box.left);
+    j.scale_y = static_cast<float>(p.box.height / static_cast<double>(out_size.height));
+    j.scale_x = static_cast<float>(p.box.width / static_cast<double>(out_size.width));
+    j.clamp_top = static_cast<float>(p.clamp.top);
+    j.clamp_left = static_cast<float>(p.clamp.left);
+    j.clamp_bottom = static_cast<float>(p.clamp.top + p.clamp.height - 1);
+    j.clamp_right = static_cast<float>(p.clamp.left + p.clamp.width - 1);
+    j.flip = p.flip ? 1 : 0;
+    jobs[i] = j;
+  }
+  Tensor jobs_dev = internal::to(jobs_host, dev, {}, /*non_blocking=*/true);
+
+  const GpuTransformOptions& o = transform.options();
+  Tensor out =
+      internal::empty({n, 3, out_size.height, out_size.width},
+                      {.dtype = o.dtype,
+                       .device = dev,
+                       .memory_format = o.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous});
+  gpu::CropResizeParams params;
+  params.jobs = reinterpret_cast<const gpu::CropJob*>(jobs_dev.data_ptr<uint8_t>());
+  params.count = static_cast<int>(n);
+  params.pixels = pixels.data_ptr<uint8_t>();
+  params.out = out.data_ptr();
+  params.out_height = static_cast<int>(out_size.height);
+  params.out_width = static_cast<int>(out_size.width);
+  params.bfloat16 = o.dtype == DType::BFloat16;
+  params.channels_last = o.channels_last;
+  for (int c = 0; c < 3; ++c) {
+    const double mean = transform.mean()[c], std = transform.std()[c];
+    params.scale[c] = static_cast<float>(1.0 / (255.0 * std));
+    params.shift[c] = static_cast<float>(-mean / std);
+  }
+  gpu::launch_crop_resize(params, cuda::current_stream(dev.index()).handle());
+  return out;
+}
+
+namespace {
+
 Batch decode_batch(const GpuTransform& transform, const std::function<std::string(int64_t)>& name_of,
                    const std::vector<Example>& examples, bool pinned) {
   KILN_CHECK(!examples.empty(), "GPU image decoding: no examples to collate");
@@ -47,16 +108,19 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
   cuda::StreamGuard stream_guard(decoder.stream());
   const auto n = static_cast<int64_t>(examples.size());
 
-  // Where each image's (H, W, 3) pixels go in one buffer.
+  // Where each image's pixels go in one buffer: room for (H, W, 3) RGB or for its planes.
   std::vector<GpuSamplePlan> plans;
-  std::vector<int64_t> offsets;
+  std::vector<int64_t> offsets, capacities;
   int64_t total = 0;
   for (const Example& ex : examples) {
     plans.push_back(read_gpu_plan(ex));
     offsets.push_back(total);
     const ImageSize s = plans.back().size;
     // Sizes come from the files' headers, each within data::max_image_pixels() unless that limit was removed.
-    const int64_t bytes = checked_mul(checked_mul(s.height, s.width, "GPU image decoding"), 3, "GPU image decoding");
+    const int64_t bytes =
+        checked_add(checked_mul(checked_mul(s.height, s.width, "GPU image decoding"), 3, "GPU image decoding"),
+                    static_cast<int64_t>(gpu::kPlanesSlack), "GPU image decoding");
+    capacities.push_back(bytes);
     total = checked_add(total, (checked_add(bytes, kAlign - 1, "GPU image decoding")) / kAlign * kAlign,
                         "GPU image decoding: the batch's pixel buffer");
   }
@@ -68,8 +132,12 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
   for (int64_t i = 0; i < n; ++i) {
     const Tensor& enc = examples[i]["encoded"];
     if (plans[i].is_jpeg) {
-      jpegs.push_back({enc.data_ptr<uint8_t>(), static_cast<size_t>(enc.numel()), base + offsets[i],
-                       static_cast<int>(plans[i].size.height), static_cast<int>(plans[i].size.width)});
+      jpegs.push_back({.data = enc.data_ptr<uint8_t>(),
+                       .size = static_cast<size_t>(enc.numel()),
+                       .dst = base + offsets[i],
+                       .capacity = static_cast<size_t>(capacities[i]),
+                       .height = static_cast<int>(plans[i].size.height),
+                       .width = static_cast<int>(plans[i].size.width)});
       jpeg_of.push_back(i);
     } else {
       upload(enc, pixels, offsets[i]);
@@ -101,51 +169,15 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
     upload(image, pixels, offsets[i]);
   }
 
-  // The kernel's per-image parameters, through pinned memory on this stream.
-  const ImageSize out_size = transform.output_size();
-  Tensor jobs_host =
-      internal::empty({n * static_cast<int64_t>(sizeof(gpu::CropJob))}, {.dtype = DType::UInt8, .pinned_memory = true});
-  auto* jobs = reinterpret_cast<gpu::CropJob*>(jobs_host.data_ptr<uint8_t>());
+  // How each image's pixels lie: as decode() left them, RGB for the ones uploaded from the CPU.
+  std::vector<DecodedImage> decoded(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    const GpuImagePlan& p = plans[i].plan;
-    gpu::CropJob j;
-    j.src_offset = offsets[i];
-    j.src_height = static_cast<int32_t>(plans[i].size.height);
-    j.src_width = static_cast<int32_t>(plans[i].size.width);
-    j.box_top = static_cast<float>(p.box.top);
-    j.box_left = static_cast<float>(p.box.left);
-    j.scale_y = static_cast<float>(p.box.height / static_cast<double>(out_size.height));
-    j.scale_x = static_cast<float>(p.box.width / static_cast<double>(out_size.width));
-    j.clamp_top = static_cast<float>(p.clamp.top);
-    j.clamp_left = static_cast<float>(p.clamp.left);
-    j.clamp_bottom = static_cast<float>(p.clamp.top + p.clamp.height - 1);
-    j.clamp_right = static_cast<float>(p.clamp.left + p.clamp.width - 1);
-    j.flip = p.flip ? 1 : 0;
-    jobs[i] = j;
+    decoded[static_cast<size_t>(i)] = {.offset = offsets[i], .size = plans[i].size, .plan = plans[i].plan};
   }
-  Tensor jobs_dev = internal::to(jobs_host, dev, {}, /*non_blocking=*/true);
-
-  const GpuTransformOptions& o = transform.options();
-  Tensor out =
-      internal::empty({n, 3, out_size.height, out_size.width},
-                      {.dtype = o.dtype,
-                       .device = dev,
-                       .memory_format = o.channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous});
-  gpu::CropResizeParams params;
-  params.jobs = reinterpret_cast<const gpu::CropJob*>(jobs_dev.data_ptr<uint8_t>());
-  params.count = static_cast<int>(n);
-  params.pixels = base;
-  params.out = out.data_ptr();
-  params.out_height = static_cast<int>(out_size.height);
-  params.out_width = static_cast<int>(out_size.width);
-  params.bfloat16 = o.dtype == DType::BFloat16;
-  params.channels_last = o.channels_last;
-  for (int c = 0; c < 3; ++c) {
-    const double mean = transform.mean()[c], std = transform.std()[c];
-    params.scale[c] = static_cast<float>(1.0 / (255.0 * std));
-    params.shift[c] = static_cast<float>(-mean / std);
+  for (size_t k = 0; k < jpegs.size(); ++k) {
+    if (errors[k].empty()) decoded[static_cast<size_t>(jpeg_of[k])].planes = jpegs[k].planes;
   }
-  gpu::launch_crop_resize(params, decoder.stream().handle());
+  Tensor out = gpu_crop_resize(transform, pixels, decoded);
 
   Batch batch;
   Tensor labels = internal::empty({n}, {.dtype = DType::Int64, .pinned_memory = pinned && cuda::is_available()});
@@ -164,6 +196,13 @@ Batch decode_batch(const GpuTransform& transform, const std::function<std::strin
 #endif
 
 }  // namespace
+
+#if !KILN_WITH_NVJPEG
+Tensor gpu_crop_resize(const GpuTransform&, const Tensor&, std::span<const DecodedImage>) {
+  nvjpeg::functions();  // throws: this build has no GPU decoding, and says how to get it
+  KILN_FAIL("GPU image decoding is not in this build");
+}
+#endif
 
 GpuDecodeCounts gpu_decode_counts() {
   return {g_engines.load(std::memory_order_relaxed), g_one_at_a_time.load(std::memory_order_relaxed),

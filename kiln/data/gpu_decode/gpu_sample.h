@@ -15,10 +15,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "kiln/data/dataset.h"
+#include "kiln/data/gpu_decode/crop_resize.h"  // Planes
 #include "kiln/data/gpu_transform.h"
 
 namespace kiln::data {
@@ -36,6 +38,19 @@ struct GpuSamplePlan {
   GpuImagePlan plan;
 };
 GpuSamplePlan read_gpu_plan(const Example& sample);
+
+// One decoded image in a batch's pixel buffer.
+struct DecodedImage {
+  int64_t offset = 0;  // bytes from the buffer's start to its pixels
+  gpu::Planes planes;  // how they lie there (RGB, or JPEG's planes)
+  ImageSize size;      // its height and width
+  GpuImagePlan plan;   // the crop and flip drawn for it
+};
+
+// Queues the crop/resize/flip/normalise kernel on the current stream over `images`, decoded into `pixels` (a
+// contiguous uint8 buffer on the GPU). Returns (N, 3, H, W) in the transform's output size, dtype and memory
+// format (the collate function's last step).
+Tensor gpu_crop_resize(const GpuTransform& transform, const Tensor& pixels, std::span<const DecodedImage> images);
 
 // Decodes batches of gpu_sample()s on the current CUDA device (the loader's): JPEGs through nvJPEG, files
 // nvJPEG cannot decode through libjpeg-turbo on the CPU (then uploaded), and the crop/resize/flip/normalise

@@ -47,6 +47,48 @@ void check(nvjpegStatus_t s, const char* call) {
   KILN_CHECK(s == NVJPEG_STATUS_SUCCESS, "GPU JPEG decoding: ", call, " failed: ", nvjpeg::status_text(s));
 }
 
+// Lays out JPEG's planes at in.dst for an image of `components` components with chroma subsampling `css`, its
+// chroma planes chroma_w x chroma_h as nvJPEG reads them. False where the kernel cannot take them (four
+// components, a subsampling nvJPEG does not name, planes of another size than the subsampling implies, or no
+// room), and then the image is decoded to RGB. A grayscale image also gets two full-size chroma planes, unused:
+// room for nvJPEG's YUV output, whatever it writes there.
+bool plan_planes(JpegInput& in, int components, nvjpegChromaSubsampling_t css, int chroma_w, int chroma_h) {
+  gpu::Planes p;
+  int fx = 1, fy = 1;
+  if (components == 1 || css == NVJPEG_CSS_GRAY) {
+    p.layout = gpu::PixelLayout::kGray;
+    chroma_w = in.width;
+    chroma_h = in.height;
+  } else if (components == 3) {
+    switch (css) {
+      case NVJPEG_CSS_444: break;
+      case NVJPEG_CSS_422: fx = 2; break;
+      case NVJPEG_CSS_420: fx = fy = 2; break;
+      case NVJPEG_CSS_440: fy = 2; break;
+      case NVJPEG_CSS_411: fx = 4; break;
+      case NVJPEG_CSS_410: fx = 4, fy = 2; break;
+      default: return false;
+    }
+    if (chroma_w != (in.width + fx - 1) / fx || chroma_h != (in.height + fy - 1) / fy) return false;
+    p.layout = gpu::PixelLayout::kYCbCr;
+  } else {
+    return false;
+  }
+  auto aligned = [](size_t v) { return (v + 255) / 256 * 256; };
+  const size_t chroma = static_cast<size_t>(chroma_w) * static_cast<size_t>(chroma_h);
+  const size_t cb = aligned(static_cast<size_t>(in.width) * static_cast<size_t>(in.height));
+  const size_t cr = aligned(cb + chroma);
+  if (cr + chroma > in.capacity) return false;
+  p.chroma_fx = fx;
+  p.chroma_fy = fy;
+  p.chroma_width = chroma_w;
+  p.chroma_height = chroma_h;
+  p.cb_offset = static_cast<int64_t>(cb);
+  p.cr_offset = static_cast<int64_t>(cr);
+  in.planes = p;
+  return true;
+}
+
 }  // namespace
 
 struct JpegDecoder::State {
@@ -121,18 +163,41 @@ void JpegDecoder::keep_until(std::vector<Tensor> inputs, std::shared_ptr<cuda::E
   kept_done_ = std::move(done);
 }
 
-size_t JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream& stream,
-                           std::vector<std::string>& errors) {
+size_t JpegDecoder::decode(std::span<JpegInput> images, const cuda::Stream& stream, std::vector<std::string>& errors) {
   State& st = *state_;
   const nvjpeg::Functions& f = *st.f;
   cuda::DeviceGuard guard(device_);
   auto s = static_cast<cudaStream_t>(stream.handle());
   errors.assign(images.size(), std::string());
+  for (JpegInput& in : images) in.planes = gpu::Planes{};  // RGB unless planned otherwise
   auto destination = [](const JpegInput& in) {
     nvjpegImage_t img{};
     img.channel[0] = in.dst;
-    img.pitch[0] = static_cast<size_t>(in.width) * 3;
+    if (in.planes.layout == gpu::PixelLayout::kRgb) {
+      img.pitch[0] = static_cast<size_t>(in.width) * 3;
+    } else {
+      img.pitch[0] = static_cast<size_t>(in.width);
+      img.channel[1] = in.dst + in.planes.cb_offset;
+      img.channel[2] = in.dst + in.planes.cr_offset;
+      img.pitch[1] = img.pitch[2] = static_cast<size_t>(in.planes.chroma_width);
+    }
     return img;
+  };
+  auto output_format = [](const JpegInput& in) {
+    return in.planes.layout == gpu::PixelLayout::kRgb ? NVJPEG_OUTPUT_RGBI : NVJPEG_OUTPUT_YUV;
+  };
+  // The engines' batch is decoded to planes, every image of it: the output format is the batch's.
+  auto engine_planes = [&](JpegInput& in) {
+    unsigned components = 0, chroma_w = 0, chroma_h = 0;
+    nvjpegChromaSubsampling_t css{};
+    if (f.stream_components(st.parsed, &components) != NVJPEG_STATUS_SUCCESS ||
+        f.stream_subsampling(st.parsed, &css) != NVJPEG_STATUS_SUCCESS) {
+      return false;
+    }
+    if (components == 3 && f.stream_component_size(st.parsed, 1, &chroma_w, &chroma_h) != NVJPEG_STATUS_SUCCESS) {
+      return false;
+    }
+    return plan_planes(in, static_cast<int>(components), css, static_cast<int>(chroma_w), static_cast<int>(chroma_h));
   };
 
   // Sort: a file whose marker structure is broken goes to neither decoder (the caller's libjpeg-turbo decides, as
@@ -149,9 +214,10 @@ size_t JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream
     if (st.handles.hardware &&
         f.stream_parse(st.handles.hardware, images[i].data, images[i].size, 0, 0, st.parsed) == NVJPEG_STATUS_SUCCESS &&
         f.batched_supported(st.handles.hardware, st.parsed, &unsupported) == NVJPEG_STATUS_SUCCESS &&
-        unsupported == 0) {
+        unsupported == 0 && engine_planes(images[i])) {
       engine.push_back(i);
     } else {
+      images[i].planes = gpu::Planes{};
       one_by_one.push_back(i);
     }
   }
@@ -167,7 +233,7 @@ size_t JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream
     const int n = static_cast<int>(engine.size());
     nvjpegStatus_t r = NVJPEG_STATUS_SUCCESS;
     if (st.hardware_batch != n) {
-      r = f.batched_initialize(st.handles.hardware, st.hardware_state, n, 1, NVJPEG_OUTPUT_RGBI);
+      r = f.batched_initialize(st.handles.hardware, st.hardware_state, n, 1, NVJPEG_OUTPUT_YUV);
       st.hardware_batch = r == NVJPEG_STATUS_SUCCESS ? n : -1;
     }
     if (r == NVJPEG_STATUS_SUCCESS) {
@@ -175,12 +241,13 @@ size_t JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream
     }
     if (r != NVJPEG_STATUS_SUCCESS) {  // which image failed is not said: decode them one by one to find out
       st.hardware_batch = -1;
+      for (size_t i : engine) images[i].planes = gpu::Planes{};
       one_by_one.insert(one_by_one.end(), engine.begin(), engine.end());
       engine.clear();
     }
   }
   for (size_t i : one_by_one) {
-    const JpegInput& in = images[i];
+    JpegInput& in = images[i];
     int components = 0;
     nvjpegChromaSubsampling_t css{};
     int widths[NVJPEG_MAX_COMPONENT] = {}, heights[NVJPEG_MAX_COMPONENT] = {};
@@ -195,9 +262,13 @@ size_t JpegDecoder::decode(std::span<const JpegInput> images, const cuda::Stream
                   std::to_string(in.width);
       continue;
     }
+    if (!plan_planes(in, components, css, widths[1], heights[1])) in.planes = gpu::Planes{};
     nvjpegImage_t dst = destination(in);
-    r = f.decode(st.handles.hybrid, st.hybrid_state, in.data, in.size, NVJPEG_OUTPUT_RGBI, &dst, s);
-    if (r != NVJPEG_STATUS_SUCCESS) errors[i] = "nvjpegDecode: " + nvjpeg::status_text(r);
+    r = f.decode(st.handles.hybrid, st.hybrid_state, in.data, in.size, output_format(in), &dst, s);
+    if (r != NVJPEG_STATUS_SUCCESS) {
+      errors[i] = "nvjpegDecode: " + nvjpeg::status_text(r);
+      in.planes = gpu::Planes{};
+    }
   }
   return engine.size();
 }

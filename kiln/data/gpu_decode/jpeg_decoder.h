@@ -5,7 +5,10 @@
 //   std::vector<std::string> errors;
 //   dec->decode(images, dec->stream(), errors);  // queued on the stream; errors[i] empty when queued fine
 //
-// Each image is decoded to interleaved RGB (H, W, 3) uint8 at its `dst` (device memory the caller owns).
+// Each image is decoded at its `dst` (device memory the caller owns): as JPEG's own planes (luma and subsampled
+// chroma, or luma alone; where they lie goes to its `planes`) wherever nvJPEG can give them, which spares the
+// conversion to RGB that nvJPEG would otherwise run as a kernel per image (crop_resize.cu converts while it
+// samples); else as interleaved RGB (H, W, 3) uint8.
 // Where the GPU has JPEG decoding engines (A100, H100, H200: nvJPEG's hardware backend) the images they take
 // (baseline, not 4:1:0/4:1:1) go to them in one nvjpegDecodeBatched call; the rest are decoded one by one by
 // the hybrid backend (Huffman decoding on this thread's CPU, the rest on the GPU). Set KILN_NVJPEG_HARDWARE=0
@@ -22,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/data/gpu_decode/crop_resize.h"  // Planes
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/tensor.h"
 
@@ -30,9 +34,14 @@ namespace kiln::data::gpu {
 struct JpegInput {
   const uint8_t* data = nullptr;  // the file's bytes (host)
   size_t size = 0;
-  uint8_t* dst = nullptr;  // device: height * width * 3 bytes
+  uint8_t* dst = nullptr;  // device: `capacity` bytes, at least height * width * 3 + kPlanesSlack
+  size_t capacity = 0;
   int height = 0, width = 0;
+  Planes planes;  // set by decode(): how the decoded pixels lie at dst
 };
+
+// The bytes beyond height * width * 3 that an image's planes may need (each plane starts 256-byte aligned).
+inline constexpr size_t kPlanesSlack = 512;
 
 class JpegDecoder {
  public:
@@ -50,10 +59,10 @@ class JpegDecoder {
   JpegDecoder(const JpegDecoder&) = delete;
   JpegDecoder& operator=(const JpegDecoder&) = delete;
 
-  // Queues every image's decode on `stream`. errors[i]: empty, or what nvJPEG said about image i (nothing was
-  // written for it; the caller may decode it another way). Returns how many went to the JPEG engines (the others
-  // without an error went one at a time to the default backend).
-  size_t decode(std::span<const JpegInput> images, const cuda::Stream& stream, std::vector<std::string>& errors);
+  // Queues every image's decode on `stream` and sets its `planes`. errors[i]: empty, or what nvJPEG said about
+  // image i (nothing was written for it; the caller may decode it another way). Returns how many went to the JPEG
+  // engines (the others without an error went one at a time to the default backend).
+  size_t decode(std::span<JpegInput> images, const cuda::Stream& stream, std::vector<std::string>& errors);
 
   // Keeps `inputs` (the host memory a batch's decode reads: the files' bytes) alive until `done` has happened:
   // the decode reads them while it runs on the GPU. They are let go at the next call, after a host wait on the

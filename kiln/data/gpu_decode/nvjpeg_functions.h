@@ -23,6 +23,9 @@ struct Functions {
   decltype(&nvjpegJpegStreamDestroy) stream_destroy = nullptr;
   decltype(&nvjpegJpegStreamParse) stream_parse = nullptr;
   decltype(&nvjpegDecodeBatchedSupported) batched_supported = nullptr;
+  decltype(&nvjpegJpegStreamGetComponentsNum) stream_components = nullptr;
+  decltype(&nvjpegJpegStreamGetComponentDimensions) stream_component_size = nullptr;
+  decltype(&nvjpegJpegStreamGetChromaSubsampling) stream_subsampling = nullptr;
   decltype(&nvjpegSetDeviceMemoryPadding) set_device_padding = nullptr;
   decltype(&nvjpegSetPinnedMemoryPadding) set_pinned_padding = nullptr;
 };

@@ -120,6 +120,9 @@ LoadResult load(const std::vector<std::string>& paths) {
     need("nvjpegJpegStreamDestroy", &f->stream_destroy);
     need("nvjpegJpegStreamParse", &f->stream_parse);
     need("nvjpegDecodeBatchedSupported", &f->batched_supported);
+    need("nvjpegJpegStreamGetComponentsNum", &f->stream_components);
+    need("nvjpegJpegStreamGetComponentDimensions", &f->stream_component_size);
+    need("nvjpegJpegStreamGetChromaSubsampling", &f->stream_subsampling);
     need("nvjpegSetDeviceMemoryPadding", &f->set_device_padding);
     need("nvjpegSetPinnedMemoryPadding", &f->set_pinned_padding);
     if (!missing.empty()) {
