@@ -10,7 +10,9 @@ installed; else any JPEG/PNG of at least 200 x 200 found inside site-packages; p
 --sources DIR (at least one source is needed). Each output is a random
 crop (30-100% of the source's area, aspect ratio 0.6-1.7) of a random source, resized to about 500 x 350
 (landscape or portrait, +-15%), saved with quality 90 and 4:2:0 chroma (PIL's default), as typical ImageNet
-photos. The layout is an ImageFolder: class_0 .. class_3, files img_0000.jpg, ... spread over them.
+photos. The layout is an ImageFolder: class_0 .. class_3, files img_0000.jpg, ...; a photo's class is its
+source's (source k in class k mod 4; fewer classes where there are fewer sources), so a model can learn the
+labels and a training run's loss falls.
 """
 import argparse
 import os
@@ -105,10 +107,12 @@ def main():
         sys.exit("make_photos: no sample photos found: install scikit-learn or scikit-image, or pass --sources DIR")
     print(f"make_photos: sources {', '.join(f'{n} {a.shape[1]}x{a.shape[0]}' for n, a in imgs)}", file=sys.stderr)
     rng = random.Random(args.seed)
+    args.classes = min(args.classes, len(imgs))  # every class holds photos of its own sources
     for c in range(args.classes):
         os.makedirs(os.path.join(args.folder, f"class_{c}"), exist_ok=True)
     for i in range(args.count):
-        name, src = imgs[i % len(imgs)]
+        source = i % len(imgs)
+        name, src = imgs[source]
         h, w = src.shape[:2]
         for _ in range(20):
             area = h * w * rng.uniform(0.3, 1.0)
@@ -125,7 +129,7 @@ def main():
         if rng.random() < 0.5:
             crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
         out = crop.resize(size, Image.BICUBIC)
-        out.save(os.path.join(args.folder, f"class_{i % args.classes}", f"img_{i:04d}.jpg"), quality=90)
+        out.save(os.path.join(args.folder, f"class_{source % args.classes}", f"img_{i:04d}.jpg"), quality=90)
     print(f"make_photos: {args.count} JPEGs in {args.folder} ({args.classes} classes)", file=sys.stderr)
 
 
