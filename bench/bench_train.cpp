@@ -613,6 +613,14 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
     double copy = 0;
     for (size_t i = copies_ms.size() - c; i < copies_ms.size(); ++i) copy += copies_ms[i];
     if (c > 0) out += ", \"feed_copy_ms\": " + json_number(copy / static_cast<double>(c), 3);
+    // A batch's time on one worker since the current epoch began: loading its samples (reading the files, drawing
+    // the crops) and collating it (with gpu_decode, the decode).
+    const data::LoaderStats ls = range->stats();
+    if (ls.batches_loaded > 0) {
+      const auto per = static_cast<double>(ls.batches_loaded);
+      out += ", \"worker_samples_ms\": " + json_number(1000 * ls.samples_s / per, 2) +
+             ", \"worker_collate_ms\": " + json_number(1000 * ls.collate_s / per, 2);
+    }
     return out;
   };
   // One training step on (images, labels): float32 images, channels-last as the model.

@@ -76,7 +76,7 @@ struct DataLoader::Core {
   std::optional<cuda::Stream> copy_stream;  // device delivery
   mutable std::mutex stats_mutex;
   Clock::time_point epoch_start = Clock::now();
-  LoaderStats stats;
+  mutable LoaderStats stats;  // the workers add their times from load(), a const member
 
   // The pipeline of an epoch range that ran to its end, loading the next epoch's first batches. It holds
   // the Core (a cycle): ~DataLoader breaks it, and a range that outlives its loader parks nothing.
@@ -96,6 +96,13 @@ struct DataLoader::Core {
     std::lock_guard<std::mutex> lock(stats_mutex);
     stats = {};
     epoch_start = Clock::now();
+  }
+
+  void record_load(double samples_s, double collate_s) const {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    stats.batches_loaded += 1;
+    stats.samples_s += samples_s;
+    stats.collate_s += collate_s;
   }
 
   void record_wait(double wait) {
@@ -124,10 +131,15 @@ struct DataLoader::Core {
     const std::vector<int64_t>& idx = seg.batches[static_cast<size_t>(b)];
     std::optional<cuda::DeviceGuard> device_guard;  // a collate that works on the GPU works on the loader's
     if (options.device && options.device->is_cuda()) device_guard.emplace(options.device->index());
+    const Clock::time_point start = Clock::now();
+    double samples_s = 0;  // the time in ds.get; the rest of the batch's time is collating
     auto sample = [&](int64_t i) {
       try {
         SampleRng rng(options.seed, seg.epoch, i);
-        return ds.get(i, rng);
+        const Clock::time_point t = Clock::now();
+        Example ex = ds.get(i, rng);
+        samples_s += seconds_since(t);
+        return ex;
       } catch (...) {
         KILN_FAIL("DataLoader: loading sample ", i, " (batch ", b, " of epoch ", seg.epoch, ") from ", ds.describe(),
                   " failed: ", what_of(std::current_exception()));
@@ -160,6 +172,7 @@ struct DataLoader::Core {
       }
     }
     batch.indices = idx;
+    record_load(samples_s, seconds_since(start) - samples_s);
     return batch;
   }
 

@@ -84,13 +84,18 @@ struct LoaderPosition {
   friend bool operator==(const LoaderPosition&, const LoaderPosition&) = default;
 };
 
-// How long the training loop waited for data in the current (latest) epoch.
+// How long the training loop waited for data in the current (latest) epoch, and where the workers' time went
+// since it began (when the loop waits, the worker times say whether loading the samples or collating them is
+// slow: divide by batches_loaded for a batch's time on one worker).
 struct LoaderStats {
-  double last_wait_s = 0;    // the wait for the batch handed out last
-  double total_wait_s = 0;   // summed over the epoch's batches so far
-  int64_t batches = 0;       // handed out so far in this epoch
-  double elapsed_s = 0;      // wall time since the epoch began
-  double wait_fraction = 0;  // total_wait_s / elapsed_s: the data-wait share
+  double last_wait_s = 0;      // the wait for the batch handed out last
+  double total_wait_s = 0;     // summed over the epoch's batches so far
+  int64_t batches = 0;         // handed out so far in this epoch
+  double elapsed_s = 0;        // wall time since the epoch began
+  double wait_fraction = 0;    // total_wait_s / elapsed_s: the data-wait share
+  int64_t batches_loaded = 0;  // batches the workers finished since the epoch began (of any epoch)
+  double samples_s = 0;        // their time in Dataset::get, summed over those batches and the threads
+  double collate_s = 0;        // their time collating (the collate function, or the default collate), likewise
 };
 
 // Batches of a Dataset made by worker threads ahead of the step, optionally pinned and copied to the GPU

@@ -345,6 +345,29 @@ TEST(DataLoader, WaitTimeShowsWhetherDataKeepsUp) {
   EXPECT_LT(s.wait_fraction, 0.5) << s.total_wait_s << " of " << s.elapsed_s;
 }
 
+// The workers' time, split between loading samples and collating them: each sample sleeps 10 ms, each collate
+// 25 ms, so 4 batches of 3 samples take at least 120 ms of loading and 100 ms of collating (sleeps only get longer);
+// with the default collate, the collating is what the samples' loads leave (at least 0).
+TEST(DataLoader, StatsSplitTheWorkersTimeBetweenSamplesAndCollate) {
+  auto ds = std::make_shared<Numbers>(12, 10);
+  data::CollateFn slow_collate = [](const vector<data::Example>& xs, bool pinned) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    return data::collate(xs, pinned);
+  };
+  for (bool custom : {false, true}) {
+    DataLoader loader(ds, {.batch_size = 3, .workers = 2, .collate = custom ? slow_collate : data::CollateFn()});
+    auto range = loader.epoch(0);
+    for (Batch& b : range) (void)b;
+    const data::LoaderStats s = range.stats();
+    EXPECT_EQ(s.batches_loaded, 4) << (custom ? "custom collate" : "default collate");
+    EXPECT_GE(s.samples_s, 12 * 0.010 * 0.99);
+    EXPECT_GE(s.collate_s, custom ? 4 * 0.025 * 0.99 : 0.0);
+    if (!custom) {
+      EXPECT_LT(s.collate_s, s.samples_s);  // copying 12 small samples takes far less than their 120 ms of sleep
+    }
+  }
+}
+
 TEST(DataLoader, ClearErrorsForBadOptions) {
   auto ds = std::make_shared<Numbers>(10);
   expect_error([&] { DataLoader(ds, {.batch_size = 0}); }, {"batch_size must be >= 1", "0"});
