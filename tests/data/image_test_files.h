@@ -18,6 +18,7 @@ struct JpegOptions {
   bool progressive = false;
   int extra_app_bytes = 0;  // APP15 segments of this many bytes in total before the frame header
   int restart_rows = 0;     // a restart marker (FF D0..D7) every this many MCU rows (0: none)
+  bool rgb_coded = false;   // 3 channels stored as RGB (Adobe marker, transform 0; ids 'R', 'G', 'B'), not YCbCr
 };
 // pixels: (h, w, channels) row-major; channels 1 (grayscale JPEG), 3 (RGB -> YCbCr) or 4 (CMYK, stored as is).
 std::vector<uint8_t> encode_jpeg(const std::vector<uint8_t>& pixels, int h, int w, int channels, JpegOptions o = {});

@@ -3,6 +3,7 @@
 // messages when nvJPEG or a GPU is missing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -195,6 +196,59 @@ TEST(GpuDecode, JpegStructureWalkFindsBrokenFiles) {
   auto soi_inside = good;
   soi_inside[soi_inside.size() - 10] = 0xFF, soi_inside[soi_inside.size() - 9] = 0xD8;
   expect_found(soi_inside, "misplaced marker FF D8");
+}
+
+// Which JPEGs store RGB, by libjpeg-turbo's rule: files libjpeg writes, and the same headers edited.
+TEST(GpuDecode, RgbCodedJpegsAreFound) {
+  using data::gpu::jpeg_stores_rgb;
+  const int h = 24, w = 40;
+  const auto img = smooth_image(h, w, 3);
+  std::vector<uint8_t> gray(static_cast<size_t>(h * w));
+  for (size_t i = 0; i < gray.size(); ++i) gray[i] = img[3 * i];
+  const auto ycc = encode_jpeg(img, h, w, 3, {.quality = 90});                     // JFIF marker, ids 1, 2, 3
+  const auto rgb = encode_jpeg(img, h, w, 3, {.quality = 90, .rgb_coded = true});  // Adobe transform 0, ids R G B
+  EXPECT_FALSE(jpeg_stores_rgb(ycc));
+  EXPECT_TRUE(jpeg_stores_rgb(rgb));
+  EXPECT_FALSE(jpeg_stores_rgb(encode_jpeg(img, h, w, 3, {.quality = 90, .subsample = true})));
+  EXPECT_FALSE(jpeg_stores_rgb(encode_jpeg(gray, h, w, 1, {.quality = 90})));
+  EXPECT_FALSE(jpeg_stores_rgb(encode_jpeg(random_image(h, w, 4, 2), h, w, 4, {.quality = 90})));
+  EXPECT_FALSE(jpeg_stores_rgb({}));
+  EXPECT_FALSE(jpeg_stores_rgb({rgb.begin(), rgb.begin() + 6}));  // cut off in the headers
+  // Where a segment starts (its FF), by marker code; the headers before the first scan.
+  auto segment = [](const std::vector<uint8_t>& f, uint8_t marker) {
+    size_t i = 2;
+    while (i + 4 <= f.size() && f[i + 1] != marker && f[i + 1] != 0xDA) i += 2 + (size_t{f[i + 2]} << 8 | f[i + 3]);
+    return f[i + 1] == marker ? i : std::string::npos;
+  };
+  const size_t adobe = segment(rgb, 0xEE);
+  ASSERT_NE(adobe, std::string::npos) << "libjpeg wrote no Adobe marker for an RGB file";
+  // The Adobe marker's transform (the 12th byte of its data) decides: 1 means YCbCr, whatever the ids say.
+  auto transform1 = rgb;
+  transform1[adobe + 4 + 11] = 1;
+  EXPECT_FALSE(jpeg_stores_rgb(transform1));
+  // Without the Adobe marker, the ids 'R', 'G', 'B' decide.
+  const size_t adobe_length = 2 + (size_t{rgb[adobe + 2]} << 8 | rgb[adobe + 3]);
+  std::vector<uint8_t> ids_only = rgb;
+  ids_only.erase(ids_only.begin() + static_cast<std::ptrdiff_t>(adobe),
+                 ids_only.begin() + static_cast<std::ptrdiff_t>(adobe + adobe_length));
+  EXPECT_TRUE(jpeg_stores_rgb(ids_only));
+  // A JFIF marker means YCbCr even beside the ids 'R', 'G', 'B' (libjpeg-turbo's order).
+  const size_t jfif = segment(ycc, 0xE0);
+  ASSERT_NE(jfif, std::string::npos);
+  const size_t jfif_length = 2 + (size_t{ycc[jfif + 2]} << 8 | ycc[jfif + 3]);
+  std::vector<uint8_t> jfif_and_ids = ids_only;
+  jfif_and_ids.insert(jfif_and_ids.begin() + 2, ycc.begin() + static_cast<std::ptrdiff_t>(jfif),
+                      ycc.begin() + static_cast<std::ptrdiff_t>(jfif + jfif_length));
+  EXPECT_FALSE(jpeg_stores_rgb(jfif_and_ids));
+  // libjpeg-turbo agrees on each: the RGB ones decode to the image's colours, as the YCbCr one does.
+  const std::vector<uint8_t>* rgb_files[] = {&rgb, &ids_only};
+  for (const std::vector<uint8_t>* f : rgb_files) {
+    Tensor px = data::decode_image(*f, "rgb.jpg");
+    const auto got = px.to_vector<uint8_t>();
+    int worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(int{got[i]} - int{img[i]}));
+    EXPECT_LE(worst, 16) << "libjpeg-turbo reads this file's colours otherwise";
+  }
 }
 
 TEST(GpuDecode, MissingNvjpegSaysHowToGetIt) {

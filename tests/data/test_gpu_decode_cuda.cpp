@@ -322,5 +322,16 @@ TEST(GpuDecodeCuda, DamagedJpegsDecodeAsOnTheCpuOrAreNamed) {
   }
 }
 
+// A JPEG that stores RGB (Adobe marker, transform 0) is decoded by libjpeg-turbo on the CPU: nvJPEG's output would
+// read its channels as YCbCr.
+TEST(GpuDecodeCuda, RgbCodedJpegsDecodeOnTheCpu) {
+  KILN_NEED_GPU_DECODE();
+  const int h = 40, w = 56;
+  const auto img = smooth_image(h, w, 5);
+  const data::GpuDecodeCounts before = data::gpu_decode_counts();
+  expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95, .rgb_coded = true}), h, w, 1e-3, 1e-3);
+  EXPECT_EQ(data::gpu_decode_counts().cpu - before.cpu, 1);
+}
+
 }  // namespace
 }  // namespace kiln::testing

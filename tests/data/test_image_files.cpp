@@ -30,6 +30,7 @@ std::vector<uint8_t> encode_jpeg(const std::vector<uint8_t>& pixels, int h, int 
   c.in_color_space = channels == 1 ? JCS_GRAYSCALE : channels == 3 ? JCS_RGB : JCS_CMYK;
   jpeg_set_defaults(&c);
   jpeg_set_quality(&c, o.quality, TRUE);
+  if (channels == 3 && o.rgb_coded) jpeg_set_colorspace(&c, JCS_RGB);
   if (channels == 3) {
     const bool factors = o.luma_h > 0 && o.luma_v > 0;
     c.comp_info[0].h_samp_factor = factors ? o.luma_h : o.subsample ? 2 : 1;

@@ -200,14 +200,18 @@ size_t JpegDecoder::decode(std::span<JpegInput> images, const cuda::Stream& stre
     return plan_planes(in, static_cast<int>(components), css, static_cast<int>(chroma_w), static_cast<int>(chroma_h));
   };
 
-  // Sort: a file whose marker structure is broken goes to neither decoder (the caller's libjpeg-turbo decides, as
-  // on the CPU path); what the JPEG engines take goes to them in one call; the rest (and all without engines) one
-  // by one.
+  // Sort: a file whose marker structure is broken, or that stores RGB, goes to neither decoder (the caller's
+  // libjpeg-turbo decides, as on the CPU path); what the JPEG engines take goes to them in one call; the rest (and all
+  // without engines) one by one.
   std::vector<size_t> engine, one_by_one;
   for (size_t i = 0; i < images.size(); ++i) {
     const std::string problem = jpeg_structure_problem({images[i].data, images[i].size});
     if (!problem.empty()) {
       errors[i] = "not decoded on the GPU: its JPEG structure is broken: " + problem;
+      continue;
+    }
+    if (jpeg_stores_rgb({images[i].data, images[i].size})) {
+      errors[i] = "not decoded on the GPU: it stores RGB, not YCbCr (nvJPEG's output assumes YCbCr)";
       continue;
     }
     int unsupported = 1;

@@ -81,4 +81,34 @@ std::string jpeg_structure_problem(std::span<const uint8_t> bytes) {
   }
 }
 
+bool jpeg_stores_rgb(std::span<const uint8_t> bytes) {
+  const uint8_t* p = bytes.data();
+  const size_t n = bytes.size();
+  if (n < 4 || p[0] != 0xFF || p[1] != 0xD8) return false;
+  bool jfif = false;
+  int adobe_transform = -1;  // none seen
+  size_t i = 2;
+  while (i + 4 <= n && p[i] == 0xFF) {  // the segments before the frame header
+    size_t m_at = i;
+    while (m_at < n && p[m_at] == 0xFF) ++m_at;
+    if (m_at + 3 > n) return false;
+    const uint8_t m = p[m_at];
+    const size_t length = static_cast<size_t>(p[m_at + 1]) << 8 | p[m_at + 2];
+    const uint8_t* d = p + m_at + 3;  // the segment's data
+    if (length < 2 || m_at + 1 + length > n) return false;
+    const size_t data_length = length - 2;
+    if (m == 0xE0 && data_length >= 14 && std::memcmp(d, "JFIF\0", 5) == 0) jfif = true;
+    if (m == 0xEE && data_length >= 12 && std::memcmp(d, "Adobe", 5) == 0) adobe_transform = d[11];
+    if (is_sof(m)) {
+      if (data_length < 6 || d[5] != 3 || data_length < 6 + 3 * 3) return false;
+      if (jfif) return false;
+      if (adobe_transform >= 0) return adobe_transform == 0;
+      return d[6] == 'R' && d[9] == 'G' && d[12] == 'B';
+    }
+    if (m == 0xDA || m == 0xD9) return false;  // no frame header before the scan: the walk says so
+    i = m_at + 1 + length;
+  }
+  return false;
+}
+
 }  // namespace kiln::data::gpu

@@ -25,4 +25,11 @@ namespace kiln::data::gpu {
 // What is wrong with the marker structure of `bytes` (a JPEG file), or an empty string when it is sound.
 std::string jpeg_structure_problem(std::span<const uint8_t> bytes);
 
+// Whether a three-component JPEG stores RGB instead of YCbCr, by libjpeg-turbo's rule (what kiln's CPU decoding
+// follows): a JFIF marker means YCbCr; else an Adobe marker means RGB for its transform 0 and YCbCr otherwise; else
+// the component ids 'R', 'G', 'B' mean RGB; else YCbCr. nvJPEG's output assumes YCbCr, so such a file is decoded
+// on the CPU. False for other component counts, and where the headers before the frame cannot be read (the
+// structure walk judges those).
+bool jpeg_stores_rgb(std::span<const uint8_t> bytes);
+
 }  // namespace kiln::data::gpu
