@@ -205,12 +205,12 @@ size_t JpegDecoder::decode(std::span<JpegInput> images, const cuda::Stream& stre
   // without engines) one by one.
   std::vector<size_t> engine, one_by_one;
   for (size_t i = 0; i < images.size(); ++i) {
-    const std::string problem = jpeg_structure_problem({images[i].data, images[i].size});
-    if (!problem.empty()) {
-      errors[i] = "not decoded on the GPU: its JPEG structure is broken: " + problem;
+    const JpegInspection inspection = inspect_jpeg({images[i].data, images[i].size});
+    if (!inspection.problem.empty()) {
+      errors[i] = "not decoded on the GPU: its JPEG structure is broken: " + inspection.problem;
       continue;
     }
-    if (jpeg_stores_rgb({images[i].data, images[i].size})) {
+    if (inspection.stores_rgb) {
       errors[i] = "not decoded on the GPU: it stores RGB, not YCbCr (nvJPEG's output assumes YCbCr)";
       continue;
     }
@@ -221,8 +221,7 @@ size_t JpegDecoder::decode(std::span<JpegInput> images, const cuda::Stream& stre
         unsupported == 0 && engine_planes(images[i])) {
       engine.push_back(i);
     } else {
-      images[i].planes = gpu::Planes{};
-      one_by_one.push_back(i);
+      one_by_one.push_back(i);  // engine_planes left its planes alone unless it put it on the engines
     }
   }
   if (!engine.empty()) {
@@ -266,13 +265,10 @@ size_t JpegDecoder::decode(std::span<JpegInput> images, const cuda::Stream& stre
                   std::to_string(in.width);
       continue;
     }
-    if (!plan_planes(in, components, css, widths[1], heights[1])) in.planes = gpu::Planes{};
+    plan_planes(in, components, css, widths[1], heights[1]);  // where it cannot, the image stays RGB
     nvjpegImage_t dst = destination(in);
     r = f.decode(st.handles.hybrid, st.hybrid_state, in.data, in.size, output_format(in), &dst, s);
-    if (r != NVJPEG_STATUS_SUCCESS) {
-      errors[i] = "nvjpegDecode: " + nvjpeg::status_text(r);
-      in.planes = gpu::Planes{};
-    }
+    if (r != NVJPEG_STATUS_SUCCESS) errors[i] = "nvjpegDecode: " + nvjpeg::status_text(r);
   }
   return engine.size();
 }

@@ -23,15 +23,32 @@ bool allowed_between_scans(uint8_t m) {
          (m >= 0xF0 && m <= 0xFE);
 }
 
-}  // namespace
+// The colour space libjpeg-turbo reads from the segments before the frame header (jpeg_stores_rgb).
+struct ColourMarkers {
+  bool jfif = false;
+  int adobe_transform = -1;  // none seen
 
-std::string jpeg_structure_problem(std::span<const uint8_t> bytes) {
+  void note(uint8_t marker, const uint8_t* data, size_t data_length) {
+    if (marker == 0xE0 && data_length >= 14 && std::memcmp(data, "JFIF\0", 5) == 0) jfif = true;
+    if (marker == 0xEE && data_length >= 12 && std::memcmp(data, "Adobe", 5) == 0) adobe_transform = data[11];
+  }
+
+  // For the frame header's data: three components stored as RGB.
+  bool rgb(const uint8_t* frame, size_t frame_length) const {
+    if (frame_length < 6 + 3 * 3 || frame[5] != 3 || jfif) return false;
+    if (adobe_transform >= 0) return adobe_transform == 0;
+    return frame[6] == 'R' && frame[9] == 'G' && frame[12] == 'B';
+  }
+};
+
+std::string walk(std::span<const uint8_t> bytes, bool& stores_rgb) {
   const uint8_t* p = bytes.data();
   const size_t n = bytes.size();
   if (n < 4 || p[0] != 0xFF || p[1] != 0xD8) return "no SOI marker (FF D8) at its start";
   size_t i = 2;
   int frames = 0;
   bool scanned = false;  // a scan's data has been walked
+  ColourMarkers colour;
   while (true) {
     // The next marker: FF, any fill bytes FF, then the marker's code.
     if (i >= n) return at("no EOI marker (FF D9): the file ends", n);
@@ -56,9 +73,12 @@ std::string jpeg_structure_problem(std::span<const uint8_t> bytes) {
       return at("a marker segment " + hex(m) + " whose length (" + std::to_string(length) + ") runs past the file",
                 marker_at);
     }
+    const uint8_t* data = p + i + 2;
     i += length;
+    if (frames == 0) colour.note(m, data, length - 2);
     if (is_sof(m)) {
       if (++frames > 1) return at("a second frame header " + hex(m), marker_at);
+      stores_rgb = colour.rgb(data, length - 2);
       continue;
     }
     if (m != 0xDA) continue;
@@ -81,34 +101,12 @@ std::string jpeg_structure_problem(std::span<const uint8_t> bytes) {
   }
 }
 
-bool jpeg_stores_rgb(std::span<const uint8_t> bytes) {
-  const uint8_t* p = bytes.data();
-  const size_t n = bytes.size();
-  if (n < 4 || p[0] != 0xFF || p[1] != 0xD8) return false;
-  bool jfif = false;
-  int adobe_transform = -1;  // none seen
-  size_t i = 2;
-  while (i + 4 <= n && p[i] == 0xFF) {  // the segments before the frame header
-    size_t m_at = i;
-    while (m_at < n && p[m_at] == 0xFF) ++m_at;
-    if (m_at + 3 > n) return false;
-    const uint8_t m = p[m_at];
-    const size_t length = static_cast<size_t>(p[m_at + 1]) << 8 | p[m_at + 2];
-    const uint8_t* d = p + m_at + 3;  // the segment's data
-    if (length < 2 || m_at + 1 + length > n) return false;
-    const size_t data_length = length - 2;
-    if (m == 0xE0 && data_length >= 14 && std::memcmp(d, "JFIF\0", 5) == 0) jfif = true;
-    if (m == 0xEE && data_length >= 12 && std::memcmp(d, "Adobe", 5) == 0) adobe_transform = d[11];
-    if (is_sof(m)) {
-      if (data_length < 6 || d[5] != 3 || data_length < 6 + 3 * 3) return false;
-      if (jfif) return false;
-      if (adobe_transform >= 0) return adobe_transform == 0;
-      return d[6] == 'R' && d[9] == 'G' && d[12] == 'B';
-    }
-    if (m == 0xDA || m == 0xD9) return false;  // no frame header before the scan: the walk says so
-    i = m_at + 1 + length;
-  }
-  return false;
+}  // namespace
+
+JpegInspection inspect_jpeg(std::span<const uint8_t> bytes) {
+  JpegInspection j;
+  j.problem = walk(bytes, j.stores_rgb);
+  return j;
 }
 
 }  // namespace kiln::data::gpu
