@@ -209,6 +209,32 @@ TEST(GpuDecodeCuda, KernelConvertsJpegPlanes) {
   }
 }
 
+// An image whose pixels or planes would lie outside the buffer is refused before the kernel reads past it.
+TEST(GpuDecodeCuda, CropResizeRefusesPixelsOutsideTheBuffer) {
+  KILN_NEED_GPU_DECODE();
+  cuda::DeviceGuard guard(0);
+  Tensor pixels = internal::zeros({4096}, {.dtype = DType::UInt8, .device = Device::cuda(0)});
+  auto gpu = data::GpuTransform::from(T::Compose{T::Resize(data::ImageSize{8, 8}), T::ToTensor()});
+  const data::Box whole{0, 0, 32, 40};
+  data::DecodedImage image{.offset = 0, .size = {32, 40}, .plan = {.box = whole, .clamp = whole}};
+  auto run = [&] { (void)data::gpu_crop_resize(gpu, pixels, std::span<const data::DecodedImage>(&image, 1)); };
+  EXPECT_NO_THROW(run());  // 32 x 40 x 3 = 3840 bytes of RGB
+  image.offset = 512;      // RGB to byte 4352
+  expect_error(run, {"image 0", "4352", "4096"});
+  image.offset = 0;
+  image.planes = {.layout = data::gpu::PixelLayout::kYCbCr,
+                  .chroma_fx = 2,
+                  .chroma_fy = 2,
+                  .chroma_width = 20,
+                  .chroma_height = 16,
+                  .cb_offset = 1280,
+                  .cr_offset = 3840};  // Cr to byte 4160
+  expect_error(run, {"image 0", "4160", "4096"});
+  image.planes.cr_offset = 1600;
+  EXPECT_NO_THROW(run());
+  expect_error([&] { (void)data::gpu_crop_resize(gpu, pixels.to(Device::cpu()), {}); }, {"on the GPU"});
+}
+
 TEST(GpuDecodeCuda, LoaderBatchesOnTheGpu) {
   KILN_NEED_GPU_DECODE();
   TempFolder dir;

@@ -1,6 +1,7 @@
 // kiln/data/gpu_decode/gpu_collate.cpp — a batch decoded on the GPU: one pixel buffer from the caching allocator,
 // nvJPEG into it (JPEG's planes where it can), CPU fallbacks uploaded (RGB), the crop/resize kernel (which converts
 // planes to RGB), an event. All on this thread's decoder stream.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -44,6 +45,22 @@ Tensor gpu_crop_resize(const GpuTransform& transform, const Tensor& pixels, std:
              pixels.device());
   const Device dev = pixels.device();
   const auto n = static_cast<int64_t>(images.size());
+  for (int64_t i = 0; i < n; ++i) {  // the bytes the kernel reads for each image lie in the buffer
+    const DecodedImage& d = images[static_cast<size_t>(i)];
+    const gpu::Planes& p = d.planes;
+    const int64_t luma = d.size.height * d.size.width;
+    int64_t end = p.layout == gpu::PixelLayout::kRgb ? 3 * luma : luma;
+    if (p.layout == gpu::PixelLayout::kYCbCr) {
+      const int64_t chroma = int64_t{p.chroma_width} * p.chroma_height;
+      end = std::max({end, p.cb_offset + chroma, p.cr_offset + chroma});
+      KILN_CHECK(p.chroma_width > 0 && p.chroma_height > 0 && p.cb_offset >= 0 && p.cr_offset >= 0,
+                 "gpu_crop_resize: image ", i, " has chroma planes of ", p.chroma_height, " x ", p.chroma_width,
+                 " at offsets ", p.cb_offset, " and ", p.cr_offset);
+    }
+    KILN_CHECK(d.size.height > 0 && d.size.width > 0 && d.offset >= 0 && d.offset + end <= pixels.numel(),
+               "gpu_crop_resize: image ", i, " (", d.size.height, " x ", d.size.width, ") needs bytes ", d.offset,
+               " to ", d.offset + end, " of the pixel buffer, which holds ", pixels.numel());
+  }
   // The kernel's per-image parameters, through pinned memory on this stream.
   const ImageSize out_size = transform.output_size();
   Tensor jobs_host =
