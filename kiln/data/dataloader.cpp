@@ -5,9 +5,11 @@
 // batch numbering: epoch e's batches are numbers first..first+count-1, and epoch e+1's segment follows on.
 // Workers take numbers in order, at most prefetch_batches past the number the consumer has reached, and leave
 // the collated batch (or the error) in `ready`, keyed by number; the consumer takes them in order. So while
-// epoch e's last batches are in use, the window already reaches into epoch e+1 (appended by the consumer when
-// epoch e starts). An epoch range that reaches its end parks the pipeline in the loader's Core, and
-// loader.epoch(e + 1) from batch 0 takes it over; any other call drops it (its threads are joined).
+// epoch e's last batches are in use, the window already reaches into the epochs after it: the consumer appends
+// epochs e+1, e+2, ... as far as the window reaches (when epoch e starts, and as each batch is handed out), so an
+// epoch of fewer batches than the window does not leave workers idle at its end. An epoch range that reaches its
+// end parks the pipeline in the loader's Core, and loader.epoch(e + 1) from batch 0 takes it over; any other call
+// drops it (its threads are joined).
 // For device delivery every CUDA call happens on the consumer's thread: when batch k is handed out, batch
 // k+1 (if loaded, also the next epoch's first) is copied on the copy stream, so its copy overlaps the
 // consumer's work on batch k.
@@ -227,6 +229,8 @@ struct Pipeline {
   std::shared_ptr<DataLoader::Core> core;
   const bool open;                // more segments may be appended: idle workers wait instead of ending
   std::optional<InFlight> ahead;  // the consumer's: batch `next` already on its way to the device
+  uint64_t last_epoch = 0;        // the consumer's: the epoch of the last segment
+  bool last_appended = false;     // the consumer's: no epoch after last_epoch is appended (see look_ahead)
 
   std::mutex mutex;  // guards what follows, shared with the workers
   std::condition_variable work_cv, ready_cv;
@@ -244,6 +248,7 @@ struct Pipeline {
       : core(std::move(c)), open(more) {
     end = seg->end();
     next = dispatch = seg->first + start;
+    last_epoch = seg->epoch;
     segments.push_back(std::move(seg));
     try {
       for (int64_t w = 0; w < workers; ++w) threads.emplace_back([this] { work(); });
@@ -263,6 +268,7 @@ struct Pipeline {
 
   // Appends the segment of another epoch after the last one (the consumer's thread).
   std::shared_ptr<const Segment> append(uint64_t epoch, std::vector<std::vector<int64_t>> batches) {
+    last_epoch = epoch;
     auto seg = std::make_shared<Segment>();
     seg->epoch = epoch;
     seg->batches = std::move(batches);
@@ -377,17 +383,32 @@ using loader_detail::InFlight;
 
 namespace {
 
-// Appends epoch + 1's batches to a pipeline serving `epoch`, so its workers go on into them. A sampler that
-// fails for epoch + 1 leaves nothing to look ahead at: loader.epoch(epoch + 1) then starts afresh and reports it.
-void look_ahead(const DataLoader::Core& core, Pipeline& pipe, uint64_t epoch) {
-  if (!pipe.open || epoch == std::numeric_limits<uint64_t>::max()) return;
-  std::vector<std::vector<int64_t>> batches;
-  try {
-    batches = core.batches_of(epoch + 1);
-  } catch (...) {
-    return;
+// Appends the epochs after the pipeline's last one while its prefetch window reaches past their end, so its workers
+// go on into them (with a short epoch, several: batches of 256 from 2,400 samples make epochs of 9 batches, fewer
+// than 16 workers' window of 32). The consumer's thread. An epoch whose sampler fails, or that has no batches,
+// ends the look-ahead there: loader.epoch() of it then starts afresh and reports the error, or hands out nothing.
+void look_ahead(const DataLoader::Core& core, Pipeline& pipe) {
+  if (!pipe.open) return;
+  const int64_t window = core.options.prefetch_batches;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(pipe.mutex);
+      if (pipe.end >= pipe.next + window) return;
+    }
+    if (pipe.last_appended || pipe.last_epoch == std::numeric_limits<uint64_t>::max()) return;
+    std::vector<std::vector<int64_t>> batches;
+    try {
+      batches = core.batches_of(pipe.last_epoch + 1);
+    } catch (...) {
+      pipe.last_appended = true;
+      return;
+    }
+    if (batches.empty()) {
+      pipe.last_appended = true;
+      return;
+    }
+    pipe.append(pipe.last_epoch + 1, std::move(batches));
   }
-  if (!batches.empty()) pipe.append(epoch + 1, std::move(batches));
 }
 
 }  // namespace
@@ -423,7 +444,10 @@ struct DataLoader::Epoch::Impl {
 
   void handed_out(int64_t b) {
     next_ = b + 1;
-    if (pipe) pipe->handed_out(seg->first + b);
+    if (pipe) {
+      pipe->handed_out(seg->first + b);
+      look_ahead(*core, *pipe);
+    }
   }
 
   // Hands out the next batch into `current`; false at the end of the epoch.
@@ -564,7 +588,7 @@ DataLoader::Epoch DataLoader::epoch(uint64_t epoch, int64_t start_batch) {
     std::shared_ptr<const Segment> seg = start_batch == 0 ? parked->segment_at_next() : nullptr;
     if (seg && seg->epoch == epoch) {
       auto impl = std::make_unique<Epoch::Impl>(core_, seg, 0, parked);
-      look_ahead(*core_, *parked, epoch);
+      look_ahead(*core_, *parked);
       return Epoch(std::move(impl));
     }
   }  // not taken over: its threads are joined here, before this epoch's start
@@ -581,7 +605,7 @@ DataLoader::Epoch DataLoader::epoch(uint64_t epoch, int64_t start_batch) {
     pipe = std::make_shared<Pipeline>(core_, seg, start_batch, threads, o.prefetch_next_epoch);
   }
   auto impl = std::make_unique<Epoch::Impl>(core_, std::move(seg), start_batch, pipe);
-  if (pipe) look_ahead(*core_, *pipe, epoch);
+  if (pipe) look_ahead(*core_, *pipe);
   return Epoch(std::move(impl));
 }
 

@@ -16,7 +16,7 @@
 // for any number of workers. As in PyTorch, an epoch's workers stop at its end and nothing of the next epoch is
 // loaded before it is asked for. A training loader can opt in to loading across epoch boundaries
 // (.prefetch_next_epoch = true, like persistent workers): while epoch e's last batches are in use the workers
-// already load epoch e+1's first ones, and loader.epoch(e + 1) takes that pipeline over, so a new epoch starts
+// already load the next epochs' first ones, and loader.epoch(e + 1) takes that pipeline over, so a new epoch starts
 // without waiting for its first batch.
 // Under a multi-process launcher (distributed_env().world_size > 1) the default sampler is a
 // DistributedSampler: each rank loads its own shard.
@@ -64,14 +64,15 @@ struct DataLoaderOptions {
   // false (the default): each epoch's threads stop at its end, as in PyTorch without persistent workers, and
   // nothing of an epoch is loaded before loader.epoch() asks for it; right for an evaluation loader, asked for
   // the same epoch every time. true, for a training loader that goes through epochs 0, 1, 2, ... in order:
-  // with workers, while epoch e's last batches are in use, the workers go on to load epoch e+1's first ones
-  // (within the same prefetch window, so at most prefetch_batches are loaded ahead in all; with a device, the
-  // next epoch's first batch may already be copied). A range that runs to its end keeps its threads and
-  // those batches in the loader, and loader.epoch(e + 1) (from batch 0) takes them over. Any other call
-  // (another epoch, a start batch > 0, after a range left early) drops them and starts afresh; so does
-  // destroying the loader. The batches, their order and samples, and their errors (thrown when the batch is
-  // handed out) are the same either way. Up to prefetch_batches of an epoch never asked for are loaded for
-  // nothing when it is on and the next epoch is not the one asked for (an evaluation loader's epoch 0 again).
+  // with workers, while epoch e's last batches are in use, the workers go on to load epoch e+1's first ones,
+  // and those of e+2, ... where an epoch is shorter than the window (within the same prefetch window, so at most
+  // prefetch_batches are loaded ahead in all; with a device, the next epoch's first batch may already be copied).
+  // A range that runs to its end keeps its threads and those batches in the loader, and loader.epoch(e + 1)
+  // (from batch 0) takes them over. Any other call (another epoch, a start batch > 0, after a range left early)
+  // drops them and starts afresh; so does destroying the loader. The batches, their order and samples, and their
+  // errors (thrown when the batch is handed out) are the same either way. Up to prefetch_batches of epochs never
+  // asked for are loaded for nothing when it is on and the next epoch is not the one asked for (an evaluation
+  // loader's epoch 0 again).
   bool prefetch_next_epoch = false;
 };
 

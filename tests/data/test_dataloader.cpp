@@ -558,6 +558,33 @@ TEST(DataLoaderLookAhead, NextEpochLoadsBeforeItIsAskedFor) {
   expect_error([&] { loader.epoch(2); }, {"index 12", "of epoch 2", "Numbers(12) has 12 samples"});
 }
 
+// Epochs shorter than the prefetch window: the workers go on through as many epochs as the window reaches, so
+// none waits idle at an epoch's end (a folder of 2,400 photos in batches of 256 has 9 batches an epoch, and 16
+// workers' window is 32). The epochs handed out are the fresh loaders' all the same.
+TEST(DataLoaderLookAhead, WindowReachesAcrossSeveralShortEpochs) {
+  auto ds = std::make_shared<Numbers>(6);  // 3 batches of 2 an epoch
+  const data::DataLoaderOptions o{
+      .batch_size = 2, .workers = 2, .shuffle = true, .seed = 5, .prefetch_batches = 8, .prefetch_next_epoch = true};
+  const vector<Seen> expect = fresh_epochs(ds, o, 0, 4);
+  DataLoader loader(ds, o);
+  ds->loads = 0;
+  EXPECT_EQ(run(loader, 0).x, expect[0].x);
+  // Epoch 0 handed out (batch numbers 0..2): the window of 8 reaches number 10, epoch 3's second batch. Looking
+  // one epoch ahead only, the workers would stop at epoch 1's end: 12 samples.
+  ASSERT_TRUE(ds->wait_for_loads(6 + 16)) << ds->loads.load() << " loads";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // time for a load past the window, if any came
+  EXPECT_EQ(ds->loads.load(), 6 + 16);
+  // Epochs 1 and 2 take over what was loaded, and the look-ahead goes on.
+  for (uint64_t e : {1, 2}) {
+    const Seen got = run(loader, e);
+    EXPECT_EQ(got.indices, expect[e].indices) << "epoch " << e;
+    EXPECT_EQ(got.x, expect[e].x) << "epoch " << e;
+  }
+  // Epoch 4 instead of 3: the look-ahead (epoch 3 and on) is dropped, and epoch 4 is the fresh loader's.
+  EXPECT_EQ(run(loader, 4).x, expect[4].x);
+  EXPECT_EQ(run(loader, 5).x, fresh_epochs(ds, o, 5, 5)[0].x);
+}
+
 TEST(DataLoaderLookAhead, OtherCallsDropTheLookAhead) {
   auto ds = std::make_shared<Numbers>(30);
   const data::DataLoaderOptions o{
