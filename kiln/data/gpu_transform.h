@@ -44,8 +44,9 @@ struct GpuImagePlan {
 // How many images this process's GPU decoding (gpu_decode_collate, ImageFolder with Decode::Gpu) has decoded
 // since it started, by path: in one batched call to the GPU's JPEG engines (nvJPEG's hardware backend: A100, H100,
 // H200), one at a time by nvJPEG's default backend (JPEGs the engines do not take, such as progressive ones; every
-// JPEG on GPUs without engines or with KILN_NVJPEG_HARDWARE=0), or on the CPU and uploaded (PNGs, and JPEGs nvJPEG
-// cannot decode or whose marker structure is broken: CMYK, damaged). All zero in a build without GPU decoding.
+// JPEG unless KILN_NVJPEG_HARDWARE=1 turns the engines on, on GPUs that have them), or on the CPU and uploaded (PNGs,
+// and JPEGs nvJPEG cannot decode or whose marker structure is broken: CMYK, damaged). All zero in a build without GPU
+// decoding.
 struct GpuDecodeCounts {
   int64_t engines = 0;        // JPEGs decoded in batches by the JPEG engines
   int64_t one_at_a_time = 0;  // JPEGs decoded one at a time by nvJPEG's default backend

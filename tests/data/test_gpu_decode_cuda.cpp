@@ -15,7 +15,6 @@
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
 #include "kiln/data/image_folder.h"
 #include "kiln/tensor/cuda.h"
-#include "kiln/tensor/env_vars.h"
 #include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
@@ -276,9 +275,9 @@ TEST(GpuDecodeCuda, LoaderBatchesOnTheGpu) {
   EXPECT_EQ(seen, 6);
 }
 
-// gpu_decode_counts(): every image counted once, by where it was decoded. Baseline JPEGs go to the JPEG engines
-// on GPUs that have them (A100 and A30: compute capability 8.0; H100 and H200: 9.0) unless KILN_NVJPEG_HARDWARE
-// turns them off; progressive JPEGs, which the engines do not take, one at a time to nvJPEG's default backend;
+// gpu_decode_counts(): every image counted once, by where it was decoded. With KILN_NVJPEG_HARDWARE=1, baseline
+// JPEGs go to the JPEG engines on GPUs that have them (A100 and A30: compute capability 8.0; H100 and H200: 9.0);
+// progressive JPEGs, which the engines do not take, one at a time to nvJPEG's default backend;
 // PNGs and CMYK JPEGs are decoded on the CPU.
 TEST(GpuDecodeCuda, CountsSayWhereEachImageWasDecoded) {
   KILN_NEED_GPU_DECODE();
@@ -306,9 +305,11 @@ TEST(GpuDecodeCuda, CountsSayWhereEachImageWasDecoded) {
   EXPECT_EQ(four.engines + four.one_at_a_time, 4);
   EXPECT_EQ(four.cpu, 0);
   const int cc = cuda::compute_capability(0);
-  const bool engines_expected = (cc == 80 || cc == 90) && env_flag("KILN_NVJPEG_HARDWARE", true);
+  const bool engines_expected = (cc == 80 || cc == 90) && data::nvjpeg::hardware_engines_wanted();
   if (engines_expected) {
     EXPECT_EQ(four.engines, 4) << "compute capability " << cc << ": no JPEG engine took them";
+  } else if (!data::nvjpeg::hardware_engines_wanted()) {
+    EXPECT_EQ(four.engines, 0) << "the JPEG engines are off (KILN_NVJPEG_HARDWARE), yet they decoded";
   }
   const data::GpuDecodeCounts mixed = decode({baseline, progressive, png, cmyk});
   EXPECT_EQ(mixed.engines + mixed.one_at_a_time, 2);

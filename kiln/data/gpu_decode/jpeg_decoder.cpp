@@ -8,7 +8,6 @@
 #include "kiln/data/gpu_decode/jpeg_structure.h"
 #include "kiln/data/gpu_decode/nvjpeg_functions.h"
 #include "kiln/data/gpu_decode/nvjpeg_library.h"
-#include "kiln/tensor/env_vars.h"
 #include "kiln/tensor/error.h"
 
 namespace kiln::data::gpu {
@@ -31,7 +30,7 @@ const Handles& handles_for(int device) {
   const nvjpeg::Functions& f = nvjpeg::functions();
   cuda::DeviceGuard guard(device);
   Handles h;
-  if (env_flag("KILN_NVJPEG_HARDWARE", true)) {
+  if (nvjpeg::hardware_engines_wanted()) {
     // Fails (NVJPEG_STATUS_ARCH_MISMATCH or similar) on GPUs without JPEG engines: then the hybrid one only.
     if (f.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, 0, &h.hardware) != NVJPEG_STATUS_SUCCESS) {
       h.hardware = nullptr;

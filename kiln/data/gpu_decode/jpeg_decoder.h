@@ -9,13 +9,13 @@
 // chroma, or luma alone; where they lie goes to its `planes`) wherever nvJPEG can give them, which spares the
 // conversion to RGB that nvJPEG would otherwise run as a kernel per image (crop_resize.cu converts while it
 // samples); else as interleaved RGB (H, W, 3) uint8.
-// Where the GPU has JPEG decoding engines (A100, H100, H200: nvJPEG's hardware backend) the images they take
-// (baseline, not 4:1:0/4:1:1) go to them in one nvjpegDecodeBatched call; the rest are decoded one by one by
-// the hybrid backend (Huffman decoding on this thread's CPU, the rest on the GPU). Set KILN_NVJPEG_HARDWARE=0
-// to use the hybrid backend only. The library handles are the process's (one per GPU, made once). Decoders (their
-// decode states, which hold per-image buffers, and their streams) live in a pool per GPU: a loader's worker
-// threads end with each epoch, and making a decoder allocates and frees device memory (which waits for the whole
-// GPU), so each batch leases one and gives it back. One thread uses a leased decoder at a time.
+// Images are decoded one by one by nvJPEG's default (hybrid) backend: Huffman decoding on this thread's CPU, the
+// rest on the GPU. With KILN_NVJPEG_HARDWARE=1 (nvjpeg::hardware_engines_wanted(), off by default: see there), on
+// a GPU with JPEG decoding engines (A100, H100, H200: nvJPEG's hardware backend) the images they take (baseline,
+// not 4:1:0/4:1:1) go to them in one nvjpegDecodeBatched call instead. The library handles are the process's (one per
+// GPU, made once). Decoders (their decode states, which hold per-image buffers, and their streams) live in a pool per
+// GPU: a loader's worker threads end with each epoch, and making a decoder allocates and frees device memory (which
+// waits for the whole GPU), so each batch leases one and gives it back. One thread uses a leased decoder at a time.
 #pragma once
 
 #include <cstddef>

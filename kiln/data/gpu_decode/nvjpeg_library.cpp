@@ -11,6 +11,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "kiln/tensor/env_vars.h"
 #include "kiln/tensor/error.h"
 
 #ifndef KILN_WITH_NVJPEG
@@ -180,5 +181,7 @@ std::string library_path() {
   Process& p = process();
   return p.result.functions ? p.result.path : std::string();
 }
+
+bool hardware_engines_wanted() { return env_flag("KILN_NVJPEG_HARDWARE", false); }
 
 }  // namespace kiln::data::nvjpeg
