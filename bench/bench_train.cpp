@@ -585,7 +585,8 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
   // Per batch handed out: how long the host waited for it, and whether its GPU work (the copy, or the decode)
   // was still running then, so that the training stream waited for it on the GPU.
   std::vector<double> waits_ms;
-  std::vector<double> copies_ms;  // the host's time in feed's copies (driver calls: a held lock shows there)
+  std::vector<double> loader_waits_ms;  // of waits_ms, the part spent waiting for the loader's workers
+  std::vector<double> copies_ms;        // the host's time in feed's copies (driver calls: a held lock shows there)
   std::vector<int> pending;
   // The next batch, as a range-for would hand it out (the ++ starts the following batch's copy), epoch after
   // epoch. A copy of the Batch shares its tensors.
@@ -599,15 +600,19 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
     }
     data::Batch b = *it;
     waits_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    loader_waits_ms.push_back(1000 * range->stats().last_wait_s);
     pending.push_back(b.ready && !b.ready->query() ? 1 : 0);
     return b;
   };
   // The last `steps` batches' mean host wait (ms) and the share still running on the GPU when handed out.
   auto waits = [&]() -> std::string {
     const size_t n = std::min(waits_ms.size(), static_cast<size_t>(s.steps));
-    double wait = 0, busy = 0;
-    for (size_t i = waits_ms.size() - n; i < waits_ms.size(); ++i) wait += waits_ms[i], busy += pending[i];
+    double wait = 0, busy = 0, workers_wait = 0;
+    for (size_t i = waits_ms.size() - n; i < waits_ms.size(); ++i) {
+      wait += waits_ms[i], busy += pending[i], workers_wait += loader_waits_ms[i];
+    }
     std::string out = ", \"batch_wait_ms\": " + json_number(n ? wait / static_cast<double>(n) : 0.0, 3) +
+                      ", \"loader_wait_ms\": " + json_number(n ? workers_wait / static_cast<double>(n) : 0.0, 3) +
                       ", \"batch_gpu_pending\": " + json_number(n ? busy / static_cast<double>(n) : 0.0, 3);
     const size_t c = std::min(copies_ms.size(), static_cast<size_t>(s.steps));
     double copy = 0;
