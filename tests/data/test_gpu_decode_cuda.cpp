@@ -89,6 +89,48 @@ TEST(GpuDecodeCuda, PixelsMatchLibjpegTurbo) {
   expect_decode_close(encode_jpeg(cmyk, h, w, 4, {.quality = 95}), h, w, 1e-3, 1e-3);
 }
 
+// The same encodings decoded together in one batch (nvJPEG's batched calls take several at once): each image of the
+// batch against libjpeg-turbo's decode of its own file, with the single-image tolerances above.
+TEST(GpuDecodeCuda, PixelsMatchLibjpegTurboInOneBatch) {
+  KILN_NEED_GPU_DECODE();
+  const int h = 67, w = 95;
+  const auto img = smooth_image(h, w, 3);
+  std::vector<uint8_t> gray(static_cast<size_t>(h * w));
+  for (size_t i = 0; i < gray.size(); ++i) gray[i] = img[3 * i];
+  struct Case {
+    std::vector<uint8_t> jpeg;
+    double max_levels, mean_levels;
+  };
+  const std::vector<Case> cases = {
+      {encode_jpeg(img, h, w, 3, {.quality = 95}), 4, 0.6},
+      {encode_jpeg(img, h, w, 3, {.quality = 95, .subsample = true}), 12, 3.0},
+      {encode_jpeg(img, h, w, 3, {.quality = 95, .luma_h = 2, .luma_v = 1}), 12, 3.0},
+      {encode_jpeg(img, h, w, 3, {.quality = 95, .subsample = true}), 12, 3.0},  // the same file twice
+      {encode_jpeg(img, h, w, 3, {.quality = 90, .progressive = true}), 4, 0.6},
+      {encode_jpeg(gray, h, w, 1, {.quality = 95}), 4, 0.6},
+      {encode_jpeg(img, h, w, 3, {.quality = 95, .luma_h = 1, .luma_v = 2}), 12, 3.0},
+  };
+  const T::Compose identity{T::Resize(data::ImageSize{h, w}), T::ToTensor()};
+  auto gpu = data::GpuTransform::from(identity);
+  std::vector<data::Example> examples;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    data::SampleRng rng(0, 0, static_cast<int64_t>(i));
+    examples.push_back(data::gpu_sample(cases[i].jpeg, "x.jpg", gpu, rng, 0, static_cast<int64_t>(i)));
+  }
+  Shape shape;
+  const auto got = decode_on_gpu(gpu, examples, &shape);
+  ASSERT_EQ(shape, (Shape{static_cast<int64_t>(cases.size()), 3, h, w}));
+  const size_t per = static_cast<size_t>(3 * h * w);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Tensor ref = data::decode_image(cases[i].jpeg, "x.jpg");  // (h, w, 3)
+    auto ref_chw = internal::contiguous(internal::permute(ref, {2, 0, 1})).to(DType::Float64).to_vector<double>();
+    for (auto& v : ref_chw) v /= 255.0;
+    const Diff d = diff(std::vector<double>(got.begin() + i * per, got.begin() + (i + 1) * per), ref_chw, 255.0);
+    EXPECT_LE(d.max, cases[i].max_levels) << "image " << i;
+    EXPECT_LE(d.mean, cases[i].mean_levels) << "image " << i;
+  }
+}
+
 TEST(GpuDecodeCuda, KernelMatchesFloat64Reference) {
   KILN_NEED_GPU_DECODE();
   // PNGs: their pixels are exact on both sides, so only the kernel is measured.
