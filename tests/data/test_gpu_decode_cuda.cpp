@@ -18,6 +18,16 @@
 #include "kiln/tensor/internal_ops.h"
 #include "support/test_support.h"
 
+#if KILN_TEST_NVJPEG
+#include <cuda_runtime.h>  // cudaLaunchHostFunc, cudaMemsetAsync: work queued on a decoder's stream
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "kiln/data/gpu_decode/jpeg_decoder.h"  // the decoder itself (built with nvjpeg.h)
+#endif
+
 namespace kiln::testing {
 namespace {
 
@@ -130,6 +140,76 @@ TEST(GpuDecodeCuda, PixelsMatchLibjpegTurboInOneBatch) {
     EXPECT_LE(d.mean, cases[i].mean_levels) << "image " << i;
   }
 }
+
+#if KILN_TEST_NVJPEG
+// A decode writes its pixels after the work queued before it on its stream, with the JPEG engines as without
+// them. nvJPEG's hardware backend writes when nvjpegDecodeBatched is called, whatever is queued; the caching
+// allocator can hand a batch a block the previous batch's crop kernel, still queued on the same stream, reads. Here
+// the earlier work is held back by a host function until a timer opens it, then zeroes the buffer: pixels written
+// before it would be zeroed.
+TEST(GpuDecodeCuda, DecodeWritesAfterTheStreamsEarlierWork) {
+  KILN_NEED_GPU_DECODE();
+  cuda::DeviceGuard guard(0);
+  const int h = 64, w = 96, n = 4;
+  std::vector<std::vector<uint8_t>> files;
+  for (int i = 0; i < n; ++i) {
+    files.push_back(encode_jpeg(smooth_image(h, w, 20 + i), h, w, 3, {.quality = 95, .subsample = true}));
+  }
+  const auto bytes = static_cast<int64_t>(h * w * 3 + data::gpu::kPlanesSlack);
+  Tensor pixels = internal::empty({n * bytes}, {.dtype = DType::UInt8, .device = Device::cuda(0)});
+  std::vector<data::gpu::JpegInput> inputs;
+  for (int i = 0; i < n; ++i) {
+    inputs.push_back({.data = files[i].data(),
+                      .size = files[i].size(),
+                      .dst = pixels.data_ptr<uint8_t>() + i * bytes,
+                      .capacity = static_cast<size_t>(bytes),
+                      .height = h,
+                      .width = w});
+  }
+  data::gpu::JpegDecoder::Lease decoder = data::gpu::JpegDecoder::acquire(0);
+  auto stream = static_cast<cudaStream_t>(decoder->stream().handle());
+  std::atomic<bool> open{false};
+  auto gate = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(stream, gate, &open), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(pixels.data_ptr(), 0, static_cast<size_t>(n * bytes), stream), cudaSuccess);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    open = true;
+  });
+  std::vector<std::string> errors;
+  const size_t on_engines = decoder->decode(inputs, decoder->stream(), errors);
+  opener.join();
+  decoder->stream().synchronize();
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+  // Each image's pixels through the crop kernel at its own size, against libjpeg-turbo (4:2:0 tolerances).
+  const T::Compose identity{T::Resize(data::ImageSize{h, w}), T::ToTensor()};
+  auto gpu = data::GpuTransform::from(identity);
+  std::vector<data::DecodedImage> decoded;
+  for (int i = 0; i < n; ++i) {
+    data::SampleRng rng(0, 0, i);
+    const data::GpuSamplePlan plan = data::read_gpu_plan(data::gpu_sample(files[i], "x.jpg", gpu, rng, 0, i));
+    decoded.push_back({.offset = i * bytes, .planes = inputs[i].planes, .size = plan.size, .plan = plan.plan});
+  }
+  Tensor out;
+  {
+    cuda::StreamGuard on(decoder->stream());
+    out = data::gpu_crop_resize(gpu, pixels, decoded);
+    decoder->stream().synchronize();
+  }
+  const auto got = internal::contiguous(out.to(Device::cpu()).to(DType::Float64)).to_vector<double>();
+  const size_t per = static_cast<size_t>(3 * h * w);
+  for (int i = 0; i < n; ++i) {
+    Tensor ref = data::decode_image(files[i], "x.jpg");
+    auto ref_chw = internal::contiguous(internal::permute(ref, {2, 0, 1})).to(DType::Float64).to_vector<double>();
+    for (auto& v : ref_chw) v /= 255.0;
+    const Diff d = diff(std::vector<double>(got.begin() + i * per, got.begin() + (i + 1) * per), ref_chw, 255.0);
+    EXPECT_LE(d.max, 12) << "image " << i << " (" << on_engines << " of " << n << " on the JPEG engines)";
+    EXPECT_LE(d.mean, 3.0) << "image " << i << " (" << on_engines << " of " << n << " on the JPEG engines)";
+  }
+}
+#endif
 
 TEST(GpuDecodeCuda, KernelMatchesFloat64Reference) {
   KILN_NEED_GPU_DECODE();

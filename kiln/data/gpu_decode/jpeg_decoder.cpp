@@ -233,6 +233,11 @@ size_t JpegDecoder::decode(std::span<JpegInput> images, const cuda::Stream& stre
       dst.push_back(destination(images[i]));
     }
     const int n = static_cast<int>(engine.size());
+    // The engines write the pixels when the call is made, not after the work queued before it on `stream`, which
+    // may still read the destination (the caching allocator hands out a block freed on this stream at once: the
+    // previous batch's crop kernel may be reading it): so the host waits for that work first.
+    // GpuDecodeCuda.DecodeWritesAfterTheStreamsEarlierWork.
+    stream.synchronize();
     nvjpegStatus_t r = NVJPEG_STATUS_SUCCESS;
     if (st.hardware_batch != n) {
       r = f.batched_initialize(st.handles.hardware, st.hardware_state, n, 1, NVJPEG_OUTPUT_YUV);

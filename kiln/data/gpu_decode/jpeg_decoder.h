@@ -61,7 +61,9 @@ class JpegDecoder {
 
   // Queues every image's decode on `stream` and sets its `planes`. errors[i]: empty, or what nvJPEG said about
   // image i (nothing was written for it; the caller may decode it another way). Returns how many went to the JPEG
-  // engines (the others without an error went one at a time to the default backend).
+  // engines (the others without an error went one at a time to the default backend). The pixels are written
+  // after the work queued on `stream` before the call (for the engines, which write at once, the host waits for
+  // that work first).
   size_t decode(std::span<JpegInput> images, const cuda::Stream& stream, std::vector<std::string>& errors);
 
   // Keeps `inputs` (the host memory a batch's decode reads: the files' bytes) alive until `done` has happened:
