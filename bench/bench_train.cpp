@@ -606,18 +606,17 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
   };
   // The last `steps` batches' mean host wait (ms) and the share still running on the GPU when handed out.
   auto waits = [&]() -> std::string {
-    const size_t n = std::min(waits_ms.size(), static_cast<size_t>(s.steps));
-    double wait = 0, busy = 0, workers_wait = 0;
-    for (size_t i = waits_ms.size() - n; i < waits_ms.size(); ++i) {
-      wait += waits_ms[i], busy += pending[i], workers_wait += loader_waits_ms[i];
-    }
-    std::string out = ", \"batch_wait_ms\": " + json_number(n ? wait / static_cast<double>(n) : 0.0, 3) +
-                      ", \"loader_wait_ms\": " + json_number(n ? workers_wait / static_cast<double>(n) : 0.0, 3) +
-                      ", \"batch_gpu_pending\": " + json_number(n ? busy / static_cast<double>(n) : 0.0, 3);
-    const size_t c = std::min(copies_ms.size(), static_cast<size_t>(s.steps));
-    double copy = 0;
-    for (size_t i = copies_ms.size() - c; i < copies_ms.size(); ++i) copy += copies_ms[i];
-    if (c > 0) out += ", \"feed_copy_ms\": " + json_number(copy / static_cast<double>(c), 3);
+    // The mean of a per-batch figure over the last `steps` batches (0 when there are none).
+    auto tail_mean = [&](const auto& v) {
+      const size_t n = std::min(v.size(), static_cast<size_t>(s.steps));
+      double sum = 0;
+      for (size_t i = v.size() - n; i < v.size(); ++i) sum += static_cast<double>(v[i]);
+      return n ? sum / static_cast<double>(n) : 0.0;
+    };
+    std::string out = ", \"batch_wait_ms\": " + json_number(tail_mean(waits_ms), 3) +
+                      ", \"loader_wait_ms\": " + json_number(tail_mean(loader_waits_ms), 3) +
+                      ", \"batch_gpu_pending\": " + json_number(tail_mean(pending), 3);
+    if (!copies_ms.empty()) out += ", \"feed_copy_ms\": " + json_number(tail_mean(copies_ms), 3);
     // A batch's time on one worker since the current epoch began: loading its samples (reading the files, drawing
     // the crops) and collating it (with gpu_decode, the decode).
     const data::LoaderStats ls = range->stats();

@@ -35,5 +35,7 @@ std::vector<uint8_t> encode_png(const std::vector<uint16_t>& samples, int h, int
 // A smooth (h, w, 3) color image (JPEG-friendly), and a random one.
 std::vector<uint8_t> smooth_image(int h, int w, int seed = 0);
 std::vector<uint8_t> random_image(int h, int w, int channels, uint64_t seed = 1);
+// The first channel of an (h, w, 3) image, as an (h, w) grayscale one.
+std::vector<uint8_t> first_channel(const std::vector<uint8_t>& rgb);
 
 }  // namespace kiln::testing

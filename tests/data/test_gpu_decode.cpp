@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <span>
 #include <string>
 
 #include "gpu_decode_reference.h"
@@ -135,11 +136,9 @@ TEST(GpuDecode, BadFilesAreNamed) {
 
 // The marker walk that sends broken files to libjpeg-turbo instead of nvJPEG (jpeg_structure.h).
 TEST(GpuDecode, JpegStructureWalkFindsBrokenFiles) {
-  using data::gpu::jpeg_structure_problem;
   const int h = 64, w = 80;
   const auto img = smooth_image(h, w, 2);
-  std::vector<uint8_t> gray(static_cast<size_t>(h * w));
-  for (size_t i = 0; i < gray.size(); ++i) gray[i] = img[3 * i];
+  const std::vector<uint8_t> gray = first_channel(img);
   const std::vector<std::vector<uint8_t>> sound = {
       encode_jpeg(img, h, w, 3, {.quality = 90}),
       encode_jpeg(img, h, w, 3, {.quality = 90, .subsample = true}),
@@ -150,12 +149,12 @@ TEST(GpuDecode, JpegStructureWalkFindsBrokenFiles) {
       encode_jpeg(random_image(h, w, 4, 3), h, w, 4, {.quality = 95}),
       encode_jpeg(random_image(h, w, 3, 4), h, w, 3, {.quality = 100}),  // noise: many FF 00 in the data
   };
-  for (size_t k = 0; k < sound.size(); ++k) EXPECT_EQ(jpeg_structure_problem(sound[k]), "") << "file " << k;
+  for (size_t k = 0; k < sound.size(); ++k) EXPECT_EQ(data::gpu::inspect_jpeg(sound[k]).problem, "") << "file " << k;
   int restarts = 0;  // the restart file has its markers
   for (size_t i = 0; i + 1 < sound[3].size(); ++i) restarts += sound[3][i] == 0xFF && (sound[3][i + 1] & 0xF8) == 0xD0;
   EXPECT_GE(restarts, 7);
   const std::vector<uint8_t> good = sound[1];
-  auto problem = [](const std::vector<uint8_t>& f) { return jpeg_structure_problem(f); };
+  auto problem = [](const std::vector<uint8_t>& f) { return data::gpu::inspect_jpeg(f).problem; };
   auto expect_found = [&](const std::vector<uint8_t>& f, const std::string& part) {
     const std::string p = problem(f);
     EXPECT_NE(p.find(part), std::string::npos) << "'" << p << "' should say '" << part << "'";
@@ -200,20 +199,19 @@ TEST(GpuDecode, JpegStructureWalkFindsBrokenFiles) {
 
 // Which JPEGs store RGB, by libjpeg-turbo's rule: files libjpeg writes, and the same headers edited.
 TEST(GpuDecode, RgbCodedJpegsAreFound) {
-  using data::gpu::jpeg_stores_rgb;
+  auto stores_rgb = [](std::span<const uint8_t> f) { return data::gpu::inspect_jpeg(f).stores_rgb; };
   const int h = 24, w = 40;
   const auto img = smooth_image(h, w, 3);
-  std::vector<uint8_t> gray(static_cast<size_t>(h * w));
-  for (size_t i = 0; i < gray.size(); ++i) gray[i] = img[3 * i];
+  const std::vector<uint8_t> gray = first_channel(img);
   const auto ycc = encode_jpeg(img, h, w, 3, {.quality = 90});                     // JFIF marker, ids 1, 2, 3
   const auto rgb = encode_jpeg(img, h, w, 3, {.quality = 90, .rgb_coded = true});  // Adobe transform 0, ids R G B
-  EXPECT_FALSE(jpeg_stores_rgb(ycc));
-  EXPECT_TRUE(jpeg_stores_rgb(rgb));
-  EXPECT_FALSE(jpeg_stores_rgb(encode_jpeg(img, h, w, 3, {.quality = 90, .subsample = true})));
-  EXPECT_FALSE(jpeg_stores_rgb(encode_jpeg(gray, h, w, 1, {.quality = 90})));
-  EXPECT_FALSE(jpeg_stores_rgb(encode_jpeg(random_image(h, w, 4, 2), h, w, 4, {.quality = 90})));
-  EXPECT_FALSE(jpeg_stores_rgb({}));
-  EXPECT_FALSE(jpeg_stores_rgb({rgb.begin(), rgb.begin() + 6}));  // cut off in the headers
+  EXPECT_FALSE(stores_rgb(ycc));
+  EXPECT_TRUE(stores_rgb(rgb));
+  EXPECT_FALSE(stores_rgb(encode_jpeg(img, h, w, 3, {.quality = 90, .subsample = true})));
+  EXPECT_FALSE(stores_rgb(encode_jpeg(gray, h, w, 1, {.quality = 90})));
+  EXPECT_FALSE(stores_rgb(encode_jpeg(random_image(h, w, 4, 2), h, w, 4, {.quality = 90})));
+  EXPECT_FALSE(stores_rgb({}));
+  EXPECT_FALSE(stores_rgb({rgb.begin(), rgb.begin() + 6}));  // cut off in the headers
   // Where a segment starts (its FF), by marker code; the headers before the first scan.
   auto segment = [](const std::vector<uint8_t>& f, uint8_t marker) {
     size_t i = 2;
@@ -225,13 +223,13 @@ TEST(GpuDecode, RgbCodedJpegsAreFound) {
   // The Adobe marker's transform (the 12th byte of its data) decides: 1 means YCbCr, whatever the ids say.
   auto transform1 = rgb;
   transform1[adobe + 4 + 11] = 1;
-  EXPECT_FALSE(jpeg_stores_rgb(transform1));
+  EXPECT_FALSE(stores_rgb(transform1));
   // Without the Adobe marker, the ids 'R', 'G', 'B' decide.
   const size_t adobe_length = 2 + (size_t{rgb[adobe + 2]} << 8 | rgb[adobe + 3]);
   std::vector<uint8_t> ids_only = rgb;
   ids_only.erase(ids_only.begin() + static_cast<std::ptrdiff_t>(adobe),
                  ids_only.begin() + static_cast<std::ptrdiff_t>(adobe + adobe_length));
-  EXPECT_TRUE(jpeg_stores_rgb(ids_only));
+  EXPECT_TRUE(stores_rgb(ids_only));
   // A JFIF marker means YCbCr even beside the ids 'R', 'G', 'B' (libjpeg-turbo's order).
   const size_t jfif = segment(ycc, 0xE0);
   ASSERT_NE(jfif, std::string::npos);
@@ -239,7 +237,7 @@ TEST(GpuDecode, RgbCodedJpegsAreFound) {
   std::vector<uint8_t> jfif_and_ids = ids_only;
   jfif_and_ids.insert(jfif_and_ids.begin() + 2, ycc.begin() + static_cast<std::ptrdiff_t>(jfif),
                       ycc.begin() + static_cast<std::ptrdiff_t>(jfif + jfif_length));
-  EXPECT_FALSE(jpeg_stores_rgb(jfif_and_ids));
+  EXPECT_FALSE(stores_rgb(jfif_and_ids));
   // libjpeg-turbo agrees on each: the RGB ones decode to the image's colours, as the YCbCr one does.
   const std::vector<uint8_t>* rgb_files[] = {&rgb, &ids_only};
   for (const std::vector<uint8_t>* f : rgb_files) {

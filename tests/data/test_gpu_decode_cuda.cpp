@@ -90,8 +90,7 @@ TEST(GpuDecodeCuda, PixelsMatchLibjpegTurbo) {
   expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95, .luma_h = 2, .luma_v = 1}), h, w, 12, 3.0);  // 4:2:2
   expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 95, .luma_h = 1, .luma_v = 2}), h, w, 12, 3.0);  // 4:4:0
   expect_decode_close(encode_jpeg(img, h, w, 3, {.quality = 90, .progressive = true}), h, w, 4, 0.6);
-  std::vector<uint8_t> gray(static_cast<size_t>(h * w));
-  for (size_t i = 0; i < gray.size(); ++i) gray[i] = img[3 * i];
+  const std::vector<uint8_t> gray = first_channel(img);
   expect_decode_close(encode_jpeg(gray, h, w, 1, {.quality = 95}), h, w, 4, 0.6);
   // CMYK: nvJPEG's RGB output does not take it; libjpeg-turbo on the CPU does, then the upload: the same pixels,
   // up to the float rounding of the kernel's x / 255 against the reference's (2e-5 levels seen).
@@ -105,8 +104,7 @@ TEST(GpuDecodeCuda, PixelsMatchLibjpegTurboInOneBatch) {
   KILN_NEED_GPU_DECODE();
   const int h = 67, w = 95;
   const auto img = smooth_image(h, w, 3);
-  std::vector<uint8_t> gray(static_cast<size_t>(h * w));
-  for (size_t i = 0; i < gray.size(); ++i) gray[i] = img[3 * i];
+  const std::vector<uint8_t> gray = first_channel(img);
   struct Case {
     std::vector<uint8_t> jpeg;
     double max_levels, mean_levels;

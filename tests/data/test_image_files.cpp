@@ -114,6 +114,12 @@ std::vector<uint8_t> smooth_image(int h, int w, int seed) {
   return p;
 }
 
+std::vector<uint8_t> first_channel(const std::vector<uint8_t>& rgb) {
+  std::vector<uint8_t> gray(rgb.size() / 3);
+  for (size_t i = 0; i < gray.size(); ++i) gray[i] = rgb[3 * i];
+  return gray;
+}
+
 std::vector<uint8_t> random_image(int h, int w, int channels, uint64_t seed) {
   std::mt19937_64 gen(seed);
   std::vector<uint8_t> p(static_cast<size_t>(h) * w * channels);

@@ -23,7 +23,7 @@ bool allowed_between_scans(uint8_t m) {
          (m >= 0xF0 && m <= 0xFE);
 }
 
-// The colour space libjpeg-turbo reads from the segments before the frame header (jpeg_stores_rgb).
+// The colour space libjpeg-turbo reads from the segments before the frame header (JpegInspection::stores_rgb).
 struct ColourMarkers {
   bool jfif = false;
   int adobe_transform = -1;  // none seen

@@ -24,18 +24,14 @@ namespace kiln::data::gpu {
 
 // What one walk over a JPEG file's markers finds.
 struct JpegInspection {
-  std::string problem;      // what is wrong with its marker structure, or empty when it is sound
-  bool stores_rgb = false;  // see jpeg_stores_rgb
+  std::string problem;  // what is wrong with its marker structure, or empty when it is sound
+  // Whether a three-component JPEG stores RGB instead of YCbCr, by libjpeg-turbo's rule (what kiln's CPU decoding
+  // follows): a JFIF marker means YCbCr; else an Adobe marker means RGB for its transform 0 and YCbCr otherwise;
+  // else the component ids 'R', 'G', 'B' mean RGB; else YCbCr. nvJPEG's output assumes YCbCr, so such a file is
+  // decoded on the CPU. False for other component counts, and where the headers up to the frame header cannot be
+  // read.
+  bool stores_rgb = false;
 };
 JpegInspection inspect_jpeg(std::span<const uint8_t> bytes);
-
-// What is wrong with the marker structure of `bytes` (a JPEG file), or an empty string when it is sound.
-inline std::string jpeg_structure_problem(std::span<const uint8_t> bytes) { return inspect_jpeg(bytes).problem; }
-
-// Whether a three-component JPEG stores RGB instead of YCbCr, by libjpeg-turbo's rule (what kiln's CPU decoding
-// follows): a JFIF marker means YCbCr; else an Adobe marker means RGB for its transform 0 and YCbCr otherwise; else
-// the component ids 'R', 'G', 'B' mean RGB; else YCbCr. nvJPEG's output assumes YCbCr, so such a file is decoded
-// on the CPU. False for other component counts, and where the headers up to the frame header cannot be read.
-inline bool jpeg_stores_rgb(std::span<const uint8_t> bytes) { return inspect_jpeg(bytes).stores_rgb; }
 
 }  // namespace kiln::data::gpu
