@@ -15,8 +15,16 @@
 #include "kiln/tensor/internal_ops.h"
 
 // jpeglib.h needs size_t and FILE declared first.
-#include <jerror.h>
 #include <jpeglib.h>
+
+// jerror.h after jpeglib.h: its message codes depend on JPEG_LIB_VERSION (jconfig.h, which jpeglib.h includes).
+// Included first, it numbers them as libjpeg 6.2 does; against a libjpeg 8 library (Ubuntu's) the codes are off by
+// up to three, so a recoverable "premature end of data segment" read as a truncated file, and a truncated file
+// passed as gray rows.
+#include <jerror.h>
+#if !defined(JPEG_LIB_VERSION)
+#error "jpeglib.h must define JPEG_LIB_VERSION before jerror.h is read"
+#endif
 
 namespace kiln::data::detail {
 

@@ -207,5 +207,26 @@ TEST(ImageErrors, BadFilesNameTheFile) {
   expect_error([&] { data::decode_image(std::vector<uint8_t>{0xFF, 0xD8, 0xFF}, "three.jpg"); }, {"three.jpg"});
 }
 
+// libjpeg-turbo recovers from scan data overwritten with markers (the rows after the damage are filled in), but a
+// truncated file is an error, named with libjpeg's own message. Each libjpeg ABI (6.2 on Debian, 8 on Ubuntu)
+// numbers these warnings differently: read with the wrong numbering, the first file fails and the second passes.
+TEST(ImageJpeg, DamagedScanDataIsRecoveredAndATruncatedFileIsNot) {
+  const int h = 96, w = 96;
+  const auto good = encode_jpeg(smooth_image(h, w), h, w, 3, {.quality = 90});
+  const std::vector<uint8_t> whole = pixels(data::decode_image(good, "good.jpg"));
+  auto overwritten = good;
+  for (size_t i = overwritten.size() * 3 / 4; i + 2 < overwritten.size(); i += 2) {
+    overwritten[i] = 0xFF, overwritten[i + 1] = 0xC0;
+  }
+  Tensor recovered = data::decode_image(overwritten, "overwritten.jpg");
+  ASSERT_EQ(recovered.shape(), (Shape{h, w, 3}));
+  const std::vector<uint8_t> got = pixels(recovered);
+  const size_t first_rows = 16 * w * 3;  // the first row of MCUs lies well before the damage
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + first_rows, whole.begin()));
+  const std::vector<uint8_t> truncated(good.begin(), good.begin() + good.size() * 3 / 5);
+  expect_error([&] { data::decode_image(truncated, "truncated.jpg"); },
+               {"truncated.jpg", "Premature end of JPEG file"});
+}
+
 }  // namespace
 }  // namespace kiln::testing
