@@ -585,7 +585,7 @@ void jpeg_case(const std::string& name, const Settings& s, bool gpu_decode) {
   // Per batch handed out: how long the host waited for it, and whether its GPU work (the copy, or the decode)
   // was still running then, so that the training stream waited for it on the GPU.
   std::vector<double> waits_ms;
-  std::vector<double> loader_waits_ms;  // of waits_ms, the part spent waiting for the loader's workers
+  std::vector<double> loader_waits_ms;  // of waits_ms, the loader's hand-out (its workers, its CUDA calls)
   std::vector<double> copies_ms;        // the host's time in feed's copies (driver calls: a held lock shows there)
   std::vector<int> pending;
   // The next batch, as a range-for would hand it out (the ++ starts the following batch's copy), epoch after

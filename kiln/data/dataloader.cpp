@@ -459,29 +459,27 @@ struct DataLoader::Epoch::Impl {
     }
     const int64_t b = next_;
     const int64_t number = seg->first + b;  // in the pipeline's numbering
+    // The wait recorded is all of this call's time on the consumer's thread: the wait for the workers and, with a
+    // device, the loader's CUDA calls, which block while another thread's call holds the driver (a cudaFree in a
+    // worker's nvJPEG waits for the whole GPU).
+    const auto t0 = Clock::now();
     try {
       if (core->options.device && core->options.device->is_cuda()) {
         InFlight f;
         if (pipe && pipe->ahead && pipe->ahead->number == number) {
           f = std::move(*pipe->ahead);
           pipe->ahead.reset();
-          core->record_wait(0);
         } else {
-          const auto t0 = Clock::now();
-          Batch host = take(b);
-          core->record_wait(seconds_since(t0));
-          f = copy_to_device(*core, number, std::move(host));
+          f = copy_to_device(*core, number, take(b));
         }
         handed_out(b);
         if (pipe) pipe->copy_ahead(number + 1);
         const cuda::Stream consumer = cuda::current_stream(core->options.device->index());
         f.done->wait(consumer);  // the consumer's stream waits on the GPU; the host does not
         for (size_t i = 0; i < f.batch.size(); ++i) cuda::record_stream(f.batch[i], consumer);
-        current = std::move(f.batch);
+        current = std::move(f.batch);  // the previous batch's memory goes back to the allocator
       } else {
-        const auto t0 = Clock::now();
         Batch batch = take(b);
-        core->record_wait(seconds_since(t0));
         handed_out(b);
         if (batch.ready) {  // fields made on a GPU: the consumer's stream waits for them, and keeps their memory
           const cuda::Stream consumer = cuda::current_stream();
@@ -496,6 +494,7 @@ struct DataLoader::Epoch::Impl {
       finish(/*at_end=*/false);
       throw;
     }
+    core->record_wait(seconds_since(t0));
     return true;
   }
 

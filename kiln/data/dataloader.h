@@ -89,7 +89,8 @@ struct LoaderPosition {
 // since it began (when the loop waits, the worker times say whether loading the samples or collating them is
 // slow: divide by batches_loaded for a batch's time on one worker).
 struct LoaderStats {
-  double last_wait_s = 0;      // the wait for the batch handed out last
+  double last_wait_s = 0;      // the training thread's time in the loader for the batch handed out last
+                               // (waiting for the workers; with a device, also the loader's CUDA calls)
   double total_wait_s = 0;     // summed over the epoch's batches so far
   int64_t batches = 0;         // handed out so far in this epoch
   double elapsed_s = 0;        // wall time since the epoch began

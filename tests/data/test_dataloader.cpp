@@ -527,6 +527,48 @@ class TwoEpochs : public data::Sampler {
   int64_t n_;
 };
 
+// 0..n-1 every epoch, but working out an epoch after the first takes `sleep_ms`: the loader's look-ahead asks for
+// it on the training loop's thread.
+class SlowLaterEpochs : public data::Sampler {
+ public:
+  SlowLaterEpochs(int64_t n, int sleep_ms) : n_(n), sleep_ms_(sleep_ms) {}
+  int64_t size() const override { return n_; }
+  vector<int64_t> indices(uint64_t epoch) const override {
+    if (epoch >= 1) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    vector<int64_t> v(static_cast<size_t>(n_));
+    std::iota(v.begin(), v.end(), 0);
+    return v;
+  }
+
+ private:
+  int64_t n_;
+  int sleep_ms_;
+};
+
+// The wait is all the loop's time inside the loader's hand-out, not only its wait for the workers: here the
+// workers are always ahead, and the time goes to the look-ahead's sampler call on the loop's thread. Epochs of 4
+// batches and a window of 8: making the range appends epoch 1 (outside any hand-out), and handing out batch 0
+// appends epoch 2, whose sampler call takes 80 ms.
+TEST(DataLoader, WaitTimeCountsTheLoadersWorkOnTheLoop) {
+  auto ds = std::make_shared<Numbers>(8);
+  DataLoader loader(ds, {.batch_size = 2,
+                         .workers = 2,
+                         .prefetch_batches = 8,
+                         .sampler = std::make_shared<SlowLaterEpochs>(8, 80),
+                         .prefetch_next_epoch = true});
+  auto range = loader.epoch(0);
+  int64_t i = 0;
+  for (Batch& b : range) {
+    (void)b;
+    ASSERT_TRUE(ds->wait_for_loads(std::min<int64_t>(2 * (i + 2), 8))) << ds->loads.load() << " loads";
+    ++i;
+  }
+  const data::LoaderStats s = range.stats();
+  EXPECT_EQ(s.batches, 4);
+  EXPECT_GE(s.total_wait_s, 0.08 * 0.99) << "the look-ahead's sampler call is the loop's wait";
+  EXPECT_LE(s.total_wait_s, s.elapsed_s);
+}
+
 TEST(DataLoaderLookAhead, NextEpochLoadsBeforeItIsAskedFor) {
   auto ds = std::make_shared<Numbers>(12);  // 6 batches of 2
   DataLoader loader(ds, {.batch_size = 2,
