@@ -1,6 +1,9 @@
 // CUPTI injection (CUDA_INJECTION64_PATH): kernels, copies and CUDA API calls between the program's cudaProfilerStart
 // and cudaProfilerStop, summarised at exit: per stream the kernels' time and count, the GPU's busy time (union of
-// kernels and copies), the top kernels, and per thread the API calls' time (the thread that called Start marked).
+// kernels and copies), the top kernels, per thread the API calls' time (the thread that called Start marked), and
+// the calls of TRACE_SLOW_MS or more in the order they began (that timeline is new since the 2026-12-06 (j) runs).
+//   g++ -O2 -std=c++20 -shared -fPIC api_trace.cpp -I/usr/local/cuda/include -L/usr/local/cuda/lib64 -lcupti
+//       -o libapi_trace.so
 #include <cupti.h>
 #include <unistd.h>
 #include <algorithm>
@@ -101,6 +104,22 @@ void report() {
     auto& t = per_thread[a.thread][api_name(a.domain, a.cbid) + (a.domain ? "(drv)" : "")];
     std::get<0>(t) += d / 1e6; std::get<1>(t)++; std::get<2>(t) = std::max(std::get<2>(t), d / 1e6);
     thread_total[a.thread] += d / 1e6;
+  }
+  // Calls of TRACE_SLOW_MS (5) ms or more, in the order they began: the call that holds the driver begins first.
+  {
+    const double slow_ms = std::getenv("TRACE_SLOW_MS") ? std::atof(std::getenv("TRACE_SLOW_MS")) : 5.0;
+    std::vector<const A*> slow;
+    for (auto& a : as) {
+      if (clip(a.s, a.e) && (a.e - a.s) / 1e6 >= slow_ms) slow.push_back(&a);
+    }
+    std::sort(slow.begin(), slow.end(), [](const A* x, const A* y) { return x->s < y->s; });
+    std::fprintf(stderr, "trace: %zu calls of %.1f ms or more, in the order they began\n", slow.size(), slow_ms);
+    for (size_t i = 0; i < std::min<size_t>(slow.size(), 80); ++i) {
+      const A& a = *slow[i];
+      std::fprintf(stderr, "trace:    +%9.3f ms  %8.3f ms  thread %u%s  %s\n", (double(a.s) - double(t0)) / 1e6,
+                   (a.e - a.s) / 1e6, a.thread, a.thread == start_thread ? " (training)" : "",
+                   (api_name(a.domain, a.cbid) + (a.domain ? "(drv)" : "")).c_str());
+    }
   }
   std::vector<std::pair<double, uint32_t>> threads;
   for (auto& [t, v] : thread_total) threads.push_back({v, t});
