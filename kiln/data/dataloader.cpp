@@ -460,8 +460,8 @@ struct DataLoader::Epoch::Impl {
     const int64_t b = next_;
     const int64_t number = seg->first + b;  // in the pipeline's numbering
     // The wait recorded is all of this call's time on the consumer's thread: the wait for the workers and, with a
-    // device, the loader's CUDA calls, which block while another thread's call holds the driver (a cudaFree in a
-    // worker's nvJPEG waits for the whole GPU).
+    // device, the loader's CUDA calls, which can block for long (up to 200 ms with nvJPEG decoding in the workers:
+    // bench/results/2026-12-06j).
     const auto t0 = Clock::now();
     try {
       if (core->options.device && core->options.device->is_cuda()) {
