@@ -52,7 +52,7 @@ std::vector<double> decode_on_gpu(const data::GpuTransform& gpu, const std::vect
 struct Diff {
   double max = 0, mean = 0;
 };
-Diff diff(const std::vector<double>& a, const std::vector<double>& b, double scale = 1) {
+Diff diff(std::span<const double> a, std::span<const double> b, double scale = 1) {
   Diff d;
   EXPECT_EQ(a.size(), b.size());
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
@@ -64,6 +64,14 @@ Diff diff(const std::vector<double>& a, const std::vector<double>& b, double sca
   return d;
 }
 
+// How far `got`, one image as (3, H, W) / 255, lies from libjpeg-turbo's decode of `jpeg`, in levels of 255.
+Diff diff_from_libjpeg(const std::vector<uint8_t>& jpeg, std::span<const double> got) {
+  Tensor ref = data::decode_image(jpeg, "x.jpg");  // (h, w, 3)
+  auto ref_chw = internal::contiguous(internal::permute(ref, {2, 0, 1})).to(DType::Float64).to_vector<double>();
+  for (auto& v : ref_chw) v /= 255.0;
+  return diff(got, ref_chw, 255.0);
+}
+
 // Resize to the image's own size + ToTensor: the kernel copies each pixel (times 1/255), so the output is
 // nvJPEG's decode; libjpeg-turbo's decode of the same file, as (3, H, W) / 255, is the reference.
 void expect_decode_close(const std::vector<uint8_t>& jpeg, int h, int w, double max_levels, double mean_levels) {
@@ -71,10 +79,7 @@ void expect_decode_close(const std::vector<uint8_t>& jpeg, int h, int w, double 
   auto gpu = data::GpuTransform::from(identity);
   data::SampleRng rng(0, 0, 0);
   auto got = decode_on_gpu(gpu, {data::gpu_sample(jpeg, "x.jpg", gpu, rng, 0, 0)});
-  Tensor ref = data::decode_image(jpeg, "x.jpg");  // (h, w, 3)
-  auto ref_chw = internal::contiguous(internal::permute(ref, {2, 0, 1})).to(DType::Float64).to_vector<double>();
-  for (auto& v : ref_chw) v /= 255.0;
-  const Diff d = diff(got, ref_chw, 255.0);
+  const Diff d = diff_from_libjpeg(jpeg, got);
   EXPECT_LE(d.max, max_levels);
   EXPECT_LE(d.mean, mean_levels);
 }
@@ -130,10 +135,7 @@ TEST(GpuDecodeCuda, PixelsMatchLibjpegTurboInOneBatch) {
   ASSERT_EQ(shape, (Shape{static_cast<int64_t>(cases.size()), 3, h, w}));
   const size_t per = static_cast<size_t>(3 * h * w);
   for (size_t i = 0; i < cases.size(); ++i) {
-    Tensor ref = data::decode_image(cases[i].jpeg, "x.jpg");  // (h, w, 3)
-    auto ref_chw = internal::contiguous(internal::permute(ref, {2, 0, 1})).to(DType::Float64).to_vector<double>();
-    for (auto& v : ref_chw) v /= 255.0;
-    const Diff d = diff(std::vector<double>(got.begin() + i * per, got.begin() + (i + 1) * per), ref_chw, 255.0);
+    const Diff d = diff_from_libjpeg(cases[i].jpeg, std::span<const double>(got).subspan(i * per, per));
     EXPECT_LE(d.max, cases[i].max_levels) << "image " << i;
     EXPECT_LE(d.mean, cases[i].mean_levels) << "image " << i;
   }
@@ -199,10 +201,7 @@ TEST(GpuDecodeCuda, DecodeWritesAfterTheStreamsEarlierWork) {
   const auto got = internal::contiguous(out.to(Device::cpu()).to(DType::Float64)).to_vector<double>();
   const size_t per = static_cast<size_t>(3 * h * w);
   for (int i = 0; i < n; ++i) {
-    Tensor ref = data::decode_image(files[i], "x.jpg");
-    auto ref_chw = internal::contiguous(internal::permute(ref, {2, 0, 1})).to(DType::Float64).to_vector<double>();
-    for (auto& v : ref_chw) v /= 255.0;
-    const Diff d = diff(std::vector<double>(got.begin() + i * per, got.begin() + (i + 1) * per), ref_chw, 255.0);
+    const Diff d = diff_from_libjpeg(files[i], std::span<const double>(got).subspan(i * per, per));
     EXPECT_LE(d.max, 12) << "image " << i << " (" << on_engines << " of " << n << " on the JPEG engines)";
     EXPECT_LE(d.mean, 3.0) << "image " << i << " (" << on_engines << " of " << n << " on the JPEG engines)";
   }
