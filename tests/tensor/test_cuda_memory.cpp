@@ -1,5 +1,7 @@
 // The CUDA caching allocator, the pinned host allocator, streams, events and DeviceGuard.
 // Tests that need a GPU skip themselves where none is visible; CudaWithoutGpu checks the opposite case.
+#include <cstdlib>  // getenv
+#include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
@@ -362,6 +364,25 @@ TEST_F(CudaMemory, EventsRecordWaitAndTime) {
   current.record();  // on the current stream of the current device
   current.synchronize();
   EXPECT_TRUE(current.query());
+}
+
+// The value `name` had in the environment the process started with (/proc/self/environ, which setenv does not
+// change), or nothing where it was not set.
+std::optional<std::string> initial_environment(const std::string& name) {
+  std::ifstream in("/proc/self/environ", std::ios::binary);
+  const std::string prefix = name + "=";
+  for (std::string entry; std::getline(in, entry, '\0');) {
+    if (entry.rfind(prefix, 0) == 0) return entry.substr(prefix.size());
+  }
+  return std::nullopt;
+}
+
+// kiln asks CUDA for 32 hardware work queues per GPU (kiln/tensor/cuda/device.cpp) when the library loads, unless the
+// environment the process started with already named a number. Needs no GPU: it is the environment before any context.
+TEST(CudaQueues, AskForThirtyTwoUnlessTheEnvironmentSaidHowMany) {
+  const char* now = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  ASSERT_NE(now, nullptr) << "kiln left CUDA_DEVICE_MAX_CONNECTIONS unset";
+  EXPECT_EQ(std::string(now), initial_environment("CUDA_DEVICE_MAX_CONNECTIONS").value_or("32"));
 }
 
 TEST_F(CudaMemory, CudaDeviceGuard) {
