@@ -14,6 +14,13 @@
 // KILN_KERNEL_TRACE_BY_LAUNCH=1 sums by name and launch configuration (grid and block dimensions) instead, which
 // splits one kernel's time by the shapes it ran on.
 //
+// KILN_KERNEL_TRACE_API=1 also records copies, memsets and every CUDA runtime and driver call, and adds to each
+// range's report: the GPU's busy and idle time (the union of kernels, copies and memsets, on any stream), the time each
+// stream spent in kernels and in copies, each thread's time inside CUDA calls (the thread that started the range,
+// then the 3 busiest others, with their costliest calls), and every call that took KILN_KERNEL_TRACE_SLOW_MS (5) ms or
+// more, in the order they began. That shows where a host thread waits on the driver, and which call of which thread
+// held the others up. Recording every call slows the program down a little.
+//
 // Kernel durations here are the GPU's own timestamps: unlike timing each op between two events, host work between
 // launches is not counted, so the sums show where a step's GPU time goes. Kernel records are CUpti_ActivityKernel10,
 // the layout of CUDA 13.0's CUPTI (later CUPTI versions keep that struct and its fields' order).
@@ -22,6 +29,7 @@
 #include <cupti_driver_cbid.h>   // CUPTI_DRIVER_TRACE_CBID_*
 #include <cupti_runtime_cbid.h>  // CUPTI_RUNTIME_TRACE_CBID_*
 #include <cxxabi.h>
+#include <unistd.h>  // gettid
 
 #include <algorithm>
 #include <cstdint>
@@ -31,6 +39,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -38,14 +47,31 @@ namespace {
 struct KernelRun {
   std::string name;
   uint64_t start = 0, end = 0;  // ns, CUPTI's timestamps
+  uint32_t stream = 0;
+};
+
+// KILN_KERNEL_TRACE_API: a copy or memset on the GPU, and a CUDA call on the host.
+struct CopyRun {
+  uint64_t start = 0, end = 0;
+  uint32_t stream = 0;
+};
+struct ApiCall {
+  uint64_t start = 0, end = 0;
+  uint32_t thread = 0;  // the system's thread id (gettid)
+  uint32_t cbid = 0;
+  bool driver = false;  // a driver API call (else the runtime's)
 };
 
 std::mutex mutex;                // guards everything below: CUPTI hands buffers over on its own thread
 std::vector<KernelRun> kernels;  // completed records not yet reported
+std::vector<CopyRun> copies;
+std::vector<ApiCall> calls;
 bool in_range = false;
 uint64_t range_start = 0;
+uint32_t range_thread = 0;  // the thread that started the range
 int range_index = 0;
 bool by_launch = false;  // KILN_KERNEL_TRACE_BY_LAUNCH: kernels keyed by name and launch configuration
+bool api = false;        // KILN_KERNEL_TRACE_API: copies, memsets and CUDA calls too
 
 constexpr size_t kBufferBytes = 8u << 20;
 
@@ -81,8 +107,25 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   std::vector<KernelRun> runs;
+  std::vector<CopyRun> copy_runs;
+  std::vector<ApiCall> api_calls;
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      copy_runs.push_back({m->start, m->end, m->streamId});
+      continue;
+    }
+    if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+      copy_runs.push_back({m->start, m->end, m->streamId});
+      continue;
+    }
+    if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME || record->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+      api_calls.push_back({a->start, a->end, a->threadId, a->cbid, record->kind == CUPTI_ACTIVITY_KIND_DRIVER});
+      continue;
+    }
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
     std::string name = demangled(k->name);
@@ -92,23 +135,133 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
                     k->blockY, k->blockZ);
       name += launch;
     }
-    runs.push_back({std::move(name), k->start, k->end});
+    runs.push_back({std::move(name), k->start, k->end, k->streamId});
   }
   std::free(buffer);
   std::lock_guard<std::mutex> lock(mutex);
   kernels.insert(kernels.end(), runs.begin(), runs.end());
+  copies.insert(copies.end(), copy_runs.begin(), copy_runs.end());
+  calls.insert(calls.end(), api_calls.begin(), api_calls.end());
+}
+
+std::string call_name(const ApiCall& c) {
+  const char* name = nullptr;
+  cuptiGetCallbackName(c.driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, c.cbid, &name);
+  return std::string(name != nullptr ? name : "(unnamed call)") + (c.driver ? " (driver)" : "");
+}
+
+// KILN_KERNEL_TRACE_API's part of a range's report: the GPU's busy time, each stream's, each thread's CUDA calls and
+// the slow calls. `ks`, `cs` and `as` are the range's records, clipped to [from, to] here.
+void report_api(uint64_t from, uint64_t to, const std::vector<KernelRun>& ks, const std::vector<CopyRun>& cs,
+                const std::vector<ApiCall>& as) {
+  const auto ms = [](uint64_t ns) { return static_cast<double>(ns) / 1e6; };
+  const auto clipped = [&](uint64_t a, uint64_t b) -> std::pair<uint64_t, uint64_t> {
+    return {std::max(a, from), std::min(b, to)};
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> per_stream;  // kernels' ns, copies' ns
+  for (const KernelRun& k : ks) {
+    const auto [a, b] = clipped(k.start, k.end);
+    if (b <= a) continue;
+    spans.push_back({a, b});
+    per_stream[k.stream].first += b - a;
+  }
+  for (const CopyRun& c : cs) {
+    const auto [a, b] = clipped(c.start, c.end);
+    if (b <= a) continue;
+    spans.push_back({a, b});
+    per_stream[c.stream].second += b - a;
+  }
+  std::sort(spans.begin(), spans.end());
+  uint64_t busy = 0, open_start = 0, open_end = 0;
+  for (const auto& [a, b] : spans) {
+    if (a > open_end) {
+      busy += open_end - open_start;
+      open_start = a;
+      open_end = b;
+    } else {
+      open_end = std::max(open_end, b);
+    }
+  }
+  busy += open_end - open_start;
+  std::fprintf(stderr,
+               "kernel_trace range %d: GPU busy %.3f ms (kernels, copies, memsets on any stream), idle %.3f ms\n",
+               range_index, ms(busy), ms(to - from) - ms(busy));
+  for (const auto& [stream, t] : per_stream) {
+    std::fprintf(stderr, "  stream %u: kernels %.3f ms, copies and memsets %.3f ms\n", stream, ms(t.first),
+                 ms(t.second));
+  }
+  // Each thread's calls, by name: total, count, longest.
+  std::map<uint32_t, std::map<std::string, std::tuple<uint64_t, int64_t, uint64_t>>> per_thread;
+  std::map<uint32_t, uint64_t> thread_total;
+  const char* slow_env = std::getenv("KILN_KERNEL_TRACE_SLOW_MS");
+  const double slow_ms = slow_env != nullptr ? std::atof(slow_env) : 5.0;
+  std::vector<const ApiCall*> slow;
+  for (const ApiCall& c : as) {
+    const auto [a, b] = clipped(c.start, c.end);
+    if (b <= a) continue;
+    auto& [total, count, longest] = per_thread[c.thread][call_name(c)];
+    total += b - a;
+    count += 1;
+    longest = std::max(longest, c.end - c.start);
+    thread_total[c.thread] += b - a;
+    if (ms(c.end - c.start) >= slow_ms) slow.push_back(&c);
+  }
+  std::vector<std::pair<uint64_t, uint32_t>> threads;
+  for (const auto& [thread, total] : thread_total) threads.push_back({total, thread});
+  std::sort(threads.rbegin(), threads.rend());
+  std::fprintf(stderr, "kernel_trace range %d: %zu threads made CUDA calls\n", range_index, threads.size());
+  int others = 0;
+  for (const auto& [total, thread] : threads) {
+    const bool starter = thread == range_thread;
+    if (!starter && others++ >= 3) continue;
+    std::fprintf(stderr, "  thread %u%s: %.3f ms in CUDA calls\n", thread, starter ? " (started the range)" : "",
+                 ms(total));
+    std::vector<std::tuple<uint64_t, std::string, int64_t, uint64_t>> by_call;
+    for (const auto& [name, t] : per_thread[thread]) {
+      by_call.push_back({std::get<0>(t), name, std::get<1>(t), std::get<2>(t)});
+    }
+    std::sort(by_call.rbegin(), by_call.rend());
+    for (size_t i = 0; i < by_call.size() && i < 8; ++i) {
+      std::fprintf(stderr, "    %-44s %10.3f ms %8lld calls, longest %.3f ms\n", std::get<1>(by_call[i]).c_str(),
+                   ms(std::get<0>(by_call[i])), static_cast<long long>(std::get<2>(by_call[i])),
+                   ms(std::get<3>(by_call[i])));
+    }
+  }
+  // The call that holds the others up begins first.
+  std::sort(slow.begin(), slow.end(), [](const ApiCall* a, const ApiCall* b) { return a->start < b->start; });
+  std::fprintf(stderr, "kernel_trace range %d: %zu calls of %.1f ms or more, in the order they began\n", range_index,
+               slow.size(), slow_ms);
+  for (size_t i = 0; i < slow.size() && i < 100; ++i) {
+    const ApiCall& c = *slow[i];
+    std::fprintf(stderr, "  +%10.3f ms %10.3f ms  thread %u%s  %s\n",
+                 (static_cast<double>(c.start) - static_cast<double>(from)) / 1e6, ms(c.end - c.start), c.thread,
+                 c.thread == range_thread ? " (started the range)" : "", call_name(c).c_str());
+  }
 }
 
 // The kernels of [from, to] summed by name, printed; every record up to `to` is then dropped.
 void report_range(uint64_t from, uint64_t to) {
   std::vector<KernelRun> inside;
+  std::vector<KernelRun> overlapping;  // KILN_KERNEL_TRACE_API: every record that overlaps the range
+  std::vector<CopyRun> range_copies;
+  std::vector<ApiCall> range_calls;
   {
     std::lock_guard<std::mutex> lock(mutex);
     for (const KernelRun& k : kernels) {
       if (k.start >= from && k.end <= to) inside.push_back(k);
+      if (api && k.end > from && k.start < to) overlapping.push_back(k);
     }
     kernels.erase(std::remove_if(kernels.begin(), kernels.end(), [&](const KernelRun& k) { return k.start <= to; }),
                   kernels.end());
+    for (const CopyRun& c : copies) {
+      if (c.end > from && c.start < to) range_copies.push_back(c);
+    }
+    std::erase_if(copies, [&](const CopyRun& c) { return c.start <= to; });
+    for (const ApiCall& c : calls) {
+      if (c.end > from && c.start < to) range_calls.push_back(c);
+    }
+    std::erase_if(calls, [&](const ApiCall& c) { return c.start <= to; });
   }
   struct Sum {
     uint64_t ns = 0;
@@ -141,6 +294,7 @@ void report_range(uint64_t from, uint64_t to) {
                  total > 0 ? 100.0 * static_cast<double>(sorted[i].second.ns) / static_cast<double>(total) : 0.0,
                  sorted[i].first.c_str());
   }
+  if (api) report_api(from, to, overlapping, range_copies, range_calls);
   ++range_index;
 }
 
@@ -158,6 +312,7 @@ void CUPTIAPI on_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, co
     cuptiGetTimestamp(&now);
     in_range = true;
     range_start = now;
+    range_thread = static_cast<uint32_t>(gettid());
   } else if (stop && info->callbackSite == CUPTI_API_EXIT) {
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -177,8 +332,18 @@ extern "C" int InitializeInjection(void) {
   static CUpti_SubscriberHandle subscriber = nullptr;
   const char* by_launch_env = std::getenv("KILN_KERNEL_TRACE_BY_LAUNCH");
   by_launch = by_launch_env != nullptr && std::strcmp(by_launch_env, "0") != 0;
+  const char* api_env = std::getenv("KILN_KERNEL_TRACE_API");
+  api = api_env != nullptr && std::strcmp(api_env, "0") != 0;
   report_error(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   report_error(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
+  if (api) {
+    // Threads named as the system names them (gettid), so that the range's own thread is recognised.
+    report_error(cuptiSetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM), "cuptiSetThreadIdType");
+    for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME,
+                                    CUPTI_ACTIVITY_KIND_DRIVER}) {
+      report_error(cuptiActivityEnable(kind), "cuptiActivityEnable");
+    }
+  }
   report_error(cuptiSubscribe(&subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_api), nullptr), "cuptiSubscribe");
   report_error(
       cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000),
@@ -190,6 +355,7 @@ extern "C" int InitializeInjection(void) {
                "cuptiEnableCallback");
   report_error(cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuProfilerStop),
                "cuptiEnableCallback");
-  std::fprintf(stderr, "kernel_trace: recording kernels; ranges from cudaProfilerStart to cudaProfilerStop\n");
+  std::fprintf(stderr, "kernel_trace: recording kernels%s; ranges from cudaProfilerStart to cudaProfilerStop\n",
+               api ? ", copies, memsets and CUDA calls" : "");
   return 1;
 }
