@@ -53,7 +53,7 @@ use_prebuilt() {
   fi
   tar -xJf "$pack" -C "$root" || { note "prebuilt binaries: the pack does not unpack; building here"; return 1; }
   for t in "$@"; do
-    if [[ -z "$(find "$root/build/tests" "$root/build/bench" "$root/build/examples" -name "$t" -type f -perm -u+x 2>/dev/null | head -n1)" ]]; then
+    if [[ -z "$(find "$root/build/tests" "$root/build/bench" "$root/build/examples" \( -name "$t" -o -name "lib$t.so" \) -type f -perm -u+x 2>/dev/null | head -n1)" ]]; then
       note "prebuilt binaries: $t is not in the pack; building here"
       return 1
     fi

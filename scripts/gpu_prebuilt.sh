@@ -3,6 +3,7 @@
 # and benchmarks instead of a build (about three minutes of a focused run there):
 #
 #   scripts/gpu_prebuilt.sh test_layers test_tensor bench_train      # then carry "gpu-carry" to the GPU run
+#   scripts/gpu_prebuilt.sh test_data bench_train kernel_trace       # a library target: build/bench/libkernel_trace.so
 #
 # Builds the targets in build/ (configured as the GPU scripts configure: CUDA on, Release, sm_90) and packs them
 # with libkiln into gpu-carry/prebuilt.tar.xz (ignored by git), beside prebuilt.id, a fingerprint of the sources
@@ -22,20 +23,26 @@ cmake --build "$root/build" --target kiln "${targets[@]}"
 files=()
 while IFS= read -r f; do files+=("${f#"$root"/}"); done < <(find "$root/build/kiln" -maxdepth 1 -name 'libkiln.so*')
 for t in "${targets[@]}"; do
-  exe="$(find "$root/build/tests" "$root/build/bench" "$root/build/examples" -name "$t" -type f -perm -u+x 2>/dev/null | head -n1)"
-  [[ -n "$exe" ]] || { echo "gpu_prebuilt.sh: no executable named $t under build/tests, build/bench or build/examples" >&2; exit 1; }
+  # An executable named TARGET, or a shared library libTARGET.so (kernel_trace's CUPTI injection library).
+  exe="$(find "$root/build/tests" "$root/build/bench" "$root/build/examples" \( -name "$t" -o -name "lib$t.so" \) \
+    -type f -perm -u+x 2>/dev/null | head -n1)"
+  [[ -n "$exe" ]] || {
+    echo "gpu_prebuilt.sh: no executable $t or library lib$t.so under build/tests, build/bench or build/examples" >&2
+    exit 1
+  }
   files+=("${exe#"$root"/}")
 done
 # The system libraries they load, under their sonames in build/prebuilt-libs/, for a GPU machine that lacks some
 # (libjpeg, libisal): use_prebuilt puts the missing ones, and only those, on the library path there. The C and C++
-# runtimes and the CUDA libraries are the GPU machine's own.
+# runtimes and the CUDA libraries are the GPU machine's own, except CUPTI.
 rm -rf "$root/build/prebuilt-libs"
 mkdir -p "$root/build/prebuilt-libs"
 while read -r soname path; do
   case "$soname" in
     libc.so.* | libm.so.* | libstdc++.so.* | libgcc_s.so.* | libpthread.so.* | libdl.so.* | librt.so.* | ld-linux*) continue ;;
   esac
-  [[ "$path" == /usr/lib/* || "$path" == /lib/* ]] || continue
+  # CUPTI too (kernel_trace's), which a GPU machine with the CUDA runtime may lack.
+  [[ "$path" == /usr/lib/* || "$path" == /lib/* || "$soname" == libcupti.so.* ]] || continue
   cp -L "$path" "$root/build/prebuilt-libs/$soname"
 done < <(cd "$root" && ldd "${files[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u)
 files+=(build/prebuilt-libs)
