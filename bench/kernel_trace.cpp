@@ -144,10 +144,11 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   calls.insert(calls.end(), api_calls.begin(), api_calls.end());
 }
 
-std::string call_name(const ApiCall& c) {
+// A CUDA call's name: `driver` says which API's callback ids `cbid` is of.
+std::string call_name(bool driver, uint32_t cbid) {
   const char* name = nullptr;
-  cuptiGetCallbackName(c.driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, c.cbid, &name);
-  return std::string(name != nullptr ? name : "(unnamed call)") + (c.driver ? " (driver)" : "");
+  cuptiGetCallbackName(driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &name);
+  return std::string(name != nullptr ? name : "(unnamed call)") + (driver ? " (driver)" : "");
 }
 
 // KILN_KERNEL_TRACE_API's part of a range's report: the GPU's busy time, each stream's, each thread's CUDA calls and
@@ -191,8 +192,8 @@ void report_api(uint64_t from, uint64_t to, const std::vector<KernelRun>& ks, co
     std::fprintf(stderr, "  stream %u: kernels %.3f ms, copies and memsets %.3f ms\n", stream, ms(t.first),
                  ms(t.second));
   }
-  // Each thread's calls, by name: total, count, longest.
-  std::map<uint32_t, std::map<std::string, std::tuple<uint64_t, int64_t, uint64_t>>> per_thread;
+  // Each thread's calls, by (driver, callback id), named only when printed: total, count, longest.
+  std::map<uint32_t, std::map<std::pair<bool, uint32_t>, std::tuple<uint64_t, int64_t, uint64_t>>> per_thread;
   std::map<uint32_t, uint64_t> thread_total;
   const char* slow_env = std::getenv("KILN_KERNEL_TRACE_SLOW_MS");
   const double slow_ms = slow_env != nullptr ? std::atof(slow_env) : 5.0;
@@ -200,7 +201,7 @@ void report_api(uint64_t from, uint64_t to, const std::vector<KernelRun>& ks, co
   for (const ApiCall& c : as) {
     const auto [a, b] = clipped(c.start, c.end);
     if (b <= a) continue;
-    auto& [total, count, longest] = per_thread[c.thread][call_name(c)];
+    auto& [total, count, longest] = per_thread[c.thread][{c.driver, c.cbid}];
     total += b - a;
     count += 1;
     longest = std::max(longest, c.end - c.start);
@@ -217,15 +218,14 @@ void report_api(uint64_t from, uint64_t to, const std::vector<KernelRun>& ks, co
     if (!starter && others++ >= 3) continue;
     std::fprintf(stderr, "  thread %u%s: %.3f ms in CUDA calls\n", thread, starter ? " (started the range)" : "",
                  ms(total));
-    std::vector<std::tuple<uint64_t, std::string, int64_t, uint64_t>> by_call;
-    for (const auto& [name, t] : per_thread[thread]) {
-      by_call.push_back({std::get<0>(t), name, std::get<1>(t), std::get<2>(t)});
-    }
+    std::vector<std::pair<std::tuple<uint64_t, int64_t, uint64_t>, std::pair<bool, uint32_t>>> by_call;
+    for (const auto& [call, t] : per_thread[thread]) by_call.push_back({t, call});
     std::sort(by_call.rbegin(), by_call.rend());
     for (size_t i = 0; i < by_call.size() && i < 8; ++i) {
-      std::fprintf(stderr, "    %-44s %10.3f ms %8lld calls, longest %.3f ms\n", std::get<1>(by_call[i]).c_str(),
-                   ms(std::get<0>(by_call[i])), static_cast<long long>(std::get<2>(by_call[i])),
-                   ms(std::get<3>(by_call[i])));
+      const auto& [t, call] = by_call[i];
+      std::fprintf(stderr, "    %-44s %10.3f ms %8lld calls, longest %.3f ms\n",
+                   call_name(call.first, call.second).c_str(), ms(std::get<0>(t)),
+                   static_cast<long long>(std::get<1>(t)), ms(std::get<2>(t)));
     }
   }
   // The call that holds the others up begins first.
@@ -236,7 +236,7 @@ void report_api(uint64_t from, uint64_t to, const std::vector<KernelRun>& ks, co
     const ApiCall& c = *slow[i];
     std::fprintf(stderr, "  +%10.3f ms %10.3f ms  thread %u%s  %s\n",
                  (static_cast<double>(c.start) - static_cast<double>(from)) / 1e6, ms(c.end - c.start), c.thread,
-                 c.thread == range_thread ? " (started the range)" : "", call_name(c).c_str());
+                 c.thread == range_thread ? " (started the range)" : "", call_name(c.driver, c.cbid).c_str());
   }
 }
 
