@@ -152,6 +152,9 @@ KILN_INDEX_DECLARE_ALL()
 Tensor nonzero(const Tensor& a);                                             // (count, rank) Int64
 Tensor one_hot(const Tensor& index, int64_t num_classes = -1);               // Int64 output, (..., num_classes)
 Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);  // Int64 indices of a stable sort
+// In place: a[index[i]] += src[i] along dim (index_add without the copy of a): an embedding's gradient rows summed
+// into a table of zeros, or into the gradient its table's other uses began.
+Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
 
 // ---------------------------------------------------------------- comparison helpers (compare.cpp)
 // |a - b| <= atol + rtol * |b| elementwise, NaNs equal when equal_nan; shapes must broadcast.

@@ -221,6 +221,27 @@ TEST_P(IndexGradTest, EmbeddingValues) {
   expect_values(w.grad(), {3, 2}, {3, 3, 0, 0, 1, 1});
 }
 
+// A table with other uses besides its lookups (a tied output layer, a second lookup): the lookups' rows are added
+// into the gradient the other uses began (the engine offers it to EmbeddingBackward), and the sum is the same.
+// weight (3, 2); index [[0, 2], [0, 0]] reads row 0 three times and row 2 once; (w * c).sum() adds c.
+TEST_P(IndexGradTest, EmbeddingAddsIntoTheTablesOtherGradients) {
+  Tensor w = make({1, 2, 3, 4, 5, 6}, {3, 2}, opts()).requires_grad_();
+  const Tensor c = make({10, 20, 30, 40, 50, 60}, {3, 2}, opts());
+  const Tensor idx = index({0, 2, 0, 0}, {2, 2}, dev());
+  (kiln::embedding(w, idx).sum() + (w * c).sum()).backward();
+  expect_values(w.grad(), {3, 2}, {13, 23, 30, 40, 51, 61});
+
+  // Two lookups of one table (index [1, 1] and [2, 0]) and a product with the table's transpose: the second lookup's
+  // rows go into the sum the first and the product began. d/dw of sum(x @ w^T) for x (1, 2) = [1, -1] is each row
+  // [1, -1].
+  Tensor v = make({1, 2, 3, 4, 5, 6}, {3, 2}, opts()).requires_grad_();
+  const Tensor x = make({1, -1}, {1, 2}, opts());
+  (kiln::embedding(v, index({1, 1}, {2}, dev())).sum() + kiln::embedding(v, index({2, 0}, {2}, dev())).sum() +
+   kiln::matmul(x, kiln::transpose(v, 0, 1)).sum())
+      .backward();
+  expect_values(v.grad(), {3, 2}, {2, 0, 3, 1, 2, 0});
+}
+
 // Stable ascending sort of [1, 1, 0]: values [0, 1, 1] from positions [2, 0, 1]; the tied ones each
 // send their gradient to the position they came from.
 TEST_P(IndexGradTest, SortWithTiesAndTopk) {

@@ -99,15 +99,24 @@ struct MaskedSelectBackward final : Node {
 
 // ---------------------------------------------------------------- embedding: out[..., :] = weight[index[...], :]
 // d/dweight: the rows of g summed into the rows they were read from. index gets none.
+// Where the table's other uses have begun its gradient (a language model's output layer that shares the table), the
+// engine offers that sum, and the rows are added into it in place: no table of zeros, and no addition of two tables.
 struct EmbeddingBackward final : Node {
   Shape weight_shape;  // (V, D)
   SavedTensor index;
   std::string_view name() const override { return "EmbeddingBackward"; }
+  bool accepts_gradient_buffers() const override { return true; }
   TensorList apply(TensorList&& grads) override {
     const Tensor idx = index.unpack(*this);
     const int64_t n = idx.numel();
     const Tensor rows = internal::reshape(grads[0], {n, weight_shape[1]});  // (N, D)
-    return {internal::index_add(zeros_for(grads[0], weight_shape), 0, internal::reshape(idx, {n}), rows)};
+    const Tensor offered = offered_buffers().empty() ? Tensor() : offered_buffers()[0];
+    Tensor sum = offered.defined() && offered.dtype() == rows.dtype() && offered.device() == rows.device() &&
+                         offered.shape() == weight_shape
+                     ? offered
+                     : zeros_for(grads[0], weight_shape);
+    internal::index_add_(sum, 0, internal::reshape(idx, {n}), rows);
+    return {sum};
   }
   void release_saved() override { index.reset(); }
 };

@@ -172,7 +172,7 @@ Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& 
   return scatter_tensor_("scatter_add_", a, dim, index, src, true);
 }
 
-Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
   check_defined("index_add", a, "self");
   check_defined("index_add", src, "source");
   const Tensor idx = index_tensor("index_add", index, a.device());
@@ -187,14 +187,21 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
   KILN_CHECK(src.shape() == expected || (a.dim() == 0 && src.numel() == 1 && idx.numel() == 1),
              "index_add: source of shape ", src.shape(), " does not match self of shape ", a.shape(), " with ",
              idx.numel(), " indices in dim ", d, " (expected ", expected, ")");
-  Tensor out = clone(a);
-  if (src.numel() == 0) return out;
+  if (src.numel() == 0) return a;
+  check_writable("index_add_", a);
   // index_add is a scatter_add whose index is the 1-D index seen along `dim` (stride 0 elsewhere).
-  Tensor out_v = a.dim() == 0 ? unsqueeze(out, 0) : out;
+  Tensor out_v = a.dim() == 0 ? unsqueeze(a, 0) : a;
   Tensor src_v = a.dim() == 0 ? reshape(src, {1}) : src;
   Strides strides(out_v.dim(), 0);
   strides[d] = idx.dim() == 0 ? 0 : idx.stride(0);
   scatter_into("index_add", out_v, d, as_strided(idx, src_v.shape(), strides), src_v, true);
+  return a;
+}
+
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  check_defined("index_add", a, "self");
+  Tensor out = clone(a);
+  index_add_(out, dim, index, src);
   return out;
 }
 
