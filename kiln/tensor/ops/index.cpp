@@ -4,6 +4,7 @@
 // cat and stack are in concat.cpp.
 #include <algorithm>
 #include <string>
+#include <utility>  // std::pair
 #include <vector>
 
 #include "kiln/tensor/backend.h"
@@ -172,10 +173,13 @@ Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& 
   return scatter_tensor_("scatter_add_", a, dim, index, src, true);
 }
 
-Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+namespace {
+
+// index_add's and index_add_'s checks: the index as a tensor on a's device, and dim wrapped.
+std::pair<Tensor, int64_t> checked_index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
   check_defined("index_add", a, "self");
   check_defined("index_add", src, "source");
-  const Tensor idx = index_tensor("index_add", index, a.device());
+  Tensor idx = index_tensor("index_add", index, a.device());
   check_same_device("index_add", a, src, "source");
   check_vector_index("index_add", idx);
   KILN_CHECK(src.dtype() == a.dtype(), "index_add: expected source to have self's dtype ", a.dtype(), ", got ",
@@ -187,21 +191,33 @@ Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& sr
   KILN_CHECK(src.shape() == expected || (a.dim() == 0 && src.numel() == 1 && idx.numel() == 1),
              "index_add: source of shape ", src.shape(), " does not match self of shape ", a.shape(), " with ",
              idx.numel(), " indices in dim ", d, " (expected ", expected, ")");
-  if (src.numel() == 0) return a;
-  check_writable("index_add_", a);
-  // index_add is a scatter_add whose index is the 1-D index seen along `dim` (stride 0 elsewhere).
-  Tensor out_v = a.dim() == 0 ? unsqueeze(a, 0) : a;
-  Tensor src_v = a.dim() == 0 ? reshape(src, {1}) : src;
+  return {std::move(idx), d};
+}
+
+// out[idx[i]] += src[i] along d, after checked_index_add: a scatter_add whose index is the 1-D index seen along d
+// (stride 0 elsewhere).
+void add_indexed(Tensor& out, int64_t d, const Tensor& idx, const Tensor& src) {
+  if (src.numel() == 0) return;
+  Tensor out_v = out.dim() == 0 ? unsqueeze(out, 0) : out;
+  Tensor src_v = out.dim() == 0 ? reshape(src, {1}) : src;
   Strides strides(out_v.dim(), 0);
   strides[d] = idx.dim() == 0 ? 0 : idx.stride(0);
   scatter_into("index_add", out_v, d, as_strided(idx, src_v.shape(), strides), src_v, true);
+}
+
+}  // namespace
+
+Tensor& index_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  const auto [idx, d] = checked_index_add(a, dim, index, src);
+  check_writable("index_add_", a);
+  add_indexed(a, d, idx, src);
   return a;
 }
 
 Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
-  check_defined("index_add", a, "self");
+  const auto [idx, d] = checked_index_add(a, dim, index, src);
   Tensor out = clone(a);
-  index_add_(out, dim, index, src);
+  add_indexed(out, d, idx, src);
   return out;
 }
 
