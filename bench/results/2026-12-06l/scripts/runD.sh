@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the next GPU session (written on 2026-12-06, not yet run). The tree is main (c7535ac) with its build packed
+# For the next GPU session (written on 2026-12-06, not yet run). The tree is main with its build packed
 # (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor); gpu-carry/ab holds, xz'd,
 # the libkiln of 5586c0e (before the embedding's gradient went into its table's other gradient, 82c9af3) and of the
 # branch index-add-rows (1faf122), with that branch's test_tensor. Carry gpu-carry/prebuilt.tar.xz, prebuilt.id,
