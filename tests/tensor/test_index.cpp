@@ -306,6 +306,23 @@ TEST_P(IndexTest, IndexAdd) {
         internal::index_add(a, 0, idx({5}, {1}), internal::ones({1, 2}, opts())).cpu();
       },
       {"index_add", "index 5"});
+  // In place: into a tensor with two elements at one address (expanded) it refuses, and leaves the tensor as it was.
+  Tensor row = internal::ones({1, 2}, opts());
+  Tensor expanded = internal::expand(row, {3, 2});
+  expect_error(
+      [&] {
+        internal::index_add_(expanded, 0, idx({0}, {1}), internal::ones({1, 2}, opts()));
+      },
+      {"index_add_", "one memory location"});
+  expect_values(row, {1, 2}, {1, 1});
+  // Its arguments are checked as index_add's.
+  Tensor b = internal::ones({3, 2}, opts());
+  expect_error(
+      [&] {
+        internal::index_add_(b, 0, idx({0, 1}, {2}), internal::ones({3, 2}, opts()));
+      },
+      {"index_add", "[3, 2]", "expected [2, 2]"});
+  expect_values(b, {3, 2}, {1, 1, 1, 1, 1, 1});
 }
 
 // ---------------------------------------------------------------- masks and nonzero
