@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # For the next GPU session (written on 2026-12-06, not yet run). The tree is main with its build packed
-# (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor); gpu-carry/ab holds, xz'd,
+# (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor); gpu-carry/ab2/ab.tar.xz holds
 # the libkiln of 5586c0e (before the embedding's gradient went into its table's other gradient, 82c9af3) and of the
 # branch index-add-rows (1faf122), with that branch's test_tensor. Carry gpu-carry/prebuilt.tar.xz, prebuilt.id,
-# prebuilt.targets, gpu-carry/ab and third_party/nvjpeg.
+# prebuilt.targets, gpu-carry/ab2 and third_party/nvjpeg (the three binaries in one xz stream with a 192 MiB window:
+# 15 MB, under the 64 MiB a call carries).
 #  1. tests on the GPU: main's test_autograd (the embedding's sums), the branch's test_tensor (rows kernels);
 #  2. bench_train bert_base_128 and bert_base_128_fp8 with 5586c0e's, main's and the branch's libkiln, alternated;
 #  3. kernel traces of BERT-base and BERT-large, bf16 and FP8, on main (API mode: copies and memsets too);
@@ -17,10 +18,11 @@ source scripts/gpu_env.sh >/dev/null 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "tree $(source_id)"
 (python3 bench/make_photos.py /tmp/photos --count 2400 > $OUT/photos.log 2>&1) &
 use_prebuilt bench_train kernel_trace test_autograd || { echo "no prebuilt binaries"; cat $OUT/summary.txt; exit 1; }
+mkdir -p /tmp/ab && tar -xJf gpu-carry/ab2/ab.tar.xz -C /tmp/ab
 for rev in 5586c0e 1faf122; do
-  mkdir -p /tmp/lib_$rev && xz -dc gpu-carry/ab/libkiln_$rev.so.0.1.xz > /tmp/lib_$rev/libkiln.so.0.1
+  mkdir -p /tmp/lib_$rev && mv /tmp/ab/libkiln_$rev.so.0.1 /tmp/lib_$rev/libkiln.so.0.1
 done
-xz -dc gpu-carry/ab/test_tensor_1faf122.xz > /tmp/lib_1faf122/test_tensor && chmod +x /tmp/lib_1faf122/test_tensor
+mv /tmp/ab/test_tensor_1faf122 /tmp/lib_1faf122/test_tensor && chmod +x /tmp/lib_1faf122/test_tensor
 with() { local rev=$1; shift; if [[ $rev == main ]]; then "$@"; else LD_LIBRARY_PATH=/tmp/lib_$rev:${LD_LIBRARY_PATH:-} "$@"; fi; }
 count() { echo "($(grep -c '^\[       OK ' $1) ok, $(grep -c '^\[  SKIPPED ' $1) skipped)"; grep -E '^\[  (FAILED|SKIPPED) ' $1 | head -8; grep -A6 "Failure" $1 | head -16; }
 timeout 60 build/tests/test_autograd --gtest_filter='*IndexGrad*:*Embedding*' > $OUT/test_main_autograd.log 2>&1; echo "main test_autograd *IndexGrad*:*Embedding*: exit $? $(count $OUT/test_main_autograd.log)"
