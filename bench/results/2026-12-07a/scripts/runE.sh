@@ -5,7 +5,7 @@
 #   5586c0e  before the embedding's gradient went into its table's other gradients (82c9af3),
 #   1faf122  the branch index-add-rows (an embedding's lookup and gradient by whole rows),
 #   fp8q     the branch fp8-pair-pipeline (the pair quantisations with a GELU or column sums: a wave of blocks, each
-#            prefetching its next tile),
+#            prefetching its next tile; the code tiles swizzled; a stack of weights quantised in one launch),
 # with each branch's test_tensor, and bench_fp8 (same source on both sides). Carry gpu-carry/prebuilt.tar.xz,
 # prebuilt.id, prebuilt.targets, gpu-carry/ab2 and third_party/nvjpeg. In order:
 #  1. tests on the GPU: main's embedding-sum tests, index-add-rows' index tests, fp8-pair-pipeline's FP8 tests;
