@@ -14,6 +14,7 @@
 #  4. a kernel trace of BERT-base bf16 and FP8 on main (TRACE_SIZES; API mode: copies and memsets too);
 #  5. issue 34 goal 6's path choice with 32 queues: in memory, JPEG-fed (default backend), JPEG-fed (engines), until
 #     STOP_AT seconds.
+# Env: FP8_ROUNDS, AB_ROUNDS, AB_REVS, TRACE_SIZES, TRACE_STOP_AT, STOP_AT (shorter runs for a short budget).
 # Logs go to /tmp/l and are packed into $OUT/logs_e.tgz after each step, so that a run stopped at its limit brings
 # back what it measured.
 set -u
@@ -34,7 +35,7 @@ timeout 60 build/tests/test_autograd --gtest_filter='*IndexGrad*:*Embedding*' > 
 with 1faf122 timeout 120 /tmp/lib_1faf122/test_tensor --gtest_filter='*Index*:*Embedding*:*Scatter*:*Gather*:*Determin*' > $OUT/test_iar_tensor.log 2>&1; echo "index-add-rows test_tensor index tests: exit $? $(count $OUT/test_iar_tensor.log)"
 with fp8q timeout 120 /tmp/lib_fp8q/test_tensor --gtest_filter='*Fp8*:*Float8*' > $OUT/test_fp8q_tensor.log 2>&1; echo "fp8-pair-pipeline test_tensor FP8 tests: exit $? $(count $OUT/test_fp8q_tensor.log)"
 snap
-for r in 1 2; do
+for r in ${FP8_ROUNDS:-1 2}; do
   for rev in main fp8q; do
     with $rev timeout 60 /tmp/ab/bench_fp8 > $OUT/fp8_${rev}_$r.log 2>&1; echo "bench_fp8 round $r $rev: exit $? at $SECONDS s"
     grep -E "gelu|e5m2 \+ sums  " $OUT/fp8_${rev}_$r.log | sed 's/^/    /'
@@ -44,7 +45,7 @@ done
 bt=build/bench/bench_train; kt=$PWD/build/bench/libkernel_trace.so
 steps='"case": "[a-z0-9_]*"\|"step_ms": [0-9.]*\|"eager_step_ms": [0-9.]*\|"trained": [a-z]*'
 for r in ${AB_ROUNDS:-1 2}; do
-  for rev in 5586c0e main 1faf122 fp8q; do
+  for rev in ${AB_REVS:-5586c0e main 1faf122 fp8q}; do
     with $rev timeout 90 $bt --case bert_base_128 --case bert_base_128_fp8 > $OUT/ab_${rev}_$r.log 2>&1; echo "round $r $rev: exit $? $(grep -o "$steps" $OUT/ab_${rev}_$r.log | paste -sd' ') at $SECONDS s"
   done
   snap
