@@ -325,6 +325,49 @@ TEST_P(IndexTest, IndexAdd) {
   expect_values(b, {3, 2}, {1, 1, 1, 1, 1, 1});
 }
 
+// index_add of many rows, as an embedding's gradient adds them: runs of one index (a token-type table's rows), an index
+// that cycles (positions), and scattered ones, with rows wider than one block of columns and not a multiple of it.
+// Integer values, so that every order of addition gives the same sums; the reference is a loop in float64.
+TEST_P(IndexTest, IndexAddOfManyRowsMatchesALoop) {
+  const int64_t d = 300, v = 7;
+  for (DType dt : {DType::Float32, DType::Float64, DType::BFloat16}) {
+    // bfloat16 holds the integers up to 256 exactly: 120 rows of values up to 2.
+    const int64_t n = dt == DType::BFloat16 ? 120 : 1000;
+    std::vector<double> src(static_cast<size_t>(n * d));
+    for (int64_t i = 0; i < n * d; ++i) src[static_cast<size_t>(i)] = static_cast<double>((i * 7 + i / d) % 3);
+    const std::vector<std::pair<const char*, std::vector<double>>> patterns = {
+        {"one run", std::vector<double>(static_cast<size_t>(n), 3)},
+        {"runs of 50",
+         [&] {
+           std::vector<double> x(static_cast<size_t>(n));
+           for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = static_cast<double>((i / 50) % v);
+           return x;
+         }()},
+        {"cycling",
+         [&] {
+           std::vector<double> x(static_cast<size_t>(n));
+           for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = static_cast<double>(i % v);
+           return x;
+         }()},
+        {"scattered", [&] {
+           std::vector<double> x(static_cast<size_t>(n));
+           for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = static_cast<double>((i * 5 + i * i) % v);
+           return x;
+         }()}};
+    for (const auto& [what, index] : patterns) {
+      SCOPED_TRACE(::testing::Message() << dt << ", " << what);
+      std::vector<double> want(static_cast<size_t>(v * d), 1.0);  // added into ones
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < d; ++c)
+          want[static_cast<size_t>(static_cast<int64_t>(index[static_cast<size_t>(r)]) * d + c)] +=
+              src[static_cast<size_t>(r * d + c)];
+      Tensor a = internal::ones({v, d}, opts(dt));
+      internal::index_add_(a, 0, idx(index, {n}), make(src, {n, d}, opts(dt)));
+      expect_values(a, {v, d}, want);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- masks and nonzero
 
 TEST_P(IndexTest, MaskedSelectBroadcasts) {

@@ -207,6 +207,72 @@ __global__ void scatter_kernel(Walk w, int64_t n, D* out, const int64_t* index, 
       [](int64_t) {});
 }
 
+// ---- index_add along dim 0 of row-major rows (an embedding's gradient) ----
+
+constexpr int kRowsPerBlock = 32;  // rows of src one block adds, in index order
+constexpr int kRowThreads = 128;   // columns one block covers
+
+// out[index[r]] += src[r] for the rows r of src (N, d), out (V, d): rows d elements long with column stride 1, `index`
+// read at r * index_stride. Block (x, y) takes columns x * kRowThreads + thread and rows y * kRowsPerBlock onwards.
+// Each thread sums its column over consecutive rows that share an index, in compute precision, and adds the sum to
+// out with one atomic where the index changes: an index that repeats in a run (a token-type table's 2 rows, a padded
+// batch's padding token) costs one atomic per run instead of one per row, so the adds no longer queue up on a few
+// addresses. Rows whose index is out of range are reported and skipped.
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads)
+    index_add_rows_kernel(device_t<T>* out, int64_t out_row_stride, const device_t<T>* src, int64_t src_row_stride,
+                          const int64_t* index, int64_t index_stride, int64_t rows, int64_t d, int64_t out_rows,
+                          IndexReport err) {
+  using C = compute_t<T>;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock;
+  const int64_t r1 = r0 + kRowsPerBlock < rows ? r0 + kRowsPerBlock : rows;
+  int64_t current = -1;  // the index of the run being summed
+  C acc = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t v = index[r * index_stride];
+    if (v < 0 || v >= out_rows) {
+      if (threadIdx.x == 0 && blockIdx.x == 0) report_bad_index(err, v);
+      continue;
+    }
+    if (c >= d) continue;
+    if (v != current) {
+      if (current >= 0) atomic_accumulate(out + current * out_row_stride + c, from_compute<T>(acc));
+      current = v;
+      acc = 0;
+    }
+    acc += to_compute<T>(src[r * src_row_stride + c]);
+  }
+  if (current >= 0 && c < d) atomic_accumulate(out + current * out_row_stride + c, from_compute<T>(acc));
+}
+
+// Whether scatter(out, 0, index, src, accumulate) is index_add's form that index_add_rows_kernel takes: out (V, d) and
+// src (N, d) with contiguous rows, index (N, d) seen with stride 0 along the columns (one index per row).
+bool index_add_rows_applies(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+  return dim == 0 && out.dim() == 2 && src.dim() == 2 && index.dim() == 2 && index.shape() == src.shape() &&
+         out.size(1) == src.size(1) && out.stride(1) == 1 && src.stride(1) == 1 && index.stride(1) == 0 &&
+         src.size(0) > 0 && src.size(1) > 0;
+}
+
+template <typename T>
+void index_add_rows(const Tensor& out, const Tensor& index, const Tensor& src, const IndexReport& err,
+                    cudaStream_t stream) {
+  const int64_t rows = src.size(0), d = src.size(1);
+  const int64_t row_blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t col_blocks = (d + kRowThreads - 1) / kRowThreads;
+  for (int64_t y0 = 0; y0 < row_blocks; y0 += 65535) {  // gridDim.y's limit: launches of up to 65535 row blocks
+    const int64_t ys = std::min<int64_t>(row_blocks - y0, 65535);
+    const int64_t first = y0 * kRowsPerBlock;
+    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(ys));
+    index_add_rows_kernel<T><<<grid, kRowThreads, 0, stream>>>(
+        static_cast<device_t<T>*>(out.data_ptr()), out.stride(0),
+        static_cast<const device_t<T>*>(src.data_ptr()) + first * src.stride(0), src.stride(0),
+        index.data_ptr<int64_t>() + first * index.stride(0), index.stride(0),
+        std::min<int64_t>(rows - first, ys * kRowsPerBlock), d, out.size(0), err);
+    KILN_CUDA_CHECK_LAUNCH("index_add");
+  }
+}
+
 // ---- deterministic mode: scatter through targets sorted by offset ----
 
 // keys[i] = out offset of position i's target minus `lo` (so in [0, sentinel)), or `sentinel` for an
@@ -409,6 +475,12 @@ void CudaBackend::scatter(const Tensor& out, int64_t dim, const Tensor& index, c
         if (deterministic()) {
           deterministic_scatter<T, true>(op, out, index, src, w, n, out_dim_stride, out_dim_size, check.report(),
                                          stream);
+          return;
+        }
+      }
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+        if (index_add_rows_applies(out, dim, index, src)) {  // an embedding's gradient: index_add by rows
+          index_add_rows<T>(out, index, src, check.report(), stream);
           return;
         }
       }
