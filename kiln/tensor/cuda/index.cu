@@ -161,6 +161,52 @@ void run_gather(const char* op, const Tensor& out, const Tensor& a, int64_t dim,
   check.done();
 }
 
+// ---- index_select along dim 0 of row-major rows (an embedding's lookup) ----
+
+// out[r] = a[index[r]] for rows of `width` elements of U (U of 16 bytes where the rows allow), out's rows contiguous
+// and a's `a_row_stride` apart: a block per row at a time (grid-stride over the rows), its threads across the row.
+// A row whose index is out of range is reported and left unwritten.
+template <typename U>
+__global__ void __launch_bounds__(kThreads)
+    select_rows_kernel(U* out, const U* a, int64_t a_row_stride, const int64_t* index, int64_t index_stride,
+                       int64_t rows, int64_t width, int64_t a_rows, IndexReport err) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t v = index[r * index_stride];
+    if (v < 0 || v >= a_rows) {
+      if (threadIdx.x == 0) report_bad_index(err, v);
+      continue;
+    }
+    const U* src = a + v * a_row_stride;
+    U* dst = out + r * width;
+    for (int64_t c = threadIdx.x; c < width; c += kThreads) dst[c] = src[c];
+  }
+}
+
+// Whether index_select(out, a, 0, index) is an embedding's lookup that select_rows_kernel takes: a (V, d) with
+// contiguous rows, out (N, d) contiguous, index 1-D.
+bool select_rows_applies(const Tensor& out, const Tensor& a, int64_t dim, const Tensor& index) {
+  return dim == 0 && a.dim() == 2 && out.dim() == 2 && index.dim() == 1 && a.stride(1) == 1 && out.is_contiguous() &&
+         out.size(1) == a.size(1) && out.numel() > 0;
+}
+
+void select_rows(const Tensor& out, const Tensor& a, const Tensor& index, const IndexReport& err, cudaStream_t stream) {
+  const int64_t rows = out.size(0), d = out.size(1), elem = static_cast<int64_t>(out.element_size());
+  const auto launch = [&](auto tag, int64_t unit) {  // rows as units of `unit` bytes (U's size)
+    using U = typename decltype(tag)::type;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 16));
+    select_rows_kernel<U><<<blocks, kThreads, 0, stream>>>(
+        static_cast<U*>(out.data_ptr()), static_cast<const U*>(a.data_ptr()), a.stride(0) * elem / unit,
+        index.data_ptr<int64_t>(), index.stride(0), rows, d * elem / unit, a.size(0), err);
+  };
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if ((d * elem) % 16 == 0 && (a.stride(0) * elem) % 16 == 0 && aligned16(out.data_ptr()) && aligned16(a.data_ptr())) {
+    launch(TypeTag<uint4>{}, 16);
+  } else {
+    visit_element_size(out.element_size(), [&](auto tag) { launch(tag, elem); });
+  }
+  KILN_CUDA_CHECK_LAUNCH("index_select");
+}
+
 // ---- scatter ----
 
 // Byte add through a compare-and-swap on the aligned 32-bit word holding it (allocations are at least
@@ -436,6 +482,12 @@ void CudaBackend::index_select(const Tensor& out, const Tensor& a, int64_t dim, 
   Strides index_strides(static_cast<size_t>(std::max<int64_t>(out.dim(), 1)), 0);
   index_strides[dim] = index.dim() == 0 ? 0 : index.stride(0);
   if (out.dim() == 0) index_strides.clear();
+  if (select_rows_applies(out, a, dim, index)) {  // an embedding's lookup: whole rows, no per-element walk
+    IndexCheck check("index_select", out, dim, a.size(0), stream_for(out));
+    select_rows(out, a, index, check.report(), stream_for(out));
+    check.done();
+    return;
+  }
   run_gather("index_select", out, a, dim, index, index_strides);
 }
 
