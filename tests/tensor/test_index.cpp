@@ -116,6 +116,27 @@ TEST_P(IndexTest, Embedding) {
   expect_error([&] { internal::embedding(weight, make({1}, {1}, opts())); }, {"embedding", "Int64", "float32"});
 }
 
+// Lookups of whole rows of every width: rows of 16-byte multiples (copied 16 bytes at a time on a GPU) and others,
+// from a table whose rows are further apart than their width (a narrowed table), with repeated and scattered indices.
+TEST_P(IndexTest, EmbeddingRowsOfEveryWidth) {
+  const int64_t v = 50, n = 37;
+  std::vector<double> index(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) index[static_cast<size_t>(i)] = static_cast<double>((i * 13 + 7) % v);
+  index[5] = index[6] = 49;
+  for (int64_t d : {1, 3, 4, 300, 768}) {
+    for (DType dt : {DType::Float32, DType::BFloat16, DType::Float64, DType::UInt8}) {
+      SCOPED_TRACE(::testing::Message() << dt << ", width " << d);
+      std::vector<double> w(static_cast<size_t>(v * (d + 4)));
+      for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<double>(i % 251);
+      const Tensor table = internal::narrow(make(w, {v, d + 4}, opts(dt)), 1, 0, d);  // rows d + 4 apart
+      std::vector<double> want;
+      for (double r : index)
+        for (int64_t c = 0; c < d; ++c) want.push_back(w[static_cast<size_t>(static_cast<int64_t>(r) * (d + 4) + c)]);
+      expect_values(internal::embedding(table, idx(index, {n})), {n, d}, want);
+    }
+  }
+}
+
 // A bad index's error names the op the user called: the outermost detail::IndexOpScope (a module opens one with its
 // table's name), on every backend (the CPU's at the call, a GPU's at the copy back); ops inside keep that name.
 TEST_P(IndexTest, TheOutermostIndexOpScopeNamesABadIndex) {
