@@ -41,7 +41,8 @@ std::string library_path();
 // Whether decoding uses the GPU's JPEG engines (nvJPEG's hardware backend) where it has them:
 // KILN_NVJPEG_HARDWARE=1. Off by default: with training on the same GPU, ResNet-50 fed by the engines stepped
 // slower than fed by nvJPEG's default backend in every run measured on H100s (47.5 against 42.9 ms, 2026-12-06,
-// bench/results/2026-12-06i), though the engines decode twice as fast on an idle GPU.
+// bench/results/2026-12-06i; with 32 hardware queues, 47.0 against 40.8 ms, bench/results/2026-12-07b), though the
+// engines decode twice as fast on an idle GPU.
 bool hardware_engines_wanted();
 
 }  // namespace kiln::data::nvjpeg

@@ -3,9 +3,10 @@
 # bench_train --case bert_base_dynamic (main's build, carried as gpu-carry/prebuilt.tar.xz), then
 # pytorch_train.py --case bert_base_dynamic in eager mode, then with torch.compile(dynamic=True). Round 1's compile
 # starts from an empty inductor cache; later rounds find the kernels it cached. No round starts after STOP_AT
-# seconds (default 440). Logs are packed into $OUT/logs_f.tgz after each run, so a run stopped at its limit still
-# brings back what it measured; the table is made from them with bench/train_table.py. First, main's index tests on
-# the GPU (the embedding's lookup and gradient by whole rows).
+# seconds (default 440). FIRST (default 1) numbers the first round, so that a second call on the same instance adds
+# rounds beside the first call's logs (in /tmp/lf). Logs are packed into $OUT/logs_f.tgz after each run, so a run
+# stopped at its limit still brings back what it measured; the table is made from all of them with
+# bench/train_table.py. First, main's index tests on the GPU (the embedding's lookup and gradient by whole rows).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 RES=$OUT; L=/tmp/lf; mkdir -p $L
@@ -18,7 +19,7 @@ echo "main test_tensor index tests: exit $? ($(grep -c '^\[       OK ' $L/test_t
 python3 -c "import torch; print('torch', torch.__version__)"
 bt=build/bench/bench_train
 f='"framework": "[a-z-]*"\|"step_ms": [0-9.]*\|"first_epoch_s": [0-9.]*\|"trained": [a-z]*'
-for r in $(seq 1 ${ROUNDS:-5}); do
+for r in $(seq ${FIRST:-1} ${ROUNDS:-5}); do
   [[ $SECONDS -gt ${STOP_AT:-440} ]] && { echo "stopped at $SECONDS s"; break; }
   timeout 60 $bt --case bert_base_dynamic > $L/kiln_bert_base_dynamic_$r.log 2>&1
   echo "round $r kiln: exit $? $(grep -o "$f" $L/kiln_bert_base_dynamic_$r.log | paste -sd' ') at $SECONDS s"; snap
