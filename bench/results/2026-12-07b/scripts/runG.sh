@@ -8,7 +8,8 @@
 #  1. mlpln's test_layers on the GPU (the new kernels, the offers through the graph, BERT against PyTorch's golden
 #     values, every Linear and layer norm test);
 #  2. bench_train bert_base_128, bert_large_128 and bert_base_128_fp8 on main, mlp and mlpln, alternated (AB_ROUNDS);
-#  3. a kernel trace of bert_base_128 on mlpln (the new kernels' time against the bias-gradient passes they replace).
+#  3. a kernel trace of bert_base_128 on mlpln (the new kernels' time against the bias-gradient passes they replace);
+#  4. optionally (VS_TORCH_ROUNDS, VS_TORCH_LIB) BERT-base and BERT-large against PyTorch compile + graph.
 # Logs go to /tmp/lg and are packed into $OUT/logs_g.tgz after each step.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -40,5 +41,12 @@ done
 if [[ $SECONDS -lt ${TRACE_STOP_AT:-420} ]]; then
   with mlpln env KILN_KERNEL_TRACE_TOP=60 CUDA_INJECTION64_PATH=$kt timeout 120 $bt --case bert_base_128 > $L/trace_mlpln.log 2>&1
   echo "traced bert_base_128 (mlpln): exit $? $(grep -o "$steps" $L/trace_mlpln.log | paste -sd' ') at $SECONDS s"
+fi
+# 4. (VS_TORCH_ROUNDS > 0) BERT-base and BERT-large against PyTorch compile + graph with the library VS_TORCH_LIB
+#    (default mlpln), interleaved, into $OUT/vs_torch/ (packed by bench_vs_torch.sh at its end).
+if [[ ${VS_TORCH_ROUNDS:-0} -gt 0 ]]; then
+  with ${VS_TORCH_LIB:-mlpln} env OUT=$RES/vs_torch KILN_TORCH_MODES=compile_graph KILN_BENCH_TRAIN=$bt \
+    scripts/bench_vs_torch.sh $VS_TORCH_ROUNDS bert_base_128 bert_large_128 > $L/vs_torch.log 2>&1
+  echo "vs torch (${VS_TORCH_LIB:-mlpln}): exit $? at $SECONDS s"; tail -12 $L/vs_torch.log
 fi
 snap; echo "total $SECONDS s"
