@@ -79,3 +79,31 @@ use_prebuilt() {
   note "prebuilt binaries from the development machine ($(cat "$root/gpu-carry/prebuilt.targets")): nothing built"
   return 0
 }
+
+# ---- one GPU call that tests and times several libraries (the bench/results/*/scripts/run*.sh) ----
+# call_logs X: the call's logs go to /tmp/lX ($logs), and snap packs them into $OUT/logs_X.tgz, so that a call stopped
+# at its limit still brings back what it measured (snap after each step).
+call_logs() {
+  logs="/tmp/l$1"
+  logs_pack="${OUT:-$out}/logs_$1.tgz"
+  mkdir -p "$logs"
+}
+snap() { tar -czf "$logs_pack" -C "$logs" .; }
+# The device (name, driver, top SM clock) and the tree's fingerprint: a call's first lines.
+gpu_banner() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  echo "tree $(source_id)"
+}
+# with_lib REV CMD...: CMD with the libkiln of REV, main's build (REV main) or one unpacked into /tmp/lib_REV.
+with_lib() {
+  local rev=$1 dir
+  shift
+  if [[ $rev == main ]]; then dir="$root/build/kiln"; else dir="/tmp/lib_$rev"; fi
+  LD_LIBRARY_PATH="$dir:${LD_LIBRARY_PATH:-}" "$@"
+}
+# gtest_counts LOG: "(N ok, M skipped)", then the failed and skipped tests and the first failures.
+gtest_counts() {
+  echo "($(grep -c '^\[       OK ' "$1") ok, $(grep -c '^\[  SKIPPED ' "$1") skipped)"
+  grep -E '^\[  (FAILED|SKIPPED) ' "$1" | head -8
+  grep -A6 "Failure" "$1" | head -24
+}

@@ -15,30 +15,27 @@
 #  5. issue 34 goal 6's path choice with 32 queues: in memory, JPEG-fed (default backend), JPEG-fed (engines), until
 #     STOP_AT seconds.
 # Env: FP8_ROUNDS, AB_ROUNDS, AB_REVS, TRACE_SIZES, TRACE_STOP_AT, STOP_AT (shorter runs for a short budget).
-# Logs go to /tmp/l and are packed into $OUT/logs_e.tgz after each step, so that a run stopped at its limit brings
+# Logs go to /tmp/le and are packed into $OUT/logs_e.tgz after each step, so that a run stopped at its limit brings
 # back what it measured.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-RES=$OUT; OUT=/tmp/l; mkdir -p $OUT
-snap() { tar -czf $RES/logs_e.tgz -C $OUT .; }
-source scripts/gpu_env.sh >/dev/null 2>&1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; echo "tree $(source_id)"
-(python3 bench/make_photos.py /tmp/photos --count 2400 > $OUT/photos.log 2>&1) &
+export OUT=${OUT:-/tmp/out}
+source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, with_lib, gtest_counts
+call_logs e; L=$logs
+gpu_banner
+(python3 bench/make_photos.py /tmp/photos --count 2400 > $L/photos.log 2>&1) &
 use_prebuilt bench_train kernel_trace test_autograd || { echo "no prebuilt binaries"; exit 1; }
 mkdir -p /tmp/ab && tar -xJf gpu-carry/ab2/ab.tar.xz -C /tmp/ab
 for rev in 5586c0e 1faf122 fp8q; do mkdir -p /tmp/lib_$rev && mv /tmp/ab/libkiln_$rev.so.0.1 /tmp/lib_$rev/libkiln.so.0.1; done
 for rev in 1faf122 fp8q; do mv /tmp/ab/test_tensor_$rev /tmp/lib_$rev/test_tensor && chmod +x /tmp/lib_$rev/test_tensor; done
 chmod +x /tmp/ab/bench_fp8
-with() { local rev=$1; shift; if [[ $rev == main ]]; then LD_LIBRARY_PATH=$PWD/build/kiln:${LD_LIBRARY_PATH:-} "$@"; else LD_LIBRARY_PATH=/tmp/lib_$rev:${LD_LIBRARY_PATH:-} "$@"; fi; }
-count() { echo "($(grep -c '^\[       OK ' $1) ok, $(grep -c '^\[  SKIPPED ' $1) skipped)"; grep -E '^\[  (FAILED|SKIPPED) ' $1 | head -8; grep -A6 "Failure" $1 | head -16; }
-timeout 60 build/tests/test_autograd --gtest_filter='*IndexGrad*:*Embedding*' > $OUT/test_main_autograd.log 2>&1; echo "main test_autograd *IndexGrad*:*Embedding*: exit $? $(count $OUT/test_main_autograd.log)"
-with 1faf122 timeout 120 /tmp/lib_1faf122/test_tensor --gtest_filter='*Index*:*Embedding*:*Scatter*:*Gather*:*Determin*' > $OUT/test_iar_tensor.log 2>&1; echo "index-add-rows test_tensor index tests: exit $? $(count $OUT/test_iar_tensor.log)"
-with fp8q timeout 120 /tmp/lib_fp8q/test_tensor --gtest_filter='*Fp8*:*Float8*' > $OUT/test_fp8q_tensor.log 2>&1; echo "fp8-pair-pipeline test_tensor FP8 tests: exit $? $(count $OUT/test_fp8q_tensor.log)"
+timeout 60 build/tests/test_autograd --gtest_filter='*IndexGrad*:*Embedding*' > $L/test_main_autograd.log 2>&1; echo "main test_autograd *IndexGrad*:*Embedding*: exit $? $(gtest_counts $L/test_main_autograd.log)"
+with_lib 1faf122 timeout 120 /tmp/lib_1faf122/test_tensor --gtest_filter='*Index*:*Embedding*:*Scatter*:*Gather*:*Determin*' > $L/test_iar_tensor.log 2>&1; echo "index-add-rows test_tensor index tests: exit $? $(gtest_counts $L/test_iar_tensor.log)"
+with_lib fp8q timeout 120 /tmp/lib_fp8q/test_tensor --gtest_filter='*Fp8*:*Float8*' > $L/test_fp8q_tensor.log 2>&1; echo "fp8-pair-pipeline test_tensor FP8 tests: exit $? $(gtest_counts $L/test_fp8q_tensor.log)"
 snap
 for r in ${FP8_ROUNDS:-1 2}; do
   for rev in main fp8q; do
-    with $rev timeout 60 /tmp/ab/bench_fp8 > $OUT/fp8_${rev}_$r.log 2>&1; echo "bench_fp8 round $r $rev: exit $? at $SECONDS s"
-    grep -E "gelu|e5m2 \+ sums  " $OUT/fp8_${rev}_$r.log | sed 's/^/    /'
+    with_lib $rev timeout 60 /tmp/ab/bench_fp8 > $L/fp8_${rev}_$r.log 2>&1; echo "bench_fp8 round $r $rev: exit $? at $SECONDS s"
+    grep -E "gelu|e5m2 \+ sums  " $L/fp8_${rev}_$r.log | sed 's/^/    /'
   done
   snap
 done
@@ -46,23 +43,23 @@ bt=build/bench/bench_train; kt=$PWD/build/bench/libkernel_trace.so
 steps='"case": "[a-z0-9_]*"\|"step_ms": [0-9.]*\|"eager_step_ms": [0-9.]*\|"trained": [a-z]*'
 for r in ${AB_ROUNDS:-1 2}; do
   for rev in ${AB_REVS:-5586c0e main 1faf122 fp8q}; do
-    with $rev timeout 90 $bt --case bert_base_128 --case bert_base_128_fp8 > $OUT/ab_${rev}_$r.log 2>&1; echo "round $r $rev: exit $? $(grep -o "$steps" $OUT/ab_${rev}_$r.log | paste -sd' ') at $SECONDS s"
+    with_lib $rev timeout 90 $bt --case bert_base_128 --case bert_base_128_fp8 > $L/ab_${rev}_$r.log 2>&1; echo "round $r $rev: exit $? $(grep -o "$steps" $L/ab_${rev}_$r.log | paste -sd' ') at $SECONDS s"
   done
   snap
 done
 for size in ${TRACE_SIZES:-base}; do
   [[ $SECONDS -gt ${TRACE_STOP_AT:-360} ]] && break
-  KILN_KERNEL_TRACE_API=1 KILN_KERNEL_TRACE_SLOW_MS=50 KILN_KERNEL_TRACE_TOP=90 CUDA_INJECTION64_PATH=$kt timeout 120 $bt --case bert_${size}_128 --case bert_${size}_128_fp8 > $OUT/trace_$size.log 2>&1
-  echo "traced bert_$size (main): exit $? $(grep -o "$steps" $OUT/trace_$size.log | paste -sd' ') at $SECONDS s"
+  KILN_KERNEL_TRACE_API=1 KILN_KERNEL_TRACE_SLOW_MS=50 KILN_KERNEL_TRACE_TOP=90 CUDA_INJECTION64_PATH=$kt timeout 120 $bt --case bert_${size}_128 --case bert_${size}_128_fp8 > $L/trace_$size.log 2>&1
+  echo "traced bert_$size (main): exit $? $(grep -o "$steps" $L/trace_$size.log | paste -sd' ') at $SECONDS s"
   snap
 done
 wait
 fields='"step_ms": [0-9.]*\|"batch_wait_ms": [0-9.]*\|"loader_wait_ms": [0-9.]*\|"worker_collate_ms": [0-9.]*\|"trained": [a-z]*'
 for r in 1 2 3 4 5; do
   [[ $SECONDS -gt ${STOP_AT:-450} ]] && { echo "stopped at $SECONDS s"; break; }
-  timeout 60 $bt --case resnet50_bf16 > $OUT/inmem_$r.log 2>&1; echo "round $r in memory: exit $? $(grep -o '"step_ms": [0-9.]*\|"trained": [a-z]*' $OUT/inmem_$r.log | paste -sd' ') at $SECONDS s"
-  timeout 80 $bt --photos /tmp/photos --case resnet50_jpeg_gpu > $OUT/jpeg_$r.log 2>&1; echo "round $r jpeg default: exit $? $(grep -o "$fields" $OUT/jpeg_$r.log | paste -sd' ') at $SECONDS s"
-  KILN_NVJPEG_HARDWARE=1 timeout 80 $bt --photos /tmp/photos --case resnet50_jpeg_gpu > $OUT/jpeghw_$r.log 2>&1; echo "round $r jpeg engines: exit $? $(grep -o "$fields" $OUT/jpeghw_$r.log | paste -sd' ') at $SECONDS s"
+  timeout 60 $bt --case resnet50_bf16 > $L/inmem_$r.log 2>&1; echo "round $r in memory: exit $? $(grep -o '"step_ms": [0-9.]*\|"trained": [a-z]*' $L/inmem_$r.log | paste -sd' ') at $SECONDS s"
+  timeout 80 $bt --photos /tmp/photos --case resnet50_jpeg_gpu > $L/jpeg_$r.log 2>&1; echo "round $r jpeg default: exit $? $(grep -o "$fields" $L/jpeg_$r.log | paste -sd' ') at $SECONDS s"
+  KILN_NVJPEG_HARDWARE=1 timeout 80 $bt --photos /tmp/photos --case resnet50_jpeg_gpu > $L/jpeghw_$r.log 2>&1; echo "round $r jpeg engines: exit $? $(grep -o "$fields" $L/jpeghw_$r.log | paste -sd' ') at $SECONDS s"
   snap
 done
 snap; echo "total $SECONDS s"

@@ -8,14 +8,13 @@
 # stopped at its limit still brings back what it measured; the table is made from all of them with
 # bench/train_table.py. First, main's index tests on the GPU (the embedding's lookup and gradient by whole rows).
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-RES=$OUT; L=/tmp/lf; mkdir -p $L
-snap() { tar -czf $RES/logs_f.tgz -C $L .; }
-source scripts/gpu_env.sh >/dev/null 2>&1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; echo "tree $(source_id)"
+export OUT=${OUT:-/tmp/out}
+source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, gtest_counts
+call_logs f; L=$logs
+gpu_banner
 use_prebuilt bench_train test_tensor || { echo "no prebuilt binaries"; exit 1; }
 timeout 120 build/tests/test_tensor --gtest_filter='*Index*:*Embedding*:*Scatter*:*Gather*' > $L/test_tensor_index.log 2>&1
-echo "main test_tensor index tests: exit $? ($(grep -c '^\[       OK ' $L/test_tensor_index.log) ok, $(grep -c '^\[  SKIPPED ' $L/test_tensor_index.log) skipped)"; grep "^\[  FAILED" $L/test_tensor_index.log | head
+echo "main test_tensor index tests: exit $? $(gtest_counts $L/test_tensor_index.log)"
 python3 -c "import torch; print('torch', torch.__version__)"
 bt=build/bench/bench_train
 f='"framework": "[a-z-]*"\|"step_ms": [0-9.]*\|"first_epoch_s": [0-9.]*\|"trained": [a-z]*'

@@ -12,40 +12,37 @@
 #  4. optionally (VS_TORCH_ROUNDS, VS_TORCH_LIB) BERT-base and BERT-large against PyTorch compile + graph.
 # Logs go to /tmp/lg and are packed into $OUT/logs_g.tgz after each step.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-RES=$OUT; L=/tmp/lg; mkdir -p $L
-snap() { tar -czf $RES/logs_g.tgz -C $L .; }
-source scripts/gpu_env.sh >/dev/null 2>&1
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; echo "tree $(source_id)"
+export OUT=${OUT:-/tmp/out}
+source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, with_lib, gtest_counts
+call_logs g; L=$logs
+gpu_banner
 use_prebuilt bench_train kernel_trace test_autograd || { echo "no prebuilt binaries"; exit 1; }
 mkdir -p /tmp/ab && tar -xJf gpu-carry/ab3/ab.tar.xz -C /tmp/ab
 for rev in mlp mlpln; do mkdir -p /tmp/lib_$rev && mv /tmp/ab/libkiln_$rev.so.0.1 /tmp/lib_$rev/libkiln.so.0.1; done
 mv /tmp/ab/test_layers_mlpln /tmp/lib_mlpln/test_layers && chmod +x /tmp/lib_mlpln/test_layers
 # The branch's test_layers reads PyTorch's golden files where it was built.
 mkdir -p /work/fp8q/tests/golden && ln -sfn "$PWD/tests/golden/data" /work/fp8q/tests/golden/data
-with() { local rev=$1; shift; if [[ $rev == main ]]; then LD_LIBRARY_PATH=$PWD/build/kiln:${LD_LIBRARY_PATH:-} "$@"; else LD_LIBRARY_PATH=/tmp/lib_$rev:${LD_LIBRARY_PATH:-} "$@"; fi; }
-count() { echo "($(grep -c '^\[       OK ' $1) ok, $(grep -c '^\[  SKIPPED ' $1) skipped)"; grep -E '^\[  (FAILED|SKIPPED) ' $1 | head -8; grep -A6 "Failure" $1 | head -24; }
-with mlpln timeout 300 /tmp/lib_mlpln/test_layers \
+with_lib mlpln timeout 300 /tmp/lib_mlpln/test_layers \
   --gtest_filter='*Mlp*:*ColumnSums*:*CudaAddLayerNorm*:*CudaLayerNorm*:*Bert*:*Parity*:*Linear*:*Fp8*:*Gelu*' \
   > $L/test_layers_mlpln.log 2>&1
-echo "mlpln test_layers: exit $? $(count $L/test_layers_mlpln.log) at $SECONDS s"; snap
+echo "mlpln test_layers: exit $? $(gtest_counts $L/test_layers_mlpln.log) at $SECONDS s"; snap
 bt=build/bench/bench_train; kt=$PWD/build/bench/libkernel_trace.so
 steps='"case": "[a-z0-9_]*"\|"step_ms": [0-9.]*\|"eager_step_ms": [0-9.]*\|"trained": [a-z]*'
 for r in ${AB_ROUNDS:-1 2}; do
   for rev in ${AB_REVS:-main mlp mlpln}; do
-    with $rev timeout 150 $bt --case bert_base_128 --case bert_large_128 --case bert_base_128_fp8 > $L/ab_${rev}_$r.log 2>&1
+    with_lib $rev timeout 150 $bt --case bert_base_128 --case bert_large_128 --case bert_base_128_fp8 > $L/ab_${rev}_$r.log 2>&1
     echo "round $r $rev: exit $? $(grep -o "$steps" $L/ab_${rev}_$r.log | paste -sd' ') at $SECONDS s"
   done
   snap
 done
 if [[ $SECONDS -lt ${TRACE_STOP_AT:-420} ]]; then
-  with mlpln env KILN_KERNEL_TRACE_TOP=60 CUDA_INJECTION64_PATH=$kt timeout 120 $bt --case bert_base_128 > $L/trace_mlpln.log 2>&1
+  with_lib mlpln env KILN_KERNEL_TRACE_TOP=60 CUDA_INJECTION64_PATH=$kt timeout 120 $bt --case bert_base_128 > $L/trace_mlpln.log 2>&1
   echo "traced bert_base_128 (mlpln): exit $? $(grep -o "$steps" $L/trace_mlpln.log | paste -sd' ') at $SECONDS s"
 fi
 # 4. (VS_TORCH_ROUNDS > 0) BERT-base and BERT-large against PyTorch compile + graph with the library VS_TORCH_LIB
 #    (default mlpln), interleaved, into $OUT/vs_torch/ (packed by bench_vs_torch.sh at its end).
 if [[ ${VS_TORCH_ROUNDS:-0} -gt 0 ]]; then
-  with ${VS_TORCH_LIB:-mlpln} env OUT=$RES/vs_torch KILN_TORCH_MODES=compile_graph KILN_BENCH_TRAIN=$bt \
+  with_lib ${VS_TORCH_LIB:-mlpln} env OUT=$OUT/vs_torch KILN_TORCH_MODES=compile_graph KILN_BENCH_TRAIN=$bt \
     scripts/bench_vs_torch.sh $VS_TORCH_ROUNDS bert_base_128 bert_large_128 > $L/vs_torch.log 2>&1
   echo "vs torch (${VS_TORCH_LIB:-mlpln}): exit $? at $SECONDS s"; tail -12 $L/vs_torch.log
 fi
