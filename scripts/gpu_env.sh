@@ -27,7 +27,7 @@ pack_logs() {
 }
 
 # A fingerprint of the sources a build reads (the folders below and the top CMakeLists.txt, each file's path and
-# content; bench/results, which no build reads, left out), the same on the development machine (files git tracks or
+# content; bench/results and bench/experiments, which no build reads, left out), the same on the development machine (files git tracks or
 # would track) and on the GPU machine (the copy of those files it receives, without .git).
 source_id() {
   local dirs=(CMakeLists.txt bench cmake examples fuzz kiln tests tools)
@@ -37,7 +37,7 @@ source_id() {
     else
       (cd "$root" && find "${dirs[@]}" -type f ! -path '*/__pycache__/*')
     fi
-  } | grep -v '^bench/results/' | LC_ALL=C sort | (cd "$root" && while IFS= read -r f; do [[ -f "$f" ]] && echo "$f"; done | xargs -r -d '\n' sha256sum) |
+  } | grep -v '^bench/\(results\|experiments\)/' | LC_ALL=C sort | (cd "$root" && while IFS= read -r f; do [[ -f "$f" ]] && echo "$f"; done | xargs -r -d '\n' sha256sum) |
     sha256sum | cut -c1-32
 }
 

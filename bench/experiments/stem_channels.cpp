@@ -30,8 +30,7 @@ Tensor pad_channels(const Tensor& x, int64_t c) {
 
 void run(DType dtype, const char* name) {
   const Device dev = Device::cuda(0);
-  const Tensor x3 =
-      randn({kN, 3, kHW, kHW}, {.dtype = dtype, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
+  const Tensor x3 = randn({kN, 3, kHW, kHW}, {.dtype = dtype, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
   const Tensor w3 = randn({kOut, 3, 7, 7}, {.dtype = dtype, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
   const Tensor dy =
       randn({kN, kOut, kHW / 2, kHW / 2}, {.dtype = dtype, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
