@@ -547,8 +547,11 @@ Tensor linear_gelu_linear(Linear& fc1, Linear& fc2, const Tensor& x, bool tanh_a
       return fp8_mlp(x, fc1.weight, fc1.bias, *state1, fc2.weight, fc2.bias, *state2, autocast::get_dtype(type),
                      tanh_approximation);
     }
+    return fc2.forward_gelu(fc1(x), tanh_approximation);  // one of them, or neither, in FP8
   }
-  return fc2.forward_gelu(fc1(x), tanh_approximation);
+  KILN_CHECK(x.dim() >= 1 && x.size(-1) == fc1.in_features, "Linear: expected input of shape (..., ", fc1.in_features,
+             ") (in_features = ", fc1.in_features, "), got shape ", x.shape());
+  return linear_gelu_linear(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, tanh_approximation);
 }
 
 // ---------------------------------------------------------------- nn::Linear's FP8 state

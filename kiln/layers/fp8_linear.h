@@ -105,8 +105,10 @@ std::optional<Fp8InputCodes> fp8_begin_input(amp::Fp8ScalingState& state, const 
 void fp8_offer_input(const Tensor& y, const amp::Fp8ScalingState& state, Fp8InputCodes codes);
 
 class Linear;
-// fc2(gelu(fc1(x))): fp8_mlp in an FP8 region where both Linears compute in FP8 (each with its own state), else
-// fc2.forward_gelu(fc1(x)).
+// fc2(gelu(fc1(x))): fp8_mlp in an FP8 region where both Linears compute in FP8 (each with its own state), else in
+// an FP8 region fc2.forward_gelu(fc1(x)), and outside FP8 regions nn::linear_gelu_linear with the two Linears'
+// parameters (functional.h: one node in training, whose backward sums fc1's bias gradient as it takes the gradient
+// through the GELU).
 Tensor linear_gelu_linear(Linear& fc1, Linear& fc2, const Tensor& x, bool tanh_approximation = false);
 
 }  // namespace kiln::nn

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>  // std::pair
 
 #include "kiln/autograd/functions.h"  // the differentiable ops these compose
 #include "kiln/tensor/generator.h"    // Generator
@@ -25,6 +26,25 @@ namespace kiln::nn {
 
 // y = x @ weight^T + bias, weight (out, in) as PyTorch: x (..., in) -> (..., out). bias (out) may be undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+
+// linear(gelu(linear(x, w1, b1), tanh_approximation), w2, b2): a transformer's MLP, w1 (hidden, in), w2 (out, hidden),
+// b1 (hidden) and b2 (out) undefined or not. Where it trains (grad mode on, a gradient wanted), not under export's
+// capture, it runs as one autograd node, either under autocast in its 16-bit dtype (x float32 or that dtype, the
+// parameters cast as linear casts them) or with x and every parameter of one dtype: backward then computes the
+// GELU's gradient and the first bias's gradient (its column sums) in one pass (gelu_backward_with_column_sums)
+// instead of summing them in a pass of their own. Its values are the composed ops': the output bit for bit, the
+// gradients but for the order in which b1's gradient is summed. Elsewhere it is the composition itself.
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+                          bool tanh_approximation = false);
+
+// The gradient through a GELU and the column sums of that gradient: dh = g * gelu'(h) (internal::gelu_backward's
+// values: the erf form, or the tanh form) and sums (C) = the sums over every row of dh (..., C) as stored, in float32
+// (float64 for float64 g). g and h: one shape and one floating dtype, on one device. On CUDA, for float32, bfloat16
+// and float16 rows that are contiguous, 16-byte aligned and a multiple of 16 bytes long, one kernel writes dh and a
+// partial sum per 64 rows in a fixed order (the sums do not vary between runs); elsewhere gelu_backward and a sum.
+// Not differentiable (a step of a backward pass).
+std::pair<Tensor, Tensor> gelu_backward_with_column_sums(const Tensor& g, const Tensor& h,
+                                                         bool tanh_approximation = false);
 
 // Inverted dropout: zeroes each element with probability p and scales the rest by 1 / (1 - p), with the mask
 // of bernoulli(x.shape(), 1 - p) drawn from `gen` (the default generator of x's device when null), in one
