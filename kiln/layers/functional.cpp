@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kiln/autograd/autocast.h"     // autocast::inputs for the fused GPU paths
+#include "kiln/autograd/column_sums.h"  // offer_column_sums: a layer norm's x gradient summed for the Linear before
 #include "kiln/autograd/function.h"     // autograd::Function: the fused GPU paths' nodes
 #include "kiln/autograd/grad_mode.h"    // NoGradGuard for the running-statistics update
 #include "kiln/autograd/node.h"         // Node, SavedTensor, make_node, set_history: dropout's node
@@ -113,8 +114,10 @@ struct AddLayerNormFunction : autograd::Function<AddLayerNormFunction> {
     const bool need_dx = ctx.needs_input_grad(0) || ctx.needs_input_grad(1);
     auto g = cuda_impl::layer_norm_backward(contiguous(grads[0]), s[0], numel(normalized), s[2], s[3], s[1], need_dx,
                                             ctx.needs_input_grad(2), ctx.needs_input_grad(3),
-                                            ctx.needs_input_grad(0) ? std::optional<DType>(x_dtype) : std::nullopt);
+                                            ctx.needs_input_grad(0) ? std::optional<DType>(x_dtype) : std::nullopt, {},
+                                            0, /*dx_sums=*/ctx.needs_input_grad(0));
     Tensor dx = ctx.needs_input_grad(0) ? (g.dx_low.defined() ? g.dx_low : g.dx) : Tensor();
+    autograd::offer_column_sums(dx, g.dx_sums);  // the bias gradient of the Linear whose output x is
     return {dx, ctx.needs_input_grad(1) ? g.dx : Tensor(),
             g.dweight.defined() ? reshape(g.dweight, normalized) : Tensor(),
             g.dbias.defined() ? reshape(g.dbias, normalized) : Tensor()};
@@ -157,7 +160,8 @@ struct DropoutAddLayerNormFunction : autograd::Function<DropoutAddLayerNormFunct
         contiguous(grads[0]), s[0], numel(normalized), s[2], s[3], s[1], need_dx, ctx.needs_input_grad(2),
         ctx.needs_input_grad(3),
         ctx.needs_input_grad(0) ? std::optional<DType>(ctx.get<DType>("x_dtype")) : std::nullopt, s[4],
-        ctx.get<double>("p"));
+        ctx.get<double>("p"), /*dx_sums=*/ctx.needs_input_grad(0));
+    if (ctx.needs_input_grad(0)) autograd::offer_column_sums(g.dx_low, g.dx_sums);  // for the Linear before
     return {ctx.needs_input_grad(0) ? g.dx_low : Tensor(), ctx.needs_input_grad(1) ? g.dx : Tensor(),
             g.dweight.defined() ? reshape(g.dweight, normalized) : Tensor(),
             g.dbias.defined() ? reshape(g.dbias, normalized) : Tensor()};
@@ -378,14 +382,19 @@ struct AutocastLinearFunction : autograd::Function<AutocastLinearFunction> {
         return ctx.gradient_dtype_wanted(i) == DType::Float32 ? DType::Float32 : g.dtype();
       };
       const Tensor gt = internal::transpose(g2, 0, 1);  // (out, M)
-      if (want_w && want_b) {
+      // g's column sums, where the op after this one summed them as it wrote g (a layer norm's backward).
+      const Tensor offered = want_b ? autograd::take_column_sums(g) : Tensor();
+      if (want_w && want_b && !offered.defined()) {
         auto [w_grad, sums] = internal::mm_with_row_sums(gt, x2, dtype_for(1));  // (out, in), (out)
         dw = w_grad;
         db = sums.dtype() == dtype_for(2) ? sums : internal::cast(sums, dtype_for(2));
-      } else if (want_w) {
-        dw = internal::mm(gt, x2, dtype_for(1));
       } else {
-        db = internal::sum(g2, {0}, false, dtype_for(2));
+        if (want_w) dw = internal::mm(gt, x2, dtype_for(1));
+        if (want_b && offered.defined()) {
+          db = offered.dtype() == dtype_for(2) ? offered : internal::cast(offered, dtype_for(2));
+        } else if (want_b) {
+          db = internal::sum(g2, {0}, false, dtype_for(2));
+        }
       }
     }
     return {dx, dw, db};

@@ -8,14 +8,15 @@
 #include <optional>
 #include <utility>
 
-#include "kiln/autograd/autocast.h"   // autocast::target_dtype, cast_to, DisableGuard
-#include "kiln/autograd/function.h"   // autograd::Function
-#include "kiln/autograd/grad_mode.h"  // NoGradGuard
-#include "kiln/autograd/node.h"       // autograd::needs_grad
+#include "kiln/autograd/autocast.h"     // autocast::target_dtype, cast_to, DisableGuard
+#include "kiln/autograd/column_sums.h"  // take_column_sums: b2's gradient summed by the op after the MLP
+#include "kiln/autograd/function.h"     // autograd::Function
+#include "kiln/autograd/grad_mode.h"    // NoGradGuard
+#include "kiln/autograd/node.h"         // autograd::needs_grad
 #include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/functional.h"
-#include "kiln/tensor/capture.h"        // capture::active: an exported forward keeps the ops it is made of
-#include "kiln/tensor/error.h"          // KILN_CHECK
+#include "kiln/tensor/capture.h"       // capture::active: an exported forward keeps the ops it is made of
+#include "kiln/tensor/error.h"         // KILN_CHECK
 #include "kiln/tensor/internal_ops.h"  // raw ops: the node's forward and backward
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/gelu_sums.h"  // cuda_impl::gelu_backward_sums
@@ -25,8 +26,10 @@ namespace kiln::nn {
 
 std::pair<Tensor, Tensor> gelu_backward_with_column_sums(const Tensor& g, const Tensor& h, bool tanh_approximation) {
   KILN_CHECK(g.defined() && h.defined(), "gelu_backward_with_column_sums: g and h must be defined tensors");
-  KILN_CHECK(g.shape() == h.shape() && g.dim() >= 1, "gelu_backward_with_column_sums: g and h must have one shape of "
-             "at least 1 dim (rows, columns), got ", g.shape(), " and ", h.shape());
+  KILN_CHECK(g.shape() == h.shape() && g.dim() >= 1,
+             "gelu_backward_with_column_sums: g and h must have one shape of "
+             "at least 1 dim (rows, columns), got ",
+             g.shape(), " and ", h.shape());
   KILN_CHECK(g.dtype() == h.dtype() && is_floating_point(g.dtype()) && !is_float8(g.dtype()),
              "gelu_backward_with_column_sums: g and h must have one floating dtype (float32, float64, bfloat16, ",
              "float16), got ", g.dtype(), " and ", h.dtype());
@@ -93,14 +96,16 @@ struct MlpFunction : autograd::Function<MlpFunction> {
     if (want_w2 || want_b2) {
       const Tensor& a = saved[3];
       const Tensor gt = internal::transpose(g2, 0, 1);  // (out, M)
-      if (want_w2 && want_b2) {
+      // g's column sums, where the op after the MLP summed them as it wrote g (a layer norm's backward).
+      const Tensor offered = want_b2 ? autograd::take_column_sums(g) : Tensor();
+      if (want_w2 && want_b2 && !offered.defined()) {
         auto [w_grad, sums] = internal::mm_with_row_sums(gt, a, dtype_for(3));
         dw2 = w_grad;
         db2 = as_dtype(sums, dtype_for(4));
-      } else if (want_w2) {
-        dw2 = internal::mm(gt, a, dtype_for(3));
       } else {
-        db2 = internal::sum(g2, {0}, false, dtype_for(4));
+        if (want_w2) dw2 = internal::mm(gt, a, dtype_for(3));
+        if (want_b2)
+          db2 = offered.defined() ? as_dtype(offered, dtype_for(4)) : internal::sum(g2, {0}, false, dtype_for(4));
       }
     }
     const bool want_x = ctx.needs_input_grad(0), want_w1 = ctx.needs_input_grad(1), want_b1 = ctx.needs_input_grad(2);
@@ -128,8 +133,7 @@ struct MlpFunction : autograd::Function<MlpFunction> {
           internal::addmm_(rows, dh, w1);  // dX added into the sum: the engine adds nothing
           dx = sum;
         } else {
-          dx = internal::reshape(x_dtype == dh.dtype() ? internal::mm(dh, w1) : internal::mm(dh, w1, x_dtype),
-                                 x_shape);
+          dx = internal::reshape(x_dtype == dh.dtype() ? internal::mm(dh, w1) : internal::mm(dh, w1, x_dtype), x_shape);
         }
       }
     }

@@ -2,18 +2,24 @@
 // float32 inputs, BERT's row size and a large one (the block loops), no affine parameters, many rows
 // (the column-sum backward splits rows into chunks), non-contiguous input, short rows that the backward cannot read
 // in groups of 4 (a size not a multiple of 4, an input 4-byte but not 16-byte aligned), and autocast (float32 out);
-// and add_layer_norm's fused residual, also after a fused dropout (dropout_add_layer_norm, against the unfused ops).
+// and add_layer_norm's fused residual, also after a fused dropout (dropout_add_layer_norm, against the unfused ops),
+// and the column sums of x's gradient that the backward offers the Linear before it.
 // float64 gradients against gradcheck run through check_gradients in test_functional.cpp's cases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "kiln/autograd/grad_mode.h"  // NoGradGuard
+#include "kiln/autograd/autocast.h"       // autocast::Guard
+#include "kiln/autograd/grad_mode.h"      // NoGradGuard
+#include "kiln/layers/cuda/layer_norm.h"  // cuda_impl::layer_norm_backward: x's gradient with its column sums
 #include "kiln/layers/functional.h"
+#include "kiln/profiler/profiler.h"  // the products a backward runs
 #include "kiln/tensor/cuda.h"
+#include "kiln/tensor/internal_ops.h"  // internal::draw_for
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -311,6 +317,112 @@ TEST(CudaAddLayerNorm, FusedDropoutInACudaGraphDrawsANewMaskEveryReplay) {
     EXPECT_NE(got, previous) << "a replay repeated the previous replay's mask";
     previous = got;
   }
+}
+
+// layer_norm_backward with dx_sums: x's gradient, dw and db bit for bit those of the call without, and dx_sums the
+// column sums of x's gradient as returned (dx_low where written, else dx) within float32 rounding of float64 sums of
+// the stored values; none where rows do not move in groups of 4 (202 elements). With a fused dropout (BERT's
+// training), a residual add alone, and float32 rows whose x gradient is dx itself.
+void check_dx_sums_case(DType x_dtype, DType r_dtype, int64_t rows, int64_t d, double p) {
+  SCOPED_TRACE(std::string(dtype_name(x_dtype)) + " onto " + std::string(dtype_name(r_dtype)) + ", rows " +
+               std::to_string(rows) + ", d " + std::to_string(d) + ", p " + std::to_string(p));
+  const Device gpu = Device::cuda(0);
+  const TensorOptions xo{.dtype = x_dtype, .device = gpu}, ro{.dtype = r_dtype, .device = gpu};
+  const Tensor x = make(uniform(rows * d, -2, 2, 81), {rows, d}, xo);
+  const Tensor r = make(uniform(rows * d, -1, 3, 82), {rows, d}, ro);
+  const Tensor w = make(uniform(d, 0.5, 1.5, 83), {d}, ro), b = make(uniform(d, -0.5, 0.5, 84), {d}, ro);
+  const Tensor dy = make(uniform(rows * d, -1, 1, 85), {rows, d}, ro);
+  Generator gen(99);
+  nn::cuda_impl::FusedDropout dropout{.p = p};
+  if (p > 0) dropout.draw = internal::draw_for(&gen, gpu);
+  const auto saved = nn::cuda_impl::layer_norm_forward(x, d, w, b, 1e-5, r, p > 0 ? &dropout : nullptr);
+  const std::optional<DType> low = x_dtype != r_dtype || p > 0 ? std::optional<DType>(x_dtype) : std::nullopt;
+  const auto plain = nn::cuda_impl::layer_norm_backward(dy, saved.sum, d, saved.mean, saved.rstd, w, true, true, true,
+                                                        low, saved.keep, p, false);
+  const auto with = nn::cuda_impl::layer_norm_backward(dy, saved.sum, d, saved.mean, saved.rstd, w, true, true, true,
+                                                       low, saved.keep, p, true);
+  EXPECT_FALSE(plain.dx_sums.defined());
+  EXPECT_EQ(bytes_of(with.dx), bytes_of(plain.dx));
+  EXPECT_EQ(bytes_of(with.dweight), bytes_of(plain.dweight));
+  EXPECT_EQ(bytes_of(with.dbias), bytes_of(plain.dbias));
+  const Tensor& xg = low ? with.dx_low : with.dx;
+  if (low) EXPECT_EQ(bytes_of(with.dx_low), bytes_of(plain.dx_low));
+  if (d % 4 != 0) {
+    EXPECT_FALSE(with.dx_sums.defined()) << "rows that do not move in groups of 4 give no sums";
+    return;
+  }
+  ASSERT_TRUE(with.dx_sums.defined());
+  ASSERT_EQ(with.dx_sums.shape(), (Shape{d}));
+  ASSERT_EQ(with.dx_sums.dtype(), DType::Float32);
+  const std::vector<double> v = values(xg), s = values(with.dx_sums);
+  for (int64_t j = 0; j < d; ++j) {
+    double exact = 0, magnitude = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      exact += v[i * d + j];
+      magnitude += std::abs(v[i * d + j]);
+    }
+    ASSERT_NEAR(s[j], exact, 4 * rows * 0x1p-24 * magnitude + 1e-30) << "column " << j;
+  }
+}
+
+TEST(CudaAddLayerNorm, SumsXGradientForTheLinearBefore) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  check_dx_sums_case(DType::BFloat16, DType::Float32, 4096, 768, 0.1);   // BERT-base's training
+  check_dx_sums_case(DType::BFloat16, DType::Float32, 2048, 1024, 0.1);  // BERT-large's
+  check_dx_sums_case(DType::Float16, DType::Float32, 300, 1024, 0.3);
+  check_dx_sums_case(DType::BFloat16, DType::BFloat16, 64, 768, 0.1);
+  check_dx_sums_case(DType::BFloat16, DType::Float32, 256, 768, 0);  // add_layer_norm: dx_low, the cast of dx
+  check_dx_sums_case(DType::Float32, DType::Float32, 3000, 256, 0);  // x's gradient is dx itself
+  check_dx_sums_case(DType::Float32, DType::Float32, 33, 24, 0.5);
+  check_dx_sums_case(DType::BFloat16, DType::Float32, 17, 202, 0.25);  // no groups of 4: no sums
+}
+
+// Through the graph: a Linear (under bf16 autocast, from a float32 activation) and BERT's dropout, residual add and
+// layer norm. The layer norm's backward offers its x gradient's column sums and the Linear takes them for its bias:
+// the gradients are those of the same graph with a multiply by 1 between the two (whose own gradient the offer does
+// not reach, so that the Linear sums its bias itself), within float32 rounding.
+TEST(CudaAddLayerNorm, TheLinearBeforeTakesTheSumsForItsBias) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no GPU visible";
+  const Device gpu = Device::cuda(0);
+  const int64_t rows = 512, in = 256, d = 768;
+  const TensorOptions o{.device = gpu};
+  std::vector<Tensor> bias_grads, weight_grads, input_grads;
+  for (const bool between : {false, true}) {
+    Tensor h = make(uniform(rows * in, -1, 1, 91), {4, rows / 4, in}, o).requires_grad_();
+    Tensor w = make(uniform(d * in, -0.1, 0.1, 92), {d, in}, o).requires_grad_();
+    Tensor b = make(uniform(d, -0.5, 0.5, 93), {d}, o).requires_grad_();
+    const Tensor r = make(uniform(rows * d, -1, 1, 94), {4, rows / 4, d}, o);
+    const Tensor lw = make(uniform(d, 0.5, 1.5, 95), {d}, o), lb = make(uniform(d, -0.5, 0.5, 96), {d}, o);
+    Generator gen(7);
+    Tensor y;
+    {
+      autocast::Guard on(DeviceType::CUDA, DType::BFloat16);
+      Tensor z = nn::linear(h * 1.0, w, b);
+      if (between) z = z * 1.0;
+      y = nn::dropout_add_layer_norm(z, r, 0.1, true, {d}, lw, lb, 1e-5, &gen);
+    }
+    const Tensor gy = make(uniform(rows * d, -1, 1, 97), {4, rows / 4, d}, o);
+    profiler::Profile prof;
+    y.backward(gy);
+    prof.stop();
+    size_t row_sums = 0;  // products whose epilogue sums the bias's gradient
+    for (const profiler::Event& e : prof.result().events()) row_sums += e.name == "matmul_row_sums" ? 1 : 0;
+    EXPECT_EQ(row_sums, between ? 1u : 0u) << (between ? "the Linear sums its bias" : "the offer was not taken");
+    bias_grads.push_back(b.grad());
+    weight_grads.push_back(w.grad());
+    input_grads.push_back(h.grad());
+  }
+  const auto close = [](const Tensor& got, const Tensor& want, const char* what) {
+    SCOPED_TRACE(what);
+    const std::vector<double> g = values(got), v = values(want);
+    ASSERT_EQ(g.size(), v.size());
+    double scale = 0;
+    for (double e : v) scale = std::max(scale, std::abs(e));
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], v[i], 1e-5 * scale) << i;
+  };
+  close(bias_grads[0], bias_grads[1], "bias");
+  close(weight_grads[0], weight_grads[1], "weight");
+  close(input_grads[0], input_grads[1], "input");
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaLayerNorm,

@@ -4,6 +4,7 @@
 
 #include <utility>  // std::move
 
+#include "kiln/autograd/column_sums.h"  // take_column_sums: a bias gradient summed by the op after
 #include "kiln/autograd/ops/op_recording.h"
 #include "kiln/tensor/capture.h"
 
@@ -151,7 +152,8 @@ namespace {
 // ---------------------------------------------------------------- addmm: beta * c + alpha * (a @ b)
 // dc = beta * g (summed to c's broadcast shape by the engine), da = alpha * g @ b^T, db = alpha * a^T @ g.
 // A linear layer's bias (c of shape (N) or (1, N), beta = alpha = 1) gets the row sums of g^T, computed by the
-// product db^T = g^T @ a itself (internal::mm_with_row_sums) instead of by a reduction of g of its own.
+// product db^T = g^T @ a itself (internal::mm_with_row_sums) instead of by a reduction of g of its own, or offered
+// by the op after it, which summed g's columns as it wrote g (autograd::take_column_sums).
 struct AddmmBackward final : ProductBackward {
   Scalar beta = 1, alpha = 1;
   Shape bias_shape;  // c's shape when c is a bias as above, else empty
@@ -163,7 +165,14 @@ struct AddmmBackward final : ProductBackward {
     if (needs_input_grad(1)) ga = scaled(internal::mm(g, mT(b.unpack(*this)), grad_dtype(*this, 1, g)), alpha);
     if (needs_input_grad(0) && needs_input_grad(2) && !bias_shape.empty()) {
       // In Float32 where the weight's gradient is wanted there (the bias's then is cast if it is not).
-      auto [gb_t, sums] = internal::mm_with_row_sums(mT(g), a.unpack(*this), grad_dtype(*this, 2, g));  // (N, K), (N)
+      const DType dtype = grad_dtype(*this, 2, g);
+      // The column sums of g, where the op after this one summed them as it wrote g (a layer norm's backward).
+      if (Tensor offered = autograd::take_column_sums(g); offered.defined()) {
+        gb = mT(internal::mm(mT(g), a.unpack(*this), dtype));  // (N, K) transposed
+        gc = internal::reshape(offered.dtype() == dtype ? offered : internal::cast(offered, dtype), bias_shape);
+        return {gc, ga, gb};
+      }
+      auto [gb_t, sums] = internal::mm_with_row_sums(mT(g), a.unpack(*this), dtype);  // (N, K), (N)
       gb = mT(gb_t);
       gc = internal::reshape(sums, bias_shape);
       return {gc, ga, gb};

@@ -126,6 +126,12 @@ constexpr int kWarpMaxD = 1024;
 constexpr int kForwardRows = 8;    // warps (rows) per block, forward
 constexpr int kBackwardWarps = 4;  // warps per block, backward
 
+// v as an array of L stores it, widened back: rounded once to L.
+template <typename L, typename A>
+__device__ __forceinline__ A stored_as(A v) {
+  return static_cast<A>(cuda::to_compute<L>(cuda::from_compute<L>(static_cast<compute_t<L>>(v))));
+}
+
 template <typename A>
 __device__ __forceinline__ A warp_sum(A v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -424,19 +430,28 @@ __global__ void layer_norm_forward_packed(const X* x, const S* residual, const S
 // backward (a multiply by its mask) computes it; element i of a row is kept when bit i / 32 of its word i % 32 in
 // `keep` is. dy, x, dx, dx_low: (rows, d); w: (d) or null; mean, rstd: (rows); partial_w, partial_b: (gridDim.x, d) or
 // null; keep: (rows, 32) or null.
-template <int G, int V, typename T, typename L, typename A, bool kDrop>
+// kSums: partial_s (gridDim.x, d) also receives the column sums of x's gradient as written (dx_low where given, else
+// dx), each value as stored, added like dw's and db's partials (the Linear before the layer takes them as its bias's
+// gradient: autograd::offer_column_sums).
+template <int G, int V, typename T, typename L, typename A, bool kDrop, bool kSums = false>
 __global__ void __launch_bounds__(32 * kBackwardWarps)
     layer_norm_backward_warp(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                              const A* __restrict__ mean, const A* __restrict__ rstd, T* __restrict__ dx,
                              L* __restrict__ dx_low, A* __restrict__ partial_w, A* __restrict__ partial_b, int64_t rows,
-                             int d, const uint32_t* __restrict__ keep, A scale) {
+                             int d, const uint32_t* __restrict__ keep, A scale, A* __restrict__ partial_s = nullptr) {
   constexpr int E = G * V;                              // elements per lane
   __shared__ A merge_w[kWarpMaxD], merge_b[kWarpMaxD];  // the sums of the block's warps so far
+  __shared__ A merge_s[kSums ? kWarpMaxD : 1];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool write = dx != nullptr || dx_low != nullptr;
-  A sw[E], sb[E];  // this lane's columns, over this warp's rows: sum of dy * xhat, sum of dy
+  A sw[E], sb[E];       // this lane's columns, over this warp's rows: sum of dy * xhat, sum of dy
+  A ss[kSums ? E : 1];  // kSums: sum of x's gradient as stored
 #pragma unroll
   for (int e = 0; e < E; ++e) sw[e] = sb[e] = 0;
+  if constexpr (kSums) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) ss[e] = 0;
+  }
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kBackwardWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kBackwardWarps) {
     const A m = mean[row], r = rstd[row];
@@ -499,24 +514,39 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = r * (g[V * j + k] - mg - xh[V * j + k] * mgx);
       if (dx != nullptr) store_pack<V>(dx + row * d + i, v);
-      if (dx_low == nullptr) continue;
+      if (dx_low == nullptr) {
+        if constexpr (kSums) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) ss[V * j + k] += stored_as<T>(v[k]);
+        }
+        continue;
+      }
       if constexpr (kDrop) {
         A dropped[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const A low = static_cast<A>(cuda::to_compute<L>(cuda::from_compute<L>(static_cast<compute_t<L>>(v[k]))));
+          const A low = stored_as<L>(v[k]);
           dropped[k] = __fmul_rn(low, ((kept >> (V * j + k)) & 1u) != 0 ? scale : A(0));
         }
         store_pack<V>(dx_low + row * d + i, dropped);
+        if constexpr (kSums) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) ss[V * j + k] += stored_as<L>(dropped[k]);
+        }
       } else {
         store_pack<V>(dx_low + row * d + i, v);
+        if constexpr (kSums) {
+#pragma unroll
+          for (int k = 0; k < V; ++k) ss[V * j + k] += stored_as<L>(v[k]);
+        }
       }
     }
   }
-  if (partial_w == nullptr && partial_b == nullptr) return;
+  if (partial_w == nullptr && partial_b == nullptr && (!kSums || partial_s == nullptr)) return;
   // The block's partial: ((warp 0 + warp 1) + warp 2) + ..., the last warp writing it out.
   A* pw = partial_w != nullptr ? partial_w + static_cast<int64_t>(blockIdx.x) * d : nullptr;
   A* pb = partial_b != nullptr ? partial_b + static_cast<int64_t>(blockIdx.x) * d : nullptr;
+  A* ps = kSums && partial_s != nullptr ? partial_s + static_cast<int64_t>(blockIdx.x) * d : nullptr;
 #pragma unroll
   for (int k = 0; k < kBackwardWarps; ++k) {
     if (warp == k) {
@@ -534,6 +564,15 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
         if (k + 1 == kBackwardWarps) {
           if (pw != nullptr) store_pack<V>(pw + i, tw);
           if (pb != nullptr) store_pack<V>(pb + i, tb);
+        }
+        if constexpr (kSums) {
+          A ts[V];
+#pragma unroll
+          for (int q = 0; q < V; ++q) {
+            ts[q] = k == 0 ? ss[V * j + q] : merge_s[i + q] + ss[V * j + q];
+            if (k + 1 < kBackwardWarps) merge_s[i + q] = ts[q];
+          }
+          if (k + 1 == kBackwardWarps && ps != nullptr) store_pack<V>(ps + i, ts);
         }
       }
     }
@@ -747,7 +786,7 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
 
 LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& weight, bool need_dx, bool need_dweight, bool need_dbias,
-                                   std::optional<DType> dx_also_in, const Tensor& keep, double p) {
+                                   std::optional<DType> dx_also_in, const Tensor& keep, double p, bool dx_sums) {
   trace::Scope range(trace::Kind::Op, keep.defined() ? "dropout_add_layer_norm_backward" : "layer_norm_backward",
                      x.device(), {&dy, &x});
   const int64_t rows = x.numel() / d;
@@ -790,7 +829,9 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
           const float scale =
               drop ? static_cast<float>(static_cast<compute_t<L>>(Scalar(1.0 / (1.0 - p)).to<L>())) : 0.0f;
           const auto* keep_bits = drop ? reinterpret_cast<const uint32_t*>(keep.data_ptr<int32_t>()) : nullptr;
-          auto run = [&](auto kernel, int blocks_per_sm) {
+          // x's gradient's column sums where asked for, x's gradient is written, and rows move in groups of 4.
+          const bool sums_wanted = dx_sums && need_dx && packs;
+          auto run = [&](auto kernel, int blocks_per_sm, bool sums) {
             // Every SM as full as the kernel's registers allow, and no more blocks than the rows keep busy: each
             // block's warps sum their rows' dw and db in registers, and each block adds one row of partials.
             const int64_t blocks = std::min<int64_t>(static_cast<int64_t>(blocks_per_sm) * cuda::kdetail::sm_count(),
@@ -800,10 +841,20 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
             if (need_dbias) pb = internal::empty({blocks, d}, {.dtype = DType::Float32, .device = x.device()});
             float* pw_ptr = need_dweight ? pw.data_ptr<float>() : nullptr;
             float* pb_ptr = need_dbias ? pb.data_ptr<float>() : nullptr;
+            Tensor ps;  // (blocks, d): the sums of x's gradient
+            if (sums) ps = internal::empty({blocks, d}, {.dtype = DType::Float32, .device = x.device()});
+            float* ps_ptr = sums ? ps.data_ptr<float>() : nullptr;
             kernel<<<static_cast<unsigned>(blocks), 32 * kBackwardWarps, 0, stream>>>(
                 dy.data_ptr<T>(), x.data_ptr<T>(), w, mean.data_ptr<float>(), rstd.data_ptr<float>(), dx, dx_low,
-                pw_ptr, pb_ptr, rows, static_cast<int>(d), keep_bits, scale);
+                pw_ptr, pb_ptr, rows, static_cast<int>(d), keep_bits, scale, ps_ptr);
             KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
+            if (sums) {
+              g.dx_sums = internal::empty({d}, {.dtype = DType::Float32, .device = x.device()});
+              const dim3 grid(static_cast<unsigned>(cuda::kdetail::ceil_div(d, 32)), 1);
+              column_sum_kernel<float, float><<<grid, dim3(32, kSumSlices), 0, stream>>>(
+                  ps_ptr, nullptr, g.dx_sums.data_ptr<float>(), nullptr, static_cast<int>(blocks), static_cast<int>(d));
+              KILN_CUDA_CHECK_LAUNCH("layer_norm backward");
+            }
             if (!need_dweight && !need_dbias) return;
             const dim3 grid(static_cast<unsigned>(cuda::kdetail::ceil_div(d, 32)), 2);
             column_sum_kernel<T, float><<<grid, dim3(32, kSumSlices), 0, stream>>>(
@@ -817,12 +868,17 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d,
             if (packs) {
               with_group_count(d, [&](auto groups) {
                 constexpr int G = decltype(groups)::value;
-                run(layer_norm_backward_warp<G, 4, T, L, float, kDrop>, backward_blocks_per_sm<G, 4, T, L>());
+                if (sums_wanted) {
+                  run(layer_norm_backward_warp<G, 4, T, L, float, kDrop, true>, backward_blocks_per_sm<G, 4, T, L>(),
+                      true);
+                } else {
+                  run(layer_norm_backward_warp<G, 4, T, L, float, kDrop>, backward_blocks_per_sm<G, 4, T, L>(), false);
+                }
               });
             } else {
               with_lane_count(d, [&](auto lanes) {
                 constexpr int J = decltype(lanes)::value;
-                run(layer_norm_backward_warp<J, 1, T, L, float, kDrop>, backward_blocks_per_sm<J, 1, T, L>());
+                run(layer_norm_backward_warp<J, 1, T, L, float, kDrop>, backward_blocks_per_sm<J, 1, T, L>(), false);
               });
             }
           };

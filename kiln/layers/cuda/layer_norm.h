@@ -52,14 +52,18 @@ LayerNormSaved layer_norm_forward(const Tensor& x, int64_t d, const Tensor& weig
 struct LayerNormGrads {
   Tensor dx, dweight, dbias;  // undefined where not asked for
   Tensor dx_low;              // dx in dx_also_in as well, when asked for
+  Tensor dx_sums;             // (d) float32: the column sums of x's gradient as stored (dx_low where written, else
+                              // dx), when asked for (dx_sums) and the row kernel moved groups of 4; else undefined
 };
 // dx_also_in (BFloat16 or Float16, for Float32 x with D <= 1024): also write dx in that dtype, from the same values.
 // With `keep` (forward's keep bits, D <= 1024, not Float64) and dx_also_in (which may then be x's dtype): dx_low is
 // the gradient of the dropout's input instead, dx rounded to dx_also_in times the dropout's mask (0 or
 // 1 / (1 - p) rounded to dx_also_in), rounded once: what internal::dropout's backward would make of it.
+// dx_sums: the row kernel also sums the columns of x's gradient as it stores them (dx_sums; the bias gradient of the
+// Linear whose output x is), where rows move in groups of 4 (D % 4 == 0, aligned pointers).
 LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, int64_t d, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& weight, bool need_dx, bool need_dweight, bool need_dbias,
                                    std::optional<DType> dx_also_in = std::nullopt, const Tensor& keep = {},
-                                   double p = 0);
+                                   double p = 0, bool dx_sums = false);
 
 }  // namespace kiln::nn::cuda_impl
