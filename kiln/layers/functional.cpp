@@ -56,11 +56,18 @@ void check_affine(const char* op, const Tensor& t, const char* name, const Shape
 
 #if KILN_WITH_CUDA
 // The 16-bit cast of a layer norm's float32 output that its kernel also writes (autocast::offer_cast): the dtype to
-// write it in (none: not wanted) and where forward leaves it.
+// write it in (none: not wanted) and where forward leaves it; and whether backward sums x's gradient's columns for
+// the Linear before (autograd::offer_column_sums): not in an FP8 region, where that Linear's FP8 product sums them
+// as it quantises the gradient.
 struct OutputCast {
   std::optional<DType> dtype;
   Tensor* values = nullptr;
+  bool sum_x_grad = true;
 };
+
+// Whether a layer norm on `device` offers its x gradient's column sums (OutputCast::sum_x_grad), asked before
+// autocast is turned off for the op.
+bool sums_worth_offering(Device device) { return autocast::fp8_recipe(device.type()) == nullptr; }
 
 // y, offering the cast its kernel wrote where there is one (for the next product's autocast cast to take).
 Tensor offering_cast(const Tensor& y, const Tensor& cast) {
@@ -105,6 +112,7 @@ struct AddLayerNormFunction : autograd::Function<AddLayerNormFunction> {
     ctx.save_for_backward({saved.sum, wc, saved.mean, saved.rstd});
     ctx.set("normalized", normalized);
     ctx.set("x_dtype", x.dtype());
+    ctx.set("sum_x_grad", cast.sum_x_grad);
     return saved.y;
   }
   static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
@@ -115,7 +123,7 @@ struct AddLayerNormFunction : autograd::Function<AddLayerNormFunction> {
     auto g = cuda_impl::layer_norm_backward(contiguous(grads[0]), s[0], numel(normalized), s[2], s[3], s[1], need_dx,
                                             ctx.needs_input_grad(2), ctx.needs_input_grad(3),
                                             ctx.needs_input_grad(0) ? std::optional<DType>(x_dtype) : std::nullopt, {},
-                                            0, /*dx_sums=*/ctx.needs_input_grad(0));
+                                            0, ctx.needs_input_grad(0) && ctx.get<bool>("sum_x_grad"));
     Tensor dx = ctx.needs_input_grad(0) ? (g.dx_low.defined() ? g.dx_low : g.dx) : Tensor();
     autograd::offer_column_sums(dx, g.dx_sums);  // the bias gradient of the Linear whose output x is
     return {dx, ctx.needs_input_grad(1) ? g.dx : Tensor(),
@@ -150,6 +158,7 @@ struct DropoutAddLayerNormFunction : autograd::Function<DropoutAddLayerNormFunct
     ctx.set("normalized", normalized);
     ctx.set("x_dtype", x.dtype());
     ctx.set("p", p);
+    ctx.set("sum_x_grad", cast.sum_x_grad);
     return saved.y;
   }
   static autograd::TensorList backward(autograd::Context& ctx, const autograd::TensorList& grads) {
@@ -160,7 +169,7 @@ struct DropoutAddLayerNormFunction : autograd::Function<DropoutAddLayerNormFunct
         contiguous(grads[0]), s[0], numel(normalized), s[2], s[3], s[1], need_dx, ctx.needs_input_grad(2),
         ctx.needs_input_grad(3),
         ctx.needs_input_grad(0) ? std::optional<DType>(ctx.get<DType>("x_dtype")) : std::nullopt, s[4],
-        ctx.get<double>("p"), /*dx_sums=*/ctx.needs_input_grad(0));
+        ctx.get<double>("p"), ctx.needs_input_grad(0) && ctx.get<bool>("sum_x_grad"));
     if (ctx.needs_input_grad(0)) autograd::offer_column_sums(g.dx_low, g.dx_sums);  // for the Linear before
     return {ctx.needs_input_grad(0) ? g.dx_low : Tensor(), ctx.needs_input_grad(1) ? g.dx : Tensor(),
             g.dweight.defined() ? reshape(g.dweight, normalized) : Tensor(),
@@ -479,10 +488,11 @@ Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& norm
 #if KILN_WITH_CUDA
   if (auto in = fused_add_inputs(x, residual, normalized_shape, weight_in, bias_in)) {
     const std::optional<DType> offer = autocast::cast_worth_offering(x.device());  // before autocast is off
+    const bool sums = sums_worth_offering(x.device());
     autocast::DisableGuard as_one_op;
     Tensor cast;
     const Tensor y = AddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps,
-                                                 OutputCast{offer, &cast});
+                                                 OutputCast{offer, &cast, sums});
     return cap.done(offering_cast(y, cast), describe);
   }
 #endif
@@ -540,13 +550,14 @@ Tensor dropout_add_layer_norm(const Tensor& x_in, const Tensor& residual, double
     if (auto in = fused_add_inputs(x, residual, normalized_shape, weight, bias);
         in && in->residual.dtype() != DType::Float64) {
       const std::optional<DType> offer = autocast::cast_worth_offering(x.device());
+      const bool sums = sums_worth_offering(x.device());
       autocast::DisableGuard as_one_op;
       Tensor cast;
       std::optional<cuda_impl::Fp8Output> fp8_out;
       if (codes) fp8_out = cuda_impl::Fp8Output{codes->codes, codes->input_scale, codes->input_amax};
       bool written = false;
       const Tensor y = DropoutAddLayerNormFunction::apply(x, in->residual, in->weight, in->bias, normalized_shape, eps,
-                                                          p, gen, OutputCast{offer, &cast},
+                                                          p, gen, OutputCast{offer, &cast, sums},
                                                           OutputFp8{fp8_out ? &*fp8_out : nullptr, &written});
       return cap.done(offering_fp8(offering_cast(y, cast), fp8_next, codes, written), describe);
     }
