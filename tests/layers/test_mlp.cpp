@@ -13,9 +13,9 @@
 #include "kiln/autograd/autocast.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/layers/functional.h"
-#include "kiln/profiler/profiler.h"   // the additions a backward makes
+#include "kiln/profiler/profiler.h"    // the additions a backward makes
 #include "kiln/tensor/internal_ops.h"  // internal::gelu_backward: the values dh must equal
-#include "support/profile_counts.h"   // additions_of
+#include "support/profile_counts.h"    // additions_of
 #include "support/test_support.h"
 
 namespace kiln::testing {
@@ -66,7 +66,7 @@ TEST_P(MlpTest, GeluBackwardWithColumnSumsEqualsTheGradientAndItsSums) {
     Shape shape;
     bool transposed;
   };
-  const std::vector<Case> cases = {{{200, 64}, false}, {{1, 8}, false},    {{64 * 41 + 5, 24}, false},
+  const std::vector<Case> cases = {{{200, 64}, false},   {{1, 8}, false},   {{64 * 41 + 5, 24}, false},
                                    {{2, 70, 32}, false}, {{70, 12}, false}, {{48, 40}, true}};
   for (const DType dtype : {DType::Float32, DType::BFloat16, DType::Float16, DType::Float64}) {
     for (const Case& c : cases) {
@@ -125,13 +125,17 @@ TEST_P(MlpTest, GeluBackwardWithColumnSumsRejectsBadArguments) {
   const Tensor a = zeros({4, 8}, opts()), b = zeros({4, 16}, opts());
   expect_error([&] { nn::gelu_backward_with_column_sums(a, b); },
                {"gelu_backward_with_column_sums", "one shape", "[4, 8]", "[4, 16]"});
-  expect_error([&] { nn::gelu_backward_with_column_sums(a, zeros({4, 8}, opts(DType::BFloat16))); },
-               {"gelu_backward_with_column_sums", "one floating dtype"});
-  expect_error([&] { nn::gelu_backward_with_column_sums(zeros({4, 8}, opts(DType::Int64)),
-                                                         zeros({4, 8}, opts(DType::Int64))); },
-               {"gelu_backward_with_column_sums", "floating"});
-  expect_error([&] { nn::gelu_backward_with_column_sums(Tensor(), a); },
-               {"gelu_backward_with_column_sums", "defined"});
+  expect_error(
+      [&] {
+        nn::gelu_backward_with_column_sums(a, zeros({4, 8}, opts(DType::BFloat16)));
+      },
+      {"gelu_backward_with_column_sums", "one floating dtype"});
+  expect_error(
+      [&] {
+        nn::gelu_backward_with_column_sums(zeros({4, 8}, opts(DType::Int64)), zeros({4, 8}, opts(DType::Int64)));
+      },
+      {"gelu_backward_with_column_sums", "floating"});
+  expect_error([&] { nn::gelu_backward_with_column_sums(Tensor(), a); }, {"gelu_backward_with_column_sums", "defined"});
 }
 
 // ---------------------------------------------------------------- linear_gelu_linear
@@ -225,6 +229,31 @@ TEST_P(MlpTest, OneNodeGivesTheComposedOpsValues) {
   }
 }
 
+// Under autocast from an input already in the autocast dtype (a 16-bit activation): the node takes it as it is and
+// gives its gradient in that dtype, the composed ops' values.
+TEST_P(MlpTest, SixteenBitInputUnderAutocast) {
+  const int64_t in = 16, hidden = 32, out = 8, rows = 40;
+  const MlpParams p = make_params(in, hidden, out, opts(), true, 100), q = copy_of(p);
+  Tensor r1 = make(uniform(rows * in, -1, 1, 104), {rows, in}, opts(DType::BFloat16)).requires_grad_();
+  Tensor r2 = r1.detach().clone().requires_grad_();
+  Tensor y1, y2;
+  {
+    autocast::Guard on(dev().type(), DType::BFloat16);
+    y1 = nn::linear_gelu_linear(r1 * 1.0, p.w1, p.b1, p.w2, p.b2);
+    y2 = nn::linear(gelu(nn::linear(r2 * 1.0, q.w1, q.b1)), q.w2, q.b2);
+  }
+  ASSERT_TRUE(is_mlp_node(y1));
+  expect_same(y1, y2, "y");
+  const Tensor g = make(uniform(rows * out, -1, 1, 105), {rows, out}, opts(DType::BFloat16));
+  y1.backward(g);
+  y2.backward(g);
+  EXPECT_EQ(r1.grad().dtype(), DType::BFloat16);
+  expect_close(r1.grad(), r2.grad(), 1e-2, "x's gradient");  // bfloat16: rounded once or twice
+  expect_close(p.w1.grad(), q.w1.grad(), 2e-6, "w1's gradient");
+  expect_close(p.b1.grad(), q.b1.grad(), 2e-6, "b1's gradient");
+  expect_same(p.w2.grad(), q.w2.grad(), "w2's gradient");
+}
+
 // A residual stream: h = 2 r is used by the MLP and by h * u. Backward adds the MLP's dX into the sum h * u's gradient
 // began (one product with beta = 1), so it runs no addition of h's gradients, and r's gradient is the composed path's.
 TEST_P(MlpTest, InputGradientIsAddedIntoTheResidualSum) {
@@ -255,7 +284,8 @@ TEST_P(MlpTest, InputGradientIsAddedIntoTheResidualSum) {
 
 // Where the node does not apply, linear_gelu_linear is the composition itself, with its values: without gradients
 // (grad mode off, or no input that requires one), for a 1-D input, for parameters of another dtype than x's without
-// autocast (its error is the composition's). With frozen weights the node still runs, and gives x's and the biases' gradients alone.
+// autocast (its error is the composition's). With frozen weights the node still runs, and gives x's and the biases'
+// gradients alone.
 TEST_P(MlpTest, OtherCallsTakeTheComposedPath) {
   const int64_t in = 16, hidden = 32, out = 8, rows = 10;
   const MlpParams p = make_params(in, hidden, out, opts(), true, 90);
