@@ -3,7 +3,8 @@
 // GPU: the forward alone, and the forward with the weight's gradient (the stem's input needs none), median of 20
 // steps after 5 (bench::median_step_ms), with nn::set_cudnn_benchmark on as bench_train runs. Also the zero-padding
 // copy itself (3 -> 4 and 3 -> 8 channels, channels-last). Whether cuDNN's engines for a 3-channel 16-bit input are
-// slower than those for an aligned channel count by more than the padding costs.
+// slower than those for an aligned channel count by more than the padding costs. Last, the same stem as a
+// space-to-depth convolution (4x4, stride 1, on 12 or 16 channels of 115 x 115), the layout change left out.
 //
 //   g++ -std=c++20 -O2 -I . -I build/include -I bench bench/experiments/stem_channels.cpp -L build/kiln -lkiln \
 //       -Wl,-rpath,'$ORIGIN' -o stem_channels
@@ -49,6 +50,26 @@ void run(DType dtype, const char* name) {
     const double pad = c == 3 ? 0.0 : bench::median_step_ms(5, 20, [&] { (void)pad_channels(x3, c); });
     std::printf("stem %s c_in %lld: fwd %.4f ms  fwd+dw %.4f ms  padding copy %.4f ms\n", name,
                 static_cast<long long>(c), fwd, fwd_dw, pad);
+    std::fflush(stdout);
+  }
+  // The same convolution as space-to-depth: the input padded by 3 to 230 x 230 and its 2 x 2 blocks made channels
+  // (115 x 115 x 12), the kernel padded to 8 x 8 and split likewise (4 x 4 x 12): a 4 x 4 stride-1 convolution with
+  // the same outputs (112 x 112), on 12 channels or zero-padded to 16.
+  for (int64_t c : {12, 16}) {
+    const Tensor x = randn({kN, c, 115, 115}, {.dtype = dtype, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
+    Tensor w = randn({kOut, c, 4, 4}, {.dtype = dtype, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
+    w.requires_grad_();
+    const nn::Conv2dOptions s2d{.stride = 1, .padding = 0, .bias = false};
+    const double fwd = bench::median_step_ms(5, 20, [&] {
+      NoGradGuard no_grad;
+      (void)nn::conv2d(x, w, {}, s2d);
+    });
+    const double fwd_dw = bench::median_step_ms(5, 20, [&] {
+      w.mutable_grad() = Tensor();
+      nn::conv2d(x, w, {}, s2d).backward(dy);
+    });
+    std::printf("stem %s space-to-depth c_in %lld: fwd %.4f ms  fwd+dw %.4f ms\n", name, static_cast<long long>(c), fwd,
+                fwd_dw);
     std::fflush(stdout);
   }
 }
