@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The next GPU call: the branch bert-mlp (BERT's layers take the MLP node outside FP8 regions too) tested and measured
-# against main, and the stem experiment with its space-to-depth variant. Run from a clean main checkout with main's
-# build packed (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor) and
-# gpu-carry/ab6/ab.tar.xz (libkiln_bertmlp.so.0.1 and test_layers_bertmlp, built in /work/fp8q). Carry
-# gpu-carry/prebuilt.tar.xz, prebuilt.id, prebuilt.targets, gpu-carry/ab6 and gpu-carry/exp4. In order:
+# The next GPU call: the branches bert-mlp (BERT's layers take the MLP node outside FP8 regions too) and stem-s2d
+# (ResNet's bf16 stem as a stride-1 convolution over the input's 2 x 2 blocks) tested and measured against main, and
+# the stem experiment with its space-to-depth variant. Run from a clean main checkout with main's build packed
+# (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor) and gpu-carry/ab6/ab.tar.xz
+# (one xz stream, 256 MiB dictionary): libkiln_bertmlp (edfc2c3, built in /work/fp8q), libkiln_s2d16 (7848736, built
+# in /work/main) and libkiln_s2d12 (the same with the blocks' 12 channels unpadded), test_layers_bertmlp and
+# test_layers_s2d. Carry gpu-carry/prebuilt.tar.xz, prebuilt.id, prebuilt.targets, gpu-carry/ab6 and gpu-carry/exp4.
+# In order:
 #  1. bert-mlp's test_layers on the GPU (BERT against PyTorch's golden values and the parity runs, the MLP node,
-#     GELU, layer norms, determinism, CUDA graphs of BERT);
+#     GELU, layer norms, determinism, CUDA graphs of BERT); stem-s2d's convolution, ResNet and determinism tests;
 #  2. the stem experiment (gpu-carry/exp4/stem_channels, bench/experiments/stem_channels.cpp, main's libkiln);
-#  3. bench_train bert_base_128, bert_large_128 and bert_base_128_fp32 on main and bertmlp, alternated (AB_ROUNDS);
+#  3. bench_train bert_base_128, bert_large_128 and bert_base_128_fp32 on main and bertmlp, and resnet50_bf16 on
+#     main, s2d16 and s2d12, alternated (AB_ROUNDS, AB_REVS, RN_REVS);
 #  4. a kernel trace of bert_base_128 on bertmlp (TRACE_STOP_AT);
 #  5. optionally (VS_TORCH_ROUNDS, VS_TORCH_LIB) BERT-base and BERT-large against PyTorch compile + graph
 #     (ONLY_VS_TORCH=1: this step alone, as a follow-up call).
@@ -18,11 +22,15 @@ source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, with_l
 call_logs h; L=$logs
 gpu_banner
 use_prebuilt bench_train kernel_trace test_autograd || { echo "no prebuilt binaries"; exit 1; }
-mkdir -p /tmp/ab /tmp/lib_bertmlp && tar -xJf ${AB_PACK:-gpu-carry/ab6/ab.tar.xz} -C /tmp/ab
-mv /tmp/ab/libkiln_bertmlp.so.0.1 /tmp/lib_bertmlp/libkiln.so.0.1
+mkdir -p /tmp/ab && tar -xJf ${AB_PACK:-gpu-carry/ab6/ab.tar.xz} -C /tmp/ab
+for rev in bertmlp s2d16 s2d12; do mkdir -p /tmp/lib_$rev && mv /tmp/ab/libkiln_$rev.so.0.1 /tmp/lib_$rev/libkiln.so.0.1; done
 mv /tmp/ab/test_layers_bertmlp /tmp/lib_bertmlp/test_layers && chmod +x /tmp/lib_bertmlp/test_layers
-# The branch's test_layers reads PyTorch's golden files where it was built.
-[[ $PWD != /work/fp8q ]] && mkdir -p /work/fp8q/tests/golden && ln -sfn "$PWD/tests/golden/data" /work/fp8q/tests/golden/data
+mv /tmp/ab/test_layers_s2d /tmp/lib_s2d16/test_layers && chmod +x /tmp/lib_s2d16/test_layers
+# The branches' test_layers read PyTorch's golden files where they were built (bert-mlp in /work/fp8q, stem-s2d in
+# /work/main).
+for d in /work/fp8q /work/main; do
+  [[ $PWD != "$d" ]] && mkdir -p $d/tests/golden && ln -sfn "$PWD/tests/golden/data" $d/tests/golden/data
+done
 bt=build/bench/bench_train; kt=$PWD/build/bench/libkernel_trace.so
 steps='"case": "[a-z0-9_]*"\|"step_ms": [0-9.]*\|"eager_step_ms": [0-9.]*\|"trained": [a-z]*'
 if [[ -z ${ONLY_VS_TORCH:-} ]]; then
@@ -30,6 +38,9 @@ if [[ -z ${ONLY_VS_TORCH:-} ]]; then
     --gtest_filter='*Bert*:*Mlp*:*Parity*:*Gelu*:*Determinis*:*ColumnSums*:*CudaAddLayerNorm*' > $L/test_layers_bertmlp.log 2>&1
   echo "bertmlp test_layers: exit $? $(gtest_counts $L/test_layers_bertmlp.log) at $SECONDS s"
   grep "FAILED\|Failure" $L/test_layers_bertmlp.log | head -20; snap
+  with_lib s2d16 timeout 200 /tmp/lib_s2d16/test_layers --gtest_filter='*Conv*:*ResNet*:*Deterministic*' > $L/test_layers_s2d.log 2>&1
+  echo "s2d test_layers: exit $? $(gtest_counts $L/test_layers_s2d.log) at $SECONDS s"
+  grep "FAILED\|Failure" $L/test_layers_s2d.log | head -20; snap
   if [[ -x gpu-carry/exp4/stem_channels ]]; then
     with_lib main timeout 150 gpu-carry/exp4/stem_channels > $L/stem_channels.log 2>&1
     echo "stem_channels: exit $? at $SECONDS s"; cat $L/stem_channels.log; snap
@@ -38,6 +49,10 @@ if [[ -z ${ONLY_VS_TORCH:-} ]]; then
     for rev in ${AB_REVS:-main bertmlp}; do
       with_lib $rev timeout 150 $bt --case bert_base_128 --case bert_large_128 --case bert_base_128_fp32 > $L/ab_${rev}_$r.log 2>&1
       echo "round $r $rev: exit $? $(grep -o "$steps" $L/ab_${rev}_$r.log | paste -sd' ') at $SECONDS s"
+    done
+    for rev in ${RN_REVS:-main s2d16 s2d12}; do
+      with_lib $rev timeout 150 $bt --case resnet50_bf16 > $L/rn_${rev}_$r.log 2>&1
+      echo "round $r $rev: exit $? $(grep -o "$steps" $L/rn_${rev}_$r.log | paste -sd' ') at $SECONDS s"
     done
     snap
   done
