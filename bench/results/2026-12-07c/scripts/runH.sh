@@ -3,7 +3,7 @@
 # (ResNet's bf16 stem as a stride-1 convolution over the input's 2 x 2 blocks) tested and measured against main, and
 # the stem experiment with its space-to-depth variant. Run from a clean main checkout with main's build packed
 # (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor) and gpu-carry/ab6/ab.tar.xz
-# (one xz stream, 256 MiB dictionary): libkiln_bertmlp (edfc2c3, built in /work/fp8q), libkiln_s2d16 (7848736, built
+# (one xz stream, 256 MiB dictionary): libkiln_bertmlp (branch bert-mlp, built in /work/fp8q), libkiln_s2d16 (branch stem-s2d, built
 # in /work/main) and libkiln_s2d12 (the same with the blocks' 12 channels unpadded), test_layers_bertmlp and
 # test_layers_s2d. Carry gpu-carry/prebuilt.tar.xz, prebuilt.id, prebuilt.targets, gpu-carry/ab6 and gpu-carry/exp4.
 # In order:
