@@ -7,17 +7,19 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>  // std::tie
 
-#include "kiln/autograd/autocast.h"     // autocast::inputs for the fused GPU paths
-#include "kiln/autograd/column_sums.h"  // offer_column_sums: a layer norm's x gradient summed for the Linear before
-#include "kiln/autograd/function.h"     // autograd::Function: the fused GPU paths' nodes
-#include "kiln/autograd/grad_mode.h"    // NoGradGuard for the running-statistics update
-#include "kiln/autograd/node.h"         // Node, SavedTensor, make_node, set_history: dropout's node
-#include "kiln/autograd/sparse_grad.h"  // accumulate_sparse_grad: sparse embedding lookups
-#include "kiln/layers/fp8_linear.h"     // fp8_begin_input, fp8_offer_input: dropout_add_layer_norm's fp8_next
-#include "kiln/tensor/capture.h"        // capture::Op: the op recorded for ONNX export
-#include "kiln/tensor/error.h"          // KILN_CHECK
-#include "kiln/tensor/fp8_ops.h"        // internal::fp8_quantize
+#include "kiln/autograd/autocast.h"       // autocast::inputs for the fused GPU paths
+#include "kiln/autograd/column_sums.h"    // offer_column_sums: a layer norm's x gradient summed for the Linear before
+#include "kiln/autograd/function.h"       // autograd::Function: the fused GPU paths' nodes
+#include "kiln/autograd/grad_mode.h"      // NoGradGuard for the running-statistics update
+#include "kiln/autograd/node.h"           // Node, SavedTensor, make_node, set_history: dropout's node
+#include "kiln/autograd/sparse_grad.h"    // accumulate_sparse_grad: sparse embedding lookups
+#include "kiln/layers/fp8_linear.h"       // fp8_begin_input, fp8_offer_input: dropout_add_layer_norm's fp8_next
+#include "kiln/layers/linear_backward.h"  // detail::linear_weight_bias_grads, linear_input_grad
+#include "kiln/tensor/capture.h"          // capture::Op: the op recorded for ONNX export
+#include "kiln/tensor/error.h"            // KILN_CHECK
+#include "kiln/tensor/fp8_ops.h"          // internal::fp8_quantize
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/batch_norm.h"  // cuda_impl::batch_norm_forward / _backward
 #include "kiln/layers/cuda/layer_norm.h"  // the fused GPU layer norm
@@ -335,6 +337,35 @@ static Tensor linear_as_one_op(const Tensor& x, const Tensor& weight, const Tens
   return reshape(y, out_shape);
 }
 
+namespace detail {
+
+std::pair<Tensor, Tensor> linear_weight_bias_grads(const Tensor& g2, const Tensor& x2, bool want_w, bool want_b,
+                                                   DType w_dtype, DType b_dtype) {
+  const auto as_dtype = [](const Tensor& t, DType d) { return t.dtype() == d ? t : internal::cast(t, d); };
+  const Tensor gt = internal::transpose(g2, 0, 1);  // (out, M)
+  const Tensor offered = want_b ? autograd::take_column_sums(g2) : Tensor();
+  if (want_w && want_b && !offered.defined()) {
+    auto [dw, sums] = internal::mm_with_row_sums(gt, x2, w_dtype);  // (out, in), (out)
+    return {dw, as_dtype(sums, b_dtype)};
+  }
+  Tensor dw, db;
+  if (want_w) dw = internal::mm(gt, x2, w_dtype);
+  if (want_b) db = offered.defined() ? as_dtype(offered, b_dtype) : internal::sum(g2, {0}, false, b_dtype);
+  return {dw, db};
+}
+
+Tensor linear_input_grad(const Tensor& g2, const Tensor& w, const Tensor& sum, const Shape& x_shape, DType x_dtype) {
+  if (x_dtype == DType::Float32 && sum.defined() && sum.dtype() == DType::Float32 && sum.shape() == x_shape &&
+      sum.is_contiguous()) {
+    Tensor rows = internal::reshape(sum, {-1, w.size(1)});
+    internal::addmm_(rows, g2, w);
+    return sum;
+  }
+  return internal::reshape(internal::mm(g2, w, x_dtype), x_shape);
+}
+
+}  // namespace detail
+
 namespace {
 
 // nn::linear where autocast computes it in 16 bits from a float32 x (an activation of the float32 residual stream,
@@ -372,39 +403,16 @@ struct AutocastLinearFunction : autograd::Function<AutocastLinearFunction> {
     const Tensor& g = grads[0];
     const Tensor g2 = internal::reshape(g, {-1, g.size(-1)});  // (M, out)
     Tensor dx, dw, db;
-    if (ctx.needs_input_grad(0)) {
-      const Tensor& w = saved[0];
-      const Tensor& sum = ctx.gradient_sum(0);
-      if (sum.defined() && sum.dtype() == DType::Float32 && sum.shape() == x_shape && sum.is_contiguous()) {
-        Tensor rows = internal::reshape(sum, {-1, w.size(1)});
-        internal::addmm_(rows, g2, w);  // dX added into the sum: the engine adds nothing
-        dx = sum;
-      } else {
-        dx = internal::reshape(internal::mm(g2, w, DType::Float32), x_shape);
-      }
-    }
+    // dX added into the sum x's other uses began, where the engine offers it (then the engine adds nothing).
+    if (ctx.needs_input_grad(0))
+      dx = detail::linear_input_grad(g2, saved[0], ctx.gradient_sum(0), x_shape, DType::Float32);
     const bool want_w = ctx.needs_input_grad(1), want_b = ctx.needs_input_grad(2);
     if (want_w || want_b) {
-      const Tensor& x2 = saved[1];
       // In float32 where the parameter's cast takes its gradient so (the float32 sums of the product, unrounded).
       const auto dtype_for = [&](size_t i) {
         return ctx.gradient_dtype_wanted(i) == DType::Float32 ? DType::Float32 : g.dtype();
       };
-      const Tensor gt = internal::transpose(g2, 0, 1);  // (out, M)
-      // g's column sums, where the op after this one summed them as it wrote g (a layer norm's backward).
-      const Tensor offered = want_b ? autograd::take_column_sums(g) : Tensor();
-      if (want_w && want_b && !offered.defined()) {
-        auto [w_grad, sums] = internal::mm_with_row_sums(gt, x2, dtype_for(1));  // (out, in), (out)
-        dw = w_grad;
-        db = sums.dtype() == dtype_for(2) ? sums : internal::cast(sums, dtype_for(2));
-      } else {
-        if (want_w) dw = internal::mm(gt, x2, dtype_for(1));
-        if (want_b && offered.defined()) {
-          db = offered.dtype() == dtype_for(2) ? offered : internal::cast(offered, dtype_for(2));
-        } else if (want_b) {
-          db = internal::sum(g2, {0}, false, dtype_for(2));
-        }
-      }
+      std::tie(dw, db) = detail::linear_weight_bias_grads(g2, saved[1], want_w, want_b, dtype_for(1), dtype_for(2));
     }
     return {dx, dw, db};
   }

@@ -6,18 +6,19 @@
 // first product's weight gradient is a plain product. Every other value is the composed path's, from the same
 // kernels: the forward bit for bit, and the gradients but for the order in which b1's sums are added.
 #include <optional>
+#include <tuple>  // std::tie
 #include <utility>
 
-#include "kiln/autograd/autocast.h"     // autocast::target_dtype, cast_to, DisableGuard
-#include "kiln/autograd/column_sums.h"  // take_column_sums: b2's gradient summed by the op after the MLP
-#include "kiln/autograd/function.h"     // autograd::Function
-#include "kiln/autograd/grad_mode.h"    // NoGradGuard
-#include "kiln/autograd/node.h"         // autograd::needs_grad
+#include "kiln/autograd/autocast.h"   // autocast::target_dtype, cast_to, DisableGuard
+#include "kiln/autograd/function.h"   // autograd::Function
+#include "kiln/autograd/grad_mode.h"  // NoGradGuard
+#include "kiln/autograd/node.h"       // autograd::needs_grad
 #include "kiln/layers/autocast_ops.h"
 #include "kiln/layers/functional.h"
-#include "kiln/tensor/capture.h"       // capture::active: an exported forward keeps the ops it is made of
-#include "kiln/tensor/error.h"         // KILN_CHECK
-#include "kiln/tensor/internal_ops.h"  // raw ops: the node's forward and backward
+#include "kiln/layers/linear_backward.h"  // detail::linear_weight_bias_grads, linear_input_grad
+#include "kiln/tensor/capture.h"          // capture::active: an exported forward keeps the ops it is made of
+#include "kiln/tensor/error.h"            // KILN_CHECK
+#include "kiln/tensor/internal_ops.h"     // raw ops: the node's forward and backward
 #if KILN_WITH_CUDA
 #include "kiln/layers/cuda/gelu_sums.h"  // cuda_impl::gelu_backward_sums
 #endif
@@ -91,22 +92,11 @@ struct MlpFunction : autograd::Function<MlpFunction> {
     };
     const auto as_dtype = [](const Tensor& t, DType d) { return t.dtype() == d ? t : internal::cast(t, d); };
     Tensor dx, dw1, db1, dw2, db2;
-    // The second product, as AddmmBackward computes it.
+    // The second product, as nn::linear's node computes it (b2's gradient offered where the op after the MLP, a layer
+    // norm's backward, summed g's columns as it wrote g).
     const bool want_w2 = ctx.needs_input_grad(3), want_b2 = ctx.needs_input_grad(4);
     if (want_w2 || want_b2) {
-      const Tensor& a = saved[3];
-      const Tensor gt = internal::transpose(g2, 0, 1);  // (out, M)
-      // g's column sums, where the op after the MLP summed them as it wrote g (a layer norm's backward).
-      const Tensor offered = want_b2 ? autograd::take_column_sums(g) : Tensor();
-      if (want_w2 && want_b2 && !offered.defined()) {
-        auto [w_grad, sums] = internal::mm_with_row_sums(gt, a, dtype_for(3));
-        dw2 = w_grad;
-        db2 = as_dtype(sums, dtype_for(4));
-      } else {
-        if (want_w2) dw2 = internal::mm(gt, a, dtype_for(3));
-        if (want_b2)
-          db2 = offered.defined() ? as_dtype(offered, dtype_for(4)) : internal::sum(g2, {0}, false, dtype_for(4));
-      }
+      std::tie(dw2, db2) = detail::linear_weight_bias_grads(g2, saved[3], want_w2, want_b2, dtype_for(3), dtype_for(4));
     }
     const bool want_x = ctx.needs_input_grad(0), want_w1 = ctx.needs_input_grad(1), want_b1 = ctx.needs_input_grad(2);
     if (want_x || want_w1 || want_b1) {
@@ -122,19 +112,9 @@ struct MlpFunction : autograd::Function<MlpFunction> {
         dh = internal::gelu_backward(da, h, tanh);
       }
       if (want_w1) dw1 = internal::mm(internal::transpose(dh, 0, 1), saved[1], dtype_for(1));  // (hidden, in)
-      if (want_x) {
-        const Tensor& w1 = saved[0];
-        const auto x_shape = ctx.get<Shape>("x_shape");
-        const auto x_dtype = ctx.get<DType>("x_dtype");
-        const Tensor& sum = ctx.gradient_sum(0);
-        if (x_dtype == DType::Float32 && sum.defined() && sum.dtype() == DType::Float32 && sum.shape() == x_shape &&
-            sum.is_contiguous()) {
-          Tensor rows = internal::reshape(sum, {-1, w1.size(1)});
-          internal::addmm_(rows, dh, w1);  // dX added into the sum: the engine adds nothing
-          dx = sum;
-        } else {
-          dx = internal::reshape(x_dtype == dh.dtype() ? internal::mm(dh, w1) : internal::mm(dh, w1, x_dtype), x_shape);
-        }
+      if (want_x) {  // added into the sum x's other uses began, where the engine offers it
+        dx = detail::linear_input_grad(dh, saved[0], ctx.gradient_sum(0), ctx.get<Shape>("x_shape"),
+                                       ctx.get<DType>("x_dtype"));
       }
     }
     return {dx, dw1, db1, dw2, db2};
