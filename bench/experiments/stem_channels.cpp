@@ -29,6 +29,22 @@ Tensor pad_channels(const Tensor& x, int64_t c) {
   return cat({x, zeros_part}, 1).contiguous(MemoryFormat::ChannelsLast);
 }
 
+struct Times {
+  double fwd, fwd_dw;  // ms: the forward alone; the forward with w's gradient from dy
+};
+
+Times time_conv(const Tensor& x, Tensor& w, const Tensor& dy, const nn::Conv2dOptions& opt) {
+  const double fwd = bench::median_step_ms(5, 20, [&] {
+    NoGradGuard no_grad;
+    (void)nn::conv2d(x, w, {}, opt);
+  });
+  const double fwd_dw = bench::median_step_ms(5, 20, [&] {
+    w.mutable_grad() = Tensor();
+    nn::conv2d(x, w, {}, opt).backward(dy);
+  });
+  return {fwd, fwd_dw};
+}
+
 void run(DType dtype, const char* name) {
   const Device dev = Device::cuda(0);
   const Tensor x3 = randn({kN, 3, kHW, kHW}, {.dtype = dtype, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
@@ -39,17 +55,10 @@ void run(DType dtype, const char* name) {
   for (int64_t c : {3, 4, 8}) {
     const Tensor x = pad_channels(x3, c);
     Tensor w = pad_channels(w3, c).requires_grad_();
-    const double fwd = bench::median_step_ms(5, 20, [&] {
-      NoGradGuard no_grad;
-      (void)nn::conv2d(x, w, {}, opt);
-    });
-    const double fwd_dw = bench::median_step_ms(5, 20, [&] {
-      w.mutable_grad() = Tensor();
-      nn::conv2d(x, w, {}, opt).backward(dy);
-    });
+    const Times t = time_conv(x, w, dy, opt);
     const double pad = c == 3 ? 0.0 : bench::median_step_ms(5, 20, [&] { (void)pad_channels(x3, c); });
     std::printf("stem %s c_in %lld: fwd %.4f ms  fwd+dw %.4f ms  padding copy %.4f ms\n", name,
-                static_cast<long long>(c), fwd, fwd_dw, pad);
+                static_cast<long long>(c), t.fwd, t.fwd_dw, pad);
     std::fflush(stdout);
   }
   // The same convolution as space-to-depth: the input padded by 3 to 230 x 230 and its 2 x 2 blocks made channels
@@ -59,17 +68,9 @@ void run(DType dtype, const char* name) {
     const Tensor x = randn({kN, c, 115, 115}, {.dtype = dtype, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
     Tensor w = randn({kOut, c, 4, 4}, {.dtype = dtype, .device = dev}).contiguous(MemoryFormat::ChannelsLast);
     w.requires_grad_();
-    const nn::Conv2dOptions s2d{.stride = 1, .padding = 0, .bias = false};
-    const double fwd = bench::median_step_ms(5, 20, [&] {
-      NoGradGuard no_grad;
-      (void)nn::conv2d(x, w, {}, s2d);
-    });
-    const double fwd_dw = bench::median_step_ms(5, 20, [&] {
-      w.mutable_grad() = Tensor();
-      nn::conv2d(x, w, {}, s2d).backward(dy);
-    });
-    std::printf("stem %s space-to-depth c_in %lld: fwd %.4f ms  fwd+dw %.4f ms\n", name, static_cast<long long>(c), fwd,
-                fwd_dw);
+    const Times t = time_conv(x, w, dy, {.stride = 1, .padding = 0, .bias = false});
+    std::printf("stem %s space-to-depth c_in %lld: fwd %.4f ms  fwd+dw %.4f ms\n", name, static_cast<long long>(c),
+                t.fwd, t.fwd_dw);
     std::fflush(stdout);
   }
 }
