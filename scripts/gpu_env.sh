@@ -101,6 +101,30 @@ with_lib() {
   if [[ $rev == main ]]; then dir="$root/build/kiln"; else dir="/tmp/lib_$rev"; fi
   LD_LIBRARY_PATH="$dir:${LD_LIBRARY_PATH:-}" "$@"
 }
+# unpack_libs PACK: the branches' builds in PACK (one tar.xz) to where with_lib finds them: libkiln_REV.so.0.1 into
+# /tmp/lib_REV/libkiln.so.0.1, test_layers_NAME into /tmp/lib_NAME/test_layers (run it with the library it was built
+# with: with_lib REV /tmp/lib_NAME/test_layers).
+unpack_libs() {
+  local f name
+  mkdir -p /tmp/ab && tar -xJf "$1" -C /tmp/ab || return 1
+  for f in /tmp/ab/libkiln_*.so.0.1 /tmp/ab/test_layers_*; do
+    [[ -f $f ]] || continue
+    name=${f#/tmp/ab/}
+    if [[ $name == libkiln_* ]]; then
+      name=${name#libkiln_} && name=${name%.so.0.1}
+      mkdir -p "/tmp/lib_$name" && mv "$f" "/tmp/lib_$name/libkiln.so.0.1"
+    else
+      name=${name#test_layers_}
+      mkdir -p "/tmp/lib_$name" && mv "$f" "/tmp/lib_$name/test_layers" && chmod +x "/tmp/lib_$name/test_layers"
+    fi
+  done
+}
+# golden_at DIR: a test binary built in the checkout DIR reads PyTorch's golden files from DIR/tests/golden/data; where
+# DIR is not this checkout and has no such folder, a link to this checkout's.
+golden_at() {
+  [[ $1 == "$root" || -d $1/tests/golden/data ]] && return 0
+  mkdir -p "$1/tests/golden" && ln -sfn "$root/tests/golden/data" "$1/tests/golden/data"
+}
 # gtest_counts LOG: "(N ok, M skipped)", then the failed and skipped tests and the first failures.
 gtest_counts() {
   echo "($(grep -c '^\[       OK ' "$1") ok, $(grep -c '^\[  SKIPPED ' "$1") skipped)"

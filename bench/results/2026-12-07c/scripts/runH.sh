@@ -22,15 +22,10 @@ source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, with_l
 call_logs h; L=$logs
 gpu_banner
 use_prebuilt bench_train kernel_trace test_autograd || { echo "no prebuilt binaries"; exit 1; }
-mkdir -p /tmp/ab && tar -xJf ${AB_PACK:-gpu-carry/ab6/ab.tar.xz} -C /tmp/ab
-for rev in bertmlp s2d16 s2d12; do mkdir -p /tmp/lib_$rev && mv /tmp/ab/libkiln_$rev.so.0.1 /tmp/lib_$rev/libkiln.so.0.1; done
-mv /tmp/ab/test_layers_bertmlp /tmp/lib_bertmlp/test_layers && chmod +x /tmp/lib_bertmlp/test_layers
-mv /tmp/ab/test_layers_s2d /tmp/lib_s2d16/test_layers && chmod +x /tmp/lib_s2d16/test_layers
+unpack_libs ${AB_PACK:-gpu-carry/ab6/ab.tar.xz} || { echo "the branches' pack does not unpack"; exit 1; }
 # The branches' test_layers read PyTorch's golden files where they were built (bert-mlp in /work/fp8q, stem-s2d in
 # /work/main).
-for d in /work/fp8q /work/main; do
-  [[ $PWD != "$d" ]] && mkdir -p $d/tests/golden && ln -sfn "$PWD/tests/golden/data" $d/tests/golden/data
-done
+golden_at /work/fp8q; golden_at /work/main
 bt=build/bench/bench_train; kt=$PWD/build/bench/libkernel_trace.so
 steps='"case": "[a-z0-9_]*"\|"step_ms": [0-9.]*\|"eager_step_ms": [0-9.]*\|"trained": [a-z]*'
 if [[ -z ${ONLY_VS_TORCH:-} ]]; then
@@ -38,7 +33,7 @@ if [[ -z ${ONLY_VS_TORCH:-} ]]; then
     --gtest_filter='*Bert*:*Mlp*:*Parity*:*Gelu*:*Determinis*:*ColumnSums*:*CudaAddLayerNorm*' > $L/test_layers_bertmlp.log 2>&1
   echo "bertmlp test_layers: exit $? $(gtest_counts $L/test_layers_bertmlp.log) at $SECONDS s"
   grep "FAILED\|Failure" $L/test_layers_bertmlp.log | head -20; snap
-  with_lib s2d16 timeout 200 /tmp/lib_s2d16/test_layers --gtest_filter='*Conv*:*ResNet*:*Deterministic*' > $L/test_layers_s2d.log 2>&1
+  with_lib s2d16 timeout 200 /tmp/lib_s2d/test_layers --gtest_filter='*Conv*:*ResNet*:*Deterministic*' > $L/test_layers_s2d.log 2>&1
   echo "s2d test_layers: exit $? $(gtest_counts $L/test_layers_s2d.log) at $SECONDS s"
   grep "FAILED\|Failure" $L/test_layers_s2d.log | head -20; snap
   if [[ -x gpu-carry/exp4/stem_channels ]]; then

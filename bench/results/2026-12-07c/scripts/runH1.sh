@@ -8,13 +8,11 @@ source scripts/gpu_env.sh >/dev/null 2>&1
 call_logs h1; L=$logs
 gpu_banner
 use_prebuilt bench_train kernel_trace test_autograd || { echo "no prebuilt binaries"; exit 1; }
-mkdir -p /tmp/ab && tar -xJf gpu-carry/ab6/ab.tar.xz -C /tmp/ab
-for rev in bertmlp s2d16 s2d12; do mkdir -p /tmp/lib_$rev && mv /tmp/ab/libkiln_$rev.so.0.1 /tmp/lib_$rev/libkiln.so.0.1; done
-mv /tmp/ab/test_layers_s2d /tmp/lib_s2d16/test_layers && chmod +x /tmp/lib_s2d16/test_layers
-[[ $PWD != /work/main ]] && mkdir -p /work/main/tests/golden && ln -sfn "$PWD/tests/golden/data" /work/main/tests/golden/data
+unpack_libs gpu-carry/ab6/ab.tar.xz || { echo "the branches' pack does not unpack"; exit 1; }
+golden_at /work/main
 bt=build/bench/bench_train
 steps='"case": "[a-z0-9_]*"\|"step_ms": [0-9.]*\|"trained": [a-z]*'
-with_lib s2d16 timeout 120 /tmp/lib_s2d16/test_layers --gtest_filter='*Conv*' > $L/test_layers_s2d.log 2>&1
+with_lib s2d16 timeout 120 /tmp/lib_s2d/test_layers --gtest_filter='*Conv*' > $L/test_layers_s2d.log 2>&1
 echo "s2d conv tests: exit $? $(gtest_counts $L/test_layers_s2d.log) at $SECONDS s"; grep "Failure" -A3 $L/test_layers_s2d.log | head; snap
 with_lib main timeout 100 gpu-carry/exp4/stem_channels > $L/stem_channels.log 2>&1
 echo "stem_channels: exit $? at $SECONDS s"; cat $L/stem_channels.log; snap
