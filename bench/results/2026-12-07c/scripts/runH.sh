@@ -13,7 +13,7 @@
 #  3. bench_train bert_base_128, bert_large_128 and bert_base_128_fp32 on main and bertmlp, and resnet50_bf16 on
 #     main, s2d16 and s2d12, alternated (AB_ROUNDS, AB_REVS, RN_REVS);
 #  4. a kernel trace of bert_base_128 on bertmlp (TRACE_STOP_AT);
-#  5. optionally (VS_TORCH_ROUNDS, VS_TORCH_LIB) BERT-base and BERT-large against PyTorch compile + graph
+#  5. optionally (VS_TORCH_ROUNDS, VS_TORCH_LIB, VS_TORCH_CASES) BERT-base and BERT-large against PyTorch compile + graph
 #     (ONLY_VS_TORCH=1: this step alone, as a follow-up call).
 # Logs go to /tmp/lh and are packed into $OUT/logs_h.tgz after each step.
 set -u
@@ -61,7 +61,7 @@ if [[ -z ${ONLY_VS_TORCH:-} ]]; then
 fi
 if [[ ${VS_TORCH_ROUNDS:-0} -gt 0 ]]; then
   with_lib ${VS_TORCH_LIB:-bertmlp} env OUT=$OUT/vs_torch KILN_TORCH_MODES=compile_graph KILN_BENCH_TRAIN=$bt \
-    scripts/bench_vs_torch.sh $VS_TORCH_ROUNDS bert_base_128 bert_large_128 > $L/vs_torch.log 2>&1
+    scripts/bench_vs_torch.sh $VS_TORCH_ROUNDS ${VS_TORCH_CASES:-bert_base_128 bert_large_128} > $L/vs_torch.log 2>&1
   echo "vs torch (${VS_TORCH_LIB:-bertmlp}): exit $? at $SECONDS s"; tail -12 $L/vs_torch.log
 fi
 snap; echo "total $SECONDS s"
