@@ -261,13 +261,12 @@ BertLayer::BertLayer(const BertConfig& c) : Module("BertLayer") {
 
 Tensor BertLayer::forward(const Tensor& hidden, const Tensor& mask) {
   Tensor a = attention(hidden, mask);
-  // In an FP8 region a GELU goes with the two products around it (BertResidualOutput::forward_mlp,
-  // nn::linear_gelu_linear), so that the activation is never written, forward or backward (the intermediate's product
-  // then runs inside the output's profiler range). The same values as output(intermediate(a), a).
+  // A GELU goes with the two products around it (BertResidualOutput::forward_mlp, linear_gelu_linear): in an FP8
+  // region the activation is never written, forward or backward; elsewhere the MLP is one autograd node whose backward
+  // sums the first bias's gradient in the GELU's pass (nn::linear_gelu_linear). The intermediate's product then runs
+  // inside the output's profiler range. The same values as output(intermediate(a), a).
   const bool gelu = intermediate->act == BertActivation::Gelu || intermediate->act == BertActivation::GeluTanh;
-  if (gelu && autocast::fp8_recipe(a.device().type()) != nullptr) {
-    return output->forward_mlp(*intermediate->dense, a, intermediate->act == BertActivation::GeluTanh, a);
-  }
+  if (gelu) return output->forward_mlp(*intermediate->dense, a, intermediate->act == BertActivation::GeluTanh, a);
   return output(intermediate(a), a);
 }
 

@@ -124,8 +124,9 @@ class BertResidualOutput : public Module {
   BertResidualOutput(const BertConfig& config, int64_t in_features);
   // LayerNorm(dropout(dense(x)) + residual): x (N, S, in_features), residual (N, S, H) -> (N, S, H).
   Tensor forward(const Tensor& x, const Tensor& residual);
-  // forward(gelu(fc1(x), tanh_approximation), residual), fc1 and dense through nn::linear_gelu_linear: in an FP8
-  // region one function whose GELU is never written, forward or backward.
+  // forward(gelu(fc1(x), tanh_approximation), residual), fc1 and dense through linear_gelu_linear: in an FP8 region
+  // one function whose GELU is never written, forward or backward; elsewhere, in training, one autograd node whose
+  // backward sums fc1's bias gradient in the GELU's pass (BertLayer takes this path for its GELU activations).
   Tensor forward_mlp(Linear& fc1, const Tensor& x, bool tanh_approximation, const Tensor& residual);
 
   Handle<Linear> dense;          // in_features -> H
