@@ -51,6 +51,57 @@ Tensor pad2d(const Tensor& input, std::array<int64_t, 4> tblr, double value) {
   return contiguous(x);
 }
 
+bool space_to_depth_applies(const Shape& input, const Shape& weight, Pair stride, Pair padding, Pair dilation,
+                            int64_t groups) {
+  if (input.size() != 4 || weight.size() != 4 || groups != 1) return false;
+  for (size_t i = 0; i < 2; ++i) {
+    if (stride[i] != 2 || dilation[i] != 1 || padding[i] < 0) return false;
+    const int64_t span = input[2 + i] + 2 * padding[i], k = weight[2 + i];
+    if (k < 2 || span < k) return false;
+    const int64_t out = (span - k) / 2 + 1, blocks = (span + 1) / 2, kernel_blocks = (k + 1) / 2;
+    if (blocks - kernel_blocks + 1 != out) return false;
+  }
+  return true;
+}
+
+Tensor space_to_depth_input(const Tensor& input, Pair padding, int64_t channels) {
+  const int64_t n = input.size(0), c = input.size(1), h = input.size(2), w = input.size(3);
+  KILN_CHECK(channels >= 4 * c, "space_to_depth_input: ", channels, " channels cannot hold the 2 x 2 blocks of ", c);
+  const int64_t hb = (h + 2 * padding[0] + 1) / 2, wb = (w + 2 * padding[1] + 1) / 2;
+  Tensor out =
+      internal::zeros({n, channels, hb, wb},
+                      {.dtype = input.dtype(), .device = input.device(), .memory_format = MemoryFormat::ChannelsLast});
+  // out's memory is (N, Hb, Wb, channels); its first 4 C channels of a block are (a, b, c).
+  const Tensor blocks =
+      internal::as_strided(out, {n, hb, wb, 2, 2, c}, {hb * wb * channels, wb * channels, channels, 2 * c, c, 1});
+  for (int64_t a = 0; a < 2; ++a) {
+    // Padded row 2 i + a is input row 2 i + a - padding: the rows h0, h0 + 2, ... into block rows i0, i0 + 1, ...
+    const int64_t h0 = ((a - padding[0]) % 2 + 2) % 2, i0 = (h0 + padding[0] - a) / 2, rows = (h - h0 + 1) / 2;
+    for (int64_t b = 0; b < 2; ++b) {
+      const int64_t w0 = ((b - padding[1]) % 2 + 2) % 2, j0 = (w0 + padding[1] - b) / 2, cols = (w - w0 + 1) / 2;
+      if (rows <= 0 || cols <= 0) continue;
+      Tensor dst = internal::narrow(
+          internal::narrow(internal::select(internal::select(blocks, 3, a), 3, b), 1, i0, rows), 2, j0, cols);
+      const Tensor src =
+          internal::permute(internal::slice(internal::slice(input, 2, h0, h, 2), 3, w0, w, 2), {0, 2, 3, 1});
+      internal::copy_(dst, src);
+    }
+  }
+  return out;
+}
+
+Tensor space_to_depth_conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair padding,
+                             int64_t channels) {
+  const int64_t c_out = weight.size(0), c = weight.size(1);
+  const int64_t kh = (weight.size(2) + 1) / 2, kw = (weight.size(3) + 1) / 2;
+  // (C_out, C, 2 kh, 2 kw) -> (C_out, C, kh, 2, kw, 2) -> (C_out, 2, 2, C, kh, kw) -> (C_out, 4 C, kh, kw)
+  const Tensor even = pad2d(weight, {0, weight.size(2) % 2, 0, weight.size(3) % 2}, 0.0);
+  Tensor w = reshape(permute(reshape(even, {c_out, c, kh, 2, kw, 2}), {0, 3, 5, 1, 2, 4}), {c_out, 4 * c, kh, kw});
+  if (channels > 4 * c) w = cat({w, zeros({c_out, channels - 4 * c, kh, kw}, w.options())}, 1);
+  const Tensor x = space_to_depth_input(input.detach(), padding, channels);
+  return conv2d(x, w.contiguous(MemoryFormat::ChannelsLast), bias, {.stride = 1, .padding = 0, .bias = bias.defined()});
+}
+
 Tensor windows2d(const Tensor& padded, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                  std::array<int64_t, 2> dilation, std::array<int64_t, 2> out_size) {
   // Strides of the contiguous (N, C, Hp, Wp): (C Hp Wp, Hp Wp, Wp, 1).
@@ -251,6 +302,10 @@ Tensor conv2d_cudnn(const Tensor& input, const Tensor& weight, const Tensor& bia
 
 // ---------------------------------------------------------------- conv2d
 
+#if KILN_WITH_CUDA
+constexpr int64_t kSpaceToDepthChannels = 16;  // the blocks' channels: 4 C_in (C_in <= 4) zero-padded to 16
+#endif
+
 Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& bias_arg, const Conv2dOptions& options) {
   capture::Op cap("conv2d");
   const auto describe = [&] {
@@ -320,6 +375,17 @@ Tensor conv2d(const Tensor& input_arg, const Tensor& weight_arg, const Tensor& b
 
 #if KILN_WITH_CUDA
   if (input.is_cuda()) {
+    // A stride-2 first layer on at most 4 input channels (ResNet's 7x7 stem on RGB images) in bf16, its input needing
+    // no gradient, runs over the input's 2 x 2 blocks as a stride-1 convolution on 16 channels: cuDNN's bf16 kernels
+    // for 3 channels took 3.0 ms for ResNet-50's stem forward and weight gradient (batch 256, 224 x 224, an H100;
+    // bench/experiments/stem_channels.cpp), 7% of the training step, and padding the channels to 8 gained 10% of that.
+    if (input.dtype() == DType::BFloat16 && c_in <= 4 && !capture::active() && !autograd::needs_grad(input) &&
+        input.suggest_memory_format() == MemoryFormat::ChannelsLast &&
+        detail::space_to_depth_applies(input.shape(), weight.shape(), options.stride, options.padding, options.dilation,
+                                       groups)) {
+      const Tensor y = detail::space_to_depth_conv2d(input, weight, bias, options.padding, kSpaceToDepthChannels);
+      return cap.done(unbatched ? squeeze(y, 0) : y, describe);
+    }
     const cuda_impl::ConvGeometry geometry{
         .stride = options.stride.v, .padding = options.padding.v, .dilation = options.dilation.v, .groups = groups};
     if (cuda_impl::conv2d_supported(input, weight, geometry)) {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kiln/layers/conv.h"
+#include "kiln/layers/window_internal.h"  // detail::space_to_depth_*
 #include "support/grad_support.h"
 #include "support/test_support.h"
 
@@ -111,6 +112,58 @@ TEST_P(ConvTest, UnbatchedInputGivesAnUnbatchedOutput) {
   Tensor x = make(xv, {3, 5, 5}, opts()), w = make(wv, {2, 3, 3, 3}, opts());
   Tensor y = nn::conv2d(x, w, {}, {.padding = 1});
   expect_values(y, {2, 5, 5}, conv_ref({1, 3, 5, 5, 2, 3, 3, {.padding = 1, .bias = false}}, xv, wv, {}), 1e-5, 1e-5);
+}
+
+// The space-to-depth form of a stride-2 convolution (what nn::conv2d runs for a bf16 first layer on a GPU): values
+// against the double loop, the weight's and bias's gradients against nn::conv2d's own, in float64, with the blocks'
+// channels exactly 4 C_in and zero-padded beyond.
+TEST_P(ConvTest, SpaceToDepthFormGivesTheConvolutionsValuesAndGradients) {
+  const ConvCase cases[] = {
+      {2, 3, 17, 16, 8, 7, 7, {.stride = 2, .padding = 3, .bias = false}},  // ResNet's stem, odd sizes
+      {2, 3, 12, 10, 4, 4, 4, {.stride = 2, .padding = 1}},                 // even kernel
+      {1, 1, 9, 9, 5, 3, 3, {.stride = 2, .padding = 1}},                   // one channel
+      {2, 4, 8, 6, 6, 2, 2, {.stride = 2}},                                 // no padding
+  };
+  for (const ConvCase& cc : cases) {
+    const Shape x_shape{cc.n, cc.c_in, cc.h, cc.w}, w_shape{cc.c_out, cc.c_in, cc.kh, cc.kw};
+    ASSERT_TRUE(nn::detail::space_to_depth_applies(x_shape, w_shape, cc.o.stride, cc.o.padding, cc.o.dilation, 1));
+    for (int64_t channels : {4 * cc.c_in, int64_t{16}}) {
+      SCOPED_TRACE(::testing::Message() << "input " << cc.c_in << " x " << cc.h << " x " << cc.w << ", kernel " << cc.kh
+                                        << " x " << cc.kw << ", " << channels << " channels");
+      const TensorOptions o = opts(DType::Float64);
+      auto xv = uniform(numel(x_shape), -1, 1, 31), wv = uniform(numel(w_shape), -1, 1, 32);
+      auto bv = cc.o.bias ? uniform(cc.c_out, -1, 1, 33) : std::vector<double>{};
+      const Tensor x = make(xv, x_shape, o).contiguous(MemoryFormat::ChannelsLast);
+      Tensor w = make(wv, w_shape, o).requires_grad_(), w_ref = make(wv, w_shape, o).requires_grad_();
+      Tensor b = cc.o.bias ? make(bv, {cc.c_out}, o).requires_grad_() : Tensor();
+      Tensor b_ref = cc.o.bias ? make(bv, {cc.c_out}, o).requires_grad_() : Tensor();
+      const Tensor y = nn::detail::space_to_depth_conv2d(x, w, b, cc.o.padding, channels);
+      const int64_t oh = conv_out(cc.h, cc.kh, 2, cc.o.padding[0], 1),
+                    ow = conv_out(cc.w, cc.kw, 2, cc.o.padding[1], 1);
+      expect_values(y, {cc.n, cc.c_out, oh, ow}, conv_ref(cc, xv, wv, bv), 1e-12, 1e-12);
+      EXPECT_TRUE(y.is_contiguous(MemoryFormat::ChannelsLast));
+      const Tensor dy = make(uniform(y.numel(), -1, 1, 34), y.shape(), o);
+      y.backward(dy);
+      nn::conv2d(x, w_ref, b_ref, cc.o).backward(dy);
+      expect_values(w.grad(), w_shape, values(w_ref.grad()), 1e-12, 1e-12);
+      if (cc.o.bias) expect_values(b.grad(), {cc.c_out}, values(b_ref.grad()), 1e-12, 1e-12);
+    }
+  }
+}
+
+// The form applies to stride-2, undilated, ungrouped convolutions whose blocks give conv2d's output size.
+TEST(Conv, SpaceToDepthAppliesWhereTheBlocksGiveTheOutputSize) {
+  using nn::detail::space_to_depth_applies;
+  const Shape stem_x{256, 3, 224, 224}, stem_w{64, 3, 7, 7};
+  EXPECT_TRUE(space_to_depth_applies(stem_x, stem_w, 2, 3, 1, 1));
+  EXPECT_TRUE(space_to_depth_applies({1, 3, 33, 33}, {8, 3, 3, 3}, 2, 1, 1, 1));  // 35 rows: 18 blocks, 17 outputs
+  // 229 padded rows and an 8-row kernel: 115 blocks less 4 + 1 is 112, one more than conv2d's 111 outputs.
+  EXPECT_FALSE(space_to_depth_applies({1, 3, 223, 223}, {8, 3, 8, 8}, 2, 3, 1, 1));
+  EXPECT_FALSE(space_to_depth_applies(stem_x, stem_w, 1, 3, 1, 1));         // stride 1
+  EXPECT_FALSE(space_to_depth_applies(stem_x, stem_w, {2, 1}, 3, 1, 1));    // stride 2 one way only
+  EXPECT_FALSE(space_to_depth_applies(stem_x, stem_w, 2, 3, 2, 1));         // dilated
+  EXPECT_FALSE(space_to_depth_applies(stem_x, {64, 1, 7, 7}, 2, 3, 1, 3));  // grouped
+  EXPECT_FALSE(space_to_depth_applies(stem_x, {64, 3, 1, 1}, 2, 0, 1, 1));  // 1x1
 }
 
 TEST(Conv, Gradients) {

@@ -218,6 +218,34 @@ TEST_F(CudaConvTest, GradientFormatsFollowInputAndWeight) {
   }
 }
 
+// A bf16 channels-last stride-2 first layer on 3 channels whose input needs no gradient runs over the input's 2 x 2
+// blocks (nn::detail::space_to_depth_conv2d): the output and the weight's and bias's gradients against float64 on the
+// CPU, at ResNet's stem geometry and at an even kernel; with the input needing a gradient, the plain path.
+TEST_F(CudaConvTest, StridedFirstLayerOverTheInputsBlocksMatchesFloat64) {
+  const ConvCase stem_cases[] = {
+      {"7x7 stride 2 on 3 channels", {2, 3, 17, 16}, {8, 3, 7, 7}, {.stride = 2, .padding = 3, .bias = false}},
+      {"4x4 stride 2 on 3 channels, bias", {3, 3, 12, 10}, {16, 3, 4, 4}, {.stride = 2, .padding = 1}},
+  };
+  for (const ConvCase& c : stem_cases) {
+    SCOPED_TRACE(c.name);
+    const TensorOptions o{.dtype = DType::BFloat16, .device = Device::cuda(0)};
+    const Tensor x = make(uniform(numel(c.x), -1, 1, 1), c.x, o).contiguous(MemoryFormat::ChannelsLast);
+    Tensor w = make(uniform(numel(c.w), -1, 1, 2), c.w, o).contiguous(MemoryFormat::ChannelsLast).requires_grad_();
+    Tensor b = c.o.bias ? make(uniform(c.w[0], -1, 1, 3), {c.w[0]}, o).requires_grad_() : Tensor();
+    const Tensor y = nn::conv2d(x, w, b, c.o);
+    EXPECT_TRUE(y.is_contiguous(MemoryFormat::ChannelsLast));
+    const Tensor dy = make(uniform(y.numel(), -1, 1, 4), y.shape(), o);
+    y.backward(dy);
+    EXPECT_FALSE(x.grad().defined());
+    Tensor wr = host(w).requires_grad_(), br = c.o.bias ? host(b).requires_grad_() : Tensor();
+    const Tensor yr = nn::conv2d(host(x), wr, br, c.o);
+    yr.backward(host(dy));
+    expect_close(y, yr, kBFloat16Values, "output");
+    expect_close(w.grad(), wr.grad(), kBFloat16Grads, "grad_weight");
+    if (c.o.bias) expect_close(b.grad(), br.grad(), kBFloat16Grads, "grad_bias");
+  }
+}
+
 TEST_F(CudaConvTest, NonContiguousInput) {
   cuda::set_allow_tf32(false);
   const ConvCase c{"strided view", {2, 4, 7, 6}, {6, 2, 3, 3}, {.stride = 2, .padding = 1, .groups = 2}};
@@ -445,7 +473,8 @@ TEST_F(CudaConvTest, ForwardWithChannelSumsGivesTheOutputsSums) {
       const TensorOptions f32{.dtype = DType::Float32, .device = Device::cuda(0)};
       const nn::cuda_impl::ConvChannelSums sums{full({c}, std::nan(""), f32), full({c}, std::nan(""), f32)};
       std::string why_not;
-      const bool ran = nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, p.g, /*channels_last=*/true, &why_not);
+      const bool ran =
+          nn::cuda_impl::conv2d_graph_forward_with_sums(x, w, y, sums, p.g, /*channels_last=*/true, &why_not);
       if (dtype == DType::BFloat16 && !ran) {
         // cuDNN 9 has no bfloat16 engine for this graph on the H200 (its statistics node refuses the data type): the
         // call must then say so and leave the sums alone.
@@ -502,8 +531,8 @@ TEST_F(CudaConvTest, BackwardDataAccumulateAddsIntoTheSum) {
       const Tensor sum = sum0.clone(MemoryFormat::ChannelsLast);
       std::string why_not;
       const int64_t before = nn::cuda_impl::conv2d_graph_accumulations_run();
-      ASSERT_TRUE(nn::cuda_impl::conv2d_graph_backward_data_accumulate(sum, w, dy, p.g, /*channels_last=*/true,
-                                                                      &why_not))
+      ASSERT_TRUE(
+          nn::cuda_impl::conv2d_graph_backward_data_accumulate(sum, w, dy, p.g, /*channels_last=*/true, &why_not))
           << "cuDNN offered no engine for the backward-data + add graph: " << why_not;
       EXPECT_EQ(nn::cuda_impl::conv2d_graph_accumulations_run(), before + 1);
       EXPECT_TRUE(sum.is_contiguous(MemoryFormat::ChannelsLast));
