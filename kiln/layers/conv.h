@@ -11,8 +11,11 @@
 // gradients), under autocast in the autocast dtype; float32 uses TF32 tensor cores when
 // kiln::cuda::allow_tf32() is on (the default). The weight is used in the input's memory format (a
 // channels-last copy for a channels-last input unless it already is one, as PyTorch does): keep model and
-// input in one format (module.to(dev, MemoryFormat::ChannelsLast)) to avoid that copy. Elsewhere it is
-// im2col + matmul over differentiable ops.
+// input in one format (module.to(dev, MemoryFormat::ChannelsLast)) to avoid that copy. A bf16 channels-last
+// stride-2 convolution on at most 4 input channels whose input needs no gradient (an image network's first layer)
+// runs as a stride-1 convolution over the input's 2 x 2 blocks on 16 channels, where cuDNN's bf16 kernels for so few
+// channels are slow; the output and the weight's gradient are the convolution's. Elsewhere it is im2col + matmul
+// over differentiable ops.
 //
 //   nn::set_cudnn_benchmark(true);   // time every cuDNN algorithm once per problem, as torch.backends.cudnn.benchmark
 #pragma once
