@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The next GPU calls, from a clean main checkout with main's build packed
+# (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor test_layers),
+# gpu-carry/exp5/matmul_gelu_cudnn (bench/experiments/matmul_gelu_cudnn.cpp built against main's libkiln) and
+# gpu-carry/ab8/ab.tar.xz (libkiln_s2dk.so.0.1 and test_layers_s2dk: branch s2d-kernel, the space-to-depth blocks in
+# one kernel). Carry gpu-carry/prebuilt.tar.xz, prebuilt.id, prebuilt.targets, gpu-carry/exp5 and gpu-carry/ab8.
+# STEPS picks what runs, in this order:
+#   s2dk  s2d-kernel's convolution, ResNet and parity tests on the GPU, then resnet50_bf16 on main and s2dk,
+#         AB_ROUNDS alternated rounds (default 2);
+#   exp   the experiment: BERT's MLP product with its erf GELU fused through cuDNN against kiln's path;
+#   rn    resnet50_bf16 against PyTorch compile + graph, ROUNDS interleaved rounds (default 5), with VS_LIB's libkiln
+#         (main, or s2dk where it won);
+#   bert  bert_base_128 and bert_large_128 the same way;
+#   more  resnet18_cifar_bf16, bert_base_128_fp32 and bert_base_512 the same way.
+# First call: STEPS="s2dk exp" (about 420 s); then STEPS=rn VS_LIB=... (about 400 s); then STEPS=bert (about 520 s).
+# Logs go to /tmp/li and are packed into $OUT/logs_i.tgz after each step; each comparison's logs into
+# $OUT/vs_torch_STEP.tgz.
+set -u
+export OUT=${OUT:-/tmp/out}
+source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, use_prebuilt, with_lib, unpack_libs
+call_logs i; L=$logs
+gpu_banner
+use_prebuilt bench_train kernel_trace test_autograd test_layers || { echo "no prebuilt binaries"; exit 1; }
+bt=$PWD/build/bench/bench_train
+steps='"case": "[a-z0-9_]*"\|"step_ms": [0-9.]*\|"eager_step_ms": [0-9.]*\|"trained": [a-z]*'
+vs_torch() {  # NAME CASE...
+  local name=$1; shift
+  with_lib ${VS_LIB:-main} env OUT=/tmp/vs_$name KILN_TORCH_MODES=compile_graph KILN_BENCH_TRAIN=$bt \
+    scripts/bench_vs_torch.sh ${ROUNDS:-5} "$@" > $L/vs_torch_$name.log 2>&1
+  echo "vs torch $name (${VS_LIB:-main}): exit $? at $SECONDS s"; tail -12 $L/vs_torch_$name.log
+  tar -czf $OUT/vs_torch_$name.tgz -C /tmp vs_$name; snap
+}
+for step in ${STEPS:-s2dk exp}; do
+  case $step in
+    s2dk)
+      if [[ ! -d /tmp/lib_s2dk ]]; then unpack_libs gpu-carry/ab8/ab.tar.xz || { echo "the branch's pack does not unpack"; exit 1; }; fi
+      golden_at /work/main
+      with_lib s2dk timeout 150 /tmp/lib_s2dk/test_layers --gtest_filter='*Conv*:*ResNet*:*SpaceToDepth*' > $L/test_layers_s2dk.log 2>&1
+      echo "s2dk test_layers: exit $? $(gtest_counts $L/test_layers_s2dk.log) at $SECONDS s"
+      grep "FAILED\|Failure" $L/test_layers_s2dk.log | head -20; snap
+      for r in $(seq 1 ${AB_ROUNDS:-2}); do
+        for rev in main s2dk; do
+          with_lib $rev timeout 100 $bt --case resnet50_bf16 > $L/rn_${rev}_$r.log 2>&1
+          echo "round $r $rev: exit $? $(grep -o "$steps" $L/rn_${rev}_$r.log | paste -sd' ') at $SECONDS s"
+        done
+        snap
+      done ;;
+    exp)
+      LD_LIBRARY_PATH=$PWD/build/kiln:${LD_LIBRARY_PATH:-} timeout 240 gpu-carry/exp5/matmul_gelu_cudnn > $L/matmul_gelu_cudnn.log 2>&1
+      echo "matmul_gelu_cudnn: exit $? at $SECONDS s"; cat $L/matmul_gelu_cudnn.log; snap ;;
+    rn) vs_torch rn resnet50_bf16 ;;
+    bert) vs_torch bert bert_base_128 bert_large_128 ;;
+    more) vs_torch more resnet18_cifar_bf16 bert_base_128_fp32 bert_base_512 ;;
+  esac
+done
+snap; echo "total $SECONDS s"
