@@ -6,7 +6,8 @@
 //   forward:  kiln linear (bias epilogue) alone, kiln gelu alone, both; cuDNN matmul alone; cuDNN matmul + bias + GELU
 //             writing y only, and writing y and the pre-activation (what backward needs);
 //   backward: kiln's product dY W2 alone, and with gelu_backward_with_column_sums (today's path: the GELU's gradient
-//             and fc1's bias gradient in one pass); cuDNN matmul + GELU_BWD(., pre), and the same with the column sums
+//             and fc1's bias gradient in one pass); kiln's column sums of dh alone (what a fused product without
+//             them would add); cuDNN matmul + GELU_BWD(., pre), and the same with the column sums
 //             as a reduction node of the graph.
 // Each time is the median of 20 steps after 5 (bench::median_step_ms); each fused result is compared with kiln's
 // (largest absolute difference, and kiln's largest magnitude). A graph cuDNN cannot build prints its failed step.
@@ -50,7 +51,8 @@ cudnnHandle_t handle() {
   return h;
 }
 
-Attr tensor3(fe::graph::Graph& g, const char* name, int64_t uid, std::vector<int64_t> dim, std::vector<int64_t> stride) {
+Attr tensor3(fe::graph::Graph& g, const char* name, int64_t uid, std::vector<int64_t> dim,
+             std::vector<int64_t> stride) {
   return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
 }
 
@@ -71,8 +73,7 @@ Built finish(std::shared_ptr<fe::graph::Graph> g, std::unordered_map<int64_t, vo
   cudnnHandle_t h = handle();
   if (!step(g->validate(), "validate") || !step(g->build_operation_graph(h), "build_operation_graph") ||
       !step(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans") ||
-      !step(g->check_support(), "check_support") ||
-      !step(g->build_plans(fe::BuildPlanPolicy_t::ALL), "build_plans")) {
+      !step(g->check_support(), "check_support") || !step(g->build_plans(fe::BuildPlanPolicy_t::ALL), "build_plans")) {
     return b;
   }
   Tensor ws = zeros({std::max<int64_t>(g->get_autotune_workspace_size(), 1)}, {.dtype = DType::UInt8, .device = dev});
@@ -137,19 +138,28 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
       P->set_data_type(fe::DataType_t::FLOAT);
       Attr Bias = tensor3(*g, "b1", kBias, {1, 1, H}, {H, H, 1});
       pack[kBias] = b1.data_ptr();
-      Attr Pre = g->pointwise(P, Bias, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
+      Attr Pre =
+          g->pointwise(P, Bias, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
       Y = g->pointwise(Pre, fe::graph::Pointwise_attributes().set_name("gelu").set_mode(fe::PointwiseMode_t::GELU_FWD));
       if (variant == 2) {
-        Pre->set_output(true).set_uid(kPre).set_dim({1, M, H}).set_stride({M * H, H, 1}).set_data_type(
-            fe::DataType_t::BFLOAT16);
+        Pre->set_output(true)
+            .set_uid(kPre)
+            .set_dim({1, M, H})
+            .set_stride({M * H, H, 1})
+            .set_data_type(fe::DataType_t::BFLOAT16);
         pack[kPre] = pre2.data_ptr();
       } else {
         Pre->set_data_type(fe::DataType_t::FLOAT);
       }
     }
-    Y->set_output(true).set_uid(kOut).set_dim({1, M, H}).set_stride({M * H, H, 1}).set_data_type(
-        fe::DataType_t::BFLOAT16);
-    const char* what = variant == 0 ? "cudnn matmul" : variant == 1 ? "cudnn matmul+bias+gelu (y)" : "cudnn matmul+bias+gelu (y, pre)";
+    Y->set_output(true)
+        .set_uid(kOut)
+        .set_dim({1, M, H})
+        .set_stride({M * H, H, 1})
+        .set_data_type(fe::DataType_t::BFLOAT16);
+    const char* what = variant == 0   ? "cudnn matmul"
+                       : variant == 1 ? "cudnn matmul+bias+gelu (y)"
+                                      : "cudnn matmul+bias+gelu (y, pre)";
     Built b = finish(g, pack, dev);
     if (!b.graph) {
       std::printf("  %s: no plan (%s)\n", what, b.why_not.c_str());
@@ -172,10 +182,14 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
   const double t_mm = bench::median_step_ms(5, 20, [&] { gh = matmul(dy, w2); });
   std::pair<Tensor, Tensor> ref;
   const double t_gb = bench::median_step_ms(5, 20, [&] { ref = nn::gelu_backward_with_column_sums(gh, pre); });
-  const double t_bwd = bench::median_step_ms(
-      5, 20, [&] { ref = nn::gelu_backward_with_column_sums(matmul(dy, w2), pre); });
+  const double t_bwd =
+      bench::median_step_ms(5, 20, [&] { ref = nn::gelu_backward_with_column_sums(matmul(dy, w2), pre); });
   ref = nn::gelu_backward_with_column_sums(matmul(dy, w2), pre);
-  std::printf("  kiln bwd: dy w2 %.4f  gelu_backward_with_column_sums %.4f  both %.4f ms\n", t_mm, t_gb, t_bwd);
+  Tensor col;
+  const double t_sums =
+      bench::median_step_ms(5, 20, [&] { col = internal::sum(ref.first, {0}, false, DType::Float32); });
+  std::printf("  kiln bwd: dy w2 %.4f  gelu_backward_with_column_sums %.4f  both %.4f ms; column sums alone %.4f ms\n",
+              t_mm, t_gb, t_bwd, t_sums);
 
   Tensor dh = empty({M, H}, bf);
   Tensor sums = zeros({H}, {.dtype = DType::Float32, .device = dev});
@@ -186,10 +200,13 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
     Attr G = g->matmul(A, B, fe::graph::Matmul_attributes().set_name("mm"));
     G->set_data_type(fe::DataType_t::FLOAT);
     Attr Pre = tensor3(*g, "pre", kPre, {1, M, H}, {M * H, H, 1});
-    Attr DH =
-        g->pointwise(G, Pre, fe::graph::Pointwise_attributes().set_name("dgelu").set_mode(fe::PointwiseMode_t::GELU_BWD));
-    DH->set_output(true).set_uid(kOut).set_dim({1, M, H}).set_stride({M * H, H, 1}).set_data_type(
-        fe::DataType_t::BFLOAT16);
+    Attr DH = g->pointwise(G, Pre,
+                           fe::graph::Pointwise_attributes().set_name("dgelu").set_mode(fe::PointwiseMode_t::GELU_BWD));
+    DH->set_output(true)
+        .set_uid(kOut)
+        .set_dim({1, M, H})
+        .set_stride({M * H, H, 1})
+        .set_data_type(fe::DataType_t::BFLOAT16);
     std::unordered_map<int64_t, void*> pack{
         {kA, dy.data_ptr()}, {kB, w2.data_ptr()}, {kPre, pre.data_ptr()}, {kOut, dh.data_ptr()}};
     if (variant == 1) {
@@ -215,7 +232,8 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
     cuda::synchronize();
     std::printf("  %s: %.4f ms  (plan %s)  max |diff| %.4g of max %.4g", what, t, plan_name(*b.graph).c_str(),
                 max_diff(dh, ref.first), max_abs(ref.first));
-    if (variant == 1) std::printf("  sums: max |diff| %.4g of max %.4g", max_diff(sums, ref.second), max_abs(ref.second));
+    if (variant == 1)
+      std::printf("  sums: max |diff| %.4g of max %.4g", max_diff(sums, ref.second), max_abs(ref.second));
     std::printf("\n");
   }
 }
