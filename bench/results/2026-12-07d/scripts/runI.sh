@@ -11,7 +11,8 @@
 #   rn    resnet50_bf16 against PyTorch compile + graph, ROUNDS interleaved rounds (default 5), with VS_LIB's libkiln
 #         (main, or s2dk where it won);
 #   bert  bert_base_128 and bert_large_128 the same way;
-#   more  resnet18_cifar_bf16, bert_base_128_fp32 and bert_base_512 the same way.
+#   more  resnet18_cifar_bf16 and bert_base_512 the same way;
+#   fp32  bert_base_128_fp32 and resnet50_fp32 (TF32, issue 34's goal 4) the same way.
 # First call: STEPS="s2dk exp" (about 420 s); then STEPS=rn VS_LIB=... (about 400 s); then STEPS=bert (about 520 s).
 # Logs go to /tmp/li and are packed into $OUT/logs_i.tgz after each step; each comparison's logs into
 # $OUT/vs_torch_STEP.tgz.
@@ -50,7 +51,8 @@ for step in ${STEPS:-s2dk exp}; do
       echo "matmul_gelu_cudnn: exit $? at $SECONDS s"; cat $L/matmul_gelu_cudnn.log; snap ;;
     rn) vs_torch rn resnet50_bf16 ;;
     bert) vs_torch bert bert_base_128 bert_large_128 ;;
-    more) vs_torch more resnet18_cifar_bf16 bert_base_128_fp32 bert_base_512 ;;
+    more) vs_torch more resnet18_cifar_bf16 bert_base_512 ;;
+    fp32) vs_torch fp32 bert_base_128_fp32 resnet50_fp32 ;;
   esac
 done
 snap; echo "total $SECONDS s"
