@@ -20,6 +20,7 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -60,11 +61,14 @@ struct Built {
   std::shared_ptr<fe::graph::Graph> graph;
   Tensor workspace;
   std::string why_not;
+  int64_t plans = 0;     // the candidate plans built
+  double build_s = 0.0;  // building them and timing them (runtime compilation included)
 };
 
 // Validates, builds and autotunes `g` over `pack` (every plan, runtime-compiled ones included).
 Built finish(std::shared_ptr<fe::graph::Graph> g, std::unordered_map<int64_t, void*>& pack, const Device& dev) {
   Built b;
+  const auto start = std::chrono::steady_clock::now();
   auto step = [&](fe::error_t s, const char* what) {
     if (s.is_good()) return true;
     b.why_not = std::string(what) + ": " + s.get_message();
@@ -81,6 +85,8 @@ Built finish(std::shared_ptr<fe::graph::Graph> g, std::unordered_map<int64_t, vo
   int64_t bytes = 0;
   if (!step(g->get_workspace_size(bytes), "get_workspace_size")) return b;
   b.workspace = zeros({std::max<int64_t>(bytes, 1)}, {.dtype = DType::UInt8, .device = dev});
+  b.plans = g->get_execution_plan_count();
+  b.build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   b.graph = std::move(g);
   return b;
 }
@@ -171,8 +177,9 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
     });
     cuda::synchronize();
     const Tensor ref = variant == 0 ? matmul(x, w1.t()) : y;
-    std::printf("  %s: %.4f ms  (plan %s)  max |diff| %.4g of max %.4g", what, t, plan_name(*b.graph).c_str(),
-                max_diff(out, ref), max_abs(ref));
+    std::printf("  %s: %.4f ms  (plan %s of %lld, built and timed in %.1f s)  max |diff| %.4g of max %.4g", what, t,
+                plan_name(*b.graph).c_str(), static_cast<long long>(b.plans), b.build_s, max_diff(out, ref),
+                max_abs(ref));
     if (variant == 2) std::printf("  pre: max |diff| %.4g", max_diff(pre2, pre));
     std::printf("\n");
   }
@@ -230,8 +237,9 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
       (void)b.graph->execute(handle(), pack, b.workspace.data_ptr());
     }
     cuda::synchronize();
-    std::printf("  %s: %.4f ms  (plan %s)  max |diff| %.4g of max %.4g", what, t, plan_name(*b.graph).c_str(),
-                max_diff(dh, ref.first), max_abs(ref.first));
+    std::printf("  %s: %.4f ms  (plan %s of %lld, built and timed in %.1f s)  max |diff| %.4g of max %.4g", what, t,
+                plan_name(*b.graph).c_str(), static_cast<long long>(b.plans), b.build_s, max_diff(dh, ref.first),
+                max_abs(ref.first));
     if (variant == 1)
       std::printf("  sums: max |diff| %.4g of max %.4g", max_diff(sums, ref.second), max_abs(ref.second));
     std::printf("\n");
