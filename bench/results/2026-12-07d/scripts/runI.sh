@@ -2,21 +2,27 @@
 # The next GPU calls, from a clean main checkout with main's build packed
 # (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor test_layers),
 # gpu-carry/exp5/matmul_gelu_cudnn (bench/experiments/matmul_gelu_cudnn.cpp built against main's libkiln) and
-# gpu-carry/ab8/ab.tar.xz (libkiln_s2dk.so.0.1 and test_layers_s2dk: branch s2d-kernel, the space-to-depth blocks in
-# one kernel). Carry gpu-carry/prebuilt.tar.xz, prebuilt.id, prebuilt.targets, gpu-carry/exp5 and gpu-carry/ab8.
+# gpu-carry/ab8/ab.tar.xz (one xz stream: libkiln_s2dk.so.0.1 and test_layers_s2dk from branch s2d-kernel, the
+# space-to-depth blocks in one kernel; libkiln_mlpc.so.0.1 and test_layers_mlpc from branch mlp-cudnn, the MLP's GELU
+# in the first product's epilogue through cuDNN). Carry gpu-carry/prebuilt.tar.xz, prebuilt.id, prebuilt.targets,
+# gpu-carry/exp5 and gpu-carry/ab8.
 # STEPS picks what runs, in this order:
 #   s2dk  s2d-kernel's convolution, ResNet and parity tests on the GPU, then resnet50_bf16 on main and s2dk,
 #         AB_ROUNDS alternated rounds (default 2);
+#   mlpc  mlp-cudnn's MLP, BERT, parity and golden tests on the GPU, then bert_base_128 and bert_large_128 on main
+#         and mlpc, AB_ROUNDS alternated rounds;
 #   exp   the experiment: BERT's MLP product with its erf GELU fused through cuDNN against kiln's path;
 #   rn    resnet50_bf16 against PyTorch compile + graph, ROUNDS interleaved rounds (default 5), with VS_LIB's libkiln
 #         (main, or s2dk where it won);
 #   bert  bert_base_128 and bert_large_128 the same way;
 #   more  resnet18_cifar_bf16 and bert_base_512 the same way;
 #   fp32  bert_base_128_fp32 and resnet50_fp32 (TF32, issue 34's goal 4) the same way.
-# First call: STEPS="s2dk exp" (about 420 s); then STEPS=rn VS_LIB=... (about 400 s); then STEPS=bert (about 520 s).
+# First call: STEPS="s2dk mlpc exp" under timeout 590 (s2dk and mlpc about 160 s each, exp up to 240 s); then
+# STEPS=rn VS_LIB=... (about 400 s); then STEPS=bert VS_LIB=... (about 520 s).
 # Logs go to /tmp/li and are packed into $OUT/logs_i.tgz after each step; each comparison's logs into
 # $OUT/vs_torch_STEP.tgz.
 set -u
+VS_LIB=${VS_LIB:-main}
 export OUT=${OUT:-/tmp/out}
 source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, use_prebuilt, with_lib, unpack_libs
 call_logs i; L=$logs
@@ -31,11 +37,13 @@ vs_torch() {  # NAME CASE...
   echo "vs torch $name (${VS_LIB:-main}): exit $? at $SECONDS s"; tail -12 $L/vs_torch_$name.log
   tar -czf $OUT/vs_torch_$name.tgz -C /tmp vs_$name; snap
 }
-for step in ${STEPS:-s2dk exp}; do
+for step in ${STEPS:-s2dk mlpc exp}; do
+  if [[ $step == s2dk || $step == mlpc || $VS_LIB != main ]] && [[ ! -d /tmp/lib_s2dk ]]; then
+    unpack_libs gpu-carry/ab8/ab.tar.xz || { echo "the branches' pack does not unpack"; exit 1; }
+  fi
+  golden_at /work/main  # the branches' test_layers read PyTorch's golden files where they were built
   case $step in
     s2dk)
-      if [[ ! -d /tmp/lib_s2dk ]]; then unpack_libs gpu-carry/ab8/ab.tar.xz || { echo "the branch's pack does not unpack"; exit 1; }; fi
-      golden_at /work/main
       with_lib s2dk timeout 150 /tmp/lib_s2dk/test_layers --gtest_filter='*Conv*:*ResNet*:*SpaceToDepth*' > $L/test_layers_s2dk.log 2>&1
       echo "s2dk test_layers: exit $? $(gtest_counts $L/test_layers_s2dk.log) at $SECONDS s"
       grep "FAILED\|Failure" $L/test_layers_s2dk.log | head -20; snap
@@ -43,6 +51,17 @@ for step in ${STEPS:-s2dk exp}; do
         for rev in main s2dk; do
           with_lib $rev timeout 100 $bt --case resnet50_bf16 > $L/rn_${rev}_$r.log 2>&1
           echo "round $r $rev: exit $? $(grep -o "$steps" $L/rn_${rev}_$r.log | paste -sd' ') at $SECONDS s"
+        done
+        snap
+      done ;;
+    mlpc)
+      with_lib mlpc timeout 200 /tmp/lib_mlpc/test_layers --gtest_filter='*Mlp*:*Bert*:*Parity*:*Golden*' > $L/test_layers_mlpc.log 2>&1
+      echo "mlpc test_layers: exit $? $(gtest_counts $L/test_layers_mlpc.log) at $SECONDS s"
+      grep "FAILED\|Failure" $L/test_layers_mlpc.log | head -20; snap
+      for r in $(seq 1 ${AB_ROUNDS:-2}); do
+        for rev in main mlpc; do
+          with_lib $rev timeout 100 $bt --case bert_base_128 --case bert_large_128 > $L/bert_${rev}_$r.log 2>&1
+          echo "round $r $rev: exit $? $(grep -o "$steps" $L/bert_${rev}_$r.log | paste -sd' ') at $SECONDS s"
         done
         snap
       done ;;
