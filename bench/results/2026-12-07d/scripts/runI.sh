@@ -9,8 +9,8 @@
 # STEPS picks what runs, in this order:
 #   s2dk  s2d-kernel's convolution, ResNet and parity tests on the GPU, then resnet50_bf16 on main and s2dk,
 #         AB_ROUNDS alternated rounds (default 2);
-#   mlpc  mlp-cudnn's MLP, BERT, parity and golden tests on the GPU, then bert_base_128 and bert_large_128 on main
-#         and mlpc, AB_ROUNDS alternated rounds;
+#   mlpc  mlp-cudnn's MLP, BERT, parity, golden and convolution tests on the GPU (its cuDNN graph cache is shared with
+#         the convolutions'), then bert_base_128 and bert_large_128 on main and mlpc, AB_ROUNDS alternated rounds;
 #   exp   the experiment: BERT's MLP product with its erf GELU fused through cuDNN against kiln's path;
 #   rn    resnet50_bf16 against PyTorch compile + graph, ROUNDS interleaved rounds (default 5), with VS_LIB's libkiln
 #         (main, or s2dk where it won);
@@ -55,7 +55,7 @@ for step in ${STEPS:-s2dk mlpc exp}; do
         snap
       done ;;
     mlpc)
-      with_lib mlpc timeout 200 /tmp/lib_mlpc/test_layers --gtest_filter='*Mlp*:*Bert*:*Parity*:*Golden*' > $L/test_layers_mlpc.log 2>&1
+      with_lib mlpc timeout 260 /tmp/lib_mlpc/test_layers --gtest_filter='*Mlp*:*Bert*:*Parity*:*Golden*:*Conv*' > $L/test_layers_mlpc.log 2>&1
       echo "mlpc test_layers: exit $? $(gtest_counts $L/test_layers_mlpc.log) at $SECONDS s"
       grep "FAILED\|Failure" $L/test_layers_mlpc.log | head -20; snap
       for r in $(seq 1 ${AB_ROUNDS:-2}); do
