@@ -37,6 +37,16 @@ vs_torch() {  # NAME CASE...
   echo "vs torch $name (${VS_LIB:-main}): exit $? at $SECONDS s"; tail -12 $L/vs_torch_$name.log
   tar -czf $OUT/vs_torch_$name.tgz -C /tmp vs_$name; snap
 }
+ab() {  # REV NAME ARGS...: bench_train ARGS on main and on REV, AB_ROUNDS alternated rounds
+  local rev=$1 name=$2 r lib; shift 2
+  for r in $(seq 1 ${AB_ROUNDS:-2}); do
+    for lib in main $rev; do
+      with_lib $lib timeout 100 $bt "$@" > $L/${name}_${lib}_$r.log 2>&1
+      echo "round $r $lib: exit $? $(grep -o "$steps" $L/${name}_${lib}_$r.log | paste -sd' ') at $SECONDS s"
+    done
+    snap
+  done
+}
 for step in ${STEPS:-s2dk mlpc exp}; do
   if [[ $step == s2dk || $step == mlpc || $VS_LIB != main ]] && [[ ! -d /tmp/lib_s2dk ]]; then
     unpack_libs gpu-carry/ab8/ab.tar.xz || { echo "the branches' pack does not unpack"; exit 1; }
@@ -47,24 +57,12 @@ for step in ${STEPS:-s2dk mlpc exp}; do
       with_lib s2dk timeout 150 /tmp/lib_s2dk/test_layers --gtest_filter='*Conv*:*ResNet*:*SpaceToDepth*' > $L/test_layers_s2dk.log 2>&1
       echo "s2dk test_layers: exit $? $(gtest_counts $L/test_layers_s2dk.log) at $SECONDS s"
       grep "FAILED\|Failure" $L/test_layers_s2dk.log | head -20; snap
-      for r in $(seq 1 ${AB_ROUNDS:-2}); do
-        for rev in main s2dk; do
-          with_lib $rev timeout 100 $bt --case resnet50_bf16 > $L/rn_${rev}_$r.log 2>&1
-          echo "round $r $rev: exit $? $(grep -o "$steps" $L/rn_${rev}_$r.log | paste -sd' ') at $SECONDS s"
-        done
-        snap
-      done ;;
+      ab s2dk rn --case resnet50_bf16 ;;
     mlpc)
       with_lib mlpc timeout 260 /tmp/lib_mlpc/test_layers --gtest_filter='*Mlp*:*Bert*:*Parity*:*Golden*:*Conv*' > $L/test_layers_mlpc.log 2>&1
       echo "mlpc test_layers: exit $? $(gtest_counts $L/test_layers_mlpc.log) at $SECONDS s"
       grep "FAILED\|Failure" $L/test_layers_mlpc.log | head -20; snap
-      for r in $(seq 1 ${AB_ROUNDS:-2}); do
-        for rev in main mlpc; do
-          with_lib $rev timeout 100 $bt --case bert_base_128 --case bert_large_128 > $L/bert_${rev}_$r.log 2>&1
-          echo "round $r $rev: exit $? $(grep -o "$steps" $L/bert_${rev}_$r.log | paste -sd' ') at $SECONDS s"
-        done
-        snap
-      done ;;
+      ab mlpc bert --case bert_base_128 --case bert_large_128 ;;
     exp)
       LD_LIBRARY_PATH=$PWD/build/kiln:${LD_LIBRARY_PATH:-} timeout 240 gpu-carry/exp5/matmul_gelu_cudnn > $L/matmul_gelu_cudnn.log 2>&1
       echo "matmul_gelu_cudnn: exit $? at $SECONDS s"; cat $L/matmul_gelu_cudnn.log; snap ;;
