@@ -341,16 +341,15 @@ namespace detail {
 
 std::pair<Tensor, Tensor> linear_weight_bias_grads(const Tensor& g2, const Tensor& x2, bool want_w, bool want_b,
                                                    DType w_dtype, DType b_dtype) {
-  const auto as_dtype = [](const Tensor& t, DType d) { return t.dtype() == d ? t : internal::cast(t, d); };
   const Tensor gt = internal::transpose(g2, 0, 1);  // (out, M)
   const Tensor offered = want_b ? autograd::take_column_sums(g2) : Tensor();
   if (want_w && want_b && !offered.defined()) {
     auto [dw, sums] = internal::mm_with_row_sums(gt, x2, w_dtype);  // (out, in), (out)
-    return {dw, as_dtype(sums, b_dtype)};
+    return {dw, internal::cast(sums, b_dtype)};                     // sums itself where already in b_dtype
   }
   Tensor dw, db;
   if (want_w) dw = internal::mm(gt, x2, w_dtype);
-  if (want_b) db = offered.defined() ? as_dtype(offered, b_dtype) : internal::sum(g2, {0}, false, b_dtype);
+  if (want_b) db = offered.defined() ? internal::cast(offered, b_dtype) : internal::sum(g2, {0}, false, b_dtype);
   return {dw, db};
 }
 

@@ -90,7 +90,6 @@ struct MlpFunction : autograd::Function<MlpFunction> {
     const auto dtype_for = [&](size_t i) {
       return ctx.gradient_dtype_wanted(i) == DType::Float32 ? DType::Float32 : g.dtype();
     };
-    const auto as_dtype = [](const Tensor& t, DType d) { return t.dtype() == d ? t : internal::cast(t, d); };
     Tensor dx, dw1, db1, dw2, db2;
     // The second product, as nn::linear's node computes it (b2's gradient offered where the op after the MLP, a layer
     // norm's backward, summed g's columns as it wrote g).
@@ -107,7 +106,7 @@ struct MlpFunction : autograd::Function<MlpFunction> {
       if (want_b1) {
         auto [d, sums] = gelu_backward_with_column_sums(da, h, tanh);
         dh = d;
-        db1 = as_dtype(sums, dtype_for(2));
+        db1 = internal::cast(sums, dtype_for(2));  // sums itself where already in that dtype
       } else {
         dh = internal::gelu_backward(da, h, tanh);
       }

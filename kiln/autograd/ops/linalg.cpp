@@ -168,8 +168,8 @@ struct AddmmBackward final : ProductBackward {
       const DType dtype = grad_dtype(*this, 2, g);
       // The column sums of g, where the op after this one summed them as it wrote g (a layer norm's backward).
       if (Tensor offered = autograd::take_column_sums(g); offered.defined()) {
-        gb = mT(internal::mm(mT(g), a.unpack(*this), dtype));  // (N, K) transposed
-        gc = internal::reshape(offered.dtype() == dtype ? offered : internal::cast(offered, dtype), bias_shape);
+        gb = mT(internal::mm(mT(g), a.unpack(*this), dtype));                // (N, K) transposed
+        gc = internal::reshape(internal::cast(offered, dtype), bias_shape);  // offered itself in its dtype
         return {gc, ga, gb};
       }
       auto [gb_t, sums] = internal::mm_with_row_sums(mT(g), a.unpack(*this), dtype);  // (N, K), (N)
