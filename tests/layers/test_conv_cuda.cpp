@@ -13,6 +13,7 @@
 #include "kiln/autograd/autocast.h"  // autocast::Guard
 #include "kiln/layers/conv.h"
 #include "kiln/layers/cuda/conv_cudnn_graph.h"  // nn::cuda_impl::set_conv2d_graph_api, conv2d_graph_passes_run
+#include "kiln/layers/window_internal.h"        // nn::detail::space_to_depth_input
 #include "kiln/tensor/cuda.h"                   // cuda::is_available, allow_tf32, memory_stats
 #include "support/test_support.h"
 
@@ -243,6 +244,37 @@ TEST_F(CudaConvTest, StridedFirstLayerOverTheInputsBlocksMatchesFloat64) {
     expect_close(y, yr, kBFloat16Values, "output");
     expect_close(w.grad(), wr.grad(), kBFloat16Grads, "grad_weight");
     if (c.o.bias) expect_close(b.grad(), br.grad(), kBFloat16Grads, "grad_bias");
+  }
+}
+
+// The blocks of the space-to-depth form are made in one kernel on the GPU (cuda/space_to_depth.h): bit for bit the
+// blocks the CPU makes with a zero fill and strided copies, for each input channel count, odd and even sizes, every
+// padding the form takes, block channels that fill whole 16-byte vectors and ones that do not, and 2-, 4- and 8-byte
+// dtypes.
+TEST_F(CudaConvTest, SpaceToDepthBlocksOnTheGpuAreTheCpusBitForBit) {
+  struct Case {
+    int64_t n, c, h, w, pad_h, pad_w, channels;
+  };
+  const Case cases[] = {{2, 3, 17, 16, 3, 3, 16}, {3, 3, 12, 10, 1, 1, 12}, {1, 1, 9, 9, 1, 0, 4},
+                        {2, 4, 8, 6, 0, 0, 16},   {1, 2, 5, 7, 2, 3, 10},   {1, 3, 1, 1, 0, 1, 16}};
+  for (const DType dtype : {DType::BFloat16, DType::Float16, DType::Float32, DType::Float64}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << dtype << " input " << c.c << " x " << c.h << " x " << c.w << ", padding "
+                                        << c.pad_h << ", " << c.pad_w << ", " << c.channels << " channels");
+      const Shape shape{c.n, c.c, c.h, c.w};
+      const Tensor x = make(uniform(numel(shape), -4, 4, 7), shape, {.dtype = dtype, .device = Device::cuda(0)})
+                           .contiguous(MemoryFormat::ChannelsLast);
+      const Tensor gpu = nn::detail::space_to_depth_input(x, {c.pad_h, c.pad_w}, c.channels);
+      const Tensor cpu = nn::detail::space_to_depth_input(x.to(Device::cpu()), {c.pad_h, c.pad_w}, c.channels);
+      ASSERT_EQ(gpu.shape(), cpu.shape());
+      EXPECT_TRUE(gpu.is_contiguous(MemoryFormat::ChannelsLast));
+      EXPECT_EQ(gpu.dtype(), dtype);
+      const Tensor g = gpu.to(Device::cpu()).to(DType::Float64).contiguous(), r = cpu.to(DType::Float64).contiguous();
+      EXPECT_EQ(max(abs(sub(g, r))).item<double>(), 0.0);
+      // The padding channels and the padded border are zeros, and every input value is somewhere in the blocks.
+      const double total = sum(abs(x.to(Device::cpu(), DType::Float64))).item<double>();
+      EXPECT_NEAR(sum(abs(g)).item<double>(), total, 1e-12 * total);
+    }
   }
 }
 
