@@ -20,95 +20,20 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
-#include <chrono>
 #include <cstdio>
-#include <memory>
-#include <string>
-#include <unordered_map>
 
-#include "gpu_timing.h"  // bench::median_step_ms
+#include "experiments/cudnn_graph_bench.h"  // handle, new_graph, finish, plan_name, max_diff
+#include "gpu_timing.h"                     // bench::median_step_ms
 #include "kiln/kiln.h"
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/internal_ops.h"  // internal::gelu_backward
 
 using namespace kiln;
-namespace fe = cudnn_frontend;
 
 namespace {
 
-using Attr = std::shared_ptr<fe::graph::Tensor_attributes>;
+using namespace bench::cudnn_graph;
 enum Uid : int64_t { kA = 1, kB, kBias, kPre, kOut, kSums };
-
-cudnnHandle_t handle() {
-  static cudnnHandle_t h = [] {
-    cudnnHandle_t x = nullptr;
-    if (cudnnCreate(&x) != CUDNN_STATUS_SUCCESS) {
-      std::fprintf(stderr, "cudnnCreate failed\n");
-      std::exit(1);
-    }
-    return x;
-  }();
-  cudnnSetStream(h, static_cast<cudaStream_t>(cuda::current_stream(0).handle()));
-  return h;
-}
-
-Attr tensor3(fe::graph::Graph& g, const char* name, int64_t uid, std::vector<int64_t> dim,
-             std::vector<int64_t> stride) {
-  return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
-}
-
-struct Built {
-  std::shared_ptr<fe::graph::Graph> graph;
-  Tensor workspace;
-  std::string why_not;
-  int64_t plans = 0;     // the candidate plans built
-  double build_s = 0.0;  // building them and timing them (runtime compilation included)
-};
-
-// Validates, builds and autotunes `g` over `pack` (every plan, runtime-compiled ones included).
-Built finish(std::shared_ptr<fe::graph::Graph> g, std::unordered_map<int64_t, void*>& pack, const Device& dev) {
-  Built b;
-  const auto start = std::chrono::steady_clock::now();
-  auto step = [&](fe::error_t s, const char* what) {
-    if (s.is_good()) return true;
-    b.why_not = std::string(what) + ": " + s.get_message();
-    return false;
-  };
-  cudnnHandle_t h = handle();
-  if (!step(g->validate(), "validate") || !step(g->build_operation_graph(h), "build_operation_graph") ||
-      !step(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "create_execution_plans") ||
-      !step(g->check_support(), "check_support") || !step(g->build_plans(fe::BuildPlanPolicy_t::ALL), "build_plans")) {
-    return b;
-  }
-  Tensor ws = zeros({std::max<int64_t>(g->get_autotune_workspace_size(), 1)}, {.dtype = DType::UInt8, .device = dev});
-  if (!step(g->autotune(h, pack, ws.data_ptr()), "autotune")) return b;
-  int64_t bytes = 0;
-  if (!step(g->get_workspace_size(bytes), "get_workspace_size")) return b;
-  b.workspace = zeros({std::max<int64_t>(bytes, 1)}, {.dtype = DType::UInt8, .device = dev});
-  b.plans = g->get_execution_plan_count();
-  b.build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  b.graph = std::move(g);
-  return b;
-}
-
-std::shared_ptr<fe::graph::Graph> new_graph() {
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(fe::DataType_t::BFLOAT16)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  return g;
-}
-
-std::string plan_name(const fe::graph::Graph& g) {
-  std::string name;
-  (void)g.get_plan_name(name);
-  return name;
-}
-
-double max_abs(const Tensor& t) { return abs(t.to(DType::Float32)).max().item<double>(); }
-double max_diff(const Tensor& a, const Tensor& b) {
-  return abs(sub(a.to(DType::Float32), b.to(DType::Float32))).max().item<double>();
-}
 
 void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
   const Device dev = Device::cuda(0);
@@ -135,14 +60,14 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
   Tensor out = empty({M, H}, bf), pre2 = empty({M, H}, bf);
   for (int variant = 0; variant < 3; ++variant) {  // 0: matmul alone, 1: + bias + GELU (y), 2: also pre
     auto g = new_graph();
-    Attr A = tensor3(*g, "x", kA, {1, M, D}, {M * D, D, 1});
-    Attr B = tensor3(*g, "w1t", kB, {1, D, H}, {H * D, 1, D});
+    Attr A = tensor(*g, "x", kA, {1, M, D}, {M * D, D, 1});
+    Attr B = tensor(*g, "w1t", kB, {1, D, H}, {H * D, 1, D});
     Attr P = g->matmul(A, B, fe::graph::Matmul_attributes().set_name("mm"));
-    std::unordered_map<int64_t, void*> pack{{kA, x.data_ptr()}, {kB, w1.data_ptr()}, {kOut, out.data_ptr()}};
+    Pack pack{{kA, x.data_ptr()}, {kB, w1.data_ptr()}, {kOut, out.data_ptr()}};
     Attr Y = P;
     if (variant > 0) {
       P->set_data_type(fe::DataType_t::FLOAT);
-      Attr Bias = tensor3(*g, "b1", kBias, {1, 1, H}, {H, H, 1});
+      Attr Bias = tensor(*g, "b1", kBias, {1, 1, H}, {H, H, 1});
       pack[kBias] = b1.data_ptr();
       Attr Pre =
           g->pointwise(P, Bias, fe::graph::Pointwise_attributes().set_name("bias").set_mode(fe::PointwiseMode_t::ADD));
@@ -171,10 +96,7 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
       std::printf("  %s: no plan (%s)\n", what, b.why_not.c_str());
       continue;
     }
-    const double t = bench::median_step_ms(5, 20, [&] {
-      auto s = b.graph->execute(handle(), pack, b.workspace.data_ptr());
-      if (s.is_bad()) std::printf("  execute failed: %s\n", s.get_message().c_str());
-    });
+    const double t = bench::median_step_ms(5, 20, [&] { execute(b, pack); });
     cuda::synchronize();
     const Tensor ref = variant == 0 ? matmul(x, w1.t()) : y;
     std::printf("  %s: %.4f ms  (plan %s of %lld, built and timed in %.1f s)  max |diff| %.4g of max %.4g", what, t,
@@ -202,11 +124,11 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
   Tensor sums = zeros({H}, {.dtype = DType::Float32, .device = dev});
   for (int variant = 0; variant < 2; ++variant) {  // 0: matmul + GELU_BWD, 1: + column sums
     auto g = new_graph();
-    Attr A = tensor3(*g, "dy", kA, {1, M, D}, {M * D, D, 1});
-    Attr B = tensor3(*g, "w2", kB, {1, D, H}, {D * H, H, 1});
+    Attr A = tensor(*g, "dy", kA, {1, M, D}, {M * D, D, 1});
+    Attr B = tensor(*g, "w2", kB, {1, D, H}, {D * H, H, 1});
     Attr G = g->matmul(A, B, fe::graph::Matmul_attributes().set_name("mm"));
     G->set_data_type(fe::DataType_t::FLOAT);
-    Attr Pre = tensor3(*g, "pre", kPre, {1, M, H}, {M * H, H, 1});
+    Attr Pre = tensor(*g, "pre", kPre, {1, M, H}, {M * H, H, 1});
     Attr DH = g->pointwise(G, Pre,
                            fe::graph::Pointwise_attributes().set_name("dgelu").set_mode(fe::PointwiseMode_t::GELU_BWD));
     DH->set_output(true)
@@ -214,8 +136,7 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
         .set_dim({1, M, H})
         .set_stride({M * H, H, 1})
         .set_data_type(fe::DataType_t::BFLOAT16);
-    std::unordered_map<int64_t, void*> pack{
-        {kA, dy.data_ptr()}, {kB, w2.data_ptr()}, {kPre, pre.data_ptr()}, {kOut, dh.data_ptr()}};
+    Pack pack{{kA, dy.data_ptr()}, {kB, w2.data_ptr()}, {kPre, pre.data_ptr()}, {kOut, dh.data_ptr()}};
     if (variant == 1) {
       Attr S = g->reduction(DH, fe::graph::Reduction_attributes().set_name("sums").set_mode(fe::ReductionMode_t::ADD));
       S->set_output(true).set_uid(kSums).set_dim({1, 1, H}).set_stride({H, H, 1}).set_data_type(fe::DataType_t::FLOAT);
@@ -229,8 +150,7 @@ void run_shape(const char* name, int64_t M, int64_t D, int64_t H) {
     }
     const double t = bench::median_step_ms(5, 20, [&] {
       if (variant == 1) sums.zero_();  // a reduction output may accumulate
-      auto s = b.graph->execute(handle(), pack, b.workspace.data_ptr());
-      if (s.is_bad()) std::printf("  execute failed: %s\n", s.get_message().c_str());
+      execute(b, pack);
     });
     if (variant == 1) {
       sums.zero_();
