@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The next GPU calls, from a clean main checkout with main's build packed
+# (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor test_layers),
+# gpu-carry/exp6 (bench/experiments/bn_conv_fusion.cu built against main's libkiln; short_attention_vs_cudnn built
+# against branch short-attn's) and gpu-carry/ab9/ab.tar.xz (one xz stream: libkiln_sattn.so.0.1 and test_layers_sattn
+# from branch short-attn, kiln's attention kernels for sequences of at most 128). Carry gpu-carry/prebuilt.tar.xz,
+# prebuilt.id, prebuilt.targets, gpu-carry/exp6 and gpu-carry/ab9.
+# STEPS picks what runs, in this order:
+#   sattn  short-attn's attention, BERT, parity and golden tests on the GPU; its kernels against cuDNN's
+#          (short_attention_vs_cudnn); bert_base_128 and bert_large_128 on main and sattn, AB_ROUNDS alternated
+#          rounds (default 2);
+#   bn     the experiment: ResNet's batch norm inside cuDNN's fused convolutions (bn_conv_fusion bf16), every shape;
+#   trace  a kernel trace of bert_large_128 with VS_LIB's library (what the next BERT-large change should aim at);
+#   bert   bert_base_128 and bert_large_128 against PyTorch compile + graph, ROUNDS interleaved rounds (default 5),
+#          with VS_LIB's libkiln (main, or sattn where it won);
+#   eager  issue 34's goal 2: every bf16 case against torch.compile without graphs (kiln's eager step beside it),
+#          3 rounds;
+#   fp32   bert_base_128_fp32 and resnet50_fp32 (TF32, goal 4) against PyTorch compile + graph, ROUNDS rounds.
+# First call: STEPS="sattn bn" under timeout 590 (sattn about 250 s, bn up to 300 s); then STEPS=bert VS_LIB=...
+# (about 400 s); then STEPS="trace eager" or fp32.
+# Logs go to /tmp/lj and are packed into $OUT/logs_j.tgz after each step; each comparison's logs into
+# $OUT/vs_torch_STEP.tgz.
+set -u
+VS_LIB=${VS_LIB:-main}
+export OUT=${OUT:-/tmp/out}
+source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, use_prebuilt, with_lib, unpack_libs
+call_logs j; L=$logs
+gpu_banner
+use_prebuilt bench_train kernel_trace test_autograd test_layers || { echo "no prebuilt binaries"; exit 1; }
+bt=$PWD/build/bench/bench_train
+steps='"case": "[a-z0-9_]*"\|"step_ms": [0-9.]*\|"eager_step_ms": [0-9.]*\|"trained": [a-z]*'
+vs_torch() {  # NAME MODES CASE...
+  local name=$1 modes=$2; shift 2
+  with_lib ${VS_LIB:-main} env OUT=/tmp/vs_$name KILN_TORCH_MODES="$modes" KILN_BENCH_TRAIN=$bt \
+    scripts/bench_vs_torch.sh ${ROUNDS:-5} "$@" > $L/vs_torch_$name.log 2>&1
+  echo "vs torch $name (${VS_LIB:-main}): exit $? at $SECONDS s"; tail -14 $L/vs_torch_$name.log
+  tar -czf $OUT/vs_torch_$name.tgz -C /tmp vs_$name; snap
+}
+ab() {  # REV NAME ARGS...: bench_train ARGS on main and on REV, AB_ROUNDS alternated rounds
+  local rev=$1 name=$2 r lib; shift 2
+  for r in $(seq 1 ${AB_ROUNDS:-2}); do
+    for lib in main $rev; do
+      with_lib $lib timeout 100 $bt "$@" > $L/${name}_${lib}_$r.log 2>&1
+      echo "round $r $lib: exit $? $(grep -o "$steps" $L/${name}_${lib}_$r.log | paste -sd' ') at $SECONDS s"
+    done
+    snap
+  done
+}
+for step in ${STEPS:-sattn bn}; do
+  if [[ $step == sattn || $VS_LIB != main ]] && [[ ! -d /tmp/lib_sattn ]]; then
+    unpack_libs gpu-carry/ab9/ab.tar.xz || { echo "the branch's pack does not unpack"; exit 1; }
+  fi
+  golden_at /work/main  # the branch's test_layers reads PyTorch's golden files where it was built
+  case $step in
+    sattn)
+      with_lib sattn timeout 200 /tmp/lib_sattn/test_layers \
+        --gtest_filter='*Attention*:*Bert*:*Parity*:*Golden*:*Mha*:*Multihead*' > $L/test_layers_sattn.log 2>&1
+      echo "sattn test_layers: exit $? $(gtest_counts $L/test_layers_sattn.log) at $SECONDS s"
+      grep "FAILED\|Failure" $L/test_layers_sattn.log | head -20; snap
+      with_lib sattn timeout 60 gpu-carry/exp6/short_attention_vs_cudnn > $L/short_attention_vs_cudnn.log 2>&1
+      echo "short_attention_vs_cudnn: exit $? at $SECONDS s"; cat $L/short_attention_vs_cudnn.log; snap
+      ab sattn bert --case bert_base_128 --case bert_large_128 ;;
+    bn)
+      LD_LIBRARY_PATH=$PWD/build/kiln:${LD_LIBRARY_PATH:-} timeout 300 gpu-carry/exp6/bn_conv_fusion bf16 \
+        > $L/bn_conv_fusion.log 2>&1
+      echo "bn_conv_fusion: exit $? at $SECONDS s"; cat $L/bn_conv_fusion.log; snap ;;
+    trace)
+      with_lib ${VS_LIB:-main} env KILN_KERNEL_TRACE_TOP=45 CUDA_INJECTION64_PATH=$PWD/build/bench/libkernel_trace.so \
+        timeout 100 $bt --case bert_large_128 > $L/trace_bert_large.log 2>&1
+      echo "traced bert_large_128: exit $? $(grep -o '"step_ms": [0-9.]*' $L/trace_bert_large.log) at $SECONDS s"
+      grep -m1 -A46 "kernel_trace range 0" $L/trace_bert_large.log | cut -c1-150; snap ;;
+    bert) vs_torch bert compile_graph bert_base_128 bert_large_128 ;;
+    eager) ROUNDS=3 vs_torch eager compile resnet50_bf16 bert_base_128 bert_large_128 resnet18_cifar_bf16 ;;
+    fp32) vs_torch fp32 compile_graph bert_base_128_fp32 resnet50_fp32 ;;
+  esac
+done
+snap; echo "total $SECONDS s"
