@@ -3,20 +3,21 @@
 # (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor test_layers),
 # gpu-carry/exp6 (bench/experiments/bn_conv_fusion.cu built against main's libkiln; short_attention_vs_cudnn built
 # against branch short-attn's) and gpu-carry/ab9/ab.tar.xz (one xz stream: libkiln_sattn.so.0.1 and test_layers_sattn
-# from branch short-attn, kiln's attention kernels for sequences of at most 128). Carry gpu-carry/prebuilt.tar.xz,
-# prebuilt.id, prebuilt.targets, gpu-carry/exp6 and gpu-carry/ab9.
+# from branch short-attn, kiln's attention kernels for sequences of at most 128; libkiln_sattn2.so.0.1 and
+# test_layers_sattn2 from branch short-attn2, the same with the backward over two halves of the keys, two blocks an SM).
+# Carry gpu-carry/prebuilt.tar.xz, prebuilt.id, prebuilt.targets, gpu-carry/exp6 and gpu-carry/ab9.
 # STEPS picks what runs, in this order:
-#   sattn  short-attn's attention, BERT, parity and golden tests on the GPU; its kernels against cuDNN's
-#          (short_attention_vs_cudnn); bert_base_128 and bert_large_128 on main and sattn, AB_ROUNDS alternated
-#          rounds (default 2);
+#   sattn  short-attn's and short-attn2's attention, BERT, parity and golden tests on the GPU; their kernels against
+#          cuDNN's (short_attention_vs_cudnn); bert_base_128 and bert_large_128 on main, sattn and sattn2, AB_ROUNDS
+#          alternated rounds (default 2);
 #   bn     the experiment: ResNet's batch norm inside cuDNN's fused convolutions (bn_conv_fusion bf16), every shape;
 #   trace  a kernel trace of bert_large_128 with VS_LIB's library (what the next BERT-large change should aim at);
 #   bert   bert_base_128 and bert_large_128 against PyTorch compile + graph, ROUNDS interleaved rounds (default 5),
-#          with VS_LIB's libkiln (main, or sattn where it won);
+#          with VS_LIB's libkiln (main, or sattn or sattn2 where it won);
 #   eager  issue 34's goal 2: every bf16 case against torch.compile without graphs (kiln's eager step beside it),
 #          3 rounds;
 #   fp32   bert_base_128_fp32 and resnet50_fp32 (TF32, goal 4) against PyTorch compile + graph, ROUNDS rounds.
-# First call: STEPS="sattn bn" under timeout 590 (sattn about 250 s, bn up to 300 s); then STEPS=bert VS_LIB=...
+# First call: STEPS=sattn under timeout 590 (about 350 s), then STEPS=bn (up to 300 s); then STEPS=bert VS_LIB=...
 # (about 400 s); then STEPS="trace eager" or fp32.
 # Logs go to /tmp/lj and are packed into $OUT/logs_j.tgz after each step; each comparison's logs into
 # $OUT/vs_torch_STEP.tgz.
@@ -36,10 +37,10 @@ vs_torch() {  # NAME MODES CASE...
   echo "vs torch $name (${VS_LIB:-main}): exit $? at $SECONDS s"; tail -14 $L/vs_torch_$name.log
   tar -czf $OUT/vs_torch_$name.tgz -C /tmp vs_$name; snap
 }
-ab() {  # REV NAME ARGS...: bench_train ARGS on main and on REV, AB_ROUNDS alternated rounds
-  local rev=$1 name=$2 r lib; shift 2
+ab() {  # "REV..." NAME ARGS...: bench_train ARGS on main and on each REV, AB_ROUNDS alternated rounds
+  local revs=$1 name=$2 r lib; shift 2
   for r in $(seq 1 ${AB_ROUNDS:-2}); do
-    for lib in main $rev; do
+    for lib in main $revs; do
       with_lib $lib timeout 100 $bt "$@" > $L/${name}_${lib}_$r.log 2>&1
       echo "round $r $lib: exit $? $(grep -o "$steps" $L/${name}_${lib}_$r.log | paste -sd' ') at $SECONDS s"
     done
@@ -53,13 +54,15 @@ for step in ${STEPS:-sattn bn}; do
   golden_at /work/main  # the branch's test_layers reads PyTorch's golden files where it was built
   case $step in
     sattn)
-      with_lib sattn timeout 200 /tmp/lib_sattn/test_layers \
-        --gtest_filter='*Attention*:*Bert*:*Parity*:*Golden*:*Mha*:*Multihead*' > $L/test_layers_sattn.log 2>&1
-      echo "sattn test_layers: exit $? $(gtest_counts $L/test_layers_sattn.log) at $SECONDS s"
-      grep "FAILED\|Failure" $L/test_layers_sattn.log | head -20; snap
-      with_lib sattn timeout 60 gpu-carry/exp6/short_attention_vs_cudnn > $L/short_attention_vs_cudnn.log 2>&1
-      echo "short_attention_vs_cudnn: exit $? at $SECONDS s"; cat $L/short_attention_vs_cudnn.log; snap
-      ab sattn bert --case bert_base_128 --case bert_large_128 ;;
+      for rev in sattn sattn2; do
+        with_lib $rev timeout 150 /tmp/lib_$rev/test_layers \
+          --gtest_filter='*Attention*:*Bert*:*Parity*:*Golden*:*Mha*:*Multihead*' > $L/test_layers_$rev.log 2>&1
+        echo "$rev test_layers: exit $? $(gtest_counts $L/test_layers_$rev.log) at $SECONDS s"
+        grep "FAILED\|Failure" $L/test_layers_$rev.log | head -12; snap
+        with_lib $rev timeout 60 gpu-carry/exp6/short_attention_vs_cudnn > $L/short_attention_vs_cudnn_$rev.log 2>&1
+        echo "short_attention_vs_cudnn ($rev): exit $? at $SECONDS s"; cat $L/short_attention_vs_cudnn_$rev.log; snap
+      done
+      ab "sattn sattn2" bert --case bert_base_128 --case bert_large_128 ;;
     bn)
       LD_LIBRARY_PATH=$PWD/build/kiln:${LD_LIBRARY_PATH:-} timeout 300 gpu-carry/exp6/bn_conv_fusion bf16 \
         > $L/bn_conv_fusion.log 2>&1
