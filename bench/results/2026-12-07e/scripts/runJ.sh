@@ -48,7 +48,7 @@ ab() {  # "REV..." NAME ARGS...: bench_train ARGS on main and on each REV, AB_RO
   done
 }
 for step in ${STEPS:-sattn bn}; do
-  if [[ $step == sattn || $VS_LIB != main ]] && [[ ! -d /tmp/lib_sattn ]]; then
+  if [[ $step == sattn || $VS_LIB != main ]] && [[ ! -f /tmp/lib_sattn2/libkiln.so.0.1 ]]; then
     unpack_libs gpu-carry/ab9/ab.tar.xz || { echo "the branch's pack does not unpack"; exit 1; }
   fi
   golden_at /work/main  # the branch's test_layers reads PyTorch's golden files where it was built
