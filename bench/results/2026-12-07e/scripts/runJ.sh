@@ -11,7 +11,8 @@
 #          cuDNN's (short_attention_vs_cudnn); bert_base_128 and bert_large_128 on main, sattn and sattn2, AB_ROUNDS
 #          alternated rounds (default 2);
 #   bn     the experiment: ResNet's batch norm inside cuDNN's fused convolutions (bn_conv_fusion bf16), every shape;
-#   trace  a kernel trace of bert_large_128 with VS_LIB's library (what the next BERT-large change should aim at);
+#   trace  kernel traces of bert_large_128 and resnet18_cifar_bf16 with VS_LIB's library (what the next changes for
+#          the two cases below 1.15x should aim at);
 #   bert   bert_base_128 and bert_large_128 against PyTorch compile + graph, ROUNDS interleaved rounds (default 5),
 #          with VS_LIB's libkiln (main, or sattn or sattn2 where it won);
 #   eager  issue 34's goal 2: every bf16 case against torch.compile without graphs (kiln's eager step beside it),
@@ -68,10 +69,12 @@ for step in ${STEPS:-sattn bn}; do
         > $L/bn_conv_fusion.log 2>&1
       echo "bn_conv_fusion: exit $? at $SECONDS s"; cat $L/bn_conv_fusion.log; snap ;;
     trace)
-      with_lib ${VS_LIB:-main} env KILN_KERNEL_TRACE_TOP=45 CUDA_INJECTION64_PATH=$PWD/build/bench/libkernel_trace.so \
-        timeout 100 $bt --case bert_large_128 > $L/trace_bert_large.log 2>&1
-      echo "traced bert_large_128: exit $? $(grep -o '"step_ms": [0-9.]*' $L/trace_bert_large.log) at $SECONDS s"
-      grep -m1 -A46 "kernel_trace range 0" $L/trace_bert_large.log | cut -c1-150; snap ;;
+      for tc in bert_large_128 resnet18_cifar_bf16; do
+        with_lib ${VS_LIB:-main} env KILN_KERNEL_TRACE_TOP=45 CUDA_INJECTION64_PATH=$PWD/build/bench/libkernel_trace.so \
+          timeout 100 $bt --case $tc > $L/trace_$tc.log 2>&1
+        echo "traced $tc: exit $? $(grep -o '"step_ms": [0-9.]*' $L/trace_$tc.log) at $SECONDS s"
+        grep -m1 -A46 "kernel_trace range 0" $L/trace_$tc.log | cut -c1-150; snap
+      done ;;
     bert) vs_torch bert compile_graph bert_base_128 bert_large_128 ;;
     eager) ROUNDS=3 vs_torch eager compile resnet50_bf16 bert_base_128 bert_large_128 resnet18_cifar_bf16 ;;
     fp32) vs_torch fp32 compile_graph bert_base_128_fp32 resnet50_fp32 ;;
