@@ -4,12 +4,14 @@
 # gpu-carry/exp6 (bench/experiments/bn_conv_fusion.cu built against main's libkiln; short_attention_vs_cudnn built
 # against branch short-attn's) and gpu-carry/ab9/ab.tar.xz (one xz stream: libkiln_sattn.so.0.1 and test_layers_sattn
 # from branch short-attn, kiln's attention kernels for sequences of at most 128; libkiln_sattn2.so.0.1 and
-# test_layers_sattn2 from branch short-attn2, the same with the backward over two halves of the keys, two blocks an SM).
+# test_layers_sattn2 from branch short-attn2, the same with the backward over two halves of the keys, two blocks an SM;
+# libkiln_sattn3.so.0.1 and test_layers_sattn3 from branch short-attn-tf32, which adds float32 in TF32).
 # Carry gpu-carry/prebuilt.tar.xz, prebuilt.id, prebuilt.targets, gpu-carry/exp6 and gpu-carry/ab9.
 # STEPS picks what runs, in this order:
-#   sattn  short-attn's and short-attn2's attention, BERT, parity and golden tests on the GPU; their kernels against
-#          cuDNN's (short_attention_vs_cudnn); bert_base_128 and bert_large_128 on main, sattn and sattn2, AB_ROUNDS
-#          alternated rounds (default 2);
+#   sattn  the attention, BERT, golden and column-sum tests and BERT's parity test of short-attn, short-attn2 and
+#          short-attn-tf32 on the GPU; their kernels against cuDNN's (short_attention_vs_cudnn); bert_base_128,
+#          bert_large_128 and bert_base_128_fp32 on main, sattn, sattn2 and sattn3, AB_ROUNDS alternated rounds
+#          (default 2);
 #   bn     the experiment: ResNet's batch norm inside cuDNN's fused convolutions (bn_conv_fusion bf16), every shape;
 #   trace  kernel traces of bert_large_128 and resnet18_cifar_bf16 with VS_LIB's library (what the next changes for
 #          the two cases below 1.15x should aim at);
@@ -49,21 +51,21 @@ ab() {  # "REV..." NAME ARGS...: bench_train ARGS on main and on each REV, AB_RO
   done
 }
 for step in ${STEPS:-sattn bn}; do
-  if [[ $step == sattn || $VS_LIB != main ]] && [[ ! -f /tmp/lib_sattn2/libkiln.so.0.1 ]]; then
+  if [[ $step == sattn || $VS_LIB != main ]] && [[ ! -f /tmp/lib_sattn3/libkiln.so.0.1 ]]; then
     unpack_libs gpu-carry/ab9/ab.tar.xz || { echo "the branch's pack does not unpack"; exit 1; }
   fi
   golden_at /work/main  # the branch's test_layers reads PyTorch's golden files where it was built
   case $step in
     sattn)
-      for rev in sattn sattn2; do
+      for rev in sattn sattn2 sattn3; do
         with_lib $rev timeout 150 /tmp/lib_$rev/test_layers \
-          --gtest_filter='*Attention*:*Bert*:*Parity*:*Golden*:*Mha*:*Multihead*' > $L/test_layers_$rev.log 2>&1
+          --gtest_filter='*Attention*:*Bert*:*Golden*:*Multihead*:*ColumnSums*:ParityCuda.Bert*' > $L/test_layers_$rev.log 2>&1
         echo "$rev test_layers: exit $? $(gtest_counts $L/test_layers_$rev.log) at $SECONDS s"
         grep "FAILED\|Failure" $L/test_layers_$rev.log | head -12; snap
         with_lib $rev timeout 60 gpu-carry/exp6/short_attention_vs_cudnn > $L/short_attention_vs_cudnn_$rev.log 2>&1
         echo "short_attention_vs_cudnn ($rev): exit $? at $SECONDS s"; cat $L/short_attention_vs_cudnn_$rev.log; snap
       done
-      ab "sattn sattn2" bert --case bert_base_128 --case bert_large_128 ;;
+      ab "sattn sattn2 sattn3" bert --case bert_base_128 --case bert_large_128 --case bert_base_128_fp32 ;;
     bn)
       LD_LIBRARY_PATH=$PWD/build/kiln:${LD_LIBRARY_PATH:-} timeout 300 gpu-carry/exp6/bn_conv_fusion bf16 \
         > $L/bn_conv_fusion.log 2>&1
