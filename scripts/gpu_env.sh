@@ -119,6 +119,30 @@ unpack_libs() {
     fi
   done
 }
+# ab_runs "REV..." NAME BENCH_TRAIN ARGS...: BENCH_TRAIN ARGS with main's libkiln and each REV's (with_lib), AB_ROUNDS
+# (default 2) alternated rounds; each run's log in $logs/NAME_LIB_ROUND.log and one line with its step times.
+ab_runs() {
+  local revs=$1 name=$2 bench=$3 r lib
+  local times='"case": "[a-z0-9_]*"\|"step_ms": [0-9.]*\|"eager_step_ms": [0-9.]*\|"trained": [a-z]*'
+  shift 3
+  for r in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for lib in main $revs; do
+      with_lib "$lib" timeout 100 "$bench" "$@" > "$logs/${name}_${lib}_$r.log" 2>&1
+      echo "round $r $lib: exit $? $(grep -o "$times" "$logs/${name}_${lib}_$r.log" | paste -sd' ') at $SECONDS s"
+    done
+    snap
+  done
+}
+# vs_torch_runs NAME MODES BENCH_TRAIN CASE...: scripts/bench_vs_torch.sh ROUNDS (default 5) CASE... against PyTorch's
+# MODES with VS_LIB's libkiln (default main) and BENCH_TRAIN; its logs packed into $OUT/vs_torch_NAME.tgz.
+vs_torch_runs() {
+  local name=$1 modes=$2 bench=$3
+  shift 3
+  with_lib "${VS_LIB:-main}" env OUT="/tmp/vs_$name" KILN_TORCH_MODES="$modes" KILN_BENCH_TRAIN="$bench" \
+    scripts/bench_vs_torch.sh "${ROUNDS:-5}" "$@" > "$logs/vs_torch_$name.log" 2>&1
+  echo "vs torch $name (${VS_LIB:-main}): exit $? at $SECONDS s"; tail -14 "$logs/vs_torch_$name.log"
+  tar -czf "$OUT/vs_torch_$name.tgz" -C /tmp "vs_$name"; snap
+}
 # golden_at DIR: a test binary built in the checkout DIR reads PyTorch's golden files from DIR/tests/golden/data; where
 # DIR is not this checkout and has no such folder, a link to this checkout's.
 golden_at() {

@@ -24,29 +24,13 @@
 set -u
 VS_LIB=${VS_LIB:-main}
 export OUT=${OUT:-/tmp/out}
-source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, use_prebuilt, with_lib, unpack_libs
+source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, use_prebuilt, with_lib, unpack_libs, ab_runs, vs_torch_runs
 call_logs i; L=$logs
 gpu_banner
 use_prebuilt bench_train kernel_trace test_autograd test_layers || { echo "no prebuilt binaries"; exit 1; }
 bt=$PWD/build/bench/bench_train
-steps='"case": "[a-z0-9_]*"\|"step_ms": [0-9.]*\|"eager_step_ms": [0-9.]*\|"trained": [a-z]*'
-vs_torch() {  # NAME CASE...
-  local name=$1; shift
-  with_lib ${VS_LIB:-main} env OUT=/tmp/vs_$name KILN_TORCH_MODES=compile_graph KILN_BENCH_TRAIN=$bt \
-    scripts/bench_vs_torch.sh ${ROUNDS:-5} "$@" > $L/vs_torch_$name.log 2>&1
-  echo "vs torch $name (${VS_LIB:-main}): exit $? at $SECONDS s"; tail -12 $L/vs_torch_$name.log
-  tar -czf $OUT/vs_torch_$name.tgz -C /tmp vs_$name; snap
-}
-ab() {  # REV NAME ARGS...: bench_train ARGS on main and on REV, AB_ROUNDS alternated rounds
-  local rev=$1 name=$2 r lib; shift 2
-  for r in $(seq 1 ${AB_ROUNDS:-2}); do
-    for lib in main $rev; do
-      with_lib $lib timeout 100 $bt "$@" > $L/${name}_${lib}_$r.log 2>&1
-      echo "round $r $lib: exit $? $(grep -o "$steps" $L/${name}_${lib}_$r.log | paste -sd' ') at $SECONDS s"
-    done
-    snap
-  done
-}
+vs_torch() { local name=$1; shift; vs_torch_runs "$name" compile_graph "$bt" "$@"; }  # NAME CASE...
+ab() { local rev=$1 name=$2; shift 2; ab_runs "$rev" "$name" "$bt" "$@"; }              # REV NAME ARGS...
 for step in ${STEPS:-s2dk mlpc exp}; do
   if [[ $step == s2dk || $step == mlpc || $VS_LIB != main ]] && [[ ! -d /tmp/lib_s2dk ]]; then
     unpack_libs gpu-carry/ab8/ab.tar.xz || { echo "the branches' pack does not unpack"; exit 1; }
