@@ -119,6 +119,15 @@ unpack_libs() {
     fi
   done
 }
+# begin_call NAME: how a results folder's call script starts: logs in /tmp/lNAME (call_logs), the GPU's banner, and
+# main's prebuilt bench_train, kernel_trace, test_autograd and test_layers (use_prebuilt); bt is then the prebuilt
+# bench_train. Returns 1 without those binaries.
+begin_call() {
+  call_logs "$1"
+  gpu_banner
+  use_prebuilt bench_train kernel_trace test_autograd test_layers || return 1
+  bt=$PWD/build/bench/bench_train
+}
 # ab_runs "REV..." NAME BENCH_TRAIN ARGS...: BENCH_TRAIN ARGS with main's libkiln and each REV's (with_lib), AB_ROUNDS
 # (default 2) alternated rounds; each run's log in $logs/NAME_LIB_ROUND.log and one line with its step times.
 ab_runs() {

@@ -15,12 +15,12 @@
 //             and the batch norm's weight gradients (dbn_weight: dgamma, dbeta and the coefficients of dy1); one graph:
 //             backward-filter with the same prologue as the forward (a1 is never stored); one elementwise kernel for
 //             dy1 = eq_dy g + eq_x y1 + eq_b.
-// Shapes: the stride-1 3x3 and the last 1x1 convolutions of ResNet-50's bottlenecks at batch 256 (224x224 images), and the second
-// 3x3 convolution of ResNet-18's basic blocks on CIFAR images at batch 512, channels-last. Each time is the median of
-// 20 runs after 5 (bench::median_step_ms); each fused result is compared with kiln's (largest absolute difference,
-// and kiln's largest magnitude); the statistics against float64 sums of the fused output. A graph cuDNN cannot build
-// prints the step that failed. At the end, the time per step either path would take over these convolutions
-// (each shape times its count in the network).
+// Shapes: the stride-1 3x3 and the last 1x1 convolutions of ResNet-50's bottlenecks at batch 256 (224x224 images), and
+// the second 3x3 convolution of ResNet-18's basic blocks on CIFAR images at batch 512, channels-last. Each time is the
+// median of 20 runs after 5 (bench::median_step_ms); each fused result is compared with kiln's (largest absolute
+// difference, and kiln's largest magnitude); the statistics against float64 sums of the fused output. A graph cuDNN
+// cannot build prints the step that failed. At the end, the time per step either path would take over these
+// convolutions (each shape times its count in the network).
 //
 //   nvcc -std=c++20 -O2 -arch=sm_90 --expt-relaxed-constexpr -I . -I build/include -I bench \
 //       -I third_party/cudnn_frontend/include bench/experiments/bn_conv_fusion.cu -L build/kiln -lkiln -lcudnn \
@@ -29,8 +29,6 @@
 //
 // Not part of the build: a measurement, run where the choice of moving the batch norm into the convolutions is to
 // be made.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -43,6 +41,7 @@
 #include "kiln/kiln.h"
 #include "kiln/layers/cuda/batch_norm.h"
 #include "kiln/layers/cuda/conv_cudnn.h"
+#include "kiln/tensor/cuda/device_types.cuh"  // device_t, to_compute, from_compute
 #include "kiln/tensor/internal_ops.h"
 
 using namespace kiln;
@@ -75,8 +74,7 @@ enum Uid : int64_t {
 
 // scale = gamma invstd and bias = beta - mean scale per channel from a layer's sums (count elements a channel).
 __global__ void finalize_kernel(const float* sum, const float* sq, const float* gamma, const float* beta, int c,
-                                float count, float eps, float* scale, float* bias, float* mean_out,
-                                float* invstd_out) {
+                                float count, float eps, float* scale, float* bias, float* mean_out, float* invstd_out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= c) return;
   const float mean = sum[i] / count, var = fmaxf(sq[i] / count - mean * mean, 0.0f), r = rsqrtf(var + eps);
@@ -86,39 +84,26 @@ __global__ void finalize_kernel(const float* sum, const float* sq, const float* 
   invstd_out[i] = r;
 }
 
-template <typename T>
-__device__ float to_f(T v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return __half2float(v);
-  }
-}
-template <typename T>
-__device__ T from_f(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16(v);
-  } else {
-    return __float2half(v);
-  }
-}
-
 // dx = a g + b x + c, per channel (channels-last: the channel of element e is e % C); 8 elements a thread
-// (C % 8 == 0, 16-byte aligned rows).
+// (C % 8 == 0, 16-byte aligned rows). T: kiln's BFloat16 or Half.
 template <typename T>
-__global__ void dx_kernel(const T* g, const T* x, const float* a, const float* b, const float* c, T* dx, int64_t n8,
-                          int channels) {
+__global__ void dx_kernel(const void* g, const void* x, const float* a, const float* b, const float* c, void* dx,
+                          int64_t n8, int channels) {
+  using D = cuda::device_t<T>;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n8) return;
-  const uint4 gv = reinterpret_cast<const uint4*>(g)[i], xv = reinterpret_cast<const uint4*>(x)[i];
-  const T* gp = reinterpret_cast<const T*>(&gv);
-  const T* xp = reinterpret_cast<const T*>(&xv);
+  const uint4 gv = static_cast<const uint4*>(g)[i], xv = static_cast<const uint4*>(x)[i];
+  const D* gp = reinterpret_cast<const D*>(&gv);
+  const D* xp = reinterpret_cast<const D*>(&xv);
   uint4 out;
-  T* op = reinterpret_cast<T*>(&out);
+  D* op = reinterpret_cast<D*>(&out);
   const int ch = static_cast<int>((i * 8) % channels);
 #pragma unroll
-  for (int k = 0; k < 8; ++k) op[k] = from_f<T>(a[ch + k] * to_f(gp[k]) + b[ch + k] * to_f(xp[k]) + c[ch + k]);
-  reinterpret_cast<uint4*>(dx)[i] = out;
+  for (int k = 0; k < 8; ++k) {
+    op[k] = cuda::from_compute<T>(a[ch + k] * cuda::to_compute<T>(gp[k]) + b[ch + k] * cuda::to_compute<T>(xp[k]) +
+                                  c[ch + k]);
+  }
+  static_cast<uint4*>(dx)[i] = out;
 }
 
 struct ConvShape {
@@ -147,9 +132,8 @@ void run(const ConvShape& s, DType dt, Totals& totals) {
   const Tensor y1 = add(randn({s.n, s.c, s.h, s.w}, io), 0.3).contiguous(MemoryFormat::ChannelsLast);
   const Tensor gamma = add(mul(randn({s.c}, f32), 0.1), 1.0), beta = mul(randn({s.c}, f32), 0.1);
   Tensor rm = zeros({s.c}, f32), rv = ones({s.c}, f32);
-  const Tensor wt =
-      mul(randn({s.k, s.c, s.r, s.r}, io), std::sqrt(2.0 / static_cast<double>(s.c * s.r * s.r)))
-          .contiguous(MemoryFormat::ChannelsLast);
+  const Tensor wt = mul(randn({s.k, s.c, s.r, s.r}, io), std::sqrt(2.0 / static_cast<double>(s.c * s.r * s.r)))
+                        .contiguous(MemoryFormat::ChannelsLast);
   const Tensor dy = mul(randn({s.n, s.k, oh, ow}, io), 0.01).contiguous(MemoryFormat::ChannelsLast);
   const nn::cuda_impl::ConvGeometry geo{.stride = {s.stride, s.stride}, .padding = {s.pad, s.pad}};
   const auto cl = MemoryFormat::ChannelsLast;
@@ -164,14 +148,13 @@ void run(const ConvShape& s, DType dt, Totals& totals) {
   Tensor da1 = nn::cuda_impl::conv2d_backward_data(dy, wt, f.y.shape(), geo, cl);
   Tensor dw = nn::cuda_impl::conv2d_backward_filter(dy, f.y, wt.shape(), geo, cl);
   auto gr = nn::cuda_impl::batch_norm_backward(da1, y1, Tensor(), f.relu_mask, gamma, f.mean, f.invstd, true, {});
-  const double k_bn = bench::median_step_ms(5, 20, [&] {
-    (void)nn::cuda_impl::batch_norm_forward(y1, gamma, beta, rm, rv, true, 0.1, 1e-5, true);
-  });
+  const double k_bn = bench::median_step_ms(
+      5, 20, [&] { (void)nn::cuda_impl::batch_norm_forward(y1, gamma, beta, rm, rv, true, 0.1, 1e-5, true); });
   const double k_conv = bench::median_step_ms(5, 20, [&] { (void)nn::cuda_impl::conv2d_forward(f.y, wt, geo, cl); });
-  const double k_dgrad = bench::median_step_ms(
-      5, 20, [&] { (void)nn::cuda_impl::conv2d_backward_data(dy, wt, f.y.shape(), geo, cl); });
-  const double k_wgrad = bench::median_step_ms(
-      5, 20, [&] { (void)nn::cuda_impl::conv2d_backward_filter(dy, f.y, wt.shape(), geo, cl); });
+  const double k_dgrad =
+      bench::median_step_ms(5, 20, [&] { (void)nn::cuda_impl::conv2d_backward_data(dy, wt, f.y.shape(), geo, cl); });
+  const double k_wgrad =
+      bench::median_step_ms(5, 20, [&] { (void)nn::cuda_impl::conv2d_backward_filter(dy, f.y, wt.shape(), geo, cl); });
   const double k_bnb = bench::median_step_ms(5, 20, [&] {
     (void)nn::cuda_impl::batch_norm_backward(da1, y1, Tensor(), f.relu_mask, gamma, f.mean, f.invstd, true, {});
   });
@@ -291,14 +274,15 @@ void run(const ConvShape& s, DType dt, Totals& totals) {
     Attr G = g->pointwise(D, z, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::RELU_BWD));
     G->set_output(true).set_uid(kG).set_data_type(fe_io);
     auto [Dscale, Dbias, EqDy, EqX, EqB] = g->dbn_weight(G, X, Mean, V, Ga, fe::graph::DBN_weight_attributes());
-    const std::pair<Attr, int64_t> outs[] = {{Dscale, kDscale}, {Dbias, kDbias}, {EqDy, kEqDy}, {EqX, kEqX}, {EqB, kEqB}};
+    const std::pair<Attr, int64_t> outs[] = {
+        {Dscale, kDscale}, {Dbias, kDbias}, {EqDy, kEqDy}, {EqX, kEqX}, {EqB, kEqB}};
     for (const auto& [t, uid] : outs) t->set_output(true).set_uid(uid).set_data_type(fe::DataType_t::FLOAT);
     Tensor gbuf = empty_like(y1), dscale = zeros({s.c}, f32), dbias = zeros({s.c}, f32), eq_dy = zeros({s.c}, f32),
            eq_x = zeros({s.c}, f32), eq_b = zeros({s.c}, f32), dx = empty_like(y1);
-    Pack pack{{kDy, dy.data_ptr()},         {kW, wt.data_ptr()},      {kX, y1.data_ptr()},
+    Pack pack{{kDy, dy.data_ptr()},           {kW, wt.data_ptr()},        {kX, y1.data_ptr()},
               {kInvstd, f.invstd.data_ptr()}, {kGamma, gamma.data_ptr()}, {kBeta, beta.data_ptr()},
-              {kMean, f.mean.data_ptr()},   {kG, gbuf.data_ptr()},    {kDscale, dscale.data_ptr()},
-              {kDbias, dbias.data_ptr()},   {kEqDy, eq_dy.data_ptr()}, {kEqX, eq_x.data_ptr()},
+              {kMean, f.mean.data_ptr()},     {kG, gbuf.data_ptr()},      {kDscale, dscale.data_ptr()},
+              {kDbias, dbias.data_ptr()},     {kEqDy, eq_dy.data_ptr()},  {kEqX, eq_x.data_ptr()},
               {kEqB, eq_b.data_ptr()}};
     if (v == 0) pack[kNegMean] = neg_mean.data_ptr();
     Built b = finish(g, pack, dev);
@@ -310,17 +294,10 @@ void run(const ConvShape& s, DType dt, Totals& totals) {
       const int64_t n8 = y1.numel() / 8;
       auto dx_run = [&] {
         const unsigned blocks = static_cast<unsigned>((n8 + 255) / 256);
-        if (dt == DType::BFloat16) {
-          dx_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
-              static_cast<const __nv_bfloat16*>(gbuf.data_ptr()), static_cast<const __nv_bfloat16*>(y1.data_ptr()),
-              eq_dy.data_ptr<float>(), eq_x.data_ptr<float>(), eq_b.data_ptr<float>(),
-              static_cast<__nv_bfloat16*>(dx.data_ptr()), n8, static_cast<int>(s.c));
-        } else {
-          dx_kernel<__half><<<blocks, 256, 0, stream>>>(
-              static_cast<const __half*>(gbuf.data_ptr()), static_cast<const __half*>(y1.data_ptr()),
-              eq_dy.data_ptr<float>(), eq_x.data_ptr<float>(), eq_b.data_ptr<float>(),
-              static_cast<__half*>(dx.data_ptr()), n8, static_cast<int>(s.c));
-        }
+        const auto kernel = dt == DType::BFloat16 ? dx_kernel<BFloat16> : dx_kernel<Half>;
+        kernel<<<blocks, 256, 0, stream>>>(gbuf.data_ptr(), y1.data_ptr(), eq_dy.data_ptr<float>(),
+                                           eq_x.data_ptr<float>(), eq_b.data_ptr<float>(), dx.data_ptr(), n8,
+                                           static_cast<int>(s.c));
       };
       const double t_dx = bench::median_step_ms(5, 20, dx_run);
       execute(b, pack);
@@ -393,8 +370,8 @@ int main(int argc, char** argv) {
   const std::string filter = argc > 2 ? argv[2] : "";
   nn::set_cudnn_benchmark(true);
   std::printf("cuDNN %zu, %s\n", cudnnGetVersion(), dt == DType::BFloat16 ? "bf16" : "fp16");
-  // ResNet-50 (torchvision's v1.5: the stride in the 3x3), batch 256: per stage, the stride-1 3x3 convolutions and the last 1x1 of every block. ResNet-18 on 32x32 CIFAR images, batch 512: each block's second
-  // 3x3 convolution.
+  // ResNet-50 (torchvision's v1.5: the stride in the 3x3), batch 256: per stage, the stride-1 3x3 convolutions and the
+  // last 1x1 of every block. ResNet-18 on 32x32 CIFAR images, batch 512: each block's second 3x3 convolution.
   const ConvShape shapes[] = {
       {"resnet50", "stage1 3x3", 256, 64, 56, 56, 64, 3, 1, 1, 3},
       {"resnet50", "stage1 1x1", 256, 64, 56, 56, 256, 1, 1, 0, 3},

@@ -166,6 +166,13 @@ TEST(Conv, SpaceToDepthAppliesWhereTheBlocksGiveTheOutputSize) {
   EXPECT_FALSE(space_to_depth_applies(stem_x, {64, 3, 1, 1}, 2, 0, 1, 1));  // 1x1
 }
 
+// Too few block channels for the input's 2 x 2 blocks: a clear error, not a short write.
+TEST(Conv, SpaceToDepthRefusesTooFewBlockChannels) {
+  const Tensor x = make(uniform(2 * 3 * 6 * 6, -1, 1, 41), {2, 3, 6, 6}).contiguous(MemoryFormat::ChannelsLast);
+  expect_error([&] { (void)nn::detail::space_to_depth_input(x, {1, 1}, 11); },
+               {"space_to_depth_input", "11 channels", "2 x 2 blocks of 3"});
+}
+
 TEST(Conv, Gradients) {
   auto plain = [](const TensorList& in) { return TensorList{nn::conv2d(in[0], in[1], in[2], {.padding = 1})}; };
   check_gradients(plain,

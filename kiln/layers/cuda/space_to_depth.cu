@@ -21,18 +21,18 @@ constexpr int kThreads = 256;
 constexpr int kMax = static_cast<int>(kSpaceToDepthMaxChannels);
 
 struct Geometry {
-  int64_t blocks;      // N Hb Wb: one thread each
-  int64_t h, w;        // the input's height and width
-  int64_t hb, wb;      // the blocks' rows and columns
+  int64_t blocks;  // N Hb Wb: one thread each
+  int64_t h, w;    // the input's height and width
+  int64_t hb, wb;  // the blocks' rows and columns
   int64_t pad_h, pad_w;
-  int channels;        // a block's channels (the output's)
+  int channels;  // a block's channels (the output's)
 };
 
-// U: the elements' bits (uint16_t, uint32_t or uint64_t); C: the input's channels (1 to 4), so that every index into a block's
-// registers is known at compile time. x dense NHWC, out dense (N, Hb, Wb, channels).
+// U: the elements' bits (uint16_t, uint32_t or uint64_t); C: the input's channels (1 to 4), so that every index into a
+// block's registers is known at compile time. x dense NHWC, out dense (N, Hb, Wb, channels).
 template <typename U, int C>
-__global__ void __launch_bounds__(kThreads) space_to_depth_kernel(const U* __restrict__ x, U* __restrict__ out,
-                                                                  Geometry g) {
+__global__ void __launch_bounds__(kThreads)
+    space_to_depth_kernel(const U* __restrict__ x, U* __restrict__ out, Geometry g) {
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < g.blocks;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = idx % g.wb, t = idx / g.wb, i = t % g.hb, n = t / g.hb;
@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(kThreads) space_to_depth_kernel(const U* __res
 
 bool space_to_depth_fits(const Tensor& x, int64_t channels) {
   return x.defined() && x.is_cuda() && x.dim() == 4 && x.is_contiguous(MemoryFormat::ChannelsLast) &&
-         (x.element_size() == 2 || x.element_size() == 4 || x.element_size() == 8) && x.size(1) >= 1 && 4 * x.size(1) <= channels &&
-         channels <= kSpaceToDepthMaxChannels;
+         (x.element_size() == 2 || x.element_size() == 4 || x.element_size() == 8) && x.size(1) >= 1 &&
+         4 * x.size(1) <= channels && channels <= kSpaceToDepthMaxChannels;
 }
 
 Tensor space_to_depth(const Tensor& x, std::array<int64_t, 2> padding, int64_t channels) {
@@ -87,8 +87,8 @@ Tensor space_to_depth(const Tensor& x, std::array<int64_t, 2> padding, int64_t c
   trace::Scope range(trace::Kind::Op, "space_to_depth", x.device(), {&x});
   const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
   const int64_t hb = (h + 2 * padding[0] + 1) / 2, wb = (w + 2 * padding[1] + 1) / 2;
-  Tensor out = internal::empty(
-      {n, channels, hb, wb}, {.dtype = x.dtype(), .device = x.device(), .memory_format = MemoryFormat::ChannelsLast});
+  Tensor out = internal::empty({n, channels, hb, wb},
+                               {.dtype = x.dtype(), .device = x.device(), .memory_format = MemoryFormat::ChannelsLast});
   const Geometry g{n * hb * wb, h, w, hb, wb, padding[0], padding[1], static_cast<int>(channels)};
   if (g.blocks == 0) return out;
   const cudaStream_t stream = cuda::stream_for(x);

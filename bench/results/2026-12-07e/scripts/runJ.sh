@@ -27,11 +27,9 @@
 set -u
 VS_LIB=${VS_LIB:-main}
 export OUT=${OUT:-/tmp/out}
-source scripts/gpu_env.sh >/dev/null 2>&1  # call_logs, snap, gpu_banner, use_prebuilt, with_lib, unpack_libs, ab_runs, vs_torch_runs
-call_logs j; L=$logs
-gpu_banner
-use_prebuilt bench_train kernel_trace test_autograd test_layers || { echo "no prebuilt binaries"; exit 1; }
-bt=$PWD/build/bench/bench_train
+source scripts/gpu_env.sh >/dev/null 2>&1  # begin_call, snap, with_lib, unpack_libs, ab_runs, vs_torch_runs, ...
+begin_call j || { echo "no prebuilt binaries"; exit 1; }
+L=$logs
 vs_torch() { local name=$1 modes=$2; shift 2; vs_torch_runs "$name" "$modes" "$bt" "$@"; }  # NAME MODES CASE...
 ab() { local revs=$1 name=$2; shift 2; ab_runs "$revs" "$name" "$bt" "$@"; }                 # "REV..." NAME ARGS...
 for step in ${STEPS:-sattn bn}; do
