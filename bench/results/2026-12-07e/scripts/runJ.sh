@@ -11,7 +11,7 @@
 #   sattn  the attention, BERT, golden and column-sum tests and BERT's parity test of short-attn, short-attn2 and
 #          short-attn-tf32 on the GPU; their kernels against cuDNN's (short_attention_vs_cudnn); bert_base_128,
 #          bert_large_128 and bert_base_128_fp32 on main, sattn, sattn2 and sattn3, AB_ROUNDS alternated rounds
-#          (default 2);
+#          (default 2); TEST_REVS and AB_REVS name fewer branches for the tests and the A/B;
 #   bn     the experiment: ResNet's batch norm inside cuDNN's fused convolutions (bn_conv_fusion bf16), every shape;
 #   trace  kernel traces of bert_large_128 and resnet18_cifar_bf16 with VS_LIB's library (what the next changes for
 #          the two cases below 1.15x should aim at);
@@ -39,7 +39,7 @@ for step in ${STEPS:-sattn bn}; do
   golden_at /work/main  # the branch's test_layers reads PyTorch's golden files where it was built
   case $step in
     sattn)
-      for rev in sattn sattn2 sattn3; do
+      for rev in ${TEST_REVS:-sattn sattn2 sattn3}; do
         with_lib $rev timeout 150 /tmp/lib_$rev/test_layers \
           --gtest_filter='*Attention*:*Bert*:*Golden*:*Multihead*:*ColumnSums*:ParityCuda.Bert*' > $L/test_layers_$rev.log 2>&1
         echo "$rev test_layers: exit $? $(gtest_counts $L/test_layers_$rev.log) at $SECONDS s"
@@ -47,7 +47,7 @@ for step in ${STEPS:-sattn bn}; do
         with_lib $rev timeout 60 gpu-carry/exp6/short_attention_vs_cudnn > $L/short_attention_vs_cudnn_$rev.log 2>&1
         echo "short_attention_vs_cudnn ($rev): exit $? at $SECONDS s"; cat $L/short_attention_vs_cudnn_$rev.log; snap
       done
-      ab "sattn sattn2 sattn3" bert --case bert_base_128 --case bert_large_128 --case bert_base_128_fp32 ;;
+      ab "${AB_REVS:-sattn sattn2 sattn3}" bert --case bert_base_128 --case bert_large_128 --case bert_base_128_fp32 ;;
     bn)
       LD_LIBRARY_PATH=$PWD/build/kiln:${LD_LIBRARY_PATH:-} timeout 300 gpu-carry/exp6/bn_conv_fusion bf16 \
         > $L/bn_conv_fusion.log 2>&1
