@@ -6,7 +6,10 @@
 # from branch short-attn, kiln's attention kernels for sequences of at most 128; libkiln_sattn2.so.0.1 and
 # test_layers_sattn2 from branch short-attn2, the same with the backward over two halves of the keys, two blocks an SM;
 # libkiln_sattn3.so.0.1 and test_layers_sattn3 from branch short-attn-tf32, which adds float32 in TF32).
-# Carry gpu-carry/prebuilt.tar.xz, prebuilt.id, prebuilt.targets, gpu-carry/exp6 and gpu-carry/ab9.
+# Carry gpu-carry/prebuilt.tar.xz, prebuilt.id, prebuilt.targets, gpu-carry/exp6 and gpu-carry/ab9, or instead of
+# ab9 gpu-carry/ab10 (the default, AB_PACK): libkiln_sattn and test_layers_sattn as in ab9, and libkiln_sattn3 and
+# test_layers_sattn3 from short-attn-tf32 at 13e72fd (an empty batch declined, TF32's backward after TF32 is turned
+# off). TEST_REVS and AB_REVS default to "sattn sattn3" (sattn2's bf16 kernels are sattn3's).
 # STEPS picks what runs, in this order:
 #   sattn  the attention, BERT, golden and column-sum tests and BERT's parity test of short-attn, short-attn2 and
 #          short-attn-tf32 on the GPU; their kernels against cuDNN's (short_attention_vs_cudnn); bert_base_128,
@@ -34,12 +37,12 @@ vs_torch() { local name=$1 modes=$2; shift 2; vs_torch_runs "$name" "$modes" "$b
 ab() { local revs=$1 name=$2; shift 2; ab_runs "$revs" "$name" "$bt" "$@"; }                 # "REV..." NAME ARGS...
 for step in ${STEPS:-sattn bn}; do
   if [[ $step == sattn || $VS_LIB != main ]] && [[ ! -f /tmp/lib_sattn3/libkiln.so.0.1 ]]; then
-    unpack_libs gpu-carry/ab9/ab.tar.xz || { echo "the branch's pack does not unpack"; exit 1; }
+    unpack_libs "${AB_PACK:-gpu-carry/ab10/ab.tar.xz}" || { echo "the branch's pack does not unpack"; exit 1; }
   fi
   golden_at /work/main  # the branch's test_layers reads PyTorch's golden files where it was built
   case $step in
     sattn)
-      for rev in ${TEST_REVS:-sattn sattn2 sattn3}; do
+      for rev in ${TEST_REVS:-sattn sattn3}; do
         with_lib $rev timeout 150 /tmp/lib_$rev/test_layers \
           --gtest_filter='*Attention*:*Bert*:*Golden*:*Multihead*:*ColumnSums*:ParityCuda.Bert*' > $L/test_layers_$rev.log 2>&1
         echo "$rev test_layers: exit $? $(gtest_counts $L/test_layers_$rev.log) at $SECONDS s"
@@ -47,7 +50,7 @@ for step in ${STEPS:-sattn bn}; do
         with_lib $rev timeout 60 gpu-carry/exp6/short_attention_vs_cudnn > $L/short_attention_vs_cudnn_$rev.log 2>&1
         echo "short_attention_vs_cudnn ($rev): exit $? at $SECONDS s"; cat $L/short_attention_vs_cudnn_$rev.log; snap
       done
-      ab "${AB_REVS:-sattn sattn2 sattn3}" bert --case bert_base_128 --case bert_large_128 --case bert_base_128_fp32 ;;
+      ab "${AB_REVS:-sattn sattn3}" bert --case bert_base_128 --case bert_large_128 --case bert_base_128_fp32 ;;
     bn)
       LD_LIBRARY_PATH=$PWD/build/kiln:${LD_LIBRARY_PATH:-} timeout 300 gpu-carry/exp6/bn_conv_fusion bf16 \
         > $L/bn_conv_fusion.log 2>&1
