@@ -21,6 +21,7 @@
 #include "kiln/tensor/error.h"         // KILN_CHECK
 #include "kiln/tensor/internal_ops.h"  // internal::* inside the fused path's forward and backward
 #if KILN_WITH_CUDA
+#include "kiln/autograd/column_sums.h"         // offer_column_sums: the QKV projection's bias gradient
 #include "kiln/layers/cuda/attention_cudnn.h"  // cuDNN's fused attention (no CUDA header)
 #include "kiln/layers/cuda/attention_probs.h"  // the math path's probabilities in one kernel each way
 #include "kiln/layers/cuda/attention_rows.h"   // zero_flagged_rows
@@ -423,6 +424,13 @@ struct FusedAttention : autograd::Function<FusedAttention> {
                                                   short_config(state.cfg), state.draw)
             : cuda_impl::fused_attention_backward(saved[0], saved[1], saved[2], saved[3], d_out, saved[4], state.bias,
                                                   state.cfg, state.dropout);
+    if (g.packed_sums.defined()) {
+      // The fused QKV projection's output gradient is that buffer as (B, L, 3 H E): its bias gradient is these sums.
+      const Tensor& buffer = g.packed;
+      autograd::offer_column_sums(
+          buffer.view({buffer.size(0), buffer.size(1), buffer.size(2) * buffer.size(3) * buffer.size(4)}),
+          g.packed_sums);
+    }
     return {g.dq, g.dk, g.dv};
   }
 };

@@ -17,6 +17,7 @@
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/layers/attention.h"
 #include "kiln/layers/cuda/short_attention.h"  // short_attention_supported
+#include "kiln/layers/functional.h"            // nn::linear
 #include "kiln/profiler/profiler.h"            // the ops a call runs
 #include "kiln/tensor/cuda.h"
 #include "kiln/tensor/generator.h"
@@ -435,6 +436,37 @@ TEST_P(CudaShortAttention, PackedProjectionGivesItsGradientAsOneBufferWithTheSam
   EXPECT_EQ(values(third(qkv.grad(), 0)), values(q.grad()));
   EXPECT_EQ(values(third(qkv.grad(), 1)), values(k.grad()));
   EXPECT_EQ(values(third(qkv.grad(), 2)), values(v.grad()));
+}
+
+TEST_P(CudaShortAttention, PackedGradientsComeWithTheirColumnSums) {
+  // The backward of packed q, k, v also sums the gradient buffer's columns over every token, as stored: the fused
+  // QKV projection's bias gradient, offered to its Linear. Against float64 sums of the buffer, and through a Linear
+  // (whose bias gradient then is those sums) against float64 column sums of what its output received.
+  const int64_t N = 3, L = 128, H = 2, D = 32;
+  Tensor qkv = gpu_leaf({N, L, 3, H, 64}, dtype(), 710);
+  auto third = [&](const Tensor& t, int64_t i) { return t.select(2, i).permute({0, 2, 1, 3}); };
+  {
+    NoGradGuard no_grad;
+    const Tensor q = third(qkv.detach(), 0), k = third(qkv.detach(), 1), v = third(qkv.detach(), 2);
+    const nn::cuda_impl::ShortAttentionConfig cfg{.scale = 0.125};
+    const nn::cuda_impl::ShortAttentionForward f = nn::cuda_impl::short_attention_forward(q, k, v, {}, cfg, {});
+    const Tensor d_out = make(uniform(f.out.numel(), -1, 1, 711), f.out.shape(), {.dtype = dtype(), .device = kGpu});
+    const nn::cuda_impl::FusedAttentionGrads g =
+        nn::cuda_impl::short_attention_backward(q, k, v, f.out, d_out, f.stats, {}, cfg, {});
+    ASSERT_TRUE(g.packed.defined() && g.packed_sums.defined());
+    const Tensor ref = g.packed.cpu().to(DType::Float64).reshape({N * L, 3 * H * 64}).sum({0});
+    expect_close(g.packed_sums, ref, 1e-5, "the buffer's column sums");
+  }
+  Tensor x = gpu_leaf({N, L, D}, dtype(), 712), w = gpu_leaf({3 * H * 64, D}, dtype(), 713, -0.3, 0.3),
+         b = gpu_leaf({3 * H * 64}, dtype(), 714);
+  Tensor y = nn::linear(x, w, b);  // (N, L, 3 H 64)
+  y.retain_grad();
+  Tensor y5 = y.view({N, L, 3, H, 64});
+  Tensor out = nn::scaled_dot_product_attention(third(y5, 0), third(y5, 1), third(y5, 2));
+  out.backward(make(uniform(out.numel(), -1, 1, 715), out.shape(), {.dtype = dtype(), .device = kGpu}));
+  ASSERT_TRUE(y.grad().defined() && b.grad().defined());
+  const Tensor want = y.grad().cpu().to(DType::Float64).reshape({N * L, 3 * H * 64}).sum({0});
+  expect_close(b.grad(), want, dtype() == DType::BFloat16 ? 1e-2 : 2e-3, "the QKV bias gradient");
 }
 
 TEST_P(CudaShortAttention, DropoutDropsWhatTheMathPathDropsForTheSameGeneratorState) {

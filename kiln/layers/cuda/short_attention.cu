@@ -16,9 +16,9 @@
 #include <limits>
 #include <type_traits>
 
-#include "kiln/tensor/cuda.h"                  // compute_capability
-#include "kiln/tensor/cuda/cuda_backend.h"    // stream_for
-#include "kiln/tensor/cuda/cuda_check.h"      // KILN_CUDA_CHECK, KILN_CUDA_CHECK_LAUNCH
+#include "kiln/tensor/cuda.h"               // compute_capability
+#include "kiln/tensor/cuda/cuda_backend.h"  // stream_for
+#include "kiln/tensor/cuda/cuda_check.h"    // KILN_CUDA_CHECK, KILN_CUDA_CHECK_LAUNCH
 #include "kiln/tensor/error.h"
 #include "kiln/tensor/internal_ops.h"  // internal::empty
 #include "kiln/tensor/trace.h"         // a range per entry
@@ -27,12 +27,12 @@ namespace kiln::nn::cuda_impl {
 
 namespace {
 
-constexpr int kD = 64;                       // head size
-constexpr int kMaxS = 128;                   // the longest sequence
-constexpr int kWarps = kMaxS / 16;           // a warp per 16 queries (or keys)
-constexpr int kThreads = 32 * kWarps;        //
-constexpr int kTile64 = kMaxS * kD;          // elements of a (128, 64) tile
-constexpr int kTile128 = kMaxS * kMaxS;      // elements of a (128, 128) tile
+constexpr int kD = 64;                   // head size
+constexpr int kMaxS = 128;               // the longest sequence
+constexpr int kWarps = kMaxS / 16;       // a warp per 16 queries (or keys)
+constexpr int kThreads = 32 * kWarps;    //
+constexpr int kTile64 = kMaxS * kD;      // elements of a (128, 64) tile
+constexpr int kTile128 = kMaxS * kMaxS;  // elements of a (128, 128) tile
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Element offset of chunk `chunk` (8 elements) of row `row` in a tile of `chunks` chunks a row.
@@ -116,13 +116,14 @@ struct Params {
   int64_t bias_b = 0;  // 0 when the bias is shared by the batch
   void* out;           // forward: O, (B, H, L, 64) with strides os
   Strides os;
-  float* stats;  // (B, H, L): forward writes it, backward reads it
+  float* stats;         // (B, H, L): forward writes it, backward reads it
   const void *o, *d_o;  // backward: O and dO (strides os, dos)
   Strides dos;
   void *dq, *dk, *dv;  // backward: strides dqs, dks, dvs
   Strides dqs, dks, dvs;
+  float* partial = nullptr;  // backward, packed gradients: (B, 3, H, 64) column sums over each sequence, or null
   int heads = 1, length = 0;
-  float scale = 1.0f;     // of q k^T
+  float scale = 1.0f;       // of q k^T
   float keep_scale = 1.0f;  // 1 / (1 - p)
   philox::KeepThreshold keep;
   GeneratorState draw;
@@ -393,17 +394,17 @@ __global__ void __launch_bounds__(kThreads) short_attention_backward_kernel(Para
     }
   }
   __syncthreads();
-  if (r0 >= n) return;
+  const bool active = r0 < n;  // no early return: the column sums below synchronise the block again
   float acc_q[kD / 8][4], acc_k[kD / 8][4], acc_v[kD / 8][4];
 #pragma unroll
   for (int t = 0; t < kD / 8; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_q[t][e] = acc_k[t][e] = acc_v[t][e] = 0.0f;
-  // dQ (rows r0 ..) = dS K: A = dS rows (ldmatrix), B[k = key][n = d] = K (transposed ldmatrix).
-  // dK (keys r0 ..) = dS^T Q and dV = Z^T dO: A[m = key][k = query] = dS, Z transposed; B = Q, dO transposed.
+      // dQ (rows r0 ..) = dS K: A = dS rows (ldmatrix), B[k = key][n = d] = K (transposed ldmatrix).
+      // dK (keys r0 ..) = dS^T Q and dV = Z^T dO: A[m = key][k = query] = dS, Z transposed; B = Q, dO transposed.
 #pragma unroll
   for (int kk = 0; kk < kMaxS / 16; ++kk) {
-    if (16 * kk >= n) continue;
+    if (!active || 16 * kk >= n) continue;
     uint32_t a_ds[4], a_dst[4], a_zt[4];
     ldmatrix_x4(a_ds, sds + swizzled<16>(r0 + (lane % 8) + ((lane / 8) % 2) * 8, 2 * kk + lane / 16));
     const int row_t = 16 * kk + (lane % 8) + (lane / 16) * 8, chunk_t = r0 / 8 + (lane / 8) % 2;
@@ -427,23 +428,68 @@ __global__ void __launch_bounds__(kThreads) short_attention_backward_kernel(Para
   T* dq = static_cast<T*>(p.dq) + b * p.dqs.b + h * p.dqs.h;
   T* dk = static_cast<T*>(p.dk) + b * p.dks.b + h * p.dks.h;
   T* dv = static_cast<T*>(p.dv) + b * p.dvs.b + h * p.dvs.h;
+  // The gradients as stored (rounded to T), and with p.partial this warp's column sums of them over its 16 rows:
+  // sums[m][t][e] for matrix m (dq, dk, dv), column 8 t + c + e, after the shuffles in lanes 0..3.
+  float sums[3][kD / 8][2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = r0 + lane / 4 + 8 * half;
-    if (row >= n) continue;
+  for (int t = 0; t < kD / 8; ++t) {
+    const int col = 8 * t + c;
 #pragma unroll
-    for (int t = 0; t < kD / 8; ++t) {
-      const int col = 8 * t + c;
-      *reinterpret_cast<uint32_t*>(dq + row * p.dqs.x + col) =
-          pack2<T>(acc_q[t][2 * half] * p.scale, acc_q[t][2 * half + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dk + row * p.dks.x + col) =
-          pack2<T>(acc_k[t][2 * half] * p.scale, acc_k[t][2 * half + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dv + row * p.dvs.x + col) = pack2<T>(acc_v[t][2 * half], acc_v[t][2 * half + 1]);
+    for (int m = 0; m < 3; ++m) sums[m][t][0] = sums[m][t][1] = 0.0f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = r0 + lane / 4 + 8 * half;
+      if (!active) continue;
+      const uint32_t wq = pack2<T>(acc_q[t][2 * half] * p.scale, acc_q[t][2 * half + 1] * p.scale);
+      const uint32_t wk = pack2<T>(acc_k[t][2 * half] * p.scale, acc_k[t][2 * half + 1] * p.scale);
+      const uint32_t wv = pack2<T>(acc_v[t][2 * half], acc_v[t][2 * half + 1]);
+      *reinterpret_cast<uint32_t*>(dq + row * p.dqs.x + col) = wq;
+      *reinterpret_cast<uint32_t*>(dk + row * p.dks.x + col) = wk;
+      *reinterpret_cast<uint32_t*>(dv + row * p.dvs.x + col) = wv;
+      const uint32_t words[3] = {wq, wk, wv};
+#pragma unroll
+      for (int m = 0; m < 3; ++m) {
+        const float2 f = unpack2<T>(words[m]);
+        sums[m][t][0] += f.x;
+        sums[m][t][1] += f.y;
+      }
     }
+  }
+  if (p.partial == nullptr) return;                 // the same for the whole block
+  __syncthreads();                                  // every warp has read Z and dS: their memory takes the warps' sums
+  float* warp_sums = reinterpret_cast<float*>(sz);  // (kWarps, 3, 64)
+#pragma unroll
+  for (int m = 0; m < 3; ++m)
+#pragma unroll
+    for (int t = 0; t < kD / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = sums[m][t][e];
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        if (lane < 4) warp_sums[(warp * 3 + m) * kD + 8 * t + c + e] = v;  // 0 for an idle warp
+      }
+  __syncthreads();
+  if (threadIdx.x < 3 * kD) {
+    const int m = threadIdx.x / kD, col = threadIdx.x % kD;
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += warp_sums[(w * 3 + m) * kD + col];  // in warp order: deterministic
+    p.partial[((static_cast<int64_t>(b) * 3 + m) * p.heads + h) * kD + col] = total;
   }
 }
 
-constexpr size_t kForwardShared = 3 * kTile64 * 2;                 // Q, K, V: 48 KiB
+// out[col] = the sum over b of partial[b][col] (B rows of `cols`), in order of b.
+__global__ void sum_over_sequences_kernel(const float* __restrict__ partial, float* __restrict__ out, int batch,
+                                          int cols) {
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  float total = 0.0f;
+  for (int b = 0; b < batch; ++b) total += partial[static_cast<int64_t>(b) * cols + col];
+  out[col] = total;
+}
+
+constexpr size_t kForwardShared = 3 * kTile64 * 2;                    // Q, K, V: 48 KiB
 constexpr size_t kBackwardShared = (4 * kTile64 + 2 * kTile128) * 2;  // Q, K, V, dO, Z, dS: 128 KiB
 
 Strides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
@@ -543,10 +589,10 @@ FusedAttentionGrads empty_attention_grads(const Tensor& q, const Tensor& k, cons
   if (packed) {
     const Tensor buffer = internal::empty({B, L, 3, H, E}, q.options());
     return {buffer.select(2, 0).permute({0, 2, 1, 3}), buffer.select(2, 1).permute({0, 2, 1, 3}),
-            buffer.select(2, 2).permute({0, 2, 1, 3})};
+            buffer.select(2, 2).permute({0, 2, 1, 3}), buffer, Tensor()};
   }
   return {empty_bxhd(B, H, L, E, q.options()), empty_bxhd(B, H, S, E, q.options()),
-          empty_bxhd(B, H, S, Ev, q.options())};
+          empty_bxhd(B, H, S, Ev, q.options()), Tensor(), Tensor()};
 }
 
 bool short_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, bool causal,
@@ -582,8 +628,8 @@ ShortAttentionForward short_attention_forward(const Tensor& q, const Tensor& k, 
                                               const ShortAttentionConfig& cfg, const GeneratorState& draw) {
   trace::Scope range(trace::Kind::Op, "short_attention_forward", q.device(), {&q, &k, &v, &bias});
   std::string why;
-  KILN_CHECK(short_attention_supported(q, k, v, bias, cfg.causal, &why), "short_attention_forward: ", why,
-             "; shapes ", q.shape(), ", ", k.shape(), ", ", v.shape());
+  KILN_CHECK(short_attention_supported(q, k, v, bias, cfg.causal, &why), "short_attention_forward: ", why, "; shapes ",
+             q.shape(), ", ", k.shape(), ", ", v.shape());
   KILN_CHECK(cfg.dropout_p >= 0 && cfg.dropout_p < 1, "short_attention_forward: dropout_p must lie in [0, 1)");
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2);
   ShortAttentionForward r;
@@ -610,8 +656,9 @@ FusedAttentionGrads short_attention_backward(const Tensor& q, const Tensor& k, c
   std::string why;
   KILN_CHECK(short_attention_supported(q, k, v, bias, cfg.causal, &why), "short_attention_backward: ", why);
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2);
-  KILN_CHECK(out.shape() == q.shape() && out.dtype() == q.dtype() && rows_ok(out), "short_attention_backward: ",
-             "needs the output of short_attention_forward, got ", out.shape(), " ", out.dtype());
+  KILN_CHECK(out.shape() == q.shape() && out.dtype() == q.dtype() && rows_ok(out),
+             "short_attention_backward: ", "needs the output of short_attention_forward, got ", out.shape(), " ",
+             out.dtype());
   KILN_CHECK(stats.defined() && stats.dtype() == DType::Float32 && stats.numel() == B * H * L && stats.is_contiguous(),
              "short_attention_backward: needs the Float32 statistics of short_attention_forward");
   KILN_CHECK(d_out.shape() == q.shape(), "short_attention_backward: the output gradient has shape ", d_out.shape(),
@@ -621,8 +668,16 @@ FusedAttentionGrads short_attention_backward(const Tensor& q, const Tensor& k, c
     d_o = empty_bxhd(B, H, L, kShortAttentionHeadDim, q.options());
     d_o.copy_(d_out);
   }
-  FusedAttentionGrads g = empty_attention_grads(q, k, v, packed_qkv(q, k, v));
+  const bool packed = packed_qkv(q, k, v);
+  FusedAttentionGrads g = empty_attention_grads(q, k, v, packed);
   Params p = common_params(q, k, v, bias, cfg, draw);
+  Tensor partial;
+  const int64_t cols = 3 * H * kShortAttentionHeadDim;
+  if (packed) {  // the buffer's column sums too: per sequence in the kernel, then over the batch
+    partial = internal::empty({B, cols}, {.dtype = DType::Float32, .device = q.device()});
+    g.packed_sums = internal::empty({cols}, {.dtype = DType::Float32, .device = q.device()});
+    p.partial = partial.data_ptr<float>();
+  }
   p.stats = const_cast<float*>(stats.data_ptr<float>());
   p.o = out.data_ptr();
   p.os = strides_of(out);
@@ -641,6 +696,11 @@ FusedAttentionGrads short_attention_backward(const Tensor& q, const Tensor& k, c
            kBackwardShared, static_cast<unsigned>(B * H), stream, p);
     KILN_CUDA_CHECK_LAUNCH("short_attention_backward");
   });
+  if (packed) {
+    sum_over_sequences_kernel<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, stream>>>(
+        partial.data_ptr<float>(), g.packed_sums.data_ptr<float>(), static_cast<int>(B), static_cast<int>(cols));
+    KILN_CUDA_CHECK_LAUNCH("short_attention_backward: column sums");
+  }
   return g;
 }
 

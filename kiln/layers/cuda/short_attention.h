@@ -53,7 +53,8 @@ ShortAttentionForward short_attention_forward(const Tensor& q, const Tensor& k, 
 
 // out and stats from short_attention_forward with the same q, k, v, bias, cfg and draw; d_out (B, H, L, 64) in any
 // layout. Gradients as fused_attention_backward lays them out: the thirds of one (B, L, 3, H, 64) buffer when q, k
-// and v are the thirds of one, else each stored (B, L, H, 64).
+// and v are the thirds of one (then also that buffer's column sums as stored, packed_sums, for the fused QKV
+// projection's bias), else each stored (B, L, H, 64).
 FusedAttentionGrads short_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                              const Tensor& d_out, const Tensor& stats, const Tensor& bias,
                                              const ShortAttentionConfig& cfg, const GeneratorState& draw);
