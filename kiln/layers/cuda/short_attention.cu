@@ -156,6 +156,20 @@ __device__ __forceinline__ uint32_t keep_bits(const GeneratorState& draw, philox
   return bits;
 }
 
+// The keep decisions of the two elements (row0, j0), (row0, j0 + 1) of one lane (bits 0, 1) and of the same columns
+// of row1 (bits 2, 3), j0 = 8 t + 2 (lane % 4); row_first0/1: the index of each row's first element. Lanes l and
+// l ^ 1 need the same two Philox blocks (columns j0 & ~3 .. + 3 of both rows): each draws one and they swap.
+// Every lane of the warp calls it together.
+__device__ __forceinline__ uint32_t lane_keep_bits(const GeneratorState& draw, philox::KeepThreshold keep,
+                                                   uint64_t row_first0, uint64_t row_first1, int j0) {
+  const bool odd = threadIdx.x % 2 != 0;  // lane % 4 odd: this lane draws row1's block
+  const uint32_t mine = keep_bits(draw, keep, ((odd ? row_first1 : row_first0) + (j0 & ~3)) / 4);
+  const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 1);
+  const uint32_t b0 = odd ? other : mine, b1 = odd ? mine : other;
+  const int shift = j0 & 3;  // 0 or 2
+  return ((b0 >> shift) & 3u) | (((b1 >> shift) & 3u) << 2);
+}
+
 // The scores of one warp's 16 queries (rows r0 ..) against keys 8 t .. 8 t + 7 for t in [t_begin, t_begin + kT):
 // s[t][..] = q k^T as accumulators (unscaled).
 template <typename T, int kT>
@@ -253,18 +267,19 @@ __global__ void __launch_bounds__(kThreads) short_attention_forward_kernel(Param
     }
   }
   // Probabilities, with the dropout applied, as the A operand of P V.
+  const uint64_t row_first[2] = {(static_cast<uint64_t>(bh) * n + rows[0]) * n,
+                                 (static_cast<uint64_t>(bh) * n + rows[1]) * n};
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const uint64_t row_first = (static_cast<uint64_t>(bh) * n + rows[half]) * n;
+  for (int t = 0; t < kT; ++t) {
+    if (8 * t >= n) continue;  // the same for the whole warp
+    uint32_t bits = 15u;
+    if constexpr (kDrop) bits = lane_keep_bits(draw, p.keep, row_first[0], row_first[1], 8 * t + c);
 #pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      if (8 * t >= n) continue;
+    for (int half = 0; half < 2; ++half) {
       float f0 = inv[half], f1 = inv[half];
       if constexpr (kDrop) {
-        const uint64_t e = row_first + 8 * t + c;  // even: e and e + 1 share a Philox block
-        const uint32_t bits = keep_bits(draw, p.keep, e / 4) >> (e % 4);
-        f0 = bits & 1u ? f0 * p.keep_scale : 0.0f;
-        f1 = bits & 2u ? f1 * p.keep_scale : 0.0f;
+        f0 = bits >> (2 * half) & 1u ? f0 * p.keep_scale : 0.0f;
+        f1 = bits >> (2 * half) & 2u ? f1 * p.keep_scale : 0.0f;
       }
       s[t][2 * half] *= f0;
       s[t][2 * half + 1] *= f1;
@@ -366,16 +381,17 @@ __global__ void __launch_bounds__(kThreads) short_attention_backward_kernel(Para
 #pragma unroll
       for (int t = 0; t < kT; ++t) {
         const int j0 = 8 * (t_begin + t) + c;
-        if (j0 >= n) continue;
+        if (j0 >= n) continue;  // the same for the whole warp (n is a multiple of 16)
+        uint32_t both = 15u;
+        if constexpr (kDrop) {
+          both = lane_keep_bits(draw, p.keep, (static_cast<uint64_t>(bh) * n + rows[0]) * n,
+                                (static_cast<uint64_t>(bh) * n + rows[1]) * n, j0);
+        }
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = rows[half];
           float z[2], ds[2];
-          uint32_t bits = 3u;
-          if constexpr (kDrop) {
-            const uint64_t e = (static_cast<uint64_t>(bh) * n + i) * n + j0;
-            bits = keep_bits(draw, p.keep, e / 4) >> (e % 4);
-          }
+          const uint32_t bits = both >> (2 * half);
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int j = j0 + e;
