@@ -496,7 +496,9 @@ TEST_P(CudaShortAttention, DropoutDropsWhatTheMathPathDropsForTheSameGeneratorSt
   EXPECT_NEAR(static_cast<double>(dropped) / static_cast<double>(got.size()), p, 0.03);
   const double kept = 1.0 / (64 * (1 - p));
   for (double x : got) {
-    if (x != 0) ASSERT_NEAR(x, kept, 1e-2 * kept);
+    if (x != 0) {
+      ASSERT_NEAR(x, kept, 1e-2 * kept);
+    }
   }
 }
 
