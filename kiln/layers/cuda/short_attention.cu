@@ -14,7 +14,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <mutex>
+#include <set>
 #include <type_traits>
+#include <utility>
 
 #include "kiln/tensor/cuda.h"               // compute_capability
 #include "kiln/tensor/cuda/cuda_backend.h"  // stream_for
@@ -552,8 +555,18 @@ void with_variant(DType dtype, bool bias, bool causal, bool drop, F&& f) {
 template <typename Kernel>
 void launch(Kernel kernel, size_t shared, unsigned blocks, cudaStream_t stream, const Params& p) {
   if (shared > 48 * 1024) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
-                    "short_attention");
+    // More than the default: the kernel's limit is raised once per device (the warm-up's eager launches do it
+    // before any CUDA graph capture).
+    static std::mutex mutex;
+    static std::set<std::pair<const void*, int>> raised;
+    int device = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&device), "short_attention");
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (raised.insert({reinterpret_cast<const void*>(kernel), device}).second) {
+      KILN_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+          "short_attention");
+    }
   }
   kernel<<<blocks, kThreads, shared, stream>>>(p);
 }
