@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <set>
 #include <type_traits>
@@ -511,6 +512,26 @@ __global__ void sum_over_sequences_kernel(const float* __restrict__ partial, flo
 constexpr size_t kForwardShared = 3 * kTile64 * 2;                    // Q, K, V: 48 KiB
 constexpr size_t kBackwardShared = (4 * kTile64 + 2 * kTile128) * 2;  // Q, K, V, dO, Z, dS: 128 KiB
 
+// The shared memory a block of either kernel needs for q's dtype (the backward's, the larger).
+size_t shared_needed(DType dtype) {
+  (void)dtype;
+  return kBackwardShared;
+}
+
+// The most shared memory a block may opt into on `device` (cudaDevAttrMaxSharedMemoryPerBlockOptin), asked once.
+size_t shared_optin(int device) {
+  static std::mutex mutex;
+  static std::map<int, size_t> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(device);
+  if (it == known.end()) {
+    int bytes = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "short_attention");
+    it = known.emplace(device, static_cast<size_t>(bytes)).first;
+  }
+  return it->second;
+}
+
 Strides strides_of(const Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
 bool rows_ok(const Tensor& t) {
@@ -650,6 +671,7 @@ bool short_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v
     }
   }
   if (cuda::compute_capability(q.device().index()) < 80) return no("needs compute capability 8.0 or later");
+  if (shared_optin(q.device().index()) < shared_needed(q.dtype())) return no("the GPU has too little shared memory");
   return true;
 }
 
