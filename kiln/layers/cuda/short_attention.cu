@@ -4,7 +4,7 @@
 // Tensor-core products are mma.sync m16n8k16 (16-bit inputs, float accumulators) with operands from shared memory
 // through ldmatrix. Fragments (lane l, r = l / 4, c = 2 (l % 4)): A (16 x 16) registers hold rows r and r + 8,
 // columns c, c + 1 and c + 8, c + 9; B (16 x 8) columns r, rows c, c + 1 and c + 8, c + 9; an accumulator (16 x 8)
-// rows r and r + 8, columns c, c + 1. A tile of 64 columns is 8 chunks of 16 bytes a row, of 128 columns 16; chunk x
+// rows r and r + 8, columns c, c + 1. A row of a tile of 64 columns is 8 chunks of 16 bytes; chunk x
 // of row y sits at chunk x ^ (y % 8), so that the 8 rows one ldmatrix reads fall in different banks.
 #include "kiln/layers/cuda/short_attention.h"
 
@@ -31,12 +31,11 @@ namespace kiln::nn::cuda_impl {
 
 namespace {
 
-constexpr int kD = 64;                   // head size
-constexpr int kMaxS = 128;               // the longest sequence
-constexpr int kWarps = kMaxS / 16;       // a warp per 16 queries (or keys)
-constexpr int kThreads = 32 * kWarps;    //
-constexpr int kTile64 = kMaxS * kD;      // elements of a (128, 64) tile
-constexpr int kTile128 = kMaxS * kMaxS;  // elements of a (128, 128) tile
+constexpr int kD = 64;                 // head size
+constexpr int kMaxS = 128;             // the longest sequence
+constexpr int kWarps = kMaxS / 16;     // a warp per 16 queries (or keys)
+constexpr int kThreads = 32 * kWarps;  //
+constexpr int kTile64 = kMaxS * kD;    // elements of a (128, 64) tile
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Element offset of chunk `chunk` (8 elements) of row `row` in a tile of `chunks` chunks a row.
@@ -319,18 +318,21 @@ __global__ void __launch_bounds__(kThreads) short_attention_forward_kernel(Param
   }
 }
 
-// Backward. Phase 1, warp w on queries 16 w ..: D_i = rowsum(dO * O); for keys in two halves of 64, P from the
-// statistics, dZ = dO V^T, the keep mask; Z = P * mask / (1 - p) and dS = P * (dZ * mask / (1 - p) - D_i) go to
-// shared memory. Phase 2, warp w: dQ of queries 16 w .. (dS K), dK and dV of keys 16 w .. (dS^T Q, Z^T dO).
+// Backward, over the keys in two halves of 64, so that Z and dS of one half (2 x 16 KiB) sit in shared memory beside
+// Q, K, V and dO (64 KiB) and two blocks share an SM (one loads while the other computes). First D_i = rowsum(dO * O)
+// for every query. Then per half: warp w on queries 16 w ..: P from the statistics, dZ = dO V^T, the keep mask;
+// Z = P * mask / (1 - p) and dS = P * (dZ * mask / (1 - p) - D_i) to shared memory; then warp w adds dS K over the
+// half's keys to dQ of its queries, and computes dK and dV (dS^T Q, Z^T dO) of the half's keys 16 (w % 4) .. for head
+// columns 32 (w / 4) .. + 31.
 template <typename T, bool kBias, bool kCausal, bool kDrop>
-__global__ void __launch_bounds__(kThreads) short_attention_backward_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, 2) short_attention_backward_kernel(Params p) {
   extern __shared__ uint4 shared_raw[];
   T* sq = reinterpret_cast<T*>(shared_raw);
   T* sk = sq + kTile64;
   T* sv = sk + kTile64;
   T* sdo = sv + kTile64;
-  T* sz = sdo + kTile64;  // (128, 128): queries x keys
-  T* sds = sz + kTile128;
+  T* sz = sdo + kTile64;  // (128, 64): queries x the half's keys
+  T* sds = sz + kTile64;
   const int n = p.length;
   const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
   load_tile(sq, static_cast<const T*>(p.q) + b * p.qs.b + h * p.qs.h, p.qs.x, n);
@@ -341,154 +343,204 @@ __global__ void __launch_bounds__(kThreads) short_attention_backward_kernel(Para
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r0 = 16 * warp;
   const int c = 2 * (lane % 4);
+  const bool active = r0 < n;  // this warp has queries (no early return: the block synchronises per half)
   GeneratorState draw = p.draw;
   if constexpr (kDrop) {
     if (draw.device_offset != nullptr) draw.offset = *draw.device_offset;  // a CUDA graph's draw
   }
-  if (r0 < n) {
-    const int rows[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
-    // D_i: lane l of a quad sums columns 16 (l % 4) .. + 15 of its rows.
-    float d_row[2], lse[2];
+  const int rows[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
+  // D_i: lane l of a quad sums columns 16 (l % 4) .. + 15 of its rows.
+  float d_row[2] = {0.0f, 0.0f}, lse[2] = {0.0f, 0.0f};
+  if (active) {
     const T* o = static_cast<const T*>(p.o) + b * p.os.b + h * p.os.h;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float acc = 0.0f;
-      if (rows[half] < n) {
 #pragma unroll
-        for (int ch = 0; ch < 2; ++ch) {
-          const int chunk = 2 * (lane % 4) + ch;
-          const uint4 ov = *reinterpret_cast<const uint4*>(o + rows[half] * p.os.x + 8 * chunk);
-          const uint4 gv = *reinterpret_cast<const uint4*>(sdo + swizzled<8>(rows[half], chunk));
-          const uint32_t* ow = reinterpret_cast<const uint32_t*>(&ov);
-          const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
+      for (int ch = 0; ch < 2; ++ch) {
+        const int chunk = 2 * (lane % 4) + ch;
+        const uint4 ov = *reinterpret_cast<const uint4*>(o + rows[half] * p.os.x + 8 * chunk);
+        const uint4 gv = *reinterpret_cast<const uint4*>(sdo + swizzled<8>(rows[half], chunk));
+        const uint32_t* ow = reinterpret_cast<const uint32_t*>(&ov);
+        const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
 #pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            const float2 of = unpack2<T>(ow[w]), gf = unpack2<T>(gw[w]);
-            acc += of.x * gf.x + of.y * gf.y;
-          }
+        for (int w = 0; w < 4; ++w) {
+          const float2 of = unpack2<T>(ow[w]), gf = unpack2<T>(gw[w]);
+          acc += of.x * gf.x + of.y * gf.y;
         }
       }
       acc += __shfl_xor_sync(0xffffffffu, acc, 1);
       acc += __shfl_xor_sync(0xffffffffu, acc, 2);
       d_row[half] = acc;
-      lse[half] = rows[half] < n ? p.stats[static_cast<int64_t>(bh) * n + rows[half]] : 0.0f;
-    }
-    const T* bias = kBias ? static_cast<const T*>(p.bias) + b * p.bias_b : nullptr;
-    constexpr int kT = 8;  // key tiles of 8 per half
-#pragma unroll
-    for (int half_keys = 0; half_keys < 2; ++half_keys) {
-      const int t_begin = kT * half_keys;
-      if (8 * t_begin >= n) continue;
-      float s[kT][4], dz[kT][4];
-      scores<T, kT>(s, sq, sk, r0, t_begin, n);
-      scores<T, kT>(dz, sdo, sv, r0, t_begin, n);  // dO V^T: the same product shape as q k^T
-#pragma unroll
-      for (int t = 0; t < kT; ++t) {
-        const int j0 = 8 * (t_begin + t) + c;
-        if (j0 >= n) continue;  // the same for the whole warp (n is a multiple of 16)
-        uint32_t both = 15u;
-        if constexpr (kDrop) {
-          both = lane_keep_bits(draw, p.keep, (static_cast<uint64_t>(bh) * n + rows[0]) * n,
-                                (static_cast<uint64_t>(bh) * n + rows[1]) * n, j0);
-        }
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = rows[half];
-          float z[2], ds[2];
-          const uint32_t bits = both >> (2 * half);
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = j0 + e;
-            const float bj = kBias ? to_float(bias[j]) : 0.0f;
-            const float x = logit<kCausal>(s[t][2 * half + e], p.scale, bj, i, j, n);
-            const float prob = i < n ? exp2f((x - lse[half]) * kLog2e) : 0.0f;
-            const float m = kDrop ? (bits >> e & 1u ? p.keep_scale : 0.0f) : 1.0f;
-            z[e] = prob * m;
-            ds[e] = prob * (dz[t][2 * half + e] * m - d_row[half]);
-          }
-          const int off = swizzled<16>(i, (j0 >> 3)) + (j0 & 7);
-          *reinterpret_cast<uint32_t*>(sz + off) = pack2<T>(z[0], z[1]);
-          *reinterpret_cast<uint32_t*>(sds + off) = pack2<T>(ds[0], ds[1]);
-        }
-      }
+      lse[half] = p.stats[static_cast<int64_t>(bh) * n + rows[half]];
     }
   }
-  __syncthreads();
-  const bool active = r0 < n;  // no early return: the column sums below synchronise the block again
-  float acc_q[kD / 8][4], acc_k[kD / 8][4], acc_v[kD / 8][4];
-#pragma unroll
-  for (int t = 0; t < kD / 8; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_q[t][e] = acc_k[t][e] = acc_v[t][e] = 0.0f;
-      // dQ (rows r0 ..) = dS K: A = dS rows (ldmatrix), B[k = key][n = d] = K (transposed ldmatrix).
-      // dK (keys r0 ..) = dS^T Q and dV = Z^T dO: A[m = key][k = query] = dS, Z transposed; B = Q, dO transposed.
-#pragma unroll
-  for (int kk = 0; kk < kMaxS / 16; ++kk) {
-    if (!active || 16 * kk >= n) continue;
-    uint32_t a_ds[4], a_dst[4], a_zt[4];
-    ldmatrix_x4(a_ds, sds + swizzled<16>(r0 + (lane % 8) + ((lane / 8) % 2) * 8, 2 * kk + lane / 16));
-    const int row_t = 16 * kk + (lane % 8) + (lane / 16) * 8, chunk_t = r0 / 8 + (lane / 8) % 2;
-    ldmatrix_x4_trans(a_dst, sds + swizzled<16>(row_t, chunk_t));
-    ldmatrix_x4_trans(a_zt, sz + swizzled<16>(row_t, chunk_t));
-#pragma unroll
-    for (int n2 = 0; n2 < kD / 16; ++n2) {
-      const int row_b = 16 * kk + (lane % 8) + ((lane / 8) % 2) * 8, chunk_b = 2 * n2 + lane / 16;
-      uint32_t bk[4], bq[4], bdo[4];
-      ldmatrix_x4_trans(bk, sk + swizzled<8>(row_b, chunk_b));
-      ldmatrix_x4_trans(bq, sq + swizzled<8>(row_b, chunk_b));
-      ldmatrix_x4_trans(bdo, sdo + swizzled<8>(row_b, chunk_b));
-      mma<T>(acc_q[2 * n2], a_ds, bk[0], bk[1]);
-      mma<T>(acc_q[2 * n2 + 1], a_ds, bk[2], bk[3]);
-      mma<T>(acc_k[2 * n2], a_dst, bq[0], bq[1]);
-      mma<T>(acc_k[2 * n2 + 1], a_dst, bq[2], bq[3]);
-      mma<T>(acc_v[2 * n2], a_zt, bdo[0], bdo[1]);
-      mma<T>(acc_v[2 * n2 + 1], a_zt, bdo[2], bdo[3]);
-    }
-  }
+  const T* bias = kBias ? static_cast<const T*>(p.bias) + b * p.bias_b : nullptr;
   T* dq = static_cast<T*>(p.dq) + b * p.dqs.b + h * p.dqs.h;
   T* dk = static_cast<T*>(p.dk) + b * p.dks.b + h * p.dks.h;
   T* dv = static_cast<T*>(p.dv) + b * p.dvs.b + h * p.dvs.h;
-  // The gradients as stored (rounded to T), and with p.partial this warp's column sums of them over its 16 rows:
-  // sums[m][t][e] for matrix m (dq, dk, dv), column 8 t + c + e, after the shuffles in lanes 0..3.
-  float sums[3][kD / 8][2];
+  const int kt = warp % 4, dh = warp / 4;  // this warp's key tile and head columns in each half
+  float acc_q[kD / 8][4];
 #pragma unroll
-  for (int t = 0; t < kD / 8; ++t) {
-    const int col = 8 * t + c;
+  for (int t = 0; t < kD / 8; ++t)
 #pragma unroll
-    for (int m = 0; m < 3; ++m) sums[m][t][0] = sums[m][t][1] = 0.0f;
+    for (int e = 0; e < 4; ++e) acc_q[t][e] = 0.0f;
+  float sums_kv[2][4][2];  // with p.partial: this thread's sums of dK and dV (as stored) over its keys, per column
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = r0 + lane / 4 + 8 * half;
-      if (!active) continue;
-      const uint32_t wq = pack2<T>(acc_q[t][2 * half] * p.scale, acc_q[t][2 * half + 1] * p.scale);
-      const uint32_t wk = pack2<T>(acc_k[t][2 * half] * p.scale, acc_k[t][2 * half + 1] * p.scale);
-      const uint32_t wv = pack2<T>(acc_v[t][2 * half], acc_v[t][2 * half + 1]);
-      *reinterpret_cast<uint32_t*>(dq + row * p.dqs.x + col) = wq;
-      *reinterpret_cast<uint32_t*>(dk + row * p.dks.x + col) = wk;
-      *reinterpret_cast<uint32_t*>(dv + row * p.dvs.x + col) = wv;
-      const uint32_t words[3] = {wq, wk, wv};
+  for (int m = 0; m < 2; ++m)
 #pragma unroll
-      for (int m = 0; m < 3; ++m) {
-        const float2 f = unpack2<T>(words[m]);
-        sums[m][t][0] += f.x;
-        sums[m][t][1] += f.y;
+    for (int t = 0; t < 4; ++t) sums_kv[m][t][0] = sums_kv[m][t][1] = 0.0f;
+
+  for (int kh = 0; kh < kMaxS / 64; ++kh) {
+    const int key0 = 64 * kh;
+    if (key0 >= n) break;  // the same for the whole block
+    const int keys_here = min(64, n - key0);
+    if (active) {
+#pragma unroll
+      for (int sub = 0; sub < 2; ++sub) {  // 32 keys at a time: fewer registers
+        constexpr int kT = 4;
+        const int t_begin = 8 * kh + kT * sub;
+        if (8 * t_begin >= n) continue;
+        float s[kT][4], dz[kT][4];
+        scores<T, kT>(s, sq, sk, r0, t_begin, n);
+        scores<T, kT>(dz, sdo, sv, r0, t_begin, n);  // dO V^T: the same product shape as q k^T
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+          const int j0 = 8 * (t_begin + t) + c;
+          if (j0 >= n) continue;  // the same for the whole warp (n is a multiple of 16)
+          uint32_t both = 15u;
+          if constexpr (kDrop) {
+            both = lane_keep_bits(draw, p.keep, (static_cast<uint64_t>(bh) * n + rows[0]) * n,
+                                  (static_cast<uint64_t>(bh) * n + rows[1]) * n, j0);
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int i = rows[half];
+            const uint32_t bits = both >> (2 * half);
+            float z[2], ds[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = j0 + e;
+              const float bj = kBias ? to_float(bias[j]) : 0.0f;
+              const float x = logit<kCausal>(s[t][2 * half + e], p.scale, bj, i, j, n);
+              const float prob = exp2f((x - lse[half]) * kLog2e);
+              const float m = kDrop ? (bits >> e & 1u ? p.keep_scale : 0.0f) : 1.0f;
+              z[e] = prob * m;
+              ds[e] = prob * (dz[t][2 * half + e] * m - d_row[half]);
+            }
+            const int jl = j0 - key0;  // the column within the half
+            const int off = swizzled<8>(i, jl >> 3) + (jl & 7);
+            *reinterpret_cast<uint32_t*>(sz + off) = pack2<T>(z[0], z[1]);
+            *reinterpret_cast<uint32_t*>(sds + off) = pack2<T>(ds[0], ds[1]);
+          }
+        }
       }
     }
+    __syncthreads();
+    if (active) {  // dQ of this warp's queries += dS K over the half's keys
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if (16 * kk >= keys_here) continue;
+        uint32_t a[4];
+        ldmatrix_x4(a, sds + swizzled<8>(r0 + (lane % 8) + ((lane / 8) % 2) * 8, 2 * kk + lane / 16));
+#pragma unroll
+        for (int n2 = 0; n2 < kD / 16; ++n2) {
+          uint32_t bk[4];
+          ldmatrix_x4_trans(bk,
+                            sk + swizzled<8>(key0 + 16 * kk + (lane % 8) + ((lane / 8) % 2) * 8, 2 * n2 + lane / 16));
+          mma<T>(acc_q[2 * n2], a, bk[0], bk[1]);
+          mma<T>(acc_q[2 * n2 + 1], a, bk[2], bk[3]);
+        }
+      }
+    }
+    const int m0 = 16 * kt;  // this warp's keys within the half
+    if (m0 < keys_here) {
+      float acc_k[4][4], acc_v[4][4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_k[t][e] = acc_v[t][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kMaxS / 16; ++kk) {  // queries, 16 at a time
+        if (16 * kk >= n) continue;
+        const int row_t = 16 * kk + (lane % 8) + (lane / 16) * 8, chunk_t = m0 / 8 + (lane / 8) % 2;
+        uint32_t a_dst[4], a_zt[4];
+        ldmatrix_x4_trans(a_dst, sds + swizzled<8>(row_t, chunk_t));
+        ldmatrix_x4_trans(a_zt, sz + swizzled<8>(row_t, chunk_t));
+#pragma unroll
+        for (int n2 = 0; n2 < 2; ++n2) {
+          const int row_b = 16 * kk + (lane % 8) + ((lane / 8) % 2) * 8, chunk_b = 4 * dh + 2 * n2 + lane / 16;
+          uint32_t bq[4], bdo[4];
+          ldmatrix_x4_trans(bq, sq + swizzled<8>(row_b, chunk_b));
+          ldmatrix_x4_trans(bdo, sdo + swizzled<8>(row_b, chunk_b));
+          mma<T>(acc_k[2 * n2], a_dst, bq[0], bq[1]);
+          mma<T>(acc_k[2 * n2 + 1], a_dst, bq[2], bq[3]);
+          mma<T>(acc_v[2 * n2], a_zt, bdo[0], bdo[1]);
+          mma<T>(acc_v[2 * n2 + 1], a_zt, bdo[2], bdo[3]);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = key0 + m0 + lane / 4 + 8 * half;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int col = 32 * dh + 8 * t + c;
+          const uint32_t wk = pack2<T>(acc_k[t][2 * half] * p.scale, acc_k[t][2 * half + 1] * p.scale);
+          const uint32_t wv = pack2<T>(acc_v[t][2 * half], acc_v[t][2 * half + 1]);
+          *reinterpret_cast<uint32_t*>(dk + row * p.dks.x + col) = wk;
+          *reinterpret_cast<uint32_t*>(dv + row * p.dvs.x + col) = wv;
+          const float2 fk = unpack2<T>(wk), fv = unpack2<T>(wv);
+          sums_kv[0][t][0] += fk.x;
+          sums_kv[0][t][1] += fk.y;
+          sums_kv[1][t][0] += fv.x;
+          sums_kv[1][t][1] += fv.y;
+        }
+      }
+    }
+    __syncthreads();  // every warp has read this half's Z and dS before the next half writes them
   }
-  if (p.partial == nullptr) return;                 // the same for the whole block
-  __syncthreads();                                  // every warp has read Z and dS: their memory takes the warps' sums
-  float* warp_sums = reinterpret_cast<float*>(sz);  // (kWarps, 3, 64)
+  float sums_q[kD / 8][2];  // with p.partial: this thread's sums of dQ (as stored) over its two rows, per column
 #pragma unroll
-  for (int m = 0; m < 3; ++m)
+  for (int t = 0; t < kD / 8; ++t) {
+    sums_q[t][0] = sums_q[t][1] = 0.0f;
+    if (!active) continue;
 #pragma unroll
-    for (int t = 0; t < kD / 8; ++t)
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t wq = pack2<T>(acc_q[t][2 * half] * p.scale, acc_q[t][2 * half + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dq + rows[half] * p.dqs.x + 8 * t + c) = wq;
+      const float2 f = unpack2<T>(wq);
+      sums_q[t][0] += f.x;
+      sums_q[t][1] += f.y;
+    }
+  }
+  if (p.partial == nullptr) return;  // the same for the whole block
+  // Z's memory (free since the loop's last synchronisation) takes the warps' sums: (kWarps, 3, 64).
+  float* warp_sums = reinterpret_cast<float*>(sz);
+#pragma unroll
+  for (int t = 0; t < kD / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float v = sums_q[t][e];
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      v += __shfl_xor_sync(0xffffffffu, v, 8);
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      if (lane < 4) warp_sums[(warp * 3) * kD + 8 * t + c + e] = v;
+    }
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float v = sums[m][t][e];
+        float v = sums_kv[m][t][e];
         v += __shfl_xor_sync(0xffffffffu, v, 4);
         v += __shfl_xor_sync(0xffffffffu, v, 8);
         v += __shfl_xor_sync(0xffffffffu, v, 16);
-        if (lane < 4) warp_sums[(warp * 3 + m) * kD + 8 * t + c + e] = v;  // 0 for an idle warp
+        if (lane < 4) {
+          float* row = warp_sums + (warp * 3 + 1 + m) * kD;
+          row[32 * dh + 8 * t + c + e] = v;           // this warp's head columns
+          row[32 * (1 - dh) + 8 * t + c + e] = 0.0f;  // the others, which it did not compute
+        }
       }
   __syncthreads();
   if (threadIdx.x < 3 * kD) {
@@ -509,8 +561,8 @@ __global__ void sum_over_sequences_kernel(const float* __restrict__ partial, flo
   out[col] = total;
 }
 
-constexpr size_t kForwardShared = 3 * kTile64 * 2;                    // Q, K, V: 48 KiB
-constexpr size_t kBackwardShared = (4 * kTile64 + 2 * kTile128) * 2;  // Q, K, V, dO, Z, dS: 128 KiB
+constexpr size_t kForwardShared = 3 * kTile64 * 2;   // Q, K, V: 48 KiB
+constexpr size_t kBackwardShared = 6 * kTile64 * 2;  // Q, K, V, dO, and Z and dS of half the keys: 96 KiB
 
 // The shared memory a block of either kernel needs for q's dtype (the backward's, the larger).
 size_t shared_needed(DType dtype) {
