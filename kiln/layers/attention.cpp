@@ -244,8 +244,11 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
     return c;
   }
   auto [q, k, v] = autocast::inputs(autocast_ops::attention(), q0, k0, v0);
-  if (q.dtype() != DType::Float16 && q.dtype() != DType::BFloat16) {
-    c.why_not = ::kiln::detail::str_cat("the fused attention takes Float16 or BFloat16, not ", q.dtype());
+  // Float32 only where TF32 products are allowed, and only kiln's own kernels take it (below).
+  const bool sixteen_bit = q.dtype() == DType::Float16 || q.dtype() == DType::BFloat16;
+  if (!sixteen_bit && !(q.dtype() == DType::Float32 && cuda::allow_tf32())) {
+    c.why_not = ::kiln::detail::str_cat("the fused attention takes Float16 or BFloat16 (or Float32 with TF32 products ",
+                                        "allowed), not ", q.dtype());
     return c;
   }
   const int64_t lead = q.dim() - 2;
@@ -316,6 +319,11 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
   std::string why_not_short;
   if (cuda_impl::short_attention_supported(c.q, c.k, c.v, c.bias, c.cfg.causal, &why_not_short)) {
     c.short_kernel = true;
+    return c;
+  }
+  if (!sixteen_bit) {
+    c.why_not = ::kiln::detail::str_cat("kiln's own kernels do not apply (", why_not_short,
+                                        "), and cuDNN's fused attention takes Float16 or BFloat16, not ", q.dtype());
     return c;
   }
   if (!cuda_impl::fused_attention_compiled()) {

@@ -28,7 +28,9 @@
 //   * the output is laid out (N, L, H, Ev) in memory (seen as (N, H, L, Ev)), so merging the heads is a view.
 // - kiln's own fused kernels for short sequences (AttentionBackend::ShortFused, layers/cuda/short_attention.h), which
 //   take the fused path's calls (and its differences from the math path) where they apply: GPUs of compute
-//   capability 8.0 or later, Float16 or BFloat16 after autocast, 4-d q, k and v of one shape (N, H, L, 64) with L a
+//   capability 8.0 or later, Float16 or BFloat16 after autocast (or Float32 while TF32 products are allowed,
+//   cuda::allow_tf32(): its products then run in TF32, as the math path's would), 4-d q, k and v of one shape
+//   (N, H, L, 64) with L a
 //   multiple of 16 up to 128 (BERT's 128 tokens), and no mask or a key padding mask (one row of keys per sequence).
 //   One block per (batch, head) holds the whole score matrix: no extra passes over memory forward or backward.
 //   Their dropout draws internal::dropout's mask from one draw of the generator: the math path with the same

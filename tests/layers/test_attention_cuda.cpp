@@ -205,9 +205,19 @@ TEST(CudaAttentionBackend, ChoosesTheFusedPathOnlyWhereItApplies) {
   Tensor q32 = gpu_leaf(qs, DType::Float32, 50), k32 = gpu_leaf(qs, DType::Float32, 51),
          v32 = gpu_leaf(qs, DType::Float32, 52);
   std::string why;
-  // float32 outside autocast: cuDNN has no fused float32 attention.
+  // float32 outside autocast: cuDNN has no fused float32 attention, and kiln's own kernels take it only while TF32
+  // products are allowed.
+  const bool tf32 = cuda::allow_tf32();
+  cuda::set_allow_tf32(false);
   EXPECT_EQ(nn::attention_backend(q32, k32, v32, {}, &why), nn::AttentionBackend::Math);
   EXPECT_FALSE(why.empty());
+  cuda::set_allow_tf32(true);
+  if (cuda::compute_capability(0) >= 80) {
+    EXPECT_EQ(nn::attention_backend(q32, k32, v32, {}, &why), nn::AttentionBackend::ShortFused) << why;
+  }
+  Tensor q32e32 = gpu_leaf({2, 2, 64, 32}, DType::Float32, 66);
+  EXPECT_EQ(nn::attention_backend(q32e32, q32e32, q32e32, {}, &why), nn::AttentionBackend::Math);
+  cuda::set_allow_tf32(tf32);
   // CPU tensors never take it.
   EXPECT_EQ(nn::attention_backend(q32.cpu(), k32.cpu(), v32.cpu()), nn::AttentionBackend::Math);
   if (!nn::fused_attention_available()) return;
@@ -388,13 +398,20 @@ TEST(CudaAttentionDropout, GradientsMatchTheMathPathWithTheKernelsMask) {
 
 // ---------------------------------------------------------------- kiln's kernels for short sequences
 
+// Float32 takes them with TF32 products allowed (kiln's default), and is compared as float16 is.
 class CudaShortAttention : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
     if (!cuda::is_available()) GTEST_SKIP() << "no GPU";
     if (cuda::compute_capability(0) < 80) GTEST_SKIP() << "kiln's short-sequence kernels need compute capability 8.0";
+    tf32_ = cuda::allow_tf32();
+    cuda::set_allow_tf32(true);
   }
+  void TearDown() override { cuda::set_allow_tf32(tf32_); }
   DType dtype() const { return GetParam(); }
+
+ private:
+  bool tf32_ = true;
 };
 
 TEST_P(CudaShortAttention, LengthsBelow128WithKeyPaddingAgainstFloat64) {
@@ -514,15 +531,26 @@ TEST_P(CudaShortAttention, SaysWhyItDoesNotApply) {
   EXPECT_NE(why_not({2, 2, 40, 64}).find("multiple of 16"), std::string::npos);
   const Tensor per_query = internal::zeros({2, 1, 64, 64}, {.dtype = dtype(), .device = kGpu});
   EXPECT_NE(why_not({2, 2, 64, 64}, per_query).find("one row of keys"), std::string::npos);
-  Tensor q = internal::zeros({2, 2, 64, 64}, {.dtype = DType::Float32, .device = kGpu});
+  Tensor q64 = internal::zeros({2, 2, 64, 64}, {.dtype = DType::Float64, .device = kGpu});
   std::string why;
-  EXPECT_FALSE(nn::cuda_impl::short_attention_supported(q, q, q, {}, false, &why));
-  EXPECT_NE(why.find("float16 or bfloat16"), std::string::npos) << why;
+  EXPECT_FALSE(nn::cuda_impl::short_attention_supported(q64, q64, q64, {}, false, &why));
+  EXPECT_NE(why.find("float16, bfloat16 or float32"), std::string::npos) << why;
+  // Float32 runs its products in TF32: only while those are allowed.
+  Tensor q32 = internal::zeros({2, 2, 64, 64}, {.dtype = DType::Float32, .device = kGpu});
+  const bool tf32 = cuda::allow_tf32();
+  cuda::set_allow_tf32(false);
+  EXPECT_FALSE(nn::cuda_impl::short_attention_supported(q32, q32, q32, {}, false, &why));
+  EXPECT_NE(why.find("TF32"), std::string::npos) << why;
+  cuda::set_allow_tf32(true);
+  EXPECT_TRUE(nn::cuda_impl::short_attention_supported(q32, q32, q32, {}, false, &why)) << why;
+  cuda::set_allow_tf32(tf32);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, CudaShortAttention, ::testing::Values(DType::Float16, DType::BFloat16),
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaShortAttention, ::testing::Values(DType::Float16, DType::BFloat16, DType::Float32),
                          [](const ::testing::TestParamInfo<DType>& info) {
-                           return info.param == DType::Float16 ? std::string("Float16") : std::string("BFloat16");
+                           return info.param == DType::Float16    ? std::string("Float16")
+                                  : info.param == DType::BFloat16 ? std::string("BFloat16")
+                                                                  : std::string("Float32Tf32");
                          });
 
 // ---------------------------------------------------------------- memory

@@ -561,6 +561,410 @@ __global__ void sum_over_sequences_kernel(const float* __restrict__ partial, flo
   out[col] = total;
 }
 
+// ---------------------------------------------------------------- float32 in TF32
+// The same computations for float32 q, k, v where TF32 is allowed (cuda::allow_tf32(), as for kiln's float32
+// products): mma.sync m16n8k8 on TF32-rounded operands, read from shared memory one element at a time, rows padded to
+// 68 floats so that a fragment's 32 reads fall in distinct banks (or two to a bank). Fragments (g = lane / 4,
+// t = lane % 4): A (16 x 8) rows g and g + 8 of columns t and t + 4; B (8 x 8) rows t and t + 4 of column g;
+// accumulators as m16n8k16's (rows g and g + 8, columns 2 t and 2 t + 1).
+constexpr int kLd32 = 68;               // floats a padded row
+constexpr int kTile32 = kMaxS * kLd32;  // floats of a (128, 64) tile
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Starts copying rows [0, n) of a (n, 64) float32 operand of row stride `ld` into a padded tile (16 bytes a copy).
+__device__ __forceinline__ void load_tile32(float* tile, const float* src, int64_t ld, int n) {
+  for (int idx = threadIdx.x; idx < n * 16; idx += kThreads) {
+    const int row = idx / 16, chunk = idx % 16;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(tile + row * kLd32 + chunk * 4)),
+                 "l"(src + row * ld + chunk * 4));
+  }
+}
+
+// A fragment of rows r0 .. r0 + 15, columns k0 .. k0 + 7 of a padded tile.
+__device__ __forceinline__ void frag_a32(uint32_t (&a)[4], const float* tile, int r0, int k0) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  a[0] = to_tf32(tile[(r0 + g) * kLd32 + k0 + t]);
+  a[1] = to_tf32(tile[(r0 + g + 8) * kLd32 + k0 + t]);
+  a[2] = to_tf32(tile[(r0 + g) * kLd32 + k0 + t + 4]);
+  a[3] = to_tf32(tile[(r0 + g + 8) * kLd32 + k0 + t + 4]);
+}
+
+// A fragment of the transpose: A[m][k] = tile[k0 + k][m0 + m], m < 16, k < 8.
+__device__ __forceinline__ void frag_at32(uint32_t (&a)[4], const float* tile, int m0, int k0) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  a[0] = to_tf32(tile[(k0 + t) * kLd32 + m0 + g]);
+  a[1] = to_tf32(tile[(k0 + t) * kLd32 + m0 + g + 8]);
+  a[2] = to_tf32(tile[(k0 + t + 4) * kLd32 + m0 + g]);
+  a[3] = to_tf32(tile[(k0 + t + 4) * kLd32 + m0 + g + 8]);
+}
+
+// The float32 forward: as short_attention_forward_kernel. Column g of key tile j of q k^T is key
+// 8 j + g / 2 + 4 (g % 2), so that the accumulators hold keys 8 j + t and 8 j + t + 4: the A fragment of P V as they
+// stand, with no shuffle.
+template <bool kBias, bool kCausal, bool kDrop>
+__global__ void __launch_bounds__(kThreads) short_attention_forward_tf32_kernel(Params p) {
+  extern __shared__ uint4 shared_raw[];
+  float* sq = reinterpret_cast<float*>(shared_raw);
+  float* sk = sq + kTile32;
+  float* sv = sk + kTile32;
+  const int n = p.length;
+  const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
+  load_tile32(sq, static_cast<const float*>(p.q) + b * p.qs.b + h * p.qs.h, p.qs.x, n);
+  load_tile32(sk, static_cast<const float*>(p.k) + b * p.ks.b + h * p.ks.h, p.ks.x, n);
+  load_tile32(sv, static_cast<const float*>(p.v) + b * p.vs.b + h * p.vs.h, p.vs.x, n);
+  wait_copies();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int r0 = 16 * warp;
+  if (r0 >= n) return;
+  GeneratorState draw = p.draw;
+  if constexpr (kDrop) {
+    if (draw.device_offset != nullptr) draw.offset = *draw.device_offset;  // a CUDA graph's draw
+  }
+  constexpr int kT = kMaxS / 8;
+  float s[kT][4];
+#pragma unroll
+  for (int j = 0; j < kT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kD / 8; ++kk) {
+    uint32_t a[4];
+    frag_a32(a, sq, r0, 8 * kk);
+#pragma unroll
+    for (int j = 0; j < kT; ++j) {
+      if (8 * j >= n) continue;
+      const float* key_row = sk + (8 * j + g / 2 + 4 * (g % 2)) * kLd32 + 8 * kk;
+      mma_tf32(s[j], a, to_tf32(key_row[t]), to_tf32(key_row[t + 4]));
+    }
+  }
+  // s[j][2 half + e]: query rows[half], key 8 j + t + 4 e.
+  const int rows[2] = {r0 + g, r0 + g + 8};
+  const float* bias = kBias ? static_cast<const float*>(p.bias) + b * p.bias_b : nullptr;
+  float mx[2] = {-std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+#pragma unroll
+  for (int j = 0; j < kT; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = 8 * j + t + 4 * e;
+      const float bj = kBias && key < n ? bias[key] : 0.0f;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        s[j][2 * half + e] = logit<kCausal>(s[j][2 * half + e], p.scale, bj, rows[half], key, n);
+        mx[half] = fmaxf(mx[half], s[j][2 * half + e]);
+      }
+    }
+  float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
+    mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+  }
+#pragma unroll
+  for (int j = 0; j < kT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[j][e] = exp2f((s[j][e] - mx[e / 2]) * kLog2e);
+      sum[e / 2] += s[j][e];
+    }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    sum[half] += __shfl_xor_sync(0xffffffffu, sum[half], 1);
+    sum[half] += __shfl_xor_sync(0xffffffffu, sum[half], 2);
+  }
+  const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
+  if (t == 0) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      p.stats[static_cast<int64_t>(bh) * n + rows[half]] = mx[half] + logf(sum[half]);
+  }
+  const uint64_t row_first[2] = {(static_cast<uint64_t>(bh) * n + rows[0]) * n,
+                                 (static_cast<uint64_t>(bh) * n + rows[1]) * n};
+#pragma unroll
+  for (int j = 0; j < kT; ++j) {
+    if (8 * j >= n) continue;  // the same for the whole warp
+    // The quad's four Philox blocks (rows[0] and rows[1], keys 8 j .. + 3 and 8 j + 4 .. + 7): one a lane.
+    uint32_t blocks[4] = {15u, 15u, 15u, 15u};
+    if constexpr (kDrop) {
+      const uint32_t mine = keep_bits(draw, p.keep, (row_first[t / 2] + 8 * j + 4 * (t % 2)) / 4);
+#pragma unroll
+      for (int x = 0; x < 4; ++x) blocks[x] = __shfl_sync(0xffffffffu, mine, (lane & ~3) + x);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float f = inv[half];
+        if constexpr (kDrop) f = blocks[2 * half + e] >> t & 1u ? f * p.keep_scale : 0.0f;
+        s[j][2 * half + e] *= f;
+      }
+  }
+  float o[kD / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < kD / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kT; ++j) {
+    if (8 * j >= n) continue;
+    const uint32_t a[4] = {to_tf32(s[j][0]), to_tf32(s[j][2]), to_tf32(s[j][1]), to_tf32(s[j][3])};
+#pragma unroll
+    for (int nt = 0; nt < kD / 8; ++nt) {
+      mma_tf32(o[nt], a, to_tf32(sv[(8 * j + t) * kLd32 + 8 * nt + g]),
+               to_tf32(sv[(8 * j + t + 4) * kLd32 + 8 * nt + g]));
+    }
+  }
+  float* out = static_cast<float*>(p.out) + b * p.os.b + h * p.os.h;
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+#pragma unroll
+    for (int nt = 0; nt < kD / 8; ++nt) {
+      *reinterpret_cast<float2*>(out + rows[half] * p.os.x + 8 * nt + 2 * t) =
+          make_float2(o[nt][2 * half], o[nt][2 * half + 1]);
+    }
+}
+
+// The float32 backward: as short_attention_backward_kernel (two halves of the keys), with Z and dS kept in float.
+template <bool kBias, bool kCausal, bool kDrop>
+__global__ void __launch_bounds__(kThreads) short_attention_backward_tf32_kernel(Params p) {
+  extern __shared__ uint4 shared_raw[];
+  float* sq = reinterpret_cast<float*>(shared_raw);
+  float* sk = sq + kTile32;
+  float* sv = sk + kTile32;
+  float* sdo = sv + kTile32;
+  float* sz = sdo + kTile32;  // (128, 64): queries x the half's keys
+  float* sds = sz + kTile32;
+  const int n = p.length;
+  const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
+  load_tile32(sq, static_cast<const float*>(p.q) + b * p.qs.b + h * p.qs.h, p.qs.x, n);
+  load_tile32(sk, static_cast<const float*>(p.k) + b * p.ks.b + h * p.ks.h, p.ks.x, n);
+  load_tile32(sv, static_cast<const float*>(p.v) + b * p.vs.b + h * p.vs.h, p.vs.x, n);
+  load_tile32(sdo, static_cast<const float*>(p.d_o) + b * p.dos.b + h * p.dos.h, p.dos.x, n);
+  wait_copies();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int r0 = 16 * warp;
+  const bool active = r0 < n;  // no early return: the block synchronises per half
+  GeneratorState draw = p.draw;
+  if constexpr (kDrop) {
+    if (draw.device_offset != nullptr) draw.offset = *draw.device_offset;  // a CUDA graph's draw
+  }
+  const int rows[2] = {r0 + g, r0 + g + 8};
+  float d_row[2] = {0.0f, 0.0f}, lse[2] = {0.0f, 0.0f};
+  if (active) {  // D_i: lane t of a quad sums columns 16 t .. + 15 of its rows
+    const float* o = static_cast<const float*>(p.o) + b * p.os.b + h * p.os.h;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int ch = 0; ch < 4; ++ch) {
+        const float4 ov = *reinterpret_cast<const float4*>(o + rows[half] * p.os.x + 16 * t + 4 * ch);
+        const float4 gv = *reinterpret_cast<const float4*>(sdo + rows[half] * kLd32 + 16 * t + 4 * ch);
+        acc += ov.x * gv.x + ov.y * gv.y + ov.z * gv.z + ov.w * gv.w;
+      }
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+      d_row[half] = acc;
+      lse[half] = p.stats[static_cast<int64_t>(bh) * n + rows[half]];
+    }
+  }
+  const float* bias = kBias ? static_cast<const float*>(p.bias) + b * p.bias_b : nullptr;
+  float* dq = static_cast<float*>(p.dq) + b * p.dqs.b + h * p.dqs.h;
+  float* dk = static_cast<float*>(p.dk) + b * p.dks.b + h * p.dks.h;
+  float* dv = static_cast<float*>(p.dv) + b * p.dvs.b + h * p.dvs.h;
+  const int kt = warp % 4, dh = warp / 4;  // this warp's key tile and head columns in each half
+  const int c = 2 * t;
+  float acc_q[kD / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < kD / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_q[nt][e] = 0.0f;
+  float sums_kv[2][4][2];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) sums_kv[m][nt][0] = sums_kv[m][nt][1] = 0.0f;
+
+  for (int kh = 0; kh < kMaxS / 64; ++kh) {
+    const int key0 = 64 * kh;
+    if (key0 >= n) break;  // the same for the whole block
+    const int keys_here = min(64, n - key0);
+    if (active) {
+#pragma unroll
+      for (int sub = 0; sub < 2; ++sub) {  // 32 keys at a time
+        constexpr int kT = 4;
+        const int first = key0 + 32 * sub;
+        if (first >= n) continue;
+        float s[kT][4], dz[kT][4];
+#pragma unroll
+        for (int j = 0; j < kT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[j][e] = dz[j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < kD / 8; ++kk) {
+          uint32_t aq[4], ado[4];
+          frag_a32(aq, sq, r0, 8 * kk);
+          frag_a32(ado, sdo, r0, 8 * kk);
+#pragma unroll
+          for (int j = 0; j < kT; ++j) {
+            if (first + 8 * j >= n) continue;
+            const float* key_row = sk + (first + 8 * j + g) * kLd32 + 8 * kk;
+            const float* value_row = sv + (first + 8 * j + g) * kLd32 + 8 * kk;
+            mma_tf32(s[j], aq, to_tf32(key_row[t]), to_tf32(key_row[t + 4]));
+            mma_tf32(dz[j], ado, to_tf32(value_row[t]), to_tf32(value_row[t + 4]));
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kT; ++j) {
+          const int j0 = first + 8 * j + c;
+          if (first + 8 * j >= n) continue;  // the same for the whole warp
+          uint32_t both = 15u;
+          if constexpr (kDrop) {
+            both = lane_keep_bits(draw, p.keep, (static_cast<uint64_t>(bh) * n + rows[0]) * n,
+                                  (static_cast<uint64_t>(bh) * n + rows[1]) * n, j0);
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int i = rows[half];
+            const uint32_t bits = both >> (2 * half);
+            float z[2], ds[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = j0 + e;
+              const float bj = kBias ? bias[key] : 0.0f;
+              const float x = logit<kCausal>(s[j][2 * half + e], p.scale, bj, i, key, n);
+              const float prob = exp2f((x - lse[half]) * kLog2e);
+              const float m = kDrop ? (bits >> e & 1u ? p.keep_scale : 0.0f) : 1.0f;
+              z[e] = prob * m;
+              ds[e] = prob * (dz[j][2 * half + e] * m - d_row[half]);
+            }
+            *reinterpret_cast<float2*>(sz + i * kLd32 + (j0 - key0)) = make_float2(z[0], z[1]);
+            *reinterpret_cast<float2*>(sds + i * kLd32 + (j0 - key0)) = make_float2(ds[0], ds[1]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+    if (active) {  // dQ of this warp's queries += dS K over the half's keys
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        if (8 * kk >= keys_here) continue;
+        uint32_t a[4];
+        frag_a32(a, sds, r0, 8 * kk);
+#pragma unroll
+        for (int nt = 0; nt < kD / 8; ++nt) {
+          mma_tf32(acc_q[nt], a, to_tf32(sk[(key0 + 8 * kk + t) * kLd32 + 8 * nt + g]),
+                   to_tf32(sk[(key0 + 8 * kk + t + 4) * kLd32 + 8 * nt + g]));
+        }
+      }
+    }
+    const int m0 = 16 * kt;  // this warp's keys within the half
+    if (m0 < keys_here) {
+      float acc_k[4][4], acc_v[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_k[nt][e] = acc_v[nt][e] = 0.0f;
+#pragma unroll 4
+      for (int kk = 0; kk < kMaxS / 8; ++kk) {  // queries, 8 at a time
+        if (8 * kk >= n) continue;
+        uint32_t a_ds[4], a_z[4];
+        frag_at32(a_ds, sds, m0, 8 * kk);
+        frag_at32(a_z, sz, m0, 8 * kk);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int col = 32 * dh + 8 * nt + g;
+          mma_tf32(acc_k[nt], a_ds, to_tf32(sq[(8 * kk + t) * kLd32 + col]),
+                   to_tf32(sq[(8 * kk + t + 4) * kLd32 + col]));
+          mma_tf32(acc_v[nt], a_z, to_tf32(sdo[(8 * kk + t) * kLd32 + col]),
+                   to_tf32(sdo[(8 * kk + t + 4) * kLd32 + col]));
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = key0 + m0 + g + 8 * half;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          const int col = 32 * dh + 8 * nt + c;
+          const float2 wk = make_float2(acc_k[nt][2 * half] * p.scale, acc_k[nt][2 * half + 1] * p.scale);
+          const float2 wv = make_float2(acc_v[nt][2 * half], acc_v[nt][2 * half + 1]);
+          *reinterpret_cast<float2*>(dk + row * p.dks.x + col) = wk;
+          *reinterpret_cast<float2*>(dv + row * p.dvs.x + col) = wv;
+          sums_kv[0][nt][0] += wk.x;
+          sums_kv[0][nt][1] += wk.y;
+          sums_kv[1][nt][0] += wv.x;
+          sums_kv[1][nt][1] += wv.y;
+        }
+      }
+    }
+    __syncthreads();  // every warp has read this half's Z and dS before the next half writes them
+  }
+  float sums_q[kD / 8][2];
+#pragma unroll
+  for (int nt = 0; nt < kD / 8; ++nt) {
+    sums_q[nt][0] = sums_q[nt][1] = 0.0f;
+    if (!active) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float2 wq = make_float2(acc_q[nt][2 * half] * p.scale, acc_q[nt][2 * half + 1] * p.scale);
+      *reinterpret_cast<float2*>(dq + rows[half] * p.dqs.x + 8 * nt + c) = wq;
+      sums_q[nt][0] += wq.x;
+      sums_q[nt][1] += wq.y;
+    }
+  }
+  if (p.partial == nullptr) return;  // the same for the whole block
+  float* warp_sums = sz;             // (kWarps, 3, 64), free since the loop's last synchronisation
+#pragma unroll
+  for (int nt = 0; nt < kD / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float v = sums_q[nt][e];
+      v += __shfl_xor_sync(0xffffffffu, v, 4);
+      v += __shfl_xor_sync(0xffffffffu, v, 8);
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      if (lane < 4) warp_sums[(warp * 3) * kD + 8 * nt + c + e] = v;
+    }
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = sums_kv[m][nt][e];
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        if (lane < 4) {
+          float* row = warp_sums + (warp * 3 + 1 + m) * kD;
+          row[32 * dh + 8 * nt + c + e] = v;
+          row[32 * (1 - dh) + 8 * nt + c + e] = 0.0f;
+        }
+      }
+  __syncthreads();
+  if (threadIdx.x < 3 * kD) {
+    const int m = threadIdx.x / kD, col = threadIdx.x % kD;
+    float total = 0.0f;
+    for (int w = 0; w < kWarps; ++w) total += warp_sums[(w * 3 + m) * kD + col];  // in warp order: deterministic
+    p.partial[((static_cast<int64_t>(b) * 3 + m) * p.heads + h) * kD + col] = total;
+  }
+}
+
+constexpr size_t kForwardShared32 = 3 * kTile32 * 4;   // Q, K, V: 102 KiB
+constexpr size_t kBackwardShared32 = 6 * kTile32 * 4;  // Q, K, V, dO, Z and dS of half the keys: 204 KiB
+
 constexpr size_t kForwardShared = 3 * kTile64 * 2;   // Q, K, V: 48 KiB
 constexpr size_t kBackwardShared = 6 * kTile64 * 2;  // Q, K, V, dO, and Z and dS of half the keys: 96 KiB
 
@@ -620,8 +1024,10 @@ void with_variant(DType dtype, bool bias, bool causal, bool drop, F&& f) {
   };
   if (dtype == DType::BFloat16) {
     flags(std::type_identity<__nv_bfloat16>{});
-  } else {
+  } else if (dtype == DType::Float16) {
     flags(std::type_identity<__half>{});
+  } else {
+    flags(std::type_identity<float>{});
   }
 }
 
@@ -705,7 +1111,11 @@ bool short_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v
     return false;
   };
   if (!q.defined() || !q.is_cuda() || !k.is_cuda() || !v.is_cuda()) return no("not on a GPU");
-  if (q.dtype() != DType::BFloat16 && q.dtype() != DType::Float16) return no("not float16 or bfloat16");
+  if (q.dtype() == DType::Float32) {
+    if (!cuda::allow_tf32()) return no("float32 with TF32 products off (cuda::set_allow_tf32)");
+  } else if (q.dtype() != DType::BFloat16 && q.dtype() != DType::Float16) {
+    return no("not float16, bfloat16 or float32");
+  }
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) return no("q, k and v differ in dtype");
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return no("not (B, H, L, E)");
   if (k.device() != q.device() || v.device() != q.device()) return no("q, k and v on different devices");
@@ -745,8 +1155,13 @@ ShortAttentionForward short_attention_forward(const Tensor& q, const Tensor& k, 
   cudaStream_t stream = cuda::stream_for(q);
   with_variant(q.dtype(), bias.defined(), cfg.causal, cfg.dropout_p > 0, [&](auto tag, auto kb, auto kc, auto kd) {
     using T = typename decltype(tag)::type;
-    launch(short_attention_forward_kernel<T, decltype(kb)::value, decltype(kc)::value, decltype(kd)::value>,
-           kForwardShared, static_cast<unsigned>(B * H), stream, p);
+    constexpr bool kb_ = decltype(kb)::value, kc_ = decltype(kc)::value, kd_ = decltype(kd)::value;
+    if constexpr (std::is_same_v<T, float>) {
+      launch(short_attention_forward_tf32_kernel<kb_, kc_, kd_>, kForwardShared32, static_cast<unsigned>(B * H), stream,
+             p);
+    } else {
+      launch(short_attention_forward_kernel<T, kb_, kc_, kd_>, kForwardShared, static_cast<unsigned>(B * H), stream, p);
+    }
     KILN_CUDA_CHECK_LAUNCH("short_attention_forward");
   });
   return r;
@@ -795,8 +1210,14 @@ FusedAttentionGrads short_attention_backward(const Tensor& q, const Tensor& k, c
   cudaStream_t stream = cuda::stream_for(q);
   with_variant(q.dtype(), bias.defined(), cfg.causal, cfg.dropout_p > 0, [&](auto tag, auto kb, auto kc, auto kd) {
     using T = typename decltype(tag)::type;
-    launch(short_attention_backward_kernel<T, decltype(kb)::value, decltype(kc)::value, decltype(kd)::value>,
-           kBackwardShared, static_cast<unsigned>(B * H), stream, p);
+    constexpr bool kb_ = decltype(kb)::value, kc_ = decltype(kc)::value, kd_ = decltype(kd)::value;
+    if constexpr (std::is_same_v<T, float>) {
+      launch(short_attention_backward_tf32_kernel<kb_, kc_, kd_>, kBackwardShared32, static_cast<unsigned>(B * H),
+             stream, p);
+    } else {
+      launch(short_attention_backward_kernel<T, kb_, kc_, kd_>, kBackwardShared, static_cast<unsigned>(B * H), stream,
+             p);
+    }
     KILN_CUDA_CHECK_LAUNCH("short_attention_backward");
   });
   if (packed) {

@@ -37,8 +37,9 @@ struct ShortAttentionConfig {
   bool causal = false;     // query i attends keys j <= i
 };
 
-// q, k, v (B, H, L, 64) on one GPU of compute capability 8.0 or later, all Float16 or all BFloat16, with L == S a
-// multiple of 16 from 16 to 128, the last dim contiguous and every other stride a multiple of 8 elements (rows
+// q, k, v (B, H, L, 64) on one GPU of compute capability 8.0 or later, all Float16, all BFloat16, or all Float32 where
+// TF32 products are allowed (cuda::allow_tf32(): the products then run in TF32, as kiln's float32 products), with L ==
+// S a multiple of 16 from 16 to 128, the last dim contiguous and every other stride a multiple of 8 elements (rows
 // 16-byte aligned); bias undefined or (B|1, 1, 1, S) contiguous in q's dtype (a key padding mask as a bias).
 // False with the reason in *why_not otherwise.
 bool short_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, bool causal,
