@@ -58,16 +58,18 @@ void run(const char* name, int64_t B, int64_t H, int layers) {
     ci::FusedAttentionForward ff = ci::fused_attention_forward(q, k, v, bias, fc, fd);
     ci::FusedAttentionGrads sg = ci::short_attention_backward(q, k, v, sf.out, d_out, sf.stats, bias, sc, draw);
     ci::FusedAttentionGrads fg = ci::fused_attention_backward(q, k, v, ff.out, d_out, ff.stats, bias, fc, fd);
-    const double s_fwd = bench::median_step_ms(5, 20, [&] { sf = ci::short_attention_forward(q, k, v, bias, sc, draw); });
+    const double s_fwd =
+        bench::median_step_ms(5, 20, [&] { sf = ci::short_attention_forward(q, k, v, bias, sc, draw); });
     const double c_fwd = bench::median_step_ms(5, 20, [&] { ff = ci::fused_attention_forward(q, k, v, bias, fc, fd); });
     const double s_bwd = bench::median_step_ms(
         5, 20, [&] { sg = ci::short_attention_backward(q, k, v, sf.out, d_out, sf.stats, bias, sc, draw); });
     const double c_bwd = bench::median_step_ms(
         5, 20, [&] { fg = ci::fused_attention_backward(q, k, v, ff.out, d_out, ff.stats, bias, fc, fd); });
     cuda::synchronize();
-    std::printf("  dropout %.1f: kiln forward %.4f backward %.4f ms | cuDNN forward %.4f backward %.4f ms | "
-                "%.3f ms a step saved over %d layers\n",
-                p, s_fwd, s_bwd, c_fwd, c_bwd, (c_fwd + c_bwd - s_fwd - s_bwd) * layers, layers);
+    std::printf(
+        "  dropout %.1f: kiln forward %.4f backward %.4f ms | cuDNN forward %.4f backward %.4f ms | "
+        "%.3f ms a step saved over %d layers\n",
+        p, s_fwd, s_bwd, c_fwd, c_bwd, (c_fwd + c_bwd - s_fwd - s_bwd) * layers, layers);
     if (p == 0.0) {
       std::printf("    differences: out %.3g, stats %.3g, dq %.3g, dk %.3g, dv %.3g (of max |out| %.3g, |dq| %.3g)\n",
                   max_diff(sf.out, ff.out), max_diff(sf.stats, ff.stats), max_diff(sg.dq, fg.dq),
@@ -75,6 +77,37 @@ void run(const char* name, int64_t B, int64_t H, int layers) {
                   abs(fg.dq.to(DType::Float32)).max().item<double>());
     }
   }
+}
+
+// float32 (TF32 products): kiln's kernels against the math path (batched products and the probability kernels), the
+// forward and backward of one call through autograd, timed together; where the build has the TF32 kernels.
+void run_float32(const char* name, int64_t B, int64_t H, int layers) {
+  const int64_t L = 128, D = 64;
+  const Device dev = Device::cuda(0);
+  const TensorOptions f32{.dtype = DType::Float32, .device = dev};
+  manual_seed(4);
+  Tensor q = randn({B, H, L, D}, f32).requires_grad_(), k = randn({B, H, L, D}, f32).requires_grad_(),
+         v = randn({B, H, L, D}, f32).requires_grad_();
+  Tensor mask = ones({B, 1, 1, L}, {.dtype = DType::Bool, .device = dev});
+  for (int64_t b = 1; b < B; b += 2) mask.select(0, b).narrow(2, L - 16, 16).fill_(false);
+  const Tensor d_out = randn({B, H, L, D}, f32);
+  std::string why;
+  const nn::AttentionOptions o{.attn_mask = mask, .dropout_p = 0.1};
+  const bool fused = nn::attention_backend(q, k, v, o, &why) == nn::AttentionBackend::ShortFused;
+  std::printf("%s float32 (TF32): kiln's kernels %s%s\n", name, fused ? "take it" : "do not take it: ", why.c_str());
+  auto step = [&](bool math) {
+    const Tensor out = math ? nn::scaled_dot_product_attention_with_weights(q, k, v, o).output
+                            : nn::scaled_dot_product_attention(q, k, v, o);
+    out.backward(d_out);
+  };
+  const double t_math = bench::median_step_ms(3, 10, [&] { step(true); });
+  if (!fused) {
+    std::printf("  math path forward + backward %.4f ms\n", t_math);
+    return;
+  }
+  const double t_kiln = bench::median_step_ms(3, 10, [&] { step(false); });
+  std::printf("  forward + backward: kiln %.4f ms, math path %.4f ms: %.3f ms a step saved over %d layers\n", t_kiln,
+              t_math, (t_math - t_kiln) * layers, layers);
 }
 
 }  // namespace
@@ -86,5 +119,6 @@ int main() {
   }
   run("BERT-base", 128, 12, 12);
   run("BERT-large", 64, 16, 24);
+  run_float32("BERT-base", 128, 12, 12);
   return 0;
 }
