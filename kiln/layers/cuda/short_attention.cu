@@ -969,10 +969,7 @@ constexpr size_t kForwardShared = 3 * kTile64 * 2;   // Q, K, V: 48 KiB
 constexpr size_t kBackwardShared = 6 * kTile64 * 2;  // Q, K, V, dO, and Z and dS of half the keys: 96 KiB
 
 // The shared memory a block of either kernel needs for q's dtype (the backward's, the larger).
-size_t shared_needed(DType dtype) {
-  (void)dtype;
-  return kBackwardShared;
-}
+size_t shared_needed(DType dtype) { return dtype == DType::Float32 ? kBackwardShared32 : kBackwardShared; }
 
 // The most shared memory a block may opt into on `device` (cudaDevAttrMaxSharedMemoryPerBlockOptin), asked once.
 size_t shared_optin(int device) {
