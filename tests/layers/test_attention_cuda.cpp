@@ -529,6 +529,7 @@ TEST_P(CudaShortAttention, SaysWhyItDoesNotApply) {
   EXPECT_NE(why_not({2, 2, 64, 32}).find("64 per head"), std::string::npos);
   EXPECT_NE(why_not({2, 2, 144, 64}).find("up to 128"), std::string::npos);
   EXPECT_NE(why_not({2, 2, 40, 64}).find("multiple of 16"), std::string::npos);
+  EXPECT_NE(why_not({0, 2, 64, 64}).find("empty input"), std::string::npos);
   const Tensor per_query = internal::zeros({2, 1, 64, 64}, {.dtype = dtype(), .device = kGpu});
   EXPECT_NE(why_not({2, 2, 64, 64}, per_query).find("one row of keys"), std::string::npos);
   Tensor q64 = internal::zeros({2, 2, 64, 64}, {.dtype = DType::Float64, .device = kGpu});
@@ -544,6 +545,24 @@ TEST_P(CudaShortAttention, SaysWhyItDoesNotApply) {
   cuda::set_allow_tf32(true);
   EXPECT_TRUE(nn::cuda_impl::short_attention_supported(q32, q32, q32, {}, false, &why)) << why;
   cuda::set_allow_tf32(tf32);
+}
+
+TEST_P(CudaShortAttention, BackwardFollowsItsForwardWhenTf32IsTurnedOffBetween) {
+  // A float32 forward ran in TF32; TF32 turned off before the backward (a scope that ended) leaves that backward
+  // as it was: the same gradients as with TF32 still on, not an error.
+  const Shape qs{2, 2, 64, 64};
+  Tensor q = gpu_leaf(qs, dtype(), 730), k = gpu_leaf(qs, dtype(), 731), v = gpu_leaf(qs, dtype(), 732);
+  std::string why;
+  ASSERT_EQ(nn::attention_backend(q, k, v, {}, &why), nn::AttentionBackend::ShortFused) << why;
+  const Tensor grad_out = make(uniform(q.numel(), -1, 1, 733), qs, {.dtype = dtype(), .device = kGpu});
+  nn::scaled_dot_product_attention(q, k, v).backward(grad_out);
+  Tensor q2 = gpu_leaf(qs, dtype(), 730), k2 = gpu_leaf(qs, dtype(), 731), v2 = gpu_leaf(qs, dtype(), 732);
+  Tensor out = nn::scaled_dot_product_attention(q2, k2, v2);
+  cuda::set_allow_tf32(false);  // TearDown restores it
+  out.backward(grad_out);
+  EXPECT_EQ(values(q2.grad()), values(q.grad()));
+  EXPECT_EQ(values(k2.grad()), values(k.grad()));
+  EXPECT_EQ(values(v2.grad()), values(v.grad()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaShortAttention, ::testing::Values(DType::Float16, DType::BFloat16, DType::Float32),

@@ -1038,10 +1038,12 @@ void launch(Kernel kernel, size_t shared, unsigned blocks, cudaStream_t stream, 
     int device = 0;
     KILN_CUDA_CHECK(cudaGetDevice(&device), "short_attention");
     const std::lock_guard<std::mutex> lock(mutex);
-    if (raised.insert({reinterpret_cast<const void*>(kernel), device}).second) {
+    const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
+    if (!raised.contains(key)) {  // remembered only once raised, so that a failure is reported again next time
       KILN_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
           "short_attention");
+      raised.insert(key);
     }
   }
   kernel<<<blocks, kThreads, shared, stream>>>(p);
@@ -1100,16 +1102,18 @@ FusedAttentionGrads empty_attention_grads(const Tensor& q, const Tensor& k, cons
           empty_bxhd(B, H, S, Ev, q.options()), Tensor(), Tensor()};
 }
 
-bool short_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, bool causal,
-                               std::string* why_not) {
-  (void)causal;  // both forms run
+namespace {
+
+// short_attention_supported's checks; the backward's skip the TF32 setting, since it follows its forward.
+bool supported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, bool ask_tf32,
+               std::string* why_not) {
   auto no = [&](const char* why) {
     if (why_not != nullptr) *why_not = why;
     return false;
   };
   if (!q.defined() || !q.is_cuda() || !k.is_cuda() || !v.is_cuda()) return no("not on a GPU");
   if (q.dtype() == DType::Float32) {
-    if (!cuda::allow_tf32()) return no("float32 with TF32 products off (cuda::set_allow_tf32)");
+    if (ask_tf32 && !cuda::allow_tf32()) return no("float32 with TF32 products off (cuda::set_allow_tf32)");
   } else if (q.dtype() != DType::BFloat16 && q.dtype() != DType::Float16) {
     return no("not float16, bfloat16 or float32");
   }
@@ -1121,6 +1125,7 @@ bool short_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v
     return no("not 64 per head with keys and values shaped as the queries");
   }
   if (L < 16 || L > kShortAttentionMaxLength || L % 16 != 0) return no("the length is not a multiple of 16 up to 128");
+  if (q.size(0) * q.size(1) == 0) return no("empty input");
   if (q.size(0) * q.size(1) > std::numeric_limits<int32_t>::max()) return no("more than 2^31 heads");
   if (!rows_ok(q) || !rows_ok(k) || !rows_ok(v)) return no("rows not contiguous and 16-byte aligned");
   if (bias.defined()) {
@@ -1132,6 +1137,14 @@ bool short_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v
   if (cuda::compute_capability(q.device().index()) < 80) return no("needs compute capability 8.0 or later");
   if (shared_optin(q.device().index()) < shared_needed(q.dtype())) return no("the GPU has too little shared memory");
   return true;
+}
+
+}  // namespace
+
+bool short_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, bool causal,
+                               std::string* why_not) {
+  (void)causal;  // both forms run
+  return supported(q, k, v, bias, true, why_not);
 }
 
 ShortAttentionForward short_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
@@ -1169,7 +1182,7 @@ FusedAttentionGrads short_attention_backward(const Tensor& q, const Tensor& k, c
                                              const ShortAttentionConfig& cfg, const GeneratorState& draw) {
   trace::Scope range(trace::Kind::Op, "short_attention_backward", q.device(), {&q, &k, &v, &bias});
   std::string why;
-  KILN_CHECK(short_attention_supported(q, k, v, bias, cfg.causal, &why), "short_attention_backward: ", why);
+  KILN_CHECK(supported(q, k, v, bias, false, &why), "short_attention_backward: ", why);
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2);
   KILN_CHECK(out.shape() == q.shape() && out.dtype() == q.dtype() && rows_ok(out),
              "short_attention_backward: ", "needs the output of short_attention_forward, got ", out.shape(), " ",

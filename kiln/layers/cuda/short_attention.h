@@ -40,8 +40,10 @@ struct ShortAttentionConfig {
 // q, k, v (B, H, L, 64) on one GPU of compute capability 8.0 or later, all Float16, all BFloat16, or all Float32 where
 // TF32 products are allowed (cuda::allow_tf32(): the products then run in TF32, as kiln's float32 products), with L ==
 // S a multiple of 16 from 16 to 128, the last dim contiguous and every other stride a multiple of 8 elements (rows
-// 16-byte aligned); bias undefined or (B|1, 1, 1, S) contiguous in q's dtype (a key padding mask as a bias).
-// False with the reason in *why_not otherwise.
+// 16-byte aligned), B * H > 0; bias undefined or (B|1, 1, 1, S) contiguous in q's dtype (a key padding mask as a
+// bias). False with the reason in *why_not otherwise. The bias must be finite: a row whose keys are all -inf has no
+// softmax and comes out NaN (scaled_dot_product_attention clamps its masks and zeroes fully masked rows before it
+// calls these kernels).
 bool short_attention_supported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, bool causal,
                                std::string* why_not = nullptr);
 
@@ -53,9 +55,10 @@ ShortAttentionForward short_attention_forward(const Tensor& q, const Tensor& k, 
                                               const ShortAttentionConfig& cfg, const GeneratorState& draw);
 
 // out and stats from short_attention_forward with the same q, k, v, bias, cfg and draw; d_out (B, H, L, 64) in any
-// layout. Gradients as fused_attention_backward lays them out: the thirds of one (B, L, 3, H, 64) buffer when q, k
-// and v are the thirds of one (then also that buffer's column sums as stored, packed_sums, for the fused QKV
-// projection's bias), else each stored (B, L, H, 64).
+// layout. Float32 runs in TF32 as its forward did, whatever cuda::allow_tf32() says by the time of the backward.
+// Gradients as fused_attention_backward lays them out: the thirds of one (B, L, 3, H, 64) buffer when q, k and v are
+// the thirds of one (then also that buffer's column sums as stored, packed_sums, for the fused QKV projection's bias),
+// else each stored (B, L, H, 64).
 FusedAttentionGrads short_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                              const Tensor& d_out, const Tensor& stats, const Tensor& bias,
                                              const ShortAttentionConfig& cfg, const GeneratorState& draw);
