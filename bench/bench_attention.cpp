@@ -48,7 +48,7 @@ void run(int64_t b, int64_t h, int64_t l, int64_t e, bool quick) {
     nn::scaled_dot_product_attention(q, k, v).backward(dout);
   };
   std::string why;
-  const bool fused = nn::attention_backend(q, k, v, {}, &why) == nn::AttentionBackend::CudnnFused;
+  const bool fused = nn::attention_backend(q, k, v, {}, &why) != nn::AttentionBackend::Math;
   const double t = bench::median_step_ms(warmup, steps, step);
   std::printf("kiln  sdpa bf16 fwd+bwd %3lld x %lld x %4lld x %lld  %-10s %8.3f ms%s%s\n", static_cast<long long>(b),
               static_cast<long long>(h), static_cast<long long>(l), static_cast<long long>(e), fused ? "cudnn" : "math",
@@ -105,7 +105,7 @@ void run_bert(const char* model, int64_t n, int64_t heads, int64_t l, int64_t d,
         var.packed ? permute(reshape(split(packed, hidden, -1)[0], {n, l, heads, d}), {0, 2, 1, 3}) : plain[0];
     const bool fused = nn::attention_backend(probe_q, probe_q, probe_q,
                                              {.attn_mask = var.mask ? allowed : Tensor(), .dropout_p = var.dropout},
-                                             &why) == nn::AttentionBackend::CudnnFused;
+                                             &why) != nn::AttentionBackend::Math;
     const double fwd = graphed_ms([&] { forward(); }, quick);
     const double both = graphed_ms(
         [&] {

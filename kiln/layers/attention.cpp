@@ -21,9 +21,11 @@
 #include "kiln/tensor/error.h"         // KILN_CHECK
 #include "kiln/tensor/internal_ops.h"  // internal::* inside the fused path's forward and backward
 #if KILN_WITH_CUDA
+#include "kiln/autograd/column_sums.h"         // offer_column_sums: the QKV projection's bias gradient
 #include "kiln/layers/cuda/attention_cudnn.h"  // cuDNN's fused attention (no CUDA header)
 #include "kiln/layers/cuda/attention_probs.h"  // the math path's probabilities in one kernel each way
 #include "kiln/layers/cuda/attention_rows.h"   // zero_flagged_rows
+#include "kiln/layers/cuda/short_attention.h"  // the fused path for sequences of at most 128
 #endif
 
 namespace kiln::nn {
@@ -180,7 +182,8 @@ struct FusedCall {
   Shape out_shape;  // the caller's leading dims + (L, Ev)
   cuda_impl::FusedAttentionConfig cfg;
   Generator* generator = nullptr;
-  std::string why_not;  // empty: the fused path runs
+  bool short_kernel = false;  // kiln's own kernels (cuda/short_attention.h) run it, not cuDNN
+  std::string why_not;        // empty: the fused path runs
 };
 
 // (..., X, D) with 0 to 2 leading dims -> (B, H, X, D): (N, X, D) is (N, 1, X, D), (X, D) is (1, 1, X, D).
@@ -240,13 +243,12 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
     c.why_not = "not on a GPU";
     return c;
   }
-  if (!cuda_impl::fused_attention_compiled()) {
-    c.why_not = "kiln was built without cudnn-frontend";
-    return c;
-  }
   auto [q, k, v] = autocast::inputs(autocast_ops::attention(), q0, k0, v0);
-  if (q.dtype() != DType::Float16 && q.dtype() != DType::BFloat16) {
-    c.why_not = ::kiln::detail::str_cat("cuDNN's fused attention takes Float16 or BFloat16, not ", q.dtype());
+  // Float32 only where TF32 products are allowed, and only kiln's own kernels take it (below).
+  const bool sixteen_bit = q.dtype() == DType::Float16 || q.dtype() == DType::BFloat16;
+  if (!sixteen_bit && !(q.dtype() == DType::Float32 && cuda::allow_tf32())) {
+    c.why_not = ::kiln::detail::str_cat("the fused attention takes Float16 or BFloat16 (or Float32 with TF32 products ",
+                                        "allowed), not ", q.dtype());
     return c;
   }
   const int64_t lead = q.dim() - 2;
@@ -314,6 +316,21 @@ FusedCall plan_fused(const Tensor& q0, const Tensor& k0, const Tensor& v0, const
       }
     }
   }
+  std::string why_not_short;
+  if (cuda_impl::short_attention_supported(c.q, c.k, c.v, c.bias, c.cfg.causal, &why_not_short)) {
+    c.short_kernel = true;
+    return c;
+  }
+  if (!sixteen_bit) {
+    c.why_not = ::kiln::detail::str_cat("kiln's own kernels do not apply (", why_not_short,
+                                        "), and cuDNN's fused attention takes Float16 or BFloat16, not ", q.dtype());
+    return c;
+  }
+  if (!cuda_impl::fused_attention_compiled()) {
+    c.why_not = ::kiln::detail::str_cat("kiln was built without cudnn-frontend, and its own kernels do not apply (",
+                                        why_not_short, ")");
+    return c;
+  }
   if (!cuda_impl::fused_attention_supported(c.q, c.k, c.v, c.bias, c.cfg, &c.why_not) && c.bias.defined()) {
     // Some cuDNN versions refuse a bias broadcast over the queries, the batch or the heads: try it expanded in
     // memory, over the queries first, then over everything.
@@ -344,7 +361,7 @@ int64_t mixed_key(const GeneratorState& draw) {
 }
 
 cuda_impl::FusedAttentionDropout dropout_draw(const FusedCall& c, Device device) {
-  if (c.cfg.dropout_p <= 0) return {};
+  if (c.cfg.dropout_p <= 0 || c.short_kernel) return {};
   Generator& gen = c.generator != nullptr ? *c.generator : default_generator(device);
   if (!cuda::Graph::capturing()) {
     // The key in device memory, filled once here for the call's forward and backward (one fill, not one per pass).
@@ -375,15 +392,27 @@ cuda_impl::FusedAttentionDropout dropout_draw(const FusedCall& c, Device device)
 struct FusedState {
   Tensor bias, dead;
   cuda_impl::FusedAttentionConfig cfg;
-  cuda_impl::FusedAttentionDropout dropout;
+  cuda_impl::FusedAttentionDropout dropout;  // cuDNN's draw
+  bool short_kernel = false;                 // cuda/short_attention.h runs it, with `draw` for its dropout
+  GeneratorState draw;
 };
+
+cuda_impl::ShortAttentionConfig short_config(const cuda_impl::FusedAttentionConfig& cfg) {
+  return {.scale = cfg.scale, .dropout_p = cfg.dropout_p, .causal = cfg.causal};
+}
 
 struct FusedAttention : autograd::Function<FusedAttention> {
   // q (B, H, L, E), k (B, H, S, E), v (B, H, S, Ev) -> (B, H, L, Ev)
   static Tensor forward(autograd::Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const FusedState& state) {
-    cuda_impl::FusedAttentionForward f =
-        cuda_impl::fused_attention_forward(q, k, v, state.bias, state.cfg, state.dropout);
+    cuda_impl::FusedAttentionForward f;
+    if (state.short_kernel) {
+      cuda_impl::ShortAttentionForward s =
+          cuda_impl::short_attention_forward(q, k, v, state.bias, short_config(state.cfg), state.draw);
+      f = {s.out, s.stats};
+    } else {
+      f = cuda_impl::fused_attention_forward(q, k, v, state.bias, state.cfg, state.dropout);
+    }
     // Rows without an allowed key: zeros, as the math path (written only where a row is flagged). Backward then
     // must give those rows no gradient: their log-sum-exp becomes +inf, so that backward's probabilities
     // exp(score - stats) are 0 there, and so are the rows' contributions to dQ, dK and dV; and rowsum(dO * O)
@@ -397,8 +426,19 @@ struct FusedAttention : autograd::Function<FusedAttention> {
     const autograd::TensorList saved = ctx.saved();
     const auto state = ctx.get<FusedState>("state");
     const Tensor& d_out = grads[0];
-    cuda_impl::FusedAttentionGrads g = cuda_impl::fused_attention_backward(
-        saved[0], saved[1], saved[2], saved[3], d_out, saved[4], state.bias, state.cfg, state.dropout);
+    cuda_impl::FusedAttentionGrads g =
+        state.short_kernel
+            ? cuda_impl::short_attention_backward(saved[0], saved[1], saved[2], saved[3], d_out, saved[4], state.bias,
+                                                  short_config(state.cfg), state.draw)
+            : cuda_impl::fused_attention_backward(saved[0], saved[1], saved[2], saved[3], d_out, saved[4], state.bias,
+                                                  state.cfg, state.dropout);
+    if (g.packed_sums.defined()) {
+      // The fused QKV projection's output gradient is that buffer as (B, L, 3 H E): its bias gradient is these sums.
+      const Tensor& buffer = g.packed;
+      autograd::offer_column_sums(
+          buffer.view({buffer.size(0), buffer.size(1), buffer.size(2) * buffer.size(3) * buffer.size(4)}),
+          g.packed_sums);
+    }
     return {g.dq, g.dk, g.dv};
   }
 };
@@ -431,7 +471,8 @@ AttentionBackend attention_backend(const Tensor& q, const Tensor& k, const Tenso
 #if KILN_WITH_CUDA
   const FusedCall c = plan_fused(q, k, v, options, /*materialize=*/false);
   if (why_not != nullptr) *why_not = c.why_not;
-  return c.why_not.empty() ? AttentionBackend::CudnnFused : AttentionBackend::Math;
+  if (!c.why_not.empty()) return AttentionBackend::Math;
+  return c.short_kernel ? AttentionBackend::ShortFused : AttentionBackend::CudnnFused;
 #else
   if (why_not != nullptr) *why_not = "kiln was built without CUDA";
   return AttentionBackend::Math;
@@ -458,7 +499,11 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     check_attention_inputs(q, k, v, options);
     FusedCall c = plan_fused(q, k, v, options, /*materialize=*/true);
     if (c.why_not.empty()) {
-      const FusedState state{c.bias, c.dead, c.cfg, dropout_draw(c, q.device())};
+      FusedState state{c.bias, c.dead, c.cfg, dropout_draw(c, q.device())};
+      if (c.short_kernel) {
+        state.short_kernel = true;
+        if (c.cfg.dropout_p > 0) state.draw = internal::draw_for(c.generator, q.device());
+      }
       Tensor out = FusedAttention::apply(c.q, c.k, c.v, state);  // (B, H, L, Ev)
       return cap.done(out.shape() == c.out_shape ? out : reshape(out, c.out_shape), describe);
     }

@@ -9,7 +9,7 @@
 //   auto [out, weights] = mha(x, x, x, padding /* Bool (N, S), true = padding */, Tensor(), true);
 //   Tensor y = mha(x);                                      // self-attention without masks: (N, L, E)
 //
-// scaled_dot_product_attention is the one entry point, with two implementations chosen per call
+// scaled_dot_product_attention is the one entry point, with three implementations chosen per call
 // (attention_backend() says which one a call takes):
 // - the math path composes differentiable ops (softmax(q k^T * scale + mask) -> dropout -> @ v), so its
 //   gradients come from autograd. Every device and dtype; the reference.
@@ -26,6 +26,15 @@
 //     generator state gives the same mask on the fused path, but not the mask the math path would draw
 //     (as with PyTorch's fused kernels);
 //   * the output is laid out (N, L, H, Ev) in memory (seen as (N, H, L, Ev)), so merging the heads is a view.
+// - kiln's own fused kernels for short sequences (AttentionBackend::ShortFused, layers/cuda/short_attention.h), which
+//   take the fused path's calls (and its differences from the math path) where they apply: GPUs of compute
+//   capability 8.0 or later, Float16 or BFloat16 after autocast (or Float32 while TF32 products are allowed,
+//   cuda::allow_tf32(): its products then run in TF32, as the math path's would), 4-d q, k and v of one shape
+//   (N, H, L, 64) with L a
+//   multiple of 16 up to 128 (BERT's 128 tokens), and no mask or a key padding mask (one row of keys per sequence).
+//   One block per (batch, head) holds the whole score matrix: no extra passes over memory forward or backward.
+//   Their dropout draws internal::dropout's mask from one draw of the generator: the math path with the same
+//   generator state drops the same probabilities. They need no cudnn-frontend.
 // Callers (MultiheadAttention, BERT) need not change.
 #pragma once
 
@@ -76,7 +85,7 @@ class AttentionMaskScope {
 // Which implementation scaled_dot_product_attention takes for these arguments in the current grad and
 // autocast mode (on a GPU this may build and cache cuDNN's graphs). With why_not, the reason the fused path
 // was not taken.
-enum class AttentionBackend { Math, CudnnFused };
+enum class AttentionBackend { Math, CudnnFused, ShortFused };
 // The implementation scaled_dot_product_attention would take for these arguments (see AttentionBackend); why_not,
 // if given, receives why the fused path was not taken.
 AttentionBackend attention_backend(const Tensor& q, const Tensor& k, const Tensor& v,

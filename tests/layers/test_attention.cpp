@@ -142,6 +142,24 @@ TEST_P(AttentionTest, FullyMaskedRowsGiveZerosAndFiniteGradients) {
   EXPECT_EQ(values(nn::scaled_dot_product_attention(q, k, v, {.attn_mask = neg}).abs().sum()), std::vector<double>{0});
 }
 
+TEST_P(AttentionTest, EmptyBatchGivesEmptyOutputAndGradients) {
+  // No sequences at all (the last batch of a filtered dataset): nothing to compute, nothing to fail. BERT's shape on
+  // the GPU is one the fused kernels would otherwise take.
+  const Shape qs{0, 4, 128, 64};
+  for (const DType dt : {DType::Float32, DType::BFloat16}) {
+    Tensor q = internal::zeros(qs, {.dtype = dt, .device = dev()}).requires_grad_();
+    Tensor k = internal::zeros(qs, {.dtype = dt, .device = dev()}).requires_grad_();
+    Tensor v = internal::zeros(qs, {.dtype = dt, .device = dev()}).requires_grad_();
+    Tensor out = nn::scaled_dot_product_attention(q, k, v, {.dropout_p = 0.1});
+    EXPECT_EQ(out.shape(), qs);
+    out.sum().backward();
+    for (const Tensor& t : {q, k, v}) {
+      ASSERT_TRUE(t.grad().defined());
+      EXPECT_EQ(t.grad().shape(), qs);
+    }
+  }
+}
+
 TEST_P(AttentionTest, DropoutZeroesAndRescalesProbabilities) {
   Qkv d;
   d.L = 8;

@@ -16,11 +16,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kiln/layers/cuda/cudnn_util.h"  // cudnn_handle, workspace
-#include "kiln/tensor/cuda.h"             // cuda::Graph::capturing
-#include "kiln/tensor/determinism.h"      // kiln::deterministic
-#include "kiln/tensor/error.h"            // KILN_CHECK, CudaError, NotImplementedError
-#include "kiln/tensor/internal_ops.h"     // internal::empty, internal::full
+#include "kiln/layers/cuda/cudnn_util.h"       // cudnn_handle, workspace
+#include "kiln/layers/cuda/short_attention.h"  // empty_bxhd, packed_qkv, empty_attention_grads
+#include "kiln/tensor/cuda.h"                  // cuda::Graph::capturing
+#include "kiln/tensor/determinism.h"           // kiln::deterministic
+#include "kiln/tensor/error.h"                 // KILN_CHECK, CudaError, NotImplementedError
+#include "kiln/tensor/internal_ops.h"          // internal::empty, internal::full
 
 namespace kiln::nn::cuda_impl {
 
@@ -64,12 +65,9 @@ using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
 Dims dims_of(const Tensor& t) { return Dims(t.shape().begin(), t.shape().end()); }
 Dims strides_of(const Tensor& t) { return Dims(t.strides().begin(), t.strides().end()); }
 
-// (B, X, H, D) row-major memory seen as (B, H, X, D): the layout of O, dO, dQ, dK and dV, so that merging
-// the heads afterwards ((B, H, L, D) -> (B, L, H * D)) is a view.
+// (B, X, H, D) row-major memory seen as (B, H, X, D): the layout of O, dO, dQ, dK and dV (empty_bxhd), so that
+// merging the heads afterwards ((B, H, L, D) -> (B, L, H * D)) is a view.
 Dims bxhd_strides(int64_t H, int64_t X, int64_t D) { return {X * H * D, D, H * D, 1}; }
-Tensor empty_bxhd(int64_t B, int64_t H, int64_t X, int64_t D, const TensorOptions& options) {
-  return internal::empty({B, X, H, D}, options).permute({0, 2, 1, 3});
-}
 
 bool aligned(const Tensor& t) {
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % kAlignment != 0 || t.stride(-1) != 1) return false;
@@ -349,18 +347,6 @@ void execute(const GraphEntry& entry, const Tensor& like, std::unordered_map<int
   check(entry.graph->execute(handle, pack, workspace_ptr(ws)), "execute");
 }
 
-// Whether q, k and v are the three thirds of one (B, L, 3, H, E) buffer, as a fused QKV projection leaves them
-// (split into query, key and value and viewed as heads): then their gradients can be the thirds of one such buffer
-// too, which is the projection's output gradient as it stands (autograd's split backward takes it without a copy).
-bool packed_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), E = q.size(3);
-  if (k.shape() != q.shape() || v.shape() != q.shape()) return false;
-  const Dims strides{L * 3 * H * E, E, 3 * H * E, 1};
-  if (strides_of(q) != strides || strides_of(k) != strides || strides_of(v) != strides) return false;
-  if (q.impl().storage() != k.impl().storage() || q.impl().storage() != v.impl().storage()) return false;
-  return B > 0 && k.offset() == q.offset() + H * E && v.offset() == q.offset() + 2 * H * E;
-}
-
 const GraphEntry& runnable(const std::shared_ptr<const GraphEntry>& entry, const char* direction) {
   KILN_CHECK(entry->graph != nullptr, kOp, ": cuDNN cannot run this case (", direction, ": ", entry->why_not,
              "); check fused_attention_supported() first");
@@ -400,7 +386,7 @@ FusedAttentionGrads fused_attention_backward(const Tensor& q, const Tensor& k, c
   KILN_CHECK(why.empty(), kOp, ": unsupported input (", why, ")");
   KILN_CHECK(cfg.with_stats && stats.defined() && stats.dtype() == DType::Float32, kOp,
              ": backward needs the Float32 softmax statistics of a forward run with with_stats");
-  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), E = q.size(3), Ev = v.size(3);
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), Ev = v.size(3);
   const Dims o_strides = bxhd_strides(H, L, Ev);
   KILN_CHECK(out.shape() == (Shape{B, H, L, Ev}) && strides_of(out) == o_strides && out.dtype() == q.dtype(), kOp,
              ": backward needs the output of fused_attention_forward, got shape ", out.shape());
@@ -424,16 +410,7 @@ FusedAttentionGrads fused_attention_backward(const Tensor& q, const Tensor& k, c
     d_o = empty_bxhd(B, H, L, Ev, q.options());
     d_o.copy_(d_out);
   }
-  FusedAttentionGrads grads;
-  if (packed) {
-    const Tensor buffer = internal::empty({B, L, 3, H, E}, q.options());
-    grads.dq = buffer.select(2, 0).permute({0, 2, 1, 3});
-    grads.dk = buffer.select(2, 1).permute({0, 2, 1, 3});
-    grads.dv = buffer.select(2, 2).permute({0, 2, 1, 3});
-  } else {
-    grads = {empty_bxhd(B, H, L, E, q.options()), empty_bxhd(B, H, S, E, q.options()),
-             empty_bxhd(B, H, S, Ev, q.options())};
-  }
+  FusedAttentionGrads grads = empty_attention_grads(q, k, v, packed);
   std::unordered_map<int64_t, void*> pack{
       {kQ, q.data_ptr()},         {kK, k.data_ptr()},         {kV, v.data_ptr()},
       {kO, out.data_ptr()},       {kDO, d_o.data_ptr()},      {kStats, stats.data_ptr()},

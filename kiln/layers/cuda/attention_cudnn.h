@@ -50,8 +50,11 @@ FusedAttentionForward fused_attention_forward(const Tensor& q, const Tensor& k, 
                                               const FusedAttentionConfig& cfg, FusedAttentionDropout dropout);
 
 struct FusedAttentionGrads {
-  Tensor dq, dk, dv;  // shaped as q, k, v: stored (B, L|S, H, E), or as q, k, v are when those are the thirds of
-                      // one (B, L, 3, H, E) buffer (a fused QKV projection): then the thirds of one such buffer
+  Tensor dq, dk, dv;   // shaped as q, k, v: stored (B, L|S, H, E), or as q, k, v are when those are the thirds of
+                       // one (B, L, 3, H, E) buffer (a fused QKV projection): then the thirds of one such buffer
+  Tensor packed;       // that (B, L, 3, H, E) buffer, where the gradients are its thirds; else undefined
+  Tensor packed_sums;  // (3 H E) Float32 column sums of `packed` as stored, where the kernels summed them (the fused
+                       // QKV projection's bias gradient: autograd::offer_column_sums); else undefined
 };
 // out and stats from fused_attention_forward with the same q, k, v, bias, cfg and dropout; d_out (B, H, L, Ev)
 // in any layout.
