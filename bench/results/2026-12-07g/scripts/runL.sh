@@ -21,7 +21,7 @@ source scripts/gpu_env.sh >/dev/null 2>&1  # begin_call, snap, ab_runs, vs_torch
 begin_call L || { echo "no prebuilt binaries"; exit 1; }
 L=$logs
 golden_at /work/main  # the prebuilt tests read PyTorch's golden files where they were built
-unpack_libs gpu-carry/ab11/ab.tar.xz || echo "no branch pack"
+unpack_libs "gpu-carry/${AB_PACK:-ab11}/ab.tar.xz" || echo "no branch pack"
 set -f  # the test filters below are patterns for gtest, not for the shell
 for step in ${STEPS:-tests}; do
   t0=$SECONDS
