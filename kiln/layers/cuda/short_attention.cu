@@ -205,6 +205,30 @@ __device__ __forceinline__ float logit(float s, float scale, float bias_j, int i
   return s * scale + bias_j;
 }
 
+// The softmax of a warp's rows from their logits s (accumulator fragments: a quad of lanes holds rows r and r + 8)
+// and each lane's maxima of them mx: mx becomes each row's maximum, s exp(s - mx), sum each row's sum of those.
+template <int kT>
+__device__ __forceinline__ void softmax_rows(float (&s)[kT][4], float (&mx)[2], float (&sum)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
+    mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+    sum[half] = 0.0f;
+  }
+#pragma unroll
+  for (int t = 0; t < kT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[t][e] = exp2f((s[t][e] - mx[e / 2]) * kLog2e);
+      sum[e / 2] += s[t][e];
+    }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    sum[half] += __shfl_xor_sync(0xffffffffu, sum[half], 1);
+    sum[half] += __shfl_xor_sync(0xffffffffu, sum[half], 2);
+  }
+}
+
 template <typename T, bool kBias, bool kCausal, bool kDrop>
 __global__ void __launch_bounds__(kThreads) short_attention_forward_kernel(Params p) {
   extern __shared__ uint4 shared_raw[];
@@ -244,24 +268,8 @@ __global__ void __launch_bounds__(kThreads) short_attention_forward_kernel(Param
         mx[half] = fmaxf(mx[half], s[t][2 * half + e]);
       }
     }
-  float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
-    mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
-  }
-#pragma unroll
-  for (int t = 0; t < kT; ++t)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s[t][e] = exp2f((s[t][e] - mx[e / 2]) * kLog2e);
-      sum[e / 2] += s[t][e];
-    }
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    sum[half] += __shfl_xor_sync(0xffffffffu, sum[half], 1);
-    sum[half] += __shfl_xor_sync(0xffffffffu, sum[half], 2);
-  }
+  float sum[2];
+  softmax_rows<kT>(s, mx, sum);
   const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
   if (p.stats != nullptr && lane % 4 == 0) {
 #pragma unroll
@@ -667,24 +675,8 @@ __global__ void __launch_bounds__(kThreads) short_attention_forward_tf32_kernel(
         mx[half] = fmaxf(mx[half], s[j][2 * half + e]);
       }
     }
-  float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
-    mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
-  }
-#pragma unroll
-  for (int j = 0; j < kT; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s[j][e] = exp2f((s[j][e] - mx[e / 2]) * kLog2e);
-      sum[e / 2] += s[j][e];
-    }
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    sum[half] += __shfl_xor_sync(0xffffffffu, sum[half], 1);
-    sum[half] += __shfl_xor_sync(0xffffffffu, sum[half], 2);
-  }
+  float sum[2];
+  softmax_rows<kT>(s, mx, sum);
   const float inv[2] = {1.0f / sum[0], 1.0f / sum[1]};
   if (t == 0) {
 #pragma unroll
