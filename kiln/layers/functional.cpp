@@ -224,7 +224,8 @@ struct CudaBatchNorm : autograd::Function<CudaBatchNorm> {
     cuda_impl::BatchNormForward out =
         cuda_impl::batch_norm_forward(x, weight, bias, args.running_mean, args.running_var, args.training,
                                       args.momentum, args.eps, args.relu, residual, args.num_batches_tracked);
-    // The fused ReLU's mask: its bits where the kernels made them (16-bit inputs), else the output's sign.
+    // The fused ReLU's mask: its bits where the kernels made them (inputs read 16 bytes at a time), else the output's
+    // sign.
     const Tensor y_for_mask = args.relu && !out.relu_mask.defined() ? out.y : Tensor();
     ctx.save_for_backward({x, weight, y_for_mask, out.mean, out.invstd, out.relu_mask});
     ctx.set("training", args.training);

@@ -248,9 +248,9 @@ TEST_F(CudaBatchNorm, FusedReluMasksTheGradientByTheOutput) {
     expect_matches_composed({.shape = {4, 6, 5, 7}, .training = training, .relu = true});
     expect_matches_composed({.shape = {4, 16, 4, 4}, .channels_last = true, .training = training, .relu = true});
     expect_matches_composed({.shape = {16, 8}, .training = training, .relu = true, .dtype = DType::Float64});
-    // 16-bit inputs taken 8 values at a time keep the mask as bits (channels-last rows, planes of S % 8 == 0, and
-    // 2-d rows); S = 35 runs one value at a time and keeps the output instead.
-    for (DType dt : {DType::BFloat16, DType::Float16}) {
+    // Inputs taken 16 bytes at a time keep the mask as bits (channels-last rows, planes of S % 8 == 0, and 2-d
+    // rows); S = 35 runs one value at a time and keeps the output instead.
+    for (DType dt : {DType::BFloat16, DType::Float16, DType::Float32}) {
       expect_matches_composed(
           {.shape = {4, 16, 4, 4}, .channels_last = true, .training = training, .relu = true, .dtype = dt});
       expect_matches_composed({.shape = {4, 6, 4, 8}, .training = training, .relu = true, .dtype = dt});
@@ -260,28 +260,64 @@ TEST_F(CudaBatchNorm, FusedReluMasksTheGradientByTheOutput) {
   }
 }
 
-// The fused ReLU's mask is kept as bits for 16-bit inputs: one bit per value (bytes = numel / 8), in place of the
-// output; other inputs keep the output.
+// The fused ReLU's mask is kept as bits where the forward reads 16 bytes at a time: W = 16 / sizeof(element) bits to
+// a byte (bit e % W of byte e / W, numel / W bytes), in place of the output; a forward that runs one value at a time
+// keeps the output.
 TEST_F(CudaBatchNorm, FusedReluKeepsItsMaskAsBits) {
   const Device gpu = Device::cuda(0);
   auto forward = [&](const Shape& shape, DType dt, bool relu) {
     const Tensor x = randn(shape, {.dtype = dt, .device = gpu});
     return nn::cuda_impl::batch_norm_forward(x, {}, {}, {}, {}, true, 0.1, 1e-5, relu);
   };
-  const auto bits = forward({4, 16, 4, 4}, DType::BFloat16, true);
-  ASSERT_TRUE(bits.relu_mask.defined());
-  EXPECT_EQ(bits.relu_mask.dtype(), DType::UInt8);
-  EXPECT_EQ(bits.relu_mask.numel(), 4 * 16 * 4 * 4 / 8);
-  // Each bit says whether its output is > 0.
-  const std::vector<double> y = internal::contiguous(bits.y).to(DType::Float64).cpu().to_vector<double>();
-  const std::vector<double> m = bits.relu_mask.to(DType::Int64).cpu().to_vector<double>();
-  for (size_t e = 0; e < y.size(); ++e) {
-    const bool bit = (static_cast<int64_t>(m[e / 8]) >> (e % 8)) & 1;
-    ASSERT_EQ(bit, y[e] > 0) << "element " << e;
+  for (const auto& [dt, w] : {std::pair{DType::BFloat16, 8}, std::pair{DType::Float16, 8}, std::pair{DType::Float32, 4},
+                              std::pair{DType::Float64, 2}}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto bits = forward({4, 16, 4, 4}, dt, true);
+    ASSERT_TRUE(bits.relu_mask.defined());
+    EXPECT_EQ(bits.relu_mask.dtype(), DType::UInt8);
+    EXPECT_EQ(bits.relu_mask.numel(), 4 * 16 * 4 * 4 / w);
+    // Each bit says whether its output is > 0; the bits past W in a byte stay clear.
+    const std::vector<double> y = internal::contiguous(bits.y).to(DType::Float64).cpu().to_vector<double>();
+    const std::vector<double> m = bits.relu_mask.to(DType::Int64).cpu().to_vector<double>();
+    for (size_t e = 0; e < y.size(); ++e) {
+      const bool bit = (static_cast<int64_t>(m[e / w]) >> (e % w)) & 1;
+      ASSERT_EQ(bit, y[e] > 0) << "element " << e;
+    }
+    for (double byte : m) ASSERT_EQ(static_cast<int64_t>(byte) >> w, 0);
+    EXPECT_FALSE(forward({4, 16, 4, 4}, dt, false).relu_mask.defined());
+    EXPECT_FALSE(forward({4, 6, 5, 7}, dt, true).relu_mask.defined());
   }
-  EXPECT_FALSE(forward({4, 16, 4, 4}, DType::BFloat16, false).relu_mask.defined());
-  EXPECT_FALSE(forward({4, 16, 4, 4}, DType::Float32, true).relu_mask.defined());
-  EXPECT_FALSE(forward({4, 6, 5, 7}, DType::BFloat16, true).relu_mask.defined());
+}
+
+// A backward that runs narrower than the forward that wrote the mask (here dy one element off 16-byte alignment:
+// every pass of the backward takes one value at a time) reads each value's bit where the forward put it: the
+// gradients equal, bit for bit, those of the same backward reading the output's sign instead of the mask.
+TEST_F(CudaBatchNorm, ANarrowerBackwardReadsTheForwardsMask) {
+  const Device gpu = Device::cuda(0);
+  for (DType dt : {DType::BFloat16, DType::Float32}) {
+    for (bool channels_last : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (channels_last ? " channels-last" : " NCHW"));
+      const int64_t N = 4, C = 16, H = 4, W = 8, n = N * C * H * W;
+      const TensorOptions o{.dtype = dt, .device = gpu};
+      Tensor x = randn({N, C, H, W}, o), w = rand({C}, {.device = gpu}), b = randn({C}, {.device = gpu});
+      if (channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+      const auto f = nn::cuda_impl::batch_norm_forward(x, w, b, {}, {}, true, 0.1, 1e-5, true);
+      ASSERT_TRUE(f.relu_mask.defined());
+      // dy in x's layout, starting one element into its storage.
+      const Tensor flat = randn({n + 1}, o).narrow(0, 1, n);
+      const Tensor dy = channels_last ? flat.view({N, H, W, C}).permute({0, 3, 1, 2}) : flat.view({N, C, H, W});
+      ASSERT_EQ(dy.is_contiguous(channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous), true);
+      ASSERT_NE(reinterpret_cast<uintptr_t>(dy.data_ptr()) % 16, 0u);
+      const auto by_mask = nn::cuda_impl::batch_norm_backward(dy, x, {}, f.relu_mask, w, f.mean, f.invstd, true, {});
+      const auto by_y = nn::cuda_impl::batch_norm_backward(dy, x, f.y, {}, w, f.mean, f.invstd, true, {});
+      EXPECT_EQ(values(by_mask.input), values(by_y.input));
+      EXPECT_EQ(values(by_mask.weight), values(by_y.weight));
+      EXPECT_EQ(values(by_mask.bias), values(by_y.bias));
+      // And the mask did its work: some of dy was masked off.
+      EXPECT_NE(values(by_mask.bias),
+                values(nn::cuda_impl::batch_norm_backward(dy, x, {}, {}, w, f.mean, f.invstd, true, {}).bias));
+    }
+  }
 }
 
 // N * H * W > 1e6 values per channel: the reduction splits over many blocks and merges them in a second pass.

@@ -90,8 +90,9 @@ struct GradSumOp {
 };
 
 // The element arrays a pass reads (same shape and layout); dy, y and relu_mask may be null. The fused ReLU's
-// mask is either y (an element passed where y > 0) or relu_mask, one bit per element (bit e % 8 of byte e / 8),
-// which the forward writes for 16-bit inputs: backward then reads 1/16 of what y would cost, twice.
+// mask is either y (an element passed where y > 0) or relu_mask, one byte per kVecWidth<T> elements (bit e % W of
+// byte e / W, W = kVecWidth<T>: 8 for 16-bit inputs, 4 for float32, 2 for float64), which the forward writes where
+// it runs at that width: backward then reads 1/16 of what y would cost, twice.
 template <typename T>
 struct Inputs {
   const device_t<T>* x;
@@ -100,11 +101,13 @@ struct Inputs {
   const uint8_t* relu_mask = nullptr;
 };
 
-// The mask bits of the V elements from element `off` on (off % V == 0, V <= 8: they lie in one byte).
-template <int V>
+// The mask bits of the V elements from element `off` on (off % V == 0, V divides W = kVecWidth<T> <= 8: they lie
+// in one byte, whatever width the pass reading them runs at).
+template <typename T, int V>
 __device__ __forceinline__ unsigned mask_bits(const uint8_t* relu_mask, int64_t off) {
-  static_assert(V <= 8, "a vector's mask bits must lie in one byte");
-  return static_cast<unsigned>(__ldg(relu_mask + (off >> 3))) >> (off & 7);
+  constexpr int W = kVecWidth<T>;
+  static_assert(W <= 8 && W % V == 0, "a vector's mask bits must lie in one byte");
+  return static_cast<unsigned>(__ldg(relu_mask + off / W)) >> (off % W);
 }
 
 // The vectors of element `off` on that a pass reads: `first` always (x for the statistics, dy for the gradients),
@@ -117,7 +120,7 @@ __device__ __forceinline__ void load_at(int64_t off, const device_t<T>* first, c
   v_first = load_vec<T, V>(first + off);
   if (second) v_second = load_vec<T, V>(second + off);
   if (y) vy = load_vec<T, V>(y + off);
-  if (relu_mask) bits = mask_bits<V>(relu_mask, off);
+  if (relu_mask) bits = mask_bits<T, V>(relu_mask, off);
 }
 
 // Whether element j of a vector passed the fused ReLU: by its mask bit, or by its y, or (no ReLU) always.
@@ -396,11 +399,12 @@ __device__ __forceinline__ Vec<T, V> normalize_vec(const Vec<T, V>& vx, const Ve
   return out;
 }
 
-// Writes a vector's mask byte (V == 8 only: the launcher asks for a mask only then, so no two threads share one).
-template <int V>
+// Writes a vector's mask byte (V == kVecWidth<T> > 1 only: the launcher asks for a mask only then, so no two threads
+// share a byte).
+template <typename T, int V>
 __device__ __forceinline__ void store_mask(uint8_t* relu_mask, int64_t off, unsigned bits) {
-  if constexpr (V == 8) {
-    if (relu_mask) relu_mask[off >> 3] = static_cast<uint8_t>(bits);
+  if constexpr (V == kVecWidth<T> && V > 1) {
+    if (relu_mask) relu_mask[off / V] = static_cast<uint8_t>(bits);
   }
 }
 
@@ -462,7 +466,7 @@ __device__ __forceinline__ void forward_rows(const device_t<T>* x, const device_
       const int64_t off = w.row(k + u) * C + c0;
       unsigned bits = 0;
       store_vec<T, V>(y + off, normalize_vec<T, V, Acc>(vx[u], vres[u], res != nullptr, relu, mu, sc, bi, 1, bits));
-      store_mask<V>(relu_mask, off, bits);
+      store_mask<T, V>(relu_mask, off, bits);
     }
   }
   for (; k < w.count; ++k) {
@@ -472,7 +476,7 @@ __device__ __forceinline__ void forward_rows(const device_t<T>* x, const device_
     if (res) vres = load_vec<T, V>(res + off);
     unsigned bits = 0;
     store_vec<T, V>(y + off, normalize_vec<T, V, Acc>(vx, vres, res != nullptr, relu, mu, sc, bi, 1, bits));
-    store_mask<V>(relu_mask, off, bits);
+    store_mask<T, V>(relu_mask, off, bits);
   }
 }
 
@@ -556,7 +560,7 @@ __global__ void __launch_bounds__(kThreads)
     if (res) vres = load_vec<T, V>(res + e);
     unsigned bits = 0;
     store_vec<T, V>(y + e, normalize_vec<T, V, Acc>(vx, vres, res != nullptr, relu, &mu, &sc, &bi, 0, bits));
-    store_mask<V>(relu_mask, e, bits);
+    store_mask<T, V>(relu_mask, e, bits);
   }
 }
 
@@ -749,10 +753,11 @@ void launch_forward(const Tensor& x, const Tensor& y, const Layout& L, const Ten
   auto apply = [&](auto width) {
     constexpr int V = decltype(width)::value;
     trace::Scope apply_range(trace::Kind::Op, "batch_norm_forward.normalize", x.device());
-    // The ReLU's mask as bits, where a vector's 8 bits make a byte (16-bit inputs): backward reads it in place of y.
+    // The ReLU's mask as bits, a vector's V bits to a byte (at the full width V = kVecWidth<T>): backward reads it in
+    // place of y.
     uint8_t* mp = nullptr;
-    if (relu && V == 8) {
-      relu_mask = internal::empty({x.numel() / 8}, TensorOptions{.dtype = DType::UInt8, .device = x.device()});
+    if (relu && V == kVecWidth<T> && V > 1) {
+      relu_mask = internal::empty({x.numel() / V}, TensorOptions{.dtype = DType::UInt8, .device = x.device()});
       mp = relu_mask.data_ptr<uint8_t>();
     }
     if (L.rows) {

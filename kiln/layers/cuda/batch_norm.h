@@ -22,8 +22,9 @@ struct BatchNormForward {
   Tensor y;       // x's shape, dtype and layout
   Tensor mean;    // (C) in the accumulation dtype: the batch's (training) or the running mean (eval)
   Tensor invstd;  // (C) 1 / sqrt(var + eps), same dtype
-  // With the ReLU fused and 16-bit x taken 8 values at a time: which outputs are > 0, one bit each (bit e % 8 of
-  // byte e / 8, e the element's index in x's kernel layout). Backward takes it in place of y. Else undefined.
+  // With the ReLU fused and x taken W = 16 / sizeof(element) values at a time (8 for 16-bit x, 4 for float32, 2 for
+  // float64): which outputs are > 0, one bit each (bit e % W of byte e / W, e the element's index in x's kernel
+  // layout; numel / W bytes). Backward takes it in place of y. Else undefined.
   Tensor relu_mask;
 };
 
