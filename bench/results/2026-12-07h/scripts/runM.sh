@@ -3,13 +3,15 @@
 # (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor test_layers test_optim) and
 # a branch pack (AB_PACK, default gpu-carry/ab14/ab.tar.xz: short_attention_vs_cudnn built against main's libkiln, g++
 # line in its header; libkiln_bn.so.0.1 and test_layers_bn of branch bn-relu-mask, which holds softmax-dedup; ab13
-# held softmax-dedup alone as _sm). Carry gpu-carry/prebuilt.* and the pack's folder. STEPS picks what runs:
-#   ncu     Nsight Compute on short_attention_vs_cudnn: the first 40 kernels of any name (BERT-base shapes: kiln's
-#           and cuDNN's forward and backward, names and times), then kiln's 16-bit forward on BERT-large without and
-#           with dropout (the full section set, stall reasons in detail)
+# held softmax-dedup alone as _sm; ab15 holds branch attn-stage as _stage, built in /work/wt like the others).
+# Carry gpu-carry/prebuilt.* and the pack's folder. STEPS picks what runs:
+#   ncu     Nsight Compute on short_attention_vs_cudnn with NCU_LIB's libkiln (default main): kiln's 16-bit forward
+#           on BERT-large without and with dropout (the full section set, stall reasons in detail). (On 2026-12-07h it
+#           also listed the first 40 kernels of any name, meant to name cuDNN's; they were the experiment's fills.)
 #   eager   issue 34's goal 2: kiln's eager step (bench_train's eager_step_ms) against torch.compile without graphs,
 #           ROUNDS interleaved rounds (default 3) of the cases in EAGER_CASES
 #   tests   BINARY:FILTER pairs in TESTS (main's binaries, or /tmp/lib_REV/test_layers as lib:REV:FILTER)
+#   kern    short_attention_vs_cudnn (kernel times per layer) with main's libkiln, then AB_REV's (default bn)
 #   ab      bench_train's AB_CASES (default resnet50_fp32 resnet18_cifar_bf16) with main's libkiln and AB_REV's
 #           (default bn), AB_ROUNDS alternated rounds (default 2)
 #   vs      VS_CASES against PyTorch's VS_MODES (default compile_graph) with VS_LIB's libkiln (default bn), ROUNDS rounds
@@ -31,15 +33,9 @@ for step in ${STEPS:-ncu}; do
   case $step in
     ncu)
       ncu --version | tail -1
-      with_lib main timeout 120 ncu --clock-control none --launch-count 40 \
-        --metrics gpu__time_duration.sum,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size \
-        $exp > $L/ncu_first40.log 2>&1
-      echo "ncu first 40: exit $? at $SECONDS s"
-      grep -E '^  [a-zA-Z_].*\(|gpu__time_duration|registers_per_thread|warps_active|dram__throughput|launch__grid_size' $L/ncu_first40.log | cut -c1-150 | head -120
-      snap
       # kiln's forward, BERT-large: launches 502 (no dropout) and 753 (dropout 0.1) of short_attention_forward_kernel
       for skip in 502 753; do
-        with_lib main timeout 150 ncu --clock-control none -k regex:short_attention_forward_kernel --launch-skip $skip \
+        with_lib ${NCU_LIB:-main} timeout 150 ncu --clock-control none -k regex:short_attention_forward_kernel --launch-skip $skip \
           --launch-count 1 --set full --print-details all $exp > $L/ncu_fwd_$skip.log 2>&1
         echo "ncu forward (skip $skip): exit $? at $SECONDS s"
         grep -E 'short_attention_forward|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|Stall|stall' $L/ncu_fwd_$skip.log | cut -c1-160 | head -60
@@ -59,6 +55,11 @@ for step in ${STEPS:-ncu}; do
         fi
         snap
       done ;;
+    kern)
+      for rev in main ${AB_REV:-bn}; do
+        with_lib $rev timeout 60 $exp > $L/kern_$rev.log 2>&1
+        echo "short_attention_vs_cudnn ($rev): exit $? at $SECONDS s"; grep -v "^ *differences" $L/kern_$rev.log
+      done; snap ;;
     ab)
       cases=()
       for c in ${AB_CASES:-resnet50_fp32 resnet18_cifar_bf16}; do cases+=(--case $c); done
