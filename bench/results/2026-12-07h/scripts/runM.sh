@@ -3,7 +3,8 @@
 # (scripts/gpu_prebuilt.sh bench_train kernel_trace test_data test_autograd test_tensor test_layers test_optim) and
 # a branch pack (AB_PACK, default gpu-carry/ab14/ab.tar.xz: short_attention_vs_cudnn built against main's libkiln, g++
 # line in its header; libkiln_bn.so.0.1 and test_layers_bn of branch bn-relu-mask, which holds softmax-dedup; ab13
-# held softmax-dedup alone as _sm; ab15 holds branch attn-stage as _stage, built in /work/wt like the others).
+# held softmax-dedup alone as _sm; ab15 holds branch attn-stage as _stage; ab16 holds _stage and branch attn-keep-bits,
+# stacked on it, as _keep with its own short_attention_vs_cudnn_keep; all built in /work/wt).
 # Carry gpu-carry/prebuilt.* and the pack's folder. STEPS picks what runs:
 #   ncu     Nsight Compute on short_attention_vs_cudnn with NCU_LIB's libkiln (default main): kiln's 16-bit forward
 #           on BERT-large without and with dropout (the full section set, stall reasons in detail). (On 2026-12-07h it
@@ -11,7 +12,8 @@
 #   eager   issue 34's goal 2: kiln's eager step (bench_train's eager_step_ms) against torch.compile without graphs,
 #           ROUNDS interleaved rounds (default 3) of the cases in EAGER_CASES
 #   tests   BINARY:FILTER pairs in TESTS (main's binaries, or /tmp/lib_REV/test_layers as lib:REV:FILTER)
-#   kern    short_attention_vs_cudnn (kernel times per layer) with main's libkiln, then AB_REV's (default bn)
+#   kern    short_attention_vs_cudnn (kernel times per layer) with main's libkiln, then each of AB_REV's (default bn;
+#           short_attention_vs_cudnn_REV where the pack has one)
 #   ab      bench_train's AB_CASES (default resnet50_fp32 resnet18_cifar_bf16) with main's libkiln and AB_REV's
 #           (default bn), AB_ROUNDS alternated rounds (default 2)
 #   vs      VS_CASES against PyTorch's VS_MODES (default compile_graph) with VS_LIB's libkiln (default bn), ROUNDS rounds
@@ -57,7 +59,9 @@ for step in ${STEPS:-ncu}; do
       done ;;
     kern)
       for rev in main ${AB_REV:-bn}; do
-        with_lib $rev timeout 60 $exp > $L/kern_$rev.log 2>&1
+        bin=/tmp/ab/short_attention_vs_cudnn_$rev  # a library whose API changed comes with its own build
+        [[ -x $bin ]] || bin=$exp
+        with_lib $rev timeout 60 $bin > $L/kern_$rev.log 2>&1
         echo "short_attention_vs_cudnn ($rev): exit $? at $SECONDS s"; grep -v "^ *differences" $L/kern_$rev.log
       done; snap ;;
     ab)
