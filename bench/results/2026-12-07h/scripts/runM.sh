@@ -18,6 +18,8 @@
 #           (default bn), AB_ROUNDS alternated rounds (default 2)
 #   vs      VS_CASES against PyTorch's VS_MODES (default compile_graph) with VS_LIB's libkiln (default bn), ROUNDS rounds
 #           (default 3); logs in $OUT/vs_torch_VS_NAME.tgz (default vs)
+#   trace   kernel traces (kernel_trace, KILN_KERNEL_TRACE_TOP=40) of TRACE_CASES (default bert_large_128_fp8
+#           bert_base_128_fp8: where FP8's step goes, for the FP8 issue) with TRACE_LIB's libkiln (default main)
 #   bert    bert_base_128 and bert_large_128 against PyTorch compile + graph, ROUNDS rounds (default 5)
 # Logs go to /tmp/lM and are packed into $OUT/logs_M.tgz after each step.
 set -u
@@ -69,6 +71,13 @@ for step in ${STEPS:-ncu}; do
       for c in ${AB_CASES:-resnet50_fp32 resnet18_cifar_bf16}; do cases+=(--case $c); done
       ab_runs "${AB_REV:-bn}" ab $bt "${cases[@]}" ;;
     vs) VS_LIB=${VS_LIB:-bn} ROUNDS=${ROUNDS:-3} vs_torch_runs "${VS_NAME:-vs}" "${VS_MODES:-compile_graph}" $bt $VS_CASES ;;
+    trace)
+      for tc in ${TRACE_CASES:-bert_large_128_fp8 bert_base_128_fp8}; do
+        with_lib ${TRACE_LIB:-main} env KILN_KERNEL_TRACE_TOP=40 CUDA_INJECTION64_PATH=$PWD/build/bench/libkernel_trace.so \
+          timeout 100 $bt --case $tc > $L/trace_$tc.log 2>&1
+        echo "traced $tc: exit $? $(grep -o '"step_ms": [0-9.]*' $L/trace_$tc.log) at $SECONDS s"
+        grep -m1 -A41 "kernel_trace range 0" $L/trace_$tc.log | cut -c1-150; snap
+      done ;;
     bert) vs_torch_runs bert compile_graph $bt bert_base_128 bert_large_128 ;;
   esac
   echo "step $step: $((SECONDS - t0)) s"
