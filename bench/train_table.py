@@ -286,8 +286,12 @@ def build_rows(res):
         mt = mfu(res, case, ft[0] if ft else None)
         goal, check = GOALS.get(case, (DASH, None))
         met, detail = check(res, case) if check else (None, "")
-        status = (DASH if check is None else f"not measured ({detail})" if met is None and detail else
-                  "not measured" if met is None else f"{'yes' if met else 'no'} ({detail})")
+        if check is None:
+            status = DASH
+        elif met is None:
+            status = "not measured" + (f" ({detail})" if detail else "")
+        else:
+            status = f"{'yes' if met else 'no'} ({detail})"
         pct = lambda m: DASH if m is None else f"{100 * m:.1f}%"  # noqa: E731
         rows.append({"case": case, "graph_ratio": g_ratio, "eager_ratio": e_ratio, "mfu": mk, "met": met,
                      "fastest": mode,
