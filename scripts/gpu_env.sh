@@ -158,6 +158,13 @@ golden_at() {
   [[ $1 == "$root" || -d $1/tests/golden/data ]] && return 0
   mkdir -p "$1/tests/golden" && ln -sfn "$root/tests/golden/data" "$1/tests/golden/data"
 }
+# gtest_run NAME BINARY FILTER: BINARY --gtest_filter=FILTER (at most 200 s) into $logs/NAME.log, then one line:
+# NAME, the filter, the exit status and gtest_counts. A library to test with goes in front: with_lib REV gtest_run ...
+gtest_run() {
+  local name=$1 bin=$2 filter=$3
+  timeout 200 "$bin" --gtest_filter="$filter" > "$logs/$name.log" 2>&1
+  echo "$name ($filter): exit $? $(gtest_counts "$logs/$name.log") at $SECONDS s"
+}
 # gtest_counts LOG: "(N ok, M skipped)", then the failed and skipped tests and the first failures.
 gtest_counts() {
   echo "($(grep -c '^\[       OK ' "$1") ok, $(grep -c '^\[  SKIPPED ' "$1") skipped)"

@@ -30,8 +30,7 @@ for step in ${STEPS:-tests}; do
       for t in ${TESTS:-test_layers:'*' test_optim:'*Cuda*:*Graph*' test_autograd:'*cuda*:*Cuda*' test_tensor:'*Cuda*' \
                  test_data:'*Cuda*:*Gpu*'}; do
         bin=${t%%:*} filter=${t#*:}
-        timeout 200 build/tests/$bin --gtest_filter="$filter" > $L/$bin.log 2>&1
-        echo "$bin ($filter): exit $? $(gtest_counts $L/$bin.log) at $SECONDS s"
+        gtest_run $bin build/tests/$bin "$filter"
         grep "FAILED\|Failure" $L/$bin.log | head -12; snap
       done ;;
     btests)

@@ -49,13 +49,10 @@ for step in ${STEPS:-ncu}; do
     tests)
       for t in ${TESTS:-}; do
         if [[ $t == lib:* ]]; then
-          t=${t#lib:}; rev=${t%%:*} filter=${t#*:} bin=test_layers
-          with_lib $rev timeout 200 /tmp/lib_$rev/test_layers --gtest_filter="$filter" > $L/${bin}_$rev.log 2>&1
-          echo "test_layers ($rev, $filter): exit $? $(gtest_counts $L/${bin}_$rev.log) at $SECONDS s"
+          t=${t#lib:}; rev=${t%%:*}
+          with_lib $rev gtest_run test_layers_$rev /tmp/lib_$rev/test_layers "${t#*:}"
         else
-          bin=${t%%:*} filter=${t#*:}
-          timeout 200 build/tests/$bin --gtest_filter="$filter" > $L/$bin.log 2>&1
-          echo "$bin ($filter): exit $? $(gtest_counts $L/$bin.log) at $SECONDS s"
+          gtest_run ${t%%:*} build/tests/${t%%:*} "${t#*:}"
         fi
         snap
       done ;;
