@@ -21,6 +21,8 @@
 #   trace   kernel traces (kernel_trace, KILN_KERNEL_TRACE_TOP=40) of TRACE_CASES (default bert_large_128_fp8
 #           bert_base_128_fp8: where FP8's step goes, for the FP8 issue) with TRACE_LIB's libkiln (default main)
 #   bert    bert_base_128 and bert_large_128 against PyTorch compile + graph, ROUNDS rounds (default 5)
+#   bnfuse  bench/experiments/bn_conv_fusion.cu (gpu-carry/exp7/bn_conv_fusion, built against main's libkiln with the
+#           command in its header): cuDNN's fused convolution + batch-norm graphs against kiln's path, fp16 then bf16
 # Logs go to /tmp/lM and are packed into $OUT/logs_M.tgz after each step.
 set -u
 export OUT=${OUT:-/tmp/out}
@@ -76,6 +78,11 @@ for step in ${STEPS:-ncu}; do
         grep -m1 -A41 "kernel_trace range 0" $L/trace_$tc.log | cut -c1-150; snap
       done ;;
     bert) vs_torch_runs bert compile_graph $bt bert_base_128 bert_large_128 ;;
+    bnfuse)
+      for dt in fp16 bf16; do  # cuDNN documents these fused engines for float16 only (the experiment's header)
+        with_lib main timeout 200 gpu-carry/exp7/bn_conv_fusion $dt > $L/bn_conv_fusion_$dt.log 2>&1
+        echo "bn_conv_fusion $dt: exit $? at $SECONDS s"; cut -c1-200 $L/bn_conv_fusion_$dt.log | head -60; snap
+      done ;;
   esac
   echo "step $step: $((SECONDS - t0)) s"
 done
