@@ -22,7 +22,8 @@
 #           bert_base_128_fp8: where FP8's step goes, for the FP8 issue) with TRACE_LIB's libkiln (default main)
 #   bert    bert_base_128 and bert_large_128 against PyTorch compile + graph, ROUNDS rounds (default 5)
 #   bnfuse  bench/experiments/bn_conv_fusion.cu (gpu-carry/exp7/bn_conv_fusion, built against main's libkiln with the
-#           command in its header): cuDNN's fused convolution + batch-norm graphs against kiln's path, fp16 then bf16
+#           command in its header): cuDNN's fused convolution + batch-norm graphs against kiln's path, fp16 then bf16,
+#           on the shapes whose name holds BNFUSE_FILTER (default resnet18_cifar; each graph takes 2 to 7 s to build)
 # Logs go to /tmp/lM and are packed into $OUT/logs_M.tgz after each step.
 set -u
 export OUT=${OUT:-/tmp/out}
@@ -80,7 +81,7 @@ for step in ${STEPS:-ncu}; do
     bert) vs_torch_runs bert compile_graph $bt bert_base_128 bert_large_128 ;;
     bnfuse)
       for dt in fp16 bf16; do  # cuDNN documents these fused engines for float16 only (the experiment's header)
-        with_lib main timeout 200 gpu-carry/exp7/bn_conv_fusion $dt > $L/bn_conv_fusion_$dt.log 2>&1
+        with_lib main timeout 200 gpu-carry/exp7/bn_conv_fusion $dt "${BNFUSE_FILTER:-resnet18_cifar}" > $L/bn_conv_fusion_$dt.log 2>&1
         echo "bn_conv_fusion $dt: exit $? at $SECONDS s"; cut -c1-200 $L/bn_conv_fusion_$dt.log | head -60; snap
       done ;;
   esac
