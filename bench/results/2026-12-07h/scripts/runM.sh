@@ -21,6 +21,9 @@
 #   trace   kernel traces (kernel_trace, KILN_KERNEL_TRACE_TOP=40) of TRACE_CASES (default bert_large_128_fp8
 #           bert_base_128_fp8: where FP8's step goes, for the FP8 issue) with TRACE_LIB's libkiln (default main)
 #   bert    bert_base_128 and bert_large_128 against PyTorch compile + graph, ROUNDS rounds (default 5)
+#   ncubn   Nsight Compute's speed of light on the batch-norm kernels of resnet18_cifar_bf16's first eager step (one
+#           line per launch: kernel, grid, duration, DRAM throughput), to see which layers' passes fall short of the
+#           memory bandwidth
 #   bnfuse  bench/experiments/bn_conv_fusion.cu (gpu-carry/exp7/bn_conv_fusion, built against main's libkiln with the
 #           command in its header): cuDNN's fused convolution + batch-norm graphs against kiln's path, fp16 then bf16,
 #           on the shapes whose name holds BNFUSE_FILTER (default resnet18_cifar; each graph takes 2 to 7 s to build)
@@ -79,6 +82,14 @@ for step in ${STEPS:-ncu}; do
         grep -m1 -A41 "kernel_trace range 0" $L/trace_$tc.log | cut -c1-150; snap
       done ;;
     bert) vs_torch_runs bert compile_graph $bt bert_base_128 bert_large_128 ;;
+    ncubn)
+      timeout 240 ncu --clock-control none -k 'regex:reduce_rows_kernel|forward_rows_kernel|backward_rows_kernel|finalize_' \
+        --launch-count 120 --section SpeedOfLight --section LaunchStats \
+        $bt --case resnet18_cifar_bf16 --steps 1 --warmup 1 --no-graphs > $L/ncu_bn.log 2>&1
+      echo "ncu batch norm: exit $? at $SECONDS s"
+      awk '/Context [0-9]+, Stream/ {k=$0; sub(/^ *(void )?/, "", k); k=substr(k, 1, 48); g=$0; sub(/.*\) \(/, "(", g); sub(/, Context.*/, "", g)}
+        /DRAM Throughput/ {dr=$NF} /^ +Duration/ {print k, g, $NF, $(NF-1), "DRAM " dr "%"}' \
+        $L/ncu_bn.log | head -130; snap ;;
     bnfuse)
       for dt in fp16 bf16; do  # cuDNN documents these fused engines for float16 only (the experiment's header)
         with_lib main timeout 200 gpu-carry/exp7/bn_conv_fusion $dt "${BNFUSE_FILTER:-resnet18_cifar}" > $L/bn_conv_fusion_$dt.log 2>&1
