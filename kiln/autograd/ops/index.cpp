@@ -201,7 +201,7 @@ Tensor triangle(const Tensor& a_in, int64_t diagonal, bool lower) {
 Tensor index_read(const Tensor& a_in, int64_t dim, const Tensor& index, bool is_gather) {
   auto [a] = autocast::inputs(is_gather ? Op::Gather : Op::IndexSelect, a_in);
   Tensor out = is_gather ? internal::gather(a, dim, index) : internal::index_select(a, dim, index);
-  return record<IndexReadBackward>(out, a, [&](IndexReadBackward& node) {
+  return record<IndexReadBackward>(out, a, [&, &a = a](IndexReadBackward& node) {
     node.is_gather = is_gather;
     node.input_shape = a.shape();
     node.dim = dim;
@@ -245,16 +245,17 @@ Tensor& scatter_add_(Tensor& a, int64_t dim, const Tensor& index, const Tensor& 
 
 Tensor index_add(const Tensor& a_in, int64_t dim, const Tensor& index, const Tensor& src_in) {
   auto [a, src] = autocast::inputs(Op::IndexAdd, a_in, src_in);
-  return record<IndexAddBackward>(internal::index_add(a, dim, index, src), a, src, [&](IndexAddBackward& node) {
-    node.dim = dim;
-    node.src_shape = src.shape();
-    if (node.needs_input_grad(1)) node.index = SavedTensor(index, false);
-  });
+  return record<IndexAddBackward>(internal::index_add(a, dim, index, src), a, src,
+                                  [&, &src = src](IndexAddBackward& node) {
+                                    node.dim = dim;
+                                    node.src_shape = src.shape();
+                                    if (node.needs_input_grad(1)) node.index = SavedTensor(index, false);
+                                  });
 }
 
 Tensor masked_select(const Tensor& a_in, const Tensor& mask) {
   auto [a] = autocast::inputs(Op::MaskedSelect, a_in);
-  return record<MaskedSelectBackward>(internal::masked_select(a, mask), a, [&](MaskedSelectBackward& node) {
+  return record<MaskedSelectBackward>(internal::masked_select(a, mask), a, [&, &a = a](MaskedSelectBackward& node) {
     node.shape = broadcast_shapes(a.shape(), mask.shape(), "masked_select");
     node.mask = SavedTensor(mask, false);
   });
@@ -264,7 +265,7 @@ Tensor embedding(const Tensor& weight_in, const Tensor& index) {
   capture::Op cap("embedding");
   auto [weight] = autocast::inputs(Op::Embedding, weight_in);
   return cap.done(record<EmbeddingBackward>(internal::embedding(weight, index), weight,
-                                            [&](EmbeddingBackward& node) {
+                                            [&, &weight = weight](EmbeddingBackward& node) {
                                               node.weight_shape = weight.shape();
                                               node.index = SavedTensor(index, false);
                                             }),

@@ -101,7 +101,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   const Tensor ac = internal::matmul_copies_operand(a) ? internal::contiguous(a) : a;
   const Tensor bc = internal::matmul_copies_operand(b) ? internal::contiguous(b) : b;
   return cap.done(record<MatmulBackward>(internal::matmul(ac, bc), a, b,
-                                         [&](MatmulBackward& node) {
+                                         [&, &a = a, &b = b](MatmulBackward& node) {
                                            if (node.needs_input_grad(1)) node.a = SavedTensor(ac, false);
                                            if (node.needs_input_grad(0)) node.b = SavedTensor(bc, false);
                                            node.a_dim = a.dim();

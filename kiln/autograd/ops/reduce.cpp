@@ -73,7 +73,7 @@ Tensor sum(const Tensor& a_in, const Dims& dims, bool keepdim, std::optional<DTy
   capture::Op cap("sum");
   auto [a] = autocast::inputs(Op::Sum, a_in);
   return cap.done(record<SumBackward>(internal::sum(a, dims, keepdim, dtype), a,
-                                      [&](SumBackward& node) {
+                                      [&, &a = a](SumBackward& node) {
                                         node.input_shape = a.shape();
                                         node.dims = reduced_dims(dims, a.dim(), "sum");
                                         node.keepdim = keepdim;
@@ -87,7 +87,7 @@ Tensor mean(const Tensor& a_in, const Dims& dims, bool keepdim) {
   capture::Op cap("mean");
   auto [a] = autocast::inputs(Op::Mean, a_in);
   return cap.done(record<SumBackward>(internal::mean(a, dims, keepdim), a,
-                                      [&](SumBackward& node) {
+                                      [&, &a = a](SumBackward& node) {
                                         node.input_shape = a.shape();
                                         node.dims = reduced_dims(dims, a.dim(), "mean");
                                         node.keepdim = keepdim;
@@ -132,7 +132,7 @@ Tensor prod(const Tensor& a_in, const Dims& dims, bool keepdim) {
   capture::Op cap("prod");
   auto [a] = autocast::inputs(Op::Prod, a_in);
   return cap.done(record<ProdBackward>(internal::prod(a, dims, keepdim), a,
-                                       [&](ProdBackward& node) {
+                                       [&, &a = a](ProdBackward& node) {
                                          node.input = SavedTensor(a, false);
                                          node.dims = reduced_dims(dims, a.dim(), "prod");
                                          node.keepdim = keepdim;
@@ -401,7 +401,7 @@ Tensor norm(const Tensor& a_in, double p, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::Norm, a_in);
   Tensor out = internal::norm(a, p, dims, keepdim);
   return cap.done(record<NormBackward>(out, a,
-                                       [&](NormBackward& node) {
+                                       [&, &a = a](NormBackward& node) {
                                          node.p = p;
                                          node.input_shape = a.shape();
                                          node.dims = reduced_dims(dims, a.dim(), "norm");
@@ -441,7 +441,7 @@ Tensor logsumexp(const Tensor& a_in, const Dims& dims, bool keepdim) {
   auto [a] = autocast::inputs(Op::LogSumExp, a_in);
   Tensor out = internal::logsumexp(a, dims, keepdim);
   return cap.done(record<LogSumExpBackward>(out, a,
-                                            [&](LogSumExpBackward& node) {
+                                            [&, &a = a](LogSumExpBackward& node) {
                                               node.input = SavedTensor(a, false);
                                               node.dims = reduced_dims(dims, a.dim(), "logsumexp");
                                               node.keepdim = keepdim;
