@@ -5,6 +5,7 @@
 # line in its header; libkiln_bn.so.0.1 and test_layers_bn of branch bn-relu-mask, which holds softmax-dedup; ab13
 # held softmax-dedup alone as _sm; ab15 holds branch attn-stage as _stage; ab16 holds _stage and branch attn-keep-bits,
 # stacked on it, as _keep with its own short_attention_vs_cudnn_keep; all built in /work/wt).
+# ab17 holds ab16's _keep (not _stage: the carry limit) and the libkiln and test_layers of branch ln-occupancy (5cb311c, built in /work/main) as _ln.
 # Carry gpu-carry/prebuilt.* and the pack's folder. STEPS picks what runs:
 #   ncu     Nsight Compute on short_attention_vs_cudnn with NCU_LIB's libkiln (default main): kiln's 16-bit forward
 #           on BERT-large without and with dropout (the full section set, stall reasons in detail). (On 2026-12-07h it
@@ -12,7 +13,7 @@
 #   eager   issue 34's goal 2: kiln's eager step (bench_train's eager_step_ms) against torch.compile without graphs,
 #           ROUNDS interleaved rounds (default 3) of the cases in EAGER_CASES
 #   tests   BINARY:FILTER pairs in TESTS (main's binaries, or /tmp/lib_REV/test_layers as lib:REV:FILTER)
-#   kern    short_attention_vs_cudnn (kernel times per layer) with main's libkiln, then each of AB_REV's (default bn;
+#   kern    short_attention_vs_cudnn (kernel times per layer) with main's libkiln, then each of KERN_REV's (default AB_REV's, default bn;
 #           short_attention_vs_cudnn_REV where the pack has one)
 #   ab      bench_train's AB_CASES (default resnet50_fp32 resnet18_cifar_bf16) with main's libkiln and AB_REV's
 #           (default bn), AB_ROUNDS alternated rounds (default 2)
@@ -63,7 +64,7 @@ for step in ${STEPS:-ncu}; do
         snap
       done ;;
     kern)
-      for rev in main ${AB_REV:-bn}; do
+      for rev in main ${KERN_REV:-${AB_REV:-bn}}; do
         bin=/tmp/ab/short_attention_vs_cudnn_$rev  # a library whose API changed comes with its own build
         [[ -x $bin ]] || bin=$exp
         with_lib $rev timeout 60 $bin > $L/kern_$rev.log 2>&1
