@@ -5,7 +5,7 @@
 # line in its header; libkiln_bn.so.0.1 and test_layers_bn of branch bn-relu-mask, which holds softmax-dedup; ab13
 # held softmax-dedup alone as _sm; ab15 holds branch attn-stage as _stage; ab16 holds _stage and branch attn-keep-bits,
 # stacked on it, as _keep with its own short_attention_vs_cudnn_keep; all built in /work/wt).
-# ab17 holds ab16's _keep (not _stage: the carry limit) and the libkiln and test_layers of branch ln-occupancy (5cb311c, built in /work/main) as _ln.
+# ab17 holds ab16's _keep (not _stage: the carry limit) and the libkiln and test_layers of branch ln-occupancy (57304b9, built in /work/main) as _ln.
 # Carry gpu-carry/prebuilt.* and the pack's folder. STEPS picks what runs:
 #   ncu     Nsight Compute on short_attention_vs_cudnn with NCU_LIB's libkiln (default main): kiln's 16-bit forward
 #           on BERT-large without and with dropout (the full section set, stall reasons in detail). (On 2026-12-07h it
