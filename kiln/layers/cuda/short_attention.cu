@@ -149,6 +149,23 @@ __device__ __forceinline__ void wait_copies() {
   __syncthreads();
 }
 
+// Closes the group of this thread's load_tile copies started since the last group (wait_older_copies waits for them).
+__device__ __forceinline__ void end_copy_group() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits for every group of this thread's copies but the newest, then for the block's.
+__device__ __forceinline__ void wait_older_copies() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
+  __syncthreads();
+}
+
+// The key bias row of this block's sequence as floats in shared memory (kMaxS of them, 0 past key n), written by the
+// block's first threads, visible to all after the block's next barrier: the softmax then reads each key's bias from
+// shared memory, not from global memory in the middle of its arithmetic.
+template <typename T>
+__device__ __forceinline__ void stage_bias(float* sbias, const T* bias, int n) {
+  for (int j = threadIdx.x; j < kMaxS; j += kThreads) sbias[j] = j < n ? to_float(bias[j]) : 0.0f;
+}
+
 // The 4 keep decisions of elements 4 e4 .. 4 e4 + 3 of the draw (internal::dropout's numbering), as bits 0..3.
 __device__ __forceinline__ uint32_t keep_bits(const GeneratorState& draw, philox::KeepThreshold keep, uint64_t e4) {
   uint32_t w[4];
@@ -235,15 +252,23 @@ __global__ void __launch_bounds__(kThreads) short_attention_forward_kernel(Param
   T* sq = reinterpret_cast<T*>(shared_raw);
   T* sk = sq + kTile64;
   T* sv = sk + kTile64;
+  float* sbias = reinterpret_cast<float*>(sv + kTile64);  // kMaxS floats (kBias)
   const int n = p.length;
   const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
+  // Q and K in one group of copies, V in a second: the scores and the softmax start before V has arrived.
   load_tile(sq, static_cast<const T*>(p.q) + b * p.qs.b + h * p.qs.h, p.qs.x, n);
   load_tile(sk, static_cast<const T*>(p.k) + b * p.ks.b + h * p.ks.h, p.ks.x, n);
+  end_copy_group();
   load_tile(sv, static_cast<const T*>(p.v) + b * p.vs.b + h * p.vs.h, p.vs.x, n);
-  wait_copies();
+  end_copy_group();
+  if constexpr (kBias) stage_bias(sbias, static_cast<const T*>(p.bias) + b * p.bias_b, n);
+  wait_older_copies();  // Q, K and the bias row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r0 = 16 * warp;
-  if (r0 >= n) return;
+  if (r0 >= n) {  // no queries for this warp; it still takes part in the block's barrier for V
+    wait_copies();
+    return;
+  }
   GeneratorState draw = p.draw;
   if constexpr (kDrop) {
     if (draw.device_offset != nullptr) draw.offset = *draw.device_offset;  // a CUDA graph's draw
@@ -254,14 +279,13 @@ __global__ void __launch_bounds__(kThreads) short_attention_forward_kernel(Param
 
   const int c = 2 * (lane % 4);
   const int rows[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
-  const T* bias = kBias ? static_cast<const T*>(p.bias) + b * p.bias_b : nullptr;
   float mx[2] = {-std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
 #pragma unroll
   for (int t = 0; t < kT; ++t)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int j = 8 * t + c + e;
-      const float bj = kBias && j < n ? to_float(bias[j]) : 0.0f;
+      const float bj = kBias ? sbias[j] : 0.0f;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         s[t][2 * half + e] = logit<kCausal>(s[t][2 * half + e], p.scale, bj, rows[half], j, n);
@@ -296,6 +320,7 @@ __global__ void __launch_bounds__(kThreads) short_attention_forward_kernel(Param
       s[t][2 * half + 1] *= f1;
     }
   }
+  wait_copies();  // V
   float o[kD / 8][4];
 #pragma unroll
   for (int t = 0; t < kD / 8; ++t)
@@ -341,12 +366,14 @@ __global__ void __launch_bounds__(kThreads, 2) short_attention_backward_kernel(P
   T* sdo = sv + kTile64;
   T* sz = sdo + kTile64;  // (128, 64): queries x the half's keys
   T* sds = sz + kTile64;
+  float* sbias = reinterpret_cast<float*>(sds + kTile64);  // kMaxS floats (kBias)
   const int n = p.length;
   const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
   load_tile(sq, static_cast<const T*>(p.q) + b * p.qs.b + h * p.qs.h, p.qs.x, n);
   load_tile(sk, static_cast<const T*>(p.k) + b * p.ks.b + h * p.ks.h, p.ks.x, n);
   load_tile(sv, static_cast<const T*>(p.v) + b * p.vs.b + h * p.vs.h, p.vs.x, n);
   load_tile(sdo, static_cast<const T*>(p.d_o) + b * p.dos.b + h * p.dos.h, p.dos.x, n);
+  if constexpr (kBias) stage_bias(sbias, static_cast<const T*>(p.bias) + b * p.bias_b, n);
   wait_copies();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r0 = 16 * warp;
@@ -383,7 +410,6 @@ __global__ void __launch_bounds__(kThreads, 2) short_attention_backward_kernel(P
       lse[half] = p.stats[static_cast<int64_t>(bh) * n + rows[half]];
     }
   }
-  const T* bias = kBias ? static_cast<const T*>(p.bias) + b * p.bias_b : nullptr;
   T* dq = static_cast<T*>(p.dq) + b * p.dqs.b + h * p.dqs.h;
   T* dk = static_cast<T*>(p.dk) + b * p.dks.b + h * p.dks.h;
   T* dv = static_cast<T*>(p.dv) + b * p.dvs.b + h * p.dvs.h;
@@ -429,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 2) short_attention_backward_kernel(P
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int j = j0 + e;
-              const float bj = kBias ? to_float(bias[j]) : 0.0f;
+              const float bj = kBias ? sbias[j] : 0.0f;
               const float x = logit<kCausal>(s[t][2 * half + e], p.scale, bj, i, j, n);
               const float prob = exp2f((x - lse[half]) * kLog2e);
               const float m = kDrop ? (bits >> e & 1u ? p.keep_scale : 0.0f) : 1.0f;
@@ -957,8 +983,9 @@ __global__ void __launch_bounds__(kThreads) short_attention_backward_tf32_kernel
 constexpr size_t kForwardShared32 = 3 * kTile32 * 4;   // Q, K, V: 102 KiB
 constexpr size_t kBackwardShared32 = 6 * kTile32 * 4;  // Q, K, V, dO, Z and dS of half the keys: 204 KiB
 
-constexpr size_t kForwardShared = 3 * kTile64 * 2;   // Q, K, V: 48 KiB
-constexpr size_t kBackwardShared = 6 * kTile64 * 2;  // Q, K, V, dO, and Z and dS of half the keys: 96 KiB
+constexpr size_t kBiasShared = kMaxS * sizeof(float);              // the key bias row (stage_bias)
+constexpr size_t kForwardShared = 3 * kTile64 * 2 + kBiasShared;   // Q, K, V: 48 KiB, and the bias
+constexpr size_t kBackwardShared = 6 * kTile64 * 2 + kBiasShared;  // Q, K, V, dO, Z and dS of half the keys: 96 KiB
 
 // The shared memory a block of either kernel needs for q's dtype (the backward's, the larger).
 size_t shared_needed(DType dtype) { return dtype == DType::Float32 ? kBackwardShared32 : kBackwardShared; }
