@@ -69,12 +69,12 @@ void run(const char* name, int64_t B, int64_t H, int layers) {
     }
     ci::ShortAttentionForward sf = ci::short_attention_forward(q, k, v, bias, sc, draw);
     ci::FusedAttentionForward ff = ci::fused_attention_forward(q, k, v, bias, fc, fd);
-    ci::FusedAttentionGrads sg = ci::short_attention_backward(q, k, v, sf.out, d_out, sf.stats, bias, sc, draw);
+    ci::FusedAttentionGrads sg = ci::short_attention_backward(q, k, v, sf.out, d_out, sf.stats, sf.keep, bias, sc);
     ci::FusedAttentionGrads fg = ci::fused_attention_backward(q, k, v, ff.out, d_out, ff.stats, bias, fc, fd);
     const double s_fwd = per_call_ms([&] { sf = ci::short_attention_forward(q, k, v, bias, sc, draw); });
     const double c_fwd = per_call_ms([&] { ff = ci::fused_attention_forward(q, k, v, bias, fc, fd); });
     const double s_bwd =
-        per_call_ms([&] { sg = ci::short_attention_backward(q, k, v, sf.out, d_out, sf.stats, bias, sc, draw); });
+        per_call_ms([&] { sg = ci::short_attention_backward(q, k, v, sf.out, d_out, sf.stats, sf.keep, bias, sc); });
     const double c_bwd =
         per_call_ms([&] { fg = ci::fused_attention_backward(q, k, v, ff.out, d_out, ff.stats, bias, fc, fd); });
     cuda::synchronize();

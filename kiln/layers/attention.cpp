@@ -406,10 +406,12 @@ struct FusedAttention : autograd::Function<FusedAttention> {
   static Tensor forward(autograd::Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                         const FusedState& state) {
     cuda_impl::FusedAttentionForward f;
+    Tensor keep;  // kiln's kernels with dropout: the mask as bits, for backward
     if (state.short_kernel) {
       cuda_impl::ShortAttentionForward s =
           cuda_impl::short_attention_forward(q, k, v, state.bias, short_config(state.cfg), state.draw);
       f = {s.out, s.stats};
+      keep = s.keep;
     } else {
       f = cuda_impl::fused_attention_forward(q, k, v, state.bias, state.cfg, state.dropout);
     }
@@ -418,7 +420,7 @@ struct FusedAttention : autograd::Function<FusedAttention> {
     // exp(score - stats) are 0 there, and so are the rows' contributions to dQ, dK and dV; and rowsum(dO * O)
     // reads the zeroed O. dO itself is left as it is.
     if (state.dead.defined()) cuda_impl::zero_flagged_rows(f.out, state.dead, f.stats);
-    ctx.save_for_backward({q, k, v, f.out, f.stats});
+    ctx.save_for_backward({q, k, v, f.out, f.stats, keep});
     ctx.set("state", state);
     return f.out;
   }
@@ -428,8 +430,8 @@ struct FusedAttention : autograd::Function<FusedAttention> {
     const Tensor& d_out = grads[0];
     cuda_impl::FusedAttentionGrads g =
         state.short_kernel
-            ? cuda_impl::short_attention_backward(saved[0], saved[1], saved[2], saved[3], d_out, saved[4], state.bias,
-                                                  short_config(state.cfg), state.draw)
+            ? cuda_impl::short_attention_backward(saved[0], saved[1], saved[2], saved[3], d_out, saved[4], saved[5],
+                                                  state.bias, short_config(state.cfg))
             : cuda_impl::fused_attention_backward(saved[0], saved[1], saved[2], saved[3], d_out, saved[4], state.bias,
                                                   state.cfg, state.dropout);
     if (g.packed_sums.defined()) {

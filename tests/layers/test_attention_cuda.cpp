@@ -469,7 +469,7 @@ TEST_P(CudaShortAttention, PackedGradientsComeWithTheirColumnSums) {
     const nn::cuda_impl::ShortAttentionForward f = nn::cuda_impl::short_attention_forward(q, k, v, {}, cfg, {});
     const Tensor d_out = make(uniform(f.out.numel(), -1, 1, 711), f.out.shape(), {.dtype = dtype(), .device = kGpu});
     const nn::cuda_impl::FusedAttentionGrads g =
-        nn::cuda_impl::short_attention_backward(q, k, v, f.out, d_out, f.stats, {}, cfg, {});
+        nn::cuda_impl::short_attention_backward(q, k, v, f.out, d_out, f.stats, f.keep, {}, cfg);
     ASSERT_TRUE(g.packed.defined() && g.packed_sums.defined());
     const Tensor ref = g.packed.cpu().to(DType::Float64).reshape({N * L, 3 * H * 64}).sum({0});
     expect_close(g.packed_sums, ref, 1e-5, "the buffer's column sums");
@@ -517,6 +517,70 @@ TEST_P(CudaShortAttention, DropoutDropsWhatTheMathPathDropsForTheSameGeneratorSt
       ASSERT_NEAR(x, kept, 1e-2 * kept);
     }
   }
+}
+
+TEST_P(CudaShortAttention, ForwardStoresTheKeepBitsItsBackwardReads) {
+  // With dropout the forward keeps its mask as bits, one per score (bit j % 8 of byte j / 8 of each query row's 16),
+  // and the backward reads them instead of drawing again. The bits must be internal::dropout's decisions for the same
+  // draw, computed here on the CPU from the Philox block function: word e % 4 of block e / 4 keeps score e (row-major
+  // over (B, H, L, S)) where (word >> 8) < ceil((1 - p) 2^24). The gradients must be those of float64 attention with
+  // that mask, with a key padding bias and with lengths that leave warps idle.
+  const double p = 0.3;
+  const int64_t B = 2, H = 3;
+  for (const int64_t L : {48, 128}) {
+    const std::string what = "L = " + std::to_string(L);
+    const Shape qs{B, H, L, 64};
+    const Tensor q = gpu_leaf(qs, dtype(), 800 + L).detach(), k = gpu_leaf(qs, dtype(), 810 + L).detach(),
+                 v = gpu_leaf(qs, dtype(), 820 + L).detach();
+    Tensor bias = internal::zeros({B, 1, 1, L}, {.dtype = dtype(), .device = kGpu});
+    bias.select(0, 1).narrow(2, L - 8, 8).fill_(-30000.0);
+    Generator gen(830 + L);
+    const GeneratorState draw = internal::draw_for(&gen, kGpu);
+    const nn::cuda_impl::ShortAttentionConfig cfg{.scale = 0.125, .dropout_p = p};
+    const nn::cuda_impl::ShortAttentionForward f = nn::cuda_impl::short_attention_forward(q, k, v, bias, cfg, draw);
+    ASSERT_TRUE(f.keep.defined()) << what;
+    ASSERT_EQ(f.keep.dtype(), DType::UInt8) << what;
+    ASSERT_EQ(f.keep.shape(), (Shape{B, H, L, 16})) << what;
+
+    const std::vector<double> bytes = values(f.keep);
+    const philox::KeepThreshold threshold = philox::keep_threshold(1 - p);
+    std::vector<double> mask(static_cast<size_t>(B * H * L * L));
+    int64_t wrong = 0, kept = 0;
+    for (int64_t e = 0; e < B * H * L * L; ++e) {
+      uint32_t w[4];
+      philox::block(draw.seed, static_cast<uint64_t>(e) / 4, draw.offset, w);
+      const bool want = philox::keep_float(w[e % 4], threshold.below24);
+      const int64_t row = e / L, j = e % L;
+      const bool got = (static_cast<int64_t>(bytes[static_cast<size_t>(row * 16 + j / 8)]) >> (j % 8)) & 1;
+      wrong += got != want;
+      kept += want;
+      mask[static_cast<size_t>(e)] = want ? 1.0 : 0.0;
+    }
+    EXPECT_EQ(wrong, 0) << what << ": keep bits that differ from internal::dropout's decisions";
+    EXPECT_NEAR(static_cast<double>(kept) / static_cast<double>(mask.size()), 1 - p, 0.02) << what;
+
+    const Tensor d_out = make(uniform(f.out.numel(), -1, 1, 840 + L), qs, {.dtype = dtype(), .device = kGpu});
+    const nn::cuda_impl::FusedAttentionGrads g =
+        nn::cuda_impl::short_attention_backward(q, k, v, f.out, d_out, f.stats, f.keep, bias, cfg);
+    Tensor q64 = reference_leaf(q), k64 = reference_leaf(k), v64 = reference_leaf(v);
+    const Tensor scores = add(mul(matmul(q64, transpose(k64, -2, -1)), 0.125), bias.cpu().to(DType::Float64));
+    const Tensor dropped =
+        mul(mul(softmax(scores, -1), make(mask, {B, H, L, L}, {.dtype = DType::Float64})), 1 / (1 - p));
+    Tensor out64 = matmul(dropped, v64);
+    out64.backward(d_out.cpu().to(DType::Float64));
+    const Tolerance tol = tolerance(dtype());
+    expect_close(f.out, out64, tol.out, what + " output");
+    expect_close(g.dq, q64.grad(), tol.grad, what + " dq");
+    expect_close(g.dk, k64.grad(), tol.grad, what + " dk");
+    expect_close(g.dv, v64.grad(), tol.grad, what + " dv");
+  }
+  // A backward with dropout and no keep bits says what it needs.
+  const Shape qs{1, 1, 32, 64};
+  const Tensor q = gpu_leaf(qs, dtype(), 850).detach();
+  const nn::cuda_impl::ShortAttentionConfig cfg{.scale = 0.125, .dropout_p = 0.1};
+  const nn::cuda_impl::ShortAttentionForward f = nn::cuda_impl::short_attention_forward(q, q, q, {}, cfg, {});
+  expect_error([&] { nn::cuda_impl::short_attention_backward(q, q, q, f.out, q, f.stats, {}, {}, cfg); },
+               {"short_attention_backward", "keep bits", "undefined"});
 }
 
 TEST_P(CudaShortAttention, SaysWhyItDoesNotApply) {

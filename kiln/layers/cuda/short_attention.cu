@@ -129,7 +129,8 @@ struct Params {
   float scale = 1.0f;       // of q k^T
   float keep_scale = 1.0f;  // 1 / (1 - p)
   philox::KeepThreshold keep;
-  GeneratorState draw;
+  GeneratorState draw;           // forward: the dropout's draw
+  uint8_t* keep_bits = nullptr;  // dropout: (B, H, L, kKeepRowBytes), forward writes it, backward reads it
 };
 
 // Starts copying rows [0, n) of a (n, 64) operand of row stride `ld` into a swizzled shared tile (n <= 128), 16 bytes
@@ -187,6 +188,31 @@ __device__ __forceinline__ uint32_t lane_keep_bits(const GeneratorState& draw, p
   const uint32_t other = __shfl_xor_sync(0xffffffffu, mine, 1);
   const uint32_t b0 = odd ? other : mine, b1 = odd ? mine : other;
   const int shift = j0 & 3;  // 0 or 2
+  return ((b0 >> shift) & 3u) | (((b1 >> shift) & 3u) << 2);
+}
+
+// The keep decisions as the forward stores them for its backward: one bit per score, bit j % 8 of byte j / 8 of row
+// i's kKeepRowBytes bytes (rows numbered b H L + h L + i), so that the backward reads 1 bit per score instead of
+// drawing Philox again.
+constexpr int kKeepRowBytes = kMaxS / 8;
+static_assert(kKeepRowBytes == kShortAttentionKeepBytes);
+
+// Stores the keep decisions of keys key8 .. key8 + 7 (key8 % 8 == 0) of rows row0 and row1, each as one byte, from the
+// bits of lane_keep_bits (columns c, c + 1 of each row, c = 2 (lane % 4)). Every lane of the warp calls it together.
+__device__ __forceinline__ void store_keep_bits(uint8_t* keep, int64_t row0, int64_t row1, int key8, uint32_t bits) {
+  const int quad_lane = threadIdx.x % 4, c = 2 * quad_lane;
+  uint32_t x = ((bits & 3u) << c) | (((bits >> 2) & 3u) << (c + 8));  // row0's byte, then row1's
+  x |= __shfl_xor_sync(0xffffffffu, x, 1);
+  x |= __shfl_xor_sync(0xffffffffu, x, 2);
+  if (quad_lane < 2)
+    keep[(quad_lane == 0 ? row0 : row1) * kKeepRowBytes + key8 / 8] = static_cast<uint8_t>(x >> (8 * quad_lane));
+}
+
+// The keep decisions lane_keep_bits gives, read from the forward's bits: columns j0, j0 + 1 (j0 even) of row0 as bits
+// 0, 1 and of row1 as bits 2, 3.
+__device__ __forceinline__ uint32_t stored_keep_bits(const uint8_t* keep, int64_t row0, int64_t row1, int j0) {
+  const uint32_t b0 = __ldg(keep + row0 * kKeepRowBytes + j0 / 8), b1 = __ldg(keep + row1 * kKeepRowBytes + j0 / 8);
+  const int shift = j0 % 8;
   return ((b0 >> shift) & 3u) | (((b1 >> shift) & 3u) << 2);
 }
 
@@ -308,7 +334,11 @@ __global__ void __launch_bounds__(kThreads) short_attention_forward_kernel(Param
   for (int t = 0; t < kT; ++t) {
     if (8 * t >= n) continue;  // the same for the whole warp
     uint32_t bits = 15u;
-    if constexpr (kDrop) bits = lane_keep_bits(draw, p.keep, row_first[0], row_first[1], 8 * t + c);
+    if constexpr (kDrop) {
+      bits = lane_keep_bits(draw, p.keep, row_first[0], row_first[1], 8 * t + c);
+      store_keep_bits(p.keep_bits, static_cast<int64_t>(bh) * n + rows[0], static_cast<int64_t>(bh) * n + rows[1],
+                      8 * t, bits);
+    }
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float f0 = inv[half], f1 = inv[half];
@@ -379,10 +409,6 @@ __global__ void __launch_bounds__(kThreads, 2) short_attention_backward_kernel(P
   const int r0 = 16 * warp;
   const int c = 2 * (lane % 4);
   const bool active = r0 < n;  // this warp has queries (no early return: the block synchronises per half)
-  GeneratorState draw = p.draw;
-  if constexpr (kDrop) {
-    if (draw.device_offset != nullptr) draw.offset = *draw.device_offset;  // a CUDA graph's draw
-  }
   const int rows[2] = {r0 + lane / 4, r0 + lane / 4 + 8};
   // D_i: lane l of a quad sums columns 16 (l % 4) .. + 15 of its rows.
   float d_row[2] = {0.0f, 0.0f}, lse[2] = {0.0f, 0.0f};
@@ -444,8 +470,8 @@ __global__ void __launch_bounds__(kThreads, 2) short_attention_backward_kernel(P
           if (j0 >= n) continue;  // the same for the whole warp (n is a multiple of 16)
           uint32_t both = 15u;
           if constexpr (kDrop) {
-            both = lane_keep_bits(draw, p.keep, (static_cast<uint64_t>(bh) * n + rows[0]) * n,
-                                  (static_cast<uint64_t>(bh) * n + rows[1]) * n, j0);
+            both = stored_keep_bits(p.keep_bits, static_cast<int64_t>(bh) * n + rows[0],
+                                    static_cast<int64_t>(bh) * n + rows[1], j0);
           }
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
@@ -720,6 +746,12 @@ __global__ void __launch_bounds__(kThreads) short_attention_forward_tf32_kernel(
       const uint32_t mine = keep_bits(draw, p.keep, (row_first[t / 2] + 8 * j + 4 * (t % 2)) / 4);
 #pragma unroll
       for (int x = 0; x < 4; ++x) blocks[x] = __shfl_sync(0xffffffffu, mine, (lane & ~3) + x);
+      // Row half's keys 8 j .. + 7 are blocks 2 half and 2 half + 1: lane t < 2 of the quad stores row t's byte.
+      if (t < 2) {  // (selects, not blocks[2 t]: an index known only at run time would put the arrays in local memory)
+        const uint32_t lo = t == 0 ? blocks[0] : blocks[2], hi = t == 0 ? blocks[1] : blocks[3];
+        const int row = t == 0 ? rows[0] : rows[1];
+        p.keep_bits[(static_cast<int64_t>(bh) * n + row) * kKeepRowBytes + j] = static_cast<uint8_t>(lo | hi << 4);
+      }
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half)
@@ -776,10 +808,6 @@ __global__ void __launch_bounds__(kThreads) short_attention_backward_tf32_kernel
   const int g = lane / 4, t = lane % 4;
   const int r0 = 16 * warp;
   const bool active = r0 < n;  // no early return: the block synchronises per half
-  GeneratorState draw = p.draw;
-  if constexpr (kDrop) {
-    if (draw.device_offset != nullptr) draw.offset = *draw.device_offset;  // a CUDA graph's draw
-  }
   const int rows[2] = {r0 + g, r0 + g + 8};
   float d_row[2] = {0.0f, 0.0f}, lse[2] = {0.0f, 0.0f};
   if (active) {  // D_i: lane t of a quad sums columns 16 t .. + 15 of its rows
@@ -851,8 +879,8 @@ __global__ void __launch_bounds__(kThreads) short_attention_backward_tf32_kernel
           if (first + 8 * j >= n) continue;  // the same for the whole warp
           uint32_t both = 15u;
           if constexpr (kDrop) {
-            both = lane_keep_bits(draw, p.keep, (static_cast<uint64_t>(bh) * n + rows[0]) * n,
-                                  (static_cast<uint64_t>(bh) * n + rows[1]) * n, j0);
+            both = stored_keep_bits(p.keep_bits, static_cast<int64_t>(bh) * n + rows[0],
+                                    static_cast<int64_t>(bh) * n + rows[1], j0);
           }
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
@@ -1181,6 +1209,10 @@ ShortAttentionForward short_attention_forward(const Tensor& q, const Tensor& k, 
   p.out = r.out.data_ptr();
   p.os = strides_of(r.out);
   p.stats = r.stats.data_ptr<float>();
+  if (cfg.dropout_p > 0) {
+    r.keep = internal::empty({B, H, L, kShortAttentionKeepBytes}, {.dtype = DType::UInt8, .device = q.device()});
+    p.keep_bits = r.keep.data_ptr<uint8_t>();
+  }
   cudaStream_t stream = cuda::stream_for(q);
   with_variant(q.dtype(), bias.defined(), cfg.causal, cfg.dropout_p > 0, [&](auto tag, auto kb, auto kc, auto kd) {
     using T = typename decltype(tag)::type;
@@ -1197,8 +1229,8 @@ ShortAttentionForward short_attention_forward(const Tensor& q, const Tensor& k, 
 }
 
 FusedAttentionGrads short_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                             const Tensor& d_out, const Tensor& stats, const Tensor& bias,
-                                             const ShortAttentionConfig& cfg, const GeneratorState& draw) {
+                                             const Tensor& d_out, const Tensor& stats, const Tensor& keep,
+                                             const Tensor& bias, const ShortAttentionConfig& cfg) {
   trace::Scope range(trace::Kind::Op, "short_attention_backward", q.device(), {&q, &k, &v, &bias});
   std::string why;
   KILN_CHECK(supported(q, k, v, bias, false, &why), "short_attention_backward: ", why);
@@ -1210,6 +1242,16 @@ FusedAttentionGrads short_attention_backward(const Tensor& q, const Tensor& k, c
              "short_attention_backward: needs the Float32 statistics of short_attention_forward");
   KILN_CHECK(d_out.shape() == q.shape(), "short_attention_backward: the output gradient has shape ", d_out.shape(),
              ", expected ", q.shape());
+  if (cfg.dropout_p > 0) {
+    KILN_CHECK(keep.defined(),
+               "short_attention_backward: with dropout it needs the keep bits that "
+               "short_attention_forward returned (ShortAttentionForward::keep), got an undefined tensor");
+    KILN_CHECK(keep.dtype() == DType::UInt8 && keep.is_contiguous() && keep.device() == q.device() &&
+                   keep.shape() == Shape({B, H, L, kShortAttentionKeepBytes}),
+               "short_attention_backward: the keep bits must be the contiguous UInt8 (", B, ", ", H, ", ", L, ", ",
+               kShortAttentionKeepBytes, ") on ", q.device(), " that short_attention_forward returned, got ",
+               keep.shape(), " ", keep.dtype(), " on ", keep.device());
+  }
   Tensor d_o = d_out;
   if (d_o.dtype() != q.dtype() || !rows_ok(d_o)) {
     d_o = empty_bxhd(B, H, L, kShortAttentionHeadDim, q.options());
@@ -1217,7 +1259,8 @@ FusedAttentionGrads short_attention_backward(const Tensor& q, const Tensor& k, c
   }
   const bool packed = packed_qkv(q, k, v);
   FusedAttentionGrads g = empty_attention_grads(q, k, v, packed);
-  Params p = common_params(q, k, v, bias, cfg, draw);
+  Params p = common_params(q, k, v, bias, cfg, GeneratorState{});
+  if (cfg.dropout_p > 0) p.keep_bits = const_cast<uint8_t*>(keep.data_ptr<uint8_t>());
   Tensor partial;
   const int64_t cols = 3 * H * kShortAttentionHeadDim;
   if (packed) {  // the buffer's column sums too: per sequence in the kernel, then over the batch
