@@ -439,18 +439,25 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
                              const A* __restrict__ mean, const A* __restrict__ rstd, T* __restrict__ dx,
                              L* __restrict__ dx_low, A* __restrict__ partial_w, A* __restrict__ partial_b, int64_t rows,
                              int d, const uint32_t* __restrict__ keep, A scale, A* __restrict__ partial_s = nullptr) {
-  constexpr int E = G * V;                              // elements per lane
-  __shared__ A merge_w[kWarpMaxD], merge_b[kWarpMaxD];  // the sums of the block's warps so far
-  __shared__ A merge_s[kSums ? kWarpMaxD : 1];
+  constexpr int E = G * V;   // elements per lane
+  constexpr int D = 32 * E;  // the longest row this instance takes
+  // The column sums of each warp, kept in shared memory rather than registers: a lane reads and writes only its own
+  // columns of its warp's arrays, so no barrier is needed until the block adds its warps' sums. Registers would hold
+  // 2 E (3 E with kSums) of them per lane besides the row: up to 255 registers a thread and two blocks per SM.
+  __shared__ __align__(16) A sum_w[kBackwardWarps][D], sum_b[kBackwardWarps][D];  // of dy * xhat, of dy
+  __shared__ __align__(16) A sum_s[kSums ? kBackwardWarps : 1][kSums ? D : 4];    // kSums: of x's gradient as stored
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool write = dx != nullptr || dx_low != nullptr;
-  A sw[E], sb[E];       // this lane's columns, over this warp's rows: sum of dy * xhat, sum of dy
-  A ss[kSums ? E : 1];  // kSums: sum of x's gradient as stored
+  A* const sw = sum_w[warp];
+  A* const sb = sum_b[warp];
+  A* const ss = sum_s[kSums ? warp : 0];
+  const A zeros[V] = {};
 #pragma unroll
-  for (int e = 0; e < E; ++e) sw[e] = sb[e] = 0;
-  if constexpr (kSums) {
-#pragma unroll
-    for (int e = 0; e < E; ++e) ss[e] = 0;
+  for (int j = 0; j < G; ++j) {
+    const int i = V * (lane + 32 * j);
+    store_pack<V>(sw + i, zeros);
+    store_pack<V>(sb + i, zeros);
+    if constexpr (kSums) store_pack<V>(ss + i, zeros);
   }
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kBackwardWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kBackwardWarps) {
@@ -477,18 +484,22 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
     for (int j = 0; j < G; ++j) {
       const int i = V * (lane + 32 * j);
       if (i >= d) continue;
-      A wv[V];
+      A wv[V], cw[V], cb[V];
       if (w != nullptr) load_pack<V>(w + i, wv);
+      load_pack<V>(sw + i, cw);
+      load_pack<V>(sb + i, cb);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const int e = V * j + k;
         xh[e] = (xh[e] - m) * r;
-        sw[e] += g[e] * xh[e];
-        sb[e] += g[e];
+        cw[k] += g[e] * xh[e];
+        cb[k] += g[e];
         if (w != nullptr) g[e] *= wv[k];
         sg += g[e];
         sgx += g[e] * xh[e];
       }
+      store_pack<V>(sw + i, cw);
+      store_pack<V>(sb + i, cb);
     }
     if (!write) continue;
     const A mg = warp_sum(sg) / static_cast<A>(d), mgx = warp_sum(sgx) / static_cast<A>(d);
@@ -514,14 +525,13 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
 #pragma unroll
       for (int k = 0; k < V; ++k) v[k] = r * (g[V * j + k] - mg - xh[V * j + k] * mgx);
       if (dx != nullptr) store_pack<V>(dx + row * d + i, v);
+      A cs[V];  // kSums: x's gradient as stored, added to this lane's sums
       if (dx_low == nullptr) {
         if constexpr (kSums) {
 #pragma unroll
-          for (int k = 0; k < V; ++k) ss[V * j + k] += stored_as<T>(v[k]);
+          for (int k = 0; k < V; ++k) cs[k] = stored_as<T>(v[k]);
         }
-        continue;
-      }
-      if constexpr (kDrop) {
+      } else if constexpr (kDrop) {
         A dropped[V];
 #pragma unroll
         for (int k = 0; k < V; ++k) {
@@ -531,52 +541,42 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
         store_pack<V>(dx_low + row * d + i, dropped);
         if constexpr (kSums) {
 #pragma unroll
-          for (int k = 0; k < V; ++k) ss[V * j + k] += stored_as<L>(dropped[k]);
+          for (int k = 0; k < V; ++k) cs[k] = stored_as<L>(dropped[k]);
         }
       } else {
         store_pack<V>(dx_low + row * d + i, v);
         if constexpr (kSums) {
 #pragma unroll
-          for (int k = 0; k < V; ++k) ss[V * j + k] += stored_as<L>(v[k]);
+          for (int k = 0; k < V; ++k) cs[k] = stored_as<L>(v[k]);
         }
+      }
+      if constexpr (kSums) {
+        A c[V];
+        load_pack<V>(ss + i, c);
+#pragma unroll
+        for (int k = 0; k < V; ++k) c[k] += cs[k];
+        store_pack<V>(ss + i, c);
       }
     }
   }
   if (partial_w == nullptr && partial_b == nullptr && (!kSums || partial_s == nullptr)) return;
-  // The block's partial: ((warp 0 + warp 1) + warp 2) + ..., the last warp writing it out.
-  A* pw = partial_w != nullptr ? partial_w + static_cast<int64_t>(blockIdx.x) * d : nullptr;
-  A* pb = partial_b != nullptr ? partial_b + static_cast<int64_t>(blockIdx.x) * d : nullptr;
-  A* ps = kSums && partial_s != nullptr ? partial_s + static_cast<int64_t>(blockIdx.x) * d : nullptr;
+  // The block's partial: ((warp 0 + warp 1) + warp 2) + ..., a column per thread.
+  __syncthreads();
+  const int64_t out = static_cast<int64_t>(blockIdx.x) * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    A tw = sum_w[0][i], tb = sum_b[0][i];
 #pragma unroll
-  for (int k = 0; k < kBackwardWarps; ++k) {
-    if (warp == k) {
+    for (int k = 1; k < kBackwardWarps; ++k) tw += sum_w[k][i], tb += sum_b[k][i];
+    if (partial_w != nullptr) partial_w[out + i] = tw;
+    if (partial_b != nullptr) partial_b[out + i] = tb;
+    if constexpr (kSums) {
+      if (partial_s != nullptr) {
+        A ts = sum_s[0][i];
 #pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int i = V * (lane + 32 * j);
-        if (i >= d) continue;
-        A tw[V], tb[V];
-#pragma unroll
-        for (int q = 0; q < V; ++q) {
-          tw[q] = k == 0 ? sw[V * j + q] : merge_w[i + q] + sw[V * j + q];
-          tb[q] = k == 0 ? sb[V * j + q] : merge_b[i + q] + sb[V * j + q];
-          if (k + 1 < kBackwardWarps) merge_w[i + q] = tw[q], merge_b[i + q] = tb[q];
-        }
-        if (k + 1 == kBackwardWarps) {
-          if (pw != nullptr) store_pack<V>(pw + i, tw);
-          if (pb != nullptr) store_pack<V>(pb + i, tb);
-        }
-        if constexpr (kSums) {
-          A ts[V];
-#pragma unroll
-          for (int q = 0; q < V; ++q) {
-            ts[q] = k == 0 ? ss[V * j + q] : merge_s[i + q] + ss[V * j + q];
-            if (k + 1 < kBackwardWarps) merge_s[i + q] = ts[q];
-          }
-          if (k + 1 == kBackwardWarps && ps != nullptr) store_pack<V>(ps + i, ts);
-        }
+        for (int k = 1; k < kBackwardWarps; ++k) ts += sum_s[k][i];
+        partial_s[out + i] = ts;
       }
     }
-    if (k + 1 < kBackwardWarps) __syncthreads();
   }
 }
 
@@ -629,19 +629,38 @@ void with_group_count(int64_t d, F&& f) {
   return f(std::integral_constant<int, 8>{});
 }
 
-// Resident blocks per SM of a backward kernel (its registers decide), asked once. At most
+// Resident blocks per SM of a backward kernel (its registers and shared memory decide), asked once. At most
 // kMaxBackwardBlocksPerSm: each block adds one row to the partials that column_sum_kernel adds up.
 constexpr int kMaxBackwardBlocksPerSm = 8;
 
-// The kDrop kernels take the count of their plain twins: the same grid gives the same rows to each block, so dw and
-// db are summed in the same order, bit for bit those of add_layer_norm after an unfused dropout.
+// The kernel's resident blocks per SM, with as much of the SM's memory as shared memory as the kernel can use (its
+// column sums take up to 48 KB a block): without that preference the driver may configure less and keep fewer blocks
+// resident than the grid assumes.
+template <typename Kernel>
+int resident_blocks(Kernel kernel) {
+  KILN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+      "layer_norm backward");
+  int count = 0;
+  KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, kernel, 32 * kBackwardWarps, 0),
+                  "layer_norm backward");
+  return count;
+}
+
+// The grid of every kernel of a family (G, V, T, L): the fewest blocks any of its instances (with and without the
+// fused dropout, with and without x's gradient's sums) keeps resident, so that each runs as one wave of blocks (a
+// grid larger than what stays resident leaves a last partial wave, half the SMs idle), and all of them give each
+// block the same rows: dw and db are summed in the same order, bit for bit those of add_layer_norm after an unfused
+// dropout, and those of a call without the sums.
 template <int G, int V, typename T, typename L>
 int backward_blocks_per_sm() {
   static const int n = [] {
-    int count = 0;
-    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                        &count, layer_norm_backward_warp<G, V, T, L, float, false>, 32 * kBackwardWarps, 0),
-                    "layer_norm backward");
+    int count = std::min(resident_blocks(layer_norm_backward_warp<G, V, T, L, float, false>),
+                         resident_blocks(layer_norm_backward_warp<G, V, T, L, float, true>));
+    if constexpr (V == 4) {
+      count = std::min({count, resident_blocks(layer_norm_backward_warp<G, V, T, L, float, false, true>),
+                        resident_blocks(layer_norm_backward_warp<G, V, T, L, float, true, true>)});
+    }
     return std::clamp(count, 1, kMaxBackwardBlocksPerSm);
   }();
   return n;
