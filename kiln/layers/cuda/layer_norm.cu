@@ -295,7 +295,7 @@ __device__ __forceinline__ float forward_packed_row(const X* x, const S* residua
     if (drop.draw.device_offset != nullptr) drop.draw.offset = *drop.draw.device_offset;  // a CUDA graph's draw
   }
   A v[G][V];
-  uint32_t ballots[kDrop ? G : 1][V];
+  uint32_t bits = 0;  // kDrop: this lane's word of the row's keep bits
   A s = 0;
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -332,25 +332,19 @@ __device__ __forceinline__ float forward_packed_row(const X* x, const S* residua
       for (int k = 0; k < V; ++k) v[g][k] = 0;
     }
     if constexpr (kDrop) {
+      // Element e = lane + 32 j of the row is position lane % 4 of group lane / 4 + 8 j: in group slot j / 4 (this
+      // g for j = 4 g .. 4 g + 3), held by lane (lane / 4 + 8 (j % 4)). Each slot's ballots are read as they are
+      // taken, so that no more than V of them are held at a time.
+      uint32_t ballots[V];
 #pragma unroll
-      for (int k = 0; k < V; ++k) ballots[g][k] = __ballot_sync(0xffffffffu, grp < groups && kept[k]);
+      for (int k = 0; k < V; ++k) ballots[k] = __ballot_sync(0xffffffffu, grp < groups && kept[k]);
+      const int k = lane % 4;
+      const uint32_t m = k == 0 ? ballots[0] : k == 1 ? ballots[1] : k == 2 ? ballots[2] : ballots[3];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) bits |= ((m >> (lane / 4 + 8 * q)) & 1u) << (4 * g + q);
     }
   }
-  if constexpr (kDrop) {
-    // Element e = lane + 32 j of the row is position lane % 4 of group lane / 4 + 8 j: in group slot j / 4, held by
-    // lane (lane / 4 + 8 (j % 4)).
-    uint32_t bits = 0;
-    const int k = lane % 4;
-#pragma unroll
-    for (int j = 0; j < 4 * G && j < 32; ++j) {
-      const uint32_t m = k == 0   ? ballots[j / 4][0]
-                         : k == 1 ? ballots[j / 4][1]
-                         : k == 2 ? ballots[j / 4][2]
-                                  : ballots[j / 4][3];
-      bits |= ((m >> (lane / 4 + 8 * (j % 4))) & 1u) << j;
-    }
-    drop.bits[row * 32 + lane] = bits;
-  }
+  if constexpr (kDrop) drop.bits[row * 32 + lane] = bits;
   const A mean = warp_sum(s) / static_cast<A>(d);
   A q = 0;
 #pragma unroll
