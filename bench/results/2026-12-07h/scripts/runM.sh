@@ -25,6 +25,8 @@
 #   ncubn   Nsight Compute's speed of light on the batch-norm kernels of resnet18_cifar_bf16's first eager step (one
 #           line per launch: kernel, grid, duration, DRAM throughput), to see which layers' passes fall short of the
 #           memory bandwidth
+#   ncubnfull  Nsight Compute's full section set on the first 256-channel statistics and elementwise passes of
+#           resnet18_cifar_bf16's forward (stall reasons: why the small layers run far below the bandwidth)
 #   bnfuse  bench/experiments/bn_conv_fusion.cu (gpu-carry/exp7/bn_conv_fusion, built against main's libkiln with the
 #           command in its header): cuDNN's fused convolution + batch-norm graphs against kiln's path, fp16 then bf16,
 #           on the shapes whose name holds BNFUSE_FILTER (default resnet18_cifar; each graph takes 2 to 7 s to build)
@@ -91,6 +93,17 @@ for step in ${STEPS:-ncu}; do
       awk '/Context [0-9]+, Stream/ {k=$0; sub(/^ *(void )?/, "", k); k=substr(k, 1, 48); g=$0; sub(/.*\) \(/, "(", g); sub(/, Context.*/, "", g)}
         /DRAM Throughput/ {dr=$NF} /^ +Duration/ {print k, g, $NF, $(NF-1), "DRAM " dr "%"}' \
         $L/ncu_bn.log | head -130; snap ;;
+    ncubnfull)
+      # The full section set on the first 256-channel (8 x 8) statistics pass and elementwise pass of the forward
+      # (launch 10 of each kernel: 5 batch norms at 64 channels and 5 at 128 come first): why a 17 MB pass that the
+      # bandwidth allows in 5 us takes 17 (2026-12-07i).
+      for kern in reduce_rows_kernel forward_rows_kernel; do
+        timeout 150 ncu --clock-control none -k regex:$kern --launch-skip 10 --launch-count 1 --set full \
+          --print-details all $bt --case resnet18_cifar_bf16 --steps 1 --warmup 1 --no-graphs > $L/ncu_bn_full_$kern.log 2>&1
+        echo "ncu $kern (full): exit $? at $SECONDS s"
+        grep -E 'Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|Stall|stall|Waves' \
+          $L/ncu_bn_full_$kern.log | cut -c1-160 | head -40
+      done; snap ;;
     bnfuse)
       for dt in fp16 bf16; do  # cuDNN documents these fused engines for float16 only (the experiment's header)
         with_lib main timeout 200 gpu-carry/exp7/bn_conv_fusion $dt "${BNFUSE_FILTER:-resnet18_cifar}" > $L/bn_conv_fusion_$dt.log 2>&1
