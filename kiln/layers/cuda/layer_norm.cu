@@ -414,9 +414,11 @@ __global__ void layer_norm_forward_packed(const X* x, const S* residual, const S
 // registers. Lane l owns the groups of V consecutive elements l, l + 32, ..., l + 32 (G - 1) of every row: with V = 4
 // (d % 4 == 0 and aligned pointers) a group is one 16-byte load or store of floats, 8 bytes of 16-bit floats; V = 1
 // (elements l, l + 32, ...) serves any other d. As a lane keeps its columns on every row, it sums dy * xhat (for dw)
-// and dy (for db) over its rows in registers, which costs no memory traffic per row. At the end the block's warps add
-// their sums through shared memory in warp order and the last warp writes the block's (d) partial; column_sum_kernel
-// then adds the partials in a fixed order. Nothing depends on timing, so dw and db are the same on every run.
+// and dy (for db) over its rows into its own columns of its warp's arrays in shared memory (registers would hold 2 E
+// of them per lane besides the row: up to 255 registers a thread, two blocks per SM), which needs no barrier and no
+// global memory traffic per row. At the end the block adds its warps' sums in warp order, a column per thread, and
+// writes the block's (d) partial; column_sum_kernel then adds the partials in a fixed order. Nothing depends on
+// timing, so dw and db are the same on every run.
 // G (1, 2, 4, 6, 8 groups of 4, or 8, 16, 24, 32 single elements) is the least that holds the row, so that a kernel
 // holds no more registers than its rows need and enough warps stay resident to keep memory busy.
 // kDrop: dx_low is the gradient of a dropout's input instead (forward's kDrop kernel): dx rounded to L, times the
@@ -435,9 +437,7 @@ __global__ void __launch_bounds__(32 * kBackwardWarps)
                              int d, const uint32_t* __restrict__ keep, A scale, A* __restrict__ partial_s = nullptr) {
   constexpr int E = G * V;   // elements per lane
   constexpr int D = 32 * E;  // the longest row this instance takes
-  // The column sums of each warp, kept in shared memory rather than registers: a lane reads and writes only its own
-  // columns of its warp's arrays, so no barrier is needed until the block adds its warps' sums. Registers would hold
-  // 2 E (3 E with kSums) of them per lane besides the row: up to 255 registers a thread and two blocks per SM.
+  // Each warp's column sums (above); a lane touches only its own columns until the block adds them up.
   __shared__ __align__(16) A sum_w[kBackwardWarps][D], sum_b[kBackwardWarps][D];  // of dy * xhat, of dy
   __shared__ __align__(16) A sum_s[kSums ? kBackwardWarps : 1][kSums ? D : 4];    // kSums: of x's gradient as stored
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
