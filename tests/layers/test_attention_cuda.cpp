@@ -581,6 +581,10 @@ TEST_P(CudaShortAttention, ForwardStoresTheKeepBitsItsBackwardReads) {
   const nn::cuda_impl::ShortAttentionForward f = nn::cuda_impl::short_attention_forward(q, q, q, {}, cfg, {});
   expect_error([&] { nn::cuda_impl::short_attention_backward(q, q, q, f.out, q, f.stats, {}, {}, cfg); },
                {"short_attention_backward", "keep bits", "undefined"});
+  // Keep bits of another shape (half of each row's bytes) are refused, naming the shape expected and the one given.
+  expect_error(
+      [&] { nn::cuda_impl::short_attention_backward(q, q, q, f.out, q, f.stats, f.keep.narrow(3, 0, 8), {}, cfg); },
+      {"short_attention_backward", "keep bits", "(1, 1, 32, 16)", "[1, 1, 32, 8]"});
 }
 
 TEST_P(CudaShortAttention, SaysWhyItDoesNotApply) {
