@@ -30,6 +30,8 @@
 #   bnfuse  bench/experiments/bn_conv_fusion.cu (gpu-carry/exp7/bn_conv_fusion, built against main's libkiln with the
 #           command in its header): cuDNN's fused convolution + batch-norm graphs against kiln's path, fp16 then bf16,
 #           on the shapes whose name holds BNFUSE_FILTER (default resnet18_cifar; each graph takes 2 to 7 s to build)
+#   exp     EXP (a command line, e.g. gpu-carry/exp8/adam_bandwidth: an experiment built against main's libkiln) with
+#           main's libkiln, its output in exp.log (2026-12-07j)
 # Logs go to /tmp/lM and are packed into $OUT/logs_M.tgz after each step.
 set -u
 export OUT=${OUT:-/tmp/out}
@@ -109,6 +111,9 @@ for step in ${STEPS:-ncu}; do
         with_lib main timeout 200 gpu-carry/exp7/bn_conv_fusion $dt "${BNFUSE_FILTER:-resnet18_cifar}" > $L/bn_conv_fusion_$dt.log 2>&1
         echo "bn_conv_fusion $dt: exit $? at $SECONDS s"; cut -c1-200 $L/bn_conv_fusion_$dt.log | head -60; snap
       done ;;
+    exp)
+      with_lib main timeout 200 $EXP > $L/exp.log 2>&1
+      echo "$EXP: exit $? at $SECONDS s"; cut -c1-200 $L/exp.log | head -60; snap ;;
   esac
   echo "step $step: $((SECONDS - t0)) s"
 done
