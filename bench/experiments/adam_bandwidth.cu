@@ -61,8 +61,8 @@ __device__ __forceinline__ void store_shadow(__nv_bfloat16* s, int64_t i4, const
 }
 
 // A block per 64 Ki-element chunk, its 512 threads stepping by 512 groups of 4 (kiln's blocks, in one launch).
-__global__ void __launch_bounds__(512) chunked(float4* p, const float4* g, float4* m, float4* v, __nv_bfloat16* s,
-                                                int64_t n4, Hyper h) {
+__global__ void __launch_bounds__(512)
+    chunked(float4* p, const float4* g, float4* m, float4* v, __nv_bfloat16* s, int64_t n4, Hyper h) {
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * (65536 / 4);
   const int64_t end = min(begin + 65536 / 4, n4);
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
@@ -121,11 +121,10 @@ void run_flat(const char* name, Flat& f, int64_t n, const Hyper& h, cudaStream_t
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const int64_t n4 = n / 4;
   auto launch = [&] {
-    flat<I, T><<<per_sm * sms, T, 0, stream>>>(reinterpret_cast<float4*>(f.p.data_ptr<float>()),
-                                                  reinterpret_cast<const float4*>(f.g.data_ptr<float>()),
-                                                  reinterpret_cast<float4*>(f.m.data_ptr<float>()),
-                                                  reinterpret_cast<float4*>(f.v.data_ptr<float>()),
-                                                  reinterpret_cast<__nv_bfloat16*>(f.s.data_ptr()), n4, h);
+    flat<I, T><<<per_sm * sms, T, 0, stream>>>(
+        reinterpret_cast<float4*>(f.p.data_ptr<float>()), reinterpret_cast<const float4*>(f.g.data_ptr<float>()),
+        reinterpret_cast<float4*>(f.m.data_ptr<float>()), reinterpret_cast<float4*>(f.v.data_ptr<float>()),
+        reinterpret_cast<__nv_bfloat16*>(f.s.data_ptr()), n4, h);
   };
   const double ms = bench::median_step_ms(5, 20, launch);
   char label[64];
@@ -155,23 +154,27 @@ int main() {
   }
   optim::cuda_impl::AdamHyper ah{.lr = 1e-4, .weight_decay = 0.01, .decoupled_weight_decay = true};
   const cudaStream_t stream = static_cast<cudaStream_t>(cuda::current_stream().handle());
-  const double kiln_ms = bench::median_step_ms(5, 20, [&] {
-    optim::cuda_impl::fused_adam(params, grads, ms, vs, {}, steps, ah, Tensor(), Tensor(), shadows);
-  });
+  const double kiln_ms = bench::median_step_ms(
+      5, 20, [&] { optim::cuda_impl::fused_adam(params, grads, ms, vs, {}, steps, ah, Tensor(), Tensor(), shadows); });
   report("kiln", kiln_ms, n);
 
   Flat f{randn({n}, {.device = dev}), randn({n}, {.device = dev}) * Scalar(1e-3), zeros({n}, {.device = dev}),
          zeros({n}, {.device = dev}), zeros({n}, {.dtype = DType::BFloat16, .device = dev})};
-  const Hyper h{.step_size = 1e-4f / 0.1f, .bc2_sqrt = std::sqrt(0.001f), .beta1 = 0.9f, .one_minus_beta1 = 0.1f,
-                .beta2 = 0.999f, .one_minus_beta2 = 0.001f, .eps = 1e-8f, .lr_wd = 1e-6f};
+  const Hyper h{.step_size = 1e-4f / 0.1f,
+                .bc2_sqrt = std::sqrt(0.001f),
+                .beta1 = 0.9f,
+                .one_minus_beta1 = 0.1f,
+                .beta2 = 0.999f,
+                .one_minus_beta2 = 0.001f,
+                .eps = 1e-8f,
+                .lr_wd = 1e-6f};
   const int64_t n4 = n / 4;
   const int chunks = static_cast<int>((n + 65535) / 65536);
   const double chunked_ms = bench::median_step_ms(5, 20, [&] {
-    chunked<<<chunks, 512, 0, stream>>>(reinterpret_cast<float4*>(f.p.data_ptr<float>()),
-                                        reinterpret_cast<const float4*>(f.g.data_ptr<float>()),
-                                        reinterpret_cast<float4*>(f.m.data_ptr<float>()),
-                                        reinterpret_cast<float4*>(f.v.data_ptr<float>()),
-                                        reinterpret_cast<__nv_bfloat16*>(f.s.data_ptr()), n4, h);
+    chunked<<<chunks, 512, 0, stream>>>(
+        reinterpret_cast<float4*>(f.p.data_ptr<float>()), reinterpret_cast<const float4*>(f.g.data_ptr<float>()),
+        reinterpret_cast<float4*>(f.m.data_ptr<float>()), reinterpret_cast<float4*>(f.v.data_ptr<float>()),
+        reinterpret_cast<__nv_bfloat16*>(f.s.data_ptr()), n4, h);
   });
   report("chunked", chunked_ms, n);
   run_flat<1, 512>("flat<1,512>", f, n, h, stream);
@@ -182,7 +185,8 @@ int main() {
   run_flat<2, 128>("flat<2,128>", f, n, h, stream);
 
   const int64_t bytes = 15 * n;  // read 15 n and written 15 n: the update's 30 bytes an element
-  Tensor a = empty({bytes}, {.dtype = DType::UInt8, .device = dev}), b = empty({bytes}, {.dtype = DType::UInt8, .device = dev});
+  Tensor a = empty({bytes}, {.dtype = DType::UInt8, .device = dev}),
+         b = empty({bytes}, {.dtype = DType::UInt8, .device = dev});
   const double copy_ms = bench::median_step_ms(5, 20, [&] {
     cudaMemcpyAsync(b.data_ptr(), a.data_ptr(), static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream);
   });
