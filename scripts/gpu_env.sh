@@ -102,20 +102,20 @@ with_lib() {
   LD_LIBRARY_PATH="$dir:${LD_LIBRARY_PATH:-}" "$@"
 }
 # unpack_libs PACK: the branches' builds in PACK (one tar.xz) to where with_lib finds them: libkiln_REV.so.0.1 into
-# /tmp/lib_REV/libkiln.so.0.1, test_layers_NAME into /tmp/lib_NAME/test_layers (run it with the library it was built
-# with: with_lib REV /tmp/lib_NAME/test_layers).
+# /tmp/lib_REV/libkiln.so.0.1, test_BIN_NAME (test_layers_NAME, test_optim_NAME, ...) into /tmp/lib_NAME/test_BIN
+# (run it with the library it was built with: with_lib REV /tmp/lib_NAME/test_BIN).
 unpack_libs() {
-  local f name
+  local f name bin
   mkdir -p /tmp/ab && tar -xJf "$1" -C /tmp/ab || return 1
-  for f in /tmp/ab/libkiln_*.so.0.1 /tmp/ab/test_layers_*; do
+  for f in /tmp/ab/libkiln_*.so.0.1 /tmp/ab/test_*_*; do
     [[ -f $f ]] || continue
     name=${f#/tmp/ab/}
     if [[ $name == libkiln_* ]]; then
       name=${name#libkiln_} && name=${name%.so.0.1}
       mkdir -p "/tmp/lib_$name" && mv "$f" "/tmp/lib_$name/libkiln.so.0.1"
     else
-      name=${name#test_layers_}
-      mkdir -p "/tmp/lib_$name" && mv "$f" "/tmp/lib_$name/test_layers" && chmod +x "/tmp/lib_$name/test_layers"
+      bin=${name%_*} && name=${name##*_}
+      mkdir -p "/tmp/lib_$name" && mv "$f" "/tmp/lib_$name/$bin" && chmod +x "/tmp/lib_$name/$bin"
     fi
   done
 }

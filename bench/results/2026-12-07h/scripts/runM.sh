@@ -12,7 +12,8 @@
 #           also listed the first 40 kernels of any name, meant to name cuDNN's; they were the experiment's fills.)
 #   eager   issue 34's goal 2: kiln's eager step (bench_train's eager_step_ms) against torch.compile without graphs,
 #           ROUNDS interleaved rounds (default 3) of the cases in EAGER_CASES
-#   tests   BINARY:FILTER pairs in TESTS (main's binaries, or /tmp/lib_REV/test_layers as lib:REV:FILTER)
+#   tests   BINARY:FILTER pairs in TESTS (main's binaries, or /tmp/lib_REV/test_layers as lib:REV:FILTER, another
+#           test binary of the pack as lib:REV/BIN:FILTER)
 #   kern    short_attention_vs_cudnn (kernel times per layer) with main's libkiln, then each of KERN_REV's (default AB_REV's, default bn;
 #           short_attention_vs_cudnn_REV where the pack has one)
 #   ab      bench_train's AB_CASES (default resnet50_fp32 resnet18_cifar_bf16) with main's libkiln and AB_REV's
@@ -60,8 +61,9 @@ for step in ${STEPS:-ncu}; do
     tests)
       for t in ${TESTS:-}; do
         if [[ $t == lib:* ]]; then
-          t=${t#lib:}; rev=${t%%:*}
-          with_lib $rev gtest_run test_layers_$rev /tmp/lib_$rev/test_layers "${t#*:}"
+          t=${t#lib:}; rev=${t%%:*}; bin=test_layers  # lib:REV:FILTER, or lib:REV/BIN:FILTER for another test binary
+          [[ $rev == */* ]] && bin=${rev#*/} && rev=${rev%/*}
+          with_lib $rev gtest_run ${bin}_$rev /tmp/lib_$rev/$bin "${t#*:}"
         else
           gtest_run ${t%%:*} build/tests/${t%%:*} "${t#*:}"
         fi
