@@ -42,7 +42,7 @@ L=$logs
 golden_at /work/main
 golden_at /work/wt  # the branch test binaries of gpu-carry/ab13 were built in /work/wt
 unpack_libs "gpu-carry/${AB_PACK:-ab14}/ab.tar.xz" || echo "no branch pack"
-exp=/tmp/ab/short_attention_vs_cudnn
+exp=${KERN_EXP:-/tmp/ab/short_attention_vs_cudnn}  # KERN_EXP: e.g. gpu-carry/exp8/short_attention_vs_cudnn (2026-12-07j)
 set -f
 for step in ${STEPS:-ncu}; do
   t0=$SECONDS
