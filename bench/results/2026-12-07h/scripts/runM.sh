@@ -31,6 +31,10 @@
 #   bnfuse  bench/experiments/bn_conv_fusion.cu (gpu-carry/exp7/bn_conv_fusion, built against main's libkiln with the
 #           command in its header): cuDNN's fused convolution + batch-norm graphs against kiln's path, fp16 then bf16,
 #           on the shapes whose name holds BNFUSE_FILTER (default resnet18_cifar; each graph takes 2 to 7 s to build)
+#   ncubert Nsight Compute's full section set on one launch each of the memory-bound kernels of bert_large_128's
+#           second eager step (NCU_BERT: NAME:SKIP pairs, default the LayerNorm backward with dropout and column sums,
+#           the LayerNorm forward, GELU's backward with column sums and the AdamW update): why they run at 2.1 to
+#           2.7 TB/s where a copy reaches more (2026-12-08a), with NCU_LIB's libkiln (default main)
 #   exp     EXP (a command line, e.g. gpu-carry/exp8/adam_bandwidth: an experiment built against main's libkiln) with
 #           main's libkiln, its output in exp.log (2026-12-07j)
 # Logs go to /tmp/lM and are packed into $OUT/logs_M.tgz after each step.
@@ -112,6 +116,16 @@ for step in ${STEPS:-ncu}; do
       for dt in fp16 bf16; do  # cuDNN documents these fused engines for float16 only (the experiment's header)
         with_lib main timeout 200 gpu-carry/exp7/bn_conv_fusion $dt "${BNFUSE_FILTER:-resnet18_cifar}" > $L/bn_conv_fusion_$dt.log 2>&1
         echo "bn_conv_fusion $dt: exit $? at $SECONDS s"; cut -c1-200 $L/bn_conv_fusion_$dt.log | head -60; snap
+      done ;;
+    ncubert)
+      for ks in ${NCU_BERT:-layer_norm_backward_warp:55 layer_norm_forward_packed:55 gelu_backward_sums_kernel:30 multi_tensor_kernel:22}; do
+        kern=${ks%%:*}
+        with_lib ${NCU_LIB:-main} timeout 150 ncu --clock-control none -k regex:$kern --launch-skip ${ks##*:} --launch-count 1 \
+          --set full --print-details all $bt --case bert_large_128 --steps 1 --warmup 1 --no-graphs > $L/ncu_bert_$kern.log 2>&1
+        echo "ncu $kern (skip ${ks##*:}): exit $? at $SECONDS s"
+        grep -E 'Context [0-9]+, Stream|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|DRAM Throughput|L2 Hit|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|Stall|stall|Waves|Grid Size|Executed Ipc' \
+          $L/ncu_bert_$kern.log | cut -c1-160 | head -50
+        snap
       done ;;
     exp)
       with_lib main timeout 200 $EXP > $L/exp.log 2>&1
