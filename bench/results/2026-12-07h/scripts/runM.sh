@@ -46,6 +46,8 @@ L=$logs
 golden_at /work/main
 golden_at /work/wt  # the branch test binaries of gpu-carry/ab13 were built in /work/wt
 unpack_libs "gpu-carry/${AB_PACK:-ab14}/ab.tar.xz" || echo "no branch pack"
+# The lines of an Nsight Compute report the ncu steps print (each adds its own).
+ncu_keys='Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|Stall|stall'
 exp=${KERN_EXP:-/tmp/ab/short_attention_vs_cudnn}  # KERN_EXP: e.g. gpu-carry/exp8/short_attention_vs_cudnn (2026-12-07j)
 set -f
 for step in ${STEPS:-ncu}; do
@@ -58,7 +60,7 @@ for step in ${STEPS:-ncu}; do
         with_lib ${NCU_LIB:-main} timeout 150 ncu --clock-control none -k regex:short_attention_forward_kernel --launch-skip $skip \
           --launch-count 1 --set full --print-details all $exp > $L/ncu_fwd_$skip.log 2>&1
         echo "ncu forward (skip $skip): exit $? at $SECONDS s"
-        grep -E 'short_attention_forward|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|Stall|stall' $L/ncu_fwd_$skip.log | cut -c1-160 | head -60
+        grep -E "short_attention_forward|Memory Throughput|Compute \(SM\) Throughput|$ncu_keys" $L/ncu_fwd_$skip.log | cut -c1-160 | head -60
         snap
       done ;;
     eager) ROUNDS=${ROUNDS:-3} vs_torch_runs eager compile $bt ${EAGER_CASES:-bert_large_128 resnet18_cifar_bf16} ;;
@@ -109,7 +111,7 @@ for step in ${STEPS:-ncu}; do
         timeout 150 ncu --clock-control none -k regex:$kern --launch-skip 10 --launch-count 1 --set full \
           --print-details all $bt --case resnet18_cifar_bf16 --steps 1 --warmup 1 --no-graphs > $L/ncu_bn_full_$kern.log 2>&1
         echo "ncu $kern (full): exit $? at $SECONDS s"
-        grep -E 'Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|DRAM Throughput|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|Stall|stall|Waves' \
+        grep -E "Waves|$ncu_keys" \
           $L/ncu_bn_full_$kern.log | cut -c1-160 | head -40
       done; snap ;;
     bnfuse)
@@ -123,7 +125,7 @@ for step in ${STEPS:-ncu}; do
         with_lib ${NCU_LIB:-main} timeout 150 ncu --clock-control none -k regex:$kern --launch-skip ${ks##*:} --launch-count 1 \
           --set full --print-details all $bt --case bert_large_128 --steps 1 --warmup 1 --no-graphs > $L/ncu_bert_$kern.log 2>&1
         echo "ncu $kern (skip ${ks##*:}): exit $? at $SECONDS s"
-        grep -E 'Context [0-9]+, Stream|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|DRAM Throughput|L2 Hit|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|Stall|stall|Waves|Grid Size|Executed Ipc' \
+        grep -E "Context [0-9]+, Stream|Memory Throughput|L2 Hit|Waves|Grid Size|Executed Ipc|$ncu_keys" \
           $L/ncu_bert_$kern.log | cut -c1-160 | head -50
         snap
       done ;;
